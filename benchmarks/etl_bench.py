@@ -1,0 +1,126 @@
+"""ETL throughput: our job against the original article's recipe, on the same input, one run.
+
+The recipe (Databricks, "How (Not) To Scale Deep Learning in 6 Easy Steps", 2019) is a
+row-at-a-time Python UDF ``Image.open -> convert('RGB') -> thumbnail(LANCZOS) -> paste on white
+-> tobytes`` over ``binaryFile`` rows, repartitioned, written with 1 MB Parquet blocks. Ours is
+:func:`pipelines.etl.job.run_etl`. Both run in the same SparkSession (same master, same
+settings), on the same files, into Parquet, each timed from the start of its Spark work to the
+end of its write; each is run ``--repeats`` times and the best time is kept. The floor is
+decoding the same files with Pillow alone, in this one process.
+
+Usage: python benchmarks/etl_bench.py [--fashion-per-class 200] [--master local[2]]
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from PIL import Image
+
+
+def recipe_job(spark, input_dir: str, output_dir: str, size: int, partitions: int) -> int:
+    """The article's ETL, as written there (row-at-a-time UDFs); returns rows written."""
+    from pyspark.sql.functions import col, udf
+    from pyspark.sql.types import BinaryType, IntegerType
+
+    def scale_image(image_bytes):
+        image = Image.open(io.BytesIO(image_bytes)).convert("RGB")
+        image.thumbnail((size, size), Image.Resampling.LANCZOS)  # the article's ANTIALIAS
+        x, y = image.size
+        with_bg = Image.new("RGB", (size, size), (255, 255, 255))
+        with_bg.paste(image, box=((size - x) // 2, (size - y) // 2))
+        return with_bg.tobytes()
+
+    def file_to_label(path):
+        return int(path.split("/")[-2].split(".")[0]) - 1
+
+    scale_image_udf = udf(scale_image, BinaryType())
+    file_to_label_udf = udf(file_to_label, IntegerType())
+    raw = (spark.read.format("binaryFile").option("pathGlobFilter", "*.jpg")
+           .option("recursiveFileLookup", "true").load(input_dir).repartition(partitions))
+    images = (raw.withColumn("label", file_to_label_udf("path"))
+              .withColumn("image", scale_image_udf("content")).drop("content"))
+    images.write.mode("overwrite").option("parquet.block.size", 1024 * 1024).parquet(output_dir)
+    return spark.read.parquet(output_dir).count()
+
+
+def pillow_floor(input_dir: str) -> tuple:
+    """Decode every image with Pillow in this process (no resize, no Spark): (files, seconds)."""
+    paths = [os.path.join(d, f) for d, _, fs in os.walk(input_dir) for f in fs if f.lower().endswith((".jpg", ".jpeg", ".png"))]
+    start = time.perf_counter()
+    for path in paths:
+        with Image.open(path) as img:
+            img.convert("RGB")
+    return len(paths), time.perf_counter() - start
+
+
+def best_of(repeats: int, fn):
+    times, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return result, min(times)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--fashion-per-class", type=int, default=200, help="Fashion-MNIST files per class (10 classes)")
+    parser.add_argument("--image-size", type=int, default=299)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--partitions", type=int, default=0, help="Spark partitions for both jobs (0: the ETL's default)")
+    parser.add_argument("--workdir", default=None, help="scratch folder (default: a temp dir, removed)")
+    args = parser.parse_args(argv)
+
+    from pipelines import samples
+    from pipelines.etl.config import ETLConfig
+    from pipelines.etl.job import run_etl
+    from pipelines.logs import setup_logging
+    from pipelines.spark import spark_session
+
+    setup_logging("etl-bench", level=30)
+    work = args.workdir or tempfile.mkdtemp(prefix="etl-bench-")
+    inputs = {
+        f"fashion-mnist ({args.fashion_per_class * 10} x 28x28 JPEG)": os.path.join(work, "fashion"),
+        "tux paint photos (PNG->JPEG, up to 2348 px)": os.path.join(work, "tuxpaint"),
+    }
+    fashion, tux = inputs.values()
+    samples.main(["fashion-mnist", "--dest", fashion, "--per-class", str(args.fashion_per_class)])
+    samples.main(["tuxpaint", "--dest", tux])
+
+    spark = spark_session("etl-bench", args.master)
+    spark.sparkContext.setLogLevel("ERROR")  # the recipe's 1 MB blocks make parquet-java warn on every row group
+    partitions = args.partitions or ETLConfig.default_partitions(spark.sparkContext.defaultParallelism)
+    rows = []
+    for name, src in inputs.items():
+        out_ours, out_recipe = os.path.join(work, "out-ours"), os.path.join(work, "out-recipe")
+        config = ETLConfig(input=src, output=out_ours, image_size=args.image_size, num_partitions=partitions)
+        run_etl(config, spark)  # warm-up: JVM, Python workers, file cache
+        recipe_rows, recipe_s = best_of(args.repeats, lambda: recipe_job(spark, src, out_recipe, args.image_size, partitions))
+        manifest, ours_s = best_of(args.repeats, lambda: run_etl(config, spark))
+        ours_rows = manifest["files"]["written"]
+        files, floor_s = pillow_floor(src)
+        rows.append((name, ours_rows / ours_s, recipe_rows / recipe_s, files / floor_s, ours_rows, recipe_rows))
+        shutil.rmtree(out_ours, ignore_errors=True)
+        shutil.rmtree(out_recipe, ignore_errors=True)
+    spark.stop()
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(f"\nETL benchmark: {args.master}, {os.cpu_count()} CPUs, {args.image_size} px, best of {args.repeats}")
+    print(f"{'input':46s} {'ours img/s':>11s} {'recipe img/s':>13s} {'ratio':>6s} {'Pillow decode-only img/s':>25s}")
+    for name, ours, recipe, floor, n_ours, n_recipe in rows:
+        print(f"{name:46s} {ours:11.1f} {recipe:13.1f} {ours / recipe:5.2f}x {floor:25.1f}")
+        if n_ours != n_recipe:
+            print(f"  (rows: ours {n_ours}, recipe {n_recipe})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

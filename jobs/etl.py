@@ -1,0 +1,10 @@
+"""ETL entry point: ``spark-submit jobs/etl.py --input DIR --output DIR`` (or ``python jobs/etl.py``).
+
+All logic lives in :mod:`pipelines.etl`; see ``--help``.
+"""
+import sys
+
+from pipelines.etl.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

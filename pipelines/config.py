@@ -1,0 +1,70 @@
+"""Typed configuration: one dataclass per stage, filled from the command line.
+
+Each field of a stage's dataclass becomes a ``--flag`` (underscores become dashes); its
+``metadata['help']`` is the help text. Notebooks and tests build the same dataclass directly.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Any, Sequence, Type, TypeVar
+
+T = TypeVar("T")
+
+
+def field(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> Any:  # noqa: A002
+    """A dataclass field with a help text for the command line (``required`` when no default)."""
+    return dataclasses.field(default=default, metadata={"help": help, **kwargs})
+
+
+def _base_type(tp: Any) -> Any:
+    """``Optional[int]`` -> ``int``; plain types unchanged."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if typing.get_origin(tp) is typing.Union and len(args) == 1 else tp
+
+
+def build_parser(cls: Type[Any], description: str = "") -> argparse.ArgumentParser:
+    """An ``argparse`` parser with one option per field of the dataclass ``cls``."""
+    parser = argparse.ArgumentParser(description=description or (cls.__doc__ or "").split("\n")[0])
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        tp = _base_type(hints[f.name])
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        kwargs: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help", "")}
+        if tp is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+            kwargs["default"] = f.default
+        else:
+            kwargs["type"] = tp
+            if required:
+                kwargs["required"] = True
+            else:
+                kwargs["default"] = f.default
+                kwargs["help"] += f" (default: {f.default})"
+            if "choices" in f.metadata:
+                kwargs["choices"] = f.metadata["choices"]
+        parser.add_argument(flag, **kwargs)
+    return parser
+
+
+def parse_config(cls: Type[T], argv: Sequence[str] | None = None, description: str = "") -> T:
+    """Parse ``argv`` (default ``sys.argv[1:]``) into an instance of the dataclass ``cls``.
+
+    Raises:
+        SystemExit: on unknown or malformed options (argparse's usual exit code 2), or when the
+            dataclass's ``__post_init__`` rejects a value (reported as an argparse error).
+    """
+    parser = build_parser(cls, description)
+    namespace = parser.parse_args(argv)
+    try:
+        return cls(**vars(namespace))
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """The dataclass as a JSON-ready dict (for manifests and reports)."""
+    return dataclasses.asdict(config)

@@ -1,0 +1,53 @@
+"""Configuration of the ETL stage (``jobs/etl.py``)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from pipelines.config import field
+from pipelines.etl.images import DEFAULT_MAX_PIXELS
+
+
+@dataclass
+class ETLConfig:
+    """Spark ETL: a Caltech-256-style tree of JPEG/PNG files to Parquet train/test splits."""
+
+    input: str = field(help="root of the image tree: ROOT/NNN.name/*.jpg")
+    output: str = field(help="output folder: train/, test/, manifest.json, rejected.jsonl")
+    image_size: int = field(299, help="side of the square output images, pixels")
+    test_fraction: float = field(0.1, help="share of files in the test split, in (0, 1)")
+    seed: int = field(42, help="seed of the deterministic train/test assignment")
+    row_group_mb: float = field(1.0, help="target uncompressed row-group size, MiB")
+    min_row_groups: int = field(8, help="each split gets at least this many row groups when it has "
+                                        "that many rows: the largest Horovod world size it can feed")
+    max_pixels: int = field(DEFAULT_MAX_PIXELS, help="images with more pixels are rejected as "
+                                                     "decompression bombs")
+    max_file_mb: float = field(100.0, help="files larger than this are rejected unread, MiB")
+    num_partitions: int = field(0, help="Spark partitions for decoding; 0 = 2 x default parallelism")
+    master: Optional[str] = field(None, help="Spark master when not set by spark-submit "
+                                             "(default local[*])")
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"--test-fraction must be in (0, 1), got {self.test_fraction}")
+        if self.image_size <= 0:
+            raise ValueError(f"--image-size must be positive, got {self.image_size}")
+        if self.row_group_mb <= 0 or self.max_file_mb <= 0:
+            raise ValueError("--row-group-mb and --max-file-mb must be positive")
+        if self.min_row_groups < 1:
+            raise ValueError(f"--min-row-groups must be >= 1, got {self.min_row_groups}")
+        if self.num_partitions < 0:
+            raise ValueError(f"--num-partitions must be >= 0, got {self.num_partitions}")
+        self.input = os.path.abspath(os.path.expanduser(self.input))
+        self.output = os.path.abspath(os.path.expanduser(self.output))
+
+    @staticmethod
+    def default_partitions(default_parallelism: int) -> int:
+        """Partitions when ``--num-partitions`` is 0: twice Spark's default parallelism (cores)."""
+        return 2 * default_parallelism
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one decoded image: ``image_size ** 2 * 3`` (uint8 RGB)."""
+        return self.image_size * self.image_size * 3

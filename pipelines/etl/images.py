@@ -1,0 +1,199 @@
+"""Pure image functions of the ETL: decode any supported file, orient, convert, resize, pad.
+
+The recipe is the one of the original article (``Image.open -> convert('RGB') -> thumbnail ->
+paste centred on white -> tobytes``), made correct on every image:
+
+* EXIF orientation is applied (phone photos are otherwise stored sideways);
+* every mode converts to RGB, with transparency composited onto white rather than dropped
+  (``convert('RGB')`` on RGBA keeps the colour under alpha 0, often black) and 16-bit or float
+  greyscale rescaled rather than clipped;
+* large JPEGs are decoded at a reduced DCT scale (``Image.draft``), which costs nothing in
+  quality because the result is still at least ``size`` on its short side;
+* decompression bombs, truncated files and non-images raise :class:`ImageRejected`, never a
+  half-processed image.
+
+No Spark here. :func:`resize_to_square` is the whole contract in one call; the Spark job uses its
+two halves, :func:`decode_and_fit` and :func:`paste_centred`, to paste straight into the row
+group it is filling.
+"""
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+WHITE = (255, 255, 255)
+_EXIF_ORIENTATION = 0x0112
+_ORIENTATIONS_SWAPPING_AXES = (5, 6, 7, 8)  # transpose, rotate 270, transverse, rotate 90
+# Pillow's own bomb threshold (89,478,485 pixels). Pillow also enforces it inside Image.open, so
+# a max_pixels above it has no effect unless the caller raises Image.MAX_IMAGE_PIXELS too.
+DEFAULT_MAX_PIXELS = Image.MAX_IMAGE_PIXELS
+
+
+class ImageRejected(ValueError):
+    """The bytes are not an image this ETL accepts; ``reason`` says why, in one short line."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class FittedImage:
+    """A decoded image shrunk to fit the square: ``image`` is RGB, at most ``size x size``;
+    ``height`` and ``width`` are the original's, in pixels, after EXIF orientation."""
+
+    image: Image.Image
+    height: int
+    width: int
+
+
+@dataclass(frozen=True)
+class ResizedImage:
+    """One processed image.
+
+    Attributes:
+        rgb: ``size * size * 3`` bytes, uint8, row-major HWC (RGB interleaved).
+        height, width: size of the original in pixels, after EXIF orientation.
+    """
+
+    rgb: bytes
+    height: int
+    width: int
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Convert an image of any Pillow mode to RGB, compositing transparency onto white.
+
+    Args:
+        img: a loaded image of any mode (1, L, LA, P, RGB, RGBA, CMYK, YCbCr, I, I;16*, F, ...).
+
+    Returns:
+        an ``RGB`` image of the same size. Greyscale gives R=G=B. 16-bit and 32-bit integer
+        greyscale is scaled by 1/257 when it exceeds 255 (Pillow's own conversion clips it);
+        float greyscale is clipped to [0, 255].
+
+    Raises:
+        ImageRejected: a mode Pillow cannot convert.
+    """
+    mode = img.mode
+    if mode == "RGB":
+        return img
+    if mode.startswith("I") or mode == "F":
+        values = np.asarray(img)
+        if mode.startswith("I;16") or (mode == "I" and values.size and values.max() > 255):
+            values = values.astype(np.float64) / 257.0
+        grey = np.clip(np.rint(values), 0, 255).astype(np.uint8)
+        return Image.fromarray(grey).convert("RGB")  # 2-D uint8 is mode L
+    has_alpha = mode in ("RGBA", "LA", "RGBa", "La", "PA") or (
+        mode in ("P", "L", "RGB", "1") and "transparency" in img.info
+    )
+    if has_alpha:
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, WHITE + (255,))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    try:
+        return img.convert("RGB")
+    except (ValueError, OSError) as exc:
+        raise ImageRejected(f"cannot convert mode {mode} to RGB: {exc}") from exc
+
+
+def fit_within(img: Image.Image, size: int) -> Image.Image:
+    """Shrink ``img`` to fit ``size x size``, keeping its aspect (``Image.thumbnail``, LANCZOS).
+
+    Never enlarges: a 28x28 image stays 28x28, as in the original recipe. A 640x480 input
+    becomes 299x224; an 8000x3 strip becomes 299x1 (Pillow keeps at least one pixel).
+    """
+    if img.size[0] > size or img.size[1] > size:
+        img.thumbnail((size, size), Image.Resampling.LANCZOS)
+    return img
+
+
+def paste_centred(img: Image.Image, canvas: np.ndarray) -> np.ndarray:
+    """Copy an RGB image of at most the canvas's size into the centre of ``canvas``.
+
+    Args:
+        img: ``RGB`` image, ``w x h`` no larger than the canvas.
+        canvas: uint8 array of shape ``(size, size, 3)``, already white where nothing is pasted.
+
+    Returns:
+        ``canvas``, modified in place: the image's top-left corner lands at
+        ``((size - w) // 2, (size - h) // 2)`` (column, row), as ``Image.paste`` in the recipe.
+    """
+    w, h = img.size
+    size = canvas.shape[0]
+    top, left = (size - h) // 2, (size - w) // 2
+    canvas[top:top + h, left:left + w] = np.asarray(img)
+    return canvas
+
+
+def white_canvas(size: int) -> np.ndarray:
+    """A white ``(size, size, 3)`` uint8 array."""
+    return np.full((size, size, 3), 255, np.uint8)
+
+
+def decode_and_fit(data: bytes, size: int = 299, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> FittedImage:
+    """Decode an encoded image, orient it, convert it to RGB and shrink it to fit ``size``.
+
+    Args:
+        data: the file's bytes (JPEG, PNG, or anything Pillow identifies).
+        size: side of the target square in pixels (299 for Xception).
+        max_pixels: images with more pixels than this are rejected as decompression bombs
+            (``None`` disables the check).
+
+    Returns:
+        :class:`FittedImage`: an ``RGB`` image of at most ``size x size`` and the original's
+        height and width (after EXIF orientation).
+
+    Raises:
+        ImageRejected: empty, non-image, truncated, corrupt or too large input.
+    """
+    if size <= 0:
+        raise ValueError(f"size must be positive, got {size}")
+    if not data:
+        raise ImageRejected("empty file (0 bytes)")
+    try:
+        with warnings.catch_warnings():
+            # Between Pillow's limit and twice it, Pillow only warns; a bomb is a bomb either way.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+            width, height = img.size
+            if max_pixels is not None and width * height > max_pixels:
+                raise ImageRejected(
+                    f"decompression bomb: {width}x{height} = {width * height} pixels > {max_pixels}")
+            if img.getexif().get(_EXIF_ORIENTATION, 1) in _ORIENTATIONS_SWAPPING_AXES:
+                width, height = height, width
+            if img.format == "JPEG":
+                # DCT-domain downscale by 1/2, 1/4 or 1/8 while the short side stays >= size.
+                img.draft(img.mode, (size, size))
+            img = ImageOps.exif_transpose(img)  # loads the pixels: truncation surfaces here
+            return FittedImage(fit_within(to_rgb(img), size), height, width)
+    except ImageRejected:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageRejected(f"decompression bomb: {exc}") from exc
+    except UnidentifiedImageError:
+        raise ImageRejected("not an image Pillow can identify") from None
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is this file's fault, not the job's
+        raise ImageRejected(f"undecodable: {type(exc).__name__}: {exc}") from exc
+
+
+def resize_to_square(data: bytes, size: int = 299, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> ResizedImage:
+    """Decode an encoded image and return it as ``size x size`` RGB bytes on white.
+
+    :func:`decode_and_fit` then :func:`paste_centred` on a :func:`white_canvas`.
+
+    Returns:
+        :class:`ResizedImage` with ``len(rgb) == size * size * 3`` (uint8, row-major HWC).
+
+    Raises:
+        ImageRejected: empty, non-image, truncated, corrupt or too large input.
+    """
+    fitted = decode_and_fit(data, size, max_pixels)
+    rgb = paste_centred(fitted.image, white_canvas(size)).tobytes()
+    return ResizedImage(rgb, fitted.height, fitted.width)

@@ -1,0 +1,30 @@
+"""Pure arithmetic of the Parquet layout: how many rows per row group.
+
+Petastorm shards a dataset by whole row groups (rank ``r`` of ``n`` reads row groups
+``r, r + n, ...``), so a split needs at least as many row groups as the largest world size that
+will read it, and a row group is the unit a reader holds in memory.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+
+def rows_per_row_group(row_bytes: int, target_bytes: float, split_rows: Mapping[str, int],
+                       min_row_groups: int) -> int:
+    """Rows per row group: near ``target_bytes`` of decoded data, small enough for every split
+    to get ``min_row_groups`` row groups.
+
+    Args:
+        row_bytes: uncompressed bytes of one row's image (``size**2 * 3``).
+        target_bytes: wanted uncompressed row-group size in bytes.
+        split_rows: expected rows per split (e.g. ``{'train': 900, 'test': 100}``).
+        min_row_groups: wanted minimum number of row groups per split.
+
+    Returns:
+        ``max(1, min(round(target_bytes / row_bytes), min_split_rows // min_row_groups))``,
+        ignoring empty splits. A split with fewer rows than ``min_row_groups`` gets one row per
+        row group, and then fewer row groups than asked (the manifest says so).
+    """
+    by_bytes = max(1, round(target_bytes / row_bytes))
+    by_count = min((rows // min_row_groups for rows in split_rows.values() if rows > 0), default=by_bytes)
+    return max(1, min(by_bytes, by_count))

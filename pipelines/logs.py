@@ -1,0 +1,26 @@
+"""Logging set-up shared by the jobs: one format, the stage and (under Horovod) the rank in it."""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Optional
+
+LOGGER_NAME = "pipelines"
+
+
+def setup_logging(stage: str, rank: Optional[int] = None, level: int = logging.INFO) -> logging.Logger:
+    """Configure and return the ``pipelines`` logger for one process.
+
+    Every message carries the stage and, when given, the rank (``[train rank 1]``), so that an
+    error from any rank can be traced to it. Progress messages are the caller's to restrict to
+    rank 0; errors are logged by every rank.
+    """
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.handlers.clear()
+    handler = logging.StreamHandler(sys.stderr)
+    where = stage if rank is None else f"{stage} rank {rank}"
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [{where}] %(levelname)s %(message)s", "%H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+    return logger

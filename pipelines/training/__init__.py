@@ -1,0 +1,1 @@
+"""Training: Keras model, pretrained weights and the Horovod training loop."""

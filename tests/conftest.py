@@ -1,0 +1,27 @@
+"""Shared fixtures: a real local Spark session, the venv's executables."""
+import os
+import sys
+
+import pytest
+
+BIN = os.path.dirname(sys.executable)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A real ``local[2]`` SparkSession for the whole test session."""
+    from pipelines.spark import spark_session
+
+    session = spark_session("pipelines-tests", "local[2]", {"spark.sql.shuffle.partitions": "4"})
+    yield session
+    session.stop()
+
+
+def subprocess_env(**extra: str) -> dict:
+    """The environment for child jobs: this venv first on PATH, quiet TensorFlow."""
+    env = dict(os.environ)
+    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update(extra)
+    return env

@@ -1,0 +1,85 @@
+"""Generators of test images and Caltech-style trees, including every kind of bad file."""
+from __future__ import annotations
+
+import io
+import os
+import struct
+import zlib
+
+import numpy as np
+from PIL import Image
+
+
+def encode(img: Image.Image, fmt: str = "JPEG", **kwargs) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kwargs)
+    return buf.getvalue()
+
+
+def jpeg_with_orientation(width: int, height: int, orientation: int) -> bytes:
+    """A JPEG whose stored pixels are ``width x height`` with an EXIF orientation tag."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    img = Image.new("RGB", (width, height), (0, 0, 255))
+    img.paste((255, 0, 0), (0, 0, width // 2, height))  # left half red: shows the rotation
+    return encode(img, "JPEG", exif=exif.tobytes(), quality=95)
+
+
+def png_bomb(width: int = 30000, height: int = 30000) -> bytes:
+    """A tiny PNG that declares ``width x height`` pixels (a decompression bomb header)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
+            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+
+
+def write(path: str, data: bytes) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as out:
+        out.write(data)
+    return path
+
+
+def random_photo(rng: np.random.Generator, width: int, height: int, label: int) -> Image.Image:
+    """A noisy image whose mean colour depends on ``label`` (learnable by a tiny model)."""
+    base = np.array([(label * 97) % 256, (label * 53 + 80) % 256, (label * 31 + 160) % 256], np.float64)
+    pixels = base + rng.normal(0, 25, (height, width, 3))
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+
+
+def make_tree(root: str, classes: int = 3, per_class: int = 12, seed: int = 0, bad: bool = True) -> dict:
+    """A Caltech-style tree under ``root``; with ``bad``, every kind of bad or stray file too.
+
+    Returns:
+        ``{'good': n, 'rejected': {relpath: reason_prefix}, 'skipped': {relpath: reason_prefix}}``.
+    """
+    rng = np.random.default_rng(seed)
+    for c in range(classes):
+        for i in range(per_class):
+            w, h = int(rng.integers(40, 120)), int(rng.integers(40, 120))
+            ext = ".JPEG" if i == 0 else ".jpg"
+            write(os.path.join(root, f"{c + 1:03d}.class{c}", f"{i:04d}{ext}"),
+                  encode(random_photo(rng, w, h, c), quality=90))
+    good = classes * per_class
+    rejected, skipped = {}, {}
+    if bad:
+        first = f"001.class0"
+        # good ones in unusual forms
+        write(os.path.join(root, first, "deep", "nested", "x.png"),
+              encode(Image.new("RGBA", (50, 30), (0, 0, 0, 0)), "PNG"))
+        write(os.path.join(root, first, "grey.jpg"), encode(Image.new("L", (64, 48), 128)))
+        write(os.path.join(root, first, "cmyk.jpg"), encode(Image.new("CMYK", (64, 48), (0, 255, 255, 0))))
+        write(os.path.join(root, first, "with space é.jpg"), encode(random_photo(rng, 50, 50, 0)))
+        good += 4
+        full = encode(random_photo(rng, 200, 150, 1), quality=90)
+        rejected[write(os.path.join(root, "002.class1", "truncated.jpg"), full[: len(full) // 2])] = "undecodable"
+        rejected[write(os.path.join(root, "002.class1", "empty.jpg"), b"")] = "empty file"
+        rejected[write(os.path.join(root, "002.class1", "notes.jpg"), b"this is text, not a JPEG\n" * 10)] = "not an image"
+        rejected[write(os.path.join(root, "002.class1", "bomb.png"), png_bomb())] = "decompression bomb"
+        skipped[write(os.path.join(root, "002.class1", "_hidden.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "hidden name"
+        skipped[write(os.path.join(root, "002.class1", ".dotfile.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "hidden name"
+        skipped[write(os.path.join(root, "002.class1", "readme.txt"), b"notes")] = "not an image extension"
+        skipped[write(os.path.join(root, "stray.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "not inside a class folder"
+        skipped[write(os.path.join(root, "misc", "a.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "not a class folder"
+    return {"good": good, "rejected": rejected, "skipped": skipped}

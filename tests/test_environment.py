@@ -1,0 +1,55 @@
+"""The stack is one stack: setup.cfg, both Dockerfiles and the installed venv agree."""
+import configparser
+import os
+import re
+import subprocess
+import sys
+from importlib.metadata import version
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def setup_pins() -> dict:
+    config = configparser.ConfigParser()
+    config.read(os.path.join(REPO, "setup.cfg"))
+    lines = config["options"]["install_requires"].splitlines()
+    for extra in ("cpu", "gpu"):
+        lines += config["options.extras_require"][extra].splitlines()
+    pins = {}
+    for line in filter(None, (l.strip() for l in lines)):
+        name, wanted = re.split(r"==", line)
+        pins[re.sub(r"\[.*\]", "", name)] = wanted
+    return pins
+
+
+def docker_args(name: str) -> dict:
+    with open(os.path.join(REPO, "docker", name)) as f:
+        return dict(re.findall(r"^ARG (\w+)=(\S+)$", f.read(), re.M))
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile.cpu", "Dockerfile.gpu"])
+def test_dockerfiles_name_the_versions_of_setup_cfg(dockerfile):
+    pins, args = setup_pins(), docker_args(dockerfile)
+    assert args["TENSORFLOW_VERSION"] == pins["tensorflow-cpu"] == pins["tensorflow"]
+    for package in ("horovod", "pyspark", "petastorm", "pyarrow"):
+        assert args[f"{package.upper()}_VERSION"] == pins[package], package
+    assert args["PYTHON_VERSION"] == "3.11" and args["JAVA_VERSION"] == "17"
+
+
+def test_both_dockerfiles_agree():
+    assert {k: v for k, v in docker_args("Dockerfile.cpu").items() if k != "CUDA_IMAGE"} == \
+           {k: v for k, v in docker_args("Dockerfile.gpu").items() if k != "CUDA_IMAGE"}
+
+
+def test_the_venv_has_the_pinned_versions():
+    pins = setup_pins()
+    for package in ("numpy", "pandas", "pyarrow", "pyspark", "petastorm", "pillow", "h5py", "horovod", "tensorflow-cpu"):
+        assert version(package) == pins[package], package
+
+
+def test_horovod_was_built_with_tensorflow_and_gloo():
+    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--check-build"],
+                         capture_output=True, text=True, timeout=120).stdout
+    assert re.search(r"\[X\] TensorFlow", out) and re.search(r"\[X\] Gloo", out), out

@@ -1,0 +1,136 @@
+"""Pure image functions: the resize contract on every kind of input (no Spark)."""
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipelines.etl.images import ImageRejected, decode_and_fit, paste_centred, resize_to_square, to_rgb, white_canvas
+from tests.imagegen import encode, jpeg_with_orientation, png_bomb
+
+
+def as_array(rgb: bytes, size: int) -> np.ndarray:
+    assert len(rgb) == size * size * 3
+    return np.frombuffer(rgb, np.uint8).reshape(size, size, 3)
+
+
+def content_box(arr: np.ndarray):
+    """Rows and columns that are not pure white."""
+    mask = (arr != 255).any(axis=2)
+    rows, cols = np.where(mask.any(axis=1))[0], np.where(mask.any(axis=0))[0]
+    return rows.min(), rows.max(), cols.min(), cols.max()
+
+
+def test_640x480_jpeg_is_299x224_pasted_at_row_37():
+    out = resize_to_square(encode(Image.new("RGB", (640, 480), (10, 20, 30))), 299)
+    arr = as_array(out.rgb, 299)
+    top, bottom, left, right = content_box(arr)
+    assert (top, bottom - top + 1, left, right - left + 1) == (37, 224, 0, 299)
+    assert (out.height, out.width) == (480, 640)
+    assert (arr[:37] == 255).all() and (arr[37 + 224:] == 255).all()
+
+
+def test_grey_image_gives_equal_channels():
+    arr = as_array(resize_to_square(encode(Image.new("L", (100, 80), 77)), 64).rgb, 64)
+    assert (arr[..., 0] == arr[..., 1]).all() and (arr[..., 1] == arr[..., 2]).all()
+    assert abs(int(arr[32, 32, 0]) - 77) <= 2
+
+
+def test_cmyk_pure_red_comes_out_red():
+    data = encode(Image.new("CMYK", (120, 120), (0, 255, 255, 0)), quality=95)
+    arr = as_array(resize_to_square(data, 99).rgb, 99)
+    assert np.abs(arr[49, 49].astype(int) - (255, 0, 0)).max() <= 3
+
+
+def test_fully_transparent_png_is_white():
+    data = encode(Image.new("RGBA", (50, 40), (0, 0, 0, 0)), "PNG")
+    assert (as_array(resize_to_square(data, 32).rgb, 32) == 255).all()
+
+
+def test_half_transparent_red_is_composited_on_white():
+    data = encode(Image.new("RGBA", (8, 8), (255, 0, 0, 128)), "PNG")
+    arr = as_array(resize_to_square(data, 8).rgb, 8)
+    assert tuple(arr[4, 4]) == (255, 127, 127)
+
+
+def test_palette_with_transparency_is_white_under_it():
+    img = Image.new("P", (10, 10), 0)
+    img.putpalette([0, 0, 0] + [255, 0, 0] * 255)
+    data = encode(img, "PNG", transparency=0)
+    assert (as_array(resize_to_square(data, 10).rgb, 10) == 255).all()
+
+
+def test_exif_orientation_6_turns_400x200_portrait():
+    out = resize_to_square(jpeg_with_orientation(400, 200, 6), 299)
+    arr = as_array(out.rgb, 299)
+    top, bottom, left, right = content_box(arr)
+    assert (bottom - top + 1, right - left + 1) == (299, 149)
+    assert (out.height, out.width) == (400, 200)
+    # stored left half red -> after rotating 90 degrees clockwise, the top half is red
+    assert arr[60, 149, 0] > 200 and arr[60, 149, 2] < 60
+    assert arr[240, 149, 2] > 200 and arr[240, 149, 0] < 60
+
+
+def test_8000x3_strip_survives():
+    out = resize_to_square(encode(Image.new("RGB", (8000, 3), (0, 0, 0)), "PNG"), 299)
+    arr = as_array(out.rgb, 299)
+    top, bottom, left, right = content_box(arr)
+    assert bottom - top + 1 == 1 and right - left + 1 == 299
+
+
+def test_16_bit_grey_is_scaled_not_clipped():
+    img = Image.fromarray(np.full((10, 10), 32768, np.uint16))
+    rgb = to_rgb(img)
+    assert rgb.getpixel((5, 5)) == (128, 128, 128)
+
+
+def test_small_image_is_not_enlarged():
+    arr = as_array(resize_to_square(encode(Image.new("RGB", (28, 28), 0), "PNG"), 299).rgb, 299)
+    top, bottom, left, right = content_box(arr)
+    assert (top, bottom - top + 1, left, right - left + 1) == (135, 28, 135, 28)
+
+
+def test_large_jpeg_uses_draft_and_keeps_the_contract():
+    out = resize_to_square(encode(Image.new("RGB", (4000, 3000), (200, 10, 10))), 299)
+    arr = as_array(out.rgb, 299)
+    assert (out.height, out.width) == (3000, 4000)
+    assert np.abs(arr[150, 150].astype(int) - (200, 10, 10)).max() <= 3
+
+
+def test_square_input_of_the_right_size_passes_through():
+    img = Image.new("RGB", (16, 16), (1, 2, 3))
+    assert paste_centred(img, white_canvas(16)).tobytes() == img.tobytes()
+
+
+def test_paste_offsets_match_the_recipe():
+    canvas = paste_centred(Image.new("RGB", (3, 2), (0, 0, 0)), white_canvas(8))
+    rows, cols = np.where((canvas != 255).any(axis=2))
+    assert (rows.min(), cols.min()) == ((8 - 2) // 2, (8 - 3) // 2)
+
+
+def test_decode_and_fit_keeps_small_images_and_reports_the_original_size():
+    fitted = decode_and_fit(encode(Image.new("RGB", (640, 480))), 299)
+    assert fitted.image.size == (299, 224) and (fitted.height, fitted.width) == (480, 640)
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"", "empty file"),
+    (b"hello, not an image" * 10, "not an image"),
+    (png_bomb(), "decompression bomb"),
+])
+def test_bad_input_is_rejected_with_a_reason(data, reason):
+    with pytest.raises(ImageRejected) as info:
+        resize_to_square(data, 32)
+    assert info.value.reason.startswith(reason)
+
+
+def test_truncated_jpeg_is_rejected():
+    rng = np.random.default_rng(0)
+    full = encode(Image.fromarray(rng.integers(0, 255, (200, 300, 3), dtype=np.uint8)), quality=95)
+    with pytest.raises(ImageRejected, match="undecodable"):
+        resize_to_square(full[: len(full) // 2], 64)
+
+
+def test_max_pixels_is_configurable():
+    data = encode(Image.new("RGB", (100, 100)))
+    with pytest.raises(ImageRejected, match="decompression bomb"):
+        resize_to_square(data, 32, max_pixels=9999)
+    assert len(resize_to_square(data, 32, max_pixels=10000).rgb) == 32 * 32 * 3
