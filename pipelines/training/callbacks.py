@@ -1,0 +1,124 @@
+"""Keras callbacks of the training job (besides Horovod's own)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from typing import Dict, List, Optional
+
+import tensorflow as tf
+
+from pipelines.training.schedule import checkpoint_path, marker_path
+
+log = logging.getLogger("pipelines")
+FAULT_ENV = "PIPELINES_FAULT_INJECT"
+
+
+class BestWeightsEarlyStopping(tf.keras.callbacks.EarlyStopping):
+    """``EarlyStopping`` that restores the best weights however training ends, and can resume.
+
+    Keras 2.15 restores the best weights only when it stops the run itself; when the epochs run
+    out the model keeps the last epoch's. This one also restores them at the end of training.
+    ``state`` (from a checkpoint marker) continues a previous run's patience count and best value.
+    """
+
+    def __init__(self, state: Optional[Dict] = None, best_weights: Optional[List] = None, **kwargs):
+        super().__init__(restore_best_weights=True, **kwargs)
+        self._resume_state = state
+        self._resume_best_weights = best_weights
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        if self._resume_state:
+            self.best = self._resume_state["best"]
+            self.wait = self._resume_state["wait"]
+            self.best_epoch = self._resume_state["best_epoch"] - 1  # Keras counts from 0
+            self.best_weights = self._resume_best_weights
+
+    def state(self) -> Dict:
+        """JSON-ready state: best value, epochs waited, best epoch (1-based), stopped or not."""
+        return {"best": float(self.best), "wait": int(self.wait), "best_epoch": int(self.best_epoch) + 1,
+                "stopped": bool(self.model.stop_training)}
+
+    def on_train_end(self, logs=None):
+        super().on_train_end(logs)
+        if self.stopped_epoch == 0 and self.best_weights is not None:
+            self.model.set_weights(self.best_weights)
+
+
+class EpochStats(tf.keras.callbacks.Callback):
+    """Adds ``lr``, ``epoch_seconds`` and ``train_images_per_second`` to each epoch's logs.
+
+    ``train_images_per_second`` counts the global batch of every training step (all ranks), over
+    the training part of the epoch only (validation excluded).
+    """
+
+    def __init__(self, steps_per_epoch: int, global_batch: int):
+        super().__init__()
+        self.images = steps_per_epoch * global_batch
+        self.epochs_run = 0
+        self._start = self._train_end = 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+        self._train_end = 0.0
+
+    def on_test_begin(self, logs=None):
+        if not self._train_end:
+            self._train_end = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        end = time.perf_counter()
+        self.epochs_run += 1
+        train_seconds = (self._train_end or end) - self._start
+        logs["lr"] = float(tf.keras.backend.get_value(self.model.optimizer.lr))
+        logs["epoch_seconds"] = end - self._start
+        logs["train_images_per_second"] = self.images / train_seconds if train_seconds > 0 else 0.0
+
+
+class CheckpointMarker(tf.keras.callbacks.Callback):
+    """Rank 0, after ``ModelCheckpoint``: marks epoch N's weights file complete.
+
+    The marker ``checkpoint-N.json`` is written to a temporary name and renamed, and records the
+    weights file's size, the epoch's logs, the history so far and the early-stopping state, so
+    that ``--resume`` picks only complete checkpoints and continues exactly where training was.
+    """
+
+    def __init__(self, directory: str, early_stopping: BestWeightsEarlyStopping, history: List[Dict]):
+        super().__init__()
+        self.directory = directory
+        self.early_stopping = early_stopping
+        self.history = history
+
+    def on_epoch_end(self, epoch, logs=None):
+        number = epoch + 1
+        weights = checkpoint_path(self.directory, number)
+        self.history.append({"epoch": number, **{k: float(v) for k, v in (logs or {}).items()}})
+        marker = {"epoch": number, "weights": os.path.basename(weights),
+                  "weights_bytes": os.path.getsize(weights), "logs": self.history[-1],
+                  "history": self.history, "early_stopping": self.early_stopping.state()}
+        tmp = marker_path(self.directory, number) + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(marker, f, indent=1)
+        os.replace(tmp, marker_path(self.directory, number))
+
+
+class FaultInjection(tf.keras.callbacks.Callback):
+    """Test hook: ``PIPELINES_FAULT_INJECT="rank=R,epoch=E,mode=raise|kill"`` makes rank R fail at
+    the end of epoch E (1-based), after that epoch's checkpoint: ``raise`` raises RuntimeError,
+    ``kill`` sends itself SIGKILL. Without the variable it does nothing."""
+
+    def __init__(self, rank: int):
+        super().__init__()
+        spec = dict(item.split("=", 1) for item in os.environ.get(FAULT_ENV, "").split(",") if "=" in item)
+        self.active = bool(spec) and int(spec.get("rank", 0)) == rank
+        self.epoch = int(spec.get("epoch", 0))
+        self.mode = spec.get("mode", "raise")
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.active and epoch + 1 == self.epoch:
+            if self.mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"injected fault at the end of epoch {self.epoch} ({FAULT_ENV})")

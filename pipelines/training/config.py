@@ -1,0 +1,55 @@
+"""Configuration of the training stage (``jobs/train.py``)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from pipelines.config import field
+
+
+@dataclass
+class TrainConfig:
+    """Horovod + Petastorm + Keras Xception transfer learning on the ETL's Parquet output."""
+
+    data: str = field(help="ETL output folder: manifest.json, train/, test/")
+    output: str = field(help="folder for checkpoints, logs, metrics.json and the final model")
+    epochs: int = field(30, help="maximum number of epochs")
+    batch_size: int = field(16, help="images per step on each rank; the global batch is this x world size")
+    base_lr: float = field(0.001, help="learning rate of one rank; scaled by the world size")
+    warmup_epochs: float = field(0.0, help="epochs of linear warmup from base_lr to base_lr x world size")
+    dropout: float = field(0.5, help="dropout rate before the softmax head")
+    image_size: int = field(0, help="side of the model's input in pixels; 0 = the ETL's size "
+                                    "(a smaller size resizes on the fly)")
+    weights: str = field("imagenet", help="Xception weights: imagenet (Keras download), none (random), "
+                                          "or the path of a no-top weights file")
+    patience: int = field(3, help="early stopping: epochs without a val_accuracy gain of --min-delta")
+    min_delta: float = field(0.001, help="early stopping: smallest val_accuracy gain that counts")
+    cache_dir: str = field("", help="Petastorm local-disk cache root (default: a temp folder); each rank "
+                                    "and split gets its own subfolder")
+    resume: bool = field(False, help="continue from the newest complete checkpoint in --output")
+    shuffle_buffer: int = field(256, help="images in the shuffle buffer (uint8, before preprocessing)")
+    seed: int = field(42, help="seed of weights initialisation, shuffling and dropout")
+    threads: int = field(0, help="TensorFlow intra-op threads per rank; 0 = cores / local ranks")
+    reader_workers: int = field(2, help="Petastorm reader threads per rank")
+    tensorboard: bool = field(True, help="write TensorBoard logs on rank 0")
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"--epochs must be >= 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.base_lr <= 0:
+            raise ValueError(f"--base-lr must be positive, got {self.base_lr}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.warmup_epochs < 0 or self.patience < 0 or self.image_size < 0:
+            raise ValueError("--warmup-epochs, --patience and --image-size must be >= 0")
+        if self.shuffle_buffer < 1:
+            raise ValueError(f"--shuffle-buffer must be >= 1, got {self.shuffle_buffer}")
+        self.data = os.path.abspath(os.path.expanduser(self.data))
+        self.output = os.path.abspath(os.path.expanduser(self.output))
+        if self.weights not in ("imagenet", "none"):
+            self.weights = os.path.abspath(os.path.expanduser(self.weights))
+        if self.cache_dir:
+            self.cache_dir = os.path.abspath(os.path.expanduser(self.cache_dir))

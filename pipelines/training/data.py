@@ -1,0 +1,180 @@
+"""Data path of training: the ETL's manifest, Petastorm readers sharded per rank, ``tf.data``.
+
+Petastorm shards by whole row groups (rank ``r`` of ``n`` reads row groups ``r, r+n, ...``), so
+shards can differ by a row group; the step counts come from the manifest's global counts
+(:func:`pipelines.training.schedule.plan_steps`), and readers loop forever (``num_epochs=None``)
+so that every rank can always take its steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass
+from typing import Iterator, List, Optional
+
+MANIFEST = "manifest.json"
+
+# petastorm 0.13 drives pyarrow 14 through APIs pyarrow deprecates, warning on every row group
+# (from its reader threads too), and warns that ``schema_fields`` are now full-match patterns.
+warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\..*)?$")
+warnings.filterwarnings("ignore", message="schema_fields behavior has changed")
+
+
+class DataError(ValueError):
+    """The dataset cannot feed this training run; the message says why and what to change."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """What training needs from the ETL's manifest.
+
+    Attributes:
+        root: the ETL output folder.
+        image_size: side of the stored square images (pixels); images are uint8 RGB, HWC.
+        num_classes, class_names: from the manifest (a name may be ``None`` for an unused label).
+        train_rows, test_rows, train_row_groups, test_row_groups: global counts.
+        rows_per_row_group: rows of a full row group.
+    """
+
+    root: str
+    image_size: int
+    num_classes: int
+    class_names: List[Optional[str]]
+    train_rows: int
+    test_rows: int
+    train_row_groups: int
+    test_row_groups: int
+    rows_per_row_group: int
+
+    def split_url(self, split: str) -> str:
+        """``file://`` URL of a split's Parquet folder, as Petastorm wants it."""
+        return "file://" + os.path.join(self.root, split)
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one decoded image: ``image_size ** 2 * 3``."""
+        return self.image_size * self.image_size * 3
+
+
+def load_dataset(root: str, world_size: int) -> Dataset:
+    """Read and check the ETL's ``manifest.json`` for a run of ``world_size`` ranks.
+
+    Raises:
+        DataError: no manifest (not an ETL output), an empty split, or fewer row groups in a split
+            than ranks (Petastorm would give some rank no data).
+    """
+    path = os.path.join(root, MANIFEST)
+    if not os.path.isfile(path):
+        raise DataError(f"no {MANIFEST} in {root}: --data must be the output folder of jobs/etl.py")
+    with open(path) as f:
+        manifest = json.load(f)
+    splits = manifest["splits"]
+    data = Dataset(root=root, image_size=manifest["image"]["height"], num_classes=manifest["num_classes"],
+                   class_names=manifest["class_names"], train_rows=splits["train"]["rows"],
+                   test_rows=splits["test"]["rows"], train_row_groups=splits["train"]["row_groups"],
+                   test_row_groups=splits["test"]["row_groups"],
+                   rows_per_row_group=manifest["rows_per_row_group"])
+    for split, rows, groups in (("train", data.train_rows, data.train_row_groups),
+                                ("test", data.test_rows, data.test_row_groups)):
+        if rows == 0:
+            raise DataError(f"the {split} split of {root} is empty")
+        if groups < world_size:
+            raise DataError(f"the {split} split has {groups} row groups but {world_size} ranks need one each "
+                            f"(Petastorm shards by row group): use at most {min(data.train_row_groups, data.test_row_groups)} "
+                            "ranks, or rerun the ETL with a larger --min-row-groups")
+    return data
+
+
+def cache_size_bytes(data: Dataset, split: str, world_size: int) -> int:
+    """Local-disk cache limit for one rank's shard of ``split``.
+
+    A shard holds at most ``ceil(row_groups / world_size)`` row groups; the limit is 1.5 times that,
+    and at least what Petastorm's ``LocalDiskCache`` demands (30 entries of one row group: its 6
+    shards must each hold 5 entries of ``expected_row_size_bytes``, and an entry is a row group).
+    """
+    groups = data.train_row_groups if split == "train" else data.test_row_groups
+    group_bytes = data.rows_per_row_group * data.row_bytes
+    shard_groups = -(-groups // world_size)
+    return int(max(1.5 * shard_groups * group_bytes, 31 * group_bytes)) + (1 << 20)
+
+
+@contextlib.contextmanager
+def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_root: Optional[str],
+                num_epochs: Optional[int] = None, workers: int = 2, seed: int = 0) -> Iterator:
+    """A Petastorm batch reader of this rank's shard of ``split`` (``image``, ``label`` columns).
+
+    Args:
+        cache_root: when set, a local-disk cache in ``cache_root/rank<r>-<split>`` (one folder per
+            rank and split: a closing reader deletes its whole cache folder, so readers must never
+            share one). ``None``: no cache (a single pass needs none).
+        num_epochs: ``None`` loops forever (training); 1 reads the shard once (evaluation).
+
+    Yields:
+        the reader; it is stopped, joined and its cache removed on exit.
+    """
+    from petastorm import make_batch_reader
+
+    cache = {}
+    if cache_root:
+        location = os.path.join(cache_root, f"rank{rank}-{split}")
+        shutil.rmtree(location, ignore_errors=True)  # a killed run's leftovers
+        cache = dict(cache_type="local-disk", cache_location=location,
+                     cache_size_limit=cache_size_bytes(data, split, world_size),
+                     cache_row_size_estimate=data.rows_per_row_group * data.row_bytes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # raised from pyarrow's own modules here
+        reader = make_batch_reader(data.split_url(split), schema_fields=["image", "label"],
+                                   cur_shard=rank, shard_count=world_size, num_epochs=num_epochs,
+                                   shuffle_row_groups=num_epochs is None, seed=seed,
+                                   reader_pool_type="thread", workers_count=workers, **cache)
+    try:
+        yield reader
+    finally:
+        with contextlib.redirect_stdout(io.StringIO()):  # petastorm prints "Cache cleanup complete."
+            reader.stop()
+            reader.join()
+            reader.cleanup_cache()
+
+
+def make_dataset(reader, stored_size: int, batch_size: int, model_size: int = 0,
+                 shuffle_buffer: int = 0, seed: int = 0, drop_remainder: bool = True):
+    """``tf.data`` pipeline over a Petastorm batch reader.
+
+    Row groups of raw bytes are decoded to ``(n, stored_size, stored_size, 3)`` uint8, unbatched,
+    shuffled as single uint8 images in a bounded buffer (4x smaller than float32: shuffle before
+    converting), resized when ``model_size`` differs, converted with Xception's
+    ``preprocess_input`` (``x / 127.5 - 1``, float32 in [-1, 1]), batched and prefetched.
+
+    Returns:
+        a ``tf.data.Dataset`` of ``(images float32 (batch, s, s, 3), labels int32 (batch,))``.
+    """
+    import tensorflow as tf
+    from petastorm.tf_utils import make_petastorm_dataset
+
+    size = model_size or stored_size
+
+    def decode(batch):
+        images = tf.io.decode_raw(batch.image, tf.uint8)
+        return tf.reshape(images, [-1, stored_size, stored_size, 3]), tf.cast(batch.label, tf.int32)
+
+    def preprocess(image, label):
+        image = tf.cast(image, tf.float32)
+        if size != stored_size:
+            image = tf.image.resize(image, [size, size], antialias=True)
+        return tf.keras.applications.xception.preprocess_input(image), label
+
+    ds = make_petastorm_dataset(reader).map(decode).unbatch()
+    if shuffle_buffer > 1:
+        ds = ds.shuffle(shuffle_buffer, seed=seed)
+    ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
+
+
+def default_cache_root() -> str:
+    """A fresh temporary folder for the Petastorm caches of this process."""
+    return tempfile.mkdtemp(prefix="pipelines-cache-")

@@ -1,0 +1,112 @@
+"""Pure arithmetic of distributed training: batch sizes, steps, learning rates, checkpoints.
+
+Stated once here, used by the job and tested without Horovod:
+
+* global batch size = per-rank batch size x world size (Horovod's data parallelism: each rank
+  computes gradients on its own batch, ``DistributedOptimizer`` averages them);
+* steps per epoch = ``train_rows // global_batch`` from the manifest's global counts, the same on
+  every rank whatever its shard holds (Horovod deadlocks when ranks run different step counts);
+* learning rate = ``base_lr x world_size`` (Goyal et al. 2017, "Accurate, Large Minibatch SGD:
+  Training ImageNet in 1 Hour", linear scaling rule), optionally reached by a linear warmup.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+
+@dataclass(frozen=True)
+class Steps:
+    """Per-epoch step counts, identical on every rank.
+
+    Attributes:
+        global_batch: images per optimisation step over all ranks.
+        steps_per_epoch: training steps per epoch (``train_rows // global_batch``).
+        validation_steps: validation steps per epoch (``validation_rows // global_batch``).
+    """
+
+    global_batch: int
+    steps_per_epoch: int
+    validation_steps: int
+
+
+def plan_steps(train_rows: int, validation_rows: int, batch_size: int, world_size: int) -> Steps:
+    """Steps per epoch from the manifest's global row counts.
+
+    Raises:
+        ValueError: ``batch_size`` or ``world_size`` below 1, or a global batch larger than a split
+            (no full step would fit: the job refuses instead of training on nothing).
+    """
+    if batch_size < 1 or world_size < 1:
+        raise ValueError(f"batch size and world size must be >= 1, got {batch_size} and {world_size}")
+    global_batch = batch_size * world_size
+    for name, rows in (("train", train_rows), ("validation", validation_rows)):
+        if rows < global_batch:
+            raise ValueError(f"global batch size {global_batch} (--batch-size {batch_size} x {world_size} "
+                             f"ranks) is larger than the {name} split ({rows} rows): lower --batch-size")
+    return Steps(global_batch, train_rows // global_batch, validation_rows // global_batch)
+
+
+def scaled_lr(base_lr: float, world_size: int) -> float:
+    """Learning rate for ``world_size`` ranks: ``base_lr * world_size`` (linear scaling rule)."""
+    return base_lr * world_size
+
+
+def warmup_lr(epoch: float, base_lr: float, world_size: int, warmup_epochs: float) -> float:
+    """Learning rate during Horovod's ``LearningRateWarmupCallback`` warmup.
+
+    Horovod's formula (horovod/_keras/callbacks.py): with ``initial_lr = base_lr * size``,
+    ``lr(epoch) = initial_lr / size * (epoch * (size - 1) / warmup_epochs + 1)`` for fractional
+    ``epoch`` in ``[0, warmup_epochs]``: it starts at ``base_lr`` and reaches ``base_lr * size``.
+    After the warmup the rate stays at ``base_lr * size``.
+    """
+    target = scaled_lr(base_lr, world_size)
+    if warmup_epochs <= 0 or epoch >= warmup_epochs:
+        return target
+    return target / world_size * (epoch * (world_size - 1) / warmup_epochs + 1)
+
+
+# --- checkpoints ------------------------------------------------------------------------------
+
+CHECKPOINT_PREFIX = "checkpoint-"
+_MARKER = re.compile(r"^checkpoint-(\d+)\.json$")
+
+
+def checkpoint_path(directory: str, epoch: int) -> str:
+    """Weights file of 1-based ``epoch``: ``DIR/checkpoint-{epoch}.h5``."""
+    return os.path.join(directory, f"{CHECKPOINT_PREFIX}{epoch}.h5")
+
+
+def marker_path(directory: str, epoch: int) -> str:
+    """Completion marker of a checkpoint, written (atomically) only after its weights file."""
+    return os.path.join(directory, f"{CHECKPOINT_PREFIX}{epoch}.json")
+
+
+def newest_complete_checkpoint(directory: str) -> Optional[Dict]:
+    """The newest checkpoint whose weights were completely written, or ``None``.
+
+    A checkpoint counts only with its marker (written after the weights, by rename) naming a
+    weights file that exists with the size recorded in it: a run killed mid-write leaves no
+    marker or a different size, and that checkpoint is never picked.
+
+    Returns:
+        the marker's content (``epoch``, ``weights``, ``weights_bytes``, and the training state
+        saved with it), or ``None`` when there is none.
+    """
+    if not os.path.isdir(directory):
+        return None
+    epochs: List[int] = sorted((int(m.group(1)) for m in map(_MARKER.match, os.listdir(directory)) if m),
+                               reverse=True)
+    for epoch in epochs:
+        try:
+            with open(marker_path(directory, epoch)) as f:
+                marker = json.load(f)
+        except (OSError, ValueError):
+            continue
+        weights = os.path.join(directory, marker.get("weights", ""))
+        if os.path.isfile(weights) and os.path.getsize(weights) == marker.get("weights_bytes"):
+            return marker
+    return None

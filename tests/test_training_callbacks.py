@@ -1,0 +1,82 @@
+"""Training callbacks in one process (TensorFlow, no Horovod)."""
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from pipelines.training.callbacks import BestWeightsEarlyStopping, CheckpointMarker, FaultInjection
+from pipelines.training.schedule import newest_complete_checkpoint
+
+
+def tiny_model():
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def run_epochs(callback, model, accuracies, first_epoch=0):
+    callback.set_model(model)
+    callback.on_train_begin()
+    for epoch, acc in enumerate(accuracies, start=first_epoch):
+        model.set_weights([np.full((2, 1), epoch, np.float32), np.full((1,), epoch, np.float32)])
+        callback.on_epoch_end(epoch, {"val_accuracy": acc})
+        if model.stop_training:
+            break
+    callback.on_train_end()
+
+
+def test_best_weights_are_restored_when_the_epochs_run_out():
+    model = tiny_model()
+    stopper = BestWeightsEarlyStopping(monitor="val_accuracy", patience=5, min_delta=0.001)
+    run_epochs(stopper, model, [0.5, 0.9, 0.6, 0.7])
+    assert not model.stop_training
+    assert model.get_weights()[1][0] == 1  # epoch index 1 (the 2nd epoch) was best
+    assert stopper.state()["best_epoch"] == 2
+
+
+def test_best_weights_are_restored_when_stopping_early():
+    model = tiny_model()
+    stopper = BestWeightsEarlyStopping(monitor="val_accuracy", patience=1, min_delta=0.001)
+    run_epochs(stopper, model, [0.5, 0.9, 0.9005, 0.95])
+    assert model.stop_training and model.get_weights()[1][0] == 1
+    assert stopper.state() == {"best": 0.9, "wait": 1, "best_epoch": 2, "stopped": True}
+
+
+def test_resumed_state_continues_patience():
+    model = tiny_model()
+    best = [np.full((2, 1), 7, np.float32), np.full((1,), 7, np.float32)]
+    stopper = BestWeightsEarlyStopping(state={"best": 0.8, "wait": 1, "best_epoch": 3, "stopped": False},
+                                       best_weights=best, monitor="val_accuracy", patience=2, min_delta=0.001)
+    run_epochs(stopper, model, [0.7], first_epoch=3)  # no gain: wait reaches 2 = patience
+    assert model.stop_training and model.get_weights()[1][0] == 7
+
+
+def test_checkpoint_marker_is_written_after_the_weights(tmp_path):
+    model = tiny_model()
+    stopper = BestWeightsEarlyStopping(monitor="val_accuracy", patience=2)
+    stopper.set_model(model)
+    stopper.on_train_begin()
+    history = []
+    marker = CheckpointMarker(str(tmp_path), stopper, history)
+    marker.set_model(model)
+    model.save_weights(os.path.join(tmp_path, "checkpoint-1.h5"))
+    stopper.on_epoch_end(0, {"val_accuracy": 0.5})
+    marker.on_epoch_end(0, {"val_accuracy": 0.5, "loss": 1.0})
+    found = newest_complete_checkpoint(str(tmp_path))
+    assert found["epoch"] == 1 and found["history"] == [{"epoch": 1, "val_accuracy": 0.5, "loss": 1.0}]
+    assert found["early_stopping"]["best_epoch"] == 1
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+def test_fault_injection_is_off_without_the_variable(monkeypatch):
+    monkeypatch.delenv("PIPELINES_FAULT_INJECT", raising=False)
+    FaultInjection(0).on_epoch_end(1)
+    monkeypatch.setenv("PIPELINES_FAULT_INJECT", "rank=1,epoch=2,mode=raise")
+    FaultInjection(0).on_epoch_end(1)  # another rank
+    try:
+        FaultInjection(1).on_epoch_end(1)
+    except RuntimeError as exc:
+        assert "epoch 2" in str(exc)
+    else:
+        raise AssertionError("rank 1 should have raised at the end of epoch 2")

@@ -1,0 +1,168 @@
+"""The training job end to end: real horovodrun with Gloo, real Petastorm on real Parquet."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.etl.config import ETLConfig
+from pipelines.etl.job import run_etl
+from tests.conftest import BIN, subprocess_env
+from tests.imagegen import make_tree
+
+pytestmark = pytest.mark.slow
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZE = 71  # Xception's smallest input
+
+
+def train(data, output, *args, np_=2, env=None, timeout=420):
+    """Run jobs/train.py under horovodrun (np_ > 0) or alone (np_ == 0); return the finished process."""
+    job = [sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", output,
+           "--weights", "none", "--batch-size", "4", "--cache-dir", output + "-cache", "--no-tensorboard", *args]
+    cmd = job if np_ == 0 else [os.path.join(BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}",
+                                "--gloo", *job]
+    return subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(**(env or {})), timeout=timeout)
+
+
+def metrics(output):
+    with open(os.path.join(output, "metrics.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory, spark):
+    """A small real ETL output whose train split has an odd number of row groups: uneven shards."""
+    base = tmp_path_factory.mktemp("train-data")
+    make_tree(str(base / "tree"), classes=3, per_class=26, bad=False)
+    out = str(base / "etl")
+    manifest = run_etl(ETLConfig(input=str(base / "tree"), output=out, image_size=SIZE, test_fraction=0.3,
+                                 min_row_groups=4, num_partitions=3), spark)
+    assert manifest["splits"]["train"]["row_groups"] % 2 == 1, manifest["splits"]
+    return out, manifest
+
+
+@pytest.fixture(scope="module")
+def full_run(dataset, tmp_path_factory):
+    data, _ = dataset
+    out = str(tmp_path_factory.mktemp("run") / "out")
+    proc = train(data, out, "--epochs", "3", "--patience", "10")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc.stdout + proc.stderr
+
+
+def test_uneven_shards_finish_without_a_stall(full_run):
+    out, log = full_run
+    assert "stall" not in log.lower()
+    assert metrics(out)["epochs_run_per_rank"] == [3, 3]
+
+
+def test_both_ranks_end_with_identical_weights(full_run):
+    checksums = metrics(full_run[0])["weights_checksum_per_rank"]
+    assert len(checksums) == 2 and checksums[0] == checksums[1]
+
+
+def test_report_and_artifacts(full_run, dataset):
+    out, _ = full_run
+    _, manifest = dataset
+    m = metrics(out)
+    assert m["world_size"] == 2 and m["global_batch_size"] == 8
+    assert m["learning_rate"] == pytest.approx(0.002)
+    assert m["steps_per_epoch"] == manifest["splits"]["train"]["rows"] // 8
+    assert [h["epoch"] for h in m["history"]] == [1, 2, 3]
+    assert m["test"]["count"] == manifest["splits"]["test"]["rows"]
+    assert m["train_images_per_second"] > 0
+    for name in ("model.keras", "class_names.json", "history.csv", "checkpoint-3.h5", "checkpoint-3.json"):
+        assert os.path.exists(os.path.join(out, name)), name
+    with open(os.path.join(out, "history.csv")) as f:
+        assert len(list(csv.DictReader(f))) == 3
+
+
+def load_model(out):
+    import tensorflow as tf
+    return tf.keras.models.load_model(os.path.join(out, "model.keras"))
+
+
+def test_final_model_holds_the_best_epochs_weights(full_run):
+    from pipelines.training.model import build_model
+    out, _ = full_run
+    m = metrics(out)
+    best = build_model(m["num_classes"], SIZE, weights="none")
+    best.load_weights(os.path.join(out, f"checkpoint-{m['best_epoch']}.h5"))
+    for a, b in zip(load_model(out).get_weights(), best.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_exact_test_metric_equals_a_single_process_evaluation(full_run, dataset):
+    import tensorflow as tf
+    out, _ = full_run
+    data, _ = dataset
+    table = pq.read_table(os.path.join(data, "test"), columns=["image", "label"])
+    images = np.stack([np.frombuffer(b, np.uint8).reshape(SIZE, SIZE, 3) for b in table.column("image").to_pylist()])
+    labels = np.array(table.column("label").to_pylist())
+    probs = load_model(out).predict(images.astype(np.float32) / 127.5 - 1.0, batch_size=16, verbose=0)
+    loss = float(tf.keras.losses.sparse_categorical_crossentropy(labels, probs).numpy().mean())
+    test = metrics(out)["test"]
+    assert test["count"] == len(labels)
+    assert test["accuracy"] == pytest.approx(float((probs.argmax(1) == labels).mean()), abs=1e-9)
+    assert test["loss"] == pytest.approx(loss, rel=1e-4)
+
+
+def test_early_stopping_stops_both_ranks_at_the_same_epoch(dataset, tmp_path):
+    data, _ = dataset
+    out = str(tmp_path / "out")
+    # No gain can reach min_delta=2: epoch 1 sets the best, patience 1 stops after epoch 2.
+    proc = train(data, out, "--epochs", "6", "--patience", "1", "--min-delta", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = metrics(out)
+    assert m["stopped_early"] and m["epochs_run"] == 2
+    assert m["epochs_run_per_rank"] == [2, 2] and m["best_epoch"] == 1
+
+
+def test_resume_after_a_kill_continues_from_the_checkpoint(dataset, tmp_path):
+    from pipelines.training.model import build_model
+    from pipelines.training.train import weights_checksum
+    data, manifest = dataset
+    out = str(tmp_path / "out")
+    killed = train(data, out, "--epochs", "4", "--patience", "10",
+                   env={"PIPELINES_FAULT_INJECT": "rank=0,epoch=2,mode=kill"})
+    assert killed.returncode != 0
+    assert not os.path.exists(os.path.join(out, "metrics.json"))
+    assert os.path.exists(os.path.join(out, "checkpoint-2.json"))
+    assert not os.path.exists(os.path.join(out, "checkpoint-3.json"))
+
+    resumed = train(data, out, "--epochs", "4", "--patience", "10", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming after epoch 2" in resumed.stderr
+    m = metrics(out)
+    assert m["resumed_after_epoch"] == 2
+    assert [h["epoch"] for h in m["history"]] == [1, 2, 3, 4]
+    assert m["epochs_run_per_rank"] == [2, 2]  # epochs 3 and 4 in this process
+    checkpoint = build_model(manifest["num_classes"], SIZE, weights="none")
+    checkpoint.load_weights(os.path.join(out, "checkpoint-2.h5"))
+    assert m["resumed_weights_checksum_per_rank"] == [weights_checksum(checkpoint)] * 2
+
+
+def test_refuses_a_folder_without_manifest(tmp_path):
+    proc = train(str(tmp_path), str(tmp_path / "out"), np_=0)
+    assert proc.returncode == 2 and "no manifest.json" in proc.stderr
+
+
+def test_refuses_a_batch_larger_than_the_data(dataset, tmp_path):
+    data, _ = dataset
+    proc = train(data, str(tmp_path / "out"), "--batch-size", "1000", np_=0)
+    assert proc.returncode == 2 and "larger than the train split" in proc.stderr
+
+
+def test_refuses_more_ranks_than_row_groups(tmp_path, spark):
+    make_tree(str(tmp_path / "tree"), classes=2, per_class=10, bad=False)
+    data = str(tmp_path / "etl")
+    m = run_etl(ETLConfig(input=str(tmp_path / "tree"), output=data, image_size=8, test_fraction=0.3,
+                          min_row_groups=1, row_group_mb=64, num_partitions=1), spark)
+    assert m["splits"]["test"]["row_groups"] == 1
+    proc = train(data, str(tmp_path / "out"))
+    assert proc.returncode != 0
+    assert "row groups but 2 ranks" in proc.stderr

@@ -1,0 +1,135 @@
+"""Pure parts of training: steps, learning rates, checkpoint choice, devices, exact totals, manifest checks."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from pipelines.config import parse_config
+from pipelines.training.config import TrainConfig
+from pipelines.training.data import DataError, cache_size_bytes, load_dataset
+from pipelines.training.devices import choose_device
+from pipelines.training.evaluate import Totals, add, batch_totals
+from pipelines.training.schedule import (checkpoint_path, marker_path, newest_complete_checkpoint, plan_steps,
+                                         scaled_lr, warmup_lr)
+
+
+def test_steps_come_from_global_counts_and_are_the_same_for_every_rank():
+    steps = plan_steps(train_rows=1000, validation_rows=130, batch_size=16, world_size=4)
+    assert (steps.global_batch, steps.steps_per_epoch, steps.validation_steps) == (64, 15, 2)
+    assert plan_steps(1000, 130, 16, 1).steps_per_epoch == 62
+
+
+@pytest.mark.parametrize("train, val, batch, size", [(10, 100, 16, 1), (100, 30, 16, 2), (100, 100, 0, 1)])
+def test_a_batch_larger_than_the_data_is_refused(train, val, batch, size):
+    with pytest.raises(ValueError, match="batch"):
+        plan_steps(train, val, batch, size)
+
+
+def test_learning_rate_scales_with_world_size():
+    assert scaled_lr(0.001, 8) == pytest.approx(0.008)
+    assert scaled_lr(0.001, 1) == 0.001
+
+
+def test_warmup_goes_linearly_from_base_to_scaled_lr():
+    assert warmup_lr(0.0, 0.001, 4, 5) == pytest.approx(0.001)
+    assert warmup_lr(2.5, 0.001, 4, 5) == pytest.approx(0.0025)
+    assert warmup_lr(5.0, 0.001, 4, 5) == pytest.approx(0.004)
+    assert warmup_lr(9.0, 0.001, 4, 5) == pytest.approx(0.004)
+    assert warmup_lr(1.0, 0.001, 4, 0) == pytest.approx(0.004)
+
+
+def write_checkpoint(directory, epoch, size=100, marker=True, marker_size=None):
+    with open(checkpoint_path(directory, epoch), "wb") as f:
+        f.write(b"x" * size)
+    if marker:
+        with open(marker_path(directory, epoch), "w") as f:
+            json.dump({"epoch": epoch, "weights": os.path.basename(checkpoint_path(directory, epoch)),
+                       "weights_bytes": size if marker_size is None else marker_size}, f)
+
+
+def test_newest_complete_checkpoint_skips_interrupted_ones(tmp_path):
+    d = str(tmp_path)
+    assert newest_complete_checkpoint(d) is None
+    assert newest_complete_checkpoint(str(tmp_path / "missing")) is None
+    write_checkpoint(d, 1)
+    write_checkpoint(d, 2)
+    write_checkpoint(d, 3, marker=False)                # killed before its marker
+    write_checkpoint(d, 4, size=50, marker_size=100)    # weights file truncated after the marker
+    with open(marker_path(d, 5), "w") as f:             # marker cut short
+        f.write('{"epoch": 5, "weig')
+    with open(marker_path(d, 10) + ".tmp", "w") as f:   # marker never renamed
+        f.write("{}")
+    assert newest_complete_checkpoint(d)["epoch"] == 2
+
+
+def test_newest_checkpoint_orders_numerically(tmp_path):
+    for epoch in (2, 9, 10):
+        write_checkpoint(str(tmp_path), epoch)
+    assert newest_complete_checkpoint(str(tmp_path))["epoch"] == 10
+
+
+def test_device_choice():
+    gpus = [f"/physical_device:GPU:{i}" for i in range(8)]
+    assert choose_device([], 3).kind == "cpu"
+    assert choose_device(gpus, 3).index == 3
+    assert choose_device(gpus, 0, spark_gpu_addresses=["5"]).index == 5
+    with pytest.raises(ValueError, match="no GPU of its own"):
+        choose_device(gpus[:2], 2)
+    with pytest.raises(ValueError, match="only 2"):
+        choose_device(gpus[:2], 0, spark_gpu_addresses=["7"])
+
+
+def test_batch_totals_match_keras_crossentropy():
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(7, 4))
+    probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    labels = rng.integers(0, 4, 7)
+    totals = batch_totals(probs.astype(np.float32), labels)
+    keras_loss = tf.keras.losses.sparse_categorical_crossentropy(labels, probs.astype(np.float32)).numpy()
+    assert totals.loss == pytest.approx(float(keras_loss.mean()), rel=1e-5)
+    assert totals.correct == int((probs.argmax(1) == labels).sum()) and totals.count == 7
+
+
+def test_totals_add_up_exactly_across_uneven_parts():
+    a, b = Totals(3.0, 2, 5), Totals(1.0, 1, 1)
+    both = add(a, b)
+    assert both.accuracy == 3 / 6 and both.loss == 4.0 / 6
+    assert both.accuracy != (a.accuracy + b.accuracy) / 2  # not an average of per-rank means
+
+
+def manifest(tmp_path, train_groups=8, test_groups=8, train_rows=100, test_rows=20):
+    m = {"image": {"height": 32}, "num_classes": 3, "class_names": ["a", "b", "c"], "rows_per_row_group": 2,
+         "splits": {"train": {"rows": train_rows, "row_groups": train_groups},
+                    "test": {"rows": test_rows, "row_groups": test_groups}}}
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    return str(tmp_path)
+
+
+def test_dataset_refusals(tmp_path):
+    with pytest.raises(DataError, match="no manifest.json"):
+        load_dataset(str(tmp_path), 1)
+    root = manifest(tmp_path, test_groups=3)
+    assert load_dataset(root, 3).test_row_groups == 3
+    with pytest.raises(DataError, match="3 row groups but 4 ranks"):
+        load_dataset(root, 4)
+    with pytest.raises(DataError, match="empty"):
+        load_dataset(manifest(tmp_path, test_rows=0), 1)
+
+
+def test_cache_is_sized_from_row_groups(tmp_path):
+    data = load_dataset(manifest(tmp_path, train_groups=80), 2)
+    group = 2 * 32 * 32 * 3
+    assert cache_size_bytes(data, "train", 2) >= 1.5 * 40 * group
+    assert cache_size_bytes(data, "test", 2) >= 31 * group  # Petastorm's LocalDiskCache minimum
+
+
+def test_train_config_from_command_line():
+    config = parse_config(TrainConfig, ["--data", "d", "--output", "o", "--batch-size", "4", "--resume",
+                                        "--weights", "none", "--warmup-epochs", "2"])
+    assert config.batch_size == 4 and config.resume and config.weights == "none"
+    assert config.warmup_epochs == 2.0 and os.path.isabs(config.data)
+    with pytest.raises(SystemExit):
+        parse_config(TrainConfig, ["--data", "d", "--output", "o", "--dropout", "1.0"])
