@@ -5,8 +5,9 @@ row-at-a-time Python UDF ``Image.open -> convert('RGB') -> thumbnail(LANCZOS) ->
 -> tobytes`` over ``binaryFile`` rows, repartitioned, written with 1 MB Parquet blocks. Ours is
 :func:`pipelines.etl.job.run_etl`. Both run in the same SparkSession (same master, same
 settings), on the same files, into Parquet, each timed from the start of its Spark work to the
-end of its write; each is run ``--repeats`` times and the best time is kept. The floor is
-decoding the same files with Pillow alone, in this one process.
+end of its write; each is run ``--repeats`` times and the best time is kept. Two reference
+points: Spark's share alone (our job's ``binaryFile`` scan and shuffle into a no-op mapper, a
+cost both jobs pay), and decoding the same files with Pillow alone in this one process.
 
 Usage: python benchmarks/etl_bench.py [--fashion-per-class 200] [--master local[2]]
 """
@@ -47,6 +48,21 @@ def recipe_job(spark, input_dir: str, output_dir: str, size: int, partitions: in
               .withColumn("image", scale_image_udf("content")).drop("content"))
     images.write.mode("overwrite").option("parquet.block.size", 1024 * 1024).parquet(output_dir)
     return spark.read.parquet(output_dir).count()
+
+
+def skeleton_job(spark, input_dir: str, partitions: int) -> int:
+    """Spark's share alone: our job's binaryFile scan and seeded shuffle into a no-op Python
+    mapper (no decode, no write); returns rows seen."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    def count_rows(batches):
+        yield pa.RecordBatch.from_pydict({"n": [sum(b.num_rows for b in batches)]})
+
+    order = F.xxhash64("path", F.lit(0))
+    files = (spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(input_dir)
+             .select("path", "content").repartition(partitions, order).sortWithinPartitions(order))
+    return sum(r.n for r in files.mapInArrow(count_rows, "n LONG").collect())
 
 
 def pillow_floor(input_dir: str) -> tuple:
@@ -105,8 +121,10 @@ def main(argv=None) -> int:
         recipe_rows, recipe_s = best_of(args.repeats, lambda: recipe_job(spark, src, out_recipe, args.image_size, partitions))
         manifest, ours_s = best_of(args.repeats, lambda: run_etl(config, spark))
         ours_rows = manifest["files"]["written"]
+        skeleton_rows, skeleton_s = best_of(args.repeats, lambda: skeleton_job(spark, src, partitions))
         files, floor_s = pillow_floor(src)
-        rows.append((name, ours_rows / ours_s, recipe_rows / recipe_s, files / floor_s, ours_rows, recipe_rows))
+        rows.append((name, ours_rows / ours_s, recipe_rows / recipe_s, files / floor_s, ours_rows, recipe_rows,
+                     skeleton_rows / skeleton_s))
         shutil.rmtree(out_ours, ignore_errors=True)
         shutil.rmtree(out_recipe, ignore_errors=True)
     spark.stop()
@@ -114,9 +132,10 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     print(f"\nETL benchmark: {args.master}, {os.cpu_count()} CPUs, {args.image_size} px, best of {args.repeats}")
-    print(f"{'input':46s} {'ours img/s':>11s} {'recipe img/s':>13s} {'ratio':>6s} {'Pillow decode-only img/s':>25s}")
-    for name, ours, recipe, floor, n_ours, n_recipe in rows:
-        print(f"{name:46s} {ours:11.1f} {recipe:13.1f} {ours / recipe:5.2f}x {floor:25.1f}")
+    print(f"{'input':46s} {'ours img/s':>11s} {'recipe img/s':>13s} {'ratio':>6s} "
+          f"{'Spark scan+shuffle only':>24s} {'Pillow decode only (1 proc)':>28s}")
+    for name, ours, recipe, floor, n_ours, n_recipe, skeleton in rows:
+        print(f"{name:46s} {ours:11.1f} {recipe:13.1f} {ours / recipe:5.2f}x {skeleton:24.1f} {floor:28.1f}")
         if n_ours != n_recipe:
             print(f"  (rows: ours {n_ours}, recipe {n_recipe})")
     return 0
