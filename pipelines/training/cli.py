@@ -1,7 +1,15 @@
-"""Command line of the training stage: ``horovodrun -np N python jobs/train.py ...``."""
+"""Command line of the training stage.
+
+Every rank runs it under ``horovodrun -np N python jobs/train.py ...``; or one driver runs it with
+``--spark-np N`` (``spark-submit --master spark://HOST:PORT jobs/train.py --spark-np N ...``, or
+``python jobs/train.py --spark-np -N`` for local processes) and launches the ranks itself with
+:class:`pipelines.launcher.HorovodRunner`. Both call the same training function with the same config.
+"""
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -10,28 +18,42 @@ from pipelines.training.config import TrainConfig
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Parse the options into a :class:`TrainConfig` and train (every rank runs this).
+    """Parse the options into a :class:`TrainConfig` and train.
 
-    Returns 0 on success, 2 with a one-line error (logged by every rank, with its rank) when the
-    data cannot feed the run.
+    Returns 0 on success; 2 with a one-line error when the data cannot feed the run or the
+    launch is impossible; 1 with the failing rank and its cause when a rank fails.
     """
-    import os
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from pipelines.launcher import HorovodJobFailed, HorovodRunner
+    from pipelines.logs import setup_logging
     from pipelines.training.data import DataError
     from pipelines.training.train import run_training
 
     config = parse_config(TrainConfig, argv)
+    log = logging.getLogger("pipelines")
     try:
-        report = run_training(config)
+        if config.spark_np:
+            setup_logging("train driver")
+            if config.spark_np > 0:
+                from pipelines.spark import spark_session
+                spark_session("pipelines-train")
+            report = HorovodRunner(np=config.spark_np).run(run_training,
+                                                           config=dataclasses.replace(config, spark_np=0))
+        else:
+            report = run_training(config)
+            if not _is_rank0():
+                return 0
     except (DataError, ValueError, FileNotFoundError) as exc:
-        logging.getLogger("pipelines").error("%s", exc)
+        log.error("%s", exc)
         return 2
-    if report["world_size"] and _is_rank0():
-        test = report["test"]
-        print(f"test accuracy {test['accuracy']:.4f} (loss {test['loss']:.4f}) on {test['count']} images; "
-              f"{report['epochs_run']} epochs, best {report['best_epoch']}; "
-              f"world size {report['world_size']}, global batch {report['global_batch_size']}; "
-              f"model and report in {config.output}")
+    except HorovodJobFailed as exc:
+        log.error("training failed: %s", exc)
+        return 1
+    test = report["test"]
+    print(f"test accuracy {test['accuracy']:.4f} (loss {test['loss']:.4f}) on {test['count']} images; "
+          f"{report['epochs_run']} epochs, best {report['best_epoch']}; "
+          f"world size {report['world_size']}, global batch {report['global_batch_size']}; "
+          f"model and report in {config.output}")
     return 0
 
 

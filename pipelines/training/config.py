@@ -33,6 +33,9 @@ class TrainConfig:
     threads: int = field(0, help="TensorFlow intra-op threads per rank; 0 = cores / local ranks")
     reader_workers: int = field(2, help="Petastorm reader threads per rank")
     tensorboard: bool = field(True, help="write TensorBoard logs on rank 0")
+    spark_np: int = field(0, help="launch the ranks from this process with HorovodRunner: N > 0 runs N Spark "
+                                  "barrier tasks on the session's cluster (spark-submit --master ...), "
+                                  "N < 0 runs -N local processes; 0 = this process is a rank (horovodrun)")
 
     def __post_init__(self) -> None:
         if self.epochs < 1:

@@ -68,6 +68,8 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     setup_logging("train", rank=rank, level=logging.INFO if rank == 0 else logging.WARNING)
+    if spark_gpu_addresses is None:  # set by HorovodRunner's barrier tasks
+        spark_gpu_addresses = [a for a in os.environ.get("PIPELINES_SPARK_GPUS", "").split(",") if a]
     apply_device(hvd.local_rank(), spark_gpu_addresses, announce=rank == 0)
     threads = _threads(config, hvd.local_size())
     tf.config.threading.set_intra_op_parallelism_threads(threads)

@@ -1,0 +1,163 @@
+"""A Spark standalone cluster on this machine, from the pyspark package alone.
+
+Starts a master and N workers with pyspark's own ``bin/spark-class`` (no separate Spark install),
+each worker with bounded cores and memory, waits until every worker has registered, and always
+stops them. Tests use :class:`StandaloneCluster` as a fixture; users run::
+
+    python -m pipelines.cluster --workers 2 --cores 1 --memory 2g     # Ctrl-C stops it
+
+and submit to the printed ``spark://127.0.0.1:PORT`` with ``spark-submit --master``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import List, Optional
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def spark_home() -> str:
+    """The pyspark package folder, which ships ``bin/spark-class`` and ``jars/``."""
+    import pyspark
+    return os.path.dirname(pyspark.__file__)
+
+
+class StandaloneCluster:
+    """Master + ``workers`` workers on ``host``; a context manager that always stops them.
+
+    Attributes:
+        url: ``spark://host:port`` of the master, once started.
+        web_url: the master's web UI (its ``/json/`` lists the registered workers).
+    """
+
+    def __init__(self, workers: int = 2, cores: int = 1, memory: str = "2g", host: str = "127.0.0.1",
+                 work_dir: Optional[str] = None, timeout_s: float = 120.0):
+        if workers < 1 or cores < 1:
+            raise ValueError("a cluster needs at least one worker with at least one core")
+        self.workers, self.cores, self.memory, self.host = workers, cores, memory, host
+        self.timeout_s = timeout_s
+        self._own_dir = work_dir is None
+        self.work_dir = work_dir or tempfile.mkdtemp(prefix="spark-standalone-")
+        self.port, self.web_port = free_port(host), free_port(host)
+        self.url = f"spark://{host}:{self.port}"
+        self.web_url = f"http://{host}:{self.web_port}"
+        self.processes: List[subprocess.Popen] = []
+
+    def _env(self) -> dict:
+        env = dict(os.environ, SPARK_HOME=spark_home(), SPARK_LOCAL_IP=self.host,
+                   SPARK_LOG_DIR=os.path.join(self.work_dir, "logs"), PYSPARK_PYTHON=sys.executable,
+                   SPARK_NO_DAEMONIZE="1")
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        return env
+
+    def _spawn(self, name: str, args: List[str]) -> None:
+        log_path = os.path.join(self.work_dir, f"{name}.log")
+        with open(log_path, "wb") as log:
+            self.processes.append(subprocess.Popen(
+                [os.path.join(spark_home(), "bin", "spark-class"), *args], env=self._env(),
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+
+    def alive_workers(self) -> int:
+        """Workers the master lists as ALIVE (0 while the master is not answering)."""
+        try:
+            with urllib.request.urlopen(self.web_url + "/json/", timeout=2) as response:
+                state = json.load(response)
+        except (OSError, ValueError):
+            return 0
+        return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
+
+    def start(self) -> "StandaloneCluster":
+        """Start the master and the workers; return once all workers are registered.
+
+        Raises:
+            RuntimeError: not all workers registered within ``timeout_s`` (the logs' tails say why);
+                everything started is stopped first.
+        """
+        os.makedirs(os.path.join(self.work_dir, "logs"), exist_ok=True)
+        self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", self.host,
+                               "--port", str(self.port), "--webui-port", str(self.web_port)])
+        for i in range(self.workers):
+            worker_dir = os.path.join(self.work_dir, f"worker-{i}")
+            os.makedirs(worker_dir, exist_ok=True)
+            self._spawn(f"worker-{i}", ["org.apache.spark.deploy.worker.Worker", "--host", self.host,
+                                        "--cores", str(self.cores), "--memory", self.memory,
+                                        "--webui-port", str(free_port(self.host)), "--work-dir", worker_dir,
+                                        self.url])
+        deadline = time.monotonic() + self.timeout_s
+        while self.alive_workers() < self.workers:
+            dead = [p for p in self.processes if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                tails = self._log_tails()
+                self.stop()
+                raise RuntimeError(f"Spark standalone cluster did not come up ({self.alive_workers()}/"
+                                   f"{self.workers} workers registered):\n{tails}")
+            time.sleep(0.5)
+        return self
+
+    def _log_tails(self, lines: int = 15) -> str:
+        out = []
+        for name in sorted(os.listdir(self.work_dir)):
+            if name.endswith(".log"):
+                with open(os.path.join(self.work_dir, name), errors="replace") as f:
+                    out.append(f"--- {name}\n" + "".join(f.readlines()[-lines:]))
+        return "\n".join(out)
+
+    def stop(self) -> None:
+        """Stop workers, then the master (SIGTERM, then SIGKILL after 10 s); idempotent."""
+        for proc in reversed(self.processes):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in reversed(self.processes):
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.processes = []
+
+    def __enter__(self) -> "StandaloneCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    """Run a cluster in the foreground until Ctrl-C or SIGTERM."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--cores", type=int, default=1, help="cores per worker")
+    parser.add_argument("--memory", default="2g", help="memory per worker (executors + overhead)")
+    parser.add_argument("--host", default="127.0.0.1")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with StandaloneCluster(args.workers, args.cores, args.memory, args.host) as cluster:
+        print(f"master {cluster.url} (web UI {cluster.web_url}), {args.workers} workers x {args.cores} "
+              f"cores x {args.memory}; Ctrl-C stops it", flush=True)
+        try:
+            while all(p.poll() is None for p in cluster.processes):
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Scale-out on a real Spark standalone cluster (master + 2 workers on 127.0.0.1).
+
+The ETL through ``spark-submit --master spark://...``, then training as 2 barrier tasks on the two
+workers (``--spark-np 2``), the same as 2 local processes (``--spark-np -2``), a rank that fails at
+epoch 2 (prompt, named failure) and the ``--resume`` that follows, and impossible launches.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipelines.cluster import StandaloneCluster
+from tests.conftest import BIN, subprocess_env
+from tests.imagegen import make_tree
+
+pytestmark = pytest.mark.slow
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZE = 71
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with StandaloneCluster(workers=2, cores=1, memory="2g") as c:
+        yield c
+
+
+def submit(cluster, script, *args, conf=(), timeout=400):
+    cmd = [os.path.join(BIN, "spark-submit"), "--master", cluster.url, "--conf", "spark.executor.memory=1g",
+           "--driver-java-options", f"-Dlog4j2.configurationFile={REPO}/conf/log4j2.properties"]
+    for c in conf:
+        cmd += ["--conf", c]
+    start = time.monotonic()
+    proc = subprocess.run(cmd + [os.path.join(REPO, "jobs", script), *args], capture_output=True, text=True,
+                          env=subprocess_env(SPARK_LOCAL_IP="127.0.0.1"), timeout=timeout)
+    proc.seconds = time.monotonic() - start
+    proc.output = proc.stdout + proc.stderr  # spark-submit merges the Python driver's stderr into stdout
+    return proc
+
+
+def train_args(data, out, *extra):
+    return ["--data", data, "--output", out, "--weights", "none", "--batch-size", "4", "--no-tensorboard",
+            "--cache-dir", out + "-cache", *extra]
+
+
+def metrics(out):
+    with open(os.path.join(out, "metrics.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def etl_on_cluster(cluster, tmp_path_factory):
+    base = tmp_path_factory.mktemp("cluster")
+    make_tree(str(base / "tree"), classes=3, per_class=20)
+    out = str(base / "etl")
+    proc = submit(cluster, "etl.py", "--input", str(base / "tree"), "--output", out, "--image-size", str(SIZE),
+                  "--test-fraction", "0.3", "--min-row-groups", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_etl_runs_on_the_cluster(etl_on_cluster):
+    out, proc = etl_on_cluster
+    with open(os.path.join(out, "manifest.json")) as f:
+        manifest = json.load(f)
+    files = manifest["files"]
+    assert files["found"] == files["written"] + files["rejected"] + files["skipped"]
+    assert files["written"] == 64 and manifest["max_world_size"] >= 2
+    assert "found" in proc.stdout
+
+
+def test_training_as_barrier_tasks_on_two_workers(cluster, etl_on_cluster, tmp_path):
+    data, _ = etl_on_cluster
+    out = str(tmp_path / "out")
+    proc = submit(cluster, "train.py", *train_args(data, out, "--epochs", "2", "--spark-np", "2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = metrics(out)
+    assert m["world_size"] == 2 and m["epochs_run_per_rank"] == [2, 2]
+    assert m["weights_checksum_per_rank"][0] == m["weights_checksum_per_rank"][1]
+    assert "test accuracy" in proc.stdout
+
+
+def test_training_as_local_processes(etl_on_cluster, tmp_path):
+    data, _ = etl_on_cluster
+    out = str(tmp_path / "out")
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "jobs", "train.py"),
+                           *train_args(data, out, "--epochs", "2", "--spark-np", "-2")],
+                          capture_output=True, text=True, env=subprocess_env(), timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = metrics(out)
+    assert m["world_size"] == 2 and m["weights_checksum_per_rank"][0] == m["weights_checksum_per_rank"][1]
+
+
+def test_a_failing_rank_fails_the_job_promptly_by_name_then_resume(cluster, etl_on_cluster, tmp_path):
+    data, _ = etl_on_cluster
+    out = str(tmp_path / "out")
+    failed = submit(cluster, "train.py", *train_args(data, out, "--epochs", "4", "--patience", "10",
+                                                     "--spark-np", "2"),
+                    conf=["spark.executorEnv.PIPELINES_FAULT_INJECT=rank=1,epoch=2,mode=raise"])
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert "rank 1 failed: RuntimeError: injected fault at the end of epoch 2" in failed.output
+    assert failed.seconds < 150
+    assert not os.path.exists(os.path.join(out, "metrics.json"))
+
+    resumed = submit(cluster, "train.py", *train_args(data, out, "--epochs", "4", "--patience", "10",
+                                                      "--spark-np", "2", "--resume"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    m = metrics(out)
+    assert m["resumed_after_epoch"] == 2
+    assert [h["epoch"] for h in m["history"]] == [1, 2, 3, 4]
+
+
+def test_more_tasks_than_slots_is_refused_before_starting(cluster, etl_on_cluster, tmp_path):
+    data, _ = etl_on_cluster
+    proc = submit(cluster, "train.py", *train_args(data, str(tmp_path / "out"), "--spark-np", "3"), timeout=200)
+    assert proc.returncode == 2
+    assert "np=3 Spark tasks requested but the cluster" in proc.output and "offers 2 task slots" in proc.output
+    assert proc.seconds < 120
