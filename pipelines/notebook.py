@@ -1,0 +1,110 @@
+"""Helpers of the notebooks: sample data on demand, runs through HorovodRunner, tables and plots.
+
+The notebooks stay a readable walk through the article's steps; what they share lives here. Nothing
+here needs ``dbutils``: paths are plain (on Databricks, give ``/dbfs/...`` paths).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, Optional
+
+WORKDIR_ENV = "PIPELINES_WORKDIR"
+
+
+def default_workdir() -> str:
+    """``$PIPELINES_WORKDIR``, or ``~/pipelines-work``: where the notebooks write."""
+    return os.path.abspath(os.path.expanduser(os.environ.get(WORKDIR_ENV, "~/pipelines-work")))
+
+
+def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float = 0.3, spark=None,
+                      input_dir: Optional[str] = None) -> str:
+    """The ETL output folder ``workdir/etl``, made first when it has no manifest.
+
+    With no ``input_dir``, the Tux Paint sample photos are fetched into ``workdir/tuxpaint`` first.
+    Returns the ETL output folder.
+    """
+    from pipelines import samples
+    from pipelines.etl.config import ETLConfig
+    from pipelines.etl.job import run_etl
+
+    etl = os.path.join(workdir, "etl")
+    if not os.path.exists(os.path.join(etl, "manifest.json")):
+        if not input_dir:
+            input_dir = os.path.join(workdir, "tuxpaint")
+            samples.main(["tuxpaint", "--dest", input_dir])
+        run_etl(ETLConfig(input=input_dir, output=etl, image_size=image_size, test_fraction=test_fraction), spark)
+    return etl
+
+
+def train(np: int = -1, **config) -> Dict:
+    """Train with ``TrainConfig(**config)`` on ``abs(np)`` ranks via :class:`HorovodRunner`
+    (``np < 0``: local processes, ``np > 0``: Spark barrier tasks); return rank 0's report.
+
+    Each run is a fresh set of processes, so a notebook can train several times.
+    """
+    from pipelines.launcher import HorovodRunner
+    from pipelines.training.config import TrainConfig
+    from pipelines.training.train import run_training
+
+    return HorovodRunner(np=np).run(run_training, config=TrainConfig(**config))
+
+
+def history_frame(report: Dict):
+    """Per-epoch history of a report as a pandas DataFrame indexed by epoch."""
+    import pandas as pd
+
+    return pd.DataFrame(report["history"]).set_index("epoch")
+
+
+def summary_table(reports: Dict[str, Dict]):
+    """One row per run: world size, global batch, learning rate, epochs, seconds per epoch,
+    steady-state training images/s and exact test accuracy."""
+    import pandas as pd
+
+    rows = []
+    for label, r in reports.items():
+        h = history_frame(r)
+        steady = h["epoch_seconds"].iloc[1:] if len(h) > 1 else h["epoch_seconds"]
+        rows.append({"run": label, "world size": r["world_size"], "global batch": r["global_batch_size"],
+                     "learning rate": r["learning_rate"], "epochs": r["epochs_run"], "best epoch": r["best_epoch"],
+                     "s / epoch": round(float(steady.mean()), 2),
+                     "train images/s": round(r["train_images_per_second"] or 0.0, 1),
+                     "test accuracy": round(r["test"]["accuracy"], 4)})
+    return pd.DataFrame(rows).set_index("run")
+
+
+def plot_curves(reports: Dict[str, Dict]):
+    """Training curves of several runs: loss and validation accuracy per epoch. Returns the figure."""
+    import matplotlib.pyplot as plt  # inline in a notebook kernel, Agg without a display
+
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, r in reports.items():
+        h = history_frame(r)
+        ax_loss.plot(h.index, h["loss"], marker="o", label=f"{label} train")
+        ax_loss.plot(h.index, h["val_loss"], marker="x", linestyle="--", label=f"{label} val")
+        ax_acc.plot(h.index, h["val_accuracy"], marker="o", label=label)
+    ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
+    ax_acc.set(xlabel="epoch", ylabel="val accuracy", title="validation accuracy")
+    ax_loss.legend(fontsize=8)
+    ax_acc.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def show_samples(etl_dir: str, split: str = "train", n: int = 8):
+    """The first ``n`` images of a split with their labels, as stored (uint8 RGB). Returns the figure."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    with open(os.path.join(etl_dir, "manifest.json")) as f:
+        size = json.load(f)["image"]["height"]
+    rows = pq.read_table(os.path.join(etl_dir, split), columns=["image", "label_name"]).slice(0, n).to_pylist()
+    fig, axes = plt.subplots(1, len(rows), figsize=(2 * len(rows), 2.3), squeeze=False)
+    for ax, row in zip(axes[0], rows):
+        ax.imshow(np.frombuffer(row["image"], np.uint8).reshape(size, size, 3))
+        ax.set_title(row["label_name"], fontsize=9)
+        ax.axis("off")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,70 @@
+"""Every notebook runs top to bottom (nbclient), with small parameters injected papermill-style."""
+import os
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from tests.imagegen import make_tree
+
+pytestmark = pytest.mark.slow
+NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
+SMALL_TRAINING = dict(weights="none", epochs=2, batch_size=4, patience=5)
+
+
+def execute(name: str, cwd: str, **parameters) -> nbformat.NotebookNode:
+    """Run one notebook with ``parameters`` injected after its ``parameters`` cell; raise on any cell error."""
+    book = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
+    index = next(i for i, c in enumerate(book.cells) if "parameters" in c.metadata.get("tags", []))
+    injected = nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in parameters.items()))
+    injected.metadata["tags"] = ["injected-parameters"]
+    book.cells.insert(index + 1, injected)
+    NotebookClient(book, timeout=900, kernel_name="python3", resources={"metadata": {"path": cwd}}).execute()
+    return book
+
+
+def outputs(book) -> str:
+    return "\n".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
+                     for c in book.cells if c.cell_type == "code" for o in c.get("outputs", []))
+
+
+def has_image(book) -> bool:
+    return any("image/png" in o.get("data", {}) for c in book.cells if c.cell_type == "code" for o in c.get("outputs", []))
+
+
+@pytest.fixture(scope="module")
+def etl_notebook(tmp_path_factory):
+    work = tmp_path_factory.mktemp("notebooks")
+    make_tree(str(work / "tree"), classes=3, per_class=20, bad=False)
+    book = execute("01_etl_to_parquet.ipynb", str(work), workdir=str(work), input_dir=str(work / "tree"),
+                   output_dir=str(work / "etl"), image_size=71, test_fraction=0.3)
+    return str(work), str(work / "etl"), book
+
+
+def test_notebooks_are_committed_without_outputs():
+    for name in sorted(os.listdir(NOTEBOOKS)):
+        if name.endswith(".ipynb"):
+            book = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
+            assert all(not c.get("outputs") for c in book.cells if c.cell_type == "code"), name
+            assert any("parameters" in c.metadata.get("tags", []) for c in book.cells), name
+
+
+def test_etl_notebook(etl_notebook):
+    _, etl, book = etl_notebook
+    assert os.path.exists(os.path.join(etl, "manifest.json"))
+    assert "found 60 = written 60" in outputs(book) and has_image(book)
+
+
+@pytest.mark.parametrize("name, extra", [
+    ("02_single_process_early_stopping.ipynb", {}),
+    ("03_bigger_batch_scaled_lr.ipynb", {"scale": 2}),
+    ("04_petastorm_local_cache.ipynb", {}),
+    ("05_horovod_one_node.ipynb", {"world_sizes": [1, 2]}),
+    ("06_horovod_spark_workers.ipynb", {"np_tasks": 2}),
+])
+def test_training_notebooks(etl_notebook, name, extra):
+    work, etl, _ = etl_notebook
+    book = execute(name, work, workdir=work, data_dir=etl, **SMALL_TRAINING, **extra)
+    text = outputs(book)
+    assert has_image(book), "no training-curve plot"
+    assert "test accuracy" in text and "images/s" in text, text[-2000:]
