@@ -75,7 +75,7 @@ def make_tree(root: str, classes: int = 3, per_class: int = 12, seed: int = 0, b
         full = encode(random_photo(rng, 200, 150, 1), quality=90)
         rejected[write(os.path.join(root, "002.class1", "truncated.jpg"), full[: len(full) // 2])] = "undecodable"
         rejected[write(os.path.join(root, "002.class1", "empty.jpg"), b"")] = "empty file"
-        rejected[write(os.path.join(root, "002.class1", "notes.jpg"), b"this is text, not a JPEG\n" * 10)] = "not an image"
+        rejected[write(os.path.join(root, "002.class1", "notes.jpg"), b"this is text, not a JPEG\n" * 10)] = "not a JPEG or PNG"
         rejected[write(os.path.join(root, "002.class1", "bomb.png"), png_bomb())] = "decompression bomb"
         skipped[write(os.path.join(root, "002.class1", "_hidden.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "hidden name"
         skipped[write(os.path.join(root, "002.class1", ".dotfile.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "hidden name"

@@ -131,9 +131,9 @@ def test_another_seed_gives_another_split(tree, spark, tmp_path):
     assert paths(a, str(tmp_path / "a")) != paths(b, str(tmp_path / "b"))
 
 
-def test_missing_input_is_a_clear_error_before_spark(tmp_path, caplog):
+def test_missing_input_is_a_clear_error_before_spark(tmp_path, capsys):
     code = etl_main(["--input", str(tmp_path / "nope"), "--output", str(tmp_path / "out")])
-    assert code == 2
+    assert code == 2 and "input folder does not exist" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
@@ -144,3 +144,54 @@ def test_output_that_would_overwrite_the_input_is_refused(tree, tmp_path, where)
     before = sorted(os.listdir(root))
     assert etl_main(["--input", root, "--output", output]) == 2
     assert sorted(os.listdir(root)) == before
+
+
+def test_hostile_names_are_accounted_for(spark, tmp_path):
+    """Names that break Hadoop or Spark: ':' (Hadoop's .crc paths), bytes that are not UTF-8, and
+    a GIF that calls itself .jpg."""
+    from PIL import Image
+    from tests.imagegen import encode, write
+    root = str(tmp_path / "tree")
+    make_tree(root, classes=2, per_class=5, bad=False)
+    write(os.path.join(root, "001.class0", "photo:v2.jpg"), encode(Image.new("RGB", (30, 20), (9, 9, 9))))
+    write(os.path.join(root, "001.class0", "notes:v2.txt"), b"not input")
+    write(os.path.join(root, "001.class0", "disguised.jpg"), encode(Image.new("RGB", (8, 8)), "GIF"))
+    with open(os.fsencode(os.path.join(root, "001.class0")) + b"/caf\xe9.jpg", "wb") as f:
+        f.write(encode(Image.new("RGB", (8, 8))))
+    out = str(tmp_path / "out")
+    manifest = run_etl(ETLConfig(input=root, output=out, image_size=16, min_row_groups=1), spark)
+    files = manifest["files"]
+    assert files["found"] == 14 == files["written"] + files["rejected"] + files["skipped"]
+    assert files["written"] == 11 and files["rejected"] == 2 and files["skipped"] == 1
+    with open(os.path.join(out, "rejected.jsonl")) as f:
+        reasons = {os.path.basename(e["path"]): e["reason"] for e in map(json.loads, f)}
+    assert reasons["disguised.jpg"].startswith("not a JPEG or PNG")
+    assert reasons["caf\ufffd.jpg"].startswith("file name is not valid UTF-8")
+    assert reasons["notes:v2.txt"].startswith("not an image extension")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda root: os.symlink(os.path.join(root, "001.class0"), os.path.join(root, "001.class0", "loop")),
+     "folder symlink"),
+    (lambda root: os.mkfifo(os.path.join(root, "001.class0", "pipe.jpg")), "not a regular file"),
+])
+def test_trees_spark_cannot_list_safely_are_refused_before_spark(tmp_path, make, message, capsys):
+    root = str(tmp_path / "tree")
+    make_tree(root, classes=1, per_class=2, bad=False)
+    make(root)
+    assert etl_main(["--input", root, "--output", str(tmp_path / "out")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_foreign_output_folders_are_not_overwritten(tree, tmp_path, capsys):
+    root, _ = tree
+    (tmp_path / "out" / "train").mkdir(parents=True)
+    (tmp_path / "out" / "train" / "precious.txt").write_text("keep me")
+    assert etl_main(["--input", root, "--output", str(tmp_path / "out")]) == 2
+    assert (tmp_path / "out" / "train" / "precious.txt").exists() and "refusing" in capsys.readouterr().err
+
+
+def test_glob_characters_in_the_input_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        etl_main(["--input", str(tmp_path / "in*"), "--output", str(tmp_path / "out")])
+    assert "glob character" in capsys.readouterr().err

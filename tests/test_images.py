@@ -113,7 +113,8 @@ def test_decode_and_fit_keeps_small_images_and_reports_the_original_size():
 
 @pytest.mark.parametrize("data, reason", [
     (b"", "empty file"),
-    (b"hello, not an image" * 10, "not an image"),
+    (b"hello, not an image" * 10, "not a JPEG or PNG"),
+    (encode(Image.new("RGB", (8, 8)), "GIF"), "not a JPEG or PNG"),
     (png_bomb(), "decompression bomb"),
 ])
 def test_bad_input_is_rejected_with_a_reason(data, reason):

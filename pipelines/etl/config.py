@@ -1,6 +1,7 @@
 """Configuration of the ETL stage (``jobs/etl.py``)."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -23,18 +24,31 @@ class ETLConfig:
                                         "that many rows: the largest Horovod world size it can feed")
     max_pixels: int = field(DEFAULT_MAX_PIXELS, help="images with more pixels are rejected as "
                                                      "decompression bombs")
-    max_file_mb: float = field(100.0, help="files larger than this are rejected unread, MiB")
+    max_file_mb: float = field(50.0, help="files larger than this are rejected unread, MiB (at most 2047: "
+                                          "Spark's binaryFile limit)")
     num_partitions: int = field(0, help="Spark partitions for decoding; 0 = 2 x default parallelism")
     master: Optional[str] = field(None, help="Spark master when not set by spark-submit "
                                              "(default local[*])")
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.test_fraction < 1.0:
+        if not 0.0 < self.test_fraction < 1.0:  # also refuses NaN
             raise ValueError(f"--test-fraction must be in (0, 1), got {self.test_fraction}")
         if self.image_size <= 0:
             raise ValueError(f"--image-size must be positive, got {self.image_size}")
-        if self.row_group_mb <= 0 or self.max_file_mb <= 0:
-            raise ValueError("--row-group-mb and --max-file-mb must be positive")
+        for name in ("test_fraction", "row_group_mb", "max_file_mb"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")
+        if not 0 < self.row_group_mb <= 1024:
+            raise ValueError(f"--row-group-mb must be in (0, 1024] (Arrow binary arrays hold < 2 GiB), "
+                             f"got {self.row_group_mb}")
+        if not 0 < self.max_file_mb <= 2047:
+            raise ValueError(f"--max-file-mb must be in (0, 2047] (Spark's binaryFile limit is 2 GiB), "
+                             f"got {self.max_file_mb}")
+        if not self.input or not self.output:
+            raise ValueError("--input and --output must not be empty")
+        if any(ch in self.input for ch in "*?[]{}\\"):
+            raise ValueError(f"--input {self.input!r} contains a glob character (* ? [ ] {{ }} \\), which "
+                             "Spark would expand: rename or link the folder")
         if self.min_row_groups < 1:
             raise ValueError(f"--min-row-groups must be >= 1, got {self.min_row_groups}")
         if self.num_partitions < 0:

@@ -26,6 +26,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 WHITE = (255, 255, 255)
+ACCEPTED_FORMATS = ("JPEG", "PNG")  # Pillow's JPEG opener also returns phones' multi-picture (MPO) files
 _EXIF_ORIENTATION = 0x0112
 _ORIENTATIONS_SWAPPING_AXES = (5, 6, 7, 8)  # transpose, rotate 270, transverse, rotate 90
 # Pillow's own bomb threshold (89,478,485 pixels). Pillow also enforces it inside Image.open, so
@@ -72,9 +73,9 @@ def to_rgb(img: Image.Image) -> Image.Image:
         img: a loaded image of any mode (1, L, LA, P, RGB, RGBA, CMYK, YCbCr, I, I;16*, F, ...).
 
     Returns:
-        an ``RGB`` image of the same size. Greyscale gives R=G=B. 16-bit and 32-bit integer
-        greyscale is scaled by 1/257 when it exceeds 255 (Pillow's own conversion clips it);
-        float greyscale is clipped to [0, 255].
+        an ``RGB`` image of the same size. Greyscale gives R=G=B; float greyscale is clipped to
+        [0, 255]. Integer greyscale (``I``, ``I;16``) is read as
+        16-bit and scaled by 1/257, the same for every image (Pillow's own conversion clips).
 
     Raises:
         ImageRejected: a mode Pillow cannot convert.
@@ -84,7 +85,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
         return img
     if mode.startswith("I") or mode == "F":
         values = np.asarray(img)
-        if mode.startswith("I;16") or (mode == "I" and values.size and values.max() > 255):
+        if mode.startswith("I"):  # 16-bit range (what PNG and TIFF greyscale carry) to 8-bit
             values = values.astype(np.float64) / 257.0
         grey = np.clip(np.rint(values), 0, 255).astype(np.uint8)
         return Image.fromarray(grey).convert("RGB")  # 2-D uint8 is mode L
@@ -159,7 +160,9 @@ def decode_and_fit(data: bytes, size: int = 299, max_pixels: int | None = DEFAUL
         with warnings.catch_warnings():
             # Between Pillow's limit and twice it, Pillow only warns; a bomb is a bomb either way.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
+            # Only the formats the extensions promise: a GIF or TIFF named .jpg is mislabelled, and
+            # Pillow's other plugins (EPS runs Ghostscript) have no business in a data pipeline.
+            img = Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
             width, height = img.size
             if max_pixels is not None and width * height > max_pixels:
                 raise ImageRejected(
@@ -176,7 +179,7 @@ def decode_and_fit(data: bytes, size: int = 299, max_pixels: int | None = DEFAUL
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise ImageRejected(f"decompression bomb: {exc}") from exc
     except UnidentifiedImageError:
-        raise ImageRejected("not an image Pillow can identify") from None
+        raise ImageRejected("not a JPEG or PNG image") from None
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - any decoder failure is this file's fault, not the job's

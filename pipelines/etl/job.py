@@ -38,6 +38,7 @@ REJECTED_LIST = "rejected.jsonl"
 STAGING = "_staging"
 SPLITS = (TRAIN, TEST)
 MANIFEST_FORMAT = 1
+IMAGE_GLOB = "*.{[jJ][pP][gG],[jJ][pP][eE][gG],[pP][nN][gG]}"
 
 
 @dataclass
@@ -90,6 +91,10 @@ def check_paths(config: ETLConfig) -> None:
                          "output could destroy the input")
     if os.path.exists(dst) and not os.path.isdir(dst):
         raise NotADirectoryError(f"output exists and is not a folder: {config.output}")
+    if (os.path.isdir(os.path.join(dst, TRAIN)) or os.path.isdir(os.path.join(dst, TEST))) and \
+            not os.path.isfile(os.path.join(dst, MANIFEST)):
+        raise ValueError(f"output {config.output} has train/ or test/ but no {MANIFEST}: not an output of "
+                         "this job, refusing to overwrite it")
 
 
 def plan(config: ETLConfig) -> Plan:
@@ -130,7 +135,7 @@ def run_spark(spark, config: ETLConfig, the_plan: Plan) -> Dict[str, dict]:
     partitions = config.num_partitions or ETLConfig.default_partitions(sc.defaultParallelism)
     the_plan.partitions = max(1, min(partitions, candidates))
     # Input batches hold encoded files; keep them small so a worker's memory stays bounded.
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "64")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "16")
     staging = os.path.join(config.output, STAGING)
     shutil.rmtree(staging, ignore_errors=True)
     mapper = partial(process_batches, root=config.input, staging=staging, image_size=config.image_size,
@@ -140,6 +145,15 @@ def run_spark(spark, config: ETLConfig, the_plan: Plan) -> Dict[str, dict]:
     order = F.xxhash64("path", F.lit(config.seed))
     files = (spark.read.format("binaryFile")
              .option("recursiveFileLookup", "true")
+             # Spark never lists, so never reads, what is not an image by name (any case); the
+             # job's own listing reports those files as skipped.
+             .option("pathGlobFilter", IMAGE_GLOB)
+             # A file deleted or unreadable after the listing is reported by the driver, not fatal.
+             .option("ignoreMissingFiles", "true").option("ignoreCorruptFiles", "true")
+             # The raw local file system reads without looking for Hadoop's .crc side files
+             # (whose names break on a ':' in a file name) and without verifying them.
+             .option("fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
+             .option("fs.file.impl.disable.cache", "true")
              .load(config.input)
              # Pushed down: oversized files are never read (binaryFile refuses > 2 GiB anyway).
              .where(F.col("length") <= int(config.max_file_mb * 2**20))
@@ -180,7 +194,10 @@ def _reason_kind(reason: str) -> str:
 
 def finish(config: ETLConfig, the_plan: Plan, spark_outcomes: Dict[str, dict],
            spark_version: str, seconds: float) -> dict:
-    """Put the splits in place, reconcile, and write ``rejected.jsonl`` and ``manifest.json``.
+    """Reconcile, write ``rejected.jsonl`` and ``manifest.json``, and swap the new output in.
+
+    Everything is prepared in ``OUTPUT/_staging`` first; the previous output is replaced only at
+    the end, so a failure here leaves it as it was.
 
     Returns:
         the manifest (dict).
@@ -192,16 +209,13 @@ def finish(config: ETLConfig, the_plan: Plan, spark_outcomes: Dict[str, dict],
     committed = {o["file"] for o in spark_outcomes.values() if o["status"] == WRITTEN}
     stats: Dict[str, SplitStats] = {}
     for split in SPLITS:
-        target = os.path.join(config.output, split)
-        shutil.rmtree(target, ignore_errors=True)
-        os.makedirs(target)
         source = os.path.join(staging, split)
-        # Only files named by a successful task's outcomes; a failed attempt's are dropped.
-        for name in sorted(os.listdir(source)) if os.path.isdir(source) else []:
-            if f"{split}/{name}" in committed:
-                os.replace(os.path.join(source, name), os.path.join(target, name))
-        stats[split] = read_split(target)
-    shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(source, exist_ok=True)
+        # Keep only files named by a successful task's outcomes; drop a failed attempt's.
+        for name in os.listdir(source):
+            if f"{split}/{name}" not in committed:
+                os.remove(os.path.join(source, name))
+        stats[split] = read_split(source)
 
     written: Dict[str, str] = {}
     for split in SPLITS:
@@ -231,7 +245,7 @@ def finish(config: ETLConfig, the_plan: Plan, spark_outcomes: Dict[str, dict],
         raise RuntimeError(f"counts do not reconcile: found {found} != written {len(written)} + "
                            f"rejected {counts[REJECTED]} + skipped {counts[SKIPPED]}")
 
-    with open(os.path.join(config.output, REJECTED_LIST), "w", encoding="utf-8") as out:
+    with open(os.path.join(staging, REJECTED_LIST), "w", encoding="utf-8") as out:
         for path, (status, reason) in excluded.items():
             out.write(json.dumps({"path": path, "status": status, "reason": reason}, ensure_ascii=False) + "\n")
 
@@ -274,10 +288,19 @@ def finish(config: ETLConfig, the_plan: Plan, spark_outcomes: Dict[str, dict],
         "versions": _versions(spark_version),
         "config": to_dict(config),
     }
-    tmp = os.path.join(config.output, MANIFEST + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
+    with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as out:
         json.dump(manifest, out, indent=2, ensure_ascii=False)
-    os.replace(tmp, os.path.join(config.output, MANIFEST))
+
+    # The swap: the manifest goes last, so a manifest always describes the splits next to it.
+    if os.path.exists(os.path.join(config.output, MANIFEST)):
+        os.remove(os.path.join(config.output, MANIFEST))
+    for name in (*SPLITS, REJECTED_LIST):
+        target = os.path.join(config.output, name)
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+        os.replace(os.path.join(staging, name), target)
+    os.replace(os.path.join(staging, MANIFEST), os.path.join(config.output, MANIFEST))
+    shutil.rmtree(staging, ignore_errors=True)
     return manifest
 
 

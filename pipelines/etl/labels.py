@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
-_CLASS_FOLDER = re.compile(r"^(\d{3})\.(.+)$")
+_CLASS_FOLDER = re.compile(r"^([0-9]{3})\.(.+)$")
 
 
 @dataclass(frozen=True)
@@ -66,5 +66,5 @@ def is_test(relative_path: str, seed: int, test_fraction: float) -> bool:
     root and the seed, so reruns, other machines and other partitionings give the same,
     disjoint split (unlike a second lazy ``randomSplit``).
     """
-    digest = hashlib.sha256(f"{seed}:{relative_path}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{seed}:{relative_path}".encode("utf-8", "surrogateescape")).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64 < test_fraction

@@ -7,6 +7,7 @@ one: written, rejected (bad input, with a reason) or skipped (not input, with a 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Dict, List, Union
@@ -61,6 +62,8 @@ def classify(relative_path: str, size_bytes: int, max_file_bytes: int,
         the file's :class:`ClassFolder`, or an :class:`Excluded` with the reason.
     """
     name = PurePosixPath(relative_path).name
+    if "\ufffd" in relative_path:
+        return Excluded(REJECTED, "file name is not valid UTF-8: Spark cannot open it by name; rename it")
     if check_spark_hidden and spark_ignores(relative_path):
         return Excluded(SKIPPED, "hidden name (a path part starts with '.' or '_'): Spark's listing ignores it")
     if not has_image_extension(name):
@@ -77,28 +80,54 @@ def classify(relative_path: str, size_bytes: int, max_file_bytes: int,
     return label
 
 
+def spark_name(name: str) -> str:
+    """The name as Spark's JVM sees it: bytes that are not UTF-8 become U+FFFD (Python keeps
+    them as surrogate escapes), so both listings can be matched."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+class UnsupportedTree(ValueError):
+    """The input tree holds something Spark's listing cannot be trusted with; raised before Spark."""
+
+
 def list_files(root: str) -> List[ListedFile]:
     """Every regular file under ``root``, recursively, sorted by relative path.
 
     Raises:
         FileNotFoundError: ``root`` does not exist. NotADirectoryError: it is not a folder.
+        UnsupportedTree: a folder symlink inside the tree (Spark follows them, into loops and
+            duplicates), an unreadable folder (Spark's listing fails on it), or a FIFO, socket or
+            device file (reading one blocks).
     """
     if not os.path.exists(root):
         raise FileNotFoundError(f"input folder does not exist: {root}")
     if not os.path.isdir(root):
         raise NotADirectoryError(f"input is not a folder: {root}")
+
+    def refuse(error: OSError) -> None:
+        raise UnsupportedTree(f"cannot list {error.filename}: {error.strerror}")
+
     files = []
-    for dirpath, _dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=refuse):
+        for name in dirnames:
+            if os.path.islink(os.path.join(dirpath, name)) and not spark_ignores(name):
+                raise UnsupportedTree(f"folder symlink {os.path.join(dirpath, name)}: Spark's listing follows "
+                                      "folder links (duplicates, loops); copy or move the data instead")
         for filename in filenames:
             path = os.path.join(dirpath, filename)
+            rel = os.path.relpath(path, root).replace(os.sep, "/")
             try:
                 st = os.stat(path)
             except OSError:  # broken symlink: still a file we found and must account for
-                st = None
-            if st is not None and not os.path.isfile(path):
+                files.append(ListedFile(spark_name(path), spark_name(rel), -1))
                 continue
-            rel = os.path.relpath(path, root).replace(os.sep, "/")
-            files.append(ListedFile(path, rel, st.st_size if st else -1))
+            if not stat.S_ISREG(st.st_mode):
+                if spark_ignores(rel):
+                    continue
+                raise UnsupportedTree(f"{path} is not a regular file (FIFO, socket or device): reading it "
+                                      "would block; remove it from the input")
+            readable = os.access(path, os.R_OK)
+            files.append(ListedFile(spark_name(path), spark_name(rel), st.st_size if readable else -1))
     files.sort(key=lambda f: f.relative_path)
     return files
 
