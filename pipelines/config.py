@@ -42,7 +42,8 @@ def build_parser(cls: Type[Any], description: str = "") -> argparse.ArgumentPars
                 kwargs["required"] = True
             else:
                 kwargs["default"] = f.default
-                kwargs["help"] += f" (default: {f.default})"
+                if "default" not in kwargs["help"]:
+                    kwargs["help"] += f" (default: {f.default})"
             if "choices" in f.metadata:
                 kwargs["choices"] = f.metadata["choices"]
         parser.add_argument(flag, **kwargs)

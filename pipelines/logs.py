@@ -8,6 +8,19 @@ from typing import Optional
 LOGGER_NAME = "pipelines"
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of each record (test runners and
+    notebooks swap it), never to a stream closed since set-up."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):
+        pass
+
+
 def setup_logging(stage: str, rank: Optional[int] = None, level: int = logging.INFO) -> logging.Logger:
     """Configure and return the ``pipelines`` logger for one process.
 
@@ -17,7 +30,7 @@ def setup_logging(stage: str, rank: Optional[int] = None, level: int = logging.I
     """
     logger = logging.getLogger(LOGGER_NAME)
     logger.handlers.clear()
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     where = stage if rank is None else f"{stage} rank {rank}"
     handler.setFormatter(logging.Formatter(f"%(asctime)s [{where}] %(levelname)s %(message)s", "%H:%M:%S"))
     logger.addHandler(handler)

@@ -1,4 +1,5 @@
 """Shared fixtures: a real local Spark session, the venv's executables."""
+import json
 import os
 import sys
 
@@ -25,3 +26,9 @@ def subprocess_env(**extra: str) -> dict:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.update(extra)
     return env
+
+
+def read_metrics(output: str) -> dict:
+    """The ``metrics.json`` a training run wrote to ``output``."""
+    with open(os.path.join(output, "metrics.json")) as f:
+        return json.load(f)

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from pipelines.cluster import StandaloneCluster
-from tests.conftest import BIN, subprocess_env
+from tests.conftest import BIN, read_metrics as metrics, subprocess_env
 from tests.imagegen import make_tree
 
 pytestmark = pytest.mark.slow
@@ -44,10 +44,6 @@ def train_args(data, out, *extra):
     return ["--data", data, "--output", out, "--weights", "none", "--batch-size", "4", "--no-tensorboard",
             "--cache-dir", out + "-cache", *extra]
 
-
-def metrics(out):
-    with open(os.path.join(out, "metrics.json")) as f:
-        return json.load(f)
 
 
 @pytest.fixture(scope="module")

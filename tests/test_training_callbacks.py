@@ -80,3 +80,17 @@ def test_fault_injection_is_off_without_the_variable(monkeypatch):
         assert "epoch 2" in str(exc)
     else:
         raise AssertionError("rank 1 should have raised at the end of epoch 2")
+
+
+def test_only_the_newest_and_the_best_checkpoints_are_kept(tmp_path):
+    model = tiny_model()
+    stopper = BestWeightsEarlyStopping(monitor="val_accuracy", patience=10)
+    stopper.set_model(model)
+    stopper.on_train_begin()
+    marker = CheckpointMarker(str(tmp_path), stopper, [])
+    marker.set_model(model)
+    for epoch, acc in enumerate([0.5, 0.9, 0.6, 0.7]):
+        model.save_weights(os.path.join(tmp_path, f"checkpoint-{epoch + 1}.h5"))
+        stopper.on_epoch_end(epoch, {"val_accuracy": acc})
+        marker.on_epoch_end(epoch, {"val_accuracy": acc})
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-2.h5", "checkpoint-2.json", "checkpoint-4.h5", "checkpoint-4.json"]

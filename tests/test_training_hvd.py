@@ -11,7 +11,7 @@ import pytest
 
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
-from tests.conftest import BIN, subprocess_env
+from tests.conftest import BIN, read_metrics as metrics, subprocess_env
 from tests.imagegen import make_tree
 
 pytestmark = pytest.mark.slow
@@ -28,21 +28,29 @@ def train(data, output, *args, np_=2, env=None, timeout=420):
     return subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(**(env or {})), timeout=timeout)
 
 
-def metrics(output):
-    with open(os.path.join(output, "metrics.json")) as f:
-        return json.load(f)
+
+def shard_rows(split_dir, shards=2):
+    """Rows Petastorm gives each shard: row groups in file order, group ``i`` to shard ``i % shards``."""
+    groups = []
+    for name in sorted(n for n in os.listdir(split_dir) if n.endswith(".parquet")):
+        meta = pq.ParquetFile(os.path.join(split_dir, name)).metadata
+        groups += [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    return [sum(groups[s::shards]) for s in range(shards)]
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory, spark):
-    """A small real ETL output whose train split has an odd number of row groups: uneven shards."""
+    """A small real ETL output whose two train shards hold different numbers of rows."""
     base = tmp_path_factory.mktemp("train-data")
     make_tree(str(base / "tree"), classes=3, per_class=26, bad=False)
     out = str(base / "etl")
-    manifest = run_etl(ETLConfig(input=str(base / "tree"), output=out, image_size=SIZE, test_fraction=0.3,
-                                 min_row_groups=4, num_partitions=3), spark)
-    assert manifest["splits"]["train"]["row_groups"] % 2 == 1, manifest["splits"]
-    return out, manifest
+    for partitions in (3, 4, 5, 2):
+        manifest = run_etl(ETLConfig(input=str(base / "tree"), output=out, image_size=SIZE, test_fraction=0.3,
+                                     min_row_groups=4, num_partitions=partitions), spark)
+        rows = shard_rows(os.path.join(out, "train"))
+        if rows[0] != rows[1]:
+            return out, manifest
+    pytest.fail(f"could not make uneven shards: {rows}")
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +141,8 @@ def test_resume_after_a_kill_continues_from_the_checkpoint(dataset, tmp_path):
     assert not os.path.exists(os.path.join(out, "metrics.json"))
     assert os.path.exists(os.path.join(out, "checkpoint-2.json"))
     assert not os.path.exists(os.path.join(out, "checkpoint-3.json"))
+    checkpoint = build_model(manifest["num_classes"], SIZE, weights="none")
+    checkpoint.load_weights(os.path.join(out, "checkpoint-2.h5"))
 
     resumed = train(data, out, "--epochs", "4", "--patience", "10", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -141,8 +151,6 @@ def test_resume_after_a_kill_continues_from_the_checkpoint(dataset, tmp_path):
     assert m["resumed_after_epoch"] == 2
     assert [h["epoch"] for h in m["history"]] == [1, 2, 3, 4]
     assert m["epochs_run_per_rank"] == [2, 2]  # epochs 3 and 4 in this process
-    checkpoint = build_model(manifest["num_classes"], SIZE, weights="none")
-    checkpoint.load_weights(os.path.join(out, "checkpoint-2.h5"))
     assert m["resumed_weights_checksum_per_rank"] == [weights_checksum(checkpoint)] * 2
 
 

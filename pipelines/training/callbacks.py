@@ -79,7 +79,8 @@ class EpochStats(tf.keras.callbacks.Callback):
 
 
 class CheckpointMarker(tf.keras.callbacks.Callback):
-    """Rank 0, after ``ModelCheckpoint``: marks epoch N's weights file complete.
+    """Rank 0, after ``ModelCheckpoint``: marks epoch N's weights file complete, keeps only the
+    newest and the best checkpoints.
 
     The marker ``checkpoint-N.json`` is written to a temporary name and renamed, and records the
     weights file's size, the epoch's logs, the history so far and the early-stopping state, so
@@ -103,6 +104,16 @@ class CheckpointMarker(tf.keras.callbacks.Callback):
         with open(tmp, "w") as f:
             json.dump(marker, f, indent=1)
         os.replace(tmp, marker_path(self.directory, number))
+        self._prune(keep={number, marker["early_stopping"]["best_epoch"]})
+
+    def _prune(self, keep) -> None:
+        """Delete the checkpoints that neither resume nor best-weights restoring need: all but
+        the newest and the best (each weights file is the size of the whole model)."""
+        for earlier in range(1, max(keep)):
+            if earlier not in keep:
+                for path in (marker_path(self.directory, earlier), checkpoint_path(self.directory, earlier)):
+                    if os.path.exists(path):
+                        os.remove(path)
 
 
 class FaultInjection(tf.keras.callbacks.Callback):
