@@ -53,3 +53,12 @@ def test_horovod_was_built_with_tensorflow_and_gloo():
     out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--check-build"],
                          capture_output=True, text=True, timeout=120).stdout
     assert re.search(r"\[X\] TensorFlow", out) and re.search(r"\[X\] Gloo", out), out
+
+
+def test_gpu_discovery_script_prints_spark_resource_json():
+    import json
+    out = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu_discovery.sh")], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0
+    resource = json.loads(out.stdout)
+    assert resource["name"] == "gpu" and all(a.isdigit() for a in resource["addresses"])
