@@ -194,12 +194,16 @@ def _collect_failures(directory: str, horovod_message: str) -> List[RankFailure]
     """Failure records the ranks wrote, with the rank Horovod saw exit first as the root cause."""
     match = re.search(r"Process name: (\d+)\s+Exit code: (-?\d+)", horovod_message)
     first = int(match.group(1)) if match else None
-    failures = []
+    records = []
     for name in sorted(os.listdir(directory)):
         with open(os.path.join(directory, name)) as f:
-            r = json.load(f)
-        secondary = r["secondary"] or (first is not None and r["rank"] != first)
-        failures.append(RankFailure(r["rank"], r["cause"], r["traceback"], secondary))
+            records.append(json.load(f))
+    # A rank that died of a peer's failure (Horovod shut down) may exit first: its own error text
+    # decides; Horovod's "first process" only breaks ties between ranks that failed on their own.
+    own = [r for r in records if not r["secondary"]]
+    failures = [RankFailure(r["rank"], r["cause"], r["traceback"],
+                            r["secondary"] or (len(own) > 1 and first is not None and r["rank"] != first))
+                for r in records]
     if first is not None and not any(f.rank == first for f in failures):  # killed: it could not say why
         failures.append(RankFailure(first, _exit_cause(int(match.group(2)))))
     if not failures:

@@ -51,3 +51,15 @@ def test_local_run_returns_rank_0s_value():
 def test_local_failure_names_the_rank_and_the_cause():
     with pytest.raises(HorovodJobFailed, match=r"rank 1 failed: ValueError: rank one is broken"):
         HorovodRunner(np=-2).run(_raise_on_rank_1)
+
+
+def test_a_peer_error_never_hides_the_root_cause(tmp_path):
+    """Horovod may see the innocent rank exit first; the ranks' own error texts decide."""
+    import json
+    from pipelines.launcher import _collect_failures
+    (tmp_path / "rank-0.json").write_text(json.dumps({"rank": 0, "cause": "UnknownError: Horovod has been shut down",
+                                                      "traceback": "", "secondary": True}))
+    (tmp_path / "rank-1.json").write_text(json.dumps({"rank": 1, "cause": "ValueError: broken", "traceback": "",
+                                                      "secondary": False}))
+    message = "The first process to do so was:\nProcess name: 0\nExit code: 1\n"
+    assert str(HorovodJobFailed(_collect_failures(str(tmp_path), message))).startswith("rank 1 failed: ValueError")
