@@ -174,3 +174,41 @@ def test_refuses_more_ranks_than_row_groups(tmp_path, spark):
     proc = train(data, str(tmp_path / "out"))
     assert proc.returncode != 0
     assert "row groups but 2 ranks" in proc.stderr
+
+
+def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, tmp_path):
+    import tensorflow as tf
+    from pipelines.training import features as feat
+    data, manifest = dataset
+    out = str(tmp_path / "out")
+    first = train(data, out, "--epochs", "2", "--feature-cache")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "feature cache: computing" in first.stderr
+    m = metrics(out)
+    directory = m["feature_cache"]
+    assert feat.is_complete(directory) and m["test"]["count"] == manifest["splits"]["test"]["rows"]
+    assert m["weights_checksum_per_rank"][0] == m["weights_checksum_per_rank"][1]
+
+    # The exported whole model on raw images == its head on the cached features.
+    model = load_model(out)
+    table = pq.read_table(os.path.join(data, "test"), columns=["image", "label"])
+    images = np.stack([np.frombuffer(b, np.uint8).reshape(SIZE, SIZE, 3) for b in table.column("image").to_pylist()])
+    raw = model.predict(images.astype(np.float32) / 127.5 - 1.0, batch_size=8, verbose=0)
+    features = model.get_layer("xception").predict(images.astype(np.float32) / 127.5 - 1.0, batch_size=8, verbose=0)
+    cached, labels = feat.read_shard(directory, "test", 0, 1)
+    assert sorted(labels.tolist()) == sorted(table.column("label").to_pylist())
+    head = tf.keras.Sequential([tf.keras.Input((feat.FEATURE_DIM,)), model.get_layer("dropout"), model.get_layer("head")])
+    np.testing.assert_allclose(head.predict(features, verbose=0), raw, rtol=1e-5, atol=1e-6)
+    # cached features are the backbone's features of the same images (order differs by shard)
+    np.testing.assert_allclose(np.sort(cached.sum(axis=1)), np.sort(features.sum(axis=1)), rtol=1e-4)
+
+    again = train(data, str(tmp_path / "again"), "--epochs", "1", "--feature-cache")
+    assert again.returncode == 0 and "feature cache: reusing" in again.stderr
+
+
+def test_feature_cache_steps_aside_for_augmentation(dataset, tmp_path):
+    data, _ = dataset
+    proc = train(data, str(tmp_path / "out"), "--epochs", "1", "--feature-cache", "--augment", np_=0)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "feature cache off: augmentation" in proc.stderr
+    assert metrics(str(tmp_path / "out"))["feature_cache"] is None

@@ -133,3 +133,26 @@ def test_train_config_from_command_line():
     assert config.warmup_epochs == 2.0 and os.path.isabs(config.data)
     with pytest.raises(SystemExit):
         parse_config(TrainConfig, ["--data", "d", "--output", "o", "--dropout", "1.0"])
+
+
+def test_feature_key_follows_weights_size_and_seed(tmp_path):
+    from pipelines.training.features import feature_key
+    w1, w2 = tmp_path / "a.h5", tmp_path / "b.h5"
+    w1.write_bytes(b"weights one")
+    w2.write_bytes(b"weights two")
+    keys = {feature_key(str(w1), 299, 0), feature_key(str(w2), 299, 0), feature_key(str(w1), 160, 0),
+            feature_key("none", 299, 0), feature_key("none", 299, 1), feature_key("imagenet", 299, 0)}
+    assert len(keys) == 6
+    assert feature_key(str(w1), 299, 5) == feature_key(str(w1), 299, 0)  # the seed matters only for random weights
+
+
+def test_feature_shards_round_trip_and_reshard(tmp_path):
+    from pipelines.training.features import read_shard, write_shard
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(5, 2048)).astype(np.float32), rng.normal(size=(4, 2048)).astype(np.float32)
+    write_shard(str(tmp_path), "train", 0, a, np.arange(5))
+    write_shard(str(tmp_path), "train", 1, b, np.arange(5, 9))
+    everything, labels = read_shard(str(tmp_path), "train", 0, 1)
+    np.testing.assert_array_equal(everything, np.concatenate([a, b]))
+    parts = [read_shard(str(tmp_path), "train", r, 3)[1].tolist() for r in range(3)]
+    assert sorted(sum(parts, [])) == list(range(9)) and labels.dtype == np.int32

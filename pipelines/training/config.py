@@ -33,6 +33,10 @@ class TrainConfig:
     threads: int = field(0, help="TensorFlow intra-op threads per rank; 0 = cores / local ranks")
     reader_workers: int = field(2, help="Petastorm reader threads per rank")
     tensorboard: bool = field(True, help="write TensorBoard logs on rank 0")
+    feature_cache: bool = field(False, help="compute the frozen backbone's features once (Parquet next to the "
+                                            "data, reused by later runs) and train only the head on them")
+    augment: bool = field(False, help="random horizontal flips of the training images (turns the feature "
+                                      "cache off: features would change every epoch)")
     spark_np: int = field(0, help="launch the ranks from this process with HorovodRunner: N > 0 runs N Spark "
                                   "barrier tasks on the session's cluster (spark-submit --master ...), "
                                   "N < 0 runs -N local processes; 0 = this process is a rank (horovodrun)")

@@ -142,13 +142,14 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
 
 
 def make_dataset(reader, stored_size: int, batch_size: int, model_size: int = 0,
-                 shuffle_buffer: int = 0, seed: int = 0, drop_remainder: bool = True):
+                 shuffle_buffer: int = 0, seed: int = 0, drop_remainder: bool = True, augment: bool = False):
     """``tf.data`` pipeline over a Petastorm batch reader.
 
     Row groups of raw bytes are decoded to ``(n, stored_size, stored_size, 3)`` uint8, unbatched,
     shuffled as single uint8 images in a bounded buffer (4x smaller than float32: shuffle before
     converting), resized when ``model_size`` differs, converted with Xception's
-    ``preprocess_input`` (``x / 127.5 - 1``, float32 in [-1, 1]), batched and prefetched.
+    ``preprocess_input`` (``x / 127.5 - 1``, float32 in [-1, 1]), flipped left-right at random when
+    ``augment``, batched and prefetched.
 
     Returns:
         a ``tf.data.Dataset`` of ``(images float32 (batch, s, s, 3), labels int32 (batch,))``.
@@ -166,7 +167,10 @@ def make_dataset(reader, stored_size: int, batch_size: int, model_size: int = 0,
         image = tf.cast(image, tf.float32)
         if size != stored_size:
             image = tf.image.resize(image, [size, size], antialias=True)
-        return tf.keras.applications.xception.preprocess_input(image), label
+        image = tf.keras.applications.xception.preprocess_input(image)
+        if augment:
+            image = tf.image.random_flip_left_right(image, seed=seed)
+        return image, label
 
     ds = make_petastorm_dataset(reader).map(decode).unbatch()
     if shuffle_buffer > 1:

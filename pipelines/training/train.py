@@ -16,6 +16,7 @@ Steps, in order (each rank runs all of them; side effects are rank 0's):
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -58,6 +59,7 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
 
     from pipelines.logs import setup_logging
     from pipelines.training import callbacks as cb
+    from pipelines.training import features as feat
     from pipelines.training.data import default_cache_root, load_dataset, make_dataset, open_reader
     from pipelines.training.devices import apply_device
     from pipelines.training.evaluate import allreduce_totals, evaluate_dataset
@@ -88,8 +90,18 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
                  steps.validation_steps, lr, config.base_lr, size)
         os.makedirs(config.output, exist_ok=True)
 
-    # 4. model
-    model = build_model(data.num_classes, image_size, config.dropout, config.weights, seed=config.seed)
+    # 4. model: the whole model, or only its head on cached backbone features
+    full_model = build_model(data.num_classes, image_size, config.dropout, config.weights, seed=config.seed)
+    not_applicable = feat.inapplicable_reason(config) if config.feature_cache else None
+    use_features = config.feature_cache and not_applicable is None
+    if not_applicable and rank == 0:
+        log.info("feature cache off: %s; training the whole model on images", not_applicable)
+    features_at = None
+    if use_features:
+        features_at = ensure_features(config, data, full_model, image_size, rank, size)
+        model = feat.build_head(data.num_classes, config.dropout, config.seed)
+    else:
+        model = full_model
     optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.Nadam(learning_rate=lr))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
@@ -145,30 +157,44 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
     cache_root = config.cache_dir or default_cache_root()
     fit_seconds = 0.0
     if not already_done:
-        with open_reader(data, "train", rank, size, cache_root, workers=config.reader_workers,
-                         seed=config.seed + rank) as train_reader, \
-             open_reader(data, "test", rank, size, cache_root, workers=config.reader_workers,
-                         seed=config.seed + rank) as val_reader:
-            train_ds = make_dataset(train_reader, data.image_size, config.batch_size, image_size,
-                                    config.shuffle_buffer, seed=config.seed + rank)
-            val_ds = make_dataset(val_reader, data.image_size, config.batch_size, image_size)
+        with contextlib.ExitStack() as readers:
+            if use_features:
+                train_ds = feat.feature_dataset(*feat.read_shard(features_at, "train", rank, size), config.batch_size,
+                                                shuffle=True, seed=config.seed + rank, repeat=True)
+                val_ds = feat.feature_dataset(*feat.read_shard(features_at, "test", rank, size), config.batch_size,
+                                              shuffle=False, seed=0, repeat=True)
+            else:
+                train_reader = readers.enter_context(open_reader(
+                    data, "train", rank, size, cache_root, workers=config.reader_workers, seed=config.seed + rank))
+                val_reader = readers.enter_context(open_reader(
+                    data, "test", rank, size, cache_root, workers=config.reader_workers, seed=config.seed + rank))
+                train_ds = make_dataset(train_reader, data.image_size, config.batch_size, image_size,
+                                        config.shuffle_buffer, seed=config.seed + rank, augment=config.augment)
+                val_ds = make_dataset(val_reader, data.image_size, config.batch_size, image_size)
             fit_start = time.perf_counter()
             model.fit(train_ds, epochs=config.epochs, initial_epoch=initial_epoch,
                       steps_per_epoch=steps.steps_per_epoch, validation_data=val_ds,
                       validation_steps=steps.validation_steps, callbacks=callbacks,
                       verbose=2 if rank == 0 else 0)
             fit_seconds = time.perf_counter() - fit_start
-    elif already_done:
+    else:
         model.set_weights(best_weights)
     if not config.cache_dir:
         shutil.rmtree(cache_root, ignore_errors=True)
 
     # 7. exact evaluation of the best weights on the whole test split
-    with open_reader(data, "test", rank, size, cache_root=None, num_epochs=1,
-                     workers=config.reader_workers) as test_reader:
-        test_ds = make_dataset(test_reader, data.image_size, config.batch_size, image_size,
-                               drop_remainder=False)
+    if use_features:
+        test_ds = feat.feature_dataset(*feat.read_shard(features_at, "test", rank, size), config.batch_size,
+                                       shuffle=False, seed=0, repeat=False, drop_remainder=False)
         totals = allreduce_totals(evaluate_dataset(model, test_ds))
+        # The exported model is the whole one: backbone + the head just trained.
+        full_model.get_layer("head").set_weights(model.get_layer("head").get_weights())
+    else:
+        with open_reader(data, "test", rank, size, cache_root=None, num_epochs=1,
+                         workers=config.reader_workers) as test_reader:
+            test_ds = make_dataset(test_reader, data.image_size, config.batch_size, image_size,
+                                   drop_remainder=False)
+            totals = allreduce_totals(evaluate_dataset(model, test_ds))
     checksums = hvd_tf.allgather_object(weights_checksum(model), name="weights_checksums")
     epochs_per_rank = hvd_tf.allgather_object(epoch_stats.epochs_run, name="epochs_run")
 
@@ -184,6 +210,7 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
         "image_size": image_size,
         "num_classes": data.num_classes,
         "class_names": data.class_names,
+        "feature_cache": features_at,
         "resumed_after_epoch": initial_epoch if marker else None,
         "resumed_weights_checksum_per_rank": resume_checksums,
         "epochs_run": len(history),
@@ -199,7 +226,7 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
         "epochs_run_per_rank": epochs_per_rank,
     }
     if rank == 0:
-        export_model(model, os.path.join(config.output, "model.keras"))
+        export_model(full_model, os.path.join(config.output, "model.keras"))
         with open(os.path.join(config.output, "class_names.json"), "w") as f:
             json.dump(data.class_names, f)
         tmp = os.path.join(config.output, "metrics.json.tmp")
@@ -209,6 +236,40 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
         log.info("test accuracy %.4f, loss %.4f on %d images (exact, all ranks); best epoch %s of %d",
                  totals.accuracy, totals.loss, totals.count, report["best_epoch"], len(history))
     return report
+
+
+def ensure_features(config: TrainConfig, data, full_model, image_size: int, rank: int, size: int) -> str:
+    """The feature set of this data, backbone and size: reused when complete, else computed, each
+    rank its own Petastorm shard of each split, in parallel. Returns its folder."""
+    import horovod.tensorflow as hvd_tf
+
+    from pipelines.training import features as feat
+    from pipelines.training.data import make_dataset, open_reader
+
+    key = feat.feature_key(config.weights, image_size, config.seed)
+    directory = feat.feature_dir(config.data, key)
+    if feat.is_complete(directory):
+        if rank == 0:
+            log.info("feature cache: reusing %s", directory)
+        return directory
+    if rank == 0:
+        log.info("feature cache: computing backbone features into %s", directory)
+        shutil.rmtree(directory, ignore_errors=True)  # a run interrupted before completion
+    hvd_tf.broadcast_object(None, root_rank=0, name="features_cleared")
+    backbone = full_model.get_layer("xception")
+    start, counts = time.perf_counter(), {}
+    for split in ("train", "test"):
+        with open_reader(data, split, rank, size, cache_root=None, num_epochs=1,
+                         workers=config.reader_workers) as reader:
+            ds = make_dataset(reader, data.image_size, config.batch_size, image_size, drop_remainder=False)
+            features, labels = feat.compute_shard(backbone, ds)
+        feat.write_shard(directory, split, rank, features, labels)
+        counts[split] = sum(hvd_tf.allgather_object(len(labels), name=f"feature_rows_{split}"))
+    if rank == 0:
+        feat.mark_complete(directory, counts, key)
+        log.info("feature cache: %s rows in %.1f s", counts, time.perf_counter() - start)
+    hvd_tf.broadcast_object(None, root_rank=0, name="features_complete")
+    return directory
 
 
 def _steady_state(history: List[Dict]) -> Optional[float]:

@@ -1,0 +1,126 @@
+"""Feature cache: the frozen backbone's pooled features, computed once and reused.
+
+With a frozen backbone called with ``training=False`` and no per-epoch augmentation, the
+backbone's output for an image never changes, yet the article's training recomputes it for every
+image in every epoch. Here each rank computes the features of its Petastorm shard of each split
+once, writes them as Parquet under ``DATA/features/<key>/<split>/part-rank<r>.parquet`` (``key``
+depends on the weights, the image size and the model), and training fits only the head
+(dropout + dense) on them with the same Horovod machinery. A second run with the same key reuses
+them; other weights or another size get another key.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from typing import Optional, Tuple
+
+import numpy as np
+
+log = logging.getLogger("pipelines")
+COMPLETE = "_COMPLETE.json"
+FEATURE_DIM = 2048  # Xception's pooled output
+
+
+def feature_key(weights: str, image_size: int, seed: int, model: str = "xception-avg") -> str:
+    """Identifier of a feature set: the backbone's weights (file content hash for a path; the
+    seed for random weights), the input size and the model, hashed to 16 hex digits."""
+    if weights == "imagenet":
+        source = "imagenet"
+    elif weights == "none":
+        source = f"random-{seed}"
+    else:
+        digest = hashlib.sha256()
+        with open(weights, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        source = digest.hexdigest()
+    return hashlib.sha256(f"{model}:{source}:{image_size}".encode()).hexdigest()[:16]
+
+
+def feature_dir(data_root: str, key: str) -> str:
+    """``DATA/features/<key>``: next to the ETL output it was computed from."""
+    return os.path.join(data_root, "features", key)
+
+
+def is_complete(directory: str) -> bool:
+    """Whether every rank finished writing this feature set (rank 0 writes the marker last)."""
+    return os.path.isfile(os.path.join(directory, COMPLETE))
+
+
+def write_shard(directory: str, split: str, rank: int, features: np.ndarray, labels: np.ndarray) -> str:
+    """Write one rank's features of one split: ``features`` float32 ``(n, 2048)``, ``labels`` int32 ``(n,)``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(os.path.join(directory, split), exist_ok=True)
+    path = os.path.join(directory, split, f"part-rank{rank}.parquet")
+    flat = pa.array(features.astype(np.float32).reshape(-1))
+    table = pa.table({"features": pa.FixedSizeListArray.from_arrays(flat, features.shape[1]),
+                      "label": pa.array(labels.astype(np.int32))})
+    pq.write_table(table, path + ".tmp", compression="snappy")
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def read_shard(directory: str, split: str, rank: int, world_size: int) -> Tuple[np.ndarray, np.ndarray]:
+    """This rank's share of a split's features: rows ``rank, rank + size, ...`` of all files in name
+    order (whatever world size computed them). Returns float32 ``(n, 2048)`` and int32 ``(n,)``."""
+    import pyarrow.parquet as pq
+
+    folder = os.path.join(directory, split)
+    tables = [pq.read_table(os.path.join(folder, n)) for n in sorted(os.listdir(folder)) if n.endswith(".parquet")]
+    features = np.concatenate([np.stack(t.column("features").to_numpy(zero_copy_only=False)) for t in tables])
+    labels = np.concatenate([t.column("label").to_numpy() for t in tables]).astype(np.int32)
+    return features[rank::world_size].astype(np.float32), labels[rank::world_size]
+
+
+def compute_shard(backbone, dataset) -> Tuple[np.ndarray, np.ndarray]:
+    """Run the frozen backbone (``training=False``) over a finite dataset of (images, labels)."""
+    features, labels = [], []
+    for images, batch_labels in dataset:
+        features.append(backbone(images, training=False).numpy())
+        labels.append(batch_labels.numpy())
+    if not features:
+        return np.zeros((0, FEATURE_DIM), np.float32), np.zeros((0,), np.int32)
+    return np.concatenate(features), np.concatenate(labels)
+
+
+def mark_complete(directory: str, counts: dict, key: str) -> None:
+    """Rank 0, after every rank has written: record the counts, making the set reusable."""
+    with open(os.path.join(directory, COMPLETE + ".tmp"), "w") as f:
+        json.dump({"key": key, "rows": counts}, f)
+    os.replace(os.path.join(directory, COMPLETE + ".tmp"), os.path.join(directory, COMPLETE))
+
+
+def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int = FEATURE_DIM):
+    """The trainable part alone: ``Input(2048) -> Dropout -> Dense(num_classes, softmax)``, with the
+    same layer names as in :func:`pipelines.training.model.build_model` so weights carry over."""
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(seed)
+    inputs = tf.keras.Input((feature_dim,), name="features")
+    x = tf.keras.layers.Dropout(dropout, seed=seed, name="dropout")(inputs)
+    outputs = tf.keras.layers.Dense(num_classes, activation="softmax", name="head")(x)
+    return tf.keras.Model(inputs, outputs, name="xception_head")
+
+
+def feature_dataset(features: np.ndarray, labels: np.ndarray, batch_size: int, shuffle: bool, seed: int,
+                    repeat: bool, drop_remainder: bool = True):
+    """``tf.data`` over in-memory features (a shard of 2048 float32 per image is small)."""
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices((features, labels))
+    if shuffle:
+        ds = ds.shuffle(len(features), seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
+    return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(2)
+
+
+def inapplicable_reason(config) -> Optional[str]:
+    """Why ``--feature-cache`` cannot apply to this run, or ``None`` when it can."""
+    if getattr(config, "augment", False):
+        return "augmentation changes every image every epoch, so features cannot be computed once"
+    return None
