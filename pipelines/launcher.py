@@ -72,6 +72,28 @@ def _failure_record(exc: BaseException) -> Dict[str, Any]:
             "traceback": traceback.format_exc(), "secondary": _is_secondary(exc)}
 
 
+# horovod.runner.run (0.28.1) starts from ``cycle_time_ms = None,`` and ``cache_capacity = None,``
+# (stray commas: tuples) and passes them on as HOROVOD_CYCLE_TIME="(None,)" and
+# HOROVOD_CACHE_CAPACITY="(None,)", which Horovod's core reads as 0: a background thread that never
+# sleeps between cycles and no response cache. On a CPU it steals a core from the training: a rank
+# alone on one core trained at half speed. ``horovodrun`` itself sets neither. The launching
+# process's own values are handed over as PIPELINES_KEEP_<NAME>, which horovod.runner.run leaves alone.
+_BROKEN_BY_HOROVOD_RUN = ("HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY")
+_KEEP = "PIPELINES_KEEP_"
+
+
+def repair_horovod_env() -> None:
+    """Replace the ``"(None,)"`` values ``horovod.runner.run`` gives some tuning variables, before
+    ``hvd.init()`` reads them: by the launching process's own value when it had one, else by
+    nothing (Horovod's defaults apply). Values that are not ``"(None,)"`` stay."""
+    for name in _BROKEN_BY_HOROVOD_RUN:
+        if os.environ.get(name) == "(None,)":
+            if _KEEP + name in os.environ:
+                os.environ[name] = os.environ[_KEEP + name]
+            else:
+                del os.environ[name]
+
+
 class _Recorded:
     """Wraps ``main`` so that a rank's exception is written to ``FAILURE_DIR`` before it propagates."""
 
@@ -79,6 +101,7 @@ class _Recorded:
         self.main = main
 
     def __call__(self, **kwargs: Any) -> Any:
+        repair_horovod_env()
         try:
             return self.main(**kwargs)
         except BaseException as exc:
@@ -126,15 +149,19 @@ class HorovodRunner:
     def _run_local(self, main, kwargs, num_proc: int) -> Any:
         import horovod.runner
 
+        handed = {FAILURE_DIR_ENV: None, **{_KEEP + n: os.environ[n] for n in _BROKEN_BY_HOROVOD_RUN
+                                            if n in os.environ}}
         with tempfile.TemporaryDirectory(prefix="hvd-failures-") as failures:
-            os.environ[FAILURE_DIR_ENV] = failures  # inherited by the ranks
+            handed[FAILURE_DIR_ENV] = failures
+            os.environ.update(handed)  # inherited by the ranks
             try:
                 results = horovod.runner.run(_Recorded(main), kwargs=kwargs, num_proc=num_proc,
                                              hosts=f"localhost:{num_proc}", use_gloo=True)
             except RuntimeError as exc:
                 raise HorovodJobFailed(_collect_failures(failures, str(exc))) from exc
             finally:
-                os.environ.pop(FAILURE_DIR_ENV, None)
+                for name in handed:
+                    os.environ.pop(name, None)
         return results[0]
 
     # -- Spark: barrier tasks ------------------------------------------------------------------

@@ -18,22 +18,36 @@ def default_workdir() -> str:
 
 
 def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float = 0.3, spark=None,
-                      input_dir: Optional[str] = None) -> str:
+                      input_dir: Optional[str] = None, sample: str = "tuxpaint",
+                      per_class: Optional[int] = None) -> str:
     """The ETL output folder ``workdir/etl``, made first when it has no manifest.
 
-    With no ``input_dir``, the Tux Paint sample photos are fetched into ``workdir/tuxpaint`` first.
+    With no ``input_dir``, a sample is fetched into ``workdir/<sample>`` first: ``tuxpaint`` (148
+    photos, 8 classes) or ``fashion-mnist`` (``per_class`` images of each of 10 classes, all when
+    ``None``). An existing ``workdir/etl`` is reused as it is, whatever it was made from.
     Returns the ETL output folder.
+
+    Raises:
+        ValueError: an unknown ``sample``.
     """
     from pipelines import samples
     from pipelines.etl.config import ETLConfig
     from pipelines.etl.job import run_etl
 
+    if sample not in ("tuxpaint", "fashion-mnist"):
+        raise ValueError(f"unknown sample {sample!r}: tuxpaint or fashion-mnist")
     etl = os.path.join(workdir, "etl")
     if not os.path.exists(os.path.join(etl, "manifest.json")):
         if not input_dir:
-            input_dir = os.path.join(workdir, "tuxpaint")
-            samples.main(["tuxpaint", "--dest", input_dir])
+            input_dir = os.path.join(workdir, sample)
+            extra = ["--per-class", str(per_class)] if (sample == "fashion-mnist" and per_class) else []
+            samples.main([sample, "--dest", input_dir, *extra])
+        from pyspark.sql import SparkSession
+
+        ours = spark is None and SparkSession.getActiveSession() is None
         run_etl(ETLConfig(input=input_dir, output=etl, image_size=image_size, test_fraction=test_fraction), spark)
+        if ours:  # a session this call started would hold a JVM through everything that follows
+            SparkSession.getActiveSession().stop()
     return etl
 
 

@@ -1,4 +1,6 @@
 """HorovodRunner's pure parts and its local mode (Horovod's own launcher, Gloo)."""
+import os
+
 import pytest
 
 from pipelines.launcher import HorovodJobFailed, HorovodRunner, RankFailure, rank_plan
@@ -45,6 +47,30 @@ def _raise_on_rank_1():
 def test_local_run_returns_rank_0s_value():
     total, rank = HorovodRunner(np=-2).run(_rank_sum, offset=10)
     assert (total, rank) == (21.0, 0)
+
+
+def _tuning_env():
+    import os
+    return {name: os.environ.get(name) for name in ("HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY")}
+
+
+@pytest.mark.slow
+def test_local_ranks_get_the_users_tuning_or_horovods_defaults_not_none_tuples(monkeypatch):
+    """horovod.runner.run passes HOROVOD_CYCLE_TIME="(None,)" (read as 0 ms: a spinning background
+    thread) whatever the launching process had; the ranks must get that process's value, or none."""
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "7")
+    monkeypatch.delenv("HOROVOD_CACHE_CAPACITY", raising=False)
+    assert HorovodRunner(np=-1).run(_tuning_env) == {"HOROVOD_CYCLE_TIME": "7", "HOROVOD_CACHE_CAPACITY": None}
+    assert "PIPELINES_KEEP_HOROVOD_CYCLE_TIME" not in os.environ  # handed over, then cleaned up
+
+
+def test_repair_keeps_values_that_are_not_none_tuples(monkeypatch):
+    from pipelines.launcher import repair_horovod_env
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")
+    monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", "(None,)")
+    monkeypatch.delenv("PIPELINES_KEEP_HOROVOD_CACHE_CAPACITY", raising=False)
+    repair_horovod_env()
+    assert _tuning_env() == {"HOROVOD_CYCLE_TIME": "5", "HOROVOD_CACHE_CAPACITY": None}
 
 
 @pytest.mark.slow

@@ -123,8 +123,9 @@ def test_early_stopping_stops_both_ranks_at_the_same_epoch(dataset, tmp_path):
     data, _ = dataset
     out = str(tmp_path / "out")
     # No gain can reach min_delta=2: epoch 1 sets the best, patience 1 stops after epoch 2.
-    proc = train(data, out, "--epochs", "6", "--patience", "1", "--min-delta", "2")
+    proc = train(data, out, "--epochs", "6", "--patience", "1", "--min-delta", "2", "--bind-cores", "--threads", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "each rank bound to 1 core(s) of its own" in proc.stdout + proc.stderr
     m = metrics(out)
     assert m["stopped_early"] and m["epochs_run"] == 2
     assert m["epochs_run_per_rank"] == [2, 2] and m["best_epoch"] == 1

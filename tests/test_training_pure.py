@@ -8,7 +8,7 @@ import pytest
 from pipelines.config import parse_config
 from pipelines.training.config import TrainConfig
 from pipelines.training.data import DataError, cache_size_bytes, load_dataset
-from pipelines.training.devices import choose_device
+from pipelines.training.devices import choose_device, rank_cores
 from pipelines.training.evaluate import Totals, add, batch_totals
 from pipelines.training.schedule import (checkpoint_path, marker_path, newest_complete_checkpoint, plan_steps,
                                          scaled_lr, warmup_lr)
@@ -78,6 +78,13 @@ def test_device_choice():
         choose_device(gpus[:2], 2)
     with pytest.raises(ValueError, match="only 2"):
         choose_device(gpus[:2], 0, spark_gpu_addresses=["7"])
+
+
+def test_each_local_rank_gets_cores_of_its_own():
+    assert rank_cores(0, 2, 1, [0, 1]) == [0] and rank_cores(1, 2, 1, [1, 0]) == [1]
+    assert rank_cores(1, 2, 3, [2, 3, 4, 5, 6, 7, 8]) == [5, 6, 7]  # of the cores this process may use
+    with pytest.raises(ValueError, match="2 ranks x 2 threads need 4 cores; 2 are available"):
+        rank_cores(0, 2, 2, [0, 1])
 
 
 def test_batch_totals_match_keras_crossentropy():

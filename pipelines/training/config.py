@@ -32,6 +32,8 @@ class TrainConfig:
     seed: int = field(42, help="seed of weights initialisation, shuffling and dropout")
     threads: int = field(0, help="TensorFlow intra-op threads per rank; 0 = cores / local ranks")
     reader_workers: int = field(2, help="Petastorm reader threads per rank")
+    bind_cores: bool = field(False, help="bind each rank and its threads to --threads cores of its own (CPU "
+                                         "training on a host the ranks fill: local ranks x threads <= cores)")
     tensorboard: bool = field(True, help="write TensorBoard logs on rank 0")
     feature_cache: bool = field(False, help="compute the frozen backbone's features once (Parquet next to the "
                                             "data, reused by later runs) and train only the head on them")

@@ -1,13 +1,15 @@
-"""Which device a training process uses: one process per GPU, or the CPU.
+"""Which device a training process uses: one process per GPU, or the CPU; which cores it runs on.
 
-:func:`choose_device` is a pure function of what the process can see; :func:`apply_device`
-makes TensorFlow use it (before any tensor is created).
+:func:`choose_device` and :func:`rank_cores` are pure functions of what the process can see;
+:func:`apply_device` makes TensorFlow use the device (before any tensor is created) and
+:func:`bind_to_cores` binds the process (before any thread is started).
 """
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 log = logging.getLogger("pipelines")
 
@@ -68,3 +70,37 @@ def apply_device(local_rank: int, spark_gpu_addresses: Optional[Sequence[str]] =
     if announce:
         log.info("device: %s", choice.why)
     return choice
+
+
+def rank_cores(local_rank: int, local_size: int, threads: int, available: Sequence[int]) -> List[int]:
+    """The cores of local rank ``local_rank`` when each of the ``local_size`` ranks of a host gets
+    ``threads`` cores of its own: items ``local_rank * threads .. (local_rank + 1) * threads - 1``
+    of ``available`` (the cores this process may use, sorted), as MPI's ``--bind-to core`` does.
+
+    Raises:
+        ValueError: ``local_size * threads`` exceeds the available cores.
+    """
+    cores = sorted(available)
+    if local_size * threads > len(cores):
+        raise ValueError(f"{local_size} ranks x {threads} threads need {local_size * threads} cores; "
+                         f"{len(cores)} are available to this process")
+    return cores[local_rank * threads:(local_rank + 1) * threads]
+
+
+def bind_to_cores(threads: int, announce: bool = True) -> List[int]:
+    """Bind this process to its own ``threads`` cores (:func:`rank_cores`), from Horovod's
+    ``HOROVOD_LOCAL_RANK``/``HOROVOD_LOCAL_SIZE`` (a lone process: rank 0 of 1). Call it before
+    ``hvd.init()`` and before TensorFlow starts its thread pools: only threads started afterwards
+    inherit the binding. Without it, on a CPU host that the ranks fill, every rank's helper threads
+    (TensorFlow's inter-op pool, readers, Horovod's) roam over the other ranks' cores, and the
+    synchronous allreduce makes every rank wait for the one that was preempted last.
+
+    Returns the cores. Raises ``ValueError`` as :func:`rank_cores` does.
+    """
+    local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
+    local_size = int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
+    cores = rank_cores(local_rank, local_size, threads, os.sched_getaffinity(0))
+    os.sched_setaffinity(0, cores)
+    if announce:
+        log.info("local rank %d of %d bound to cores %s", local_rank, local_size, cores)
+    return cores

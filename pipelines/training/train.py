@@ -61,15 +61,20 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
     from pipelines.training import callbacks as cb
     from pipelines.training import features as feat
     from pipelines.training.data import default_cache_root, load_dataset, make_dataset, open_reader
-    from pipelines.training.devices import apply_device
+    from pipelines.training.devices import apply_device, bind_to_cores
     from pipelines.training.evaluate import allreduce_totals, evaluate_dataset
     from pipelines.training.model import build_model, export_model
     from pipelines.training.schedule import checkpoint_path, newest_complete_checkpoint, plan_steps, scaled_lr
 
-    # 1. processes and devices
+    # 1. processes and devices; cores are bound before any thread starts (threads inherit it)
+    cores = None
+    if config.bind_cores:
+        cores = bind_to_cores(_threads(config, int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))), announce=False)
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     setup_logging("train", rank=rank, level=logging.INFO if rank == 0 else logging.WARNING)
+    if cores and rank == 0:
+        log.info("each rank bound to %d core(s) of its own (rank 0: %s)", len(cores), cores)
     if spark_gpu_addresses is None:  # set by HorovodRunner's barrier tasks
         spark_gpu_addresses = [a for a in os.environ.get("PIPELINES_SPARK_GPUS", "").split(",") if a]
     apply_device(hvd.local_rank(), spark_gpu_addresses, announce=rank == 0)
@@ -100,6 +105,8 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
     if use_features:
         features_at = ensure_features(config, data, full_model, image_size, rank, size)
         model = feat.build_head(data.num_classes, config.dropout, config.seed)
+        # Start from the whole model's initial head, so both paths train the same function from the same point.
+        model.get_layer("head").set_weights(full_model.get_layer("head").get_weights())
     else:
         model = full_model
     optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.Nadam(learning_rate=lr))
@@ -155,7 +162,7 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
 
     already_done = bool(marker) and (marker["early_stopping"]["stopped"] or initial_epoch >= config.epochs)
     cache_root = config.cache_dir or default_cache_root()
-    fit_seconds = 0.0
+    fit_seconds, seconds_before_fit = 0.0, time.perf_counter() - start
     if not already_done:
         with contextlib.ExitStack() as readers:
             if use_features:
@@ -172,6 +179,7 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
                                         config.shuffle_buffer, seed=config.seed + rank, augment=config.augment)
                 val_ds = make_dataset(val_reader, data.image_size, config.batch_size, image_size)
             fit_start = time.perf_counter()
+            seconds_before_fit = fit_start - start
             model.fit(train_ds, epochs=config.epochs, initial_epoch=initial_epoch,
                       steps_per_epoch=steps.steps_per_epoch, validation_data=val_ds,
                       validation_steps=steps.validation_steps, callbacks=callbacks,
@@ -220,6 +228,7 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
         "test": {"loss": totals.loss, "accuracy": totals.accuracy, "count": totals.count,
                  "expected_count": data.test_rows},
         "train_images_per_second": _steady_state(history),
+        "seconds_before_fit": seconds_before_fit,
         "fit_seconds": fit_seconds,
         "total_seconds": time.perf_counter() - start,
         "weights_checksum_per_rank": checksums,

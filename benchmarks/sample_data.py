@@ -1,0 +1,28 @@
+"""The training benchmarks' shared inputs: an ETL output (given, or a sample made on demand) and
+the backbone's weights file."""
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def add_arguments(parser: argparse.ArgumentParser, per_class: int, image_size: int) -> None:
+    """``--data``, or ``--sample/--per-class/--image-size`` to make one; ``--weights``."""
+    parser.add_argument("--data", default="", help="an ETL output; default: a sample through the ETL")
+    parser.add_argument("--sample", default="fashion-mnist", choices=["fashion-mnist", "tuxpaint"])
+    parser.add_argument("--per-class", type=int, default=per_class, help="Fashion-MNIST images per class")
+    parser.add_argument("--image-size", type=int, default=image_size, help="ETL image size of the sample")
+    parser.add_argument("--weights", default="", help="no-top Xception weights; default: the offline ImageNet file")
+
+
+def prepare(args: argparse.Namespace, workdir: str) -> tuple:
+    """``(ETL output folder, weights path)``: ``--data`` as given, or the sample through the ETL
+    into ``workdir/data-<sample>-<per class>-<size>px`` (reused when already there)."""
+    from pipelines import notebook
+    from pipelines.training.weights import ensure_xception_notop_weights
+
+    data = args.data or notebook.ensure_sample_etl(
+        os.path.join(workdir, f"data-{args.sample}-{args.per_class}-{args.image_size}px"),
+        image_size=args.image_size, test_fraction=0.3, sample=args.sample, per_class=args.per_class)
+    weights = os.path.abspath(args.weights) if args.weights else str(ensure_xception_notop_weights())
+    return os.path.abspath(data), weights

@@ -1,0 +1,147 @@
+"""Scaling: training throughput against world size and per-rank batch size, and time in allreduce.
+
+For each world size in ``--np`` (one Horovod job each, ``HorovodRunner(np=-N)``: N local processes,
+Gloo, the same ``--threads`` TensorFlow threads in every process) and each per-rank batch size in
+``--batch-sizes``, every rank trains the article's model on its Petastorm shard exactly as
+``jobs/train.py`` does (:func:`pipelines.training.measure.measure_throughput`): ``--warmup-steps``
+steps are discarded (graph tracing, cold cache, initial broadcast), the next ``--steps`` are timed.
+Horovod's timeline is recorded over the timed window, so the share of step time spent in
+``ALLREDUCE`` (and in negotiation: waiting until every rank's gradient is ready) comes from Horovod
+itself. Printed and written (``scaling.csv``, ``scaling.png`` in ``--out``): images/s, step time,
+speed-up and scaling efficiency against world size 1 at the same per-rank batch, and the shares.
+Goal here: scaling efficiency at np=2 of at least 0.9 (for ``--headline-batch``).
+
+Each rank is bound to ``--threads`` cores of its own (``--no-bind-cores`` to compare): otherwise
+world size 1 borrows the idle cores for its helper threads, while at a full machine every rank's
+helper threads preempt the others' compute and the synchronous allreduce waits for the slowest.
+Horovod's background thread runs a negotiation round with every other rank each
+``HOROVOD_CYCLE_TIME`` (default 1 ms), on the rank's own cores; ``--cycle-time-ms 5`` makes those
+rounds rarer (at most 5 ms more latency per step, against steps of 0.3-3 s here).
+
+A list of sizes on a bigger machine: ``--np 1,2,4,8`` (each world size needs that many cores
+times ``--threads``, or GPUs: one per rank).
+
+Usage: python benchmarks/scaling.py [--np 1,2] [--batch-sizes 4,8,16,32] [--threads 1] [--no-bind-cores]
+           [--cycle-time-ms MS]
+           [--warmup-steps 3] [--steps 10] [--sample fashion-mnist --per-class 100 --image-size 299 |
+            --data ETL_OUTPUT] [--out OUT/scaling]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+
+import sample_data
+
+
+def int_list(text: str) -> list:
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of positive integers, got {text!r}")
+    return values
+
+
+def plot(rows: list, path: str, title: str) -> None:
+    """Two panels: images/s against world size (one line per per-rank batch, linear ideal dashed),
+    and images/s per rank against per-rank batch size (one line per world size)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = sorted({r["batch_size_per_rank"] for r in rows})
+    sizes = sorted({r["world_size"] for r in rows})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for b in batches:
+        pts = sorted((r["world_size"], r["images_per_second"]) for r in rows if r["batch_size_per_rank"] == b)
+        line, = left.plot(*zip(*pts), marker="o", label=f"batch {b} per rank")
+        base = dict(pts).get(1)
+        if base:
+            left.plot(sizes, [base * n for n in sizes], linestyle="--", color=line.get_color(), alpha=0.4)
+    left.set(xlabel="world size (ranks)", ylabel="training images/s", xticks=sizes,
+             title="throughput vs world size (dashed: linear)")
+    left.legend(fontsize=8)
+    for n in sizes:
+        pts = sorted((r["batch_size_per_rank"], r["images_per_second"] / n) for r in rows if r["world_size"] == n)
+        right.plot(*zip(*pts), marker="o", label=f"np={n}")
+    right.set_xscale("log", base=2)
+    right.set_xticks(batches, [str(b) for b in batches])
+    right.minorticks_off()
+    right.set(xlabel="batch size per rank", ylabel="images/s per rank", title="per-rank batch-size sweep")
+    left.set_ylim(bottom=0)
+    right.set_ylim(bottom=0)
+    right.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--np", type=int_list, default=[1, 2], help="world sizes, e.g. 1,2,4,8")
+    parser.add_argument("--batch-sizes", type=int_list, default=[4, 8, 16, 32], help="per-rank batch sizes")
+    parser.add_argument("--headline-batch", type=int, default=16, help="per-rank batch of the goal line")
+    parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra-op threads in every process")
+    parser.add_argument("--bind-cores", action=argparse.BooleanOptionalAction, default=True,
+                        help="bind each rank to --threads cores of its own (default: on)")
+    parser.add_argument("--cycle-time-ms", type=float, default=0.0,
+                        help="HOROVOD_CYCLE_TIME of the ranks; 0 (default) = the environment's, else Horovod's 1 ms")
+    parser.add_argument("--warmup-steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
+    sample_data.add_arguments(parser, per_class=100, image_size=299)
+    parser.add_argument("--out", default="out/scaling",
+                        help="folder for scaling.csv, scaling.png, timelines/ and the sample data")
+    args = parser.parse_args(argv)
+    if args.warmup_steps < 1 or args.steps < 1:
+        parser.error("--warmup-steps and --steps must be >= 1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"  # recorded only over the timed window
+    if args.cycle_time_ms > 0:
+        os.environ["HOROVOD_CYCLE_TIME"] = str(args.cycle_time_ms)
+
+    from pipelines.launcher import HorovodRunner
+    from pipelines.training.measure import measure_throughput, point_from_result, scaling_rows
+
+    os.makedirs(os.path.join(args.out, "timelines"), exist_ok=True)
+    data, weights = sample_data.prepare(args, args.out)
+    results = []
+    for n in args.np:
+        print(f"np={n}: batch sizes {args.batch_sizes} per rank, {args.threads} thread(s) per rank", flush=True)
+        results += HorovodRunner(np=-n).run(
+            measure_throughput, data=data, batch_sizes=args.batch_sizes, warmup_steps=args.warmup_steps,
+            steps=args.steps, threads=args.threads, weights=weights, bind_cores=args.bind_cores,
+            timeline_dir=os.path.abspath(os.path.join(args.out, "timelines")))
+    rows = scaling_rows([point_from_result(r) for r in results])
+
+    machine = (f"{os.cpu_count()} CPUs, {args.threads} thread(s) per rank"
+               f"{', bound to cores of its own' if args.bind_cores else ', not bound'}, "
+               f"HOROVOD_CYCLE_TIME {os.environ.get('HOROVOD_CYCLE_TIME', 'unset (1 ms)')}")
+    print(f"\nScaling: {machine}, data {data}, {args.steps} timed steps after {args.warmup_steps} warm-up")
+    print(f"{'np':>3s} {'batch/rank':>10s} {'global':>7s} {'step ms':>8s} {'images/s':>9s} {'speed-up':>9s} "
+          f"{'efficiency':>10s} {'allreduce':>10s} {'negotiation':>12s}")
+    for r in rows:
+        speed_up = f"{r['speed_up']:.3f}" if r["speed_up"] else "-"
+        efficiency = f"{r['scaling_efficiency']:.3f}" if r["scaling_efficiency"] else "-"
+        print(f"{r['world_size']:3d} {r['batch_size_per_rank']:10d} {r['global_batch_size']:7d} {r['step_ms']:8.1f} "
+              f"{r['images_per_second']:9.1f} {speed_up:>9s} {efficiency:>10s} {100 * r['allreduce_share']:9.2f}% "
+              f"{100 * r['negotiation_share']:11.2f}%")
+    with open(os.path.join(args.out, "scaling.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, os.path.join(args.out, "scaling.png"), f"Xception (frozen) + head, {machine}")
+    print(f"wrote {os.path.join(args.out, 'scaling.csv')} and {os.path.join(args.out, 'scaling.png')}")
+
+    headline = [r for r in rows if r["world_size"] == 2 and r["batch_size_per_rank"] == args.headline_batch]
+    if headline and headline[0]["scaling_efficiency"]:
+        eff = headline[0]["scaling_efficiency"]
+        print(f"goal (scaling efficiency at np=2, batch {args.headline_batch} per rank, >= 0.9): {eff:.3f}, "
+              f"{'met' if eff >= 0.9 else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Measuring training: steady-state throughput at a world size, the share of step time spent in
+allreduce (from Horovod's timeline), scaling efficiency, and time to the best epoch.
+
+Used by ``benchmarks/scaling.py`` and ``benchmarks/time_to_accuracy.py``. The arithmetic is pure;
+:func:`measure_throughput` is the part every Horovod rank runs, and it trains exactly as
+:func:`pipelines.training.train.run_training` does (same model, optimizer, data path), minus the
+callbacks that only matter across epochs.
+
+Terms, as the scaling literature uses them (e.g. Sergeev & Del Balso 2018, "Horovod: fast and easy
+distributed deep learning in TensorFlow", and Goyal et al. 2017):
+``speed_up(n) = images_per_second(n) / images_per_second(1)`` and
+``scaling_efficiency(n) = speed_up(n) / n`` (1.0 = perfect linear scaling).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+ALLREDUCE = "ALLREDUCE"
+NEGOTIATE = "NEGOTIATE_ALLREDUCE"
+
+
+def time_to_best(setup_seconds: float, epoch_seconds: Sequence[float], best_epoch: int) -> float:
+    """Seconds from job start to the end of the best epoch (1-based ``best_epoch``, whose
+    validation accuracy is known when it ends): ``setup_seconds`` spent before ``fit`` (processes,
+    model, data and, for the feature cache, computing the features) plus the epochs up to and
+    including the best one (each with its validation pass).
+
+    Raises:
+        ValueError: ``best_epoch`` outside ``1..len(epoch_seconds)``.
+    """
+    if not 1 <= best_epoch <= len(epoch_seconds):
+        raise ValueError(f"best epoch {best_epoch} is not one of the {len(epoch_seconds)} epochs run")
+    return setup_seconds + sum(epoch_seconds[:best_epoch])
+
+
+def union_seconds(intervals: Iterable[Tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals, in their unit (overlaps count once)."""
+    total, current_start, current_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if current_end is None or start > current_end:
+            if current_end is not None:
+                total += current_end - current_start
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    if current_end is not None:
+        total += current_end - current_start
+    return total
+
+
+def load_timeline(path: str) -> List[Dict]:
+    """Events of a Horovod timeline file (Chrome trace JSON). A file cut short (the job killed
+    while recording) is read up to its last complete event; an empty file has none."""
+    with open(path) as f:
+        text = f.read().strip()
+    if not text:  # created but never written: no collective ran while recording (world size 1)
+        return []
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        cut = text[:text.rfind("}") + 1].rstrip().rstrip(",")
+        return json.loads(cut + "]")
+
+
+def timeline_phase_seconds(events: Iterable[Dict]) -> Dict[str, float]:
+    """Wall seconds covered by each top-level phase of Horovod's timeline, over all tensors.
+
+    Horovod records, per tensor (``pid``), nested ``B``/``E`` events: a top-level
+    ``NEGOTIATE_ALLREDUCE`` (from the tensor being ready on the coordinator until every rank has
+    reported it ready: waiting for the slowest rank) then ``ALLREDUCE`` (fusion-buffer copies and
+    the collective itself, e.g. ``GLOO_ALLREDUCE``). Phases of different tensors overlap (they are
+    fused), so each phase's intervals are merged before summing (:func:`union_seconds`).
+    Timestamps are microseconds; the result is seconds. Unmatched events are ignored.
+    """
+    stacks: Dict[object, List[Tuple[str, float]]] = defaultdict(list)
+    intervals: Dict[str, List[Tuple[float, float]]] = defaultdict(list)
+    for event in events:
+        phase, pid = event.get("ph"), event.get("pid")
+        if phase == "B":
+            stacks[pid].append((event["name"], float(event["ts"])))
+        elif phase == "E" and stacks[pid]:
+            name, start = stacks[pid].pop()
+            if not stacks[pid]:
+                intervals[name].append((start, float(event["ts"])))
+    return {name: union_seconds(spans) / 1e6 for name, spans in intervals.items()}
+
+
+@dataclass(frozen=True)
+class ScalingPoint:
+    """One measurement: ``world_size`` ranks, ``batch_size`` images per rank per step, ``steps``
+    steady-state steps taking ``seconds`` (the slowest rank's window), and the seconds of that
+    window rank 0's timeline spent in ``ALLREDUCE`` and in ``NEGOTIATE_ALLREDUCE``."""
+
+    world_size: int
+    batch_size: int
+    steps: int
+    seconds: float
+    allreduce_seconds: float = 0.0
+    negotiation_seconds: float = 0.0
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world_size
+
+    @property
+    def images_per_second(self) -> float:
+        return self.steps * self.global_batch / self.seconds
+
+    @property
+    def step_ms(self) -> float:
+        return 1000.0 * self.seconds / self.steps
+
+
+def scaling_rows(points: Sequence[ScalingPoint]) -> List[Dict]:
+    """One row per point, with ``speed_up`` and ``scaling_efficiency`` against the world size 1
+    point of the same per-rank batch size (``None`` when there is none). Rows are sorted by batch
+    size, then world size. Shares are fractions of the measured window (0..1)."""
+    single = {p.batch_size: p.images_per_second for p in points if p.world_size == 1}
+    rows = []
+    for p in sorted(points, key=lambda p: (p.batch_size, p.world_size)):
+        base = single.get(p.batch_size)
+        speed_up = p.images_per_second / base if base else None
+        rows.append({
+            "world_size": p.world_size, "batch_size_per_rank": p.batch_size, "global_batch_size": p.global_batch,
+            "steps": p.steps, "seconds": round(p.seconds, 3), "step_ms": round(p.step_ms, 1),
+            "images_per_second": round(p.images_per_second, 2),
+            "speed_up": round(speed_up, 3) if speed_up else None,
+            "scaling_efficiency": round(speed_up / p.world_size, 3) if speed_up else None,
+            "allreduce_share": round(p.allreduce_seconds / p.seconds, 4),
+            "negotiation_share": round(p.negotiation_seconds / p.seconds, 4),
+        })
+    return rows
+
+
+def measure_throughput(data: str, batch_sizes: Sequence[int], warmup_steps: int, steps: int, threads: int,
+                       weights: str, image_size: int = 0, base_lr: float = 0.001, seed: int = 42,
+                       reader_workers: int = 2, timeline_dir: Optional[str] = None,
+                       bind_cores: bool = False) -> List[Dict]:
+    """Run by every Horovod rank: for each per-rank batch size, train the article's model (frozen
+    Xception + dropout + softmax, ``hvd.DistributedOptimizer(Nadam(base_lr * size))``) on this rank's
+    Petastorm shard for ``warmup_steps + steps`` steps and time the last ``steps`` (graph tracing,
+    cold caches and the initial broadcast fall in the warm-up).
+
+    With ``timeline_dir``, Horovod's timeline is recorded over the timed window into
+    ``timeline_dir/np<size>-b<batch>.json`` (needs ``HOROVOD_TIMELINE=DYNAMIC`` in the ranks'
+    environment; only the coordinator, rank 0, writes it).
+
+    With ``bind_cores``, every rank and all its threads are bound to ``threads`` cores of its own
+    (:func:`pipelines.training.devices.bind_to_cores`): every world size then gets exactly
+    ``threads`` cores per rank, and a small world cannot borrow the idle cores a bigger one uses.
+
+    Returns, on every rank, one dict per batch size: ``world_size``, ``batch_size``, ``steps``,
+    ``seconds`` (the slowest rank's window) and ``timeline`` (a path or ``None``).
+
+    Raises:
+        ValueError: ``warmup_steps < 1`` or ``steps < 1``.
+    """
+    if warmup_steps < 1 or steps < 1:
+        raise ValueError(f"need warmup_steps >= 1 and steps >= 1, got {warmup_steps} and {steps}")
+    import tempfile
+
+    import horovod.tensorflow as hvd_tf
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    from pipelines.logs import setup_logging
+    from pipelines.training.data import load_dataset, make_dataset, open_reader
+    from pipelines.training.devices import apply_device, bind_to_cores
+    from pipelines.training.model import build_model
+    from pipelines.training.schedule import scaled_lr
+
+    cores = bind_to_cores(threads, announce=False) if bind_cores else None  # before any thread starts
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    log = setup_logging("scaling", rank=rank)
+    if cores and rank == 0:
+        log.info("each rank bound to %d core(s) of its own (rank 0: %s)", threads, cores)
+    apply_device(hvd.local_rank(), [], announce=rank == 0)
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    dataset = load_dataset(os.path.abspath(data), size)
+    size_px = image_size or dataset.image_size
+
+    class Window(tf.keras.callbacks.Callback):
+        """Times steps ``warmup_steps .. warmup_steps + steps - 1`` and records the timeline over them."""
+
+        def __init__(self, timeline: Optional[str]):
+            super().__init__()
+            self.timeline, self.start, self.seconds = timeline, None, None
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == warmup_steps - 1:
+                if self.timeline:
+                    hvd.start_timeline(self.timeline)
+                self.start = time.perf_counter()
+            elif batch == warmup_steps + steps - 1:
+                self.seconds = time.perf_counter() - self.start
+                if self.timeline:
+                    hvd.stop_timeline()
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix=f"scaling-rank{rank}-") as cache_root:
+        for batch_size in batch_sizes:
+            tf.keras.backend.clear_session()
+            model = build_model(dataset.num_classes, size_px, 0.5, weights, seed=seed)
+            optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.Nadam(learning_rate=scaled_lr(base_lr, size)))
+            model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+            timeline = os.path.join(timeline_dir, f"np{size}-b{batch_size}.json") if timeline_dir else None
+            window = Window(timeline)
+            with open_reader(dataset, "train", rank, size, os.path.join(cache_root, f"b{batch_size}"),
+                             workers=reader_workers, seed=seed + rank) as reader:
+                ds = make_dataset(reader, dataset.image_size, batch_size, size_px, shuffle_buffer=256, seed=seed + rank)
+                model.fit(ds, epochs=1, steps_per_epoch=warmup_steps + steps, verbose=0,
+                          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), window])
+            seconds = max(hvd_tf.allgather_object(window.seconds, name=f"window_b{batch_size}"))
+            if rank == 0:
+                log.info("np %d, batch %d per rank: %d steps in %.2f s, %.1f images/s", size, batch_size, steps,
+                         seconds, steps * batch_size * size / seconds)
+            results.append({"world_size": size, "batch_size": batch_size, "steps": steps, "seconds": seconds,
+                            "timeline": timeline})
+    return results
+
+
+def point_from_result(result: Dict) -> ScalingPoint:
+    """A :class:`ScalingPoint` from one :func:`measure_throughput` result, its timeline read
+    (after the job has ended, so that Horovod has finished writing it)."""
+    phases: Dict[str, float] = {}
+    if result.get("timeline") and os.path.isfile(result["timeline"]):
+        phases = timeline_phase_seconds(load_timeline(result["timeline"]))
+    return ScalingPoint(result["world_size"], result["batch_size"], result["steps"], result["seconds"],
+                        phases.get(ALLREDUCE, 0.0), phases.get(NEGOTIATE, 0.0))

@@ -1,0 +1,63 @@
+"""The benchmarks run end to end (real ETL, Horovod with Gloo, Petastorm) on a tiny sample.
+
+Only that they run and report consistent figures is checked here: speed goals are read from the
+benchmarks' own output on a real-sized run, never asserted by tests.
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import subprocess_env
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(script, *args, timeout=900):
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args], cwd=ROOT,
+                            capture_output=True, text=True, env=subprocess_env(), timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def test_scaling_benchmark_writes_rows_chart_and_allreduce_share(tmp_path):
+    out = tmp_path / "scaling"
+    stdout = _run("scaling.py", "--np", "1,2", "--batch-sizes", "2,4", "--headline-batch", "4",
+                  "--warmup-steps", "1", "--steps", "2", "--per-class", "4", "--image-size", "71",
+                  "--out", str(out))
+    with open(out / "scaling.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["world_size"], r["batch_size_per_rank"]) for r in rows] == [("1", "2"), ("2", "2"), ("1", "4"),
+                                                                           ("2", "4")]
+    for r in rows:
+        assert float(r["images_per_second"]) == pytest.approx(
+            int(r["steps"]) * int(r["global_batch_size"]) / float(r["seconds"]), rel=0.01)
+        assert float(r["scaling_efficiency"]) == pytest.approx(float(r["speed_up"]) / int(r["world_size"]), abs=0.002)
+    two = [r for r in rows if r["world_size"] == "2"]
+    assert all(float(r["allreduce_share"]) > 0 for r in two), "the timeline recorded no allreduce at np=2"
+    assert (out / "scaling.png").stat().st_size > 10_000
+    assert sorted(os.listdir(out / "timelines")) == ["np1-b2.json", "np1-b4.json", "np2-b2.json", "np2-b4.json"]
+    assert "goal (scaling efficiency at np=2, batch 4 per rank, >= 0.9)" in stdout
+
+
+def test_time_to_accuracy_benchmark_runs_both_paths_per_seed(tmp_path):
+    work, table = tmp_path / "work", tmp_path / "tta.csv"
+    stdout = _run("time_to_accuracy.py", "--per-class", "4", "--image-size", "71", "--repeats", "2",
+                  "--epochs", "2", "--batch-size", "2", "--workdir", str(work), "--csv", str(table))
+    with open(table) as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["path"], r["seed"]) for r in rows] == [("article", "42"), ("feature cache", "42"),
+                                                      ("article", "43"), ("feature cache", "43")]
+    data = work / "data-fashion-mnist-4-71px"
+    with open(data / "manifest.json") as f:
+        test_rows = json.load(f)["splits"]["test"]["rows"]
+    for r in rows:
+        assert int(r["test_images"]) == test_rows  # exact evaluation: every test image once
+        assert 1 <= int(r["best_epoch"]) <= int(r["epochs"]) <= 2
+        assert 0 < float(r["to_best_s"]) <= float(r["wall_s"])
+    assert "speed-up of the feature cache:" in stdout and "goal (>= 5x less wall time" in stdout
+    assert os.listdir(data / "features")  # the feature path computed its features next to the data
