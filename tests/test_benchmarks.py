@@ -52,7 +52,7 @@ def test_time_to_accuracy_benchmark_runs_both_paths_per_seed(tmp_path):
         rows = list(csv.DictReader(f))
     assert [(r["path"], r["seed"]) for r in rows] == [("article", "42"), ("feature cache", "42"),
                                                       ("article", "43"), ("feature cache", "43")]
-    data = work / "data-fashion-mnist-4-71px"
+    data = work / "data-fashion-mnist-4-71px" / "etl"
     with open(data / "manifest.json") as f:
         test_rows = json.load(f)["splits"]["test"]["rows"]
     for r in rows:
