@@ -37,9 +37,10 @@ import sample_data
 
 
 def int_list(text: str) -> list:
+    """argparse type: distinct positive integers, comma-separated."""
     values = [int(v) for v in text.split(",") if v.strip()]
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of positive integers, got {text!r}")
+    if not values or min(values) < 1 or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct positive integers, comma-separated, got {text!r}")
     return values
 
 
@@ -80,15 +81,17 @@ def plot(rows: list, path: str, title: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--np", type=int_list, default=[1, 2], help="world sizes, e.g. 1,2,4,8")
     parser.add_argument("--batch-sizes", type=int_list, default=[4, 8, 16, 32], help="per-rank batch sizes")
     parser.add_argument("--headline-batch", type=int, default=16, help="per-rank batch of the goal line")
-    parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra-op threads in every process")
+    parser.add_argument("--threads", type=sample_data.positive_int, default=1,
+                        help="TensorFlow intra-op threads in every process")
     parser.add_argument("--bind-cores", action=argparse.BooleanOptionalAction, default=True,
                         help="bind each rank to --threads cores of its own (default: on)")
     parser.add_argument("--cycle-time-ms", type=float, default=0.0,
-                        help="HOROVOD_CYCLE_TIME of the ranks; 0 (default) = the environment's, else Horovod's 1 ms")
+                        help="HOROVOD_CYCLE_TIME (ms) of the ranks; 0 = as in this environment (unset: 1 ms)")
     parser.add_argument("--warmup-steps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
     sample_data.add_arguments(parser, per_class=100, image_size=299)
@@ -97,6 +100,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.warmup_steps < 1 or args.steps < 1:
         parser.error("--warmup-steps and --steps must be >= 1")
+    if args.cycle_time_ms < 0:
+        parser.error("--cycle-time-ms must be >= 0")
+    if args.headline_batch not in args.batch_sizes:
+        parser.error(f"--headline-batch {args.headline_batch} is not one of --batch-sizes {args.batch_sizes}")
+    available = len(os.sched_getaffinity(0))
+    if args.bind_cores and max(args.np) * args.threads > available:
+        parser.error(f"binding {max(args.np)} ranks x {args.threads} thread(s) needs {max(args.np) * args.threads} "
+                     f"cores; {available} are available (fewer --np or --threads, or --no-bind-cores)")
+    sample_data.check(parser, args)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"  # recorded only over the timed window
     if args.cycle_time_ms > 0:

@@ -40,16 +40,22 @@ PATHS = (("article", {}), ("feature cache", {"feature_cache": True}))
 
 def run_once(path: str, extra: dict, seed: int, args, data: str, work: str) -> dict:
     """One fresh Horovod job of one path; returns its row of figures."""
-    from pipelines import notebook
+    from pipelines.launcher import HorovodRunner
+    from pipelines.training.config import TrainConfig
+    from pipelines.training.data import load_dataset
+    from pipelines.training.features import feature_dir, feature_key
     from pipelines.training.measure import time_to_best
+    from pipelines.training.train import run_training
 
-    shutil.rmtree(os.path.join(data, "features"), ignore_errors=True)  # the feature path pays for them
     out = os.path.join(work, f"{path.replace(' ', '-')}-seed{seed}")
+    config = TrainConfig(data=data, output=out, weights=args.weights, epochs=args.epochs, patience=args.patience,
+                         batch_size=args.batch_size, tensorboard=False, seed=seed, threads=args.threads, **extra)
+    # The feature path pays for its features: this weights file's and size's set is computed anew.
+    image_size = config.image_size or load_dataset(data, args.np).image_size
+    shutil.rmtree(feature_dir(data, feature_key(config.weights, image_size, seed)), ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()
-    report = notebook.train(np=-args.np, data=data, output=out, weights=args.weights, epochs=args.epochs,
-                            patience=args.patience, batch_size=args.batch_size, tensorboard=False, seed=seed,
-                            threads=args.threads, **extra)
+    report = HorovodRunner(np=-args.np).run(run_training, config=config)
     wall = time.perf_counter() - start
     history = report["history"]
     # Before fit: launching the processes (all of the job outside run_training, model export included)
@@ -89,23 +95,37 @@ def summarise(rows: list) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--np", type=int, default=2, help="local Horovod processes (world size)")
-    parser.add_argument("--repeats", type=int, default=2, help="seeds per path (seed, seed + 1, ...)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--np", type=sample_data.positive_int, default=2,
+                        help="local Horovod processes (world size)")
+    parser.add_argument("--repeats", type=sample_data.positive_int, default=2,
+                        help="seeds per path (seed, seed + 1, ...)")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--epochs", type=sample_data.positive_int, default=30)
     parser.add_argument("--patience", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=16, help="per rank")
+    parser.add_argument("--batch-size", type=sample_data.positive_int, default=16, help="per rank")
     parser.add_argument("--threads", type=int, default=0, help="TensorFlow threads per rank; 0 = cores / np")
     sample_data.add_arguments(parser, per_class=200, image_size=128)
     parser.add_argument("--workdir", default=None, help="kept when given; default: a temporary folder")
     parser.add_argument("--csv", default="", help="write the per-run rows here")
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats must be >= 1")
+    if args.threads < 0:
+        parser.error(f"--threads must be >= 0, got {args.threads}")
+    sample_data.check(parser, args)
+    if args.csv:
+        os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     work = args.workdir or tempfile.mkdtemp(prefix="tta-bench-")
+    try:
+        return run(args, work)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args, work: str) -> int:
     data, args.weights = sample_data.prepare(args, work)
     print(f"Time to accuracy: np={args.np}, batch {args.batch_size} per rank, patience {args.patience}, "
           f"{args.repeats} seed(s) per path, {os.cpu_count()} CPUs, data {data}", flush=True)
@@ -120,8 +140,6 @@ def main(argv=None) -> int:
             writer.writeheader()
             writer.writerows(rows)
         print(f"wrote {args.csv}")
-    if not args.workdir:
-        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -83,8 +83,11 @@ def test_device_choice():
 def test_each_local_rank_gets_cores_of_its_own():
     assert rank_cores(0, 2, 1, [0, 1]) == [0] and rank_cores(1, 2, 1, [1, 0]) == [1]
     assert rank_cores(1, 2, 3, [2, 3, 4, 5, 6, 7, 8]) == [5, 6, 7]  # of the cores this process may use
-    with pytest.raises(ValueError, match="2 ranks x 2 threads need 4 cores; 2 are available"):
+    with pytest.raises(ValueError, match=r"2 rank\(s\) x 2 thread\(s\) need 4 cores to bind; 2 are available"):
         rank_cores(0, 2, 2, [0, 1])
+    for rank, size, threads in ((0, 1, 0), (2, 2, 1), (-1, 2, 1)):
+        with pytest.raises(ValueError, match="cannot bind"):
+            rank_cores(rank, size, threads, [0, 1, 2, 3])
 
 
 def test_batch_totals_match_keras_crossentropy():
@@ -140,6 +143,8 @@ def test_train_config_from_command_line():
     assert config.warmup_epochs == 2.0 and os.path.isabs(config.data)
     with pytest.raises(SystemExit):
         parse_config(TrainConfig, ["--data", "d", "--output", "o", "--dropout", "1.0"])
+    with pytest.raises(SystemExit):
+        parse_config(TrainConfig, ["--data", "d", "--output", "o", "--threads", "-3"])
 
 
 def test_feature_key_follows_weights_size_and_seed(tmp_path):

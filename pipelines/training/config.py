@@ -30,7 +30,8 @@ class TrainConfig:
     resume: bool = field(False, help="continue from the newest complete checkpoint in --output")
     shuffle_buffer: int = field(256, help="images in the shuffle buffer (uint8, before preprocessing)")
     seed: int = field(42, help="seed of weights initialisation, shuffling and dropout")
-    threads: int = field(0, help="TensorFlow intra-op threads per rank; 0 = cores / local ranks")
+    threads: int = field(0, help="TensorFlow intra-op threads per rank; 0 = the cores this process may use / "
+                                 "local ranks")
     reader_workers: int = field(2, help="Petastorm reader threads per rank")
     bind_cores: bool = field(False, help="bind each rank and its threads to --threads cores of its own (CPU "
                                          "training on a host the ranks fill: local ranks x threads <= cores)")
@@ -48,6 +49,9 @@ class TrainConfig:
             raise ValueError(f"--epochs must be >= 1, got {self.epochs}")
         if self.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.threads < 0 or self.reader_workers < 1:
+            raise ValueError(f"--threads must be >= 0 and --reader-workers >= 1, got {self.threads} and "
+                             f"{self.reader_workers}")
         if self.base_lr <= 0:
             raise ValueError(f"--base-lr must be positive, got {self.base_lr}")
         if not 0.0 <= self.dropout < 1.0:

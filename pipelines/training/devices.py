@@ -78,12 +78,16 @@ def rank_cores(local_rank: int, local_size: int, threads: int, available: Sequen
     of ``available`` (the cores this process may use, sorted), as MPI's ``--bind-to core`` does.
 
     Raises:
-        ValueError: ``local_size * threads`` exceeds the available cores.
+        ValueError: ``threads < 1``, ``local_rank`` outside ``0 .. local_size - 1``, or
+            ``local_size * threads`` exceeding the available cores.
     """
+    if threads < 1 or not 0 <= local_rank < local_size:
+        raise ValueError(f"cannot bind local rank {local_rank} of {local_size} to {threads} thread(s)")
     cores = sorted(available)
     if local_size * threads > len(cores):
-        raise ValueError(f"{local_size} ranks x {threads} threads need {local_size * threads} cores; "
-                         f"{len(cores)} are available to this process")
+        raise ValueError(f"{local_size} rank(s) x {threads} thread(s) need {local_size * threads} cores to bind; "
+                         f"{len(cores)} are available to this process (lower --threads or the number of "
+                         "ranks, or do not bind)")
     return cores[local_rank * threads:(local_rank + 1) * threads]
 
 

@@ -40,7 +40,9 @@ def weights_checksum(model) -> str:
 
 
 def _threads(config: TrainConfig, local_size: int) -> int:
-    return config.threads or max(1, (os.cpu_count() or 1) // local_size)
+    """``--threads``, or the cores this process may use (its CPU affinity: a container's or a
+    scheduler's cpuset, not the whole machine) shared among the host's ranks."""
+    return config.threads or max(1, len(os.sched_getaffinity(0)) // local_size)
 
 
 def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] = None) -> Dict:
