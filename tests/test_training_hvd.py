@@ -160,6 +160,12 @@ def test_refuses_a_folder_without_manifest(tmp_path):
     assert proc.returncode == 2 and "no manifest.json" in proc.stderr
 
 
+def test_local_launch_refuses_binding_more_cores_than_it_has(tmp_path):
+    proc = train(str(tmp_path), str(tmp_path / "out"), "--spark-np", "-2", "--bind-cores", "--threads", "100000",
+                 np_=0)
+    assert proc.returncode == 2 and "need 200000 cores to bind" in proc.stderr
+
+
 def test_refuses_a_batch_larger_than_the_data(dataset, tmp_path):
     data, _ = dataset
     proc = train(data, str(tmp_path / "out"), "--batch-size", "1000", np_=0)

@@ -39,7 +39,7 @@ def weights_checksum(model) -> str:
     return digest.hexdigest()
 
 
-def _threads(config: TrainConfig, local_size: int) -> int:
+def threads_per_rank(config: TrainConfig, local_size: int) -> int:
     """``--threads``, or the cores this process may use (its CPU affinity: a container's or a
     scheduler's cpuset, not the whole machine) shared among the host's ranks."""
     return config.threads or max(1, len(os.sched_getaffinity(0)) // local_size)
@@ -71,7 +71,8 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
     # 1. processes and devices; cores are bound before any thread starts (threads inherit it)
     cores = None
     if config.bind_cores:
-        cores = bind_to_cores(_threads(config, int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))), announce=False)
+        local_size = int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
+        cores = bind_to_cores(threads_per_rank(config, local_size), announce=False)
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     setup_logging("train", rank=rank, level=logging.INFO if rank == 0 else logging.WARNING)
@@ -80,7 +81,7 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
     if spark_gpu_addresses is None:  # set by HorovodRunner's barrier tasks
         spark_gpu_addresses = [a for a in os.environ.get("PIPELINES_SPARK_GPUS", "").split(",") if a]
     apply_device(hvd.local_rank(), spark_gpu_addresses, announce=rank == 0)
-    threads = _threads(config, hvd.local_size())
+    threads = threads_per_rank(config, hvd.local_size())
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     start = time.perf_counter()
