@@ -171,7 +171,7 @@ def measure_throughput(data: str, batch_sizes: Sequence[int], warmup_steps: int,
     from pipelines.logs import setup_logging
     from pipelines.training.data import load_dataset, make_dataset, open_reader
     from pipelines.training.devices import apply_device, bind_to_cores
-    from pipelines.training.model import build_model
+    from pipelines.training.model import build_model, compile_distributed
     from pipelines.training.schedule import scaled_lr
 
     cores = bind_to_cores(threads, announce=False) if bind_cores else None  # before any thread starts
@@ -208,8 +208,7 @@ def measure_throughput(data: str, batch_sizes: Sequence[int], warmup_steps: int,
         for batch_size in batch_sizes:
             tf.keras.backend.clear_session()
             model = build_model(dataset.num_classes, size_px, 0.5, weights, seed=seed)
-            optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.Nadam(learning_rate=scaled_lr(base_lr, size)))
-            model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+            compile_distributed(model, scaled_lr(base_lr, size))
             timeline = os.path.join(timeline_dir, f"np{size}-b{batch_size}.json") if timeline_dir else None
             window = Window(timeline)
             with open_reader(dataset, "train", rank, size, os.path.join(cache_root, f"b{batch_size}"),

@@ -40,6 +40,18 @@ def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights
     return tf.keras.Model(inputs, outputs, name="xception_transfer")
 
 
+def compile_distributed(model, learning_rate: float) -> None:
+    """Compile for Horovod data-parallel training: ``Nadam(learning_rate)`` wrapped in
+    ``hvd.DistributedOptimizer`` (gradients averaged over ranks by allreduce), sparse categorical
+    cross-entropy on int32 labels, accuracy. ``learning_rate`` is already scaled by the world size
+    (:func:`pipelines.training.schedule.scaled_lr`). Needs ``hvd.init()`` first."""
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.Nadam(learning_rate=learning_rate))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+
+
 def export_model(model, path: str) -> None:
     """Save the model for inference (architecture + weights, no optimizer: Horovod's wrapped
     optimizer is not serialisable), atomically."""

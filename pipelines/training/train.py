@@ -65,7 +65,7 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
     from pipelines.training.data import default_cache_root, load_dataset, make_dataset, open_reader
     from pipelines.training.devices import apply_device, bind_to_cores
     from pipelines.training.evaluate import allreduce_totals, evaluate_dataset
-    from pipelines.training.model import build_model, export_model
+    from pipelines.training.model import build_model, compile_distributed, export_model
     from pipelines.training.schedule import checkpoint_path, newest_complete_checkpoint, plan_steps, scaled_lr
 
     # 1. processes and devices; cores are bound before any thread starts (threads inherit it)
@@ -112,8 +112,7 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
         model.get_layer("head").set_weights(full_model.get_layer("head").get_weights())
     else:
         model = full_model
-    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.Nadam(learning_rate=lr))
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    compile_distributed(model, lr)
 
     # 5. resume: rank 0 decides, everyone receives
     marker = newest_complete_checkpoint(config.output) if (config.resume and rank == 0) else None
