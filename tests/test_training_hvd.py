@@ -193,7 +193,9 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, tmp_
     assert "feature cache: computing" in first.stderr
     m = metrics(out)
     directory = m["feature_cache"]
-    assert feat.is_complete(directory) and m["test"]["count"] == manifest["splits"]["test"]["rows"]
+    rows = {s: manifest["splits"][s]["rows"] for s in ("train", "test")}
+    assert feat.is_complete(directory, rows) and m["test"]["count"] == manifest["splits"]["test"]["rows"]
+    assert not feat.is_complete(directory, {**rows, "test": rows["test"] - 1})  # a short set is not reused
     assert m["weights_checksum_per_rank"][0] == m["weights_checksum_per_rank"][1]
 
     # The exported whole model on raw images == its head on the cached features.

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pipelines.config import field
+from pipelines.paths import check_url_safe
 from pipelines.etl.images import DEFAULT_MAX_PIXELS
 
 
@@ -54,7 +55,8 @@ class ETLConfig:
         if self.num_partitions < 0:
             raise ValueError(f"--num-partitions must be >= 0, got {self.num_partitions}")
         self.input = os.path.abspath(os.path.expanduser(self.input))
-        self.output = os.path.abspath(os.path.expanduser(self.output))
+        # Training opens the output by file:// URL: refuse now what it could not open later.
+        self.output = check_url_safe(self.output, "--output")
 
     @staticmethod
     def default_partitions(default_parallelism: int) -> int:

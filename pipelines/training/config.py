@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pipelines.config import field
+from pipelines.paths import check_url_safe
 
 
 @dataclass
@@ -60,7 +61,7 @@ class TrainConfig:
             raise ValueError("--warmup-epochs, --patience and --image-size must be >= 0")
         if self.shuffle_buffer < 1:
             raise ValueError(f"--shuffle-buffer must be >= 1, got {self.shuffle_buffer}")
-        self.data = os.path.abspath(os.path.expanduser(self.data))
+        self.data = check_url_safe(self.data, "--data")
         self.output = os.path.abspath(os.path.expanduser(self.output))
         if self.weights not in ("imagenet", "none"):
             self.weights = os.path.abspath(os.path.expanduser(self.weights))

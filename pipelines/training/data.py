@@ -2,8 +2,10 @@
 
 Petastorm shards by whole row groups (rank ``r`` of ``n`` reads row groups ``r, r+n, ...``), so
 shards can differ by a row group; the step counts come from the manifest's global counts
-(:func:`pipelines.training.schedule.plan_steps`), and readers loop forever (``num_epochs=None``)
-so that every rank can always take its steps.
+(:func:`pipelines.training.schedule.plan_steps`), and training readers loop forever
+(``num_epochs=None``) so that every rank can always take its steps. One-pass reads (exact
+evaluation, the feature cache) read each row of a rank's shard exactly once with
+:class:`OnePassShard` and check the count against the Parquet metadata.
 """
 from __future__ import annotations
 
@@ -15,7 +17,11 @@ import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from pipelines.paths import check_url_safe, local_url
 
 MANIFEST = "manifest.json"
 
@@ -53,7 +59,7 @@ class Dataset:
 
     def split_url(self, split: str) -> str:
         """``file://`` URL of a split's Parquet folder, as Petastorm wants it."""
-        return "file://" + os.path.join(self.root, split)
+        return local_url(os.path.join(self.root, split))
 
     @property
     def row_bytes(self) -> int:
@@ -67,7 +73,9 @@ def load_dataset(root: str, world_size: int) -> Dataset:
     Raises:
         DataError: no manifest (not an ETL output), an empty split, or fewer row groups in a split
             than ranks (Petastorm would give some rank no data).
+        pipelines.paths.UnsafePathError: ``root`` holds a character a ``file://`` URL cannot carry.
     """
+    root = check_url_safe(root, "--data")
     path = os.path.join(root, MANIFEST)
     if not os.path.isfile(path):
         raise DataError(f"no {MANIFEST} in {root}: --data must be the output folder of jobs/etl.py")
@@ -105,14 +113,18 @@ def cache_size_bytes(data: Dataset, split: str, world_size: int) -> int:
 
 @contextlib.contextmanager
 def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_root: Optional[str],
-                num_epochs: Optional[int] = None, workers: int = 2, seed: int = 0) -> Iterator:
-    """A Petastorm batch reader of this rank's shard of ``split`` (``image``, ``label`` columns).
+                workers: int = 2, seed: int = 0) -> Iterator:
+    """A Petastorm batch reader of this rank's shard of ``split`` that loops forever (training).
+
+    Petastorm 0.13.1's thread pool can finish a bounded read (``num_epochs=1``) while its
+    ventilator still holds row groups, so one-pass reads never go through it: they use
+    :class:`OnePassShard`. Looping readers lose nothing that matters: the step counts come from
+    the manifest, not from the reader.
 
     Args:
         cache_root: when set, a local-disk cache in ``cache_root/rank<r>-<split>`` (one folder per
             rank and split: a closing reader deletes its whole cache folder, so readers must never
-            share one). ``None``: no cache (a single pass needs none).
-        num_epochs: ``None`` loops forever (training); 1 reads the shard once (evaluation).
+            share one). ``None``: no cache.
 
     Yields:
         the reader; it is stopped, joined and its cache removed on exit.
@@ -129,8 +141,8 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # raised from pyarrow's own modules here
         reader = make_batch_reader(data.split_url(split), schema_fields=["image", "label"],
-                                   cur_shard=rank, shard_count=world_size, num_epochs=num_epochs,
-                                   shuffle_row_groups=num_epochs is None, seed=seed,
+                                   cur_shard=rank, shard_count=world_size, num_epochs=None,
+                                   shuffle_row_groups=True, seed=seed,
                                    reader_pool_type="thread", workers_count=workers, **cache)
     try:
         yield reader
@@ -141,27 +153,103 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
             reader.cleanup_cache()
 
 
-def make_dataset(reader, stored_size: int, batch_size: int, model_size: int = 0,
-                 shuffle_buffer: int = 0, seed: int = 0, drop_remainder: bool = True, augment: bool = False):
-    """``tf.data`` pipeline over a Petastorm batch reader.
+class ShardCountError(RuntimeError):
+    """A one-pass read counted another number of rows than the Parquet metadata holds."""
 
-    Row groups of raw bytes are decoded to ``(n, stored_size, stored_size, 3)`` uint8, unbatched,
-    shuffled as single uint8 images in a bounded buffer (4x smaller than float32: shuffle before
-    converting), resized when ``model_size`` differs, converted with Xception's
-    ``preprocess_input`` (``x / 127.5 - 1``, float32 in [-1, 1]), flipped left-right at random when
-    ``augment``, batched and prefetched.
 
-    Returns:
-        a ``tf.data.Dataset`` of ``(images float32 (batch, s, s, 3), labels int32 (batch,))``.
+@dataclass(frozen=True)
+class RowGroup:
+    """One Parquet row group: its file ``path``, its ``index`` in that file, its ``rows``."""
+
+    path: str
+    index: int
+    rows: int
+
+
+def split_row_groups(split_dir: str) -> List[RowGroup]:
+    """Every row group of a split, files in name order and groups in file order (footers only)."""
+    import pyarrow.parquet as pq
+
+    names = sorted(n for n in os.listdir(split_dir) if n.endswith(".parquet") and not n.startswith(("_", ".")))
+    groups: List[RowGroup] = []
+    for name in names:
+        path = os.path.join(split_dir, name)
+        meta = pq.read_metadata(path)
+        groups += [RowGroup(path, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups)]
+    return groups
+
+
+class OnePassShard:
+    """Every row of one rank's shard of a split, exactly once, read with pyarrow.
+
+    The shard is row groups ``rank, rank + world_size, ...`` of :func:`split_row_groups`
+    (Petastorm's rule, so shards differ by at most one row group); the ranks' shards are disjoint
+    and cover the split. Reading is sequential, so no row can be lost to a worker pool, and every
+    consumer checks what it counted with :meth:`verify`: for evaluation and the feature cache.
+    """
+
+    def __init__(self, data: Dataset, split: str, rank: int, world_size: int):
+        self.data, self.split, self.rank, self.world_size = data, split, rank, world_size
+        self.groups = split_row_groups(os.path.join(data.root, split))[rank::world_size]
+        self.expected_rows = sum(g.rows for g in self.groups)
+
+    def batches(self) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+        """One ``(images uint8 (n, s, s, 3), labels int32 (n,))`` per row group, in shard order.
+
+        Raises:
+            ShardCountError: a row group holds another number of rows than its footer says.
+            DataError: an image that is not ``image_size ** 2 * 3`` bytes.
+        """
+        import pyarrow.parquet as pq
+
+        s = self.data.image_size
+        for group in self.groups:
+            table = pq.ParquetFile(group.path).read_row_group(group.index, columns=["image", "label"])
+            if table.num_rows != group.rows:
+                raise ShardCountError(f"{group.path} row group {group.index}: read {table.num_rows} rows, "
+                                      f"its footer says {group.rows}")
+            column = table.column("image").combine_chunks()
+            offsets = np.frombuffer(column.buffers()[1], np.int32, len(column) + 1, column.offset * 4)
+            if np.any(np.diff(offsets) != self.data.row_bytes):
+                raise DataError(f"{group.path}: an image is not {s}x{s}x3 bytes as the manifest says")
+            pixels = np.frombuffer(column.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
+            yield pixels.reshape(-1, s, s, 3), table.column("label").to_numpy().astype(np.int32)
+
+    def dataset(self, batch_size: int, model_size: int = 0):
+        """``tf.data`` over :meth:`batches`: ``(float32 (b, m, m, 3), int32 (b,))``, the last batch
+        possibly smaller, preprocessed exactly as :func:`make_dataset` does."""
+        import tensorflow as tf
+
+        s = self.data.image_size
+        ds = tf.data.Dataset.from_generator(self.batches, output_signature=(
+            tf.TensorSpec((None, s, s, 3), tf.uint8), tf.TensorSpec((None,), tf.int32)))
+        ds = ds.unbatch().map(preprocessor(s, model_size), num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+    def verify(self, counted: int) -> None:
+        """Raise :class:`ShardCountError` unless ``counted`` equals the shard's rows (metadata)."""
+        if counted != self.expected_rows:
+            raise ShardCountError(f"rank {self.rank} counted {counted} rows of its {self.split} shard, whose "
+                                  f"Parquet metadata holds {self.expected_rows}")
+
+
+def verify_total(counted: int, data: Dataset, split: str) -> None:
+    """Raise :class:`ShardCountError` unless the rows counted over all ranks equal the manifest's."""
+    expected = data.train_rows if split == "train" else data.test_rows
+    if counted != expected:
+        raise ShardCountError(f"all ranks counted {counted} rows of the {split} split; the manifest says {expected}")
+
+
+def preprocessor(stored_size: int, model_size: int = 0, augment: bool = False, seed: int = 0):
+    """The per-image map of every input path: uint8 ``(s, s, 3)`` -> float32 ``(m, m, 3)``.
+
+    Resized (antialiased) when ``model_size`` differs from ``stored_size``, then Xception's
+    ``preprocess_input`` (``x / 127.5 - 1``, in [-1, 1]), then a random left-right flip when
+    ``augment``.
     """
     import tensorflow as tf
-    from petastorm.tf_utils import make_petastorm_dataset
 
     size = model_size or stored_size
-
-    def decode(batch):
-        images = tf.io.decode_raw(batch.image, tf.uint8)
-        return tf.reshape(images, [-1, stored_size, stored_size, 3]), tf.cast(batch.label, tf.int32)
 
     def preprocess(image, label):
         image = tf.cast(image, tf.float32)
@@ -172,11 +260,33 @@ def make_dataset(reader, stored_size: int, batch_size: int, model_size: int = 0,
             image = tf.image.random_flip_left_right(image, seed=seed)
         return image, label
 
+    return preprocess
+
+
+def make_dataset(reader, stored_size: int, batch_size: int, model_size: int = 0,
+                 shuffle_buffer: int = 0, seed: int = 0, augment: bool = False):
+    """``tf.data`` pipeline over a looping Petastorm batch reader (training and validation).
+
+    Row groups of raw bytes are decoded to ``(n, stored_size, stored_size, 3)`` uint8, unbatched,
+    shuffled as single uint8 images in a bounded buffer (4x smaller than float32: shuffle before
+    converting), mapped with :func:`preprocessor`, batched (full batches only: every rank takes the
+    same steps) and prefetched.
+
+    Returns:
+        a ``tf.data.Dataset`` of ``(images float32 (batch, s, s, 3), labels int32 (batch,))``.
+    """
+    import tensorflow as tf
+    from petastorm.tf_utils import make_petastorm_dataset
+
+    def decode(batch):
+        images = tf.io.decode_raw(batch.image, tf.uint8)
+        return tf.reshape(images, [-1, stored_size, stored_size, 3]), tf.cast(batch.label, tf.int32)
+
     ds = make_petastorm_dataset(reader).map(decode).unbatch()
     if shuffle_buffer > 1:
         ds = ds.shuffle(shuffle_buffer, seed=seed)
-    ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
+    ds = ds.map(preprocessor(stored_size, model_size, augment, seed), num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def default_cache_root() -> str:

@@ -44,9 +44,15 @@ def feature_dir(data_root: str, key: str) -> str:
     return os.path.join(data_root, "features", key)
 
 
-def is_complete(directory: str) -> bool:
-    """Whether every rank finished writing this feature set (rank 0 writes the marker last)."""
-    return os.path.isfile(os.path.join(directory, COMPLETE))
+def is_complete(directory: str, rows: dict) -> bool:
+    """Whether every rank finished writing this feature set (rank 0 writes the marker last) and it
+    holds ``rows`` (``{"train": n, "test": m}``, the manifest's counts): a set computed from
+    other data, or short, is not reused."""
+    try:
+        with open(os.path.join(directory, COMPLETE)) as f:
+            return json.load(f).get("rows") == rows
+    except (OSError, ValueError):
+        return False
 
 
 def write_shard(directory: str, split: str, rank: int, features: np.ndarray, labels: np.ndarray) -> str:

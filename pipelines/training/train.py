@@ -64,7 +64,6 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
     from pipelines.training import features as feat
     from pipelines.training.data import default_cache_root, load_dataset, make_dataset, open_reader
     from pipelines.training.devices import apply_device, bind_to_cores
-    from pipelines.training.evaluate import allreduce_totals, evaluate_dataset
     from pipelines.training.model import build_model, compile_distributed, export_model
     from pipelines.training.schedule import checkpoint_path, newest_complete_checkpoint, plan_steps, scaled_lr
 
@@ -194,17 +193,9 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
 
     # 7. exact evaluation of the best weights on the whole test split
     if use_features:
-        test_ds = feat.feature_dataset(*feat.read_shard(features_at, "test", rank, size), config.batch_size,
-                                       shuffle=False, seed=0, repeat=False, drop_remainder=False)
-        totals = allreduce_totals(evaluate_dataset(model, test_ds))
         # The exported model is the whole one: backbone + the head just trained.
         full_model.get_layer("head").set_weights(model.get_layer("head").get_weights())
-    else:
-        with open_reader(data, "test", rank, size, cache_root=None, num_epochs=1,
-                         workers=config.reader_workers) as test_reader:
-            test_ds = make_dataset(test_reader, data.image_size, config.batch_size, image_size,
-                                   drop_remainder=False)
-            totals = allreduce_totals(evaluate_dataset(model, test_ds))
+    totals = evaluate(model, data, rank, size, config.batch_size, image_size, features_at)
     checksums = hvd_tf.allgather_object(weights_checksum(model), name="weights_checksums")
     epochs_per_rank = hvd_tf.allgather_object(epoch_stats.epochs_run, name="epochs_run")
 
@@ -255,11 +246,11 @@ def ensure_features(config: TrainConfig, data, full_model, image_size: int, rank
     import horovod.tensorflow as hvd_tf
 
     from pipelines.training import features as feat
-    from pipelines.training.data import make_dataset, open_reader
+    from pipelines.training.data import OnePassShard, verify_total
 
     key = feat.feature_key(config.weights, image_size, config.seed)
     directory = feat.feature_dir(config.data, key)
-    if feat.is_complete(directory):
+    if feat.is_complete(directory, {"train": data.train_rows, "test": data.test_rows}):
         if rank == 0:
             log.info("feature cache: reusing %s", directory)
         return directory
@@ -270,17 +261,48 @@ def ensure_features(config: TrainConfig, data, full_model, image_size: int, rank
     backbone = full_model.get_layer("xception")
     start, counts = time.perf_counter(), {}
     for split in ("train", "test"):
-        with open_reader(data, split, rank, size, cache_root=None, num_epochs=1,
-                         workers=config.reader_workers) as reader:
-            ds = make_dataset(reader, data.image_size, config.batch_size, image_size, drop_remainder=False)
-            features, labels = feat.compute_shard(backbone, ds)
+        shard = OnePassShard(data, split, rank, size)
+        features, labels = feat.compute_shard(backbone, shard.dataset(config.batch_size, image_size))
+        shard.verify(len(labels))
         feat.write_shard(directory, split, rank, features, labels)
         counts[split] = sum(hvd_tf.allgather_object(len(labels), name=f"feature_rows_{split}"))
+        verify_total(counts[split], data, split)
     if rank == 0:
         feat.mark_complete(directory, counts, key)
         log.info("feature cache: %s rows in %.1f s", counts, time.perf_counter() - start)
     hvd_tf.broadcast_object(None, root_rank=0, name="features_complete")
     return directory
+
+
+def evaluate(model, data, rank: int, size: int, batch_size: int, image_size: int,
+             features_at: Optional[str] = None):
+    """Exact totals of ``model`` over the whole test split: each rank reads its shard once, the
+    sums are added over ranks, and the rows counted are checked against the Parquet metadata (per
+    rank) and the manifest (in total), so a short read fails the run instead of being reported.
+
+    With ``features_at``, ``model`` is the head and reads the cached features of the test split.
+
+    Returns:
+        :class:`pipelines.training.evaluate.Totals`, the same on every rank.
+
+    Raises:
+        pipelines.training.data.ShardCountError: a count differs from the metadata or manifest.
+    """
+    from pipelines.training import features as feat
+    from pipelines.training.data import OnePassShard, verify_total
+    from pipelines.training.evaluate import allreduce_totals, evaluate_dataset
+
+    if features_at:
+        test_ds = feat.feature_dataset(*feat.read_shard(features_at, "test", rank, size), batch_size,
+                                       shuffle=False, seed=0, repeat=False, drop_remainder=False)
+        totals = evaluate_dataset(model, test_ds)
+    else:
+        shard = OnePassShard(data, "test", rank, size)
+        totals = evaluate_dataset(model, shard.dataset(batch_size, image_size))
+        shard.verify(totals.count)
+    totals = allreduce_totals(totals)
+    verify_total(totals.count, data, "test")
+    return totals
 
 
 def _steady_state(history: List[Dict]) -> Optional[float]:

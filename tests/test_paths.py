@@ -1,0 +1,52 @@
+"""Local paths become file:// URLs in one place: absolute, and refused when a URL cannot carry them."""
+import os
+import string
+
+import pytest
+
+from pipelines.paths import UnsafePathError, check_url_safe, local_url, url_breakers
+from pipelines.training.data import load_dataset, open_reader
+from tests.datagen import write_dataset
+
+BREAKERS = ["#", "?", "\t", "\n", "\r"]
+# Every other printable ASCII character, and non-ASCII letters, marks and spaces.
+SAFE = [c for c in string.printable if c not in BREAKERS + ["/", "\x0b", "\x0c"]] + ["é", "ß", "日", "\u0301",
+                                                                                      "\u00a0", "\u3000", "😀"]
+
+
+@pytest.mark.parametrize("ch", BREAKERS)
+def test_url_breakers_are_refused_with_the_character_named(ch, tmp_path):
+    assert url_breakers(f"/a/b{ch}c") == [ch]
+    with pytest.raises(UnsafePathError, match=repr(ch).replace("\\", "\\\\").replace("?", r"\?")):
+        check_url_safe(str(tmp_path / f"etl{ch}v2"), "--data")
+
+
+def test_relative_paths_become_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert local_url("data72/train") == "file://" + str(tmp_path / "data72" / "train")
+    assert check_url_safe("~/x", "--data") == os.path.expanduser("~/x")
+
+
+@pytest.fixture(scope="module")
+def weird_root(tmp_path_factory):
+    """One folder whose name holds every safe character at once."""
+    name = "".join(SAFE).replace("\x00", "")
+    root = tmp_path_factory.mktemp("paths") / ("etl " + name.strip())
+    write_dataset(str(root), train_groups=[2], test_groups=[2])
+    return str(root)
+
+
+def test_every_safe_character_reaches_petastorm(weird_root, tmp_path, monkeypatch):
+    assert url_breakers(weird_root) == []
+    for root in (weird_root, os.path.relpath(weird_root)):
+        data = load_dataset(root, world_size=1)
+        assert os.path.isabs(data.root)
+        with open_reader(data, "train", 0, 1, cache_root=str(tmp_path / "cache")) as reader:
+            batch = next(reader)
+        assert set(batch.label.tolist()) <= {0, 1} and len(batch.label) >= 1
+
+
+def test_petastorm_would_misread_an_unsafe_path(tmp_path):
+    """Why the refusal exists: without it, 'etl#v2' reads the sibling 'etl'."""
+    from urllib.parse import urlparse
+    assert urlparse("file://" + str(tmp_path / "etl#v2") + "/train").path == str(tmp_path / "etl")
