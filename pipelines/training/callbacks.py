@@ -1,7 +1,6 @@
 """Keras callbacks of the training job (besides Horovod's own)."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -10,6 +9,7 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
+from pipelines.atomic import write_json
 from pipelines.training.schedule import checkpoint_path, marker_path
 
 log = logging.getLogger("pipelines")
@@ -100,10 +100,7 @@ class CheckpointMarker(tf.keras.callbacks.Callback):
         marker = {"epoch": number, "weights": os.path.basename(weights),
                   "weights_bytes": os.path.getsize(weights), "logs": self.history[-1],
                   "history": self.history, "early_stopping": self.early_stopping.state()}
-        tmp = marker_path(self.directory, number) + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(marker, f, indent=1)
-        os.replace(tmp, marker_path(self.directory, number))
+        write_json(marker_path(self.directory, number), marker, indent=1)
         self._prune(keep={number, marker["early_stopping"]["best_epoch"]})
 
     def _prune(self, keep) -> None:

@@ -35,10 +35,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if config.spark_np:
             setup_logging("train driver")
             if config.spark_np < 0 and config.bind_cores:  # local ranks: the cores are this machine's, check now
-                from pipelines.training.devices import rank_cores
-                from pipelines.training.train import threads_per_rank
+                from pipelines.training.devices import rank_cores, threads_per_rank
                 ranks = -config.spark_np
-                rank_cores(0, ranks, threads_per_rank(config, ranks), os.sched_getaffinity(0))
+                rank_cores(0, ranks, threads_per_rank(config.threads, ranks), os.sched_getaffinity(0))
             if config.spark_np > 0:
                 from pipelines.spark import spark_session
                 spark_session("pipelines-train")

@@ -9,9 +9,31 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 log = logging.getLogger("pipelines")
+
+# Set by HorovodRunner's barrier tasks: the GPU addresses Spark assigned to the task, comma-separated.
+SPARK_GPUS_ENV = "PIPELINES_SPARK_GPUS"
+
+
+def local_topology() -> Tuple[int, int]:
+    """``(local_rank, local_size)`` of this process from Horovod's launch environment
+    (``HOROVOD_LOCAL_RANK``/``HOROVOD_LOCAL_SIZE``), readable before ``hvd.init()``; a lone
+    process is rank 0 of 1."""
+    return int(os.environ.get("HOROVOD_LOCAL_RANK", "0")), int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
+
+
+def spark_gpu_addresses() -> List[str]:
+    """The GPU addresses Spark assigned to this rank's task (empty outside Spark barrier tasks)."""
+    return [a for a in os.environ.get(SPARK_GPUS_ENV, "").split(",") if a]
+
+
+def threads_per_rank(threads: int, local_size: int) -> int:
+    """``threads`` when set (``--threads``), else the cores this process may use (its CPU affinity:
+    a container's or a scheduler's cpuset, not the whole machine) shared among the host's
+    ``local_size`` ranks, at least 1."""
+    return threads or max(1, len(os.sched_getaffinity(0)) // local_size)
 
 
 @dataclass(frozen=True)
@@ -101,8 +123,7 @@ def bind_to_cores(threads: int, announce: bool = True) -> List[int]:
 
     Returns the cores. Raises ``ValueError`` as :func:`rank_cores` does.
     """
-    local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
-    local_size = int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
+    local_rank, local_size = local_topology()
     cores = rank_cores(local_rank, local_size, threads, os.sched_getaffinity(0))
     os.sched_setaffinity(0, cores)
     if announce:

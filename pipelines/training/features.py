@@ -18,6 +18,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from pipelines.atomic import replacing, write_json
+
 log = logging.getLogger("pipelines")
 COMPLETE = "_COMPLETE.json"
 FEATURE_DIM = 2048  # Xception's pooled output
@@ -65,8 +67,8 @@ def write_shard(directory: str, split: str, rank: int, features: np.ndarray, lab
     flat = pa.array(features.astype(np.float32).reshape(-1))
     table = pa.table({"features": pa.FixedSizeListArray.from_arrays(flat, features.shape[1]),
                       "label": pa.array(labels.astype(np.int32))})
-    pq.write_table(table, path + ".tmp", compression="snappy")
-    os.replace(path + ".tmp", path)
+    with replacing(path) as tmp:
+        pq.write_table(table, tmp, compression="snappy")
     return path
 
 
@@ -95,9 +97,7 @@ def compute_shard(backbone, dataset) -> Tuple[np.ndarray, np.ndarray]:
 
 def mark_complete(directory: str, counts: dict, key: str) -> None:
     """Rank 0, after every rank has written: record the counts, making the set reusable."""
-    with open(os.path.join(directory, COMPLETE + ".tmp"), "w") as f:
-        json.dump({"key": key, "rows": counts}, f)
-    os.replace(os.path.join(directory, COMPLETE + ".tmp"), os.path.join(directory, COMPLETE))
+    write_json(os.path.join(directory, COMPLETE), {"key": key, "rows": counts})
 
 
 def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int = FEATURE_DIM):

@@ -57,8 +57,9 @@ def export_model(model, path: str) -> None:
     optimizer is not serialisable), atomically."""
     import tensorflow as tf
 
+    from pipelines.atomic import replacing
+
     clean = tf.keras.models.clone_model(model)
     clean.set_weights(model.get_weights())
-    tmp = path + ".tmp.keras"
-    clean.save(tmp)
-    os.replace(tmp, path)
+    with replacing(path, suffix=".keras") as tmp:
+        clean.save(tmp)

@@ -1,34 +1,72 @@
 """The training job: one function, run by every Horovod rank (``horovodrun`` or Spark tasks).
 
-Steps, in order (each rank runs all of them; side effects are rank 0's):
-
-1. Horovod init, device placement, threads.
-2. Dataset from the ETL manifest; refusals (no manifest, fewer row groups than ranks, batch
-   too large) happen here, identically on every rank.
-3. Steps and learning rate: ``global_batch = batch_size * size``, ``steps = rows // global_batch``,
-   ``lr = base_lr * size`` (:mod:`pipelines.training.schedule`).
-4. Model: frozen Xception + dropout + softmax, ``Nadam(lr)`` wrapped in ``hvd.DistributedOptimizer``.
-5. Resume: rank 0 finds the newest complete checkpoint; epoch, state and weights reach every
-   rank by broadcast.
-6. ``fit`` on Petastorm readers created once for the whole run (train and validation).
-7. Best weights restored on every rank; exact evaluation on the whole test split.
-8. Rank 0 writes ``metrics.json``, ``model.keras`` and ``class_names.json``.
+:func:`run_training` reads top to bottom as the job's steps; each rank runs all of them, and the
+side effects (checkpoints, logs, reports, the exported model) are rank 0's, stated once in
+:func:`make_callbacks` and :func:`save_outputs`. Resume is decided in one place, :func:`restore`.
+The input path (images, or cached backbone features) is an object from
+:mod:`pipelines.training.inputs`; nothing else here depends on which one it is.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import logging
 import os
 import shutil
 import time
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from pipelines.config import to_dict
 from pipelines.training.config import TrainConfig
 
 log = logging.getLogger("pipelines")
+
+
+@dataclass(frozen=True)
+class Rank:
+    """This process in the Horovod world: global ``rank`` of ``size``, ``local_rank`` of
+    ``local_size`` on its host, TensorFlow intra-op ``threads``, and the ``cores`` it is bound to."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    threads: int
+    cores: Optional[List[int]] = None
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What every rank computes identically before training: data, steps, learning rate."""
+
+    data: object  # pipelines.training.data.Dataset
+    steps: object  # pipelines.training.schedule.Steps
+    lr: float
+    model_image_size: int  # TrainConfig.image_size; 0 = the ETL's size
+
+    @property
+    def image_size(self) -> int:
+        """Side of the model's input in pixels: ``--image-size``, or the stored images' size."""
+        return self.model_image_size or self.data.image_size
+
+
+@dataclass
+class Resume:
+    """Where training starts: after ``initial_epoch`` (0 = fresh), with the history and the
+    early-stopping state of the checkpoint it resumes from, and the best weights so far."""
+
+    marker: Optional[Dict] = None
+    best_weights: Optional[list] = None
+    checksums: Optional[List[str]] = None
+    history: List[Dict] = field(default_factory=list)
+
+    @property
+    def initial_epoch(self) -> int:
+        return self.marker["epoch"] if self.marker else 0
+
+    def finished(self, epochs: int) -> bool:
+        """Whether the resumed run had already stopped early or run all ``epochs``."""
+        return bool(self.marker) and (self.marker["early_stopping"]["stopped"] or self.initial_epoch >= epochs)
 
 
 def weights_checksum(model) -> str:
@@ -39,13 +77,162 @@ def weights_checksum(model) -> str:
     return digest.hexdigest()
 
 
-def threads_per_rank(config: TrainConfig, local_size: int) -> int:
-    """``--threads``, or the cores this process may use (its CPU affinity: a container's or a
-    scheduler's cpuset, not the whole machine) shared among the host's ranks."""
-    return config.threads or max(1, len(os.sched_getaffinity(0)) // local_size)
+def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
+    """Start this rank: bind cores (before any thread starts: threads inherit the binding),
+    ``hvd.init()``, logging (rank 0 at INFO, others at WARNING), device placement, TensorFlow
+    threads. Used by the job and by the scaling benchmark, so both train on the same set-up."""
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    from pipelines.logs import setup_logging
+    from pipelines.training.devices import apply_device, bind_to_cores, local_topology, spark_gpu_addresses
+    from pipelines.training.devices import threads_per_rank
+
+    cores = None
+    if config.bind_cores:
+        cores = bind_to_cores(threads_per_rank(config.threads, local_topology()[1]), announce=False)
+    hvd.init()
+    rank = Rank(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
+                threads_per_rank(config.threads, hvd.local_size()), cores)
+    setup_logging(job, rank=rank.rank, level=logging.INFO if rank.rank == 0 else logging.WARNING)
+    if cores and rank.rank == 0:
+        log.info("each rank bound to %d core(s) of its own (rank 0: %s)", len(cores), cores)
+    apply_device(rank.local_rank, spark_gpu_addresses(), announce=rank.rank == 0)
+    tf.config.threading.set_intra_op_parallelism_threads(rank.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    return rank
 
 
-def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] = None) -> Dict:
+def plan_run(config: TrainConfig, rank: Rank) -> RunPlan:
+    """Dataset from the manifest, steps and scaled learning rate; refusals happen here, the same
+    on every rank (:class:`~pipelines.training.data.DataError`, ``ValueError``)."""
+    from pipelines.training.data import load_dataset
+    from pipelines.training.schedule import plan_steps, scaled_lr
+
+    data = load_dataset(config.data, rank.size)
+    plan = RunPlan(data, plan_steps(data.train_rows, data.test_rows, config.batch_size, rank.size),
+                   scaled_lr(config.base_lr, rank.size), config.image_size)
+    if rank.rank == 0:
+        s = plan.steps
+        log.info("world size %d, %d threads per rank; batch %d per rank, global batch %d; "
+                 "%d steps per epoch, %d validation steps; lr %g = %g x %d", rank.size, rank.threads,
+                 config.batch_size, s.global_batch, s.steps_per_epoch, s.validation_steps, plan.lr,
+                 config.base_lr, rank.size)
+        os.makedirs(config.output, exist_ok=True)
+    return plan
+
+
+def restore(config: TrainConfig, model, rank: Rank) -> Resume:
+    """With ``--resume``, rank 0 finds the newest complete checkpoint and loads it and the best
+    weights so far; the marker (epoch, history, early-stopping state) and the weights reach every
+    rank by broadcast. Without a checkpoint, training starts at epoch 1."""
+    import horovod.tensorflow as hvd_tf
+    import tensorflow as tf
+
+    from pipelines.training.schedule import checkpoint_path, newest_complete_checkpoint
+
+    marker = newest_complete_checkpoint(config.output) if (config.resume and rank.rank == 0) else None
+    marker = hvd_tf.broadcast_object(marker, root_rank=0, name="resume_marker")
+    if not marker:
+        if config.resume and rank.rank == 0:
+            log.info("--resume: no complete checkpoint in %s, starting from epoch 1", config.output)
+        return Resume()
+    best_weights = None
+    if rank.rank == 0:
+        model.load_weights(os.path.join(config.output, marker["weights"]))
+        best_epoch = marker["early_stopping"]["best_epoch"]
+        best_model = tf.keras.models.clone_model(model)
+        best_model.load_weights(checkpoint_path(config.output, best_epoch))
+        best_weights = best_model.get_weights()
+        log.info("resuming after epoch %d (checkpoint %s; best epoch so far %d)",
+                 marker["epoch"], marker["weights"], best_epoch)
+    hvd_tf.broadcast_variables(model.variables, root_rank=0)
+    best_weights = hvd_tf.broadcast_object(best_weights, root_rank=0, name="best_weights")
+    checksums = hvd_tf.allgather_object(weights_checksum(model), name="resume_checksums")
+    return Resume(marker, best_weights, checksums, list(marker["history"]))
+
+
+def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resume):
+    """Horovod's broadcast, metric averaging and warmup, epoch statistics and early stopping on
+    every rank; checkpoints, their markers, ``history.csv`` and TensorBoard on rank 0 only.
+
+    Returns ``(callbacks, early_stopping, epoch_stats)``.
+    """
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    from pipelines.training import callbacks as cb
+
+    early_stopping = cb.BestWeightsEarlyStopping(
+        state=resume.marker["early_stopping"] if resume.marker else None, best_weights=resume.best_weights,
+        monitor="val_accuracy", patience=config.patience, min_delta=config.min_delta, verbose=0)
+    epoch_stats = cb.EpochStats(plan.steps.steps_per_epoch, plan.steps.global_batch)
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), epoch_stats,
+                 hvd.callbacks.MetricAverageCallback()]
+    if config.warmup_epochs > 0:
+        callbacks.append(hvd.callbacks.LearningRateWarmupCallback(
+            initial_lr=plan.lr, warmup_epochs=config.warmup_epochs,
+            steps_per_epoch=plan.steps.steps_per_epoch, verbose=0))
+    callbacks.append(early_stopping)
+    if rank.rank == 0:
+        callbacks += [
+            tf.keras.callbacks.ModelCheckpoint(os.path.join(config.output, "checkpoint-{epoch}.h5"),
+                                               save_weights_only=True),
+            cb.CheckpointMarker(config.output, early_stopping, resume.history),
+            tf.keras.callbacks.CSVLogger(os.path.join(config.output, "history.csv"), append=bool(resume.marker)),
+        ]
+        if config.tensorboard:
+            callbacks.append(tf.keras.callbacks.TensorBoard(os.path.join(config.output, "tensorboard"),
+                                                            profile_batch=0))
+    callbacks.append(cb.FaultInjection(rank.rank))
+    return callbacks, early_stopping, epoch_stats
+
+
+def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume, callbacks) -> float:
+    """``fit`` from ``resume``'s epoch on the input path's datasets (readers live for the whole
+    run); when the resumed run had already finished, only restore its best weights.
+
+    Returns the seconds spent in ``fit``.
+    """
+    from pipelines.training.data import default_cache_root
+
+    if resume.finished(config.epochs):
+        inputs.model.set_weights(resume.best_weights)
+        return 0.0
+    cache_root = config.cache_dir or default_cache_root()
+    try:
+        with inputs.fit_datasets(cache_root) as (train_ds, val_ds):
+            start = time.perf_counter()
+            inputs.model.fit(train_ds, epochs=config.epochs, initial_epoch=resume.initial_epoch,
+                             steps_per_epoch=plan.steps.steps_per_epoch, validation_data=val_ds,
+                             validation_steps=plan.steps.validation_steps, callbacks=callbacks,
+                             verbose=2 if rank.rank == 0 else 0)
+            return time.perf_counter() - start
+    finally:
+        if not config.cache_dir:
+            shutil.rmtree(cache_root, ignore_errors=True)
+
+
+def evaluate(inputs, plan: RunPlan):
+    """Exact totals of the trained model over the whole test split: each rank reads its shard
+    once (count checked against the Parquet footers), the sums are added over ranks, and the
+    total count is checked against the manifest, so a short read fails the run.
+
+    Returns:
+        :class:`pipelines.training.evaluate.Totals`, the same on every rank.
+
+    Raises:
+        pipelines.training.data.ShardCountError: a count differs from the metadata or manifest.
+    """
+    from pipelines.training.data import verify_total
+    from pipelines.training.evaluate import allreduce_totals
+
+    totals = allreduce_totals(inputs.evaluate_shard(inputs.model))
+    verify_total(totals.count, plan.data, "test")
+    return totals
+
+
+def run_training(config: TrainConfig) -> Dict:
     """Train on every rank and return the run's report (the content of ``metrics.json``).
 
     Must be called once per process, by every rank (``horovodrun -np N``, Spark barrier tasks, or
@@ -55,165 +242,51 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
         pipelines.training.data.DataError: the dataset cannot feed this run.
         ValueError: a batch size the data cannot fill.
     """
-    import horovod.tensorflow as hvd_tf  # collectives on Python objects and variables
-    import horovod.tensorflow.keras as hvd
-    import tensorflow as tf
+    from pipelines.training.inputs import make_inputs
+    from pipelines.training.model import build_model, compile_distributed
 
-    from pipelines.logs import setup_logging
-    from pipelines.training import callbacks as cb
-    from pipelines.training import features as feat
-    from pipelines.training.data import default_cache_root, load_dataset, make_dataset, open_reader
-    from pipelines.training.devices import apply_device, bind_to_cores
-    from pipelines.training.model import build_model, compile_distributed, export_model
-    from pipelines.training.schedule import checkpoint_path, newest_complete_checkpoint, plan_steps, scaled_lr
-
-    # 1. processes and devices; cores are bound before any thread starts (threads inherit it)
-    cores = None
-    if config.bind_cores:
-        local_size = int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
-        cores = bind_to_cores(threads_per_rank(config, local_size), announce=False)
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    setup_logging("train", rank=rank, level=logging.INFO if rank == 0 else logging.WARNING)
-    if cores and rank == 0:
-        log.info("each rank bound to %d core(s) of its own (rank 0: %s)", len(cores), cores)
-    if spark_gpu_addresses is None:  # set by HorovodRunner's barrier tasks
-        spark_gpu_addresses = [a for a in os.environ.get("PIPELINES_SPARK_GPUS", "").split(",") if a]
-    apply_device(hvd.local_rank(), spark_gpu_addresses, announce=rank == 0)
-    threads = threads_per_rank(config, hvd.local_size())
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
+    rank = setup_rank(config)
     start = time.perf_counter()
+    plan = plan_run(config, rank)
+    full_model = build_model(plan.data.num_classes, plan.image_size, config.dropout, config.weights,
+                             seed=config.seed)
+    inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.image_size)
+    compile_distributed(inputs.model, plan.lr)
+    resume = restore(config, inputs.model, rank)
+    callbacks, early_stopping, epoch_stats = make_callbacks(config, rank, plan, resume)
+    seconds_before_fit = time.perf_counter() - start
+    fit_seconds = train(config, rank, plan, inputs, resume, callbacks)
+    totals = evaluate(inputs, plan)
+    report = build_report(config, rank, plan, inputs, resume, totals, early_stopping, epoch_stats)
+    report.update(seconds_before_fit=seconds_before_fit, fit_seconds=fit_seconds,
+                  total_seconds=time.perf_counter() - start)
+    if rank.rank == 0:
+        save_outputs(config, report, inputs.exported_model(), plan.data.class_names)
+    return report
 
-    # 2-3. data, steps, learning rate: the same on every rank
-    data = load_dataset(config.data, size)
-    steps = plan_steps(data.train_rows, data.test_rows, config.batch_size, size)
-    lr = scaled_lr(config.base_lr, size)
-    image_size = config.image_size or data.image_size
-    if rank == 0:
-        log.info("world size %d, %d threads per rank; batch %d per rank, global batch %d; "
-                 "%d steps per epoch, %d validation steps; lr %g = %g x %d",
-                 size, threads, config.batch_size, steps.global_batch, steps.steps_per_epoch,
-                 steps.validation_steps, lr, config.base_lr, size)
-        os.makedirs(config.output, exist_ok=True)
 
-    # 4. model: the whole model, or only its head on cached backbone features
-    full_model = build_model(data.num_classes, image_size, config.dropout, config.weights, seed=config.seed)
-    not_applicable = feat.inapplicable_reason(config) if config.feature_cache else None
-    use_features = config.feature_cache and not_applicable is None
-    if not_applicable and rank == 0:
-        log.info("feature cache off: %s; training the whole model on images", not_applicable)
-    features_at = None
-    if use_features:
-        features_at = ensure_features(config, data, full_model, image_size, rank, size)
-        model = feat.build_head(data.num_classes, config.dropout, config.seed)
-        # Start from the whole model's initial head, so both paths train the same function from the same point.
-        model.get_layer("head").set_weights(full_model.get_layer("head").get_weights())
-    else:
-        model = full_model
-    compile_distributed(model, lr)
+def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume, totals,
+                 early_stopping, epoch_stats) -> Dict:
+    """The run's report: config, world, arithmetic, history, exact test metrics and the weight
+    checksums of every rank (gathered here: every rank must call it)."""
+    import horovod.tensorflow as hvd_tf
 
-    # 5. resume: rank 0 decides, everyone receives
-    marker = newest_complete_checkpoint(config.output) if (config.resume and rank == 0) else None
-    marker = hvd_tf.broadcast_object(marker, root_rank=0, name="resume_marker")
-    best_weights, resume_checksums = None, None
-    initial_epoch, history = 0, []
-    if marker:
-        initial_epoch, history = marker["epoch"], list(marker["history"])
-        if rank == 0:
-            model.load_weights(os.path.join(config.output, marker["weights"]))
-            best_epoch = marker["early_stopping"]["best_epoch"]
-            best_model = tf.keras.models.clone_model(model)
-            best_model.load_weights(checkpoint_path(config.output, best_epoch))
-            best_weights = best_model.get_weights()
-            log.info("resuming after epoch %d (checkpoint %s; best epoch so far %d)",
-                     initial_epoch, marker["weights"], best_epoch)
-        hvd_tf.broadcast_variables(model.variables, root_rank=0)
-        best_weights = hvd_tf.broadcast_object(best_weights, root_rank=0, name="best_weights")
-        resume_checksums = hvd_tf.allgather_object(weights_checksum(model), name="resume_checksums")
-    elif config.resume and rank == 0:
-        log.info("--resume: no complete checkpoint in %s, starting from epoch 1", config.output)
-
-    # 6. fit, on readers that live for the whole run
-    early_stopping = cb.BestWeightsEarlyStopping(
-        state=marker["early_stopping"] if marker else None, best_weights=best_weights,
-        monitor="val_accuracy", patience=config.patience, min_delta=config.min_delta, verbose=0)
-    epoch_stats = cb.EpochStats(steps.steps_per_epoch, steps.global_batch)
-    callbacks = [
-        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-        epoch_stats,
-        hvd.callbacks.MetricAverageCallback(),
-    ]
-    if config.warmup_epochs > 0:
-        callbacks.append(hvd.callbacks.LearningRateWarmupCallback(
-            initial_lr=lr, warmup_epochs=config.warmup_epochs, steps_per_epoch=steps.steps_per_epoch,
-            verbose=0))
-    callbacks.append(early_stopping)
-    if rank == 0:
-        callbacks += [
-            tf.keras.callbacks.ModelCheckpoint(os.path.join(config.output, "checkpoint-{epoch}.h5"),
-                                               save_weights_only=True),
-            cb.CheckpointMarker(config.output, early_stopping, history),
-            tf.keras.callbacks.CSVLogger(os.path.join(config.output, "history.csv"), append=bool(marker)),
-        ]
-        if config.tensorboard:
-            callbacks.append(tf.keras.callbacks.TensorBoard(os.path.join(config.output, "tensorboard"),
-                                                            profile_batch=0))
-    callbacks.append(cb.FaultInjection(rank))
-
-    already_done = bool(marker) and (marker["early_stopping"]["stopped"] or initial_epoch >= config.epochs)
-    cache_root = config.cache_dir or default_cache_root()
-    fit_seconds, seconds_before_fit = 0.0, time.perf_counter() - start
-    if not already_done:
-        with contextlib.ExitStack() as readers:
-            if use_features:
-                train_ds = feat.feature_dataset(*feat.read_shard(features_at, "train", rank, size), config.batch_size,
-                                                shuffle=True, seed=config.seed + rank, repeat=True)
-                val_ds = feat.feature_dataset(*feat.read_shard(features_at, "test", rank, size), config.batch_size,
-                                              shuffle=False, seed=0, repeat=True)
-            else:
-                train_reader = readers.enter_context(open_reader(
-                    data, "train", rank, size, cache_root, workers=config.reader_workers, seed=config.seed + rank))
-                val_reader = readers.enter_context(open_reader(
-                    data, "test", rank, size, cache_root, workers=config.reader_workers, seed=config.seed + rank))
-                train_ds = make_dataset(train_reader, data.image_size, config.batch_size, image_size,
-                                        config.shuffle_buffer, seed=config.seed + rank, augment=config.augment)
-                val_ds = make_dataset(val_reader, data.image_size, config.batch_size, image_size)
-            fit_start = time.perf_counter()
-            seconds_before_fit = fit_start - start
-            model.fit(train_ds, epochs=config.epochs, initial_epoch=initial_epoch,
-                      steps_per_epoch=steps.steps_per_epoch, validation_data=val_ds,
-                      validation_steps=steps.validation_steps, callbacks=callbacks,
-                      verbose=2 if rank == 0 else 0)
-            fit_seconds = time.perf_counter() - fit_start
-    else:
-        model.set_weights(best_weights)
-    if not config.cache_dir:
-        shutil.rmtree(cache_root, ignore_errors=True)
-
-    # 7. exact evaluation of the best weights on the whole test split
-    if use_features:
-        # The exported model is the whole one: backbone + the head just trained.
-        full_model.get_layer("head").set_weights(model.get_layer("head").get_weights())
-    totals = evaluate(model, data, rank, size, config.batch_size, image_size, features_at)
-    checksums = hvd_tf.allgather_object(weights_checksum(model), name="weights_checksums")
-    epochs_per_rank = hvd_tf.allgather_object(epoch_stats.epochs_run, name="epochs_run")
-
-    # 8. rank 0 reports
-    report = {
+    history, steps, data = resume.history, plan.steps, plan.data
+    return {
         "config": to_dict(config),
-        "world_size": size,
+        "world_size": rank.size,
         "batch_size_per_rank": config.batch_size,
         "global_batch_size": steps.global_batch,
         "steps_per_epoch": steps.steps_per_epoch,
         "validation_steps": steps.validation_steps,
-        "learning_rate": lr,
-        "image_size": image_size,
+        "learning_rate": plan.lr,
+        "image_size": plan.image_size,
         "num_classes": data.num_classes,
         "class_names": data.class_names,
-        "feature_cache": features_at,
-        "resumed_after_epoch": initial_epoch if marker else None,
-        "resumed_weights_checksum_per_rank": resume_checksums,
+        "input_path": inputs.name,
+        "feature_cache": getattr(inputs, "directory", None),
+        "resumed_after_epoch": resume.initial_epoch if resume.marker else None,
+        "resumed_weights_checksum_per_rank": resume.checksums,
         "epochs_run": len(history),
         "best_epoch": early_stopping.best_epoch + 1 if history else None,
         "stopped_early": bool(history) and len(history) < config.epochs,
@@ -221,88 +294,24 @@ def run_training(config: TrainConfig, spark_gpu_addresses: Optional[List[str]] =
         "test": {"loss": totals.loss, "accuracy": totals.accuracy, "count": totals.count,
                  "expected_count": data.test_rows},
         "train_images_per_second": _steady_state(history),
-        "seconds_before_fit": seconds_before_fit,
-        "fit_seconds": fit_seconds,
-        "total_seconds": time.perf_counter() - start,
-        "weights_checksum_per_rank": checksums,
-        "epochs_run_per_rank": epochs_per_rank,
+        "weights_checksum_per_rank": hvd_tf.allgather_object(weights_checksum(inputs.model),
+                                                             name="weights_checksums"),
+        "epochs_run_per_rank": hvd_tf.allgather_object(epoch_stats.epochs_run, name="epochs_run"),
     }
-    if rank == 0:
-        export_model(full_model, os.path.join(config.output, "model.keras"))
-        with open(os.path.join(config.output, "class_names.json"), "w") as f:
-            json.dump(data.class_names, f)
-        tmp = os.path.join(config.output, "metrics.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(report, f, indent=2)
-        os.replace(tmp, os.path.join(config.output, "metrics.json"))
-        log.info("test accuracy %.4f, loss %.4f on %d images (exact, all ranks); best epoch %s of %d",
-                 totals.accuracy, totals.loss, totals.count, report["best_epoch"], len(history))
-    return report
 
 
-def ensure_features(config: TrainConfig, data, full_model, image_size: int, rank: int, size: int) -> str:
-    """The feature set of this data, backbone and size: reused when complete, else computed, each
-    rank its own Petastorm shard of each split, in parallel. Returns its folder."""
-    import horovod.tensorflow as hvd_tf
+def save_outputs(config: TrainConfig, report: Dict, model, class_names: List[Optional[str]]) -> None:
+    """Rank 0: ``model.keras`` (the whole model), ``class_names.json`` and ``metrics.json``, each
+    written atomically, the report last."""
+    from pipelines.atomic import write_json
+    from pipelines.training.model import export_model
 
-    from pipelines.training import features as feat
-    from pipelines.training.data import OnePassShard, verify_total
-
-    key = feat.feature_key(config.weights, image_size, config.seed)
-    directory = feat.feature_dir(config.data, key)
-    if feat.is_complete(directory, {"train": data.train_rows, "test": data.test_rows}):
-        if rank == 0:
-            log.info("feature cache: reusing %s", directory)
-        return directory
-    if rank == 0:
-        log.info("feature cache: computing backbone features into %s", directory)
-        shutil.rmtree(directory, ignore_errors=True)  # a run interrupted before completion
-    hvd_tf.broadcast_object(None, root_rank=0, name="features_cleared")
-    backbone = full_model.get_layer("xception")
-    start, counts = time.perf_counter(), {}
-    for split in ("train", "test"):
-        shard = OnePassShard(data, split, rank, size)
-        features, labels = feat.compute_shard(backbone, shard.dataset(config.batch_size, image_size))
-        shard.verify(len(labels))
-        feat.write_shard(directory, split, rank, features, labels)
-        counts[split] = sum(hvd_tf.allgather_object(len(labels), name=f"feature_rows_{split}"))
-        verify_total(counts[split], data, split)
-    if rank == 0:
-        feat.mark_complete(directory, counts, key)
-        log.info("feature cache: %s rows in %.1f s", counts, time.perf_counter() - start)
-    hvd_tf.broadcast_object(None, root_rank=0, name="features_complete")
-    return directory
-
-
-def evaluate(model, data, rank: int, size: int, batch_size: int, image_size: int,
-             features_at: Optional[str] = None):
-    """Exact totals of ``model`` over the whole test split: each rank reads its shard once, the
-    sums are added over ranks, and the rows counted are checked against the Parquet metadata (per
-    rank) and the manifest (in total), so a short read fails the run instead of being reported.
-
-    With ``features_at``, ``model`` is the head and reads the cached features of the test split.
-
-    Returns:
-        :class:`pipelines.training.evaluate.Totals`, the same on every rank.
-
-    Raises:
-        pipelines.training.data.ShardCountError: a count differs from the metadata or manifest.
-    """
-    from pipelines.training import features as feat
-    from pipelines.training.data import OnePassShard, verify_total
-    from pipelines.training.evaluate import allreduce_totals, evaluate_dataset
-
-    if features_at:
-        test_ds = feat.feature_dataset(*feat.read_shard(features_at, "test", rank, size), batch_size,
-                                       shuffle=False, seed=0, repeat=False, drop_remainder=False)
-        totals = evaluate_dataset(model, test_ds)
-    else:
-        shard = OnePassShard(data, "test", rank, size)
-        totals = evaluate_dataset(model, shard.dataset(batch_size, image_size))
-        shard.verify(totals.count)
-    totals = allreduce_totals(totals)
-    verify_total(totals.count, data, "test")
-    return totals
+    export_model(model, os.path.join(config.output, "model.keras"))
+    write_json(os.path.join(config.output, "class_names.json"), class_names)
+    write_json(os.path.join(config.output, "metrics.json"), report)
+    test = report["test"]
+    log.info("test accuracy %.4f, loss %.4f on %d images (exact, all ranks); best epoch %s of %d",
+             test["accuracy"], test["loss"], test["count"], report["best_epoch"], report["epochs_run"])
 
 
 def _steady_state(history: List[Dict]) -> Optional[float]:

@@ -1,0 +1,153 @@
+"""The training job's input paths, siblings behind one small interface.
+
+* :class:`ImageInputs` - the article's path: the whole model (frozen Xception + head) on images,
+  read by looping Petastorm readers for ``fit`` and by :class:`~pipelines.training.data.OnePassShard`
+  for the exact evaluation.
+* :class:`FeatureInputs` - the feature cache: the backbone's pooled features computed once per
+  rank shard (:mod:`pipelines.training.features`), and only the head trained on them.
+
+Each path answers the same questions: which model trains (:attr:`model`), which ``tf.data``
+datasets feed ``fit`` (:meth:`fit_datasets`, a context manager that owns the readers), what the
+exact test totals of this rank's shard are (:meth:`evaluate_shard`), and which model is exported
+(:meth:`exported_model`, always the whole model). A third path (fine-tuning, say) is one more
+class with these four members, chosen in :func:`make_inputs`.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import time
+from typing import Iterator, Tuple
+
+from pipelines.training.config import TrainConfig
+from pipelines.training.data import Dataset, OnePassShard, make_dataset, open_reader, verify_total
+
+log = logging.getLogger("pipelines")
+
+
+class ImageInputs:
+    """The whole model trained on images (the article's path)."""
+
+    name = "images"
+
+    def __init__(self, config: TrainConfig, data: Dataset, rank: int, size: int, full_model, image_size: int):
+        self.config, self.data, self.rank, self.size = config, data, rank, size
+        self.model = self.full_model = full_model
+        self.image_size = image_size
+
+    @contextlib.contextmanager
+    def fit_datasets(self, cache_root: str) -> Iterator[Tuple[object, object]]:
+        """``(train, validation)`` datasets over readers that live until the block ends."""
+        c, data = self.config, self.data
+        with open_reader(data, "train", self.rank, self.size, cache_root, workers=c.reader_workers,
+                         seed=c.seed + self.rank) as train_reader, \
+                open_reader(data, "test", self.rank, self.size, cache_root, workers=c.reader_workers,
+                            seed=c.seed + self.rank) as val_reader:
+            yield (make_dataset(train_reader, data.image_size, c.batch_size, self.image_size, c.shuffle_buffer,
+                                seed=c.seed + self.rank, augment=c.augment),
+                   make_dataset(val_reader, data.image_size, c.batch_size, self.image_size))
+
+    def evaluate_shard(self, model):
+        """Totals over this rank's test shard, each row once, count checked against the footers."""
+        from pipelines.training.evaluate import evaluate_dataset
+
+        shard = OnePassShard(self.data, "test", self.rank, self.size)
+        totals = evaluate_dataset(model, shard.dataset(self.config.batch_size, self.image_size))
+        shard.verify(totals.count)
+        return totals
+
+    def exported_model(self):
+        """The trained whole model."""
+        return self.full_model
+
+
+class FeatureInputs:
+    """Only the head trained, on the frozen backbone's features computed once (the feature cache)."""
+
+    name = "features"
+
+    def __init__(self, config: TrainConfig, data: Dataset, rank: int, size: int, full_model, image_size: int):
+        from pipelines.training import features as feat
+
+        self.config, self.data, self.rank, self.size = config, data, rank, size
+        self.full_model, self.image_size = full_model, image_size
+        self.directory = self._ensure_features()
+        self.model = feat.build_head(data.num_classes, config.dropout, config.seed)
+        # Start from the whole model's initial head, so both paths train the same function from the same point.
+        self.model.get_layer("head").set_weights(full_model.get_layer("head").get_weights())
+
+    def _ensure_features(self) -> str:
+        """The feature set of this data, backbone and size: reused when complete and of the
+        manifest's row counts, else computed, each rank its own shard of each split. Returns its folder."""
+        import horovod.tensorflow as hvd_tf
+
+        from pipelines.training import features as feat
+
+        c, data, rank = self.config, self.data, self.rank
+        key = feat.feature_key(c.weights, self.image_size, c.seed)
+        directory = feat.feature_dir(c.data, key)
+        if feat.is_complete(directory, {"train": data.train_rows, "test": data.test_rows}):
+            if rank == 0:
+                log.info("feature cache: reusing %s", directory)
+            return directory
+        if rank == 0:
+            log.info("feature cache: computing backbone features into %s", directory)
+            shutil.rmtree(directory, ignore_errors=True)  # a run interrupted before completion
+        hvd_tf.broadcast_object(None, root_rank=0, name="features_cleared")
+        backbone = self.full_model.get_layer("xception")
+        start, counts = time.perf_counter(), {}
+        for split in ("train", "test"):
+            shard = OnePassShard(data, split, rank, self.size)
+            features, labels = feat.compute_shard(backbone, shard.dataset(c.batch_size, self.image_size))
+            shard.verify(len(labels))
+            feat.write_shard(directory, split, rank, features, labels)
+            counts[split] = sum(hvd_tf.allgather_object(len(labels), name=f"feature_rows_{split}"))
+            verify_total(counts[split], data, split)
+        if rank == 0:
+            feat.mark_complete(directory, counts, key)
+            log.info("feature cache: %s rows in %.1f s", counts, time.perf_counter() - start)
+        hvd_tf.broadcast_object(None, root_rank=0, name="features_complete")
+        return directory
+
+    def _dataset(self, split: str, training: bool):
+        from pipelines.training import features as feat
+
+        return feat.feature_dataset(*feat.read_shard(self.directory, split, self.rank, self.size),
+                                    self.config.batch_size, shuffle=training, seed=self.config.seed + self.rank,
+                                    repeat=True)
+
+    @contextlib.contextmanager
+    def fit_datasets(self, cache_root: str) -> Iterator[Tuple[object, object]]:
+        """``(train, validation)`` over this rank's cached features (in memory: 2048 floats a row)."""
+        yield self._dataset("train", training=True), self._dataset("test", training=False)
+
+    def evaluate_shard(self, model):
+        """Totals of the head over this rank's share of the cached test features (every row once)."""
+        from pipelines.training import features as feat
+        from pipelines.training.evaluate import evaluate_dataset
+
+        features, labels = feat.read_shard(self.directory, "test", self.rank, self.size)
+        dataset = feat.feature_dataset(features, labels, self.config.batch_size, shuffle=False, seed=0,
+                                       repeat=False, drop_remainder=False)
+        totals = evaluate_dataset(model, dataset)
+        if totals.count != len(labels):
+            raise RuntimeError(f"rank {self.rank} evaluated {totals.count} of its {len(labels)} cached test rows")
+        return totals
+
+    def exported_model(self):
+        """The whole model: backbone + the head just trained."""
+        self.full_model.get_layer("head").set_weights(self.model.get_layer("head").get_weights())
+        return self.full_model
+
+
+def make_inputs(config: TrainConfig, data: Dataset, rank: int, size: int, full_model, image_size: int):
+    """The input path of this run: features when ``--feature-cache`` applies, else images."""
+    from pipelines.training import features as feat
+
+    not_applicable = feat.inapplicable_reason(config) if config.feature_cache else None
+    if not_applicable and rank == 0:
+        log.info("feature cache off: %s; training the whole model on images", not_applicable)
+    cls = FeatureInputs if config.feature_cache and not_applicable is None else ImageInputs
+    return cls(config, data, rank, size, full_model, image_size)
+
