@@ -89,3 +89,109 @@ def test_a_peer_error_never_hides_the_root_cause(tmp_path):
                                                       "secondary": False}))
     message = "The first process to do so was:\nProcess name: 0\nExit code: 1\n"
     assert str(HorovodJobFailed(_collect_failures(str(tmp_path), message))).startswith("rank 1 failed: ValueError")
+
+
+# -- which network interface Gloo uses (issue 9, item 4) ----------------------------------------
+from pipelines.launcher import (ClusterConfigError, check_barrier_conf, interface_of,  # noqa: E402
+                                is_local_master, is_this_machine, local_interfaces, resolve)
+
+IFACES = {"lo": ["127.0.0.1", "::1"], "eth0": ["192.0.2.2", "fe80::1"], "ib0": ["10.1.0.5"]}
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.1.1", "127.0.0.2", "127.255.255.254", "::1", "localhost"])
+def test_every_loopback_address_maps_to_lo(host):
+    """Linux routes all of 127.0.0.0/8 over lo although only 127.0.0.1 is configured on it."""
+    assert interface_of(host, interfaces=IFACES) == "lo"
+    assert interface_of(host, interfaces={"lo": ["127.0.0.1"], "eth0": ["192.0.2.2"]}) == "lo"  # no IPv6 on lo
+
+
+@pytest.mark.parametrize("host, iface", [("192.0.2.2", "eth0"), ("10.1.0.5", "ib0"), ("fe80::1", "eth0")])
+def test_other_addresses_map_to_the_interface_that_carries_them(host, iface):
+    assert interface_of(host, interfaces=IFACES) == iface
+
+
+@pytest.mark.parametrize("host", ["10.1.0.6", "192.0.2.3", "203.0.113.7"])
+def test_an_address_on_no_interface_is_a_clear_error(host):
+    with pytest.raises(ValueError) as info:
+        interface_of(host, interfaces=IFACES)
+    message = str(info.value)
+    assert f"no network interface of host {host} has its address {host}" in message
+    assert "eth0 (192.0.2.2 fe80::1), ib0 (10.1.0.5), lo (127.0.0.1 ::1)" in message
+    assert "--network-interface" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("host", ["127.0.1.1", "192.0.2.2", "10.9.9.9"])
+def test_a_requested_interface_is_used_as_given_never_replaced(host):
+    assert interface_of(host, "eth0", IFACES) == "eth0"
+    assert interface_of(host, "ib0", IFACES) == "ib0"
+
+
+@pytest.mark.parametrize("requested", ["nosuch0", "eth1", "LO"])
+def test_a_requested_interface_that_does_not_exist_is_refused_by_name(requested):
+    with pytest.raises(ValueError) as info:
+        interface_of("127.0.0.1", requested, IFACES)
+    assert str(info.value) == (f"network interface {requested!r} (HOROVOD_GLOO_IFACE / --network-interface) does "
+                               f"not exist on host 127.0.0.1; its interfaces: eth0 (192.0.2.2 fe80::1), "
+                               f"ib0 (10.1.0.5), lo (127.0.0.1 ::1)")
+
+
+def test_hostnames_resolve_on_this_machine():
+    import ipaddress
+    import socket
+    ifaces = local_interfaces()
+    assert ipaddress.ip_address(resolve("localhost")).is_loopback and interface_of("localhost") == "lo"
+    name, address = socket.gethostname(), resolve(socket.gethostname())  # Debian/Ubuntu: 127.0.1.1
+    expected = "lo" if ipaddress.ip_address(address).is_loopback else next(
+        n for n, addresses in ifaces.items() if address in addresses)
+    assert interface_of(name) == expected
+    assert is_this_machine(name) and is_this_machine("127.0.1.1") and is_this_machine("localhost")
+    assert not is_this_machine("203.0.113.7") and not is_this_machine("no-such-host.invalid")
+    with pytest.raises(ValueError, match="host 'no-such-host.invalid' does not resolve"):
+        interface_of("no-such-host.invalid")
+
+
+def test_local_mode_refuses_a_missing_interface_before_any_rank(monkeypatch):
+    monkeypatch.setenv("HOROVOD_GLOO_IFACE", "nosuch0")
+    with pytest.raises(ValueError, match=r"network interface 'nosuch0' .* does not exist on host localhost; "
+                                         r"its interfaces: .*lo \(127\.0\.0\.1"):
+        HorovodRunner(np=-2).run(_rank_sum, offset=0)
+    assert HorovodRunner(np=2, network_interface="eth7").network_interface == "eth7"  # the argument wins
+
+
+# -- Spark settings barrier tasks cannot run under (issue 9, item 5) ----------------------------
+
+@pytest.mark.parametrize("master, value", [("spark://10.0.0.1:7077", "true"), ("local-cluster[2,1,1024]", "TRUE"),
+                                           ("yarn", " True "), ("k8s://https://10.0.0.1:6443", "true")])
+def test_dynamic_allocation_is_refused_by_name(master, value):
+    conf = {"spark.master": master, "spark.dynamicAllocation.enabled": value}
+    with pytest.raises(ClusterConfigError) as info:
+        check_barrier_conf(conf)
+    message = str(info.value)
+    assert message.startswith(f"spark.dynamicAllocation.enabled={value.strip()}: Spark runs no barrier tasks")
+    assert "set spark.dynamicAllocation.enabled=false" in message and master in message and "\n" not in message
+    assert isinstance(info.value, ValueError)  # jobs/train.py: exit 2
+
+
+@pytest.mark.parametrize("conf", [
+    {"spark.master": "spark://h:7077"},
+    {"spark.master": "spark://h:7077", "spark.dynamicAllocation.enabled": "false"},
+    {"spark.master": "local[2]", "spark.dynamicAllocation.enabled": "true"},  # Spark ignores it on local masters
+    {"spark.master": "local", "spark.dynamicAllocation.enabled": "true"},
+    {"spark.master": "spark://h:7077", "spark.speculation": "true"},  # Spark never speculates barrier tasks
+])
+def test_settings_barrier_tasks_run_under_pass(conf):
+    check_barrier_conf(conf)
+
+
+def test_dynamic_allocation_testing_counts_on_local_masters_too():
+    with pytest.raises(ClusterConfigError, match="spark.dynamicAllocation.enabled=true"):
+        check_barrier_conf({"spark.master": "local[2]", "spark.dynamicAllocation.enabled": "true",
+                            "spark.dynamicAllocation.testing": "true"})
+
+
+@pytest.mark.parametrize("master, local", [("local", True), ("local[2]", True), ("local[*]", True),
+                                           ("local[2,3]", True), ("local-cluster[2,1,1024]", False),
+                                           ("spark://127.0.0.1:7077", False), ("yarn", False)])
+def test_local_masters_are_spark_s(master, local):
+    assert is_local_master(master) is local
+
