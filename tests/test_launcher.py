@@ -195,3 +195,22 @@ def test_dynamic_allocation_testing_counts_on_local_masters_too():
 def test_local_masters_are_spark_s(master, local):
     assert is_local_master(master) is local
 
+
+# -- `from pipelines import HorovodRunner`, lazily ----------------------------------------------
+
+def test_import_pipelines_is_light_and_exports_the_runner():
+    import subprocess
+    import sys
+    code = ("import sys, pipelines\n"
+            "heavy = ('tensorflow', 'horovod', 'pyspark')\n"
+            "print(sorted(m for m in heavy if m in sys.modules))\n"
+            "from pipelines import HorovodRunner, HorovodJobFailed, ClusterConfigError\n"
+            "import pipelines.launcher as l\n"
+            "print(HorovodRunner is l.HorovodRunner, HorovodJobFailed is l.HorovodJobFailed,"
+            " ClusterConfigError is l.ClusterConfigError, 'HorovodRunner' in dir(pipelines))\n"
+            "print(sorted(m for m in heavy if m in sys.modules))\n"
+            "from pipelines import config\n"  # submodules still import as before
+            "try:\n    pipelines.NoSuchThing\nexcept AttributeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["[]", "True True True True", "[]",
+                                "module 'pipelines' has no attribute 'NoSuchThing'"]
