@@ -161,9 +161,7 @@ class HorovodRunner:
 
     # -- local: Horovod's own launcher --------------------------------------------------------
     def _run_local(self, main, kwargs, num_proc: int) -> Any:
-        # horovod.runner.run picks the interface itself and sets HOROVOD_GLOO_IFACE for the ranks,
-        # over the user's own: hand it the user's choice (checked here first, before any rank).
-        iface = interface_of("localhost", self.network_interface) if self.network_interface else None
+        iface = _local_interface(self.network_interface)
         import horovod.runner
 
         handed = {FAILURE_DIR_ENV: None, **{_KEEP + n: os.environ[n] for n in _BROKEN_BY_HOROVOD_RUN
@@ -174,7 +172,7 @@ class HorovodRunner:
             try:
                 results = horovod.runner.run(_Recorded(main), kwargs=kwargs, num_proc=num_proc,
                                              hosts=f"localhost:{num_proc}", use_gloo=True,
-                                             network_interface=iface)
+                                             network_interfaces=[iface] if iface else None)
             except RuntimeError as exc:
                 raise HorovodJobFailed(_collect_failures(failures, str(exc))) from exc
             finally:
@@ -191,6 +189,7 @@ class HorovodRunner:
         if spark is None:
             raise ValueError("HorovodRunner(np > 0) needs an active SparkSession (use np < 0 to run locally)")
         sc = spark.sparkContext
+        log.info("HorovodRunner: np=%d on %s: checking the cluster", num_proc, sc.master)
         check_barrier_conf(dict(sc.getConf().getAll()))  # before waiting: some make slots never come
         slots = wait_for_slots(sc, num_proc, self.slots_timeout_s)
         if slots < num_proc:
@@ -206,6 +205,28 @@ class HorovodRunner:
         if failures:
             raise HorovodJobFailed(failures)
         return cloudpickle.loads(base64.b64decode(next(r["result"] for r in records if r["rank"] == 0)))
+
+
+def _local_interface(requested: Optional[str], interfaces: Optional[Dict[str, List[str]]] = None) -> Optional[str]:
+    """The user's interface for local ranks, checked before any starts; None: Horovod's choice.
+
+    ``horovod.runner.run`` sets the ranks' ``HOROVOD_GLOO_IFACE`` itself, over the user's, and with
+    only local hosts accepts no interface but one that carries 127.0.0.1 (else "No interface is
+    found for address 127.0.0.1"): hand it the user's choice, or refuse that choice by name.
+
+    Raises:
+        ValueError: the interface does not exist, or does not carry 127.0.0.1.
+    """
+    if not requested:
+        return None
+    interfaces = local_interfaces() if interfaces is None else interfaces
+    iface = interface_of("localhost", requested, interfaces)
+    addresses = interfaces[iface]
+    if "127.0.0.1" not in addresses:
+        raise ValueError(f"network interface {iface!r} ({' '.join(addresses) or 'no address'}) cannot carry local "
+                         f"ranks (np < 0): Horovod's launcher runs them over the interface of 127.0.0.1; "
+                         f"unset {GLOO_IFACE_ENV} / --network-interface, or name that interface")
+    return iface
 
 
 def _is_true(value: Optional[str]) -> bool:

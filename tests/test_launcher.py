@@ -158,6 +158,17 @@ def test_local_mode_refuses_a_missing_interface_before_any_rank(monkeypatch):
     assert HorovodRunner(np=2, network_interface="eth7").network_interface == "eth7"  # the argument wins
 
 
+@pytest.mark.parametrize("requested, refused", [("lo", False), ("eth0", True), ("ib0", True)])
+def test_local_ranks_take_only_the_loopback_interface_horovod_accepts(requested, refused):
+    from pipelines.launcher import _local_interface
+    if refused:
+        with pytest.raises(ValueError, match=rf"network interface '{requested}' \(.+\) cannot carry local ranks"):
+            _local_interface(requested, IFACES)
+    else:
+        assert _local_interface(requested, IFACES) == "lo"
+    assert _local_interface(None, IFACES) is None and _local_interface("", IFACES) is None  # Horovod's own choice
+
+
 # -- Spark settings barrier tasks cannot run under (issue 9, item 5) ----------------------------
 
 @pytest.mark.parametrize("master, value", [("spark://10.0.0.1:7077", "true"), ("local-cluster[2,1,1024]", "TRUE"),
@@ -214,3 +225,62 @@ def test_import_pipelines_is_light_and_exports_the_runner():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["[]", "True True True True", "[]",
                                 "module 'pipelines' has no attribute 'NoSuchThing'"]
+
+
+# -- end to end: real Spark, real Horovod ---------------------------------------------------------
+SPARK_SCRIPT = '''
+import sys
+from pyspark.sql import SparkSession
+from pipelines import HorovodRunner
+
+def rank_sum(offset):
+    import os
+    import horovod.tensorflow as hvd
+    import numpy as np
+    hvd.init()
+    total = float(hvd.allreduce(np.array([hvd.rank() + offset], np.float64), op=hvd.Sum).numpy()[0])
+    return total, hvd.rank(), os.environ["HOROVOD_GLOO_IFACE"], os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"]
+
+if __name__ == "__main__":
+    spark = SparkSession.builder.master(sys.argv[1]).config("spark.ui.enabled", "false").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    print("RESULT", HorovodRunner(np=2).run(rank_sum, offset=10), flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_spark_ranks_on_a_non_default_loopback_address(tmp_path):
+    """SPARK_LOCAL_IP=127.0.1.1 (Debian's hostname address): Gloo runs over lo; the rendezvous is
+    reached at the address Spark gives task 0."""
+    import subprocess
+    import sys
+    from tests.conftest import subprocess_env
+    script = tmp_path / "loopback.py"
+    script.write_text(SPARK_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), "local[2]"], capture_output=True, text=True, timeout=300,
+                          env=subprocess_env(SPARK_LOCAL_IP="127.0.1.1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RESULT (21.0, 0, 'lo', '127.0.1.1')" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spark_np, how", [(2, "flag"), (-2, "env")])  # Spark tasks / local ranks
+def test_train_refuses_a_missing_interface_with_exit_2_before_any_rank(tmp_path, spark_np, how):
+    import os
+    import subprocess
+    import sys
+    from tests.conftest import subprocess_env
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    args = [sys.executable, os.path.join(repo, "jobs", "train.py"), "--data", str(tmp_path / "data"),
+            "--output", str(tmp_path / "out"), "--spark-np", str(spark_np)]
+    env = subprocess_env(HOROVOD_GLOO_IFACE="nosuch0") if how == "env" else subprocess_env()
+    if how == "flag":
+        args += ["--network-interface", "nosuch0"]
+        env.pop("HOROVOD_GLOO_IFACE", None)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "network interface 'nosuch0' (HOROVOD_GLOO_IFACE / --network-interface) does not exist on host" in errors[0]
+    assert "lo (127.0.0.1" in errors[0]
+    assert "barrier tasks on" not in proc.stderr and "rank 0" not in proc.stderr  # no task, no rank started
