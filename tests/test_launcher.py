@@ -45,8 +45,8 @@ def _raise_on_rank_1():
 
 @pytest.mark.slow
 def test_local_run_returns_rank_0s_value():
-    total, rank = HorovodRunner(np=-2).run(_rank_sum, offset=10)
-    assert (total, rank) == (21.0, 0)
+    """With the loopback interface named (the default path runs in the tests below)."""
+    assert HorovodRunner(np=-2, network_interface="lo").run(_rank_sum_and_iface, offset=10) == ((21.0, 0), "lo")
 
 
 def _tuning_env():
@@ -245,6 +245,8 @@ if __name__ == "__main__":
     spark = SparkSession.builder.master(sys.argv[1]).config("spark.ui.enabled", "false").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     print("RESULT", HorovodRunner(np=2).run(rank_sum, offset=10), flush=True)
+    if len(sys.argv) > 2:  # the user's interface, used as given although the address is on lo
+        print("CHOSEN", HorovodRunner(np=2, network_interface=sys.argv[2]).run(rank_sum, offset=1), flush=True)
 '''
 
 
@@ -257,10 +259,18 @@ def test_spark_ranks_on_a_non_default_loopback_address(tmp_path):
     from tests.conftest import subprocess_env
     script = tmp_path / "loopback.py"
     script.write_text(SPARK_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), "local[2]"], capture_output=True, text=True, timeout=300,
-                          env=subprocess_env(SPARK_LOCAL_IP="127.0.1.1"))
+    other = next(name for name, addresses in local_interfaces().items()  # e.g. eth0
+                 if any("." in a and not a.startswith("127.") for a in addresses))
+    proc = subprocess.run([sys.executable, str(script), "local[2]", other], capture_output=True, text=True,
+                          timeout=300, env=subprocess_env(SPARK_LOCAL_IP="127.0.1.1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "RESULT (21.0, 0, 'lo', '127.0.1.1')" in proc.stdout
+    assert f"CHOSEN (3.0, 0, '{other}', '127.0.1.1')" in proc.stdout
+
+
+def _rank_sum_and_iface(offset):
+    import os
+    return _rank_sum(offset), os.environ["HOROVOD_GLOO_IFACE"]
 
 
 @pytest.mark.slow
