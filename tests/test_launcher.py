@@ -294,3 +294,19 @@ def test_train_refuses_a_missing_interface_with_exit_2_before_any_rank(tmp_path,
     assert "network interface 'nosuch0' (HOROVOD_GLOO_IFACE / --network-interface) does not exist on host" in errors[0]
     assert "lo (127.0.0.1" in errors[0]
     assert "barrier tasks on" not in proc.stderr and "rank 0" not in proc.stderr  # no task, no rank started
+
+
+@pytest.mark.parametrize("spark_np, accepted", [(0, False), (2, True), (-2, True)])
+def test_network_interface_flag_applies_to_spark_np_runs_only(spark_np, accepted, capsys):
+    """Under horovodrun (--spark-np 0) the flag would be silently ignored: refused instead."""
+    from pipelines.config import parse_config
+    from pipelines.training.config import TrainConfig
+    argv = ["--data", "d", "--output", "o", "--spark-np", str(spark_np), "--network-interface", "eth0"]
+    if accepted:
+        assert parse_config(TrainConfig, argv).network_interface == "eth0"
+    else:
+        with pytest.raises(SystemExit) as info:
+            parse_config(TrainConfig, argv)
+        assert info.value.code == 2
+        assert "--network-interface applies to --spark-np runs" in capsys.readouterr().err
+    assert parse_config(TrainConfig, ["--data", "d", "--output", "o"]).network_interface == ""
