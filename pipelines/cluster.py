@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -40,17 +40,22 @@ def spark_home() -> str:
 class StandaloneCluster:
     """Master + ``workers`` workers on ``host``; a context manager that always stops them.
 
+    ``env`` adds variables to the master's and workers' environment (executors inherit the
+    workers'), as a ``spark-env.sh`` would on a real host.
+
     Attributes:
         url: ``spark://host:port`` of the master, once started.
         web_url: the master's web UI (its ``/json/`` lists the registered workers).
     """
 
     def __init__(self, workers: int = 2, cores: int = 1, memory: str = "2g", host: str = "127.0.0.1",
-                 work_dir: Optional[str] = None, timeout_s: float = 120.0):
+                 work_dir: Optional[str] = None, timeout_s: float = 120.0,
+                 env: Optional[Dict[str, str]] = None):
         if workers < 1 or cores < 1:
             raise ValueError("a cluster needs at least one worker with at least one core")
         self.workers, self.cores, self.memory, self.host = workers, cores, memory, host
         self.timeout_s = timeout_s
+        self.extra_env = dict(env or {})  # for the workers' own environment, which executors inherit
         self._own_dir = work_dir is None
         self.work_dir = work_dir or tempfile.mkdtemp(prefix="spark-standalone-")
         self.port, self.web_port = free_port(host), free_port(host)
@@ -61,7 +66,7 @@ class StandaloneCluster:
     def _env(self) -> dict:
         env = dict(os.environ, SPARK_HOME=spark_home(), SPARK_LOCAL_IP=self.host,
                    SPARK_LOG_DIR=os.path.join(self.work_dir, "logs"), PYSPARK_PYTHON=sys.executable,
-                   SPARK_NO_DAEMONIZE="1")
+                   SPARK_NO_DAEMONIZE="1", **self.extra_env)
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         return env
 

@@ -114,23 +114,33 @@ class _Recorded:
             raise
 
 
+class ClusterConfigError(ValueError):
+    """A Spark setting under which barrier tasks cannot run; the message (one line) names the
+    setting and the value to use. ``jobs/train.py`` exits with status 2 on it."""
+
+
 class HorovodRunner:
     """Run a function on ``abs(np)`` Horovod ranks: ``np < 0`` locally, ``np > 0`` on Spark.
 
     Args:
         np: number of ranks; negative for local processes, positive for Spark barrier tasks.
         slots_timeout_s: how long to wait for a cluster's executors to offer ``np`` task slots.
+        network_interface: the interface Gloo uses on every host (e.g. ``eth0``); default: the
+            ``HOROVOD_GLOO_IFACE`` of this process, else of each executor, else the interface that
+            carries each host's address (``lo`` for any loopback address). A named interface is used
+            as it is or refused, never replaced.
 
     Raises:
         ValueError: ``np == 0``.
     """
 
-    def __init__(self, np: int, slots_timeout_s: float = 60.0):
+    def __init__(self, np: int, slots_timeout_s: float = 60.0, network_interface: Optional[str] = None):
         if not isinstance(np, int) or np == 0:
             raise ValueError(f"np must be a non-zero integer (negative: local processes, positive: "
                              f"Spark tasks), got {np!r}")
         self.np = np
         self.slots_timeout_s = slots_timeout_s
+        self.network_interface = network_interface or os.environ.get(GLOO_IFACE_ENV) or None
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return rank 0's return value.
@@ -138,8 +148,12 @@ class HorovodRunner:
         ``main`` and ``kwargs`` must be picklable (cloudpickle); ``main`` calls ``hvd.init()``.
 
         Raises:
-            HorovodJobFailed: a rank raised or died. ValueError: more Spark tasks than slots, or
-            no active SparkSession for ``np > 0``.
+            ClusterConfigError: the Spark configuration forbids barrier tasks (before any task).
+            ValueError: no active SparkSession for ``np > 0``, more Spark tasks than slots, or a
+                network interface that does not exist / an address on no interface on this
+                machine's executors (before any task).
+            HorovodJobFailed: a rank raised or died, or could not choose its network interface on
+                its host (the cause names the host).
         """
         if self.np < 0:
             return self._run_local(main, kwargs, -self.np)
@@ -147,6 +161,7 @@ class HorovodRunner:
 
     # -- local: Horovod's own launcher --------------------------------------------------------
     def _run_local(self, main, kwargs, num_proc: int) -> Any:
+        iface = _local_interface(self.network_interface)
         import horovod.runner
 
         handed = {FAILURE_DIR_ENV: None, **{_KEEP + n: os.environ[n] for n in _BROKEN_BY_HOROVOD_RUN
@@ -156,7 +171,8 @@ class HorovodRunner:
             os.environ.update(handed)  # inherited by the ranks
             try:
                 results = horovod.runner.run(_Recorded(main), kwargs=kwargs, num_proc=num_proc,
-                                             hosts=f"localhost:{num_proc}", use_gloo=True)
+                                             hosts=f"localhost:{num_proc}", use_gloo=True,
+                                             network_interfaces=[iface] if iface else None)
             except RuntimeError as exc:
                 raise HorovodJobFailed(_collect_failures(failures, str(exc))) from exc
             finally:
@@ -173,19 +189,121 @@ class HorovodRunner:
         if spark is None:
             raise ValueError("HorovodRunner(np > 0) needs an active SparkSession (use np < 0 to run locally)")
         sc = spark.sparkContext
+        log.info("HorovodRunner: np=%d on %s: checking the cluster", num_proc, sc.master)
+        check_barrier_conf(dict(sc.getConf().getAll()))  # before waiting: some make slots never come
         slots = wait_for_slots(sc, num_proc, self.slots_timeout_s)
         if slots < num_proc:
             raise ValueError(f"np={num_proc} Spark tasks requested but the cluster ({sc.master}) offers "
                              f"{slots} task slots: lower np or add workers")
+        check_local_executors(sc, self.network_interface)
         payload = cloudpickle.dumps((main, kwargs))
         log.info("HorovodRunner: %d barrier tasks on %s", num_proc, sc.master)
         records = (sc.parallelize(range(num_proc), num_proc).barrier()
-                   .mapPartitions(_barrier_task(payload, num_proc)).collect())
+                   .mapPartitions(_barrier_task(payload, num_proc, self.network_interface)).collect())
         failures = [RankFailure(r["rank"], r["cause"], r.get("traceback", ""), r.get("secondary", False))
-                    for r in records if r["status"] != "ok"]
+                    for r in records if r["status"] == "error"]
         if failures:
             raise HorovodJobFailed(failures)
         return cloudpickle.loads(base64.b64decode(next(r["result"] for r in records if r["rank"] == 0)))
+
+
+def _local_interface(requested: Optional[str], interfaces: Optional[Dict[str, List[str]]] = None) -> Optional[str]:
+    """The user's interface for local ranks, checked before any starts; None: Horovod's choice.
+
+    ``horovod.runner.run`` sets the ranks' ``HOROVOD_GLOO_IFACE`` itself, over the user's, and with
+    only local hosts accepts no interface but one that carries 127.0.0.1 (else "No interface is
+    found for address 127.0.0.1"): hand it the user's choice, or refuse that choice by name.
+
+    Raises:
+        ValueError: the interface does not exist, or does not carry 127.0.0.1.
+    """
+    if not requested:
+        return None
+    interfaces = local_interfaces() if interfaces is None else interfaces
+    iface = interface_of("localhost", requested, interfaces)
+    addresses = interfaces[iface]
+    if "127.0.0.1" not in addresses:
+        raise ValueError(f"network interface {iface!r} ({' '.join(addresses) or 'no address'}) cannot carry local "
+                         f"ranks (np < 0): Horovod's launcher runs them over the interface of 127.0.0.1; "
+                         f"unset {GLOO_IFACE_ENV} / --network-interface, or name that interface")
+    return iface
+
+
+def _is_true(value: Optional[str]) -> bool:
+    """Spark's reading of a boolean setting (``String.trim.toBoolean``: any case, spaces around)."""
+    return value is not None and value.strip().lower() == "true"
+
+
+def is_local_master(master: str) -> bool:
+    """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``: Spark's ``Utils.isLocalMaster`` (not
+    ``local-cluster[...]``, whose executors are separate processes)."""
+    master = master.strip()
+    return master == "local" or master.startswith("local[")
+
+
+def check_barrier_conf(conf: Dict[str, str]) -> None:
+    """Refuse Spark settings under which Spark 4.0 will not run a barrier stage.
+
+    ``spark.dynamicAllocation.enabled=true``: the DAGScheduler refuses every barrier stage
+    (``BarrierJobRunWithDynamicAllocationException``), except on a ``local``/``local[N]`` master,
+    where Spark turns dynamic allocation off itself (unless ``spark.dynamicAllocation.testing``).
+    Without ``minExecutors`` it shows first as a cluster without executors (0 task slots).
+
+    Args:
+        conf: the SparkConf's settings (``dict(sc.getConf().getAll())``); ``spark.master`` among them.
+
+    Raises:
+        ClusterConfigError: naming the setting and the value to use.
+    """
+    master = conf.get("spark.master", "")
+    if _is_true(conf.get("spark.dynamicAllocation.enabled")) and (
+            not is_local_master(master) or _is_true(conf.get("spark.dynamicAllocation.testing"))):
+        raise ClusterConfigError(
+            f"spark.dynamicAllocation.enabled={conf['spark.dynamicAllocation.enabled'].strip()}: Spark runs no "
+            f"barrier tasks under dynamic allocation (master {master}); set spark.dynamicAllocation.enabled=false "
+            f"(executors: spark.executor.instances or spark.cores.max)")
+
+
+def executor_hosts(sc) -> List[str]:
+    """Hosts of the executors that run tasks, as Spark names them (the driver counts only on a
+    ``local`` master, where it is the executor)."""
+    jsc = sc._jsc.sc()
+    driver = jsc.env().blockManager().blockManagerId()
+    local = is_local_master(sc.master)
+    return sorted({info.host() for info in jsc.statusTracker().getExecutorInfos()
+                   if local or (info.host(), info.port()) != (driver.host(), driver.port())})
+
+
+def is_this_machine(host: str) -> bool:
+    """``host`` resolves to a loopback address or to an address of one of this machine's interfaces."""
+    import ipaddress
+
+    try:
+        address = resolve(host)
+    except ValueError:
+        return False
+    mine = {a for addresses in local_interfaces().values() for a in addresses}
+    return ipaddress.ip_address(address).is_loopback or address in mine
+
+
+def check_local_executors(sc, requested: Optional[str]) -> None:
+    """Before any task starts, choose the Gloo interface of every executor on this machine as its
+    barrier task will (all of them on a ``local``/``local-cluster`` master, whose hosts may not
+    even resolve elsewhere); executors on other machines are checked by their tasks.
+
+    Args:
+        sc: the SparkContext. requested: the user's interface, or None; else the executors'
+            ``HOROVOD_GLOO_IFACE`` set through Spark (``spark.executorEnv.*``) applies.
+
+    Raises:
+        ValueError: from :func:`interface_of`: a missing interface, an unresolvable host, or an
+            address on no interface.
+    """
+    requested = requested or sc.environment.get(GLOO_IFACE_ENV)
+    everything_here = is_local_master(sc.master) or sc.master.startswith("local-cluster")
+    for host in executor_hosts(sc):
+        if everything_here or is_this_machine(host):
+            interface_of(host, requested)
 
 
 def task_slots(sc) -> int:
@@ -246,8 +364,12 @@ def _exit_cause(code: int) -> str:
 
 # -- inside a barrier task ---------------------------------------------------------------------
 
-def _barrier_task(payload: bytes, num_proc: int):
-    """The function each barrier task runs: plan ranks, rendezvous, run the rank as a child."""
+def _barrier_task(payload: bytes, num_proc: int, requested_iface: Optional[str]):
+    """The function each barrier task runs: plan ranks, check the network, rendezvous, run the rank
+    as a child. Every task decides its Gloo interface *before* the one ``allGather`` all tasks
+    join, and shares the outcome: a task that cannot (no such interface, an address on none)
+    makes every task return without starting a rank, and the driver raises
+    :class:`HorovodJobFailed` naming that rank and its host."""
 
     def run(_partition):
         from pyspark import BarrierTaskContext
@@ -255,37 +377,49 @@ def _barrier_task(payload: bytes, num_proc: int):
         ctx = BarrierTaskContext.get()
         index = ctx.partitionId()
         hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
-        plan = rank_plan(hosts)
-        slot = plan[index]
+        slot = rank_plan(hosts)[index]
+        mine: Dict[str, str] = {}
+        try:  # the driver's choice, else this executor's own HOROVOD_GLOO_IFACE, else by address
+            mine["iface"] = interface_of(hosts[index], requested_iface or os.environ.get(GLOO_IFACE_ENV))
+        except ValueError as exc:
+            mine["error"] = f"{type(exc).__name__}: {exc}"
         server = None
-        if index == 0:  # the rendezvous lives as long as task 0
-            from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-            from horovod.runner.http.http_server import RendezvousServer
-
-            server = RendezvousServer(verbose=0)
-            port = server.start()
-            host_list = ",".join(f"{h}:{n}" for h, n in _host_counts(hosts))
-            server.init(get_host_assignments(parse_hosts(host_list), num_proc))
-            message = f"{hosts[0]}:{port}"
-        else:
-            message = ""
-        address, port = ctx.allGather(message)[0].rsplit(":", 1)
-        gpus = ctx.resources().get("gpu")
-        env = dict(os.environ,
-                   HOROVOD_HOSTNAME=hosts[index], HOROVOD_RANK=str(slot["rank"]), HOROVOD_SIZE=str(num_proc),
-                   HOROVOD_LOCAL_RANK=str(slot["local_rank"]), HOROVOD_LOCAL_SIZE=str(slot["local_size"]),
-                   HOROVOD_CROSS_RANK=str(slot["cross_rank"]), HOROVOD_CROSS_SIZE=str(slot["cross_size"]),
-                   HOROVOD_GLOO_RENDEZVOUS_ADDR=address, HOROVOD_GLOO_RENDEZVOUS_PORT=port,
-                   HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo",
-                   HOROVOD_GLOO_IFACE=interface_of(hosts[index]))
-        env[SPARK_GPUS_ENV] = ",".join(gpus.addresses) if gpus else ""
+        if index == 0 and "error" not in mine:  # the rendezvous lives as long as task 0
+            server, port = _start_rendezvous(hosts, num_proc)
+            mine["rendezvous"] = f"{hosts[0]}:{port}"  # the address Spark reaches task 0 at
         try:
+            gathered = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
+            if any("error" in m for m in gathered):
+                yield ({"rank": slot["rank"], "status": "error", "cause": mine["error"], "secondary": False}
+                       if "error" in mine else {"rank": slot["rank"], "status": "not started"})
+                return
+            address, port = gathered[0]["rendezvous"].rsplit(":", 1)
+            gpus = ctx.resources().get("gpu")
+            env = dict(os.environ,
+                       HOROVOD_HOSTNAME=hosts[index], HOROVOD_RANK=str(slot["rank"]), HOROVOD_SIZE=str(num_proc),
+                       HOROVOD_LOCAL_RANK=str(slot["local_rank"]), HOROVOD_LOCAL_SIZE=str(slot["local_size"]),
+                       HOROVOD_CROSS_RANK=str(slot["cross_rank"]), HOROVOD_CROSS_SIZE=str(slot["cross_size"]),
+                       HOROVOD_GLOO_RENDEZVOUS_ADDR=address, HOROVOD_GLOO_RENDEZVOUS_PORT=port,
+                       HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo", HOROVOD_GLOO_IFACE=mine["iface"])
+            env[SPARK_GPUS_ENV] = ",".join(gpus.addresses) if gpus else ""
             yield run_child(payload, env, slot["rank"])
         finally:
             if server is not None:
                 server.stop()
 
     return run
+
+
+def _start_rendezvous(hosts: List[str], num_proc: int):
+    """Start Horovod's Gloo rendezvous server (it listens on all addresses); return it and its port."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.http.http_server import RendezvousServer
+
+    server = RendezvousServer(verbose=0)
+    port = server.start()
+    host_list = ",".join(f"{h}:{n}" for h, n in _host_counts(hosts))
+    server.init(get_host_assignments(parse_hosts(host_list), num_proc))
+    return server, port
 
 
 def _host_counts(hosts: List[str]) -> List[tuple]:
@@ -321,17 +455,90 @@ def rank_plan(hosts: List[str]) -> List[Dict[str, int]]:
     return plan
 
 
-def interface_of(host: str) -> str:
-    """Name of the network interface that carries ``host``'s IPv4 address (``lo`` for 127.0.0.1)."""
+GLOO_IFACE_ENV = "HOROVOD_GLOO_IFACE"
+
+
+def local_interfaces() -> Dict[str, List[str]]:
+    """This machine's network interfaces: name -> its IPv4 and IPv6 addresses (psutil)."""
     import socket
 
     import psutil
 
-    ip = socket.gethostbyname(host)
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == ip for a in addresses):
-            return name
-    raise ValueError(f"no network interface has the address {ip} of host {host}")
+    families = (socket.AF_INET, socket.AF_INET6)
+    return {name: [a.address.split("%")[0] for a in addresses if a.family in families]
+            for name, addresses in psutil.net_if_addrs().items()}
+
+
+def resolve(host: str) -> str:
+    """The IP address ``host`` (a name or an address) resolves to, IPv4 preferred (Gloo's choice).
+
+    Raises:
+        ValueError: ``host`` does not resolve.
+    """
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ValueError(f"host {host!r} does not resolve to an address: {exc}") from None
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)
+    return infos[0][4][0]
+
+
+def _listing(interfaces: Dict[str, List[str]]) -> str:
+    return ", ".join(f"{name} ({' '.join(addresses) or 'no address'})"
+                     for name, addresses in sorted(interfaces.items()))
+
+
+def interface_of(host: str, requested: Optional[str] = None,
+                 interfaces: Optional[Dict[str, List[str]]] = None) -> str:
+    """The network interface Gloo should use on the machine that runs a rank for ``host``.
+
+    A ``requested`` interface (the user's ``HOROVOD_GLOO_IFACE`` or ``--network-interface``) is
+    used as it is, never replaced; it only has to exist. Otherwise ``host`` (a name or an IPv4/IPv6
+    address) is resolved: any loopback address (all of 127.0.0.0/8, e.g. Debian's hostname
+    address 127.0.1.1, and ::1) maps to the loopback interface, since Linux routes the whole /8
+    over it while only 127.0.0.1 is configured on it; any other address maps to the interface
+    that carries it.
+
+    Args:
+        host: the rank's host as Spark names it (executor host).
+        requested: an interface name chosen by the user, or None/"" for none.
+        interfaces: name -> addresses; default :func:`local_interfaces` (this machine's).
+
+    Raises:
+        ValueError: the requested interface does not exist here, ``host`` does not resolve, or
+            no interface carries its address; the message names the interfaces that exist.
+    """
+    import ipaddress
+
+    interfaces = local_interfaces() if interfaces is None else interfaces
+    if requested:
+        if requested not in interfaces:
+            raise ValueError(f"network interface {requested!r} ({GLOO_IFACE_ENV} / --network-interface) "
+                             f"does not exist on host {host}; its interfaces: {_listing(interfaces)}")
+        return requested
+    address = ipaddress.ip_address(resolve(host))
+    matches = [name for name, addresses in interfaces.items()
+               if any(_same_or_loopback(address, a) for a in addresses)]
+    if matches:
+        return sorted(matches, key=lambda name: name != "lo")[0]
+    raise ValueError(f"no network interface of host {host} has its address {address} (interfaces: "
+                     f"{_listing(interfaces)}); set SPARK_LOCAL_IP to one of these addresses, or name the "
+                     f"interface with --network-interface / {GLOO_IFACE_ENV}")
+
+
+def _same_or_loopback(address, other: str) -> bool:
+    """``address`` equals ``other``, or both are loopback addresses (of the same IP version)."""
+    import ipaddress
+
+    try:
+        candidate = ipaddress.ip_address(other)
+    except ValueError:
+        return False
+    if address.is_loopback and candidate.is_loopback:  # Gloo binds by name: lo serves both versions
+        return True
+    return candidate == address
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec

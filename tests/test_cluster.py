@@ -114,3 +114,58 @@ def test_more_tasks_than_slots_is_refused_before_starting(cluster, etl_on_cluste
     assert proc.returncode == 2
     assert "np=3 Spark tasks requested but the cluster" in proc.output and "offers 2 task slots" in proc.output
     assert proc.seconds < 120
+
+
+@pytest.mark.parametrize("conf", [["spark.dynamicAllocation.enabled=true"],
+                                  ["spark.dynamicAllocation.enabled=TRUE", "spark.dynamicAllocation.minExecutors=2"]])
+def test_dynamic_allocation_is_refused_at_once_by_name(cluster, tmp_path, conf):
+    """Without the check: a 60 s wait for slots that never come ("0 task slots"), or, with
+    executors, Spark's BarrierJobRunWithDynamicAllocationException traceback."""
+    proc = submit(cluster, "train.py", *train_args(str(tmp_path / "data"), str(tmp_path / "out"), "--spark-np", "2"),
+                  conf=conf, timeout=200)
+    assert proc.returncode == 2, proc.output[-3000:]
+    lines = [line for line in proc.output.splitlines() if "[train driver]" in line]
+    checking = next(line for line in lines if "HorovodRunner: np=2 on spark://" in line)
+    error = next(line for line in lines if " ERROR " in line)
+    assert error.split(" ERROR ")[1] == (
+        f"{conf[0]}: Spark runs no barrier tasks under dynamic allocation (master {cluster.url}); set "
+        f"spark.dynamicAllocation.enabled=false (executors: spark.executor.instances or spark.cores.max)")
+    assert _clock(error) - _clock(checking) <= 3  # seconds, not the 60 s slot wait
+    assert "task slots" not in proc.output and "BarrierJobRunWithDynamicAllocationException" not in proc.output
+
+
+def _clock(line):
+    h, m, s = (int(x) for x in line.split(" ")[0].split(":"))
+    return h * 3600 + m * 60 + s
+
+
+LOCAL_RUN = '''
+import sys
+from pyspark.sql import SparkSession
+from pipelines import HorovodJobFailed, HorovodRunner
+
+if __name__ == "__main__":
+    spark = SparkSession.builder.master(sys.argv[1]).config("spark.executor.memory", "1g").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        HorovodRunner(np=2).run(print)
+    except HorovodJobFailed as exc:
+        print("FAILED", exc, flush=True)
+'''
+
+
+def test_an_executor_without_its_interface_is_a_named_rank_failure(tmp_path):
+    """HOROVOD_GLOO_IFACE set on the worker hosts (spark-env.sh), unknown to the driver: each barrier
+    task refuses it on its host, the job fails as HorovodJobFailed naming rank and host, no rank starts."""
+    script = tmp_path / "run.py"
+    script.write_text(LOCAL_RUN)
+    with StandaloneCluster(workers=1, cores=2, memory="2g", env={"HOROVOD_GLOO_IFACE": "nosuch0"}) as c:
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, str(script), c.url], capture_output=True, text=True, timeout=200,
+                              env=subprocess_env(SPARK_LOCAL_IP="127.0.0.1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    failed = next(line for line in proc.stdout.splitlines() if line.startswith("FAILED"))
+    assert failed.startswith("FAILED rank 0 failed: ValueError: network interface 'nosuch0' (HOROVOD_GLOO_IFACE / "
+                             "--network-interface) does not exist on host 127.0.0.1; its interfaces: ")
+    assert failed.endswith("(then also: rank 1)") and "lo (127.0.0.1" in failed
+    assert time.monotonic() - start < 120

@@ -45,8 +45,8 @@ def _raise_on_rank_1():
 
 @pytest.mark.slow
 def test_local_run_returns_rank_0s_value():
-    total, rank = HorovodRunner(np=-2).run(_rank_sum, offset=10)
-    assert (total, rank) == (21.0, 0)
+    """With the loopback interface named (the default path runs in the tests below)."""
+    assert HorovodRunner(np=-2, network_interface="lo").run(_rank_sum_and_iface, offset=10) == ((21.0, 0), "lo")
 
 
 def _tuning_env():
@@ -89,3 +89,224 @@ def test_a_peer_error_never_hides_the_root_cause(tmp_path):
                                                       "secondary": False}))
     message = "The first process to do so was:\nProcess name: 0\nExit code: 1\n"
     assert str(HorovodJobFailed(_collect_failures(str(tmp_path), message))).startswith("rank 1 failed: ValueError")
+
+
+# -- which network interface Gloo uses (issue 9, item 4) ----------------------------------------
+from pipelines.launcher import (ClusterConfigError, check_barrier_conf, interface_of,  # noqa: E402
+                                is_local_master, is_this_machine, local_interfaces, resolve)
+
+IFACES = {"lo": ["127.0.0.1", "::1"], "eth0": ["192.0.2.2", "fe80::1"], "ib0": ["10.1.0.5"]}
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.1.1", "127.0.0.2", "127.255.255.254", "::1", "localhost"])
+def test_every_loopback_address_maps_to_lo(host):
+    """Linux routes all of 127.0.0.0/8 over lo although only 127.0.0.1 is configured on it."""
+    assert interface_of(host, interfaces=IFACES) == "lo"
+    assert interface_of(host, interfaces={"lo": ["127.0.0.1"], "eth0": ["192.0.2.2"]}) == "lo"  # no IPv6 on lo
+
+
+@pytest.mark.parametrize("host, iface", [("192.0.2.2", "eth0"), ("10.1.0.5", "ib0"), ("fe80::1", "eth0")])
+def test_other_addresses_map_to_the_interface_that_carries_them(host, iface):
+    assert interface_of(host, interfaces=IFACES) == iface
+
+
+@pytest.mark.parametrize("host", ["10.1.0.6", "192.0.2.3", "203.0.113.7"])
+def test_an_address_on_no_interface_is_a_clear_error(host):
+    with pytest.raises(ValueError) as info:
+        interface_of(host, interfaces=IFACES)
+    message = str(info.value)
+    assert f"no network interface of host {host} has its address {host}" in message
+    assert "eth0 (192.0.2.2 fe80::1), ib0 (10.1.0.5), lo (127.0.0.1 ::1)" in message
+    assert "--network-interface" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("host", ["127.0.1.1", "192.0.2.2", "10.9.9.9"])
+def test_a_requested_interface_is_used_as_given_never_replaced(host):
+    assert interface_of(host, "eth0", IFACES) == "eth0"
+    assert interface_of(host, "ib0", IFACES) == "ib0"
+
+
+@pytest.mark.parametrize("requested", ["nosuch0", "eth1", "LO"])
+def test_a_requested_interface_that_does_not_exist_is_refused_by_name(requested):
+    with pytest.raises(ValueError) as info:
+        interface_of("127.0.0.1", requested, IFACES)
+    assert str(info.value) == (f"network interface {requested!r} (HOROVOD_GLOO_IFACE / --network-interface) does "
+                               f"not exist on host 127.0.0.1; its interfaces: eth0 (192.0.2.2 fe80::1), "
+                               f"ib0 (10.1.0.5), lo (127.0.0.1 ::1)")
+
+
+def test_hostnames_resolve_on_this_machine():
+    import ipaddress
+    import socket
+    ifaces = local_interfaces()
+    assert ipaddress.ip_address(resolve("localhost")).is_loopback and interface_of("localhost") == "lo"
+    name, address = socket.gethostname(), resolve(socket.gethostname())  # Debian/Ubuntu: 127.0.1.1
+    expected = "lo" if ipaddress.ip_address(address).is_loopback else next(
+        n for n, addresses in ifaces.items() if address in addresses)
+    assert interface_of(name) == expected
+    assert is_this_machine(name) and is_this_machine("127.0.1.1") and is_this_machine("localhost")
+    assert not is_this_machine("203.0.113.7") and not is_this_machine("no-such-host.invalid")
+    with pytest.raises(ValueError, match="host 'no-such-host.invalid' does not resolve"):
+        interface_of("no-such-host.invalid")
+
+
+def test_local_mode_refuses_a_missing_interface_before_any_rank(monkeypatch):
+    monkeypatch.setenv("HOROVOD_GLOO_IFACE", "nosuch0")
+    with pytest.raises(ValueError, match=r"network interface 'nosuch0' .* does not exist on host localhost; "
+                                         r"its interfaces: .*lo \(127\.0\.0\.1"):
+        HorovodRunner(np=-2).run(_rank_sum, offset=0)
+    assert HorovodRunner(np=2, network_interface="eth7").network_interface == "eth7"  # the argument wins
+
+
+@pytest.mark.parametrize("requested, refused", [("lo", False), ("eth0", True), ("ib0", True)])
+def test_local_ranks_take_only_the_loopback_interface_horovod_accepts(requested, refused):
+    from pipelines.launcher import _local_interface
+    if refused:
+        with pytest.raises(ValueError, match=rf"network interface '{requested}' \(.+\) cannot carry local ranks"):
+            _local_interface(requested, IFACES)
+    else:
+        assert _local_interface(requested, IFACES) == "lo"
+    assert _local_interface(None, IFACES) is None and _local_interface("", IFACES) is None  # Horovod's own choice
+
+
+# -- Spark settings barrier tasks cannot run under (issue 9, item 5) ----------------------------
+
+@pytest.mark.parametrize("master, value", [("spark://10.0.0.1:7077", "true"), ("local-cluster[2,1,1024]", "TRUE"),
+                                           ("yarn", " True "), ("k8s://https://10.0.0.1:6443", "true")])
+def test_dynamic_allocation_is_refused_by_name(master, value):
+    conf = {"spark.master": master, "spark.dynamicAllocation.enabled": value}
+    with pytest.raises(ClusterConfigError) as info:
+        check_barrier_conf(conf)
+    message = str(info.value)
+    assert message.startswith(f"spark.dynamicAllocation.enabled={value.strip()}: Spark runs no barrier tasks")
+    assert "set spark.dynamicAllocation.enabled=false" in message and master in message and "\n" not in message
+    assert isinstance(info.value, ValueError)  # jobs/train.py: exit 2
+
+
+@pytest.mark.parametrize("conf", [
+    {"spark.master": "spark://h:7077"},
+    {"spark.master": "spark://h:7077", "spark.dynamicAllocation.enabled": "false"},
+    {"spark.master": "local[2]", "spark.dynamicAllocation.enabled": "true"},  # Spark ignores it on local masters
+    {"spark.master": "local", "spark.dynamicAllocation.enabled": "true"},
+    {"spark.master": "spark://h:7077", "spark.speculation": "true"},  # Spark never speculates barrier tasks
+])
+def test_settings_barrier_tasks_run_under_pass(conf):
+    check_barrier_conf(conf)
+
+
+def test_dynamic_allocation_testing_counts_on_local_masters_too():
+    with pytest.raises(ClusterConfigError, match="spark.dynamicAllocation.enabled=true"):
+        check_barrier_conf({"spark.master": "local[2]", "spark.dynamicAllocation.enabled": "true",
+                            "spark.dynamicAllocation.testing": "true"})
+
+
+@pytest.mark.parametrize("master, local", [("local", True), ("local[2]", True), ("local[*]", True),
+                                           ("local[2,3]", True), ("local-cluster[2,1,1024]", False),
+                                           ("spark://127.0.0.1:7077", False), ("yarn", False)])
+def test_local_masters_are_spark_s(master, local):
+    assert is_local_master(master) is local
+
+
+# -- `from pipelines import HorovodRunner`, lazily ----------------------------------------------
+
+def test_import_pipelines_is_light_and_exports_the_runner():
+    import subprocess
+    import sys
+    code = ("import sys, pipelines\n"
+            "heavy = ('tensorflow', 'horovod', 'pyspark')\n"
+            "print(sorted(m for m in heavy if m in sys.modules))\n"
+            "from pipelines import HorovodRunner, HorovodJobFailed, ClusterConfigError\n"
+            "import pipelines.launcher as l\n"
+            "print(HorovodRunner is l.HorovodRunner, HorovodJobFailed is l.HorovodJobFailed,"
+            " ClusterConfigError is l.ClusterConfigError, 'HorovodRunner' in dir(pipelines))\n"
+            "print(sorted(m for m in heavy if m in sys.modules))\n"
+            "from pipelines import config\n"  # submodules still import as before
+            "try:\n    pipelines.NoSuchThing\nexcept AttributeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["[]", "True True True True", "[]",
+                                "module 'pipelines' has no attribute 'NoSuchThing'"]
+
+
+# -- end to end: real Spark, real Horovod ---------------------------------------------------------
+SPARK_SCRIPT = '''
+import sys
+from pyspark.sql import SparkSession
+from pipelines import HorovodRunner
+
+def rank_sum(offset):
+    import os
+    import horovod.tensorflow as hvd
+    import numpy as np
+    hvd.init()
+    total = float(hvd.allreduce(np.array([hvd.rank() + offset], np.float64), op=hvd.Sum).numpy()[0])
+    return total, hvd.rank(), os.environ["HOROVOD_GLOO_IFACE"], os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"]
+
+if __name__ == "__main__":
+    spark = SparkSession.builder.master(sys.argv[1]).config("spark.ui.enabled", "false").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    print("RESULT", HorovodRunner(np=2).run(rank_sum, offset=10), flush=True)
+    if len(sys.argv) > 2:  # the user's interface, used as given although the address is on lo
+        print("CHOSEN", HorovodRunner(np=2, network_interface=sys.argv[2]).run(rank_sum, offset=1), flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_spark_ranks_on_a_non_default_loopback_address(tmp_path):
+    """SPARK_LOCAL_IP=127.0.1.1 (Debian's hostname address): Gloo runs over lo; the rendezvous is
+    reached at the address Spark gives task 0."""
+    import subprocess
+    import sys
+    from tests.conftest import subprocess_env
+    script = tmp_path / "loopback.py"
+    script.write_text(SPARK_SCRIPT)
+    other = next(name for name, addresses in local_interfaces().items()  # e.g. eth0
+                 if any("." in a and not a.startswith("127.") for a in addresses))
+    proc = subprocess.run([sys.executable, str(script), "local[2]", other], capture_output=True, text=True,
+                          timeout=300, env=subprocess_env(SPARK_LOCAL_IP="127.0.1.1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RESULT (21.0, 0, 'lo', '127.0.1.1')" in proc.stdout
+    assert f"CHOSEN (3.0, 0, '{other}', '127.0.1.1')" in proc.stdout
+
+
+def _rank_sum_and_iface(offset):
+    import os
+    return _rank_sum(offset), os.environ["HOROVOD_GLOO_IFACE"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spark_np, how", [(2, "flag"), (-2, "env")])  # Spark tasks / local ranks
+def test_train_refuses_a_missing_interface_with_exit_2_before_any_rank(tmp_path, spark_np, how):
+    import os
+    import subprocess
+    import sys
+    from tests.conftest import subprocess_env
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    args = [sys.executable, os.path.join(repo, "jobs", "train.py"), "--data", str(tmp_path / "data"),
+            "--output", str(tmp_path / "out"), "--spark-np", str(spark_np)]
+    env = subprocess_env(HOROVOD_GLOO_IFACE="nosuch0") if how == "env" else subprocess_env()
+    if how == "flag":
+        args += ["--network-interface", "nosuch0"]
+        env.pop("HOROVOD_GLOO_IFACE", None)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "network interface 'nosuch0' (HOROVOD_GLOO_IFACE / --network-interface) does not exist on host" in errors[0]
+    assert "lo (127.0.0.1" in errors[0]
+    assert "barrier tasks on" not in proc.stderr and "rank 0" not in proc.stderr  # no task, no rank started
+
+
+@pytest.mark.parametrize("spark_np, accepted", [(0, False), (2, True), (-2, True)])
+def test_network_interface_flag_applies_to_spark_np_runs_only(spark_np, accepted, capsys):
+    """Under horovodrun (--spark-np 0) the flag would be silently ignored: refused instead."""
+    from pipelines.config import parse_config
+    from pipelines.training.config import TrainConfig
+    argv = ["--data", "d", "--output", "o", "--spark-np", str(spark_np), "--network-interface", "eth0"]
+    if accepted:
+        assert parse_config(TrainConfig, argv).network_interface == "eth0"
+    else:
+        with pytest.raises(SystemExit) as info:
+            parse_config(TrainConfig, argv)
+        assert info.value.code == 2
+        assert "--network-interface applies to --spark-np runs" in capsys.readouterr().err
+    assert parse_config(TrainConfig, ["--data", "d", "--output", "o"]).network_interface == ""

@@ -21,7 +21,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse the options into a :class:`TrainConfig` and train.
 
     Returns 0 on success; 2 with a one-line error when the data cannot feed the run or the
-    launch is impossible; 1 with the failing rank and its cause when a rank fails.
+    launch is impossible (too few task slots, a Spark setting barrier tasks refuse, a network
+    interface or host address that is not on this machine's executors), before any rank starts;
+    1 with the failing rank and its cause when a rank fails (on its host: also its network).
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from pipelines.launcher import HorovodJobFailed, HorovodRunner
@@ -41,8 +43,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if config.spark_np > 0:
                 from pipelines.spark import spark_session
                 spark_session("pipelines-train")
-            report = HorovodRunner(np=config.spark_np).run(run_training,
-                                                           config=dataclasses.replace(config, spark_np=0))
+            runner = HorovodRunner(np=config.spark_np, network_interface=config.network_interface or None)
+            report = runner.run(run_training, config=dataclasses.replace(config, spark_np=0, network_interface=""))
         else:
             report = run_training(config)
             if not _is_rank0():

@@ -44,6 +44,10 @@ class TrainConfig:
     spark_np: int = field(0, help="launch the ranks from this process with HorovodRunner: N > 0 runs N Spark "
                                   "barrier tasks on the session's cluster (spark-submit --master ...), "
                                   "N < 0 runs -N local processes; 0 = this process is a rank (horovodrun)")
+    network_interface: str = field("", help="with --spark-np: the network interface Horovod's Gloo uses on "
+                                            "every host (e.g. eth0), used as given or refused when a host "
+                                            "lacks it; default: HOROVOD_GLOO_IFACE, else the interface of "
+                                            "each host's address (lo for loopback addresses)")
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -59,6 +63,9 @@ class TrainConfig:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.warmup_epochs < 0 or self.patience < 0 or self.image_size < 0:
             raise ValueError("--warmup-epochs, --patience and --image-size must be >= 0")
+        if self.network_interface and not self.spark_np:
+            raise ValueError("--network-interface applies to --spark-np runs; under horovodrun use "
+                             "horovodrun's own --network-interface")
         if self.shuffle_buffer < 1:
             raise ValueError(f"--shuffle-buffer must be >= 1, got {self.shuffle_buffer}")
         self.data = check_url_safe(self.data, "--data")
