@@ -31,8 +31,9 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
+from pipelines.training.devices import SPARK_GPUS_ENV
+
 log = logging.getLogger("pipelines")
-SPARK_GPUS_ENV = "PIPELINES_SPARK_GPUS"
 FAILURE_DIR_ENV = "PIPELINES_FAILURE_DIR"
 
 
