@@ -41,11 +41,11 @@ def main(argv=None) -> int:
     import pyarrow.parquet as pq
     import tensorflow as tf
 
-    from pipelines import samples
     from pipelines.etl.config import ETLConfig
     from pipelines.etl.job import run_etl
     from pipelines.logs import setup_logging
     from pipelines.spark import spark_session
+    from pipelines.tools import samples
     from pipelines.training.data import load_dataset, make_dataset, open_reader
 
     setup_logging("loader-bench", level=30)

@@ -36,7 +36,7 @@ def prepare(args: argparse.Namespace, workdir: str) -> tuple:
     """``(ETL output folder, weights path)``: ``--data`` as given, or the sample through the ETL
     into ``workdir/data-<sample>-<per class>-<size>px`` (reused when already there)."""
     from pipelines import notebook
-    from pipelines.training.weights import ensure_xception_notop_weights
+    from pipelines.tools.weights import ensure_xception_notop_weights
 
     data = args.data or notebook.ensure_sample_etl(
         os.path.join(workdir, f"data-{args.sample}-{args.per_class}-{args.image_size}px"),

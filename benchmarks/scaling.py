@@ -3,7 +3,7 @@
 For each world size in ``--np`` (one Horovod job each, ``HorovodRunner(np=-N)``: N local processes,
 Gloo, the same ``--threads`` TensorFlow threads in every process) and each per-rank batch size in
 ``--batch-sizes``, every rank trains the article's model on its Petastorm shard exactly as
-``jobs/train.py`` does (:func:`pipelines.training.measure.measure_throughput`): ``--warmup-steps``
+``jobs/train.py`` does (:func:`measure.measure_throughput`): ``--warmup-steps``
 steps are discarded (graph tracing, cold cache, initial broadcast), the next ``--steps`` are timed.
 Horovod's timeline is recorded over the timed window, so the share of step time spent in
 ``ALLREDUCE`` (and in negotiation: waiting until every rank's gradient is ready) comes from Horovod
@@ -114,8 +114,13 @@ def main(argv=None) -> int:
     if args.cycle_time_ms > 0:
         os.environ["HOROVOD_CYCLE_TIME"] = str(args.cycle_time_ms)
 
+    import cloudpickle
+
+    import measure
     from pipelines.launcher import HorovodRunner
-    from pipelines.training.measure import measure_throughput, point_from_result, scaling_rows
+
+    # The ranks cannot import this folder's modules: the measuring function travels by value.
+    cloudpickle.register_pickle_by_value(measure)
 
     os.makedirs(os.path.join(args.out, "timelines"), exist_ok=True)
     data, weights = sample_data.prepare(args, args.out)
@@ -123,10 +128,10 @@ def main(argv=None) -> int:
     for n in args.np:
         print(f"np={n}: batch sizes {args.batch_sizes} per rank, {args.threads} thread(s) per rank", flush=True)
         results += HorovodRunner(np=-n).run(
-            measure_throughput, data=data, batch_sizes=args.batch_sizes, warmup_steps=args.warmup_steps,
+            measure.measure_throughput, data=data, batch_sizes=args.batch_sizes, warmup_steps=args.warmup_steps,
             steps=args.steps, threads=args.threads, weights=weights, bind_cores=args.bind_cores,
             timeline_dir=os.path.abspath(os.path.join(args.out, "timelines")))
-    rows = scaling_rows([point_from_result(r) for r in results])
+    rows = measure.scaling_rows([measure.point_from_result(r) for r in results])
 
     machine = (f"{os.cpu_count()} CPUs, {args.threads} thread(s) per rank"
                f"{', bound to cores of its own' if args.bind_cores else ', not bound'}, "

@@ -9,7 +9,7 @@ output folder, with early stopping on validation accuracy. Both paths start from
 head for a given seed; what still differs between them is random (shuffle order, dropout masks), so
 the benchmark runs ``--repeats`` seeds of each, interleaved, and compares means, next to the
 seed-to-seed spread. Printed per run and per path: wall time of the whole job, wall time from the
-job's start to the end of the best epoch (:func:`pipelines.training.measure.time_to_best`; the final
+job's start to the end of the best epoch (:func:`measure.time_to_best`; the final
 test evaluation and the epochs after the best one are left out), epochs run, best epoch, best
 validation accuracy and the exact test accuracy; then the speed-ups and the accuracy difference.
 Goal: at least 5x less wall time for a test accuracy within 1 point.
@@ -34,6 +34,7 @@ import tempfile
 import time
 
 import sample_data
+from measure import time_to_best
 
 PATHS = (("article", {}), ("feature cache", {"feature_cache": True}))
 
@@ -44,7 +45,6 @@ def run_once(path: str, extra: dict, seed: int, args, data: str, work: str) -> d
     from pipelines.training.config import TrainConfig
     from pipelines.training.data import load_dataset
     from pipelines.training.features import feature_dir, feature_key
-    from pipelines.training.measure import time_to_best
     from pipelines.training.train import run_training
 
     out = os.path.join(work, f"{path.replace(' ', '-')}-seed{seed}")

@@ -30,7 +30,7 @@ def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float 
     Raises:
         ValueError: an unknown ``sample``.
     """
-    from pipelines import samples
+    from pipelines.tools import samples
     from pipelines.etl.config import ETLConfig
     from pipelines.etl.job import run_etl
 

@@ -1,7 +1,8 @@
 """Measuring training: steady-state throughput at a world size, the share of step time spent in
 allreduce (from Horovod's timeline), scaling efficiency, and time to the best epoch.
 
-Used by ``benchmarks/scaling.py`` and ``benchmarks/time_to_accuracy.py``. The arithmetic is pure;
+Used by ``benchmarks/scaling.py`` and ``benchmarks/time_to_accuracy.py`` (imported as ``measure``: the
+benchmarks run as scripts from this folder). The arithmetic is pure;
 :func:`measure_throughput` is the part every Horovod rank runs, and it trains exactly as
 :func:`pipelines.training.train.run_training` does (same model, optimizer, data path), minus the
 callbacks that only matter across epochs.
