@@ -35,11 +35,10 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 def prepare(args: argparse.Namespace, workdir: str) -> tuple:
     """``(ETL output folder, weights path)``: ``--data`` as given, or the sample through the ETL
     into ``workdir/data-<sample>-<per class>-<size>px`` (reused when already there)."""
-    from pipelines import notebook
-    from pipelines.tools.weights import ensure_xception_notop_weights
+    from pipelines.tools.workspace import ensure_sample_etl, ensure_weights
 
-    data = args.data or notebook.ensure_sample_etl(
+    data = args.data or ensure_sample_etl(
         os.path.join(workdir, f"data-{args.sample}-{args.per_class}-{args.image_size}px"),
         image_size=args.image_size, test_fraction=0.3, sample=args.sample, per_class=args.per_class)
-    weights = os.path.abspath(args.weights) if args.weights else str(ensure_xception_notop_weights())
+    weights = os.path.abspath(args.weights) if args.weights else ensure_weights()
     return os.path.abspath(data), weights
