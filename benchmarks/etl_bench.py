@@ -104,11 +104,11 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a temp dir, removed)")
     args = parser.parse_args(argv)
 
-    from pipelines import samples
     from pipelines.etl.config import ETLConfig
     from pipelines.etl.job import run_etl
     from pipelines.logs import setup_logging
     from pipelines.spark import spark_session
+    from pipelines.tools import samples
 
     setup_logging("etl-bench", level=30)
     work = args.workdir or tempfile.mkdtemp(prefix="etl-bench-")

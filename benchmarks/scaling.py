@@ -3,13 +3,17 @@
 For each world size in ``--np`` (one Horovod job each, ``HorovodRunner(np=-N)``: N local processes,
 Gloo, the same ``--threads`` TensorFlow threads in every process) and each per-rank batch size in
 ``--batch-sizes``, every rank trains the article's model on its Petastorm shard exactly as
-``jobs/train.py`` does (:func:`pipelines.training.measure.measure_throughput`): ``--warmup-steps``
+``jobs/train.py`` does (:func:`measure.measure_throughput`): ``--warmup-steps``
 steps are discarded (graph tracing, cold cache, initial broadcast), the next ``--steps`` are timed.
 Horovod's timeline is recorded over the timed window, so the share of step time spent in
 ``ALLREDUCE`` (and in negotiation: waiting until every rank's gradient is ready) comes from Horovod
 itself. Printed and written (``scaling.csv``, ``scaling.png`` in ``--out``): images/s, step time,
 speed-up and scaling efficiency against world size 1 at the same per-rank batch, and the shares.
 Goal here: scaling efficiency at np=2 of at least 0.9 (for ``--headline-batch``).
+
+Training settings are ``TrainConfig``'s options (``--threads``, ``--bind-cores``, ``--image-size``: the
+model's input, 0 = the ETL's size; ``--weights``), one base config for every measurement; the sample's
+ETL size is ``--etl-image-size``.
 
 Each rank is bound to ``--threads`` cores of its own (``--no-bind-cores`` to compare): otherwise
 world size 1 borrows the idle cores for its helper threads, while at a full machine every rank's
@@ -23,8 +27,8 @@ times ``--threads``, or GPUs: one per rank).
 
 Usage: python benchmarks/scaling.py [--np 1,2] [--batch-sizes 4,8,16,32] [--threads 1] [--no-bind-cores]
            [--cycle-time-ms MS]
-           [--warmup-steps 3] [--steps 10] [--sample fashion-mnist --per-class 100 --image-size 299 |
-            --data ETL_OUTPUT] [--out OUT/scaling]
+           [--warmup-steps 3] [--steps 10] [--sample fashion-mnist --per-class 100 --etl-image-size 299 |
+            --data ETL_OUTPUT] [--image-size 0] [--weights FILE] [--out OUT/scaling]
 """
 from __future__ import annotations
 
@@ -34,6 +38,9 @@ import os
 import sys
 
 import sample_data
+
+# TrainConfig options of this benchmark, with its defaults: one thread per rank, each rank on cores of its own.
+TRAINING = {"threads": 1, "bind_cores": True, "image_size": 0}
 
 
 def int_list(text: str) -> list:
@@ -86,15 +93,11 @@ def main(argv=None) -> int:
     parser.add_argument("--np", type=int_list, default=[1, 2], help="world sizes, e.g. 1,2,4,8")
     parser.add_argument("--batch-sizes", type=int_list, default=[4, 8, 16, 32], help="per-rank batch sizes")
     parser.add_argument("--headline-batch", type=int, default=16, help="per-rank batch of the goal line")
-    parser.add_argument("--threads", type=sample_data.positive_int, default=1,
-                        help="TensorFlow intra-op threads in every process")
-    parser.add_argument("--bind-cores", action=argparse.BooleanOptionalAction, default=True,
-                        help="bind each rank to --threads cores of its own (default: on)")
     parser.add_argument("--cycle-time-ms", type=float, default=0.0,
                         help="HOROVOD_CYCLE_TIME (ms) of the ranks; 0 = as in this environment (unset: 1 ms)")
     parser.add_argument("--warmup-steps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
-    sample_data.add_arguments(parser, per_class=100, image_size=299)
+    sample_data.add_arguments(parser, per_class=100, etl_image_size=299, training=TRAINING)
     parser.add_argument("--out", default="out/scaling",
                         help="folder for scaling.csv, scaling.png, timelines/ and the sample data")
     args = parser.parse_args(argv)
@@ -102,36 +105,42 @@ def main(argv=None) -> int:
         parser.error("--warmup-steps and --steps must be >= 1")
     if args.cycle_time_ms < 0:
         parser.error("--cycle-time-ms must be >= 0")
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1 here (the same threads at every world size), got {args.threads}")
     if args.headline_batch not in args.batch_sizes:
         parser.error(f"--headline-batch {args.headline_batch} is not one of --batch-sizes {args.batch_sizes}")
     available = len(os.sched_getaffinity(0))
     if args.bind_cores and max(args.np) * args.threads > available:
         parser.error(f"binding {max(args.np)} ranks x {args.threads} thread(s) needs {max(args.np) * args.threads} "
                      f"cores; {available} are available (fewer --np or --threads, or --no-bind-cores)")
-    sample_data.check(parser, args)
+    base = sample_data.check(parser, args, TRAINING, output=args.out, tensorboard=False)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"  # recorded only over the timed window
     if args.cycle_time_ms > 0:
         os.environ["HOROVOD_CYCLE_TIME"] = str(args.cycle_time_ms)
 
+    import cloudpickle
+
+    import measure
     from pipelines.launcher import HorovodRunner
-    from pipelines.training.measure import measure_throughput, point_from_result, scaling_rows
+
+    # The ranks cannot import this folder's modules: the measuring function travels by value.
+    cloudpickle.register_pickle_by_value(measure)
 
     os.makedirs(os.path.join(args.out, "timelines"), exist_ok=True)
-    data, weights = sample_data.prepare(args, args.out)
+    config = sample_data.prepare(base, args, args.out)
     results = []
     for n in args.np:
-        print(f"np={n}: batch sizes {args.batch_sizes} per rank, {args.threads} thread(s) per rank", flush=True)
+        print(f"np={n}: batch sizes {args.batch_sizes} per rank, {config.threads} thread(s) per rank", flush=True)
         results += HorovodRunner(np=-n).run(
-            measure_throughput, data=data, batch_sizes=args.batch_sizes, warmup_steps=args.warmup_steps,
-            steps=args.steps, threads=args.threads, weights=weights, bind_cores=args.bind_cores,
-            timeline_dir=os.path.abspath(os.path.join(args.out, "timelines")))
-    rows = scaling_rows([point_from_result(r) for r in results])
+            measure.measure_throughput, config=config, batch_sizes=args.batch_sizes, warmup_steps=args.warmup_steps,
+            steps=args.steps, timeline_dir=os.path.abspath(os.path.join(args.out, "timelines")))
+    rows = measure.scaling_rows([measure.point_from_result(r) for r in results])
 
-    machine = (f"{os.cpu_count()} CPUs, {args.threads} thread(s) per rank"
-               f"{', bound to cores of its own' if args.bind_cores else ', not bound'}, "
+    machine = (f"{os.cpu_count()} CPUs, {config.threads} thread(s) per rank"
+               f"{', bound to cores of its own' if config.bind_cores else ', not bound'}, "
                f"HOROVOD_CYCLE_TIME {os.environ.get('HOROVOD_CYCLE_TIME', 'unset (1 ms)')}")
-    print(f"\nScaling: {machine}, data {data}, {args.steps} timed steps after {args.warmup_steps} warm-up")
+    print(f"\nScaling: {machine}, data {config.data}, {args.steps} timed steps after {args.warmup_steps} warm-up")
     print(f"{'np':>3s} {'batch/rank':>10s} {'global':>7s} {'step ms':>8s} {'images/s':>9s} {'speed-up':>9s} "
           f"{'efficiency':>10s} {'allreduce':>10s} {'negotiation':>12s}")
     for r in rows:

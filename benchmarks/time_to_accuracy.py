@@ -9,7 +9,7 @@ output folder, with early stopping on validation accuracy. Both paths start from
 head for a given seed; what still differs between them is random (shuffle order, dropout masks), so
 the benchmark runs ``--repeats`` seeds of each, interleaved, and compares means, next to the
 seed-to-seed spread. Printed per run and per path: wall time of the whole job, wall time from the
-job's start to the end of the best epoch (:func:`pipelines.training.measure.time_to_best`; the final
+job's start to the end of the best epoch (:func:`measure.time_to_best`; the final
 test evaluation and the epochs after the best one are left out), epochs run, best epoch, best
 validation accuracy and the exact test accuracy; then the speed-ups and the accuracy difference.
 Goal: at least 5x less wall time for a test accuracy within 1 point.
@@ -17,15 +17,20 @@ Goal: at least 5x less wall time for a test accuracy within 1 point.
 Default data: 2,000 Fashion-MNIST images (200 per class) through the ETL at 128 px — at the
 article's 299 px each backbone pass costs about 5x more on both paths, which a 2-core machine
 cannot afford for the article's path; the speed-up depends on the number of epochs, not on the
-image size. ``--image-size 299`` or ``--data`` (any ETL output) on a bigger machine.
+image size. ``--etl-image-size 299`` or ``--data`` (any ETL output) on a bigger machine.
+
+Training settings are ``TrainConfig``'s options (``--epochs``, ``--patience``, ``--batch-size``,
+``--threads``, ``--seed``: the first seed, ``--image-size``: the model's input, 0 = the ETL's size;
+``--weights``): every run is that one base config with its own output folder, seed and path.
 
 Usage: python benchmarks/time_to_accuracy.py [--np 2] [--repeats 2] [--batch-size 16] [--patience 3]
-           [--sample fashion-mnist --per-class 200 --image-size 128 | --data ETL_OUTPUT] [--csv FILE]
+           [--sample fashion-mnist --per-class 200 --etl-image-size 128 | --data ETL_OUTPUT] [--csv FILE]
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import os
 import shutil
 import statistics
@@ -34,28 +39,29 @@ import tempfile
 import time
 
 import sample_data
+from measure import time_to_best
 
+# TrainConfig options of this benchmark, with TrainConfig's defaults.
+TRAINING = dict.fromkeys(("epochs", "patience", "batch_size", "threads", "seed", "image_size"))
 PATHS = (("article", {}), ("feature cache", {"feature_cache": True}))
 
 
-def run_once(path: str, extra: dict, seed: int, args, data: str, work: str) -> dict:
-    """One fresh Horovod job of one path; returns its row of figures."""
+def run_once(path: str, extra: dict, seed: int, base, np: int, work: str) -> dict:
+    """One fresh Horovod job of one path on ``np`` local processes, ``base`` with its own output,
+    seed and ``extra`` settings; returns its row of figures."""
     from pipelines.launcher import HorovodRunner
-    from pipelines.training.config import TrainConfig
     from pipelines.training.data import load_dataset
     from pipelines.training.features import feature_dir, feature_key
-    from pipelines.training.measure import time_to_best
     from pipelines.training.train import run_training
 
     out = os.path.join(work, f"{path.replace(' ', '-')}-seed{seed}")
-    config = TrainConfig(data=data, output=out, weights=args.weights, epochs=args.epochs, patience=args.patience,
-                         batch_size=args.batch_size, tensorboard=False, seed=seed, threads=args.threads, **extra)
+    config = dataclasses.replace(base, output=out, seed=seed, **extra)
     # The feature path pays for its features: this weights file's and size's set is computed anew.
-    image_size = config.image_size or load_dataset(data, args.np).image_size
-    shutil.rmtree(feature_dir(data, feature_key(config.weights, image_size, seed)), ignore_errors=True)
+    image_size = config.image_size or load_dataset(config.data, np).image_size
+    shutil.rmtree(feature_dir(config.data, feature_key(config.weights, image_size, seed)), ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()
-    report = HorovodRunner(np=-args.np).run(run_training, config=config)
+    report = HorovodRunner(np=-np).run(run_training, config=config)
     wall = time.perf_counter() - start
     history = report["history"]
     # Before fit: launching the processes (all of the job outside run_training, model export included)
@@ -101,38 +107,32 @@ def main(argv=None) -> int:
                         help="local Horovod processes (world size)")
     parser.add_argument("--repeats", type=sample_data.positive_int, default=2,
                         help="seeds per path (seed, seed + 1, ...)")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--epochs", type=sample_data.positive_int, default=30)
-    parser.add_argument("--patience", type=int, default=3)
-    parser.add_argument("--batch-size", type=sample_data.positive_int, default=16, help="per rank")
-    parser.add_argument("--threads", type=int, default=0, help="TensorFlow threads per rank; 0 = cores / np")
-    sample_data.add_arguments(parser, per_class=200, image_size=128)
+    sample_data.add_arguments(parser, per_class=200, etl_image_size=128, training=TRAINING)
     parser.add_argument("--workdir", default=None, help="kept when given; default: a temporary folder")
     parser.add_argument("--csv", default="", help="write the per-run rows here")
     args = parser.parse_args(argv)
-    if args.threads < 0:
-        parser.error(f"--threads must be >= 0, got {args.threads}")
-    sample_data.check(parser, args)
+    # Every run's output is a folder of its own in the work folder (run_once).
+    base = sample_data.check(parser, args, TRAINING, output=os.curdir, tensorboard=False)
     if args.csv:
         os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     work = args.workdir or tempfile.mkdtemp(prefix="tta-bench-")
     try:
-        return run(args, work)
+        return run(args, base, work)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def run(args, work: str) -> int:
-    data, args.weights = sample_data.prepare(args, work)
-    print(f"Time to accuracy: np={args.np}, batch {args.batch_size} per rank, patience {args.patience}, "
-          f"{args.repeats} seed(s) per path, {os.cpu_count()} CPUs, data {data}", flush=True)
+def run(args, base, work: str) -> int:
+    base = sample_data.prepare(base, args, work)
+    print(f"Time to accuracy: np={args.np}, batch {base.batch_size} per rank, patience {base.patience}, "
+          f"{args.repeats} seed(s) per path, {os.cpu_count()} CPUs, data {base.data}", flush=True)
     rows = []
-    for seed in range(args.seed, args.seed + args.repeats):
+    for seed in range(base.seed, base.seed + args.repeats):
         for path, extra in PATHS:  # interleaved, so that drift of the machine hits both paths alike
-            rows.append(run_once(path, extra, seed, args, data, work))
+            rows.append(run_once(path, extra, seed, base, args.np, work))
     summarise(rows)
     if args.csv:
         with open(args.csv, "w", newline="") as f:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from typing import Any, Sequence, Type, TypeVar
+from typing import Any, Mapping, Sequence, Type, TypeVar
 
 T = TypeVar("T")
 
@@ -27,27 +27,44 @@ def _base_type(tp: Any) -> Any:
 def build_parser(cls: Type[Any], description: str = "") -> argparse.ArgumentParser:
     """An ``argparse`` parser with one option per field of the dataclass ``cls``."""
     parser = argparse.ArgumentParser(description=description or (cls.__doc__ or "").split("\n")[0])
+    add_arguments(parser, cls)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: Type[Any], defaults: Mapping[str, Any] | None = None,
+                  notes: Mapping[str, str] | None = None) -> None:
+    """Add to ``parser`` one option per field of the dataclass ``cls``, as :func:`build_parser` does.
+
+    With ``defaults``, only the fields it names, in its order, each with that default instead of
+    the field's (another program's defaults for the same settings: a benchmark's). ``notes`` add
+    text to a field's help.
+
+    Raises:
+        KeyError: a name in ``defaults`` that is not a field of ``cls``.
+    """
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    chosen = [(fields[name], default) for name, default in defaults.items()] if defaults is not None else \
+        [(f, f.default) for f in fields.values()]
+    for f, default in chosen:
         flag = "--" + f.name.replace("_", "-")
         tp = _base_type(hints[f.name])
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        kwargs: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help", "")}
+        required = default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        kwargs: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help", "") + (notes or {}).get(f.name, "")}
         if tp is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
-            kwargs["default"] = f.default
+            kwargs["default"] = default
         else:
             kwargs["type"] = tp
             if required:
                 kwargs["required"] = True
             else:
-                kwargs["default"] = f.default
+                kwargs["default"] = default
                 if "default" not in kwargs["help"]:
-                    kwargs["help"] += f" (default: {f.default})"
+                    kwargs["help"] += " (default: %(default)s)"
             if "choices" in f.metadata:
                 kwargs["choices"] = f.metadata["choices"]
         parser.add_argument(flag, **kwargs)
-    return parser
 
 
 def parse_config(cls: Type[T], argv: Sequence[str] | None = None, description: str = "") -> T:

@@ -1,54 +1,41 @@
-"""Helpers of the notebooks: sample data on demand, runs through HorovodRunner, tables and plots.
+"""Helpers of the notebooks: their set-up in one call, runs through HorovodRunner, tables and plots.
 
-The notebooks stay a readable walk through the article's steps; what they share lives here. Nothing
-here needs ``dbutils``: paths are plain (on Databricks, give ``/dbfs/...`` paths).
+The notebooks stay a readable walk through the article's steps; what they share lives here. The
+set-up's fetching (sample data, weights) is in :mod:`pipelines.tools.workspace`. Nothing here
+needs ``dbutils``: paths are plain (on Databricks, give ``/dbfs/...`` paths).
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Dict, Optional
-
-WORKDIR_ENV = "PIPELINES_WORKDIR"
+from typing import Dict, NamedTuple
 
 
-def default_workdir() -> str:
-    """``$PIPELINES_WORKDIR``, or ``~/pipelines-work``: where the notebooks write."""
-    return os.path.abspath(os.path.expanduser(os.environ.get(WORKDIR_ENV, "~/pipelines-work")))
+class Setup(NamedTuple):
+    """What a training notebook's set-up gives the cells after it."""
+
+    workdir: str  #: where the notebook writes (runs, caches)
+    data_dir: str  #: the ETL output folder
+    base: Dict  #: the ``TrainConfig`` keywords every run of the notebook shares (``nb.train(**base, ...)``)
 
 
-def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float = 0.3, spark=None,
-                      input_dir: Optional[str] = None, sample: str = "tuxpaint",
-                      per_class: Optional[int] = None) -> str:
-    """The ETL output folder ``workdir/etl``, made first when it has no manifest.
+def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> Setup:
+    """The set-up every training notebook starts with, from its parameters.
 
-    With no ``input_dir``, a sample is fetched into ``workdir/<sample>`` first: ``tuxpaint`` (148
-    photos, 8 classes) or ``fashion-mnist`` (``per_class`` images of each of 10 classes, all when
-    ``None``). An existing ``workdir/etl`` is reused as it is, whatever it was made from.
-    Returns the ETL output folder.
-
-    Raises:
-        ValueError: an unknown ``sample``.
+    ``workdir`` ("" = :func:`pipelines.tools.workspace.default_workdir`) is made if missing;
+    ``data_dir`` ("" = ``workdir/etl``, made from the Tux Paint sample when it has no manifest);
+    ``weights`` ("" = the ImageNet Xception weights converted offline). ``base`` holds ``data``,
+    ``weights``, ``tensorboard=False`` and the other ``TrainConfig`` keywords given as ``train``.
+    Prints the data and weights used.
     """
-    from pipelines import samples
-    from pipelines.etl.config import ETLConfig
-    from pipelines.etl.job import run_etl
+    from pipelines.tools import workspace
 
-    if sample not in ("tuxpaint", "fashion-mnist"):
-        raise ValueError(f"unknown sample {sample!r}: tuxpaint or fashion-mnist")
-    etl = os.path.join(workdir, "etl")
-    if not os.path.exists(os.path.join(etl, "manifest.json")):
-        if not input_dir:
-            input_dir = os.path.join(workdir, sample)
-            extra = ["--per-class", str(per_class)] if (sample == "fashion-mnist" and per_class) else []
-            samples.main([sample, "--dest", input_dir, *extra])
-        from pyspark.sql import SparkSession
-
-        ours = spark is None and SparkSession.getActiveSession() is None
-        run_etl(ETLConfig(input=input_dir, output=etl, image_size=image_size, test_fraction=test_fraction), spark)
-        if ours:  # a session this call started would hold a JVM through everything that follows
-            SparkSession.getActiveSession().stop()
-    return etl
+    workdir = workdir or workspace.default_workdir()
+    os.makedirs(workdir, exist_ok=True)
+    data_dir = data_dir or workspace.ensure_sample_etl(workdir)
+    weights = workspace.ensure_weights(weights)
+    print("data:", data_dir, "| weights:", weights)
+    return Setup(workdir, data_dir, dict(data=data_dir, weights=weights, tensorboard=False, **train))
 
 
 def train(np: int = -1, **config) -> Dict:

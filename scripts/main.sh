@@ -10,10 +10,10 @@ NP=${NP:-2}
 export PATH="$PWD/$VENV/bin:$PATH" PYSPARK_PYTHON="$PWD/$VENV/bin/python" TF_CPP_MIN_LOG_LEVEL=2
 
 echo "== 1/4 sample data: Tux Paint photos as a Caltech-256-style tree"
-python -m pipelines.samples tuxpaint --dest "$OUT/tuxpaint"
+python -m pipelines.tools.samples tuxpaint --dest "$OUT/tuxpaint"
 
 echo "== 2/4 Xception ImageNet weights, converted offline"
-WEIGHTS=$(python -m pipelines.training.weights)
+WEIGHTS=$(python -m pipelines.tools.weights)
 echo "$WEIGHTS"
 
 echo "== 3/4 ETL: spark-submit jobs/etl.py"

@@ -27,7 +27,7 @@ def _run(script, *args, timeout=900):
 def test_scaling_benchmark_writes_rows_chart_and_allreduce_share(tmp_path):
     out = tmp_path / "scaling"
     stdout = _run("scaling.py", "--np", "1,2", "--batch-sizes", "2,4", "--headline-batch", "4",
-                  "--warmup-steps", "1", "--steps", "2", "--per-class", "4", "--image-size", "71",
+                  "--warmup-steps", "1", "--steps", "2", "--per-class", "4", "--etl-image-size", "71",
                   "--out", str(out))
     with open(out / "scaling.csv") as f:
         rows = list(csv.DictReader(f))
@@ -46,7 +46,7 @@ def test_scaling_benchmark_writes_rows_chart_and_allreduce_share(tmp_path):
 
 def test_time_to_accuracy_benchmark_runs_both_paths_per_seed(tmp_path):
     work, table = tmp_path / "work", tmp_path / "tta.csv"
-    stdout = _run("time_to_accuracy.py", "--per-class", "4", "--image-size", "71", "--repeats", "2",
+    stdout = _run("time_to_accuracy.py", "--per-class", "4", "--etl-image-size", "71", "--repeats", "2",
                   "--epochs", "2", "--batch-size", "2", "--workdir", str(work), "--csv", str(table))
     with open(table) as f:
         rows = list(csv.DictReader(f))

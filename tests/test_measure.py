@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from pipelines.training.measure import (ScalingPoint, load_timeline, point_from_result, scaling_rows,
-                                        time_to_best, timeline_phase_seconds, union_seconds)
+from benchmarks.measure import (ScalingPoint, load_timeline, point_from_result, scaling_rows,
+                               time_to_best, timeline_phase_seconds, union_seconds)
 
 
 def test_time_to_best_adds_setup_and_epochs_up_to_the_best():

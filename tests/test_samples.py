@@ -1,4 +1,4 @@
-"""Tests for pipelines.samples: pure helpers offline, the two exports (slow) against real packages."""
+"""Tests for pipelines.tools.samples: pure helpers offline, the two exports (slow) against real packages."""
 
 import gzip
 import struct
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines import samples
+from pipelines.tools import samples
 
 
 def _idx_bytes(array: np.ndarray, code: int = 0x08) -> bytes:

@@ -1,8 +1,8 @@
-"""Tests for pipelines.training.weights: Keras 3 key naming (no TensorFlow) and the real conversion."""
+"""Tests for pipelines.tools.weights: Keras 3 key naming (no TensorFlow) and the real conversion."""
 import numpy as np
 import pytest
 
-from pipelines.training import weights
+from pipelines.tools import weights
 
 
 def test_snake_case_matches_keras3():

@@ -14,7 +14,7 @@ def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights
 
     Args:
         weights: ``'imagenet'`` (Keras downloads them: needs internet), ``'none'`` (random), or the
-            path of a no-top Xception weights file (e.g. from ``python -m pipelines.training.weights``).
+            path of a no-top Xception weights file (e.g. from ``python -m pipelines.tools.weights``).
 
     Returns:
         an uncompiled ``tf.keras.Model`` with outputs of shape ``(batch, num_classes)``.

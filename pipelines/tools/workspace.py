@@ -1,0 +1,59 @@
+"""The working folder of the notebooks and the benchmarks, and a sample through the ETL on demand.
+
+Nothing here needs ``dbutils``: paths are plain (on Databricks, give ``/dbfs/...`` paths).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+WORKDIR_ENV = "PIPELINES_WORKDIR"
+
+
+def default_workdir() -> str:
+    """``$PIPELINES_WORKDIR``, or ``~/pipelines-work``: where the notebooks write."""
+    return os.path.abspath(os.path.expanduser(os.environ.get(WORKDIR_ENV, "~/pipelines-work")))
+
+
+def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float = 0.3, spark=None,
+                      input_dir: Optional[str] = None, sample: str = "tuxpaint",
+                      per_class: Optional[int] = None) -> str:
+    """The ETL output folder ``workdir/etl``, made first when it has no manifest.
+
+    With no ``input_dir``, a sample is fetched into ``workdir/<sample>`` first: ``tuxpaint`` (148
+    photos, 8 classes) or ``fashion-mnist`` (``per_class`` images of each of 10 classes, all when
+    ``None``). An existing ``workdir/etl`` is reused as it is, whatever it was made from.
+    Returns the ETL output folder.
+
+    Raises:
+        ValueError: an unknown ``sample``.
+    """
+    from pipelines.etl.config import ETLConfig
+    from pipelines.etl.job import run_etl
+    from pipelines.tools import samples
+
+    if sample not in ("tuxpaint", "fashion-mnist"):
+        raise ValueError(f"unknown sample {sample!r}: tuxpaint or fashion-mnist")
+    etl = os.path.join(workdir, "etl")
+    if not os.path.exists(os.path.join(etl, "manifest.json")):
+        if not input_dir:
+            input_dir = os.path.join(workdir, sample)
+            extra = ["--per-class", str(per_class)] if (sample == "fashion-mnist" and per_class) else []
+            samples.main([sample, "--dest", input_dir, *extra])
+        from pyspark.sql import SparkSession
+
+        ours = spark is None and SparkSession.getActiveSession() is None
+        run_etl(ETLConfig(input=input_dir, output=etl, image_size=image_size, test_fraction=test_fraction), spark)
+        if ours:  # a session this call started would hold a JVM through everything that follows
+            SparkSession.getActiveSession().stop()
+    return etl
+
+
+def ensure_weights(weights: str = "") -> str:
+    """``weights`` as given (``imagenet``, ``none`` or a path), or, when empty, the path of the
+    ImageNet Xception no-top weights converted offline (:mod:`pipelines.tools.weights`)."""
+    if weights:
+        return weights
+    from pipelines.tools.weights import ensure_xception_notop_weights
+
+    return str(ensure_xception_notop_weights())

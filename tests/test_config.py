@@ -1,0 +1,27 @@
+"""pipelines.config: a dataclass's fields as command-line options, all of them or a chosen few."""
+import argparse
+
+import pytest
+
+from pipelines.config import add_arguments, build_parser
+from pipelines.training.config import TrainConfig
+
+
+def test_chosen_fields_with_other_defaults_keep_the_fields_help_and_type():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, TrainConfig, {"threads": 1, "bind_cores": True, "batch_size": 32},
+                  notes={"threads": "; here >= 1"})
+    assert [a.dest for a in parser._actions[1:]] == ["threads", "bind_cores", "batch_size"]
+    args = parser.parse_args([])
+    assert (args.threads, args.bind_cores, args.batch_size) == (1, True, 32)
+    args = parser.parse_args(["--threads", "3", "--no-bind-cores"])
+    assert (args.threads, args.bind_cores) == (3, False)
+    helps = {a.dest: a.help for a in parser._actions}
+    full = {a.dest: a.help for a in build_parser(TrainConfig)._actions}
+    assert helps["threads"] == full["threads"].replace(" (default: %(default)s)", "") + "; here >= 1 (default: %(default)s)"
+    assert "(default: 32)" in parser.format_help().replace("\n", " ").replace("  ", " ")
+
+
+def test_unknown_field_is_refused():
+    with pytest.raises(KeyError):
+        add_arguments(argparse.ArgumentParser(), TrainConfig, {"threadz": 1})

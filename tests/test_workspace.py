@@ -1,0 +1,26 @@
+"""The notebooks' set-up in one call (pipelines.notebook.setup) over pipelines.tools.workspace."""
+import os
+
+from pipelines import notebook as nb
+from pipelines.tools import workspace
+
+
+def test_default_workdir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(workspace.WORKDIR_ENV, str(tmp_path / "w"))
+    assert workspace.default_workdir() == str(tmp_path / "w")
+
+
+def test_setup_gives_workdir_data_and_the_runs_shared_config(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv(workspace.WORKDIR_ENV, str(tmp_path / "work"))
+    etl = tmp_path / "work" / "etl"
+    etl.mkdir(parents=True)
+    (etl / "manifest.json").write_text("{}")  # an existing ETL output is reused as it is
+    workdir, data_dir, base = nb.setup("", "", "none", image_size=0, epochs=2, batch_size=4, patience=3)
+    assert workdir == str(tmp_path / "work") and data_dir == str(etl)
+    assert base == dict(data=str(etl), weights="none", tensorboard=False, image_size=0, epochs=2, batch_size=4,
+                        patience=3)
+    assert f"data: {etl} | weights: none" in capsys.readouterr().out
+
+    made = tmp_path / "made"
+    assert nb.setup(str(made), "/some/etl", "/w.h5").base["weights"] == "/w.h5"
+    assert os.path.isdir(made)
