@@ -14,7 +14,9 @@ distributed deep learning in TensorFlow", and Goyal et al. 2017):
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import time
 from collections import defaultdict
@@ -176,21 +178,16 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
-    from pipelines.logs import setup_logging
-    from pipelines.training.data import load_dataset, make_dataset, open_reader
-    from pipelines.training.devices import apply_device, bind_to_cores
+    from pipelines.training.data import load_dataset
+    from pipelines.training.inputs import ImageInputs
     from pipelines.training.model import build_model, compile_distributed
     from pipelines.training.schedule import scaled_lr
+    from pipelines.training.train import setup_rank
 
-    cores = bind_to_cores(threads, announce=False) if config.bind_cores else None  # before any thread starts
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    log = setup_logging("scaling", rank=rank)
-    if cores and rank == 0:
-        log.info("each rank bound to %d core(s) of its own (rank 0: %s)", threads, cores)
-    apply_device(hvd.local_rank(), [], announce=rank == 0)
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
+    # The job's own set-up: core binding before any thread, hvd.init, logging, device, threads.
+    this = setup_rank(config, job="scaling")
+    rank, size = this.rank, this.size
+    log = logging.getLogger("pipelines")
     dataset = load_dataset(config.data, size)
     size_px = config.image_size or dataset.image_size
 
@@ -219,10 +216,9 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
             compile_distributed(model, scaled_lr(config.base_lr, size))
             timeline = os.path.join(timeline_dir, f"np{size}-b{batch_size}.json") if timeline_dir else None
             window = Window(timeline)
-            with open_reader(dataset, "train", rank, size, os.path.join(cache_root, f"b{batch_size}"),
-                             workers=config.reader_workers, seed=seed + rank) as reader:
-                ds = make_dataset(reader, dataset.image_size, batch_size, size_px,
-                                  shuffle_buffer=config.shuffle_buffer, seed=seed + rank)
+            inputs = ImageInputs(dataclasses.replace(config, batch_size=batch_size), dataset, rank, size,
+                                 model, size_px)
+            with inputs.reader_dataset("train", os.path.join(cache_root, f"b{batch_size}")) as ds:
                 model.fit(ds, epochs=1, steps_per_epoch=warmup_steps + steps, verbose=0,
                           callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), window])
             seconds = max(hvd_tf.allgather_object(window.seconds, name=f"window_b{batch_size}"))

@@ -37,16 +37,21 @@ class ImageInputs:
         self.image_size = image_size
 
     @contextlib.contextmanager
+    def reader_dataset(self, split: str, cache_root: str) -> Iterator[object]:
+        """A looping dataset of ``split`` over a Petastorm reader that lives until the block ends;
+        the training split is shuffled (and augmented with ``--augment``)."""
+        c, data, training = self.config, self.data, split == "train"
+        with open_reader(data, split, self.rank, self.size, cache_root, workers=c.reader_workers,
+                         seed=c.seed + self.rank) as reader:
+            yield make_dataset(reader, data.image_size, c.batch_size, self.image_size,
+                               c.shuffle_buffer if training else 0, seed=c.seed + self.rank,
+                               augment=c.augment and training)
+
+    @contextlib.contextmanager
     def fit_datasets(self, cache_root: str) -> Iterator[Tuple[object, object]]:
         """``(train, validation)`` datasets over readers that live until the block ends."""
-        c, data = self.config, self.data
-        with open_reader(data, "train", self.rank, self.size, cache_root, workers=c.reader_workers,
-                         seed=c.seed + self.rank) as train_reader, \
-                open_reader(data, "test", self.rank, self.size, cache_root, workers=c.reader_workers,
-                            seed=c.seed + self.rank) as val_reader:
-            yield (make_dataset(train_reader, data.image_size, c.batch_size, self.image_size, c.shuffle_buffer,
-                                seed=c.seed + self.rank, augment=c.augment),
-                   make_dataset(val_reader, data.image_size, c.batch_size, self.image_size))
+        with self.reader_dataset("train", cache_root) as train, self.reader_dataset("test", cache_root) as val:
+            yield train, val
 
     def evaluate_shard(self, model):
         """Totals over this rank's test shard, each row once, count checked against the footers."""
