@@ -287,6 +287,20 @@ def test_non_ascii_names_are_all_written_under_the_c_locale(unicode_tree, tmp_pa
         assert (row["label"], row["label_name"]) == (int(folder[:3]) - 1, folder[4:])
 
 
+def test_a_session_we_start_is_utf8_whatever_the_callers_locale():
+    """The JVM's file-name encoding and the Python workers' file-system encoding, under LC_ALL=C."""
+    code = ("from pipelines.spark import spark_session\n"
+            "s = spark_session('locale', 'local[1]')\n"
+            "jvm = s.sparkContext._jvm.System\n"
+            "enc = s.sparkContext.parallelize([0], 1).map(lambda _: __import__('sys').getfilesystemencoding()).collect()\n"
+            "print(jvm.getProperty('sun.jnu.encoding'), jvm.getProperty('file.encoding'), enc[0])\n"
+            "s.stop()\n")
+    env = subprocess_env(LC_ALL="C", LANG="C")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-3:] == ["UTF-8", "UTF-8", "utf-8"]
+
+
 def snapshot(folder):
     """Every file under ``folder`` with its bytes."""
     found = {}
