@@ -292,7 +292,8 @@ def test_a_session_we_start_is_utf8_whatever_the_callers_locale():
     code = ("from pipelines.spark import spark_session\n"
             "s = spark_session('locale', 'local[1]')\n"
             "jvm = s.sparkContext._jvm.System\n"
-            "enc = s.sparkContext.parallelize([0], 1).map(lambda _: __import__('sys').getfilesystemencoding()).collect()\n"
+            "enc = s.sparkContext.parallelize([0], 1)"
+            ".map(lambda _: __import__('sys').getfilesystemencoding()).collect()\n"
             "print(jvm.getProperty('sun.jnu.encoding'), jvm.getProperty('file.encoding'), enc[0])\n"
             "s.stop()\n")
     env = subprocess_env(LC_ALL="C", LANG="C")
@@ -352,7 +353,8 @@ def test_a_huge_file_is_rejected_and_never_stops_the_job(spark, tmp_path):
         files = json.load(f)["files"]
     assert (files["found"], files["written"], files["rejected"]) == (10, 9, 1)
     assert read_ledger(out)["huge.jpg"]["reason"].startswith("not a supported raster image")
-    paths = {os.path.relpath(r["path"], root) for split in ("train", "test") for r in read_rows(os.path.join(out, split))}
+    paths = {os.path.relpath(r["path"], root) for split in ("train", "test")
+             for r in read_rows(os.path.join(out, split))}
     assert "002.class1/padded.jpg" in paths and len(paths) == 9
 
 

@@ -118,7 +118,7 @@ def test_skipped_extension_reason_names_every_accepted_extension():
 
 
 def test_names_that_are_not_utf8_are_rejected_and_shown_distinctly():
-    a, b = b"001.a/caf\xe9.jpg".decode("utf-8", "surrogateescape"), b"001.a/caf\xe8.jpg".decode("utf-8", "surrogateescape")
+    a, b = (raw.decode("utf-8", "surrogateescape") for raw in (b"001.a/caf\xe9.jpg", b"001.a/caf\xe8.jpg"))
     for name in (a, b, b"001.caf\xe9/x.jpg".decode("utf-8", "surrogateescape")):
         outcome = classify(name, 5, 10)
         assert outcome.status == REJECTED and outcome.reason.startswith("file name is not valid UTF-8")
@@ -130,7 +130,8 @@ def test_names_that_are_not_utf8_are_rejected_and_shown_distinctly():
 
 def test_listing_decodes_names_as_utf8_and_keeps_other_bytes(tmp_path):
     root = tmp_path / "root"
-    names = ["001.café/été.jpg", "002.日本/写真.png", "003.Ελληνικά/φωτογραφία.gif", "004.cafe\u0301/e\u0301te\u0301.jpg"]
+    names = ["001.café/été.jpg", "002.日本/写真.png", "003.Ελληνικά/φωτογραφία.gif",
+             "004.cafe\u0301/e\u0301te\u0301.jpg"]
     for name in names:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(b"x")

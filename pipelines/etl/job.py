@@ -116,6 +116,10 @@ def check_paths(config: ETLConfig) -> None:
 def plan(config: ETLConfig) -> Plan:
     """List and classify every file under the input; choose rows per row group.
 
+    Returns:
+        the :class:`Plan`, its candidates in :func:`pipelines.etl.layout.spread_order` order, each
+        with its label and split (:func:`pipelines.etl.labels.is_test`).
+
     Raises:
         ValueError: no class folder, or two folders with the same number.
     """
@@ -125,11 +129,11 @@ def plan(config: ETLConfig) -> Plan:
         raise ValueError(f"no class folder of the form NNN.name under {config.input}")
     max_bytes = int(config.max_file_mb * 2**20)
     outcomes = {f.path: classify(f.relative_path, f.size_bytes, max_bytes) for f in files}
-    listed = sorted((spread_order(f.relative_path, config.seed), f) for f in files
-                    if isinstance(outcomes[f.path], ClassFolder))
+    listed = sorted((f for f in files if isinstance(outcomes[f.path], ClassFolder)),
+                    key=lambda f: (spread_order(f.relative_path, config.seed), f.relative_path))
     candidates = [Candidate(f.path, outcomes[f.path].label, outcomes[f.path].name,
                             TEST if is_test(f.relative_path, config.seed, config.test_fraction) else TRAIN)
-                  for _, f in listed]
+                  for f in listed]
     expected = Counter(c.split for c in candidates)
     rpg = rows_per_row_group(config.row_bytes, config.row_group_mb * 2**20, dict(expected),
                              config.min_row_groups)
