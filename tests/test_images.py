@@ -204,3 +204,39 @@ def test_what_pillow_sees_never_names_an_accepted_format_and_never_renders():
     assert what_pillow_sees(EPS) == "Pillow sees EPS"
     assert what_pillow_sees(b"") == "Pillow cannot identify it"
     assert what_pillow_sees(b"\xff\xd8\xff\xe0" + bytes(1000)) == "Pillow cannot identify it"
+
+
+PEAK_PROBE = """
+import resource, sys
+from pipelines.etl.images import decode_and_fit
+data = open(sys.argv[1], 'rb').read()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+decode_and_fit(data, 299, None)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "I;16"])
+def test_decoding_stays_within_the_stated_bytes_per_pixel(tmp_path, mode):
+    """The memory bound's DECODE_BYTES_PER_PIXEL, measured on its worst cases: a transparent
+    image turned by its EXIF orientation, and 16-bit greyscale (peak RSS of a fresh process)."""
+    import os
+    import subprocess
+    import sys
+    from pipelines.etl.memory import DECODE_BYTES_PER_PIXEL
+    side = 2500
+    rng = np.random.default_rng(0)
+    if mode == "RGBA":
+        img = Image.fromarray(rng.integers(0, 255, (side, side, 4), dtype=np.uint8))
+    else:
+        img = Image.fromarray(rng.integers(0, 65535, (side, side), dtype=np.uint16))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    path = tmp_path / "big.png"
+    img.save(path, "PNG", exif=exif.tobytes(), compress_level=1)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", PEAK_PROBE, str(path)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": root}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    grown = int(proc.stdout.split()[-1])
+    assert grown <= DECODE_BYTES_PER_PIXEL * side * side + 16 * 2**20, grown / side / side
