@@ -10,23 +10,64 @@ from typing import Dict, Iterator, Optional
 
 log = logging.getLogger("pipelines")
 
+# The locale of every JVM and Python worker this module starts, whatever the caller's: under
+# LC_ALL=C a JVM encodes file names as ASCII (sun.jnu.encoding=ANSI_X3.4-1968). Java 17 takes
+# sun.jnu.encoding from the locale only (-Dsun.jnu.encoding is ignored: checked with
+# `java -XshowSettings:properties`), so the environment is what matters; -Dfile.encoding=UTF-8
+# makes the JVM's default charset (logs, text files) UTF-8 too.
+UTF8_ENV = {"LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
+UTF8_JAVA_OPTIONS = "-Dfile.encoding=UTF-8"
+
+
+def utf8_conf() -> Dict[str, str]:
+    """Spark settings that give executors (their JVM and Python workers) a UTF-8 locale.
+
+    ``spark.*.defaultJavaOptions`` (not ``extraJavaOptions``), so that a user's own
+    ``extraJavaOptions`` are added to them, not replaced.
+    """
+    conf = {"spark.driver.defaultJavaOptions": UTF8_JAVA_OPTIONS,
+            "spark.executor.defaultJavaOptions": UTF8_JAVA_OPTIONS}
+    conf.update({f"spark.executorEnv.{key}": value for key, value in UTF8_ENV.items()})
+    return conf
+
+
+@contextmanager
+def _environment(values: Dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the block (for a child process started in it)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
 
 def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Dict[str, str]] = None):
     """The active SparkSession, or a new one.
 
     Under ``spark-submit`` the master comes from it; under plain ``python`` it is ``master`` or
     ``local[*]``. Python workers run the same interpreter as the driver unless
-    ``PYSPARK_PYTHON`` says otherwise, so a virtual environment is used end to end.
+    ``PYSPARK_PYTHON`` says otherwise, so a virtual environment is used end to end. When this
+    call starts the JVM itself, the JVM, the executors and their Python workers get a UTF-8
+    locale (:data:`UTF8_ENV`, :func:`utf8_conf`) whatever the caller's; ``conf`` wins over those.
+    Under ``spark-submit`` the JVM is already running: pass ``--conf`` settings there.
     """
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    launching = SparkContext._active_spark_context is None and "PYSPARK_GATEWAY_PORT" not in os.environ
     builder = SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false")
     if master:
         builder = builder.master(master)
-    for key, value in (conf or {}).items():
+    for key, value in {**(utf8_conf() if launching else {}), **(conf or {})}.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with _environment(UTF8_ENV if launching else {}):
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("PIPELINES_SPARK_LOG_LEVEL", "WARN"))
     return spark
 

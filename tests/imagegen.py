@@ -75,7 +75,7 @@ def make_tree(root: str, classes: int = 3, per_class: int = 12, seed: int = 0, b
         full = encode(random_photo(rng, 200, 150, 1), quality=90)
         rejected[write(os.path.join(root, "002.class1", "truncated.jpg"), full[: len(full) // 2])] = "undecodable"
         rejected[write(os.path.join(root, "002.class1", "empty.jpg"), b"")] = "empty file"
-        rejected[write(os.path.join(root, "002.class1", "notes.jpg"), b"this is text, not a JPEG\n" * 10)] = "not a JPEG or PNG"
+        rejected[write(os.path.join(root, "002.class1", "notes.jpg"), b"this is text, not a JPEG\n" * 10)] = "not a supported raster image"
         rejected[write(os.path.join(root, "002.class1", "bomb.png"), png_bomb())] = "decompression bomb"
         skipped[write(os.path.join(root, "002.class1", "_hidden.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "hidden name"
         skipped[write(os.path.join(root, "002.class1", ".dotfile.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "hidden name"
@@ -83,3 +83,17 @@ def make_tree(root: str, classes: int = 3, per_class: int = 12, seed: int = 0, b
         skipped[write(os.path.join(root, "stray.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "not inside a class folder"
         skipped[write(os.path.join(root, "misc", "a.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "not a class folder"
     return {"good": good, "rejected": rejected, "skipped": skipped}
+
+
+# A minimal valid EPS (Pillow identifies it; rendering it would need Ghostscript) and PDF.
+EPS = (b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n%%EndComments\n"
+       b"newpath 0 0 moveto 10 10 lineto stroke\nshowpage\n%%EOF\n")
+PDF = (b"%PDF-1.4\n1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj\n"
+       b"2 0 obj << /Type /Pages /Kids [] /Count 0 >> endobj\ntrailer << /Root 1 0 R >>\n%%EOF\n")
+
+
+def animated(fmt: str, colours=((255, 0, 0), (0, 0, 255)), size=(12, 8)) -> bytes:
+    """A two-frame animation (GIF or WebP) or two-page TIFF whose first frame is ``colours[0]``."""
+    frames = [Image.new("RGB", size, c) for c in colours]
+    return encode(frames[0], fmt, save_all=True, append_images=frames[1:],
+                  **({"lossless": True} if fmt == "WEBP" else {}))

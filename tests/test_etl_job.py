@@ -146,9 +146,14 @@ def test_output_that_would_overwrite_the_input_is_refused(tree, tmp_path, where)
     assert sorted(os.listdir(root)) == before
 
 
+def read_ledger(out):
+    with open(os.path.join(out, "rejected.jsonl"), encoding="utf-8") as f:
+        return {os.path.basename(e["path"]): e for e in map(json.loads, f)}
+
+
 def test_hostile_names_are_accounted_for(spark, tmp_path):
-    """Names that break Hadoop or Spark: ':' (Hadoop's .crc paths), bytes that are not UTF-8, and
-    a GIF that calls itself .jpg."""
+    """Names that break Hadoop or Spark: ':' (Hadoop's .crc paths), bytes that are not UTF-8 (two
+    that differ only there), a valid name holding U+FFFD, and a GIF that calls itself .jpg."""
     from PIL import Image
     from tests.imagegen import encode, write
     root = str(tmp_path / "tree")
@@ -156,17 +161,19 @@ def test_hostile_names_are_accounted_for(spark, tmp_path):
     write(os.path.join(root, "001.class0", "photo:v2.jpg"), encode(Image.new("RGB", (30, 20), (9, 9, 9))))
     write(os.path.join(root, "001.class0", "notes:v2.txt"), b"not input")
     write(os.path.join(root, "001.class0", "disguised.jpg"), encode(Image.new("RGB", (8, 8)), "GIF"))
-    with open(os.fsencode(os.path.join(root, "001.class0")) + b"/caf\xe9.jpg", "wb") as f:
-        f.write(encode(Image.new("RGB", (8, 8))))
+    write(os.path.join(root, "001.class0", "replacement\ufffd.jpg"), encode(Image.new("RGB", (8, 8))))
+    for byte in (b"\xe9", b"\xe8"):
+        with open(os.fsencode(os.path.join(root, "001.class0")) + b"/caf" + byte + b".jpg", "wb") as f:
+            f.write(encode(Image.new("RGB", (8, 8))))
     out = str(tmp_path / "out")
     manifest = run_etl(ETLConfig(input=root, output=out, image_size=16, min_row_groups=1), spark)
     files = manifest["files"]
-    assert files["found"] == 14 == files["written"] + files["rejected"] + files["skipped"]
-    assert files["written"] == 11 and files["rejected"] == 2 and files["skipped"] == 1
-    with open(os.path.join(out, "rejected.jsonl")) as f:
-        reasons = {os.path.basename(e["path"]): e["reason"] for e in map(json.loads, f)}
-    assert reasons["disguised.jpg"].startswith("not a JPEG or PNG")
-    assert reasons["caf\ufffd.jpg"].startswith("file name is not valid UTF-8")
+    assert files["found"] == 16 == files["written"] + files["rejected"] + files["skipped"]
+    assert files["written"] == 13 and files["rejected"] == 2 and files["skipped"] == 1
+    reasons = {name: e["reason"] for name, e in read_ledger(out).items()}
+    assert "disguised.jpg" not in reasons and "replacement\ufffd.jpg" not in reasons
+    assert reasons["caf\\xe9.jpg"].startswith("file name is not valid UTF-8")
+    assert reasons["caf\\xe8.jpg"].startswith("file name is not valid UTF-8")
     assert reasons["notes:v2.txt"].startswith("not an image extension")
 
 
@@ -195,3 +202,211 @@ def test_glob_characters_in_the_input_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         etl_main(["--input", str(tmp_path / "in*"), "--output", str(tmp_path / "out")])
     assert "glob character" in capsys.readouterr().err
+
+
+def test_formats_are_read_by_content_whatever_the_extension(spark, tmp_path):
+    """GIF named .jpg, WebP named .png, BMP, TIFF and an animated GIF are written with the right
+    pixels; EPS and PDF named .jpg are rejected with what Pillow saw; .eps is not input."""
+    from PIL import Image
+    from tests.imagegen import EPS, PDF, animated, encode, write
+    root = str(tmp_path / "tree")
+    make_tree(root, classes=2, per_class=2, bad=False)
+    colour = (200, 30, 20)
+    red = Image.new("RGB", (20, 10), colour)
+    folder = os.path.join(root, "002.class1")
+    good = {"gif-named.jpg": encode(red, "GIF"), "webp-named.png": encode(red, "WEBP", lossless=True),
+            "plain.BMP": encode(red, "BMP"), "scan.tif": encode(red, "TIFF", compression="tiff_lzw"),
+            "moving.gif": animated("GIF", colours=(colour, (0, 0, 255)), size=(20, 10)),
+            "tiff-named.jpeg": encode(red, "TIFF")}
+    for name, data in good.items():
+        write(os.path.join(folder, name), data)
+    write(os.path.join(folder, "drawing-named.jpg"), EPS)
+    write(os.path.join(folder, "paper-named.jpg"), PDF)
+    write(os.path.join(folder, "drawing.eps"), EPS)
+    out = str(tmp_path / "out")
+    manifest = run_etl(ETLConfig(input=root, output=out, image_size=16, min_row_groups=1), spark)
+    rows = {os.path.basename(r["path"]): r for split in ("train", "test")
+            for r in read_rows(os.path.join(out, split))}
+    assert set(good) < set(rows) and manifest["files"]["written"] == 4 + len(good)
+    for name in good:
+        image = np.frombuffer(rows[name]["image"], np.uint8).reshape(16, 16, 3)
+        assert rows[name]["label"] == 1 and (rows[name]["height"], rows[name]["width"]) == (10, 20), name
+        assert np.abs(image[8, 8].astype(int) - colour).max() <= 12, name
+        assert (image[0] == 255).all(), name  # white band above the 16x8 image
+    ledger = read_ledger(out)
+    assert ledger["drawing-named.jpg"]["reason"].startswith("not a supported raster image (Pillow sees EPS")
+    assert ledger["paper-named.jpg"]["reason"].startswith("not a supported raster image (a PDF document")
+    assert ledger["drawing.eps"]["status"] == "skipped"
+    assert manifest["files"]["reasons"]["rejected: not a supported raster image"] == 2
+
+
+UNICODE_TREE = {
+    "001.café": ["été.jpg", "naïve.png", "crème brûlée.gif"],
+    "002.日本": ["写真.png", "東京.jpg", "富士山.bmp"],
+    "003.Ελληνικά": ["φωτογραφία.jpg", "Αθήνα.webp", "ΘΆΛΑΣΣΑ.JPG"],
+    "004.cafe\u0301": ["e\u0301te\u0301.jpg", "n\u0303.tif"],  # combining accents (NFD)
+    "005.😀": ["🙂.jpg", "Ω.png"],
+}
+
+
+@pytest.fixture(scope="module")
+def unicode_tree(tmp_path_factory):
+    from PIL import Image
+    from tests.imagegen import encode, write
+    root = str(tmp_path_factory.mktemp("unicode") / "tree")
+    formats = {".jpg": "JPEG", ".png": "PNG", ".gif": "GIF", ".bmp": "BMP", ".webp": "WEBP", ".tif": "TIFF"}
+    for folder, names in UNICODE_TREE.items():
+        for i, name in enumerate(names):
+            fmt = formats[os.path.splitext(name)[1].lower()]
+            write(os.path.join(root, folder, name), encode(Image.new("RGB", (12 + i, 9), (i * 60, 90, 200)), fmt))
+    return root
+
+
+@pytest.mark.parametrize("launcher", ["python", "spark-submit"])
+def test_non_ascii_names_are_all_written_under_the_c_locale(unicode_tree, tmp_path, launcher):
+    """Under LC_ALL=C the JVM would encode names as ASCII; the job reads every file anyway."""
+    out = str(tmp_path / "out")
+    entry = [sys.executable] if launcher == "python" else [os.path.join(BIN, "spark-submit"), "--master", "local[2]"]
+    master = ["--master", "local[2]"] if launcher == "python" else []
+    cmd = entry + [os.path.join(REPO, "jobs", "etl.py"), "--input", unicode_tree, "--output", out,
+                   "--image-size", "8", "--min-row-groups", "1", "--test-fraction", "0.3"] + master
+    env = subprocess_env(LC_ALL="C", LANG="C")
+    env.pop("LC_CTYPE", None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, encoding="utf-8")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    total = sum(len(names) for names in UNICODE_TREE.values())
+    assert f"found {total} = written {total} + rejected 0 + skipped 0" in proc.stdout
+    with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    assert manifest["class_names"] == [folder[4:] for folder in UNICODE_TREE]
+    rows = read_rows(os.path.join(out, "train")) + read_rows(os.path.join(out, "test"))
+    assert sorted(os.path.relpath(r["path"], unicode_tree) for r in rows) == \
+        sorted(f"{folder}/{name}" for folder, names in UNICODE_TREE.items() for name in names)
+    for row in rows:
+        folder = os.path.relpath(row["path"], unicode_tree).split("/")[0]
+        assert (row["label"], row["label_name"]) == (int(folder[:3]) - 1, folder[4:])
+
+
+def test_a_session_we_start_is_utf8_whatever_the_callers_locale():
+    """The JVM's file-name encoding and the Python workers' file-system encoding, under LC_ALL=C."""
+    code = ("from pipelines.spark import spark_session\n"
+            "s = spark_session('locale', 'local[1]')\n"
+            "jvm = s.sparkContext._jvm.System\n"
+            "enc = s.sparkContext.parallelize([0], 1)"
+            ".map(lambda _: __import__('sys').getfilesystemencoding()).collect()\n"
+            "print(jvm.getProperty('sun.jnu.encoding'), jvm.getProperty('file.encoding'), enc[0])\n"
+            "s.stop()\n")
+    env = subprocess_env(LC_ALL="C", LANG="C")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-3:] == ["UTF-8", "UTF-8", "utf-8"]
+
+
+def snapshot(folder):
+    """Every file under ``folder`` with its bytes."""
+    found = {}
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                found[os.path.relpath(os.path.join(dirpath, name), folder)] = f.read()
+    return found
+
+
+def test_a_run_that_writes_nothing_keeps_the_previous_output(spark, tmp_path, capsys):
+    root, out = str(tmp_path / "tree"), str(tmp_path / "out")
+    make_tree(root, classes=2, per_class=3, bad=False)
+    args = ["--input", root, "--output", out, "--image-size", "8", "--min-row-groups", "1"]
+    assert etl_main(args) == 0
+    before = snapshot(out)
+    assert "manifest.json" in before and any(name.startswith("train/") for name in before)
+    for dirpath, _, names in os.walk(root):  # every candidate becomes undecodable
+        for name in names:
+            with open(os.path.join(dirpath, name), "wb") as f:
+                f.write(b"not an image any more")
+    capsys.readouterr()
+    assert etl_main(args) == 1
+    err = capsys.readouterr().err
+    assert "no image written: all 6 candidate images were rejected (6 not a supported raster image)" in err
+    assert "was left as it was" in err
+    assert {k: v for k, v in snapshot(out).items() if not k.startswith("_staging")} == before
+    with open(os.path.join(out, "_staging", "rejected.jsonl")) as f:
+        assert len(f.readlines()) == 6
+
+
+def test_a_huge_file_is_rejected_and_never_stops_the_job(spark, tmp_path):
+    """200 MB named .jpg inside --max-file-mb 250: read by its task in Python (no JVM heap), and
+    rejected with a reason; a JPEG padded to 200 MB is read within the bound and written."""
+    from PIL import Image
+    from tests.imagegen import encode
+    root, out = str(tmp_path / "tree"), str(tmp_path / "out")
+    make_tree(root, classes=2, per_class=4, bad=False)
+    size = 200 * 2**20
+    with open(os.path.join(root, "001.class0", "huge.jpg"), "wb") as f:
+        f.write(b"garbage, not an image")
+        f.truncate(size)  # sparse: fast to make, read as 200 MB of bytes
+    with open(os.path.join(root, "002.class1", "padded.jpg"), "wb") as f:
+        f.write(encode(Image.new("RGB", (16, 12), (0, 200, 0))))
+        f.truncate(size)
+    assert etl_main(["--input", root, "--output", out, "--image-size", "8", "--min-row-groups", "1",
+                     "--max-file-mb", "250"]) == 0
+    with open(os.path.join(out, "manifest.json")) as f:
+        files = json.load(f)["files"]
+    assert (files["found"], files["written"], files["rejected"]) == (10, 9, 1)
+    assert read_ledger(out)["huge.jpg"]["reason"].startswith("not a supported raster image")
+    paths = {os.path.relpath(r["path"], root) for split in ("train", "test")
+             for r in read_rows(os.path.join(out, split))}
+    assert "002.class1/padded.jpg" in paths and len(paths) == 9
+
+
+def test_max_file_mb_the_executors_cannot_hold_is_refused_before_spark(tree, tmp_path):
+    root, _ = tree
+    out = str(tmp_path / "out")
+    cmd = [sys.executable, os.path.join(REPO, "jobs", "etl.py"), "--input", root, "--output", out,
+           "--max-file-mb", "10000000", "--master", "local[2]"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "not enough memory" in proc.stderr and "GiB" in proc.stderr
+    assert "physical memory of this machine (local[2])" in proc.stderr
+    assert "SparkContext" not in proc.stderr and not os.path.exists(out)
+
+
+def test_max_file_mb_is_checked_against_a_running_session_too(spark, tree, tmp_path, capsys):
+    root, _ = tree
+    code = etl_main(["--input", root, "--output", str(tmp_path / "out"), "--max-file-mb", "10000000"])
+    assert code == 2 and "not enough memory" in capsys.readouterr().err
+
+
+def test_a_file_that_vanishes_after_listing_is_a_recorded_rejection(spark, tmp_path):
+    from pipelines.etl.job import finish, plan, run_spark
+    root, out = str(tmp_path / "tree"), str(tmp_path / "out")
+    make_tree(root, classes=2, per_class=3, bad=False)
+    config = ETLConfig(input=root, output=out, image_size=8, min_row_groups=1)
+    the_plan = plan(config)
+    gone = the_plan.candidates[0].path
+    os.remove(gone)
+    os.makedirs(out)
+    manifest = finish(config, the_plan, run_spark(spark, config, the_plan), spark.version, 1.0)
+    assert (manifest["files"]["found"], manifest["files"]["written"], manifest["files"]["rejected"]) == (6, 5, 1)
+    with open(os.path.join(out, "rejected.jsonl")) as f:
+        (entry,) = map(json.loads, f)
+    assert entry["path"] == gone and entry["reason"].startswith("vanished after listing")
+
+
+def test_candidates_are_spread_deterministically_and_row_groups_mix_classes(tree, submitted):
+    from pipelines.etl.job import plan
+    from pipelines.etl.labels import is_test
+    root, _ = tree
+    out, manifest, _ = submitted
+    config = ETLConfig(input=root, output=out, image_size=SIZE, test_fraction=0.3, min_row_groups=4)
+    first, second = plan(config), plan(config)
+    assert first.candidates == second.candidates
+    assert [c.path for c in first.candidates] != sorted(c.path for c in first.candidates)
+    for c in first.candidates:
+        assert (c.split == "test") == is_test(os.path.relpath(c.path, root), 42, 0.3)
+    mixed = 0
+    for split in ("train", "test"):
+        for name in os.listdir(os.path.join(out, split)):
+            parquet = pq.ParquetFile(os.path.join(out, split, name))
+            for i in range(parquet.metadata.num_row_groups):
+                mixed += len(set(parquet.read_row_group(i, columns=["label"]).column("label").to_pylist())) > 1
+    assert mixed > 0

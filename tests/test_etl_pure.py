@@ -1,11 +1,18 @@
-"""Pure parts of the ETL: labels, split assignment, classification, row-group arithmetic, config."""
+"""Pure parts of the ETL: labels, split assignment, classification, listing, work split, memory
+arithmetic, row-group arithmetic, config, and reading one file (no Spark)."""
+import os
+
 import pytest
 
 from pipelines.config import parse_config
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.labels import ClassFolder, has_image_extension, is_test, label_for, parse_class_folder
-from pipelines.etl.layout import rows_per_row_group
-from pipelines.etl.listing import REJECTED, SKIPPED, Excluded, classify, spark_ignores
+from pipelines.etl.images import ImageRejected
+from pipelines.etl.layout import cut_into, rows_per_row_group, spread_order
+from pipelines.etl.listing import REJECTED, SKIPPED, Excluded, classify, display_path, list_files, spark_ignores
+from pipelines.etl.memory import (DECODE_BYTES_PER_PIXEL, WORKER_BASE_BYTES, check_task_memory, executor_memory,
+                                  parse_size_mib, task_bytes)
+from pipelines.etl.transform import read_file
 
 
 @pytest.mark.parametrize("folder, expected", [
@@ -31,8 +38,13 @@ def test_files_outside_class_folders_are_reported(path, reason):
     assert label_for(path).startswith(reason)
 
 
-@pytest.mark.parametrize("name, ok", [("a.jpg", True), ("a.JPG", True), ("a.Jpeg", True),
-                                      ("a.png", True), ("a.PNG", True), ("a.gif", False), ("jpg", False)])
+@pytest.mark.parametrize("name, ok", [
+    ("a.jpg", True), ("a.JPG", True), ("a.Jpeg", True), ("a.png", True), ("a.PNG", True),
+    ("a.gif", True), ("a.GIF", True), ("a.bmp", True), ("a.Bmp", True), ("a.webp", True), ("a.WEBP", True),
+    ("a.tif", True), ("a.TIFF", True), ("a.tiff", True),
+    ("a.eps", False), ("a.ps", False), ("a.pdf", False), ("a.svg", False), ("a.txt", False), ("jpg", False),
+    ("a.jpg.txt", False),
+])
 def test_image_extensions_in_any_case(name, ok):
     assert has_image_extension(name) is ok
 
@@ -89,9 +101,117 @@ def test_config_from_command_line():
 
 
 @pytest.mark.parametrize("args", [["--test-fraction", "0"], ["--test-fraction", "1.5"],
-                                  ["--image-size", "0"], ["--min-row-groups", "0"], ["--row-group-mb", "-1"]])
+                                  ["--image-size", "0"], ["--min-row-groups", "0"], ["--row-group-mb", "-1"],
+                                  ["--max-file-mb", "0"], ["--max-file-mb", "nan"], ["--max-pixels", "0"]])
 def test_config_refuses_bad_values(args, capsys):
     with pytest.raises(SystemExit) as info:
         parse_config(ETLConfig, ["--input", "in", "--output", "out"] + args)
     assert info.value.code == 2
     assert "must be" in capsys.readouterr().err
+
+
+def test_skipped_extension_reason_names_every_accepted_extension():
+    reason = classify("001.a/x.svg", 5, 10).reason
+    assert reason.startswith("not an image extension")
+    for ext in (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff"):
+        assert ext in reason
+
+
+def test_names_that_are_not_utf8_are_rejected_and_shown_distinctly():
+    a, b = (raw.decode("utf-8", "surrogateescape") for raw in (b"001.a/caf\xe9.jpg", b"001.a/caf\xe8.jpg"))
+    for name in (a, b, b"001.caf\xe9/x.jpg".decode("utf-8", "surrogateescape")):
+        outcome = classify(name, 5, 10)
+        assert outcome.status == REJECTED and outcome.reason.startswith("file name is not valid UTF-8")
+    assert display_path(a) == "001.a/caf\\xe9.jpg" and display_path(a) != display_path(b)
+    # U+FFFD is a valid character: such a name is a normal candidate
+    assert classify("001.a/caf\ufffd.jpg", 5, 10) == ClassFolder(0, "a")
+    assert display_path("001.é/日本.jpg") == "001.é/日本.jpg"
+
+
+def test_listing_decodes_names_as_utf8_and_keeps_other_bytes(tmp_path):
+    root = tmp_path / "root"
+    names = ["001.café/été.jpg", "002.日本/写真.png", "003.Ελληνικά/φωτογραφία.gif",
+             "004.cafe\u0301/e\u0301te\u0301.jpg"]
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"x")
+    with open(os.fsencode(root / "001.café") + b"/caf\xe9.jpg", "wb") as f:
+        f.write(b"xy")
+    files = {f.relative_path: f for f in list_files(str(root))}
+    assert set(names) < set(files)
+    odd = b"001.caf\xc3\xa9/caf\xe9.jpg".decode("utf-8", "surrogateescape")
+    assert files[odd].size_bytes == 2 and files[odd].path == f"{root}/{odd}"
+    assert files["002.日本/写真.png"].path == f"{root}/002.日本/写真.png"
+
+
+def test_read_file_reads_whole_files_within_the_limit(tmp_path):
+    path = tmp_path / "été.jpg"
+    path.write_bytes(b"abc" * 1000)
+    assert read_file(str(path), 3000) == b"abc" * 1000
+    odd = os.fsencode(tmp_path) + b"/caf\xe9.jpg"
+    with open(odd, "wb") as f:
+        f.write(b"odd")
+    assert read_file(odd.decode("utf-8", "surrogateescape"), 10) == b"odd"
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda p: None, "vanished after listing"),
+    (lambda p: p.write_bytes(b"x" * 101), "file too large: grew past 100 bytes"),
+    (lambda p: os.mkfifo(p), "not a regular file when read"),
+    (lambda p: p.mkdir(), "not a regular file when read"),
+])
+def test_read_file_rejects_what_changed_since_listing(tmp_path, make, reason):
+    path = tmp_path / "x.jpg"
+    make(path)
+    with pytest.raises(ImageRejected) as info:
+        read_file(str(path), 100)
+    assert info.value.reason.startswith(reason)
+
+
+def test_spread_order_is_seeded_and_deterministic_and_cut_is_balanced():
+    paths = [f"{c:03d}.c/{i}.jpg" for c in range(1, 4) for i in range(30)]
+    first = sorted(paths, key=lambda p: spread_order(p, 42))
+    assert first == sorted(paths, key=lambda p: spread_order(p, 42))
+    assert first != sorted(paths, key=lambda p: spread_order(p, 7))
+    chunks = cut_into(first, 8)
+    assert [len(c) for c in chunks] == [11, 11, 11, 12, 11, 11, 11, 12]
+    assert sum(chunks, []) == first
+    # every chunk of a hash order mixes classes (a sorted order would not)
+    assert all(len({p[:3] for p in c}) >= 2 for c in chunks)
+    assert cut_into([1, 2], 4) == [[], [1], [], [2]] and cut_into([], 2) == [[], []]
+    with pytest.raises(ValueError):
+        cut_into([1], 0)
+
+
+def test_task_memory_formula():
+    assert task_bytes(50 * 2**20, 1000, 2**20, 300) == WORKER_BASE_BYTES + 50 * 2**20 + \
+        DECODE_BYTES_PER_PIXEL * 1000 + 2 * (2**20 + 300)
+    assert parse_size_mib("512m") == 512 * 2**20 and parse_size_mib("2g") == 2 * 2**30
+    assert parse_size_mib("1024") == 2**30 and parse_size_mib("3GB") == 3 * 2**30
+    with pytest.raises(ValueError):
+        parse_size_mib("lots")
+
+
+@pytest.mark.parametrize("master, conf, expected", [
+    ("local", {}, (1, 64 * 2**30)),
+    ("local[*]", {}, (8, 64 * 2**30)),
+    ("local[3]", {}, (3, 64 * 2**30)),
+    ("local[4,2]", {"spark.task.cpus": "2"}, (2, 64 * 2**30)),
+    ("local[2]", {"spark.executor.pyspark.memory": "1g"}, (2, 2**30)),
+    ("spark://h:7077", {"spark.executor.pyspark.memory": "4g", "spark.executor.cores": "4"}, (4, 4 * 2**30)),
+    ("spark://h:7077", {}, None),
+    ("yarn", {"spark.executor.cores": "4"}, None),
+])
+def test_executor_memory_per_master(master, conf, expected):
+    found = executor_memory(master, conf, cpu_count=8, physical_bytes=64 * 2**30)
+    assert (found[:2] if found else None) == expected
+
+
+def test_check_task_memory_names_the_figures():
+    check_task_memory(2**30, (4, 4 * 2**30, "here"))  # fits exactly
+    check_task_memory(2**40, None)  # unknown: nothing refused
+    with pytest.raises(ValueError) as info:
+        check_task_memory(2**30 + 1, (4, 4 * 2**30, "spark.executor.pyspark.memory=4g"))
+    message = str(info.value)
+    assert "4.00 GiB" in message and "1.00 GiB" in message and "spark.executor.pyspark.memory=4g" in message
+    assert "--max-file-mb" in message

@@ -3,8 +3,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.etl.images import ImageRejected, decode_and_fit, paste_centred, resize_to_square, to_rgb, white_canvas
-from tests.imagegen import encode, jpeg_with_orientation, png_bomb
+from pipelines.etl.images import (ACCEPTED_FORMATS, ImageRejected, decode_and_fit, paste_centred, resize_to_square,
+                                   to_rgb, what_pillow_sees, white_canvas)
+from tests.imagegen import EPS, PDF, animated, encode, jpeg_with_orientation, png_bomb
 
 
 def as_array(rgb: bytes, size: int) -> np.ndarray:
@@ -113,8 +114,12 @@ def test_decode_and_fit_keeps_small_images_and_reports_the_original_size():
 
 @pytest.mark.parametrize("data, reason", [
     (b"", "empty file"),
-    (b"hello, not an image" * 10, "not a JPEG or PNG"),
-    (encode(Image.new("RGB", (8, 8)), "GIF"), "not a JPEG or PNG"),
+    (b"hello, not an image" * 10, "not a supported raster image (Pillow cannot identify it"),
+    (EPS, "not a supported raster image (Pillow sees EPS"),
+    (b"%!PS-Adobe-3.0\nshowpage\n", "not a supported raster image (PostScript"),
+    (PDF, "not a supported raster image (a PDF document"),
+    (encode(Image.new("RGB", (8, 8)), "PPM"), "not a supported raster image (Pillow sees PPM"),
+    (encode(Image.new("RGB", (8, 8)), "PCX"), "not a supported raster image (Pillow sees PCX"),
     (png_bomb(), "decompression bomb"),
 ])
 def test_bad_input_is_rejected_with_a_reason(data, reason):
@@ -135,3 +140,103 @@ def test_max_pixels_is_configurable():
     with pytest.raises(ImageRejected, match="decompression bomb"):
         resize_to_square(data, 32, max_pixels=9999)
     assert len(resize_to_square(data, 32, max_pixels=10000).rgb) == 32 * 32 * 3
+
+
+RED = (200, 30, 20)
+
+
+@pytest.mark.parametrize("fmt, kwargs", [
+    ("JPEG", {"quality": 95}), ("PNG", {}), ("GIF", {}), ("BMP", {}), ("WEBP", {"lossless": True}),
+    ("TIFF", {}), ("TIFF", {"compression": "tiff_lzw"}), ("TIFF", {"compression": "jpeg"}),
+])
+def test_every_accepted_format_decodes_by_content(fmt, kwargs):
+    """Size, offset and colour of a 40x20 red image in each format (no file name involved)."""
+    out = resize_to_square(encode(Image.new("RGB", (40, 20), RED), fmt, **kwargs), 32)
+    arr = as_array(out.rgb, 32)
+    assert (out.height, out.width) == (20, 40)
+    assert content_box(arr) == (8, 23, 0, 31)
+    tolerance = 12 if fmt == "GIF" else 4  # GIF quantises to a 256-colour palette
+    assert np.abs(arr[16, 16].astype(int) - RED).max() <= tolerance
+
+
+def test_webp_is_supported_by_this_pillow():
+    from PIL import features
+    assert features.check("webp") and "WEBP" in ACCEPTED_FORMATS
+
+
+@pytest.mark.parametrize("fmt", ["GIF", "WEBP", "TIFF"])
+def test_animations_and_multi_page_files_give_their_first_frame(fmt):
+    arr = as_array(resize_to_square(animated(fmt), 12).rgb, 12)
+    assert np.abs(arr[6, 6].astype(int) - (255, 0, 0)).max() <= 8
+
+
+def test_palette_gif_with_transparency_is_white_under_it_and_keeps_its_colours():
+    img = Image.new("P", (10, 10), 0)
+    img.putpalette([0, 0, 0, 0, 200, 0] + [0, 0, 0] * 254)
+    img.paste(1, (0, 0, 5, 10))  # left half index 1 (green), right half index 0 (transparent)
+    arr = as_array(resize_to_square(encode(img, "GIF", transparency=0), 10).rgb, 10)
+    assert (arr[:, 5:] == 255).all()
+    assert tuple(arr[5, 2]) == (0, 200, 0)
+
+
+def test_transparent_webp_and_tiff_are_composited_on_white():
+    for fmt, kwargs in (("WEBP", {"lossless": True}), ("TIFF", {})):
+        data = encode(Image.new("RGBA", (8, 8), (255, 0, 0, 128)), fmt, **kwargs)
+        assert np.abs(as_array(resize_to_square(data, 8).rgb, 8)[4, 4].astype(int) - (255, 127, 127)).max() <= 2
+
+
+def test_16_bit_grey_tiff_is_scaled_like_png():
+    data = encode(Image.fromarray(np.full((6, 6), 32768, np.uint16)), "TIFF")
+    assert tuple(as_array(resize_to_square(data, 6).rgb, 6)[3, 3]) == (128, 128, 128)
+
+
+def test_bmp_palette_and_grey_modes_come_out_rgb():
+    palette = Image.new("P", (6, 6), 1)
+    palette.putpalette([0, 0, 0, 10, 20, 250] + [0, 0, 0] * 254)
+    for img, expected in ((Image.new("L", (6, 6), 77), (77, 77, 77)), (Image.new("1", (6, 6), 1), (255, 255, 255)),
+                          (palette, (10, 20, 250))):
+        arr = as_array(resize_to_square(encode(img, "BMP"), 6).rgb, 6)
+        assert tuple(arr[3, 3]) == expected, img.mode
+
+
+def test_what_pillow_sees_never_names_an_accepted_format_and_never_renders():
+    # EPS is identified from its header only: Pillow would need Ghostscript to render it.
+    assert what_pillow_sees(EPS) == "Pillow sees EPS"
+    assert what_pillow_sees(b"") == "Pillow cannot identify it"
+    assert what_pillow_sees(b"\xff\xd8\xff\xe0" + bytes(1000)) == "Pillow cannot identify it"
+
+
+PEAK_PROBE = """
+import resource, sys
+from pipelines.etl.images import decode_and_fit
+data = open(sys.argv[1], 'rb').read()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+decode_and_fit(data, 299, None)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "I;16"])
+def test_decoding_stays_within_the_stated_bytes_per_pixel(tmp_path, mode):
+    """The memory bound's DECODE_BYTES_PER_PIXEL, measured on its worst cases: a transparent
+    image turned by its EXIF orientation, and 16-bit greyscale (peak RSS of a fresh process)."""
+    import os
+    import subprocess
+    import sys
+    from pipelines.etl.memory import DECODE_BYTES_PER_PIXEL
+    side = 2500
+    rng = np.random.default_rng(0)
+    if mode == "RGBA":
+        img = Image.fromarray(rng.integers(0, 255, (side, side, 4), dtype=np.uint8))
+    else:
+        img = Image.fromarray(rng.integers(0, 65535, (side, side), dtype=np.uint16))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    path = tmp_path / "big.png"
+    img.save(path, "PNG", exif=exif.tobytes(), compress_level=1)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", PEAK_PROBE, str(path)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": root}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    grown = int(proc.stdout.split()[-1])
+    assert grown <= DECODE_BYTES_PER_PIXEL * side * side + 16 * 2**20, grown / side / side

@@ -12,9 +12,11 @@ from pipelines.logs import setup_logging
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse the options into an :class:`ETLConfig`, run the job, print the summary.
 
-    Returns 0 on success; 2 with a one-line error for bad paths before Spark starts.
+    Returns 0 on success; 2 with a one-line error for bad input before Spark runs (paths, trees,
+    memory); 1 with a one-line error when Spark ran but wrote no image from a non-empty list of
+    candidates (the previous output is kept).
     """
-    from pipelines.etl.job import format_summary, run_etl
+    from pipelines.etl.job import NothingWritten, format_summary, run_etl
 
     config = parse_config(ETLConfig, argv)
     log = setup_logging("etl")
@@ -23,6 +25,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
         log.error("%s", exc)
         return 2
+    except NothingWritten as exc:
+        log.error("%s", exc)
+        return 1
     print(format_summary(manifest))
     return 0
 

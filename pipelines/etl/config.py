@@ -13,9 +13,10 @@ from pipelines.etl.images import DEFAULT_MAX_PIXELS
 
 @dataclass
 class ETLConfig:
-    """Spark ETL: a Caltech-256-style tree of JPEG/PNG files to Parquet train/test splits."""
+    """Spark ETL: a Caltech-256-style tree of images (JPEG, PNG, GIF, BMP, WebP, TIFF) to Parquet
+    train/test splits."""
 
-    input: str = field(help="root of the image tree: ROOT/NNN.name/*.jpg")
+    input: str = field(help="root of the image tree: ROOT/NNN.name/*.{jpg,jpeg,png,gif,bmp,webp,tif,tiff}")
     output: str = field(help="output folder: train/, test/, manifest.json, rejected.jsonl")
     image_size: int = field(299, help="side of the square output images, pixels")
     test_fraction: float = field(0.1, help="share of files in the test split, in (0, 1)")
@@ -25,8 +26,9 @@ class ETLConfig:
                                         "that many rows: the largest Horovod world size it can feed")
     max_pixels: int = field(DEFAULT_MAX_PIXELS, help="images with more pixels are rejected as "
                                                      "decompression bombs")
-    max_file_mb: float = field(50.0, help="files larger than this are rejected unread, MiB (at most 2047: "
-                                          "Spark's binaryFile limit)")
+    max_file_mb: float = field(50.0, help="files larger than this are rejected unread, MiB; a task holds one "
+                                          "file and its decoded pixels at a time, and values the executors' "
+                                          "memory cannot hold are refused before Spark runs")
     num_partitions: int = field(0, help="Spark partitions for decoding; 0 = 2 x default parallelism")
     master: Optional[str] = field(None, help="Spark master when not set by spark-submit "
                                              "(default local[*])")
@@ -42,9 +44,10 @@ class ETLConfig:
         if not 0 < self.row_group_mb <= 1024:
             raise ValueError(f"--row-group-mb must be in (0, 1024] (Arrow binary arrays hold < 2 GiB), "
                              f"got {self.row_group_mb}")
-        if not 0 < self.max_file_mb <= 2047:
-            raise ValueError(f"--max-file-mb must be in (0, 2047] (Spark's binaryFile limit is 2 GiB), "
-                             f"got {self.max_file_mb}")
+        if not self.max_file_mb > 0:
+            raise ValueError(f"--max-file-mb must be positive, got {self.max_file_mb}")
+        if self.max_pixels < 1:
+            raise ValueError(f"--max-pixels must be >= 1, got {self.max_pixels}")
         if not self.input or not self.output:
             raise ValueError("--input and --output must not be empty")
         if any(ch in self.input for ch in "*?[]{}\\"):

@@ -1,5 +1,11 @@
 """Pure image functions of the ETL: decode any supported file, orient, convert, resize, pad.
 
+Supported, by content whatever the file's extension: the raster formats Pillow decodes itself,
+JPEG (and phones' multi-picture MPO), PNG, GIF, BMP, WebP and TIFF (:data:`ACCEPTED_FORMATS`).
+Animated GIF and WebP, and multi-page TIFF, give their first frame. Everything else is refused
+with a reason naming what Pillow saw, in particular EPS/PS (Pillow runs Ghostscript, an external
+program, to render them) and PDF (which Pillow cannot read).
+
 The recipe is the one of the original article (``Image.open -> convert('RGB') -> thumbnail ->
 paste centred on white -> tobytes``), made correct on every image:
 
@@ -23,10 +29,13 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError, features
 
 WHITE = (255, 255, 255)
-ACCEPTED_FORMATS = ("JPEG", "PNG")  # Pillow's JPEG opener also returns phones' multi-picture (MPO) files
+# Pillow's own decoders, no external program. Pillow's JPEG opener also returns phones'
+# multi-picture (MPO) files. WebP only where this Pillow was built with libwebp.
+ACCEPTED_FORMATS = ("JPEG", "PNG", "GIF", "BMP", "TIFF") + (("WEBP",) if features.check("webp") else ())
+_MAGIC_NAMES = ((b"%PDF", "a PDF document"), (b"%!PS", "PostScript"), (b"\xc5\xd0\xd3\xc6", "EPS"))
 _EXIF_ORIENTATION = 0x0112
 _ORIENTATIONS_SWAPPING_AXES = (5, 6, 7, 8)  # transpose, rotate 270, transverse, rotate 90
 # Pillow's own bomb threshold (89,478,485 pixels). Pillow also enforces it inside Image.open, so
@@ -84,11 +93,14 @@ def to_rgb(img: Image.Image) -> Image.Image:
     if mode == "RGB":
         return img
     if mode.startswith("I") or mode == "F":
-        values = np.asarray(img)
+        # One float32 working copy, changed in place: 4 bytes per pixel, not float64 temporaries
+        # (part of the per-pixel memory bound, see pipelines.etl.memory). x / 257 is never
+        # within float32 error of a .5 tie for integer x, so rounding matches float64.
+        values = np.array(img, dtype=np.float32)
         if mode.startswith("I"):  # 16-bit range (what PNG and TIFF greyscale carry) to 8-bit
-            values = values.astype(np.float64) / 257.0
-        grey = np.clip(np.rint(values), 0, 255).astype(np.uint8)
-        return Image.fromarray(grey).convert("RGB")  # 2-D uint8 is mode L
+            values /= 257.0
+        np.clip(np.rint(values, out=values), 0, 255, out=values)
+        return Image.fromarray(values.astype(np.uint8)).convert("RGB")  # 2-D uint8 is mode L
     has_alpha = mode in ("RGBA", "LA", "RGBa", "La", "PA") or (
         mode in ("P", "L", "RGB", "1") and "transparency" in img.info
     )
@@ -140,7 +152,7 @@ def decode_and_fit(data: bytes, size: int = 299, max_pixels: int | None = DEFAUL
     """Decode an encoded image, orient it, convert it to RGB and shrink it to fit ``size``.
 
     Args:
-        data: the file's bytes (JPEG, PNG, or anything Pillow identifies).
+        data: the file's bytes, any of :data:`ACCEPTED_FORMATS` (by content, not by name).
         size: side of the target square in pixels (299 for Xception).
         max_pixels: images with more pixels than this are rejected as decompression bombs
             (``None`` disables the check).
@@ -150,7 +162,8 @@ def decode_and_fit(data: bytes, size: int = 299, max_pixels: int | None = DEFAUL
         height and width (after EXIF orientation).
 
     Raises:
-        ImageRejected: empty, non-image, truncated, corrupt or too large input.
+        ImageRejected: empty, non-image, unsupported format (``"not a supported raster image
+            (...)"``), truncated, corrupt or too large input.
     """
     if size <= 0:
         raise ValueError(f"size must be positive, got {size}")
@@ -160,8 +173,9 @@ def decode_and_fit(data: bytes, size: int = 299, max_pixels: int | None = DEFAUL
         with warnings.catch_warnings():
             # Between Pillow's limit and twice it, Pillow only warns; a bomb is a bomb either way.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            # Only the formats the extensions promise: a GIF or TIFF named .jpg is mislabelled, and
-            # Pillow's other plugins (EPS runs Ghostscript) have no business in a data pipeline.
+            # Only raster formats Pillow decodes itself, by content: scraped folders mix formats
+            # and extensions, and Pillow's other plugins (EPS runs Ghostscript) have no business
+            # in a data pipeline. The first frame of an animation (Pillow's default) is the image.
             img = Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
             width, height = img.size
             if max_pixels is not None and width * height > max_pixels:
@@ -179,11 +193,37 @@ def decode_and_fit(data: bytes, size: int = 299, max_pixels: int | None = DEFAUL
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise ImageRejected(f"decompression bomb: {exc}") from exc
     except UnidentifiedImageError:
-        raise ImageRejected("not a JPEG or PNG image") from None
+        raise ImageRejected(f"not a supported raster image ({what_pillow_sees(data)}; accepted: "
+                            f"{', '.join(ACCEPTED_FORMATS)})") from None
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - any decoder failure is this file's fault, not the job's
         raise ImageRejected(f"undecodable: {type(exc).__name__}: {exc}") from exc
+
+
+def what_pillow_sees(data: bytes) -> str:
+    """A short description of bytes that none of :data:`ACCEPTED_FORMATS` opens, for a reason.
+
+    Asks every Pillow plugin to parse the header only (no pixel is decoded, so EPS never reaches
+    Ghostscript), then looks at magic bytes Pillow has no reader for (PDF).
+
+    Returns:
+        e.g. ``"Pillow sees EPS"``, ``"a PDF document"`` or ``"Pillow cannot identify it"``.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # Only the formats not tried already: Pillow's JPEG parser skips junk byte by byte.
+            others = [f for f in Image.OPEN if f not in ACCEPTED_FORMATS]
+            with Image.open(io.BytesIO(data), formats=others) as img:
+                return f"Pillow sees {img.format}"
+    except Exception:  # noqa: BLE001 - only a description: any failure means "unknown"
+        pass
+    head = data[:1024].lstrip()
+    for magic, name in _MAGIC_NAMES:
+        if head.startswith(magic):
+            return name
+    return "Pillow cannot identify it"
 
 
 def resize_to_square(data: bytes, size: int = 299, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> ResizedImage:

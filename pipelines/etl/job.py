@@ -2,12 +2,17 @@
 
 Steps, each a function below:
 
-1. :func:`check_paths` - clear errors before Spark starts (missing input, overlapping output).
-2. :func:`plan` - the job's own listing, classification and row-group plan.
-3. :func:`run_spark` - ``binaryFile`` -> shuffle by a seeded hash -> ``mapInArrow`` that resizes
-   and writes each task's Parquet file per split -> one outcome row per input file.
-4. :func:`finish` - move the splits into place, read the real Parquet metadata, reconcile every
-   listed file with an outcome, write ``rejected.jsonl`` and ``manifest.json``.
+1. :func:`check_paths` and :func:`check_memory` - clear errors before Spark starts (missing
+   input, overlapping output, a ``--max-file-mb``/``--max-pixels`` the executors cannot hold).
+2. :func:`plan` - the job's own listing, classification, train/test assignment and row-group
+   plan; the candidate images sorted by a seeded hash of their relative path.
+3. :func:`run_spark` - the candidates cut into one contiguous chunk per task, no shuffle:
+   ``spark.range(P)`` -> ``mapInArrow`` whose tasks read their chunk's files in Python, resize
+   them and write their own Parquet file per split -> one outcome row per candidate.
+4. :func:`finish` - keep the committed task files, read the real Parquet metadata, reconcile
+   every listed file with an outcome, write ``rejected.jsonl`` and ``manifest.json``, swap the new
+   output in - unless no image at all was written from a non-empty candidate list
+   (:class:`NothingWritten`: the previous output is kept).
 """
 from __future__ import annotations
 
@@ -26,10 +31,13 @@ from typing import Dict, List, Optional, Tuple
 from pipelines import __version__
 from pipelines.config import to_dict
 from pipelines.etl.config import ETLConfig
+from pipelines.etl.images import DEFAULT_MAX_PIXELS
 from pipelines.etl.labels import ClassFolder, is_test
-from pipelines.etl.layout import rows_per_row_group
-from pipelines.etl.listing import REJECTED, SKIPPED, Excluded, ListedFile, class_folders, classify, list_files
-from pipelines.etl.transform import OUTCOME_DDL, TEST, TRAIN, WRITTEN, process_batches
+from pipelines.etl.layout import cut_into, rows_per_row_group, spread_order
+from pipelines.etl.listing import (REJECTED, SKIPPED, Excluded, ListedFile, class_folders, classify, display_path,
+                                   list_files)
+from pipelines.etl.memory import check_task_memory, executor_memory, physical_memory_bytes, task_bytes
+from pipelines.etl.transform import OUTCOME_DDL, TEST, TRAIN, WRITTEN, Candidate, process_chunks
 
 log = logging.getLogger("pipelines")
 
@@ -38,18 +46,26 @@ REJECTED_LIST = "rejected.jsonl"
 STAGING = "_staging"
 SPLITS = (TRAIN, TEST)
 MANIFEST_FORMAT = 1
-IMAGE_GLOB = "*.{[jJ][pP][gG],[jJ][pP][eE][gG],[pP][nN][gG]}"
+
+
+class NothingWritten(RuntimeError):
+    """Spark ran but not one of the candidate images was written; the previous output is kept."""
 
 
 @dataclass
 class Plan:
-    """What the driver knows before Spark runs."""
+    """What the driver knows before Spark runs.
+
+    ``candidates`` are the files to read, in the order that spreads them over tasks
+    (:func:`pipelines.etl.layout.spread_order`), each with its label and split.
+    """
 
     files: List[ListedFile]
     outcomes: Dict[str, object]  # path -> ClassFolder (candidate) or Excluded
     classes: Dict[int, str]
     expected_rows: Dict[str, int]
     rows_per_row_group: int
+    candidates: List[Candidate] = field(default_factory=list)
     partitions: int = 0
 
 
@@ -100,6 +116,10 @@ def check_paths(config: ETLConfig) -> None:
 def plan(config: ETLConfig) -> Plan:
     """List and classify every file under the input; choose rows per row group.
 
+    Returns:
+        the :class:`Plan`, its candidates in :func:`pipelines.etl.layout.spread_order` order, each
+        with its label and split (:func:`pipelines.etl.labels.is_test`).
+
     Raises:
         ValueError: no class folder, or two folders with the same number.
     """
@@ -109,60 +129,68 @@ def plan(config: ETLConfig) -> Plan:
         raise ValueError(f"no class folder of the form NNN.name under {config.input}")
     max_bytes = int(config.max_file_mb * 2**20)
     outcomes = {f.path: classify(f.relative_path, f.size_bytes, max_bytes) for f in files}
-    expected = Counter(TEST if is_test(f.relative_path, config.seed, config.test_fraction) else TRAIN
-                       for f in files if isinstance(outcomes[f.path], ClassFolder))
+    listed = sorted((f for f in files if isinstance(outcomes[f.path], ClassFolder)),
+                    key=lambda f: (spread_order(f.relative_path, config.seed), f.relative_path))
+    candidates = [Candidate(f.path, outcomes[f.path].label, outcomes[f.path].name,
+                            TEST if is_test(f.relative_path, config.seed, config.test_fraction) else TRAIN)
+                  for f in listed]
+    expected = Counter(c.split for c in candidates)
     rpg = rows_per_row_group(config.row_bytes, config.row_group_mb * 2**20, dict(expected),
                              config.min_row_groups)
-    return Plan(files, outcomes, classes, {s: expected.get(s, 0) for s in SPLITS}, rpg)
+    return Plan(files, outcomes, classes, {s: expected.get(s, 0) for s in SPLITS}, rpg, candidates)
+
+
+def check_memory(config: ETLConfig, master: str, conf: Dict[str, str]) -> None:
+    """Refuse a ``--max-file-mb``/``--max-pixels`` whose tasks the executors cannot hold.
+
+    One task holds at most one file (``max_file_mb`` MiB) and its decoded pixels
+    (``16 bytes * max_pixels``) plus a Python worker and two row-group buffers
+    (:func:`pipelines.etl.memory.task_bytes`); ``tasks per worker * that`` must fit in
+    ``spark.executor.pyspark.memory`` when set, else, for a local master, in this machine's
+    physical memory (:func:`pipelines.etl.memory.executor_memory`).
+
+    Raises:
+        ValueError: it does not fit; the message names both figures in GiB.
+    """
+    # Pillow refuses more than its own limit whatever max_pixels says (pipelines.etl.images).
+    pixels = min(config.max_pixels, DEFAULT_MAX_PIXELS)
+    need = task_bytes(int(config.max_file_mb * 2**20), pixels, int(config.row_group_mb * 2**20), config.row_bytes)
+    check_task_memory(need, executor_memory(master, conf, os.cpu_count() or 1, physical_memory_bytes()))
 
 
 def run_spark(spark, config: ETLConfig, the_plan: Plan) -> Dict[str, dict]:
-    """Decode, resize and write both splits in one Spark job.
+    """Read, decode, resize and write the candidate images in one Spark job, no shuffle.
 
-    Each task writes ``OUTPUT/_staging/<split>/part-<partition>-<attempt>.parquet`` itself (see
-    :mod:`pipelines.etl.transform`), in row groups of ``rows_per_row_group`` rows, columns
-    ``path, label (int32), label_name, image (binary, size*size*3 uint8 HWC), height, width
-    (int32)``.
+    The plan's candidates (already in a seeded-hash order, so every chunk mixes classes) are cut
+    into ``partitions`` contiguous chunks of balanced length; task ``i`` reads the files of chunk
+    ``i`` in Python and writes ``OUTPUT/_staging/<split>/part-<partition>-<attempt>.parquet``
+    itself (see :mod:`pipelines.etl.transform`), in row groups of ``rows_per_row_group`` rows,
+    columns ``path, label (int32), label_name, image (binary, size*size*3 uint8 HWC), height,
+    width (int32)``.
 
     Returns:
-        ``{path: outcome}`` for every file Spark read, ``outcome`` a dict with ``status``,
-        ``split``, ``label``, ``file`` and ``reason`` (:data:`OUTCOME_SCHEMA`).
+        ``{path: outcome}`` for every candidate, ``outcome`` a dict with ``status``, ``split``,
+        ``label``, ``file`` and ``reason`` (:data:`OUTCOME_SCHEMA`); ``{}`` when there is none.
     """
-    from pyspark.sql import functions as F
-
-    sc = spark.sparkContext
-    candidates = sum(1 for o in the_plan.outcomes.values() if isinstance(o, ClassFolder))
-    partitions = config.num_partitions or ETLConfig.default_partitions(sc.defaultParallelism)
-    the_plan.partitions = max(1, min(partitions, candidates))
-    # Input batches hold encoded files; keep them small so a worker's memory stays bounded.
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "16")
+    candidates = the_plan.candidates
+    if not candidates:
+        return {}
+    partitions = config.num_partitions or ETLConfig.default_partitions(spark.sparkContext.defaultParallelism)
+    the_plan.partitions = max(1, min(partitions, len(candidates)))
     staging = os.path.join(config.output, STAGING)
     shutil.rmtree(staging, ignore_errors=True)
-    mapper = partial(process_batches, root=config.input, staging=staging, image_size=config.image_size,
-                     seed=config.seed, test_fraction=config.test_fraction, max_pixels=config.max_pixels,
+    # Why spark.range + a closure rather than a DataFrame of paths: range(P, numPartitions=P) puts
+    # exactly one chunk number in each partition without a shuffle, whatever the master, and it
+    # is a plain DataFrame API that Spark Connect and Databricks accept; a DataFrame of paths
+    # would be sliced by Spark, not by us, and need a repartition (a shuffle) to get our chunks.
+    # The cost: the candidate list (about 100 bytes per file) travels with the function to each
+    # executor (PySpark broadcasts a large closure once per executor), fine up to millions of files.
+    mapper = partial(process_chunks, chunks=cut_into(candidates, the_plan.partitions), staging=staging,
+                     image_size=config.image_size, max_pixels=config.max_pixels,
                      max_file_bytes=int(config.max_file_mb * 2**20),
                      rows_per_row_group=the_plan.rows_per_row_group)
-    order = F.xxhash64("path", F.lit(config.seed))
-    files = (spark.read.format("binaryFile")
-             .option("recursiveFileLookup", "true")
-             # Spark never lists, so never reads, what is not an image by name (any case); the
-             # job's own listing reports those files as skipped.
-             .option("pathGlobFilter", IMAGE_GLOB)
-             # A file deleted or unreadable after the listing is reported by the driver, not fatal.
-             .option("ignoreMissingFiles", "true").option("ignoreCorruptFiles", "true")
-             # The raw local file system reads without looking for Hadoop's .crc side files
-             # (whose names break on a ':' in a file name) and without verifying them.
-             .option("fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
-             .option("fs.file.impl.disable.cache", "true")
-             .load(config.input)
-             # Pushed down: oversized files are never read (binaryFile refuses > 2 GiB anyway).
-             .where(F.col("length") <= int(config.max_file_mb * 2**20))
-             .select("path", "content")
-             # Shuffle the small encoded files, not the decoded images, so that row groups mix
-             # classes and decoding is spread evenly over all partitions.
-             .repartition(the_plan.partitions, order)
-             .sortWithinPartitions(order))
-    outcomes = files.mapInArrow(mapper, OUTCOME_DDL).toArrow().to_pylist()
+    chunks = spark.range(the_plan.partitions, numPartitions=the_plan.partitions)
+    outcomes = chunks.mapInArrow(mapper, OUTCOME_DDL).toArrow().to_pylist()
     return {o["path"]: o for o in outcomes}
 
 
@@ -192,6 +220,70 @@ def _reason_kind(reason: str) -> str:
     return reason.split(":")[0].split(" (")[0]
 
 
+def _committed_splits(staging: str, spark_outcomes: Dict[str, dict]) -> Dict[str, SplitStats]:
+    """Delete task files no successful outcome names (a failed attempt's); read the rest."""
+    committed = {o["file"] for o in spark_outcomes.values() if o["status"] == WRITTEN}
+    stats: Dict[str, SplitStats] = {}
+    for split in SPLITS:
+        source = os.path.join(staging, split)
+        os.makedirs(source, exist_ok=True)
+        for name in os.listdir(source):
+            if f"{split}/{name}" not in committed:
+                os.remove(os.path.join(source, name))
+        stats[split] = read_split(source)
+    return stats
+
+
+def reconcile(the_plan: Plan, spark_outcomes: Dict[str, dict],
+              stats: Dict[str, SplitStats]) -> Tuple[Dict[str, str], Dict[str, Tuple[str, str]]]:
+    """Match every listed file with exactly one fate: written (in the Parquet files) or excluded.
+
+    Returns:
+        ``(written, excluded)``: ``{path: split}`` and ``{path: (status, reason)}``.
+
+    Raises:
+        RuntimeError: a row written twice, rows and outcomes that disagree, an outcome for a file
+            never listed, or a candidate without an outcome (impossible by construction), or
+            ``found != written + rejected + skipped``.
+    """
+    written: Dict[str, str] = {}
+    for split in SPLITS:
+        for path in stats[split].paths:
+            if path in written:
+                raise RuntimeError(f"{path} was written twice ({written[path]} and {split})")
+            written[path] = split
+    reported = {p for p, o in spark_outcomes.items() if o["status"] == WRITTEN}
+    if reported != set(written):
+        raise RuntimeError(f"the Parquet files hold {len(written)} rows but tasks reported {len(reported)}")
+    listed = {f.path for f in the_plan.files}
+    if not set(spark_outcomes) <= listed:
+        raise RuntimeError(f"tasks reported {len(set(spark_outcomes) - listed)} files the job never listed")
+    excluded: Dict[str, Tuple[str, str]] = {}
+    for path in sorted(listed - set(written)):
+        outcome = spark_outcomes.get(path) or the_plan.outcomes.get(path)
+        if isinstance(outcome, dict):
+            excluded[path] = (outcome["status"], outcome["reason"])
+        elif isinstance(outcome, Excluded):
+            excluded[path] = (outcome.status, outcome.reason)
+        else:
+            raise RuntimeError(f"candidate {display_path(path)} has no outcome: a Spark task lost it")
+    counts = Counter(status for status, _ in excluded.values())
+    if len(listed) != len(written) + counts[REJECTED] + counts[SKIPPED]:
+        raise RuntimeError(f"counts do not reconcile: found {len(listed)} != written {len(written)} + "
+                           f"rejected {counts[REJECTED]} + skipped {counts[SKIPPED]}")
+    return written, excluded
+
+
+def _refuse_empty_result(config: ETLConfig, the_plan: Plan, excluded: Dict[str, Tuple[str, str]]) -> None:
+    """Raise :class:`NothingWritten` when candidates existed and none was written."""
+    reasons = Counter(_reason_kind(excluded[c.path][1]) for c in the_plan.candidates)
+    top = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common(3))
+    raise NothingWritten(
+        f"no image written: all {len(the_plan.candidates)} candidate images were rejected ({top}); "
+        f"the output in {display_path(config.output)} was left as it was; every reason is in "
+        f"{display_path(os.path.join(config.output, STAGING, REJECTED_LIST))}")
+
+
 def finish(config: ETLConfig, the_plan: Plan, spark_outcomes: Dict[str, dict],
            spark_version: str, seconds: float) -> dict:
     """Reconcile, write ``rejected.jsonl`` and ``manifest.json``, and swap the new output in.
@@ -203,64 +295,53 @@ def finish(config: ETLConfig, the_plan: Plan, spark_outcomes: Dict[str, dict],
         the manifest (dict).
 
     Raises:
-        RuntimeError: the counts do not reconcile (a file with no outcome or two outcomes).
+        RuntimeError: the counts do not reconcile (see :func:`reconcile`).
+        NothingWritten: at least one candidate and no row written; the previous output is kept
+            and ``OUTPUT/_staging/rejected.jsonl`` says why.
     """
     staging = os.path.join(config.output, STAGING)
-    committed = {o["file"] for o in spark_outcomes.values() if o["status"] == WRITTEN}
-    stats: Dict[str, SplitStats] = {}
-    for split in SPLITS:
-        source = os.path.join(staging, split)
-        os.makedirs(source, exist_ok=True)
-        # Keep only files named by a successful task's outcomes; drop a failed attempt's.
-        for name in os.listdir(source):
-            if f"{split}/{name}" not in committed:
-                os.remove(os.path.join(source, name))
-        stats[split] = read_split(source)
-
-    written: Dict[str, str] = {}
-    for split in SPLITS:
-        for path in stats[split].paths:
-            if path in written:
-                raise RuntimeError(f"{path} was written twice ({written[path]} and {split})")
-            written[path] = split
-    reported = {p for p, o in spark_outcomes.items() if o["status"] == WRITTEN}
-    if reported != set(written):
-        raise RuntimeError(f"the Parquet files hold {len(written)} rows but tasks reported {len(reported)}")
-    listed = {f.path for f in the_plan.files}
-    excluded: Dict[str, Tuple[str, str]] = {}
-    for path in sorted(listed | set(spark_outcomes)):
-        if path in written:
-            continue
-        if path in spark_outcomes:
-            excluded[path] = (spark_outcomes[path]["status"], spark_outcomes[path]["reason"])
-            continue
-        outcome = the_plan.outcomes.get(path)
-        if isinstance(outcome, Excluded):
-            excluded[path] = (outcome.status, outcome.reason)
-        else:  # a candidate Spark never returned: report it, never drop it
-            excluded[path] = (REJECTED, "listed by the job but not returned by Spark's binaryFile listing")
-    found = len(listed | set(spark_outcomes))
-    counts = Counter(status for status, _ in excluded.values())
-    if found != len(written) + counts[REJECTED] + counts[SKIPPED]:
-        raise RuntimeError(f"counts do not reconcile: found {found} != written {len(written)} + "
-                           f"rejected {counts[REJECTED]} + skipped {counts[SKIPPED]}")
-
+    stats = _committed_splits(staging, spark_outcomes)
+    written, excluded = reconcile(the_plan, spark_outcomes, stats)
     with open(os.path.join(staging, REJECTED_LIST), "w", encoding="utf-8") as out:
         for path, (status, reason) in excluded.items():
-            out.write(json.dumps({"path": path, "status": status, "reason": reason}, ensure_ascii=False) + "\n")
+            out.write(json.dumps({"path": display_path(path), "status": status, "reason": reason},
+                                 ensure_ascii=False) + "\n")
+    if the_plan.candidates and not written:
+        _refuse_empty_result(config, the_plan, excluded)
+    manifest = _manifest(config, the_plan, stats, written, excluded, spark_version, seconds)
+    with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as out:
+        json.dump(manifest, out, indent=2, ensure_ascii=False)
 
+    # The swap: the manifest goes last, so a manifest always describes the splits next to it.
+    if os.path.exists(os.path.join(config.output, MANIFEST)):
+        os.remove(os.path.join(config.output, MANIFEST))
+    for name in (*SPLITS, REJECTED_LIST):
+        target = os.path.join(config.output, name)
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+        os.replace(os.path.join(staging, name), target)
+    os.replace(os.path.join(staging, MANIFEST), os.path.join(config.output, MANIFEST))
+    shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def _manifest(config: ETLConfig, the_plan: Plan, stats: Dict[str, SplitStats], written: Dict[str, str],
+              excluded: Dict[str, Tuple[str, str]], spark_version: str, seconds: float) -> dict:
+    """The manifest's content (see the README's Stage 1 for its fields)."""
+    counts = Counter(status for status, _ in excluded.values())
     num_classes = max(the_plan.classes) + 1
-    manifest = {
+    class_names = [the_plan.classes.get(label) for label in range(num_classes)]
+    return {
         "format_version": MANIFEST_FORMAT,
         "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "input": config.input,
+        "input": display_path(config.input),
         "image": {"height": config.image_size, "width": config.image_size, "channels": 3,
                   "dtype": "uint8", "layout": "HWC", "column": "image"},
         "columns": ["path", "label", "label_name", "image", "height", "width"],
         "seed": config.seed,
         "test_fraction": config.test_fraction,
         "num_classes": num_classes,
-        "class_names": [the_plan.classes.get(label) for label in range(num_classes)],
+        "class_names": [display_path(n) if n is not None else None for n in class_names],
         "rows_per_row_group": the_plan.rows_per_row_group,
         "min_row_groups": config.min_row_groups,
         "max_world_size": min(stats[s].row_groups for s in SPLITS),
@@ -276,7 +357,7 @@ def finish(config: ETLConfig, the_plan: Plan, spark_outcomes: Dict[str, dict],
             } for split, s in stats.items()
         },
         "files": {
-            "found": found,
+            "found": len(the_plan.files),
             "written": len(written),
             "rejected": counts[REJECTED],
             "skipped": counts[SKIPPED],
@@ -286,22 +367,8 @@ def finish(config: ETLConfig, the_plan: Plan, spark_outcomes: Dict[str, dict],
         "seconds": round(seconds, 2),
         "images_per_second": round(len(written) / seconds, 2) if seconds > 0 else None,
         "versions": _versions(spark_version),
-        "config": to_dict(config),
+        "config": {**to_dict(config), "input": display_path(config.input), "output": display_path(config.output)},
     }
-    with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as out:
-        json.dump(manifest, out, indent=2, ensure_ascii=False)
-
-    # The swap: the manifest goes last, so a manifest always describes the splits next to it.
-    if os.path.exists(os.path.join(config.output, MANIFEST)):
-        os.remove(os.path.join(config.output, MANIFEST))
-    for name in (*SPLITS, REJECTED_LIST):
-        target = os.path.join(config.output, name)
-        if os.path.isdir(target):
-            shutil.rmtree(target)
-        os.replace(os.path.join(staging, name), target)
-    os.replace(os.path.join(staging, MANIFEST), os.path.join(config.output, MANIFEST))
-    shutil.rmtree(staging, ignore_errors=True)
-    return manifest
 
 
 def _versions(spark_version: str) -> Dict[str, str]:
@@ -326,11 +393,19 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
 
     Raises:
         FileNotFoundError, NotADirectoryError, ValueError: bad input or output paths, no class
-            folders (before Spark starts). RuntimeError: counts do not reconcile.
+            folders, a tree that cannot be read safely, files or images too large for the
+            executors' memory (before Spark runs anything). RuntimeError: counts do not
+            reconcile. NothingWritten: candidates but no image written (previous output kept).
     """
+    from pyspark import SparkContext
+
     from pipelines.spark import log_progress, spark_session
 
     check_paths(config)
+    if spark is None and SparkContext._active_spark_context is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        # We are about to start the JVM ourselves: refuse before it starts, from the master we
+        # will give it (spark-submit and existing sessions are checked below, from their conf).
+        check_memory(config, config.master or "local[*]", {})
     the_plan = plan(config)
     log.info("listed %d files in %d class folders; %d candidate images (train ~%d, test ~%d); "
              "%d rows per row group", len(the_plan.files), len(the_plan.classes),
@@ -338,6 +413,9 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
              the_plan.expected_rows[TEST], the_plan.rows_per_row_group)
     os.makedirs(config.output, exist_ok=True)
     spark = spark or spark_session("pipelines-etl", config.master)
+    context = spark.sparkContext
+    check_memory(config, context.master, dict(context.getConf().getAll()))
+    shutil.rmtree(os.path.join(config.output, STAGING), ignore_errors=True)
     start = time.perf_counter()
     with log_progress(spark):
         spark_outcomes = run_spark(spark, config, the_plan)

@@ -12,7 +12,9 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+# The extensions of the formats pipelines.etl.images decodes (content decides the format: a GIF
+# named .jpg is read as a GIF).
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
 _CLASS_FOLDER = re.compile(r"^([0-9]{3})\.(.+)$")
 
 
@@ -38,7 +40,8 @@ def parse_class_folder(folder: str) -> ClassFolder | None:
 
 
 def has_image_extension(name: str) -> bool:
-    """True for ``.jpg``, ``.jpeg`` and ``.png`` in any case (Spark's glob filter is case-sensitive)."""
+    """True for the :data:`IMAGE_EXTENSIONS` (``.jpg .jpeg .png .gif .bmp .webp .tif .tiff``), in
+    any case (``.JPG``, ``.Tiff``)."""
     return name.lower().endswith(IMAGE_EXTENSIONS)
 
 

@@ -1,4 +1,5 @@
-"""Pure arithmetic of the Parquet layout: how many rows per row group.
+"""Pure arithmetic of the Parquet layout and of the work split: rows per row group, which task
+reads which files.
 
 Petastorm shards a dataset by whole row groups (rank ``r`` of ``n`` reads row groups
 ``r, r + n, ...``), so a split needs at least as many row groups as the largest world size that
@@ -6,7 +7,10 @@ will read it, and a row group is the unit a reader holds in memory.
 """
 from __future__ import annotations
 
-from typing import Mapping
+import hashlib
+from typing import List, Mapping, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 def rows_per_row_group(row_bytes: int, target_bytes: float, split_rows: Mapping[str, int],
@@ -28,3 +32,29 @@ def rows_per_row_group(row_bytes: int, target_bytes: float, split_rows: Mapping[
     by_bytes = max(1, round(target_bytes / row_bytes))
     by_count = min((rows // min_row_groups for rows in split_rows.values() if rows > 0), default=by_bytes)
     return max(1, min(by_bytes, by_count))
+
+
+def spread_order(relative_path: str, seed: int) -> bytes:
+    """Sort key that spreads files over tasks: a seeded hash of the path relative to the root.
+
+    Sorting candidates by it mixes classes within every contiguous chunk (so row groups mix
+    classes) and gives the same order for the same seed on every run. It is salted differently
+    from :func:`pipelines.etl.labels.is_test`, so the test files are not bunched in a few tasks.
+    """
+    return hashlib.blake2b(f"{seed}:{relative_path}".encode("utf-8", "surrogateescape"),
+                           digest_size=8, person=b"etl-spread").digest()
+
+
+def cut_into(items: Sequence[T], parts: int) -> List[List[T]]:
+    """``items`` cut into ``parts`` contiguous chunks whose lengths differ by at most one.
+
+    ``cut_into(range(7), 3) == [[0, 1], [2, 3], [4, 5, 6]]``; chunks are empty when
+    ``parts > len(items)``.
+
+    Raises:
+        ValueError: ``parts < 1``.
+    """
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    n = len(items)
+    return [list(items[i * n // parts:(i + 1) * n // parts]) for i in range(parts)]

@@ -1,8 +1,15 @@
-"""The ETL's own listing of its input, independent of Spark's, so that nothing is lost silently.
+"""The ETL's own listing of its input: the only one, so that nothing is lost silently.
 
-Spark's file sources skip some files without a word (zero-byte files; names starting with ``_``
-or ``.``). Listing the tree ourselves and classifying every file lets the job account for each
-one: written, rejected (bad input, with a reason) or skipped (not input, with a reason).
+The driver lists the tree and classifies every file: a candidate image (read later by a Spark
+task, in Python), rejected (bad input, with a reason) or skipped (not input, with a reason).
+Spark's file sources are not used: they skip some files without a word (zero-byte files, names
+starting with ``_`` or ``.``), list and open names in the JVM's locale encoding (non-ASCII names
+are lost under ``LC_ALL=C``) and hold whole files in the JVM heap.
+
+Names are listed as bytes and decoded as UTF-8 whatever the caller's locale; bytes that are not
+UTF-8 are kept as surrogate escapes (``surrogateescape``), so such a file can still be opened and
+reported (:func:`display_path`), but it is rejected: its name cannot go into the Parquet
+``path`` column, which is UTF-8 text.
 """
 from __future__ import annotations
 
@@ -12,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Dict, List, Union
 
-from pipelines.etl.labels import ClassFolder, has_image_extension, label_for, parse_class_folder
+from pipelines.etl.labels import IMAGE_EXTENSIONS, ClassFolder, has_image_extension, label_for, parse_class_folder
 
 REJECTED = "rejected"  # bad input: was meant to be an image and is not usable
 SKIPPED = "skipped"    # not input for this job: wrong place, hidden, not an image extension
@@ -62,12 +69,14 @@ def classify(relative_path: str, size_bytes: int, max_file_bytes: int,
         the file's :class:`ClassFolder`, or an :class:`Excluded` with the reason.
     """
     name = PurePosixPath(relative_path).name
-    if "\ufffd" in relative_path:
-        return Excluded(REJECTED, "file name is not valid UTF-8: Spark cannot open it by name; rename it")
+    if not is_utf8(relative_path):
+        return Excluded(REJECTED, "file name is not valid UTF-8 (shown with \\x escapes): the Parquet path "
+                                  "column is UTF-8 text; rename it")
     if check_spark_hidden and spark_ignores(relative_path):
-        return Excluded(SKIPPED, "hidden name (a path part starts with '.' or '_'): Spark's listing ignores it")
+        return Excluded(SKIPPED, "hidden name (a path part starts with '.' or '_'), skipped as Spark and "
+                                 "Hadoop do")
     if not has_image_extension(name):
-        return Excluded(SKIPPED, "not an image extension (.jpg, .jpeg, .png in any case)")
+        return Excluded(SKIPPED, f"not an image extension ({' '.join(IMAGE_EXTENSIONS)}, any case)")
     label = label_for(relative_path)
     if isinstance(label, str):
         return Excluded(SKIPPED, label)
@@ -80,14 +89,34 @@ def classify(relative_path: str, size_bytes: int, max_file_bytes: int,
     return label
 
 
-def spark_name(name: str) -> str:
-    """The name as Spark's JVM sees it: bytes that are not UTF-8 become U+FFFD (Python keeps
-    them as surrogate escapes), so both listings can be matched."""
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+def decode_name(raw: bytes) -> str:
+    """File-system bytes -> ``str``, as UTF-8 whatever the locale; other bytes become surrogate
+    escapes, so :func:`encode_name` gives the same bytes back."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def encode_name(name: str) -> bytes:
+    """The file-system bytes of a name from :func:`decode_name` (open files with these)."""
+    return name.encode("utf-8", "surrogateescape")
+
+
+def is_utf8(name: str) -> bool:
+    """False when the name holds bytes that were not UTF-8 (surrogate escapes)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def display_path(name: str) -> str:
+    """A name for reports (JSON, logs): unchanged when it is UTF-8, else with each byte that is
+    not shown as ``\\xNN`` (``caf\\xe9.jpg``), so two such names never collide into one."""
+    return encode_name(name).decode("utf-8", "backslashreplace")
 
 
 class UnsupportedTree(ValueError):
-    """The input tree holds something Spark's listing cannot be trusted with; raised before Spark."""
+    """The input tree holds something the job cannot read safely; raised before Spark."""
 
 
 def list_files(root: str) -> List[ListedFile]:
@@ -95,9 +124,12 @@ def list_files(root: str) -> List[ListedFile]:
 
     Raises:
         FileNotFoundError: ``root`` does not exist. NotADirectoryError: it is not a folder.
-        UnsupportedTree: a folder symlink inside the tree (Spark follows them, into loops and
-            duplicates), an unreadable folder (Spark's listing fails on it), or a FIFO, socket or
-            device file (reading one blocks).
+        UnsupportedTree: a folder symlink inside the tree (following them leads into loops and
+            duplicates; not following them would drop their files silently), an unreadable
+            folder, or a FIFO, socket or device file (reading one blocks).
+
+    Paths are ``str`` decoded from the file system's bytes by :func:`decode_name` (UTF-8 whatever
+    the locale); the root is taken as given.
     """
     if not os.path.exists(root):
         raise FileNotFoundError(f"input folder does not exist: {root}")
@@ -105,29 +137,36 @@ def list_files(root: str) -> List[ListedFile]:
         raise NotADirectoryError(f"input is not a folder: {root}")
 
     def refuse(error: OSError) -> None:
-        raise UnsupportedTree(f"cannot list {error.filename}: {error.strerror}")
+        name = error.filename
+        name = display_path(decode_name(name)) if isinstance(name, bytes) else name
+        raise UnsupportedTree(f"cannot list {name}: {error.strerror}")
 
     files = []
-    for dirpath, dirnames, filenames in os.walk(root, onerror=refuse):
+    # Bytes in, UTF-8 out: the caller's locale (LC_ALL=C) must not decide what a name means.
+    root_bytes = os.fsencode(root)
+    prefix = decode_name(root_bytes).rstrip("/")
+    for dirpath, dirnames, filenames in os.walk(root_bytes, onerror=refuse):
         for name in dirnames:
-            if os.path.islink(os.path.join(dirpath, name)) and not spark_ignores(name):
-                raise UnsupportedTree(f"folder symlink {os.path.join(dirpath, name)}: Spark's listing follows "
-                                      "folder links (duplicates, loops); copy or move the data instead")
+            if os.path.islink(os.path.join(dirpath, name)) and not spark_ignores(decode_name(name)):
+                raise UnsupportedTree(f"folder symlink {display_path(decode_name(os.path.join(dirpath, name)))}: "
+                                      "the job does not follow folder links (loops, duplicates); copy or move "
+                                      "the data instead")
         for filename in filenames:
-            path = os.path.join(dirpath, filename)
-            rel = os.path.relpath(path, root).replace(os.sep, "/")
+            raw = os.path.join(dirpath, filename)
+            rel = decode_name(os.path.relpath(raw, root_bytes)).replace(os.sep, "/")
+            path = f"{prefix}/{rel}"
             try:
-                st = os.stat(path)
+                st = os.stat(raw)
             except OSError:  # broken symlink: still a file we found and must account for
-                files.append(ListedFile(spark_name(path), spark_name(rel), -1))
+                files.append(ListedFile(path, rel, -1))
                 continue
             if not stat.S_ISREG(st.st_mode):
                 if spark_ignores(rel):
                     continue
-                raise UnsupportedTree(f"{path} is not a regular file (FIFO, socket or device): reading it "
-                                      "would block; remove it from the input")
-            readable = os.access(path, os.R_OK)
-            files.append(ListedFile(spark_name(path), spark_name(rel), st.st_size if readable else -1))
+                raise UnsupportedTree(f"{display_path(path)} is not a regular file (FIFO, socket or device): "
+                                      "reading it would block; remove it from the input")
+            readable = os.access(raw, os.R_OK)
+            files.append(ListedFile(path, rel, st.st_size if readable else -1))
     files.sort(key=lambda f: f.relative_path)
     return files
 
@@ -139,8 +178,8 @@ def class_folders(root: str) -> Dict[int, str]:
         ValueError: two folders claim the same number (``001.cat`` and ``001.dog``).
     """
     classes: Dict[int, str] = {}
-    for entry in sorted(os.listdir(root)):
-        if not os.path.isdir(os.path.join(root, entry)) or spark_ignores(entry):
+    for entry in sorted(decode_name(e) for e in os.listdir(os.fsencode(root))):
+        if not os.path.isdir(os.path.join(os.fsencode(root), encode_name(entry))) or spark_ignores(entry):
             continue
         folder = parse_class_folder(entry)
         if folder is None:

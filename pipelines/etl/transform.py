@@ -1,12 +1,16 @@
-"""Executor side of the ETL: ``binaryFile`` Arrow batches in, Parquet row groups out.
+"""Executor side of the ETL: chunk numbers in, files read in Python, Parquet row groups out.
 
-Runs inside Spark's Python workers through ``DataFrame.mapInArrow``: one Python call per Arrow
-batch, not per row. Each image is decoded with the pure functions of :mod:`pipelines.etl.images`
-and appended to this task's Parquet file of its split, written with pyarrow in row groups of
-exactly ``rows_per_row_group`` rows. The decoded images never travel back through the JVM (a
+Runs inside Spark's Python workers through ``DataFrame.mapInArrow``. Each task receives the
+numbers of its chunks of the driver's candidate list (shipped in the function's closure), reads
+each file itself with :func:`read_file` (at most ``max_file_bytes + 1`` bytes, so a file that grew
+since the listing is rejected, never loaded whole), decodes it with the pure functions of
+:mod:`pipelines.etl.images` and appends it to this task's Parquet file of its split, written with
+pyarrow in row groups of exactly ``rows_per_row_group`` rows. No file passes through the JVM:
+neither its name (the JVM's locale encoding would mangle non-ASCII names) nor its bytes (the JVM
+heap would hold whole files). The decoded images never travel back through the JVM (a
 round trip of ``size**2 * 3`` bytes per row through Spark's row format and parquet-java, whose
 row groups cannot be smaller than 100 rows); Spark gets back one small outcome row per input
-file, which is also how rejected files are reported.
+file, which is also how rejected files (with their reason) are reported.
 
 Commit protocol: a task names its files after its partition and attempt; the driver keeps only
 the files named in the outcomes of successful tasks and deletes any other (a failed or
@@ -15,16 +19,15 @@ speculative attempt's).
 from __future__ import annotations
 
 import os
-import re
-from typing import Dict, Iterator, List, Optional
+import stat
+from typing import Dict, Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.etl.images import FittedImage, ImageRejected, decode_and_fit, paste_centred
-from pipelines.etl.labels import is_test
-from pipelines.etl.listing import REJECTED, Excluded, classify
+from pipelines.etl.listing import REJECTED, encode_name
 
 TRAIN, TEST = "train", "test"
 WRITTEN = "written"
@@ -48,13 +51,6 @@ OUTCOME_SCHEMA = pa.schema([
     ("reason", pa.string()),  # why not written
 ])
 OUTCOME_DDL = "path STRING, status STRING, split STRING, label INT, file STRING, reason STRING"
-
-_FILE_SCHEME = re.compile(r"^file:(//)?")
-
-
-def local_path(spark_path: str) -> str:
-    """``file:/a/b.jpg`` or ``file:///a/b.jpg`` (Spark's ``path`` column) -> ``/a/b.jpg``."""
-    return _FILE_SCHEME.sub("", spark_path, count=1)
 
 
 class SplitWriter:
@@ -108,28 +104,93 @@ class SplitWriter:
             self.writer.close()
 
 
-def process_batches(batches: Iterator[pa.RecordBatch], root: str, staging: str, image_size: int, seed: int,
-                    test_fraction: float, max_pixels: int, max_file_bytes: int,
-                    rows_per_row_group: int) -> Iterator[pa.RecordBatch]:
-    """Resize every image of one Spark task's ``binaryFile`` rows into Parquet files per split.
+class Candidate(NamedTuple):
+    """One file the driver listed as a candidate image: absolute ``path`` (str, UTF-8 decoded by
+    :func:`pipelines.etl.listing.decode_name`), ``label`` (0-based), ``label_name`` and ``split``
+    (``train`` | ``test``), all decided on the driver."""
+
+    path: str
+    label: int
+    label_name: str
+    split: str
+
+
+def _read_upto(fd: int, n: int) -> bytes:
+    """Up to ``n`` bytes from ``fd`` (fewer only at the end of the file)."""
+    parts, got = [], 0
+    while got < n:
+        part = os.read(fd, min(n - got, 1 << 26))
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def read_file(path: str, max_file_bytes: int) -> bytes:
+    """The bytes of one listed file, never more than ``max_file_bytes + 1`` read into memory.
 
     Args:
-        batches: Arrow batches from Spark with at least ``path`` (str) and ``content`` (binary).
-        root: absolute local path of the input root.
+        path: as listed (surrogate escapes are turned back into the file's own bytes, so the
+            caller's locale does not matter).
+        max_file_bytes: the ``--max-file-mb`` limit in bytes.
+
+    Returns:
+        the whole file (``bytes``, at most ``max_file_bytes`` long).
+
+    Raises:
+        ImageRejected: the file vanished, became unreadable or not a regular file, or grew past
+            the limit since it was listed.
+    """
+    try:
+        # O_NONBLOCK: a file replaced by a FIFO since the listing must not block the task.
+        fd = os.open(encode_name(path), os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise ImageRejected("vanished after listing (no such file when read)") from None
+    except OSError as exc:
+        raise ImageRejected(f"unreadable when read: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        size = info.st_size
+        if not stat.S_ISREG(info.st_mode):
+            raise ImageRejected("not a regular file when read (replaced since listing)")
+        # Read what fstat promises plus one byte, so a file that grew is seen without loading it.
+        data = _read_upto(fd, min(size, max_file_bytes) + 1)
+        if len(data) > size and len(data) <= max_file_bytes:
+            data += _read_upto(fd, max_file_bytes + 1 - len(data))
+        if len(data) > max_file_bytes:
+            raise ImageRejected(f"file too large: grew past {max_file_bytes} bytes since listing (--max-file-mb)")
+        return data
+    except OSError as exc:
+        raise ImageRejected(f"unreadable when read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Candidate]], staging: str,
+                   image_size: int, max_pixels: int, max_file_bytes: int,
+                   rows_per_row_group: int) -> Iterator[pa.RecordBatch]:
+    """Read, resize and write the candidate files of the chunks whose numbers this task receives.
+
+    Args:
+        batches: Arrow batches from Spark whose first column holds chunk numbers (int64), indexes
+            into ``chunks``; which task gets which number does not matter.
+        chunks: the driver's candidates, cut into contiguous chunks (shipped in the closure).
         staging: folder, visible to the driver, where this task writes
             ``<split>/part-<partition>-<attempt>.parquet``.
-        image_size, seed, test_fraction, max_pixels, max_file_bytes: as in ``ETLConfig``.
+        image_size, max_pixels, max_file_bytes: as in ``ETLConfig``.
         rows_per_row_group: rows per Parquet row group (the last one of a file may hold fewer).
 
     Yields:
-        one Arrow batch with :data:`OUTCOME_SCHEMA`, one row per input row, once the task's
-        files are closed (so an outcome never names a half-written file).
+        one Arrow batch with :data:`OUTCOME_SCHEMA`, one row per candidate of its chunks, once the
+        task's files are closed (so an outcome never names a half-written file).
+
+    Memory: one file's bytes and its decoded pixels at a time (see :mod:`pipelines.etl.memory`).
     """
     from pyspark import TaskContext
 
     context = TaskContext.get()
     task = f"{context.partitionId():05d}-{context.taskAttemptId()}" if context else "00000-0"
-    prefix = root.rstrip("/") + "/"
     writers: Dict[str, SplitWriter] = {}
     outcomes: Dict[str, list] = {name: [] for name in OUTCOME_SCHEMA.names}
 
@@ -138,27 +199,23 @@ def process_batches(batches: Iterator[pa.RecordBatch], root: str, staging: str, 
             outcomes[name].append(value)
 
     for batch in batches:
-        paths = batch.column(batch.schema.get_field_index("path")).to_pylist()
-        contents = batch.column(batch.schema.get_field_index("content"))
-        for i, spark_path in enumerate(paths):
-            path = local_path(spark_path)
-            content = contents[i].as_py() or b""
-            relative = path[len(prefix):] if path.startswith(prefix) else path
-            outcome = classify(relative, len(content), max_file_bytes, check_spark_hidden=False)
-            if isinstance(outcome, Excluded):
-                record(path, outcome.status, reason=outcome.reason)
-                continue
-            try:
-                fitted = decode_and_fit(content, image_size, max_pixels)
-            except ImageRejected as exc:
-                record(path, REJECTED, reason=exc.reason)
-                continue
-            split = TEST if is_test(relative, seed, test_fraction) else TRAIN
-            if split not in writers:
-                writers[split] = SplitWriter(os.path.join(staging, split, f"part-{task}.parquet"),
-                                             rows_per_row_group, image_size)
-            writers[split].append(fitted, path, outcome.label, outcome.name)
-            record(path, WRITTEN, split=split, label=outcome.label, file=f"{split}/part-{task}.parquet")
+        for chunk in batch.column(0).to_pylist():
+            for candidate in chunks[chunk]:
+                try:
+                    data = read_file(candidate.path, max_file_bytes)
+                    fitted = decode_and_fit(data, image_size, max_pixels)
+                except ImageRejected as exc:
+                    record(candidate.path, REJECTED, reason=exc.reason)
+                    continue
+                finally:
+                    data = None  # never hold two files: the next read starts with nothing held
+                split = candidate.split
+                if split not in writers:
+                    writers[split] = SplitWriter(os.path.join(staging, split, f"part-{task}.parquet"),
+                                                 rows_per_row_group, image_size)
+                writers[split].append(fitted, candidate.path, candidate.label, candidate.label_name)
+                record(candidate.path, WRITTEN, split=split, label=candidate.label,
+                       file=f"{split}/part-{task}.parquet")
     for writer in writers.values():
         writer.close()
     yield pa.RecordBatch.from_pydict(outcomes, schema=OUTCOME_SCHEMA)
