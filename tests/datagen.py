@@ -7,7 +7,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.etl.transform import IMAGE_SCHEMA
+from pipelines.contract import image_schema
+
+IMAGE_SCHEMA = image_schema()
 
 
 def write_split(split_dir: str, groups_per_file: Sequence[int], size: int, first_id: int = 0,

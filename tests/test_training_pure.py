@@ -122,7 +122,7 @@ def test_dataset_refusals(tmp_path):
     with pytest.raises(DataError, match="no manifest.json"):
         load_dataset(str(tmp_path), 1)
     root = manifest(tmp_path, test_groups=3)
-    assert load_dataset(root, 3).test_row_groups == 3
+    assert load_dataset(root, 3).row_groups("test") == 3
     with pytest.raises(DataError, match="3 row groups but 4 ranks"):
         load_dataset(root, 4)
     with pytest.raises(DataError, match="empty"):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pipelines.config import field
+from pipelines.contract import row_bytes
 from pipelines.paths import check_url_safe
 from pipelines.etl.images import DEFAULT_MAX_PIXELS
 
@@ -68,5 +69,5 @@ class ETLConfig:
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one decoded image: ``image_size ** 2 * 3`` (uint8 RGB)."""
-        return self.image_size * self.image_size * 3
+        """Bytes of one decoded image (:func:`pipelines.contract.row_bytes`)."""
+        return row_bytes(self.image_size)

@@ -26,21 +26,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines.contract import TEST, TRAIN, image_schema, row_bytes
 from pipelines.etl.images import FittedImage, ImageRejected, decode_and_fit, paste_centred
 from pipelines.etl.listing import REJECTED, encode_name
 
-TRAIN, TEST = "train", "test"
 WRITTEN = "written"
 
-# The training data: what each split's Parquet files hold.
-IMAGE_SCHEMA = pa.schema([
-    ("path", pa.string()),
-    ("label", pa.int32()),
-    ("label_name", pa.string()),
-    ("image", pa.binary()),  # size * size * 3 bytes, uint8 RGB, row-major HWC
-    ("height", pa.int32()),  # of the original, after EXIF orientation
-    ("width", pa.int32()),
-])
+# The training data: what each split's Parquet files hold (the stages' contract).
+IMAGE_SCHEMA = image_schema()
 # What Spark gets back: one row per input file.
 OUTCOME_SCHEMA = pa.schema([
     ("path", pa.string()),
@@ -63,7 +56,7 @@ class SplitWriter:
     def __init__(self, path: str, rows_per_row_group: int, image_size: int):
         self.path = path
         self.rows_per_row_group = rows_per_row_group
-        self.row_bytes = image_size * image_size * 3
+        self.row_bytes = row_bytes(image_size)
         self.images = np.full((rows_per_row_group, image_size, image_size, 3), 255, np.uint8)
         self.columns: Dict[str, list] = {name: [] for name in IMAGE_SCHEMA.names if name != "image"}
         self.writer: Optional[pq.ParquetWriter] = None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import shutil
 import tempfile
@@ -21,9 +20,8 @@ from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from pipelines.contract import MANIFEST, SPLITS, TEST, TRAIN, Manifest
 from pipelines.paths import check_url_safe, local_url
-
-MANIFEST = "manifest.json"
 
 # petastorm 0.13 drives pyarrow 14 through APIs pyarrow deprecates, warning on every row group
 # (from its reader threads too), and warns that ``schema_fields`` are now full-match patterns.
@@ -37,34 +35,51 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class Dataset:
-    """What training needs from the ETL's manifest.
+    """An ETL output folder as training sees it: its ``root`` and its :class:`Manifest`.
 
-    Attributes:
-        root: the ETL output folder.
-        image_size: side of the stored square images (pixels); images are uint8 RGB, HWC.
-        num_classes, class_names: from the manifest (a name may be ``None`` for an unused label).
-        train_rows, test_rows, train_row_groups, test_row_groups: global counts.
-        rows_per_row_group: rows of a full row group.
+    Images are uint8 RGB, HWC, ``image_size`` pixels square; the counts are global (all ranks).
     """
 
     root: str
-    image_size: int
-    num_classes: int
-    class_names: List[Optional[str]]
-    train_rows: int
-    test_rows: int
-    train_row_groups: int
-    test_row_groups: int
-    rows_per_row_group: int
+    manifest: Manifest
+
+    @property
+    def image_size(self) -> int:
+        return self.manifest.image_size
+
+    @property
+    def num_classes(self) -> int:
+        return self.manifest.num_classes
+
+    @property
+    def class_names(self) -> List[Optional[str]]:
+        return self.manifest.class_names
+
+    @property
+    def rows_per_row_group(self) -> int:
+        return self.manifest.rows_per_row_group
+
+    @property
+    def row_bytes(self) -> int:
+        return self.manifest.row_bytes
+
+    def rows(self, split: str) -> int:
+        return self.manifest.splits[split].rows
+
+    def row_groups(self, split: str) -> int:
+        return self.manifest.splits[split].row_groups
+
+    @property
+    def train_rows(self) -> int:
+        return self.rows(TRAIN)
+
+    @property
+    def test_rows(self) -> int:
+        return self.rows(TEST)
 
     def split_url(self, split: str) -> str:
         """``file://`` URL of a split's Parquet folder, as Petastorm wants it."""
         return local_url(os.path.join(self.root, split))
-
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one decoded image: ``image_size ** 2 * 3``."""
-        return self.image_size * self.image_size * 3
 
 
 def load_dataset(root: str, world_size: int) -> Dataset:
@@ -76,25 +91,18 @@ def load_dataset(root: str, world_size: int) -> Dataset:
         pipelines.paths.UnsafePathError: ``root`` holds a character a ``file://`` URL cannot carry.
     """
     root = check_url_safe(root, "--data")
-    path = os.path.join(root, MANIFEST)
-    if not os.path.isfile(path):
-        raise DataError(f"no {MANIFEST} in {root}: --data must be the output folder of jobs/etl.py")
-    with open(path) as f:
-        manifest = json.load(f)
-    splits = manifest["splits"]
-    data = Dataset(root=root, image_size=manifest["image"]["height"], num_classes=manifest["num_classes"],
-                   class_names=manifest["class_names"], train_rows=splits["train"]["rows"],
-                   test_rows=splits["test"]["rows"], train_row_groups=splits["train"]["row_groups"],
-                   test_row_groups=splits["test"]["row_groups"],
-                   rows_per_row_group=manifest["rows_per_row_group"])
-    for split, rows, groups in (("train", data.train_rows, data.train_row_groups),
-                                ("test", data.test_rows, data.test_row_groups)):
-        if rows == 0:
+    try:
+        data = Dataset(root, Manifest.read(root))
+    except FileNotFoundError:
+        raise DataError(f"no {MANIFEST} in {root}: --data must be the output folder of jobs/etl.py") from None
+    for split in SPLITS:
+        if data.rows(split) == 0:
             raise DataError(f"the {split} split of {root} is empty")
-        if groups < world_size:
-            raise DataError(f"the {split} split has {groups} row groups but {world_size} ranks need one each "
-                            f"(Petastorm shards by row group): use at most {min(data.train_row_groups, data.test_row_groups)} "
-                            "ranks, or rerun the ETL with a larger --min-row-groups")
+        if data.row_groups(split) < world_size:
+            raise DataError(f"the {split} split has {data.row_groups(split)} row groups but {world_size} ranks "
+                            f"need one each (Petastorm shards by row group): use at most "
+                            f"{min(map(data.row_groups, SPLITS))} ranks, or rerun the ETL with a larger "
+                            "--min-row-groups")
     return data
 
 
@@ -105,7 +113,7 @@ def cache_size_bytes(data: Dataset, split: str, world_size: int) -> int:
     and at least what Petastorm's ``LocalDiskCache`` demands (30 entries of one row group: its 6
     shards must each hold 5 entries of ``expected_row_size_bytes``, and an entry is a row group).
     """
-    groups = data.train_row_groups if split == "train" else data.test_row_groups
+    groups = data.row_groups(split)
     group_bytes = data.rows_per_row_group * data.row_bytes
     shard_groups = -(-groups // world_size)
     return int(max(1.5 * shard_groups * group_bytes, 31 * group_bytes)) + (1 << 20)
@@ -235,7 +243,7 @@ class OnePassShard:
 
 def verify_total(counted: int, data: Dataset, split: str) -> None:
     """Raise :class:`ShardCountError` unless the rows counted over all ranks equal the manifest's."""
-    expected = data.train_rows if split == "train" else data.test_rows
+    expected = data.rows(split)
     if counted != expected:
         raise ShardCountError(f"all ranks counted {counted} rows of the {split} split; the manifest says {expected}")
 

@@ -20,6 +20,7 @@ import shutil
 import time
 from typing import Iterator, Tuple
 
+from pipelines.contract import SPLITS
 from pipelines.training.config import TrainConfig
 from pipelines.training.data import Dataset, OnePassShard, make_dataset, open_reader, verify_total
 
@@ -102,7 +103,7 @@ class FeatureInputs:
         hvd_tf.broadcast_object(None, root_rank=0, name="features_cleared")
         backbone = self.full_model.get_layer("xception")
         start, counts = time.perf_counter(), {}
-        for split in ("train", "test"):
+        for split in SPLITS:
             shard = OnePassShard(data, split, rank, self.size)
             features, labels = feat.compute_shard(backbone, shard.dataset(c.batch_size, self.image_size))
             shard.verify(len(labels))

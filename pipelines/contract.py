@@ -1,0 +1,130 @@
+"""The contract between the ETL and training, stated once: file names, splits, schema, manifest.
+
+The ETL (``pipelines.etl``) writes an output folder that training (``pipelines.training``) reads;
+neither imports the other, both import this module::
+
+    OUTPUT/manifest.json     the Manifest below, written last (its presence means a whole output)
+    OUTPUT/train/*.parquet   IMAGE_SCHEMA rows, row groups of rows_per_row_group rows
+    OUTPUT/test/*.parquet
+    OUTPUT/rejected.jsonl    every input file not written, with status and reason
+
+Changing a column, a file name or a manifest key means changing it here, and the manifest's
+``format_version`` when old outputs can no longer be read.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+MANIFEST = "manifest.json"
+REJECTED_LIST = "rejected.jsonl"
+TRAIN, TEST = "train", "test"
+SPLITS = (TRAIN, TEST)
+MANIFEST_FORMAT = 1
+
+# (name, pyarrow type name): what each split's Parquet files hold, in order.
+COLUMNS = (
+    ("path", "string"),       # the source file, absolute
+    ("label", "int32"),
+    ("label_name", "string"),
+    ("image", "binary"),      # row_bytes(size) bytes: uint8 RGB, row-major HWC
+    ("height", "int32"),      # of the original, after EXIF orientation
+    ("width", "int32"),
+)
+
+
+def image_schema():
+    """The pyarrow schema of :data:`COLUMNS` (pyarrow is imported only when asked for)."""
+    import pyarrow as pa
+
+    return pa.schema([(name, getattr(pa, type_name)()) for name, type_name in COLUMNS])
+
+
+def row_bytes(image_size: int) -> int:
+    """Bytes of one stored image: ``image_size ** 2 * 3`` (uint8 RGB, square)."""
+    return image_size * image_size * 3
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    """One split as the ETL wrote it, counts read back from the Parquet footers.
+
+    Attributes:
+        rows, files, row_groups: counts. mean_row_group_bytes(_compressed): bytes per row group.
+        per_class: rows per label, ``per_class[label]``.
+    """
+
+    rows: int
+    row_groups: int
+    files: int = 0
+    mean_row_group_bytes: int = 0
+    mean_row_group_bytes_compressed: int = 0
+    per_class: List[int] = dataclasses.field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """``manifest.json``, typed where training reads it; ``extra`` keeps every other top-level
+    key the ETL reports (file counts, reasons, seed, versions, config) as they are.
+
+    Attributes:
+        image_size: side of the stored square images, pixels.
+        num_classes: labels are ``0 .. num_classes - 1``.
+        class_names: name of each label (``None`` for a number no folder used).
+        rows_per_row_group: rows of every row group but each file's last.
+        splits: ``{"train": SplitInfo, "test": SplitInfo}``.
+    """
+
+    image_size: int
+    num_classes: int
+    class_names: List[Optional[str]]
+    rows_per_row_group: int
+    splits: Dict[str, SplitInfo]
+    extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    _TYPED = ("format_version", "image", "num_classes", "class_names", "rows_per_row_group", "splits")
+
+    @property
+    def row_bytes(self) -> int:
+        return row_bytes(self.image_size)
+
+    @classmethod
+    def from_dict(cls, value: Dict[str, Any]) -> "Manifest":
+        """Parse the JSON object. Raises ``KeyError``/``TypeError`` on a file of another shape."""
+        fields = {f.name for f in dataclasses.fields(SplitInfo)}
+        return cls(image_size=int(value["image"]["height"]), num_classes=int(value["num_classes"]),
+                   class_names=list(value["class_names"]), rows_per_row_group=int(value["rows_per_row_group"]),
+                   splits={s: SplitInfo(**{k: v for k, v in value["splits"][s].items() if k in fields})
+                           for s in SPLITS},
+                   extra={k: v for k, v in value.items() if k not in cls._TYPED})
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The JSON object: format version, image, classes, row groups, splits, then ``extra``."""
+        return {"format_version": MANIFEST_FORMAT,
+                "image": {"height": self.image_size, "width": self.image_size, "channels": 3, "dtype": "uint8",
+                          "layout": "HWC", "column": "image"},
+                "num_classes": self.num_classes, "class_names": self.class_names,
+                "rows_per_row_group": self.rows_per_row_group,
+                "splits": {s: {"path": s, **dataclasses.asdict(info)} for s, info in self.splits.items()},
+                **self.extra}
+
+    @classmethod
+    def read(cls, root: str) -> "Manifest":
+        """The manifest of the output folder ``root``.
+
+        Raises:
+            FileNotFoundError: ``root`` has no ``manifest.json`` (not an ETL output).
+        """
+        with open(os.path.join(root, MANIFEST), encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))
+
+    def write(self, root: str) -> str:
+        """Write ``root/manifest.json`` atomically; returns its path."""
+        from pipelines.atomic import write_json
+
+        path = os.path.join(root, MANIFEST)
+        write_json(path, self.to_dict())
+        return path
