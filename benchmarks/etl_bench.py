@@ -8,8 +8,10 @@ its per-row cost. Ours is
 :func:`pipelines.etl.job.run_etl`. Both run in the same SparkSession (same master, same
 settings), on the same files, into Parquet, each timed from the start of its Spark work to the
 end of its write; each is run ``--repeats`` times and the best time is kept. Two reference
-points: Spark's share alone (our job's ``binaryFile`` scan and shuffle into a no-op mapper, a
-cost both jobs pay), and decoding the same files with Pillow alone in this one process.
+points: each design's Spark share alone (the ``binaryFile`` scan and shuffle the article and our
+previous design paid, and our tasks reading their files' bytes), and the floor: the same files
+decoded and resized by the ETL's own functions in as many processes as Spark has cores (and in
+one), with no Spark and no write.
 
 Usage: python benchmarks/etl_bench.py [--fashion-per-class 200] [--master local[2]]
 """
@@ -60,9 +62,9 @@ def recipe_job(spark, input_dir: str, output_dir: str, size: int, partitions: in
     return sum(spark.read.parquet(f"{output_dir}/{i}").count() for i in range(len(parts)))
 
 
-def skeleton_job(spark, input_dir: str, partitions: int) -> int:
-    """Spark's share alone: our job's binaryFile scan and seeded shuffle into a no-op Python
-    mapper (no decode, no write); returns rows seen."""
+def binaryfile_scan(spark, input_dir: str, partitions: int) -> int:
+    """The previous design's Spark share: ``binaryFile`` scan and a seeded shuffle of the encoded
+    files into a no-op Python mapper (no decode, no write); returns rows seen."""
     import pyarrow as pa
     from pyspark.sql import functions as F
 
@@ -75,14 +77,62 @@ def skeleton_job(spark, input_dir: str, partitions: int) -> int:
     return sum(r.n for r in files.mapInArrow(count_rows, "n LONG").collect())
 
 
-def pillow_floor(input_dir: str) -> tuple:
-    """Decode every image with Pillow in this process (no resize, no Spark): (files, seconds)."""
-    paths = [os.path.join(d, f) for d, _, fs in os.walk(input_dir) for f in fs if f.lower().endswith((".jpg", ".jpeg", ".png"))]
+def _image_paths(input_dir: str) -> list:
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(input_dir) for f in fs
+                  if f.lower().endswith((".jpg", ".jpeg", ".png")))
+
+
+def read_in_task_scan(spark, input_dir: str, partitions: int) -> int:
+    """Our design's Spark share: ``spark.range`` tasks that read their files' bytes in Python
+    (the driver's list shipped with the function, no shuffle), no decode, no write; returns files read."""
+    import pyarrow as pa
+
+    paths = _image_paths(input_dir)
+    chunk = -(-len(paths) // partitions)
+
+    def read_chunk(batches):
+        n = 0
+        for batch in batches:
+            for task in batch.column(0).to_pylist():
+                for path in paths[task * chunk:(task + 1) * chunk]:
+                    with open(path, "rb") as f:
+                        f.read()
+                    n += 1
+        yield pa.RecordBatch.from_pydict({"n": [n]})
+
+    return sum(r.n for r in spark.range(partitions, numPartitions=partitions).mapInArrow(read_chunk, "n LONG")
+               .collect())
+
+
+def _decode_one(args) -> int:
+    from pipelines.etl.images import ImageRejected, decode_and_fit, paste_centred, white_canvas
+
+    path, size = args
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        paste_centred(decode_and_fit(data, size).image, white_canvas(size))
+    except ImageRejected:
+        return 0
+    return 1
+
+
+def decode_floor(input_dir: str, size: int, processes: int) -> tuple:
+    """The floor: every file read, decoded and resized to a white square with the ETL's own
+    functions, by ``processes`` worker processes (multiprocessing, no Spark, no write):
+    (files, seconds). ``processes=1`` runs in this process."""
+    import multiprocessing
+
+    work = [(p, size) for p in _image_paths(input_dir)]
     start = time.perf_counter()
-    for path in paths:
-        with Image.open(path) as img:
-            img.convert("RGB")
-    return len(paths), time.perf_counter() - start
+    if processes == 1:
+        done = sum(map(_decode_one, work))
+    else:
+        with multiprocessing.get_context("spawn").Pool(processes) as pool:
+            pool.map(_decode_one, work[:processes])  # start-up and imports are not decode time
+            start = time.perf_counter()
+            done = sum(pool.map(_decode_one, work, chunksize=max(1, len(work) // (processes * 8))))
+    return done, time.perf_counter() - start
 
 
 def best_of(repeats: int, fn):
@@ -133,10 +183,15 @@ def main(argv=None) -> int:
                                                                    split=False))
         manifest, ours_s = best_of(args.repeats, lambda: run_etl(config, spark))
         ours_rows = manifest["files"]["written"]
-        skeleton_rows, skeleton_s = best_of(args.repeats, lambda: skeleton_job(spark, src, partitions))
-        files, floor_s = pillow_floor(src)
-        rows.append((name, ours_rows / ours_s, recipe_rows / recipe_s, one_rows / one_s, files / floor_s,
-                     ours_rows, recipe_rows, skeleton_rows / skeleton_s))
+        scan_rows, scan_s = best_of(args.repeats, lambda: binaryfile_scan(spark, src, partitions))
+        read_rows, read_s = best_of(args.repeats, lambda: read_in_task_scan(spark, src, partitions))
+        cores = spark.sparkContext.defaultParallelism
+        files1, floor1_s = min((decode_floor(src, args.image_size, 1) for _ in range(args.repeats)), key=lambda r: r[1])
+        filesn, floorn_s = min((decode_floor(src, args.image_size, cores) for _ in range(args.repeats)),
+                               key=lambda r: r[1])
+        rows.append(dict(name=name, ours=ours_rows / ours_s, recipe=recipe_rows / recipe_s, one=one_rows / one_s,
+                         n_ours=ours_rows, n_recipe=recipe_rows, scan=scan_rows / scan_s, read=read_rows / read_s,
+                         floor1=files1 / floor1_s, floorn=filesn / floorn_s, cores=cores))
         shutil.rmtree(out_ours, ignore_errors=True)
         shutil.rmtree(out_recipe, ignore_errors=True)
     spark.stop()
@@ -145,14 +200,16 @@ def main(argv=None) -> int:
 
     print(f"\nETL benchmark: {args.master}, {os.cpu_count()} CPUs, {args.image_size} px, best of {args.repeats}")
     print("images/s; 'recipe' = the article's UDF with its randomSplit and two writes, 'recipe 1 write' = the\n"
-          "same UDF written once; ratios are ours / recipe; the last two columns are reference points")
-    print(f"{'input':44s} {'ours':>8s} {'recipe':>8s} {'ratio':>6s} {'recipe 1 write':>15s} {'ratio':>6s} "
-          f"{'Spark scan+shuffle':>19s} {'Pillow decode (1 proc)':>23s}")
-    for name, ours, recipe, one, floor, n_ours, n_recipe, skeleton in rows:
-        print(f"{name:44s} {ours:8.1f} {recipe:8.1f} {ours / recipe:5.2f}x {one:15.1f} {ours / one:5.2f}x "
-              f"{skeleton:19.1f} {floor:23.1f}")
-        if n_ours != n_recipe:
-            print(f"  (rows: ours {n_ours}, recipe {n_recipe})")
+          "same UDF written once; 'floor' = the ETL's own decode+resize in N processes (N = Spark's cores), no\n"
+          "Spark, no write; 'binaryFile scan' / 'read in task' = each design's Spark share alone (no decode)")
+    print(f"{'input':44s} {'ours':>7s} {'recipe':>7s} {'ratio':>6s} {'1 write':>8s} {'ratio':>6s} {'floor N':>8s} "
+          f"{'ours/floor':>10s} {'floor 1':>8s} {'binaryFile scan':>15s} {'read in task':>12s}")
+    for r in rows:
+        print(f"{r['name']:44s} {r['ours']:7.1f} {r['recipe']:7.1f} {r['ours'] / r['recipe']:5.2f}x {r['one']:8.1f} "
+              f"{r['ours'] / r['one']:5.2f}x {r['floorn']:8.1f} {r['ours'] / r['floorn']:9.2f}x {r['floor1']:8.1f} "
+              f"{r['scan']:15.1f} {r['read']:12.1f}")
+        if r["n_ours"] != r["n_recipe"]:
+            print(f"  (rows: ours {r['n_ours']}, recipe {r['n_recipe']})")
     return 0
 
 
