@@ -286,3 +286,17 @@ def test_check_task_memory_names_the_figures():
     message = str(info.value)
     assert "4.00 GiB" in message and "1.00 GiB" in message and "spark.executor.pyspark.memory=4g" in message
     assert "--max-file-mb" in message
+
+
+def test_summary_names_the_classes_missing_from_a_split():
+    from pipelines.etl.job import format_summary
+    split = {"rows": 1, "row_groups": 1, "mean_row_group_bytes": 0, "mean_row_group_bytes_compressed": 0}
+    manifest = {"image": {"height": 8}, "num_classes": 14, "layout": "folders", "max_world_size": 1,
+                "min_row_groups": 1, "splits": {"train": split, "test": split}, "images_per_second": 1.0,
+                "seconds": 1.0, "files": {"found": 1, "written": 1, "rejected": 0, "skipped": 0, "reasons": {}},
+                "classes_not_in_both_splits": []}
+    assert "WARNING" not in format_summary(manifest) and "folders layout" in format_summary(manifest)
+    manifest["classes_not_in_both_splits"] = [{"label": i, "name": f"c{i}", "train": 1, "test": 0} for i in range(12)]
+    text = format_summary(manifest)
+    assert "WARNING: 12 classes have too few images to be in both splits" in text
+    assert "0 'c0' (1 train, 0 test)" in text and "'c10'" not in text and "and 2 more" in text
