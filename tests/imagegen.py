@@ -48,8 +48,15 @@ def random_photo(rng: np.random.Generator, width: int, height: int, label: int) 
     return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
 
 
-def make_tree(root: str, classes: int = 3, per_class: int = 12, seed: int = 0, bad: bool = True) -> dict:
-    """A Caltech-style tree under ``root``; with ``bad``, every kind of bad or stray file too.
+def folder_name(c: int, plain: bool = False) -> str:
+    """Class folder ``c`` (0-based) of :func:`make_tree`: ``001.class0`` or, ``plain``, ``class0``."""
+    return f"class{c}" if plain else f"{c + 1:03d}.class{c}"
+
+
+def make_tree(root: str, classes: int = 3, per_class: int = 12, seed: int = 0, bad: bool = True,
+              plain: bool = False) -> dict:
+    """A Caltech-style tree under ``root`` (``plain``: folders ``class0``, ``class1``... as Keras and
+    torchvision expect); with ``bad``, every kind of bad or stray file too.
 
     Returns:
         ``{'good': n, 'rejected': {relpath: reason_prefix}, 'skipped': {relpath: reason_prefix}}``.
@@ -59,12 +66,12 @@ def make_tree(root: str, classes: int = 3, per_class: int = 12, seed: int = 0, b
         for i in range(per_class):
             w, h = int(rng.integers(40, 120)), int(rng.integers(40, 120))
             ext = ".JPEG" if i == 0 else ".jpg"
-            write(os.path.join(root, f"{c + 1:03d}.class{c}", f"{i:04d}{ext}"),
+            write(os.path.join(root, folder_name(c, plain), f"{i:04d}{ext}"),
                   encode(random_photo(rng, w, h, c), quality=90))
     good = classes * per_class
     rejected, skipped = {}, {}
     if bad:
-        first = f"001.class0"
+        first, second = folder_name(0, plain), folder_name(1, plain)
         # good ones in unusual forms
         write(os.path.join(root, first, "deep", "nested", "x.png"),
               encode(Image.new("RGBA", (50, 30), (0, 0, 0, 0)), "PNG"))
@@ -73,15 +80,16 @@ def make_tree(root: str, classes: int = 3, per_class: int = 12, seed: int = 0, b
         write(os.path.join(root, first, "with space é.jpg"), encode(random_photo(rng, 50, 50, 0)))
         good += 4
         full = encode(random_photo(rng, 200, 150, 1), quality=90)
-        rejected[write(os.path.join(root, "002.class1", "truncated.jpg"), full[: len(full) // 2])] = "undecodable"
-        rejected[write(os.path.join(root, "002.class1", "empty.jpg"), b"")] = "empty file"
-        rejected[write(os.path.join(root, "002.class1", "notes.jpg"), b"this is text, not a JPEG\n" * 10)] = "not a supported raster image"
-        rejected[write(os.path.join(root, "002.class1", "bomb.png"), png_bomb())] = "decompression bomb"
-        skipped[write(os.path.join(root, "002.class1", "_hidden.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "hidden name"
-        skipped[write(os.path.join(root, "002.class1", ".dotfile.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "hidden name"
-        skipped[write(os.path.join(root, "002.class1", "readme.txt"), b"notes")] = "not an image extension"
+        rejected[write(os.path.join(root, second, "truncated.jpg"), full[: len(full) // 2])] = "undecodable"
+        rejected[write(os.path.join(root, second, "empty.jpg"), b"")] = "empty file"
+        rejected[write(os.path.join(root, second, "notes.jpg"), b"this is text, not a JPEG\n" * 10)] = "not a supported raster image"
+        rejected[write(os.path.join(root, second, "bomb.png"), png_bomb())] = "decompression bomb"
+        skipped[write(os.path.join(root, second, "_hidden.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "hidden name"
+        skipped[write(os.path.join(root, second, ".dotfile.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "hidden name"
+        skipped[write(os.path.join(root, second, "readme.txt"), b"notes")] = "not an image extension"
         skipped[write(os.path.join(root, "stray.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "not inside a class folder"
-        skipped[write(os.path.join(root, "misc", "a.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "not a class folder"
+        # a hidden folder at the root is no class (and no mix of layouts)
+        skipped[write(os.path.join(root, "_unsorted", "a.jpg"), encode(random_photo(rng, 20, 20, 1)))] = "hidden name"
     return {"good": good, "rejected": rejected, "skipped": skipped}
 
 

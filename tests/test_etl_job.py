@@ -82,7 +82,9 @@ def test_rows_bytes_labels_and_disjoint_splits(tree, submitted):
         folder = os.path.relpath(row["path"], root).split(os.sep)[0]
         assert row["label"] == int(folder[:3]) - 1 and row["label_name"] == folder[4:]
         assert row["height"] > 0 and row["width"] > 0
-    assert manifest["class_names"] == ["class0", "class1", "class2"]
+    assert manifest["class_names"] == ["class0", "class1", "class2"] and manifest["layout"] == "caltech"
+    assert manifest["classes_not_in_both_splits"] == []
+    assert {r["label"] for r in test} == {0, 1, 2}  # stratified: every class is evaluated
     assert manifest["splits"]["train"]["rows"] == len(train)
     assert sum(manifest["splits"]["test"]["per_class"]) == len(test)
     by_name = {os.path.basename(r["path"]): r for r in train + test}
@@ -394,15 +396,18 @@ def test_a_file_that_vanishes_after_listing_is_a_recorded_rejection(spark, tmp_p
 
 def test_candidates_are_spread_deterministically_and_row_groups_mix_classes(tree, submitted):
     from pipelines.etl.job import plan
-    from pipelines.etl.labels import is_test
+    from pipelines.etl.labels import split_class
     root, _ = tree
     out, manifest, _ = submitted
     config = ETLConfig(input=root, output=out, image_size=SIZE, test_fraction=0.3, min_row_groups=4)
     first, second = plan(config), plan(config)
     assert first.candidates == second.candidates
     assert [c.path for c in first.candidates] != sorted(c.path for c in first.candidates)
-    for c in first.candidates:
-        assert (c.split == "test") == is_test(os.path.relpath(c.path, root), 42, 0.3)
+    for label in {c.label for c in first.candidates}:
+        mine = [c for c in first.candidates if c.label == label]
+        test = split_class([os.path.relpath(c.path, root) for c in mine], 42, 0.3)
+        assert {c.path for c in mine if c.split == "test"} == {os.path.join(root, p) for p in test}
+    assert first.expected_rows["test"] == sum(c.split == "test" for c in first.candidates)
     mixed = 0
     for split in ("train", "test"):
         for name in os.listdir(os.path.join(out, split)):
@@ -410,3 +415,53 @@ def test_candidates_are_spread_deterministically_and_row_groups_mix_classes(tree
             for i in range(parquet.metadata.num_row_groups):
                 mixed += len(set(parquet.read_row_group(i, columns=["label"]).column("label").to_pylist())) > 1
     assert mixed > 0
+
+
+@pytest.fixture(scope="module")
+def plain_tree(tmp_path_factory):
+    """Keras/torchvision layout: class0..class2 with 5 images each, every kind of bad file, and a
+    class 'zebra' with a single image."""
+    from tests.imagegen import encode, random_photo, write
+    root = str(tmp_path_factory.mktemp("plain") / "tree")
+    expected = make_tree(root, classes=3, per_class=5, plain=True)
+    write(os.path.join(root, "zebra", "only.jpg"), encode(random_photo(np.random.default_rng(1), 30, 30, 3)))
+    return root, expected
+
+
+def test_plain_folders_get_labels_by_sorted_name_and_every_class_a_test_row(plain_tree, spark, tmp_path):
+    from pipelines.etl.job import format_summary
+    root, expected = plain_tree
+    runs = {}
+    for partitions in (1, 3):
+        config = ETLConfig(input=root, output=str(tmp_path / f"p{partitions}"), image_size=8, test_fraction=0.1,
+                           min_row_groups=1, num_partitions=partitions)
+        runs[partitions] = (run_etl(config, spark), {split: read_rows(os.path.join(config.output, split))
+                                                     for split in ("train", "test")})
+    manifest, rows = runs[1]
+    assert manifest["layout"] == "folders" and manifest["class_names"] == ["class0", "class1", "class2", "zebra"]
+    files = manifest["files"]
+    assert files["written"] == expected["good"] + 1
+    assert files["found"] == files["written"] + files["rejected"] + files["skipped"]
+    for row in rows["train"] + rows["test"]:
+        folder = os.path.relpath(row["path"], root).split("/")[0]
+        assert (row["label"], row["label_name"]) == (["class0", "class1", "class2", "zebra"].index(folder), folder)
+    assert {r["label"] for r in rows["test"]} == {0, 1, 2}  # every class with >= 2 images
+    assert [r["label_name"] for r in rows["train"] + rows["test"] if r["label"] == 3] == ["zebra"]
+    assert manifest["classes_not_in_both_splits"] == [{"label": 3, "name": "zebra", "train": 1, "test": 0}]
+    assert "WARNING: 1 class has too few images to be in both splits" in format_summary(manifest)
+    assert "'zebra' (1 train, 0 test)" in format_summary(manifest)
+    # the split is the driver's: another partitioning writes exactly the same rows to each split
+    other, other_rows = runs[3]
+    for split in ("train", "test"):
+        assert sorted(r["path"] for r in other_rows[split]) == sorted(r["path"] for r in rows[split])
+        assert other["splits"][split]["per_class"] == manifest["splits"][split]["per_class"]
+
+
+def test_a_mix_of_layouts_is_refused_before_spark(tmp_path, capsys):
+    root = str(tmp_path / "tree")
+    make_tree(root, classes=2, per_class=1, bad=False, plain=True)
+    os.makedirs(os.path.join(root, "001.birds"))
+    assert etl_main(["--input", root, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "mixed class folder layouts" in err and "'001.birds'" in err and "'class0'" in err
+    assert not (tmp_path / "out").exists()

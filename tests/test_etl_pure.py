@@ -1,15 +1,18 @@
-"""Pure parts of the ETL: labels, split assignment, classification, listing, work split, memory
+"""Pure parts of the ETL: labels, folder layouts, split assignment, classification, listing, work split, memory
 arithmetic, row-group arithmetic, config, and reading one file (no Spark)."""
+import hashlib
 import os
 
 import pytest
 
 from pipelines.config import parse_config
 from pipelines.etl.config import ETLConfig
-from pipelines.etl.labels import ClassFolder, has_image_extension, is_test, label_for, parse_class_folder
+from pipelines.etl.labels import (CALTECH, FOLDERS, ClassFolder, decide_layout, has_image_extension, label_for, n_test,
+                                  parse_class_folder, split_class)
 from pipelines.etl.images import ImageRejected
 from pipelines.etl.layout import cut_into, rows_per_row_group, spread_order
-from pipelines.etl.listing import REJECTED, SKIPPED, Excluded, classify, display_path, list_files, spark_ignores
+from pipelines.etl.listing import (REJECTED, SKIPPED, Excluded, class_folders, classify, display_path, list_files,
+                                   spark_ignores)
 from pipelines.etl.memory import (DECODE_BYTES_PER_PIXEL, WORKER_BASE_BYTES, check_task_memory, executor_memory,
                                   parse_size_mib, task_bytes)
 from pipelines.etl.transform import read_file
@@ -49,15 +52,83 @@ def test_image_extensions_in_any_case(name, ok):
     assert has_image_extension(name) is ok
 
 
-def test_split_is_deterministic_disjoint_and_near_the_fraction():
-    paths = [f"{c:03d}.c/{i}.jpg" for c in range(1, 11) for i in range(1000)]
-    first = [is_test(p, 42, 0.1) for p in paths]
-    assert first == [is_test(p, 42, 0.1) for p in paths]
-    assert 0.09 < sum(first) / len(paths) < 0.11
-    other_seed = [is_test(p, 7, 0.1) for p in paths]
-    assert first != other_seed
-    # a larger fraction only adds files to the test split
-    assert all(is_test(p, 42, 0.3) for p, t in zip(paths, first) if t)
+def test_caltech_layout_labels_by_number():
+    layout = decide_layout(["002.fish", "001.birds", "257.clutter"])
+    assert layout.kind == CALTECH
+    assert layout.classes == {0: "birds", 1: "fish", 256: "clutter"}
+    assert label_for("002.fish/a/b.jpg", layout) == ClassFolder(1, "fish")
+
+
+def test_plain_layout_labels_by_code_point_order():
+    # code point order: upper case before lower case, 'Z' < 'a' < 'é' < '日'
+    layout = decide_layout(["fish", "birds", "日本", "Zebra", "élan", "ant-eater"])
+    assert layout.kind == FOLDERS
+    assert layout.classes == {0: "Zebra", 1: "ant-eater", 2: "birds", 3: "fish", 4: "élan", 5: "日本"}
+    assert label_for("fish/x.jpg", layout) == ClassFolder(3, "fish")
+    assert decide_layout(["birds", "fish"]) == decide_layout(["fish", "birds"])  # input order is irrelevant
+    assert decide_layout([]).folders == {}
+
+
+def test_a_mix_of_layouts_names_one_folder_of_each_kind():
+    with pytest.raises(ValueError) as info:
+        decide_layout(["001.birds", "002.fish", "misc"])
+    message = str(info.value)
+    assert "mixed class folder layouts" in message and "'001.birds'" in message and "'misc'" in message
+
+
+def test_two_folders_with_one_number_are_refused():
+    with pytest.raises(ValueError, match="class number 001 is used by two folders: 001.cat and 001.dog"):
+        decide_layout(["001.dog", "001.cat"])
+
+
+def test_class_folders_skip_hidden_folders_and_loose_files(tmp_path):
+    for folder in ("fish", "birds", "_unsorted", ".git", "_k=v"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "loose.jpg").write_bytes(b"x")
+    layout = class_folders(str(tmp_path))
+    assert layout.kind == FOLDERS and layout.classes == {0: "_k=v", 1: "birds", 2: "fish"}
+    assert classify("fish/x.jpg", 5, 10, layout) == ClassFolder(2, "fish")
+    assert classify("_unsorted/x.jpg", 5, 10, layout).reason.startswith("hidden name")
+    assert classify("x.jpg", 5, 10, layout).reason.startswith("not inside a class folder")
+    (tmp_path / "001.cat").mkdir()
+    with pytest.raises(ValueError, match="mixed class folder layouts"):
+        class_folders(str(tmp_path))
+
+
+@pytest.mark.parametrize("n, fraction, expected", [
+    (0, 0.1, 0), (1, 0.1, 0), (1, 0.9, 0), (2, 0.1, 1), (2, 0.9, 1), (3, 0.9, 2), (10, 0.3, 3), (10, 0.01, 1),
+    (10, 0.99, 9), (100, 0.1, 10), (1000, 0.25, 250),
+])
+def test_test_count_per_class(n, fraction, expected):
+    assert n_test(n, fraction) == expected
+
+
+def test_split_is_stratified_deterministic_and_independent_of_order():
+    one = ["001.c/a.jpg"]
+    assert split_class(one, 42, 0.5) == frozenset()  # a lone file trains
+    two = ["001.c/a.jpg", "001.c/b.jpg"]
+    assert len(split_class(two, 42, 0.1)) == 1
+    ten = [f"001.c/{i}.jpg" for i in range(10)]
+    test = split_class(ten, 42, 0.3)
+    assert len(test) == 3 and test < set(ten)
+    assert split_class(list(reversed(ten)), 42, 0.3) == test == split_class(ten + ten[:4], 42, 0.3)
+    # pinned: the ranking is sha256(f"{seed}:{path}"); a change of rule must show here
+    assert sorted(test) == sorted(sorted(ten, key=lambda p: hashlib.sha256(f"42:{p}".encode()).digest())[:3])
+    assert any(split_class(ten, seed, 0.3) != test for seed in range(1, 5))
+
+
+def test_stratified_split_keeps_every_class_in_both_splits():
+    from pipelines.etl.job import assign_splits
+    from pipelines.etl.listing import ListedFile
+    sizes = {0: 1, 1: 2, 2: 3, 3: 10, 4: 57}
+    files = [ListedFile(f"/r/{c:03d}.c/{i}.jpg", f"{c:03d}.c/{i}.jpg", 1) for c, n in sizes.items() for i in range(n)]
+    labels = {f.path: int(f.relative_path[:3]) for f in files}
+    splits = assign_splits(files, labels, 42, 0.1)
+    assert set(splits) == {f.path for f in files} and set(splits.values()) == {"train", "test"}
+    for c, n in sizes.items():
+        test = sum(splits[p] == "test" for p, label in labels.items() if label == c)
+        assert test == n_test(n, 0.1) and (test >= 1) == (n >= 2) and test <= max(n - 1, 0)
+    assert assign_splits(list(reversed(files)), labels, 42, 0.1) == splits
 
 
 @pytest.mark.parametrize("path, hidden", [
@@ -215,3 +286,17 @@ def test_check_task_memory_names_the_figures():
     message = str(info.value)
     assert "4.00 GiB" in message and "1.00 GiB" in message and "spark.executor.pyspark.memory=4g" in message
     assert "--max-file-mb" in message
+
+
+def test_summary_names_the_classes_missing_from_a_split():
+    from pipelines.etl.job import format_summary
+    split = {"rows": 1, "row_groups": 1, "mean_row_group_bytes": 0, "mean_row_group_bytes_compressed": 0}
+    manifest = {"image": {"height": 8}, "num_classes": 14, "layout": "folders", "max_world_size": 1,
+                "min_row_groups": 1, "splits": {"train": split, "test": split}, "images_per_second": 1.0,
+                "seconds": 1.0, "files": {"found": 1, "written": 1, "rejected": 0, "skipped": 0, "reasons": {}},
+                "classes_not_in_both_splits": []}
+    assert "WARNING" not in format_summary(manifest) and "folders layout" in format_summary(manifest)
+    manifest["classes_not_in_both_splits"] = [{"label": i, "name": f"c{i}", "train": 1, "test": 0} for i in range(12)]
+    text = format_summary(manifest)
+    assert "WARNING: 12 classes have too few images to be in both splits" in text
+    assert "0 'c0' (1 train, 0 test)" in text and "'c10'" not in text and "and 2 more" in text

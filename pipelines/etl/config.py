@@ -17,10 +17,11 @@ class ETLConfig:
     """Spark ETL: a Caltech-256-style tree of images (JPEG, PNG, GIF, BMP, WebP, TIFF) to Parquet
     train/test splits."""
 
-    input: str = field(help="root of the image tree: ROOT/NNN.name/*.{jpg,jpeg,png,gif,bmp,webp,tif,tiff}")
+    input: str = field(help="root of the image tree: ROOT/CLASS/*.{jpg,jpeg,png,gif,bmp,webp,tif,tiff}, "
+                            "CLASS all NNN.name (label NNN-1) or all plain names (labels by sorted name)")
     output: str = field(help="output folder: train/, test/, manifest.json, rejected.jsonl")
     image_size: int = field(299, help="side of the square output images, pixels")
-    test_fraction: float = field(0.1, help="share of files in the test split, in (0, 1)")
+    test_fraction: float = field(0.1, help="share of each class's files in the test split, in (0, 1)")
     seed: int = field(42, help="seed of the deterministic train/test assignment")
     row_group_mb: float = field(1.0, help="target uncompressed row-group size, MiB")
     min_row_groups: int = field(8, help="each split gets at least this many row groups when it has "

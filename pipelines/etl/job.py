@@ -4,8 +4,9 @@ Steps, each a function below:
 
 1. :func:`check_paths` and :func:`check_memory` - clear errors before Spark starts (missing
    input, overlapping output, a ``--max-file-mb``/``--max-pixels`` the executors cannot hold).
-2. :func:`plan` - the job's own listing, classification, train/test assignment and row-group
-   plan; the candidate images sorted by a seeded hash of their relative path.
+2. :func:`plan` - the job's own listing, the tree's layout (``NNN.name`` or plain class folders),
+   classification, the stratified train/test assignment (per class, on the driver) and the
+   row-group plan; the candidate images sorted by a seeded hash of their relative path.
 3. :func:`run_spark` - the candidates cut into one contiguous chunk per task, no shuffle:
    ``spark.range(P)`` -> ``mapInArrow`` whose tasks read their chunk's files in Python, resize
    them and write their own Parquet file per split -> one outcome row per candidate.
@@ -32,7 +33,7 @@ from pipelines import __version__
 from pipelines.config import to_dict
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.images import DEFAULT_MAX_PIXELS
-from pipelines.etl.labels import ClassFolder, is_test
+from pipelines.etl.labels import ClassFolder, split_class
 from pipelines.etl.layout import cut_into, rows_per_row_group, spread_order
 from pipelines.etl.listing import (REJECTED, SKIPPED, Excluded, ListedFile, class_folders, classify, display_path,
                                    list_files)
@@ -67,6 +68,7 @@ class Plan:
     rows_per_row_group: int
     candidates: List[Candidate] = field(default_factory=list)
     partitions: int = 0
+    layout: str = ""  # labels.CALTECH | labels.FOLDERS
 
 
 @dataclass
@@ -113,31 +115,57 @@ def check_paths(config: ETLConfig) -> None:
                          "this job, refusing to overwrite it")
 
 
+def assign_splits(files: List[ListedFile], labels: Dict[str, int], seed: int,
+                  test_fraction: float) -> Dict[str, str]:
+    """The stratified train/test split of the candidate files, decided on the driver.
+
+    Args:
+        files: the candidate files. labels: ``{path: label}`` of each.
+        seed, test_fraction: as in ``ETLConfig``.
+
+    Returns:
+        ``{path: 'train' | 'test'}``: per class, :func:`pipelines.etl.labels.split_class` of the
+        class's relative paths (every class with 2 or more candidates has a test file and a train
+        file; a class with one candidate only trains). The tasks write what this says.
+    """
+    by_class: Dict[int, List[str]] = {}
+    for f in files:
+        by_class.setdefault(labels[f.path], []).append(f.relative_path)
+    test = set()
+    for paths in by_class.values():
+        test |= split_class(paths, seed, test_fraction)
+    return {f.path: TEST if f.relative_path in test else TRAIN for f in files}
+
+
 def plan(config: ETLConfig) -> Plan:
-    """List and classify every file under the input; choose rows per row group.
+    """List and classify every file under the input; split; choose rows per row group.
 
     Returns:
         the :class:`Plan`, its candidates in :func:`pipelines.etl.layout.spread_order` order, each
-        with its label and split (:func:`pipelines.etl.labels.is_test`).
+        with its label and split (:func:`assign_splits`, the same assignment the row-group plan
+        counts).
 
     Raises:
-        ValueError: no class folder, or two folders with the same number.
+        ValueError: no class folder, a mix of ``NNN.name`` and plain folders, or two folders with
+            the same number.
     """
     files = list_files(config.input)
-    classes = class_folders(config.input)
-    if not classes:
-        raise ValueError(f"no class folder of the form NNN.name under {config.input}")
+    layout = class_folders(config.input)
+    if not layout.folders:
+        raise ValueError(f"no class folder under {config.input} (expected ROOT/CLASS/image files, CLASS either "
+                         "NNN.name or a plain name)")
     max_bytes = int(config.max_file_mb * 2**20)
-    outcomes = {f.path: classify(f.relative_path, f.size_bytes, max_bytes) for f in files}
+    outcomes = {f.path: classify(f.relative_path, f.size_bytes, max_bytes, layout) for f in files}
     listed = sorted((f for f in files if isinstance(outcomes[f.path], ClassFolder)),
                     key=lambda f: (spread_order(f.relative_path, config.seed), f.relative_path))
-    candidates = [Candidate(f.path, outcomes[f.path].label, outcomes[f.path].name,
-                            TEST if is_test(f.relative_path, config.seed, config.test_fraction) else TRAIN)
-                  for f in listed]
+    splits = assign_splits(listed, {f.path: outcomes[f.path].label for f in listed}, config.seed,
+                           config.test_fraction)
+    candidates = [Candidate(f.path, outcomes[f.path].label, outcomes[f.path].name, splits[f.path]) for f in listed]
     expected = Counter(c.split for c in candidates)
     rpg = rows_per_row_group(config.row_bytes, config.row_group_mb * 2**20, dict(expected),
                              config.min_row_groups)
-    return Plan(files, outcomes, classes, {s: expected.get(s, 0) for s in SPLITS}, rpg, candidates)
+    return Plan(files, outcomes, layout.classes, {s: expected.get(s, 0) for s in SPLITS}, rpg, candidates,
+                layout=layout.kind)
 
 
 def check_memory(config: ETLConfig, master: str, conf: Dict[str, str]) -> None:
@@ -340,8 +368,10 @@ def _manifest(config: ETLConfig, the_plan: Plan, stats: Dict[str, SplitStats], w
         "columns": ["path", "label", "label_name", "image", "height", "width"],
         "seed": config.seed,
         "test_fraction": config.test_fraction,
+        "layout": the_plan.layout,
         "num_classes": num_classes,
         "class_names": [display_path(n) if n is not None else None for n in class_names],
+        "classes_not_in_both_splits": _classes_not_in_both_splits(class_names, stats),
         "rows_per_row_group": the_plan.rows_per_row_group,
         "min_row_groups": config.min_row_groups,
         "max_world_size": min(stats[s].row_groups for s in SPLITS),
@@ -369,6 +399,19 @@ def _manifest(config: ETLConfig, the_plan: Plan, stats: Dict[str, SplitStats], w
         "versions": _versions(spark_version),
         "config": {**to_dict(config), "input": display_path(config.input), "output": display_path(config.output)},
     }
+
+
+def _classes_not_in_both_splits(class_names: List[Optional[str]], stats: Dict[str, SplitStats]) -> List[dict]:
+    """The classes (folders) whose written rows miss a split: fewer than 2 candidates, or images
+    rejected on read; ``[{'label', 'name', 'train', 'test'}]`` by label."""
+    missing = []
+    for label, name in enumerate(class_names):
+        if name is None:
+            continue
+        rows = {split: stats[split].per_class.get(label, 0) for split in SPLITS}
+        if not all(rows.values()):
+            missing.append({"label": label, "name": display_path(name), **rows})
+    return missing
 
 
 def _versions(spark_version: str) -> Dict[str, str]:
@@ -407,8 +450,8 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
         # will give it (spark-submit and existing sessions are checked below, from their conf).
         check_memory(config, config.master or "local[*]", {})
     the_plan = plan(config)
-    log.info("listed %d files in %d class folders; %d candidate images (train ~%d, test ~%d); "
-             "%d rows per row group", len(the_plan.files), len(the_plan.classes),
+    log.info("listed %d files in %d class folders (%s layout); %d candidate images (train ~%d, test ~%d); "
+             "%d rows per row group", len(the_plan.files), len(the_plan.classes), the_plan.layout,
              sum(the_plan.expected_rows.values()), the_plan.expected_rows[TRAIN],
              the_plan.expected_rows[TEST], the_plan.rows_per_row_group)
     os.makedirs(config.output, exist_ok=True)
@@ -426,10 +469,12 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
 
 
 def format_summary(manifest: dict) -> str:
-    """A short human summary of a manifest: counts, reconciliation, rejections, speed."""
+    """A short human summary of a manifest: counts, reconciliation, rejections, classes missing
+    from a split, speed."""
     files, splits = manifest["files"], manifest["splits"]
     lines = [
-        f"ETL summary ({manifest['image']['height']} px, {manifest['num_classes']} classes)",
+        f"ETL summary ({manifest['image']['height']} px, {manifest['num_classes']} classes, "
+        f"{manifest.get('layout', 'caltech')} layout)",
         f"  found {files['found']} = written {files['written']} + rejected {files['rejected']} "
         f"+ skipped {files['skipped']}",
     ]
@@ -443,6 +488,12 @@ def format_summary(manifest: dict) -> str:
         lines.append(f"  {n:6d} {reason}")
     if files["rejected"] + files["skipped"]:
         lines.append(f"  details: {files['list']}")
+    small = manifest.get("classes_not_in_both_splits", [])
+    if small:
+        shown = ", ".join(f"{c['label']} {c['name']!r} ({c['train']} train, {c['test']} test)" for c in small[:10])
+        more = f" and {len(small) - 10} more (manifest: classes_not_in_both_splits)" if len(small) > 10 else ""
+        lines.append(f"  WARNING: {len(small)} class{'es have' if len(small) > 1 else ' has'} too few images to be "
+                     f"in both splits (a class needs 2 or more): {shown}{more}")
     lines.append(f"  {manifest['images_per_second']} images/s ({manifest['seconds']} s in Spark)")
     if manifest["max_world_size"] < manifest["min_row_groups"]:
         lines.append(f"  WARNING: a split has fewer than --min-row-groups={manifest['min_row_groups']} "

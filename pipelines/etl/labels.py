@@ -1,29 +1,56 @@
-"""Pure functions that turn a file's place in a Caltech-256-style tree into a label and a split.
+"""Pure functions that turn a file's place in an image tree into a label and a split.
 
-Layout: ``ROOT/NNN.name/.../file.jpg``. The class folder is the one directly under the root;
-``label = NNN - 1`` (0-based: ``001.ak47`` is 0, ``257.clutter`` is 256) and ``label_name`` is
-``name``. Files deeper inside a class folder belong to it. Anything else is reported, never
-guessed.
+Two layouts, decided from the names of the folders directly under the root
+(:func:`decide_layout`):
+
+- ``caltech``: every class folder is ``NNN.name`` (Caltech-256); ``label = NNN - 1`` (0-based:
+  ``001.ak47`` is 0, ``257.clutter`` is 256) and ``label_name`` is ``name``.
+- ``folders``: no class folder is ``NNN.name`` (``birds/``, ``fish/``: the layout of Keras'
+  ``image_dataset_from_directory`` and torchvision's ``ImageFolder``); labels ``0..k-1`` go to
+  the folder names in sorted order and ``label_name`` is the folder name.
+
+A mix of both is refused. The class folder is the one directly under the root; files deeper
+inside it belong to it. Anything else is reported, never guessed.
+
+The train/test split is stratified per class (:func:`split_class`), decided on the driver.
 """
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import Dict, FrozenSet, Iterable, Optional
 
 # The extensions of the formats pipelines.etl.images decodes (content decides the format: a GIF
 # named .jpg is read as a GIF).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
 _CLASS_FOLDER = re.compile(r"^([0-9]{3})\.(.+)$")
 
+CALTECH = "caltech"  # every class folder is NNN.name: label = NNN - 1
+FOLDERS = "folders"  # plain folder names: labels by sorted name (Keras, torchvision)
+
 
 @dataclass(frozen=True)
 class ClassFolder:
-    """A parsed ``NNN.name`` folder: ``label`` is ``NNN - 1`` (int, 0-based)."""
+    """A class folder: ``label`` (int, 0-based) and ``name`` (the ``label_name`` column)."""
 
     label: int
     name: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The classes of a tree: ``kind`` (:data:`CALTECH` or :data:`FOLDERS`) and ``folders``, the
+    :class:`ClassFolder` of each top-level folder name."""
+
+    kind: str
+    folders: Dict[str, ClassFolder] = field(default_factory=dict)
+
+    @property
+    def classes(self) -> Dict[int, str]:
+        """``{label: name}`` of every class folder."""
+        return {c.label: c.name for c in self.folders.values()}
 
 
 def parse_class_folder(folder: str) -> ClassFolder | None:
@@ -39,35 +66,107 @@ def parse_class_folder(folder: str) -> ClassFolder | None:
     return ClassFolder(int(match.group(1)) - 1, match.group(2))
 
 
+def decide_layout(folders: Iterable[str]) -> Layout:
+    """The layout of a tree from the names of its visible top-level folders.
+
+    Args:
+        folders: the folder names directly under the root, hidden ones (``.x``, ``_x``) already
+            left out by the caller (:func:`pipelines.etl.listing.class_folders`).
+
+    Returns:
+        - all ``NNN.name`` -> ``Layout('caltech', ...)``, ``label = NNN - 1``;
+        - none -> ``Layout('folders', ...)``, labels ``0..k-1`` by the folder names sorted by
+          Unicode code point (Python's ``sorted`` on ``str``, which is also the byte order of
+          their UTF-8 names; what Keras' ``image_dataset_from_directory`` and torchvision's
+          ``ImageFolder`` do, so a model's label numbers match theirs);
+        - no folder at all -> an empty ``Layout('folders')`` (the caller refuses it).
+
+    Raises:
+        ValueError: a mix of ``NNN.name`` and other folders (naming one of each), or two
+            ``NNN.name`` folders with the same number.
+    """
+    names = sorted(set(folders))
+    parsed = {name: parse_class_folder(name) for name in names}
+    numbered = [name for name in names if parsed[name] is not None]
+    plain = [name for name in names if parsed[name] is None]
+    if numbered and plain:
+        raise ValueError(f"mixed class folder layouts: {len(numbered)} folders are NNN.name (e.g. {numbered[0]!r}) "
+                         f"and {len(plain)} are plain names (e.g. {plain[0]!r}); use one layout: all NNN.name "
+                         "(label = NNN - 1) or all plain names (labels by sorted name); prefix a folder to "
+                         "leave out with '_' or '.'")
+    if not numbered:
+        return Layout(FOLDERS, {name: ClassFolder(label, name) for label, name in enumerate(plain)})
+    by_label: Dict[int, str] = {}
+    for name in numbered:
+        label = parsed[name].label
+        if label in by_label:
+            raise ValueError(f"class number {label + 1:03d} is used by two folders: {by_label[label]} and {name}")
+        by_label[label] = name
+    return Layout(CALTECH, {name: parsed[name] for name in numbered})
+
+
 def has_image_extension(name: str) -> bool:
     """True for the :data:`IMAGE_EXTENSIONS` (``.jpg .jpeg .png .gif .bmp .webp .tif .tiff``), in
     any case (``.JPG``, ``.Tiff``)."""
     return name.lower().endswith(IMAGE_EXTENSIONS)
 
 
-def label_for(relative_path: str) -> ClassFolder | str:
+def label_for(relative_path: str, layout: Optional[Layout] = None) -> ClassFolder | str:
     """Class of a file given its path relative to the dataset root (``/``-separated).
+
+    Args:
+        relative_path: the file's path under the root.
+        layout: the tree's :class:`Layout`; ``None`` reads the top-level folder as ``NNN.name``.
 
     Returns:
         the :class:`ClassFolder` of its top-level folder, or a one-line reason (``str``) why the
-        file belongs to no class: directly under the root, or under a folder not named ``NNN.name``.
+        file belongs to no class: directly under the root, or under a folder that is no class.
     """
     parts = PurePosixPath(relative_path).parts
     if len(parts) < 2:
-        return "not inside a class folder (expected ROOT/NNN.name/...)"
-    folder = parse_class_folder(parts[0])
+        return "not inside a class folder (expected ROOT/CLASS/...)"
+    if layout is None:
+        folder = parse_class_folder(parts[0])
+        if folder is None:
+            return f"not a class folder: {parts[0]!r} is not of the form NNN.name"
+        return folder
+    folder = layout.folders.get(parts[0])
     if folder is None:
-        return f"not a class folder: {parts[0]!r} is not of the form NNN.name"
+        return f"not a class folder: {parts[0]!r} is not one of the {len(layout.folders)} class folders"
     return folder
 
 
-def is_test(relative_path: str, seed: int, test_fraction: float) -> bool:
-    """Deterministic train/test assignment of one file.
+def n_test(n: int, test_fraction: float) -> int:
+    """How many of a class's ``n`` candidate files go to the test split.
 
-    The file is in the test split when ``sha256(f"{seed}:{relative_path}")``, read as a number in
-    [0, 1), is below ``test_fraction``. The result depends only on the path relative to the
-    root and the seed, so reruns, other machines and other partitionings give the same,
-    disjoint split (unlike a second lazy ``randomSplit``).
+    ``0`` when ``n < 2`` (one file cannot be in both splits: it trains); otherwise
+    ``round(test_fraction * n)`` (Python's ``round``, half to even), at least 1 and at most
+    ``n - 1``, so both splits hold the class: ``n=2`` -> 1, ``n=10, f=0.3`` -> 3, ``n=10, f=0.01``
+    -> 1, ``n=3, f=0.9`` -> 2.
     """
-    digest = hashlib.sha256(f"{seed}:{relative_path}".encode("utf-8", "surrogateescape")).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64 < test_fraction
+    if n < 2:
+        return 0
+    return min(n - 1, max(1, round(test_fraction * n)))
+
+
+def _rank(seed: int, relative_path: str) -> bytes:
+    return hashlib.sha256(f"{seed}:{relative_path}".encode("utf-8", "surrogateescape")).digest()
+
+
+def split_class(relative_paths: Iterable[str], seed: int, test_fraction: float) -> FrozenSet[str]:
+    """The test files of one class: a stratified, deterministic train/test split.
+
+    The class's files are ranked by ``sha256(f"{seed}:{relative_path}")`` (ties, impossible in
+    practice, by path) and the first :func:`n_test` of them are the test split; the rest
+    train. A pure function of the seed, the fraction and the *set* of paths (relative to the
+    root): the order they come in, the machine and the Spark partitioning do not matter, so a
+    rerun on the same tree gives the same, disjoint split. Trade-off: a file's split depends on
+    the other files of its class, so adding or removing files can move a few files of that class
+    between the splits (a per-file hash threshold would not, but can leave a small class with no
+    test image at all).
+
+    Returns:
+        the relative paths in the test split (``frozenset``).
+    """
+    ranked = sorted(set(relative_paths), key=lambda p: (_rank(seed, p), p))
+    return frozenset(ranked[:n_test(len(ranked), test_fraction)])

@@ -38,8 +38,9 @@ def spread_order(relative_path: str, seed: int) -> bytes:
     """Sort key that spreads files over tasks: a seeded hash of the path relative to the root.
 
     Sorting candidates by it mixes classes within every contiguous chunk (so row groups mix
-    classes) and gives the same order for the same seed on every run. It is salted differently
-    from :func:`pipelines.etl.labels.is_test`, so the test files are not bunched in a few tasks.
+    classes) and gives the same order for the same seed on every run. It is a different hash
+    from the split's ranking (:func:`pipelines.etl.labels.split_class`), so the test files are not
+    bunched in a few tasks.
     """
     return hashlib.blake2b(f"{seed}:{relative_path}".encode("utf-8", "surrogateescape"),
                            digest_size=8, person=b"etl-spread").digest()

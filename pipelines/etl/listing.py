@@ -17,9 +17,9 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Dict, List, Union
+from typing import List, Optional, Union
 
-from pipelines.etl.labels import IMAGE_EXTENSIONS, ClassFolder, has_image_extension, label_for, parse_class_folder
+from pipelines.etl.labels import IMAGE_EXTENSIONS, ClassFolder, Layout, decide_layout, has_image_extension, label_for
 
 REJECTED = "rejected"  # bad input: was meant to be an image and is not usable
 SKIPPED = "skipped"    # not input for this job: wrong place, hidden, not an image extension
@@ -55,7 +55,7 @@ def spark_ignores(relative_path: str) -> bool:
     return False
 
 
-def classify(relative_path: str, size_bytes: int, max_file_bytes: int,
+def classify(relative_path: str, size_bytes: int, max_file_bytes: int, layout: Optional[Layout] = None,
              check_spark_hidden: bool = True) -> Union[ClassFolder, Excluded]:
     """Decide, without reading it, whether a file is input and of which class.
 
@@ -63,6 +63,7 @@ def classify(relative_path: str, size_bytes: int, max_file_bytes: int,
         relative_path: path under the root, ``/``-separated.
         size_bytes: file size.
         max_file_bytes: larger files are rejected unread.
+        layout: the tree's classes (:func:`class_folders`); ``None`` reads ``NNN.name`` folders.
         check_spark_hidden: report names Spark's listing ignores (driver side only).
 
     Returns:
@@ -77,7 +78,7 @@ def classify(relative_path: str, size_bytes: int, max_file_bytes: int,
                                  "Hadoop do")
     if not has_image_extension(name):
         return Excluded(SKIPPED, f"not an image extension ({' '.join(IMAGE_EXTENSIONS)}, any case)")
-    label = label_for(relative_path)
+    label = label_for(relative_path, layout)
     if isinstance(label, str):
         return Excluded(SKIPPED, label)
     if size_bytes < 0:
@@ -171,21 +172,16 @@ def list_files(root: str) -> List[ListedFile]:
     return files
 
 
-def class_folders(root: str) -> Dict[int, str]:
-    """Labels and names of the ``NNN.name`` folders directly under ``root`` (empty ones included).
+def class_folders(root: str) -> Layout:
+    """The :class:`~pipelines.etl.labels.Layout` of the visible folders directly under ``root``
+    (empty ones included; hidden ones, ``.x`` and ``_x``, and loose files are no class).
 
     Raises:
-        ValueError: two folders claim the same number (``001.cat`` and ``001.dog``).
+        ValueError: a mix of ``NNN.name`` and plain folder names, or two folders with the same
+            number (``001.cat`` and ``001.dog``); see :func:`pipelines.etl.labels.decide_layout`.
     """
-    classes: Dict[int, str] = {}
+    names = []
     for entry in sorted(decode_name(e) for e in os.listdir(os.fsencode(root))):
-        if not os.path.isdir(os.path.join(os.fsencode(root), encode_name(entry))) or spark_ignores(entry):
-            continue
-        folder = parse_class_folder(entry)
-        if folder is None:
-            continue
-        if folder.label in classes:
-            raise ValueError(f"class number {folder.label + 1:03d} is used by two folders: "
-                             f"{folder.label + 1:03d}.{classes[folder.label]} and {entry}")
-        classes[folder.label] = folder.name
-    return classes
+        if os.path.isdir(os.path.join(os.fsencode(root), encode_name(entry))) and not spark_ignores(entry):
+            names.append(entry)
+    return decide_layout(names)
