@@ -33,20 +33,17 @@ from pipelines import __version__
 from pipelines.config import to_dict
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.images import DEFAULT_MAX_PIXELS
+from pipelines.contract import COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, TRAIN, Manifest, SplitInfo
 from pipelines.etl.labels import ClassFolder, split_class
 from pipelines.etl.layout import cut_into, rows_per_row_group, spread_order
 from pipelines.etl.listing import (REJECTED, SKIPPED, Excluded, ListedFile, class_folders, classify, display_path,
                                    list_files)
 from pipelines.etl.memory import check_task_memory, executor_memory, physical_memory_bytes, task_bytes
-from pipelines.etl.transform import OUTCOME_DDL, TEST, TRAIN, WRITTEN, Candidate, process_chunks
+from pipelines.etl.transform import OUTCOME_DDL, WRITTEN, Candidate, process_chunks
 
 log = logging.getLogger("pipelines")
 
-MANIFEST = "manifest.json"
-REJECTED_LIST = "rejected.jsonl"
 STAGING = "_staging"
-SPLITS = (TRAIN, TEST)
-MANIFEST_FORMAT = 1
 
 
 class NothingWritten(RuntimeError):
@@ -337,55 +334,46 @@ def finish(config: ETLConfig, the_plan: Plan, spark_outcomes: Dict[str, dict],
     if the_plan.candidates and not written:
         _refuse_empty_result(config, the_plan, excluded)
     manifest = _manifest(config, the_plan, stats, written, excluded, spark_version, seconds)
-    with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as out:
-        json.dump(manifest, out, indent=2, ensure_ascii=False)
+    manifest.write(staging)
+    swap_in(config.output, staging)
+    return manifest.to_dict()
 
-    # The swap: the manifest goes last, so a manifest always describes the splits next to it.
-    if os.path.exists(os.path.join(config.output, MANIFEST)):
-        os.remove(os.path.join(config.output, MANIFEST))
+
+def swap_in(output: str, staging: str) -> None:
+    """Replace the output's splits and lists with the staged ones, the manifest last (removed
+    first), so a manifest always describes the splits next to it; then drop the staging folder."""
+    if os.path.exists(os.path.join(output, MANIFEST)):
+        os.remove(os.path.join(output, MANIFEST))
     for name in (*SPLITS, REJECTED_LIST):
-        target = os.path.join(config.output, name)
+        target = os.path.join(output, name)
         if os.path.isdir(target):
             shutil.rmtree(target)
         os.replace(os.path.join(staging, name), target)
-    os.replace(os.path.join(staging, MANIFEST), os.path.join(config.output, MANIFEST))
+    os.replace(os.path.join(staging, MANIFEST), os.path.join(output, MANIFEST))
     shutil.rmtree(staging, ignore_errors=True)
-    return manifest
 
 
 def _manifest(config: ETLConfig, the_plan: Plan, stats: Dict[str, SplitStats], written: Dict[str, str],
-              excluded: Dict[str, Tuple[str, str]], spark_version: str, seconds: float) -> dict:
-    """The manifest's content (see the README's Stage 1 for its fields)."""
+              excluded: Dict[str, Tuple[str, str]], spark_version: str, seconds: float) -> Manifest:
+    """The manifest (see the README's Stage 1 for its fields; :mod:`pipelines.contract` for its shape)."""
     counts = Counter(status for status, _ in excluded.values())
     num_classes = max(the_plan.classes) + 1
     class_names = [the_plan.classes.get(label) for label in range(num_classes)]
-    return {
-        "format_version": MANIFEST_FORMAT,
+    splits = {split: SplitInfo(
+        rows=s.rows, row_groups=s.row_groups, files=s.files,
+        mean_row_group_bytes=round(s.bytes_uncompressed / s.row_groups) if s.row_groups else 0,
+        mean_row_group_bytes_compressed=round(s.bytes_compressed / s.row_groups) if s.row_groups else 0,
+        per_class=[s.per_class.get(label, 0) for label in range(num_classes)]) for split, s in stats.items()}
+    extra = {
         "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "input": display_path(config.input),
-        "image": {"height": config.image_size, "width": config.image_size, "channels": 3,
-                  "dtype": "uint8", "layout": "HWC", "column": "image"},
-        "columns": ["path", "label", "label_name", "image", "height", "width"],
+        "columns": [name for name, _ in COLUMNS],
         "seed": config.seed,
         "test_fraction": config.test_fraction,
         "layout": the_plan.layout,
-        "num_classes": num_classes,
-        "class_names": [display_path(n) if n is not None else None for n in class_names],
         "classes_not_in_both_splits": _classes_not_in_both_splits(class_names, stats),
-        "rows_per_row_group": the_plan.rows_per_row_group,
         "min_row_groups": config.min_row_groups,
         "max_world_size": min(stats[s].row_groups for s in SPLITS),
-        "splits": {
-            split: {
-                "path": split,
-                "rows": s.rows,
-                "files": s.files,
-                "row_groups": s.row_groups,
-                "mean_row_group_bytes": round(s.bytes_uncompressed / s.row_groups) if s.row_groups else 0,
-                "mean_row_group_bytes_compressed": round(s.bytes_compressed / s.row_groups) if s.row_groups else 0,
-                "per_class": [s.per_class.get(label, 0) for label in range(num_classes)],
-            } for split, s in stats.items()
-        },
         "files": {
             "found": len(the_plan.files),
             "written": len(written),
@@ -399,6 +387,9 @@ def _manifest(config: ETLConfig, the_plan: Plan, stats: Dict[str, SplitStats], w
         "versions": _versions(spark_version),
         "config": {**to_dict(config), "input": display_path(config.input), "output": display_path(config.output)},
     }
+    return Manifest(image_size=config.image_size, num_classes=num_classes,
+                    class_names=[display_path(n) if n is not None else None for n in class_names],
+                    rows_per_row_group=the_plan.rows_per_row_group, splits=splits, extra=extra)
 
 
 def _classes_not_in_both_splits(class_names: List[Optional[str]], stats: Dict[str, SplitStats]) -> List[dict]:
