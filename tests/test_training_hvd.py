@@ -2,6 +2,7 @@
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -233,3 +234,32 @@ def test_feature_cache_steps_aside_for_augmentation(dataset, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "feature cache off: augmentation" in proc.stderr
     assert metrics(str(tmp_path / "out"))["feature_cache"] is None
+
+
+def test_progress_arrives_live_through_a_pipe_from_rank_0_only(dataset, tmp_path):
+    """As scripts/main.sh runs it (stdout a pipe, not a terminal): epoch 1's results line arrives
+    while epochs 2 and 3 still run, not all at the end; only rank 0 reports epochs."""
+    import shlex
+    import time
+    data, _ = dataset
+    out = str(tmp_path / "out")
+    job = [sys.executable, "-u", os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", out,
+           "--weights", "none", "--batch-size", "4", "--cache-dir", out + "-cache", "--no-tensorboard",
+           "--epochs", "3", "--patience", "10"]
+    command = (f"{shlex.quote(os.path.join(BIN, 'horovodrun'))} -np 2 -H localhost:2 --gloo {shlex.join(job)} 2>&1"
+               " | grep --line-buffered -v -e '^\\[[0-9]*\\]<stderr>:  '")
+    proc = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, text=True,
+                            env=subprocess_env(PYTHONUNBUFFERED="1"))
+    lines, running_at_first_epoch = [], None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if running_at_first_epoch is None and re.search(r"^\[0\]<stdout>:.*val_accuracy", line):
+                time.sleep(0.5)
+                running_at_first_epoch = proc.poll() is None
+    finally:
+        proc.wait(timeout=420)
+    text = "".join(lines)
+    assert proc.returncode == 0, text[-3000:]
+    assert running_at_first_epoch, text[-3000:]
+    assert not re.search(r"^\[1\]<stdout>:.*Epoch", text, re.M)
