@@ -78,8 +78,8 @@ def input_contract(stored_size: int, model_size: int, class_names) -> dict:
         "file": "model.keras",
         "input": {"name": "image", "dtype": "uint8", "shape": [None, stored_size, stored_size, 3],
                   "layout": "NHWC", "channels": "RGB", "range": [0, 255],
-                  "what": "the ETL's stored image (decoded, EXIF-rotated, composited on white, resized "
-                          "to stored_size), as in the Parquet 'image' column"},
+                  "what": "the ETL's stored image as in the Parquet 'image' column: stored_size x "
+                          "stored_size x 3 bytes, row-major, RGB"},
         "preprocessing": ("inside the model: "
                           + (f"Resizing to {model_size}x{model_size} (bilinear), " if model_size != stored_size else "")
                           + "Rescaling(1/127.5, offset=-1) = Xception preprocess_input; do not preprocess "

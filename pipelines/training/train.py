@@ -341,8 +341,8 @@ CONTACT_SHEET_IMAGES = 32
 
 def save_pictures(output: str, report: Dict, model_path: str, data) -> Dict[str, str]:
     """Rank 0: training curves from the report's history, the exact confusion matrix, and a contact
-    sheet of the first :data:`CONTACT_SHEET_IMAGES` test images of rank 0's shard, predicted by the
-    exported model itself on the stored uint8 images. Returns ``{name: path}``."""
+    sheet of the first :data:`CONTACT_SHEET_IMAGES` test images (the split's files in order; rank 0's
+    shard alone may hold fewer), predicted by the exported model itself on the stored uint8 images. Returns ``{name: path}``."""
     import numpy as np
     import tensorflow as tf
 
@@ -354,7 +354,7 @@ def save_pictures(output: str, report: Dict, model_path: str, data) -> Dict[str,
         paths["confusion"] = pictures.plot_confusion(report["test"]["confusion"], data.class_names,
                                                      os.path.join(output, "confusion.png"))
     images, labels = [], []
-    for batch_images, batch_labels in OnePassShard(data, "test", 0, report["world_size"]).batches():
+    for batch_images, batch_labels in OnePassShard(data, "test", 0, 1).batches():  # the whole split, in file order
         images.append(batch_images)
         labels.append(batch_labels)
         if sum(map(len, labels)) >= CONTACT_SHEET_IMAGES:
