@@ -65,7 +65,8 @@ def test_checkpoint_marker_is_written_after_the_weights(tmp_path):
     found = newest_complete_checkpoint(str(tmp_path))
     assert found["epoch"] == 1 and found["history"] == [{"epoch": 1, "val_accuracy": 0.5, "loss": 1.0}]
     assert found["early_stopping"]["best_epoch"] == 1
-    assert found["weights"] == "checkpoint-1.npz" and found["weights_bytes"] == os.path.getsize(tmp_path / "checkpoint-1.npz")
+    assert found["weights"] == "checkpoint-1.npz"
+    assert found["weights_bytes"] == os.path.getsize(tmp_path / "checkpoint-1.npz")
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
 
 

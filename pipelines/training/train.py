@@ -342,7 +342,8 @@ CONTACT_SHEET_IMAGES = 32
 def save_pictures(output: str, report: Dict, model_path: str, data) -> Dict[str, str]:
     """Rank 0: training curves from the report's history, the exact confusion matrix, and a contact
     sheet of the first :data:`CONTACT_SHEET_IMAGES` test images (the split's files in order; rank 0's
-    shard alone may hold fewer), predicted by the exported model itself on the stored uint8 images. Returns ``{name: path}``."""
+    shard alone may hold fewer), predicted by the exported model itself on the stored uint8 images.
+    Returns ``{name: path}``."""
     import numpy as np
     import tensorflow as tf
 
