@@ -4,7 +4,10 @@ All logic lives in :mod:`pipelines.etl`; see ``--help``.
 """
 import sys
 
-from pipelines.etl.cli import main
+from pipelines.quiet import quiet_by_default
+
+quiet_by_default()  # before TensorFlow or Spark load: warnings only, unless --verbose
+from pipelines.etl.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,7 +5,10 @@ see ``--help``.
 """
 import sys
 
-from pipelines.training.cli import main
+from pipelines.quiet import quiet_by_default
+
+quiet_by_default()  # before TensorFlow or Spark load: warnings only, unless --verbose
+from pipelines.training.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,6 +28,9 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
     ``weights``, ``tensorboard=False`` and the other ``TrainConfig`` keywords given as ``train``.
     Prints the data and weights used.
     """
+    from pipelines.quiet import quiet_by_default
+
+    quiet_by_default([])  # before the first TensorFlow or Spark import; PIPELINES_VERBOSE=1 shows all
     from pipelines.tools import workspace
 
     workdir = workdir or workspace.default_workdir()

@@ -20,12 +20,15 @@ UTF8_JAVA_OPTIONS = "-Dfile.encoding=UTF-8"
 
 
 def utf8_conf() -> Dict[str, str]:
-    """Spark settings that give executors (their JVM and Python workers) a UTF-8 locale.
+    """Spark settings that give executors (their JVM and Python workers) a UTF-8 locale, and the
+    driver the quiet log4j configuration (:func:`pipelines.quiet.spark_log_options`) unless verbose.
 
     ``spark.*.defaultJavaOptions`` (not ``extraJavaOptions``), so that a user's own
     ``extraJavaOptions`` are added to them, not replaced.
     """
-    conf = {"spark.driver.defaultJavaOptions": UTF8_JAVA_OPTIONS,
+    from pipelines.quiet import spark_log_options
+
+    conf = {"spark.driver.defaultJavaOptions": f"{UTF8_JAVA_OPTIONS} {spark_log_options()}".strip(),
             "spark.executor.defaultJavaOptions": UTF8_JAVA_OPTIONS}
     conf.update({f"spark.executorEnv.{key}": value for key, value in UTF8_ENV.items()})
     return conf
@@ -68,7 +71,10 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
         builder = builder.config(key, value)
     with _environment(UTF8_ENV if launching else {}):
         spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(os.environ.get("PIPELINES_SPARK_LOG_LEVEL", "WARN"))
+    from pipelines.quiet import is_verbose
+
+    default_level = "INFO" if is_verbose([]) else "WARN"
+    spark.sparkContext.setLogLevel(os.environ.get("PIPELINES_SPARK_LOG_LEVEL", default_level))
     return spark
 
 

@@ -1,13 +1,24 @@
 #!/usr/bin/env bash
 # The main job on the embedded sample: real photos -> Spark ETL -> Parquet -> Horovod training.
 # Called by `make main`; OUT (default out/) receives everything, downloads are cached in
-# PIPELINES_CACHE (default ~/.cache/pipelines).
+# PIPELINES_CACHE (default ~/.cache/pipelines). Progress shows live whatever stdout is (terminal,
+# pipe, nohup, CI): Python is unbuffered and the filter flushes every line. VERBOSE=1 shows the
+# libraries' info lines and warnings (quiet by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 OUT=${OUT:-out}
 NP=${NP:-2}
-export PATH="$PWD/$VENV/bin:$PATH" PYSPARK_PYTHON="$PWD/$VENV/bin/python" TF_CPP_MIN_LOG_LEVEL=2
+export PATH="$PWD/$VENV/bin:$PATH" PYSPARK_PYTHON="$PWD/$VENV/bin/python" PYTHONUNBUFFERED=1
+VERBOSE_FLAG=()
+if [ "${VERBOSE:-0}" != 0 ]; then
+  VERBOSE_FLAG=(--verbose)
+  export PIPELINES_VERBOSE=1 TF_CPP_MIN_LOG_LEVEL=0
+else
+  export TF_CPP_MIN_LOG_LEVEL=2
+fi
+LOG4J=()
+[ "${VERBOSE:-0}" != 0 ] || LOG4J=(--driver-java-options "-Dlog4j2.configurationFile=conf/log4j2.properties")
 
 echo "== 1/4 sample data: Tux Paint photos as a Caltech-256-style tree"
 python -m pipelines.tools.samples tuxpaint --dest "$OUT/tuxpaint"
@@ -18,23 +29,28 @@ echo "$WEIGHTS"
 
 echo "== 3/4 ETL: spark-submit jobs/etl.py"
 # 0.3 leaves >= 30 test images of the 148 photos (the split is a hash of each path).
-spark-submit --master "local[*]" --driver-java-options "-Dlog4j2.configurationFile=conf/log4j2.properties" \
-  jobs/etl.py --input "$OUT/tuxpaint" --output "$OUT/etl" --test-fraction 0.3 --image-size 299
+spark-submit --master "local[*]" "${LOG4J[@]}" \
+  jobs/etl.py --input "$OUT/tuxpaint" --output "$OUT/etl" --test-fraction 0.3 --image-size 299 "${VERBOSE_FLAG[@]}"
 
 echo "== 4/4 training: horovodrun -np $NP (Gloo, CPU)"
 rm -rf "$OUT/train"
+# --line-buffered: each line goes on as it comes, not in 4 KB blocks minutes later.
 horovodrun -np "$NP" -H "localhost:$NP" --gloo \
-  python jobs/train.py --data "$OUT/etl" --output "$OUT/train" --weights "$WEIGHTS" \
-    --epochs 30 --batch-size 8 --patience 3 --cache-dir "$OUT/cache" 2>&1 \
-  | grep -v -e '^\[[0-9]*\]<stderr>:  ' -e 'is slow compared to the batch time'
+  python -u jobs/train.py --data "$OUT/etl" --output "$OUT/train" --weights "$WEIGHTS" \
+    --epochs 30 --batch-size 8 --patience 3 --cache-dir "$OUT/cache" "${VERBOSE_FLAG[@]}" 2>&1 \
+  | grep --line-buffered -v -e '^\[[0-9]*\]<stderr>:  ' -e 'is slow compared to the batch time'
 
 python - "$OUT/train/metrics.json" <<'PY'
-import json, sys
+import json, os, sys
 m = json.load(open(sys.argv[1]))
 t = m["test"]
+out = os.path.dirname(sys.argv[1])
 print(f"\nexact test accuracy: {t['accuracy']:.4f} on {t['count']} images "
       f"({m['num_classes']} classes, chance {1 / m['num_classes']:.3f}); test loss {t['loss']:.4f}")
 print(f"epochs run {m['epochs_run']}, best epoch {m['best_epoch']}, world size {m['world_size']}, "
       f"global batch {m['global_batch_size']}, {m['train_images_per_second']:.1f} training images/s")
-print(f"model: {sys.argv[1].rsplit('/', 1)[0]}/model.keras   report: {sys.argv[1]}")
+print(f"model: {out}/model.keras (takes the ETL's uint8 RGB images: {out}/model.json)   report: {sys.argv[1]}")
+print("pictures:")
+for name, path in m.get("pictures", {}).items():
+    print(f"  {name:14s} {path}")
 PY

@@ -7,7 +7,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv}
-PY=${PYTHON:-python3}
+
+# A Python that TensorFlow 2.15 supports: $PYTHON if given, else python3.11, else python3 if it
+# is 3.9-3.11; otherwise stop with one line (an existing venv keeps the Python it was made with).
+py_ok() { "$1" -c 'import sys; sys.exit(not (3, 9) <= sys.version_info[:2] <= (3, 11))' 2>/dev/null; }
+PY=""
+if [ ! -x "$VENV/bin/python" ]; then
+  for candidate in ${PYTHON:-python3.11 python3}; do
+    if command -v "$candidate" >/dev/null 2>&1 && py_ok "$candidate"; then PY=$candidate; break; fi
+  done
+  if [ -z "$PY" ]; then
+    found=""
+    if command -v "${PYTHON:-python3}" >/dev/null 2>&1; then found=$( { "${PYTHON:-python3}" -V 2>&1 || true; } | head -n 1); fi
+    echo "[setup] needs Python 3.9, 3.10 or 3.11 (TensorFlow 2.15); found ${PYTHON:-python3}: ${found:-none}; give one with PYTHON=/path/to/python3.11 make setup" >&2
+    exit 1
+  fi
+fi
 STAMP="$VENV/.pipelines-stamp"
 TF_EXTRA=${PIPELINES_TF_EXTRA:-cpu}
 want=$( (cat setup.cfg pyproject.toml scripts/setup_env.sh; echo "$TF_EXTRA") | sha256sum | cut -d' ' -f1)
@@ -48,7 +63,8 @@ fi
 "${PIP[@]}" install -q --no-build-isolation --no-deps -e .
 "${PIP[@]}" check || true   # informative: petastorm/horovod metadata over-declare some ranges
 
-check=$(PATH="$VENV/bin:$PATH" "$VENV/bin/horovodrun" --check-build)
+# TF_CPP_MIN_LOG_LEVEL=3: only the build table, not TensorFlow's oneDNN and CPU-feature lines.
+check=$(PATH="$VENV/bin:$PATH" TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/horovodrun" --check-build 2>&1)
 echo "$check"
 grep -q '\[X\] TensorFlow' <<<"$check" || { echo "[setup] Horovod was built without TensorFlow" >&2; exit 1; }
 grep -q '\[X\] Gloo' <<<"$check" || { echo "[setup] Horovod was built without Gloo" >&2; exit 1; }

@@ -60,12 +60,13 @@ def test_checkpoint_marker_is_written_after_the_weights(tmp_path):
     history = []
     marker = CheckpointMarker(str(tmp_path), stopper, history)
     marker.set_model(model)
-    model.save_weights(os.path.join(tmp_path, "checkpoint-1.h5"))
     stopper.on_epoch_end(0, {"val_accuracy": 0.5})
     marker.on_epoch_end(0, {"val_accuracy": 0.5, "loss": 1.0})
     found = newest_complete_checkpoint(str(tmp_path))
     assert found["epoch"] == 1 and found["history"] == [{"epoch": 1, "val_accuracy": 0.5, "loss": 1.0}]
     assert found["early_stopping"]["best_epoch"] == 1
+    assert found["weights"] == "checkpoint-1.npz"
+    assert found["weights_bytes"] == os.path.getsize(tmp_path / "checkpoint-1.npz")
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
 
 
@@ -90,7 +91,7 @@ def test_only_the_newest_and_the_best_checkpoints_are_kept(tmp_path):
     marker = CheckpointMarker(str(tmp_path), stopper, [])
     marker.set_model(model)
     for epoch, acc in enumerate([0.5, 0.9, 0.6, 0.7]):
-        model.save_weights(os.path.join(tmp_path, f"checkpoint-{epoch + 1}.h5"))
         stopper.on_epoch_end(epoch, {"val_accuracy": acc})
         marker.on_epoch_end(epoch, {"val_accuracy": acc})
-    assert sorted(os.listdir(tmp_path)) == ["checkpoint-2.h5", "checkpoint-2.json", "checkpoint-4.h5", "checkpoint-4.json"]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-2.json", "checkpoint-2.npz", "checkpoint-4.json",
+                                           "checkpoint-4.npz"]

@@ -2,6 +2,7 @@
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -83,8 +84,13 @@ def test_report_and_artifacts(full_run, dataset):
     assert [h["epoch"] for h in m["history"]] == [1, 2, 3]
     assert m["test"]["count"] == manifest["splits"]["test"]["rows"]
     assert m["train_images_per_second"] > 0
-    for name in ("model.keras", "class_names.json", "history.csv", "checkpoint-3.h5", "checkpoint-3.json"):
+    for name in ("model.keras", "class_names.json", "history.csv", "checkpoint-3.npz", "checkpoint-3.json",
+                 "model.json", "curves.png", "confusion.png", "contact_sheet.png"):
         assert os.path.exists(os.path.join(out, name)), name
+    assert os.path.getsize(os.path.join(out, "checkpoint-3.npz")) < 1_000_000  # no frozen backbone in it
+    confusion = np.array(m["test"]["confusion"])
+    assert confusion.shape == (m["num_classes"],) * 2 and confusion.sum() == m["test"]["count"]
+    assert np.trace(confusion) == round(m["test"]["accuracy"] * m["test"]["count"])
     with open(os.path.join(out, "history.csv")) as f:
         assert len(list(csv.DictReader(f))) == 3
 
@@ -95,11 +101,12 @@ def load_model(out):
 
 
 def test_final_model_holds_the_best_epochs_weights(full_run):
+    from pipelines.training.checkpoints import load_checkpoint
     from pipelines.training.model import build_model
     out, _ = full_run
     m = metrics(out)
-    best = build_model(m["num_classes"], SIZE, weights="none")
-    best.load_weights(os.path.join(out, f"checkpoint-{m['best_epoch']}.h5"))
+    best = build_model(m["num_classes"], SIZE, weights="none", seed=m["config"]["seed"])  # the run's backbone
+    load_checkpoint(best, os.path.join(out, f"checkpoint-{m['best_epoch']}.npz"))
     for a, b in zip(load_model(out).get_weights(), best.get_weights()):
         np.testing.assert_array_equal(a, b)
 
@@ -111,7 +118,8 @@ def test_exact_test_metric_equals_a_single_process_evaluation(full_run, dataset)
     table = pq.read_table(os.path.join(data, "test"), columns=["image", "label"])
     images = np.stack([np.frombuffer(b, np.uint8).reshape(SIZE, SIZE, 3) for b in table.column("image").to_pylist()])
     labels = np.array(table.column("label").to_pylist())
-    probs = load_model(out).predict(images.astype(np.float32) / 127.5 - 1.0, batch_size=16, verbose=0)
+    # the exported model takes the raw ETL rows (uint8 RGB, preprocessing inside the graph)
+    probs = load_model(out).predict(images, batch_size=16, verbose=0)
     loss = float(tf.keras.losses.sparse_categorical_crossentropy(labels, probs).numpy().mean())
     test = metrics(out)["test"]
     assert test["count"] == len(labels)
@@ -132,6 +140,7 @@ def test_early_stopping_stops_both_ranks_at_the_same_epoch(dataset, tmp_path):
 
 
 def test_resume_after_a_kill_continues_from_the_checkpoint(dataset, tmp_path):
+    from pipelines.training.checkpoints import load_checkpoint
     from pipelines.training.model import build_model
     from pipelines.training.train import weights_checksum
     data, manifest = dataset
@@ -142,8 +151,8 @@ def test_resume_after_a_kill_continues_from_the_checkpoint(dataset, tmp_path):
     assert not os.path.exists(os.path.join(out, "metrics.json"))
     assert os.path.exists(os.path.join(out, "checkpoint-2.json"))
     assert not os.path.exists(os.path.join(out, "checkpoint-3.json"))
-    checkpoint = build_model(manifest["num_classes"], SIZE, weights="none")
-    checkpoint.load_weights(os.path.join(out, "checkpoint-2.h5"))
+    checkpoint = build_model(manifest["num_classes"], SIZE, weights="none", seed=42)  # the run's backbone (--seed)
+    load_checkpoint(checkpoint, os.path.join(out, "checkpoint-2.npz"))
 
     resumed = train(data, out, "--epochs", "4", "--patience", "10", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -153,6 +162,10 @@ def test_resume_after_a_kill_continues_from_the_checkpoint(dataset, tmp_path):
     assert [h["epoch"] for h in m["history"]] == [1, 2, 3, 4]
     assert m["epochs_run_per_rank"] == [2, 2]  # epochs 3 and 4 in this process
     assert m["resumed_weights_checksum_per_rank"] == [weights_checksum(checkpoint)] * 2
+
+    # a checkpoint goes with its frozen weights: other ones (another seed's random backbone) are refused
+    other = train(data, out, "--epochs", "5", "--resume", "--seed", "1")
+    assert other.returncode != 0 and "trained on other frozen weights" in other.stderr
 
 
 def test_refuses_a_folder_without_manifest(tmp_path):
@@ -202,7 +215,7 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, tmp_
     model = load_model(out)
     table = pq.read_table(os.path.join(data, "test"), columns=["image", "label"])
     images = np.stack([np.frombuffer(b, np.uint8).reshape(SIZE, SIZE, 3) for b in table.column("image").to_pylist()])
-    raw = model.predict(images.astype(np.float32) / 127.5 - 1.0, batch_size=8, verbose=0)
+    raw = model.predict(images, batch_size=8, verbose=0)
     features = model.get_layer("xception").predict(images.astype(np.float32) / 127.5 - 1.0, batch_size=8, verbose=0)
     cached, labels = feat.read_shard(directory, "test", 0, 1)
     assert sorted(labels.tolist()) == sorted(table.column("label").to_pylist())
@@ -221,3 +234,32 @@ def test_feature_cache_steps_aside_for_augmentation(dataset, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "feature cache off: augmentation" in proc.stderr
     assert metrics(str(tmp_path / "out"))["feature_cache"] is None
+
+
+def test_progress_arrives_live_through_a_pipe_from_rank_0_only(dataset, tmp_path):
+    """As scripts/main.sh runs it (stdout a pipe, not a terminal): epoch 1's results line arrives
+    while epochs 2 and 3 still run, not all at the end; only rank 0 reports epochs."""
+    import shlex
+    import time
+    data, _ = dataset
+    out = str(tmp_path / "out")
+    job = [sys.executable, "-u", os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", out,
+           "--weights", "none", "--batch-size", "4", "--cache-dir", out + "-cache", "--no-tensorboard",
+           "--epochs", "3", "--patience", "10"]
+    command = (f"{shlex.quote(os.path.join(BIN, 'horovodrun'))} -np 2 -H localhost:2 --gloo {shlex.join(job)} 2>&1"
+               " | grep --line-buffered -v -e '^\\[[0-9]*\\]<stderr>:  '")
+    proc = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, text=True,
+                            env=subprocess_env(PYTHONUNBUFFERED="1"))
+    lines, running_at_first_epoch = [], None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if running_at_first_epoch is None and re.search(r"^\[0\]<stdout>:.*val_accuracy", line):
+                time.sleep(0.5)
+                running_at_first_epoch = proc.poll() is None
+    finally:
+        proc.wait(timeout=420)
+    text = "".join(lines)
+    assert proc.returncode == 0, text[-3000:]
+    assert running_at_first_epoch, text[-3000:]
+    assert not re.search(r"^\[1\]<stdout>:.*Epoch", text, re.M)

@@ -34,6 +34,7 @@ class ETLConfig:
     num_partitions: int = field(0, help="Spark partitions for decoding; 0 = 2 x default parallelism")
     master: Optional[str] = field(None, help="Spark master when not set by spark-submit "
                                              "(default local[*])")
+    verbose: bool = field(False, help="show Spark's INFO log and known harmless warnings (quiet by default)")
 
     def __post_init__(self) -> None:
         if not 0.0 < self.test_fraction < 1.0:  # also refuses NaN

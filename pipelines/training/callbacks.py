@@ -79,33 +79,41 @@ class EpochStats(tf.keras.callbacks.Callback):
 
 
 class CheckpointMarker(tf.keras.callbacks.Callback):
-    """Rank 0, after ``ModelCheckpoint``: marks epoch N's weights file complete, keeps only the
-    newest and the best checkpoints.
+    """Rank 0: writes epoch N's checkpoint (trainable weights + optimizer state, a few KB: see
+    :mod:`pipelines.training.checkpoints`), then marks it complete, and keeps only the newest and
+    the best checkpoints.
 
-    The marker ``checkpoint-N.json`` is written to a temporary name and renamed, and records the
-    weights file's size, the epoch's logs, the history so far and the early-stopping state, so
-    that ``--resume`` picks only complete checkpoints and continues exactly where training was.
+    The marker ``checkpoint-N.json`` is written to a temporary name and renamed after the
+    checkpoint, and records the checkpoint's size, the sha256 of the frozen weights it goes with
+    (``frozen_sha256``), the epoch's logs, the history so far and the early-stopping state, so that
+    ``--resume`` picks only complete checkpoints, refuses other frozen weights, and continues
+    exactly where training was.
     """
 
-    def __init__(self, directory: str, early_stopping: BestWeightsEarlyStopping, history: List[Dict]):
+    def __init__(self, directory: str, early_stopping: BestWeightsEarlyStopping, history: List[Dict],
+                 frozen_sha256: Optional[str] = None):
         super().__init__()
         self.directory = directory
         self.early_stopping = early_stopping
         self.history = history
+        self.frozen_sha256 = frozen_sha256
 
     def on_epoch_end(self, epoch, logs=None):
+        from pipelines.training.checkpoints import FORMAT, save_checkpoint
+
         number = epoch + 1
         weights = checkpoint_path(self.directory, number)
+        size = save_checkpoint(self.model, weights)
         self.history.append({"epoch": number, **{k: float(v) for k, v in (logs or {}).items()}})
-        marker = {"epoch": number, "weights": os.path.basename(weights),
-                  "weights_bytes": os.path.getsize(weights), "logs": self.history[-1],
+        marker = {"epoch": number, "weights": os.path.basename(weights), "weights_bytes": size,
+                  "format": FORMAT, "frozen_sha256": self.frozen_sha256, "logs": self.history[-1],
                   "history": self.history, "early_stopping": self.early_stopping.state()}
         write_json(marker_path(self.directory, number), marker, indent=1)
         self._prune(keep={number, marker["early_stopping"]["best_epoch"]})
 
     def _prune(self, keep) -> None:
         """Delete the checkpoints that neither resume nor best-weights restoring need: all but
-        the newest and the best (each weights file is the size of the whole model)."""
+        the newest and the best."""
         for earlier in range(1, max(keep)):
             if earlier not in keep:
                 for path in (marker_path(self.directory, earlier), checkpoint_path(self.directory, earlier)):

@@ -37,6 +37,7 @@ class TrainConfig:
     bind_cores: bool = field(False, help="bind each rank and its threads to --threads cores of its own (CPU "
                                          "training on a host the ranks fill: local ranks x threads <= cores)")
     tensorboard: bool = field(True, help="write TensorBoard logs on rank 0")
+    verbose: bool = field(False, help="show TensorFlow's info lines and known harmless warnings (quiet by default)")
     feature_cache: bool = field(False, help="compute the frozen backbone's features once (Parquet next to the "
                                             "data, reused by later runs) and train only the head on them")
     augment: bool = field(False, help="random horizontal flips of the training images (turns the feature "

@@ -251,7 +251,8 @@ def verify_total(counted: int, data: Dataset, split: str) -> None:
 def preprocessor(stored_size: int, model_size: int = 0, augment: bool = False, seed: int = 0):
     """The per-image map of every input path: uint8 ``(s, s, 3)`` -> float32 ``(m, m, 3)``.
 
-    Resized (antialiased) when ``model_size`` differs from ``stored_size``, then Xception's
+    Resized (bilinear, as the exported model's ``Resizing`` layer) when ``model_size`` differs
+    from ``stored_size``, then Xception's
     ``preprocess_input`` (``x / 127.5 - 1``, in [-1, 1]), then a random left-right flip when
     ``augment``.
     """
@@ -262,7 +263,9 @@ def preprocessor(stored_size: int, model_size: int = 0, augment: bool = False, s
     def preprocess(image, label):
         image = tf.cast(image, tf.float32)
         if size != stored_size:
-            image = tf.image.resize(image, [size, size], antialias=True)
+            # bilinear as Keras' Resizing layer does, so that the exported model (which takes the
+            # stored image and resizes inside the graph) computes exactly what training saw
+            image = tf.image.resize(image, [size, size], method="bilinear")
         image = tf.keras.applications.xception.preprocess_input(image)
         if augment:
             image = tf.image.random_flip_left_right(image, seed=seed)

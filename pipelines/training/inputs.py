@@ -110,6 +110,9 @@ class FeatureInputs:
             feat.write_shard(directory, split, rank, features, labels)
             counts[split] = sum(hvd_tf.allgather_object(len(labels), name=f"feature_rows_{split}"))
             verify_total(counts[split], data, split)
+            if rank == 0:  # progress: the backbone over a whole split takes minutes on CPU
+                log.info("feature cache: %s split done, %d rows over all ranks, %.1f s so far", split,
+                         counts[split], time.perf_counter() - start)
         if rank == 0:
             feat.mark_complete(directory, counts, key)
             log.info("feature cache: %s rows in %.1f s", counts, time.perf_counter() - start)

@@ -52,14 +52,60 @@ def compile_distributed(model, learning_rate: float) -> None:
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
 
-def export_model(model, path: str) -> None:
-    """Save the model for inference (architecture + weights, no optimizer: Horovod's wrapped
-    optimizer is not serialisable), atomically."""
+def inference_model(model, stored_size: int):
+    """The trained ``model`` behind its input contract: the ETL's image, uint8 RGB ``(stored_size,
+    stored_size, 3)`` with values 0-255, preprocessed inside the graph exactly as training's
+    input pipeline does (:func:`pipelines.training.data.preprocessor`): ``Resizing`` (bilinear) to
+    the model's size when it differs, then ``Rescaling(1/127.5, offset=-1)``, which is Xception's
+    ``preprocess_input``. The trained layers (``xception``, ``dropout``, ``head``) are the same
+    objects, not copies, and keep their names."""
     import tensorflow as tf
 
-    from pipelines.atomic import replacing
+    size = model.input_shape[1]
+    image = tf.keras.Input((stored_size, stored_size, 3), dtype="uint8", name="image")
+    x = tf.keras.layers.Rescaling(1.0, name="to_float")(image)  # uint8 -> float32, values unchanged
+    if size != stored_size:
+        x = tf.keras.layers.Resizing(size, size, interpolation="bilinear", name="resize")(x)
+    x = tf.keras.layers.Rescaling(1 / 127.5, offset=-1.0, name="xception_preprocess")(x)
+    for layer in model.layers[1:]:  # the trained model is a chain: input, xception, dropout, head
+        x = layer(x, training=False) if layer.name == "xception" else layer(x)
+    return tf.keras.Model(image, x, name=f"{model.name}_on_uint8")
 
+
+def input_contract(stored_size: int, model_size: int, class_names) -> dict:
+    """The exported model's contract (``model.json``): what it takes and what it returns."""
+    return {
+        "file": "model.keras",
+        "input": {"name": "image", "dtype": "uint8", "shape": [None, stored_size, stored_size, 3],
+                  "layout": "NHWC", "channels": "RGB", "range": [0, 255],
+                  "what": "the ETL's stored image as in the Parquet 'image' column: stored_size x "
+                          "stored_size x 3 bytes, row-major, RGB"},
+        "preprocessing": ("inside the model: "
+                          + (f"Resizing to {model_size}x{model_size} (bilinear), " if model_size != stored_size else "")
+                          + "Rescaling(1/127.5, offset=-1) = Xception preprocess_input; do not preprocess "
+                            "the input yourself"),
+        "model_image_size": model_size,
+        "output": {"name": "probabilities", "dtype": "float32", "shape": [None, len(class_names)],
+                   "what": "softmax over class_names, index = label"},
+        "class_names": list(class_names),
+    }
+
+
+def export_model(model, path: str, stored_size: int = 0, class_names=None) -> None:
+    """Save the model for inference, atomically: the trained layers behind the ETL-image input
+    contract (:func:`inference_model`; ``stored_size`` 0 = the model's own size), architecture +
+    weights, no optimizer (Horovod's wrapped optimizer is not serialisable). With ``class_names``,
+    also ``model.json`` beside it (:func:`input_contract`)."""
+    import tensorflow as tf
+
+    from pipelines.atomic import replacing, write_json
+
+    size = model.input_shape[1]
     clean = tf.keras.models.clone_model(model)
     clean.set_weights(model.get_weights())
+    exported = inference_model(clean, stored_size or size)
     with replacing(path, suffix=".keras") as tmp:
-        clean.save(tmp)
+        exported.save(tmp)
+    if class_names is not None:
+        write_json(os.path.join(os.path.dirname(path), "model.json"),
+                   input_contract(stored_size or size, size, class_names))

@@ -76,8 +76,9 @@ _MARKER = re.compile(r"^checkpoint-(\d+)\.json$")
 
 
 def checkpoint_path(directory: str, epoch: int) -> str:
-    """Weights file of 1-based ``epoch``: ``DIR/checkpoint-{epoch}.h5``."""
-    return os.path.join(directory, f"{CHECKPOINT_PREFIX}{epoch}.h5")
+    """Checkpoint of 1-based ``epoch``: ``DIR/checkpoint-{epoch}.npz`` (trainable weights and optimizer
+    state, :mod:`pipelines.training.checkpoints`)."""
+    return os.path.join(directory, f"{CHECKPOINT_PREFIX}{epoch}.npz")
 
 
 def marker_path(directory: str, epoch: int) -> str:

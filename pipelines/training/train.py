@@ -85,12 +85,14 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     import tensorflow as tf
 
     from pipelines.logs import setup_logging
+    from pipelines.quiet import quiet_libraries
     from pipelines.training.devices import apply_device, bind_to_cores, local_topology, spark_gpu_addresses
     from pipelines.training.devices import threads_per_rank
 
     cores = None
     if config.bind_cores:
         cores = bind_to_cores(threads_per_rank(config.threads, local_topology()[1]), announce=False)
+    quiet_libraries()
     hvd.init()
     rank = Rank(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
                 threads_per_rank(config.threads, hvd.local_size()), cores)
@@ -122,13 +124,19 @@ def plan_run(config: TrainConfig, rank: Rank) -> RunPlan:
     return plan
 
 
-def restore(config: TrainConfig, model, rank: Rank) -> Resume:
-    """With ``--resume``, rank 0 finds the newest complete checkpoint and loads it and the best
-    weights so far; the marker (epoch, history, early-stopping state) and the weights reach every
-    rank by broadcast. Without a checkpoint, training starts at epoch 1."""
-    import horovod.tensorflow as hvd_tf
-    import tensorflow as tf
+def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str] = None) -> Resume:
+    """With ``--resume``, rank 0 finds the newest complete checkpoint and loads it (trainable
+    weights and optimizer state) and the best weights so far; the marker (epoch, history,
+    early-stopping state), the weights and the optimizer state reach every rank by broadcast.
+    Without a checkpoint, training starts at epoch 1.
 
+    Raises:
+        ValueError: on every rank, when the checkpoint was trained on other frozen weights
+            (``frozen_sha256`` differs from its marker's) or is of another format.
+    """
+    import horovod.tensorflow as hvd_tf
+
+    from pipelines.training.checkpoints import build_optimizer, load_checkpoint, optimizer_state
     from pipelines.training.schedule import checkpoint_path, newest_complete_checkpoint
 
     marker = newest_complete_checkpoint(config.output) if (config.resume and rank.rank == 0) else None
@@ -137,22 +145,27 @@ def restore(config: TrainConfig, model, rank: Rank) -> Resume:
         if config.resume and rank.rank == 0:
             log.info("--resume: no complete checkpoint in %s, starting from epoch 1", config.output)
         return Resume()
+    if marker.get("frozen_sha256") != frozen_sha256:
+        raise ValueError(f"--resume: checkpoint {marker['weights']} in {config.output} was trained on other frozen "
+                         f"weights (sha256 {str(marker.get('frozen_sha256'))[:12]}, these are {frozen_sha256[:12]}): "
+                         f"use the same --weights, or start afresh without --resume")
+    build_optimizer(model)
     best_weights = None
     if rank.rank == 0:
-        model.load_weights(os.path.join(config.output, marker["weights"]))
         best_epoch = marker["early_stopping"]["best_epoch"]
-        best_model = tf.keras.models.clone_model(model)
-        best_model.load_weights(checkpoint_path(config.output, best_epoch))
-        best_weights = best_model.get_weights()
-        log.info("resuming after epoch %d (checkpoint %s; best epoch so far %d)",
-                 marker["epoch"], marker["weights"], best_epoch)
-    hvd_tf.broadcast_variables(model.variables, root_rank=0)
+        load_checkpoint(model, checkpoint_path(config.output, best_epoch), optimizer=False)
+        best_weights = model.get_weights()
+        load_checkpoint(model, os.path.join(config.output, marker["weights"]))
+        log.info("resuming after epoch %d (checkpoint %s, %d bytes; best epoch so far %d)",
+                 marker["epoch"], marker["weights"], marker["weights_bytes"], best_epoch)
+    hvd_tf.broadcast_variables(list(model.variables) + optimizer_state(model.optimizer), root_rank=0)
     best_weights = hvd_tf.broadcast_object(best_weights, root_rank=0, name="best_weights")
     checksums = hvd_tf.allgather_object(weights_checksum(model), name="resume_checksums")
     return Resume(marker, best_weights, checksums, list(marker["history"]))
 
 
-def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resume):
+def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resume,
+                   frozen_sha256: Optional[str] = None):
     """Horovod's broadcast, metric averaging and warmup, epoch statistics and early stopping on
     every rank; checkpoints, their markers, ``history.csv`` and TensorBoard on rank 0 only.
 
@@ -176,9 +189,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     callbacks.append(early_stopping)
     if rank.rank == 0:
         callbacks += [
-            tf.keras.callbacks.ModelCheckpoint(os.path.join(config.output, "checkpoint-{epoch}.h5"),
-                                               save_weights_only=True),
-            cb.CheckpointMarker(config.output, early_stopping, resume.history),
+            cb.CheckpointMarker(config.output, early_stopping, resume.history, frozen_sha256),
             tf.keras.callbacks.CSVLogger(os.path.join(config.output, "history.csv"), append=bool(resume.marker)),
         ]
         if config.tensorboard:
@@ -242,6 +253,7 @@ def run_training(config: TrainConfig) -> Dict:
         pipelines.training.data.DataError: the dataset cannot feed this run.
         ValueError: a batch size the data cannot fill.
     """
+    from pipelines.training.checkpoints import frozen_checksum
     from pipelines.training.inputs import make_inputs
     from pipelines.training.model import build_model, compile_distributed
 
@@ -252,8 +264,9 @@ def run_training(config: TrainConfig) -> Dict:
                              seed=config.seed)
     inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.image_size)
     compile_distributed(inputs.model, plan.lr)
-    resume = restore(config, inputs.model, rank)
-    callbacks, early_stopping, epoch_stats = make_callbacks(config, rank, plan, resume)
+    frozen_sha256 = frozen_checksum(full_model)
+    resume = restore(config, inputs.model, rank, frozen_sha256)
+    callbacks, early_stopping, epoch_stats = make_callbacks(config, rank, plan, resume, frozen_sha256)
     seconds_before_fit = time.perf_counter() - start
     fit_seconds = train(config, rank, plan, inputs, resume, callbacks)
     totals = evaluate(inputs, plan)
@@ -261,7 +274,7 @@ def run_training(config: TrainConfig) -> Dict:
     report.update(seconds_before_fit=seconds_before_fit, fit_seconds=fit_seconds,
                   total_seconds=time.perf_counter() - start)
     if rank.rank == 0:
-        save_outputs(config, report, inputs.exported_model(), plan.data.class_names)
+        save_outputs(config, report, inputs.exported_model(), plan.data, totals)
     return report
 
 
@@ -300,18 +313,61 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume:
     }
 
 
-def save_outputs(config: TrainConfig, report: Dict, model, class_names: List[Optional[str]]) -> None:
-    """Rank 0: ``model.keras`` (the whole model), ``class_names.json`` and ``metrics.json``, each
-    written atomically, the report last."""
+def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None) -> None:
+    """Rank 0: ``model.keras`` (the whole model, taking the ETL's uint8 images) and its contract
+    ``model.json``, ``class_names.json``, the pictures (``curves.png``, ``confusion.png``,
+    ``contact_sheet.png``) and ``metrics.json``, each written atomically, the report last."""
     from pipelines.atomic import write_json
     from pipelines.training.model import export_model
 
-    export_model(model, os.path.join(config.output, "model.keras"))
+    class_names = data.class_names
+    model_path = os.path.join(config.output, "model.keras")
+    export_model(model, model_path, data.image_size, class_names)
     write_json(os.path.join(config.output, "class_names.json"), class_names)
+    if totals is not None and totals.confusion:
+        report["test"]["confusion"] = [list(row) for row in totals.confusion]
+    report["model_contract"] = "model.json"
+    report["pictures"] = save_pictures(config.output, report, model_path, data)
     write_json(os.path.join(config.output, "metrics.json"), report)
     test = report["test"]
     log.info("test accuracy %.4f, loss %.4f on %d images (exact, all ranks); best epoch %s of %d",
              test["accuracy"], test["loss"], test["count"], report["best_epoch"], report["epochs_run"])
+    for path in report["pictures"].values():
+        log.info("wrote %s", path)
+
+
+CONTACT_SHEET_IMAGES = 32
+
+
+def save_pictures(output: str, report: Dict, model_path: str, data) -> Dict[str, str]:
+    """Rank 0: training curves from the report's history, the exact confusion matrix, and a contact
+    sheet of the first :data:`CONTACT_SHEET_IMAGES` test images (the split's files in order; rank 0's
+    shard alone may hold fewer), predicted by the exported model itself on the stored uint8 images.
+    Returns ``{name: path}``."""
+    import numpy as np
+    import tensorflow as tf
+
+    from pipelines import report as pictures
+    from pipelines.training.data import OnePassShard
+
+    paths = {"curves": pictures.plot_history(report["history"], os.path.join(output, "curves.png"))}
+    if "confusion" in report["test"]:
+        paths["confusion"] = pictures.plot_confusion(report["test"]["confusion"], data.class_names,
+                                                     os.path.join(output, "confusion.png"))
+    images, labels = [], []
+    for batch_images, batch_labels in OnePassShard(data, "test", 0, 1).batches():  # the whole split, in file order
+        images.append(batch_images)
+        labels.append(batch_labels)
+        if sum(map(len, labels)) >= CONTACT_SHEET_IMAGES:
+            break
+    if images:
+        images = np.concatenate(images)[:CONTACT_SHEET_IMAGES]
+        labels = np.concatenate(labels)[:CONTACT_SHEET_IMAGES]
+        exported = tf.keras.models.load_model(model_path)
+        predicted = exported.predict(images, batch_size=8, verbose=0).argmax(axis=1)
+        paths["contact_sheet"] = pictures.contact_sheet(images, labels, predicted, data.class_names,
+                                                        os.path.join(output, "contact_sheet.png"))
+    return paths
 
 
 def _steady_state(history: List[Dict]) -> Optional[float]:

@@ -1,0 +1,94 @@
+"""What a run leaves for people and programs: the exported model's input contract, small
+checkpoints tied to their frozen weights, the pictures (one process, no Horovod)."""
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pipelines import report as pictures
+from pipelines.training.checkpoints import frozen_checksum, load_checkpoint, optimizer_state, save_checkpoint
+from pipelines.training.data import preprocessor
+from pipelines.training.evaluate import add, batch_totals
+from pipelines.training.model import build_model, export_model
+
+SIZE = 71  # Xception's smallest input
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = build_model(3, SIZE, weights="none", seed=1)
+    m.get_layer("head").set_weights([np.random.default_rng(0).normal(0, 0.05, (2048, 3)).astype(np.float32),
+                                     np.zeros(3, np.float32)])
+    return m
+
+
+def raw_images(n, size, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("stored", [SIZE, 90])
+def test_exported_model_takes_the_etls_uint8_image(model, tmp_path, stored):
+    path = str(tmp_path / "model.keras")
+    export_model(model, path, stored, ["a", "b", "c"])
+    exported = tf.keras.models.load_model(path)
+    assert exported.input.dtype == tf.uint8 and tuple(exported.input_shape) == (None, stored, stored, 3)
+    contract = json.loads((tmp_path / "model.json").read_text())
+    assert contract["input"]["dtype"] == "uint8" and contract["input"]["range"] == [0, 255]
+    assert contract["input"]["shape"] == [None, stored, stored, 3] and contract["class_names"] == ["a", "b", "c"]
+    assert contract["model_image_size"] == SIZE
+    images = raw_images(6, stored)
+    # what training and the exact evaluation feed the model: the input pipeline's preprocessing
+    prep = preprocessor(stored, SIZE)
+    trained_view = np.stack([prep(tf.constant(im), 0)[0].numpy() for im in images])
+    expected = model.predict(trained_view, verbose=0)
+    np.testing.assert_allclose(exported.predict(images, verbose=0), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_checkpoint_holds_what_training_changes_and_is_small(model, tmp_path):
+    m = tf.keras.models.clone_model(model)
+    m.set_weights(model.get_weights())
+    m.compile(optimizer=tf.keras.optimizers.Nadam(0.01), loss="sparse_categorical_crossentropy")
+    m.fit(raw_images(8, SIZE).astype(np.float32) / 127.5 - 1, np.arange(8) % 3, epochs=1, verbose=0)
+    path = str(tmp_path / "checkpoint-1.npz")
+    size = save_checkpoint(m, path)
+    assert size == os.path.getsize(path) < 1_000_000  # the frozen backbone alone is 84 MB
+    state = [v.numpy() for v in optimizer_state(m.optimizer)]
+    assert int(state[0]) == 1  # iterations
+
+    fresh = tf.keras.models.clone_model(model)
+    fresh.set_weights(model.get_weights())
+    fresh.compile(optimizer=tf.keras.optimizers.Nadam(0.01), loss="sparse_categorical_crossentropy")
+    assert frozen_checksum(fresh) == frozen_checksum(m)
+    load_checkpoint(fresh, path)
+    for a, b in zip(fresh.get_weights(), m.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(optimizer_state(fresh.optimizer), state):
+        np.testing.assert_array_equal(a.numpy(), b)
+
+
+def test_frozen_checksum_tells_backbones_apart(model):
+    other = build_model(3, SIZE, weights="none", seed=2)
+    assert frozen_checksum(other) != frozen_checksum(model)
+
+
+def test_totals_count_a_confusion_matrix():
+    probs = np.array([[0.8, 0.1, 0.1], [0.2, 0.7, 0.1], [0.6, 0.3, 0.1]], np.float32)
+    a = batch_totals(probs, np.array([0, 1, 1]))
+    assert a.confusion == ((1, 0, 0), (1, 1, 0), (0, 0, 0))
+    both = add(a, batch_totals(probs[:1], np.array([2])))
+    assert both.confusion == ((1, 0, 0), (1, 1, 0), (1, 0, 0)) and both.count == 4
+
+
+def test_pictures_are_written(tmp_path):
+    history = [{"epoch": e, "loss": 1 / e, "val_loss": 1.2 / e, "accuracy": 0.5 + e / 10,
+                "val_accuracy": 0.4 + e / 10} for e in range(1, 4)]
+    paths = [pictures.plot_history(history, str(tmp_path / "curves.png")),
+             pictures.plot_confusion([[5, 1], [2, 7]], ["cats", None], str(tmp_path / "confusion.png")),
+             pictures.contact_sheet(raw_images(5, 32), [0, 1, 0, 1, 1], [0, 0, 0, 1, 1], ["cats", "dogs"],
+                                    str(tmp_path / "sheet.png"), columns=4)]
+    for path in paths:
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert sorted(os.listdir(tmp_path)) == ["confusion.png", "curves.png", "sheet.png"]

@@ -1,0 +1,56 @@
+"""Set-up's Python choice, quiet logs by default, live progress through pipes (no training)."""
+import os
+import re
+import stat
+import subprocess
+import sys
+
+from tests.conftest import BIN, subprocess_env
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TF_NOISE = re.compile(r"oneDNN|cpu_feature_guard|This TensorFlow binary is optimized")
+
+
+def test_setup_refuses_an_unsupported_python_in_one_line(tmp_path):
+    fake = tmp_path / "python3.8"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = -V ] && echo 'Python 3.8.18'\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "setup_env.sh"), str(tmp_path / "venv")],
+                          capture_output=True, text=True, env={**os.environ, "PYTHON": str(fake)}, timeout=60)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "3.9, 3.10 or 3.11" in lines[0] and "Python 3.8.18" in lines[0]
+    assert "PYTHON=" in lines[0] and not (tmp_path / "venv").exists()
+
+
+def test_main_script_passes_progress_on_line_by_line():
+    text = open(os.path.join(REPO, "scripts", "main.sh")).read()
+    assert "PYTHONUNBUFFERED=1" in text
+    pipes = [line for line in text.splitlines() if re.search(r"\|\s*grep", line)]
+    assert pipes and all("--line-buffered" in line for line in pipes)
+
+
+def run_python(code, *args, **env):
+    clean = {k: v for k, v in subprocess_env().items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "PIPELINES_VERBOSE")}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          env={**clean, **env}, timeout=300)
+
+
+IMPORT_TF = ("import sys; from pipelines.quiet import quiet_by_default; quiet_by_default(sys.argv[1:]); "
+             "import tensorflow as tf; tf.constant(1.0) + 1; print('ok')")
+
+
+def test_tensorflow_is_quiet_by_default_and_verbose_on_request():
+    quiet = run_python(IMPORT_TF)
+    assert quiet.returncode == 0 and not TF_NOISE.search(quiet.stderr), quiet.stderr
+    verbose = run_python(IMPORT_TF, "--verbose")
+    assert verbose.returncode == 0 and TF_NOISE.search(verbose.stderr), verbose.stderr
+
+
+def test_horovod_check_build_shows_the_build_only():
+    env = {k: v for k, v in subprocess_env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = subprocess.run([os.path.join(BIN, "horovodrun"), "--check-build"], capture_output=True, text=True,
+                          env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=300)  # as setup_env.sh runs it
+    assert proc.returncode == 0 and "[X] TensorFlow" in proc.stdout and "[X] Gloo" in proc.stdout
+    assert not TF_NOISE.search(proc.stdout + proc.stderr)
+    assert "TF_CPP_MIN_LOG_LEVEL=3" in open(os.path.join(REPO, "scripts", "setup_env.sh")).read()
