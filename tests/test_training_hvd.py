@@ -155,9 +155,50 @@ def test_resume_after_a_kill_continues_from_the_checkpoint(dataset, tmp_path):
     assert m["resumed_weights_checksum_per_rank"] == [weights_checksum(checkpoint)] * 2
 
 
+@pytest.fixture(scope="module")
+def one_row_group(tmp_path_factory, spark):
+    """An ETL output whose test split holds one row group: too few for 2 ranks."""
+    base = tmp_path_factory.mktemp("one-group")
+    make_tree(str(base / "tree"), classes=2, per_class=10, bad=False)
+    data = str(base / "etl")
+    m = run_etl(ETLConfig(input=str(base / "tree"), output=data, image_size=8, test_fraction=0.3,
+                          min_row_groups=1, row_group_mb=64, num_partitions=1), spark)
+    assert m["splits"]["train"]["row_groups"] >= 2 and m["splits"]["test"]["row_groups"] == 1
+    return data
+
+
+REFUSALS = {
+    "no manifest": ((), "no manifest.json in "),
+    "batch": (("--batch-size", "1000"), "global batch size 2000 (--batch-size 1000 x 2 ranks) is larger than the train"),
+    "row groups": ((), "the test split has 1 row groups but 2 ranks need one each"),
+}
+
+
+def refusal_data(reason, dataset, one_row_group, tmp_path):
+    return {"no manifest": str(tmp_path), "batch": dataset[0], "row groups": one_row_group}[reason]
+
+
+def error_lines(text):
+    return [line for line in text.splitlines() if " ERROR " in line]
+
+
+@pytest.mark.parametrize("spark_np", [-2, 2])  # local processes / Spark barrier tasks: refused in the driver
+@pytest.mark.parametrize("reason", sorted(REFUSALS))
+def test_launching_driver_refuses_before_any_rank_with_exit_2(reason, spark_np, dataset, one_row_group, tmp_path):
+    args, message = REFUSALS[reason]
+    data = refusal_data(reason, dataset, one_row_group, tmp_path)
+    proc = train(data, str(tmp_path / "out"), "--spark-np", str(spark_np), *args, np_=0, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = error_lines(proc.stderr)
+    assert len(errors) == 1 and "[train driver]" in errors[0] and message in errors[0], proc.stderr[-3000:]
+    assert "rank 0" not in proc.stderr and "HorovodRunner" not in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_refuses_a_folder_without_manifest(tmp_path):
     proc = train(str(tmp_path), str(tmp_path / "out"), np_=0)
-    assert proc.returncode == 2 and "no manifest.json" in proc.stderr
+    assert proc.returncode == 2
+    assert [e.split(" ERROR ")[1] for e in error_lines(proc.stderr)] == [
+        f"no manifest.json in {tmp_path}: --data must be the output folder of jobs/etl.py"]
 
 
 def test_local_launch_refuses_binding_more_cores_than_it_has(tmp_path):
@@ -167,20 +208,27 @@ def test_local_launch_refuses_binding_more_cores_than_it_has(tmp_path):
 
 
 def test_refuses_a_batch_larger_than_the_data(dataset, tmp_path):
-    data, _ = dataset
+    data, manifest = dataset
     proc = train(data, str(tmp_path / "out"), "--batch-size", "1000", np_=0)
-    assert proc.returncode == 2 and "larger than the train split" in proc.stderr
+    assert proc.returncode == 2
+    train_rows = manifest["splits"]["train"]["rows"]
+    assert [e.split(" ERROR ")[1] for e in error_lines(proc.stderr)] == [
+        f"global batch size 1000 (--batch-size 1000 x 1 ranks) is larger than the train split ({train_rows} "
+        f"rows): lower --batch-size"]
 
 
-def test_refuses_more_ranks_than_row_groups(tmp_path, spark):
-    make_tree(str(tmp_path / "tree"), classes=2, per_class=10, bad=False)
-    data = str(tmp_path / "etl")
-    m = run_etl(ETLConfig(input=str(tmp_path / "tree"), output=data, image_size=8, test_fraction=0.3,
-                          min_row_groups=1, row_group_mb=64, num_partitions=1), spark)
-    assert m["splits"]["test"]["row_groups"] == 1
-    proc = train(data, str(tmp_path / "out"))
-    assert proc.returncode != 0
-    assert "row groups but 2 ranks" in proc.stderr
+@pytest.mark.parametrize("reason", ["row groups", "batch"])
+def test_under_horovodrun_every_rank_exits_2_and_rank_0_alone_says_why(reason, dataset, one_row_group, tmp_path):
+    """horovodrun then exits 1 itself, naming the first process's exit code 2 (README, Refusals)."""
+    args, message = REFUSALS[reason]
+    proc = train(refusal_data(reason, dataset, one_row_group, tmp_path), str(tmp_path / "out"), *args)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    text = proc.stdout + proc.stderr
+    errors = error_lines(text)
+    assert len(errors) == 1 and "[train rank 0]" in errors[0] and message in errors[0], text[-3000:]
+    codes = sorted(line for line in text.splitlines() if line.startswith("Process ") and "exit with status" in line)
+    assert codes == ["Process 0 exit with status code 2.", "Process 1 exit with status code 2."], text[-3000:]
+    assert "Exit code: 2" in text
 
 
 def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, tmp_path):
