@@ -11,7 +11,8 @@ import pytest
 
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
-from tests.conftest import BIN, read_metrics as metrics, subprocess_env
+from pipelines.training.schedule import warmup_lr
+from tests.conftest import BIN, assert_exact_test_count, read_metrics as metrics, subprocess_env
 from tests.imagegen import make_tree
 
 pytestmark = pytest.mark.slow
@@ -19,10 +20,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 71  # Xception's smallest input
 
 
-def train(data, output, *args, np_=2, env=None, timeout=420):
+def train(data, output, *args, np_=2, env=None, timeout=420, tensorboard=False):
     """Run jobs/train.py under horovodrun (np_ > 0) or alone (np_ == 0); return the finished process."""
     job = [sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", output,
-           "--weights", "none", "--batch-size", "4", "--cache-dir", output + "-cache", "--no-tensorboard", *args]
+           "--weights", "none", "--batch-size", "4", "--cache-dir", output + "-cache",
+           *([] if tensorboard else ["--no-tensorboard"]), *args]
     cmd = job if np_ == 0 else [os.path.join(BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}",
                                 "--gloo", *job]
     return subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(**(env or {})), timeout=timeout)
@@ -30,12 +32,16 @@ def train(data, output, *args, np_=2, env=None, timeout=420):
 
 
 def shard_rows(split_dir, shards=2):
-    """Rows Petastorm gives each shard: row groups in file order, group ``i`` to shard ``i % shards``."""
-    groups = []
-    for name in sorted(n for n in os.listdir(split_dir) if n.endswith(".parquet")):
-        meta = pq.ParquetFile(os.path.join(split_dir, name)).metadata
-        groups += [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    return [sum(groups[s::shards]) for s in range(shards)]
+    """Rows Petastorm itself gives each shard (one unshuffled pass of its own reader per shard)."""
+    import warnings
+    from petastorm import make_batch_reader
+    warnings.simplefilter("ignore", FutureWarning)  # pyarrow's deprecations, raised inside petastorm
+    counts = []
+    for shard in range(shards):
+        with make_batch_reader("file://" + split_dir, schema_fields=["label"], cur_shard=shard, shard_count=shards,
+                               num_epochs=1, shuffle_row_groups=False, reader_pool_type="dummy") as reader:
+            counts.append(sum(len(batch.label) for batch in reader))
+    return counts
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +55,7 @@ def dataset(tmp_path_factory, spark):
                                      min_row_groups=4, num_partitions=partitions), spark)
         rows = shard_rows(os.path.join(out, "train"))
         if rows[0] != rows[1]:
+            assert sum(rows) == manifest["splits"]["train"]["rows"]
             return out, manifest
     pytest.fail(f"could not make uneven shards: {rows}")
 
@@ -57,15 +64,41 @@ def dataset(tmp_path_factory, spark):
 def full_run(dataset, tmp_path_factory):
     data, _ = dataset
     out = str(tmp_path_factory.mktemp("run") / "out")
-    proc = train(data, out, "--epochs", "3", "--patience", "10")
+    # min_delta 2: no epoch after the first can improve, so the best epoch (1) is not the last (3);
+    # patience 10: the epochs run out, early stopping never stops the run itself.
+    proc = train(data, out, "--epochs", "3", "--patience", "10", "--min-delta", "2", "--warmup-epochs", "2",
+                 tensorboard=True, env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "20"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout + proc.stderr
 
 
-def test_uneven_shards_finish_without_a_stall(full_run):
+HOROVOD_STALL = "were submitted to be reduced, gathered or broadcasted by subset of ranks"
+
+
+def test_uneven_shards_finish_without_a_stall(full_run, dataset):
     out, log = full_run
-    assert "stall" not in log.lower()
+    data, _ = dataset
+    rows = shard_rows(os.path.join(data, "train"))
+    assert rows[0] != rows[1]  # the shards were uneven (Petastorm's own reader's counts)
+    assert HOROVOD_STALL not in log  # Horovod's stall warning, checked every 20 s in this run
     assert metrics(out)["epochs_run_per_rank"] == [3, 3]
+
+
+def test_warmup_callback_ramps_the_logged_learning_rate(full_run):
+    history = metrics(full_run[0])["history"]
+    # Horovod's warmup over 2 epochs from base_lr 0.001 to 0.002 (2 ranks): lr at the end of epoch e.
+    assert [h["lr"] for h in history] == pytest.approx([0.0015, 0.002, 0.002])
+    assert [h["lr"] for h in history] == pytest.approx([warmup_lr(e, 0.001, 2, 2) for e in (1, 2, 3)])
+
+
+def test_tensorboard_device_message_and_reader_caches(full_run):
+    out, log = full_run
+    events = [f for _, _, files in os.walk(os.path.join(out, "tensorboard")) for f in files
+              if f.startswith("events.out.tfevents.")]
+    assert len(events) >= 2, events  # train and validation writers
+    assert log.count("no GPU visible: training on the CPU") == 1  # rank 0 only
+    leftovers = os.listdir(out + "-cache") if os.path.isdir(out + "-cache") else []
+    assert not [name for name in leftovers if name.startswith("rank")], leftovers  # readers removed their caches
 
 
 def test_both_ranks_end_with_identical_weights(full_run):
@@ -81,7 +114,7 @@ def test_report_and_artifacts(full_run, dataset):
     assert m["learning_rate"] == pytest.approx(0.002)
     assert m["steps_per_epoch"] == manifest["splits"]["train"]["rows"] // 8
     assert [h["epoch"] for h in m["history"]] == [1, 2, 3]
-    assert m["test"]["count"] == manifest["splits"]["test"]["rows"]
+    assert_exact_test_count(m, manifest)
     assert m["train_images_per_second"] > 0
     for name in ("model.keras", "class_names.json", "history.csv", "checkpoint-3.h5", "checkpoint-3.json"):
         assert os.path.exists(os.path.join(out, name)), name
@@ -94,14 +127,31 @@ def load_model(out):
     return tf.keras.models.load_model(os.path.join(out, "model.keras"))
 
 
-def test_final_model_holds_the_best_epochs_weights(full_run):
+def checkpoint_checksum(out, epoch, num_classes):
     from pipelines.training.model import build_model
+    from pipelines.training.train import weights_checksum
+    model = build_model(num_classes, SIZE, weights="none")
+    model.load_weights(os.path.join(out, f"checkpoint-{epoch}.h5"))
+    return weights_checksum(model)
+
+
+def assert_model_holds_checkpoint(out, epoch, num_classes, differs_from_last=True):
+    """model.keras's weights are checkpoint ``epoch``'s and, when the epochs ran out (no stop, so the
+    last checkpoint holds the last epoch's weights), not the last checkpoint's. (When early stopping
+    stops the run, Keras restores the best weights before that epoch's checkpoint is written.)"""
+    from pipelines.training.train import weights_checksum
+    final = weights_checksum(load_model(out))
+    assert final == checkpoint_checksum(out, epoch, num_classes)
+    if differs_from_last:
+        last = max(int(n[len("checkpoint-"):-len(".h5")]) for n in os.listdir(out) if n.endswith(".h5"))
+        assert last > epoch and final != checkpoint_checksum(out, last, num_classes)
+
+
+def test_final_model_holds_the_best_epochs_weights(full_run):
     out, _ = full_run
     m = metrics(out)
-    best = build_model(m["num_classes"], SIZE, weights="none")
-    best.load_weights(os.path.join(out, f"checkpoint-{m['best_epoch']}.h5"))
-    for a, b in zip(load_model(out).get_weights(), best.get_weights()):
-        np.testing.assert_array_equal(a, b)
+    assert m["best_epoch"] == 1 and m["epochs_run"] == 3 and not m["stopped_early"]
+    assert_model_holds_checkpoint(out, 1, m["num_classes"])
 
 
 def test_exact_test_metric_equals_a_single_process_evaluation(full_run, dataset):
@@ -129,30 +179,55 @@ def test_early_stopping_stops_both_ranks_at_the_same_epoch(dataset, tmp_path):
     m = metrics(out)
     assert m["stopped_early"] and m["epochs_run"] == 2
     assert m["epochs_run_per_rank"] == [2, 2] and m["best_epoch"] == 1
+    assert_exact_test_count(m, dataset[1])
+    assert_model_holds_checkpoint(out, 1, m["num_classes"], differs_from_last=False)
 
 
-def test_resume_after_a_kill_continues_from_the_checkpoint(dataset, tmp_path):
-    from pipelines.training.model import build_model
-    from pipelines.training.train import weights_checksum
+def clock(line):
+    """Seconds of the day of a log line ``[N]<stderr>:HH:MM:SS [job] LEVEL ...`` (rank prefix optional)."""
+    h, m, sec = (int(x) for x in line.split(">:")[-1].split(" ")[0].split(":"))
+    return h * 3600 + m * 60 + sec
+
+
+def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset, tmp_path):
+    """Local ranks (--spark-np -2): rank 0 killed after epoch 2; min_delta 2 makes epoch 1 the best,
+    patience 2 stops after epoch 3 only if the resumed run keeps the waiting count of epoch 2
+    (a fresh early stopping would take epoch 3 as its best and run on to epoch 5)."""
     data, manifest = dataset
     out = str(tmp_path / "out")
-    killed = train(data, out, "--epochs", "4", "--patience", "10",
-                   env={"PIPELINES_FAULT_INJECT": "rank=0,epoch=2,mode=kill"})
-    assert killed.returncode != 0
+    args = ("--epochs", "6", "--patience", "2", "--min-delta", "2", "--spark-np", "-2", "--resume")
+    killed = train(data, out, *args, np_=0, env={"PIPELINES_FAULT_INJECT": "rank=0,epoch=2,mode=kill"})
+    assert killed.returncode == 1, killed.stderr[-3000:]
+    assert f"--resume: no complete checkpoint in {out}, starting from epoch 1" in killed.stdout + killed.stderr
+    assert "training failed: rank 0 failed: process killed by signal SIGKILL" in killed.stderr, killed.stderr[-3000:]
+    # prompt: from the fault, as its rank logged it, to the driver's verdict (not the whole job's time)
+    fault = next(line for line in killed.stderr.splitlines() if "injecting a fault (kill) at the end of epoch 2" in line)
+    verdict = next(line for line in killed.stderr.splitlines() if "training failed: rank 0 failed" in line)
+    assert (clock(verdict) - clock(fault)) % 86400 <= 30, (fault, verdict)
     assert not os.path.exists(os.path.join(out, "metrics.json"))
     assert os.path.exists(os.path.join(out, "checkpoint-2.json"))
     assert not os.path.exists(os.path.join(out, "checkpoint-3.json"))
-    checkpoint = build_model(manifest["num_classes"], SIZE, weights="none")
-    checkpoint.load_weights(os.path.join(out, "checkpoint-2.h5"))
+    killed_at = checkpoint_checksum(out, 2, manifest["num_classes"])  # pruned once epoch 3 is written
 
-    resumed = train(data, out, "--epochs", "4", "--patience", "10", "--resume")
+    resumed = train(data, out, *args, np_=0)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming after epoch 2" in resumed.stderr
+    assert "resuming after epoch 2" in resumed.stdout + resumed.stderr
     m = metrics(out)
     assert m["resumed_after_epoch"] == 2
-    assert [h["epoch"] for h in m["history"]] == [1, 2, 3, 4]
-    assert m["epochs_run_per_rank"] == [2, 2]  # epochs 3 and 4 in this process
-    assert m["resumed_weights_checksum_per_rank"] == [weights_checksum(checkpoint)] * 2
+    assert [h["epoch"] for h in m["history"]] == [1, 2, 3]
+    assert m["stopped_early"] and m["best_epoch"] == 1
+    assert m["epochs_run_per_rank"] == [1, 1]  # epoch 3 only in this process
+    assert m["resumed_weights_checksum_per_rank"] == [killed_at] * 2
+    assert_exact_test_count(m, manifest)
+    assert_model_holds_checkpoint(out, 1, m["num_classes"], differs_from_last=False)
+
+    again = train(data, out, *args, np_=0)  # the run had stopped: no epoch, the best weights, same report
+    assert again.returncode == 0, again.stderr[-3000:]
+    m = metrics(out)
+    assert m["resumed_after_epoch"] == 3 and m["epochs_run_per_rank"] == [0, 0]
+    assert [h["epoch"] for h in m["history"]] == [1, 2, 3] and m["stopped_early"] and m["best_epoch"] == 1
+    assert_exact_test_count(m, manifest)
+    assert_model_holds_checkpoint(out, 1, m["num_classes"], differs_from_last=False)
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +317,8 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, tmp_
     m = metrics(out)
     directory = m["feature_cache"]
     rows = {s: manifest["splits"][s]["rows"] for s in ("train", "test")}
-    assert feat.is_complete(directory, rows) and m["test"]["count"] == manifest["splits"]["test"]["rows"]
+    assert feat.is_complete(directory, rows)
+    assert_exact_test_count(m, manifest)
     assert not feat.is_complete(directory, {**rows, "test": rows["test"] - 1})  # a short set is not reused
     assert m["weights_checksum_per_rank"][0] == m["weights_checksum_per_rank"][1]
 
