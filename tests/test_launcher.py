@@ -33,7 +33,8 @@ def test_a_rank_killed_through_horovods_shell_is_named_with_its_signal(tmp_path)
     assert str(HorovodJobFailed(_collect_failures(str(tmp_path), message))) == (
         "rank 1 failed: process killed by signal SIGKILL")
     other = message.replace("137", "3")
-    assert str(HorovodJobFailed(_collect_failures(str(tmp_path), other))) == "rank 1 failed: process exited with status 3"
+    assert str(HorovodJobFailed(_collect_failures(str(tmp_path), other))) == (
+        "rank 1 failed: process exited with status 3")
 
 
 def _kill_rank_1():

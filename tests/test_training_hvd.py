@@ -201,7 +201,8 @@ def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset,
     assert f"--resume: no complete checkpoint in {out}, starting from epoch 1" in killed.stdout + killed.stderr
     assert "training failed: rank 0 failed: process killed by signal SIGKILL" in killed.stderr, killed.stderr[-3000:]
     # prompt: from the fault, as its rank logged it, to the driver's verdict (not the whole job's time)
-    fault = next(line for line in killed.stderr.splitlines() if "injecting a fault (kill) at the end of epoch 2" in line)
+    fault = next(line for line in killed.stderr.splitlines()
+                 if "injecting a fault (kill) at the end of epoch 2" in line)
     verdict = next(line for line in killed.stderr.splitlines() if "training failed: rank 0 failed" in line)
     assert (clock(verdict) - clock(fault)) % 86400 <= 30, (fault, verdict)
     assert not os.path.exists(os.path.join(out, "metrics.json"))
@@ -244,7 +245,8 @@ def one_row_group(tmp_path_factory, spark):
 
 REFUSALS = {
     "no manifest": ((), "no manifest.json in "),
-    "batch": (("--batch-size", "1000"), "global batch size 2000 (--batch-size 1000 x 2 ranks) is larger than the train"),
+    "batch": (("--batch-size", "1000"),
+              "global batch size 2000 (--batch-size 1000 x 2 ranks) is larger than the train"),
     "row groups": ((), "the test split has 1 row groups but 2 ranks need one each"),
 }
 
