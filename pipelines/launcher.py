@@ -351,10 +351,21 @@ def _collect_failures(directory: str, horovod_message: str) -> List[RankFailure]
                             r["secondary"] or (len(own) > 1 and first is not None and r["rank"] != first))
                 for r in records]
     if first is not None and not any(f.rank == first for f in failures):  # killed: it could not say why
-        failures.append(RankFailure(first, _exit_cause(int(match.group(2)))))
+        failures.append(RankFailure(first, _exit_cause(_shell_status(int(match.group(2))))))
     if not failures:
         failures.append(RankFailure(-1, horovod_message.strip()))
     return failures
+
+
+def _shell_status(code: int) -> int:
+    """Horovod's launcher starts each rank through a shell, which reports a rank killed by signal N
+    as exit status 128 + N: as ``subprocess`` would (-N)."""
+    if 128 < code < 128 + 65:
+        try:
+            return -signal.Signals(code - 128)
+        except ValueError:
+            pass
+    return code
 
 
 def _exit_cause(code: int) -> str:

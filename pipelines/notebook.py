@@ -49,9 +49,12 @@ def train(np: int = -1, **config) -> Dict:
     """
     from pipelines.launcher import HorovodRunner
     from pipelines.training.config import TrainConfig
+    from pipelines.training.data import check_run
     from pipelines.training.train import run_training
 
-    return HorovodRunner(np=np).run(run_training, config=TrainConfig(**config))
+    config = TrainConfig(**config)
+    check_run(config.data, config.batch_size, abs(np))  # the data refusals, before any rank starts
+    return HorovodRunner(np=np).run(run_training, config=config)
 
 
 def history_frame(report: Dict):

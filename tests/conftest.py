@@ -32,3 +32,10 @@ def read_metrics(output: str) -> dict:
     """The ``metrics.json`` a training run wrote to ``output``."""
     with open(os.path.join(output, "metrics.json")) as f:
         return json.load(f)
+
+
+def assert_exact_test_count(report: dict, manifest: dict) -> None:
+    """A run evaluated every test row once: the counted rows, the rows the run expected, and the
+    manifest's test rows are one number."""
+    test = report["test"]
+    assert test["count"] == test["expected_count"] == manifest["splits"]["test"]["rows"], test

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from pipelines.cluster import StandaloneCluster
-from tests.conftest import BIN, read_metrics as metrics, subprocess_env
+from tests.conftest import BIN, assert_exact_test_count, read_metrics as metrics, subprocess_env
 from tests.imagegen import make_tree
 
 pytestmark = pytest.mark.slow
@@ -38,6 +38,11 @@ def submit(cluster, script, *args, conf=(), timeout=400):
     proc.seconds = time.monotonic() - start
     proc.output = proc.stdout + proc.stderr  # spark-submit merges the Python driver's stderr into stdout
     return proc
+
+
+def manifest_of(data):
+    with open(os.path.join(data, "manifest.json")) as f:
+        return json.load(f)
 
 
 def train_args(data, out, *extra):
@@ -74,6 +79,7 @@ def test_training_as_barrier_tasks_on_two_workers(cluster, etl_on_cluster, tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = metrics(out)
     assert m["world_size"] == 2 and m["epochs_run_per_rank"] == [2, 2]
+    assert_exact_test_count(m, manifest_of(data))
     assert m["weights_checksum_per_rank"][0] == m["weights_checksum_per_rank"][1]
     assert "test accuracy" in proc.stdout
 
@@ -87,6 +93,7 @@ def test_training_as_local_processes(etl_on_cluster, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = metrics(out)
     assert m["world_size"] == 2 and m["weights_checksum_per_rank"][0] == m["weights_checksum_per_rank"][1]
+    assert_exact_test_count(m, manifest_of(data))
 
 
 def test_a_failing_rank_fails_the_job_promptly_by_name_then_resume(cluster, etl_on_cluster, tmp_path):
@@ -94,9 +101,9 @@ def test_a_failing_rank_fails_the_job_promptly_by_name_then_resume(cluster, etl_
     out = str(tmp_path / "out")
     failed = submit(cluster, "train.py", *train_args(data, out, "--epochs", "4", "--patience", "10",
                                                      "--spark-np", "2"),
-                    conf=["spark.executorEnv.PIPELINES_FAULT_INJECT=rank=1,epoch=2,mode=raise"])
+                    conf=["spark.executorEnv.PIPELINES_FAULT_INJECT=rank=1,epoch=2,mode=kill"])
     assert failed.returncode == 1, failed.stderr[-3000:]
-    assert "rank 1 failed: RuntimeError: injected fault at the end of epoch 2" in failed.output
+    assert "training failed: rank 1 failed: process killed by signal SIGKILL" in failed.output, failed.output[-3000:]
     assert failed.seconds < 150
     assert not os.path.exists(os.path.join(out, "metrics.json"))
 
@@ -106,6 +113,7 @@ def test_a_failing_rank_fails_the_job_promptly_by_name_then_resume(cluster, etl_
     m = metrics(out)
     assert m["resumed_after_epoch"] == 2
     assert [h["epoch"] for h in m["history"]] == [1, 2, 3, 4]
+    assert_exact_test_count(m, manifest_of(data))
 
 
 def test_more_tasks_than_slots_is_refused_before_starting(cluster, etl_on_cluster, tmp_path):

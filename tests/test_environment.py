@@ -55,10 +55,30 @@ def test_horovod_was_built_with_tensorflow_and_gloo():
     assert re.search(r"\[X\] TensorFlow", out) and re.search(r"\[X\] Gloo", out), out
 
 
-def test_gpu_discovery_script_prints_spark_resource_json():
+def _discover(tmp_path, nvidia_smi=None):
+    """Run the script with a PATH of only ``sed``, ``paste`` and the given ``nvidia-smi`` (none: no GPU
+    tool, even on a GPU host)."""
     import json
-    out = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu_discovery.sh")], capture_output=True,
-                         text=True, timeout=60)
-    assert out.returncode == 0
-    resource = json.loads(out.stdout)
-    assert resource["name"] == "gpu" and all(a.isdigit() for a in resource["addresses"])
+    import shutil
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for tool in ("sed", "paste"):
+        os.symlink(shutil.which(tool), tools / tool)
+    if nvidia_smi:
+        (tools / "nvidia-smi").write_text(nvidia_smi)
+        (tools / "nvidia-smi").chmod(0o755)
+    out = subprocess.run([shutil.which("bash"), os.path.join(REPO, "scripts", "gpu_discovery.sh")],
+                         capture_output=True, text=True, timeout=60, env={"PATH": str(tools)})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_gpu_discovery_script_lists_what_nvidia_smi_reports(tmp_path):
+    """A fake ``nvidia-smi`` first on PATH answers the script's query with two GPU indices."""
+    fake = ('#!/bin/sh\n[ "$1 $2" = "--query-gpu=index --format=csv,noheader" ] || exit 9\n'
+            'printf "0\\n1\\n"\n')
+    assert _discover(tmp_path, fake) == {"name": "gpu", "addresses": ["0", "1"]}
+
+
+def test_gpu_discovery_script_offers_no_gpu_without_nvidia_smi(tmp_path):
+    assert _discover(tmp_path) == {"name": "gpu", "addresses": []}

@@ -201,8 +201,9 @@ def test_foreign_output_folders_are_not_overwritten(tree, tmp_path, capsys):
 
 
 def test_glob_characters_in_the_input_are_refused(tmp_path, capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as info:
         etl_main(["--input", str(tmp_path / "in*"), "--output", str(tmp_path / "out")])
+    assert info.value.code == 2
     assert "glob character" in capsys.readouterr().err
 
 

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from pipelines.launcher import HorovodJobFailed, HorovodRunner, RankFailure, rank_plan
+from pipelines.launcher import HorovodJobFailed, HorovodRunner, RankFailure, _collect_failures, rank_plan
 
 
 @pytest.mark.parametrize("np", [0, 1.5, "2"])
@@ -24,6 +24,36 @@ def test_failure_message_puts_the_root_cause_first():
     exc = HorovodJobFailed([RankFailure(0, "HorovodInternalError: peer gone", secondary=True),
                             RankFailure(1, "RuntimeError: boom")])
     assert str(exc).startswith("rank 1 failed: RuntimeError: boom")
+
+
+def test_a_rank_killed_through_horovods_shell_is_named_with_its_signal(tmp_path):
+    """Horovod's launcher runs ranks through a shell: a SIGKILLed rank exits with status 137."""
+    message = ("Horovod detected that one or more processes exited with non-zero status, thus causing the job "
+               "to be terminated. The first process to do so was:\nProcess name: 1\nExit code: 137\n")
+    assert str(HorovodJobFailed(_collect_failures(str(tmp_path), message))) == (
+        "rank 1 failed: process killed by signal SIGKILL")
+    other = message.replace("137", "3")
+    assert str(HorovodJobFailed(_collect_failures(str(tmp_path), other))) == (
+        "rank 1 failed: process exited with status 3")
+
+
+def _kill_rank_1():
+    import os
+    import signal
+
+    import horovod.tensorflow as hvd
+    import numpy as np
+    hvd.init()
+    if hvd.rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    hvd.allreduce(np.array([1.0]))
+    return "unreachable"
+
+
+@pytest.mark.slow
+def test_a_killed_local_rank_is_named_with_its_signal():
+    with pytest.raises(HorovodJobFailed, match=r"^rank 1 failed: process killed by signal SIGKILL"):
+        HorovodRunner(np=-2).run(_kill_rank_1)
 
 
 def _rank_sum(offset):

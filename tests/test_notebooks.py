@@ -1,10 +1,12 @@
 """Every notebook runs top to bottom (nbclient), with small parameters injected papermill-style."""
+import json
 import os
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from tests.conftest import assert_exact_test_count, read_metrics
 from tests.imagegen import make_tree
 
 pytestmark = pytest.mark.slow
@@ -68,3 +70,24 @@ def test_training_notebooks(etl_notebook, name, extra):
     text = outputs(book)
     assert has_image(book), "no training-curve plot"
     assert "test accuracy" in text and "images/s" in text, text[-2000:]
+    # The runs' own reports: the world each ran on, every test row evaluated once.
+    with open(os.path.join(etl, "manifest.json")) as f:
+        manifest = json.load(f)
+    reports = {run: read_metrics(os.path.join(work, "runs", run)) for run in RUNS[name]}
+    for run, world in RUNS[name].items():
+        assert reports[run]["world_size"] == world, run
+        assert reports[run]["global_batch_size"] == world * reports[run]["batch_size_per_rank"], run
+        assert_exact_test_count(reports[run], manifest)
+    if name.startswith("03_"):
+        big, small = reports["batch-big"], reports["batch-small"]
+        assert big["global_batch_size"] == 2 * small["global_batch_size"] == 2 * 4
+        assert big["learning_rate"] == pytest.approx(2 * small["learning_rate"])
+
+
+RUNS = {  # notebook -> {its run folder under workdir/runs: world size}
+    "02_single_process_early_stopping.ipynb": {"single": 1},
+    "03_bigger_batch_scaled_lr.ipynb": {"batch-small": 1, "batch-big": 1},
+    "04_petastorm_local_cache.ipynb": {"petastorm": 1},
+    "05_horovod_one_node.ipynb": {"node-np1": 1, "node-np2": 2},
+    "06_horovod_spark_workers.ipynb": {"spark-np2": 2},
+}

@@ -12,7 +12,8 @@ import pytest
 
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
-from tests.conftest import BIN, read_metrics as metrics, subprocess_env
+from pipelines.training.schedule import warmup_lr
+from tests.conftest import BIN, assert_exact_test_count, read_metrics as metrics, subprocess_env
 from tests.imagegen import make_tree
 
 pytestmark = pytest.mark.slow
@@ -20,10 +21,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 71  # Xception's smallest input
 
 
-def train(data, output, *args, np_=2, env=None, timeout=420):
+def train(data, output, *args, np_=2, env=None, timeout=420, tensorboard=False):
     """Run jobs/train.py under horovodrun (np_ > 0) or alone (np_ == 0); return the finished process."""
     job = [sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", output,
-           "--weights", "none", "--batch-size", "4", "--cache-dir", output + "-cache", "--no-tensorboard", *args]
+           "--weights", "none", "--batch-size", "4", "--cache-dir", output + "-cache",
+           *([] if tensorboard else ["--no-tensorboard"]), *args]
     cmd = job if np_ == 0 else [os.path.join(BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}",
                                 "--gloo", *job]
     return subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(**(env or {})), timeout=timeout)
@@ -31,12 +33,16 @@ def train(data, output, *args, np_=2, env=None, timeout=420):
 
 
 def shard_rows(split_dir, shards=2):
-    """Rows Petastorm gives each shard: row groups in file order, group ``i`` to shard ``i % shards``."""
-    groups = []
-    for name in sorted(n for n in os.listdir(split_dir) if n.endswith(".parquet")):
-        meta = pq.ParquetFile(os.path.join(split_dir, name)).metadata
-        groups += [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    return [sum(groups[s::shards]) for s in range(shards)]
+    """Rows Petastorm itself gives each shard (one unshuffled pass of its own reader per shard)."""
+    import warnings
+    from petastorm import make_batch_reader
+    warnings.simplefilter("ignore", FutureWarning)  # pyarrow's deprecations, raised inside petastorm
+    counts = []
+    for shard in range(shards):
+        with make_batch_reader("file://" + split_dir, schema_fields=["label"], cur_shard=shard, shard_count=shards,
+                               num_epochs=1, shuffle_row_groups=False, reader_pool_type="dummy") as reader:
+            counts.append(sum(len(batch.label) for batch in reader))
+    return counts
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +56,7 @@ def dataset(tmp_path_factory, spark):
                                      min_row_groups=4, num_partitions=partitions), spark)
         rows = shard_rows(os.path.join(out, "train"))
         if rows[0] != rows[1]:
+            assert sum(rows) == manifest["splits"]["train"]["rows"]
             return out, manifest
     pytest.fail(f"could not make uneven shards: {rows}")
 
@@ -58,15 +65,41 @@ def dataset(tmp_path_factory, spark):
 def full_run(dataset, tmp_path_factory):
     data, _ = dataset
     out = str(tmp_path_factory.mktemp("run") / "out")
-    proc = train(data, out, "--epochs", "3", "--patience", "10")
+    # min_delta 2: no epoch after the first can improve, so the best epoch (1) is not the last (3);
+    # patience 10: the epochs run out, early stopping never stops the run itself.
+    proc = train(data, out, "--epochs", "3", "--patience", "10", "--min-delta", "2", "--warmup-epochs", "2",
+                 tensorboard=True, env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "20"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout + proc.stderr
 
 
-def test_uneven_shards_finish_without_a_stall(full_run):
+HOROVOD_STALL = "were submitted to be reduced, gathered or broadcasted by subset of ranks"
+
+
+def test_uneven_shards_finish_without_a_stall(full_run, dataset):
     out, log = full_run
-    assert "stall" not in log.lower()
+    data, _ = dataset
+    rows = shard_rows(os.path.join(data, "train"))
+    assert rows[0] != rows[1]  # the shards were uneven (Petastorm's own reader's counts)
+    assert HOROVOD_STALL not in log  # Horovod's stall warning, checked every 20 s in this run
     assert metrics(out)["epochs_run_per_rank"] == [3, 3]
+
+
+def test_warmup_callback_ramps_the_logged_learning_rate(full_run):
+    history = metrics(full_run[0])["history"]
+    # Horovod's warmup over 2 epochs from base_lr 0.001 to 0.002 (2 ranks): lr at the end of epoch e.
+    assert [h["lr"] for h in history] == pytest.approx([0.0015, 0.002, 0.002])
+    assert [h["lr"] for h in history] == pytest.approx([warmup_lr(e, 0.001, 2, 2) for e in (1, 2, 3)])
+
+
+def test_tensorboard_device_message_and_reader_caches(full_run):
+    out, log = full_run
+    events = [f for _, _, files in os.walk(os.path.join(out, "tensorboard")) for f in files
+              if f.startswith("events.out.tfevents.")]
+    assert len(events) >= 2, events  # train and validation writers
+    assert log.count("no GPU visible: training on the CPU") == 1  # rank 0 only
+    leftovers = os.listdir(out + "-cache") if os.path.isdir(out + "-cache") else []
+    assert not [name for name in leftovers if name.startswith("rank")], leftovers  # readers removed their caches
 
 
 def test_both_ranks_end_with_identical_weights(full_run):
@@ -82,7 +115,7 @@ def test_report_and_artifacts(full_run, dataset):
     assert m["learning_rate"] == pytest.approx(0.002)
     assert m["steps_per_epoch"] == manifest["splits"]["train"]["rows"] // 8
     assert [h["epoch"] for h in m["history"]] == [1, 2, 3]
-    assert m["test"]["count"] == manifest["splits"]["test"]["rows"]
+    assert_exact_test_count(m, manifest)
     assert m["train_images_per_second"] > 0
     for name in ("model.keras", "class_names.json", "history.csv", "checkpoint-3.npz", "checkpoint-3.json",
                  "model.json", "curves.png", "confusion.png", "contact_sheet.png"):
@@ -100,15 +133,34 @@ def load_model(out):
     return tf.keras.models.load_model(os.path.join(out, "model.keras"))
 
 
-def test_final_model_holds_the_best_epochs_weights(full_run):
+def checkpoint_checksum(out, epoch, num_classes, seed=42):
+    """Checksum of the whole model holding checkpoint ``epoch`` (trainable weights) on the run's
+    random backbone (``--weights none --seed 42``: the checkpoint identifies it by hash)."""
     from pipelines.training.checkpoints import load_checkpoint
     from pipelines.training.model import build_model
+    from pipelines.training.train import weights_checksum
+    model = build_model(num_classes, SIZE, weights="none", seed=seed)
+    load_checkpoint(model, os.path.join(out, f"checkpoint-{epoch}.npz"), optimizer=False)
+    return weights_checksum(model)
+
+
+def assert_model_holds_checkpoint(out, epoch, num_classes, differs_from_last=True):
+    """model.keras's weights are checkpoint ``epoch``'s and, when the epochs ran out (no stop, so the
+    last checkpoint holds the last epoch's weights), not the last checkpoint's. (When early stopping
+    stops the run, Keras restores the best weights before that epoch's checkpoint is written.)"""
+    from pipelines.training.train import weights_checksum
+    final = weights_checksum(load_model(out))
+    assert final == checkpoint_checksum(out, epoch, num_classes)
+    if differs_from_last:
+        last = max(int(n[len("checkpoint-"):-len(".npz")]) for n in os.listdir(out) if n.endswith(".npz"))
+        assert last > epoch and final != checkpoint_checksum(out, last, num_classes)
+
+
+def test_final_model_holds_the_best_epochs_weights(full_run):
     out, _ = full_run
     m = metrics(out)
-    best = build_model(m["num_classes"], SIZE, weights="none", seed=m["config"]["seed"])  # the run's backbone
-    load_checkpoint(best, os.path.join(out, f"checkpoint-{m['best_epoch']}.npz"))
-    for a, b in zip(load_model(out).get_weights(), best.get_weights()):
-        np.testing.assert_array_equal(a, b)
+    assert m["best_epoch"] == 1 and m["epochs_run"] == 3 and not m["stopped_early"]
+    assert_model_holds_checkpoint(out, 1, m["num_classes"])
 
 
 def test_exact_test_metric_equals_a_single_process_evaluation(full_run, dataset):
@@ -137,31 +189,102 @@ def test_early_stopping_stops_both_ranks_at_the_same_epoch(dataset, tmp_path):
     m = metrics(out)
     assert m["stopped_early"] and m["epochs_run"] == 2
     assert m["epochs_run_per_rank"] == [2, 2] and m["best_epoch"] == 1
+    assert_exact_test_count(m, dataset[1])
+    assert_model_holds_checkpoint(out, 1, m["num_classes"], differs_from_last=False)
 
 
-def test_resume_after_a_kill_continues_from_the_checkpoint(dataset, tmp_path):
-    from pipelines.training.checkpoints import load_checkpoint
-    from pipelines.training.model import build_model
-    from pipelines.training.train import weights_checksum
+def clock(line):
+    """Seconds of the day of a log line ``[N]<stderr>:HH:MM:SS [job] LEVEL ...`` (rank prefix optional)."""
+    h, m, sec = (int(x) for x in line.split(">:")[-1].split(" ")[0].split(":"))
+    return h * 3600 + m * 60 + sec
+
+
+def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset, tmp_path):
+    """Local ranks (--spark-np -2): rank 0 killed after epoch 2; min_delta 2 makes epoch 1 the best,
+    patience 2 stops after epoch 3 only if the resumed run keeps the waiting count of epoch 2
+    (a fresh early stopping would take epoch 3 as its best and run on to epoch 5)."""
     data, manifest = dataset
     out = str(tmp_path / "out")
-    killed = train(data, out, "--epochs", "4", "--patience", "10",
-                   env={"PIPELINES_FAULT_INJECT": "rank=0,epoch=2,mode=kill"})
-    assert killed.returncode != 0
+    args = ("--epochs", "6", "--patience", "2", "--min-delta", "2", "--spark-np", "-2", "--resume")
+    killed = train(data, out, *args, np_=0, env={"PIPELINES_FAULT_INJECT": "rank=0,epoch=2,mode=kill"})
+    assert killed.returncode == 1, killed.stderr[-3000:]
+    assert f"--resume: no complete checkpoint in {out}, starting from epoch 1" in killed.stdout + killed.stderr
+    assert "training failed: rank 0 failed: process killed by signal SIGKILL" in killed.stderr, killed.stderr[-3000:]
+    # prompt: from the fault, as its rank logged it, to the driver's verdict (not the whole job's time)
+    fault = next(line for line in killed.stderr.splitlines()
+                 if "injecting a fault (kill) at the end of epoch 2" in line)
+    verdict = next(line for line in killed.stderr.splitlines() if "training failed: rank 0 failed" in line)
+    assert (clock(verdict) - clock(fault)) % 86400 <= 30, (fault, verdict)
     assert not os.path.exists(os.path.join(out, "metrics.json"))
     assert os.path.exists(os.path.join(out, "checkpoint-2.json"))
     assert not os.path.exists(os.path.join(out, "checkpoint-3.json"))
-    checkpoint = build_model(manifest["num_classes"], SIZE, weights="none", seed=42)  # the run's backbone (--seed)
-    load_checkpoint(checkpoint, os.path.join(out, "checkpoint-2.npz"))
+    killed_at = checkpoint_checksum(out, 2, manifest["num_classes"])  # pruned once epoch 3 is written
 
-    resumed = train(data, out, "--epochs", "4", "--patience", "10", "--resume")
+    resumed = train(data, out, *args, np_=0)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming after epoch 2" in resumed.stderr
+    assert "resuming after epoch 2" in resumed.stdout + resumed.stderr
     m = metrics(out)
     assert m["resumed_after_epoch"] == 2
-    assert [h["epoch"] for h in m["history"]] == [1, 2, 3, 4]
-    assert m["epochs_run_per_rank"] == [2, 2]  # epochs 3 and 4 in this process
-    assert m["resumed_weights_checksum_per_rank"] == [weights_checksum(checkpoint)] * 2
+    assert [h["epoch"] for h in m["history"]] == [1, 2, 3]
+    assert m["stopped_early"] and m["best_epoch"] == 1
+    assert m["epochs_run_per_rank"] == [1, 1]  # epoch 3 only in this process
+    assert m["resumed_weights_checksum_per_rank"] == [killed_at] * 2
+    assert_exact_test_count(m, manifest)
+    assert_model_holds_checkpoint(out, 1, m["num_classes"], differs_from_last=False)
+
+    again = train(data, out, *args, np_=0)  # the run had stopped: no epoch, the best weights, same report
+    assert again.returncode == 0, again.stderr[-3000:]
+    m = metrics(out)
+    assert m["resumed_after_epoch"] == 3 and m["epochs_run_per_rank"] == [0, 0]
+    assert [h["epoch"] for h in m["history"]] == [1, 2, 3] and m["stopped_early"] and m["best_epoch"] == 1
+    assert_exact_test_count(m, manifest)
+    assert_model_holds_checkpoint(out, 1, m["num_classes"], differs_from_last=False)
+
+    # a checkpoint goes with its frozen weights: other ones (another seed's random backbone) are refused
+    other = train(data, out, *args, "--seed", "1", np_=0)
+    # (known only once a rank has built its model: under the launcher, a named rank failure)
+    assert other.returncode == 1 and "trained on other frozen weights" in other.stderr, other.stderr[-3000:]
+    assert "training failed: rank 0 failed: ValueError: --resume: checkpoint" in other.stderr
+
+
+@pytest.fixture(scope="module")
+def one_row_group(tmp_path_factory, spark):
+    """An ETL output whose test split holds one row group: too few for 2 ranks."""
+    base = tmp_path_factory.mktemp("one-group")
+    make_tree(str(base / "tree"), classes=2, per_class=10, bad=False)
+    data = str(base / "etl")
+    m = run_etl(ETLConfig(input=str(base / "tree"), output=data, image_size=8, test_fraction=0.3,
+                          min_row_groups=1, row_group_mb=64, num_partitions=1), spark)
+    assert m["splits"]["train"]["row_groups"] >= 2 and m["splits"]["test"]["row_groups"] == 1
+    return data
+
+
+REFUSALS = {
+    "no manifest": ((), "no manifest.json in "),
+    "batch": (("--batch-size", "1000"),
+              "global batch size 2000 (--batch-size 1000 x 2 ranks) is larger than the train"),
+    "row groups": ((), "the test split has 1 row groups but 2 ranks need one each"),
+}
+
+
+def refusal_data(reason, dataset, one_row_group, tmp_path):
+    return {"no manifest": str(tmp_path), "batch": dataset[0], "row groups": one_row_group}[reason]
+
+
+def error_lines(text):
+    return [line for line in text.splitlines() if " ERROR " in line]
+
+
+@pytest.mark.parametrize("spark_np", [-2, 2])  # local processes / Spark barrier tasks: refused in the driver
+@pytest.mark.parametrize("reason", sorted(REFUSALS))
+def test_launching_driver_refuses_before_any_rank_with_exit_2(reason, spark_np, dataset, one_row_group, tmp_path):
+    args, message = REFUSALS[reason]
+    data = refusal_data(reason, dataset, one_row_group, tmp_path)
+    proc = train(data, str(tmp_path / "out"), "--spark-np", str(spark_np), *args, np_=0, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = error_lines(proc.stderr)
+    assert len(errors) == 1 and "[train driver]" in errors[0] and message in errors[0], proc.stderr[-3000:]
+    assert "rank 0" not in proc.stderr and "HorovodRunner" not in proc.stderr and "Traceback" not in proc.stderr
 
     # a checkpoint goes with its frozen weights: other ones (another seed's random backbone) are refused
     other = train(data, out, "--epochs", "5", "--resume", "--seed", "1")
@@ -170,7 +293,9 @@ def test_resume_after_a_kill_continues_from_the_checkpoint(dataset, tmp_path):
 
 def test_refuses_a_folder_without_manifest(tmp_path):
     proc = train(str(tmp_path), str(tmp_path / "out"), np_=0)
-    assert proc.returncode == 2 and "no manifest.json" in proc.stderr
+    assert proc.returncode == 2
+    assert [e.split(" ERROR ")[1] for e in error_lines(proc.stderr)] == [
+        f"no manifest.json in {tmp_path}: --data must be the output folder of jobs/etl.py"]
 
 
 def test_local_launch_refuses_binding_more_cores_than_it_has(tmp_path):
@@ -180,20 +305,27 @@ def test_local_launch_refuses_binding_more_cores_than_it_has(tmp_path):
 
 
 def test_refuses_a_batch_larger_than_the_data(dataset, tmp_path):
-    data, _ = dataset
+    data, manifest = dataset
     proc = train(data, str(tmp_path / "out"), "--batch-size", "1000", np_=0)
-    assert proc.returncode == 2 and "larger than the train split" in proc.stderr
+    assert proc.returncode == 2
+    train_rows = manifest["splits"]["train"]["rows"]
+    assert [e.split(" ERROR ")[1] for e in error_lines(proc.stderr)] == [
+        f"global batch size 1000 (--batch-size 1000 x 1 ranks) is larger than the train split ({train_rows} "
+        f"rows): lower --batch-size"]
 
 
-def test_refuses_more_ranks_than_row_groups(tmp_path, spark):
-    make_tree(str(tmp_path / "tree"), classes=2, per_class=10, bad=False)
-    data = str(tmp_path / "etl")
-    m = run_etl(ETLConfig(input=str(tmp_path / "tree"), output=data, image_size=8, test_fraction=0.3,
-                          min_row_groups=1, row_group_mb=64, num_partitions=1), spark)
-    assert m["splits"]["test"]["row_groups"] == 1
-    proc = train(data, str(tmp_path / "out"))
-    assert proc.returncode != 0
-    assert "row groups but 2 ranks" in proc.stderr
+@pytest.mark.parametrize("reason", ["row groups", "batch"])
+def test_under_horovodrun_every_rank_exits_2_and_rank_0_alone_says_why(reason, dataset, one_row_group, tmp_path):
+    """horovodrun then exits 1 itself, naming the first process's exit code 2 (README, Refusals)."""
+    args, message = REFUSALS[reason]
+    proc = train(refusal_data(reason, dataset, one_row_group, tmp_path), str(tmp_path / "out"), *args)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    text = proc.stdout + proc.stderr
+    errors = error_lines(text)
+    assert len(errors) == 1 and "[train rank 0]" in errors[0] and message in errors[0], text[-3000:]
+    codes = sorted(line for line in text.splitlines() if line.startswith("Process ") and "exit with status" in line)
+    assert codes == ["Process 0 exit with status code 2.", "Process 1 exit with status code 2."], text[-3000:]
+    assert "Exit code: 2" in text
 
 
 def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, tmp_path):
@@ -207,7 +339,8 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, tmp_
     m = metrics(out)
     directory = m["feature_cache"]
     rows = {s: manifest["splits"][s]["rows"] for s in ("train", "test")}
-    assert feat.is_complete(directory, rows) and m["test"]["count"] == manifest["splits"]["test"]["rows"]
+    assert feat.is_complete(directory, rows)
+    assert_exact_test_count(m, manifest)
     assert not feat.is_complete(directory, {**rows, "test": rows["test"] - 1})  # a short set is not reused
     assert m["weights_checksum_per_rank"][0] == m["weights_checksum_per_rank"][1]
 

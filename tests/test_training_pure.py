@@ -136,15 +136,16 @@ def test_cache_is_sized_from_row_groups(tmp_path):
     assert cache_size_bytes(data, "test", 2) >= 31 * group  # Petastorm's LocalDiskCache minimum
 
 
-def test_train_config_from_command_line():
+def test_train_config_from_command_line(capsys):
     config = parse_config(TrainConfig, ["--data", "d", "--output", "o", "--batch-size", "4", "--resume",
                                         "--weights", "none", "--warmup-epochs", "2"])
     assert config.batch_size == 4 and config.resume and config.weights == "none"
     assert config.warmup_epochs == 2.0 and os.path.isabs(config.data)
-    with pytest.raises(SystemExit):
-        parse_config(TrainConfig, ["--data", "d", "--output", "o", "--dropout", "1.0"])
-    with pytest.raises(SystemExit):
-        parse_config(TrainConfig, ["--data", "d", "--output", "o", "--threads", "-3"])
+    for bad in (["--dropout", "1.0"], ["--threads", "-3"]):
+        with pytest.raises(SystemExit) as info:
+            parse_config(TrainConfig, ["--data", "d", "--output", "o", *bad])
+        assert info.value.code == 2, bad
+        assert bad[0] in capsys.readouterr().err, bad
 
 
 def test_feature_key_follows_weights_size_and_seed(tmp_path):

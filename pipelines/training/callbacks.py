@@ -28,6 +28,8 @@ class BestWeightsEarlyStopping(tf.keras.callbacks.EarlyStopping):
         super().__init__(restore_best_weights=True, **kwargs)
         self._resume_state = state
         self._resume_best_weights = best_weights
+        if state:  # a resumed run that had already finished reports it without calling fit
+            self.best_epoch = state["best_epoch"] - 1
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
@@ -135,6 +137,7 @@ class FaultInjection(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if self.active and epoch + 1 == self.epoch:
+            log.warning("injecting a fault (%s) at the end of epoch %d (%s)", self.mode, self.epoch, FAULT_ENV)
             if self.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected fault at the end of epoch {self.epoch} ({FAULT_ENV})")

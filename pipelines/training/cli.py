@@ -28,7 +28,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from pipelines.launcher import HorovodJobFailed, HorovodRunner
     from pipelines.logs import setup_logging
-    from pipelines.training.data import DataError
+    from pipelines.training.data import DataError, check_run
     from pipelines.training.train import run_training
 
     config = parse_config(TrainConfig, argv)
@@ -40,6 +40,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 from pipelines.training.devices import rank_cores, threads_per_rank
                 ranks = -config.spark_np
                 rank_cores(0, ranks, threads_per_rank(config.threads, ranks), os.sched_getaffinity(0))
+            check_run(config.data, config.batch_size, abs(config.spark_np))  # refuse before any rank starts
             if config.spark_np > 0:
                 from pipelines.spark import spark_session
                 spark_session("pipelines-train")
@@ -50,7 +51,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if not _is_rank0():
                 return 0
     except (DataError, ValueError, FileNotFoundError) as exc:
-        log.error("%s", exc)
+        if config.spark_np or os.environ.get("HOROVOD_RANK", "0") == "0":
+            log.error("%s", exc)  # under horovodrun every rank refuses alike: rank 0 says why, once
         return 2
     except HorovodJobFailed as exc:
         log.error("training failed: %s", exc)

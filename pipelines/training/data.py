@@ -106,6 +106,21 @@ def load_dataset(root: str, world_size: int) -> Dataset:
     return data
 
 
+def check_run(root: str, batch_size: int, world_size: int) -> Dataset:
+    """The data refusals every rank makes in ``plan_run``, made once by a process that launches
+    the ranks (``--spark-np``, the notebooks), before any rank starts.
+
+    Raises:
+        DataError: as :func:`load_dataset`.
+        ValueError: a global batch larger than a split (:func:`~pipelines.training.schedule.plan_steps`).
+    """
+    from pipelines.training.schedule import plan_steps
+
+    data = load_dataset(root, world_size)
+    plan_steps(data.train_rows, data.test_rows, batch_size, world_size)
+    return data
+
+
 def cache_size_bytes(data: Dataset, split: str, world_size: int) -> int:
     """Local-disk cache limit for one rank's shard of ``split``.
 
