@@ -36,14 +36,20 @@ def weird_root(tmp_path_factory):
     return str(root)
 
 
-def test_every_safe_character_reaches_petastorm(weird_root, tmp_path, monkeypatch):
+def test_every_safe_character_reaches_petastorm(weird_root, tmp_path, capsys):
     assert url_breakers(weird_root) == []
     for root in (weird_root, os.path.relpath(weird_root)):
         data = load_dataset(root, world_size=1)
         assert os.path.isabs(data.root)
         with open_reader(data, "train", 0, 1, cache_root=str(tmp_path / "cache")) as reader:
             batch = next(reader)
+            print("inside the reader")
+            assert os.listdir(tmp_path / "cache" / "rank0-train")  # the local-disk cache is in use
         assert set(batch.label.tolist()) <= {0, 1} and len(batch.label) >= 1
+        # the reader's own exit deleted its cache folder, silently; our output was not silenced
+        assert not os.path.exists(tmp_path / "cache" / "rank0-train")
+        out = capsys.readouterr().out
+        assert "inside the reader" in out and "Cache cleanup" not in out
 
 
 def test_petastorm_would_misread_an_unsafe_path(tmp_path):

@@ -167,13 +167,15 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
                                    cur_shard=rank, shard_count=world_size, num_epochs=None,
                                    shuffle_row_groups=True, seed=seed,
                                    reader_pool_type="thread", workers_count=workers, **cache)
-    try:
-        yield reader
-    finally:
-        with contextlib.redirect_stdout(io.StringIO()):  # petastorm prints "Cache cleanup complete."
-            reader.stop()
-            reader.join()
-            reader.cleanup_cache()
+    # The reader owns its lifetime: its __exit__ stops and joins it and deletes its cache. It also
+    # prints "Cache cleanup complete.", so stdout is silenced for that exit only (``silence`` is
+    # entered on the way out and left after the reader's __exit__).
+    silence = contextlib.ExitStack()
+    with silence, reader:
+        try:
+            yield reader
+        finally:
+            silence.enter_context(contextlib.redirect_stdout(io.StringIO()))
 
 
 class ShardCountError(RuntimeError):
