@@ -189,7 +189,7 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     rank, size = this.rank, this.size
     log = logging.getLogger("pipelines")
     dataset = load_dataset(config.data, size)
-    size_px = config.image_size or dataset.image_size
+    size_px = config.model_size(dataset.image_size)
 
     class Window(tf.keras.callbacks.Callback):
         """Times steps ``warmup_steps .. warmup_steps + steps - 1`` and records the timeline over them."""

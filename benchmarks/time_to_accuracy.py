@@ -57,7 +57,7 @@ def run_once(path: str, extra: dict, seed: int, base, np: int, work: str) -> dic
     out = os.path.join(work, f"{path.replace(' ', '-')}-seed{seed}")
     config = dataclasses.replace(base, output=out, seed=seed, **extra)
     # The feature path pays for its features: this weights file's and size's set is computed anew.
-    image_size = config.image_size or load_dataset(config.data, np).image_size
+    image_size = config.model_size(load_dataset(config.data, np).image_size)
     shutil.rmtree(feature_dir(config.data, feature_key(config.weights, image_size, seed)), ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()

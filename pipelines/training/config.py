@@ -50,6 +50,10 @@ class TrainConfig:
                                             "lacks it; default: HOROVOD_GLOO_IFACE, else the interface of "
                                             "each host's address (lo for loopback addresses)")
 
+    def model_size(self, stored_size: int) -> int:
+        """Side of the model's input in pixels: ``--image-size``, or the stored images' size."""
+        return self.image_size or stored_size
+
     def __post_init__(self) -> None:
         if self.epochs < 1:
             raise ValueError(f"--epochs must be >= 1, got {self.epochs}")

@@ -42,12 +42,7 @@ class RunPlan:
     data: object  # pipelines.training.data.Dataset
     steps: object  # pipelines.training.schedule.Steps
     lr: float
-    model_image_size: int  # TrainConfig.image_size; 0 = the ETL's size
-
-    @property
-    def image_size(self) -> int:
-        """Side of the model's input in pixels: ``--image-size``, or the stored images' size."""
-        return self.model_image_size or self.data.image_size
+    image_size: int  # of the model's input: TrainConfig.model_size(the stored size)
 
 
 @dataclass
@@ -113,7 +108,7 @@ def plan_run(config: TrainConfig, rank: Rank) -> RunPlan:
 
     data = load_dataset(config.data, rank.size)
     plan = RunPlan(data, plan_steps(data.train_rows, data.test_rows, config.batch_size, rank.size),
-                   scaled_lr(config.base_lr, rank.size), config.image_size)
+                   scaled_lr(config.base_lr, rank.size), config.model_size(data.image_size))
     if rank.rank == 0:
         s = plan.steps
         log.info("world size %d, %d threads per rank; batch %d per rank, global batch %d; "
