@@ -310,9 +310,11 @@ def test_train_refuses_a_missing_interface_with_exit_2_before_any_rank(tmp_path,
     import subprocess
     import sys
     from tests.conftest import subprocess_env
+    from tests.datagen import write_dataset
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    write_dataset(str(tmp_path / "data"), train_groups=[4], test_groups=[2])  # passes the data refusals
     args = [sys.executable, os.path.join(repo, "jobs", "train.py"), "--data", str(tmp_path / "data"),
-            "--output", str(tmp_path / "out"), "--spark-np", str(spark_np)]
+            "--output", str(tmp_path / "out"), "--spark-np", str(spark_np), "--batch-size", "1"]
     env = subprocess_env(HOROVOD_GLOO_IFACE="nosuch0") if how == "env" else subprocess_env()
     if how == "flag":
         args += ["--network-interface", "nosuch0"]
