@@ -129,8 +129,10 @@ def test_more_tasks_than_slots_is_refused_before_starting(cluster, etl_on_cluste
 def test_dynamic_allocation_is_refused_at_once_by_name(cluster, tmp_path, conf):
     """Without the check: a 60 s wait for slots that never come ("0 task slots"), or, with
     executors, Spark's BarrierJobRunWithDynamicAllocationException traceback."""
-    proc = submit(cluster, "train.py", *train_args(str(tmp_path / "data"), str(tmp_path / "out"), "--spark-np", "2"),
-                  conf=conf, timeout=200)
+    from tests.datagen import write_dataset
+    write_dataset(str(tmp_path / "data"), train_groups=[4], test_groups=[2])  # passes the data refusals
+    proc = submit(cluster, "train.py", *train_args(str(tmp_path / "data"), str(tmp_path / "out"), "--spark-np", "2",
+                                                   "--batch-size", "1"), conf=conf, timeout=200)
     assert proc.returncode == 2, proc.output[-3000:]
     lines = [line for line in proc.output.splitlines() if "[train driver]" in line]
     checking = next(line for line in lines if "HorovodRunner: np=2 on spark://" in line)
