@@ -56,3 +56,19 @@ def test_petastorm_would_misread_an_unsafe_path(tmp_path):
     """Why the refusal exists: without it, 'etl#v2' reads the sibling 'etl'."""
     from urllib.parse import urlparse
     assert urlparse("file://" + str(tmp_path / "etl#v2") + "/train").path == str(tmp_path / "etl")
+
+
+@pytest.mark.parametrize("ch", ["#", "?"])
+def test_the_stages_refuse_unsafe_paths_before_starting(ch, tmp_path, capsys):
+    """`jobs/etl.py --output 'runs/etl#v2'` would succeed and training could not open it: both
+    stages refuse such a path on the command line (exit 2), naming the character."""
+    from pipelines.config import parse_config
+    from pipelines.etl.config import ETLConfig
+    from pipelines.training.config import TrainConfig
+
+    for cls, argv in ((ETLConfig, ["--input", str(tmp_path), "--output", f"runs/etl{ch}v2"]),
+                      (TrainConfig, ["--data", f"runs/etl{ch}v2", "--output", str(tmp_path / "out")])):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_config(cls, argv)
+        assert exit_info.value.code == 2
+        assert f"contains {ch!r}" in capsys.readouterr().err
