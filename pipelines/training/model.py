@@ -91,21 +91,21 @@ def input_contract(stored_size: int, model_size: int, class_names) -> dict:
     }
 
 
-def export_model(model, path: str, stored_size: int = 0, class_names=None) -> None:
+def export_model(model, path: str, stored_size: int = 0, class_names=None):
     """Save the model for inference, atomically: the trained layers behind the ETL-image input
     contract (:func:`inference_model`; ``stored_size`` 0 = the model's own size), architecture +
-    weights, no optimizer (Horovod's wrapped optimizer is not serialisable). With ``class_names``,
-    also ``model.json`` beside it (:func:`input_contract`)."""
-    import tensorflow as tf
+    weights, no optimizer (the saved model is a new, uncompiled one: Horovod's wrapped optimizer is
+    not serialisable). With ``class_names``, also ``model.json`` beside it (:func:`input_contract`).
 
+    Returns the exported model, in memory (what loading ``path`` gives back, without the seconds
+    that loading takes)."""
     from pipelines.atomic import replacing, write_json
 
     size = model.input_shape[1]
-    clean = tf.keras.models.clone_model(model)
-    clean.set_weights(model.get_weights())
-    exported = inference_model(clean, stored_size or size)
+    exported = inference_model(model, stored_size or size)
     with replacing(path, suffix=".keras") as tmp:
         exported.save(tmp)
     if class_names is not None:
         write_json(os.path.join(os.path.dirname(path), "model.json"),
                    input_contract(stored_size or size, size, class_names))
+    return exported

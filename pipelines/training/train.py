@@ -316,13 +316,12 @@ def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None) ->
     from pipelines.training.model import export_model
 
     class_names = data.class_names
-    model_path = os.path.join(config.output, "model.keras")
-    export_model(model, model_path, data.image_size, class_names)
+    exported = export_model(model, os.path.join(config.output, "model.keras"), data.image_size, class_names)
     write_json(os.path.join(config.output, "class_names.json"), class_names)
     if totals is not None and totals.confusion:
         report["test"]["confusion"] = [list(row) for row in totals.confusion]
     report["model_contract"] = "model.json"
-    report["pictures"] = save_pictures(config.output, report, model_path, data)
+    report["pictures"] = save_pictures(config.output, report, exported, data)
     write_json(os.path.join(config.output, "metrics.json"), report)
     test = report["test"]
     log.info("test accuracy %.4f, loss %.4f on %d images (exact, all ranks); best epoch %s of %d",
@@ -334,13 +333,13 @@ def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None) ->
 CONTACT_SHEET_IMAGES = 32
 
 
-def save_pictures(output: str, report: Dict, model_path: str, data) -> Dict[str, str]:
+def save_pictures(output: str, report: Dict, exported, data) -> Dict[str, str]:
     """Rank 0: training curves from the report's history, the exact confusion matrix, and a contact
     sheet of the first :data:`CONTACT_SHEET_IMAGES` test images (the split's files in order; rank 0's
-    shard alone may hold fewer), predicted by the exported model itself on the stored uint8 images.
+    shard alone may hold fewer), predicted by the exported model itself (``exported``, as
+    :func:`~pipelines.training.model.export_model` returns it) on the stored uint8 images.
     Returns ``{name: path}``."""
     import numpy as np
-    import tensorflow as tf
 
     from pipelines import report as pictures
     from pipelines.training.data import OnePassShard
@@ -358,7 +357,6 @@ def save_pictures(output: str, report: Dict, model_path: str, data) -> Dict[str,
     if images:
         images = np.concatenate(images)[:CONTACT_SHEET_IMAGES]
         labels = np.concatenate(labels)[:CONTACT_SHEET_IMAGES]
-        exported = tf.keras.models.load_model(model_path)
         predicted = exported.predict(images, batch_size=8, verbose=0).argmax(axis=1)
         paths["contact_sheet"] = pictures.contact_sheet(images, labels, predicted, data.class_names,
                                                         os.path.join(output, "contact_sheet.png"))
