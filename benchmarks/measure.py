@@ -212,7 +212,8 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     with tempfile.TemporaryDirectory(prefix=f"scaling-rank{rank}-") as cache_root:
         for batch_size in batch_sizes:
             tf.keras.backend.clear_session()
-            model = build_model(dataset.num_classes, size_px, config.dropout, config.weights, seed=seed)
+            model = build_model(dataset.num_classes, size_px, config.dropout, config.weights, seed=seed,
+                                backbone=config.backbone)
             compile_distributed(model, scaled_lr(config.base_lr, size))
             timeline = os.path.join(timeline_dir, f"np{size}-b{batch_size}.json") if timeline_dir else None
             window = Window(timeline)

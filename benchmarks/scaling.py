@@ -40,7 +40,7 @@ import sys
 import sample_data
 
 # TrainConfig options of this benchmark, with its defaults: one thread per rank, each rank on cores of its own.
-TRAINING = {"threads": 1, "bind_cores": True, "image_size": 0}
+TRAINING = {"threads": 1, "bind_cores": True, "image_size": 0, "backbone": None}
 
 
 def int_list(text: str) -> list:

@@ -42,7 +42,7 @@ import sample_data
 from measure import time_to_best
 
 # TrainConfig options of this benchmark, with TrainConfig's defaults.
-TRAINING = dict.fromkeys(("epochs", "patience", "batch_size", "threads", "seed", "image_size"))
+TRAINING = dict.fromkeys(("epochs", "patience", "batch_size", "threads", "seed", "image_size", "backbone"))
 PATHS = (("article", {}), ("feature cache", {"feature_cache": True}))
 
 
@@ -58,7 +58,7 @@ def run_once(path: str, extra: dict, seed: int, base, np: int, work: str) -> dic
     config = dataclasses.replace(base, output=out, seed=seed, **extra)
     # The feature path pays for its features: this weights file's and size's set is computed anew.
     image_size = config.model_size(load_dataset(config.data, np).image_size)
-    shutil.rmtree(feature_dir(config.data, feature_key(config.weights, image_size, seed)), ignore_errors=True)
+    shutil.rmtree(feature_dir(config.data, feature_key(config.weights, image_size, seed, config.backbone)), ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()
     report = HorovodRunner(np=-np).run(run_training, config=config)

@@ -34,6 +34,28 @@ def read_metrics(output: str) -> dict:
         return json.load(f)
 
 
+def dump_python_stacks() -> str:
+    """The stacks of every other Python process on the machine (``py-spy dump``), for a test that
+    timed out: they say which process (a kernel, a launcher, a rank) waits, and on what."""
+    import shutil
+    import subprocess
+
+    spy = shutil.which("py-spy", path=BIN)
+    if not spy:
+        return "(py-spy is not installed: no stacks)"
+    dumps = []
+    for pid in sorted(int(name) for name in os.listdir("/proc") if name.isdigit()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if pid != os.getpid() and "python" in command:
+            proc = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+            dumps.append(f"== pid {pid}: {command[:300]}\n{proc.stdout}{proc.stderr}")
+    return "\n".join(dumps)
+
+
 def assert_exact_test_count(report: dict, manifest: dict) -> None:
     """A run evaluated every test row once: the counted rows, the rows the run expected, and the
     manifest's test rows are one number."""

@@ -3,7 +3,6 @@ import configparser
 import os
 import re
 import subprocess
-import sys
 from importlib.metadata import version
 
 import pytest
@@ -47,12 +46,6 @@ def test_the_venv_has_the_pinned_versions():
     pins = setup_pins()
     for package in ("numpy", "pandas", "pyarrow", "pyspark", "petastorm", "pillow", "h5py", "horovod", "tensorflow-cpu"):
         assert version(package) == pins[package], package
-
-
-def test_horovod_was_built_with_tensorflow_and_gloo():
-    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--check-build"],
-                         capture_output=True, text=True, timeout=120).stdout
-    assert re.search(r"\[X\] TensorFlow", out) and re.search(r"\[X\] Gloo", out), out
 
 
 def _discover(tmp_path, nvidia_smi=None):

@@ -53,7 +53,6 @@ def test_counts_reconcile_and_the_summary_says_so(tree, submitted):
     assert files["written"] == expected["good"]
     assert files["rejected"] == len(expected["rejected"])
     assert files["skipped"] == len(expected["skipped"])
-    assert files["found"] == files["written"] + files["rejected"] + files["skipped"]
     assert f"found {all_files} = written {expected['good']}" in stdout
     assert "images/s" in stdout
 
@@ -155,7 +154,8 @@ def read_ledger(out):
 
 def test_hostile_names_are_accounted_for(spark, tmp_path):
     """Names that break Hadoop or Spark: ':' (Hadoop's .crc paths), bytes that are not UTF-8 (two
-    that differ only there), a valid name holding U+FFFD, and a GIF that calls itself .jpg."""
+    that differ only there), a valid name holding U+FFFD, and a GIF that calls itself .jpg; and
+    files that cannot be read whole: a broken symlink, one above --max-file-mb."""
     from PIL import Image
     from tests.imagegen import encode, write
     root = str(tmp_path / "tree")
@@ -167,12 +167,16 @@ def test_hostile_names_are_accounted_for(spark, tmp_path):
     for byte in (b"\xe9", b"\xe8"):
         with open(os.fsencode(os.path.join(root, "001.class0")) + b"/caf" + byte + b".jpg", "wb") as f:
             f.write(encode(Image.new("RGB", (8, 8))))
+    os.symlink(os.path.join(root, "nowhere.jpg"), os.path.join(root, "001.class0", "gone.jpg"))
+    write(os.path.join(root, "001.class0", "huge.jpg"), os.urandom(1024 * 1024 + 1))  # 1 MiB + 1 byte
     out = str(tmp_path / "out")
-    manifest = run_etl(ETLConfig(input=root, output=out, image_size=16, min_row_groups=1), spark)
+    manifest = run_etl(ETLConfig(input=root, output=out, image_size=16, min_row_groups=1, max_file_mb=1), spark)
     files = manifest["files"]
-    assert files["found"] == 16 == files["written"] + files["rejected"] + files["skipped"]
-    assert files["written"] == 13 and files["rejected"] == 2 and files["skipped"] == 1
+    assert files["found"] == 18 == sum(len(names) for _, _, names in os.walk(root))  # 10 + 8 written above
+    assert files["written"] == 13 and files["rejected"] == 4 and files["skipped"] == 1
     reasons = {name: e["reason"] for name, e in read_ledger(out).items()}
+    assert reasons["gone.jpg"] == "unreadable (broken link or permission denied)"
+    assert reasons["huge.jpg"] == "file too large: 1048577 bytes > 1048576 bytes (--max-file-mb)"
     assert "disguised.jpg" not in reasons and "replacement\ufffd.jpg" not in reasons
     assert reasons["caf\\xe9.jpg"].startswith("file name is not valid UTF-8")
     assert reasons["caf\\xe8.jpg"].startswith("file name is not valid UTF-8")
@@ -442,7 +446,8 @@ def test_plain_folders_get_labels_by_sorted_name_and_every_class_a_test_row(plai
     assert manifest["layout"] == "folders" and manifest["class_names"] == ["class0", "class1", "class2", "zebra"]
     files = manifest["files"]
     assert files["written"] == expected["good"] + 1
-    assert files["found"] == files["written"] + files["rejected"] + files["skipped"]
+    assert files["found"] == sum(len(names) for _, _, names in os.walk(root))  # counted apart from the job
+    assert (files["rejected"], files["skipped"]) == (len(expected["rejected"]), len(expected["skipped"]))
     for row in rows["train"] + rows["test"]:
         folder = os.path.relpath(row["path"], root).split("/")[0]
         assert (row["label"], row["label_name"]) == (["class0", "class1", "class2", "zebra"].index(folder), folder)

@@ -5,13 +5,14 @@ import os
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from nbclient.exceptions import CellTimeoutError
 
-from tests.conftest import assert_exact_test_count, read_metrics
+from tests.conftest import assert_exact_test_count, dump_python_stacks, read_metrics
 from tests.imagegen import make_tree
 
 pytestmark = pytest.mark.slow
 NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
-SMALL_TRAINING = dict(weights="none", epochs=2, batch_size=4, patience=5)
+SMALL_TRAINING = dict(weights="none", backbone="tiny", epochs=2, batch_size=4, patience=5)
 
 
 def execute(name: str, cwd: str, **parameters) -> nbformat.NotebookNode:
@@ -21,7 +22,11 @@ def execute(name: str, cwd: str, **parameters) -> nbformat.NotebookNode:
     injected = nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in parameters.items()))
     injected.metadata["tags"] = ["injected-parameters"]
     book.cells.insert(index + 1, injected)
-    NotebookClient(book, timeout=900, kernel_name="python3", resources={"metadata": {"path": cwd}}).execute()
+    try:
+        NotebookClient(book, timeout=600, kernel_name="python3", resources={"metadata": {"path": cwd}}).execute()
+    except CellTimeoutError:  # say where it waits: the CI log is all there is of a hang
+        print(outputs(book)[-6000:], dump_python_stacks(), sep="\n")
+        raise
     return book
 
 

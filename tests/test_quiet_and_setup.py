@@ -48,6 +48,7 @@ def test_tensorflow_is_quiet_by_default_and_verbose_on_request():
 
 
 def test_horovod_check_build_shows_the_build_only():
+    """Horovod was built with TensorFlow and Gloo, and its check says so without TensorFlow's noise."""
     env = {k: v for k, v in subprocess_env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     proc = subprocess.run([os.path.join(BIN, "horovodrun"), "--check-build"], capture_output=True, text=True,
                           env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=300)  # as setup_env.sh runs it

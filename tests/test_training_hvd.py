@@ -22,9 +22,10 @@ SIZE = 71  # Xception's smallest input
 
 
 def train(data, output, *args, np_=2, env=None, timeout=420, tensorboard=False):
-    """Run jobs/train.py under horovodrun (np_ > 0) or alone (np_ == 0); return the finished process."""
+    """Run jobs/train.py under horovodrun (np_ > 0) or alone (np_ == 0) on the tiny backbone (the
+    module's Xception run is :func:`full_run`); return the finished process."""
     job = [sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", output,
-           "--weights", "none", "--batch-size", "4", "--cache-dir", output + "-cache",
+           "--weights", "none", "--backbone", "tiny", "--batch-size", "4", "--cache-dir", output + "-cache",
            *([] if tensorboard else ["--no-tensorboard"]), *args]
     cmd = job if np_ == 0 else [os.path.join(BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}",
                                 "--gloo", *job]
@@ -63,21 +64,55 @@ def dataset(tmp_path_factory, spark):
 
 @pytest.fixture(scope="module")
 def full_run(dataset, tmp_path_factory):
+    """One horovodrun np=2 run of the article's model (Xception, random weights) that many tests
+    read: 3 epochs, warmup over 2, TensorBoard on, each
+    rank bound to a core of its own, and its output read as scripts/main.sh reads it (a pipe
+    through ``grep --line-buffered``, not a terminal), noting whether the job still ran when
+    epoch 1's results line arrived. min_delta 2: no epoch after the first can improve, so the
+    best epoch (1) is not the last (3); patience 10: the epochs run out, early stopping never
+    stops the run itself. Returns ``(output, log, running_at_first_epoch)``."""
+    import shlex
+    import time
     data, _ = dataset
     out = str(tmp_path_factory.mktemp("run") / "out")
-    # min_delta 2: no epoch after the first can improve, so the best epoch (1) is not the last (3);
-    # patience 10: the epochs run out, early stopping never stops the run itself.
-    proc = train(data, out, "--epochs", "3", "--patience", "10", "--min-delta", "2", "--warmup-epochs", "2",
-                 tensorboard=True, env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "20"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out, proc.stdout + proc.stderr
+    job = [sys.executable, "-u", os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", out,
+           "--weights", "none", "--batch-size", "4", "--cache-dir", out + "-cache", "--epochs", "3",
+           "--patience", "10", "--min-delta", "2", "--warmup-epochs", "2", "--bind-cores", "--threads", "1"]
+    command = (f"{shlex.quote(os.path.join(BIN, 'horovodrun'))} -np 2 -H localhost:2 --gloo {shlex.join(job)} 2>&1"
+               " | grep --line-buffered -v -e '^\\[[0-9]*\\]<stderr>:  '")
+    proc = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, text=True,
+                            env=subprocess_env(PYTHONUNBUFFERED="1", HOROVOD_STALL_CHECK_TIME_SECONDS="20"))
+    lines, running_at_first_epoch = [], None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if running_at_first_epoch is None and re.search(r"^\[0\]<stdout>:.*val_accuracy", line):
+                time.sleep(0.5)
+                running_at_first_epoch = proc.poll() is None
+    finally:
+        proc.wait(timeout=420)
+    log = "".join(lines)
+    assert proc.returncode == 0, log[-3000:]
+    return out, log, running_at_first_epoch
+
+
+def test_progress_arrives_live_through_a_pipe_from_rank_0_only(full_run):
+    """Epoch 1's results line arrives while epochs 2 and 3 still run, not all at the end; only
+    rank 0 reports epochs."""
+    _, log, running_at_first_epoch = full_run
+    assert running_at_first_epoch, log[-3000:]
+    assert not re.search(r"^\[1\]<stdout>:.*Epoch", log, re.M)
+
+
+def test_each_rank_is_bound_to_a_core_of_its_own(full_run):
+    assert "each rank bound to 1 core(s) of its own" in full_run[1]
 
 
 HOROVOD_STALL = "were submitted to be reduced, gathered or broadcasted by subset of ranks"
 
 
 def test_uneven_shards_finish_without_a_stall(full_run, dataset):
-    out, log = full_run
+    out, log, _ = full_run
     data, _ = dataset
     rows = shard_rows(os.path.join(data, "train"))
     assert rows[0] != rows[1]  # the shards were uneven (Petastorm's own reader's counts)
@@ -93,7 +128,7 @@ def test_warmup_callback_ramps_the_logged_learning_rate(full_run):
 
 
 def test_tensorboard_device_message_and_reader_caches(full_run):
-    out, log = full_run
+    out, log, _ = full_run
     events = [f for _, _, files in os.walk(os.path.join(out, "tensorboard")) for f in files
               if f.startswith("events.out.tfevents.")]
     assert len(events) >= 2, events  # train and validation writers
@@ -108,7 +143,7 @@ def test_both_ranks_end_with_identical_weights(full_run):
 
 
 def test_report_and_artifacts(full_run, dataset):
-    out, _ = full_run
+    out = full_run[0]
     _, manifest = dataset
     m = metrics(out)
     assert m["world_size"] == 2 and m["global_batch_size"] == 8
@@ -133,13 +168,13 @@ def load_model(out):
     return tf.keras.models.load_model(os.path.join(out, "model.keras"))
 
 
-def checkpoint_checksum(out, epoch, num_classes, seed=42):
+def checkpoint_checksum(out, epoch, num_classes, backbone="tiny", seed=42):
     """Checksum of the whole model holding checkpoint ``epoch`` (trainable weights) on the run's
     random backbone (``--weights none --seed 42``: the checkpoint identifies it by hash)."""
     from pipelines.training.checkpoints import load_checkpoint
     from pipelines.training.model import build_model
     from pipelines.training.train import weights_checksum
-    model = build_model(num_classes, SIZE, weights="none", seed=seed)
+    model = build_model(num_classes, SIZE, weights="none", seed=seed, backbone=backbone)
     load_checkpoint(model, os.path.join(out, f"checkpoint-{epoch}.npz"), optimizer=False)
     return weights_checksum(model)
 
@@ -149,15 +184,16 @@ def assert_model_holds_checkpoint(out, epoch, num_classes, differs_from_last=Tru
     last checkpoint holds the last epoch's weights), not the last checkpoint's. (When early stopping
     stops the run, Keras restores the best weights before that epoch's checkpoint is written.)"""
     from pipelines.training.train import weights_checksum
+    backbone = metrics(out)["config"]["backbone"]
     final = weights_checksum(load_model(out))
-    assert final == checkpoint_checksum(out, epoch, num_classes)
+    assert final == checkpoint_checksum(out, epoch, num_classes, backbone)
     if differs_from_last:
         last = max(int(n[len("checkpoint-"):-len(".npz")]) for n in os.listdir(out) if n.endswith(".npz"))
-        assert last > epoch and final != checkpoint_checksum(out, last, num_classes)
+        assert last > epoch and final != checkpoint_checksum(out, last, num_classes, backbone)
 
 
 def test_final_model_holds_the_best_epochs_weights(full_run):
-    out, _ = full_run
+    out = full_run[0]
     m = metrics(out)
     assert m["best_epoch"] == 1 and m["epochs_run"] == 3 and not m["stopped_early"]
     assert_model_holds_checkpoint(out, 1, m["num_classes"])
@@ -165,7 +201,7 @@ def test_final_model_holds_the_best_epochs_weights(full_run):
 
 def test_exact_test_metric_equals_a_single_process_evaluation(full_run, dataset):
     import tensorflow as tf
-    out, _ = full_run
+    out = full_run[0]
     data, _ = dataset
     table = pq.read_table(os.path.join(data, "test"), columns=["image", "label"])
     images = np.stack([np.frombuffer(b, np.uint8).reshape(SIZE, SIZE, 3) for b in table.column("image").to_pylist()])
@@ -177,20 +213,6 @@ def test_exact_test_metric_equals_a_single_process_evaluation(full_run, dataset)
     assert test["count"] == len(labels)
     assert test["accuracy"] == pytest.approx(float((probs.argmax(1) == labels).mean()), abs=1e-9)
     assert test["loss"] == pytest.approx(loss, rel=1e-4)
-
-
-def test_early_stopping_stops_both_ranks_at_the_same_epoch(dataset, tmp_path):
-    data, _ = dataset
-    out = str(tmp_path / "out")
-    # No gain can reach min_delta=2: epoch 1 sets the best, patience 1 stops after epoch 2.
-    proc = train(data, out, "--epochs", "6", "--patience", "1", "--min-delta", "2", "--bind-cores", "--threads", "1")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "each rank bound to 1 core(s) of its own" in proc.stdout + proc.stderr
-    m = metrics(out)
-    assert m["stopped_early"] and m["epochs_run"] == 2
-    assert m["epochs_run_per_rank"] == [2, 2] and m["best_epoch"] == 1
-    assert_exact_test_count(m, dataset[1])
-    assert_model_holds_checkpoint(out, 1, m["num_classes"], differs_from_last=False)
 
 
 def clock(line):
@@ -229,6 +251,7 @@ def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset,
     assert m["stopped_early"] and m["best_epoch"] == 1
     assert m["epochs_run_per_rank"] == [1, 1]  # epoch 3 only in this process
     assert m["resumed_weights_checksum_per_rank"] == [killed_at] * 2
+    assert m["world_size"] == 2 and len(set(m["weights_checksum_per_rank"])) == 1  # local ranks, in step
     assert_exact_test_count(m, manifest)
     assert_model_holds_checkpoint(out, 1, m["num_classes"], differs_from_last=False)
 
@@ -329,6 +352,7 @@ def test_under_horovodrun_every_rank_exits_2_and_rank_0_alone_says_why(reason, d
 def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, tmp_path):
     import tensorflow as tf
     from pipelines.training import features as feat
+    from pipelines.training.model import backbone_of
     data, manifest = dataset
     out = str(tmp_path / "out")
     first = train(data, out, "--epochs", "2", "--feature-cache")
@@ -347,10 +371,12 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, tmp_
     table = pq.read_table(os.path.join(data, "test"), columns=["image", "label"])
     images = np.stack([np.frombuffer(b, np.uint8).reshape(SIZE, SIZE, 3) for b in table.column("image").to_pylist()])
     raw = model.predict(images, batch_size=8, verbose=0)
-    features = model.get_layer("xception").predict(images.astype(np.float32) / 127.5 - 1.0, batch_size=8, verbose=0)
+    backbone = backbone_of(model)
+    features = backbone.predict(images.astype(np.float32) / 127.5 - 1.0, batch_size=8, verbose=0)
     cached, labels = feat.read_shard(directory, "test", 0, 1)
     assert sorted(labels.tolist()) == sorted(table.column("label").to_pylist())
-    head = tf.keras.Sequential([tf.keras.Input((feat.FEATURE_DIM,)), model.get_layer("dropout"), model.get_layer("head")])
+    head = tf.keras.Sequential([tf.keras.Input((backbone.output_shape[-1],)), model.get_layer("dropout"),
+                                model.get_layer("head")])
     np.testing.assert_allclose(head.predict(features, verbose=0), raw, rtol=1e-5, atol=1e-6)
     # cached features are the backbone's features of the same images (order differs by shard)
     np.testing.assert_allclose(np.sort(cached.sum(axis=1)), np.sort(features.sum(axis=1)), rtol=1e-4)
@@ -365,32 +391,3 @@ def test_feature_cache_steps_aside_for_augmentation(dataset, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "feature cache off: augmentation" in proc.stderr
     assert metrics(str(tmp_path / "out"))["feature_cache"] is None
-
-
-def test_progress_arrives_live_through_a_pipe_from_rank_0_only(dataset, tmp_path):
-    """As scripts/main.sh runs it (stdout a pipe, not a terminal): epoch 1's results line arrives
-    while epochs 2 and 3 still run, not all at the end; only rank 0 reports epochs."""
-    import shlex
-    import time
-    data, _ = dataset
-    out = str(tmp_path / "out")
-    job = [sys.executable, "-u", os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", out,
-           "--weights", "none", "--batch-size", "4", "--cache-dir", out + "-cache", "--no-tensorboard",
-           "--epochs", "3", "--patience", "10"]
-    command = (f"{shlex.quote(os.path.join(BIN, 'horovodrun'))} -np 2 -H localhost:2 --gloo {shlex.join(job)} 2>&1"
-               " | grep --line-buffered -v -e '^\\[[0-9]*\\]<stderr>:  '")
-    proc = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, text=True,
-                            env=subprocess_env(PYTHONUNBUFFERED="1"))
-    lines, running_at_first_epoch = [], None
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if running_at_first_epoch is None and re.search(r"^\[0\]<stdout>:.*val_accuracy", line):
-                time.sleep(0.5)
-                running_at_first_epoch = proc.poll() is None
-    finally:
-        proc.wait(timeout=420)
-    text = "".join(lines)
-    assert proc.returncode == 0, text[-3000:]
-    assert running_at_first_epoch, text[-3000:]
-    assert not re.search(r"^\[1\]<stdout>:.*Epoch", text, re.M)

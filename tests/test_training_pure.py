@@ -148,14 +148,15 @@ def test_train_config_from_command_line(capsys):
         assert bad[0] in capsys.readouterr().err, bad
 
 
-def test_feature_key_follows_weights_size_and_seed(tmp_path):
+def test_feature_key_follows_weights_size_seed_and_backbone(tmp_path):
     from pipelines.training.features import feature_key
     w1, w2 = tmp_path / "a.h5", tmp_path / "b.h5"
     w1.write_bytes(b"weights one")
     w2.write_bytes(b"weights two")
     keys = {feature_key(str(w1), 299, 0), feature_key(str(w2), 299, 0), feature_key(str(w1), 160, 0),
-            feature_key("none", 299, 0), feature_key("none", 299, 1), feature_key("imagenet", 299, 0)}
-    assert len(keys) == 6
+            feature_key("none", 299, 0), feature_key("none", 299, 1), feature_key("imagenet", 299, 0),
+            feature_key("none", 299, 0, "tiny")}
+    assert len(keys) == 7
     assert feature_key(str(w1), 299, 5) == feature_key(str(w1), 299, 0)  # the seed matters only for random weights
 
 
@@ -169,3 +170,24 @@ def test_feature_shards_round_trip_and_reshard(tmp_path):
     np.testing.assert_array_equal(everything, np.concatenate([a, b]))
     parts = [read_shard(str(tmp_path), "train", r, 3)[1].tolist() for r in range(3)]
     assert sorted(sum(parts, [])) == list(range(9)) and labels.dtype == np.int32
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"backbone": "tiny"}, "backbone tiny has no pretrained weights: use --weights none (got imagenet)"),
+    ({"backbone": "resnet50"}, "unknown backbone 'resnet50': one of xception, tiny"),
+    ({"image_size": 64}, "backbone xception takes images of at least 71 px, got 64"),
+    ({"backbone": "tiny", "weights": "none", "image_size": 7}, "backbone tiny takes images of at least 8 px, got 7"),
+])
+def test_a_backbone_refuses_weights_and_sizes_it_cannot_take(fields, message):
+    with pytest.raises(ValueError) as info:
+        TrainConfig(data="d", output="o", **fields)
+    assert str(info.value).startswith(message)
+
+
+def test_the_tiny_backbone_is_a_small_frozen_feature_extractor():
+    from pipelines.training.model import backbone_of, build_model
+    model = build_model(5, 8, weights="none", backbone="tiny")
+    backbone = backbone_of(model)
+    assert backbone.name == "tiny" and backbone.output_shape == (None, 32) and not backbone.trainable
+    assert model.output_shape == (None, 5) and model.count_params() == 5088 + 32 * 5 + 5
+    assert model.predict(np.zeros((2, 8, 8, 3), np.float32), verbose=0).shape == (2, 5)

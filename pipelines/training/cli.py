@@ -44,7 +44,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if config.spark_np > 0:
                 from pipelines.spark import spark_session
                 spark_session("pipelines-train")
-            runner = HorovodRunner(np=config.spark_np, network_interface=config.network_interface or None)
+            runner = HorovodRunner(np=config.spark_np, slots_timeout_s=config.slots_timeout,
+                                   network_interface=config.network_interface or None)
             report = runner.run(run_training, config=dataclasses.replace(config, spark_np=0, network_interface=""))
         else:
             report = run_training(config)

@@ -22,8 +22,12 @@ class TrainConfig:
     dropout: float = field(0.5, help="dropout rate before the softmax head")
     image_size: int = field(0, help="side of the model's input in pixels; 0 = the ETL's size "
                                     "(a smaller size resizes on the fly)")
-    weights: str = field("imagenet", help="Xception weights: imagenet (Keras download), none (random), "
+    weights: str = field("imagenet", help="backbone weights: imagenet (Keras download), none (random), "
                                           "or the path of a no-top weights file")
+    backbone: str = field("xception", help="the frozen feature extractor: xception (the article's; ImageNet "
+                                           "weights) or tiny (two random convolutions, with --weights none: "
+                                           "checks a pipeline or a cluster end to end in seconds, not for "
+                                           "accuracy)")
     patience: int = field(3, help="early stopping: epochs without a val_accuracy gain of --min-delta")
     min_delta: float = field(0.001, help="early stopping: smallest val_accuracy gain that counts")
     cache_dir: str = field("", help="Petastorm local-disk cache root (default: a temp folder); each rank "
@@ -45,6 +49,9 @@ class TrainConfig:
     spark_np: int = field(0, help="launch the ranks from this process with HorovodRunner: N > 0 runs N Spark "
                                   "barrier tasks on the session's cluster (spark-submit --master ...), "
                                   "N < 0 runs -N local processes; 0 = this process is a rank (horovodrun)")
+    slots_timeout: float = field(60.0, help="with --spark-np N > 0: seconds to wait for the cluster's executors "
+                                            "to offer N task slots (they register some seconds after a session "
+                                            "starts) before refusing the run")
     network_interface: str = field("", help="with --spark-np: the network interface Horovod's Gloo uses on "
                                             "every host (e.g. eth0), used as given or refused when a host "
                                             "lacks it; default: HOROVOD_GLOO_IFACE, else the interface of "
@@ -71,10 +78,15 @@ class TrainConfig:
         if self.network_interface and not self.spark_np:
             raise ValueError("--network-interface applies to --spark-np runs; under horovodrun use "
                              "horovodrun's own --network-interface")
+        if not self.slots_timeout > 0:
+            raise ValueError(f"--slots-timeout must be positive, got {self.slots_timeout}")
         if self.shuffle_buffer < 1:
             raise ValueError(f"--shuffle-buffer must be >= 1, got {self.shuffle_buffer}")
         self.data = check_url_safe(self.data, "--data")
         self.output = os.path.abspath(os.path.expanduser(self.output))
+        from pipelines.training.model import check_backbone
+
+        check_backbone(self.backbone, self.weights, self.image_size)
         if self.weights not in ("imagenet", "none"):
             self.weights = os.path.abspath(os.path.expanduser(self.weights))
         if self.cache_dir:

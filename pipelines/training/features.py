@@ -4,7 +4,7 @@ With a frozen backbone called with ``training=False`` and no per-epoch augmentat
 backbone's output for an image never changes, yet the article's training recomputes it for every
 image in every epoch. Here each rank computes the features of its Petastorm shard of each split
 once, writes them as Parquet under ``DATA/features/<key>/<split>/part-rank<r>.parquet`` (``key``
-depends on the weights, the image size and the model), and training fits only the head
+depends on the weights, the image size and the backbone), and training fits only the head
 (dropout + dense) on them with the same Horovod machinery. A second run with the same key reuses
 them; other weights or another size get another key.
 """
@@ -22,12 +22,12 @@ from pipelines.atomic import replacing, write_json
 
 log = logging.getLogger("pipelines")
 COMPLETE = "_COMPLETE.json"
-FEATURE_DIM = 2048  # Xception's pooled output
 
 
-def feature_key(weights: str, image_size: int, seed: int, model: str = "xception-avg") -> str:
+def feature_key(weights: str, image_size: int, seed: int, backbone: str = "xception") -> str:
     """Identifier of a feature set: the backbone's weights (file content hash for a path; the
-    seed for random weights), the input size and the model, hashed to 16 hex digits."""
+    seed for random weights), the input size and the backbone, hashed to 16 hex digits."""
+    model = f"{backbone}-avg"
     if weights == "imagenet":
         source = "imagenet"
     elif weights == "none":
@@ -58,7 +58,8 @@ def is_complete(directory: str, rows: dict) -> bool:
 
 
 def write_shard(directory: str, split: str, rank: int, features: np.ndarray, labels: np.ndarray) -> str:
-    """Write one rank's features of one split: ``features`` float32 ``(n, 2048)``, ``labels`` int32 ``(n,)``."""
+    """Write one rank's features of one split: ``features`` float32 ``(n, feature_dim)`` (2048 for
+    Xception), ``labels`` int32 ``(n,)``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -74,7 +75,7 @@ def write_shard(directory: str, split: str, rank: int, features: np.ndarray, lab
 
 def read_shard(directory: str, split: str, rank: int, world_size: int) -> Tuple[np.ndarray, np.ndarray]:
     """This rank's share of a split's features: rows ``rank, rank + size, ...`` of all files in name
-    order (whatever world size computed them). Returns float32 ``(n, 2048)`` and int32 ``(n,)``."""
+    order (whatever world size computed them). Returns float32 ``(n, feature_dim)`` and int32 ``(n,)``."""
     import pyarrow.parquet as pq
 
     folder = os.path.join(directory, split)
@@ -85,13 +86,14 @@ def read_shard(directory: str, split: str, rank: int, world_size: int) -> Tuple[
 
 
 def compute_shard(backbone, dataset) -> Tuple[np.ndarray, np.ndarray]:
-    """Run the frozen backbone (``training=False``) over a finite dataset of (images, labels)."""
+    """Run the frozen backbone (``training=False``) over a finite dataset of (images, labels).
+    Returns float32 ``(n, feature_dim)`` and int32 ``(n,)``."""
     features, labels = [], []
     for images, batch_labels in dataset:
         features.append(backbone(images, training=False).numpy())
         labels.append(batch_labels.numpy())
     if not features:
-        return np.zeros((0, FEATURE_DIM), np.float32), np.zeros((0,), np.int32)
+        return np.zeros((0, backbone.output_shape[-1]), np.float32), np.zeros((0,), np.int32)
     return np.concatenate(features), np.concatenate(labels)
 
 
@@ -100,21 +102,22 @@ def mark_complete(directory: str, counts: dict, key: str) -> None:
     write_json(os.path.join(directory, COMPLETE), {"key": key, "rows": counts})
 
 
-def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int = FEATURE_DIM):
-    """The trainable part alone: ``Input(2048) -> Dropout -> Dense(num_classes, softmax)``, with the
-    same layer names as in :func:`pipelines.training.model.build_model` so weights carry over."""
+def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int):
+    """The trainable part alone: ``Input(feature_dim) -> Dropout -> Dense(num_classes, softmax)``
+    (2048 features for Xception), with the same layer names as in
+    :func:`pipelines.training.model.build_model` so weights carry over."""
     import tensorflow as tf
 
     tf.keras.utils.set_random_seed(seed)
     inputs = tf.keras.Input((feature_dim,), name="features")
     x = tf.keras.layers.Dropout(dropout, seed=seed, name="dropout")(inputs)
     outputs = tf.keras.layers.Dense(num_classes, activation="softmax", name="head")(x)
-    return tf.keras.Model(inputs, outputs, name="xception_head")
+    return tf.keras.Model(inputs, outputs, name="head_on_features")
 
 
 def feature_dataset(features: np.ndarray, labels: np.ndarray, batch_size: int, shuffle: bool, seed: int,
                     repeat: bool, drop_remainder: bool = True):
-    """``tf.data`` over in-memory features (a shard of 2048 float32 per image is small)."""
+    """``tf.data`` over in-memory features (a shard of 2048 float32 per image, for Xception, is small)."""
     import tensorflow as tf
 
     ds = tf.data.Dataset.from_tensor_slices((features, labels))

@@ -1,6 +1,6 @@
 """The training job's input paths, siblings behind one small interface.
 
-* :class:`ImageInputs` - the article's path: the whole model (frozen Xception + head) on images,
+* :class:`ImageInputs` - the article's path: the whole model (frozen backbone + head) on images,
   read by looping Petastorm readers for ``fit`` and by :class:`~pipelines.training.data.OnePassShard`
   for the exact evaluation.
 * :class:`FeatureInputs` - the feature cache: the backbone's pooled features computed once per
@@ -23,6 +23,7 @@ from typing import Iterator, Tuple
 from pipelines.contract import SPLITS
 from pipelines.training.config import TrainConfig
 from pipelines.training.data import Dataset, OnePassShard, make_dataset, open_reader, verify_total
+from pipelines.training.model import backbone_of
 
 log = logging.getLogger("pipelines")
 
@@ -79,7 +80,8 @@ class FeatureInputs:
         self.config, self.data, self.rank, self.size = config, data, rank, size
         self.full_model, self.image_size = full_model, image_size
         self.directory = self._ensure_features()
-        self.model = feat.build_head(data.num_classes, config.dropout, config.seed)
+        self.model = feat.build_head(data.num_classes, config.dropout, config.seed,
+                                     backbone_of(full_model).output_shape[-1])
         # Start from the whole model's initial head, so both paths train the same function from the same point.
         self.model.get_layer("head").set_weights(full_model.get_layer("head").get_weights())
 
@@ -91,7 +93,7 @@ class FeatureInputs:
         from pipelines.training import features as feat
 
         c, data, rank = self.config, self.data, self.rank
-        key = feat.feature_key(c.weights, self.image_size, c.seed)
+        key = feat.feature_key(c.weights, self.image_size, c.seed, c.backbone)
         directory = feat.feature_dir(c.data, key)
         if feat.is_complete(directory, {"train": data.train_rows, "test": data.test_rows}):
             if rank == 0:
@@ -101,7 +103,7 @@ class FeatureInputs:
             log.info("feature cache: computing backbone features into %s", directory)
             shutil.rmtree(directory, ignore_errors=True)  # a run interrupted before completion
         hvd_tf.broadcast_object(None, root_rank=0, name="features_cleared")
-        backbone = self.full_model.get_layer("xception")
+        backbone = backbone_of(self.full_model)
         start, counts = time.perf_counter(), {}
         for split in SPLITS:
             shard = OnePassShard(data, split, rank, self.size)

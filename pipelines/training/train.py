@@ -256,7 +256,7 @@ def run_training(config: TrainConfig) -> Dict:
     start = time.perf_counter()
     plan = plan_run(config, rank)
     full_model = build_model(plan.data.num_classes, plan.image_size, config.dropout, config.weights,
-                             seed=config.seed)
+                             seed=config.seed, backbone=config.backbone)
     inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.image_size)
     compile_distributed(inputs.model, plan.lr)
     frozen_sha256 = frozen_checksum(full_model)
