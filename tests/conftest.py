@@ -6,6 +6,10 @@ import sys
 import pytest
 
 BIN = os.path.dirname(sys.executable)
+# No MLflow tracking unless a test asks for it with --tracking / tracking=True: every job of the
+# suite (in this process, its subprocesses, Spark workers and notebook kernels) would otherwise
+# create an MLflow store (seconds of migrations) and log its model.
+os.environ["PIPELINES_TRACKING"] = "0"
 
 
 @pytest.fixture(scope="session")
