@@ -4,7 +4,7 @@ Each job is one MLflow run, started by one process (training: rank 0; the ETL: i
 
 - **Store**: ``--tracking-uri``, else ``$MLFLOW_TRACKING_URI``, else a local SQLite store in the
   job's output, ``sqlite:///OUTPUT/mlruns.db``, whose experiments keep their artifacts beside it
-  in ``OUTPUT/mlartifacts`` (no server needed; ``mlflow ui --backend-store-uri`` shows it).
+  in ``OUTPUT/mlruns/<experiment_id>/`` (no server needed; ``mlflow ui --backend-store-uri`` shows it).
 - **Off**: ``--no-tracking``, or ``PIPELINES_TRACKING=0`` when no flag is given.
 - **Resume**: the run's id is kept in ``OUTPUT/mlflow_run.json``; a resumed training run continues
   that MLflow run (:func:`start` with ``continue_run``).
@@ -26,7 +26,7 @@ log = logging.getLogger("pipelines")
 
 TRACKING_ENV = "PIPELINES_TRACKING"
 STORE_FILE = "mlruns.db"
-ARTIFACTS_DIR = "mlartifacts"
+ARTIFACTS_DIR = "mlruns"  # MLflow's own name for the artifact root of a local store
 RUN_FILE = "mlflow_run.json"
 MODEL_ARTIFACT = "model"  # runs:/<run_id>/model
 PROBE_TIMEOUT_S = 10
@@ -49,9 +49,19 @@ class TrackingFailed(RuntimeError):
     """Logging the results failed after the job wrote its output, which is complete (exit code 1)."""
 
 
+SQLITE = "sqlite:///"
+
+
 def default_uri(output: str) -> str:
     """``sqlite:///OUTPUT/mlruns.db``, ``output`` made absolute."""
-    return "sqlite:///" + os.path.join(os.path.abspath(output), STORE_FILE)
+    return SQLITE + os.path.join(os.path.abspath(output), STORE_FILE)
+
+
+def _absolute(uri: str) -> str:
+    """A SQLite URI with an absolute path (ranks may start elsewhere); other URIs as they are."""
+    if uri.startswith(SQLITE) and not uri.startswith(SQLITE + "/") and uri != SQLITE + ":memory:":
+        return SQLITE + os.path.abspath(uri[len(SQLITE):])
+    return uri
 
 
 def resolve(tracking: Optional[bool], uri: str, output: str, experiment: str) -> Tuple[bool, str]:
@@ -59,7 +69,8 @@ def resolve(tracking: Optional[bool], uri: str, output: str, experiment: str) ->
     process: ranks on other hosts may not have its environment).
 
     Returns ``(enabled, uri)``: ``tracking`` if given, else not ``PIPELINES_TRACKING=0``; the URI
-    ``uri``, else ``$MLFLOW_TRACKING_URI``, else :func:`default_uri` (empty when disabled).
+    ``uri``, else ``$MLFLOW_TRACKING_URI``, else :func:`default_uri`, a SQLite path made absolute
+    (the URI as given when disabled).
 
     Raises:
         ValueError: an empty experiment name while tracking.
@@ -70,7 +81,7 @@ def resolve(tracking: Optional[bool], uri: str, output: str, experiment: str) ->
         return False, uri
     if not experiment:
         raise ValueError("--experiment must not be empty (or pass --no-tracking)")
-    return True, uri or os.environ.get("MLFLOW_TRACKING_URI", "") or default_uri(output)
+    return True, _absolute(uri or os.environ.get("MLFLOW_TRACKING_URI", "") or default_uri(output))
 
 
 def _is_remote(uri: str) -> bool:
@@ -146,18 +157,46 @@ def _quiet_store() -> Iterator[None]:
 
 
 def artifact_root(uri: str) -> Optional[str]:
-    """Where a new experiment keeps its artifacts: beside a SQLite store (``DIR/mlartifacts`` for
-    ``sqlite:///DIR/x.db``); ``None`` elsewhere (the server's or the store's own default)."""
-    if not uri.startswith("sqlite:///"):
+    """Where the experiments of a SQLite store keep their artifacts, ``<experiment_id>/`` each:
+    beside it (``DIR/mlruns`` for ``sqlite:///DIR/x.db``); ``None`` for other stores (the
+    server's ``--default-artifact-root``, or MLflow's default)."""
+    if not uri.startswith(SQLITE) or uri == SQLITE + ":memory:":
         return None
-    return os.path.join(os.path.dirname(os.path.abspath(uri[len("sqlite:///"):])), ARTIFACTS_DIR)
+    return os.path.join(os.path.dirname(os.path.abspath(uri[len(SQLITE):])), ARTIFACTS_DIR)
 
 
-def _experiment_id(client, name: str, uri: str) -> str:
+def _open_store(mlflow, uri: str):
+    """A client of the store ``uri``, created (migrations run) on first use, quietly.
+
+    MLflow's client opens a SQLite store with the artifact root ``./mlruns`` (no client API sets
+    it): the store makes that folder and gives it to its default experiment and to every
+    experiment made without a location. Opened from the store's own folder, all of that stays
+    beside the store, in the job's output, instead of wherever the job was started; the store is
+    then cached for the process, so only this first opening needs the folder.
+    """
+    root = artifact_root(uri)
+    with _quiet_store(), _in_folder(os.path.dirname(root) if root else None):
+        return mlflow.MlflowClient()
+
+
+@contextlib.contextmanager
+def _in_folder(folder: Optional[str]) -> Iterator[None]:
+    """Run the block with ``folder`` as the working directory (``None``: where it is)."""
+    if folder is None:
+        yield
+        return
+    previous = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def _experiment_id(client, name: str) -> str:
+    """The experiment ``name``, made when missing with the store's default artifact location."""
     experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    return client.create_experiment(name, artifact_location=artifact_root(uri))
+    return experiment.experiment_id if experiment is not None else client.create_experiment(name)
 
 
 def recorded_run(output: str, uri: str) -> Optional[str]:
@@ -186,17 +225,16 @@ def start(uri: str, experiment: str, output: str, run_name: str = "", params: Op
     mlflow = _mlflow()
     try:
         mlflow.set_tracking_uri(uri)
-        with _quiet_store():
-            client = mlflow.MlflowClient()
-            experiment_id = _experiment_id(client, experiment, uri)
-            run_id = recorded_run(output, uri) if continue_run else None
-            existing = _params_of(client, run_id) if run_id else None
-            if run_id and existing is None:
-                log.info("MLflow run %s of %s is no longer in the store: starting a new one", run_id, output)
-                run_id = None
-            existing = existing or {}
-            active = (mlflow.start_run(run_id=run_id) if run_id else
-                      mlflow.start_run(experiment_id=experiment_id, run_name=run_name or None))
+        client = _open_store(mlflow, uri)
+        experiment_id = _experiment_id(client, experiment)
+        run_id = recorded_run(output, uri) if continue_run else None
+        existing = _params_of(client, run_id) if run_id else None
+        if run_id and existing is None:
+            log.info("MLflow run %s of %s is no longer in the store: starting a new one", run_id, output)
+            run_id = None
+        existing = existing or {}
+        active = (mlflow.start_run(run_id=run_id) if run_id else
+                  mlflow.start_run(experiment_id=experiment_id, run_name=run_name or None))
     except Exception as exc:
         raise TrackingUnavailable(_unavailable(uri, exc)) from None
     tracker = Tracker(mlflow, active, experiment, output)

@@ -29,7 +29,9 @@ def test_on_by_default_in_a_sqlite_store_of_the_output(no_env, tmp_path):
     config = parse_config(TrainConfig, TRAIN_ARGS)
     assert config.tracking and config.tracking_uri == f"sqlite:///{tmp_path}/out/mlruns.db"
     assert config.experiment == "pipelines-train" and config.register_model == ""
-    assert tracking.artifact_root(config.tracking_uri) == str(tmp_path / "out" / "mlartifacts")
+    assert tracking.artifact_root(config.tracking_uri) == str(tmp_path / "out" / "mlruns")
+    relative = parse_config(TrainConfig, TRAIN_ARGS + ["--tracking-uri", "sqlite:///runs/x.db"]).tracking_uri
+    assert relative == f"sqlite:///{tmp_path}/runs/x.db"  # ranks may start elsewhere
     etl = parse_config(ETLConfig, ["--input", "in", "--output", "etl"])
     assert etl.tracking and etl.tracking_uri == f"sqlite:///{tmp_path}/etl/mlruns.db"
     assert etl.experiment == "pipelines-etl"
@@ -71,28 +73,34 @@ def test_a_recorded_run_counts_only_for_its_store(tmp_path):
 def test_a_run_continues_with_immutable_params_and_tracking_failures_never_stop_training(tmp_path, monkeypatch):
     """In one process: start, log epochs, continue the recorded run (a changed param becomes a
     tag), then an epoch that cannot be logged is reported and skipped, and the results that cannot
-    be logged raise TrackingFailed saying the output is complete."""
+    be logged raise TrackingFailed saying the output is complete. MLflow writes nothing where the
+    job was started: the store's experiments, its default one too, keep their artifacts beside it."""
     import mlflow
-    out, uri = str(tmp_path), tracking.default_uri(str(tmp_path))
+    out, uri = str(tmp_path / "out"), tracking.default_uri(str(tmp_path / "out"))
+    os.makedirs(out)
+    (tmp_path / "started-here").mkdir()
+    monkeypatch.chdir(tmp_path / "started-here")
     with tracking.start(uri, "unit", out, "first", {"epochs": 2, "seed": 1}) as first:
         first.log_epoch(1, {"loss": 1.0})
     with tracking.start(uri, "unit", out, params={"epochs": 3, "seed": 1, "new": "x"}, continue_run=True) as again:
         assert again.run_id == first.run_id
-        monkeypatch.setattr(mlflow, "log_metrics", _refuse)
-        again.log_epoch(2, {"loss": 0.5})  # reported, not raised
-        again.log_epoch(3, {"loss": 0.25})  # skipped after the first failure
-        assert "store went away" in again.epoch_error
-        with pytest.raises(tracking.TrackingFailed, match=f"the output in {out} is complete"):
-            again.log_results({"test_accuracy": 1.0}, history=[{"epoch": 1, "loss": 1.0}, {"epoch": 2, "loss": 0.5}])
-        monkeypatch.undo()
+        with monkeypatch.context() as broken:
+            broken.setattr(mlflow, "log_metrics", _refuse)
+            again.log_epoch(2, {"loss": 0.5})  # reported, not raised
+            again.log_epoch(3, {"loss": 0.25})  # skipped after the first failure
+            assert "store went away" in again.epoch_error
+            with pytest.raises(tracking.TrackingFailed, match=f"the output in {out} is complete"):
+                again.log_results({"test_accuracy": 1.0}, history=[{"epoch": 1, "loss": 1.0}, {"epoch": 2, "loss": 0.5}])
         again.log_results({"test_accuracy": 1.0}, history=[{"epoch": 1, "loss": 1.0}, {"epoch": 2, "loss": 0.5}])
     client = mlflow.MlflowClient(uri)
     run = client.get_run(first.run_id)
     assert run.info.status == "FINISHED" and run.info.run_name == "first"
     assert run.data.params == {"epochs": "2", "seed": "1", "new": "x"} and run.data.tags["resumed_with.epochs"] == "3"
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")] == [(1, 1.0), (2, 0.5)]
-    assert run.info.artifact_uri.startswith(os.path.join(out, tracking.ARTIFACTS_DIR))
+    assert run.info.artifact_uri == os.path.join(out, "mlruns", run.info.experiment_id, run.info.run_id, "artifacts")
+    assert client.get_experiment("0").artifact_location == os.path.join(out, "mlruns", "0")
     assert len(client.search_runs([run.info.experiment_id])) == 1
+    assert os.listdir(tmp_path / "started-here") == [] and os.getcwd() == str(tmp_path / "started-here")
 
 
 def _refuse(*args, **kwargs):
