@@ -165,8 +165,8 @@ def artifact_root(uri: str) -> Optional[str]:
     return os.path.join(os.path.dirname(os.path.abspath(uri[len(SQLITE):])), ARTIFACTS_DIR)
 
 
-def _open_store(mlflow, uri: str):
-    """A client of the store ``uri``, created (migrations run) on first use, quietly.
+def open_store(uri: str):
+    """An ``mlflow.MlflowClient`` of the store ``uri``, created (migrations run) on first use, quietly.
 
     MLflow's client opens a SQLite store with the artifact root ``./mlruns`` (no client API sets
     it): the store makes that folder and gives it to its default experiment and to every
@@ -174,9 +174,10 @@ def _open_store(mlflow, uri: str):
     beside the store, in the job's output, instead of wherever the job was started; the store is
     then cached for the process, so only this first opening needs the folder.
     """
+    mlflow = _mlflow()
     root = artifact_root(uri)
     with _quiet_store(), _in_folder(os.path.dirname(root) if root else None):
-        return mlflow.MlflowClient()
+        return mlflow.MlflowClient(uri)
 
 
 @contextlib.contextmanager
@@ -225,7 +226,7 @@ def start(uri: str, experiment: str, output: str, run_name: str = "", params: Op
     mlflow = _mlflow()
     try:
         mlflow.set_tracking_uri(uri)
-        client = _open_store(mlflow, uri)
+        client = open_store(uri)
         experiment_id = _experiment_id(client, experiment)
         run_id = recorded_run(output, uri) if continue_run else None
         existing = _params_of(client, run_id) if run_id else None
