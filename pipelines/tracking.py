@@ -22,6 +22,8 @@ import logging
 import os
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from pipelines.environment import environment
+
 log = logging.getLogger("pipelines")
 
 TRACKING_ENV = "PIPELINES_TRACKING"
@@ -88,21 +90,6 @@ def _is_remote(uri: str) -> bool:
     return uri.split(":", 1)[0].lower() in ("http", "https")
 
 
-@contextlib.contextmanager
-def _environ(**values: str) -> Iterator[None]:
-    """Set environment variables for the block (MLflow reads its HTTP settings from there)."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def check_store(uri: str) -> None:
     """Refuse a tracking server that does not answer, in seconds: one request through MLflow's
     client, without its retries (by default minutes of back-off). Other stores (SQLite, files,
@@ -115,7 +102,7 @@ def check_store(uri: str) -> None:
         return
     mlflow = _mlflow()
     try:
-        with _environ(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT=str(PROBE_TIMEOUT_S)):
+        with environment({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(PROBE_TIMEOUT_S)}):
             mlflow.MlflowClient(uri).search_experiments(max_results=1)
     except Exception as exc:  # MLflow wraps connection errors in its own exception types
         raise TrackingUnavailable(_unavailable(uri, exc)) from None

@@ -55,7 +55,8 @@ def test_mlflow_and_tensorflow_import_together_and_open_a_sqlite_store(tmp_path)
     (MLflow's own range would take protobuf 5+, which TensorFlow cannot import), then MLflow's SQL
     store (SQLAlchemy 2.1 breaks it at import)."""
     code = ("import sys, tensorflow as tf, mlflow, google.protobuf as pb; "
-            "mlflow.MlflowClient(sys.argv[1]).search_experiments(); print(tf.__version__, mlflow.__version__, pb.__version__)")
+            "mlflow.MlflowClient(sys.argv[1]).search_experiments(); "
+            "print(tf.__version__, mlflow.__version__, pb.__version__)")
     out = subprocess.run([sys.executable, "-c", code, f"sqlite:///{tmp_path}/mlruns.db"], capture_output=True,
                          text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert out.returncode == 0, out.stderr[-3000:]

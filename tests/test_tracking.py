@@ -84,14 +84,15 @@ def test_a_run_continues_with_immutable_params_and_tracking_failures_never_stop_
         first.log_epoch(1, {"loss": 1.0})
     with tracking.start(uri, "unit", out, params={"epochs": 3, "seed": 1, "new": "x"}, continue_run=True) as again:
         assert again.run_id == first.run_id
+        history = [{"epoch": 1, "loss": 1.0}, {"epoch": 2, "loss": 0.5}]
         with monkeypatch.context() as broken:
             broken.setattr(mlflow, "log_metrics", _refuse)
             again.log_epoch(2, {"loss": 0.5})  # reported, not raised
             again.log_epoch(3, {"loss": 0.25})  # skipped after the first failure
             assert "store went away" in again.epoch_error
             with pytest.raises(tracking.TrackingFailed, match=f"the output in {out} is complete"):
-                again.log_results({"test_accuracy": 1.0}, history=[{"epoch": 1, "loss": 1.0}, {"epoch": 2, "loss": 0.5}])
-        again.log_results({"test_accuracy": 1.0}, history=[{"epoch": 1, "loss": 1.0}, {"epoch": 2, "loss": 0.5}])
+                again.log_results({"test_accuracy": 1.0}, history=history)
+        again.log_results({"test_accuracy": 1.0}, history=history)  # the epoch that failed, logged now
     client = mlflow.MlflowClient(uri)
     run = client.get_run(first.run_id)
     assert run.info.status == "FINISHED" and run.info.run_name == "first"
