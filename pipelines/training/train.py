@@ -1,8 +1,8 @@
 """The training job: one function, run by every Horovod rank (``horovodrun`` or Spark tasks).
 
 :func:`run_training` reads top to bottom as the job's steps; each rank runs all of them, and the
-side effects (checkpoints, logs, reports, the exported model) are rank 0's, stated once in
-:func:`make_callbacks` and :func:`save_outputs`. Resume is decided in one place, :func:`restore`.
+side effects (checkpoints, logs, reports, the exported model, the MLflow run) are rank 0's, stated
+once in :func:`start_tracking`, :func:`make_callbacks` and :func:`save_outputs`. Resume is decided in one place, :func:`restore`.
 The input path (images, or cached backbone features) is an object from
 :mod:`pipelines.training.inputs`; nothing else here depends on which one it is.
 """
