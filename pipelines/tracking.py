@@ -22,6 +22,7 @@ import logging
 import os
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from pipelines.atomic import write_json
 from pipelines.environment import environment
 
 log = logging.getLogger("pipelines")
@@ -100,8 +101,8 @@ def check_store(uri: str) -> None:
     """
     if not _is_remote(uri):
         return
-    mlflow = _mlflow()
     try:
+        mlflow = _mlflow()
         with environment({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(PROBE_TIMEOUT_S)}):
             mlflow.MlflowClient(uri).search_experiments(max_results=1)
     except Exception as exc:  # MLflow wraps connection errors in its own exception types
@@ -153,15 +154,21 @@ def artifact_root(uri: str) -> Optional[str]:
 
 
 def open_store(uri: str):
-    """An ``mlflow.MlflowClient`` of the store ``uri``, created (migrations run) on first use, quietly.
+    """An ``mlflow.MlflowClient`` of the store ``uri`` (created, migrations run, on first use,
+    quietly), which becomes this process's tracking URI: the fluent API, ``runs:/`` and
+    ``models:/`` URIs and a server's proxied artifacts resolve through it.
 
-    MLflow's client opens a SQLite store with the artifact root ``./mlruns`` (no client API sets
-    it): the store makes that folder and gives it to its default experiment and to every
-    experiment made without a location. Opened from the store's own folder, all of that stays
-    beside the store, in the job's output, instead of wherever the job was started; the store is
-    then cached for the process, so only this first opening needs the folder.
+    ``mlflow.set_tracking_uri`` also exports ``$MLFLOW_TRACKING_URI``; that is undone, or a later
+    job of this process (a notebook's training after its ETL) or its children would take this
+    store for the user's choice. MLflow's client opens a SQLite store with the artifact root
+    ``./mlruns`` (no client API sets it): the store makes that folder and gives it to its default
+    experiment and to every experiment made without a location. Opened from the store's own
+    folder, all of that stays beside the store, in the job's output, instead of wherever the job
+    was started; the store is then cached for the process, so only this first opening needs it.
     """
     mlflow = _mlflow()
+    with environment({}, keep=("MLFLOW_TRACKING_URI",)):
+        mlflow.set_tracking_uri(uri)
     root = artifact_root(uri)
     with _quiet_store(), _in_folder(os.path.dirname(root) if root else None):
         return mlflow.MlflowClient(uri)
@@ -210,9 +217,8 @@ def start(uri: str, experiment: str, output: str, run_name: str = "", params: Op
         TrackingUnavailable: the store cannot be reached or opened, or refuses the run.
     """
     check_store(uri)
-    mlflow = _mlflow()
     try:
-        mlflow.set_tracking_uri(uri)
+        mlflow = _mlflow()
         client = open_store(uri)
         experiment_id = _experiment_id(client, experiment)
         run_id = recorded_run(output, uri) if continue_run else None
@@ -231,7 +237,6 @@ def start(uri: str, experiment: str, output: str, run_name: str = "", params: Op
         mlflow.log_params({key: value for key, value in params.items() if key not in existing})
         mlflow.set_tags({**(tags or {}), **{f"resumed_with.{key}": value for key, value in params.items()
                                             if key in existing and existing[key] != value}})
-        from pipelines.atomic import write_json
         write_json(os.path.join(output, RUN_FILE), tracker.describe())
     except Exception as exc:
         tracker.__exit__(type(exc), exc, None)

@@ -10,6 +10,7 @@ BIN = os.path.dirname(sys.executable)
 # suite (in this process, its subprocesses, Spark workers and notebook kernels) would otherwise
 # create an MLflow store (seconds of migrations) and log its model.
 os.environ["PIPELINES_TRACKING"] = "0"
+os.environ.pop("MLFLOW_TRACKING_URI", None)  # the tests that track choose their store themselves
 
 
 @pytest.fixture(scope="session")
@@ -50,14 +51,11 @@ def mlflow_run(output: str):
     and run id): ``(client, run)``. Fails when the run's experiment holds any other run. The store
     becomes this process's tracking URI too: ``runs:/`` and ``models:/`` URIs, and a server's
     proxied artifacts, resolve through it."""
-    import mlflow
-
     from pipelines.tracking import RUN_FILE, open_store
 
     with open(os.path.join(output, RUN_FILE)) as f:
         record = json.load(f)
     client = open_store(record["tracking_uri"])
-    mlflow.set_tracking_uri(record["tracking_uri"])
     runs = client.search_runs([record["experiment_id"]])
     assert [r.info.run_id for r in runs] == [record["run_id"]], [r.info.run_id for r in runs]
     return client, runs[0]

@@ -74,7 +74,8 @@ def test_a_run_continues_with_immutable_params_and_tracking_failures_never_stop_
     """In one process: start, log epochs, continue the recorded run (a changed param becomes a
     tag), then an epoch that cannot be logged is reported and skipped, and the results that cannot
     be logged raise TrackingFailed saying the output is complete. MLflow writes nothing where the
-    job was started: the store's experiments, its default one too, keep their artifacts beside it."""
+    job was started (the store's experiments, its default one too, keep their artifacts beside
+    it) and leaves no MLFLOW_TRACKING_URI behind."""
     import mlflow
     out, uri = str(tmp_path / "out"), tracking.default_uri(str(tmp_path / "out"))
     os.makedirs(out)
@@ -102,6 +103,8 @@ def test_a_run_continues_with_immutable_params_and_tracking_failures_never_stop_
     assert client.get_experiment("0").artifact_location == os.path.join(out, "mlruns", "0")
     assert len(client.search_runs([run.info.experiment_id])) == 1
     assert os.listdir(tmp_path / "started-here") == [] and os.getcwd() == str(tmp_path / "started-here")
+    # the store is this process's, not exported: a later job here, or a child, resolves its own
+    assert mlflow.get_tracking_uri() == uri and "MLFLOW_TRACKING_URI" not in os.environ
 
 
 def _refuse(*args, **kwargs):
