@@ -2,8 +2,8 @@
 
 :func:`run_training` reads top to bottom as the job's steps; each rank runs all of them, and the
 side effects (checkpoints, logs, reports, the exported model, the MLflow run) are rank 0's, stated
-once in :func:`start_tracking`, :func:`make_callbacks` and :func:`save_outputs`. Resume is decided in one place, :func:`restore`.
-The input path (images, or cached backbone features) is an object from
+once in :func:`start_tracking`, :func:`make_callbacks` and :func:`save_outputs`. Resume is decided in
+one place, :func:`restore`. The input path (images, or cached backbone features) is an object from
 :mod:`pipelines.training.inputs`; nothing else here depends on which one it is.
 """
 from __future__ import annotations
