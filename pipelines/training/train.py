@@ -407,7 +407,6 @@ def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker) ->
                  "stopped_early": int(report["stopped_early"]),
                  "steady_train_images_per_second": report["train_images_per_second"],
                  "fit_seconds": report["fit_seconds"], "total_seconds": report["total_seconds"]},
-        tags={"stopped_early": report["stopped_early"], "best_epoch": report["best_epoch"]},
         artifacts=[(os.path.join(config.output, name), None) for name in OUTPUT_ARTIFACTS]
         + [(path, None) for path in report["pictures"].values()] + [(os.path.join(data.root, MANIFEST), "data")],
         history=report["history"])
