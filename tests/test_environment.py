@@ -59,7 +59,7 @@ def test_mlflow_and_tensorflow_import_together_and_open_a_sqlite_store(tmp_path)
             "print(tf.__version__, mlflow.__version__, pb.__version__)")
     out = subprocess.run([sys.executable, "-c", code, f"sqlite:///{tmp_path}/mlruns.db"], capture_output=True,
                          text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-                         cwd=str(tmp_path))  # MLflow's plain client makes ./mlruns beside a SQLite store's user
+                         cwd=str(tmp_path))  # a plain MLflow client of a SQLite store makes ./mlruns where it runs
     assert out.returncode == 0, out.stderr[-3000:]
     pins = setup_pins()
     assert out.stdout.split() == [pins["tensorflow-cpu"], pins["mlflow"], pins["protobuf"]]
