@@ -48,6 +48,19 @@ def row_bytes(image_size: int) -> int:
     return image_size * image_size * 3
 
 
+def manifest_sha256(root: str) -> str:
+    """sha256 of the bytes of ``root/manifest.json``: the identity of one ETL output (the manifest
+    records when it was made, its counts and its row groups), which its runs are tracked by.
+
+    Raises:
+        FileNotFoundError: ``root`` has no manifest.
+    """
+    import hashlib
+
+    with open(os.path.join(root, MANIFEST), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 @dataclass(frozen=True)
 class SplitInfo:
     """One split as the ETL wrote it, counts read back from the Parquet footers.

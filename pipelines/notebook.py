@@ -54,6 +54,9 @@ def train(np: int = -1, **config) -> Dict:
 
     config = TrainConfig(**config)
     check_run(config.data, config.batch_size, abs(np))  # the data refusals, before any rank starts
+    if config.tracking:
+        from pipelines.tracking import check_store
+        check_store(config.tracking_uri)  # a tracking server that does not answer, too
     return HorovodRunner(np=np).run(run_training, config=config)
 
 

@@ -8,6 +8,8 @@ import threading
 from contextlib import contextmanager
 from typing import Dict, Iterator, Optional
 
+from pipelines.environment import environment
+
 log = logging.getLogger("pipelines")
 
 # The locale of every JVM and Python worker this module starts, whatever the caller's: under
@@ -34,21 +36,6 @@ def utf8_conf() -> Dict[str, str]:
     return conf
 
 
-@contextmanager
-def _environment(values: Dict[str, str]) -> Iterator[None]:
-    """Set environment variables for the block (for a child process started in it)."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Dict[str, str]] = None):
     """The active SparkSession, or a new one.
 
@@ -69,7 +56,7 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
         builder = builder.master(master)
     for key, value in {**(utf8_conf() if launching else {}), **(conf or {})}.items():
         builder = builder.config(key, value)
-    with _environment(UTF8_ENV if launching else {}):
+    with environment(UTF8_ENV if launching else {}):
         spark = builder.getOrCreate()
     from pipelines.quiet import is_verbose
 

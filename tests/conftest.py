@@ -6,6 +6,11 @@ import sys
 import pytest
 
 BIN = os.path.dirname(sys.executable)
+# No MLflow tracking unless a test asks for it with --tracking / tracking=True: every job of the
+# suite (in this process, its subprocesses, Spark workers and notebook kernels) would otherwise
+# create an MLflow store (seconds of migrations) and log its model.
+os.environ["PIPELINES_TRACKING"] = "0"
+os.environ.pop("MLFLOW_TRACKING_URI", None)  # the tests that track choose their store themselves
 
 
 @pytest.fixture(scope="session")
@@ -61,3 +66,18 @@ def assert_exact_test_count(report: dict, manifest: dict) -> None:
     manifest's test rows are one number."""
     test = report["test"]
     assert test["count"] == test["expected_count"] == manifest["splits"]["test"]["rows"], test
+
+
+def mlflow_run(output: str):
+    """The one MLflow run a job logged for ``output``, as its ``mlflow_run.json`` records it (store
+    and run id): ``(client, run)``. Fails when the run's experiment holds any other run. The store
+    becomes this process's tracking URI too: ``runs:/`` and ``models:/`` URIs, and a server's
+    proxied artifacts, resolve through it."""
+    from pipelines.tracking import RUN_FILE, open_store
+
+    with open(os.path.join(output, RUN_FILE)) as f:
+        record = json.load(f)
+    client = open_store(record["tracking_uri"])
+    runs = client.search_runs([record["experiment_id"]])
+    assert [r.info.run_id for r in runs] == [record["run_id"]], [r.info.run_id for r in runs]
+    return client, runs[0]

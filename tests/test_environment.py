@@ -3,6 +3,7 @@ import configparser
 import os
 import re
 import subprocess
+import sys
 from importlib.metadata import version
 
 import pytest
@@ -32,7 +33,7 @@ def docker_args(name: str) -> dict:
 def test_dockerfiles_name_the_versions_of_setup_cfg(dockerfile):
     pins, args = setup_pins(), docker_args(dockerfile)
     assert args["TENSORFLOW_VERSION"] == pins["tensorflow-cpu"] == pins["tensorflow"]
-    for package in ("horovod", "pyspark", "petastorm", "pyarrow"):
+    for package in ("horovod", "pyspark", "petastorm", "pyarrow", "mlflow", "protobuf", "sqlalchemy"):
         assert args[f"{package.upper()}_VERSION"] == pins[package], package
     assert args["PYTHON_VERSION"] == "3.11" and args["JAVA_VERSION"] == "17"
 
@@ -44,8 +45,24 @@ def test_both_dockerfiles_agree():
 
 def test_the_venv_has_the_pinned_versions():
     pins = setup_pins()
-    for package in ("numpy", "pandas", "pyarrow", "pyspark", "petastorm", "pillow", "h5py", "horovod", "tensorflow-cpu"):
+    for package in ("numpy", "pandas", "pyarrow", "pyspark", "petastorm", "pillow", "h5py", "horovod", "tensorflow-cpu",
+                    "mlflow", "protobuf", "sqlalchemy"):
         assert version(package) == pins[package], package
+
+
+def test_mlflow_and_tensorflow_import_together_and_open_a_sqlite_store(tmp_path):
+    """One fresh interpreter, as rank 0 of a tracked run: TensorFlow 2.15 on the pinned protobuf
+    (MLflow's own range would take protobuf 5+, which TensorFlow cannot import), then MLflow's SQL
+    store (SQLAlchemy 2.1 breaks it at import)."""
+    code = ("import sys, tensorflow as tf, mlflow, google.protobuf as pb; "
+            "mlflow.MlflowClient(sys.argv[1]).search_experiments(); "
+            "print(tf.__version__, mlflow.__version__, pb.__version__)")
+    out = subprocess.run([sys.executable, "-c", code, f"sqlite:///{tmp_path}/mlruns.db"], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+                         cwd=str(tmp_path))  # a plain MLflow client of a SQLite store makes ./mlruns where it runs
+    assert out.returncode == 0, out.stderr[-3000:]
+    pins = setup_pins()
+    assert out.stdout.split() == [pins["tensorflow-cpu"], pins["mlflow"], pins["protobuf"]]
 
 
 def _discover(tmp_path, nvidia_smi=None):

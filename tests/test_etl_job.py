@@ -8,10 +8,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.contract import manifest_sha256
 from pipelines.etl.cli import main as etl_main
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
-from tests.conftest import BIN, subprocess_env
+from tests.conftest import BIN, mlflow_run, subprocess_env
 from tests.imagegen import make_tree
 
 pytestmark = pytest.mark.slow
@@ -32,12 +33,12 @@ def tree(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def submitted(tree, tmp_path_factory):
-    """One run through spark-submit, as a user runs it."""
+    """One run through spark-submit, as a user runs it, tracked to the default MLflow store."""
     root, _ = tree
     out = str(tmp_path_factory.mktemp("etl") / "out")
     cmd = [os.path.join(BIN, "spark-submit"), "--master", "local[2]", os.path.join(REPO, "jobs", "etl.py"),
            "--input", root, "--output", out, "--image-size", str(SIZE), "--test-fraction", "0.3",
-           "--min-row-groups", "4"]
+           "--min-row-groups", "4", "--tracking"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(os.path.join(out, "manifest.json")) as f:
@@ -55,6 +56,22 @@ def test_counts_reconcile_and_the_summary_says_so(tree, submitted):
     assert files["skipped"] == len(expected["skipped"])
     assert f"found {all_files} = written {expected['good']}" in stdout
     assert "images/s" in stdout
+
+
+def test_the_etl_is_one_mlflow_run_with_its_counts(submitted):
+    out, manifest, _ = submitted
+    client, run = mlflow_run(out)
+    assert run.info.status == "FINISHED" and client.get_experiment(run.info.experiment_id).name == "pipelines-etl"
+    logged, files, splits = run.data.metrics, manifest["files"], manifest["splits"]
+    assert {key: logged[f"files.{key}"] for key in ("found", "written", "rejected", "skipped")} == \
+        {key: files[key] for key in ("found", "written", "rejected", "skipped")}
+    assert {key: logged[key] for key in ("train.rows", "test.rows", "train.row_groups", "num_classes")} == {
+        "train.rows": splits["train"]["rows"], "test.rows": splits["test"]["rows"],
+        "train.row_groups": splits["train"]["row_groups"], "num_classes": 3}
+    assert run.data.tags["manifest_sha256"] == manifest_sha256(out) and run.data.tags["stage"] == "etl"
+    assert (run.data.params["image_size"], run.data.params["test_fraction"]) == (str(SIZE), "0.3")
+    assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == ["manifest.json", "rejected.jsonl"]
+    assert run.info.artifact_uri.startswith(os.path.join(out, "mlruns", run.info.experiment_id))
 
 
 def test_rejected_list_names_every_bad_file_with_its_reason(tree, submitted):

@@ -1,24 +1,31 @@
 """The training job end to end: real horovodrun with Gloo, real Petastorm on real Parquet."""
 import csv
+import glob
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.contract import manifest_sha256
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
 from pipelines.training.schedule import warmup_lr
-from tests.conftest import BIN, assert_exact_test_count, read_metrics as metrics, subprocess_env
+from tests.conftest import BIN, assert_exact_test_count, mlflow_run, read_metrics as metrics, subprocess_env
 from tests.imagegen import make_tree
 
 pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 71  # Xception's smallest input
+REGISTERED = "xception-tests"  # the model name full_run registers in its MLflow store
 
 
 def train(data, output, *args, np_=2, env=None, timeout=420, tensorboard=False):
@@ -77,7 +84,8 @@ def full_run(dataset, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("run") / "out")
     job = [sys.executable, "-u", os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", out,
            "--weights", "none", "--batch-size", "4", "--cache-dir", out + "-cache", "--epochs", "3",
-           "--patience", "10", "--min-delta", "2", "--warmup-epochs", "2", "--bind-cores", "--threads", "1"]
+           "--patience", "10", "--min-delta", "2", "--warmup-epochs", "2", "--bind-cores", "--threads", "1",
+           "--tracking", "--register-model", REGISTERED]  # to the default SQLite store in the output
     command = (f"{shlex.quote(os.path.join(BIN, 'horovodrun'))} -np 2 -H localhost:2 --gloo {shlex.join(job)} 2>&1"
                " | grep --line-buffered -v -e '^\\[[0-9]*\\]<stderr>:  '")
     proc = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, text=True,
@@ -199,20 +207,83 @@ def test_final_model_holds_the_best_epochs_weights(full_run):
     assert_model_holds_checkpoint(out, 1, m["num_classes"])
 
 
-def test_exact_test_metric_equals_a_single_process_evaluation(full_run, dataset):
+@pytest.fixture(scope="module")
+def test_split(dataset):
+    """The ETL's test rows as the exported model takes them: uint8 (n, SIZE, SIZE, 3), and labels."""
+    table = pq.read_table(os.path.join(dataset[0], "test"), columns=["image", "label"])
+    images = np.stack([np.frombuffer(b, np.uint8).reshape(SIZE, SIZE, 3) for b in table.column("image").to_pylist()])
+    return images, np.array(table.column("label").to_pylist())
+
+
+@pytest.fixture(scope="module")
+def keras_probs(full_run, test_split):
+    """full_run's model.keras on the raw ETL rows (preprocessing inside the graph)."""
+    return load_model(full_run[0]).predict(test_split[0], batch_size=16, verbose=0)
+
+
+def test_exact_test_metric_equals_a_single_process_evaluation(full_run, test_split, keras_probs):
     import tensorflow as tf
     out = full_run[0]
-    data, _ = dataset
-    table = pq.read_table(os.path.join(data, "test"), columns=["image", "label"])
-    images = np.stack([np.frombuffer(b, np.uint8).reshape(SIZE, SIZE, 3) for b in table.column("image").to_pylist()])
-    labels = np.array(table.column("label").to_pylist())
-    # the exported model takes the raw ETL rows (uint8 RGB, preprocessing inside the graph)
-    probs = load_model(out).predict(images, batch_size=16, verbose=0)
-    loss = float(tf.keras.losses.sparse_categorical_crossentropy(labels, probs).numpy().mean())
+    labels = test_split[1]
+    loss = float(tf.keras.losses.sparse_categorical_crossentropy(labels, keras_probs).numpy().mean())
     test = metrics(out)["test"]
     assert test["count"] == len(labels)
-    assert test["accuracy"] == pytest.approx(float((probs.argmax(1) == labels).mean()), abs=1e-9)
+    assert test["accuracy"] == pytest.approx(float((keras_probs.argmax(1) == labels).mean()), abs=1e-9)
     assert test["loss"] == pytest.approx(loss, rel=1e-4)
+
+
+HISTORY_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "lr", "epoch_seconds", "train_images_per_second")
+RUN_ARTIFACTS = {"metrics.json", "history.csv", "class_names.json", "model.json", "curves.png", "confusion.png",
+                 "contact_sheet.png", "model", "data"}
+
+
+def test_the_horovod_job_is_one_mlflow_run_from_rank_0(full_run, dataset):
+    """Params, every epoch's metrics at step = epoch, the exact test metrics of metrics.json, the
+    early-stopping outcome, the artifacts, and the registered version with its accuracy tag."""
+    out, log, _ = full_run
+    data, manifest = dataset
+    m = metrics(out)
+    client, run = mlflow_run(out)  # the only run of its experiment: not one per rank
+    run_id = run.info.run_id
+    assert m["mlflow"]["run_id"] == run_id and run.info.status == "FINISHED"
+    assert re.findall(r"^\[(\d)\]<stderr>:.* MLflow run \w+ started", log, re.M) == ["0"]
+    # MLflow quiet unless --verbose: no migration lines, INFO lines, registry lines, progress bars, HDF5 warning
+    assert not re.search(r"alembic|INFO mlflow|Successfully registered|\[=+\]|HDF5", log), log[-3000:]
+    params = run.data.params
+    assert {k: params[k] for k in ("world_size", "global_batch_size", "batch_size", "epochs", "data.image_size",
+                                   "data.train_rows", "data.test_rows", "data.manifest_sha256")} == {
+        "world_size": "2", "global_batch_size": "8", "batch_size": "4", "epochs": "3", "data.image_size": str(SIZE),
+        "data.train_rows": str(manifest["splits"]["train"]["rows"]),
+        "data.test_rows": str(manifest["splits"]["test"]["rows"]), "data.manifest_sha256": manifest_sha256(data)}
+    assert float(params["learning_rate"]) == m["learning_rate"] == pytest.approx(0.002)
+    for key in HISTORY_METRICS:
+        logged = sorted((point.step, point.value) for point in client.get_metric_history(run_id, key))
+        assert logged == [(h["epoch"], h[key]) for h in m["history"]], key
+    results, test = run.data.metrics, m["test"]
+    assert (results["test_accuracy"], results["test_loss"], results["test_count"]) == \
+        (test["accuracy"], test["loss"], test["count"])
+    assert (results["best_epoch"], results["epochs_run"], results["stopped_early"]) == (1, 3, 0)
+    assert {a.path for a in client.list_artifacts(run_id)} == RUN_ARTIFACTS
+    assert run.info.artifact_uri.startswith(os.path.join(out, "mlruns", run.info.experiment_id))
+    with open(os.path.join(run.info.artifact_uri, "metrics.json")) as f:
+        assert json.load(f) == m
+    version = client.get_model_version(REGISTERED, "1")
+    assert version.run_id == run_id and version.tags == {"test_accuracy": str(test["accuracy"])}
+
+
+def test_the_logged_and_registered_model_predicts_as_model_keras(full_run, test_split, keras_probs):
+    """Served by pyfunc from the run, and loaded as a Keras model from the registry (as the
+    batch-prediction job does): the ETL's uint8 rows in, model.keras's probabilities out."""
+    import mlflow
+    import tensorflow as tf
+    _, run = mlflow_run(full_run[0])
+    served = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+    (spec,) = served.metadata.get_input_schema().inputs
+    assert spec.type == np.uint8 and spec.shape == (-1, SIZE, SIZE, 3)
+    np.testing.assert_array_equal(served.predict(test_split[0]), keras_probs)
+    registered = mlflow.tensorflow.load_model(f"models:/{REGISTERED}/1")
+    assert registered.input.dtype == tf.uint8
+    np.testing.assert_array_equal(registered.predict(test_split[0], batch_size=16, verbose=0), keras_probs)
 
 
 def clock(line):
@@ -224,10 +295,11 @@ def clock(line):
 def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset, tmp_path):
     """Local ranks (--spark-np -2): rank 0 killed after epoch 2; min_delta 2 makes epoch 1 the best,
     patience 2 stops after epoch 3 only if the resumed run keeps the waiting count of epoch 2
-    (a fresh early stopping would take epoch 3 as its best and run on to epoch 5)."""
+    (a fresh early stopping would take epoch 3 as its best and run on to epoch 5). Tracked: every
+    process continues the one MLflow run the killed one started, each epoch logged once."""
     data, manifest = dataset
     out = str(tmp_path / "out")
-    args = ("--epochs", "6", "--patience", "2", "--min-delta", "2", "--spark-np", "-2", "--resume")
+    args = ("--epochs", "6", "--patience", "2", "--min-delta", "2", "--spark-np", "-2", "--resume", "--tracking")
     killed = train(data, out, *args, np_=0, env={"PIPELINES_FAULT_INJECT": "rank=0,epoch=2,mode=kill"})
     assert killed.returncode == 1, killed.stderr[-3000:]
     assert f"--resume: no complete checkpoint in {out}, starting from epoch 1" in killed.stdout + killed.stderr
@@ -241,6 +313,8 @@ def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset,
     assert os.path.exists(os.path.join(out, "checkpoint-2.json"))
     assert not os.path.exists(os.path.join(out, "checkpoint-3.json"))
     killed_at = checkpoint_checksum(out, 2, manifest["num_classes"])  # pruned once epoch 3 is written
+    _, run = mlflow_run(out)
+    assert run.info.status == "RUNNING" and epochs_logged(out) == [1, 2]  # its process was killed
 
     resumed = train(data, out, *args, np_=0)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -254,6 +328,7 @@ def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset,
     assert m["world_size"] == 2 and len(set(m["weights_checksum_per_rank"])) == 1  # local ranks, in step
     assert_exact_test_count(m, manifest)
     assert_model_holds_checkpoint(out, 1, m["num_classes"], differs_from_last=False)
+    assert m["mlflow"]["run_id"] == run.info.run_id and epochs_logged(out) == [1, 2, 3]
 
     again = train(data, out, *args, np_=0)  # the run had stopped: no epoch, the best weights, same report
     assert again.returncode == 0, again.stderr[-3000:]
@@ -262,6 +337,9 @@ def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset,
     assert [h["epoch"] for h in m["history"]] == [1, 2, 3] and m["stopped_early"] and m["best_epoch"] == 1
     assert_exact_test_count(m, manifest)
     assert_model_holds_checkpoint(out, 1, m["num_classes"], differs_from_last=False)
+    client, after = mlflow_run(out)  # still the one run
+    assert after.info.run_id == run.info.run_id and after.info.status == "FINISHED"
+    assert epochs_logged(out) == [1, 2, 3] and after.data.metrics["test_accuracy"] == m["test"]["accuracy"]
 
     # a checkpoint goes with its frozen weights: other ones (another seed's random backbone) are refused
     other = train(data, out, *args, "--seed", "1", np_=0)
@@ -270,6 +348,13 @@ def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset,
     # every rank refuses: whichever the launcher hears of first is named (rank 0 or 1)
     assert re.search(r"training failed: rank [01] failed: ValueError: --resume: checkpoint ", other.stderr), \
         other.stderr[-3000:]
+    assert mlflow_run(out)[1].info.status == "FINISHED"  # refused before its tracking began
+
+
+def epochs_logged(out):
+    """The steps of the loss history of an output's MLflow run, in order: one per epoch logged."""
+    client, run = mlflow_run(out)
+    return sorted(point.step for point in client.get_metric_history(run.info.run_id, "loss"))
 
 
 @pytest.fixture(scope="module")
@@ -349,7 +434,7 @@ def test_under_horovodrun_every_rank_exits_2_and_rank_0_alone_says_why(reason, d
     assert "Exit code: 2" in text
 
 
-def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, tmp_path):
+def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, test_split, tmp_path):
     import tensorflow as tf
     from pipelines.training import features as feat
     from pipelines.training.model import backbone_of
@@ -368,13 +453,12 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, tmp_
 
     # The exported whole model on raw images == its head on the cached features.
     model = load_model(out)
-    table = pq.read_table(os.path.join(data, "test"), columns=["image", "label"])
-    images = np.stack([np.frombuffer(b, np.uint8).reshape(SIZE, SIZE, 3) for b in table.column("image").to_pylist()])
+    images, test_labels = test_split
     raw = model.predict(images, batch_size=8, verbose=0)
     backbone = backbone_of(model)
     features = backbone.predict(images.astype(np.float32) / 127.5 - 1.0, batch_size=8, verbose=0)
     cached, labels = feat.read_shard(directory, "test", 0, 1)
-    assert sorted(labels.tolist()) == sorted(table.column("label").to_pylist())
+    assert sorted(labels.tolist()) == sorted(test_labels.tolist())
     head = tf.keras.Sequential([tf.keras.Input((backbone.output_shape[-1],)), model.get_layer("dropout"),
                                 model.get_layer("head")])
     np.testing.assert_allclose(head.predict(features, verbose=0), raw, rtol=1e-5, atol=1e-6)
@@ -385,9 +469,82 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, tmp_
     assert again.returncode == 0 and "feature cache: reusing" in again.stderr
 
 
-def test_feature_cache_steps_aside_for_augmentation(dataset, tmp_path):
-    data, _ = dataset
-    proc = train(data, str(tmp_path / "out"), "--epochs", "1", "--feature-cache", "--augment", np_=0)
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tracking_server(tmp_path_factory):
+    """A real ``mlflow server`` on 127.0.0.1: SQLite backend, artifacts proxied into a folder of
+    its own (clients upload them over HTTP). Yields ``(url, folder)``."""
+    base = tmp_path_factory.mktemp("mlflow-server")
+    url = f"http://127.0.0.1:{free_port()}"
+    with open(base / "server.log", "w") as server_log:
+        server = subprocess.Popen(
+            [os.path.join(BIN, "mlflow"), "server", "--backend-store-uri", f"sqlite:///{base}/server.db",
+             "--artifacts-destination", str(base / "artifacts"), "--host", "127.0.0.1",
+             "--port", url.rsplit(":", 1)[1], "--workers", "1"],
+            cwd=str(base), stdout=server_log, stderr=subprocess.STDOUT, env=subprocess_env(), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not _answers(url + "/health"):
+            assert server.poll() is None and time.monotonic() < deadline, (base / "server.log").read_text()[-3000:]
+            time.sleep(1)
+        yield url, base
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and its gunicorn worker
+        server.wait(timeout=60)
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def augmented_on_server(dataset, tracking_server, tmp_path_factory):
+    """One process, one epoch, augmentation (feature cache off), tracked to the MLflow server."""
+    out = str(tmp_path_factory.mktemp("augmented") / "out")
+    proc = train(dataset[0], out, "--epochs", "1", "--feature-cache", "--augment", "--tracking",
+                 "--tracking-uri", tracking_server[0], "--experiment", "on-server", "--run-name", "augmented", np_=0)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_feature_cache_steps_aside_for_augmentation(augmented_on_server):
+    out, proc = augmented_on_server
     assert "feature cache off: augmentation" in proc.stderr
-    assert metrics(str(tmp_path / "out"))["feature_cache"] is None
+    assert metrics(out)["feature_cache"] is None
+
+
+def test_a_tracking_server_receives_the_run_and_its_artifacts(augmented_on_server, tracking_server):
+    out, _ = augmented_on_server
+    url, base = tracking_server
+    m = metrics(out)
+    client, run = mlflow_run(out)  # read back through the server
+    assert client.tracking_uri == m["mlflow"]["tracking_uri"] == url
+    assert run.info.run_name == "augmented" and run.info.status == "FINISHED"
+    assert client.get_experiment(run.info.experiment_id).name == "on-server"
+    assert run.data.params["world_size"] == "1" and run.data.params["augment"] == "True"
+    assert run.data.metrics["test_accuracy"] == m["test"]["accuracy"]
+    assert [point.step for point in client.get_metric_history(run.info.run_id, "loss")] == [1]
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == RUN_ARTIFACTS
+    # uploaded to the server, which stored them in its own folder; nothing tracked in the output
+    assert glob.glob(str(base / "artifacts" / "*" / run.info.run_id / "artifacts" / "model" / "MLmodel"))
+    assert not [name for name in os.listdir(out) if name.startswith("mlruns")]
+
+
+def test_an_unreachable_tracking_server_is_refused_before_any_rank_with_exit_2(dataset, tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    proc = train(dataset[0], str(tmp_path / "out"), "--spark-np", "-2", "--tracking", "--tracking-uri", url,
+                 np_=0, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = error_lines(proc.stderr)
+    assert len(errors) == 1 and "[train driver]" in errors[0], proc.stderr[-3000:]
+    assert f"MLflow tracking store {url} cannot be used" in errors[0] and "--no-tracking" in errors[0]
+    assert "rank 0" not in proc.stderr and "Traceback" not in proc.stderr

@@ -13,10 +13,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse the options into an :class:`ETLConfig`, run the job, print the summary.
 
     Returns 0 on success; 2 with a one-line error for bad input before Spark runs (paths, trees,
-    memory); 1 with a one-line error when Spark ran but wrote no image from a non-empty list of
-    candidates (the previous output is kept).
+    memory, a tracking store that cannot be used); 1 with a one-line error when Spark ran but
+    wrote no image from a non-empty list of candidates (the previous output is kept), or when
+    MLflow could not log the finished output.
     """
     from pipelines.etl.job import NothingWritten, format_summary, run_etl
+    from pipelines.tracking import TrackingFailed
 
     config = parse_config(ETLConfig, argv)
     log = setup_logging("etl")
@@ -25,7 +27,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
         log.error("%s", exc)
         return 2
-    except NothingWritten as exc:
+    except (NothingWritten, TrackingFailed) as exc:
         log.error("%s", exc)
         return 1
     print(format_summary(manifest))

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from pipelines import tracking as trk
 from pipelines.config import field
 from pipelines.contract import row_bytes
 from pipelines.paths import check_url_safe
@@ -35,6 +36,10 @@ class ETLConfig:
     master: Optional[str] = field(None, help="Spark master when not set by spark-submit "
                                              "(default local[*])")
     verbose: bool = field(False, help="show Spark's INFO log and known harmless warnings (quiet by default)")
+    tracking: Optional[bool] = field(None, help=trk.HELP["tracking"])
+    tracking_uri: str = field("", help=trk.HELP["tracking_uri"])
+    experiment: str = field("pipelines-etl", help=trk.HELP["experiment"])
+    run_name: str = field("", help=trk.HELP["run_name"])
 
     def __post_init__(self) -> None:
         if not 0.0 < self.test_fraction < 1.0:  # also refuses NaN
@@ -63,6 +68,7 @@ class ETLConfig:
         self.input = os.path.abspath(os.path.expanduser(self.input))
         # Training opens the output by file:// URL: refuse now what it could not open later.
         self.output = check_url_safe(self.output, "--output")
+        self.tracking, self.tracking_uri = trk.resolve(self.tracking, self.tracking_uri, self.output, self.experiment)
 
     @staticmethod
     def default_partitions(default_parallelism: int) -> int:

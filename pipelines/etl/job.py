@@ -17,6 +17,7 @@ Steps, each a function below:
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -27,13 +28,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from pipelines import __version__
 from pipelines.config import to_dict
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.images import DEFAULT_MAX_PIXELS
-from pipelines.contract import COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, TRAIN, Manifest, SplitInfo
+from pipelines.contract import (COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, TRAIN, Manifest, SplitInfo,
+                                manifest_sha256)
 from pipelines.etl.labels import ClassFolder, split_class
 from pipelines.etl.layout import cut_into, rows_per_row_group, spread_order
 from pipelines.etl.listing import (REJECTED, SKIPPED, Excluded, ListedFile, class_folders, classify, display_path,
@@ -415,7 +417,8 @@ def _versions(spark_version: str) -> Dict[str, str]:
 
 
 def run_etl(config: ETLConfig, spark=None) -> dict:
-    """Run the whole ETL stage and return its manifest.
+    """Run the whole ETL stage and return its manifest; with tracking, as one MLflow run
+    (:func:`track`), started once the input is checked and ended with the job.
 
     Args:
         config: the stage's configuration.
@@ -428,8 +431,10 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
     Raises:
         FileNotFoundError, NotADirectoryError, ValueError: bad input or output paths, no class
             folders, a tree that cannot be read safely, files or images too large for the
-            executors' memory (before Spark runs anything). RuntimeError: counts do not
-            reconcile. NothingWritten: candidates but no image written (previous output kept).
+            executors' memory, a tracking store that cannot be used (before Spark runs
+            anything). RuntimeError: counts do not reconcile. NothingWritten: candidates but no
+            image written (previous output kept). pipelines.tracking.TrackingFailed: the output
+            is complete but MLflow could not log it.
     """
     from pyspark import SparkContext
 
@@ -446,17 +451,51 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
              sum(the_plan.expected_rows.values()), the_plan.expected_rows[TRAIN],
              the_plan.expected_rows[TEST], the_plan.rows_per_row_group)
     os.makedirs(config.output, exist_ok=True)
-    spark = spark or spark_session("pipelines-etl", config.master)
-    context = spark.sparkContext
-    check_memory(config, context.master, dict(context.getConf().getAll()))
-    shutil.rmtree(os.path.join(config.output, STAGING), ignore_errors=True)
-    start = time.perf_counter()
-    with log_progress(spark):
-        spark_outcomes = run_spark(spark, config, the_plan)
-    seconds = time.perf_counter() - start
-    manifest = finish(config, the_plan, spark_outcomes, spark.version, seconds)
-    log.info("wrote %s", os.path.join(config.output, MANIFEST))
+    with track(config) as tracker:
+        spark = spark or spark_session("pipelines-etl", config.master)
+        context = spark.sparkContext
+        check_memory(config, context.master, dict(context.getConf().getAll()))
+        shutil.rmtree(os.path.join(config.output, STAGING), ignore_errors=True)
+        start = time.perf_counter()
+        with log_progress(spark):
+            spark_outcomes = run_spark(spark, config, the_plan)
+        seconds = time.perf_counter() - start
+        manifest = finish(config, the_plan, spark_outcomes, spark.version, seconds)
+        log.info("wrote %s", os.path.join(config.output, MANIFEST))
+        if tracker:
+            tracker.log_results(manifest_metrics(manifest), {"manifest_sha256": manifest_sha256(config.output),
+                                                             "layout": manifest.get("layout")},
+                                [(os.path.join(config.output, name), None) for name in (MANIFEST, REJECTED_LIST)])
     return manifest
+
+
+@contextlib.contextmanager
+def track(config: ETLConfig) -> Iterator[Optional[object]]:
+    """The ETL's MLflow run (a :class:`pipelines.tracking.Tracker`; ``None`` with tracking off) with
+    the config as params, ended with the block (FAILED when it raises).
+
+    Raises:
+        pipelines.tracking.TrackingUnavailable: the store cannot be used.
+    """
+    if not config.tracking:
+        yield None
+        return
+    from pipelines import tracking
+
+    params = {**to_dict(config), "input": display_path(config.input), "output": display_path(config.output)}
+    with tracking.start(config.tracking_uri, config.experiment, config.output, config.run_name, params,
+                        {"stage": "etl", "output": display_path(config.output)}) as tracker:
+        yield tracker
+
+
+def manifest_metrics(manifest: dict) -> Dict[str, float]:
+    """The counts of a manifest as flat MLflow metrics: ``files.<outcome>``, ``<split>.rows``,
+    ``<split>.row_groups``, ``num_classes``, ``max_world_size``, ``seconds``, ``images_per_second``."""
+    metrics = {f"files.{key}": manifest["files"][key] for key in ("found", "written", "rejected", "skipped")}
+    for split in SPLITS:
+        metrics.update({f"{split}.{key}": manifest["splits"][split][key] for key in ("rows", "row_groups", "files")})
+    metrics.update({key: manifest[key] for key in ("num_classes", "max_world_size", "seconds", "images_per_second")})
+    return metrics
 
 
 def format_summary(manifest: dict) -> str:

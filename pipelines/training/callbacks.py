@@ -123,6 +123,20 @@ class CheckpointMarker(tf.keras.callbacks.Callback):
                         os.remove(path)
 
 
+class TrackEpochs(tf.keras.callbacks.Callback):
+    """Rank 0: each epoch's logs (loss, accuracy, val_loss, val_accuracy, lr, epoch_seconds,
+    train_images_per_second, already averaged over ranks) to the MLflow run at ``step`` = the
+    epoch (1-based), through a :class:`pipelines.tracking.Tracker`, which never raises here: a
+    tracking failure must not stop training."""
+
+    def __init__(self, tracker):
+        super().__init__()
+        self.tracker = tracker
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.tracker.log_epoch(epoch + 1, logs or {})
+
+
 class FaultInjection(tf.keras.callbacks.Callback):
     """Test hook: ``PIPELINES_FAULT_INJECT="rank=R,epoch=E,mode=raise|kill"`` makes rank R fail at
     the end of epoch E (1-based), after that epoch's checkpoint: ``raise`` raises RuntimeError,

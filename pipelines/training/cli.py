@@ -22,12 +22,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     Returns 0 on success; 2 with a one-line error when the data cannot feed the run or the
     launch is impossible (too few task slots, a Spark setting barrier tasks refuse, a network
-    interface or host address that is not on this machine's executors), before any rank starts;
-    1 with the failing rank and its cause when a rank fails (on its host: also its network).
+    interface or host address that is not on this machine's executors, an MLflow tracking server
+    that does not answer), before any rank starts; 1 with the failing rank and its cause when a
+    rank fails (on its host: also its network), or when MLflow could not log the results (the
+    training outputs are complete).
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from pipelines.launcher import HorovodJobFailed, HorovodRunner
     from pipelines.logs import setup_logging
+    from pipelines.tracking import TrackingFailed, check_store
     from pipelines.training.data import DataError, check_run
     from pipelines.training.train import run_training
 
@@ -41,6 +44,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 ranks = -config.spark_np
                 rank_cores(0, ranks, threads_per_rank(config.threads, ranks), os.sched_getaffinity(0))
             check_run(config.data, config.batch_size, abs(config.spark_np))  # refuse before any rank starts
+            if config.tracking:
+                check_store(config.tracking_uri)
             if config.spark_np > 0:
                 from pipelines.spark import spark_session
                 spark_session("pipelines-train")
@@ -58,11 +63,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except HorovodJobFailed as exc:
         log.error("training failed: %s", exc)
         return 1
+    except TrackingFailed as exc:  # rank 0, under horovodrun or alone
+        log.error("%s", exc)
+        return 1
     test = report["test"]
+    tracked = f"; MLflow run {report['mlflow']['run_id']}" if report.get("mlflow") else ""
     print(f"test accuracy {test['accuracy']:.4f} (loss {test['loss']:.4f}) on {test['count']} images; "
           f"{report['epochs_run']} epochs, best {report['best_epoch']}; "
           f"world size {report['world_size']}, global batch {report['global_batch_size']}; "
-          f"model and report in {config.output}")
+          f"model and report in {config.output}{tracked}")
     return 0
 
 

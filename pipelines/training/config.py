@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from pipelines import tracking as trk
 from pipelines.config import field
 from pipelines.paths import check_url_safe
 
@@ -56,6 +57,12 @@ class TrainConfig:
                                             "every host (e.g. eth0), used as given or refused when a host "
                                             "lacks it; default: HOROVOD_GLOO_IFACE, else the interface of "
                                             "each host's address (lo for loopback addresses)")
+    tracking: Optional[bool] = field(None, help=trk.HELP["tracking"] + "; rank 0 logs one run per job")
+    tracking_uri: str = field("", help=trk.HELP["tracking_uri"])
+    experiment: str = field("pipelines-train", help=trk.HELP["experiment"])
+    run_name: str = field("", help=trk.HELP["run_name"])
+    register_model: str = field("", help="register the trained model in MLflow's model registry under this name "
+                                         "(a new version, tagged with its test_accuracy)")
 
     def model_size(self, stored_size: int) -> int:
         """Side of the model's input in pixels: ``--image-size``, or the stored images' size."""
@@ -91,3 +98,6 @@ class TrainConfig:
             self.weights = os.path.abspath(os.path.expanduser(self.weights))
         if self.cache_dir:
             self.cache_dir = os.path.abspath(os.path.expanduser(self.cache_dir))
+        self.tracking, self.tracking_uri = trk.resolve(self.tracking, self.tracking_uri, self.output, self.experiment)
+        if self.register_model and not self.tracking:
+            raise ValueError("--register-model needs tracking: drop --no-tracking (or PIPELINES_TRACKING=0)")

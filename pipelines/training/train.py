@@ -1,20 +1,21 @@
 """The training job: one function, run by every Horovod rank (``horovodrun`` or Spark tasks).
 
 :func:`run_training` reads top to bottom as the job's steps; each rank runs all of them, and the
-side effects (checkpoints, logs, reports, the exported model) are rank 0's, stated once in
-:func:`make_callbacks` and :func:`save_outputs`. Resume is decided in one place, :func:`restore`.
-The input path (images, or cached backbone features) is an object from
+side effects (checkpoints, logs, reports, the exported model, the MLflow run) are rank 0's, stated
+once in :func:`start_tracking`, :func:`make_callbacks` and :func:`save_outputs`. Resume is decided in
+one place, :func:`restore`. The input path (images, or cached backbone features) is an object from
 :mod:`pipelines.training.inputs`; nothing else here depends on which one it is.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 from pipelines.config import to_dict
 from pipelines.training.config import TrainConfig
@@ -159,10 +160,57 @@ def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str]
     return Resume(marker, best_weights, checksums, list(marker["history"]))
 
 
+@contextlib.contextmanager
+def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resume) -> Iterator[Optional[object]]:
+    """Rank 0 starts the job's MLflow run, or continues the recorded one when ``resume`` found a
+    checkpoint, with the run's params (:func:`run_params`); the block's end ends it (FAILED when
+    the block raises). Yields a :class:`pipelines.tracking.Tracker` on rank 0 and ``None`` on the
+    other ranks or with tracking off.
+
+    Raises:
+        pipelines.tracking.TrackingUnavailable: on every rank, when rank 0 cannot use the store.
+    """
+    if not config.tracking:
+        yield None
+        return
+    import horovod.tensorflow as hvd_tf
+
+    from pipelines import tracking
+
+    tracker, error = None, None
+    if rank.rank == 0:
+        try:
+            tracker = tracking.start(config.tracking_uri, config.experiment, config.output, config.run_name,
+                                     run_params(config, rank, plan), {"stage": "train", "output": config.output},
+                                     continue_run=bool(resume.marker))
+        except tracking.TrackingUnavailable as exc:
+            error = str(exc)
+    error = hvd_tf.broadcast_object(error, root_rank=0, name="tracking_error")  # every rank refuses alike
+    if error:
+        raise tracking.TrackingUnavailable(error)
+    with tracker or contextlib.nullcontext():
+        yield tracker
+
+
+def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
+    """The MLflow params of a training run: the whole config, the world and its arithmetic, and the
+    data's identity (the sha256 of its ``manifest.json``, counts, image size)."""
+    from pipelines.contract import manifest_sha256
+
+    data = plan.data
+    return {**to_dict(config), "world_size": rank.size, "global_batch_size": plan.steps.global_batch,
+            "learning_rate": plan.lr, "steps_per_epoch": plan.steps.steps_per_epoch,
+            "validation_steps": plan.steps.validation_steps, "model_image_size": plan.image_size,
+            "data.manifest_sha256": manifest_sha256(data.root), "data.image_size": data.image_size,
+            "data.train_rows": data.train_rows, "data.test_rows": data.test_rows,
+            "data.num_classes": data.num_classes}
+
+
 def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resume,
-                   frozen_sha256: Optional[str] = None):
+                   frozen_sha256: Optional[str] = None, tracker=None):
     """Horovod's broadcast, metric averaging and warmup, epoch statistics and early stopping on
-    every rank; checkpoints, their markers, ``history.csv`` and TensorBoard on rank 0 only.
+    every rank; checkpoints, their markers, ``history.csv``, TensorBoard and each epoch's metrics to
+    ``tracker`` (MLflow, when given) on rank 0 only.
 
     Returns ``(callbacks, early_stopping, epoch_stats)``.
     """
@@ -190,6 +238,8 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
         if config.tensorboard:
             callbacks.append(tf.keras.callbacks.TensorBoard(os.path.join(config.output, "tensorboard"),
                                                             profile_batch=0))
+        if tracker is not None:
+            callbacks.append(cb.TrackEpochs(tracker))
     callbacks.append(cb.FaultInjection(rank.rank))
     return callbacks, early_stopping, epoch_stats
 
@@ -261,15 +311,16 @@ def run_training(config: TrainConfig) -> Dict:
     compile_distributed(inputs.model, plan.lr)
     frozen_sha256 = frozen_checksum(full_model)
     resume = restore(config, inputs.model, rank, frozen_sha256)
-    callbacks, early_stopping, epoch_stats = make_callbacks(config, rank, plan, resume, frozen_sha256)
-    seconds_before_fit = time.perf_counter() - start
-    fit_seconds = train(config, rank, plan, inputs, resume, callbacks)
-    totals = evaluate(inputs, plan)
-    report = build_report(config, rank, plan, inputs, resume, totals, early_stopping, epoch_stats)
-    report.update(seconds_before_fit=seconds_before_fit, fit_seconds=fit_seconds,
-                  total_seconds=time.perf_counter() - start)
-    if rank.rank == 0:
-        save_outputs(config, report, inputs.exported_model(), plan.data, totals)
+    with start_tracking(config, rank, plan, resume) as tracker:  # rank 0's MLflow run, ended on leaving
+        callbacks, early_stopping, epoch_stats = make_callbacks(config, rank, plan, resume, frozen_sha256, tracker)
+        seconds_before_fit = time.perf_counter() - start
+        fit_seconds = train(config, rank, plan, inputs, resume, callbacks)
+        totals = evaluate(inputs, plan)
+        report = build_report(config, rank, plan, inputs, resume, totals, early_stopping, epoch_stats)
+        report.update(seconds_before_fit=seconds_before_fit, fit_seconds=fit_seconds,
+                      total_seconds=time.perf_counter() - start)
+        if rank.rank == 0:
+            save_outputs(config, report, inputs.exported_model(), plan.data, totals, tracker)
     return report
 
 
@@ -308,10 +359,15 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume:
     }
 
 
-def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None) -> None:
+def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tracker=None) -> None:
     """Rank 0: ``model.keras`` (the whole model, taking the ETL's uint8 images) and its contract
     ``model.json``, ``class_names.json``, the pictures (``curves.png``, ``confusion.png``,
-    ``contact_sheet.png``) and ``metrics.json``, each written atomically, the report last."""
+    ``contact_sheet.png``) and ``metrics.json``, each written atomically, the report last; then,
+    with a ``tracker``, the same to the MLflow run (:func:`track_outputs`).
+
+    Raises:
+        pipelines.tracking.TrackingFailed: MLflow logging failed; the outputs above are complete.
+    """
     from pipelines.atomic import write_json
     from pipelines.training.model import export_model
 
@@ -322,12 +378,46 @@ def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None) ->
         report["test"]["confusion"] = [list(row) for row in totals.confusion]
     report["model_contract"] = "model.json"
     report["pictures"] = save_pictures(config.output, report, exported, data)
+    report["mlflow"] = tracker.describe() if tracker else None
     write_json(os.path.join(config.output, "metrics.json"), report)
     test = report["test"]
     log.info("test accuracy %.4f, loss %.4f on %d images (exact, all ranks); best epoch %s of %d",
              test["accuracy"], test["loss"], test["count"], report["best_epoch"], report["epochs_run"])
     for path in report["pictures"].values():
         log.info("wrote %s", path)
+    if tracker:
+        track_outputs(config, report, exported, data, tracker)
+
+
+def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker) -> None:
+    """Rank 0, after the outputs are written: the epochs the MLflow run lacks, the exact test metrics
+    and the early-stopping outcome, the output files (and the data's ``manifest.json`` under
+    ``data/``) as artifacts, and the exported model at ``model/`` (input example: a stored test
+    image), registered as a new version of ``--register-model`` tagged with its ``test_accuracy``.
+
+    Raises:
+        pipelines.tracking.TrackingFailed: logging failed; the outputs are complete.
+    """
+    from pipelines.contract import MANIFEST
+
+    test = report["test"]
+    tracker.log_results(
+        metrics={"test_loss": test["loss"], "test_accuracy": test["accuracy"], "test_count": test["count"],
+                 "epochs_run": report["epochs_run"], "best_epoch": report["best_epoch"],
+                 "stopped_early": int(report["stopped_early"]),
+                 "steady_train_images_per_second": report["train_images_per_second"],
+                 "fit_seconds": report["fit_seconds"], "total_seconds": report["total_seconds"]},
+        artifacts=[(os.path.join(config.output, name), None) for name in OUTPUT_ARTIFACTS]
+        + [(path, None) for path in report["pictures"].values()] + [(os.path.join(data.root, MANIFEST), "data")],
+        history=report["history"])
+    example, _ = first_test_rows(data, 1)
+    uri, version = tracker.log_model(exported, example, config.register_model,
+                                     {"test_accuracy": str(test["accuracy"])})
+    log.info("MLflow: logged run %s with model %s%s", tracker.run_id, uri,
+             f", registered as {config.register_model} version {version}" if version else "")
+
+
+OUTPUT_ARTIFACTS = ("metrics.json", "history.csv", "class_names.json", "model.json")
 
 
 CONTACT_SHEET_IMAGES = 32
@@ -339,28 +429,36 @@ def save_pictures(output: str, report: Dict, exported, data) -> Dict[str, str]:
     shard alone may hold fewer), predicted by the exported model itself (``exported``, as
     :func:`~pipelines.training.model.export_model` returns it) on the stored uint8 images.
     Returns ``{name: path}``."""
-    import numpy as np
-
     from pipelines import report as pictures
-    from pipelines.training.data import OnePassShard
 
     paths = {"curves": pictures.plot_history(report["history"], os.path.join(output, "curves.png"))}
     if "confusion" in report["test"]:
         paths["confusion"] = pictures.plot_confusion(report["test"]["confusion"], data.class_names,
                                                      os.path.join(output, "confusion.png"))
-    images, labels = [], []
-    for batch_images, batch_labels in OnePassShard(data, "test", 0, 1).batches():  # the whole split, in file order
-        images.append(batch_images)
-        labels.append(batch_labels)
-        if sum(map(len, labels)) >= CONTACT_SHEET_IMAGES:
-            break
-    if images:
-        images = np.concatenate(images)[:CONTACT_SHEET_IMAGES]
-        labels = np.concatenate(labels)[:CONTACT_SHEET_IMAGES]
+    images, labels = first_test_rows(data, CONTACT_SHEET_IMAGES)
+    if len(images):
         predicted = exported.predict(images, batch_size=8, verbose=0).argmax(axis=1)
         paths["contact_sheet"] = pictures.contact_sheet(images, labels, predicted, data.class_names,
                                                         os.path.join(output, "contact_sheet.png"))
     return paths
+
+
+def first_test_rows(data, count: int):
+    """The first ``count`` rows of the test split, in file order (fewer when it has fewer): ``(images
+    uint8 (n, S, S, 3), labels int32 (n,))``, read with pyarrow, stopping once there are enough."""
+    import numpy as np
+
+    from pipelines.training.data import OnePassShard
+
+    images, labels = [], []
+    for batch_images, batch_labels in OnePassShard(data, "test", 0, 1).batches():  # the whole split, in order
+        images.append(batch_images)
+        labels.append(batch_labels)
+        if sum(map(len, labels)) >= count:
+            break
+    if not images:
+        return np.zeros((0, data.image_size, data.image_size, 3), np.uint8), np.zeros((0,), np.int32)
+    return np.concatenate(images)[:count], np.concatenate(labels)[:count]
 
 
 def _steady_state(history: List[Dict]) -> Optional[float]:

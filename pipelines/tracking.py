@@ -1,0 +1,414 @@
+"""MLflow tracking of the pipeline's runs: the only module that imports ``mlflow`` (on first use).
+
+Each job is one MLflow run, started by one process (training: rank 0; the ETL: its driver):
+
+- **Store**: ``--tracking-uri``, else ``$MLFLOW_TRACKING_URI``, else a local SQLite store in the
+  job's output, ``sqlite:///OUTPUT/mlruns.db``, whose experiments keep their artifacts beside it
+  in ``OUTPUT/mlruns/<experiment_id>/`` (no server needed; ``mlflow ui --backend-store-uri`` shows it).
+- **Off**: ``--no-tracking``, or ``PIPELINES_TRACKING=0`` when no flag is given.
+- **Resume**: the run's id is kept in ``OUTPUT/mlflow_run.json``; a resumed training run continues
+  that MLflow run (:func:`start` with ``continue_run``).
+
+A store that cannot be used is refused before the work starts (:class:`TrackingUnavailable`, a
+``ValueError``: exit code 2); a failure while logging per-epoch metrics is reported once and never
+stops training; a failure to log the results, which are written to the output first, is a
+:class:`TrackingFailed` (exit code 1) whose message says the output is complete.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+
+from pipelines.atomic import write_json
+from pipelines.environment import environment
+
+log = logging.getLogger("pipelines")
+
+TRACKING_ENV = "PIPELINES_TRACKING"
+STORE_FILE = "mlruns.db"
+ARTIFACTS_DIR = "mlruns"  # MLflow's own name for the artifact root of a local store
+RUN_FILE = "mlflow_run.json"
+MODEL_ARTIFACT = "model"  # runs:/<run_id>/model
+PROBE_TIMEOUT_S = 10
+
+# Help of the tracking options, the same in every stage's config.
+HELP = {
+    "tracking": f"log the run to MLflow (default: on, unless {TRACKING_ENV}=0; --no-tracking turns it off)",
+    "tracking_uri": f"MLflow tracking URI, e.g. http://HOST:5000 (default: $MLFLOW_TRACKING_URI, else "
+                    f"sqlite:///OUTPUT/{STORE_FILE} with the artifacts in OUTPUT/{ARTIFACTS_DIR})",
+    "experiment": "MLflow experiment of the run (made when missing)",
+    "run_name": "MLflow run name (default: one MLflow makes up)",
+}
+
+
+class TrackingUnavailable(ValueError):
+    """The tracking store cannot be used; raised before the job's work starts (exit code 2)."""
+
+
+class TrackingFailed(RuntimeError):
+    """Logging the results failed after the job wrote its output, which is complete (exit code 1)."""
+
+
+SQLITE = "sqlite:///"
+
+
+def default_uri(output: str) -> str:
+    """``sqlite:///OUTPUT/mlruns.db``, ``output`` made absolute."""
+    return SQLITE + os.path.join(os.path.abspath(output), STORE_FILE)
+
+
+def _absolute(uri: str) -> str:
+    """A SQLite URI with an absolute path (ranks may start elsewhere); other URIs as they are."""
+    if uri.startswith(SQLITE) and not uri.startswith(SQLITE + "/") and uri != SQLITE + ":memory:":
+        return SQLITE + os.path.abspath(uri[len(SQLITE):])
+    return uri
+
+
+def resolve(tracking: Optional[bool], uri: str, output: str, experiment: str) -> Tuple[bool, str]:
+    """A stage config's tracking options, settled once where the config is made (the launching
+    process: ranks on other hosts may not have its environment).
+
+    Returns ``(enabled, uri)``: ``tracking`` if given, else not ``PIPELINES_TRACKING=0``; the URI
+    ``uri``, else ``$MLFLOW_TRACKING_URI``, else :func:`default_uri`, a SQLite path made absolute
+    (the URI as given when disabled).
+
+    Raises:
+        ValueError: an empty experiment name while tracking.
+    """
+    if tracking is None:
+        tracking = os.environ.get(TRACKING_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    if not tracking:
+        return False, uri
+    if not experiment:
+        raise ValueError("--experiment must not be empty (or pass --no-tracking)")
+    return True, _absolute(uri or os.environ.get("MLFLOW_TRACKING_URI", "") or default_uri(output))
+
+
+def _is_remote(uri: str) -> bool:
+    return uri.split(":", 1)[0].lower() in ("http", "https")
+
+
+def check_store(uri: str) -> None:
+    """Refuse a tracking server that does not answer, in seconds: one request through MLflow's
+    client, without its retries (by default minutes of back-off). Other stores (SQLite, files,
+    databases) are opened by :func:`start`, before the job's work too.
+
+    Raises:
+        TrackingUnavailable: the server cannot be reached, or refuses the request.
+    """
+    if not _is_remote(uri):
+        return
+    try:
+        mlflow = _mlflow()
+        with environment({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(PROBE_TIMEOUT_S)}):
+            mlflow.MlflowClient(uri).search_experiments(max_results=1)
+    except Exception as exc:  # MLflow wraps connection errors in its own exception types
+        raise TrackingUnavailable(_unavailable(uri, exc)) from None
+
+
+def _unavailable(uri: str, exc: BaseException) -> str:
+    cause = " ".join(str(exc).split())
+    if len(cause) > 300:
+        cause = cause[:300] + " ..."
+    return (f"MLflow tracking store {uri} cannot be used ({type(exc).__name__}: {cause}): start the server or fix "
+            "--tracking-uri / MLFLOW_TRACKING_URI, or pass --no-tracking")
+
+
+def _mlflow():
+    """``mlflow``, imported on first use, its INFO lines hidden unless ``--verbose``."""
+    import mlflow
+
+    from pipelines.quiet import is_verbose
+
+    if not is_verbose([]):
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+    return mlflow
+
+
+@contextlib.contextmanager
+def _quiet_store() -> Iterator[None]:
+    """Hide INFO records while a store is opened: creating a SQLite store runs alembic's
+    migrations, which configure its logger at INFO and print a dozen lines (unless verbose)."""
+    from pipelines.quiet import is_verbose
+
+    if is_verbose([]):
+        yield
+        return
+    logging.disable(logging.INFO)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def artifact_root(uri: str) -> Optional[str]:
+    """Where the experiments of a SQLite store keep their artifacts, ``<experiment_id>/`` each:
+    beside it (``DIR/mlruns`` for ``sqlite:///DIR/x.db``); ``None`` for other stores (the
+    server's ``--default-artifact-root``, or MLflow's default)."""
+    if not uri.startswith(SQLITE) or uri == SQLITE + ":memory:":
+        return None
+    return os.path.join(os.path.dirname(os.path.abspath(uri[len(SQLITE):])), ARTIFACTS_DIR)
+
+
+def open_store(uri: str):
+    """An ``mlflow.MlflowClient`` of the store ``uri`` (created, migrations run, on first use,
+    quietly), which becomes this process's tracking URI: the fluent API, ``runs:/`` and
+    ``models:/`` URIs and a server's proxied artifacts resolve through it.
+
+    ``mlflow.set_tracking_uri`` also exports ``$MLFLOW_TRACKING_URI``; that is undone, or a later
+    job of this process (a notebook's training after its ETL) or its children would take this
+    store for the user's choice. MLflow's client opens a SQLite store with the artifact root
+    ``./mlruns`` (no client API sets it): the store makes that folder and gives it to its default
+    experiment and to every experiment made without a location. Opened from the store's own
+    folder, all of that stays beside the store, in the job's output, instead of wherever the job
+    was started; the store is then cached for the process, so only this first opening needs it.
+    """
+    mlflow = _mlflow()
+    with environment({}, keep=("MLFLOW_TRACKING_URI",)):
+        mlflow.set_tracking_uri(uri)
+    root = artifact_root(uri)
+    with _quiet_store(), _in_folder(os.path.dirname(root) if root else None):
+        return mlflow.MlflowClient(uri)
+
+
+@contextlib.contextmanager
+def _in_folder(folder: Optional[str]) -> Iterator[None]:
+    """Run the block with ``folder`` as the working directory (``None``: where it is)."""
+    if folder is None:
+        yield
+        return
+    previous = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def _experiment_id(client, name: str) -> str:
+    """The experiment ``name``, made when missing with the store's default artifact location."""
+    experiment = client.get_experiment_by_name(name)
+    return experiment.experiment_id if experiment is not None else client.create_experiment(name)
+
+
+def recorded_run(output: str, uri: str) -> Optional[str]:
+    """The run id kept in ``OUTPUT/mlflow_run.json`` when it was logged to ``uri``, else ``None``."""
+    try:
+        with open(os.path.join(output, RUN_FILE), encoding="utf-8") as f:
+            record = json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
+    return record.get("run_id") if record.get("tracking_uri") == uri else None
+
+
+def start(uri: str, experiment: str, output: str, run_name: str = "", params: Optional[Dict[str, Any]] = None,
+          tags: Optional[Dict[str, Any]] = None, continue_run: bool = False) -> "Tracker":
+    """Start this job's MLflow run in ``experiment`` (made when missing, its artifacts beside a
+    SQLite store: :func:`artifact_root`), log ``params`` and ``tags``, and record the run in
+    ``OUTPUT/mlflow_run.json``. With ``continue_run``, the run recorded there for this ``uri``
+    continues (a resumed training run): only params it lacks are logged, changed values become
+    ``resumed_with.<param>`` tags (MLflow params are immutable). Use the result in a ``with``
+    block, which ends the run.
+
+    Raises:
+        TrackingUnavailable: the store cannot be reached or opened, or refuses the run.
+    """
+    check_store(uri)
+    try:
+        mlflow = _mlflow()
+        client = open_store(uri)
+        experiment_id = _experiment_id(client, experiment)
+        run_id = recorded_run(output, uri) if continue_run else None
+        existing = _params_of(client, run_id) if run_id else None
+        if run_id and existing is None:
+            log.info("MLflow run %s of %s is no longer in the store: starting a new one", run_id, output)
+            run_id = None
+        existing = existing or {}
+        active = (mlflow.start_run(run_id=run_id) if run_id else
+                  mlflow.start_run(experiment_id=experiment_id, run_name=run_name or None))
+    except Exception as exc:
+        raise TrackingUnavailable(_unavailable(uri, exc)) from None
+    tracker = Tracker(mlflow, active, experiment, output)
+    try:
+        params = {key: str(value) for key, value in (params or {}).items()}
+        mlflow.log_params({key: value for key, value in params.items() if key not in existing})
+        mlflow.set_tags({**(tags or {}), **{f"resumed_with.{key}": value for key, value in params.items()
+                                            if key in existing and existing[key] != value}})
+        write_json(os.path.join(output, RUN_FILE), tracker.describe())
+    except Exception as exc:
+        tracker.__exit__(type(exc), exc, None)
+        raise TrackingUnavailable(_unavailable(uri, exc)) from None
+    log.info("MLflow run %s %s in experiment '%s' at %s", tracker.run_id, "continued" if run_id else "started",
+             experiment, uri)
+    return tracker
+
+
+def _params_of(client, run_id: str) -> Optional[Dict[str, str]]:
+    """The params of the live run ``run_id``; ``None`` when the store has no such run (deleted
+    ones included)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+    return run.data.params if run.info.lifecycle_stage == "active" else None
+
+
+class Tracker:
+    """This process's MLflow run, from :func:`start` to the end of its ``with`` block: FINISHED,
+    or FAILED when the block raises (KILLED on Ctrl-C). A killed process leaves it RUNNING, for a
+    resumed run to continue."""
+
+    def __init__(self, mlflow, active_run, experiment: str, output: str):
+        self._mlflow = mlflow
+        self._active = active_run
+        self.run_id: str = active_run.info.run_id
+        self.experiment = experiment
+        self.output = output
+        self.epoch_error: Optional[str] = None
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> bool:
+        status = "FINISHED" if exc_type is None else "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
+        try:
+            self._mlflow.end_run(status)
+        except Exception as error:  # the job's own outcome matters more than the run's status
+            log.warning("MLflow: could not end run %s as %s (%s)", self.run_id, status, error)
+        return False
+
+    def describe(self) -> Dict[str, str]:
+        """Where the run is: ``run_id``, ``experiment_id``, ``experiment``, ``tracking_uri``, ``artifact_uri``."""
+        info = self._active.info
+        return {"run_id": self.run_id, "experiment_id": info.experiment_id, "experiment": self.experiment,
+                "tracking_uri": self._mlflow.get_tracking_uri(), "artifact_uri": info.artifact_uri}
+
+    def log_epoch(self, epoch: int, logs: Dict[str, float]) -> None:
+        """Log one epoch's metrics at ``step=epoch``. Never raises: the first failure is reported
+        and later epochs are skipped (:meth:`log_results` logs the epochs the run lacks)."""
+        if self.epoch_error:
+            return
+        try:
+            self._mlflow.log_metrics({key: float(value) for key, value in logs.items()}, step=epoch)
+        except Exception as exc:
+            self.epoch_error = f"{type(exc).__name__}: {exc}"
+            log.warning("MLflow: could not log epoch %d (%s); training goes on, the epochs are logged with the "
+                        "results", epoch, self.epoch_error[:300])
+
+    def log_results(self, metrics: Dict[str, Optional[float]], tags: Optional[Dict[str, Any]] = None,
+                    artifacts: Iterable[Tuple[str, Optional[str]]] = (), history: List[Dict] = ()) -> None:
+        """Log the job's results: the epochs of ``history`` (``{"epoch": n, metric: value}``) the
+        run lacks, ``metrics`` (``None`` values left out), ``tags``, and each existing file of
+        ``artifacts`` as ``(path, folder in the run's artifacts, None = top)``.
+
+        Raises:
+            TrackingFailed: any of it failed (the job's output was written before).
+        """
+        try:
+            self._log_missing_epochs(history)
+            self._mlflow.log_metrics({key: float(value) for key, value in metrics.items() if value is not None})
+            self._mlflow.set_tags(tags or {})
+            for path, folder in artifacts:
+                if os.path.isfile(path):
+                    self._mlflow.log_artifact(path, folder)
+        except Exception as exc:
+            raise TrackingFailed(self._failed("the results", exc)) from exc
+
+    def _log_missing_epochs(self, history: List[Dict]) -> None:
+        """Epochs logged by no process (a failure, or a kill between checkpoint and log), by step."""
+        if not history:
+            return
+        probe = next(key for key in history[0] if key != "epoch")
+        logged = {m.step for m in self._mlflow.MlflowClient().get_metric_history(self.run_id, probe)}
+        for entry in history:
+            if entry["epoch"] not in logged:
+                self._mlflow.log_metrics({k: float(v) for k, v in entry.items() if k != "epoch"}, step=entry["epoch"])
+
+    def log_model(self, model, example, registered_name: str = "",
+                  version_tags: Optional[Dict[str, str]] = None) -> Tuple[str, Optional[str]]:
+        """Log a tf.keras (Keras 2) ``model`` with MLflow's ``tensorflow`` flavour at ``model/``,
+        in HDF5 (SavedModel takes ~30 s more to write), with the signature inferred from
+        ``example`` (a batch as the model takes it) and the model's output on it, and ``example``
+        as the input example; with ``registered_name``, register it as a new version tagged
+        ``version_tags``. ``mlflow.tensorflow.load_model(uri)`` gives the Keras model back,
+        ``mlflow.pyfunc.load_model(uri)`` a pyfunc model.
+
+        Returns:
+            ``(model_uri, version)``: ``runs:/<run_id>/model`` and the registered version (``None``
+            when not registered).
+
+        Raises:
+            TrackingFailed: logging or registering failed (the job's output was written before).
+        """
+        mlflow = self._mlflow
+        try:
+            import mlflow.tensorflow
+            import tensorflow as tf
+            from mlflow.models import infer_signature
+
+            signature = infer_signature(example, model(example, training=False).numpy())
+            with _quiet_keras():
+                info = mlflow.tensorflow.log_model(
+                    model, MODEL_ARTIFACT, signature=signature, input_example=example,
+                    keras_model_kwargs={"save_format": "h5"},
+                    # named, so that MLflow does not reload the model in a subprocess to infer them
+                    pip_requirements=[f"tensorflow=={tf.__version__}", f"mlflow=={mlflow.__version__}"])
+            version = None
+            if registered_name:
+                with _quiet_events():
+                    version = mlflow.register_model(info.model_uri, registered_name, tags=version_tags).version
+        except Exception as exc:
+            raise TrackingFailed(self._failed("the model", exc)) from exc
+        return info.model_uri, version
+
+    def _failed(self, what: str, exc: BaseException) -> str:
+        return (f"MLflow run {self.run_id} at {self._mlflow.get_tracking_uri()}: could not log {what} "
+                f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); the output in {self.output} is complete")
+
+
+@contextlib.contextmanager
+def _quiet_keras() -> Iterator[None]:
+    """Unless verbose: no Keras progress bars (MLflow predicts the input example to validate it,
+    and they would print to stdout) and no warning that HDF5 is a legacy format (chosen here)."""
+    import warnings
+
+    import tensorflow as tf
+
+    from pipelines.quiet import is_verbose
+
+    if is_verbose([]):
+        yield
+        return
+    was = tf.keras.utils.is_interactive_logging_enabled()
+    tf.keras.utils.disable_interactive_logging()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="You are saving your model as an HDF5 file")
+            yield
+    finally:
+        if was:
+            tf.keras.utils.enable_interactive_logging()
+
+
+@contextlib.contextmanager
+def _quiet_events() -> Iterator[None]:
+    """Unless verbose: MLflow's event lines off (registering prints two, which our log says)."""
+    from mlflow.utils import logging_utils
+
+    from pipelines.quiet import is_verbose
+
+    if is_verbose([]):
+        yield
+        return
+    logging_utils.disable_logging()
+    try:
+        yield
+    finally:
+        logging_utils.enable_logging()
