@@ -1,0 +1,34 @@
+"""Command line of the batch-inference stage: ``spark-submit jobs/predict.py``."""
+from __future__ import annotations
+
+import sys
+from typing import Optional, Sequence
+
+from pipelines.config import parse_config
+from pipelines.logs import setup_logging
+from pipelines.predict.config import PredictConfig
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Parse the options into a :class:`PredictConfig`, run the job, print the summary.
+
+    Returns 0 on success (unreadable images are rows with a reason, not failures); 2 with a
+    one-line error for bad input before Spark starts (a missing model, a model without its
+    contract, an input with no image, an output that overlaps the input, an ETL split stored at
+    another size than the model's).
+    """
+    from pipelines.predict.job import format_summary, run_predict
+
+    config = parse_config(PredictConfig, argv)
+    log = setup_logging("predict")
+    try:
+        summary = run_predict(config)
+    except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
+        log.error("%s", exc)
+        return 2
+    print(format_summary(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
