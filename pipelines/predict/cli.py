@@ -4,8 +4,7 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
-from pipelines.config import parse_config
-from pipelines.logs import setup_logging
+from pipelines.config import run_command
 from pipelines.predict.config import PredictConfig
 
 
@@ -19,15 +18,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     from pipelines.predict.job import format_summary, run_predict
 
-    config = parse_config(PredictConfig, argv)
-    log = setup_logging("predict")
-    try:
-        summary = run_predict(config)
-    except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
-        log.error("%s", exc)
-        return 2
-    print(format_summary(summary))
-    return 0
+    return run_command(PredictConfig, argv, "predict", run_predict, format_summary,
+                       {(FileNotFoundError, NotADirectoryError, ValueError): 2})
 
 
 if __name__ == "__main__":

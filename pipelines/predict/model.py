@@ -84,18 +84,16 @@ def load_model(flavor: str, path: str):
 
 @functools.lru_cache(maxsize=2)
 def _load(flavor: str, path: str, _stamp: int):
+    import tensorflow as tf
+
     from pipelines.quiet import quiet_libraries
 
+    quiet_libraries()  # TensorFlow's and MLflow's Python loggers: errors only, unless verbose
     if flavor == MLFLOW:
         import mlflow.tensorflow
 
-        model = mlflow.tensorflow.load_model(path)
-    else:
-        import tensorflow as tf
-
-        model = tf.keras.models.load_model(path, compile=False)
-    quiet_libraries()
-    return model
+        return mlflow.tensorflow.load_model(path)
+    return tf.keras.models.load_model(path, compile=False)
 
 
 def check_loaded(model, image_size: int, num_classes: int) -> None:
@@ -184,9 +182,14 @@ def resolve_model(model: str, class_names_file: str = "", download_dir: Optional
 
 def _resolve_mlflow(uri: str, names: Optional[List[Optional[str]]], download_dir: Optional[str]) -> ModelSpec:
     """Download the MLflow model, read its class names and load it to read its input size."""
+    from pipelines.quiet import is_verbose, quiet_libraries
+
+    if not is_verbose([]):
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow
     from mlflow.exceptions import MlflowException
 
+    quiet_libraries()
     try:
         local = mlflow.artifacts.download_artifacts(artifact_uri=uri,
                                                     dst_path=download_dir or tempfile.mkdtemp(prefix="model-"))
