@@ -102,9 +102,10 @@ def run_command(cls: Type[T], argv: Sequence[str] | None, stage: str, run: Calla
 
     config = parse_config(cls, argv)
     log = setup_logging(stage)
+    caught = tuple(kind for kinds in exit_codes for kind in (kinds if isinstance(kinds, tuple) else (kinds,)))
     try:
         result = run(config)
-    except tuple(exit_codes) as exc:  # noqa: B030 - a tuple of exception types (nested tuples match too)
+    except caught as exc:
         log.error("%s", exc)
         return next(code for kinds, code in exit_codes.items() if isinstance(exc, kinds))
     print(summarize(result))
