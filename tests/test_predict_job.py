@@ -1,6 +1,6 @@
 """Batch inference end to end, on one tiny model trained once for the whole module: one spark-submit
-run on a raw tree with bad files, an ETL split through the session's Spark with a models:/ URI, the
-refusals before Spark, the no-Spark command and notebook 07."""
+run on a raw tree with bad files, notebook 07 on the ETL's test split with a models:/ URI, the
+refusals before Spark, the no-Spark command."""
 import json
 import os
 import shutil
@@ -13,9 +13,8 @@ import pytest
 
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
-from pipelines.predict.config import PredictConfig
 from pipelines.predict.infer import PREDICTED, UNREADABLE, make_decoder, predict_columns
-from pipelines.predict.job import CONFUSION, SKIPPED_LIST, SUMMARY, run_predict
+from pipelines.predict.job import CONFUSION, SKIPPED_LIST, SUMMARY
 from pipelines.predict.model import resolve_model
 from tests.conftest import BIN, read_metrics, subprocess_env
 from tests.datagen import write_dataset
@@ -112,31 +111,32 @@ def test_a_raw_image_and_its_etl_row_give_the_same_probabilities(trained):
 @pytest.fixture(scope="module")
 def registered(trained, tmp_path_factory):
     """The trained model logged and registered in a local MLflow store: ``models:/m/1``, with its
-    class names in the model's metadata."""
-    import mlflow
+    class names in the model's metadata. ``MLFLOW_TRACKING_URI`` names the store, for this process
+    and the processes it starts (notebook kernels)."""
     import mlflow.tensorflow
 
     store = tmp_path_factory.mktemp("mlflow")
+    env = pytest.MonkeyPatch()
     # A file store: the same registry API. (sqlite needs SQLAlchemy < 2.1 with MLflow 2.22.)
-    mlflow.set_tracking_uri("file://" + str(store / "mlruns"))
+    env.setenv("MLFLOW_TRACKING_URI", "file://" + str(store / "mlruns"))
     spec = resolve_model(trained["run"])
     with mlflow.start_run():
         mlflow.tensorflow.log_model(spec.load(), "model", registered_model_name="m", pip_requirements=[],
                                     metadata={"class_names": list(spec.class_names)})
     yield "models:/m/1"
-    mlflow.set_tracking_uri("")
+    env.undo()
 
 
-def test_models_uri_on_the_etl_test_split_gives_the_exact_test_accuracy(trained, registered, spark, tmp_path):
-    out = str(tmp_path / "test.parquet")
-    summary = run_predict(PredictConfig(model=registered, input=os.path.join(trained["etl"], "test"), output=out),
-                          spark)
-    test = read_metrics(trained["run"])["test"]
-    assert summary["model_flavor"] == "mlflow" and summary["input_kind"] == "etl"
-    assert summary["files"]["rows"] == summary["files"]["predicted"] == summary["labelled"] == test["count"]
-    assert summary["metrics"]["count"] == test["count"]
-    assert summary["metrics"]["accuracy"] == test["accuracy"]  # exactly: same rows, same weights
-    assert not os.path.exists(os.path.join(tmp_path, ".test.parquet.model"))  # the download is removed
+def test_a_models_uri_predicts_as_the_run_folder_does(trained, registered, tmp_path):
+    from pipelines.predict.local import predict_files
+
+    spec = resolve_model(registered, download_dir=str(tmp_path / "download"))
+    keras = resolve_model(trained["run"])
+    assert (spec.flavor, spec.image_size, spec.class_names) == ("mlflow", SIZE, keras.class_names)
+    paths = pq.read_table(os.path.join(trained["etl"], "test"), columns=["path"]).column("path").to_pylist()
+    ours, theirs = predict_files(paths, spec, top_k=3), predict_files(paths, keras, top_k=3)
+    assert [r["top_labels"] for r in ours] == [r["top_labels"] for r in theirs]
+    assert np.allclose([r["top_probabilities"] for r in ours], [r["top_probabilities"] for r in theirs], atol=1e-6)
 
 
 def test_an_mlflow_model_without_class_names_needs_the_option(registered, tmp_path):
@@ -216,12 +216,19 @@ def test_python_m_predict_prints_the_top_k_without_spark_or_horovod(trained, tmp
     assert lines[2].startswith(f"{bad}: unreadable: not a supported raster image (Pillow cannot identify it")
 
 
-def test_batch_inference_notebook(trained, tmp_path):
+def test_batch_inference_notebook_with_a_models_uri_gives_the_exact_test_accuracy(trained, registered, tmp_path):
+    """Notebook 07 on the ETL's test split, the model by its MLflow URI (downloaded by the driver,
+    loaded by each Python worker): the accuracy is the training run's exact test accuracy."""
     book = execute("07_batch_inference.ipynb", str(tmp_path), workdir=str(tmp_path), data_dir=trained["etl"],
-                   model=trained["run"], top_k=2)
+                   model=registered, metrics_file=os.path.join(trained["run"], "metrics.json"), top_k=2)
     text = outputs(book)
     test = read_metrics(trained["run"])["test"]
+    _, summary = read_output(os.path.join(tmp_path, "predictions", "test.parquet"))
+    assert summary["model_flavor"] == "mlflow" and summary["input_kind"] == "etl"
+    assert summary["files"]["rows"] == summary["files"]["predicted"] == summary["labelled"] == test["count"]
+    assert summary["metrics"]["count"] == test["count"]
+    assert summary["metrics"]["accuracy"] == test["accuracy"]  # exactly: same rows, same weights
     accuracy = f"{test['accuracy']:.4f} on {test['count']} images"
     assert f"batch inference accuracy {accuracy}; training's exact test accuracy {accuracy}" in text, text[-3000:]
     assert has_image(book) and "found" in text
-    assert os.path.isfile(os.path.join(tmp_path, "predictions", "test.parquet", SUMMARY))
+    assert not [n for n in os.listdir(os.path.join(tmp_path, "predictions")) if n.startswith(".")]  # download gone
