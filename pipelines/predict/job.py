@@ -164,8 +164,8 @@ def labelled_metrics(table, spec: ModelSpec, folder: str) -> Dict:
         return {}
     true, predicted = zip(*rows)
     report = classification_report(true, predicted, spec.class_names)
-    labels = report["confusion"]["labels"]
-    plot_confusion(report["confusion"]["matrix"], [spec.class_names[c] for c in labels], os.path.join(folder, CONFUSION),
+    names = [spec.class_names[c] for c in report["confusion"]["labels"]]
+    plot_confusion(report["confusion"]["matrix"], names, os.path.join(folder, CONFUSION),
                    title=f"{report['count']} labelled images, accuracy {report['accuracy']:.4f}")
     return {**report, "picture": CONFUSION}
 
