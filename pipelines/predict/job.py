@@ -33,7 +33,7 @@ from pipelines.etl.listing import reason_kind
 from pipelines.paths import check_disjoint
 from pipelines.predict.config import PredictConfig
 from pipelines.predict.infer import PREDICTED, UNREADABLE, make_predict_fn, result_type
-from pipelines.predict.inputs import ETL_SPLIT, TREE, InputPlan, Item, class_index, plan_input
+from pipelines.predict.inputs import TREE, InputPlan, Item, class_index, plan_input
 from pipelines.predict.metrics import classification_report
 from pipelines.predict.model import ModelSpec, resolve_model
 
