@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from typing import Any, Mapping, Sequence, Type, TypeVar
+from typing import Any, Callable, Mapping, Sequence, Tuple, Type, TypeVar, Union
 
 T = TypeVar("T")
 
@@ -86,3 +86,27 @@ def parse_config(cls: Type[T], argv: Sequence[str] | None = None, description: s
 def to_dict(config: Any) -> dict[str, Any]:
     """The dataclass as a JSON-ready dict (for manifests and reports)."""
     return dataclasses.asdict(config)
+
+
+def run_command(cls: Type[T], argv: Sequence[str] | None, stage: str, run: Callable[[T], Any],
+                summarize: Callable[[Any], str],
+                exit_codes: Mapping[Union[Type[BaseException], Tuple[Type[BaseException], ...]], int]) -> int:
+    """The body of a stage's ``main``: options into ``cls`` (:func:`parse_config`), logging set up for
+    ``stage``, ``run(config)``, then ``summarize(result)`` printed.
+
+    Returns:
+        0; or, when ``run`` raises an exception of a type in ``exit_codes`` (checked in order), that
+        code after one log line with the message (no traceback).
+    """
+    from pipelines.logs import setup_logging
+
+    config = parse_config(cls, argv)
+    log = setup_logging(stage)
+    caught = tuple(kind for kinds in exit_codes for kind in (kinds if isinstance(kinds, tuple) else (kinds,)))
+    try:
+        result = run(config)
+    except caught as exc:
+        log.error("%s", exc)
+        return next(code for kinds, code in exit_codes.items() if isinstance(exc, kinds))
+    print(summarize(result))
+    return 0

@@ -60,3 +60,19 @@ def local_url(path: str) -> str:
         UnsafePathError: see :func:`check_url_safe`.
     """
     return "file://" + check_url_safe(path, "path")
+
+
+def check_disjoint(input_path: str, output_path: str) -> None:
+    """Refuse an output that is the input, lies inside it or holds it (symlinks resolved).
+
+    Raises:
+        ValueError: output equal to or inside the input (a rerun would read its own output as
+            input), or input inside the output (overwriting the output could destroy the input).
+    """
+    src, dst = os.path.realpath(input_path), os.path.realpath(output_path)
+    if os.path.commonpath([dst, src]) == src:
+        raise ValueError(f"output {output_path} is the input or inside it: its files would be "
+                         "read as input by the next run")
+    if os.path.commonpath([src, dst]) == dst:
+        raise ValueError(f"input {input_path} is inside output {output_path}: overwriting the "
+                         "output could destroy the input")

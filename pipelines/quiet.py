@@ -57,7 +57,7 @@ def quiet_libraries() -> None:
     """After TensorFlow loaded: its Python logger (and absl's) at ERROR unless verbose."""
     if is_verbose([]):
         return
-    for name in ("tensorflow", "absl", "py4j", "petastorm", "h5py"):
+    for name in ("tensorflow", "absl", "py4j", "petastorm", "h5py", "mlflow"):
         logging.getLogger(name).setLevel(logging.ERROR)
     if "tensorflow" in sys.modules:
         sys.modules["tensorflow"].get_logger().setLevel(logging.ERROR)

@@ -332,11 +332,13 @@ class Tracker:
                 self._mlflow.log_metrics({k: float(v) for k, v in entry.items() if k != "epoch"}, step=entry["epoch"])
 
     def log_model(self, model, example, registered_name: str = "",
-                  version_tags: Optional[Dict[str, str]] = None) -> Tuple[str, Optional[str]]:
+                  version_tags: Optional[Dict[str, str]] = None,
+                  metadata: Optional[Dict] = None) -> Tuple[str, Optional[str]]:
         """Log a tf.keras (Keras 2) ``model`` with MLflow's ``tensorflow`` flavour at ``model/``,
         in HDF5 (SavedModel takes ~30 s more to write), with the signature inferred from
-        ``example`` (a batch as the model takes it) and the model's output on it, and ``example``
-        as the input example; with ``registered_name``, register it as a new version tagged
+        ``example`` (a batch as the model takes it) and the model's output on it, ``example``
+        as the input example, and ``metadata`` in its MLmodel file (training puts ``class_names``
+        there: ``jobs/predict.py`` reads them); with ``registered_name``, register it as a new version tagged
         ``version_tags``. ``mlflow.tensorflow.load_model(uri)`` gives the Keras model back,
         ``mlflow.pyfunc.load_model(uri)`` a pyfunc model.
 
@@ -357,7 +359,7 @@ class Tracker:
             with _quiet_keras():
                 info = mlflow.tensorflow.log_model(
                     model, MODEL_ARTIFACT, signature=signature, input_example=example,
-                    keras_model_kwargs={"save_format": "h5"},
+                    keras_model_kwargs={"save_format": "h5"}, metadata=metadata,
                     # named, so that MLflow does not reload the model in a subprocess to infer them
                     pip_requirements=[f"tensorflow=={tf.__version__}", f"mlflow=={mlflow.__version__}"])
             version = None

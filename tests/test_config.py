@@ -25,3 +25,26 @@ def test_chosen_fields_with_other_defaults_keep_the_fields_help_and_type():
 def test_unknown_field_is_refused():
     with pytest.raises(KeyError):
         add_arguments(argparse.ArgumentParser(), TrainConfig, {"threadz": 1})
+
+
+def test_run_command_prints_the_summary_or_maps_the_error_to_its_exit_code(capsys):
+    from dataclasses import dataclass
+
+    from pipelines.config import field, run_command
+
+    @dataclass
+    class Options:
+        fail: str = field("", help="raise this")
+
+    def run(options):
+        if options.fail:
+            raise {"value": ValueError, "missing": FileNotFoundError, "runtime": RuntimeError}[options.fail]("why")
+        return 7
+
+    codes = {(FileNotFoundError, ValueError): 2, RuntimeError: 1}
+    assert run_command(Options, [], "test", run, lambda r: f"result {r}", codes) == 0
+    assert capsys.readouterr().out == "result 7\n"
+    for fail, code in (("value", 2), ("missing", 2), ("runtime", 1)):
+        assert run_command(Options, ["--fail", fail], "test", run, str, codes) == code
+        err = capsys.readouterr().err
+        assert err.endswith("ERROR why\n") and err.count("\n") == 1

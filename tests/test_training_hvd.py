@@ -280,6 +280,8 @@ def test_the_logged_and_registered_model_predicts_as_model_keras(full_run, test_
     served = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
     (spec,) = served.metadata.get_input_schema().inputs
     assert spec.type == np.uint8 and spec.shape == (-1, SIZE, SIZE, 3)
+    # the class names travel with the model, for jobs/predict.py on models:/NAME/VERSION
+    assert served.metadata.metadata["class_names"] == metrics(full_run[0])["class_names"]
     np.testing.assert_array_equal(served.predict(test_split[0]), keras_probs)
     registered = mlflow.tensorflow.load_model(f"models:/{REGISTERED}/1")
     assert registered.input.dtype == tf.uint8

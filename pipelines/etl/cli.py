@@ -4,9 +4,8 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
-from pipelines.config import parse_config
+from pipelines.config import run_command
 from pipelines.etl.config import ETLConfig
-from pipelines.logs import setup_logging
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -20,18 +19,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from pipelines.etl.job import NothingWritten, format_summary, run_etl
     from pipelines.tracking import TrackingFailed
 
-    config = parse_config(ETLConfig, argv)
-    log = setup_logging("etl")
-    try:
-        manifest = run_etl(config)
-    except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
-        log.error("%s", exc)
-        return 2
-    except (NothingWritten, TrackingFailed) as exc:
-        log.error("%s", exc)
-        return 1
-    print(format_summary(manifest))
-    return 0
+    return run_command(ETLConfig, argv, "etl", run_etl, format_summary,
+                       {(FileNotFoundError, NotADirectoryError, ValueError): 2, (NothingWritten, TrackingFailed): 1})
 
 
 if __name__ == "__main__":

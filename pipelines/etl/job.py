@@ -39,8 +39,9 @@ from pipelines.contract import (COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, 
 from pipelines.etl.labels import ClassFolder, split_class
 from pipelines.etl.layout import cut_into, rows_per_row_group, spread_order
 from pipelines.etl.listing import (REJECTED, SKIPPED, Excluded, ListedFile, class_folders, classify, display_path,
-                                   list_files)
+                                   list_files, reason_kind)
 from pipelines.etl.memory import check_task_memory, executor_memory, physical_memory_bytes, task_bytes
+from pipelines.paths import check_disjoint
 from pipelines.etl.transform import OUTCOME_DDL, WRITTEN, Candidate, process_chunks
 
 log = logging.getLogger("pipelines")
@@ -83,10 +84,6 @@ class SplitStats:
     paths: List[str] = field(default_factory=list)
 
 
-def _inside(child: str, parent: str) -> bool:
-    return os.path.commonpath([child, parent]) == parent
-
-
 def check_paths(config: ETLConfig) -> None:
     """Refuse, before Spark starts, input/output combinations that cannot work.
 
@@ -100,12 +97,7 @@ def check_paths(config: ETLConfig) -> None:
         raise FileNotFoundError(f"input folder does not exist: {config.input}")
     if not os.path.isdir(src):
         raise NotADirectoryError(f"input is not a folder: {config.input}")
-    if _inside(dst, src):
-        raise ValueError(f"output {config.output} is the input or inside it: its files would be "
-                         "read as input by the next run")
-    if _inside(src, dst):
-        raise ValueError(f"input {config.input} is inside output {config.output}: overwriting the "
-                         "output could destroy the input")
+    check_disjoint(config.input, config.output)
     if os.path.exists(dst) and not os.path.isdir(dst):
         raise NotADirectoryError(f"output exists and is not a folder: {config.output}")
     if (os.path.isdir(os.path.join(dst, TRAIN)) or os.path.isdir(os.path.join(dst, TEST))) and \
@@ -243,10 +235,6 @@ def read_split(path: str) -> SplitStats:
     return stats
 
 
-def _reason_kind(reason: str) -> str:
-    return reason.split(":")[0].split(" (")[0]
-
-
 def _committed_splits(staging: str, spark_outcomes: Dict[str, dict]) -> Dict[str, SplitStats]:
     """Delete task files no successful outcome names (a failed attempt's); read the rest."""
     committed = {o["file"] for o in spark_outcomes.values() if o["status"] == WRITTEN}
@@ -303,7 +291,7 @@ def reconcile(the_plan: Plan, spark_outcomes: Dict[str, dict],
 
 def _refuse_empty_result(config: ETLConfig, the_plan: Plan, excluded: Dict[str, Tuple[str, str]]) -> None:
     """Raise :class:`NothingWritten` when candidates existed and none was written."""
-    reasons = Counter(_reason_kind(excluded[c.path][1]) for c in the_plan.candidates)
+    reasons = Counter(reason_kind(excluded[c.path][1]) for c in the_plan.candidates)
     top = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common(3))
     raise NothingWritten(
         f"no image written: all {len(the_plan.candidates)} candidate images were rejected ({top}); "
@@ -381,7 +369,7 @@ def _manifest(config: ETLConfig, the_plan: Plan, stats: Dict[str, SplitStats], w
             "written": len(written),
             "rejected": counts[REJECTED],
             "skipped": counts[SKIPPED],
-            "reasons": dict(Counter(f"{status}: {_reason_kind(reason)}" for status, reason in excluded.values())),
+            "reasons": dict(Counter(f"{status}: {reason_kind(reason)}" for status, reason in excluded.values())),
             "list": REJECTED_LIST,
         },
         "seconds": round(seconds, 2),

@@ -69,25 +69,49 @@ def classify(relative_path: str, size_bytes: int, max_file_bytes: int, layout: O
     Returns:
         the file's :class:`ClassFolder`, or an :class:`Excluded` with the reason.
     """
-    name = PurePosixPath(relative_path).name
+    excluded = name_exclusion(relative_path, check_spark_hidden)
+    if excluded is not None:
+        return excluded
+    label = label_for(relative_path, layout)
+    if isinstance(label, str):
+        return Excluded(SKIPPED, label)
+    return size_exclusion(size_bytes, max_file_bytes) or label
+
+
+def name_exclusion(relative_path: str, check_spark_hidden: bool = True) -> Optional[Excluded]:
+    """Why a file is no image input, judging by its name alone; ``None`` when it may be one.
+
+    Rejected: a name that is not valid UTF-8 (outputs store paths as UTF-8 text). Skipped: a
+    hidden name (:func:`spark_ignores`, when ``check_spark_hidden``), an extension that is not an
+    image's (:data:`~pipelines.etl.labels.IMAGE_EXTENSIONS`, any case).
+    """
     if not is_utf8(relative_path):
         return Excluded(REJECTED, "file name is not valid UTF-8 (shown with \\x escapes): the Parquet path "
                                   "column is UTF-8 text; rename it")
     if check_spark_hidden and spark_ignores(relative_path):
         return Excluded(SKIPPED, "hidden name (a path part starts with '.' or '_'), skipped as Spark and "
                                  "Hadoop do")
-    if not has_image_extension(name):
+    if not has_image_extension(PurePosixPath(relative_path).name):
         return Excluded(SKIPPED, f"not an image extension ({' '.join(IMAGE_EXTENSIONS)}, any case)")
-    label = label_for(relative_path, layout)
-    if isinstance(label, str):
-        return Excluded(SKIPPED, label)
+    return None
+
+
+def size_exclusion(size_bytes: int, max_file_bytes: int) -> Optional[Excluded]:
+    """Why a listed file cannot be read, judging by its size (``-1``: unreadable, ``0``: empty, or
+    larger than ``max_file_bytes``), all rejected; ``None`` when it can be read."""
     if size_bytes < 0:
         return Excluded(REJECTED, "unreadable (broken link or permission denied)")
     if size_bytes == 0:
         return Excluded(REJECTED, "empty file (0 bytes)")
     if size_bytes > max_file_bytes:
         return Excluded(REJECTED, f"file too large: {size_bytes} bytes > {max_file_bytes} bytes (--max-file-mb)")
-    return label
+    return None
+
+
+def reason_kind(reason: str) -> str:
+    """The kind of a reason, for counts: its text before the first ``:`` or `` (``
+    (``"file too large: 9 bytes > 8 bytes"`` -> ``"file too large"``)."""
+    return reason.split(":")[0].split(" (")[0]
 
 
 def decode_name(raw: bytes) -> str:

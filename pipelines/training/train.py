@@ -412,7 +412,7 @@ def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker) ->
         history=report["history"])
     example, _ = first_test_rows(data, 1)
     uri, version = tracker.log_model(exported, example, config.register_model,
-                                     {"test_accuracy": str(test["accuracy"])})
+                                     {"test_accuracy": str(test["accuracy"])}, {"class_names": data.class_names})
     log.info("MLflow: logged run %s with model %s%s", tracker.run_id, uri,
              f", registered as {config.register_model} version {version}" if version else "")
 

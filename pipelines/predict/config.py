@@ -1,0 +1,63 @@
+"""Configuration of the batch-inference stage (``jobs/predict.py``)."""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from pipelines.config import field
+from pipelines.paths import check_url_safe
+
+MLFLOW_SCHEMES = ("models:/", "runs:/")
+
+
+def is_mlflow_uri(model: str) -> bool:
+    """True for an MLflow model URI (``models:/NAME/VERSION``, ``runs:/RUN_ID/PATH``)."""
+    return model.startswith(MLFLOW_SCHEMES)
+
+
+@dataclass
+class PredictConfig:
+    """Batch inference with a trained model: an image tree or an ETL split in, one Parquet row per
+    image out, with accuracy, per-class precision/recall and a confusion matrix when labels exist."""
+
+    model: str = field(help="the model: a model.keras file (model.json beside it), a training run's output "
+                            "folder, or an MLflow URI models:/NAME/VERSION or runs:/RUN_ID/PATH")
+    input: str = field(help="a folder tree of images, any layout (labels from top-level folders named "
+                            "NNN.name or after a class of the model), or an ETL output split (ETL/test)")
+    output: str = field(help="output Parquet folder, e.g. out/predictions.parquet: one row per input image; "
+                             "_summary.json, _skipped.jsonl and _confusion.png inside it")
+    top_k: int = field(3, help="labels and probabilities kept per image (at most the number of classes)")
+    batch_size: int = field(32, help="images per model call in each Python worker")
+    class_names: str = field("", help="a JSON list of class names (a run's class_names.json), for an MLflow "
+                                      "model whose metadata has no class_names")
+    max_file_mb: float = field(50.0, help="files larger than this are rows with a reason, never read, MiB")
+    num_partitions: int = field(0, help="Spark partitions of an image tree; 0 = Spark's default parallelism")
+    threads: int = field(0, help="TensorFlow threads per Python worker; 0 = spark.task.cpus (1 by default)")
+    master: Optional[str] = field(None, help="Spark master when not set by spark-submit (default local[*])")
+    verbose: bool = field(False, help="show Spark's INFO log and known harmless warnings (quiet by default)")
+
+    def __post_init__(self) -> None:
+        for name in ("top_k", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.num_partitions < 0 or self.threads < 0:
+            raise ValueError(f"--num-partitions and --threads must be >= 0, got {self.num_partitions} and "
+                             f"{self.threads}")
+        if not (math.isfinite(self.max_file_mb) and self.max_file_mb > 0):
+            raise ValueError(f"--max-file-mb must be a positive number, got {self.max_file_mb}")
+        if not self.model or not self.input or not self.output:
+            raise ValueError("--model, --input and --output must not be empty")
+        if not is_mlflow_uri(self.model):
+            self.model = os.path.abspath(os.path.expanduser(self.model))
+        if self.class_names:
+            self.class_names = os.path.abspath(os.path.expanduser(self.class_names))
+        self.input = os.path.abspath(os.path.expanduser(self.input))
+        # Spark writes the output through a Hadoop path (a URL): refuse what a URL cannot carry.
+        self.output = check_url_safe(self.output, "--output")
+
+    @property
+    def max_file_bytes(self) -> int:
+        """``--max-file-mb`` in bytes."""
+        return int(self.max_file_mb * 2**20)

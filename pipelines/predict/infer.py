@@ -1,0 +1,160 @@
+"""Executor side of batch inference: decode with the ETL's own functions, predict, keep the top k.
+
+What runs in Spark's Python workers through ``pyspark.ml.functions.predict_batch_udf``: its
+``make_predict_fn`` (:func:`make_predict_fn`) loads the model once per Python worker (PySpark
+caches the predict function per worker); each call gets one batch of values and returns the
+columns of :func:`result_type`. The values are a tree's file paths (each file read in Python with
+the ETL's :func:`~pipelines.etl.transform.read_file` and decoded at the model's size with the
+ETL's :func:`~pipelines.etl.images.resize_to_square`, so a raw image and its ETL row are the same
+bytes: no train/serve skew, and no file passes through the JVM) or an ETL split's stored images.
+The same functions serve ``python -m pipelines.predict`` without Spark.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from pipelines.contract import row_bytes
+from pipelines.etl.images import ImageRejected, resize_to_square
+from pipelines.etl.transform import read_file
+
+PREDICTED, UNREADABLE = "predicted", "unreadable"
+
+
+def result_type():
+    """What ``predict_batch_udf`` returns per row, a Spark struct: ``top_labels`` array<int>,
+    ``top_names`` array<string>, ``top_probabilities`` array<float> (``-1``/null/NaN for a row
+    that could not be read) and that row's ``reason`` (string, null when predicted)."""
+    from pyspark.sql.types import ArrayType, FloatType, IntegerType, StringType, StructField, StructType
+
+    return StructType([StructField("top_labels", ArrayType(IntegerType())),
+                       StructField("top_names", ArrayType(StringType())),
+                       StructField("top_probabilities", ArrayType(FloatType())),
+                       StructField("reason", StringType())])
+
+
+def decode_file(path: str, size: int, max_file_bytes: int) -> np.ndarray:
+    """An image file as the ETL stores it: read (at most ``max_file_bytes`` + 1 bytes), decoded,
+    oriented, converted to RGB, fitted into ``size x size`` and pasted centred on white.
+
+    Returns:
+        uint8 array ``(size, size, 3)``, RGB.
+
+    Raises:
+        ImageRejected: unreadable, vanished, grown, empty, not an image, truncated, too large.
+    """
+    data = read_file(path, max_file_bytes)
+    return np.frombuffer(resize_to_square(data, size).rgb, np.uint8).reshape(size, size, 3)
+
+
+def decode_stored(image: bytes, size: int) -> np.ndarray:
+    """An ETL row's ``image`` bytes as uint8 ``(size, size, 3)``.
+
+    Raises:
+        ImageRejected: not ``size * size * 3`` bytes long.
+    """
+    if len(image) != row_bytes(size):
+        raise ImageRejected(f"stored image has {len(image)} bytes, not {row_bytes(size)} ({size}x{size}x3)")
+    return np.frombuffer(image, np.uint8).reshape(size, size, 3)
+
+
+def top_k(probabilities: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The ``k`` most probable labels of each row, most probable first (ties: lower label first).
+
+    Args:
+        probabilities: float array ``(n, num_classes)``.
+
+    Returns:
+        ``(labels, probabilities)``: int32 and float32 arrays ``(n, min(k, num_classes))``.
+    """
+    order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
+    return order.astype(np.int32), np.take_along_axis(probabilities, order, axis=1).astype(np.float32)
+
+
+def predict_columns(model, values: Sequence, reasons: Optional[Sequence[Optional[str]]],
+                    decode: Callable[[object], np.ndarray], k: int,
+                    class_names: Sequence[Optional[str]]) -> Dict[str, np.ndarray]:
+    """Decode a batch, predict the decodable images in one model call, keep the top ``k``.
+
+    Args:
+        model: takes uint8 ``(n, S, S, 3)``, returns ``(n, num_classes)`` probabilities.
+        values: what ``decode`` takes (file paths, or stored image bytes), one per row.
+        reasons: a reason per row already known (that row is not decoded), or ``None``s.
+        decode: value -> uint8 ``(S, S, 3)``; raises ``ImageRejected`` with the reason.
+        k: labels kept per row (at most the number of classes).
+
+    Returns:
+        columns of :func:`result_type`: ``top_labels`` int32 ``(n, k)``, ``top_names`` object
+        ``(n, k)``, ``top_probabilities`` float32 ``(n, k)`` (``-1``, ``None``, ``NaN`` where a row
+        was not predicted) and ``reason`` object ``(n,)`` (``None`` where it was).
+    """
+    n = len(values)
+    why = np.array(list(reasons) if reasons is not None else [None] * n, dtype=object)
+    images, rows = [], []
+    for i, value in enumerate(values):
+        if why[i] is not None:
+            continue
+        try:
+            images.append(decode(value))
+            rows.append(i)
+        except ImageRejected as exc:
+            why[i] = exc.reason
+    k = min(k, len(class_names))
+    labels, probabilities = np.full((n, k), -1, np.int32), np.full((n, k), np.nan, np.float32)
+    if images:
+        labels[rows], probabilities[rows] = top_k(np.asarray(model.predict_on_batch(np.stack(images))), k)
+    lookup = np.array(list(class_names) + [None], dtype=object)  # label -1 -> None
+    return {"top_labels": labels, "top_names": lookup[labels], "top_probabilities": probabilities, "reason": why}
+
+
+def set_threads(threads: int) -> None:
+    """TensorFlow's intra- and inter-op threads of this process (``0`` keeps its default). A Python
+    worker that already ran TensorFlow keeps its threads (TensorFlow fixes them at start)."""
+    if threads <= 0:
+        return
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError:
+        pass
+
+
+def make_decoder(from_files: bool, image_size: int, max_file_bytes: int) -> Callable[[object], np.ndarray]:
+    """:func:`decode_file` (paths) or :func:`decode_stored` (ETL bytes) at the model's size."""
+    if from_files:
+        return partial(decode_file, size=image_size, max_file_bytes=max_file_bytes)
+    return partial(decode_stored, size=image_size)
+
+
+def make_predict_fn(spec, k: int, from_files: bool, max_file_bytes: int, threads: int, verbose: bool = False):
+    """The ``make_predict_fn`` of ``predict_batch_udf``.
+
+    Args:
+        spec: the :class:`~pipelines.predict.model.ModelSpec` (its path visible to the executors).
+        k: labels kept per row. from_files: values are file paths (else stored ETL images).
+        max_file_bytes: files larger than this are not read. threads: TensorFlow threads (0: default).
+        verbose: show TensorFlow's info lines in the workers (quiet by default, whatever
+            environment the executors were started with).
+
+    Returns:
+        a function of no argument that loads the model and returns ``predict(values, reasons)``
+        (:func:`predict_columns`); PySpark calls it once per Python worker.
+    """
+    def make():
+        from pipelines.quiet import quiet_by_default
+
+        quiet_by_default(["--verbose"] if verbose else [])  # before this worker loads TensorFlow
+        set_threads(threads)
+        model = spec.load()
+        decode = make_decoder(from_files, spec.image_size, max_file_bytes)
+
+        def predict(values: np.ndarray, reasons: np.ndarray) -> Dict[str, np.ndarray]:
+            return predict_columns(model, values, reasons, decode, k, spec.class_names)
+
+        return predict
+
+    return make

@@ -1,0 +1,149 @@
+"""What to predict, decided on the driver before Spark starts: an image tree or an ETL split.
+
+**An image tree**, any layout: the job lists it itself with the ETL's listing
+(:func:`pipelines.etl.listing.list_files`: names as UTF-8 whatever the locale, no folder symlinks,
+FIFOs or devices) and classifies each file by its name and size with the ETL's rules
+(:func:`~pipelines.etl.listing.name_exclusion`, :func:`~pipelines.etl.listing.size_exclusion`):
+
+- skipped (not input, no output row; listed in ``_skipped.jsonl``): hidden names (``.x``, ``_x``)
+  and extensions that are not an image's;
+- every other file is an output row: loose files directly under the root and files nested at any
+  depth included. A file rejected by name or size (not UTF-8, unreadable, empty, too large) is a
+  row with that reason, never read; the others are read and decoded by the executors, and those
+  that fail become rows with the decoder's reason.
+
+A row's true label, when it has one, comes from its top-level folder (:func:`folder_class`):
+``NNN.name`` gives ``name``, a plain folder its own name, matched **by name** against the model's
+class names (so a tree holding only some of the classes, or numbered differently, is labelled
+right); a folder that names no class of the model, or a file under the root, has no label.
+
+**An ETL split** (``ETL/test``, beside the ETL's ``manifest.json``): its Parquet rows, already
+decoded by the ETL; the stored size must be the model's. Labels: the rows' ``label_name``, by name.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from pipelines.contract import MANIFEST, SPLITS, Manifest
+from pipelines.etl.labels import parse_class_folder
+from pipelines.etl.listing import SKIPPED, display_path, list_files, name_exclusion, size_exclusion
+
+TREE, ETL_SPLIT = "tree", "etl"
+
+
+class NoImages(ValueError):
+    """The input holds no image to predict."""
+
+
+class Item(NamedTuple):
+    """One output row of an image tree, as the driver knows it before any file is read.
+
+    ``path``: the file, absolute (names that are not UTF-8 shown with ``\\xNN``); ``label`` and
+    ``label_name``: the model's index and name of its folder's class, or ``None``; ``reason``:
+    why it cannot be read, when its name or size already says so (then it is never read).
+    """
+
+    path: str
+    label: Optional[int]
+    label_name: Optional[str]
+    reason: Optional[str]
+
+
+@dataclass
+class InputPlan:
+    """The input, planned: ``kind`` (:data:`TREE` or :data:`ETL_SPLIT`), ``root`` (the tree or the
+    split folder), ``found`` (files found, or the split's rows), ``rows`` (output rows expected),
+    ``items`` (a tree's rows), ``skipped`` (``(path, reason)`` of a tree's files that are no input)."""
+
+    kind: str
+    root: str
+    found: int
+    rows: int
+    items: List[Item] = field(default_factory=list)
+    skipped: List[Tuple[str, str]] = field(default_factory=list)
+
+
+def class_index(class_names: Sequence[Optional[str]]) -> Dict[str, int]:
+    """``{name: index}`` of the model's classes (unused labels, ``None``, left out)."""
+    return {name: i for i, name in enumerate(class_names) if name is not None}
+
+
+def folder_class(relative_path: str) -> Optional[str]:
+    """The class name a file's top-level folder gives: ``NNN.name`` -> ``name``, a plain folder ->
+    its name; ``None`` for a file directly under the root."""
+    parts = PurePosixPath(relative_path).parts
+    if len(parts) < 2:
+        return None
+    parsed = parse_class_folder(parts[0])
+    return parsed.name if parsed is not None else parts[0]
+
+
+def plan_tree(root: str, class_names: Sequence[Optional[str]], max_file_bytes: int) -> InputPlan:
+    """List and classify every file under ``root`` (see the module's text).
+
+    Returns:
+        an :class:`InputPlan` of kind :data:`TREE`, its items sorted by relative path.
+
+    Raises:
+        UnsupportedTree (a ``ValueError``): folder symlinks, FIFOs, devices, unreadable folders.
+        NoImages: no file is input (none found, or all skipped).
+    """
+    files = list_files(root)
+    index = class_index(class_names)
+    items, skipped = [], []
+    for f in files:
+        excluded = name_exclusion(f.relative_path)
+        if excluded is not None and excluded.status == SKIPPED:
+            skipped.append((display_path(f.path), excluded.reason))
+            continue
+        excluded = excluded or size_exclusion(f.size_bytes, max_file_bytes)
+        name = folder_class(f.relative_path)
+        label = index.get(name) if name is not None else None
+        items.append(Item(display_path(f.path), label, name if label is not None else None,
+                          excluded.reason if excluded is not None else None))
+    if not items:
+        raise NoImages(f"no image file under {root}: {len(files)} files found, {len(skipped)} skipped (hidden "
+                       "names, other extensions)")
+    return InputPlan(TREE, root, len(files), len(items), items, skipped)
+
+
+def plan_split(split_dir: str, image_size: int) -> InputPlan:
+    """An ETL split folder (``ETL/test``) as input.
+
+    Raises:
+        ValueError: its images are not stored at the model's input size. NoImages: no row.
+    """
+    root, split = os.path.split(split_dir)
+    manifest = Manifest.read(root)
+    if manifest.image_size != image_size:
+        raise ValueError(f"{split_dir} stores {manifest.image_size}-pixel images, the model takes {image_size}: "
+                         "predict on the image tree instead (it is decoded at the model's size)")
+    rows = manifest.splits[split].rows
+    if rows == 0:
+        raise NoImages(f"the ETL split {split_dir} has no row")
+    return InputPlan(ETL_SPLIT, split_dir, rows, rows)
+
+
+def plan_input(path: str, class_names: Sequence[Optional[str]], image_size: int,
+               max_file_bytes: int) -> InputPlan:
+    """The input named by ``--input``: an ETL split when it is ``train``/``test`` beside a
+    ``manifest.json``, else an image tree.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError: no such folder. ValueError: an ETL output's root
+            (name a split), see also :func:`plan_tree` and :func:`plan_split`.
+    """
+    path = path.rstrip("/") or "/"
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"input does not exist: {path}")
+    if not os.path.isdir(path):
+        raise NotADirectoryError(f"input is not a folder: {path}")
+    if os.path.isfile(os.path.join(path, MANIFEST)):
+        raise ValueError(f"{path} is an ETL output: name one of its splits ({', '.join(SPLITS)}), e.g. "
+                         f"--input {os.path.join(path, 'test')}")
+    if os.path.basename(path) in SPLITS and os.path.isfile(os.path.join(os.path.dirname(path), MANIFEST)):
+        return plan_split(path, image_size)
+    return plan_tree(path, class_names, max_file_bytes)

@@ -1,0 +1,256 @@
+"""Driver side of batch inference: refuse, plan, predict in Spark, reconcile, report, swap in.
+
+Steps, each a function below:
+
+1. :func:`prepare` - clear errors before Spark starts (:func:`check_paths`; the model resolved
+   with its contract, :mod:`pipelines.predict.model`; the input planned,
+   :mod:`pipelines.predict.inputs`).
+2. :func:`predictions` - the input as a DataFrame (a tree's rows cut into one contiguous chunk per
+   task, ``spark.range(P).mapInArrow``, no shuffle, as the ETL does; an ETL split read as Parquet),
+   through ``predict_batch_udf`` (:mod:`pipelines.predict.infer`: decode in the executors with the
+   ETL's functions, the model loaded once per Python worker, batched); written as Parquet into a
+   staging folder beside the output.
+3. :func:`finish` - read the written rows back, reconcile (rows = predicted + unreadable = the
+   input's rows; a tree's files found = rows + skipped), metrics when rows are labelled
+   (:mod:`pipelines.predict.metrics`, the confusion-matrix picture), ``_summary.json``,
+   ``_skipped.jsonl``; then the staging folder replaces the output, so a failed run leaves the
+   previous output as it was.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections import Counter
+from functools import partial
+from typing import Dict, Iterator, List, Tuple
+
+from pipelines.config import to_dict
+from pipelines.etl.layout import cut_into
+from pipelines.etl.listing import reason_kind
+from pipelines.paths import check_disjoint
+from pipelines.predict.config import PredictConfig
+from pipelines.predict.infer import PREDICTED, UNREADABLE, make_predict_fn, result_type
+from pipelines.predict.inputs import TREE, InputPlan, Item, class_index, plan_input
+from pipelines.predict.metrics import classification_report
+from pipelines.predict.model import ModelSpec, resolve_model
+
+log = logging.getLogger("pipelines")
+
+SUMMARY, SKIPPED_LIST, CONFUSION = "_summary.json", "_skipped.jsonl", "_confusion.png"
+ITEM_DDL = "path STRING, label INT, label_name STRING, reason STRING"
+# The output's columns, in order (status: predicted | unreadable).
+COLUMNS = ("path", "label", "label_name", "status", "reason", "top_labels", "top_names", "top_probabilities")
+
+
+def check_paths(config: PredictConfig) -> None:
+    """Refuse, before Spark starts, an output that cannot be written safely.
+
+    Raises:
+        ValueError: the output is, holds or lies inside the input; or it is a folder with files
+            but no ``_summary.json`` (not an output of this job: it is never overwritten).
+        NotADirectoryError: the output is a file.
+    """
+    check_disjoint(config.input, config.output)
+    out = config.output
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise NotADirectoryError(f"output exists and is not a folder: {out}")
+    if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, SUMMARY)):
+        raise ValueError(f"output {out} holds files but no {SUMMARY}: not an output of this job, refusing to "
+                         "overwrite it")
+
+
+def work_dirs(output: str) -> Tuple[str, str]:
+    """``(staging, model download)`` folders: hidden siblings of the output (same file system)."""
+    parent, name = os.path.split(output)
+    return os.path.join(parent, f".{name}.staging"), os.path.join(parent, f".{name}.model")
+
+
+def prepare(config: PredictConfig, download_dir: str) -> Tuple[ModelSpec, InputPlan]:
+    """Everything the driver can check before Spark starts: paths, model, input.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError, ValueError (``ModelContractError``, ``NoImages``,
+            ``UnsupportedTree``): see :func:`check_paths`,
+            :func:`~pipelines.predict.model.resolve_model`, :func:`~pipelines.predict.inputs.plan_input`.
+    """
+    if not os.path.isdir(config.input):
+        raise FileNotFoundError(f"input folder does not exist: {config.input}")
+    check_paths(config)
+    spec = resolve_model(config.model, config.class_names, download_dir)
+    return spec, plan_input(config.input, spec.class_names, spec.image_size, config.max_file_bytes)
+
+
+def emit_items(batches: Iterator, chunks: List[List[Item]]) -> Iterator:
+    """``mapInArrow`` function: the items of the chunk numbers this task receives (:data:`ITEM_DDL`)."""
+    import pyarrow as pa
+
+    schema = pa.schema([("path", pa.string()), ("label", pa.int32()), ("label_name", pa.string()),
+                        ("reason", pa.string())])
+    for batch in batches:
+        for chunk in batch.column(0).to_pylist():
+            yield pa.RecordBatch.from_pylist([item._asdict() for item in chunks[chunk]], schema=schema)
+
+
+def input_frame(spark, config: PredictConfig, spec: ModelSpec, plan: InputPlan):
+    """The input as a DataFrame ``path, label, label_name, reason, value``; ``value`` is what the
+    predict function decodes (a tree's file path, an ETL row's image bytes)."""
+    from pyspark.sql import functions as F
+
+    if plan.kind == TREE:
+        parts = max(1, min(config.num_partitions or spark.sparkContext.defaultParallelism, len(plan.items)))
+        mapper = partial(emit_items, chunks=cut_into(plan.items, parts))
+        return spark.range(parts, numPartitions=parts).mapInArrow(mapper, ITEM_DDL).withColumn("value", F.col("path"))
+    index = class_index(spec.class_names)  # the split's label names, matched by name with the model's
+    labels = F.create_map(*[F.lit(x) for name, i in index.items() for x in (name, i)])
+    label = F.try_element_at(labels, F.col("label_name"))
+    return spark.read.parquet(plan.root).select(
+        "path", label.cast("int").alias("label"), F.when(label.isNotNull(), F.col("label_name")).alias("label_name"),
+        F.lit(None).cast("string").alias("reason"), F.col("image").alias("value"))
+
+
+def predictions(spark, config: PredictConfig, spec: ModelSpec, plan: InputPlan):
+    """The output DataFrame (:data:`COLUMNS`): every input row through ``predict_batch_udf``."""
+    from pyspark.ml.functions import predict_batch_udf
+    from pyspark.sql import functions as F
+
+    threads = config.threads or int(spark.conf.get("spark.task.cpus", "1"))
+    make = make_predict_fn(spec, config.top_k, plan.kind == TREE, config.max_file_bytes, threads, config.verbose)
+    udf = predict_batch_udf(make, return_type=result_type(), batch_size=config.batch_size)
+    p = F.col("p")
+    ok = p.reason.isNull()
+    return input_frame(spark, config, spec, plan).withColumn("p", udf("value", "reason")).select(
+        "path", "label", "label_name", F.when(ok, F.lit(PREDICTED)).otherwise(F.lit(UNREADABLE)).alias("status"),
+        p.reason.alias("reason"), *[F.when(ok, p[name]).alias(name) for name in COLUMNS[5:]])
+
+
+def reconcile(plan: InputPlan, table) -> Dict:
+    """Counts of the written rows, checked against the plan.
+
+    Args:
+        table: the written output (pyarrow), at least ``path`` and ``status``.
+
+    Returns:
+        ``{"found", "rows", "predicted", "unreadable", "skipped", "reasons"}``.
+
+    Raises:
+        RuntimeError: rows != the input's rows, a tree path missing, duplicated or never listed,
+            ``found != rows + skipped``, or ``rows != predicted + unreadable``.
+    """
+    statuses = Counter(table.column("status").to_pylist())
+    rows = table.num_rows
+    if rows != plan.rows:
+        raise RuntimeError(f"the output holds {rows} rows, the input {plan.rows}")
+    if plan.kind == TREE and sorted(table.column("path").to_pylist()) != sorted(i.path for i in plan.items):
+        raise RuntimeError("the output's paths are not the listed files, each once")
+    if plan.found != rows + len(plan.skipped) or rows != statuses[PREDICTED] + statuses[UNREADABLE]:
+        raise RuntimeError(f"counts do not reconcile: found {plan.found}, rows {rows}, skipped {len(plan.skipped)}, "
+                           f"predicted {statuses[PREDICTED]}, unreadable {statuses[UNREADABLE]}")
+    reasons = Counter(reason_kind(r) for r in table.column("reason").to_pylist() if r is not None)
+    return {"found": plan.found, "rows": rows, "predicted": statuses[PREDICTED],
+            "unreadable": statuses[UNREADABLE], "skipped": len(plan.skipped), "reasons": dict(reasons)}
+
+
+def labelled_metrics(table, spec: ModelSpec, folder: str) -> Dict:
+    """Metrics of the predicted rows that have a true label, and the confusion-matrix picture
+    (``folder/_confusion.png``); ``{}`` when no predicted row is labelled."""
+    from pipelines.report import plot_confusion
+
+    rows = [(t, p[0]) for t, p, s in zip(*(table.column(c).to_pylist() for c in ("label", "top_labels", "status")))
+            if t is not None and s == PREDICTED]
+    if not rows:
+        return {}
+    true, predicted = zip(*rows)
+    report = classification_report(true, predicted, spec.class_names)
+    names = [spec.class_names[c] for c in report["confusion"]["labels"]]
+    plot_confusion(report["confusion"]["matrix"], names, os.path.join(folder, CONFUSION),
+                   title=f"{report['count']} labelled images, accuracy {report['accuracy']:.4f}")
+    return {**report, "picture": CONFUSION}
+
+
+def finish(config: PredictConfig, spec: ModelSpec, plan: InputPlan, staging: str, seconds: float) -> Dict:
+    """Reconcile the staged output, add the summary, the skipped list and the picture; return the summary."""
+    import pyarrow.parquet as pq
+
+    from pipelines.atomic import write_json
+
+    table = pq.read_table(staging, columns=["path", "label", "status", "reason", "top_labels"])
+    counts = reconcile(plan, table)
+    with open(os.path.join(staging, SKIPPED_LIST), "w", encoding="utf-8") as out:
+        for path, reason in plan.skipped:
+            out.write(json.dumps({"path": path, "reason": reason}, ensure_ascii=False) + "\n")
+    summary = {
+        "model": spec.source, "model_flavor": spec.flavor, "image_size": spec.image_size,
+        "class_names": list(spec.class_names), "input": plan.root, "input_kind": plan.kind,
+        "output": config.output, "columns": list(COLUMNS), "top_k": min(config.top_k, spec.num_classes),
+        "files": {**counts, "skipped_list": SKIPPED_LIST},
+        "labelled": sum(label is not None for label in table.column("label").to_pylist()),
+        "metrics": labelled_metrics(table, spec, staging) or None,
+        "seconds": round(seconds, 2), "images_per_second": round(counts["rows"] / seconds, 2) if seconds > 0 else None,
+        "config": to_dict(config),
+    }
+    write_json(os.path.join(staging, SUMMARY), summary)
+    return summary
+
+
+def swap_in(staging: str, output: str) -> None:
+    """Replace the output folder with the staged one (the previous output is removed first)."""
+    if os.path.isdir(output):
+        shutil.rmtree(output)
+    os.replace(staging, output)
+
+
+def run_predict(config: PredictConfig, spark=None) -> Dict:
+    """Run batch inference and return its summary (``OUTPUT/_summary.json``).
+
+    Args:
+        config: the stage's configuration.
+        spark: a SparkSession to use (a notebook's); by default the active one or a new one
+            (``config.master``, else ``local[*]``), started only after every refusal.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError, ValueError: see :func:`prepare` (before Spark).
+        RuntimeError: the written rows do not reconcile with the input.
+    """
+    from pipelines.spark import log_progress, spark_session
+
+    staging, download = work_dirs(config.output)
+    try:
+        spec, plan = prepare(config, download)
+        log.info("model %s: %d classes, %d px input; input %s (%s): %d rows to predict, %d files skipped",
+                 spec.source, spec.num_classes, spec.image_size, plan.root, plan.kind, plan.rows, len(plan.skipped))
+        spark = spark or spark_session("pipelines-predict", config.master)
+        start = time.perf_counter()
+        with log_progress(spark):
+            predictions(spark, config, spec, plan).write.mode("overwrite").parquet(staging)
+        summary = finish(config, spec, plan, staging, time.perf_counter() - start)
+        swap_in(staging, config.output)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(download, ignore_errors=True)
+    log.info("wrote %s", config.output)
+    return summary
+
+
+def format_summary(summary: Dict) -> str:
+    """A short human summary: counts and their reconciliation, reasons, accuracy, per-class figures."""
+    files, metrics = summary["files"], summary["metrics"]
+    lines = [f"Predict summary ({summary['model']}: {len(summary['class_names'])} classes, "
+             f"{summary['image_size']} px, top {summary['top_k']}; input {summary['input_kind']})",
+             f"  found {files['found']} = rows {files['rows']} + skipped {files['skipped']}; "
+             f"rows {files['rows']} = predicted {files['predicted']} + unreadable {files['unreadable']}"]
+    lines += [f"  {n:6d} unreadable: {reason}" for reason, n in sorted(files["reasons"].items())]
+    if metrics:
+        lines.append(f"  accuracy {metrics['accuracy']:.4f} ({metrics['correct']}/{metrics['count']} labelled "
+                     f"images); confusion matrix: {metrics['picture']}")
+        for c in metrics["per_class"]:
+            figures = ", ".join(f"{key} {c[key]:.3f}" if c[key] is not None else f"{key} -"
+                                for key in ("precision", "recall"))
+            lines.append(f"    {c['label']:4d} {str(c['name'])[:30]:30s} {figures}, support {c['support']}")
+    else:
+        lines.append(f"  no labelled image ({summary['labelled']} rows with a label)")
+    lines.append(f"  {summary['images_per_second']} images/s ({summary['seconds']} s in Spark); wrote "
+                 f"{summary['output']}")
+    return "\n".join(lines)

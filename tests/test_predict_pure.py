@@ -1,0 +1,202 @@
+"""Batch inference without Spark or TensorFlow: planning, refusals, top k, metrics, the summary."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from pipelines.config import parse_config
+from pipelines.etl.images import ImageRejected
+from pipelines.predict.config import PredictConfig
+from pipelines.predict.infer import PREDICTED, UNREADABLE, predict_columns, top_k
+from pipelines.predict.inputs import ETL_SPLIT, TREE, NoImages, folder_class, plan_input, plan_tree
+from pipelines.predict.job import SUMMARY, check_paths, format_summary, reconcile
+from pipelines.predict.metrics import classification_report
+from pipelines.predict.model import ModelContractError, read_contract, resolve_model
+from pipelines.training.model import input_contract
+from tests.datagen import write_dataset
+from tests.imagegen import encode, random_photo, write
+
+NAMES = ["cat", "dog", "fish"]
+
+
+def make_run(folder, size=8, names=NAMES, contract=True):
+    """A run folder as jobs/train.py leaves it, as far as resolution reads it (no real model)."""
+    os.makedirs(folder, exist_ok=True)
+    write(os.path.join(folder, "model.keras"), b"not loaded by resolve_model")
+    if contract:
+        with open(os.path.join(folder, "model.json"), "w") as f:
+            json.dump(input_contract(size, size, names), f)
+    return str(folder)
+
+
+def photo(seed=0):
+    return encode(random_photo(np.random.default_rng(seed), 20, 16, seed))
+
+
+def test_top_k_orders_by_probability_and_breaks_ties_by_label():
+    labels, probs = top_k(np.array([[0.1, 0.6, 0.3], [0.4, 0.2, 0.4]], np.float32), 2)
+    assert labels.tolist() == [[1, 2], [0, 2]] and labels.dtype == np.int32
+    assert np.allclose(probs, [[0.6, 0.3], [0.4, 0.4]]) and probs.dtype == np.float32
+
+
+class FixedModel:
+    """Returns one fixed probability row per image; counts the images it was given."""
+
+    def __init__(self, row):
+        self.row, self.seen = np.asarray(row, np.float32), 0
+
+    def predict_on_batch(self, images):
+        assert images.dtype == np.uint8 and images.shape[1:] == (2, 2, 3)
+        self.seen += len(images)
+        return np.tile(self.row, (len(images), 1))
+
+
+def test_predict_columns_keeps_unreadable_rows_with_their_reason_and_clamps_k():
+    def decode(value):
+        if value == "bad":
+            raise ImageRejected("undecodable: boom")
+        return np.zeros((2, 2, 3), np.uint8)
+
+    model = FixedModel([0.2, 0.5, 0.3])
+    columns = predict_columns(model, ["a", "bad", "known", "b"], [None, None, "empty file (0 bytes)", None], decode,
+                              k=5, class_names=NAMES)
+    assert model.seen == 2  # the row with a known reason is never decoded, the bad one fails to
+    assert columns["reason"].tolist() == [None, "undecodable: boom", "empty file (0 bytes)", None]
+    assert columns["top_labels"].tolist() == [[1, 2, 0], [-1, -1, -1], [-1, -1, -1], [1, 2, 0]]
+    assert columns["top_names"][0].tolist() == ["dog", "fish", "cat"] and columns["top_names"][1].tolist() == [None] * 3
+    assert np.isnan(columns["top_probabilities"][1]).all()
+
+
+def test_classification_report_precision_recall_and_confusion_of_the_classes_seen():
+    report = classification_report([0, 0, 1, 1, 1], [0, 1, 1, 1, 0], ["a", "b", "c", None])
+    assert report["count"] == 5 and report["correct"] == 3 and report["accuracy"] == pytest.approx(0.6)
+    a, b = report["per_class"]  # c and the unused label occur nowhere
+    assert (a["label"], a["support"], a["predicted"]) == (0, 2, 2)
+    assert a["precision"] == pytest.approx(0.5) and a["recall"] == pytest.approx(0.5)
+    assert b["precision"] == pytest.approx(2 / 3) and b["recall"] == pytest.approx(2 / 3)
+    assert report["confusion"] == {"labels": [0, 1], "matrix": [[1, 1], [1, 2]]}
+    lone = classification_report([2], [0], ["a", "b", "c"])["per_class"]
+    assert [(c["label"], c["precision"], c["recall"]) for c in lone] == [(0, 0.0, None), (2, None, 0.0)]
+    assert classification_report([], [], ["a"])["accuracy"] is None
+
+
+@pytest.mark.parametrize("path, name", [("001.ak47/x.jpg", "ak47"), ("birds/deep/er/x.png", "birds"),
+                                        ("x.jpg", None), ("000.zero/x.jpg", "000.zero")])
+def test_folder_class(path, name):
+    assert folder_class(path) == name
+
+
+def test_plan_tree_rows_reasons_labels_by_name_and_skips(tmp_path):
+    root = str(tmp_path / "tree")
+    write(os.path.join(root, "002.dog", "a.jpg"), photo())           # NNN.name: by name, not by number
+    write(os.path.join(root, "cat", "deep", "b.JPG"), photo(1))      # a plain folder named after a class
+    write(os.path.join(root, "inbox", "c.png"), photo(2))            # a folder that is no class
+    write(os.path.join(root, "loose.jpg"), photo(3))                 # directly under the root
+    write(os.path.join(root, "cat", "empty.jpg"), b"")
+    write(os.path.join(root, "cat", "notes.txt"), b"x")
+    write(os.path.join(root, "_hidden", "d.jpg"), photo(4))
+    write(os.path.join(root, "cat", "big.jpg"), b"x" * 5000)
+    plan = plan_tree(root, ["cat", "dog", None], max_file_bytes=4000)
+    rows = {os.path.relpath(i.path, root): (i.label, i.label_name, i.reason) for i in plan.items}
+    assert rows == {"002.dog/a.jpg": (1, "dog", None), "cat/deep/b.JPG": (0, "cat", None),
+                    "inbox/c.png": (None, None, None), "loose.jpg": (None, None, None),
+                    "cat/empty.jpg": (0, "cat", "empty file (0 bytes)"),
+                    "cat/big.jpg": (0, "cat", "file too large: 5000 bytes > 4000 bytes (--max-file-mb)")}
+    assert sorted(os.path.relpath(p, root) for p, _ in plan.skipped) == ["_hidden/d.jpg", "cat/notes.txt"]
+    assert (plan.kind, plan.found, plan.rows) == (TREE, 8, 6)
+
+
+def test_plan_input_refuses_what_holds_no_image_and_an_etl_root(tmp_path):
+    empty = tmp_path / "empty"
+    write(str(empty / "a" / "readme.txt"), b"x")
+    with pytest.raises(NoImages, match="1 files found, 1 skipped"):
+        plan_input(str(empty), NAMES, 8, 100)
+    etl = str(tmp_path / "etl")
+    write_dataset(etl, [1, 1], [1, 1], size=4)
+    with pytest.raises(ValueError, match="is an ETL output: name one of its splits"):
+        plan_input(etl, NAMES, 4, 100)
+    with pytest.raises(ValueError, match="stores 4-pixel images, the model takes 8"):
+        plan_input(os.path.join(etl, "test"), NAMES, 8, 100)
+    plan = plan_input(os.path.join(etl, "test") + "/", NAMES, 4, 100)
+    assert (plan.kind, plan.found, plan.rows, plan.root) == (ETL_SPLIT, 2, 2, os.path.join(etl, "test"))
+    with pytest.raises(FileNotFoundError):
+        plan_input(str(tmp_path / "nothing"), NAMES, 4, 100)
+
+
+def test_resolve_model_reads_the_contract_and_refuses_a_model_without_one(tmp_path):
+    run = make_run(tmp_path / "run", size=8)
+    spec = resolve_model(run)
+    assert (spec.path, spec.flavor, spec.image_size, spec.class_names) == (
+        os.path.join(run, "model.keras"), "keras", 8, tuple(NAMES))
+    assert resolve_model(os.path.join(run, "model.keras")).path == spec.path
+    bare = make_run(tmp_path / "bare", contract=False)
+    with pytest.raises(ModelContractError, match="no model.json beside"):
+        resolve_model(bare)
+    with pytest.raises(FileNotFoundError, match="a run's output folder holds model.keras"):
+        resolve_model(str(tmp_path))
+    with pytest.raises(FileNotFoundError):
+        resolve_model(str(tmp_path / "missing.keras"))
+    names = write(str(tmp_path / "names.json"), json.dumps(["a", "b"]).encode())
+    with pytest.raises(ModelContractError, match="lists 2 names, the model has 3 classes"):
+        resolve_model(run, names)
+
+
+def test_read_contract_refuses_a_float_input(tmp_path):
+    contract = input_contract(8, 8, NAMES)
+    contract["input"]["dtype"] = "float32"
+    write(str(tmp_path / "model.json"), json.dumps(contract).encode())
+    with pytest.raises(ModelContractError, match="must be uint8"):
+        read_contract(str(tmp_path / "model.keras"))
+
+
+def test_config_refuses_bad_values():
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(PredictConfig, ["--model", "m", "--input", "i", "--output", "o", "--top-k", "0"])
+    assert exit_info.value.code == 2
+    config = PredictConfig(model="models:/m/1", input="in", output="out.parquet")
+    assert config.model == "models:/m/1" and os.path.isabs(config.input) and os.path.isabs(config.output)
+
+
+def test_check_paths_refuses_overlaps_and_foreign_folders(tmp_path):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for output, message in ((tree / "out.parquet", "is the input or inside it"), (tmp_path, "is inside output")):
+        with pytest.raises(ValueError, match=message):
+            check_paths(PredictConfig(model="m", input=str(tree), output=str(output)))
+    foreign = tmp_path / "foreign"
+    write(str(foreign / "keep.txt"), b"x")
+    with pytest.raises(ValueError, match="not an output of this job"):
+        check_paths(PredictConfig(model="m", input=str(tree), output=str(foreign)))
+    write(str(foreign / SUMMARY), b"{}")
+    check_paths(PredictConfig(model="m", input=str(tree), output=str(foreign)))  # ours: replaced
+
+
+def test_reconcile_counts_and_refuses_lost_rows(tmp_path):
+    import pyarrow as pa
+
+    root = str(tmp_path / "tree")
+    for name in ("a/1.jpg", "a/2.jpg", "a/x.txt"):
+        write(os.path.join(root, name), photo())
+    plan = plan_tree(root, ["a"], 100)
+    table = pa.table({"path": [i.path for i in plan.items], "status": [PREDICTED, UNREADABLE],
+                      "reason": [None, "undecodable: x"]})
+    assert reconcile(plan, table) == {"found": 3, "rows": 2, "predicted": 1, "unreadable": 1, "skipped": 1,
+                                      "reasons": {"undecodable": 1}}
+    with pytest.raises(RuntimeError, match="the output holds 1 rows, the input 2"):
+        reconcile(plan, table.slice(0, 1))
+    twice = pa.table({"path": [plan.items[0].path] * 2, "status": [PREDICTED] * 2, "reason": [None, None]})
+    with pytest.raises(RuntimeError, match="each once"):
+        reconcile(plan, twice)
+
+
+def test_format_summary_reconciles_and_lists_classes():
+    summary = {"model": "m", "class_names": NAMES, "image_size": 8, "top_k": 2, "input_kind": TREE,
+               "files": {"found": 5, "rows": 4, "skipped": 1, "predicted": 3, "unreadable": 1,
+                         "reasons": {"undecodable": 1}},
+               "metrics": classification_report([0, 1, 1], [0, 1, 0], NAMES) | {"picture": "_confusion.png"},
+               "labelled": 3, "images_per_second": 2.0, "seconds": 2.0, "output": "o"}
+    text = format_summary(summary)
+    assert "found 5 = rows 4 + skipped 1; rows 4 = predicted 3 + unreadable 1" in text
+    assert "accuracy 0.6667 (2/3 labelled images)" in text and "1 unreadable: undecodable" in text
+    assert "precision 0.500, recall 1.000, support 1" in text
