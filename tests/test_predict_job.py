@@ -28,12 +28,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, spark):
-    """An image tree, its ETL output and one tiny single-process training run on it (1 epoch)."""
+    """An image tree, its ETL output and one single-process training run on it (tiny backbone, 1
+    epoch), tracked to its default SQLite store with the model registered as ``m``."""
     base = tmp_path_factory.mktemp("predict")
     tree, etl, run = str(base / "tree"), str(base / "etl"), str(base / "run")
     make_tree(tree, classes=3, per_class=8, bad=False)
     run_etl(ETLConfig(input=tree, output=etl, image_size=SIZE, test_fraction=0.3, min_row_groups=1), spark)
-    proc = train(etl, run, "--epochs", "1", np_=0)
+    proc = train(etl, run, "--epochs", "1", "--tracking", "--register-model", "m", np_=0)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return {"tree": tree, "etl": etl, "run": run}
 
@@ -109,20 +110,12 @@ def test_a_raw_image_and_its_etl_row_give_the_same_probabilities(trained):
 
 
 @pytest.fixture(scope="module")
-def registered(trained, tmp_path_factory):
-    """The trained model logged and registered in a local MLflow store: ``models:/m/1``, with its
-    class names in the model's metadata. ``MLFLOW_TRACKING_URI`` names the store, for this process
-    and the processes it starts (notebook kernels)."""
-    import mlflow.tensorflow
-
-    store = tmp_path_factory.mktemp("mlflow")
+def registered(trained):
+    """``models:/m/1``: the model the training run registered (its class names in the model's
+    metadata). ``MLFLOW_TRACKING_URI`` names the run's store, for this process and the processes it
+    starts (notebook kernels)."""
     env = pytest.MonkeyPatch()
-    # A file store: the same registry API. (sqlite needs SQLAlchemy < 2.1 with MLflow 2.22.)
-    env.setenv("MLFLOW_TRACKING_URI", "file://" + str(store / "mlruns"))
-    spec = resolve_model(trained["run"])
-    with mlflow.start_run():
-        mlflow.tensorflow.log_model(spec.load(), "model", registered_model_name="m", pip_requirements=[],
-                                    metadata={"class_names": list(spec.class_names)})
+    env.setenv("MLFLOW_TRACKING_URI", "sqlite:///" + os.path.join(trained["run"], "mlruns.db"))
     yield "models:/m/1"
     env.undo()
 
@@ -139,11 +132,12 @@ def test_a_models_uri_predicts_as_the_run_folder_does(trained, registered, tmp_p
     assert np.allclose([r["top_probabilities"] for r in ours], [r["top_probabilities"] for r in theirs], atol=1e-6)
 
 
-def test_an_mlflow_model_without_class_names_needs_the_option(registered, tmp_path):
+def test_an_mlflow_model_without_class_names_needs_the_option(registered, tmp_path, monkeypatch):
     import mlflow.tensorflow
     import tensorflow as tf
 
     from pipelines.predict.cli import main
+    monkeypatch.chdir(tmp_path)  # a plain MLflow client of a SQLite store puts its artifacts in ./mlruns
 
     image = tf.keras.Input((4, 4, 3), dtype="uint8")
     probabilities = tf.keras.layers.Dense(2, activation="softmax")(tf.keras.layers.Flatten()(
