@@ -175,6 +175,34 @@ def open_store(uri: str):
 
 
 @contextlib.contextmanager
+def using_store(uri: str) -> Iterator[Any]:
+    """:func:`open_store` for the block only: afterwards this process's tracking URI is what it
+    was before (``mlflow.set_tracking_uri`` is process-wide, so a job's store would otherwise stay
+    the default of every later job in the process: a notebook's predictions after its ETL would
+    look for ``models:/`` in the ETL's store). Yields the client."""
+    previous = _process_tracking_uri()
+    try:
+        yield open_store(uri)
+    finally:
+        _set_process_tracking_uri(previous)
+
+
+def _process_tracking_uri() -> Optional[str]:
+    """The URI this process set with ``mlflow.set_tracking_uri`` (``None``: none; then
+    ``$MLFLOW_TRACKING_URI`` or MLflow's default applies). MLflow 2.22 keeps it in a module
+    variable and has no public getter that tells "set" from "resolved"."""
+    from mlflow.tracking._tracking_service import utils
+
+    return utils._tracking_uri
+
+
+def _set_process_tracking_uri(uri: Optional[str]) -> None:
+    """Set (``None``: unset) this process's tracking URI, leaving ``$MLFLOW_TRACKING_URI`` as it is."""
+    with environment({}, keep=("MLFLOW_TRACKING_URI",)):
+        _mlflow().set_tracking_uri(uri)
+
+
+@contextlib.contextmanager
 def _in_folder(folder: Optional[str]) -> Iterator[None]:
     """Run the block with ``folder`` as the working directory (``None``: where it is)."""
     if folder is None:
@@ -217,6 +245,7 @@ def start(uri: str, experiment: str, output: str, run_name: str = "", params: Op
         TrackingUnavailable: the store cannot be reached or opened, or refuses the run.
     """
     check_store(uri)
+    previous_uri = _process_tracking_uri()
     try:
         mlflow = _mlflow()
         client = open_store(uri)
@@ -230,8 +259,9 @@ def start(uri: str, experiment: str, output: str, run_name: str = "", params: Op
         active = (mlflow.start_run(run_id=run_id) if run_id else
                   mlflow.start_run(experiment_id=experiment_id, run_name=run_name or None))
     except Exception as exc:
+        _set_process_tracking_uri(previous_uri)
         raise TrackingUnavailable(_unavailable(uri, exc)) from None
-    tracker = Tracker(mlflow, active, experiment, output)
+    tracker = Tracker(mlflow, active, experiment, output, previous_uri)
     try:
         params = {key: str(value) for key, value in (params or {}).items()}
         mlflow.log_params({key: value for key, value in params.items() if key not in existing})
@@ -265,8 +295,9 @@ class Tracker:
     or FAILED when the block raises (KILLED on Ctrl-C). A killed process leaves it RUNNING, for a
     resumed run to continue."""
 
-    def __init__(self, mlflow, active_run, experiment: str, output: str):
+    def __init__(self, mlflow, active_run, experiment: str, output: str, previous_uri: Optional[str] = None):
         self._mlflow = mlflow
+        self._previous_uri = previous_uri  # the process's tracking URI before this job's
         self._active = active_run
         self.run_id: str = active_run.info.run_id
         self.experiment = experiment
@@ -282,6 +313,7 @@ class Tracker:
             self._mlflow.end_run(status)
         except Exception as error:  # the job's own outcome matters more than the run's status
             log.warning("MLflow: could not end run %s as %s (%s)", self.run_id, status, error)
+        _set_process_tracking_uri(self._previous_uri)  # this job's store is no later job's default
         return False
 
     def describe(self) -> Dict[str, str]:

@@ -120,8 +120,9 @@ def test_row_groups_are_bounded_and_enough_for_the_declared_world_size(submitted
         for name in os.listdir(split_dir):
             if name.endswith(".parquet"):
                 meta = pq.ParquetFile(os.path.join(split_dir, name)).metadata
-                groups += [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-        assert max(groups) <= rpg
+                sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+                assert sizes[:-1] == [rpg] * (len(sizes) - 1) and 1 <= sizes[-1] <= rpg, (name, sizes)
+                groups += sizes
         assert len(groups) == manifest["splits"][split]["row_groups"] >= 4
     assert manifest["max_world_size"] >= manifest["min_row_groups"] == 4
 

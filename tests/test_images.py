@@ -89,11 +89,23 @@ def test_small_image_is_not_enlarged():
     assert (top, bottom - top + 1, left, right - left + 1) == (135, 28, 135, 28)
 
 
-def test_large_jpeg_uses_draft_and_keeps_the_contract():
+def test_large_jpeg_uses_draft_and_keeps_the_contract(monkeypatch):
+    from PIL import JpegImagePlugin
+    scales = []
+    draft = JpegImagePlugin.JpegImageFile.draft
+
+    def recording(self, mode, size):
+        result = draft(self, mode, size)
+        scales.append(result[1] if result else None)  # (mode, (x0, y0, x1, y1) scaled box) or None
+        return result
+
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", recording)
     out = resize_to_square(encode(Image.new("RGB", (4000, 3000), (200, 10, 10))), 299)
     arr = as_array(out.rgb, 299)
     assert (out.height, out.width) == (3000, 4000)
     assert np.abs(arr[150, 150].astype(int) - (200, 10, 10)).max() <= 3
+    # decoded at 1/8 scale in the DCT (500 x 375, short side still >= 299), not at full size
+    assert scales == [(0, 0, 500, 375)], scales
 
 
 def test_square_input_of_the_right_size_passes_through():

@@ -132,6 +132,23 @@ def test_a_models_uri_predicts_as_the_run_folder_does(trained, registered, tmp_p
     assert np.allclose([r["top_probabilities"] for r in ours], [r["top_probabilities"] for r in theirs], atol=1e-6)
 
 
+def test_mlflow_spark_udf_serves_the_registered_model(trained, registered, spark, tmp_path, monkeypatch):
+    """MLflow's own Spark serving of the logged model (its uint8 tensor signature: a flat array
+    column per image, ``result_type='array<float>'``) gives model.keras's probabilities."""
+    import mlflow.pyfunc
+
+    monkeypatch.chdir(tmp_path)  # a plain MLflow client of a SQLite store puts its artifacts in ./mlruns
+    table = pq.read_table(os.path.join(trained["etl"], "test"), columns=["image"])
+    images = np.stack([np.frombuffer(b, np.uint8).reshape(SIZE, SIZE, 3) for b in table.column("image").to_pylist()])
+    expected = resolve_model(trained["run"]).load().predict(images, verbose=0)
+    frame = spark.createDataFrame([(i, image.reshape(-1).tolist()) for i, image in enumerate(images)],
+                                  "id int, pixels array<int>")
+    # (MLflow's code in the Python workers opens the SQLite store too: an empty ./mlruns where Spark runs)
+    served = mlflow.pyfunc.spark_udf(spark, registered, result_type="array<float>")
+    rows = sorted(frame.select("id", served("pixels").alias("p")).collect())
+    np.testing.assert_allclose(np.array([r.p for r in rows]), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_an_mlflow_model_without_class_names_needs_the_option(registered, tmp_path, monkeypatch):
     import mlflow.tensorflow
     import tensorflow as tf

@@ -75,7 +75,7 @@ def test_a_run_continues_with_immutable_params_and_tracking_failures_never_stop_
     tag), then an epoch that cannot be logged is reported and skipped, and the results that cannot
     be logged raise TrackingFailed saying the output is complete. MLflow writes nothing where the
     job was started (the store's experiments, its default one too, keep their artifacts beside
-    it) and leaves no MLFLOW_TRACKING_URI behind."""
+    it) and leaves neither MLFLOW_TRACKING_URI nor its store as the process's tracking URI behind."""
     import mlflow
     out, uri = str(tmp_path / "out"), tracking.default_uri(str(tmp_path / "out"))
     os.makedirs(out)
@@ -103,8 +103,13 @@ def test_a_run_continues_with_immutable_params_and_tracking_failures_never_stop_
     assert client.get_experiment("0").artifact_location == os.path.join(out, "mlruns", "0")
     assert len(client.search_runs([run.info.experiment_id])) == 1
     assert os.listdir(tmp_path / "started-here") == [] and os.getcwd() == str(tmp_path / "started-here")
-    # the store is this process's, not exported: a later job here, or a child, resolves its own
-    assert mlflow.get_tracking_uri() == uri and "MLFLOW_TRACKING_URI" not in os.environ
+    # the store was the jobs' only, never exported: a later job here, or a child, resolves its own
+    assert tracking._process_tracking_uri() is None and "MLFLOW_TRACKING_URI" not in os.environ
+    users = "sqlite:///" + str(tmp_path / "users.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", users)
+    with tracking.using_store(uri):
+        assert mlflow.get_tracking_uri() == uri
+    assert mlflow.get_tracking_uri() == users  # the user's choice again (a notebook's models:/ after its ETL)
 
 
 def _refuse(*args, **kwargs):

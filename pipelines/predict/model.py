@@ -190,12 +190,13 @@ def _resolve_mlflow(uri: str, names: Optional[List[Optional[str]]], download_dir
     from mlflow.exceptions import MlflowException
 
     quiet_libraries()
-    from pipelines.tracking import open_store
+    from pipelines.tracking import using_store
 
     try:
-        open_store(mlflow.get_tracking_uri())  # a SQLite store's ./mlruns made beside it, not where the job runs
-        local = mlflow.artifacts.download_artifacts(artifact_uri=uri,
-                                                    dst_path=download_dir or tempfile.mkdtemp(prefix="model-"))
+        # through the tracking module: a SQLite store's ./mlruns is made beside it, not where the job runs
+        with using_store(mlflow.get_tracking_uri()):
+            local = mlflow.artifacts.download_artifacts(artifact_uri=uri,
+                                                        dst_path=download_dir or tempfile.mkdtemp(prefix="model-"))
         metadata = mlflow.models.Model.load(local).metadata or {}
     except (MlflowException, OSError) as exc:
         raise FileNotFoundError(f"MLflow model {uri} (tracking URI {mlflow.get_tracking_uri()}): {exc}") from None
