@@ -39,6 +39,16 @@ def read_metrics(output: str) -> dict:
         return json.load(f)
 
 
+@pytest.fixture(autouse=True)
+def _tracking_uri_restored():
+    """No test leaves a store as the process's MLflow tracking URI (:func:`mlflow_run` sets it, so
+    that ``runs:/`` and ``models:/`` resolve there); a later test resolves its own."""
+    yield
+    if "mlflow" in sys.modules:
+        from pipelines.tracking import _set_process_tracking_uri
+        _set_process_tracking_uri(None)
+
+
 def dump_python_stacks() -> str:
     """The stacks of every other Python process on the machine (``py-spy dump``), for a test that
     timed out: they say which process (a kernel, a launcher, a rank) waits, and on what."""

@@ -114,8 +114,6 @@ def registered(trained):
     """``models:/m/1``: the model the training run registered (its class names in the model's
     metadata). ``MLFLOW_TRACKING_URI`` names the run's store, for this process and the processes it
     starts (notebook kernels)."""
-    from pipelines import tracking
-    tracking._set_process_tracking_uri(None)  # tests' mlflow_run() leaves the store it read as this process's
     env = pytest.MonkeyPatch()
     env.setenv("MLFLOW_TRACKING_URI", "sqlite:///" + os.path.join(trained["run"], "mlruns.db"))
     yield "models:/m/1"

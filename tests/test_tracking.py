@@ -77,7 +77,6 @@ def test_a_run_continues_with_immutable_params_and_tracking_failures_never_stop_
     job was started (the store's experiments, its default one too, keep their artifacts beside
     it) and leaves neither MLFLOW_TRACKING_URI nor its store as the process's tracking URI behind."""
     import mlflow
-    tracking._set_process_tracking_uri(None)  # tests' mlflow_run() leaves the store it read as this process's
     out, uri = str(tmp_path / "out"), tracking.default_uri(str(tmp_path / "out"))
     os.makedirs(out)
     (tmp_path / "started-here").mkdir()
