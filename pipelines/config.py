@@ -18,6 +18,20 @@ def field(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> 
     return dataclasses.field(default=default, metadata={"help": help, **kwargs})
 
 
+STORAGE_OPTION_HELP = ("KEY=VALUE passed to the storage backend of every URI of this stage (repeatable), "
+                       "beyond the standard AWS_*/GOOGLE_* environment and config files, e.g. "
+                       "endpoint_override=http://host:9000 or region=eu-west-1 for s3:// "
+                       "(pyarrow.fs.S3FileSystem's arguments); see pipelines/storage.py")
+
+
+def storage_options_field() -> Any:
+    """The ``storage_options`` field every stage has: ``{key: value}`` (str to str), given on the
+    command line as ``--storage-option KEY=VALUE`` (repeatable), parsed by
+    :func:`pipelines.storage.parse_options`."""
+    return dataclasses.field(default_factory=dict, metadata={
+        "help": STORAGE_OPTION_HELP, "flag": "--storage-option", "key_values": True})
+
+
 def _base_type(tp: Any) -> Any:
     """``Optional[int]`` -> ``int``; plain types unchanged."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -47,8 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser, cls: Type[Any], defaults: Map
     chosen = [(fields[name], default) for name, default in defaults.items()] if defaults is not None else \
         [(f, f.default) for f in fields.values()]
     for f, default in chosen:
-        flag = "--" + f.name.replace("_", "-")
+        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
         tp = _base_type(hints[f.name])
+        if f.metadata.get("key_values"):  # repeatable KEY=VALUE, made a dict by parse_config
+            parser.add_argument(flag, dest=f.name, action="append", metavar="KEY=VALUE",
+                                help=f.metadata.get("help", ""))
+            continue
         required = default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         kwargs: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help", "") + (notes or {}).get(f.name, "")}
         if tp is bool:
@@ -75,9 +93,14 @@ def parse_config(cls: Type[T], argv: Sequence[str] | None = None, description: s
             dataclass's ``__post_init__`` rejects a value (reported as an argparse error).
     """
     parser = build_parser(cls, description)
-    namespace = parser.parse_args(argv)
+    values = vars(parser.parse_args(argv))
     try:
-        return cls(**vars(namespace))
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("key_values") and f.name in values:
+                from pipelines.storage import parse_options
+
+                values[f.name] = parse_options(values[f.name] or [])
+        return cls(**values)
     except ValueError as exc:
         parser.error(str(exc))
         raise  # unreachable: parser.error exits

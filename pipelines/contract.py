@@ -4,9 +4,14 @@ The ETL (``pipelines.etl``) writes an output folder that training (``pipelines.t
 neither imports the other, both import this module::
 
     OUTPUT/manifest.json     the Manifest below, written last (its presence means a whole output)
-    OUTPUT/train/*.parquet   IMAGE_SCHEMA rows, row groups of rows_per_row_group rows
-    OUTPUT/test/*.parquet
+    OUTPUT/<parts>           each split's Parquet files, named in the manifest (``splits.<split>.parts``,
+                             relative to OUTPUT): IMAGE_SCHEMA rows, row groups of rows_per_row_group rows
     OUTPUT/rejected.jsonl    every input file not written, with status and reason
+
+OUTPUT is a local path or a URI (:mod:`pipelines.storage`). Readers read the files the manifest
+names and nothing else: that is what makes an output on an object store (no atomic rename) safe
+while a rerun writes next to it. A format-1 manifest names no parts; its split's files are the
+``*.parquet`` files of ``OUTPUT/<split>/`` (:meth:`Manifest.part_locations`).
 
 Changing a column, a file name or a manifest key means changing it here, and the manifest's
 ``format_version`` when old outputs can no longer be read.
@@ -15,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
@@ -23,7 +27,7 @@ MANIFEST = "manifest.json"
 REJECTED_LIST = "rejected.jsonl"
 TRAIN, TEST = "train", "test"
 SPLITS = (TRAIN, TEST)
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2
 
 # (name, pyarrow type name): what each split's Parquet files hold, in order.
 COLUMNS = (
@@ -48,17 +52,26 @@ def row_bytes(image_size: int) -> int:
     return image_size * image_size * 3
 
 
-def manifest_sha256(root: str) -> str:
+def _location(root):
+    """``root`` (a path, a URI or a :class:`pipelines.storage.Location`) as a Location."""
+    from pipelines.storage import Location, resolve
+
+    return root if isinstance(root, Location) else resolve(root)
+
+
+def manifest_sha256(root) -> str:
     """sha256 of the bytes of ``root/manifest.json``: the identity of one ETL output (the manifest
     records when it was made, its counts and its row groups), which its runs are tracked by.
+
+    Args:
+        root: the output, a path, URI or :class:`pipelines.storage.Location`.
 
     Raises:
         FileNotFoundError: ``root`` has no manifest.
     """
     import hashlib
 
-    with open(os.path.join(root, MANIFEST), "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    return hashlib.sha256(_location(root).join(MANIFEST).read_bytes()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,8 @@ class SplitInfo:
     Attributes:
         rows, files, row_groups: counts. mean_row_group_bytes(_compressed): bytes per row group.
         per_class: rows per label, ``per_class[label]``.
+        parts: the split's Parquet files, ``/``-separated paths relative to the output root, in
+            the order readers take them (empty in a format-1 manifest).
     """
 
     rows: int
@@ -76,6 +91,7 @@ class SplitInfo:
     mean_row_group_bytes: int = 0
     mean_row_group_bytes_compressed: int = 0
     per_class: List[int] = dataclasses.field(default_factory=list)
+    parts: List[str] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -125,19 +141,26 @@ class Manifest:
                 **self.extra}
 
     @classmethod
-    def read(cls, root: str) -> "Manifest":
-        """The manifest of the output folder ``root``.
+    def read(cls, root) -> "Manifest":
+        """The manifest of the output ``root`` (a path, URI or :class:`pipelines.storage.Location`).
 
         Raises:
             FileNotFoundError: ``root`` has no ``manifest.json`` (not an ETL output).
+            pipelines.storage.StorageError: ``root`` cannot be resolved.
         """
-        with open(os.path.join(root, MANIFEST), encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
+        return cls.from_dict(json.loads(_location(root).join(MANIFEST).read_bytes().decode("utf-8")))
 
-    def write(self, root: str) -> str:
-        """Write ``root/manifest.json`` atomically; returns its path."""
-        from pipelines.atomic import write_json
+    def write(self, root) -> str:
+        """Write ``root/manifest.json`` whole or not at all (one PUT on object stores, a rename on
+        local disks); returns its URI."""
+        target = _location(root).join(MANIFEST)
+        target.write_json(self.to_dict())
+        return target.uri
 
-        path = os.path.join(root, MANIFEST)
-        write_json(path, self.to_dict())
-        return path
+    def part_locations(self, root, split: str) -> list:
+        """The Parquet files of ``split`` as :class:`pipelines.storage.Location`: the manifest's
+        ``parts`` below ``root``, or for a format-1 manifest the ``*.parquet`` files of
+        ``root/<split>/`` (names starting with ``_`` or ``.`` excluded), sorted."""
+        root = _location(root)
+        parts = self.splits[split].parts
+        return [root.join(*p.split("/")) for p in parts] if parts else root.join(split).files(".parquet")

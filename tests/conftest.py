@@ -12,6 +12,13 @@ BIN = os.path.dirname(sys.executable)
 os.environ["PIPELINES_TRACKING"] = "0"
 os.environ.pop("MLFLOW_TRACKING_URI", None)  # the tests that track choose their store themselves
 
+# The suite's S3 API server (tests/s3server.py): its port and the standard AWS_* variables are set
+# now, before Spark or any child starts, so every process finds it; it starts on first use.
+from tests import s3server  # noqa: E402
+
+S3_PORT = s3server.free_port()
+os.environ.update(s3server.standard_environment(f"http://127.0.0.1:{S3_PORT}"))
+
 
 @pytest.fixture(scope="session")
 def spark():
@@ -21,6 +28,20 @@ def spark():
     session = spark_session("pipelines-tests", "local[2]", {"spark.sql.shuffle.partitions": "4"})
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """The suite's ``moto_server`` (any credentials accepted), started once."""
+    server = s3server.start(S3_PORT, str(tmp_path_factory.mktemp("s3") / "moto.log"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server) -> str:
+    """A fresh, empty bucket on the suite's S3 server: ``s3://<name>`` is yours for the test."""
+    return s3_server.bucket()
 
 
 def subprocess_env(**extra: str) -> dict:

@@ -48,3 +48,21 @@ def test_run_command_prints_the_summary_or_maps_the_error_to_its_exit_code(capsy
         assert run_command(Options, ["--fail", fail], "test", run, str, codes) == code
         err = capsys.readouterr().err
         assert err.endswith("ERROR why\n") and err.count("\n") == 1
+
+
+def test_storage_options_are_a_repeatable_key_value_flag():
+    import dataclasses
+
+    from pipelines.config import parse_config, storage_options_field
+
+    @dataclasses.dataclass
+    class Stage:
+        output: str = "x"
+        storage_options: dict = storage_options_field()
+
+    assert parse_config(Stage, []).storage_options == {}
+    assert parse_config(Stage, ["--storage-option", "region=eu-west-1", "--storage-option", "a=b=c"]
+                        ).storage_options == {"region": "eu-west-1", "a": "b=c"}
+    with pytest.raises(SystemExit) as exc:
+        parse_config(Stage, ["--storage-option", "novalue"])
+    assert exc.value.code == 2
