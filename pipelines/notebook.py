@@ -6,7 +6,6 @@ needs ``dbutils``: paths are plain (on Databricks, give ``/dbfs/...`` paths).
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Dict, NamedTuple
 
@@ -108,9 +107,15 @@ def show_samples(etl_dir: str, split: str = "train", n: int = 8):
     import numpy as np
     import pyarrow.parquet as pq
 
-    with open(os.path.join(etl_dir, "manifest.json")) as f:
-        size = json.load(f)["image"]["height"]
-    rows = pq.read_table(os.path.join(etl_dir, split), columns=["image", "label_name"]).slice(0, n).to_pylist()
+    from pipelines.contract import Manifest
+
+    manifest = Manifest.read(etl_dir)
+    size, rows = manifest.image_size, []
+    for part in manifest.part_locations(etl_dir, split):  # the files the manifest names, no others
+        with part.filesystem.open_input_file(part.path) as f:
+            rows += pq.read_table(f, columns=["image", "label_name"]).slice(0, n - len(rows)).to_pylist()
+        if len(rows) >= n:
+            break
     fig, axes = plt.subplots(1, len(rows), figsize=(2 * len(rows), 2.3), squeeze=False)
     for ax, row in zip(axes[0], rows):
         ax.imshow(np.frombuffer(row["image"], np.uint8).reshape(size, size, 3))

@@ -77,9 +77,15 @@ class Dataset:
     def test_rows(self) -> int:
         return self.rows(TEST)
 
-    def split_url(self, split: str) -> str:
-        """``file://`` URL of a split's Parquet folder, as Petastorm wants it."""
-        return local_url(os.path.join(self.root, split))
+    def parts(self, split: str) -> list:
+        """The split's Parquet files as the manifest names them (:class:`pipelines.storage.Location`),
+        in the manifest's order: a reader reads these and nothing else (a rerun of the ETL may be
+        writing other files next to them)."""
+        return self.manifest.part_locations(self.root, split)
+
+    def split_urls(self, split: str) -> List[str]:
+        """``file://`` URLs of the split's Parquet files, as Petastorm wants them."""
+        return [local_url(part.path) for part in self.parts(split)]
 
 
 def load_dataset(root: str, world_size: int) -> Dataset:
@@ -163,7 +169,7 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
                      cache_row_size_estimate=data.rows_per_row_group * data.row_bytes)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # raised from pyarrow's own modules here
-        reader = make_batch_reader(data.split_url(split), schema_fields=["image", "label"],
+        reader = make_batch_reader(data.split_urls(split), schema_fields=["image", "label"],
                                    cur_shard=rank, shard_count=world_size, num_epochs=None,
                                    shuffle_row_groups=True, seed=seed,
                                    reader_pool_type="thread", workers_count=workers, **cache)
@@ -184,23 +190,27 @@ class ShardCountError(RuntimeError):
 
 @dataclass(frozen=True)
 class RowGroup:
-    """One Parquet row group: its file ``path``, its ``index`` in that file, its ``rows``."""
+    """One Parquet row group: its file ``part`` (:class:`pipelines.storage.Location`), its ``index``
+    in that file, its ``rows``."""
 
-    path: str
+    part: object
     index: int
     rows: int
 
+    @property
+    def path(self) -> str:
+        return self.part.uri
 
-def split_row_groups(split_dir: str) -> List[RowGroup]:
-    """Every row group of a split, files in name order and groups in file order (footers only)."""
+
+def split_row_groups(parts: list) -> List[RowGroup]:
+    """Every row group of a split's ``parts`` (:meth:`Dataset.parts`), files in the given order and
+    groups in file order (footers only)."""
     import pyarrow.parquet as pq
 
-    names = sorted(n for n in os.listdir(split_dir) if n.endswith(".parquet") and not n.startswith(("_", ".")))
     groups: List[RowGroup] = []
-    for name in names:
-        path = os.path.join(split_dir, name)
-        meta = pq.read_metadata(path)
-        groups += [RowGroup(path, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups)]
+    for part in parts:
+        meta = pq.read_metadata(part.path, filesystem=part.filesystem)
+        groups += [RowGroup(part, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups)]
     return groups
 
 
@@ -215,7 +225,7 @@ class OnePassShard:
 
     def __init__(self, data: Dataset, split: str, rank: int, world_size: int):
         self.data, self.split, self.rank, self.world_size = data, split, rank, world_size
-        self.groups = split_row_groups(os.path.join(data.root, split))[rank::world_size]
+        self.groups = split_row_groups(data.parts(split))[rank::world_size]
         self.expected_rows = sum(g.rows for g in self.groups)
 
     def batches(self) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
@@ -229,7 +239,8 @@ class OnePassShard:
 
         s = self.data.image_size
         for group in self.groups:
-            table = pq.ParquetFile(group.path).read_row_group(group.index, columns=["image", "label"])
+            with group.part.filesystem.open_input_file(group.part.path) as f:
+                table = pq.ParquetFile(f).read_row_group(group.index, columns=["image", "label"])
             if table.num_rows != group.rows:
                 raise ShardCountError(f"{group.path} row group {group.index}: read {table.num_rows} rows, "
                                       f"its footer says {group.rows}")
