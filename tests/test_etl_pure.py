@@ -117,6 +117,16 @@ def test_split_is_stratified_deterministic_and_independent_of_order():
     assert any(split_class(ten, seed, 0.3) != test for seed in range(1, 5))
 
 
+@pytest.mark.parametrize("seed, fraction, expected", [
+    (42, 0.3, {1, 6, 7}), (7, 0.3, {1, 2, 8}), (42, 0.1, {1}), (42, 0.5, {0, 1, 5, 6, 7}),
+])
+def test_split_is_pinned_to_hand_recorded_values(seed, fraction, expected):
+    # Recorded once from the rule (sha256 of "seed:relative path"); a change of the rule, of the
+    # rounding of round(fraction * n) or of path handling moves files between splits, and shows here.
+    paths = [f"001.cat/img_{i:02d}.jpg" for i in range(10)]
+    assert split_class(paths, seed, fraction) == {paths[i] for i in expected}
+
+
 def test_stratified_split_keeps_every_class_in_both_splits():
     from pipelines.etl.job import assign_splits
     from pipelines.etl.listing import ListedFile
