@@ -138,9 +138,11 @@ class TrackEpochs(tf.keras.callbacks.Callback):
 
 
 class FaultInjection(tf.keras.callbacks.Callback):
-    """Test hook: ``PIPELINES_FAULT_INJECT="rank=R,epoch=E,mode=raise|kill"`` makes rank R fail at
-    the end of epoch E (1-based), after that epoch's checkpoint: ``raise`` raises RuntimeError,
-    ``kill`` sends itself SIGKILL. Without the variable it does nothing."""
+    """Test hook: ``PIPELINES_FAULT_INJECT="rank=R,epoch=E,mode=raise|kill[,mark=PATH]"`` makes rank R
+    fail at the end of epoch E (1-based), after that epoch's checkpoint: ``raise`` raises
+    RuntimeError, ``kill`` sends itself SIGKILL. With ``mark``, the wall-clock time of the fault
+    (``time.time()``, seconds) is written to PATH first, so a test can time the verdict from the
+    fault rather than from the job's start. Without the variable it does nothing."""
 
     def __init__(self, rank: int):
         super().__init__()
@@ -148,10 +150,14 @@ class FaultInjection(tf.keras.callbacks.Callback):
         self.active = bool(spec) and int(spec.get("rank", 0)) == rank
         self.epoch = int(spec.get("epoch", 0))
         self.mode = spec.get("mode", "raise")
+        self.mark = spec.get("mark")
 
     def on_epoch_end(self, epoch, logs=None):
         if self.active and epoch + 1 == self.epoch:
             log.warning("injecting a fault (%s) at the end of epoch %d (%s)", self.mode, self.epoch, FAULT_ENV)
+            if self.mark:
+                with open(self.mark, "w") as f:
+                    f.write(repr(time.time()))
             if self.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected fault at the end of epoch {self.epoch} ({FAULT_ENV})")
