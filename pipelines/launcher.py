@@ -12,8 +12,10 @@ The semantics Databricks users know (``sparkdl.HorovodRunner``):
   ``PIPELINES_SPARK_GPUS``.
 
 Both return rank 0's return value. A failing rank (exception, or a killed process) fails the whole
-run promptly with :class:`HorovodJobFailed`, which names the rank and the cause; the barrier tasks
-report failures as results instead of failing, so Spark does not retry a deterministic error.
+run promptly with :class:`HorovodJobFailed`, which names the rank, its host and the cause; the barrier
+tasks report failures as results instead of failing, so Spark does not retry a deterministic error.
+With ``max_failures=K`` a run whose rank was lost (killed, OOM, executor or host lost) is relaunched
+up to K times (:mod:`pipelines.recovery`).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 from pipelines.atomic import write_json
+from pipelines.recovery import signal_is_loss
 from pipelines.training.devices import SPARK_GPUS_ENV
 
 log = logging.getLogger("pipelines")
@@ -40,12 +44,22 @@ FAILURE_DIR_ENV = "PIPELINES_FAILURE_DIR"
 
 @dataclass(frozen=True)
 class RankFailure:
-    """Why one rank failed: ``cause`` is one line (``Type: message`` or the exit status)."""
+    """Why one rank failed: ``cause`` is one line (``Type: message`` or the exit status); ``host``
+    where it ran; ``lost``: its process or host was taken away (killed, executor lost), which a
+    relaunch may survive (:mod:`pipelines.recovery`)."""
 
     rank: int
     cause: str
     traceback: str = ""
     secondary: bool = False  # a Horovod error caused by another rank's failure
+    host: str = ""
+    lost: bool = False
+
+
+def describe(failure: RankFailure) -> str:
+    """One line: ``rank R on HOST failed: CAUSE`` (``on HOST`` when known)."""
+    where = f" on {failure.host}" if failure.host else ""
+    return f"rank {failure.rank}{where} failed: {failure.cause}"
 
 
 class HorovodJobFailed(RuntimeError):
@@ -55,7 +69,15 @@ class HorovodJobFailed(RuntimeError):
         self.failures = sorted(failures, key=lambda f: (f.secondary, f.rank))
         first = self.failures[0]
         others = ", ".join(f"rank {f.rank}" for f in self.failures[1:])
-        super().__init__(f"rank {first.rank} failed: {first.cause}" + (f" (then also: {others})" if others else ""))
+        super().__init__(describe(first) + (f" (then also: {others})" if others else ""))
+
+
+class RelaunchImpossible(RuntimeError):
+    """A job whose rank was lost could not be relaunched (e.g. the cluster no longer offers the
+    task slots of its world size); the message names the failure and why."""
+
+    def __init__(self, failure: str, attempt: int, reason: str):
+        super().__init__(f"{failure}; attempt {attempt} could not start: {reason}")
 
 
 _SECONDARY = ("Horovod has been shut down", "HorovodInternalError", "Connection closed by peer",
@@ -71,7 +93,8 @@ def _is_secondary(exc: BaseException) -> bool:
 
 def _failure_record(exc: BaseException) -> Dict[str, Any]:
     return {"rank": int(os.environ.get("HOROVOD_RANK", "0")), "cause": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(), "secondary": _is_secondary(exc)}
+            "traceback": traceback.format_exc(), "secondary": _is_secondary(exc),
+            "host": os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()}
 
 
 # horovod.runner.run (0.28.1) starts from ``cycle_time_ms = None,`` and ``cache_capacity = None,``
@@ -108,7 +131,7 @@ class _Recorded:
             return self.main(**kwargs)
         except BaseException as exc:
             record = _failure_record(exc)
-            log.error("rank %d failed: %s", record["rank"], record["cause"])
+            log.error("rank %d on %s failed: %s", record["rank"], record["host"], record["cause"])
             directory = os.environ.get(FAILURE_DIR_ENV)
             if directory:
                 write_json(os.path.join(directory, f"rank-{record['rank']}.json"), record)
@@ -130,16 +153,23 @@ class HorovodRunner:
             ``HOROVOD_GLOO_IFACE`` of this process, else of each executor, else the interface that
             carries each host's address (``lo`` for any loopback address). A named interface is used
             as it is or refused, never replaced.
+        max_failures: relaunch the whole run up to this many times when a rank's process or host
+            is lost (:mod:`pipelines.recovery`), with the same ``np``; the function must then continue
+            from its own checkpoints when ``pipelines.recovery.relaunched()``. 0: fail at once.
 
     Raises:
-        ValueError: ``np == 0``.
+        ValueError: ``np == 0``, or a negative ``max_failures``.
     """
 
-    def __init__(self, np: int, slots_timeout_s: float = 60.0, network_interface: Optional[str] = None):
+    def __init__(self, np: int, slots_timeout_s: float = 60.0, network_interface: Optional[str] = None,
+                 max_failures: int = 0):
         if not isinstance(np, int) or np == 0:
             raise ValueError(f"np must be a non-zero integer (negative: local processes, positive: "
                              f"Spark tasks), got {np!r}")
+        if not isinstance(max_failures, int) or max_failures < 0:
+            raise ValueError(f"max_failures must be an integer >= 0, got {max_failures!r}")
         self.np = np
+        self.max_failures = max_failures
         self.slots_timeout_s = slots_timeout_s
         self.network_interface = network_interface or os.environ.get(GLOO_IFACE_ENV) or None
 
@@ -154,8 +184,15 @@ class HorovodRunner:
                 network interface that does not exist / an address on no interface on this
                 machine's executors (before any task).
             HorovodJobFailed: a rank raised or died, or could not choose its network interface on
-                its host (the cause names the host).
+                its host (the cause names the host); with ``max_failures``, a lost rank only once
+                the relaunches are spent.
+            RelaunchImpossible: a relaunch found the cluster without the task slots.
         """
+        from pipelines.recovery import run_with_retries
+
+        return run_with_retries(lambda attempt: self._launch(attempt, kwargs), main, self.max_failures)
+
+    def _launch(self, main, kwargs) -> Any:
         if self.np < 0:
             return self._run_local(main, kwargs, -self.np)
         return self._run_spark(main, kwargs, self.np)
@@ -199,13 +236,32 @@ class HorovodRunner:
         check_local_executors(sc, self.network_interface)
         payload = cloudpickle.dumps((main, kwargs))
         log.info("HorovodRunner: %d barrier tasks on %s", num_proc, sc.master)
-        records = (sc.parallelize(range(num_proc), num_proc).barrier()
-                   .mapPartitions(_barrier_task(payload, num_proc, self.network_interface)).collect())
-        failures = [RankFailure(r["rank"], r["cause"], r.get("traceback", ""), r.get("secondary", False))
+        records = _collect_tasks(sc.parallelize(range(num_proc), num_proc).barrier()
+                                 .mapPartitions(_barrier_task(payload, num_proc, self.network_interface)))
+        failures = [RankFailure(r["rank"], r["cause"], r.get("traceback", ""), r.get("secondary", False),
+                                r.get("host", ""), r.get("lost", False))
                     for r in records if r["status"] == "error"]
         if failures:
             raise HorovodJobFailed(failures)
         return cloudpickle.loads(base64.b64decode(next(r["result"] for r in records if r["rank"] == 0)))
+
+
+EXECUTOR_LOST = ("ExecutorLostFailure", "Executor lost", "Remote RPC client disassociated", "Worker lost")
+
+
+def _collect_tasks(rdd) -> List[Dict[str, Any]]:
+    """The barrier tasks' records; a Spark job that failed because an executor (or its host) was
+    lost becomes a lost :class:`RankFailure` (the tasks report every other failure as a record)."""
+    try:
+        return rdd.collect()
+    except Exception as exc:  # noqa: BLE001 - Py4JJavaError; only an executor loss is ours to name
+        text = str(exc)
+        if not any(marker in text for marker in EXECUTOR_LOST):
+            raise
+        line = next((ln.strip() for ln in text.splitlines() if any(m in ln for m in EXECUTOR_LOST)), text[:300])
+        host = re.search(r"\(([^ ()]+) executor [^ ()]+\)", text)
+        raise HorovodJobFailed([RankFailure(-1, f"Spark executor lost: {line}", host=host.group(1) if host else "",
+                                            lost=True)]) from exc
 
 
 def _local_interface(requested: Optional[str], interfaces: Optional[Dict[str, List[str]]] = None) -> Optional[str]:
@@ -347,13 +403,15 @@ def _collect_failures(directory: str, horovod_message: str) -> List[RankFailure]
     # A rank that died of a peer's failure (Horovod shut down) may exit first: its own error text
     # decides; Horovod's "first process" only breaks ties between ranks that failed on their own.
     own = [r for r in records if not r["secondary"]]
+    here = socket.gethostname()  # local ranks: all on this machine
     failures = [RankFailure(r["rank"], r["cause"], r["traceback"],
-                            r["secondary"] or (len(own) > 1 and first is not None and r["rank"] != first))
+                            r["secondary"] or (len(own) > 1 and first is not None and r["rank"] != first), here)
                 for r in records]
     if first is not None and not any(f.rank == first for f in failures):  # killed: it could not say why
-        failures.append(RankFailure(first, _exit_cause(_shell_status(int(match.group(2))))))
+        code = _shell_status(int(match.group(2)))
+        failures.append(RankFailure(first, _exit_cause(code), host=here, lost=signal_is_loss(code)))
     if not failures:
-        failures.append(RankFailure(-1, horovod_message.strip()))
+        failures.append(RankFailure(-1, horovod_message.strip(), host=here))
     return failures
 
 
@@ -402,7 +460,8 @@ def _barrier_task(payload: bytes, num_proc: int, requested_iface: Optional[str])
         try:
             gathered = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
             if any("error" in m for m in gathered):
-                yield ({"rank": slot["rank"], "status": "error", "cause": mine["error"], "secondary": False}
+                yield ({"rank": slot["rank"], "status": "error", "cause": mine["error"], "secondary": False,
+                        "host": hosts[index]}
                        if "error" in mine else {"rank": slot["rank"], "status": "not started"})
                 return
             address, port = gathered[0]["rendezvous"].rsplit(":", 1)
@@ -571,8 +630,10 @@ def run_child(payload: bytes, env: Dict[str, str], rank: int) -> Dict[str, Any]:
             with open(result) as f:
                 record = json.load(f)
         else:
-            record = {"status": "error", "cause": _exit_cause(proc.returncode), "secondary": False}
+            record = {"status": "error", "cause": _exit_cause(proc.returncode), "secondary": False,
+                      "lost": signal_is_loss(proc.returncode)}
         record["rank"] = rank
+        record["host"] = env.get("HOROVOD_HOSTNAME", "")
         return record
 
 

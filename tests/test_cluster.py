@@ -85,7 +85,8 @@ def test_a_failing_rank_fails_the_job_promptly_by_name_then_resume(cluster, etl_
                     conf=[f"spark.executorEnv.PIPELINES_FAULT_INJECT=rank=1,epoch=2,mode=kill,mark={mark}"])
     ended = time.time()
     assert failed.returncode == 1, failed.stderr[-3000:]
-    assert "training failed: rank 1 failed: process killed by signal SIGKILL" in failed.output, failed.output[-3000:]
+    assert "training failed: rank 1 on 127.0.0.1 failed: process killed by signal SIGKILL" in failed.output, \
+        failed.output[-3000:]
     with open(mark) as f:
         fault = float(f.read())
     # from the kill to spark-submit's exit (verdict, Spark's shutdown), not the whole job
@@ -168,7 +169,7 @@ def test_an_executor_without_its_interface_is_a_named_rank_failure(tmp_path):
                               env=subprocess_env(SPARK_LOCAL_IP="127.0.0.1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     failed = next(line for line in proc.stdout.splitlines() if line.startswith("FAILED"))
-    assert failed.startswith("FAILED rank 0 failed: ValueError: network interface 'nosuch0' (HOROVOD_GLOO_IFACE / "
+    assert failed.startswith("FAILED rank 0 on 127.0.0.1 failed: ValueError: network interface 'nosuch0' (HOROVOD_GLOO_IFACE / "
                              "--network-interface) does not exist on host 127.0.0.1; its interfaces: ")
     assert failed.endswith("(then also: rank 1)") and "lo (127.0.0.1" in failed
     assert time.monotonic() - start < 120

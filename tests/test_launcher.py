@@ -1,5 +1,6 @@
 """HorovodRunner's pure parts and its local mode (Horovod's own launcher, Gloo)."""
 import os
+import socket
 
 import pytest
 
@@ -30,11 +31,13 @@ def test_a_rank_killed_through_horovods_shell_is_named_with_its_signal(tmp_path)
     """Horovod's launcher runs ranks through a shell: a SIGKILLed rank exits with status 137."""
     message = ("Horovod detected that one or more processes exited with non-zero status, thus causing the job "
                "to be terminated. The first process to do so was:\nProcess name: 1\nExit code: 137\n")
-    assert str(HorovodJobFailed(_collect_failures(str(tmp_path), message))) == (
-        "rank 1 failed: process killed by signal SIGKILL")
-    other = message.replace("137", "3")
-    assert str(HorovodJobFailed(_collect_failures(str(tmp_path), other))) == (
-        "rank 1 failed: process exited with status 3")
+    killed = _collect_failures(str(tmp_path), message)
+    assert str(HorovodJobFailed(killed)) == f"rank 1 on {socket.gethostname()} failed: process killed by signal SIGKILL"
+    assert killed[0].lost  # a relaunch may survive it (--max-failures)
+    other = _collect_failures(str(tmp_path), message.replace("137", "3"))
+    assert str(HorovodJobFailed(other)) == f"rank 1 on {socket.gethostname()} failed: process exited with status 3"
+    assert not other[0].lost
+    assert not _collect_failures(str(tmp_path), message.replace("137", str(128 + 11)))[0].lost  # SIGSEGV: a crash
 
 
 def _kill_rank_1():
@@ -52,7 +55,7 @@ def _kill_rank_1():
 
 @pytest.mark.slow
 def test_a_killed_local_rank_is_named_with_its_signal():
-    with pytest.raises(HorovodJobFailed, match=r"^rank 1 failed: process killed by signal SIGKILL"):
+    with pytest.raises(HorovodJobFailed, match=rf"^rank 1 on {socket.gethostname()} failed: process killed by signal SIGKILL"):
         HorovodRunner(np=-2).run(_kill_rank_1)
 
 
@@ -105,7 +108,7 @@ def test_repair_keeps_values_that_are_not_none_tuples(monkeypatch):
 
 @pytest.mark.slow
 def test_local_failure_names_the_rank_and_the_cause():
-    with pytest.raises(HorovodJobFailed, match=r"rank 1 failed: ValueError: rank one is broken"):
+    with pytest.raises(HorovodJobFailed, match=rf"rank 1 on {socket.gethostname()} failed: ValueError: rank one is broken"):
         HorovodRunner(np=-2).run(_raise_on_rank_1)
 
 
@@ -118,7 +121,8 @@ def test_a_peer_error_never_hides_the_root_cause(tmp_path):
     (tmp_path / "rank-1.json").write_text(json.dumps({"rank": 1, "cause": "ValueError: broken", "traceback": "",
                                                       "secondary": False}))
     message = "The first process to do so was:\nProcess name: 0\nExit code: 1\n"
-    assert str(HorovodJobFailed(_collect_failures(str(tmp_path), message))).startswith("rank 1 failed: ValueError")
+    assert str(HorovodJobFailed(_collect_failures(str(tmp_path), message))).startswith(
+        f"rank 1 on {socket.gethostname()} failed: ValueError")
 
 
 # -- which network interface Gloo uses (issue 9, item 4) ----------------------------------------

@@ -305,16 +305,18 @@ def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset,
     killed = train(data, out, *args, np_=0, env={"PIPELINES_FAULT_INJECT": "rank=0,epoch=2,mode=kill"})
     assert killed.returncode == 1, killed.stderr[-3000:]
     assert f"--resume: no complete checkpoint in {out}, starting from epoch 1" in killed.stdout + killed.stderr
-    assert "training failed: rank 0 failed: process killed by signal SIGKILL" in killed.stderr, killed.stderr[-3000:]
+    assert f"training failed: rank 0 on {socket.gethostname()} failed: process killed by signal SIGKILL" \
+        in killed.stderr, killed.stderr[-3000:]
     # prompt: from the fault, as its rank logged it, to the driver's verdict (not the whole job's time)
     fault = next(line for line in killed.stderr.splitlines()
                  if "injecting a fault (kill) at the end of epoch 2" in line)
-    verdict = next(line for line in killed.stderr.splitlines() if "training failed: rank 0 failed" in line)
+    verdict = next(line for line in killed.stderr.splitlines() if "training failed: rank 0 on " in line)
     assert (clock(verdict) - clock(fault)) % 86400 <= 30, (fault, verdict)
     assert not os.path.exists(os.path.join(out, "metrics.json"))
     assert os.path.exists(os.path.join(out, "checkpoint-2.json"))
     assert not os.path.exists(os.path.join(out, "checkpoint-3.json"))
     killed_at = checkpoint_checksum(out, 2, manifest["num_classes"])  # pruned once epoch 3 is written
+    optimizer_at_kill = optimizer_checksum_of(out, 2)
     _, run = mlflow_run(out)
     assert run.info.status == "RUNNING" and epochs_logged(out) == [1, 2]  # its process was killed
 
@@ -327,6 +329,7 @@ def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset,
     assert m["stopped_early"] and m["best_epoch"] == 1
     assert m["epochs_run_per_rank"] == [1, 1]  # epoch 3 only in this process
     assert m["resumed_weights_checksum_per_rank"] == [killed_at] * 2
+    assert m["resumed_optimizer_checksum_per_rank"] == [optimizer_at_kill] * 2  # Nadam's state, on both ranks
     assert m["world_size"] == 2 and len(set(m["weights_checksum_per_rank"])) == 1  # local ranks, in step
     assert_exact_test_count(m, manifest)
     assert_model_holds_checkpoint(out, 1, m["num_classes"], differs_from_last=False)
@@ -348,9 +351,19 @@ def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset,
     # (known only once a rank has built its model: under the launcher, a named rank failure)
     assert other.returncode == 1 and "trained on other frozen weights" in other.stderr, other.stderr[-3000:]
     # every rank refuses: whichever the launcher hears of first is named (rank 0 or 1)
-    assert re.search(r"training failed: rank [01] failed: ValueError: --resume: checkpoint ", other.stderr), \
+    assert re.search(r"training failed: rank [01] on \S+ failed: ValueError: --resume: checkpoint ", other.stderr), \
         other.stderr[-3000:]
     assert mlflow_run(out)[1].info.status == "FINISHED"  # refused before its tracking began
+
+
+def optimizer_checksum_of(out, epoch):
+    """sha256 of the optimizer arrays a checkpoint file holds, in their order (``optimizer_0000``...)."""
+    import hashlib
+    digest = hashlib.sha256()
+    with np.load(os.path.join(out, f"checkpoint-{epoch}.npz")) as data:
+        for key in sorted(k for k in data.files if k.startswith("optimizer_")):
+            digest.update(np.ascontiguousarray(data[key]).tobytes())
+    return digest.hexdigest()
 
 
 def epochs_logged(out):

@@ -139,21 +139,27 @@ class TrackEpochs(tf.keras.callbacks.Callback):
 
 class FaultInjection(tf.keras.callbacks.Callback):
     """Test hook: ``PIPELINES_FAULT_INJECT="rank=R,epoch=E,mode=raise|kill[,mark=PATH]"`` makes rank R
-    fail at the end of epoch E (1-based), after that epoch's checkpoint: ``raise`` raises
-    RuntimeError, ``kill`` sends itself SIGKILL. With ``mark``, the wall-clock time of the fault
-    (``time.time()``, seconds) is written to PATH first, so a test can time the verdict from the
-    fault rather than from the job's start. Without the variable it does nothing."""
+    fail at the end of epoch E (1-based), once that epoch's checkpoint is complete (another rank than
+    0 waits up to a minute for rank 0's marker in ``directory``): ``raise`` raises RuntimeError,
+    ``kill`` sends itself SIGKILL. With ``mark``, the wall-clock time of the fault (``time.time()``,
+    seconds) is written to PATH first, so a test can time the verdict from the fault rather than
+    from the job's start. Without the variable it does nothing."""
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, directory: str = ""):
         super().__init__()
         spec = dict(item.split("=", 1) for item in os.environ.get(FAULT_ENV, "").split(",") if "=" in item)
         self.active = bool(spec) and int(spec.get("rank", 0)) == rank
         self.epoch = int(spec.get("epoch", 0))
         self.mode = spec.get("mode", "raise")
         self.mark = spec.get("mark")
+        self.directory = directory
 
     def on_epoch_end(self, epoch, logs=None):
         if self.active and epoch + 1 == self.epoch:
+            deadline = time.monotonic() + 60
+            while self.directory and not os.path.exists(marker_path(self.directory, self.epoch)) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.1)
             log.warning("injecting a fault (%s) at the end of epoch %d (%s)", self.mode, self.epoch, FAULT_ENV)
             if self.mark:
                 with open(self.mark, "w") as f:

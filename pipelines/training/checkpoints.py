@@ -35,6 +35,15 @@ def optimizer_state(optimizer) -> List:
     return state
 
 
+def optimizer_checksum(optimizer) -> str:
+    """sha256 of the bytes of :func:`optimizer_state`'s arrays, in order: equal checksums mean the
+    same optimisation state (iteration count, Nadam's moments and ``u_product``)."""
+    digest = hashlib.sha256()
+    for variable in optimizer_state(optimizer):
+        digest.update(np.ascontiguousarray(variable.numpy()).tobytes())
+    return digest.hexdigest()
+
+
 def build_optimizer(model) -> None:
     """Create the optimizer's slot variables now (Keras creates them at the first step), so that a
     resume can assign them before ``fit``."""

@@ -24,11 +24,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     launch is impossible (too few task slots, a Spark setting barrier tasks refuse, a network
     interface or host address that is not on this machine's executors, an MLflow tracking server
     that does not answer), before any rank starts; 1 with the failing rank and its cause when a
-    rank fails (on its host: also its network), or when MLflow could not log the results (the
-    training outputs are complete).
+    rank fails (on its host: also its network) and is not relaunched (``--max-failures``), or when
+    MLflow could not log the results (the training outputs are complete).
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from pipelines.launcher import HorovodJobFailed, HorovodRunner
+    from pipelines.launcher import HorovodJobFailed, HorovodRunner, RelaunchImpossible
     from pipelines.logs import setup_logging
     from pipelines.tracking import TrackingFailed, check_store
     from pipelines.training.data import DataError, check_run
@@ -50,8 +50,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 from pipelines.spark import spark_session
                 spark_session("pipelines-train")
             runner = HorovodRunner(np=config.spark_np, slots_timeout_s=config.slots_timeout,
-                                   network_interface=config.network_interface or None)
-            report = runner.run(run_training, config=dataclasses.replace(config, spark_np=0, network_interface=""))
+                                   network_interface=config.network_interface or None,
+                                   max_failures=config.max_failures)
+            report = runner.run(run_training, config=dataclasses.replace(config, spark_np=0, network_interface="",
+                                                                          max_failures=0))
         else:
             report = run_training(config)
             if not _is_rank0():
@@ -60,7 +62,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if config.spark_np or os.environ.get("HOROVOD_RANK", "0") == "0":
             log.error("%s", exc)  # under horovodrun every rank refuses alike: rank 0 says why, once
         return 2
-    except HorovodJobFailed as exc:
+    except (HorovodJobFailed, RelaunchImpossible) as exc:
         log.error("training failed: %s", exc)
         return 1
     except TrackingFailed as exc:  # rank 0, under horovodrun or alone

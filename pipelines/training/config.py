@@ -57,6 +57,10 @@ class TrainConfig:
                                             "every host (e.g. eth0), used as given or refused when a host "
                                             "lacks it; default: HOROVOD_GLOO_IFACE, else the interface of "
                                             "each host's address (lo for loopback addresses)")
+    max_failures: int = field(0, help="with --spark-np: relaunch the job up to this many times from its newest "
+                                      "complete checkpoint when a rank's process or host is lost (killed, "
+                                      "OOM-killed, executor or host lost); an error of the job itself is never "
+                                      "retried; 0 = fail at the first failure")
     tracking: Optional[bool] = field(None, help=trk.HELP["tracking"] + "; rank 0 logs one run per job")
     tracking_uri: str = field("", help=trk.HELP["tracking_uri"])
     experiment: str = field("pipelines-train", help=trk.HELP["experiment"])
@@ -85,6 +89,11 @@ class TrainConfig:
         if self.network_interface and not self.spark_np:
             raise ValueError("--network-interface applies to --spark-np runs; under horovodrun use "
                              "horovodrun's own --network-interface")
+        if self.max_failures < 0:
+            raise ValueError(f"--max-failures must be >= 0, got {self.max_failures}")
+        if self.max_failures and not self.spark_np:
+            raise ValueError("--max-failures applies to --spark-np runs (the launching driver relaunches the "
+                             "ranks); under horovodrun a lost rank ends the job: rerun it with --resume")
         if not self.slots_timeout > 0:
             raise ValueError(f"--slots-timeout must be positive, got {self.slots_timeout}")
         if self.shuffle_buffer < 1:

@@ -55,6 +55,7 @@ class Resume:
     best_weights: Optional[list] = None
     checksums: Optional[List[str]] = None
     history: List[Dict] = field(default_factory=list)
+    optimizer_checksums: Optional[List[str]] = None
 
     @property
     def initial_epoch(self) -> int:
@@ -121,10 +122,10 @@ def plan_run(config: TrainConfig, rank: Rank) -> RunPlan:
 
 
 def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str] = None) -> Resume:
-    """With ``--resume``, rank 0 finds the newest complete checkpoint and loads it (trainable
-    weights and optimizer state) and the best weights so far; the marker (epoch, history,
-    early-stopping state), the weights and the optimizer state reach every rank by broadcast.
-    Without a checkpoint, training starts at epoch 1.
+    """With ``--resume``, or in a relaunch after a lost rank (``--max-failures``), rank 0 finds the
+    newest complete checkpoint and loads it (trainable weights and optimizer state) and the best
+    weights so far; the marker (epoch, history, early-stopping state), the weights and the optimizer
+    state reach every rank by broadcast. Without a checkpoint, training starts at epoch 1.
 
     Raises:
         ValueError: on every rank, when the checkpoint was trained on other frozen weights
@@ -132,13 +133,15 @@ def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str]
     """
     import horovod.tensorflow as hvd_tf
 
-    from pipelines.training.checkpoints import build_optimizer, load_checkpoint, optimizer_state
+    from pipelines.recovery import relaunched
+    from pipelines.training.checkpoints import build_optimizer, load_checkpoint, optimizer_checksum, optimizer_state
     from pipelines.training.schedule import checkpoint_path, newest_complete_checkpoint
 
-    marker = newest_complete_checkpoint(config.output) if (config.resume and rank.rank == 0) else None
+    resuming = config.resume or relaunched()
+    marker = newest_complete_checkpoint(config.output) if (resuming and rank.rank == 0) else None
     marker = hvd_tf.broadcast_object(marker, root_rank=0, name="resume_marker")
     if not marker:
-        if config.resume and rank.rank == 0:
+        if resuming and rank.rank == 0:
             log.info("--resume: no complete checkpoint in %s, starting from epoch 1", config.output)
         return Resume()
     if marker.get("frozen_sha256") != frozen_sha256:
@@ -157,7 +160,8 @@ def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str]
     hvd_tf.broadcast_variables(list(model.variables) + optimizer_state(model.optimizer), root_rank=0)
     best_weights = hvd_tf.broadcast_object(best_weights, root_rank=0, name="best_weights")
     checksums = hvd_tf.allgather_object(weights_checksum(model), name="resume_checksums")
-    return Resume(marker, best_weights, checksums, list(marker["history"]))
+    optimizer = hvd_tf.allgather_object(optimizer_checksum(model.optimizer), name="resume_optimizer_checksums")
+    return Resume(marker, best_weights, checksums, list(marker["history"]), optimizer)
 
 
 @contextlib.contextmanager
@@ -240,7 +244,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
                                                             profile_batch=0))
         if tracker is not None:
             callbacks.append(cb.TrackEpochs(tracker))
-    callbacks.append(cb.FaultInjection(rank.rank))
+    callbacks.append(cb.FaultInjection(rank.rank, config.output))
     return callbacks, early_stopping, epoch_stats
 
 
@@ -330,6 +334,8 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume:
     checksums of every rank (gathered here: every rank must call it)."""
     import horovod.tensorflow as hvd_tf
 
+    from pipelines.recovery import attempts
+
     history, steps, data = resume.history, plan.steps, plan.data
     return {
         "config": to_dict(config),
@@ -346,6 +352,8 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume:
         "feature_cache": getattr(inputs, "directory", None),
         "resumed_after_epoch": resume.initial_epoch if resume.marker else None,
         "resumed_weights_checksum_per_rank": resume.checksums,
+        "resumed_optimizer_checksum_per_rank": resume.optimizer_checksums,
+        "attempts": attempts(),
         "epochs_run": len(history),
         "best_epoch": early_stopping.best_epoch + 1 if history else None,
         "stopped_early": bool(history) and len(history) < config.epochs,
@@ -404,7 +412,7 @@ def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker) ->
     tracker.log_results(
         metrics={"test_loss": test["loss"], "test_accuracy": test["accuracy"], "test_count": test["count"],
                  "epochs_run": report["epochs_run"], "best_epoch": report["best_epoch"],
-                 "stopped_early": int(report["stopped_early"]),
+                 "stopped_early": int(report["stopped_early"]), "attempts": len(report["attempts"]),
                  "steady_train_images_per_second": report["train_images_per_second"],
                  "fit_seconds": report["fit_seconds"], "total_seconds": report["total_seconds"]},
         artifacts=[(os.path.join(config.output, name), None) for name in OUTPUT_ARTIFACTS]

@@ -1,0 +1,111 @@
+"""Relaunching a Horovod job whose rank was lost (``--max-failures K``), as Ray's ``FailureConfig``.
+
+A job fails for one of two kinds of reasons, and only one kind is worth a second try:
+
+* **lost**: a rank's process or host went away: killed by SIGKILL (the kernel's OOM killer, a
+  container eviction, ``kill -9``), SIGTERM or SIGHUP (pre-emption, a host shut down), a Spark
+  executor lost, or no rank reporting an error of its own, only Gloo/Horovod errors about a lost
+  peer (a host whose link went down). The same job on a fresh set of processes can succeed.
+* **deterministic**: an exception our training code raised (a refused input: ``DataError``,
+  ``ValueError``; a bug), a non-zero exit status, or a crash of native code (SIGSEGV, SIGABRT):
+  it would fail again the same way, so it is reported at once, never retried.
+
+:func:`run_with_retries` runs a launch function up to ``K + 1`` times, relaunching after lost
+failures only; the function it launches learns which attempt it is from :func:`attempts` (inside
+a rank), and continues from its own newest complete checkpoint when :func:`relaunched` (the
+training job's :func:`pipelines.training.train.restore` does).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from typing import Any, Callable, Dict, List
+
+log = logging.getLogger("pipelines")
+ATTEMPTS_ENV = "PIPELINES_ATTEMPTS"  # the earlier attempts, JSON, in every rank of a relaunch
+
+# Signals that say the process was taken away, not that it broke (SIGSEGV, SIGABRT, SIGFPE do).
+LOST_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP)
+
+
+def signal_is_loss(code: int) -> bool:
+    """Whether a process's exit status ``code`` (negative: killed by signal ``-code``, as
+    ``subprocess`` reports it) means its process was lost (:data:`LOST_SIGNALS`)."""
+    return code < 0 and -code in LOST_SIGNALS
+
+
+def is_lost(failure) -> bool:
+    """Whether a :class:`pipelines.launcher.HorovodJobFailed` is a lost process or host (worth a
+    relaunch): its root cause was marked ``lost``, or every rank that reported failed only of a
+    peer's loss (``secondary``: Gloo connections closed, Horovod shut down)."""
+    root = failure.failures[0]  # root causes sort first
+    return root.lost or root.secondary
+
+
+class _Attempt:
+    """Wraps a rank's function: publishes the attempts so far in :data:`ATTEMPTS_ENV` first."""
+
+    def __init__(self, main: Callable[..., Any], history: List[Dict]):
+        self.main = main
+        self.history = history
+
+    def __call__(self, **kwargs: Any) -> Any:
+        os.environ[ATTEMPTS_ENV] = json.dumps(self.history)
+        return self.main(**kwargs)
+
+
+def attempts() -> List[Dict]:
+    """Inside a rank: every attempt of this job so far, this one last: ``[{"attempt": 1,
+    "failure": "rank 1 on HOST failed: process killed by signal SIGKILL"}, ..., {"attempt": n,
+    "failure": None}]``; ``[{"attempt": 1, "failure": None}]`` outside a relaunching runner."""
+    earlier = json.loads(os.environ.get(ATTEMPTS_ENV) or "[]")
+    return earlier + [{"attempt": len(earlier) + 1, "failure": None}]
+
+
+def relaunched() -> bool:
+    """Inside a rank: whether this is a relaunch after a lost rank (continue from the checkpoints)."""
+    return len(attempts()) > 1
+
+
+def run_with_retries(launch: Callable[[Callable[..., Any]], Any], main: Callable[..., Any],
+                     max_failures: int) -> Any:
+    """Run ``launch(wrapped_main)`` (one whole Horovod job) up to ``max_failures + 1`` times.
+
+    Relaunches only after a lost rank (:func:`is_lost`); logs one line per attempt when
+    ``max_failures > 0`` (``attempt n of K+1``, and why the previous one failed).
+
+    Args:
+        launch: starts every rank of one attempt on the function it is given and returns rank 0's
+            value, or raises ``HorovodJobFailed``.
+        main: the ranks' function; each attempt runs it wrapped (:class:`_Attempt`).
+        max_failures: relaunches allowed (0: fail at the first failure, today's behaviour).
+
+    Raises:
+        HorovodJobFailed: a deterministic failure (at once), or the last lost one after
+            ``max_failures`` relaunches.
+        RelaunchImpossible: a relaunch could not start (e.g. the cluster lost task slots).
+    """
+    from pipelines.launcher import HorovodJobFailed, RelaunchImpossible, describe
+
+    history: List[Dict] = []
+    while True:
+        number = len(history) + 1
+        if max_failures:
+            why = f": relaunching from the newest complete checkpoint after {history[-1]['failure']}" if history else ""
+            log.warning("attempt %d of %d%s", number, max_failures + 1, why)
+        try:
+            return launch(_Attempt(main, list(history)))
+        except HorovodJobFailed as exc:
+            if not is_lost(exc):
+                if max_failures:
+                    log.error("attempt %d failed of an error in the job itself, not retried: %s", number, exc)
+                raise
+            history.append({"attempt": number, "failure": describe(exc.failures[0])})
+            if len(history) > max_failures:
+                raise
+        except ValueError as exc:  # refused before any rank started: on a relaunch, the cluster shrank
+            if not history:
+                raise
+            raise RelaunchImpossible(history[-1]["failure"], number, str(exc)) from exc

@@ -1,0 +1,158 @@
+"""Recovery (``--max-failures``): which failures are relaunched, the relaunch loop, and checkpoints
+that carry the optimizer's state (the training job end to end: tests/test_training_hvd.py)."""
+import logging
+import os
+import signal
+import socket
+
+import numpy as np
+import pytest
+
+from pipelines.launcher import HorovodJobFailed, HorovodRunner, RankFailure, RelaunchImpossible
+from pipelines.recovery import attempts, is_lost, relaunched, run_with_retries, signal_is_loss
+from pipelines.training.config import TrainConfig
+
+
+def test_only_a_lost_process_or_host_is_worth_a_relaunch():
+    assert signal_is_loss(-signal.SIGKILL) and signal_is_loss(-signal.SIGTERM) and signal_is_loss(-signal.SIGHUP)
+    assert not signal_is_loss(-signal.SIGSEGV) and not signal_is_loss(-signal.SIGABRT) and not signal_is_loss(2)
+    killed = RankFailure(1, "process killed by signal SIGKILL", host="h1", lost=True)
+    peer = RankFailure(0, "HorovodInternalError: Gloo connection closed by peer", secondary=True)
+    own = RankFailure(0, "ValueError: a refused input")
+    assert is_lost(HorovodJobFailed([peer, killed]))  # the killed rank is the root cause
+    assert is_lost(HorovodJobFailed([peer]))  # nobody failed of its own: a peer's host went away
+    assert not is_lost(HorovodJobFailed([peer, own]))  # an error of the job itself decides
+    assert str(HorovodJobFailed([peer, killed])) == "rank 1 on h1 failed: process killed by signal SIGKILL " \
+                                                    "(then also: rank 0)"
+
+
+def _launcher(outcomes, calls):
+    """A launch function that records the attempts it was given and plays ``outcomes`` in turn
+    (an exception to raise, or a value to return)."""
+    def launch(main):
+        calls.append(list(main.history))
+        outcome = outcomes[len(calls) - 1]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+    return launch
+
+
+LOST = HorovodJobFailed([RankFailure(1, "process killed by signal SIGKILL", host="h1", lost=True)])
+OWN = HorovodJobFailed([RankFailure(1, "RuntimeError: a bug")])
+
+
+def test_a_lost_rank_is_relaunched_with_the_earlier_attempts_and_logged(caplog):
+    calls = []
+    with caplog.at_level(logging.WARNING, logger="pipelines"):
+        assert run_with_retries(_launcher([LOST, "done"], calls), print, max_failures=2) == "done"
+    failure = "rank 1 on h1 failed: process killed by signal SIGKILL"
+    assert calls == [[], [{"attempt": 1, "failure": failure}]]
+    assert [r.getMessage() for r in caplog.records] == [
+        "attempt 1 of 3", f"attempt 2 of 3: relaunching from the newest complete checkpoint after {failure}"]
+
+
+def test_relaunches_stop_after_max_failures_and_zero_is_fail_fast(caplog):
+    calls = []
+    with pytest.raises(HorovodJobFailed, match="rank 1 on h1"):
+        run_with_retries(_launcher([LOST, LOST, "never"], calls), print, max_failures=1)
+    assert len(calls) == 2
+    calls = []
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pipelines"), pytest.raises(HorovodJobFailed):
+        run_with_retries(_launcher([LOST, "never"], calls), print, max_failures=0)
+    assert len(calls) == 1 and not caplog.records  # today's behaviour, today's log
+
+
+def test_an_error_of_the_job_itself_is_never_retried():
+    calls = []
+    with pytest.raises(HorovodJobFailed, match="RuntimeError: a bug"):
+        run_with_retries(_launcher([OWN, "never"], calls), print, max_failures=3)
+    assert len(calls) == 1
+
+
+def test_a_relaunch_without_the_slots_is_a_clear_error_and_a_first_refusal_stays_one():
+    calls = []
+    shrunk = ValueError("np=2 Spark tasks requested but the cluster (spark://m:7077) offers 1 task slots")
+    with pytest.raises(RelaunchImpossible, match=r"^rank 1 on h1 failed: process killed by signal SIGKILL; "
+                                                 r"attempt 2 could not start: np=2 Spark tasks requested"):
+        run_with_retries(_launcher([LOST, shrunk], calls), print, max_failures=1)
+    with pytest.raises(ValueError, match="offers 1 task slots"):
+        run_with_retries(_launcher([shrunk], []), print, max_failures=1)
+
+
+def test_outside_a_relaunch_a_rank_is_its_jobs_first_attempt(monkeypatch):
+    monkeypatch.delenv("PIPELINES_ATTEMPTS", raising=False)
+    assert attempts() == [{"attempt": 1, "failure": None}] and not relaunched()
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"max_failures": 1}, "--max-failures applies to --spark-np runs"),
+    ({"max_failures": -1, "spark_np": -2}, "--max-failures must be >= 0"),
+])
+def test_max_failures_is_refused_where_nothing_can_relaunch(tmp_path, args, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(data=str(tmp_path), output=str(tmp_path / "out"), backbone="tiny", weights="none", **args)
+    with pytest.raises(ValueError, match="max_failures must be an integer >= 0"):
+        HorovodRunner(np=-2, max_failures=-1)
+
+
+def _killed_once():
+    """Rank 1 of the first attempt kills itself; every rank of a relaunch returns its attempts."""
+    import horovod.tensorflow as hvd
+    hvd.init()
+    if hvd.rank() == 1 and not relaunched():
+        os.kill(os.getpid(), signal.SIGKILL)
+    hvd.allreduce(np.array([1.0]))
+    return attempts()
+
+
+@pytest.mark.slow
+def test_local_runner_relaunches_after_a_killed_rank():
+    assert HorovodRunner(np=-2, max_failures=1).run(_killed_once) == [
+        {"attempt": 1, "failure": f"rank 1 on {socket.gethostname()} failed: process killed by signal SIGKILL"},
+        {"attempt": 2, "failure": None}]
+
+
+def _train_save_restore_continue(directory):
+    """In a Horovod rank (world of 1): the job's model and DistributedOptimizer(Nadam) train 2 steps,
+    are checkpointed, train a 3rd step; a fresh model restores the checkpoint before its first step
+    and trains the same 3rd step. Returns the saved optimizer arrays, the restored ones, and both
+    models' weights after the 3rd step."""
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+    from pipelines.training.checkpoints import load_checkpoint, optimizer_state, save_checkpoint
+    from pipelines.training.model import build_model, compile_distributed
+    hvd.init()
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(-1, 1, (8, 32, 32, 3)).astype(np.float32), np.arange(8) % 3
+
+    def model():
+        tf.keras.utils.set_random_seed(1)
+        m = build_model(3, 32, dropout=0.0, weights="none", seed=1, backbone="tiny")
+        compile_distributed(m, 0.01)
+        return m
+
+    first = model()
+    first.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    path = os.path.join(directory, "checkpoint-2.npz")
+    save_checkpoint(first, path)
+    saved = [v.numpy() for v in optimizer_state(first.optimizer)]
+    first.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    second = model()
+    load_checkpoint(second, path)  # before any step: the optimizer has no slots yet
+    restored = [v.numpy() for v in optimizer_state(second.optimizer)]
+    second.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    return saved, restored, first.get_weights(), second.get_weights()
+
+
+@pytest.mark.slow
+def test_a_restored_optimizer_continues_the_same_optimisation(tmp_path):
+    saved, restored, continued, resumed = HorovodRunner(np=-1).run(_train_save_restore_continue,
+                                                                    directory=str(tmp_path))
+    assert int(saved[0]) == 2 and len(saved) == 6  # iterations, m and v of the head's 2 weights, u_product
+    assert len(restored) == len(saved)
+    for a, b in zip(restored, saved):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(resumed, continued):  # the same 3rd step: Nadam's moments and step count carried over
+        np.testing.assert_array_equal(a, b)
