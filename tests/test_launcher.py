@@ -55,7 +55,8 @@ def _kill_rank_1():
 
 @pytest.mark.slow
 def test_a_killed_local_rank_is_named_with_its_signal():
-    with pytest.raises(HorovodJobFailed, match=rf"^rank 1 on {socket.gethostname()} failed: process killed by signal SIGKILL"):
+    with pytest.raises(HorovodJobFailed,
+                       match=rf"^rank 1 on {socket.gethostname()} failed: process killed by signal SIGKILL"):
         HorovodRunner(np=-2).run(_kill_rank_1)
 
 
@@ -108,7 +109,8 @@ def test_repair_keeps_values_that_are_not_none_tuples(monkeypatch):
 
 @pytest.mark.slow
 def test_local_failure_names_the_rank_and_the_cause():
-    with pytest.raises(HorovodJobFailed, match=rf"rank 1 on {socket.gethostname()} failed: ValueError: rank one is broken"):
+    with pytest.raises(HorovodJobFailed,
+                       match=rf"rank 1 on {socket.gethostname()} failed: ValueError: rank one is broken"):
         HorovodRunner(np=-2).run(_raise_on_rank_1)
 
 

@@ -372,6 +372,62 @@ def epochs_logged(out):
     return sorted(point.step for point in client.get_metric_history(run.info.run_id, "loss"))
 
 
+RECOVERY = ("--epochs", "4", "--patience", "10", "--warmup-epochs", "3")
+KILL_RANK_1 = {"PIPELINES_FAULT_INJECT": "rank=1,epoch=2,mode=kill"}  # once checkpoint 2 is complete
+
+
+@pytest.mark.parametrize("spark_np", [-2, 2])  # local processes / Spark barrier tasks (local Spark)
+def test_a_lost_rank_is_relaunched_from_the_newest_checkpoint(dataset, tmp_path, spark_np):
+    """--max-failures 1: rank 1 SIGKILLed after epoch 2's checkpoint; the driver relaunches both
+    ranks, which continue from checkpoint 2 (weights, Nadam's state, early stopping, history) inside
+    the warmup (over 3 epochs): epoch 3's learning rate is Horovod's for epoch 3, not a restart's."""
+    data, manifest = dataset
+    out = str(tmp_path / "out")
+    proc = train(data, out, *RECOVERY, "--spark-np", str(spark_np), "--max-failures", "1", np_=0, env=KILL_RANK_1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = metrics(out)
+    (first, second) = m["attempts"]
+    assert re.fullmatch(r"rank 1 on \S+ failed: process killed by signal SIGKILL", first["failure"]), m["attempts"]
+    if spark_np < 0:
+        assert first["failure"].startswith(f"rank 1 on {socket.gethostname()} ")
+    assert first["attempt"] == 1 and second == {"attempt": 2, "failure": None}
+    driver = [line.split(" WARNING ")[1] for line in proc.stderr.splitlines()
+              if "[train driver] WARNING attempt" in line]
+    assert driver == ["attempt 1 of 2", "attempt 2 of 2: relaunching from the newest complete checkpoint after "
+                      + first["failure"]], proc.stderr[-3000:]
+    assert m["resumed_after_epoch"] == 2 and [h["epoch"] for h in m["history"]] == [1, 2, 3, 4]
+    assert m["epochs_run_per_rank"] == [2, 2]  # epochs 3 and 4 in the relaunch, on both ranks
+    assert len(set(m["resumed_optimizer_checksum_per_rank"])) == 1 and len(set(m["weights_checksum_per_rank"])) == 1
+    assert [h["lr"] for h in m["history"]] == pytest.approx([warmup_lr(e, 0.001, 2, 3) for e in (1, 2, 3, 4)])
+    assert m["world_size"] == 2
+    assert_exact_test_count(m, manifest)
+
+
+def test_without_max_failures_barrier_tasks_fail_promptly_by_rank_and_host(dataset, tmp_path):
+    data, _ = dataset
+    out = str(tmp_path / "out")
+    proc = train(data, out, *RECOVERY, "--spark-np", "2", np_=0, env=KILL_RANK_1)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    fault = next(line for line in lines if "injecting a fault (kill) at the end of epoch 2" in line)
+    verdict = next(line for line in lines if "training failed: " in line)
+    assert re.search(r"training failed: rank 1 on \S+ failed: process killed by signal SIGKILL( \(|$)", verdict), \
+        verdict
+    assert (clock(verdict) - clock(fault)) % 86400 <= 30, (fault, verdict)  # from the kill, not the job's time
+    assert "attempt" not in proc.stderr and not os.path.exists(os.path.join(out, "metrics.json"))
+
+
+def test_an_error_of_the_job_itself_is_not_retried(dataset, tmp_path):
+    data, _ = dataset
+    proc = train(data, str(tmp_path / "out"), *RECOVERY, "--spark-np", "-2", "--max-failures", "2", np_=0,
+                 env={"PIPELINES_FAULT_INJECT": "rank=1,epoch=1,mode=raise"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert re.findall(r"WARNING (attempt \d of 3)", proc.stderr) == ["attempt 1 of 3"], proc.stderr[-3000:]
+    assert "attempt 1 failed of an error in the job itself, not retried" in proc.stderr
+    assert f"training failed: rank 1 on {socket.gethostname()} failed: RuntimeError: injected fault at the end of " \
+           f"epoch 1" in proc.stderr
+
+
 @pytest.fixture(scope="module")
 def one_row_group(tmp_path_factory, spark):
     """An ETL output whose test split holds one row group: too few for 2 ranks."""
