@@ -414,7 +414,7 @@ def test_without_max_failures_barrier_tasks_fail_promptly_by_rank_and_host(datas
     assert re.search(r"training failed: rank 1 on \S+ failed: process killed by signal SIGKILL( \(|$)", verdict), \
         verdict
     assert (clock(verdict) - clock(fault)) % 86400 <= 30, (fault, verdict)  # from the kill, not the job's time
-    assert "attempt" not in proc.stderr and not os.path.exists(os.path.join(out, "metrics.json"))
+    assert "WARNING attempt" not in proc.stderr and not os.path.exists(os.path.join(out, "metrics.json"))
 
 
 def test_an_error_of_the_job_itself_is_not_retried(dataset, tmp_path):
