@@ -40,9 +40,10 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
     return Setup(workdir, data_dir, dict(data=data_dir, weights=weights, tensorboard=False, **train))
 
 
-def train(np: int = -1, **config) -> Dict:
+def train(np: int = -1, max_failures: int = 0, **config) -> Dict:
     """Train with ``TrainConfig(**config)`` on ``abs(np)`` ranks via :class:`HorovodRunner`
-    (``np < 0``: local processes, ``np > 0``: Spark barrier tasks); return rank 0's report.
+    (``np < 0``: local processes, ``np > 0``: Spark barrier tasks); return rank 0's report. With
+    ``max_failures``, a run whose rank was lost is relaunched from its checkpoints (``--max-failures``).
 
     Each run is a fresh set of processes, so a notebook can train several times.
     """
@@ -56,7 +57,7 @@ def train(np: int = -1, **config) -> Dict:
     if config.tracking:
         from pipelines.tracking import check_store
         check_store(config.tracking_uri)  # a tracking server that does not answer, too
-    return HorovodRunner(np=np).run(run_training, config=config)
+    return HorovodRunner(np=np, max_failures=max_failures).run(run_training, config=config)
 
 
 def history_frame(report: Dict):
