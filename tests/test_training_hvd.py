@@ -603,15 +603,22 @@ def test_petastorm_on_s3_reads_each_rank_the_shard_of_the_local_rule(dataset, s3
 
 
 def test_horovod_trains_from_s3_to_s3(dataset, s3_data, tmp_path):
-    """horovodrun -np 2, --data and --output in the bucket: the outputs land there, TensorBoard's
-    logs and the checkpoints too, and rank 0's local staging folder is gone."""
+    """horovodrun -np 2, --data and --output in the bucket, with the feature cache (written beside
+    the data, in the bucket; the run killed and resumed below reads images with Petastorm): the
+    outputs land there, TensorBoard's logs and the checkpoints too, and rank 0's local staging
+    folder is gone."""
+    from pipelines.training import features as feat
     data, manifest = dataset
     out = f"s3://{s3_data[1]}/runs/plain"
     staging = tmp_path / "tmp"
     staging.mkdir()
-    proc = train(s3_data[0], out, "--epochs", "2", "--image-size", "32", tensorboard=True,
+    proc = train(s3_data[0], out, "--epochs", "2", "--image-size", "32", "--feature-cache", tensorboard=True,
                  cache=str(tmp_path / "cache"), env={"TMPDIR": str(staging)})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    features = s3_json(out + "/metrics.json")["feature_cache"]
+    assert features.startswith(s3_data[0] + "/features/")
+    assert feat.is_complete(features, {s: manifest["splits"][s]["rows"] for s in ("train", "test")})
+    assert {"train/part-rank0.parquet", "train/part-rank1.parquet", "_COMPLETE.json"} <= s3_names(features)
     names = s3_names(out)
     assert S3_OUTPUTS <= names and "checkpoint-2.npz" in names and "checkpoint-2.json" in names, names
     assert any(n.startswith("tensorboard/train/events.") for n in names), names
