@@ -626,6 +626,7 @@ def test_horovod_trains_from_s3_to_s3(dataset, s3_data, tmp_path):
     assert_exact_test_count(m, manifest)
     assert m["world_size"] == 2 and [h["epoch"] for h in m["history"]] == [1, 2]
     assert m["config"]["data"] == s3_data[0] and m["config"]["output"] == out
+    assert m["pictures"] == {name: f"{out}/{name}.png" for name in ("curves", "confusion", "contact_sheet")}
     assert len(set(m["weights_checksum_per_rank"])) == 1
     left = [n for n in os.listdir(staging) if n.startswith("pipelines-")]
     assert not left, left  # no local copy of the outputs (nor of a cache) left behind

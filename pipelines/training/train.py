@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import posixpath
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -380,8 +381,8 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume:
 
 def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tracker=None,
                  directory: Optional[str] = None) -> None:
-    """Rank 0, in ``directory`` (its local output folder, default ``--output``): ``model.keras`` (the whole model, taking the ETL's uint8 images) and its contract
-    ``model.json``, ``class_names.json``, the pictures (``curves.png``, ``confusion.png``,
+    """Rank 0, in ``directory`` (its local output folder, default ``--output``): ``model.keras``
+    (the whole model, taking the ETL's uint8 images) and its contract ``model.json``, ``class_names.json``, the pictures (``curves.png``, ``confusion.png``,
     ``contact_sheet.png``) and ``metrics.json``, each written atomically, the report last; then,
     with a ``tracker``, the same to the MLflow run (:func:`track_outputs`).
 
@@ -397,7 +398,9 @@ def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tr
     if totals is not None and totals.confusion:
         report["test"]["confusion"] = [list(row) for row in totals.confusion]
     report["model_contract"] = "model.json"
-    report["pictures"] = save_pictures(directory, report, exported, data)
+    pictures = save_pictures(directory, report, exported, data)
+    # the report names where they end up: in --output (a URI receives this folder's files)
+    report["pictures"] = {name: posixpath.join(config.output, os.path.basename(path)) for name, path in pictures.items()}
     report["mlflow"] = tracker.describe() if tracker else None
     write_json(os.path.join(directory, "metrics.json"), report)
     test = report["test"]
@@ -435,7 +438,7 @@ def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker, di
                      "steady_train_images_per_second": report["train_images_per_second"],
                      "fit_seconds": report["fit_seconds"], "total_seconds": report["total_seconds"]},
             artifacts=[(os.path.join(directory, name), None) for name in OUTPUT_ARTIFACTS]
-            + [(path, None) for path in report["pictures"].values()]
+            + [(os.path.join(directory, os.path.basename(path)), None) for path in report["pictures"].values()]
             + [(os.path.join(copy, MANIFEST) if copy else manifest.path, "data")],
             history=report["history"])
     finally:
