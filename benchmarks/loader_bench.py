@@ -95,7 +95,8 @@ def s3_routes(etl, work, config, batches, results) -> None:
         epochs(remote, os.path.join(work, "cache-s3"), config,
                ["s3, filesystem, cold cache (epoch 1)", "s3, filesystem, warm cache (epoch 2)"],
                config.reader_workers, results, batches)
-        epochs(remote, None, config, ["", "s3, filesystem, no cache (epoch 2)"], config.reader_workers, results, batches)
+        epochs(remote, None, config, ["", "s3, filesystem, no cache (epoch 2)"], config.reader_workers, results,
+               batches)
         start = time.perf_counter()
         staged = stage_shard(remote, "train", 0, 1, os.path.join(work, "staged"))
         stage_seconds = time.perf_counter() - start

@@ -38,8 +38,8 @@ PROBE_TIMEOUT_S = 10
 HELP = {
     "tracking": f"log the run to MLflow (default: on, unless {TRACKING_ENV}=0; --no-tracking turns it off)",
     "tracking_uri": f"MLflow tracking URI, e.g. http://HOST:5000 (default: $MLFLOW_TRACKING_URI, else "
-                    f"sqlite:///OUTPUT/{STORE_FILE} with the artifacts in OUTPUT/{ARTIFACTS_DIR}; for an s3:// (or other URI) "
-                    f"OUTPUT, sqlite:///WORKDIR/mlflow/{STORE_FILE} on this machine, WORKDIR = $PIPELINES_WORKDIR or "
+                    f"sqlite:///OUTPUT/{STORE_FILE} with the artifacts in OUTPUT/{ARTIFACTS_DIR}; for an s3:// "
+                    f"(or other URI) OUTPUT, sqlite:///WORKDIR/mlflow/{STORE_FILE} on this machine, WORKDIR = $PIPELINES_WORKDIR or "
                     f"~/pipelines-work)",
     "experiment": "MLflow experiment of the run (made when missing)",
     "run_name": "MLflow run name (default: one MLflow makes up)",

@@ -87,7 +87,8 @@ def read_shard(directory, split: str, rank: int, world_size: int) -> Tuple[np.nd
     order (whatever world size computed them). Returns float32 ``(n, feature_dim)`` and int32 ``(n,)``."""
     import pyarrow.parquet as pq
 
-    tables = [pq.read_table(io.BytesIO(part.read_bytes())) for part in _location(directory).join(split).files(".parquet")]
+    parts = _location(directory).join(split).files(".parquet")
+    tables = [pq.read_table(io.BytesIO(part.read_bytes())) for part in parts]
     features = np.concatenate([np.stack(t.column("features").to_numpy(zero_copy_only=False)) for t in tables])
     labels = np.concatenate([t.column("label").to_numpy() for t in tables]).astype(np.int32)
     return features[rank::world_size].astype(np.float32), labels[rank::world_size]

@@ -382,7 +382,8 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume:
 def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tracker=None,
                  directory: Optional[str] = None) -> None:
     """Rank 0, in ``directory`` (its local output folder, default ``--output``): ``model.keras``
-    (the whole model, taking the ETL's uint8 images) and its contract ``model.json``, ``class_names.json``, the pictures (``curves.png``, ``confusion.png``,
+    (the whole model, taking the ETL's uint8 images) and its contract ``model.json``,
+    ``class_names.json``, the pictures (``curves.png``, ``confusion.png``,
     ``contact_sheet.png``) and ``metrics.json``, each written atomically, the report last; then,
     with a ``tracker``, the same to the MLflow run (:func:`track_outputs`).
 
@@ -400,7 +401,8 @@ def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tr
     report["model_contract"] = "model.json"
     pictures = save_pictures(directory, report, exported, data)
     # the report names where they end up: in --output (a URI receives this folder's files)
-    report["pictures"] = {name: posixpath.join(config.output, os.path.basename(path)) for name, path in pictures.items()}
+    report["pictures"] = {name: posixpath.join(config.output, os.path.basename(path))
+                          for name, path in pictures.items()}
     report["mlflow"] = tracker.describe() if tracker else None
     write_json(os.path.join(directory, "metrics.json"), report)
     test = report["test"]
