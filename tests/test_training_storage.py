@@ -1,7 +1,9 @@
-"""Rank 0's outputs on a URI (pipelines/training/outputs.py) and the remote resume rule, against the
-suite's real moto_server; no training (the end-to-end runs are in test_training_hvd.py)."""
+"""Training's storage parts against the suite's real moto_server, without training (the end-to-end
+runs are in test_training_hvd.py): rank 0's outputs on a URI (pipelines/training/outputs.py), the
+remote resume rule, and the legacy-API filesystem Petastorm reads a URI through."""
 import json
 import os
+import pickle
 
 from pipelines.storage import resolve
 from pipelines.training.outputs import Outputs, open_outputs
@@ -69,3 +71,20 @@ def test_resume_takes_the_newest_remote_checkpoint_whose_weights_are_whole(s3_bu
     outputs.push()  # nothing changed: nothing uploaded again, nothing of the remote pruned but epoch 3
     assert names(remote) == {"checkpoint-1.npz", "checkpoint-2.json", "checkpoint-2.npz", "history.csv"}
     assert newest_complete_checkpoint(str(tmp_path / "missing")) is None
+
+
+def test_the_legacy_filesystem_answers_petastorms_calls_and_pickles(s3_bucket):
+    from pipelines.training.legacy_fs import LegacyFileSystem, petastorm_url
+    root = resolve(f"s3://{s3_bucket}/etl")
+    root.join("train", "part-0.parquet").write_bytes(b"PAR1")
+    root.join("train", "sub", "part-1.parquet").write_bytes(b"PAR11")
+    fs = pickle.loads(pickle.dumps(LegacyFileSystem(root.filesystem)))
+    url = petastorm_url(root.join("train", "part-0.parquet"))
+    assert url == f"file:///{s3_bucket}/etl/train/part-0.parquet"
+    top = f"/{s3_bucket}/etl/train"  # Petastorm's path of the URL
+    assert fs.isdir(top) and not fs.isfile(top) and fs.isfile(top + "/part-0.parquet") and fs.exists(top)
+    assert not fs.exists(top + "/missing")
+    assert fs.ls(top) == [top + "/part-0.parquet", top + "/sub"]
+    assert list(fs.walk(top)) == [(top, ["sub"], ["part-0.parquet"]), (top + "/sub", [], ["part-1.parquet"])]
+    with fs.open(top + "/sub/part-1.parquet") as f:
+        assert f.read() == b"PAR11"
