@@ -9,7 +9,14 @@ this is the ceiling the data path puts on training.
 The batch size, shuffle buffer and reader workers are a ``TrainConfig``'s (``--batch-size`` is its
 option); ``--etl-image-size`` is the size the ETL stores the images at.
 
+``--storage s3`` also uploads the ETL output to an S3 API server (``moto_server`` on 127.0.0.1,
+started here with tests/s3server.py) and reads it from there, by the two routes evaluated for
+Petastorm on object storage: through the storage module's filesystem (what training does,
+:mod:`pipelines.training.legacy_fs`), and by staging the rank's row groups on local disk first and
+reading those with ``file://`` (the time to stage counted in its cold epoch).
+
 Usage: python benchmarks/loader_bench.py [--per-class 200] [--etl-image-size 299] [--batch-size 32]
+       [--storage local|s3]
 """
 from __future__ import annotations
 
@@ -32,6 +39,77 @@ def consume(dataset, batches: int) -> float:
     return time.perf_counter() - start
 
 
+def epochs(data, cache, config, labels, workers, results, batches) -> None:
+    """Time two epochs of one looping reader (``cache`` None: no cache) into ``results[labels[i]]``."""
+    from pipelines.training.data import make_dataset, open_reader
+
+    with open_reader(data, "train", 0, 1, cache, workers=workers) as reader:
+        # One iterator across both epochs, as Keras fit keeps it: epoch 2 reads from the cache.
+        it = iter(make_dataset(reader, data.image_size, config.batch_size, shuffle_buffer=config.shuffle_buffer))
+        for label in labels:
+            start = time.perf_counter()
+            for _ in range(batches):
+                next(it)[0].numpy()
+            if label:
+                results[label] = batches * config.batch_size / (time.perf_counter() - start)
+
+
+def stage_shard(data, split: str, rank: int, world_size: int, folder: str):
+    """Route (b): copy this rank's row groups (``rank::world_size``, Petastorm's rule) from the store
+    into one local Parquet file, a row group each. Returns a local Dataset of that shard alone."""
+    import pyarrow.parquet as pq
+
+    from pipelines.contract import Manifest
+    from pipelines.training.data import Dataset, split_row_groups
+
+    os.makedirs(folder, exist_ok=True)
+    groups = split_row_groups(data.parts(split))[rank::world_size]
+    name = f"{split}-rank{rank}.parquet"
+    writer = None
+    for group in groups:
+        with group.part.filesystem.open_input_file(group.part.path) as f:
+            table = pq.ParquetFile(f).read_row_group(group.index)
+        writer = writer or pq.ParquetWriter(os.path.join(folder, name), table.schema)
+        writer.write_table(table, row_group_size=len(table))
+    writer.close()
+    splits = {s: dataclasses.replace(info, parts=[name] if s == split else info.parts, row_groups=len(groups))
+              for s, info in data.manifest.splits.items()}
+    return Dataset(folder, Manifest(**{**dataclasses.asdict(data.manifest), "splits": splits}))
+
+
+def s3_routes(etl, work, config, batches, results) -> None:
+    """Upload ``etl`` to a moto_server of our own and time both routes of reading it from there."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests import s3server
+
+    from pipelines.storage import resolve
+    from pipelines.training.data import load_dataset
+
+    port = s3server.free_port()
+    os.environ.update(s3server.standard_environment(f"http://127.0.0.1:{port}"))
+    server = s3server.start(port, os.path.join(work, "moto.log"))
+    try:
+        uri = f"s3://{server.bucket('bench')}/etl"
+        resolve(uri).upload(etl)
+        remote = load_dataset(uri, 1)
+        epochs(remote, os.path.join(work, "cache-s3"), config,
+               ["s3, filesystem, cold cache (epoch 1)", "s3, filesystem, warm cache (epoch 2)"],
+               config.reader_workers, results, batches)
+        epochs(remote, None, config, ["", "s3, filesystem, no cache (epoch 2)"], config.reader_workers, results,
+               batches)
+        start = time.perf_counter()
+        staged = stage_shard(remote, "train", 0, 1, os.path.join(work, "staged"))
+        stage_seconds = time.perf_counter() - start
+        epochs(staged, os.path.join(work, "cache-staged"), config,
+               ["s3, staged, cold cache (epoch 1)", "s3, staged, warm cache (epoch 2)"],
+               config.reader_workers, results, batches)
+        cold = results["s3, staged, cold cache (epoch 1)"]
+        results["s3, staged, cold cache (epoch 1)"] = batches * config.batch_size / (
+            stage_seconds + batches * config.batch_size / cold)
+    finally:
+        server.stop()
+
+
 def main(argv=None) -> int:
     from pipelines.config import add_arguments
     from pipelines.training.config import TrainConfig
@@ -41,6 +119,8 @@ def main(argv=None) -> int:
     parser.add_argument("--etl-image-size", type=int, default=299, help="image size the ETL stores the images at")
     add_arguments(parser, TrainConfig, {"batch_size": 32})
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--storage", choices=["local", "s3"], default="local",
+                        help="s3: also read the data from an S3 API server (moto_server on 127.0.0.1) by both routes")
     args = parser.parse_args(argv)
     try:  # data and output stand in until the ETL has run
         base = TrainConfig(data=os.curdir, output=os.curdir, batch_size=args.batch_size)
@@ -57,7 +137,7 @@ def main(argv=None) -> int:
     from pipelines.logs import setup_logging
     from pipelines.spark import spark_session
     from pipelines.tools import samples
-    from pipelines.training.data import load_dataset, make_dataset, open_reader
+    from pipelines.training.data import load_dataset
 
     setup_logging("loader-bench", level=30)
     work = args.workdir or tempfile.mkdtemp(prefix="loader-bench-")
@@ -73,23 +153,12 @@ def main(argv=None) -> int:
     images_per_epoch = batches * config.batch_size
     results = {}
 
-    cache = os.path.join(work, "cache")
-    with open_reader(data, "train", 0, 1, cache, workers=config.reader_workers) as reader:
-        # One iterator across both epochs, as Keras fit keeps it: epoch 2 reads from the cache.
-        it = iter(make_dataset(reader, data.image_size, config.batch_size, shuffle_buffer=config.shuffle_buffer))
-        for label in ("petastorm, cold cache (epoch 1)", "petastorm, warm cache (epoch 2)"):
-            start = time.perf_counter()
-            for _ in range(batches):
-                next(it)[0].numpy()
-            results[label] = images_per_epoch / (time.perf_counter() - start)
-    with open_reader(data, "train", 0, 1, None, workers=config.reader_workers) as reader:
-        it = iter(make_dataset(reader, data.image_size, config.batch_size, shuffle_buffer=config.shuffle_buffer))
-        for _ in range(batches):
-            next(it)[0].numpy()
-        start = time.perf_counter()
-        for _ in range(batches):
-            next(it)[0].numpy()
-        results["petastorm, no cache (epoch 2)"] = images_per_epoch / (time.perf_counter() - start)
+    epochs(data, os.path.join(work, "cache"), config,
+           ["petastorm, cold cache (epoch 1)", "petastorm, warm cache (epoch 2)"], config.reader_workers, results,
+           batches)
+    epochs(data, None, config, ["", "petastorm, no cache (epoch 2)"], config.reader_workers, results, batches)
+    if args.storage == "s3":
+        s3_routes(etl, work, config, batches, results)
 
     table = pq.read_table(os.path.join(etl, "train"), columns=["image", "label"])
     images = np.frombuffer(b"".join(table.column("image").to_pylist()), np.uint8).reshape(

@@ -188,7 +188,7 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     this = setup_rank(config, job="scaling")
     rank, size = this.rank, this.size
     log = logging.getLogger("pipelines")
-    dataset = load_dataset(config.data, size)
+    dataset = load_dataset(config.data, size, config.storage_options)
     size_px = config.model_size(dataset.image_size)
 
     class Window(tf.keras.callbacks.Callback):

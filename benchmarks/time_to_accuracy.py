@@ -57,8 +57,9 @@ def run_once(path: str, extra: dict, seed: int, base, np: int, work: str) -> dic
     out = os.path.join(work, f"{path.replace(' ', '-')}-seed{seed}")
     config = dataclasses.replace(base, output=out, seed=seed, **extra)
     # The feature path pays for its features: this weights file's and size's set is computed anew.
-    image_size = config.model_size(load_dataset(config.data, np).image_size)
-    shutil.rmtree(feature_dir(config.data, feature_key(config.weights, image_size, seed, config.backbone)), ignore_errors=True)
+    image_size = config.model_size(load_dataset(config.data, np, config.storage_options).image_size)
+    feature_dir(config.data, feature_key(config.weights, image_size, seed, config.backbone),
+                config.storage_options).delete()
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()
     report = HorovodRunner(np=-np).run(run_training, config=config)

@@ -2,38 +2,49 @@
 
 The notebooks stay a readable walk through the article's steps; what they share lives here. The
 set-up's fetching (sample data, weights) is in :mod:`pipelines.tools.workspace`. Nothing here
-needs ``dbutils``: paths are plain (on Databricks, give ``/dbfs/...`` paths).
+needs ``dbutils``: paths are plain (on Databricks, give ``/dbfs/...`` paths), or URIs such as
+``s3://bucket/work`` (:mod:`pipelines.storage`).
 """
 from __future__ import annotations
 
-import os
 from typing import Dict, NamedTuple
 
 
 class Setup(NamedTuple):
     """What a training notebook's set-up gives the cells after it."""
 
-    workdir: str  #: where the notebook writes (runs, caches)
-    data_dir: str  #: the ETL output folder
+    workdir: str  #: where the notebook writes (runs): a folder or a URI
+    data_dir: str  #: the ETL output: a folder or a URI
     base: Dict  #: the ``TrainConfig`` keywords every run of the notebook shares (``nb.train(**base, ...)``)
 
 
 def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> Setup:
     """The set-up every training notebook starts with, from its parameters.
 
-    ``workdir`` ("" = :func:`pipelines.tools.workspace.default_workdir`) is made if missing;
+    ``workdir`` ("" = :func:`pipelines.tools.workspace.default_workdir`; a local folder is made if
+    missing, a URI such as ``s3://bucket/work`` is checked: its bucket must exist and the
+    credentials be accepted);
     ``data_dir`` ("" = ``workdir/etl``, made from the Tux Paint sample when it has no manifest);
     ``weights`` ("" = the ImageNet Xception weights converted offline). ``base`` holds ``data``,
     ``weights``, ``tensorboard=False`` and the other ``TrainConfig`` keywords given as ``train``.
     Prints the data and weights used.
+
+    Raises:
+        pipelines.storage.StorageError: a URI ``workdir`` or ``data_dir`` whose store cannot be used.
     """
     from pipelines.quiet import quiet_by_default
 
     quiet_by_default([])  # before the first TensorFlow or Spark import; PIPELINES_VERBOSE=1 shows all
     from pipelines.tools import workspace
 
-    workdir = workdir or workspace.default_workdir()
-    os.makedirs(workdir, exist_ok=True)
+    from pipelines.storage import check_reachable, resolve
+
+    location = resolve(workdir or workspace.default_workdir())
+    check_reachable(location, "workdir")
+    location.makedirs()
+    workdir = location.uri
+    if data_dir:
+        check_reachable(resolve(data_dir), "data_dir")
     data_dir = data_dir or workspace.ensure_sample_etl(workdir)
     weights = workspace.ensure_weights(weights)
     print("data:", data_dir, "| weights:", weights)
@@ -50,10 +61,12 @@ def train(np: int = -1, max_failures: int = 0, **config) -> Dict:
     from pipelines.launcher import HorovodRunner
     from pipelines.training.config import TrainConfig
     from pipelines.training.data import check_run
+    from pipelines.training.outputs import check_output
     from pipelines.training.train import run_training
 
     config = TrainConfig(**config)
-    check_run(config.data, config.batch_size, abs(np))  # the data refusals, before any rank starts
+    check_run(config.data, config.batch_size, abs(np), config.storage_options)  # refusals before any rank starts
+    check_output(config.output, config.storage_options)
     if config.tracking:
         from pipelines.tracking import check_store
         check_store(config.tracking_uri)  # a tracking server that does not answer, too

@@ -38,7 +38,9 @@ PROBE_TIMEOUT_S = 10
 HELP = {
     "tracking": f"log the run to MLflow (default: on, unless {TRACKING_ENV}=0; --no-tracking turns it off)",
     "tracking_uri": f"MLflow tracking URI, e.g. http://HOST:5000 (default: $MLFLOW_TRACKING_URI, else "
-                    f"sqlite:///OUTPUT/{STORE_FILE} with the artifacts in OUTPUT/{ARTIFACTS_DIR})",
+                    f"sqlite:///OUTPUT/{STORE_FILE} with the artifacts in OUTPUT/{ARTIFACTS_DIR}; for an s3:// "
+                    f"(or other URI) OUTPUT, sqlite:///WORKDIR/mlflow/{STORE_FILE} on this machine, WORKDIR = $PIPELINES_WORKDIR or "
+                    f"~/pipelines-work)",
     "experiment": "MLflow experiment of the run (made when missing)",
     "run_name": "MLflow run name (default: one MLflow makes up)",
 }
@@ -56,7 +58,16 @@ SQLITE = "sqlite:///"
 
 
 def default_uri(output: str) -> str:
-    """``sqlite:///OUTPUT/mlruns.db``, ``output`` made absolute."""
+    """``sqlite:///OUTPUT/mlruns.db``, ``output`` made absolute. An output on an object store (a URI)
+    cannot hold a SQLite database: its default store is the launching machine's
+    ``WORKDIR/mlflow/mlruns.db`` (``$PIPELINES_WORKDIR``, else ``~/pipelines-work``), one store for
+    all such outputs, each run recorded in its output's ``mlflow_run.json`` as usual."""
+    from pipelines.storage import is_local
+
+    if not is_local(output):
+        from pipelines.tools.workspace import default_workdir
+
+        return SQLITE + os.path.join(default_workdir(), "mlflow", STORE_FILE)
     return SQLITE + os.path.join(os.path.abspath(output), STORE_FILE)
 
 

@@ -28,11 +28,12 @@ SIZE = 71  # Xception's smallest input
 REGISTERED = "xception-tests"  # the model name full_run registers in its MLflow store
 
 
-def train(data, output, *args, np_=2, env=None, timeout=420, tensorboard=False):
+def train(data, output, *args, np_=2, env=None, timeout=420, tensorboard=False, cache=None):
     """Run jobs/train.py under horovodrun (np_ > 0) or alone (np_ == 0) on the tiny backbone (the
-    module's Xception run is :func:`full_run`); return the finished process."""
+    module's Xception run is :func:`full_run`); return the finished process. The Petastorm cache is
+    ``cache``, else ``OUTPUT-cache`` (a local ``output``'s sibling)."""
     job = [sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", output,
-           "--weights", "none", "--backbone", "tiny", "--batch-size", "4", "--cache-dir", output + "-cache",
+           "--weights", "none", "--backbone", "tiny", "--batch-size", "4", "--cache-dir", cache or output + "-cache",
            *([] if tensorboard else ["--no-tensorboard"]), *args]
     cmd = job if np_ == 0 else [os.path.join(BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}",
                                 "--gloo", *job]
@@ -619,3 +620,175 @@ def test_an_unreachable_tracking_server_is_refused_before_any_rank_with_exit_2(d
     assert len(errors) == 1 and "[train driver]" in errors[0], proc.stderr[-3000:]
     assert f"MLflow tracking store {url} cannot be used" in errors[0] and "--no-tracking" in errors[0]
     assert "rank 0" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+
+# --- training on object storage: the suite's moto_server (tests/s3server.py) -------------------
+
+S3_OUTPUTS = {"metrics.json", "history.csv", "model.keras", "model.json", "class_names.json", "curves.png",
+              "confusion.png", "contact_sheet.png"}
+
+
+@pytest.fixture(scope="module")
+def s3_data(dataset, s3_server):
+    """The module's ETL output uploaded as it is (Location.upload) to a bucket of its own:
+    ``(s3://bucket/etl, bucket)``."""
+    from pipelines.storage import resolve
+    bucket = s3_server.bucket("train")
+    resolve(f"s3://{bucket}/etl").upload(dataset[0])
+    return f"s3://{bucket}/etl", bucket
+
+
+def s3_names(uri):
+    """Relative paths of every object below ``uri``."""
+    from pipelines.storage import resolve
+    root = resolve(uri)
+    return {info.path[len(root.path) + 1:] for info in root.list() if info.is_file}
+
+
+def s3_json(uri):
+    from pipelines.storage import resolve
+    return resolve(uri).read_json()
+
+
+def test_petastorm_on_s3_reads_each_rank_the_shard_of_the_local_rule(dataset, s3_data):
+    """Petastorm through the storage module's filesystem: per shard, the images it reads from the
+    bucket are those :class:`OnePassShard` reads locally (row groups ``rank::world_size``)."""
+    import hashlib
+    import warnings
+    from petastorm import make_batch_reader
+    from pipelines.training.data import OnePassShard, load_dataset
+    warnings.simplefilter("ignore", FutureWarning)
+    remote, local = load_dataset(s3_data[0], 2), load_dataset(dataset[0], 2)
+    assert remote.root == s3_data[0] and all(not p.local for p in remote.parts("train"))
+    for shard in range(2):
+        with make_batch_reader(remote.split_urls("train"), filesystem=remote.petastorm_filesystem(),
+                               schema_fields=["image", "label"], cur_shard=shard, shard_count=2, num_epochs=1,
+                               shuffle_row_groups=False, reader_pool_type="dummy") as reader:
+            got = sorted(hashlib.sha1(image).hexdigest() for batch in reader for image in batch.image)
+        expected = sorted(hashlib.sha1(image.tobytes()).hexdigest()
+                          for images, _ in OnePassShard(local, "train", shard, 2).batches() for image in images)
+        assert got == expected and len(got) == OnePassShard(local, "train", shard, 2).expected_rows
+
+
+def test_horovod_trains_from_s3_to_s3(dataset, s3_data, tmp_path):
+    """horovodrun -np 2, --data and --output in the bucket, with the feature cache (written beside
+    the data, in the bucket; the run killed and resumed below reads images with Petastorm): the
+    outputs land there, TensorBoard's logs and the checkpoints too, and rank 0's local staging
+    folder is gone."""
+    from pipelines.training import features as feat
+    data, manifest = dataset
+    out = f"s3://{s3_data[1]}/runs/plain"
+    staging = tmp_path / "tmp"
+    staging.mkdir()
+    proc = train(s3_data[0], out, "--epochs", "2", "--image-size", "32", "--feature-cache", tensorboard=True,
+                 cache=str(tmp_path / "cache"), env={"TMPDIR": str(staging)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    features = s3_json(out + "/metrics.json")["feature_cache"]
+    assert features.startswith(s3_data[0] + "/features/")
+    assert feat.is_complete(features, {s: manifest["splits"][s]["rows"] for s in ("train", "test")})
+    assert {"train/part-rank0.parquet", "train/part-rank1.parquet", "_COMPLETE.json"} <= s3_names(features)
+    names = s3_names(out)
+    assert S3_OUTPUTS <= names and "checkpoint-2.npz" in names and "checkpoint-2.json" in names, names
+    assert any(n.startswith("tensorboard/train/events.") for n in names), names
+    m = s3_json(out + "/metrics.json")
+    assert_exact_test_count(m, manifest)
+    assert m["world_size"] == 2 and [h["epoch"] for h in m["history"]] == [1, 2]
+    assert m["config"]["data"] == s3_data[0] and m["config"]["output"] == out
+    assert m["pictures"] == {name: f"{out}/{name}.png" for name in ("curves", "confusion", "contact_sheet")}
+    assert len(set(m["weights_checksum_per_rank"])) == 1
+    left = [n for n in os.listdir(staging) if n.startswith("pipelines-")]
+    assert not left, left  # no local copy of the outputs (nor of a cache) left behind
+    assert f"model and report in {out}" in proc.stdout
+
+
+def test_a_run_killed_after_epoch_2_resumes_from_s3_at_epoch_3(dataset, s3_data, tmp_path):
+    """Rank 0 is SIGKILLed right after epoch 2's marker reached the bucket; --resume downloads that
+    checkpoint and continues at epoch 3 with the history of the first two."""
+    data, manifest = dataset
+    out = f"s3://{s3_data[1]}/runs/resumed"
+    args = ("--epochs", "3", "--image-size", "32", "--patience", "10", "--resume")
+    killed = train(s3_data[0], out, *args, cache=str(tmp_path / "c1"),
+                   env={"PIPELINES_FAULT_INJECT": "rank=0,epoch=2,mode=kill"})
+    assert killed.returncode != 0
+    assert f"--resume: no complete checkpoint in {out}, starting from epoch 1" in killed.stdout + killed.stderr
+    names = s3_names(out)
+    assert {"checkpoint-2.npz", "checkpoint-2.json", "history.csv"} <= names and "metrics.json" not in names, names
+    marker = s3_json(out + "/checkpoint-2.json")
+    assert marker["epoch"] == 2 and [h["epoch"] for h in marker["history"]] == [1, 2]
+
+    resumed = train(s3_data[0], out, *args, cache=str(tmp_path / "c2"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming after epoch 2" in resumed.stdout + resumed.stderr
+    m = s3_json(out + "/metrics.json")
+    assert m["resumed_after_epoch"] == 2 and m["epochs_run_per_rank"] == [1, 1]
+    assert [h["epoch"] for h in m["history"]] == [1, 2, 3]
+    assert [h["loss"] for h in m["history"][:2]] == [h["loss"] for h in marker["history"]]
+    assert_exact_test_count(m, manifest)
+    from pipelines.storage import resolve
+    rows = list(csv.DictReader(resolve(out + "/history.csv").read_bytes().decode().splitlines()))
+    assert [int(r["epoch"]) for r in rows] == [0, 1, 2]  # Keras counts from 0: the killed run's two, then 3
+
+
+S3_REFUSALS = {
+    "unknown scheme": (lambda b: ("nosuchscheme://x/etl", f"s3://{b}/out"), "unknown scheme 'nosuchscheme'"),
+    "missing bucket": (lambda b: ("s3://no-such-bucket-train/etl", f"s3://{b}/out"),
+                       "--data s3://no-such-bucket-train/etl: bucket 'no-such-bucket-train' does not exist"),
+    "no manifest": (lambda b: (f"s3://{b}/nothing", f"s3://{b}/out"), f"no manifest.json in s3://"),
+    "output bucket": (lambda b: (None, "s3://no-such-bucket-out/run"),
+                      "--output s3://no-such-bucket-out/run: bucket 'no-such-bucket-out' does not exist"),
+}
+
+
+@pytest.mark.parametrize("reason", sorted(S3_REFUSALS))
+def test_s3_refusals_before_any_rank_with_exit_2(reason, s3_data, tmp_path):
+    where, message = S3_REFUSALS[reason]
+    data, out = where(s3_data[1])
+    proc = train(data or s3_data[0], out, "--spark-np", "-2", np_=0, timeout=120, cache=str(tmp_path / "c"))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = error_lines(proc.stderr)
+    assert len(errors) == 1 and "[train driver]" in errors[0] and message in errors[0], proc.stderr[-3000:]
+    assert "rank 0" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_wrong_credentials_are_refused_before_any_rank_with_exit_2(s3_data, tmp_path):
+    from tests import s3server
+    with s3server.authenticated_server(str(tmp_path / "auth.log")) as (server, _key, _secret, bucket):
+        env = {"AWS_ENDPOINT_URL": server.endpoint, "AWS_ACCESS_KEY_ID": "wrong", "AWS_SECRET_ACCESS_KEY": "wrong"}
+        proc = train(f"s3://{bucket}/etl", f"s3://{bucket}/out", "--spark-np", "-2", np_=0, timeout=120,
+                     cache=str(tmp_path / "c"), env=env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = error_lines(proc.stderr)
+    assert len(errors) == 1 and f"--data s3://{bucket}/etl: the store refused access to '{bucket}'" in errors[0], \
+        proc.stderr[-3000:]
+
+
+def test_under_horovodrun_rank_0_alone_says_a_bucket_is_missing(s3_data, tmp_path):
+    proc = train(s3_data[0], "s3://no-such-bucket-out/run", cache=str(tmp_path / "c"))
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Exit code: 2" in text, text[-3000:]
+    errors = error_lines(text)
+    assert len(errors) == 1 and "[train rank 0]" in errors[0] and "bucket 'no-such-bucket-out' does not exist" in \
+        errors[0], text[-3000:]
+
+
+def test_the_petastorm_cache_stays_local(tmp_path):
+    proc = train(str(tmp_path), str(tmp_path / "out"), np_=0, timeout=120, cache="s3://bucket/cache")
+    assert proc.returncode == 2 and "--cache-dir s3://bucket/cache: Petastorm's cache is on each rank's local disk" \
+        in proc.stderr, proc.stderr[-3000:]
+
+
+def test_notebook_setup_on_an_s3_workdir(dataset, s3_server, tmp_path, capsys):
+    """The notebooks' set-up with ``workdir`` in a bucket: an ETL output already at WORKDIR/etl is
+    used from there, and training's driver checks (nb.train's) accept it; a missing bucket is refused."""
+    from pipelines import notebook as nb
+    from pipelines.storage import StorageError, resolve
+    from pipelines.training.data import check_run
+    bucket = s3_server.bucket("nb")
+    resolve(f"s3://{bucket}/work/etl").upload(dataset[0])
+    workdir, data_dir, base = nb.setup(f"s3://{bucket}/work/", "", "none", batch_size=4)
+    assert (workdir, data_dir) == (f"s3://{bucket}/work", f"s3://{bucket}/work/etl")
+    assert base["data"] == data_dir and f"data: {data_dir} | weights: none" in capsys.readouterr().out
+    assert check_run(data_dir, 4, 2).test_rows == dataset[1]["splits"]["test"]["rows"]
+    with pytest.raises(StorageError, match="bucket 'no-such-bucket-nb' does not exist"):
+        nb.setup("s3://no-such-bucket-nb/work", "", "none")

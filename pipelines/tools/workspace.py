@@ -1,6 +1,8 @@
 """The working folder of the notebooks and the benchmarks, and a sample through the ETL on demand.
 
-Nothing here needs ``dbutils``: paths are plain (on Databricks, give ``/dbfs/...`` paths).
+Nothing here needs ``dbutils``: paths are plain (on Databricks, give ``/dbfs/...`` paths), or URIs
+(``s3://bucket/work``): then the ETL output lives there, while the sample images it is made from
+are fetched to the local :func:`default_workdir` (the ETL reads them from there).
 """
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ def default_workdir() -> str:
 def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float = 0.3, spark=None,
                       input_dir: Optional[str] = None, sample: str = "tuxpaint",
                       per_class: Optional[int] = None) -> str:
-    """The ETL output folder ``workdir/etl``, made first when it has no manifest.
+    """The ETL output ``workdir/etl`` (a folder or a URI), made first when it has no manifest.
 
-    With no ``input_dir``, a sample is fetched into ``workdir/<sample>`` first: ``tuxpaint`` (148
+    With no ``input_dir``, a sample is fetched into ``workdir/<sample>`` first (for a URI
+    ``workdir``, into the local :func:`default_workdir`): ``tuxpaint`` (148
     photos, 8 classes) or ``fashion-mnist`` (``per_class`` images of each of 10 classes, all when
     ``None``). An existing ``workdir/etl`` is reused as it is, whatever it was made from.
     Returns the ETL output folder.
@@ -34,10 +37,14 @@ def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float 
 
     if sample not in ("tuxpaint", "fashion-mnist"):
         raise ValueError(f"unknown sample {sample!r}: tuxpaint or fashion-mnist")
-    etl = os.path.join(workdir, "etl")
-    if not os.path.exists(os.path.join(etl, "manifest.json")):
+    from pipelines.contract import MANIFEST
+    from pipelines.storage import resolve
+
+    location = resolve(workdir).join("etl")
+    etl = location.uri
+    if not location.join(MANIFEST).exists():
         if not input_dir:
-            input_dir = os.path.join(workdir, sample)
+            input_dir = os.path.join(workdir if location.local else default_workdir(), sample)
             extra = ["--per-class", str(per_class)] if (sample == "fashion-mnist" and per_class) else []
             samples.main([sample, "--dest", input_dir, *extra])
         from pyspark.sql import SparkSession

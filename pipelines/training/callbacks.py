@@ -137,6 +137,19 @@ class TrackEpochs(tf.keras.callbacks.Callback):
         self.tracker.log_epoch(epoch + 1, logs or {})
 
 
+class SyncOutputs(tf.keras.callbacks.Callback):
+    """Rank 0, after the callbacks that write the epoch's files: a URI ``--output`` receives them,
+    the checkpoint's marker last (:meth:`pipelines.training.outputs.Outputs.push`); nothing for a
+    local one."""
+
+    def __init__(self, outputs):
+        super().__init__()
+        self.outputs = outputs
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.outputs.push(last=os.path.basename(marker_path("", epoch + 1)))
+
+
 class FaultInjection(tf.keras.callbacks.Callback):
     """Test hook: ``PIPELINES_FAULT_INJECT="rank=R,epoch=E,mode=raise|kill[,mark=PATH]"`` makes rank R
     fail at the end of epoch E (1-based), once that epoch's checkpoint is complete (another rank than

@@ -20,8 +20,9 @@ from pipelines.training.config import TrainConfig
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse the options into a :class:`TrainConfig` and train.
 
-    Returns 0 on success; 2 with a one-line error when the data cannot feed the run or the
-    launch is impossible (too few task slots, a Spark setting barrier tasks refuse, a network
+    Returns 0 on success; 2 with a one-line error when the data cannot feed the run, ``--data`` or
+    ``--output`` is on a store that cannot be used (unknown scheme, missing bucket, refused
+    credentials), or the launch is impossible (too few task slots, a Spark setting barrier tasks refuse, a network
     interface or host address that is not on this machine's executors, an MLflow tracking server
     that does not answer), before any rank starts; 1 with the failing rank and its cause when a
     rank fails (on its host: also its network) and is not relaunched (``--max-failures``), or when
@@ -32,6 +33,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from pipelines.logs import setup_logging
     from pipelines.tracking import TrackingFailed, check_store
     from pipelines.training.data import DataError, check_run
+    from pipelines.training.outputs import check_output
     from pipelines.training.train import run_training
 
     config = parse_config(TrainConfig, argv)
@@ -43,7 +45,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 from pipelines.training.devices import rank_cores, threads_per_rank
                 ranks = -config.spark_np
                 rank_cores(0, ranks, threads_per_rank(config.threads, ranks), os.sched_getaffinity(0))
-            check_run(config.data, config.batch_size, abs(config.spark_np))  # refuse before any rank starts
+            check_run(config.data, config.batch_size, abs(config.spark_np), config.storage_options)  # before any rank
+            check_output(config.output, config.storage_options)
             if config.tracking:
                 check_store(config.tracking_uri)
             if config.spark_np > 0:

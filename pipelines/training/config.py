@@ -3,19 +3,23 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, Optional
 
 from pipelines import tracking as trk
-from pipelines.config import field
+from pipelines.config import field, storage_options_field
 from pipelines.paths import check_url_safe
+from pipelines.storage import is_local
 
 
 @dataclass
 class TrainConfig:
     """Horovod + Petastorm + Keras Xception transfer learning on the ETL's Parquet output."""
 
-    data: str = field(help="ETL output folder: manifest.json, train/, test/")
-    output: str = field(help="folder for checkpoints, logs, metrics.json and the final model")
+    data: str = field(help="ETL output: a folder, file:// or a URI such as s3://bucket/etl (manifest.json and the "
+                           "Parquet files it names)")
+    output: str = field(help="folder or URI (s3://bucket/run) for checkpoints, logs, metrics.json and the final "
+                             "model; for a URI, rank 0 writes in a local temporary folder and uploads each "
+                             "checkpoint as it completes and the rest at the end")
     epochs: int = field(30, help="maximum number of epochs")
     batch_size: int = field(16, help="images per step on each rank; the global batch is this x world size")
     base_lr: float = field(0.001, help="learning rate of one rank; scaled by the world size")
@@ -31,8 +35,9 @@ class TrainConfig:
                                            "accuracy)")
     patience: int = field(3, help="early stopping: epochs without a val_accuracy gain of --min-delta")
     min_delta: float = field(0.001, help="early stopping: smallest val_accuracy gain that counts")
-    cache_dir: str = field("", help="Petastorm local-disk cache root (default: a temp folder); each rank "
-                                    "and split gets its own subfolder")
+    cache_dir: str = field("", help="Petastorm local-disk cache root, a local folder by design (a URI is "
+                                    "refused: the cache is each rank's own disk; default: a temp folder); each "
+                                    "rank and split gets its own subfolder")
     resume: bool = field(False, help="continue from the newest complete checkpoint in --output")
     shuffle_buffer: int = field(256, help="images in the shuffle buffer (uint8, before preprocessing)")
     seed: int = field(42, help="seed of weights initialisation, shuffling and dropout")
@@ -65,6 +70,7 @@ class TrainConfig:
     tracking_uri: str = field("", help=trk.HELP["tracking_uri"])
     experiment: str = field("pipelines-train", help=trk.HELP["experiment"])
     run_name: str = field("", help=trk.HELP["run_name"])
+    storage_options: Dict[str, str] = storage_options_field()
     register_model: str = field("", help="register the trained model in MLflow's model registry under this name "
                                          "(a new version, tagged with its test_accuracy)")
 
@@ -98,15 +104,31 @@ class TrainConfig:
             raise ValueError(f"--slots-timeout must be positive, got {self.slots_timeout}")
         if self.shuffle_buffer < 1:
             raise ValueError(f"--shuffle-buffer must be >= 1, got {self.shuffle_buffer}")
-        self.data = check_url_safe(self.data, "--data")
-        self.output = os.path.abspath(os.path.expanduser(self.output))
+        self.data = local_or_uri(self.data)
+        self.output = local_or_uri(self.output)
+        if self.data and is_local(self.data):
+            self.data = check_url_safe(self.data, "--data")
         from pipelines.training.model import check_backbone
 
         check_backbone(self.backbone, self.weights, self.image_size)
         if self.weights not in ("imagenet", "none"):
             self.weights = os.path.abspath(os.path.expanduser(self.weights))
+        if self.cache_dir and not is_local(self.cache_dir):
+            raise ValueError(f"--cache-dir {self.cache_dir}: Petastorm's cache is on each rank's local disk by "
+                             "design; give a local folder (or none: a temporary one)")
         if self.cache_dir:
             self.cache_dir = os.path.abspath(os.path.expanduser(self.cache_dir))
         self.tracking, self.tracking_uri = trk.resolve(self.tracking, self.tracking_uri, self.output, self.experiment)
         if self.register_model and not self.tracking:
             raise ValueError("--register-model needs tracking: drop --no-tracking (or PIPELINES_TRACKING=0)")
+
+
+def local_or_uri(value: str) -> str:
+    """A local path made absolute (``file://`` URLs become paths), a URI as given (``s3://b/k``,
+    trailing ``/`` dropped). The URI is resolved, and refused when its scheme is unknown or its
+    bucket missing, where the run is planned (:func:`pipelines.training.data.load_dataset`,
+    :func:`pipelines.training.outputs.open_outputs`): there only rank 0 reports it."""
+    if is_local(value):
+        path = value[len("file://"):] if value.startswith("file://") else value
+        return os.path.abspath(os.path.expanduser(path))
+    return value.rstrip("/")

@@ -15,8 +15,8 @@ import os
 import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass
-from typing import Iterator, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -42,6 +42,14 @@ class Dataset:
 
     root: str
     manifest: Manifest
+    storage_options: Dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def location(self):
+        """The root as a :class:`pipelines.storage.Location` (a local folder or a URI)."""
+        from pipelines.storage import resolve
+
+        return resolve(self.root, self.storage_options)
 
     @property
     def image_size(self) -> int:
@@ -81,24 +89,45 @@ class Dataset:
         """The split's Parquet files as the manifest names them (:class:`pipelines.storage.Location`),
         in the manifest's order: a reader reads these and nothing else (a rerun of the ETL may be
         writing other files next to them)."""
-        return self.manifest.part_locations(self.root, split)
+        return self.manifest.part_locations(self.location, split)
 
     def split_urls(self, split: str) -> List[str]:
-        """``file://`` URLs of the split's Parquet files, as Petastorm wants them."""
-        return [local_url(part.path) for part in self.parts(split)]
+        """``file://`` URLs of the split's Parquet files, as Petastorm wants them (for a URI root,
+        the URLs :class:`~pipelines.training.legacy_fs.LegacyFileSystem` maps back to the store)."""
+        from pipelines.training.legacy_fs import petastorm_url
+
+        return [local_url(part.path) if part.local else petastorm_url(part) for part in self.parts(split)]
+
+    def petastorm_filesystem(self):
+        """What Petastorm reads a URI root through (``None`` for local files: its own)."""
+        from pipelines.training.legacy_fs import LegacyFileSystem
+
+        location = self.location
+        return None if location.local else LegacyFileSystem(location.filesystem)
 
 
-def load_dataset(root: str, world_size: int) -> Dataset:
+def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str, str]] = None) -> Dataset:
     """Read and check the ETL's ``manifest.json`` for a run of ``world_size`` ranks.
+
+    Args:
+        root: a local folder, ``file://`` URL or URI (``s3://bucket/etl``).
+        storage_options: ``--storage-option`` values for a URI's backend.
 
     Raises:
         DataError: no manifest (not an ETL output), an empty split, or fewer row groups in a split
             than ranks (Petastorm would give some rank no data).
+        pipelines.storage.StorageError: an unknown scheme, a missing bucket, refused credentials.
         pipelines.paths.UnsafePathError: ``root`` holds a character a ``file://`` URL cannot carry.
     """
-    root = check_url_safe(root, "--data")
+    from pipelines.storage import check_reachable, resolve
+
+    location = resolve(root, storage_options)
+    check_reachable(location, "--data")
+    # Petastorm opens the parts by URL, a URI's too (Dataset.split_urls)
+    check_url_safe(location.path if location.local else "/" + location.path, "--data")
+    root = location.uri
     try:
-        data = Dataset(root, Manifest.read(root))
+        data = Dataset(root, Manifest.read(location), dict(storage_options or {}))
     except FileNotFoundError:
         raise DataError(f"no {MANIFEST} in {root}: --data must be the output folder of jobs/etl.py") from None
     for split in SPLITS:
@@ -112,17 +141,17 @@ def load_dataset(root: str, world_size: int) -> Dataset:
     return data
 
 
-def check_run(root: str, batch_size: int, world_size: int) -> Dataset:
+def check_run(root: str, batch_size: int, world_size: int, storage_options: Optional[Dict[str, str]] = None) -> Dataset:
     """The data refusals every rank makes in ``plan_run``, made once by a process that launches
     the ranks (``--spark-np``, the notebooks), before any rank starts.
 
     Raises:
-        DataError: as :func:`load_dataset`.
+        DataError, pipelines.storage.StorageError: as :func:`load_dataset`.
         ValueError: a global batch larger than a split (:func:`~pipelines.training.schedule.plan_steps`).
     """
     from pipelines.training.schedule import plan_steps
 
-    data = load_dataset(root, world_size)
+    data = load_dataset(root, world_size, storage_options)
     plan_steps(data.train_rows, data.test_rows, batch_size, world_size)
     return data
 
@@ -169,7 +198,8 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
                      cache_row_size_estimate=data.rows_per_row_group * data.row_bytes)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # raised from pyarrow's own modules here
-        reader = make_batch_reader(data.split_urls(split), schema_fields=["image", "label"],
+        reader = make_batch_reader(data.split_urls(split), filesystem=data.petastorm_filesystem(),
+                                   schema_fields=["image", "label"],
                                    cur_shard=rank, shard_count=world_size, num_epochs=None,
                                    shuffle_row_groups=True, seed=seed,
                                    reader_pool_type="thread", workers_count=workers, **cache)

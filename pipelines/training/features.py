@@ -7,18 +7,18 @@ once, writes them as Parquet under ``DATA/features/<key>/<split>/part-rank<r>.pa
 depends on the weights, the image size and the backbone), and training fits only the head
 (dropout + dense) on them with the same Horovod machinery. A second run with the same key reuses
 them; other weights or another size get another key.
+
+``DATA`` may be a URI: the set is written and read through :mod:`pipelines.storage` (each rank's
+file in one write, whole or not at all), its completion marker last.
 """
 from __future__ import annotations
 
 import hashlib
-import json
+import io
 import logging
-import os
-from typing import Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
 import numpy as np
-
-from pipelines.atomic import replacing, write_json
 
 log = logging.getLogger("pipelines")
 COMPLETE = "_COMPLETE.json"
@@ -41,45 +41,54 @@ def feature_key(weights: str, image_size: int, seed: int, backbone: str = "xcept
     return hashlib.sha256(f"{model}:{source}:{image_size}".encode()).hexdigest()[:16]
 
 
-def feature_dir(data_root: str, key: str) -> str:
-    """``DATA/features/<key>``: next to the ETL output it was computed from."""
-    return os.path.join(data_root, "features", key)
+def _location(directory):
+    """A path, URI or :class:`pipelines.storage.Location` as a Location."""
+    from pipelines.storage import Location, resolve
+
+    return directory if isinstance(directory, Location) else resolve(directory)
 
 
-def is_complete(directory: str, rows: dict) -> bool:
+def feature_dir(data_root: str, key: str, storage_options: Optional[Mapping[str, str]] = None):
+    """``DATA/features/<key>`` (a :class:`pipelines.storage.Location`): next to the ETL output it
+    was computed from."""
+    from pipelines.storage import resolve
+
+    return resolve(data_root, storage_options).join("features", key)
+
+
+def is_complete(directory, rows: dict) -> bool:
     """Whether every rank finished writing this feature set (rank 0 writes the marker last) and it
     holds ``rows`` (``{"train": n, "test": m}``, the manifest's counts): a set computed from
     other data, or short, is not reused."""
     try:
-        with open(os.path.join(directory, COMPLETE)) as f:
-            return json.load(f).get("rows") == rows
+        return _location(directory).join(COMPLETE).read_json().get("rows") == rows
     except (OSError, ValueError):
         return False
 
 
-def write_shard(directory: str, split: str, rank: int, features: np.ndarray, labels: np.ndarray) -> str:
+def write_shard(directory, split: str, rank: int, features: np.ndarray, labels: np.ndarray) -> str:
     """Write one rank's features of one split: ``features`` float32 ``(n, feature_dim)`` (2048 for
     Xception), ``labels`` int32 ``(n,)``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    os.makedirs(os.path.join(directory, split), exist_ok=True)
-    path = os.path.join(directory, split, f"part-rank{rank}.parquet")
+    target = _location(directory).join(split, f"part-rank{rank}.parquet")
     flat = pa.array(features.astype(np.float32).reshape(-1))
     table = pa.table({"features": pa.FixedSizeListArray.from_arrays(flat, features.shape[1]),
                       "label": pa.array(labels.astype(np.int32))})
-    with replacing(path) as tmp:
-        pq.write_table(table, tmp, compression="snappy")
-    return path
+    buffer = io.BytesIO()  # a rank's features are small (2048 float32 per image for Xception)
+    pq.write_table(table, buffer, compression="snappy")
+    target.write_bytes(buffer.getvalue())
+    return target.uri
 
 
-def read_shard(directory: str, split: str, rank: int, world_size: int) -> Tuple[np.ndarray, np.ndarray]:
+def read_shard(directory, split: str, rank: int, world_size: int) -> Tuple[np.ndarray, np.ndarray]:
     """This rank's share of a split's features: rows ``rank, rank + size, ...`` of all files in name
     order (whatever world size computed them). Returns float32 ``(n, feature_dim)`` and int32 ``(n,)``."""
     import pyarrow.parquet as pq
 
-    folder = os.path.join(directory, split)
-    tables = [pq.read_table(os.path.join(folder, n)) for n in sorted(os.listdir(folder)) if n.endswith(".parquet")]
+    parts = _location(directory).join(split).files(".parquet")
+    tables = [pq.read_table(io.BytesIO(part.read_bytes())) for part in parts]
     features = np.concatenate([np.stack(t.column("features").to_numpy(zero_copy_only=False)) for t in tables])
     labels = np.concatenate([t.column("label").to_numpy() for t in tables]).astype(np.int32)
     return features[rank::world_size].astype(np.float32), labels[rank::world_size]
@@ -97,9 +106,9 @@ def compute_shard(backbone, dataset) -> Tuple[np.ndarray, np.ndarray]:
     return np.concatenate(features), np.concatenate(labels)
 
 
-def mark_complete(directory: str, counts: dict, key: str) -> None:
+def mark_complete(directory, counts: dict, key: str) -> None:
     """Rank 0, after every rank has written: record the counts, making the set reusable."""
-    write_json(os.path.join(directory, COMPLETE), {"key": key, "rows": counts})
+    _location(directory).join(COMPLETE).write_json({"key": key, "rows": counts})
 
 
 def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int):

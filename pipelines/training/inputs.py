@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import time
 from typing import Iterator, Tuple
 
@@ -79,29 +78,31 @@ class FeatureInputs:
 
         self.config, self.data, self.rank, self.size = config, data, rank, size
         self.full_model, self.image_size = full_model, image_size
-        self.directory = self._ensure_features()
+        self.features = self._ensure_features()
+        self.directory = self.features.uri  # as the report names it
         self.model = feat.build_head(data.num_classes, config.dropout, config.seed,
                                      backbone_of(full_model).output_shape[-1])
         # Start from the whole model's initial head, so both paths train the same function from the same point.
         self.model.get_layer("head").set_weights(full_model.get_layer("head").get_weights())
 
-    def _ensure_features(self) -> str:
+    def _ensure_features(self):
         """The feature set of this data, backbone and size: reused when complete and of the
-        manifest's row counts, else computed, each rank its own shard of each split. Returns its folder."""
+        manifest's row counts, else computed, each rank its own shard of each split. Returns its
+        folder (a :class:`pipelines.storage.Location`)."""
         import horovod.tensorflow as hvd_tf
 
         from pipelines.training import features as feat
 
         c, data, rank = self.config, self.data, self.rank
         key = feat.feature_key(c.weights, self.image_size, c.seed, c.backbone)
-        directory = feat.feature_dir(c.data, key)
+        directory = feat.feature_dir(c.data, key, c.storage_options)
         if feat.is_complete(directory, {"train": data.train_rows, "test": data.test_rows}):
             if rank == 0:
                 log.info("feature cache: reusing %s", directory)
             return directory
         if rank == 0:
             log.info("feature cache: computing backbone features into %s", directory)
-            shutil.rmtree(directory, ignore_errors=True)  # a run interrupted before completion
+            directory.delete()  # a run interrupted before completion
         hvd_tf.broadcast_object(None, root_rank=0, name="features_cleared")
         backbone = backbone_of(self.full_model)
         start, counts = time.perf_counter(), {}
@@ -124,7 +125,7 @@ class FeatureInputs:
     def _dataset(self, split: str, training: bool):
         from pipelines.training import features as feat
 
-        return feat.feature_dataset(*feat.read_shard(self.directory, split, self.rank, self.size),
+        return feat.feature_dataset(*feat.read_shard(self.features, split, self.rank, self.size),
                                     self.config.batch_size, shuffle=training, seed=self.config.seed + self.rank,
                                     repeat=True)
 
@@ -138,7 +139,7 @@ class FeatureInputs:
         from pipelines.training import features as feat
         from pipelines.training.evaluate import evaluate_dataset
 
-        features, labels = feat.read_shard(self.directory, "test", self.rank, self.size)
+        features, labels = feat.read_shard(self.features, "test", self.rank, self.size)
         dataset = feat.feature_dataset(features, labels, self.config.batch_size, shuffle=False, seed=0,
                                        repeat=False, drop_remainder=False)
         totals = evaluate_dataset(model, dataset)

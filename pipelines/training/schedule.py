@@ -11,7 +11,6 @@ Stated once here, used by the job and tested without Horovod:
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -86,28 +85,32 @@ def marker_path(directory: str, epoch: int) -> str:
     return os.path.join(directory, f"{CHECKPOINT_PREFIX}{epoch}.json")
 
 
-def newest_complete_checkpoint(directory: str) -> Optional[Dict]:
+def newest_complete_checkpoint(directory) -> Optional[Dict]:
     """The newest checkpoint whose weights were completely written, or ``None``.
 
-    A checkpoint counts only with its marker (written after the weights, by rename) naming a
-    weights file that exists with the size recorded in it: a run killed mid-write leaves no
-    marker or a different size, and that checkpoint is never picked.
+    A checkpoint counts only with its marker (written after the weights: by rename on a local
+    disk, uploaded after them to an object store) naming a weights file that exists with the size
+    recorded in it: a run killed mid-write leaves no marker or a different size, and that
+    checkpoint is never picked.
+
+    Args:
+        directory: a local folder, or a :class:`pipelines.storage.Location` (a remote ``--output``).
 
     Returns:
         the marker's content (``epoch``, ``weights``, ``weights_bytes``, and the training state
         saved with it), or ``None`` when there is none.
     """
-    if not os.path.isdir(directory):
-        return None
-    epochs: List[int] = sorted((int(m.group(1)) for m in map(_MARKER.match, os.listdir(directory)) if m),
-                               reverse=True)
+    from pipelines.storage import Location, resolve
+
+    folder = directory if isinstance(directory, Location) else resolve(directory)
+    names = [info.base_name for info in folder.list(recursive=False)]
+    epochs: List[int] = sorted((int(m.group(1)) for m in map(_MARKER.match, names) if m), reverse=True)
     for epoch in epochs:
         try:
-            with open(marker_path(directory, epoch)) as f:
-                marker = json.load(f)
+            marker = folder.join(os.path.basename(marker_path("", epoch))).read_json()
         except (OSError, ValueError):
             continue
-        weights = os.path.join(directory, marker.get("weights", ""))
-        if os.path.isfile(weights) and os.path.getsize(weights) == marker.get("weights_bytes"):
+        weights = folder.join(marker.get("weights", "")).info()
+        if weights.is_file and weights.size == marker.get("weights_bytes"):
             return marker
     return None

@@ -12,12 +12,14 @@ import contextlib
 import hashlib
 import logging
 import os
+import posixpath
 import shutil
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional
 
 from pipelines.config import to_dict
+from pipelines.storage import is_local
 from pipelines.training.config import TrainConfig
 
 log = logging.getLogger("pipelines")
@@ -44,6 +46,12 @@ class RunPlan:
     steps: object  # pipelines.training.schedule.Steps
     lr: float
     image_size: int  # of the model's input: TrainConfig.model_size(the stored size)
+    outputs: object = None  # rank 0: pipelines.training.outputs.Outputs (where it writes); None elsewhere
+
+    @property
+    def output_dir(self) -> str:
+        """Rank 0's local output folder: ``--output``, or the one mirrored to a URI ``--output``."""
+        return self.outputs.local if self.outputs else None
 
 
 @dataclass
@@ -104,28 +112,37 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
 
 def plan_run(config: TrainConfig, rank: Rank) -> RunPlan:
     """Dataset from the manifest, steps and scaled learning rate; refusals happen here, the same
-    on every rank (:class:`~pipelines.training.data.DataError`, ``ValueError``)."""
+    on every rank (:class:`~pipelines.training.data.DataError`, ``ValueError``, a ``--data`` or
+    ``--output`` whose store cannot be used). Rank 0 opens its output folder (with ``--resume`` on a
+    URI output, downloading the newest complete checkpoint into it)."""
+    from pipelines.recovery import relaunched
     from pipelines.training.data import load_dataset
+    from pipelines.training.outputs import check_output, open_outputs
     from pipelines.training.schedule import plan_steps, scaled_lr
 
-    data = load_dataset(config.data, rank.size)
+    data = load_dataset(config.data, rank.size, config.storage_options)
+    check_output(config.output, config.storage_options)
+    outputs = open_outputs(config.output, config.storage_options) if rank.rank == 0 else None
     plan = RunPlan(data, plan_steps(data.train_rows, data.test_rows, config.batch_size, rank.size),
-                   scaled_lr(config.base_lr, rank.size), config.model_size(data.image_size))
+                   scaled_lr(config.base_lr, rank.size), config.model_size(data.image_size), outputs)
     if rank.rank == 0:
         s = plan.steps
         log.info("world size %d, %d threads per rank; batch %d per rank, global batch %d; "
                  "%d steps per epoch, %d validation steps; lr %g = %g x %d", rank.size, rank.threads,
                  config.batch_size, s.global_batch, s.steps_per_epoch, s.validation_steps, plan.lr,
                  config.base_lr, rank.size)
-        os.makedirs(config.output, exist_ok=True)
+        if config.resume or relaunched():
+            outputs.pull_resume_state()
     return plan
 
 
-def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str] = None) -> Resume:
+def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str] = None,
+            directory: Optional[str] = None) -> Resume:
     """With ``--resume``, or in a relaunch after a lost rank (``--max-failures``), rank 0 finds the
-    newest complete checkpoint and loads it (trainable weights and optimizer state) and the best
-    weights so far; the marker (epoch, history, early-stopping state), the weights and the optimizer
-    state reach every rank by broadcast. Without a checkpoint, training starts at epoch 1.
+    newest complete checkpoint in ``directory`` (its local output folder, default ``--output``) and
+    loads it (trainable weights and optimizer state) and the best weights so far; the marker (epoch,
+    history, early-stopping state), the weights and the optimizer state reach every rank by
+    broadcast. Without a checkpoint, training starts at epoch 1.
 
     Raises:
         ValueError: on every rank, when the checkpoint was trained on other frozen weights
@@ -138,7 +155,8 @@ def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str]
     from pipelines.training.schedule import checkpoint_path, newest_complete_checkpoint
 
     resuming = config.resume or relaunched()
-    marker = newest_complete_checkpoint(config.output) if (resuming and rank.rank == 0) else None
+    directory = directory or config.output
+    marker = newest_complete_checkpoint(directory) if (resuming and rank.rank == 0) else None
     marker = hvd_tf.broadcast_object(marker, root_rank=0, name="resume_marker")
     if not marker:
         if resuming and rank.rank == 0:
@@ -152,9 +170,9 @@ def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str]
     best_weights = None
     if rank.rank == 0:
         best_epoch = marker["early_stopping"]["best_epoch"]
-        load_checkpoint(model, checkpoint_path(config.output, best_epoch), optimizer=False)
+        load_checkpoint(model, checkpoint_path(directory, best_epoch), optimizer=False)
         best_weights = model.get_weights()
-        load_checkpoint(model, os.path.join(config.output, marker["weights"]))
+        load_checkpoint(model, os.path.join(directory, marker["weights"]))
         log.info("resuming after epoch %d (checkpoint %s, %d bytes; best epoch so far %d)",
                  marker["epoch"], marker["weights"], marker["weights_bytes"], best_epoch)
     hvd_tf.broadcast_variables(list(model.variables) + optimizer_state(model.optimizer), root_rank=0)
@@ -184,7 +202,7 @@ def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     tracker, error = None, None
     if rank.rank == 0:
         try:
-            tracker = tracking.start(config.tracking_uri, config.experiment, config.output, config.run_name,
+            tracker = tracking.start(config.tracking_uri, config.experiment, plan.output_dir, config.run_name,
                                      run_params(config, rank, plan), {"stage": "train", "output": config.output},
                                      continue_run=bool(resume.marker))
         except tracking.TrackingUnavailable as exc:
@@ -235,16 +253,19 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
             steps_per_epoch=plan.steps.steps_per_epoch, verbose=0))
     callbacks.append(early_stopping)
     if rank.rank == 0:
+        directory = plan.output_dir
         callbacks += [
-            cb.CheckpointMarker(config.output, early_stopping, resume.history, frozen_sha256),
-            tf.keras.callbacks.CSVLogger(os.path.join(config.output, "history.csv"), append=bool(resume.marker)),
+            cb.CheckpointMarker(directory, early_stopping, resume.history, frozen_sha256),
+            tf.keras.callbacks.CSVLogger(os.path.join(directory, "history.csv"), append=bool(resume.marker)),
         ]
         if config.tensorboard:
-            callbacks.append(tf.keras.callbacks.TensorBoard(os.path.join(config.output, "tensorboard"),
+            callbacks.append(tf.keras.callbacks.TensorBoard(os.path.join(directory, "tensorboard"),
                                                             profile_batch=0))
         if tracker is not None:
             callbacks.append(cb.TrackEpochs(tracker))
-    callbacks.append(cb.FaultInjection(rank.rank, config.output))
+        callbacks.append(cb.SyncOutputs(plan.outputs))  # after every writer of the epoch's files
+    # the hook's wait for rank 0's marker: only where every rank sees rank 0's folder (a local output)
+    callbacks.append(cb.FaultInjection(rank.rank, config.output if is_local(config.output) else ""))
     return callbacks, early_stopping, epoch_stats
 
 
@@ -314,7 +335,7 @@ def run_training(config: TrainConfig) -> Dict:
     inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.image_size)
     compile_distributed(inputs.model, plan.lr)
     frozen_sha256 = frozen_checksum(full_model)
-    resume = restore(config, inputs.model, rank, frozen_sha256)
+    resume = restore(config, inputs.model, rank, frozen_sha256, plan.output_dir)
     with start_tracking(config, rank, plan, resume) as tracker:  # rank 0's MLflow run, ended on leaving
         callbacks, early_stopping, epoch_stats = make_callbacks(config, rank, plan, resume, frozen_sha256, tracker)
         seconds_before_fit = time.perf_counter() - start
@@ -324,7 +345,9 @@ def run_training(config: TrainConfig) -> Dict:
         report.update(seconds_before_fit=seconds_before_fit, fit_seconds=fit_seconds,
                       total_seconds=time.perf_counter() - start)
         if rank.rank == 0:
-            save_outputs(config, report, inputs.exported_model(), plan.data, totals, tracker)
+            save_outputs(config, report, inputs.exported_model(), plan.data, totals, tracker, plan.output_dir)
+    if rank.rank == 0:
+        plan.outputs.finish()  # a URI --output: the rest uploaded, metrics.json last
     return report
 
 
@@ -367,9 +390,11 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume:
     }
 
 
-def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tracker=None) -> None:
-    """Rank 0: ``model.keras`` (the whole model, taking the ETL's uint8 images) and its contract
-    ``model.json``, ``class_names.json``, the pictures (``curves.png``, ``confusion.png``,
+def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tracker=None,
+                 directory: Optional[str] = None) -> None:
+    """Rank 0, in ``directory`` (its local output folder, default ``--output``): ``model.keras``
+    (the whole model, taking the ETL's uint8 images) and its contract ``model.json``,
+    ``class_names.json``, the pictures (``curves.png``, ``confusion.png``,
     ``contact_sheet.png``) and ``metrics.json``, each written atomically, the report last; then,
     with a ``tracker``, the same to the MLflow run (:func:`track_outputs`).
 
@@ -379,25 +404,28 @@ def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tr
     from pipelines.atomic import write_json
     from pipelines.training.model import export_model
 
-    class_names = data.class_names
-    exported = export_model(model, os.path.join(config.output, "model.keras"), data.image_size, class_names)
-    write_json(os.path.join(config.output, "class_names.json"), class_names)
+    class_names, directory = data.class_names, directory or config.output
+    exported = export_model(model, os.path.join(directory, "model.keras"), data.image_size, class_names)
+    write_json(os.path.join(directory, "class_names.json"), class_names)
     if totals is not None and totals.confusion:
         report["test"]["confusion"] = [list(row) for row in totals.confusion]
     report["model_contract"] = "model.json"
-    report["pictures"] = save_pictures(config.output, report, exported, data)
+    pictures = save_pictures(directory, report, exported, data)
+    # the report names where they end up: in --output (a URI receives this folder's files)
+    report["pictures"] = {name: posixpath.join(config.output, os.path.basename(path))
+                          for name, path in pictures.items()}
     report["mlflow"] = tracker.describe() if tracker else None
-    write_json(os.path.join(config.output, "metrics.json"), report)
+    write_json(os.path.join(directory, "metrics.json"), report)
     test = report["test"]
     log.info("test accuracy %.4f, loss %.4f on %d images (exact, all ranks); best epoch %s of %d",
              test["accuracy"], test["loss"], test["count"], report["best_epoch"], report["epochs_run"])
     for path in report["pictures"].values():
         log.info("wrote %s", path)
     if tracker:
-        track_outputs(config, report, exported, data, tracker)
+        track_outputs(config, report, exported, data, tracker, directory)
 
 
-def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker) -> None:
+def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker, directory: Optional[str] = None) -> None:
     """Rank 0, after the outputs are written: the epochs the MLflow run lacks, the exact test metrics
     and the early-stopping outcome, the output files (and the data's ``manifest.json`` under
     ``data/``) as artifacts, and the exported model at ``model/`` (input example: a stored test
@@ -406,18 +434,29 @@ def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker) ->
     Raises:
         pipelines.tracking.TrackingFailed: logging failed; the outputs are complete.
     """
+    import tempfile
+
     from pipelines.contract import MANIFEST
 
-    test = report["test"]
-    tracker.log_results(
-        metrics={"test_loss": test["loss"], "test_accuracy": test["accuracy"], "test_count": test["count"],
-                 "epochs_run": report["epochs_run"], "best_epoch": report["best_epoch"],
-                 "stopped_early": int(report["stopped_early"]), "attempts": len(report["attempts"]),
-                 "steady_train_images_per_second": report["train_images_per_second"],
-                 "fit_seconds": report["fit_seconds"], "total_seconds": report["total_seconds"]},
-        artifacts=[(os.path.join(config.output, name), None) for name in OUTPUT_ARTIFACTS]
-        + [(path, None) for path in report["pictures"].values()] + [(os.path.join(data.root, MANIFEST), "data")],
-        history=report["history"])
+    test, directory = report["test"], directory or config.output
+    manifest = data.location.join(MANIFEST)
+    copy = None if manifest.local else tempfile.mkdtemp(prefix="pipelines-manifest-")
+    if copy:  # MLflow logs local files: a copy of a remote manifest
+        manifest.download(os.path.join(copy, MANIFEST))
+    try:
+        tracker.log_results(
+            metrics={"test_loss": test["loss"], "test_accuracy": test["accuracy"], "test_count": test["count"],
+                     "epochs_run": report["epochs_run"], "best_epoch": report["best_epoch"],
+                     "stopped_early": int(report["stopped_early"]), "attempts": len(report["attempts"]),
+                     "steady_train_images_per_second": report["train_images_per_second"],
+                     "fit_seconds": report["fit_seconds"], "total_seconds": report["total_seconds"]},
+            artifacts=[(os.path.join(directory, name), None) for name in OUTPUT_ARTIFACTS]
+            + [(os.path.join(directory, os.path.basename(path)), None) for path in report["pictures"].values()]
+            + [(os.path.join(copy, MANIFEST) if copy else manifest.path, "data")],
+            history=report["history"])
+    finally:
+        if copy:
+            shutil.rmtree(copy, ignore_errors=True)
     example, _ = first_test_rows(data, 1)
     uri, version = tracker.log_model(exported, example, config.register_model,
                                      {"test_accuracy": str(test["accuracy"])}, {"class_names": data.class_names})
