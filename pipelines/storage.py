@@ -27,6 +27,10 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+# pyarrow 14's threaded copy_files hangs for good copying a folder of some twenty files to S3 (5 went
+# through, 20 never did, against moto_server): one file after another is slower but finishes.
+COPY_THREADS = False
+
 # Schemes served by pyarrow's own filesystems; the rest go through fsspec.
 PYARROW_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs")
 
@@ -193,31 +197,25 @@ class Location:
             self.filesystem.delete_file(self.path)
 
     def upload(self, local_path: str) -> None:
-        """Copy the local file or folder ``local_path`` to this location (a folder recursively).
-
-        One file at a time: pyarrow 14's threaded ``copy_files`` to S3 deadlocks on a folder of a
-        few dozen files (measured here against moto_server: 40 files never finished)."""
+        """Copy the local file or folder ``local_path`` to this location (a folder recursively)."""
         if self.local and os.path.abspath(local_path) == self.path:
             return
         if os.path.isdir(local_path):
             self.makedirs()
-            pafs.copy_files(local_path, self.path, source_filesystem=pafs.LocalFileSystem(),
-                            destination_filesystem=self.filesystem, use_threads=False)
         else:
             self.parent.makedirs()
-            pafs.copy_files(local_path, self.path, source_filesystem=pafs.LocalFileSystem(),
-                            destination_filesystem=self.filesystem, use_threads=False)
+        pafs.copy_files(local_path, self.path, source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=self.filesystem, use_threads=COPY_THREADS)
 
     def download(self, local_path: str) -> None:
-        """Copy this file or folder to the local ``local_path`` (parents created), one file at a
-        time (see :meth:`upload`)."""
+        """Copy this file or folder to the local ``local_path`` (parents created)."""
         if self.local and os.path.abspath(local_path) == self.path:
             return
         os.makedirs(os.path.dirname(os.path.abspath(local_path)), exist_ok=True)
         if self.is_dir():
             os.makedirs(local_path, exist_ok=True)
         pafs.copy_files(self.path, local_path, source_filesystem=self.filesystem,
-                        destination_filesystem=pafs.LocalFileSystem(), use_threads=False)
+                        destination_filesystem=pafs.LocalFileSystem(), use_threads=COPY_THREADS)
 
 
 def _pyarrow_filesystem(scheme: str, uri: str, options: Mapping[str, str]) -> Tuple[pafs.FileSystem, str]:

@@ -36,7 +36,9 @@ PROBE_TIMEOUT_S = 10
 HELP = {
     "tracking": f"log the run to MLflow (default: on, unless {TRACKING_ENV}=0; --no-tracking turns it off)",
     "tracking_uri": f"MLflow tracking URI, e.g. http://HOST:5000 (default: $MLFLOW_TRACKING_URI, else "
-                    f"sqlite:///OUTPUT/{STORE_FILE} with the artifacts in OUTPUT/{ARTIFACTS_DIR})",
+                    f"sqlite:///OUTPUT/{STORE_FILE} with the artifacts in OUTPUT/{ARTIFACTS_DIR}; for an s3:// "
+                    f"(or other URI) OUTPUT, sqlite:///WORKDIR/mlflow/{STORE_FILE} on this machine, WORKDIR = $PIPELINES_WORKDIR or "
+                    f"~/pipelines-work)",
     "experiment": "MLflow experiment of the run (made when missing)",
     "run_name": "MLflow run name (default: one MLflow makes up)",
 }
@@ -54,7 +56,16 @@ SQLITE = "sqlite:///"
 
 
 def default_uri(output: str) -> str:
-    """``sqlite:///OUTPUT/mlruns.db``, ``output`` made absolute."""
+    """``sqlite:///OUTPUT/mlruns.db``, ``output`` made absolute. An output on an object store (a URI)
+    cannot hold a SQLite database: its default store is the launching machine's
+    ``WORKDIR/mlflow/mlruns.db`` (``$PIPELINES_WORKDIR``, else ``~/pipelines-work``), one store for
+    all such outputs, each run recorded in its output's ``mlflow_run.json`` as usual."""
+    from pipelines.storage import is_local
+
+    if not is_local(output):
+        from pipelines.tools.workspace import default_workdir
+
+        return SQLITE + os.path.join(default_workdir(), "mlflow", STORE_FILE)
     return SQLITE + os.path.join(os.path.abspath(output), STORE_FILE)
 
 
@@ -74,8 +85,7 @@ def resolve(tracking: Optional[bool], uri: str, output: str, experiment: str) ->
     (the URI as given when disabled).
 
     Raises:
-        ValueError: an empty experiment name while tracking. TrackingUnavailable: the default store
-            for an output that is a URI (``s3://...``), which cannot hold a SQLite file.
+        ValueError: an empty experiment name while tracking.
     """
     if tracking is None:
         tracking = os.environ.get(TRACKING_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
@@ -83,14 +93,7 @@ def resolve(tracking: Optional[bool], uri: str, output: str, experiment: str) ->
         return False, uri
     if not experiment:
         raise ValueError("--experiment must not be empty (or pass --no-tracking)")
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI", "")
-    if not uri and "://" in output and not output.startswith("file://"):
-        # SQLite needs a local file (locks, in-place writes): an object store cannot hold it, and a
-        # store put elsewhere by default would be found by nobody.
-        raise TrackingUnavailable(f"the output {output} is not on a local disk, which the default MLflow store "
-                                  f"(sqlite:///OUTPUT/{STORE_FILE}) needs: pass --tracking-uri (a server, "
-                                  "or sqlite:////local/path/mlruns.db), set MLFLOW_TRACKING_URI, or pass --no-tracking")
-    return True, _absolute(uri or default_uri(output))
+    return True, _absolute(uri or os.environ.get("MLFLOW_TRACKING_URI", "") or default_uri(output))
 
 
 def _is_remote(uri: str) -> bool:

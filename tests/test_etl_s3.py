@@ -87,16 +87,24 @@ def config(input_uri: str, out: str, **kwargs) -> ETLConfig:
     return ETLConfig(input=input_uri, output=out, image_size=SIZE, test_fraction=0.3, min_row_groups=1, **kwargs)
 
 
-def test_local_to_s3(tree, s3_server, spark):
+def test_local_to_s3_tracked_to_a_local_store(tree, s3_server, spark, tmp_path):
     root, _, _, expected = tree
     bucket = s3_server.bucket("out")
     out = f"s3://{bucket}/etl"
-    manifest = run_etl(config(root, out), spark)
+    store = f"sqlite:///{tmp_path}/mlruns.db"
+    manifest = run_etl(config(root, out, tracking=True, tracking_uri=store), spark)
     check_output(out, root, root, expected, manifest)
     run = manifest["run_id"]
     parts = [p for s in ("train", "test") for p in manifest["splits"][s]["parts"]]
     assert keys(s3_server, bucket, "etl/") == sorted(
-        ["etl/manifest.json", f"etl/runs/{run}/rejected.jsonl"] + [f"etl/{p}" for p in parts])
+        ["etl/manifest.json", "etl/mlflow_run.json", f"etl/runs/{run}/rejected.jsonl"] + [f"etl/{p}" for p in parts])
+    record = storage.resolve(out).join("mlflow_run.json").read_json()
+    from pipelines.tracking import open_store
+    client = open_store(record["tracking_uri"])
+    logged = client.get_run(record["run_id"])
+    assert record["tracking_uri"] == store and logged.data.tags["run_id"] == run
+    assert logged.data.metrics["files.written"] == expected["good"]
+    assert sorted(a.path for a in client.list_artifacts(record["run_id"])) == ["manifest.json", "rejected.jsonl"]
 
 
 def test_s3_to_s3_rerun_replaces_and_a_killed_run_leaves_the_output_whole(tree, s3_server, spark):
@@ -194,11 +202,10 @@ def test_wrong_credentials_are_refused_with_exit_code_2(tree, tmp_path, capsys):
         assert f"--output s3://{bucket}/etl: the store refused access" in capsys.readouterr().err
 
 
-def test_the_default_tracking_store_is_refused_for_a_remote_output():
-    with pytest.raises(ValueError, match="pass --tracking-uri"):
-        ETLConfig(input="/tmp/in", output="s3://bucket/etl", tracking=True)
-    assert ETLConfig(input="/tmp/in", output="s3://bucket/etl", tracking=True,
-                     tracking_uri="sqlite:////tmp/x.db").tracking_uri == "sqlite:////tmp/x.db"
+def test_the_default_tracking_store_of_a_remote_output_is_local(monkeypatch, tmp_path):
+    monkeypatch.setenv("PIPELINES_WORKDIR", str(tmp_path))
+    assert ETLConfig(input="/tmp/in", output="s3://bucket/etl", tracking=True).tracking_uri == \
+        f"sqlite:///{tmp_path}/mlflow/mlruns.db"
 
 
 def test_reading_an_object_keeps_the_size_bound(s3_server, s3_bucket):
