@@ -153,6 +153,17 @@ def test_rerun_gives_the_same_split_and_overwrites_cleanly(tree, submitted, spar
     assert os.listdir(os.path.join(config.output, "runs")) == [second["run_id"]]
 
 
+def test_a_format_1_output_is_replaced_and_its_folders_removed(spark, tmp_path):
+    from tests.datagen import write_dataset
+    root, out = str(tmp_path / "tree"), str(tmp_path / "out")
+    make_tree(root, classes=2, per_class=3, bad=False)
+    write_dataset(out, [1, 1], [1], size=8)  # format 1: manifest.json beside train/ and test/
+    open(os.path.join(out, "rejected.jsonl"), "w").close()
+    manifest = run_etl(ETLConfig(input=root, output=out, image_size=8, min_row_groups=1), spark)
+    assert sorted(os.listdir(out)) == ["manifest.json", "runs"]
+    assert len(read_rows(out, "train")) + len(read_rows(out, "test")) == manifest["files"]["written"] == 6
+
+
 def test_another_seed_gives_another_split(tree, spark, tmp_path):
     root, _ = tree
     a = run_etl(ETLConfig(input=root, output=str(tmp_path / "a"), image_size=8, seed=1, min_row_groups=1), spark)
