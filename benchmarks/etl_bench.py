@@ -13,7 +13,13 @@ previous design paid, and our tasks reading their files' bytes), and the floor: 
 decoded and resized by the ETL's own functions in as many processes as Spark has cores (and in
 one), with no Spark and no write.
 
-Usage: python benchmarks/etl_bench.py [--fashion-per-class 200] [--master local[2]]
+With ``--storage s3`` the same inputs are uploaded to a local S3 API server (``moto_server``,
+started here with ``tests/s3server.py``) and the ETL runs S3 -> S3 next to local -> local: images/s
+of each, and the Spark share of reading the files' bytes in the task from each backend. Spark's
+``binaryFile`` source is tried on ``s3://`` too: the pip-installed Spark has no ``s3a``/``s3``
+connector, so it fails, and the error is printed.
+
+Usage: python benchmarks/etl_bench.py [--fashion-per-class 200] [--master local[2]] [--storage s3]
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ import tempfile
 import time
 
 from PIL import Image
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/s3server.py
 
 
 def recipe_job(spark, input_dir: str, output_dir: str, size: int, partitions: int, split: bool = True) -> int:
@@ -104,6 +112,83 @@ def read_in_task_scan(spark, input_dir: str, partitions: int) -> int:
                .collect())
 
 
+def read_in_task_scan_store(spark, root, partitions: int) -> int:
+    """:func:`read_in_task_scan` through the storage module: the driver lists the
+    :class:`pipelines.storage.Location` ``root`` (an ``s3://`` prefix), the tasks read each
+    object's bytes through its ``pyarrow.fs`` filesystem (no decode, no write); returns files read."""
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    paths = [i.path for i in root.list() if i.type == pafs.FileType.File
+             and i.path.lower().endswith((".jpg", ".jpeg", ".png"))]
+    chunk = -(-len(paths) // partitions)
+
+    def read_chunk(batches):
+        n = 0
+        for batch in batches:
+            for task in batch.column(0).to_pylist():
+                for path in paths[task * chunk:(task + 1) * chunk]:
+                    with root.filesystem.open_input_file(path) as f:
+                        f.read()
+                    n += 1
+        yield pa.RecordBatch.from_pydict({"n": [n]})
+
+    return sum(r.n for r in spark.range(partitions, numPartitions=partitions).mapInArrow(read_chunk, "n LONG")
+               .collect())
+
+
+def binaryfile_error(spark, uri: str) -> str:
+    """What Spark's ``binaryFile`` source says when asked to read ``uri`` (an ``s3://`` prefix):
+    the first line of its error, or ``"read N files"`` if it could."""
+    try:
+        return f"read {spark.read.format('binaryFile').load(uri).count()} files"
+    except Exception as exc:  # Py4J / AnalysisException: whatever Spark raises is the finding
+        return str(exc).strip().splitlines()[0][:160]
+
+
+def s3_rows(spark, inputs: dict, work: str, args, partitions: int) -> list:
+    """ETL images/s local -> local and S3 -> S3 (inputs uploaded to the server first; the best of
+    ``args.repeats`` runs after a warm-up), the read-in-task share from each, and binaryFile on S3."""
+    from pipelines import storage
+    from pipelines.etl.config import ETLConfig
+    from pipelines.etl.job import run_etl
+    from tests import s3server
+
+    server = s3server.Server(os.environ["AWS_ENDPOINT_URL"], None, "")
+    rows = []
+    for name, src in inputs.items():
+        bucket = server.bucket("bench")
+        remote = storage.resolve(f"s3://{bucket}/input")
+        remote.upload(src)
+        local_cfg = ETLConfig(input=src, output=os.path.join(work, "out-local"), image_size=args.image_size,
+                              num_partitions=partitions)
+        s3_cfg = ETLConfig(input=remote.uri, output=f"s3://{bucket}/etl", image_size=args.image_size,
+                           num_partitions=partitions)
+        run_etl(local_cfg, spark)  # warm-up: JVM, Python workers, file cache
+        run_etl(s3_cfg, spark)
+        local_m, local_s = best_of(args.repeats, lambda: run_etl(local_cfg, spark))
+        s3_m, s3_s = best_of(args.repeats, lambda: run_etl(s3_cfg, spark))
+        read_local, read_local_s = best_of(args.repeats, lambda: read_in_task_scan(spark, src, partitions))
+        read_s3, read_s3_s = best_of(args.repeats, lambda: read_in_task_scan_store(spark, remote, partitions))
+        rows.append(dict(name=name, local=local_m["files"]["written"] / local_s, s3=s3_m["files"]["written"] / s3_s,
+                         read_local=read_local / read_local_s, read_s3=read_s3 / read_s3_s,
+                         same=all(local_m["files"][k] == s3_m["files"][k] for k in ("found", "written", "rejected")),
+                         binaryfile=binaryfile_error(spark, remote.uri)))
+        shutil.rmtree(local_cfg.output, ignore_errors=True)
+    return rows
+
+
+def print_s3(rows: list, args) -> None:
+    print(f"\nETL from S3 (moto_server on 127.0.0.1): {args.master}, {os.cpu_count()} CPUs, {args.image_size} px, "
+          f"best of {args.repeats}; images/s")
+    print(f"{'input':44s} {'local->local':>12s} {'S3->S3':>8s} {'ratio':>6s} {'read in task, local':>19s} "
+          f"{'read in task, S3':>16s}")
+    for r in rows:
+        print(f"{r['name']:44s} {r['local']:12.1f} {r['s3']:8.1f} {r['s3'] / r['local']:5.2f}x "
+              f"{r['read_local']:19.1f} {r['read_s3']:16.1f}" + ("" if r["same"] else "  (counts differ!)"))
+        print(f"  binaryFile on s3://: {r['binaryfile']}")
+
+
 def _decode_one(args) -> int:
     from pipelines.etl.images import ImageRejected, decode_and_fit, paste_centred, white_canvas
 
@@ -152,6 +237,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--partitions", type=int, default=0, help="Spark partitions for both jobs (0: the ETL's default)")
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a temp dir, removed)")
+    parser.add_argument("--storage", choices=("local", "s3"), default="local",
+                        help="s3: the ETL S3 -> S3 against a moto_server started here, next to local -> local "
+                             "(the recipe and the floors are not run)")
     args = parser.parse_args(argv)
 
     from pipelines.etl.config import ETLConfig
@@ -170,9 +258,25 @@ def main(argv=None) -> int:
     samples.main(["fashion-mnist", "--dest", fashion, "--per-class", str(args.fashion_per_class)])
     samples.main(["tuxpaint", "--dest", tux])
 
+    server = None
+    if args.storage == "s3":  # before Spark starts: its Python workers inherit the AWS_* variables
+        from tests import s3server
+
+        port = s3server.free_port()
+        os.environ.update(s3server.standard_environment(f"http://127.0.0.1:{port}"))
+        server = s3server.start(port, os.path.join(work, "moto.log"))
     spark = spark_session("etl-bench", args.master)
     spark.sparkContext.setLogLevel("ERROR")  # the recipe's 1 MB blocks make parquet-java warn on every row group
     partitions = args.partitions or ETLConfig.default_partitions(spark.sparkContext.defaultParallelism)
+    if server is not None:
+        try:
+            print_s3(s3_rows(spark, inputs, work, args, partitions), args)
+        finally:
+            spark.stop()
+            server.stop()
+            if not args.workdir:
+                shutil.rmtree(work, ignore_errors=True)
+        return 0
     rows = []
     for name, src in inputs.items():
         out_ours, out_recipe = os.path.join(work, "out-ours"), os.path.join(work, "out-recipe")

@@ -3,15 +3,20 @@
 The ETL (``pipelines.etl``) writes an output folder that training (``pipelines.training``) reads;
 neither imports the other, both import this module::
 
-    OUTPUT/manifest.json     the Manifest below, written last (its presence means a whole output)
-    OUTPUT/<parts>           each split's Parquet files, named in the manifest (``splits.<split>.parts``,
-                             relative to OUTPUT): IMAGE_SCHEMA rows, row groups of rows_per_row_group rows
-    OUTPUT/rejected.jsonl    every input file not written, with status and reason
+    OUTPUT/manifest.json                       the Manifest below, written last, in one PUT: the commit
+    OUTPUT/runs/<run id>/<split>/part-*.parquet each split's Parquet files, named in the manifest
+                                               (``splits.<split>.parts``, relative to OUTPUT): IMAGE_SCHEMA
+                                               rows, row groups of rows_per_row_group rows
+    OUTPUT/runs/<run id>/rejected.jsonl        every input file not written, with status and reason
+                                               (named in the manifest: ``files.list``)
 
-OUTPUT is a local path or a URI (:mod:`pipelines.storage`). Readers read the files the manifest
-names and nothing else: that is what makes an output on an object store (no atomic rename) safe
-while a rerun writes next to it. A format-1 manifest names no parts; its split's files are the
-``*.parquet`` files of ``OUTPUT/<split>/`` (:meth:`Manifest.part_locations`).
+OUTPUT is a local path or a URI (:mod:`pipelines.storage`). Each ETL run writes below its own run
+prefix (``run_id`` in the manifest: UTC time, then a random suffix, so ids sort by start time) and
+commits by writing the manifest; then it deletes the runs older than itself, never a newer one
+(:mod:`pipelines.etl.commit`). Readers read the files the manifest names and nothing else: that is
+what makes an output on an object store (no atomic rename) safe while a rerun writes next to it,
+or dies half-way. A format-1 manifest names no parts; its split's files are the ``*.parquet``
+files of ``OUTPUT/<split>/`` (:meth:`Manifest.part_locations`).
 
 Changing a column, a file name or a manifest key means changing it here, and the manifest's
 ``format_version`` when old outputs can no longer be read.
@@ -25,6 +30,7 @@ from typing import Any, Dict, List, Optional
 
 MANIFEST = "manifest.json"
 REJECTED_LIST = "rejected.jsonl"
+RUNS = "runs"  # OUTPUT/runs/<run id>/: one ETL run's files
 TRAIN, TEST = "train", "test"
 SPLITS = (TRAIN, TEST)
 MANIFEST_FORMAT = 2
@@ -156,6 +162,11 @@ class Manifest:
         target = _location(root).join(MANIFEST)
         target.write_json(self.to_dict())
         return target.uri
+
+    def rejected_location(self, root):
+        """The list of files not written (:data:`REJECTED_LIST`), as the manifest names it
+        (``files.list``, relative to ``root``), a :class:`pipelines.storage.Location`."""
+        return _location(root).join(*self.extra.get("files", {}).get("list", REJECTED_LIST).split("/"))
 
     def part_locations(self, root, split: str) -> list:
         """The Parquet files of ``split`` as :class:`pipelines.storage.Location`: the manifest's

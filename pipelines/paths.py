@@ -62,14 +62,27 @@ def local_url(path: str) -> str:
     return "file://" + check_url_safe(path, "path")
 
 
+def _store_key(uri: str) -> tuple:
+    """``(scheme, path)`` of a path or URI: ``("file", realpath)`` for local paths and ``file://``
+    URLs (symlinks resolved), ``("s3", "/bucket/key")`` for ``s3://bucket/key/``."""
+    parsed = urlparse(uri)
+    if not parsed.scheme or "://" not in uri or parsed.scheme.lower() == "file":
+        return "file", os.path.realpath(parsed.path if uri.startswith("file://") else uri)
+    return parsed.scheme.lower(), "/" + (parsed.netloc + parsed.path).strip("/")
+
+
 def check_disjoint(input_path: str, output_path: str) -> None:
-    """Refuse an output that is the input, lies inside it or holds it (symlinks resolved).
+    """Refuse an output that is the input, lies inside it or holds it: local paths with symlinks
+    resolved, two URIs of one store by key prefix (``s3://b/in`` and ``s3://b/in/out`` overlap,
+    ``s3://b/in2`` does not); a local path and a URI, or URIs of two schemes, never overlap.
 
     Raises:
         ValueError: output equal to or inside the input (a rerun would read its own output as
             input), or input inside the output (overwriting the output could destroy the input).
     """
-    src, dst = os.path.realpath(input_path), os.path.realpath(output_path)
+    (src_scheme, src), (dst_scheme, dst) = _store_key(input_path), _store_key(output_path)
+    if src_scheme != dst_scheme:
+        return
     if os.path.commonpath([dst, src]) == src:
         raise ValueError(f"output {output_path} is the input or inside it: its files would be "
                          "read as input by the next run")

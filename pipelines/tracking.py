@@ -17,12 +17,10 @@ stops training; a failure to log the results, which are written to the output fi
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from pipelines.atomic import write_json
 from pipelines.environment import environment
 
 log = logging.getLogger("pipelines")
@@ -233,21 +231,29 @@ def _experiment_id(client, name: str) -> str:
     return experiment.experiment_id if experiment is not None else client.create_experiment(name)
 
 
-def recorded_run(output: str, uri: str) -> Optional[str]:
-    """The run id kept in ``OUTPUT/mlflow_run.json`` when it was logged to ``uri``, else ``None``."""
+def _run_file(output):
+    """``OUTPUT/mlflow_run.json`` as a :class:`pipelines.storage.Location` (``output``: a path, URI
+    or Location)."""
+    from pipelines.storage import Location, resolve
+
+    return (output if isinstance(output, Location) else resolve(output)).join(RUN_FILE)
+
+
+def recorded_run(output, uri: str) -> Optional[str]:
+    """The run id kept in ``OUTPUT/mlflow_run.json`` (``output``: a path, URI or
+    :class:`pipelines.storage.Location`) when it was logged to ``uri``, else ``None``."""
     try:
-        with open(os.path.join(output, RUN_FILE), encoding="utf-8") as f:
-            record = json.load(f)
+        record = _run_file(output).read_json()
     except (FileNotFoundError, ValueError):
         return None
     return record.get("run_id") if record.get("tracking_uri") == uri else None
 
 
-def start(uri: str, experiment: str, output: str, run_name: str = "", params: Optional[Dict[str, Any]] = None,
+def start(uri: str, experiment: str, output, run_name: str = "", params: Optional[Dict[str, Any]] = None,
           tags: Optional[Dict[str, Any]] = None, continue_run: bool = False) -> "Tracker":
     """Start this job's MLflow run in ``experiment`` (made when missing, its artifacts beside a
     SQLite store: :func:`artifact_root`), log ``params`` and ``tags``, and record the run in
-    ``OUTPUT/mlflow_run.json``. With ``continue_run``, the run recorded there for this ``uri``
+    ``OUTPUT/mlflow_run.json`` (``output``: a path, URI or :class:`pipelines.storage.Location`). With ``continue_run``, the run recorded there for this ``uri``
     continues (a resumed training run): only params it lacks are logged, changed values become
     ``resumed_with.<param>`` tags (MLflow params are immutable). Use the result in a ``with``
     block, which ends the run.
@@ -278,7 +284,7 @@ def start(uri: str, experiment: str, output: str, run_name: str = "", params: Op
         mlflow.log_params({key: value for key, value in params.items() if key not in existing})
         mlflow.set_tags({**(tags or {}), **{f"resumed_with.{key}": value for key, value in params.items()
                                             if key in existing and existing[key] != value}})
-        write_json(os.path.join(output, RUN_FILE), tracker.describe())
+        _run_file(output).write_json(tracker.describe())
     except Exception as exc:
         tracker.__exit__(type(exc), exc, None)
         raise TrackingUnavailable(_unavailable(uri, exc)) from None

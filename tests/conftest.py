@@ -54,6 +54,14 @@ def subprocess_env(**extra: str) -> dict:
     return env
 
 
+def etl_parts(output: str, split: str) -> list:
+    """The local paths of the Parquet files the manifest of the ETL output ``output`` names for
+    ``split`` (the only files of it a reader may read)."""
+    from pipelines.contract import Manifest
+
+    return [part.path for part in Manifest.read(output).part_locations(output, split)]
+
+
 def read_metrics(output: str) -> dict:
     """The ``metrics.json`` a training run wrote to ``output``."""
     with open(os.path.join(output, "metrics.json")) as f:

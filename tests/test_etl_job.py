@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.contract import manifest_sha256
+from pipelines.contract import Manifest, manifest_sha256
 from pipelines.etl.cli import main as etl_main
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
@@ -20,8 +20,15 @@ SIZE = 32
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def read_rows(split_dir):
-    return pq.read_table(split_dir).to_pylist()
+def split_files(out, split):
+    """The Parquet files of ``split`` that the output's manifest names (local paths)."""
+    return [part.path for part in Manifest.read(out).part_locations(out, split)]
+
+
+def read_rows(out, split, columns=None):
+    """The rows of ``split`` in the files the manifest names."""
+    files = split_files(out, split)
+    return pq.read_table(files, columns=columns).to_pylist() if files else []
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +84,7 @@ def test_the_etl_is_one_mlflow_run_with_its_counts(submitted):
 def test_rejected_list_names_every_bad_file_with_its_reason(tree, submitted):
     _, expected = tree
     out, _, _ = submitted
-    with open(os.path.join(out, "rejected.jsonl")) as f:
+    with open(Manifest.read(out).rejected_location(out).path) as f:
         entries = {e["path"]: e for e in map(json.loads, f)}
     for status, wanted in (("rejected", expected["rejected"]), ("skipped", expected["skipped"])):
         for path, reason in wanted.items():
@@ -89,7 +96,7 @@ def test_rejected_list_names_every_bad_file_with_its_reason(tree, submitted):
 def test_rows_bytes_labels_and_disjoint_splits(tree, submitted):
     root, expected = tree
     out, manifest, _ = submitted
-    train, test = read_rows(os.path.join(out, "train")), read_rows(os.path.join(out, "test"))
+    train, test = read_rows(out, "train"), read_rows(out, "test")
     assert len(train) + len(test) == expected["good"]
     assert {r["path"] for r in train}.isdisjoint({r["path"] for r in test})
     assert 0.1 < len(test) / expected["good"] < 0.5
@@ -115,14 +122,12 @@ def test_row_groups_are_bounded_and_enough_for_the_declared_world_size(submitted
     out, manifest, _ = submitted
     rpg = manifest["rows_per_row_group"]
     for split in ("train", "test"):
-        split_dir = os.path.join(out, split)
         groups = []
-        for name in os.listdir(split_dir):
-            if name.endswith(".parquet"):
-                meta = pq.ParquetFile(os.path.join(split_dir, name)).metadata
-                sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-                assert sizes[:-1] == [rpg] * (len(sizes) - 1) and 1 <= sizes[-1] <= rpg, (name, sizes)
-                groups += sizes
+        for name in split_files(out, split):
+            meta = pq.ParquetFile(name).metadata
+            sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+            assert sizes[:-1] == [rpg] * (len(sizes) - 1) and 1 <= sizes[-1] <= rpg, (name, sizes)
+            groups += sizes
         assert len(groups) == manifest["splits"][split]["row_groups"] >= 4
     assert manifest["max_world_size"] >= manifest["min_row_groups"] == 4
 
@@ -134,20 +139,37 @@ def test_rerun_gives_the_same_split_and_overwrites_cleanly(tree, submitted, spar
                        min_row_groups=4)
     first = run_etl(config, spark=spark)
     second = run_etl(config, spark=spark)
+    assert first["run_id"] < second["run_id"]
     for split in ("train", "test"):
-        paths = lambda d: sorted(pq.read_table(os.path.join(d, split), columns=["path"]).column("path").to_pylist())
+        paths = lambda d: sorted(r["path"] for r in read_rows(d, split, ["path"]))
         assert paths(config.output) == paths(out)
-        assert len(os.listdir(os.path.join(config.output, split))) == first["splits"][split]["files"]
-    assert second["files"] == first["files"] == manifest["files"]
-    assert not os.path.exists(os.path.join(config.output, "_staging"))
+        assert len(split_files(config.output, split)) == first["splits"][split]["files"]
+        assert all(p.startswith(f"runs/{second['run_id']}/{split}/") for p in second["splits"][split]["parts"])
+    assert {k: v for k, v in second["files"].items() if k != "list"} == \
+        {k: v for k, v in first["files"].items() if k != "list"} == \
+        {k: v for k, v in manifest["files"].items() if k != "list"}
+    # the first run was deleted once the second committed: only the committed run's files remain
+    assert sorted(os.listdir(config.output)) == ["manifest.json", "runs"]
+    assert os.listdir(os.path.join(config.output, "runs")) == [second["run_id"]]
+
+
+def test_a_format_1_output_is_replaced_and_its_folders_removed(spark, tmp_path):
+    from tests.datagen import write_dataset
+    root, out = str(tmp_path / "tree"), str(tmp_path / "out")
+    make_tree(root, classes=2, per_class=3, bad=False)
+    write_dataset(out, [1, 1], [1], size=8)  # format 1: manifest.json beside train/ and test/
+    open(os.path.join(out, "rejected.jsonl"), "w").close()
+    manifest = run_etl(ETLConfig(input=root, output=out, image_size=8, min_row_groups=1), spark)
+    assert sorted(os.listdir(out)) == ["manifest.json", "runs"]
+    assert len(read_rows(out, "train")) + len(read_rows(out, "test")) == manifest["files"]["written"] == 6
 
 
 def test_another_seed_gives_another_split(tree, spark, tmp_path):
     root, _ = tree
     a = run_etl(ETLConfig(input=root, output=str(tmp_path / "a"), image_size=8, seed=1, min_row_groups=1), spark)
     b = run_etl(ETLConfig(input=root, output=str(tmp_path / "b"), image_size=8, seed=2, min_row_groups=1), spark)
-    paths = lambda m, d: set(pq.read_table(os.path.join(d, "test"), columns=["path"]).column("path").to_pylist())
-    assert paths(a, str(tmp_path / "a")) != paths(b, str(tmp_path / "b"))
+    paths = lambda d: {r["path"] for r in read_rows(d, "test", ["path"])}
+    assert paths(str(tmp_path / "a")) != paths(str(tmp_path / "b"))
 
 
 def test_missing_input_is_a_clear_error_before_spark(tmp_path, capsys):
@@ -166,7 +188,7 @@ def test_output_that_would_overwrite_the_input_is_refused(tree, tmp_path, where)
 
 
 def read_ledger(out):
-    with open(os.path.join(out, "rejected.jsonl"), encoding="utf-8") as f:
+    with open(Manifest.read(out).rejected_location(out).path, encoding="utf-8") as f:
         return {os.path.basename(e["path"]): e for e in map(json.loads, f)}
 
 
@@ -250,8 +272,7 @@ def test_formats_are_read_by_content_whatever_the_extension(spark, tmp_path):
     write(os.path.join(folder, "drawing.eps"), EPS)
     out = str(tmp_path / "out")
     manifest = run_etl(ETLConfig(input=root, output=out, image_size=16, min_row_groups=1), spark)
-    rows = {os.path.basename(r["path"]): r for split in ("train", "test")
-            for r in read_rows(os.path.join(out, split))}
+    rows = {os.path.basename(r["path"]): r for split in ("train", "test") for r in read_rows(out, split)}
     assert set(good) < set(rows) and manifest["files"]["written"] == 4 + len(good)
     for name in good:
         image = np.frombuffer(rows[name]["image"], np.uint8).reshape(16, 16, 3)
@@ -304,7 +325,7 @@ def test_non_ascii_names_are_all_written_under_the_c_locale(unicode_tree, tmp_pa
     with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
         manifest = json.load(f)
     assert manifest["class_names"] == [folder[4:] for folder in UNICODE_TREE]
-    rows = read_rows(os.path.join(out, "train")) + read_rows(os.path.join(out, "test"))
+    rows = read_rows(out, "train") + read_rows(out, "test")
     assert sorted(os.path.relpath(r["path"], unicode_tree) for r in rows) == \
         sorted(f"{folder}/{name}" for folder, names in UNICODE_TREE.items() for name in names)
     for row in rows:
@@ -343,7 +364,7 @@ def test_a_run_that_writes_nothing_keeps_the_previous_output(spark, tmp_path, ca
     args = ["--input", root, "--output", out, "--image-size", "8", "--min-row-groups", "1"]
     assert etl_main(args) == 0
     before = snapshot(out)
-    assert "manifest.json" in before and any(name.startswith("train/") for name in before)
+    assert "manifest.json" in before and any("/train/" in name for name in before)
     for dirpath, _, names in os.walk(root):  # every candidate becomes undecodable
         for name in names:
             with open(os.path.join(dirpath, name), "wb") as f:
@@ -353,8 +374,10 @@ def test_a_run_that_writes_nothing_keeps_the_previous_output(spark, tmp_path, ca
     err = capsys.readouterr().err
     assert "no image written: all 6 candidate images were rejected (6 not a supported raster image)" in err
     assert "was left as it was" in err
-    assert {k: v for k, v in snapshot(out).items() if not k.startswith("_staging")} == before
-    with open(os.path.join(out, "_staging", "rejected.jsonl")) as f:
+    (failed,) = set(os.listdir(os.path.join(out, "runs"))) - {json.loads(before["manifest.json"])["run_id"]}
+    assert {k: v for k, v in snapshot(out).items() if not k.startswith(f"runs/{failed}/")} == before
+    assert f"runs/{failed}/rejected.jsonl" in err
+    with open(os.path.join(out, "runs", failed, "rejected.jsonl")) as f:
         assert len(f.readlines()) == 6
 
 
@@ -378,8 +401,7 @@ def test_a_huge_file_is_rejected_and_never_stops_the_job(spark, tmp_path):
         files = json.load(f)["files"]
     assert (files["found"], files["written"], files["rejected"]) == (10, 9, 1)
     assert read_ledger(out)["huge.jpg"]["reason"].startswith("not a supported raster image")
-    paths = {os.path.relpath(r["path"], root) for split in ("train", "test")
-             for r in read_rows(os.path.join(out, split))}
+    paths = {os.path.relpath(r["path"], root) for split in ("train", "test") for r in read_rows(out, split)}
     assert "002.class1/padded.jpg" in paths and len(paths) == 9
 
 
@@ -412,7 +434,7 @@ def test_a_file_that_vanishes_after_listing_is_a_recorded_rejection(spark, tmp_p
     os.makedirs(out)
     manifest = finish(config, the_plan, run_spark(spark, config, the_plan), spark.version, 1.0)
     assert (manifest["files"]["found"], manifest["files"]["written"], manifest["files"]["rejected"]) == (6, 5, 1)
-    with open(os.path.join(out, "rejected.jsonl")) as f:
+    with open(Manifest.read(out).rejected_location(out).path) as f:
         (entry,) = map(json.loads, f)
     assert entry["path"] == gone and entry["reason"].startswith("vanished after listing")
 
@@ -433,8 +455,8 @@ def test_candidates_are_spread_deterministically_and_row_groups_mix_classes(tree
     assert first.expected_rows["test"] == sum(c.split == "test" for c in first.candidates)
     mixed = 0
     for split in ("train", "test"):
-        for name in os.listdir(os.path.join(out, split)):
-            parquet = pq.ParquetFile(os.path.join(out, split, name))
+        for name in split_files(out, split):
+            parquet = pq.ParquetFile(name)
             for i in range(parquet.metadata.num_row_groups):
                 mixed += len(set(parquet.read_row_group(i, columns=["label"]).column("label").to_pylist())) > 1
     assert mixed > 0
@@ -458,7 +480,7 @@ def test_plain_folders_get_labels_by_sorted_name_and_every_class_a_test_row(plai
     for partitions in (1, 3):
         config = ETLConfig(input=root, output=str(tmp_path / f"p{partitions}"), image_size=8, test_fraction=0.1,
                            min_row_groups=1, num_partitions=partitions)
-        runs[partitions] = (run_etl(config, spark), {split: read_rows(os.path.join(config.output, split))
+        runs[partitions] = (run_etl(config, spark), {split: read_rows(config.output, split)
                                                      for split in ("train", "test")})
     manifest, rows = runs[1]
     assert manifest["layout"] == "folders" and manifest["class_names"] == ["class0", "class1", "class2", "zebra"]

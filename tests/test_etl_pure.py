@@ -310,3 +310,36 @@ def test_summary_names_the_classes_missing_from_a_split():
     text = format_summary(manifest)
     assert "WARNING: 12 classes have too few images to be in both splits" in text
     assert "0 'c0' (1 train, 0 test)" in text and "'c10'" not in text and "and 2 more" in text
+
+
+def test_run_ids_sort_by_time_and_a_clean_up_keeps_newer_runs(tmp_path):
+    import datetime as dt
+    from pipelines import storage
+    from pipelines.etl import commit
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    ids = [commit.new_run_id(start + dt.timedelta(microseconds=us)) for us in (0, 1, 10**6)]
+    assert ids == sorted(ids) and all(commit.RUN_ID.match(i) for i in ids)
+    assert ids[0].startswith("20260101T000000000000Z-")
+    out = storage.resolve(str(tmp_path / "out"))
+    for run in ids:
+        out.join("runs", run, "train", "part-0.parquet").write_bytes(b"x")
+    out.join("train", "old.parquet").write_bytes(b"x")  # a format-1 split folder
+    assert commit.clean_up(out, ids[1]) == [f"runs/{ids[0]}", "train"]
+    assert sorted(os.listdir(tmp_path / "out" / "runs")) == ids[1:]  # the newer run is kept
+
+
+def test_an_output_with_foreign_data_is_refused(tmp_path):
+    from pipelines import storage
+    from pipelines.etl import commit
+    out = storage.resolve(str(tmp_path / "out"))
+    commit.check_output(out)  # missing: fine
+    out.join("runs", commit.new_run_id(), "rejected.jsonl").write_bytes(b"")  # a killed first run
+    out.join("mlruns.db").write_bytes(b"")
+    commit.check_output(out)
+    out.join("runs", "tensorboard", "x").write_bytes(b"")
+    with pytest.raises(ValueError, match="holds runs/tensorboard but no manifest.json"):
+        commit.check_output(out)
+    out.join("manifest.json").write_bytes(b"{}")
+    commit.check_output(out)  # ours
+    with pytest.raises(NotADirectoryError):
+        commit.check_output(out.join("manifest.json"))

@@ -4,7 +4,7 @@ import string
 
 import pytest
 
-from pipelines.paths import UnsafePathError, check_url_safe, local_url, url_breakers
+from pipelines.paths import UnsafePathError, check_disjoint, check_url_safe, local_url, url_breakers
 from pipelines.training.data import load_dataset, open_reader
 from tests.datagen import write_dataset
 
@@ -72,3 +72,16 @@ def test_the_stages_refuse_unsafe_paths_before_starting(ch, tmp_path, capsys):
             parse_config(cls, argv)
         assert exit_info.value.code == 2
         assert f"contains {ch!r}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("a, b, overlap", [
+    ("s3://b/in", "s3://b/in/out", True), ("s3://b/in/", "s3://b/in", True), ("s3://b/in/x", "s3://b/in", True),
+    ("s3://b", "s3://b/out", True), ("s3://b/in", "s3://b/in2", False), ("s3://b/in", "s3://c/in", False),
+    ("s3://b/in", "gs://b/in", False), ("s3://b/in", "/b/in", False), ("/tmp/x", "s3://tmp/x/y", False),
+])
+def test_uris_of_one_store_overlap_by_prefix(a, b, overlap):
+    if overlap:
+        with pytest.raises(ValueError):
+            check_disjoint(a, b)
+    else:
+        check_disjoint(a, b)

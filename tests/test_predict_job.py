@@ -16,7 +16,7 @@ from pipelines.etl.job import run_etl
 from pipelines.predict.infer import PREDICTED, UNREADABLE, make_decoder, predict_columns
 from pipelines.predict.job import CONFUSION, SKIPPED_LIST, SUMMARY
 from pipelines.predict.model import resolve_model
-from tests.conftest import BIN, read_metrics, subprocess_env
+from tests.conftest import BIN, etl_parts, read_metrics, subprocess_env
 from tests.datagen import write_dataset
 from tests.imagegen import encode, folder_name, make_tree, random_photo, write
 from tests.test_notebooks import execute, has_image, outputs
@@ -97,7 +97,7 @@ def test_spark_submit_predicts_every_file_of_a_raw_tree(trained, tmp_path):
 
 def test_a_raw_image_and_its_etl_row_give_the_same_probabilities(trained):
     """No train/serve skew: the executors' decoding of a raw file is the ETL row, byte for byte."""
-    table = pq.read_table(os.path.join(trained["etl"], "test"), columns=["path", "image"]).to_pylist()
+    table = pq.read_table(etl_parts(trained["etl"], "test"), columns=["path", "image"]).to_pylist()
     paths, stored = [r["path"] for r in table], [r["image"] for r in table]
     from_file, from_row = make_decoder(True, SIZE, 2**20), make_decoder(False, SIZE, 0)
     assert all(from_file(p).tobytes() == s for p, s in zip(paths, stored))
@@ -126,7 +126,7 @@ def test_a_models_uri_predicts_as_the_run_folder_does(trained, registered, tmp_p
     spec = resolve_model(registered, download_dir=str(tmp_path / "download"))
     keras = resolve_model(trained["run"])
     assert (spec.flavor, spec.image_size, spec.class_names) == ("mlflow", SIZE, keras.class_names)
-    paths = pq.read_table(os.path.join(trained["etl"], "test"), columns=["path"]).column("path").to_pylist()
+    paths = pq.read_table(etl_parts(trained["etl"], "test"), columns=["path"]).column("path").to_pylist()
     ours, theirs = predict_files(paths, spec, top_k=3), predict_files(paths, keras, top_k=3)
     assert [r["top_labels"] for r in ours] == [r["top_labels"] for r in theirs]
     assert np.allclose([r["top_probabilities"] for r in ours], [r["top_probabilities"] for r in theirs], atol=1e-6)
@@ -138,7 +138,7 @@ def test_mlflow_spark_udf_serves_the_registered_model(trained, registered, spark
     import mlflow.pyfunc
 
     monkeypatch.chdir(tmp_path)  # a plain MLflow client of a SQLite store puts its artifacts in ./mlruns
-    table = pq.read_table(os.path.join(trained["etl"], "test"), columns=["image"])
+    table = pq.read_table(etl_parts(trained["etl"], "test"), columns=["image"])
     images = np.stack([np.frombuffer(b, np.uint8).reshape(SIZE, SIZE, 3) for b in table.column("image").to_pylist()])
     expected = resolve_model(trained["run"]).load().predict(images, verbose=0)
     frame = spark.createDataFrame([(i, image.reshape(-1).tolist()) for i, image in enumerate(images)],

@@ -124,6 +124,27 @@ def test_plan_input_refuses_what_holds_no_image_and_an_etl_root(tmp_path):
         plan_input(str(tmp_path / "nothing"), NAMES, 4, 100)
 
 
+def test_an_etl_split_is_the_files_its_manifest_names_not_a_folder(tmp_path):
+    """Format 2: ``ETL/test`` is a split's name; its files lie under ``runs/<run id>/`` and only
+    those the manifest names are input (a stray file of another run is not)."""
+    import json
+    import shutil
+    etl = str(tmp_path / "etl")
+    write_dataset(etl, [1, 1], [1, 1], size=4)
+    os.makedirs(os.path.join(etl, "runs", "r2"))
+    shutil.move(os.path.join(etl, "test"), os.path.join(etl, "runs", "r2", "test"))
+    names = sorted(os.listdir(os.path.join(etl, "runs", "r2", "test")))
+    shutil.copy(os.path.join(etl, "runs", "r2", "test", names[0]), os.path.join(etl, "runs", "r2", "test", "stray.parquet"))
+    with open(os.path.join(etl, "manifest.json")) as f:
+        manifest = json.load(f)
+    manifest["splits"]["test"]["parts"] = [f"runs/r2/test/{name}" for name in names]
+    with open(os.path.join(etl, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    plan = plan_input(os.path.join(etl, "test"), NAMES, 4, 100)
+    assert (plan.kind, plan.rows) == (ETL_SPLIT, 2)
+    assert plan.parts == [os.path.join(etl, "runs", "r2", "test", name) for name in names]
+
+
 def test_resolve_model_reads_the_contract_and_refuses_a_model_without_one(tmp_path):
     run = make_run(tmp_path / "run", size=8)
     spec = resolve_model(run)

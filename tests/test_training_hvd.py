@@ -19,7 +19,7 @@ from pipelines.contract import manifest_sha256
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
 from pipelines.training.schedule import warmup_lr
-from tests.conftest import BIN, assert_exact_test_count, mlflow_run, read_metrics as metrics, subprocess_env
+from tests.conftest import BIN, assert_exact_test_count, etl_parts, mlflow_run, read_metrics as metrics, subprocess_env
 from tests.imagegen import make_tree
 
 pytestmark = pytest.mark.slow
@@ -41,14 +41,14 @@ def train(data, output, *args, np_=2, env=None, timeout=420, tensorboard=False, 
 
 
 
-def shard_rows(split_dir, shards=2):
+def shard_rows(files, shards=2):
     """Rows Petastorm itself gives each shard (one unshuffled pass of its own reader per shard)."""
     import warnings
     from petastorm import make_batch_reader
     warnings.simplefilter("ignore", FutureWarning)  # pyarrow's deprecations, raised inside petastorm
     counts = []
     for shard in range(shards):
-        with make_batch_reader("file://" + split_dir, schema_fields=["label"], cur_shard=shard, shard_count=shards,
+        with make_batch_reader(["file://" + f for f in files], schema_fields=["label"], cur_shard=shard, shard_count=shards,
                                num_epochs=1, shuffle_row_groups=False, reader_pool_type="dummy") as reader:
             counts.append(sum(len(batch.label) for batch in reader))
     return counts
@@ -63,7 +63,7 @@ def dataset(tmp_path_factory, spark):
     for partitions in (3, 4, 5, 2):
         manifest = run_etl(ETLConfig(input=str(base / "tree"), output=out, image_size=SIZE, test_fraction=0.3,
                                      min_row_groups=4, num_partitions=partitions), spark)
-        rows = shard_rows(os.path.join(out, "train"))
+        rows = shard_rows(etl_parts(out, "train"))
         if rows[0] != rows[1]:
             assert sum(rows) == manifest["splits"]["train"]["rows"]
             return out, manifest
@@ -123,7 +123,7 @@ HOROVOD_STALL = "were submitted to be reduced, gathered or broadcasted by subset
 def test_uneven_shards_finish_without_a_stall(full_run, dataset):
     out, log, _ = full_run
     data, _ = dataset
-    rows = shard_rows(os.path.join(data, "train"))
+    rows = shard_rows(etl_parts(data, "train"))
     assert rows[0] != rows[1]  # the shards were uneven (Petastorm's own reader's counts)
     assert HOROVOD_STALL not in log  # Horovod's stall warning, checked every 20 s in this run
     assert metrics(out)["epochs_run_per_rank"] == [3, 3]
@@ -211,7 +211,7 @@ def test_final_model_holds_the_best_epochs_weights(full_run):
 @pytest.fixture(scope="module")
 def test_split(dataset):
     """The ETL's test rows as the exported model takes them: uint8 (n, SIZE, SIZE, 3), and labels."""
-    table = pq.read_table(os.path.join(dataset[0], "test"), columns=["image", "label"])
+    table = pq.read_table(etl_parts(dataset[0], "test"), columns=["image", "label"])
     images = np.stack([np.frombuffer(b, np.uint8).reshape(SIZE, SIZE, 3) for b in table.column("image").to_pylist()])
     return images, np.array(table.column("label").to_pylist())
 

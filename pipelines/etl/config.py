@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, Optional
 
+from pipelines import storage
 from pipelines import tracking as trk
-from pipelines.config import field
+from pipelines.config import field, storage_options_field
 from pipelines.contract import row_bytes
 from pipelines.paths import check_url_safe
 from pipelines.etl.images import DEFAULT_MAX_PIXELS
@@ -18,9 +18,11 @@ class ETLConfig:
     """Spark ETL: a Caltech-256-style tree of images (JPEG, PNG, GIF, BMP, WebP, TIFF) to Parquet
     train/test splits."""
 
-    input: str = field(help="root of the image tree: ROOT/CLASS/*.{jpg,jpeg,png,gif,bmp,webp,tif,tiff}, "
+    input: str = field(help="root of the image tree, a local path or a URI (s3://bucket/prefix): "
+                            "ROOT/CLASS/*.{jpg,jpeg,png,gif,bmp,webp,tif,tiff}, "
                             "CLASS all NNN.name (label NNN-1) or all plain names (labels by sorted name)")
-    output: str = field(help="output folder: train/, test/, manifest.json, rejected.jsonl")
+    output: str = field(help="output folder, a local path or a URI (s3://bucket/prefix): manifest.json naming "
+                             "the Parquet files of the last run under runs/RUN_ID/")
     image_size: int = field(299, help="side of the square output images, pixels")
     test_fraction: float = field(0.1, help="share of each class's files in the test split, in (0, 1)")
     seed: int = field(42, help="seed of the deterministic train/test assignment")
@@ -40,6 +42,7 @@ class ETLConfig:
     tracking_uri: str = field("", help=trk.HELP["tracking_uri"])
     experiment: str = field("pipelines-etl", help=trk.HELP["experiment"])
     run_name: str = field("", help=trk.HELP["run_name"])
+    storage_options: Dict[str, str] = storage_options_field()
 
     def __post_init__(self) -> None:
         if not 0.0 < self.test_fraction < 1.0:  # also refuses NaN
@@ -65,10 +68,23 @@ class ETLConfig:
             raise ValueError(f"--min-row-groups must be >= 1, got {self.min_row_groups}")
         if self.num_partitions < 0:
             raise ValueError(f"--num-partitions must be >= 0, got {self.num_partitions}")
-        self.input = os.path.abspath(os.path.expanduser(self.input))
-        # Training opens the output by file:// URL: refuse now what it could not open later.
-        self.output = check_url_safe(self.output, "--output")
+        self.input = self.location(self.input).uri
+        # Training opens a local output by file:// URL: refuse now what it could not open later.
+        self.output = self.location(self.output).uri
+        if storage.is_local(self.output):
+            self.output = check_url_safe(self.output, "--output")
+        if self.storage_options and storage.is_local(self.input) and storage.is_local(self.output):
+            raise ValueError("--storage-option is only used for URIs (s3://...), and --input and --output are local")
         self.tracking, self.tracking_uri = trk.resolve(self.tracking, self.tracking_uri, self.output, self.experiment)
+
+    def location(self, uri: str) -> storage.Location:
+        """``uri`` (``--input``, ``--output`` or below them) resolved with ``--storage-option``, which
+        applies to URIs only (local paths take none).
+
+        Raises:
+            pipelines.storage.StorageError: an unknown scheme, a backend that is not installed.
+        """
+        return storage.resolve(uri, None if storage.is_local(uri) else self.storage_options)
 
     @staticmethod
     def default_partitions(default_parallelism: int) -> int:

@@ -3,17 +3,24 @@
 Steps, each a function below:
 
 1. :func:`check_paths` and :func:`check_memory` - clear errors before Spark starts (missing
-   input, overlapping output, a ``--max-file-mb``/``--max-pixels`` the executors cannot hold).
+   input, a bucket that does not exist or refused credentials, overlapping output, an output
+   holding foreign data, a ``--max-file-mb``/``--max-pixels`` the executors cannot hold).
 2. :func:`plan` - the job's own listing, the tree's layout (``NNN.name`` or plain class folders),
    classification, the stratified train/test assignment (per class, on the driver) and the
    row-group plan; the candidate images sorted by a seeded hash of their relative path.
 3. :func:`run_spark` - the candidates cut into one contiguous chunk per task, no shuffle:
    ``spark.range(P)`` -> ``mapInArrow`` whose tasks read their chunk's files in Python, resize
-   them and write their own Parquet file per split -> one outcome row per candidate.
+   them and write their own Parquet file per split below the run's prefix
+   (``OUTPUT/runs/<run id>/``) -> one outcome row per candidate.
 4. :func:`finish` - keep the committed task files, read the real Parquet metadata, reconcile
-   every listed file with an outcome, write ``rejected.jsonl`` and ``manifest.json``, swap the new
-   output in - unless no image at all was written from a non-empty candidate list
-   (:class:`NothingWritten`: the previous output is kept).
+   every listed file with an outcome, write ``rejected.jsonl``, then commit: the manifest naming
+   the run's files, written last, and the older runs deleted (:mod:`pipelines.etl.commit`) -
+   unless no image at all was written from a non-empty candidate list (:class:`NothingWritten`:
+   the previous output is kept).
+
+Input and output are local paths or URIs (:mod:`pipelines.storage`): the driver lists an object
+store through its filesystem and the tasks read and write through it; Spark itself never opens
+either.
 """
 from __future__ import annotations
 
@@ -23,7 +30,7 @@ import json
 import logging
 import os
 import platform
-import shutil
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -36,17 +43,17 @@ from pipelines.etl.config import ETLConfig
 from pipelines.etl.images import DEFAULT_MAX_PIXELS
 from pipelines.contract import (COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, TRAIN, Manifest, SplitInfo,
                                 manifest_sha256)
+from pipelines.etl import commit
 from pipelines.etl.labels import ClassFolder, split_class
 from pipelines.etl.layout import cut_into, rows_per_row_group, spread_order
-from pipelines.etl.listing import (REJECTED, SKIPPED, Excluded, ListedFile, class_folders, classify, display_path,
-                                   list_files, reason_kind)
+from pipelines.etl.listing import (REJECTED, SKIPPED, Excluded, ListedFile, classify, display_path, list_tree,
+                                   reason_kind)
 from pipelines.etl.memory import check_task_memory, executor_memory, physical_memory_bytes, task_bytes
 from pipelines.paths import check_disjoint
 from pipelines.etl.transform import OUTCOME_DDL, WRITTEN, Candidate, process_chunks
+from pipelines.storage import Location, check_reachable
 
 log = logging.getLogger("pipelines")
-
-STAGING = "_staging"
 
 
 class NothingWritten(RuntimeError):
@@ -69,6 +76,7 @@ class Plan:
     candidates: List[Candidate] = field(default_factory=list)
     partitions: int = 0
     layout: str = ""  # labels.CALTECH | labels.FOLDERS
+    run_id: str = field(default_factory=commit.new_run_id)  # this run's prefix: OUTPUT/runs/<run_id>/
 
 
 @dataclass
@@ -82,28 +90,30 @@ class SplitStats:
     bytes_compressed: int = 0
     per_class: Dict[int, int] = field(default_factory=dict)
     paths: List[str] = field(default_factory=list)
+    parts: List[Location] = field(default_factory=list)  # the split's Parquet files, in order
 
 
 def check_paths(config: ETLConfig) -> None:
     """Refuse, before Spark starts, input/output combinations that cannot work.
 
     Raises:
-        FileNotFoundError: the input folder is missing. NotADirectoryError: it is a file.
+        pipelines.storage.StorageError (a ValueError): a bucket that does not exist, or refused
+            credentials, for the input or the output.
+        FileNotFoundError: the input folder is missing (no object under the prefix).
+        NotADirectoryError: the input or the output is a file.
         ValueError: output equal to, inside, or containing the input (a rerun would read its own
-            output as input, or overwrite the input).
+            output as input, or overwrite the input); an output holding data that is not this
+            job's (:func:`pipelines.etl.commit.check_output`).
     """
-    src, dst = os.path.realpath(config.input), os.path.realpath(config.output)
-    if not os.path.exists(src):
+    source, output = config.location(config.input), config.location(config.output)
+    check_reachable(source, "--input")
+    check_reachable(output, "--output")
+    if not source.exists():
         raise FileNotFoundError(f"input folder does not exist: {config.input}")
-    if not os.path.isdir(src):
+    if not source.is_dir():
         raise NotADirectoryError(f"input is not a folder: {config.input}")
     check_disjoint(config.input, config.output)
-    if os.path.exists(dst) and not os.path.isdir(dst):
-        raise NotADirectoryError(f"output exists and is not a folder: {config.output}")
-    if (os.path.isdir(os.path.join(dst, TRAIN)) or os.path.isdir(os.path.join(dst, TEST))) and \
-            not os.path.isfile(os.path.join(dst, MANIFEST)):
-        raise ValueError(f"output {config.output} has train/ or test/ but no {MANIFEST}: not an output of "
-                         "this job, refusing to overwrite it")
+    commit.check_output(output)
 
 
 def assign_splits(files: List[ListedFile], labels: Dict[str, int], seed: int,
@@ -140,8 +150,7 @@ def plan(config: ETLConfig) -> Plan:
         ValueError: no class folder, a mix of ``NNN.name`` and plain folders, or two folders with
             the same number.
     """
-    files = list_files(config.input)
-    layout = class_folders(config.input)
+    files, layout = list_tree(config.location(config.input))
     if not layout.folders:
         raise ValueError(f"no class folder under {config.input} (expected ROOT/CLASS/image files, CLASS either "
                          "NNN.name or a plain name)")
@@ -182,7 +191,7 @@ def run_spark(spark, config: ETLConfig, the_plan: Plan) -> Dict[str, dict]:
 
     The plan's candidates (already in a seeded-hash order, so every chunk mixes classes) are cut
     into ``partitions`` contiguous chunks of balanced length; task ``i`` reads the files of chunk
-    ``i`` in Python and writes ``OUTPUT/_staging/<split>/part-<partition>-<attempt>.parquet``
+    ``i`` in Python and writes ``OUTPUT/runs/<run id>/<split>/part-<partition>-<attempt>.parquet``
     itself (see :mod:`pipelines.etl.transform`), in row groups of ``rows_per_row_group`` rows,
     columns ``path, label (int32), label_name, image (binary, size*size*3 uint8 HWC), height,
     width (int32)``.
@@ -196,56 +205,60 @@ def run_spark(spark, config: ETLConfig, the_plan: Plan) -> Dict[str, dict]:
         return {}
     partitions = config.num_partitions or ETLConfig.default_partitions(spark.sparkContext.defaultParallelism)
     the_plan.partitions = max(1, min(partitions, len(candidates)))
-    staging = os.path.join(config.output, STAGING)
-    shutil.rmtree(staging, ignore_errors=True)
+    source = config.location(config.input)
     # Why spark.range + a closure rather than a DataFrame of paths: range(P, numPartitions=P) puts
     # exactly one chunk number in each partition without a shuffle, whatever the master, and it
     # is a plain DataFrame API that Spark Connect and Databricks accept; a DataFrame of paths
     # would be sliced by Spark, not by us, and need a repartition (a shuffle) to get our chunks.
     # The cost: the candidate list (about 100 bytes per file) travels with the function to each
     # executor (PySpark broadcasts a large closure once per executor), fine up to millions of files.
-    mapper = partial(process_chunks, chunks=cut_into(candidates, the_plan.partitions), staging=staging,
+    mapper = partial(process_chunks, chunks=cut_into(candidates, the_plan.partitions),
+                     run=commit.run_location(config.location(config.output), the_plan.run_id),
                      image_size=config.image_size, max_pixels=config.max_pixels,
                      max_file_bytes=int(config.max_file_mb * 2**20),
-                     rows_per_row_group=the_plan.rows_per_row_group)
+                     rows_per_row_group=the_plan.rows_per_row_group, source=None if source.local else source)
     chunks = spark.range(the_plan.partitions, numPartitions=the_plan.partitions)
     outcomes = chunks.mapInArrow(mapper, OUTCOME_DDL).toArrow().to_pylist()
     return {o["path"]: o for o in outcomes}
 
 
-def read_split(path: str) -> SplitStats:
-    """Rows, files, row groups, bytes and per-class counts of one written split (pyarrow footers)."""
+def read_split(parts: List[Location]) -> SplitStats:
+    """Rows, files, row groups, bytes and per-class counts of one written split, from its Parquet
+    files ``parts`` (footers and the ``path``/``label`` columns, read through their filesystem)."""
     import pyarrow.parquet as pq
 
-    stats = SplitStats()
-    names = sorted(n for n in os.listdir(path) if n.endswith(".parquet") and not n.startswith((".", "_")))
-    for name in names:
-        meta = pq.ParquetFile(os.path.join(path, name)).metadata
-        stats.files += 1
-        stats.rows += meta.num_rows
-        stats.row_groups += meta.num_row_groups
-        for i in range(meta.num_row_groups):
-            group = meta.row_group(i)
-            stats.bytes_uncompressed += group.total_byte_size
-            stats.bytes_compressed += sum(group.column(c).total_compressed_size for c in range(group.num_columns))
-    if names:
-        table = pq.read_table(path, columns=["path", "label"])
-        stats.paths = table.column("path").to_pylist()
-        stats.per_class = dict(Counter(table.column("label").to_pylist()))
+    stats = SplitStats(parts=list(parts))
+    paths, labels = [], []
+    for part in parts:
+        with part.filesystem.open_input_file(part.path) as f:
+            parquet = pq.ParquetFile(f)
+            meta = parquet.metadata
+            stats.files += 1
+            stats.rows += meta.num_rows
+            stats.row_groups += meta.num_row_groups
+            for i in range(meta.num_row_groups):
+                group = meta.row_group(i)
+                stats.bytes_uncompressed += group.total_byte_size
+                stats.bytes_compressed += sum(group.column(c).total_compressed_size for c in range(group.num_columns))
+            table = parquet.read(columns=["path", "label"])
+        paths += table.column("path").to_pylist()
+        labels += table.column("label").to_pylist()
+    stats.paths, stats.per_class = paths, dict(Counter(labels))
     return stats
 
 
-def _committed_splits(staging: str, spark_outcomes: Dict[str, dict]) -> Dict[str, SplitStats]:
-    """Delete task files no successful outcome names (a failed attempt's); read the rest."""
+def _committed_splits(run: Location, spark_outcomes: Dict[str, dict]) -> Dict[str, SplitStats]:
+    """Delete the run's task files no successful outcome names (a failed attempt's); read the rest."""
     committed = {o["file"] for o in spark_outcomes.values() if o["status"] == WRITTEN}
     stats: Dict[str, SplitStats] = {}
     for split in SPLITS:
-        source = os.path.join(staging, split)
-        os.makedirs(source, exist_ok=True)
-        for name in os.listdir(source):
-            if f"{split}/{name}" not in committed:
-                os.remove(os.path.join(source, name))
-        stats[split] = read_split(source)
+        kept = []
+        for part in run.join(split).files():
+            if f"{split}/{part.name}" in committed:
+                kept.append(part)
+            else:
+                part.delete()
+        stats[split] = read_split(kept)
     return stats
 
 
@@ -289,22 +302,24 @@ def reconcile(the_plan: Plan, spark_outcomes: Dict[str, dict],
     return written, excluded
 
 
-def _refuse_empty_result(config: ETLConfig, the_plan: Plan, excluded: Dict[str, Tuple[str, str]]) -> None:
+def _refuse_empty_result(config: ETLConfig, the_plan: Plan, excluded: Dict[str, Tuple[str, str]],
+                         ledger: Location) -> None:
     """Raise :class:`NothingWritten` when candidates existed and none was written."""
     reasons = Counter(reason_kind(excluded[c.path][1]) for c in the_plan.candidates)
     top = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common(3))
     raise NothingWritten(
         f"no image written: all {len(the_plan.candidates)} candidate images were rejected ({top}); "
         f"the output in {display_path(config.output)} was left as it was; every reason is in "
-        f"{display_path(os.path.join(config.output, STAGING, REJECTED_LIST))}")
+        f"{display_path(ledger.uri)}")
 
 
 def finish(config: ETLConfig, the_plan: Plan, spark_outcomes: Dict[str, dict],
            spark_version: str, seconds: float) -> dict:
-    """Reconcile, write ``rejected.jsonl`` and ``manifest.json``, and swap the new output in.
+    """Reconcile, write the run's ``rejected.jsonl``, then commit the run: ``manifest.json``
+    naming its files, written last, and the older runs deleted (:func:`pipelines.etl.commit.commit`).
 
-    Everything is prepared in ``OUTPUT/_staging`` first; the previous output is replaced only at
-    the end, so a failure here leaves it as it was.
+    The run's files lie below its own prefix (``OUTPUT/runs/<run id>/``); the previous output
+    stays whole and readable until the manifest replaces it, so a failure here leaves it as it was.
 
     Returns:
         the manifest (dict).
@@ -312,40 +327,32 @@ def finish(config: ETLConfig, the_plan: Plan, spark_outcomes: Dict[str, dict],
     Raises:
         RuntimeError: the counts do not reconcile (see :func:`reconcile`).
         NothingWritten: at least one candidate and no row written; the previous output is kept
-            and ``OUTPUT/_staging/rejected.jsonl`` says why.
+            and the run's ``rejected.jsonl`` says why.
+        pipelines.etl.commit.RunSuperseded: a newer run committed while this one ran.
     """
-    staging = os.path.join(config.output, STAGING)
-    stats = _committed_splits(staging, spark_outcomes)
+    output = config.location(config.output)
+    run = commit.run_location(output, the_plan.run_id)
+    commit.check_not_superseded(output, the_plan.run_id)
+    stats = _committed_splits(run, spark_outcomes)
     written, excluded = reconcile(the_plan, spark_outcomes, stats)
-    with open(os.path.join(staging, REJECTED_LIST), "w", encoding="utf-8") as out:
-        for path, (status, reason) in excluded.items():
-            out.write(json.dumps({"path": display_path(path), "status": status, "reason": reason},
-                                 ensure_ascii=False) + "\n")
+    ledger = run.join(REJECTED_LIST)
+    ledger.write_bytes("".join(json.dumps({"path": display_path(path), "status": status, "reason": reason},
+                                          ensure_ascii=False) + "\n"
+                               for path, (status, reason) in excluded.items()).encode("utf-8"))
     if the_plan.candidates and not written:
-        _refuse_empty_result(config, the_plan, excluded)
-    manifest = _manifest(config, the_plan, stats, written, excluded, spark_version, seconds)
-    manifest.write(staging)
-    swap_in(config.output, staging)
+        _refuse_empty_result(config, the_plan, excluded, ledger)
+    manifest = _manifest(config, the_plan, stats, written, excluded, spark_version, seconds,
+                         {split: [p.relative_to(output) for p in s.parts] for split, s in stats.items()},
+                         ledger.relative_to(output))
+    commit.commit(output, manifest, the_plan.run_id)
     return manifest.to_dict()
 
 
-def swap_in(output: str, staging: str) -> None:
-    """Replace the output's splits and lists with the staged ones, the manifest last (removed
-    first), so a manifest always describes the splits next to it; then drop the staging folder."""
-    if os.path.exists(os.path.join(output, MANIFEST)):
-        os.remove(os.path.join(output, MANIFEST))
-    for name in (*SPLITS, REJECTED_LIST):
-        target = os.path.join(output, name)
-        if os.path.isdir(target):
-            shutil.rmtree(target)
-        os.replace(os.path.join(staging, name), target)
-    os.replace(os.path.join(staging, MANIFEST), os.path.join(output, MANIFEST))
-    shutil.rmtree(staging, ignore_errors=True)
-
-
 def _manifest(config: ETLConfig, the_plan: Plan, stats: Dict[str, SplitStats], written: Dict[str, str],
-              excluded: Dict[str, Tuple[str, str]], spark_version: str, seconds: float) -> Manifest:
-    """The manifest (see the README's Stage 1 for its fields; :mod:`pipelines.contract` for its shape)."""
+              excluded: Dict[str, Tuple[str, str]], spark_version: str, seconds: float,
+              parts: Dict[str, List[str]], ledger: str) -> Manifest:
+    """The manifest (see the README's Stage 1 for its fields; :mod:`pipelines.contract` for its
+    shape); ``parts``: each split's files and ``ledger``: the rejected list, relative to the output."""
     counts = Counter(status for status, _ in excluded.values())
     num_classes = max(the_plan.classes) + 1
     class_names = [the_plan.classes.get(label) for label in range(num_classes)]
@@ -353,8 +360,10 @@ def _manifest(config: ETLConfig, the_plan: Plan, stats: Dict[str, SplitStats], w
         rows=s.rows, row_groups=s.row_groups, files=s.files,
         mean_row_group_bytes=round(s.bytes_uncompressed / s.row_groups) if s.row_groups else 0,
         mean_row_group_bytes_compressed=round(s.bytes_compressed / s.row_groups) if s.row_groups else 0,
-        per_class=[s.per_class.get(label, 0) for label in range(num_classes)]) for split, s in stats.items()}
+        per_class=[s.per_class.get(label, 0) for label in range(num_classes)], parts=parts[split])
+        for split, s in stats.items()}
     extra = {
+        "run_id": the_plan.run_id,
         "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "input": display_path(config.input),
         "columns": [name for name, _ in COLUMNS],
@@ -370,16 +379,23 @@ def _manifest(config: ETLConfig, the_plan: Plan, stats: Dict[str, SplitStats], w
             "rejected": counts[REJECTED],
             "skipped": counts[SKIPPED],
             "reasons": dict(Counter(f"{status}: {reason_kind(reason)}" for status, reason in excluded.values())),
-            "list": REJECTED_LIST,
+            "list": ledger,
         },
         "seconds": round(seconds, 2),
         "images_per_second": round(len(written) / seconds, 2) if seconds > 0 else None,
         "versions": _versions(spark_version),
-        "config": {**to_dict(config), "input": display_path(config.input), "output": display_path(config.output)},
+        "config": shown_config(config),
     }
     return Manifest(image_size=config.image_size, num_classes=num_classes,
                     class_names=[display_path(n) if n is not None else None for n in class_names],
                     rows_per_row_group=the_plan.rows_per_row_group, splits=splits, extra=extra)
+
+
+def shown_config(config: ETLConfig) -> dict:
+    """The config as the manifest and MLflow show it: names with ``\\xNN`` escapes, and only the
+    keys of ``--storage-option`` (their values may be secrets)."""
+    return {**to_dict(config), "input": display_path(config.input), "output": display_path(config.output),
+            "storage_options": sorted(config.storage_options)}
 
 
 def _classes_not_in_both_splits(class_names: List[Optional[str]], stats: Dict[str, SplitStats]) -> List[dict]:
@@ -438,23 +454,39 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
              "%d rows per row group", len(the_plan.files), len(the_plan.classes), the_plan.layout,
              sum(the_plan.expected_rows.values()), the_plan.expected_rows[TRAIN],
              the_plan.expected_rows[TEST], the_plan.rows_per_row_group)
-    os.makedirs(config.output, exist_ok=True)
+    output = config.location(config.output)
+    output.makedirs()
     with track(config) as tracker:
         spark = spark or spark_session("pipelines-etl", config.master)
         context = spark.sparkContext
         check_memory(config, context.master, dict(context.getConf().getAll()))
-        shutil.rmtree(os.path.join(config.output, STAGING), ignore_errors=True)
         start = time.perf_counter()
         with log_progress(spark):
             spark_outcomes = run_spark(spark, config, the_plan)
         seconds = time.perf_counter() - start
         manifest = finish(config, the_plan, spark_outcomes, spark.version, seconds)
-        log.info("wrote %s", os.path.join(config.output, MANIFEST))
+        log.info("wrote %s (run %s)", output.join(MANIFEST).uri, the_plan.run_id)
         if tracker:
-            tracker.log_results(manifest_metrics(manifest), {"manifest_sha256": manifest_sha256(config.output),
-                                                             "layout": manifest.get("layout")},
-                                [(os.path.join(config.output, name), None) for name in (MANIFEST, REJECTED_LIST)])
+            log_results(tracker, output, manifest)
     return manifest
+
+
+def log_results(tracker, output: Location, manifest: dict) -> None:
+    """Log the manifest's counts, its sha256 and layout, and the manifest and rejected list as
+    artifacts (copied to a local temporary folder first when the output is a URI: MLflow logs
+    local files).
+
+    Raises:
+        pipelines.tracking.TrackingFailed: MLflow could not log them.
+    """
+    files = [output.join(MANIFEST), Manifest.from_dict(manifest).rejected_location(output)]
+    with tempfile.TemporaryDirectory(prefix="etl-artifacts-") as tmp:
+        local = [f.path if f.local else os.path.join(tmp, f.name) for f in files]
+        for f, path in zip(files, local):
+            f.download(path)
+        tracker.log_results(manifest_metrics(manifest), {"manifest_sha256": manifest_sha256(output),
+                                                         "layout": manifest.get("layout"), "run_id": manifest["run_id"]},
+                            [(path, None) for path in local])
 
 
 @contextlib.contextmanager
@@ -470,8 +502,9 @@ def track(config: ETLConfig) -> Iterator[Optional[object]]:
         return
     from pipelines import tracking
 
-    params = {**to_dict(config), "input": display_path(config.input), "output": display_path(config.output)}
-    with tracking.start(config.tracking_uri, config.experiment, config.output, config.run_name, params,
+    params = shown_config(config)
+    with tracking.start(config.tracking_uri, config.experiment, config.location(config.output), config.run_name,
+                        params,
                         {"stage": "etl", "output": display_path(config.output)}) as tracker:
         yield tracker
 

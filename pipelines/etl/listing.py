@@ -6,7 +6,11 @@ Spark's file sources are not used: they skip some files without a word (zero-byt
 starting with ``_`` or ``.``), list and open names in the JVM's locale encoding (non-ASCII names
 are lost under ``LC_ALL=C``) and hold whole files in the JVM heap.
 
-Names are listed as bytes and decoded as UTF-8 whatever the caller's locale; bytes that are not
+A tree on an object store (``s3://...``) is listed through :mod:`pipelines.storage`
+(:func:`list_objects`): every object below the prefix is a file, classified by the same rules;
+there are no links, FIFOs or undecodable names there (keys are UTF-8).
+
+Local names are listed as bytes and decoded as UTF-8 whatever the caller's locale; bytes that are not
 UTF-8 are kept as surrogate escapes (``surrogateescape``), so such a file can still be opened and
 reported (:func:`display_path`), but it is rejected: its name cannot go into the Parquet
 ``path`` column, which is UTF-8 text.
@@ -17,9 +21,12 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import List, Optional, Union
+from typing import TYPE_CHECKING, List, Optional, Tuple, Union
 
 from pipelines.etl.labels import IMAGE_EXTENSIONS, ClassFolder, Layout, decide_layout, has_image_extension, label_for
+
+if TYPE_CHECKING:
+    from pipelines.storage import Location
 
 REJECTED = "rejected"  # bad input: was meant to be an image and is not usable
 SKIPPED = "skipped"    # not input for this job: wrong place, hidden, not an image extension
@@ -209,3 +216,42 @@ def class_folders(root: str) -> Layout:
         if os.path.isdir(os.path.join(os.fsencode(root), encode_name(entry))) and not spark_ignores(entry):
             names.append(entry)
     return decide_layout(names)
+
+
+def list_tree(root: "Location") -> Tuple[List[ListedFile], Layout]:
+    """Every file under ``root`` and the tree's layout: :func:`list_files` and :func:`class_folders`
+    for a local folder, :func:`list_objects` for a prefix on an object store.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError, UnsupportedTree, ValueError: see those functions.
+    """
+    if root.local:
+        return list_files(root.path), class_folders(root.path)
+    return list_objects(root)
+
+
+def list_objects(root: "Location") -> Tuple[List[ListedFile], Layout]:
+    """Every object below the prefix ``root`` (recursively, one listing), as :class:`ListedFile`
+    (``path``: the object's URI, ``relative_path``: its key below the prefix), sorted by relative
+    path, and the :class:`~pipelines.etl.labels.Layout` of the visible folders directly below it
+    (a folder of an object store is a key prefix, or an empty ``name/`` marker object).
+
+    Raises:
+        FileNotFoundError: nothing lies under the prefix. ValueError: see :func:`class_folders`.
+    """
+    import pyarrow.fs as pafs
+
+    infos = root.list(recursive=True)
+    if not infos:
+        raise FileNotFoundError(f"input folder does not exist: {root.uri} (no object under that prefix)")
+    files, folders = [], set()
+    for info in infos:
+        rel = info.path[len(root.path) + 1:]
+        if info.type == pafs.FileType.File:
+            files.append(ListedFile(root.join(rel).uri, rel, info.size))
+        if "/" in rel or info.type == pafs.FileType.Directory:
+            top = rel.split("/")[0]
+            if top and not spark_ignores(top):
+                folders.add(top)
+    files.sort(key=lambda f: f.relative_path)
+    return files, decide_layout(sorted(folders))

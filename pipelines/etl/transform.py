@@ -12,15 +12,23 @@ round trip of ``size**2 * 3`` bytes per row through Spark's row format and parqu
 row groups cannot be smaller than 100 rows); Spark gets back one small outcome row per input
 file, which is also how rejected files (with their reason) are reported.
 
-Commit protocol: a task names its files after its partition and attempt; the driver keeps only
-the files named in the outcomes of successful tasks and deletes any other (a failed or
-speculative attempt's).
+A tree on an object store is read the same way, through :mod:`pipelines.storage`
+(:func:`read_object`: at most ``max_file_bytes + 1`` bytes, one ranged GET); Spark's
+``binaryFile`` source is not used (the pip-installed Spark has no ``s3a`` connector, and on local
+files it is no faster: see the README's ETL figures). Each task writes its Parquet files through
+the output's ``pyarrow.fs`` filesystem (``pq.ParquetWriter(..., filesystem=...)``), so nothing
+depends on Spark reaching the store.
+
+Commit protocol: a task writes below its run's prefix (``OUTPUT/runs/<run id>/<split>/``) and
+names its files after its partition and attempt; the driver keeps only the files named in the
+outcomes of successful tasks and deletes any other (a failed or speculative attempt's), then
+names the kept ones in the manifest (:mod:`pipelines.etl.commit`).
 """
 from __future__ import annotations
 
 import os
 import stat
-from typing import Dict, Iterator, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +37,9 @@ import pyarrow.parquet as pq
 from pipelines.contract import TEST, TRAIN, image_schema, row_bytes
 from pipelines.etl.images import FittedImage, ImageRejected, decode_and_fit, paste_centred
 from pipelines.etl.listing import REJECTED, encode_name
+
+if TYPE_CHECKING:
+    from pipelines.storage import Location
 
 WRITTEN = "written"
 
@@ -40,7 +51,7 @@ OUTCOME_SCHEMA = pa.schema([
     ("status", pa.string()),  # written | rejected | skipped
     ("split", pa.string()),   # train | test, for written rows
     ("label", pa.int32()),
-    ("file", pa.string()),    # the Parquet file (relative to the staging folder), for written rows
+    ("file", pa.string()),    # the Parquet file (relative to the run's prefix), for written rows
     ("reason", pa.string()),  # why not written
 ])
 OUTCOME_DDL = "path STRING, status STRING, split STRING, label INT, file STRING, reason STRING"
@@ -53,8 +64,8 @@ class SplitWriter:
     buffer per row group, which becomes the ``image`` column without another copy.
     """
 
-    def __init__(self, path: str, rows_per_row_group: int, image_size: int):
-        self.path = path
+    def __init__(self, target: "Location", rows_per_row_group: int, image_size: int):
+        self.target = target
         self.rows_per_row_group = rows_per_row_group
         self.row_bytes = row_bytes(image_size)
         self.images = np.full((rows_per_row_group, image_size, image_size, 3), 255, np.uint8)
@@ -77,10 +88,12 @@ class SplitWriter:
         if n == 0:
             return
         if self.writer is None:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            # Decoded pixels gain nothing from a dictionary; snappy shrinks the white borders.
-            self.writer = pq.ParquetWriter(self.path, IMAGE_SCHEMA, compression="snappy",
-                                           use_dictionary=["label", "label_name"], write_statistics=["label"])
+            self.target.parent.makedirs()
+            # Decoded pixels gain nothing from a dictionary; snappy shrinks the white borders. On an
+            # object store the file is one (multipart) upload: it appears whole when closed.
+            self.writer = pq.ParquetWriter(self.target.path, IMAGE_SCHEMA, filesystem=self.target.filesystem,
+                                           compression="snappy", use_dictionary=["label", "label_name"],
+                                           write_statistics=["label"])
         offsets = pa.py_buffer((np.arange(n + 1, dtype=np.int32) * self.row_bytes).tobytes())
         images = pa.Array.from_buffers(pa.binary(), n, [None, offsets, pa.py_buffer(self.images[:n])])
         arrays = {name: pa.array(values, IMAGE_SCHEMA.field(name).type) for name, values in self.columns.items()}
@@ -160,19 +173,56 @@ def read_file(path: str, max_file_bytes: int) -> bytes:
         os.close(fd)
 
 
-def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Candidate]], staging: str,
+def read_object(source: "Location", uri: str, max_file_bytes: int) -> bytes:
+    """The bytes of one listed object of the tree ``source`` (an object store), never more than
+    ``max_file_bytes + 1`` read into memory (:func:`read_file`'s rule).
+
+    Args:
+        source: the input tree's root. uri: the object's URI as listed (below ``source``).
+        max_file_bytes: the ``--max-file-mb`` limit in bytes.
+
+    Returns:
+        the whole object (``bytes``, at most ``max_file_bytes`` long).
+
+    Raises:
+        ImageRejected: the object vanished, became unreadable, or grew past the limit since it
+            was listed.
+    """
+    target = source.join(uri[len(source.uri) + 1:])
+    try:
+        with target.filesystem.open_input_file(target.path) as f:
+            data = f.read(max_file_bytes + 1)  # a ranged read: no more is fetched or held
+    except FileNotFoundError:
+        raise ImageRejected("vanished after listing (no such object when read)") from None
+    except OSError as exc:
+        raise ImageRejected(f"unreadable when read: {' '.join(str(exc).split())[:200]}") from None
+    if len(data) > max_file_bytes:
+        raise ImageRejected(f"file too large: grew past {max_file_bytes} bytes since listing (--max-file-mb)")
+    return data
+
+
+def read_candidate(path: str, source: Optional["Location"], max_file_bytes: int) -> bytes:
+    """:func:`read_file` for a local tree (``source`` ``None`` or local), :func:`read_object` for
+    a tree on an object store. Raises ImageRejected."""
+    if source is None or source.local:
+        return read_file(path, max_file_bytes)
+    return read_object(source, path, max_file_bytes)
+
+
+def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Candidate]], run: "Location",
                    image_size: int, max_pixels: int, max_file_bytes: int,
-                   rows_per_row_group: int) -> Iterator[pa.RecordBatch]:
+                   rows_per_row_group: int, source: Optional["Location"] = None) -> Iterator[pa.RecordBatch]:
     """Read, resize and write the candidate files of the chunks whose numbers this task receives.
 
     Args:
         batches: Arrow batches from Spark whose first column holds chunk numbers (int64), indexes
             into ``chunks``; which task gets which number does not matter.
         chunks: the driver's candidates, cut into contiguous chunks (shipped in the closure).
-        staging: folder, visible to the driver, where this task writes
-            ``<split>/part-<partition>-<attempt>.parquet``.
+        run: the run's prefix (:class:`pipelines.storage.Location`, local or on an object
+            store), where this task writes ``<split>/part-<partition>-<attempt>.parquet``.
         image_size, max_pixels, max_file_bytes: as in ``ETLConfig``.
         rows_per_row_group: rows per Parquet row group (the last one of a file may hold fewer).
+        source: the input tree's root when it is on an object store (``None``: local files).
 
     Yields:
         one Arrow batch with :data:`OUTCOME_SCHEMA`, one row per candidate of its chunks, once the
@@ -195,7 +245,7 @@ def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[
         for chunk in batch.column(0).to_pylist():
             for candidate in chunks[chunk]:
                 try:
-                    data = read_file(candidate.path, max_file_bytes)
+                    data = read_candidate(candidate.path, source, max_file_bytes)
                     fitted = decode_and_fit(data, image_size, max_pixels)
                 except ImageRejected as exc:
                     record(candidate.path, REJECTED, reason=exc.reason)
@@ -204,8 +254,8 @@ def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[
                     data = None  # never hold two files: the next read starts with nothing held
                 split = candidate.split
                 if split not in writers:
-                    writers[split] = SplitWriter(os.path.join(staging, split, f"part-{task}.parquet"),
-                                                 rows_per_row_group, image_size)
+                    writers[split] = SplitWriter(run.join(split, f"part-{task}.parquet"), rows_per_row_group,
+                                                 image_size)
                 writers[split].append(fitted, candidate.path, candidate.label, candidate.label_name)
                 record(candidate.path, WRITTEN, split=split, label=candidate.label,
                        file=f"{split}/part-{task}.parquet")

@@ -17,8 +17,9 @@ A row's true label, when it has one, comes from its top-level folder (:func:`fol
 class names (so a tree holding only some of the classes, or numbered differently, is labelled
 right); a folder that names no class of the model, or a file under the root, has no label.
 
-**An ETL split** (``ETL/test``, beside the ETL's ``manifest.json``): its Parquet rows, already
-decoded by the ETL; the stored size must be the model's. Labels: the rows' ``label_name``, by name.
+**An ETL split** (``ETL/test``: a split's name beside the ETL's ``manifest.json``; no such folder
+needs to exist): the rows of the Parquet files the manifest names for it, already decoded by the
+ETL; the stored size must be the model's. Labels: the rows' ``label_name``, by name.
 """
 from __future__ import annotations
 
@@ -54,9 +55,10 @@ class Item(NamedTuple):
 
 @dataclass
 class InputPlan:
-    """The input, planned: ``kind`` (:data:`TREE` or :data:`ETL_SPLIT`), ``root`` (the tree or the
-    split folder), ``found`` (files found, or the split's rows), ``rows`` (output rows expected),
-    ``items`` (a tree's rows), ``skipped`` (``(path, reason)`` of a tree's files that are no input)."""
+    """The input, planned: ``kind`` (:data:`TREE` or :data:`ETL_SPLIT`), ``root`` (the tree, or
+    ``ETL/<split>``), ``found`` (files found, or the split's rows), ``rows`` (output rows expected),
+    ``items`` (a tree's rows), ``skipped`` (``(path, reason)`` of a tree's files that are no input),
+    ``parts`` (a split's Parquet files as its manifest names them, local paths)."""
 
     kind: str
     root: str
@@ -64,6 +66,7 @@ class InputPlan:
     rows: int
     items: List[Item] = field(default_factory=list)
     skipped: List[Tuple[str, str]] = field(default_factory=list)
+    parts: List[str] = field(default_factory=list)
 
 
 def class_index(class_names: Sequence[Optional[str]]) -> Dict[str, int]:
@@ -110,8 +113,14 @@ def plan_tree(root: str, class_names: Sequence[Optional[str]], max_file_bytes: i
     return InputPlan(TREE, root, len(files), len(items), items, skipped)
 
 
+def is_etl_split(path: str) -> bool:
+    """Whether ``path`` names a split of an ETL output: ``train``/``test`` beside a ``manifest.json``
+    (the split's files lie where the manifest says, ``ETL/runs/<run id>/``)."""
+    return os.path.basename(path) in SPLITS and os.path.isfile(os.path.join(os.path.dirname(path), MANIFEST))
+
+
 def plan_split(split_dir: str, image_size: int) -> InputPlan:
-    """An ETL split folder (``ETL/test``) as input.
+    """An ETL split (``ETL/test``) as input: the files its manifest names.
 
     Raises:
         ValueError: its images are not stored at the model's input size. NoImages: no row.
@@ -124,7 +133,8 @@ def plan_split(split_dir: str, image_size: int) -> InputPlan:
     rows = manifest.splits[split].rows
     if rows == 0:
         raise NoImages(f"the ETL split {split_dir} has no row")
-    return InputPlan(ETL_SPLIT, split_dir, rows, rows)
+    return InputPlan(ETL_SPLIT, split_dir, rows, rows,
+                     parts=[part.path for part in manifest.part_locations(root, split)])
 
 
 def plan_input(path: str, class_names: Sequence[Optional[str]], image_size: int,
@@ -137,6 +147,8 @@ def plan_input(path: str, class_names: Sequence[Optional[str]], image_size: int,
             (name a split), see also :func:`plan_tree` and :func:`plan_split`.
     """
     path = path.rstrip("/") or "/"
+    if is_etl_split(path):
+        return plan_split(path, image_size)
     if not os.path.exists(path):
         raise FileNotFoundError(f"input does not exist: {path}")
     if not os.path.isdir(path):
@@ -144,6 +156,4 @@ def plan_input(path: str, class_names: Sequence[Optional[str]], image_size: int,
     if os.path.isfile(os.path.join(path, MANIFEST)):
         raise ValueError(f"{path} is an ETL output: name one of its splits ({', '.join(SPLITS)}), e.g. "
                          f"--input {os.path.join(path, 'test')}")
-    if os.path.basename(path) in SPLITS and os.path.isfile(os.path.join(os.path.dirname(path), MANIFEST)):
-        return plan_split(path, image_size)
     return plan_tree(path, class_names, max_file_bytes)

@@ -6,8 +6,8 @@ Steps, each a function below:
    with its contract, :mod:`pipelines.predict.model`; the input planned,
    :mod:`pipelines.predict.inputs`).
 2. :func:`predictions` - the input as a DataFrame (a tree's rows cut into one contiguous chunk per
-   task, ``spark.range(P).mapInArrow``, no shuffle, as the ETL does; an ETL split read as Parquet),
-   through ``predict_batch_udf`` (:mod:`pipelines.predict.infer`: decode in the executors with the
+   task, ``spark.range(P).mapInArrow``, no shuffle, as the ETL does; an ETL split: the files
+   its manifest names, read as Parquet), through ``predict_batch_udf`` (:mod:`pipelines.predict.infer`: decode in the executors with the
    ETL's functions, the model loaded once per Python worker, batched); written as Parquet into a
    staging folder beside the output.
 3. :func:`finish` - read the written rows back, reconcile (rows = predicted + unreadable = the
@@ -33,7 +33,7 @@ from pipelines.etl.listing import reason_kind
 from pipelines.paths import check_disjoint
 from pipelines.predict.config import PredictConfig
 from pipelines.predict.infer import PREDICTED, UNREADABLE, make_predict_fn, result_type
-from pipelines.predict.inputs import TREE, InputPlan, Item, class_index, plan_input
+from pipelines.predict.inputs import TREE, InputPlan, Item, class_index, is_etl_split, plan_input
 from pipelines.predict.metrics import classification_report
 from pipelines.predict.model import ModelSpec, resolve_model
 
@@ -76,7 +76,7 @@ def prepare(config: PredictConfig, download_dir: str) -> Tuple[ModelSpec, InputP
             ``UnsupportedTree``): see :func:`check_paths`,
             :func:`~pipelines.predict.model.resolve_model`, :func:`~pipelines.predict.inputs.plan_input`.
     """
-    if not os.path.isdir(config.input):
+    if not os.path.isdir(config.input) and not is_etl_split(config.input.rstrip("/")):
         raise FileNotFoundError(f"input folder does not exist: {config.input}")
     check_paths(config)
     spec = resolve_model(config.model, config.class_names, download_dir)
@@ -106,7 +106,7 @@ def input_frame(spark, config: PredictConfig, spec: ModelSpec, plan: InputPlan):
     index = class_index(spec.class_names)  # the split's label names, matched by name with the model's
     labels = F.create_map(*[F.lit(x) for name, i in index.items() for x in (name, i)])
     label = F.try_element_at(labels, F.col("label_name"))
-    return spark.read.parquet(plan.root).select(
+    return spark.read.parquet(*plan.parts).select(
         "path", label.cast("int").alias("label"), F.when(label.isNotNull(), F.col("label_name")).alias("label_name"),
         F.lit(None).cast("string").alias("reason"), F.col("image").alias("value"))
 

@@ -1,0 +1,134 @@
+"""The ETL's commit protocol: every run writes below its own prefix, the manifest commits it.
+
+Object stores have no atomic rename, so an output is never swapped in folder by folder. Instead::
+
+    OUTPUT/runs/<run id>/...   one run's Parquet files and rejected.jsonl, written by its tasks
+    OUTPUT/manifest.json       names the committed run's files; written last, in one PUT (atomic
+                               on object stores, a rename on local disks)
+
+A reader reads the manifest, then only the files it names (:mod:`pipelines.contract`), so it sees
+one whole run or the previous one, never a mix, whatever a rerun is doing or wherever it died.
+
+Run ids sort by start time (:func:`new_run_id`: UTC time to the microsecond, then a random
+suffix). The newest id wins: after its commit a run deletes every run older than itself (a
+killed run's leftovers, the run it replaced) and the folders of a format-1 output, never a newer
+run (it may be a concurrent run still writing). A run that finds a newer committed run when it is
+about to commit is superseded (:class:`RunSuperseded`): it deletes its own files and the newer
+output stands. What remains open: two runs committing within the same few milliseconds (the check
+and the PUT are two requests; S3 offers no compare-and-swap through pyarrow), and hosts whose
+clocks disagree by more than the time between two runs.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+import secrets
+from typing import List, Optional
+
+from pipelines.contract import MANIFEST, REJECTED_LIST, RUNS, SPLITS
+from pipelines.storage import Location
+from pipelines.tracking import ARTIFACTS_DIR, RUN_FILE, STORE_FILE
+
+log = logging.getLogger("pipelines")
+
+RUN_ID = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{6}$")
+STAGING = "_staging"  # format 1's staging folder: a killed format-1 run may have left it
+# What an output of this job may hold before its first manifest: run prefixes (a run that died
+# before committing) and the MLflow files tracking writes before the work starts.
+OURS_WITHOUT_MANIFEST = (RUNS, STAGING, STORE_FILE, ARTIFACTS_DIR, RUN_FILE)
+FORMAT_1 = (*SPLITS, REJECTED_LIST, STAGING)  # what a format-1 output held beside its manifest
+
+
+class RunSuperseded(RuntimeError):
+    """A newer run committed while this one ran: its output stands, this run's files are deleted."""
+
+
+def new_run_id(now: Optional[dt.datetime] = None) -> str:
+    """``20261130T052000123456Z-3fa9c1``: UTC start time to the microsecond, then 6 random hex
+    digits (two runs of one microsecond differ); ids of runs started in order sort in order."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    return now.strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(3)
+
+
+def run_location(output: Location, run_id: str) -> Location:
+    """``OUTPUT/runs/<run id>``."""
+    return output.join(RUNS, run_id)
+
+
+def check_output(output: Location) -> None:
+    """Refuse an output that holds data not of this job, before any work starts.
+
+    An output is ours when it does not exist, is empty, holds a ``manifest.json``, or holds only
+    what a run writes before its first commit (:data:`OURS_WITHOUT_MANIFEST`, with nothing but run
+    ids below ``runs/``). Anything else (``train/`` of some other tool, a user's files) is never
+    overwritten or deleted.
+
+    Raises:
+        NotADirectoryError: the output is a file. ValueError: foreign data, the names in the message.
+    """
+    import pyarrow.fs as pafs
+
+    kind = output.info().type
+    if kind == pafs.FileType.File:
+        raise NotADirectoryError(f"output exists and is not a folder: {output.uri}")
+    if kind == pafs.FileType.NotFound or output.join(MANIFEST).is_file():
+        return
+    foreign = [i.base_name for i in output.list(recursive=False) if i.base_name not in OURS_WITHOUT_MANIFEST]
+    foreign += [f"{RUNS}/{i.base_name}" for i in output.join(RUNS).list(recursive=False)
+                if not RUN_ID.match(i.base_name)]
+    if foreign:
+        shown = ", ".join(sorted(foreign)[:5]) + (" ..." if len(foreign) > 5 else "")
+        raise ValueError(f"output {output.uri} holds {shown} but no {MANIFEST}: not an output of this job, "
+                         "refusing to overwrite it")
+
+
+def committed_run(output: Location) -> Optional[str]:
+    """The run id the output's manifest names (``None``: no manifest, or a format-1 one)."""
+    try:
+        return output.join(MANIFEST).read_json().get("run_id")
+    except FileNotFoundError:
+        return None
+
+
+def check_not_superseded(output: Location, run_id: str) -> None:
+    """Raise :class:`RunSuperseded` (after deleting this run's files) when the output's manifest
+    names a run newer than ``run_id``."""
+    current = committed_run(output)
+    if current is not None and current > run_id:
+        run_location(output, run_id).delete()
+        raise RunSuperseded(f"run {run_id} was superseded: the newer run {current} committed {output.uri} "
+                            "while this one ran; its output stands and this run's files were deleted")
+
+
+def commit(output: Location, manifest, run_id: str) -> List[str]:
+    """Commit run ``run_id``: write ``manifest`` (a :class:`pipelines.contract.Manifest` naming this
+    run's files) as ``OUTPUT/manifest.json``, then delete what it replaced (:func:`clean_up`).
+
+    Returns:
+        what was deleted, relative to the output.
+
+    Raises:
+        RunSuperseded: a newer run committed first (see :func:`check_not_superseded`).
+    """
+    check_not_superseded(output, run_id)
+    manifest.write(output)
+    return clean_up(output, run_id)
+
+
+def clean_up(output: Location, run_id: str) -> List[str]:
+    """Delete the runs older than ``run_id`` (leftovers of killed runs, the run just replaced) and
+    format 1's ``train/``, ``test/``, ``rejected.jsonl``, ``_staging/``; never a newer run, which
+    may still be writing. Returns what was deleted, relative to the output."""
+    deleted = []
+    for info in output.join(RUNS).list(recursive=False):
+        if RUN_ID.match(info.base_name) and info.base_name < run_id:
+            output.join(RUNS, info.base_name).delete()
+            deleted.append(f"{RUNS}/{info.base_name}")
+    for name in FORMAT_1:
+        if output.join(name).exists():
+            output.join(name).delete()
+            deleted.append(name)
+    if deleted:
+        log.info("deleted what run %s replaced: %s", run_id, ", ".join(deleted))
+    return deleted

@@ -1,0 +1,218 @@
+"""The ETL on an S3 API server (a real moto_server): local -> S3 and S3 -> S3 on the generated tree
+of good and bad files, the refusals before Spark, and the commit protocol (reruns, a run killed
+mid-write, runs that overlap)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines import storage
+from pipelines.contract import Manifest
+from pipelines.etl.cli import main as etl_main
+from pipelines.etl.commit import RunSuperseded
+from pipelines.etl.config import ETLConfig
+from pipelines.etl.images import ImageRejected
+from pipelines.etl.job import finish, plan, run_etl, run_spark
+from pipelines.etl.transform import read_object
+from tests import s3server
+from tests.conftest import subprocess_env
+from tests.imagegen import make_tree
+
+pytestmark = pytest.mark.slow
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZE = 16
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory, s3_server):
+    """The generated tree, locally and uploaded to ``s3://<bucket>/tree``: ``(local root, S3 URI,
+    bucket, expected)``."""
+    root = str(tmp_path_factory.mktemp("s3tree") / "tree")
+    expected = make_tree(root, classes=3, per_class=8)
+    bucket = s3_server.bucket("etl")
+    storage.resolve(f"s3://{bucket}/tree").upload(root)
+    return root, f"s3://{bucket}/tree", bucket, expected
+
+
+def keys(server, bucket, prefix):
+    """Every key under ``prefix``, through boto3 (not through the code under test)."""
+    pages = server.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+def run_ids(server, bucket):
+    """The run ids under ``etl/runs/`` (pyarrow leaves an empty ``runs/`` marker object when it
+    deletes the last run below it: no run)."""
+    return {k.split("/")[2] for k in keys(server, bucket, "etl/runs/") if not k.endswith("/")}
+
+
+def read_split(out: str, split: str):
+    """The rows of ``split`` from the files the manifest at ``out`` names, read with pyarrow's S3."""
+    root = storage.resolve(out)
+    parts = Manifest.read(root).part_locations(root, split)
+    return pq.read_table([p.path for p in parts], filesystem=root.filesystem).to_pylist() if parts else []
+
+
+def check_output(out: str, tree_root: str, input_uri: str, expected: dict, manifest: dict) -> None:
+    """The reconciliation of the local test, against counts made apart from the job."""
+    files = manifest["files"]
+    found = sum(len(names) for _, _, names in os.walk(tree_root))
+    assert files["found"] == found == files["written"] + files["rejected"] + files["skipped"]
+    assert (files["written"], files["rejected"], files["skipped"]) == \
+        (expected["good"], len(expected["rejected"]), len(expected["skipped"]))
+    rows = read_split(out, "train") + read_split(out, "test")
+    assert len(rows) == expected["good"] == manifest["splits"]["train"]["rows"] + manifest["splits"]["test"]["rows"]
+    prefix = input_uri.rstrip("/") + "/"
+    for row in rows:
+        folder = row["path"][len(prefix):].split("/")[0]
+        assert row["path"].startswith(prefix) and len(row["image"]) == SIZE * SIZE * 3
+        assert row["label"] == int(folder[:3]) - 1
+    root = storage.resolve(out)
+    ledger = [json.loads(line) for line in
+              Manifest.read(root).rejected_location(root).read_bytes().decode("utf-8").splitlines()]
+    by_path = {e["path"][len(prefix):]: e for e in ledger}
+    for status, wanted in (("rejected", expected["rejected"]), ("skipped", expected["skipped"])):
+        for path, reason in wanted.items():
+            entry = by_path[os.path.relpath(path, tree_root)]
+            assert entry["status"] == status and reason in entry["reason"], entry
+    assert len(ledger) == len(expected["rejected"]) + len(expected["skipped"])
+
+
+def config(input_uri: str, out: str, **kwargs) -> ETLConfig:
+    return ETLConfig(input=input_uri, output=out, image_size=SIZE, test_fraction=0.3, min_row_groups=1, **kwargs)
+
+
+def test_local_to_s3_tracked_to_a_local_store(tree, s3_server, spark, tmp_path):
+    root, _, _, expected = tree
+    bucket = s3_server.bucket("out")
+    out = f"s3://{bucket}/etl"
+    store = f"sqlite:///{tmp_path}/mlruns.db"
+    manifest = run_etl(config(root, out, tracking=True, tracking_uri=store), spark)
+    check_output(out, root, root, expected, manifest)
+    run = manifest["run_id"]
+    parts = [p for s in ("train", "test") for p in manifest["splits"][s]["parts"]]
+    assert keys(s3_server, bucket, "etl/") == sorted(
+        ["etl/manifest.json", "etl/mlflow_run.json", f"etl/runs/{run}/rejected.jsonl"] + [f"etl/{p}" for p in parts])
+    record = storage.resolve(out).join("mlflow_run.json").read_json()
+    from pipelines.tracking import open_store
+    client = open_store(record["tracking_uri"])
+    logged = client.get_run(record["run_id"])
+    assert record["tracking_uri"] == store and logged.data.tags["run_id"] == run
+    assert logged.data.metrics["files.written"] == expected["good"]
+    assert sorted(a.path for a in client.list_artifacts(record["run_id"])) == ["manifest.json", "rejected.jsonl"]
+
+
+def test_s3_to_s3_rerun_replaces_and_a_killed_run_leaves_the_output_whole(tree, s3_server, spark):
+    """Run 1 commits; run 2 (a separate process) is killed with SIGKILL while its tasks write:
+    run 1's manifest and every file it names are intact; run 3 commits and deletes both."""
+    root, input_uri, _, expected = tree
+    bucket = s3_server.bucket("out")
+    out = f"s3://{bucket}/etl"
+    first = run_etl(config(input_uri, out), spark)
+    check_output(out, root, input_uri, expected, first)
+    committed = s3_server.client().get_object(Bucket=bucket, Key="etl/manifest.json")["Body"].read()
+
+    cmd = [sys.executable, os.path.join(REPO, "jobs", "etl.py"), "--input", input_uri, "--output", out,
+           "--image-size", "64", "--test-fraction", "0.3", "--min-row-groups", "1", "--master", "local[1]",
+           "--num-partitions", "12"]
+    proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        deadline, written = time.monotonic() + 240, []
+        while not written and time.monotonic() < deadline and proc.poll() is None:
+            written = [k for k in keys(s3_server, bucket, "etl/runs/")
+                       if k.endswith(".parquet") and f"/{first['run_id']}/" not in k]
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver, its JVM and the Python workers
+    finally:
+        proc.wait(30)
+    assert written, f"the second run wrote no part file before it ended: {proc.stderr.read()[-2000:]!r}"
+    killed = written[0].split("/")[2]
+    assert s3_server.client().get_object(Bucket=bucket, Key="etl/manifest.json")["Body"].read() == committed
+    check_output(out, root, input_uri, expected, first)  # every file it names, readable and whole
+    assert any(f"/{killed}/" in k for k in keys(s3_server, bucket, "etl/runs/"))
+
+    third = run_etl(config(input_uri, out), spark)
+    assert first["run_id"] < killed < third["run_id"]
+    check_output(out, root, input_uri, expected, third)
+    assert run_ids(s3_server, bucket) == {third["run_id"]}
+
+
+def test_overlapping_runs_never_delete_a_newer_run(tree, s3_server, spark):
+    """A (older) and B (newer) overlap both ways: an older run's commit keeps the newer run's files;
+    a run that finds a newer committed run at its end gives way, and the newer output stands."""
+    root, _, _, expected = tree
+    bucket = s3_server.bucket("out")
+    out = f"s3://{bucket}/etl"
+    cfg = config(root, out)
+    older, newer = plan(cfg), plan(cfg)
+    assert older.run_id < newer.run_id
+    newer_outcomes = run_spark(spark, cfg, newer)  # B's tasks have written; B has not committed
+    a = finish(cfg, older, run_spark(spark, cfg, older), spark.version, 1.0)  # A commits
+    runs = run_ids(s3_server, bucket)
+    assert runs == {older.run_id, newer.run_id}  # A kept B's files
+    check_output(out, root, root, expected, a)
+    b = finish(cfg, newer, newer_outcomes, spark.version, 1.0)  # B commits, A is deleted
+    assert run_ids(s3_server, bucket) == {newer.run_id}
+    check_output(out, root, root, expected, b)
+
+    late, later = plan(cfg), plan(cfg)
+    late_outcomes = run_spark(spark, cfg, late)  # still "writing" when the later run commits
+    c = finish(cfg, later, run_spark(spark, cfg, later), spark.version, 1.0)
+    with pytest.raises(RunSuperseded, match=f"the newer run {later.run_id} committed"):
+        finish(cfg, late, late_outcomes, spark.version, 1.0)
+    assert Manifest.read(out).extra["run_id"] == later.run_id
+    check_output(out, root, root, expected, c)
+    assert run_ids(s3_server, bucket) == {later.run_id}
+
+
+def test_refusals_before_spark(tree, s3_server, tmp_path, capsys):
+    root, input_uri, bucket, _ = tree
+    out = s3_server.bucket("out")
+    s3_server.client().put_object(Bucket=out, Key="foreign/precious.txt", Body=b"keep me")
+    cases = [
+        (["--input", root, "--output", "s3://no-such-bucket/etl"], "bucket 'no-such-bucket' does not exist"),
+        (["--input", "s3://no-such-bucket/tree", "--output", str(tmp_path / "o")], "--input s3://no-such-bucket"),
+        (["--input", f"s3://{bucket}/nothing-here", "--output", str(tmp_path / "o")], "input folder does not exist"),
+        (["--input", root, "--output", f"s3://{out}/foreign"],
+         f"output s3://{out}/foreign holds precious.txt but no manifest.json"),
+        (["--input", input_uri, "--output", f"{input_uri}/out"], "is the input or inside it"),
+    ]
+    for args, message in cases:
+        assert etl_main(args) == 2, args
+        assert message in capsys.readouterr().err, args
+    assert keys(s3_server, out, "") == ["foreign/precious.txt"]
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(SystemExit) as info:
+        etl_main(["--input", root, "--output", "nosuch://b/etl"])
+    assert info.value.code == 2 and "unknown scheme 'nosuch'" in capsys.readouterr().err
+
+
+def test_wrong_credentials_are_refused_with_exit_code_2(tree, tmp_path, capsys):
+    root = tree[0]
+    with s3server.authenticated_server(str(tmp_path / "moto.log")) as (server, key, _, bucket):
+        args = ["--input", root, "--output", f"s3://{bucket}/etl", "--storage-option", f"endpoint_override="
+                f"{server.endpoint}", "--storage-option", f"access_key={key}", "--storage-option", "secret_key=wrong"]
+        assert etl_main(args) == 2
+        assert f"--output s3://{bucket}/etl: the store refused access" in capsys.readouterr().err
+
+
+def test_the_default_tracking_store_of_a_remote_output_is_local(monkeypatch, tmp_path):
+    monkeypatch.setenv("PIPELINES_WORKDIR", str(tmp_path))
+    assert ETLConfig(input="/tmp/in", output="s3://bucket/etl", tracking=True).tracking_uri == \
+        f"sqlite:///{tmp_path}/mlflow/mlruns.db"
+
+
+def test_reading_an_object_keeps_the_size_bound(s3_server, s3_bucket):
+    source = storage.resolve(f"s3://{s3_bucket}/tree")
+    source.join("a", "x.jpg").write_bytes(b"x" * 100)
+    assert read_object(source, f"{source.uri}/a/x.jpg", 100) == b"x" * 100
+    with pytest.raises(ImageRejected, match="grew past 99 bytes"):
+        read_object(source, f"{source.uri}/a/x.jpg", 99)
+    with pytest.raises(ImageRejected, match="vanished after listing"):
+        read_object(source, f"{source.uri}/a/gone.jpg", 100)
