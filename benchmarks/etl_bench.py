@@ -143,7 +143,8 @@ def binaryfile_error(spark, uri: str) -> str:
     try:
         return f"read {spark.read.format('binaryFile').load(uri).count()} files"
     except Exception as exc:  # Py4J / AnalysisException: whatever Spark raises is the finding
-        return str(exc).strip().splitlines()[0][:160]
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        return next((line.strip() for line in lines if "Exception:" in line), lines[0])[:200]
 
 
 def s3_rows(spark, inputs: dict, work: str, args, partitions: int) -> list:
