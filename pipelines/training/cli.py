@@ -16,6 +16,8 @@ from typing import Optional, Sequence
 from pipelines.config import parse_config
 from pipelines.training.config import TrainConfig
 
+RANK_LOGS = "logs"  # under --output: each rank's whole output (HorovodRunner's log_dir)
+
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse the options into a :class:`TrainConfig` and train.
@@ -50,7 +52,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 from pipelines.spark import spark_session
                 spark_session("pipelines-train")
             runner = HorovodRunner(np=config.spark_np, slots_timeout_s=config.slots_timeout,
-                                   network_interface=config.network_interface or None)
+                                   network_interface=config.network_interface or None,
+                                   log_dir=os.path.join(config.output, RANK_LOGS))
             report = runner.run(run_training, config=dataclasses.replace(config, spark_np=0, network_interface=""))
         else:
             report = run_training(config)
