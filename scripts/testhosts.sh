@@ -68,6 +68,8 @@ up() {
   ip link add "$BRIDGE" type bridge
   ip addr add "10.77.$k.1/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
+  # Where bridged frames pass iptables (br_netfilter) under a FORWARD policy of DROP (Docker's), let ours through
+  if command -v iptables >/dev/null; then iptables -I FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT; fi
   echo "driver - 10.77.$k.1 - -" >"$STATE/hosts"
   for i in $(seq 1 "$n"); do add_host "$i" "$k"; done
   local hosts_file
@@ -97,6 +99,9 @@ down() {  # everything named PREFIX-*, whatever state is left: processes first (
     rm -rf "/etc/netns/$ns"
   done
   ! ip link show "$BRIDGE" >/dev/null 2>&1 || ip link del "$BRIDGE"
+  if command -v iptables >/dev/null; then
+    while iptables -D FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null; do :; done
+  fi
   rm -rf "$STATE"
 }
 
