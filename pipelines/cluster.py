@@ -21,7 +21,8 @@ import sys
 import tempfile
 import time
 import urllib.request
-from typing import Dict, List, Optional
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -37,11 +38,25 @@ def spark_home() -> str:
     return os.path.dirname(pyspark.__file__)
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where a cluster process runs: ``address`` (it binds and advertises it), ``command`` (a prefix
+    that starts a process there, e.g. ``scripts/testhosts.sh exec h2``; empty: this machine's
+    network) and ``work_dir`` (a worker's; None: a folder of the cluster's). A process placed on a
+    host of its own uses Spark's standard ports (7077, 8080, 8081)."""
+
+    address: str
+    command: Tuple[str, ...] = ()
+    work_dir: Optional[str] = None
+
+
 class StandaloneCluster:
     """Master + ``workers`` workers on ``host``; a context manager that always stops them.
 
     ``env`` adds variables to the master's and workers' environment (executors inherit the
-    workers'), as a ``spark-env.sh`` would on a real host.
+    workers'), as a ``spark-env.sh`` would on a real host. ``master_at`` and ``workers_at`` (one
+    :class:`Place` per worker, overriding ``workers``) put the processes on separate hosts instead
+    of all on ``host``.
 
     Attributes:
         url: ``spark://host:port`` of the master, once started.
@@ -50,17 +65,21 @@ class StandaloneCluster:
 
     def __init__(self, workers: int = 2, cores: int = 1, memory: str = "2g", host: str = "127.0.0.1",
                  work_dir: Optional[str] = None, timeout_s: float = 120.0,
-                 env: Optional[Dict[str, str]] = None):
-        if workers < 1 or cores < 1:
+                 env: Optional[Dict[str, str]] = None, master_at: Optional[Place] = None,
+                 workers_at: Optional[Sequence[Place]] = None):
+        self.worker_places = list(workers_at) if workers_at else [None] * workers
+        if not self.worker_places or cores < 1:
             raise ValueError("a cluster needs at least one worker with at least one core")
-        self.workers, self.cores, self.memory, self.host = workers, cores, memory, host
+        self.workers, self.cores, self.memory, self.host = len(self.worker_places), cores, memory, host
+        self.master_place = master_at
         self.timeout_s = timeout_s
         self.extra_env = dict(env or {})  # for the workers' own environment, which executors inherit
         self._own_dir = work_dir is None
         self.work_dir = work_dir or tempfile.mkdtemp(prefix="spark-standalone-")
-        self.port, self.web_port = free_port(host), free_port(host)
-        self.url = f"spark://{host}:{self.port}"
-        self.web_url = f"http://{host}:{self.web_port}"
+        master = master_at.address if master_at else host
+        self.port, self.web_port = (7077, 8080) if master_at else (free_port(host), free_port(host))
+        self.url = f"spark://{master}:{self.port}"
+        self.web_url = f"http://{master}:{self.web_port}"
         self.processes: List[subprocess.Popen] = []
 
     def _env(self) -> dict:
@@ -70,12 +89,24 @@ class StandaloneCluster:
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         return env
 
-    def _spawn(self, name: str, args: List[str]) -> None:
+    def _spawn(self, name: str, args: List[str], place: Optional[Place]) -> None:
         log_path = os.path.join(self.work_dir, f"{name}.log")
+        env = self._env()
+        if place:
+            env["SPARK_LOCAL_IP"] = place.address
         with open(log_path, "wb") as log:
             self.processes.append(subprocess.Popen(
-                [os.path.join(spark_home(), "bin", "spark-class"), *args], env=self._env(),
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                [*(place.command if place else ()), os.path.join(spark_home(), "bin", "spark-class"), *args],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+
+    def _start_worker(self, i: int, place: Optional[Place]) -> None:
+        worker_dir = (place and place.work_dir) or os.path.join(self.work_dir, f"worker-{i}")
+        os.makedirs(worker_dir, exist_ok=True)
+        host = place.address if place else self.host
+        self._spawn(f"worker-{i}", ["org.apache.spark.deploy.worker.Worker", "--host", host,
+                                    "--cores", str(self.cores), "--memory", self.memory,
+                                    "--webui-port", str(8081 if place else free_port(host)),
+                                    "--work-dir", worker_dir, self.url], place)
 
     def alive_workers(self) -> int:
         """Workers the master lists as ALIVE (0 while the master is not answering)."""
@@ -94,15 +125,11 @@ class StandaloneCluster:
                 everything started is stopped first.
         """
         os.makedirs(os.path.join(self.work_dir, "logs"), exist_ok=True)
-        self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", self.host,
-                               "--port", str(self.port), "--webui-port", str(self.web_port)])
-        for i in range(self.workers):
-            worker_dir = os.path.join(self.work_dir, f"worker-{i}")
-            os.makedirs(worker_dir, exist_ok=True)
-            self._spawn(f"worker-{i}", ["org.apache.spark.deploy.worker.Worker", "--host", self.host,
-                                        "--cores", str(self.cores), "--memory", self.memory,
-                                        "--webui-port", str(free_port(self.host)), "--work-dir", worker_dir,
-                                        self.url])
+        master = self.master_place.address if self.master_place else self.host
+        self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", master,
+                               "--port", str(self.port), "--webui-port", str(self.web_port)], self.master_place)
+        for i, place in enumerate(self.worker_places):
+            self._start_worker(i, place)
         deadline = time.monotonic() + self.timeout_s
         while self.alive_workers() < self.workers:
             dead = [p for p in self.processes if p.poll() is not None]

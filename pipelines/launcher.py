@@ -9,7 +9,8 @@ The semantics Databricks users know (``sparkdl.HorovodRunner``):
   hosts from ``BarrierTaskContext``, task 0 serves Gloo's rendezvous, and each task runs its rank
   in a child process (a fresh interpreter, so TensorFlow and Horovod start clean; it dies with
   its task). The GPU addresses Spark assigned to a task reach its rank as
-  ``PIPELINES_SPARK_GPUS``.
+  ``PIPELINES_SPARK_GPUS``. Each rank's output reaches the driver while it runs, prefixed
+  ``[rank R on HOST]`` (:mod:`pipelines.ranklogs`), and is kept as ``rank-R.log`` in ``log_dir``.
 
 Both return rank 0's return value. A failing rank (exception, or a killed process) fails the whole
 run promptly with :class:`HorovodJobFailed`, which names the rank, its host and the cause; the barrier
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 from pipelines.atomic import write_json
+from pipelines.ranklogs import LogSink, forward
 from pipelines.recovery import signal_is_loss
 from pipelines.training.devices import SPARK_GPUS_ENV
 
@@ -156,13 +158,16 @@ class HorovodRunner:
         max_failures: relaunch the whole run up to this many times when a rank's process or host
             is lost (:mod:`pipelines.recovery`), with the same ``np``; the function must then continue
             from its own checkpoints when ``pipelines.recovery.relaunched()``. 0: fail at once.
+        log_dir: a local folder that keeps each rank's whole output: ``rank-R.log`` (``np > 0``,
+            written by the driver as the lines arrive), or Horovod's ``rank.R/stdout`` and
+            ``rank.R/stderr`` (``np < 0``). None: the output is only shown, live, at the driver.
 
     Raises:
         ValueError: ``np == 0``, or a negative ``max_failures``.
     """
 
     def __init__(self, np: int, slots_timeout_s: float = 60.0, network_interface: Optional[str] = None,
-                 max_failures: int = 0):
+                 max_failures: int = 0, log_dir: Optional[str] = None):
         if not isinstance(np, int) or np == 0:
             raise ValueError(f"np must be a non-zero integer (negative: local processes, positive: "
                              f"Spark tasks), got {np!r}")
@@ -172,6 +177,7 @@ class HorovodRunner:
         self.max_failures = max_failures
         self.slots_timeout_s = slots_timeout_s
         self.network_interface = network_interface or os.environ.get(GLOO_IFACE_ENV) or None
+        self.log_dir = log_dir
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return rank 0's return value.
@@ -208,9 +214,12 @@ class HorovodRunner:
             handed[FAILURE_DIR_ENV] = failures
             os.environ.update(handed)  # inherited by the ranks
             try:
+                if self.log_dir:
+                    os.makedirs(self.log_dir, exist_ok=True)
                 results = horovod.runner.run(_Recorded(main), kwargs=kwargs, num_proc=num_proc,
                                              hosts=f"localhost:{num_proc}", use_gloo=True,
-                                             network_interfaces=[iface] if iface else None)
+                                             network_interfaces=[iface] if iface else None,
+                                             output_filename=self.log_dir)
             except RuntimeError as exc:
                 raise HorovodJobFailed(_collect_failures(failures, str(exc))) from exc
             finally:
@@ -236,8 +245,14 @@ class HorovodRunner:
         check_local_executors(sc, self.network_interface)
         payload = cloudpickle.dumps((main, kwargs))
         log.info("HorovodRunner: %d barrier tasks on %s", num_proc, sc.master)
-        records = _collect_tasks(sc.parallelize(range(num_proc), num_proc).barrier()
-                                 .mapPartitions(_barrier_task(payload, num_proc, self.network_interface)))
+        sink = LogSink(sc.getConf().get("spark.driver.host"), self.log_dir)
+        try:
+            task = _barrier_task(payload, num_proc, self.network_interface, (sink.address, sink.token))
+            records = _collect_tasks(sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(task))
+            if not sink.wait_for({r["rank"]: r.get("log_lines", 0) for r in records}):
+                log.warning("HorovodRunner: some ranks' output did not reach the driver (see the executors' logs)")
+        finally:
+            sink.close()
         failures = [RankFailure(r["rank"], r["cause"], r.get("traceback", ""), r.get("secondary", False),
                                 r.get("host", ""), r.get("lost", False))
                     for r in records if r["status"] == "error"]
@@ -434,12 +449,12 @@ def _exit_cause(code: int) -> str:
 
 # -- inside a barrier task ---------------------------------------------------------------------
 
-def _barrier_task(payload: bytes, num_proc: int, requested_iface: Optional[str]):
+def _barrier_task(payload: bytes, num_proc: int, requested_iface: Optional[str], sink: tuple):
     """The function each barrier task runs: plan ranks, check the network, rendezvous, run the rank
-    as a child. Every task decides its Gloo interface *before* the one ``allGather`` all tasks
-    join, and shares the outcome: a task that cannot (no such interface, an address on none)
-    makes every task return without starting a rank, and the driver raises
-    :class:`HorovodJobFailed` naming that rank and its host."""
+    as a child whose output goes to the driver's ``sink`` (address, token). Every task decides its
+    Gloo interface *before* the one ``allGather`` all tasks join, and shares the outcome: a task
+    that cannot (no such interface, an address on none) makes every task return without starting
+    a rank, and the driver raises :class:`HorovodJobFailed` naming that rank and its host."""
 
     def run(_partition):
         from pyspark import BarrierTaskContext
@@ -473,7 +488,7 @@ def _barrier_task(payload: bytes, num_proc: int, requested_iface: Optional[str])
                        HOROVOD_GLOO_RENDEZVOUS_ADDR=address, HOROVOD_GLOO_RENDEZVOUS_PORT=port,
                        HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo", HOROVOD_GLOO_IFACE=mine["iface"])
             env[SPARK_GPUS_ENV] = ",".join(gpus.addresses) if gpus else ""
-            yield run_child(payload, env, slot["rank"])
+            yield run_child(payload, env, slot["rank"], (*sink, hosts[index]))
         finally:
             if server is not None:
                 server.stop()
@@ -618,21 +633,32 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def run_child(payload: bytes, env: Dict[str, str], rank: int) -> Dict[str, Any]:
-    """Run one rank in a fresh interpreter; return ``{'rank', 'status', 'result' | 'cause'}``."""
+def run_child(payload: bytes, env: Dict[str, str], rank: int,
+              sink: tuple = (None, "", "")) -> Dict[str, Any]:
+    """Run one rank in a fresh interpreter, its output (stdout and stderr, unbuffered) forwarded
+    line by line to the driver's log sink ``(address, token, this host)``.
+
+    Returns:
+        ``{'rank', 'status', 'result' | 'cause', 'log_lines'}`` (lines sent to the sink).
+    """
     with tempfile.TemporaryDirectory(prefix=f"hvd-rank{rank}-") as work:
         job, result = os.path.join(work, "job.pkl"), os.path.join(work, "result.json")
         with open(job, "wb") as f:
             f.write(payload)
-        proc = subprocess.run([sys.executable, "-m", "pipelines.launcher", job, result], env=env,
-                              preexec_fn=_die_with_parent)
+        proc = subprocess.Popen([sys.executable, "-m", "pipelines.launcher", job, result],
+                                env=dict(env, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        address, token, host = sink
+        with proc.stdout:
+            lines = forward(proc.stdout, address, token, rank, host)
+        proc.wait()
         if os.path.exists(result):
             with open(result) as f:
                 record = json.load(f)
         else:
             record = {"status": "error", "cause": _exit_cause(proc.returncode), "secondary": False,
                       "lost": signal_is_loss(proc.returncode)}
-        record["rank"] = rank
+        record["rank"], record["log_lines"] = rank, lines
         record["host"] = env.get("HOROVOD_HOSTNAME", "")
         return record
 

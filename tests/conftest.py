@@ -120,3 +120,41 @@ def mlflow_run(output: str):
     runs = client.search_runs([record["experiment_id"]])
     assert [r.info.run_id for r in runs] == [record["run_id"]], [r.info.run_id for r in runs]
     return client, runs[0]
+
+
+@pytest.fixture(scope="session")
+def test_hosts():
+    """Six test hosts (``scripts/testhosts.sh``, through tests/testhosts.py): h1 for a Spark master,
+    h2 for an S3 server, h3-h6 for workers. Skips, printing the machine's refusal, where network
+    namespaces cannot be made (not root, ``ip netns add`` refused); removed even when tests fail."""
+    from tests.testhosts import TestHosts, refusal
+
+    reason = refusal()
+    if reason:
+        pytest.skip(reason)
+    hosts = TestHosts(6)
+    try:
+        yield hosts
+    finally:
+        hosts.down()
+
+
+@pytest.fixture(scope="session")
+def hosts_cluster(test_hosts, tmp_path_factory):
+    """A Spark standalone cluster across the test hosts: the master on h1, one worker of 1 core on
+    each of h3-h6, ``moto_server`` on h2 (port 9000). Yields ``(cluster, s3 server, worker hosts)``;
+    the workers' environment (which executors inherit) points AWS_ENDPOINT_URL at h2."""
+    from pipelines.cluster import Place, StandaloneCluster
+
+    master, s3_host, *workers = test_hosts.hosts
+    base = tmp_path_factory.mktemp("hosts")
+    s3 = s3server.start(9000, str(base / "moto.log"), host=s3_host.address, command=test_hosts.command(s3_host))
+    places = [Place(w.address, tuple(test_hosts.command(w)), os.path.join(w.folder, "spark-worker")) for w in workers]
+    try:
+        with StandaloneCluster(cores=1, memory="1g", work_dir=str(base / "cluster"),
+                               env=s3server.standard_environment(s3.endpoint),
+                               master_at=Place(master.address, tuple(test_hosts.command(master))),
+                               workers_at=places) as cluster:
+            yield cluster, s3, workers
+    finally:
+        s3.stop()

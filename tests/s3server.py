@@ -20,7 +20,7 @@ import time
 import urllib.request
 import uuid
 from dataclasses import dataclass
-from typing import Dict, Iterator, Optional
+from typing import Dict, Iterator, Optional, Sequence
 
 BIN = os.path.dirname(sys.executable)
 ACCESS_KEY = SECRET_KEY = "pipelines-tests"
@@ -61,14 +61,16 @@ class Server:
             self.process.kill()
 
 
-def start(port: int, log: str, env: Optional[Dict[str, str]] = None, host: str = "127.0.0.1") -> Server:
-    """Start ``moto_server`` on ``host:port`` and wait (at most 30 s) until it answers.
+def start(port: int, log: str, env: Optional[Dict[str, str]] = None, host: str = "127.0.0.1",
+          command: Sequence[str] = ()) -> Server:
+    """Start ``moto_server`` on ``host:port`` and wait (at most 30 s) until it answers. ``command``
+    is a prefix that starts it elsewhere (e.g. on a test host: ``testhosts.sh exec h2``).
 
     Raises:
         RuntimeError: it exited or did not answer; the message holds the end of its log.
     """
     with open(log, "ab") as out:
-        process = subprocess.Popen([os.path.join(BIN, "moto_server"), "-H", host, "-p", str(port)],
+        process = subprocess.Popen([*command, os.path.join(BIN, "moto_server"), "-H", host, "-p", str(port)],
                                    stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     endpoint = f"http://{host}:{port}"
     deadline = time.monotonic() + 30

@@ -97,6 +97,11 @@ def test_a_failing_rank_fails_the_job_promptly_by_name_then_resume(cluster, etl_
                                                       "--spark-np", "2", "--resume"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "test accuracy" in resumed.stdout
+    # the ranks' output reached spark-submit's console while they ran, prefixed; kept under OUTPUT/logs
+    assert "[rank 0 on 127.0.0.1] Epoch 4/4" in resumed.output, resumed.output[-3000:]
+    with open(os.path.join(out, "logs", "rank-0.log")) as f:
+        assert "Epoch 3/4" in f.read()
+    assert os.path.exists(os.path.join(out, "logs", "rank-1.log"))
     m = metrics(out)
     assert m["resumed_after_epoch"] == 2
     assert [h["epoch"] for h in m["history"]] == [1, 2, 3, 4]

@@ -7,14 +7,20 @@ Every rank runs it under ``horovodrun -np N python jobs/train.py ...``; or one d
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 import sys
-from typing import Optional, Sequence
+import tempfile
+from typing import Iterator, Optional, Sequence
 
 from pipelines.config import parse_config
+from pipelines.storage import is_local, resolve
 from pipelines.training.config import TrainConfig
+
+RANK_LOGS = "logs"  # under --output: each rank's whole output (HorovodRunner's log_dir)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -29,34 +35,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     MLflow could not log the results (the training outputs are complete).
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from pipelines.launcher import HorovodJobFailed, HorovodRunner, RelaunchImpossible
-    from pipelines.logs import setup_logging
-    from pipelines.tracking import TrackingFailed, check_store
-    from pipelines.training.data import DataError, check_run
-    from pipelines.training.outputs import check_output
+    from pipelines.launcher import HorovodJobFailed, RelaunchImpossible
+    from pipelines.tracking import TrackingFailed
+    from pipelines.training.data import DataError
     from pipelines.training.train import run_training
 
     config = parse_config(TrainConfig, argv)
     log = logging.getLogger("pipelines")
     try:
         if config.spark_np:
-            setup_logging("train driver")
-            if config.spark_np < 0 and config.bind_cores:  # local ranks: the cores are this machine's, check now
-                from pipelines.training.devices import rank_cores, threads_per_rank
-                ranks = -config.spark_np
-                rank_cores(0, ranks, threads_per_rank(config.threads, ranks), os.sched_getaffinity(0))
-            check_run(config.data, config.batch_size, abs(config.spark_np), config.storage_options)  # before any rank
-            check_output(config.output, config.storage_options)
-            if config.tracking:
-                check_store(config.tracking_uri)
-            if config.spark_np > 0:
-                from pipelines.spark import spark_session
-                spark_session("pipelines-train")
-            runner = HorovodRunner(np=config.spark_np, slots_timeout_s=config.slots_timeout,
-                                   network_interface=config.network_interface or None,
-                                   max_failures=config.max_failures)
-            report = runner.run(run_training, config=dataclasses.replace(config, spark_np=0, network_interface="",
-                                                                          max_failures=0))
+            report = launch(config)
         else:
             report = run_training(config)
             if not _is_rank0():
@@ -78,6 +66,62 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"world size {report['world_size']}, global batch {report['global_batch_size']}; "
           f"model and report in {config.output}{tracked}")
     return 0
+
+
+def launch(config: TrainConfig) -> dict:
+    """``--spark-np N``: check what can be checked before any rank starts, then run the ranks with
+    :class:`~pipelines.launcher.HorovodRunner` (N Spark barrier tasks, or -N local processes),
+    each rank's whole output kept under ``OUTPUT/logs`` (:func:`rank_log_dir`). Returns rank 0's report.
+
+    Raises:
+        DataError, ValueError, FileNotFoundError, pipelines.storage.StorageError: a refusal (exit 2).
+        HorovodJobFailed, RelaunchImpossible: a rank failed and was not relaunched (exit 1).
+    """
+    from pipelines.launcher import HorovodRunner
+    from pipelines.logs import setup_logging
+    from pipelines.tracking import check_store
+    from pipelines.training.data import check_run
+    from pipelines.training.outputs import check_output
+    from pipelines.training.train import run_training
+
+    setup_logging("train driver")
+    if config.spark_np < 0 and config.bind_cores:  # local ranks: the cores are this machine's, check now
+        from pipelines.training.devices import rank_cores, threads_per_rank
+        ranks = -config.spark_np
+        rank_cores(0, ranks, threads_per_rank(config.threads, ranks), os.sched_getaffinity(0))
+    check_run(config.data, config.batch_size, abs(config.spark_np), config.storage_options)  # before any rank
+    check_output(config.output, config.storage_options)
+    if config.tracking:
+        check_store(config.tracking_uri)
+    if config.spark_np > 0:
+        from pipelines.spark import spark_session
+        spark_session("pipelines-train")
+    with rank_log_dir(config) as logs:
+        runner = HorovodRunner(np=config.spark_np, slots_timeout_s=config.slots_timeout,
+                               network_interface=config.network_interface or None,
+                               max_failures=config.max_failures, log_dir=logs)
+        return runner.run(run_training, config=dataclasses.replace(config, spark_np=0, network_interface="",
+                                                                    max_failures=0))
+
+
+@contextlib.contextmanager
+def rank_log_dir(config: TrainConfig) -> Iterator[str]:
+    """The local folder HorovodRunner keeps each rank's output in: ``OUTPUT/logs`` for a local
+    output; for a URI output a temporary folder, uploaded to ``OUTPUT/logs`` when the run ends
+    (a failed run's too: that is when the logs matter) and then removed."""
+    if is_local(config.output):
+        yield os.path.join(config.output, RANK_LOGS)
+        return
+    local = tempfile.mkdtemp(prefix="pipelines-rank-logs-")
+    try:
+        yield local
+    finally:
+        target = resolve(config.output, config.storage_options).join(RANK_LOGS)
+        try:
+            target.upload(local)
+        except OSError as exc:
+            logging.getLogger("pipelines").warning("the ranks' logs could not be copied to %s: %s", target, exc)
+        shutil.rmtree(local, ignore_errors=True)
 
 
 def _is_rank0() -> bool:
