@@ -93,34 +93,25 @@ def _image_paths(input_dir: str) -> list:
 def read_in_task_scan(spark, input_dir: str, partitions: int) -> int:
     """Our design's Spark share: ``spark.range`` tasks that read their files' bytes in Python
     (the driver's list shipped with the function, no shuffle), no decode, no write; returns files read."""
-    import pyarrow as pa
-
-    paths = _image_paths(input_dir)
-    chunk = -(-len(paths) // partitions)
-
-    def read_chunk(batches):
-        n = 0
-        for batch in batches:
-            for task in batch.column(0).to_pylist():
-                for path in paths[task * chunk:(task + 1) * chunk]:
-                    with open(path, "rb") as f:
-                        f.read()
-                    n += 1
-        yield pa.RecordBatch.from_pydict({"n": [n]})
-
-    return sum(r.n for r in spark.range(partitions, numPartitions=partitions).mapInArrow(read_chunk, "n LONG")
-               .collect())
+    return _scan_in_tasks(spark, _image_paths(input_dir), partitions, lambda path: open(path, "rb"))
 
 
 def read_in_task_scan_store(spark, root, partitions: int) -> int:
     """:func:`read_in_task_scan` through the storage module: the driver lists the
     :class:`pipelines.storage.Location` ``root`` (an ``s3://`` prefix), the tasks read each
     object's bytes through its ``pyarrow.fs`` filesystem (no decode, no write); returns files read."""
-    import pyarrow as pa
     import pyarrow.fs as pafs
 
     paths = [i.path for i in root.list() if i.type == pafs.FileType.File
              and i.path.lower().endswith((".jpg", ".jpeg", ".png"))]
+    return _scan_in_tasks(spark, paths, partitions, root.filesystem.open_input_file)
+
+
+def _scan_in_tasks(spark, paths, partitions: int, opener) -> int:
+    """Task ``i`` of ``partitions`` reads chunk ``i`` of ``paths`` whole with ``opener(path)`` (a
+    context manager with ``read()``); returns the files read over all tasks."""
+    import pyarrow as pa
+
     chunk = -(-len(paths) // partitions)
 
     def read_chunk(batches):
@@ -128,7 +119,7 @@ def read_in_task_scan_store(spark, root, partitions: int) -> int:
         for batch in batches:
             for task in batch.column(0).to_pylist():
                 for path in paths[task * chunk:(task + 1) * chunk]:
-                    with root.filesystem.open_input_file(path) as f:
+                    with opener(path) as f:
                         f.read()
                     n += 1
         yield pa.RecordBatch.from_pydict({"n": [n]})
