@@ -57,6 +57,7 @@ def epochs(data, cache, config, labels, workers, results, batches) -> None:
 def stage_shard(data, split: str, rank: int, world_size: int, folder: str):
     """Route (b): copy this rank's row groups (``rank::world_size``, Petastorm's rule) from the store
     into one local Parquet file, a row group each. Returns a local Dataset of that shard alone."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from pipelines.contract import Manifest
@@ -129,6 +130,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     import numpy as np
+    import pyarrow as pa
     import pyarrow.parquet as pq
     import tensorflow as tf
 
@@ -160,7 +162,7 @@ def main(argv=None) -> int:
     if args.storage == "s3":
         s3_routes(etl, work, config, batches, results)
 
-    table = pq.read_table(os.path.join(etl, "train"), columns=["image", "label"])
+    table = pa.concat_tables([pq.read_table(part.path, columns=["image", "label"]) for part in data.parts("train")])
     images = np.frombuffer(b"".join(table.column("image").to_pylist()), np.uint8).reshape(
         -1, data.image_size, data.image_size, 3)
     labels = np.asarray(table.column("label").to_pylist(), np.int32)
