@@ -1,6 +1,8 @@
 """The ETL job end to end on real Spark, on a generated tree with every kind of bad file."""
+import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -138,11 +140,15 @@ def test_rerun_gives_the_same_split_and_overwrites_cleanly(tree, submitted, spar
     config = ETLConfig(input=root, output=str(tmp_path / "again"), image_size=SIZE, test_fraction=0.3,
                        min_row_groups=4)
     first = run_etl(config, spark=spark)
-    second = run_etl(config, spark=spark)
+    # the rerun reads a copy of the tree elsewhere, cut into another number of tasks: the split
+    # depends on the seed and each file's path relative to the root, nothing else
+    copy = shutil.copytree(root, str(tmp_path / "copy" / "caltech"), symlinks=True)
+    second = run_etl(dataclasses.replace(config, input=copy, num_partitions=3), spark=spark)
     assert first["run_id"] < second["run_id"]
+    assert first["config"]["num_partitions"] == 0 and second["config"]["num_partitions"] == 3
     for split in ("train", "test"):
         paths = lambda d: sorted(r["path"] for r in read_rows(d, split, ["path"]))
-        assert paths(config.output) == paths(out)
+        assert paths(config.output) == [os.path.join(copy, os.path.relpath(p, root)) for p in paths(out)]
         assert len(split_files(config.output, split)) == first["splits"][split]["files"]
         assert all(p.startswith(f"runs/{second['run_id']}/{split}/") for p in second["splits"][split]["parts"])
     assert {k: v for k, v in second["files"].items() if k != "list"} == \

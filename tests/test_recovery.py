@@ -42,26 +42,42 @@ LOST = HorovodJobFailed([RankFailure(1, "process killed by signal SIGKILL", host
 OWN = HorovodJobFailed([RankFailure(1, "RuntimeError: a bug")])
 
 
-def test_a_lost_rank_is_relaunched_with_the_earlier_attempts_and_logged(caplog):
+@pytest.fixture
+def pipelines_log(caplog):
+    """``caplog`` holding the "pipelines" logger's records at WARNING and above, even after a test in
+    this process ran ``setup_logging`` (which stops that logger propagating to the root, where
+    caplog listens)."""
+    logger = logging.getLogger("pipelines")
+    propagate = logger.propagate
+    logger.propagate = False  # each record reaches caplog once, through the handler added here
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="pipelines"):
+            yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)
+        logger.propagate = propagate
+
+
+def test_a_lost_rank_is_relaunched_with_the_earlier_attempts_and_logged(pipelines_log):
     calls = []
-    with caplog.at_level(logging.WARNING, logger="pipelines"):
-        assert run_with_retries(_launcher([LOST, "done"], calls), print, max_failures=2) == "done"
+    assert run_with_retries(_launcher([LOST, "done"], calls), print, max_failures=2) == "done"
     failure = "rank 1 on h1 failed: process killed by signal SIGKILL"
     assert calls == [[], [{"attempt": 1, "failure": failure}]]
-    assert [r.getMessage() for r in caplog.records] == [
+    assert [r.getMessage() for r in pipelines_log.records] == [
         "attempt 1 of 3", f"attempt 2 of 3: relaunching from the newest complete checkpoint after {failure}"]
 
 
-def test_relaunches_stop_after_max_failures_and_zero_is_fail_fast(caplog):
+def test_relaunches_stop_after_max_failures_and_zero_is_fail_fast(pipelines_log):
     calls = []
     with pytest.raises(HorovodJobFailed, match="rank 1 on h1"):
         run_with_retries(_launcher([LOST, LOST, "never"], calls), print, max_failures=1)
     assert len(calls) == 2
     calls = []
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="pipelines"), pytest.raises(HorovodJobFailed):
+    pipelines_log.clear()
+    with pytest.raises(HorovodJobFailed):
         run_with_retries(_launcher([LOST, "never"], calls), print, max_failures=0)
-    assert len(calls) == 1 and not caplog.records  # today's behaviour, today's log
+    assert len(calls) == 1 and not pipelines_log.records  # today's behaviour, today's log
 
 
 def test_an_error_of_the_job_itself_is_never_retried():
