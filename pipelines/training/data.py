@@ -16,12 +16,15 @@ import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from pipelines.contract import MANIFEST, SPLITS, TEST, TRAIN, Manifest
 from pipelines.paths import check_url_safe, local_url
+
+if TYPE_CHECKING:
+    from pipelines.storage import Location
 
 # petastorm 0.13 drives pyarrow 14 through APIs pyarrow deprecates, warning on every row group
 # (from its reader threads too), and warns that ``schema_fields`` are now full-match patterns.
@@ -223,7 +226,7 @@ class RowGroup:
     """One Parquet row group: its file ``part`` (:class:`pipelines.storage.Location`), its ``index``
     in that file, its ``rows``."""
 
-    part: object
+    part: "Location"
     index: int
     rows: int
 
