@@ -240,8 +240,9 @@ class HorovodRunner:
         check_barrier_conf(dict(sc.getConf().getAll()))  # before waiting: some make slots never come
         slots = wait_for_slots(sc, num_proc, self.slots_timeout_s)
         if slots < num_proc:
+            why = f" (no executor registered within {self.slots_timeout_s:g} s)" if slots == 0 else ""
             raise ValueError(f"np={num_proc} Spark tasks requested but the cluster ({sc.master}) offers "
-                             f"{slots} task slots: lower np or add workers")
+                             f"{slots} task slots{why}: lower np, add workers or wait longer for them")
         check_local_executors(sc, self.network_interface)
         payload = cloudpickle.dumps((main, kwargs))
         log.info("HorovodRunner: %d barrier tasks on %s", num_proc, sc.master)

@@ -114,13 +114,15 @@ def test_a_failing_rank_fails_the_job_promptly_by_name_then_resume(cluster, etl_
 def test_more_tasks_than_slots_is_refused_before_starting(cluster, etl_on_cluster, tmp_path):
     data, _ = etl_on_cluster
     proc = submit(cluster, "train.py", *train_args(data, str(tmp_path / "out"), "--spark-np", "3",
-                                                   "--slots-timeout", "4"), timeout=200)
+                                                   "--slots-timeout", "30"), timeout=200)
     assert proc.returncode == 2, proc.output[-3000:]
-    assert "np=3 Spark tasks requested but the cluster" in proc.output and "offers 2 task slots" in proc.output
+    assert "np=3 Spark tasks requested but the cluster" in proc.output and "offers 2 task slots:" in proc.output
     lines = [line for line in proc.output.splitlines() if "[train driver]" in line]
     checking = next(line for line in lines if "HorovodRunner: np=3 on spark://" in line)
     error = next(line for line in lines if " ERROR " in line)
-    assert _clock(error) - _clock(checking) <= 4 + 2  # --slots-timeout, not the default minute
+    # The executors register within --slots-timeout (a loaded CI machine took over 4 s); the wait
+    # then ends when their count has settled, or at the timeout, never at the default minute.
+    assert _clock(error) - _clock(checking) <= 30 + 2
 
 
 @pytest.mark.parametrize("conf", [["spark.dynamicAllocation.enabled=true"],

@@ -290,8 +290,9 @@ def test_the_logged_and_registered_model_predicts_as_model_keras(full_run, test_
 
 
 def clock(line):
-    """Seconds of the day of a log line ``[N]<stderr>:HH:MM:SS [job] LEVEL ...`` (rank prefix optional)."""
-    h, m, sec = (int(x) for x in line.split(">:")[-1].split(" ")[0].split(":"))
+    """Seconds of the day of a log line ``HH:MM:SS [job] LEVEL ...``, whatever prefix a launcher puts
+    before it (horovodrun's ``[N]<stderr>:``, the rank-log sink's ``[rank R on HOST] ``)."""
+    h, m, sec = (int(x) for x in re.search(r"(?:^|[\s:])(\d\d):(\d\d):(\d\d) \[", line).groups())
     return h * 3600 + m * 60 + sec
 
 
