@@ -1,22 +1,28 @@
-"""Input-pipeline throughput: Petastorm -> tf.data (cold and warm local-disk cache) against the
-same images held in memory (``tf.data.Dataset.from_tensor_slices``), measured in one run.
+"""Input-pipeline throughput: Petastorm -> tf.data (cold and warm local-disk cache, no cache)
+against the same images held in memory (``tf.data.Dataset.from_tensor_slices``), measured in one
+run, for each ETL row-group size of a sweep (``--row-group-mb 1,4,16,64``).
 
-All paths end in the same ``preprocess_input`` + ``batch`` + ``prefetch`` as training
-(:func:`pipelines.training.data.make_dataset`), and each is timed over one epoch of the train
-split (``train_rows // batch`` batches), consuming the tensors as training would. No model runs:
-this is the ceiling the data path puts on training.
+Every path ends in training's own tail (:func:`pipelines.training.data.batched`: shuffle, batch,
+preprocess each batch, prefetch), the in-memory ceiling too, and each is timed over one epoch of
+the train split (``train_rows // batch`` batches), consuming the tensors as training would. No
+model runs: this is the ceiling the data path puts on training. At the first size of the sweep
+the previous tail (each image preprocessed on its own, then batched) is timed as well, warm.
+
+The sweep's ETL runs take ``--min-row-groups`` (default 2 here, 8 in the ETL) so that the
+row-group size, not the split's length, sets the rows per row group on a benchmark-sized split;
+the table prints the rows each size gave. ``--png`` draws the sweep.
 
 The batch size, shuffle buffer and reader workers are a ``TrainConfig``'s (``--batch-size`` is its
 option); ``--etl-image-size`` is the size the ETL stores the images at.
 
-``--storage s3`` also uploads the ETL output to an S3 API server (``moto_server`` on 127.0.0.1,
-started here with tests/s3server.py) and reads it from there, by the two routes evaluated for
-Petastorm on object storage: through the storage module's filesystem (what training does,
-:mod:`pipelines.training.legacy_fs`), and by staging the rank's row groups on local disk first and
-reading those with ``file://`` (the time to stage counted in its cold epoch).
+``--storage s3`` also uploads the first size's ETL output to an S3 API server (``moto_server`` on
+127.0.0.1, started here with tests/s3server.py) and reads it from there, by the two routes
+evaluated for Petastorm on object storage: through the storage module's filesystem (what
+training does, :mod:`pipelines.training.legacy_fs`), and by staging the rank's row groups on local
+disk first and reading those with ``file://`` (the time to stage counted in its cold epoch).
 
-Usage: python benchmarks/loader_bench.py [--per-class 200] [--etl-image-size 299] [--batch-size 32]
-       [--storage local|s3]
+Usage: python benchmarks/loader_bench.py [--per-class 300] [--etl-image-size 299] [--batch-size 32]
+       [--row-group-mb 1,4,16,64] [--min-row-groups 2] [--png FILE] [--storage local|s3]
 """
 from __future__ import annotations
 
@@ -39,19 +45,62 @@ def consume(dataset, batches: int) -> float:
     return time.perf_counter() - start
 
 
-def epochs(data, cache, config, labels, workers, results, batches) -> None:
-    """Time two epochs of one looping reader (``cache`` None: no cache) into ``results[labels[i]]``."""
+def epochs(data, cache, config, labels, workers, results, batches, dataset_of=None) -> None:
+    """Time two epochs of one looping reader (``cache`` None: no cache) into ``results[labels[i]]``;
+    ``dataset_of(reader)`` builds the tf.data pipeline (default: training's ``make_dataset``)."""
     from pipelines.training.data import make_dataset, open_reader
 
+    dataset_of = dataset_of or (lambda reader: make_dataset(reader, data.image_size, config.batch_size,
+                                                            shuffle_buffer=config.shuffle_buffer))
     with open_reader(data, "train", 0, 1, cache, workers=workers) as reader:
         # One iterator across both epochs, as Keras fit keeps it: epoch 2 reads from the cache.
-        it = iter(make_dataset(reader, data.image_size, config.batch_size, shuffle_buffer=config.shuffle_buffer))
+        it = iter(dataset_of(reader))
         for label in labels:
             start = time.perf_counter()
             for _ in range(batches):
                 next(it)[0].numpy()
             if label:
                 results[label] = batches * config.batch_size / (time.perf_counter() - start)
+
+
+def per_image_tail(data, config):
+    """The previous tail, for comparison: Petastorm's own tf.data adapter, ``decode_raw`` per row
+    group, unbatch, shuffle, each image preprocessed on its own, then batched."""
+    import tensorflow as tf
+    from petastorm.tf_utils import make_petastorm_dataset
+
+    from pipelines.training.data import preprocessor
+
+    s = data.image_size
+
+    def decode(group):
+        return tf.reshape(tf.io.decode_raw(group.image, tf.uint8), [-1, s, s, 3]), tf.cast(group.label, tf.int32)
+
+    def build(reader):
+        ds = make_petastorm_dataset(reader).map(decode).unbatch().shuffle(config.shuffle_buffer)
+        ds = ds.map(preprocessor(s), num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.batch(config.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    return build
+
+
+def ceiling(data, config, batches) -> float:
+    """images/s of the train split's images held in memory through training's own tail."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+
+    from pipelines.training.data import batched
+
+    table = pa.concat_tables([pq.read_table(part.path, columns=["image", "label"]) for part in data.parts("train")])
+    images = np.frombuffer(b"".join(table.column("image").to_pylist()), np.uint8).reshape(
+        -1, data.image_size, data.image_size, 3)
+    labels = np.asarray(table.column("label").to_pylist(), np.int32)
+    memory = batched(tf.data.Dataset.from_tensor_slices((images, labels)), config.batch_size, data.image_size,
+                     shuffle_buffer=config.shuffle_buffer)
+    consume(memory, batches)  # warm-up of the same graph
+    return batches * config.batch_size / consume(memory, batches)
 
 
 def stage_shard(data, split: str, rank: int, world_size: int, folder: str):
@@ -111,76 +160,110 @@ def s3_routes(etl, work, config, batches, results) -> None:
         server.stop()
 
 
-def main(argv=None) -> int:
+def parse(argv):
     from pipelines.config import add_arguments
     from pipelines.training.config import TrainConfig
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--per-class", type=int, default=200, help="Fashion-MNIST images per class (10 classes)")
+    parser.add_argument("--per-class", type=int, default=300, help="Fashion-MNIST images per class (10 classes)")
     parser.add_argument("--etl-image-size", type=int, default=299, help="image size the ETL stores the images at")
+    parser.add_argument("--row-group-mb", default="1,4,16,64", help="comma-separated ETL row-group sizes, MiB")
+    parser.add_argument("--min-row-groups", type=int, default=2, help="the sweep's ETL --min-row-groups")
+    parser.add_argument("--png", default=None, help="draw the sweep into this PNG file")
     add_arguments(parser, TrainConfig, {"batch_size": 32})
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--storage", choices=["local", "s3"], default="local",
                         help="s3: also read the data from an S3 API server (moto_server on 127.0.0.1) by both routes")
     args = parser.parse_args(argv)
-    try:  # data and output stand in until the ETL has run
-        base = TrainConfig(data=os.curdir, output=os.curdir, batch_size=args.batch_size)
+    try:
+        args.sizes = [float(x) for x in args.row_group_mb.split(",")]
+        # data and output stand in until the ETL has run
+        args.config = TrainConfig(data=os.curdir, output=os.curdir, batch_size=args.batch_size)
     except ValueError as exc:
         parser.error(str(exc))
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return args
 
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import tensorflow as tf
 
+LABELS = ("cold cache (epoch 1)", "warm cache (epoch 2)", "no cache (epoch 2)")
+
+
+def sweep_one(tree, work, mb, args, spark, first: bool) -> dict:
+    """ETL at ``mb`` MiB row groups, then the three Petastorm paths (and, ``first``, the previous
+    tail and the S3 routes). Returns ``{"rows": rows per group, "groups": train groups, label: images/s}``."""
     from pipelines.etl.config import ETLConfig
     from pipelines.etl.job import run_etl
+    from pipelines.training.data import load_dataset
+
+    etl = os.path.join(work, f"etl-{mb:g}mb")
+    run_etl(ETLConfig(input=tree, output=etl, image_size=args.etl_image_size, test_fraction=0.1,
+                      row_group_mb=mb, min_row_groups=args.min_row_groups), spark)
+    config = dataclasses.replace(args.config, data=etl, output=work)
+    data = load_dataset(etl, 1)
+    batches = data.train_rows // config.batch_size
+    found = {"rows": data.rows_per_row_group, "groups": data.row_groups("train"), "data": data, "batches": batches}
+    epochs(data, os.path.join(work, f"cache-{mb:g}"), config, LABELS[:2], config.reader_workers, found, batches)
+    epochs(data, None, config, ["", LABELS[2]], config.reader_workers, found, batches)
+    if first:
+        epochs(data, os.path.join(work, f"cache-{mb:g}-per-image"), config,
+               ["", "warm cache, previous tail (per-image preprocessing)"], config.reader_workers, found, batches,
+               per_image_tail(data, config))
+        if args.storage == "s3":
+            s3_routes(etl, work, config, batches, found)
+    return found
+
+
+def report(sweep: dict, top: float, args) -> None:
+    """Print the sweep (images/s and fraction of the ceiling) and draw it when ``--png``."""
+    print(f"\nLoader benchmark: Fashion-MNIST at {args.etl_image_size} px, batch {args.config.batch_size}, "
+          f"{args.config.reader_workers} reader threads, {os.cpu_count()} CPUs; ceiling (in memory, same tail) "
+          f"{top:.0f} images/s")
+    print(f"{'row-group MiB':>13s} {'rows/group':>10s} {'groups':>6s}  " + "  ".join(f"{x:>28s}" for x in LABELS))
+    for mb, found in sweep.items():
+        cells = "  ".join(f"{found[x]:8.0f} img/s {found[x] / top:5.2f}x ceil" for x in LABELS)
+        print(f"{mb:13g} {found['rows']:10d} {found['groups']:6d}  {cells}")
+    first = sweep[next(iter(sweep))]
+    for label in [k for k in first if isinstance(first[k], float) and k not in LABELS]:
+        print(f"  at {next(iter(sweep)):g} MiB: {label}: {first[label]:.0f} images/s, {first[label] / top:.2f}x")
+    if args.png:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        sizes = list(sweep)
+        for label in LABELS:
+            ax.plot(sizes, [sweep[mb][label] for mb in sizes], marker="o", label=label)
+        ax.axhline(top, color="k", linestyle="--", label="in memory (ceiling)")
+        ax.set(xscale="log", xlabel="ETL row-group size, MiB", ylabel="images/s",
+               title=f"Petastorm -> tf.data, {args.etl_image_size} px, 1 rank")
+        ax.set_xticks(sizes, [f"{mb:g}" for mb in sizes])
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(args.png, dpi=100)
+        print(f"  sweep drawn in {args.png}")
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from pipelines.logs import setup_logging
     from pipelines.spark import spark_session
     from pipelines.tools import samples
-    from pipelines.training.data import load_dataset
 
     setup_logging("loader-bench", level=30)
     work = args.workdir or tempfile.mkdtemp(prefix="loader-bench-")
-    tree, etl = os.path.join(work, "fashion"), os.path.join(work, "etl")
+    tree = os.path.join(work, "fashion")
     samples.main(["fashion-mnist", "--dest", tree, "--per-class", str(args.per_class)])
     spark = spark_session("loader-bench", "local[2]")
-    run_etl(ETLConfig(input=tree, output=etl, image_size=args.etl_image_size, test_fraction=0.1), spark)
-    spark.stop()
-
-    config = dataclasses.replace(base, data=etl, output=work)
-    data = load_dataset(config.data, 1)
-    batches = data.train_rows // config.batch_size
-    images_per_epoch = batches * config.batch_size
-    results = {}
-
-    epochs(data, os.path.join(work, "cache"), config,
-           ["petastorm, cold cache (epoch 1)", "petastorm, warm cache (epoch 2)"], config.reader_workers, results,
-           batches)
-    epochs(data, None, config, ["", "petastorm, no cache (epoch 2)"], config.reader_workers, results, batches)
-    if args.storage == "s3":
-        s3_routes(etl, work, config, batches, results)
-
-    table = pa.concat_tables([pq.read_table(part.path, columns=["image", "label"]) for part in data.parts("train")])
-    images = np.frombuffer(b"".join(table.column("image").to_pylist()), np.uint8).reshape(
-        -1, data.image_size, data.image_size, 3)
-    labels = np.asarray(table.column("label").to_pylist(), np.int32)
-    memory = (tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(config.shuffle_buffer)
-              .map(lambda x, y: (tf.keras.applications.xception.preprocess_input(tf.cast(x, tf.float32)), y),
-                   num_parallel_calls=tf.data.AUTOTUNE)
-              .batch(config.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
-    consume(memory, batches)  # warm-up of the same graph
-    results["in memory (from_tensor_slices), ceiling"] = images_per_epoch / consume(memory, batches)
+    try:
+        sweep = {mb: sweep_one(tree, work, mb, args, spark, i == 0) for i, mb in enumerate(args.sizes)}
+    finally:
+        spark.stop()
+    first = sweep[args.sizes[0]]
+    top = ceiling(first["data"], args.config, first["batches"])
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
-
-    ceiling = results["in memory (from_tensor_slices), ceiling"]
-    print(f"\nLoader benchmark: {data.train_rows} train images of {data.image_size} px "
-          f"({data.rows_per_row_group} rows per row group), batch {config.batch_size}, {os.cpu_count()} CPUs")
-    print(f"{'path':42s} {'images/s':>10s} {'of ceiling':>11s}")
-    for label, rate in results.items():
-        print(f"{label:42s} {rate:10.1f} {rate / ceiling:10.2f}x")
+    report(sweep, top, args)
     return 0
 
 

@@ -292,8 +292,7 @@ class OnePassShard:
         s = self.data.image_size
         ds = tf.data.Dataset.from_generator(self.batches, output_signature=(
             tf.TensorSpec((None, s, s, 3), tf.uint8), tf.TensorSpec((None,), tf.int32)))
-        ds = ds.unbatch().map(preprocessor(s, model_size), num_parallel_calls=tf.data.AUTOTUNE)
-        return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+        return batched(ds.unbatch(), batch_size, s, model_size, drop_remainder=False)
 
     def verify(self, counted: int) -> None:
         """Raise :class:`ShardCountError` unless ``counted`` equals the shard's rows (metadata)."""
@@ -310,7 +309,9 @@ def verify_total(counted: int, data: Dataset, split: str) -> None:
 
 
 def preprocessor(stored_size: int, model_size: int = 0, augment: bool = False, seed: int = 0):
-    """The per-image map of every input path: uint8 ``(s, s, 3)`` -> float32 ``(m, m, 3)``.
+    """The preprocessing of every input path: uint8 ``(s, s, 3)`` -> float32 ``(m, m, 3)``, or a
+    whole batch at once, uint8 ``(b, s, s, 3)`` -> float32 ``(b, m, m, 3)`` (what :func:`batched`
+    maps: every op below works per image in a batch, the flip drawn for each image).
 
     Resized (bilinear, as the exported model's ``Resizing`` layer) when ``model_size`` differs
     from ``stored_size``, then Xception's
@@ -335,30 +336,58 @@ def preprocessor(stored_size: int, model_size: int = 0, augment: bool = False, s
     return preprocess
 
 
+def row_groups_of(reader, stored_size: int) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+    """The rows of a Petastorm batch reader, one row group at a time: ``(images uint8
+    (n, s, s, 3), labels int32 (n,))``, the images' bytes joined once into one array (no
+    ``tf.string`` tensor of each image on the way)."""
+    row_bytes = stored_size * stored_size * 3
+    for group in reader:
+        joined = b"".join(group.image)
+        if len(joined) != len(group.image) * row_bytes:
+            raise DataError(f"a row group holds an image that is not {stored_size}x{stored_size}x3 bytes as the "
+                            "manifest says")
+        yield np.frombuffer(joined, np.uint8).reshape(-1, stored_size, stored_size, 3), np.asarray(group.label, np.int32)
+
+
+def batched(ds, batch_size: int, stored_size: int, model_size: int = 0, shuffle_buffer: int = 0, seed: int = 0,
+            augment: bool = False, drop_remainder: bool = True):
+    """The tail every input path shares: single uint8 images -> shuffled in a bounded buffer
+    (4x smaller than float32: shuffle before converting) -> batched -> :func:`preprocessor`
+    applied to each whole batch (one vectorised op per batch, not one per image) -> prefetched.
+
+    Args:
+        ds: a ``tf.data.Dataset`` of ``(uint8 (s, s, 3), int32 ())``.
+        drop_remainder: full batches only (training: every rank takes the same steps); False for
+            one-pass evaluation, whose last batch may be smaller.
+
+    Returns:
+        a ``tf.data.Dataset`` of ``(float32 (b, m, m, 3), int32 (b,))``.
+    """
+    import tensorflow as tf
+
+    if shuffle_buffer > 1:
+        ds = ds.shuffle(shuffle_buffer, seed=seed)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    ds = ds.map(preprocessor(stored_size, model_size, augment, seed), num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
 def make_dataset(reader, stored_size: int, batch_size: int, model_size: int = 0,
                  shuffle_buffer: int = 0, seed: int = 0, augment: bool = False):
     """``tf.data`` pipeline over a looping Petastorm batch reader (training and validation).
 
-    Row groups of raw bytes are decoded to ``(n, stored_size, stored_size, 3)`` uint8, unbatched,
-    shuffled as single uint8 images in a bounded buffer (4x smaller than float32: shuffle before
-    converting), mapped with :func:`preprocessor`, batched (full batches only: every rank takes the
-    same steps) and prefetched.
+    Row groups (:func:`row_groups_of`) are unbatched into single uint8 images and go through
+    :func:`batched` (shuffle, full batches only, preprocessing per batch, prefetch).
 
     Returns:
-        a ``tf.data.Dataset`` of ``(images float32 (batch, s, s, 3), labels int32 (batch,))``.
+        a ``tf.data.Dataset`` of ``(images float32 (batch, m, m, 3), labels int32 (batch,))``.
     """
     import tensorflow as tf
-    from petastorm.tf_utils import make_petastorm_dataset
 
-    def decode(batch):
-        images = tf.io.decode_raw(batch.image, tf.uint8)
-        return tf.reshape(images, [-1, stored_size, stored_size, 3]), tf.cast(batch.label, tf.int32)
-
-    ds = make_petastorm_dataset(reader).map(decode).unbatch()
-    if shuffle_buffer > 1:
-        ds = ds.shuffle(shuffle_buffer, seed=seed)
-    ds = ds.map(preprocessor(stored_size, model_size, augment, seed), num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    s = stored_size
+    ds = tf.data.Dataset.from_generator(lambda: row_groups_of(reader, s), output_signature=(
+        tf.TensorSpec((None, s, s, 3), tf.uint8), tf.TensorSpec((None,), tf.int32)))
+    return batched(ds.unbatch(), batch_size, s, model_size, shuffle_buffer, seed, augment)
 
 
 def default_cache_root() -> str:
