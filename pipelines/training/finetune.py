@@ -165,8 +165,9 @@ def fine_tune(config, rank, plan, first: Phase, resume, frozen_sha256: str, trac
                                        epochs=record["epochs"] + config.fine_tune_max_epochs)
     phase_plan = dataclasses.replace(plan, lr=lr)
     inputs = ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.image_size)
-    callbacks, early_stopping, epoch_stats = job.make_callbacks(
-        phase_config, rank, phase_plan, second, frozen_sha256, tracker, marker={"phase": 2, "blocks": config.fine_tune_blocks, "phase1": record})
+    marker = {"phase": 2, "blocks": config.fine_tune_blocks, "phase1": record}
+    callbacks, early_stopping, epoch_stats = job.make_callbacks(phase_config, rank, phase_plan, second, frozen_sha256,
+                                                                tracker, marker=marker)
     seconds = job.train(phase_config, rank, phase_plan, inputs, second, callbacks)
     totals = job.evaluate(inputs, plan)
     report = {"blocks": config.fine_tune_blocks, "layers": layers, "trainable_parameters": trainable_parameters(model),
