@@ -821,10 +821,10 @@ def checkpoint_arrays(out, epoch):
 def fine_tuned(dataset, tmp_path_factory):
     """horovodrun -np 2: phase 1 on the feature cache for 2 epochs (min_delta 2: epoch 1 is the best),
     then phase 2 on images for 2 epochs (patience 10: the epochs run out, its last checkpoint holds
-    its trained weights), gradients allreduced as float16."""
+    its trained weights), gradients allreduced as float16; --mixed-precision asked for on the CPU."""
     out = str(tmp_path_factory.mktemp("fine-tuned") / "out")
     proc = train(dataset[0], out, *FINE_TUNE, "--epochs", "2", "--fine-tune-epochs", "2", "--patience", "10",
-                 "--feature-cache", "--fp16-allreduce")
+                 "--feature-cache", "--fp16-allreduce", "--mixed-precision")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc
 
@@ -843,6 +843,9 @@ def test_fine_tuning_follows_the_head_phase_with_the_lowered_learning_rate(fine_
     assert "fine-tuning: 1 top block(s) of tiny unfrozen" in proc.stderr
     assert m["config"]["fp16_allreduce"] and len(set(m["weights_checksum_per_rank"])) == 1
     assert_exact_test_count(m, dataset[1])
+    # no GPU: float32, said once, by rank 0
+    assert m["precision"] == "float32" and m["config"]["mixed_precision"]
+    assert re.findall(r"^\[(\d)\]<stderr>:.*--mixed-precision: not used on the CPU", proc.stdout + proc.stderr, re.M) == ["0"]
     assert ft["phase1"]["test"]["count"] == m["test"]["count"]
 
 
