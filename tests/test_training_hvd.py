@@ -845,7 +845,8 @@ def test_fine_tuning_follows_the_head_phase_with_the_lowered_learning_rate(fine_
     assert_exact_test_count(m, dataset[1])
     # no GPU: float32, said once, by rank 0
     assert m["precision"] == "float32" and m["config"]["mixed_precision"]
-    assert re.findall(r"^\[(\d)\]<stderr>:.*--mixed-precision: not used on the CPU", proc.stdout + proc.stderr, re.M) == ["0"]
+    said = re.findall(r"^\[(\d)\]<stderr>:.*--mixed-precision: not used on the CPU", proc.stdout + proc.stderr, re.M)
+    assert said == ["0"], proc.stderr[-3000:]
     assert ft["phase1"]["test"]["count"] == m["test"]["count"]
 
 
