@@ -14,6 +14,7 @@ import logging
 import os
 import posixpath
 import shutil
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional
@@ -354,7 +355,7 @@ def run_training(config: TrainConfig) -> Dict:
 def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume, totals,
                  early_stopping, epoch_stats) -> Dict:
     """The run's report: config, world, arithmetic, history, exact test metrics and the weight
-    checksums of every rank (gathered here: every rank must call it)."""
+    checksums and hostnames of every rank (gathered here: every rank must call it)."""
     import horovod.tensorflow as hvd_tf
 
     from pipelines.recovery import attempts
@@ -387,6 +388,7 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume:
         "weights_checksum_per_rank": hvd_tf.allgather_object(weights_checksum(inputs.model),
                                                              name="weights_checksums"),
         "epochs_run_per_rank": hvd_tf.allgather_object(epoch_stats.epochs_run, name="epochs_run"),
+        "host_per_rank": hvd_tf.allgather_object(socket.gethostname(), name="hosts"),
     }
 
 
