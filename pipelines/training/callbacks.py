@@ -158,12 +158,14 @@ class SyncOutputs(tf.keras.callbacks.Callback):
 
 
 class FaultInjection(tf.keras.callbacks.Callback):
-    """Test hook: ``PIPELINES_FAULT_INJECT="rank=R,epoch=E,mode=raise|kill[,mark=PATH]"`` makes rank R
-    fail at the end of epoch E (1-based), once that epoch's checkpoint is complete (another rank than
-    0 waits up to a minute for rank 0's marker in ``directory``): ``raise`` raises RuntimeError,
-    ``kill`` sends itself SIGKILL. With ``mark``, the wall-clock time of the fault (``time.time()``,
-    seconds) is written to PATH first, so a test can time the verdict from the fault rather than
-    from the job's start. Without the variable it does nothing."""
+    """Test hook: ``PIPELINES_FAULT_INJECT="rank=R,epoch=E,mode=raise|kill|stall[,mark=PATH]"`` makes
+    rank R fail at the end of epoch E (1-based), once that epoch's checkpoint is complete (another rank
+    than 0 waits up to a minute for rank 0's marker in ``directory``): ``raise`` raises RuntimeError,
+    ``kill`` sends itself SIGKILL, ``stall`` sleeps for good (the other ranks wait in epoch E+1's
+    first allreduce, so no later checkpoint can complete: a test then takes the rank's host away at a
+    known point). With ``mark``, the wall-clock time of the fault (``time.time()``, seconds) is
+    written to PATH first, so a test can time the verdict from the fault rather than from the job's
+    start. Without the variable it does nothing."""
 
     def __init__(self, rank: int, directory: str = ""):
         super().__init__()
@@ -186,4 +188,6 @@ class FaultInjection(tf.keras.callbacks.Callback):
                     f.write(repr(time.time()))
             if self.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            while self.mode == "stall":
+                time.sleep(60)
             raise RuntimeError(f"injected fault at the end of epoch {self.epoch} ({FAULT_ENV})")

@@ -14,6 +14,7 @@ import logging
 import os
 import posixpath
 import shutil
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional
@@ -388,7 +389,7 @@ def head_phase(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: R
 def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, phases: List, resume: Resume) -> Dict:
     """The run's report: config, world, arithmetic, history, exact test metrics of the final model
     (the last of ``phases``, :class:`pipelines.training.finetune.Phase`), fine-tuning's outcome and
-    the weight checksums of every rank (gathered here: every rank must call it)."""
+    the weight checksums and hostnames of every rank (gathered here: every rank must call it)."""
     import horovod.tensorflow as hvd_tf
 
     from pipelines.recovery import attempts
@@ -428,6 +429,7 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, phases: List, r
         "weights_checksum_per_rank": hvd_tf.allgather_object(weights_checksum(last.inputs.model),
                                                              name="weights_checksums"),
         "epochs_run_per_rank": hvd_tf.allgather_object(sum(p.epochs_run for p in phases), name="epochs_run"),
+        "host_per_rank": hvd_tf.allgather_object(socket.gethostname(), name="hosts"),
     }
 
 
