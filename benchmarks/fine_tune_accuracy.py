@@ -13,12 +13,13 @@ Usage: python benchmarks/fine_tune_accuracy.py [--workdir out/fine-tune] [--samp
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
 import subprocess
 import sys
+
+from measure import write_csv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -67,10 +68,7 @@ def main(argv=None) -> int:
         mean, spread = summary([r[key] for r in rows])
         print(f"{key}: mean {mean:.4f}, standard deviation {spread:.4f} over {len(rows)} seeds")
     path = args.csv or os.path.join(args.workdir, "fine_tune_accuracy.csv")
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(rows, path)
     print(f"wrote {path}")
     return 0
 

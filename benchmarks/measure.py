@@ -14,6 +14,7 @@ distributed deep learning in TensorFlow", and Goyal et al. 2017):
 """
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import logging
@@ -25,6 +26,14 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 ALLREDUCE = "ALLREDUCE"
 NEGOTIATE = "NEGOTIATE_ALLREDUCE"
+
+
+def write_csv(rows: Sequence[Dict], path: str) -> None:
+    """Write ``rows`` (dicts with the same keys, in the first row's order) as a CSV with a header."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def time_to_best(setup_seconds: float, epoch_seconds: Sequence[float], best_epoch: int) -> float:

@@ -40,11 +40,11 @@ Usage: python benchmarks/scaling.py [--np 1,2] [--batch-sizes 4,8,16,32] [--thre
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 
 import sample_data
+from measure import write_csv
 
 # TrainConfig options of this benchmark, with its defaults: one thread per rank, each rank on cores of its own.
 TRAINING = {"threads": 1, "bind_cores": True, "image_size": 0, "backbone": None, "fine_tune_blocks": 0,
@@ -166,10 +166,7 @@ def main(argv=None) -> int:
               f"{'float16' if r['fp16_allreduce'] else 'float32':>9s} {r['allreduce_bytes_per_step'] / 1e6:8.2f} "
               f"{r['step_ms']:8.1f} {r['images_per_second']:9.1f} {speed_up:>9s} {efficiency:>10s} "
               f"{100 * r['allreduce_share']:9.2f}% {100 * r['negotiation_share']:11.2f}%")
-    with open(os.path.join(args.out, "scaling.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(rows, os.path.join(args.out, "scaling.csv"))
     plot(rows, os.path.join(args.out, "scaling.png"), f"{config.backbone}: {trained}, {machine}")
     print(f"wrote {os.path.join(args.out, 'scaling.csv')} and {os.path.join(args.out, 'scaling.png')}")
 
