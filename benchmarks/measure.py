@@ -14,6 +14,7 @@ distributed deep learning in TensorFlow", and Goyal et al. 2017):
 """
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import logging
@@ -25,6 +26,14 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 ALLREDUCE = "ALLREDUCE"
 NEGOTIATE = "NEGOTIATE_ALLREDUCE"
+
+
+def write_csv(rows: Sequence[Dict], path: str) -> None:
+    """Write ``rows`` (dicts with the same keys, in the first row's order) as a CSV with a header."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def time_to_best(setup_seconds: float, epoch_seconds: Sequence[float], best_epoch: int) -> float:
@@ -96,8 +105,10 @@ def timeline_phase_seconds(events: Iterable[Dict]) -> Dict[str, float]:
 @dataclass(frozen=True)
 class ScalingPoint:
     """One measurement: ``world_size`` ranks, ``batch_size`` images per rank per step, ``steps``
-    steady-state steps taking ``seconds`` (the slowest rank's window), and the seconds of that
-    window rank 0's timeline spent in ``ALLREDUCE`` and in ``NEGOTIATE_ALLREDUCE``."""
+    steady-state steps taking ``seconds`` (the slowest rank's window), the seconds of that
+    window rank 0's timeline spent in ``ALLREDUCE`` and in ``NEGOTIATE_ALLREDUCE``, whether the
+    gradients were allreduced as float16 (``fp16``) and the bytes a rank allreduces per step
+    (``allreduce_bytes``: trainable parameters x 4, or x 2 with fp16)."""
 
     world_size: int
     batch_size: int
@@ -105,6 +116,8 @@ class ScalingPoint:
     seconds: float
     allreduce_seconds: float = 0.0
     negotiation_seconds: float = 0.0
+    fp16: bool = False
+    allreduce_bytes: int = 0
 
     @property
     def global_batch(self) -> int:
@@ -121,12 +134,13 @@ class ScalingPoint:
 
 def scaling_rows(points: Sequence[ScalingPoint]) -> List[Dict]:
     """One row per point, with ``speed_up`` and ``scaling_efficiency`` against the world size 1
-    point of the same per-rank batch size (``None`` when there is none). Rows are sorted by batch
-    size, then world size. Shares are fractions of the measured window (0..1)."""
-    single = {p.batch_size: p.images_per_second for p in points if p.world_size == 1}
+    point of the same per-rank batch size and allreduce precision (``None`` when there is none).
+    Rows are sorted by precision (float32 first), batch size, then world size. Shares are
+    fractions of the measured window (0..1)."""
+    single = {(p.batch_size, p.fp16): p.images_per_second for p in points if p.world_size == 1}
     rows = []
-    for p in sorted(points, key=lambda p: (p.batch_size, p.world_size)):
-        base = single.get(p.batch_size)
+    for p in sorted(points, key=lambda p: (p.fp16, p.batch_size, p.world_size)):
+        base = single.get((p.batch_size, p.fp16))
         speed_up = p.images_per_second / base if base else None
         rows.append({
             "world_size": p.world_size, "batch_size_per_rank": p.batch_size, "global_batch_size": p.global_batch,
@@ -136,12 +150,13 @@ def scaling_rows(points: Sequence[ScalingPoint]) -> List[Dict]:
             "scaling_efficiency": round(speed_up / p.world_size, 3) if speed_up else None,
             "allreduce_share": round(p.allreduce_seconds / p.seconds, 4),
             "negotiation_share": round(p.negotiation_seconds / p.seconds, 4),
+            "fp16_allreduce": p.fp16, "allreduce_bytes_per_step": p.allreduce_bytes,
         })
     return rows
 
 
 def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, steps: int,
-                       timeline_dir: Optional[str] = None) -> List[Dict]:
+                       timeline_dir: Optional[str] = None, fp16_variants: Sequence[bool] = ()) -> List[Dict]:
     """Run by every Horovod rank: for each per-rank batch size, train the article's model (frozen
     Xception + dropout + softmax, ``hvd.DistributedOptimizer(Nadam(base_lr * size))``) on this rank's
     Petastorm shard for ``warmup_steps + steps`` steps and time the last ``steps`` (graph tracing,
@@ -153,15 +168,21 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     (>= 1): every world size then runs the same threads per rank.
 
     With ``timeline_dir``, Horovod's timeline is recorded over the timed window into
-    ``timeline_dir/np<size>-b<batch>.json`` (needs ``HOROVOD_TIMELINE=DYNAMIC`` in the ranks'
+    ``timeline_dir/np<size>-b<batch>[-fp16].json`` (needs ``HOROVOD_TIMELINE=DYNAMIC`` in the ranks'
     environment; only the coordinator, rank 0, writes it).
+
+    With ``config.fine_tune_blocks`` N, the backbone's top N blocks are trainable, as in the
+    fine-tuning phase (:func:`pipelines.training.finetune.unfreeze`): their gradients are allreduced
+    too. ``fp16_variants`` (default: ``[config.fp16_allreduce]``) lists the allreduce precisions to
+    measure at each batch size: ``False`` float32, ``True`` ``hvd.Compression.fp16``.
 
     With ``config.bind_cores``, every rank and all its threads are bound to ``config.threads`` cores
     of its own (:func:`pipelines.training.devices.bind_to_cores`): every world size then gets
     exactly that many cores per rank, and a small world cannot borrow the idle cores a bigger one uses.
 
-    Returns, on every rank, one dict per batch size: ``world_size``, ``batch_size``, ``steps``,
-    ``seconds`` (the slowest rank's window) and ``timeline`` (a path or ``None``).
+    Returns, on every rank, one dict per batch size and precision: ``world_size``, ``batch_size``,
+    ``steps``, ``seconds`` (the slowest rank's window), ``timeline`` (a path or ``None``), ``fp16``
+    and ``allreduce_bytes`` (:func:`pipelines.training.finetune.allreduce_bytes`).
 
     Raises:
         ValueError: ``warmup_steps < 1``, ``steps < 1`` or ``config.threads < 1``.
@@ -179,6 +200,7 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     import tensorflow as tf
 
     from pipelines.training.data import load_dataset
+    from pipelines.training.finetune import allreduce_bytes, trainable_parameters, unfreeze
     from pipelines.training.inputs import ImageInputs
     from pipelines.training.model import build_model, compile_distributed
     from pipelines.training.schedule import scaled_lr
@@ -209,25 +231,29 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
                     hvd.stop_timeline()
 
     results = []
+    variants = [(b, fp16) for b in batch_sizes for fp16 in (fp16_variants or [config.fp16_allreduce])]
     with tempfile.TemporaryDirectory(prefix=f"scaling-rank{rank}-") as cache_root:
-        for batch_size in batch_sizes:
+        for batch_size, fp16 in variants:
+            name = f"np{size}-b{batch_size}{'-fp16' if fp16 else ''}"
             tf.keras.backend.clear_session()
             model = build_model(dataset.num_classes, size_px, config.dropout, config.weights, seed=seed,
                                 backbone=config.backbone)
-            compile_distributed(model, scaled_lr(config.base_lr, size))
-            timeline = os.path.join(timeline_dir, f"np{size}-b{batch_size}.json") if timeline_dir else None
+            unfreeze(model, config.backbone, config.fine_tune_blocks)
+            compile_distributed(model, scaled_lr(config.base_lr, size), fp16)
+            timeline = os.path.join(timeline_dir, f"{name}.json") if timeline_dir else None
             window = Window(timeline)
             inputs = ImageInputs(dataclasses.replace(config, batch_size=batch_size), dataset, rank, size,
                                  model, size_px)
-            with inputs.reader_dataset("train", os.path.join(cache_root, f"b{batch_size}")) as ds:
+            with inputs.reader_dataset("train", os.path.join(cache_root, name)) as ds:
                 model.fit(ds, epochs=1, steps_per_epoch=warmup_steps + steps, verbose=0,
                           callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), window])
-            seconds = max(hvd_tf.allgather_object(window.seconds, name=f"window_b{batch_size}"))
+            seconds = max(hvd_tf.allgather_object(window.seconds, name=f"window_{name}"))
+            sent = allreduce_bytes(trainable_parameters(model), fp16)
             if rank == 0:
-                log.info("np %d, batch %d per rank: %d steps in %.2f s, %.1f images/s", size, batch_size, steps,
-                         seconds, steps * batch_size * size / seconds)
+                log.info("%s: %d steps in %.2f s, %.1f images/s; %.2f MB allreduced per step", name, steps, seconds,
+                         steps * batch_size * size / seconds, sent / 1e6)
             results.append({"world_size": size, "batch_size": batch_size, "steps": steps, "seconds": seconds,
-                            "timeline": timeline})
+                            "timeline": timeline, "fp16": fp16, "allreduce_bytes": sent})
     return results
 
 
@@ -238,4 +264,5 @@ def point_from_result(result: Dict) -> ScalingPoint:
     if result.get("timeline") and os.path.isfile(result["timeline"]):
         phases = timeline_phase_seconds(load_timeline(result["timeline"]))
     return ScalingPoint(result["world_size"], result["batch_size"], result["steps"], result["seconds"],
-                        phases.get(ALLREDUCE, 0.0), phases.get(NEGOTIATE, 0.0))
+                        phases.get(ALLREDUCE, 0.0), phases.get(NEGOTIATE, 0.0), result.get("fp16", False),
+                        result.get("allreduce_bytes", 0))

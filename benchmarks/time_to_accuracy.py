@@ -29,7 +29,6 @@ Usage: python benchmarks/time_to_accuracy.py [--np 2] [--repeats 2] [--batch-siz
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import os
 import shutil
@@ -39,7 +38,7 @@ import tempfile
 import time
 
 import sample_data
-from measure import time_to_best
+from measure import time_to_best, write_csv
 
 # TrainConfig options of this benchmark, with TrainConfig's defaults.
 TRAINING = dict.fromkeys(("epochs", "patience", "batch_size", "threads", "seed", "image_size", "backbone"))
@@ -137,10 +136,7 @@ def run(args, base, work: str) -> int:
             rows.append(run_once(path, extra, seed, base, args.np, work))
     summarise(rows)
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(rows, args.csv)
         print(f"wrote {args.csv}")
     return 0
 

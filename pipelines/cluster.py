@@ -94,7 +94,7 @@ class StandaloneCluster:
         env = self._env()
         if place:
             env["SPARK_LOCAL_IP"] = place.address
-        with open(log_path, "wb") as log:
+        with open(log_path, "ab") as log:  # a restarted worker appends
             self.processes.append(subprocess.Popen(
                 [*(place.command if place else ()), os.path.join(spark_home(), "bin", "spark-class"), *args],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
@@ -107,6 +107,21 @@ class StandaloneCluster:
                                     "--cores", str(self.cores), "--memory", self.memory,
                                     "--webui-port", str(8081 if place else free_port(host)),
                                     "--work-dir", worker_dir, self.url], place)
+
+    def restart_worker(self, i: int) -> None:
+        """Start worker ``i`` (0-based, in ``workers_at`` order) again, e.g. after its host was lost,
+        and return once the master lists every worker as alive.
+
+        Raises:
+            RuntimeError: not every worker registered within ``timeout_s``.
+        """
+        self._start_worker(i, self.worker_places[i])
+        deadline = time.monotonic() + self.timeout_s
+        while self.alive_workers() < self.workers:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"worker {i} did not register again ({self.alive_workers()}/{self.workers} "
+                                   f"alive):\n{self._log_tails()}")
+            time.sleep(0.5)
 
     def alive_workers(self) -> int:
         """Workers the master lists as ALIVE (0 while the master is not answering)."""

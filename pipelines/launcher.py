@@ -249,7 +249,8 @@ class HorovodRunner:
         sink = LogSink(sc.getConf().get("spark.driver.host"), self.log_dir)
         try:
             task = _barrier_task(payload, num_proc, self.network_interface, (sink.address, sink.token))
-            records = _collect_tasks(sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(task))
+            records = _collect_tasks(sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(task),
+                                     sink.hosts)
             if not sink.wait_for({r["rank"]: r.get("log_lines", 0) for r in records}):
                 log.warning("HorovodRunner: some ranks' output did not reach the driver (see the executors' logs)")
         finally:
@@ -262,12 +263,27 @@ class HorovodRunner:
         return cloudpickle.loads(base64.b64decode(next(r["result"] for r in records if r["rank"] == 0)))
 
 
-EXECUTOR_LOST = ("ExecutorLostFailure", "Executor lost", "Remote RPC client disassociated", "Worker lost")
+EXECUTOR_LOST = ("ExecutorLostFailure", "Executor lost", "Remote RPC client disassociated", "Worker lost",
+                 "worker lost")
+# Where Spark's messages name the lost executor's host: "Lost task 1.0 in stage 0.0 (TID 1) (HOST
+# executor 3)", or, when its worker went with it (Spark 4.0's barrier abort), "worker lost: HOST:PORT".
+_LOST_HOST = (r"\(([^ ()]+) executor [^ ()]+\)", r"[Ww]orker lost: \[?([^ \]]+?)\]?:\d+")
 
 
-def _collect_tasks(rdd) -> List[Dict[str, Any]]:
+def lost_host(text: str) -> str:
+    """The host of the lost executor a Spark failure ``text`` names, or ""."""
+    for pattern in _LOST_HOST:
+        match = re.search(pattern, text)
+        if match:
+            return match.group(1)
+    return ""
+
+
+def _collect_tasks(rdd, rank_hosts: Dict[int, str]) -> List[Dict[str, Any]]:
     """The barrier tasks' records; a Spark job that failed because an executor (or its host) was
-    lost becomes a lost :class:`RankFailure` (the tasks report every other failure as a record)."""
+    lost becomes a lost :class:`RankFailure` naming the host and the (lowest) rank that ran there,
+    from ``rank_hosts`` (rank -> host, as the tasks named them; the tasks report every other failure
+    as a record)."""
     try:
         return rdd.collect()
     except Exception as exc:  # noqa: BLE001 - Py4JJavaError; only an executor loss is ours to name
@@ -275,9 +291,10 @@ def _collect_tasks(rdd) -> List[Dict[str, Any]]:
         if not any(marker in text for marker in EXECUTOR_LOST):
             raise
         line = next((ln.strip() for ln in text.splitlines() if any(m in ln for m in EXECUTOR_LOST)), text[:300])
-        host = re.search(r"\(([^ ()]+) executor [^ ()]+\)", text)
-        raise HorovodJobFailed([RankFailure(-1, f"Spark executor lost: {line}", host=host.group(1) if host else "",
-                                            lost=True)]) from exc
+        line = line[line.find("ExecutorLostFailure"):] if "ExecutorLostFailure" in line else line
+        host = lost_host(text)
+        rank = min((r for r, h in rank_hosts.items() if h == host), default=-1)
+        raise HorovodJobFailed([RankFailure(rank, f"Spark executor lost: {line}", host=host, lost=True)]) from exc
 
 
 def _local_interface(requested: Optional[str], interfaces: Optional[Dict[str, List[str]]] = None) -> Optional[str]:

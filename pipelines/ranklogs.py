@@ -40,7 +40,8 @@ class LogSink:
         log_dir: a local folder for ``rank-R.log`` (each rank's lines, unprefixed), or None.
 
     ``address`` (``host:port``) and ``token`` are what each task needs; :meth:`wait_for` waits for
-    the lines the tasks said they sent; :meth:`close` stops the server.
+    the lines the tasks said they sent; :meth:`close` stops the server. ``hosts`` maps each rank
+    whose task connected to its host (as the task named it): which rank a lost host ran.
     """
 
     def __init__(self, advertised_host: str, log_dir: Optional[str] = None):
@@ -49,6 +50,7 @@ class LogSink:
         if log_dir:
             os.makedirs(log_dir, exist_ok=True)
         self.received: Dict[int, int] = {}
+        self.hosts: Dict[int, str] = {}
         self._lock = threading.Condition()
         sink = self
 
@@ -69,6 +71,7 @@ class LogSink:
         if header.get("token") != self.token:
             return
         rank, shown = int(header["rank"]), prefix(int(header["rank"]), str(header["host"]))
+        self.hosts[rank] = str(header["host"])
         path = os.path.join(self.log_dir, f"rank-{rank}.log") if self.log_dir else os.devnull
         with open(path, "ab") as keep:
             for line in stream:

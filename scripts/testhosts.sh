@@ -95,10 +95,10 @@ down() {  # everything named PREFIX-*, whatever state is left: processes first (
   for ns in $(ip netns list | awk '{print $1}' | grep "^$PREFIX-h[0-9]*$" || true); do
     ip netns pids "$ns" | xargs -r kill -KILL 2>/dev/null || true
     ip netns del "$ns"
-    ! ip link show "$ns" >/dev/null 2>&1 || ip link del "$ns"  # the kernel frees a namespace's links lazily
+    ip link del "$ns" 2>/dev/null || true  # the kernel frees a namespace's links lazily: gone or going
     rm -rf "/etc/netns/$ns"
   done
-  ! ip link show "$BRIDGE" >/dev/null 2>&1 || ip link del "$BRIDGE"
+  ip link del "$BRIDGE" 2>/dev/null || true
   if command -v iptables >/dev/null; then
     while iptables -D FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null; do :; done
   fi

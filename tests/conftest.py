@@ -124,15 +124,16 @@ def mlflow_run(output: str):
 
 @pytest.fixture(scope="session")
 def test_hosts():
-    """Six test hosts (``scripts/testhosts.sh``, through tests/testhosts.py): h1 for a Spark master,
-    h2 for an S3 server, h3-h6 for workers. Skips, printing the machine's refusal, where network
+    """Seven test hosts (``scripts/testhosts.sh``, through tests/testhosts.py): h1 for a Spark master,
+    h2 for an S3 server, h3-h7 for workers (four for a job of 4 ranks, and a spare that lets a job
+    relaunch at its world size when a worker host is lost). Skips, printing the machine's refusal, where network
     namespaces cannot be made (not root, ``ip netns add`` refused); removed even when tests fail."""
     from tests.testhosts import TestHosts, refusal
 
     reason = refusal()
     if reason:
         pytest.skip(reason)
-    hosts = TestHosts(6)
+    hosts = TestHosts(7)
     try:
         yield hosts
     finally:
@@ -142,7 +143,7 @@ def test_hosts():
 @pytest.fixture(scope="session")
 def hosts_cluster(test_hosts, tmp_path_factory):
     """A Spark standalone cluster across the test hosts: the master on h1, one worker of 1 core on
-    each of h3-h6, ``moto_server`` on h2 (port 9000). Yields ``(cluster, s3 server, worker hosts)``;
+    each of h3-h7, ``moto_server`` on h2 (port 9000). Yields ``(cluster, s3 server, worker hosts)``;
     the workers' environment (which executors inherit) points AWS_ENDPOINT_URL at h2."""
     from pipelines.cluster import Place, StandaloneCluster
 

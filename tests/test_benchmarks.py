@@ -25,25 +25,33 @@ def _run(script, *args, timeout=900):
 
 
 def test_scaling_benchmark_writes_rows_chart_and_allreduce_share(tmp_path):
+    """With the tiny backbone's top block trained (--fine-tune-blocks 1) and every point measured with
+    float32 and float16 allreduce (--compare-fp16)."""
     out = tmp_path / "scaling"
     stdout = _run("scaling.py", "--np", "1,2", "--batch-sizes", "2,4", "--headline-batch", "4",
                   "--warmup-steps", "1", "--steps", "2", "--per-class", "4", "--etl-image-size", "71", "--backbone", "tiny",
-                  "--out", str(out))
+                  "--fine-tune-blocks", "1", "--compare-fp16", "--out", str(out))
     with open(out / "scaling.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["world_size"], r["batch_size_per_rank"]) for r in rows] == [("1", "2"), ("2", "2"), ("1", "4"),
-                                                                           ("2", "4")]
+    points = [("1", "2"), ("2", "2"), ("1", "4"), ("2", "4")]
+    assert [(r["world_size"], r["batch_size_per_rank"], r["fp16_allreduce"]) for r in rows] == \
+        [(*p, "False") for p in points] + [(*p, "True") for p in points]
     # hand-computed values (the formulas are tested on hand-made points in tests/test_measure.py)
-    assert [int(r["global_batch_size"]) for r in rows] == [2, 4, 4, 8]
-    assert [int(r["steps"]) for r in rows] == [2, 2, 2, 2]
+    assert [int(r["global_batch_size"]) for r in rows] == [2, 4, 4, 8] * 2
+    assert [int(r["steps"]) for r in rows] == [2] * 8
+    # trainable: tiny_block2_conv (3x3x16x32 + 32), tiny_block2_bn (gamma, beta: 2x32), head (32x10 + 10)
+    parameters = 9 * 16 * 32 + 32 + 2 * 32 + 32 * 10 + 10
+    assert [int(r["allreduce_bytes_per_step"]) for r in rows] == [4 * parameters] * 4 + [2 * parameters] * 4
     assert all(float(r["images_per_second"]) > 0 and float(r["seconds"]) > 0 for r in rows)
     one = [r for r in rows if r["world_size"] == "1"]
-    assert [(float(r["speed_up"]), float(r["scaling_efficiency"])) for r in one] == [(1.0, 1.0), (1.0, 1.0)]
+    assert [(float(r["speed_up"]), float(r["scaling_efficiency"])) for r in one] == [(1.0, 1.0)] * 4
     two = [r for r in rows if r["world_size"] == "2"]
     assert all(float(r["allreduce_share"]) > 0 for r in two), "the timeline recorded no allreduce at np=2"
     assert (out / "scaling.png").stat().st_size > 10_000
-    assert sorted(os.listdir(out / "timelines")) == ["np1-b2.json", "np1-b4.json", "np2-b2.json", "np2-b4.json"]
+    assert sorted(os.listdir(out / "timelines")) == sorted(f"np{n}-b{b}{s}.json" for n in (1, 2) for b in (2, 4)
+                                                           for s in ("", "-fp16"))
     assert "goal (scaling efficiency at np=2, batch 4 per rank, >= 0.9)" in stdout
+    assert "goal (scaling efficiency at np=2, batch 4 per rank, fp16 allreduce, >= 0.9)" in stdout
 
 
 def test_time_to_accuracy_benchmark_runs_both_paths(tmp_path):

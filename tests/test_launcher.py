@@ -348,3 +348,33 @@ def test_network_interface_flag_applies_to_spark_np_runs_only(spark_np, accepted
         assert info.value.code == 2
         assert "--network-interface applies to --spark-np runs" in capsys.readouterr().err
     assert parse_config(TrainConfig, ["--data", "d", "--output", "o"]).network_interface == ""
+
+
+class _LostExecutorJob:
+    """An RDD stand-in whose collect() fails as Spark 4.0 fails a barrier job whose executor died."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def collect(self):
+        raise RuntimeError(self.text)
+
+
+@pytest.mark.parametrize("text, host", [
+    ("Job aborted due to stage failure: Could not recover from a failed barrier ResultStage. Most recent failure "
+     "reason: ExecutorLostFailure (executor 1 exited unrelated to the running tasks) Reason: worker lost: "
+     "10.77.0.15:42255 got disassociated", "10.77.0.15"),
+    ("Lost task 1.0 in stage 0.0 (TID 1) (10.77.0.15 executor 3): ExecutorLostFailure (executor 3 exited caused "
+     "by one of the running tasks) Reason: Remote RPC client disassociated.", "10.77.0.15"),
+])
+def test_a_lost_executor_names_its_host_and_the_rank_that_ran_there(text, host):
+    from pipelines.launcher import _collect_tasks, lost_host
+
+    assert lost_host(text) == host
+    with pytest.raises(HorovodJobFailed) as failed:
+        _collect_tasks(_LostExecutorJob(text), {0: "10.77.0.14", 1: host, 2: "10.77.0.16"})
+    (failure,) = failed.value.failures
+    assert (failure.rank, failure.host, failure.lost) == (1, host, True)
+    assert str(failed.value).startswith(f"rank 1 on {host} failed: Spark executor lost: ExecutorLostFailure (executor")
+    with pytest.raises(HorovodJobFailed, match=r"^rank -1 on 10.77.0.15 failed"):  # no rank reported that host
+        _collect_tasks(_LostExecutorJob(text), {0: "10.77.0.14"})

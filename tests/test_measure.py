@@ -86,3 +86,13 @@ def test_point_from_result_reads_the_timeline(tmp_path):
     assert point.allreduce_seconds == pytest.approx(0.2) and point.negotiation_seconds == pytest.approx(0.1)
     bare = point_from_result({"world_size": 1, "batch_size": 16, "steps": 5, "seconds": 2.0, "timeline": None})
     assert bare.allreduce_seconds == 0.0
+
+
+def test_scaling_rows_compare_each_allreduce_precision_with_its_own_world_size_one():
+    points = [ScalingPoint(1, 8, 10, 4.0, allreduce_bytes=400), ScalingPoint(2, 8, 10, 5.0, allreduce_bytes=400),
+              ScalingPoint(1, 8, 10, 2.0, fp16=True, allreduce_bytes=200),
+              ScalingPoint(2, 8, 10, 2.5, fp16=True, allreduce_bytes=200)]
+    rows = scaling_rows(points)
+    assert [(r["fp16_allreduce"], r["world_size"]) for r in rows] == [(False, 1), (False, 2), (True, 1), (True, 2)]
+    assert [r["scaling_efficiency"] for r in rows] == [1.0, 0.8, 1.0, 0.8]  # 2 x 8 x 10 / 5 s = 32 = 0.8 x 2 x 20
+    assert [r["allreduce_bytes_per_step"] for r in rows] == [400, 400, 200, 200]

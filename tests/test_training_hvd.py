@@ -795,3 +795,123 @@ def test_notebook_setup_on_an_s3_workdir(dataset, s3_server, tmp_path, capsys):
     assert check_run(data_dir, 4, 2).test_rows == dataset[1]["splits"]["test"]["rows"]
     with pytest.raises(StorageError, match="bucket 'no-such-bucket-nb' does not exist"):
         nb.setup("s3://no-such-bucket-nb/work", "", "none")
+
+
+# --- fine-tuning (--fine-tune-blocks): the tiny backbone's top block (conv + batch norm) unfrozen -----------
+
+FINE_TUNE = ("--image-size", "32", "--fine-tune-blocks", "1", "--fine-tune-lr", "0.1", "--min-delta", "2")
+
+
+def fresh_tiny(num_classes, blocks=0):
+    """The runs' initial model (``--weights none --seed 42``, 32 px) with ``blocks`` top blocks unfrozen."""
+    from pipelines.training.finetune import unfreeze
+    from pipelines.training.model import build_model
+    model = build_model(num_classes, 32, weights="none", seed=42, backbone="tiny")
+    unfreeze(model, "tiny", blocks)
+    return model
+
+
+def checkpoint_arrays(out, epoch):
+    """A checkpoint's trainable arrays, in order."""
+    with np.load(os.path.join(out, f"checkpoint-{epoch}.npz")) as data:
+        return [data[k] for k in sorted(k for k in data.files if k.startswith("trainable_"))]
+
+
+@pytest.fixture(scope="module")
+def fine_tuned(dataset, tmp_path_factory):
+    """horovodrun -np 2: phase 1 on the feature cache for 2 epochs (min_delta 2: epoch 1 is the best),
+    then phase 2 on images for 2 epochs (patience 10: the epochs run out, its last checkpoint holds
+    its trained weights), gradients allreduced as float16; --mixed-precision asked for on the CPU."""
+    out = str(tmp_path_factory.mktemp("fine-tuned") / "out")
+    proc = train(dataset[0], out, *FINE_TUNE, "--epochs", "2", "--fine-tune-epochs", "2", "--patience", "10",
+                 "--feature-cache", "--fp16-allreduce", "--mixed-precision")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_fine_tuning_follows_the_head_phase_with_the_lowered_learning_rate(fine_tuned, dataset):
+    out, proc = fine_tuned
+    m = metrics(out)
+    ft = m["fine_tune"]
+    assert [h["epoch"] for h in m["history"]] == [1, 2, 3, 4] and m["epochs_run_per_rank"] == [4, 4]
+    assert ft["first_epoch"] == 3 and ft["phase1"]["epochs"] == 2 and ft["phase1"]["input_path"] == "features"
+    assert m["input_path"] == "images" and m["feature_cache"]  # phase 2 reads images
+    # phase 1: base_lr x 2 ranks; phase 2: x --fine-tune-lr 0.1, as logged by every epoch
+    assert [h["lr"] for h in m["history"]] == pytest.approx([0.002, 0.002, 0.0002, 0.0002])
+    assert ft["learning_rate"] == pytest.approx(0.0002) and ft["layers"] == ["tiny_block2_conv", "tiny_block2_bn"]
+    assert ft["trainable_parameters"] == (9 * 16 * 32 + 32) + 2 * 32 + 32 * m["num_classes"] + m["num_classes"]
+    assert "fine-tuning: 1 top block(s) of tiny unfrozen" in proc.stderr
+    assert m["config"]["fp16_allreduce"] and len(set(m["weights_checksum_per_rank"])) == 1
+    assert_exact_test_count(m, dataset[1])
+    # no GPU: float32, said once, by rank 0
+    assert m["precision"] == "float32" and m["config"]["mixed_precision"]
+    said = re.findall(r"^\[(\d)\]<stderr>:.*--mixed-precision: not used on the CPU", proc.stdout + proc.stderr, re.M)
+    assert said == ["0"], proc.stderr[-3000:]
+    assert ft["phase1"]["test"]["count"] == m["test"]["count"]
+
+
+def test_fine_tuning_trains_the_unfrozen_block_only(fine_tuned, dataset):
+    """Checkpoint 4 (phase 2's last) against the initial model: the unfrozen convolution and batch
+    norm's gamma/beta and the head changed; the frozen block and every moving statistic did not (the
+    marker's hash of the non-trained weights at epoch 4's end, before any best-weights restore)."""
+    from pipelines.training.checkpoints import frozen_checksum
+    out, _ = fine_tuned
+    classes = dataset[1]["num_classes"]
+    initial = fresh_tiny(classes, blocks=1)
+    trained = checkpoint_arrays(out, 4)
+    assert [a.shape for a in trained] == [tuple(w.shape) for w in initial.trainable_weights]  # phase 2's trainable set
+    for array, weight in zip(trained, initial.trainable_weights):
+        assert not np.array_equal(array, weight.numpy()), weight.name
+    assert not np.array_equal(trained[-2], checkpoint_arrays(out, 1)[0])  # phase 2 started from epoch 1, the best
+    marker = json.load(open(os.path.join(out, "checkpoint-4.json")))
+    assert marker["phase"] == 2 and marker["blocks"] == 1
+    assert marker["non_trainable_sha256"] == frozen_checksum(initial) == metrics(out)["fine_tune"][
+        "non_trainable_sha256_per_rank"][0]
+    assert len(set(metrics(out)["fine_tune"]["non_trainable_sha256_per_rank"])) == 1
+
+
+def test_fine_tuning_that_never_beats_phase_1_keeps_its_best_weights(fine_tuned):
+    """min_delta 2: no epoch of phase 2 improves on phase 1's best (epoch 1), so the model is epoch
+    1's: its test metrics are phase 1's and model.keras's head is checkpoint 1's."""
+    out, _ = fine_tuned
+    m = metrics(out)
+    assert m["best_epoch"] == 1 and m["fine_tune"]["phase1"]["best_epoch"] == 1 and not m["stopped_early"]
+    assert m["test"]["accuracy"] == m["fine_tune"]["phase1"]["test"]["accuracy"]
+    assert m["test"]["loss"] == pytest.approx(m["fine_tune"]["phase1"]["test"]["loss"], rel=1e-5)
+    kernel, bias = checkpoint_arrays(out, 1)
+    head = load_model(out).get_layer("head").get_weights()
+    np.testing.assert_array_equal(head[0], kernel)
+    np.testing.assert_array_equal(head[1], bias)
+
+
+def test_a_run_killed_in_phase_2_resumes_phase_2(dataset, tmp_path):
+    """Local ranks, images in both phases: phase 1 stops early after epoch 3 (min_delta 2, patience 2);
+    rank 0 is killed after epoch 4, phase 2's first; --resume continues phase 2 at epoch 5 with its
+    trainable set, its Nadam state and its early-stopping count (wait 1: it stops after epoch 5)."""
+    data, manifest = dataset
+    out = str(tmp_path / "out")
+    args = (*FINE_TUNE, "--epochs", "5", "--fine-tune-epochs", "3", "--patience", "2", "--spark-np", "-2", "--resume")
+    killed = train(data, out, *args, np_=0, env={"PIPELINES_FAULT_INJECT": "rank=0,epoch=4,mode=kill"})
+    assert killed.returncode == 1 and "process killed by signal SIGKILL" in killed.stderr, killed.stderr[-3000:]
+    marker = json.load(open(os.path.join(out, "checkpoint-4.json")))
+    assert marker["phase"] == 2 and marker["phase1"]["epochs"] == 3 and marker["early_stopping"]["wait"] == 1
+    classes = manifest["num_classes"]
+    model = fresh_tiny(classes, blocks=1)  # checkpoint 4 on the initial backbone: phase 2's weights at the kill
+    for weight, array in zip(model.trainable_weights, checkpoint_arrays(out, 4)):
+        weight.assign(array)
+    from pipelines.training.train import weights_checksum
+    killed_at, optimizer_at_kill = weights_checksum(model), optimizer_checksum_of(out, 4)
+
+    resumed = train(data, out, *args, np_=0)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming phase 2 after epoch 4" in resumed.stderr
+    m = metrics(out)
+    assert m["resumed_after_epoch"] == 4 and m["resumed_in_phase"] == 2 and m["fine_tune"]["resumed_in_phase_2"]
+    assert [h["epoch"] for h in m["history"]] == [1, 2, 3, 4, 5] and m["epochs_run_per_rank"] == [1, 1]
+    assert m["stopped_early"] and m["best_epoch"] == 1
+    assert m["resumed_weights_checksum_per_rank"] == [killed_at] * 2
+    assert m["resumed_optimizer_checksum_per_rank"] == [optimizer_at_kill] * 2
+    assert [h["lr"] for h in m["history"]] == pytest.approx([0.002] * 3 + [0.0002] * 2)
+    assert m["fine_tune"]["phase1"] == marker["phase1"] and len(set(m["weights_checksum_per_rank"])) == 1
+    assert_exact_test_count(m, manifest)
+    assert m["test"]["accuracy"] == marker["phase1"]["test"]["accuracy"]  # epoch 1's weights, as phase 1 ended

@@ -189,5 +189,81 @@ def test_the_tiny_backbone_is_a_small_frozen_feature_extractor():
     model = build_model(5, 8, weights="none", backbone="tiny")
     backbone = backbone_of(model)
     assert backbone.name == "tiny" and backbone.output_shape == (None, 32) and not backbone.trainable
-    assert model.output_shape == (None, 5) and model.count_params() == 5088 + 32 * 5 + 5
+    # two 3x3 convolutions (3->16, 16->32 channels) and their batch norms (4 weights per channel)
+    assert model.output_shape == (None, 5) and model.count_params() == 5088 + 4 * (16 + 32) + 32 * 5 + 5
     assert model.predict(np.zeros((2, 8, 8, 3), np.float32), verbose=0).shape == (2, 5)
+
+
+# --- fine-tuning: which layers, which learning rate, which refusals ------------------------------
+
+def test_fine_tune_blocks_of_xception_are_its_top_blocks_with_their_unnamed_layers():
+    import tensorflow as tf
+    from pipelines.training.finetune import block_layers, trainable_parameters, unfreeze
+    from pipelines.training.model import BACKBONES, backbone_of, build_model
+    names = [layer.name for layer in tf.keras.applications.Xception(
+        include_top=False, pooling="avg", input_shape=(71, 71, 3), weights=None).layers]
+    spec = BACKBONES["xception"]
+    assert block_layers(names, spec, 0) == []
+    assert block_layers(names, spec, 1) == ["block14_sepconv1", "block14_sepconv1_bn", "block14_sepconv1_act",
+                                            "block14_sepconv2", "block14_sepconv2_bn", "block14_sepconv2_act",
+                                            "global_average_pooling2d"]
+    two = block_layers(names, spec, 2)
+    assert two[0] == "block13_sepconv1_act" and {"conv2d_3", "batch_normalization_3", "add_11"} <= set(two)
+    assert not {"conv2d_2", "add_10"} & set(two)  # block 12's end and earlier residuals stay frozen
+    assert block_layers(names, spec, 14) == names[1:]  # every layer but the input
+    model = build_model(3, 71, weights="none", backbone="xception")
+    unfreeze(model, "xception", 1)
+    # depthwise 3x3 + pointwise 1x1 of each separable conv, gamma and beta of each batch norm, the head
+    block14 = (9 * 1024 + 1024 * 1536) + 2 * 1536 + (9 * 1536 + 1536 * 2048) + 2 * 2048
+    assert trainable_parameters(model) == block14 + 2048 * 3 + 3 == 4748800 + 6147
+    moving = [w.name for w in backbone_of(model).non_trainable_weights if w.name.startswith("block14")]
+    assert sorted(moving) == sorted(f"block14_sepconv{i}_bn/moving_{s}:0" for i in (1, 2) for s in ("mean", "variance"))
+
+
+def test_fine_tune_blocks_of_tiny_are_its_conv_and_batch_norm_pairs():
+    from pipelines.training.finetune import unfreeze
+    from pipelines.training.model import build_model
+    model = build_model(3, 16, weights="none", backbone="tiny")
+    assert unfreeze(model, "tiny", 1) == ["tiny_block2_conv", "tiny_block2_bn"]
+    assert [w.name for w in model.trainable_weights] == [
+        "tiny_block2_conv/kernel:0", "tiny_block2_conv/bias:0", "tiny_block2_bn/gamma:0", "tiny_block2_bn/beta:0",
+        "head/kernel:0", "head/bias:0"]
+    assert unfreeze(model, "tiny", 2) == ["tiny_block1_conv", "tiny_block1_bn", "tiny_block2_conv", "tiny_block2_bn"]
+    assert unfreeze(model, "tiny", 0) == [] and [w.name for w in model.trainable_weights] == ["head/kernel:0",
+                                                                                              "head/bias:0"]
+
+
+def test_phase_2_learning_rate_and_allreduced_bytes():
+    from pipelines.training.finetune import KERAS_GUIDE_LR_FACTOR, allreduce_bytes, phase2_lr
+    assert TrainConfig(data="d", output="o").fine_tune_lr == KERAS_GUIDE_LR_FACTOR == 1e-5 / 1e-3
+    assert phase2_lr(0.002, 0.01) == pytest.approx(2e-5)
+    assert allreduce_bytes(1000, fp16=False) == 4000 and allreduce_bytes(1000, fp16=True) == 2000
+    config = TrainConfig(data="d", output="o", epochs=7)
+    assert config.fine_tune_max_epochs == 7 and TrainConfig(data="d", output="o", fine_tune_epochs=3).fine_tune_max_epochs == 3
+
+
+FINE_TUNE_REFUSALS = [
+    (["--fine-tune-blocks", "-1"], "--fine-tune-blocks must be in 0..14 for backbone xception (it has 14 blocks), got -1"),
+    (["--fine-tune-blocks", "15"], "--fine-tune-blocks must be in 0..14 for backbone xception (it has 14 blocks), got 15"),
+    (["--backbone", "tiny", "--weights", "none", "--fine-tune-blocks", "3"],
+     "--fine-tune-blocks must be in 0..2 for backbone tiny (it has 2 blocks), got 3"),
+    (["--fine-tune-blocks", "1", "--fine-tune-lr", "0"], "--fine-tune-lr is the factor that lowers phase 1's"),
+    (["--fine-tune-blocks", "1", "--fine-tune-lr", "-0.1"], "--fine-tune-lr is the factor that lowers phase 1's"),
+    (["--fine-tune-blocks", "1", "--fine-tune-lr", "2"], "must be in (0, 1], got 2.0"),
+    (["--fine-tune-epochs", "-1"], "--fine-tune-epochs must be >= 0, got -1"),
+]
+
+
+@pytest.mark.parametrize("args, message", FINE_TUNE_REFUSALS)
+def test_fine_tune_values_are_refused_with_exit_2(args, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_config(TrainConfig, ["--data", "d", "--output", "o", *args])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_mixed_precision_only_on_a_gpu():
+    from pipelines.training.devices import precision_policy
+    assert precision_policy(False, "gpu") == ("float32", None) == precision_policy(False, "cpu")
+    assert precision_policy(True, "gpu") == ("mixed_float16", None)
+    policy, why = precision_policy(True, "cpu")
+    assert policy == "float32" and why.startswith("--mixed-precision: not used on the CPU")

@@ -89,16 +89,20 @@ class CheckpointMarker(tf.keras.callbacks.Callback):
     checkpoint, and records the checkpoint's size, the sha256 of the frozen weights it goes with
     (``frozen_sha256``), the epoch's logs, the history so far and the early-stopping state, so that
     ``--resume`` picks only complete checkpoints, refuses other frozen weights, and continues
-    exactly where training was.
+    exactly where training was. ``extra`` goes into every marker: the training phase
+    (``{"phase": 1}`` by default; fine-tuning's adds phase 1's outcome, :mod:`pipelines.training.finetune`,
+    and each phase 2 marker the sha256 of the weights that are not trained, ``non_trainable_sha256``,
+    taken at the epoch's end: the frozen layers and every batch norm's moving statistics).
     """
 
     def __init__(self, directory: str, early_stopping: BestWeightsEarlyStopping, history: List[Dict],
-                 frozen_sha256: Optional[str] = None):
+                 frozen_sha256: Optional[str] = None, extra: Optional[Dict] = None):
         super().__init__()
         self.directory = directory
         self.early_stopping = early_stopping
         self.history = history
         self.frozen_sha256 = frozen_sha256
+        self.extra = extra or {"phase": 1}
 
     def on_epoch_end(self, epoch, logs=None):
         from pipelines.training.checkpoints import FORMAT, save_checkpoint
@@ -109,7 +113,10 @@ class CheckpointMarker(tf.keras.callbacks.Callback):
         self.history.append({"epoch": number, **{k: float(v) for k, v in (logs or {}).items()}})
         marker = {"epoch": number, "weights": os.path.basename(weights), "weights_bytes": size,
                   "format": FORMAT, "frozen_sha256": self.frozen_sha256, "logs": self.history[-1],
-                  "history": self.history, "early_stopping": self.early_stopping.state()}
+                  "history": self.history, "early_stopping": self.early_stopping.state(), **self.extra}
+        if marker.get("phase") == 2:  # fine-tuning: what stayed frozen (layers, batch-norm statistics) at this epoch
+            from pipelines.training.checkpoints import frozen_checksum
+            marker["non_trainable_sha256"] = frozen_checksum(self.model)
         write_json(marker_path(self.directory, number), marker, indent=1)
         self._prune(keep={number, marker["early_stopping"]["best_epoch"]})
 
@@ -151,12 +158,14 @@ class SyncOutputs(tf.keras.callbacks.Callback):
 
 
 class FaultInjection(tf.keras.callbacks.Callback):
-    """Test hook: ``PIPELINES_FAULT_INJECT="rank=R,epoch=E,mode=raise|kill[,mark=PATH]"`` makes rank R
-    fail at the end of epoch E (1-based), once that epoch's checkpoint is complete (another rank than
-    0 waits up to a minute for rank 0's marker in ``directory``): ``raise`` raises RuntimeError,
-    ``kill`` sends itself SIGKILL. With ``mark``, the wall-clock time of the fault (``time.time()``,
-    seconds) is written to PATH first, so a test can time the verdict from the fault rather than
-    from the job's start. Without the variable it does nothing."""
+    """Test hook: ``PIPELINES_FAULT_INJECT="rank=R,epoch=E,mode=raise|kill|stall[,mark=PATH]"`` makes
+    rank R fail at the end of epoch E (1-based), once that epoch's checkpoint is complete (another rank
+    than 0 waits up to a minute for rank 0's marker in ``directory``): ``raise`` raises RuntimeError,
+    ``kill`` sends itself SIGKILL, ``stall`` sleeps for good (the other ranks wait in epoch E+1's
+    first allreduce, so no later checkpoint can complete: a test then takes the rank's host away at a
+    known point). With ``mark``, the wall-clock time of the fault (``time.time()``, seconds) is
+    written to PATH first, so a test can time the verdict from the fault rather than from the job's
+    start. Without the variable it does nothing."""
 
     def __init__(self, rank: int, directory: str = ""):
         super().__init__()
@@ -179,4 +188,6 @@ class FaultInjection(tf.keras.callbacks.Callback):
                     f.write(repr(time.time()))
             if self.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            while self.mode == "stall":
+                time.sleep(60)
             raise RuntimeError(f"injected fault at the end of epoch {self.epoch} ({FAULT_ENV})")

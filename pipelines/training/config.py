@@ -52,6 +52,19 @@ class TrainConfig:
                                             "data, reused by later runs) and train only the head on them")
     augment: bool = field(False, help="random horizontal flips of the training images (turns the feature "
                                       "cache off: features would change every epoch)")
+    fine_tune_blocks: int = field(0, help="after the head has converged (early stopping or --epochs), unfreeze the "
+                                          "backbone's top N blocks (Xception: block14 down, 1..14; tiny: 1..2) and "
+                                          "train on, on images, batch-norm kept in inference mode; 0 = the backbone "
+                                          "stays frozen (pipelines/training/finetune.py)")
+    fine_tune_lr: float = field(0.01, help="phase 2's learning rate = this factor x phase 1's (base_lr x world size); "
+                                           "0.01 is the Keras transfer-learning guide's (Adam 1e-3, then 1e-5)")
+    fine_tune_epochs: int = field(0, help="maximum epochs of the fine-tuning phase, with the same early stopping; "
+                                          "0 = --epochs")
+    fp16_allreduce: bool = field(False, help="allreduce gradients as float16 (Horovod's Compression.fp16): half "
+                                             "the bytes on the wire, the weights and the update stay float32")
+    mixed_precision: bool = field(False, help="Keras' mixed_float16 policy on a GPU (float16 compute, float32 "
+                                              "weights and softmax, loss scaling); on a CPU it is not used (rank 0 "
+                                              "says so once)")
     spark_np: int = field(0, help="launch the ranks from this process with HorovodRunner: N > 0 runs N Spark "
                                   "barrier tasks on the session's cluster (spark-submit --master ...), "
                                   "N < 0 runs -N local processes; 0 = this process is a rank (horovodrun)")
@@ -73,6 +86,11 @@ class TrainConfig:
     storage_options: Dict[str, str] = storage_options_field()
     register_model: str = field("", help="register the trained model in MLflow's model registry under this name "
                                          "(a new version, tagged with its test_accuracy)")
+
+    @property
+    def fine_tune_max_epochs(self) -> int:
+        """Maximum epochs of the fine-tuning phase: ``--fine-tune-epochs``, or ``--epochs``."""
+        return self.fine_tune_epochs or self.epochs
 
     def model_size(self, stored_size: int) -> int:
         """Side of the model's input in pixels: ``--image-size``, or the stored images' size."""
@@ -110,7 +128,10 @@ class TrainConfig:
             self.data = check_url_safe(self.data, "--data")
         from pipelines.training.model import check_backbone
 
-        check_backbone(self.backbone, self.weights, self.image_size)
+        from pipelines.training.finetune import check_fine_tune
+
+        check_fine_tune(check_backbone(self.backbone, self.weights, self.image_size), self.fine_tune_blocks,
+                        self.fine_tune_lr, self.fine_tune_epochs)
         if self.weights not in ("imagenet", "none"):
             self.weights = os.path.abspath(os.path.expanduser(self.weights))
         if self.cache_dir and not is_local(self.cache_dir):

@@ -94,6 +94,23 @@ def apply_device(local_rank: int, spark_gpu_addresses: Optional[Sequence[str]] =
     return choice
 
 
+MIXED_FLOAT16 = "mixed_float16"
+
+
+def precision_policy(mixed_precision: bool, device_kind: str) -> Tuple[str, Optional[str]]:
+    """Keras' global dtype policy for this rank and, when ``--mixed-precision`` is asked for but not
+    used, why: ``('mixed_float16', None)`` on a GPU (float16 compute on its float16 units, float32
+    weights: the Keras mixed-precision guide); ``('float32', reason)`` on the CPU, where float16
+    arithmetic is no faster (TensorFlow's CPU kernels convert much of it) and only costs precision;
+    ``('float32', None)`` when not asked for. ``device_kind`` is :class:`DeviceChoice`'s ``kind``."""
+    if not mixed_precision:
+        return "float32", None
+    if device_kind == "gpu":
+        return MIXED_FLOAT16, None
+    return "float32", ("--mixed-precision: not used on the CPU (mixed_float16 speeds up GPUs with float16 units; "
+                       "a CPU computes float16 no faster): training in float32")
+
+
 def rank_cores(local_rank: int, local_size: int, threads: int, available: Sequence[int]) -> List[int]:
     """The cores of local rank ``local_rank`` when each of the ``local_size`` ranks of a host gets
     ``threads`` cores of its own: items ``local_rank * threads .. (local_rank + 1) * threads - 1``

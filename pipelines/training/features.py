@@ -120,7 +120,7 @@ def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int):
     tf.keras.utils.set_random_seed(seed)
     inputs = tf.keras.Input((feature_dim,), name="features")
     x = tf.keras.layers.Dropout(dropout, seed=seed, name="dropout")(inputs)
-    outputs = tf.keras.layers.Dense(num_classes, activation="softmax", name="head")(x)
+    outputs = tf.keras.layers.Dense(num_classes, activation="softmax", name="head", dtype="float32")(x)
     return tf.keras.Model(inputs, outputs, name="head_on_features")
 
 

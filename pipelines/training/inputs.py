@@ -9,8 +9,9 @@
 Each path answers the same questions: which model trains (:attr:`model`), which ``tf.data``
 datasets feed ``fit`` (:meth:`fit_datasets`, a context manager that owns the readers), what the
 exact test totals of this rank's shard are (:meth:`evaluate_shard`), and which model is exported
-(:meth:`exported_model`, always the whole model). A third path (fine-tuning, say) is one more
-class with these four members, chosen in :func:`make_inputs`.
+(:meth:`exported_model`, always the whole model). A third path is one more class with these
+four members, chosen in :func:`make_inputs`. (Fine-tuning is not a path but a second phase,
+:mod:`pipelines.training.finetune`, on :class:`ImageInputs` over the whole model.)
 """
 from __future__ import annotations
 

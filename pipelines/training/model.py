@@ -9,22 +9,27 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Backbone:
     """A frozen feature extractor: its layer ``name`` inside the model, the smallest input side it
-    takes (``min_size`` px), the length of its pooled feature vector (``feature_dim``), and whether
-    pretrained weights exist for it (``pretrained``: ``--weights imagenet`` or a weights file)."""
+    takes (``min_size`` px), the length of its pooled feature vector (``feature_dim``), whether
+    pretrained weights exist for it (``pretrained``: ``--weights imagenet`` or a weights file), and
+    its ``blocks`` for ``--fine-tune-blocks``: block ``k`` (1 = nearest the input) is named by
+    ``block_prefix.format(k)`` (:mod:`pipelines.training.finetune`)."""
 
     name: str
     min_size: int
     feature_dim: int
     pretrained: bool
+    blocks: int
+    block_prefix: str
 
 
-#: The backbones ``--backbone`` names. ``tiny`` (two random 3x3 convolutions, 5 k weights) builds and
-#: traces in a fraction of a second where Xception (20.8 M weights, 133 layers) takes several: a run
-#: on it checks data, sharding, launchers and outputs quickly (tests, a new cluster); its accuracy is
-#: not the point.
+#: The backbones ``--backbone`` names. ``tiny`` (two blocks of a random 3x3 convolution and a
+#: batch normalization, 5 k weights) builds and traces in a fraction of a second where Xception
+#: (20.8 M weights, 133 layers) takes several: a run on it checks data, sharding, launchers, outputs
+#: and fine-tuning quickly (tests, a new cluster); its accuracy is not the point. Xception's 14 blocks
+#: are Keras' ``block1_`` .. ``block14_`` layers.
 BACKBONES = {
-    "xception": Backbone("xception", 71, 2048, True),
-    "tiny": Backbone("tiny", 8, 32, False),
+    "xception": Backbone("xception", 71, 2048, True, 14, "block{}_"),
+    "tiny": Backbone("tiny", 8, 32, False, 2, "tiny_block{}_"),
 }
 
 
@@ -58,9 +63,10 @@ def _build_backbone(name: str, image_size: int, weights: str):
         if weights not in ("imagenet", "none"):
             base.load_weights(weights)
         return base
-    image = tf.keras.Input(shape, name="tiny_input")
-    x = tf.keras.layers.Conv2D(16, 3, strides=2, activation="relu", name="tiny_conv1")(image)
-    x = tf.keras.layers.Conv2D(BACKBONES["tiny"].feature_dim, 3, strides=2, activation="relu", name="tiny_conv2")(x)
+    x = image = tf.keras.Input(shape, name="tiny_input")
+    for block, filters in ((1, 16), (2, BACKBONES["tiny"].feature_dim)):  # a BatchNormalization, as Xception has
+        x = tf.keras.layers.Conv2D(filters, 3, strides=2, activation="relu", name=f"tiny_block{block}_conv")(x)
+        x = tf.keras.layers.BatchNormalization(name=f"tiny_block{block}_bn")(x)
     return tf.keras.Model(image, tf.keras.layers.GlobalAveragePooling2D(name="tiny_pool")(x), name="tiny")
 
 
@@ -70,7 +76,9 @@ def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights
 
     ``Input (image_size, image_size, 3) float32 in [-1, 1]`` -> the backbone (for ``xception``:
     ``Xception(include_top=False, pooling='avg')``), frozen and called with ``training=False`` (its
-    batch-norm statistics stay ImageNet's) -> ``Dropout(dropout)`` -> ``Dense(num_classes, softmax)``.
+    batch-norm statistics stay ImageNet's, also when ``--fine-tune-blocks`` later unfreezes some of
+    its layers) -> ``Dropout(dropout)`` -> ``Dense(num_classes, softmax)``, the head computing in
+    float32 whatever the global dtype policy (under ``mixed_float16`` the softmax stays float32).
 
     Args:
         weights: ``'imagenet'`` (Keras downloads them: needs internet), ``'none'`` (random), or the
@@ -95,7 +103,7 @@ def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights
     inputs = tf.keras.Input((image_size, image_size, 3), name="image")
     features = base(inputs, training=False)
     x = tf.keras.layers.Dropout(dropout, seed=seed, name="dropout")(features)
-    outputs = tf.keras.layers.Dense(num_classes, activation="softmax", name="head")(x)
+    outputs = tf.keras.layers.Dense(num_classes, activation="softmax", name="head", dtype="float32")(x)
     return tf.keras.Model(inputs, outputs, name=f"{backbone}_transfer")
 
 
@@ -107,15 +115,20 @@ def backbone_of(model):
     return next(layer for layer in model.layers if isinstance(layer, tf.keras.Model))
 
 
-def compile_distributed(model, learning_rate: float) -> None:
+def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = False) -> None:
     """Compile for Horovod data-parallel training: ``Nadam(learning_rate)`` wrapped in
-    ``hvd.DistributedOptimizer`` (gradients averaged over ranks by allreduce), sparse categorical
-    cross-entropy on int32 labels, accuracy. ``learning_rate`` is already scaled by the world size
-    (:func:`pipelines.training.schedule.scaled_lr`). Needs ``hvd.init()`` first."""
+    ``hvd.DistributedOptimizer`` (gradients averaged over ranks by allreduce; with
+    ``fp16_allreduce``, ``hvd.Compression.fp16``: float32 gradients cast to float16 for the
+    allreduce, half the bytes, and back), sparse categorical cross-entropy on int32 labels,
+    accuracy. ``learning_rate`` is already scaled by the world size
+    (:func:`pipelines.training.schedule.scaled_lr`). Under a ``mixed_float16`` global policy Keras
+    wraps the optimizer in its ``LossScaleOptimizer`` itself. Needs ``hvd.init()`` first."""
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
-    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.Nadam(learning_rate=learning_rate))
+    compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
+    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.Nadam(learning_rate=learning_rate),
+                                         compression=compression)
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
 

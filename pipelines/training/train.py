@@ -14,6 +14,7 @@ import logging
 import os
 import posixpath
 import shutil
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional
@@ -36,6 +37,7 @@ class Rank:
     local_size: int
     threads: int
     cores: Optional[List[int]] = None
+    precision: str = "float32"  # Keras' global dtype policy: float32, or mixed_float16 (--mixed-precision on a GPU)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,11 @@ class Resume:
     def initial_epoch(self) -> int:
         return self.marker["epoch"] if self.marker else 0
 
+    @property
+    def phase(self) -> int:
+        """The phase the checkpoint was written in: 1, or 2 (fine-tuning); 1 when there is none."""
+        return self.marker.get("phase", 1) if self.marker else 1
+
     def finished(self, epochs: int) -> bool:
         """Whether the resumed run had already stopped early or run all ``epochs``."""
         return bool(self.marker) and (self.marker["early_stopping"]["stopped"] or self.initial_epoch >= epochs)
@@ -91,20 +98,25 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
 
     from pipelines.logs import setup_logging
     from pipelines.quiet import quiet_libraries
-    from pipelines.training.devices import apply_device, bind_to_cores, local_topology, spark_gpu_addresses
-    from pipelines.training.devices import threads_per_rank
+    from pipelines.training.devices import apply_device, bind_to_cores, local_topology, precision_policy
+    from pipelines.training.devices import spark_gpu_addresses, threads_per_rank
 
     cores = None
     if config.bind_cores:
         cores = bind_to_cores(threads_per_rank(config.threads, local_topology()[1]), announce=False)
     quiet_libraries()
     hvd.init()
-    rank = Rank(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
-                threads_per_rank(config.threads, hvd.local_size()), cores)
-    setup_logging(job, rank=rank.rank, level=logging.INFO if rank.rank == 0 else logging.WARNING)
-    if cores and rank.rank == 0:
+    setup_logging(job, rank=hvd.rank(), level=logging.INFO if hvd.rank() == 0 else logging.WARNING)
+    if cores and hvd.rank() == 0:
         log.info("each rank bound to %d core(s) of its own (rank 0: %s)", len(cores), cores)
-    apply_device(rank.local_rank, spark_gpu_addresses(), announce=rank.rank == 0)
+    device = apply_device(hvd.local_rank(), spark_gpu_addresses(), announce=hvd.rank() == 0)
+    policy, why_not = precision_policy(config.mixed_precision, device.kind)
+    if policy != "float32":
+        tf.keras.mixed_precision.set_global_policy(policy)
+    if why_not and hvd.rank() == 0:
+        log.info("%s", why_not)
+    rank = Rank(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
+                threads_per_rank(config.threads, hvd.local_size()), cores, policy)
     tf.config.threading.set_intra_op_parallelism_threads(rank.threads)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     return rank
@@ -166,6 +178,12 @@ def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str]
         raise ValueError(f"--resume: checkpoint {marker['weights']} in {config.output} was trained on other frozen "
                          f"weights (sha256 {str(marker.get('frozen_sha256'))[:12]}, these are {frozen_sha256[:12]}): "
                          f"use the same --weights, or start afresh without --resume")
+    if marker.get("phase", 1) == 2:  # phase 1 is over: fine-tuning loads its own state (finetune.fine_tune)
+        if marker.get("blocks") != config.fine_tune_blocks:
+            raise ValueError(f"--resume: checkpoint {marker['weights']} in {config.output} is of the fine-tuning "
+                             f"phase with --fine-tune-blocks {marker.get('blocks')}, this run has "
+                             f"{config.fine_tune_blocks}: give the same value, or start afresh without --resume")
+        return Resume(marker, history=list(marker["history"]))
     build_optimizer(model)
     best_weights = None
     if rank.rank == 0:
@@ -229,10 +247,10 @@ def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
 
 
 def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resume,
-                   frozen_sha256: Optional[str] = None, tracker=None):
+                   frozen_sha256: Optional[str] = None, tracker=None, marker: Optional[Dict] = None):
     """Horovod's broadcast, metric averaging and warmup, epoch statistics and early stopping on
-    every rank; checkpoints, their markers, ``history.csv``, TensorBoard and each epoch's metrics to
-    ``tracker`` (MLflow, when given) on rank 0 only.
+    every rank; checkpoints, their markers (with ``marker``'s items: the phase), ``history.csv``,
+    TensorBoard and each epoch's metrics to ``tracker`` (MLflow, when given) on rank 0 only.
 
     Returns ``(callbacks, early_stopping, epoch_stats)``.
     """
@@ -255,7 +273,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     if rank.rank == 0:
         directory = plan.output_dir
         callbacks += [
-            cb.CheckpointMarker(directory, early_stopping, resume.history, frozen_sha256),
+            cb.CheckpointMarker(directory, early_stopping, resume.history, frozen_sha256, marker),
             tf.keras.callbacks.CSVLogger(os.path.join(directory, "history.csv"), append=bool(resume.marker)),
         ]
         if config.tensorboard:
@@ -317,7 +335,8 @@ def run_training(config: TrainConfig) -> Dict:
     """Train on every rank and return the run's report (the content of ``metrics.json``).
 
     Must be called once per process, by every rank (``horovodrun -np N``, Spark barrier tasks, or
-    a single process, which is a world of size 1).
+    a single process, which is a world of size 1). With ``--fine-tune-blocks N``, the head phase is
+    followed by the fine-tuning phase (:func:`pipelines.training.finetune.fine_tune`).
 
     Raises:
         pipelines.training.data.DataError: the dataset cannot feed this run.
@@ -333,33 +352,53 @@ def run_training(config: TrainConfig) -> Dict:
     full_model = build_model(plan.data.num_classes, plan.image_size, config.dropout, config.weights,
                              seed=config.seed, backbone=config.backbone)
     inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.image_size)
-    compile_distributed(inputs.model, plan.lr)
+    compile_distributed(inputs.model, plan.lr, config.fp16_allreduce)
     frozen_sha256 = frozen_checksum(full_model)
     resume = restore(config, inputs.model, rank, frozen_sha256, plan.output_dir)
     with start_tracking(config, rank, plan, resume) as tracker:  # rank 0's MLflow run, ended on leaving
-        callbacks, early_stopping, epoch_stats = make_callbacks(config, rank, plan, resume, frozen_sha256, tracker)
         seconds_before_fit = time.perf_counter() - start
-        fit_seconds = train(config, rank, plan, inputs, resume, callbacks)
-        totals = evaluate(inputs, plan)
-        report = build_report(config, rank, plan, inputs, resume, totals, early_stopping, epoch_stats)
-        report.update(seconds_before_fit=seconds_before_fit, fit_seconds=fit_seconds,
+        phases = [head_phase(config, rank, plan, inputs, resume, frozen_sha256, tracker)]
+        if config.fine_tune_blocks:
+            from pipelines.training.finetune import fine_tune
+            phases.append(fine_tune(config, rank, plan, phases[0], resume, frozen_sha256, tracker))
+        report = build_report(config, rank, plan, phases, resume)
+        report.update(seconds_before_fit=seconds_before_fit, fit_seconds=sum(p.fit_seconds for p in phases),
                       total_seconds=time.perf_counter() - start)
         if rank.rank == 0:
-            save_outputs(config, report, inputs.exported_model(), plan.data, totals, tracker, plan.output_dir)
+            save_outputs(config, report, phases[-1].inputs.exported_model(), plan.data, phases[-1].totals, tracker,
+                         plan.output_dir)
     if rank.rank == 0:
         plan.outputs.finish()  # a URI --output: the rest uploaded, metrics.json last
     return report
 
 
-def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume, totals,
-                 early_stopping, epoch_stats) -> Dict:
-    """The run's report: config, world, arithmetic, history, exact test metrics and the weight
-    checksums of every rank (gathered here: every rank must call it)."""
+def head_phase(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume, frozen_sha256: str,
+               tracker=None):
+    """Phase 1, the head on the frozen backbone: callbacks, ``fit`` from ``resume``'s epoch, exact
+    evaluation. Skipped when ``resume`` is in phase 2 (its outcome is in the checkpoint's marker).
+    Returns a :class:`pipelines.training.finetune.Phase`."""
+    from pipelines.training.finetune import Phase
+
+    if resume.phase == 2:
+        return Phase(inputs, None, 0, 0.0, None, resume)
+    callbacks, early_stopping, epoch_stats = make_callbacks(config, rank, plan, resume, frozen_sha256, tracker)
+    fit_seconds = train(config, rank, plan, inputs, resume, callbacks)
+    return Phase(inputs, early_stopping, epoch_stats.epochs_run, fit_seconds, evaluate(inputs, plan), resume)
+
+
+def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, phases: List, resume: Resume) -> Dict:
+    """The run's report: config, world, arithmetic, history, exact test metrics of the final model
+    (the last of ``phases``, :class:`pipelines.training.finetune.Phase`), fine-tuning's outcome and
+    the weight checksums and hostnames of every rank (gathered here: every rank must call it)."""
     import horovod.tensorflow as hvd_tf
 
     from pipelines.recovery import attempts
 
-    history, steps, data = resume.history, plan.steps, plan.data
+    history, steps, data, last = resume.history, plan.steps, plan.data, phases[-1]
+    fine_tune = last.report if len(phases) > 1 else None
+    resumed = last.resume if resume.phase == 2 else resume  # the phase whose state was restored
+    epochs_planned = fine_tune["epochs_planned"] if fine_tune else config.epochs
+    totals = last.totals
     return {
         "config": to_dict(config),
         "world_size": rank.size,
@@ -371,22 +410,26 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume:
         "image_size": plan.image_size,
         "num_classes": data.num_classes,
         "class_names": data.class_names,
-        "input_path": inputs.name,
-        "feature_cache": getattr(inputs, "directory", None),
+        "input_path": last.inputs.name,
+        "feature_cache": getattr(phases[0].inputs, "directory", None),
+        "precision": rank.precision,
         "resumed_after_epoch": resume.initial_epoch if resume.marker else None,
-        "resumed_weights_checksum_per_rank": resume.checksums,
-        "resumed_optimizer_checksum_per_rank": resume.optimizer_checksums,
+        "resumed_in_phase": resume.phase if resume.marker else None,
+        "resumed_weights_checksum_per_rank": resumed.checksums,
+        "resumed_optimizer_checksum_per_rank": resumed.optimizer_checksums,
         "attempts": attempts(),
         "epochs_run": len(history),
-        "best_epoch": early_stopping.best_epoch + 1 if history else None,
-        "stopped_early": bool(history) and len(history) < config.epochs,
+        "best_epoch": last.early_stopping.best_epoch + 1 if history else None,
+        "stopped_early": bool(history) and len(history) < epochs_planned,
         "history": history,
         "test": {"loss": totals.loss, "accuracy": totals.accuracy, "count": totals.count,
                  "expected_count": data.test_rows},
+        "fine_tune": fine_tune,
         "train_images_per_second": _steady_state(history),
-        "weights_checksum_per_rank": hvd_tf.allgather_object(weights_checksum(inputs.model),
+        "weights_checksum_per_rank": hvd_tf.allgather_object(weights_checksum(last.inputs.model),
                                                              name="weights_checksums"),
-        "epochs_run_per_rank": hvd_tf.allgather_object(epoch_stats.epochs_run, name="epochs_run"),
+        "epochs_run_per_rank": hvd_tf.allgather_object(sum(p.epochs_run for p in phases), name="epochs_run"),
+        "host_per_rank": hvd_tf.allgather_object(socket.gethostname(), name="hosts"),
     }
 
 

@@ -1,0 +1,224 @@
+"""The fine-tuning phase (``--fine-tune-blocks N``): after the head has converged on the frozen
+backbone, unfreeze the backbone's top N blocks and train on with a lowered learning rate.
+
+This is the recipe of the Keras transfer-learning guide (https://keras.io/guides/transfer_learning/,
+"Fine-tuning" and "An end-to-end example"): first train only the new head on the frozen base
+model until it converges (phase 1: the job's own early stopping, on images or on the feature
+cache); then unfreeze (part of) the base model, *keep its BatchNormalization layers in inference
+mode* (the base model is called with ``training=False``, :func:`pipelines.training.model.build_model`,
+so their moving mean and variance stay the pretrained ones while their gamma and beta train),
+*recompile* (a change of ``trainable`` takes effect at compile) and train end to end with a very
+low learning rate. The guide goes from Adam's 1e-3 to 1e-5: the factor 0.01 that is
+``--fine-tune-lr``'s default (phase 2's rate = factor x phase 1's, ``base_lr x world size``).
+
+Phase 2 runs the job's own machinery (:mod:`pipelines.training.train`): the same
+``hvd.DistributedOptimizer`` (a new Nadam, with ``--fp16-allreduce`` the same compression),
+callbacks (no warmup: it belongs to phase 1), early stopping continuing from phase 1's best
+``val_accuracy`` (so phase 1's best weights are kept when fine-tuning never beats them), rank-0
+checkpoints (the marker records ``phase: 2`` and phase 1's outcome) and the exact evaluation.
+It always reads images: the cached features of ``--feature-cache`` are the frozen backbone's
+outputs, which fine-tuning changes. Epochs are numbered on from phase 1's.
+
+Which layers N blocks cover: the backbone's layers from the first one named
+``Backbone.block_prefix.format(15 - N)`` (Xception, 14 blocks: ``block14_`` for N = 1, ``block13_``
+for N = 2, ...) to its end, in the backbone's layer order, so a block's unnamed layers come with it
+(Xception's residual ``conv2d_3``/``batch_normalization_3`` and ``add_11`` are block 13's).
+N = 1 is ``block14_sepconv1``/``_bn`` and ``block14_sepconv2``/``_bn``: 4,748,800 trainable
+parameters (the batch norms' moving statistics, 7,168 more, are not), against the head's
+2048 x classes + classes; N = 14 is the whole backbone. ``tiny`` has 2 blocks (``tiny_block1_conv``,
+``tiny_block1_bn``; ``tiny_block2_...``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+log = logging.getLogger("pipelines")
+
+#: The Keras guide's fine-tuning rate over its head-training rate: Adam(1e-5) after Adam() (1e-3).
+KERAS_GUIDE_LR_FACTOR = 0.01
+
+
+def check_fine_tune(backbone, blocks: int, lr_factor: float, epochs: int = 0) -> None:
+    """Refuse ``--fine-tune-blocks``/``--fine-tune-lr``/``--fine-tune-epochs`` values that cannot
+    apply to ``backbone`` (a :class:`pipelines.training.model.Backbone`).
+
+    Raises:
+        ValueError: ``blocks`` below 0 or above the backbone's block count, ``lr_factor`` not in
+            (0, 1] (phase 2's rate is phase 1's *lowered*), ``epochs`` below 0.
+    """
+    if not 0 <= blocks <= backbone.blocks:
+        raise ValueError(f"--fine-tune-blocks must be in 0..{backbone.blocks} for backbone {backbone.name} "
+                         f"(it has {backbone.blocks} blocks), got {blocks}")
+    if not 0 < lr_factor <= 1:
+        raise ValueError(f"--fine-tune-lr is the factor that lowers phase 1's learning rate: it must be in "
+                         f"(0, 1], got {lr_factor}")
+    if epochs < 0:
+        raise ValueError(f"--fine-tune-epochs must be >= 0, got {epochs}")
+
+
+def block_layers(layer_names: Sequence[str], backbone, blocks: int) -> List[str]:
+    """Names of the layers that ``blocks`` top blocks of ``backbone`` cover: from the first layer of
+    block ``backbone.blocks - blocks + 1`` (by ``backbone.block_prefix``) to the last of
+    ``layer_names`` (the backbone's layers in order). ``blocks`` 0 gives ``[]``.
+
+    Raises:
+        ValueError: as :func:`check_fine_tune`, or no layer of that block in ``layer_names``.
+    """
+    check_fine_tune(backbone, blocks, 1.0)
+    if blocks == 0:
+        return []
+    prefix = backbone.block_prefix.format(backbone.blocks - blocks + 1)
+    first = next((i for i, name in enumerate(layer_names) if name.startswith(prefix)), None)
+    if first is None:
+        raise ValueError(f"backbone {backbone.name} has no layer named {prefix}*")
+    return list(layer_names[first:])
+
+
+def phase2_lr(phase1_lr: float, factor: float) -> float:
+    """Phase 2's learning rate: ``factor x phase1_lr`` (phase 1's is ``base_lr x world size``)."""
+    return phase1_lr * factor
+
+
+def unfreeze(model, backbone_name: str, blocks: int) -> List[str]:
+    """Make the top ``blocks`` blocks of ``model``'s backbone trainable (:func:`block_layers`) and
+    every other backbone layer not. The model must be (re)compiled afterwards. Returns the names of
+    the unfrozen layers that hold weights."""
+    from pipelines.training.model import backbone_of, backbone_spec
+
+    base = backbone_of(model)
+    names = set(block_layers([layer.name for layer in base.layers], backbone_spec(backbone_name), blocks))
+    base.trainable = True  # a nested model's flag gates its layers' own
+    for layer in base.layers:
+        layer.trainable = layer.name in names
+    return [layer.name for layer in base.layers if layer.name in names and layer.weights]
+
+
+def allreduce_bytes(trainable_parameters: int, fp16: bool) -> int:
+    """Bytes one rank allreduces per step: one gradient per trainable parameter, float32 (4 bytes)
+    or float16 with ``hvd.Compression.fp16`` (2 bytes)."""
+    return trainable_parameters * (2 if fp16 else 4)
+
+
+def trainable_parameters(model) -> int:
+    """Number of trainable scalars of ``model``."""
+    return int(sum(v.shape.num_elements() for v in model.trainable_weights))
+
+
+@dataclass
+class Phase:
+    """One phase's outcome, as the job reports it: its ``inputs`` (the input path object), the
+    early-stopping callback, the epochs every rank ran in it, the seconds in ``fit`` and the exact
+    test totals."""
+
+    inputs: object
+    early_stopping: object
+    epochs_run: int
+    fit_seconds: float
+    totals: object
+    resume: object = None  # train.Resume: where the phase started
+    report: Optional[Dict] = None  # phase 2: what report["fine_tune"] holds
+
+
+def phase1_record(phase: Phase, resume) -> Dict:
+    """What phase 2's checkpoint markers and the report keep of phase 1: its epochs, best epoch and
+    best ``val_accuracy`` and its exact test metrics (from the marker when phase 1 ran in an
+    earlier process)."""
+    if resume.phase == 2:
+        return dict(resume.marker["phase1"])
+    es = phase.early_stopping
+    best = float(es.best) if es.model is not None else resume.marker["early_stopping"]["best"]
+    totals = phase.totals
+    return {"epochs": resume.initial_epoch + phase.epochs_run, "best_epoch": int(es.best_epoch) + 1,
+            "best_val_accuracy": best, "input_path": phase.inputs.name,
+            "test": {"loss": totals.loss, "accuracy": totals.accuracy, "count": totals.count}}
+
+
+def fine_tune(config, rank, plan, first: Phase, resume, frozen_sha256: str, tracker) -> Phase:
+    """Phase 2 on every rank: from phase 1's best weights (or, resuming in phase 2, from its newest
+    checkpoint), the top ``config.fine_tune_blocks`` blocks unfrozen, recompiled with
+    :func:`phase2_lr`, trained on images with the job's callbacks and evaluated exactly.
+
+    Returns the phase's :class:`Phase`, with ``report`` for ``metrics.json``'s ``fine_tune``.
+    """
+    import horovod.tensorflow as hvd_tf
+
+    from pipelines.training import train as job
+    from pipelines.training.checkpoints import frozen_checksum
+    from pipelines.training.inputs import ImageInputs
+    from pipelines.training.model import compile_distributed
+
+    record = phase1_record(first, resume)
+    lr = phase2_lr(plan.lr, config.fine_tune_lr)
+    model = _phase1_best(first, resume, rank, plan.output_dir)
+    layers = unfreeze(model, config.backbone, config.fine_tune_blocks)
+    compile_distributed(model, lr, config.fp16_allreduce)
+    second = _phase2_resume(config, rank, model, resume, record, plan.output_dir)
+    if rank.rank == 0:
+        log.info("fine-tuning: %d top block(s) of %s unfrozen (%d layers with weights, %d trainable parameters), "
+                 "on images; lr %g = %g x %g; epochs %d..%d", config.fine_tune_blocks, config.backbone,
+                 len(layers), trainable_parameters(model), lr, config.fine_tune_lr, plan.lr,
+                 record["epochs"] + 1, record["epochs"] + config.fine_tune_max_epochs)
+    phase_config = dataclasses.replace(config, warmup_epochs=0.0,
+                                       epochs=record["epochs"] + config.fine_tune_max_epochs)
+    phase_plan = dataclasses.replace(plan, lr=lr)
+    inputs = ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.image_size)
+    marker = {"phase": 2, "blocks": config.fine_tune_blocks, "phase1": record}
+    callbacks, early_stopping, epoch_stats = job.make_callbacks(phase_config, rank, phase_plan, second, frozen_sha256,
+                                                                tracker, marker=marker)
+    seconds = job.train(phase_config, rank, phase_plan, inputs, second, callbacks)
+    totals = job.evaluate(inputs, plan)
+    report = {"blocks": config.fine_tune_blocks, "layers": layers, "trainable_parameters": trainable_parameters(model),
+              "learning_rate": lr, "lr_factor": config.fine_tune_lr, "first_epoch": record["epochs"] + 1,
+              "phase1": record, "epochs_planned": phase_config.epochs,
+              "resumed_in_phase_2": resume.phase == 2,
+              "non_trainable_sha256_per_rank": hvd_tf.allgather_object(frozen_checksum(model), name="phase2_frozen")}
+    return Phase(inputs, early_stopping, epoch_stats.epochs_run, seconds, totals, second, report)
+
+
+def _phase1_best(first: Phase, resume, rank, directory: str):
+    """The whole model holding phase 1's best weights: as phase 1 left them, or (resuming in phase 2
+    while the best epoch is still phase 1's) rank 0 loads that checkpoint into phase 1's trainable
+    set (the other ranks receive it by broadcast in :func:`_phase2_resume`)."""
+    from pipelines.training.checkpoints import load_checkpoint
+    from pipelines.training.schedule import checkpoint_path
+
+    if resume.phase == 2 and rank.rank == 0:
+        best = resume.marker["early_stopping"]["best_epoch"]
+        if best <= resume.marker["phase1"]["epochs"]:
+            load_checkpoint(first.inputs.model, checkpoint_path(directory, best), optimizer=False)
+    return first.inputs.exported_model()
+
+
+def _phase2_resume(config, rank, model, resume, record: Dict, directory: str):
+    """Where phase 2 starts (a :class:`pipelines.training.train.Resume`): fresh, after phase 1's last
+    epoch with phase 1's best as early stopping's to beat; or, after a phase 2 checkpoint, rank 0
+    loads the best and the newest of them into the phase 2 model (trainable set and optimizer), and
+    every rank receives weights, optimizer state and best weights by broadcast."""
+    import horovod.tensorflow as hvd_tf
+
+    from pipelines.training import train as job
+    from pipelines.training.checkpoints import build_optimizer, load_checkpoint, optimizer_checksum, optimizer_state
+    from pipelines.training.schedule import checkpoint_path
+
+    if resume.phase != 2:
+        state = {"best": record["best_val_accuracy"], "wait": 0, "best_epoch": record["best_epoch"], "stopped": False}
+        marker = {"epoch": record["epochs"], "early_stopping": state, "phase": 2}
+        return job.Resume(marker, model.get_weights(), None, resume.history, None)
+    marker = resume.marker
+    build_optimizer(model)
+    best_weights = None
+    if rank.rank == 0:
+        best = marker["early_stopping"]["best_epoch"]
+        if best > record["epochs"]:
+            load_checkpoint(model, checkpoint_path(directory, best), optimizer=False)
+        best_weights = model.get_weights()
+        load_checkpoint(model, checkpoint_path(directory, marker["epoch"]))
+        log.info("fine-tuning: resuming phase 2 after epoch %d (best epoch so far %d)", marker["epoch"], best)
+    hvd_tf.broadcast_variables(list(model.variables) + optimizer_state(model.optimizer), root_rank=0)
+    best_weights = hvd_tf.broadcast_object(best_weights, root_rank=0, name="phase2_best_weights")
+    checksums = hvd_tf.allgather_object(job.weights_checksum(model), name="phase2_resume_checksums")
+    optimizer = hvd_tf.allgather_object(optimizer_checksum(model.optimizer), name="phase2_resume_optimizer")
+    return job.Resume(marker, best_weights, checksums, resume.history, optimizer)
