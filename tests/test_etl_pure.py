@@ -173,6 +173,20 @@ def test_rows_per_row_group():
     assert rows_per_row_group(row, 1, {"train": 100}, 8) == 1
 
 
+def test_the_default_row_group_size_keeps_8_row_groups_for_8_ranks_at_caltech_256_size():
+    """The default's trade-off (README): Caltech-256, 30,607 images at 299 px split 90/10, gives
+    125-row (32 MiB) row groups: at least 25 in the test split and 221 in train (more where a
+    task's file ends in a partial one), each >= 8 for 8 ranks."""
+    from pipelines.etl.config import ETLConfig
+
+    config = ETLConfig(input="in", output="out")
+    assert config.row_group_mb == 32.0 and config.min_row_groups == 8
+    splits = {"train": 27_546, "test": 3_061}
+    rpg = rows_per_row_group(299 * 299 * 3, int(config.row_group_mb * 2**20), splits, config.min_row_groups)
+    assert rpg == 125
+    assert {s: -(-n // rpg) for s, n in splits.items()} == {"train": 221, "test": 25}
+
+
 def test_config_from_command_line():
     config = parse_config(ETLConfig, ["--input", "in", "--output", "/tmp/out", "--image-size", "128",
                                       "--test-fraction", "0.25", "--row-group-mb", "2"])

@@ -26,7 +26,10 @@ class ETLConfig:
     image_size: int = field(299, help="side of the square output images, pixels")
     test_fraction: float = field(0.1, help="share of each class's files in the test split, in (0, 1)")
     seed: int = field(42, help="seed of the deterministic train/test assignment")
-    row_group_mb: float = field(1.0, help="target uncompressed row-group size, MiB")
+    # 32 MiB: the loader benchmark's sweep (README, Benchmarks: Loader) was fastest there, and a
+    # Caltech-256-sized input (30,607 images at 299 px, 10 % test) still gets at least 25 test row groups
+    row_group_mb: float = field(32.0, help="target uncompressed row-group size, MiB (larger row groups read "
+                                           "faster, down to --min-row-groups per split)")
     min_row_groups: int = field(8, help="each split gets at least this many row groups when it has "
                                         "that many rows: the largest Horovod world size it can feed")
     max_pixels: int = field(DEFAULT_MAX_PIXELS, help="images with more pixels are rejected as "
