@@ -9,6 +9,7 @@ from pipelines import tracking as trk
 from pipelines.config import field, storage_options_field
 from pipelines.paths import check_url_safe
 from pipelines.storage import is_local
+from pipelines.training.finetune import KERAS_GUIDE_LR_FACTOR
 
 
 @dataclass
@@ -56,7 +57,7 @@ class TrainConfig:
                                           "backbone's top N blocks (Xception: block14 down, 1..14; tiny: 1..2) and "
                                           "train on, on images, batch-norm kept in inference mode; 0 = the backbone "
                                           "stays frozen (pipelines/training/finetune.py)")
-    fine_tune_lr: float = field(0.01, help="phase 2's learning rate = this factor x phase 1's (base_lr x world size); "
+    fine_tune_lr: float = field(KERAS_GUIDE_LR_FACTOR, help="phase 2's learning rate = this factor x phase 1's (base_lr x world size); "
                                            "0.01 is the Keras transfer-learning guide's (Adam 1e-3, then 1e-5)")
     fine_tune_epochs: int = field(0, help="maximum epochs of the fine-tuning phase, with the same early stopping; "
                                           "0 = --epochs")
