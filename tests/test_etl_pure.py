@@ -8,7 +8,7 @@ import pytest
 from pipelines.config import parse_config
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.labels import (CALTECH, FOLDERS, ClassFolder, decide_layout, has_image_extension, label_for, n_test,
-                                  parse_class_folder, split_class)
+                                  parse_class_folder, path_parts, split_class)
 from pipelines.etl.images import ImageRejected
 from pipelines.etl.layout import cut_into, rows_per_row_group, spread_order
 from pipelines.etl.listing import (REJECTED, SKIPPED, Excluded, class_folders, classify, display_path, list_files,
@@ -147,6 +147,14 @@ def test_stratified_split_keeps_every_class_in_both_splits():
 ])
 def test_spark_hidden_rule(path, hidden):
     assert spark_ignores(path) is hidden
+
+
+@pytest.mark.parametrize("path", ["001.a/x.jpg", "001.a//x.jpg", "a/./b/c.PNG", "x.jpg", "a/b/", "", ".", "a/.hidden",
+                                  "caf\udce9/x.jpg", "a/b c/d.jpeg", "001.a/x.jpg._COPYING_"])
+def test_path_parts_are_pathlibs(path):
+    from pathlib import PurePosixPath
+
+    assert path_parts(path) == PurePosixPath(path).parts
 
 
 def test_classify_every_case():

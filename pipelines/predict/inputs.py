@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from pipelines.contract import MANIFEST, SPLITS, Manifest
-from pipelines.etl.labels import parse_class_folder
+from pipelines.etl.labels import parse_class_folder, path_parts
 from pipelines.etl.listing import SKIPPED, display_path, list_files, name_exclusion, size_exclusion
 
 TREE, ETL_SPLIT = "tree", "etl"
@@ -77,7 +76,7 @@ def class_index(class_names: Sequence[Optional[str]]) -> Dict[str, int]:
 def folder_class(relative_path: str) -> Optional[str]:
     """The class name a file's top-level folder gives: ``NNN.name`` -> ``name``, a plain folder ->
     its name; ``None`` for a file directly under the root."""
-    parts = PurePosixPath(relative_path).parts
+    parts = path_parts(relative_path)
     if len(parts) < 2:
         return None
     parsed = parse_class_folder(parts[0])
