@@ -19,7 +19,11 @@ of each, and the Spark share of reading the files' bytes in the task from each b
 ``binaryFile`` source is tried on ``s3://`` too: the pip-installed Spark has no ``s3a``/``s3``
 connector, so it fails, and the error is printed.
 
-Usage: python benchmarks/etl_bench.py [--fashion-per-class 200] [--master local[2]] [--storage s3]
+Where our time goes is printed after the table (:func:`breakdown`): the driver's plan, a Spark
+job whose tasks do nothing, the tasks' work, the finish, and one process's write rate alone.
+
+Usage: python benchmarks/etl_bench.py [--fashion-per-class 1000] [--tux-copies 10] [--master local[2]]
+[--storage s3]
 """
 from __future__ import annotations
 
@@ -153,9 +157,9 @@ def s3_rows(spark, inputs: dict, work: str, args, partitions: int) -> list:
         remote = storage.resolve(f"s3://{bucket}/input")
         remote.upload(src)
         local_cfg = ETLConfig(input=src, output=os.path.join(work, "out-local"), image_size=args.image_size,
-                              num_partitions=partitions)
+                              num_partitions=partitions, tracking=False)
         s3_cfg = ETLConfig(input=remote.uri, output=f"s3://{bucket}/etl", image_size=args.image_size,
-                           num_partitions=partitions)
+                           num_partitions=partitions, tracking=False)
         run_etl(local_cfg, spark)  # warm-up: JVM, Python workers, file cache
         run_etl(s3_cfg, spark)
         local_m, local_s = best_of(args.repeats, lambda: run_etl(local_cfg, spark))
@@ -212,6 +216,78 @@ def decode_floor(input_dir: str, size: int, processes: int) -> tuple:
     return done, time.perf_counter() - start
 
 
+def copy_tree(src: str, dest: str, copies: int) -> str:
+    """``dest``: every file of ``src`` ``copies`` times in its class folder (``k-name``), hard links
+    where the file system allows: the same photos at a size where a job's fixed costs no longer hide
+    its per-image rate."""
+    for folder, _, names in os.walk(src):
+        target = os.path.join(dest, os.path.relpath(folder, src))
+        os.makedirs(target, exist_ok=True)
+        for name in names:
+            for k in range(copies):
+                link = os.path.join(target, f"{k}-{name}")
+                if not os.path.exists(link):
+                    try:
+                        os.link(os.path.join(folder, name), link)
+                    except OSError:
+                        shutil.copyfile(os.path.join(folder, name), link)
+    return dest
+
+
+def breakdown(spark, config, repeats: int) -> dict:
+    """Where one ETL run's time goes, each part timed alone (best of ``repeats``), seconds:
+    ``plan`` (the driver's listing, split and row-group plan), ``empty_job`` (the same Spark job
+    with the same closure and tasks that do nothing: job and task start), ``tasks`` (the real
+    job less the empty one: reading, decoding and writing in the tasks), ``finish`` (footers read
+    back, reconciliation, manifest and commit); and ``write_rows_per_s``: one process writing the
+    run's decoded rows as the tasks do (:class:`pipelines.etl.transform.SplitWriter`), no decode."""
+    from functools import partial
+
+    from pipelines.etl import commit, job
+    from pipelines.etl.layout import cut_into
+
+    the_plan, plan_s = best_of(repeats, lambda: job.plan(config))
+    partitions = config.num_partitions or config.default_partitions(spark.sparkContext.defaultParallelism)
+    chunks = cut_into(the_plan.candidates, max(1, min(partitions, len(the_plan.candidates))))
+    empty = partial(_empty_task, chunks=chunks)
+    _, empty_s = best_of(repeats, lambda: spark.range(len(chunks), numPartitions=len(chunks))
+                         .mapInArrow(empty, "n LONG").toArrow())
+    commit.run_location(config.location(config.output), the_plan.run_id).makedirs()
+    outcomes, spark_s = best_of(1, lambda: job.run_spark(spark, config, the_plan))
+    _, finish_s = best_of(1, lambda: job.finish(config, the_plan, outcomes, spark.version, spark_s))
+    return dict(plan=plan_s, empty_job=empty_s, tasks=max(0.0, spark_s - empty_s), finish=finish_s,
+                write_rows_per_s=write_only(config, the_plan))
+
+
+def _empty_task(batches, chunks):
+    """A task of the ETL's job that reads nothing: its start and the closure's cost only."""
+    import pyarrow as pa
+
+    from pipelines import zipcache
+
+    zipcache.install()  # as the ETL's tasks do
+    yield pa.RecordBatch.from_pydict({"n": [sum(len(chunks[c]) for b in batches for c in b.column(0).to_pylist())]})
+
+
+def write_only(config, the_plan, rows: int = 1000) -> float:
+    """Rows/s of one process writing ``rows`` of the plan's images, decoded beforehand, through
+    the ETL's :class:`~pipelines.etl.transform.SplitWriter` (the tasks' Parquet settings)."""
+    from pipelines.etl.images import decode_and_fit
+    from pipelines.etl.transform import SplitWriter
+    from pipelines.storage import resolve
+
+    fitted = [decode_and_fit(open(c.path, "rb").read(), config.image_size) for c in the_plan.candidates[:rows]]
+    target = resolve(os.path.join(config.output, "write-only.parquet"))
+    writer = SplitWriter(target, the_plan.rows_per_row_group, config.image_size)
+    start = time.perf_counter()
+    for i in range(rows):
+        writer.append(fitted[i % len(fitted)], f"x{i}", 0, "x")
+    writer.close()
+    seconds = time.perf_counter() - start
+    os.remove(target.path)
+    return rows / seconds
+
+
 def best_of(repeats: int, fn):
     times, result = [], None
     for _ in range(repeats):
@@ -223,7 +299,9 @@ def best_of(repeats: int, fn):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--fashion-per-class", type=int, default=200, help="Fashion-MNIST files per class (10 classes)")
+    parser.add_argument("--fashion-per-class", type=int, default=1000, help="Fashion-MNIST files per class (10 classes)")
+    parser.add_argument("--tux-copies", type=int, default=10,
+                        help="also run the Tux Paint photos copied this many times (0: not)")
     parser.add_argument("--image-size", type=int, default=299)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--repeats", type=int, default=2)
@@ -249,6 +327,9 @@ def main(argv=None) -> int:
     fashion, tux = inputs.values()
     samples.main(["fashion-mnist", "--dest", fashion, "--per-class", str(args.fashion_per_class)])
     samples.main(["tuxpaint", "--dest", tux])
+    if args.tux_copies > 1:
+        inputs[f"tux paint photos x {args.tux_copies}"] = copy_tree(tux, os.path.join(work, "tux-copies"),
+                                                                    args.tux_copies)
 
     server = None
     if args.storage == "s3":  # before Spark starts: its Python workers inherit the AWS_* variables
@@ -270,15 +351,18 @@ def main(argv=None) -> int:
                 shutil.rmtree(work, ignore_errors=True)
         return 0
     rows = []
-    for name, src in inputs.items():
-        out_ours, out_recipe = os.path.join(work, "out-ours"), os.path.join(work, "out-recipe")
-        config = ETLConfig(input=src, output=out_ours, image_size=args.image_size, num_partitions=partitions)
+    for i, (name, src) in enumerate(inputs.items()):
+        out_ours, out_recipe = os.path.join(work, f"out-ours-{i}"), os.path.join(work, "out-recipe")
+        # The data path is measured, not MLflow's run (a cost per run, not per image).
+        config = ETLConfig(input=src, output=out_ours, image_size=args.image_size, num_partitions=partitions,
+                           tracking=False)
         run_etl(config, spark)  # warm-up: JVM, Python workers, file cache
         recipe_rows, recipe_s = best_of(args.repeats, lambda: recipe_job(spark, src, out_recipe, args.image_size, partitions))
         one_rows, one_s = best_of(args.repeats, lambda: recipe_job(spark, src, out_recipe, args.image_size, partitions,
                                                                    split=False))
         manifest, ours_s = best_of(args.repeats, lambda: run_etl(config, spark))
         ours_rows = manifest["files"]["written"]
+        parts = breakdown(spark, config, args.repeats)
         scan_rows, scan_s = best_of(args.repeats, lambda: binaryfile_scan(spark, src, partitions))
         read_rows, read_s = best_of(args.repeats, lambda: read_in_task_scan(spark, src, partitions))
         cores = spark.sparkContext.defaultParallelism
@@ -287,7 +371,7 @@ def main(argv=None) -> int:
                                key=lambda r: r[1])
         rows.append(dict(name=name, ours=ours_rows / ours_s, recipe=recipe_rows / recipe_s, one=one_rows / one_s,
                          n_ours=ours_rows, n_recipe=recipe_rows, scan=scan_rows / scan_s, read=read_rows / read_s,
-                         floor1=files1 / floor1_s, floorn=filesn / floorn_s, cores=cores))
+                         floor1=files1 / floor1_s, floorn=filesn / floorn_s, cores=cores, ours_s=ours_s, **parts))
         shutil.rmtree(out_ours, ignore_errors=True)
         shutil.rmtree(out_recipe, ignore_errors=True)
     spark.stop()
@@ -306,7 +390,22 @@ def main(argv=None) -> int:
               f"{r['scan']:15.1f} {r['read']:12.1f}")
         if r["n_ours"] != r["n_recipe"]:
             print(f"  (rows: ours {r['n_ours']}, recipe {r['n_recipe']})")
+    print_breakdown(rows)
     return 0
+
+
+def print_breakdown(rows: list) -> None:
+    """Where our ETL's time goes, per input (seconds, each part timed alone; see :func:`breakdown`),
+    and the per-process rates of the floor's decode and of the write alone."""
+    print("\nOur ETL's time, part by part (s): plan = driver listing and split; empty job = Spark job and task "
+          "start with the same closure, tasks doing nothing; tasks = the real job less the empty one; finish = "
+          "footers, reconciliation, manifest, commit. Rates per process (images/s): decode = floor 1; write = "
+          "SplitWriter alone")
+    print(f"{'input':44s} {'total':>6s} {'plan':>6s} {'empty job':>9s} {'tasks':>6s} {'finish':>6s} "
+          f"{'decode/proc':>11s} {'write/proc':>10s}")
+    for r in rows:
+        print(f"{r['name']:44s} {r['ours_s']:6.2f} {r['plan']:6.2f} {r['empty_job']:9.2f} {r['tasks']:6.2f} "
+              f"{r['finish']:6.2f} {r['floor1']:11.1f} {r['write_rows_per_s']:10.1f}")
 
 
 if __name__ == "__main__":
