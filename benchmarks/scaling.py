@@ -29,12 +29,17 @@ parameters, 19 MB per step in float32, against the frozen backbone's head, 2048 
 measures every point both ways, side by side. The table prints the bytes a rank allreduces per
 step (trainable parameters x 4, or x 2 with fp16).
 
+``--co-run`` also runs N independent world-size-1 jobs at the same time (N = the largest
+``--np``), each bound to cores of its own, with no allreduce between them: their combined images/s
+against N times world size 1's is this machine's own efficiency at N (shared memory bandwidth
+and caches), the bound on what Horovod can reach here; the rest of the np=N loss is Horovod's.
+
 A list of sizes on a bigger machine: ``--np 1,2,4,8`` (each world size needs that many cores
 times ``--threads``, or GPUs: one per rank).
 
 Usage: python benchmarks/scaling.py [--np 1,2] [--batch-sizes 4,8,16,32] [--threads 1] [--no-bind-cores]
            [--cycle-time-ms MS] [--fine-tune-blocks N] [--fp16-allreduce | --compare-fp16]
-           [--warmup-steps 3] [--steps 10] [--sample fashion-mnist --per-class 100 --etl-image-size 299 |
+           [--co-run] [--warmup-steps 3] [--steps 10] [--sample fashion-mnist --per-class 100 --etl-image-size 299 |
             --data ETL_OUTPUT] [--image-size 0] [--weights FILE] [--out OUT/scaling]
 """
 from __future__ import annotations
@@ -110,6 +115,9 @@ def main(argv=None) -> int:
     sample_data.add_arguments(parser, per_class=100, etl_image_size=299, training=TRAINING)
     parser.add_argument("--compare-fp16", action="store_true",
                         help="measure every point with float32 and with float16 (--fp16-allreduce) allreduce")
+    parser.add_argument("--co-run", action="store_true",
+                        help="also time max(--np) independent world-size-1 jobs at once (no allreduce): the "
+                             "machine's own efficiency, the bound on Horovod's")
     parser.add_argument("--out", default="out/scaling",
                         help="folder for scaling.csv, scaling.png, timelines/ and the sample data")
     args = parser.parse_args(argv)
@@ -121,6 +129,8 @@ def main(argv=None) -> int:
         parser.error(f"--threads must be >= 1 here (the same threads at every world size), got {args.threads}")
     if args.headline_batch not in args.batch_sizes:
         parser.error(f"--headline-batch {args.headline_batch} is not one of --batch-sizes {args.batch_sizes}")
+    if args.co_run and 1 not in args.np:
+        parser.error("--co-run compares with world size 1: put 1 in --np")
     available = len(os.sched_getaffinity(0))
     if args.bind_cores and max(args.np) * args.threads > available:
         parser.error(f"binding {max(args.np)} ranks x {args.threads} thread(s) needs {max(args.np) * args.threads} "
@@ -142,13 +152,15 @@ def main(argv=None) -> int:
     os.makedirs(os.path.join(args.out, "timelines"), exist_ok=True)
     config = sample_data.prepare(base, args, args.out)
     results = []
+    fp16_variants = [False, True] if args.compare_fp16 else [config.fp16_allreduce]
     for n in args.np:
         print(f"np={n}: batch sizes {args.batch_sizes} per rank, {config.threads} thread(s) per rank", flush=True)
         results += HorovodRunner(np=-n).run(
             measure.measure_throughput, config=config, batch_sizes=args.batch_sizes, warmup_steps=args.warmup_steps,
             steps=args.steps, timeline_dir=os.path.abspath(os.path.join(args.out, "timelines")),
-            fp16_variants=[False, True] if args.compare_fp16 else [config.fp16_allreduce])
+            fp16_variants=fp16_variants)
     rows = measure.scaling_rows([measure.point_from_result(r) for r in results])
+    alone = co_run(max(args.np), config, args, fp16_variants) if args.co_run else []
 
     machine = (f"{os.cpu_count()} CPUs, {config.threads} thread(s) per rank"
                f"{', bound to cores of its own' if config.bind_cores else ', not bound'}, "
@@ -176,7 +188,54 @@ def main(argv=None) -> int:
         print(f"goal (scaling efficiency at np=2, batch {args.headline_batch} per rank"
               f"{', fp16 allreduce' if r['fp16_allreduce'] else ''}, >= 0.9): {eff:.3f}, "
               f"{'met' if eff >= 0.9 else 'NOT met'}")
+    print_co_run(alone, rows, max(args.np))
     return 0
+
+
+def co_run(n: int, config, args, fp16_variants) -> list:
+    """``n`` world-size-1 jobs at once, job ``i`` on cores ``[i * threads, (i + 1) * threads)`` of
+    this process's; returns each job's :func:`measure.measure_throughput` results, one list per job."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    print(f"co-run: {n} independent world-size-1 jobs at once, {config.threads} thread(s) each", flush=True)
+    # Not multiprocessing.Pool: its workers are daemons, which may not start horovodrun's processes.
+    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        jobs = [pool.submit(_alone, slot, config, args.batch_sizes, args.warmup_steps, args.steps, fp16_variants)
+                for slot in range(n)]
+        return [job.result() for job in jobs]
+
+
+def _alone(slot: int, config, batch_sizes, warmup_steps: int, steps: int, fp16_variants) -> list:
+    """One world-size-1 job (``HorovodRunner(np=-1)``), confined to its slot's cores first: the rank
+    inherits them and binds within them (:func:`pipelines.training.devices.bind_to_cores`)."""
+    import cloudpickle
+
+    import measure
+    from pipelines.launcher import HorovodRunner
+
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, cores[slot * config.threads:(slot + 1) * config.threads])
+    cloudpickle.register_pickle_by_value(measure)
+    return HorovodRunner(np=-1).run(measure.measure_throughput, config=config, batch_sizes=batch_sizes,
+                                    warmup_steps=warmup_steps, steps=steps, fp16_variants=fp16_variants)
+
+
+def print_co_run(alone: list, rows: list, n: int) -> None:
+    """Per batch size and precision: the ``n`` lone jobs' combined images/s, and that against
+    ``n`` x world size 1's alone (the machine's own efficiency at ``n``)."""
+    if not alone:
+        return
+    solo = {(r["batch_size_per_rank"], r["fp16_allreduce"]): r["images_per_second"] for r in rows
+            if r["world_size"] == 1}
+    for i, first in enumerate(alone[0]):
+        key = (first["batch_size"], first["fp16"])
+        together = sum(job[i]["batch_size"] * job[i]["steps"] / job[i]["seconds"] for job in alone)
+        horovod = next((r["scaling_efficiency"] for r in rows if r["world_size"] == n
+                        and (r["batch_size_per_rank"], r["fp16_allreduce"]) == key), None)
+        print(f"co-run, batch {key[0]}{' (fp16 variant)' if key[1] else ''}: {n} lone world-size-1 jobs at once "
+              f"{together:.1f} images/s, {together / (n * solo[key]):.3f} of {n} x world size 1 alone (the "
+              f"machine's own bound); Horovod at np={n}: {horovod:.3f}")
 
 
 if __name__ == "__main__":

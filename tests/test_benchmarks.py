@@ -6,6 +6,7 @@ benchmarks' own output on a real-sized run, never asserted by tests.
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -25,12 +26,17 @@ def _run(script, *args, timeout=900):
 
 
 def test_scaling_benchmark_writes_rows_chart_and_allreduce_share(tmp_path):
-    """With the tiny backbone's top block trained (--fine-tune-blocks 1) and every point measured with
-    float32 and float16 allreduce (--compare-fp16)."""
+    """With the tiny backbone's top block trained (--fine-tune-blocks 1), every point measured with
+    float32 and float16 allreduce (--compare-fp16), and two lone world-size-1 jobs at once (--co-run)."""
     out = tmp_path / "scaling"
     stdout = _run("scaling.py", "--np", "1,2", "--batch-sizes", "2,4", "--headline-batch", "4",
                   "--warmup-steps", "1", "--steps", "2", "--per-class", "4", "--etl-image-size", "71", "--backbone", "tiny",
-                  "--fine-tune-blocks", "1", "--compare-fp16", "--out", str(out))
+                  "--fine-tune-blocks", "1", "--compare-fp16", "--co-run", "--out", str(out))
+    co_run = re.findall(r"co-run, batch (\d)( \(fp16 variant\))?: 2 lone world-size-1 jobs at once ([\d.]+) images/s, "
+                        r"([\d.]+) of 2 x world size 1 alone \(the machine's own bound\); Horovod at np=2: ([\d.]+)",
+                        stdout)
+    assert [(b, bool(fp16)) for b, fp16, *_ in co_run] == [("2", False), ("2", True), ("4", False), ("4", True)], stdout
+    assert all(float(images) > 0 and 0 < float(share) < 2 for _, _, images, share, _ in co_run)
     with open(out / "scaling.csv") as f:
         rows = list(csv.DictReader(f))
     points = [("1", "2"), ("2", "2"), ("1", "4"), ("2", "4")]
