@@ -273,10 +273,11 @@ def write_only(config, the_plan, rows: int = 1000) -> float:
     """Rows/s of one process writing ``rows`` of the plan's images, decoded beforehand, through
     the ETL's :class:`~pipelines.etl.transform.SplitWriter` (the tasks' Parquet settings)."""
     from pipelines.etl.images import decode_and_fit
-    from pipelines.etl.transform import SplitWriter
+    from pipelines.etl.transform import SplitWriter, read_file
     from pipelines.storage import resolve
 
-    fitted = [decode_and_fit(open(c.path, "rb").read(), config.image_size) for c in the_plan.candidates[:rows]]
+    fitted = [decode_and_fit(read_file(c.path, int(config.max_file_mb * 2**20)), config.image_size)
+              for c in the_plan.candidates[:rows]]
     target = resolve(os.path.join(config.output, "write-only.parquet"))
     writer = SplitWriter(target, the_plan.rows_per_row_group, config.image_size)
     start = time.perf_counter()

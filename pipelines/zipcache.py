@@ -6,7 +6,8 @@ PySpark's worker calls ``importlib.invalidate_caches()`` at the start of every t
 (CPython gh-103200, fixed in 3.12 by making the re-read lazy), and a worker imports PySpark from
 ``pyspark.zip`` (3 MB, one importer per package folder): measured on the 2-core development
 machine, 0.28 CPU-seconds per task, 5.9 s for 32 empty tasks against 1.2 s with
-:func:`install` (``benchmarks/etl_bench.py``'s "task start" column).
+:func:`install` (one-off timings; ``benchmarks/etl_bench.py``'s "empty job" column shows
+the per-job remainder).
 
 :func:`install`, called at the start of a task of ours, keeps the fix for the rest of that
 worker's life (PySpark reuses workers): an archive's directory is re-read only when its size or

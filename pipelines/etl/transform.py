@@ -96,7 +96,7 @@ class SplitWriter:
             # object store the file is one (multipart) upload: it appears whole when closed.
             # write_batch_size: pyarrow checks the page size only between batches of values, so its
             # default (1024 rows) makes each row group one page, built in a fresh buffer of tens of
-            # MiB; pages of about PAGE_BYTES write 2.5x faster (benchmarks/etl_bench.py, "write only").
+            # MiB; pages of about PAGE_BYTES write 2.5x faster (benchmarks/etl_bench.py, "write/proc").
             self.writer = pq.ParquetWriter(self.target.path, IMAGE_SCHEMA, filesystem=self.target.filesystem,
                                            compression="snappy", use_dictionary=["label", "label_name"],
                                            write_statistics=["label"], data_page_size=PAGE_BYTES,
