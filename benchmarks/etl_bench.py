@@ -244,11 +244,11 @@ def breakdown(spark, config, repeats: int) -> dict:
     from functools import partial
 
     from pipelines.etl import commit, job
-    from pipelines.etl.layout import cut_into
+    from pipelines.etl.layout import closure_chunks
 
     the_plan, plan_s = best_of(repeats, lambda: job.plan(config))
     partitions = config.num_partitions or config.default_partitions(spark.sparkContext.defaultParallelism)
-    chunks = cut_into(the_plan.candidates, max(1, min(partitions, len(the_plan.candidates))))
+    chunks = closure_chunks(the_plan.candidates, max(1, min(partitions, len(the_plan.candidates))))
     empty = partial(_empty_task, chunks=chunks)
     _, empty_s = best_of(repeats, lambda: spark.range(len(chunks), numPartitions=len(chunks))
                          .mapInArrow(empty, "n LONG").toArrow())
@@ -306,6 +306,8 @@ def main(argv=None) -> int:
     parser.add_argument("--image-size", type=int, default=299)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--driver-memory", default="2g",
+                        help="the JVM's heap: the recipe's sort of 10,000 decoded images ran out of Spark's 1g")
     parser.add_argument("--partitions", type=int, default=0, help="Spark partitions for both jobs (0: the ETL's default)")
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a temp dir, removed)")
     parser.add_argument("--storage", choices=("local", "s3"), default="local",
@@ -339,7 +341,7 @@ def main(argv=None) -> int:
         port = s3server.free_port()
         os.environ.update(s3server.standard_environment(f"http://127.0.0.1:{port}"))
         server = s3server.start(port, os.path.join(work, "moto.log"))
-    spark = spark_session("etl-bench", args.master)
+    spark = spark_session("etl-bench", args.master, {"spark.driver.memory": args.driver_memory})
     spark.sparkContext.setLogLevel("ERROR")  # the recipe's 1 MB blocks make parquet-java warn on every row group
     partitions = args.partitions or ETLConfig.default_partitions(spark.sparkContext.defaultParallelism)
     if server is not None:

@@ -109,6 +109,24 @@ _BROKEN_BY_HOROVOD_RUN = ("HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY")
 _KEEP = "PIPELINES_KEEP_"
 
 
+def _pad_rank(rank: int, size: int) -> str:
+    """Horovod's name of a rank's log folder (``rank.<this>``): ``rank`` zero-padded to the digits
+    of ``size - 1``, and ``"0"`` for a world of one."""
+    return str(rank).zfill(len(str(max(size - 1, 0))))
+
+
+def _mend_pad_rank() -> None:
+    """Give Horovod's launcher a :func:`_pad_rank` that takes a world of one.
+
+    Horovod 0.28.1's ``gloo_run._pad_rank`` computes ``int(log10(size - 1)) + 1`` digits, a
+    ``ValueError: math domain error`` for one process, so every one-rank local run with rank logs
+    (``jobs/train.py --spark-np -1``) failed before its rank started. Same names for every other size.
+    """
+    from horovod.runner import gloo_run
+
+    gloo_run._pad_rank = _pad_rank
+
+
 def repair_horovod_env() -> None:
     """Replace the ``"(None,)"`` values ``horovod.runner.run`` gives some tuning variables, before
     ``hvd.init()`` reads them: by the launching process's own value when it had one, else by
@@ -207,6 +225,8 @@ class HorovodRunner:
     def _run_local(self, main, kwargs, num_proc: int) -> Any:
         iface = _local_interface(self.network_interface)
         import horovod.runner
+
+        _mend_pad_rank()
 
         handed = {FAILURE_DIR_ENV: None, **{_KEEP + n: os.environ[n] for n in _BROKEN_BY_HOROVOD_RUN
                                             if n in os.environ}}

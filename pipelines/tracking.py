@@ -179,8 +179,33 @@ def open_store(uri: str):
     with environment({}, keep=("MLFLOW_TRACKING_URI",)):
         mlflow.set_tracking_uri(uri)
     root = artifact_root(uri)
+    if root and not os.path.exists(uri[len(SQLITE):]):
+        _forget_store(uri)
     with _quiet_store(), _in_folder(os.path.dirname(root) if root else None):
         return mlflow.MlflowClient(uri)
+
+
+def _forget_store(uri: str) -> None:
+    """Drop what MLflow 2.22 caches for the SQLite store ``uri`` in this process: the tracking
+    store's SQLAlchemy engine (a class-level map per database URI) and the stores each registry
+    (tracking, model registry) keeps per URI.
+
+    Why: a cached engine keeps its database open. Once that file is deleted (a notebook removes a
+    job's output and runs the job again to the same folder), it still writes to the deleted file
+    and fails with "attempt to write a readonly database"; an engine built anew creates the file
+    again. MLflow has no public API for this: the registries' caches are the ``functools.lru_cache``
+    of their ``_get_store_with_resolved_uri`` (cleared whole: other stores are rebuilt on use).
+    """
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._model_registry.registry import ModelRegistryStoreRegistry
+    from mlflow.tracking._tracking_service.registry import TrackingStoreRegistry
+
+    with SqlAlchemyStore._db_uri_sql_alchemy_engine_map_lock:
+        engine = SqlAlchemyStore._db_uri_sql_alchemy_engine_map.pop(uri, None)
+    if engine is not None:
+        engine.dispose()
+    for registry in (TrackingStoreRegistry, ModelRegistryStoreRegistry):
+        registry._get_store_with_resolved_uri.cache_clear()
 
 
 @contextlib.contextmanager

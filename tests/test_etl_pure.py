@@ -9,13 +9,13 @@ from pipelines.config import parse_config
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.labels import (CALTECH, FOLDERS, ClassFolder, decide_layout, has_image_extension, label_for, n_test,
                                   parse_class_folder, path_parts, split_class)
-from pipelines.etl.images import ImageRejected
-from pipelines.etl.layout import cut_into, rows_per_row_group, spread_order
+from pipelines.etl.images import FittedImage, ImageRejected, paste_centred, white_canvas
+from pipelines.etl.layout import closure_chunks, cut_into, rows_per_row_group, spread_order
 from pipelines.etl.listing import (REJECTED, SKIPPED, Excluded, class_folders, classify, display_path, list_files,
                                    spark_ignores)
 from pipelines.etl.memory import (DECODE_BYTES_PER_PIXEL, WORKER_BASE_BYTES, check_task_memory, executor_memory,
                                   parse_size_mib, task_bytes)
-from pipelines.etl.transform import read_file
+from pipelines.etl.transform import Candidate, SplitWriter, read_file
 
 
 @pytest.mark.parametrize("folder, expected", [
@@ -284,6 +284,42 @@ def test_spread_order_is_seeded_and_deterministic_and_cut_is_balanced():
     assert cut_into([1, 2], 4) == [[], [1], [], [2]] and cut_into([], 2) == [[], []]
     with pytest.raises(ValueError):
         cut_into([1], 0)
+
+
+def test_closure_chunks_are_the_cut_as_plain_tuples():
+    candidates = [Candidate(f"/d/{i:03d}.c/{i}.jpg", i % 3, f"c{i % 3}", "train" if i % 4 else "test")
+                  for i in range(10)]
+    chunks = closure_chunks(candidates, 3)
+    assert [[Candidate._make(t) for t in c] for c in chunks] == cut_into(candidates, 3)
+    assert all(type(t) is tuple for c in chunks for t in c)
+    assert closure_chunks([], 2) == [[], []]
+
+
+@pytest.mark.parametrize("sizes", [
+    [(8, 6), (2, 2), (3, 1), (8, 8), (1, 1)],  # a small image in a slot a larger one filled before
+    [(1, 8), (8, 1), (5, 5), (8, 8), (7, 3), (2, 6), (4, 4)],  # tall, wide, odd margins
+    [(8, 8)] * 3 + [(1, 1)] * 3,  # every pixel of a slot covered, then almost none
+])
+def test_split_writer_rows_are_each_image_on_its_own_white_square(tmp_path, sizes):
+    """Two rows per row group, so each slot of the buffer is reused by images of other sizes: every
+    written row is the image pasted on a fresh white square, as :func:`paste_centred` makes it."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from pipelines.storage import resolve
+
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 200, (h, w, 3), dtype=np.uint8)) for w, h in sizes]
+    writer = SplitWriter(resolve(str(tmp_path / "part.parquet")), 2, 8)
+    for i, img in enumerate(images):
+        writer.append(FittedImage(img, img.height, img.width), f"p{i}", i, "c")
+    writer.close()
+    table = pq.read_table(tmp_path / "part.parquet")
+    assert pq.ParquetFile(tmp_path / "part.parquet").metadata.num_row_groups == (len(sizes) + 1) // 2
+    assert table.column("path").to_pylist() == [f"p{i}" for i in range(len(sizes))]
+    for img, row in zip(images, table.column("image").to_pylist()):
+        assert row == paste_centred(img, white_canvas(8)).tobytes()
 
 
 def test_task_memory_formula():

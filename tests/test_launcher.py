@@ -378,3 +378,21 @@ def test_a_lost_executor_names_its_host_and_the_rank_that_ran_there(text, host):
     assert str(failed.value).startswith(f"rank 1 on {host} failed: Spark executor lost: ExecutorLostFailure (executor")
     with pytest.raises(HorovodJobFailed, match=r"^rank -1 on 10.77.0.15 failed"):  # no rank reported that host
         _collect_tasks(_LostExecutorJob(text), {0: "10.77.0.14"})
+
+
+@pytest.mark.parametrize("size, names", [(1, ["0", "0"]), (2, ["0", "1"]), (10, ["0", "9"]), (11, ["00", "10"]),
+                                         (101, ["000", "100"])])
+def test_rank_log_folders_are_named_as_horovod_names_them_and_for_one_rank(size, names):
+    from pipelines.launcher import _pad_rank
+    assert [_pad_rank(0, size), _pad_rank(size - 1, size)] == names
+    if size > 1:  # Horovod's own formula, where it works
+        from horovod.runner.gloo_run import _pad_rank as horovods
+        assert [horovods(0, size), horovods(size - 1, size)] == names
+
+
+@pytest.mark.slow
+def test_one_local_rank_with_rank_logs_runs_and_keeps_its_log(tmp_path):
+    """np=-1 with a log folder (``jobs/train.py --spark-np -1``): Horovod 0.28.1's launcher failed
+    with a math domain error before the rank started."""
+    assert HorovodRunner(np=-1, log_dir=str(tmp_path)).run(_tuning_env)["HOROVOD_CACHE_CAPACITY"] is None
+    assert os.path.isfile(tmp_path / "rank.0" / "stdout")

@@ -114,3 +114,24 @@ def test_a_run_continues_with_immutable_params_and_tracking_failures_never_stop_
 
 def _refuse(*args, **kwargs):
     raise ConnectionError("store went away")
+
+
+@pytest.mark.slow  # imports MLflow and creates a SQLite store twice: about 15 s here
+def test_an_output_deleted_and_made_again_gets_a_store_again_in_the_same_process(tmp_path):
+    """A notebook deletes a job's output and runs the job to the same folder again, in one kernel:
+    the second run gets a new store in the new folder (MLflow's cached store of the deleted file
+    failed with "attempt to write a readonly database"), and holds that run alone."""
+    import shutil
+
+    out = tmp_path / "out"
+    uri = tracking.default_uri(str(out))
+    for attempt in (1, 2, 3):
+        out.mkdir()
+        with tracking.start(uri, "unit", str(out), f"attempt-{attempt}", {"attempt": attempt}) as tracker:
+            tracker.log_epoch(1, {"loss": 1.0 / attempt})
+        with tracking.using_store(uri) as client:
+            runs = client.search_runs([client.get_experiment_by_name("unit").experiment_id])
+        assert [(r.info.run_name, r.data.params, r.info.status) for r in runs] == \
+            [(f"attempt-{attempt}", {"attempt": str(attempt)}, "FINISHED")]
+        assert os.path.exists(out / tracking.STORE_FILE)
+        shutil.rmtree(out)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 import warnings
 from dataclasses import dataclass
+from typing import Tuple
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError, features
@@ -136,11 +137,17 @@ def paste_centred(img: Image.Image, canvas: np.ndarray) -> np.ndarray:
         ``canvas``, modified in place: the image's top-left corner lands at
         ``((size - w) // 2, (size - h) // 2)`` (column, row), as ``Image.paste`` in the recipe.
     """
-    w, h = img.size
-    size = canvas.shape[0]
-    top, left = (size - h) // 2, (size - w) // 2
-    canvas[top:top + h, left:left + w] = np.asarray(img)
+    canvas[centred_box(img.size, canvas.shape[0])] = np.asarray(img)
     return canvas
+
+
+def centred_box(image_size: Tuple[int, int], size: int) -> Tuple[slice, slice]:
+    """The ``(rows, columns)`` slices of a ``size x size`` canvas that :func:`paste_centred` fills
+    with an image of ``image_size = (w, h)`` pixels (each no larger than ``size``): its top-left
+    corner at ``((size - w) // 2, (size - h) // 2)`` (column, row)."""
+    w, h = image_size
+    top, left = (size - h) // 2, (size - w) // 2
+    return slice(top, top + h), slice(left, left + w)
 
 
 def white_canvas(size: int) -> np.ndarray:

@@ -45,7 +45,7 @@ from pipelines.contract import (COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, 
                                 manifest_sha256)
 from pipelines.etl import commit
 from pipelines.etl.labels import ClassFolder, split_class
-from pipelines.etl.layout import cut_into, rows_per_row_group, spread_order
+from pipelines.etl.layout import closure_chunks, rows_per_row_group, spread_order
 from pipelines.etl.listing import (REJECTED, SKIPPED, Excluded, ListedFile, classify, display_path, list_tree,
                                    reason_kind)
 from pipelines.etl.memory import check_task_memory, executor_memory, physical_memory_bytes, task_bytes
@@ -212,13 +212,13 @@ def run_spark(spark, config: ETLConfig, the_plan: Plan) -> Dict[str, dict]:
     # would be sliced by Spark, not by us, and need a repartition (a shuffle) to get our chunks.
     # The cost: the candidate list (about 100 bytes per file) travels with the function to each
     # executor (PySpark broadcasts a large closure once per executor), fine up to millions of files.
-    mapper = partial(process_chunks, chunks=cut_into(candidates, the_plan.partitions),
+    mapper = partial(process_chunks, chunks=closure_chunks(candidates, the_plan.partitions),
                      run=commit.run_location(config.location(config.output), the_plan.run_id),
                      image_size=config.image_size, max_pixels=config.max_pixels,
                      max_file_bytes=int(config.max_file_mb * 2**20),
                      rows_per_row_group=the_plan.rows_per_row_group, source=None if source.local else source)
-    chunks = spark.range(the_plan.partitions, numPartitions=the_plan.partitions)
-    outcomes = chunks.mapInArrow(mapper, OUTCOME_DDL).toArrow().to_pylist()
+    numbers = spark.range(the_plan.partitions, numPartitions=the_plan.partitions)
+    outcomes = numbers.mapInArrow(mapper, OUTCOME_DDL).toArrow().to_pylist()
     return {o["path"]: o for o in outcomes}
 
 

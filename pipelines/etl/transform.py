@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from pipelines import zipcache
 from pipelines.contract import TEST, TRAIN, image_schema, row_bytes
-from pipelines.etl.images import FittedImage, ImageRejected, decode_and_fit, paste_centred
+from pipelines.etl.images import FittedImage, ImageRejected, centred_box, decode_and_fit
 from pipelines.etl.listing import REJECTED, encode_name
 
 if TYPE_CHECKING:
@@ -64,7 +64,10 @@ class SplitWriter:
     """One Parquet file of one split, filled in row groups of exactly ``rows_per_row_group`` rows.
 
     Images are pasted straight into one preallocated white ``(rows, size, size, 3)`` uint8
-    buffer per row group, which becomes the ``image`` column without another copy.
+    buffer per row group, which becomes the ``image`` column without another copy. After a row
+    group is written, only the boxes that images covered are whitened again: the margins stayed
+    white, and a small image (28 px in 299) leaves 99 % of its row untouched, so whitening whole
+    rows was most of the work per row (``benchmarks/etl_bench.py``, "write/proc").
     """
 
     def __init__(self, target: "Location", rows_per_row_group: int, image_size: int):
@@ -73,12 +76,15 @@ class SplitWriter:
         self.row_bytes = row_bytes(image_size)
         self.images = np.full((rows_per_row_group, image_size, image_size, 3), 255, np.uint8)
         self.columns: Dict[str, list] = {name: [] for name in IMAGE_SCHEMA.names if name != "image"}
+        self.boxes: list = []  # the (rows, columns) slices each buffered row's image covers
         self.writer: Optional[pq.ParquetWriter] = None
         self.rows = 0
 
     def append(self, fitted: FittedImage, path: str, label: int, label_name: str) -> None:
         """Add one image (RGB, at most ``size x size``) and its row's other columns."""
-        paste_centred(fitted.image, self.images[len(self.columns["path"])])
+        box = centred_box(fitted.image.size, self.images.shape[1])
+        self.images[len(self.boxes)][box] = np.asarray(fitted.image)
+        self.boxes.append(box)
         for name, value in (("path", path), ("label", label), ("label_name", label_name),
                             ("height", fitted.height), ("width", fitted.width)):
             self.columns[name].append(value)
@@ -86,19 +92,22 @@ class SplitWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Write the buffered rows as one row group and reset the buffer to white."""
+        """Write the buffered rows as one row group and whiten the boxes their images covered."""
         n = len(self.columns["path"])
         if n == 0:
             return
         if self.writer is None:
             self.target.parent.makedirs()
-            # Decoded pixels gain nothing from a dictionary; snappy shrinks the white borders. On an
-            # object store the file is one (multipart) upload: it appears whole when closed.
+            # Decoded pixels gain nothing from a dictionary. LZ4 (LZ4_RAW in the file) over snappy:
+            # snappy's matches end at 64 bytes, so a white border costs it 5x the bytes (Fashion-
+            # MNIST at 299 px: 13.9 against 2.8 KiB per row; photos 49 against 40), and it is no
+            # faster (benchmarks/etl_bench.py, "write/proc"). On an object store the file is one
+            # (multipart) upload: it appears whole when closed.
             # write_batch_size: pyarrow checks the page size only between batches of values, so its
             # default (1024 rows) makes each row group one page, built in a fresh buffer of tens of
             # MiB; pages of about PAGE_BYTES write 2.5x faster (benchmarks/etl_bench.py, "write/proc").
             self.writer = pq.ParquetWriter(self.target.path, IMAGE_SCHEMA, filesystem=self.target.filesystem,
-                                           compression="snappy", use_dictionary=["label", "label_name"],
+                                           compression="lz4", use_dictionary=["label", "label_name"],
                                            write_statistics=["label"], data_page_size=PAGE_BYTES,
                                            write_batch_size=max(1, PAGE_BYTES // self.row_bytes))
         offsets = pa.py_buffer((np.arange(n + 1, dtype=np.int32) * self.row_bytes).tobytes())
@@ -107,7 +116,9 @@ class SplitWriter:
         arrays["image"] = images
         self.writer.write_table(pa.Table.from_pydict(arrays, schema=IMAGE_SCHEMA), row_group_size=n)
         self.rows += n
-        self.images[:n] = 255
+        for row, box in zip(self.images, self.boxes):
+            row[box] = 255
+        self.boxes = []
         self.columns = {name: [] for name in self.columns}
 
     def close(self) -> None:
@@ -224,7 +235,9 @@ def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[
     Args:
         batches: Arrow batches from Spark whose first column holds chunk numbers (int64), indexes
             into ``chunks``; which task gets which number does not matter.
-        chunks: the driver's candidates, cut into contiguous chunks (shipped in the closure).
+        chunks: the driver's candidates, cut into contiguous chunks (shipped in the closure), each
+            candidate a plain tuple of :class:`Candidate`'s fields
+            (:func:`pipelines.etl.layout.closure_chunks`).
         run: the run's prefix (:class:`pipelines.storage.Location`, local or on an object
             store), where this task writes ``<split>/part-<partition>-<attempt>.parquet``.
         image_size, max_pixels, max_file_bytes: as in ``ETLConfig``.
@@ -251,7 +264,7 @@ def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[
 
     for batch in batches:
         for chunk in batch.column(0).to_pylist():
-            for candidate in chunks[chunk]:
+            for candidate in map(Candidate._make, chunks[chunk]):
                 try:
                     data = read_candidate(candidate.path, source, max_file_bytes)
                     fitted = decode_and_fit(data, image_size, max_pixels)

@@ -28,7 +28,7 @@ from functools import partial
 from typing import Dict, Iterator, List, Tuple
 
 from pipelines.config import to_dict
-from pipelines.etl.layout import cut_into
+from pipelines.etl.layout import closure_chunks
 from pipelines.etl.listing import reason_kind
 from pipelines.paths import check_disjoint
 from pipelines.predict.config import PredictConfig
@@ -83,8 +83,9 @@ def prepare(config: PredictConfig, download_dir: str) -> Tuple[ModelSpec, InputP
     return spec, plan_input(config.input, spec.class_names, spec.image_size, config.max_file_bytes)
 
 
-def emit_items(batches: Iterator, chunks: List[List[Item]]) -> Iterator:
-    """``mapInArrow`` function: the items of the chunk numbers this task receives (:data:`ITEM_DDL`)."""
+def emit_items(batches: Iterator, chunks: List[List[tuple]]) -> Iterator:
+    """``mapInArrow`` function: the items of the chunk numbers this task receives (:data:`ITEM_DDL`);
+    ``chunks`` holds each :class:`Item` as a plain tuple (:func:`pipelines.etl.layout.closure_chunks`)."""
     import pyarrow as pa
 
     from pipelines import zipcache
@@ -94,7 +95,7 @@ def emit_items(batches: Iterator, chunks: List[List[Item]]) -> Iterator:
                         ("reason", pa.string())])
     for batch in batches:
         for chunk in batch.column(0).to_pylist():
-            yield pa.RecordBatch.from_pylist([item._asdict() for item in chunks[chunk]], schema=schema)
+            yield pa.RecordBatch.from_pylist([Item._make(item)._asdict() for item in chunks[chunk]], schema=schema)
 
 
 def input_frame(spark, config: PredictConfig, spec: ModelSpec, plan: InputPlan):
@@ -104,7 +105,7 @@ def input_frame(spark, config: PredictConfig, spec: ModelSpec, plan: InputPlan):
 
     if plan.kind == TREE:
         parts = max(1, min(config.num_partitions or spark.sparkContext.defaultParallelism, len(plan.items)))
-        mapper = partial(emit_items, chunks=cut_into(plan.items, parts))
+        mapper = partial(emit_items, chunks=closure_chunks(plan.items, parts))
         return spark.range(parts, numPartitions=parts).mapInArrow(mapper, ITEM_DDL).withColumn("value", F.col("path"))
     index = class_index(spec.class_names)  # the split's label names, matched by name with the model's
     labels = F.create_map(*[F.lit(x) for name, i in index.items() for x in (name, i)])
