@@ -509,6 +509,33 @@ def test_plain_folders_get_labels_by_sorted_name_and_every_class_a_test_row(plai
         assert other["splits"][split]["per_class"] == manifest["splits"][split]["per_class"]
 
 
+@pytest.mark.parametrize("files, reason", [
+    ({"notes.txt": b"hello", "001.empty/": None}, "1 not an image extension"),  # a new user's first try
+    ({"001.a/readme.md": b"x", "002.b/.hidden.jpg": b"x", "002.b/data.csv": b"1,2"}, "2 not an image extension"),
+    ({"cats/": None, "dogs/": None}, "no file at all"),
+])
+def test_a_tree_without_any_image_file_is_refused_and_the_output_kept(tmp_path, capsys, files, reason):
+    """Nothing to write: exit 2 before Spark, and a previous output stays byte for byte (committing
+    an empty run would have replaced it with nothing)."""
+    root = tmp_path / "tree"
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        if data is None:
+            (root / name).mkdir()
+        else:
+            (root / name).write_bytes(data)
+    out = tmp_path / "out"
+    (out / "runs" / "r1" / "train").mkdir(parents=True)
+    (out / "runs" / "r1" / "train" / "part-0.parquet").write_bytes(b"previous rows")
+    (out / "manifest.json").write_text('{"run_id": "r1"}')
+    assert etl_main(["--input", str(root), "--output", str(out), "--no-tracking"]) == 2
+    err = capsys.readouterr().err
+    assert "no image file to write under" in err and reason in err and "the output was not touched" in err, err
+    assert (out / "manifest.json").read_text() == '{"run_id": "r1"}'
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == \
+        ["manifest.json", "runs", "runs/r1", "runs/r1/train", "runs/r1/train/part-0.parquet"]
+
+
 def test_a_mix_of_layouts_is_refused_before_spark(tmp_path, capsys):
     root = str(tmp_path / "tree")
     make_tree(root, classes=2, per_class=1, bad=False, plain=True)

@@ -147,8 +147,9 @@ def plan(config: ETLConfig) -> Plan:
         counts).
 
     Raises:
-        ValueError: no class folder, a mix of ``NNN.name`` and plain folders, or two folders with
-            the same number.
+        ValueError: no class folder, a mix of ``NNN.name`` and plain folders, two folders with
+            the same number, or no candidate image at all (nothing to write: committing an empty
+            run would replace a previous output with nothing).
     """
     files, layout = list_tree(config.location(config.input))
     if not layout.folders:
@@ -161,11 +162,21 @@ def plan(config: ETLConfig) -> Plan:
     splits = assign_splits(listed, {f.path: outcomes[f.path].label for f in listed}, config.seed,
                            config.test_fraction)
     candidates = [Candidate(f.path, outcomes[f.path].label, outcomes[f.path].name, splits[f.path]) for f in listed]
+    if not candidates:
+        _refuse_no_candidate(config, files, outcomes)
     expected = Counter(c.split for c in candidates)
     rpg = rows_per_row_group(config.row_bytes, config.row_group_mb * 2**20, dict(expected),
                              config.min_row_groups)
     return Plan(files, outcomes, layout.classes, {s: expected.get(s, 0) for s in SPLITS}, rpg, candidates,
                 layout=layout.kind)
+
+
+def _refuse_no_candidate(config: ETLConfig, files: List[ListedFile], outcomes: Dict[str, object]) -> None:
+    """Raise ``ValueError`` for a tree with no candidate image, naming the commonest reasons."""
+    reasons = Counter(reason_kind(o.reason) for o in outcomes.values() if isinstance(o, Excluded))
+    why = "; ".join(f"{n} {reason}" for reason, n in reasons.most_common(3)) or "no file at all"
+    raise ValueError(f"no image file to write under {display_path(config.input)} ({len(files)} files listed: "
+                     f"{why}); the output was not touched")
 
 
 def check_memory(config: ETLConfig, master: str, conf: Dict[str, str]) -> None:
@@ -434,7 +445,7 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
 
     Raises:
         FileNotFoundError, NotADirectoryError, ValueError: bad input or output paths, no class
-            folders, a tree that cannot be read safely, files or images too large for the
+            folders, no image file at all, a tree that cannot be read safely, files or images too large for the
             executors' memory, a tracking store that cannot be used (before Spark runs
             anything). RuntimeError: counts do not reconcile. NothingWritten: candidates but no
             image written (previous output kept). pipelines.tracking.TrackingFailed: the output
