@@ -277,7 +277,6 @@ REFUSE = ("import sys; from pipelines.training.cli import main; rc = main(sys.ar
     ("0", "2", None, "4", "no manifest.json"),
     ("0", "2", dict(test_rows=20), "16", "global batch"),  # 16 x 2 ranks > 20 test rows; one rank fits
     ("0", "4", dict(test_groups=3), "2", "3 row groups but 4 ranks"),
-    ("1", "2", None, "4", None),  # not rank 0: refuses as quietly
 ])
 def test_a_rank_refuses_before_tensorflow_loads(tmp_path, rank, size, layout, batch, reason):
     """Under horovodrun (HOROVOD_RANK/HOROVOD_SIZE set), a refused rank exits 2 without importing

@@ -46,7 +46,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if config.spark_np:
             report = launch(config)
         else:
-            refuse_early(config)
+            if os.environ.get("HOROVOD_RANK", "0") == "0":
+                # rank 0 only: a rank that refused at once made horovodrun kill rank 0 before it said why
+                refuse_early(config)
             report = run_training(config)
             if not _is_rank0():
                 return 0
