@@ -445,8 +445,8 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
 
     Raises:
         FileNotFoundError, NotADirectoryError, ValueError: bad input or output paths, no class
-            folders, no image file at all, a tree that cannot be read safely, files or images too large for the
-            executors' memory, a tracking store that cannot be used (before Spark runs
+            folders, no image file at all, a tree that cannot be read safely, files or images too
+            large for the executors' memory, a tracking store that cannot be used (before Spark runs
             anything). RuntimeError: counts do not reconcile. NothingWritten: candidates but no
             image written (previous output kept). pipelines.tracking.TrackingFailed: the output
             is complete but MLflow could not log it.

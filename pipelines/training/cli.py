@@ -47,7 +47,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             report = launch(config)
         else:
             if os.environ.get("HOROVOD_RANK", "0") == "0":
-                # rank 0 only: a rank that refused at once made horovodrun kill rank 0 before it said why
                 refuse_early(config)
             report = run_training(config)
             if not _is_rank0():
@@ -83,8 +82,6 @@ def launch(config: TrainConfig) -> dict:
     from pipelines.launcher import HorovodRunner
     from pipelines.logs import setup_logging
     from pipelines.tracking import check_store
-    from pipelines.training.data import check_run
-    from pipelines.training.outputs import check_output
     from pipelines.training.train import run_training
 
     setup_logging("train driver")
@@ -92,8 +89,7 @@ def launch(config: TrainConfig) -> dict:
         from pipelines.training.devices import rank_cores, threads_per_rank
         ranks = -config.spark_np
         rank_cores(0, ranks, threads_per_rank(config.threads, ranks), os.sched_getaffinity(0))
-    check_run(config.data, config.batch_size, abs(config.spark_np), config.storage_options)  # before any rank
-    check_output(config.output, config.storage_options)
+    check_data_and_output(config, abs(config.spark_np))  # before any rank
     if config.tracking:
         check_store(config.tracking_uri)
     if config.spark_np > 0:
@@ -108,25 +104,38 @@ def launch(config: TrainConfig) -> dict:
 
 
 def refuse_early(config: TrainConfig) -> None:
-    """A rank's data and output refusals, made before TensorFlow loads: a refused run ends in about
-    a second per rank instead of the ten that importing TensorFlow and Horovod takes on 2 cores.
+    """Rank 0's data and output refusals under ``horovodrun`` (or alone), made before TensorFlow
+    loads: a refused run ends in about a second instead of the ten that importing TensorFlow and
+    Horovod takes on 2 cores (``horovodrun`` then stops the other ranks, still loading). Only rank
+    0: a rank that refused at once made ``horovodrun`` kill rank 0 before it said why.
 
     The world size is ``HOROVOD_SIZE`` (``horovodrun`` sets it for every rank), else 1: a lower
     bound, so this never refuses what :func:`pipelines.training.train.plan_run` accepts; plan_run
     repeats the checks with Horovod's own world size.
 
     Raises:
+        as :func:`check_data_and_output`.
+    """
+    from pipelines.logs import setup_logging
+
+    rank = os.environ.get("HOROVOD_RANK")
+    setup_logging("train", rank=None if rank is None else int(rank))  # setup_rank sets it again, from Horovod
+    check_data_and_output(config, int(os.environ.get("HOROVOD_SIZE", "1")))
+
+
+def check_data_and_output(config: TrainConfig, world_size: int) -> None:
+    """The refusals a process makes before any rank trains: the data cannot feed ``world_size``
+    ranks, or ``--output`` cannot be used.
+
+    Raises:
         DataError, ValueError, FileNotFoundError, pipelines.storage.StorageError: as
             :func:`pipelines.training.data.check_run` and
             :func:`pipelines.training.outputs.check_output`.
     """
-    from pipelines.logs import setup_logging
     from pipelines.training.data import check_run
     from pipelines.training.outputs import check_output
 
-    rank = os.environ.get("HOROVOD_RANK")
-    setup_logging("train", rank=None if rank is None else int(rank))  # setup_rank sets it again, from Horovod
-    check_run(config.data, config.batch_size, int(os.environ.get("HOROVOD_SIZE", "1")), config.storage_options)
+    check_run(config.data, config.batch_size, world_size, config.storage_options)
     check_output(config.output, config.storage_options)
 
 
