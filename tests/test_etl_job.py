@@ -510,7 +510,7 @@ def test_plain_folders_get_labels_by_sorted_name_and_every_class_a_test_row(plai
 
 
 @pytest.mark.parametrize("files, reason", [
-    ({"notes.txt": b"hello", "001.empty/": None}, "1 not an image extension"),  # a new user's first try
+    ({"notes.txt": b"hello", "001.empty/": None}, "1 not inside a class folder"),  # a new user's first try
     ({"001.a/readme.md": b"x", "002.b/.hidden.jpg": b"x", "002.b/data.csv": b"1,2"}, "2 not an image extension"),
     ({"cats/": None, "dogs/": None}, "no file at all"),
 ])

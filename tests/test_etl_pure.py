@@ -170,6 +170,58 @@ def test_classify_every_case():
     assert classify("001.a/_k=v.jpg", 5, big, check_spark_hidden=False) == ClassFolder(0, "a")
 
 
+NOT_IN_A_CLASS, HIDDEN_NAME, NOT_AN_IMAGE = "not inside a class folder", "hidden name", "not an image extension"
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("notes.txt", NOT_IN_A_CLASS),  # a new user's loose file: reported by its place, not its extension
+    ("photo.JPG", NOT_IN_A_CLASS),
+    ("README", NOT_IN_A_CLASS),
+    ("caf\udce9.txt", NOT_IN_A_CLASS),  # a name that is not UTF-8 either: skipped for its place, not rejected
+    ("caf\udce9.jpg", NOT_IN_A_CLASS),
+    (".DS_Store", HIDDEN_NAME),  # hidden names stay hidden wherever they are, as Spark's listing has them
+    ("_notes.jpg", HIDDEN_NAME),
+])
+@pytest.mark.parametrize("layout", [None, decide_layout(["001.a"]), decide_layout(["cats"])])
+def test_a_loose_file_at_the_root_is_skipped_for_its_place_whatever_its_extension(name, reason, layout):
+    outcome = classify(name, 5, 10, layout)
+    assert outcome.status == SKIPPED and outcome.reason.startswith(reason), outcome
+
+
+@pytest.mark.parametrize("path, status, reason", [
+    ("misc/notes.txt", SKIPPED, "not a class folder: 'misc'"),  # a folder that is no class: its place first
+    ("misc/x.jpg", SKIPPED, "not a class folder: 'misc'"),
+    ("001.a/notes.txt", SKIPPED, NOT_AN_IMAGE),  # inside a class: its extension
+    ("001.a/caf\udce9.txt", SKIPPED, NOT_AN_IMAGE),  # not input anyway: never counted as bad input
+    ("001.a/caf\udce9.jpg", REJECTED, "file name is not valid UTF-8"),  # an image that cannot be stored
+    ("001.a/x.jpg", REJECTED, "empty file"),  # size last (0 bytes)
+])
+def test_the_first_reason_in_order_place_extension_name_size_is_reported(path, status, reason):
+    outcome = classify(path, 0, 10, decide_layout(["001.a"]))
+    assert outcome.status == status and outcome.reason.startswith(reason), outcome
+
+
+def test_the_plan_accounts_for_every_file_and_names_a_root_file_by_its_place(tmp_path):
+    """found = candidates + skipped + rejected, one outcome per listed file, on a real tree."""
+    from pipelines.etl.job import plan
+
+    tree = {"cats/a.jpg": b"x", "cats/b.png": b"x", "cats/notes.txt": b"x", "dogs/c.jpg": b"x", "dogs/empty.jpg": b"",
+            "notes.txt": b"x", "photo.jpg": b"x", ".DS_Store": b"x", "_unsorted/d.jpg": b"x"}
+    for name, data in tree.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    the_plan = plan(ETLConfig(input=str(tmp_path), output=str(tmp_path.parent / "out"), image_size=8))
+    outcomes = {os.path.relpath(path, tmp_path): outcome for path, outcome in the_plan.outcomes.items()}
+    assert sorted(outcomes) == sorted(tree) and len(the_plan.files) == len(tree)
+    excluded = {name: (o.status, o.reason.split(" (")[0]) for name, o in outcomes.items() if isinstance(o, Excluded)}
+    assert excluded == {"cats/notes.txt": (SKIPPED, NOT_AN_IMAGE), "dogs/empty.jpg": (REJECTED, "empty file"),
+                        "notes.txt": (SKIPPED, NOT_IN_A_CLASS), "photo.jpg": (SKIPPED, NOT_IN_A_CLASS),
+                        ".DS_Store": (SKIPPED, HIDDEN_NAME), "_unsorted/d.jpg": (SKIPPED, HIDDEN_NAME)}
+    assert sorted(os.path.relpath(c.path, tmp_path) for c in the_plan.candidates) == ["cats/a.jpg", "cats/b.png",
+                                                                                       "dogs/c.jpg"]
+    assert len(the_plan.candidates) + len(excluded) == len(the_plan.files)
+
+
 def test_rows_per_row_group():
     row = 299 * 299 * 3
     assert rows_per_row_group(row, 2**20, {"train": 10000, "test": 1000}, 8) == 4

@@ -40,6 +40,9 @@ class Excluded:
     reason: str
 
 
+HIDDEN = Excluded(SKIPPED, "hidden name (a path part starts with '.' or '_'), skipped as Spark and Hadoop do")
+
+
 @dataclass(frozen=True)
 class ListedFile:
     """A file under the root: absolute ``path``, ``/``-separated ``relative_path``, size in bytes
@@ -66,6 +69,12 @@ def classify(relative_path: str, size_bytes: int, max_file_bytes: int, layout: O
              check_spark_hidden: bool = True) -> Union[ClassFolder, Excluded]:
     """Decide, without reading it, whether a file is input and of which class.
 
+    The first reason that applies is the one reported, in this order: a hidden name (the user's
+    way to leave a file or folder out, as Spark's), the file's place (directly under the root, or
+    under a folder that is no class: not input whatever its name or extension), its extension,
+    its name's encoding, its size. So a file is rejected (bad input) only when it would otherwise
+    be input, and a loose file at the root is reported as such, never by its extension.
+
     Args:
         relative_path: path under the root, ``/``-separated.
         size_bytes: file size.
@@ -76,30 +85,30 @@ def classify(relative_path: str, size_bytes: int, max_file_bytes: int, layout: O
     Returns:
         the file's :class:`ClassFolder`, or an :class:`Excluded` with the reason.
     """
-    excluded = name_exclusion(relative_path, check_spark_hidden)
-    if excluded is not None:
-        return excluded
+    if check_spark_hidden and spark_ignores(relative_path):
+        return HIDDEN
     label = label_for(relative_path, layout)
     if isinstance(label, str):
         return Excluded(SKIPPED, label)
-    return size_exclusion(size_bytes, max_file_bytes) or label
+    excluded = name_exclusion(relative_path, check_spark_hidden=False)
+    return excluded or size_exclusion(size_bytes, max_file_bytes) or label
 
 
 def name_exclusion(relative_path: str, check_spark_hidden: bool = True) -> Optional[Excluded]:
     """Why a file is no image input, judging by its name alone; ``None`` when it may be one.
 
-    Rejected: a name that is not valid UTF-8 (outputs store paths as UTF-8 text). Skipped: a
-    hidden name (:func:`spark_ignores`, when ``check_spark_hidden``), an extension that is not an
-    image's (:data:`~pipelines.etl.labels.IMAGE_EXTENSIONS`, any case).
+    Skipped: a hidden name (:func:`spark_ignores`, when ``check_spark_hidden``), an extension that
+    is not an image's (:data:`~pipelines.etl.labels.IMAGE_EXTENSIONS`, any case). Rejected: an
+    image's name that is not valid UTF-8 (outputs store paths as UTF-8 text); checked last, so a
+    file that is no input anyway is skipped as such, not counted as bad input.
     """
+    if check_spark_hidden and spark_ignores(relative_path):
+        return HIDDEN
+    if not has_image_extension((path_parts(relative_path) or ('',))[-1]):
+        return Excluded(SKIPPED, f"not an image extension ({' '.join(IMAGE_EXTENSIONS)}, any case)")
     if not is_utf8(relative_path):
         return Excluded(REJECTED, "file name is not valid UTF-8 (shown with \\x escapes): the Parquet path "
                                   "column is UTF-8 text; rename it")
-    if check_spark_hidden and spark_ignores(relative_path):
-        return Excluded(SKIPPED, "hidden name (a path part starts with '.' or '_'), skipped as Spark and "
-                                 "Hadoop do")
-    if not has_image_extension((path_parts(relative_path) or ('',))[-1]):
-        return Excluded(SKIPPED, f"not an image extension ({' '.join(IMAGE_EXTENSIONS)}, any case)")
     return None
 
 
