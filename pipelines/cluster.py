@@ -24,6 +24,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from pipelines.logs import plural
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now."""
@@ -152,7 +154,7 @@ class StandaloneCluster:
                 tails = self._log_tails()
                 self.stop()
                 raise RuntimeError(f"Spark standalone cluster did not come up ({self.alive_workers()}/"
-                                   f"{self.workers} workers registered):\n{tails}")
+                                   f"{plural(self.workers, 'worker')} registered):\n{tails}")
             time.sleep(0.5)
         return self
 
@@ -196,8 +198,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with StandaloneCluster(args.workers, args.cores, args.memory, args.host) as cluster:
-        print(f"master {cluster.url} (web UI {cluster.web_url}), {args.workers} workers x {args.cores} "
-              f"cores x {args.memory}; Ctrl-C stops it", flush=True)
+        print(f"master {cluster.url} (web UI {cluster.web_url}), {plural(args.workers, 'worker')} x "
+              f"{plural(args.cores, 'core')} x {args.memory}; Ctrl-C stops it", flush=True)
         try:
             while all(p.poll() is None for p in cluster.processes):
                 time.sleep(1)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 from pipelines.atomic import write_json
+from pipelines.logs import plural
 from pipelines.ranklogs import LogSink, forward
 from pipelines.recovery import signal_is_loss
 from pipelines.training.devices import SPARK_GPUS_ENV
@@ -262,10 +263,10 @@ class HorovodRunner:
         if slots < num_proc:
             why = f" (no executor registered within {self.slots_timeout_s:g} s)" if slots == 0 else ""
             raise ValueError(f"np={num_proc} Spark tasks requested but the cluster ({sc.master}) offers "
-                             f"{slots} task slots{why}: lower np, add workers or wait longer for them")
+                             f"{plural(slots, 'task slot')}{why}: lower np, add workers or wait longer for them")
         check_local_executors(sc, self.network_interface)
         payload = cloudpickle.dumps((main, kwargs))
-        log.info("HorovodRunner: %d barrier tasks on %s", num_proc, sc.master)
+        log.info("HorovodRunner: %s on %s", plural(num_proc, "barrier task"), sc.master)
         sink = LogSink(sc.getConf().get("spark.driver.host"), self.log_dir)
         try:
             task = _barrier_task(payload, num_proc, self.network_interface, (sink.address, sink.token))

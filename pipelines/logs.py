@@ -1,4 +1,5 @@
-"""Logging set-up shared by the jobs: one format, the stage and (under Horovod) the rank in it."""
+"""Logging set-up shared by the jobs: one format, the stage and (under Horovod) the rank in it; and
+:func:`plural`, the one way a message says a count of things ("1 class", "3 classes")."""
 from __future__ import annotations
 
 import logging
@@ -37,3 +38,19 @@ def setup_logging(stage: str, rank: Optional[int] = None, level: int = logging.I
     logger.setLevel(level)
     logger.propagate = False
     return logger
+
+
+def plural(count: float, noun: str, nouns: str = "") -> str:
+    """``count`` followed by ``noun``, in the plural unless ``count`` is 1: every message that
+    counts things says it this way, never ``f"{n} classes"`` (which printed "1 classes").
+
+    ``plural(1, "class")`` -> ``"1 class"``, ``plural(3, "class")`` -> ``"3 classes"``,
+    ``plural(0, "row group")`` -> ``"0 row groups"``. The regular English plural of the last word:
+    ``-es`` after s, x, z, sh, else ``-s`` (``-ch`` is either: epochs, batches); ``nouns`` gives
+    any other (``plural(n, "batch", "batches")``).
+    """
+    if count == 1:
+        return f"{count} {noun}"
+    if not nouns:
+        nouns = noun + ("es" if noun.endswith(("s", "x", "z", "sh")) else "s")
+    return f"{count} {nouns}"

@@ -14,6 +14,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from pipelines.logs import plural
+
 MISS = "#d62728"
 HIT = "#2ca02c"
 
@@ -80,7 +82,7 @@ def plot_confusion(matrix, class_names: Sequence[Optional[str]], path: str, titl
     ax.set_ylabel("true")
     total = int(m.sum())
     accuracy = np.trace(m) / total if total else float("nan")
-    ax.set_title(title or f"test confusion matrix: {total} images, accuracy {accuracy:.3f}")
+    ax.set_title(title or f"test confusion matrix: {plural(total, 'image')}, accuracy {accuracy:.3f}")
     high = m.max() / 2 if m.size else 0
     for i in range(k):
         for j in range(k):
@@ -115,6 +117,6 @@ def contact_sheet(images, true: Sequence[int], pred: Sequence[int], class_names:
         for spine in ax.spines.values():
             spine.set_edgecolor(color)
             spine.set_linewidth(1 if hit else 4)
-    fig.suptitle(f"{n} test images: true label (misses in red: true -> predicted), {misses} missed",
+    fig.suptitle(f"{plural(n, 'test image')}: true label (misses in red: true -> predicted), {misses} missed",
                  fontsize=10)
     return _save(fig, path)

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Dict, Iterator, Optional
 
 from pipelines.environment import environment
+from pipelines.logs import plural
 
 log = logging.getLogger("pipelines")
 
@@ -76,8 +77,8 @@ def log_progress(spark, every_s: float = 10.0) -> Iterator[None]:
             for stage_id in tracker.getActiveStageIds():
                 info = tracker.getStageInfo(stage_id)
                 if info is not None:
-                    log.info("spark stage %d (%s): %d/%d tasks done, %d running", stage_id,
-                             info.name.split(" at ")[0], info.numCompletedTasks, info.numTasks,
+                    log.info("spark stage %d (%s): %d/%s done, %d running", stage_id,
+                             info.name.split(" at ")[0], info.numCompletedTasks, plural(info.numTasks, "task"),
                              info.numActiveTasks)
 
     thread = threading.Thread(target=report, name="spark-progress", daemon=True)

@@ -42,11 +42,12 @@ horovodrun -np "$NP" -H "localhost:$NP" --gloo \
 
 python - "$OUT/train/metrics.json" <<'PY'
 import json, os, sys
+from pipelines.logs import plural
 m = json.load(open(sys.argv[1]))
 t = m["test"]
 out = os.path.dirname(sys.argv[1])
-print(f"\nexact test accuracy: {t['accuracy']:.4f} on {t['count']} images "
-      f"({m['num_classes']} classes, chance {1 / m['num_classes']:.3f}); test loss {t['loss']:.4f}")
+print(f"\nexact test accuracy: {t['accuracy']:.4f} on {plural(t['count'], 'image')} "
+      f"({plural(m['num_classes'], 'class')}, chance {1 / m['num_classes']:.3f}); test loss {t['loss']:.4f}")
 print(f"epochs run {m['epochs_run']}, best epoch {m['best_epoch']}, world size {m['world_size']}, "
       f"global batch {m['global_batch_size']}, {m['train_images_per_second']:.1f} training images/s")
 print(f"model: {out}/model.keras (takes the ETL's uint8 RGB images: {out}/model.json)   report: {sys.argv[1]}")

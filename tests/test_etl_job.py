@@ -378,7 +378,7 @@ def test_a_run_that_writes_nothing_keeps_the_previous_output(spark, tmp_path, ca
     capsys.readouterr()
     assert etl_main(args) == 1
     err = capsys.readouterr().err
-    assert "no image written: all 6 candidate images were rejected (6 not a supported raster image)" in err
+    assert "no image written: 6 candidate images, all rejected (6 not a supported raster image)" in err
     assert "was left as it was" in err
     (failed,) = set(os.listdir(os.path.join(out, "runs"))) - {json.loads(before["manifest.json"])["run_id"]}
     assert {k: v for k, v in snapshot(out).items() if not k.startswith(f"runs/{failed}/")} == before
@@ -510,7 +510,8 @@ def test_plain_folders_get_labels_by_sorted_name_and_every_class_a_test_row(plai
 
 
 @pytest.mark.parametrize("files, reason", [
-    ({"notes.txt": b"hello", "001.empty/": None}, "1 not inside a class folder"),  # a new user's first try
+    # a new user's first try: one loose file, reported for its place, counted in the singular
+    ({"notes.txt": b"hello", "001.empty/": None}, "(1 file listed: 1 not inside a class folder)"),
     ({"001.a/readme.md": b"x", "002.b/.hidden.jpg": b"x", "002.b/data.csv": b"1,2"}, "2 not an image extension"),
     ({"cats/": None, "dogs/": None}, "no file at all"),
 ])

@@ -110,7 +110,7 @@ def test_plan_tree_rows_reasons_labels_by_name_and_skips(tmp_path):
 def test_plan_input_refuses_what_holds_no_image_and_an_etl_root(tmp_path):
     empty = tmp_path / "empty"
     write(str(empty / "a" / "readme.txt"), b"x")
-    with pytest.raises(NoImages, match="1 files found, 1 skipped"):
+    with pytest.raises(NoImages, match="1 file found, 1 skipped"):
         plan_input(str(empty), NAMES, 8, 100)
     etl = str(tmp_path / "etl")
     write_dataset(etl, [1, 1], [1, 1], size=4)
@@ -204,7 +204,7 @@ def test_reconcile_counts_and_refuses_lost_rows(tmp_path):
                       "reason": [None, "undecodable: x"]})
     assert reconcile(plan, table) == {"found": 3, "rows": 2, "predicted": 1, "unreadable": 1, "skipped": 1,
                                       "reasons": {"undecodable": 1}}
-    with pytest.raises(RuntimeError, match="the output holds 1 rows, the input 2"):
+    with pytest.raises(RuntimeError, match="the output holds 1 row, the input 2"):
         reconcile(plan, table.slice(0, 1))
     twice = pa.table({"path": [plan.items[0].path] * 2, "status": [PREDICTED] * 2, "reason": [None, None]})
     with pytest.raises(RuntimeError, match="each once"):

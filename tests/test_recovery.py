@@ -89,11 +89,11 @@ def test_an_error_of_the_job_itself_is_never_retried():
 
 def test_a_relaunch_without_the_slots_is_a_clear_error_and_a_first_refusal_stays_one():
     calls = []
-    shrunk = ValueError("np=2 Spark tasks requested but the cluster (spark://m:7077) offers 1 task slots")
+    shrunk = ValueError("np=2 Spark tasks requested but the cluster (spark://m:7077) offers 1 task slot")
     with pytest.raises(RelaunchImpossible, match=r"^rank 1 on h1 failed: process killed by signal SIGKILL; "
                                                  r"attempt 2 could not start: np=2 Spark tasks requested"):
         run_with_retries(_launcher([LOST, shrunk], calls), print, max_failures=1)
-    with pytest.raises(ValueError, match="offers 1 task slots"):
+    with pytest.raises(ValueError, match="offers 1 task slot"):
         run_with_retries(_launcher([shrunk], []), print, max_failures=1)
 
 

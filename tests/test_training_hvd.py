@@ -114,7 +114,7 @@ def test_progress_arrives_live_through_a_pipe_from_rank_0_only(full_run):
 
 
 def test_each_rank_is_bound_to_a_core_of_its_own(full_run):
-    assert "each rank bound to 1 core(s) of its own" in full_run[1]
+    assert "each rank bound to 1 core of its own" in full_run[1]
 
 
 HOROVOD_STALL = "were submitted to be reduced, gathered or broadcasted by subset of ranks"
@@ -489,7 +489,7 @@ def test_refuses_a_batch_larger_than_the_data(dataset, tmp_path):
     assert proc.returncode == 2
     train_rows = manifest["splits"]["train"]["rows"]
     assert [e.split(" ERROR ")[1] for e in error_lines(proc.stderr)] == [
-        f"global batch size 1000 (--batch-size 1000 x 1 ranks) is larger than the train split ({train_rows} "
+        f"global batch size 1000 (--batch-size 1000 x 1 rank) is larger than the train split ({train_rows} "
         f"rows): lower --batch-size"]
 
 
@@ -840,7 +840,7 @@ def test_fine_tuning_follows_the_head_phase_with_the_lowered_learning_rate(fine_
     assert [h["lr"] for h in m["history"]] == pytest.approx([0.002, 0.002, 0.0002, 0.0002])
     assert ft["learning_rate"] == pytest.approx(0.0002) and ft["layers"] == ["tiny_block2_conv", "tiny_block2_bn"]
     assert ft["trainable_parameters"] == (9 * 16 * 32 + 32) + 2 * 32 + 32 * m["num_classes"] + m["num_classes"]
-    assert "fine-tuning: 1 top block(s) of tiny unfrozen" in proc.stderr
+    assert "fine-tuning: top 1 block of tiny unfrozen" in proc.stderr
     assert m["config"]["fp16_allreduce"] and len(set(m["weights_checksum_per_rank"])) == 1
     assert_exact_test_count(m, dataset[1])
     # no GPU: float32, said once, by rank 0

@@ -49,6 +49,7 @@ from pipelines.etl.layout import closure_chunks, rows_per_row_group, spread_orde
 from pipelines.etl.listing import (REJECTED, SKIPPED, Excluded, ListedFile, classify, display_path, list_tree,
                                    reason_kind)
 from pipelines.etl.memory import check_task_memory, executor_memory, physical_memory_bytes, task_bytes
+from pipelines.logs import plural
 from pipelines.paths import check_disjoint
 from pipelines.etl.transform import OUTCOME_DDL, WRITTEN, Candidate, process_chunks
 from pipelines.storage import Location, check_reachable
@@ -175,8 +176,8 @@ def _refuse_no_candidate(config: ETLConfig, files: List[ListedFile], outcomes: D
     """Raise ``ValueError`` for a tree with no candidate image, naming the commonest reasons."""
     reasons = Counter(reason_kind(o.reason) for o in outcomes.values() if isinstance(o, Excluded))
     why = "; ".join(f"{n} {reason}" for reason, n in reasons.most_common(3)) or "no file at all"
-    raise ValueError(f"no image file to write under {display_path(config.input)} ({len(files)} files listed: "
-                     f"{why}); the output was not touched")
+    raise ValueError(f"no image file to write under {display_path(config.input)} "
+                     f"({plural(len(files), 'file')} listed: {why}); the output was not touched")
 
 
 def check_memory(config: ETLConfig, master: str, conf: Dict[str, str]) -> None:
@@ -293,10 +294,10 @@ def reconcile(the_plan: Plan, spark_outcomes: Dict[str, dict],
             written[path] = split
     reported = {p for p, o in spark_outcomes.items() if o["status"] == WRITTEN}
     if reported != set(written):
-        raise RuntimeError(f"the Parquet files hold {len(written)} rows but tasks reported {len(reported)}")
+        raise RuntimeError(f"the Parquet files hold {plural(len(written), 'row')} but tasks reported {len(reported)}")
     listed = {f.path for f in the_plan.files}
     if not set(spark_outcomes) <= listed:
-        raise RuntimeError(f"tasks reported {len(set(spark_outcomes) - listed)} files the job never listed")
+        raise RuntimeError(f"tasks reported {plural(len(set(spark_outcomes) - listed), 'file')} the job never listed")
     excluded: Dict[str, Tuple[str, str]] = {}
     for path in sorted(listed - set(written)):
         outcome = spark_outcomes.get(path) or the_plan.outcomes.get(path)
@@ -319,7 +320,7 @@ def _refuse_empty_result(config: ETLConfig, the_plan: Plan, excluded: Dict[str, 
     reasons = Counter(reason_kind(excluded[c.path][1]) for c in the_plan.candidates)
     top = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common(3))
     raise NothingWritten(
-        f"no image written: all {len(the_plan.candidates)} candidate images were rejected ({top}); "
+        f"no image written: {plural(len(the_plan.candidates), 'candidate image')}, all rejected ({top}); "
         f"the output in {display_path(config.output)} was left as it was; every reason is in "
         f"{display_path(ledger.uri)}")
 
@@ -461,10 +462,10 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
         # will give it (spark-submit and existing sessions are checked below, from their conf).
         check_memory(config, config.master or "local[*]", {})
     the_plan = plan(config)
-    log.info("listed %d files in %d class folders (%s layout); %d candidate images (train ~%d, test ~%d); "
-             "%d rows per row group", len(the_plan.files), len(the_plan.classes), the_plan.layout,
-             sum(the_plan.expected_rows.values()), the_plan.expected_rows[TRAIN],
-             the_plan.expected_rows[TEST], the_plan.rows_per_row_group)
+    log.info("listed %s in %s (%s layout); %s (train ~%d, test ~%d); %s per row group",
+             plural(len(the_plan.files), "file"), plural(len(the_plan.classes), "class folder"), the_plan.layout,
+             plural(sum(the_plan.expected_rows.values()), "candidate image"), the_plan.expected_rows[TRAIN],
+             the_plan.expected_rows[TEST], plural(the_plan.rows_per_row_group, "row"))
     output = config.location(config.output)
     output.makedirs()
     with track(config) as tracker:
@@ -535,14 +536,14 @@ def format_summary(manifest: dict) -> str:
     from a split, speed."""
     files, splits = manifest["files"], manifest["splits"]
     lines = [
-        f"ETL summary ({manifest['image']['height']} px, {manifest['num_classes']} classes, "
+        f"ETL summary ({manifest['image']['height']} px, {plural(manifest['num_classes'], 'class')}, "
         f"{manifest.get('layout', 'caltech')} layout)",
         f"  found {files['found']} = written {files['written']} + rejected {files['rejected']} "
         f"+ skipped {files['skipped']}",
     ]
     for split in SPLITS:
         s = splits[split]
-        lines.append(f"  {split:5s}: {s['rows']} rows in {s['row_groups']} row groups "
+        lines.append(f"  {split:5s}: {plural(s['rows'], 'row')} in {plural(s['row_groups'], 'row group')} "
                      f"(~{s['mean_row_group_bytes'] / 2**20:.2f} MiB each, "
                      f"{s['mean_row_group_bytes_compressed'] / 2**20:.2f} MiB compressed)")
     lines.append(f"  max world size (row groups of the smallest split): {manifest['max_world_size']}")
@@ -554,10 +555,10 @@ def format_summary(manifest: dict) -> str:
     if small:
         shown = ", ".join(f"{c['label']} {c['name']!r} ({c['train']} train, {c['test']} test)" for c in small[:10])
         more = f" and {len(small) - 10} more (manifest: classes_not_in_both_splits)" if len(small) > 10 else ""
-        lines.append(f"  WARNING: {len(small)} class{'es have' if len(small) > 1 else ' has'} too few images to be "
-                     f"in both splits (a class needs 2 or more): {shown}{more}")
+        lines.append(f"  WARNING: {plural(len(small), 'class')} {'has' if len(small) == 1 else 'have'} too few "
+                     f"images to be in both splits (a class needs 2 or more): {shown}{more}")
     lines.append(f"  {manifest['images_per_second']} images/s ({manifest['seconds']} s in Spark)")
     if manifest["max_world_size"] < manifest["min_row_groups"]:
-        lines.append(f"  WARNING: a split has fewer than --min-row-groups={manifest['min_row_groups']} "
-                     "row groups: too few rows for that many ranks")
+        lines.append(f"  WARNING: a split has fewer than {plural(manifest['min_row_groups'], 'row group')} "
+                     "(--min-row-groups): too few rows for that many ranks")
     return "\n".join(lines)

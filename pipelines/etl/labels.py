@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, Iterable, Optional, Tuple
 
+from pipelines.logs import plural
+
 # The extensions of the formats pipelines.etl.images decodes (content decides the format: a GIF
 # named .jpg is read as a GIF).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
@@ -89,8 +91,9 @@ def decide_layout(folders: Iterable[str]) -> Layout:
     numbered = [name for name in names if parsed[name] is not None]
     plain = [name for name in names if parsed[name] is None]
     if numbered and plain:
-        raise ValueError(f"mixed class folder layouts: {len(numbered)} folders are NNN.name (e.g. {numbered[0]!r}) "
-                         f"and {len(plain)} are plain names (e.g. {plain[0]!r}); use one layout: all NNN.name "
+        raise ValueError(f"mixed class folder layouts: {plural(len(numbered), 'folder')} named NNN.name (e.g. "
+                         f"{numbered[0]!r}) and {plural(len(plain), 'plain name')} (e.g. {plain[0]!r}); use one "
+                         "layout: all NNN.name "
                          "(label = NNN - 1) or all plain names (labels by sorted name); prefix a folder to "
                          "leave out with '_' or '.'")
     if not numbered:
@@ -138,7 +141,8 @@ def label_for(relative_path: str, layout: Optional[Layout] = None) -> ClassFolde
         return folder
     folder = layout.folders.get(parts[0])
     if folder is None:
-        return f"not a class folder: {parts[0]!r} is not one of the {len(layout.folders)} class folders"
+        found = plural(len(layout.folders), "class folder")
+        return f"not a class folder: {parts[0]!r} is not a class of this tree ({found})"
     return folder
 
 

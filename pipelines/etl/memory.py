@@ -25,6 +25,8 @@ import os
 import re
 from typing import Mapping, Optional, Tuple
 
+from pipelines.logs import plural
+
 DECODE_BYTES_PER_PIXEL = 16
 WORKER_BASE_BYTES = 256 * 2**20  # a Python worker with numpy, pyarrow, Pillow and pyspark imported
 _LOCAL = re.compile(r"^local(?:\[(\*|\d+)(?:,\s*\d+)?\])?$")
@@ -101,6 +103,6 @@ def check_task_memory(need: int, available: Optional[Tuple[int, int, str]]) -> N
         raise ValueError(
             f"not enough memory for --max-file-mb/--max-pixels: each task may hold "
             f"{need / 2**30:.2f} GiB (the file, {DECODE_BYTES_PER_PIXEL} bytes per decoded pixel, "
-            f"buffers), x {tasks} concurrent tasks = {tasks * need / 2**30:.2f} GiB > "
+            f"buffers), x {plural(tasks, 'concurrent task')} = {tasks * need / 2**30:.2f} GiB > "
             f"{memory / 2**30:.2f} GiB, {where}; lower --max-file-mb or --max-pixels, or use fewer "
             "cores per worker")

@@ -19,6 +19,7 @@ import numpy as np
 from pipelines.contract import row_bytes
 from pipelines.etl.images import ImageRejected, resize_to_square
 from pipelines.etl.transform import read_file
+from pipelines.logs import plural
 
 PREDICTED, UNREADABLE = "predicted", "unreadable"
 
@@ -56,7 +57,7 @@ def decode_stored(image: bytes, size: int) -> np.ndarray:
         ImageRejected: not ``size * size * 3`` bytes long.
     """
     if len(image) != row_bytes(size):
-        raise ImageRejected(f"stored image has {len(image)} bytes, not {row_bytes(size)} ({size}x{size}x3)")
+        raise ImageRejected(f"stored image has {plural(len(image), 'byte')}, not {row_bytes(size)} ({size}x{size}x3)")
     return np.frombuffer(image, np.uint8).reshape(size, size, 3)
 
 

@@ -30,6 +30,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 from pipelines.contract import MANIFEST, SPLITS, Manifest
 from pipelines.etl.labels import parse_class_folder, path_parts
 from pipelines.etl.listing import SKIPPED, display_path, list_files, name_exclusion, size_exclusion
+from pipelines.logs import plural
 
 TREE, ETL_SPLIT = "tree", "etl"
 
@@ -107,8 +108,8 @@ def plan_tree(root: str, class_names: Sequence[Optional[str]], max_file_bytes: i
         items.append(Item(display_path(f.path), label, name if label is not None else None,
                           excluded.reason if excluded is not None else None))
     if not items:
-        raise NoImages(f"no image file under {root}: {len(files)} files found, {len(skipped)} skipped (hidden "
-                       "names, other extensions)")
+        raise NoImages(f"no image file under {root}: {plural(len(files), 'file')} found, {len(skipped)} skipped "
+                       "(hidden names, other extensions)")
     return InputPlan(TREE, root, len(files), len(items), items, skipped)
 
 

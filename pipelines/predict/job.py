@@ -30,6 +30,7 @@ from typing import Dict, Iterator, List, Tuple
 from pipelines.config import to_dict
 from pipelines.etl.layout import closure_chunks
 from pipelines.etl.listing import reason_kind
+from pipelines.logs import plural
 from pipelines.paths import check_disjoint
 from pipelines.predict.config import PredictConfig
 from pipelines.predict.infer import PREDICTED, UNREADABLE, make_predict_fn, result_type
@@ -146,7 +147,7 @@ def reconcile(plan: InputPlan, table) -> Dict:
     statuses = Counter(table.column("status").to_pylist())
     rows = table.num_rows
     if rows != plan.rows:
-        raise RuntimeError(f"the output holds {rows} rows, the input {plan.rows}")
+        raise RuntimeError(f"the output holds {plural(rows, 'row')}, the input {plan.rows}")
     if plan.kind == TREE and sorted(table.column("path").to_pylist()) != sorted(i.path for i in plan.items):
         raise RuntimeError("the output's paths are not the listed files, each once")
     if plan.found != rows + len(plan.skipped) or rows != statuses[PREDICTED] + statuses[UNREADABLE]:
@@ -170,7 +171,7 @@ def labelled_metrics(table, spec: ModelSpec, folder: str) -> Dict:
     report = classification_report(true, predicted, spec.class_names)
     names = [spec.class_names[c] for c in report["confusion"]["labels"]]
     plot_confusion(report["confusion"]["matrix"], names, os.path.join(folder, CONFUSION),
-                   title=f"{report['count']} labelled images, accuracy {report['accuracy']:.4f}")
+                   title=f"{plural(report['count'], 'labelled image')}, accuracy {report['accuracy']:.4f}")
     return {**report, "picture": CONFUSION}
 
 
@@ -223,8 +224,9 @@ def run_predict(config: PredictConfig, spark=None) -> Dict:
     staging, download = work_dirs(config.output)
     try:
         spec, plan = prepare(config, download)
-        log.info("model %s: %d classes, %d px input; input %s (%s): %d rows to predict, %d files skipped",
-                 spec.source, spec.num_classes, spec.image_size, plan.root, plan.kind, plan.rows, len(plan.skipped))
+        log.info("model %s: %s, %d px input; input %s (%s): %s to predict, %s skipped", spec.source,
+                 plural(spec.num_classes, "class"), spec.image_size, plan.root, plan.kind, plural(plan.rows, "row"),
+                 plural(len(plan.skipped), "file"))
         spark = spark or spark_session("pipelines-predict", config.master)
         start = time.perf_counter()
         with log_progress(spark):
@@ -241,20 +243,20 @@ def run_predict(config: PredictConfig, spark=None) -> Dict:
 def format_summary(summary: Dict) -> str:
     """A short human summary: counts and their reconciliation, reasons, accuracy, per-class figures."""
     files, metrics = summary["files"], summary["metrics"]
-    lines = [f"Predict summary ({summary['model']}: {len(summary['class_names'])} classes, "
+    lines = [f"Predict summary ({summary['model']}: {plural(len(summary['class_names']), 'class')}, "
              f"{summary['image_size']} px, top {summary['top_k']}; input {summary['input_kind']})",
              f"  found {files['found']} = rows {files['rows']} + skipped {files['skipped']}; "
              f"rows {files['rows']} = predicted {files['predicted']} + unreadable {files['unreadable']}"]
     lines += [f"  {n:6d} unreadable: {reason}" for reason, n in sorted(files["reasons"].items())]
     if metrics:
-        lines.append(f"  accuracy {metrics['accuracy']:.4f} ({metrics['correct']}/{metrics['count']} labelled "
-                     f"images); confusion matrix: {metrics['picture']}")
+        lines.append(f"  accuracy {metrics['accuracy']:.4f} ({metrics['correct']}/"
+                     f"{plural(metrics['count'], 'labelled image')}); confusion matrix: {metrics['picture']}")
         for c in metrics["per_class"]:
             figures = ", ".join(f"{key} {c[key]:.3f}" if c[key] is not None else f"{key} -"
                                 for key in ("precision", "recall"))
             lines.append(f"    {c['label']:4d} {str(c['name'])[:30]:30s} {figures}, support {c['support']}")
     else:
-        lines.append(f"  no labelled image ({summary['labelled']} rows with a label)")
+        lines.append(f"  no labelled image ({plural(summary['labelled'], 'row')} with a label)")
     lines.append(f"  {summary['images_per_second']} images/s ({summary['seconds']} s in Spark); wrote "
                  f"{summary['output']}")
     return "\n".join(lines)

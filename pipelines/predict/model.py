@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from pipelines.logs import plural
 from pipelines.predict.config import is_mlflow_uri
 
 MODEL_FILE = "model.keras"
@@ -110,7 +111,7 @@ def check_loaded(model, image_size: int, num_classes: int) -> None:
                                  f"{image_size}, 3) images: export it with pipelines.training.model.export_model")
     if out[1:] != (num_classes,):
         raise ModelContractError(f"the model returns {out}, not one probability per class name "
-                                 f"({num_classes} names)")
+                                 f"({plural(num_classes, 'name')})")
 
 
 def read_class_names(path: str) -> List[Optional[str]]:
@@ -175,8 +176,8 @@ def resolve_model(model: str, class_names_file: str = "", download_dir: Optional
                                                               if os.path.isdir(model) else ""))
     size, contract_names = read_contract(path)
     if names is not None and len(names) != len(contract_names):
-        raise ModelContractError(f"--class-names lists {len(names)} names, the model has {len(contract_names)} "
-                                 "classes")
+        raise ModelContractError(f"--class-names lists {plural(len(names), 'name')}, the model has "
+                                 f"{plural(len(contract_names), 'class')}")
     return ModelSpec(model, path, KERAS, size, tuple(names or contract_names))
 
 

@@ -53,6 +53,8 @@ from typing import Iterable, Sequence
 import numpy as np
 from PIL import Image
 
+from pipelines.logs import plural
+
 log = logging.getLogger(__name__)
 
 JPEG_QUALITY = 90
@@ -106,7 +108,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     shape = tuple(int(d) for d in np.frombuffer(raw, ">u4", ndim, offset=4))
     expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(raw) - header != expected:
-        raise ValueError(f"{path}: corrupt IDX file: header {shape} needs {expected} data bytes, "
+        raise ValueError(f"{path}: corrupt IDX file: header {shape} needs {plural(expected, 'data byte')}, "
                          f"found {len(raw) - header}")
     return np.frombuffer(raw, dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
 
@@ -368,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"error: {exc}") from None
     for folder, n in counts.items():
         print(f"  {folder:<24} {n:6d}")
-    print(f"{args.command}: {len(counts)} classes, {sum(counts.values())} images in {args.dest} "
+    print(f"{args.command}: {plural(len(counts), 'class')}, {plural(sum(counts.values()), 'image')} in {args.dest} "
           f"({time.monotonic() - start:.1f} s)")
     return 0
 

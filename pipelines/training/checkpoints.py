@@ -14,6 +14,8 @@ from typing import List
 
 import numpy as np
 
+from pipelines.logs import plural
+
 FORMAT = "trainable+optimizer npz v1"
 
 
@@ -86,7 +88,7 @@ def load_checkpoint(model, path: str, optimizer: bool = True) -> None:
         build_optimizer(model)
         variables = optimizer_state(model.optimizer)
         if len(variables) != len(state):
-            raise ValueError(f"checkpoint {path} holds {len(state)} optimizer variables, "
+            raise ValueError(f"checkpoint {path} holds {plural(len(state), 'optimizer variable')}, "
                              f"this optimizer has {len(variables)}")
         for variable, value in zip(variables, state):
             variable.assign(value)

@@ -17,6 +17,7 @@ import tempfile
 from typing import Iterator, Optional, Sequence
 
 from pipelines.config import parse_config
+from pipelines.logs import plural
 from pipelines.storage import is_local, resolve
 from pipelines.training.config import TrainConfig
 
@@ -61,13 +62,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except TrackingFailed as exc:  # rank 0, under horovodrun or alone
         log.error("%s", exc)
         return 1
+    print(result_line(report, config.output))
+    return 0
+
+
+def result_line(report: dict, output: str) -> str:
+    """The one line a finished job prints: exact test metrics, epochs, world size, where it all is."""
     test = report["test"]
     tracked = f"; MLflow run {report['mlflow']['run_id']}" if report.get("mlflow") else ""
-    print(f"test accuracy {test['accuracy']:.4f} (loss {test['loss']:.4f}) on {test['count']} images; "
-          f"{report['epochs_run']} epochs, best {report['best_epoch']}; "
-          f"world size {report['world_size']}, global batch {report['global_batch_size']}; "
-          f"model and report in {config.output}{tracked}")
-    return 0
+    return (f"test accuracy {test['accuracy']:.4f} (loss {test['loss']:.4f}) on {plural(test['count'], 'image')}; "
+            f"{plural(report['epochs_run'], 'epoch')}, best {report['best_epoch']}; "
+            f"world size {report['world_size']}, global batch {report['global_batch_size']}; "
+            f"model and report in {output}{tracked}")
 
 
 def launch(config: TrainConfig) -> dict:

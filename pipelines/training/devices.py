@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+from pipelines.logs import plural
+
 log = logging.getLogger("pipelines")
 
 # Set by HorovodRunner's barrier tasks: the GPU addresses Spark assigned to the task, comma-separated.
@@ -68,7 +70,7 @@ def choose_device(visible_gpus: Sequence[str], local_rank: int,
     if spark_gpu_addresses:
         index = int(spark_gpu_addresses[0])
         if not 0 <= index < len(visible_gpus):
-            raise ValueError(f"Spark assigned GPU {index} but only {len(visible_gpus)} are visible")
+            raise ValueError(f"Spark assigned GPU {index} but only {plural(len(visible_gpus), 'GPU')} visible")
         return DeviceChoice("gpu", index, f"GPU {index}, assigned by Spark to this task")
     if local_rank >= len(visible_gpus):
         raise ValueError(f"local rank {local_rank} has no GPU of its own ({len(visible_gpus)} visible): "
@@ -121,12 +123,12 @@ def rank_cores(local_rank: int, local_size: int, threads: int, available: Sequen
             ``local_size * threads`` exceeding the available cores.
     """
     if threads < 1 or not 0 <= local_rank < local_size:
-        raise ValueError(f"cannot bind local rank {local_rank} of {local_size} to {threads} thread(s)")
+        raise ValueError(f"cannot bind local rank {local_rank} of {local_size} to {plural(threads, 'thread')}")
     cores = sorted(available)
     if local_size * threads > len(cores):
-        raise ValueError(f"{local_size} rank(s) x {threads} thread(s) need {local_size * threads} cores to bind; "
-                         f"{len(cores)} are available to this process (lower --threads or the number of "
-                         "ranks, or do not bind)")
+        raise ValueError(f"{plural(local_size, 'rank')} x {plural(threads, 'thread')}: need "
+                         f"{plural(local_size * threads, 'core')} to bind; this process may use "
+                         f"{plural(len(cores), 'core')} (lower --threads or the number of ranks, or do not bind)")
     return cores[local_rank * threads:(local_rank + 1) * threads]
 
 

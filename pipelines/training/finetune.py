@@ -35,6 +35,8 @@ import logging
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from pipelines.logs import plural
+
 log = logging.getLogger("pipelines")
 
 #: The Keras guide's fine-tuning rate over its head-training rate: Adam(1e-5) after Adam() (1e-3).
@@ -51,7 +53,7 @@ def check_fine_tune(backbone, blocks: int, lr_factor: float, epochs: int = 0) ->
     """
     if not 0 <= blocks <= backbone.blocks:
         raise ValueError(f"--fine-tune-blocks must be in 0..{backbone.blocks} for backbone {backbone.name} "
-                         f"(it has {backbone.blocks} blocks), got {blocks}")
+                         f"(it has {plural(backbone.blocks, 'block')}), got {blocks}")
     if not 0 < lr_factor <= 1:
         raise ValueError(f"--fine-tune-lr is the factor that lowers phase 1's learning rate: it must be in "
                          f"(0, 1], got {lr_factor}")
@@ -157,9 +159,10 @@ def fine_tune(config, rank, plan, first: Phase, resume, frozen_sha256: str, trac
     compile_distributed(model, lr, config.fp16_allreduce)
     second = _phase2_resume(config, rank, model, resume, record, plan.output_dir)
     if rank.rank == 0:
-        log.info("fine-tuning: %d top block(s) of %s unfrozen (%d layers with weights, %d trainable parameters), "
-                 "on images; lr %g = %g x %g; epochs %d..%d", config.fine_tune_blocks, config.backbone,
-                 len(layers), trainable_parameters(model), lr, config.fine_tune_lr, plan.lr,
+        log.info("fine-tuning: top %s of %s unfrozen (%s with weights, %s), on images; lr %g = %g x %g; "
+                 "epochs %d..%d", plural(config.fine_tune_blocks, "block"), config.backbone,
+                 plural(len(layers), "layer"), plural(trainable_parameters(model), "trainable parameter"), lr,
+                 config.fine_tune_lr, plan.lr,
                  record["epochs"] + 1, record["epochs"] + config.fine_tune_max_epochs)
     phase_config = dataclasses.replace(config, warmup_epochs=0.0,
                                        epochs=record["epochs"] + config.fine_tune_max_epochs)

@@ -21,6 +21,7 @@ import time
 from typing import Iterator, Tuple
 
 from pipelines.contract import SPLITS
+from pipelines.logs import plural
 from pipelines.training.config import TrainConfig
 from pipelines.training.data import Dataset, OnePassShard, make_dataset, open_reader, verify_total
 from pipelines.training.model import backbone_of
@@ -115,8 +116,8 @@ class FeatureInputs:
             counts[split] = sum(hvd_tf.allgather_object(len(labels), name=f"feature_rows_{split}"))
             verify_total(counts[split], data, split)
             if rank == 0:  # progress: the backbone over a whole split takes minutes on CPU
-                log.info("feature cache: %s split done, %d rows over all ranks, %.1f s so far", split,
-                         counts[split], time.perf_counter() - start)
+                log.info("feature cache: %s split done, %s over all ranks, %.1f s so far", split,
+                         plural(counts[split], "row"), time.perf_counter() - start)
         if rank == 0:
             feat.mark_complete(directory, counts, key)
             log.info("feature cache: %s rows in %.1f s", counts, time.perf_counter() - start)
@@ -145,7 +146,8 @@ class FeatureInputs:
                                        repeat=False, drop_remainder=False)
         totals = evaluate_dataset(model, dataset)
         if totals.count != len(labels):
-            raise RuntimeError(f"rank {self.rank} evaluated {totals.count} of its {len(labels)} cached test rows")
+            raise RuntimeError(f"rank {self.rank} evaluated {totals.count} of its "
+                               f"{plural(len(labels), 'cached test row')}")
         return totals
 
     def exported_model(self):

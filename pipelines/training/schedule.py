@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from pipelines.logs import plural
+
 
 @dataclass(frozen=True)
 class Steps:
@@ -44,8 +46,9 @@ def plan_steps(train_rows: int, validation_rows: int, batch_size: int, world_siz
     global_batch = batch_size * world_size
     for name, rows in (("train", train_rows), ("validation", validation_rows)):
         if rows < global_batch:
-            raise ValueError(f"global batch size {global_batch} (--batch-size {batch_size} x {world_size} "
-                             f"ranks) is larger than the {name} split ({rows} rows): lower --batch-size")
+            raise ValueError(f"global batch size {global_batch} (--batch-size {batch_size} x "
+                             f"{plural(world_size, 'rank')}) is larger than the {name} split "
+                             f"({plural(rows, 'row')}): lower --batch-size")
     return Steps(global_batch, train_rows // global_batch, validation_rows // global_batch)
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional
 
 from pipelines.config import to_dict
+from pipelines.logs import plural
 from pipelines.storage import is_local
 from pipelines.training.config import TrainConfig
 
@@ -108,7 +109,7 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     hvd.init()
     setup_logging(job, rank=hvd.rank(), level=logging.INFO if hvd.rank() == 0 else logging.WARNING)
     if cores and hvd.rank() == 0:
-        log.info("each rank bound to %d core(s) of its own (rank 0: %s)", len(cores), cores)
+        log.info("each rank bound to %s of its own (rank 0: %s)", plural(len(cores), "core"), cores)
     device = apply_device(hvd.local_rank(), spark_gpu_addresses(), announce=hvd.rank() == 0)
     policy, why_not = precision_policy(config.mixed_precision, device.kind)
     if policy != "float32":
@@ -139,9 +140,9 @@ def plan_run(config: TrainConfig, rank: Rank) -> RunPlan:
                    scaled_lr(config.base_lr, rank.size), config.model_size(data.image_size), outputs)
     if rank.rank == 0:
         s = plan.steps
-        log.info("world size %d, %d threads per rank; batch %d per rank, global batch %d; "
-                 "%d steps per epoch, %d validation steps; lr %g = %g x %d", rank.size, rank.threads,
-                 config.batch_size, s.global_batch, s.steps_per_epoch, s.validation_steps, plan.lr,
+        log.info("world size %d, %s per rank; batch %d per rank, global batch %d; %s per epoch, %s; "
+                 "lr %g = %g x %d", rank.size, plural(rank.threads, "thread"), config.batch_size, s.global_batch,
+                 plural(s.steps_per_epoch, "step"), plural(s.validation_steps, "validation step"), plan.lr,
                  config.base_lr, rank.size)
         if config.resume or relaunched():
             outputs.pull_resume_state()
@@ -191,8 +192,8 @@ def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str]
         load_checkpoint(model, checkpoint_path(directory, best_epoch), optimizer=False)
         best_weights = model.get_weights()
         load_checkpoint(model, os.path.join(directory, marker["weights"]))
-        log.info("resuming after epoch %d (checkpoint %s, %d bytes; best epoch so far %d)",
-                 marker["epoch"], marker["weights"], marker["weights_bytes"], best_epoch)
+        log.info("resuming after epoch %d (checkpoint %s, %s; best epoch so far %d)",
+                 marker["epoch"], marker["weights"], plural(marker["weights_bytes"], "byte"), best_epoch)
     hvd_tf.broadcast_variables(list(model.variables) + optimizer_state(model.optimizer), root_rank=0)
     best_weights = hvd_tf.broadcast_object(best_weights, root_rank=0, name="best_weights")
     checksums = hvd_tf.allgather_object(weights_checksum(model), name="resume_checksums")
@@ -460,8 +461,9 @@ def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tr
     report["mlflow"] = tracker.describe() if tracker else None
     write_json(os.path.join(directory, "metrics.json"), report)
     test = report["test"]
-    log.info("test accuracy %.4f, loss %.4f on %d images (exact, all ranks); best epoch %s of %d",
-             test["accuracy"], test["loss"], test["count"], report["best_epoch"], report["epochs_run"])
+    log.info("test accuracy %.4f, loss %.4f on %s (exact, all ranks); best epoch %s of %d",
+             test["accuracy"], test["loss"], plural(test["count"], "image"), report["best_epoch"],
+             report["epochs_run"])
     for path in report["pictures"].values():
         log.info("wrote %s", path)
     if tracker:
