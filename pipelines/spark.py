@@ -5,7 +5,7 @@ import logging
 import os
 import sys
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Dict, Iterator, Optional
 
 from pipelines.environment import environment
@@ -44,8 +44,10 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
     ``local[*]``. Python workers run the same interpreter as the driver unless
     ``PYSPARK_PYTHON`` says otherwise, so a virtual environment is used end to end. When this
     call starts the JVM itself, the JVM, the executors and their Python workers get a UTF-8
-    locale (:data:`UTF8_ENV`, :func:`utf8_conf`) whatever the caller's; ``conf`` wins over those.
-    Under ``spark-submit`` the JVM is already running: pass ``--conf`` settings there.
+    locale (:data:`UTF8_ENV`, :func:`utf8_conf`) whatever the caller's; ``conf`` wins over those,
+    and unless verbose its stderr goes through :func:`pipelines.quiet.jvm_stderr_filtered` (no
+    line about Java's incubator module). Under ``spark-submit`` the JVM is already running: pass
+    ``--conf`` settings there.
     """
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -57,10 +59,11 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
         builder = builder.master(master)
     for key, value in {**(utf8_conf() if launching else {}), **(conf or {})}.items():
         builder = builder.config(key, value)
-    with environment(UTF8_ENV if launching else {}):
-        spark = builder.getOrCreate()
-    from pipelines.quiet import is_verbose
+    from pipelines.quiet import is_verbose, jvm_stderr_filtered
 
+    filtered = jvm_stderr_filtered() if launching else nullcontext()
+    with environment(UTF8_ENV if launching else {}), filtered:
+        spark = builder.getOrCreate()
     default_level = "INFO" if is_verbose([]) else "WARN"
     spark.sparkContext.setLogLevel(os.environ.get("PIPELINES_SPARK_LOG_LEVEL", default_level))
     return spark
