@@ -45,7 +45,7 @@ def test_both_dockerfiles_agree():
 
 def test_the_venv_has_the_pinned_versions():
     pins = setup_pins()
-    for package in ("numpy", "pandas", "pyarrow", "pyspark", "petastorm", "pillow", "h5py", "horovod", "tensorflow-cpu",
+    for package in ("numpy", "pandas", "pyarrow", "pyspark", "petastorm", "diskcache", "pillow", "h5py", "horovod", "tensorflow-cpu",
                     "mlflow", "protobuf", "sqlalchemy"):
         assert version(package) == pins[package], package
 

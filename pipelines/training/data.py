@@ -174,7 +174,7 @@ def cache_size_bytes(data: Dataset, split: str, world_size: int) -> int:
 
 @contextlib.contextmanager
 def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_root: Optional[str],
-                workers: int = 2, seed: int = 0) -> Iterator:
+                workers: int = 2, seed: int = 0, flat_cache: bool = True) -> Iterator:
     """A Petastorm batch reader of this rank's shard of ``split`` that loops forever (training).
 
     Petastorm 0.13.1's thread pool can finish a bounded read (``num_epochs=1``) while its
@@ -188,7 +188,13 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
             share one). ``None``: no cache.
 
     Yields:
-        the reader; it is stopped, joined and its cache removed on exit.
+        the reader; it is stopped, joined and its cache removed on exit. Its batches are
+        ``(image, label)`` named tuples, one per row group, converted to NumPy in the reader's
+        workers (``convert_early_to_numpy``); read them with :func:`row_groups_of`.
+
+    ``flat_cache`` (default): the cache stores row groups as flat files mapped back on a warm
+    read (:class:`pipelines.training.rowcache.RowGroupDisk`); False: Petastorm's own pickling,
+    for the loader benchmark's comparison.
     """
     from petastorm import make_batch_reader
 
@@ -199,13 +205,18 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
         cache = dict(cache_type="local-disk", cache_location=location,
                      cache_size_limit=cache_size_bytes(data, split, world_size),
                      cache_row_size_estimate=data.rows_per_row_group * data.row_bytes)
+        if flat_cache:
+            from pipelines.training.rowcache import RowGroupDisk
+
+            cache["cache_extra_settings"] = {"disk": RowGroupDisk}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # raised from pyarrow's own modules here
         reader = make_batch_reader(data.split_urls(split), filesystem=data.petastorm_filesystem(),
                                    schema_fields=["image", "label"],
                                    cur_shard=rank, shard_count=world_size, num_epochs=None,
                                    shuffle_row_groups=True, seed=seed,
-                                   reader_pool_type="thread", workers_count=workers, **cache)
+                                   reader_pool_type="thread", workers_count=workers,
+                                   convert_early_to_numpy=True, **cache)
     # The reader owns its lifetime: its __exit__ stops and joins it and deletes its cache. It also
     # prints "Cache cleanup complete.", so stdout is silenced for that exit only (``silence`` is
     # entered on the way out and left after the reader's __exit__).
@@ -337,16 +348,29 @@ def preprocessor(stored_size: int, model_size: int = 0, augment: bool = False, s
 
 
 def row_groups_of(reader, stored_size: int) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-    """The rows of a Petastorm batch reader, one row group at a time: ``(images uint8
-    (n, s, s, 3), labels int32 (n,))``, the images' bytes joined once into one array (no
-    ``tf.string`` tensor of each image on the way)."""
+    """The rows of a Petastorm batch reader (:func:`open_reader`), one row group at a time:
+    ``(images uint8 (n, s, s, 3), labels int32 (n,))``.
+
+    A row group read from Parquet holds an object array of ``bytes``, joined here once into one
+    array; one from the flat cache holds them already as ``uint8 (n, s * s * 3)`` over a memory
+    map, only reshaped. Neither goes through a ``tf.string`` tensor of each image.
+
+    Raises:
+        DataError: an image that is not ``s * s * 3`` bytes as the manifest says.
+    """
     row_bytes = stored_size * stored_size * 3
     for group in reader:
-        joined = b"".join(group.image)
-        if len(joined) != len(group.image) * row_bytes:
+        images = group.image
+        if images.dtype == object:
+            joined = b"".join(images)
+            size_ok = len(joined) == len(images) * row_bytes
+            images = np.frombuffer(joined, np.uint8)
+        else:
+            size_ok = images.ndim == 2 and images.shape[1] == row_bytes
+        if not size_ok:
             raise DataError(f"a row group holds an image that is not {stored_size}x{stored_size}x3 bytes as the "
                             "manifest says")
-        yield np.frombuffer(joined, np.uint8).reshape(-1, stored_size, stored_size, 3), np.asarray(group.label, np.int32)
+        yield images.reshape(-1, stored_size, stored_size, 3), np.asarray(group.label, np.int32)
 
 
 def batched(ds, batch_size: int, stored_size: int, model_size: int = 0, shuffle_buffer: int = 0, seed: int = 0,
