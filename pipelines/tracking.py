@@ -179,10 +179,11 @@ def open_store(uri: str):
     with environment({}, keep=("MLFLOW_TRACKING_URI",)):
         mlflow.set_tracking_uri(uri)
     root = artifact_root(uri)
-    if root and not os.path.exists(uri[len(SQLITE):]):
-        _forget_store(uri)
-    with _quiet_store(), _in_folder(os.path.dirname(root) if root else None):
-        return mlflow.MlflowClient(uri)
+    with _quiet_store():  # _forget_store's import loads alembic too, which logs its plugins at INFO
+        if root and not os.path.exists(uri[len(SQLITE):]):
+            _forget_store(uri)
+        with _in_folder(os.path.dirname(root) if root else None):
+            return mlflow.MlflowClient(uri)
 
 
 def _forget_store(uri: str) -> None:

@@ -135,3 +135,27 @@ def test_an_output_deleted_and_made_again_gets_a_store_again_in_the_same_process
             [(f"attempt-{attempt}", {"attempt": str(attempt)}, "FINISHED")]
         assert os.path.exists(out / tracking.STORE_FILE)
         shutil.rmtree(out)
+
+
+def test_opening_a_store_prints_nothing_unless_verbose(tmp_path):
+    """Opening a SQLite store imports alembic, which logs its plugins and migrations at INFO: none
+    of it shows, for a new store, a deleted one made again (the path that drops MLflow's caches
+    first) and an existing one, even where the root logger shows INFO (a notebook or benchmark
+    that ran ``pipelines.tools.samples`` in-process); ``PIPELINES_VERBOSE=1`` shows it."""
+    import subprocess
+    import sys
+
+    script = ("import logging, os, sys; logging.basicConfig(level=logging.INFO)\n"
+              "from pipelines.tracking import open_store\n"
+              "uri = 'sqlite:///' + sys.argv[1]\n"
+              "open_store(uri); os.remove(sys.argv[1]); open_store(uri); print('opened')\n")
+    db = str(tmp_path / "mlflow.db")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for verbose in ("", "", "1"):  # the second run finds the store of the first
+        env = {**os.environ, "PIPELINES_VERBOSE": verbose, "PYTHONPATH": repo}
+        done = subprocess.run([sys.executable, "-c", script, db], capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert done.returncode == 0 and "opened" in done.stdout, done.stderr
+        noise = [line for line in (done.stdout + done.stderr).splitlines() if line != "opened"]
+        assert bool(verbose) == any("alembic" in line for line in noise), noise
+        if not verbose:
+            assert noise == []
