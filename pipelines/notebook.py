@@ -59,12 +59,12 @@ def train(np: int = -1, max_failures: int = 0, **config) -> Dict:
     Each run is a fresh set of processes, so a notebook can train several times.
     """
     from pipelines.launcher import HorovodRunner
-    from pipelines.training.cli import check_data_and_output
+    from pipelines.training.cli import check_before_ranks
     from pipelines.training.config import TrainConfig
     from pipelines.training.train import run_training
 
     config = TrainConfig(**config)
-    check_data_and_output(config, abs(np))  # refusals before any rank starts
+    check_before_ranks(config, abs(np))  # refusals, and weights fetched once, before any rank starts
     if config.tracking:
         from pipelines.tracking import check_store
         check_store(config.tracking_uri)  # a tracking server that does not answer, too

@@ -31,7 +31,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ``--output`` is on a store that cannot be used (unknown scheme, missing bucket, refused
     credentials), or the launch is impossible (too few task slots, a Spark setting barrier tasks refuse, a network
     interface or host address that is not on this machine's executors, an MLflow tracking server
-    that does not answer), before any rank starts; 1 with the failing rank and its cause when a
+    that does not answer), or ``--weights imagenet`` is neither in Keras' cache nor can be fetched,
+    before any rank starts; 1 with the failing rank and its cause when a
     rank fails (on its host: also its network) and is not relaunched (``--max-failures``), or when
     MLflow could not log the results (the training outputs are complete).
     """
@@ -95,7 +96,7 @@ def launch(config: TrainConfig) -> dict:
         from pipelines.training.devices import rank_cores, threads_per_rank
         ranks = -config.spark_np
         rank_cores(0, ranks, threads_per_rank(config.threads, ranks), os.sched_getaffinity(0))
-    check_data_and_output(config, abs(config.spark_np))  # before any rank
+    check_before_ranks(config, abs(config.spark_np))
     if config.tracking:
         check_store(config.tracking_uri)
     if config.spark_np > 0:
@@ -110,39 +111,46 @@ def launch(config: TrainConfig) -> dict:
 
 
 def refuse_early(config: TrainConfig) -> None:
-    """Rank 0's data and output refusals under ``horovodrun`` (or alone), made before TensorFlow
-    loads: a refused run ends in about a second instead of the ten that importing TensorFlow and
-    Horovod takes on 2 cores (``horovodrun`` then stops the other ranks, still loading). Only rank
-    0: a rank that refused at once made ``horovodrun`` kill rank 0 before it said why.
+    """Rank 0's refusals under ``horovodrun`` (or alone), and its fetch of ``--weights imagenet``,
+    made before TensorFlow loads: a refused run ends in about a second instead of the ten that
+    importing TensorFlow and Horovod takes on 2 cores (``horovodrun`` then stops the other ranks,
+    still loading). Only rank 0: a rank that refused at once made ``horovodrun`` kill rank 0
+    before it said why. The other ranks wait for rank 0 in ``hvd.init``, so they find the weights
+    in Keras' cache and fetch nothing.
 
     The world size is ``HOROVOD_SIZE`` (``horovodrun`` sets it for every rank), else 1: a lower
     bound, so this never refuses what :func:`pipelines.training.train.plan_run` accepts; plan_run
     repeats the checks with Horovod's own world size.
 
     Raises:
-        as :func:`check_data_and_output`.
+        as :func:`check_before_ranks`.
     """
     from pipelines.logs import setup_logging
 
     rank = os.environ.get("HOROVOD_RANK")
     setup_logging("train", rank=None if rank is None else int(rank))  # setup_rank sets it again, from Horovod
-    check_data_and_output(config, int(os.environ.get("HOROVOD_SIZE", "1")))
+    check_before_ranks(config, int(os.environ.get("HOROVOD_SIZE", "1")))
 
 
-def check_data_and_output(config: TrainConfig, world_size: int) -> None:
-    """The refusals a process makes before any rank trains: the data cannot feed ``world_size``
-    ranks, or ``--output`` cannot be used.
+def check_before_ranks(config: TrainConfig, world_size: int) -> None:
+    """What a process checks before any rank trains (the launching driver, the notebooks, rank 0
+    under ``horovodrun``), without TensorFlow: the data can feed ``world_size`` ranks, ``--output``
+    can be used, and ``--weights imagenet`` is in Keras' cache, fetched there once if need be (last:
+    a run refused for its data or output downloads nothing).
 
     Raises:
-        DataError, ValueError, FileNotFoundError, pipelines.storage.StorageError: as
-            :func:`pipelines.training.data.check_run` and
-            :func:`pipelines.training.outputs.check_output`.
+        DataError, ValueError, FileNotFoundError, pipelines.storage.StorageError,
+            pipelines.training.imagenet.WeightsUnavailable: as
+            :func:`pipelines.training.data.check_run`, :func:`pipelines.training.outputs.check_output`
+            and :func:`pipelines.training.imagenet.ensure_imagenet_weights`.
     """
     from pipelines.training.data import check_run
+    from pipelines.training.imagenet import ensure_imagenet_weights
     from pipelines.training.outputs import check_output
 
     check_run(config.data, config.batch_size, world_size, config.storage_options)
     check_output(config.output, config.storage_options)
+    ensure_imagenet_weights(config.backbone, config.weights)
 
 
 @contextlib.contextmanager

