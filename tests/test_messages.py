@@ -92,9 +92,6 @@ PLURAL_AFTER_COUNT = re.compile(rf"^ {COUNTED}")
 PERCENT_COUNT = re.compile(rf"%d {COUNTED}")
 # Where a plural after a count stays, and why.
 ALLOWED = {
-    ("pipelines/training/data.py", "row groups"): "being edited elsewhere; its refusals still say '1 row groups'",
-    ("pipelines/training/data.py", "ranks"): "as above",
-    ("pipelines/training/data.py", "rows"): "as above",
     ("pipelines/etl/memory.py", "bytes"): "DECODE_BYTES_PER_PIXEL, a constant (16)",
     ("pipelines/tools/weights.py", "weighted layers"): "WEIGHTED_LAYERS, a constant (80)",
     ("pipelines/etl/listing.py", "bytes"): "file too large: both sizes exceed --max-file-mb's bytes",

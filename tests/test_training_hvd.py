@@ -446,7 +446,7 @@ REFUSALS = {
     "no manifest": ((), "no manifest.json in "),
     "batch": (("--batch-size", "1000"),
               "global batch size 2000 (--batch-size 1000 x 2 ranks) is larger than the train"),
-    "row groups": ((), "the test split has 1 row groups but 2 ranks need one each"),
+    "row groups": ((), "the test split has 1 row group but 2 ranks need one each"),
 }
 
 

@@ -200,6 +200,7 @@ def test_fine_tune_blocks_of_xception_are_its_top_blocks_with_their_unnamed_laye
     import tensorflow as tf
     from pipelines.training.finetune import block_layers, trainable_parameters, unfreeze
     from pipelines.training.model import BACKBONES, backbone_of, build_model
+    tf.keras.backend.clear_session()  # Keras numbers unnamed layers per process: a model built before adds "_1"
     names = [layer.name for layer in tf.keras.applications.Xception(
         include_top=False, pooling="avg", input_shape=(71, 71, 3), weights=None).layers]
     spec = BACKBONES["xception"]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from pipelines.contract import MANIFEST, SPLITS, TEST, TRAIN, Manifest
+from pipelines.logs import plural
 from pipelines.paths import check_url_safe, local_url
 
 if TYPE_CHECKING:
@@ -137,10 +138,10 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
         if data.rows(split) == 0:
             raise DataError(f"the {split} split of {root} is empty")
         if data.row_groups(split) < world_size:
-            raise DataError(f"the {split} split has {data.row_groups(split)} row groups but {world_size} ranks "
-                            f"need one each (Petastorm shards by row group): use at most "
-                            f"{min(map(data.row_groups, SPLITS))} ranks, or rerun the ETL with a larger "
-                            "--min-row-groups")
+            raise DataError(f"the {split} split has {plural(data.row_groups(split), 'row group')} but "
+                            f"{plural(world_size, 'rank')} need one each (Petastorm shards by row group): use at "
+                            f"most {plural(min(map(data.row_groups, SPLITS)), 'rank')}, or rerun the ETL with a "
+                            "larger --min-row-groups")
     return data
 
 
@@ -286,7 +287,7 @@ class OnePassShard:
             with group.part.filesystem.open_input_file(group.part.path) as f:
                 table = pq.ParquetFile(f).read_row_group(group.index, columns=["image", "label"])
             if table.num_rows != group.rows:
-                raise ShardCountError(f"{group.path} row group {group.index}: read {table.num_rows} rows, "
+                raise ShardCountError(f"{group.path} row group {group.index}: read {plural(table.num_rows, 'row')}, "
                                       f"its footer says {group.rows}")
             column = table.column("image").combine_chunks()
             offsets = np.frombuffer(column.buffers()[1], np.int32, len(column) + 1, column.offset * 4)
@@ -308,15 +309,16 @@ class OnePassShard:
     def verify(self, counted: int) -> None:
         """Raise :class:`ShardCountError` unless ``counted`` equals the shard's rows (metadata)."""
         if counted != self.expected_rows:
-            raise ShardCountError(f"rank {self.rank} counted {counted} rows of its {self.split} shard, whose "
-                                  f"Parquet metadata holds {self.expected_rows}")
+            raise ShardCountError(f"rank {self.rank} counted {plural(counted, 'row')} of its {self.split} shard, "
+                                  f"whose Parquet metadata holds {self.expected_rows}")
 
 
 def verify_total(counted: int, data: Dataset, split: str) -> None:
     """Raise :class:`ShardCountError` unless the rows counted over all ranks equal the manifest's."""
     expected = data.rows(split)
     if counted != expected:
-        raise ShardCountError(f"all ranks counted {counted} rows of the {split} split; the manifest says {expected}")
+        raise ShardCountError(f"all ranks counted {plural(counted, 'row')} of the {split} split; the manifest says "
+                              f"{expected}")
 
 
 def preprocessor(stored_size: int, model_size: int = 0, augment: bool = False, seed: int = 0):
