@@ -358,20 +358,21 @@ def row_groups_of(reader, stored_size: int) -> Iterator[Tuple[np.ndarray, np.nda
     map, only reshaped. Neither goes through a ``tf.string`` tensor of each image.
 
     Raises:
-        DataError: an image that is not ``s * s * 3`` bytes as the manifest says.
+        DataError: an image that is not ``s * s * 3`` bytes as the manifest says (each checked), a
+            missing one, or not one image per label.
     """
     row_bytes = stored_size * stored_size * 3
     for group in reader:
         images = group.image
-        if images.dtype == object:
-            joined = b"".join(images)
-            size_ok = len(joined) == len(images) * row_bytes
-            images = np.frombuffer(joined, np.uint8)
-        else:
-            size_ok = images.ndim == 2 and images.shape[1] == row_bytes
-        if not size_ok:
+        if images.dtype == object:  # each image checked: sizes that only add up would shift rows
+            size_ok = all(image is not None and len(image) == row_bytes for image in images)
+        else:  # a row group of no rows is stored 0 bytes wide
+            size_ok = images.ndim == 2 and (images.shape[1] == row_bytes or images.shape[0] == 0)
+        if not size_ok or len(images) != len(group.label):
             raise DataError(f"a row group holds an image that is not {stored_size}x{stored_size}x3 bytes as the "
-                            "manifest says")
+                            "manifest says, or a missing image")
+        if images.dtype == object:
+            images = np.frombuffer(b"".join(images), np.uint8)
         yield images.reshape(-1, stored_size, stored_size, 3), np.asarray(group.label, np.int32)
 
 

@@ -19,6 +19,7 @@ Measured with ``benchmarks/loader_bench.py`` (README, Loader): see the figures t
 """
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import pickle
@@ -40,14 +41,16 @@ def flat_columns(value) -> Optional[List[Column]]:
     """The columns of ``value`` as :class:`RowGroupDisk` stores them, or None when it cannot
     (then diskcache pickles it).
 
-    ``value`` qualifies when it is a ``dict`` of NumPy arrays, each either of a fixed-size dtype or
-    an object array of ``bytes`` all of one length (stored as ``uint8 (rows, length)``).
+    ``value`` qualifies when it is a ``dict`` of plain NumPy arrays (no subclass: a masked array
+    would lose its mask), each either of a numeric or boolean dtype (kinds ``b i u f c``: dates,
+    strings and records are pickled) or a 1-D object array of ``bytes`` all of one length (stored
+    as ``uint8 (rows, length)``).
     """
     if type(value) is not dict:
         return None
     columns = []
     for name, array in value.items():
-        if not isinstance(array, np.ndarray):
+        if type(array) is not np.ndarray:
             return None
         if array.dtype == object:
             if array.ndim != 1 or not all(type(item) is bytes for item in array):
@@ -56,11 +59,46 @@ def flat_columns(value) -> Optional[List[Column]]:
             if any(len(item) != width for item in array):
                 return None
             columns.append((name, "|u1", (len(array), width)))
-        elif array.dtype.hasobject:
-            return None
-        else:
+        elif array.dtype.kind in "biufc":
             columns.append((name, array.dtype.str, array.shape))
+        else:
+            return None
     return columns
+
+
+class DamagedEntry(OSError):
+    """A ``*.rowgroup`` file that does not hold what its header says (cut short, overwritten).
+    An ``OSError``, so diskcache's ``get`` counts it as a miss and Petastorm reads the row group
+    from Parquet again, whose ``set`` replaces the file."""
+
+
+def _open_new(full_path: str):
+    """``open(full_path, "xb")``, its folder made first; tried 10 times, as diskcache's own
+    ``Disk._write`` does, because another thread's eviction removes folders that became empty
+    (``Disk.remove``) between our ``makedirs`` and ``open``."""
+    for attempt in range(10):
+        try:
+            os.makedirs(os.path.dirname(full_path), exist_ok=True)
+            return open(full_path, "xb")
+        except FileNotFoundError:
+            if attempt == 9:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _write_columns(f, value, columns: List[Column]) -> int:
+    """Write the header and each column (64-byte aligned) of ``value`` into ``f``; returns the size."""
+    header = pickle.dumps(columns, protocol=pickle.HIGHEST_PROTOCOL)
+    f.write(_LENGTH.pack(len(header)) + header)
+    for name, _dtype, _shape in columns:
+        f.write(b"\0" * (-f.tell() % ALIGN))
+        array = value[name]
+        if array.dtype == object:
+            for item in array:  # straight from each bytes object: no joined copy
+                f.write(item)
+        else:
+            f.write(np.ascontiguousarray(array).data)
+    return f.tell()
 
 
 class RowGroupDisk(diskcache.Disk):
@@ -68,25 +106,20 @@ class RowGroupDisk(diskcache.Disk):
 
     def store(self, value, read, key=UNKNOWN):
         """diskcache's ``store``: ``(size in bytes, mode, filename, db value)``; a row group is
-        written to its own ``*.rowgroup`` file, anything else as diskcache would."""
+        written to its own ``*.rowgroup`` file (removed again if writing fails: no orphan), anything
+        else as diskcache would."""
         columns = None if read else flat_columns(value)
         if columns is None:
             return super().store(value, read, key)
         filename, full_path = self.filename(key, value)
         filename, full_path = filename[:-len(".val")] + SUFFIX, full_path[:-len(".val")] + SUFFIX
-        os.makedirs(os.path.dirname(full_path), exist_ok=True)
-        header = pickle.dumps(columns, protocol=pickle.HIGHEST_PROTOCOL)
-        with open(full_path, "xb") as f:
-            f.write(_LENGTH.pack(len(header)) + header)
-            for name, _dtype, _shape in columns:
-                f.write(b"\0" * (-f.tell() % ALIGN))
-                array = value[name]
-                if array.dtype == object:
-                    for item in array:  # straight from each bytes object: no joined copy
-                        f.write(item)
-                else:
-                    f.write(np.ascontiguousarray(array).data)
-            size = f.tell()
+        try:
+            with _open_new(full_path) as f:
+                size = _write_columns(f, value, columns)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(full_path)
+            raise
         return size, MODE_BINARY, filename, None
 
     def fetch(self, mode, filename, value, read):
@@ -100,20 +133,30 @@ class RowGroupDisk(diskcache.Disk):
 def read_row_group(path: str) -> Dict[str, np.ndarray]:
     """The columns of one ``*.rowgroup`` file, as arrays over a read-only memory map of it.
 
+    The file must end where its last column ends. (Truncating a file while arrays of it are in
+    use is outside interference: the map then faults, SIGBUS, like any mapped file.)
+
     Raises:
-        OSError: the file cannot be opened or mapped; diskcache's ``get`` takes that for an entry
-            evicted meanwhile, a miss, and Petastorm reads the row group again.
-        ValueError: the file is shorter than its header says (a damaged cache).
+        OSError: the file cannot be opened or mapped, diskcache's ``get`` takes that for an entry
+            evicted meanwhile, a miss; :class:`DamagedEntry` (an ``OSError``, a miss too) when its
+            header cannot be read or its size is not what the header says.
     """
     with open(path, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    (length,) = _LENGTH.unpack_from(mapped)
-    offset = _LENGTH.size + length
-    columns = pickle.loads(mapped[_LENGTH.size:offset])
-    out = {}
-    for name, dtype, shape in columns:
-        offset += -offset % ALIGN
-        array = np.frombuffer(mapped, dtype, int(np.prod(shape)), offset).reshape(shape)
-        out[name] = array
-        offset += array.nbytes
+        try:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file
+            raise DamagedEntry(f"{path}: empty") from None
+    try:
+        (length,) = _LENGTH.unpack_from(mapped)
+        offset = _LENGTH.size + length
+        columns = pickle.loads(mapped[_LENGTH.size:offset])
+        out = {}
+        for name, dtype, shape in columns:
+            offset += -offset % ALIGN
+            out[name] = np.frombuffer(mapped, dtype, int(np.prod(shape)), offset).reshape(shape)
+            offset += out[name].nbytes
+    except Exception as exc:  # struct, pickle, NumPy: each says "not what was written" its own way
+        raise DamagedEntry(f"{path}: {exc}") from None
+    if offset != len(mapped):
+        raise DamagedEntry(f"{path}: {len(mapped)} bytes, its header describes {offset}")
     return out
