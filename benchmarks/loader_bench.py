@@ -143,14 +143,16 @@ def parse(argv):
     from pipelines.config import add_arguments
     from pipelines.training.config import TrainConfig
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--per-class", type=int, default=300, help="Fashion-MNIST images per class (10 classes)")
     parser.add_argument("--etl-image-size", type=int, default=299, help="image size the ETL stores the images at")
     parser.add_argument("--row-group-mb", default="1,4,16,64", help="comma-separated ETL row-group sizes, MiB")
     parser.add_argument("--min-row-groups", type=int, default=2, help="the sweep's ETL --min-row-groups")
     parser.add_argument("--png", default=None, help="draw the sweep into this PNG file")
     add_arguments(parser, TrainConfig, {"batch_size": 32})
-    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--workdir", default=None,
+                        help="keep the sample, ETL outputs and caches here (default: a temporary folder, removed)")
     parser.add_argument("--storage", choices=["local", "s3"], default="local",
                         help="s3: also read the data from an S3 API server (moto_server on 127.0.0.1) by both routes")
     args = parser.parse_args(argv)

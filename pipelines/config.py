@@ -90,7 +90,7 @@ def parse_config(cls: Type[T], argv: Sequence[str] | None = None, description: s
 
     Raises:
         SystemExit: on unknown or malformed options (argparse's usual exit code 2), or when the
-            dataclass's ``__post_init__`` rejects a value (reported as an argparse error).
+            dataclass's ``__post_init__`` rejects a value (one line, ``PROG: error: REASON``, exit 2).
     """
     parser = build_parser(cls, description)
     values = vars(parser.parse_args(argv))
@@ -102,8 +102,9 @@ def parse_config(cls: Type[T], argv: Sequence[str] | None = None, description: s
                 values[f.name] = parse_options(values[f.name] or [])
         return cls(**values)
     except ValueError as exc:
-        parser.error(str(exc))
-        raise  # unreachable: parser.error exits
+        # one line, like every other refusal: the value was well-formed, so the usage text would
+        # only bury the reason (argparse's own errors, an unknown option, still show it)
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
 
 
 def to_dict(config: Any) -> dict[str, Any]:

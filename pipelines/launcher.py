@@ -180,13 +180,17 @@ class HorovodRunner:
         log_dir: a local folder that keeps each rank's whole output: ``rank-R.log`` (``np > 0``,
             written by the driver as the lines arrive), or Horovod's ``rank.R/stdout`` and
             ``rank.R/stderr`` (``np < 0``). None: the output is only shown, live, at the driver.
+        before_ranks: called once the launch's own checks (slots, network interface) have passed,
+            just before any rank starts, on every attempt; what it raises ends the run there
+            (training fetches ``--weights imagenet`` here: a refused launch downloads nothing).
 
     Raises:
         ValueError: ``np == 0``, or a negative ``max_failures``.
     """
 
     def __init__(self, np: int, slots_timeout_s: float = 60.0, network_interface: Optional[str] = None,
-                 max_failures: int = 0, log_dir: Optional[str] = None):
+                 max_failures: int = 0, log_dir: Optional[str] = None,
+                 before_ranks: Optional[Callable[[], None]] = None):
         if not isinstance(np, int) or np == 0:
             raise ValueError(f"np must be a non-zero integer (negative: local processes, positive: "
                              f"Spark tasks), got {np!r}")
@@ -197,6 +201,7 @@ class HorovodRunner:
         self.slots_timeout_s = slots_timeout_s
         self.network_interface = network_interface or os.environ.get(GLOO_IFACE_ENV) or None
         self.log_dir = log_dir
+        self.before_ranks = before_ranks or (lambda: None)
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return rank 0's return value.
@@ -225,6 +230,7 @@ class HorovodRunner:
     # -- local: Horovod's own launcher --------------------------------------------------------
     def _run_local(self, main, kwargs, num_proc: int) -> Any:
         iface = _local_interface(self.network_interface)
+        self.before_ranks()
         import horovod.runner
 
         _mend_pad_rank()
@@ -265,6 +271,7 @@ class HorovodRunner:
             raise ValueError(f"np={num_proc} Spark tasks requested but the cluster ({sc.master}) offers "
                              f"{plural(slots, 'task slot')}{why}: lower np, add workers or wait longer for them")
         check_local_executors(sc, self.network_interface)
+        self.before_ranks()
         payload = cloudpickle.dumps((main, kwargs))
         log.info("HorovodRunner: %s on %s", plural(num_proc, "barrier task"), sc.master)
         sink = LogSink(sc.getConf().get("spark.driver.host"), self.log_dir)

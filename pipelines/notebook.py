@@ -59,16 +59,17 @@ def train(np: int = -1, max_failures: int = 0, **config) -> Dict:
     Each run is a fresh set of processes, so a notebook can train several times.
     """
     from pipelines.launcher import HorovodRunner
-    from pipelines.training.cli import check_before_ranks
+    from pipelines.training.cli import check_before_ranks, fetch_weights
     from pipelines.training.config import TrainConfig
     from pipelines.training.train import run_training
 
     config = TrainConfig(**config)
-    check_before_ranks(config, abs(np))  # refusals, and weights fetched once, before any rank starts
+    check_before_ranks(config, abs(np))  # refusals before any rank starts
     if config.tracking:
         from pipelines.tracking import check_store
         check_store(config.tracking_uri)  # a tracking server that does not answer, too
-    return HorovodRunner(np=np, max_failures=max_failures).run(run_training, config=config)
+    runner = HorovodRunner(np=np, max_failures=max_failures, before_ranks=lambda: fetch_weights(config))
+    return runner.run(run_training, config=config)
 
 
 def history_frame(report: Dict):

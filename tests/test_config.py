@@ -66,3 +66,28 @@ def test_storage_options_are_a_repeatable_key_value_flag():
     with pytest.raises(SystemExit) as exc:
         parse_config(Stage, ["--storage-option", "novalue"])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("argv", [["--batch-size", "0"], ["--cache-dir", "s3://b/c"], ["--shuffle-buffer", "0"]])
+def test_a_refused_value_is_one_line_and_exit_2(argv, capsys, tmp_path):
+    """A well-formed option whose value the config refuses: the reason alone, no usage text."""
+    from pipelines.config import parse_config
+
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(TrainConfig, ["--data", str(tmp_path), "--output", str(tmp_path / "out"), *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and ": error: --" in err, err
+
+
+@pytest.mark.parametrize("where, refused", [
+    ("afile", "is a file"), ("afile/sub/cache", "lies under the file"), ("folder", None),
+    ("folder/new/cache", None), ("new", None)])
+def test_cache_dir_must_be_able_to_become_a_folder(tmp_path, where, refused):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "folder").mkdir()
+    make = lambda: TrainConfig(data=str(tmp_path), output=str(tmp_path / "out"), cache_dir=str(tmp_path / where))
+    if refused:
+        with pytest.raises(ValueError, match=f"--cache-dir {tmp_path / where} {refused}"):
+            make()
+    else:
+        assert make().cache_dir == str(tmp_path / where)

@@ -191,3 +191,12 @@ class FaultInjection(tf.keras.callbacks.Callback):
             while self.mode == "stall":
                 time.sleep(60)
             raise RuntimeError(f"injected fault at the end of epoch {self.epoch} ({FAULT_ENV})")
+
+
+class EpochCSVLogger(tf.keras.callbacks.CSVLogger):
+    """Keras' ``CSVLogger`` (``history.csv``: one row of logs per epoch), its ``epoch`` column
+    counted from 1 as everything else of a run counts them (the console, checkpoints,
+    ``metrics.json``'s history and best epoch); Keras' own logger writes the 0-based index."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch + 1, logs)

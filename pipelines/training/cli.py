@@ -105,7 +105,8 @@ def launch(config: TrainConfig) -> dict:
     with rank_log_dir(config) as logs:
         runner = HorovodRunner(np=config.spark_np, slots_timeout_s=config.slots_timeout,
                                network_interface=config.network_interface or None,
-                               max_failures=config.max_failures, log_dir=logs)
+                               max_failures=config.max_failures, log_dir=logs,
+                               before_ranks=lambda: fetch_weights(config))
         return runner.run(run_training, config=dataclasses.replace(config, spark_np=0, network_interface="",
                                                                     max_failures=0))
 
@@ -123,33 +124,44 @@ def refuse_early(config: TrainConfig) -> None:
     repeats the checks with Horovod's own world size.
 
     Raises:
-        as :func:`check_before_ranks`.
+        as :func:`check_before_ranks` and :func:`fetch_weights`.
     """
     from pipelines.logs import setup_logging
 
     rank = os.environ.get("HOROVOD_RANK")
     setup_logging("train", rank=None if rank is None else int(rank))  # setup_rank sets it again, from Horovod
     check_before_ranks(config, int(os.environ.get("HOROVOD_SIZE", "1")))
+    fetch_weights(config)
 
 
 def check_before_ranks(config: TrainConfig, world_size: int) -> None:
-    """What a process checks before any rank trains (the launching driver, the notebooks, rank 0
-    under ``horovodrun``), without TensorFlow: the data can feed ``world_size`` ranks, ``--output``
-    can be used, and ``--weights imagenet`` is in Keras' cache, fetched there once if need be (last:
-    a run refused for its data or output downloads nothing).
+    """The refusals a process makes before any rank trains (the launching driver, the notebooks,
+    rank 0 under ``horovodrun``), without TensorFlow: the data cannot feed ``world_size`` ranks,
+    or ``--output`` cannot be used.
 
     Raises:
-        DataError, ValueError, FileNotFoundError, pipelines.storage.StorageError,
-            pipelines.training.imagenet.WeightsUnavailable: as
-            :func:`pipelines.training.data.check_run`, :func:`pipelines.training.outputs.check_output`
-            and :func:`pipelines.training.imagenet.ensure_imagenet_weights`.
+        DataError, ValueError, FileNotFoundError, pipelines.storage.StorageError: as
+            :func:`pipelines.training.data.check_run` and :func:`pipelines.training.outputs.check_output`.
     """
     from pipelines.training.data import check_run
-    from pipelines.training.imagenet import ensure_imagenet_weights
     from pipelines.training.outputs import check_output
 
     check_run(config.data, config.batch_size, world_size, config.storage_options)
     check_output(config.output, config.storage_options)
+
+
+def fetch_weights(config: TrainConfig) -> None:
+    """``--weights imagenet``: in Keras' cache, fetched there once if need be, without TensorFlow;
+    called after every refusal (a refused run downloads nothing): by a launcher just before the
+    ranks start (``HorovodRunner(before_ranks=...)``), by rank 0 under ``horovodrun`` after
+    :func:`check_before_ranks`.
+
+    Raises:
+        pipelines.training.imagenet.WeightsUnavailable: as
+            :func:`pipelines.training.imagenet.ensure_imagenet_weights` (a ``ValueError``: exit 2).
+    """
+    from pipelines.training.imagenet import ensure_imagenet_weights
+
     ensure_imagenet_weights(config.backbone, config.weights)
 
 

@@ -140,9 +140,25 @@ class TrainConfig:
                              "design; give a local folder (or none: a temporary one)")
         if self.cache_dir:
             self.cache_dir = os.path.abspath(os.path.expanduser(self.cache_dir))
+            check_folder_path(self.cache_dir, "--cache-dir")
         self.tracking, self.tracking_uri = trk.resolve(self.tracking, self.tracking_uri, self.output, self.experiment)
         if self.register_model and not self.tracking:
             raise ValueError("--register-model needs tracking: drop --no-tracking (or PIPELINES_TRACKING=0)")
+
+
+def check_folder_path(path: str, option: str) -> None:
+    """Refuse a local ``path`` that cannot become a folder: it, or the nearest part of it that
+    exists, is not a folder (a file given for a folder, or a file on the way to it).
+
+    Raises:
+        ValueError: naming ``option``, the path and the file in the way.
+    """
+    existing = path
+    while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        what = "is a file" if existing == path else f"lies under the file {existing}"
+        raise ValueError(f"{option} {path} {what}: give a folder (made if missing)")
 
 
 def local_or_uri(value: str) -> str:

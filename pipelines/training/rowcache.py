@@ -30,6 +30,8 @@ import diskcache
 import numpy as np
 from diskcache.core import MODE_BINARY, UNKNOWN
 
+from pipelines.logs import plural
+
 ALIGN = 64  # bytes; TensorFlow and NumPy's vectorised copies prefer aligned sources
 SUFFIX = ".rowgroup"
 _LENGTH = struct.Struct("<Q")
@@ -158,5 +160,5 @@ def read_row_group(path: str) -> Dict[str, np.ndarray]:
     except Exception as exc:  # struct, pickle, NumPy: each says "not what was written" its own way
         raise DamagedEntry(f"{path}: {exc}") from None
     if offset != len(mapped):
-        raise DamagedEntry(f"{path}: {len(mapped)} bytes, its header describes {offset}")
+        raise DamagedEntry(f"{path}: its header describes {plural(offset, 'byte')}, the file holds {len(mapped)}")
     return out

@@ -275,7 +275,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
         directory = plan.output_dir
         callbacks += [
             cb.CheckpointMarker(directory, early_stopping, resume.history, frozen_sha256, marker),
-            tf.keras.callbacks.CSVLogger(os.path.join(directory, "history.csv"), append=bool(resume.marker)),
+            cb.EpochCSVLogger(os.path.join(directory, "history.csv"), append=bool(resume.marker)),
         ]
         if config.tensorboard:
             callbacks.append(tf.keras.callbacks.TensorBoard(os.path.join(directory, "tensorboard"),
