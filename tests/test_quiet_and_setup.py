@@ -60,8 +60,8 @@ def test_horovod_check_build_shows_the_build_only():
 
 
 # A child process started inside jvm_stderr_filtered writes what a JVM would, around the line.
-# "ours, after" is one write(2), as a logging record is: print's two (text, then end) may have a
-# line that the filter still passes on after the block land between them.
+# "ours, after" is one write(2), as a logging record is: print writes its text and its newline
+# separately, and a line the filter is still passing on may land between the two.
 FILTERED_CHILD = (
     "import subprocess, sys; from pipelines.quiet import jvm_stderr_filtered\n"
     "child = 'import sys; a = sys.argv[1]; sys.stderr.write(f\"before\\\\n{a}\\\\n{a} too\\\\nafter\\\\n\")'\n"
