@@ -278,7 +278,7 @@ class HorovodRunner:
         try:
             task = _barrier_task(payload, num_proc, self.network_interface, (sink.address, sink.token))
             records = _collect_tasks(sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(task),
-                                     sink.hosts)
+                                     sink.hosts, lambda: executor_id_hosts(sc))
             if not sink.wait_for({r["rank"]: r.get("log_lines", 0) for r in records}):
                 log.warning("HorovodRunner: some ranks' output did not reach the driver (see the executors' logs)")
         finally:
@@ -296,22 +296,44 @@ EXECUTOR_LOST = ("ExecutorLostFailure", "Executor lost", "Remote RPC client disa
 # Where Spark's messages name the lost executor's host: "Lost task 1.0 in stage 0.0 (TID 1) (HOST
 # executor 3)", or, when its worker went with it (Spark 4.0's barrier abort), "worker lost: HOST:PORT".
 _LOST_HOST = (r"\(([^ ()]+) executor [^ ()]+\)", r"[Ww]orker lost: \[?([^ \]]+?)\]?:\d+")
+# Where they name only the executor: a barrier abort's "ExecutorLostFailure (executor 3 exited ...)".
+_LOST_EXECUTOR = r"ExecutorLostFailure \(executor ([^ ()]+)"
 
 
-def lost_host(text: str) -> str:
-    """The host of the lost executor a Spark failure ``text`` names, or ""."""
+def lost_host(text: str, executor_hosts: Callable[[], Dict[str, str]] = dict) -> str:
+    """The host of the lost executor a Spark failure ``text`` names, or "". Where the text names
+    only the executor's id, its host is looked up in ``executor_hosts()`` (id -> host, as
+    :func:`executor_id_hosts` gives), called only then."""
     for pattern in _LOST_HOST:
         match = re.search(pattern, text)
         if match:
             return match.group(1)
-    return ""
+    match = re.search(_LOST_EXECUTOR, text)
+    return executor_hosts().get(match.group(1), "") if match else ""
 
 
-def _collect_tasks(rdd, rank_hosts: Dict[int, str]) -> List[Dict[str, Any]]:
+def executor_id_hosts(sc) -> Dict[str, str]:
+    """Executor id -> host for every executor the application has had, lost ones included (Spark's
+    status store keeps the last ``spark.ui.retainedDeadExecutors``); {} where Spark cannot say."""
+    from py4j.protocol import Py4JError
+
+    try:
+        summaries = sc._jsc.sc().statusStore().executorList(False).iterator()
+        found = {}
+        while summaries.hasNext():
+            summary = summaries.next()
+            found[str(summary.id())] = str(summary.hostPort()).rsplit(":", 1)[0]
+        return found
+    except Py4JError:  # a JVM call that failed: naming the host is best effort, the failure stands
+        return {}
+
+
+def _collect_tasks(rdd, rank_hosts: Dict[int, str],
+                   executor_hosts: Callable[[], Dict[str, str]] = dict) -> List[Dict[str, Any]]:
     """The barrier tasks' records; a Spark job that failed because an executor (or its host) was
-    lost becomes a lost :class:`RankFailure` naming the host and the (lowest) rank that ran there,
-    from ``rank_hosts`` (rank -> host, as the tasks named them; the tasks report every other failure
-    as a record)."""
+    lost becomes a lost :class:`RankFailure` naming the host (:func:`lost_host`, with
+    ``executor_hosts``) and the (lowest) rank that ran there, from ``rank_hosts`` (rank -> host, as
+    the tasks named them; the tasks report every other failure as a record)."""
     try:
         return rdd.collect()
     except Exception as exc:  # noqa: BLE001 - Py4JJavaError; only an executor loss is ours to name
@@ -320,7 +342,7 @@ def _collect_tasks(rdd, rank_hosts: Dict[int, str]) -> List[Dict[str, Any]]:
             raise
         line = next((ln.strip() for ln in text.splitlines() if any(m in ln for m in EXECUTOR_LOST)), text[:300])
         line = line[line.find("ExecutorLostFailure"):] if "ExecutorLostFailure" in line else line
-        host = lost_host(text)
+        host = lost_host(text, executor_hosts)
         rank = min((r for r, h in rank_hosts.items() if h == host), default=-1)
         raise HorovodJobFailed([RankFailure(rank, f"Spark executor lost: {line}", host=host, lost=True)]) from exc
 

@@ -360,24 +360,56 @@ class _LostExecutorJob:
         raise RuntimeError(self.text)
 
 
+# Executor id -> host as Spark's status store holds them (executor_id_hosts): only a text that names
+# no host is looked up there, so the texts that name one are checked against a store that disagrees.
+EXECUTORS = {"1": "10.77.0.99", "3": "10.77.0.15", "driver": "10.77.0.1"}
+BARRIER_ABORT = ("Job aborted due to stage failure: Could not recover from a failed barrier ResultStage. Most recent "
+                 "failure reason: Stage failed because barrier task ResultTask(0, 1) finished unsuccessfully.\n"
+                 "ExecutorLostFailure (executor {} exited caused by one of the running tasks) Reason: Command exited "
+                 "with code 137")
+
+
 @pytest.mark.parametrize("text, host", [
     ("Job aborted due to stage failure: Could not recover from a failed barrier ResultStage. Most recent failure "
      "reason: ExecutorLostFailure (executor 1 exited unrelated to the running tasks) Reason: worker lost: "
      "10.77.0.15:42255 got disassociated", "10.77.0.15"),
     ("Lost task 1.0 in stage 0.0 (TID 1) (10.77.0.15 executor 3): ExecutorLostFailure (executor 3 exited caused "
      "by one of the running tasks) Reason: Remote RPC client disassociated.", "10.77.0.15"),
+    (BARRIER_ABORT.format(3), "10.77.0.15"),  # names the executor only (seen on the test hosts)
 ])
 def test_a_lost_executor_names_its_host_and_the_rank_that_ran_there(text, host):
     from pipelines.launcher import _collect_tasks, lost_host
 
-    assert lost_host(text) == host
+    assert lost_host(text, lambda: EXECUTORS) == host
     with pytest.raises(HorovodJobFailed) as failed:
-        _collect_tasks(_LostExecutorJob(text), {0: "10.77.0.14", 1: host, 2: "10.77.0.16"})
+        _collect_tasks(_LostExecutorJob(text), {0: "10.77.0.14", 1: host, 2: "10.77.0.16"}, lambda: EXECUTORS)
     (failure,) = failed.value.failures
     assert (failure.rank, failure.host, failure.lost) == (1, host, True)
     assert str(failed.value).startswith(f"rank 1 on {host} failed: Spark executor lost: ExecutorLostFailure (executor")
     with pytest.raises(HorovodJobFailed, match=r"^rank -1 on 10.77.0.15 failed"):  # no rank reported that host
-        _collect_tasks(_LostExecutorJob(text), {0: "10.77.0.14"})
+        _collect_tasks(_LostExecutorJob(text), {0: "10.77.0.14"}, lambda: EXECUTORS)
+
+
+def test_a_lost_executor_unknown_to_the_status_store_is_still_a_lost_rank_failure():
+    from pipelines.launcher import _collect_tasks, lost_host
+
+    assert lost_host(BARRIER_ABORT.format(3)) == "" and lost_host(BARRIER_ABORT.format(7), lambda: EXECUTORS) == ""
+    with pytest.raises(HorovodJobFailed) as failed:
+        _collect_tasks(_LostExecutorJob(BARRIER_ABORT.format(7)), {0: "10.77.0.14"}, lambda: EXECUTORS)
+    (failure,) = failed.value.failures
+    assert (failure.rank, failure.host, failure.lost) == (-1, "", True)
+    assert str(failed.value) == ("rank -1 failed: Spark executor lost: ExecutorLostFailure (executor 7 exited caused "
+                                 "by one of the running tasks) Reason: Command exited with code 137")
+
+
+@pytest.mark.slow
+def test_the_status_store_names_each_executor_s_host(spark):
+    """Real Spark (the session's local master): its one executor is the driver, on the driver's host."""
+    from pipelines.launcher import executor_id_hosts
+
+    sc = spark.sparkContext
+    driver = sc._jsc.sc().env().blockManager().blockManagerId()
+    assert executor_id_hosts(sc) == {"driver": driver.host()}
 
 
 @pytest.mark.parametrize("size, names", [(1, ["0", "0"]), (2, ["0", "1"]), (10, ["0", "9"]), (11, ["00", "10"]),
