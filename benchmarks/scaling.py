@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     import cloudpickle
 
     import measure
-    from pipelines.launcher import HorovodRunner
+    from pipelines.launch import HorovodRunner
 
     # The ranks cannot import this folder's modules: the measuring function travels by value.
     cloudpickle.register_pickle_by_value(measure)
@@ -212,7 +212,7 @@ def _alone(slot: int, config, batch_sizes, warmup_steps: int, steps: int, fp16_v
     import cloudpickle
 
     import measure
-    from pipelines.launcher import HorovodRunner
+    from pipelines.launch import HorovodRunner
 
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, cores[slot * config.threads:(slot + 1) * config.threads])

@@ -48,7 +48,7 @@ PATHS = (("article", {}), ("feature cache", {"feature_cache": True}))
 def run_once(path: str, extra: dict, seed: int, base, np: int, work: str) -> dict:
     """One fresh Horovod job of one path on ``np`` local processes, ``base`` with its own output,
     seed and ``extra`` settings; returns its row of figures."""
-    from pipelines.launcher import HorovodRunner
+    from pipelines.launch import HorovodRunner
     from pipelines.training.data import load_dataset
     from pipelines.training.features import feature_dir, feature_key
     from pipelines.training.train import run_training

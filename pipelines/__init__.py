@@ -9,9 +9,9 @@ __version__ = "0.1.0"
 
 # name -> submodule that defines it; loaded by __getattr__ on first access only.
 _LAZY = {
-    "HorovodRunner": "pipelines.launcher",
-    "HorovodJobFailed": "pipelines.launcher",
-    "ClusterConfigError": "pipelines.launcher",
+    "HorovodRunner": "pipelines.launch",
+    "HorovodJobFailed": "pipelines.launch",
+    "ClusterConfigError": "pipelines.launch",
 }
 __all__ = ["__version__", *_LAZY]
 

@@ -58,7 +58,7 @@ def train(np: int = -1, max_failures: int = 0, **config) -> Dict:
 
     Each run is a fresh set of processes, so a notebook can train several times.
     """
-    from pipelines.launcher import HorovodRunner
+    from pipelines.launch import HorovodRunner
     from pipelines.training.cli import check_before_ranks, fetch_weights
     from pipelines.training.config import TrainConfig
     from pipelines.training.train import run_training

@@ -155,7 +155,7 @@ def hosts_cluster(test_hosts, tmp_path_factory):
     """A Spark standalone cluster across the test hosts: the master on h1, one worker of 1 core on
     each of h3-h7, ``moto_server`` on h2 (port 9000). Yields ``(cluster, s3 server, worker hosts)``;
     the workers' environment (which executors inherit) points AWS_ENDPOINT_URL at h2."""
-    from pipelines.cluster import Place, StandaloneCluster
+    from pipelines.launch.cluster import Place, StandaloneCluster
 
     master, s3_host, *workers = test_hosts.hosts
     base = tmp_path_factory.mktemp("hosts")

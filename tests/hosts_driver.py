@@ -25,7 +25,7 @@ def probe(driver: str, bucket: str, pause_s: float, gloo_timeout_s: int = 0):
     import psutil
     import tensorflow as tf
 
-    from pipelines.launcher import local_interfaces
+    from pipelines.launch.network import local_interfaces
     from pipelines.storage import resolve
 
     if gloo_timeout_s:

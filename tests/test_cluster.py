@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from pipelines.cluster import StandaloneCluster
+from pipelines.launch.cluster import StandaloneCluster
 from tests.conftest import BIN, assert_exact_test_count, read_metrics as metrics, subprocess_env
 from tests.imagegen import make_tree
 

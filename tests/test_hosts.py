@@ -227,7 +227,7 @@ def rank_host(test_hosts, workers, rank):
                     environ = f.read().split(b"\0")
             except OSError:
                 continue
-            if b"pipelines.launcher" in command and f"HOROVOD_RANK={rank}".encode() in environ:
+            if b"pipelines.launch.child" in command and f"HOROVOD_RANK={rank}".encode() in environ:
                 return host
     return None
 

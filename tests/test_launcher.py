@@ -4,7 +4,9 @@ import socket
 
 import pytest
 
-from pipelines.launcher import HorovodJobFailed, HorovodRunner, RankFailure, _collect_failures, rank_plan
+from pipelines.launch import HorovodJobFailed, HorovodRunner, RankFailure
+from pipelines.launch.barrier import rank_plan
+from pipelines.launch.local import collect_failures
 
 
 @pytest.mark.parametrize("np", [0, 1.5, "2"])
@@ -31,13 +33,13 @@ def test_a_rank_killed_through_horovods_shell_is_named_with_its_signal(tmp_path)
     """Horovod's launcher runs ranks through a shell: a SIGKILLed rank exits with status 137."""
     message = ("Horovod detected that one or more processes exited with non-zero status, thus causing the job "
                "to be terminated. The first process to do so was:\nProcess name: 1\nExit code: 137\n")
-    killed = _collect_failures(str(tmp_path), message)
+    killed = collect_failures(str(tmp_path), message)
     assert str(HorovodJobFailed(killed)) == f"rank 1 on {socket.gethostname()} failed: process killed by signal SIGKILL"
     assert killed[0].lost  # a relaunch may survive it (--max-failures)
-    other = _collect_failures(str(tmp_path), message.replace("137", "3"))
+    other = collect_failures(str(tmp_path), message.replace("137", "3"))
     assert str(HorovodJobFailed(other)) == f"rank 1 on {socket.gethostname()} failed: process exited with status 3"
     assert not other[0].lost
-    assert not _collect_failures(str(tmp_path), message.replace("137", str(128 + 11)))[0].lost  # SIGSEGV: a crash
+    assert not collect_failures(str(tmp_path), message.replace("137", str(128 + 11)))[0].lost  # SIGSEGV: a crash
 
 
 def _kill_rank_1():
@@ -99,7 +101,7 @@ def test_local_ranks_get_the_users_tuning_or_horovods_defaults_not_none_tuples(m
 
 
 def test_repair_keeps_values_that_are_not_none_tuples(monkeypatch):
-    from pipelines.launcher import repair_horovod_env
+    from pipelines.launch.local import repair_horovod_env
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")
     monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", "(None,)")
     monkeypatch.delenv("PIPELINES_KEEP_HOROVOD_CACHE_CAPACITY", raising=False)
@@ -117,19 +119,19 @@ def test_local_failure_names_the_rank_and_the_cause():
 def test_a_peer_error_never_hides_the_root_cause(tmp_path):
     """Horovod may see the innocent rank exit first; the ranks' own error texts decide."""
     import json
-    from pipelines.launcher import _collect_failures
     (tmp_path / "rank-0.json").write_text(json.dumps({"rank": 0, "cause": "UnknownError: Horovod has been shut down",
                                                       "traceback": "", "secondary": True}))
     (tmp_path / "rank-1.json").write_text(json.dumps({"rank": 1, "cause": "ValueError: broken", "traceback": "",
                                                       "secondary": False}))
     message = "The first process to do so was:\nProcess name: 0\nExit code: 1\n"
-    assert str(HorovodJobFailed(_collect_failures(str(tmp_path), message))).startswith(
+    assert str(HorovodJobFailed(collect_failures(str(tmp_path), message))).startswith(
         f"rank 1 on {socket.gethostname()} failed: ValueError")
 
 
 # -- which network interface Gloo uses (issue 9, item 4) ----------------------------------------
-from pipelines.launcher import (ClusterConfigError, check_barrier_conf, interface_of,  # noqa: E402
-                                is_local_master, is_this_machine, local_interfaces, resolve)
+from pipelines.launch import ClusterConfigError  # noqa: E402
+from pipelines.launch.network import interface_of, is_this_machine, local_interfaces, resolve  # noqa: E402
+from pipelines.launch.sparkcheck import check_barrier_conf, is_local_master  # noqa: E402
 
 IFACES = {"lo": ["127.0.0.1", "::1"], "eth0": ["192.0.2.2", "fe80::1"], "ib0": ["10.1.0.5"]}
 
@@ -196,13 +198,13 @@ def test_local_mode_refuses_a_missing_interface_before_any_rank(monkeypatch):
 
 @pytest.mark.parametrize("requested, refused", [("lo", False), ("eth0", True), ("ib0", True)])
 def test_local_ranks_take_only_the_loopback_interface_horovod_accepts(requested, refused):
-    from pipelines.launcher import _local_interface
+    from pipelines.launch.network import local_interface
     if refused:
         with pytest.raises(ValueError, match=rf"network interface '{requested}' \(.+\) cannot carry local ranks"):
-            _local_interface(requested, IFACES)
+            local_interface(requested, IFACES)
     else:
-        assert _local_interface(requested, IFACES) == "lo"
-    assert _local_interface(None, IFACES) is None and _local_interface("", IFACES) is None  # Horovod's own choice
+        assert local_interface(requested, IFACES) == "lo"
+    assert local_interface(None, IFACES) is None and local_interface("", IFACES) is None  # Horovod's own choice
 
 
 # -- Spark settings barrier tasks cannot run under (issue 9, item 5) ----------------------------
@@ -252,7 +254,7 @@ def test_import_pipelines_is_light_and_exports_the_runner():
             "heavy = ('tensorflow', 'horovod', 'pyspark')\n"
             "print(sorted(m for m in heavy if m in sys.modules))\n"
             "from pipelines import HorovodRunner, HorovodJobFailed, ClusterConfigError\n"
-            "import pipelines.launcher as l\n"
+            "import pipelines.launch as l\n"
             "print(HorovodRunner is l.HorovodRunner, HorovodJobFailed is l.HorovodJobFailed,"
             " ClusterConfigError is l.ClusterConfigError, 'HorovodRunner' in dir(pipelines))\n"
             "print(sorted(m for m in heavy if m in sys.modules))\n"
@@ -378,24 +380,24 @@ BARRIER_ABORT = ("Job aborted due to stage failure: Could not recover from a fai
     (BARRIER_ABORT.format(3), "10.77.0.15"),  # names the executor only (seen on the test hosts)
 ])
 def test_a_lost_executor_names_its_host_and_the_rank_that_ran_there(text, host):
-    from pipelines.launcher import _collect_tasks, lost_host
+    from pipelines.launch.barrier import collect_tasks, lost_host
 
     assert lost_host(text, lambda: EXECUTORS) == host
     with pytest.raises(HorovodJobFailed) as failed:
-        _collect_tasks(_LostExecutorJob(text), {0: "10.77.0.14", 1: host, 2: "10.77.0.16"}, lambda: EXECUTORS)
+        collect_tasks(_LostExecutorJob(text), {0: "10.77.0.14", 1: host, 2: "10.77.0.16"}, lambda: EXECUTORS)
     (failure,) = failed.value.failures
     assert (failure.rank, failure.host, failure.lost) == (1, host, True)
     assert str(failed.value).startswith(f"rank 1 on {host} failed: Spark executor lost: ExecutorLostFailure (executor")
     with pytest.raises(HorovodJobFailed, match=r"^rank -1 on 10.77.0.15 failed"):  # no rank reported that host
-        _collect_tasks(_LostExecutorJob(text), {0: "10.77.0.14"}, lambda: EXECUTORS)
+        collect_tasks(_LostExecutorJob(text), {0: "10.77.0.14"}, lambda: EXECUTORS)
 
 
 def test_a_lost_executor_unknown_to_the_status_store_is_still_a_lost_rank_failure():
-    from pipelines.launcher import _collect_tasks, lost_host
+    from pipelines.launch.barrier import collect_tasks, lost_host
 
     assert lost_host(BARRIER_ABORT.format(3)) == "" and lost_host(BARRIER_ABORT.format(7), lambda: EXECUTORS) == ""
     with pytest.raises(HorovodJobFailed) as failed:
-        _collect_tasks(_LostExecutorJob(BARRIER_ABORT.format(7)), {0: "10.77.0.14"}, lambda: EXECUTORS)
+        collect_tasks(_LostExecutorJob(BARRIER_ABORT.format(7)), {0: "10.77.0.14"}, lambda: EXECUTORS)
     (failure,) = failed.value.failures
     assert (failure.rank, failure.host, failure.lost) == (-1, "", True)
     assert str(failed.value) == ("rank -1 failed: Spark executor lost: ExecutorLostFailure (executor 7 exited caused "
@@ -405,7 +407,7 @@ def test_a_lost_executor_unknown_to_the_status_store_is_still_a_lost_rank_failur
 @pytest.mark.slow
 def test_the_status_store_names_each_executor_s_host(spark):
     """Real Spark (the session's local master): its one executor is the driver, on the driver's host."""
-    from pipelines.launcher import executor_id_hosts
+    from pipelines.launch.barrier import executor_id_hosts
 
     sc = spark.sparkContext
     driver = sc._jsc.sc().env().blockManager().blockManagerId()
@@ -415,8 +417,8 @@ def test_the_status_store_names_each_executor_s_host(spark):
 @pytest.mark.parametrize("size, names", [(1, ["0", "0"]), (2, ["0", "1"]), (10, ["0", "9"]), (11, ["00", "10"]),
                                          (101, ["000", "100"])])
 def test_rank_log_folders_are_named_as_horovod_names_them_and_for_one_rank(size, names):
-    from pipelines.launcher import _pad_rank
-    assert [_pad_rank(0, size), _pad_rank(size - 1, size)] == names
+    from pipelines.launch.local import pad_rank
+    assert [pad_rank(0, size), pad_rank(size - 1, size)] == names
     if size > 1:  # Horovod's own formula, where it works
         from horovod.runner.gloo_run import _pad_rank as horovods
         assert [horovods(0, size), horovods(size - 1, size)] == names

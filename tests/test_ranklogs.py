@@ -1,4 +1,4 @@
-"""The ranks' output at the driver (pipelines/ranklogs.py), without Spark: a real child process's
+"""The ranks' output at the driver (pipelines/launch/ranklogs.py), without Spark: a real child process's
 output forwarded by ``forward`` to a real ``LogSink`` over TCP."""
 import socket
 import subprocess
@@ -6,7 +6,7 @@ import sys
 import threading
 import time
 
-from pipelines.ranklogs import LogSink, forward
+from pipelines.launch.ranklogs import LogSink, forward
 
 CHILD = "import time\nprint('first', flush=True)\ntime.sleep(1.5)\nprint('second')\n"
 

@@ -8,8 +8,9 @@ import socket
 import numpy as np
 import pytest
 
-from pipelines.launcher import HorovodJobFailed, HorovodRunner, RankFailure, RelaunchImpossible
-from pipelines.recovery import attempts, is_lost, relaunched, run_with_retries, signal_is_loss
+from pipelines.launch import HorovodJobFailed, HorovodRunner, RankFailure, RelaunchImpossible
+from pipelines.launch.failures import signal_is_loss
+from pipelines.launch.recovery import attempts, is_lost, relaunched, run_with_retries
 from pipelines.training.config import TrainConfig
 
 

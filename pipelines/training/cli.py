@@ -3,7 +3,7 @@
 Every rank runs it under ``horovodrun -np N python jobs/train.py ...``; or one driver runs it with
 ``--spark-np N`` (``spark-submit --master spark://HOST:PORT jobs/train.py --spark-np N ...``, or
 ``python jobs/train.py --spark-np -N`` for local processes) and launches the ranks itself with
-:class:`pipelines.launcher.HorovodRunner`. Both call the same training function with the same config.
+:class:`pipelines.launch.HorovodRunner`. Both call the same training function with the same config.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     MLflow could not log the results (the training outputs are complete).
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from pipelines.launcher import HorovodJobFailed, RelaunchImpossible
+    from pipelines.launch import HorovodJobFailed, RelaunchImpossible
     from pipelines.tracking import TrackingFailed
     from pipelines.training.data import DataError
     from pipelines.training.train import run_training
@@ -79,14 +79,14 @@ def result_line(report: dict, output: str) -> str:
 
 def launch(config: TrainConfig) -> dict:
     """``--spark-np N``: check what can be checked before any rank starts, then run the ranks with
-    :class:`~pipelines.launcher.HorovodRunner` (N Spark barrier tasks, or -N local processes),
+    :class:`~pipelines.launch.HorovodRunner` (N Spark barrier tasks, or -N local processes),
     each rank's whole output kept under ``OUTPUT/logs`` (:func:`rank_log_dir`). Returns rank 0's report.
 
     Raises:
         DataError, ValueError, FileNotFoundError, pipelines.storage.StorageError: a refusal (exit 2).
         HorovodJobFailed, RelaunchImpossible: a rank failed and was not relaunched (exit 1).
     """
-    from pipelines.launcher import HorovodRunner
+    from pipelines.launch import HorovodRunner
     from pipelines.logs import setup_logging
     from pipelines.tracking import check_store
     from pipelines.training.train import run_training

@@ -128,7 +128,7 @@ def plan_run(config: TrainConfig, rank: Rank) -> RunPlan:
     on every rank (:class:`~pipelines.training.data.DataError`, ``ValueError``, a ``--data`` or
     ``--output`` whose store cannot be used). Rank 0 opens its output folder (with ``--resume`` on a
     URI output, downloading the newest complete checkpoint into it)."""
-    from pipelines.recovery import relaunched
+    from pipelines.launch.recovery import relaunched
     from pipelines.training.data import load_dataset
     from pipelines.training.outputs import check_output, open_outputs
     from pipelines.training.schedule import plan_steps, scaled_lr
@@ -163,7 +163,7 @@ def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str]
     """
     import horovod.tensorflow as hvd_tf
 
-    from pipelines.recovery import relaunched
+    from pipelines.launch.recovery import relaunched
     from pipelines.training.checkpoints import build_optimizer, load_checkpoint, optimizer_checksum, optimizer_state
     from pipelines.training.schedule import checkpoint_path, newest_complete_checkpoint
 
@@ -393,7 +393,7 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, phases: List, r
     the weight checksums and hostnames of every rank (gathered here: every rank must call it)."""
     import horovod.tensorflow as hvd_tf
 
-    from pipelines.recovery import attempts
+    from pipelines.launch.recovery import attempts
 
     history, steps, data, last = resume.history, plan.steps, plan.data, phases[-1]
     fine_tune = last.report if len(phases) > 1 else None

@@ -20,24 +20,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 from typing import Any, Callable, Dict, List
+
+from pipelines.launch.failures import HorovodJobFailed, RelaunchImpossible, describe
 
 log = logging.getLogger("pipelines")
 ATTEMPTS_ENV = "PIPELINES_ATTEMPTS"  # the earlier attempts, JSON, in every rank of a relaunch
 
-# Signals that say the process was taken away, not that it broke (SIGSEGV, SIGABRT, SIGFPE do).
-LOST_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP)
-
-
-def signal_is_loss(code: int) -> bool:
-    """Whether a process's exit status ``code`` (negative: killed by signal ``-code``, as
-    ``subprocess`` reports it) means its process was lost (:data:`LOST_SIGNALS`)."""
-    return code < 0 and -code in LOST_SIGNALS
-
 
 def is_lost(failure) -> bool:
-    """Whether a :class:`pipelines.launcher.HorovodJobFailed` is a lost process or host (worth a
+    """Whether a :class:`~pipelines.launch.failures.HorovodJobFailed` is a lost process or host (worth a
     relaunch): its root cause was marked ``lost``, or every rank that reported failed only of a
     peer's loss (``secondary``: Gloo connections closed, Horovod shut down)."""
     root = failure.failures[0]  # root causes sort first
@@ -87,8 +79,6 @@ def run_with_retries(launch: Callable[[Callable[..., Any]], Any], main: Callable
             ``max_failures`` relaunches.
         RelaunchImpossible: a relaunch could not start (e.g. the cluster lost task slots).
     """
-    from pipelines.launcher import HorovodJobFailed, RelaunchImpossible, describe
-
     history: List[Dict] = []
     while True:
         number = len(history) + 1

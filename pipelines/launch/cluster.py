@@ -4,7 +4,7 @@ Starts a master and N workers with pyspark's own ``bin/spark-class`` (no separat
 each worker with bounded cores and memory, waits until every worker has registered, and always
 stops them. Tests use :class:`StandaloneCluster` as a fixture; users run::
 
-    python -m pipelines.cluster --workers 2 --cores 1 --memory 2g     # Ctrl-C stops it
+    python -m pipelines.launch.cluster --workers 2 --cores 1 --memory 2g     # Ctrl-C stops it
 
 and submit to the printed ``spark://127.0.0.1:PORT`` with ``spark-submit --master``.
 """

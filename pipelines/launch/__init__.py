@@ -1,0 +1,13 @@
+"""Launching Horovod ranks: :class:`HorovodRunner` (local processes or Spark barrier tasks).
+
+One module per job: ``runner`` (:class:`HorovodRunner`), ``local`` (Horovod's own launcher),
+``barrier`` (Spark barrier tasks) and ``child`` (a rank's process inside a task), ``sparkcheck``
+(the cluster's checks before any task), ``network`` (Gloo's interface), ``failures`` and
+``recovery`` (what failed, what is relaunched), ``ranklogs`` (the ranks' output at the driver),
+``cluster`` (a Spark standalone cluster on this machine). Importing it loads neither TensorFlow,
+Horovod nor PySpark: those are imported inside the functions that start ranks.
+"""
+from pipelines.launch.failures import ClusterConfigError, HorovodJobFailed, RankFailure, RelaunchImpossible
+from pipelines.launch.runner import HorovodRunner
+
+__all__ = ["ClusterConfigError", "HorovodJobFailed", "HorovodRunner", "RankFailure", "RelaunchImpossible"]

@@ -1,0 +1,220 @@
+"""Spark barrier tasks (``HorovodRunner(np=N)``): N tasks that start together, one rank each.
+
+The driver (:func:`run_spark`) checks the cluster (:mod:`pipelines.launch.sparkcheck`), starts the
+rank-log sink, and runs one barrier stage of N tasks. Each task (:func:`barrier_task`) learns the
+others' hosts from ``BarrierTaskContext``, numbers the ranks as Horovod would (:func:`rank_plan`),
+chooses its Gloo interface, joins one ``allGather``; task 0 serves Gloo's rendezvous; each task
+then runs its rank as a child process (:func:`pipelines.launch.child.run_child`). A task reports a
+rank's failure as a record, so Spark retries nothing; an executor lost under a task becomes a
+lost :class:`~pipelines.launch.failures.RankFailure` naming its host (:func:`collect_tasks`).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import re
+from typing import Any, Callable, Dict, List, Optional
+
+from pipelines.launch.child import run_child
+from pipelines.launch.failures import HorovodJobFailed, RankFailure
+from pipelines.launch.network import GLOO_IFACE_ENV, interface_of
+from pipelines.launch.ranklogs import LogSink
+from pipelines.launch.sparkcheck import check_barrier_conf, check_local_executors, wait_for_slots
+from pipelines.logs import plural
+from pipelines.training.devices import SPARK_GPUS_ENV
+
+log = logging.getLogger("pipelines")
+
+
+def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int, slots_timeout_s: float,
+              requested_iface: Optional[str], log_dir: Optional[str], before_ranks: Callable[[], None]) -> Any:
+    """Run ``main(**kwargs)`` as ``world_size`` barrier tasks of the active SparkSession; return
+    rank 0's value. ``before_ranks`` runs once the cluster's checks have passed.
+
+    Raises:
+        ValueError, ClusterConfigError: as :meth:`pipelines.launch.runner.HorovodRunner.run` says.
+        HorovodJobFailed: a rank raised or died, or its task could not choose its interface.
+    """
+    import cloudpickle  # in the function: `import pipelines` stays free of PySpark
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        raise ValueError("HorovodRunner(np > 0) needs an active SparkSession (use np < 0 to run locally)")
+    sc = spark.sparkContext
+    log.info("HorovodRunner: np=%d on %s: checking the cluster", world_size, sc.master)
+    check_barrier_conf(dict(sc.getConf().getAll()))  # before waiting: some make slots never come
+    slots = wait_for_slots(sc, world_size, slots_timeout_s)
+    if slots < world_size:
+        why = f" (no executor registered within {slots_timeout_s:g} s)" if slots == 0 else ""
+        raise ValueError(f"np={world_size} Spark tasks requested but the cluster ({sc.master}) offers "
+                         f"{plural(slots, 'task slot')}{why}: lower np, add workers or wait longer for them")
+    check_local_executors(sc, requested_iface)
+    before_ranks()
+    payload = cloudpickle.dumps((main, kwargs))
+    log.info("HorovodRunner: %s on %s", plural(world_size, "barrier task"), sc.master)
+    sink = LogSink(sc.getConf().get("spark.driver.host"), log_dir)
+    try:
+        task = barrier_task(payload, world_size, requested_iface, (sink.address, sink.token))
+        records = collect_tasks(sc.parallelize(range(world_size), world_size).barrier().mapPartitions(task),
+                                sink.hosts, lambda: executor_id_hosts(sc))
+        if not sink.wait_for({r["rank"]: r.get("log_lines", 0) for r in records}):
+            log.warning("HorovodRunner: some ranks' output did not reach the driver (see the executors' logs)")
+    finally:
+        sink.close()
+    failures = [RankFailure(r["rank"], r["cause"], r.get("traceback", ""), r.get("secondary", False),
+                            r.get("host", ""), r.get("lost", False))
+                for r in records if r["status"] == "error"]
+    if failures:
+        raise HorovodJobFailed(failures)
+    return cloudpickle.loads(base64.b64decode(next(r["result"] for r in records if r["rank"] == 0)))
+
+
+EXECUTOR_LOST = ("ExecutorLostFailure", "Executor lost", "Remote RPC client disassociated", "Worker lost",
+                 "worker lost")
+# Where Spark's messages name the lost executor's host: "Lost task 1.0 in stage 0.0 (TID 1) (HOST
+# executor 3)", or, when its worker went with it (Spark 4.0's barrier abort), "worker lost: HOST:PORT".
+_LOST_HOST = (r"\(([^ ()]+) executor [^ ()]+\)", r"[Ww]orker lost: \[?([^ \]]+?)\]?:\d+")
+# Where they name only the executor: a barrier abort's "ExecutorLostFailure (executor 3 exited ...)".
+_LOST_EXECUTOR = r"ExecutorLostFailure \(executor ([^ ()]+)"
+
+
+def lost_host(text: str, executor_hosts: Callable[[], Dict[str, str]] = dict) -> str:
+    """The host of the lost executor a Spark failure ``text`` names, or "". Where the text names
+    only the executor's id, its host is looked up in ``executor_hosts()`` (id -> host, as
+    :func:`executor_id_hosts` gives), called only then."""
+    for pattern in _LOST_HOST:
+        match = re.search(pattern, text)
+        if match:
+            return match.group(1)
+    match = re.search(_LOST_EXECUTOR, text)
+    return executor_hosts().get(match.group(1), "") if match else ""
+
+
+def executor_id_hosts(sc) -> Dict[str, str]:
+    """Executor id -> host for every executor the application has had, lost ones included (Spark's
+    status store keeps the last ``spark.ui.retainedDeadExecutors``); {} where Spark cannot say."""
+    from py4j.protocol import Py4JError  # in the function: `import pipelines` stays free of PySpark
+
+    try:
+        summaries = sc._jsc.sc().statusStore().executorList(False).iterator()
+        found = {}
+        while summaries.hasNext():
+            summary = summaries.next()
+            found[str(summary.id())] = str(summary.hostPort()).rsplit(":", 1)[0]
+        return found
+    except Py4JError:  # a JVM call that failed: naming the host is best effort, the failure stands
+        return {}
+
+
+def collect_tasks(rdd, rank_hosts: Dict[int, str],
+                   executor_hosts: Callable[[], Dict[str, str]] = dict) -> List[Dict[str, Any]]:
+    """The barrier tasks' records; a Spark job that failed because an executor (or its host) was
+    lost becomes a lost :class:`RankFailure` naming the host (:func:`lost_host`, with
+    ``executor_hosts``) and the (lowest) rank that ran there, from ``rank_hosts`` (rank -> host, as
+    the tasks named them; the tasks report every other failure as a record)."""
+    try:
+        return rdd.collect()
+    except Exception as exc:  # noqa: BLE001 - Py4JJavaError; only an executor loss is ours to name
+        text = str(exc)
+        if not any(marker in text for marker in EXECUTOR_LOST):
+            raise
+        line = next((ln.strip() for ln in text.splitlines() if any(m in ln for m in EXECUTOR_LOST)), text[:300])
+        line = line[line.find("ExecutorLostFailure"):] if "ExecutorLostFailure" in line else line
+        host = lost_host(text, executor_hosts)
+        rank = min((r for r, h in rank_hosts.items() if h == host), default=-1)
+        raise HorovodJobFailed([RankFailure(rank, f"Spark executor lost: {line}", host=host, lost=True)]) from exc
+
+
+def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str], sink: tuple):
+    """The function each barrier task runs: plan ranks, check the network, rendezvous, run the rank
+    as a child whose output goes to the driver's ``sink`` (address, token). Every task decides its
+    Gloo interface *before* the one ``allGather`` all tasks join, and shares the outcome: a task
+    that cannot (no such interface, an address on none) makes every task return without starting
+    a rank, and the driver raises :class:`HorovodJobFailed` naming that rank and its host."""
+
+    def run(_partition):
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        index = ctx.partitionId()
+        hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
+        slot = rank_plan(hosts)[index]
+        mine: Dict[str, str] = {}
+        try:  # the driver's choice, else this executor's own HOROVOD_GLOO_IFACE, else by address
+            mine["iface"] = interface_of(hosts[index], requested_iface or os.environ.get(GLOO_IFACE_ENV))
+        except ValueError as exc:
+            mine["error"] = f"{type(exc).__name__}: {exc}"
+        server = None
+        if index == 0 and "error" not in mine:  # the rendezvous lives as long as task 0
+            server, port = _start_rendezvous(hosts, world_size)
+            mine["rendezvous"] = f"{hosts[0]}:{port}"  # the address Spark reaches task 0 at
+        try:
+            gathered = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
+            if any("error" in m for m in gathered):
+                yield ({"rank": slot["rank"], "status": "error", "cause": mine["error"], "secondary": False,
+                        "host": hosts[index]}
+                       if "error" in mine else {"rank": slot["rank"], "status": "not started"})
+                return
+            address, port = gathered[0]["rendezvous"].rsplit(":", 1)
+            gpus = ctx.resources().get("gpu")
+            env = dict(os.environ,
+                       HOROVOD_HOSTNAME=hosts[index], HOROVOD_RANK=str(slot["rank"]), HOROVOD_SIZE=str(world_size),
+                       HOROVOD_LOCAL_RANK=str(slot["local_rank"]), HOROVOD_LOCAL_SIZE=str(slot["local_size"]),
+                       HOROVOD_CROSS_RANK=str(slot["cross_rank"]), HOROVOD_CROSS_SIZE=str(slot["cross_size"]),
+                       HOROVOD_GLOO_RENDEZVOUS_ADDR=address, HOROVOD_GLOO_RENDEZVOUS_PORT=port,
+                       HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo", HOROVOD_GLOO_IFACE=mine["iface"])
+            env[SPARK_GPUS_ENV] = ",".join(gpus.addresses) if gpus else ""
+            yield run_child(payload, env, slot["rank"], (*sink, hosts[index]))
+        finally:
+            if server is not None:
+                server.stop()
+
+    return run
+
+
+def _start_rendezvous(hosts: List[str], world_size: int):
+    """Start Horovod's Gloo rendezvous server (it listens on all addresses); return it and its port."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.http.http_server import RendezvousServer
+
+    server = RendezvousServer(verbose=0)
+    port = server.start()
+    host_list = ",".join(f"{h}:{n}" for h, n in _host_counts(hosts))
+    server.init(get_host_assignments(parse_hosts(host_list), world_size))
+    return server, port
+
+
+def _host_counts(hosts: List[str]) -> List[tuple]:
+    """Hosts in order of first appearance with their task counts."""
+    counts: Dict[str, int] = {}
+    for h in hosts:
+        counts[h] = counts.get(h, 0) + 1
+    return list(counts.items())
+
+
+def rank_plan(hosts: List[str]) -> List[Dict[str, int]]:
+    """Rank layout of barrier tasks from the host of each task (index = task's partition).
+
+    Ranks are numbered host by host, in order of first appearance, as Horovod's
+    ``get_host_assignments`` numbers them; within a host, tasks keep their partition order.
+
+    Returns:
+        for each task: ``rank``, ``local_rank``, ``local_size``, ``cross_rank``, ``cross_size``.
+    """
+    counts = _host_counts(hosts)
+    first_rank, order = {}, {}
+    total = 0
+    for i, (h, n) in enumerate(counts):
+        first_rank[h], order[h] = total, i
+        total += n
+    seen: Dict[str, int] = {}
+    plan = []
+    for h in hosts:
+        local = seen.get(h, 0)
+        seen[h] = local + 1
+        plan.append({"rank": first_rank[h] + local, "local_rank": local, "local_size": dict(counts)[h],
+                     "cross_rank": order[h], "cross_size": len(counts)})
+    return plan

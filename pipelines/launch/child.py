@@ -1,0 +1,79 @@
+"""One rank in a fresh interpreter, inside a barrier task: started by :func:`run_child`, it runs
+``python -m pipelines.launch.child JOB RESULT`` (:func:`child_main`): the pickled function, its
+outcome written as JSON. A fresh interpreter, so TensorFlow and Horovod start clean; it dies with
+its task (``PR_SET_PDEATHSIG``)."""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import Any, Dict
+
+from pipelines.atomic import write_json
+from pipelines.launch.failures import exit_cause, failure_record, signal_is_loss
+from pipelines.launch.ranklogs import forward
+
+log = logging.getLogger("pipelines")
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    import ctypes
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def run_child(payload: bytes, env: Dict[str, str], rank: int,
+              sink: tuple = (None, "", "")) -> Dict[str, Any]:
+    """Run one rank in a fresh interpreter, its output (stdout and stderr, unbuffered) forwarded
+    line by line to the driver's log sink ``(address, token, this host)``.
+
+    Returns:
+        ``{'rank', 'status', 'result' | 'cause', 'log_lines'}`` (lines sent to the sink).
+    """
+    with tempfile.TemporaryDirectory(prefix=f"hvd-rank{rank}-") as work:
+        job, result = os.path.join(work, "job.pkl"), os.path.join(work, "result.json")
+        with open(job, "wb") as f:
+            f.write(payload)
+        proc = subprocess.Popen([sys.executable, "-m", "pipelines.launch.child", job, result],
+                                env=dict(env, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        address, token, host = sink
+        with proc.stdout:
+            lines = forward(proc.stdout, address, token, rank, host)
+        proc.wait()
+        if os.path.exists(result):
+            with open(result) as f:
+                record = json.load(f)
+        else:
+            record = {"status": "error", "cause": exit_cause(proc.returncode), "secondary": False,
+                      "lost": signal_is_loss(proc.returncode)}
+        record["rank"], record["log_lines"] = rank, lines
+        record["host"] = env.get("HOROVOD_HOSTNAME", "")
+        return record
+
+
+def child_main(job_path: str, result_path: str) -> int:
+    """Entry point of a rank's process: run the pickled function, write its outcome."""
+    import cloudpickle  # in the function: only a rank's process needs it
+
+    with open(job_path, "rb") as f:
+        main, kwargs = cloudpickle.load(f)
+    try:
+        value = main(**kwargs)
+        record = {"status": "ok", "result": base64.b64encode(cloudpickle.dumps(value)).decode()}
+        code = 0
+    except BaseException as exc:  # noqa: BLE001 - reported to the driver, which raises
+        record = {"status": "error", **failure_record(exc)}
+        log.error("rank %s failed: %s", os.environ.get("HOROVOD_RANK"), record["cause"])
+        code = 1
+    write_json(result_path, record)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(child_main(sys.argv[1], sys.argv[2]))

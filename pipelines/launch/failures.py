@@ -1,0 +1,103 @@
+"""What a failed launch says: which rank failed, on which host, why, and whether it was *lost*.
+
+A rank's failure is one :class:`RankFailure`; a whole job's, :class:`HorovodJobFailed` (root cause
+first). Whether a process was lost (taken away: killed, pre-empted) or broke (an exception, a
+crash) is decided here from its exit status, and read by :mod:`pipelines.launch.recovery`.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import traceback
+from dataclasses import dataclass
+from typing import Any, Dict, List
+
+# Signals that say the process was taken away, not that it broke (SIGSEGV, SIGABRT, SIGFPE do).
+LOST_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP)
+
+
+def signal_is_loss(code: int) -> bool:
+    """Whether a process's exit status ``code`` (negative: killed by signal ``-code``, as
+    ``subprocess`` reports it) means its process was lost (:data:`LOST_SIGNALS`)."""
+    return code < 0 and -code in LOST_SIGNALS
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """Why one rank failed: ``cause`` is one line (``Type: message`` or the exit status); ``host``
+    where it ran; ``lost``: its process or host was taken away (killed, executor lost), which a
+    relaunch may survive (:mod:`pipelines.launch.recovery`)."""
+
+    rank: int
+    cause: str
+    traceback: str = ""
+    secondary: bool = False  # a Horovod error caused by another rank's failure
+    host: str = ""
+    lost: bool = False
+
+
+def describe(failure: RankFailure) -> str:
+    """One line: ``rank R on HOST failed: CAUSE`` (``on HOST`` when known)."""
+    where = f" on {failure.host}" if failure.host else ""
+    return f"rank {failure.rank}{where} failed: {failure.cause}"
+
+
+class HorovodJobFailed(RuntimeError):
+    """A Horovod run failed; ``failures`` lists every rank that reported, root cause first."""
+
+    def __init__(self, failures: List[RankFailure]):
+        self.failures = sorted(failures, key=lambda f: (f.secondary, f.rank))
+        first = self.failures[0]
+        others = ", ".join(f"rank {f.rank}" for f in self.failures[1:])
+        super().__init__(describe(first) + (f" (then also: {others})" if others else ""))
+
+
+class RelaunchImpossible(RuntimeError):
+    """A job whose rank was lost could not be relaunched (e.g. the cluster no longer offers the
+    task slots of its world size); the message names the failure and why."""
+
+    def __init__(self, failure: str, attempt: int, reason: str):
+        super().__init__(f"{failure}; attempt {attempt} could not start: {reason}")
+
+
+_SECONDARY = ("Horovod has been shut down", "HorovodInternalError", "Connection closed by peer",
+              "Gloo", "gloo")
+
+
+def is_secondary(exc: BaseException) -> bool:
+    """Errors a rank gets because a peer died (Horovod shut down, Gloo connections lost), not a
+    cause of their own."""
+    text = f"{type(exc).__name__}: {exc}"
+    return "Horovod" in type(exc).__name__ or any(marker in text for marker in _SECONDARY)
+
+
+def failure_record(exc: BaseException) -> Dict[str, Any]:
+    """The record a rank writes of the exception that ends it (inside an ``except`` block: the
+    traceback is the one being handled): its rank, host, one-line cause, whether secondary."""
+    return {"rank": int(os.environ.get("HOROVOD_RANK", "0")), "cause": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(), "secondary": is_secondary(exc),
+            "host": os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()}
+
+
+class ClusterConfigError(ValueError):
+    """A Spark setting under which barrier tasks cannot run; the message (one line) names the
+    setting and the value to use. ``jobs/train.py`` exits with status 2 on it."""
+
+
+def shell_status(code: int) -> int:
+    """Horovod's launcher starts each rank through a shell, which reports a rank killed by signal N
+    as exit status 128 + N: as ``subprocess`` would (-N)."""
+    if 128 < code < 128 + 65:
+        try:
+            return -signal.Signals(code - 128)
+        except ValueError:
+            pass
+    return code
+
+
+def exit_cause(code: int) -> str:
+    """One line for a process's exit status (negative: the signal that killed it)."""
+    if code < 0:
+        return f"process killed by signal {signal.Signals(-code).name}"
+    return f"process exited with status {code}"

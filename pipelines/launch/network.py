@@ -1,0 +1,119 @@
+"""Which network interface Gloo uses on each host: the user's, else the one carrying the host's address.
+
+Pure functions of a host name and an interface table (:func:`interface_of`), so every choice is
+tested without a network; :func:`local_interfaces` reads this machine's table (psutil).
+"""
+from __future__ import annotations
+
+import ipaddress
+import socket
+from typing import Dict, List, Optional
+
+import psutil
+
+GLOO_IFACE_ENV = "HOROVOD_GLOO_IFACE"
+
+
+def local_interfaces() -> Dict[str, List[str]]:
+    """This machine's network interfaces: name -> its IPv4 and IPv6 addresses (psutil)."""
+    families = (socket.AF_INET, socket.AF_INET6)
+    return {name: [a.address.split("%")[0] for a in addresses if a.family in families]
+            for name, addresses in psutil.net_if_addrs().items()}
+
+
+def resolve(host: str) -> str:
+    """The IP address ``host`` (a name or an address) resolves to, IPv4 preferred (Gloo's choice).
+
+    Raises:
+        ValueError: ``host`` does not resolve.
+    """
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ValueError(f"host {host!r} does not resolve to an address: {exc}") from None
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)
+    return infos[0][4][0]
+
+
+def _listing(interfaces: Dict[str, List[str]]) -> str:
+    return ", ".join(f"{name} ({' '.join(addresses) or 'no address'})"
+                     for name, addresses in sorted(interfaces.items()))
+
+
+def interface_of(host: str, requested: Optional[str] = None,
+                 interfaces: Optional[Dict[str, List[str]]] = None) -> str:
+    """The network interface Gloo should use on the machine that runs a rank for ``host``.
+
+    A ``requested`` interface (the user's ``HOROVOD_GLOO_IFACE`` or ``--network-interface``) is
+    used as it is, never replaced; it only has to exist. Otherwise ``host`` (a name or an IPv4/IPv6
+    address) is resolved: any loopback address (all of 127.0.0.0/8, e.g. Debian's hostname
+    address 127.0.1.1, and ::1) maps to the loopback interface, since Linux routes the whole /8
+    over it while only 127.0.0.1 is configured on it; any other address maps to the interface
+    that carries it.
+
+    Args:
+        host: the rank's host as Spark names it (executor host).
+        requested: an interface name chosen by the user, or None/"" for none.
+        interfaces: name -> addresses; default :func:`local_interfaces` (this machine's).
+
+    Raises:
+        ValueError: the requested interface does not exist here, ``host`` does not resolve, or
+            no interface carries its address; the message names the interfaces that exist.
+    """
+    interfaces = local_interfaces() if interfaces is None else interfaces
+    if requested:
+        if requested not in interfaces:
+            raise ValueError(f"network interface {requested!r} ({GLOO_IFACE_ENV} / --network-interface) "
+                             f"does not exist on host {host}; its interfaces: {_listing(interfaces)}")
+        return requested
+    address = ipaddress.ip_address(resolve(host))
+    matches = [name for name, addresses in interfaces.items()
+               if any(_same_or_loopback(address, a) for a in addresses)]
+    if matches:
+        return sorted(matches, key=lambda name: name != "lo")[0]
+    raise ValueError(f"no network interface of host {host} has its address {address} (interfaces: "
+                     f"{_listing(interfaces)}); set SPARK_LOCAL_IP to one of these addresses, or name the "
+                     f"interface with --network-interface / {GLOO_IFACE_ENV}")
+
+
+def _same_or_loopback(address, other: str) -> bool:
+    """``address`` equals ``other``, or both are loopback addresses (of the same IP version)."""
+    try:
+        candidate = ipaddress.ip_address(other)
+    except ValueError:
+        return False
+    if address.is_loopback and candidate.is_loopback:  # Gloo binds by name: lo serves both versions
+        return True
+    return candidate == address
+
+
+def is_this_machine(host: str) -> bool:
+    """``host`` resolves to a loopback address or to an address of one of this machine's interfaces."""
+    try:
+        address = resolve(host)
+    except ValueError:
+        return False
+    mine = {a for addresses in local_interfaces().values() for a in addresses}
+    return ipaddress.ip_address(address).is_loopback or address in mine
+
+
+def local_interface(requested: Optional[str], interfaces: Optional[Dict[str, List[str]]] = None) -> Optional[str]:
+    """The user's interface for local ranks, checked before any starts; None: Horovod's choice.
+
+    ``horovod.runner.run`` sets the ranks' ``HOROVOD_GLOO_IFACE`` itself, over the user's, and with
+    only local hosts accepts no interface but one that carries 127.0.0.1 (else "No interface is
+    found for address 127.0.0.1"): hand it the user's choice, or refuse that choice by name.
+
+    Raises:
+        ValueError: the interface does not exist, or does not carry 127.0.0.1.
+    """
+    if not requested:
+        return None
+    interfaces = local_interfaces() if interfaces is None else interfaces
+    iface = interface_of("localhost", requested, interfaces)
+    addresses = interfaces[iface]
+    if "127.0.0.1" not in addresses:
+        raise ValueError(f"network interface {iface!r} ({' '.join(addresses) or 'no address'}) cannot carry local "
+                         f"ranks (np < 0): Horovod's launcher runs them over the interface of 127.0.0.1; "
+                         f"unset {GLOO_IFACE_ENV} / --network-interface, or name that interface")
+    return iface

@@ -1,0 +1,93 @@
+"""``HorovodRunner``: run one function on N Horovod ranks, locally or as Spark barrier tasks.
+
+The semantics Databricks users know (``sparkdl.HorovodRunner``):
+
+* ``HorovodRunner(np=-N).run(main, **kwargs)`` starts N processes on this machine with Horovod's
+  own launcher (``horovod.runner.run``, Gloo: :mod:`pipelines.launch.local`);
+* ``HorovodRunner(np=N).run(main, **kwargs)`` runs N Spark **barrier** tasks on whatever cluster
+  the active SparkSession points at (:mod:`pipelines.launch.barrier`): the tasks start together or
+  not at all, task 0 serves Gloo's rendezvous, and each task runs its rank in a child process
+  (:mod:`pipelines.launch.child`). Each rank's output reaches the driver while it runs, prefixed
+  ``[rank R on HOST]`` (:mod:`pipelines.launch.ranklogs`), and is kept as ``rank-R.log`` in ``log_dir``.
+
+Both return rank 0's return value. A failing rank (exception, or a killed process) fails the whole
+run promptly with :class:`~pipelines.launch.failures.HorovodJobFailed`, which names the rank, its
+host and the cause; the barrier tasks report failures as results instead of failing, so Spark does
+not retry a deterministic error. With ``max_failures=K`` a run whose rank was lost (killed, OOM,
+executor or host lost) is relaunched up to K times (:mod:`pipelines.launch.recovery`).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+from pipelines.launch.barrier import run_spark
+from pipelines.launch.local import run_local
+from pipelines.launch.network import GLOO_IFACE_ENV, local_interface
+from pipelines.launch.recovery import run_with_retries
+
+
+class HorovodRunner:
+    """Run a function on ``abs(np)`` Horovod ranks: ``np < 0`` locally, ``np > 0`` on Spark.
+
+    Args:
+        np: number of ranks; negative for local processes, positive for Spark barrier tasks.
+        slots_timeout_s: how long to wait for a cluster's executors to offer ``np`` task slots.
+        network_interface: the interface Gloo uses on every host (e.g. ``eth0``); default: the
+            ``HOROVOD_GLOO_IFACE`` of this process, else of each executor, else the interface that
+            carries each host's address (``lo`` for any loopback address). A named interface is used
+            as it is or refused, never replaced.
+        max_failures: relaunch the whole run up to this many times when a rank's process or host
+            is lost (:mod:`pipelines.launch.recovery`), with the same ``np``; the function must then continue
+            from its own checkpoints when ``pipelines.launch.recovery.relaunched()``. 0: fail at once.
+        log_dir: a local folder that keeps each rank's whole output: ``rank-R.log`` (``np > 0``,
+            written by the driver as the lines arrive), or Horovod's ``rank.R/stdout`` and
+            ``rank.R/stderr`` (``np < 0``). None: the output is only shown, live, at the driver.
+        before_ranks: called once the launch's own checks (slots, network interface) have passed,
+            just before any rank starts, on every attempt; what it raises ends the run there
+            (training fetches ``--weights imagenet`` here: a refused launch downloads nothing).
+
+    Raises:
+        ValueError: ``np == 0``, or a negative ``max_failures``.
+    """
+
+    def __init__(self, np: int, slots_timeout_s: float = 60.0, network_interface: Optional[str] = None,
+                 max_failures: int = 0, log_dir: Optional[str] = None,
+                 before_ranks: Optional[Callable[[], None]] = None):
+        if not isinstance(np, int) or np == 0:
+            raise ValueError(f"np must be a non-zero integer (negative: local processes, positive: "
+                             f"Spark tasks), got {np!r}")
+        if not isinstance(max_failures, int) or max_failures < 0:
+            raise ValueError(f"max_failures must be an integer >= 0, got {max_failures!r}")
+        self.np = np
+        self.max_failures = max_failures
+        self.slots_timeout_s = slots_timeout_s
+        self.network_interface = network_interface or os.environ.get(GLOO_IFACE_ENV) or None
+        self.log_dir = log_dir
+        self.before_ranks = before_ranks or (lambda: None)
+
+    def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
+        """Run ``main(**kwargs)`` on every rank; return rank 0's return value.
+
+        ``main`` and ``kwargs`` must be picklable (cloudpickle); ``main`` calls ``hvd.init()``.
+
+        Raises:
+            ClusterConfigError: the Spark configuration forbids barrier tasks (before any task).
+            ValueError: no active SparkSession for ``np > 0``, more Spark tasks than slots, or a
+                network interface that does not exist / an address on no interface on this
+                machine's executors (before any task).
+            HorovodJobFailed: a rank raised or died, or could not choose its network interface on
+                its host (the cause names the host); with ``max_failures``, a lost rank only once
+                the relaunches are spent.
+            RelaunchImpossible: a relaunch found the cluster without the task slots.
+        """
+        return run_with_retries(lambda attempt: self._launch(attempt, kwargs), main, self.max_failures)
+
+    def _launch(self, main: Callable[..., Any], kwargs: Any) -> Any:
+        """One attempt: every rank of the run, on ``main`` as :func:`run_with_retries` wrapped it."""
+        if self.np < 0:
+            iface = local_interface(self.network_interface)
+            self.before_ranks()
+            return run_local(main, kwargs, -self.np, iface, self.log_dir)
+        return run_spark(main, kwargs, self.np, self.slots_timeout_s, self.network_interface, self.log_dir,
+                         self.before_ranks)

@@ -1,0 +1,102 @@
+"""The cluster checks a Spark launch makes before any task starts: settings, task slots, interfaces."""
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional
+
+from pipelines.launch.failures import ClusterConfigError
+from pipelines.launch.network import GLOO_IFACE_ENV, interface_of, is_this_machine
+
+
+def _is_true(value: Optional[str]) -> bool:
+    """Spark's reading of a boolean setting (``String.trim.toBoolean``: any case, spaces around)."""
+    return value is not None and value.strip().lower() == "true"
+
+
+def is_local_master(master: str) -> bool:
+    """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``: Spark's ``Utils.isLocalMaster`` (not
+    ``local-cluster[...]``, whose executors are separate processes)."""
+    master = master.strip()
+    return master == "local" or master.startswith("local[")
+
+
+def check_barrier_conf(conf: Dict[str, str]) -> None:
+    """Refuse Spark settings under which Spark 4.0 will not run a barrier stage.
+
+    ``spark.dynamicAllocation.enabled=true``: the DAGScheduler refuses every barrier stage
+    (``BarrierJobRunWithDynamicAllocationException``), except on a ``local``/``local[N]`` master,
+    where Spark turns dynamic allocation off itself (unless ``spark.dynamicAllocation.testing``).
+    Without ``minExecutors`` it shows first as a cluster without executors (0 task slots).
+
+    Args:
+        conf: the SparkConf's settings (``dict(sc.getConf().getAll())``); ``spark.master`` among them.
+
+    Raises:
+        ClusterConfigError: naming the setting and the value to use.
+    """
+    master = conf.get("spark.master", "")
+    if _is_true(conf.get("spark.dynamicAllocation.enabled")) and (
+            not is_local_master(master) or _is_true(conf.get("spark.dynamicAllocation.testing"))):
+        raise ClusterConfigError(
+            f"spark.dynamicAllocation.enabled={conf['spark.dynamicAllocation.enabled'].strip()}: Spark runs no "
+            f"barrier tasks under dynamic allocation (master {master}); set spark.dynamicAllocation.enabled=false "
+            f"(executors: spark.executor.instances or spark.cores.max)")
+
+
+def executor_hosts(sc) -> List[str]:
+    """Hosts of the executors that run tasks, as Spark names them (the driver counts only on a
+    ``local`` master, where it is the executor)."""
+    jsc = sc._jsc.sc()
+    driver = jsc.env().blockManager().blockManagerId()
+    local = is_local_master(sc.master)
+    return sorted({info.host() for info in jsc.statusTracker().getExecutorInfos()
+                   if local or (info.host(), info.port()) != (driver.host(), driver.port())})
+
+
+def check_local_executors(sc, requested: Optional[str]) -> None:
+    """Before any task starts, choose the Gloo interface of every executor on this machine as its
+    barrier task will (all of them on a ``local``/``local-cluster`` master, whose hosts may not
+    even resolve elsewhere); executors on other machines are checked by their tasks.
+
+    Args:
+        sc: the SparkContext. requested: the user's interface, or None; else the executors'
+            ``HOROVOD_GLOO_IFACE`` set through Spark (``spark.executorEnv.*``) applies.
+
+    Raises:
+        ValueError: from :func:`interface_of`: a missing interface, an unresolvable host, or an
+            address on no interface.
+    """
+    requested = requested or sc.environment.get(GLOO_IFACE_ENV)
+    everything_here = is_local_master(sc.master) or sc.master.startswith("local-cluster")
+    for host in executor_hosts(sc):
+        if everything_here or is_this_machine(host):
+            interface_of(host, requested)
+
+
+def task_slots(sc) -> int:
+    """Tasks the cluster can run at once right now: the number Spark's barrier scheduler checks
+    (``SparkContext.maxNumConcurrentTasks`` for the default resource profile, i.e. the free cores
+    of the registered executors divided by ``spark.task.cpus``, and by GPUs per task when set)."""
+    jsc = sc._jsc.sc()
+    try:
+        return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+    except Exception:  # noqa: BLE001 - an internal API: fall back to the public estimate
+        cpus_per_task = int(sc.getConf().get("spark.task.cpus", "1"))
+        return sc.defaultParallelism // cpus_per_task
+
+
+def wait_for_slots(sc, wanted: int, timeout_s: float, settle_s: float = 8.0) -> int:
+    """Poll :func:`task_slots` until it reaches ``wanted``; executors of a fresh session register
+    a few seconds after it starts. Gives up after ``timeout_s``, or once some slots exist and
+    their number has not changed for ``settle_s``. Returns the last count."""
+    start = time.monotonic()
+    slots, changed = task_slots(sc), start
+    while slots < wanted:
+        now = time.monotonic()
+        if now - start > timeout_s or (slots > 0 and now - changed > settle_s):
+            break
+        time.sleep(0.5)
+        current = task_slots(sc)
+        if current != slots:
+            slots, changed = current, time.monotonic()
+    return slots
