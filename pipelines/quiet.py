@@ -4,20 +4,21 @@ Call :func:`quiet_by_default` first thing in an entry point, before TensorFlow o
 (TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL`` when it loads): then TensorFlow's C++ info and
 warning lines (oneDNN, CPU features: 18 lines per process), its Python logger's warnings (per
 rank), Spark's log4j INFO lines (``conf/log4j2.properties``) and the known harmless Python
-warnings listed in :data:`HARMLESS` stay out of the logs, and so does Java's line about Spark's
-incubator module when this process starts the JVM (:func:`jvm_stderr_filtered`). ``--verbose`` (or
+warnings listed in :data:`HARMLESS` stay out of the logs. ``--verbose`` (or
 ``PIPELINES_VERBOSE=1``, which the ranks and Spark's workers inherit) shows all of them.
+
+One line stays: ``WARNING: Using incubator modules: jdk.incubator.vector``, which Java 17 prints
+at the start of every JVM Spark 4 launches (its launcher always adds that module; no JVM option
+turns the line off). Hiding it took a filter process relaying all of the JVM's stderr for the
+JVM's whole life (and two fixes of tests it made flaky): not worth one harmless line.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import subprocess
 import sys
-import threading
 import warnings
-from typing import Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 VERBOSE_ENV = "PIPELINES_VERBOSE"
 LOG4J_CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "log4j2.properties")
@@ -31,29 +32,6 @@ HARMLESS = [
                   r"SparkContext.*deprecated|`np\.bool8` is a deprecated).*", ""),
     (RuntimeWarning, r".*(os\.fork\(\) was called|overflow encountered in cast).*", ""),
 ]
-
-# Spark 4's launcher gives every JVM it builds --add-modules=jdk.incubator.vector (JavaModuleOptions,
-# unconditionally), and Java 17 then prints this line on stderr as it starts (ModuleBootstrap: a
-# plain System.err.println that no JVM option turns off), on every ETL, batch inference or
-# --spark-np start. Harmless: Spark uses the module for vectorised BLAS.
-JVM_INCUBATOR_WARNING = "WARNING: Using incubator modules: jdk.incubator.vector"
-
-# The filter the JVM writes its stderr through: every line passed on as it comes, but the one given.
-# It ignores SIGINT (Ctrl-C reaches the whole process group; PySpark's JVM ignores it too) and ends
-# when the JVM closes its stderr, that is when the JVM exits.
-_DROP_LINE = """\
-import signal, sys
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-drop, out = sys.argv[1].encode(), sys.stdout.buffer
-try:
-    for line in iter(sys.stdin.buffer.readline, b""):
-        if line.rstrip(b"\\r\\n") != drop:
-            out.write(line)
-            out.flush()
-except OSError:  # our stderr is gone (a closed pipe): nothing left to show
-    pass
-"""
-
 
 def is_verbose(argv: Optional[Sequence[str]] = None) -> bool:
     """``--verbose`` in ``argv`` (default ``sys.argv``), or ``PIPELINES_VERBOSE=1`` in the environment."""
@@ -87,40 +65,6 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     if "tensorflow" in sys.modules:
         sys.modules["tensorflow"].get_logger().setLevel(logging.ERROR)
-
-
-@contextlib.contextmanager
-def jvm_stderr_filtered() -> Iterator[None]:
-    """While the block runs, this process's stderr (fd 2), and so that of any JVM it starts, goes
-    through a small filter process that drops :data:`JVM_INCUBATOR_WARNING` and passes every other
-    line on at once; the JVM keeps writing through it for its whole life, this process's own fd 2
-    is restored when the block ends. Verbose (:func:`is_verbose`): nothing is filtered.
-
-    A filter process rather than a JVM option because none exists (see the constant); rather than
-    a thread because the JVM outlives any block of ours and writes until it exits. When the filter
-    cannot start, the block runs unfiltered.
-    """
-    if is_verbose([]):
-        yield
-        return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        drop = subprocess.Popen([sys.executable, "-S", "-c", _DROP_LINE, JVM_INCUBATOR_WARNING],
-                                stdin=subprocess.PIPE, stdout=saved, stderr=saved)
-    except OSError:  # no filter: the line shows, the job runs
-        os.close(saved)
-        yield
-        return
-    threading.Thread(target=drop.wait, name="jvm-stderr-filter", daemon=True).start()  # reaped when it ends
-    os.dup2(drop.stdin.fileno(), 2)
-    drop.stdin.close()  # the pipe's write end is now fd 2 alone, then the JVM's
-    try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 def spark_log_options() -> str:

@@ -5,11 +5,12 @@ import logging
 import os
 import sys
 import threading
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Dict, Iterator, Optional
 
 from pipelines.environment import environment
 from pipelines.logs import plural
+from pipelines.quiet import is_verbose, spark_log_options
 
 log = logging.getLogger("pipelines")
 
@@ -29,8 +30,6 @@ def utf8_conf() -> Dict[str, str]:
     ``spark.*.defaultJavaOptions`` (not ``extraJavaOptions``), so that a user's own
     ``extraJavaOptions`` are added to them, not replaced.
     """
-    from pipelines.quiet import spark_log_options
-
     conf = {"spark.driver.defaultJavaOptions": f"{UTF8_JAVA_OPTIONS} {spark_log_options()}".strip(),
             "spark.executor.defaultJavaOptions": UTF8_JAVA_OPTIONS}
     conf.update({f"spark.executorEnv.{key}": value for key, value in UTF8_ENV.items()})
@@ -44,12 +43,10 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
     ``local[*]``. Python workers run the same interpreter as the driver unless
     ``PYSPARK_PYTHON`` says otherwise, so a virtual environment is used end to end. When this
     call starts the JVM itself, the JVM, the executors and their Python workers get a UTF-8
-    locale (:data:`UTF8_ENV`, :func:`utf8_conf`) whatever the caller's; ``conf`` wins over those,
-    and unless verbose its stderr goes through :func:`pipelines.quiet.jvm_stderr_filtered` (no
-    line about Java's incubator module). Under ``spark-submit`` the JVM is already running: pass
+    locale (:data:`UTF8_ENV`, :func:`utf8_conf`) whatever the caller's; ``conf`` wins over those. Under ``spark-submit`` the JVM is already running: pass
     ``--conf`` settings there.
     """
-    from pyspark import SparkContext
+    from pyspark import SparkContext  # in the function: `import pipelines` stays free of PySpark
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -59,10 +56,7 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
         builder = builder.master(master)
     for key, value in {**(utf8_conf() if launching else {}), **(conf or {})}.items():
         builder = builder.config(key, value)
-    from pipelines.quiet import is_verbose, jvm_stderr_filtered
-
-    filtered = jvm_stderr_filtered() if launching else nullcontext()
-    with environment(UTF8_ENV if launching else {}), filtered:
+    with environment(UTF8_ENV if launching else {}):
         spark = builder.getOrCreate()
     default_level = "INFO" if is_verbose([]) else "WARN"
     spark.sparkContext.setLogLevel(os.environ.get("PIPELINES_SPARK_LOG_LEVEL", default_level))

@@ -20,7 +20,7 @@ fi
 LOG4J=()
 [ "${VERBOSE:-0}" != 0 ] || LOG4J=(--driver-java-options "-Dlog4j2.configurationFile=conf/log4j2.properties")
 # spark-submit starts the JVM before any code of ours runs, and Java 17 says on stderr that Spark's
-# launcher gave it an incubator module (pipelines/quiet.py, JVM_INCUBATOR_WARNING): drop that one
+# launcher gave it an incubator module (see pipelines/quiet.py): drop that one
 # line unless VERBOSE (grep's status 1, nothing left to print, is no failure).
 quiet_jvm() {
   if [ "${VERBOSE:-0}" != 0 ]; then cat; else
