@@ -6,13 +6,15 @@ import sys
 import threading
 import time
 
+import pytest
+
 from pipelines.launch.ranklogs import LogSink, forward
 
 CHILD = "import time\nprint('first', flush=True)\ntime.sleep(1.5)\nprint('second')\n"
 
 
 def test_lines_arrive_while_the_child_runs_prefixed_and_kept(tmp_path, capfd):
-    sink = LogSink("127.0.0.1", str(tmp_path / "logs"))
+    sink = LogSink("127.0.0.1", str(tmp_path / "logs"), world_size=4)
     arrivals = {}
 
     def watch():  # when the sink has the first line, the child is still sleeping
@@ -61,3 +63,177 @@ def test_an_unreachable_driver_leaves_the_lines_in_the_executor_log(capfd):
     child.wait()
     err = capfd.readouterr().err
     assert "rank 1: its output cannot reach the driver at 127.0.0.1:" in err and "only here\n" in err
+
+
+# -- the sink takes only what our tasks send: issue 24 item 3 -----------------------------------
+
+def _send(sink, data: bytes, wait_s: float = 5.0) -> bytes:
+    """Connect to ``sink``, send ``data``, and return what the sink sends back before it closes
+    the connection (b"": closed; a hang past ``wait_s`` raises socket.timeout)."""
+    host, port = sink.address.rsplit(":", 1)
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=wait_s) as conn:
+        try:
+            conn.sendall(data)
+            return conn.recv(1)
+        except ConnectionResetError:  # closed with our bytes unread: as good as b""
+            return b""
+
+
+def _header(sink, rank=0, host="hostA", token=None) -> bytes:
+    import json
+    return json.dumps({"token": sink.token if token is None else token, "rank": rank, "host": host}).encode() + b"\n"
+
+
+def test_the_sink_listens_on_the_drivers_address_only():
+    """Bound to 127.0.0.2 (a loopback address of its own): the same port on 127.0.0.1 is closed."""
+    sink = LogSink("127.0.0.2", None, 1)
+    try:
+        port = int(sink.address.rsplit(":", 1)[1])
+        assert sink.address == f"127.0.0.2:{port}" and sink._server.server_address[0] == "127.0.0.2"
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        sink.close()
+
+
+def test_an_ipv6_driver_address_is_bracketed_and_reached():
+    sink = LogSink("::1", None, 1)
+    try:
+        assert sink.address.startswith("[::1]:")
+        child = subprocess.Popen([sys.executable, "-c", "print('over v6')"], stdout=subprocess.PIPE)
+        with child.stdout:
+            assert forward(child.stdout, sink.address, sink.token, 0, "h6") == 1
+        assert sink.wait_for({0: 1})
+    finally:
+        sink.close()
+
+
+@pytest.mark.parametrize("header", [
+    b'{"token": "guess", "rank": 0, "host": "x"}\n',  # the wrong token
+    b'{"token": "%s", "rank": -7, "host": "x"}\n',  # ranks outside 0 .. world_size - 1
+    b'{"token": "%s", "rank": 2, "host": "x"}\n',
+    b'{"token": "%s", "rank": "1", "host": "x"}\n',  # not an integer
+    b'{"token": "%s", "rank": true, "host": "x"}\n',
+    b'{"token": "%s", "rank": 1.0, "host": "x"}\n',
+    b'{"token": "%s", "rank": 0, "host": 5}\n',  # a host that is no string
+    b'["%s", 0, "x"]\n',  # no object
+    b'not json\n',
+])
+def test_a_header_the_sink_refuses_ends_the_connection_and_prints_nothing(header, capfd):
+    sink = LogSink("127.0.0.1", None, 2)
+    try:
+        data = (header.replace(b"%s", sink.token.encode()) if b"%s" in header else header) + b"intruder\n"
+        assert _send(sink, data) == b""
+        assert sink.hosts == {} and sink.received == {}
+    finally:
+        sink.close()
+    assert "intruder" not in capfd.readouterr().err
+
+
+def test_the_token_is_compared_in_constant_time(monkeypatch):
+    import hmac
+
+    from pipelines.launch import ranklogs
+    calls, real = [], hmac.compare_digest
+    monkeypatch.setattr(ranklogs.hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))
+    assert ranklogs.check_header({"token": "t0k", "rank": 0, "host": "h"}, "t0k", 1) == (0, "h")
+    assert ranklogs.check_header({"token": "guess", "rank": 0, "host": "h"}, "t0k", 1) is None
+    assert calls == [(b"t0k", b"t0k"), (b"guess", b"t0k")]
+
+
+def test_an_endless_header_is_cut_at_its_bound_and_dropped():
+    """A header line with no end (1 MiB here; 300 MiB grew the driver by 300 MiB before): the sink
+    reads at most HEADER_BYTES of it and closes the connection."""
+    from pipelines.launch.ranklogs import HEADER_BYTES
+    sink = LogSink("127.0.0.1", None, 1)
+    try:
+        host, port = sink.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            conn.sendall(b"x" * (HEADER_BYTES + 10))
+            assert conn.recv(1) == b""  # closed after HEADER_BYTES, before any newline
+        assert sink.hosts == {}
+    finally:
+        sink.close()
+
+
+def test_a_silent_connection_is_closed_after_the_header_timeout():
+    sink = LogSink("127.0.0.1", None, 1, header_timeout_s=0.5)
+    try:
+        started = time.monotonic()
+        assert _send(sink, b"", wait_s=5) == b""
+        assert time.monotonic() - started < 4
+    finally:
+        sink.close()
+
+
+def test_connections_beyond_the_cap_are_closed_at_once_and_a_rank_still_gets_through_later():
+    from pipelines.launch.ranklogs import SPARE_CONNECTIONS
+    sink = LogSink("127.0.0.1", None, 1, header_timeout_s=3.0)
+    host, port = sink.address.rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port)), timeout=5) for _ in range(1 + SPARE_CONNECTIONS)]
+    try:
+        time.sleep(0.5)  # the sink has taken them all
+        threads_before, started = threading.active_count(), time.monotonic()
+        assert _send(sink, b"", wait_s=2.5) == b""
+        assert time.monotonic() - started < 1.5  # refused at once, not by the 3 s header timeout
+        assert threading.active_count() <= threads_before  # and no thread started for it
+        for conn in idle:  # the idle ones are closed by the header timeout
+            assert conn.recv(1) == b""
+        child = subprocess.Popen([sys.executable, "-c", "print('late')"], stdout=subprocess.PIPE)
+        with child.stdout:
+            assert forward(child.stdout, sink.address, sink.token, 0, "h") == 1
+        assert sink.wait_for({0: 1})
+    finally:
+        for conn in idle:
+            conn.close()
+        sink.close()
+
+
+def test_a_second_connection_for_a_rank_is_refused():
+    sink = LogSink("127.0.0.1", None, 2)
+    try:
+        host, port = sink.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as first:
+            first.sendall(_header(sink, 1, "real") + b"one\n")
+            assert sink.wait_for({1: 1})
+            assert _send(sink, _header(sink, 1, "forger") + b"forged\n") == b""
+        assert sink.hosts == {1: "real"}
+    finally:
+        sink.close()
+
+
+@pytest.mark.parametrize("host, shown", [
+    ("goodhost]\n[rank 0 on goodhost", "goodhost???rank 0 on goodhost"),  # a forged second line
+    ("h\x1b[2K\x1b[1Ggood", "h??2K??1Ggood"),  # terminal escape codes
+    ("h\r\tx\x00", "h??x?"),
+    ("ünïcode-host", "ünïcode-host"),  # printable non-ASCII stays
+    ("a" * 300, "a" * 255),
+])
+def test_the_host_a_task_names_is_printed_printable(host, shown, capfd, tmp_path):
+    sink = LogSink("127.0.0.1", str(tmp_path), 1)
+    try:
+        address, port = sink.address.rsplit(":", 1)
+        with socket.create_connection((address, int(port)), timeout=5) as conn:
+            conn.sendall(_header(sink, 0, host) + b"a line\n")
+        assert sink.wait_for({0: 1})
+    finally:
+        sink.close()
+    assert capfd.readouterr().err == f"[rank 0 on {shown}] a line\n" and sink.hosts == {0: shown}
+    assert (tmp_path / "rank-0.log").read_bytes() == b"a line\n"
+
+
+def test_a_long_line_is_printed_in_bounded_pieces_and_kept_whole(tmp_path, capfd):
+    from pipelines.launch.ranklogs import LINE_BYTES
+    sink = LogSink("127.0.0.1", str(tmp_path), 1)
+    long = b"y" * (2 * LINE_BYTES + 5)
+    try:
+        child = subprocess.Popen([sys.executable, "-c", f"print('y' * {len(long)}); print('end')"],
+                                 stdout=subprocess.PIPE)
+        with child.stdout:
+            assert forward(child.stdout, sink.address, sink.token, 0, "h") == 2
+        assert sink.wait_for({0: 2})  # whole lines counted, not pieces
+    finally:
+        sink.close()
+    assert (tmp_path / "rank-0.log").read_bytes() == long + b"\nend\n"
+    shown = [line for line in capfd.readouterr().err.splitlines() if line.startswith("[rank 0 on h] ")]
+    assert [len(line) - len("[rank 0 on h] ") for line in shown] == [LINE_BYTES, LINE_BYTES, 5, 3]

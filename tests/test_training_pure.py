@@ -71,13 +71,11 @@ def test_newest_checkpoint_orders_numerically(tmp_path):
 
 def test_device_choice():
     gpus = [f"/physical_device:GPU:{i}" for i in range(8)]
-    assert choose_device([], 3).kind == "cpu"
-    assert choose_device(gpus, 3).index == 3
-    assert choose_device(gpus, 0, spark_gpu_addresses=["5"]).index == 5
-    with pytest.raises(ValueError, match="no GPU of its own"):
-        choose_device(gpus[:2], 2)
-    with pytest.raises(ValueError, match="only 2"):
-        choose_device(gpus[:2], 0, spark_gpu_addresses=["7"])
+    assert choose_device([], 3, 4).kind == "cpu"
+    assert choose_device(gpus, 3, 8).index == 3
+    assert choose_device(gpus[:1], 0, 8, assigned=["5"]).index == 0  # a Spark task sees its GPU alone (test_gpus.py)
+    with pytest.raises(ValueError, match="3 ranks on this host but 2 GPUs"):
+        choose_device(gpus[:2], 2, 3)
 
 
 def test_each_local_rank_gets_cores_of_its_own():

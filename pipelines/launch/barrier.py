@@ -15,15 +15,18 @@ import json
 import logging
 import os
 import re
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+import cloudpickle
 
 from pipelines.launch.child import run_child
 from pipelines.launch.failures import HorovodJobFailed, RankFailure
-from pipelines.launch.network import GLOO_IFACE_ENV, interface_of
+from pipelines.launch.gpus import (CUDA_VISIBLE, check_local_gpus, nccl_env, parse_visible, rank_gpu_env, task_gpus,
+                                   visible_gpu_count)
+from pipelines.launch.network import GLOO_IFACE_ENV, interface_of, rendezvous_ipv4, split_host_port
 from pipelines.launch.ranklogs import LogSink
 from pipelines.launch.sparkcheck import check_barrier_conf, check_local_executors, wait_for_slots
 from pipelines.logs import plural
-from pipelines.training.devices import SPARK_GPUS_ENV
 
 log = logging.getLogger("pipelines")
 
@@ -37,8 +40,7 @@ def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
         ValueError, ClusterConfigError: as :meth:`pipelines.launch.runner.HorovodRunner.run` says.
         HorovodJobFailed: a rank raised or died, or its task could not choose its interface.
     """
-    import cloudpickle  # in the function: `import pipelines` stays free of PySpark
-    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession  # in the function: `import pipelines` stays free of PySpark
 
     spark = SparkSession.getActiveSession()
     if spark is None:
@@ -55,7 +57,8 @@ def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
     before_ranks()
     payload = cloudpickle.dumps((main, kwargs))
     log.info("HorovodRunner: %s on %s", plural(world_size, "barrier task"), sc.master)
-    sink = LogSink(sc.getConf().get("spark.driver.host"), log_dir)
+    conf = sc.getConf()
+    sink = LogSink(conf.get("spark.driver.host"), log_dir, world_size, bind_host=conf.get("spark.driver.bindAddress"))
     try:
         task = barrier_task(payload, world_size, requested_iface, (sink.address, sink.token))
         records = collect_tasks(sc.parallelize(range(world_size), world_size).barrier().mapPartitions(task),
@@ -103,7 +106,7 @@ def executor_id_hosts(sc) -> Dict[str, str]:
         found = {}
         while summaries.hasNext():
             summary = summaries.next()
-            found[str(summary.id())] = str(summary.hostPort()).rsplit(":", 1)[0]
+            found[str(summary.id())] = split_host_port(str(summary.hostPort()))[0]
         return found
     except Py4JError:  # a JVM call that failed: naming the host is best effort, the failure stands
         return {}
@@ -129,24 +132,24 @@ def collect_tasks(rdd, rank_hosts: Dict[int, str],
 
 
 def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str], sink: tuple):
-    """The function each barrier task runs: plan ranks, check the network, rendezvous, run the rank
-    as a child whose output goes to the driver's ``sink`` (address, token). Every task decides its
-    Gloo interface *before* the one ``allGather`` all tasks join, and shares the outcome: a task
-    that cannot (no such interface, an address on none) makes every task return without starting
-    a rank, and the driver raises :class:`HorovodJobFailed` naming that rank and its host."""
+    """The function each barrier task runs: plan ranks, check the network and the GPUs, rendezvous,
+    run the rank as a child whose output goes to the driver's ``sink`` (address, token). Every task
+    decides its Gloo interface and its rank's GPUs (:func:`task_choices`) *before* the one
+    ``allGather`` all tasks join, and shares the outcome: a task that cannot (no such interface, an
+    address on none, an IPv6-only host, a GPU address its executor does not see) makes every task
+    return without starting a rank, and the driver raises :class:`HorovodJobFailed` naming that
+    rank and its host."""
 
     def run(_partition):
-        from pyspark import BarrierTaskContext
+        from pyspark import BarrierTaskContext  # in the function: runs in the executor, with PySpark
 
         ctx = BarrierTaskContext.get()
         index = ctx.partitionId()
-        hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
+        hosts = [split_host_port(info.address)[0] for info in ctx.getTaskInfos()]
         slot = rank_plan(hosts)[index]
-        mine: Dict[str, str] = {}
-        try:  # the driver's choice, else this executor's own HOROVOD_GLOO_IFACE, else by address
-            mine["iface"] = interface_of(hosts[index], requested_iface or os.environ.get(GLOO_IFACE_ENV))
-        except ValueError as exc:
-            mine["error"] = f"{type(exc).__name__}: {exc}"
+        gpus = ctx.resources().get("gpu")
+        mine = task_choices(hosts[index], requested_iface, list(gpus.addresses) if gpus else [], slot["local_size"],
+                            os.environ)
         server = None
         if index == 0 and "error" not in mine:  # the rendezvous lives as long as task 0
             server, port = _start_rendezvous(hosts, world_size)
@@ -158,15 +161,8 @@ def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str]
                         "host": hosts[index]}
                        if "error" in mine else {"rank": slot["rank"], "status": "not started"})
                 return
-            address, port = gathered[0]["rendezvous"].rsplit(":", 1)
-            gpus = ctx.resources().get("gpu")
-            env = dict(os.environ,
-                       HOROVOD_HOSTNAME=hosts[index], HOROVOD_RANK=str(slot["rank"]), HOROVOD_SIZE=str(world_size),
-                       HOROVOD_LOCAL_RANK=str(slot["local_rank"]), HOROVOD_LOCAL_SIZE=str(slot["local_size"]),
-                       HOROVOD_CROSS_RANK=str(slot["cross_rank"]), HOROVOD_CROSS_SIZE=str(slot["cross_size"]),
-                       HOROVOD_GLOO_RENDEZVOUS_ADDR=address, HOROVOD_GLOO_RENDEZVOUS_PORT=port,
-                       HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo", HOROVOD_GLOO_IFACE=mine["iface"])
-            env[SPARK_GPUS_ENV] = ",".join(gpus.addresses) if gpus else ""
+            env = dict(os.environ, **rank_env(slot, hosts[index], world_size, gathered[0]["rendezvous"], mine,
+                                              os.environ))
             yield run_child(payload, env, slot["rank"], (*sink, hosts[index]))
         finally:
             if server is not None:
@@ -175,8 +171,51 @@ def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str]
     return run
 
 
+def task_choices(host: str, requested_iface: Optional[str], addresses: List[str], local_size: int,
+                 environ: Mapping[str, str]) -> Dict[str, Any]:
+    """What a barrier task decides before the ``allGather``: ``{'iface', 'gpus', 'addresses'}``, or
+    ``{'error': 'Type: message'}`` when it cannot start its rank.
+
+    The interface: the driver's choice, else the executor's own ``HOROVOD_GLOO_IFACE`` (in
+    ``environ``), else the one carrying ``host``'s address (:func:`interface_of`); ``host`` must
+    have an IPv4 address (:func:`rendezvous_ipv4`). The GPUs: Spark's ``addresses`` mapped through
+    the executor's ``CUDA_VISIBLE_DEVICES`` (:func:`pipelines.launch.gpus.task_gpus`); without
+    addresses, the host must not hold more ranks (``local_size``) than GPUs.
+    """
+    try:
+        rendezvous_ipv4(host)
+        iface = interface_of(host, requested_iface or environ.get(GLOO_IFACE_ENV))
+        count = visible_gpu_count(environ)
+        if addresses:
+            owned = task_gpus(addresses, parse_visible(environ.get(CUDA_VISIBLE)), count)
+        else:
+            check_local_gpus(local_size, count)
+            owned = []
+    except ValueError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"iface": iface, "gpus": owned, "addresses": addresses}
+
+
+def rank_env(slot: Dict[str, int], host: str, world_size: int, rendezvous: str, choices: Dict[str, Any],
+             environ: Mapping[str, str]) -> Dict[str, str]:
+    """The variables a barrier task's rank starts with, beyond the task's own ``environ``: Horovod's
+    launch variables (as ``horovodrun`` sets them; Gloo over ``choices['iface']``, the rendezvous
+    at ``rendezvous``, ``HOST:PORT``), NCCL over the same interface, and the rank's GPUs
+    (:func:`pipelines.launch.gpus.rank_gpu_env`). A user's own ``NCCL_SOCKET_IFNAME`` and
+    ``CUDA_DEVICE_ORDER`` in ``environ`` stay."""
+    address, port = split_host_port(rendezvous)
+    return {"HOROVOD_HOSTNAME": host, "HOROVOD_RANK": str(slot["rank"]), "HOROVOD_SIZE": str(world_size),
+            "HOROVOD_LOCAL_RANK": str(slot["local_rank"]), "HOROVOD_LOCAL_SIZE": str(slot["local_size"]),
+            "HOROVOD_CROSS_RANK": str(slot["cross_rank"]), "HOROVOD_CROSS_SIZE": str(slot["cross_size"]),
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": address, "HOROVOD_GLOO_RENDEZVOUS_PORT": port,
+            "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": choices["iface"],
+            **nccl_env(choices["iface"], environ),
+            **rank_gpu_env(choices["gpus"], choices["addresses"], environ)}
+
+
 def _start_rendezvous(hosts: List[str], world_size: int):
     """Start Horovod's Gloo rendezvous server (it listens on all addresses); return it and its port."""
+    # in the function: `import pipelines` stays free of Horovod (and, through it, of TensorFlow)
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.http.http_server import RendezvousServer
 

@@ -5,6 +5,7 @@ its task (``PR_SET_PDEATHSIG``)."""
 from __future__ import annotations
 
 import base64
+import ctypes
 import json
 import logging
 import os
@@ -14,6 +15,8 @@ import sys
 import tempfile
 from typing import Any, Dict
 
+import cloudpickle
+
 from pipelines.atomic import write_json
 from pipelines.launch.failures import exit_cause, failure_record, signal_is_loss
 from pipelines.launch.ranklogs import forward
@@ -22,7 +25,6 @@ log = logging.getLogger("pipelines")
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    import ctypes
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -59,8 +61,6 @@ def run_child(payload: bytes, env: Dict[str, str], rank: int,
 
 def child_main(job_path: str, result_path: str) -> int:
     """Entry point of a rank's process: run the pickled function, write its outcome."""
-    import cloudpickle  # in the function: only a rank's process needs it
-
     with open(job_path, "rb") as f:
         main, kwargs = cloudpickle.load(f)
     try:

@@ -36,7 +36,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def spark_home() -> str:
     """The pyspark package folder, which ships ``bin/spark-class`` and ``jars/``."""
-    import pyspark
+    import pyspark  # in the function: `import pipelines` stays free of PySpark
+
     return os.path.dirname(pyspark.__file__)
 
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional
 from pipelines.atomic import write_json
 from pipelines.launch.failures import (HorovodJobFailed, RankFailure, exit_cause, failure_record, shell_status,
                                        signal_is_loss)
+from pipelines.launch.gpus import nccl_env, rank_gpu_env
 
 log = logging.getLogger("pipelines")
 FAILURE_DIR_ENV = "PIPELINES_FAILURE_DIR"
@@ -45,7 +46,7 @@ def mend_pad_rank() -> None:
     ``ValueError: math domain error`` for one process, so every one-rank local run with rank logs
     (``jobs/train.py --spark-np -1``) failed before its rank started. Same names for every other size.
     """
-    from horovod.runner import gloo_run
+    from horovod.runner import gloo_run  # in the function: `import pipelines` stays free of Horovod
 
     gloo_run._pad_rank = pad_rank
 
@@ -84,17 +85,19 @@ class _Recorded:
 def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int, iface: Optional[str],
               log_dir: Optional[str]) -> Any:
     """Run ``main(**kwargs)`` on ``world_size`` local ranks (``horovod.runner.run``, Gloo) over the
-    interface ``iface`` (None: Horovod's choice), each rank's output in ``log_dir`` (Horovod's
-    ``rank.R/stdout``, ``rank.R/stderr``) when given; return rank 0's value.
+    interface ``iface`` (None: Horovod's choice; NCCL's too, unless the user set
+    ``NCCL_SOCKET_IFNAME``), GPUs numbered in PCI bus order, each rank's output in ``log_dir``
+    (Horovod's ``rank.R/stdout``, ``rank.R/stderr``) when given; return rank 0's value.
 
     Raises:
         HorovodJobFailed: a rank raised or died (:func:`collect_failures`).
     """
-    import horovod.runner  # in the function: `import pipelines` stays free of Horovod and TensorFlow
+    import horovod.runner  # in the function: `import pipelines` stays free of Horovod
 
     mend_pad_rank()
     handed = {FAILURE_DIR_ENV: None, **{_KEEP + n: os.environ[n] for n in _BROKEN_BY_HOROVOD_RUN
-                                        if n in os.environ}}
+                                        if n in os.environ},
+              **rank_gpu_env([], [], os.environ), **nccl_env(iface, os.environ)}  # none the user set
     with tempfile.TemporaryDirectory(prefix="hvd-failures-") as failures:
         handed[FAILURE_DIR_ENV] = failures
         os.environ.update(handed)  # inherited by the ranks

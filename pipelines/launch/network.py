@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import psutil
 
@@ -21,18 +21,56 @@ def local_interfaces() -> Dict[str, List[str]]:
             for name, addresses in psutil.net_if_addrs().items()}
 
 
+def bare_host(host: str) -> str:
+    """``host`` without the brackets of an IPv6 literal as Spark writes it (``[0:0:0:0:0:0:0:1]``)."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def split_host_port(address: str) -> Tuple[str, str]:
+    """``HOST:PORT`` (Spark's task and executor addresses; an IPv6 host in brackets) -> ``(HOST, PORT)``,
+    the host bare (:func:`bare_host`): ``[::1]:7077`` -> ``('::1', '7077')``."""
+    host, port = address.rsplit(":", 1)
+    return bare_host(host), port
+
+
+def join_host_port(host: str, port: object) -> str:
+    """``HOST:PORT``, an IPv6 host in brackets: the inverse of :func:`split_host_port`."""
+    host = bare_host(host)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def resolve(host: str) -> str:
-    """The IP address ``host`` (a name or an address) resolves to, IPv4 preferred (Gloo's choice).
+    """The IP address ``host`` (a name or an address, an IPv6 one with or without brackets)
+    resolves to, IPv4 preferred (Gloo's choice).
 
     Raises:
         ValueError: ``host`` does not resolve.
     """
     try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        infos = socket.getaddrinfo(bare_host(host), None, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError) as exc:
         raise ValueError(f"host {host!r} does not resolve to an address: {exc}") from None
     infos.sort(key=lambda info: info[0] != socket.AF_INET)
     return infos[0][4][0]
+
+
+def rendezvous_ipv4(host: str) -> str:
+    """The IPv4 address of a rank's ``host``, which the ranks' Gloo rendezvous needs.
+
+    Horovod 0.28.1's rendezvous is IPv4 only: its HTTP server (``horovod.runner.http``, a
+    ``socketserver`` server of family ``AF_INET``) listens on IPv4 addresses alone, so a host
+    Spark names by an IPv6 address (``SPARK_LOCAL_IP=::1``) could never be reached.
+
+    Raises:
+        ValueError: ``host`` does not resolve, or resolves to IPv6 addresses only (the message
+            names the limit and the setting to change).
+    """
+    address = resolve(host)
+    if ipaddress.ip_address(address).version != 4:
+        raise ValueError(f"host {host} has no IPv4 address (it resolves to {address}): Horovod's Gloo rendezvous "
+                         f"is IPv4 only; give Spark an IPv4 address on every host (SPARK_LOCAL_IP=127.0.0.1 on one "
+                         f"machine, else the host's IPv4 address)")
+    return address
 
 
 def _listing(interfaces: Dict[str, List[str]]) -> str:

@@ -6,13 +6,22 @@ line by line in the task, echoes each line to the executor's stderr (the worker'
 and sends it over TCP to the driver's :class:`LogSink`, which prints it as it arrives, prefixed
 ``[rank R on HOST]``, and appends it to ``rank-R.log`` in a log folder when one is given.
 
-The sink listens on an ephemeral port of the driver's host (the address executors already reach
-the driver at, ``spark.driver.host``); a connection must first send the run's random token, so
-other connections to the port are dropped. Streaming is best effort: a task that cannot reach the
-sink still runs its rank, and its lines stay in the executor's log.
+The sink listens on an ephemeral port of the driver's own address (``spark.driver.host``, the
+address executors already reach the driver at; ``spark.driver.bindAddress`` where that differs),
+never on all interfaces. What it accepts is bounded, since anyone who reaches the port can
+connect: a connection must send its header line (at most :data:`HEADER_BYTES`, within
+``header_timeout_s``) with the run's random token, compared in constant time, and a rank in
+``0 .. world_size - 1`` that has no connection yet; anything else is closed. At most
+``world_size + SPARE_CONNECTIONS`` connections are open at once (more are closed at once), and a
+rank's line is read in pieces of at most :data:`LINE_BYTES`, so neither memory nor threads grow
+with what a peer sends. The host a task names is printed with every character that is not
+printable (newlines, escape codes) replaced, so that no line can pose as another rank's.
+Streaming is best effort: a task that cannot reach the sink still runs its rank, and its lines
+stay in the executor's log.
 """
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -22,9 +31,17 @@ import socketserver
 import sys
 import threading
 import time
-from typing import BinaryIO, Dict, Optional
+from typing import BinaryIO, Dict, Optional, Tuple
+
+from pipelines.launch.network import join_host_port, resolve, split_host_port
 
 log = logging.getLogger("pipelines")
+
+
+HEADER_BYTES = 4096  # a header is ~100 bytes: token, rank, host name (at most 255 bytes)
+LINE_BYTES = 64 * 1024  # a longer line is printed in pieces (its rank-R.log keeps it whole)
+SPARE_CONNECTIONS = 8  # connections beyond one per rank, open at once: a retry, a stray scanner
+HOST_CHARS = 255  # the longest host name DNS allows
 
 
 def prefix(rank: int, host: str) -> str:
@@ -32,21 +49,79 @@ def prefix(rank: int, host: str) -> str:
     return f"[rank {rank} on {host}] "
 
 
+def printable_host(host: str) -> str:
+    """``host`` as the sink prints it: every character that is not printable (a newline, ESC,
+    other controls) or is a bracket replaced by ``?``, cut to :data:`HOST_CHARS` characters."""
+    return "".join(c if c.isprintable() and c not in "[]" else "?" for c in host[:HOST_CHARS])
+
+
+def check_header(header: object, token: str, world_size: int) -> Optional[Tuple[int, str]]:
+    """``(rank, host)`` of a connection's header when it may send a rank's lines, else None: a
+    JSON object whose ``token`` equals ``token`` (``hmac.compare_digest``: constant time), whose
+    ``rank`` is an integer in ``0 .. world_size - 1`` (not a bool, not a string) and whose
+    ``host`` is a string (returned as :func:`printable_host` gives it)."""
+    if not isinstance(header, dict):
+        return None
+    given, rank, host = header.get("token"), header.get("rank"), header.get("host")
+    if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
+        return None
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        return None
+    if not isinstance(host, str):
+        return None
+    return rank, printable_host(host)
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    """A threading TCP server on one address with at most ``limit`` connections open at once."""
+
+    daemon_threads = True
+
+    def __init__(self, family: int, address: str, handler, limit: int):
+        self.address_family = family
+        self._slots = threading.BoundedSemaphore(limit)
+        super().__init__((address, 0), handler)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):  # full: closed at once, no thread started
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class LogSink:
     """Driver side: a TCP server that prints the ranks' lines as they arrive.
 
     Args:
-        advertised_host: the address the executors reach this process at.
+        advertised_host: the address the executors reach this process at (a name or an address).
         log_dir: a local folder for ``rank-R.log`` (each rank's lines, unprefixed), or None.
+        world_size: the number of ranks; a header naming another rank is refused.
+        bind_host: the address to listen on when it differs from ``advertised_host`` (Spark's
+            ``spark.driver.bindAddress``, e.g. in a container behind NAT); default: the same.
+        header_timeout_s: how long a new connection may take to send its header.
 
-    ``address`` (``host:port``) and ``token`` are what each task needs; :meth:`wait_for` waits for
-    the lines the tasks said they sent; :meth:`close` stops the server. ``hosts`` maps each rank
-    whose task connected to its host (as the task named it): which rank a lost host ran.
+    ``address`` (``host:port``, an IPv6 host in brackets) and ``token`` are what each task needs;
+    :meth:`wait_for` waits for the lines the tasks said they sent; :meth:`close` stops the server.
+    ``hosts`` maps each rank whose task connected to its host (as the task named it, printable):
+    which rank a lost host ran.
+
+    Raises:
+        ValueError: the host to listen on does not resolve. OSError: it is not an address of
+            this machine.
     """
 
-    def __init__(self, advertised_host: str, log_dir: Optional[str] = None):
+    def __init__(self, advertised_host: str, log_dir: Optional[str] = None, world_size: int = 1,
+                 bind_host: Optional[str] = None, header_timeout_s: float = 10.0):
         self.token = secrets.token_hex(16)
         self.log_dir = log_dir
+        self.world_size = world_size
+        self.header_timeout_s = header_timeout_s
         if log_dir:
             os.makedirs(log_dir, exist_ok=True)
         self.received: Dict[int, int] = {}
@@ -55,33 +130,55 @@ class LogSink:
         sink = self
 
         class Handler(socketserver.StreamRequestHandler):
-            def handle(self):
-                sink._receive(self.rfile)
+            def setup(self):
+                self.request.settimeout(sink.header_timeout_s)
+                super().setup()
 
-        self._server = socketserver.ThreadingTCPServer(("", 0), Handler)
-        self._server.daemon_threads = True
-        self.address = f"{advertised_host}:{self._server.server_address[1]}"
+            def handle(self):
+                sink._receive(self.request, self.rfile)
+
+        address = resolve(bind_host or advertised_host)
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        self._server = _Server(family, address, Handler, world_size + SPARE_CONNECTIONS)
+        self.address = join_host_port(advertised_host, self._server.server_address[1])
         threading.Thread(target=self._server.serve_forever, name="rank-log-sink", daemon=True).start()
 
-    def _receive(self, stream: BinaryIO) -> None:
+    def _claim(self, stream: BinaryIO) -> Optional[Tuple[int, str]]:
+        """Read and check a connection's header; ``(rank, host)`` once the rank is this connection's."""
+        line = stream.readline(HEADER_BYTES)
+        if not line.endswith(b"\n"):
+            return None  # too long, or the peer stopped: either way not one of our tasks
         try:
-            header = json.loads(stream.readline())
+            claimed = check_header(json.loads(line), self.token, self.world_size)
         except ValueError:
+            return None
+        with self._lock:
+            if claimed is None or claimed[0] in self.hosts:  # one connection per rank
+                return None
+            self.hosts[claimed[0]] = claimed[1]
+        return claimed
+
+    def _receive(self, conn: socket.socket, stream: BinaryIO) -> None:
+        try:
+            claimed = self._claim(stream)
+        except OSError:  # the header did not come within header_timeout_s
             return
-        if header.get("token") != self.token:
+        if claimed is None:
             return
-        rank, shown = int(header["rank"]), prefix(int(header["rank"]), str(header["host"]))
-        self.hosts[rank] = str(header["host"])
+        rank, host = claimed
+        conn.settimeout(None)  # a rank may be silent for an epoch; the connection lives as long as it
+        shown = prefix(rank, host)
         path = os.path.join(self.log_dir, f"rank-{rank}.log") if self.log_dir else os.devnull
         with open(path, "ab") as keep:
-            for line in stream:
-                keep.write(line)
+            for piece in iter(lambda: stream.readline(LINE_BYTES), b""):
+                keep.write(piece)
                 keep.flush()
-                sys.stderr.write(shown + line.decode(errors="replace").rstrip("\n") + "\n")
+                sys.stderr.write(shown + piece.decode(errors="replace").rstrip("\n") + "\n")
                 sys.stderr.flush()
-                with self._lock:
-                    self.received[rank] = self.received.get(rank, 0) + 1
-                    self._lock.notify_all()
+                if piece.endswith(b"\n"):  # a whole line: the count the task compares with
+                    with self._lock:
+                        self.received[rank] = self.received.get(rank, 0) + 1
+                        self._lock.notify_all()
 
     def wait_for(self, sent: Dict[int, int], timeout_s: float = 10.0) -> bool:
         """Wait until the sink has every line the tasks sent (``rank -> lines``); False on timeout."""
@@ -102,7 +199,7 @@ class LogSink:
 def _connect(address: Optional[str], header: Dict) -> Optional[socket.socket]:
     if not address:
         return None
-    host, port = address.rsplit(":", 1)
+    host, port = split_host_port(address)
     try:
         conn = socket.create_connection((host, int(port)), timeout=10)
         conn.sendall(json.dumps(header).encode() + b"\n")

@@ -22,6 +22,7 @@ import os
 from typing import Any, Callable, Optional
 
 from pipelines.launch.barrier import run_spark
+from pipelines.launch.gpus import check_local_gpus, visible_gpu_count
 from pipelines.launch.local import run_local
 from pipelines.launch.network import GLOO_IFACE_ENV, local_interface
 from pipelines.launch.recovery import run_with_retries
@@ -73,9 +74,10 @@ class HorovodRunner:
 
         Raises:
             ClusterConfigError: the Spark configuration forbids barrier tasks (before any task).
-            ValueError: no active SparkSession for ``np > 0``, more Spark tasks than slots, or a
-                network interface that does not exist / an address on no interface on this
-                machine's executors (before any task).
+            ValueError: no active SparkSession for ``np > 0``, more Spark tasks than slots, a
+                network interface that does not exist / an address on no interface / a host with
+                no IPv4 address on this machine's executors, or more local ranks than this
+                machine's GPUs (``np < 0``; naming both numbers), before any rank starts.
             HorovodJobFailed: a rank raised or died, or could not choose its network interface on
                 its host (the cause names the host); with ``max_failures``, a lost rank only once
                 the relaunches are spent.
@@ -87,6 +89,7 @@ class HorovodRunner:
         """One attempt: every rank of the run, on ``main`` as :func:`run_with_retries` wrapped it."""
         if self.np < 0:
             iface = local_interface(self.network_interface)
+            check_local_gpus(-self.np, visible_gpu_count(os.environ))
             self.before_ranks()
             return run_local(main, kwargs, -self.np, iface, self.log_dir)
         return run_spark(main, kwargs, self.np, self.slots_timeout_s, self.network_interface, self.log_dir,

@@ -5,7 +5,7 @@ import time
 from typing import Dict, List, Optional
 
 from pipelines.launch.failures import ClusterConfigError
-from pipelines.launch.network import GLOO_IFACE_ENV, interface_of, is_this_machine
+from pipelines.launch.network import GLOO_IFACE_ENV, bare_host, interface_of, is_this_machine, rendezvous_ipv4
 
 
 def _is_true(value: Optional[str]) -> bool:
@@ -64,13 +64,17 @@ def check_local_executors(sc, requested: Optional[str]) -> None:
 
     Raises:
         ValueError: from :func:`interface_of`: a missing interface, an unresolvable host, or an
-            address on no interface.
+            address on no interface; from :func:`rendezvous_ipv4`: a host with no IPv4 address
+            (any executor Spark names by an IPv6 address, on this machine or not).
     """
     requested = requested or sc.environment.get(GLOO_IFACE_ENV)
     everything_here = is_local_master(sc.master) or sc.master.startswith("local-cluster")
     for host in executor_hosts(sc):
         if everything_here or is_this_machine(host):
+            rendezvous_ipv4(host)
             interface_of(host, requested)
+        elif ":" in bare_host(host):  # an IPv6 literal: refused without resolving anything remote
+            rendezvous_ipv4(host)
 
 
 def task_slots(sc) -> int:

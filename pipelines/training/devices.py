@@ -9,15 +9,12 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
+from pipelines.launch.gpus import ASSIGNED_ENV, check_local_gpus
 from pipelines.logs import plural
 
 log = logging.getLogger("pipelines")
-
-# Set by HorovodRunner's barrier tasks: the GPU addresses Spark assigned to the task, comma-separated.
-SPARK_GPUS_ENV = "PIPELINES_SPARK_GPUS"
-
 
 def local_topology() -> Tuple[int, int]:
     """``(local_rank, local_size)`` of this process from Horovod's launch environment
@@ -26,9 +23,10 @@ def local_topology() -> Tuple[int, int]:
     return int(os.environ.get("HOROVOD_LOCAL_RANK", "0")), int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
 
 
-def spark_gpu_addresses() -> List[str]:
-    """The GPU addresses Spark assigned to this rank's task (empty outside Spark barrier tasks)."""
-    return [a for a in os.environ.get(SPARK_GPUS_ENV, "").split(",") if a]
+def assigned_gpus(environ: Mapping[str, str]) -> List[str]:
+    """The GPU addresses a launcher gave this rank as its own (Spark's, for a barrier task whose
+    process sees only them: :data:`pipelines.launch.gpus.ASSIGNED_ENV`); empty otherwise."""
+    return [a for a in environ.get(ASSIGNED_ENV, "").split(",") if a]
 
 
 def threads_per_rank(threads: int, local_size: int) -> int:
@@ -47,44 +45,47 @@ class DeviceChoice:
     why: str
 
 
-def choose_device(visible_gpus: Sequence[str], local_rank: int,
-                  spark_gpu_addresses: Optional[Sequence[str]] = None) -> DeviceChoice:
-    """Pick this process's device.
+def choose_device(visible_gpus: Sequence[str], local_rank: int, local_size: int,
+                  assigned: Sequence[str] = ()) -> DeviceChoice:
+    """Pick this process's device: one GPU per rank, or the CPU.
 
     Args:
-        visible_gpus: GPU names TensorFlow lists (``'/physical_device:GPU:0'``, ...), in order.
-        local_rank: rank of this process among those on its host (Horovod's ``local_rank()``).
-        spark_gpu_addresses: GPU addresses Spark's resource scheduling assigned to this task
-            (``TaskContext.resources()['gpu'].addresses``), when running as a Spark task.
+        visible_gpus: GPU names TensorFlow lists (``'/physical_device:GPU:0'``, ...), in order
+            (PCI bus order: the launchers set ``CUDA_DEVICE_ORDER=PCI_BUS_ID``).
+        local_rank, local_size: this process's rank among the ranks on its host, and their number
+            (Horovod's ``local_rank()``, ``local_size()``).
+        assigned: GPU addresses a launcher gave this rank as its own (:func:`assigned_gpus`): the
+            process then sees only those (``CUDA_VISIBLE_DEVICES``), and takes the first.
 
     Returns:
-        a :class:`DeviceChoice`: Spark's first assigned address when given (Spark already decided
-        which GPU this task owns); else GPU ``local_rank`` on a multi-GPU host; else the CPU.
+        a :class:`DeviceChoice`: GPU 0 when ``assigned``; else GPU ``local_rank`` of a host with
+        GPUs (``horovodrun``: one GPU per local rank); else the CPU.
 
     Raises:
-        ValueError: more local ranks than GPUs (two processes would share a GPU), or a Spark
-            address that is not a visible GPU index.
+        ValueError: GPUs were assigned but none is visible (a CPU-only TensorFlow, or an isolated
+            executor that does not see them); more local ranks than visible GPUs (two ranks would
+            share one), naming both numbers.
     """
+    if assigned:
+        if not visible_gpus:
+            raise ValueError(f"this rank was given GPU {','.join(assigned)} but TensorFlow sees no GPU "
+                             f"(a CPU-only TensorFlow, or an executor that does not see that GPU)")
+        return DeviceChoice("gpu", 0, f"GPU {assigned[0]}, assigned by Spark to this task (its only visible GPU)")
     if not visible_gpus:
         return DeviceChoice("cpu", None, "no GPU visible: training on the CPU")
-    if spark_gpu_addresses:
-        index = int(spark_gpu_addresses[0])
-        if not 0 <= index < len(visible_gpus):
-            raise ValueError(f"Spark assigned GPU {index} but only {plural(len(visible_gpus), 'GPU')} visible")
-        return DeviceChoice("gpu", index, f"GPU {index}, assigned by Spark to this task")
-    if local_rank >= len(visible_gpus):
-        raise ValueError(f"local rank {local_rank} has no GPU of its own ({len(visible_gpus)} visible): "
-                         "start at most one process per GPU")
+    check_local_gpus(local_size, len(visible_gpus))
     return DeviceChoice("gpu", local_rank, f"GPU {local_rank} = local rank {local_rank}")
 
 
-def apply_device(local_rank: int, spark_gpu_addresses: Optional[Sequence[str]] = None,
+def apply_device(local_rank: int, local_size: int, assigned: Sequence[str] = (),
                  announce: bool = True) -> DeviceChoice:
-    """Make TensorFlow see only the chosen GPU (with memory growth), or no GPU at all."""
-    import tensorflow as tf
+    """Make TensorFlow see only the chosen GPU (:func:`choose_device`), with memory growth (the
+    rank allocates what it uses, not the whole GPU), or no GPU at all. Call it before any tensor
+    is created. Raises ``ValueError`` as :func:`choose_device` does."""
+    import tensorflow as tf  # in the function: `import pipelines` stays free of TensorFlow
 
     gpus = tf.config.list_physical_devices("GPU")
-    choice = choose_device([g.name for g in gpus], local_rank, spark_gpu_addresses)
+    choice = choose_device([g.name for g in gpus], local_rank, local_size, assigned)
     if choice.kind == "gpu":
         gpu = gpus[choice.index]
         tf.config.set_visible_devices([gpu], "GPU")

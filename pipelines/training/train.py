@@ -99,8 +99,8 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
 
     from pipelines.logs import setup_logging
     from pipelines.quiet import quiet_libraries
-    from pipelines.training.devices import apply_device, bind_to_cores, local_topology, precision_policy
-    from pipelines.training.devices import spark_gpu_addresses, threads_per_rank
+    from pipelines.training.devices import apply_device, assigned_gpus, bind_to_cores, local_topology
+    from pipelines.training.devices import precision_policy, threads_per_rank
 
     cores = None
     if config.bind_cores:
@@ -110,7 +110,7 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     setup_logging(job, rank=hvd.rank(), level=logging.INFO if hvd.rank() == 0 else logging.WARNING)
     if cores and hvd.rank() == 0:
         log.info("each rank bound to %s of its own (rank 0: %s)", plural(len(cores), "core"), cores)
-    device = apply_device(hvd.local_rank(), spark_gpu_addresses(), announce=hvd.rank() == 0)
+    device = apply_device(hvd.local_rank(), hvd.local_size(), assigned_gpus(os.environ), announce=hvd.rank() == 0)
     policy, why_not = precision_policy(config.mixed_precision, device.kind)
     if policy != "float32":
         tf.keras.mixed_precision.set_global_policy(policy)
