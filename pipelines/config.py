@@ -92,19 +92,42 @@ def parse_config(cls: Type[T], argv: Sequence[str] | None = None, description: s
         SystemExit: on unknown or malformed options (argparse's usual exit code 2), or when the
             dataclass's ``__post_init__`` rejects a value (one line, ``PROG: error: REASON``, exit 2).
     """
-    parser = build_parser(cls, description)
+    return parse_configs((cls,), argv, description)[0]
+
+
+def parse_configs(classes: Sequence[Type[Any]], argv: Sequence[str] | None = None,
+                  description: str = "") -> Tuple[Any, ...]:
+    """Parse ``argv`` into one instance of each dataclass in ``classes`` (their fields are one
+    command line: a stage's config and its launch settings), as :func:`parse_config` does.
+
+    Raises:
+        SystemExit: as :func:`parse_config`.
+    """
+    parser = argparse.ArgumentParser(description=description or (classes[0].__doc__ or "").split("\n")[0])
+    for cls in classes:
+        add_arguments(parser, cls)
     values = vars(parser.parse_args(argv))
     try:
-        for f in dataclasses.fields(cls):
-            if f.metadata.get("key_values") and f.name in values:
-                from pipelines.storage import parse_options
-
-                values[f.name] = parse_options(values[f.name] or [])
-        return cls(**values)
+        return tuple(cls(**_field_values(cls, values)) for cls in classes)
     except ValueError as exc:
         # one line, like every other refusal: the value was well-formed, so the usage text would
         # only bury the reason (argparse's own errors, an unknown option, still show it)
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
+
+
+def _field_values(cls: Type[Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """The parsed ``values`` of ``cls``'s fields; repeatable ``KEY=VALUE`` ones made a dict.
+
+    Raises:
+        ValueError: a ``KEY=VALUE`` option without ``=`` (:func:`pipelines.storage.parse_options`).
+    """
+    own = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("key_values") and f.name in own:
+            from pipelines.storage import parse_options  # in the function: storage loads pyarrow
+
+            own[f.name] = parse_options(own[f.name] or [])
+    return own
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -7,7 +7,13 @@ needs ``dbutils``: paths are plain (on Databricks, give ``/dbfs/...`` paths), or
 """
 from __future__ import annotations
 
-from typing import Dict, NamedTuple
+from typing import Dict, NamedTuple, Optional
+
+from pipelines.launch.config import LaunchConfig
+from pipelines.tracking import check_store
+from pipelines.training.cli import check_before_ranks, fetch_weights
+from pipelines.training.config import TrainConfig
+from pipelines.training.train import run_training
 
 
 class Setup(NamedTuple):
@@ -51,25 +57,25 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
     return Setup(workdir, data_dir, dict(data=data_dir, weights=weights, tensorboard=False, **train))
 
 
-def train(np: int = -1, max_failures: int = 0, **config) -> Dict:
-    """Train with ``TrainConfig(**config)`` on ``abs(np)`` ranks via :class:`HorovodRunner`
-    (``np < 0``: local processes, ``np > 0``: Spark barrier tasks); return rank 0's report. With
-    ``max_failures``, a run whose rank was lost is relaunched from its checkpoints (``--max-failures``).
+def train(launch: Optional[LaunchConfig] = None, **config) -> Dict:
+    """Train with ``TrainConfig(**config)`` on the ranks ``launch`` describes (the command line's
+    :class:`~pipelines.launch.config.LaunchConfig`; default ``LaunchConfig(np=-1)``: one local
+    process; ``np > 0``: Spark barrier tasks; ``max_failures``: a run whose rank was lost is
+    relaunched from its checkpoints); return rank 0's report.
 
     Each run is a fresh set of processes, so a notebook can train several times.
-    """
-    from pipelines.launch import HorovodRunner
-    from pipelines.training.cli import check_before_ranks, fetch_weights
-    from pipelines.training.config import TrainConfig
-    from pipelines.training.train import run_training
 
+    Raises:
+        ValueError, pipelines.launch.HorovodJobFailed: as ``jobs/train.py`` refuses or fails.
+    """
+    launch = launch or LaunchConfig(np=-1)
+    if not launch.launches:
+        raise ValueError("nb.train needs ranks to launch: LaunchConfig(np=-N) (local processes) or np=N (Spark tasks)")
     config = TrainConfig(**config)
-    check_before_ranks(config, abs(np))  # refusals before any rank starts
+    check_before_ranks(config, launch.world_size)  # refusals before any rank starts
     if config.tracking:
-        from pipelines.tracking import check_store
         check_store(config.tracking_uri)  # a tracking server that does not answer, too
-    runner = HorovodRunner(np=np, max_failures=max_failures, before_ranks=lambda: fetch_weights(config))
-    return runner.run(run_training, config=config)
+    return launch.runner(before_ranks=lambda: fetch_weights(config)).run(run_training, config=config)
 
 
 def history_frame(report: Dict):

@@ -91,3 +91,37 @@ def test_cache_dir_must_be_able_to_become_a_folder(tmp_path, where, refused):
             make()
     else:
         assert make().cache_dir == str(tmp_path / where)
+
+
+def test_launch_settings_are_their_own_config_on_the_same_command_line(tmp_path):
+    """``--spark-np`` and the other launch settings fill a LaunchConfig, the rank's settings a
+    TrainConfig; the notebooks and tests build the same LaunchConfig directly."""
+    import dataclasses
+
+    from pipelines.config import parse_configs
+    from pipelines.launch.config import LaunchConfig
+
+    argv = ["--data", str(tmp_path), "--output", str(tmp_path / "o"), "--spark-np", "-3", "--max-failures", "2",
+            "--slots-timeout", "5", "--batch-size", "4"]
+    train, launch = parse_configs((TrainConfig, LaunchConfig), argv)
+    assert launch == LaunchConfig(np=-3, slots_timeout=5.0, max_failures=2) and launch.world_size == 3
+    assert train.batch_size == 4
+    launch_fields = {f.name for f in dataclasses.fields(LaunchConfig)}
+    assert launch_fields == {"np", "slots_timeout", "network_interface", "max_failures"}
+    assert not launch_fields & {f.name for f in dataclasses.fields(TrainConfig)}
+    runner = launch.runner(log_dir="logs")
+    assert (runner.np, runner.max_failures, runner.slots_timeout_s, runner.log_dir) == (-3, 2, 5.0, "logs")
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"np": 0, "network_interface": "eth0"}, "--network-interface applies to --spark-np runs"),
+    ({"np": 0, "max_failures": 1}, "--max-failures applies to --spark-np runs"),
+    ({"np": 2, "max_failures": -1}, "--max-failures must be >= 0"),
+    ({"np": 2, "slots_timeout": 0}, "--slots-timeout must be positive"),
+    ({"np": 1.5}, "--spark-np must be an integer"),
+])
+def test_launch_settings_refused(args, message):
+    from pipelines.launch.config import LaunchConfig
+
+    with pytest.raises(ValueError, match=message):
+        LaunchConfig(**args)

@@ -168,7 +168,7 @@ def test_offline_training_exits_2_in_one_line_before_tensorflow_and_any_rank(how
 def test_the_notebooks_refuse_before_any_rank_too(offline_here, tmp_path):
     from pipelines import notebook
     with pytest.raises(WeightsUnavailable, match="Connection refused"):
-        notebook.train(np=-2, data=manifest(tmp_path / "etl"), output=str(tmp_path / "out"), batch_size=2,
+        notebook.train(notebook.LaunchConfig(np=-2), data=manifest(tmp_path / "etl"), output=str(tmp_path / "out"), batch_size=2,
                        tracking=False)
     assert not (tmp_path / "out").exists()
 

@@ -339,17 +339,20 @@ def test_train_refuses_a_missing_interface_with_exit_2_before_any_rank(tmp_path,
 @pytest.mark.parametrize("spark_np, accepted", [(0, False), (2, True), (-2, True)])
 def test_network_interface_flag_applies_to_spark_np_runs_only(spark_np, accepted, capsys):
     """Under horovodrun (--spark-np 0) the flag would be silently ignored: refused instead."""
-    from pipelines.config import parse_config
+    from pipelines.config import parse_configs
+    from pipelines.launch.config import LaunchConfig
     from pipelines.training.config import TrainConfig
     argv = ["--data", "d", "--output", "o", "--spark-np", str(spark_np), "--network-interface", "eth0"]
     if accepted:
-        assert parse_config(TrainConfig, argv).network_interface == "eth0"
+        train, launch = parse_configs((TrainConfig, LaunchConfig), argv)
+        assert (launch.np, launch.network_interface, launch.world_size) == (spark_np, "eth0", 2)
+        assert not hasattr(train, "network_interface")  # a rank's config holds no launch setting
     else:
         with pytest.raises(SystemExit) as info:
-            parse_config(TrainConfig, argv)
+            parse_configs((TrainConfig, LaunchConfig), argv)
         assert info.value.code == 2
         assert "--network-interface applies to --spark-np runs" in capsys.readouterr().err
-    assert parse_config(TrainConfig, ["--data", "d", "--output", "o"]).network_interface == ""
+    assert parse_configs((TrainConfig, LaunchConfig), ["--data", "d", "--output", "o"])[1] == LaunchConfig()
 
 
 class _LostExecutorJob:
@@ -430,3 +433,51 @@ def test_one_local_rank_with_rank_logs_runs_and_keeps_its_log(tmp_path):
     with a math domain error before the rank started."""
     assert HorovodRunner(np=-1, log_dir=str(tmp_path)).run(_tuning_env)["HOROVOD_CACHE_CAPACITY"] is None
     assert os.path.isfile(tmp_path / "rank.0" / "stdout")
+
+
+# -- IPv6: Spark's bracketed literals parse; the refusal names Horovod's IPv4 rendezvous (issue 25 item 9)
+
+@pytest.mark.parametrize("address, parts", [
+    ("[0:0:0:0:0:0:0:1]:40123", ("0:0:0:0:0:0:0:1", "40123")), ("[fe80::1]:7077", ("fe80::1", "7077")),
+    ("10.0.0.1:7077", ("10.0.0.1", "7077")), ("worker-1.example:35000", ("worker-1.example", "35000")),
+])
+def test_spark_addresses_split_into_a_bare_host_and_a_port(address, parts):
+    from pipelines.launch.network import join_host_port, split_host_port
+    assert split_host_port(address) == parts
+    assert split_host_port(join_host_port(*parts)) == parts
+
+
+@pytest.mark.parametrize("host", ["[0:0:0:0:0:0:0:1]", "::1", "[::1]"])
+def test_an_ipv6_host_resolves_and_is_refused_naming_the_rendezvous_limit(host):
+    from pipelines.launch.network import rendezvous_ipv4
+    assert resolve(host) == "::1"
+    assert interface_of(host, interfaces=IFACES) == "lo"
+    with pytest.raises(ValueError, match=r"no IPv4 address \(it resolves to ::1\): Horovod's Gloo rendezvous is "
+                                         r"IPv4 only; .*SPARK_LOCAL_IP=127\.0\.0\.1"):
+        rendezvous_ipv4(host)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.1.1", "localhost"])
+def test_ipv4_hosts_pass_the_rendezvous_check(host):
+    from pipelines.launch.network import rendezvous_ipv4
+    assert rendezvous_ipv4(host).startswith("127.")
+
+
+@pytest.mark.slow
+def test_spark_on_ipv6_is_refused_with_exit_2_before_any_task(tmp_path):
+    """SPARK_LOCAL_IP=::1 with --spark-np 2: refused as "host '[0:0:0:0:0:0:0:1]' does not resolve" before."""
+    import subprocess
+    import sys
+    from tests.conftest import subprocess_env
+    from tests.datagen import write_dataset
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    write_dataset(str(tmp_path / "data"), train_groups=[4], test_groups=[2])
+    proc = subprocess.run([sys.executable, os.path.join(repo, "jobs", "train.py"), "--data", str(tmp_path / "data"),
+                           "--output", str(tmp_path / "out"), "--spark-np", "2", "--batch-size", "1",
+                           "--backbone", "tiny", "--weights", "none"],
+                          capture_output=True, text=True, timeout=300, env=subprocess_env(SPARK_LOCAL_IP="::1"))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "no IPv4 address" in errors[0] and "Horovod's Gloo rendezvous is IPv4 only" in errors[0]
+    assert "does not resolve" not in proc.stderr and "barrier tasks on" not in proc.stderr

@@ -11,7 +11,7 @@ import pytest
 from pipelines.launch import HorovodJobFailed, HorovodRunner, RankFailure, RelaunchImpossible
 from pipelines.launch.failures import signal_is_loss
 from pipelines.launch.recovery import attempts, is_lost, relaunched, run_with_retries
-from pipelines.training.config import TrainConfig
+from pipelines.launch.config import LaunchConfig
 
 
 def test_only_a_lost_process_or_host_is_worth_a_relaunch():
@@ -105,11 +105,11 @@ def test_outside_a_relaunch_a_rank_is_its_jobs_first_attempt(monkeypatch):
 
 @pytest.mark.parametrize("args, message", [
     ({"max_failures": 1}, "--max-failures applies to --spark-np runs"),
-    ({"max_failures": -1, "spark_np": -2}, "--max-failures must be >= 0"),
+    ({"max_failures": -1, "np": -2}, "--max-failures must be >= 0"),
 ])
-def test_max_failures_is_refused_where_nothing_can_relaunch(tmp_path, args, message):
+def test_max_failures_is_refused_where_nothing_can_relaunch(args, message):
     with pytest.raises(ValueError, match=message):
-        TrainConfig(data=str(tmp_path), output=str(tmp_path / "out"), backbone="tiny", weights="none", **args)
+        LaunchConfig(**args)
     with pytest.raises(ValueError, match="max_failures must be an integer >= 0"):
         HorovodRunner(np=-2, max_failures=-1)
 

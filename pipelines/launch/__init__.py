@@ -7,7 +7,8 @@ One module per job: ``runner`` (:class:`HorovodRunner`), ``local`` (Horovod's ow
 ``cluster`` (a Spark standalone cluster on this machine). Importing it loads neither TensorFlow,
 Horovod nor PySpark: those are imported inside the functions that start ranks.
 """
+from pipelines.launch.config import LaunchConfig
 from pipelines.launch.failures import ClusterConfigError, HorovodJobFailed, RankFailure, RelaunchImpossible
 from pipelines.launch.runner import HorovodRunner
 
-__all__ = ["ClusterConfigError", "HorovodJobFailed", "HorovodRunner", "RankFailure", "RelaunchImpossible"]
+__all__ = ["ClusterConfigError", "HorovodJobFailed", "HorovodRunner", "LaunchConfig", "RankFailure", "RelaunchImpossible"]

@@ -3,58 +3,68 @@
 Every rank runs it under ``horovodrun -np N python jobs/train.py ...``; or one driver runs it with
 ``--spark-np N`` (``spark-submit --master spark://HOST:PORT jobs/train.py --spark-np N ...``, or
 ``python jobs/train.py --spark-np -N`` for local processes) and launches the ranks itself with
-:class:`pipelines.launch.HorovodRunner`. Both call the same training function with the same config.
+:class:`pipelines.launch.HorovodRunner`. Both call the same training function with the same
+:class:`~pipelines.training.config.TrainConfig`; the launch settings are a
+:class:`~pipelines.launch.config.LaunchConfig` beside it, which no rank sees.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import shutil
 import sys
 import tempfile
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence, Tuple
 
-from pipelines.config import parse_config
-from pipelines.logs import plural
+from pipelines.config import parse_configs
+from pipelines.launch import HorovodJobFailed, RelaunchImpossible
+from pipelines.launch.config import LaunchConfig
+from pipelines.launch.gpus import DEVICE_ORDER
+from pipelines.logs import plural, setup_logging
+from pipelines.spark import spark_session
 from pipelines.storage import is_local, resolve
+from pipelines.tracking import TrackingFailed, check_store
 from pipelines.training.config import TrainConfig
+from pipelines.training.data import DataError, check_run
+from pipelines.training.devices import rank_cores, threads_per_rank
+from pipelines.training.imagenet import ensure_imagenet_weights
+from pipelines.training.outputs import check_output
+from pipelines.training.train import run_training
 
 RANK_LOGS = "logs"  # under --output: each rank's whole output (HorovodRunner's log_dir)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Parse the options into a :class:`TrainConfig` and train.
+    """Parse the options into a :class:`TrainConfig` (each rank's settings) and a
+    :class:`~pipelines.launch.config.LaunchConfig` (``--spark-np`` and the other launch settings), and train.
 
     Returns 0 on success; 2 with a one-line error when the data cannot feed the run, ``--data`` or
     ``--output`` is on a store that cannot be used (unknown scheme, missing bucket, refused
     credentials), or the launch is impossible (too few task slots, a Spark setting barrier tasks refuse, a network
-    interface or host address that is not on this machine's executors, an MLflow tracking server
-    that does not answer), or ``--weights imagenet`` is neither in Keras' cache nor can be fetched,
+    interface or host address that is not on this machine's executors, more local ranks than GPUs, an MLflow
+    tracking server that does not answer), or ``--weights imagenet`` is neither in Keras' cache nor can be fetched,
     before any rank starts; 1 with the failing rank and its cause when a
     rank fails (on its host: also its network) and is not relaunched (``--max-failures``), or when
     MLflow could not log the results (the training outputs are complete).
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from pipelines.launch import HorovodJobFailed, RelaunchImpossible
-    from pipelines.tracking import TrackingFailed
-    from pipelines.training.data import DataError
-    from pipelines.training.train import run_training
-
-    config = parse_config(TrainConfig, argv)
+    for name, value in DEVICE_ORDER.items():  # before TensorFlow loads: GPUs numbered as nvidia-smi does
+        os.environ.setdefault(name, value)
+    config, launch = parse_configs((TrainConfig, LaunchConfig), argv)
+    rank, world_size = horovodrun_place(os.environ)  # the one read of Horovod's variables here
     log = logging.getLogger("pipelines")
     try:
-        if config.spark_np:
-            report = launch(config)
+        if launch.launches:
+            report = launch_ranks(config, launch)
         else:
-            if os.environ.get("HOROVOD_RANK", "0") == "0":
-                refuse_early(config)
+            if not rank:
+                refuse_early(config, rank, world_size)
             report = run_training(config)
-            if not _is_rank0():
+            if rank:
                 return 0
     except (DataError, ValueError, FileNotFoundError) as exc:
-        if config.spark_np or os.environ.get("HOROVOD_RANK", "0") == "0":
+        if launch.launches or not rank:
             log.error("%s", exc)  # under horovodrun every rank refuses alike: rank 0 says why, once
         return 2
     except (HorovodJobFailed, RelaunchImpossible) as exc:
@@ -67,6 +77,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+def horovodrun_place(environ: Mapping[str, str]) -> Tuple[Optional[int], int]:
+    """``(rank, world_size)`` of a process that is a rank itself, from the variables ``horovodrun``
+    sets for every rank (``HOROVOD_RANK``, ``HOROVOD_SIZE``); ``(None, 1)`` for a process alone.
+    Read once, in :func:`main`; inside the rank Horovod's own ``hvd.rank()``/``hvd.size()`` say the same."""
+    rank = environ.get("HOROVOD_RANK")
+    return (None if rank is None else int(rank)), int(environ.get("HOROVOD_SIZE", "1"))
+
+
 def result_line(report: dict, output: str) -> str:
     """The one line a finished job prints: exact test metrics, epochs, world size, where it all is."""
     test = report["test"]
@@ -77,7 +95,7 @@ def result_line(report: dict, output: str) -> str:
             f"model and report in {output}{tracked}")
 
 
-def launch(config: TrainConfig) -> dict:
+def launch_ranks(config: TrainConfig, launch: LaunchConfig) -> dict:
     """``--spark-np N``: check what can be checked before any rank starts, then run the ranks with
     :class:`~pipelines.launch.HorovodRunner` (N Spark barrier tasks, or -N local processes),
     each rank's whole output kept under ``OUTPUT/logs`` (:func:`rank_log_dir`). Returns rank 0's report.
@@ -86,32 +104,20 @@ def launch(config: TrainConfig) -> dict:
         DataError, ValueError, FileNotFoundError, pipelines.storage.StorageError: a refusal (exit 2).
         HorovodJobFailed, RelaunchImpossible: a rank failed and was not relaunched (exit 1).
     """
-    from pipelines.launch import HorovodRunner
-    from pipelines.logs import setup_logging
-    from pipelines.tracking import check_store
-    from pipelines.training.train import run_training
-
     setup_logging("train driver")
-    if config.spark_np < 0 and config.bind_cores:  # local ranks: the cores are this machine's, check now
-        from pipelines.training.devices import rank_cores, threads_per_rank
-        ranks = -config.spark_np
-        rank_cores(0, ranks, threads_per_rank(config.threads, ranks), os.sched_getaffinity(0))
-    check_before_ranks(config, abs(config.spark_np))
+    if launch.np < 0 and config.bind_cores:  # local ranks: the cores are this machine's, check now
+        rank_cores(0, launch.world_size, threads_per_rank(config.threads, launch.world_size),
+                   os.sched_getaffinity(0))
+    check_before_ranks(config, launch.world_size)
     if config.tracking:
         check_store(config.tracking_uri)
-    if config.spark_np > 0:
-        from pipelines.spark import spark_session
+    if launch.np > 0:
         spark_session("pipelines-train")
     with rank_log_dir(config) as logs:
-        runner = HorovodRunner(np=config.spark_np, slots_timeout_s=config.slots_timeout,
-                               network_interface=config.network_interface or None,
-                               max_failures=config.max_failures, log_dir=logs,
-                               before_ranks=lambda: fetch_weights(config))
-        return runner.run(run_training, config=dataclasses.replace(config, spark_np=0, network_interface="",
-                                                                    max_failures=0))
+        return launch.runner(logs, before_ranks=lambda: fetch_weights(config)).run(run_training, config=config)
 
 
-def refuse_early(config: TrainConfig) -> None:
+def refuse_early(config: TrainConfig, rank: Optional[int], world_size: int) -> None:
     """Rank 0's refusals under ``horovodrun`` (or alone), and its fetch of ``--weights imagenet``,
     made before TensorFlow loads: a refused run ends in about a second instead of the ten that
     importing TensorFlow and Horovod takes on 2 cores (``horovodrun`` then stops the other ranks,
@@ -119,18 +125,14 @@ def refuse_early(config: TrainConfig) -> None:
     before it said why. The other ranks wait for rank 0 in ``hvd.init``, so they find the weights
     in Keras' cache and fetch nothing.
 
-    The world size is ``HOROVOD_SIZE`` (``horovodrun`` sets it for every rank), else 1: a lower
-    bound, so this never refuses what :func:`pipelines.training.train.plan_run` accepts; plan_run
-    repeats the checks with Horovod's own world size.
+    ``rank`` and ``world_size`` are :func:`horovodrun_place`'s (None and 1 alone), the same numbers
+    :func:`pipelines.training.train.plan_run` then has from Horovod.
 
     Raises:
         as :func:`check_before_ranks` and :func:`fetch_weights`.
     """
-    from pipelines.logs import setup_logging
-
-    rank = os.environ.get("HOROVOD_RANK")
-    setup_logging("train", rank=None if rank is None else int(rank))  # setup_rank sets it again, from Horovod
-    check_before_ranks(config, int(os.environ.get("HOROVOD_SIZE", "1")))
+    setup_logging("train", rank=rank)  # setup_rank sets it again, from Horovod
+    check_before_ranks(config, world_size)
     fetch_weights(config)
 
 
@@ -143,9 +145,6 @@ def check_before_ranks(config: TrainConfig, world_size: int) -> None:
         DataError, ValueError, FileNotFoundError, pipelines.storage.StorageError: as
             :func:`pipelines.training.data.check_run` and :func:`pipelines.training.outputs.check_output`.
     """
-    from pipelines.training.data import check_run
-    from pipelines.training.outputs import check_output
-
     check_run(config.data, config.batch_size, world_size, config.storage_options)
     check_output(config.output, config.storage_options)
 
@@ -160,8 +159,6 @@ def fetch_weights(config: TrainConfig) -> None:
         pipelines.training.imagenet.WeightsUnavailable: as
             :func:`pipelines.training.imagenet.ensure_imagenet_weights` (a ``ValueError``: exit 2).
     """
-    from pipelines.training.imagenet import ensure_imagenet_weights
-
     ensure_imagenet_weights(config.backbone, config.weights)
 
 
@@ -183,11 +180,6 @@ def rank_log_dir(config: TrainConfig) -> Iterator[str]:
         except OSError as exc:
             logging.getLogger("pipelines").warning("the ranks' logs could not be copied to %s: %s", target, exc)
         shutil.rmtree(local, ignore_errors=True)
-
-
-def _is_rank0() -> bool:
-    import horovod.tensorflow.keras as hvd
-    return hvd.rank() == 0
 
 
 if __name__ == "__main__":

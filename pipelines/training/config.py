@@ -66,20 +66,6 @@ class TrainConfig:
     mixed_precision: bool = field(False, help="Keras' mixed_float16 policy on a GPU (float16 compute, float32 "
                                               "weights and softmax, loss scaling); on a CPU it is not used (rank 0 "
                                               "says so once)")
-    spark_np: int = field(0, help="launch the ranks from this process with HorovodRunner: N > 0 runs N Spark "
-                                  "barrier tasks on the session's cluster (spark-submit --master ...), "
-                                  "N < 0 runs -N local processes; 0 = this process is a rank (horovodrun)")
-    slots_timeout: float = field(60.0, help="with --spark-np N > 0: seconds to wait for the cluster's executors "
-                                            "to offer N task slots (they register some seconds after a session "
-                                            "starts) before refusing the run")
-    network_interface: str = field("", help="with --spark-np: the network interface Horovod's Gloo uses on "
-                                            "every host (e.g. eth0), used as given or refused when a host "
-                                            "lacks it; default: HOROVOD_GLOO_IFACE, else the interface of "
-                                            "each host's address (lo for loopback addresses)")
-    max_failures: int = field(0, help="with --spark-np: relaunch the job up to this many times from its newest "
-                                      "complete checkpoint when a rank's process or host is lost (killed, "
-                                      "OOM-killed, executor or host lost); an error of the job itself is never "
-                                      "retried; 0 = fail at the first failure")
     tracking: Optional[bool] = field(None, help=trk.HELP["tracking"] + "; rank 0 logs one run per job")
     tracking_uri: str = field("", help=trk.HELP["tracking_uri"])
     experiment: str = field("pipelines-train", help=trk.HELP["experiment"])
@@ -111,16 +97,6 @@ class TrainConfig:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.warmup_epochs < 0 or self.patience < 0 or self.image_size < 0:
             raise ValueError("--warmup-epochs, --patience and --image-size must be >= 0")
-        if self.network_interface and not self.spark_np:
-            raise ValueError("--network-interface applies to --spark-np runs; under horovodrun use "
-                             "horovodrun's own --network-interface")
-        if self.max_failures < 0:
-            raise ValueError(f"--max-failures must be >= 0, got {self.max_failures}")
-        if self.max_failures and not self.spark_np:
-            raise ValueError("--max-failures applies to --spark-np runs (the launching driver relaunches the "
-                             "ranks); under horovodrun a lost rank ends the job: rerun it with --resume")
-        if not self.slots_timeout > 0:
-            raise ValueError(f"--slots-timeout must be positive, got {self.slots_timeout}")
         if self.shuffle_buffer < 1:
             raise ValueError(f"--shuffle-buffer must be >= 1, got {self.shuffle_buffer}")
         self.data = local_or_uri(self.data)

@@ -1,0 +1,71 @@
+"""How a job's ranks are started, apart from what each rank does: :class:`LaunchConfig`.
+
+The per-rank settings live in the stage's own config (``TrainConfig``); the launch settings (how
+many ranks, where, how long to wait, which network, how many relaunches) live here, as Horovod's
+``horovod.spark.run(num_proc=..., start_timeout=...)`` takes them beside the function and Ray
+keeps ``ScalingConfig``/``FailureConfig`` apart from the training loop's config. The command line
+(``jobs/train.py``), the notebooks (``nb.train(LaunchConfig(np=-2), ...)``) and the tests build
+the same object; a rank never sees it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from pipelines.config import field
+from pipelines.launch.runner import HorovodRunner
+
+
+@dataclass
+class LaunchConfig:
+    """Where and how the ranks run: ``np`` ranks (Horovod's and Databricks' ``HorovodRunner`` name)."""
+
+    np: int = field(0, flag="--spark-np",
+                    help="launch the ranks from this process with HorovodRunner: N > 0 runs N Spark barrier tasks "
+                         "on the session's cluster (spark-submit --master ...), N < 0 runs -N local processes; "
+                         "0 = this process is a rank (horovodrun)")
+    slots_timeout: float = field(60.0, help="with --spark-np N > 0: seconds to wait for the cluster's executors to "
+                                            "offer N task slots (they register some seconds after a session "
+                                            "starts) before refusing the run")
+    network_interface: str = field("", help="with --spark-np: the network interface Horovod's Gloo (and NCCL) "
+                                            "use on every host (e.g. eth0), used as given or refused when a host "
+                                            "lacks it; default: HOROVOD_GLOO_IFACE, else the interface of each "
+                                            "host's address (lo for loopback addresses)")
+    max_failures: int = field(0, help="with --spark-np: relaunch the job up to this many times from its newest "
+                                      "complete checkpoint when a rank's process or host is lost (killed, "
+                                      "OOM-killed, executor or host lost); an error of the job itself is never "
+                                      "retried; 0 = fail at the first failure")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.np, int) or isinstance(self.np, bool):
+            raise ValueError(f"--spark-np must be an integer, got {self.np!r}")
+        if self.network_interface and not self.np:
+            raise ValueError("--network-interface applies to --spark-np runs; under horovodrun use "
+                             "horovodrun's own --network-interface")
+        if not isinstance(self.max_failures, int) or self.max_failures < 0:
+            raise ValueError(f"--max-failures must be >= 0, got {self.max_failures}")
+        if self.max_failures and not self.np:
+            raise ValueError("--max-failures applies to --spark-np runs (the launching driver relaunches the "
+                             "ranks); under horovodrun a lost rank ends the job: rerun it with --resume")
+        if not self.slots_timeout > 0:
+            raise ValueError(f"--slots-timeout must be positive, got {self.slots_timeout}")
+
+    @property
+    def launches(self) -> bool:
+        """Whether this process starts the ranks (``np != 0``); else it is a rank itself (horovodrun)."""
+        return self.np != 0
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks this process launches: ``abs(np)``."""
+        return abs(self.np)
+
+    def runner(self, log_dir: Optional[str] = None, before_ranks: Optional[Callable[[], None]] = None) -> HorovodRunner:
+        """The :class:`~pipelines.launch.runner.HorovodRunner` these settings describe.
+
+        Raises:
+            ValueError: ``np == 0`` (nothing to launch: this process is a rank).
+        """
+        return HorovodRunner(np=self.np, slots_timeout_s=self.slots_timeout,
+                             network_interface=self.network_interface or None, max_failures=self.max_failures,
+                             log_dir=log_dir, before_ranks=before_ranks)
