@@ -156,7 +156,7 @@ def test_train_refuses_more_local_ranks_than_gpus_with_exit_2(tmp_path):
     from tests.conftest import subprocess_env
     from tests.datagen import write_dataset
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    write_dataset(str(tmp_path / "data"), train_groups=[4], test_groups=[2])
+    write_dataset(str(tmp_path / "data"), train_groups=[4], test_groups=[3])  # enough row groups for 3 ranks
     proc = subprocess.run([sys.executable, os.path.join(repo, "jobs", "train.py"), "--data", str(tmp_path / "data"),
                            "--output", str(tmp_path / "out"), "--spark-np", "-3", "--batch-size", "1",
                            "--backbone", "tiny", "--weights", "none"],
@@ -165,3 +165,29 @@ def test_train_refuses_more_local_ranks_than_gpus_with_exit_2(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "3 ranks on this host but 2 GPUs" in errors[0], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "rank 0" not in proc.stderr
+
+
+def _fake_smi_indices(folder, indices):
+    script = folder / "nvidia-smi"
+    script.write_text("#!/bin/sh\n" + "".join(f"echo {i}\n" for i in indices))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.mark.parametrize("visible, smi, addresses", [
+    (None, [0, 1, 2], ["0", "1", "2"]),  # a whole host: nvidia-smi's indices
+    ("4,5", [0, 1, 2, 3, 4, 5, 6, 7], ["0", "1"]),  # limited by CUDA_VISIBLE_DEVICES: indices into it
+    ("", [0, 1], []),  # none visible
+    (None, None, []),  # no nvidia-smi: no GPU
+])
+def test_the_discovery_script_offers_addresses_the_launcher_maps_back(tmp_path, visible, smi, addresses):
+    import json
+    import subprocess
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if smi is not None:
+        _fake_smi_indices(tmp_path, smi)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", **({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible})}
+    out = subprocess.run(["bash", os.path.join(repo, "scripts", "gpu_discovery.sh")], capture_output=True, text=True,
+                         env=env, check=True).stdout
+    assert json.loads(out) == {"name": "gpu", "addresses": addresses}
+    visible_list = parse_visible(visible)
+    assert len(task_gpus(addresses, visible_list, len(smi or []))) == len(addresses)  # every address maps
