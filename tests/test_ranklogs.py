@@ -177,8 +177,8 @@ def test_connections_beyond_the_cap_are_closed_at_once_and_a_rank_still_gets_thr
         assert _send(sink, b"", wait_s=2.5) == b""
         assert time.monotonic() - started < 1.5  # refused at once, not by the 3 s header timeout
         assert threading.active_count() <= threads_before  # and no thread started for it
-        for conn in idle:  # the idle ones are closed by the header timeout
-            assert conn.recv(1) == b""
+        for conn in idle:  # closed by their peer: their slots are free again
+            conn.close()
         child = subprocess.Popen([sys.executable, "-c", "print('late')"], stdout=subprocess.PIPE)
         with child.stdout:
             assert forward(child.stdout, sink.address, sink.token, 0, "h") == 1
