@@ -5,7 +5,17 @@
 ``import pipelines`` stays light: it imports neither TensorFlow, Horovod nor PySpark.
 """
 
+import os as _os
+
 __version__ = "0.1.0"
+
+# The one place every process that trains sets this, before TensorFlow is imported: each launch
+# path imports `pipelines` first (jobs/*.py, horovodrun's ranks running them, HorovodRunner's local
+# ranks and Spark barrier tasks unpickling our function, notebook kernels, the tests), and children
+# inherit it. TensorFlow >= 2.16 reads it at import: `tf.keras` is then Keras 2 (tf_keras), the API
+# Horovod averages; without it 12 of Horovod's 13 Keras tests fail on TF 2.21. TF 2.15 ignores it.
+# pipelines.kerasapi refuses a process where TensorFlow came first.
+_os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 # name -> submodule that defines it; loaded by __getattr__ on first access only.
 _LAZY = {

@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before a test module imports TensorFlow)
+
 BIN = os.path.dirname(sys.executable)
 # No MLflow tracking unless a test asks for it with --tracking / tracking=True: every job of the
 # suite (in this process, its subprocesses, Spark workers and notebook kernels) would otherwise
