@@ -41,8 +41,9 @@ test-fast: setup  ## unit tests only, on STACK
 bench: setup
 	$(PY) benchmarks/etl_bench.py
 
-lock:  ## regenerate requirements/$(STACK).lock (and -gpu.lock) from requirements/$(STACK).in (needs PyPI)
+lock:  ## regenerate requirements/$(STACK).lock (and mission-gpu.lock) from requirements/$(STACK).in (needs the index)
 	bash scripts/lock.sh $(STACK)
+	if [ $(STACK) = mission ]; then bash scripts/lock.sh mission gpu; fi
 
 clean:
 	rm -rf $(OUT) build *.egg-info

@@ -1,7 +1,7 @@
 """What differs between the project's two dependency stacks, said in one place.
 
 - ``mission``: TensorFlow 2.15 (Keras 2 is ``tf.keras``), Horovod 0.28.1 as released, Petastorm's
-  reader on pyarrow 14, Python 3.9-3.11. The default.
+  reader on pyarrow 14, Python 3.11. The default.
 - ``current``: TensorFlow 2.21 with the Keras 2 API from ``tf_keras`` (``tf.keras`` and ``import
   keras`` are Keras 3 there, which Horovod's ``DistributedOptimizer`` wraps without averaging),
   Horovod 0.28.1 with ``scripts/patches/horovod-0.28.1-current.patch``, the project's own Parquet

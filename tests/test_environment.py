@@ -17,7 +17,7 @@ import lockfile  # noqa: E402
 
 def lock_pins(name: str) -> dict:
     """``package -> version`` of every pin in ``requirements/<name>.lock``."""
-    with open(stack.requirements_file(name, "lock")) as f:
+    with open(os.path.join(stack.REQUIREMENTS, f"{name}.lock")) as f:
         blocks = lockfile.blocks(f.read())
     return {package: re.search(r"==([^ ;\\]+)", lines[0]).group(1) for package, lines in blocks.items()}
 
@@ -29,7 +29,14 @@ def docker_args(name: str) -> dict:
 
 def test_the_stacks_are_the_lock_files():
     locks = {os.path.basename(p)[:-len(".lock")] for p in glob.glob(os.path.join(stack.REQUIREMENTS, "*.lock"))}
-    assert locks == set(stack.STACKS)
+    assert locks == set(stack.STACKS) | {"mission-gpu"}
+
+
+def test_the_gpu_lock_is_the_mission_stack_with_tensorflow_for_cuda():
+    gpu, pins = lock_pins("mission-gpu"), stack.pins("mission")
+    assert gpu["tensorflow"] == pins.pop("tensorflow-cpu") and "tensorflow-cpu" not in gpu
+    assert {package: gpu.get(package) for package in pins} == pins
+    assert any(package.startswith("nvidia-nccl") for package in gpu)
 
 
 @pytest.mark.parametrize("name", list(stack.STACKS))
