@@ -11,7 +11,8 @@ Each stack's versions are written once, in ``requirements/<stack>.in`` (with the
 it supports on its ``# python:`` line); ``requirements/<stack>.lock`` is generated from it with
 hashes and is what ``scripts/setup_env.sh`` installs. This module reads those files and needs only
 the standard library (the set-up script and the Makefile use it before any venv exists).
-Python's own difference (CPython gh-103200, fixed in 3.12) is :func:`zipcache_needed`.
+Python's own difference (CPython gh-103200, fixed in 3.12: :mod:`pipelines.zipcache` only below
+3.12) is decided in that module.
 """
 from __future__ import annotations
 
@@ -122,12 +123,6 @@ def active() -> Stack:
             return stack
     wanted = ", ".join(f"{s.name}: {pins(s.name)['tensorflow-cpu']}" for s in STACKS.values())
     raise UnknownStack(f"TensorFlow {installed or '(not installed)'} is on no stack ({wanted})")
-
-
-def zipcache_needed() -> bool:
-    """Whether PySpark's per-task ``importlib.invalidate_caches()`` re-reads every zip archive's
-    directory (CPython gh-103200, fixed in 3.12): :mod:`pipelines.zipcache` is installed only then."""
-    return sys.version_info < (3, 12)
 
 
 def _main(argv) -> int:

@@ -17,10 +17,9 @@ replaced by ``addPyFile``). Python 3.12 and later are left as they are.
 from __future__ import annotations
 
 import os
+import sys
 import zipimport
 from typing import Dict, Optional, Tuple
-
-from pipelines.stack import zipcache_needed
 
 _MARK = "_pipelines_lazy"
 
@@ -40,7 +39,7 @@ def install() -> bool:
         True when the patch is in place (installed now or before), False on Python 3.12+
         (not needed there). Idempotent; safe in any process.
     """
-    if not zipcache_needed():
+    if sys.version_info >= (3, 12):
         return False
     original = zipimport.zipimporter.invalidate_caches
     if getattr(original, _MARK, False):
