@@ -116,6 +116,18 @@ def test_a_process_that_imported_tensorflow_first_is_refused_on_the_current_stac
         assert out.returncode == 0, out.stderr
 
 
+def test_import_pipelines_sets_the_keras_variable_for_the_installed_stack():
+    """Set on current (before TensorFlow), removed on mission, where TF 2.15 reads it too and
+    ``tf.keras`` then fails to import (tf_keras is not installed there): even a user's own setting."""
+    code = ("import os, pipelines, tensorflow as tf; from pipelines.kerasapi import keras; "
+            "print(os.environ.get('TF_USE_LEGACY_KERAS'), tf.keras.Model is keras.Model)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    expected = "1" if stack.active().keras_module == "tf_keras" else "None"
+    assert out.stdout.split() == [expected, "True"]
+
+
 def test_the_keras_module_refuses_objects_of_another_keras_before_horovod_wraps_them():
     import tensorflow as tf
 
