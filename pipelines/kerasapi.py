@@ -38,7 +38,17 @@ if STACK.keras_module == "tf_keras":
 else:
     keras = tf.keras
 
-__all__ = ["keras", "Keras3Error", "STACK", "require_keras2", "distributed_optimizer"]
+__all__ = ["keras", "Keras3Error", "STACK", "keras_version", "require_keras2", "distributed_optimizer"]
+
+
+def keras_version() -> str:
+    """The version of the Keras 2 in use (``tf.keras`` of TF 2.15 is the ``keras`` 2.15 package,
+    whose API module has no ``__version__`` of its own)."""
+    if hasattr(keras, "__version__"):
+        return keras.__version__
+    from importlib.metadata import version
+
+    return version("keras")
 
 
 def _describe(obj: Any) -> str:

@@ -104,7 +104,7 @@ if [ "$TF_EXTRA" = gpu ]; then
   grep -q '\[X\] NCCL' <<<"$check" || { echo "[setup] Horovod was built without NCCL" >&2; exit 1; }
 fi
 # The Keras 2 API of the stack imports, and Horovod's Keras module with it.
-TF_CPP_MIN_LOG_LEVEL=3 "$VPY" -c "import pipelines.kerasapi as k, horovod.tensorflow.keras; print('[setup] Keras', k.keras.__version__, 'from', k.STACK.keras_module)"
+TF_CPP_MIN_LOG_LEVEL=3 "$VPY" -c "import pipelines.kerasapi as k, horovod.tensorflow.keras; print('[setup] Keras', k.keras_version(), 'from', k.STACK.keras_module)"
 
 echo "$want" > "$STAMP"
 echo "[setup] ready: $VENV ($STACK stack)"

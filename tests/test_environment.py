@@ -85,8 +85,8 @@ def test_mlflow_and_tensorflow_import_together_and_open_a_sqlite_store(tmp_path)
     MLflow's SQL store, then the stack's Keras 2 module."""
     code = ("import sys, pipelines, tensorflow as tf, mlflow, google.protobuf as pb; "
             "mlflow.MlflowClient(sys.argv[1]).search_experiments(); "
-            "from pipelines.kerasapi import keras; "
-            "print(tf.__version__, mlflow.__version__, pb.__version__, keras.__version__)")
+            "from pipelines.kerasapi import keras_version; "
+            "print(tf.__version__, mlflow.__version__, pb.__version__, keras_version())")
     out = subprocess.run([sys.executable, "-c", code, f"sqlite:///{tmp_path}/mlruns.db"], capture_output=True,
                          text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
                          cwd=str(tmp_path))  # a plain MLflow client of a SQLite store makes ./mlruns where it runs
