@@ -8,8 +8,8 @@ so each rank silently trains alone. :func:`distributed_optimizer` is the project
 that wrapper and refuses Keras 3 objects first.
 
 ``TF_USE_LEGACY_KERAS=1`` (set by ``import pipelines``, before any of our code imports TensorFlow)
-makes TensorFlow's own ``tf.keras`` the same Keras 2 on 2.21, which MLflow's TensorFlow flavour and
-Horovod's callbacks rely on; importing this module checks that it took effect. Imported by training,
+makes TensorFlow's own ``tf.keras`` the same Keras 2 on 2.21 (TF reads it when ``tf.keras`` is
+first used), which MLflow's TensorFlow flavour relies on; importing this module checks that it took effect. Imported by training,
 prediction and tools code only (it imports TensorFlow).
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ if STACK.keras_module == "tf_keras":
 
     if tf.keras.Model is not keras.Model:
         raise Keras3Error(
-            f"tf.keras is Keras 3 in this process (TensorFlow {tf.__version__} was imported before "
+            f"tf.keras is Keras 3 in this process (TensorFlow {tf.__version__}'s tf.keras was used before "
             "TF_USE_LEGACY_KERAS=1 was set): import pipelines before tensorflow, or export TF_USE_LEGACY_KERAS=1")
 else:
     keras = tf.keras

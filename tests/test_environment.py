@@ -104,9 +104,10 @@ def test_the_stack_is_detected_from_the_installed_tensorflow_without_importing_i
 
 
 def test_a_process_that_imported_tensorflow_first_is_refused_on_the_current_stack():
-    """TF_USE_LEGACY_KERAS must be set before TensorFlow is imported: on TF 2.21 our Keras module
-    refuses a process where it was not (tf.keras would be Keras 3); on 2.15 there is nothing to refuse."""
-    code = "import tensorflow, pipelines.kerasapi"
+    """TF_USE_LEGACY_KERAS must be set before ``tf.keras`` is first used (TF 2.21 reads it then): our
+    Keras module refuses a process where it was not (tf.keras is Keras 3 there); on 2.15 there is
+    nothing to refuse."""
+    code = "import tensorflow as tf; tf.keras.Model; import pipelines.kerasapi"
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"})
