@@ -1,30 +1,49 @@
 # Two commands on a fresh machine: `make main` and `make test`. Both are idempotent.
-VENV   ?= .venv
+# STACK=mission (the default: Horovod + Petastorm on TensorFlow 2.15, Python 3.11) or STACK=current
+# (TensorFlow 2.21 with tf-keras, patched Horovod, our own reader, Python 3.12); pipelines/stack.py
+# says what differs, requirements/<stack>.in the versions.
+STACK  ?= mission
+# Checked before anything runs: an unknown stack is one line naming the stacks (exit 2).
+STACK_ERROR := $(shell python3 pipelines/stack.py check '$(STACK)' 2>&1)
+ifneq ($(STACK_ERROR),)
+$(error $(STACK_ERROR))
+endif
+VENV   ?= $(if $(filter mission,$(STACK)),.venv,.venv-$(STACK))
 PY     := $(VENV)/bin/python
-OUT    ?= out
+OUT    ?= $(if $(filter mission,$(STACK)),out,out-$(STACK))
+export STACK
 export PIPELINES_CACHE ?= $(HOME)/.cache/pipelines
 # pytest-xdist workers; a test file stays on one worker (--dist loadfile) so that its module
 # fixtures (a Spark cluster, a trained run) are built once
 TEST_WORKERS ?= 2
+PYTEST = $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25
 
-.PHONY: setup main test test-fast bench clean
+.PHONY: setup main test test-stack test-fast bench lock clean
 
 setup: $(VENV)/.pipelines-stamp
 
-$(VENV)/.pipelines-stamp: setup.cfg pyproject.toml scripts/setup_env.sh
+$(VENV)/.pipelines-stamp: requirements/$(STACK).lock setup.cfg pyproject.toml scripts/setup_env.sh scripts/lockfile.py
 	bash scripts/setup_env.sh $(VENV)
 
 main: setup  ## fetch the sample photos, run the ETL (and training), print the results
 	OUT=$(OUT) VENV=$(VENV) bash scripts/main.sh
 
-test: setup  ## the whole suite: unit tests and real Spark / Horovod / Petastorm end to end
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
+test:  ## both stacks: the whole suite on mission, then on current the tests marked `current` and every fast test
+	$(MAKE) test-stack STACK=mission
+	$(MAKE) test-stack STACK=current
 
-test-fast: setup  ## unit tests only
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
+test-stack: setup  ## one stack's share of the suite (STACK=...): see tests/conftest.py (CURRENT_STACK_TESTS)
+	$(PYTEST) $(if $(filter mission,$(STACK)),,-m "not slow or current") tests
+
+test-fast: setup  ## unit tests only, on STACK
+	$(PYTEST) -m "not slow" tests
 
 bench: setup
 	$(PY) benchmarks/etl_bench.py
+
+lock:  ## regenerate requirements/$(STACK).lock (and mission-gpu.lock) from requirements/$(STACK).in (needs the index)
+	bash scripts/lock.sh $(STACK)
+	if [ $(STACK) = mission ]; then bash scripts/lock.sh mission gpu; fi
 
 clean:
 	rm -rf $(OUT) build *.egg-info

@@ -197,7 +197,7 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
 
     import horovod.tensorflow as hvd_tf
     import horovod.tensorflow.keras as hvd
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
 
     from pipelines.training.data import load_dataset
     from pipelines.training.finetune import allreduce_bytes, trainable_parameters, unfreeze
@@ -213,7 +213,7 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     dataset = load_dataset(config.data, size, config.storage_options)
     size_px = config.model_size(dataset.image_size)
 
-    class Window(tf.keras.callbacks.Callback):
+    class Window(keras.callbacks.Callback):
         """Times steps ``warmup_steps .. warmup_steps + steps - 1`` and records the timeline over them."""
 
         def __init__(self, timeline: Optional[str]):
@@ -235,7 +235,7 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     with tempfile.TemporaryDirectory(prefix=f"scaling-rank{rank}-") as cache_root:
         for batch_size, fp16 in variants:
             name = f"np{size}-b{batch_size}{'-fp16' if fp16 else ''}"
-            tf.keras.backend.clear_session()
+            keras.backend.clear_session()
             model = build_model(dataset.num_classes, size_px, config.dropout, config.weights, seed=seed,
                                 backbone=config.backbone)
             unfreeze(model, config.backbone, config.fine_tune_blocks)

@@ -5,7 +5,35 @@
 ``import pipelines`` stays light: it imports neither TensorFlow, Horovod nor PySpark.
 """
 
+import os as _os
+
 __version__ = "0.1.0"
+
+
+def _keras_environment() -> None:
+    """Set ``TF_USE_LEGACY_KERAS`` for the installed stack, before TensorFlow is imported.
+
+    The one place every process that trains gets it: each launch path imports `pipelines` first
+    (jobs/*.py, horovodrun's ranks running them, HorovodRunner's local ranks and Spark barrier tasks
+    unpickling our function, notebook kernels, the tests), and children inherit it. On the current
+    stack (TF 2.21) "1" makes `tf.keras` Keras 2 (tf_keras), the API Horovod averages; without it 12
+    of Horovod's 13 Keras tests fail. On mission (TF 2.15, no tf_keras) it must be unset: TF 2.15
+    reads it too, and `tf.keras` then fails to import. pipelines.kerasapi refuses a process where
+    TensorFlow came first. Reads package metadata only (pipelines.stack), imports nothing heavy.
+    """
+    from pipelines import stack
+
+    try:
+        legacy = stack.active().keras_module == "tf_keras"
+    except stack.UnknownStack:  # no TensorFlow here (or one of no stack): nothing trains
+        return
+    if legacy:
+        _os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    else:
+        _os.environ.pop("TF_USE_LEGACY_KERAS", None)
+
+
+_keras_environment()
 
 # name -> submodule that defines it; loaded by __getattr__ on first access only.
 _LAZY = {

@@ -456,22 +456,22 @@ def _quiet_keras() -> Iterator[None]:
     and they would print to stdout) and no warning that HDF5 is a legacy format (chosen here)."""
     import warnings
 
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
 
     from pipelines.quiet import is_verbose
 
     if is_verbose([]):
         yield
         return
-    was = tf.keras.utils.is_interactive_logging_enabled()
-    tf.keras.utils.disable_interactive_logging()
+    was = keras.utils.is_interactive_logging_enabled()
+    keras.utils.disable_interactive_logging()
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="You are saving your model as an HDF5 file")
             yield
     finally:
         if was:
-            tf.keras.utils.enable_interactive_logging()
+            keras.utils.enable_interactive_logging()
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
-"""The stack is one stack: setup.cfg, both Dockerfiles and the installed venv agree."""
-import configparser
+"""Each stack is one stack: its .in pins, its hash lock, the Dockerfiles and the installed venv agree."""
+import glob
 import os
 import re
 import subprocess
@@ -8,20 +8,18 @@ from importlib.metadata import version
 
 import pytest
 
+from pipelines import stack
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import lockfile  # noqa: E402
 
 
-def setup_pins() -> dict:
-    config = configparser.ConfigParser()
-    config.read(os.path.join(REPO, "setup.cfg"))
-    lines = config["options"]["install_requires"].splitlines()
-    for extra in ("cpu", "gpu"):
-        lines += config["options.extras_require"][extra].splitlines()
-    pins = {}
-    for line in filter(None, (l.strip() for l in lines)):
-        name, wanted = re.split(r"==", line)
-        pins[re.sub(r"\[.*\]", "", name)] = wanted
-    return pins
+def lock_pins(name: str) -> dict:
+    """``package -> version`` of every pin in ``requirements/<name>.lock``."""
+    with open(os.path.join(stack.REQUIREMENTS, f"{name}.lock")) as f:
+        blocks = lockfile.blocks(f.read())
+    return {package: re.search(r"==([^ ;\\]+)", lines[0]).group(1) for package, lines in blocks.items()}
 
 
 def docker_args(name: str) -> dict:
@@ -29,40 +27,124 @@ def docker_args(name: str) -> dict:
         return dict(re.findall(r"^ARG (\w+)=(\S+)$", f.read(), re.M))
 
 
-@pytest.mark.parametrize("dockerfile", ["Dockerfile.cpu", "Dockerfile.gpu"])
-def test_dockerfiles_name_the_versions_of_setup_cfg(dockerfile):
-    pins, args = setup_pins(), docker_args(dockerfile)
-    assert args["TENSORFLOW_VERSION"] == pins["tensorflow-cpu"] == pins["tensorflow"]
-    for package in ("horovod", "pyspark", "petastorm", "pyarrow", "mlflow", "protobuf", "sqlalchemy"):
-        assert args[f"{package.upper()}_VERSION"] == pins[package], package
-    assert args["PYTHON_VERSION"] == "3.11" and args["JAVA_VERSION"] == "17"
+def test_the_stacks_are_the_lock_files():
+    locks = {os.path.basename(p)[:-len(".lock")] for p in glob.glob(os.path.join(stack.REQUIREMENTS, "*.lock"))}
+    assert locks == set(stack.STACKS) | {"mission-gpu"}
 
 
-def test_both_dockerfiles_agree():
-    assert {k: v for k, v in docker_args("Dockerfile.cpu").items() if k != "CUDA_IMAGE"} == \
-           {k: v for k, v in docker_args("Dockerfile.gpu").items() if k != "CUDA_IMAGE"}
+def test_the_gpu_lock_is_the_mission_stack_with_tensorflow_for_cuda():
+    gpu, pins = lock_pins("mission-gpu"), stack.pins("mission")
+    assert gpu["tensorflow"] == pins.pop("tensorflow-cpu") and "tensorflow-cpu" not in gpu
+    assert {package: gpu.get(package) for package in pins} == pins
+    assert any(package.startswith("nvidia-nccl") for package in gpu)
 
 
-def test_the_venv_has_the_pinned_versions():
-    pins = setup_pins()
-    for package in ("numpy", "pandas", "pyarrow", "pyspark", "petastorm", "diskcache", "pillow", "h5py", "horovod", "tensorflow-cpu",
-                    "mlflow", "protobuf", "sqlalchemy"):
-        assert version(package) == pins[package], package
+@pytest.mark.parametrize("name", list(stack.STACKS))
+def test_each_lock_pins_what_its_in_file_says_each_with_a_hash(name):
+    locked = lock_pins(name)
+    for package, wanted in stack.pins(name).items():
+        assert locked.get(package) == wanted, (name, package)
+    with open(stack.requirements_file(name, "lock")) as f:
+        for package, lines in lockfile.blocks(f.read()).items():
+            assert any("--hash=sha256:" in line for line in lines), (name, package)
+
+
+def test_the_stacks_differ_where_the_issue_says():
+    """The current stack clears CVE-2026-25087 (pyarrow >= 23.0.1) and CVE-2026-0994 (protobuf 7) and
+    runs a supported TensorFlow; the mission stack stays where Petastorm and TF 2.15 hold it."""
+    mission, current = lock_pins("mission"), lock_pins("current")
+    as_tuple = lambda v: tuple(int(p) for p in re.findall(r"\d+", v)[:3])  # noqa: E731
+    assert as_tuple(current["pyarrow"]) >= (23, 0, 1) and as_tuple(current["protobuf"])[0] >= 7
+    assert as_tuple(current["tensorflow-cpu"])[:2] == (2, 21) and current["tf-keras"] == current["tensorflow-cpu"]
+    assert as_tuple(current["numpy"])[0] == 2 and as_tuple(current["pandas"])[0] < 3
+    assert "petastorm" not in current and mission["petastorm"] == "0.13.1" and mission["pyarrow"] == "14.0.2"
+    assert stack.pythons("current")[0] == "3.12" and stack.pythons("mission")[0] == "3.11"
+
+
+def test_the_dockerfiles_take_the_stack_and_a_python_it_supports():
+    cpu, gpu = docker_args("Dockerfile.cpu"), docker_args("Dockerfile.gpu")
+    for args in (cpu, gpu):
+        assert args["STACK"] in stack.STACKS and args["PYTHON_VERSION"] in stack.pythons(args["STACK"]), args
+        assert args["JAVA_VERSION"] == "17"
+        # no version of a package is written in a Dockerfile: they install the stack's lock
+        assert not any(key.endswith("_VERSION") for key in args if key not in ("PYTHON_VERSION", "JAVA_VERSION"))
+    assert gpu["STACK"] == "mission"  # the patch's CPU build leaves xla_mpi_ops.cc out: no CUDA build on current
+
+
+def test_the_venv_has_every_locked_version():
+    """Every pin of the active stack's lock is what is installed (the whole closure, not only the
+    top-level pins)."""
+    active = stack.active()
+    for package, wanted in lock_pins(active.name).items():
+        assert version(package) == wanted, (active.name, package)
 
 
 def test_mlflow_and_tensorflow_import_together_and_open_a_sqlite_store(tmp_path):
-    """One fresh interpreter, as rank 0 of a tracked run: TensorFlow 2.15 on the pinned protobuf
-    (MLflow's own range would take protobuf 5+, which TensorFlow cannot import), then MLflow's SQL
-    store (SQLAlchemy 2.1 breaks it at import)."""
-    code = ("import sys, tensorflow as tf, mlflow, google.protobuf as pb; "
+    """One fresh interpreter, as rank 0 of a tracked run: TensorFlow on the stack's protobuf (on
+    mission MLflow's own range would take protobuf 5+, which TensorFlow 2.15 cannot import), then
+    MLflow's SQL store, then the stack's Keras 2 module."""
+    code = ("import sys, pipelines, tensorflow as tf, mlflow, google.protobuf as pb; "
             "mlflow.MlflowClient(sys.argv[1]).search_experiments(); "
-            "print(tf.__version__, mlflow.__version__, pb.__version__)")
+            "from pipelines.kerasapi import keras_version; "
+            "print(tf.__version__, mlflow.__version__, pb.__version__, keras_version())")
     out = subprocess.run([sys.executable, "-c", code, f"sqlite:///{tmp_path}/mlruns.db"], capture_output=True,
                          text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
                          cwd=str(tmp_path))  # a plain MLflow client of a SQLite store makes ./mlruns where it runs
     assert out.returncode == 0, out.stderr[-3000:]
-    pins = setup_pins()
-    assert out.stdout.split() == [pins["tensorflow-cpu"], pins["mlflow"], pins["protobuf"]]
+    pins = stack.pins(stack.active().name)
+    keras_version = pins.get("tf-keras", pins["tensorflow-cpu"])  # Keras 2.15.0 ships with TF 2.15.1
+    assert out.stdout.split()[:3] == [pins["tensorflow-cpu"], pins["mlflow"], pins["protobuf"]]
+    assert out.stdout.split()[3].split(".")[:2] == keras_version.split(".")[:2]
+
+
+def test_the_stack_is_detected_from_the_installed_tensorflow_without_importing_it():
+    code = "import sys, pipelines.stack as s; print(s.active().name, 'tensorflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == [stack.active().name, "False"], out.stderr
+
+
+def test_a_process_that_imported_tensorflow_first_is_refused_on_the_current_stack():
+    """TF_USE_LEGACY_KERAS must be set before ``tf.keras`` is first used (TF 2.21 reads it then): our
+    Keras module refuses a process where it was not (tf.keras is Keras 3 there); on 2.15 there is
+    nothing to refuse."""
+    code = "import tensorflow as tf; tf.keras.Model; import pipelines.kerasapi"
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    if stack.active().name == "current":
+        assert out.returncode == 1 and "TF_USE_LEGACY_KERAS=1" in out.stderr.strip().splitlines()[-1], out.stderr
+    else:
+        assert out.returncode == 0, out.stderr
+
+
+def test_import_pipelines_sets_the_keras_variable_for_the_installed_stack():
+    """Set on current (before TensorFlow), removed on mission, where TF 2.15 reads it too and
+    ``tf.keras`` then fails to import (tf_keras is not installed there): even a user's own setting."""
+    code = ("import os, pipelines, tensorflow as tf; from pipelines.kerasapi import keras; "
+            "print(os.environ.get('TF_USE_LEGACY_KERAS'), tf.keras.Model is keras.Model)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    expected = "1" if stack.active().keras_module == "tf_keras" else "None"
+    assert out.stdout.split() == [expected, "True"]
+
+
+def test_the_keras_module_refuses_objects_of_another_keras_before_horovod_wraps_them():
+    import tensorflow as tf
+
+    from pipelines.kerasapi import Keras3Error, keras, require_keras2
+
+    require_keras2(model=keras.Sequential([keras.Input((1,))]), optimizer=keras.optimizers.SGD(0.1))
+    require_keras2(optimizer=keras.optimizers.legacy.SGD(0.1))
+    foreign = [tf.Module(), object()]
+    if stack.active().name == "current":
+        import keras as keras3
+        foreign += [keras3.optimizers.SGD(0.1), keras3.Sequential([keras3.Input((1,))])]
+    for thing in foreign:
+        with pytest.raises(Keras3Error, match="Keras 2"):
+            require_keras2(model=thing) if not hasattr(thing, "apply_gradients") else require_keras2(optimizer=thing)
+    with pytest.raises(Keras3Error, match="optimizer"):
+        require_keras2(optimizer=object())
 
 
 def _discover(tmp_path, nvidia_smi=None):

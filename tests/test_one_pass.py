@@ -57,11 +57,11 @@ def test_a_short_count_fails_with_both_numbers(data):
 
 def test_tf_dataset_and_feature_rows_are_exact(data):
     """The evaluation's and the feature cache's input: the tf.data view of the same one-pass read."""
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
 
     from pipelines.training.features import compute_shard
 
-    backbone = tf.keras.Sequential([tf.keras.Input((4, 4, 3)), tf.keras.layers.GlobalAveragePooling2D()])
+    backbone = keras.Sequential([keras.Input((4, 4, 3)), keras.layers.GlobalAveragePooling2D()])
     for _ in range(5):  # tf.data adds no reading of its own: a few passes show it drops nothing
         for split, ids in (("train", range(0, 21)), ("test", range(21, 40))):
             got = []

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from pipelines import report as pictures
+from pipelines.kerasapi import keras
 from pipelines.training.checkpoints import frozen_checksum, load_checkpoint, optimizer_state, save_checkpoint
 from pipelines.training.data import preprocessor
 from pipelines.training.evaluate import add, batch_totals
@@ -32,7 +33,7 @@ def raw_images(n, size, seed=0):
 def test_exported_model_takes_the_etls_uint8_image(model, tmp_path, stored):
     path = str(tmp_path / "model.keras")
     export_model(model, path, stored, ["a", "b", "c"])
-    exported = tf.keras.models.load_model(path)
+    exported = keras.models.load_model(path)
     assert exported.input.dtype == tf.uint8 and tuple(exported.input_shape) == (None, stored, stored, 3)
     contract = json.loads((tmp_path / "model.json").read_text())
     assert contract["input"]["dtype"] == "uint8" and contract["input"]["range"] == [0, 255]
@@ -47,9 +48,9 @@ def test_exported_model_takes_the_etls_uint8_image(model, tmp_path, stored):
 
 
 def test_checkpoint_holds_what_training_changes_and_is_small(model, tmp_path):
-    m = tf.keras.models.clone_model(model)
+    m = keras.models.clone_model(model)
     m.set_weights(model.get_weights())
-    m.compile(optimizer=tf.keras.optimizers.Nadam(0.01), loss="sparse_categorical_crossentropy")
+    m.compile(optimizer=keras.optimizers.Nadam(0.01), loss="sparse_categorical_crossentropy")
     m.fit(raw_images(8, SIZE).astype(np.float32) / 127.5 - 1, np.arange(8) % 3, epochs=1, verbose=0)
     path = str(tmp_path / "checkpoint-1.npz")
     size = save_checkpoint(m, path)
@@ -57,9 +58,9 @@ def test_checkpoint_holds_what_training_changes_and_is_small(model, tmp_path):
     state = [v.numpy() for v in optimizer_state(m.optimizer)]
     assert int(state[0]) == 1  # iterations
 
-    fresh = tf.keras.models.clone_model(model)
+    fresh = keras.models.clone_model(model)
     fresh.set_weights(model.get_weights())
-    fresh.compile(optimizer=tf.keras.optimizers.Nadam(0.01), loss="sparse_categorical_crossentropy")
+    fresh.compile(optimizer=keras.optimizers.Nadam(0.01), loss="sparse_categorical_crossentropy")
     assert frozen_checksum(fresh) == frozen_checksum(m)
     load_checkpoint(fresh, path)
     for a, b in zip(fresh.get_weights(), m.get_weights()):

@@ -151,16 +151,16 @@ def test_mlflow_spark_udf_serves_the_registered_model(trained, registered, spark
 
 def test_an_mlflow_model_without_class_names_needs_the_option(registered, tmp_path, monkeypatch):
     import mlflow.tensorflow
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
 
     from pipelines.predict.cli import main
     monkeypatch.chdir(tmp_path)  # a plain MLflow client of a SQLite store puts its artifacts in ./mlruns
 
-    image = tf.keras.Input((4, 4, 3), dtype="uint8")
-    probabilities = tf.keras.layers.Dense(2, activation="softmax")(tf.keras.layers.Flatten()(
-        tf.keras.layers.Rescaling(1 / 255)(image)))
+    image = keras.Input((4, 4, 3), dtype="uint8")
+    probabilities = keras.layers.Dense(2, activation="softmax")(keras.layers.Flatten()(
+        keras.layers.Rescaling(1 / 255)(image)))
     with mlflow.start_run():
-        mlflow.tensorflow.log_model(tf.keras.Model(image, probabilities), "model", registered_model_name="tiny",
+        mlflow.tensorflow.log_model(keras.Model(image, probabilities), "model", registered_model_name="tiny",
                                     pip_requirements=[])
     tree = str(tmp_path / "tree")
     write(os.path.join(tree, "a.jpg"), encode(random_photo(np.random.default_rng(0), 8, 8, 0)))

@@ -13,16 +13,37 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TF_NOISE = re.compile(r"oneDNN|cpu_feature_guard|This TensorFlow binary is optimized")
 
 
-def test_setup_refuses_an_unsupported_python_in_one_line(tmp_path):
-    fake = tmp_path / "python3.8"
-    fake.write_text("#!/bin/sh\n[ \"$1\" = -V ] && echo 'Python 3.8.18'\nexit 1\n")
+def fake_python(folder, version: str):
+    """An executable that answers the set-up's version question as Python ``version`` would."""
+    fake = folder / f"python{version}"
+    fake.write_text(f"#!/bin/sh\necho {version}\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    return fake
+
+
+@pytest.mark.parametrize("stack, fake, wanted", [
+    ("mission", "3.10", "3.11"),
+    ("mission", "3.12", "3.11"),
+    ("current", "3.11", "3.12 or 3.13"),
+])
+def test_setup_refuses_a_python_the_stack_does_not_support_in_one_line(tmp_path, stack, fake, wanted):
     proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "setup_env.sh"), str(tmp_path / "venv")],
-                          capture_output=True, text=True, env={**os.environ, "PYTHON": str(fake)}, timeout=60)
-    assert proc.returncode == 1
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "STACK": stack, "PYTHON": str(fake_python(tmp_path, fake))})
+    assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "3.9, 3.10 or 3.11" in lines[0] and "Python 3.8.18" in lines[0]
-    assert "PYTHON=" in lines[0] and not (tmp_path / "venv").exists()
+    assert len(lines) == 1 and f"the {stack} stack needs Python {wanted}" in lines[0], lines
+    assert f"is {fake}" in lines[0] and "PYTHON=" in lines[0] and not (tmp_path / "venv").exists()
+
+
+@pytest.mark.parametrize("command", [["make", "setup"], ["make", "test"], ["make", "main"], ["bash", "scripts/setup_env.sh"]])
+def test_an_unknown_stack_is_one_line_naming_the_stacks_with_exit_2(tmp_path, command):
+    env = {**os.environ, "STACK": "future", "VENV": str(tmp_path / "venv")}
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unknown stack 'future': the stacks are mission, current" in lines[0], proc.stderr
+    assert not (tmp_path / "venv").exists()
 
 
 def test_main_script_passes_progress_on_line_by_line():

@@ -137,7 +137,7 @@ def _train_save_restore_continue(directory):
     and trains the same 3rd step. Returns the saved optimizer arrays, the restored ones, and both
     models' weights after the 3rd step."""
     import horovod.tensorflow.keras as hvd
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
     from pipelines.training.checkpoints import load_checkpoint, optimizer_state, save_checkpoint
     from pipelines.training.model import build_model, compile_distributed
     hvd.init()
@@ -145,7 +145,7 @@ def _train_save_restore_continue(directory):
     x, y = rng.uniform(-1, 1, (8, 32, 32, 3)).astype(np.float32), np.arange(8) % 3
 
     def model():
-        tf.keras.utils.set_random_seed(1)
+        keras.utils.set_random_seed(1)
         m = build_model(3, 32, dropout=0.0, weights="none", seed=1, backbone="tiny")
         compile_distributed(m, 0.01)
         return m

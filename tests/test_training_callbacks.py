@@ -3,14 +3,14 @@ import json
 import os
 
 import numpy as np
-import tensorflow as tf
 
+from pipelines.kerasapi import keras
 from pipelines.training.callbacks import BestWeightsEarlyStopping, CheckpointMarker, FaultInjection
 from pipelines.training.schedule import newest_complete_checkpoint
 
 
 def tiny_model():
-    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     return model
 

@@ -174,8 +174,8 @@ def test_report_and_artifacts(full_run, dataset):
 
 
 def load_model(out):
-    import tensorflow as tf
-    return tf.keras.models.load_model(os.path.join(out, "model.keras"))
+    from pipelines.kerasapi import keras
+    return keras.models.load_model(os.path.join(out, "model.keras"))
 
 
 def checkpoint_checksum(out, epoch, num_classes, backbone="tiny", seed=42):
@@ -224,10 +224,10 @@ def keras_probs(full_run, test_split):
 
 
 def test_exact_test_metric_equals_a_single_process_evaluation(full_run, test_split, keras_probs):
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
     out = full_run[0]
     labels = test_split[1]
-    loss = float(tf.keras.losses.sparse_categorical_crossentropy(labels, keras_probs).numpy().mean())
+    loss = float(keras.losses.sparse_categorical_crossentropy(labels, keras_probs).numpy().mean())
     test = metrics(out)["test"]
     assert test["count"] == len(labels)
     assert test["accuracy"] == pytest.approx(float((keras_probs.argmax(1) == labels).mean()), abs=1e-9)
@@ -511,7 +511,7 @@ def test_under_horovodrun_every_rank_exits_2_and_rank_0_alone_says_why(reason, d
 
 
 def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, test_split, tmp_path):
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
     from pipelines.training import features as feat
     from pipelines.training.model import backbone_of
     data, manifest = dataset
@@ -535,7 +535,7 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, test
     features = backbone.predict(images.astype(np.float32) / 127.5 - 1.0, batch_size=8, verbose=0)
     cached, labels = feat.read_shard(directory, "test", 0, 1)
     assert sorted(labels.tolist()) == sorted(test_labels.tolist())
-    head = tf.keras.Sequential([tf.keras.Input((backbone.output_shape[-1],)), model.get_layer("dropout"),
+    head = keras.Sequential([keras.Input((backbone.output_shape[-1],)), model.get_layer("dropout"),
                                 model.get_layer("head")])
     np.testing.assert_allclose(head.predict(features, verbose=0), raw, rtol=1e-5, atol=1e-6)
     # cached features are the backbone's features of the same images (order differs by shard)

@@ -89,14 +89,14 @@ def test_each_local_rank_gets_cores_of_its_own():
 
 
 def test_batch_totals_match_keras_crossentropy():
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
 
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(7, 4))
     probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
     labels = rng.integers(0, 4, 7)
     totals = batch_totals(probs.astype(np.float32), labels)
-    keras_loss = tf.keras.losses.sparse_categorical_crossentropy(labels, probs.astype(np.float32)).numpy()
+    keras_loss = keras.losses.sparse_categorical_crossentropy(labels, probs.astype(np.float32)).numpy()
     assert totals.loss == pytest.approx(float(keras_loss.mean()), rel=1e-5)
     assert totals.correct == int((probs.argmax(1) == labels).sum()) and totals.count == 7
 
@@ -195,11 +195,11 @@ def test_the_tiny_backbone_is_a_small_frozen_feature_extractor():
 # --- fine-tuning: which layers, which learning rate, which refusals ------------------------------
 
 def test_fine_tune_blocks_of_xception_are_its_top_blocks_with_their_unnamed_layers():
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
     from pipelines.training.finetune import block_layers, trainable_parameters, unfreeze
     from pipelines.training.model import BACKBONES, backbone_of, build_model
-    tf.keras.backend.clear_session()  # Keras numbers unnamed layers per process: a model built before adds "_1"
-    names = [layer.name for layer in tf.keras.applications.Xception(
+    keras.backend.clear_session()  # Keras numbers unnamed layers per process: a model built before adds "_1"
+    names = [layer.name for layer in keras.applications.Xception(
         include_top=False, pooling="avg", input_shape=(71, 71, 3), weights=None).layers]
     spec = BACKBONES["xception"]
     assert block_layers(names, spec, 0) == []

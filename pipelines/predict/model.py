@@ -85,7 +85,7 @@ def load_model(flavor: str, path: str):
 
 @functools.lru_cache(maxsize=2)
 def _load(flavor: str, path: str, _stamp: int):
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
 
     from pipelines.quiet import quiet_libraries
 
@@ -94,7 +94,7 @@ def _load(flavor: str, path: str, _stamp: int):
         import mlflow.tensorflow
 
         return mlflow.tensorflow.load_model(path)
-    return tf.keras.models.load_model(path, compile=False)
+    return keras.models.load_model(path, compile=False)
 
 
 def check_loaded(model, image_size: int, num_classes: int) -> None:

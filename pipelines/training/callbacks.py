@@ -7,7 +7,7 @@ import signal
 import time
 from typing import Dict, List, Optional
 
-import tensorflow as tf
+from pipelines.kerasapi import keras
 
 from pipelines.atomic import write_json
 from pipelines.training.schedule import checkpoint_path, marker_path
@@ -16,7 +16,7 @@ log = logging.getLogger("pipelines")
 FAULT_ENV = "PIPELINES_FAULT_INJECT"
 
 
-class BestWeightsEarlyStopping(tf.keras.callbacks.EarlyStopping):
+class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
     """``EarlyStopping`` that restores the best weights however training ends, and can resume.
 
     Keras 2.15 restores the best weights only when it stops the run itself; when the epochs run
@@ -50,7 +50,7 @@ class BestWeightsEarlyStopping(tf.keras.callbacks.EarlyStopping):
             self.model.set_weights(self.best_weights)
 
 
-class EpochStats(tf.keras.callbacks.Callback):
+class EpochStats(keras.callbacks.Callback):
     """Adds ``lr``, ``epoch_seconds`` and ``train_images_per_second`` to each epoch's logs.
 
     ``train_images_per_second`` counts the global batch of every training step (all ranks), over
@@ -75,12 +75,12 @@ class EpochStats(tf.keras.callbacks.Callback):
         end = time.perf_counter()
         self.epochs_run += 1
         train_seconds = (self._train_end or end) - self._start
-        logs["lr"] = float(tf.keras.backend.get_value(self.model.optimizer.lr))
+        logs["lr"] = float(keras.backend.get_value(self.model.optimizer.lr))
         logs["epoch_seconds"] = end - self._start
         logs["train_images_per_second"] = self.images / train_seconds if train_seconds > 0 else 0.0
 
 
-class CheckpointMarker(tf.keras.callbacks.Callback):
+class CheckpointMarker(keras.callbacks.Callback):
     """Rank 0: writes epoch N's checkpoint (trainable weights + optimizer state, a few KB: see
     :mod:`pipelines.training.checkpoints`), then marks it complete, and keeps only the newest and
     the best checkpoints.
@@ -130,7 +130,7 @@ class CheckpointMarker(tf.keras.callbacks.Callback):
                         os.remove(path)
 
 
-class TrackEpochs(tf.keras.callbacks.Callback):
+class TrackEpochs(keras.callbacks.Callback):
     """Rank 0: each epoch's logs (loss, accuracy, val_loss, val_accuracy, lr, epoch_seconds,
     train_images_per_second, already averaged over ranks) to the MLflow run at ``step`` = the
     epoch (1-based), through a :class:`pipelines.tracking.Tracker`, which never raises here: a
@@ -144,7 +144,7 @@ class TrackEpochs(tf.keras.callbacks.Callback):
         self.tracker.log_epoch(epoch + 1, logs or {})
 
 
-class SyncOutputs(tf.keras.callbacks.Callback):
+class SyncOutputs(keras.callbacks.Callback):
     """Rank 0, after the callbacks that write the epoch's files: a URI ``--output`` receives them,
     the checkpoint's marker last (:meth:`pipelines.training.outputs.Outputs.push`); nothing for a
     local one."""
@@ -157,7 +157,7 @@ class SyncOutputs(tf.keras.callbacks.Callback):
         self.outputs.push(last=os.path.basename(marker_path("", epoch + 1)))
 
 
-class FaultInjection(tf.keras.callbacks.Callback):
+class FaultInjection(keras.callbacks.Callback):
     """Test hook: ``PIPELINES_FAULT_INJECT="rank=R,epoch=E,mode=raise|kill|stall[,mark=PATH]"`` makes
     rank R fail at the end of epoch E (1-based), once that epoch's checkpoint is complete (another rank
     than 0 waits up to a minute for rank 0's marker in ``directory``): ``raise`` raises RuntimeError,
@@ -193,7 +193,7 @@ class FaultInjection(tf.keras.callbacks.Callback):
             raise RuntimeError(f"injected fault at the end of epoch {self.epoch} ({FAULT_ENV})")
 
 
-class EpochCSVLogger(tf.keras.callbacks.CSVLogger):
+class EpochCSVLogger(keras.callbacks.CSVLogger):
     """Keras' ``CSVLogger`` (``history.csv``: one row of logs per epoch), its ``epoch`` column
     counted from 1 as everything else of a run counts them (the console, checkpoints,
     ``metrics.json``'s history and best epoch); Keras' own logger writes the 0-based index."""

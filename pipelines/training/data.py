@@ -332,6 +332,7 @@ def preprocessor(stored_size: int, model_size: int = 0, augment: bool = False, s
     ``augment``.
     """
     import tensorflow as tf
+    from pipelines.kerasapi import keras
 
     size = model_size or stored_size
 
@@ -341,7 +342,7 @@ def preprocessor(stored_size: int, model_size: int = 0, augment: bool = False, s
             # bilinear as Keras' Resizing layer does, so that the exported model (which takes the
             # stored image and resizes inside the graph) computes exactly what training saw
             image = tf.image.resize(image, [size, size], method="bilinear")
-        image = tf.keras.applications.xception.preprocess_input(image)
+        image = keras.applications.xception.preprocess_input(image)
         if augment:
             image = tf.image.random_flip_left_right(image, seed=seed)
         return image, label

@@ -115,13 +115,13 @@ def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int):
     """The trainable part alone: ``Input(feature_dim) -> Dropout -> Dense(num_classes, softmax)``
     (2048 features for Xception), with the same layer names as in
     :func:`pipelines.training.model.build_model` so weights carry over."""
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
 
-    tf.keras.utils.set_random_seed(seed)
-    inputs = tf.keras.Input((feature_dim,), name="features")
-    x = tf.keras.layers.Dropout(dropout, seed=seed, name="dropout")(inputs)
-    outputs = tf.keras.layers.Dense(num_classes, activation="softmax", name="head", dtype="float32")(x)
-    return tf.keras.Model(inputs, outputs, name="head_on_features")
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((feature_dim,), name="features")
+    x = keras.layers.Dropout(dropout, seed=seed, name="dropout")(inputs)
+    outputs = keras.layers.Dense(num_classes, activation="softmax", name="head", dtype="float32")(x)
+    return keras.Model(inputs, outputs, name="head_on_features")
 
 
 def feature_dataset(features: np.ndarray, labels: np.ndarray, batch_size: int, shuffle: bool, seed: int,

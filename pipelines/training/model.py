@@ -54,20 +54,20 @@ def check_backbone(name: str, weights: str, image_size: int = 0) -> Backbone:
 
 def _build_backbone(name: str, image_size: int, weights: str):
     """The backbone as a Keras model ``(N, S, S, 3) float32 in [-1, 1] -> (N, feature_dim)``, pooled."""
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
 
     shape = (image_size, image_size, 3)
     if name == "xception":
-        base = tf.keras.applications.Xception(include_top=False, pooling="avg", input_shape=shape,
+        base = keras.applications.Xception(include_top=False, pooling="avg", input_shape=shape,
                                               weights="imagenet" if weights == "imagenet" else None)
         if weights not in ("imagenet", "none"):
             base.load_weights(weights)
         return base
-    x = image = tf.keras.Input(shape, name="tiny_input")
+    x = image = keras.Input(shape, name="tiny_input")
     for block, filters in ((1, 16), (2, BACKBONES["tiny"].feature_dim)):  # a BatchNormalization, as Xception has
-        x = tf.keras.layers.Conv2D(filters, 3, strides=2, activation="relu", name=f"tiny_block{block}_conv")(x)
-        x = tf.keras.layers.BatchNormalization(name=f"tiny_block{block}_bn")(x)
-    return tf.keras.Model(image, tf.keras.layers.GlobalAveragePooling2D(name="tiny_pool")(x), name="tiny")
+        x = keras.layers.Conv2D(filters, 3, strides=2, activation="relu", name=f"tiny_block{block}_conv")(x)
+        x = keras.layers.BatchNormalization(name=f"tiny_block{block}_bn")(x)
+    return keras.Model(image, keras.layers.GlobalAveragePooling2D(name="tiny_pool")(x), name="tiny")
 
 
 def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights: str = "imagenet",
@@ -92,27 +92,27 @@ def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights
         FileNotFoundError: a weights path that does not exist.
         ValueError: as :func:`check_backbone`.
     """
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
 
     check_backbone(backbone, weights, image_size)
     if weights not in ("imagenet", "none") and not os.path.isfile(weights):
         raise FileNotFoundError(f"weights file not found: {weights}")
-    tf.keras.utils.set_random_seed(seed)
+    keras.utils.set_random_seed(seed)
     base = _build_backbone(backbone, image_size, weights)
     base.trainable = False
-    inputs = tf.keras.Input((image_size, image_size, 3), name="image")
+    inputs = keras.Input((image_size, image_size, 3), name="image")
     features = base(inputs, training=False)
-    x = tf.keras.layers.Dropout(dropout, seed=seed, name="dropout")(features)
-    outputs = tf.keras.layers.Dense(num_classes, activation="softmax", name="head", dtype="float32")(x)
-    return tf.keras.Model(inputs, outputs, name=f"{backbone}_transfer")
+    x = keras.layers.Dropout(dropout, seed=seed, name="dropout")(features)
+    outputs = keras.layers.Dense(num_classes, activation="softmax", name="head", dtype="float32")(x)
+    return keras.Model(inputs, outputs, name=f"{backbone}_transfer")
 
 
 def backbone_of(model):
     """The backbone layer of a model from :func:`build_model` (or :func:`inference_model`): the one
     nested model in it."""
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
 
-    return next(layer for layer in model.layers if isinstance(layer, tf.keras.Model))
+    return next(layer for layer in model.layers if isinstance(layer, keras.Model))
 
 
 def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = False) -> None:
@@ -122,13 +122,16 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
     allreduce, half the bytes, and back), sparse categorical cross-entropy on int32 labels,
     accuracy. ``learning_rate`` is already scaled by the world size
     (:func:`pipelines.training.schedule.scaled_lr`). Under a ``mixed_float16`` global policy Keras
-    wraps the optimizer in its ``LossScaleOptimizer`` itself. Needs ``hvd.init()`` first."""
+    wraps the optimizer in its ``LossScaleOptimizer`` itself. Needs ``hvd.init()`` first.
+
+    Raises:
+        pipelines.kerasapi.Keras3Error: ``model`` is not a Keras 2 model (before any step)."""
     import horovod.tensorflow.keras as hvd
-    import tensorflow as tf
+    from pipelines.kerasapi import distributed_optimizer, keras
 
     compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
-    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.Nadam(learning_rate=learning_rate),
-                                         compression=compression)
+    optimizer = distributed_optimizer(keras.optimizers.Nadam(learning_rate=learning_rate), model=model,
+                                      compression=compression)
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
 
@@ -139,18 +142,18 @@ def inference_model(model, stored_size: int):
     the model's size when it differs, then ``Rescaling(1/127.5, offset=-1)``, which is Xception's
     ``preprocess_input`` (every backbone here takes [-1, 1]). The trained layers (the backbone,
     ``dropout``, ``head``) are the same objects, not copies, and keep their names."""
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
 
     size = model.input_shape[1]
-    image = tf.keras.Input((stored_size, stored_size, 3), dtype="uint8", name="image")
-    x = tf.keras.layers.Rescaling(1.0, name="to_float")(image)  # uint8 -> float32, values unchanged
+    image = keras.Input((stored_size, stored_size, 3), dtype="uint8", name="image")
+    x = keras.layers.Rescaling(1.0, name="to_float")(image)  # uint8 -> float32, values unchanged
     if size != stored_size:
-        x = tf.keras.layers.Resizing(size, size, interpolation="bilinear", name="resize")(x)
-    x = tf.keras.layers.Rescaling(1 / 127.5, offset=-1.0, name="xception_preprocess")(x)
+        x = keras.layers.Resizing(size, size, interpolation="bilinear", name="resize")(x)
+    x = keras.layers.Rescaling(1 / 127.5, offset=-1.0, name="xception_preprocess")(x)
     backbone = backbone_of(model)
     for layer in model.layers[1:]:  # the trained model is a chain: input, backbone, dropout, head
         x = layer(x, training=False) if layer is backbone else layer(x)
-    return tf.keras.Model(image, x, name=f"{model.name}_on_uint8")
+    return keras.Model(image, x, name=f"{model.name}_on_uint8")
 
 
 def input_contract(stored_size: int, model_size: int, class_names) -> dict:

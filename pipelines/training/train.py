@@ -96,6 +96,7 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     threads. Used by the job and by the scaling benchmark, so both train on the same set-up."""
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
+    from pipelines.kerasapi import keras
 
     from pipelines.logs import setup_logging
     from pipelines.quiet import quiet_libraries
@@ -113,7 +114,7 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     device = apply_device(hvd.local_rank(), hvd.local_size(), assigned_gpus(os.environ), announce=hvd.rank() == 0)
     policy, why_not = precision_policy(config.mixed_precision, device.kind)
     if policy != "float32":
-        tf.keras.mixed_precision.set_global_policy(policy)
+        keras.mixed_precision.set_global_policy(policy)
     if why_not and hvd.rank() == 0:
         log.info("%s", why_not)
     rank = Rank(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
@@ -256,7 +257,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     Returns ``(callbacks, early_stopping, epoch_stats)``.
     """
     import horovod.tensorflow.keras as hvd
-    import tensorflow as tf
+    from pipelines.kerasapi import keras
 
     from pipelines.training import callbacks as cb
 
@@ -278,7 +279,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
             cb.EpochCSVLogger(os.path.join(directory, "history.csv"), append=bool(resume.marker)),
         ]
         if config.tensorboard:
-            callbacks.append(tf.keras.callbacks.TensorBoard(os.path.join(directory, "tensorboard"),
+            callbacks.append(keras.callbacks.TensorBoard(os.path.join(directory, "tensorboard"),
                                                             profile_batch=0))
         if tracker is not None:
             callbacks.append(cb.TrackEpochs(tracker))

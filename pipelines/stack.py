@@ -1,0 +1,148 @@
+"""What differs between the project's two dependency stacks, said in one place.
+
+- ``mission``: TensorFlow 2.15 (Keras 2 is ``tf.keras``), Horovod 0.28.1 as released, Petastorm's
+  reader on pyarrow 14, Python 3.11. The default.
+- ``current``: TensorFlow 2.21 with the Keras 2 API from ``tf_keras`` (``tf.keras`` and ``import
+  keras`` are Keras 3 there, which Horovod's ``DistributedOptimizer`` wraps without averaging),
+  Horovod 0.28.1 with ``scripts/patches/horovod-0.28.1-current.patch``, the project's own Parquet
+  reader (Petastorm cannot import pyarrow >= 16), Python 3.12 and 3.13.
+
+Each stack's versions are written once, in ``requirements/<stack>.in`` (with the Python versions
+it supports on its ``# python:`` line); ``requirements/<stack>.lock`` is generated from it with
+hashes and is what ``scripts/setup_env.sh`` installs. This module reads those files and needs only
+the standard library (the set-up script and the Makefile use it before any venv exists).
+Python's own difference (CPython gh-103200, fixed in 3.12: :mod:`pipelines.zipcache` only below
+3.12) is decided in that module.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Dict, NamedTuple, Optional, Tuple
+
+REQUIREMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "requirements")
+DEFAULT = "mission"
+# A `.in` line starting so names a pin that `make lock` hashes and the set-up installs with --no-deps
+NO_DEPS = "# no-deps:"
+
+
+class Stack(NamedTuple):
+    """One stack: its name, the Keras 2 module its training code uses (``tensorflow.keras`` or
+    ``tf_keras``), the reader of training data it uses by default (``petastorm`` or ``own``,
+    ``--reader``'s names) and whether Horovod is patched for it."""
+    name: str
+    keras_module: str
+    reader: str
+    horovod_patch: Optional[str]
+
+
+STACKS: Dict[str, Stack] = {
+    "mission": Stack("mission", keras_module="tensorflow.keras", reader="petastorm", horovod_patch=None),
+    "current": Stack("current", keras_module="tf_keras", reader="own",
+                     horovod_patch="scripts/patches/horovod-0.28.1-current.patch"),
+}
+
+
+class UnknownStack(ValueError):
+    """A stack name that is not one of :data:`STACKS`, or an installed TensorFlow no stack pins."""
+
+
+def get(name: str) -> Stack:
+    """The stack called ``name``.
+
+    Raises:
+        UnknownStack: no such stack (the message lists the stacks).
+    """
+    if name not in STACKS:
+        raise UnknownStack(f"unknown stack {name!r}: the stacks are {', '.join(STACKS)}")
+    return STACKS[name]
+
+
+def requirements_file(name: str, kind: str = "in") -> str:
+    """The path of ``requirements/<name>.<kind>`` (``in``: the pins as written; ``lock``: hashed)."""
+    return os.path.join(REQUIREMENTS, f"{get(name).name}.{kind}")
+
+
+def pins(name: str) -> Dict[str, str]:
+    """The exact pins ``package -> version`` written in the stack's ``.in`` file and the files it
+    includes with ``-r``, :data:`NO_DEPS` lines included (names lower-cased, extras dropped; ranges
+    such as ``setuptools<70`` are left out: the lock file holds what they resolved to)."""
+    found: Dict[str, str] = {}
+
+    def read(path: str) -> None:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(NO_DEPS):  # installed without its dependencies, still pinned here
+                    line = line[len(NO_DEPS):]
+                line = line.split("#", 1)[0].strip()
+                if line.startswith("-r "):
+                    read(os.path.join(os.path.dirname(path), line[3:].strip()))
+                elif "==" in line:
+                    package, version = line.split("==", 1)
+                    found[re.sub(r"\[.*\]", "", package).strip().lower()] = version.strip()
+
+    read(requirements_file(name))
+    return found
+
+
+def pythons(name: str) -> Tuple[str, ...]:
+    """The Python versions (``major.minor``) the stack supports, preferred first: its ``.in`` file's
+    ``# python:`` line."""
+    with open(requirements_file(name)) as f:
+        for line in f:
+            if line.startswith("# python:"):
+                return tuple(line.split(":", 1)[1].split())
+    raise UnknownStack(f"{requirements_file(name)} has no '# python:' line")
+
+
+def installed_tensorflow() -> Optional[str]:
+    """The installed TensorFlow distribution's version (CPU or CUDA build), from its metadata:
+    TensorFlow itself is not imported. None when none is installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for distribution in ("tensorflow-cpu", "tensorflow", "tensorflow-gpu"):
+        try:
+            return version(distribution)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def active() -> Stack:
+    """The stack installed in this interpreter: the one whose ``tensorflow-cpu`` pin has the
+    installed TensorFlow's ``major.minor`` (the GPU image installs ``tensorflow`` of the same version).
+
+    Raises:
+        UnknownStack: no TensorFlow is installed, or its version is on no stack.
+    """
+    installed = installed_tensorflow()
+    minor = ".".join((installed or "").split(".")[:2])
+    for stack in STACKS.values():
+        if ".".join(pins(stack.name)["tensorflow-cpu"].split(".")[:2]) == minor:
+            return stack
+    wanted = ", ".join(f"{s.name}: {pins(s.name)['tensorflow-cpu']}" for s in STACKS.values())
+    raise UnknownStack(f"TensorFlow {installed or '(not installed)'} is on no stack ({wanted})")
+
+
+def _main(argv) -> int:
+    """``python pipelines/stack.py names`` prints the stacks; ``... check NAME`` exits 2 with one
+    line for an unknown one; ``... pythons NAME`` prints its Python versions."""
+    try:
+        if argv[:1] == ["names"]:
+            print(" ".join(STACKS))
+        elif argv[:1] == ["check"] and len(argv) == 2:
+            get(argv[1])
+        elif argv[:1] == ["pythons"] and len(argv) == 2:
+            print(" ".join(pythons(argv[1])))
+        else:
+            print("usage: stack.py names | check NAME | pythons NAME", file=sys.stderr)
+            return 2
+    except UnknownStack as error:
+        print(error, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
