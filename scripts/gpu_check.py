@@ -149,7 +149,7 @@ def format_table(rows: Sequence[Dict], loader: Dict[str, float]) -> str:
         eff = f"{float(r['scaling_efficiency']):.3f}" if r["scaling_efficiency"] else "-"
         lines.append(f"{r['run']:<20s} {'on' if r['mixed_precision'] == 'True' else 'off':>5s} {n:3d} "
                      f"{'float16' if r['fp16_allreduce'] == 'True' else 'float32':>9s} "
-                     f"{float(r['allreduce_bytes_per_step']) / 1e6:8.2f} {float(r['step_ms']):8.1f} {rate:9.1f} "
+                     f"{float(r['allreduce_bytes_per_step']) / 1e6:8.3g} {float(r['step_ms']):8.1f} {rate:9.1f} "
                      f"{rate / n:8.1f} {eff:>10s} {100 * float(r['allreduce_share']):8.2f}% "
                      f"{100 * float(r['negotiation_share']):10.2f}%")
     for label, value in loader.items():
@@ -372,10 +372,18 @@ def main(argv=None) -> int:
     return 1 if problems else 0
 
 
+def rate(bytes_per_second: float) -> str:
+    """``bytes_per_second`` in GB/s, MB/s or kB/s, whichever keeps it above 1."""
+    for unit, size in (("GB/s", 1e9), ("MB/s", 1e6)):
+        if bytes_per_second >= size:
+            return f"{bytes_per_second / size:.2f} {unit}"
+    return f"{bytes_per_second / 1e3:.2f} kB/s"
+
+
 def summarise(rows: Sequence[Dict], found: Dict[str, float]) -> None:
     """The fitted allreduce bandwidths, and whether one loader process keeps up with one GPU."""
     for key, bandwidth in fitted_bandwidths(rows).items():
-        print(f"fitted allreduce bandwidth ({key}): {bandwidth / 1e9:.2f} GB/s "
+        print(f"fitted allreduce bandwidth ({key}): {rate(bandwidth)} "
               f"(python benchmarks/scaling_model.py --fit-* predicts other world sizes from it)")
     warm = found.get("warm cache (epoch 2)")
     fastest = max(float(r["images_per_second"]) / int(r["world_size"]) for r in rows)

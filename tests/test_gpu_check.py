@@ -119,9 +119,13 @@ def test_fitted_bandwidth_and_table_by_hand():
     assert gc.fitted_bandwidths(rows) == {"frozen, fp32 allreduce": pytest.approx(160_000.0)}
     table = gc.format_table(rows, {"warm": 1234.0})
     lines = table.splitlines()
-    assert lines[3].split() == ["frozen", "off", "2", "float32", "0.00", "100.0", "600.0", "300.0", "0.938",
+    assert lines[3].split() == ["frozen", "off", "2", "float32", "0.004", "100.0", "600.0", "300.0", "0.938",
                                 "25.00%", "1.00%"]
     assert lines[-1] == "loader, one process: warm                                  1234 images/s"
+
+
+def test_rates_keep_a_readable_unit():
+    assert [gc.rate(x) for x in (2.5e10, 3.0e8, 1234.0)] == ["25.00 GB/s", "300.00 MB/s", "1.23 kB/s"]
 
 
 def test_bad_input_exits_2_before_anything_runs(tmp_path):
