@@ -38,7 +38,7 @@ A list of sizes on a bigger machine: ``--np 1,2,4,8`` (each world size needs tha
 times ``--threads``, or GPUs: one per rank).
 
 Usage: python benchmarks/scaling.py [--np 1,2] [--batch-sizes 4,8,16,32] [--threads 1] [--no-bind-cores]
-           [--cycle-time-ms MS] [--fine-tune-blocks N] [--fp16-allreduce | --compare-fp16]
+           [--cycle-time-ms MS] [--fine-tune-blocks N] [--fp16-allreduce | --compare-fp16] [--mixed-precision]
            [--co-run] [--warmup-steps 3] [--steps 10] [--sample fashion-mnist --per-class 100 --etl-image-size 299 |
             --data ETL_OUTPUT] [--image-size 0] [--weights FILE] [--out OUT/scaling]
 """
@@ -53,7 +53,7 @@ from measure import write_csv
 
 # TrainConfig options of this benchmark, with its defaults: one thread per rank, each rank on cores of its own.
 TRAINING = {"threads": 1, "bind_cores": True, "image_size": 0, "backbone": None, "fine_tune_blocks": 0,
-            "fp16_allreduce": False}
+            "fp16_allreduce": False, "mixed_precision": False}
 
 
 def int_list(text: str) -> list:

@@ -1,0 +1,161 @@
+"""scripts/gpu_check.py: its parsing and checks (pure), and the whole check as a dry run on the CPU
+(slow: horovodrun with Gloo, the scaling and loader benchmarks on a tiny sample)."""
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+
+from scripts import gpu_check as gc
+from tests.conftest import subprocess_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHECK_BUILD = """Horovod v0.28.1:
+
+Available Frameworks:
+    [X] TensorFlow
+    [ ] PyTorch
+    [ ] MXNet
+
+Available Controllers:
+    [ ] MPI
+    [X] Gloo
+
+Available Tensor Operations:
+    [{nccl}] NCCL
+    [ ] DDL
+    [ ] CCL
+    [ ] MPI
+    [X] Gloo
+"""
+
+
+def test_check_build_is_read_by_section():
+    sections = gc.parse_check_build(CHECK_BUILD.format(nccl="X"))
+    assert sections["Available Frameworks"] == {"TensorFlow": True, "PyTorch": False, "MXNet": False}
+    assert sections["Available Tensor Operations"]["NCCL"] is True
+    assert sections["Available Controllers"]["MPI"] is False  # MPI is both a controller and an operation
+    assert gc.build_problems(sections, need_nccl=True) == []
+
+
+def test_a_build_without_nccl_fails_on_a_gpu_host_only():
+    sections = gc.parse_check_build(CHECK_BUILD.format(nccl=" "))
+    assert gc.build_problems(sections, need_nccl=True) == [
+        "horovodrun --check-build does not list NCCL under Available Tensor Operations"]
+    assert gc.build_problems(sections, need_nccl=False) == []
+    assert len(gc.build_problems({}, need_nccl=True)) == 3  # no output at all: all three missing
+
+
+def test_nvidia_smi_lines():
+    text = "0, NVIDIA H100 80GB HBM3, 00000000:18:00.0\n1, NVIDIA H100 80GB HBM3, 00000000:2A:00.0\n"
+    assert gc.parse_gpus(text) == [
+        {"index": "0", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:18:00.0"},
+        {"index": "1", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:2A:00.0"}]
+    assert gc.parse_gpus("") == []
+
+
+@pytest.mark.parametrize("text,gpus,dry,expected", [
+    ("1,2,4,8", 8, False, [1, 2, 4, 8]), ("8,1,2", 8, False, [1, 2, 8]), ("1,2", 0, True, [1, 2])])
+def test_world_sizes(text, gpus, dry, expected):
+    assert gc.world_sizes(text, gpus, dry) == expected
+
+
+@pytest.mark.parametrize("text,gpus,message", [
+    ("1,2,4,8", 4, "--np 8 needs 8 GPUs (one per rank); this host has 4"),
+    ("1,2", 0, "--np 2 needs 2 GPUs (one per rank); this host has 0"),
+    ("0,1", 8, "positive integers"), ("one", 8, "comma-separated integers"), ("", 8, "positive integers")])
+def test_world_sizes_refused(text, gpus, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        gc.world_sizes(text, gpus, dry_run=False)
+
+
+def _rank(rank, host="h1", bus=None):
+    return {"rank": rank, "local_rank": rank, "host": host, "gpus": [] if bus is None else [{"name": "/gpu:0",
+                                                                                              "pci_bus_id": bus}]}
+
+
+def test_probe_problems_name_each_fault():
+    good = {"ranks": [_rank(0, bus="0000:18:00.0"), _rank(1, bus="0000:2a:00.0")], "sum": 1.0}
+    assert gc.probe_problems(good, 2, dry_run=False) == []
+    shared = {"ranks": [_rank(0, bus="0000:18:00.0"), _rank(1, bus="0000:18:00.0")], "sum": 1.0}
+    assert gc.probe_problems(shared, 2, dry_run=False) == ["ranks 0 and 1 on h1 share GPU 0000:18:00.0"]
+    other_hosts = {"ranks": [_rank(0, "h1", "0000:18:00.0"), _rank(1, "h2", "0000:18:00.0")], "sum": 1.0}
+    assert gc.probe_problems(other_hosts, 2, dry_run=False) == []
+    none = {"ranks": [_rank(0), _rank(1)], "sum": 1.0}
+    assert gc.probe_problems(none, 2, dry_run=False) == ["rank 0 on h1 sees 0 GPUs, expected 1",
+                                                          "rank 1 on h1 sees 0 GPUs, expected 1"]
+    assert gc.probe_problems(none, 2, dry_run=True) == []
+    assert gc.probe_problems({**none, "sum": 0.0}, 2, dry_run=True) == [
+        "allreduce of the ranks' numbers gave 0.0, expected 1"]
+    assert gc.probe_problems(None, 4, dry_run=True) == ["the 4-rank probe printed no report"]
+
+
+LOADER = """
+Loader benchmark: Fashion-MNIST at 71 px, batch 4, 2 reader threads, 2 CPUs; ceiling (in memory, same tail) 5123 images/s, the mean of 5000 and 5246 (before and after the sweep)
+row-group MiB rows/group groups          cold cache (epoch 1)  warm cache (epoch 2)
+            1          3     12       811 img/s  0.16x ceil      2400 img/s  0.47x ceil       900 img/s  0.18x ceil      2300 img/s  0.45x ceil
+"""
+
+
+def test_loader_output_is_read_by_label():
+    labels = ("cold", "warm", "none", "pickled")
+    assert gc.parse_loader(LOADER, labels) == {"ceiling": 5123.0, "cold": 811.0, "warm": 2400.0, "none": 900.0,
+                                               "pickled": 2300.0}
+    assert gc.parse_loader("Traceback ...", labels) == {}
+
+
+def _row(run, n, fp16, share, step_ms, nbytes, rate, eff):
+    return {"run": run, "mixed_precision": "False", "world_size": str(n), "fp16_allreduce": str(fp16),
+            "allreduce_share": str(share), "negotiation_share": "0.01", "step_ms": str(step_ms),
+            "allreduce_bytes_per_step": str(nbytes), "images_per_second": str(rate), "scaling_efficiency": eff}
+
+
+def test_fitted_bandwidth_and_table_by_hand():
+    rows = [_row("frozen", 1, False, 0.0, 100.0, 4000, 320.0, "1.0"),
+            _row("frozen", 2, False, 0.25, 100.0, 4000, 600.0, "0.9375")]
+    # 2 ranks: 2 * 1/2 * 4000 B in 0.25 * 0.1 s = 160,000 B/s
+    assert gc.fitted_bandwidths(rows) == {"frozen, fp32 allreduce": pytest.approx(160_000.0)}
+    table = gc.format_table(rows, {"warm": 1234.0})
+    lines = table.splitlines()
+    assert lines[3].split() == ["frozen", "off", "2", "float32", "0.004", "100.0", "600.0", "300.0", "0.938",
+                                "25.00%", "1.00%"]
+    assert lines[-1] == "loader, one process: warm                                  1234 images/s"
+
+
+def test_rates_keep_a_readable_unit():
+    assert [gc.rate(x) for x in (2.5e10, 3.0e8, 1234.0)] == ["25.00 GB/s", "300.00 MB/s", "1.23 kB/s"]
+
+
+def test_bad_input_exits_2_before_anything_runs(tmp_path):
+    for argv in (["--dry-run", "--np", "0,1"], ["--dry-run", "--data", str(tmp_path)]):
+        with pytest.raises(SystemExit) as exc:
+            gc.parse_args(argv + ["--out", str(tmp_path / "out")])
+        assert exc.value.code == 2
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_dry_run_on_the_cpu_prints_the_table_and_writes_the_picture(tmp_path):
+    out = tmp_path / "gpu-check"
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_check.py"), "--dry-run",
+                             "--out", str(out)], cwd=ROOT, capture_output=True, text=True, env=subprocess_env(),
+                            timeout=1800)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    stdout = result.stdout
+    assert "probe: 2 ranks, allreduce sum 1.0" in stdout
+    assert "rank 1 (local 1) on" in stdout and "GPU none (CPU)" in stdout
+    with open(out / "gpu_check.csv") as f:
+        rows = list(csv.DictReader(f))
+    # frozen without and 2 fine-tuned blocks with mixed precision; np 1 and 2; float32 and float16 allreduce
+    assert sorted((r["run"], r["mixed_precision"], r["world_size"], r["fp16_allreduce"]) for r in rows) == sorted(
+        (run, str(mixed), n, fp16) for run, _, mixed in gc.DRY_RUNS for n in ("1", "2") for fp16 in ("False", "True"))
+    tiny = {r["run"]: int(r["allreduce_bytes_per_step"]) for r in rows if r["fp16_allreduce"] == "False"}
+    # the tiny backbone: head 32 x 10 + 10; both of its blocks: 3x3x3x16 + 16, bn 2x16, 3x3x16x32 + 32, bn 2x32
+    assert tiny == {"frozen": 4 * (32 * 10 + 10),
+                    "fine-tune 2 blocks": 4 * (32 * 10 + 10 + 27 * 16 + 16 + 32 + 9 * 16 * 32 + 32 + 64)}
+    assert "loader, one process: warm cache (epoch 2)" in stdout
+    assert "fitted allreduce bandwidth (frozen, fp32 allreduce)" in stdout
+    assert (out / "gpu_check.png").stat().st_size > 10_000
+    assert "all checks passed" in stdout
