@@ -38,6 +38,7 @@ from typing import Any, Callable, Dict, List, Optional
 from pipelines.atomic import write_json
 from pipelines.logs import plural
 from pipelines.ranklogs import LogSink, forward
+from pipelines.redact import redact
 from pipelines.recovery import signal_is_loss
 from pipelines.training.devices import SPARK_GPUS_ENV
 
@@ -95,9 +96,10 @@ def _is_secondary(exc: BaseException) -> bool:
 
 
 def _failure_record(exc: BaseException) -> Dict[str, Any]:
-    return {"rank": int(os.environ.get("HOROVOD_RANK", "0")), "cause": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(), "secondary": _is_secondary(exc),
-            "host": os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()}
+    record = {"rank": int(os.environ.get("HOROVOD_RANK", "0")), "cause": f"{type(exc).__name__}: {exc}",
+              "traceback": traceback.format_exc(), "secondary": _is_secondary(exc),
+              "host": os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()}
+    return redact(record)  # a cause or traceback may quote a config's secrets or a URI's userinfo
 
 
 # horovod.runner.run (0.28.1) starts from ``cycle_time_ms = None,`` and ``cache_capacity = None,``
