@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import inspect
 import io
 import json
 import logging
@@ -27,9 +28,12 @@ import sqlite3
 import subprocess
 import sys
 import time
+import warnings
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
+from pipelines.atomic import replacing
 from pipelines.environment import environment
+from pipelines.quiet import is_verbose
 from pipelines.redact import redact, redact_text, redact_uri
 from pipelines.storage import Location, is_local, resolve as resolve_location
 from pipelines.workdir import default_workdir
@@ -115,13 +119,22 @@ def _is_remote(uri: str) -> bool:
 
 
 def check_store(uri: str) -> None:
-    """Refuse a tracking server that does not answer, in seconds: one request through MLflow's
-    client, without its retries (by default minutes of back-off). Other stores (SQLite, files,
-    databases) are opened by :func:`start`, before the job's work too.
+    """Refuse, in seconds and before any work or rank starts, a store that cannot be used: a
+    tracking server that does not answer (one request through MLflow's client, without its
+    retries: by default minutes of back-off), or a SQLite store whose folder cannot be made or
+    whose file SQLite cannot open (made here, empty and owner-only, when missing; without MLflow:
+    MLflow retried such a store for about 100 s). Other stores (files, databases) are opened by
+    :func:`start`, before the job's work too.
 
     Raises:
-        TrackingUnavailable: the server cannot be reached, or refuses the request.
+        TrackingUnavailable: the server cannot be reached or refuses the request; the SQLite file
+            cannot be made or opened.
     """
+    path = _sqlite_path(absolute(uri))
+    if path is not None:
+        _make_or_find(uri, path, create=True)
+        _check_readable(uri, path)
+        return
     if not _is_remote(uri):
         return
     try:
@@ -147,8 +160,6 @@ def _mlflow():
     """``mlflow``, imported on first use, its INFO lines hidden unless ``--verbose``."""
     import mlflow  # in-function: keeps `import pipelines` free of MLflow
 
-    from pipelines.quiet import is_verbose
-
     if not is_verbose([]):
         logging.getLogger("mlflow").setLevel(logging.WARNING)
     return mlflow
@@ -158,8 +169,6 @@ def _mlflow():
 def _quiet_store() -> Iterator[None]:
     """Hide INFO records while a store is opened: creating a SQLite store runs alembic's
     migrations, which configure its logger at INFO and print a dozen lines (unless verbose)."""
-    from pipelines.quiet import is_verbose
-
     if is_verbose([]):
         yield
         return
@@ -297,6 +306,8 @@ def _make_in_child(uri: str, path: str) -> None:
     script = "import sys, mlflow; mlflow.MlflowClient(sys.argv[1]).search_experiments(max_results=1)"
     done = subprocess.run([sys.executable, "-c", script, uri], cwd=os.path.dirname(path), capture_output=True,
                           text=True)
+    if is_verbose([]):  # its migrations' lines, as an in-process set-up shows them
+        sys.stderr.write(done.stdout + done.stderr)
     if done.returncode:
         raise TrackingUnavailable(_unavailable(uri, RuntimeError(done.stderr.strip().splitlines()[-1:]),
                                                "the store could not be made again"))
@@ -368,8 +379,6 @@ def _write_run_file(output, record: Dict[str, str]) -> None:
     if not location.local:
         location.write_json(record)
         return
-    from pipelines.atomic import replacing
-
     os.makedirs(os.path.dirname(location.path), exist_ok=True)
     with replacing(location.path) as tmp:
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
@@ -442,7 +451,7 @@ def start(uri: str, experiment: str, output, run_name: str = "", params: Optiona
 def _params_of(client, run_id: str) -> Optional[Dict[str, str]]:
     """The params of the live run ``run_id``; ``None`` when the store has no such run (deleted
     ones included)."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # in-function: keeps `import pipelines` free of MLflow
 
     try:
         run = client.get_run(run_id)
@@ -547,14 +556,16 @@ class Tracker:
         """
         mlflow = self._mlflow
         try:
-            import mlflow.tensorflow
+            import mlflow.tensorflow  # in-function, as the next two: `import pipelines` without TF or MLflow
             import tensorflow as tf
             from mlflow.models import infer_signature
 
             signature = infer_signature(example, model(example, training=False).numpy())
+            # MLflow 3 names a logged model `name` (its `artifact_path` is deprecated, with a warning)
+            where = "name" if "name" in inspect.signature(mlflow.tensorflow.log_model).parameters else "artifact_path"
             with _quiet_keras():
                 info = mlflow.tensorflow.log_model(
-                    model, MODEL_ARTIFACT, signature=signature, input_example=example,
+                    model, **{where: MODEL_ARTIFACT}, signature=signature, input_example=example,
                     keras_model_kwargs={"save_format": "h5"}, metadata=metadata,
                     # named, so that MLflow does not reload the model in a subprocess to infer them
                     pip_requirements=[f"tensorflow=={tf.__version__}", f"mlflow=={mlflow.__version__}"])
@@ -576,11 +587,7 @@ class Tracker:
 def _quiet_keras() -> Iterator[None]:
     """Unless verbose: no Keras progress bars (MLflow predicts the input example to validate it,
     and they would print to stdout) and no warning that HDF5 is a legacy format (chosen here)."""
-    import warnings
-
-    import tensorflow as tf
-
-    from pipelines.quiet import is_verbose
+    import tensorflow as tf  # in-function: keeps `import pipelines` free of TensorFlow
 
     if is_verbose([]):
         yield
@@ -601,8 +608,6 @@ def _quiet_events() -> Iterator[None]:
     """Unless verbose: MLflow's event lines off (registering prints two, which our log says). MLflow
     prints them to ``sys.stderr`` as it is at the time of each line (its event stream), so a
     redirection for the block hides them; logging handlers keep the stream they were made with."""
-    from pipelines.quiet import is_verbose
-
     if is_verbose([]):
         yield
         return

@@ -143,9 +143,10 @@ def test_an_output_deleted_and_made_again_gets_a_store_again_in_the_same_process
         shutil.rmtree(out)
 
 
+@pytest.mark.slow  # three interpreters, each importing MLflow twice (the store made again in a child)
 def test_opening_a_store_prints_nothing_unless_verbose(tmp_path):
-    """Opening a SQLite store imports alembic, which logs its plugins and migrations at INFO: none
-    of it shows, for a new store, a deleted one made again (the path that drops MLflow's caches
+    """Opening a SQLite store imports alembic, which logs its plugins and migrations at INFO, and
+    MLflow logs its set-up: none of it shows, for a new store, a deleted one made again (the path that drops MLflow's caches
     first) and an existing one, even where the root logger shows INFO (a notebook or benchmark
     that ran ``pipelines.tools.samples`` in-process); ``PIPELINES_VERBOSE=1`` shows it."""
     import subprocess
@@ -162,7 +163,8 @@ def test_opening_a_store_prints_nothing_unless_verbose(tmp_path):
         done = subprocess.run([sys.executable, "-c", script, db], capture_output=True, text=True, env=env, cwd=tmp_path)
         assert done.returncode == 0 and "opened" in done.stdout, done.stderr
         noise = [line for line in (done.stdout + done.stderr).splitlines() if line != "opened"]
-        assert bool(verbose) == any("alembic" in line for line in noise), noise
+        # the set-up's lines: alembic's (MLflow 2.22), MLflow's own "... database tables" (both)
+        assert bool(verbose) == any("alembic" in line or "database tables" in line for line in noise), noise
         if not verbose:
             assert noise == []
 
@@ -177,6 +179,25 @@ def test_relative_sqlite_uris_are_made_absolute_once(no_env, tmp_path):
         assert tracking.absolute(uri) == uri
     no_env.setenv("MLFLOW_TRACKING_URI", "sqlite:///out/train/mlruns.db")
     assert parse_config(TrainConfig, TRAIN_ARGS).tracking_uri == f"sqlite:///{tmp_path}/out/train/mlruns.db"
+
+
+def test_a_sqlite_store_that_cannot_be_made_is_refused_before_any_work_without_mlflow(tmp_path):
+    """check_store (the drivers call it before Spark or any rank starts): a folder that cannot be
+    made, a folder where the file should be, a file that is no database; one line, exit code 2's
+    exception, without MLflow (which would retry such a store for about 100 s)."""
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "folder.db").mkdir()
+    (tmp_path / "notes.db").write_text("not a database " * 100)
+    cases = [(f"sqlite:///{tmp_path}/file/mlruns.db", "choose a folder this user can write"),
+             (f"sqlite:///{tmp_path}/folder.db", "choose a folder this user can write"),
+             (f"sqlite:///{tmp_path}/notes.db", "is not a SQLite database")]
+    for uri, message in cases:
+        with pytest.raises(tracking.TrackingUnavailable) as refused:
+            tracking.check_store(uri)
+        assert isinstance(refused.value, ValueError) and message in str(refused.value), str(refused.value)
+        assert "\n" not in str(refused.value)
+    tracking.check_store(f"sqlite:///{tmp_path}/new/mlruns.db")  # made: empty, owner-only, in its own folder
+    assert stat.S_IMODE(os.stat(tmp_path / "new" / "mlruns.db").st_mode) == 0o600
 
 
 def test_a_recorded_run_is_found_under_its_masked_uri(tmp_path):
