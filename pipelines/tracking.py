@@ -121,19 +121,19 @@ def _is_remote(uri: str) -> bool:
 def check_store(uri: str) -> None:
     """Refuse, in seconds and before any work or rank starts, a store that cannot be used: a
     tracking server that does not answer (one request through MLflow's client, without its
-    retries: by default minutes of back-off), or a SQLite store whose folder cannot be made or
-    whose file SQLite cannot open (made here, empty and owner-only, when missing; without MLflow:
-    MLflow retried such a store for about 100 s). Other stores (files, databases) are opened by
-    :func:`start`, before the job's work too.
+    retries: by default minutes of back-off), or a SQLite store that could not be made or opened
+    (checked without MLflow, which retried such a store for about 100 s; nothing is made here).
+    Other stores (files, databases) are opened by :func:`start`, before the job's work too.
 
     Raises:
         TrackingUnavailable: the server cannot be reached or refuses the request; the SQLite file
-            cannot be made or opened.
+            could not be made or opened.
     """
     path = _sqlite_path(absolute(uri))
     if path is not None:
-        _make_or_find(uri, path, create=True)
-        _check_readable(uri, path)
+        _check_makeable(uri, path)
+        if os.path.exists(path):
+            _check_readable(uri, path)
         return
     if not _is_remote(uri):
         return
@@ -257,6 +257,20 @@ def _make_or_find(uri: str, path: str, create: bool) -> None:
         raise TrackingUnavailable(_unavailable(uri, FileNotFoundError(f"no store file {path}"),
                                                "give the store the job logged to (its output's mlflow_run.json "
                                                "names it), absolute or relative to here"))
+
+
+def _check_makeable(uri: str, path: str) -> None:
+    """Refuse a store path that is a folder, or whose nearest existing folder this user cannot
+    write (the file, or the folders down to it, could not be made)."""
+    folder = os.path.dirname(path)
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    problem = (f"{path} is a folder" if os.path.isdir(path) else
+               f"{folder} is not a folder" if not os.path.isdir(folder) else
+               f"{folder} is not writable by this user" if not os.access(folder, os.W_OK | os.X_OK)
+               and not os.path.isfile(path) else "")
+    if problem:
+        raise TrackingUnavailable(_unavailable(uri, OSError(problem), "choose a folder this user can write"))
 
 
 def _check_readable(uri: str, path: str) -> None:
