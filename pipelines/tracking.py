@@ -507,7 +507,8 @@ class Tracker:
         (credentials masked: this goes into files)."""
         info = self._active.info
         return {"run_id": self.run_id, "experiment_id": info.experiment_id, "experiment": self.experiment,
-                "tracking_uri": redact_uri(self._mlflow.get_tracking_uri()), "artifact_uri": redact_uri(info.artifact_uri)}
+                "tracking_uri": redact_uri(self._mlflow.get_tracking_uri()),
+                "artifact_uri": redact_uri(info.artifact_uri)}
 
     def log_epoch(self, epoch: int, logs: Dict[str, float]) -> None:
         """Log one epoch's metrics at ``step=epoch``. Never raises: the first failure is reported

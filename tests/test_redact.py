@@ -103,3 +103,18 @@ def test_an_environment_credential_resolved_into_a_config_is_masked(monkeypatch)
 def test_masking_twice_changes_nothing_more():
     once = redact_text(f"http://a:b@h?token={SECRET} {{'password': 'pw'}} secret_key={SECRET}")
     assert redact_text(once) == once and SECRET not in once and "pw'" not in once
+
+
+def test_the_etl_manifest_and_params_show_its_config_masked():
+    """What the ETL writes of its config (manifest.json's ``config``, the MLflow params): a
+    credentialed tracking URI masked, --storage-option by its keys alone."""
+    from pipelines.etl.config import ETLConfig
+    from pipelines.etl.job import shown_config
+
+    config = ETLConfig(input="/tmp/in", output="s3://bucket/etl", tracking=True,
+                       tracking_uri="http://alice:hunter2@mlflow.example:5000",
+                       storage_options={"access_key": "AKIDEXAMPLE", "secret_key": SECRET})
+    shown = json.dumps(shown_config(config))
+    assert not [s for s in ("hunter2", "alice", SECRET, "AKIDEXAMPLE") if s in shown], shown
+    assert '"tracking_uri": "http://***@mlflow.example:5000"' in shown
+    assert '"storage_options": ["access_key", "secret_key"]' in shown

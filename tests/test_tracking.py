@@ -146,8 +146,8 @@ def test_an_output_deleted_and_made_again_gets_a_store_again_in_the_same_process
 @pytest.mark.slow  # three interpreters, each importing MLflow twice (the store made again in a child)
 def test_opening_a_store_prints_nothing_unless_verbose(tmp_path):
     """Opening a SQLite store imports alembic, which logs its plugins and migrations at INFO, and
-    MLflow logs its set-up: none of it shows, for a new store, a deleted one made again (the path that drops MLflow's caches
-    first) and an existing one, even where the root logger shows INFO (a notebook or benchmark
+    MLflow logs its set-up: none of it shows, for a new store, a deleted one made again (in a child
+    process) and an existing one, even where the root logger shows INFO (a notebook or benchmark
     that ran ``pipelines.tools.samples`` in-process); ``PIPELINES_VERBOSE=1`` shows it."""
     import subprocess
     import sys
@@ -240,7 +240,8 @@ def test_no_secret_reaches_the_store_the_run_file_or_the_log(tmp_path, monkeypat
     uri = tracking.default_uri(str(out))
     config = {"data": "s3://b/etl", "storage_options": dict(SECRETS), "tracking_uri": "http://alice:hunter2@h:5000",
               "nested": {"deeper": [{"session_token": SECRETS["session_token"]}]}}
-    with tracking.start(uri, "unit", str(out), "secrets", config, {"cmd": f"--storage-option secret_key={SECRETS['secret_key']}"}) as run:
+    tags = {"cmd": f"--storage-option secret_key={SECRETS['secret_key']}"}
+    with tracking.start(uri, "unit", str(out), "secrets", config, tags) as run:
         report = out / "metrics.json"
         report.write_text(json.dumps({"config": redact(config)}))
         run.log_results({"test_accuracy": 1.0}, {"store": "postgresql://u:hunter2@db/x"}, [(str(report), None)])

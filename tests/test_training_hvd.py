@@ -632,8 +632,8 @@ def test_a_tracking_server_receives_the_run_and_its_artifacts(augmented_on_serve
 
 def _files_holding(roots, secrets):
     """``[(path, secret)]`` for each file (or file below each folder) of ``roots`` that holds a secret."""
-    paths = [r for r in roots if os.path.isfile(r)] + \
-        [os.path.join(folder, name) for r in roots if os.path.isdir(r) for folder, _, names in os.walk(r) for name in names]
+    paths = [r for r in roots if os.path.isfile(r)] + [os.path.join(folder, name) for r in roots if os.path.isdir(r)
+                                                      for folder, _, names in os.walk(r) for name in names]
     found = []
     for path in paths:
         with open(path, "rb") as f:
