@@ -440,8 +440,9 @@ def start(uri: str, experiment: str, output, run_name: str = "", params: Optiona
                      redact_text(str(getattr(output, "uri", output))))
             run_id = None
         existing = existing or {}
-        active = (mlflow.start_run(run_id=run_id) if run_id else
-                  mlflow.start_run(experiment_id=experiment_id, run_name=run_name or None))
+        with _events():
+            active = (mlflow.start_run(run_id=run_id) if run_id else
+                      mlflow.start_run(experiment_id=experiment_id, run_name=run_name or None))
     except Exception as exc:
         _set_process_tracking_uri(previous_uri)
         if isinstance(exc, TrackingUnavailable):
@@ -496,7 +497,8 @@ class Tracker:
     def __exit__(self, exc_type, exc, traceback) -> bool:
         status = "FINISHED" if exc_type is None else "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
         try:
-            self._mlflow.end_run(status)
+            with _events():
+                self._mlflow.end_run(status)
         except Exception as error:  # the job's own outcome matters more than the run's status
             log.warning("MLflow: could not end run %s as %s (%s)", self.run_id, status, redact_text(str(error)))
         _set_process_tracking_uri(self._previous_uri)  # this job's store is no later job's default
@@ -578,7 +580,7 @@ class Tracker:
             signature = infer_signature(example, model(example, training=False).numpy())
             # MLflow 3 names a logged model `name` (its `artifact_path` is deprecated, with a warning)
             where = "name" if "name" in inspect.signature(mlflow.tensorflow.log_model).parameters else "artifact_path"
-            with _quiet_keras():
+            with _quiet_keras(), _events():
                 info = mlflow.tensorflow.log_model(
                     model, **{where: MODEL_ARTIFACT}, signature=signature, input_example=example,
                     keras_model_kwargs={"save_format": "h5"}, metadata=metadata,
@@ -586,7 +588,7 @@ class Tracker:
                     pip_requirements=[f"tensorflow=={tf.__version__}", f"mlflow=={mlflow.__version__}"])
             version = None
             if registered_name:
-                with _quiet_events():
+                with _events(quiet=True):
                     version = mlflow.register_model(info.model_uri, registered_name, tags=version_tags).version
         except Exception as exc:
             raise TrackingFailed(self._failed("the model", exc)) from exc
@@ -619,12 +621,16 @@ def _quiet_keras() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _quiet_events() -> Iterator[None]:
-    """Unless verbose: MLflow's event lines off (registering prints two, which our log says). MLflow
-    prints them to ``sys.stderr`` as it is at the time of each line (its event stream), so a
-    redirection for the block hides them; logging handlers keep the stream they were made with."""
-    if is_verbose([]):
-        yield
-        return
-    with contextlib.redirect_stderr(io.StringIO()):
-        yield
+def _events(quiet: bool = False) -> Iterator[None]:
+    """MLflow's event lines in the block, credentials masked: MLflow prints them to ``sys.stderr``
+    as it is at the time of each line (ending a run on a server prints "View run ... at:
+    http://user:password@host/..."), so the block's are caught and written on, redacted
+    (:func:`pipelines.redact.redact_text`); with ``quiet``, unless verbose, dropped (registering
+    prints two lines, which our log says). Logging handlers keep the stream they were made with."""
+    caught = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(caught):
+            yield
+    finally:
+        if caught.getvalue() and (is_verbose([]) or not quiet):
+            sys.stderr.write(redact_text(caught.getvalue()))

@@ -200,6 +200,22 @@ def test_a_sqlite_store_that_cannot_be_made_is_refused_before_any_work_without_m
     assert not (tmp_path / "new").exists()
 
 
+def test_mlflow_event_lines_are_written_on_masked_or_dropped_when_quiet(capsys, monkeypatch):
+    """Ending a run on a server prints "View run ... at: URL" with the URI's credentials (seen on a
+    real server: test_training_hvd.py); the lines MLflow prints in a tracking block are masked."""
+    monkeypatch.delenv("PIPELINES_VERBOSE", raising=False)
+    with tracking._events():
+        print("🏃 View run r at: http://alice:hunter2@127.0.0.1:5000/#/experiments/1/runs/x", file=sys.stderr)
+    assert capsys.readouterr().err == "🏃 View run r at: http://***@127.0.0.1:5000/#/experiments/1/runs/x\n"
+    with tracking._events(quiet=True):
+        print("Successfully registered model 'm'.", file=sys.stderr)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("PIPELINES_VERBOSE", "1")
+    with tracking._events(quiet=True):
+        print("Created version '1' at http://u:p@h", file=sys.stderr)
+    assert capsys.readouterr().err == "Created version '1' at http://***@h\n"
+
+
 def test_a_recorded_run_is_found_under_its_masked_uri(tmp_path):
     """mlflow_run.json keeps the store's URI with its credentials masked; a resumed run with the
     same credentials (or others for the same server) still finds its run."""
