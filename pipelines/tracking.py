@@ -622,15 +622,17 @@ def _quiet_keras() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _events(quiet: bool = False) -> Iterator[None]:
-    """MLflow's event lines in the block, credentials masked: MLflow prints them to ``sys.stderr``
-    as it is at the time of each line (ending a run on a server prints "View run ... at:
-    http://user:password@host/..."), so the block's are caught and written on, redacted
-    (:func:`pipelines.redact.redact_text`); with ``quiet``, unless verbose, dropped (registering
-    prints two lines, which our log says). Logging handlers keep the stream they were made with."""
-    caught = io.StringIO()
+    """MLflow's event lines in the block, credentials masked: MLflow prints them to ``sys.stdout``
+    and ``sys.stderr`` as they are at the time of each line (ending a run on a server prints
+    "View run ... at: http://user:password@host/..." to stdout), so the block's are caught and
+    written on, each to its stream, redacted (:func:`pipelines.redact.redact_text`); with
+    ``quiet``, unless verbose, dropped (registering prints two lines, which our log says).
+    Logging handlers keep the stream they were made with."""
+    out, err = io.StringIO(), io.StringIO()
     try:
-        with contextlib.redirect_stderr(caught):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             yield
     finally:
-        if caught.getvalue() and (is_verbose([]) or not quiet):
-            sys.stderr.write(redact_text(caught.getvalue()))
+        if is_verbose([]) or not quiet:
+            sys.stdout.write(redact_text(out.getvalue()))
+            sys.stderr.write(redact_text(err.getvalue()))
