@@ -87,24 +87,51 @@ def config(input_uri: str, out: str, **kwargs) -> ETLConfig:
     return ETLConfig(input=input_uri, output=out, image_size=SIZE, test_fraction=0.3, min_row_groups=1, **kwargs)
 
 
-def test_local_to_s3_tracked_to_a_local_store(tree, s3_server, spark, tmp_path):
+SECRETS = {"access_key": "AKIDSECRETID", "secret_key": "S3CR3T-KEY", "session_token": "T0K3N"}  # any is taken
+
+
+def test_local_to_s3_tracked_to_the_default_store_of_a_fresh_home_writing_no_secret(tree, s3_server, spark, tmp_path,
+                                                                                    monkeypatch, capfd):
+    """``etl.py --output s3://...`` on a machine whose ~/pipelines-work does not exist: its default
+    store (~/pipelines-work/mlflow/mlruns.db) is made, owner-only. The credentials given as
+    ``--storage-option`` appear in no object of the output, no file of the store (database,
+    artifacts) and no line the job printed; the option keys are kept."""
     root, _, _, expected = tree
     bucket = s3_server.bucket("out")
     out = f"s3://{bucket}/etl"
-    store = f"sqlite:///{tmp_path}/mlruns.db"
-    manifest = run_etl(config(root, out, tracking=True, tracking_uri=store), spark)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("PIPELINES_WORKDIR", raising=False)
+    given = {**SECRETS, "endpoint_override": s3_server.endpoint}  # with options, pyarrow takes no AWS_ENDPOINT_URL
+    options = [arg for key, value in given.items() for arg in ("--storage-option", f"{key}={value}")]
+    assert etl_main(["--input", root, "--output", out, "--image-size", str(SIZE), "--test-fraction", "0.3",
+                     "--min-row-groups", "1", "--tracking", *options]) == 0
+    printed = "".join(capfd.readouterr())
+    manifest = storage.resolve(out).join("manifest.json").read_json()
     check_output(out, root, root, expected, manifest)
     run = manifest["run_id"]
     parts = [p for s in ("train", "test") for p in manifest["splits"][s]["parts"]]
     assert keys(s3_server, bucket, "etl/") == sorted(
         ["etl/manifest.json", "etl/mlflow_run.json", f"etl/runs/{run}/rejected.jsonl"] + [f"etl/{p}" for p in parts])
+    store = home / "pipelines-work" / "mlflow"
+    assert (store / "mlruns.db").is_file() and oct(os.stat(store).st_mode & 0o777) == "0o700"
     record = storage.resolve(out).join("mlflow_run.json").read_json()
     from pipelines.tracking import open_store
     client = open_store(record["tracking_uri"])
     logged = client.get_run(record["run_id"])
-    assert record["tracking_uri"] == store and logged.data.tags["run_id"] == run
+    assert record["tracking_uri"] == f"sqlite:///{store}/mlruns.db" and logged.data.tags["run_id"] == run
     assert logged.data.metrics["files.written"] == expected["good"]
     assert sorted(a.path for a in client.list_artifacts(record["run_id"])) == ["manifest.json", "rejected.jsonl"]
+    assert logged.data.params["storage_options"] == str(sorted(given))  # the keys, never a value
+    objects = [s3_server.client().get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys(s3_server, bucket, "")]
+    for secret in SECRETS.values():
+        assert not any(secret.encode() in body for body in objects), secret
+        assert secret not in printed, secret
+        for folder, _, names in os.walk(home):
+            for name in names:
+                with open(os.path.join(folder, name), "rb") as f:
+                    assert secret.encode() not in f.read(), (secret, name)
 
 
 def test_s3_to_s3_rerun_replaces_and_a_killed_run_leaves_the_output_whole(tree, s3_server, spark):

@@ -243,3 +243,27 @@ def test_batch_inference_notebook_with_a_models_uri_gives_the_exact_test_accurac
     assert f"batch inference accuracy {accuracy}; training's exact test accuracy {accuracy}" in text, text[-3000:]
     assert has_image(book) and "found" in text
     assert not [n for n in os.listdir(os.path.join(tmp_path, "predictions")) if n.startswith(".")]  # download gone
+
+
+def test_a_relative_store_uri_serves_models_and_a_wrong_one_is_one_line_at_once(trained, tmp_path, monkeypatch,
+                                                                                 no_spark, capsys):
+    """``MLFLOW_TRACKING_URI=sqlite:///run/mlruns.db``, relative to where the job starts: ``models:/``
+    resolves (the path is made absolute before the store is opened from its own folder); a relative
+    path with no store behind it is one line, exit 2, before Spark and within seconds (MLflow
+    retried for 104 s, then printed a traceback), and makes no folder."""
+    import time
+
+    from pipelines.predict.cli import main
+
+    monkeypatch.chdir(os.path.dirname(trained["run"]))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{os.path.basename(trained['run'])}/mlruns.db")
+    spec = resolve_model("models:/m/1", download_dir=str(tmp_path / "download"))
+    assert (spec.flavor, spec.image_size) == ("mlflow", SIZE)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///out/train/mlruns.db")
+    began = time.monotonic()
+    code = main(["--model", "models:/m/1", "--input", trained["tree"], "--output", str(tmp_path / "out.parquet")])
+    error = capsys.readouterr().err
+    assert code == 2 and error.count("\n") == 1, error
+    missing = os.path.join(os.path.dirname(trained["run"]), "out", "train", "mlruns.db")
+    assert f"no store file {missing}" in error and "Traceback" not in error, error
+    assert time.monotonic() - began < 60 and not os.path.exists("out")

@@ -1,11 +1,17 @@
 """MLflow tracking options (no MLflow import) and the tracker on a local SQLite store (no training).
 
 The end-to-end checks ride on training and ETL runs the suite makes anyway: the Horovod run and
-the kill-and-resume run of ``test_training_hvd.py``, a run against a real ``mlflow server`` there,
-and the ``spark-submit`` run of ``test_etl_job.py``.
+the kill-and-resume run of ``test_training_hvd.py``, a run against a real ``mlflow server`` there
+(with credentials in its URI and in ``--storage-option``: none reaches a file, the store or a log),
+the ``spark-submit`` run of ``test_etl_job.py``, the S3 ETL of ``test_etl_s3.py`` (secrets, a fresh
+HOME's default store) and the ``models:/`` runs of ``test_predict_job.py`` (a relative store URI).
 """
 import json
 import os
+import stat
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -137,10 +143,11 @@ def test_an_output_deleted_and_made_again_gets_a_store_again_in_the_same_process
         shutil.rmtree(out)
 
 
+@pytest.mark.slow  # three interpreters, each importing MLflow twice (the store made again in a child)
 def test_opening_a_store_prints_nothing_unless_verbose(tmp_path):
-    """Opening a SQLite store imports alembic, which logs its plugins and migrations at INFO: none
-    of it shows, for a new store, a deleted one made again (the path that drops MLflow's caches
-    first) and an existing one, even where the root logger shows INFO (a notebook or benchmark
+    """Opening a SQLite store imports alembic, which logs its plugins and migrations at INFO, and
+    MLflow logs its set-up: none of it shows, for a new store, a deleted one made again (in a child
+    process) and an existing one, even where the root logger shows INFO (a notebook or benchmark
     that ran ``pipelines.tools.samples`` in-process); ``PIPELINES_VERBOSE=1`` shows it."""
     import subprocess
     import sys
@@ -148,7 +155,7 @@ def test_opening_a_store_prints_nothing_unless_verbose(tmp_path):
     script = ("import logging, os, sys; logging.basicConfig(level=logging.INFO)\n"
               "from pipelines.tracking import open_store\n"
               "uri = 'sqlite:///' + sys.argv[1]\n"
-              "open_store(uri); os.remove(sys.argv[1]); open_store(uri); print('opened')\n")
+              "open_store(uri, create=True); os.remove(sys.argv[1]); open_store(uri, create=True); print('opened')\n")
     db = str(tmp_path / "mlflow.db")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for verbose in ("", "", "1"):  # the second run finds the store of the first
@@ -156,6 +163,191 @@ def test_opening_a_store_prints_nothing_unless_verbose(tmp_path):
         done = subprocess.run([sys.executable, "-c", script, db], capture_output=True, text=True, env=env, cwd=tmp_path)
         assert done.returncode == 0 and "opened" in done.stdout, done.stderr
         noise = [line for line in (done.stdout + done.stderr).splitlines() if line != "opened"]
-        assert bool(verbose) == any("alembic" in line for line in noise), noise
+        # the set-up's lines: alembic's (MLflow 2.22), MLflow's own "... database tables" (both)
+        assert bool(verbose) == any("alembic" in line or "database tables" in line for line in noise), noise
         if not verbose:
             assert noise == []
+
+
+def test_relative_sqlite_uris_are_made_absolute_once(no_env, tmp_path):
+    """Where a URI enters (a config; ``$MLFLOW_TRACKING_URI``), against the directory the job was
+    started in; other URIs as they are."""
+    no_env.chdir(tmp_path)
+    assert tracking.absolute("sqlite:///out/train/mlruns.db") == f"sqlite:///{tmp_path}/out/train/mlruns.db"
+    assert tracking.absolute("sqlite:///./x.db") == f"sqlite:///{tmp_path}/x.db"
+    for uri in (f"sqlite:///{tmp_path}/a.db", "sqlite:///:memory:", "http://h:5000", "databricks", "file:///x"):
+        assert tracking.absolute(uri) == uri
+    no_env.setenv("MLFLOW_TRACKING_URI", "sqlite:///out/train/mlruns.db")
+    assert parse_config(TrainConfig, TRAIN_ARGS).tracking_uri == f"sqlite:///{tmp_path}/out/train/mlruns.db"
+
+
+def test_a_sqlite_store_that_cannot_be_made_is_refused_before_any_work_without_mlflow(tmp_path):
+    """check_store (the drivers call it before Spark or any rank starts): a folder that cannot be
+    made, a folder where the file should be, a file that is no database; one line, exit code 2's
+    exception, without MLflow (which would retry such a store for about 100 s)."""
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "folder.db").mkdir()
+    (tmp_path / "notes.db").write_text("not a database " * 100)
+    cases = [(f"sqlite:///{tmp_path}/file/sub/mlruns.db", f"{tmp_path}/file is not a folder"),
+             (f"sqlite:///{tmp_path}/folder.db", f"{tmp_path}/folder.db is a folder"),
+             (f"sqlite:///{tmp_path}/notes.db", "is not a SQLite database")]
+    for uri, message in cases:
+        with pytest.raises(tracking.TrackingUnavailable) as refused:
+            tracking.check_store(uri)
+        assert isinstance(refused.value, ValueError) and message in str(refused.value), str(refused.value)
+        assert "\n" not in str(refused.value)
+    tracking.check_store(f"sqlite:///{tmp_path}/new/deeper/mlruns.db")  # can be made: made later, by the job
+    assert not (tmp_path / "new").exists()
+
+
+def test_mlflow_event_lines_are_written_on_masked_or_dropped_when_quiet(capsys, monkeypatch):
+    """Ending a run on a server prints "View run ... at: URL" with the URI's credentials (seen on a
+    real server: test_training_hvd.py); the lines MLflow prints in a tracking block are masked."""
+    monkeypatch.delenv("PIPELINES_VERBOSE", raising=False)
+    with tracking._events():
+        print("🏃 View run r at: http://alice:hunter2@127.0.0.1:5000/#/experiments/1/runs/x")  # MLflow 2.22, 3.17
+        print("warning at https://bob:pw@h", file=sys.stderr)
+    assert capsys.readouterr() == ("🏃 View run r at: http://***@127.0.0.1:5000/#/experiments/1/runs/x\n",
+                                   "warning at https://***@h\n")
+    with tracking._events(quiet=True):
+        print("Successfully registered model 'm'.", file=sys.stderr)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("PIPELINES_VERBOSE", "1")
+    with tracking._events(quiet=True):
+        print("Created version '1' at http://u:p@h", file=sys.stderr)
+    assert capsys.readouterr().err == "Created version '1' at http://***@h\n"
+
+
+def test_a_recorded_run_is_found_under_its_masked_uri(tmp_path):
+    """mlflow_run.json keeps the store's URI with its credentials masked; a resumed run with the
+    same credentials (or others for the same server) still finds its run."""
+    (tmp_path / tracking.RUN_FILE).write_text(json.dumps({"run_id": "abc", "tracking_uri": "http://***@h:5000"}))
+    assert tracking.recorded_run(str(tmp_path), "http://alice:hunter2@h:5000") == "abc"
+    assert tracking.recorded_run(str(tmp_path), "http://h:5000") is None
+
+
+SECRETS = {"access_key": "AKIDSECRETID", "secret_key": "S3CR3T-KEY", "session_token": "T0K3N"}
+
+
+def _files_holding(root, secrets):
+    """``{path: [secret, ...]}`` for every file below ``root`` holding any of ``secrets`` (bytes)."""
+    found = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            with open(os.path.join(folder, name), "rb") as f:
+                data = f.read()
+            hits = [s for s in secrets if s.encode() in data]
+            if hits:
+                found[os.path.join(folder, name)] = hits
+    return found
+
+
+@pytest.mark.slow  # imports MLflow and creates a SQLite store: about 10 s here
+def test_no_secret_reaches_the_store_the_run_file_or_the_log(tmp_path, monkeypatch, caplog):
+    """Params with --storage-option secrets nested in the config, a tracking URI with credentials
+    among them, tags and results quoting them, an artifact holding the redacted config, a refusal
+    naming a server with credentials: the store (database and artifacts), mlflow_run.json and the
+    log hold none of it, keys kept; the run file and the store are owner-only."""
+    import logging
+
+    from pipelines.redact import redact
+
+    caplog.set_level(logging.INFO, logger="pipelines")
+    out = tmp_path / "out"
+    out.mkdir()
+    uri = tracking.default_uri(str(out))
+    config = {"data": "s3://b/etl", "storage_options": dict(SECRETS), "tracking_uri": "http://alice:hunter2@h:5000",
+              "nested": {"deeper": [{"session_token": SECRETS["session_token"]}]}}
+    tags = {"cmd": f"--storage-option secret_key={SECRETS['secret_key']}"}
+    with tracking.start(uri, "unit", str(out), "secrets", config, tags) as run:
+        report = out / "metrics.json"
+        report.write_text(json.dumps({"config": redact(config)}))
+        run.log_results({"test_accuracy": 1.0}, {"store": "postgresql://u:hunter2@db/x"}, [(str(report), None)])
+    with pytest.raises(tracking.TrackingUnavailable) as refused:
+        tracking.check_store("http://alice:hunter2@127.0.0.1:1")
+    secrets = [*SECRETS.values(), "hunter2", "alice"]
+    assert not [s for s in secrets if s in str(refused.value)], str(refused.value)
+    assert "http://***@127.0.0.1:1" in str(refused.value)
+    assert _files_holding(tmp_path, secrets) == {}  # the SQLite store, its artifacts, the run file
+    assert not [s for s in secrets if s in caplog.text], caplog.text
+    client = tracking.open_store(uri)
+    params = client.get_run(run.run_id).data.params
+    assert json.loads(params["storage_options"].replace("'", '"')) == {key: "***" for key in SECRETS}
+    assert params["tracking_uri"] == "http://***@h:5000"
+    for path in (out / tracking.RUN_FILE, out / tracking.STORE_FILE):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+
+
+@pytest.mark.slow  # imports MLflow: a few seconds
+def test_a_fresh_home_gets_its_default_store_folder(tmp_path, monkeypatch):
+    """An output on an object store keeps its run in ~/pipelines-work/mlflow/mlruns.db: on a machine
+    where that folder does not exist yet it is made (owner-only), not refused with FileNotFoundError."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("PIPELINES_WORKDIR", raising=False)
+    uri = tracking.default_uri("s3://bucket/etl")
+    assert uri == f"sqlite:///{home}/pipelines-work/mlflow/mlruns.db"
+    out = tmp_path / "out"  # stands for the bucket: the run file goes to the output
+    out.mkdir()
+    with tracking.start(uri, "unit", str(out), "fresh", {"a": 1}):
+        pass
+    assert (home / "pipelines-work" / "mlflow" / "mlruns.db").is_file()
+    assert stat.S_IMODE(os.stat(home / "pipelines-work" / "mlflow").st_mode) == 0o700
+
+
+@pytest.mark.slow  # imports MLflow
+def test_a_store_that_cannot_be_opened_is_refused_at_once_by_name(tmp_path, monkeypatch):
+    """No store at a (relative) path, a file that is no SQLite database, a half-made store: one
+    line naming it, in seconds (MLflow itself retried for about 100 s, then printed a traceback)."""
+    import sqlite3
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.db").write_text("not a database " * 100)
+    with sqlite3.connect(tmp_path / "half.db") as db:  # tables but no schema version: a set-up cut short
+        db.execute("CREATE TABLE experiments (experiment_id INTEGER PRIMARY KEY, name TEXT)")
+    cases = [("sqlite:///missing/mlruns.db", False, f"no store file {tmp_path}/missing/mlruns.db"),
+             ("sqlite:///notes.db", False, f"{tmp_path}/notes.db is not a SQLite database"),
+             ("sqlite:///half.db", True, f"if {tmp_path}/half.db is a store whose first set-up was interrupted")]
+    for uri, create, message in cases:
+        began = time.monotonic()
+        with pytest.raises(tracking.TrackingUnavailable) as refused:
+            tracking.open_store(uri, create=create)
+        assert message in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+        assert time.monotonic() - began < 30, uri
+    assert not (tmp_path / "missing").exists()  # reading makes nothing
+
+
+RACER = """
+import os, sys, time
+from pipelines import tracking
+tracking._mlflow()  # imported before the common start: the set-up itself races, not the imports
+start_at, uri, out = float(sys.argv[1]), sys.argv[2], sys.argv[3]
+os.makedirs(out)
+time.sleep(max(0.0, start_at - time.time()))
+with tracking.start(uri, "race", out, os.path.basename(out), {"job": os.path.basename(out)}) as run:
+    run.log_epoch(1, {"loss": 1.0})
+"""
+
+
+@pytest.mark.slow  # six processes importing MLflow together: about a minute on 2 cores
+def test_jobs_starting_together_on_a_new_store_all_succeed_and_leave_it_whole(tmp_path):
+    """Six jobs start their runs at the same instant on one new SQLite store (the default store of
+    URI outputs is shared by every such job): each one's run is there, and a later job works. Without
+    the set-up lock, 5 of 6 failed here ("duplicate column name: step") and the store stayed broken."""
+    store = tmp_path / "shared" / "mlruns.db"
+    uri = "sqlite:///" + str(store)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": repo}
+    start_at = time.time() + 20  # after six interpreters have imported MLflow
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(start_at), uri, str(tmp_path / f"job{i}")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for i in range(6)]
+    results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
+    assert [code for code, _ in results] == [0] * 6, [err[-500:] for _, err in results]
+    with tracking.start(uri, "race", str(tmp_path / "job0"), "later", {"job": "later"}):
+        pass
+    client = tracking.open_store(uri)
+    runs = client.search_runs([client.get_experiment_by_name("race").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == sorted([f"job{i}" for i in range(6)] + ["later"])
+    assert all(r.info.status == "FINISHED" for r in runs)

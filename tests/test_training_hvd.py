@@ -582,12 +582,21 @@ def _answers(url: str) -> bool:
         return False
 
 
+SERVER_USER, SERVER_PASSWORD = "alice", "hunter2"  # the server takes any: what matters is that none is written
+
+
+def with_credentials(url: str) -> str:
+    return url.replace("http://", f"http://{SERVER_USER}:{SERVER_PASSWORD}@")
+
+
 @pytest.fixture(scope="module")
 def augmented_on_server(dataset, tracking_server, tmp_path_factory):
-    """One process, one epoch, augmentation (feature cache off), tracked to the MLflow server."""
+    """One process, one epoch, augmentation (feature cache off), tracked to the MLflow server named
+    by ``$MLFLOW_TRACKING_URI`` with credentials in it."""
     out = str(tmp_path_factory.mktemp("augmented") / "out")
     proc = train(dataset[0], out, "--epochs", "1", "--feature-cache", "--augment", "--tracking",
-                 "--tracking-uri", tracking_server[0], "--experiment", "on-server", "--run-name", "augmented", np_=0)
+                 "--experiment", "on-server", "--run-name", "augmented", np_=0,
+                 env={"MLFLOW_TRACKING_URI": with_credentials(tracking_server[0])})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc
 
@@ -599,11 +608,17 @@ def test_feature_cache_steps_aside_for_augmentation(augmented_on_server):
 
 
 def test_a_tracking_server_receives_the_run_and_its_artifacts(augmented_on_server, tracking_server):
-    out, _ = augmented_on_server
+    out, proc = augmented_on_server
     url, base = tracking_server
     m = metrics(out)
-    client, run = mlflow_run(out)  # read back through the server
-    assert client.tracking_uri == m["mlflow"]["tracking_uri"] == url
+    from pipelines.tracking import open_store
+    client = open_store(url)  # read back through the server
+    run = client.get_run(m["mlflow"]["run_id"])
+    assert m["mlflow"]["tracking_uri"] == m["config"]["tracking_uri"] == url.replace("http://", "http://***@")
+    assert run.data.params["tracking_uri"] == m["mlflow"]["tracking_uri"]
+    # the credentials of $MLFLOW_TRACKING_URI: in no file of the output or the server's store, no line printed
+    assert not _files_holding([out, str(base / "artifacts"), str(base / "server.db")], (SERVER_USER, SERVER_PASSWORD))
+    assert SERVER_PASSWORD not in proc.stdout + proc.stderr and f"{SERVER_USER}:" not in proc.stdout + proc.stderr
     assert run.info.run_name == "augmented" and run.info.status == "FINISHED"
     assert client.get_experiment(run.info.experiment_id).name == "on-server"
     assert run.data.params["world_size"] == "1" and run.data.params["augment"] == "True"
@@ -615,14 +630,28 @@ def test_a_tracking_server_receives_the_run_and_its_artifacts(augmented_on_serve
     assert not [name for name in os.listdir(out) if name.startswith("mlruns")]
 
 
+def _files_holding(roots, secrets):
+    """``[(path, secret)]`` for each file (or file below each folder) of ``roots`` that holds a secret."""
+    paths = [r for r in roots if os.path.isfile(r)] + [os.path.join(folder, name) for r in roots if os.path.isdir(r)
+                                                      for folder, _, names in os.walk(r) for name in names]
+    found = []
+    for path in paths:
+        with open(path, "rb") as f:
+            data = f.read()
+        found += [(path, secret) for secret in secrets if secret.encode() in data]
+    return found
+
+
 def test_an_unreachable_tracking_server_is_refused_before_any_rank_with_exit_2(dataset, tmp_path):
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    proc = train(dataset[0], str(tmp_path / "out"), "--spark-np", "-2", "--tracking", "--tracking-uri", url,
-                 np_=0, timeout=120)
+    proc = train(dataset[0], str(tmp_path / "out"), "--spark-np", "-2", "--tracking", "--tracking-uri",
+                 with_credentials(url), np_=0, timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = error_lines(proc.stderr)
     assert len(errors) == 1 and "[train driver]" in errors[0], proc.stderr[-3000:]
-    assert f"MLflow tracking store {url} cannot be used" in errors[0] and "--no-tracking" in errors[0]
+    masked = url.replace("http://", "http://***@")
+    assert f"MLflow tracking store {masked} cannot be used" in errors[0] and "--no-tracking" in errors[0]
+    assert SERVER_PASSWORD not in proc.stdout + proc.stderr
     assert "rank 0" not in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -675,19 +704,36 @@ def test_petastorm_on_s3_reads_each_rank_the_shard_of_the_local_rule(dataset, s3
         assert got == expected and len(got) == OnePassShard(local, "train", shard, 2).expected_rows
 
 
-def test_horovod_trains_from_s3_to_s3(dataset, s3_data, tmp_path):
+STORAGE_SECRETS = {"access_key": "AKIDSECRETID", "secret_key": "S3CR3T-KEY", "session_token": "T0K3N"}
+
+
+def test_horovod_trains_from_s3_to_s3(dataset, s3_data, s3_server, tmp_path):
     """horovodrun -np 2, --data and --output in the bucket, with the feature cache (written beside
     the data, in the bucket; the run killed and resumed below reads images with Petastorm): the
     outputs land there, TensorBoard's logs and the checkpoints too, and rank 0's local staging
-    folder is gone."""
+    folder is gone. The credentials, given as --storage-option (the suite's server takes any), are
+    in no object of the bucket, no file of the run's MLflow store and no line printed."""
     from pipelines.training import features as feat
     data, manifest = dataset
     out = f"s3://{s3_data[1]}/runs/plain"
     staging = tmp_path / "tmp"
     staging.mkdir()
-    proc = train(s3_data[0], out, "--epochs", "2", "--image-size", "32", "--feature-cache", tensorboard=True,
+    given = {**STORAGE_SECRETS, "endpoint_override": s3_server.endpoint}  # options: no AWS_ENDPOINT_URL in pyarrow
+    options = [arg for key, value in given.items() for arg in ("--storage-option", f"{key}={value}")]
+    proc = train(s3_data[0], out, "--epochs", "2", "--image-size", "32", "--feature-cache", *options, "--tracking",
+                 "--tracking-uri", f"sqlite:///{tmp_path}/store/mlruns.db", tensorboard=True,
                  cache=str(tmp_path / "cache"), env={"TMPDIR": str(staging)})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    secrets = tuple(STORAGE_SECRETS.values())
+    assert not _files_holding([str(tmp_path / "store")], secrets)  # params, tags, artifacts (metrics.json)
+    assert not [s for s in secrets if s in proc.stdout + proc.stderr]
+    bucket = s3_server.client()
+    bodies = {k: bucket.get_object(Bucket=s3_data[1], Key=k)["Body"].read() for k in
+              [o["Key"] for page in bucket.get_paginator("list_objects_v2").paginate(Bucket=s3_data[1])
+               for o in page.get("Contents", [])]}
+    assert not [(k, s) for k, body in bodies.items() for s in secrets if s.encode() in body]
+    assert s3_json(out + "/metrics.json")["config"]["storage_options"] == \
+        {**{key: "***" for key in STORAGE_SECRETS}, "endpoint_override": s3_server.endpoint}
     features = s3_json(out + "/metrics.json")["feature_cache"]
     assert features.startswith(s3_data[0] + "/features/")
     assert feat.is_complete(features, {s: manifest["splits"][s]["rows"] for s in ("train", "test")})

@@ -51,6 +51,7 @@ from pipelines.etl.listing import (REJECTED, SKIPPED, Excluded, ListedFile, clas
 from pipelines.etl.memory import check_task_memory, executor_memory, physical_memory_bytes, task_bytes
 from pipelines.logs import plural
 from pipelines.paths import check_disjoint
+from pipelines.redact import redact
 from pipelines.etl.transform import OUTCOME_DDL, WRITTEN, Candidate, process_chunks
 from pipelines.storage import Location, check_reachable
 
@@ -406,8 +407,8 @@ def _manifest(config: ETLConfig, the_plan: Plan, stats: Dict[str, SplitStats], w
 def shown_config(config: ETLConfig) -> dict:
     """The config as the manifest and MLflow show it: names with ``\\xNN`` escapes, and only the
     keys of ``--storage-option`` (their values may be secrets)."""
-    return {**to_dict(config), "input": display_path(config.input), "output": display_path(config.output),
-            "storage_options": sorted(config.storage_options)}
+    return redact({**to_dict(config), "input": display_path(config.input), "output": display_path(config.output),
+                   "storage_options": sorted(config.storage_options)})
 
 
 def _classes_not_in_both_splits(class_names: List[Optional[str]], stats: Dict[str, SplitStats]) -> List[dict]:

@@ -13,6 +13,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Dict, List
 
+from pipelines.redact import redact
+
 # Signals that say the process was taken away, not that it broke (SIGSEGV, SIGABRT, SIGFPE do).
 LOST_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP)
 
@@ -75,9 +77,10 @@ def is_secondary(exc: BaseException) -> bool:
 def failure_record(exc: BaseException) -> Dict[str, Any]:
     """The record a rank writes of the exception that ends it (inside an ``except`` block: the
     traceback is the one being handled): its rank, host, one-line cause, whether secondary."""
-    return {"rank": int(os.environ.get("HOROVOD_RANK", "0")), "cause": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(), "secondary": is_secondary(exc),
-            "host": os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()}
+    record = {"rank": int(os.environ.get("HOROVOD_RANK", "0")), "cause": f"{type(exc).__name__}: {exc}",
+              "traceback": traceback.format_exc(), "secondary": is_secondary(exc),
+              "host": os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()}
+    return redact(record)  # a cause or traceback may quote a config's secrets or a URI's userinfo
 
 
 class ClusterConfigError(ValueError):

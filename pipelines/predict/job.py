@@ -32,6 +32,7 @@ from pipelines.etl.layout import closure_chunks
 from pipelines.etl.listing import reason_kind
 from pipelines.logs import plural
 from pipelines.paths import check_disjoint
+from pipelines.redact import redact
 from pipelines.predict.config import PredictConfig
 from pipelines.predict.infer import PREDICTED, UNREADABLE, make_predict_fn, result_type
 from pipelines.predict.inputs import TREE, InputPlan, Item, class_index, is_etl_split, plan_input
@@ -194,7 +195,7 @@ def finish(config: PredictConfig, spec: ModelSpec, plan: InputPlan, staging: str
         "labelled": sum(label is not None for label in table.column("label").to_pylist()),
         "metrics": labelled_metrics(table, spec, staging) or None,
         "seconds": round(seconds, 2), "images_per_second": round(counts["rows"] / seconds, 2) if seconds > 0 else None,
-        "config": to_dict(config),
+        "config": redact(to_dict(config)),
     }
     write_json(os.path.join(staging, SUMMARY), summary)
     return summary

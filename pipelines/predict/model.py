@@ -27,6 +27,7 @@ from typing import List, Optional, Tuple
 
 from pipelines.logs import plural
 from pipelines.predict.config import is_mlflow_uri
+from pipelines.redact import redact_text
 
 MODEL_FILE = "model.keras"
 CONTRACT_FILE = "model.json"
@@ -200,7 +201,8 @@ def _resolve_mlflow(uri: str, names: Optional[List[Optional[str]]], download_dir
                                                         dst_path=download_dir or tempfile.mkdtemp(prefix="model-"))
         metadata = mlflow.models.Model.load(local).metadata or {}
     except (MlflowException, OSError) as exc:
-        raise FileNotFoundError(f"MLflow model {uri} (tracking URI {mlflow.get_tracking_uri()}): {exc}") from None
+        raise FileNotFoundError(redact_text(f"MLflow model {uri} (tracking URI {mlflow.get_tracking_uri()}): "
+                                            f"{exc}")) from None
     names = names or metadata.get("class_names")
     if not names:
         raise ModelContractError(f"{uri}: the MLflow model's metadata has no class_names; pass --class-names "

@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-WORKDIR_ENV = "PIPELINES_WORKDIR"
-
-
-def default_workdir() -> str:
-    """``$PIPELINES_WORKDIR``, or ``~/pipelines-work``: where the notebooks write."""
-    return os.path.abspath(os.path.expanduser(os.environ.get(WORKDIR_ENV, "~/pipelines-work")))
+from pipelines.contract import MANIFEST
+from pipelines.etl.config import ETLConfig
+from pipelines.etl.job import run_etl
+from pipelines.storage import resolve
+from pipelines.tools import samples
+from pipelines.tools.weights import ensure_xception_notop_weights
+from pipelines.workdir import WORKDIR_ENV, default_workdir  # noqa: F401 (the notebooks' workspace.default_workdir)
 
 
 def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float = 0.3, spark=None,
@@ -31,15 +32,8 @@ def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float 
     Raises:
         ValueError: an unknown ``sample``.
     """
-    from pipelines.etl.config import ETLConfig
-    from pipelines.etl.job import run_etl
-    from pipelines.tools import samples
-
     if sample not in ("tuxpaint", "fashion-mnist"):
         raise ValueError(f"unknown sample {sample!r}: tuxpaint or fashion-mnist")
-    from pipelines.contract import MANIFEST
-    from pipelines.storage import resolve
-
     location = resolve(workdir).join("etl")
     etl = location.uri
     if not location.join(MANIFEST).exists():
@@ -47,7 +41,7 @@ def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float 
             input_dir = os.path.join(workdir if location.local else default_workdir(), sample)
             extra = ["--per-class", str(per_class)] if (sample == "fashion-mnist" and per_class) else []
             samples.main([sample, "--dest", input_dir, *extra])
-        from pyspark.sql import SparkSession
+        from pyspark.sql import SparkSession  # in-function: keeps `import pipelines` free of PySpark
 
         ours = spark is None and SparkSession.getActiveSession() is None
         run_etl(ETLConfig(input=input_dir, output=etl, image_size=image_size, test_fraction=test_fraction), spark)
@@ -61,6 +55,4 @@ def ensure_weights(weights: str = "") -> str:
     ImageNet Xception no-top weights converted offline (:mod:`pipelines.tools.weights`)."""
     if weights:
         return weights
-    from pipelines.tools.weights import ensure_xception_notop_weights
-
     return str(ensure_xception_notop_weights())

@@ -21,6 +21,7 @@ from typing import Dict, Iterator, List, Optional
 
 from pipelines.config import to_dict
 from pipelines.logs import plural
+from pipelines.redact import redact
 from pipelines.storage import is_local
 from pipelines.training.config import TrainConfig
 
@@ -240,7 +241,7 @@ def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
     from pipelines.contract import manifest_sha256
 
     data = plan.data
-    return {**to_dict(config), "world_size": rank.size, "global_batch_size": plan.steps.global_batch,
+    return {**redact(to_dict(config)), "world_size": rank.size, "global_batch_size": plan.steps.global_batch,
             "learning_rate": plan.lr, "steps_per_epoch": plan.steps.steps_per_epoch,
             "validation_steps": plan.steps.validation_steps, "model_image_size": plan.image_size,
             "data.manifest_sha256": manifest_sha256(data.root), "data.image_size": data.image_size,
@@ -402,7 +403,7 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, phases: List, r
     epochs_planned = fine_tune["epochs_planned"] if fine_tune else config.epochs
     totals = last.totals
     return {
-        "config": to_dict(config),
+        "config": redact(to_dict(config)),
         "world_size": rank.size,
         "batch_size_per_rank": config.batch_size,
         "global_batch_size": steps.global_batch,

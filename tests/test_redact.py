@@ -1,0 +1,120 @@
+"""The one redaction rule (pipelines/redact.py): secret-looking keys keep their key and lose their
+value, URIs lose their userinfo and secret query values, free text (messages, tracebacks, reprs)
+gets both; what is not secret stays readable. Pure: no Spark, MLflow or files."""
+import json
+
+import pytest
+
+from pipelines.redact import MASK, is_secret_key, redact, redact_text, redact_uri
+
+SECRET = "S3CR3T-VALUE"
+
+# Every spelling of a credential the backends and the product take (pyarrow's S3/GCS, s3fs, adlfs,
+# MLflow, AWS environment variables, presigned URLs).
+SECRET_KEYS = ["secret_key", "session_token", "password", "token", "access_key", "aws_access_key_id",
+               "aws_secret_access_key", "AWS_SESSION_TOKEN", "credentials", "X-Amz-Signature", "X-Amz-Credential",
+               "X-Amz-Security-Token", "sas_token", "account_key", "connection_string", "client_secret", "api_key",
+               "apikey", "key", "secret", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "passwd",
+               "private_key", "Authorization", "sig", "session-token"]
+PLAIN_KEYS = ["tracking_uri", "endpoint_override", "region", "cache_key", "session_name", "role_arn", "output",
+              "input", "experiment", "run_name", "register_model", "storage_options", "scheme", "max_pixels",
+              "feature_cache", "tracking", "keys", "monkey"]
+
+
+@pytest.mark.parametrize("key", SECRET_KEYS)
+def test_each_secret_key_keeps_its_key_and_loses_its_value(key):
+    assert is_secret_key(key)
+    assert redact({key: SECRET, "region": "eu-west-1"}) == {key: MASK, "region": "eu-west-1"}
+    for text in (f"{key}={SECRET}", f"--storage-option {key}={SECRET} --epochs 2", f"{{'{key}': '{SECRET}'}}",
+                 json.dumps({key: SECRET}), f"{key}='{SECRET}'", f"{key}: {SECRET}", f"https://h/x?{key}={SECRET}&a=1"):
+        shown = redact_text(text)
+        assert SECRET not in shown and key in shown, (text, shown)
+
+
+@pytest.mark.parametrize("key", PLAIN_KEYS)
+def test_keys_that_are_not_secret_stay_readable(key):
+    assert not is_secret_key(key)
+    assert redact({key: "visible"}) == {key: "visible"}
+    assert redact_text(f"{key}=visible") == f"{key}=visible"
+
+
+@pytest.mark.parametrize("uri, shown", [
+    ("http://alice:hunter2@mlflow.example:5000", "http://***@mlflow.example:5000"),
+    ("https://alice:hunter2@mlflow.example/api?x=1", "https://***@mlflow.example/api?x=1"),
+    ("http://token-only@127.0.0.1:5000/", "http://***@127.0.0.1:5000/"),
+    ("postgresql://mlflow:hunter2@db.internal:5432/mlflow", "postgresql://***@db.internal:5432/mlflow"),
+    ("http://alice:hun@ter2@h:1/p", "http://***@h:1/p"),  # an @ inside the password
+    ("http://alice:hunter2@[::1]:5000", "http://***@[::1]:5000"),
+    ("https://bkt.s3.amazonaws.com/k.jpg?X-Amz-Signature=abc123&X-Amz-Expires=60",
+     "https://bkt.s3.amazonaws.com/k.jpg?X-Amz-Signature=***&X-Amz-Expires=60"),
+    ("mysql://db/mlflow?user=me&password=hunter2", "mysql://db/mlflow?user=me&password=***"),
+    ("sqlite:////tmp/out/mlruns.db", "sqlite:////tmp/out/mlruns.db"),
+    ("s3://bucket/runs/etl", "s3://bucket/runs/etl"),
+    ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+])
+def test_uris_lose_their_userinfo_and_secret_query_values(uri, shown):
+    assert redact_uri(uri) == shown
+    assert redact_text(f"store {uri} cannot be used") == f"store {shown} cannot be used"
+    assert redact({"tracking_uri": uri}) == {"tracking_uri": shown}
+
+
+def test_a_session_token_inside_nested_dicts_and_lists_is_masked_and_the_input_is_unchanged():
+    config = {"storage_options": {"endpoint_override": "http://127.0.0.1:9000", "secret_key": SECRET},
+              "runs": [{"cluster": {"session_token": SECRET, "region": "eu"}}, ("x", f"password={SECRET}")],
+              "epochs": 3, "tracking": True, "empty_password": "", "token": None}
+    shown = redact(config)
+    assert shown == {"storage_options": {"endpoint_override": "http://127.0.0.1:9000", "secret_key": MASK},
+                     "runs": [{"cluster": {"session_token": MASK, "region": "eu"}}, ("x", f"password={MASK}")],
+                     "epochs": 3, "tracking": True, "empty_password": "", "token": None}
+    assert config["storage_options"]["secret_key"] == SECRET  # a copy: the job still needs the value
+    assert redact({"credentials": {"user": "u", "id": 7}}) == {"credentials": MASK}  # a secret key's whole value
+
+
+def test_a_config_repr_and_a_traceback_quoting_one_are_masked():
+    """A dataclass' repr, as an exception or traceback may quote it (a rank's failure record)."""
+    from pipelines.training.config import TrainConfig
+
+    config = TrainConfig(data="s3://b/etl", output="s3://b/out", tracking=True,
+                         tracking_uri="http://alice:hunter2@127.0.0.1:5000",
+                         storage_options={"access_key": "AKIDEXAMPLE", "secret_key": SECRET, "session_token": "T0K3N"})
+    text = redact_text(f"Traceback (most recent call last):\nValueError: bad config {config!r}")
+    for secret in ("AKIDEXAMPLE", SECRET, "T0K3N", "hunter2", "alice"):
+        assert secret not in text, secret
+    assert "'secret_key': '***'" in text and "tracking_uri='http://***@127.0.0.1:5000'" in text
+
+
+def test_an_environment_credential_resolved_into_a_config_is_masked(monkeypatch):
+    """``$MLFLOW_TRACKING_URI`` with credentials becomes the config's tracking URI: what the
+    manifest, metrics.json and MLflow's params show of that config is masked."""
+    from pipelines.config import to_dict
+    from pipelines.etl.config import ETLConfig
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://bob:pa55w0rd@mlflow.example")
+    monkeypatch.setenv("PIPELINES_TRACKING", "1")
+    config = ETLConfig(input="/tmp/in", output="/tmp/out")
+    assert config.tracking_uri == "https://bob:pa55w0rd@mlflow.example"  # the job itself uses it as given
+    shown = json.dumps(redact(to_dict(config)))
+    assert "pa55w0rd" not in shown and "bob" not in shown and "https://***@mlflow.example" in shown
+    assert redact_text("AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI export AWS_REGION=eu") == \
+        "AWS_SECRET_ACCESS_KEY=*** export AWS_REGION=eu"
+    assert redact_text("Authorization: Bearer eyJhbGciOi.x.y") == "Authorization: ***"
+
+
+def test_masking_twice_changes_nothing_more():
+    once = redact_text(f"http://a:b@h?token={SECRET} {{'password': 'pw'}} secret_key={SECRET}")
+    assert redact_text(once) == once and SECRET not in once and "pw'" not in once
+
+
+def test_the_etl_manifest_and_params_show_its_config_masked():
+    """What the ETL writes of its config (manifest.json's ``config``, the MLflow params): a
+    credentialed tracking URI masked, --storage-option by its keys alone."""
+    from pipelines.etl.config import ETLConfig
+    from pipelines.etl.job import shown_config
+
+    config = ETLConfig(input="/tmp/in", output="s3://bucket/etl", tracking=True,
+                       tracking_uri="http://alice:hunter2@mlflow.example:5000",
+                       storage_options={"access_key": "AKIDEXAMPLE", "secret_key": SECRET})
+    shown = json.dumps(shown_config(config))
+    assert not [s for s in ("hunter2", "alice", SECRET, "AKIDEXAMPLE") if s in shown], shown
+    assert '"tracking_uri": "http://***@mlflow.example:5000"' in shown
+    assert '"storage_options": ["access_key", "secret_key"]' in shown
