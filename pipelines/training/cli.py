@@ -96,7 +96,7 @@ def launch(config: TrainConfig) -> dict:
         from pipelines.training.devices import rank_cores, threads_per_rank
         ranks = -config.spark_np
         rank_cores(0, ranks, threads_per_rank(config.threads, ranks), os.sched_getaffinity(0))
-    check_before_ranks(config, abs(config.spark_np))
+    run = check_before_ranks(config, abs(config.spark_np))
     if config.tracking:
         check_store(config.tracking_uri)
     if config.spark_np > 0:
@@ -108,7 +108,8 @@ def launch(config: TrainConfig) -> dict:
                                max_failures=config.max_failures, log_dir=logs,
                                before_ranks=lambda: fetch_weights(config))
         return runner.run(run_training, config=dataclasses.replace(config, spark_np=0, network_interface="",
-                                                                    max_failures=0))
+                                                                    max_failures=0),
+                          run_id=run.run_id)  # every relaunch continues this run's checkpoints only
 
 
 def refuse_early(config: TrainConfig) -> None:
@@ -134,20 +135,24 @@ def refuse_early(config: TrainConfig) -> None:
     fetch_weights(config)
 
 
-def check_before_ranks(config: TrainConfig, world_size: int) -> None:
+def check_before_ranks(config: TrainConfig, world_size: int):
     """The refusals a process makes before any rank trains (the launching driver, the notebooks,
     rank 0 under ``horovodrun``), without TensorFlow: the data cannot feed ``world_size`` ranks,
-    or ``--output`` cannot be used.
+    ``--output`` cannot be used, or holds another training run (:mod:`pipelines.training.runs`).
+    Returns the run it would be (a :class:`~pipelines.training.runs.RunIdentity`).
 
     Raises:
         DataError, ValueError, FileNotFoundError, pipelines.storage.StorageError: as
             :func:`pipelines.training.data.check_run` and :func:`pipelines.training.outputs.check_output`.
+        pipelines.training.runs.RunRefused: as :func:`pipelines.training.runs.claim`.
     """
     from pipelines.training.data import check_run
     from pipelines.training.outputs import check_output
+    from pipelines.training.runs import check_output_claim
 
     check_run(config.data, config.batch_size, world_size, config.storage_options)
     check_output(config.output, config.storage_options)
+    return check_output_claim(config)
 
 
 def fetch_weights(config: TrainConfig) -> None:
