@@ -45,6 +45,7 @@ MODEL_SHA256 = "model_sha256"
 METRICS = "metrics.json"
 HISTORY = "history.csv"
 CLASS_NAMES = "class_names.json"
+TENSORBOARD = "tensorboard"  # a folder: TensorBoard's event files
 TRAIN_RUN = "train_run.json"  # which training run the output belongs to (pipelines/training/runs.py)
 CHECKPOINT_WEIGHTS = "checkpoint-{epoch}.npz"  # epoch N's trainable weights and optimizer state
 CHECKPOINT_MARKER = "checkpoint-{epoch}.json"  # its completion marker, written after the weights

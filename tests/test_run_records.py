@@ -103,8 +103,8 @@ def test_resume_continues_its_own_run_and_refuses_other_settings_or_data(data, t
     result = claim(data, out, resume=True, epochs=9, patience=5)  # epochs and patience may change
     assert result.run.run_id == a.run_id and result.marker["epoch"] == 2 and not result.new and not result.delete
     with pytest.raises(runs.RunRefused, match=rf"^--resume: checkpoint checkpoint-2.json in {out} is of training run "
-                                              rf"{a.run_id} with other settings or data: seed 42 there, 7 here; base_lr "
-                                              rf"0.001 there, 0.02 here\. Give the same values"):
+                                              rf"{a.run_id} with other settings or data: seed 42 there, 7 here; "
+                                              rf"base_lr 0.001 there, 0.02 here\. Give the same values"):
         claim(data, out, resume=True, base_lr=0.02, seed=7)
     with open(os.path.join(data, "manifest.json"), "w") as f:
         f.write('{"run_id": "etl-2"}')  # the ETL ran again: other data

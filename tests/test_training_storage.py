@@ -5,6 +5,8 @@ import json
 import os
 import pickle
 
+import pytest
+
 from pipelines.storage import resolve
 from pipelines.training.outputs import Outputs, open_outputs
 from pipelines.training.schedule import newest_complete_checkpoint
@@ -72,6 +74,27 @@ def test_resume_takes_the_newest_remote_checkpoint_whose_weights_are_whole(s3_bu
     outputs.push()  # nothing changed: nothing uploaded again; nothing deleted (no name is this run's and gone)
     assert names(remote) == before
     assert newest_complete_checkpoint(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize("name", ["/checkpoint-2.npz", "/{bucket}/elsewhere/checkpoint-2.npz",
+                                  "../checkpoint-2.npz", "sub/checkpoint-2.npz", "", "metrics.json"])
+def test_a_remote_marker_naming_anything_but_its_own_checkpoint_is_never_resumed(s3_bucket, name, tmp_path):
+    """An absolute name crashed --resume on S3, a ``../`` one wrote outside the local folder: such a
+    marker is ignored, the older whole checkpoint resumed, nothing downloaded outside the folder."""
+    remote = resolve(f"s3://{s3_bucket}/run")
+    remote.parent.join("elsewhere", "checkpoint-2.npz").write_bytes(b"w" * 12)
+    remote.parent.join("checkpoint-2.npz").write_bytes(b"w" * 12)
+    for epoch in (1, 2):
+        remote.join(f"checkpoint-{epoch}.npz").write_bytes(b"w" * (10 + epoch))
+    remote.join("checkpoint-1.json").write_bytes(marker(1, 11))
+    bad = json.loads(marker(2, 12))
+    remote.join("checkpoint-2.json").write_bytes(json.dumps({**bad, "weights": name.format(bucket=s3_bucket)}).encode())
+    found = newest_complete_checkpoint(remote)
+    assert found["epoch"] == 1
+    outputs = Outputs(remote)
+    outputs.pull_resume_state(found)
+    assert sorted(os.listdir(outputs.local)) == ["checkpoint-1.json", "checkpoint-1.npz"]
+    assert not os.path.exists(os.path.join(os.path.dirname(outputs.local), "checkpoint-2.npz"))
 
 
 def test_pruning_deletes_this_runs_checkpoints_only_never_another_runs_in_a_shared_prefix(s3_bucket):

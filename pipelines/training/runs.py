@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from pipelines.contract import (CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT,
-                                MODEL_FILE, TRAIN_RUN, manifest_sha256, plain_name)
+                                MODEL_FILE, TENSORBOARD, TRAIN_RUN, manifest_sha256, plain_name)
 from pipelines.report import PICTURES
 from pipelines.tracking import RUN_FILE
 
@@ -40,8 +40,8 @@ FINGERPRINT_FIELDS = ("backbone", "weights", "image_size", "dropout", "seed", "b
                       "warmup_epochs", "min_delta", "shuffle_buffer", "augment", "feature_cache",
                       "fine_tune_blocks", "fine_tune_lr", "fp16_allreduce", "mixed_precision")
 #: What a run writes in its output besides checkpoints (named in its record; ``--overwrite`` of a
-#: later run deletes these and nothing else). Folders: ``tensorboard``.
-RUN_FILES = (MODEL_FILE, MODEL_CONTRACT, METRICS, HISTORY, CLASS_NAMES, *PICTURES.values(), RUN_FILE, "tensorboard")
+#: later run deletes these and nothing else). A folder: TENSORBOARD.
+RUN_FILES = (MODEL_FILE, MODEL_CONTRACT, METRICS, HISTORY, CLASS_NAMES, *PICTURES.values(), RUN_FILE, TENSORBOARD)
 
 
 class RunRefused(ValueError):

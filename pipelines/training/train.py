@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional
 
 from pipelines.config import to_dict
-from pipelines.contract import CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT
+from pipelines.contract import CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT, TENSORBOARD
 from pipelines.logs import plural
 from pipelines.storage import is_local, resolve
 from pipelines.training.config import TrainConfig
@@ -306,7 +306,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
             cb.EpochCSVLogger(os.path.join(directory, HISTORY), append=bool(resume.marker)),
         ]
         if config.tensorboard:
-            callbacks.append(tf.keras.callbacks.TensorBoard(os.path.join(directory, "tensorboard"),
+            callbacks.append(tf.keras.callbacks.TensorBoard(os.path.join(directory, TENSORBOARD),
                                                             profile_batch=0))
         if tracker is not None:
             callbacks.append(cb.TrackEpochs(tracker))
