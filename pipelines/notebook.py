@@ -64,12 +64,12 @@ def train(np: int = -1, max_failures: int = 0, **config) -> Dict:
     from pipelines.training.train import run_training
 
     config = TrainConfig(**config)
-    check_before_ranks(config, abs(np))  # refusals before any rank starts
+    run = check_before_ranks(config, abs(np))  # refusals before any rank starts
     if config.tracking:
         from pipelines.tracking import check_store
         check_store(config.tracking_uri)  # a tracking server that does not answer, too
     runner = HorovodRunner(np=np, max_failures=max_failures, before_ranks=lambda: fetch_weights(config))
-    return runner.run(run_training, config=config)
+    return runner.run(run_training, config=config, run_id=run.run_id)  # a relaunch continues this run only
 
 
 def history_frame(report: Dict):
