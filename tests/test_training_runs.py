@@ -57,7 +57,7 @@ def test_a_run_never_adopts_another_runs_checkpoints(dataset, tmp_path):  # noqa
     assert b.returncode == 0, b.stderr[-3000:]
     m = metrics(out)
     run_b = read(os.path.join(out, "train_run.json"))["run"]["id"]
-    assert run_b != run_a and len(m["attempts"]) == 2 and m["resumed_after_epoch"] == 1
+    assert run_b != run_a and m["run_id"] == run_b and len(m["attempts"]) == 2 and m["resumed_after_epoch"] == 1
     assert [h["epoch"] for h in m["history"]] == [1, 2, 3]
     assert [h["lr"] for h in m["history"]] == pytest.approx([0.04] * 3)  # B's 0.02 x 2 ranks, never A's
     assert m["config"]["base_lr"] == 0.02 and open(os.path.join(out, "notes.txt")).read() == "mine"

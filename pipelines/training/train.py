@@ -521,6 +521,7 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, phases: List, r
     totals = last.totals
     return {
         "config": to_dict(config),
+        "run_id": plan.claim.run.run_id if plan.claim else None,  # rank 0's: the training run (train_run.json)
         "world_size": rank.size,
         "batch_size_per_rank": config.batch_size,
         "global_batch_size": steps.global_batch,
