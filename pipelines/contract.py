@@ -72,9 +72,9 @@ def plain_name(name: Any, what: str, pattern: Optional["re.Pattern"] = None) -> 
         ValueError: naming ``what`` (where the name was read) and the name.
     """
     if not isinstance(name, str) or not name or name in (".", "..") or any(c in name for c in "/\\\0"):
-        raise ValueError(f"{what} names {name!r}, which is not a plain file name")
+        raise ValueError(f"{what}: the name {name!r} is not a plain file name")
     if pattern is not None and not pattern.fullmatch(name):
-        raise ValueError(f"{what} names {name!r}, which is not of the form {pattern.pattern}")
+        raise ValueError(f"{what}: the name {name!r} is not of the form {pattern.pattern}")
     return name
 
 

@@ -75,7 +75,7 @@ def test_checkpoints_without_a_record_or_run_are_another_runs(data, tmp_path):
     write_checkpoint(out, 3, None)  # written before runs were recorded
     with pytest.raises(runs.RunRefused, match=r"training run \(unrecorded\)"):
         claim(data, out)
-    with pytest.raises(runs.RunRefused, match="checkpoint checkpoint-3.json in .* names no training run"):
+    with pytest.raises(runs.RunRefused, match="checkpoint checkpoint-3.json in .* is of no recorded training run"):
         claim(data, out, resume=True)
 
 
@@ -143,7 +143,7 @@ BAD_NAMES = ["/etc/passwd", "../checkpoint-1.npz", "..", ".", "sub/checkpoint-1.
 
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_a_marker_naming_anything_but_a_checkpoint_beside_it_is_refused_and_never_picked(name, tmp_path):
-    with pytest.raises(ValueError, match="checkpoint marker m names"):
+    with pytest.raises(ValueError, match="checkpoint marker m: the name "):
         marker_weights({"weights": name}, "checkpoint marker m")
     out = str(tmp_path / "out")
     os.makedirs(out)
@@ -159,7 +159,7 @@ def test_a_marker_naming_anything_but_a_checkpoint_beside_it_is_refused_and_neve
 
 def test_a_markers_own_name_must_be_a_marker_and_weights_must_be_weights():
     assert marker_weights({"weights": "checkpoint-12.npz"}, "m") == "checkpoint-12.npz"
-    with pytest.raises(ValueError, match="which is a marker, not a checkpoint's weights"):
+    with pytest.raises(ValueError, match="is a marker's, not a checkpoint's weights"):
         marker_weights({"weights": "checkpoint-12.json"}, "m")
     assert plain_name("checkpoint-3.json", "m", CHECKPOINT_NAME) == "checkpoint-3.json"
     assert plain_name("a b+%=&#?:'~é.txt", "m") == "a b+%=&#?:'~é.txt"  # odd but plain
@@ -170,7 +170,7 @@ def test_a_records_file_list_naming_a_path_is_refused(name, data, tmp_path):
     out = str(tmp_path / "out")
     a = run_a(data, out)
     write_json(os.path.join(out, TRAIN_RUN), {**runs.record(a, data), "files": ["metrics.json", name]})
-    with pytest.raises(ValueError, match=f"{TRAIN_RUN}'s files names"):
+    with pytest.raises(ValueError, match=f"{TRAIN_RUN}'s files: the name "):
         claim(data, out, overwrite=True)
 
 

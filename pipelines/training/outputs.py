@@ -106,7 +106,7 @@ class Outputs:
             return
         best = marker["early_stopping"]["best_epoch"]
         if not isinstance(best, int) or best < 1:
-            raise ValueError(f"checkpoint marker {marker['_name']} names best epoch {best!r}")
+            raise ValueError(f"checkpoint marker {marker['_name']}: its best epoch {best!r} is not a number >= 1")
         names = [os.path.basename(checkpoint_path("", best)), marker_weights(marker, marker["_name"]),
                  *(name for name in RESUME_FILES if self.remote.join(name).exists()),
                  plain_name(marker["_name"], "a marker", CHECKPOINT_NAME)]  # the marker last, as it was written

@@ -167,13 +167,13 @@ def _continue(state: OutputState, run: RunIdentity, relaunch: bool, where: str) 
     recorded = (marker.get("run") if marker else None) or owner
     what = f"checkpoint {marker['_name']}" if marker else TRAIN_RUN
     if not recorded.get("id"):
-        raise RunRefused(f"{'a relaunch' if relaunch else '--resume'}: {what} in {where} names no training run "
+        raise RunRefused(f"{'a relaunch' if relaunch else '--resume'}: {what} in {where} is of no recorded training run "
                          f"(written before runs were recorded): start afresh with --overwrite")
     if relaunch and run.run_id and recorded["id"] != run.run_id:
         raise RunRefused(f"a relaunch of training run {run.run_id} found {what} of run {recorded['id']} in {where}: "
                          f"another run writes into this --output")
     if owner.get("id") != recorded["id"]:
-        raise RunRefused(f"--resume: {what} in {where} is of run {recorded['id']}, but {TRAIN_RUN} names run "
+        raise RunRefused(f"--resume: {what} in {where} is of run {recorded['id']}, but {TRAIN_RUN} is of run "
                          f"{owner.get('id')}: start afresh with --overwrite")
     found = differences(recorded, run)
     if found:

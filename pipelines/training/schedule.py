@@ -94,7 +94,7 @@ def marker_weights(marker: Dict, what: str) -> str:
     """
     name = plain_name(marker.get("weights") if isinstance(marker, dict) else None, what, CHECKPOINT_NAME)
     if not name.endswith(".npz"):
-        raise ValueError(f"{what} names {name!r}, which is a marker, not a checkpoint's weights")
+        raise ValueError(f"{what}: the name {name!r} is a marker's, not a checkpoint's weights")
     return name
 
 
