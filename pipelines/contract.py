@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
@@ -35,6 +36,21 @@ TRAIN, TEST = "train", "test"
 SPLITS = (TRAIN, TEST)
 MANIFEST_FORMAT = 2
 
+# A training run's output folder (``jobs/train.py --output``), which batch inference reads a model
+# from: the names stated once. MODEL_SHA256 is model.json's key holding the hex sha256 of the bytes of
+# MODEL_FILE, which a reader checks before loading it.
+MODEL_FILE = "model.keras"
+MODEL_CONTRACT = "model.json"
+MODEL_SHA256 = "model_sha256"
+METRICS = "metrics.json"
+HISTORY = "history.csv"
+CLASS_NAMES = "class_names.json"
+TENSORBOARD = "tensorboard"  # a folder: TensorBoard's event files
+TRAIN_RUN = "train_run.json"  # which training run the output belongs to (pipelines/training/runs.py)
+CHECKPOINT_WEIGHTS = "checkpoint-{epoch}.npz"  # epoch N's trainable weights and optimizer state
+CHECKPOINT_MARKER = "checkpoint-{epoch}.json"  # its completion marker, written after the weights
+CHECKPOINT_NAME = re.compile(r"^checkpoint-([1-9][0-9]*)\.(npz|json)$")  # either, epoch >= 1
+
 # (name, pyarrow type name): what each split's Parquet files hold, in order.
 COLUMNS = (
     ("path", "string"),       # the source file, absolute
@@ -44,6 +60,22 @@ COLUMNS = (
     ("height", "int32"),      # of the original, after EXIF orientation
     ("width", "int32"),
 )
+
+
+def plain_name(name: Any, what: str, pattern: Optional["re.Pattern"] = None) -> str:
+    """``name``, read from a file (a checkpoint marker, a run record), checked to be the plain name
+    of a file beside that file: a non-empty string without ``/``, ``\\`` or NUL, not ``.`` or ``..``
+    (so never absolute nor outside the folder, on a local disk or an object store), and matching
+    ``pattern`` when given (e.g. :data:`CHECKPOINT_NAME`).
+
+    Raises:
+        ValueError: naming ``what`` (where the name was read) and the name.
+    """
+    if not isinstance(name, str) or not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise ValueError(f"{what}: the name {name!r} is not a plain file name")
+    if pattern is not None and not pattern.fullmatch(name):
+        raise ValueError(f"{what}: the name {name!r} is not of the form {pattern.pattern}")
+    return name
 
 
 def image_schema():

@@ -1,7 +1,9 @@
 """Pictures of a training run, written by rank 0 beside ``metrics.json`` (matplotlib, Agg backend).
 
 * :func:`plot_history` - ``curves.png``: loss and accuracy per epoch, training and validation;
-* :func:`plot_confusion` - ``confusion.png``: the exact test confusion matrix (all ranks' sum);
+* :func:`plot_confusion` - ``confusion.png``: the exact test confusion matrix (all ranks' sum), of
+  bounded size whatever the number of classes (1,200 x 1,000 px above 30 classes);
+* :func:`plot_top_confusions` - ``top_confusions.png``: its largest off-diagonal cells as bars;
 * :func:`contact_sheet` - ``contact_sheet.png``: test images with their true and predicted
   labels, misses framed and labelled in red.
 
@@ -16,6 +18,9 @@ import numpy as np
 
 from pipelines.logs import plural
 
+#: The pictures' file names, stated once (their names in ``metrics.json``'s ``pictures``).
+PICTURES = {"curves": "curves.png", "confusion": "confusion.png", "top_confusions": "top_confusions.png",
+            "contact_sheet": "contact_sheet.png"}
 MISS = "#d62728"
 HIT = "#2ca02c"
 
@@ -30,12 +35,14 @@ def _pyplot():
 
 
 def _save(fig, path: str) -> str:
-    from pipelines.atomic import replacing
+    from pipelines.atomic import PUBLIC, replacing
 
     plt = _pyplot()
-    with replacing(path, suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        with replacing(path, suffix=".png", mode=PUBLIC) as tmp:
+            fig.savefig(tmp, dpi=100, bbox_inches="tight")
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -66,28 +73,87 @@ def plot_history(history: List[Dict], path: str) -> str:
     return _save(fig, path)
 
 
+#: Up to this many classes the confusion matrix shows every class's name and each cell's count;
+#: above it, the matrix is an image (a pixel block per cell) with a readable subset of names.
+CELL_TEXT_CLASSES = 30
+#: The confusion picture's largest side, inches at 100 dpi (at most 2,400 px whatever the classes).
+MAX_SIDE = 24.0
+MAX_TICKS = 40  # class names on an axis of the image view: more are not legible at 7 pt
+TOP_CONFUSIONS = 20
+
+
 def plot_confusion(matrix, class_names: Sequence[Optional[str]], path: str, title: str = "") -> str:
-    """The confusion matrix, rows = true class, columns = predicted, counts in the cells."""
+    """The confusion matrix, rows = true class, columns = predicted, on a figure of bounded size.
+
+    Up to :data:`CELL_TEXT_CLASSES` classes: every name and each cell's count (side 0.7 in a class).
+    Above: a fixed 12 x 10 in figure (1,200 x 1,000 px at 100 dpi, 257 or 1,000 classes alike), the
+    matrix as an image of row-normalised rates (each true class's share), at most :data:`MAX_TICKS`
+    names per axis, no cell text; the largest confusions are in :func:`plot_top_confusions`."""
     plt = _pyplot()
     m = np.asarray(matrix, np.int64)
     k = len(m)
     names = [_name(class_names, i) for i in range(k)]
-    side = max(4.0, 0.7 * k + 2.5)
-    fig, ax = plt.subplots(figsize=(side + 1, side))
-    image = ax.imshow(m, cmap="Blues", vmin=0)
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_xticks(range(k), names, rotation=45, ha="right")
-    ax.set_yticks(range(k), names)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
     total = int(m.sum())
     accuracy = np.trace(m) / total if total else float("nan")
-    ax.set_title(title or f"test confusion matrix: {plural(total, 'image')}, accuracy {accuracy:.3f}")
-    high = m.max() / 2 if m.size else 0
-    for i in range(k):
-        for j in range(k):
-            ax.text(j, i, str(m[i, j]), ha="center", va="center", fontsize=9,
-                    color="white" if m[i, j] > high else "black")
+    title = title or f"test confusion matrix: {plural(k, 'class')}, {plural(total, 'image')}, accuracy {accuracy:.3f}"
+    if k <= CELL_TEXT_CLASSES:
+        side = min(MAX_SIDE, max(4.0, 0.7 * k + 2.5))
+        fig, ax = plt.subplots(figsize=(side + 1, side))
+        _matrix_image(fig, ax, m, names, list(range(k)), "Blues", vmax=None)
+        high = m.max() / 2 if m.size else 0
+        for i in range(k):
+            for j in range(k):
+                ax.text(j, i, str(m[i, j]), ha="center", va="center", fontsize=9,
+                        color="white" if m[i, j] > high else "black")
+    else:
+        fig, ax = plt.subplots(figsize=(12, 10))
+        rows = m.sum(axis=1, keepdims=True)
+        rates = np.divide(m, rows, out=np.zeros(m.shape, np.float64), where=rows > 0)
+        ticks = list(range(0, k, math.ceil(k / MAX_TICKS)))
+        _matrix_image(fig, ax, rates, names, ticks, "viridis", vmax=1.0, fontsize=7)
+        title += " (share of each true class)"
+    ax.set_title(title)
+    return _save(fig, path)
+
+
+def _matrix_image(fig, ax, values, names: List[str], ticks: List[int], cmap: str, vmax, fontsize: int = 10):
+    """``values`` drawn as an image (one pixel block per cell) with a colour bar and the names of
+    the classes ``ticks`` on both axes."""
+    image = ax.imshow(values, cmap=cmap, vmin=0, vmax=vmax, interpolation="nearest")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_xticks(ticks, [names[i] for i in ticks], rotation=45 if len(ticks) <= 15 else 90, ha="right"
+                  if len(ticks) <= 15 else "center", fontsize=fontsize)
+    ax.set_yticks(ticks, [names[i] for i in ticks], fontsize=fontsize)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+
+
+def top_confusions(matrix, top: int = TOP_CONFUSIONS) -> List[tuple]:
+    """The ``top`` largest off-diagonal cells of a confusion matrix (rows true, columns predicted),
+    largest first, ties by (true, predicted): ``[(true, predicted, count), ...]``, zero counts left out."""
+    m = np.array(matrix, np.int64)
+    np.fill_diagonal(m, 0)
+    flat = m.ravel()
+    order = np.lexsort((np.arange(flat.size), -flat))[:top]  # count descending, then position
+    return [(int(i) // len(m), int(i) % len(m), int(flat[i])) for i in order if flat[i] > 0]
+
+
+def plot_top_confusions(matrix, class_names: Sequence[Optional[str]], path: str, top: int = TOP_CONFUSIONS) -> str:
+    """``top_confusions.png``: the :func:`top_confusions` as horizontal bars ``true -> predicted``
+    with their counts (a fixed 10 x 6 in figure, whatever the number of classes)."""
+    plt = _pyplot()
+    pairs = top_confusions(matrix, top)
+    fig, ax = plt.subplots(figsize=(10, 6))
+    labels = [f"{_name(class_names, t)[:30]} -> {_name(class_names, p)[:30]}" for t, p, _ in pairs]
+    counts = [c for _, _, c in pairs]
+    ax.barh(range(len(pairs)), counts, color=MISS)
+    ax.set_yticks(range(len(pairs)), labels, fontsize=8)
+    ax.invert_yaxis()
+    for y, count in enumerate(counts):
+        ax.text(count, y, f" {count}", va="center", fontsize=8)
+    ax.set_xlabel("test images")
+    ax.set_title(f"the {plural(len(pairs), 'largest confusion')} (true -> predicted)" if pairs
+                 else "no test image was confused")
     return _save(fig, path)
 
 

@@ -5,6 +5,8 @@ import json
 import os
 import pickle
 
+import pytest
+
 from pipelines.storage import resolve
 from pipelines.training.outputs import Outputs, open_outputs
 from pipelines.training.schedule import newest_complete_checkpoint
@@ -64,13 +66,66 @@ def test_resume_takes_the_newest_remote_checkpoint_whose_weights_are_whole(s3_bu
     remote.join("history.csv").write_bytes(b"epoch,loss\n0,1.0\n1,0.5\n")
     assert newest_complete_checkpoint(remote)["epoch"] == 2
     outputs = Outputs(remote)
-    assert outputs.pull_resume_state() == 2
+    outputs.pull_resume_state(newest_complete_checkpoint(remote))
     assert sorted(os.listdir(outputs.local)) == ["checkpoint-1.npz", "checkpoint-2.json", "checkpoint-2.npz",
                                                  "history.csv"]
     assert newest_complete_checkpoint(outputs.local)["epoch"] == 2  # what restore() then reads, locally
-    outputs.push()  # nothing changed: nothing uploaded again, nothing of the remote pruned but epoch 3
-    assert names(remote) == {"checkpoint-1.npz", "checkpoint-2.json", "checkpoint-2.npz", "history.csv"}
+    before = names(remote)
+    outputs.push()  # nothing changed: nothing uploaded again; nothing deleted (no name is this run's and gone)
+    assert names(remote) == before
     assert newest_complete_checkpoint(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize("name", ["/checkpoint-2.npz", "/{bucket}/elsewhere/checkpoint-2.npz",
+                                  "../checkpoint-2.npz", "sub/checkpoint-2.npz", "", "metrics.json"])
+def test_a_remote_marker_naming_anything_but_its_own_checkpoint_is_never_resumed(s3_bucket, name, tmp_path):
+    """An absolute name crashed --resume on S3, a ``../`` one wrote outside the local folder: such a
+    marker is ignored, the older whole checkpoint resumed, nothing downloaded outside the folder."""
+    remote = resolve(f"s3://{s3_bucket}/run")
+    remote.parent.join("elsewhere", "checkpoint-2.npz").write_bytes(b"w" * 12)
+    remote.parent.join("checkpoint-2.npz").write_bytes(b"w" * 12)
+    for epoch in (1, 2):
+        remote.join(f"checkpoint-{epoch}.npz").write_bytes(b"w" * (10 + epoch))
+    remote.join("checkpoint-1.json").write_bytes(marker(1, 11))
+    bad = json.loads(marker(2, 12))
+    remote.join("checkpoint-2.json").write_bytes(json.dumps({**bad, "weights": name.format(bucket=s3_bucket)}).encode())
+    found = newest_complete_checkpoint(remote)
+    assert found["epoch"] == 1
+    outputs = Outputs(remote)
+    outputs.pull_resume_state(found)
+    assert sorted(os.listdir(outputs.local)) == ["checkpoint-1.json", "checkpoint-1.npz"]
+    assert not os.path.exists(os.path.join(os.path.dirname(outputs.local), "checkpoint-2.npz"))
+
+
+def test_pruning_deletes_this_runs_checkpoints_only_never_another_runs_in_a_shared_prefix(s3_bucket):
+    """Run A's checkpoints 1..3 lie in the prefix B writes into (the claim was bypassed, as a second
+    writer racing B would): B's pruning deletes B's own older checkpoints (pushed by this process,
+    or named by markers of B's run id), never A's, whatever their epoch numbers."""
+    from pipelines.training.runs import Claim, RunIdentity
+    remote = resolve(f"s3://{s3_bucket}/shared")
+    a = {"id": "A", "config": {}, "data_sha256": "d"}
+    for epoch in (1, 2, 3):
+        remote.join(f"checkpoint-{epoch}.npz").write_bytes(b"a" * 5)
+        remote.join(f"checkpoint-{epoch}.json").write_bytes(json.dumps(
+            {"epoch": epoch, "weights": f"checkpoint-{epoch}.npz", "weights_bytes": 5, "run": a,
+             "early_stopping": {"best_epoch": 1}, "history": []}).encode())
+    remote.join("checkpoint-9.npz").write_bytes(b"b" * 3)  # B's own, from an earlier process of run B
+    remote.join("checkpoint-9.json").write_bytes(json.dumps(
+        {"epoch": 9, "weights": "checkpoint-9.npz", "weights_bytes": 3, "run": {"id": "B"},
+         "early_stopping": {"best_epoch": 9}, "history": []}).encode())
+    outputs = Outputs(remote)
+    outputs.adopt(Claim(RunIdentity("B", {}, "d")), "data")  # no deletion, no record: a relaunch's view
+    for epoch in (4, 5):  # B's epochs: B keeps only its newest locally
+        write(outputs.local, f"checkpoint-{epoch}.npz", b"w" * 4)
+        write(outputs.local, f"checkpoint-{epoch}.json", marker(epoch, 4))
+        outputs.push(last=f"checkpoint-{epoch}.json")
+        if epoch == 4:
+            os.remove(os.path.join(outputs.local, "checkpoint-4.npz"))
+            os.remove(os.path.join(outputs.local, "checkpoint-4.json"))
+    left = names(remote)
+    assert {f"checkpoint-{e}.{x}" for e in (1, 2, 3) for x in ("npz", "json")} <= left  # A's, untouched
+    assert not {"checkpoint-4.npz", "checkpoint-4.json", "checkpoint-9.npz", "checkpoint-9.json"} & left  # B's
+    assert {"checkpoint-5.npz", "checkpoint-5.json"} <= left
 
 
 def test_the_legacy_filesystem_answers_petastorms_calls_and_pickles(s3_bucket):

@@ -1,7 +1,8 @@
 """Small checkpoints: what training changes, with the frozen weights identified by their hash.
 
 A checkpoint of epoch N (``checkpoint-N.npz``) holds the model's trainable weights and the
-optimizer's state (its variables, and Nadam's running ``u_product``), not the frozen backbone:
+optimizer's state (its variables, Nadam's running ``u_product``, and under mixed precision the
+loss scale), not the frozen backbone:
 the frozen Xception is 84 MB, the head and its optimizer state a few KB. The frozen weights are
 identified instead by :func:`frozen_checksum` (sha256 of their bytes), recorded in the checkpoint's
 marker and checked on ``--resume``: a checkpoint is only meaningful on top of the same backbone.
@@ -30,10 +31,17 @@ def frozen_checksum(model) -> str:
 
 def optimizer_state(optimizer) -> List:
     """The optimizer's state variables (built), in a fixed order: ``variables`` then Nadam's
-    ``_u_product`` (a plain ``tf.Variable`` that ``variables`` leaves out)."""
-    state = list(optimizer.variables)
-    if getattr(optimizer, "_u_product", None) is not None:
-        state.append(optimizer._u_product)
+    ``_u_product`` (a plain ``tf.Variable`` that ``variables`` leaves out); under mixed precision
+    (Keras' ``LossScaleOptimizer`` around it, whose ``variables`` are the inner optimizer's only) then
+    the dynamic loss scale and its count of good steps, so that a resumed run scales as the
+    interrupted one would have."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    state = list(inner.variables)
+    if getattr(inner, "_u_product", None) is not None:
+        state.append(inner._u_product)
+    scale = getattr(optimizer, "_loss_scale", None)  # keras' _DynamicLossScaleState
+    if scale is not None and hasattr(scale, "_current_loss_scale"):
+        state += [scale._current_loss_scale, scale._counter]
     return state
 
 
@@ -50,7 +58,8 @@ def build_optimizer(model) -> None:
     """Create the optimizer's slot variables now (Keras creates them at the first step), so that a
     resume can assign them before ``fit``."""
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and not getattr(optimizer, "_built", False):
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer builds its inner one
+    if optimizer is not None and not getattr(inner, "_built", False):
         optimizer.build(model.trainable_variables)
 
 
@@ -63,7 +72,7 @@ def save_checkpoint(model, path: str) -> int:
     if getattr(model, "optimizer", None) is not None:
         build_optimizer(model)
         arrays.update({f"optimizer_{i:04d}": v.numpy() for i, v in enumerate(optimizer_state(model.optimizer))})
-    with replacing(path, suffix=".npz") as tmp:
+    with replacing(path, suffix=".npz") as tmp:  # owner-only: run state
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
     return os.path.getsize(path)

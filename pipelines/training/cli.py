@@ -30,6 +30,7 @@ from pipelines.training.data import DataError, check_run
 from pipelines.training.devices import rank_cores, threads_per_rank
 from pipelines.training.imagenet import ensure_imagenet_weights
 from pipelines.training.outputs import check_output
+from pipelines.training.runs import check_output_claim
 from pipelines.training.train import run_training
 
 RANK_LOGS = "logs"  # under --output: each rank's whole output (HorovodRunner's log_dir)
@@ -108,13 +109,14 @@ def launch_ranks(config: TrainConfig, launch: LaunchConfig) -> dict:
     if launch.np < 0 and config.bind_cores:  # local ranks: the cores are this machine's, check now
         rank_cores(0, launch.world_size, threads_per_rank(config.threads, launch.world_size),
                    os.sched_getaffinity(0))
-    check_before_ranks(config, launch.world_size)
+    run = check_before_ranks(config, launch.world_size)
     if config.tracking:
         check_store(config.tracking_uri)
     if launch.np > 0:
         spark_session("pipelines-train")
     with rank_log_dir(config) as logs:
-        return launch.runner(logs, before_ranks=lambda: fetch_weights(config)).run(run_training, config=config)
+        runner = launch.runner(logs, before_ranks=lambda: fetch_weights(config))
+        return runner.run(run_training, config=config, run_id=run.run_id)  # every relaunch continues this run's checkpoints only
 
 
 def refuse_early(config: TrainConfig, rank: Optional[int], world_size: int) -> None:
@@ -136,17 +138,20 @@ def refuse_early(config: TrainConfig, rank: Optional[int], world_size: int) -> N
     fetch_weights(config)
 
 
-def check_before_ranks(config: TrainConfig, world_size: int) -> None:
+def check_before_ranks(config: TrainConfig, world_size: int):
     """The refusals a process makes before any rank trains (the launching driver, the notebooks,
     rank 0 under ``horovodrun``), without TensorFlow: the data cannot feed ``world_size`` ranks,
-    or ``--output`` cannot be used.
+    ``--output`` cannot be used, or holds another training run (:mod:`pipelines.training.runs`).
+    Returns the run it would be (a :class:`~pipelines.training.runs.RunIdentity`).
 
     Raises:
         DataError, ValueError, FileNotFoundError, pipelines.storage.StorageError: as
             :func:`pipelines.training.data.check_run` and :func:`pipelines.training.outputs.check_output`.
+        pipelines.training.runs.RunRefused: as :func:`pipelines.training.runs.claim`.
     """
     check_run(config.data, config.batch_size, world_size, config.storage_options)
     check_output(config.output, config.storage_options)
+    return check_output_claim(config)
 
 
 def fetch_weights(config: TrainConfig) -> None:

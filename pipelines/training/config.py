@@ -39,7 +39,11 @@ class TrainConfig:
     cache_dir: str = field("", help="Petastorm local-disk cache root, a local folder by design (a URI is "
                                     "refused: the cache is each rank's own disk; default: a temp folder); each "
                                     "rank and split gets its own subfolder")
-    resume: bool = field(False, help="continue from the newest complete checkpoint in --output")
+    resume: bool = field(False, help="continue the run whose newest complete checkpoint is in --output (refused "
+                                     "when that run's settings or data differ from this one's)")
+    overwrite: bool = field(False, help="start afresh in an --output that holds another training run: delete "
+                                        "the files that run recorded (train_run.json, its checkpoints, model, "
+                                        "metrics), nothing else")
     shuffle_buffer: int = field(256, help="images in the shuffle buffer (uint8, before preprocessing)")
     seed: int = field(42, help="seed of weights initialisation, shuffling and dropout")
     threads: int = field(0, help="TensorFlow intra-op threads per rank; 0 = the cores this process may use / "
@@ -97,6 +101,8 @@ class TrainConfig:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.warmup_epochs < 0 or self.patience < 0 or self.image_size < 0:
             raise ValueError("--warmup-epochs, --patience and --image-size must be >= 0")
+        if self.resume and self.overwrite:
+            raise ValueError("--resume continues the run in --output, --overwrite replaces it: give one of them")
         if self.shuffle_buffer < 1:
             raise ValueError(f"--shuffle-buffer must be >= 1, got {self.shuffle_buffer}")
         self.data = local_or_uri(self.data)

@@ -4,7 +4,7 @@ With a frozen backbone called with ``training=False`` and no per-epoch augmentat
 backbone's output for an image never changes, yet the article's training recomputes it for every
 image in every epoch. Here each rank computes the features of its Petastorm shard of each split
 once, writes them as Parquet under ``DATA/features/<key>/<split>/part-rank<r>.parquet`` (``key``
-depends on the weights, the image size and the backbone), and training fits only the head
+depends on the weights, the image size, the backbone and its compute dtype), and training fits only the head
 (dropout + dense) on them with the same Horovod machinery. A second run with the same key reuses
 them; other weights or another size get another key.
 
@@ -24,10 +24,13 @@ log = logging.getLogger("pipelines")
 COMPLETE = "_COMPLETE.json"
 
 
-def feature_key(weights: str, image_size: int, seed: int, backbone: str = "xception") -> str:
+def feature_key(weights: str, image_size: int, seed: int, backbone: str = "xception",
+                compute_dtype: str = "float32") -> str:
     """Identifier of a feature set: the backbone's weights (file content hash for a path; the
-    seed for random weights), the input size and the backbone, hashed to 16 hex digits."""
-    model = f"{backbone}-avg"
+    seed for random weights), the input size, the backbone and the dtype it computes in (``float16``
+    under ``mixed_float16``: other features than float32's), hashed to 16 hex digits. A float32 key
+    is the same as before precision was part of it."""
+    model = f"{backbone}-avg" + ("" if compute_dtype == "float32" else f"-{compute_dtype}")
     if weights == "imagenet":
         source = "imagenet"
     elif weights == "none":

@@ -11,7 +11,9 @@ so their moving mean and variance stay the pretrained ones while their gamma and
 low learning rate. The guide goes from Adam's 1e-3 to 1e-5: the factor 0.01 that is
 ``--fine-tune-lr``'s default (phase 2's rate = factor x phase 1's, ``base_lr x world size``).
 
-Phase 2 runs the job's own machinery (:mod:`pipelines.training.train`): the same
+Phase 2 runs the job's own machinery (:func:`pipelines.training.train.fine_tune`, beside phase 1's
+``head_phase``; this module is the phase's pure knowledge, so the config can import it without
+importing the job back): the same
 ``hvd.DistributedOptimizer`` (a new Nadam, with ``--fp16-allreduce`` the same compression),
 callbacks (no warmup: it belongs to phase 1), early stopping continuing from phase 1's best
 ``val_accuracy`` (so phase 1's best weights are kept when fine-tuning never beats them), rank-0
@@ -30,14 +32,11 @@ parameters (the batch norms' moving statistics, 7,168 more, are not), against th
 """
 from __future__ import annotations
 
-import dataclasses
-import logging
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from pipelines.logs import plural
 
-log = logging.getLogger("pipelines")
 
 #: The Keras guide's fine-tuning rate over its head-training rate: Adam(1e-5) after Adam() (1e-3).
 KERAS_GUIDE_LR_FACTOR = 0.01
@@ -136,92 +135,3 @@ def phase1_record(phase: Phase, resume) -> Dict:
     return {"epochs": resume.initial_epoch + phase.epochs_run, "best_epoch": int(es.best_epoch) + 1,
             "best_val_accuracy": best, "input_path": phase.inputs.name,
             "test": {"loss": totals.loss, "accuracy": totals.accuracy, "count": totals.count}}
-
-
-def fine_tune(config, rank, plan, first: Phase, resume, frozen_sha256: str, tracker) -> Phase:
-    """Phase 2 on every rank: from phase 1's best weights (or, resuming in phase 2, from its newest
-    checkpoint), the top ``config.fine_tune_blocks`` blocks unfrozen, recompiled with
-    :func:`phase2_lr`, trained on images with the job's callbacks and evaluated exactly.
-
-    Returns the phase's :class:`Phase`, with ``report`` for ``metrics.json``'s ``fine_tune``.
-    """
-    import horovod.tensorflow as hvd_tf
-
-    from pipelines.training import train as job
-    from pipelines.training.checkpoints import frozen_checksum
-    from pipelines.training.inputs import ImageInputs
-    from pipelines.training.model import compile_distributed
-
-    record = phase1_record(first, resume)
-    lr = phase2_lr(plan.lr, config.fine_tune_lr)
-    model = _phase1_best(first, resume, rank, plan.output_dir)
-    layers = unfreeze(model, config.backbone, config.fine_tune_blocks)
-    compile_distributed(model, lr, config.fp16_allreduce)
-    second = _phase2_resume(config, rank, model, resume, record, plan.output_dir)
-    if rank.rank == 0:
-        log.info("fine-tuning: top %s of %s unfrozen (%s with weights, %s), on images; lr %g = %g x %g; "
-                 "epochs %d..%d", plural(config.fine_tune_blocks, "block"), config.backbone,
-                 plural(len(layers), "layer"), plural(trainable_parameters(model), "trainable parameter"), lr,
-                 config.fine_tune_lr, plan.lr,
-                 record["epochs"] + 1, record["epochs"] + config.fine_tune_max_epochs)
-    phase_config = dataclasses.replace(config, warmup_epochs=0.0,
-                                       epochs=record["epochs"] + config.fine_tune_max_epochs)
-    phase_plan = dataclasses.replace(plan, lr=lr)
-    inputs = ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.image_size)
-    marker = {"phase": 2, "blocks": config.fine_tune_blocks, "phase1": record}
-    callbacks, early_stopping, epoch_stats = job.make_callbacks(phase_config, rank, phase_plan, second, frozen_sha256,
-                                                                tracker, marker=marker)
-    seconds = job.train(phase_config, rank, phase_plan, inputs, second, callbacks)
-    totals = job.evaluate(inputs, plan)
-    report = {"blocks": config.fine_tune_blocks, "layers": layers, "trainable_parameters": trainable_parameters(model),
-              "learning_rate": lr, "lr_factor": config.fine_tune_lr, "first_epoch": record["epochs"] + 1,
-              "phase1": record, "epochs_planned": phase_config.epochs,
-              "resumed_in_phase_2": resume.phase == 2,
-              "non_trainable_sha256_per_rank": hvd_tf.allgather_object(frozen_checksum(model), name="phase2_frozen")}
-    return Phase(inputs, early_stopping, epoch_stats.epochs_run, seconds, totals, second, report)
-
-
-def _phase1_best(first: Phase, resume, rank, directory: str):
-    """The whole model holding phase 1's best weights: as phase 1 left them, or (resuming in phase 2
-    while the best epoch is still phase 1's) rank 0 loads that checkpoint into phase 1's trainable
-    set (the other ranks receive it by broadcast in :func:`_phase2_resume`)."""
-    from pipelines.training.checkpoints import load_checkpoint
-    from pipelines.training.schedule import checkpoint_path
-
-    if resume.phase == 2 and rank.rank == 0:
-        best = resume.marker["early_stopping"]["best_epoch"]
-        if best <= resume.marker["phase1"]["epochs"]:
-            load_checkpoint(first.inputs.model, checkpoint_path(directory, best), optimizer=False)
-    return first.inputs.exported_model()
-
-
-def _phase2_resume(config, rank, model, resume, record: Dict, directory: str):
-    """Where phase 2 starts (a :class:`pipelines.training.train.Resume`): fresh, after phase 1's last
-    epoch with phase 1's best as early stopping's to beat; or, after a phase 2 checkpoint, rank 0
-    loads the best and the newest of them into the phase 2 model (trainable set and optimizer), and
-    every rank receives weights, optimizer state and best weights by broadcast."""
-    import horovod.tensorflow as hvd_tf
-
-    from pipelines.training import train as job
-    from pipelines.training.checkpoints import build_optimizer, load_checkpoint, optimizer_checksum, optimizer_state
-    from pipelines.training.schedule import checkpoint_path
-
-    if resume.phase != 2:
-        state = {"best": record["best_val_accuracy"], "wait": 0, "best_epoch": record["best_epoch"], "stopped": False}
-        marker = {"epoch": record["epochs"], "early_stopping": state, "phase": 2}
-        return job.Resume(marker, model.get_weights(), None, resume.history, None)
-    marker = resume.marker
-    build_optimizer(model)
-    best_weights = None
-    if rank.rank == 0:
-        best = marker["early_stopping"]["best_epoch"]
-        if best > record["epochs"]:
-            load_checkpoint(model, checkpoint_path(directory, best), optimizer=False)
-        best_weights = model.get_weights()
-        load_checkpoint(model, checkpoint_path(directory, marker["epoch"]))
-        log.info("fine-tuning: resuming phase 2 after epoch %d (best epoch so far %d)", marker["epoch"], best)
-    hvd_tf.broadcast_variables(list(model.variables) + optimizer_state(model.optimizer), root_rank=0)
-    best_weights = hvd_tf.broadcast_object(best_weights, root_rank=0, name="phase2_best_weights")
-    checksums = hvd_tf.allgather_object(job.weights_checksum(model), name="phase2_resume_checksums")
-    optimizer = hvd_tf.allgather_object(optimizer_checksum(model.optimizer), name="phase2_resume_optimizer")
-    return job.Resume(marker, best_weights, checksums, resume.history, optimizer)

@@ -96,7 +96,8 @@ class FeatureInputs:
         from pipelines.training import features as feat
 
         c, data, rank = self.config, self.data, self.rank
-        key = feat.feature_key(c.weights, self.image_size, c.seed, c.backbone)
+        key = feat.feature_key(c.weights, self.image_size, c.seed, c.backbone,
+                               backbone_of(self.full_model).compute_dtype)  # float16 under mixed precision
         directory = feat.feature_dir(c.data, key, c.storage_options)
         if feat.is_complete(directory, {"train": data.train_rows, "test": data.test_rows}):
             if rank == 0:

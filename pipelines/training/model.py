@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from pipelines.contract import MODEL_FILE
+
 
 @dataclass(frozen=True)
 class Backbone:
@@ -159,7 +161,7 @@ def inference_model(model, stored_size: int):
 def input_contract(stored_size: int, model_size: int, class_names) -> dict:
     """The exported model's contract (``model.json``): what it takes and what it returns."""
     return {
-        "file": "model.keras",
+        "file": MODEL_FILE,
         "input": {"name": "image", "dtype": "uint8", "shape": [None, stored_size, stored_size, 3],
                   "layout": "NHWC", "channels": "RGB", "range": [0, 255],
                   "what": "the ETL's stored image as in the Parquet 'image' column: stored_size x "
@@ -177,19 +179,80 @@ def input_contract(stored_size: int, model_size: int, class_names) -> dict:
 
 def export_model(model, path: str, stored_size: int = 0, class_names=None):
     """Save the model for inference, atomically: the trained layers behind the ETL-image input
-    contract (:func:`inference_model`; ``stored_size`` 0 = the model's own size), architecture +
-    weights, no optimizer (the saved model is a new, uncompiled one: Horovod's wrapped optimizer is
-    not serialisable). With ``class_names``, also ``model.json`` beside it (:func:`input_contract`).
+    contract (:func:`inference_model`; ``stored_size`` 0 = the model's own size), computing in
+    float32 whatever policy it trained under (:func:`float32_model`: a ``mixed_float16`` model
+    would make every CPU inference float16), architecture + weights, no optimizer (the saved model
+    is a new, uncompiled one: Horovod's wrapped optimizer is not serialisable). With
+    ``class_names``, also ``model.json`` beside it (:func:`input_contract`), holding the hex sha256
+    of the saved file's bytes under :data:`pipelines.contract.MODEL_SHA256`, which batch inference
+    checks before loading it.
 
     Returns the exported model, in memory (what loading ``path`` gives back, without the seconds
     that loading takes)."""
-    from pipelines.atomic import replacing, write_json
+    from pipelines.atomic import PUBLIC, replacing, write_json
+    from pipelines.contract import MODEL_CONTRACT, MODEL_SHA256
 
     size = model.input_shape[1]
-    exported = inference_model(model, stored_size or size)
-    with replacing(path, suffix=".keras") as tmp:
+    exported = float32_model(inference_model(model, stored_size or size))
+    with replacing(path, suffix=".keras", mode=PUBLIC) as tmp:
         exported.save(tmp)
     if class_names is not None:
-        write_json(os.path.join(os.path.dirname(path), "model.json"),
-                   input_contract(stored_size or size, size, class_names))
+        contract = {**input_contract(stored_size or size, size, class_names), MODEL_SHA256: file_sha256(path)}
+        write_json(os.path.join(os.path.dirname(path), MODEL_CONTRACT), contract, mode=PUBLIC)
     return exported
+
+
+def file_sha256(path: str) -> str:
+    """Hex sha256 of the bytes of the file ``path``, read in 1 MiB blocks."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def float32_model(model):
+    """``model`` computing in float32: itself when every layer does, else a copy rebuilt from its
+    configuration with every ``mixed_*`` dtype policy replaced by ``float32`` (under a float32 global
+    policy) and ``model``'s weights (float32 variables under mixed precision too) copied in."""
+    import tensorflow as tf
+
+    if not any(_mixed(layer.dtype_policy.name) for layer in _all_layers(model)):
+        return model
+    previous = tf.keras.mixed_precision.global_policy()
+    tf.keras.mixed_precision.set_global_policy("float32")
+    try:
+        copy = model.__class__.from_config(_float32_config(model.get_config()))
+    finally:
+        tf.keras.mixed_precision.set_global_policy(previous)
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def _all_layers(model):
+    import tensorflow as tf
+
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, tf.keras.Model):
+            yield from _all_layers(layer)
+
+
+def _mixed(name) -> bool:
+    return isinstance(name, str) and name.startswith("mixed_")
+
+
+def _float32_config(value):
+    """A Keras configuration with each ``dtype`` that names a ``mixed_*`` policy (a name or a
+    serialised ``Policy``) made ``"float32"``."""
+    if isinstance(value, list):
+        return [_float32_config(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, item in value.items():
+        policy = item.get("config", {}).get("name") if isinstance(item, dict) else item
+        out[key] = "float32" if key == "dtype" and _mixed(policy) else _float32_config(item)
+    return out

@@ -6,9 +6,10 @@ For a local ``--output`` rank 0 writes there and nothing here does anything. For
 
 * after every epoch (:meth:`Outputs.push` from the ``SyncOutputs`` callback): the files that
   changed (the checkpoint's weights, ``history.csv``, TensorBoard's events, ``mlflow_run.json``),
-  the checkpoint's completion marker last, then the remote checkpoints pruned locally are deleted,
-  markers before weights. An object store has no rename, but a single PUT appears whole: a marker
-  that exists names weights already uploaded, so ``--resume`` (:meth:`Outputs.pull_resume_state`,
+  the checkpoint's completion marker last, then the remote checkpoints this run pruned locally are
+  deleted, markers before weights (only names this run uploaded or downloaded: another run's
+  checkpoints are never touched). An object store has no rename, but a single PUT appears whole: a marker
+  that exists names weights already uploaded, so ``--resume`` (:meth:`Outputs.adopt`,
   :func:`pipelines.training.schedule.newest_complete_checkpoint`) never picks a partial one;
 * at the end (:meth:`Outputs.finish`): everything else, ``metrics.json`` last, then the local
   folder is removed.
@@ -18,16 +19,17 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import re
 import shutil
 import tempfile
 from typing import Dict, Mapping, Optional, Tuple
 
+from pipelines.contract import CHECKPOINT_NAME, HISTORY, METRICS, TRAIN_RUN, plain_name
+from pipelines.logs import plural
 from pipelines.storage import Location, check_reachable, resolve
+from pipelines.tracking import RUN_FILE
 
 log = logging.getLogger("pipelines")
-_CHECKPOINT_FILE = re.compile(r"^checkpoint-(\d+)\.(npz|json)$")
-RESUME_FILES = ("history.csv", "mlflow_run.json")  # what a resumed run appends to or continues
+RESUME_FILES = (HISTORY, RUN_FILE)  # what a resumed run appends to or continues
 
 
 def check_output(output: str, storage_options: Optional[Mapping[str, str]] = None) -> Location:
@@ -55,26 +57,63 @@ class Outputs:
             self.local = tempfile.mkdtemp(prefix="pipelines-output-")
             atexit.register(shutil.rmtree, self.local, ignore_errors=True)  # a failed run's too
         self._pushed: Dict[str, Tuple[int, int]] = {}  # relative path -> (size, mtime_ns) uploaded
+        self.run_id: Optional[str] = None  # the training run writing here (adopt)
 
-    def pull_resume_state(self) -> Optional[int]:
-        """Download what ``--resume`` reads from a remote output: the newest complete checkpoint
-        (marker and weights), the best epoch's weights and :data:`RESUME_FILES`. Returns the
-        checkpoint's epoch, or ``None`` (a local output, or no complete checkpoint)."""
-        from pipelines.training.schedule import checkpoint_path, marker_path, newest_complete_checkpoint
+    def adopt(self, claim, data: str) -> None:
+        """Rank 0, once :func:`pipelines.training.runs.claim` gave this run the output: delete the
+        names ``claim.delete`` (an earlier run's own files, ``--overwrite``), record a new run in
+        :data:`~pipelines.contract.TRAIN_RUN` (uploaded at once to a URI output, so a second run
+        sees it), and download the checkpoint it continues (:meth:`pull_resume_state`)."""
+        from pipelines.atomic import write_json
+        from pipelines.training import runs
+
+        self.run_id = claim.run.run_id
+        for name in claim.delete:
+            self._delete(name)
+        if claim.delete:
+            log.info("--overwrite: deleted %s of the earlier run in %s", plural(len(claim.delete), "file or folder"),
+                     self.target.uri)
+        if claim.new:
+            write_json(os.path.join(self.local, TRAIN_RUN), runs.record(claim.run, data))
+            self.push()
+        if claim.marker:
+            self.pull_resume_state(claim.marker)
+
+    def _delete(self, name: str) -> None:
+        """Delete the file or folder ``name`` (a plain name, checked) of the output."""
+        plain_name(name, "a name to delete")
+        if self.remote is not None:
+            self.remote.join(name).delete()
+            return
+        path = os.path.join(self.local, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+
+    def pull_resume_state(self, marker: Dict) -> None:
+        """Download what ``--resume`` (or a relaunch) reads from a remote output: the checkpoint
+        of ``marker`` (a complete one, :func:`pipelines.training.schedule.newest_complete_checkpoint`)
+        with the marker, the best epoch's weights and :data:`RESUME_FILES`; nothing for a local
+        output.
+
+        Raises:
+            ValueError: the marker names a best epoch that is not a number >= 1.
+        """
+        from pipelines.training.schedule import checkpoint_path, marker_weights
 
         if self.remote is None:
-            return None
-        marker = newest_complete_checkpoint(self.remote)
-        if not marker:
-            return None
-        names = [os.path.basename(checkpoint_path("", marker["early_stopping"]["best_epoch"])), marker["weights"],
+            return
+        best = marker["early_stopping"]["best_epoch"]
+        if not isinstance(best, int) or best < 1:
+            raise ValueError(f"checkpoint marker {marker['_name']}: its best epoch {best!r} is not a number >= 1")
+        names = [os.path.basename(checkpoint_path("", best)), marker_weights(marker, marker["_name"]),
                  *(name for name in RESUME_FILES if self.remote.join(name).exists()),
-                 os.path.basename(marker_path("", marker["epoch"]))]  # the marker last, as it was written
+                 plain_name(marker["_name"], "a marker", CHECKPOINT_NAME)]  # the marker last, as it was written
         for name in dict.fromkeys(names):
             self.remote.join(name).download(os.path.join(self.local, name))
             self._remember(name)
         log.info("--resume: downloaded checkpoint %d from %s", marker["epoch"], self.remote.uri)
-        return marker["epoch"]
 
     def push(self, last: Optional[str] = None) -> None:
         """Upload every file of :attr:`local` that changed since its last upload, ``last`` (a
@@ -89,7 +128,7 @@ class Outputs:
             self._remember(name)
         self._prune_remote()
 
-    def finish(self, last: str = "metrics.json") -> str:
+    def finish(self, last: str = METRICS) -> str:
         """Upload what is left (``last`` last) and remove the local folder. Returns the output's URI."""
         if self.remote is not None:
             self.push(last=last)
@@ -109,10 +148,19 @@ class Outputs:
         self._pushed[name] = self._stat(name)
 
     def _prune_remote(self) -> None:
+        """Delete the remote checkpoints of this run that are no longer local (pruned), markers
+        first: those this process uploaded or downloaded, and those whose markers name this run
+        (:attr:`run_id`, once :meth:`adopt` set it). Another run's checkpoints in a shared prefix
+        are never touched."""
+        from pipelines.training.schedule import checkpoint_markers
+
         local = set(os.listdir(self.local))
-        stale = [info.base_name for info in self.remote.list(recursive=False)
-                 if _CHECKPOINT_FILE.match(info.base_name) and info.base_name not in local]
-        for name in sorted(stale, key=lambda n: not n.endswith(".json")):  # markers first
+        stale = {name for name in self._pushed if CHECKPOINT_NAME.match(name)}
+        if self.run_id:
+            for marker in checkpoint_markers(self.remote):
+                if (marker.get("run") or {}).get("id") == self.run_id:
+                    stale |= {marker["_name"], marker["weights"]}
+        for name in sorted(stale - local, key=lambda n: (not n.endswith(".json"), n)):  # markers first
             self.remote.join(name).delete()
             self._pushed.pop(name, None)
 

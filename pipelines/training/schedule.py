@@ -12,10 +12,10 @@ Stated once here, used by the job and tested without Horovod:
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from pipelines.contract import CHECKPOINT_MARKER, CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, plain_name
 from pipelines.logs import plural
 
 
@@ -73,19 +73,55 @@ def warmup_lr(epoch: float, base_lr: float, world_size: int, warmup_epochs: floa
 
 # --- checkpoints ------------------------------------------------------------------------------
 
-CHECKPOINT_PREFIX = "checkpoint-"
-_MARKER = re.compile(r"^checkpoint-(\d+)\.json$")
-
 
 def checkpoint_path(directory: str, epoch: int) -> str:
     """Checkpoint of 1-based ``epoch``: ``DIR/checkpoint-{epoch}.npz`` (trainable weights and optimizer
-    state, :mod:`pipelines.training.checkpoints`)."""
-    return os.path.join(directory, f"{CHECKPOINT_PREFIX}{epoch}.npz")
+    state, :mod:`pipelines.training.checkpoints`; the name: :data:`pipelines.contract.CHECKPOINT_WEIGHTS`)."""
+    return os.path.join(directory, CHECKPOINT_WEIGHTS.format(epoch=epoch))
 
 
 def marker_path(directory: str, epoch: int) -> str:
     """Completion marker of a checkpoint, written (atomically) only after its weights file."""
-    return os.path.join(directory, f"{CHECKPOINT_PREFIX}{epoch}.json")
+    return os.path.join(directory, CHECKPOINT_MARKER.format(epoch=epoch))
+
+
+def marker_weights(marker: Dict, what: str) -> str:
+    """The weights file a checkpoint marker names (``weights``), checked to be a checkpoint's plain
+    name in the marker's own folder (:func:`pipelines.contract.plain_name`).
+
+    Raises:
+        ValueError: an absolute, ``..``, nested, backslashed, empty or other name; naming ``what``.
+    """
+    name = plain_name(marker.get("weights") if isinstance(marker, dict) else None, what, CHECKPOINT_NAME)
+    if not name.endswith(".npz"):
+        raise ValueError(f"{what}: the name {name!r} is a marker's, not a checkpoint's weights")
+    return name
+
+
+def checkpoint_markers(folder) -> List[Dict]:
+    """Every readable checkpoint marker in ``folder`` (a :class:`pipelines.storage.Location`), newest
+    epoch first, each with ``_name`` (its own file name) added; a marker whose ``weights`` name is
+    not a checkpoint's plain name (:func:`marker_weights`) is left out, with a warning."""
+    import logging
+
+    markers = []
+    for info in sorted(folder.list(recursive=False), key=lambda i: -_epoch_of(i.base_name)):
+        if _epoch_of(info.base_name) and info.base_name.endswith(".json"):
+            try:
+                marker = folder.join(info.base_name).read_json()
+                marker_weights(marker, f"checkpoint marker {folder.join(info.base_name).uri}")
+            except ValueError as exc:  # JSONDecodeError too
+                logging.getLogger("pipelines").warning("ignored: %s", exc)
+                continue
+            except OSError:
+                continue
+            markers.append({**marker, "_name": info.base_name})
+    return markers
+
+
+def _epoch_of(name: str) -> int:
+    match = CHECKPOINT_NAME.match(name)
+    return int(match.group(1)) if match else 0
 
 
 def newest_complete_checkpoint(directory) -> Optional[Dict]:
@@ -94,26 +130,21 @@ def newest_complete_checkpoint(directory) -> Optional[Dict]:
     A checkpoint counts only with its marker (written after the weights: by rename on a local
     disk, uploaded after them to an object store) naming a weights file that exists with the size
     recorded in it: a run killed mid-write leaves no marker or a different size, and that
-    checkpoint is never picked.
+    checkpoint is never picked. A marker naming anything but a checkpoint's plain name beside it is
+    ignored (:func:`checkpoint_markers`).
 
     Args:
         directory: a local folder, or a :class:`pipelines.storage.Location` (a remote ``--output``).
 
     Returns:
         the marker's content (``epoch``, ``weights``, ``weights_bytes``, and the training state
-        saved with it), or ``None`` when there is none.
+        saved with it, ``_name``: its file name), or ``None`` when there is none.
     """
     from pipelines.storage import Location, resolve
 
     folder = directory if isinstance(directory, Location) else resolve(directory)
-    names = [info.base_name for info in folder.list(recursive=False)]
-    epochs: List[int] = sorted((int(m.group(1)) for m in map(_MARKER.match, names) if m), reverse=True)
-    for epoch in epochs:
-        try:
-            marker = folder.join(os.path.basename(marker_path("", epoch))).read_json()
-        except (OSError, ValueError):
-            continue
-        weights = folder.join(marker.get("weights", "")).info()
+    for marker in checkpoint_markers(folder):
+        weights = folder.join(marker["weights"]).info()
         if weights.is_file and weights.size == marker.get("weights_bytes"):
             return marker
     return None

@@ -9,6 +9,7 @@ one place, :func:`restore`. The input path (images, or cached backbone features)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -20,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional
 
 from pipelines.config import to_dict
+from pipelines.contract import CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT, TENSORBOARD
 from pipelines.logs import plural
 from pipelines.redact import redact
-from pipelines.storage import is_local
+from pipelines.storage import is_local, resolve
 from pipelines.training.config import TrainConfig
 
 log = logging.getLogger("pipelines")
@@ -51,6 +53,7 @@ class RunPlan:
     lr: float
     image_size: int  # of the model's input: TrainConfig.model_size(the stored size)
     outputs: object = None  # rank 0: pipelines.training.outputs.Outputs (where it writes); None elsewhere
+    claim: object = None  # rank 0: pipelines.training.runs.Claim (this run, the checkpoint it continues)
 
     @property
     def output_dir(self) -> str:
@@ -125,12 +128,14 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     return rank
 
 
-def plan_run(config: TrainConfig, rank: Rank) -> RunPlan:
+def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> RunPlan:
     """Dataset from the manifest, steps and scaled learning rate; refusals happen here, the same
     on every rank (:class:`~pipelines.training.data.DataError`, ``ValueError``, a ``--data`` or
-    ``--output`` whose store cannot be used). Rank 0 opens its output folder (with ``--resume`` on a
-    URI output, downloading the newest complete checkpoint into it)."""
-    from pipelines.launch.recovery import relaunched
+    ``--output`` whose store cannot be used, an output of another run:
+    :class:`~pipelines.training.runs.RunRefused`). Rank 0 opens its output folder and claims it for
+    this run (``run_id``: the launching driver's, the same in every relaunch; ``None``: a new one,
+    or the resumed run's), with ``--overwrite`` deleting what the earlier run recorded, with
+    ``--resume`` on a URI output downloading the checkpoint it continues."""
     from pipelines.training.data import load_dataset
     from pipelines.training.outputs import check_output, open_outputs
     from pipelines.training.schedule import plan_steps, scaled_lr
@@ -138,23 +143,45 @@ def plan_run(config: TrainConfig, rank: Rank) -> RunPlan:
     data = load_dataset(config.data, rank.size, config.storage_options)
     check_output(config.output, config.storage_options)
     outputs = open_outputs(config.output, config.storage_options) if rank.rank == 0 else None
+    claim = _claim_output(config, rank, outputs, run_id)
     plan = RunPlan(data, plan_steps(data.train_rows, data.test_rows, config.batch_size, rank.size),
-                   scaled_lr(config.base_lr, rank.size), config.model_size(data.image_size), outputs)
+                   scaled_lr(config.base_lr, rank.size), config.model_size(data.image_size), outputs, claim)
     if rank.rank == 0:
         s = plan.steps
         log.info("world size %d, %s per rank; batch %d per rank, global batch %d; %s per epoch, %s; "
-                 "lr %g = %g x %d", rank.size, plural(rank.threads, "thread"), config.batch_size, s.global_batch,
-                 plural(s.steps_per_epoch, "step"), plural(s.validation_steps, "validation step"), plan.lr,
-                 config.base_lr, rank.size)
-        if config.resume or relaunched():
-            outputs.pull_resume_state()
+                 "lr %g = %g x %d; training run %s", rank.size, plural(rank.threads, "thread"), config.batch_size,
+                 s.global_batch, plural(s.steps_per_epoch, "step"), plural(s.validation_steps, "validation step"),
+                 plan.lr, config.base_lr, rank.size, claim.run.run_id)
+        outputs.adopt(claim, config.data)
     return plan
 
 
+def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str]):
+    """Rank 0's :func:`pipelines.training.runs.claim` of its output, its refusal raised on every rank
+    alike. Returns the :class:`~pipelines.training.runs.Claim` on rank 0, ``None`` elsewhere."""
+    import horovod.tensorflow as hvd_tf
+
+    from pipelines.launch.recovery import relaunched
+    from pipelines.training import runs
+
+    claim, error = None, None
+    if rank.rank == 0:
+        target = outputs.remote or resolve(outputs.local)
+        try:
+            claim = runs.claim(target, runs.identify(config, run_id), config.resume, relaunched(), config.overwrite)
+        except runs.RunRefused as exc:
+            error = str(exc)
+    error = hvd_tf.broadcast_object(error, root_rank=0, name="output_claim")
+    if error:
+        raise runs.RunRefused(error)
+    return claim
+
+
 def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str] = None,
-            directory: Optional[str] = None) -> Resume:
-    """With ``--resume``, or in a relaunch after a lost rank (``--max-failures``), rank 0 finds the
-    newest complete checkpoint in ``directory`` (its local output folder, default ``--output``) and
+            directory: Optional[str] = None, claim=None) -> Resume:
+    """With ``--resume``, or in a relaunch after a lost rank (``--max-failures``), rank 0 takes the
+    checkpoint its ``claim`` continues (:func:`pipelines.training.runs.claim`: the newest complete
+    checkpoint of this run's own, in ``directory``, its local output folder, default ``--output``) and
     loads it (trainable weights and optimizer state) and the best weights so far; the marker (epoch,
     history, early-stopping state), the weights and the optimizer state reach every rank by
     broadcast. Without a checkpoint, training starts at epoch 1.
@@ -167,11 +194,11 @@ def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str]
 
     from pipelines.launch.recovery import relaunched
     from pipelines.training.checkpoints import build_optimizer, load_checkpoint, optimizer_checksum, optimizer_state
-    from pipelines.training.schedule import checkpoint_path, newest_complete_checkpoint
+    from pipelines.training.schedule import checkpoint_path, marker_weights
 
     resuming = config.resume or relaunched()
     directory = directory or config.output
-    marker = newest_complete_checkpoint(directory) if (resuming and rank.rank == 0) else None
+    marker = claim.marker if (claim is not None and resuming) else None  # only this run's own (runs.claim)
     marker = hvd_tf.broadcast_object(marker, root_rank=0, name="resume_marker")
     if not marker:
         if resuming and rank.rank == 0:
@@ -181,7 +208,7 @@ def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str]
         raise ValueError(f"--resume: checkpoint {marker['weights']} in {config.output} was trained on other frozen "
                          f"weights (sha256 {str(marker.get('frozen_sha256'))[:12]}, these are {frozen_sha256[:12]}): "
                          f"use the same --weights, or start afresh without --resume")
-    if marker.get("phase", 1) == 2:  # phase 1 is over: fine-tuning loads its own state (finetune.fine_tune)
+    if marker.get("phase", 1) == 2:  # phase 1 is over: fine-tuning loads its own state (fine_tune)
         if marker.get("blocks") != config.fine_tune_blocks:
             raise ValueError(f"--resume: checkpoint {marker['weights']} in {config.output} is of the fine-tuning "
                              f"phase with --fine-tune-blocks {marker.get('blocks')}, this run has "
@@ -193,7 +220,7 @@ def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str]
         best_epoch = marker["early_stopping"]["best_epoch"]
         load_checkpoint(model, checkpoint_path(directory, best_epoch), optimizer=False)
         best_weights = model.get_weights()
-        load_checkpoint(model, os.path.join(directory, marker["weights"]))
+        load_checkpoint(model, os.path.join(directory, marker_weights(marker, marker["_name"])))
         log.info("resuming after epoch %d (checkpoint %s, %s; best epoch so far %d)",
                  marker["epoch"], marker["weights"], plural(marker["weights_bytes"], "byte"), best_epoch)
     hvd_tf.broadcast_variables(list(model.variables) + optimizer_state(model.optimizer), root_rank=0)
@@ -276,11 +303,12 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     if rank.rank == 0:
         directory = plan.output_dir
         callbacks += [
-            cb.CheckpointMarker(directory, early_stopping, resume.history, frozen_sha256, marker),
-            cb.EpochCSVLogger(os.path.join(directory, "history.csv"), append=bool(resume.marker)),
+            cb.CheckpointMarker(directory, early_stopping, resume.history, frozen_sha256,
+                                {**(marker or {"phase": 1}), "run": plan.claim.run.record()}),
+            cb.EpochCSVLogger(os.path.join(directory, HISTORY), append=bool(resume.marker)),
         ]
         if config.tensorboard:
-            callbacks.append(keras.callbacks.TensorBoard(os.path.join(directory, "tensorboard"),
+            callbacks.append(keras.callbacks.TensorBoard(os.path.join(directory, TENSORBOARD),
                                                             profile_batch=0))
         if tracker is not None:
             callbacks.append(cb.TrackEpochs(tracker))
@@ -334,12 +362,15 @@ def evaluate(inputs, plan: RunPlan):
     return totals
 
 
-def run_training(config: TrainConfig) -> Dict:
+def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     """Train on every rank and return the run's report (the content of ``metrics.json``).
+
+    ``run_id``: the training run's id (:mod:`pipelines.training.runs`), given by a launching driver
+    so that every relaunch is the same run; ``None``: rank 0 makes one (or keeps the resumed run's).
 
     Must be called once per process, by every rank (``horovodrun -np N``, Spark barrier tasks, or
     a single process, which is a world of size 1). With ``--fine-tune-blocks N``, the head phase is
-    followed by the fine-tuning phase (:func:`pipelines.training.finetune.fine_tune`).
+    followed by the fine-tuning phase (:func:`fine_tune`).
 
     Raises:
         pipelines.training.data.DataError: the dataset cannot feed this run.
@@ -351,18 +382,17 @@ def run_training(config: TrainConfig) -> Dict:
 
     rank = setup_rank(config)
     start = time.perf_counter()
-    plan = plan_run(config, rank)
+    plan = plan_run(config, rank, run_id)
     full_model = build_model(plan.data.num_classes, plan.image_size, config.dropout, config.weights,
                              seed=config.seed, backbone=config.backbone)
     inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.image_size)
     compile_distributed(inputs.model, plan.lr, config.fp16_allreduce)
     frozen_sha256 = frozen_checksum(full_model)
-    resume = restore(config, inputs.model, rank, frozen_sha256, plan.output_dir)
+    resume = restore(config, inputs.model, rank, frozen_sha256, plan.output_dir, plan.claim)
     with start_tracking(config, rank, plan, resume) as tracker:  # rank 0's MLflow run, ended on leaving
         seconds_before_fit = time.perf_counter() - start
         phases = [head_phase(config, rank, plan, inputs, resume, frozen_sha256, tracker)]
         if config.fine_tune_blocks:
-            from pipelines.training.finetune import fine_tune
             phases.append(fine_tune(config, rank, plan, phases[0], resume, frozen_sha256, tracker))
         report = build_report(config, rank, plan, phases, resume)
         report.update(seconds_before_fit=seconds_before_fit, fit_seconds=sum(p.fit_seconds for p in phases),
@@ -389,6 +419,95 @@ def head_phase(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: R
     return Phase(inputs, early_stopping, epoch_stats.epochs_run, fit_seconds, evaluate(inputs, plan), resume)
 
 
+def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Resume, frozen_sha256: str, tracker):
+    """Phase 2 on every rank: from phase 1's best weights (or, resuming in phase 2, from its newest
+    checkpoint), the top ``config.fine_tune_blocks`` blocks unfrozen, recompiled with
+    :func:`~pipelines.training.finetune.phase2_lr`, trained on images with the job's callbacks and evaluated exactly.
+
+    Returns the phase's :class:`~pipelines.training.finetune.Phase`, with ``report`` for
+    ``metrics.json``'s ``fine_tune`` (the recipe and its arithmetic: :mod:`pipelines.training.finetune`).
+    """
+    import horovod.tensorflow as hvd_tf
+
+    from pipelines.training.checkpoints import frozen_checksum
+    from pipelines.training.finetune import Phase, phase1_record, phase2_lr, trainable_parameters, unfreeze
+    from pipelines.training.inputs import ImageInputs
+    from pipelines.training.model import compile_distributed
+
+    record = phase1_record(first, resume)
+    lr = phase2_lr(plan.lr, config.fine_tune_lr)
+    model = _phase1_best(first, resume, rank, plan.output_dir)
+    layers = unfreeze(model, config.backbone, config.fine_tune_blocks)
+    compile_distributed(model, lr, config.fp16_allreduce)
+    second = _phase2_resume(config, rank, model, resume, record, plan.output_dir)
+    if rank.rank == 0:
+        log.info("fine-tuning: top %s of %s unfrozen (%s with weights, %s), on images; lr %g = %g x %g; "
+                 "epochs %d..%d", plural(config.fine_tune_blocks, "block"), config.backbone,
+                 plural(len(layers), "layer"), plural(trainable_parameters(model), "trainable parameter"), lr,
+                 config.fine_tune_lr, plan.lr,
+                 record["epochs"] + 1, record["epochs"] + config.fine_tune_max_epochs)
+    phase_config = dataclasses.replace(config, warmup_epochs=0.0,
+                                       epochs=record["epochs"] + config.fine_tune_max_epochs)
+    phase_plan = dataclasses.replace(plan, lr=lr)
+    inputs = ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.image_size)
+    marker = {"phase": 2, "blocks": config.fine_tune_blocks, "phase1": record}
+    callbacks, early_stopping, epoch_stats = make_callbacks(phase_config, rank, phase_plan, second, frozen_sha256,
+                                                            tracker, marker=marker)
+    seconds = train(phase_config, rank, phase_plan, inputs, second, callbacks)
+    totals = evaluate(inputs, plan)
+    report = {"blocks": config.fine_tune_blocks, "layers": layers, "trainable_parameters": trainable_parameters(model),
+              "learning_rate": lr, "lr_factor": config.fine_tune_lr, "first_epoch": record["epochs"] + 1,
+              "phase1": record, "epochs_planned": phase_config.epochs,
+              "resumed_in_phase_2": resume.phase == 2,
+              "non_trainable_sha256_per_rank": hvd_tf.allgather_object(frozen_checksum(model), name="phase2_frozen")}
+    return Phase(inputs, early_stopping, epoch_stats.epochs_run, seconds, totals, second, report)
+
+
+def _phase1_best(first, resume: Resume, rank: Rank, directory: str):
+    """The whole model holding phase 1's best weights: as phase 1 left them, or (resuming in phase 2
+    while the best epoch is still phase 1's) rank 0 loads that checkpoint into phase 1's trainable
+    set (the other ranks receive it by broadcast in :func:`_phase2_resume`)."""
+    from pipelines.training.checkpoints import load_checkpoint
+    from pipelines.training.schedule import checkpoint_path
+
+    if resume.phase == 2 and rank.rank == 0:
+        best = resume.marker["early_stopping"]["best_epoch"]
+        if best <= resume.marker["phase1"]["epochs"]:
+            load_checkpoint(first.inputs.model, checkpoint_path(directory, best), optimizer=False)
+    return first.inputs.exported_model()
+
+
+def _phase2_resume(config, rank, model, resume, record: Dict, directory: str):
+    """Where phase 2 starts (a :class:`pipelines.training.train.Resume`): fresh, after phase 1's last
+    epoch with phase 1's best as early stopping's to beat; or, after a phase 2 checkpoint, rank 0
+    loads the best and the newest of them into the phase 2 model (trainable set and optimizer), and
+    every rank receives weights, optimizer state and best weights by broadcast."""
+    import horovod.tensorflow as hvd_tf
+
+    from pipelines.training.checkpoints import build_optimizer, load_checkpoint, optimizer_checksum, optimizer_state
+    from pipelines.training.schedule import checkpoint_path
+
+    if resume.phase != 2:
+        state = {"best": record["best_val_accuracy"], "wait": 0, "best_epoch": record["best_epoch"], "stopped": False}
+        marker = {"epoch": record["epochs"], "early_stopping": state, "phase": 2}
+        return Resume(marker, model.get_weights(), None, resume.history, None)
+    marker = resume.marker
+    build_optimizer(model)
+    best_weights = None
+    if rank.rank == 0:
+        best = marker["early_stopping"]["best_epoch"]
+        if best > record["epochs"]:
+            load_checkpoint(model, checkpoint_path(directory, best), optimizer=False)
+        best_weights = model.get_weights()
+        load_checkpoint(model, checkpoint_path(directory, marker["epoch"]))
+        log.info("fine-tuning: resuming phase 2 after epoch %d (best epoch so far %d)", marker["epoch"], best)
+    hvd_tf.broadcast_variables(list(model.variables) + optimizer_state(model.optimizer), root_rank=0)
+    best_weights = hvd_tf.broadcast_object(best_weights, root_rank=0, name="phase2_best_weights")
+    checksums = hvd_tf.allgather_object(weights_checksum(model), name="phase2_resume_checksums")
+    optimizer = hvd_tf.allgather_object(optimizer_checksum(model.optimizer), name="phase2_resume_optimizer")
+    return Resume(marker, best_weights, checksums, resume.history, optimizer)
+
+
 def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, phases: List, resume: Resume) -> Dict:
     """The run's report: config, world, arithmetic, history, exact test metrics of the final model
     (the last of ``phases``, :class:`pipelines.training.finetune.Phase`), fine-tuning's outcome and
@@ -404,6 +523,7 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, phases: List, r
     totals = last.totals
     return {
         "config": redact(to_dict(config)),
+        "run_id": plan.claim.run.run_id if plan.claim else None,  # rank 0's: the training run (train_run.json)
         "world_size": rank.size,
         "batch_size_per_rank": config.batch_size,
         "global_batch_size": steps.global_batch,
@@ -438,34 +558,40 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, phases: List, r
 
 def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tracker=None,
                  directory: Optional[str] = None) -> None:
-    """Rank 0, in ``directory`` (its local output folder, default ``--output``): ``model.keras``
-    (the whole model, taking the ETL's uint8 images) and its contract ``model.json``,
-    ``class_names.json``, the pictures (``curves.png``, ``confusion.png``,
-    ``contact_sheet.png``) and ``metrics.json``, each written atomically, the report last; then,
-    with a ``tracker``, the same to the MLflow run (:func:`track_outputs`).
+    """Rank 0, in ``directory`` (its local output folder, default ``--output``): the run's results
+    first, ``model.keras`` (the whole model, taking the ETL's uint8 images, float32 compute) and its
+    contract ``model.json`` (with the model file's sha256), ``class_names.json`` and ``metrics.json``;
+    only then the pictures (:func:`save_pictures`), whose failure is logged and recorded in
+    ``metrics.json`` (``pictures_error``) without failing the run; each file written atomically.
+    Then, with a ``tracker``, the same to the MLflow run (:func:`track_outputs`).
 
     Raises:
         pipelines.tracking.TrackingFailed: MLflow logging failed; the outputs above are complete.
     """
-    from pipelines.atomic import write_json
+    from pipelines.atomic import PUBLIC, write_json
+    from pipelines.contract import MODEL_FILE
     from pipelines.training.model import export_model
 
     class_names, directory = data.class_names, directory or config.output
-    exported = export_model(model, os.path.join(directory, "model.keras"), data.image_size, class_names)
-    write_json(os.path.join(directory, "class_names.json"), class_names)
+    exported = export_model(model, os.path.join(directory, MODEL_FILE), data.image_size, class_names)
+    write_json(os.path.join(directory, CLASS_NAMES), class_names, mode=PUBLIC)
     if totals is not None and totals.confusion:
         report["test"]["confusion"] = [list(row) for row in totals.confusion]
-    report["model_contract"] = "model.json"
-    pictures = save_pictures(directory, report, exported, data)
-    # the report names where they end up: in --output (a URI receives this folder's files)
-    report["pictures"] = {name: posixpath.join(config.output, os.path.basename(path))
-                          for name, path in pictures.items()}
-    report["mlflow"] = tracker.describe() if tracker else None
-    write_json(os.path.join(directory, "metrics.json"), report)
+    report.update(model_contract=MODEL_CONTRACT, pictures={}, mlflow=tracker.describe() if tracker else None)
+    write_json(os.path.join(directory, METRICS), report)  # the results, before any picture
     test = report["test"]
     log.info("test accuracy %.4f, loss %.4f on %s (exact, all ranks); best epoch %s of %d",
              test["accuracy"], test["loss"], plural(test["count"], "image"), report["best_epoch"],
              report["epochs_run"])
+    try:
+        pictures = save_pictures(directory, report, exported, data)
+    except Exception as exc:  # pictures are a view of the results above: never the run's failure
+        log.error("the pictures could not be drawn (%s: %s); the results are written", type(exc).__name__, exc)
+        pictures, report["pictures_error"] = {}, f"{type(exc).__name__}: {exc}"
+    # the report names where they end up: in --output (a URI receives this folder's files)
+    report["pictures"] = {name: posixpath.join(config.output, os.path.basename(path))
+                          for name, path in pictures.items()}
+    write_json(os.path.join(directory, METRICS), report)
     for path in report["pictures"].values():
         log.info("wrote %s", path)
     if tracker:
@@ -511,29 +637,32 @@ def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker, di
              f", registered as {config.register_model} version {version}" if version else "")
 
 
-OUTPUT_ARTIFACTS = ("metrics.json", "history.csv", "class_names.json", "model.json")
+OUTPUT_ARTIFACTS = (METRICS, HISTORY, CLASS_NAMES, MODEL_CONTRACT)
 
 
 CONTACT_SHEET_IMAGES = 32
 
 
 def save_pictures(output: str, report: Dict, exported, data) -> Dict[str, str]:
-    """Rank 0: training curves from the report's history, the exact confusion matrix, and a contact
+    """Rank 0: training curves from the report's history, the exact confusion matrix and its largest
+    confusions (:data:`pipelines.report.PICTURES` names the files), and a contact
     sheet of the first :data:`CONTACT_SHEET_IMAGES` test images (the split's files in order; rank 0's
     shard alone may hold fewer), predicted by the exported model itself (``exported``, as
     :func:`~pipelines.training.model.export_model` returns it) on the stored uint8 images.
     Returns ``{name: path}``."""
     from pipelines import report as pictures
 
-    paths = {"curves": pictures.plot_history(report["history"], os.path.join(output, "curves.png"))}
+    where = {name: os.path.join(output, file) for name, file in pictures.PICTURES.items()}
+    paths = {"curves": pictures.plot_history(report["history"], where["curves"])}
     if "confusion" in report["test"]:
-        paths["confusion"] = pictures.plot_confusion(report["test"]["confusion"], data.class_names,
-                                                     os.path.join(output, "confusion.png"))
+        matrix = report["test"]["confusion"]
+        paths["confusion"] = pictures.plot_confusion(matrix, data.class_names, where["confusion"])
+        paths["top_confusions"] = pictures.plot_top_confusions(matrix, data.class_names, where["top_confusions"])
     images, labels = first_test_rows(data, CONTACT_SHEET_IMAGES)
     if len(images):
         predicted = exported.predict(images, batch_size=8, verbose=0).argmax(axis=1)
         paths["contact_sheet"] = pictures.contact_sheet(images, labels, predicted, data.class_names,
-                                                        os.path.join(output, "contact_sheet.png"))
+                                                        where["contact_sheet"])
     return paths
 
 

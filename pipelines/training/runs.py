@@ -1,0 +1,225 @@
+"""Which training run an output folder belongs to, so that no run adopts or deletes another's files.
+
+A training run has an identity (:class:`RunIdentity`): a run id (UTC time and a random suffix, as
+the ETL's), the values of the settings that decide what it computes (:data:`FINGERPRINT_FIELDS`:
+learning rate, batch size, backbone, seed, ...; not where it writes, how many epochs at most, nor
+how it is launched) and the sha256 of its data's ``manifest.json`` (the ETL output it reads). Rank 0
+records it in ``OUTPUT/train_run.json`` (:data:`pipelines.contract.TRAIN_RUN`) before its first
+epoch, with the names of the files the run writes there, and in every checkpoint marker.
+
+:func:`claim` decides, from what an output holds, what a run may do with it:
+
+* a new run into an output holding another run's record or checkpoints is refused, unless
+  ``--overwrite``: then the files the earlier run's own records name (its record's list and each
+  marker's checkpoint) are deleted, and nothing else;
+* ``--resume`` continues the run whose newest complete checkpoint the output holds only when that
+  run's settings and data are this one's (the refusal names each difference); the run keeps its id;
+* a relaunch after a lost rank (``--max-failures``) continues only the checkpoints of its own run
+  id (the launching driver's, :func:`pipelines.training.cli.launch`).
+
+Pure logic on :class:`pipelines.storage.Location` listings: the launching driver refuses before any
+rank starts (:func:`check_output_claim`, exit 2), and rank 0 decides again in
+:func:`pipelines.training.train.plan_run` (every rank then refuses alike).
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from pipelines.contract import (CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT,
+                                MODEL_FILE, TENSORBOARD, TRAIN_RUN, manifest_sha256, plain_name)
+from pipelines.report import PICTURES
+from pipelines.tracking import RUN_FILE
+
+#: The settings that decide what a run computes: a checkpoint continues only a run with the same.
+FINGERPRINT_FIELDS = ("backbone", "weights", "image_size", "dropout", "seed", "batch_size", "base_lr",
+                      "warmup_epochs", "min_delta", "shuffle_buffer", "augment", "feature_cache",
+                      "fine_tune_blocks", "fine_tune_lr", "fp16_allreduce", "mixed_precision")
+#: What a run writes in its output besides checkpoints (named in its record; ``--overwrite`` of a
+#: later run deletes these and nothing else). A folder: TENSORBOARD.
+RUN_FILES = (MODEL_FILE, MODEL_CONTRACT, METRICS, HISTORY, CLASS_NAMES, *PICTURES.values(), RUN_FILE, TENSORBOARD)
+
+
+class RunRefused(ValueError):
+    """The output belongs to another run (or another run's settings or data): a one-line refusal."""
+
+
+def new_run_id() -> str:
+    """A new run id: UTC time to the second, then 8 random hex digits (ids sort by start time)."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + secrets.token_hex(4)
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """A training run: ``run_id``, ``config`` (the :data:`FINGERPRINT_FIELDS` values) and
+    ``data_sha256`` (sha256 of the data's ``manifest.json``)."""
+
+    run_id: str
+    config: Dict = field(hash=False)
+    data_sha256: str
+
+    @property
+    def config_sha256(self) -> str:
+        """sha256 of :attr:`config` as sorted, compact JSON."""
+        return hashlib.sha256(json.dumps(self.config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    def record(self) -> Dict:
+        """What markers and the run record keep: ``{"id", "config", "config_sha256", "data_sha256"}``."""
+        return {"id": self.run_id, "config": dict(self.config), "config_sha256": self.config_sha256,
+                "data_sha256": self.data_sha256}
+
+
+def identify(config, run_id: Optional[str] = None) -> RunIdentity:
+    """The identity of a run of ``config`` (a :class:`~pipelines.training.config.TrainConfig`): its
+    fingerprint and data's (read from ``config.data``), with ``run_id`` or a new one.
+
+    Raises:
+        FileNotFoundError, pipelines.storage.StorageError: the data has no readable manifest.
+    """
+    from pipelines.storage import resolve
+
+    values = {name: getattr(config, name) for name in FINGERPRINT_FIELDS}
+    return RunIdentity(run_id or new_run_id(), values,
+                       manifest_sha256(resolve(config.data, config.storage_options)))
+
+
+@dataclass
+class OutputState:
+    """What an output folder holds of training runs: its record (``None`` when absent or
+    unreadable) and its readable checkpoint markers, newest first, the complete one among them."""
+
+    record: Optional[Dict]
+    markers: List[Dict]
+    newest_complete: Optional[Dict]
+
+    @property
+    def owner(self) -> Optional[Dict]:
+        """The run the output belongs to: the record's, else the newest marker's (``{}``: a marker
+        written before runs were recorded); ``None`` when the output holds neither."""
+        if self.record is not None:
+            return self.record.get("run") or {}
+        return (self.markers[0].get("run") or {}) if self.markers else None
+
+
+def read_state(folder) -> OutputState:
+    """The :class:`OutputState` of ``folder`` (a :class:`pipelines.storage.Location`)."""
+    from pipelines.training.schedule import checkpoint_markers, newest_complete_checkpoint
+
+    try:
+        record = folder.join(TRAIN_RUN).read_json()
+    except (OSError, ValueError):
+        record = None
+    record = record if isinstance(record, dict) else None
+    return OutputState(record, checkpoint_markers(folder), newest_complete_checkpoint(folder))
+
+
+@dataclass
+class Claim:
+    """:func:`claim`'s verdict: the ``run`` this process is (a kept or a new id), the ``marker`` to
+    continue from (``None``: epoch 1), the names to delete first (``--overwrite``) and whether the
+    run record must be written (a new run)."""
+
+    run: RunIdentity
+    marker: Optional[Dict] = None
+    delete: List[str] = field(default_factory=list)
+    new: bool = False
+
+
+def differences(recorded: Dict, run: RunIdentity) -> List[str]:
+    """How a recorded run (:meth:`RunIdentity.record`) differs from ``run``: one phrase per setting
+    (``base_lr 0.001 there, 0.02 here``) and one for the data."""
+    theirs = recorded.get("config") or {}
+    found = [f"{name} {theirs.get(name)!r} there, {value!r} here" for name, value in run.config.items()
+             if theirs.get(name) != value]
+    if recorded.get("data_sha256") != run.data_sha256:
+        found.append(f"data (manifest sha256 {str(recorded.get('data_sha256'))[:12]} there, "
+                     f"{run.data_sha256[:12]} here)")
+    return found
+
+
+def claim(folder, run: RunIdentity, resume: bool, relaunch: bool, overwrite: bool) -> Claim:
+    """What a run may do with the output ``folder`` (a :class:`pipelines.storage.Location`): see the
+    module's rules. ``run`` carries a new id, or (a relaunch) the id its first attempt had.
+
+    Raises:
+        RunRefused: the output belongs to another run, and this one may not continue or replace it.
+    """
+    state, where = read_state(folder), folder.uri
+    owner = state.owner
+    if owner is None:
+        return Claim(run, new=True)
+    if relaunch or resume:
+        return _continue(state, run, relaunch, where)
+    if not overwrite:
+        raise RunRefused(f"--output {where} holds the checkpoints or results of training run "
+                         f"{owner.get('id') or '(unrecorded)'}: --resume continues it, --overwrite replaces it "
+                         f"(deleting the files it recorded), or give another --output")
+    return Claim(run, delete=owned_names(state), new=True)
+
+
+def _continue(state: OutputState, run: RunIdentity, relaunch: bool, where: str) -> Claim:
+    """``--resume`` or a relaunch: the owner must be this run (a relaunch) or one like it (resume)."""
+    owner, marker = state.owner, state.newest_complete
+    recorded = (marker.get("run") if marker else None) or owner
+    what = f"checkpoint {marker['_name']}" if marker else TRAIN_RUN
+    if not recorded.get("id"):
+        raise RunRefused(f"{'a relaunch' if relaunch else '--resume'}: {what} in {where} is of no recorded training run "
+                         f"(written before runs were recorded): start afresh with --overwrite")
+    if relaunch and run.run_id and recorded["id"] != run.run_id:
+        raise RunRefused(f"a relaunch of training run {run.run_id} found {what} of run {recorded['id']} in {where}: "
+                         f"another run writes into this --output")
+    if owner.get("id") != recorded["id"]:
+        raise RunRefused(f"--resume: {what} in {where} is of run {recorded['id']}, but {TRAIN_RUN} is of run "
+                         f"{owner.get('id')}: start afresh with --overwrite")
+    found = differences(recorded, run)
+    if found:
+        raise RunRefused(f"--resume: {what} in {where} is of training run {recorded['id']} with other settings or "
+                         f"data: {'; '.join(found)}. Give the same values, or start afresh with --overwrite "
+                         f"or another --output")
+    kept = RunIdentity(recorded["id"], run.config, run.data_sha256)
+    return Claim(kept, marker, new=state.record is None)
+
+
+def owned_names(state: OutputState) -> List[str]:
+    """The names an output's earlier run recorded as its own: its record's ``files`` that are
+    :data:`RUN_FILES` names, each marker and the checkpoint it names, and the record itself; every
+    name checked to be a plain name (:func:`pipelines.contract.plain_name`)."""
+    names = []
+    if state.record is not None:
+        for name in state.record.get("files", []):
+            plain_name(name, f"{TRAIN_RUN}'s files")
+            if name in RUN_FILES:
+                names.append(name)
+    for marker in state.markers:
+        names += [plain_name(marker["_name"], "a marker", CHECKPOINT_NAME), marker["weights"]]
+        best = (marker.get("early_stopping") or {}).get("best_epoch")
+        if isinstance(best, int) and best >= 1:
+            names.append(CHECKPOINT_WEIGHTS.format(epoch=best))  # the best epoch's, kept with the newest
+    if state.record is not None:
+        names.append(TRAIN_RUN)
+    return list(dict.fromkeys(names))
+
+
+def record(run: RunIdentity, data: str, files=RUN_FILES) -> Dict:
+    """The content of ``OUTPUT/train_run.json``: the run (:meth:`RunIdentity.record`), its data's
+    location, and the names of the files it writes in the output (checkpoints are named by their
+    markers)."""
+    return {"run": run.record(), "data": data, "files": list(files)}
+
+
+def check_output_claim(config, relaunch: bool = False, run_id: Optional[str] = None) -> RunIdentity:
+    """The launching driver's check before any rank (and rank 0's under ``horovodrun``): the run
+    ``config`` would be, once :func:`claim` accepted ``--output`` for it; deletes nothing.
+
+    Raises:
+        RunRefused: as :func:`claim` (exit 2).
+    """
+    from pipelines.storage import resolve
+
+    run = identify(config, run_id)
+    folder = resolve(config.output, config.storage_options)
+    return claim(folder, run, config.resume, relaunch, getattr(config, "overwrite", False)).run

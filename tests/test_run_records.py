@@ -1,0 +1,216 @@
+"""Which training run an output belongs to (pipelines/training/runs.py), names read from markers and
+records, and files that appear whole (pipelines/atomic.py): pure logic on real folders, no
+TensorFlow, no Horovod (the end-to-end runs: tests/test_training_runs.py)."""
+import json
+import os
+import stat
+
+import pytest
+
+from pipelines.atomic import PUBLIC, replacing, write_json
+from pipelines.contract import CHECKPOINT_NAME, TRAIN_RUN, plain_name
+from pipelines.storage import resolve
+from pipelines.training import runs
+from pipelines.training.config import TrainConfig
+from pipelines.training.outputs import Outputs
+from pipelines.training.schedule import marker_weights, newest_complete_checkpoint
+
+
+@pytest.fixture
+def data(tmp_path):
+    folder = tmp_path / "etl"
+    folder.mkdir()
+    (folder / "manifest.json").write_text('{"run_id": "etl-1"}')
+    return str(folder)
+
+
+def config(data, output, **kwargs):
+    return TrainConfig(data=data, output=output, backbone="tiny", weights="none", tracking=False, **kwargs)
+
+
+def write_checkpoint(folder, epoch, run, best=1, weights=None, size=4):
+    """A complete checkpoint of ``run`` (a RunIdentity, or None: an unrecorded one) in ``folder``."""
+    with open(os.path.join(folder, f"checkpoint-{epoch}.npz"), "wb") as f:
+        f.write(b"w" * size)
+    marker = {"epoch": epoch, "weights": weights or f"checkpoint-{epoch}.npz", "weights_bytes": size,
+              "early_stopping": {"best_epoch": best}, "history": [], **({"run": run.record()} if run else {})}
+    with open(os.path.join(folder, f"checkpoint-{epoch}.json"), "w") as f:
+        json.dump(marker, f)
+
+
+def run_a(data, output, **kwargs):
+    """Run A's identity, its record and checkpoints 1 and 2 written in ``output`` as its rank 0 would."""
+    os.makedirs(output, exist_ok=True)
+    a = runs.identify(config(data, output, **kwargs))
+    write_json(os.path.join(output, TRAIN_RUN), runs.record(a, data))
+    write_checkpoint(output, 1, a)
+    write_checkpoint(output, 2, a)
+    return a
+
+
+def claim(data, output, resume=False, relaunch=False, overwrite=False, run_id=None, **kwargs):
+    run = runs.identify(config(data, output, **kwargs), run_id)
+    return runs.claim(resolve(output), run, resume, relaunch, overwrite)
+
+
+def test_a_new_output_is_a_new_run(data, tmp_path):
+    result = claim(data, str(tmp_path / "out"))
+    assert result.new and result.marker is None and not result.delete
+    assert runs.identify(config(data, str(tmp_path / "o"))).run_id != result.run.run_id  # ids are unique
+
+
+def test_a_new_run_into_another_runs_output_is_refused(data, tmp_path):
+    out = str(tmp_path / "out")
+    a = run_a(data, out)
+    with pytest.raises(runs.RunRefused, match=f"^--output {out} holds the checkpoints or results of training run "
+                                              f"{a.run_id}: --resume continues it, --overwrite replaces it"):
+        claim(data, out, base_lr=0.02)
+    with pytest.raises(runs.RunRefused, match=f"training run {a.run_id}:"):
+        claim(data, out)  # the same settings too: only --resume continues a run
+
+
+def test_checkpoints_without_a_record_or_run_are_another_runs(data, tmp_path):
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    write_checkpoint(out, 3, None)  # written before runs were recorded
+    with pytest.raises(runs.RunRefused, match=r"training run \(unrecorded\)"):
+        claim(data, out)
+    with pytest.raises(runs.RunRefused, match="checkpoint checkpoint-3.json in .* is of no recorded training run"):
+        claim(data, out, resume=True)
+
+
+def test_overwrite_deletes_only_what_the_earlier_run_recorded(data, tmp_path):
+    out = str(tmp_path / "out")
+    run_a(data, out)
+    for name in ("metrics.json", "notes.txt", "checkpoint-7.npz"):  # a result of A's; a user's; no marker names it
+        (tmp_path / "out" / name).write_text("x")
+    os.makedirs(os.path.join(out, "tensorboard", "train"))
+    result = claim(data, out, overwrite=True, base_lr=0.02)
+    assert result.new and result.marker is None
+    assert set(result.delete) == {*runs.RUN_FILES, "checkpoint-2.json", "checkpoint-2.npz", "checkpoint-1.npz",
+                                  "checkpoint-1.json", TRAIN_RUN}  # what A's record and markers name
+    outputs = Outputs(resolve(out))
+    outputs.adopt(result, data)
+    assert sorted(os.listdir(out)) == ["checkpoint-7.npz", "notes.txt", TRAIN_RUN]
+    record = json.loads((tmp_path / "out" / TRAIN_RUN).read_text())
+    assert record["run"] == result.run.record() and record["run"]["config"]["base_lr"] == 0.02
+    assert stat.S_IMODE(os.stat(os.path.join(out, TRAIN_RUN)).st_mode) == 0o600  # run state: owner-only
+
+
+def test_resume_continues_its_own_run_and_refuses_other_settings_or_data(data, tmp_path):
+    out = str(tmp_path / "out")
+    a = run_a(data, out)
+    result = claim(data, out, resume=True, epochs=9, patience=5)  # epochs and patience may change
+    assert result.run.run_id == a.run_id and result.marker["epoch"] == 2 and not result.new and not result.delete
+    with pytest.raises(runs.RunRefused, match=rf"^--resume: checkpoint checkpoint-2.json in {out} is of training run "
+                                              rf"{a.run_id} with other settings or data: seed 42 there, 7 here; "
+                                              rf"base_lr 0.001 there, 0.02 here\. Give the same values"):
+        claim(data, out, resume=True, base_lr=0.02, seed=7)
+    with open(os.path.join(data, "manifest.json"), "w") as f:
+        f.write('{"run_id": "etl-2"}')  # the ETL ran again: other data
+    with pytest.raises(runs.RunRefused, match=r"other settings or data: data \(manifest sha256 [0-9a-f]{12} there, "):
+        claim(data, out, resume=True)
+
+
+def test_a_relaunch_continues_only_its_own_run_id(data, tmp_path):
+    out = str(tmp_path / "out")
+    a = run_a(data, out)
+    result = claim(data, out, relaunch=True, run_id=a.run_id)
+    assert result.run.run_id == a.run_id and result.marker["epoch"] == 2
+    with pytest.raises(runs.RunRefused, match=f"^a relaunch of training run B-1 found checkpoint checkpoint-2.json of "
+                                              f"run {a.run_id} in {out}: another run writes into this --output"):
+        claim(data, out, relaunch=True, run_id="B-1")
+    with pytest.raises(runs.RunRefused, match="other settings or data: base_lr"):
+        claim(data, out, relaunch=True, run_id=a.run_id, base_lr=0.5)
+
+
+def test_the_driver_check_refuses_before_any_rank_and_deletes_nothing(data, tmp_path):
+    out = str(tmp_path / "out")
+    a = run_a(data, out)
+    before = sorted(os.listdir(out))
+    with pytest.raises(runs.RunRefused):
+        runs.check_output_claim(config(data, out))
+    assert runs.check_output_claim(config(data, out, overwrite=True)).run_id != a.run_id
+    assert runs.check_output_claim(config(data, out, resume=True)).run_id == a.run_id
+    assert sorted(os.listdir(out)) == before
+    with pytest.raises(ValueError, match="--resume continues the run in --output, --overwrite replaces it"):
+        config(data, out, resume=True, overwrite=True)
+
+
+BAD_NAMES = ["/etc/passwd", "../checkpoint-1.npz", "..", ".", "sub/checkpoint-1.npz", "sub\\checkpoint-1.npz",
+             "", "model.keras", "checkpoint-0.npz", "checkpoint-1.npz\0", None, 5]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_a_marker_naming_anything_but_a_checkpoint_beside_it_is_refused_and_never_picked(name, tmp_path):
+    with pytest.raises(ValueError, match="checkpoint marker m: the name "):
+        marker_weights({"weights": name}, "checkpoint marker m")
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    write_checkpoint(out, 1, None)
+    write_checkpoint(out, 2, None, weights="checkpoint-2.npz")
+    with open(os.path.join(out, "checkpoint-2.json")) as f:
+        marker = json.load(f)
+    marker["weights"] = name
+    with open(os.path.join(out, "checkpoint-2.json"), "w") as f:
+        json.dump(marker, f)
+    assert newest_complete_checkpoint(out)["epoch"] == 1  # the bad marker is ignored, the older one taken
+
+
+def test_a_markers_own_name_must_be_a_marker_and_weights_must_be_weights():
+    assert marker_weights({"weights": "checkpoint-12.npz"}, "m") == "checkpoint-12.npz"
+    with pytest.raises(ValueError, match="is a marker's, not a checkpoint's weights"):
+        marker_weights({"weights": "checkpoint-12.json"}, "m")
+    assert plain_name("checkpoint-3.json", "m", CHECKPOINT_NAME) == "checkpoint-3.json"
+    assert plain_name("a b+%=&#?:'~é.txt", "m") == "a b+%=&#?:'~é.txt"  # odd but plain
+
+
+@pytest.mark.parametrize("name", ["../../victim", "/tmp/victim", "sub/x", "a\\b", ""])
+def test_a_records_file_list_naming_a_path_is_refused(name, data, tmp_path):
+    out = str(tmp_path / "out")
+    a = run_a(data, out)
+    write_json(os.path.join(out, TRAIN_RUN), {**runs.record(a, data), "files": ["metrics.json", name]})
+    with pytest.raises(ValueError, match=f"{TRAIN_RUN}'s files: the name "):
+        claim(data, out, overwrite=True)
+
+
+def test_a_records_file_list_deletes_only_the_names_a_run_writes(data, tmp_path):
+    out = str(tmp_path / "out")
+    a = run_a(data, out)
+    write_json(os.path.join(out, TRAIN_RUN), {**runs.record(a, data), "files": ["metrics.json", "notes.txt",
+                                                                                  "manifest.json"]})
+    assert "notes.txt" not in claim(data, out, overwrite=True).delete
+
+
+# --- atomic files --------------------------------------------------------------------------------
+
+def test_a_planted_symlink_at_the_old_temporary_name_is_not_followed(tmp_path):
+    target = tmp_path / "metrics.json"
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    for old_name in (f".metrics.json.tmp-{os.getpid()}", f".metrics.json.tmp-{os.getpid()}.json"):
+        os.symlink(victim, tmp_path / old_name)  # the name the writer used to choose
+    write_json(str(target), {"a": 1})
+    assert victim.read_text() == "keep" and json.loads(target.read_text()) == {"a": 1}
+    assert not target.is_symlink() and stat.S_IMODE(target.stat().st_mode) == 0o600
+    leftovers = sorted(p.name for p in tmp_path.iterdir())
+    assert leftovers == sorted(["metrics.json", "victim", f".metrics.json.tmp-{os.getpid()}",
+                                f".metrics.json.tmp-{os.getpid()}.json"])
+
+
+def test_a_temporary_file_is_new_private_and_unpredictable_and_removed_on_error(tmp_path):
+    path = str(tmp_path / "model.keras")
+    with replacing(path, suffix=".keras") as first, replacing(path, suffix=".keras") as second:
+        assert first != second and first.endswith(".keras") and os.path.dirname(first) == str(tmp_path)
+        assert stat.S_IMODE(os.stat(first).st_mode) == 0o600 and os.path.getsize(first) == 0
+        with open(first, "w") as f:
+            f.write("one")
+        with open(second, "w") as f:
+            f.write("two")
+    with replacing(path, mode=PUBLIC) as tmp, open(tmp, "w") as f:
+        f.write("public")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+    with pytest.raises(RuntimeError):
+        with replacing(path) as tmp:
+            raise RuntimeError("killed mid-write")
+    assert sorted(os.listdir(tmp_path)) == ["model.keras"] and open(path).read() == "public"
