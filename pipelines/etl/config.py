@@ -71,6 +71,7 @@ class ETLConfig:
             raise ValueError(f"--min-row-groups must be >= 1, got {self.min_row_groups}")
         if self.num_partitions < 0:
             raise ValueError(f"--num-partitions must be >= 0, got {self.num_partitions}")
+        storage.check_not_root(self.output, "--output")  # a run's commit cleans its output folder
         self.input = self.location(self.input).uri
         # Training opens a local output by file:// URL: refuse now what it could not open later.
         self.output = self.location(self.output).uri
