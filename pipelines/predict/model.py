@@ -17,8 +17,9 @@ zip format (its first bytes, not its name: an HDF5 file named ``model.keras`` wo
 legacy loader, where a ``Lambda`` layer's Python bytecode runs and safe mode does not apply),
 loaded with ``safe_mode=True``, and its sha256 must be the ``model_sha256`` its training run
 recorded in ``model.json``. An MLflow model is never loaded by MLflow's own loader, which unpickles
-``custom_objects.cloudpickle`` (CVE-2024-37057, no fixed MLflow) and puts the model's ``code/`` on
-``sys.path``: a model holding either is refused, and its Keras file (HDF5, as
+``custom_objects.cloudpickle`` and ``global_custom_objects.cloudpickle`` (CVE-2024-37057, no fixed
+MLflow) and puts the model's ``code/`` on ``sys.path``: a model holding custom objects or code is
+refused, no pickle of a model is ever read, and its Keras file (HDF5, as
 ``pipelines.tracking`` logs it, or the zip format) is loaded here, an HDF5 file only when its
 model config holds no ``Lambda`` layer. Each file is copied into a private temporary folder and
 checked and loaded from there, so the bytes checked are the bytes loaded.
@@ -56,9 +57,11 @@ class UnsafeModel(ModelContractError):
 ZIP_MAGIC = b"PK\x03\x04"  # a zip file's local header: Keras' own format (.keras)
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 HASH_KEY = "model_sha256"  # in model.json: sha256 of model.keras's bytes, written by training
-# What an MLflow model folder may not hold: pickled custom objects (mlflow.tensorflow unpickles
-# them at load) and code (MLflow puts it on sys.path).
-MLFLOW_REFUSED = ("custom_objects.cloudpickle", "global_custom_objects.cloudpickle", "code")
+# What an MLflow model folder may not hold: the user's pickled custom objects (a model that needs
+# them loads only by unpickling them, which mlflow.tensorflow does) and code (MLflow puts it on
+# sys.path). Its global_custom_objects.cloudpickle is never read here: MLflow writes one for every
+# Keras 2.15 model (Keras registers its own optimizers there), and the Keras file loads without it.
+MLFLOW_REFUSED = ("custom_objects.cloudpickle", "code")
 
 
 @dataclass(frozen=True)
