@@ -151,3 +151,23 @@ def test_a_key_means_one_thing_with_or_without_options(s3_server, s3_bucket, wit
     listed = sorted(o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket)["Contents"])
     assert listed == sorted(["my photos/a.jpg", "my%20photos/a.jpg", "q?x=1#y/a b+c&d'e~f:g.jpg", "ü/漢字.jpg"])
     assert storage.resolve(f"s3://{s3_bucket}/my photos", options).join("a.jpg").read_bytes() == b"my photos/a.jpg"
+
+
+@pytest.mark.parametrize("output", ["s3://bucket", "s3://bucket/", "gs://bucket", "/", "file:///", "~"])
+def test_every_job_refuses_a_root_output_with_exit_2_before_it_starts(output, tmp_path, capsys):
+    """The ETL, training and batch inference parse --output with the same check (exit 2, one line),
+    before any store is contacted or Spark or a rank starts."""
+    from pipelines.config import parse_config
+    from pipelines.etl.config import ETLConfig
+    from pipelines.predict.config import PredictConfig
+    from pipelines.training.config import TrainConfig
+
+    for config, args in ((ETLConfig, ["--input", str(tmp_path)]), (TrainConfig, ["--data", str(tmp_path)]),
+                         (PredictConfig, ["--model", "m", "--input", str(tmp_path)])):
+        if config is PredictConfig and "://" in output:
+            continue  # batch inference writes local folders only
+        with pytest.raises(SystemExit) as exit_info:
+            parse_config(config, [*args, "--output", output])
+        error = capsys.readouterr().err
+        assert exit_info.value.code == 2 and error.count("\n") == 1, (config, error)
+        assert "--output" in error and "give a folder of its own below it" in error, (config, error)
