@@ -586,3 +586,52 @@ def test_a_run_that_fills_the_disk_removes_its_files_so_a_rerun_that_fits_commit
     assert third["files"]["written"] == expected["good"] and third["image"]["height"] == 64
     assert os.listdir(os.path.join(out, "runs")) == [third["run_id"]]
     assert all(len(r["image"]) == 64 * 64 * 3 for r in read_rows(out, "test"))
+
+
+FAIL_FIRST_ATTEMPT = '''
+import os
+if os.environ.get("FAILED_ATTEMPT_RECORD"):
+    from pyspark import TaskContext
+    from pipelines.etl import transform
+
+    close = transform.SplitWriter.close
+
+    def close_then_fail(self):
+        """Close the file whole, then fail the first attempt of partition 0 (as a lost executor would)."""
+        close(self)
+        context = TaskContext.get()
+        if context is not None and context.partitionId() == 0 and context.attemptNumber() == 0:
+            with open(os.environ["FAILED_ATTEMPT_RECORD"], "a") as f:
+                f.write(self.target.path + "\\n")
+            raise RuntimeError("the first attempt of partition 0 fails after writing its file")
+
+    transform.SplitWriter.close = close_then_fail
+'''
+
+
+def test_only_the_files_of_successful_task_attempts_are_kept(tree, tmp_path):
+    """Spark retries a failed task (master local[2,2]: 2 attempts per task). The first attempt of
+    partition 0 writes its Parquet files whole, then fails (a hook installed in the Python workers
+    by sitecustomize); the second attempt writes its own. The manifest names only the second
+    attempt's files, the run prefix holds nothing else, and every image is written once."""
+    root, expected = tree
+    hooks, out, record = tmp_path / "hooks", str(tmp_path / "out"), str(tmp_path / "failed.txt")
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(FAIL_FIRST_ATTEMPT)
+    env = subprocess_env(PYTHONPATH=os.pathsep.join([str(hooks), REPO]), FAILED_ATTEMPT_RECORD=record)
+    cmd = [sys.executable, os.path.join(REPO, "jobs", "etl.py"), "--input", root, "--output", out, "--image-size",
+           str(SIZE), "--test-fraction", "0.3", "--min-row-groups", "1", "--master", "local[2,2]",
+           "--num-partitions", "3"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(record) as f:
+        failed = f.read().split()
+    assert failed, "no attempt failed: the hook did not run"
+    manifest = Manifest.read(out)
+    named = {p.path for split in ("train", "test") for p in manifest.part_locations(out, split)}
+    on_disk = {os.path.join(folder, name) for folder, _, names in os.walk(os.path.join(out, "runs"))
+               for name in names if name.endswith(".parquet")}
+    assert on_disk == named and not set(failed) & on_disk
+    assert any(os.path.basename(p).startswith("part-00000-") for p in named)  # partition 0's retry
+    paths = [r["path"] for split in ("train", "test") for r in read_rows(out, split, ["path"])]
+    assert len(paths) == len(set(paths)) == expected["good"] == manifest.extra["files"]["written"]
