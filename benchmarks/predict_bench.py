@@ -55,7 +55,7 @@ def python_workers_peak_mib() -> list:
     """Peak resident memory (``VmHWM``, MiB) of each PySpark Python worker below this process:
     the processes forked by ``pyspark.daemon`` (the daemon itself left out), largest first."""
     procs = {}
-    for name in os.listdir("/proc"):
+    for name in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 command = f.read().replace(b"\0", b" ").decode(errors="replace")
@@ -100,7 +100,7 @@ def memory_run(args, model: str, split: str, output: str, arrow_rows: int) -> di
 
 def memory_main(args, workdir: str) -> int:
     """The ``--memory`` comparison: ETL at ``--image-size``, then predict its train split twice."""
-    from pipelines.contract import row_bytes
+    from pipelines.contract import Manifest, row_bytes
     from pipelines.etl.config import ETLConfig
     from pipelines.etl.job import run_etl
     from pipelines.predict.job import SPARK_ARROW_ROWS, arrow_batch_rows
@@ -114,9 +114,13 @@ def memory_main(args, workdir: str) -> int:
         if not os.path.isdir(args.input):
             samples.main(["fashion-mnist", "--dest", args.input, "--per-class", str(args.per_class)])
     etl = os.path.join(workdir, f"etl-{args.image_size}px")
-    spark = spark_session("predict-bench-etl", args.master)
-    manifest = run_etl(ETLConfig(input=args.input, output=etl, image_size=args.image_size, min_row_groups=1), spark)
-    spark.stop()
+    if os.path.isfile(os.path.join(etl, "manifest.json")):  # made by an earlier --memory run
+        manifest = Manifest.read(etl).to_dict()
+    else:
+        spark = spark_session("predict-bench-etl", args.master)
+        manifest = run_etl(ETLConfig(input=args.input, output=etl, image_size=args.image_size, min_row_groups=1),
+                           spark)
+        spark.stop()
     model = args.model or default_model(workdir, manifest["class_names"], args.image_size, args.weights)
     spec = resolve_model(model)
     chosen = arrow_batch_rows(args.batch_size, row_bytes(spec.image_size))
