@@ -38,6 +38,7 @@ import time
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/s3server.py
+from pipelines.contract import DEFAULT_IMAGE_SIZE  # noqa: E402
 
 
 def recipe_job(spark, input_dir: str, output_dir: str, size: int, partitions: int, split: bool = True) -> int:
@@ -303,7 +304,7 @@ def main(argv=None) -> int:
     parser.add_argument("--fashion-per-class", type=int, default=1000, help="Fashion-MNIST files per class (10 classes)")
     parser.add_argument("--tux-copies", type=int, default=10,
                         help="also run the Tux Paint photos copied this many times (0: not)")
-    parser.add_argument("--image-size", type=int, default=299)
+    parser.add_argument("--image-size", type=int, default=DEFAULT_IMAGE_SIZE)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--driver-memory", default="2g",

@@ -85,8 +85,14 @@ def image_schema():
     return pa.schema([(name, getattr(pa, type_name)()) for name, type_name in COLUMNS])
 
 
+# The ETL's default side of its stored square images, pixels: Xception's own input size
+# (tf.keras.applications.Xception, "default input image size for this model is 299x299").
+DEFAULT_IMAGE_SIZE = 299
+
+
 def row_bytes(image_size: int) -> int:
-    """Bytes of one stored image: ``image_size ** 2 * 3`` (uint8 RGB, square)."""
+    """Bytes of one stored image: ``image_size ** 2 * 3`` (uint8 RGB, square), the one statement
+    of that formula (``row_bytes(299)`` = 268,203)."""
     return image_size * image_size * 3
 
 

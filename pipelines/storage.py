@@ -32,7 +32,7 @@ import pyarrow.fs as pafs
 COPY_THREADS = False
 
 # Schemes served by pyarrow's own filesystems; the rest go through fsspec.
-PYARROW_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs")
+PYARROW_SCHEMES = ("file", "s3", "gs", "hdfs", "viewfs")  # gcs:// is read as gs:// (split_uri)
 
 
 class StorageError(ValueError):
@@ -218,20 +218,84 @@ class Location:
                         destination_filesystem=pafs.LocalFileSystem(), use_threads=COPY_THREADS)
 
 
-def _pyarrow_filesystem(scheme: str, uri: str, options: Mapping[str, str]) -> Tuple[pafs.FileSystem, str]:
-    if not options:
-        return pafs.FileSystem.from_uri(uri)
-    typed = {key: _typed(value) for key, value in options.items()}
-    parsed = urlparse(uri)
-    path = (parsed.netloc + parsed.path).rstrip("/")
-    if scheme == "s3":
-        return pafs.S3FileSystem(**typed), path
-    if scheme in ("gs", "gcs"):
-        return pafs.GcsFileSystem(**typed), path
+def split_uri(uri: str) -> Tuple[str, str]:
+    """The one parse of a path or URI: ``(scheme, path)``, whatever ``--storage-option`` says.
+
+    A local path (or ``file://`` URL) gives ``("file", absolute path)`` (``~`` expanded); any other
+    URI gives its scheme (lower case, ``gcs`` as ``gs``) and everything after ``scheme://`` taken
+    literally, trailing ``/`` dropped: ``s3://bkt/my photos/a%20b#c?d`` is bucket ``bkt``, key
+    ``my photos/a%20b#c?d``. Object keys are bytes, not URL parts: nothing is percent-decoded and
+    nothing is refused as "not a URL", as the AWS CLI and s3fs read them (pyarrow's own
+    ``FileSystem.from_uri`` reads them as RFC 3986 URIs: it refuses a space and decodes ``%20``, so
+    one string named two keys depending on whether options were given).
+    """
+    scheme = scheme_of(uri)
+    if scheme == "file":
+        path = uri[len("file://"):] if uri.startswith("file://") else uri
+        return "file", os.path.abspath(os.path.expanduser(path))
+    rest = uri.split("://", 1)[1].rstrip("/")
+    return ("gs" if scheme == "gcs" else scheme), rest
+
+
+def root_refusal(uri: str) -> Optional[str]:
+    """Why ``uri`` may not be a job's output folder, or ``None``: a bucket's (or container's, or
+    a file system's) root, the local root ``/``, a mount point, a home folder (this user's or any
+    account's) or a folder above one. A job's output holds its own files beside whatever else lies there, and replacing or
+    cleaning it must never reach another job's or user's files: an output is a folder of its own.
+    """
+    scheme, path = split_uri(uri)
+    if scheme == "file":
+        if path == "/":
+            return "the file system's root"
+        for home in sorted(_home_folders()):
+            if home == path or home.startswith(path + "/"):
+                return f"a home folder ({home})" if home == path else f"a folder above a home folder ({home})"
+        if os.path.ismount(path):
+            return "a mount point (a file system's root)"
+        return None
     if scheme in ("hdfs", "viewfs"):
+        return None if urlparse(f"{scheme}://{path}").path.strip("/") else "the file system's root"
+    return None if "/" in path.strip("/") else f"the root of bucket {path.strip('/')!r}"
+
+
+def _home_folders() -> set:
+    """This user's home folder and every account's (``/etc/passwd``), as absolute paths."""
+    import pwd
+
+    homes = {os.path.abspath(os.path.expanduser("~"))}
+    homes.update(os.path.abspath(p.pw_dir) for p in pwd.getpwall() if p.pw_dir.startswith("/") and p.pw_dir != "/")
+    return homes
+
+
+def check_not_root(uri: str, what: str) -> None:
+    """Refuse a root as an output (:func:`root_refusal`), before any work starts.
+
+    Raises:
+        StorageError: the message names the option, the URI and which root it is.
+    """
+    why = root_refusal(uri)
+    if why:
+        raise StorageError(f"{what} {uri} is {why}: give a folder of its own below it "
+                           f"(e.g. {uri.rstrip('/')}/etl); a job replaces and cleans its output folder")
+
+
+def _pyarrow_filesystem(scheme: str, path: str, options: Mapping[str, str]) -> pafs.FileSystem:
+    """pyarrow's filesystem for ``scheme``; ``path`` is :func:`split_uri`'s (bucket or host first)."""
+    head = path.split("/", 1)[0]
+    if not options:
+        # Only the bucket (or host) goes through pyarrow's URI parser: its names are URL-safe, and
+        # the key is never parsed there (see split_uri).
+        return pafs.FileSystem.from_uri(f"{scheme}://{head}")[0]
+    typed = {key: _typed(value) for key, value in options.items()}
+    if scheme == "s3":
+        return pafs.S3FileSystem(**typed)
+    if scheme == "gs":
+        return pafs.GcsFileSystem(**typed)
+    if scheme in ("hdfs", "viewfs"):
+        parsed = urlparse(f"{scheme}://{head}")
         host = f"{scheme}://{parsed.hostname}" if parsed.hostname else "default"
-        return pafs.HadoopFileSystem(host, parsed.port or 8020, **typed), parsed.path.rstrip("/")
-    raise StorageError(f"{uri}: --storage-option is not used for local files")
+        return pafs.HadoopFileSystem(host, parsed.port or 8020, **typed)
+    raise StorageError(f"{scheme}://{path}: --storage-option is not used for local files")
 
 
 def _fsspec_filesystem(scheme: str, uri: str, options: Mapping[str, str]) -> Tuple[pafs.FileSystem, str]:
@@ -249,12 +313,14 @@ def _fsspec_filesystem(scheme: str, uri: str, options: Mapping[str, str]) -> Tup
 
 
 def resolve(uri: str, options: Optional[Mapping[str, str]] = None) -> Location:
-    """The :class:`Location` of a local path or a URI.
+    """The :class:`Location` of a local path or a URI, parsed once by :func:`split_uri` (the same
+    path with or without ``options``).
 
     Args:
         uri: ``/abs/path``, ``relative/path`` (made absolute, ``~`` expanded), ``file:///abs``,
             ``s3://bucket/key``, ``gs://bucket/key``, ``hdfs://host:port/path``, or any fsspec
-            scheme whose package is installed.
+            scheme whose package is installed. Keys are taken literally (spaces, ``%``, ``#``,
+            ``?`` are part of the key).
         options: backend constructor arguments (``--storage-option``); values ``true``/``false``
             and numbers are converted; refused for a local path.
 
@@ -263,22 +329,22 @@ def resolve(uri: str, options: Optional[Mapping[str, str]] = None) -> Location:
             path, or a backend that refuses its arguments.
     """
     options = dict(options or {})
-    scheme = scheme_of(uri)
+    scheme, path = split_uri(uri)
     if scheme == "file":
         if options:
             raise StorageError(f"{uri}: --storage-option is not used for local files")
-        path = urlparse(uri).path if uri.startswith("file://") else uri
-        return Location(pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(path)), "file")
+        return Location(pafs.LocalFileSystem(), path, "file")
     try:
         if scheme in PYARROW_SCHEMES:
-            fs, path = _pyarrow_filesystem(scheme, uri, options)
+            fs = _pyarrow_filesystem(scheme, path, options)
+            if scheme in ("hdfs", "viewfs"):
+                path = urlparse(f"{scheme}://{path}").path
         else:
             fs, path = _fsspec_filesystem(scheme, uri, options)
     except StorageError:
         raise
     except (TypeError, ValueError, OSError, ImportError) as exc:
         raise StorageError(f"{uri}: cannot open the {scheme} filesystem: {exc}") from None
-    scheme = "gs" if scheme == "gcs" else scheme
     return Location(fs, path.rstrip("/"), scheme, tuple(sorted(options.items())))
 
 

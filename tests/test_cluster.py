@@ -108,7 +108,7 @@ def test_a_failing_rank_fails_the_job_promptly_by_name_then_resume(cluster, etl_
     # the resumed run trained as 2 barrier tasks, one on each worker, in step
     assert m["world_size"] == 2 and m["epochs_run_per_rank"] == [2, 2]
     assert m["weights_checksum_per_rank"][0] == m["weights_checksum_per_rank"][1]
-    assert_exact_test_count(m, manifest_of(data))
+    assert_exact_test_count(m, data)
 
 
 def test_more_tasks_than_slots_is_refused_before_starting(cluster, etl_on_cluster, tmp_path):

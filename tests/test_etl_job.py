@@ -545,3 +545,93 @@ def test_a_mix_of_layouts_is_refused_before_spark(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "mixed class folder layouts" in err and "'001.birds'" in err and "'class0'" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB file system (tmpfs) mounted for the test; skipped, saying why, where mount is refused."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a 1 MiB tmpfs here (root needed): {proc.stderr.strip()}")
+    try:
+        yield str(disk)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_run_that_fills_the_disk_removes_its_files_so_a_rerun_that_fits_commits(spark, small_disk):
+    """Run 1 (16 px, ~40 KiB) commits; run 2 (128 px, ~1.8 MiB) fills the 1 MiB disk and fails: run
+    1's output is whole and run 2's partial files are gone, so run 3 (64 px, ~0.5 MiB), which fits
+    beside run 1 but not beside run 2's leftovers, commits."""
+    from tests.imagegen import encode, folder_name, random_photo, write
+
+    rng, root = np.random.default_rng(0), os.path.join(os.path.dirname(small_disk), "photos")
+    for i in range(36):  # 160 px noisy photos: every size below fills its whole square
+        write(os.path.join(root, folder_name(i % 3), f"{i}.jpg"), encode(random_photo(rng, 160, 160, i % 3)))
+    expected = {"good": 36}
+    out = os.path.join(small_disk, "etl")
+    cfg = lambda size: ETLConfig(input=root, output=out, image_size=size, test_fraction=0.3, min_row_groups=1)
+    first = run_etl(cfg(16), spark)
+    committed = open(os.path.join(out, "manifest.json"), "rb").read()
+    with pytest.raises(Exception, match="No space left on device"):
+        run_etl(cfg(128), spark)
+    assert open(os.path.join(out, "manifest.json"), "rb").read() == committed
+    assert os.listdir(os.path.join(out, "runs")) == [first["run_id"]]  # the failed run's prefix is gone
+    assert len(read_rows(out, "train")) + len(read_rows(out, "test")) == expected["good"]
+    free = shutil.disk_usage(small_disk).free
+    assert free > 0.9 * 2**20, free
+    third = run_etl(cfg(64), spark)
+    assert third["files"]["written"] == expected["good"] and third["image"]["height"] == 64
+    assert os.listdir(os.path.join(out, "runs")) == [third["run_id"]]
+    assert all(len(r["image"]) == 64 * 64 * 3 for r in read_rows(out, "test"))
+
+
+FAIL_FIRST_ATTEMPT = '''
+import os
+if os.environ.get("FAILED_ATTEMPT_RECORD"):
+    from pyspark import TaskContext
+    from pipelines.etl import transform
+
+    close = transform.SplitWriter.close
+
+    def close_then_fail(self):
+        """Close the file whole, then fail the first attempt of partition 0 (as a lost executor would)."""
+        close(self)
+        context = TaskContext.get()
+        if context is not None and context.partitionId() == 0 and context.attemptNumber() == 0:
+            with open(os.environ["FAILED_ATTEMPT_RECORD"], "a") as f:
+                f.write(self.target.path + "\\n")
+            raise RuntimeError("the first attempt of partition 0 fails after writing its file")
+
+    transform.SplitWriter.close = close_then_fail
+'''
+
+
+def test_only_the_files_of_successful_task_attempts_are_kept(tree, tmp_path):
+    """Spark retries a failed task (master local[2,2]: 2 attempts per task). The first attempt of
+    partition 0 writes its Parquet files whole, then fails (a hook installed in the Python workers
+    by sitecustomize); the second attempt writes its own. The manifest names only the second
+    attempt's files, the run prefix holds nothing else, and every image is written once."""
+    root, expected = tree
+    hooks, out, record = tmp_path / "hooks", str(tmp_path / "out"), str(tmp_path / "failed.txt")
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(FAIL_FIRST_ATTEMPT)
+    env = subprocess_env(PYTHONPATH=os.pathsep.join([str(hooks), REPO]), FAILED_ATTEMPT_RECORD=record)
+    cmd = [sys.executable, os.path.join(REPO, "jobs", "etl.py"), "--input", root, "--output", out, "--image-size",
+           str(SIZE), "--test-fraction", "0.3", "--min-row-groups", "1", "--master", "local[2,2]",
+           "--num-partitions", "3"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(record) as f:
+        failed = f.read().split()
+    assert failed, "no attempt failed: the hook did not run"
+    manifest = Manifest.read(out)
+    named = {p.path for split in ("train", "test") for p in manifest.part_locations(out, split)}
+    on_disk = {os.path.join(folder, name) for folder, _, names in os.walk(os.path.join(out, "runs"))
+               for name in names if name.endswith(".parquet")}
+    assert on_disk == named and not set(failed) & on_disk
+    assert any(os.path.basename(p).startswith("part-00000-") for p in named)  # partition 0's retry
+    paths = [r["path"] for split in ("train", "test") for r in read_rows(out, split, ["path"])]
+    assert len(paths) == len(set(paths)) == expected["good"] == manifest.extra["files"]["written"]

@@ -194,6 +194,9 @@ def test_a_loose_file_at_the_root_is_skipped_for_its_place_whatever_its_extensio
     ("001.a/notes.txt", SKIPPED, NOT_AN_IMAGE),  # inside a class: its extension
     ("001.a/caf\udce9.txt", SKIPPED, NOT_AN_IMAGE),  # not input anyway: never counted as bad input
     ("001.a/caf\udce9.jpg", REJECTED, "file name is not valid UTF-8"),  # an image that cannot be stored
+    ("001.a//x.jpg", REJECTED, "key has an empty or '.' path segment"),  # an object key no filesystem opens
+    ("001.a/./x.jpg", REJECTED, "key has an empty or '.' path segment"),
+    ("001.a//notes.txt", SKIPPED, NOT_AN_IMAGE),  # not input anyway
     ("001.a/x.jpg", REJECTED, "empty file"),  # size last (0 bytes)
 ])
 def test_the_first_reason_in_order_place_extension_name_size_is_reported(path, status, reason):
@@ -434,8 +437,62 @@ def test_run_ids_sort_by_time_and_a_clean_up_keeps_newer_runs(tmp_path):
     for run in ids:
         out.join("runs", run, "train", "part-0.parquet").write_bytes(b"x")
     out.join("train", "old.parquet").write_bytes(b"x")  # a format-1 split folder
-    assert commit.clean_up(out, ids[1]) == [f"runs/{ids[0]}", "train"]
+    assert commit.clean_up(out, ids[1]) == [f"runs/{ids[0]}"]  # train/: no record names it
+    assert commit.clean_up(out, ids[1], ["train"]) == ["train"]
     assert sorted(os.listdir(tmp_path / "out" / "runs")) == ids[1:]  # the newer run is kept
+
+
+def _manifest(run_id):
+    from pipelines.contract import Manifest, SplitInfo
+    return Manifest(image_size=8, num_classes=1, class_names=["a"], rows_per_row_group=1,
+                    splits={"train": SplitInfo(1, 1), "test": SplitInfo(1, 1)}, extra={"run_id": run_id})
+
+
+def test_a_commit_writes_the_manifest_before_it_deletes_the_run_it_replaces(tmp_path):
+    """The manifest cannot be written (manifest.json is a folder): the commit fails and the run
+    it would have replaced is still there, whole (deleting first would have lost it)."""
+    from pipelines import storage
+    from pipelines.etl import commit
+    out = storage.resolve(str(tmp_path / "out"))
+    old, new = commit.new_run_id(), commit.new_run_id()
+    out.join("runs", old, "train", "part-0.parquet").write_bytes(b"old rows")
+    os.makedirs(os.path.join(out.path, "manifest.json"))
+    with pytest.raises(OSError):
+        commit.commit(out, _manifest(new), new)
+    assert out.join("runs", old, "train", "part-0.parquet").read_bytes() == b"old rows"
+    os.rmdir(os.path.join(out.path, "manifest.json"))
+    assert commit.commit(out, _manifest(new), new) == [f"runs/{old}"]
+    assert out.join("manifest.json").read_json()["run_id"] == new
+
+
+def test_a_commit_deletes_format_1_files_only_when_it_replaces_a_format_1_manifest(tmp_path):
+    from pipelines import storage
+    from pipelines.etl import commit
+    out = storage.resolve(str(tmp_path / "out"))
+    for name in ("train/a.parquet", "test/b.parquet", "rejected.jsonl", "_staging/x", "notes/keep.txt"):
+        out.join(*name.split("/")).write_bytes(b"x")
+    out.join("manifest.json").write_json({"format_version": 2, "run_id": commit.new_run_id()})
+    run = commit.new_run_id()
+    assert commit.commit(out, _manifest(run), run) == []  # a format-2 manifest names no train/ or test/
+    assert sorted(os.listdir(out.path)) == ["_staging", "manifest.json", "notes", "rejected.jsonl", "test", "train"]
+    out.join("manifest.json").write_json({"splits": {"train": {"path": "train"}, "test": {"path": "../notes"}},
+                                          "files": {"list": "rejected.jsonl"}})  # format 1, one name not ours
+    run = commit.new_run_id()
+    assert commit.commit(out, _manifest(run), run) == ["train", "rejected.jsonl", "_staging"]
+    assert sorted(os.listdir(out.path)) == ["manifest.json", "notes", "test"]
+
+
+def test_a_failed_run_removes_its_own_files_and_never_a_committed_run(tmp_path):
+    from pipelines import storage
+    from pipelines.etl import commit
+    out = storage.resolve(str(tmp_path / "out"))
+    committed, failed = commit.new_run_id(), commit.new_run_id()
+    for run in (committed, failed):
+        out.join("runs", run, "train", "part-0.parquet").write_bytes(b"x")
+    out.join("manifest.json").write_json({"run_id": committed})
+    commit.remove_failed_run(out, failed)
+    commit.remove_failed_run(out, committed)  # its manifest is the output: kept
+    assert os.listdir(os.path.join(out.path, "runs")) == [committed]
 
 
 def test_an_output_with_foreign_data_is_refused(tmp_path):

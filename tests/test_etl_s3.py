@@ -243,3 +243,33 @@ def test_reading_an_object_keeps_the_size_bound(s3_server, s3_bucket):
         read_object(source, f"{source.uri}/a/x.jpg", 99)
     with pytest.raises(ImageRejected, match="vanished after listing"):
         read_object(source, f"{source.uri}/a/gone.jpg", 100)
+
+
+ODD_NAMES = ["x y.jpg", "a+b%c=d&e#f?g:h'i~j.jpg", "漢字 é.jpg", "my%20photo.jpg", "plain.jpg"]
+
+
+def test_odd_object_keys_are_written_and_a_key_no_filesystem_opens_is_one_rejection(s3_server, spark):
+    """Keys with spaces, + % = & # ? : ' ~, non-ASCII and %20 in class folders and file names are
+    read and written under their own names; 'class//file.jpg' (pyarrow: "Empty path component")
+    is that file's rejection with its reason, never the job's failure."""
+    import numpy as np
+    from tests.imagegen import encode, random_photo
+
+    bucket, rng = s3_server.bucket("odd"), np.random.default_rng(0)
+    client = s3_server.client()
+    classes = ["001.my photos", "002.ü+%20&#?"]
+    written = [f"{c}/{name}" for c in classes for name in ODD_NAMES]
+    for i, rel in enumerate(written + [f"{classes[0]}//double.jpg"]):
+        client.put_object(Bucket=bucket, Key=f"tree/{rel}", Body=encode(random_photo(rng, 20, 16, i % 2)))
+    out = f"s3://{bucket}/etl"
+    manifest = run_etl(config(f"s3://{bucket}/tree", out), spark)
+    files = manifest["files"]
+    assert (files["found"], files["written"], files["rejected"], files["skipped"]) == (11, 10, 1, 0), files
+    rows = read_split(out, "train") + read_split(out, "test")
+    assert sorted(r["path"] for r in rows) == sorted(f"s3://{bucket}/tree/{rel}" for rel in written)
+    assert {r["label_name"] for r in rows} == {"my photos", "ü+%20&#?"}
+    root = storage.resolve(out)
+    ledger = [json.loads(line) for line in
+              Manifest.read(root).rejected_location(root).read_bytes().decode("utf-8").splitlines()]
+    assert [(e["path"], e["status"]) for e in ledger] == [(f"s3://{bucket}/tree/{classes[0]}//double.jpg", "rejected")]
+    assert "empty or '.' path segment" in ledger[0]["reason"]

@@ -82,7 +82,7 @@ def test_training_notebooks(etl_notebook, name, extra):
     for run, world in RUNS[name].items():
         assert reports[run]["world_size"] == world, run
         assert reports[run]["global_batch_size"] == world * reports[run]["batch_size_per_rank"], run
-        assert_exact_test_count(reports[run], manifest)
+        assert_exact_test_count(reports[run], etl)
     if name.startswith("03_"):
         big, small = reports["batch-big"], reports["batch-small"]
         assert big["global_batch_size"] == 2 * small["global_batch_size"] == 2 * 4

@@ -40,11 +40,30 @@ def test_exported_model_takes_the_etls_uint8_image(model, tmp_path, stored):
     assert contract["input"]["shape"] == [None, stored, stored, 3] and contract["class_names"] == ["a", "b", "c"]
     assert contract["model_image_size"] == SIZE
     images = raw_images(6, stored)
-    # what training and the exact evaluation feed the model: the input pipeline's preprocessing
-    prep = preprocessor(stored, SIZE)
-    trained_view = np.stack([prep(tf.constant(im), 0)[0].numpy() for im in images])
+    # what the trained model takes, computed here, not by the code's own preprocessor: bilinear
+    # resizing (half-pixel centres, as TensorFlow 2's tf.image.resize) in numpy, then x / 127.5 - 1
+    trained_view = (bilinear(images, SIZE) / 127.5 - 1).astype(np.float32)
+    assert trained_view.min() >= -1 and trained_view.max() <= 1
     expected = model.predict(trained_view, verbose=0)
     np.testing.assert_allclose(exported.predict(images, verbose=0), expected, rtol=1e-4, atol=1e-6)
+    # and training's input pipeline feeds the model the same values
+    prep = preprocessor(stored, SIZE)
+    np.testing.assert_allclose(np.stack([prep(tf.constant(im), 0)[0].numpy() for im in images]), trained_view,
+                               atol=1e-4)
+
+
+def bilinear(images, size):
+    """``(n, h, w, c)`` -> float64 ``(n, size, size, c)``: bilinear with half-pixel centres (source
+    coordinate ``(i + 0.5) * in / out - 0.5``, clamped to the image), TensorFlow 2's default."""
+    def axis(n_in):
+        src = np.clip((np.arange(size) + 0.5) * n_in / size - 0.5, 0, n_in - 1)
+        low = np.floor(src).astype(int)
+        return low, np.minimum(low + 1, n_in - 1), src - low
+
+    (y0, y1, fy), (x0, x1, fx) = axis(images.shape[1]), axis(images.shape[2])
+    x = images.astype(np.float64)
+    rows = x[:, y0] * (1 - fy)[:, None, None] + x[:, y1] * fy[:, None, None]
+    return rows[:, :, x0] * (1 - fx)[:, None] + rows[:, :, x1] * fx[:, None]
 
 
 def test_checkpoint_holds_what_training_changes_and_is_small(model, tmp_path):

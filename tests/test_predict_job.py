@@ -161,7 +161,7 @@ def test_an_mlflow_model_without_class_names_needs_the_option(registered, tmp_pa
         keras.layers.Rescaling(1 / 255)(image)))
     with mlflow.start_run():
         mlflow.tensorflow.log_model(keras.Model(image, probabilities), "model", registered_model_name="tiny",
-                                    pip_requirements=[])
+                                    keras_model_kwargs={"save_format": "h5"}, pip_requirements=[])
     tree = str(tmp_path / "tree")
     write(os.path.join(tree, "a.jpg"), encode(random_photo(np.random.default_rng(0), 8, 8, 0)))
     args = ["--model", "models:/tiny/1", "--input", tree, "--output", str(tmp_path / "out")]

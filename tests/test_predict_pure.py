@@ -1,4 +1,6 @@
 """Batch inference without Spark or TensorFlow: planning, refusals, top k, metrics, the summary."""
+import dataclasses
+import hashlib
 import json
 import os
 
@@ -10,7 +12,8 @@ from pipelines.etl.images import ImageRejected
 from pipelines.predict.config import PredictConfig
 from pipelines.predict.infer import PREDICTED, UNREADABLE, predict_columns, top_k
 from pipelines.predict.inputs import ETL_SPLIT, TREE, NoImages, folder_class, plan_input, plan_tree
-from pipelines.predict.job import SUMMARY, check_paths, format_summary, reconcile
+from pipelines.predict.job import (SUMMARY, WRITTEN_BY, arrow_batch_rows, check_paths, format_summary, reconcile,
+                                   swap_in)
 from pipelines.predict.metrics import classification_report
 from pipelines.predict.model import ModelContractError, read_contract, resolve_model
 from pipelines.training.model import input_contract
@@ -23,10 +26,11 @@ NAMES = ["cat", "dog", "fish"]
 def make_run(folder, size=8, names=NAMES, contract=True):
     """A run folder as jobs/train.py leaves it, as far as resolution reads it (no real model)."""
     os.makedirs(folder, exist_ok=True)
-    write(os.path.join(folder, "model.keras"), b"not loaded by resolve_model")
+    data = b"not loaded by resolve_model"
+    write(os.path.join(folder, "model.keras"), data)
     if contract:
         with open(os.path.join(folder, "model.json"), "w") as f:
-            json.dump(input_contract(size, size, names), f)
+            json.dump({**input_contract(size, size, names), "model_sha256": hashlib.sha256(data).hexdigest()}, f)
     return str(folder)
 
 
@@ -151,9 +155,16 @@ def test_resolve_model_reads_the_contract_and_refuses_a_model_without_one(tmp_pa
     assert (spec.path, spec.flavor, spec.image_size, spec.class_names) == (
         os.path.join(run, "model.keras"), "keras", 8, tuple(NAMES))
     assert resolve_model(os.path.join(run, "model.keras")).path == spec.path
+    assert spec.sha256 == hashlib.sha256(b"not loaded by resolve_model").hexdigest()
     bare = make_run(tmp_path / "bare", contract=False)
     with pytest.raises(ModelContractError, match="no model.json beside"):
         resolve_model(bare)
+    unhashed = make_run(tmp_path / "unhashed")
+    contract = json.loads((tmp_path / "unhashed" / "model.json").read_text())
+    del contract["model_sha256"]
+    (tmp_path / "unhashed" / "model.json").write_text(json.dumps(contract))
+    with pytest.raises(ModelContractError, match="no model_sha256 .the sha256 of model.keras"):
+        resolve_model(unhashed)
     with pytest.raises(FileNotFoundError, match="a run's output folder holds model.keras"):
         resolve_model(str(tmp_path))
     with pytest.raises(FileNotFoundError):
@@ -189,8 +200,57 @@ def test_check_paths_refuses_overlaps_and_foreign_folders(tmp_path):
     write(str(foreign / "keep.txt"), b"x")
     with pytest.raises(ValueError, match="not an output of this job"):
         check_paths(PredictConfig(model="m", input=str(tree), output=str(foreign)))
-    write(str(foreign / SUMMARY), b"{}")
-    check_paths(PredictConfig(model="m", input=str(tree), output=str(foreign)))  # ours: replaced
+    for summary in (b"{}", b"[]", b"not json", json.dumps({"output_files": ["keep.txt", SUMMARY]}).encode()):
+        write(str(foreign / SUMMARY), summary)  # a summary, but not one this job wrote
+        with pytest.raises(ValueError, match=f"no {SUMMARY} of this job"):
+            check_paths(PredictConfig(model="m", input=str(tree), output=str(foreign)))
+    ours = tmp_path / "ours"
+    write(str(ours / "part-0.parquet"), b"x")
+    write(str(ours / SUMMARY), json.dumps({"written_by": WRITTEN_BY,
+                                           "output_files": ["part-0.parquet", SUMMARY]}).encode())
+    check_paths(PredictConfig(model="m", input=str(tree), output=str(ours)))  # ours: replaced
+    write(str(ours / "notes.txt"), b"mine")  # a user's file put there since
+    with pytest.raises(ValueError, match=f"holds notes.txt, which its {SUMMARY} does not list"):
+        check_paths(PredictConfig(model="m", input=str(tree), output=str(ours)))
+
+
+def test_swap_in_replaces_only_a_folder_of_this_job_and_deletes_only_what_it_listed(tmp_path):
+    out, staging = tmp_path / "out.parquet", tmp_path / ".out.parquet.staging"
+    write(str(out / "part-old.parquet"), b"old")
+    write(str(out / SUMMARY), json.dumps({"written_by": WRITTEN_BY,
+                                          "output_files": ["part-old.parquet", SUMMARY]}).encode())
+    write(str(staging / "part-new.parquet"), b"new")
+    write(str(staging / SUMMARY), b"{}")
+    swap_in(str(staging), str(out))
+    assert sorted(os.listdir(out)) == ["_summary.json", "part-new.parquet"] and not staging.exists()
+    assert sorted(os.listdir(tmp_path)) == ["out.parquet"]  # the previous output is gone, nothing else
+    write(str(staging / "part-3.parquet"), b"x")
+    with pytest.raises(ValueError, match="no _summary.json of this job"):  # out's summary now is "{}"
+        swap_in(str(staging), str(out))
+    assert (out / "part-new.parquet").read_bytes() == b"new"
+
+
+@pytest.mark.parametrize("output", ["/", "~", "~/", "//"])
+def test_a_root_output_is_refused(tmp_path, output, capsys):
+    from pipelines.predict.cli import main
+
+    with pytest.raises(ValueError, match="give a folder of its own below it"):
+        PredictConfig(model="m", input=str(tmp_path), output=output)
+    with pytest.raises(SystemExit) as exit_info:  # refused while parsing: before the model or Spark
+        main(["--model", "m", "--input", str(tmp_path), "--output", output])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--output /" in error and "give a folder of its own below it" in error
+
+
+@pytest.mark.parametrize("batch_size, image_bytes, rows", [
+    (8, 268_203, 24),      # 299 px: 3 model batches in 8 MiB (3 * 8 * 268,203 = 6,436,872 bytes)
+    (32, 268_203, 32),     # one model batch is over 8 MiB: one model batch per Arrow batch
+    (1, 8 * 2**20 + 1, 1),  # one image over the budget: still one row
+    (32, 192, 9_984),      # 8 px rows: Spark's 10,000 rows, cut to whole batches (312 * 32)
+    (20_000, 10, 20_000),  # a model batch above Spark's default: one model batch
+])
+def test_arrow_batches_hold_whole_model_batches_of_at_most_8_mib(batch_size, image_bytes, rows):
+    assert arrow_batch_rows(batch_size, image_bytes) == rows
 
 
 def test_reconcile_counts_and_refuses_lost_rows(tmp_path):
@@ -209,6 +269,14 @@ def test_reconcile_counts_and_refuses_lost_rows(tmp_path):
     twice = pa.table({"path": [plan.items[0].path] * 2, "status": [PREDICTED] * 2, "reason": [None, None]})
     with pytest.raises(RuntimeError, match="each once"):
         reconcile(plan, twice)
+    # found 3 = rows 2 + skipped 1: a skipped file the plan lost (or one too many) does not reconcile
+    for skipped in ([], plan.skipped * 2):
+        lost = dataclasses.replace(plan, skipped=skipped)
+        with pytest.raises(RuntimeError, match=f"counts do not reconcile: found 3, rows 2, skipped {len(skipped)}"):
+            reconcile(lost, table)
+    wrong_status = table.set_column(1, "status", pa.array([PREDICTED, "lost"]))
+    with pytest.raises(RuntimeError, match="predicted 1, unreadable 0"):
+        reconcile(plan, wrong_status)
 
 
 def test_format_summary_reconciles_and_lists_classes():

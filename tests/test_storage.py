@@ -101,3 +101,73 @@ def test_wrong_credentials_are_refused(tmp_path):
                                                    "secret_key": "wrong", "region": s3server.REGION})
         with pytest.raises(StorageError, match=f"--data s3://{bucket}/x: the store refused access"):
             storage.check_reachable(bad, "--data")
+
+
+@pytest.mark.parametrize("uri, why", [
+    ("s3://bucket", "the root of bucket 'bucket'"), ("s3://bucket/", "the root of bucket 'bucket'"),
+    ("s3://bucket//", "the root of bucket 'bucket'"), ("gs://b", "the root of bucket 'b'"),
+    ("gcs://b/", "the root of bucket 'b'"), ("memory://container", "the root of bucket 'container'"),
+    ("hdfs://namenode:8020/", "the file system's root"), ("/", "the file system's root"),
+    ("file:///", "the file system's root"), ("/proc", "a mount point"), ("~", "a home folder"),
+    ("~/", "a home folder"), ("{tmp}/users", "a folder above a home folder"), ("{tmp}", "above a home folder")])
+def test_a_root_is_refused_as_an_output(uri, why, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "users" / "me"))
+    uri = uri.format(tmp=tmp_path)
+    assert why in storage.root_refusal(uri)
+    with pytest.raises(StorageError, match=f"--output {uri} is .*give a folder of its own below it"):
+        storage.check_not_root(uri, "--output")
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/etl", "s3://bucket/a/b/", "gs://b/k", "hdfs://nn:8020/data/etl",
+                                 "/tmp/pipelines/etl", "file:///tmp/pipelines/etl", "~/pipelines-work/etl",
+                                 "{tmp}/users/me/etl", "{tmp}/users/you"])
+def test_a_folder_below_a_root_is_an_output(uri, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "users" / "me"))
+    assert storage.root_refusal(uri.format(tmp=tmp_path)) is None
+
+
+@pytest.mark.parametrize("uri, parsed", [
+    ("s3://bkt/my photos/a.jpg", ("s3", "bkt/my photos/a.jpg")),
+    ("s3://bkt/my%20photos/a.jpg", ("s3", "bkt/my%20photos/a.jpg")),  # literal: not decoded
+    ("s3://bkt/q?x=1#y/a b+c.jpg/", ("s3", "bkt/q?x=1#y/a b+c.jpg")),  # '?' and '#' are part of the key
+    ("S3://bkt/k", ("s3", "bkt/k")), ("gcs://b/k", ("gs", "b/k")),
+    ("file:///tmp/my%20photos", ("file", "/tmp/my%20photos")), ("/tmp/a b/", ("file", "/tmp/a b"))])
+def test_one_parse_of_a_uri(uri, parsed):
+    assert storage.split_uri(uri) == parsed
+
+
+@pytest.mark.parametrize("with_options", [False, True], ids=["environment", "storage-options"])
+def test_a_key_means_one_thing_with_or_without_options(s3_server, s3_bucket, with_options):
+    """``my photos`` and ``my%20photos`` are two keys, each named literally, whether the store
+    comes from the environment or from --storage-option (pyarrow's URI parser refused the first
+    and decoded the second without options)."""
+    options = {"endpoint_override": s3_server.endpoint, "region": s3server.REGION} if with_options else None
+    client = s3_server.client()
+    for key in ("my photos/a.jpg", "my%20photos/a.jpg", "q?x=1#y/a b+c&d'e~f:g.jpg", "ü/漢字.jpg"):
+        location = storage.resolve(f"s3://{s3_bucket}/{key}", options)
+        assert location.path == f"{s3_bucket}/{key}" and location.uri == f"s3://{s3_bucket}/{key}"
+        location.write_bytes(key.encode())
+        assert client.get_object(Bucket=s3_bucket, Key=key)["Body"].read() == key.encode()
+    listed = sorted(o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket)["Contents"])
+    assert listed == sorted(["my photos/a.jpg", "my%20photos/a.jpg", "q?x=1#y/a b+c&d'e~f:g.jpg", "ü/漢字.jpg"])
+    assert storage.resolve(f"s3://{s3_bucket}/my photos", options).join("a.jpg").read_bytes() == b"my photos/a.jpg"
+
+
+@pytest.mark.parametrize("output", ["s3://bucket", "s3://bucket/", "gs://bucket", "/", "file:///", "~"])
+def test_every_job_refuses_a_root_output_with_exit_2_before_it_starts(output, tmp_path, capsys):
+    """The ETL, training and batch inference parse --output with the same check (exit 2, one line),
+    before any store is contacted or Spark or a rank starts."""
+    from pipelines.config import parse_config
+    from pipelines.etl.config import ETLConfig
+    from pipelines.predict.config import PredictConfig
+    from pipelines.training.config import TrainConfig
+
+    for config, args in ((ETLConfig, ["--input", str(tmp_path)]), (TrainConfig, ["--data", str(tmp_path)]),
+                         (PredictConfig, ["--model", "m", "--input", str(tmp_path)])):
+        if config is PredictConfig and "://" in output:
+            continue  # batch inference writes local folders only
+        with pytest.raises(SystemExit) as exit_info:
+            parse_config(config, [*args, "--output", output])
+        error = capsys.readouterr().err
+        assert exit_info.value.code == 2 and error.count("\n") == 1, (config, error)
+        assert "--output" in error and "give a folder of its own below it" in error, (config, error)

@@ -159,7 +159,7 @@ def test_report_and_artifacts(full_run, dataset):
     assert m["learning_rate"] == pytest.approx(0.002)
     assert m["steps_per_epoch"] == manifest["splits"]["train"]["rows"] // 8
     assert [h["epoch"] for h in m["history"]] == [1, 2, 3]
-    assert_exact_test_count(m, manifest)
+    assert_exact_test_count(m, dataset[0])
     assert m["train_images_per_second"] > 0
     for name in ("model.keras", "class_names.json", "history.csv", "checkpoint-3.npz", "checkpoint-3.json",
                  "model.json", "curves.png", "confusion.png", "top_confusions.png", "contact_sheet.png"):
@@ -334,7 +334,7 @@ def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset,
     assert m["resumed_weights_checksum_per_rank"] == [killed_at] * 2
     assert m["resumed_optimizer_checksum_per_rank"] == [optimizer_at_kill] * 2  # Nadam's state, on both ranks
     assert m["world_size"] == 2 and len(set(m["weights_checksum_per_rank"])) == 1  # local ranks, in step
-    assert_exact_test_count(m, manifest)
+    assert_exact_test_count(m, dataset[0])
     assert_model_holds_checkpoint(out, 1, m["num_classes"], differs_from_last=False)
     assert m["mlflow"]["run_id"] == run.info.run_id and epochs_logged(out) == [1, 2, 3]
 
@@ -343,7 +343,7 @@ def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset,
     m = metrics(out)
     assert m["resumed_after_epoch"] == 3 and m["epochs_run_per_rank"] == [0, 0]
     assert [h["epoch"] for h in m["history"]] == [1, 2, 3] and m["stopped_early"] and m["best_epoch"] == 1
-    assert_exact_test_count(m, manifest)
+    assert_exact_test_count(m, dataset[0])
     assert_model_holds_checkpoint(out, 1, m["num_classes"], differs_from_last=False)
     client, after = mlflow_run(out)  # still the one run
     assert after.info.run_id == run.info.run_id and after.info.status == "FINISHED"
@@ -403,7 +403,7 @@ def test_a_lost_rank_is_relaunched_from_the_newest_checkpoint(dataset, tmp_path,
     assert len(set(m["resumed_optimizer_checksum_per_rank"])) == 1 and len(set(m["weights_checksum_per_rank"])) == 1
     assert [h["lr"] for h in m["history"]] == pytest.approx([warmup_lr(e, 0.001, 2, 3) for e in (1, 2, 3, 4)])
     assert m["world_size"] == 2
-    assert_exact_test_count(m, manifest)
+    assert_exact_test_count(m, dataset[0])
 
 
 def test_without_max_failures_barrier_tasks_fail_promptly_by_rank_and_host(dataset, tmp_path):
@@ -523,7 +523,7 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, test
     directory = m["feature_cache"]
     rows = {s: manifest["splits"][s]["rows"] for s in ("train", "test")}
     assert feat.is_complete(directory, rows)
-    assert_exact_test_count(m, manifest)
+    assert_exact_test_count(m, dataset[0])
     assert not feat.is_complete(directory, {**rows, "test": rows["test"] - 1})  # a short set is not reused
     assert m["weights_checksum_per_rank"][0] == m["weights_checksum_per_rank"][1]
 
@@ -742,7 +742,7 @@ def test_horovod_trains_from_s3_to_s3(dataset, s3_data, s3_server, tmp_path):
     assert S3_OUTPUTS <= names and "checkpoint-2.npz" in names and "checkpoint-2.json" in names, names
     assert any(n.startswith("tensorboard/train/events.") for n in names), names
     m = s3_json(out + "/metrics.json")
-    assert_exact_test_count(m, manifest)
+    assert_exact_test_count(m, dataset[0])
     assert m["world_size"] == 2 and [h["epoch"] for h in m["history"]] == [1, 2]
     assert m["config"]["data"] == s3_data[0] and m["config"]["output"] == out
     assert m["pictures"] == {name: f"{out}/{name}.png"
@@ -775,7 +775,7 @@ def test_a_run_killed_after_epoch_2_resumes_from_s3_at_epoch_3(dataset, s3_data,
     assert m["resumed_after_epoch"] == 2 and m["epochs_run_per_rank"] == [1, 1]
     assert [h["epoch"] for h in m["history"]] == [1, 2, 3]
     assert [h["loss"] for h in m["history"][:2]] == [h["loss"] for h in marker["history"]]
-    assert_exact_test_count(m, manifest)
+    assert_exact_test_count(m, dataset[0])
     from pipelines.storage import resolve
     rows = list(csv.DictReader(resolve(out + "/history.csv").read_bytes().decode().splitlines()))
     assert [int(r["epoch"]) for r in rows] == [1, 2, 3]  # the killed run's two, then 3, counted as checkpoints are
@@ -890,7 +890,7 @@ def test_fine_tuning_follows_the_head_phase_with_the_lowered_learning_rate(fine_
     assert ft["trainable_parameters"] == (9 * 16 * 32 + 32) + 2 * 32 + 32 * m["num_classes"] + m["num_classes"]
     assert "fine-tuning: top 1 block of tiny unfrozen" in proc.stderr
     assert m["config"]["fp16_allreduce"] and len(set(m["weights_checksum_per_rank"])) == 1
-    assert_exact_test_count(m, dataset[1])
+    assert_exact_test_count(m, dataset[0])
     # no GPU: float32, said once, by rank 0
     assert m["precision"] == "float32" and m["config"]["mixed_precision"]
     said = re.findall(r"^\[(\d)\]<stderr>:.*--mixed-precision: not used on the CPU", proc.stdout + proc.stderr, re.M)
@@ -961,5 +961,5 @@ def test_a_run_killed_in_phase_2_resumes_phase_2(dataset, tmp_path):
     assert m["resumed_optimizer_checksum_per_rank"] == [optimizer_at_kill] * 2
     assert [h["lr"] for h in m["history"]] == pytest.approx([0.002] * 3 + [0.0002] * 2)
     assert m["fine_tune"]["phase1"] == marker["phase1"] and len(set(m["weights_checksum_per_rank"])) == 1
-    assert_exact_test_count(m, manifest)
+    assert_exact_test_count(m, dataset[0])
     assert m["test"]["accuracy"] == marker["phase1"]["test"]["accuracy"]  # epoch 1's weights, as phase 1 ended

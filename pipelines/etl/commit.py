@@ -24,7 +24,7 @@ import datetime as dt
 import logging
 import re
 import secrets
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from pipelines.contract import MANIFEST, REJECTED_LIST, RUNS, SPLITS
 from pipelines.storage import Location
@@ -105,6 +105,9 @@ def commit(output: Location, manifest, run_id: str) -> List[str]:
     """Commit run ``run_id``: write ``manifest`` (a :class:`pipelines.contract.Manifest` naming this
     run's files) as ``OUTPUT/manifest.json``, then delete what it replaced (:func:`clean_up`).
 
+    The order is the protocol: until the manifest's PUT the previous output stays whole; deleting
+    first would leave a manifest naming deleted files whenever the PUT fails.
+
     Returns:
         what was deleted, relative to the output.
 
@@ -112,23 +115,55 @@ def commit(output: Location, manifest, run_id: str) -> List[str]:
         RunSuperseded: a newer run committed first (see :func:`check_not_superseded`).
     """
     check_not_superseded(output, run_id)
+    replaced = format_1_files(output)
     manifest.write(output)
-    return clean_up(output, run_id)
+    return clean_up(output, run_id, replaced)
 
 
-def clean_up(output: Location, run_id: str) -> List[str]:
-    """Delete the runs older than ``run_id`` (leftovers of killed runs, the run just replaced) and
-    format 1's ``train/``, ``test/``, ``rejected.jsonl``, ``_staging/``; never a newer run, which
-    may still be writing. Returns what was deleted, relative to the output."""
+def format_1_files(output: Location) -> List[str]:
+    """What a format-1 manifest at ``output`` names (its splits' folders, its rejected list) and
+    its staging folder, each a plain name directly in the output; ``[]`` when the output holds no
+    manifest or a newer one (whose files lie below ``runs/``)."""
+    try:
+        previous = output.join(MANIFEST).read_json()
+    except FileNotFoundError:
+        return []
+    if not isinstance(previous, dict) or previous.get("format_version", 1) != 1:
+        return []
+    named = [(previous.get("splits", {}).get(split) or {}).get("path", split) for split in SPLITS]
+    named += [(previous.get("files") or {}).get("list", REJECTED_LIST), STAGING]
+    # A name is deleted only when it is one of format 1's own names: a manifest is read, not obeyed.
+    return [name for name in FORMAT_1 if name in named]
+
+
+def clean_up(output: Location, run_id: str, replaced: Sequence[str] = ()) -> List[str]:
+    """Delete the runs older than ``run_id`` below ``OUTPUT/runs/`` (leftovers of killed runs, the
+    run just replaced: the only run prefixes an output of this job holds, :func:`check_output`)
+    and ``replaced``, the files of the format-1 manifest this commit replaced
+    (:func:`format_1_files`); never a newer run, which may still be writing, and nothing else.
+    Returns what was deleted, relative to the output."""
     deleted = []
     for info in output.join(RUNS).list(recursive=False):
         if RUN_ID.match(info.base_name) and info.base_name < run_id:
             output.join(RUNS, info.base_name).delete()
             deleted.append(f"{RUNS}/{info.base_name}")
-    for name in FORMAT_1:
+    for name in replaced:
         if output.join(name).exists():
             output.join(name).delete()
             deleted.append(name)
     if deleted:
         log.info("deleted what run %s replaced: %s", run_id, ", ".join(deleted))
     return deleted
+
+
+def remove_failed_run(output: Location, run_id: str) -> None:
+    """Delete what run ``run_id`` wrote (``OUTPUT/runs/<run id>/``) after it failed before its
+    commit, so that a rerun finds the room it took (a full disk) and no leftovers; nothing when
+    its manifest was committed (its files are the output now). A failure to delete is logged,
+    never raised over the run's own error."""
+    try:
+        if committed_run(output) == run_id:
+            return
+        run_location(output, run_id).delete()
+    except (OSError, ValueError) as exc:
+        log.warning("could not delete the failed run's files in %s: %s", run_location(output, run_id).uri, exc)

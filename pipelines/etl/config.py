@@ -8,7 +8,7 @@ from typing import Dict, Optional
 from pipelines import storage
 from pipelines import tracking as trk
 from pipelines.config import field, storage_options_field
-from pipelines.contract import row_bytes
+from pipelines.contract import DEFAULT_IMAGE_SIZE, row_bytes
 from pipelines.paths import check_url_safe
 from pipelines.etl.images import DEFAULT_MAX_PIXELS
 
@@ -23,7 +23,7 @@ class ETLConfig:
                             "CLASS all NNN.name (label NNN-1) or all plain names (labels by sorted name)")
     output: str = field(help="output folder, a local path or a URI (s3://bucket/prefix): manifest.json naming "
                              "the Parquet files of the last run under runs/RUN_ID/")
-    image_size: int = field(299, help="side of the square output images, pixels")
+    image_size: int = field(DEFAULT_IMAGE_SIZE, help="side of the square output images, pixels")
     test_fraction: float = field(0.1, help="share of each class's files in the test split, in (0, 1)")
     seed: int = field(42, help="seed of the deterministic train/test assignment")
     # 32 MiB: the loader benchmark's sweep (README, Benchmarks: Loader) was fastest there, and a
@@ -71,6 +71,7 @@ class ETLConfig:
             raise ValueError(f"--min-row-groups must be >= 1, got {self.min_row_groups}")
         if self.num_partitions < 0:
             raise ValueError(f"--num-partitions must be >= 0, got {self.num_partitions}")
+        storage.check_not_root(self.output, "--output")  # a run's commit cleans its output folder
         self.input = self.location(self.input).uri
         # Training opens a local output by file:// URL: refuse now what it could not open later.
         self.output = self.location(self.output).uri

@@ -32,6 +32,8 @@ from typing import Tuple
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError, features
 
+from pipelines.contract import DEFAULT_IMAGE_SIZE
+
 WHITE = (255, 255, 255)
 # Pillow's own decoders, no external program. Pillow's JPEG opener also returns phones'
 # multi-picture (MPO) files. WebP only where this Pillow was built with libwebp.
@@ -155,12 +157,12 @@ def white_canvas(size: int) -> np.ndarray:
     return np.full((size, size, 3), 255, np.uint8)
 
 
-def decode_and_fit(data: bytes, size: int = 299, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> FittedImage:
+def decode_and_fit(data: bytes, size: int = DEFAULT_IMAGE_SIZE, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> FittedImage:
     """Decode an encoded image, orient it, convert it to RGB and shrink it to fit ``size``.
 
     Args:
         data: the file's bytes, any of :data:`ACCEPTED_FORMATS` (by content, not by name).
-        size: side of the target square in pixels (299 for Xception).
+        size: side of the target square in pixels (:data:`pipelines.contract.DEFAULT_IMAGE_SIZE`).
         max_pixels: images with more pixels than this are rejected as decompression bombs
             (``None`` disables the check).
 
@@ -233,7 +235,7 @@ def what_pillow_sees(data: bytes) -> str:
     return "Pillow cannot identify it"
 
 
-def resize_to_square(data: bytes, size: int = 299, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> ResizedImage:
+def resize_to_square(data: bytes, size: int = DEFAULT_IMAGE_SIZE, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> ResizedImage:
     """Decode an encoded image and return it as ``size x size`` RGB bytes on white.
 
     :func:`decode_and_fit` then :func:`paste_centred` on a :func:`white_canvas`.

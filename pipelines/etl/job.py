@@ -451,7 +451,10 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
             large for the executors' memory, a tracking store that cannot be used (before Spark runs
             anything). RuntimeError: counts do not reconcile. NothingWritten: candidates but no
             image written (previous output kept). pipelines.tracking.TrackingFailed: the output
-            is complete but MLflow could not log it.
+            is complete but MLflow could not log it. Any failure before the commit (a full disk,
+            a failed task, an interrupt) first deletes the run's own prefix
+            (:func:`pipelines.etl.commit.remove_failed_run`): the previous output stands, and
+            the rerun finds the room the failed run took.
     """
     from pyspark import SparkContext
 
@@ -474,10 +477,15 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
         context = spark.sparkContext
         check_memory(config, context.master, dict(context.getConf().getAll()))
         start = time.perf_counter()
-        with log_progress(spark):
-            spark_outcomes = run_spark(spark, config, the_plan)
-        seconds = time.perf_counter() - start
-        manifest = finish(config, the_plan, spark_outcomes, spark.version, seconds)
+        try:
+            with log_progress(spark):
+                spark_outcomes = run_spark(spark, config, the_plan)
+            manifest = finish(config, the_plan, spark_outcomes, spark.version, time.perf_counter() - start)
+        except NothingWritten:
+            raise  # its rejected.jsonl, the only file it wrote, says why: kept for the user
+        except BaseException:  # a full disk, a task failure, Ctrl-C: the rerun finds no leftovers
+            commit.remove_failed_run(output, the_plan.run_id)
+            raise
         log.info("wrote %s (run %s)", output.join(MANIFEST).uri, the_plan.run_id)
         if tracker:
             log_results(tracker, output, manifest)

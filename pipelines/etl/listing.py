@@ -109,6 +109,10 @@ def name_exclusion(relative_path: str, check_spark_hidden: bool = True) -> Optio
     if not is_utf8(relative_path):
         return Excluded(REJECTED, "file name is not valid UTF-8 (shown with \\x escapes): the Parquet path "
                                   "column is UTF-8 text; rename it")
+    if "" in relative_path.split("/") or "." in relative_path.split("/"):
+        # an object key such as 'class//x.jpg': pyarrow's filesystems refuse to open such a path
+        return Excluded(REJECTED, "key has an empty or '.' path segment ('//' or '/./'), which the "
+                                  "filesystem cannot open; rename it")
     return None
 
 

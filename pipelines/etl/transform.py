@@ -212,7 +212,7 @@ def read_object(source: "Location", uri: str, max_file_bytes: int) -> bytes:
             data = f.read(max_file_bytes + 1)  # a ranged read: no more is fetched or held
     except FileNotFoundError:
         raise ImageRejected("vanished after listing (no such object when read)") from None
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: pyarrow.ArrowInvalid, a key it cannot address
         raise ImageRejected(f"unreadable when read: {' '.join(str(exc).split())[:200]}") from None
     if len(data) > max_file_bytes:
         raise ImageRejected(f"file too large: grew past {max_file_bytes} bytes since listing (--max-file-mb)")
@@ -225,6 +225,12 @@ def read_candidate(path: str, source: Optional["Location"], max_file_bytes: int)
     if source is None or source.local:
         return read_file(path, max_file_bytes)
     return read_object(source, path, max_file_bytes)
+
+
+def unexpected_reason(exc: Exception) -> str:
+    """The rejection reason of an error no rule foresaw while reading or decoding one file:
+    ``"unreadable when read (ArrowInvalid: ...)"``, one line, at most 200 characters of message."""
+    return f"unreadable when read ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
 
 
 def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Candidate]], run: "Location",
@@ -270,6 +276,9 @@ def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[
                     fitted = decode_and_fit(data, image_size, max_pixels)
                 except ImageRejected as exc:
                     record(candidate.path, REJECTED, reason=exc.reason)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - any error about one file is that file's rejection
+                    record(candidate.path, REJECTED, reason=unexpected_reason(exc))
                     continue
                 finally:
                     data = None  # never hold two files: the next read starts with nothing held

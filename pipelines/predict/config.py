@@ -8,6 +8,7 @@ from typing import Optional
 
 from pipelines.config import field
 from pipelines.paths import check_url_safe
+from pipelines.storage import check_not_root
 
 MLFLOW_SCHEMES = ("models:/", "runs:/")
 
@@ -35,6 +36,9 @@ class PredictConfig:
     max_file_mb: float = field(50.0, help="files larger than this are rows with a reason, never read, MiB")
     num_partitions: int = field(0, help="Spark partitions of an image tree; 0 = Spark's default parallelism")
     threads: int = field(0, help="TensorFlow threads per Python worker; 0 = spark.task.cpus (1 by default)")
+    arrow_batch_rows: int = field(0, help="rows per Arrow batch sent to a Python worker "
+                                          "(spark.sql.execution.arrow.maxRecordsPerBatch); 0 = whole model "
+                                          "batches of at most 8 MiB of images")
     master: Optional[str] = field(None, help="Spark master when not set by spark-submit (default local[*])")
     verbose: bool = field(False, help="show Spark's INFO log and known harmless warnings (quiet by default)")
 
@@ -42,9 +46,9 @@ class PredictConfig:
         for name in ("top_k", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.num_partitions < 0 or self.threads < 0:
-            raise ValueError(f"--num-partitions and --threads must be >= 0, got {self.num_partitions} and "
-                             f"{self.threads}")
+        if self.num_partitions < 0 or self.threads < 0 or self.arrow_batch_rows < 0:
+            raise ValueError(f"--num-partitions, --threads and --arrow-batch-rows must be >= 0, got "
+                             f"{self.num_partitions}, {self.threads} and {self.arrow_batch_rows}")
         if not (math.isfinite(self.max_file_mb) and self.max_file_mb > 0):
             raise ValueError(f"--max-file-mb must be a positive number, got {self.max_file_mb}")
         if not self.model or not self.input or not self.output:
@@ -56,6 +60,7 @@ class PredictConfig:
         self.input = os.path.abspath(os.path.expanduser(self.input))
         # Spark writes the output through a Hadoop path (a URL): refuse what a URL cannot carry.
         self.output = check_url_safe(self.output, "--output")
+        check_not_root(self.output, "--output")  # a run replaces its output folder whole
 
     @property
     def max_file_bytes(self) -> int:

@@ -18,6 +18,7 @@ Steps, each a function below:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from functools import partial
 from typing import Dict, Iterator, List, Tuple
 
 from pipelines.config import to_dict
+from pipelines.contract import row_bytes
 from pipelines.etl.layout import closure_chunks
 from pipelines.etl.listing import reason_kind
 from pipelines.logs import plural
@@ -42,9 +44,40 @@ from pipelines.predict.model import ModelSpec, resolve_model
 log = logging.getLogger("pipelines")
 
 SUMMARY, SKIPPED_LIST, CONFUSION = "_summary.json", "_skipped.jsonl", "_confusion.png"
+ARROW_RECORDS = "spark.sql.execution.arrow.maxRecordsPerBatch"
+SPARK_ARROW_ROWS = 10_000  # Spark's default of ARROW_RECORDS
+ARROW_BATCH_BYTES = 8 * 2**20  # stored images per Arrow batch (arrow_batch_rows): a few model batches at 299 px
+WRITTEN_BY = "pipelines.predict"  # the summary's mark: a folder this job may replace (owned_files)
 ITEM_DDL = "path STRING, label INT, label_name STRING, reason STRING"
 # The output's columns, in order (status: predicted | unreadable).
 COLUMNS = ("path", "label", "label_name", "status", "reason", "top_labels", "top_names", "top_probabilities")
+
+
+def arrow_batch_rows(batch_size: int, image_bytes: int, budget: int = ARROW_BATCH_BYTES) -> int:
+    """Rows per Arrow batch that Spark sends a Python worker
+    (``spark.sql.execution.arrow.maxRecordsPerBatch``): whole model batches, as many as fit in
+    ``budget`` bytes of stored images, at least one, at most Spark's default::
+
+        rows = batch_size * max(1, budget // (batch_size * image_bytes))
+        then whole model batches of at most 10,000 rows (never less than one model batch)
+
+    Why: ``predict_batch_udf`` cuts each Arrow batch into model batches of ``batch_size``
+    (PySpark's ``pyspark.ml.functions.predict_batch_udf`` documentation: its batch size is
+    independent of the Arrow batch size), but the worker first receives the whole Arrow batch and
+    converts it to pandas. Spark's default, 10,000 rows per Arrow batch (Spark's SQL configuration
+    reference, ``spark.sql.execution.arrow.maxRecordsPerBatch``), is meant for rows of a few
+    numbers: with an ETL split's image column (``row_bytes(299)`` = 268,203 bytes a row) the
+    worker held a whole Parquet partition of images (``benchmarks/predict_bench.py`` measures it).
+
+    Args:
+        batch_size: images per model call (``--batch-size``). image_bytes: bytes of one stored
+            image (:func:`pipelines.contract.row_bytes`). budget: bytes of images per Arrow batch.
+
+    Returns:
+        rows (int, >= 1).
+    """
+    rows = batch_size * max(1, budget // (batch_size * image_bytes))
+    return rows if rows <= SPARK_ARROW_ROWS else max(batch_size, SPARK_ARROW_ROWS // batch_size * batch_size)
 
 
 def check_paths(config: PredictConfig) -> None:
@@ -52,16 +85,45 @@ def check_paths(config: PredictConfig) -> None:
 
     Raises:
         ValueError: the output is, holds or lies inside the input; or it is a folder with files
-            but no ``_summary.json`` (not an output of this job: it is never overwritten).
+            that is not an earlier output of this job (:func:`owned_files`): it is never replaced.
         NotADirectoryError: the output is a file.
     """
     check_disjoint(config.input, config.output)
     out = config.output
     if os.path.exists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"output exists and is not a folder: {out}")
-    if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, SUMMARY)):
-        raise ValueError(f"output {out} holds files but no {SUMMARY}: not an output of this job, refusing to "
-                         "overwrite it")
+    owned_files(out)
+
+
+def owned_files(output: str) -> List[str]:
+    """The names in the folder ``output`` that an earlier run of this job wrote, as its
+    ``_summary.json`` records them (``written_by`` :data:`WRITTEN_BY`, ``output_files``); ``[]``
+    when the folder is missing or empty. A run replaces only such a folder, and deletes only
+    those names.
+
+    Raises:
+        ValueError: the folder holds files but no summary of this job, or names its summary
+            does not list (a user's files put there since): not an output of this job, refusing
+            to replace it.
+    """
+    names = sorted(os.listdir(output)) if os.path.isdir(output) else []
+    if not names:
+        return []
+    try:
+        with open(os.path.join(output, SUMMARY), encoding="utf-8") as f:
+            summary = json.load(f)
+        listed = summary["output_files"] if summary.get("written_by") == WRITTEN_BY else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        listed = None
+    if not isinstance(listed, list):
+        raise ValueError(f"output {output} holds files but no {SUMMARY} of this job: not an output of this job, "
+                         "refusing to overwrite it")
+    foreign = [name for name in names if name not in listed]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+        raise ValueError(f"output {output} holds {shown}, which its {SUMMARY} does not list: not an output of "
+                         "this job alone, refusing to overwrite it")
+    return names
 
 
 def work_dirs(output: str) -> Tuple[str, str]:
@@ -196,16 +258,31 @@ def finish(config: PredictConfig, spec: ModelSpec, plan: InputPlan, staging: str
         "metrics": labelled_metrics(table, spec, staging) or None,
         "seconds": round(seconds, 2), "images_per_second": round(counts["rows"] / seconds, 2) if seconds > 0 else None,
         "config": redact(to_dict(config)),
+        "written_by": WRITTEN_BY,
+        "output_files": sorted({*os.listdir(staging), SUMMARY}),
     }
     write_json(os.path.join(staging, SUMMARY), summary)
     return summary
 
 
 def swap_in(staging: str, output: str) -> None:
-    """Replace the output folder with the staged one (the previous output is removed first)."""
-    if os.path.isdir(output):
-        shutil.rmtree(output)
+    """Replace the output folder with the staged one: the previous output (checked again to be
+    this job's, :func:`owned_files`) is moved aside, the staged one moved in, then the files the
+    previous summary lists are deleted, and its folder when nothing else appeared in it."""
+    owned = owned_files(output)
+    if not os.path.isdir(output):
+        os.replace(staging, output)
+        return
+    old = staging + ".old"
+    os.rename(output, old)
     os.replace(staging, output)
+    for name in owned:
+        path = os.path.join(old, name)
+        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+    try:
+        os.rmdir(old)
+    except OSError:
+        log.warning("kept %s: files appeared in the previous output while this run wrote (not deleted)", old)
 
 
 def run_predict(config: PredictConfig, spark=None) -> Dict:
@@ -230,7 +307,8 @@ def run_predict(config: PredictConfig, spark=None) -> Dict:
                  plural(len(plan.skipped), "file"))
         spark = spark or spark_session("pipelines-predict", config.master)
         start = time.perf_counter()
-        with log_progress(spark):
+        rows = config.arrow_batch_rows or arrow_batch_rows(config.batch_size, row_bytes(spec.image_size))
+        with log_progress(spark), session_conf(spark, {ARROW_RECORDS: str(rows)}):
             predictions(spark, config, spec, plan).write.mode("overwrite").parquet(staging)
         summary = finish(config, spec, plan, staging, time.perf_counter() - start)
         swap_in(staging, config.output)
@@ -239,6 +317,20 @@ def run_predict(config: PredictConfig, spark=None) -> Dict:
         shutil.rmtree(download, ignore_errors=True)
     log.info("wrote %s", config.output)
     return summary
+
+
+@contextlib.contextmanager
+def session_conf(spark, values: Dict[str, str]) -> Iterator[None]:
+    """Set runtime SQL settings of ``spark`` for the block, then put back what was there (a
+    notebook's session keeps its own settings)."""
+    before = {key: spark.conf.get(key, None) for key in values}
+    for key, value in values.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            spark.conf.set(key, value) if value is not None else spark.conf.unset(key)
 
 
 def format_summary(summary: Dict) -> str:

@@ -7,10 +7,22 @@ A model is named three ways (:func:`resolve_model`):
   names, so nothing is loaded on the driver;
 - a training run's output folder: its ``model.keras`` (and ``model.json``);
 - an MLflow URI, ``models:/NAME/VERSION`` or ``runs:/RUN_ID/PATH``: the model is downloaded once
-  into a local folder, loaded with ``mlflow.tensorflow.load_model`` (a ``tf.keras`` model) to read
-  its input, and its class names are the ``class_names`` entry of the MLflow model's metadata
+  into a local folder, checked (:func:`mlflow_model_file`) and loaded to read its input, and its
+  class names are the ``class_names`` entry of the MLflow model's metadata
   (``mlflow.tensorflow.log_model(..., metadata={"class_names": [...]})``), else the
   ``--class-names`` file (a run's ``class_names.json``).
+
+Nothing read from a model file may run code (:func:`load_model`). A ``model.keras`` must be Keras'
+zip format (its first bytes, not its name: an HDF5 file named ``model.keras`` would take Keras'
+legacy loader, where a ``Lambda`` layer's Python bytecode runs and safe mode does not apply),
+loaded with ``safe_mode=True``, and its sha256 must be the ``model_sha256`` its training run
+recorded in ``model.json``. An MLflow model is never loaded by MLflow's own loader, which unpickles
+``custom_objects.cloudpickle`` and ``global_custom_objects.cloudpickle`` (CVE-2024-37057, no fixed
+MLflow) and puts the model's ``code/`` on ``sys.path``: a model holding custom objects or code is
+refused, no pickle of a model is ever read, and its Keras file (HDF5, as
+``pipelines.tracking`` logs it, or the zip format) is loaded here, an HDF5 file only when its
+model config holds no ``Lambda`` layer. Each file is copied into a private temporary folder and
+checked and loaded from there, so the bytes checked are the bytes loaded.
 
 Every model must take the ETL's image, uint8 RGB ``(batch, S, S, 3)``, preprocessing inside its
 graph, and return ``(batch, len(class_names))`` probabilities; :func:`check_loaded` checks it
@@ -19,23 +31,36 @@ where the model is loaded.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import tempfile
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from pipelines.contract import MODEL_CONTRACT as CONTRACT_FILE, MODEL_FILE, MODEL_SHA256 as HASH_KEY
 from pipelines.logs import plural
 from pipelines.predict.config import is_mlflow_uri
 from pipelines.redact import redact_text
 
-MODEL_FILE = "model.keras"
-CONTRACT_FILE = "model.json"
 KERAS, MLFLOW = "keras", "mlflow"
 
 
 class ModelContractError(ValueError):
     """The model's contract (input uint8 ``(batch, S, S, 3)``, class names) is missing or broken."""
+
+
+class UnsafeModel(ModelContractError):
+    """A model file that could run code when loaded, or that is not the file its run recorded."""
+
+
+ZIP_MAGIC = b"PK\x03\x04"  # a zip file's local header: Keras' own format (.keras)
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+# What an MLflow model folder may not hold: the user's pickled custom objects (a model that needs
+# them loads only by unpickling them, which mlflow.tensorflow does) and code (MLflow puts it on
+# sys.path). Its global_custom_objects.cloudpickle is never read here: MLflow writes one for every
+# Keras 2.15 model (Keras registers its own optimizers there), and the Keras file loads without it.
+MLFLOW_REFUSED = ("custom_objects.cloudpickle", "code")
 
 
 @dataclass(frozen=True)
@@ -44,6 +69,7 @@ class ModelSpec:
 
     Attributes:
         source: the model as the user named it (path or URI).
+        sha256: the hex sha256 ``model.json`` records for ``model.keras`` (flavor ``keras``).
         path: what loads: a ``model.keras`` file (flavor ``keras``) or a local MLflow model folder
             (flavor ``mlflow``); executors load the same path, so on a cluster it must be on a
             file system they share (like the input).
@@ -57,6 +83,7 @@ class ModelSpec:
     flavor: str
     image_size: int
     class_names: Tuple[Optional[str], ...]
+    sha256: str = ""  # of model.keras (flavor keras), from model.json
 
     @property
     def num_classes(self) -> int:
@@ -69,33 +96,126 @@ class ModelSpec:
             ModelContractError: the model does not take uint8 ``(batch, S, S, 3)`` or does not
                 return one probability per class name.
         """
-        model = load_model(self.flavor, self.path)
+        model = load_model(self.flavor, self.path, self.sha256)
         check_loaded(model, self.image_size, self.num_classes)
         return model
 
 
-def load_model(flavor: str, path: str):
-    """Load a model file (``keras``) or MLflow model folder (``mlflow``), uncompiled.
+def load_model(flavor: str, path: str, sha256: str = ""):
+    """Load a ``model.keras`` file (``keras``) or a local MLflow model folder (``mlflow``),
+    uncompiled, without running code from it (see the module).
 
     Cached per process while the file or folder is unchanged (its modification time is part of the
     key): a Python worker that Spark reuses loads a model once, and a process that resolved an
     MLflow model (which loads it) does not load it twice; a model rewritten since is loaded again.
+
+    Args:
+        sha256: for ``keras``, the hex sha256 the file must have (``model.json``'s ``model_sha256``).
+
+    Raises:
+        UnsafeModel: not Keras' zip format; a hash that differs; an MLflow model with pickled
+            custom objects or code, or an HDF5 model with a ``Lambda`` layer.
     """
-    return _load(flavor, path, os.stat(path).st_mtime_ns)
+    return _load(flavor, path, sha256, os.stat(path).st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=2)
-def _load(flavor: str, path: str, _stamp: int):
+def _load(flavor: str, path: str, sha256: str, _stamp: int):
     from pipelines.kerasapi import keras
 
     from pipelines.quiet import quiet_libraries
 
     quiet_libraries()  # TensorFlow's and MLflow's Python loggers: errors only, unless verbose
-    if flavor == MLFLOW:
-        import mlflow.tensorflow
+    source = mlflow_model_file(path) if flavor == MLFLOW else path
+    with tempfile.TemporaryDirectory(prefix="model-") as private:  # 0700: nobody swaps the file after the check
+        copy = os.path.join(private, "model")
+        digest = _copy_hashed(source, copy)
+        with open(copy, "rb") as f:
+            magic = f.read(8)
+        if flavor == KERAS and sha256 != digest:
+            raise UnsafeModel(f"{path}: sha256 {digest} is not the {HASH_KEY} {sha256} that {CONTRACT_FILE} "
+                              "records: the file was changed or replaced since its training run wrote it")
+        if magic.startswith(ZIP_MAGIC):
+            os.rename(copy, copy + ".keras")  # Keras picks its loader by name: the zip loader, safe mode on
+            return keras.models.load_model(copy + ".keras", compile=False, safe_mode=True)
+        if flavor == MLFLOW and magic == HDF5_MAGIC:
+            check_hdf5_config(copy, source)
+            os.rename(copy, copy + ".h5")
+            return keras.models.load_model(copy + ".h5", compile=False)
+        raise UnsafeModel(f"{source}: not a Keras zip file (.keras format; it starts with {magic[:4]!r}): an "
+                          "HDF5 or other file would be loaded by Keras' legacy loader, which can run code from it; "
+                          "export the model with pipelines.training.model.export_model")
 
-        return mlflow.tensorflow.load_model(path)
-    return keras.models.load_model(path, compile=False)
+
+def _copy_hashed(source: str, target: str) -> str:
+    """Copy ``source`` to ``target`` (created owner-only) and return the copy's hex sha256."""
+    digest = hashlib.sha256()
+    with open(source, "rb") as src, open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as dst:
+        for block in iter(lambda: src.read(1 << 20), b""):
+            digest.update(block)
+            dst.write(block)
+    return digest.hexdigest()
+
+
+def check_hdf5_config(path: str, shown: str) -> None:
+    """Refuse an HDF5 Keras model whose config holds a ``Lambda`` layer (at any depth): Keras'
+    legacy loader turns its marshalled bytecode into a function, whatever ``safe_mode`` says. The
+    config is read as JSON (``model_config`` attribute), nothing is deserialised.
+
+    Raises:
+        UnsafeModel: a ``Lambda`` layer, or no readable model config.
+    """
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        config = f.attrs.get("model_config")
+    try:
+        config = json.loads(config.decode("utf-8") if isinstance(config, bytes) else config)
+    except (TypeError, ValueError):
+        raise UnsafeModel(f"{shown}: an HDF5 file without a readable Keras model config") from None
+    stack = [config]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if item.get("class_name") == "Lambda":
+                raise UnsafeModel(f"{shown}: the model has a Lambda layer, whose Python code would run when "
+                                  "loaded: refused (save the model without Lambda layers)")
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def mlflow_model_file(folder: str) -> str:
+    """The Keras file of the local MLflow model ``folder`` (``tensorflow`` flavour, a Keras model
+    saved as HDF5 or in Keras' zip format), read from its ``MLmodel`` (YAML, loaded safely) before
+    anything else is opened.
+
+    Raises:
+        UnsafeModel: the model holds pickled custom objects or code (see :data:`MLFLOW_REFUSED`),
+            or is no Keras model of that flavour (a SavedModel is loaded by TensorFlow's object
+            graph, not checked here: log with ``keras_model_kwargs={"save_format": "h5"}``).
+    """
+    from mlflow.models import Model
+
+    conf = Model.load(folder).flavors.get("tensorflow") or {}
+    data = os.path.join(folder, conf.get("data", "data"))
+    found = [name for name in MLFLOW_REFUSED if os.path.exists(os.path.join(data, name))
+             or os.path.exists(os.path.join(folder, name))]
+    if conf.get("code"):
+        found.append("code")
+    if found:
+        raise UnsafeModel(f"{folder}: the MLflow model holds {', '.join(sorted(set(found)))}: unpickling custom "
+                          "objects or importing a model's code runs code from the model (CVE-2024-37057); refused")
+    fmt = conf.get("save_format")
+    if conf.get("model_type") != "keras" or fmt not in ("h5", "keras"):
+        raise UnsafeModel(f"{folder}: not a Keras model saved as HDF5 or .keras by MLflow's tensorflow flavour "
+                          f"(model_type {conf.get('model_type')!r}, save_format {fmt!r}): log it with "
+                          "keras_model_kwargs={'save_format': 'h5'}")
+    base = os.path.join(data, "model")
+    path = next((p for p in (base + ".h5", base + ".keras", base) if os.path.isfile(p)), None)
+    if path is None:
+        raise UnsafeModel(f"{folder}: the MLflow model's Keras file is missing")
+    return path
 
 
 def check_loaded(model, image_size: int, num_classes: int) -> None:
@@ -128,12 +248,13 @@ def read_class_names(path: str) -> List[Optional[str]]:
     return names
 
 
-def read_contract(model_file: str) -> Tuple[int, List[Optional[str]]]:
-    """``(image_size, class_names)`` from the ``model.json`` beside ``model_file``.
+def read_contract(model_file: str) -> Tuple[int, List[Optional[str]], str]:
+    """``(image_size, class_names, sha256)`` from the ``model.json`` beside ``model_file``.
 
     Raises:
         ModelContractError: no ``model.json`` there, or one whose input is not uint8
-            ``(None, S, S, 3)`` or that names no classes.
+            ``(None, S, S, 3)``, that names no classes, or that records no ``model_sha256`` (the
+            hash the loader checks ``model.keras`` against).
     """
     path = os.path.join(os.path.dirname(model_file), CONTRACT_FILE)
     if not os.path.isfile(path):
@@ -149,7 +270,12 @@ def read_contract(model_file: str) -> Tuple[int, List[Optional[str]]]:
     names = contract.get("class_names")
     if not isinstance(names, list) or not names:
         raise ModelContractError(f"{path}: no class_names")
-    return shape[1], names
+    digest = contract.get(HASH_KEY)
+    if not (isinstance(digest, str) and len(digest) == 64):
+        raise ModelContractError(f"{path}: no {HASH_KEY} (the sha256 of {MODEL_FILE} its training run recorded): "
+                                 "the model file cannot be checked, so it is not loaded; export it again with "
+                                 "pipelines.training.model.export_model")
+    return shape[1], names, digest
 
 
 def resolve_model(model: str, class_names_file: str = "", download_dir: Optional[str] = None) -> ModelSpec:
@@ -175,11 +301,11 @@ def resolve_model(model: str, class_names_file: str = "", download_dir: Optional
     if not os.path.isfile(path):
         raise FileNotFoundError(f"model not found: {path}" + (" (a run's output folder holds model.keras)"
                                                               if os.path.isdir(model) else ""))
-    size, contract_names = read_contract(path)
+    size, contract_names, digest = read_contract(path)
     if names is not None and len(names) != len(contract_names):
         raise ModelContractError(f"--class-names lists {plural(len(names), 'name')}, the model has "
                                  f"{plural(len(contract_names), 'class')}")
-    return ModelSpec(model, path, KERAS, size, tuple(names or contract_names))
+    return ModelSpec(model, path, KERAS, size, tuple(names or contract_names), digest)
 
 
 def _resolve_mlflow(uri: str, names: Optional[List[Optional[str]]], download_dir: Optional[str]) -> ModelSpec:

@@ -8,7 +8,7 @@ from typing import Dict, Optional
 from pipelines import tracking as trk
 from pipelines.config import field, storage_options_field
 from pipelines.paths import check_url_safe
-from pipelines.storage import is_local
+from pipelines.storage import check_not_root, is_local
 from pipelines.training.finetune import KERAS_GUIDE_LR_FACTOR
 
 
@@ -107,6 +107,7 @@ class TrainConfig:
             raise ValueError(f"--shuffle-buffer must be >= 1, got {self.shuffle_buffer}")
         self.data = local_or_uri(self.data)
         self.output = local_or_uri(self.output)
+        check_not_root(self.output, "--output")  # a run prunes its checkpoints there
         if self.data and is_local(self.data):
             self.data = check_url_safe(self.data, "--data")
         from pipelines.training.model import check_backbone
