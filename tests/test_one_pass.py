@@ -11,6 +11,7 @@ import pytest
 
 from pipelines.training.data import OnePassShard, ShardCountError, load_dataset, verify_total
 from tests.datagen import write_dataset
+from tests.readers import READERS
 
 PASSES = 100
 
@@ -76,17 +77,18 @@ def test_tf_dataset_and_feature_rows_are_exact(data):
             assert sorted(got) == list(ids)
 
 
+@pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("model_size", [0, 6])
-def test_the_training_pipeline_keeps_every_image_with_its_label(data, tmp_path, model_size):
-    """Training's input (a looping Petastorm reader -> row groups -> shuffle -> batch ->
+def test_the_training_pipeline_keeps_every_image_with_its_label(data, tmp_path, model_size, reader):
+    """Training's input (a looping reader, each of both -> row groups -> shuffle -> batch ->
     preprocessing per batch): full batches of float32, each image's pixels still those of its
     own row (row id = label), every row of the split delivered."""
     import tensorflow as tf
 
     from pipelines.training.data import make_dataset, open_reader
 
-    with open_reader(data, "train", 0, 1, str(tmp_path / "cache")) as reader:
-        ds = make_dataset(reader, 4, batch_size=5, model_size=model_size, shuffle_buffer=8, seed=1)
+    with open_reader(data, "train", 0, 1, str(tmp_path / "cache"), reader=reader) as opened:
+        ds = make_dataset(opened, 4, batch_size=5, model_size=model_size, shuffle_buffer=8, seed=1)
         seen = Counter()
         for images, labels in ds.take(40):  # 200 rows: over 9 passes of the 21
             size = model_size or 4

@@ -44,7 +44,10 @@ class TrainConfig:
     seed: int = field(42, help="seed of weights initialisation, shuffling and dropout")
     threads: int = field(0, help="TensorFlow intra-op threads per rank; 0 = the cores this process may use / "
                                  "local ranks")
-    reader_workers: int = field(2, help="Petastorm reader threads per rank")
+    reader_workers: int = field(2, help="reader threads per rank")
+    reader: str = field("",
+                        help="how ranks read their shard: petastorm, or own (pyarrow: where Petastorm cannot run); "
+                             "default: petastorm where it runs with the installed pyarrow, else own")
     bind_cores: bool = field(False, help="bind each rank and its threads to --threads cores of its own (CPU "
                                          "training on a host the ranks fill: local ranks x threads <= cores)")
     tensorboard: bool = field(True, help="write TensorBoard logs on rank 0")
@@ -121,6 +124,9 @@ class TrainConfig:
                              "ranks); under horovodrun a lost rank ends the job: rerun it with --resume")
         if not self.slots_timeout > 0:
             raise ValueError(f"--slots-timeout must be positive, got {self.slots_timeout}")
+        from pipelines.training.data import check_reader
+
+        self.reader = check_reader(self.reader)
         if self.shuffle_buffer < 1:
             raise ValueError(f"--shuffle-buffer must be >= 1, got {self.shuffle_buffer}")
         self.data = local_or_uri(self.data)

@@ -1,7 +1,7 @@
 """The training job's input paths, siblings behind one small interface.
 
 * :class:`ImageInputs` - the article's path: the whole model (frozen backbone + head) on images,
-  read by looping Petastorm readers for ``fit`` and by :class:`~pipelines.training.data.OnePassShard`
+  read by looping readers (Petastorm's or ours, ``--reader``) for ``fit`` and by :class:`~pipelines.training.data.OnePassShard`
   for the exact evaluation.
 * :class:`FeatureInputs` - the feature cache: the backbone's pooled features computed once per
   rank shard (:mod:`pipelines.training.features`), and only the head trained on them.
@@ -41,11 +41,11 @@ class ImageInputs:
 
     @contextlib.contextmanager
     def reader_dataset(self, split: str, cache_root: str) -> Iterator[object]:
-        """A looping dataset of ``split`` over a Petastorm reader that lives until the block ends;
+        """A looping dataset of ``split`` over a reader (``--reader``) that lives until the block ends;
         the training split is shuffled (and augmented with ``--augment``)."""
         c, data, training = self.config, self.data, split == "train"
         with open_reader(data, split, self.rank, self.size, cache_root, workers=c.reader_workers,
-                         seed=c.seed + self.rank) as reader:
+                         seed=c.seed + self.rank, reader=c.reader) as reader:
             yield make_dataset(reader, data.image_size, c.batch_size, self.image_size,
                                c.shuffle_buffer if training else 0, seed=c.seed + self.rank,
                                augment=c.augment and training)
