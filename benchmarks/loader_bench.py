@@ -9,8 +9,8 @@ the train split (``train_rows // batch`` batches), consuming the tensors as trai
 model runs: this is the ceiling the data path puts on training. Both readers cache row groups in
 the same flat files (:mod:`pipelines.training.rowcache`). The ceiling is measured twice, after the
 first ETL and after the sweep, and their mean divides: on a shared VM one figure can move by 20 %.
-The readers alternate which goes first at each size (the Parquet files are in the page cache for
-both: the ETL has just written them).
+The readers take turns going first (the Parquet files are in the page cache for both: the ETL has
+just written them); ``--repeats N`` times each path N times and reports the median.
 
 ``--readers own,petastorm`` (default: both where Petastorm runs, else ours alone).
 
@@ -26,7 +26,7 @@ option); ``--etl-image-size`` is the size the ETL stores the images at.
 module's filesystem with each reader (what training does).
 
 Usage: python benchmarks/loader_bench.py [--per-class 300] [--etl-image-size 299] [--batch-size 32]
-       [--row-group-mb 1,4,16,32] [--min-row-groups 2] [--readers own,petastorm] [--png FILE]
+       [--row-group-mb 1,4,16,32] [--min-row-groups 2] [--readers own,petastorm] [--repeats 1] [--png FILE]
        [--storage local|s3]
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ import argparse
 import dataclasses
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -122,6 +123,8 @@ def parse(argv):
     parser.add_argument("--readers", default="", help="comma-separated readers to time (own, petastorm); default: "
                                                        "both where Petastorm runs, else own")
     parser.add_argument("--min-row-groups", type=int, default=2, help="the sweep's ETL --min-row-groups")
+    parser.add_argument("--repeats", type=int, default=1, help="time each reader's paths this many times, the "
+                                                                 "readers taking turns to go first; the median counts")
     parser.add_argument("--png", default=None, help="draw the sweep into this PNG file")
     add_arguments(parser, TrainConfig, {"batch_size": 32})
     parser.add_argument("--workdir", default=None,
@@ -163,11 +166,16 @@ def sweep_one(tree, work, mb, args, spark, index: int) -> dict:
     data = load_dataset(etl, 1)
     batches = data.train_rows // config.batch_size
     found = {"rows": data.rows_per_row_group, "groups": data.row_groups("train"), "data": data, "batches": batches}
-    order = args.readers if index % 2 == 0 else args.readers[::-1]
-    for reader in order:
-        cold, warm, none = (f"{reader}, {kind}" for kind in KINDS)
-        epochs(data, os.path.join(work, f"cache-{mb:g}-{reader}"), config, [cold, warm], found, batches, reader)
-        epochs(data, None, config, ["", none], found, batches, reader)
+    runs = {}
+    for repeat in range(args.repeats):  # the readers take turns going first
+        for reader in (args.readers if (index + repeat) % 2 == 0 else args.readers[::-1]):
+            cold, warm, none = (f"{reader}, {kind}" for kind in KINDS)
+            once = {}
+            epochs(data, os.path.join(work, f"cache-{mb:g}-{reader}"), config, [cold, warm], once, batches, reader)
+            epochs(data, None, config, ["", none], once, batches, reader)
+            for label, rate in once.items():
+                runs.setdefault(label, []).append(rate)
+    found.update({label: statistics.median(rates) for label, rates in runs.items()})
     if index == 0 and args.storage == "s3":
         s3_routes(etl, work, config, batches, found, args.readers)
     return found
@@ -179,7 +187,7 @@ def report(sweep: dict, tops: list, args) -> None:
     top = sum(tops) / len(tops)
     columns = labels(args.readers)
     print(f"\nLoader benchmark: Fashion-MNIST at {args.etl_image_size} px, batch {args.config.batch_size}, "
-          f"{args.config.reader_workers} reader threads, {os.cpu_count()} CPUs; ceiling (in memory, same tail) "
+          f"{args.config.reader_workers} reader threads, {os.cpu_count()} CPUs, median of {args.repeats}; ceiling (in memory, same tail) "
           f"{top:.0f} images/s, the mean of " + " and ".join(f"{x:.0f}" for x in tops) + " (before and after the sweep)")
     for mb, found in sweep.items():
         print(f"\n{mb:g} MiB row groups: {found['rows']} rows each, {found['groups']} in train")

@@ -98,3 +98,42 @@ def test_the_training_pipeline_keeps_every_image_with_its_label(data, tmp_path, 
                                        atol=1e-5)
             seen.update(labels.numpy().tolist())
     assert set(seen) == set(range(21))
+
+
+@pytest.fixture(scope="module")
+def short_test_split(tmp_path_factory):
+    """3 row groups of 5 rows in the test split (15 rows), 4 of 2 in train: more ranks than
+    row groups in both."""
+    root = str(tmp_path_factory.mktemp("short") / "etl")
+    write_dataset(root, train_groups=[4], test_groups=[2, 1], rows_per_group=5)
+    return root
+
+
+@pytest.mark.parametrize("world_size", [4, 5, 7, 15, 16, 40])
+def test_more_ranks_than_row_groups_shard_the_test_split_by_rows(short_test_split, world_size):
+    """Rows ``[r * N // n, (r + 1) * N // n)`` of the split in file order: disjoint, covering,
+    sizes differing by one at most, each image with its own row (pixels = row id)."""
+    data = load_dataset(short_test_split, world_size=1)
+    seen, sizes = [], []
+    for rank in range(world_size):
+        shard = OnePassShard(data, "test", rank, world_size)
+        labels = []
+        for images, batch in shard.batches():
+            assert [int(i[0, 0, 0]) for i in images] == [int(x) % 256 for x in batch]
+            labels += batch.tolist()
+        shard.verify(len(labels))
+        sizes.append(len(labels))
+        seen += labels
+    assert seen == list(range(20, 35))  # in file order, each row once
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == 15
+    verify_total(len(seen), data, "test")
+
+
+def test_the_train_split_refuses_more_ranks_than_row_groups_naming_the_etl_flags(short_test_split):
+    from pipelines.training.data import DataError
+
+    assert load_dataset(short_test_split, world_size=4).test_rows == 15  # 3 test row groups: not refused
+    with pytest.raises(DataError, match=r"the train split has 4 row groups but 5 ranks need one each \(a rank reads "
+                                        r"whole row groups\): use at most 4 ranks, or rerun the ETL with "
+                                        r"--min-row-groups 5 \(or a smaller --row-group-mb\)"):
+        load_dataset(short_test_split, world_size=5)

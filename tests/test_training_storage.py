@@ -5,7 +5,10 @@ import json
 import os
 import pickle
 
+import pytest
+
 from pipelines.storage import resolve
+from pipelines.training.data import petastorm_available
 from pipelines.training.outputs import Outputs, open_outputs
 from pipelines.training.schedule import newest_complete_checkpoint
 
@@ -73,6 +76,7 @@ def test_resume_takes_the_newest_remote_checkpoint_whose_weights_are_whole(s3_bu
     assert newest_complete_checkpoint(str(tmp_path / "missing")) is None
 
 
+@pytest.mark.skipif(not petastorm_available(), reason="the legacy filesystem is Petastorm's, which cannot run here")
 def test_the_legacy_filesystem_answers_petastorms_calls_and_pickles(s3_bucket):
     from pipelines.training.legacy_fs import LegacyFileSystem, petastorm_url
     root = resolve(f"s3://{s3_bucket}/etl")

@@ -84,19 +84,22 @@ def read_group(group: RowGroup, row_bytes: int) -> Tuple[np.ndarray, np.ndarray]
         ShardCountError: it holds another number of rows than its footer says.
         ImageSizeError: an image that is not ``row_bytes`` bytes (each one checked).
     """
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with group.part.filesystem.open_input_file(group.part.path) as f:
+    part = group.part  # a local file is mapped: measured 1.6-2x faster than reading it (loader_bench)
+    with pa.memory_map(part.path) if part.local else part.filesystem.open_input_file(part.path) as f:
         table = pq.ParquetFile(f, metadata=group.metadata).read_row_group(group.index, columns=["image", "label"])
     if table.num_rows != group.rows:
         raise ShardCountError(f"{group.path} row group {group.index}: read {plural(table.num_rows, 'row')}, "
                               f"its footer says {group.rows}")
-    column = table.column("image").combine_chunks()
+    chunks = table.column("image")
+    column = chunks.chunk(0) if chunks.num_chunks == 1 else chunks.combine_chunks()  # combining copies
     if column.null_count:
         raise ImageSizeError(f"{group.path} row group {group.index}: a missing image")
     offsets = np.frombuffer(column.buffers()[1], np.int32, len(column) + 1, column.offset * 4)
     if np.any(np.diff(offsets) != row_bytes):
-        raise ImageSizeError(f"{group.path} row group {group.index}: an image is not {row_bytes} bytes")
+        raise ImageSizeError(f"{group.path} row group {group.index}: an image is not {plural(row_bytes, 'byte')}")
     pixels = np.frombuffer(column.buffers()[2], np.uint8)[offsets[0]:offsets[-1]] if len(column) else \
         np.zeros(0, np.uint8)
     return pixels.reshape(-1, row_bytes), table.column("label").to_numpy().astype(np.int32)

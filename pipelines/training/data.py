@@ -147,8 +147,8 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
         storage_options: ``--storage-option`` values for a URI's backend.
 
     Raises:
-        DataError: no manifest (not an ETL output), an empty split, or fewer row groups in a split
-            than ranks (Petastorm would give some rank no data).
+        DataError: no manifest (not an ETL output), an empty split, or fewer row groups in the
+            train split than ranks (:func:`check_train_row_groups`).
         pipelines.storage.StorageError: an unknown scheme, a missing bucket, refused credentials.
         pipelines.paths.UnsafePathError: ``root`` holds a character a ``file://`` URL cannot carry.
     """
@@ -166,12 +166,24 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
     for split in SPLITS:
         if data.rows(split) == 0:
             raise DataError(f"the {split} split of {root} is empty")
-        if data.row_groups(split) < world_size:
-            raise DataError(f"the {split} split has {plural(data.row_groups(split), 'row group')} but "
-                            f"{plural(world_size, 'rank')} need one each (Petastorm shards by row group): use at "
-                            f"most {plural(min(map(data.row_groups, SPLITS)), 'rank')}, or rerun the ETL with a "
-                            "larger --min-row-groups")
+    check_train_row_groups(data, world_size)
     return data
+
+
+def check_train_row_groups(data: Dataset, world_size: int) -> None:
+    """Refuse a train split of fewer row groups than ranks: its looping readers give each rank
+    whole row groups (``rank::world_size``), so a rank would have none. (The test split is read
+    by one-pass shards, by rows where ranks outnumber its row groups: never refused.)
+
+    Raises:
+        DataError: naming both numbers and the ETL flags that give more row groups
+            (``--min-row-groups``: the fewest per split; ``--row-group-mb``: their size).
+    """
+    groups = data.row_groups(TRAIN)
+    if groups < world_size:
+        raise DataError(f"the train split has {plural(groups, 'row group')} but {plural(world_size, 'rank')} need "
+                        f"one each (a rank reads whole row groups): use at most {plural(groups, 'rank')}, or rerun "
+                        f"the ETL with --min-row-groups {world_size} (or a smaller --row-group-mb)")
 
 
 def check_run(root: str, batch_size: int, world_size: int, storage_options: Optional[Dict[str, str]] = None) -> Dataset:
@@ -360,12 +372,13 @@ def preprocessor(stored_size: int, model_size: int = 0, augment: bool = False, s
 
 
 def row_groups_of(reader, stored_size: int) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-    """The rows of a Petastorm batch reader (:func:`open_reader`), one row group at a time:
+    """The rows of a reader (:func:`open_reader`, either), one row group at a time:
     ``(images uint8 (n, s, s, 3), labels int32 (n,))``.
 
-    A row group read from Parquet holds an object array of ``bytes``, joined here once into one
-    array; one from the flat cache holds them already as ``uint8 (n, s * s * 3)`` over a memory
-    map, only reshaped. Neither goes through a ``tf.string`` tensor of each image.
+    A row group Petastorm read from Parquet holds an object array of ``bytes``, joined here once
+    into one array; ours, and one from the flat cache, hold them already as ``uint8 (n, s * s *
+    3)`` (over Arrow's buffer or a memory map), only reshaped. None goes through a ``tf.string``
+    tensor of each image.
 
     Raises:
         DataError: an image that is not ``s * s * 3`` bytes as the manifest says (each checked), a
@@ -411,7 +424,7 @@ def batched(ds, batch_size: int, stored_size: int, model_size: int = 0, shuffle_
 
 def make_dataset(reader, stored_size: int, batch_size: int, model_size: int = 0,
                  shuffle_buffer: int = 0, seed: int = 0, augment: bool = False):
-    """``tf.data`` pipeline over a looping Petastorm batch reader (training and validation).
+    """``tf.data`` pipeline over a looping reader (:func:`open_reader`; training).
 
     Row groups (:func:`row_groups_of`) are unbatched into single uint8 images and go through
     :func:`batched` (shuffle, full batches only, preprocessing per batch, prefetch).
@@ -428,5 +441,5 @@ def make_dataset(reader, stored_size: int, batch_size: int, model_size: int = 0,
 
 
 def default_cache_root() -> str:
-    """A fresh temporary folder for the Petastorm caches of this process."""
+    """A fresh temporary folder (0700, ours) for the readers' caches of this process."""
     return tempfile.mkdtemp(prefix="pipelines-cache-")

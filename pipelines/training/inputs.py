@@ -7,8 +7,10 @@
   rank shard (:mod:`pipelines.training.features`), and only the head trained on them.
 
 Each path answers the same questions: which model trains (:attr:`model`), which ``tf.data``
-datasets feed ``fit`` (:meth:`fit_datasets`, a context manager that owns the readers), what the
-exact test totals of this rank's shard are (:meth:`evaluate_shard`), and which model is exported
+dataset feeds ``fit`` (:meth:`fit_datasets`, a context manager that owns the readers; it yields
+``(train, None)``: every epoch's validation is the exact evaluation, run by
+:func:`pipelines.training.evaluate.exact_validation`), what the exact test totals of this rank's
+shard are (:meth:`evaluate_shard`, for each epoch and the end), and which model is exported
 (:meth:`exported_model`, always the whole model). A third path is one more class with these
 four members, chosen in :func:`make_inputs`. (Fine-tuning is not a path but a second phase,
 :mod:`pipelines.training.finetune`, on :class:`ImageInputs` over the whole model.)
@@ -51,10 +53,12 @@ class ImageInputs:
                                augment=c.augment and training)
 
     @contextlib.contextmanager
-    def fit_datasets(self, cache_root: str) -> Iterator[Tuple[object, object]]:
-        """``(train, validation)`` datasets over readers that live until the block ends."""
-        with self.reader_dataset("train", cache_root) as train, self.reader_dataset("test", cache_root) as val:
-            yield train, val
+    def fit_datasets(self, cache_root: str) -> Iterator[Tuple[object, None]]:
+        """``(train, None)``: the training dataset over a reader that lives until the block ends
+        (each epoch's validation is the exact evaluation,
+        :func:`pipelines.training.evaluate.exact_validation`)."""
+        with self.reader_dataset("train", cache_root) as train:
+            yield train, None
 
     def evaluate_shard(self, model):
         """Totals over this rank's test shard, each row once, count checked against the footers."""
@@ -132,9 +136,10 @@ class FeatureInputs:
                                     repeat=True)
 
     @contextlib.contextmanager
-    def fit_datasets(self, cache_root: str) -> Iterator[Tuple[object, object]]:
-        """``(train, validation)`` over this rank's cached features (in memory: 2048 floats a row)."""
-        yield self._dataset("train", training=True), self._dataset("test", training=False)
+    def fit_datasets(self, cache_root: str) -> Iterator[Tuple[object, None]]:
+        """``(train, None)`` over this rank's cached features (in memory: 2048 floats a row); each
+        epoch's validation is the exact evaluation (:meth:`evaluate_shard`)."""
+        yield self._dataset("train", training=True), None
 
     def evaluate_shard(self, model):
         """Totals of the head over this rank's share of the cached test features (every row once)."""
