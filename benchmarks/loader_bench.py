@@ -187,8 +187,9 @@ def report(sweep: dict, tops: list, args) -> None:
     top = sum(tops) / len(tops)
     columns = labels(args.readers)
     print(f"\nLoader benchmark: Fashion-MNIST at {args.etl_image_size} px, batch {args.config.batch_size}, "
-          f"{args.config.reader_workers} reader threads, {os.cpu_count()} CPUs, median of {args.repeats}; ceiling (in memory, same tail) "
-          f"{top:.0f} images/s, the mean of " + " and ".join(f"{x:.0f}" for x in tops) + " (before and after the sweep)")
+          f"{args.config.reader_workers} reader threads, {os.cpu_count()} CPUs, median of {args.repeats}; ceiling "
+          f"(in memory, same tail) {top:.0f} images/s, the mean of " + " and ".join(f"{x:.0f}" for x in tops) +
+          " (before and after the sweep)")
     for mb, found in sweep.items():
         print(f"\n{mb:g} MiB row groups: {found['rows']} rows each, {found['groups']} in train")
         for label in columns + [k for k in found if isinstance(found[k], float) and k not in columns]:

@@ -361,6 +361,19 @@ def test_a_cache_folder_of_another_user_is_refused_and_kept(tmp_path, what):
     assert os.path.lexists(target) and (what.startswith("a link") or (target / "theirs").exists())
 
 
+def test_a_foreign_cache_dir_is_refused_on_the_command_line_with_exit_2(tmp_path, capsys):
+    from pipelines.config import parse_config
+    from pipelines.training.config import TrainConfig
+
+    (tmp_path / "shared").mkdir()
+    os.chown(tmp_path / "shared", NOBODY, NOBODY)
+    with pytest.raises(SystemExit) as info:
+        parse_config(TrainConfig, ["--data", str(tmp_path), "--output", str(tmp_path / "out"), "--cache-dir",
+                                   str(tmp_path / "shared"), "--no-tracking"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"--cache-dir {tmp_path / 'shared'} is owned by uid {NOBODY}" in err, err
+
+
 @pytest.fixture
 def tmpfs(tmp_path):
     """``mount(name, size, read_only=False)``: a real small tmpfs mounted at ``tmp_path/name``

@@ -147,6 +147,9 @@ class TrainConfig:
         if self.cache_dir:
             self.cache_dir = os.path.abspath(os.path.expanduser(self.cache_dir))
             check_folder_path(self.cache_dir, "--cache-dir")
+            from pipelines.training.rowcache import refuse_foreign
+
+            refuse_foreign(self.cache_dir)  # another user's files are never read as a rank's cache
         self.tracking, self.tracking_uri = trk.resolve(self.tracking, self.tracking_uri, self.output, self.experiment)
         if self.register_model and not self.tracking:
             raise ValueError("--register-model needs tracking: drop --no-tracking (or PIPELINES_TRACKING=0)")

@@ -1,8 +1,8 @@
 """The training job's input paths, siblings behind one small interface.
 
 * :class:`ImageInputs` - the article's path: the whole model (frozen backbone + head) on images,
-  read by looping readers (Petastorm's or ours, ``--reader``) for ``fit`` and by :class:`~pipelines.training.data.OnePassShard`
-  for the exact evaluation.
+  read by looping readers (Petastorm's or ours, ``--reader``) for ``fit`` and by
+  :class:`~pipelines.training.data.OnePassShard` for the exact evaluation (each epoch's and the end's).
 * :class:`FeatureInputs` - the feature cache: the backbone's pooled features computed once per
   rank shard (:mod:`pipelines.training.features`), and only the head trained on them.
 

@@ -53,9 +53,10 @@ FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 Column = Tuple[str, str, Tuple[int, ...]]  # name, NumPy dtype string, shape as stored
 
 
-class CacheFolderError(OSError):
+class CacheFolderError(ValueError):
     """The cache folder is not this user's own, or what is in it cannot be removed: the message
-    names the folder and what to do."""
+    names the folder and what to do (bad input: a refusal, exit 2 where it is known before any
+    rank starts)."""
 
 
 class DamagedEntry(OSError):
@@ -163,6 +164,22 @@ def open_private(path: str):
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE), "wb")
 
 
+def refuse_foreign(path: str, option: str = "--cache-dir") -> None:
+    """Refuse an existing ``path`` (not followed if a link) owned by another user; a missing one
+    passes (it will be made ours). Made nothing: for the checks before any rank starts.
+
+    Raises:
+        CacheFolderError: naming the folder, its owner's uid and ours.
+    """
+    try:
+        owner = os.lstat(path).st_uid
+    except FileNotFoundError:
+        return
+    if owner != os.geteuid():
+        raise CacheFolderError(f"{option} {path} is owned by uid {owner}, not by this user (uid "
+                               f"{os.geteuid()}): give a cache folder of your own")
+
+
 def own_folder(path: str, option: str = "--cache-dir") -> str:
     """``path`` as a folder of this user's: made (0700) when missing; refused when it is a link,
     not a folder, or owned by another user (whose files a rank would read as its own).
@@ -177,9 +194,7 @@ def own_folder(path: str, option: str = "--cache-dir") -> str:
         raise CacheFolderError(f"{option} {path}: cannot make the folder ({exc.strerror})") from None
     if not stat.S_ISDIR(info.st_mode):
         raise CacheFolderError(f"{option} {path} is not a folder (a link or a file): give a folder of your own")
-    if info.st_uid != os.geteuid():
-        raise CacheFolderError(f"{option} {path} is owned by uid {info.st_uid}, not by this user (uid "
-                               f"{os.geteuid()}): give a cache folder of your own")
+    refuse_foreign(path, option)
     return path
 
 
