@@ -144,3 +144,12 @@ def test_each_reader_reads_a_bucket_rank_by_rank_as_the_local_rule(data, s3_buck
             assert sorted(got) == expected
         else:  # Petastorm's looping epochs may overlap at their edges: the same shard, not one exact pass
             assert set(got) <= set(expected) and len(got) == len(expected)
+
+
+def test_a_closed_reader_ends_instead_of_failing(data):
+    """tf.data's prefetch may ask once more after the reader's block ended: iteration stops."""
+    reader = ArrowShardReader(split_row_groups(data.parts("train")), data.row_bytes)
+    with reader:
+        next(reader)
+    with pytest.raises(StopIteration):
+        next(reader)

@@ -139,6 +139,7 @@ class ArrowShardReader:
         self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="arrow-reader")
         self._pending: Deque = collections.deque()
         self._order = self._visits()
+        self._closed = False
 
     def _visits(self) -> Iterator[int]:
         for epoch in itertools.count():
@@ -161,6 +162,8 @@ class ArrowShardReader:
         return self
 
     def __next__(self) -> Batch:
+        if self._closed:  # a tf.data prefetch thread may still ask once the reader's block has ended
+            raise StopIteration
         while len(self._pending) < self.depth:
             self._pending.append(self._pool.submit(self._load, next(self._order)))
         return self._pending.popleft().result()
@@ -173,6 +176,7 @@ class ArrowShardReader:
 
     def close(self) -> None:
         """Stop reading ahead and join the threads (a row group being read is finished first)."""
+        self._closed = True
         for future in self._pending:
             future.cancel()
         self._pending.clear()
