@@ -6,7 +6,8 @@ of a sweep (``--row-group-mb 1,4,16,32``).
 Every path ends in training's own tail (:func:`pipelines.training.data.batched`: shuffle, batch,
 preprocess each batch, prefetch), the in-memory ceiling too, and each is timed over one epoch of
 the train split (``train_rows // batch`` batches), consuming the tensors as training would. No
-model runs: this is the ceiling the data path puts on training. Both readers cache row groups in
+model runs: this is the ceiling the data path puts on training. Each reader is also timed alone
+(no tf.data: its row groups pulled and copied once), cold and warm: the reader's own cost. Both readers cache row groups in
 the same flat files (:mod:`pipelines.training.rowcache`). The ceiling is measured twice, after the
 first ETL and after the sweep, and their mean divides: on a shared VM one figure can move by 20 %.
 The readers take turns going first (the Parquet files are in the page cache for both: the ETL has
@@ -65,6 +66,22 @@ def epochs(data, cache, config, labels, results, batches, reader) -> None:
                 next(it)[0].numpy()
             if label:
                 results[label] = batches * config.batch_size / (time.perf_counter() - start)
+
+
+def reader_only(data, cache, results, reader, labels) -> None:
+    """Time two epochs of one looping ``reader`` alone, without tf.data (each row group's images
+    copied once, as the tensor conversion does), into ``results[labels[i]]`` (images/s): the
+    reader's own cost, which the tail's hides on a loaded machine."""
+    from pipelines.training.arrow_reader import split_row_groups
+    from pipelines.training.data import open_reader, row_groups_of
+
+    groups = len(split_row_groups(data.parts("train")))
+    with open_reader(data, "train", 0, 1, cache, reader=reader) as opened:
+        for label in labels:
+            start, rows = time.perf_counter(), 0
+            for images, _labels in row_groups_of((next(opened) for _ in range(groups)), data.image_size):
+                rows += len(images.copy())
+            results[label] = rows / (time.perf_counter() - start)
 
 
 def ceiling(data, config, batches) -> float:
@@ -173,6 +190,8 @@ def sweep_one(tree, work, mb, args, spark, index: int) -> dict:
             once = {}
             epochs(data, os.path.join(work, f"cache-{mb:g}-{reader}"), config, [cold, warm], once, batches, reader)
             epochs(data, None, config, ["", none], once, batches, reader)
+            reader_only(data, os.path.join(work, f"cache-{mb:g}-{reader}-alone"), once, reader,
+                        [f"{reader}, reader alone, {kind}" for kind in KINDS[:2]])
             for label, rate in once.items():
                 runs.setdefault(label, []).append(rate)
     found.update({label: statistics.median(rates) for label, rates in runs.items()})
