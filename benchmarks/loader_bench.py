@@ -1,14 +1,19 @@
-"""Input-pipeline throughput: Petastorm -> tf.data (cold and warm local-disk cache, no cache)
-against the same images held in memory (``tf.data.Dataset.from_tensor_slices``), measured in one
-run, for each ETL row-group size of a sweep (``--row-group-mb 1,4,16,64``).
+"""Input-pipeline throughput of both readers side by side: Petastorm's and our own (pyarrow) ->
+tf.data, with a cold and a warm local-disk cache and without one, against the same images held in
+memory (``tf.data.Dataset.from_tensor_slices``), measured in one run, for each ETL row-group size
+of a sweep (``--row-group-mb 1,4,16,32``).
 
 Every path ends in training's own tail (:func:`pipelines.training.data.batched`: shuffle, batch,
 preprocess each batch, prefetch), the in-memory ceiling too, and each is timed over one epoch of
 the train split (``train_rows // batch`` batches), consuming the tensors as training would. No
-model runs: this is the ceiling the data path puts on training. At every size the warm epoch is
-also timed with Petastorm's own cache format (pickled row groups) next to training's flat one
-(:mod:`pipelines.training.rowcache`). The ceiling is measured twice, after the first ETL and
-after the sweep, and their mean divides: on a shared VM one figure can move by 20 %.
+model runs: this is the ceiling the data path puts on training. Each reader is also timed alone
+(no tf.data: its row groups pulled and copied once), cold and warm: the reader's own cost. Both readers cache row groups in
+the same flat files (:mod:`pipelines.training.rowcache`). The ceiling is measured twice, after the
+first ETL and after the sweep, and their mean divides: on a shared VM one figure can move by 20 %.
+The readers take turns going first (the Parquet files are in the page cache for both: the ETL has
+just written them); ``--repeats N`` times each path N times and reports the median.
+
+``--readers own,petastorm`` (default: both where Petastorm runs, else ours alone).
 
 The sweep's ETL runs take ``--min-row-groups`` (default 2 here, 8 in the ETL) so that the
 row-group size, not the split's length, sets the rows per row group on a benchmark-sized split;
@@ -18,13 +23,12 @@ The batch size, shuffle buffer and reader workers are a ``TrainConfig``'s (``--b
 option); ``--etl-image-size`` is the size the ETL stores the images at.
 
 ``--storage s3`` also uploads the first size's ETL output to an S3 API server (``moto_server`` on
-127.0.0.1, started here with tests/s3server.py) and reads it from there, by the two routes
-evaluated for Petastorm on object storage: through the storage module's filesystem (what
-training does, :mod:`pipelines.training.legacy_fs`), and by staging the rank's row groups on local
-disk first and reading those with ``file://`` (the time to stage counted in its cold epoch).
+127.0.0.1, started here with tests/s3server.py) and reads it from there through the storage
+module's filesystem with each reader (what training does).
 
 Usage: python benchmarks/loader_bench.py [--per-class 300] [--etl-image-size 299] [--batch-size 32]
-       [--row-group-mb 1,4,16,64] [--min-row-groups 2] [--png FILE] [--storage local|s3]
+       [--row-group-mb 1,4,16,32] [--min-row-groups 2] [--readers own,petastorm] [--repeats 1] [--png FILE]
+       [--storage local|s3]
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ import argparse
 import dataclasses
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -47,20 +52,36 @@ def consume(dataset, batches: int) -> float:
     return time.perf_counter() - start
 
 
-def epochs(data, cache, config, labels, workers, results, batches, flat_cache=True) -> None:
-    """Time two epochs of one looping reader (``cache`` None: no cache) into ``results[labels[i]]``
-    through training's ``make_dataset``; ``flat_cache`` False: Petastorm's own cache format."""
+def epochs(data, cache, config, labels, results, batches, reader) -> None:
+    """Time two epochs of one looping ``reader`` (``cache`` None: no cache) into
+    ``results[labels[i]]`` (images/s; an empty label: not kept) through training's ``make_dataset``."""
     from pipelines.training.data import make_dataset, open_reader
 
-    with open_reader(data, "train", 0, 1, cache, workers=workers, flat_cache=flat_cache) as reader:
+    with open_reader(data, "train", 0, 1, cache, workers=config.reader_workers, reader=reader) as opened:
         # One iterator across both epochs, as Keras fit keeps it: epoch 2 reads from the cache.
-        it = iter(make_dataset(reader, data.image_size, config.batch_size, shuffle_buffer=config.shuffle_buffer))
+        it = iter(make_dataset(opened, data.image_size, config.batch_size, shuffle_buffer=config.shuffle_buffer))
         for label in labels:
             start = time.perf_counter()
             for _ in range(batches):
                 next(it)[0].numpy()
             if label:
                 results[label] = batches * config.batch_size / (time.perf_counter() - start)
+
+
+def reader_only(data, cache, results, reader, labels) -> None:
+    """Time two epochs of one looping ``reader`` alone, without tf.data (each row group's images
+    copied once, as the tensor conversion does), into ``results[labels[i]]`` (images/s): the
+    reader's own cost, which the tail's hides on a loaded machine."""
+    from pipelines.training.arrow_reader import split_row_groups
+    from pipelines.training.data import open_reader, row_groups_of
+
+    groups = len(split_row_groups(data.parts("train")))
+    with open_reader(data, "train", 0, 1, cache, reader=reader) as opened:
+        for label in labels:
+            start, rows = time.perf_counter(), 0
+            for images, _labels in row_groups_of((next(opened) for _ in range(groups)), data.image_size):
+                rows += len(images.copy())
+            results[label] = rows / (time.perf_counter() - start)
 
 
 def ceiling(data, config, batches) -> float:
@@ -82,32 +103,8 @@ def ceiling(data, config, batches) -> float:
     return batches * config.batch_size / consume(memory, batches)
 
 
-def stage_shard(data, split: str, rank: int, world_size: int, folder: str):
-    """Route (b): copy this rank's row groups (``rank::world_size``, Petastorm's rule) from the store
-    into one local Parquet file, a row group each. Returns a local Dataset of that shard alone."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from pipelines.contract import Manifest
-    from pipelines.training.data import Dataset, split_row_groups
-
-    os.makedirs(folder, exist_ok=True)
-    groups = split_row_groups(data.parts(split))[rank::world_size]
-    name = f"{split}-rank{rank}.parquet"
-    writer = None
-    for group in groups:
-        with group.part.filesystem.open_input_file(group.part.path) as f:
-            table = pq.ParquetFile(f).read_row_group(group.index)
-        writer = writer or pq.ParquetWriter(os.path.join(folder, name), table.schema)
-        writer.write_table(table, row_group_size=len(table))
-    writer.close()
-    splits = {s: dataclasses.replace(info, parts=[name] if s == split else info.parts, row_groups=len(groups))
-              for s, info in data.manifest.splits.items()}
-    return Dataset(folder, Manifest(**{**dataclasses.asdict(data.manifest), "splits": splits}))
-
-
-def s3_routes(etl, work, config, batches, results) -> None:
-    """Upload ``etl`` to a moto_server of our own and time both routes of reading it from there."""
+def s3_routes(etl, work, config, batches, results, readers) -> None:
+    """Upload ``etl`` to a moto_server of our own and time each reader reading it from there."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from tests import s3server
 
@@ -121,20 +118,11 @@ def s3_routes(etl, work, config, batches, results) -> None:
         uri = f"s3://{server.bucket('bench')}/etl"
         resolve(uri).upload(etl)
         remote = load_dataset(uri, 1)
-        epochs(remote, os.path.join(work, "cache-s3"), config,
-               ["s3, filesystem, cold cache (epoch 1)", "s3, filesystem, warm cache (epoch 2)"],
-               config.reader_workers, results, batches)
-        epochs(remote, None, config, ["", "s3, filesystem, no cache (epoch 2)"], config.reader_workers, results,
-               batches)
-        start = time.perf_counter()
-        staged = stage_shard(remote, "train", 0, 1, os.path.join(work, "staged"))
-        stage_seconds = time.perf_counter() - start
-        epochs(staged, os.path.join(work, "cache-staged"), config,
-               ["s3, staged, cold cache (epoch 1)", "s3, staged, warm cache (epoch 2)"],
-               config.reader_workers, results, batches)
-        cold = results["s3, staged, cold cache (epoch 1)"]
-        results["s3, staged, cold cache (epoch 1)"] = batches * config.batch_size / (
-            stage_seconds + batches * config.batch_size / cold)
+        for reader in readers:
+            epochs(remote, os.path.join(work, f"cache-s3-{reader}"), config,
+                   [f"s3, {reader}, cold cache (epoch 1)", f"s3, {reader}, warm cache (epoch 2)"],
+                   results, batches, reader)
+            epochs(remote, None, config, ["", f"s3, {reader}, no cache (epoch 2)"], results, batches, reader)
     finally:
         server.stop()
 
@@ -142,22 +130,29 @@ def s3_routes(etl, work, config, batches, results) -> None:
 def parse(argv):
     from pipelines.config import add_arguments
     from pipelines.training.config import TrainConfig
+    from pipelines.training.data import check_reader, petastorm_available
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--per-class", type=int, default=300, help="Fashion-MNIST images per class (10 classes)")
     parser.add_argument("--etl-image-size", type=int, default=299, help="image size the ETL stores the images at")
-    parser.add_argument("--row-group-mb", default="1,4,16,64", help="comma-separated ETL row-group sizes, MiB")
+    parser.add_argument("--row-group-mb", default="1,4,16,32", help="comma-separated ETL row-group sizes, MiB")
+    parser.add_argument("--readers", default="", help="comma-separated readers to time (own, petastorm); default: "
+                                                       "both where Petastorm runs, else own")
     parser.add_argument("--min-row-groups", type=int, default=2, help="the sweep's ETL --min-row-groups")
+    parser.add_argument("--repeats", type=int, default=1, help="time each reader's paths this many times, the "
+                                                                 "readers taking turns to go first; the median counts")
     parser.add_argument("--png", default=None, help="draw the sweep into this PNG file")
     add_arguments(parser, TrainConfig, {"batch_size": 32})
     parser.add_argument("--workdir", default=None,
                         help="keep the sample, ETL outputs and caches here (default: a temporary folder, removed)")
     parser.add_argument("--storage", choices=["local", "s3"], default="local",
-                        help="s3: also read the data from an S3 API server (moto_server on 127.0.0.1) by both routes")
+                        help="s3: also read the data from an S3 API server (moto_server on 127.0.0.1) with each reader")
     args = parser.parse_args(argv)
     try:
         args.sizes = [float(x) for x in args.row_group_mb.split(",")]
+        args.readers = [check_reader(x) for x in args.readers.split(",")] if args.readers else \
+            (["own", "petastorm"] if petastorm_available() else ["own"])
         # data and output stand in until the ETL has run
         args.config = TrainConfig(data=os.curdir, output=os.curdir, batch_size=args.batch_size)
     except ValueError as exc:
@@ -165,13 +160,18 @@ def parse(argv):
     return args
 
 
-LABELS = ("cold cache (epoch 1)", "warm cache (epoch 2)", "no cache (epoch 2)", "warm, pickled cache (epoch 2)")
+KINDS = ("cold cache (epoch 1)", "warm cache (epoch 2)", "no cache (epoch 2)")
 
 
-def sweep_one(tree, work, mb, args, spark, first: bool) -> dict:
-    """ETL at ``mb`` MiB row groups, then the four Petastorm paths of :data:`LABELS` (and, ``first``
-    with ``--storage s3``, the S3 routes). Returns ``{"rows": rows per group, "groups": train
-    groups, label: images/s}``."""
+def labels(readers) -> list:
+    """The table's columns: each reader's three paths."""
+    return [f"{reader}, {kind}" for reader in readers for kind in KINDS]
+
+
+def sweep_one(tree, work, mb, args, spark, index: int) -> dict:
+    """ETL at ``mb`` MiB row groups, then each reader's paths (:func:`labels`; and, for the first
+    size with ``--storage s3``, from the bucket). Returns ``{"rows": rows per group, "groups":
+    train groups, label: images/s}``."""
     from pipelines.etl.config import ETLConfig
     from pipelines.etl.job import run_etl
     from pipelines.training.data import load_dataset
@@ -183,42 +183,54 @@ def sweep_one(tree, work, mb, args, spark, first: bool) -> dict:
     data = load_dataset(etl, 1)
     batches = data.train_rows // config.batch_size
     found = {"rows": data.rows_per_row_group, "groups": data.row_groups("train"), "data": data, "batches": batches}
-    epochs(data, os.path.join(work, f"cache-{mb:g}"), config, LABELS[:2], config.reader_workers, found, batches)
-    epochs(data, None, config, ["", LABELS[2]], config.reader_workers, found, batches)
-    epochs(data, os.path.join(work, f"cache-{mb:g}-pickled"), config, ["", LABELS[3]], config.reader_workers,
-           found, batches, flat_cache=False)
-    if first and args.storage == "s3":
-        s3_routes(etl, work, config, batches, found)
+    runs = {}
+    for repeat in range(args.repeats):  # the readers take turns going first
+        for reader in (args.readers if (index + repeat) % 2 == 0 else args.readers[::-1]):
+            cold, warm, none = (f"{reader}, {kind}" for kind in KINDS)
+            once = {}
+            epochs(data, os.path.join(work, f"cache-{mb:g}-{reader}"), config, [cold, warm], once, batches, reader)
+            epochs(data, None, config, ["", none], once, batches, reader)
+            reader_only(data, os.path.join(work, f"cache-{mb:g}-{reader}-alone"), once, reader,
+                        [f"{reader}, reader alone, {kind}" for kind in KINDS[:2]])
+            for label, rate in once.items():
+                runs.setdefault(label, []).append(rate)
+    found.update({label: statistics.median(rates) for label, rates in runs.items()})
+    if index == 0 and args.storage == "s3":
+        s3_routes(etl, work, config, batches, found, args.readers)
     return found
 
 
 def report(sweep: dict, tops: list, args) -> None:
-    """Print the sweep (images/s and fraction of the ceilings' mean) and draw it when ``--png``."""
+    """Print the sweep (images/s and fraction of the ceilings' mean; ours against Petastorm's when
+    both ran) and draw it when ``--png``."""
     top = sum(tops) / len(tops)
+    columns = labels(args.readers)
     print(f"\nLoader benchmark: Fashion-MNIST at {args.etl_image_size} px, batch {args.config.batch_size}, "
-          f"{args.config.reader_workers} reader threads, {os.cpu_count()} CPUs; ceiling (in memory, same tail) "
-          f"{top:.0f} images/s, the mean of " + " and ".join(f"{x:.0f}" for x in tops) + " (before and after the sweep)")
-    print(f"{'row-group MiB':>13s} {'rows/group':>10s} {'groups':>6s}  " + "  ".join(f"{x:>28s}" for x in LABELS))
+          f"{args.config.reader_workers} reader threads, {os.cpu_count()} CPUs, median of {args.repeats}; ceiling "
+          f"(in memory, same tail) {top:.0f} images/s, the mean of " + " and ".join(f"{x:.0f}" for x in tops) +
+          " (before and after the sweep)")
     for mb, found in sweep.items():
-        cells = "  ".join(f"{found[x]:8.0f} img/s {found[x] / top:5.2f}x ceil" for x in LABELS)
-        print(f"{mb:13g} {found['rows']:10d} {found['groups']:6d}  {cells}")
-    first = sweep[next(iter(sweep))]
-    for label in [k for k in first if isinstance(first[k], float) and k not in LABELS]:
-        print(f"  at {next(iter(sweep)):g} MiB: {label}: {first[label]:.0f} images/s, {first[label] / top:.2f}x")
+        print(f"\n{mb:g} MiB row groups: {found['rows']} rows each, {found['groups']} in train")
+        for label in columns + [k for k in found if isinstance(found[k], float) and k not in columns]:
+            ratio = ""
+            if label.startswith("own, ") and label.replace("own, ", "petastorm, ") in found:
+                ratio = f"  own / petastorm {found[label] / found[label.replace('own, ', 'petastorm, ')]:.2f}"
+            print(f"  {label:40s} {found[label]:8.0f} images/s {found[label] / top:5.2f}x ceiling{ratio}")
     if args.png:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = plt.subplots(figsize=(7, 4.5))
         sizes = list(sweep)
-        for label in LABELS:
-            ax.plot(sizes, [sweep[mb][label] for mb in sizes], marker="o", label=label)
+        for label in columns:
+            ax.plot(sizes, [sweep[mb][label] for mb in sizes], marker="o" if label.startswith("own") else "x",
+                    linestyle="-" if label.startswith("own") else ":", label=label)
         ax.axhline(top, color="k", linestyle="--", label="in memory (ceiling)")
         ax.set(xscale="log", xlabel="ETL row-group size, MiB", ylabel="images/s",
-               title=f"Petastorm -> tf.data, {args.etl_image_size} px, 1 rank")
+               title=f"readers -> tf.data, {args.etl_image_size} px, 1 rank")
         ax.set_xticks(sizes, [f"{mb:g}" for mb in sizes])
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(args.png, dpi=100)
         print(f"  sweep drawn in {args.png}")
@@ -239,7 +251,7 @@ def main(argv=None) -> int:
     sweep, tops = {}, []
     try:
         for i, mb in enumerate(args.sizes):
-            sweep[mb] = sweep_one(tree, work, mb, args, spark, i == 0)
+            sweep[mb] = sweep_one(tree, work, mb, args, spark, i)
             if i == 0:
                 first = sweep[mb]
                 tops.append(ceiling(first["data"], args.config, first["batches"]))

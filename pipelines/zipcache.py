@@ -22,6 +22,8 @@ import zipimport
 from typing import Dict, Optional, Tuple
 
 _MARK = "_pipelines_lazy"
+#: whether this Python needs the patch: CPython gh-103200 is fixed in 3.12 (the current stack's)
+NEEDED = sys.version_info < (3, 12)
 
 
 def _stamp(archive: str) -> Optional[Tuple[int, int]]:
@@ -37,9 +39,9 @@ def install() -> bool:
 
     Returns:
         True when the patch is in place (installed now or before), False on Python 3.12+
-        (not needed there). Idempotent; safe in any process.
+        (:data:`NEEDED`: nothing is touched there). Idempotent; safe in any process.
     """
-    if sys.version_info >= (3, 12):
+    if not NEEDED:
         return False
     original = zipimport.zipimporter.invalidate_caches
     if getattr(original, _MARK, False):

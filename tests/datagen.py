@@ -33,12 +33,15 @@ def write_split(split_dir: str, groups_per_file: Sequence[int], size: int, first
     return row_id
 
 
-def write_dataset(root: str, train_groups: Sequence[int], test_groups: Sequence[int], size: int = 4) -> dict:
-    """A minimal ETL output (manifest + splits of one-row row groups) whose labels are row ids."""
-    next_id = write_split(os.path.join(root, "train"), train_groups, size)
-    last_id = write_split(os.path.join(root, "test"), test_groups, size, first_id=next_id)
+def write_dataset(root: str, train_groups: Sequence[int], test_groups: Sequence[int], size: int = 4,
+                  rows_per_group: int = 1) -> dict:
+    """A minimal ETL output (manifest + splits of row groups of ``rows_per_group`` rows, one by
+    default) whose labels are row ids."""
+    next_id = write_split(os.path.join(root, "train"), train_groups, size, rows_per_group=rows_per_group)
+    last_id = write_split(os.path.join(root, "test"), test_groups, size, first_id=next_id,
+                          rows_per_group=rows_per_group)
     manifest = {"image": {"height": size, "width": size, "channels": 3}, "num_classes": last_id,
-                "class_names": [str(i) for i in range(last_id)], "rows_per_row_group": 1,
+                "class_names": [str(i) for i in range(last_id)], "rows_per_row_group": rows_per_group,
                 "splits": {"train": {"rows": next_id, "row_groups": sum(train_groups)},
                            "test": {"rows": last_id - next_id, "row_groups": sum(test_groups)}}}
     with open(os.path.join(root, "manifest.json"), "w") as f:

@@ -11,6 +11,7 @@ import pytest
 
 from pipelines.training.data import OnePassShard, ShardCountError, load_dataset, verify_total
 from tests.datagen import write_dataset
+from tests.readers import READERS
 
 PASSES = 100
 
@@ -76,17 +77,18 @@ def test_tf_dataset_and_feature_rows_are_exact(data):
             assert sorted(got) == list(ids)
 
 
+@pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("model_size", [0, 6])
-def test_the_training_pipeline_keeps_every_image_with_its_label(data, tmp_path, model_size):
-    """Training's input (a looping Petastorm reader -> row groups -> shuffle -> batch ->
+def test_the_training_pipeline_keeps_every_image_with_its_label(data, tmp_path, model_size, reader):
+    """Training's input (a looping reader, each of both -> row groups -> shuffle -> batch ->
     preprocessing per batch): full batches of float32, each image's pixels still those of its
     own row (row id = label), every row of the split delivered."""
     import tensorflow as tf
 
     from pipelines.training.data import make_dataset, open_reader
 
-    with open_reader(data, "train", 0, 1, str(tmp_path / "cache")) as reader:
-        ds = make_dataset(reader, 4, batch_size=5, model_size=model_size, shuffle_buffer=8, seed=1)
+    with open_reader(data, "train", 0, 1, str(tmp_path / "cache"), reader=reader) as opened:
+        ds = make_dataset(opened, 4, batch_size=5, model_size=model_size, shuffle_buffer=8, seed=1)
         seen = Counter()
         for images, labels in ds.take(40):  # 200 rows: over 9 passes of the 21
             size = model_size or 4
@@ -96,3 +98,42 @@ def test_the_training_pipeline_keeps_every_image_with_its_label(data, tmp_path, 
                                        atol=1e-5)
             seen.update(labels.numpy().tolist())
     assert set(seen) == set(range(21))
+
+
+@pytest.fixture(scope="module")
+def short_test_split(tmp_path_factory):
+    """3 row groups of 5 rows in the test split (15 rows), 4 of 2 in train: more ranks than
+    row groups in both."""
+    root = str(tmp_path_factory.mktemp("short") / "etl")
+    write_dataset(root, train_groups=[4], test_groups=[2, 1], rows_per_group=5)
+    return root
+
+
+@pytest.mark.parametrize("world_size", [4, 5, 7, 15, 16, 40])
+def test_more_ranks_than_row_groups_shard_the_test_split_by_rows(short_test_split, world_size):
+    """Rows ``[r * N // n, (r + 1) * N // n)`` of the split in file order: disjoint, covering,
+    sizes differing by one at most, each image with its own row (pixels = row id)."""
+    data = load_dataset(short_test_split, world_size=1)
+    seen, sizes = [], []
+    for rank in range(world_size):
+        shard = OnePassShard(data, "test", rank, world_size)
+        labels = []
+        for images, batch in shard.batches():
+            assert [int(i[0, 0, 0]) for i in images] == [int(x) % 256 for x in batch]
+            labels += batch.tolist()
+        shard.verify(len(labels))
+        sizes.append(len(labels))
+        seen += labels
+    assert seen == list(range(20, 35))  # in file order, each row once
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == 15
+    verify_total(len(seen), data, "test")
+
+
+def test_the_train_split_refuses_more_ranks_than_row_groups_naming_the_etl_flags(short_test_split):
+    from pipelines.training.data import DataError
+
+    assert load_dataset(short_test_split, world_size=4).test_rows == 15  # 3 test row groups: not refused
+    with pytest.raises(DataError, match=r"the train split has 4 row groups but 5 ranks need one each \(a rank reads "
+                                        r"whole row groups\): use at most 4 ranks, or rerun the ETL with "
+                                        r"--min-row-groups 5 \(or a smaller --row-group-mb\)"):
+        load_dataset(short_test_split, world_size=5)

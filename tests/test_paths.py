@@ -7,6 +7,7 @@ import pytest
 from pipelines.paths import UnsafePathError, check_disjoint, check_url_safe, local_url, url_breakers
 from pipelines.training.data import load_dataset, open_reader
 from tests.datagen import write_dataset
+from tests.readers import READERS
 
 BREAKERS = ["#", "?", "\t", "\n", "\r"]
 # Every other printable ASCII character, and non-ASCII letters, marks and spaces.
@@ -36,13 +37,14 @@ def weird_root(tmp_path_factory):
     return str(root)
 
 
-def test_every_safe_character_reaches_petastorm(weird_root, tmp_path, capsys):
+@pytest.mark.parametrize("reader", READERS)
+def test_every_safe_character_reaches_the_reader(weird_root, tmp_path, capsys, reader):
     assert url_breakers(weird_root) == []
     for root in (weird_root, os.path.relpath(weird_root)):
         data = load_dataset(root, world_size=1)
         assert os.path.isabs(data.root)
-        with open_reader(data, "train", 0, 1, cache_root=str(tmp_path / "cache")) as reader:
-            batch = next(reader)
+        with open_reader(data, "train", 0, 1, cache_root=str(tmp_path / "cache"), reader=reader) as opened:
+            batch = next(opened)
             print("inside the reader")
             assert os.listdir(tmp_path / "cache" / "rank0-train")  # the local-disk cache is in use
         assert set(batch.label.tolist()) <= {0, 1} and len(batch.label) >= 1

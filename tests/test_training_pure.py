@@ -20,10 +20,16 @@ def test_steps_come_from_global_counts_and_are_the_same_for_every_rank():
     assert plan_steps(1000, 130, 16, 1).steps_per_epoch == 62
 
 
-@pytest.mark.parametrize("train, val, batch, size", [(10, 100, 16, 1), (100, 30, 16, 2), (100, 100, 0, 1)])
-def test_a_batch_larger_than_the_data_is_refused(train, val, batch, size):
+@pytest.mark.parametrize("train, val, batch, size", [(10, 100, 16, 1), (31, 100, 16, 2), (100, 100, 0, 1)])
+def test_a_batch_larger_than_the_train_split_is_refused(train, val, batch, size):
     with pytest.raises(ValueError, match="batch"):
         plan_steps(train, val, batch, size)
+
+
+@pytest.mark.parametrize("val", [1, 30, 31])
+def test_a_test_split_smaller_than_the_global_batch_is_accepted(val):
+    """Validation is the exact evaluation of the whole test split: its size refuses nothing."""
+    assert plan_steps(100, val, 16, 2).steps_per_epoch == 3
 
 
 def test_learning_rate_scales_with_world_size():
@@ -119,10 +125,11 @@ def manifest(tmp_path, train_groups=8, test_groups=8, train_rows=100, test_rows=
 def test_dataset_refusals(tmp_path):
     with pytest.raises(DataError, match="no manifest.json"):
         load_dataset(str(tmp_path), 1)
-    root = manifest(tmp_path, test_groups=3)
-    assert load_dataset(root, 3).row_groups("test") == 3
-    with pytest.raises(DataError, match="3 row groups but 4 ranks"):
+    root = manifest(tmp_path, train_groups=3)
+    assert load_dataset(root, 3).row_groups("train") == 3
+    with pytest.raises(DataError, match="the train split has 3 row groups but 4 ranks .* --min-row-groups 4"):
         load_dataset(root, 4)
+    assert load_dataset(manifest(tmp_path, train_groups=16, test_groups=3), 16).row_groups("test") == 3  # by rows
     with pytest.raises(DataError, match="empty"):
         load_dataset(manifest(tmp_path, test_rows=0), 1)
 
@@ -274,8 +281,8 @@ REFUSE = ("import sys; from pipelines.training.cli import main; rc = main(sys.ar
 
 @pytest.mark.parametrize("size, layout, batch, reason", [
     ("2", None, "4", "no manifest.json"),
-    ("2", dict(test_rows=20), "16", "global batch"),  # 16 x 2 ranks > 20 test rows; one rank fits
-    ("4", dict(test_groups=3), "2", "3 row groups but 4 ranks"),
+    ("2", dict(train_rows=20), "16", "global batch"),  # 16 x 2 ranks > 20 train rows; one rank fits
+    ("4", dict(train_groups=3), "2", "the train split has 3 row groups but 4 ranks"),
 ])
 def test_rank_0_refuses_before_tensorflow_loads(tmp_path, size, layout, batch, reason):
     """Under horovodrun (HOROVOD_RANK/HOROVOD_SIZE set), a refused rank 0 exits 2 without importing

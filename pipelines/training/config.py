@@ -48,7 +48,10 @@ class TrainConfig:
     seed: int = field(42, help="seed of weights initialisation, shuffling and dropout")
     threads: int = field(0, help="TensorFlow intra-op threads per rank; 0 = the cores this process may use / "
                                  "local ranks")
-    reader_workers: int = field(2, help="Petastorm reader threads per rank")
+    reader_workers: int = field(2, help="reader threads per rank")
+    reader: str = field("",
+                        help="how ranks read their shard: petastorm, or own (pyarrow: where Petastorm cannot run); "
+                             "default: petastorm where it runs with the installed pyarrow, else own")
     bind_cores: bool = field(False, help="bind each rank and its threads to --threads cores of its own (CPU "
                                          "training on a host the ranks fill: local ranks x threads <= cores)")
     tensorboard: bool = field(True, help="write TensorBoard logs on rank 0")
@@ -103,6 +106,9 @@ class TrainConfig:
             raise ValueError("--warmup-epochs, --patience and --image-size must be >= 0")
         if self.resume and self.overwrite:
             raise ValueError("--resume continues the run in --output, --overwrite replaces it: give one of them")
+        from pipelines.training.data import check_reader
+
+        self.reader = check_reader(self.reader)
         if self.shuffle_buffer < 1:
             raise ValueError(f"--shuffle-buffer must be >= 1, got {self.shuffle_buffer}")
         self.data = local_or_uri(self.data)
@@ -124,6 +130,9 @@ class TrainConfig:
         if self.cache_dir:
             self.cache_dir = os.path.abspath(os.path.expanduser(self.cache_dir))
             check_folder_path(self.cache_dir, "--cache-dir")
+            from pipelines.training.rowcache import refuse_foreign
+
+            refuse_foreign(self.cache_dir)  # another user's files are never read as a rank's cache
         self.tracking, self.tracking_uri = trk.resolve(self.tracking, self.tracking_uri, self.output, self.experiment)
         if self.register_model and not self.tracking:
             raise ValueError("--register-model needs tracking: drop --no-tracking (or PIPELINES_TRACKING=0)")

@@ -1,20 +1,19 @@
-"""Data path of training: the ETL's manifest, Petastorm readers sharded per rank, ``tf.data``.
+"""Data path of training: the ETL's manifest, looping readers sharded per rank, ``tf.data``.
 
-Petastorm shards by whole row groups (rank ``r`` of ``n`` reads row groups ``r, r+n, ...``), so
-shards can differ by a row group; the step counts come from the manifest's global counts
-(:func:`pipelines.training.schedule.plan_steps`), and training readers loop forever
-(``num_epochs=None``) so that every rank can always take its steps. One-pass reads (exact
-evaluation, the feature cache) read each row of a rank's shard exactly once with
-:class:`OnePassShard` and check the count against the Parquet metadata.
+A rank reads row groups ``r, r+n, ...`` of a split (rank ``r`` of ``n``), so shards can differ by
+a row group; the step counts come from the manifest's global counts
+(:func:`pipelines.training.schedule.plan_steps`), and training readers loop forever so that every
+rank can always take its steps. Two readers keep that contract (:func:`open_reader`, chosen by
+``--reader``): Petastorm's (:mod:`pipelines.training.petastorm_reader`, the mission stack's) and
+our own (:mod:`pipelines.training.arrow_reader`, pyarrow only: the current stack's, where
+Petastorm cannot run). One-pass reads (exact evaluation, the feature cache) read each row of a
+rank's shard exactly once with :class:`OnePassShard` and check the count against the Parquet
+metadata, whichever the reader.
 """
 from __future__ import annotations
 
 import contextlib
-import io
-import os
-import shutil
 import tempfile
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
@@ -23,18 +22,48 @@ import numpy as np
 from pipelines.contract import MANIFEST, SPLITS, TEST, TRAIN, Manifest
 from pipelines.logs import plural
 from pipelines.paths import check_url_safe, local_url
+from pipelines.training.arrow_reader import (DataError, RowGroup, ShardCountError, read_group,  # noqa: F401
+                                             split_row_groups)
 
 if TYPE_CHECKING:
     from pipelines.storage import Location
 
-# petastorm 0.13 drives pyarrow 14 through APIs pyarrow deprecates, warning on every row group
-# (from its reader threads too), and warns that ``schema_fields`` are now full-match patterns.
-warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\..*)?$")
-warnings.filterwarnings("ignore", message="schema_fields behavior has changed")
+READERS = ("petastorm", "own")
 
 
-class DataError(ValueError):
-    """The dataset cannot feed this training run; the message says why and what to change."""
+def default_reader() -> str:
+    """The reader a run uses unless ``--reader`` says: ``petastorm`` where Petastorm 0.13.1 can run
+    with the installed pyarrow (the mission stack), else ``own`` (the current stack). Decided
+    without importing Petastorm."""
+    return "petastorm" if petastorm_available() else "own"
+
+
+def check_reader(reader: str) -> str:
+    """``reader`` (``--reader``), or :func:`default_reader` when empty.
+
+    Raises:
+        ValueError: an unknown reader, or ``petastorm`` where Petastorm cannot run (naming why).
+    """
+    reader = reader or default_reader()
+    if reader not in READERS:
+        raise ValueError(f"--reader {reader}: choose one of {', '.join(READERS)}")
+    if reader == "petastorm" and not petastorm_available():
+        import pyarrow
+
+        raise ValueError(f"--reader petastorm: Petastorm 0.13.1 does not run here (pyarrow {pyarrow.__version__}; it "
+                         "needs pyarrow < 15, and must be installed): use --reader own")
+    return reader
+
+
+def petastorm_available() -> bool:
+    """Whether Petastorm 0.13.1 can run here: installed, and pyarrow older than 15 (it fails in
+    ``make_batch_reader`` on 15 and at import on 16+: ``pyarrow.filesystem`` is gone). Imports
+    neither Petastorm nor anything of it."""
+    import importlib.util
+
+    import pyarrow
+
+    return importlib.util.find_spec("petastorm") is not None and int(pyarrow.__version__.split(".")[0]) < 15
 
 
 @dataclass(frozen=True)
@@ -118,8 +147,8 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
         storage_options: ``--storage-option`` values for a URI's backend.
 
     Raises:
-        DataError: no manifest (not an ETL output), an empty split, or fewer row groups in a split
-            than ranks (Petastorm would give some rank no data).
+        DataError: no manifest (not an ETL output), an empty split, or fewer row groups in the
+            train split than ranks (:func:`check_train_row_groups`).
         pipelines.storage.StorageError: an unknown scheme, a missing bucket, refused credentials.
         pipelines.paths.UnsafePathError: ``root`` holds a character a ``file://`` URL cannot carry.
     """
@@ -137,12 +166,24 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
     for split in SPLITS:
         if data.rows(split) == 0:
             raise DataError(f"the {split} split of {root} is empty")
-        if data.row_groups(split) < world_size:
-            raise DataError(f"the {split} split has {plural(data.row_groups(split), 'row group')} but "
-                            f"{plural(world_size, 'rank')} need one each (Petastorm shards by row group): use at "
-                            f"most {plural(min(map(data.row_groups, SPLITS)), 'rank')}, or rerun the ETL with a "
-                            "larger --min-row-groups")
+    check_train_row_groups(data, world_size)
     return data
+
+
+def check_train_row_groups(data: Dataset, world_size: int) -> None:
+    """Refuse a train split of fewer row groups than ranks: its looping readers give each rank
+    whole row groups (``rank::world_size``), so a rank would have none. (The test split is read
+    by one-pass shards, by rows where ranks outnumber its row groups: never refused.)
+
+    Raises:
+        DataError: naming both numbers and the ETL flags that give more row groups
+            (``--min-row-groups``: the fewest per split; ``--row-group-mb``: their size).
+    """
+    groups = data.row_groups(TRAIN)
+    if groups < world_size:
+        raise DataError(f"the train split has {plural(groups, 'row group')} but {plural(world_size, 'rank')} need "
+                        f"one each (a rank reads whole row groups): use at most {plural(groups, 'rank')}, or rerun "
+                        f"the ETL with --min-row-groups {world_size} (or a smaller --row-group-mb)")
 
 
 def check_run(root: str, batch_size: int, world_size: int, storage_options: Optional[Dict[str, str]] = None) -> Dataset:
@@ -175,126 +216,92 @@ def cache_size_bytes(data: Dataset, split: str, world_size: int) -> int:
 
 @contextlib.contextmanager
 def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_root: Optional[str],
-                workers: int = 2, seed: int = 0, flat_cache: bool = True) -> Iterator:
-    """A Petastorm batch reader of this rank's shard of ``split`` that loops forever (training).
+                workers: int = 2, seed: int = 0, reader: str = "") -> Iterator:
+    """A reader of this rank's shard of ``split`` (row groups ``rank::world_size``) that loops
+    forever, a seeded shuffle of the row groups each epoch (training).
 
     Petastorm 0.13.1's thread pool can finish a bounded read (``num_epochs=1``) while its
-    ventilator still holds row groups, so one-pass reads never go through it: they use
-    :class:`OnePassShard`. Looping readers lose nothing that matters: the step counts come from
-    the manifest, not from the reader.
+    ventilator still holds row groups, so one-pass reads never go through a looping reader: they
+    use :class:`OnePassShard`. Looping readers lose nothing that matters: the step counts come
+    from the manifest, not from the reader.
 
     Args:
-        cache_root: when set, a local-disk cache in ``cache_root/rank<r>-<split>`` (one folder per
-            rank and split: a closing reader deletes its whole cache folder, so readers must never
-            share one). ``None``: no cache.
+        cache_root: when set, a local-disk cache of flat row-group files in
+            ``cache_root/rank<r>-<split>`` (:func:`pipelines.training.rowcache.rank_cache_folder`:
+            one fresh owner-only folder per rank and split, deleted when the reader closes).
+            ``None``: no cache.
+        workers: reader threads.
+        reader: ``petastorm`` or ``own`` (:data:`READERS`); empty: :func:`default_reader`.
 
     Yields:
-        the reader; it is stopped, joined and its cache removed on exit. Its batches are
-        ``(image, label)`` named tuples, one per row group, converted to NumPy in the reader's
-        workers (``convert_early_to_numpy``); read them with :func:`row_groups_of`.
+        the reader, an iterator of one ``(image, label)`` named tuple per row group, NumPy
+        arrays (read them with :func:`row_groups_of`); stopped, joined and its cache removed on exit.
 
-    ``flat_cache`` (default): the cache stores row groups as flat files mapped back on a warm
-    read (:class:`pipelines.training.rowcache.RowGroupDisk`); False: Petastorm's own pickling,
-    for the loader benchmark's comparison.
+    Raises:
+        pipelines.training.rowcache.CacheFolderError: the cache folder is not this user's own or
+            cannot be cleared.
+        ValueError: an unknown ``reader``.
     """
-    from petastorm import make_batch_reader
+    from pipelines.training import rowcache
 
-    cache = {}
-    if cache_root:
-        location = os.path.join(cache_root, f"rank{rank}-{split}")
-        shutil.rmtree(location, ignore_errors=True)  # a killed run's leftovers
-        cache = dict(cache_type="local-disk", cache_location=location,
-                     cache_size_limit=cache_size_bytes(data, split, world_size),
-                     cache_row_size_estimate=data.rows_per_row_group * data.row_bytes)
-        if flat_cache:
-            from pipelines.training.rowcache import RowGroupDisk
+    reader = check_reader(reader)
+    folder = rowcache.rank_cache_folder(cache_root, f"rank{rank}-{split}") if cache_root else None
+    limit, row_size = cache_size_bytes(data, split, world_size), data.rows_per_row_group * data.row_bytes
+    try:
+        if reader == "petastorm":
+            from pipelines.training.petastorm_reader import open_petastorm_reader
 
-            cache["cache_extra_settings"] = {"disk": RowGroupDisk}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # raised from pyarrow's own modules here
-        reader = make_batch_reader(data.split_urls(split), filesystem=data.petastorm_filesystem(),
-                                   schema_fields=["image", "label"],
-                                   cur_shard=rank, shard_count=world_size, num_epochs=None,
-                                   shuffle_row_groups=True, seed=seed,
-                                   reader_pool_type="thread", workers_count=workers,
-                                   convert_early_to_numpy=True, **cache)
-    # The reader owns its lifetime: its __exit__ stops and joins it and deletes its cache. It also
-    # prints "Cache cleanup complete.", so stdout is silenced for that exit only (``silence`` is
-    # entered on the way out and left after the reader's __exit__).
-    silence = contextlib.ExitStack()
-    with silence, reader:
-        try:
-            yield reader
-        finally:
-            silence.enter_context(contextlib.redirect_stdout(io.StringIO()))
+            with open_petastorm_reader(data.split_urls(split), data.petastorm_filesystem(), rank, world_size,
+                                       folder, limit, row_size, workers, seed) as opened:
+                yield opened
+        else:
+            from pipelines.training.arrow_reader import ArrowShardReader
 
+            cache = rowcache.RowGroupFiles(folder, limit) if folder else None
+            groups = split_row_groups(data.parts(split))[rank::world_size]
+            with ArrowShardReader(groups, data.row_bytes, seed, workers, cache=cache) as opened:
+                yield opened
+    finally:
+        if folder:
+            import shutil
 
-class ShardCountError(RuntimeError):
-    """A one-pass read counted another number of rows than the Parquet metadata holds."""
-
-
-@dataclass(frozen=True)
-class RowGroup:
-    """One Parquet row group: its file ``part`` (:class:`pipelines.storage.Location`), its ``index``
-    in that file, its ``rows``."""
-
-    part: "Location"
-    index: int
-    rows: int
-
-    @property
-    def path(self) -> str:
-        return self.part.uri
-
-
-def split_row_groups(parts: list) -> List[RowGroup]:
-    """Every row group of a split's ``parts`` (:meth:`Dataset.parts`), files in the given order and
-    groups in file order (footers only)."""
-    import pyarrow.parquet as pq
-
-    groups: List[RowGroup] = []
-    for part in parts:
-        meta = pq.read_metadata(part.path, filesystem=part.filesystem)
-        groups += [RowGroup(part, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups)]
-    return groups
+            shutil.rmtree(folder, ignore_errors=True)  # Petastorm removes its own; ours here
 
 
 class OnePassShard:
     """Every row of one rank's shard of a split, exactly once, read with pyarrow.
 
-    The shard is row groups ``rank, rank + world_size, ...`` of :func:`split_row_groups`
-    (Petastorm's rule, so shards differ by at most one row group); the ranks' shards are disjoint
-    and cover the split. Reading is sequential, so no row can be lost to a worker pool, and every
-    consumer checks what it counted with :meth:`verify`: for evaluation and the feature cache.
+    The shard is row groups ``rank, rank + world_size, ...`` of :func:`split_row_groups` (the
+    readers' rule, so shards differ by at most one row group) while the split has at least as many
+    row groups as ranks; beyond that it is rows ``[rank * N // world_size, (rank + 1) * N //
+    world_size)`` of the split's ``N`` rows in file order (:func:`row_ranges`), so that no world
+    size is refused for a short split and shards differ by at most one row. Either way the
+    ranks' shards are disjoint and cover the split. Reading is sequential, so no row can be lost
+    to a worker pool, and every consumer checks what it counted with :meth:`verify`: for
+    evaluation and the feature cache.
     """
 
     def __init__(self, data: Dataset, split: str, rank: int, world_size: int):
         self.data, self.split, self.rank, self.world_size = data, split, rank, world_size
-        self.groups = split_row_groups(data.parts(split))[rank::world_size]
-        self.expected_rows = sum(g.rows for g in self.groups)
+        groups = split_row_groups(data.parts(split))
+        if len(groups) >= world_size:
+            self.pieces = [(group, 0, group.rows) for group in groups[rank::world_size]]
+        else:
+            self.pieces = row_ranges(groups, rank, world_size)
+        self.expected_rows = sum(stop - start for _, start, stop in self.pieces)
 
     def batches(self) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-        """One ``(images uint8 (n, s, s, 3), labels int32 (n,))`` per row group, in shard order.
+        """One ``(images uint8 (n, s, s, 3), labels int32 (n,))`` per row group (or the shard's
+        slice of one), in shard order.
 
         Raises:
             ShardCountError: a row group holds another number of rows than its footer says.
-            DataError: an image that is not ``image_size ** 2 * 3`` bytes.
+            DataError: an image that is not ``image_size ** 2 * 3`` bytes (each checked).
         """
-        import pyarrow.parquet as pq
-
         s = self.data.image_size
-        for group in self.groups:
-            with group.part.filesystem.open_input_file(group.part.path) as f:
-                table = pq.ParquetFile(f).read_row_group(group.index, columns=["image", "label"])
-            if table.num_rows != group.rows:
-                raise ShardCountError(f"{group.path} row group {group.index}: read {plural(table.num_rows, 'row')}, "
-                                      f"its footer says {group.rows}")
-            column = table.column("image").combine_chunks()
-            offsets = np.frombuffer(column.buffers()[1], np.int32, len(column) + 1, column.offset * 4)
-            if np.any(np.diff(offsets) != self.data.row_bytes):
-                raise DataError(f"{group.path}: an image is not {s}x{s}x3 bytes as the manifest says")
-            pixels = np.frombuffer(column.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
-            yield pixels.reshape(-1, s, s, 3), table.column("label").to_numpy().astype(np.int32)
+        for group, start, stop in self.pieces:
+            images, labels = read_group(group, self.data.row_bytes)
+            yield images[start:stop].reshape(-1, s, s, 3), labels[start:stop]
 
     def dataset(self, batch_size: int, model_size: int = 0):
         """``tf.data`` over :meth:`batches`: ``(float32 (b, m, m, 3), int32 (b,))``, the last batch
@@ -311,6 +318,21 @@ class OnePassShard:
         if counted != self.expected_rows:
             raise ShardCountError(f"rank {self.rank} counted {plural(counted, 'row')} of its {self.split} shard, "
                                   f"whose Parquet metadata holds {self.expected_rows}")
+
+
+def row_ranges(groups: List[RowGroup], rank: int, world_size: int) -> List[Tuple[RowGroup, int, int]]:
+    """Rank ``rank``'s rows ``[rank * N // world_size, (rank + 1) * N // world_size)`` of the
+    ``N`` rows of ``groups`` (in order), as ``(row group, first row, end row)`` slices of the row
+    groups they lie in (a rank may get none when ``N < world_size``)."""
+    total = sum(group.rows for group in groups)
+    first, end = rank * total // world_size, (rank + 1) * total // world_size
+    pieces, offset = [], 0
+    for group in groups:
+        start, stop = max(first - offset, 0), min(end - offset, group.rows)
+        if start < stop:
+            pieces.append((group, start, stop))
+        offset += group.rows
+    return pieces
 
 
 def verify_total(counted: int, data: Dataset, split: str) -> None:
@@ -351,12 +373,13 @@ def preprocessor(stored_size: int, model_size: int = 0, augment: bool = False, s
 
 
 def row_groups_of(reader, stored_size: int) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-    """The rows of a Petastorm batch reader (:func:`open_reader`), one row group at a time:
+    """The rows of a reader (:func:`open_reader`, either), one row group at a time:
     ``(images uint8 (n, s, s, 3), labels int32 (n,))``.
 
-    A row group read from Parquet holds an object array of ``bytes``, joined here once into one
-    array; one from the flat cache holds them already as ``uint8 (n, s * s * 3)`` over a memory
-    map, only reshaped. Neither goes through a ``tf.string`` tensor of each image.
+    A row group Petastorm read from Parquet holds an object array of ``bytes``, joined here once
+    into one array; ours, and one from the flat cache, hold them already as ``uint8 (n, s * s *
+    3)`` (over Arrow's buffer or a memory map), only reshaped. None goes through a ``tf.string``
+    tensor of each image.
 
     Raises:
         DataError: an image that is not ``s * s * 3`` bytes as the manifest says (each checked), a
@@ -402,7 +425,7 @@ def batched(ds, batch_size: int, stored_size: int, model_size: int = 0, shuffle_
 
 def make_dataset(reader, stored_size: int, batch_size: int, model_size: int = 0,
                  shuffle_buffer: int = 0, seed: int = 0, augment: bool = False):
-    """``tf.data`` pipeline over a looping Petastorm batch reader (training and validation).
+    """``tf.data`` pipeline over a looping reader (:func:`open_reader`; training).
 
     Row groups (:func:`row_groups_of`) are unbatched into single uint8 images and go through
     :func:`batched` (shuffle, full batches only, preprocessing per batch, prefetch).
@@ -419,5 +442,5 @@ def make_dataset(reader, stored_size: int, batch_size: int, model_size: int = 0,
 
 
 def default_cache_root() -> str:
-    """A fresh temporary folder for the Petastorm caches of this process."""
+    """A fresh temporary folder (0700, ours) for the readers' caches of this process."""
     return tempfile.mkdtemp(prefix="pipelines-cache-")

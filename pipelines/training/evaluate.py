@@ -89,3 +89,48 @@ def allreduce_totals(totals: Totals) -> Totals:
     loss_sum, correct, count = values[:3].tolist()
     confusion = _tuples(np.rint(values[3:]).astype(np.int64).reshape(matrix.shape)) if matrix.size else ()
     return Totals(loss_sum, int(round(correct)), int(round(count)), confusion)
+
+
+def exact_validation(inputs, data):
+    """A Keras callback that makes each epoch's ``val_loss`` and ``val_accuracy`` the exact
+    evaluation of the whole test split: every rank evaluates its one-pass shard
+    (``inputs.evaluate_shard``, each row once, its count checked), the sums are added over ranks
+    (:func:`allreduce_totals`) and the total checked against the manifest
+    (:func:`pipelines.training.data.verify_total`), so early stopping, the checkpoints' records and
+    ``curves.png`` use the number the report gives as the test accuracy. It also logs
+    ``val_seconds``. Every rank must run it (it is collective); ``fit`` then needs no
+    ``validation_data``.
+
+    Place it after the callback that times the training part of the epoch and before those that
+    read the validation metrics (early stopping, checkpoints, loggers): :func:`with_exact_validation`.
+    """
+    import time
+
+    import tensorflow as tf
+
+    from pipelines.training.data import verify_total
+
+    class ExactValidation(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            start = time.perf_counter()
+            totals = allreduce_totals(inputs.evaluate_shard(self.model))
+            verify_total(totals.count, data, "test")
+            if logs is not None:
+                logs.update(val_loss=totals.loss, val_accuracy=totals.accuracy,
+                            val_seconds=time.perf_counter() - start)
+
+    return ExactValidation()
+
+
+def with_exact_validation(callbacks: list, inputs, data) -> list:
+    """``callbacks`` with :func:`exact_validation` inserted after the epoch timing
+    (:class:`pipelines.training.callbacks.EpochStats`, so that the training images/s exclude the
+    evaluation), or first when there is none, and Keras' progress printer after it (Keras would
+    put its own first, printing each epoch's line before the validation metrics exist)."""
+    import tensorflow as tf
+
+    from pipelines.training.callbacks import EpochStats
+
+    after = next((i + 1 for i, c in enumerate(callbacks) if isinstance(c, EpochStats)), 0)
+    added = [exact_validation(inputs, data), tf.keras.callbacks.ProgbarLogger(count_mode="steps")]
+    return callbacks[:after] + added + callbacks[after:]

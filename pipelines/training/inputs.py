@@ -1,14 +1,16 @@
 """The training job's input paths, siblings behind one small interface.
 
 * :class:`ImageInputs` - the article's path: the whole model (frozen backbone + head) on images,
-  read by looping Petastorm readers for ``fit`` and by :class:`~pipelines.training.data.OnePassShard`
-  for the exact evaluation.
+  read by looping readers (Petastorm's or ours, ``--reader``) for ``fit`` and by
+  :class:`~pipelines.training.data.OnePassShard` for the exact evaluation (each epoch's and the end's).
 * :class:`FeatureInputs` - the feature cache: the backbone's pooled features computed once per
   rank shard (:mod:`pipelines.training.features`), and only the head trained on them.
 
 Each path answers the same questions: which model trains (:attr:`model`), which ``tf.data``
-datasets feed ``fit`` (:meth:`fit_datasets`, a context manager that owns the readers), what the
-exact test totals of this rank's shard are (:meth:`evaluate_shard`), and which model is exported
+dataset feeds ``fit`` (:meth:`fit_datasets`, a context manager that owns the readers; it yields
+``(train, None)``: every epoch's validation is the exact evaluation, run by
+:func:`pipelines.training.evaluate.exact_validation`), what the exact test totals of this rank's
+shard are (:meth:`evaluate_shard`, for each epoch and the end), and which model is exported
 (:meth:`exported_model`, always the whole model). A third path is one more class with these
 four members, chosen in :func:`make_inputs`. (Fine-tuning is not a path but a second phase,
 :mod:`pipelines.training.finetune`, on :class:`ImageInputs` over the whole model.)
@@ -41,20 +43,22 @@ class ImageInputs:
 
     @contextlib.contextmanager
     def reader_dataset(self, split: str, cache_root: str) -> Iterator[object]:
-        """A looping dataset of ``split`` over a Petastorm reader that lives until the block ends;
+        """A looping dataset of ``split`` over a reader (``--reader``) that lives until the block ends;
         the training split is shuffled (and augmented with ``--augment``)."""
         c, data, training = self.config, self.data, split == "train"
         with open_reader(data, split, self.rank, self.size, cache_root, workers=c.reader_workers,
-                         seed=c.seed + self.rank) as reader:
+                         seed=c.seed + self.rank, reader=c.reader) as reader:
             yield make_dataset(reader, data.image_size, c.batch_size, self.image_size,
                                c.shuffle_buffer if training else 0, seed=c.seed + self.rank,
                                augment=c.augment and training)
 
     @contextlib.contextmanager
-    def fit_datasets(self, cache_root: str) -> Iterator[Tuple[object, object]]:
-        """``(train, validation)`` datasets over readers that live until the block ends."""
-        with self.reader_dataset("train", cache_root) as train, self.reader_dataset("test", cache_root) as val:
-            yield train, val
+    def fit_datasets(self, cache_root: str) -> Iterator[Tuple[object, None]]:
+        """``(train, None)``: the training dataset over a reader that lives until the block ends
+        (each epoch's validation is the exact evaluation,
+        :func:`pipelines.training.evaluate.exact_validation`)."""
+        with self.reader_dataset("train", cache_root) as train:
+            yield train, None
 
     def evaluate_shard(self, model):
         """Totals over this rank's test shard, each row once, count checked against the footers."""
@@ -133,9 +137,10 @@ class FeatureInputs:
                                     repeat=True)
 
     @contextlib.contextmanager
-    def fit_datasets(self, cache_root: str) -> Iterator[Tuple[object, object]]:
-        """``(train, validation)`` over this rank's cached features (in memory: 2048 floats a row)."""
-        yield self._dataset("train", training=True), self._dataset("test", training=False)
+    def fit_datasets(self, cache_root: str) -> Iterator[Tuple[object, None]]:
+        """``(train, None)`` over this rank's cached features (in memory: 2048 floats a row); each
+        epoch's validation is the exact evaluation (:meth:`evaluate_shard`)."""
+        yield self._dataset("train", training=True), None
 
     def evaluate_shard(self, model):
         """Totals of the head over this rank's share of the cached test features (every row once)."""

@@ -1,58 +1,83 @@
-"""How the Petastorm local-disk cache stores a row group: one flat file, mapped back into memory.
+"""The local-disk cache of a rank's row groups: one flat file per row group, mapped back into memory.
 
-Petastorm's ``LocalDiskCache`` is a ``diskcache.FanoutCache``; by default it pickles each row
-group, and every warm read unpickles it, converts Arrow's binary column to an object array of
-Python ``bytes`` (one copy per image) and training joins those into one array (another). On the 2
-cores of our benchmark machine, that was 220 µs of CPU per 299 px image, next to the ~670 µs the
-whole in-memory tail takes.
+A row group, as a reader produces it (a dict of NumPy columns; the ETL's images as one
+``uint8 (rows, bytes per row)`` block or an object array of equal-length ``bytes``), is written
+as one file: a magic number, an 8-byte length, a JSON header naming each column's dtype and
+shape, then each column's bytes, 64-byte aligned. A warm read maps the file (``mmap``,
+read-only) and returns the same dict with each column as an array over the map, without
+copying: the copy into a tensor is the first. Reading a file runs no code of the file's: the
+header is JSON, the dtypes only plain numeric ones (nothing is unpickled; a planted file is at
+worst a damaged entry, read as a miss).
 
-:class:`RowGroupDisk` is a ``diskcache.Disk`` (diskcache's own extension point, passed through
-Petastorm's ``cache_extra_settings``) that writes a row group, as the reader's workers produce it
-with ``convert_early_to_numpy=True`` (a dict of NumPy columns), as one file: a small header, then
-each column's bytes, 64-byte aligned; a column of equal-length ``bytes`` (the ETL's images) is
-written as one contiguous block. A warm read maps the file (``mmap``, read-only) and returns the
-same dict with that column as a 2-D ``uint8`` array, ``(rows, bytes per row)``, without copying:
-the copy into a tensor is the first. Anything else (another value type, ragged ``bytes``) is
-stored by diskcache's own pickling, unchanged.
+Both readers store row groups in this form: ours (:class:`RowGroupFiles`, one file per row group
+in the reader's own folder) and Petastorm's ``LocalDiskCache`` (through
+:class:`pipelines.training.petastorm_reader.RowGroupDisk`, a ``diskcache.Disk``).
+
+The cache folders are the rank's own: :func:`rank_cache_folder` makes each one fresh, owner-only
+(0700, files 0600), and refuses a cache root owned by another user or a rank folder it cannot
+clear (``--cache-dir`` on a shared disk must not hand a rank another user's files).
+
+A full disk is not an error of training: :class:`RowGroupFiles` stops caching at the first
+``ENOSPC`` or ``EDQUOT`` (said once per process, naming the folder) and the reader reads what did
+not fit from Parquet.
 
 Measured with ``benchmarks/loader_bench.py`` (README, Loader): see the figures there.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
+import logging
 import mmap
 import os
-import pickle
+import shutil
+import stat
 import struct
+import threading
 from typing import Dict, List, Optional, Tuple
 
-import diskcache
 import numpy as np
-from diskcache.core import MODE_BINARY, UNKNOWN
 
 from pipelines.logs import plural
 
+log = logging.getLogger("pipelines")
+
 ALIGN = 64  # bytes; TensorFlow and NumPy's vectorised copies prefer aligned sources
 SUFFIX = ".rowgroup"
+MAGIC = b"PLRG\x01\x00\x00\x00"  # format 1 of the flat file (JSON header)
 _LENGTH = struct.Struct("<Q")
+FOLDER_MODE, FILE_MODE = 0o700, 0o600
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 
 Column = Tuple[str, str, Tuple[int, ...]]  # name, NumPy dtype string, shape as stored
 
 
+class CacheFolderError(ValueError):
+    """The cache folder is not this user's own, or what is in it cannot be removed: the message
+    names the folder and what to do (bad input: a refusal, exit 2 where it is known before any
+    rank starts)."""
+
+
+class DamagedEntry(OSError):
+    """A ``*.rowgroup`` file that does not hold what its header says (cut short, overwritten,
+    planted). An ``OSError``: a cache counts it as a miss and the row group is read from Parquet
+    again."""
+
+
 def flat_columns(value) -> Optional[List[Column]]:
-    """The columns of ``value`` as :class:`RowGroupDisk` stores them, or None when it cannot
-    (then diskcache pickles it).
+    """The columns of ``value`` as a flat file stores them, or None when it cannot.
 
     ``value`` qualifies when it is a ``dict`` of plain NumPy arrays (no subclass: a masked array
-    would lose its mask), each either of a numeric or boolean dtype (kinds ``b i u f c``: dates,
-    strings and records are pickled) or a 1-D object array of ``bytes`` all of one length (stored
-    as ``uint8 (rows, length)``).
+    would lose its mask) under ``str`` names, each either of a numeric or boolean dtype (kinds
+    ``b i u f c``: dates, strings and records are not stored) or a 1-D object array of ``bytes``
+    all of one length (stored as ``uint8 (rows, length)``).
     """
     if type(value) is not dict:
         return None
     columns = []
     for name, array in value.items():
-        if type(array) is not np.ndarray:
+        if type(array) is not np.ndarray or type(name) is not str:
             return None
         if array.dtype == object:
             if array.ndim != 1 or not all(type(item) is bytes for item in array):
@@ -62,36 +87,17 @@ def flat_columns(value) -> Optional[List[Column]]:
                 return None
             columns.append((name, "|u1", (len(array), width)))
         elif array.dtype.kind in "biufc":
-            columns.append((name, array.dtype.str, array.shape))
+            columns.append((name, array.dtype.str, tuple(array.shape)))
         else:
             return None
     return columns
 
 
-class DamagedEntry(OSError):
-    """A ``*.rowgroup`` file that does not hold what its header says (cut short, overwritten).
-    An ``OSError``, so diskcache's ``get`` counts it as a miss and Petastorm reads the row group
-    from Parquet again, whose ``set`` replaces the file."""
-
-
-def _open_new(full_path: str):
-    """``open(full_path, "xb")``, its folder made first; tried 10 times, as diskcache's own
-    ``Disk._write`` does, because another thread's eviction removes folders that became empty
-    (``Disk.remove``) between our ``makedirs`` and ``open``."""
-    for attempt in range(10):
-        try:
-            os.makedirs(os.path.dirname(full_path), exist_ok=True)
-            return open(full_path, "xb")
-        except FileNotFoundError:
-            if attempt == 9:
-                raise
-    raise AssertionError("unreachable")
-
-
-def _write_columns(f, value, columns: List[Column]) -> int:
-    """Write the header and each column (64-byte aligned) of ``value`` into ``f``; returns the size."""
-    header = pickle.dumps(columns, protocol=pickle.HIGHEST_PROTOCOL)
-    f.write(_LENGTH.pack(len(header)) + header)
+def write_columns(f, value, columns: List[Column]) -> int:
+    """Write the flat form of ``value`` (its ``columns``, :func:`flat_columns`) into the binary
+    file ``f``; returns the size in bytes."""
+    header = json.dumps([[name, dtype, list(shape)] for name, dtype, shape in columns]).encode()
+    f.write(MAGIC + _LENGTH.pack(len(header)) + header)
     for name, _dtype, _shape in columns:
         f.write(b"\0" * (-f.tell() % ALIGN))
         array = value[name]
@@ -103,45 +109,36 @@ def _write_columns(f, value, columns: List[Column]) -> int:
     return f.tell()
 
 
-class RowGroupDisk(diskcache.Disk):
-    """diskcache serialisation of Petastorm row groups as flat, memory-mapped files (module doc)."""
-
-    def store(self, value, read, key=UNKNOWN):
-        """diskcache's ``store``: ``(size in bytes, mode, filename, db value)``; a row group is
-        written to its own ``*.rowgroup`` file (removed again if writing fails: no orphan), anything
-        else as diskcache would."""
-        columns = None if read else flat_columns(value)
-        if columns is None:
-            return super().store(value, read, key)
-        filename, full_path = self.filename(key, value)
-        filename, full_path = filename[:-len(".val")] + SUFFIX, full_path[:-len(".val")] + SUFFIX
-        try:
-            with _open_new(full_path) as f:
-                size = _write_columns(f, value, columns)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.remove(full_path)
-            raise
-        return size, MODE_BINARY, filename, None
-
-    def fetch(self, mode, filename, value, read):
-        """diskcache's ``fetch``: a ``*.rowgroup`` file comes back as a dict of read-only arrays
-        over one memory map of the file (the map lives as long as any of them)."""
-        if read or mode != MODE_BINARY or not filename.endswith(SUFFIX):
-            return super().fetch(mode, filename, value, read)
-        return read_row_group(os.path.join(self._directory, filename))
+def _parse_header(mapped) -> Tuple[List[Column], int]:
+    """The columns a flat file's header names and the offset after it (ValueError, KeyError,
+    TypeError or struct.error when it is not a header this module wrote)."""
+    if mapped[:len(MAGIC)] != MAGIC:
+        raise ValueError("not a flat row-group file of this format")
+    (length,) = _LENGTH.unpack_from(mapped, len(MAGIC))
+    start = len(MAGIC) + _LENGTH.size
+    if length > len(mapped) - start:
+        raise ValueError("header longer than the file")
+    columns = []
+    for name, dtype, shape in json.loads(bytes(mapped[start:start + length])):
+        if type(name) is not str or np.dtype(dtype).kind not in "biufc":
+            raise ValueError(f"column {name!r} of dtype {dtype!r}")
+        if not all(type(n) is int and n >= 0 for n in shape):
+            raise ValueError(f"column {name!r} of shape {shape!r}")
+        columns.append((name, dtype, tuple(shape)))
+    return columns, start + length
 
 
 def read_row_group(path: str) -> Dict[str, np.ndarray]:
-    """The columns of one ``*.rowgroup`` file, as arrays over a read-only memory map of it.
+    """The columns of one ``*.rowgroup`` file, as read-only arrays over one memory map of it (the
+    map lives as long as any of them).
 
     The file must end where its last column ends. (Truncating a file while arrays of it are in
     use is outside interference: the map then faults, SIGBUS, like any mapped file.)
 
     Raises:
-        OSError: the file cannot be opened or mapped, diskcache's ``get`` takes that for an entry
-            evicted meanwhile, a miss; :class:`DamagedEntry` (an ``OSError``, a miss too) when its
-            header cannot be read or its size is not what the header says.
+        OSError: the file cannot be opened or mapped (a cache takes that for an entry evicted
+            meanwhile, a miss); :class:`DamagedEntry` (an ``OSError``, a miss too) when its header
+            cannot be read or its size is not what the header says.
     """
     with open(path, "rb") as f:
         try:
@@ -149,16 +146,156 @@ def read_row_group(path: str) -> Dict[str, np.ndarray]:
         except ValueError:  # an empty file
             raise DamagedEntry(f"{path}: empty") from None
     try:
-        (length,) = _LENGTH.unpack_from(mapped)
-        offset = _LENGTH.size + length
-        columns = pickle.loads(mapped[_LENGTH.size:offset])
+        columns, offset = _parse_header(mapped)
         out = {}
         for name, dtype, shape in columns:
             offset += -offset % ALIGN
             out[name] = np.frombuffer(mapped, dtype, int(np.prod(shape)), offset).reshape(shape)
             offset += out[name].nbytes
-    except Exception as exc:  # struct, pickle, NumPy: each says "not what was written" its own way
+    except Exception as exc:  # struct, JSON, NumPy: each says "not what was written" its own way
         raise DamagedEntry(f"{path}: {exc}") from None
     if offset != len(mapped):
         raise DamagedEntry(f"{path}: its header describes {plural(offset, 'byte')}, the file holds {len(mapped)}")
     return out
+
+
+def open_private(path: str):
+    """``path`` created for writing, owner-only (0600), never an existing file or a link."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE), "wb")
+
+
+def refuse_foreign(path: str, option: str = "--cache-dir") -> None:
+    """Refuse an existing ``path`` (not followed if a link) owned by another user; a missing one
+    passes (it will be made ours). Made nothing: for the checks before any rank starts.
+
+    Raises:
+        CacheFolderError: naming the folder, its owner's uid and ours.
+    """
+    try:
+        owner = os.lstat(path).st_uid
+    except FileNotFoundError:
+        return
+    if owner != os.geteuid():
+        raise CacheFolderError(f"{option} {path} is owned by uid {owner}, not by this user (uid "
+                               f"{os.geteuid()}): give a cache folder of your own")
+
+
+def own_folder(path: str, option: str = "--cache-dir") -> str:
+    """``path`` as a folder of this user's: made (0700) when missing; refused when it is a link,
+    not a folder, or owned by another user (whose files a rank would read as its own).
+
+    Raises:
+        CacheFolderError: naming the folder, its owner's uid and ours.
+    """
+    try:
+        os.makedirs(path, mode=FOLDER_MODE, exist_ok=True)
+        info = os.lstat(path)
+    except OSError as exc:
+        raise CacheFolderError(f"{option} {path}: cannot make the folder ({exc.strerror})") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise CacheFolderError(f"{option} {path} is not a folder (a link or a file): give a folder of your own")
+    refuse_foreign(path, option)
+    return path
+
+
+def rank_cache_folder(cache_root: str, name: str) -> str:
+    """A fresh, empty, owner-only (0700) folder ``cache_root/name`` for one reader's cache.
+
+    Whatever of ours was there (a killed run's leftovers) is removed first; a folder that cannot
+    be cleared is refused, never reused, and another user's is neither used nor removed.
+
+    Raises:
+        CacheFolderError: ``cache_root`` is not this user's (:func:`own_folder`), or ``name``
+            there is another user's, cannot be removed (its error named) or is made by someone
+            else meanwhile.
+    """
+    own_folder(cache_root)
+    path = os.path.join(cache_root, name)
+    with contextlib.suppress(FileNotFoundError):
+        owner = os.lstat(path).st_uid
+        if owner != os.geteuid():
+            raise CacheFolderError(f"cache folder {path} is owned by uid {owner}, not by this user (uid "
+                                   f"{os.geteuid()}): it is not removed; give another --cache-dir")
+    try:
+        if os.path.islink(path) or os.path.isfile(path):
+            os.remove(path)  # a link is removed, never followed
+        elif os.path.lexists(path):
+            shutil.rmtree(path)
+        os.mkdir(path, FOLDER_MODE)  # fails if anyone made it since: never someone else's folder
+    except OSError as exc:
+        raise CacheFolderError(f"cache folder {path} cannot be cleared ({exc.strerror or exc}: "
+                               f"{exc.filename or path}): remove it, or give another --cache-dir") from None
+    return path
+
+
+_SAID: list = []  # whether a full cache disk was reported: said once per process
+
+
+def say_full_once(folder: str, exc: OSError) -> None:
+    """Log, once per process, that the cache in ``folder`` stopped at a full disk (``exc``)."""
+    if not _SAID:
+        _SAID.append(folder)
+        log.warning("cache %s: %s; training goes on, reading the row groups that are not cached from Parquet",
+                    folder, exc.strerror or exc)
+
+
+class RowGroupFiles:
+    """The flat files of one reader's row groups in its own ``folder`` (:func:`rank_cache_folder`),
+    at most ``limit_bytes`` in all (row groups beyond it are not cached: a rank's shard is sized
+    to fit, :func:`pipelines.training.data.cache_size_bytes`). Thread-safe.
+
+    A file is written under a temporary name and renamed, so a reader sees whole files only; a
+    full disk (``ENOSPC``, ``EDQUOT``) ends caching for this folder, said once.
+    """
+
+    def __init__(self, folder: str, limit_bytes: int):
+        self.folder, self.limit_bytes = folder, limit_bytes
+        self.stored, self.full = 0, False
+        self._lock = threading.Lock()
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.folder, key + SUFFIX)
+
+    def get(self, key: str) -> Optional[Dict[str, np.ndarray]]:
+        """The cached columns of ``key``, or None (never stored, or damaged: then removed)."""
+        try:
+            return read_row_group(self.path(key))
+        except FileNotFoundError:
+            return None
+        except OSError:
+            with self._lock, contextlib.suppress(OSError):
+                self.stored -= os.path.getsize(self.path(key))
+                os.remove(self.path(key))
+            return None
+
+    def put(self, key: str, value: Dict[str, np.ndarray]) -> bool:
+        """Store ``value`` (a dict of columns, :func:`flat_columns`) under ``key``; returns whether
+        it was stored (not when it is not flat, over the limit, or the disk is full).
+
+        Raises:
+            OSError: a write failing for another reason than a full disk.
+        """
+        columns = flat_columns(value)
+        size = sum(value[name].nbytes if value[name].dtype != object else sum(map(len, value[name]))
+                   for name, _, _ in columns or [])
+        with self._lock:
+            if columns is None or self.full or self.stored + size > self.limit_bytes:
+                return False
+            self.stored += size
+        temporary = f"{self.path(key)}.{threading.get_ident()}.tmp"
+        try:
+            with open_private(temporary) as f:
+                write_columns(f, value, columns)
+            os.replace(temporary, self.path(key))
+            return True
+        except OSError as exc:
+            with self._lock:
+                self.stored -= size
+                with contextlib.suppress(OSError):
+                    os.remove(temporary)
+                if exc.errno not in FULL_DISK:
+                    raise
+                if not self.full:
+                    self.full = True
+                    say_full_once(self.folder, exc)
+            return False

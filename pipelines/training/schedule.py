@@ -26,7 +26,8 @@ class Steps:
     Attributes:
         global_batch: images per optimisation step over all ranks.
         steps_per_epoch: training steps per epoch (``train_rows // global_batch``).
-        validation_steps: validation steps per epoch (``validation_rows // global_batch``).
+        validation_steps: ``validation_rows // global_batch``, full global batches in the test
+            split (informational: validation evaluates the whole split, a smaller last batch too).
     """
 
     global_batch: int
@@ -38,17 +39,18 @@ def plan_steps(train_rows: int, validation_rows: int, batch_size: int, world_siz
     """Steps per epoch from the manifest's global row counts.
 
     Raises:
-        ValueError: ``batch_size`` or ``world_size`` below 1, or a global batch larger than a split
-            (no full step would fit: the job refuses instead of training on nothing).
+        ValueError: ``batch_size`` or ``world_size`` below 1, or a global batch larger than the
+            train split (no full step would fit: the job refuses instead of training on nothing).
+            The test split is never refused: each epoch's validation is the exact evaluation of
+            all of it (:func:`pipelines.training.evaluate.exact_validation`), whatever its size.
     """
     if batch_size < 1 or world_size < 1:
         raise ValueError(f"batch size and world size must be >= 1, got {batch_size} and {world_size}")
     global_batch = batch_size * world_size
-    for name, rows in (("train", train_rows), ("validation", validation_rows)):
-        if rows < global_batch:
-            raise ValueError(f"global batch size {global_batch} (--batch-size {batch_size} x "
-                             f"{plural(world_size, 'rank')}) is larger than the {name} split "
-                             f"({plural(rows, 'row')}): lower --batch-size")
+    if train_rows < global_batch:  # validation is the exact one-pass evaluation: any size fits
+        raise ValueError(f"global batch size {global_batch} (--batch-size {batch_size} x "
+                         f"{plural(world_size, 'rank')}) is larger than the train split "
+                         f"({plural(train_rows, 'row')}): lower --batch-size")
     return Steps(global_batch, train_rows // global_batch, validation_rows // global_batch)
 
 

@@ -325,6 +325,7 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
     Returns the seconds spent in ``fit``.
     """
     from pipelines.training.data import default_cache_root
+    from pipelines.training.evaluate import with_exact_validation
 
     if resume.finished(config.epochs):
         inputs.model.set_weights(resume.best_weights)
@@ -335,7 +336,7 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
             start = time.perf_counter()
             inputs.model.fit(train_ds, epochs=config.epochs, initial_epoch=resume.initial_epoch,
                              steps_per_epoch=plan.steps.steps_per_epoch, validation_data=val_ds,
-                             validation_steps=plan.steps.validation_steps, callbacks=callbacks,
+                             callbacks=with_exact_validation(callbacks, inputs, plan.data),
                              verbose=2 if rank.rank == 0 else 0)
             return time.perf_counter() - start
     finally:

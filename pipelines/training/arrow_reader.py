@@ -1,0 +1,183 @@
+"""Our own reader of a rank's shard (the ``own`` reader): pyarrow row groups, a few threads, flat cache.
+
+Petastorm's contract as training uses it, without Petastorm (which cannot run on pyarrow >= 16):
+
+* the shard is row groups ``rank, rank + world_size, ...`` of the manifest's parts, files in the
+  manifest's order and groups in file order (:func:`split_row_groups`; Petastorm's rule, and
+  :class:`pipelines.training.data.OnePassShard`'s);
+* it loops forever; each epoch visits every row group of the shard once, in an order drawn from
+  ``seed`` and the epoch number (a NumPy ``default_rng((seed, epoch))`` permutation), so a run
+  repeats its order exactly;
+* ``workers`` threads read row groups (``ParquetFile.read_row_group``; pyarrow releases the GIL
+  while it reads and decodes) at most ``depth`` row groups ahead of the consumer, and the reader
+  yields them in its order;
+* with a cache folder, each row group read from Parquet is written once as a flat file
+  (:class:`pipelines.training.rowcache.RowGroupFiles`) and every later epoch maps it back;
+* files are opened through the :class:`pipelines.storage.Location`'s ``pyarrow.fs`` filesystem
+  (local, S3, GCS, HDFS, fsspec), each file's footer read once.
+
+A row group comes out as :class:`Batch`: ``image`` ``uint8 (rows, s * s * 3)`` and ``label``
+``int32 (rows,)``: the flat form :func:`pipelines.training.data.row_groups_of` reshapes.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Deque, Iterator, List, NamedTuple, Optional, Tuple
+
+import numpy as np
+
+from pipelines.logs import plural
+
+if TYPE_CHECKING:
+    from pipelines.storage import Location
+    from pipelines.training.rowcache import RowGroupFiles
+
+
+class ShardCountError(RuntimeError):
+    """A read counted another number of rows than the Parquet metadata holds."""
+
+
+class DataError(ValueError):
+    """The dataset cannot feed this training run; the message says why and what to change."""
+
+
+class ImageSizeError(DataError):
+    """A row group holds an image of another byte size than the manifest's ``row_bytes``."""
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """One Parquet row group: its file ``part`` (:class:`pipelines.storage.Location`), its ``index``
+    in that file, its ``rows``, and the file's footer (``metadata``, read once per file)."""
+
+    part: "Location"
+    index: int
+    rows: int
+    metadata: object = field(default=None, compare=False, repr=False)
+
+    @property
+    def path(self) -> str:
+        return self.part.uri
+
+
+def split_row_groups(parts: list) -> List[RowGroup]:
+    """Every row group of a split's ``parts`` (:meth:`pipelines.training.data.Dataset.parts`),
+    files in the given order and groups in file order (footers only)."""
+    import pyarrow.parquet as pq
+
+    groups: List[RowGroup] = []
+    for part in parts:
+        with part.filesystem.open_input_file(part.path) as f:
+            meta = pq.read_metadata(f)
+        groups += [RowGroup(part, i, meta.row_group(i).num_rows, meta) for i in range(meta.num_row_groups)]
+    return groups
+
+
+def read_group(group: RowGroup, row_bytes: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The images and labels of one row group, read with pyarrow: ``(uint8 (n, row_bytes),
+    int32 (n,))``, the images a view of Arrow's buffer (no copy per image).
+
+    Raises:
+        ShardCountError: it holds another number of rows than its footer says.
+        ImageSizeError: an image that is not ``row_bytes`` bytes (each one checked).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    part = group.part  # a local file is mapped: measured 1.6-2x faster than reading it (loader_bench)
+    with pa.memory_map(part.path) if part.local else part.filesystem.open_input_file(part.path) as f:
+        table = pq.ParquetFile(f, metadata=group.metadata).read_row_group(group.index, columns=["image", "label"])
+    if table.num_rows != group.rows:
+        raise ShardCountError(f"{group.path} row group {group.index}: read {plural(table.num_rows, 'row')}, "
+                              f"its footer says {group.rows}")
+    chunks = table.column("image")
+    column = chunks.chunk(0) if chunks.num_chunks == 1 else chunks.combine_chunks()  # combining copies
+    if column.null_count:
+        raise ImageSizeError(f"{group.path} row group {group.index}: a missing image")
+    offsets = np.frombuffer(column.buffers()[1], np.int32, len(column) + 1, column.offset * 4)
+    if np.any(np.diff(offsets) != row_bytes):
+        raise ImageSizeError(f"{group.path} row group {group.index}: an image is not {plural(row_bytes, 'byte')}")
+    pixels = np.frombuffer(column.buffers()[2], np.uint8)[offsets[0]:offsets[-1]] if len(column) else \
+        np.zeros(0, np.uint8)
+    return pixels.reshape(-1, row_bytes), table.column("label").to_numpy().astype(np.int32)
+
+
+class Batch(NamedTuple):
+    """One row group as the reader yields it (the fields Petastorm's batches have)."""
+
+    image: np.ndarray  # uint8 (rows, row_bytes)
+    label: np.ndarray  # int32 (rows,)
+
+
+def epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
+    """The order in which epoch ``epoch`` (0, 1, ...) visits a shard's ``count`` row groups: a
+    permutation drawn from ``(seed, epoch)`` alone."""
+    return np.random.default_rng((seed, epoch)).permutation(count)
+
+
+class ArrowShardReader:
+    """A looping reader of one rank's shard (module doc); a context manager (its threads stop on
+    exit) and an iterator of :class:`Batch`.
+
+    Args:
+        groups: the shard's row groups (``split_row_groups(parts)[rank::world_size]``), not empty.
+        row_bytes: bytes of one image (the manifest's ``row_bytes``).
+        workers: reader threads (>= 1).
+        depth: row groups read ahead at most (>= 1; default ``2 * workers``): the bound on memory.
+        cache: flat files of the shard's row groups, or None.
+    """
+
+    def __init__(self, groups: List[RowGroup], row_bytes: int, seed: int = 0, workers: int = 2,
+                 depth: int = 0, cache: Optional["RowGroupFiles"] = None):
+        if not groups:
+            raise ValueError("a reader needs at least one row group")
+        self.groups, self.row_bytes, self.seed, self.cache = groups, row_bytes, seed, cache
+        self.depth = depth or 2 * workers
+        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="arrow-reader")
+        self._pending: Deque = collections.deque()
+        self._order = self._visits()
+        self._closed = False
+
+    def _visits(self) -> Iterator[int]:
+        for epoch in itertools.count():
+            yield from epoch_order(len(self.groups), self.seed, epoch).tolist()
+
+    def _load(self, i: int) -> Batch:
+        """Row group ``i`` of the shard, from the cache when it holds it, else from Parquet (then
+        stored in the cache)."""
+        key = f"{i:06d}"
+        if self.cache is not None:
+            cached = self.cache.get(key)
+            if cached is not None:
+                return Batch(cached["image"], cached["label"])
+        images, labels = read_group(self.groups[i], self.row_bytes)
+        if self.cache is not None:
+            self.cache.put(key, {"image": images, "label": labels})
+        return Batch(images, labels)
+
+    def __iter__(self) -> "ArrowShardReader":
+        return self
+
+    def __next__(self) -> Batch:
+        if self._closed:  # a tf.data prefetch thread may still ask once the reader's block has ended
+            raise StopIteration
+        while len(self._pending) < self.depth:
+            self._pending.append(self._pool.submit(self._load, next(self._order)))
+        return self._pending.popleft().result()
+
+    def __enter__(self) -> "ArrowShardReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop reading ahead and join the threads (a row group being read is finished first)."""
+        self._closed = True
+        for future in self._pending:
+            future.cancel()
+        self._pending.clear()
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,155 @@
+"""Our own reader (pipelines/training/arrow_reader.py) keeps Petastorm's contract as training uses
+it: shards ``rank::world_size`` of the manifest's row groups, a seeded shuffle of row-group order
+per epoch, every row group once per epoch, bounded threads and read-ahead; and both readers read
+a bucket through the storage module's filesystem (the suite's real moto_server)."""
+import hashlib
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from pipelines.training import arrow_reader
+from pipelines.training.arrow_reader import ArrowShardReader, epoch_order, split_row_groups
+from pipelines.training.data import (OnePassShard, check_reader, default_reader, load_dataset, open_reader,
+                                     petastorm_available, row_groups_of)
+from tests.datagen import write_dataset
+from tests.readers import READERS
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("arrow-reader") / "etl")
+    write_dataset(root, train_groups=[8, 7, 6], test_groups=[3], rows_per_group=2)  # 21 row groups of 2 rows
+    return load_dataset(root, world_size=1)
+
+
+def epoch_rows(reader, groups):
+    """The labels of the next ``groups`` row groups, one tuple per row group."""
+    return [tuple(next(reader).label.tolist()) for _ in range(groups)]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+def test_each_epoch_reads_the_ranks_row_groups_each_once(data, world_size):
+    groups = split_row_groups(data.parts("train"))
+    covered = Counter()
+    for rank in range(world_size):
+        mine = groups[rank::world_size]
+        expected = sorted(tuple(labels.tolist()) for _, labels in OnePassShard(data, "train", rank, world_size)
+                          .batches())
+        with ArrowShardReader(mine, data.row_bytes, seed=7, workers=2) as reader:
+            for _ in range(3):
+                got = epoch_rows(reader, len(mine))
+                assert sorted(got) == expected  # exactly the shard, each row group once
+        covered.update(label for group in expected for label in group)
+    assert covered == Counter(range(42))  # the ranks' shards are disjoint and cover the split
+
+
+def test_the_order_is_shuffled_per_epoch_and_repeats_with_the_seed(data):
+    groups = split_row_groups(data.parts("train"))
+
+    def orders(seed):
+        with ArrowShardReader(groups, data.row_bytes, seed=seed, workers=3) as reader:
+            return [epoch_rows(reader, len(groups)) for _ in range(3)]
+
+    first, again, other = orders(1), orders(1), orders(2)
+    assert first == again  # the same seed: the same order, epoch by epoch, whatever the threads did
+    assert first[0] != first[1] != first[2] and first != other
+    assert [[g[0] // 2 for g in epoch] for epoch in first] == [epoch_order(21, 1, e).tolist() for e in range(3)]
+
+
+def test_threads_and_read_ahead_are_bounded(data, monkeypatch):
+    groups = split_row_groups(data.parts("train"))
+    loads, lock = [], threading.Lock()
+    real = arrow_reader.read_group
+
+    def counted(group, row_bytes):
+        with lock:
+            loads.append(group)
+        return real(group, row_bytes)
+
+    monkeypatch.setattr(arrow_reader, "read_group", counted)
+    with ArrowShardReader(groups, data.row_bytes, workers=3, depth=4) as reader:
+        for consumed in range(1, 30):
+            next(reader)
+            assert len(loads) <= consumed + 3  # at most depth row groups ahead of the consumer
+        threads = [t for t in threading.enumerate() if t.name.startswith("arrow-reader")]
+        assert 1 <= len(threads) <= 3
+    assert not [t for t in threading.enumerate() if t.name.startswith("arrow-reader")]  # joined on exit
+
+
+def test_a_read_error_reaches_the_consumer(data, monkeypatch):
+    def broken(group, row_bytes):
+        raise arrow_reader.ShardCountError("read 1 row, its footer says 2")
+
+    monkeypatch.setattr(arrow_reader, "read_group", broken)
+    with ArrowShardReader(split_row_groups(data.parts("train")), data.row_bytes) as reader:
+        with pytest.raises(arrow_reader.ShardCountError, match="its footer says 2"):
+            next(reader)
+
+
+def test_an_image_of_another_size_is_refused(tmp_path):
+    root = str(tmp_path / "etl")
+    write_dataset(root, train_groups=[2], test_groups=[1])
+    data = load_dataset(root, world_size=1)
+    with ArrowShardReader(split_row_groups(data.parts("train")), data.row_bytes + 1) as reader:
+        with pytest.raises(arrow_reader.DataError, match="an image is not 49 bytes"):
+            next(reader)
+
+
+def test_the_reader_setting_and_its_default():
+    assert default_reader() == ("petastorm" if petastorm_available() else "own")
+    assert check_reader("") == default_reader() and check_reader("own") == "own"
+    with pytest.raises(ValueError, match="--reader fast: choose one of petastorm, own"):
+        check_reader("fast")
+    if not petastorm_available():
+        with pytest.raises(ValueError, match="--reader petastorm: Petastorm 0.13.1 does not run here"):
+            check_reader("petastorm")
+
+
+def test_the_own_reader_never_imports_petastorm(data, tmp_path):
+    """The current stack's path: a process that reads with ``own`` has no Petastorm module loaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom pipelines.training.data import load_dataset, open_reader, row_groups_of\n"
+            f"data = load_dataset({data.root!r}, 1)\n"
+            f"with open_reader(data, 'train', 0, 1, {str(tmp_path / 'c')!r}, reader='own') as r:\n"
+            "    next(r)\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('petastorm', 'diskcache')]\n"
+            "assert not bad, bad\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_each_reader_reads_a_bucket_rank_by_rank_as_the_local_rule(data, s3_bucket, tmp_path, reader):
+    """Through the storage module's pyarrow filesystem: per rank, one epoch of the looping reader
+    over the bucket gives the images OnePassShard reads locally (row groups ``rank::world_size``)."""
+    from pipelines.storage import resolve
+
+    resolve(f"s3://{s3_bucket}/etl").upload(data.root)
+    remote = load_dataset(f"s3://{s3_bucket}/etl", 2)
+    assert all(not p.local for p in remote.parts("train"))
+    for rank in range(2):
+        shard = OnePassShard(data, "train", rank, 2)
+        expected = sorted(hashlib.sha1(image.tobytes()).hexdigest() for images, _ in shard.batches()
+                          for image in images)
+        with open_reader(remote, "train", rank, 2, str(tmp_path / "cache"), reader=reader) as opened:
+            got = []
+            while len(got) < len(expected):
+                (images, _), = row_groups_of([next(opened)], data.image_size)
+                got += [hashlib.sha1(image.tobytes()).hexdigest() for image in images]
+        if reader == "own":
+            assert sorted(got) == expected
+        else:  # Petastorm's looping epochs may overlap at their edges: the same shard, not one exact pass
+            assert set(got) <= set(expected) and len(got) == len(expected)
+
+
+def test_a_closed_reader_ends_instead_of_failing(data):
+    """tf.data's prefetch may ask once more after the reader's block ended: iteration stops."""
+    reader = ArrowShardReader(split_row_groups(data.parts("train")), data.row_bytes)
+    with reader:
+        next(reader)
+    with pytest.raises(StopIteration):
+        next(reader)

@@ -1,0 +1,75 @@
+"""Each epoch's validation is the exact evaluation of the whole test split (every image once,
+summed over ranks), and no world size is refused for the test split: 16 ranks under horovodrun on
+the CPU, the tiny backbone, a test split of 3 row groups (sharded by rows) and 6 rows (fewer than
+the ranks: some evaluate nothing)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import BIN, assert_exact_test_count, subprocess_env
+from tests.datagen import write_dataset
+from tests.readers import READERS
+
+pytestmark = pytest.mark.slow
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RANKS = 16
+
+
+def horovodrun(np_, data, output, *args, timeout=900):
+    job = [sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", output,
+           "--weights", "none", "--backbone", "tiny", "--no-tensorboard", "--no-tracking", *args]
+    cmd = [os.path.join(BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *job]
+    return subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def sixteen_ranks(tmp_path_factory):
+    """One run: 16 ranks, 2 epochs, train 16 row groups of 2 rows (32 rows, a global batch of 32),
+    test 6 rows in 3 row groups; the default reader (the other is test_two_ranks_... below)."""
+    base = tmp_path_factory.mktemp("sixteen")
+    data = str(base / "etl")
+    write_dataset(data, train_groups=[16], test_groups=[1, 2], size=32, rows_per_group=2)
+    manifest = json.load(open(os.path.join(data, "manifest.json")))
+    assert manifest["splits"]["test"]["row_groups"] == 3 and manifest["splits"]["test"]["rows"] == 6
+    proc = horovodrun(RANKS, data, str(base / "out"), "--batch-size", "2", "--epochs", "2", "--patience", "5",
+                      "--cache-dir", str(base / "cache"))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    with open(base / "out" / "metrics.json") as f:
+        return json.load(f), manifest, proc.stdout + proc.stderr
+
+
+def test_sixteen_ranks_train_on_a_test_split_of_fewer_row_groups_and_rows(sixteen_ranks):
+    report, manifest, _ = sixteen_ranks
+    assert report["world_size"] == RANKS and report["epochs_run_per_rank"] == [2] * RANKS
+    assert_exact_test_count(report, manifest)
+
+
+def test_each_epochs_validation_is_the_exact_test_evaluation(sixteen_ranks):
+    """The best epoch's val_accuracy and val_loss are the reported test accuracy and loss: the same
+    weights, the same exact evaluation of every test image (today's final evaluation)."""
+    report, _, log = sixteen_ranks
+    best = report["history"][report["best_epoch"] - 1]
+    assert best["val_accuracy"] == pytest.approx(report["test"]["accuracy"], abs=1e-12)
+    assert best["val_loss"] == pytest.approx(report["test"]["loss"], rel=1e-5)
+    rows = report["test"]["count"]
+    for epoch in report["history"]:  # a fraction of all test rows, not of full global batches
+        assert abs(epoch["val_accuracy"] * rows - round(epoch["val_accuracy"] * rows)) < 1e-9
+    assert "val_accuracy" in log  # rank 0's epoch line carries it
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_two_ranks_each_reader_validate_exactly_on_a_one_row_group_test_split(tmp_path, reader):
+    data = str(tmp_path / "etl")
+    write_dataset(data, train_groups=[4], test_groups=[1], size=32, rows_per_group=4)  # 1 test row group, 2 ranks
+    manifest = json.load(open(os.path.join(data, "manifest.json")))
+    proc = horovodrun(2, data, str(tmp_path / "out"), "--batch-size", "2", "--epochs", "2", "--reader", reader,
+                      "--cache-dir", str(tmp_path / "cache"))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    report = json.load(open(tmp_path / "out" / "metrics.json"))
+    assert_exact_test_count(report, manifest)
+    best = report["history"][report["best_epoch"] - 1]
+    assert best["val_accuracy"] == pytest.approx(report["test"]["accuracy"], abs=1e-12)
+    assert report["config"]["reader"] == reader
