@@ -148,13 +148,13 @@ def test_the_keras_module_refuses_objects_of_another_keras_before_horovod_wraps_
 
 
 def _discover(tmp_path, nvidia_smi=None):
-    """Run the script with a PATH of only ``sed``, ``paste`` and the given ``nvidia-smi`` (none: no GPU
+    """Run the script with a PATH of only the text tools it uses and the given ``nvidia-smi`` (none: no GPU
     tool, even on a GPU host)."""
     import json
     import shutil
     tools = tmp_path / "tools"
     tools.mkdir()
-    for tool in ("sed", "paste"):
+    for tool in ("sed", "paste", "grep", "tr", "seq"):
         os.symlink(shutil.which(tool), tools / tool)
     if nvidia_smi:
         (tools / "nvidia-smi").write_text(nvidia_smi)
