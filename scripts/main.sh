@@ -19,9 +19,8 @@ else
 fi
 LOG4J=()
 [ "${VERBOSE:-0}" != 0 ] || LOG4J=(--driver-java-options "-Dlog4j2.configurationFile=conf/log4j2.properties")
-# spark-submit starts the JVM before any code of ours runs, and Java 17 says on stderr that Spark's
-# launcher gave it an incubator module (see pipelines/quiet.py): drop that one
-# line unless VERBOSE (grep's status 1, nothing left to print, is no failure).
+# Java 17 says on stderr that Spark's launcher gave the JVM an incubator module (harmless, once per
+# JVM): drop that one line unless VERBOSE (grep's status 1, nothing left to print, is no failure).
 quiet_jvm() {
   if [ "${VERBOSE:-0}" != 0 ]; then cat; else
     grep --line-buffered -v -x -F 'WARNING: Using incubator modules: jdk.incubator.vector' || [ $? = 1 ]; fi
@@ -41,11 +40,11 @@ spark-submit --master "local[*]" "${LOG4J[@]}" \
   2>&1 | quiet_jvm
 
 echo "== 4/4 training: horovodrun -np $NP (Gloo, CPU)"
-rm -rf "$OUT/train"
+# --overwrite: a rerun replaces the previous main job's run, deleting only the files that run recorded
 # --line-buffered: each line goes on as it comes, not in 4 KB blocks minutes later.
 horovodrun -np "$NP" -H "localhost:$NP" --gloo \
   python -u jobs/train.py --data "$OUT/etl" --output "$OUT/train" --weights "$WEIGHTS" \
-    --epochs 30 --batch-size 8 --patience 3 --cache-dir "$OUT/cache" "${VERBOSE_FLAG[@]}" 2>&1 \
+    --epochs 30 --batch-size 8 --patience 3 --cache-dir "$OUT/cache" --overwrite "${VERBOSE_FLAG[@]}" 2>&1 \
   | grep --line-buffered -v -e '^\[[0-9]*\]<stderr>:  ' -e 'is slow compared to the batch time'
 
 python - "$OUT/train/metrics.json" <<'PY'
