@@ -95,3 +95,16 @@ def test_only_the_newest_and_the_best_checkpoints_are_kept(tmp_path):
         marker.on_epoch_end(epoch, {"val_accuracy": acc})
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-2.json", "checkpoint-2.npz", "checkpoint-4.json",
                                            "checkpoint-4.npz"]
+
+
+def test_a_production_run_carries_no_fault_hook_and_a_test_run_says_it_has_one(monkeypatch, caplog):
+    """The hook is built only where the test variable asks for it (issue 27: no test hook inside a
+    production run), and rank 0 says once that one is set."""
+    monkeypatch.delenv("PIPELINES_FAULT_INJECT", raising=False)
+    assert FaultInjection.requested(0) is None and FaultInjection.requested(1) is None
+    monkeypatch.setenv("PIPELINES_FAULT_INJECT", "rank=1,epoch=2,mode=raise")
+    with caplog.at_level("WARNING", logger="pipelines"):
+        hooks = [FaultInjection.requested(rank) for rank in (0, 1)]
+    assert [hook.active for hook in hooks] == [False, True]
+    said = [r.getMessage() for r in caplog.records if "PIPELINES_FAULT_INJECT" in r.getMessage()]
+    assert len(said) == 1 and "rank=1,epoch=2,mode=raise" in said[0]

@@ -176,6 +176,16 @@ class FaultInjection(keras.callbacks.Callback):
         self.mark = spec.get("mark")
         self.directory = directory
 
+    @classmethod
+    def requested(cls, rank: int, directory: str = "") -> "Optional[FaultInjection]":
+        """The hook for ``rank`` where the test variable is set, else ``None``: a production run
+        carries no test callback at all. A run that has one says so once, at its start, on rank 0."""
+        if not os.environ.get(FAULT_ENV):
+            return None
+        if rank == 0:
+            log.warning("test hook %s is set (%s): a fault will be injected", FAULT_ENV, os.environ[FAULT_ENV])
+        return cls(rank, directory)
+
     def on_epoch_end(self, epoch, logs=None):
         if self.active and epoch + 1 == self.epoch:
             deadline = time.monotonic() + 60

@@ -313,8 +313,11 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
         if tracker is not None:
             callbacks.append(cb.TrackEpochs(tracker))
         callbacks.append(cb.SyncOutputs(plan.outputs))  # after every writer of the epoch's files
-    # the hook's wait for rank 0's marker: only where every rank sees rank 0's folder (a local output)
-    callbacks.append(cb.FaultInjection(rank.rank, config.output if is_local(config.output) else ""))
+    # the tests' fault hook, only where they ask for it; its wait for rank 0's marker only where every
+    # rank sees rank 0's folder (a local output)
+    fault = cb.FaultInjection.requested(rank.rank, config.output if is_local(config.output) else "")
+    if fault is not None:
+        callbacks.append(fault)
     return callbacks, early_stopping, epoch_stats
 
 
