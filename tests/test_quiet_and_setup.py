@@ -38,7 +38,10 @@ def test_setup_refuses_a_python_the_stack_does_not_support_in_one_line(tmp_path,
 
 @pytest.mark.parametrize("command", [["make", "setup"], ["make", "test"], ["make", "main"], ["bash", "scripts/setup_env.sh"]])
 def test_an_unknown_stack_is_one_line_naming_the_stacks_with_exit_2(tmp_path, command):
-    env = {**os.environ, "STACK": "future", "VENV": str(tmp_path / "venv")}
+    # Without the outer make's variables: under `make test-stack STACK=mission` MAKEFLAGS carries
+    # STACK=mission, which a child make takes over the environment's STACK (and then builds a venv).
+    outer = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
+    env = {**{k: v for k, v in os.environ.items() if k not in outer}, "STACK": "future", "VENV": str(tmp_path / "venv")}
     proc = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
