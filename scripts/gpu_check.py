@@ -111,15 +111,18 @@ def probe_problems(probe: Optional[Dict], ranks: int, dry_run: bool) -> List[str
 
 
 def parse_loader(text: str, labels: Sequence[str]) -> Dict[str, float]:
-    """``loader_bench.py``'s images/s for its first row-group size, one per label, and its
-    ``ceiling``; empty when its output has no table."""
+    """``loader_bench.py``'s images/s for its first row-group size, one per label (a path such as
+    ``warm cache (epoch 2)``, of the first reader its table lists), and its ``ceiling``; empty when
+    its output has no table."""
     found: Dict[str, float] = {}
     ceiling = re.search(r"ceiling \(in memory, same tail\) (\d+) images/s", text)
     if ceiling:
         found["ceiling"] = float(ceiling.group(1))
-    row = next((line for line in text.splitlines() if re.match(r"\s*[\d.]+\s+\d+\s+\d+\s+[\d.]+ img/s", line)), "")
-    for label, value in zip(labels, re.findall(r"([\d.]+) img/s", row)):
-        found[label] = float(value)
+    block = re.search(r"^[\d.]+ MiB row groups:.*?\n((?:[ \t]+\S.*\n?)+)", text, re.M)
+    for line in (block.group(1).splitlines() if block else []):
+        row = re.match(r"\s+(?:[\w-]+, )?(.+?)\s+([\d.]+) images/s", line)
+        if row and row.group(1) in labels and row.group(1) not in found:
+            found[row.group(1)] = float(row.group(2))
     return found
 
 
@@ -232,7 +235,7 @@ def loader(args, env: Dict[str, str]) -> Tuple[Dict[str, float], str]:
     """``benchmarks/loader_bench.py`` at 32 MiB row groups (1 MiB in the dry run's tiny sample); its
     figures and the log's path."""
     sys.path.insert(0, BENCHMARKS)
-    from loader_bench import LABELS
+    from loader_bench import KINDS
 
     folder = os.path.join(args.out, "loader")
     os.makedirs(folder, exist_ok=True)
@@ -241,7 +244,7 @@ def loader(args, env: Dict[str, str]) -> Tuple[Dict[str, float], str]:
                "--batch-size", str(args.batch_size), "--workdir", os.path.join(folder, "work")]
     log = os.path.join(folder, "loader.log")
     result = run(command, env, log, timeout=3600)
-    return (parse_loader(result.stdout, LABELS) if result.returncode == 0 else {}), log
+    return (parse_loader(result.stdout, KINDS) if result.returncode == 0 else {}), log
 
 
 def sample_data(args, env: Dict[str, str]) -> str:

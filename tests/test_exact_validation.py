@@ -38,13 +38,13 @@ def sixteen_ranks(tmp_path_factory):
                       "--cache-dir", str(base / "cache"))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     with open(base / "out" / "metrics.json") as f:
-        return json.load(f), manifest, proc.stdout + proc.stderr
+        return json.load(f), data, proc.stdout + proc.stderr
 
 
 def test_sixteen_ranks_train_on_a_test_split_of_fewer_row_groups_and_rows(sixteen_ranks):
-    report, manifest, _ = sixteen_ranks
+    report, data, _ = sixteen_ranks
     assert report["world_size"] == RANKS and report["epochs_run_per_rank"] == [2] * RANKS
-    assert_exact_test_count(report, manifest)
+    assert_exact_test_count(report, data)
 
 
 def test_each_epochs_validation_is_the_exact_test_evaluation(sixteen_ranks):
@@ -64,12 +64,11 @@ def test_each_epochs_validation_is_the_exact_test_evaluation(sixteen_ranks):
 def test_two_ranks_each_reader_validate_exactly_on_a_one_row_group_test_split(tmp_path, reader):
     data = str(tmp_path / "etl")
     write_dataset(data, train_groups=[4], test_groups=[1], size=32, rows_per_group=4)  # 1 test row group, 2 ranks
-    manifest = json.load(open(os.path.join(data, "manifest.json")))
     proc = horovodrun(2, data, str(tmp_path / "out"), "--batch-size", "2", "--epochs", "2", "--reader", reader,
                       "--cache-dir", str(tmp_path / "cache"))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     report = json.load(open(tmp_path / "out" / "metrics.json"))
-    assert_exact_test_count(report, manifest)
+    assert_exact_test_count(report, data)
     best = report["history"][report["best_epoch"] - 1]
     assert best["val_accuracy"] == pytest.approx(report["test"]["accuracy"], abs=1e-12)
     assert report["config"]["reader"] == reader

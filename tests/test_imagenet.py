@@ -65,9 +65,12 @@ def source_file(url: str, data: bytes, tmp_path) -> KerasFile:
 
 
 def test_the_urls_and_hashes_are_keras_own():
-    """Read from the installed Keras' source (no TensorFlow import): Xception's no-top file name,
-    URL and md5 as its get_file call has them."""
-    folder = importlib.util.find_spec("keras").submodule_search_locations[0]
+    """Read from the installed Keras 2's source (no TensorFlow import; the stack's Keras 2 package:
+    ``keras`` 2.15 on mission, ``tf_keras`` on current): Xception's no-top file name, URL and md5 as
+    its get_file call has them."""
+    from pipelines import stack
+    package = "tf_keras" if stack.active().keras_module == "tf_keras" else "keras"
+    folder = importlib.util.find_spec(package).submodule_search_locations[0]
     tree = ast.parse(open(os.path.join(folder, "src", "applications", "xception.py")).read())
     constants = {node.targets[0].id: ast.literal_eval(node.value) for node in ast.walk(tree)
                  if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)

@@ -410,11 +410,11 @@ def test_a_lost_executor_unknown_to_the_status_store_is_still_a_lost_rank_failur
 @pytest.mark.slow
 def test_the_status_store_names_each_executor_s_host(spark):
     """Real Spark (the session's local master): its one executor is the driver, on the driver's host."""
-    from pipelines.launch.barrier import executor_id_hosts
+    from pipelines.launch.sparkcheck import executor_id_hosts
 
     sc = spark.sparkContext
-    driver = sc._jsc.sc().env().blockManager().blockManagerId()
-    assert executor_id_hosts(sc) == {"driver": driver.host()}
+    assert executor_id_hosts(sc) == {"driver": sc.getConf().get("spark.driver.host")}
+    assert executor_id_hosts(sc, active_only=True) == executor_id_hosts(sc)
 
 
 @pytest.mark.parametrize("size, names", [(1, ["0", "0"]), (2, ["0", "1"]), (10, ["0", "9"]), (11, ["00", "10"]),

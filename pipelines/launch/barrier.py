@@ -25,7 +25,7 @@ from pipelines.launch.gpus import (CUDA_VISIBLE, check_local_gpus, nccl_env, par
                                    visible_gpu_count)
 from pipelines.launch.network import GLOO_IFACE_ENV, interface_of, rendezvous_ipv4, split_host_port
 from pipelines.launch.ranklogs import LogSink
-from pipelines.launch.sparkcheck import check_barrier_conf, check_local_executors, wait_for_slots
+from pipelines.launch.sparkcheck import check_barrier_conf, check_local_executors, executor_id_hosts, wait_for_slots
 from pipelines.logs import plural
 
 log = logging.getLogger("pipelines")
@@ -94,22 +94,6 @@ def lost_host(text: str, executor_hosts: Callable[[], Dict[str, str]] = dict) ->
             return match.group(1)
     match = re.search(_LOST_EXECUTOR, text)
     return executor_hosts().get(match.group(1), "") if match else ""
-
-
-def executor_id_hosts(sc) -> Dict[str, str]:
-    """Executor id -> host for every executor the application has had, lost ones included (Spark's
-    status store keeps the last ``spark.ui.retainedDeadExecutors``); {} where Spark cannot say."""
-    from py4j.protocol import Py4JError  # in the function: `import pipelines` stays free of PySpark
-
-    try:
-        summaries = sc._jsc.sc().statusStore().executorList(False).iterator()
-        found = {}
-        while summaries.hasNext():
-            summary = summaries.next()
-            found[str(summary.id())] = split_host_port(str(summary.hostPort()))[0]
-        return found
-    except Py4JError:  # a JVM call that failed: naming the host is best effort, the failure stands
-        return {}
 
 
 def collect_tasks(rdd, rank_hosts: Dict[int, str],

@@ -5,7 +5,7 @@ import time
 from typing import Dict, List, Optional
 
 from pipelines.launch.failures import ClusterConfigError
-from pipelines.launch.network import GLOO_IFACE_ENV, bare_host, interface_of, is_this_machine, rendezvous_ipv4
+from pipelines.launch.network import GLOO_IFACE_ENV, bare_host, interface_of, is_this_machine, rendezvous_ipv4, split_host_port
 
 
 def _is_true(value: Optional[str]) -> bool:
@@ -43,14 +43,31 @@ def check_barrier_conf(conf: Dict[str, str]) -> None:
             f"(executors: spark.executor.instances or spark.cores.max)")
 
 
+def executor_id_hosts(sc, active_only: bool = False) -> Dict[str, str]:
+    """Executor id -> host for every executor the application has had, lost ones included (Spark's
+    status store keeps the last ``spark.ui.retainedDeadExecutors``), or only the live ones
+    (``active_only``); the driver's id is ``"driver"``. {} where Spark cannot say."""
+    from py4j.protocol import Py4JError  # in the function: `import pipelines` stays free of PySpark
+
+    try:
+        summaries = sc._jsc.sc().statusStore().executorList(active_only).iterator()
+        found = {}
+        while summaries.hasNext():
+            summary = summaries.next()
+            found[str(summary.id())] = split_host_port(str(summary.hostPort()))[0]
+        return found
+    except Py4JError:  # a JVM call that failed: naming the host is best effort, the failure stands
+        return {}
+
+
 def executor_hosts(sc) -> List[str]:
     """Hosts of the executors that run tasks, as Spark names them (the driver counts only on a
     ``local`` master, where it is the executor)."""
-    jsc = sc._jsc.sc()
-    driver = jsc.env().blockManager().blockManagerId()
     local = is_local_master(sc.master)
-    return sorted({info.host() for info in jsc.statusTracker().getExecutorInfos()
-                   if local or (info.host(), info.port()) != (driver.host(), driver.port())})
+    # Spark's status store, not SparkEnv's block manager: py4j cannot reflect on the latter on
+    # Spark 4.3 (its protobuf classes are shaded away: ClassNotFoundException MessageOrBuilder)
+    return sorted({host for executor, host in executor_id_hosts(sc, active_only=True).items()
+                   if local or executor != "driver"})
 
 
 def check_local_executors(sc, requested: Optional[str]) -> None:
