@@ -173,3 +173,19 @@ def test_a_restored_optimizer_continues_the_same_optimisation(tmp_path):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(resumed, continued):  # the same 3rd step: Nadam's moments and step count carried over
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("message, secondary", [
+    ("When reading information for key 'etl/train/part-0.parquet' in bucket 'b': AWS Error NETWORK_CONNECTION "
+     "during HeadObject operation: curlCode: 7, Couldn't connect to server", True),
+    ("[Errno 101] Network is unreachable", True),
+    ("[Errno 113] No route to host", True),
+    ("When reading information for key 'x' in bucket 'b': AWS Error ACCESS_DENIED during HeadObject", False),
+    ("[Errno 2] No such file or directory: 'x.parquet'", False),
+])
+def test_a_rank_whose_host_lost_its_network_link_is_a_loss_not_an_error_of_the_job(message, secondary):
+    """Seen on the test hosts: the host whose link was cut failed reading its shard from S3 before
+    Gloo's timeout; that is the host's loss (relaunched under --max-failures), while a refused
+    access or a missing file is the job's own error."""
+    from pipelines.launch.failures import is_secondary
+    assert is_secondary(OSError(message)) is secondary

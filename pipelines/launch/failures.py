@@ -65,13 +65,18 @@ class RelaunchImpossible(RuntimeError):
 
 _SECONDARY = ("Horovod has been shut down", "HorovodInternalError", "Connection closed by peer",
               "Gloo", "gloo")
+# What the storage clients say when the host's own network link is down (pyarrow's S3 through the
+# AWS SDK and curl; the OS): the host was cut off, which no rerun of the same code would repeat.
+# Seen: "AWS Error NETWORK_CONNECTION during HeadObject operation: curlCode: 7" while a test host's
+# link was down. A wrong endpoint says the same and is relaunched at most --max-failures times.
+_LINK_LOST = ("AWS Error NETWORK_CONNECTION", "Network is unreachable", "No route to host")
 
 
 def is_secondary(exc: BaseException) -> bool:
-    """Errors a rank gets because a peer died (Horovod shut down, Gloo connections lost), not a
-    cause of their own."""
+    """Errors a rank gets because a peer died (Horovod shut down, Gloo connections lost) or its
+    host's network link went down (:data:`_LINK_LOST`), not a cause of its own code."""
     text = f"{type(exc).__name__}: {exc}"
-    return "Horovod" in type(exc).__name__ or any(marker in text for marker in _SECONDARY)
+    return "Horovod" in type(exc).__name__ or any(marker in text for marker in _SECONDARY + _LINK_LOST)
 
 
 def failure_record(exc: BaseException) -> Dict[str, Any]:
