@@ -97,14 +97,31 @@ def test_only_the_newest_and_the_best_checkpoints_are_kept(tmp_path):
                                            "checkpoint-4.npz"]
 
 
-def test_a_production_run_carries_no_fault_hook_and_a_test_run_says_it_has_one(monkeypatch, caplog):
+def test_a_production_run_carries_no_fault_hook_and_a_test_run_says_it_has_one(monkeypatch):
     """The hook is built only where the test variable asks for it (issue 27: no test hook inside a
     production run), and rank 0 says once that one is set."""
+    import logging
+
+    class Records(logging.Handler):  # on the logger itself: setup_logging may have stopped propagation
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
     monkeypatch.delenv("PIPELINES_FAULT_INJECT", raising=False)
     assert FaultInjection.requested(0) is None and FaultInjection.requested(1) is None
     monkeypatch.setenv("PIPELINES_FAULT_INJECT", "rank=1,epoch=2,mode=raise")
-    with caplog.at_level("WARNING", logger="pipelines"):
+    records, logger = Records(), logging.getLogger("pipelines")
+    level = logger.level
+    logger.addHandler(records)
+    logger.setLevel(logging.WARNING)  # whatever an earlier test's logging set-up left there
+    try:
         hooks = [FaultInjection.requested(rank) for rank in (0, 1)]
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
     assert [hook.active for hook in hooks] == [False, True]
-    said = [r.getMessage() for r in caplog.records if "PIPELINES_FAULT_INJECT" in r.getMessage()]
+    said = [m for m in records.messages if "PIPELINES_FAULT_INJECT" in m]
     assert len(said) == 1 and "rank=1,epoch=2,mode=raise" in said[0]
