@@ -226,3 +226,23 @@ def hosts_cluster(test_hosts, tmp_path_factory):
             yield cluster, s3, workers
     finally:
         s3.stop()
+
+
+@pytest.fixture(autouse=True)
+def _pipelines_log_reaches_caplog(request):
+    """A test that reads ``caplog`` sees the ``pipelines`` logger's records exactly once, whatever an
+    earlier test in the same worker did: ``pipelines.logs.setup_logging`` stops that logger's
+    propagation to the root logger, where caplog listens, so its handler is put on the logger itself."""
+    if "caplog" not in request.fixturenames:
+        yield
+        return
+    import logging
+    handler, logger = request.getfixturevalue("caplog").handler, logging.getLogger("pipelines")
+    propagate = logger.propagate
+    logger.propagate = False  # one copy of each record: the direct handler's
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
