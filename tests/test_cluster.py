@@ -77,8 +77,6 @@ def test_etl_runs_on_the_cluster(etl_on_cluster):
     assert "found" in proc.stdout
 
 
-@pytest.mark.xfail(reason="KNOWN DEFECT, to fix first: on the standalone cluster the job now exits 2 with "
-                          "'not enough values to unpack (expected 2, got 1)' (fresh-clone run 2026-12-01)", strict=False)
 def test_a_failing_rank_fails_the_job_promptly_by_name_then_resume(cluster, etl_on_cluster, tmp_path):
     data, _ = etl_on_cluster
     out, mark = str(tmp_path / "out"), str(tmp_path / "fault-time")
@@ -167,8 +165,6 @@ if __name__ == "__main__":
 '''
 
 
-@pytest.mark.xfail(reason="KNOWN DEFECT, to fix first: on the standalone cluster the job now exits 2 with "
-                          "'not enough values to unpack (expected 2, got 1)' (fresh-clone run 2026-12-01)", strict=False)
 def test_an_executor_without_its_interface_is_a_named_rank_failure(tmp_path):
     """HOROVOD_GLOO_IFACE set on the worker hosts (spark-env.sh), unknown to the driver: each barrier
     task refuses it on its host, the job fails as HorovodJobFailed naming rank and host, no rank starts."""

@@ -28,7 +28,10 @@ def bare_host(host: str) -> str:
 
 def split_host_port(address: str) -> Tuple[str, str]:
     """``HOST:PORT`` (Spark's task and executor addresses; an IPv6 host in brackets) -> ``(HOST, PORT)``,
-    the host bare (:func:`bare_host`): ``[::1]:7077`` -> ``('::1', '7077')``."""
+    the host bare (:func:`bare_host`): ``[::1]:7077`` -> ``('::1', '7077')``. A host without a port
+    (Spark's status store names a standalone cluster's driver so) gives ``(HOST, '')``."""
+    if ":" not in address or (address.startswith("[") and address.endswith("]")):
+        return bare_host(address), ""
     host, port = address.rsplit(":", 1)
     return bare_host(host), port
 
