@@ -35,6 +35,17 @@ def _keras_environment() -> None:
 
 _keras_environment()
 
+
+def _quiet_tensorflow_load() -> None:
+    """TF_CPP_MIN_LOG_LEVEL also for the lines TensorFlow 2.21 logs while it loads
+    (:mod:`pipelines.tflog`; standard library only, TensorFlow stays unimported)."""
+    from pipelines import tflog
+
+    tflog.install()
+
+
+_quiet_tensorflow_load()
+
 # name -> submodule that defines it; loaded by __getattr__ on first access only.
 _LAZY = {
     "HorovodRunner": "pipelines.launch",

@@ -95,14 +95,7 @@ fi
 # informative: petastorm/horovod metadata over-declare some ranges; tf-keras names `tensorflow`
 "${PIP[@]}" check || true
 
-# TF_CPP_MIN_LOG_LEVEL=3: only the build table, not TensorFlow's oneDNN and CPU-feature lines.
-check=$(PATH="$VENV/bin:$PATH" TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/horovodrun" --check-build 2>&1)
-echo "$check"
-grep -q '\[X\] TensorFlow' <<<"$check" || { echo "[setup] Horovod was built without TensorFlow" >&2; exit 1; }
-grep -q '\[X\] Gloo' <<<"$check" || { echo "[setup] Horovod was built without Gloo" >&2; exit 1; }
-if [ "$TF_EXTRA" = gpu ]; then
-  grep -q '\[X\] NCCL' <<<"$check" || { echo "[setup] Horovod was built without NCCL" >&2; exit 1; }
-fi
+bash scripts/horovod_check.sh "$VENV" "$TF_EXTRA"
 # The Keras 2 API of the stack imports, and Horovod's Keras module with it.
 TF_CPP_MIN_LOG_LEVEL=3 "$VPY" -c "import pipelines.kerasapi as k, horovod.tensorflow.keras; print('[setup] Keras', k.keras_version(), 'from', k.STACK.keras_module)"
 
