@@ -40,12 +40,18 @@ spark-submit --master "local[*]" "${LOG4J[@]}" \
   2>&1 | quiet_jvm
 
 echo "== 4/4 training: horovodrun -np $NP (Gloo, CPU)"
+# horovodrun itself loads TensorFlow to check its build; TF 2.21 then logs through absl before absl is
+# set up, ignoring TF_CPP_MIN_LOG_LEVEL (tensorflow#100442): drop those INFO lines unless VERBOSE (our
+# own processes filter them as they load TensorFlow: pipelines/tflog.py).
+NOISE=(-e '^\[[0-9]*\]<stderr>:  ' -e 'is slow compared to the batch time')
+[ "${VERBOSE:-0}" != 0 ] || NOISE+=(-e '^WARNING: All log messages before absl::InitializeLog() is called'
+                                   -e '^I[0-9]\{4\} [0-9:.]* *[0-9]* [^ ]*:[0-9]*\] ')
 # --overwrite: a rerun replaces the previous main job's run, deleting only the files that run recorded
 # --line-buffered: each line goes on as it comes, not in 4 KB blocks minutes later.
 horovodrun -np "$NP" -H "localhost:$NP" --gloo \
   python -u jobs/train.py --data "$OUT/etl" --output "$OUT/train" --weights "$WEIGHTS" \
     --epochs 30 --batch-size 8 --patience 3 --cache-dir "$OUT/cache" --overwrite "${VERBOSE_FLAG[@]}" 2>&1 \
-  | grep --line-buffered -v -e '^\[[0-9]*\]<stderr>:  ' -e 'is slow compared to the batch time'
+  | grep --line-buffered -v "${NOISE[@]}"
 
 python - "$OUT/train/metrics.json" <<'PY'
 import json, os, sys
