@@ -79,6 +79,8 @@ def test_the_venv_has_every_locked_version():
         assert version(package) == wanted, (active.name, package)
 
 
+@pytest.mark.slow
+@pytest.mark.current  # starts processes that load TensorFlow: slow, and about the stack
 def test_mlflow_and_tensorflow_import_together_and_open_a_sqlite_store(tmp_path):
     """One fresh interpreter, as rank 0 of a tracked run: TensorFlow on the stack's protobuf (on
     mission MLflow's own range would take protobuf 5+, which TensorFlow 2.15 cannot import), then
@@ -103,6 +105,8 @@ def test_the_stack_is_detected_from_the_installed_tensorflow_without_importing_i
     assert out.stdout.split() == [stack.active().name, "False"], out.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.current  # starts processes that load TensorFlow: slow, and about the stack
 def test_a_process_that_imported_tensorflow_first_is_refused_on_the_current_stack():
     """TF_USE_LEGACY_KERAS must be set before ``tf.keras`` is first used (TF 2.21 reads it then): our
     Keras module refuses a process where it was not (tf.keras is Keras 3 there); on 2.15 there is
@@ -117,6 +121,8 @@ def test_a_process_that_imported_tensorflow_first_is_refused_on_the_current_stac
         assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.current  # starts processes that load TensorFlow: slow, and about the stack
 def test_import_pipelines_sets_the_keras_variable_for_the_installed_stack():
     """Set on current (before TensorFlow), removed on mission, where TF 2.15 reads it too and
     ``tf.keras`` then fails to import (tf_keras is not installed there): even a user's own setting."""

@@ -176,6 +176,7 @@ def test_the_notebooks_refuse_before_any_rank_too(offline_here, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # a horovodrun job
 def test_the_ranks_find_the_file_where_the_launcher_put_it(tmp_path, refused_port):
     """The launcher's fetch (no TensorFlow) and a rank's Keras (get_file, as Xception calls it)
     agree on the file: with the network refused, Keras returns our file instead of downloading."""

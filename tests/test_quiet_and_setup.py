@@ -66,6 +66,8 @@ IMPORT_TF = ("import sys; from pipelines.quiet import quiet_by_default; quiet_by
              "import tensorflow as tf; tf.constant(1.0) + 1; print('ok')")
 
 
+@pytest.mark.slow
+@pytest.mark.current  # starts processes that load TensorFlow: slow, and about the stack
 def test_tensorflow_is_quiet_by_default_and_verbose_on_request():
     quiet = run_python(IMPORT_TF)
     assert quiet.returncode == 0 and not TF_NOISE.search(quiet.stderr), quiet.stderr
@@ -73,6 +75,8 @@ def test_tensorflow_is_quiet_by_default_and_verbose_on_request():
     assert verbose.returncode == 0 and TF_NOISE.search(verbose.stderr), verbose.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.current  # starts processes that load TensorFlow: slow, and about the stack
 def test_horovod_check_build_shows_the_build_only():
     """Horovod was built with TensorFlow and Gloo, and the set-up's check says so without TensorFlow's
     noise (horovodrun's processes load TensorFlow without our import filter: the script keeps the table)."""
