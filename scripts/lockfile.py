@@ -67,7 +67,7 @@ def blocks(text: str) -> Dict[str, List[str]]:
     current = None
     for line in text.splitlines():
         if line and not line[0].isspace() and not line.startswith("#"):
-            name = normalize(re.split(r"[=<>!~\[; ]", line, 1)[0].strip())
+            name = normalize(re.split(r"[=<>!~\[; ]", line, maxsplit=1)[0].strip())
             current = found.setdefault(name, [])
         elif not line.strip() or (line.startswith("#") and current is not None and not line.startswith("    ")):
             current = None
