@@ -241,7 +241,8 @@ def test_exact_test_metric_equals_a_single_process_evaluation(full_run, test_spl
     assert test["loss"] == pytest.approx(loss, rel=1e-4)
 
 
-HISTORY_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "lr", "epoch_seconds", "train_images_per_second")
+HISTORY_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "lr", "epoch_seconds", "train_images_per_second",
+                   "step_ms")
 RUN_ARTIFACTS = {"metrics.json", "history.csv", "class_names.json", "model.json", "curves.png", "confusion.png",
                  "top_confusions.png", "contact_sheet.png", "model", "data"}
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import statistics
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from pipelines.kerasapi import keras
 
@@ -51,10 +52,16 @@ class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
 
 
 class EpochStats(keras.callbacks.Callback):
-    """Adds ``lr``, ``epoch_seconds`` and ``train_images_per_second`` to each epoch's logs.
+    """Adds ``lr``, ``epoch_seconds``, ``train_images_per_second``, ``step_ms`` and, under mixed
+    precision, ``loss_scale`` to each epoch's logs.
 
     ``train_images_per_second`` counts the global batch of every training step (all ranks), over
-    the training part of the epoch only (validation excluded).
+    the training part of the epoch only (validation excluded). ``step_ms`` is the median wall time of
+    one training step in milliseconds, from the start of one step to the start of the next (the last
+    ends where validation starts): input, compute and allreduce together, the figure the scaling
+    model is fitted to (docs/scaling-model.md). ``loss_scale`` is the dynamic loss scale at the
+    epoch's end (Keras' ``LossScaleOptimizer``; absent in float32): a scale that keeps falling means
+    float16 gradients overflow.
     """
 
     def __init__(self, steps_per_epoch: int, global_batch: int):
@@ -62,10 +69,15 @@ class EpochStats(keras.callbacks.Callback):
         self.images = steps_per_epoch * global_batch
         self.epochs_run = 0
         self._start = self._train_end = 0.0
+        self._step_starts: List[float] = []
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start = time.perf_counter()
         self._train_end = 0.0
+        self._step_starts = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._step_starts.append(time.perf_counter())
 
     def on_test_begin(self, logs=None):
         if not self._train_end:
@@ -74,10 +86,32 @@ class EpochStats(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         end = time.perf_counter()
         self.epochs_run += 1
-        train_seconds = (self._train_end or end) - self._start
+        train_end = self._train_end or end
+        train_seconds = train_end - self._start
         logs["lr"] = float(keras.backend.get_value(self.model.optimizer.lr))
         logs["epoch_seconds"] = end - self._start
         logs["train_images_per_second"] = self.images / train_seconds if train_seconds > 0 else 0.0
+        logs["step_ms"] = 1000.0 * step_seconds(self._step_starts, train_end)
+        scale = loss_scale(self.model.optimizer)
+        if scale is not None:
+            logs["loss_scale"] = scale
+
+
+def step_seconds(starts: Sequence[float], end: float) -> float:
+    """Median seconds per step from the steps' start times (seconds, increasing) and the end of the
+    last step; 0.0 without steps."""
+    if not starts:
+        return 0.0
+    bounds = list(starts) + [end]
+    return statistics.median(b - a for a, b in zip(bounds, bounds[1:]))
+
+
+def loss_scale(optimizer) -> Optional[float]:
+    """The current loss scale of a Keras 2 ``LossScaleOptimizer`` (``None`` for any other optimizer)."""
+    scale = getattr(optimizer, "loss_scale", None)
+    if scale is None or not hasattr(optimizer, "inner_optimizer"):
+        return None
+    return float(keras.backend.get_value(scale))
 
 
 class CheckpointMarker(keras.callbacks.Callback):
