@@ -97,7 +97,7 @@ def ceiling(data, config, batches) -> float:
     images = np.frombuffer(b"".join(table.column("image").to_pylist()), np.uint8).reshape(
         -1, data.image_size, data.image_size, 3)
     labels = np.asarray(table.column("label").to_pylist(), np.int32)
-    memory = batched(tf.data.Dataset.from_tensor_slices((images, labels)), config.batch_size, data.image_size,
+    memory = batched(tf.data.Dataset.from_tensor_slices((images, labels)), config.batch_size,
                      shuffle_buffer=config.shuffle_buffer)
     consume(memory, batches)  # warm-up of the same graph
     return batches * config.batch_size / consume(memory, batches)
