@@ -58,8 +58,8 @@ def run_once(path: str, extra: dict, seed: int, base, np: int, work: str) -> dic
     config = dataclasses.replace(base, output=out, seed=seed, **extra)
     # The feature path pays for its features: this weights file's and size's set is computed anew.
     stored = load_dataset(config.data, np, config.storage_options).image_size
-    key = feature_key(config.weights, config.model_size(stored), seed, config.backbone, "float32",  # no --mixed-precision
-                      input_tag(MODEL_INPUT_DTYPE, stored))
+    key = feature_key(config.weights, config.model_size(stored), seed, config.backbone,
+                      "float32", input_tag(MODEL_INPUT_DTYPE, stored))  # float32: no --mixed-precision here
     feature_dir(config.data, key, config.storage_options).delete()
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()
