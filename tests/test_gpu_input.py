@@ -188,9 +188,8 @@ MAIN = ("import runpy, sys; sys.argv = ['jobs/train.py', *sys.argv[1:]]\n"
         "finally:\n    print('tensorflow loaded:', 'tensorflow' in sys.modules)\n")
 
 
-@pytest.mark.parametrize("value", ["maybe", "ON", "1", ""])
 @pytest.mark.parametrize("launch", [[], ["--spark-np", "-2"]])
-def test_an_unknown_xla_value_exits_2_in_one_line_before_any_rank(tmp_path, value, launch):
+def test_an_unknown_xla_value_exits_2_in_one_line_before_any_rank(tmp_path, launch, value="maybe"):
     """Alone, and launching 2 local ranks: exit 2, one line naming the value and the choices,
     TensorFlow never loaded, no rank started (no rank logs)."""
     data = str(tmp_path / "data")
@@ -203,6 +202,17 @@ def test_an_unknown_xla_value_exits_2_in_one_line_before_any_rank(tmp_path, valu
     assert proc.stderr.strip() == f"train.py: error: --xla {value}: choose one of off, on", proc.stderr
     assert proc.stdout.strip() == "tensorflow loaded: False"
     assert not out.exists()
+
+
+@pytest.mark.parametrize("value", ["ON", "1", "", "true"])
+def test_every_other_xla_value_is_refused_with_exit_2(value, capsys):
+    from pipelines.config import parse_configs
+    from pipelines.launch.config import LaunchConfig
+    from pipelines.training.config import TrainConfig
+    with pytest.raises(SystemExit) as info:
+        parse_configs((TrainConfig, LaunchConfig), ["--data", "d", "--output", "o", "--xla", value])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(f"error: --xla {value}: choose one of off, on")
 
 
 def test_xla_is_off_unless_asked_for():
