@@ -137,9 +137,10 @@ for xla in (False, True):
     m.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     weights[xla] = m.get_weights()
     if xla:
+        jit = m.train_step.forward._jit_compile  # tf.function's own record of jit_compile=True
         hlo = m.train_step.forward.experimental_get_compiler_ir(x)(stage="hlo")
 print(json.dumps({"max_difference": max(float(np.abs(a - b).max()) for a, b in zip(weights[False], weights[True])),
-                  "hlo": "HloModule" in hlo and "convolution" in hlo}))
+                  "jit": jit, "hlo": "HloModule" in hlo and "convolution" in hlo}))
 """
 
 
@@ -152,7 +153,7 @@ def test_xla_compiles_the_models_pass_and_trains_the_steps_keras_trains():
                           env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["hlo"] and result["max_difference"] < 1e-5, result
+    assert result["jit"] is True and result["hlo"] and result["max_difference"] < 1e-5, result
 
 
 def train_job(data, out, *args):
