@@ -4,7 +4,8 @@ memory (``tf.data.Dataset.from_tensor_slices``), measured in one run, for each E
 of a sweep (``--row-group-mb 1,4,16,32``).
 
 Every path ends in training's own tail (:func:`pipelines.training.data.batched`: shuffle, batch,
-preprocess each batch, prefetch), the in-memory ceiling too, and each is timed over one epoch of
+prefetch; uint8 batches, which the model casts and preprocesses on its device), the in-memory
+ceiling too, and each is timed over one epoch of
 the train split (``train_rows // batch`` batches), consuming the tensors as training would. No
 model runs: this is the ceiling the data path puts on training. Each reader is also timed alone
 (no tf.data: its row groups pulled and copied once), cold and warm: the reader's own cost. Both readers cache row groups in
@@ -97,7 +98,7 @@ def ceiling(data, config, batches) -> float:
     images = np.frombuffer(b"".join(table.column("image").to_pylist()), np.uint8).reshape(
         -1, data.image_size, data.image_size, 3)
     labels = np.asarray(table.column("label").to_pylist(), np.int32)
-    memory = batched(tf.data.Dataset.from_tensor_slices((images, labels)), config.batch_size, data.image_size,
+    memory = batched(tf.data.Dataset.from_tensor_slices((images, labels)), config.batch_size,
                      shuffle_buffer=config.shuffle_buffer)
     consume(memory, batches)  # warm-up of the same graph
     return batches * config.batch_size / consume(memory, batches)

@@ -237,9 +237,9 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
             name = f"np{size}-b{batch_size}{'-fp16' if fp16 else ''}"
             keras.backend.clear_session()
             model = build_model(dataset.num_classes, size_px, config.dropout, config.weights, seed=seed,
-                                backbone=config.backbone)
+                                backbone=config.backbone, stored_size=dataset.image_size)
             unfreeze(model, config.backbone, config.fine_tune_blocks)
-            compile_distributed(model, scaled_lr(config.base_lr, size), fp16)
+            compile_distributed(model, scaled_lr(config.base_lr, size), fp16, config.xla_on)
             timeline = os.path.join(timeline_dir, f"{name}.json") if timeline_dir else None
             window = Window(timeline)
             inputs = ImageInputs(dataclasses.replace(config, batch_size=batch_size), dataset, rank, size,

@@ -50,15 +50,17 @@ def run_once(path: str, extra: dict, seed: int, base, np: int, work: str) -> dic
     seed and ``extra`` settings; returns its row of figures."""
     from pipelines.launch import HorovodRunner
     from pipelines.training.data import load_dataset
-    from pipelines.training.features import feature_dir, feature_key
+    from pipelines.contract import MODEL_INPUT_DTYPE
+    from pipelines.training.features import feature_dir, feature_key, input_tag
     from pipelines.training.train import run_training
 
     out = os.path.join(work, f"{path.replace(' ', '-')}-seed{seed}")
     config = dataclasses.replace(base, output=out, seed=seed, **extra)
     # The feature path pays for its features: this weights file's and size's set is computed anew.
-    image_size = config.model_size(load_dataset(config.data, np, config.storage_options).image_size)
-    feature_dir(config.data, feature_key(config.weights, image_size, seed, config.backbone),
-                config.storage_options).delete()
+    stored = load_dataset(config.data, np, config.storage_options).image_size
+    key = feature_key(config.weights, config.model_size(stored), seed, config.backbone,
+                      "float32", input_tag(MODEL_INPUT_DTYPE, stored))  # float32: no --mixed-precision here
+    feature_dir(config.data, key, config.storage_options).delete()
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()
     report = HorovodRunner(np=-np).run(run_training, config=config)

@@ -61,8 +61,10 @@ def test_tf_dataset_and_feature_rows_are_exact(data):
     from pipelines.kerasapi import keras
 
     from pipelines.training.features import compute_shard
+    from pipelines.training.model import preprocessing
 
-    backbone = keras.Sequential([keras.Input((4, 4, 3)), keras.layers.GlobalAveragePooling2D()])
+    image = keras.Input((4, 4, 3), dtype="uint8")  # the uint8 batches, preprocessed by the model's own layers
+    backbone = keras.Model(image, keras.layers.GlobalAveragePooling2D()(preprocessing(image, 4, 4)))
     for _ in range(5):  # tf.data adds no reading of its own: a few passes show it drops nothing
         for split, ids in (("train", range(0, 21)), ("test", range(21, 40))):
             got = []
@@ -78,24 +80,22 @@ def test_tf_dataset_and_feature_rows_are_exact(data):
 
 
 @pytest.mark.parametrize("reader", READERS)
-@pytest.mark.parametrize("model_size", [0, 6])
-def test_the_training_pipeline_keeps_every_image_with_its_label(data, tmp_path, model_size, reader):
+def test_the_training_pipeline_keeps_every_image_with_its_label(data, tmp_path, reader):
     """Training's input (a looping reader, each of both -> row groups -> shuffle -> batch ->
-    preprocessing per batch): full batches of float32, each image's pixels still those of its
-    own row (row id = label), every row of the split delivered."""
+    prefetch): full batches of the stored uint8 images, unconverted (the model casts and
+    preprocesses), each image's pixels still those of its own row (row id = label), every row of
+    the split delivered."""
     import tensorflow as tf
 
     from pipelines.training.data import make_dataset, open_reader
 
     with open_reader(data, "train", 0, 1, str(tmp_path / "cache"), reader=reader) as opened:
-        ds = make_dataset(opened, 4, batch_size=5, model_size=model_size, shuffle_buffer=8, seed=1)
+        ds = make_dataset(opened, 4, batch_size=5, shuffle_buffer=8, seed=1)
         seen = Counter()
         for images, labels in ds.take(40):  # 200 rows: over 9 passes of the 21
-            size = model_size or 4
-            assert images.dtype == tf.float32 and images.shape == (5, size, size, 3) and labels.dtype == tf.int32
-            expected = (labels.numpy() % 256) / 127.5 - 1  # preprocess_input of the row's constant pixel value
-            np.testing.assert_allclose(images.numpy(), np.broadcast_to(expected[:, None, None, None], images.shape),
-                                       atol=1e-5)
+            assert images.dtype == tf.uint8 and images.shape == (5, 4, 4, 3) and labels.dtype == tf.int32
+            expected = (labels.numpy() % 256).astype(np.uint8)  # the row's constant pixel value
+            np.testing.assert_array_equal(images.numpy(), np.broadcast_to(expected[:, None, None, None], images.shape))
             seen.update(labels.numpy().tolist())
     assert set(seen) == set(range(21))
 

@@ -10,19 +10,22 @@ import tensorflow as tf
 from pipelines import report as pictures
 from pipelines.kerasapi import keras
 from pipelines.training.checkpoints import frozen_checksum, load_checkpoint, optimizer_state, save_checkpoint
-from pipelines.training.data import preprocessor
 from pipelines.training.evaluate import add, batch_totals
-from pipelines.training.model import build_model, export_model
+from pipelines.training.model import backbone_of, build_model, export_model, feature_extractor
 
 SIZE = 71  # Xception's smallest input
 
 
-@pytest.fixture(scope="module")
-def model():
-    m = build_model(3, SIZE, weights="none", seed=1)
+def build(stored=SIZE, seed=1):
+    m = build_model(3, SIZE, weights="none", seed=seed, stored_size=stored)
     m.get_layer("head").set_weights([np.random.default_rng(0).normal(0, 0.05, (2048, 3)).astype(np.float32),
                                      np.zeros(3, np.float32)])
     return m
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build()
 
 
 def raw_images(n, size, seed=0):
@@ -30,7 +33,11 @@ def raw_images(n, size, seed=0):
 
 
 @pytest.mark.parametrize("stored", [SIZE, 90])
-def test_exported_model_takes_the_etls_uint8_image(model, tmp_path, stored):
+def test_exported_model_takes_the_etls_uint8_image(tmp_path, stored):
+    """The model trained, evaluated and exported is one: uint8 stored images in, preprocessing
+    (bilinear resizing to the backbone's size, then x / 127.5 - 1) inside it."""
+    model = build(stored)
+    assert model.input.dtype == tf.uint8 and tuple(model.input_shape) == (None, stored, stored, 3)
     path = str(tmp_path / "model.keras")
     export_model(model, path, stored, ["a", "b", "c"])
     exported = keras.models.load_model(path)
@@ -40,16 +47,22 @@ def test_exported_model_takes_the_etls_uint8_image(model, tmp_path, stored):
     assert contract["input"]["shape"] == [None, stored, stored, 3] and contract["class_names"] == ["a", "b", "c"]
     assert contract["model_image_size"] == SIZE
     images = raw_images(6, stored)
-    # what the trained model takes, computed here, not by the code's own preprocessor: bilinear
+    # what the backbone takes, computed here, not by the code's own preprocessing: bilinear
     # resizing (half-pixel centres, as TensorFlow 2's tf.image.resize) in numpy, then x / 127.5 - 1
-    trained_view = (bilinear(images, SIZE) / 127.5 - 1).astype(np.float32)
-    assert trained_view.min() >= -1 and trained_view.max() <= 1
-    expected = model.predict(trained_view, verbose=0)
+    backbone_view = (bilinear(images, SIZE) / 127.5 - 1).astype(np.float32)
+    assert backbone_view.min() >= -1 and backbone_view.max() <= 1
+    features = backbone_of(model)(backbone_view, training=False)
+    expected = model.get_layer("head")(model.get_layer("dropout")(features, training=False)).numpy()
+    np.testing.assert_allclose(model.predict(images, verbose=0), expected, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(exported.predict(images, verbose=0), expected, rtol=1e-4, atol=1e-6)
-    # and training's input pipeline feeds the model the same values
-    prep = preprocessor(stored, SIZE)
-    np.testing.assert_allclose(np.stack([prep(tf.constant(im), 0)[0].numpy() for im in images]), trained_view,
-                               atol=1e-4)
+    # the feature cache's extractor is the same preprocessing and backbone
+    np.testing.assert_allclose(feature_extractor(model)(images).numpy(), features.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_is_exported_only_for_the_images_it_takes(model, tmp_path):
+    with pytest.raises(ValueError, match="the model takes 71 px images, not the data's 90 px"):
+        export_model(model, str(tmp_path / "model.keras"), 90, ["a", "b", "c"])
+    assert not (tmp_path / "model.keras").exists()
 
 
 def bilinear(images, size):
@@ -70,7 +83,7 @@ def test_checkpoint_holds_what_training_changes_and_is_small(model, tmp_path):
     m = keras.models.clone_model(model)
     m.set_weights(model.get_weights())
     m.compile(optimizer=keras.optimizers.Nadam(0.01), loss="sparse_categorical_crossentropy")
-    m.fit(raw_images(8, SIZE).astype(np.float32) / 127.5 - 1, np.arange(8) % 3, epochs=1, verbose=0)
+    m.fit(raw_images(8, SIZE), np.arange(8) % 3, epochs=1, verbose=0)
     path = str(tmp_path / "checkpoint-1.npz")
     size = save_checkpoint(m, path)
     assert size == os.path.getsize(path) < 1_000_000  # the frozen backbone alone is 84 MB
@@ -89,7 +102,7 @@ def test_checkpoint_holds_what_training_changes_and_is_small(model, tmp_path):
 
 
 def test_frozen_checksum_tells_backbones_apart(model):
-    other = build_model(3, SIZE, weights="none", seed=2)
+    other = build(seed=2)
     assert frozen_checksum(other) != frozen_checksum(model)
 
 

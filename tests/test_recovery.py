@@ -142,7 +142,7 @@ def _train_save_restore_continue(directory):
     from pipelines.training.model import build_model, compile_distributed
     hvd.init()
     rng = np.random.default_rng(0)
-    x, y = rng.uniform(-1, 1, (8, 32, 32, 3)).astype(np.float32), np.arange(8) % 3
+    x, y = rng.integers(0, 256, (8, 32, 32, 3), dtype=np.uint8), np.arange(8) % 3  # the model's uint8 input
 
     def model():
         keras.utils.set_random_seed(1)

@@ -168,7 +168,7 @@ def test_a_mixed_precision_model_is_exported_computing_in_float32(tmp_path, mixe
     images = rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
     reference = tiny()  # the same weights, built and computed in float32
     reference.set_weights(model.get_weights())
-    expected = reference.predict(images.astype(np.float32) / 127.5 - 1, verbose=0)
+    expected = reference.predict(images, verbose=0)
     np.testing.assert_allclose(loaded.predict(images, verbose=0), expected, rtol=1e-5, atol=1e-6)
     assert loaded.predict(images, verbose=0).dtype == np.float32
 
@@ -183,7 +183,7 @@ def test_a_checkpoint_carries_the_loss_scale_of_mixed_precision(tmp_path, mixed_
         return m
 
     first = compiled()
-    first.fit(np.zeros((4, 32, 32, 3), np.float32), np.arange(4) % 3, batch_size=4, epochs=2, verbose=0)
+    first.fit(np.zeros((4, 32, 32, 3), np.uint8), np.arange(4) % 3, batch_size=4, epochs=2, verbose=0)
     scale = first.optimizer._loss_scale
     scale._current_loss_scale.assign(1024.0)  # as after overflows halved it
     scale._counter.assign(17)
@@ -199,13 +199,18 @@ def test_a_checkpoint_carries_the_loss_scale_of_mixed_precision(tmp_path, mixed_
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-def test_the_feature_cache_is_keyed_by_the_backbones_compute_dtype():
+def test_the_feature_cache_is_keyed_by_the_backbones_compute_dtype_and_the_models_input():
     from pipelines.training.features import feature_key
-    float32 = feature_key("none", 71, 42, "tiny")
-    # the key a float32 run had before precision was part of it: cached features stay reusable
-    assert float32 == hashlib.sha256(b"tiny-avg:random-42:71").hexdigest()[:16]
-    assert feature_key("none", 71, 42, "tiny", "float32") == float32
-    assert feature_key("none", 71, 42, "tiny", "float16") != float32
+    from pipelines.training.model import model_input
+    uint8 = model_input(tiny(size=71))
+    assert uint8 == "uint8-71"
+    float32 = feature_key("none", 71, 42, "tiny", "float32", uint8)
+    assert feature_key("none", 71, 42, "tiny", "float16", uint8) != float32
+    # features computed before the model took uint8 (float32 images preprocessed on the CPU) had this
+    # key: never reused for these
+    assert float32 != hashlib.sha256(b"tiny-avg:random-42:71").hexdigest()[:16]
+    assert feature_key("none", 71, 42, "tiny", "float32", "float32-71") != float32
+    assert feature_key("none", 71, 42, "tiny", "float32", "uint8-90") != float32  # other stored images
 
 
 def test_the_training_config_imports_no_job_module_back():

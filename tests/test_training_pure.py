@@ -158,11 +158,13 @@ def test_feature_key_follows_weights_size_seed_and_backbone(tmp_path):
     w1, w2 = tmp_path / "a.h5", tmp_path / "b.h5"
     w1.write_bytes(b"weights one")
     w2.write_bytes(b"weights two")
-    keys = {feature_key(str(w1), 299, 0), feature_key(str(w2), 299, 0), feature_key(str(w1), 160, 0),
-            feature_key("none", 299, 0), feature_key("none", 299, 1), feature_key("imagenet", 299, 0),
-            feature_key("none", 299, 0, "tiny")}
+    def key(weights, size, seed, backbone="xception"):
+        return feature_key(weights, size, seed, backbone, "float32", "uint8-299")
+
+    keys = {key(str(w1), 299, 0), key(str(w2), 299, 0), key(str(w1), 160, 0), key("none", 299, 0),
+            key("none", 299, 1), key("imagenet", 299, 0), key("none", 299, 0, "tiny")}
     assert len(keys) == 7
-    assert feature_key(str(w1), 299, 5) == feature_key(str(w1), 299, 0)  # the seed matters only for random weights
+    assert key(str(w1), 299, 5) == key(str(w1), 299, 0)  # the seed matters only for random weights
 
 
 def test_feature_shards_round_trip_and_reshard(tmp_path):
@@ -196,7 +198,7 @@ def test_the_tiny_backbone_is_a_small_frozen_feature_extractor():
     assert backbone.name == "tiny" and backbone.output_shape == (None, 32) and not backbone.trainable
     # two 3x3 convolutions (3->16, 16->32 channels) and their batch norms (4 weights per channel)
     assert model.output_shape == (None, 5) and model.count_params() == 5088 + 4 * (16 + 32) + 32 * 5 + 5
-    assert model.predict(np.zeros((2, 8, 8, 3), np.float32), verbose=0).shape == (2, 5)
+    assert model.predict(np.zeros((2, 8, 8, 3), np.uint8), verbose=0).shape == (2, 5)
 
 
 # --- fine-tuning: which layers, which learning rate, which refusals ------------------------------

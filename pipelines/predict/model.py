@@ -25,8 +25,10 @@ model config holds no ``Lambda`` layer. Each file is copied into a private tempo
 checked and loaded from there, so the bytes checked are the bytes loaded.
 
 Every model must take the ETL's image, uint8 RGB ``(batch, S, S, 3)``, preprocessing inside its
-graph, and return ``(batch, len(class_names))`` probabilities; :func:`check_loaded` checks it
-where the model is loaded.
+graph (the contract: :data:`pipelines.contract.MODEL_INPUT_DTYPE`), and return ``(batch,
+len(class_names))`` probabilities; :func:`check_loaded` checks it where the model is loaded. Batch
+inference sends the decoded uint8 image as it is (:func:`pipelines.predict.infer.predict_columns`)
+and preprocesses nothing itself.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from pipelines.contract import MODEL_CONTRACT as CONTRACT_FILE, MODEL_FILE, MODEL_SHA256 as HASH_KEY
+from pipelines.contract import MODEL_CONTRACT as CONTRACT_FILE, MODEL_FILE, MODEL_INPUT_DTYPE, MODEL_SHA256 as HASH_KEY
 from pipelines.logs import plural
 from pipelines.predict.config import is_mlflow_uri
 from pipelines.redact import redact_text
@@ -227,9 +229,10 @@ def check_loaded(model, image_size: int, num_classes: int) -> None:
     """
     dtype = getattr(model.inputs[0].dtype, "name", str(model.inputs[0].dtype))
     shape, out = tuple(model.input_shape), tuple(model.output_shape)
-    if dtype != "uint8" or shape[1:] != (image_size, image_size, 3):
-        raise ModelContractError(f"the model takes {dtype} {shape}, not the ETL's uint8 (None, {image_size}, "
-                                 f"{image_size}, 3) images: export it with pipelines.training.model.export_model")
+    if dtype != MODEL_INPUT_DTYPE or shape[1:] != (image_size, image_size, 3):
+        raise ModelContractError(f"the model takes {dtype} {shape}, not the ETL's {MODEL_INPUT_DTYPE} (None, "
+                                 f"{image_size}, {image_size}, 3) images: export it with "
+                                 "pipelines.training.model.export_model")
     if out[1:] != (num_classes,):
         raise ModelContractError(f"the model returns {out}, not one probability per class name "
                                  f"({plural(num_classes, 'name')})")
@@ -264,9 +267,10 @@ def read_contract(model_file: str) -> Tuple[int, List[Optional[str]], str]:
         contract = json.load(f)
     spec = contract.get("input", {}) if isinstance(contract, dict) else {}
     shape = spec.get("shape")
-    if spec.get("dtype") != "uint8" or not (isinstance(shape, list) and len(shape) == 4 and shape[3] == 3
+    if spec.get("dtype") != MODEL_INPUT_DTYPE or not (isinstance(shape, list) and len(shape) == 4 and shape[3] == 3
                                             and shape[1] == shape[2] and isinstance(shape[1], int)):
-        raise ModelContractError(f"{path}: the input must be uint8 [null, S, S, 3], got {spec.get('dtype')} {shape}")
+        raise ModelContractError(f"{path}: the input must be {MODEL_INPUT_DTYPE} [null, S, S, 3], got "
+                                 f"{spec.get('dtype')} {shape}")
     names = contract.get("class_names")
     if not isinstance(names, list) or not names:
         raise ModelContractError(f"{path}: no class_names")

@@ -12,6 +12,9 @@ from pipelines.storage import check_not_root, is_local
 from pipelines.training.finetune import KERAS_GUIDE_LR_FACTOR
 
 
+XLA_CHOICES = ("off", "on")  # --xla
+
+
 @dataclass
 class TrainConfig:
     """Horovod + Petastorm + Keras Xception transfer learning on the ETL's Parquet output."""
@@ -73,6 +76,9 @@ class TrainConfig:
     mixed_precision: bool = field(False, help="Keras' mixed_float16 policy on a GPU (float16 compute, float32 "
                                               "weights and softmax, loss scaling); on a CPU it is not used (rank 0 "
                                               "says so once)")
+    xla: str = field("off", help="on: the model's forward and backward pass compiled by XLA "
+                                 "(tf.function(jit_compile=True); Horovod's allreduce and the update stay "
+                                 "TensorFlow ops: pipelines/training/model.py, xla_train_step); off: not (default)")
     tracking: Optional[bool] = field(None, help=trk.HELP["tracking"] + "; rank 0 logs one run per job")
     tracking_uri: str = field("", help=trk.HELP["tracking_uri"])
     experiment: str = field("pipelines-train", help=trk.HELP["experiment"])
@@ -85,6 +91,11 @@ class TrainConfig:
     def fine_tune_max_epochs(self) -> int:
         """Maximum epochs of the fine-tuning phase: ``--fine-tune-epochs``, or ``--epochs``."""
         return self.fine_tune_epochs or self.epochs
+
+    @property
+    def xla_on(self) -> bool:
+        """Whether ``--xla on``: the model's pass compiled by XLA."""
+        return self.xla == "on"
 
     def model_size(self, stored_size: int) -> int:
         """Side of the model's input in pixels: ``--image-size``, or the stored images' size."""
@@ -104,6 +115,8 @@ class TrainConfig:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.warmup_epochs < 0 or self.patience < 0 or self.image_size < 0:
             raise ValueError("--warmup-epochs, --patience and --image-size must be >= 0")
+        if self.xla not in XLA_CHOICES:
+            raise ValueError(f"--xla {self.xla}: choose one of {', '.join(XLA_CHOICES)}")
         if self.resume and self.overwrite:
             raise ValueError("--resume continues the run in --output, --overwrite replaces it: give one of them")
         from pipelines.training.data import check_reader

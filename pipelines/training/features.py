@@ -4,7 +4,8 @@ With a frozen backbone called with ``training=False`` and no per-epoch augmentat
 backbone's output for an image never changes, yet the article's training recomputes it for every
 image in every epoch. Here each rank computes the features of its Petastorm shard of each split
 once, writes them as Parquet under ``DATA/features/<key>/<split>/part-rank<r>.parquet`` (``key``
-depends on the weights, the image size, the backbone and its compute dtype), and training fits only the head
+depends on the weights, the image size, the backbone, its compute dtype and the model's input,
+:func:`feature_key`), and training fits only the head
 (dropout + dense) on them with the same Horovod machinery. A second run with the same key reuses
 them; other weights or another size get another key.
 
@@ -24,12 +25,15 @@ log = logging.getLogger("pipelines")
 COMPLETE = "_COMPLETE.json"
 
 
-def feature_key(weights: str, image_size: int, seed: int, backbone: str = "xception",
-                compute_dtype: str = "float32") -> str:
+def feature_key(weights: str, image_size: int, seed: int, backbone: str, compute_dtype: str,
+                model_input: str) -> str:
     """Identifier of a feature set: the backbone's weights (file content hash for a path; the
-    seed for random weights), the input size, the backbone and the dtype it computes in (``float16``
-    under ``mixed_float16``: other features than float32's), hashed to 16 hex digits. A float32 key
-    is the same as before precision was part of it."""
+    seed for random weights), the backbone's input size (``image_size``), the backbone, the dtype it
+    computes in (``float16`` under ``mixed_float16``: other features than float32's) and what the
+    model takes (``model_input``, :func:`input_tag`: ``uint8-299``, the
+    stored image's dtype and side; the preprocessing inside the model follows from it), hashed to
+    16 hex digits. Features computed before models took uint8 (float32 images preprocessed on the
+    CPU, keyed without ``model_input``) get other keys: never mixed with these."""
     model = f"{backbone}-avg" + ("" if compute_dtype == "float32" else f"-{compute_dtype}")
     if weights == "imagenet":
         source = "imagenet"
@@ -41,7 +45,12 @@ def feature_key(weights: str, image_size: int, seed: int, backbone: str = "xcept
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
         source = digest.hexdigest()
-    return hashlib.sha256(f"{model}:{source}:{image_size}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{model}:{source}:{image_size}:{model_input}".encode()).hexdigest()[:16]
+
+
+def input_tag(dtype: str, stored_size: int) -> str:
+    """What a model takes, as :func:`feature_key` keys it: its input's dtype and side (``uint8-299``)."""
+    return f"{dtype}-{stored_size}"
 
 
 def _location(directory):
@@ -97,15 +106,17 @@ def read_shard(directory, split: str, rank: int, world_size: int) -> Tuple[np.nd
     return features[rank::world_size].astype(np.float32), labels[rank::world_size]
 
 
-def compute_shard(backbone, dataset) -> Tuple[np.ndarray, np.ndarray]:
-    """Run the frozen backbone (``training=False``) over a finite dataset of (images, labels).
-    Returns float32 ``(n, feature_dim)`` and int32 ``(n,)``."""
+def compute_shard(extractor, dataset) -> Tuple[np.ndarray, np.ndarray]:
+    """Run the frozen feature extractor (``training=False``;
+    :func:`pipelines.training.model.feature_extractor`: uint8 images in, preprocessing and
+    backbone inside) over a finite dataset of (images, labels). Returns float32
+    ``(n, feature_dim)`` and int32 ``(n,)``."""
     features, labels = [], []
     for images, batch_labels in dataset:
-        features.append(backbone(images, training=False).numpy())
+        features.append(extractor(images, training=False).numpy())
         labels.append(batch_labels.numpy())
     if not features:
-        return np.zeros((0, backbone.output_shape[-1]), np.float32), np.zeros((0,), np.int32)
+        return np.zeros((0, extractor.output_shape[-1]), np.float32), np.zeros((0,), np.int32)
     return np.concatenate(features), np.concatenate(labels)
 
 

@@ -26,7 +26,7 @@ from pipelines.contract import SPLITS
 from pipelines.logs import plural
 from pipelines.training.config import TrainConfig
 from pipelines.training.data import Dataset, OnePassShard, make_dataset, open_reader, verify_total
-from pipelines.training.model import backbone_of
+from pipelines.training.model import backbone_of, feature_extractor, model_input
 
 log = logging.getLogger("pipelines")
 
@@ -48,9 +48,8 @@ class ImageInputs:
         c, data, training = self.config, self.data, split == "train"
         with open_reader(data, split, self.rank, self.size, cache_root, workers=c.reader_workers,
                          seed=c.seed + self.rank, reader=c.reader) as reader:
-            yield make_dataset(reader, data.image_size, c.batch_size, self.image_size,
-                               c.shuffle_buffer if training else 0, seed=c.seed + self.rank,
-                               augment=c.augment and training)
+            yield make_dataset(reader, data.image_size, c.batch_size, c.shuffle_buffer if training else 0,
+                               seed=c.seed + self.rank, augment=c.augment and training)
 
     @contextlib.contextmanager
     def fit_datasets(self, cache_root: str) -> Iterator[Tuple[object, None]]:
@@ -65,7 +64,7 @@ class ImageInputs:
         from pipelines.training.evaluate import evaluate_dataset
 
         shard = OnePassShard(self.data, "test", self.rank, self.size)
-        totals = evaluate_dataset(model, shard.dataset(self.config.batch_size, self.image_size))
+        totals = evaluate_dataset(model, shard.dataset(self.config.batch_size))
         shard.verify(totals.count)
         return totals
 
@@ -101,7 +100,8 @@ class FeatureInputs:
 
         c, data, rank = self.config, self.data, self.rank
         key = feat.feature_key(c.weights, self.image_size, c.seed, c.backbone,
-                               backbone_of(self.full_model).compute_dtype)  # float16 under mixed precision
+                               backbone_of(self.full_model).compute_dtype,  # float16 under mixed precision
+                               model_input(self.full_model))
         directory = feat.feature_dir(c.data, key, c.storage_options)
         if feat.is_complete(directory, {"train": data.train_rows, "test": data.test_rows}):
             if rank == 0:
@@ -111,11 +111,11 @@ class FeatureInputs:
             log.info("feature cache: computing backbone features into %s", directory)
             directory.delete()  # a run interrupted before completion
         hvd_tf.broadcast_object(None, root_rank=0, name="features_cleared")
-        backbone = backbone_of(self.full_model)
+        extractor = feature_extractor(self.full_model)  # uint8 in, preprocessing and backbone inside
         start, counts = time.perf_counter(), {}
         for split in SPLITS:
             shard = OnePassShard(data, split, rank, self.size)
-            features, labels = feat.compute_shard(backbone, shard.dataset(c.batch_size, self.image_size))
+            features, labels = feat.compute_shard(extractor, shard.dataset(c.batch_size))
             shard.verify(len(labels))
             feat.write_shard(directory, split, rank, features, labels)
             counts[split] = sum(hvd_tf.allgather_object(len(labels), name=f"feature_rows_{split}"))

@@ -73,27 +73,35 @@ def _build_backbone(name: str, image_size: int, weights: str):
 
 
 def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights: str = "imagenet",
-                seed: int = 0, backbone: str = "xception"):
-    """Transfer-learning model on a frozen backbone (:data:`BACKBONES`).
+                seed: int = 0, backbone: str = "xception", stored_size: int = 0):
+    """Transfer-learning model on a frozen backbone (:data:`BACKBONES`), taking the ETL's image.
 
-    ``Input (image_size, image_size, 3) float32 in [-1, 1]`` -> the backbone (for ``xception``:
+    ``Input (stored_size, stored_size, 3) uint8`` (:data:`pipelines.contract.MODEL_INPUT_DTYPE`: the
+    stored image as it is) -> :func:`preprocessing` on the model's device, in float32 (``Resizing``
+    to ``image_size`` when it differs, then ``x / 127.5 - 1``) -> the backbone (for ``xception``:
     ``Xception(include_top=False, pooling='avg')``), frozen and called with ``training=False`` (its
     batch-norm statistics stay ImageNet's, also when ``--fine-tune-blocks`` later unfreezes some of
     its layers) -> ``Dropout(dropout)`` -> ``Dense(num_classes, softmax)``, the head computing in
     float32 whatever the global dtype policy (under ``mixed_float16`` the softmax stays float32).
+    The same model is trained, evaluated, cached from (:func:`feature_extractor`) and exported
+    (:func:`export_model`): nothing outside it preprocesses.
 
     Args:
+        image_size: side of the backbone's input, pixels (``--image-size``, or the stored size).
+        stored_size: side of the stored images the model takes, pixels (0 = ``image_size``).
         weights: ``'imagenet'`` (Keras downloads them: needs internet), ``'none'`` (random), or the
             path of a no-top Xception weights file (e.g. from ``python -m pipelines.tools.weights``).
         backbone: a name in :data:`BACKBONES`; the backbone's layer in the model has that name.
 
     Returns:
-        an uncompiled ``tf.keras.Model`` with outputs of shape ``(batch, num_classes)``.
+        an uncompiled ``tf.keras.Model`` from uint8 ``(batch, stored_size, stored_size, 3)`` to
+        float32 ``(batch, num_classes)``.
 
     Raises:
         FileNotFoundError: a weights path that does not exist.
         ValueError: as :func:`check_backbone`.
     """
+    from pipelines.contract import MODEL_INPUT_DTYPE, MODEL_INPUT_NAME
     from pipelines.kerasapi import keras
 
     check_backbone(backbone, weights, image_size)
@@ -102,29 +110,67 @@ def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights
     keras.utils.set_random_seed(seed)
     base = _build_backbone(backbone, image_size, weights)
     base.trainable = False
-    inputs = keras.Input((image_size, image_size, 3), name="image")
-    features = base(inputs, training=False)
+    stored = stored_size or image_size
+    image = keras.Input((stored, stored, 3), dtype=MODEL_INPUT_DTYPE, name=MODEL_INPUT_NAME)
+    features = base(preprocessing(image, stored, image_size), training=False)
     x = keras.layers.Dropout(dropout, seed=seed, name="dropout")(features)
     outputs = keras.layers.Dense(num_classes, activation="softmax", name="head", dtype="float32")(x)
-    return keras.Model(inputs, outputs, name=f"{backbone}_transfer")
+    return keras.Model(image, outputs, name=f"{backbone}_transfer")
+
+
+def preprocessing(image, stored_size: int, model_size: int):
+    """The model's first layers, on the uint8 image ``(batch, s, s, 3)``: ``Resizing`` to
+    ``model_size`` (bilinear, half-pixel centres) when it differs from ``stored_size``, then
+    ``Rescaling`` by :data:`pipelines.contract.PREPROCESS_SCALE` and
+    :data:`~pipelines.contract.PREPROCESS_OFFSET` (Xception's ``preprocess_input``: ``x / 127.5 - 1``,
+    in [-1, 1]). Both cast uint8 to float32 themselves and compute in float32 whatever the global
+    policy (under ``mixed_float16`` the backbone's first layer casts to float16 after them).
+    They run where the model runs: on a GPU, a 299 px image crosses PCIe as its 268,203 uint8
+    bytes, not as 1,072,812 bytes of float32. No weights: checkpoints are unchanged by them."""
+    from pipelines.contract import PREPROCESS_OFFSET, PREPROCESS_SCALE
+    from pipelines.kerasapi import keras
+
+    x = image
+    if model_size != stored_size:
+        x = keras.layers.Resizing(model_size, model_size, interpolation="bilinear", name="resize",
+                                  dtype="float32")(x)
+    return keras.layers.Rescaling(PREPROCESS_SCALE, offset=PREPROCESS_OFFSET, name="xception_preprocess",
+                                  dtype="float32")(x)
+
+
+def feature_extractor(model):
+    """The part of a model from :func:`build_model` that the feature cache runs once: uint8 image ->
+    :func:`preprocessing` -> backbone -> pooled features ``(batch, feature_dim)`` (the dropout's
+    input), the same layers, not copies."""
+    from pipelines.kerasapi import keras
+
+    return keras.Model(model.input, model.get_layer("dropout").input, name=f"{model.name}_features")
+
+
+def model_input(model) -> str:
+    """What ``model`` takes, as the feature cache keys it: its input's dtype and side,
+    ``uint8-299`` for a model from :func:`build_model` on 299 px stored images."""
+    from pipelines.training.features import input_tag
+
+    return input_tag(model.inputs[0].dtype.name, model.input_shape[1])
 
 
 def backbone_of(model):
-    """The backbone layer of a model from :func:`build_model` (or :func:`inference_model`): the one
-    nested model in it."""
+    """The backbone layer of a model from :func:`build_model`: the one nested model in it."""
     from pipelines.kerasapi import keras
 
     return next(layer for layer in model.layers if isinstance(layer, keras.Model))
 
 
-def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = False) -> None:
+def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = False, xla: bool = False) -> None:
     """Compile for Horovod data-parallel training: ``Nadam(learning_rate)`` wrapped in
     ``hvd.DistributedOptimizer`` (gradients averaged over ranks by allreduce; with
     ``fp16_allreduce``, ``hvd.Compression.fp16``: float32 gradients cast to float16 for the
     allreduce, half the bytes, and back), sparse categorical cross-entropy on int32 labels,
     accuracy. ``learning_rate`` is already scaled by the world size
     (:func:`pipelines.training.schedule.scaled_lr`). Under a ``mixed_float16`` global policy Keras
-    wraps the optimizer in its ``LossScaleOptimizer`` itself. Needs ``hvd.init()`` first.
+    wraps the optimizer in its ``LossScaleOptimizer`` itself. With ``xla`` (``--xla on``), the
+    forward and backward pass are compiled by XLA (:func:`xla_train_step`). Needs ``hvd.init()`` first.
 
     Raises:
         pipelines.kerasapi.Keras3Error: ``model`` is not a Keras 2 model (before any step)."""
@@ -135,35 +181,50 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
     optimizer = distributed_optimizer(keras.optimizers.Nadam(learning_rate=learning_rate), model=model,
                                       compression=compression)
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    if xla:
+        model.train_step = xla_train_step(model)
+    else:
+        vars(model).pop("train_step", None)  # Keras' own again, should a model be recompiled without
 
 
-def inference_model(model, stored_size: int):
-    """The trained ``model`` behind its input contract: the ETL's image, uint8 RGB ``(stored_size,
-    stored_size, 3)`` with values 0-255, preprocessed inside the graph exactly as training's
-    input pipeline does (:func:`pipelines.training.data.preprocessor`): ``Resizing`` (bilinear) to
-    the model's size when it differs, then ``Rescaling(1/127.5, offset=-1)``, which is Xception's
-    ``preprocess_input`` (every backbone here takes [-1, 1]). The trained layers (the backbone,
-    ``dropout``, ``head``) are the same objects, not copies, and keep their names."""
-    from pipelines.kerasapi import keras
+def xla_train_step(model):
+    """Keras' ``train_step`` for ``model`` with its forward pass (and so its backward pass: the
+    gradient of a ``jit_compile`` function is compiled too) one XLA computation,
+    ``tf.function(jit_compile=True)``; the loss, Horovod's allreduce inside ``optimizer.minimize``
+    (and Keras' loss scaling under mixed precision) and the update stay TensorFlow ops.
 
-    size = model.input_shape[1]
-    image = keras.Input((stored_size, stored_size, 3), dtype="uint8", name="image")
-    x = keras.layers.Rescaling(1.0, name="to_float")(image)  # uint8 -> float32, values unchanged
-    if size != stored_size:
-        x = keras.layers.Resizing(size, size, interpolation="bilinear", name="resize")(x)
-    x = keras.layers.Rescaling(1 / 127.5, offset=-1.0, name="xception_preprocess")(x)
-    backbone = backbone_of(model)
-    for layer in model.layers[1:]:  # the trained model is a chain: input, backbone, dropout, head
-        x = layer(x, training=False) if layer is backbone else layer(x)
-    return keras.Model(image, x, name=f"{model.name}_on_uint8")
+    Why not ``model.compile(jit_compile=True)``: that compiles the whole step, allreduce included,
+    and ``HorovodAllreduce`` has no XLA kernel but on a GPU build of Horovod with
+    ``HOROVOD_ENABLE_XLA_OPS=1`` (Horovod's ``xla_mpi_ops.cc``); elsewhere the first step fails
+    ("tf2xla conversion failed", measured with Horovod 0.28.1 on the CPU, np 1). Horovod's XLA
+    guide names this split (XLA for the model, Horovod's ops left to TensorFlow) as the one that
+    works without its XLA ops."""
+    import tensorflow as tf
+
+    forward = tf.function(lambda images: model(images, training=True), jit_compile=True, reduce_retracing=True)
+
+    def train_step(data):
+        images, labels = data
+        with tf.GradientTape() as tape:
+            probabilities = forward(images)
+            loss = model.compute_loss(images, labels, probabilities)
+        model.optimizer.minimize(loss, model.trainable_variables, tape=tape)
+        return model.compute_metrics(images, labels, probabilities, None)
+
+    train_step.forward = forward  # for the tests: its compiler IR is XLA's
+    return train_step
 
 
 def input_contract(stored_size: int, model_size: int, class_names) -> dict:
-    """The exported model's contract (``model.json``): what it takes and what it returns."""
+    """The exported model's contract (``model.json``): what it takes
+    (:data:`pipelines.contract.MODEL_INPUT_DTYPE`, stated there) and what it returns."""
+    from pipelines.contract import MODEL_INPUT_DTYPE, MODEL_INPUT_NAME, MODEL_INPUT_RANGE
+
     return {
         "file": MODEL_FILE,
-        "input": {"name": "image", "dtype": "uint8", "shape": [None, stored_size, stored_size, 3],
-                  "layout": "NHWC", "channels": "RGB", "range": [0, 255],
+        "input": {"name": MODEL_INPUT_NAME, "dtype": MODEL_INPUT_DTYPE,
+                  "shape": [None, stored_size, stored_size, 3], "layout": "NHWC", "channels": "RGB",
+                  "range": list(MODEL_INPUT_RANGE),
                   "what": "the ETL's stored image as in the Parquet 'image' column: stored_size x "
                           "stored_size x 3 bytes, row-major, RGB"},
         "preprocessing": ("inside the model: "
@@ -178,26 +239,34 @@ def input_contract(stored_size: int, model_size: int, class_names) -> dict:
 
 
 def export_model(model, path: str, stored_size: int = 0, class_names=None):
-    """Save the model for inference, atomically: the trained layers behind the ETL-image input
-    contract (:func:`inference_model`; ``stored_size`` 0 = the model's own size), computing in
-    float32 whatever policy it trained under (:func:`float32_model`: a ``mixed_float16`` model
-    would make every CPU inference float16), architecture + weights, no optimizer (the saved model
-    is a new, uncompiled one: Horovod's wrapped optimizer is not serialisable). With
-    ``class_names``, also ``model.json`` beside it (:func:`input_contract`), holding the hex sha256
-    of the saved file's bytes under :data:`pipelines.contract.MODEL_SHA256`, which batch inference
-    checks before loading it.
+    """Save the model for inference, atomically: the trained model itself, which takes the ETL's
+    uint8 image and preprocesses inside (:func:`build_model`), as a new uncompiled model over the
+    same layers (Horovod's wrapped optimizer is not serialisable), computing in float32 whatever
+    policy it trained under (:func:`float32_model`: a ``mixed_float16`` model would make every CPU
+    inference float16), architecture + weights. With ``class_names``, also ``model.json`` beside it
+    (:func:`input_contract`), holding the hex sha256 of the saved file's bytes under
+    :data:`pipelines.contract.MODEL_SHA256`, which batch inference checks before loading it.
+
+    Args:
+        stored_size: the ETL's image size, checked against the model's input (0: not checked).
 
     Returns the exported model, in memory (what loading ``path`` gives back, without the seconds
-    that loading takes)."""
+    that loading takes).
+
+    Raises:
+        ValueError: the model does not take ``stored_size`` px images."""
     from pipelines.atomic import PUBLIC, replacing, write_json
     from pipelines.contract import MODEL_CONTRACT, MODEL_SHA256
+    from pipelines.kerasapi import keras
 
-    size = model.input_shape[1]
-    exported = float32_model(inference_model(model, stored_size or size))
+    stored, size = model.input_shape[1], backbone_of(model).input_shape[1]
+    if stored_size and stored_size != stored:
+        raise ValueError(f"the model takes {stored} px images, not the data's {stored_size} px")
+    exported = float32_model(keras.Model(model.input, model.output, name=model.name))
     with replacing(path, suffix=".keras", mode=PUBLIC) as tmp:
         exported.save(tmp)
     if class_names is not None:
-        contract = {**input_contract(stored_size or size, size, class_names), MODEL_SHA256: file_sha256(path)}
+        contract = {**input_contract(stored, size, class_names), MODEL_SHA256: file_sha256(path)}
         write_json(os.path.join(os.path.dirname(path), MODEL_CONTRACT), contract, mode=PUBLIC)
     return exported
 

@@ -388,9 +388,9 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     start = time.perf_counter()
     plan = plan_run(config, rank, run_id)
     full_model = build_model(plan.data.num_classes, plan.image_size, config.dropout, config.weights,
-                             seed=config.seed, backbone=config.backbone)
+                             seed=config.seed, backbone=config.backbone, stored_size=plan.data.image_size)
     inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.image_size)
-    compile_distributed(inputs.model, plan.lr, config.fp16_allreduce)
+    compile_distributed(inputs.model, plan.lr, config.fp16_allreduce, config.xla_on)
     frozen_sha256 = frozen_checksum(full_model)
     resume = restore(config, inputs.model, rank, frozen_sha256, plan.output_dir, plan.claim)
     with start_tracking(config, rank, plan, resume) as tracker:  # rank 0's MLflow run, ended on leaving
@@ -442,7 +442,7 @@ def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Res
     lr = phase2_lr(plan.lr, config.fine_tune_lr)
     model = _phase1_best(first, resume, rank, plan.output_dir)
     layers = unfreeze(model, config.backbone, config.fine_tune_blocks)
-    compile_distributed(model, lr, config.fp16_allreduce)
+    compile_distributed(model, lr, config.fp16_allreduce, config.xla_on)
     second = _phase2_resume(config, rank, model, resume, record, plan.output_dir)
     if rank.rank == 0:
         log.info("fine-tuning: top %s of %s unfrozen (%s with weights, %s), on images; lr %g = %g x %g; "
