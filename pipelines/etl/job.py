@@ -385,7 +385,9 @@ def _manifest(config: ETLConfig, the_plan: Plan, stats: Dict[str, SplitStats], w
         "layout": the_plan.layout,
         "classes_not_in_both_splits": _classes_not_in_both_splits(class_names, stats),
         "min_row_groups": config.min_row_groups,
-        "max_world_size": min(stats[s].row_groups for s in SPLITS),
+        # ranks shard the train split by row group; the test split by rows where they outnumber its
+        # row groups (pipelines.training.data.OnePassShard), so only the train split limits them
+        "max_world_size": stats[TRAIN].row_groups,
         "files": {
             "found": len(the_plan.files),
             "written": len(written),
@@ -555,7 +557,7 @@ def format_summary(manifest: dict) -> str:
         lines.append(f"  {split:5s}: {plural(s['rows'], 'row')} in {plural(s['row_groups'], 'row group')} "
                      f"(~{s['mean_row_group_bytes'] / 2**20:.2f} MiB each, "
                      f"{s['mean_row_group_bytes_compressed'] / 2**20:.2f} MiB compressed)")
-    lines.append(f"  max world size (row groups of the smallest split): {manifest['max_world_size']}")
+    lines.append(f"  max world size (row groups of the train split): {manifest['max_world_size']}")
     for reason, n in sorted(files["reasons"].items()):
         lines.append(f"  {n:6d} {reason}")
     if files["rejected"] + files["skipped"]:
@@ -568,6 +570,6 @@ def format_summary(manifest: dict) -> str:
                      f"images to be in both splits (a class needs 2 or more): {shown}{more}")
     lines.append(f"  {manifest['images_per_second']} images/s ({manifest['seconds']} s in Spark)")
     if manifest["max_world_size"] < manifest["min_row_groups"]:
-        lines.append(f"  WARNING: a split has fewer than {plural(manifest['min_row_groups'], 'row group')} "
+        lines.append(f"  WARNING: the train split has fewer than {plural(manifest['min_row_groups'], 'row group')} "
                      "(--min-row-groups): too few rows for that many ranks")
     return "\n".join(lines)
