@@ -69,15 +69,17 @@ def run_python(code, *args, **env):
                           env={**clean, **env}, timeout=300)
 
 
-IMPORT_TF = ("import sys; from pipelines.quiet import quiet_by_default; quiet_by_default(sys.argv[1:]); "
-             "import tensorflow as tf; tf.constant(1.0) + 1; print('ok')")
+# an entry point's set-up: the noise from the environment's default of --verbose (pipelines.environment)
+SETUP = ("from pipelines.environment import read_settings; from pipelines.quiet import quiet_by_default; "
+         "quiet_by_default(read_settings().verbose); ")
+IMPORT_TF = SETUP + "import tensorflow as tf; tf.constant(1.0) + 1; print('ok')"
 
 
 @ABSL_NOISE
 def test_tensorflow_is_quiet_by_default_and_verbose_on_request():
     quiet = run_python(IMPORT_TF)
     assert quiet.returncode == 0 and not TF_NOISE.search(quiet.stderr), quiet.stderr
-    verbose = run_python(IMPORT_TF, "--verbose")
+    verbose = run_python(IMPORT_TF, PIPELINES_VERBOSE="1")
     assert verbose.returncode == 0 and TF_NOISE.search(verbose.stderr), verbose.stderr
 
 
@@ -92,7 +94,7 @@ def test_horovod_check_build_shows_the_build_only():
     assert "TF_CPP_MIN_LOG_LEVEL=3" in open(os.path.join(REPO, "scripts", "setup_env.sh")).read()
 
 
-SPARK_START = ("import sys; from pipelines.quiet import quiet_by_default; quiet_by_default(sys.argv[1:]); "
+SPARK_START = (SETUP +
                "from pipelines.spark import spark_session; spark = spark_session('quiet-test', 'local[1]'); "
                "err = spark._jvm.java.lang.System.err; err.println('a line of the JVM'); err.flush(); "
                "spark.stop(); print('ok')")

@@ -460,8 +460,11 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
     """
     from pyspark import SparkContext
 
+    from pipelines.environment import read_settings
+    from pipelines.quiet import quiet_libraries
     from pipelines.spark import log_progress, spark_session
 
+    quiet_libraries(config.verbose)  # this process's third-party noise (MLflow's): the config's choice
     check_paths(config)
     if spark is None and SparkContext._active_spark_context is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
         # We are about to start the JVM ourselves: refuse before it starts, from the master we
@@ -475,7 +478,8 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
     output = config.location(config.output)
     output.makedirs()
     with track(config) as tracker:
-        spark = spark or spark_session("pipelines-etl", config.master)
+        spark = spark or spark_session("pipelines-etl", config.master, verbose=config.verbose,
+                                       log_level=read_settings().spark_log_level)
         context = spark.sparkContext
         check_memory(config, context.master, dict(context.getConf().getAll()))
         start = time.perf_counter()

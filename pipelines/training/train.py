@@ -22,6 +22,7 @@ from typing import Dict, Iterator, List, Optional
 
 from pipelines.config import to_dict
 from pipelines.contract import CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT, TENSORBOARD
+from pipelines.launch.rankenv import RankEnvironment, read_rank_environment
 from pipelines.logs import plural
 from pipelines.redact import redact
 from pipelines.storage import is_local, resolve
@@ -33,7 +34,8 @@ log = logging.getLogger("pipelines")
 @dataclass(frozen=True)
 class Rank:
     """This process in the Horovod world: global ``rank`` of ``size``, ``local_rank`` of
-    ``local_size`` on its host, TensorFlow intra-op ``threads``, and the ``cores`` it is bound to."""
+    ``local_size`` on its host, TensorFlow intra-op ``threads``, the ``cores`` it is bound to, and
+    what its launcher ``handed`` it (attempts, assigned GPUs, the tests' fault hook)."""
 
     rank: int
     size: int
@@ -42,6 +44,7 @@ class Rank:
     threads: int
     cores: Optional[List[int]] = None
     precision: str = "float32"  # Keras' global dtype policy: float32, or mixed_float16 (--mixed-precision on a GPU)
+    handed: RankEnvironment = field(default_factory=RankEnvironment)
 
 
 @dataclass(frozen=True)
@@ -95,34 +98,37 @@ def weights_checksum(model) -> str:
 
 
 def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
-    """Start this rank: bind cores (before any thread starts: threads inherit the binding),
-    ``hvd.init()``, logging (rank 0 at INFO, others at WARNING), device placement, TensorFlow
-    threads. Used by the job and by the scaling benchmark, so both train on the same set-up."""
+    """Start this rank: read what its launcher handed it (:func:`pipelines.launch.rankenv.read_rank_environment`,
+    the one read of those variables), bind cores (before any thread starts: threads inherit the
+    binding), ``hvd.init()``, logging (rank 0 at INFO, others at WARNING; third-party noise as
+    ``config.verbose`` says), device placement, TensorFlow threads. Used by the job and by the
+    scaling benchmark, so both train on the same set-up."""
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
     from pipelines.kerasapi import keras
 
     from pipelines.logs import setup_logging
     from pipelines.quiet import quiet_libraries
-    from pipelines.training.devices import apply_device, assigned_gpus, bind_to_cores, local_topology
+    from pipelines.training.devices import apply_device, bind_to_cores, local_topology
     from pipelines.training.devices import precision_policy, threads_per_rank
 
+    handed = read_rank_environment()
     cores = None
     if config.bind_cores:
         cores = bind_to_cores(threads_per_rank(config.threads, local_topology()[1]), announce=False)
-    quiet_libraries()
+    quiet_libraries(config.verbose)
     hvd.init()
     setup_logging(job, rank=hvd.rank(), level=logging.INFO if hvd.rank() == 0 else logging.WARNING)
     if cores and hvd.rank() == 0:
         log.info("each rank bound to %s of its own (rank 0: %s)", plural(len(cores), "core"), cores)
-    device = apply_device(hvd.local_rank(), hvd.local_size(), assigned_gpus(os.environ), announce=hvd.rank() == 0)
+    device = apply_device(hvd.local_rank(), hvd.local_size(), handed.assigned_gpus, announce=hvd.rank() == 0)
     policy, why_not = precision_policy(config.mixed_precision, device.kind)
     if policy != "float32":
         keras.mixed_precision.set_global_policy(policy)
     if why_not and hvd.rank() == 0:
         log.info("%s", why_not)
     rank = Rank(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
-                threads_per_rank(config.threads, hvd.local_size()), cores, policy)
+                threads_per_rank(config.threads, hvd.local_size()), cores, policy, handed)
     tf.config.threading.set_intra_op_parallelism_threads(rank.threads)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     return rank
@@ -161,14 +167,14 @@ def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str
     alike. Returns the :class:`~pipelines.training.runs.Claim` on rank 0, ``None`` elsewhere."""
     import horovod.tensorflow as hvd_tf
 
-    from pipelines.launch.recovery import relaunched
     from pipelines.training import runs
 
     claim, error = None, None
     if rank.rank == 0:
         target = outputs.remote or resolve(outputs.local)
         try:
-            claim = runs.claim(target, runs.identify(config, run_id), config.resume, relaunched(), config.overwrite)
+            claim = runs.claim(target, runs.identify(config, run_id), config.resume, rank.handed.relaunched,
+                               config.overwrite)
         except runs.RunRefused as exc:
             error = str(exc)
     error = hvd_tf.broadcast_object(error, root_rank=0, name="output_claim")
@@ -192,11 +198,10 @@ def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str]
     """
     import horovod.tensorflow as hvd_tf
 
-    from pipelines.launch.recovery import relaunched
     from pipelines.training.checkpoints import build_optimizer, load_checkpoint, optimizer_checksum, optimizer_state
     from pipelines.training.schedule import checkpoint_path, marker_weights
 
-    resuming = config.resume or relaunched()
+    resuming = config.resume or rank.handed.relaunched
     directory = directory or config.output
     marker = claim.marker if (claim is not None and resuming) else None  # only this run's own (runs.claim)
     marker = hvd_tf.broadcast_object(marker, root_rank=0, name="resume_marker")
@@ -315,7 +320,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
         callbacks.append(cb.SyncOutputs(plan.outputs))  # after every writer of the epoch's files
     # the tests' fault hook, only where they ask for it; its wait for rank 0's marker only where every
     # rank sees rank 0's folder (a local output)
-    fault = cb.FaultInjection.requested(rank.rank, config.output if is_local(config.output) else "")
+    fault = cb.FaultInjection.requested(rank.handed.fault, rank.rank, config.output if is_local(config.output) else "")
     if fault is not None:
         callbacks.append(fault)
     return callbacks, early_stopping, epoch_stats
@@ -518,8 +523,6 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, phases: List, r
     the weight checksums and hostnames of every rank (gathered here: every rank must call it)."""
     import horovod.tensorflow as hvd_tf
 
-    from pipelines.launch.recovery import attempts
-
     history, steps, data, last = resume.history, plan.steps, plan.data, phases[-1]
     fine_tune = last.report if len(phases) > 1 else None
     resumed = last.resume if resume.phase == 2 else resume  # the phase whose state was restored
@@ -544,7 +547,7 @@ def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, phases: List, r
         "resumed_in_phase": resume.phase if resume.marker else None,
         "resumed_weights_checksum_per_rank": resumed.checksums,
         "resumed_optimizer_checksum_per_rank": resumed.optimizer_checksums,
-        "attempts": attempts(),
+        "attempts": rank.handed.attempts,
         "epochs_run": len(history),
         "best_epoch": last.early_stopping.best_epoch + 1 if history else None,
         "stopped_early": bool(history) and len(history) < epochs_planned,
