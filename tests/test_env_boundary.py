@@ -154,11 +154,12 @@ def _rank_noise(config):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("np_, env, flag", [(-1, "1", None), (-1, "", None), (1, "", True)])
+@pytest.mark.parametrize("np_, env, flag", [(-1, "1", None), (-1, "", None), (1, "", True), (1, "1", False)])
 def test_local_ranks_and_barrier_tasks_get_verbose(spark, monkeypatch, restored_noise, tmp_path, np_, env, flag):
     """From the environment (the launching process's) or the flag, as the training CLI does: the
     driver's set-up before any rank, then each rank's, from its config: local ranks (Horovod's
-    launcher) and a Spark barrier task's child process alike."""
+    launcher) and a Spark barrier task's child process alike (whose environment is its executor's,
+    started before this driver's set-up: the rank sets its own from its config)."""
     from pipelines.launch import HorovodRunner
 
     monkeypatch.setenv("PIPELINES_VERBOSE", env)
@@ -167,6 +168,6 @@ def test_local_ranks_and_barrier_tasks_get_verbose(spark, monkeypatch, restored_
     quiet.quiet_by_default(config.verbose)  # the CLI's set-up (pipelines/training/cli.py main)
     monkeypatch.setenv("PIPELINES_VERBOSE", "")  # a rank must not need the variable: its config says it
     verbose = config.verbose
-    assert verbose == (env == "1" or bool(flag))
+    assert verbose == (env == "1" if flag is None else flag)  # the flag wins
     expected = ("0", logging.NOTSET, True) if verbose else ("2", logging.ERROR, False)
     assert HorovodRunner(np=np_).run(_rank_noise, config=config) == expected

@@ -4,7 +4,7 @@ A rank's process learns what its launcher decided through its environment (the o
 through ``horovod.runner.run`` and a barrier task's child process). Each variable is written by
 one function of this module in the launcher and read by :func:`read_rank_environment` alone, at
 the rank's start (:class:`pipelines.launch.local._Recorded` for Horovod's launcher,
-:func:`pipelines.training.train.run_training` for every training rank), into a
+:func:`pipelines.training.train.setup_rank` for every training rank), into a
 :class:`RankEnvironment` whose fields are passed on as parameters. (The user's own variables are
 :mod:`pipelines.environment`'s.)
 

@@ -103,12 +103,16 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     binding), ``hvd.init()``, logging (rank 0 at INFO, others at WARNING; third-party noise as
     ``config.verbose`` says), device placement, TensorFlow threads. Used by the job and by the
     scaling benchmark, so both train on the same set-up."""
+    from pipelines.quiet import quiet_by_default, quiet_libraries
+
+    # before TensorFlow loads here: a barrier task's rank inherits its executor's environment, not
+    # the driver's set-up, so the rank sets its own noise from its config
+    quiet_by_default(config.verbose)
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
     from pipelines.kerasapi import keras
 
     from pipelines.logs import setup_logging
-    from pipelines.quiet import quiet_libraries
     from pipelines.training.devices import apply_device, bind_to_cores, local_topology
     from pipelines.training.devices import precision_policy, threads_per_rank
 
