@@ -14,7 +14,7 @@ A job fails for one of two kinds of reasons, and only one kind is worth a second
 failures only; the function it launches learns which attempt it is from
 :attr:`pipelines.launch.rankenv.RankEnvironment.attempts` (read at the rank's start), and
 continues from its own newest complete checkpoint when ``relaunched`` (the training job's
-:func:`pipelines.training.train.restore` does).
+:func:`pipelines.training.resume.restore` does).
 """
 from __future__ import annotations
 
