@@ -18,8 +18,8 @@ variable                       meaning                                          
 ``PIPELINES_VERBOSE``          ``1`` (anything but empty or ``0``): ``--verbose`` when the  off
                                flag is not given: TensorFlow's info lines, Spark's INFO
                                log, the known harmless warnings
-``PIPELINES_SPARK_LOG_LEVEL``  the log level of the Spark sessions the jobs start (``INFO``,  ``WARN``, ``INFO`` with
-                               ``DEBUG``, ...)                                              ``--verbose``
+``PIPELINES_SPARK_LOG_LEVEL``  the log level of the Spark sessions the jobs start           ``WARN``, ``INFO`` with
+                               (``ERROR``, ``INFO``, ``DEBUG``, ...)                        ``--verbose``
 =============================  ===========================================================  ==========================
 """
 from __future__ import annotations

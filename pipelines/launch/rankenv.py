@@ -11,8 +11,8 @@ the rank's start (:class:`pipelines.launch.local._Recorded` for Horovod's launch
 ==============================  ======================================================  ===============================
 variable                        meaning                                                 written by
 ==============================  ======================================================  ===============================
-``PIPELINES_ATTEMPTS``          the earlier attempts of a relaunched job, JSON          :func:`attempts_env` (the
-                                (``[{"attempt": 1, "failure": "..."}]``)                 relaunch wrapper, in the rank)
+``PIPELINES_ATTEMPTS``          the earlier attempts of a relaunched job, JSON: a list  :func:`attempts_env` (the
+                                of ``{"attempt": n, "failure": "why"}``                 relaunch wrapper, in the rank)
 ``PIPELINES_FAILURE_DIR``       the folder a local rank writes its failure record to   :func:`failure_dir_env`
                                 (``rank-R.json``)                                       (``launch/local.py``)
 ``PIPELINES_KEEP_<NAME>``       the launching process's own ``HOROVOD_CYCLE_TIME`` and  :func:`keep_env`
@@ -20,9 +20,9 @@ variable                        meaning                                         
                                 overwrites (``launch/local.py``)
 ``PIPELINES_ASSIGNED_GPUS``     the GPU addresses Spark gave a barrier task's rank:     :func:`assigned_gpus_env`
                                 the rank uses every GPU it sees                         (``launch/gpus.py``)
-``PIPELINES_FAULT_INJECT``      test hook: ``rank=R,epoch=E,mode=raise|kill|stall``     a test, in the launching
-                                ``[,mark=PATH]`` (:class:`pipelines.training.           process's environment or
-                                callbacks.FaultInjection`); unset in production         ``spark.executorEnv``
+``PIPELINES_FAULT_INJECT``      test hook: ``rank=R,epoch=E,mode=M[,mark=PATH]``        a test, in the launching
+                                (``callbacks.FaultInjection`` in ``training/``);        process's environment or
+                                unset in production                                     ``spark.executorEnv``
 ==============================  ======================================================  ===============================
 """
 from __future__ import annotations
