@@ -32,9 +32,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pipelines.contract import DEFAULT_IMAGE_SIZE  # noqa: E402
+from pipelines.environment import read_settings  # noqa: E402
 from pipelines.quiet import quiet_by_default  # noqa: E402
 
-quiet_by_default()
+quiet_by_default(read_settings().verbose)  # before TensorFlow or Spark load
 
 
 def default_model(workdir: str, class_names, size: int, weights: str = "") -> str:

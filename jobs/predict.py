@@ -5,10 +5,7 @@ All logic lives in :mod:`pipelines.predict`; see ``--help``.
 """
 import sys
 
-from pipelines.quiet import quiet_by_default
-
-quiet_by_default()  # before TensorFlow or Spark load: warnings only, unless --verbose
-from pipelines.predict.cli import main  # noqa: E402
+from pipelines.predict.cli import main  # main sets the noise (--verbose) before TensorFlow or Spark load
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,10 +5,7 @@ see ``--help``.
 """
 import sys
 
-from pipelines.quiet import quiet_by_default
-
-quiet_by_default()  # before TensorFlow or Spark load: warnings only, unless --verbose
-from pipelines.training.cli import main  # noqa: E402
+from pipelines.training.cli import main  # main sets the noise (--verbose) before TensorFlow or Spark load
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -18,6 +18,20 @@ def field(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> 
     return dataclasses.field(default=default, metadata={"help": help, **kwargs})
 
 
+def verbose_field(shows: str) -> Any:
+    """The ``verbose`` field every stage has (``--verbose`` / ``--no-verbose``): None when not given,
+    settled where the config is made by :func:`settle_verbose`."""
+    from pipelines.environment import VERBOSE_ENV
+
+    return field(None, help=f"show {shows} and known harmless warnings (default: quiet, unless {VERBOSE_ENV}=1)")
+
+
+def settle_verbose(verbose: Any, settings: Any) -> bool:
+    """A config's ``verbose``: as given, else the environment's (``settings``:
+    :func:`pipelines.environment.read_settings`)."""
+    return settings.verbose if verbose is None else bool(verbose)
+
+
 STORAGE_OPTION_HELP = ("KEY=VALUE passed to the storage backend of every URI of this stage (repeatable), "
                        "beyond the standard AWS_*/GOOGLE_* environment and config files, e.g. "
                        "endpoint_override=http://host:9000 or region=eu-west-1 for s3:// "
@@ -138,16 +152,20 @@ def to_dict(config: Any) -> dict[str, Any]:
 def run_command(cls: Type[T], argv: Sequence[str] | None, stage: str, run: Callable[[T], Any],
                 summarize: Callable[[Any], str],
                 exit_codes: Mapping[Union[Type[BaseException], Tuple[Type[BaseException], ...]], int]) -> int:
-    """The body of a stage's ``main``: options into ``cls`` (:func:`parse_config`), logging set up for
-    ``stage``, ``run(config)``, then ``summarize(result)`` printed.
+    """The body of a stage's ``main``: options into ``cls`` (:func:`parse_config`), the process's
+    noise set by the config's ``verbose`` (:func:`pipelines.quiet.quiet_by_default`, before
+    TensorFlow or Spark load), logging set up for ``stage``, ``run(config)``, then
+    ``summarize(result)`` printed.
 
     Returns:
         0; or, when ``run`` raises an exception of a type in ``exit_codes`` (checked in order), that
         code after one log line with the message (no traceback).
     """
     from pipelines.logs import setup_logging
+    from pipelines.quiet import quiet_by_default
 
     config = parse_config(cls, argv)
+    quiet_by_default(config.verbose)
     log = setup_logging(stage)
     caught = tuple(kind for kinds in exit_codes for kind in (kinds if isinstance(kinds, tuple) else (kinds,)))
     try:

@@ -27,7 +27,8 @@ class Setup(NamedTuple):
 def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> Setup:
     """The set-up every training notebook starts with, from its parameters.
 
-    ``workdir`` ("" = :func:`pipelines.tools.workspace.default_workdir`; a local folder is made if
+    ``workdir`` ("" = :func:`pipelines.tools.workspace.default_workdir`, from the environment:
+    :mod:`pipelines.environment`, as the notebook's quiet set-up is; a local folder is made if
     missing, a URI such as ``s3://bucket/work`` is checked: its bucket must exist and the
     credentials be accepted);
     ``data_dir`` ("" = ``workdir/etl``, made from the Tux Paint sample when it has no manifest);
@@ -38,9 +39,10 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
     Raises:
         pipelines.storage.StorageError: a URI ``workdir`` or ``data_dir`` whose store cannot be used.
     """
+    from pipelines.environment import read_settings
     from pipelines.quiet import quiet_by_default
 
-    quiet_by_default([])  # before the first TensorFlow or Spark import; PIPELINES_VERBOSE=1 shows all
+    quiet_by_default(read_settings().verbose)  # before the first TensorFlow or Spark import
     from pipelines.tools import workspace
 
     from pipelines.storage import check_reachable, resolve

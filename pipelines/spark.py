@@ -10,7 +10,7 @@ from typing import Dict, Iterator, Optional
 
 from pipelines.environment import environment
 from pipelines.logs import plural
-from pipelines.quiet import is_verbose, spark_log_options
+from pipelines.quiet import spark_log_options
 
 log = logging.getLogger("pipelines")
 
@@ -23,21 +23,24 @@ UTF8_ENV = {"LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
 UTF8_JAVA_OPTIONS = "-Dfile.encoding=UTF-8"
 
 
-def utf8_conf() -> Dict[str, str]:
+def utf8_conf(verbose: bool = False) -> Dict[str, str]:
     """Spark settings that give executors (their JVM and Python workers) a UTF-8 locale, and the
-    driver the quiet log4j configuration (:func:`pipelines.quiet.spark_log_options`) unless verbose.
+    driver the quiet log4j configuration (:func:`pipelines.quiet.spark_log_options`) unless ``verbose``.
 
     ``spark.*.defaultJavaOptions`` (not ``extraJavaOptions``), so that a user's own
     ``extraJavaOptions`` are added to them, not replaced.
     """
-    conf = {"spark.driver.defaultJavaOptions": f"{UTF8_JAVA_OPTIONS} {spark_log_options()}".strip(),
+    conf = {"spark.driver.defaultJavaOptions": f"{UTF8_JAVA_OPTIONS} {spark_log_options(verbose)}".strip(),
             "spark.executor.defaultJavaOptions": UTF8_JAVA_OPTIONS}
     conf.update({f"spark.executorEnv.{key}": value for key, value in UTF8_ENV.items()})
     return conf
 
 
-def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Dict[str, str]] = None):
-    """The active SparkSession, or a new one.
+def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Dict[str, str]] = None,
+                  verbose: bool = False, log_level: str = ""):
+    """The active SparkSession, or a new one, its log level ``log_level``, else ``INFO`` when
+    ``verbose``, else ``WARN`` (a job passes its config's ``verbose`` and the environment's
+    :attr:`pipelines.environment.Settings.spark_log_level`).
 
     Under ``spark-submit`` the master comes from it; under plain ``python`` it is ``master`` or
     ``local[*]``. Python workers run the same interpreter as the driver unless
@@ -54,12 +57,11 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
     builder = SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false")
     if master:
         builder = builder.master(master)
-    for key, value in {**(utf8_conf() if launching else {}), **(conf or {})}.items():
+    for key, value in {**(utf8_conf(verbose) if launching else {}), **(conf or {})}.items():
         builder = builder.config(key, value)
     with environment(UTF8_ENV if launching else {}):
         spark = builder.getOrCreate()
-    default_level = "INFO" if is_verbose([]) else "WARN"
-    spark.sparkContext.setLogLevel(os.environ.get("PIPELINES_SPARK_LOG_LEVEL", default_level))
+    spark.sparkContext.setLogLevel(log_level or ("INFO" if verbose else "WARN"))
     return spark
 
 

@@ -5,7 +5,7 @@ Each job is one MLflow run, started by one process (training: rank 0; the ETL: i
 - **Store**: ``--tracking-uri``, else ``$MLFLOW_TRACKING_URI``, else a local SQLite store in the
   job's output, ``sqlite:///OUTPUT/mlruns.db``, whose experiments keep their artifacts beside it
   in ``OUTPUT/mlruns/<experiment_id>/`` (no server needed; ``mlflow ui --backend-store-uri`` shows it).
-- **Off**: ``--no-tracking``, or ``PIPELINES_TRACKING=0`` when no flag is given.
+- **Off**: ``--no-tracking``, or the environment's default (:mod:`pipelines.environment`) when no flag is given.
 - **Resume**: the run's id is kept in ``OUTPUT/mlflow_run.json``; a resumed training run continues
   that MLflow run (:func:`start` with ``continue_run``).
 
@@ -32,15 +32,13 @@ import warnings
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from pipelines.atomic import replacing
-from pipelines.environment import environment
+from pipelines.environment import TRACKING_ENV, WORKDIR_ENV, Settings, environment
 from pipelines.quiet import is_verbose
 from pipelines.redact import redact, redact_text, redact_uri
 from pipelines.storage import Location, is_local, resolve as resolve_location
-from pipelines.workdir import default_workdir
 
 log = logging.getLogger("pipelines")
 
-TRACKING_ENV = "PIPELINES_TRACKING"
 STORE_FILE = "mlruns.db"
 ARTIFACTS_DIR = "mlruns"  # MLflow's own name for the artifact root of a local store
 RUN_FILE = "mlflow_run.json"
@@ -54,7 +52,7 @@ HELP = {
     "tracking": f"log the run to MLflow (default: on, unless {TRACKING_ENV}=0; --no-tracking turns it off)",
     "tracking_uri": f"MLflow tracking URI, e.g. http://HOST:5000 (default: $MLFLOW_TRACKING_URI, else "
                     f"sqlite:///OUTPUT/{STORE_FILE} with the artifacts in OUTPUT/{ARTIFACTS_DIR}; for an s3:// "
-                    f"(or other URI) OUTPUT, sqlite:///WORKDIR/mlflow/{STORE_FILE} on this machine, WORKDIR = $PIPELINES_WORKDIR or "
+                    f"(or other URI) OUTPUT, sqlite:///WORKDIR/mlflow/{STORE_FILE} on this machine, WORKDIR = ${WORKDIR_ENV} or "
                     f"~/pipelines-work)",
     "experiment": "MLflow experiment of the run (made when missing)",
     "run_name": "MLflow run name (default: one MLflow makes up)",
@@ -72,14 +70,14 @@ class TrackingFailed(RuntimeError):
 SQLITE = "sqlite:///"
 
 
-def default_uri(output: str) -> str:
+def default_uri(output: str, workdir: str) -> str:
     """``sqlite:///OUTPUT/mlruns.db``, ``output`` made absolute. An output on an object store (a URI)
     cannot hold a SQLite database: its default store is the launching machine's
-    ``WORKDIR/mlflow/mlruns.db`` (:func:`pipelines.workdir.default_workdir`), one store for all
-    such outputs, each run recorded in its output's ``mlflow_run.json`` as usual. The store's
-    folder is made when the store is first opened (:func:`open_store`)."""
+    ``WORKDIR/mlflow/mlruns.db`` (``workdir``: :attr:`pipelines.environment.Settings.workdir`), one
+    store for all such outputs, each run recorded in its output's ``mlflow_run.json`` as usual. The
+    store's folder is made when the store is first opened (:func:`open_store`)."""
     if not is_local(output):
-        return SQLITE + os.path.join(default_workdir(), "mlflow", STORE_FILE)
+        return SQLITE + os.path.join(workdir, "mlflow", STORE_FILE)
     return SQLITE + os.path.join(os.path.abspath(output), STORE_FILE)
 
 
@@ -94,24 +92,25 @@ def absolute(uri: str) -> str:
     return uri
 
 
-def resolve(tracking: Optional[bool], uri: str, output: str, experiment: str) -> Tuple[bool, str]:
+def resolve(tracking: Optional[bool], uri: str, output: str, experiment: str, settings: Settings) -> Tuple[bool, str]:
     """A stage config's tracking options, settled once where the config is made (the launching
     process: ranks on other hosts may not have its environment).
 
-    Returns ``(enabled, uri)``: ``tracking`` if given, else not ``PIPELINES_TRACKING=0``; the URI
-    ``uri``, else ``$MLFLOW_TRACKING_URI``, else :func:`default_uri`, a SQLite path made absolute
-    (the URI as given when disabled).
+    Returns ``(enabled, uri)``: ``tracking`` if given, else ``settings.tracking`` (the environment's
+    default, :func:`pipelines.environment.read_settings`); the URI ``uri``, else
+    ``$MLFLOW_TRACKING_URI``, else :func:`default_uri` (in ``settings.workdir`` for a URI output), a
+    SQLite path made absolute (the URI as given when disabled).
 
     Raises:
         ValueError: an empty experiment name while tracking.
     """
     if tracking is None:
-        tracking = os.environ.get(TRACKING_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+        tracking = settings.tracking
     if not tracking:
         return False, uri
     if not experiment:
         raise ValueError("--experiment must not be empty (or pass --no-tracking)")
-    return True, absolute(uri or os.environ.get("MLFLOW_TRACKING_URI", "") or default_uri(output))
+    return True, absolute(uri or os.environ.get("MLFLOW_TRACKING_URI", "") or default_uri(output, settings.workdir))
 
 
 def _is_remote(uri: str) -> bool:
@@ -160,7 +159,7 @@ def _mlflow():
     """``mlflow``, imported on first use, its INFO lines hidden unless ``--verbose``."""
     import mlflow  # in-function: keeps `import pipelines` free of MLflow
 
-    if not is_verbose([]):
+    if not is_verbose():
         logging.getLogger("mlflow").setLevel(logging.WARNING)
     return mlflow
 
@@ -169,7 +168,7 @@ def _mlflow():
 def _quiet_store() -> Iterator[None]:
     """Hide INFO records while a store is opened: creating a SQLite store runs alembic's
     migrations, which configure its logger at INFO and print a dozen lines (unless verbose)."""
-    if is_verbose([]):
+    if is_verbose():
         yield
         return
     logging.disable(logging.INFO)
@@ -320,7 +319,7 @@ def _make_in_child(uri: str, path: str) -> None:
     script = "import sys, mlflow; mlflow.MlflowClient(sys.argv[1]).search_experiments(max_results=1)"
     done = subprocess.run([sys.executable, "-c", script, uri], cwd=os.path.dirname(path), capture_output=True,
                           text=True)
-    if is_verbose([]):  # its migrations' lines, as an in-process set-up shows them
+    if is_verbose():  # its migrations' lines, as an in-process set-up shows them
         sys.stderr.write(done.stdout + done.stderr)
     if done.returncode:
         raise TrackingUnavailable(_unavailable(uri, RuntimeError(done.stderr.strip().splitlines()[-1:]),
@@ -606,7 +605,7 @@ def _quiet_keras() -> Iterator[None]:
     and they would print to stdout) and no warning that HDF5 is a legacy format (chosen here)."""
     from pipelines.kerasapi import keras  # in-function: keeps `import pipelines` free of TensorFlow
 
-    if is_verbose([]):
+    if is_verbose():
         yield
         return
     was = keras.utils.is_interactive_logging_enabled()
@@ -633,6 +632,6 @@ def _events(quiet: bool = False) -> Iterator[None]:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             yield
     finally:
-        if is_verbose([]) or not quiet:
+        if is_verbose() or not quiet:
             sys.stdout.write(redact_text(out.getvalue()))
             sys.stderr.write(redact_text(err.getvalue()))

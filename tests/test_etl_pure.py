@@ -510,3 +510,22 @@ def test_an_output_with_foreign_data_is_refused(tmp_path):
     commit.check_output(out)  # ours
     with pytest.raises(NotADirectoryError):
         commit.check_output(out.join("manifest.json"))
+
+
+@pytest.mark.parametrize("train_groups, test_groups", [(5, 1), (3, 7), (4, 4), (1, 9)])
+def test_the_largest_world_size_is_the_train_splits_row_groups(tmp_path, train_groups, test_groups):
+    """Ranks shard the train split by row group and the test split by rows where they outnumber its
+    row groups (training/data.py OnePassShard), so the test split never limits the world size."""
+    from pipelines.etl.job import Plan, SplitStats, _manifest, format_summary
+    config = ETLConfig(input=str(tmp_path / "in"), output=str(tmp_path / "out"), image_size=8, min_row_groups=4)
+    the_plan = Plan(files=[], outcomes={}, classes={0: "a"}, expected_rows={}, rows_per_row_group=2, layout="folders")
+    stats = {"train": SplitStats(rows=2 * train_groups, row_groups=train_groups, per_class={0: 2 * train_groups}),
+             "test": SplitStats(rows=2 * test_groups, row_groups=test_groups, per_class={0: 2 * test_groups})}
+    manifest = _manifest(config, the_plan, stats, {}, {}, "4.0", 1.0, {"train": [], "test": []},
+                         "rejected.jsonl").to_dict()
+    assert manifest["max_world_size"] == train_groups
+    manifest.update(images_per_second=1.0, seconds=1.0)
+    text = format_summary(manifest)
+    assert f"max world size (row groups of the train split): {train_groups}" in text
+    # the warning is about the train split alone: a small test split is read by rows
+    assert ("WARNING: the train split has fewer than 4 row groups" in text) == (train_groups < 4)

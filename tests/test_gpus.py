@@ -6,9 +6,9 @@ import stat
 import pytest
 
 from pipelines.launch.barrier import rank_env, task_choices
-from pipelines.launch.gpus import (ASSIGNED_ENV, check_local_gpus, nccl_env, parse_visible, rank_gpu_env, task_gpus,
-                                   visible_gpu_count)
-from pipelines.training.devices import assigned_gpus, choose_device
+from pipelines.launch.gpus import check_local_gpus, nccl_env, parse_visible, rank_gpu_env, task_gpus, visible_gpu_count
+from pipelines.launch.rankenv import ASSIGNED_ENV, read_rank_environment
+from pipelines.training.devices import choose_device
 
 GPUS = [f"/physical_device:GPU:{i}" for i in range(8)]
 UUID = "GPU-8f2d9b1c-0e4a-4c55-9d1b-3f0d2a6b7c11"
@@ -75,9 +75,15 @@ def test_a_rank_takes_its_local_ranks_gpu_or_the_one_it_was_given():
         choose_device([], 0, 1, assigned=["3"])
 
 
+def assigned_gpus(environ):
+    return read_rank_environment(environ).assigned_gpus
+
+
 def test_the_assigned_gpus_are_read_from_the_ranks_environment():
     assert assigned_gpus({}) == [] and assigned_gpus({ASSIGNED_ENV: ""}) == []
     assert assigned_gpus({ASSIGNED_ENV: "3"}) == ["3"] and assigned_gpus({ASSIGNED_ENV: f"0,{UUID}"}) == ["0", UUID]
+    # what the launcher writes is what the rank reads
+    assert assigned_gpus(rank_gpu_env(["6", UUID], ["2", UUID], {})) == ["2", UUID]
 
 
 def test_a_ranks_gpu_variables_honour_the_users_order():

@@ -104,9 +104,11 @@ def test_repair_keeps_values_that_are_not_none_tuples(monkeypatch):
     from pipelines.launch.local import repair_horovod_env
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")
     monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", "(None,)")
-    monkeypatch.delenv("PIPELINES_KEEP_HOROVOD_CACHE_CAPACITY", raising=False)
-    repair_horovod_env()
+    repair_horovod_env({})
     assert _tuning_env() == {"HOROVOD_CYCLE_TIME": "5", "HOROVOD_CACHE_CAPACITY": None}
+    monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", "(None,)")
+    repair_horovod_env({"HOROVOD_CACHE_CAPACITY": "64"})  # the launching process's value, handed over
+    assert _tuning_env() == {"HOROVOD_CYCLE_TIME": "5", "HOROVOD_CACHE_CAPACITY": "64"}
 
 
 @pytest.mark.slow

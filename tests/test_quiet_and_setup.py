@@ -62,8 +62,10 @@ def run_python(code, *args, **env):
                           env={**clean, **env}, timeout=300)
 
 
-IMPORT_TF = ("import sys; from pipelines.quiet import quiet_by_default; quiet_by_default(sys.argv[1:]); "
-             "import tensorflow as tf; tf.constant(1.0) + 1; print('ok')")
+# an entry point's set-up: the noise from the environment's default of --verbose (pipelines.environment)
+SETUP = ("from pipelines.environment import read_settings; from pipelines.quiet import quiet_by_default; "
+         "quiet_by_default(read_settings().verbose); ")
+IMPORT_TF = SETUP + "import tensorflow as tf; tf.constant(1.0) + 1; print('ok')"
 
 
 @pytest.mark.slow
@@ -71,7 +73,7 @@ IMPORT_TF = ("import sys; from pipelines.quiet import quiet_by_default; quiet_by
 def test_tensorflow_is_quiet_by_default_and_verbose_on_request():
     quiet = run_python(IMPORT_TF)
     assert quiet.returncode == 0 and not TF_NOISE.search(quiet.stderr), quiet.stderr
-    verbose = run_python(IMPORT_TF, "--verbose")
+    verbose = run_python(IMPORT_TF, PIPELINES_VERBOSE="1")
     assert verbose.returncode == 0 and TF_NOISE.search(verbose.stderr), verbose.stderr
 
 
@@ -101,7 +103,7 @@ def test_horovod_check_fails_without_the_build_table(tmp_path):
     assert "horovod is broken" in proc.stderr and "printed no build table" in proc.stderr
 
 
-SPARK_START = ("import sys; from pipelines.quiet import quiet_by_default; quiet_by_default(sys.argv[1:]); "
+SPARK_START = (SETUP +
                "from pipelines.spark import spark_session; spark = spark_session('quiet-test', 'local[1]'); "
                "err = spark._jvm.java.lang.System.err; err.println('a line of the JVM'); err.flush(); "
                "spark.stop(); print('ok')")

@@ -10,7 +10,8 @@ import pytest
 
 from pipelines.launch import HorovodJobFailed, HorovodRunner, RankFailure, RelaunchImpossible
 from pipelines.launch.failures import signal_is_loss
-from pipelines.launch.recovery import attempts, is_lost, relaunched, run_with_retries
+from pipelines.launch.rankenv import ATTEMPTS_ENV, attempts_env, read_rank_environment
+from pipelines.launch.recovery import is_lost, run_with_retries
 from pipelines.launch.config import LaunchConfig
 
 
@@ -99,8 +100,15 @@ def test_a_relaunch_without_the_slots_is_a_clear_error_and_a_first_refusal_stays
 
 
 def test_outside_a_relaunch_a_rank_is_its_jobs_first_attempt(monkeypatch):
-    monkeypatch.delenv("PIPELINES_ATTEMPTS", raising=False)
-    assert attempts() == [{"attempt": 1, "failure": None}] and not relaunched()
+    monkeypatch.delenv(ATTEMPTS_ENV, raising=False)
+    handed = read_rank_environment()
+    assert handed.attempts == [{"attempt": 1, "failure": None}] and not handed.relaunched
+
+
+def test_a_rank_reads_the_attempts_its_relauncher_wrote():
+    earlier = [{"attempt": 1, "failure": "rank 1 on h failed: process killed by signal SIGKILL"}]
+    handed = read_rank_environment(attempts_env(earlier))
+    assert handed.attempts == earlier + [{"attempt": 2, "failure": None}] and handed.relaunched
 
 
 @pytest.mark.parametrize("args, message", [
@@ -118,10 +126,11 @@ def _killed_once():
     """Rank 1 of the first attempt kills itself; every rank of a relaunch returns its attempts."""
     import horovod.tensorflow as hvd
     hvd.init()
-    if hvd.rank() == 1 and not relaunched():
+    handed = read_rank_environment()  # at the rank's start, as run_training reads it
+    if hvd.rank() == 1 and not handed.relaunched:
         os.kill(os.getpid(), signal.SIGKILL)
     hvd.allreduce(np.array([1.0]))
-    return attempts()
+    return handed.attempts
 
 
 @pytest.mark.slow

@@ -90,20 +90,20 @@ def tiny(num_classes=3, size=32):
 
 
 def test_a_failure_while_drawing_leaves_the_results_written(tmp_path, monkeypatch):
-    from pipelines.training import train
+    from pipelines.training import results
     from pipelines.training.config import TrainConfig
     from pipelines.training.evaluate import Totals
 
     def broken(*_args):
         raise MemoryError("drawing 257 classes")
 
-    monkeypatch.setattr(train, "save_pictures", broken)
+    monkeypatch.setattr(results, "save_pictures", broken)
     out = str(tmp_path / "out")
     os.makedirs(out)
     config = TrainConfig(data=str(tmp_path), output=out, backbone="tiny", weights="none", tracking=False)
     report = {"test": {"loss": 0.5, "accuracy": 0.5, "count": 2}, "best_epoch": 1, "epochs_run": 1}
     totals = Totals(count=2, loss_sum=1.0, correct=1, confusion=((1, 0, 0), (1, 0, 0), (0, 0, 0)))
-    train.save_outputs(config, report, tiny(), _Data(), totals)
+    results.save_outputs(config, report, tiny(), _Data(), totals)
     written = json.loads(open(os.path.join(out, "metrics.json")).read())
     assert written["test"]["confusion"][1] == [1, 0, 0] and written["pictures"] == {}
     assert written["pictures_error"] == "MemoryError: drawing 257 classes"
@@ -111,7 +111,7 @@ def test_a_failure_while_drawing_leaves_the_results_written(tmp_path, monkeypatc
 
 
 def test_results_are_written_before_any_picture(tmp_path, monkeypatch):
-    from pipelines.training import train
+    from pipelines.training import results
     from pipelines.training.config import TrainConfig
 
     seen = {}
@@ -120,11 +120,11 @@ def test_results_are_written_before_any_picture(tmp_path, monkeypatch):
         seen["metrics"] = json.loads(open(os.path.join(directory, "metrics.json")).read())
         return {"curves": os.path.join(directory, "curves.png")}
 
-    monkeypatch.setattr(train, "save_pictures", pictures)
+    monkeypatch.setattr(results, "save_pictures", pictures)
     out = str(tmp_path / "out")
     os.makedirs(out)
     config = TrainConfig(data=str(tmp_path), output=out, backbone="tiny", weights="none", tracking=False)
-    train.save_outputs(config, {"test": {"loss": 0.5, "accuracy": 0.5, "count": 2}, "best_epoch": 1,
+    results.save_outputs(config, {"test": {"loss": 0.5, "accuracy": 0.5, "count": 2}, "best_epoch": 1,
                                 "epochs_run": 1}, tiny(), _Data())
     assert seen["metrics"]["test"]["accuracy"] == 0.5 and seen["metrics"]["pictures"] == {}
     assert json.loads(open(os.path.join(out, "metrics.json")).read())["pictures"] == {"curves": f"{out}/curves.png"}

@@ -17,6 +17,7 @@ import pytest
 
 from pipelines import tracking
 from pipelines.config import parse_config
+from pipelines.environment import read_settings
 from pipelines.etl.config import ETLConfig
 from pipelines.training.config import TrainConfig
 
@@ -67,7 +68,7 @@ def test_refused_on_the_command_line_with_exit_2(no_env, capsys, args, message):
 
 
 def test_a_recorded_run_counts_only_for_its_store(tmp_path):
-    uri = tracking.default_uri(str(tmp_path))
+    uri = tracking.default_uri(str(tmp_path), "/unused")
     assert tracking.recorded_run(str(tmp_path), uri) is None
     (tmp_path / tracking.RUN_FILE).write_text(json.dumps({"run_id": "abc", "tracking_uri": uri}))
     assert tracking.recorded_run(str(tmp_path), uri) == "abc"
@@ -83,7 +84,7 @@ def test_a_run_continues_with_immutable_params_and_tracking_failures_never_stop_
     job was started (the store's experiments, its default one too, keep their artifacts beside
     it) and leaves neither MLFLOW_TRACKING_URI nor its store as the process's tracking URI behind."""
     import mlflow
-    out, uri = str(tmp_path / "out"), tracking.default_uri(str(tmp_path / "out"))
+    out, uri = str(tmp_path / "out"), tracking.default_uri(str(tmp_path / "out"), "/unused")
     os.makedirs(out)
     (tmp_path / "started-here").mkdir()
     monkeypatch.chdir(tmp_path / "started-here")
@@ -130,7 +131,7 @@ def test_an_output_deleted_and_made_again_gets_a_store_again_in_the_same_process
     import shutil
 
     out = tmp_path / "out"
-    uri = tracking.default_uri(str(out))
+    uri = tracking.default_uri(str(out), "/unused")
     for attempt in (1, 2, 3):
         out.mkdir()
         with tracking.start(uri, "unit", str(out), f"attempt-{attempt}", {"attempt": attempt}) as tracker:
@@ -153,6 +154,8 @@ def test_opening_a_store_prints_nothing_unless_verbose(tmp_path):
     import sys
 
     script = ("import logging, os, sys; logging.basicConfig(level=logging.INFO)\n"
+              "from pipelines.environment import read_settings; from pipelines.quiet import quiet_by_default\n"
+              "quiet_by_default(read_settings().verbose)  # an entry point's set-up\n"
               "from pipelines.tracking import open_store\n"
               "uri = 'sqlite:///' + sys.argv[1]\n"
               "open_store(uri, create=True); os.remove(sys.argv[1]); open_store(uri, create=True); print('opened')\n")
@@ -203,7 +206,8 @@ def test_a_sqlite_store_that_cannot_be_made_is_refused_before_any_work_without_m
 def test_mlflow_event_lines_are_written_on_masked_or_dropped_when_quiet(capsys, monkeypatch):
     """Ending a run on a server prints "View run ... at: URL" with the URI's credentials (seen on a
     real server: test_training_hvd.py); the lines MLflow prints in a tracking block are masked."""
-    monkeypatch.delenv("PIPELINES_VERBOSE", raising=False)
+    from pipelines import quiet
+    monkeypatch.setattr(quiet, "_verbose", False)  # this process's set-up: quiet
     with tracking._events():
         print("🏃 View run r at: http://alice:hunter2@127.0.0.1:5000/#/experiments/1/runs/x")  # MLflow 2.22, 3.17
         print("warning at https://bob:pw@h", file=sys.stderr)
@@ -212,7 +216,7 @@ def test_mlflow_event_lines_are_written_on_masked_or_dropped_when_quiet(capsys, 
     with tracking._events(quiet=True):
         print("Successfully registered model 'm'.", file=sys.stderr)
     assert capsys.readouterr().err == ""
-    monkeypatch.setenv("PIPELINES_VERBOSE", "1")
+    monkeypatch.setattr(quiet, "_verbose", True)  # set up verbose (quiet_by_default(True), a rank's quiet_libraries)
     with tracking._events(quiet=True):
         print("Created version '1' at http://u:p@h", file=sys.stderr)
     assert capsys.readouterr().err == "Created version '1' at http://***@h\n"
@@ -255,7 +259,7 @@ def test_no_secret_reaches_the_store_the_run_file_or_the_log(tmp_path, monkeypat
     caplog.set_level(logging.INFO, logger="pipelines")
     out = tmp_path / "out"
     out.mkdir()
-    uri = tracking.default_uri(str(out))
+    uri = tracking.default_uri(str(out), "/unused")
     config = {"data": "s3://b/etl", "storage_options": dict(SECRETS), "tracking_uri": "http://alice:hunter2@h:5000",
               "nested": {"deeper": [{"session_token": SECRETS["session_token"]}]}}
     tags = {"cmd": f"--storage-option secret_key={SECRETS['secret_key']}"}
@@ -286,7 +290,7 @@ def test_a_fresh_home_gets_its_default_store_folder(tmp_path, monkeypatch):
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("PIPELINES_WORKDIR", raising=False)
-    uri = tracking.default_uri("s3://bucket/etl")
+    uri = tracking.default_uri("s3://bucket/etl", read_settings().workdir)
     assert uri == f"sqlite:///{home}/pipelines-work/mlflow/mlruns.db"
     out = tmp_path / "out"  # stands for the bucket: the run file goes to the output
     out.mkdir()

@@ -70,13 +70,18 @@ def test_checkpoint_marker_is_written_after_the_weights(tmp_path):
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
 
 
-def test_fault_injection_is_off_without_the_variable(monkeypatch):
-    monkeypatch.delenv("PIPELINES_FAULT_INJECT", raising=False)
-    FaultInjection(0).on_epoch_end(1)
-    monkeypatch.setenv("PIPELINES_FAULT_INJECT", "rank=1,epoch=2,mode=raise")
-    FaultInjection(0).on_epoch_end(1)  # another rank
+def fault_spec(environ):
+    """The hook's spec as a rank reads it at its start (pipelines.launch.rankenv)."""
+    from pipelines.launch.rankenv import read_rank_environment
+    return read_rank_environment(environ).fault
+
+
+def test_fault_injection_is_off_without_the_variable():
+    FaultInjection(fault_spec({}), 0).on_epoch_end(1)
+    spec = fault_spec({"PIPELINES_FAULT_INJECT": "rank=1,epoch=2,mode=raise"})
+    FaultInjection(spec, 0).on_epoch_end(1)  # another rank
     try:
-        FaultInjection(1).on_epoch_end(1)
+        FaultInjection(spec, 1).on_epoch_end(1)
     except RuntimeError as exc:
         assert "epoch 2" in str(exc)
     else:
@@ -97,7 +102,7 @@ def test_only_the_newest_and_the_best_checkpoints_are_kept(tmp_path):
                                            "checkpoint-4.npz"]
 
 
-def test_a_production_run_carries_no_fault_hook_and_a_test_run_says_it_has_one(monkeypatch):
+def test_a_production_run_carries_no_fault_hook_and_a_test_run_says_it_has_one():
     """The hook is built only where the test variable asks for it (issue 27: no test hook inside a
     production run), and rank 0 says once that one is set."""
     import logging
@@ -110,15 +115,14 @@ def test_a_production_run_carries_no_fault_hook_and_a_test_run_says_it_has_one(m
         def emit(self, record):
             self.messages.append(record.getMessage())
 
-    monkeypatch.delenv("PIPELINES_FAULT_INJECT", raising=False)
-    assert FaultInjection.requested(0) is None and FaultInjection.requested(1) is None
-    monkeypatch.setenv("PIPELINES_FAULT_INJECT", "rank=1,epoch=2,mode=raise")
+    assert FaultInjection.requested(fault_spec({}), 0) is None and FaultInjection.requested(fault_spec({}), 1) is None
+    spec = fault_spec({"PIPELINES_FAULT_INJECT": "rank=1,epoch=2,mode=raise"})
     records, logger = Records(), logging.getLogger("pipelines")
     level = logger.level
     logger.addHandler(records)
     logger.setLevel(logging.WARNING)  # whatever an earlier test's logging set-up left there
     try:
-        hooks = [FaultInjection.requested(rank) for rank in (0, 1)]
+        hooks = [FaultInjection.requested(spec, rank) for rank in (0, 1)]
     finally:
         logger.removeHandler(records)
         logger.setLevel(level)

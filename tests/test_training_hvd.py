@@ -190,7 +190,7 @@ def checkpoint_checksum(out, epoch, num_classes, backbone="tiny", seed=42):
     random backbone (``--weights none --seed 42``: the checkpoint identifies it by hash)."""
     from pipelines.training.checkpoints import load_checkpoint
     from pipelines.training.model import build_model
-    from pipelines.training.train import weights_checksum
+    from pipelines.training.resume import weights_checksum
     model = build_model(num_classes, SIZE, weights="none", seed=seed, backbone=backbone)
     load_checkpoint(model, os.path.join(out, f"checkpoint-{epoch}.npz"), optimizer=False)
     return weights_checksum(model)
@@ -200,7 +200,7 @@ def assert_model_holds_checkpoint(out, epoch, num_classes, differs_from_last=Tru
     """model.keras's weights are checkpoint ``epoch``'s and, when the epochs ran out (no stop, so the
     last checkpoint holds the last epoch's weights), not the last checkpoint's. (When early stopping
     stops the run, Keras restores the best weights before that epoch's checkpoint is written.)"""
-    from pipelines.training.train import weights_checksum
+    from pipelines.training.resume import weights_checksum
     backbone = metrics(out)["config"]["backbone"]
     final = weights_checksum(load_model(out))
     assert final == checkpoint_checksum(out, epoch, num_classes, backbone)
@@ -955,7 +955,7 @@ def test_a_run_killed_in_phase_2_resumes_phase_2(dataset, tmp_path):
     model = fresh_tiny(classes, blocks=1)  # checkpoint 4 on the initial backbone: phase 2's weights at the kill
     for weight, array in zip(model.trainable_weights, checkpoint_arrays(out, 4)):
         weight.assign(array)
-    from pipelines.training.train import weights_checksum
+    from pipelines.training.resume import weights_checksum
     killed_at, optimizer_at_kill = weights_checksum(model), optimizer_checksum_of(out, 4)
 
     resumed = train(data, out, *args, np_=0)

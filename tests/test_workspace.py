@@ -2,16 +2,17 @@
 import os
 
 from pipelines import notebook as nb
+from pipelines.environment import WORKDIR_ENV
 from pipelines.tools import workspace
 
 
 def test_default_workdir_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv(workspace.WORKDIR_ENV, str(tmp_path / "w"))
+    monkeypatch.setenv(WORKDIR_ENV, str(tmp_path / "w"))
     assert workspace.default_workdir() == str(tmp_path / "w")
 
 
 def test_setup_gives_workdir_data_and_the_runs_shared_config(monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv(workspace.WORKDIR_ENV, str(tmp_path / "work"))
+    monkeypatch.setenv(WORKDIR_ENV, str(tmp_path / "work"))
     etl = tmp_path / "work" / "etl"
     etl.mkdir(parents=True)
     (etl / "manifest.json").write_text("{}")  # an existing ETL output is reused as it is

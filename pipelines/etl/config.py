@@ -7,8 +7,9 @@ from typing import Dict, Optional
 
 from pipelines import storage
 from pipelines import tracking as trk
-from pipelines.config import field, storage_options_field
+from pipelines.config import field, settle_verbose, storage_options_field, verbose_field
 from pipelines.contract import DEFAULT_IMAGE_SIZE, row_bytes
+from pipelines.environment import read_settings
 from pipelines.paths import check_url_safe
 from pipelines.etl.images import DEFAULT_MAX_PIXELS
 
@@ -40,7 +41,7 @@ class ETLConfig:
     num_partitions: int = field(0, help="Spark partitions for decoding; 0 = 2 x default parallelism")
     master: Optional[str] = field(None, help="Spark master when not set by spark-submit "
                                              "(default local[*])")
-    verbose: bool = field(False, help="show Spark's INFO log and known harmless warnings (quiet by default)")
+    verbose: Optional[bool] = verbose_field("Spark's INFO log")
     tracking: Optional[bool] = field(None, help=trk.HELP["tracking"])
     tracking_uri: str = field("", help=trk.HELP["tracking_uri"])
     experiment: str = field("pipelines-etl", help=trk.HELP["experiment"])
@@ -79,7 +80,10 @@ class ETLConfig:
             self.output = check_url_safe(self.output, "--output")
         if self.storage_options and storage.is_local(self.input) and storage.is_local(self.output):
             raise ValueError("--storage-option is only used for URIs (s3://...), and --input and --output are local")
-        self.tracking, self.tracking_uri = trk.resolve(self.tracking, self.tracking_uri, self.output, self.experiment)
+        settings = read_settings()  # here, in the launching process: the one read of the environment
+        self.verbose = settle_verbose(self.verbose, settings)
+        self.tracking, self.tracking_uri = trk.resolve(self.tracking, self.tracking_uri, self.output, self.experiment,
+                                                       settings)
 
     def location(self, uri: str) -> storage.Location:
         """``uri`` (``--input``, ``--output`` or below them) resolved with ``--storage-option``, which

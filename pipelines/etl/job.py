@@ -385,7 +385,9 @@ def _manifest(config: ETLConfig, the_plan: Plan, stats: Dict[str, SplitStats], w
         "layout": the_plan.layout,
         "classes_not_in_both_splits": _classes_not_in_both_splits(class_names, stats),
         "min_row_groups": config.min_row_groups,
-        "max_world_size": min(stats[s].row_groups for s in SPLITS),
+        # ranks shard the train split by row group; the test split by rows where they outnumber its
+        # row groups (pipelines.training.data.OnePassShard), so only the train split limits them
+        "max_world_size": stats[TRAIN].row_groups,
         "files": {
             "found": len(the_plan.files),
             "written": len(written),
@@ -458,8 +460,11 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
     """
     from pyspark import SparkContext
 
+    from pipelines.environment import read_settings
+    from pipelines.quiet import quiet_libraries
     from pipelines.spark import log_progress, spark_session
 
+    quiet_libraries(config.verbose)  # this process's third-party noise (MLflow's): the config's choice
     check_paths(config)
     if spark is None and SparkContext._active_spark_context is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
         # We are about to start the JVM ourselves: refuse before it starts, from the master we
@@ -473,7 +478,8 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
     output = config.location(config.output)
     output.makedirs()
     with track(config) as tracker:
-        spark = spark or spark_session("pipelines-etl", config.master)
+        spark = spark or spark_session("pipelines-etl", config.master, verbose=config.verbose,
+                                       log_level=read_settings().spark_log_level)
         context = spark.sparkContext
         check_memory(config, context.master, dict(context.getConf().getAll()))
         start = time.perf_counter()
@@ -555,7 +561,7 @@ def format_summary(manifest: dict) -> str:
         lines.append(f"  {split:5s}: {plural(s['rows'], 'row')} in {plural(s['row_groups'], 'row group')} "
                      f"(~{s['mean_row_group_bytes'] / 2**20:.2f} MiB each, "
                      f"{s['mean_row_group_bytes_compressed'] / 2**20:.2f} MiB compressed)")
-    lines.append(f"  max world size (row groups of the smallest split): {manifest['max_world_size']}")
+    lines.append(f"  max world size (row groups of the train split): {manifest['max_world_size']}")
     for reason, n in sorted(files["reasons"].items()):
         lines.append(f"  {n:6d} {reason}")
     if files["rejected"] + files["skipped"]:
@@ -568,6 +574,6 @@ def format_summary(manifest: dict) -> str:
                      f"images to be in both splits (a class needs 2 or more): {shown}{more}")
     lines.append(f"  {manifest['images_per_second']} images/s ({manifest['seconds']} s in Spark)")
     if manifest["max_world_size"] < manifest["min_row_groups"]:
-        lines.append(f"  WARNING: a split has fewer than {plural(manifest['min_row_groups'], 'row group')} "
+        lines.append(f"  WARNING: the train split has fewer than {plural(manifest['min_row_groups'], 'row group')} "
                      "(--min-row-groups): too few rows for that many ranks")
     return "\n".join(lines)

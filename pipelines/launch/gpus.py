@@ -17,14 +17,12 @@ import shutil
 import subprocess
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from pipelines.launch.rankenv import assigned_gpus_env
 from pipelines.logs import plural
 
 CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
 DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 NCCL_IFACE = "NCCL_SOCKET_IFNAME"
-# Set by the launcher in a rank's environment when it chose the rank's GPUs (Spark's addresses,
-# comma-separated): the rank uses every GPU it sees instead of picking one by local rank.
-ASSIGNED_ENV = "PIPELINES_ASSIGNED_GPUS"
 
 _INDEX = re.compile(r"0|[1-9][0-9]*")  # CUDA_VISIBLE_DEVICES' integers: no sign, no zero padding
 _UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]+(/[0-9]+/[0-9]+)?")  # nvidia-smi -L's names, which CUDA takes too
@@ -108,11 +106,12 @@ def visible_gpu_count(environ: Mapping[str, str]) -> Optional[int]:
 
 def rank_gpu_env(owned: Sequence[str], addresses: Sequence[str], environ: Mapping[str, str]) -> Dict[str, str]:
     """The variables a rank's process gets for its GPUs: ``CUDA_VISIBLE_DEVICES`` = ``owned`` and
-    :data:`ASSIGNED_ENV` = Spark's ``addresses`` when it was given any; ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
-    unless ``environ`` (the user's) sets an order."""
+    Spark's ``addresses`` (:func:`pipelines.launch.rankenv.assigned_gpus_env`: the rank then uses
+    every GPU it sees instead of picking one by local rank) when it was given any;
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless ``environ`` (the user's) sets an order."""
     env = {name: value for name, value in DEVICE_ORDER.items() if name not in environ}
     if owned:
-        env.update({CUDA_VISIBLE: ",".join(owned), ASSIGNED_ENV: ",".join(addresses)})
+        env.update({CUDA_VISIBLE: ",".join(owned), **assigned_gpus_env(addresses)})
     return env
 
 

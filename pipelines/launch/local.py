@@ -19,18 +19,17 @@ from pipelines.atomic import write_json
 from pipelines.launch.failures import (HorovodJobFailed, RankFailure, exit_cause, failure_record, shell_status,
                                        signal_is_loss)
 from pipelines.launch.gpus import nccl_env, rank_gpu_env
+from pipelines.launch.rankenv import failure_dir_env, keep_env, read_rank_environment
 
 log = logging.getLogger("pipelines")
-FAILURE_DIR_ENV = "PIPELINES_FAILURE_DIR"
 
 # horovod.runner.run (0.28.1) starts from ``cycle_time_ms = None,`` and ``cache_capacity = None,``
 # (stray commas: tuples) and passes them on as HOROVOD_CYCLE_TIME="(None,)" and
 # HOROVOD_CACHE_CAPACITY="(None,)", which Horovod's core reads as 0: a background thread that never
 # sleeps between cycles and no response cache. On a CPU it steals a core from the training: a rank
 # alone on one core trained at half speed. ``horovodrun`` itself sets neither. The launching
-# process's own values are handed over as PIPELINES_KEEP_<NAME>, which horovod.runner.run leaves alone.
+# process's own values are handed over (pipelines.launch.rankenv.keep_env), which horovod.runner.run leaves alone.
 _BROKEN_BY_HOROVOD_RUN = ("HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY")
-_KEEP = "PIPELINES_KEEP_"
 
 
 def pad_rank(rank: int, size: int) -> str:
@@ -51,32 +50,35 @@ def mend_pad_rank() -> None:
     gloo_run._pad_rank = pad_rank
 
 
-def repair_horovod_env() -> None:
+def repair_horovod_env(kept: Dict[str, str]) -> None:
     """Replace the ``"(None,)"`` values ``horovod.runner.run`` gives some tuning variables, before
-    ``hvd.init()`` reads them: by the launching process's own value when it had one, else by
-    nothing (Horovod's defaults apply). Values that are not ``"(None,)"`` stay."""
+    ``hvd.init()`` reads them: by the launching process's own value when it had one (``kept``:
+    :attr:`pipelines.launch.rankenv.RankEnvironment.kept`), else by nothing (Horovod's defaults
+    apply). Values that are not ``"(None,)"`` stay."""
     for name in _BROKEN_BY_HOROVOD_RUN:
         if os.environ.get(name) == "(None,)":
-            if _KEEP + name in os.environ:
-                os.environ[name] = os.environ[_KEEP + name]
+            if name in kept:
+                os.environ[name] = kept[name]
             else:
                 del os.environ[name]
 
 
 class _Recorded:
-    """Wraps ``main`` so that a rank's exception is written to ``FAILURE_DIR`` before it propagates."""
+    """Wraps ``main`` so that a rank's exception is written to the run's failure folder before it
+    propagates: the start of a rank of Horovod's launcher, which reads what the launcher handed it."""
 
     def __init__(self, main: Callable[..., Any]):
         self.main = main
 
     def __call__(self, **kwargs: Any) -> Any:
-        repair_horovod_env()
+        handed = read_rank_environment()
+        repair_horovod_env(handed.kept)
         try:
             return self.main(**kwargs)
         except BaseException as exc:
             record = failure_record(exc)
             log.error("rank %d on %s failed: %s", record["rank"], record["host"], record["cause"])
-            directory = os.environ.get(FAILURE_DIR_ENV)
+            directory = handed.failure_dir
             if directory:
                 write_json(os.path.join(directory, f"rank-{record['rank']}.json"), record)
             raise
@@ -95,11 +97,9 @@ def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
     import horovod.runner  # in the function: `import pipelines` stays free of Horovod
 
     mend_pad_rank()
-    handed = {FAILURE_DIR_ENV: None, **{_KEEP + n: os.environ[n] for n in _BROKEN_BY_HOROVOD_RUN
-                                        if n in os.environ},
-              **rank_gpu_env([], [], os.environ), **nccl_env(iface, os.environ)}  # none the user set
     with tempfile.TemporaryDirectory(prefix="hvd-failures-") as failures:
-        handed[FAILURE_DIR_ENV] = failures
+        handed = {**failure_dir_env(failures), **keep_env(_BROKEN_BY_HOROVOD_RUN, os.environ),
+                  **rank_gpu_env([], [], os.environ), **nccl_env(iface, os.environ)}  # none the user set
         os.environ.update(handed)  # inherited by the ranks
         try:
             if log_dir:

@@ -11,21 +11,21 @@ A job fails for one of two kinds of reasons, and only one kind is worth a second
   it would fail again the same way, so it is reported at once, never retried.
 
 :func:`run_with_retries` runs a launch function up to ``K + 1`` times, relaunching after lost
-failures only; the function it launches learns which attempt it is from :func:`attempts` (inside
-a rank), and continues from its own newest complete checkpoint when :func:`relaunched` (the
-training job's :func:`pipelines.training.train.restore` does).
+failures only; the function it launches learns which attempt it is from
+:attr:`pipelines.launch.rankenv.RankEnvironment.attempts` (read at the rank's start), and
+continues from its own newest complete checkpoint when ``relaunched`` (the training job's
+:func:`pipelines.training.resume.restore` does).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any, Callable, Dict, List
 
 from pipelines.launch.failures import HorovodJobFailed, RelaunchImpossible, describe
+from pipelines.launch.rankenv import attempts_env
 
 log = logging.getLogger("pipelines")
-ATTEMPTS_ENV = "PIPELINES_ATTEMPTS"  # the earlier attempts, JSON, in every rank of a relaunch
 
 
 def is_lost(failure) -> bool:
@@ -37,28 +37,16 @@ def is_lost(failure) -> bool:
 
 
 class _Attempt:
-    """Wraps a rank's function: publishes the attempts so far in :data:`ATTEMPTS_ENV` first."""
+    """Wraps a rank's function: hands it the attempts so far (:func:`pipelines.launch.rankenv.attempts_env`),
+    in the rank's process, before it starts."""
 
     def __init__(self, main: Callable[..., Any], history: List[Dict]):
         self.main = main
         self.history = history
 
     def __call__(self, **kwargs: Any) -> Any:
-        os.environ[ATTEMPTS_ENV] = json.dumps(self.history)
+        os.environ.update(attempts_env(self.history))
         return self.main(**kwargs)
-
-
-def attempts() -> List[Dict]:
-    """Inside a rank: every attempt of this job so far, this one last: ``[{"attempt": 1,
-    "failure": "rank 1 on HOST failed: process killed by signal SIGKILL"}, ..., {"attempt": n,
-    "failure": None}]``; ``[{"attempt": 1, "failure": None}]`` outside a relaunching runner."""
-    earlier = json.loads(os.environ.get(ATTEMPTS_ENV) or "[]")
-    return earlier + [{"attempt": len(earlier) + 1, "failure": None}]
-
-
-def relaunched() -> bool:
-    """Inside a rank: whether this is a relaunch after a lost rank (continue from the checkpoints)."""
-    return len(attempts()) > 1
 
 
 def run_with_retries(launch: Callable[[Callable[..., Any]], Any], main: Callable[..., Any],

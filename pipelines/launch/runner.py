@@ -40,7 +40,7 @@ class HorovodRunner:
             as it is or refused, never replaced.
         max_failures: relaunch the whole run up to this many times when a rank's process or host
             is lost (:mod:`pipelines.launch.recovery`), with the same ``np``; the function must then continue
-            from its own checkpoints when ``pipelines.launch.recovery.relaunched()``. 0: fail at once.
+            from its own checkpoints when relaunched (``pipelines.launch.rankenv.RankEnvironment.relaunched``). 0: fail at once.
         log_dir: a local folder that keeps each rank's whole output: ``rank-R.log`` (``np > 0``,
             written by the driver as the lines arrive), or Horovod's ``rank.R/stdout`` and
             ``rank.R/stderr`` (``np < 0``). None: the output is only shown, live, at the driver.

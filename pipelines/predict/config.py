@@ -6,7 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from pipelines.config import field
+from pipelines.config import field, settle_verbose, verbose_field
+from pipelines.environment import read_settings
 from pipelines.paths import check_url_safe
 from pipelines.storage import check_not_root
 
@@ -40,7 +41,7 @@ class PredictConfig:
                                           "(spark.sql.execution.arrow.maxRecordsPerBatch); 0 = whole model "
                                           "batches of at most 8 MiB of images")
     master: Optional[str] = field(None, help="Spark master when not set by spark-submit (default local[*])")
-    verbose: bool = field(False, help="show Spark's INFO log and known harmless warnings (quiet by default)")
+    verbose: Optional[bool] = verbose_field("Spark's INFO log")
 
     def __post_init__(self) -> None:
         for name in ("top_k", "batch_size"):
@@ -61,6 +62,7 @@ class PredictConfig:
         # Spark writes the output through a Hadoop path (a URL): refuse what a URL cannot carry.
         self.output = check_url_safe(self.output, "--output")
         check_not_root(self.output, "--output")  # a run replaces its output folder whole
+        self.verbose = settle_verbose(self.verbose, read_settings())  # the launching process's environment
 
     @property
     def max_file_bytes(self) -> int:

@@ -151,7 +151,7 @@ def make_predict_fn(spec, k: int, from_files: bool, max_file_bytes: int, threads
 
         zipcache.install()  # this worker's next tasks start in milliseconds, not 0.3 s (see the module)
 
-        quiet_by_default(["--verbose"] if verbose else [])  # before this worker loads TensorFlow
+        quiet_by_default(verbose)  # before this worker loads TensorFlow
         set_threads(threads)
         model = spec.load()
         decode = make_decoder(from_files, spec.image_size, max_file_bytes)

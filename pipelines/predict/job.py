@@ -297,15 +297,19 @@ def run_predict(config: PredictConfig, spark=None) -> Dict:
         FileNotFoundError, NotADirectoryError, ValueError: see :func:`prepare` (before Spark).
         RuntimeError: the written rows do not reconcile with the input.
     """
+    from pipelines.environment import read_settings
+    from pipelines.quiet import quiet_libraries
     from pipelines.spark import log_progress, spark_session
 
+    quiet_libraries(config.verbose)  # this process's third-party noise: the config's choice
     staging, download = work_dirs(config.output)
     try:
         spec, plan = prepare(config, download)
         log.info("model %s: %s, %d px input; input %s (%s): %s to predict, %s skipped", spec.source,
                  plural(spec.num_classes, "class"), spec.image_size, plan.root, plan.kind, plural(plan.rows, "row"),
                  plural(len(plan.skipped), "file"))
-        spark = spark or spark_session("pipelines-predict", config.master)
+        spark = spark or spark_session("pipelines-predict", config.master, verbose=config.verbose,
+                                       log_level=read_settings().spark_log_level)
         start = time.perf_counter()
         rows = config.arrow_batch_rows or arrow_batch_rows(config.batch_size, row_bytes(spec.image_size))
         with log_progress(spark), session_conf(spark, {ARROW_RECORDS: str(rows)}):

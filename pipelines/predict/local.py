@@ -56,8 +56,10 @@ def format_row(row: Dict) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Print the top k of each file. Returns 0; 1 when a file was unreadable (the others are
     printed); 2 with a one-line error for a missing model or a model without its contract."""
-    from pipelines.config import add_arguments
+    from pipelines.config import add_arguments, settle_verbose
+    from pipelines.environment import read_settings
     from pipelines.logs import setup_logging
+    from pipelines.quiet import quiet_by_default
 
     parser = argparse.ArgumentParser(prog="python -m pipelines.predict", description=__doc__.split("\n")[0])
     parser.add_argument("images", nargs="+", help="image files")
@@ -66,6 +68,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.top_k < 1 or args.batch_size < 1 or not args.max_file_mb > 0:
         parser.error("--top-k and --batch-size must be >= 1, --max-file-mb positive")
+    quiet_by_default(settle_verbose(args.verbose, read_settings()))  # before TensorFlow loads
     log = setup_logging("predict")
     with tempfile.TemporaryDirectory(prefix="model-") as download:
         try:

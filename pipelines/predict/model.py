@@ -125,9 +125,9 @@ def load_model(flavor: str, path: str, sha256: str = ""):
 def _load(flavor: str, path: str, sha256: str, _stamp: int):
     from pipelines.kerasapi import keras
 
-    from pipelines.quiet import quiet_libraries
+    from pipelines.quiet import is_verbose, quiet_libraries
 
-    quiet_libraries()  # TensorFlow's and MLflow's Python loggers: errors only, unless verbose
+    quiet_libraries(is_verbose())  # TensorFlow's and MLflow's Python loggers: errors only, unless verbose
     source = mlflow_model_file(path) if flavor == MLFLOW else path
     with tempfile.TemporaryDirectory(prefix="model-") as private:  # 0700: nobody swaps the file after the check
         copy = os.path.join(private, "model")
@@ -316,12 +316,12 @@ def _resolve_mlflow(uri: str, names: Optional[List[Optional[str]]], download_dir
     """Download the MLflow model, read its class names and load it to read its input size."""
     from pipelines.quiet import is_verbose, quiet_libraries
 
-    if not is_verbose([]):
+    if not is_verbose():
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    quiet_libraries()
+    quiet_libraries(is_verbose())
     from pipelines.tracking import using_store
 
     try:

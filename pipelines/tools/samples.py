@@ -24,8 +24,9 @@ class folders are numbered from 001 in sorted class order, files per class from 
     standard classes as 28x28 greyscale (mode L) JPEGs, quality 90; ``--per-class N`` keeps the
     first N images of each class in that order.
 
-Packages are fetched with ``apt-get download`` into ``$PIPELINES_CACHE/debs/`` (default
-``~/.cache/pipelines``) and unpacked with ``dpkg -x`` into ``$PIPELINES_CACHE/<set>/``; both
+Packages are fetched with ``apt-get download`` into ``CACHE/debs/`` (CACHE: the set-up tools'
+cache folder, :attr:`pipelines.environment.Settings.cache`, default ``~/.cache/pipelines``) and
+unpacked with ``dpkg -x`` into ``CACHE/<set>/``; both
 are reused when present, so a second run downloads nothing.
 
 DEST policy: DEST may hold only class folders ``NNN.<name>`` containing ``NNN_IIII.jpg`` files
@@ -53,6 +54,7 @@ from typing import Iterable, Sequence
 import numpy as np
 from PIL import Image
 
+from pipelines.environment import read_settings
 from pipelines.logs import plural
 
 log = logging.getLogger(__name__)
@@ -209,8 +211,8 @@ def _is_our_image(path: Path, prefix: str) -> bool:
 # ---------------------------------------------------------------- Debian packages
 
 def cache_dir() -> Path:
-    """``$PIPELINES_CACHE``, or ``~/.cache/pipelines`` when unset."""
-    return Path(os.environ.get("PIPELINES_CACHE") or Path.home() / ".cache" / "pipelines").expanduser()
+    """The set-up tools' cache folder (:attr:`pipelines.environment.Settings.cache`)."""
+    return Path(read_settings().cache)
 
 
 def fetch_deb(package: str, debs: Path) -> Path:

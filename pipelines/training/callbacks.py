@@ -11,10 +11,10 @@ from typing import Dict, List, Optional, Sequence
 from pipelines.kerasapi import keras
 
 from pipelines.atomic import write_json
+from pipelines.launch.rankenv import FAULT_ENV
 from pipelines.training.schedule import checkpoint_path, marker_path
 
 log = logging.getLogger("pipelines")
-FAULT_ENV = "PIPELINES_FAULT_INJECT"
 
 
 class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
@@ -192,33 +192,34 @@ class SyncOutputs(keras.callbacks.Callback):
 
 
 class FaultInjection(keras.callbacks.Callback):
-    """Test hook: ``PIPELINES_FAULT_INJECT="rank=R,epoch=E,mode=raise|kill|stall[,mark=PATH]"`` makes
+    """Test hook: ``spec`` = ``"rank=R,epoch=E,mode=raise|kill|stall[,mark=PATH]"`` (the rank's
+    :attr:`pipelines.launch.rankenv.RankEnvironment.fault`, from the test's variable) makes
     rank R fail at the end of epoch E (1-based), once that epoch's checkpoint is complete (another rank
     than 0 waits up to a minute for rank 0's marker in ``directory``): ``raise`` raises RuntimeError,
     ``kill`` sends itself SIGKILL, ``stall`` sleeps for good (the other ranks wait in epoch E+1's
     first allreduce, so no later checkpoint can complete: a test then takes the rank's host away at a
     known point). With ``mark``, the wall-clock time of the fault (``time.time()``, seconds) is
     written to PATH first, so a test can time the verdict from the fault rather than from the job's
-    start. Without the variable it does nothing."""
+    start. With an empty ``spec`` it does nothing."""
 
-    def __init__(self, rank: int, directory: str = ""):
+    def __init__(self, spec: str, rank: int, directory: str = ""):
         super().__init__()
-        spec = dict(item.split("=", 1) for item in os.environ.get(FAULT_ENV, "").split(",") if "=" in item)
-        self.active = bool(spec) and int(spec.get("rank", 0)) == rank
-        self.epoch = int(spec.get("epoch", 0))
-        self.mode = spec.get("mode", "raise")
-        self.mark = spec.get("mark")
+        parts = dict(item.split("=", 1) for item in spec.split(",") if "=" in item)
+        self.active = bool(parts) and int(parts.get("rank", 0)) == rank
+        self.epoch = int(parts.get("epoch", 0))
+        self.mode = parts.get("mode", "raise")
+        self.mark = parts.get("mark")
         self.directory = directory
 
     @classmethod
-    def requested(cls, rank: int, directory: str = "") -> "Optional[FaultInjection]":
-        """The hook for ``rank`` where the test variable is set, else ``None``: a production run
-        carries no test callback at all. A run that has one says so once, at its start, on rank 0."""
-        if not os.environ.get(FAULT_ENV):
+    def requested(cls, spec: str, rank: int, directory: str = "") -> "Optional[FaultInjection]":
+        """The hook for ``rank`` where the test variable gave a ``spec``, else ``None``: a production
+        run carries no test callback at all. A run that has one says so once, at its start, on rank 0."""
+        if not spec:
             return None
         if rank == 0:
-            log.warning("test hook %s is set (%s): a fault will be injected", FAULT_ENV, os.environ[FAULT_ENV])
-        return cls(rank, directory)
+            log.warning("test hook %s is set (%s): a fault will be injected", FAULT_ENV, spec)
+        return cls(spec, rank, directory)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.active and epoch + 1 == self.epoch:

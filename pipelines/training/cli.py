@@ -21,7 +21,9 @@ from pipelines.config import parse_configs
 from pipelines.launch import HorovodJobFailed, RelaunchImpossible
 from pipelines.launch.config import LaunchConfig
 from pipelines.launch.gpus import DEVICE_ORDER
+from pipelines.environment import read_settings
 from pipelines.logs import plural, setup_logging
+from pipelines.quiet import quiet_by_default
 from pipelines.spark import spark_session
 from pipelines.storage import is_local, resolve
 from pipelines.tracking import TrackingFailed, check_store
@@ -49,10 +51,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rank fails (on its host: also its network) and is not relaunched (``--max-failures``), or when
     MLflow could not log the results (the training outputs are complete).
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     for name, value in DEVICE_ORDER.items():  # before TensorFlow loads: GPUs numbered as nvidia-smi does
         os.environ.setdefault(name, value)
     config, launch = parse_configs((TrainConfig, LaunchConfig), argv)
+    quiet_by_default(config.verbose)  # before TensorFlow or Spark load; the ranks get it in config
     rank, world_size = horovodrun_place(os.environ)  # the one read of Horovod's variables here
     log = logging.getLogger("pipelines")
     try:
@@ -113,7 +115,7 @@ def launch_ranks(config: TrainConfig, launch: LaunchConfig) -> dict:
     if config.tracking:
         check_store(config.tracking_uri)
     if launch.np > 0:
-        spark_session("pipelines-train")
+        spark_session("pipelines-train", verbose=config.verbose, log_level=read_settings().spark_log_level)
     with rank_log_dir(config) as logs:
         runner = launch.runner(logs, before_ranks=lambda: fetch_weights(config))
         return runner.run(run_training, config=config, run_id=run.run_id)  # every relaunch continues this run's checkpoints only

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 from pipelines import tracking as trk
-from pipelines.config import field, storage_options_field
+from pipelines.config import field, settle_verbose, storage_options_field, verbose_field
+from pipelines.environment import TRACKING_ENV, read_settings
 from pipelines.paths import check_url_safe
 from pipelines.storage import check_not_root, is_local
 from pipelines.training.finetune import KERAS_GUIDE_LR_FACTOR
@@ -58,7 +59,7 @@ class TrainConfig:
     bind_cores: bool = field(False, help="bind each rank and its threads to --threads cores of its own (CPU "
                                          "training on a host the ranks fill: local ranks x threads <= cores)")
     tensorboard: bool = field(True, help="write TensorBoard logs on rank 0")
-    verbose: bool = field(False, help="show TensorFlow's info lines and known harmless warnings (quiet by default)")
+    verbose: Optional[bool] = verbose_field("TensorFlow's info lines")
     feature_cache: bool = field(False, help="compute the frozen backbone's features once (Parquet next to the "
                                             "data, reused by later runs) and train only the head on them")
     augment: bool = field(False, help="random horizontal flips of the training images (turns the feature "
@@ -146,9 +147,12 @@ class TrainConfig:
             from pipelines.training.rowcache import refuse_foreign
 
             refuse_foreign(self.cache_dir)  # another user's files are never read as a rank's cache
-        self.tracking, self.tracking_uri = trk.resolve(self.tracking, self.tracking_uri, self.output, self.experiment)
+        settings = read_settings()  # here, in the launching process: the one read of the environment
+        self.verbose = settle_verbose(self.verbose, settings)
+        self.tracking, self.tracking_uri = trk.resolve(self.tracking, self.tracking_uri, self.output, self.experiment,
+                                                       settings)
         if self.register_model and not self.tracking:
-            raise ValueError("--register-model needs tracking: drop --no-tracking (or PIPELINES_TRACKING=0)")
+            raise ValueError(f"--register-model needs tracking: drop --no-tracking (or {TRACKING_ENV}=0)")
 
 
 def check_folder_path(path: str, option: str) -> None:

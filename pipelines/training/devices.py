@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
-from pipelines.launch.gpus import ASSIGNED_ENV, check_local_gpus
+from pipelines.launch.gpus import check_local_gpus
 from pipelines.logs import plural
 
 log = logging.getLogger("pipelines")
@@ -21,12 +21,6 @@ def local_topology() -> Tuple[int, int]:
     (``HOROVOD_LOCAL_RANK``/``HOROVOD_LOCAL_SIZE``), readable before ``hvd.init()``; a lone
     process is rank 0 of 1."""
     return int(os.environ.get("HOROVOD_LOCAL_RANK", "0")), int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
-
-
-def assigned_gpus(environ: Mapping[str, str]) -> List[str]:
-    """The GPU addresses a launcher gave this rank as its own (Spark's, for a barrier task whose
-    process sees only them: :data:`pipelines.launch.gpus.ASSIGNED_ENV`); empty otherwise."""
-    return [a for a in environ.get(ASSIGNED_ENV, "").split(",") if a]
 
 
 def threads_per_rank(threads: int, local_size: int) -> int:
@@ -54,7 +48,8 @@ def choose_device(visible_gpus: Sequence[str], local_rank: int, local_size: int,
             (PCI bus order: the launchers set ``CUDA_DEVICE_ORDER=PCI_BUS_ID``).
         local_rank, local_size: this process's rank among the ranks on its host, and their number
             (Horovod's ``local_rank()``, ``local_size()``).
-        assigned: GPU addresses a launcher gave this rank as its own (:func:`assigned_gpus`): the
+        assigned: GPU addresses a launcher gave this rank as its own (Spark's, for a barrier task:
+            :attr:`pipelines.launch.rankenv.RankEnvironment.assigned_gpus`): the
             process then sees only those (``CUDA_VISIBLE_DEVICES``), and takes the first.
 
     Returns:

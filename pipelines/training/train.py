@@ -2,30 +2,31 @@
 
 :func:`run_training` reads top to bottom as the job's steps; each rank runs all of them, and the
 side effects (checkpoints, logs, reports, the exported model, the MLflow run) are rank 0's, stated
-once in :func:`start_tracking`, :func:`make_callbacks` and :func:`save_outputs`. Resume is decided in
-one place, :func:`restore`. The input path (images, or cached backbone features) is an object from
-:mod:`pipelines.training.inputs`; nothing else here depends on which one it is.
+once in :func:`start_tracking`, :func:`make_callbacks` and
+:func:`pipelines.training.results.save_outputs`. Resume is decided in one place,
+:func:`pipelines.training.resume.restore`. The input path (images, or cached backbone features) is
+an object from :mod:`pipelines.training.inputs`; nothing else here depends on which one it is.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import os
-import posixpath
 import shutil
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional
 
 from pipelines.config import to_dict
-from pipelines.contract import CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT, TENSORBOARD
+from pipelines.contract import HISTORY, TENSORBOARD
+from pipelines.launch.rankenv import RankEnvironment, read_rank_environment
 from pipelines.logs import plural
 from pipelines.redact import redact
 from pipelines.storage import is_local, resolve
 from pipelines.training.config import TrainConfig
+from pipelines.training.resume import Resume, phase1_best, phase2_resume, restore
+from pipelines.training.results import build_report, save_outputs
 
 log = logging.getLogger("pipelines")
 
@@ -33,7 +34,8 @@ log = logging.getLogger("pipelines")
 @dataclass(frozen=True)
 class Rank:
     """This process in the Horovod world: global ``rank`` of ``size``, ``local_rank`` of
-    ``local_size`` on its host, TensorFlow intra-op ``threads``, and the ``cores`` it is bound to."""
+    ``local_size`` on its host, TensorFlow intra-op ``threads``, the ``cores`` it is bound to, and
+    what its launcher ``handed`` it (attempts, assigned GPUs, the tests' fault hook)."""
 
     rank: int
     size: int
@@ -42,6 +44,7 @@ class Rank:
     threads: int
     cores: Optional[List[int]] = None
     precision: str = "float32"  # Keras' global dtype policy: float32, or mixed_float16 (--mixed-precision on a GPU)
+    handed: RankEnvironment = field(default_factory=RankEnvironment)
 
 
 @dataclass(frozen=True)
@@ -61,68 +64,42 @@ class RunPlan:
         return self.outputs.local if self.outputs else None
 
 
-@dataclass
-class Resume:
-    """Where training starts: after ``initial_epoch`` (0 = fresh), with the history and the
-    early-stopping state of the checkpoint it resumes from, and the best weights so far."""
-
-    marker: Optional[Dict] = None
-    best_weights: Optional[list] = None
-    checksums: Optional[List[str]] = None
-    history: List[Dict] = field(default_factory=list)
-    optimizer_checksums: Optional[List[str]] = None
-
-    @property
-    def initial_epoch(self) -> int:
-        return self.marker["epoch"] if self.marker else 0
-
-    @property
-    def phase(self) -> int:
-        """The phase the checkpoint was written in: 1, or 2 (fine-tuning); 1 when there is none."""
-        return self.marker.get("phase", 1) if self.marker else 1
-
-    def finished(self, epochs: int) -> bool:
-        """Whether the resumed run had already stopped early or run all ``epochs``."""
-        return bool(self.marker) and (self.marker["early_stopping"]["stopped"] or self.initial_epoch >= epochs)
-
-
-def weights_checksum(model) -> str:
-    """sha256 of all weights' bytes, in order: equal checksums mean identical weights."""
-    digest = hashlib.sha256()
-    for array in model.get_weights():
-        digest.update(array.tobytes())
-    return digest.hexdigest()
-
-
 def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
-    """Start this rank: bind cores (before any thread starts: threads inherit the binding),
-    ``hvd.init()``, logging (rank 0 at INFO, others at WARNING), device placement, TensorFlow
-    threads. Used by the job and by the scaling benchmark, so both train on the same set-up."""
+    """Start this rank: read what its launcher handed it (:func:`pipelines.launch.rankenv.read_rank_environment`,
+    the one read of those variables), bind cores (before any thread starts: threads inherit the
+    binding), ``hvd.init()``, logging (rank 0 at INFO, others at WARNING; third-party noise as
+    ``config.verbose`` says), device placement, TensorFlow threads. Used by the job and by the
+    scaling benchmark, so both train on the same set-up."""
+    from pipelines.quiet import quiet_by_default, quiet_libraries
+
+    # before TensorFlow loads here: a barrier task's rank inherits its executor's environment, not
+    # the driver's set-up, so the rank sets its own noise from its config
+    quiet_by_default(config.verbose)
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
     from pipelines.kerasapi import keras
 
     from pipelines.logs import setup_logging
-    from pipelines.quiet import quiet_libraries
-    from pipelines.training.devices import apply_device, assigned_gpus, bind_to_cores, local_topology
+    from pipelines.training.devices import apply_device, bind_to_cores, local_topology
     from pipelines.training.devices import precision_policy, threads_per_rank
 
+    handed = read_rank_environment()
     cores = None
     if config.bind_cores:
         cores = bind_to_cores(threads_per_rank(config.threads, local_topology()[1]), announce=False)
-    quiet_libraries()
+    quiet_libraries(config.verbose)
     hvd.init()
     setup_logging(job, rank=hvd.rank(), level=logging.INFO if hvd.rank() == 0 else logging.WARNING)
     if cores and hvd.rank() == 0:
         log.info("each rank bound to %s of its own (rank 0: %s)", plural(len(cores), "core"), cores)
-    device = apply_device(hvd.local_rank(), hvd.local_size(), assigned_gpus(os.environ), announce=hvd.rank() == 0)
+    device = apply_device(hvd.local_rank(), hvd.local_size(), handed.assigned_gpus, announce=hvd.rank() == 0)
     policy, why_not = precision_policy(config.mixed_precision, device.kind)
     if policy != "float32":
         keras.mixed_precision.set_global_policy(policy)
     if why_not and hvd.rank() == 0:
         log.info("%s", why_not)
     rank = Rank(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
-                threads_per_rank(config.threads, hvd.local_size()), cores, policy)
+                threads_per_rank(config.threads, hvd.local_size()), cores, policy, handed)
     tf.config.threading.set_intra_op_parallelism_threads(rank.threads)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     return rank
@@ -161,73 +138,20 @@ def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str
     alike. Returns the :class:`~pipelines.training.runs.Claim` on rank 0, ``None`` elsewhere."""
     import horovod.tensorflow as hvd_tf
 
-    from pipelines.launch.recovery import relaunched
     from pipelines.training import runs
 
     claim, error = None, None
     if rank.rank == 0:
         target = outputs.remote or resolve(outputs.local)
         try:
-            claim = runs.claim(target, runs.identify(config, run_id), config.resume, relaunched(), config.overwrite)
+            claim = runs.claim(target, runs.identify(config, run_id), config.resume, rank.handed.relaunched,
+                               config.overwrite)
         except runs.RunRefused as exc:
             error = str(exc)
     error = hvd_tf.broadcast_object(error, root_rank=0, name="output_claim")
     if error:
         raise runs.RunRefused(error)
     return claim
-
-
-def restore(config: TrainConfig, model, rank: Rank, frozen_sha256: Optional[str] = None,
-            directory: Optional[str] = None, claim=None) -> Resume:
-    """With ``--resume``, or in a relaunch after a lost rank (``--max-failures``), rank 0 takes the
-    checkpoint its ``claim`` continues (:func:`pipelines.training.runs.claim`: the newest complete
-    checkpoint of this run's own, in ``directory``, its local output folder, default ``--output``) and
-    loads it (trainable weights and optimizer state) and the best weights so far; the marker (epoch,
-    history, early-stopping state), the weights and the optimizer state reach every rank by
-    broadcast. Without a checkpoint, training starts at epoch 1.
-
-    Raises:
-        ValueError: on every rank, when the checkpoint was trained on other frozen weights
-            (``frozen_sha256`` differs from its marker's) or is of another format.
-    """
-    import horovod.tensorflow as hvd_tf
-
-    from pipelines.launch.recovery import relaunched
-    from pipelines.training.checkpoints import build_optimizer, load_checkpoint, optimizer_checksum, optimizer_state
-    from pipelines.training.schedule import checkpoint_path, marker_weights
-
-    resuming = config.resume or relaunched()
-    directory = directory or config.output
-    marker = claim.marker if (claim is not None and resuming) else None  # only this run's own (runs.claim)
-    marker = hvd_tf.broadcast_object(marker, root_rank=0, name="resume_marker")
-    if not marker:
-        if resuming and rank.rank == 0:
-            log.info("--resume: no complete checkpoint in %s, starting from epoch 1", config.output)
-        return Resume()
-    if marker.get("frozen_sha256") != frozen_sha256:
-        raise ValueError(f"--resume: checkpoint {marker['weights']} in {config.output} was trained on other frozen "
-                         f"weights (sha256 {str(marker.get('frozen_sha256'))[:12]}, these are {frozen_sha256[:12]}): "
-                         f"use the same --weights, or start afresh without --resume")
-    if marker.get("phase", 1) == 2:  # phase 1 is over: fine-tuning loads its own state (fine_tune)
-        if marker.get("blocks") != config.fine_tune_blocks:
-            raise ValueError(f"--resume: checkpoint {marker['weights']} in {config.output} is of the fine-tuning "
-                             f"phase with --fine-tune-blocks {marker.get('blocks')}, this run has "
-                             f"{config.fine_tune_blocks}: give the same value, or start afresh without --resume")
-        return Resume(marker, history=list(marker["history"]))
-    build_optimizer(model)
-    best_weights = None
-    if rank.rank == 0:
-        best_epoch = marker["early_stopping"]["best_epoch"]
-        load_checkpoint(model, checkpoint_path(directory, best_epoch), optimizer=False)
-        best_weights = model.get_weights()
-        load_checkpoint(model, os.path.join(directory, marker_weights(marker, marker["_name"])))
-        log.info("resuming after epoch %d (checkpoint %s, %s; best epoch so far %d)",
-                 marker["epoch"], marker["weights"], plural(marker["weights_bytes"], "byte"), best_epoch)
-    hvd_tf.broadcast_variables(list(model.variables) + optimizer_state(model.optimizer), root_rank=0)
-    best_weights = hvd_tf.broadcast_object(best_weights, root_rank=0, name="best_weights")
-    checksums = hvd_tf.allgather_object(weights_checksum(model), name="resume_checksums")
-    optimizer = hvd_tf.allgather_object(optimizer_checksum(model.optimizer), name="resume_optimizer_checksums")
-    return Resume(marker, best_weights, checksums, list(marker["history"]), optimizer)
 
 
 @contextlib.contextmanager
@@ -315,7 +239,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
         callbacks.append(cb.SyncOutputs(plan.outputs))  # after every writer of the epoch's files
     # the tests' fault hook, only where they ask for it; its wait for rank 0's marker only where every
     # rank sees rank 0's folder (a local output)
-    fault = cb.FaultInjection.requested(rank.rank, config.output if is_local(config.output) else "")
+    fault = cb.FaultInjection.requested(rank.handed.fault, rank.rank, config.output if is_local(config.output) else "")
     if fault is not None:
         callbacks.append(fault)
     return callbacks, early_stopping, epoch_stats
@@ -440,10 +364,10 @@ def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Res
 
     record = phase1_record(first, resume)
     lr = phase2_lr(plan.lr, config.fine_tune_lr)
-    model = _phase1_best(first, resume, rank, plan.output_dir)
+    model = phase1_best(first, resume, rank, plan.output_dir)
     layers = unfreeze(model, config.backbone, config.fine_tune_blocks)
     compile_distributed(model, lr, config.fp16_allreduce, config.xla_on)
-    second = _phase2_resume(config, rank, model, resume, record, plan.output_dir)
+    second = phase2_resume(config, rank, model, resume, record, plan.output_dir)
     if rank.rank == 0:
         log.info("fine-tuning: top %s of %s unfrozen (%s with weights, %s), on images; lr %g = %g x %g; "
                  "epochs %d..%d", plural(config.fine_tune_blocks, "block"), config.backbone,
@@ -465,231 +389,3 @@ def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Res
               "resumed_in_phase_2": resume.phase == 2,
               "non_trainable_sha256_per_rank": hvd_tf.allgather_object(frozen_checksum(model), name="phase2_frozen")}
     return Phase(inputs, early_stopping, epoch_stats.epochs_run, seconds, totals, second, report)
-
-
-def _phase1_best(first, resume: Resume, rank: Rank, directory: str):
-    """The whole model holding phase 1's best weights: as phase 1 left them, or (resuming in phase 2
-    while the best epoch is still phase 1's) rank 0 loads that checkpoint into phase 1's trainable
-    set (the other ranks receive it by broadcast in :func:`_phase2_resume`)."""
-    from pipelines.training.checkpoints import load_checkpoint
-    from pipelines.training.schedule import checkpoint_path
-
-    if resume.phase == 2 and rank.rank == 0:
-        best = resume.marker["early_stopping"]["best_epoch"]
-        if best <= resume.marker["phase1"]["epochs"]:
-            load_checkpoint(first.inputs.model, checkpoint_path(directory, best), optimizer=False)
-    return first.inputs.exported_model()
-
-
-def _phase2_resume(config, rank, model, resume, record: Dict, directory: str):
-    """Where phase 2 starts (a :class:`pipelines.training.train.Resume`): fresh, after phase 1's last
-    epoch with phase 1's best as early stopping's to beat; or, after a phase 2 checkpoint, rank 0
-    loads the best and the newest of them into the phase 2 model (trainable set and optimizer), and
-    every rank receives weights, optimizer state and best weights by broadcast."""
-    import horovod.tensorflow as hvd_tf
-
-    from pipelines.training.checkpoints import build_optimizer, load_checkpoint, optimizer_checksum, optimizer_state
-    from pipelines.training.schedule import checkpoint_path
-
-    if resume.phase != 2:
-        state = {"best": record["best_val_accuracy"], "wait": 0, "best_epoch": record["best_epoch"], "stopped": False}
-        marker = {"epoch": record["epochs"], "early_stopping": state, "phase": 2}
-        return Resume(marker, model.get_weights(), None, resume.history, None)
-    marker = resume.marker
-    build_optimizer(model)
-    best_weights = None
-    if rank.rank == 0:
-        best = marker["early_stopping"]["best_epoch"]
-        if best > record["epochs"]:
-            load_checkpoint(model, checkpoint_path(directory, best), optimizer=False)
-        best_weights = model.get_weights()
-        load_checkpoint(model, checkpoint_path(directory, marker["epoch"]))
-        log.info("fine-tuning: resuming phase 2 after epoch %d (best epoch so far %d)", marker["epoch"], best)
-    hvd_tf.broadcast_variables(list(model.variables) + optimizer_state(model.optimizer), root_rank=0)
-    best_weights = hvd_tf.broadcast_object(best_weights, root_rank=0, name="phase2_best_weights")
-    checksums = hvd_tf.allgather_object(weights_checksum(model), name="phase2_resume_checksums")
-    optimizer = hvd_tf.allgather_object(optimizer_checksum(model.optimizer), name="phase2_resume_optimizer")
-    return Resume(marker, best_weights, checksums, resume.history, optimizer)
-
-
-def build_report(config: TrainConfig, rank: Rank, plan: RunPlan, phases: List, resume: Resume) -> Dict:
-    """The run's report: config, world, arithmetic, history, exact test metrics of the final model
-    (the last of ``phases``, :class:`pipelines.training.finetune.Phase`), fine-tuning's outcome and
-    the weight checksums and hostnames of every rank (gathered here: every rank must call it)."""
-    import horovod.tensorflow as hvd_tf
-
-    from pipelines.launch.recovery import attempts
-
-    history, steps, data, last = resume.history, plan.steps, plan.data, phases[-1]
-    fine_tune = last.report if len(phases) > 1 else None
-    resumed = last.resume if resume.phase == 2 else resume  # the phase whose state was restored
-    epochs_planned = fine_tune["epochs_planned"] if fine_tune else config.epochs
-    totals = last.totals
-    return {
-        "config": redact(to_dict(config)),
-        "run_id": plan.claim.run.run_id if plan.claim else None,  # rank 0's: the training run (train_run.json)
-        "world_size": rank.size,
-        "batch_size_per_rank": config.batch_size,
-        "global_batch_size": steps.global_batch,
-        "steps_per_epoch": steps.steps_per_epoch,
-        "validation_steps": steps.validation_steps,
-        "learning_rate": plan.lr,
-        "image_size": plan.image_size,
-        "num_classes": data.num_classes,
-        "class_names": data.class_names,
-        "input_path": last.inputs.name,
-        "feature_cache": getattr(phases[0].inputs, "directory", None),
-        "precision": rank.precision,
-        "resumed_after_epoch": resume.initial_epoch if resume.marker else None,
-        "resumed_in_phase": resume.phase if resume.marker else None,
-        "resumed_weights_checksum_per_rank": resumed.checksums,
-        "resumed_optimizer_checksum_per_rank": resumed.optimizer_checksums,
-        "attempts": attempts(),
-        "epochs_run": len(history),
-        "best_epoch": last.early_stopping.best_epoch + 1 if history else None,
-        "stopped_early": bool(history) and len(history) < epochs_planned,
-        "history": history,
-        "test": {"loss": totals.loss, "accuracy": totals.accuracy, "count": totals.count,
-                 "expected_count": data.test_rows},
-        "fine_tune": fine_tune,
-        "train_images_per_second": _steady_state(history),
-        "weights_checksum_per_rank": hvd_tf.allgather_object(weights_checksum(last.inputs.model),
-                                                             name="weights_checksums"),
-        "epochs_run_per_rank": hvd_tf.allgather_object(sum(p.epochs_run for p in phases), name="epochs_run"),
-        "host_per_rank": hvd_tf.allgather_object(socket.gethostname(), name="hosts"),
-    }
-
-
-def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tracker=None,
-                 directory: Optional[str] = None) -> None:
-    """Rank 0, in ``directory`` (its local output folder, default ``--output``): the run's results
-    first, ``model.keras`` (the whole model, taking the ETL's uint8 images, float32 compute) and its
-    contract ``model.json`` (with the model file's sha256), ``class_names.json`` and ``metrics.json``;
-    only then the pictures (:func:`save_pictures`), whose failure is logged and recorded in
-    ``metrics.json`` (``pictures_error``) without failing the run; each file written atomically.
-    Then, with a ``tracker``, the same to the MLflow run (:func:`track_outputs`).
-
-    Raises:
-        pipelines.tracking.TrackingFailed: MLflow logging failed; the outputs above are complete.
-    """
-    from pipelines.atomic import PUBLIC, write_json
-    from pipelines.contract import MODEL_FILE
-    from pipelines.training.model import export_model
-
-    class_names, directory = data.class_names, directory or config.output
-    exported = export_model(model, os.path.join(directory, MODEL_FILE), data.image_size, class_names)
-    write_json(os.path.join(directory, CLASS_NAMES), class_names, mode=PUBLIC)
-    if totals is not None and totals.confusion:
-        report["test"]["confusion"] = [list(row) for row in totals.confusion]
-    report.update(model_contract=MODEL_CONTRACT, pictures={}, mlflow=tracker.describe() if tracker else None)
-    write_json(os.path.join(directory, METRICS), report)  # the results, before any picture
-    test = report["test"]
-    log.info("test accuracy %.4f, loss %.4f on %s (exact, all ranks); best epoch %s of %d",
-             test["accuracy"], test["loss"], plural(test["count"], "image"), report["best_epoch"],
-             report["epochs_run"])
-    try:
-        pictures = save_pictures(directory, report, exported, data)
-    except Exception as exc:  # pictures are a view of the results above: never the run's failure
-        log.error("the pictures could not be drawn (%s: %s); the results are written", type(exc).__name__, exc)
-        pictures, report["pictures_error"] = {}, f"{type(exc).__name__}: {exc}"
-    # the report names where they end up: in --output (a URI receives this folder's files)
-    report["pictures"] = {name: posixpath.join(config.output, os.path.basename(path))
-                          for name, path in pictures.items()}
-    write_json(os.path.join(directory, METRICS), report)
-    for path in report["pictures"].values():
-        log.info("wrote %s", path)
-    if tracker:
-        track_outputs(config, report, exported, data, tracker, directory)
-
-
-def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker, directory: Optional[str] = None) -> None:
-    """Rank 0, after the outputs are written: the epochs the MLflow run lacks, the exact test metrics
-    and the early-stopping outcome, the output files (and the data's ``manifest.json`` under
-    ``data/``) as artifacts, and the exported model at ``model/`` (input example: a stored test
-    image), registered as a new version of ``--register-model`` tagged with its ``test_accuracy``.
-
-    Raises:
-        pipelines.tracking.TrackingFailed: logging failed; the outputs are complete.
-    """
-    import tempfile
-
-    from pipelines.contract import MANIFEST
-
-    test, directory = report["test"], directory or config.output
-    manifest = data.location.join(MANIFEST)
-    copy = None if manifest.local else tempfile.mkdtemp(prefix="pipelines-manifest-")
-    if copy:  # MLflow logs local files: a copy of a remote manifest
-        manifest.download(os.path.join(copy, MANIFEST))
-    try:
-        tracker.log_results(
-            metrics={"test_loss": test["loss"], "test_accuracy": test["accuracy"], "test_count": test["count"],
-                     "epochs_run": report["epochs_run"], "best_epoch": report["best_epoch"],
-                     "stopped_early": int(report["stopped_early"]), "attempts": len(report["attempts"]),
-                     "steady_train_images_per_second": report["train_images_per_second"],
-                     "fit_seconds": report["fit_seconds"], "total_seconds": report["total_seconds"]},
-            artifacts=[(os.path.join(directory, name), None) for name in OUTPUT_ARTIFACTS]
-            + [(os.path.join(directory, os.path.basename(path)), None) for path in report["pictures"].values()]
-            + [(os.path.join(copy, MANIFEST) if copy else manifest.path, "data")],
-            history=report["history"])
-    finally:
-        if copy:
-            shutil.rmtree(copy, ignore_errors=True)
-    example, _ = first_test_rows(data, 1)
-    uri, version = tracker.log_model(exported, example, config.register_model,
-                                     {"test_accuracy": str(test["accuracy"])}, {"class_names": data.class_names})
-    log.info("MLflow: logged run %s with model %s%s", tracker.run_id, uri,
-             f", registered as {config.register_model} version {version}" if version else "")
-
-
-OUTPUT_ARTIFACTS = (METRICS, HISTORY, CLASS_NAMES, MODEL_CONTRACT)
-
-
-CONTACT_SHEET_IMAGES = 32
-
-
-def save_pictures(output: str, report: Dict, exported, data) -> Dict[str, str]:
-    """Rank 0: training curves from the report's history, the exact confusion matrix and its largest
-    confusions (:data:`pipelines.report.PICTURES` names the files), and a contact
-    sheet of the first :data:`CONTACT_SHEET_IMAGES` test images (the split's files in order; rank 0's
-    shard alone may hold fewer), predicted by the exported model itself (``exported``, as
-    :func:`~pipelines.training.model.export_model` returns it) on the stored uint8 images.
-    Returns ``{name: path}``."""
-    from pipelines import report as pictures
-
-    where = {name: os.path.join(output, file) for name, file in pictures.PICTURES.items()}
-    paths = {"curves": pictures.plot_history(report["history"], where["curves"])}
-    if "confusion" in report["test"]:
-        matrix = report["test"]["confusion"]
-        paths["confusion"] = pictures.plot_confusion(matrix, data.class_names, where["confusion"])
-        paths["top_confusions"] = pictures.plot_top_confusions(matrix, data.class_names, where["top_confusions"])
-    images, labels = first_test_rows(data, CONTACT_SHEET_IMAGES)
-    if len(images):
-        predicted = exported.predict(images, batch_size=8, verbose=0).argmax(axis=1)
-        paths["contact_sheet"] = pictures.contact_sheet(images, labels, predicted, data.class_names,
-                                                        where["contact_sheet"])
-    return paths
-
-
-def first_test_rows(data, count: int):
-    """The first ``count`` rows of the test split, in file order (fewer when it has fewer): ``(images
-    uint8 (n, S, S, 3), labels int32 (n,))``, read with pyarrow, stopping once there are enough."""
-    import numpy as np
-
-    from pipelines.training.data import OnePassShard
-
-    images, labels = [], []
-    for batch_images, batch_labels in OnePassShard(data, "test", 0, 1).batches():  # the whole split, in order
-        images.append(batch_images)
-        labels.append(batch_labels)
-        if sum(map(len, labels)) >= count:
-            break
-    if not images:
-        return np.zeros((0, data.image_size, data.image_size, 3), np.uint8), np.zeros((0,), np.int32)
-    return np.concatenate(images)[:count], np.concatenate(labels)[:count]
-
-
-def _steady_state(history: List[Dict]) -> Optional[float]:
-    """Mean training images/s over the epochs after the first (warm-up: graph tracing, cold cache)."""
-    rates = [h["train_images_per_second"] for h in history if "train_images_per_second" in h]
-    rates = rates[1:] or rates
-    return sum(rates) / len(rates) if rates else None

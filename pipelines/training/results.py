@@ -1,0 +1,206 @@
+"""What rank 0 writes at the end of a run: the report (``metrics.json``: :func:`build_report`,
+gathered on every rank), the exported model and its contract, the pictures, and the same to the
+MLflow run (:func:`save_outputs`, :func:`track_outputs`).
+
+``rank`` and ``plan`` below are the job's :class:`pipelines.training.train.Rank` and
+:class:`~pipelines.training.train.RunPlan` (this module is imported by the job, never the other
+way round).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import shutil
+import socket
+from typing import Dict, List, Optional
+
+from pipelines.config import to_dict
+from pipelines.contract import CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT
+from pipelines.logs import plural
+from pipelines.redact import redact
+from pipelines.training.config import TrainConfig
+from pipelines.training.resume import Resume, weights_checksum
+
+log = logging.getLogger("pipelines")
+
+
+def build_report(config: TrainConfig, rank, plan, phases: List, resume: Resume) -> Dict:
+    """The run's report: config, world, arithmetic, history, exact test metrics of the final model
+    (the last of ``phases``, :class:`pipelines.training.finetune.Phase`), fine-tuning's outcome and
+    the weight checksums and hostnames of every rank (gathered here: every rank must call it)."""
+    import horovod.tensorflow as hvd_tf
+
+    history, steps, data, last = resume.history, plan.steps, plan.data, phases[-1]
+    fine_tune = last.report if len(phases) > 1 else None
+    resumed = last.resume if resume.phase == 2 else resume  # the phase whose state was restored
+    epochs_planned = fine_tune["epochs_planned"] if fine_tune else config.epochs
+    totals = last.totals
+    return {
+        "config": redact(to_dict(config)),
+        "run_id": plan.claim.run.run_id if plan.claim else None,  # rank 0's: the training run (train_run.json)
+        "world_size": rank.size,
+        "batch_size_per_rank": config.batch_size,
+        "global_batch_size": steps.global_batch,
+        "steps_per_epoch": steps.steps_per_epoch,
+        "validation_steps": steps.validation_steps,
+        "learning_rate": plan.lr,
+        "image_size": plan.image_size,
+        "num_classes": data.num_classes,
+        "class_names": data.class_names,
+        "input_path": last.inputs.name,
+        "feature_cache": getattr(phases[0].inputs, "directory", None),
+        "precision": rank.precision,
+        "resumed_after_epoch": resume.initial_epoch if resume.marker else None,
+        "resumed_in_phase": resume.phase if resume.marker else None,
+        "resumed_weights_checksum_per_rank": resumed.checksums,
+        "resumed_optimizer_checksum_per_rank": resumed.optimizer_checksums,
+        "attempts": rank.handed.attempts,
+        "epochs_run": len(history),
+        "best_epoch": last.early_stopping.best_epoch + 1 if history else None,
+        "stopped_early": bool(history) and len(history) < epochs_planned,
+        "history": history,
+        "test": {"loss": totals.loss, "accuracy": totals.accuracy, "count": totals.count,
+                 "expected_count": data.test_rows},
+        "fine_tune": fine_tune,
+        "train_images_per_second": _steady_state(history),
+        "weights_checksum_per_rank": hvd_tf.allgather_object(weights_checksum(last.inputs.model),
+                                                             name="weights_checksums"),
+        "epochs_run_per_rank": hvd_tf.allgather_object(sum(p.epochs_run for p in phases), name="epochs_run"),
+        "host_per_rank": hvd_tf.allgather_object(socket.gethostname(), name="hosts"),
+    }
+
+
+def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tracker=None,
+                 directory: Optional[str] = None) -> None:
+    """Rank 0, in ``directory`` (its local output folder, default ``--output``): the run's results
+    first, ``model.keras`` (the whole model, taking the ETL's uint8 images, float32 compute) and its
+    contract ``model.json`` (with the model file's sha256), ``class_names.json`` and ``metrics.json``;
+    only then the pictures (:func:`save_pictures`), whose failure is logged and recorded in
+    ``metrics.json`` (``pictures_error``) without failing the run; each file written atomically.
+    Then, with a ``tracker``, the same to the MLflow run (:func:`track_outputs`).
+
+    Raises:
+        pipelines.tracking.TrackingFailed: MLflow logging failed; the outputs above are complete.
+    """
+    from pipelines.atomic import PUBLIC, write_json
+    from pipelines.contract import MODEL_FILE
+    from pipelines.training.model import export_model
+
+    class_names, directory = data.class_names, directory or config.output
+    exported = export_model(model, os.path.join(directory, MODEL_FILE), data.image_size, class_names)
+    write_json(os.path.join(directory, CLASS_NAMES), class_names, mode=PUBLIC)
+    if totals is not None and totals.confusion:
+        report["test"]["confusion"] = [list(row) for row in totals.confusion]
+    report.update(model_contract=MODEL_CONTRACT, pictures={}, mlflow=tracker.describe() if tracker else None)
+    write_json(os.path.join(directory, METRICS), report)  # the results, before any picture
+    test = report["test"]
+    log.info("test accuracy %.4f, loss %.4f on %s (exact, all ranks); best epoch %s of %d",
+             test["accuracy"], test["loss"], plural(test["count"], "image"), report["best_epoch"],
+             report["epochs_run"])
+    try:
+        pictures = save_pictures(directory, report, exported, data)
+    except Exception as exc:  # pictures are a view of the results above: never the run's failure
+        log.error("the pictures could not be drawn (%s: %s); the results are written", type(exc).__name__, exc)
+        pictures, report["pictures_error"] = {}, f"{type(exc).__name__}: {exc}"
+    # the report names where they end up: in --output (a URI receives this folder's files)
+    report["pictures"] = {name: posixpath.join(config.output, os.path.basename(path))
+                          for name, path in pictures.items()}
+    write_json(os.path.join(directory, METRICS), report)
+    for path in report["pictures"].values():
+        log.info("wrote %s", path)
+    if tracker:
+        track_outputs(config, report, exported, data, tracker, directory)
+
+
+def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker, directory: Optional[str] = None) -> None:
+    """Rank 0, after the outputs are written: the epochs the MLflow run lacks, the exact test metrics
+    and the early-stopping outcome, the output files (and the data's ``manifest.json`` under
+    ``data/``) as artifacts, and the exported model at ``model/`` (input example: a stored test
+    image), registered as a new version of ``--register-model`` tagged with its ``test_accuracy``.
+
+    Raises:
+        pipelines.tracking.TrackingFailed: logging failed; the outputs are complete.
+    """
+    import tempfile
+
+    from pipelines.contract import MANIFEST
+
+    test, directory = report["test"], directory or config.output
+    manifest = data.location.join(MANIFEST)
+    copy = None if manifest.local else tempfile.mkdtemp(prefix="pipelines-manifest-")
+    if copy:  # MLflow logs local files: a copy of a remote manifest
+        manifest.download(os.path.join(copy, MANIFEST))
+    try:
+        tracker.log_results(
+            metrics={"test_loss": test["loss"], "test_accuracy": test["accuracy"], "test_count": test["count"],
+                     "epochs_run": report["epochs_run"], "best_epoch": report["best_epoch"],
+                     "stopped_early": int(report["stopped_early"]), "attempts": len(report["attempts"]),
+                     "steady_train_images_per_second": report["train_images_per_second"],
+                     "fit_seconds": report["fit_seconds"], "total_seconds": report["total_seconds"]},
+            artifacts=[(os.path.join(directory, name), None) for name in OUTPUT_ARTIFACTS]
+            + [(os.path.join(directory, os.path.basename(path)), None) for path in report["pictures"].values()]
+            + [(os.path.join(copy, MANIFEST) if copy else manifest.path, "data")],
+            history=report["history"])
+    finally:
+        if copy:
+            shutil.rmtree(copy, ignore_errors=True)
+    example, _ = first_test_rows(data, 1)
+    uri, version = tracker.log_model(exported, example, config.register_model,
+                                     {"test_accuracy": str(test["accuracy"])}, {"class_names": data.class_names})
+    log.info("MLflow: logged run %s with model %s%s", tracker.run_id, uri,
+             f", registered as {config.register_model} version {version}" if version else "")
+
+
+OUTPUT_ARTIFACTS = (METRICS, HISTORY, CLASS_NAMES, MODEL_CONTRACT)
+
+
+CONTACT_SHEET_IMAGES = 32
+
+
+def save_pictures(output: str, report: Dict, exported, data) -> Dict[str, str]:
+    """Rank 0: training curves from the report's history, the exact confusion matrix and its largest
+    confusions (:data:`pipelines.report.PICTURES` names the files), and a contact
+    sheet of the first :data:`CONTACT_SHEET_IMAGES` test images (the split's files in order; rank 0's
+    shard alone may hold fewer), predicted by the exported model itself (``exported``, as
+    :func:`~pipelines.training.model.export_model` returns it) on the stored uint8 images.
+    Returns ``{name: path}``."""
+    from pipelines import report as pictures
+
+    where = {name: os.path.join(output, file) for name, file in pictures.PICTURES.items()}
+    paths = {"curves": pictures.plot_history(report["history"], where["curves"])}
+    if "confusion" in report["test"]:
+        matrix = report["test"]["confusion"]
+        paths["confusion"] = pictures.plot_confusion(matrix, data.class_names, where["confusion"])
+        paths["top_confusions"] = pictures.plot_top_confusions(matrix, data.class_names, where["top_confusions"])
+    images, labels = first_test_rows(data, CONTACT_SHEET_IMAGES)
+    if len(images):
+        predicted = exported.predict(images, batch_size=8, verbose=0).argmax(axis=1)
+        paths["contact_sheet"] = pictures.contact_sheet(images, labels, predicted, data.class_names,
+                                                        where["contact_sheet"])
+    return paths
+
+
+def first_test_rows(data, count: int):
+    """The first ``count`` rows of the test split, in file order (fewer when it has fewer): ``(images
+    uint8 (n, S, S, 3), labels int32 (n,))``, read with pyarrow, stopping once there are enough."""
+    import numpy as np
+
+    from pipelines.training.data import OnePassShard
+
+    images, labels = [], []
+    for batch_images, batch_labels in OnePassShard(data, "test", 0, 1).batches():  # the whole split, in order
+        images.append(batch_images)
+        labels.append(batch_labels)
+        if sum(map(len, labels)) >= count:
+            break
+    if not images:
+        return np.zeros((0, data.image_size, data.image_size, 3), np.uint8), np.zeros((0,), np.int32)
+    return np.concatenate(images)[:count], np.concatenate(labels)[:count]
+
+
+def _steady_state(history: List[Dict]) -> Optional[float]:
+    """Mean training images/s over the epochs after the first (warm-up: graph tracing, cold cache)."""
+    rates = [h["train_images_per_second"] for h in history if "train_images_per_second" in h]
+    rates = rates[1:] or rates
+    return sum(rates) / len(rates) if rates else None

@@ -1,0 +1,149 @@
+"""Where training starts: fresh, or from the checkpoint a run continues (``--resume``, or a
+relaunch after a lost rank), loaded on rank 0 and sent to every rank by broadcast; for the
+fine-tuning phase too (:func:`phase1_best`, :func:`phase2_resume`).
+
+``rank`` below is the job's :class:`pipelines.training.train.Rank` (this module is imported by the
+job, never the other way round).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from pipelines.logs import plural
+from pipelines.training.config import TrainConfig
+
+log = logging.getLogger("pipelines")
+
+
+@dataclass
+class Resume:
+    """Where training starts: after ``initial_epoch`` (0 = fresh), with the history and the
+    early-stopping state of the checkpoint it resumes from, and the best weights so far."""
+
+    marker: Optional[Dict] = None
+    best_weights: Optional[list] = None
+    checksums: Optional[List[str]] = None
+    history: List[Dict] = field(default_factory=list)
+    optimizer_checksums: Optional[List[str]] = None
+
+    @property
+    def initial_epoch(self) -> int:
+        return self.marker["epoch"] if self.marker else 0
+
+    @property
+    def phase(self) -> int:
+        """The phase the checkpoint was written in: 1, or 2 (fine-tuning); 1 when there is none."""
+        return self.marker.get("phase", 1) if self.marker else 1
+
+    def finished(self, epochs: int) -> bool:
+        """Whether the resumed run had already stopped early or run all ``epochs``."""
+        return bool(self.marker) and (self.marker["early_stopping"]["stopped"] or self.initial_epoch >= epochs)
+
+
+def weights_checksum(model) -> str:
+    """sha256 of all weights' bytes, in order: equal checksums mean identical weights."""
+    digest = hashlib.sha256()
+    for array in model.get_weights():
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def restore(config: TrainConfig, model, rank, frozen_sha256: Optional[str] = None,
+            directory: Optional[str] = None, claim=None) -> Resume:
+    """With ``--resume``, or in a relaunch after a lost rank (``--max-failures``), rank 0 takes the
+    checkpoint its ``claim`` continues (:func:`pipelines.training.runs.claim`: the newest complete
+    checkpoint of this run's own, in ``directory``, its local output folder, default ``--output``) and
+    loads it (trainable weights and optimizer state) and the best weights so far; the marker (epoch,
+    history, early-stopping state), the weights and the optimizer state reach every rank by
+    broadcast. Without a checkpoint, training starts at epoch 1.
+
+    Raises:
+        ValueError: on every rank, when the checkpoint was trained on other frozen weights
+            (``frozen_sha256`` differs from its marker's) or is of another format.
+    """
+    import horovod.tensorflow as hvd_tf
+
+    from pipelines.training.checkpoints import build_optimizer, load_checkpoint, optimizer_checksum, optimizer_state
+    from pipelines.training.schedule import checkpoint_path, marker_weights
+
+    resuming = config.resume or rank.handed.relaunched
+    directory = directory or config.output
+    marker = claim.marker if (claim is not None and resuming) else None  # only this run's own (runs.claim)
+    marker = hvd_tf.broadcast_object(marker, root_rank=0, name="resume_marker")
+    if not marker:
+        if resuming and rank.rank == 0:
+            log.info("--resume: no complete checkpoint in %s, starting from epoch 1", config.output)
+        return Resume()
+    if marker.get("frozen_sha256") != frozen_sha256:
+        raise ValueError(f"--resume: checkpoint {marker['weights']} in {config.output} was trained on other frozen "
+                         f"weights (sha256 {str(marker.get('frozen_sha256'))[:12]}, these are {frozen_sha256[:12]}): "
+                         f"use the same --weights, or start afresh without --resume")
+    if marker.get("phase", 1) == 2:  # phase 1 is over: fine-tuning loads its own state (fine_tune)
+        if marker.get("blocks") != config.fine_tune_blocks:
+            raise ValueError(f"--resume: checkpoint {marker['weights']} in {config.output} is of the fine-tuning "
+                             f"phase with --fine-tune-blocks {marker.get('blocks')}, this run has "
+                             f"{config.fine_tune_blocks}: give the same value, or start afresh without --resume")
+        return Resume(marker, history=list(marker["history"]))
+    build_optimizer(model)
+    best_weights = None
+    if rank.rank == 0:
+        best_epoch = marker["early_stopping"]["best_epoch"]
+        load_checkpoint(model, checkpoint_path(directory, best_epoch), optimizer=False)
+        best_weights = model.get_weights()
+        load_checkpoint(model, os.path.join(directory, marker_weights(marker, marker["_name"])))
+        log.info("resuming after epoch %d (checkpoint %s, %s; best epoch so far %d)",
+                 marker["epoch"], marker["weights"], plural(marker["weights_bytes"], "byte"), best_epoch)
+    hvd_tf.broadcast_variables(list(model.variables) + optimizer_state(model.optimizer), root_rank=0)
+    best_weights = hvd_tf.broadcast_object(best_weights, root_rank=0, name="best_weights")
+    checksums = hvd_tf.allgather_object(weights_checksum(model), name="resume_checksums")
+    optimizer = hvd_tf.allgather_object(optimizer_checksum(model.optimizer), name="resume_optimizer_checksums")
+    return Resume(marker, best_weights, checksums, list(marker["history"]), optimizer)
+
+
+def phase1_best(first, resume: Resume, rank, directory: str):
+    """The whole model holding phase 1's best weights: as phase 1 left them, or (resuming in phase 2
+    while the best epoch is still phase 1's) rank 0 loads that checkpoint into phase 1's trainable
+    set (the other ranks receive it by broadcast in :func:`phase2_resume`)."""
+    from pipelines.training.checkpoints import load_checkpoint
+    from pipelines.training.schedule import checkpoint_path
+
+    if resume.phase == 2 and rank.rank == 0:
+        best = resume.marker["early_stopping"]["best_epoch"]
+        if best <= resume.marker["phase1"]["epochs"]:
+            load_checkpoint(first.inputs.model, checkpoint_path(directory, best), optimizer=False)
+    return first.inputs.exported_model()
+
+
+def phase2_resume(config, rank, model, resume, record: Dict, directory: str):
+    """Where phase 2 starts (a :class:`Resume`): fresh, after phase 1's last
+    epoch with phase 1's best as early stopping's to beat; or, after a phase 2 checkpoint, rank 0
+    loads the best and the newest of them into the phase 2 model (trainable set and optimizer), and
+    every rank receives weights, optimizer state and best weights by broadcast."""
+    import horovod.tensorflow as hvd_tf
+
+    from pipelines.training.checkpoints import build_optimizer, load_checkpoint, optimizer_checksum, optimizer_state
+    from pipelines.training.schedule import checkpoint_path
+
+    if resume.phase != 2:
+        state = {"best": record["best_val_accuracy"], "wait": 0, "best_epoch": record["best_epoch"], "stopped": False}
+        marker = {"epoch": record["epochs"], "early_stopping": state, "phase": 2}
+        return Resume(marker, model.get_weights(), None, resume.history, None)
+    marker = resume.marker
+    build_optimizer(model)
+    best_weights = None
+    if rank.rank == 0:
+        best = marker["early_stopping"]["best_epoch"]
+        if best > record["epochs"]:
+            load_checkpoint(model, checkpoint_path(directory, best), optimizer=False)
+        best_weights = model.get_weights()
+        load_checkpoint(model, checkpoint_path(directory, marker["epoch"]))
+        log.info("fine-tuning: resuming phase 2 after epoch %d (best epoch so far %d)", marker["epoch"], best)
+    hvd_tf.broadcast_variables(list(model.variables) + optimizer_state(model.optimizer), root_rank=0)
+    best_weights = hvd_tf.broadcast_object(best_weights, root_rank=0, name="phase2_best_weights")
+    checksums = hvd_tf.allgather_object(weights_checksum(model), name="phase2_resume_checksums")
+    optimizer = hvd_tf.allgather_object(optimizer_checksum(model.optimizer), name="phase2_resume_optimizer")
+    return Resume(marker, best_weights, checksums, resume.history, optimizer)
