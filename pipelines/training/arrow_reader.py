@@ -8,13 +8,13 @@ Petastorm's contract as training uses it, without Petastorm (which cannot run on
 * it loops forever; each epoch visits every row group of the shard once, in an order drawn from
   ``seed`` and the epoch number (a NumPy ``default_rng((seed, epoch))`` permutation), so a run
   repeats its order exactly;
-* ``workers`` threads read row groups (a Parquet fragment of one row group scanned into mimalloc's
-  pool, :func:`read_group`; pyarrow releases the GIL while it reads and decodes) at most ``depth``
-  row groups ahead of the consumer, and the reader yields them in its order;
+* ``workers`` threads read row groups (``ParquetFile.read_row_group``; pyarrow releases the GIL
+  while it reads and decodes) at most ``depth`` row groups ahead of the consumer, and the reader
+  yields them in its order;
 * with a cache folder, each row group read from Parquet is written once as a flat file
   (:class:`pipelines.training.rowcache.RowGroupFiles`) and every later epoch maps it back;
 * files are opened through the :class:`pipelines.storage.Location`'s ``pyarrow.fs`` filesystem
-  (local files memory-mapped; S3, GCS, HDFS, fsspec), each file's footer read once.
+  (local, S3, GCS, HDFS, fsspec), each file's footer read once.
 
 A row group comes out as :class:`Batch`: ``image`` ``uint8 (rows, s * s * 3)`` and ``label``
 ``int32 (rows,)``: the flat form :func:`pipelines.training.data.row_groups_of` reshapes.
@@ -51,13 +51,12 @@ class ImageSizeError(DataError):
 @dataclass(frozen=True)
 class RowGroup:
     """One Parquet row group: its file ``part`` (:class:`pipelines.storage.Location`), its ``index``
-    in that file, its ``rows``, and the file as a ``pyarrow.dataset.ParquetFileFragment`` whose
-    footer is read (``fragment``, once per file: a row group's read asks nothing more of it)."""
+    in that file, its ``rows``, and the file's footer (``metadata``, read once per file)."""
 
     part: "Location"
     index: int
     rows: int
-    fragment: object = field(default=None, compare=False, repr=False)
+    metadata: object = field(default=None, compare=False, repr=False)
 
     @property
     def path(self) -> str:
@@ -67,46 +66,33 @@ class RowGroup:
 def split_row_groups(parts: list) -> List[RowGroup]:
     """Every row group of a split's ``parts`` (:meth:`pipelines.training.data.Dataset.parts`),
     files in the given order and groups in file order (footers only)."""
-    import pyarrow.dataset as ds
-    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
 
-    parquet = ds.ParquetFileFormat()
-    mapped = pafs.LocalFileSystem(use_mmap=True)  # measured 1.6-2x faster than reading (loader_bench)
     groups: List[RowGroup] = []
     for part in parts:
-        fragment = parquet.make_fragment(part.path, mapped if part.local else part.filesystem)
-        fragment.ensure_complete_metadata()  # the footer, read here once
-        meta = fragment.metadata
-        groups += [RowGroup(part, i, meta.row_group(i).num_rows, fragment) for i in range(meta.num_row_groups)]
+        with part.filesystem.open_input_file(part.path) as f:
+            meta = pq.read_metadata(f)
+        groups += [RowGroup(part, i, meta.row_group(i).num_rows, meta) for i in range(meta.num_row_groups)]
     return groups
-
-
-def decode_pool():
-    """The Arrow memory pool row groups are decoded into: mimalloc's where pyarrow has it (a 32 MiB
-    row group's decode took 29 ms of CPU there against 44 ms in pyarrow 14's default jemalloc pool
-    through ``ParquetFile.read_row_group``, loader_bench's data, 2026-12-01), else the default."""
-    import pyarrow as pa
-
-    try:
-        return pa.mimalloc_memory_pool()
-    except NotImplementedError:
-        return pa.default_memory_pool()
 
 
 def read_group(group: RowGroup, row_bytes: int) -> Tuple[np.ndarray, np.ndarray]:
     """The images and labels of one row group, read with pyarrow: ``(uint8 (n, row_bytes),
     int32 (n,))``, the images a view of Arrow's buffer (no copy per image).
 
-    The images are writable and 64-byte aligned (Arrow's buffer, which nothing else holds), so
-    that :func:`pipelines.training.data.shared_tensor` can hand them to TensorFlow without a copy.
+    The images are writable and 64-byte aligned (Arrow's own buffer, which nothing else holds), so
+    that :func:`pipelines.training.data.shared_tensor` hands them to TensorFlow without a copy.
 
     Raises:
         ShardCountError: it holds another number of rows than its footer says.
         ImageSizeError: an image that is not ``row_bytes`` bytes (each one checked).
     """
-    one = group.fragment.subset(row_group_ids=[group.index])  # the file's footer, not read again
-    table = one.to_table(columns=["image", "label"], batch_size=max(1, group.rows), use_threads=False,
-                         memory_pool=decode_pool())
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    part = group.part  # a local file is mapped: measured 1.6-2x faster than reading it (loader_bench)
+    with pa.memory_map(part.path) if part.local else part.filesystem.open_input_file(part.path) as f:
+        table = pq.ParquetFile(f, metadata=group.metadata).read_row_group(group.index, columns=["image", "label"])
     if table.num_rows != group.rows:
         raise ShardCountError(f"{group.path} row group {group.index}: read {plural(table.num_rows, 'row')}, "
                               f"its footer says {group.rows}")
