@@ -12,8 +12,8 @@ import pytest
 
 from pipelines.training import arrow_reader
 from pipelines.training.arrow_reader import ArrowShardReader, epoch_order, split_row_groups
-from pipelines.training.data import (OnePassShard, check_reader, default_reader, handed_over, load_dataset,
-                                     open_reader, petastorm_available, row_groups_of, shared_tensor)
+from pipelines.training.data import (OnePassShard, check_reader, default_reader, load_dataset, open_reader,
+                                     petastorm_available, row_groups_of)
 from tests.datagen import write_dataset
 from tests.readers import READERS
 
@@ -173,41 +173,3 @@ def test_a_closed_reader_ends_instead_of_failing(data):
         next(reader)
     with pytest.raises(StopIteration):
         next(reader)
-
-
-def aligned_zeros(shape, align=64):
-    """A writable uint8 array of ``shape`` whose data starts on an ``align``-byte boundary."""
-    size = int(np.prod(shape))
-    raw = np.zeros(size + align, np.uint8)
-    start = -raw.ctypes.data % align
-    return raw[start:start + size].reshape(shape)
-
-
-def test_an_array_tensorflow_can_take_is_shared_and_any_other_is_left_to_its_copy():
-    tf = pytest.importorskip("tensorflow")
-    array = aligned_zeros((4, 64))
-    tensor = shared_tensor(array)
-    array[1, 2] = 7
-    assert isinstance(tensor, tf.Tensor) and tensor.numpy()[1, 2] == 7  # the same memory: no copy
-    read_only = aligned_zeros((4, 64))
-    read_only.flags.writeable = False
-    others = {"read-only (a map of Petastorm's cache)": read_only,
-              "not 64-byte aligned (TensorFlow would abort)": aligned_zeros((4 * 64 + 1,))[1:].reshape(4, 64),
-              "not contiguous": array[:, ::2], "empty": array[:0]}
-    for kind, other in others.items():
-        assert shared_tensor(other) is other, kind  # from_generator copies it, as before
-
-
-def test_our_readers_row_groups_reach_tensorflow_without_a_copy_cold_and_warm(data, tmp_path):
-    """Epoch 1 (Arrow's buffers) and epoch 2 (copy-on-write maps of the cache files) alike; the
-    tensors outlive the reader and its cache folder, with their rows' pixels."""
-    tf = pytest.importorskip("tensorflow")
-    groups = len(split_row_groups(data.parts("train")))
-    with open_reader(data, "train", 0, 1, str(tmp_path), reader="own") as reader:
-        handed = [next(handed_over(row_groups_of(reader, data.image_size))) for _ in range(2 * groups)]
-        assert len(list((tmp_path / "rank0-train").iterdir())) == groups  # epoch 2 came from the cache
-    assert not (tmp_path / "rank0-train").exists()
-    assert all(isinstance(images, tf.Tensor) for images, _ in handed)
-    for images, labels in handed:
-        assert np.array_equal(images.numpy(), np.broadcast_to((labels % 256).astype(np.uint8)[:, None, None, None],
-                                                              images.shape))

@@ -80,9 +80,6 @@ def read_group(group: RowGroup, row_bytes: int) -> Tuple[np.ndarray, np.ndarray]
     """The images and labels of one row group, read with pyarrow: ``(uint8 (n, row_bytes),
     int32 (n,))``, the images a view of Arrow's buffer (no copy per image).
 
-    The images are writable and 64-byte aligned (Arrow's own buffer, which nothing else holds), so
-    that :func:`pipelines.training.data.shared_tensor` hands them to TensorFlow without a copy.
-
     Raises:
         ShardCountError: it holds another number of rows than its footer says.
         ImageSizeError: an image that is not ``row_bytes`` bytes (each one checked).

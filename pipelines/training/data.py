@@ -309,7 +309,7 @@ class OnePassShard:
         import tensorflow as tf
 
         s = self.data.image_size
-        ds = tf.data.Dataset.from_generator(lambda: handed_over(self.batches()), output_signature=(
+        ds = tf.data.Dataset.from_generator(self.batches, output_signature=(
             tf.TensorSpec((None, s, s, 3), tf.uint8), tf.TensorSpec((None,), tf.int32)))
         return batched(ds.unbatch(), batch_size, s, model_size, drop_remainder=False)
 
@@ -400,39 +400,6 @@ def row_groups_of(reader, stored_size: int) -> Iterator[Tuple[np.ndarray, np.nda
         yield images.reshape(-1, stored_size, stored_size, 3), np.asarray(group.label, np.int32)
 
 
-#: the alignment TensorFlow needs to take an array's memory as a tensor's: Eigen's largest
-#: (``EIGEN_MAX_ALIGN_BYTES``, 64 on AVX-512 builds); a less aligned tensor aborts the process
-TENSOR_ALIGN = 64
-
-
-def shared_tensor(array: np.ndarray):
-    """``array`` as a ``tf.Tensor`` over the same memory (DLPack: no copy) where TensorFlow can take
-    it, else ``array`` itself (which ``from_generator`` then copies into a tensor).
-
-    It can when ``array`` is writable (NumPy exports no read-only array), C-contiguous, not empty
-    and :data:`TENSOR_ALIGN`-aligned: our reader's row groups are (a view of Arrow's 64-byte
-    aligned buffer, or a copy-on-write map of a flat cache file, 64-byte aligned in it). The
-    tensor keeps ``array`` alive; its writes, if any, reach neither a cache file nor Arrow's
-    table, which nothing reads again.
-    """
-    if not (array.flags.writeable and array.flags.c_contiguous and array.size
-            and array.ctypes.data % TENSOR_ALIGN == 0):
-        return array
-    import tensorflow as tf
-
-    return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
-
-
-def handed_over(groups: Iterator[Tuple[np.ndarray, np.ndarray]]) -> Iterator[tuple]:
-    """``(images, labels)`` row groups (:func:`row_groups_of`, :meth:`OnePassShard.batches`) as
-    ``from_generator`` takes them, the images without a copy where they allow it
-    (:func:`shared_tensor`): a copy of each row group in the consumer's thread, which holds the
-    GIL and pages fresh memory in, was the largest cost between our reader and the in-memory
-    ceiling (docs/benchmarks.md, "Both readers")."""
-    for images, labels in groups:
-        yield shared_tensor(images), labels
-
-
 def batched(ds, batch_size: int, stored_size: int, model_size: int = 0, shuffle_buffer: int = 0, seed: int = 0,
             augment: bool = False, drop_remainder: bool = True):
     """The tail every input path shares: single uint8 images -> shuffled in a bounded buffer
@@ -469,7 +436,7 @@ def make_dataset(reader, stored_size: int, batch_size: int, model_size: int = 0,
     import tensorflow as tf
 
     s = stored_size
-    ds = tf.data.Dataset.from_generator(lambda: handed_over(row_groups_of(reader, s)), output_signature=(
+    ds = tf.data.Dataset.from_generator(lambda: row_groups_of(reader, s), output_signature=(
         tf.TensorSpec((None, s, s, 3), tf.uint8), tf.TensorSpec((None,), tf.int32)))
     return batched(ds.unbatch(), batch_size, s, model_size, shuffle_buffer, seed, augment)
 

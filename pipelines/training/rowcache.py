@@ -3,11 +3,11 @@
 A row group, as a reader produces it (a dict of NumPy columns; the ETL's images as one
 ``uint8 (rows, bytes per row)`` block or an object array of equal-length ``bytes``), is written
 as one file: a magic number, an 8-byte length, a JSON header naming each column's dtype and
-shape, then each column's bytes, 64-byte aligned. A warm read maps the file (``mmap``:
-read-only, or copy-on-write for our reader, whose arrays TensorFlow then takes without a copy)
-and returns the same dict with each column as an array over the map, without copying. Reading a
-file runs no code of the file's: the header is JSON, the dtypes only plain numeric ones (nothing
-is unpickled; a planted file is at worst a damaged entry, read as a miss).
+shape, then each column's bytes, 64-byte aligned. A warm read maps the file (``mmap``,
+read-only) and returns the same dict with each column as an array over the map, without
+copying: the copy into a tensor is the first. Reading a file runs no code of the file's: the
+header is JSON, the dtypes only plain numeric ones (nothing is unpickled; a planted file is at
+worst a damaged entry, read as a miss).
 
 Both readers store row groups in this form: ours (:class:`RowGroupFiles`, one file per row group
 in the reader's own folder) and Petastorm's ``LocalDiskCache`` (through
@@ -134,12 +134,9 @@ def _parse_header(mapped) -> Tuple[List[Column], int]:
     return columns, start + length
 
 
-def read_row_group(path: str, private: bool = False) -> Dict[str, np.ndarray]:
-    """The columns of one ``*.rowgroup`` file, as arrays over one memory map of it (the map lives
-    as long as any of them): read-only, or with ``private`` writable copy-on-write arrays
-    (``MAP_PRIVATE``: the pages are the page cache's until written, and a write reaches neither the
-    file nor any other map of it), which NumPy can export to TensorFlow without a copy
-    (:func:`pipelines.training.data.shared_tensor`).
+def read_row_group(path: str) -> Dict[str, np.ndarray]:
+    """The columns of one ``*.rowgroup`` file, as read-only arrays over one memory map of it (the
+    map lives as long as any of them).
 
     The file must end where its last column ends. (Truncating a file while arrays of it are in
     use is outside interference: the map then faults, SIGBUS, like any mapped file.)
@@ -151,7 +148,7 @@ def read_row_group(path: str, private: bool = False) -> Dict[str, np.ndarray]:
     """
     with open(path, "rb") as f:
         try:
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY if private else mmap.ACCESS_READ)
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:  # an empty file
             raise DamagedEntry(f"{path}: empty") from None
     try:
@@ -254,9 +251,7 @@ class RowGroupFiles:
     to fit, :func:`pipelines.training.data.cache_size_bytes`). Thread-safe.
 
     A file is written under a temporary name and renamed, so a reader sees whole files only; a
-    full disk (``ENOSPC``, ``EDQUOT``) ends caching for this folder, said once. :meth:`get` maps a
-    file copy-on-write (:func:`read_row_group` with ``private``): its arrays are writable, and no
-    write to them reaches the file.
+    full disk (``ENOSPC``, ``EDQUOT``) ends caching for this folder, said once.
     """
 
     def __init__(self, folder: str, limit_bytes: int):
@@ -270,7 +265,7 @@ class RowGroupFiles:
     def get(self, key: str) -> Optional[Dict[str, np.ndarray]]:
         """The cached columns of ``key``, or None (never stored, or damaged: then removed)."""
         try:
-            return read_row_group(self.path(key), private=True)
+            return read_row_group(self.path(key))
         except FileNotFoundError:
             return None
         except OSError:
