@@ -4,6 +4,7 @@ per epoch, every row group once per epoch, bounded threads and read-ahead; and b
 a bucket through the storage module's filesystem (the suite's real moto_server)."""
 import hashlib
 import threading
+import time
 from collections import Counter
 
 import numpy as np
@@ -76,6 +77,25 @@ def test_threads_and_read_ahead_are_bounded(data, monkeypatch):
         threads = [t for t in threading.enumerate() if t.name.startswith("arrow-reader")]
         assert 1 <= len(threads) <= 3
     assert not [t for t in threading.enumerate() if t.name.startswith("arrow-reader")]  # joined on exit
+
+
+def test_reading_starts_when_the_reader_is_made_and_stays_within_depth(data, monkeypatch):
+    """Like Petastorm's, our reader reads ahead from the start (tf.data's set-up overlaps it), never
+    more than ``depth`` row groups before anyone asks."""
+    loads = []
+    real = arrow_reader.read_group
+
+    def counted(group, row_bytes):
+        loads.append(group)
+        return real(group, row_bytes)
+
+    monkeypatch.setattr(arrow_reader, "read_group", counted)
+    with ArrowShardReader(split_row_groups(data.parts("train")), data.row_bytes, workers=2, depth=3):
+        deadline = time.monotonic() + 20
+        while len(loads) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert len(loads) == 3
 
 
 def test_a_read_error_reaches_the_consumer(data, monkeypatch):

@@ -32,6 +32,9 @@ FLAT = {
     "one row": lambda: {"image": images(1, 3), "label": np.array([9], np.int32)},
     "images only, wide": lambda: {"image": images(2, 299)},
     "no rows": lambda: {"image": np.array([], dtype=object), "label": np.array([], np.int32)},
+    "columns of several writes each": lambda: {  # WRITE_BYTES at a time, the last write short
+        "image": (np.arange(3 * 3 * 484 * 484) % 251).astype(np.uint8).reshape(3, -1),
+        "label": np.arange(3, dtype=np.int32), "box": np.linspace(0, 1, 300_001)},
 }
 NOT_FLAT = {  # neither store caches these (a reader's row group never is one of them)
     "images of two lengths": lambda: {"image": np.array([b"abc", b"de"], dtype=object), "label": np.arange(2)},

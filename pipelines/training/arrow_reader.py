@@ -9,8 +9,8 @@ Petastorm's contract as training uses it, without Petastorm (which cannot run on
   ``seed`` and the epoch number (a NumPy ``default_rng((seed, epoch))`` permutation), so a run
   repeats its order exactly;
 * ``workers`` threads read row groups (``ParquetFile.read_row_group``; pyarrow releases the GIL
-  while it reads and decodes) at most ``depth`` row groups ahead of the consumer, and the reader
-  yields them in its order;
+  while it reads and decodes) at most ``depth`` row groups ahead of the consumer, from the moment
+  the reader is made, and the reader yields them in its order;
 * with a cache folder, each row group read from Parquet is written once as a flat file
   (:class:`pipelines.training.rowcache.RowGroupFiles`) and every later epoch maps it back;
 * files are opened through the :class:`pipelines.storage.Location`'s ``pyarrow.fs`` filesystem
@@ -140,6 +140,7 @@ class ArrowShardReader:
         self._pending: Deque = collections.deque()
         self._order = self._visits()
         self._closed = False
+        self._top_up()  # reading starts with the reader, as Petastorm's does: tf.data's set-up overlaps it
 
     def _visits(self) -> Iterator[int]:
         for epoch in itertools.count():
@@ -164,9 +165,12 @@ class ArrowShardReader:
     def __next__(self) -> Batch:
         if self._closed:  # a tf.data prefetch thread may still ask once the reader's block has ended
             raise StopIteration
+        self._top_up()
+        return self._pending.popleft().result()
+
+    def _top_up(self) -> None:
         while len(self._pending) < self.depth:
             self._pending.append(self._pool.submit(self._load, next(self._order)))
-        return self._pending.popleft().result()
 
     def __enter__(self) -> "ArrowShardReader":
         return self
