@@ -33,8 +33,9 @@ def test_run_command_prints_the_summary_or_maps_the_error_to_its_exit_code(capsy
     from pipelines.config import field, run_command
 
     @dataclass
-    class Options:
+    class Options:  # a stage's config: every one has `verbose` (run_command sets the noise from it)
         fail: str = field("", help="raise this")
+        verbose: bool = field(False, help="verbose")
 
     def run(options):
         if options.fail:
