@@ -80,7 +80,7 @@ def dataset(tmp_path_factory, spark):
 @pytest.fixture(scope="module")
 def full_run(dataset, tmp_path_factory):
     """One horovodrun np=2 run of the article's model (Xception, random weights) that many tests
-    read: 3 epochs, warmup over 2, TensorBoard on, each
+    read: 3 epochs, warmup over 2, TensorBoard on with a profile of steps 2 and 3, each
     rank bound to a core of its own, and its output read as scripts/main.sh reads it (a pipe
     through ``grep --line-buffered``, not a terminal), noting whether the job still ran when
     epoch 1's results line arrived. min_delta 2: no epoch after the first can improve, so the
@@ -93,7 +93,8 @@ def full_run(dataset, tmp_path_factory):
     job = [sys.executable, "-u", os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", out,
            "--weights", "none", "--batch-size", "4", "--cache-dir", out + "-cache", "--epochs", "3",
            "--patience", "10", "--min-delta", "2", "--warmup-epochs", "2", "--bind-cores", "--threads", "1",
-           "--tracking", "--register-model", REGISTERED]  # to the default SQLite store in the output
+           "--tracking", "--register-model", REGISTERED,  # to the default SQLite store in the output
+           "--profile-steps", "2,3"]
     command = (f"{shlex.quote(os.path.join(BIN, 'horovodrun'))} -np 2 -H localhost:2 --gloo {shlex.join(job)} 2>&1"
                " | grep --line-buffered -v -e '^\\[[0-9]*\\]<stderr>:  '")
     proc = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, text=True,
@@ -148,6 +149,11 @@ def test_tensorboard_device_message_and_reader_caches(full_run):
     events = [f for _, _, files in os.walk(os.path.join(out, "tensorboard")) for f in files
               if f.startswith("events.out.tfevents.")]
     assert len(events) >= 2, events  # train and validation writers
+    # --profile-steps 2,3: TensorFlow's profile of those steps, rank 0's only, where TensorBoard's profiler reads it
+    profiles = [os.path.join(root, f) for root, _, files in os.walk(os.path.join(out, "tensorboard"))
+                for f in files if f.endswith(".xplane.pb")]
+    assert len(profiles) == 1 and os.sep.join(["tensorboard", "plugins", "profile", ""]) in profiles[0], profiles
+    assert os.path.getsize(profiles[0]) > 1000
     assert log.count("no GPU visible: training on the CPU") == 1  # rank 0 only
     leftovers = os.listdir(out + "-cache") if os.path.isdir(out + "-cache") else []
     assert not [name for name in leftovers if name.startswith("rank")], leftovers  # readers removed their caches

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple, Union
 
 from pipelines import tracking as trk
 from pipelines.config import field, settle_verbose, storage_options_field, verbose_field
@@ -14,6 +14,24 @@ from pipelines.training.finetune import KERAS_GUIDE_LR_FACTOR
 
 
 XLA_CHOICES = ("off", "on")  # --xla
+
+
+def profile_range(text: str) -> Union[int, Tuple[int, int]]:
+    """``--profile-steps`` as Keras' ``profile_batch``: ``""`` -> 0 (no profile); ``"A,B"`` -> ``(A, B)``
+    and ``"A"`` -> ``(A, A)``, training steps counted from 1 across epochs.
+
+    Raises:
+        ValueError: not one or two integers >= 1 with FIRST <= LAST.
+    """
+    if not text.strip():
+        return 0
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) > 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"--profile-steps {text}: give FIRST,LAST training steps (integers >= 1), e.g. 10,15")
+    first, last = int(parts[0]), int(parts[-1])
+    if first > last:
+        raise ValueError(f"--profile-steps {text}: FIRST must not exceed LAST")
+    return first, last
 
 
 @dataclass
@@ -59,6 +77,9 @@ class TrainConfig:
     bind_cores: bool = field(False, help="bind each rank and its threads to --threads cores of its own (CPU "
                                          "training on a host the ranks fill: local ranks x threads <= cores)")
     tensorboard: bool = field(True, help="write TensorBoard logs on rank 0")
+    profile_steps: str = field("", help="FIRST,LAST: TensorFlow's profile of these training steps (1-based, counted "
+                                        "across epochs) on rank 0, into the TensorBoard logs: its input-pipeline "
+                                        "analysis splits a step into waiting on input and compute; empty: none")
     verbose: Optional[bool] = verbose_field("TensorFlow's info lines")
     feature_cache: bool = field(False, help="compute the frozen backbone's features once (Parquet next to the "
                                             "data, reused by later runs) and train only the head on them")
@@ -94,6 +115,11 @@ class TrainConfig:
         return self.fine_tune_epochs or self.epochs
 
     @property
+    def profile_batch(self) -> Union[int, Tuple[int, int]]:
+        """Keras' ``TensorBoard(profile_batch=...)`` for ``--profile-steps``: 0 (none) or ``(first, last)``."""
+        return profile_range(self.profile_steps)
+
+    @property
     def xla_on(self) -> bool:
         """Whether ``--xla on``: the model's pass compiled by XLA."""
         return self.xla == "on"
@@ -116,6 +142,9 @@ class TrainConfig:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.warmup_epochs < 0 or self.patience < 0 or self.image_size < 0:
             raise ValueError("--warmup-epochs, --patience and --image-size must be >= 0")
+        profile_range(self.profile_steps)
+        if self.profile_steps and not self.tensorboard:
+            raise ValueError("--profile-steps writes into the TensorBoard logs: drop --no-tensorboard")
         if self.xla not in XLA_CHOICES:
             raise ValueError(f"--xla {self.xla}: choose one of {', '.join(XLA_CHOICES)}")
         if self.resume and self.overwrite:

@@ -233,7 +233,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
         ]
         if config.tensorboard:
             callbacks.append(keras.callbacks.TensorBoard(os.path.join(directory, TENSORBOARD),
-                                                            profile_batch=0))
+                                                            profile_batch=config.profile_batch))
         if tracker is not None:
             callbacks.append(cb.TrackEpochs(tracker))
         callbacks.append(cb.SyncOutputs(plan.outputs))  # after every writer of the epoch's files
