@@ -116,14 +116,14 @@ def main(argv=None) -> int:
     if min(args.np, args.batch_size, args.steps, args.warmup_steps, args.repeats) < 1:
         parser.error("--np, --batch-size, --steps, --warmup-steps and --repeats must be >= 1")
     stacks = list(VENVS)
-    missing = [f"make setup STACK={s}" for s in stacks if not os.path.isfile(python_of(s))]
-    if missing:
-        parser.error(f"a stack's venv is missing: run {' and '.join(missing)}")
-    if not os.path.isfile(os.path.join(args.data, "manifest.json")):
-        parser.error(f"--data {args.data} has no ETL manifest (manifest.json): run make main, or give an ETL output")
     main_outputs = args.main_outputs.split(",")
     if len(main_outputs) != len(stacks):
         parser.error("--main-outputs takes two folders: mission's and current's")
+    if not os.path.isfile(os.path.join(args.data, "manifest.json")):
+        parser.error(f"--data {args.data} has no ETL manifest (manifest.json): run make main, or give an ETL output")
+    missing = [f"make setup STACK={s}" for s in stacks if not os.path.isfile(python_of(s))]
+    if missing:  # last: the arguments' own faults are said first, whatever is installed
+        parser.error(f"a stack's venv is missing: run {' and '.join(missing)}")
     speeds: Dict[str, List[float]] = {s: [] for s in stacks}
     for run in range(args.repeats):
         for stack in stacks if run % 2 == 0 else stacks[::-1]:
