@@ -14,11 +14,13 @@ OUT    ?= $(if $(filter mission,$(STACK)),out,out-$(STACK))
 export STACK
 export PIPELINES_CACHE ?= $(HOME)/.cache/pipelines
 # pytest-xdist workers. In the whole suite a test file stays on one worker (--dist loadfile) so
-# that its module fixtures (a Spark cluster, a trained run) are built once; the unit tests are
-# spread test by test (--dist worksteal): 60 s instead of 83-85 s on 2 cores, 2026-12-01, where one
-# file's Xception tests held a worker alone
+# that its module fixtures (a Spark cluster, a trained run) are built once; it is bound by the CPU,
+# and a third worker on 2 cores gained 3 % (1,552 s against 1,597 s, 2026-12-02). The unit tests
+# are spread test by test (--dist worksteal) on three: some wait on sockets and timeouts, and on 2
+# cores they took 52-54 s with three workers, 59-60 s with two (2026-12-02).
 TEST_WORKERS ?= 2
-PYTEST = $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --durations=25
+FAST_WORKERS ?= 3
+PYTEST = $(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 .PHONY: setup main test test-stack test-fast bench lock clean
 
@@ -35,10 +37,10 @@ test:  ## both stacks: the whole suite on mission, then on current the tests mar
 	$(MAKE) test-stack STACK=current
 
 test-stack: setup  ## one stack's share of the suite (STACK=...): see tests/conftest.py (CURRENT_STACK_TESTS)
-	$(PYTEST) --dist loadfile $(if $(filter mission,$(STACK)),,-m "not slow or current") tests
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile $(if $(filter mission,$(STACK)),,-m "not slow or current") tests
 
 test-fast: setup  ## unit tests only, on STACK
-	$(PYTEST) --dist worksteal -m "not slow" tests
+	$(PYTEST) -n $(FAST_WORKERS) --dist worksteal -m "not slow" tests
 
 bench: setup
 	$(PY) benchmarks/etl_bench.py

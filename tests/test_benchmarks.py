@@ -38,9 +38,19 @@ def test_scaling_benchmark_writes_rows_chart_and_allreduce_share(tmp_path):
                         r"([\d.]+) of 2 x world size 1 alone \(the machine's own bound\); Horovod at np=2: ([\d.]+)",
                         stdout)
     assert [(b, bool(fp16)) for b, fp16, *_ in co_run] == [("4", False), ("4", True)], stdout
-    assert all(float(images) > 0 and 0 < float(share) < 2 for _, _, images, share, _ in co_run)
     with open(out / "scaling.csv") as f:
         rows = list(csv.DictReader(f))
+    # The co-run's share is its images/s over 2 x world size 1's, and its Horovod figure np=2's
+    # efficiency: both checked against the CSV. Not a bound such as "below 2": each figure is timed
+    # on its own, and on a loaded machine (the suite's other workers) one lone job may be timed in a
+    # busier moment than the two at once.
+    table = {(r["world_size"], r["fp16_allreduce"]): r for r in rows}
+    for _, fp16, images, share, horovod in co_run:
+        variant = str(bool(fp16))
+        assert float(images) > 0
+        assert float(share) == pytest.approx(float(images) / (2 * float(table["1", variant]["images_per_second"])),
+                                             rel=0.03, abs=0.002)
+        assert float(horovod) == pytest.approx(float(table["2", variant]["scaling_efficiency"]), abs=0.002)
     points = [("1", "4"), ("2", "4")]
     assert [(r["world_size"], r["batch_size_per_rank"], r["fp16_allreduce"]) for r in rows] == \
         [(*p, "False") for p in points] + [(*p, "True") for p in points]

@@ -11,14 +11,15 @@ from pipelines import report as pictures
 from pipelines.kerasapi import keras
 from pipelines.training.checkpoints import frozen_checksum, load_checkpoint, optimizer_state, save_checkpoint
 from pipelines.training.evaluate import add, batch_totals
-from pipelines.training.model import backbone_of, build_model, export_model, feature_extractor
+from pipelines.training.model import BACKBONES, backbone_of, build_model, export_model, feature_extractor
 
 SIZE = 71  # Xception's smallest input
 
 
-def build(stored=SIZE, seed=1):
-    m = build_model(3, SIZE, weights="none", seed=seed, stored_size=stored)
-    m.get_layer("head").set_weights([np.random.default_rng(0).normal(0, 0.05, (2048, 3)).astype(np.float32),
+def build(stored=SIZE, seed=1, backbone="xception"):
+    m = build_model(3, SIZE, weights="none", seed=seed, stored_size=stored, backbone=backbone)
+    features = BACKBONES[backbone].feature_dim
+    m.get_layer("head").set_weights([np.random.default_rng(0).normal(0, 0.05, (features, 3)).astype(np.float32),
                                      np.zeros(3, np.float32)])
     return m
 
@@ -32,11 +33,15 @@ def raw_images(n, size, seed=0):
     return np.random.default_rng(seed).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
 
 
-@pytest.mark.parametrize("stored", [SIZE, 90])
-def test_exported_model_takes_the_etls_uint8_image(tmp_path, stored):
+# The contract does not depend on the backbone: the tiny one checks it in the fast tests (an
+# Xception build, export, load and four traced predicts take 20 s of a worker), Xception itself in
+# the whole suite.
+@pytest.mark.parametrize("backbone, stored", [("tiny", SIZE), ("tiny", 90),
+                                              pytest.param("xception", 90, marks=pytest.mark.slow)])
+def test_exported_model_takes_the_etls_uint8_image(tmp_path, backbone, stored):
     """The model trained, evaluated and exported is one: uint8 stored images in, preprocessing
     (bilinear resizing to the backbone's size, then x / 127.5 - 1) inside it."""
-    model = build(stored)
+    model = build(stored, backbone=backbone)
     assert model.input.dtype == tf.uint8 and tuple(model.input_shape) == (None, stored, stored, 3)
     path = str(tmp_path / "model.keras")
     export_model(model, path, stored, ["a", "b", "c"])
