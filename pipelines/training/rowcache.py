@@ -43,7 +43,10 @@ from pipelines.logs import plural
 
 log = logging.getLogger("pipelines")
 
-ALIGN = 64  # bytes; TensorFlow and NumPy's vectorised copies prefer aligned sources
+#: bytes; TensorFlow takes a NumPy array aligned to 64 bytes (its EIGEN_MAX_ALIGN_BYTES) into a tensor
+#: without copying it: from_generator over 16-byte-aligned copies of the same row groups was 1.5x
+#: slower than over the mapped files (3,860 against 5,827 images/s, 2026-12-02, docs/benchmarks.md)
+ALIGN = 64
 #: bytes per write of a column: a 32 MiB row group written in one call cost 0.56 ms of CPU per
 #: image (0.34-0.93, erratic) and in 1 MiB writes 0.34-0.37 (4 MiB: 0.64; 256 KiB: 0.39), our
 #: reader's cold read of loader_bench's data alone, ext4 on Linux 6.18, 2026-12-01
