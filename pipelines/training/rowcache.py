@@ -43,9 +43,9 @@ from pipelines.logs import plural
 
 log = logging.getLogger("pipelines")
 
-#: bytes; TensorFlow takes a NumPy array aligned to 64 bytes (its EIGEN_MAX_ALIGN_BYTES) into a tensor
-#: without copying it: from_generator over 16-byte-aligned copies of the same row groups was 1.5x
-#: slower than over the mapped files (3,860 against 5,827 images/s, 2026-12-02, docs/benchmarks.md)
+#: bytes; tf.data's from_generator takes a 64-byte-aligned NumPy array without copying it (a 33 MB
+#: row group: 1.0 ms against 7.0 ms when 16-byte aligned; the warm epoch 5,827 against 3,860
+#: images/s, 2026-12-02, docs/benchmarks.md)
 ALIGN = 64
 #: bytes per write of a column: a 32 MiB row group written in one call cost 0.56 ms of CPU per
 #: image (0.34-0.93, erratic) and in 1 MiB writes 0.34-0.37 (4 MiB: 0.64; 256 KiB: 0.39), our
