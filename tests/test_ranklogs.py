@@ -166,6 +166,18 @@ def test_a_silent_connection_is_closed_after_the_header_timeout():
         sink.close()
 
 
+def _free_slots(sink) -> int:
+    """The sink's free connection slots: its semaphore's count (the sink keeps no public one)."""
+    return sink._server._slots._value
+
+
+def _wait_until(condition, message: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.05)
+
+
 def test_connections_beyond_the_cap_are_closed_at_once_and_a_rank_still_gets_through_later():
     from pipelines.launch.ranklogs import SPARE_CONNECTIONS
     # a header timeout far above the refusal's bound: the test tells them apart on a loaded machine
@@ -173,10 +185,7 @@ def test_connections_beyond_the_cap_are_closed_at_once_and_a_rank_still_gets_thr
     host, port = sink.address.rsplit(":", 1)
     idle = [socket.create_connection((host, int(port)), timeout=5) for _ in range(1 + SPARE_CONNECTIONS)]
     try:
-        deadline = time.monotonic() + 30
-        while sink._server._slots._value > 0:  # until the sink has taken them all
-            assert time.monotonic() < deadline, "the sink did not take the idle connections"
-            time.sleep(0.05)
+        _wait_until(lambda: _free_slots(sink) == 0, "the sink did not take the idle connections")
         threads_before, started = threading.active_count(), time.monotonic()
         assert _send(sink, b"", wait_s=30) == b""
         assert time.monotonic() - started < 15  # refused at once, not by the 60 s header timeout
@@ -185,9 +194,7 @@ def test_connections_beyond_the_cap_are_closed_at_once_and_a_rank_still_gets_thr
             conn.close()
         # once the sink's handlers have seen them close (on a loaded machine that takes a moment;
         # a connection that comes first is refused, as it should be)
-        while sink._server._slots._value < len(idle):
-            assert time.monotonic() < deadline + 30, "the sink did not free the closed connections' slots"
-            time.sleep(0.05)
+        _wait_until(lambda: _free_slots(sink) >= len(idle), "the sink did not free the closed connections' slots")
         child = subprocess.Popen([sys.executable, "-c", "print('late')"], stdout=subprocess.PIPE)
         with child.stdout:
             assert forward(child.stdout, sink.address, sink.token, 0, "h") == 1
