@@ -13,7 +13,9 @@ Steps, each reported in the table or the lines below it:
 3. ``benchmarks/scaling.py`` at every ``--np``: the frozen backbone and ``--fine-tune-blocks 2``,
    each without and with ``--mixed-precision``, every point with float32 and float16 allreduce
    (``--compare-fp16``). The dry run measures the frozen model without and the fine-tuned one with
-   mixed precision (a CPU never computes in float16, so the other two pairs would repeat them).
+   mixed precision (a CPU never computes in float16, so the other two pairs would repeat them); its
+   frozen run also runs lone world-size-1 jobs at once (``--co-run``): on a CPU the ranks share the
+   host's cores, so what they reach together is the bound the np=2 efficiency is read against.
 4. ``benchmarks/loader_bench.py`` at 32 MiB row groups (the ETL's default) on the same host.
 Then: the table (also ``gpu_check.csv``), ``gpu_check.png``, the effective allreduce bandwidth
 fitted from each run at the largest world size (``benchmarks/scaling_model.py``'s ``fit``), and
@@ -211,22 +213,28 @@ def probe(ranks: int, env: Dict[str, str], out: str) -> Tuple[Optional[Dict], in
     return report, len(re.findall(r"NCCL INFO", text))
 
 
-def scaling(name: str, blocks: int, mixed: bool, args, data: str, env: Dict[str, str]) -> List[Dict]:
-    """One ``benchmarks/scaling.py`` run (every ``--np``, float32 and float16 allreduce); its CSV rows
-    with ``run`` and ``mixed_precision`` added. Raises ``RuntimeError`` naming its log on failure."""
+def scaling(name: str, blocks: int, mixed: bool, args, data: str, env: Dict[str, str],
+            co_run: bool = False) -> List[Dict]:
+    """One ``benchmarks/scaling.py`` run (every ``--np``, float32 and float16 allreduce, and with
+    ``co_run`` its ``--co-run``, whose lines are printed); its CSV rows with ``run`` and
+    ``mixed_precision`` added. Raises ``RuntimeError`` naming its log on failure."""
     slug = f"{name.replace(' ', '-')}{'-mixed' if mixed else ''}"
     folder = os.path.join(args.out, slug)
     command = [sys.executable, os.path.join(BENCHMARKS, "scaling.py"), "--np", ",".join(map(str, args.sizes)),
                "--batch-sizes", str(args.batch_size), "--headline-batch", str(args.batch_size), "--compare-fp16",
                "--warmup-steps", str(args.warmup_steps), "--steps", str(args.steps), "--data", data,
                "--out", folder, "--threads", str(args.threads), "--fine-tune-blocks", str(blocks)]
-    command += ["--mixed-precision"] if mixed else []
+    command += (["--mixed-precision"] if mixed else []) + (["--co-run"] if co_run else [])
     command += ["--backbone", "tiny", "--weights", "none"] if args.dry_run else \
         (["--weights", args.weights] if args.weights else [])
     os.makedirs(folder, exist_ok=True)
     log = os.path.join(folder, "scaling.log")
-    if run(command, env, log, timeout=3600).returncode != 0:
+    result = run(command, env, log, timeout=3600)
+    if result.returncode != 0:
         raise RuntimeError(f"benchmarks/scaling.py failed for {name}{' (mixed precision)' if mixed else ''}: see {log}")
+    for line in result.stdout.splitlines():
+        if line.startswith("co-run, batch"):
+            print(f"{name}: {line}")
     with open(os.path.join(folder, "scaling.csv")) as f:
         return [{"run": name, "mixed_precision": str(mixed), **row} for row in csv.DictReader(f)]
 
@@ -352,8 +360,8 @@ def main(argv=None) -> int:
     problems = checks(args, env)
     try:
         data = sample_data(args, env)
-        rows = [row for name, blocks, mixed in (DRY_RUNS if args.dry_run else RUNS)
-                for row in scaling(name, blocks, mixed, args, data, env)]
+        rows = [row for i, (name, blocks, mixed) in enumerate(DRY_RUNS if args.dry_run else RUNS)
+                for row in scaling(name, blocks, mixed, args, data, env, co_run=args.dry_run and i == 0)]
     except RuntimeError as exc:
         print(f"FAILED: {exc}")
         return 1
