@@ -4,8 +4,9 @@ Usage: python tests/averaging_ranks.py OUT_DIR MODE [MODE ...]
 Each rank builds the same linear model ``y = x @ w`` (3 weights, no bias, float32) from the same
 starting weights, takes ONE Keras ``fit`` step of plain SGD on its own, rank-dependent batch
 (:func:`batch`), and writes the weights after the step per mode to ``OUT_DIR/rank-R.json``. Modes:
-``distributed`` (the project's path: :func:`pipelines.kerasapi.distributed_optimizer`), ``plain``
-(no DistributedOptimizer: each rank trains alone), ``keras3`` (a Keras 3 optimizer given straight to
+``distributed`` (the project's path: :func:`pipelines.kerasapi.distributed_optimizer`, which traces
+Horovod's allreduce without AutoGraph), ``horovod`` (``hvd.DistributedOptimizer`` as Horovod builds
+it, with AutoGraph), ``plain`` (no DistributedOptimizer: each rank trains alone), ``keras3`` (a Keras 3 optimizer given straight to
 ``hvd.DistributedOptimizer``, the hazard the project refuses) and ``keras3_refused`` (the same
 through our wrapper: the error text is written instead of weights).
 """
@@ -50,6 +51,8 @@ def main(out: str, modes) -> None:
     for mode in modes:
         if mode == "distributed":
             result[mode] = one_step(distributed_optimizer(keras.optimizers.SGD(LEARNING_RATE)), keras, x, y)
+        elif mode == "horovod":
+            result[mode] = one_step(hvd.DistributedOptimizer(keras.optimizers.SGD(LEARNING_RATE)), keras, x, y)
         elif mode == "plain":
             result[mode] = one_step(keras.optimizers.SGD(LEARNING_RATE), keras, x, y)
         elif mode == "keras3":

@@ -55,7 +55,7 @@ def assert_averaged(results: list, mode: str) -> None:
 def ranks(tmp_path_factory) -> list:
     """Both ranks' results of one ``horovodrun -np 2 --gloo`` run of tests/averaging_ranks.py."""
     out = tmp_path_factory.mktemp("averaging")
-    modes = ["distributed", "plain"] + (["keras3", "keras3_refused"] if ON_CURRENT else [])
+    modes = ["distributed", "horovod", "plain"] + (["keras3", "keras3_refused"] if ON_CURRENT else [])
     command = [os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
                sys.executable, os.path.join(REPO, "tests", "averaging_ranks.py"), str(out), *modes]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO,
@@ -78,6 +78,15 @@ def test_the_hand_computed_steps_differ():
 @pytest.mark.slow
 def test_every_rank_takes_the_averaged_step(ranks):
     assert_averaged(ranks, "distributed")
+
+
+@pytest.mark.slow
+def test_the_allreduce_traced_without_autograph_steps_as_horovods_own(ranks):
+    """pipelines.kerasapi traces Horovod's gradient allreduce without AutoGraph (faster start of
+    every rank): the step equals the one through Horovod's own wrapper, bit for bit."""
+    assert_averaged(ranks, "horovod")
+    for result in ranks:
+        assert result["distributed"] == result["horovod"], result
 
 
 @pytest.mark.slow
