@@ -78,7 +78,9 @@ def require_keras2(model: Optional[Any] = None, optimizer: Optional[Any] = None)
 def distributed_optimizer(optimizer: Any, model: Optional[Any] = None, **horovod_options: Any) -> Any:
     """``hvd.DistributedOptimizer(optimizer, **horovod_options)`` (gradients averaged over ranks by
     allreduce at each step), after :func:`require_keras2` has checked ``optimizer`` and, if given,
-    the ``model`` it will compile. Needs ``hvd.init()`` first.
+    the ``model`` it will compile. Needs ``hvd.init()`` first. Horovod's gradient allreduce is
+    traced without AutoGraph (below); the step is Horovod's own, bit for bit
+    (``tests/test_averaging.py``).
 
     Raises:
         Keras3Error: a Keras 3 model or optimizer (before any step).
@@ -90,9 +92,9 @@ def distributed_optimizer(optimizer: Any, model: Optional[Any] = None, **horovod
     allreduce = getattr(wrapped, "_allreduce_grads", None)
     if horovod_options.get("backward_passes_per_step", 1) == 1 and hasattr(allreduce, "python_function"):
         # Horovod wraps its gradient allreduce in tf.function with AutoGraph on, so every rank
-        # converts Horovod's allreduce code to graph code when the train step is first traced (about
-        # 1.5 s of CPU per process, measured in docs/tests.md). That code is written for graph mode
-        # (explicit tf.cond, Python branches on Python values only): traced as written, it builds the
-        # same ops. tests/test_averaging.py proves the averaged step.
+        # converts Horovod's allreduce code to graph code when the train step is first traced
+        # (1.3-1.5 s of each rank's start, measured in docs/stacks.md). That code is written for
+        # graph mode (explicit tf.cond, Python branches on Python values only): traced as written,
+        # it builds the same ops.
         wrapped._allreduce_grads = tf.function(allreduce.python_function, autograph=False)
     return wrapped
