@@ -360,8 +360,8 @@ def main(argv=None) -> int:
     problems = checks(args, env)
     try:
         data = sample_data(args, env)
-        rows = [row for i, (name, blocks, mixed) in enumerate(DRY_RUNS if args.dry_run else RUNS)
-                for row in scaling(name, blocks, mixed, args, data, env, co_run=args.dry_run and i == 0)]
+        rows = [row for name, blocks, mixed in (DRY_RUNS if args.dry_run else RUNS)
+                for row in scaling(name, blocks, mixed, args, data, env, co_run=args.dry_run and not blocks)]
     except RuntimeError as exc:
         print(f"FAILED: {exc}")
         return 1

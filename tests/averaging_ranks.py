@@ -6,9 +6,9 @@ starting weights, takes ONE Keras ``fit`` step of plain SGD on its own, rank-dep
 (:func:`batch`), and writes the weights after the step per mode to ``OUT_DIR/rank-R.json``. Modes:
 ``distributed`` (the project's path: :func:`pipelines.kerasapi.distributed_optimizer`, which traces
 Horovod's allreduce without AutoGraph), ``horovod`` (``hvd.DistributedOptimizer`` as Horovod builds
-it, with AutoGraph), ``plain`` (no DistributedOptimizer: each rank trains alone), ``keras3`` (a Keras 3 optimizer given straight to
-``hvd.DistributedOptimizer``, the hazard the project refuses) and ``keras3_refused`` (the same
-through our wrapper: the error text is written instead of weights).
+it, with AutoGraph), ``plain`` (no DistributedOptimizer: each rank trains alone), ``keras3`` (a
+Keras 3 optimizer given straight to ``hvd.DistributedOptimizer``, the hazard the project refuses)
+and ``keras3_refused`` (the same through our wrapper: the error text is written instead of weights).
 """
 import json
 import os
