@@ -3,6 +3,7 @@ it: shards ``rank::world_size`` of the manifest's row groups, a seeded shuffle o
 per epoch, every row group once per epoch, bounded threads and read-ahead; and both readers read
 a bucket through the storage module's filesystem (the suite's real moto_server)."""
 import hashlib
+import os
 import threading
 import time
 from collections import Counter
@@ -173,3 +174,56 @@ def test_a_closed_reader_ends_instead_of_failing(data):
         next(reader)
     with pytest.raises(StopIteration):
         next(reader)
+
+
+# --- the cold epoch with a cache: each row group decoded a few images at a time into its flat file ---
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """Row groups of 5 rows of 8 px (192 bytes each): enough rows to stream in several pieces."""
+    root = str(tmp_path_factory.mktemp("arrow-reader-wide") / "etl")
+    write_dataset(root, train_groups=[3, 2], test_groups=[1], size=8, rows_per_group=5)
+    return load_dataset(root, world_size=1)
+
+
+@pytest.mark.parametrize("rows_per_piece", [1, 2, 5, 100])
+def test_a_row_group_streamed_into_its_flat_file_maps_back_as_read_group_reads_it(wide, tmp_path, monkeypatch,
+                                                                                 rows_per_piece):
+    from pipelines.training.rowcache import RowGroupFiles
+
+    monkeypatch.setattr(arrow_reader, "STREAM_BYTES", rows_per_piece * wide.row_bytes)
+    cache = RowGroupFiles(str(tmp_path), 1 << 30)
+    for i, group in enumerate(split_row_groups(wide.parts("train"))):
+        pieces = list(arrow_reader.stream_group(group, wide.row_bytes))
+        assert len(pieces) == -(-5 // rows_per_piece) + 1  # the images in ceil(5 / k) pieces, then the labels
+        assert cache.put_pieces(str(i), arrow_reader.flat_layout(group, wide.row_bytes), pieces)
+        got, (images, labels) = cache.get(str(i)), arrow_reader.read_group(group, wide.row_bytes)
+        assert got["image"].dtype == np.uint8 and got["image"].shape == images.shape == (5, 192)
+        assert np.array_equal(got["image"], images) and got["label"].dtype == labels.dtype == np.int32
+        assert got["label"].tolist() == labels.tolist() == list(range(5 * i, 5 * i + 5))
+
+
+@pytest.mark.parametrize("fault, error, message", [
+    (dict(row_bytes=191), arrow_reader.ImageSizeError, "an image is not 191 bytes"),
+    (dict(rows=6), arrow_reader.ShardCountError, "read 5 rows, its footer says 6"),
+    (dict(rows=4), arrow_reader.ShardCountError, "read 5 rows, its footer says 4"),
+    (dict(rows=1), arrow_reader.ShardCountError, "read 2 rows, its footer says 1"),
+])
+def test_a_row_group_that_breaks_the_stream_reaches_the_consumer_and_leaves_no_file(wide, tmp_path, monkeypatch,
+                                                                                   fault, error, message):
+    """A fault found while a row group is decoded into the cache is the consumer's error, as without
+    a cache; the file being written is removed and its bytes no longer count against the limit."""
+    import dataclasses
+
+    from pipelines.training.rowcache import RowGroupFiles
+
+    monkeypatch.setattr(arrow_reader, "STREAM_BYTES", 2 * wide.row_bytes)
+    fault = dict(fault)
+    row_bytes = fault.pop("row_bytes", wide.row_bytes)
+    groups = [dataclasses.replace(g, **fault) for g in split_row_groups(wide.parts("train"))]
+    cache = RowGroupFiles(str(tmp_path / "cache"), 1 << 30)
+    os.mkdir(cache.folder)
+    with ArrowShardReader(groups, row_bytes, workers=1, depth=1, cache=cache) as reader:
+        with pytest.raises(error, match=message):
+            next(reader)
+    assert os.listdir(cache.folder) == [] and cache.stored == 0

@@ -11,8 +11,9 @@ Petastorm's contract as training uses it, without Petastorm (which cannot run on
 * ``workers`` threads read row groups (``ParquetFile.read_row_group``; pyarrow releases the GIL
   while it reads and decodes) at most ``depth`` row groups ahead of the consumer, from the moment
   the reader is made, and the reader yields them in its order;
-* with a cache folder, each row group read from Parquet is written once as a flat file
-  (:class:`pipelines.training.rowcache.RowGroupFiles`) and every later epoch maps it back;
+* with a cache folder, each row group is decoded from Parquet straight into its flat file, a few
+  images at a time (:class:`pipelines.training.rowcache.RowGroupFiles`), and every epoch, the
+  first too, maps it back; without one (or once the cache is full) it is read whole;
 * files are opened through the :class:`pipelines.storage.Location`'s ``pyarrow.fs`` filesystem
   (local, S3, GCS, HDFS, fsspec), each file's footer read once.
 
@@ -30,6 +31,10 @@ from typing import TYPE_CHECKING, Deque, Iterator, List, NamedTuple, Optional, T
 import numpy as np
 
 from pipelines.logs import plural
+
+#: bytes of images decoded at a time on the way into the cache: 2-8 images of 299 px took the
+#: same time, 16 (4 MiB) a third more (one thread, loader_bench's data, 2026-12-02)
+STREAM_BYTES = 1 << 20
 
 if TYPE_CHECKING:
     from pipelines.storage import Location
@@ -76,6 +81,30 @@ def split_row_groups(parts: list) -> List[RowGroup]:
     return groups
 
 
+def _open(part: "Location"):
+    import pyarrow as pa
+
+    # a local file is mapped: measured 1.6-2x faster than reading it (loader_bench)
+    return pa.memory_map(part.path) if part.local else part.filesystem.open_input_file(part.path)
+
+
+def _pixels(column, group: RowGroup, row_bytes: int) -> np.ndarray:
+    """The images of a binary Arrow ``column`` as ``uint8 (n, row_bytes)``, a view of its buffer."""
+    if column.null_count:
+        raise ImageSizeError(f"{group.path} row group {group.index}: a missing image")
+    offsets = np.frombuffer(column.buffers()[1], np.int32, len(column) + 1, column.offset * 4)
+    if np.any(np.diff(offsets) != row_bytes):
+        raise ImageSizeError(f"{group.path} row group {group.index}: an image is not {plural(row_bytes, 'byte')}")
+    if not len(column):
+        return np.zeros((0, row_bytes), np.uint8)
+    return np.frombuffer(column.buffers()[2], np.uint8)[offsets[0]:offsets[-1]].reshape(-1, row_bytes)
+
+
+def _count_error(group: RowGroup, rows: int) -> ShardCountError:
+    return ShardCountError(f"{group.path} row group {group.index}: read {plural(rows, 'row')}, "
+                           f"its footer says {group.rows}")
+
+
 def read_group(group: RowGroup, row_bytes: int) -> Tuple[np.ndarray, np.ndarray]:
     """The images and labels of one row group, read with pyarrow: ``(uint8 (n, row_bytes),
     int32 (n,))``, the images a view of Arrow's buffer (no copy per image).
@@ -84,25 +113,53 @@ def read_group(group: RowGroup, row_bytes: int) -> Tuple[np.ndarray, np.ndarray]
         ShardCountError: it holds another number of rows than its footer says.
         ImageSizeError: an image that is not ``row_bytes`` bytes (each one checked).
     """
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    part = group.part  # a local file is mapped: measured 1.6-2x faster than reading it (loader_bench)
-    with pa.memory_map(part.path) if part.local else part.filesystem.open_input_file(part.path) as f:
+    with _open(group.part) as f:
         table = pq.ParquetFile(f, metadata=group.metadata).read_row_group(group.index, columns=["image", "label"])
     if table.num_rows != group.rows:
-        raise ShardCountError(f"{group.path} row group {group.index}: read {plural(table.num_rows, 'row')}, "
-                              f"its footer says {group.rows}")
+        raise _count_error(group, table.num_rows)
     chunks = table.column("image")
     column = chunks.chunk(0) if chunks.num_chunks == 1 else chunks.combine_chunks()  # combining copies
-    if column.null_count:
-        raise ImageSizeError(f"{group.path} row group {group.index}: a missing image")
-    offsets = np.frombuffer(column.buffers()[1], np.int32, len(column) + 1, column.offset * 4)
-    if np.any(np.diff(offsets) != row_bytes):
-        raise ImageSizeError(f"{group.path} row group {group.index}: an image is not {plural(row_bytes, 'byte')}")
-    pixels = np.frombuffer(column.buffers()[2], np.uint8)[offsets[0]:offsets[-1]] if len(column) else \
-        np.zeros(0, np.uint8)
-    return pixels.reshape(-1, row_bytes), table.column("label").to_numpy().astype(np.int32)
+    return _pixels(column, group, row_bytes), table.column("label").to_numpy().astype(np.int32)
+
+
+def flat_layout(group: RowGroup, row_bytes: int) -> List[Tuple[str, str, Tuple[int, ...]]]:
+    """The columns of ``group`` as its flat cache file stores them (:mod:`rowcache`'s ``Column``):
+    ``image uint8 (rows, row_bytes)``, ``label int32 (rows,)``."""
+    return [("image", "|u1", (group.rows, row_bytes)), ("label", "<i4", (group.rows,))]
+
+
+def stream_group(group: RowGroup, row_bytes: int) -> Iterator[Tuple[str, np.ndarray]]:
+    """The bytes of one row group in :func:`flat_layout`'s columns, decoded a few images at a time
+    (about ``STREAM_BYTES`` each): ``("image", uint8 (k, row_bytes))`` pieces, then one
+    ``("label", int32 (rows,))``, as :meth:`pipelines.training.rowcache.RowGroupFiles.put_pieces`
+    writes them.
+
+    Why: a cold epoch decoding whole row groups wrote each image into memory twice (decompressed,
+    then decoded) before the cache file's copy; small batches stay in the CPU's cache, and the
+    epoch then maps the file back like a warm one (reader's cold epoch 0.17 against 0.27-0.37 ms of
+    CPU per image, benchmarks/loader_bench.py's data, one thread, 2026-12-02).
+
+    Raises:
+        ShardCountError, ImageSizeError: as :func:`read_group`, before the piece at fault.
+    """
+    import pyarrow.parquet as pq
+
+    rows, labels = 0, []
+    with _open(group.part) as f:
+        batches = pq.ParquetFile(f, metadata=group.metadata).iter_batches(
+            batch_size=max(1, STREAM_BYTES // max(1, row_bytes)), row_groups=[group.index],
+            columns=["image", "label"], use_threads=False)
+        for batch in batches:
+            rows += batch.num_rows
+            if rows > group.rows:
+                raise _count_error(group, rows)
+            labels.append(batch.column(1).to_numpy(zero_copy_only=False).astype(np.int32))
+            yield "image", _pixels(batch.column(0), group, row_bytes)
+    if rows != group.rows:
+        raise _count_error(group, rows)
+    yield "label", np.concatenate(labels) if labels else np.zeros(0, np.int32)
 
 
 class Batch(NamedTuple):
@@ -147,17 +204,19 @@ class ArrowShardReader:
             yield from epoch_order(len(self.groups), self.seed, epoch).tolist()
 
     def _load(self, i: int) -> Batch:
-        """Row group ``i`` of the shard, from the cache when it holds it, else from Parquet (then
-        stored in the cache)."""
-        key = f"{i:06d}"
+        """Row group ``i`` of the shard, from the cache when it holds it, else decoded from Parquet
+        into the cache (:func:`stream_group`) and mapped back from there, else (no cache, or a full
+        one) read from Parquet."""
+        group = self.groups[i]
         if self.cache is not None:
+            key = f"{i:06d}"
             cached = self.cache.get(key)
+            if cached is None and self.cache.put_pieces(key, flat_layout(group, self.row_bytes),
+                                                        stream_group(group, self.row_bytes)):
+                cached = self.cache.get(key)
             if cached is not None:
                 return Batch(cached["image"], cached["label"])
-        images, labels = read_group(self.groups[i], self.row_bytes)
-        if self.cache is not None:
-            self.cache.put(key, {"image": images, "label": labels})
-        return Batch(images, labels)
+        return Batch(*read_group(group, self.row_bytes))
 
     def __iter__(self) -> "ArrowShardReader":
         return self

@@ -35,7 +35,7 @@ import shutil
 import stat
 import struct
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -58,6 +58,7 @@ FOLDER_MODE, FILE_MODE = 0o700, 0o600
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 
 Column = Tuple[str, str, Tuple[int, ...]]  # name, NumPy dtype string, shape as stored
+Piece = Tuple[str, object]  # a column's name and some of its bytes (any bytes-like object), in order
 
 
 class CacheFolderError(ValueError):
@@ -100,22 +101,56 @@ def flat_columns(value) -> Optional[List[Column]]:
     return columns
 
 
-def write_columns(f, value, columns: List[Column]) -> int:
-    """Write the flat form of ``value`` (its ``columns``, :func:`flat_columns`) into the binary
-    file ``f``; returns the size in bytes."""
-    header = json.dumps([[name, dtype, list(shape)] for name, dtype, shape in columns]).encode()
-    f.write(MAGIC + _LENGTH.pack(len(header)) + header)
+def column_pieces(value, columns: List[Column]) -> Iterator[Piece]:
+    """The bytes of ``value``'s ``columns`` (:func:`flat_columns`) as :func:`write_pieces` takes
+    them: an object column item by item (no joined copy), a numeric one in ``WRITE_BYTES`` slices."""
     for name, _dtype, _shape in columns:
-        f.write(b"\0" * (-f.tell() % ALIGN))
         array = value[name]
         if array.dtype == object:
-            for item in array:  # straight from each bytes object: no joined copy
-                f.write(item)
+            for item in array:
+                yield name, item
         else:
             data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
             for start in range(0, len(data), WRITE_BYTES):
-                f.write(data[start:start + WRITE_BYTES])
+                yield name, data[start:start + WRITE_BYTES]
+
+
+def column_bytes(columns: List[Column]) -> int:
+    """Bytes of the columns' data in a flat file (header and padding not counted)."""
+    return sum(np.dtype(dtype).itemsize * int(np.prod(shape)) for _name, dtype, shape in columns)
+
+
+def write_pieces(f, columns: List[Column], pieces: Iterable[Piece]) -> int:
+    """Write a flat file into the binary file ``f``: the header naming ``columns``, then each
+    column's bytes, 64-byte aligned, as ``pieces`` deliver them (``(column name, bytes-like)``
+    in column order, a column in as many pieces as its producer likes); returns the size in bytes.
+
+    Raises:
+        ValueError: a piece out of column order, or a column's bytes not what its dtype and shape
+            make (the file is then not a whole entry: the caller removes it).
+    """
+    header = json.dumps([[name, dtype, list(shape)] for name, dtype, shape in columns]).encode()
+    f.write(MAGIC + _LENGTH.pack(len(header)) + header)
+    expected = [(name, column_bytes([(name, dtype, shape)])) for name, dtype, shape in columns]
+    pieces = iter(pieces)
+    piece = next(pieces, None)
+    for name, size in expected:
+        f.write(b"\0" * (-f.tell() % ALIGN))
+        written = 0
+        while piece is not None and piece[0] == name:
+            written += f.write(piece[1])
+            piece = next(pieces, None)
+        if written != size:
+            raise ValueError(f"column {name!r}: {plural(written, 'byte')} written, its shape makes {size}")
+    if piece is not None:
+        raise ValueError(f"a piece of column {piece[0]!r} out of the columns' order")
     return f.tell()
+
+
+def write_columns(f, value, columns: List[Column]) -> int:
+    """Write the flat form of ``value`` (its ``columns``, :func:`flat_columns`) into the binary
+    file ``f``; returns the size in bytes."""
+    return write_pieces(f, columns, column_pieces(value, columns))
 
 
 def _parse_header(mapped) -> Tuple[List[Column], int]:
@@ -285,24 +320,36 @@ class RowGroupFiles:
             OSError: a write failing for another reason than a full disk.
         """
         columns = flat_columns(value)
-        size = sum(value[name].nbytes if value[name].dtype != object else sum(map(len, value[name]))
-                   for name, _, _ in columns or [])
+        return columns is not None and self.put_pieces(key, columns, column_pieces(value, columns))
+
+    def put_pieces(self, key: str, columns: List[Column], pieces: Iterable[Piece]) -> bool:
+        """Store under ``key`` a row group of these ``columns`` whose bytes ``pieces`` deliver
+        (:func:`write_pieces`), so that a reader can decode a row group straight into its file;
+        returns whether it was stored (not when over the limit or the disk is full: then
+        ``pieces`` may be partly consumed).
+
+        Raises:
+            OSError: a write failing for another reason than a full disk; whatever ``pieces``
+                raises, and ValueError for pieces that do not fill the columns: the file is
+                removed first.
+        """
+        size = column_bytes(columns)
         with self._lock:
-            if columns is None or self.full or self.stored + size > self.limit_bytes:
+            if self.full or self.stored + size > self.limit_bytes:
                 return False
             self.stored += size
         temporary = f"{self.path(key)}.{threading.get_ident()}.tmp"
         try:
             with open_private(temporary) as f:
-                write_columns(f, value, columns)
+                write_pieces(f, columns, pieces)
             os.replace(temporary, self.path(key))
             return True
-        except OSError as exc:
+        except BaseException as exc:
             with self._lock:
                 self.stored -= size
                 with contextlib.suppress(OSError):
                     os.remove(temporary)
-                if exc.errno not in FULL_DISK:
+                if not isinstance(exc, OSError) or exc.errno not in FULL_DISK:
                     raise
                 if not self.full:
                     self.full = True
