@@ -167,7 +167,8 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
     ``hvd.DistributedOptimizer`` (gradients averaged over ranks by allreduce; with
     ``fp16_allreduce``, ``hvd.Compression.fp16``: float32 gradients cast to float16 for the
     allreduce, half the bytes, and back), sparse categorical cross-entropy on int32 labels,
-    accuracy. ``learning_rate`` is already scaled by the world size
+    accuracy; the optimizer's variables are made now (:func:`pipelines.training.checkpoints.build_optimizer`).
+    ``learning_rate`` is already scaled by the world size
     (:func:`pipelines.training.schedule.scaled_lr`). Under a ``mixed_float16`` global policy Keras
     wraps the optimizer in its ``LossScaleOptimizer`` itself. With ``xla`` (``--xla on``), the
     forward and backward pass are compiled by XLA (:func:`xla_train_step`). Needs ``hvd.init()`` first.
@@ -176,11 +177,17 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
         pipelines.kerasapi.Keras3Error: ``model`` is not a Keras 2 model (before any step)."""
     import horovod.tensorflow.keras as hvd
     from pipelines.kerasapi import distributed_optimizer, keras
+    from pipelines.training.checkpoints import build_optimizer
 
     compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
     optimizer = distributed_optimizer(keras.optimizers.Nadam(learning_rate=learning_rate), model=model,
                                       compression=compression)
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    # The metric as an object and the optimizer built here: every variable of the step exists before
+    # fit, which then traces its step once, not twice (a tf.function whose first trace creates
+    # variables is traced again): 0.5 s less per rank with Xception at 71 px, 0.26 s with a tiny model.
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
+                  metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
+    build_optimizer(model)
     if xla:
         model.train_step = xla_train_step(model)
     else:
