@@ -129,18 +129,20 @@ from pipelines.training.model import build_model, compile_distributed
 hvd.init()
 rng = np.random.default_rng(0)
 x, y = rng.integers(0, 256, (8, 32, 32, 3), dtype=np.uint8), np.arange(8) % 3
-weights = {}
+weights, traces, logged = {}, {}, {}
 for xla in (False, True):
     keras.utils.set_random_seed(1)
     m = build_model(3, 16, dropout=0.0, weights="none", seed=1, backbone="tiny", stored_size=32)
     compile_distributed(m, 0.05, xla=xla)
-    m.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    history = m.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     weights[xla] = m.get_weights()
+    traces[str(xla)], logged[str(xla)] = m.train_function.experimental_get_tracing_count(), sorted(history.history)
     if xla:
         jit = m.train_step.forward._jit_compile  # tf.function's own record of jit_compile=True
         hlo = m.train_step.forward.experimental_get_compiler_ir(x)(stage="hlo")
 print(json.dumps({"max_difference": max(float(np.abs(a - b).max()) for a, b in zip(weights[False], weights[True])),
-                  "jit": jit, "hlo": "HloModule" in hlo and "convolution" in hlo}))
+                  "jit": jit, "hlo": "HloModule" in hlo and "convolution" in hlo, "traces": traces,
+                  "logged": logged}))
 """
 
 
@@ -148,12 +150,15 @@ print(json.dumps({"max_difference": max(float(np.abs(a - b).max()) for a, b in z
 def test_xla_compiles_the_models_pass_and_trains_the_steps_keras_trains():
     """In a Horovod rank (world of 1): two steps with --xla on give the weights two steps without
     it give (the same gradients through Horovod's allreduce and Nadam), and the forward pass is an
-    XLA computation (its HLO holds the backbone's convolutions)."""
+    XLA computation (its HLO holds the backbone's convolutions). Either way fit traces its train
+    step once (compile_distributed makes every variable of the step first) and logs loss and accuracy."""
     proc = subprocess.run([sys.executable, "-c", XLA_STEP], capture_output=True, text=True, cwd=REPO, timeout=300,
                           env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["jit"] is True and result["hlo"] and result["max_difference"] < 1e-5, result
+    assert result["traces"] == {"False": 1, "True": 1}, result
+    assert result["logged"] == {"False": ["accuracy", "loss"], "True": ["accuracy", "loss"]}, result
 
 
 def train_job(data, out, *args):
