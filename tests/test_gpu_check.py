@@ -103,6 +103,8 @@ Loader benchmark: Fashion-MNIST at 71 px, batch 4, 2 reader threads, 2 CPUs, med
   own, no cache (epoch 2)                       900 images/s  0.18x ceiling  own / petastorm 4.00
   petastorm, cold cache (epoch 1)               730 images/s  0.14x ceiling
   petastorm, warm cache (epoch 2)              2660 images/s  0.52x ceiling
+goal, ours, cold cache (epoch 1): 0.16 of the ceiling (goal >= 0.6: NOT met); 1.11x Petastorm's (goal >= 1: met)
+goal, ours, warm cache (epoch 2): 0.47 of the ceiling (goal >= 0.9: NOT met); 0.90x Petastorm's (goal >= 1: NOT met)
 
 4 MiB row groups: 12 rows each, 3 in train
   own, cold cache (epoch 1)                     999 images/s  0.20x ceiling
@@ -115,6 +117,31 @@ def test_loader_output_is_read_by_label():
     assert gc.parse_loader(LOADER, labels) == {"ceiling": 5123.0, "cold cache (epoch 1)": 811.0,
                                                "warm cache (epoch 2)": 2400.0, "no cache (epoch 2)": 900.0}
     assert gc.parse_loader("Traceback ...", labels) == {}
+
+
+def test_the_loader_benchmark_checks_our_reader_against_each_goal():
+    """The goal lines of LOADER's first table, from its figures; ours alone: the ceiling only."""
+    from benchmarks.loader_bench import goal_lines
+
+    found = {"own, cold cache (epoch 1)": 811.0, "own, warm cache (epoch 2)": 2400.0, "own, no cache (epoch 2)": 900.0,
+             "petastorm, cold cache (epoch 1)": 730.0, "petastorm, warm cache (epoch 2)": 2660.0}
+    assert goal_lines(found, 5123.0) == [line for line in LOADER.splitlines() if line.startswith("goal, ")]
+    assert goal_lines({"own, cold cache (epoch 1)": 3100.0, "own, warm cache (epoch 2)": 4500.0}, 5000.0) == [
+        "goal, ours, cold cache (epoch 1): 0.62 of the ceiling (goal >= 0.6: met)",
+        "goal, ours, warm cache (epoch 2): 0.90 of the ceiling (goal >= 0.9: met)"]
+    assert goal_lines({"petastorm, cold cache (epoch 1)": 730.0}, 5123.0) == []
+
+
+def test_the_loader_benchmarks_float32_tail_preprocesses_each_batch_as_xception_does():
+    """``--tail float32``: each batch cast and scaled on the host to [-1, 1]; the default adds nothing."""
+    tf = pytest.importorskip("tensorflow")
+    from benchmarks.loader_bench import host_float32
+
+    ds = tf.data.Dataset.from_tensor_slices((tf.constant([[0, 127], [255, 51]], tf.uint8), [1, 2])).batch(2)
+    (images, labels), = list(host_float32(ds, True))
+    assert images.dtype == tf.float32 and labels.numpy().tolist() == [1, 2]
+    assert images.numpy().ravel().tolist() == pytest.approx([-1.0, 127 / 127.5 - 1, 1.0, 51 / 127.5 - 1], abs=1e-6)
+    assert host_float32(ds, False) is ds
 
 
 def _row(run, n, fp16, share, step_ms, nbytes, rate, eff):
