@@ -245,9 +245,9 @@ def goal_lines(found: dict, top: float) -> list:
         ours, theirs = found.get(f"own, {path}"), found.get(f"petastorm, {path}")
         if ours is None:
             continue
-        checks = [f"{ours / top:.2f} of the ceiling (goal >= {fraction}: {_met(ours / top >= fraction)})"]
+        checks = [f"{ours / top:.3f} of the ceiling (goal >= {fraction}: {_met(ours / top >= fraction)})"]
         if theirs:
-            checks.append(f"{ours / theirs:.2f}x Petastorm's (goal >= 1: {_met(ours >= theirs)})")
+            checks.append(f"{ours / theirs:.3f}x Petastorm's (goal >= 1: {_met(ours >= theirs)})")
         lines.append(f"goal, ours, {path}: " + "; ".join(checks))
     return lines
 
