@@ -38,7 +38,7 @@ STREAM_BYTES = 1 << 20
 
 if TYPE_CHECKING:
     from pipelines.storage import Location
-    from pipelines.training.rowcache import RowGroupFiles
+    from pipelines.training.rowcache import Column, RowGroupFiles
 
 
 class ShardCountError(RuntimeError):
@@ -124,8 +124,8 @@ def read_group(group: RowGroup, row_bytes: int) -> Tuple[np.ndarray, np.ndarray]
     return _pixels(column, group, row_bytes), table.column("label").to_numpy().astype(np.int32)
 
 
-def flat_layout(group: RowGroup, row_bytes: int) -> List[Tuple[str, str, Tuple[int, ...]]]:
-    """The columns of ``group`` as its flat cache file stores them (:mod:`rowcache`'s ``Column``):
+def flat_layout(group: RowGroup, row_bytes: int) -> List["Column"]:
+    """The columns of ``group`` as its flat cache file stores them:
     ``image uint8 (rows, row_bytes)``, ``label int32 (rows,)``."""
     return [("image", "|u1", (group.rows, row_bytes)), ("label", "<i4", (group.rows,))]
 
@@ -155,8 +155,8 @@ def stream_group(group: RowGroup, row_bytes: int) -> Iterator[Tuple[str, np.ndar
             rows += batch.num_rows
             if rows > group.rows:
                 raise _count_error(group, rows)
-            labels.append(batch.column(1).to_numpy(zero_copy_only=False).astype(np.int32))
-            yield "image", _pixels(batch.column(0), group, row_bytes)
+            labels.append(batch.column("label").to_numpy(zero_copy_only=False).astype(np.int32))
+            yield "image", _pixels(batch.column("image"), group, row_bytes)
     if rows != group.rows:
         raise _count_error(group, rows)
     yield "label", np.concatenate(labels) if labels else np.zeros(0, np.int32)
