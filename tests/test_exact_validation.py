@@ -72,3 +72,29 @@ def test_two_ranks_each_reader_validate_exactly_on_a_one_row_group_test_split(tm
     best = report["history"][report["best_epoch"] - 1]
     assert best["val_accuracy"] == pytest.approx(report["test"]["accuracy"], abs=1e-12)
     assert report["config"]["reader"] == reader
+
+
+def test_totals_summed_over_ranks_by_either_route_are_the_sum_of_each_ranks(tmp_path):
+    """allreduce_totals under horovodrun -np 2: the label pairs allgathered (50 classes, a few
+    rows, one rank with none) or the matrix allreduced (3 classes), each the local sum of both
+    ranks' totals; ranks of different numbers of classes are refused on both."""
+    from pipelines.training.evaluate import gathers_pairs, sum_totals
+    from tests.totals_ranks import CASES, rank_totals
+
+    command = [os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+               sys.executable, os.path.join(REPO, "tests", "totals_ranks.py"), str(tmp_path)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO,
+                          env=subprocess_env(PYTHONPATH=REPO))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert gathers_pairs(sum(CASES["gathered"][2:]), 50) and not gathers_pairs(sum(CASES["reduced"][2:]), 3)
+    for rank in range(2):
+        result = json.load(open(tmp_path / f"rank-{rank}.json"))
+        for case in ("gathered", "gathered_one_empty", "reduced", "uncounted"):
+            expected = sum_totals([rank_totals(case, 0), rank_totals(case, 1)])
+            got = result[case]
+            assert (got["correct"], got["count"], got["num_classes"]) == \
+                (expected.correct, expected.count, expected.num_classes), (case, got)
+            assert got["loss_sum"] == pytest.approx(expected.loss_sum, rel=1e-12), case
+            assert got["confusion"] == expected.confusion_matrix().tolist(), case
+        assert result["mismatched"] == {"error": "every rank must count the confusion of the same number of "
+                                                 f"classes ({CASES['mismatched'][rank]} here)"}

@@ -10,7 +10,7 @@ import tensorflow as tf
 from pipelines import report as pictures
 from pipelines.kerasapi import keras
 from pipelines.training.checkpoints import frozen_checksum, load_checkpoint, optimizer_state, save_checkpoint
-from pipelines.training.evaluate import add, batch_totals
+from pipelines.training.evaluate import add, batch_totals, evaluate_dataset
 from pipelines.training.model import BACKBONES, backbone_of, build_model, export_model, feature_extractor
 
 SIZE = 71  # Xception's smallest input
@@ -114,9 +114,22 @@ def test_frozen_checksum_tells_backbones_apart(model):
 def test_totals_count_a_confusion_matrix():
     probs = np.array([[0.8, 0.1, 0.1], [0.2, 0.7, 0.1], [0.6, 0.3, 0.1]], np.float32)
     a = batch_totals(probs, np.array([0, 1, 1]))
-    assert a.confusion == ((1, 0, 0), (1, 1, 0), (0, 0, 0))
+    assert a.confusion_matrix().tolist() == [[1, 0, 0], [1, 1, 0], [0, 0, 0]]
     both = add(a, batch_totals(probs[:1], np.array([2])))
-    assert both.confusion == ((1, 0, 0), (1, 1, 0), (1, 0, 0)) and both.count == 4
+    assert both.confusion_matrix().tolist() == [[1, 0, 0], [1, 1, 0], [1, 0, 0]] and both.count == 4
+
+
+def test_evaluate_dataset_counts_every_batch_of_a_real_model_once():
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(7, 4)).astype(np.float32), rng.integers(0, 5, 7)
+    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="softmax")])
+    totals = evaluate_dataset(m, tf.data.Dataset.from_tensor_slices((x, y)).batch(3))  # 3 + 3 + 1 rows
+    whole = batch_totals(m(x).numpy(), y)
+    assert (totals.count, totals.correct, totals.num_classes) == (7, whole.correct, 5)
+    assert totals.loss_sum == pytest.approx(whole.loss_sum, rel=1e-6)
+    assert totals.confusion_matrix().tolist() == whole.confusion_matrix().tolist()
+    assert evaluate_dataset(m, tf.data.Dataset.from_tensor_slices((x, y)).take(0).batch(3)).confusion_matrix().shape \
+        == (5, 5)
 
 
 def test_pictures_are_written(tmp_path):

@@ -85,6 +85,44 @@ def test_classification_report_precision_recall_and_confusion_of_the_classes_see
     assert classification_report([], [], ["a"])["accuracy"] is None
 
 
+def test_classification_report_at_a_thousand_classes_counts_only_those_present():
+    names = [f"c{i}" for i in range(1000)]
+    report = classification_report([999, 0, 0, 500], [999, 5, 0, 0], names)
+    assert (report["count"], report["correct"], report["accuracy"]) == (4, 2, 0.5)
+    assert report["confusion"] == {"labels": [0, 5, 500, 999], "matrix": [[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0],
+                                                                           [0, 0, 0, 1]]}
+    never_a_label, never_predicted = report["per_class"][1], report["per_class"][2]
+    assert (never_a_label["name"], never_a_label["support"], never_a_label["predicted"]) == ("c5", 0, 1)
+    assert (never_a_label["precision"], never_a_label["recall"]) == (0.0, None)
+    assert (never_predicted["label"], never_predicted["predicted"], never_predicted["precision"]) == (500, 0, None)
+    assert never_predicted["recall"] == 0.0
+    empty = classification_report([], [], names)
+    assert (empty["count"], empty["correct"], empty["per_class"]) == (0, 0, [])
+    assert empty["confusion"] == {"labels": [], "matrix": []}
+
+
+def test_classification_report_refuses_labels_that_are_not_classes():
+    with pytest.raises(ValueError, match=r"true labels must lie in \[0, 3\); got 0..3"):
+        classification_report([0, 3], [0, 1], ["a", "b", "c"])
+    with pytest.raises(ValueError, match=r"predicted labels must lie in \[0, 3\); got -1..0"):
+        classification_report([0, 1], [-1, 0], ["a", "b", "c"])
+    with pytest.raises(ValueError, match="2 true labels but 1 predicted"):
+        classification_report([0, 1], [0], ["a", "b", "c"])
+
+
+@pytest.mark.parametrize("k, rows", [(3, 50), (40, 30), (1000, 200)])
+def test_classification_report_equals_that_of_before_on_random_labels(k, rows):
+    from benchmarks.eval_bench import previous_classification_report
+
+    rng = np.random.default_rng(k)
+    names = [None if i % 7 == 0 else f"c{i}" for i in range(k)]
+    true, predicted = rng.integers(0, k, rows), rng.integers(0, k, rows)
+    predicted[: rows // 2] = true[: rows // 2]
+    assert classification_report(true, predicted, names) == previous_classification_report(true, predicted, names)
+    assert classification_report(true.tolist(), tuple(predicted), names) == \
+        previous_classification_report(true, predicted, names)
+
+
 @pytest.mark.parametrize("path, name", [("001.ak47/x.jpg", "ak47"), ("birds/deep/er/x.png", "birds"),
                                         ("x.jpg", None), ("000.zero/x.jpg", "000.zero")])
 def test_folder_class(path, name):

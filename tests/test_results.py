@@ -102,7 +102,7 @@ def test_a_failure_while_drawing_leaves_the_results_written(tmp_path, monkeypatc
     os.makedirs(out)
     config = TrainConfig(data=str(tmp_path), output=out, backbone="tiny", weights="none", tracking=False)
     report = {"test": {"loss": 0.5, "accuracy": 0.5, "count": 2}, "best_epoch": 1, "epochs_run": 1}
-    totals = Totals(count=2, loss_sum=1.0, correct=1, confusion=((1, 0, 0), (1, 0, 0), (0, 0, 0)))
+    totals = Totals.of_confusion(1.0, [[1, 0, 0], [1, 0, 0], [0, 0, 0]])
     results.save_outputs(config, report, tiny(), _Data(), totals)
     written = json.loads(open(os.path.join(out, "metrics.json")).read())
     assert written["test"]["confusion"][1] == [1, 0, 0] and written["pictures"] == {}

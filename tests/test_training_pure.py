@@ -9,7 +9,8 @@ from pipelines.config import parse_config
 from pipelines.training.config import TrainConfig
 from pipelines.training.data import DataError, cache_size_bytes, load_dataset
 from pipelines.training.devices import choose_device, rank_cores
-from pipelines.training.evaluate import Totals, add, batch_totals
+from benchmarks.eval_bench import previous_add, previous_batch_totals
+from pipelines.training.evaluate import Totals, add, batch_totals, gathers_pairs, sum_totals
 from pipelines.training.schedule import (checkpoint_path, marker_path, newest_complete_checkpoint, plan_steps,
                                          scaled_lr, warmup_lr)
 
@@ -112,6 +113,92 @@ def test_totals_add_up_exactly_across_uneven_parts():
     both = add(a, b)
     assert both.accuracy == 3 / 6 and both.loss == 4.0 / 6
     assert both.accuracy != (a.accuracy + b.accuracy) / 2  # not an average of per-rank means
+
+
+def test_batch_totals_count_loss_correct_and_confusion_by_hand():
+    probs = np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.5, 0.3, 0.2], [0.2, 0.2, 0.6]])
+    t = batch_totals(probs, np.array([0, 1, 1, 0]))
+    assert (t.count, t.correct, t.num_classes) == (4, 2, 3)
+    assert t.loss_sum == pytest.approx(-np.log(0.7) - np.log(0.8) - np.log(0.3) - np.log(0.2), rel=1e-12)
+    # class 2 is never a label, class 1 is a label predicted as 0 once
+    assert t.confusion_matrix().tolist() == [[1, 0, 1], [1, 1, 0], [0, 0, 0]]
+    assert t.confusion_matrix().dtype == np.int64
+    both = add(t, batch_totals(probs[:1], np.array([2])))
+    assert both.confusion_matrix().tolist() == [[1, 0, 1], [1, 1, 0], [1, 0, 0]]
+    assert (both.count, both.correct) == (5, 2) and both.accuracy == pytest.approx(2 / 5)
+
+
+def test_totals_at_a_thousand_classes_and_a_few_rows_hold_only_the_rows():
+    k = 1000
+    probs = np.full((3, k), 0.1 / (k - 1))
+    probs[0, 999], probs[1, 5], probs[2, 500] = 0.9, 0.9, 0.9  # predicted 999, 5, 500
+    t = batch_totals(probs, np.array([999, 0, 500]))
+    assert t.true.tolist() == [999, 0, 500] and t.predicted.tolist() == [999, 5, 500]  # 3 pairs, not k*k cells
+    m = t.confusion_matrix()
+    assert m.shape == (k, k) and m.sum() == 3 and (t.correct, t.count) == (2, 3)
+    assert list(zip(*np.nonzero(m))) == [(0, 5), (500, 500), (999, 999)]
+    assert m[0, 5] == m[500, 500] == m[999, 999] == 1
+
+
+def test_an_empty_batch_adds_nothing():
+    empty = batch_totals(np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
+    assert (empty.count, empty.correct, empty.loss_sum, empty.num_classes) == (0, 0, 0.0, 4)
+    assert str(empty.loss_sum) == "0.0"  # not -0.0
+    assert np.isnan(empty.loss) and np.isnan(empty.accuracy)
+    assert empty.confusion_matrix().tolist() == [[0] * 4] * 4
+    one = batch_totals(np.array([[0.1, 0.6, 0.2, 0.1]]), np.array([3]))
+    for both in (add(empty, one), add(one, empty), sum_totals([empty, one, empty])):
+        assert both.confusion_matrix().tolist() == one.confusion_matrix().tolist()
+        assert (both.count, both.correct, both.loss_sum) == (1, 0, one.loss_sum)
+
+
+def test_totals_not_counting_the_confusion_add_to_those_that_do():
+    uncounted = Totals(2.0, 1, 2)
+    assert uncounted.confusion_matrix(3).tolist() == [[0] * 3] * 3 and uncounted.confusion_matrix().shape == (0, 0)
+    counted = batch_totals(np.array([[0.9, 0.05, 0.05]]), np.array([0]))
+    both = add(uncounted, counted)
+    assert (both.count, both.correct, both.num_classes) == (3, 2, 3)
+    assert both.confusion_matrix().tolist() == [[1, 0, 0], [0, 0, 0], [0, 0, 0]]
+    with pytest.raises(ValueError, match=r"cannot add confusions of \[1, 3\] classes"):
+        add(counted, batch_totals(np.array([[1.0]]), np.array([0])))
+
+
+def test_labels_outside_the_models_classes_are_refused():
+    probs = np.full((2, 3), 1 / 3)
+    for labels in ([0, 3], [-1, 0]):
+        with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\)"):
+            batch_totals(probs, np.array(labels))
+
+
+def test_totals_of_a_confusion_matrix_give_it_back():
+    m = np.array([[3, 0, 1], [2, 5, 0], [0, 0, 0]])
+    t = Totals.of_confusion(4.5, m)
+    assert (t.loss_sum, t.correct, t.count, t.num_classes) == (4.5, 8, 11, 3)
+    assert t.confusion_matrix().tolist() == m.tolist()
+    assert Totals.of_confusion(0.0, np.zeros((5, 5), int)).confusion_matrix().tolist() == [[0] * 5] * 5
+
+
+@pytest.mark.parametrize("k, batches", [(2, 5), (7, 9), (60, 4)])
+def test_totals_equal_those_of_before_on_random_batches(k, batches):
+    """The pairs give what the k x k tuples built every batch gave (benchmarks/eval_bench.py keeps them)."""
+    rng = np.random.default_rng(k)
+    parts, before = [], (0.0, 0, 0, tuple((0,) * k for _ in range(k)))
+    for size in rng.integers(0, 40, batches):
+        logits = rng.normal(size=(size, k))
+        probs = (np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)).astype(np.float32)
+        labels = rng.integers(0, k, size)
+        parts.append(batch_totals(probs, labels))
+        before = previous_add(before, previous_batch_totals(probs, labels))
+    now = sum_totals(parts)
+    assert (now.loss_sum, now.correct, now.count) == before[:3]
+    assert now.confusion_matrix().tolist() == [list(row) for row in before[3]]
+
+
+def test_allreduce_gathers_pairs_only_when_they_are_smaller_than_the_matrix():
+    assert gathers_pairs(rows=10, num_classes=1000)  # 20 int64 against a million cells
+    assert gathers_pairs(rows=10_000, num_classes=100_000)
+    assert not gathers_pairs(rows=1_000_000, num_classes=10)
+    assert not gathers_pairs(rows=50, num_classes=10) and gathers_pairs(rows=49, num_classes=10)  # 2 * rows < k * k
 
 
 def manifest(tmp_path, train_groups=8, test_groups=8, train_rows=100, test_rows=20):

@@ -90,8 +90,8 @@ def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tr
     class_names, directory = data.class_names, directory or config.output
     exported = export_model(model, os.path.join(directory, MODEL_FILE), data.image_size, class_names)
     write_json(os.path.join(directory, CLASS_NAMES), class_names, mode=PUBLIC)
-    if totals is not None and totals.confusion:
-        report["test"]["confusion"] = [list(row) for row in totals.confusion]
+    if totals is not None and totals.num_classes:
+        report["test"]["confusion"] = totals.confusion_matrix().tolist()
     report.update(model_contract=MODEL_CONTRACT, pictures={}, mlflow=tracker.describe() if tracker else None)
     write_json(os.path.join(directory, METRICS), report)  # the results, before any picture
     test = report["test"]
