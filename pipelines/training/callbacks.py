@@ -8,6 +8,8 @@ import statistics
 import time
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
+
 from pipelines.kerasapi import keras
 
 from pipelines.atomic import write_json
@@ -164,6 +166,80 @@ class CheckpointMarker(keras.callbacks.Callback):
                         os.remove(path)
 
 
+class DivergenceGuard(keras.callbacks.Callback):
+    """Every rank: ends the run on every rank at the same step when any rank's loss is NaN or
+    infinite, or, at an epoch's end, any of the epoch's logs or the weights and optimizer state a
+    checkpoint would hold (:func:`pipelines.training.checkpoints.checkpoint_variables`).
+
+    After every training step each rank adds whether its own step's logs (``loss``: Keras' running
+    mean over the epoch, so it turns non-finite at the very step one batch's loss did) hold a
+    non-finite value, 0 or 1, to the others' (``count``: one float32 allreduced with Horovod's Sum);
+    every rank sees the same total at the same step, so when it is not 0 all of them gather what
+    each found (``gather``: ``allgather_object``) and raise the same
+    :class:`~pipelines.training.divergence.TrainingDiverged`, naming the epoch, the step (both
+    1-based), each rank that found one and its host. Keras' ``TerminateOnNaN`` stops the rank that
+    sees the NaN only, and Horovod's other ranks then wait in the next allreduce for good. Place it
+    before early stopping and the checkpoint writer: a diverged epoch is never chosen as best nor
+    written. Its cost per step (one scalar allreduce over Gloo) is measured by
+    ``benchmarks/divergence_bench.py``. ``count`` and ``gather`` stand in for Horovod's in tests.
+    """
+
+    def __init__(self, steps_per_epoch: int, count=None, gather=None):
+        super().__init__()
+        self.steps = steps_per_epoch
+        self.count = count or _allreduce_count
+        self.gather = gather or _allgather
+        self.epoch = 0
+        self.hosts: List[str] = []
+
+    def on_train_begin(self, logs=None):
+        import socket
+
+        self.hosts = list(self.gather(socket.gethostname()))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch + 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        from pipelines.training.divergence import non_finite_logs, step_place
+
+        self._stop_if_found(non_finite_logs(logs), step_place(self.epoch, batch + 1, self.steps))
+
+    def on_epoch_end(self, epoch, logs=None):
+        from pipelines.training.checkpoints import checkpoint_variables
+        from pipelines.training.divergence import epoch_end_place, non_finite_arrays, non_finite_logs
+
+        variables = checkpoint_variables(self.model)
+        arrays = non_finite_arrays({key: v.numpy() for key, v in variables.items()})
+        found = non_finite_logs(logs) + [f"{key} ({variables[key].name})" for key in arrays]
+        self._stop_if_found(found, epoch_end_place(epoch + 1, self.steps))
+
+    def _stop_if_found(self, found: List[str], place: str) -> None:
+        """The collective step: every rank calls it at the same point, each with what it found."""
+        from pipelines.training.divergence import TrainingDiverged, diverged_message
+
+        if not self.count(bool(found)):
+            return
+        message = diverged_message(place, self.gather(", ".join(found) or None), self.hosts)
+        log.error("%s; every rank stops here, nothing is exported", message)  # errors: on every rank
+        raise TrainingDiverged(message)
+
+
+def _allreduce_count(flag: bool) -> float:
+    """The number of ranks whose ``flag`` is true (Horovod allreduce, Sum, of one float32)."""
+    import horovod.tensorflow as hvd_tf
+    import tensorflow as tf
+
+    return float(hvd_tf.allreduce(tf.constant(float(flag), tf.float32), op=hvd_tf.Sum, name="divergence_count"))
+
+
+def _allgather(value) -> list:
+    """Every rank's ``value``, by rank (Horovod's ``allgather_object``)."""
+    import horovod.tensorflow as hvd_tf
+
+    return hvd_tf.allgather_object(value, name="divergence_gather")
+
+
 class TrackEpochs(keras.callbacks.Callback):
     """Rank 0: each epoch's logs (loss, accuracy, val_loss, val_accuracy, lr, epoch_seconds,
     train_images_per_second, already averaged over ranks) to the MLflow run at ``step`` = the
@@ -192,8 +268,12 @@ class SyncOutputs(keras.callbacks.Callback):
 
 
 class FaultInjection(keras.callbacks.Callback):
-    """Test hook: ``spec`` = ``"rank=R,epoch=E,mode=raise|kill|stall[,mark=PATH]"`` (the rank's
-    :attr:`pipelines.launch.rankenv.RankEnvironment.fault`, from the test's variable) makes
+    """Test hook: ``spec`` = ``"rank=R,epoch=E,mode=raise|kill|stall|nan[,step=S][,mark=PATH]"`` (the rank's
+    :attr:`pipelines.launch.rankenv.RankEnvironment.fault`, from the test's variable). ``nan`` makes
+    rank R's own loss NaN at step S (1-based, default 1) of epoch E: before that step it sets its
+    first trainable weight to NaN, so its forward pass, and through the allreduced gradients every
+    rank's weights, turn non-finite in a real training step (:class:`DivergenceGuard` stops the run
+    there). The other modes make
     rank R fail at the end of epoch E (1-based), once that epoch's checkpoint is complete (another rank
     than 0 waits up to a minute for rank 0's marker in ``directory``): ``raise`` raises RuntimeError,
     ``kill`` sends itself SIGKILL, ``stall`` sleeps for good (the other ranks wait in epoch E+1's
@@ -207,9 +287,11 @@ class FaultInjection(keras.callbacks.Callback):
         parts = dict(item.split("=", 1) for item in spec.split(",") if "=" in item)
         self.active = bool(parts) and int(parts.get("rank", 0)) == rank
         self.epoch = int(parts.get("epoch", 0))
+        self.step = int(parts.get("step", 1))
         self.mode = parts.get("mode", "raise")
         self.mark = parts.get("mark")
         self.directory = directory
+        self._current = 0
 
     @classmethod
     def requested(cls, spec: str, rank: int, directory: str = "") -> "Optional[FaultInjection]":
@@ -221,8 +303,17 @@ class FaultInjection(keras.callbacks.Callback):
             log.warning("test hook %s is set (%s): a fault will be injected", FAULT_ENV, spec)
         return cls(spec, rank, directory)
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._current = epoch + 1
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.active and self.mode == "nan" and (self._current, batch + 1) == (self.epoch, self.step):
+            log.warning("injecting a fault (nan) at epoch %d, step %d (%s)", self.epoch, self.step, FAULT_ENV)
+            weight = self.model.trainable_weights[0]
+            weight.assign(np.full(weight.shape, np.nan, weight.dtype.as_numpy_dtype))
+
     def on_epoch_end(self, epoch, logs=None):
-        if self.active and epoch + 1 == self.epoch:
+        if self.active and self.mode != "nan" and epoch + 1 == self.epoch:
             deadline = time.monotonic() + 60
             while self.directory and not os.path.exists(marker_path(self.directory, self.epoch)) \
                     and time.monotonic() < deadline:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import List
+from typing import Dict, List
 
 import numpy as np
 
@@ -63,15 +63,46 @@ def build_optimizer(model) -> None:
         optimizer.build(model.trainable_variables)
 
 
-def save_checkpoint(model, path: str) -> int:
-    """Write ``model``'s trainable weights and (when compiled) its optimizer state to ``path``
-    (``.npz``) atomically. Returns the file's size in bytes."""
-    from pipelines.atomic import replacing
-
-    arrays = {f"trainable_{i:04d}": v.numpy() for i, v in enumerate(model.trainable_weights)}
+def checkpoint_variables(model) -> Dict:
+    """What a checkpoint holds, by its key in the ``.npz``: ``trainable_NNNN`` (the trainable
+    weights, in order) and, when compiled, ``optimizer_NNNN`` (:func:`optimizer_state`) -> the
+    variable. The one list :func:`save_checkpoint` writes and the divergence check
+    (:class:`pipelines.training.callbacks.DivergenceGuard`) checks for finite values."""
+    variables = {f"trainable_{i:04d}": v for i, v in enumerate(model.trainable_weights)}
     if getattr(model, "optimizer", None) is not None:
         build_optimizer(model)
-        arrays.update({f"optimizer_{i:04d}": v.numpy() for i, v in enumerate(optimizer_state(model.optimizer))})
+        variables.update({f"optimizer_{i:04d}": v for i, v in enumerate(optimizer_state(model.optimizer))})
+    return variables
+
+
+def non_finite_checkpoint(location) -> List[str]:
+    """The keys of the arrays a checkpoint file holds that have a NaN or +-inf value
+    (:func:`pipelines.training.divergence.non_finite_arrays`); ``[]`` for a finite one. ``location``
+    is a :class:`pipelines.storage.Location` (local or remote: the file is read whole, a few KB for
+    the head, megabytes with fine-tuned blocks). A file that is not an ``.npz`` is not judged here
+    (``[]``): :func:`load_checkpoint` refuses it when it is loaded."""
+    import io
+    import zipfile
+
+    from pipelines.training.divergence import non_finite_arrays
+
+    try:
+        data = np.load(io.BytesIO(location.read_bytes()))
+        if not isinstance(data, np.lib.npyio.NpzFile):  # a single .npy array
+            return []
+        with data:
+            arrays = {key: data[key] for key in sorted(data.files)}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile):
+        return []
+    return non_finite_arrays(arrays)
+
+
+def save_checkpoint(model, path: str) -> int:
+    """Write ``model``'s trainable weights and (when compiled) its optimizer state to ``path``
+    (``.npz``) atomically (:func:`checkpoint_variables`). Returns the file's size in bytes."""
+    from pipelines.atomic import replacing
+
+    arrays = {key: variable.numpy() for key, variable in checkpoint_variables(model).items()}
     with replacing(path, suffix=".npz") as tmp:  # owner-only: run state
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)

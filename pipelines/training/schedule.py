@@ -11,6 +11,7 @@ Stated once here, used by the job and tested without Horovod:
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional
@@ -133,7 +134,11 @@ def newest_complete_checkpoint(directory) -> Optional[Dict]:
     disk, uploaded after them to an object store) naming a weights file that exists with the size
     recorded in it: a run killed mid-write leaves no marker or a different size, and that
     checkpoint is never picked. A marker naming anything but a checkpoint's plain name beside it is
-    ignored (:func:`checkpoint_markers`).
+    ignored (:func:`checkpoint_markers`). Nor is a checkpoint of a diverged state ever picked: one
+    whose marker's epoch logs, whose weights or optimizer state, or whose best epoch's weights hold a
+    NaN or infinite value is passed over with a warning (:func:`non_finite_state`), so ``--resume``
+    continues from the newest finite one (this version never writes another:
+    :class:`pipelines.training.callbacks.DivergenceGuard`).
 
     Args:
         directory: a local folder, or a :class:`pipelines.storage.Location` (a remote ``--output``).
@@ -148,5 +153,30 @@ def newest_complete_checkpoint(directory) -> Optional[Dict]:
     for marker in checkpoint_markers(folder):
         weights = folder.join(marker["weights"]).info()
         if weights.is_file and weights.size == marker.get("weights_bytes"):
-            return marker
+            found = non_finite_state(folder, marker)
+            if not found:
+                return marker
+            logging.getLogger("pipelines").warning(
+                "ignored: checkpoint %s in %s holds non-finite values (%s): a diverged state is never resumed",
+                marker["_name"], folder.uri, ", ".join(found))
     return None
+
+
+def non_finite_state(folder, marker: Dict) -> List[str]:
+    """What a complete checkpoint (``marker``, in ``folder``: a :class:`pipelines.storage.Location`)
+    holds that is NaN or infinite: its epoch's logs (``"val_loss (nan)"``), then the keys of its
+    weights file's arrays, then those of its best epoch's file (``"checkpoint-2.npz: trainable_0000"``,
+    when that file is another one and exists). ``[]``: finite, it may be resumed."""
+    from pipelines.training.checkpoints import non_finite_checkpoint
+    from pipelines.training.divergence import non_finite_logs
+
+    found = non_finite_logs(marker.get("logs"))
+    names = [marker["weights"]]
+    best = (marker.get("early_stopping") or {}).get("best_epoch")
+    if isinstance(best, int) and best != marker.get("epoch"):
+        best_name = CHECKPOINT_WEIGHTS.format(epoch=best)
+        if folder.join(best_name).info().is_file:
+            names.append(best_name)
+    for name in names:
+        found += [f"{name}: {key}" for key in non_finite_checkpoint(folder.join(name))]
+    return found

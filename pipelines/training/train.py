@@ -202,8 +202,9 @@ def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
 
 def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resume,
                    frozen_sha256: Optional[str] = None, tracker=None, marker: Optional[Dict] = None):
-    """Horovod's broadcast, metric averaging and warmup, epoch statistics and early stopping on
-    every rank; checkpoints, their markers (with ``marker``'s items: the phase), ``history.csv``,
+    """Horovod's broadcast, metric averaging and warmup, epoch statistics, the divergence check
+    (:class:`~pipelines.training.callbacks.DivergenceGuard`) and early stopping on every rank;
+    checkpoints, their markers (with ``marker``'s items: the phase), ``history.csv``,
     TensorBoard and each epoch's metrics to ``tracker`` (MLflow, when given) on rank 0 only.
 
     Returns ``(callbacks, early_stopping, epoch_stats)``.
@@ -223,7 +224,8 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
         callbacks.append(hvd.callbacks.LearningRateWarmupCallback(
             initial_lr=plan.lr, warmup_epochs=config.warmup_epochs,
             steps_per_epoch=plan.steps.steps_per_epoch, verbose=0))
-    callbacks.append(early_stopping)
+    # before early stopping and the checkpoints: a non-finite step or epoch stops every rank there
+    callbacks += [cb.DivergenceGuard(plan.steps.steps_per_epoch), early_stopping]
     if rank.rank == 0:
         directory = plan.output_dir
         callbacks += [
