@@ -225,3 +225,47 @@ class Manifest:
         root = _location(root)
         parts = self.splits[split].parts
         return [root.join(*p.split("/")) for p in parts] if parts else root.join(split).files(".parquet")
+
+
+# The identity of an ETL run's data, which every result derived from it and kept beyond one
+# training is keyed by (the feature cache, pipelines/training/features.py), and the leases of the
+# trainings that read it (pipelines/leases.py: OUTPUT/runs/<run id>/READERS/<reader>.json).
+READERS = "readers"
+
+
+@dataclass(frozen=True)
+class DataIdentity:
+    """Which data an ETL output holds: ``run_id`` (the manifest's, ``None`` in a format-1
+    manifest) and ``sha256``, hex, of the run id and, for every split the manifest holds, each
+    part's path relative to the output, its size in bytes and its Parquet footer (row groups, rows,
+    each column chunk's offsets, sizes and statistics). A rerun of the ETL is another run id, so
+    another identity even with the same counts; files changed in place (a format-1 output has no
+    run prefix) change their footers' byte sizes and offsets."""
+
+    run_id: Optional[str]
+    sha256: str
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"run_id": self.run_id, "sha256": self.sha256}
+
+
+def data_identity(root, manifest: "Manifest") -> DataIdentity:
+    """The :class:`DataIdentity` of the output ``root`` whose manifest is ``manifest``: one footer
+    read per part (a ranged read of each file's tail; no image is read).
+
+    Raises:
+        FileNotFoundError: a part the manifest names is missing. OSError: it cannot be read.
+    """
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    root = _location(root)
+    digest = hashlib.sha256(json.dumps({"run_id": manifest.extra.get("run_id")}).encode())
+    for split in sorted(manifest.splits):
+        for part in manifest.part_locations(root, split):
+            with part.filesystem.open_input_file(part.path) as f:
+                size, footer = f.size(), pq.read_metadata(f).to_dict()
+            record = {"split": split, "part": part.relative_to(root), "bytes": size, "footer": footer}
+            digest.update(json.dumps(record, sort_keys=True, default=str).encode())
+    return DataIdentity(manifest.extra.get("run_id"), digest.hexdigest())

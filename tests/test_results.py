@@ -200,7 +200,7 @@ def test_a_checkpoint_carries_the_loss_scale_of_mixed_precision(tmp_path, mixed_
 
 
 def test_the_feature_cache_is_keyed_by_the_backbones_compute_dtype_and_the_models_input():
-    from pipelines.training.features import feature_key
+    from pipelines.training.features import model_key as feature_key
     from pipelines.training.model import model_input
     uint8 = model_input(tiny(size=71))
     assert uint8 == "uint8-71"

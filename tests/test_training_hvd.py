@@ -523,11 +523,17 @@ def test_under_horovodrun_every_rank_exits_2_and_rank_0_alone_says_why(reason, d
     assert "Exit code: 2" in text
 
 
-def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, test_split, tmp_path):
+def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, test_split, tmp_path, spark):
+    """... and is recomputed after an ETL rerun of the same counts over other images into the same
+    output (the set of the old run was reused once, reporting figures of images no longer there)."""
+    import shutil
+
     from pipelines.kerasapi import keras
     from pipelines.training import features as feat
     from pipelines.training.model import backbone_of
-    data, manifest = dataset
+    _, manifest = dataset
+    data = str(tmp_path / "etl")  # a copy of the module's output: this test reruns the ETL into it
+    shutil.copytree(dataset[0], data)
     out = str(tmp_path / "out")
     first = train(data, out, "--epochs", "2", "--feature-cache")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -535,9 +541,10 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, test
     m = metrics(out)
     directory = m["feature_cache"]
     rows = {s: manifest["splits"][s]["rows"] for s in ("train", "test")}
-    assert feat.is_complete(directory, rows)
+    key = directory.rstrip("/").rsplit("/", 1)[-1]
+    assert feat.is_complete(directory, rows, key)
     assert_exact_test_count(m, dataset[0])
-    assert not feat.is_complete(directory, {**rows, "test": rows["test"] - 1})  # a short set is not reused
+    assert not feat.is_complete(directory, {**rows, "test": rows["test"] - 1}, key)  # a short set is not reused
     assert m["weights_checksum_per_rank"][0] == m["weights_checksum_per_rank"][1]
 
     # The exported whole model on raw images == its head on the cached features.
@@ -556,6 +563,29 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, test
 
     again = train(data, str(tmp_path / "again"), "--epochs", "1", "--feature-cache")
     assert again.returncode == 0 and "feature cache: reusing" in again.stderr
+    assert not glob.glob(f"{data}/runs/*/readers/*.json")  # each training removed its lease at the end
+
+    # An ETL rerun into the same output, the same counts, other images: recomputed, and said why.
+    make_tree(str(tmp_path / "other-tree"), classes=3, per_class=26, seed=1, bad=False)
+    rerun = run_etl(ETLConfig(input=str(tmp_path / "other-tree"), output=data, image_size=SIZE, test_fraction=0.3,
+                              min_row_groups=4, num_partitions=3), spark)
+    assert {s: rerun["splits"][s]["rows"] for s in rows} == rows and rerun["run_id"] != manifest["run_id"]
+    third = train(data, str(tmp_path / "third"), "--epochs", "1", "--feature-cache")
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert f"feature cache: the data changed since {directory} was computed (ETL run {manifest['run_id']} -> " \
+           f"{rerun['run_id']}): recomputing" in third.stderr
+    m3 = metrics(str(tmp_path / "third"))
+    assert m3["feature_cache"] != directory and not os.path.exists(directory)  # its ETL run is gone: pruned
+    # the reported test figure is the exported model's on the images the output holds now
+    table = pq.read_table(etl_parts(data, "test"), columns=["image", "label"])
+    current = np.stack([np.frombuffer(b, np.uint8).reshape(SIZE, SIZE, 3) for b in table.column("image").to_pylist()])
+    predicted = load_model(str(tmp_path / "third")).predict(current, batch_size=8, verbose=0).argmax(axis=1)
+    right = int((predicted == np.array(table.column("label").to_pylist())).sum())
+    assert m3["test"]["count"] == len(current) and m3["test"]["accuracy"] == pytest.approx(right / len(current))
+    cached, _ = feat.read_shard(m3["feature_cache"], "test", 0, 1)
+    fresh = backbone_of(load_model(str(tmp_path / "third"))).predict(current.astype(np.float32) / 127.5 - 1.0,
+                                                                      batch_size=8, verbose=0)
+    np.testing.assert_allclose(np.sort(cached.sum(axis=1)), np.sort(fresh.sum(axis=1)), rtol=1e-4)
 
 
 def free_port() -> int:
@@ -750,7 +780,7 @@ def test_horovod_trains_from_s3_to_s3(dataset, s3_data, s3_server, tmp_path):
         {**{key: "***" for key in STORAGE_SECRETS}, "endpoint_override": s3_server.endpoint}
     features = s3_json(out + "/metrics.json")["feature_cache"]
     assert features.startswith(s3_data[0] + "/features/")
-    assert feat.is_complete(features, {s: manifest["splits"][s]["rows"] for s in ("train", "test")})
+    assert feat.is_complete(features, {s: manifest["splits"][s]["rows"] for s in ("train", "test")}, features.rsplit("/", 1)[-1])
     assert {"train/part-rank0.parquet", "train/part-rank1.parquet", "_COMPLETE.json"} <= s3_names(features)
     names = s3_names(out)
     assert S3_OUTPUTS <= names and "checkpoint-2.npz" in names and "checkpoint-2.json" in names, names

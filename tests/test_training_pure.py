@@ -241,7 +241,7 @@ def test_train_config_from_command_line(capsys):
 
 
 def test_feature_key_follows_weights_size_seed_and_backbone(tmp_path):
-    from pipelines.training.features import feature_key
+    from pipelines.training.features import model_key as feature_key
     w1, w2 = tmp_path / "a.h5", tmp_path / "b.h5"
     w1.write_bytes(b"weights one")
     w2.write_bytes(b"weights two")

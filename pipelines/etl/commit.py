@@ -12,11 +12,13 @@ one whole run or the previous one, never a mix, whatever a rerun is doing or whe
 Run ids sort by start time (:func:`new_run_id`: UTC time to the microsecond, then a random
 suffix). The newest id wins: after its commit a run deletes every run older than itself (a
 killed run's leftovers, the run it replaced) and the folders of a format-1 output, never a newer
-run (it may be a concurrent run still writing). A run that finds a newer committed run when it is
-about to commit is superseded (:class:`RunSuperseded`): it deletes its own files and the newer
-output stands. What remains open: two runs committing within the same few milliseconds (the check
-and the PUT are two requests; S3 offers no compare-and-swap through pyarrow), and hosts whose
-clocks disagree by more than the time between two runs.
+run (it may be a concurrent run still writing), nor an older run a training still reads (it holds
+a live lease on it, :mod:`pipelines.leases`: kept until a later commit finds no live lease). A
+run that finds a newer committed run when it is about to commit is superseded
+(:class:`RunSuperseded`): it deletes its own files and the newer output stands. What remains
+open: two runs committing within the same few milliseconds (the check and the PUT are two
+requests; S3 offers no compare-and-swap through pyarrow), and hosts whose clocks disagree by more
+than the time between two runs (or, for a lease, by more than its life).
 """
 from __future__ import annotations
 
@@ -140,11 +142,21 @@ def clean_up(output: Location, run_id: str, replaced: Sequence[str] = ()) -> Lis
     """Delete the runs older than ``run_id`` below ``OUTPUT/runs/`` (leftovers of killed runs, the
     run just replaced: the only run prefixes an output of this job holds, :func:`check_output`)
     and ``replaced``, the files of the format-1 manifest this commit replaced
-    (:func:`format_1_files`); never a newer run, which may still be writing, and nothing else.
+    (:func:`format_1_files`); never a newer run, which may still be writing, never an older run a
+    reader holds a live lease on (:mod:`pipelines.leases`: a training still reading it; kept, said,
+    and deleted by a later commit once no lease on it is live), and nothing else.
     Returns what was deleted, relative to the output."""
+    from pipelines.leases import TTL_S, leases_on
+
     deleted = []
     for info in output.join(RUNS).list(recursive=False):
         if RUN_ID.match(info.base_name) and info.base_name < run_id:
+            leases = leases_on(output.join(RUNS, info.base_name))
+            readers = [lease.reader for lease in leases if lease.live]
+            if readers:
+                log.info("kept run %s: still read by training run %s (its lease expires %.0f s after its last "
+                         "refresh); a later commit deletes it", info.base_name, ", ".join(readers), TTL_S)
+                continue
             output.join(RUNS, info.base_name).delete()
             deleted.append(f"{RUNS}/{info.base_name}")
     for name in replaced:

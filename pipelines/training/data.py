@@ -118,6 +118,19 @@ class Dataset:
     def test_rows(self) -> int:
         return self.rows(TEST)
 
+    @property
+    def run_id(self) -> Optional[str]:
+        """The ETL run the manifest commits (``None``: a format-1 manifest)."""
+        return self.manifest.extra.get("run_id")
+
+    def identity(self):
+        """The data's :class:`pipelines.contract.DataIdentity`: the run id and every part's path,
+        size and Parquet footer (one footer read per part), what results kept beyond a run are
+        keyed by (the feature cache)."""
+        from pipelines.contract import data_identity
+
+        return data_identity(self.location, self.manifest)
+
     def parts(self, split: str) -> list:
         """The split's Parquet files as the manifest names them (:class:`pipelines.storage.Location`),
         in the manifest's order: a reader reads these and nothing else (a rerun of the ETL may be

@@ -4,10 +4,14 @@ With a frozen backbone called with ``training=False`` and no per-epoch augmentat
 backbone's output for an image never changes, yet the article's training recomputes it for every
 image in every epoch. Here each rank computes the features of its Petastorm shard of each split
 once, writes them as Parquet under ``DATA/features/<key>/<split>/part-rank<r>.parquet`` (``key``
-depends on the weights, the image size, the backbone, its compute dtype and the model's input,
-:func:`feature_key`), and training fits only the head
+depends on the model, :func:`model_key`: the weights, the image size, the backbone, its compute
+dtype and the model's input; and on the data, :func:`pipelines.contract.data_identity`: the ETL
+run id and its parts' footers; :func:`feature_key`), and training fits only the head
 (dropout + dense) on them with the same Horovod machinery. A second run with the same key reuses
-them; other weights or another size get another key.
+them; other weights, another size or another ETL run of the same output (a rerun, even of the same
+counts) get another key. The set's marker records both halves, so a run that finds only sets of
+its model computed from other data says why it recomputes (:func:`stale_sets`), and deletes those
+whose ETL run is gone (:func:`prune`): no training can read them any more.
 
 ``DATA`` may be a URI: the set is written and read through :mod:`pipelines.storage` (each rank's
 file in one write, whole or not at all), its completion marker last.
@@ -21,13 +25,15 @@ from typing import Mapping, Optional, Tuple
 
 import numpy as np
 
+from pipelines.logs import plural
+
 log = logging.getLogger("pipelines")
 COMPLETE = "_COMPLETE.json"
 
 
-def feature_key(weights: str, image_size: int, seed: int, backbone: str, compute_dtype: str,
-                model_input: str) -> str:
-    """Identifier of a feature set: the backbone's weights (file content hash for a path; the
+def model_key(weights: str, image_size: int, seed: int, backbone: str, compute_dtype: str,
+              model_input: str) -> str:
+    """The model half of a feature set's key: the backbone's weights (file content hash for a path; the
     seed for random weights), the backbone's input size (``image_size``), the backbone, the dtype it
     computes in (``float16`` under ``mixed_float16``: other features than float32's) and what the
     model takes (``model_input``, :func:`input_tag`: ``uint8-299``, the
@@ -46,6 +52,13 @@ def feature_key(weights: str, image_size: int, seed: int, backbone: str, compute
                 digest.update(block)
         source = digest.hexdigest()
     return hashlib.sha256(f"{model}:{source}:{image_size}:{model_input}".encode()).hexdigest()[:16]
+
+
+def feature_key(model: str, data) -> str:
+    """Identifier of a feature set: the model (:func:`model_key`) and the data it was computed
+    from (a :class:`pipelines.contract.DataIdentity`), hashed to 16 hex digits. (Sets computed
+    before the data was in the key were keyed by the model alone: :func:`stale_sets` finds them.)"""
+    return hashlib.sha256(f"{model}:data-{data.sha256}".encode()).hexdigest()[:16]
 
 
 def input_tag(dtype: str, stored_size: int) -> str:
@@ -68,14 +81,21 @@ def feature_dir(data_root: str, key: str, storage_options: Optional[Mapping[str,
     return resolve(data_root, storage_options).join("features", key)
 
 
-def is_complete(directory, rows: dict) -> bool:
-    """Whether every rank finished writing this feature set (rank 0 writes the marker last) and it
-    holds ``rows`` (``{"train": n, "test": m}``, the manifest's counts): a set computed from
-    other data, or short, is not reused."""
+def is_complete(directory, rows: dict, key: str) -> bool:
+    """Whether every rank finished writing the feature set ``key`` (rank 0 writes the marker last)
+    and it holds ``rows`` (``{split: n}``, the manifest's counts): a set of another key (a folder
+    renamed or copied), or short, is not reused."""
+    marker = read_marker(directory)
+    return marker.get("rows") == rows and marker.get("key") == key
+
+
+def read_marker(directory) -> dict:
+    """The set's completion marker (``{}`` when absent or unreadable)."""
     try:
-        return _location(directory).join(COMPLETE).read_json().get("rows") == rows
+        marker = _location(directory).join(COMPLETE).read_json()
     except (OSError, ValueError):
-        return False
+        return {}
+    return marker if isinstance(marker, dict) else {}
 
 
 def write_shard(directory, split: str, rank: int, features: np.ndarray, labels: np.ndarray) -> str:
@@ -120,9 +140,67 @@ def compute_shard(extractor, dataset) -> Tuple[np.ndarray, np.ndarray]:
     return np.concatenate(features), np.concatenate(labels)
 
 
-def mark_complete(directory, counts: dict, key: str) -> None:
-    """Rank 0, after every rank has written: record the counts, making the set reusable."""
-    _location(directory).join(COMPLETE).write_json({"key": key, "rows": counts})
+def mark_complete(directory, counts: dict, key: str, model: str, data) -> None:
+    """Rank 0, after every rank has written: record the counts, the key and its halves (``model``,
+    :func:`model_key`; ``data``, a :class:`pipelines.contract.DataIdentity`), making the set reusable."""
+    _location(directory).join(COMPLETE).write_json({"key": key, "rows": counts, "model_key": model,
+                                                    "data": data.to_dict()})
+
+
+def stale_sets(data_root, model: str, key: str, storage_options: Optional[Mapping[str, str]] = None):
+    """The complete feature sets under ``DATA/features/`` of the model ``model`` (:func:`model_key`)
+    but not of the key ``key``: computed from other data (another ETL run of this output). A set
+    written before the data was keyed (its marker's ``key`` is the model key, and it records no
+    ``data``) is one of them. Returns ``[(folder, marker)]``, newest ETL run first (the unknown last)."""
+    from pipelines.storage import resolve
+
+    found, features = [], resolve(data_root, storage_options).join("features")
+    for info in features.list(recursive=False):
+        folder = features.join(info.base_name)
+        marker = read_marker(folder)
+        if marker and marker.get("key") != key and model in (marker.get("model_key"), marker.get("key")):
+            found.append((folder, marker))
+    return sorted(found, key=lambda pair: str((pair[1].get("data") or {}).get("run_id") or ""), reverse=True)
+
+
+def prune(data_root, stale, storage_options: Optional[Mapping[str, str]] = None) -> list:
+    """Delete those of ``stale`` (:func:`stale_sets`) that no training can read any more: their
+    ETL run's folder ``DATA/runs/<run id>`` is gone (the ETL deletes a run only when no lease on
+    it is live, :mod:`pipelines.leases`), or they record no ETL run (keyed before the data was).
+    Returns the folders deleted (URIs)."""
+    from pipelines.contract import RUNS, plain_name
+    from pipelines.storage import resolve
+
+    root, deleted = resolve(data_root, storage_options), []
+    for folder, marker in stale:
+        run_id = (marker.get("data") or {}).get("run_id")
+        try:
+            if run_id and root.join(RUNS, plain_name(run_id, f"{folder.uri}'s ETL run")).exists():
+                continue
+        except ValueError:  # a marker is read, not obeyed: a set naming no plain run id stays
+            continue
+        folder.delete()
+        deleted.append(folder.uri)
+    if deleted:
+        log.info("feature cache: deleted %s of ETL runs gone from %s: %s", plural(len(deleted), "stale set"),
+                 root.uri, ", ".join(deleted))
+    return deleted
+
+
+def say_why(data_root, model: str, key: str, data, directory,
+            storage_options: Optional[Mapping[str, str]] = None) -> None:
+    """Rank 0, before computing the set ``key`` into ``directory``: log once why, naming the ETL
+    runs when the newest set of this model (:func:`stale_sets`) was computed from other data
+    (``data``: this run's :class:`pipelines.contract.DataIdentity`)."""
+    stale = stale_sets(data_root, model, key, storage_options)
+    if not stale:
+        log.info("feature cache: computing backbone features into %s", directory)
+        return
+    folder, marker = stale[0]
+    before = (marker.get("data") or {}).get("run_id") or "unrecorded"
+    change = f"its parts of ETL run {before} changed" if before == data.run_id else f"ETL run {before} -> {data.run_id}"
+    log.info("feature cache: the data changed since %s was computed (%s): recomputing into %s",
+             folder.uri, change, directory)
 
 
 def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int):

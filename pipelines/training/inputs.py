@@ -91,24 +91,27 @@ class FeatureInputs:
         self.model.get_layer("head").set_weights(full_model.get_layer("head").get_weights())
 
     def _ensure_features(self):
-        """The feature set of this data, backbone and size: reused when complete and of the
-        manifest's row counts, else computed, each rank its own shard of each split. Returns its
-        folder (a :class:`pipelines.storage.Location`)."""
+        """The feature set of this data (its ETL run and parts' footers: rank 0's
+        :meth:`~pipelines.training.data.Dataset.identity`, the same on every rank), backbone and
+        size: reused when complete and of the manifest's row counts, else computed, each rank its
+        own shard of each split. Returns its folder (a :class:`pipelines.storage.Location`)."""
         import horovod.tensorflow as hvd_tf
 
         from pipelines.training import features as feat
 
         c, data, rank = self.config, self.data, self.rank
-        key = feat.feature_key(c.weights, self.image_size, c.seed, c.backbone,
+        model = feat.model_key(c.weights, self.image_size, c.seed, c.backbone,
                                backbone_of(self.full_model).compute_dtype,  # float16 under mixed precision
                                model_input(self.full_model))
+        identity = hvd_tf.broadcast_object(data.identity() if rank == 0 else None, root_rank=0, name="data_identity")
+        key = feat.feature_key(model, identity)
         directory = feat.feature_dir(c.data, key, c.storage_options)
-        if feat.is_complete(directory, {"train": data.train_rows, "test": data.test_rows}):
+        if feat.is_complete(directory, {"train": data.train_rows, "test": data.test_rows}, key):
             if rank == 0:
                 log.info("feature cache: reusing %s", directory)
             return directory
         if rank == 0:
-            log.info("feature cache: computing backbone features into %s", directory)
+            feat.say_why(c.data, model, key, identity, directory, c.storage_options)
             directory.delete()  # a run interrupted before completion
         hvd_tf.broadcast_object(None, root_rank=0, name="features_cleared")
         extractor = feature_extractor(self.full_model)  # uint8 in, preprocessing and backbone inside
@@ -124,8 +127,9 @@ class FeatureInputs:
                 log.info("feature cache: %s split done, %s over all ranks, %.1f s so far", split,
                          plural(counts[split], "row"), time.perf_counter() - start)
         if rank == 0:
-            feat.mark_complete(directory, counts, key)
+            feat.mark_complete(directory, counts, key, model, identity)
             log.info("feature cache: %s rows in %.1f s", counts, time.perf_counter() - start)
+            feat.prune(c.data, feat.stale_sets(c.data, model, key, c.storage_options), c.storage_options)
         hvd_tf.broadcast_object(None, root_rank=0, name="features_complete")
         return directory
 

@@ -133,6 +133,45 @@ def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> R
     return plan
 
 
+@contextlib.contextmanager
+def hold_data(rank: Rank, plan: RunPlan) -> Iterator[None]:
+    """Rank 0 holds a reader lease on the ETL run ``plan.data`` reads (:func:`pipelines.leases.hold`,
+    named by this training run's id) for the block, so that an ETL rerun committing meanwhile keeps
+    that run's files; the block starts before any rank reads a part. Every rank checks that it
+    loaded the manifest of the run rank 0 leased. A format-1 output (no run id) is not leased, nor
+    one rank 0 cannot write to (said as a warning: training reads, the lease is its only write).
+
+    Raises:
+        pipelines.leases.InputReplaced: on every rank, when the ETL committed another run between a
+            rank's read of the manifest and the lease.
+    """
+    import horovod.tensorflow as hvd_tf
+
+    from pipelines import leases
+
+    lease, error = None, None
+    if rank.rank == 0 and plan.data.run_id is not None:
+        try:
+            lease = leases.hold(plan.data.location, plan.data.run_id, plan.claim.run.run_id)
+        except leases.InputReplaced as exc:
+            error = str(exc)
+        except OSError as exc:  # read-only data: training still runs, unprotected from an ETL rerun
+            log.warning("could not lease ETL run %s of %s (%s): an ETL rerun committing meanwhile may delete "
+                        "its files under this run", plan.data.run_id, plan.data.root, exc)
+    seen = sorted(set(map(str, hvd_tf.allgather_object(plan.data.run_id, name="data_run_ids"))))
+    error = hvd_tf.broadcast_object(error, root_rank=0, name="lease_error")
+    if not error and len(seen) > 1:
+        error = f"the ranks read manifests of different ETL runs ({', '.join(seen)}): {plan.data.root} was " \
+                "committed anew while this run started; start it again"
+    try:
+        if error:
+            raise leases.InputReplaced(error)
+        yield
+    finally:
+        if lease is not None:
+            lease.stop()
+
+
 def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str]):
     """Rank 0's :func:`pipelines.training.runs.claim` of its output, its refusal raised on every rank
     alike. Returns the :class:`~pipelines.training.runs.Claim` on rank 0, ``None`` elsewhere."""
@@ -313,23 +352,24 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     rank = setup_rank(config)
     start = time.perf_counter()
     plan = plan_run(config, rank, run_id)
-    full_model = build_model(plan.data.num_classes, plan.image_size, config.dropout, config.weights,
-                             seed=config.seed, backbone=config.backbone, stored_size=plan.data.image_size)
-    inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.image_size)
-    compile_distributed(inputs.model, plan.lr, config.fp16_allreduce, config.xla_on)
-    frozen_sha256 = frozen_checksum(full_model)
-    resume = restore(config, inputs.model, rank, frozen_sha256, plan.output_dir, plan.claim)
-    with start_tracking(config, rank, plan, resume) as tracker:  # rank 0's MLflow run, ended on leaving
-        seconds_before_fit = time.perf_counter() - start
-        phases = [head_phase(config, rank, plan, inputs, resume, frozen_sha256, tracker)]
-        if config.fine_tune_blocks:
-            phases.append(fine_tune(config, rank, plan, phases[0], resume, frozen_sha256, tracker))
-        report = build_report(config, rank, plan, phases, resume)
-        report.update(seconds_before_fit=seconds_before_fit, fit_seconds=sum(p.fit_seconds for p in phases),
-                      total_seconds=time.perf_counter() - start)
-        if rank.rank == 0:
-            save_outputs(config, report, phases[-1].inputs.exported_model(), plan.data, phases[-1].totals, tracker,
-                         plan.output_dir)
+    with hold_data(rank, plan):  # the ETL run it reads is kept until the run ends (pipelines/leases.py)
+        full_model = build_model(plan.data.num_classes, plan.image_size, config.dropout, config.weights,
+                                 seed=config.seed, backbone=config.backbone, stored_size=plan.data.image_size)
+        inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.image_size)
+        compile_distributed(inputs.model, plan.lr, config.fp16_allreduce, config.xla_on)
+        frozen_sha256 = frozen_checksum(full_model)
+        resume = restore(config, inputs.model, rank, frozen_sha256, plan.output_dir, plan.claim)
+        with start_tracking(config, rank, plan, resume) as tracker:  # rank 0's MLflow run, ended on leaving
+            seconds_before_fit = time.perf_counter() - start
+            phases = [head_phase(config, rank, plan, inputs, resume, frozen_sha256, tracker)]
+            if config.fine_tune_blocks:
+                phases.append(fine_tune(config, rank, plan, phases[0], resume, frozen_sha256, tracker))
+            report = build_report(config, rank, plan, phases, resume)
+            report.update(seconds_before_fit=seconds_before_fit, fit_seconds=sum(p.fit_seconds for p in phases),
+                          total_seconds=time.perf_counter() - start)
+            if rank.rank == 0:
+                save_outputs(config, report, phases[-1].inputs.exported_model(), plan.data, phases[-1].totals, tracker,
+                             plan.output_dir)
     if rank.rank == 0:
         plan.outputs.finish()  # a URI --output: the rest uploaded, metrics.json last
     return report

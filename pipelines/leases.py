@@ -1,0 +1,156 @@
+"""Readers' leases on an ETL run: a training's files are never deleted while it reads them.
+
+An ETL commit deletes the runs older than itself (:mod:`pipelines.etl.commit`). A training that
+reads the run the manifest named when it started would lose its files mid-run, so it holds a
+lease on that run for as long as it reads it::
+
+    OUTPUT/runs/<run id>/readers/<reader>.json   {"reader", "run_id", "refreshed" (Unix s, UTC),
+                                                  "refreshed_utc", "ttl_s"}
+
+written by the reader (training's rank 0, ``<reader>`` its training run id) before it reads a
+part, rewritten every :data:`REFRESH_S` seconds by a thread of its own, and deleted when it is done
+(:class:`ReaderLease`). A commit keeps every older run with a live lease (:func:`leases_on`) and
+deletes it at a later commit, once no lease on it is live. A lease is live while its last refresh
+is less than :data:`TTL_S` old by the deleting host's clock (the lease's own ``ttl_s`` is
+informative: a file cannot lengthen its life), so the lease of a training that crashed or was
+killed expires :data:`TTL_S` after its last refresh; a lease that cannot be parsed is judged by its
+file's modification time.
+
+The race between a reader and a commit is closed by order: the reader writes its lease, then reads
+the manifest again (:func:`hold`). If the manifest still names the leased run, any commit that
+replaces it writes its manifest later and so lists the lease; if not, the run may be gone already
+and the reader refuses (:class:`InputReplaced`) rather than read half a run. Both writes are one
+PUT on an object store, a rename on a local disk (:meth:`pipelines.storage.Location.write_json`);
+the store must list a file once written (S3 does, since 2020).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import List, Optional
+
+from pipelines.contract import MANIFEST, READERS, RUNS, plain_name
+
+log = logging.getLogger("pipelines")
+
+#: seconds a lease lives after its last refresh: ten refreshes missed (a stalled store, a paused
+#: process) before a commit may delete the run under a reader
+TTL_S = 600.0
+#: seconds between a holder's refreshes
+REFRESH_S = 60.0
+
+
+class InputReplaced(RuntimeError):
+    """The ETL output was committed anew between reading its manifest and leasing its run: start
+    the reader again (it reads the new run). A failure, not a refusal: nothing the user gave was wrong."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease file as a commit judges it: ``reader``, seconds since its last refresh (``age_s``,
+    by the judging host's clock), and whether it is ``live``."""
+
+    reader: str
+    age_s: float
+    live: bool
+
+
+def lease_location(output, run_id: str, reader: str):
+    """``OUTPUT/runs/<run id>/readers/<reader>.json`` (:class:`pipelines.storage.Location`);
+    ``run_id`` and ``reader`` checked to be plain names."""
+    return output.join(RUNS, plain_name(run_id, "an ETL run id"), READERS,
+                       plain_name(reader, "a reader's id") + ".json")
+
+
+def write_lease(location, reader: str, run_id: str, now: Optional[float] = None) -> None:
+    """Write (or refresh) the lease at ``location``; ``now``: Unix seconds (default: the clock)."""
+    now = time.time() if now is None else now
+    stamp = dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    location.write_json({"reader": reader, "run_id": run_id, "refreshed": now, "refreshed_utc": stamp,
+                         "ttl_s": TTL_S})
+
+
+def leases_on(run, now: Optional[float] = None) -> List[Lease]:
+    """Every lease on the ETL run folder ``run`` (``OUTPUT/runs/<run id>``), live or not, by
+    reader. A lease is live when ``-TTL_S < now - refreshed < TTL_S`` (a refresh up to
+    :data:`TTL_S` ahead of this clock is a clock difference; further ahead, a file not to be
+    believed); ``now``: Unix seconds (default: the clock)."""
+    import pyarrow.fs as pafs
+
+    now = time.time() if now is None else now
+    leases = []
+    for info in run.join(READERS).list(recursive=False):
+        if info.type != pafs.FileType.File or not info.base_name.endswith(".json"):
+            continue
+        try:
+            refreshed = float(run.join(READERS, info.base_name).read_json()["refreshed"])
+        except (OSError, ValueError, KeyError, TypeError):  # damaged: its file's time says when it was written
+            refreshed = info.mtime.timestamp() if info.mtime else float("-inf")
+        age = now - refreshed
+        leases.append(Lease(info.base_name[:-len(".json")], age, -TTL_S < age < TTL_S))
+    return leases
+
+
+class ReaderLease:
+    """A held lease: written on :meth:`start`, refreshed every :data:`REFRESH_S` seconds by a
+    daemon thread, deleted on :meth:`stop` (a context manager: ``with ReaderLease(...)``). A
+    refresh that fails is logged and tried again at the next period, never raised into the
+    reader (its own reads fail soon enough if the store is gone)."""
+
+    def __init__(self, location, reader: str, run_id: str, refresh_s: float = REFRESH_S):
+        self.location, self.reader, self.run_id, self.refresh_s = location, reader, run_id, refresh_s
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> "ReaderLease":
+        write_lease(self.location, self.reader, self.run_id)
+        self._thread = threading.Thread(target=self._refresh, name="reader-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            try:
+                write_lease(self.location, self.reader, self.run_id)
+            except OSError as exc:
+                log.warning("could not refresh the lease %s: %s", self.location.uri, exc)
+
+    def stop(self) -> None:
+        """Stop refreshing and delete the lease (a failure to delete is logged: it expires)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            self.location.delete()
+        except OSError as exc:
+            log.warning("could not delete the lease %s (it expires %.0f s after its last refresh): %s",
+                        self.location.uri, TTL_S, exc)
+
+    def __enter__(self) -> "ReaderLease":
+        return self if self._thread else self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def hold(output, run_id: str, reader: str, refresh_s: float = REFRESH_S) -> ReaderLease:
+    """Lease the ETL run ``run_id`` of ``output`` (:class:`pipelines.storage.Location`) for
+    ``reader``, then check that the manifest still names it (the module's order). Returns the
+    started :class:`ReaderLease`; stop it (or leave its ``with`` block) when done.
+
+    Raises:
+        InputReplaced: the manifest names another run now (the lease is deleted again).
+    """
+    lease = ReaderLease(lease_location(output, run_id, reader), reader, run_id, refresh_s).start()
+    try:
+        current = output.join(MANIFEST).read_json().get("run_id")
+    except (OSError, ValueError) as exc:
+        current = f"unreadable ({exc})"
+    if current != run_id:
+        lease.stop()
+        raise InputReplaced(f"{output.uri} was committed anew (ETL run {run_id} -> {current}) while this run "
+                            "started; start it again to read the new run")
+    return lease
