@@ -89,8 +89,17 @@ def redact_text(text: str) -> str:
                             f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{m.group(4)}{MASK}{m.group(4)}", text)
     text = _KEYWORD_ITEM.sub(lambda m: m.group(0) if not is_secret_key(m.group(1)) else
                              f"{m.group(1)}{m.group(2)}{m.group(3)}{MASK}{m.group(3)}", text)
-    return _KEY_VALUE.sub(lambda m: m.group(0) if not is_secret_key(m.group(1)) or m.group(3) == MASK else
-                          m.group(1) + m.group(2) + MASK, text)
+    return _KEY_VALUE.sub(_key_value, text)
+
+
+def _key_value(m: "re.Match[str]") -> str:
+    """One ``key=value`` / ``key: value`` of :func:`redact_text`: a secret key's value masked; a
+    plain key's value searched again, as it may hold a pair of its own (``why: secret_key=V``, an
+    exception's message quoted after its type or a label)."""
+    key, separator, value = m.groups()
+    if is_secret_key(key):
+        return key + separator + MASK
+    return key + separator + _KEY_VALUE.sub(_key_value, value)
 
 
 def redact(value: Any) -> Any:

@@ -26,7 +26,9 @@ def test_each_secret_key_keeps_its_key_and_loses_its_value(key):
     assert is_secret_key(key)
     assert redact({key: SECRET, "region": "eu-west-1"}) == {key: MASK, "region": "eu-west-1"}
     for text in (f"{key}={SECRET}", f"--storage-option {key}={SECRET} --epochs 2", f"{{'{key}': '{SECRET}'}}",
-                 json.dumps({key: SECRET}), f"{key}='{SECRET}'", f"{key}: {SECRET}", f"https://h/x?{key}={SECRET}&a=1"):
+                 json.dumps({key: SECRET}), f"{key}='{SECRET}'", f"{key}: {SECRET}", f"https://h/x?{key}={SECRET}&a=1",
+                 # a pair right after a plain label: an exception's message in a traceback
+                 f"KeyError: 'why: {key}={SECRET}'", f'    raise ValueError("why: {key}={SECRET}")'):
         shown = redact_text(text)
         assert SECRET not in shown and key in shown, (text, shown)
 
