@@ -1006,4 +1006,50 @@ def test_a_run_killed_in_phase_2_resumes_phase_2(dataset, tmp_path):
     assert [h["lr"] for h in m["history"]] == pytest.approx([0.002] * 3 + [0.0002] * 2)
     assert m["fine_tune"]["phase1"] == marker["phase1"] and len(set(m["weights_checksum_per_rank"])) == 1
     assert_exact_test_count(m, dataset[0])
-    assert m["test"]["accuracy"] == marker["phase1"]["test"]["accuracy"]  # epoch 1's weights, as phase 1 ended
+    assert m["validation"]["accuracy"] == marker["phase1"]["validation"]["accuracy"]  # epoch 1's, as phase 1 ended
+
+
+def test_a_nan_on_one_rank_stops_both_at_that_step_and_resume_takes_the_last_finite_checkpoint(dataset, tmp_path):
+    """horovodrun np=2: the fault hook makes rank 1's loss NaN at epoch 2, step 2 (one of its weights
+    set to NaN before that step, so the poison spreads to rank 0 through the allreduced gradients).
+    Both ranks stop at that step, exit 1 with the message naming epoch, step, rank and host; no model,
+    no metrics.json, no checkpoint of epoch 2. A non-finite checkpoint 2 planted as an older version
+    would have left it is passed over: --resume continues after epoch 1 and finishes."""
+    data, manifest = dataset
+    out = str(tmp_path / "out")
+    args = ("--epochs", "2", "--patience", "10", "--resume")
+    steps = manifest["splits"]["train"]["rows"] // 8  # --batch-size 4 x 2 ranks
+    diverged = train(data, out, *args, env={"PIPELINES_FAULT_INJECT": "rank=1,epoch=2,step=2,mode=nan"}, timeout=300)
+    text = diverged.stdout + diverged.stderr
+    assert diverged.returncode == 1, text[-3000:]
+    message = (f"training diverged: non-finite loss (nan) at epoch 2, step 2 of {steps} on rank 1 "
+               f"(host {socket.gethostname()})")
+    stopped = re.findall(r"\[train rank (\d)\] ERROR (.*); every rank stops here", text)
+    assert sorted(stopped) == [("0", message), ("1", message)], text[-3000:]  # both ranks, at the same step
+    fault = next(line for line in text.splitlines() if "injecting a fault (nan) at epoch 2, step 2" in line)
+    last = [line for line in text.splitlines() if "every rank stops here" in line]
+    assert all((clock(line) - clock(fault)) % 86400 <= 30 for line in last), (fault, last)
+    assert "TrainingDiverged: " + message in text  # the exception itself reached the top
+    assert sorted(n for n in os.listdir(out) if n.startswith(("checkpoint-", "model", "metrics"))) == \
+        ["checkpoint-1.json", "checkpoint-1.npz"]
+
+    # what an older version wrote from the diverged state: a complete checkpoint 2 whose weights are NaN
+    marker = json.load(open(os.path.join(out, "checkpoint-1.json")))
+    with np.load(os.path.join(out, "checkpoint-1.npz")) as saved:
+        arrays = {key: np.full_like(saved[key], np.nan) if key == "trainable_0000" else saved[key]
+                  for key in saved.files}
+    np.savez(os.path.join(out, "checkpoint-2.npz"), **arrays)
+    marker.update(epoch=2, weights="checkpoint-2.npz", weights_bytes=os.path.getsize(os.path.join(out, "checkpoint-2.npz")))
+    with open(os.path.join(out, "checkpoint-2.json"), "w") as f:
+        json.dump(marker, f)
+
+    resumed = train(data, out, *args, timeout=300)
+    text = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, text[-3000:]
+    assert "ignored: checkpoint checkpoint-2.json in " in text and "(checkpoint-2.npz: trainable_0000)" in text
+    assert "resuming after epoch 1" in text
+    m = metrics(out)
+    assert m["resumed_after_epoch"] == 1 and [h["epoch"] for h in m["history"]] == [1, 2]
+    assert all(np.isfinite(h["loss"]) for h in m["history"]) and os.path.exists(os.path.join(out, "model.keras"))
+    with np.load(os.path.join(out, "checkpoint-2.npz")) as saved:  # written again, by the resumed run
+        assert all(np.isfinite(saved[key]).all() for key in saved.files)
