@@ -1006,7 +1006,7 @@ def test_a_run_killed_in_phase_2_resumes_phase_2(dataset, tmp_path):
     assert [h["lr"] for h in m["history"]] == pytest.approx([0.002] * 3 + [0.0002] * 2)
     assert m["fine_tune"]["phase1"] == marker["phase1"] and len(set(m["weights_checksum_per_rank"])) == 1
     assert_exact_test_count(m, dataset[0])
-    assert m["validation"]["accuracy"] == marker["phase1"]["validation"]["accuracy"]  # epoch 1's, as phase 1 ended
+    assert m["test"]["accuracy"] == marker["phase1"]["test"]["accuracy"]  # epoch 1's weights, as phase 1 ended
 
 
 def test_a_nan_on_one_rank_stops_both_at_that_step_and_resume_takes_the_last_finite_checkpoint(dataset, tmp_path):
