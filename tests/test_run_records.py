@@ -3,12 +3,14 @@ records, and files that appear whole (pipelines/atomic.py): pure logic on real f
 TensorFlow, no Horovod (the end-to-end runs: tests/test_training_runs.py)."""
 import json
 import os
+import re
 import stat
 
 import pytest
 
 from pipelines.atomic import PUBLIC, replacing, write_json
 from pipelines.contract import CHECKPOINT_NAME, TRAIN_RUN, plain_name
+from pipelines.errors import Refused
 from pipelines.storage import resolve
 from pipelines.training import runs
 from pipelines.training.config import TrainConfig
@@ -38,25 +40,26 @@ def write_checkpoint(folder, epoch, run, best=1, weights=None, size=4):
         json.dump(marker, f)
 
 
-def run_a(data, output, **kwargs):
-    """Run A's identity, its record and checkpoints 1 and 2 written in ``output`` as its rank 0 would."""
+def run_a(data, output, size=1, **kwargs):
+    """Run A's identity on ``size`` ranks, its record and checkpoints 1 and 2 written in ``output``
+    as its rank 0 would."""
     os.makedirs(output, exist_ok=True)
-    a = runs.identify(config(data, output, **kwargs))
+    a = runs.identify(config(data, output, **kwargs), size)
     write_json(os.path.join(output, TRAIN_RUN), runs.record(a, data))
     write_checkpoint(output, 1, a)
     write_checkpoint(output, 2, a)
     return a
 
 
-def claim(data, output, resume=False, relaunch=False, overwrite=False, run_id=None, **kwargs):
-    run = runs.identify(config(data, output, **kwargs), run_id)
+def claim(data, output, resume=False, relaunch=False, overwrite=False, run_id=None, size=1, **kwargs):
+    run = runs.identify(config(data, output, **kwargs), size, run_id)
     return runs.claim(resolve(output), run, resume, relaunch, overwrite)
 
 
 def test_a_new_output_is_a_new_run(data, tmp_path):
     result = claim(data, str(tmp_path / "out"))
     assert result.new and result.marker is None and not result.delete
-    assert runs.identify(config(data, str(tmp_path / "o"))).run_id != result.run.run_id  # ids are unique
+    assert runs.identify(config(data, str(tmp_path / "o")), 1).run_id != result.run.run_id  # ids are unique
 
 
 def test_a_new_run_into_another_runs_output_is_refused(data, tmp_path):
@@ -108,7 +111,9 @@ def test_resume_continues_its_own_run_and_refuses_other_settings_or_data(data, t
         claim(data, out, resume=True, base_lr=0.02, seed=7)
     with open(os.path.join(data, "manifest.json"), "w") as f:
         f.write('{"run_id": "etl-2"}')  # the ETL ran again: other data
-    with pytest.raises(runs.RunRefused, match=r"other settings or data: data \(manifest sha256 [0-9a-f]{12} there, "):
+    with pytest.raises(runs.RunRefused, match=r"other settings or data: data: ETL run etl-1 \(manifest sha256 "
+                                              r"[0-9a-f]{12}\) there, ETL run etl-2 \(manifest sha256 [0-9a-f]{12}\) "
+                                              r"here\. Give the same values"):
         claim(data, out, resume=True)
 
 
@@ -124,14 +129,143 @@ def test_a_relaunch_continues_only_its_own_run_id(data, tmp_path):
         claim(data, out, relaunch=True, run_id=a.run_id, base_lr=0.5)
 
 
+def test_the_record_keeps_the_world_and_the_data_identity(data, tmp_path):
+    a = run_a(data, str(tmp_path / "out"), size=4, batch_size=32, base_lr=0.001)
+    recorded = json.loads((tmp_path / "out" / TRAIN_RUN).read_text())["run"]
+    assert recorded["world"] == {"world_size": 4, "batch_size": 32, "global_batch_size": 128, "learning_rate": 0.004}
+    assert recorded["data_run_id"] == "etl-1" and len(recorded["data_sha256"]) == 64
+    marker = json.loads((tmp_path / "out" / "checkpoint-2.json").read_text())["run"]
+    assert marker == recorded == a.record()
+
+
+WORLD_4 = "world size 4, batch 32 per rank (global batch 128, lr 0.004)"
+
+
+@pytest.mark.parametrize("size, batch, here", [
+    (2, 32, "world size 2, batch 32 per rank (global batch 64, lr 0.002)"),  # another -np
+    (4, 16, "world size 4, batch 16 per rank (global batch 64, lr 0.004)"),  # another --batch-size
+    (8, 16, "world size 8, batch 16 per rank (global batch 128, lr 0.008)"),  # the same global batch, another lr
+    (2, 64, "world size 2, batch 64 per rank (global batch 128, lr 0.002)"),  # the same global batch, another lr
+])
+def test_resume_in_another_world_is_refused_naming_both(size, batch, here, data, tmp_path):
+    out = str(tmp_path / "out")
+    a = run_a(data, out, size=4, batch_size=32)
+    expected = (f"--resume: checkpoint checkpoint-2.json in {out} is of training run {a.run_id}, trained with "
+                f"{WORLD_4}; this launch has {here}: resume with world size 4 and --batch-size 32 (horovodrun -np 4, "
+                f"or --spark-np 4 or -4), or start afresh with --overwrite or another --output")
+    with pytest.raises(runs.RunRefused) as info:
+        claim(data, out, resume=True, size=size, batch_size=batch)
+    assert str(info.value) == expected
+    assert isinstance(info.value, Refused)  # exit 2 at every command line
+    with pytest.raises(runs.RunRefused, match=f"^a relaunch: checkpoint checkpoint-2.json in {out} is of training "
+                                              f"run {a.run_id}, trained with {re.escape(WORLD_4)}; this launch"):
+        claim(data, out, relaunch=True, run_id=a.run_id, size=size, batch_size=batch)
+    kept = claim(data, out, resume=True, size=4, batch_size=32)  # the recorded world: continued, nothing to warn
+    assert kept.run.run_id == a.run_id and kept.marker["epoch"] == 2 and kept.warnings == []
+    assert kept.run.world == a.world
+
+
+def test_a_world_refusal_names_the_other_differences_too(data, tmp_path):
+    out = str(tmp_path / "out")
+    a = run_a(data, out, size=4, batch_size=32)
+    with open(os.path.join(data, "manifest.json"), "w") as f:
+        f.write('{"run_id": "etl-2"}')
+    with pytest.raises(runs.RunRefused, match=rf"^--resume: .* of training run {a.run_id}, trained with .*"
+                                              rf"or another --output; it differs in these too: seed 42 there, 7 here; "
+                                              rf"data: ETL run etl-1 \(manifest sha256 [0-9a-f]{{12}}\) there, "
+                                              rf"ETL run etl-2 \(manifest sha256 [0-9a-f]{{12}}\) here$"):
+        claim(data, out, resume=True, size=2, batch_size=16, seed=7)
+
+
+def test_a_relaunch_on_other_data_is_refused_naming_both_etl_runs(data, tmp_path):
+    out = str(tmp_path / "out")
+    a = run_a(data, out, size=2)
+    with open(os.path.join(data, "manifest.json"), "w") as f:
+        f.write('{"run_id": "etl-2", "more": 1}')
+    with pytest.raises(runs.RunRefused, match=rf"^a relaunch: checkpoint checkpoint-2.json in {out} is of training "
+                                              rf"run {a.run_id} with other settings or data: data: ETL run etl-1 "
+                                              rf"\(manifest sha256 {a.data_sha256[:12]}\) there, ETL run etl-2 "):
+        claim(data, out, relaunch=True, run_id=a.run_id, size=2)
+
+
+def old_checkpoints(data, output, size=1, **kwargs):
+    """Run A's record and checkpoints as written before worlds and ETL run ids were recorded."""
+    a = run_a(data, output, size, **kwargs)
+    old = {key: a.record()[key] for key in ("id", "config", "config_sha256", "data_sha256")}
+    for name in (TRAIN_RUN, "checkpoint-1.json", "checkpoint-2.json"):
+        path = os.path.join(output, name)
+        with open(path) as f:
+            content = json.load(f)
+        content["run"] = old
+        write_json(path, content)
+    return a
+
+
+def test_an_old_record_without_a_world_is_continued_with_a_warning_naming_this_world(data, tmp_path):
+    """The rule for records written before worlds were: continue, and say that the world is unchecked
+    (nothing tells which world it had; refusing would leave no way to continue it)."""
+    out = str(tmp_path / "out")
+    a = old_checkpoints(data, out, size=4, batch_size=32)
+    result = claim(data, out, resume=True, size=2, batch_size=32)
+    assert result.run.run_id == a.run_id and result.marker["epoch"] == 2 and not result.new
+    assert result.warnings == [
+        f"--resume: checkpoint checkpoint-2.json in {out} of training run {a.run_id} records no world size (written "
+        f"before worlds were recorded): continuing it with world size 2, batch 32 per rank (global batch 64, "
+        f"lr 0.002), unchecked against the world it was trained with"]
+    # from now on its markers record this world and the data's ETL run
+    assert result.run.record()["world"]["world_size"] == 2 and result.run.record()["data_run_id"] == "etl-1"
+    assert claim(data, out, relaunch=True, run_id=a.run_id, size=2, batch_size=32).warnings[0].startswith(
+        "a relaunch: checkpoint checkpoint-2.json")
+    with open(os.path.join(data, "manifest.json"), "w") as f:
+        f.write('{"run_id": "etl-2"}')
+    with pytest.raises(runs.RunRefused, match=r"data: ETL run \(unrecorded\) \(manifest sha256 [0-9a-f]{12}\) "
+                                              r"there, ETL run etl-2 "):
+        claim(data, out, resume=True, size=2, batch_size=32)
+
+
+REFUSE = ("import sys; from pipelines.training.cli import main; rc = main(sys.argv[1:]); "
+          "print('tensorflow loaded:', 'tensorflow' in sys.modules); sys.exit(rc)")
+
+
+def test_under_horovodrun_rank_0_refuses_a_resume_in_another_world_before_tensorflow(tmp_path):
+    """horovodrun's rank 0 (HOROVOD_RANK, HOROVOD_SIZE set as horovodrun sets them) refuses a resume
+    on 1 rank of a run trained on 2 with exit 2, before TensorFlow loads: no rank trains."""
+    import subprocess
+    import sys
+
+    from pipelines.contract import SPLITS, Manifest, SplitInfo
+
+    data = str(tmp_path / "etl")
+    os.makedirs(data)
+    Manifest(32, 3, ["a", "b", "c"], 2, {s: SplitInfo(rows=40, row_groups=8) for s in SPLITS},
+             extra={"run_id": "etl-1"}).write(data)
+    out = str(tmp_path / "out")
+    a = run_a(data, out, size=2, batch_size=4)
+    env = dict(os.environ, HOROVOD_RANK="0", HOROVOD_SIZE="1")
+    proc = subprocess.run([sys.executable, "-c", REFUSE, "--data", data, "--output", out, "--backbone", "tiny",
+                           "--weights", "none", "--batch-size", "4", "--no-tracking", "--resume"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout.strip() == "tensorflow loaded: False"
+    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "[train rank 0]" in errors[0], proc.stderr
+    assert errors[0].endswith(f"--resume: checkpoint checkpoint-2.json in {out} is of training run {a.run_id}, "
+                              f"trained with world size 2, batch 4 per rank (global batch 8, lr 0.002); this launch "
+                              f"has world size 1, batch 4 per rank (global batch 4, lr 0.001): resume with world "
+                              f"size 2 and --batch-size 4 (horovodrun -np 2, or --spark-np 2 or -2), or start "
+                              f"afresh with --overwrite or another --output"), errors
+
+
 def test_the_driver_check_refuses_before_any_rank_and_deletes_nothing(data, tmp_path):
     out = str(tmp_path / "out")
     a = run_a(data, out)
     before = sorted(os.listdir(out))
     with pytest.raises(runs.RunRefused):
-        runs.check_output_claim(config(data, out))
-    assert runs.check_output_claim(config(data, out, overwrite=True)).run_id != a.run_id
-    assert runs.check_output_claim(config(data, out, resume=True)).run_id == a.run_id
+        runs.check_output_claim(config(data, out), 1)
+    assert runs.check_output_claim(config(data, out, overwrite=True), 1).run_id != a.run_id
+    assert runs.check_output_claim(config(data, out, resume=True), 1).run_id == a.run_id
+    with pytest.raises(runs.RunRefused, match="world size 1, batch 16 per rank .*; this launch has world size 3"):
+        runs.check_output_claim(config(data, out, resume=True), 3)
     assert sorted(os.listdir(out)) == before
     with pytest.raises(ValueError, match="--resume continues the run in --output, --overwrite replaces it"):
         config(data, out, resume=True, overwrite=True)

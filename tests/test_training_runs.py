@@ -1,6 +1,6 @@
 """A training run's output belongs to it, end to end (real Horovod ranks on real Parquet): another run
 is refused before any rank, ``--overwrite`` replaces only what the earlier run recorded, a relaunch
-after a lost rank continues its own checkpoints, ``--resume`` refuses other settings or data. The
+after a lost rank continues its own checkpoints, ``--resume`` refuses other settings, data or worlds. The
 rules themselves: tests/test_run_records.py."""
 import json
 import os
@@ -69,7 +69,19 @@ def test_a_run_never_adopts_another_runs_checkpoints(dataset, tmp_path):  # noqa
     m = metrics(out)
     assert m["resumed_after_epoch"] == 3 and [h["epoch"] for h in m["history"]] == [1, 2, 3, 4]
     assert read(os.path.join(out, "train_run.json"))["run"]["id"] == run_b
-    # ... but not with other settings, nor on other data (the ETL ran again: another manifest)
+    # ... but not in another world: on one rank, the global batch and the rate would halve; nor with
+    # another --batch-size. Refused by the driver before any rank starts, the output untouched.
+    kept = {name: open(os.path.join(out, name), "rb").read() for name in sorted(os.listdir(out))
+            if os.path.isfile(os.path.join(out, name))}
+    line = refused(train(data, out, *b_args[:1], "5", *b_args[2:-1], "-1", "--resume", np_=0, timeout=120))
+    assert f"--resume: checkpoint checkpoint-4.json in {out} is of training run {run_b}, trained with world size 2, " \
+           f"batch 4 per rank (global batch 8, lr 0.04); this launch has world size 1, batch 4 per rank (global " \
+           f"batch 4, lr 0.02): resume with world size 2 and --batch-size 4 (horovodrun -np 2" in line, line
+    line = refused(train(data, out, *b_args[:1], "5", *b_args[2:], "--batch-size", "2", "--resume", np_=0,
+                         timeout=120))
+    assert "this launch has world size 2, batch 2 per rank (global batch 4, lr 0.04)" in line, line
+    assert {name: open(os.path.join(out, name), "rb").read() for name in kept} == kept
+    # ... nor with other settings, nor on other data (the ETL ran again: another manifest)
     line = refused(train(data, out, "--epochs", "5", "--spark-np", "-2", "--resume", np_=0))
     assert f"is of training run {run_b} with other settings or data: base_lr 0.02 there, 0.001 here" in line, line
     other = str(tmp_path / "etl-again")
@@ -78,4 +90,5 @@ def test_a_run_never_adopts_another_runs_checkpoints(dataset, tmp_path):  # noqa
     with open(os.path.join(other, "manifest.json"), "w") as f:
         json.dump({**manifest, "run_id": "another-etl-run"}, f)
     line = refused(train(other, out, *b_args[:1], "5", *b_args[2:], "--resume", np_=0))
-    assert "other settings or data: data (manifest sha256 " in line, line
+    assert f"other settings or data: data: ETL run {manifest['run_id']} (manifest sha256 " in line, line
+    assert ") there, ETL run another-etl-run (manifest sha256 " in line, line

@@ -143,7 +143,8 @@ def refuse_early(config: TrainConfig, rank: Optional[int], world_size: int) -> N
 def check_before_ranks(config: TrainConfig, world_size: int):
     """The refusals a process makes before any rank trains (the launching driver, the notebooks,
     rank 0 under ``horovodrun``), without TensorFlow: the data cannot feed ``world_size`` ranks,
-    ``--output`` cannot be used, or holds another training run (:mod:`pipelines.training.runs`).
+    ``--output`` cannot be used, or holds another training run (:mod:`pipelines.training.runs`), or
+    ``--resume`` would continue a run trained at another world size or batch, or on other data.
     Returns the run it would be (a :class:`~pipelines.training.runs.RunIdentity`).
 
     Raises:
@@ -153,7 +154,7 @@ def check_before_ranks(config: TrainConfig, world_size: int):
     """
     check_run(config.data, config.batch_size, world_size, config.storage_options)
     check_output(config.output, config.storage_options)
-    return check_output_claim(config)
+    return check_output_claim(config, world_size)
 
 
 def fetch_weights(config: TrainConfig) -> None:

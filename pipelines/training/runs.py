@@ -3,9 +3,11 @@
 A training run has an identity (:class:`RunIdentity`): a run id (UTC time and a random suffix, as
 the ETL's), the values of the settings that decide what it computes (:data:`FINGERPRINT_FIELDS`:
 learning rate, batch size, backbone, seed, ...; not where it writes, how many epochs at most, nor
-how it is launched) and the sha256 of its data's ``manifest.json`` (the ETL output it reads). Rank 0
-records it in ``OUTPUT/train_run.json`` (:data:`pipelines.contract.TRAIN_RUN`) before its first
-epoch, with the names of the files the run writes there, and in every checkpoint marker.
+how it is launched), its world (:func:`world_of`: world size, per-rank and global batch, learning
+rate) and its data's identity (the sha256 of the ETL output's ``manifest.json`` and the ETL run id
+that manifest names). Rank 0 records it in ``OUTPUT/train_run.json``
+(:data:`pipelines.contract.TRAIN_RUN`) before its first epoch, with the names of the files the run
+writes there, and in every checkpoint marker.
 
 :func:`claim` decides, from what an output holds, what a run may do with it:
 
@@ -15,7 +17,12 @@ epoch, with the names of the files the run writes there, and in every checkpoint
 * ``--resume`` continues the run whose newest complete checkpoint the output holds only when that
   run's settings and data are this one's (the refusal names each difference); the run keeps its id;
 * a relaunch after a lost rank (``--max-failures``) continues only the checkpoints of its own run
-  id (the launching driver's, :func:`pipelines.training.cli.launch`).
+  id (the launching driver's, :func:`pipelines.training.cli.launch`), on the same data;
+* either continues only at the recorded world size and per-rank batch, so the global batch and the
+  learning rate stay those the checkpoint was trained with (:func:`world_refusal`); a record
+  written before worlds were recorded is continued with a warning naming this launch's world
+  (:attr:`Claim.warnings`): nothing tells which world it had, and refusing would leave no way to
+  continue it.
 
 Pure logic on :class:`pipelines.storage.Location` listings: the launching driver refuses before any
 rank starts (:func:`check_output_claim`, exit 2), and rank 0 decides again in
@@ -27,11 +34,12 @@ import datetime
 import hashlib
 import json
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
 from pipelines.contract import (CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT,
-                                MODEL_FILE, TENSORBOARD, TRAIN_RUN, manifest_sha256, plain_name)
+                                MANIFEST, MODEL_FILE, TENSORBOARD, TRAIN_RUN, manifest_sha256, plain_name)
+from pipelines.errors import Refused
 from pipelines.report import PICTURES
 from pipelines.tracking import RUN_FILE
 
@@ -44,7 +52,7 @@ FINGERPRINT_FIELDS = ("backbone", "weights", "image_size", "dropout", "seed", "b
 RUN_FILES = (MODEL_FILE, MODEL_CONTRACT, METRICS, HISTORY, CLASS_NAMES, *PICTURES.values(), RUN_FILE, TENSORBOARD)
 
 
-class RunRefused(ValueError):
+class RunRefused(Refused):
     """The output belongs to another run (or another run's settings or data): a one-line refusal."""
 
 
@@ -55,12 +63,16 @@ def new_run_id() -> str:
 
 @dataclass(frozen=True)
 class RunIdentity:
-    """A training run: ``run_id``, ``config`` (the :data:`FINGERPRINT_FIELDS` values) and
-    ``data_sha256`` (sha256 of the data's ``manifest.json``)."""
+    """A training run: ``run_id``, ``config`` (the :data:`FINGERPRINT_FIELDS` values),
+    ``data_sha256`` (sha256 of the data's ``manifest.json``), ``world`` (:func:`world_of`; ``None``
+    in a record written before worlds were recorded) and ``data_run_id`` (the ETL run id the
+    manifest names; ``None`` when it names none)."""
 
     run_id: str
     config: Dict = field(hash=False)
     data_sha256: str
+    world: Optional[Dict] = field(default=None, hash=False)
+    data_run_id: Optional[str] = None
 
     @property
     def config_sha256(self) -> str:
@@ -68,14 +80,29 @@ class RunIdentity:
         return hashlib.sha256(json.dumps(self.config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
     def record(self) -> Dict:
-        """What markers and the run record keep: ``{"id", "config", "config_sha256", "data_sha256"}``."""
+        """What markers and the run record keep: ``{"id", "config", "config_sha256", "data_sha256",
+        "data_run_id", "world"}``."""
         return {"id": self.run_id, "config": dict(self.config), "config_sha256": self.config_sha256,
-                "data_sha256": self.data_sha256}
+                "data_sha256": self.data_sha256, "data_run_id": self.data_run_id,
+                "world": dict(self.world) if self.world is not None else None}
 
 
-def identify(config, run_id: Optional[str] = None) -> RunIdentity:
-    """The identity of a run of ``config`` (a :class:`~pipelines.training.config.TrainConfig`): its
-    fingerprint and data's (read from ``config.data``), with ``run_id`` or a new one.
+def world_of(batch_size: int, base_lr: float, world_size: int) -> Dict:
+    """The world a run trains in, as records keep it: ``{"world_size", "batch_size" (per rank),
+    "global_batch_size", "learning_rate"}``, the global batch and the rate by
+    :func:`pipelines.training.schedule.global_batch_size` and :func:`~pipelines.training.schedule.scaled_lr`
+    (``base_lr x world_size``, phase 1's rate after any warmup)."""
+    from pipelines.training.schedule import global_batch_size, scaled_lr
+
+    return {"world_size": world_size, "batch_size": batch_size,
+            "global_batch_size": global_batch_size(batch_size, world_size),
+            "learning_rate": scaled_lr(base_lr, world_size)}
+
+
+def identify(config, world_size: int, run_id: Optional[str] = None) -> RunIdentity:
+    """The identity of a run of ``config`` (a :class:`~pipelines.training.config.TrainConfig`) on
+    ``world_size`` ranks: its fingerprint, world and data's (read from ``config.data``), with
+    ``run_id`` or a new one.
 
     Raises:
         FileNotFoundError, pipelines.storage.StorageError: the data has no readable manifest.
@@ -83,8 +110,24 @@ def identify(config, run_id: Optional[str] = None) -> RunIdentity:
     from pipelines.storage import resolve
 
     values = {name: getattr(config, name) for name in FINGERPRINT_FIELDS}
-    return RunIdentity(run_id or new_run_id(), values,
-                       manifest_sha256(resolve(config.data, config.storage_options)))
+    data = resolve(config.data, config.storage_options)
+    return RunIdentity(run_id or new_run_id(), values, manifest_sha256(data),
+                       world_of(config.batch_size, config.base_lr, world_size), manifest_run_id(data))
+
+
+def manifest_run_id(data) -> Optional[str]:
+    """The ETL run id ``data``'s ``manifest.json`` names (``run_id``; ``None`` when it names none),
+    ``data`` a :class:`pipelines.storage.Location`.
+
+    Raises:
+        FileNotFoundError: ``data`` has no manifest.
+    """
+    try:
+        manifest = data.join(MANIFEST).read_json()
+    except ValueError:  # not JSON: its sha256 still identifies it
+        return None
+    found = manifest.get("run_id") if isinstance(manifest, dict) else None
+    return found if isinstance(found, str) else None
 
 
 @dataclass
@@ -120,25 +163,60 @@ def read_state(folder) -> OutputState:
 @dataclass
 class Claim:
     """:func:`claim`'s verdict: the ``run`` this process is (a kept or a new id), the ``marker`` to
-    continue from (``None``: epoch 1), the names to delete first (``--overwrite``) and whether the
-    run record must be written (a new run)."""
+    continue from (``None``: epoch 1), the names to delete first (``--overwrite``), whether the
+    run record must be written (a new run) and what the claim accepted unchecked (``warnings``)."""
 
     run: RunIdentity
     marker: Optional[Dict] = None
     delete: List[str] = field(default_factory=list)
     new: bool = False
+    warnings: List[str] = field(default_factory=list)  # rank 0 logs them (plan_run); the driver's check does not
 
 
 def differences(recorded: Dict, run: RunIdentity) -> List[str]:
     """How a recorded run (:meth:`RunIdentity.record`) differs from ``run``: one phrase per setting
-    (``base_lr 0.001 there, 0.02 here``) and one for the data."""
+    (``base_lr 0.001 there, 0.02 here``) and one for the data, naming both ETL runs
+    (``data: ETL run A (manifest sha256 0123456789ab) there, ETL run B (...) here``)."""
     theirs = recorded.get("config") or {}
     found = [f"{name} {theirs.get(name)!r} there, {value!r} here" for name, value in run.config.items()
              if theirs.get(name) != value]
     if recorded.get("data_sha256") != run.data_sha256:
-        found.append(f"data (manifest sha256 {str(recorded.get('data_sha256'))[:12]} there, "
-                     f"{run.data_sha256[:12]} here)")
+        found.append(f"data: {_data(recorded.get('data_run_id'), recorded.get('data_sha256'))} there, "
+                     f"{_data(run.data_run_id, run.data_sha256)} here")
     return found
+
+
+def _data(run_id, sha256) -> str:
+    return f"ETL run {run_id or '(unrecorded)'} (manifest sha256 {str(sha256)[:12]})"
+
+
+#: What must match for a checkpoint to continue as it was trained (the rate follows from the world
+#: size and ``base_lr``, a fingerprint setting).
+WORLD_KEYS = ("world_size", "batch_size", "global_batch_size")
+
+
+def describe_world(world: Dict) -> str:
+    """``world size 4, batch 32 per rank (global batch 128, lr 0.004)`` for a :func:`world_of` dict."""
+    lr = world.get("learning_rate")
+    lr = f"{lr:g}" if isinstance(lr, (int, float)) else repr(lr)
+    return (f"world size {world.get('world_size')}, batch {world.get('batch_size')} per rank "
+            f"(global batch {world.get('global_batch_size')}, lr {lr})")
+
+
+def world_refusal(recorded: Dict, run: RunIdentity, how: str, source: str) -> Optional[str]:
+    """Why ``run`` may not continue the ``recorded`` run (:meth:`RunIdentity.record`) in its world:
+    another world size or per-rank batch would change the global batch (and with the world size
+    the learning rate) mid-run. ``None`` when they match, or when the record has no world
+    (:func:`claim` then warns). ``how``: ``--resume`` or ``a relaunch``; ``source``: what holds the
+    record (``checkpoint checkpoint-2.json in OUT``)."""
+    theirs, ours = recorded.get("world"), run.world or {}
+    if not isinstance(theirs, dict) or all(theirs.get(key) == ours.get(key) for key in WORLD_KEYS):
+        return None
+    size = theirs.get("world_size")
+    return (f"{how}: {source} is of training run {recorded.get('id')}, trained with {describe_world(theirs)}; "
+            f"this launch has {describe_world(ours)}: resume with world size {size} and --batch-size "
+            f"{theirs.get('batch_size')} (horovodrun -np {size}, or --spark-np {size} or -{size}), or start afresh "
+            f"with --overwrite or another --output")
 
 
 def claim(folder, run: RunIdentity, resume: bool, relaunch: bool, overwrite: bool) -> Claim:
@@ -175,13 +253,21 @@ def _continue(state: OutputState, run: RunIdentity, relaunch: bool, where: str) 
     if owner.get("id") != recorded["id"]:
         raise RunRefused(f"--resume: {what} in {where} is of run {recorded['id']}, but {TRAIN_RUN} is of run "
                          f"{owner.get('id')}: start afresh with --overwrite")
+    how = "a relaunch" if relaunch else "--resume"
     found = differences(recorded, run)
+    refusal = world_refusal(recorded, run, how, f"{what} in {where}")
+    if refusal:
+        also = [phrase for phrase in found if not phrase.startswith("batch_size ")]  # named in the refusal
+        raise RunRefused(refusal + (f"; it differs in these too: {'; '.join(also)}" if also else ""))
     if found:
-        raise RunRefused(f"--resume: {what} in {where} is of training run {recorded['id']} with other settings or "
+        raise RunRefused(f"{how}: {what} in {where} is of training run {recorded['id']} with other settings or "
                          f"data: {'; '.join(found)}. Give the same values, or start afresh with --overwrite "
                          f"or another --output")
-    kept = RunIdentity(recorded["id"], run.config, run.data_sha256)
-    return Claim(kept, marker, new=state.record is None)
+    warnings = [] if isinstance(recorded.get("world"), dict) else [
+        f"{how}: {what} in {where} of training run {recorded['id']} records no world size (written before "
+        f"worlds were recorded): continuing it with {describe_world(run.world or {})}, unchecked against the "
+        f"world it was trained with"]
+    return Claim(replace(run, run_id=recorded["id"]), marker, new=state.record is None, warnings=warnings)
 
 
 def owned_names(state: OutputState) -> List[str]:
@@ -211,15 +297,17 @@ def record(run: RunIdentity, data: str, files=RUN_FILES) -> Dict:
     return {"run": run.record(), "data": data, "files": list(files)}
 
 
-def check_output_claim(config, relaunch: bool = False, run_id: Optional[str] = None) -> RunIdentity:
+def check_output_claim(config, world_size: int, relaunch: bool = False, run_id: Optional[str] = None) -> RunIdentity:
     """The launching driver's check before any rank (and rank 0's under ``horovodrun``): the run
-    ``config`` would be, once :func:`claim` accepted ``--output`` for it; deletes nothing.
+    ``config`` would be on ``world_size`` ranks, once :func:`claim` accepted ``--output`` for it;
+    deletes nothing, and leaves :attr:`Claim.warnings` to rank 0 (said once, in
+    :func:`pipelines.training.train.plan_run`).
 
     Raises:
         RunRefused: as :func:`claim` (exit 2).
     """
     from pipelines.storage import resolve
 
-    run = identify(config, run_id)
+    run = identify(config, world_size, run_id)
     folder = resolve(config.output, config.storage_options)
     return claim(folder, run, config.resume, relaunch, getattr(config, "overwrite", False)).run

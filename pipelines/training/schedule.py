@@ -47,12 +47,17 @@ def plan_steps(train_rows: int, validation_rows: int, batch_size: int, world_siz
     """
     if batch_size < 1 or world_size < 1:
         raise ValueError(f"batch size and world size must be >= 1, got {batch_size} and {world_size}")
-    global_batch = batch_size * world_size
+    global_batch = global_batch_size(batch_size, world_size)
     if train_rows < global_batch:  # validation is the exact one-pass evaluation: any size fits
         raise ValueError(f"global batch size {global_batch} (--batch-size {batch_size} x "
                          f"{plural(world_size, 'rank')}) is larger than the train split "
                          f"({plural(train_rows, 'row')}): lower --batch-size")
     return Steps(global_batch, train_rows // global_batch, validation_rows // global_batch)
+
+
+def global_batch_size(batch_size: int, world_size: int) -> int:
+    """Images per optimisation step over all ranks: ``batch_size`` per rank x ``world_size`` ranks."""
+    return batch_size * world_size
 
 
 def scaled_lr(base_lr: float, world_size: int) -> float:

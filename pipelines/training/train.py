@@ -183,10 +183,12 @@ def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str
     if rank.rank == 0:
         target = outputs.remote or resolve(outputs.local)
         try:
-            claim = runs.claim(target, runs.identify(config, run_id), config.resume, rank.handed.relaunched,
-                               config.overwrite)
+            claim = runs.claim(target, runs.identify(config, rank.size, run_id), config.resume,
+                               rank.handed.relaunched, config.overwrite)
         except runs.RunRefused as exc:
             error = str(exc)
+        for warning in claim.warnings if claim else ():
+            log.warning("%s", warning)
     error = hvd_tf.broadcast_object(error, root_rank=0, name="output_claim")
     if error:
         raise runs.RunRefused(error)
