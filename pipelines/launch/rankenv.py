@@ -22,7 +22,8 @@ variable                        meaning                                         
                                 the rank uses every GPU it sees                         (``launch/gpus.py``)
 ``PIPELINES_FAULT_INJECT``      test hook: ``rank=R,epoch=E,mode=M[,mark=PATH]``        a test, in the launching
                                 (``callbacks.FaultInjection`` in ``training/``);        process's environment or
-                                unset in production                                     ``spark.executorEnv``
+                                ``[,step=S]`` with ``mode=nan``: rank R's loss NaN at   ``spark.executorEnv``
+                                step S of epoch E; unset in production
 ==============================  ======================================================  ===============================
 """
 from __future__ import annotations

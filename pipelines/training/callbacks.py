@@ -187,8 +187,8 @@ class DivergenceGuard(keras.callbacks.Callback):
     def __init__(self, steps_per_epoch: int, count=None, gather=None):
         super().__init__()
         self.steps = steps_per_epoch
-        self.count = count or _allreduce_count
-        self.gather = gather or _allgather
+        self.count = count or ranks_flagged
+        self.gather = gather or gather_ranks
         self.epoch = 0
         self.hosts: List[str] = []
 
@@ -225,7 +225,7 @@ class DivergenceGuard(keras.callbacks.Callback):
         raise TrainingDiverged(message)
 
 
-def _allreduce_count(flag: bool) -> float:
+def ranks_flagged(flag: bool) -> float:
     """The number of ranks whose ``flag`` is true (Horovod allreduce, Sum, of one float32)."""
     import horovod.tensorflow as hvd_tf
     import tensorflow as tf
@@ -233,7 +233,7 @@ def _allreduce_count(flag: bool) -> float:
     return float(hvd_tf.allreduce(tf.constant(float(flag), tf.float32), op=hvd_tf.Sum, name="divergence_count"))
 
 
-def _allgather(value) -> list:
+def gather_ranks(value) -> list:
     """Every rank's ``value``, by rank (Horovod's ``allgather_object``)."""
     import horovod.tensorflow as hvd_tf
 
