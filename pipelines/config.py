@@ -10,6 +10,9 @@ import dataclasses
 import typing
 from typing import Any, Callable, Mapping, Sequence, Tuple, Type, TypeVar, Union
 
+from pipelines.errors import Refused, exit_status, is_refusal
+from pipelines.redact import redact_text
+
 T = TypeVar("T")
 
 
@@ -104,7 +107,8 @@ def parse_config(cls: Type[T], argv: Sequence[str] | None = None, description: s
 
     Raises:
         SystemExit: on unknown or malformed options (argparse's usual exit code 2), or when the
-            dataclass's ``__post_init__`` rejects a value (one line, ``PROG: error: REASON``, exit 2).
+            dataclass's ``__post_init__`` refuses a value (:class:`pipelines.errors.Refused`: one
+            line, ``PROG: error: REASON``, exit 2). Any other exception propagates (a failure).
     """
     return parse_configs((cls,), argv, description)[0]
 
@@ -123,17 +127,18 @@ def parse_configs(classes: Sequence[Type[Any]], argv: Sequence[str] | None = Non
     values = vars(parser.parse_args(argv))
     try:
         return tuple(cls(**_field_values(cls, values)) for cls in classes)
-    except ValueError as exc:
+    except Refused as exc:
         # one line, like every other refusal: the value was well-formed, so the usage text would
         # only bury the reason (argparse's own errors, an unknown option, still show it)
-        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+        parser.exit(2, f"{parser.prog}: error: {redact_text(str(exc))}\n")
 
 
 def _field_values(cls: Type[Any], values: Mapping[str, Any]) -> dict[str, Any]:
     """The parsed ``values`` of ``cls``'s fields; repeatable ``KEY=VALUE`` ones made a dict.
 
     Raises:
-        ValueError: a ``KEY=VALUE`` option without ``=`` (:func:`pipelines.storage.parse_options`).
+        pipelines.storage.StorageError: a ``KEY=VALUE`` option without ``=``
+            (:func:`pipelines.storage.parse_options`).
     """
     own = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}
     for f in dataclasses.fields(cls):
@@ -158,8 +163,10 @@ def run_command(cls: Type[T], argv: Sequence[str] | None, stage: str, run: Calla
     ``summarize(result)`` printed.
 
     Returns:
-        0; or, when ``run`` raises an exception of a type in ``exit_codes`` (checked in order), that
-        code after one log line with the message (no traceback).
+        0; 2 when ``run`` refused its input (:class:`pipelines.errors.Refused`), after one log line
+        with the message; when it raised a failure of a type in ``exit_codes`` (checked in order:
+        a known failure, whose message says it all), that code after one log line; 1 for any other
+        exception, after its whole traceback, redacted (:func:`pipelines.errors.exit_status`).
     """
     from pipelines.logs import setup_logging
     from pipelines.quiet import quiet_by_default
@@ -167,11 +174,13 @@ def run_command(cls: Type[T], argv: Sequence[str] | None, stage: str, run: Calla
     config = parse_config(cls, argv)
     quiet_by_default(config.verbose)
     log = setup_logging(stage)
-    caught = tuple(kind for kinds in exit_codes for kind in (kinds if isinstance(kinds, tuple) else (kinds,)))
     try:
         result = run(config)
-    except caught as exc:
-        log.error("%s", exc)
-        return next(code for kinds, code in exit_codes.items() if isinstance(exc, kinds))
+    except Exception as exc:  # noqa: BLE001 - every exception ends the command with its exit code
+        known = next((code for kinds, code in exit_codes.items() if isinstance(exc, kinds)), None)
+        if known is None or is_refusal(exc):
+            return exit_status(exc, log)
+        log.error("%s", redact_text(str(exc)))
+        return known
     print(summarize(result))
     return 0

@@ -29,6 +29,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from pipelines.errors import Refused
+
 MANIFEST = "manifest.json"
 REJECTED_LIST = "rejected.jsonl"
 RUNS = "runs"  # OUTPUT/runs/<run id>/: one ETL run's files
@@ -72,9 +74,9 @@ def plain_name(name: Any, what: str, pattern: Optional["re.Pattern"] = None) -> 
         ValueError: naming ``what`` (where the name was read) and the name.
     """
     if not isinstance(name, str) or not name or name in (".", "..") or any(c in name for c in "/\\\0"):
-        raise ValueError(f"{what}: the name {name!r} is not a plain file name")
+        raise Refused(f"{what}: the name {name!r} is not a plain file name")
     if pattern is not None and not pattern.fullmatch(name):
-        raise ValueError(f"{what}: the name {name!r} is not of the form {pattern.pattern}")
+        raise Refused(f"{what}: the name {name!r} is not of the form {pattern.pattern}")
     return name
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Dict, NamedTuple, Optional
 
+from pipelines.errors import Refused
 from pipelines.launch.config import LaunchConfig
 from pipelines.tracking import check_store
 from pipelines.training.cli import check_before_ranks, fetch_weights
@@ -72,7 +73,7 @@ def train(launch: Optional[LaunchConfig] = None, **config) -> Dict:
     """
     launch = launch or LaunchConfig(np=-1)
     if not launch.launches:
-        raise ValueError("nb.train needs ranks to launch: LaunchConfig(np=-N) (local processes) or np=N (Spark tasks)")
+        raise Refused("nb.train needs ranks to launch: LaunchConfig(np=-N) (local processes) or np=N (Spark tasks)")
     config = TrainConfig(**config)
     run = check_before_ranks(config, launch.world_size)  # refusals before any rank starts
     if config.tracking:

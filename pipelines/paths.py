@@ -13,8 +13,11 @@ from __future__ import annotations
 import os
 from urllib.parse import urlparse
 
+from pipelines.errors import Refused
 
-class UnsafePathError(ValueError):
+
+
+class UnsafePathError(Refused):
     """A local path that cannot become the URL Petastorm needs; the message names the character."""
 
 
@@ -84,8 +87,8 @@ def check_disjoint(input_path: str, output_path: str) -> None:
     if src_scheme != dst_scheme:
         return
     if os.path.commonpath([dst, src]) == src:
-        raise ValueError(f"output {output_path} is the input or inside it: its files would be "
-                         "read as input by the next run")
+        raise Refused(f"output {output_path} is the input or inside it: its files would be "
+                      "read as input by the next run")
     if os.path.commonpath([src, dst]) == dst:
-        raise ValueError(f"input {input_path} is inside output {output_path}: overwriting the "
-                         "output could destroy the input")
+        raise Refused(f"input {input_path} is inside output {output_path}: overwriting the "
+                      "output could destroy the input")

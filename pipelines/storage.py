@@ -27,6 +27,8 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+from pipelines.errors import Refused
+
 # pyarrow 14's threaded copy_files hangs for good copying a folder of some twenty files to S3 (5 went
 # through, 20 never did, against moto_server): one file after another is slower but finishes.
 COPY_THREADS = False
@@ -35,7 +37,7 @@ COPY_THREADS = False
 PYARROW_SCHEMES = ("file", "s3", "gs", "hdfs", "viewfs")  # gcs:// is read as gs:// (split_uri)
 
 
-class StorageError(ValueError):
+class StorageError(Refused):
     """A path or URI that cannot be used: unknown scheme, missing bucket, refused credentials, a
     backend that is not installed, a malformed ``--storage-option``. The message says which and why."""
 

@@ -33,6 +33,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from pipelines.atomic import replacing
 from pipelines.environment import TRACKING_ENV, WORKDIR_ENV, Settings, environment
+from pipelines.errors import Refused
 from pipelines.quiet import is_verbose
 from pipelines.redact import redact, redact_text, redact_uri
 from pipelines.storage import Location, is_local, resolve as resolve_location
@@ -59,7 +60,7 @@ HELP = {
 }
 
 
-class TrackingUnavailable(ValueError):
+class TrackingUnavailable(Refused):
     """The tracking store cannot be used; raised before the job's work starts (exit code 2)."""
 
 
@@ -109,7 +110,7 @@ def resolve(tracking: Optional[bool], uri: str, output: str, experiment: str, se
     if not tracking:
         return False, uri
     if not experiment:
-        raise ValueError("--experiment must not be empty (or pass --no-tracking)")
+        raise Refused("--experiment must not be empty (or pass --no-tracking)")
     return True, absolute(uri or os.environ.get("MLFLOW_TRACKING_URI", "") or default_uri(output, settings.workdir))
 
 

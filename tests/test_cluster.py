@@ -176,7 +176,7 @@ def test_an_executor_without_its_interface_is_a_named_rank_failure(tmp_path):
                               env=subprocess_env(SPARK_LOCAL_IP="127.0.0.1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     failed = next(line for line in proc.stdout.splitlines() if line.startswith("FAILED"))
-    assert failed.startswith("FAILED rank 0 on 127.0.0.1 failed: ValueError: network interface 'nosuch0' "
+    assert failed.startswith("FAILED rank 0 on 127.0.0.1 failed: Refused: network interface 'nosuch0' "
                              "(HOROVOD_GLOO_IFACE / "
                              "--network-interface) does not exist on host 127.0.0.1; its interfaces: ")
     assert failed.endswith("(then also: rank 1)") and "lo (127.0.0.1" in failed

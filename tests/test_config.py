@@ -27,7 +27,42 @@ def test_unknown_field_is_refused():
         add_arguments(argparse.ArgumentParser(), TrainConfig, {"threadz": 1})
 
 
-def test_run_command_prints_the_summary_or_maps_the_error_to_its_exit_code(capsys):
+class _Known(RuntimeError):
+    """A stage's known failure (as the ETL's NothingWritten): exit 1, its message says it all."""
+
+
+def _raises(kind: str):
+    """The exception ``run`` raises for ``--fail KIND``; an internal one chained to a cause, both
+    quoting a secret, as a traceback of a real failure may."""
+    from pipelines.errors import MissingInput, NotAFolder, Refused
+    from pipelines.storage import StorageError
+    from pipelines.training.data import DataError
+
+    refusals = {"refused": Refused, "data": DataError, "storage": StorageError, "missing": MissingInput,
+                "folder": NotAFolder}
+    if kind in refusals:
+        return refusals[kind]("why")
+    if kind == "known":
+        return _Known("why")
+    internal = {"value": ValueError, "key": KeyError, "runtime": RuntimeError, "oserror": FileNotFoundError}[kind]
+    try:
+        raise OSError("cause with password=hunter2")
+    except OSError as cause:
+        try:
+            raise internal("why: secret_key=S3CR3T")
+        except Exception as exc:  # noqa: BLE001 - returned with its traceback and chained cause
+            return exc
+
+
+@pytest.mark.parametrize("fail, code, one_line", [
+    ("refused", 2, True), ("data", 2, True), ("storage", 2, True), ("missing", 2, True), ("folder", 2, True),
+    ("known", 1, True),
+    ("value", 1, False), ("key", 1, False), ("runtime", 1, False), ("oserror", 1, False)])
+def test_run_command_exit_2_for_a_refusal_alone_1_with_the_redacted_traceback_else(fail, code, one_line, capsys):
+    """Only a Refused (any subclass) is bad input: one line, exit 2; a known failure type in
+    ``exit_codes``, its code and one line; every other exception (a ValueError, a KeyError, a
+    plain FileNotFoundError from inside the work) exit 1 and its whole traceback, chained cause
+    included, with the secrets masked."""
     from dataclasses import dataclass
 
     from pipelines.config import field, run_command
@@ -39,16 +74,51 @@ def test_run_command_prints_the_summary_or_maps_the_error_to_its_exit_code(capsy
 
     def run(options):
         if options.fail:
-            raise {"value": ValueError, "missing": FileNotFoundError, "runtime": RuntimeError}[options.fail]("why")
+            raise _raises(options.fail)
         return 7
 
-    codes = {(FileNotFoundError, ValueError): 2, RuntimeError: 1}
+    codes = {_Known: 1}
     assert run_command(Options, [], "test", run, lambda r: f"result {r}", codes) == 0
     assert capsys.readouterr().out == "result 7\n"
-    for fail, code in (("value", 2), ("missing", 2), ("runtime", 1)):
-        assert run_command(Options, ["--fail", fail], "test", run, str, codes) == code
-        err = capsys.readouterr().err
-        assert err.endswith("ERROR why\n") and err.count("\n") == 1
+    assert run_command(Options, ["--fail", fail], "test", run, str, codes) == code
+    err = capsys.readouterr().err
+    if one_line:
+        assert err.endswith("ERROR why\n") and err.count("\n") == 1 and "Traceback" not in err, err
+    else:
+        assert "ERROR failed:\nTraceback (most recent call last):" in err, err
+        assert "OSError: cause with password=***" in err and "direct cause" not in err  # the context, chained
+        assert "secret_key=***" in err and "hunter2" not in err and "S3CR3T" not in err, err
+        assert f"{type(_raises(fail)).__name__}: " in err.splitlines()[-1], err
+
+
+def test_a_value_a_config_refuses_exits_2_and_an_internal_error_propagates():
+    """parse_config turns a Refused from ``__post_init__`` into argparse's exit 2; a plain
+    ValueError there is a bug in the config itself, not the user's input: it propagates (exit 1)."""
+    import dataclasses
+
+    from pipelines.config import parse_config
+    from pipelines.errors import Refused
+
+    @dataclasses.dataclass
+    class Stage:
+        n: int = 1
+
+        def __post_init__(self):
+            if self.n == 0:
+                raise Refused("--n must not be 0")
+            if self.n < 0:
+                {}["no such key"]  # noqa: B018 - an internal bug
+            if self.n > 9:
+                raise ValueError("an internal check")
+
+    assert parse_config(Stage, ["--n", "3"]).n == 3
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(Stage, ["--n", "0"])
+    assert exit_.value.code == 2
+    with pytest.raises(KeyError):
+        parse_config(Stage, ["--n", "-1"])
+    with pytest.raises(ValueError, match="an internal check"):
+        parse_config(Stage, ["--n", "10"])
 
 
 def test_storage_options_are_a_repeatable_key_value_flag():

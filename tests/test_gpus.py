@@ -119,12 +119,13 @@ def test_a_task_that_cannot_use_its_gpu_stops_every_task_before_any_rank():
     ok = task_choices("127.0.0.1", "lo", ["0"], 1, {"CUDA_VISIBLE_DEVICES": "3"})
     assert ok == {"iface": "lo", "gpus": ["3"], "addresses": ["0"]}
     isolated = task_choices("127.0.0.1", "lo", ["3"], 1, {"CUDA_VISIBLE_DEVICES": "0"})
-    assert isolated == {"error": "ValueError: Spark assigned GPU address 3 but this executor sees 1 GPU "
+    assert isolated == {"error": "Refused: Spark assigned GPU address 3 but this executor sees 1 GPU "
                                  "(CUDA_VISIBLE_DEVICES=0): an isolated executor's discovery script must number its "
-                                 "GPUs 0..0 as the executor sees them"}
+                                 "GPUs 0..0 as the executor sees them", "refused": True}
     crowded = task_choices("127.0.0.1", "lo", [], 3, {"CUDA_VISIBLE_DEVICES": "0,1"})
-    assert crowded["error"].startswith("ValueError: 3 ranks on this host but 2 GPUs")
-    assert task_choices("::1", "lo", [], 1, {})["error"].startswith("ValueError: host ::1 has no IPv4 address")
+    assert crowded["error"].startswith("Refused: 3 ranks on this host but 2 GPUs") and crowded["refused"]
+    ipv6 = task_choices("::1", "lo", [], 1, {})
+    assert ipv6["error"].startswith("Refused: host ::1 has no IPv4 address") and ipv6["refused"]
 
 
 def _fake_nvidia_smi(folder, gpus):

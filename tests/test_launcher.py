@@ -73,7 +73,7 @@ def _raise_on_rank_1():
     import horovod.tensorflow as hvd
     hvd.init()
     if hvd.rank() == 1:
-        raise ValueError("rank one is broken")
+        raise ValueError("rank one is broken: password=hunter2")  # an internal error, quoting a secret
     import numpy as np
     hvd.allreduce(np.array([1.0]))
     return "unreachable"
@@ -112,10 +112,19 @@ def test_repair_keeps_values_that_are_not_none_tuples(monkeypatch):
 
 
 @pytest.mark.slow
-def test_local_failure_names_the_rank_and_the_cause():
+def test_local_failure_names_the_rank_and_the_cause(capfd):
+    """The driver gets the failing rank's cause and its whole traceback, redacted; nothing the rank
+    printed on its way out (Horovod's task runner prints what propagates) shows the secret."""
     with pytest.raises(HorovodJobFailed,
-                       match=rf"rank 1 on {socket.gethostname()} failed: ValueError: rank one is broken"):
+                       match=rf"rank 1 on {socket.gethostname()} failed: ValueError: rank one is broken") as failed:
         HorovodRunner(np=-2).run(_raise_on_rank_1)
+    root = failed.value.failures[0]
+    assert not root.refused and not failed.value.refused
+    assert root.traceback.startswith("Traceback (most recent call last)") and "in _raise_on_rank_1" in root.traceback
+    assert "ValueError: rank one is broken: password=***" in root.traceback
+    shown = capfd.readouterr()
+    assert "hunter2" not in str(failed.value) + root.traceback + shown.out + shown.err
+    assert "rank 1 on" in shown.out + shown.err  # the rank's own last words, with its traceback
 
 
 def test_a_peer_error_never_hides_the_root_cause(tmp_path):

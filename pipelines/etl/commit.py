@@ -29,6 +29,7 @@ import secrets
 from typing import List, Optional, Sequence
 
 from pipelines.contract import MANIFEST, REJECTED_LIST, RUNS, SPLITS
+from pipelines.errors import NotAFolder, Refused
 from pipelines.storage import Location
 from pipelines.tracking import ARTIFACTS_DIR, RUN_FILE, STORE_FILE
 
@@ -73,7 +74,7 @@ def check_output(output: Location) -> None:
 
     kind = output.info().type
     if kind == pafs.FileType.File:
-        raise NotADirectoryError(f"output exists and is not a folder: {output.uri}")
+        raise NotAFolder(f"output exists and is not a folder: {output.uri}")
     if kind == pafs.FileType.NotFound or output.join(MANIFEST).is_file():
         return
     foreign = [i.base_name for i in output.list(recursive=False) if i.base_name not in OURS_WITHOUT_MANIFEST]
@@ -81,8 +82,8 @@ def check_output(output: Location) -> None:
                 if not RUN_ID.match(i.base_name)]
     if foreign:
         shown = ", ".join(sorted(foreign)[:5]) + (" ..." if len(foreign) > 5 else "")
-        raise ValueError(f"output {output.uri} holds {shown} but no {MANIFEST}: not an output of this job, "
-                         "refusing to overwrite it")
+        raise Refused(f"output {output.uri} holds {shown} but no {MANIFEST}: not an output of this job, "
+                      "refusing to overwrite it")
 
 
 def committed_run(output: Location) -> Optional[str]:

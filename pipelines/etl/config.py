@@ -10,6 +10,7 @@ from pipelines import tracking as trk
 from pipelines.config import field, settle_verbose, storage_options_field, verbose_field
 from pipelines.contract import DEFAULT_IMAGE_SIZE, row_bytes
 from pipelines.environment import read_settings
+from pipelines.errors import Refused
 from pipelines.paths import check_url_safe
 from pipelines.etl.images import DEFAULT_MAX_PIXELS
 
@@ -50,28 +51,28 @@ class ETLConfig:
 
     def __post_init__(self) -> None:
         if not 0.0 < self.test_fraction < 1.0:  # also refuses NaN
-            raise ValueError(f"--test-fraction must be in (0, 1), got {self.test_fraction}")
+            raise Refused(f"--test-fraction must be in (0, 1), got {self.test_fraction}")
         if self.image_size <= 0:
-            raise ValueError(f"--image-size must be positive, got {self.image_size}")
+            raise Refused(f"--image-size must be positive, got {self.image_size}")
         for name in ("test_fraction", "row_group_mb", "max_file_mb"):
             if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")
+                raise Refused(f"--{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")
         if not 0 < self.row_group_mb <= 1024:
-            raise ValueError(f"--row-group-mb must be in (0, 1024] (Arrow binary arrays hold < 2 GiB), "
-                             f"got {self.row_group_mb}")
+            raise Refused(f"--row-group-mb must be in (0, 1024] (Arrow binary arrays hold < 2 GiB), "
+                          f"got {self.row_group_mb}")
         if not self.max_file_mb > 0:
-            raise ValueError(f"--max-file-mb must be positive, got {self.max_file_mb}")
+            raise Refused(f"--max-file-mb must be positive, got {self.max_file_mb}")
         if self.max_pixels < 1:
-            raise ValueError(f"--max-pixels must be >= 1, got {self.max_pixels}")
+            raise Refused(f"--max-pixels must be >= 1, got {self.max_pixels}")
         if not self.input or not self.output:
-            raise ValueError("--input and --output must not be empty")
+            raise Refused("--input and --output must not be empty")
         if any(ch in self.input for ch in "*?[]{}\\"):
-            raise ValueError(f"--input {self.input!r} contains a glob character (* ? [ ] {{ }} \\), which "
-                             "Spark would expand: rename or link the folder")
+            raise Refused(f"--input {self.input!r} contains a glob character (* ? [ ] {{ }} \\), which "
+                          "Spark would expand: rename or link the folder")
         if self.min_row_groups < 1:
-            raise ValueError(f"--min-row-groups must be >= 1, got {self.min_row_groups}")
+            raise Refused(f"--min-row-groups must be >= 1, got {self.min_row_groups}")
         if self.num_partitions < 0:
-            raise ValueError(f"--num-partitions must be >= 0, got {self.num_partitions}")
+            raise Refused(f"--num-partitions must be >= 0, got {self.num_partitions}")
         storage.check_not_root(self.output, "--output")  # a run's commit cleans its output folder
         self.input = self.location(self.input).uri
         # Training opens a local output by file:// URL: refuse now what it could not open later.
@@ -79,7 +80,7 @@ class ETLConfig:
         if storage.is_local(self.output):
             self.output = check_url_safe(self.output, "--output")
         if self.storage_options and storage.is_local(self.input) and storage.is_local(self.output):
-            raise ValueError("--storage-option is only used for URIs (s3://...), and --input and --output are local")
+            raise Refused("--storage-option is only used for URIs (s3://...), and --input and --output are local")
         settings = read_settings()  # here, in the launching process: the one read of the environment
         self.verbose = settle_verbose(self.verbose, settings)
         self.tracking, self.tracking_uri = trk.resolve(self.tracking, self.tracking_uri, self.output, self.experiment,

@@ -39,6 +39,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from pipelines import __version__
 from pipelines.config import to_dict
+from pipelines.errors import MissingInput, NotAFolder, Refused
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.images import DEFAULT_MAX_PIXELS
 from pipelines.contract import (COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, TRAIN, Manifest, SplitInfo,
@@ -111,9 +112,9 @@ def check_paths(config: ETLConfig) -> None:
     check_reachable(source, "--input")
     check_reachable(output, "--output")
     if not source.exists():
-        raise FileNotFoundError(f"input folder does not exist: {config.input}")
+        raise MissingInput(f"input folder does not exist: {config.input}")
     if not source.is_dir():
-        raise NotADirectoryError(f"input is not a folder: {config.input}")
+        raise NotAFolder(f"input is not a folder: {config.input}")
     check_disjoint(config.input, config.output)
     commit.check_output(output)
 
@@ -155,8 +156,8 @@ def plan(config: ETLConfig) -> Plan:
     """
     files, layout = list_tree(config.location(config.input))
     if not layout.folders:
-        raise ValueError(f"no class folder under {config.input} (expected ROOT/CLASS/image files, CLASS either "
-                         "NNN.name or a plain name)")
+        raise Refused(f"no class folder under {config.input} (expected ROOT/CLASS/image files, CLASS either "
+                      "NNN.name or a plain name)")
     max_bytes = int(config.max_file_mb * 2**20)
     outcomes = {f.path: classify(f.relative_path, f.size_bytes, max_bytes, layout) for f in files}
     listed = sorted((f for f in files if isinstance(outcomes[f.path], ClassFolder)),
@@ -177,8 +178,8 @@ def _refuse_no_candidate(config: ETLConfig, files: List[ListedFile], outcomes: D
     """Raise ``ValueError`` for a tree with no candidate image, naming the commonest reasons."""
     reasons = Counter(reason_kind(o.reason) for o in outcomes.values() if isinstance(o, Excluded))
     why = "; ".join(f"{n} {reason}" for reason, n in reasons.most_common(3)) or "no file at all"
-    raise ValueError(f"no image file to write under {display_path(config.input)} "
-                     f"({plural(len(files), 'file')} listed: {why}); the output was not touched")
+    raise Refused(f"no image file to write under {display_path(config.input)} "
+                  f"({plural(len(files), 'file')} listed: {why}); the output was not touched")
 
 
 def check_memory(config: ETLConfig, master: str, conf: Dict[str, str]) -> None:

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, Iterable, Optional, Tuple
 
+from pipelines.errors import Refused
 from pipelines.logs import plural
 
 # The extensions of the formats pipelines.etl.images decodes (content decides the format: a GIF
@@ -91,18 +92,18 @@ def decide_layout(folders: Iterable[str]) -> Layout:
     numbered = [name for name in names if parsed[name] is not None]
     plain = [name for name in names if parsed[name] is None]
     if numbered and plain:
-        raise ValueError(f"mixed class folder layouts: {plural(len(numbered), 'folder')} named NNN.name (e.g. "
-                         f"{numbered[0]!r}) and {plural(len(plain), 'plain name')} (e.g. {plain[0]!r}); use one "
-                         "layout: all NNN.name "
-                         "(label = NNN - 1) or all plain names (labels by sorted name); prefix a folder to "
-                         "leave out with '_' or '.'")
+        raise Refused(f"mixed class folder layouts: {plural(len(numbered), 'folder')} named NNN.name (e.g. "
+                      f"{numbered[0]!r}) and {plural(len(plain), 'plain name')} (e.g. {plain[0]!r}); use one "
+                      "layout: all NNN.name "
+                      "(label = NNN - 1) or all plain names (labels by sorted name); prefix a folder to "
+                      "leave out with '_' or '.'")
     if not numbered:
         return Layout(FOLDERS, {name: ClassFolder(label, name) for label, name in enumerate(plain)})
     by_label: Dict[int, str] = {}
     for name in numbered:
         label = parsed[name].label
         if label in by_label:
-            raise ValueError(f"class number {label + 1:03d} is used by two folders: {by_label[label]} and {name}")
+            raise Refused(f"class number {label + 1:03d} is used by two folders: {by_label[label]} and {name}")
         by_label[label] = name
     return Layout(CALTECH, {name: parsed[name] for name in numbered})
 

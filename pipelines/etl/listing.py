@@ -22,6 +22,7 @@ import stat
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Tuple, Union
 
+from pipelines.errors import MissingInput, NotAFolder, Refused
 from pipelines.etl.labels import (IMAGE_EXTENSIONS, ClassFolder, Layout, decide_layout, has_image_extension, label_for,
                                   path_parts)
 
@@ -160,7 +161,7 @@ def display_path(name: str) -> str:
     return encode_name(name).decode("utf-8", "backslashreplace")
 
 
-class UnsupportedTree(ValueError):
+class UnsupportedTree(Refused):
     """The input tree holds something the job cannot read safely; raised before Spark."""
 
 
@@ -177,9 +178,9 @@ def list_files(root: str) -> List[ListedFile]:
     the locale); the root is taken as given.
     """
     if not os.path.exists(root):
-        raise FileNotFoundError(f"input folder does not exist: {root}")
+        raise MissingInput(f"input folder does not exist: {root}")
     if not os.path.isdir(root):
-        raise NotADirectoryError(f"input is not a folder: {root}")
+        raise NotAFolder(f"input is not a folder: {root}")
 
     def refuse(error: OSError) -> None:
         name = error.filename
@@ -262,7 +263,7 @@ def list_objects(root: "Location") -> Tuple[List[ListedFile], Layout]:
 
     infos = root.list(recursive=True)
     if not infos:
-        raise FileNotFoundError(f"input folder does not exist: {root.uri} (no object under that prefix)")
+        raise MissingInput(f"input folder does not exist: {root.uri} (no object under that prefix)")
     files, folders = [], set()
     for info in infos:
         rel = info.path[len(root.path) + 1:]

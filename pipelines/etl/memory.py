@@ -25,6 +25,7 @@ import os
 import re
 from typing import Mapping, Optional, Tuple
 
+from pipelines.errors import Refused
 from pipelines.logs import plural
 
 DECODE_BYTES_PER_PIXEL = 16
@@ -47,7 +48,7 @@ def parse_size_mib(value: str) -> int:
     """
     match = _SIZE.match(value.strip())
     if not match:
-        raise ValueError(f"not a memory size: {value!r}")
+        raise Refused(f"not a memory size: {value!r}")
     number, unit = int(match.group(1)), match.group(2).lower() or "m"
     return number * 2 ** (10 * "kmgtp".index(unit) + 10)
 
@@ -100,7 +101,7 @@ def check_task_memory(need: int, available: Optional[Tuple[int, int, str]]) -> N
         return
     tasks, memory, where = available
     if tasks * need > memory:
-        raise ValueError(
+        raise Refused(
             f"not enough memory for --max-file-mb/--max-pixels: each task may hold "
             f"{need / 2**30:.2f} GiB (the file, {DECODE_BYTES_PER_PIXEL} bytes per decoded pixel, "
             f"buffers), x {plural(tasks, 'concurrent task')} = {tasks * need / 2**30:.2f} GiB > "

@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import cloudpickle
 
+from pipelines.errors import Refused, is_refusal
 from pipelines.launch.child import run_child
 from pipelines.launch.failures import HorovodJobFailed, RankFailure
 from pipelines.launch.gpus import (CUDA_VISIBLE, check_local_gpus, nccl_env, parse_visible, rank_gpu_env, task_gpus,
@@ -44,15 +45,15 @@ def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
 
     spark = SparkSession.getActiveSession()
     if spark is None:
-        raise ValueError("HorovodRunner(np > 0) needs an active SparkSession (use np < 0 to run locally)")
+        raise Refused("HorovodRunner(np > 0) needs an active SparkSession (use np < 0 to run locally)")
     sc = spark.sparkContext
     log.info("HorovodRunner: np=%d on %s: checking the cluster", world_size, sc.master)
     check_barrier_conf(dict(sc.getConf().getAll()))  # before waiting: some make slots never come
     slots = wait_for_slots(sc, world_size, slots_timeout_s)
     if slots < world_size:
         why = f" (no executor registered within {slots_timeout_s:g} s)" if slots == 0 else ""
-        raise ValueError(f"np={world_size} Spark tasks requested but the cluster ({sc.master}) offers "
-                         f"{plural(slots, 'task slot')}{why}: lower np, add workers or wait longer for them")
+        raise Refused(f"np={world_size} Spark tasks requested but the cluster ({sc.master}) offers "
+                      f"{plural(slots, 'task slot')}{why}: lower np, add workers or wait longer for them")
     check_local_executors(sc, requested_iface)
     before_ranks()
     payload = cloudpickle.dumps((main, kwargs))
@@ -68,7 +69,7 @@ def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
     finally:
         sink.close()
     failures = [RankFailure(r["rank"], r["cause"], r.get("traceback", ""), r.get("secondary", False),
-                            r.get("host", ""), r.get("lost", False))
+                            r.get("host", ""), r.get("lost", False), r.get("refused", False))
                 for r in records if r["status"] == "error"]
     if failures:
         raise HorovodJobFailed(failures)
@@ -142,7 +143,7 @@ def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str]
             gathered = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
             if any("error" in m for m in gathered):
                 yield ({"rank": slot["rank"], "status": "error", "cause": mine["error"], "secondary": False,
-                        "host": hosts[index]}
+                        "host": hosts[index], "refused": mine["refused"]}
                        if "error" in mine else {"rank": slot["rank"], "status": "not started"})
                 return
             env = dict(os.environ, **rank_env(slot, hosts[index], world_size, gathered[0]["rendezvous"], mine,
@@ -158,7 +159,8 @@ def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str]
 def task_choices(host: str, requested_iface: Optional[str], addresses: List[str], local_size: int,
                  environ: Mapping[str, str]) -> Dict[str, Any]:
     """What a barrier task decides before the ``allGather``: ``{'iface', 'gpus', 'addresses'}``, or
-    ``{'error': 'Type: message'}`` when it cannot start its rank.
+    ``{'error': 'Type: message', 'refused': bool}`` when it cannot start its rank (``refused``: a
+    :class:`~pipelines.errors.Refused`, the driver's exit 2).
 
     The interface: the driver's choice, else the executor's own ``HOROVOD_GLOO_IFACE`` (in
     ``environ``), else the one carrying ``host``'s address (:func:`interface_of`); ``host`` must
@@ -176,7 +178,7 @@ def task_choices(host: str, requested_iface: Optional[str], addresses: List[str]
             check_local_gpus(local_size, count)
             owned = []
     except ValueError as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"error": f"{type(exc).__name__}: {exc}", "refused": is_refusal(exc)}
     return {"iface": iface, "gpus": owned, "addresses": addresses}
 
 

@@ -18,7 +18,7 @@ from typing import Any, Dict
 import cloudpickle
 
 from pipelines.atomic import write_json
-from pipelines.launch.failures import exit_cause, failure_record, signal_is_loss
+from pipelines.launch.failures import exit_cause, failure_record, log_rank_failure, signal_is_loss
 from pipelines.launch.ranklogs import forward
 
 log = logging.getLogger("pipelines")
@@ -69,7 +69,7 @@ def child_main(job_path: str, result_path: str) -> int:
         code = 0
     except BaseException as exc:  # noqa: BLE001 - reported to the driver, which raises
         record = {"status": "error", **failure_record(exc)}
-        log.error("rank %s failed: %s", os.environ.get("HOROVOD_RANK"), record["cause"])
+        log_rank_failure(record)
         code = 1
     write_json(result_path, record)
     return code

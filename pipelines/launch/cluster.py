@@ -24,6 +24,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from pipelines.errors import Refused
 from pipelines.logs import plural
 
 
@@ -72,7 +73,7 @@ class StandaloneCluster:
                  workers_at: Optional[Sequence[Place]] = None):
         self.worker_places = list(workers_at) if workers_at else [None] * workers
         if not self.worker_places or cores < 1:
-            raise ValueError("a cluster needs at least one worker with at least one core")
+            raise Refused("a cluster needs at least one worker with at least one core")
         self.workers, self.cores, self.memory, self.host = len(self.worker_places), cores, memory, host
         self.master_place = master_at
         self.timeout_s = timeout_s

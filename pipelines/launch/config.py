@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from pipelines.config import field
+from pipelines.errors import Refused
 from pipelines.launch.runner import HorovodRunner
 
 
@@ -38,17 +39,17 @@ class LaunchConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.np, int) or isinstance(self.np, bool):
-            raise ValueError(f"--spark-np must be an integer, got {self.np!r}")
+            raise Refused(f"--spark-np must be an integer, got {self.np!r}")
         if self.network_interface and not self.np:
-            raise ValueError("--network-interface applies to --spark-np runs; under horovodrun use "
-                             "horovodrun's own --network-interface")
+            raise Refused("--network-interface applies to --spark-np runs; under horovodrun use "
+                          "horovodrun's own --network-interface")
         if not isinstance(self.max_failures, int) or self.max_failures < 0:
-            raise ValueError(f"--max-failures must be >= 0, got {self.max_failures}")
+            raise Refused(f"--max-failures must be >= 0, got {self.max_failures}")
         if self.max_failures and not self.np:
-            raise ValueError("--max-failures applies to --spark-np runs (the launching driver relaunches the "
-                             "ranks); under horovodrun a lost rank ends the job: rerun it with --resume")
+            raise Refused("--max-failures applies to --spark-np runs (the launching driver relaunches the "
+                          "ranks); under horovodrun a lost rank ends the job: rerun it with --resume")
         if not self.slots_timeout > 0:
-            raise ValueError(f"--slots-timeout must be positive, got {self.slots_timeout}")
+            raise Refused(f"--slots-timeout must be positive, got {self.slots_timeout}")
 
     @property
     def launches(self) -> bool:

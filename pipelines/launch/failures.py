@@ -6,6 +6,7 @@ crash) is decided here from its exit status, and read by :mod:`pipelines.launch.
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -13,7 +14,10 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Dict, List
 
+from pipelines.errors import Refused, is_refusal
 from pipelines.redact import redact
+
+log = logging.getLogger("pipelines")
 
 # Signals that say the process was taken away, not that it broke (SIGSEGV, SIGABRT, SIGFPE do).
 LOST_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP)
@@ -29,7 +33,8 @@ def signal_is_loss(code: int) -> bool:
 class RankFailure:
     """Why one rank failed: ``cause`` is one line (``Type: message`` or the exit status); ``host``
     where it ran; ``lost``: its process or host was taken away (killed, executor lost), which a
-    relaunch may survive (:mod:`pipelines.launch.recovery`)."""
+    relaunch may survive (:mod:`pipelines.launch.recovery`); ``refused``: it raised a
+    :class:`~pipelines.errors.Refused` (bad input: the driver exits 2, with one line)."""
 
     rank: int
     cause: str
@@ -37,6 +42,7 @@ class RankFailure:
     secondary: bool = False  # a Horovod error caused by another rank's failure
     host: str = ""
     lost: bool = False
+    refused: bool = False
 
 
 def describe(failure: RankFailure) -> str:
@@ -53,6 +59,11 @@ class HorovodJobFailed(RuntimeError):
         first = self.failures[0]
         others = ", ".join(f"rank {f.rank}" for f in self.failures[1:])
         super().__init__(describe(first) + (f" (then also: {others})" if others else ""))
+
+    @property
+    def refused(self) -> bool:
+        """Whether the root cause is a rank's refusal of its input (exit 2), not a failure."""
+        return self.failures[0].refused
 
 
 class RelaunchImpossible(RuntimeError):
@@ -80,17 +91,28 @@ def is_secondary(exc: BaseException) -> bool:
 
 
 def failure_record(exc: BaseException) -> Dict[str, Any]:
-    """The record a rank writes of the exception that ends it (inside an ``except`` block: the
-    traceback is the one being handled): its rank, host, one-line cause, whether secondary."""
+    """The record a rank writes of the exception ``exc`` that ends it: its rank, host, one-line
+    cause, its whole traceback (chained causes included; empty for a refusal, whose message says
+    it all), whether secondary, whether a refusal (:class:`~pipelines.errors.Refused`). Redacted."""
+    refused = is_refusal(exc)
     record = {"rank": int(os.environ.get("HOROVOD_RANK", "0")), "cause": f"{type(exc).__name__}: {exc}",
-              "traceback": traceback.format_exc(), "secondary": is_secondary(exc),
+              "traceback": "" if refused else "".join(traceback.format_exception(exc)),
+              "secondary": is_secondary(exc), "refused": refused,
               "host": os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()}
     return redact(record)  # a cause or traceback may quote a config's secrets or a URI's userinfo
 
 
-class ClusterConfigError(ValueError):
+def log_rank_failure(record: Dict[str, Any]) -> None:
+    """A rank's own last words on the exception that ends it (``record``: :func:`failure_record`),
+    in its log: ``rank R on HOST failed: CAUSE``, then the redacted traceback (none for a refusal)."""
+    text = f"\n{record['traceback'].rstrip()}" if record["traceback"] else ""
+    log.error("rank %s on %s %s: %s%s", record["rank"], record["host"],
+              "refused" if record.get("refused") else "failed", record["cause"], text)
+
+
+class ClusterConfigError(Refused):
     """A Spark setting under which barrier tasks cannot run; the message (one line) names the
-    setting and the value to use. ``jobs/train.py`` exits with status 2 on it."""
+    setting and the value to use. A refusal: ``jobs/train.py`` exits with status 2 on it."""
 
 
 def shell_status(code: int) -> int:

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from pipelines.errors import Refused
 from pipelines.launch.rankenv import assigned_gpus_env
 from pipelines.logs import plural
 
@@ -58,19 +59,19 @@ def task_gpus(addresses: Sequence[str], visible: Optional[Sequence[str]],
     for address in addresses:
         if _UUID.fullmatch(address):
             if visible is not None and address not in visible:
-                raise ValueError(f"Spark assigned GPU {address}, which is not among this executor's "
-                                 f"{CUDA_VISIBLE}={','.join(visible)}")
+                raise Refused(f"Spark assigned GPU {address}, which is not among this executor's "
+                              f"{CUDA_VISIBLE}={','.join(visible)}")
             owned.append(address)
             continue
         if not _INDEX.fullmatch(address):
-            raise ValueError(f"Spark assigned GPU address {address!r}: neither an index (0, 1, ...) nor a GPU "
-                             f"UUID (GPU-...); fix the worker's GPU discovery script")
+            raise Refused(f"Spark assigned GPU address {address!r}: neither an index (0, 1, ...) nor a GPU "
+                          f"UUID (GPU-...); fix the worker's GPU discovery script")
         index, count = int(address), len(visible) if visible is not None else gpu_count
         if count is not None and index >= count:
             given = f" ({CUDA_VISIBLE}={','.join(visible)})" if visible is not None else ""
-            raise ValueError(f"Spark assigned GPU address {index} but this executor sees {plural(count, 'GPU')}"
-                             f"{given}: an isolated executor's discovery script must number its GPUs "
-                             f"0..{max(count - 1, 0)} as the executor sees them")
+            raise Refused(f"Spark assigned GPU address {index} but this executor sees {plural(count, 'GPU')}"
+                          f"{given}: an isolated executor's discovery script must number its GPUs "
+                          f"0..{max(count - 1, 0)} as the executor sees them")
         owned.append(visible[index] if visible is not None else address)
     return owned
 
@@ -83,9 +84,9 @@ def check_local_gpus(local_size: int, gpu_count: Optional[int]) -> None:
         ValueError: naming both numbers.
     """
     if gpu_count and local_size > gpu_count:
-        raise ValueError(f"{plural(local_size, 'rank')} on this host but {plural(gpu_count, 'GPU')}: start at most one rank per GPU "
-                         f"(--spark-np -{gpu_count}, horovodrun -np {gpu_count}), or hide the GPUs "
-                         f"({CUDA_VISIBLE}=) to train on the CPU")
+        raise Refused(f"{plural(local_size, 'rank')} on this host but {plural(gpu_count, 'GPU')}: start at most one rank per GPU "
+                      f"(--spark-np -{gpu_count}, horovodrun -np {gpu_count}), or hide the GPUs "
+                      f"({CUDA_VISIBLE}=) to train on the CPU")
 
 
 def visible_gpu_count(environ: Mapping[str, str]) -> Optional[int]:

@@ -16,8 +16,8 @@ import tempfile
 from typing import Any, Callable, Dict, List, Optional
 
 from pipelines.atomic import write_json
-from pipelines.launch.failures import (HorovodJobFailed, RankFailure, exit_cause, failure_record, shell_status,
-                                       signal_is_loss)
+from pipelines.launch.failures import (HorovodJobFailed, RankFailure, exit_cause, failure_record, log_rank_failure,
+                                       shell_status, signal_is_loss)
 from pipelines.launch.gpus import nccl_env, rank_gpu_env
 from pipelines.launch.rankenv import failure_dir_env, keep_env, read_rank_environment
 
@@ -77,11 +77,13 @@ class _Recorded:
             return self.main(**kwargs)
         except BaseException as exc:
             record = failure_record(exc)
-            log.error("rank %d on %s failed: %s", record["rank"], record["host"], record["cause"])
+            log_rank_failure(record)
             directory = handed.failure_dir
             if directory:
                 write_json(os.path.join(directory, f"rank-{record['rank']}.json"), record)
-            raise
+            # Horovod's task runner prints what propagates, secrets and all (str(exc) and Python's
+            # traceback): the rank ends on the redacted cause alone, status 1 as before
+            raise SystemExit(f"rank {record['rank']} on {record['host']} failed: {record['cause']}") from None
 
 
 def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int, iface: Optional[str],
@@ -129,7 +131,8 @@ def collect_failures(directory: str, horovod_message: str) -> List[RankFailure]:
     own = [r for r in records if not r["secondary"]]
     here = socket.gethostname()  # local ranks: all on this machine
     failures = [RankFailure(r["rank"], r["cause"], r["traceback"],
-                            r["secondary"] or (len(own) > 1 and first is not None and r["rank"] != first), here)
+                            r["secondary"] or (len(own) > 1 and first is not None and r["rank"] != first), here,
+                            refused=r.get("refused", False))
                 for r in records]
     if first is not None and not any(f.rank == first for f in failures):  # killed: it could not say why
         code = shell_status(int(match.group(2)))

@@ -11,6 +11,8 @@ from typing import Dict, List, Optional, Tuple
 
 import psutil
 
+from pipelines.errors import Refused
+
 GLOO_IFACE_ENV = "HOROVOD_GLOO_IFACE"
 
 
@@ -52,7 +54,7 @@ def resolve(host: str) -> str:
     try:
         infos = socket.getaddrinfo(bare_host(host), None, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError) as exc:
-        raise ValueError(f"host {host!r} does not resolve to an address: {exc}") from None
+        raise Refused(f"host {host!r} does not resolve to an address: {exc}") from None
     infos.sort(key=lambda info: info[0] != socket.AF_INET)
     return infos[0][4][0]
 
@@ -70,9 +72,9 @@ def rendezvous_ipv4(host: str) -> str:
     """
     address = resolve(host)
     if ipaddress.ip_address(address).version != 4:
-        raise ValueError(f"host {host} has no IPv4 address (it resolves to {address}): Horovod's Gloo rendezvous "
-                         f"is IPv4 only; give Spark an IPv4 address on every host (SPARK_LOCAL_IP=127.0.0.1 on one "
-                         f"machine, else the host's IPv4 address)")
+        raise Refused(f"host {host} has no IPv4 address (it resolves to {address}): Horovod's Gloo rendezvous "
+                      f"is IPv4 only; give Spark an IPv4 address on every host (SPARK_LOCAL_IP=127.0.0.1 on one "
+                      f"machine, else the host's IPv4 address)")
     return address
 
 
@@ -104,17 +106,17 @@ def interface_of(host: str, requested: Optional[str] = None,
     interfaces = local_interfaces() if interfaces is None else interfaces
     if requested:
         if requested not in interfaces:
-            raise ValueError(f"network interface {requested!r} ({GLOO_IFACE_ENV} / --network-interface) "
-                             f"does not exist on host {host}; its interfaces: {_listing(interfaces)}")
+            raise Refused(f"network interface {requested!r} ({GLOO_IFACE_ENV} / --network-interface) "
+                          f"does not exist on host {host}; its interfaces: {_listing(interfaces)}")
         return requested
     address = ipaddress.ip_address(resolve(host))
     matches = [name for name, addresses in interfaces.items()
                if any(_same_or_loopback(address, a) for a in addresses)]
     if matches:
         return sorted(matches, key=lambda name: name != "lo")[0]
-    raise ValueError(f"no network interface of host {host} has its address {address} (interfaces: "
-                     f"{_listing(interfaces)}); set SPARK_LOCAL_IP to one of these addresses, or name the "
-                     f"interface with --network-interface / {GLOO_IFACE_ENV}")
+    raise Refused(f"no network interface of host {host} has its address {address} (interfaces: "
+                  f"{_listing(interfaces)}); set SPARK_LOCAL_IP to one of these addresses, or name the "
+                  f"interface with --network-interface / {GLOO_IFACE_ENV}")
 
 
 def _same_or_loopback(address, other: str) -> bool:
@@ -154,7 +156,7 @@ def local_interface(requested: Optional[str], interfaces: Optional[Dict[str, Lis
     iface = interface_of("localhost", requested, interfaces)
     addresses = interfaces[iface]
     if "127.0.0.1" not in addresses:
-        raise ValueError(f"network interface {iface!r} ({' '.join(addresses) or 'no address'}) cannot carry local "
-                         f"ranks (np < 0): Horovod's launcher runs them over the interface of 127.0.0.1; "
-                         f"unset {GLOO_IFACE_ENV} / --network-interface, or name that interface")
+        raise Refused(f"network interface {iface!r} ({' '.join(addresses) or 'no address'}) cannot carry local "
+                      f"ranks (np < 0): Horovod's launcher runs them over the interface of 127.0.0.1; "
+                      f"unset {GLOO_IFACE_ENV} / --network-interface, or name that interface")
     return iface

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Optional
 
+from pipelines.errors import Refused
 from pipelines.launch.barrier import run_spark
 from pipelines.launch.gpus import check_local_gpus, visible_gpu_count
 from pipelines.launch.local import run_local
@@ -56,10 +57,10 @@ class HorovodRunner:
                  max_failures: int = 0, log_dir: Optional[str] = None,
                  before_ranks: Optional[Callable[[], None]] = None):
         if not isinstance(np, int) or np == 0:
-            raise ValueError(f"np must be a non-zero integer (negative: local processes, positive: "
-                             f"Spark tasks), got {np!r}")
+            raise Refused(f"np must be a non-zero integer (negative: local processes, positive: "
+                          f"Spark tasks), got {np!r}")
         if not isinstance(max_failures, int) or max_failures < 0:
-            raise ValueError(f"max_failures must be an integer >= 0, got {max_failures!r}")
+            raise Refused(f"max_failures must be an integer >= 0, got {max_failures!r}")
         self.np = np
         self.max_failures = max_failures
         self.slots_timeout_s = slots_timeout_s

@@ -8,6 +8,7 @@ from typing import Optional
 
 from pipelines.config import field, settle_verbose, verbose_field
 from pipelines.environment import read_settings
+from pipelines.errors import Refused
 from pipelines.paths import check_url_safe
 from pipelines.storage import check_not_root
 
@@ -46,14 +47,14 @@ class PredictConfig:
     def __post_init__(self) -> None:
         for name in ("top_k", "batch_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise Refused(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.num_partitions < 0 or self.threads < 0 or self.arrow_batch_rows < 0:
-            raise ValueError(f"--num-partitions, --threads and --arrow-batch-rows must be >= 0, got "
-                             f"{self.num_partitions}, {self.threads} and {self.arrow_batch_rows}")
+            raise Refused(f"--num-partitions, --threads and --arrow-batch-rows must be >= 0, got "
+                          f"{self.num_partitions}, {self.threads} and {self.arrow_batch_rows}")
         if not (math.isfinite(self.max_file_mb) and self.max_file_mb > 0):
-            raise ValueError(f"--max-file-mb must be a positive number, got {self.max_file_mb}")
+            raise Refused(f"--max-file-mb must be a positive number, got {self.max_file_mb}")
         if not self.model or not self.input or not self.output:
-            raise ValueError("--model, --input and --output must not be empty")
+            raise Refused("--model, --input and --output must not be empty")
         if not is_mlflow_uri(self.model):
             self.model = os.path.abspath(os.path.expanduser(self.model))
         if self.class_names:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from pipelines.contract import MANIFEST, SPLITS, Manifest
+from pipelines.errors import MissingInput, NotAFolder, Refused
 from pipelines.etl.labels import parse_class_folder, path_parts
 from pipelines.etl.listing import SKIPPED, display_path, list_files, name_exclusion, size_exclusion
 from pipelines.logs import plural
@@ -35,7 +36,7 @@ from pipelines.logs import plural
 TREE, ETL_SPLIT = "tree", "etl"
 
 
-class NoImages(ValueError):
+class NoImages(Refused):
     """The input holds no image to predict."""
 
 
@@ -128,8 +129,8 @@ def plan_split(split_dir: str, image_size: int) -> InputPlan:
     root, split = os.path.split(split_dir)
     manifest = Manifest.read(root)
     if manifest.image_size != image_size:
-        raise ValueError(f"{split_dir} stores {manifest.image_size}-pixel images, the model takes {image_size}: "
-                         "predict on the image tree instead (it is decoded at the model's size)")
+        raise Refused(f"{split_dir} stores {manifest.image_size}-pixel images, the model takes {image_size}: "
+                      "predict on the image tree instead (it is decoded at the model's size)")
     rows = manifest.splits[split].rows
     if rows == 0:
         raise NoImages(f"the ETL split {split_dir} has no row")
@@ -150,10 +151,10 @@ def plan_input(path: str, class_names: Sequence[Optional[str]], image_size: int,
     if is_etl_split(path):
         return plan_split(path, image_size)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"input does not exist: {path}")
+        raise MissingInput(f"input does not exist: {path}")
     if not os.path.isdir(path):
-        raise NotADirectoryError(f"input is not a folder: {path}")
+        raise NotAFolder(f"input is not a folder: {path}")
     if os.path.isfile(os.path.join(path, MANIFEST)):
-        raise ValueError(f"{path} is an ETL output: name one of its splits ({', '.join(SPLITS)}), e.g. "
-                         f"--input {os.path.join(path, 'test')}")
+        raise Refused(f"{path} is an ETL output: name one of its splits ({', '.join(SPLITS)}), e.g. "
+                      f"--input {os.path.join(path, 'test')}")
     return plan_tree(path, class_names, max_file_bytes)

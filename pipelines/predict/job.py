@@ -30,6 +30,7 @@ from typing import Dict, Iterator, List, Tuple
 
 from pipelines.config import to_dict
 from pipelines.contract import row_bytes
+from pipelines.errors import MissingInput, NotAFolder, Refused
 from pipelines.etl.layout import closure_chunks
 from pipelines.etl.listing import reason_kind
 from pipelines.logs import plural
@@ -91,7 +92,7 @@ def check_paths(config: PredictConfig) -> None:
     check_disjoint(config.input, config.output)
     out = config.output
     if os.path.exists(out) and not os.path.isdir(out):
-        raise NotADirectoryError(f"output exists and is not a folder: {out}")
+        raise NotAFolder(f"output exists and is not a folder: {out}")
     owned_files(out)
 
 
@@ -116,13 +117,13 @@ def owned_files(output: str) -> List[str]:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         listed = None
     if not isinstance(listed, list):
-        raise ValueError(f"output {output} holds files but no {SUMMARY} of this job: not an output of this job, "
-                         "refusing to overwrite it")
+        raise Refused(f"output {output} holds files but no {SUMMARY} of this job: not an output of this job, "
+                      "refusing to overwrite it")
     foreign = [name for name in names if name not in listed]
     if foreign:
         shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
-        raise ValueError(f"output {output} holds {shown}, which its {SUMMARY} does not list: not an output of "
-                         "this job alone, refusing to overwrite it")
+        raise Refused(f"output {output} holds {shown}, which its {SUMMARY} does not list: not an output of "
+                      "this job alone, refusing to overwrite it")
     return names
 
 
@@ -141,7 +142,7 @@ def prepare(config: PredictConfig, download_dir: str) -> Tuple[ModelSpec, InputP
             :func:`~pipelines.predict.model.resolve_model`, :func:`~pipelines.predict.inputs.plan_input`.
     """
     if not os.path.isdir(config.input) and not is_etl_split(config.input.rstrip("/")):
-        raise FileNotFoundError(f"input folder does not exist: {config.input}")
+        raise MissingInput(f"input folder does not exist: {config.input}")
     check_paths(config)
     spec = resolve_model(config.model, config.class_names, download_dir)
     return spec, plan_input(config.input, spec.class_names, spec.image_size, config.max_file_bytes)

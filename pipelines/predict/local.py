@@ -55,9 +55,11 @@ def format_row(row: Dict) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Print the top k of each file. Returns 0; 1 when a file was unreadable (the others are
-    printed); 2 with a one-line error for a missing model or a model without its contract."""
+    printed); 2 with a one-line error for a missing model or a model without its contract (a
+    :class:`~pipelines.errors.Refused`); 1 with the redacted traceback for any other exception."""
     from pipelines.config import add_arguments, settle_verbose
     from pipelines.environment import read_settings
+    from pipelines.errors import exit_status
     from pipelines.logs import setup_logging
     from pipelines.quiet import quiet_by_default
 
@@ -74,9 +76,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             spec = resolve_model(args.model, args.class_names, download)
             rows = predict_files(args.images, spec, args.top_k, int(args.max_file_mb * 2**20), args.batch_size)
-        except (FileNotFoundError, ValueError) as exc:
-            log.error("%s", exc)
-            return 2
+        except Exception as exc:  # noqa: BLE001 - a refusal is 2, anything else 1 with its traceback
+            return exit_status(exc, log)
     for row in rows:
         print(format_row(row))
     return 1 if any(row["status"] != PREDICTED for row in rows) else 0

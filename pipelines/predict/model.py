@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from pipelines.contract import MODEL_CONTRACT as CONTRACT_FILE, MODEL_FILE, MODEL_INPUT_DTYPE, MODEL_SHA256 as HASH_KEY
+from pipelines.errors import MissingInput, Refused
 from pipelines.logs import plural
 from pipelines.predict.config import is_mlflow_uri
 from pipelines.redact import redact_text
@@ -48,7 +49,7 @@ from pipelines.redact import redact_text
 KERAS, MLFLOW = "keras", "mlflow"
 
 
-class ModelContractError(ValueError):
+class ModelContractError(Refused):
     """The model's contract (input uint8 ``(batch, S, S, 3)``, class names) is missing or broken."""
 
 
@@ -303,8 +304,8 @@ def resolve_model(model: str, class_names_file: str = "", download_dir: Optional
         return _resolve_mlflow(model, names, download_dir)
     path = os.path.join(model, MODEL_FILE) if os.path.isdir(model) else model
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"model not found: {path}" + (" (a run's output folder holds model.keras)"
-                                                              if os.path.isdir(model) else ""))
+        raise MissingInput(f"model not found: {path}" + (" (a run's output folder holds model.keras)"
+                                                         if os.path.isdir(model) else ""))
     size, contract_names, digest = read_contract(path)
     if names is not None and len(names) != len(contract_names):
         raise ModelContractError(f"--class-names lists {plural(len(names), 'name')}, the model has "
@@ -331,8 +332,8 @@ def _resolve_mlflow(uri: str, names: Optional[List[Optional[str]]], download_dir
                                                         dst_path=download_dir or tempfile.mkdtemp(prefix="model-"))
         metadata = mlflow.models.Model.load(local).metadata or {}
     except (MlflowException, OSError) as exc:
-        raise FileNotFoundError(redact_text(f"MLflow model {uri} (tracking URI {mlflow.get_tracking_uri()}): "
-                                            f"{exc}")) from None
+        raise MissingInput(redact_text(f"MLflow model {uri} (tracking URI {mlflow.get_tracking_uri()}): "
+                                       f"{exc}")) from None
     names = names or metadata.get("class_names")
     if not names:
         raise ModelContractError(f"{uri}: the MLflow model's metadata has no class_names; pass --class-names "

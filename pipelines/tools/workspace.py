@@ -11,6 +11,7 @@ from typing import Optional
 
 from pipelines.contract import MANIFEST
 from pipelines.environment import read_settings
+from pipelines.errors import Refused
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
 from pipelines.storage import resolve
@@ -39,7 +40,7 @@ def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float 
         ValueError: an unknown ``sample``.
     """
     if sample not in ("tuxpaint", "fashion-mnist"):
-        raise ValueError(f"unknown sample {sample!r}: tuxpaint or fashion-mnist")
+        raise Refused(f"unknown sample {sample!r}: tuxpaint or fashion-mnist")
     location = resolve(workdir).join("etl")
     etl = location.uri
     if not location.join(MANIFEST).exists():

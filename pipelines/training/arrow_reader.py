@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Deque, Iterator, List, NamedTuple, Optional, T
 
 import numpy as np
 
+from pipelines.errors import Refused
 from pipelines.logs import plural
 
 #: bytes of images decoded at a time on the way into the cache: 2-8 images of 299 px took the
@@ -45,7 +46,7 @@ class ShardCountError(RuntimeError):
     """A read counted another number of rows than the Parquet metadata holds."""
 
 
-class DataError(ValueError):
+class DataError(Refused):
     """The dataset cannot feed this training run; the message says why and what to change."""
 
 

@@ -13,22 +13,25 @@ import contextlib
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from typing import Iterator, Mapping, Optional, Sequence, Tuple
 
 from pipelines.config import parse_configs
+from pipelines.errors import exit_status
 from pipelines.launch import HorovodJobFailed, RelaunchImpossible
 from pipelines.launch.config import LaunchConfig
 from pipelines.launch.gpus import DEVICE_ORDER
 from pipelines.environment import read_settings
 from pipelines.logs import plural, setup_logging
 from pipelines.quiet import quiet_by_default
+from pipelines.redact import redact_text
 from pipelines.spark import spark_session
 from pipelines.storage import is_local, resolve
 from pipelines.tracking import TrackingFailed, check_store
 from pipelines.training.config import TrainConfig
-from pipelines.training.data import DataError, check_run
+from pipelines.training.data import check_run
 from pipelines.training.devices import rank_cores, threads_per_rank
 from pipelines.training.imagenet import ensure_imagenet_weights
 from pipelines.training.outputs import check_output
@@ -47,9 +50,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     credentials), or the launch is impossible (too few task slots, a Spark setting barrier tasks refuse, a network
     interface or host address that is not on this machine's executors, more local ranks than GPUs, an MLflow
     tracking server that does not answer), or ``--weights imagenet`` is neither in Keras' cache nor can be fetched,
-    before any rank starts; 1 with the failing rank and its cause when a
-    rank fails (on its host: also its network) and is not relaunched (``--max-failures``), or when
-    MLflow could not log the results (the training outputs are complete).
+    before any rank starts, or a rank refused its input (each a :class:`~pipelines.errors.Refused`);
+    1 with the failing rank, its cause and its redacted traceback when a
+    rank fails (on its host: also its network) and is not relaunched (``--max-failures``); 1 with
+    one line when MLflow could not log the results (the training outputs are complete); 1 with the
+    redacted traceback for any other exception (under ``horovodrun``, on every rank that raised it,
+    with its rank and host; a refusal is said by rank 0 alone).
     """
     for name, value in DEVICE_ORDER.items():  # before TensorFlow loads: GPUs numbered as nvidia-smi does
         os.environ.setdefault(name, value)
@@ -66,18 +72,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             report = run_training(config)
             if rank:
                 return 0
-    except (DataError, ValueError, FileNotFoundError) as exc:
-        if launch.launches or not rank:
-            log.error("%s", exc)  # under horovodrun every rank refuses alike: rank 0 says why, once
-        return 2
     except (HorovodJobFailed, RelaunchImpossible) as exc:
-        log.error("training failed: %s", exc)
-        return 1
+        return launch_failed(exc, log)
     except TrackingFailed as exc:  # rank 0, under horovodrun or alone
         log.error("%s", exc)
         return 1
+    except Exception as exc:  # noqa: BLE001 - a refusal is 2, anything else 1 with its traceback
+        if not log.handlers:  # it ended before its logging was set up
+            setup_logging("train", rank=rank)
+        where = "" if rank is None else f"rank {rank} on {socket.gethostname()}"
+        # under horovodrun every rank refuses alike: rank 0 says why, once; a failure, every rank
+        return exit_status(exc, log, where, say_refusal=launch.launches or not rank)
     print(result_line(report, config.output))
     return 0
+
+
+def launch_failed(exc: Exception, log: logging.Logger) -> int:
+    """The launching driver's last words on a launch whose ranks did not all finish, and its exit
+    code: 2 when the root cause is a rank's refusal (one line naming the rank, its host and what it
+    refused), else 1: the failing rank, its cause and its traceback as the rank wrote it (redacted;
+    none for a rank that was killed or lost). ``exc``: a
+    :class:`~pipelines.launch.HorovodJobFailed` or :class:`~pipelines.launch.RelaunchImpossible`."""
+    root = exc.failures[0] if isinstance(exc, HorovodJobFailed) else None
+    if root is not None and exc.refused:
+        log.error("rank %d%s refused: %s", root.rank, f" on {root.host}" if root.host else "", root.cause)
+        return 2
+    text = f"\n{redact_text(root.traceback.rstrip())}" if root is not None and root.traceback else ""
+    log.error("training failed: %s%s", redact_text(str(exc)), text)
+    return 1
 
 
 def horovodrun_place(environ: Mapping[str, str]) -> Tuple[Optional[int], int]:
@@ -104,7 +126,7 @@ def launch_ranks(config: TrainConfig, launch: LaunchConfig) -> dict:
     each rank's whole output kept under ``OUTPUT/logs`` (:func:`rank_log_dir`). Returns rank 0's report.
 
     Raises:
-        DataError, ValueError, FileNotFoundError, pipelines.storage.StorageError: a refusal (exit 2).
+        pipelines.errors.Refused: a refusal (exit 2): as :func:`check_before_ranks`, the launch's checks.
         HorovodJobFailed, RelaunchImpossible: a rank failed and was not relaunched (exit 1).
     """
     setup_logging("train driver")
@@ -148,7 +170,7 @@ def check_before_ranks(config: TrainConfig, world_size: int):
     Returns the run it would be (a :class:`~pipelines.training.runs.RunIdentity`).
 
     Raises:
-        DataError, ValueError, FileNotFoundError, pipelines.storage.StorageError: as
+        pipelines.errors.Refused (DataError, StorageError, MissingInput ...): as
             :func:`pipelines.training.data.check_run` and :func:`pipelines.training.outputs.check_output`.
         pipelines.training.runs.RunRefused: as :func:`pipelines.training.runs.claim`.
     """
@@ -165,7 +187,7 @@ def fetch_weights(config: TrainConfig) -> None:
 
     Raises:
         pipelines.training.imagenet.WeightsUnavailable: as
-            :func:`pipelines.training.imagenet.ensure_imagenet_weights` (a ``ValueError``: exit 2).
+            :func:`pipelines.training.imagenet.ensure_imagenet_weights` (a refusal: exit 2).
     """
     ensure_imagenet_weights(config.backbone, config.weights)
 

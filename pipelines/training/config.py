@@ -8,6 +8,7 @@ from typing import Dict, Optional, Tuple, Union
 from pipelines import tracking as trk
 from pipelines.config import field, settle_verbose, storage_options_field, verbose_field
 from pipelines.environment import TRACKING_ENV, read_settings
+from pipelines.errors import Refused
 from pipelines.paths import check_url_safe
 from pipelines.storage import check_not_root, is_local
 from pipelines.training.finetune import KERAS_GUIDE_LR_FACTOR
@@ -27,10 +28,10 @@ def profile_range(text: str) -> Union[int, Tuple[int, int]]:
         return 0
     parts = [p.strip() for p in text.split(",")]
     if len(parts) > 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
-        raise ValueError(f"--profile-steps {text}: give FIRST,LAST training steps (integers >= 1), e.g. 10,15")
+        raise Refused(f"--profile-steps {text}: give FIRST,LAST training steps (integers >= 1), e.g. 10,15")
     first, last = int(parts[0]), int(parts[-1])
     if first > last:
-        raise ValueError(f"--profile-steps {text}: FIRST must not exceed LAST")
+        raise Refused(f"--profile-steps {text}: FIRST must not exceed LAST")
     return first, last
 
 
@@ -130,30 +131,30 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
-            raise ValueError(f"--epochs must be >= 1, got {self.epochs}")
+            raise Refused(f"--epochs must be >= 1, got {self.epochs}")
         if self.batch_size < 1:
-            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+            raise Refused(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.threads < 0 or self.reader_workers < 1:
-            raise ValueError(f"--threads must be >= 0 and --reader-workers >= 1, got {self.threads} and "
-                             f"{self.reader_workers}")
+            raise Refused(f"--threads must be >= 0 and --reader-workers >= 1, got {self.threads} and "
+                          f"{self.reader_workers}")
         if self.base_lr <= 0:
-            raise ValueError(f"--base-lr must be positive, got {self.base_lr}")
+            raise Refused(f"--base-lr must be positive, got {self.base_lr}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+            raise Refused(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.warmup_epochs < 0 or self.patience < 0 or self.image_size < 0:
-            raise ValueError("--warmup-epochs, --patience and --image-size must be >= 0")
+            raise Refused("--warmup-epochs, --patience and --image-size must be >= 0")
         profile_range(self.profile_steps)
         if self.profile_steps and not self.tensorboard:
-            raise ValueError("--profile-steps writes into the TensorBoard logs: drop --no-tensorboard")
+            raise Refused("--profile-steps writes into the TensorBoard logs: drop --no-tensorboard")
         if self.xla not in XLA_CHOICES:
-            raise ValueError(f"--xla {self.xla}: choose one of {', '.join(XLA_CHOICES)}")
+            raise Refused(f"--xla {self.xla}: choose one of {', '.join(XLA_CHOICES)}")
         if self.resume and self.overwrite:
-            raise ValueError("--resume continues the run in --output, --overwrite replaces it: give one of them")
+            raise Refused("--resume continues the run in --output, --overwrite replaces it: give one of them")
         from pipelines.training.data import check_reader
 
         self.reader = check_reader(self.reader)
         if self.shuffle_buffer < 1:
-            raise ValueError(f"--shuffle-buffer must be >= 1, got {self.shuffle_buffer}")
+            raise Refused(f"--shuffle-buffer must be >= 1, got {self.shuffle_buffer}")
         self.data = local_or_uri(self.data)
         self.output = local_or_uri(self.output)
         check_not_root(self.output, "--output")  # a run prunes its checkpoints there
@@ -168,8 +169,8 @@ class TrainConfig:
         if self.weights not in ("imagenet", "none"):
             self.weights = os.path.abspath(os.path.expanduser(self.weights))
         if self.cache_dir and not is_local(self.cache_dir):
-            raise ValueError(f"--cache-dir {self.cache_dir}: Petastorm's cache is on each rank's local disk by "
-                             "design; give a local folder (or none: a temporary one)")
+            raise Refused(f"--cache-dir {self.cache_dir}: Petastorm's cache is on each rank's local disk by "
+                          "design; give a local folder (or none: a temporary one)")
         if self.cache_dir:
             self.cache_dir = os.path.abspath(os.path.expanduser(self.cache_dir))
             check_folder_path(self.cache_dir, "--cache-dir")
@@ -181,7 +182,7 @@ class TrainConfig:
         self.tracking, self.tracking_uri = trk.resolve(self.tracking, self.tracking_uri, self.output, self.experiment,
                                                        settings)
         if self.register_model and not self.tracking:
-            raise ValueError(f"--register-model needs tracking: drop --no-tracking (or {TRACKING_ENV}=0)")
+            raise Refused(f"--register-model needs tracking: drop --no-tracking (or {TRACKING_ENV}=0)")
 
 
 def check_folder_path(path: str, option: str) -> None:
@@ -196,7 +197,7 @@ def check_folder_path(path: str, option: str) -> None:
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         what = "is a file" if existing == path else f"lies under the file {existing}"
-        raise ValueError(f"{option} {path} {what}: give a folder (made if missing)")
+        raise Refused(f"{option} {path} {what}: give a folder (made if missing)")
 
 
 def local_or_uri(value: str) -> str:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from pipelines.contract import MANIFEST, SPLITS, TEST, TRAIN, Manifest
+from pipelines.errors import Refused
 from pipelines.logs import plural
 from pipelines.paths import check_url_safe, local_url
 from pipelines.training.arrow_reader import (DataError, RowGroup, ShardCountError, read_group,  # noqa: F401
@@ -46,12 +47,12 @@ def check_reader(reader: str) -> str:
     """
     reader = reader or default_reader()
     if reader not in READERS:
-        raise ValueError(f"--reader {reader}: choose one of {', '.join(READERS)}")
+        raise Refused(f"--reader {reader}: choose one of {', '.join(READERS)}")
     if reader == "petastorm" and not petastorm_available():
         import pyarrow
 
-        raise ValueError(f"--reader petastorm: Petastorm 0.13.1 does not run here (pyarrow {pyarrow.__version__}; it "
-                         "needs pyarrow < 15, and must be installed): use --reader own")
+        raise Refused(f"--reader petastorm: Petastorm 0.13.1 does not run here (pyarrow {pyarrow.__version__}; it "
+                      "needs pyarrow < 15, and must be installed): use --reader own")
     return reader
 
 

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+from pipelines.errors import Refused
 from pipelines.launch.gpus import check_local_gpus
 from pipelines.logs import plural
 
@@ -63,8 +64,8 @@ def choose_device(visible_gpus: Sequence[str], local_rank: int, local_size: int,
     """
     if assigned:
         if not visible_gpus:
-            raise ValueError(f"this rank was given GPU {','.join(assigned)} but TensorFlow sees no GPU "
-                             f"(a CPU-only TensorFlow, or an executor that does not see that GPU)")
+            raise Refused(f"this rank was given GPU {','.join(assigned)} but TensorFlow sees no GPU "
+                          f"(a CPU-only TensorFlow, or an executor that does not see that GPU)")
         return DeviceChoice("gpu", 0, f"GPU {assigned[0]}, assigned by Spark to this task (its only visible GPU)")
     if not visible_gpus:
         return DeviceChoice("cpu", None, "no GPU visible: training on the CPU")
@@ -127,12 +128,12 @@ def rank_cores(local_rank: int, local_size: int, threads: int, available: Sequen
             ``local_size * threads`` exceeding the available cores.
     """
     if threads < 1 or not 0 <= local_rank < local_size:
-        raise ValueError(f"cannot bind local rank {local_rank} of {local_size} to {plural(threads, 'thread')}")
+        raise Refused(f"cannot bind local rank {local_rank} of {local_size} to {plural(threads, 'thread')}")
     cores = sorted(available)
     if local_size * threads > len(cores):
-        raise ValueError(f"{plural(local_size, 'rank')} x {plural(threads, 'thread')}: need "
-                         f"{plural(local_size * threads, 'core')} to bind; this process may use "
-                         f"{plural(len(cores), 'core')} (lower --threads or the number of ranks, or do not bind)")
+        raise Refused(f"{plural(local_size, 'rank')} x {plural(threads, 'thread')}: need "
+                      f"{plural(local_size * threads, 'core')} to bind; this process may use "
+                      f"{plural(len(cores), 'core')} (lower --threads or the number of ranks, or do not bind)")
     return cores[local_rank * threads:(local_rank + 1) * threads]
 
 

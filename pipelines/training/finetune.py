@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from pipelines.errors import Refused
 from pipelines.logs import plural
 
 
@@ -51,13 +52,13 @@ def check_fine_tune(backbone, blocks: int, lr_factor: float, epochs: int = 0) ->
             (0, 1] (phase 2's rate is phase 1's *lowered*), ``epochs`` below 0.
     """
     if not 0 <= blocks <= backbone.blocks:
-        raise ValueError(f"--fine-tune-blocks must be in 0..{backbone.blocks} for backbone {backbone.name} "
-                         f"(it has {plural(backbone.blocks, 'block')}), got {blocks}")
+        raise Refused(f"--fine-tune-blocks must be in 0..{backbone.blocks} for backbone {backbone.name} "
+                      f"(it has {plural(backbone.blocks, 'block')}), got {blocks}")
     if not 0 < lr_factor <= 1:
-        raise ValueError(f"--fine-tune-lr is the factor that lowers phase 1's learning rate: it must be in "
-                         f"(0, 1], got {lr_factor}")
+        raise Refused(f"--fine-tune-lr is the factor that lowers phase 1's learning rate: it must be in "
+                      f"(0, 1], got {lr_factor}")
     if epochs < 0:
-        raise ValueError(f"--fine-tune-epochs must be >= 0, got {epochs}")
+        raise Refused(f"--fine-tune-epochs must be >= 0, got {epochs}")
 
 
 def block_layers(layer_names: Sequence[str], backbone, blocks: int) -> List[str]:

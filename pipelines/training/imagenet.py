@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pipelines.atomic import replacing
+from pipelines.errors import Refused
 
 log = logging.getLogger("pipelines")
 
@@ -53,7 +54,7 @@ IMAGENET = {
 }
 
 
-class WeightsUnavailable(ValueError):
+class WeightsUnavailable(Refused):
     """``--weights imagenet``, and the file is neither in Keras' cache nor could be fetched; the
     message says why and what to do instead (a refusal: exit code 2)."""
 

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from pipelines.contract import MODEL_FILE
+from pipelines.errors import MissingInput, Refused
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ BACKBONES = {
 def backbone_spec(name: str) -> Backbone:
     """The :class:`Backbone` called ``name``. Raises ``ValueError`` naming the known ones."""
     if name not in BACKBONES:
-        raise ValueError(f"unknown backbone {name!r}: one of {', '.join(BACKBONES)}")
+        raise Refused(f"unknown backbone {name!r}: one of {', '.join(BACKBONES)}")
     return BACKBONES[name]
 
 
@@ -47,10 +48,10 @@ def check_backbone(name: str, weights: str, image_size: int = 0) -> Backbone:
     0 = not known yet). Raises ``ValueError`` with the reason; returns the :class:`Backbone`."""
     spec = backbone_spec(name)
     if weights != "none" and not spec.pretrained:
-        raise ValueError(f"backbone {name} has no pretrained weights: use --weights none (got {weights})")
+        raise Refused(f"backbone {name} has no pretrained weights: use --weights none (got {weights})")
     if image_size and image_size < spec.min_size:
-        raise ValueError(f"backbone {name} takes images of at least {spec.min_size} px, got {image_size} "
-                         f"(--image-size, or the ETL's size)")
+        raise Refused(f"backbone {name} takes images of at least {spec.min_size} px, got {image_size} "
+                      f"(--image-size, or the ETL's size)")
     return spec
 
 
@@ -106,7 +107,7 @@ def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights
 
     check_backbone(backbone, weights, image_size)
     if weights not in ("imagenet", "none") and not os.path.isfile(weights):
-        raise FileNotFoundError(f"weights file not found: {weights}")
+        raise MissingInput(f"weights file not found: {weights}")
     keras.utils.set_random_seed(seed)
     base = _build_backbone(backbone, image_size, weights)
     base.trainable = False
@@ -268,7 +269,7 @@ def export_model(model, path: str, stored_size: int = 0, class_names=None):
 
     stored, size = model.input_shape[1], backbone_of(model).input_shape[1]
     if stored_size and stored_size != stored:
-        raise ValueError(f"the model takes {stored} px images, not the data's {stored_size} px")
+        raise Refused(f"the model takes {stored} px images, not the data's {stored_size} px")
     exported = float32_model(keras.Model(model.input, model.output, name=model.name))
     with replacing(path, suffix=".keras", mode=PUBLIC) as tmp:
         exported.save(tmp)

@@ -24,6 +24,7 @@ import tempfile
 from typing import Dict, Mapping, Optional, Tuple
 
 from pipelines.contract import CHECKPOINT_NAME, HISTORY, METRICS, TRAIN_RUN, plain_name
+from pipelines.errors import Refused
 from pipelines.logs import plural
 from pipelines.storage import Location, check_reachable, resolve
 from pipelines.tracking import RUN_FILE
@@ -106,7 +107,7 @@ class Outputs:
             return
         best = marker["early_stopping"]["best_epoch"]
         if not isinstance(best, int) or best < 1:
-            raise ValueError(f"checkpoint marker {marker['_name']}: its best epoch {best!r} is not a number >= 1")
+            raise Refused(f"checkpoint marker {marker['_name']}: its best epoch {best!r} is not a number >= 1")
         names = [os.path.basename(checkpoint_path("", best)), marker_weights(marker, marker["_name"]),
                  *(name for name in RESUME_FILES if self.remote.join(name).exists()),
                  plain_name(marker["_name"], "a marker", CHECKPOINT_NAME)]  # the marker last, as it was written

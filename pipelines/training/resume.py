@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from pipelines.errors import Refused
 from pipelines.logs import plural
 from pipelines.training.config import TrainConfig
 
@@ -79,14 +80,14 @@ def restore(config: TrainConfig, model, rank, frozen_sha256: Optional[str] = Non
             log.info("--resume: no complete checkpoint in %s, starting from epoch 1", config.output)
         return Resume()
     if marker.get("frozen_sha256") != frozen_sha256:
-        raise ValueError(f"--resume: checkpoint {marker['weights']} in {config.output} was trained on other frozen "
-                         f"weights (sha256 {str(marker.get('frozen_sha256'))[:12]}, these are {frozen_sha256[:12]}): "
-                         f"use the same --weights, or start afresh without --resume")
+        raise Refused(f"--resume: checkpoint {marker['weights']} in {config.output} was trained on other frozen "
+                      f"weights (sha256 {str(marker.get('frozen_sha256'))[:12]}, these are {frozen_sha256[:12]}): "
+                      f"use the same --weights, or start afresh without --resume")
     if marker.get("phase", 1) == 2:  # phase 1 is over: fine-tuning loads its own state (fine_tune)
         if marker.get("blocks") != config.fine_tune_blocks:
-            raise ValueError(f"--resume: checkpoint {marker['weights']} in {config.output} is of the fine-tuning "
-                             f"phase with --fine-tune-blocks {marker.get('blocks')}, this run has "
-                             f"{config.fine_tune_blocks}: give the same value, or start afresh without --resume")
+            raise Refused(f"--resume: checkpoint {marker['weights']} in {config.output} is of the fine-tuning "
+                          f"phase with --fine-tune-blocks {marker.get('blocks')}, this run has "
+                          f"{config.fine_tune_blocks}: give the same value, or start afresh without --resume")
         return Resume(marker, history=list(marker["history"]))
     build_optimizer(model)
     best_weights = None

@@ -39,6 +39,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from pipelines.errors import Refused
 from pipelines.logs import plural
 
 log = logging.getLogger("pipelines")
@@ -61,7 +62,7 @@ Column = Tuple[str, str, Tuple[int, ...]]  # name, NumPy dtype string, shape as 
 Piece = Tuple[str, object]  # a column's name and some of its bytes (any bytes-like object), in order
 
 
-class CacheFolderError(ValueError):
+class CacheFolderError(Refused):
     """The cache folder is not this user's own, or what is in it cannot be removed: the message
     names the folder and what to do (bad input: a refusal, exit 2 where it is known before any
     rank starts)."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from pipelines.contract import CHECKPOINT_MARKER, CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, plain_name
+from pipelines.errors import Refused
 from pipelines.logs import plural
 
 
@@ -46,12 +47,12 @@ def plan_steps(train_rows: int, validation_rows: int, batch_size: int, world_siz
             all of it (:func:`pipelines.training.evaluate.exact_validation`), whatever its size.
     """
     if batch_size < 1 or world_size < 1:
-        raise ValueError(f"batch size and world size must be >= 1, got {batch_size} and {world_size}")
+        raise Refused(f"batch size and world size must be >= 1, got {batch_size} and {world_size}")
     global_batch = global_batch_size(batch_size, world_size)
     if train_rows < global_batch:  # validation is the exact one-pass evaluation: any size fits
-        raise ValueError(f"global batch size {global_batch} (--batch-size {batch_size} x "
-                         f"{plural(world_size, 'rank')}) is larger than the train split "
-                         f"({plural(train_rows, 'row')}): lower --batch-size")
+        raise Refused(f"global batch size {global_batch} (--batch-size {batch_size} x "
+                      f"{plural(world_size, 'rank')}) is larger than the train split "
+                      f"({plural(train_rows, 'row')}): lower --batch-size")
     return Steps(global_batch, train_rows // global_batch, validation_rows // global_batch)
 
 
@@ -102,7 +103,7 @@ def marker_weights(marker: Dict, what: str) -> str:
     """
     name = plain_name(marker.get("weights") if isinstance(marker, dict) else None, what, CHECKPOINT_NAME)
     if not name.endswith(".npz"):
-        raise ValueError(f"{what}: the name {name!r} is a marker's, not a checkpoint's weights")
+        raise Refused(f"{what}: the name {name!r} is a marker's, not a checkpoint's weights")
     return name
 
 
