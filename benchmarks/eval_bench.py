@@ -11,15 +11,24 @@ number of classes differs. Timed per ``k``:
   of the images (``--images``, ``--size`` px, batches of ``--batch-size``), then the confusion
   matrix built once (:meth:`~pipelines.training.evaluate.Totals.confusion_matrix`, what the report
   writes);
+* the totals alone: the same bookkeeping (:func:`~pipelines.training.evaluate.batch_totals` a
+  batch, their sum, the matrix) on the model's probabilities computed before the clock, the part
+  of the evaluation that issue 35 made O(batch) a batch (seconds a batch, the one matrix shared
+  out; the argmax still reads ``n x k`` probabilities, so it grows with ``k`` where the model's
+  cost hides it; no goal is set on it);
 * predict's report: :func:`pipelines.predict.metrics.classification_report` of ``--report-rows``
-  labelled predictions (the images' labels and predictions, repeated) against ``k`` class names.
+  labelled predictions (the images' labels and predictions, repeated) against ``k`` class names,
+  the mean of ``--report-calls`` calls a run.
 
-Medians of ``--repeats`` runs, the widths taking turns, each model called once before the clock.
+Each figure is the fastest of ``--repeats`` runs (the one least disturbed by other processes: the
+work is the same every run), the widths taking turns, each model called once before the clock;
+the medians are printed beside them.
 ``--before N`` also times, on the first N batches' probabilities, the per-batch totals of before
-issue 35 (:func:`previous_batch_totals`, a ``k x k`` tuple of tuples a batch). Usage::
+issue 35 (:func:`previous_batch_totals`, a ``k x k`` tuple of tuples a batch) and the report of
+before (:func:`previous_classification_report`, fastest of 3). Usage::
 
     python benchmarks/eval_bench.py [--classes 10,1000,3000] [--images 2048] [--size 32]
-        [--batch-size 32] [--repeats 5] [--report-rows 100000] [--before 4]
+        [--batch-size 32] [--repeats 7] [--report-rows 100000] [--report-calls 20] [--before 4]
 """
 from __future__ import annotations
 
@@ -104,6 +113,13 @@ def timed(fn) -> Tuple[float, object]:
     return time.perf_counter() - start, value
 
 
+def totals_alone(batches) -> np.ndarray:
+    """The evaluation's bookkeeping over ``batches`` of ``(probabilities, labels)``, then the matrix."""
+    from pipelines.training.evaluate import batch_totals, sum_totals
+
+    return sum_totals([batch_totals(probs, labels) for probs, labels in batches]).confusion_matrix()
+
+
 def evaluation(model, dataset):
     """What a run's evaluation costs: :func:`evaluate_dataset`, then the matrix built once."""
     from pipelines.training.evaluate import evaluate_dataset
@@ -113,7 +129,8 @@ def evaluation(model, dataset):
 
 
 def measure(widths: List[int], args) -> Dict[int, Dict[str, float]]:
-    """Median seconds of the evaluation and of the report at each width, the widths taking turns."""
+    """Seconds of the evaluation and of the report at each width (fastest and median of the
+    runs, the widths taking turns) and, with ``--before``, the totals of before a batch."""
     import tensorflow as tf
 
     from pipelines.predict.metrics import classification_report
@@ -129,16 +146,22 @@ def measure(widths: List[int], args) -> Dict[int, Dict[str, float]]:
     true = np.tile(first[widths[0]].true, reps)[:args.report_rows]
     predicted = np.tile(first[widths[0]].predicted, reps)[:args.report_rows]
     names = {k: [f"class{i}" for i in range(k)] for k in widths}
-    seconds = {k: {"evaluation": [], "report": []} for k in widths}
+    outputs = {k: [(models[k](x, training=False).numpy(), y.numpy()) for x, y in dataset] for k in widths}
+    seconds = {k: {"evaluation": [], "totals": [], "report": []} for k in widths}
     for _ in range(args.repeats):
         for k in widths:
             seconds[k]["evaluation"].append(timed(lambda: evaluation(models[k], dataset))[0])
-            seconds[k]["report"].append(timed(lambda: classification_report(true, predicted, names[k]))[0])
-    medians = {k: {what: statistics.median(v) for what, v in s.items()} for k, s in seconds.items()}
+            seconds[k]["totals"].append(timed(lambda: totals_alone(outputs[k]))[0] / len(outputs[k]))
+            seconds[k]["report"].append(timed(lambda: [classification_report(true, predicted, names[k])
+                                                       for _ in range(args.report_calls)])[0] / args.report_calls)
+    figures = {k: {**{what: min(v) for what, v in s.items()},
+                   **{f"{what}_median": statistics.median(v) for what, v in s.items()}} for k, s in seconds.items()}
     if args.before:
         for k in widths:
-            medians[k]["before_per_batch"] = before_per_batch(models[k], dataset, args.before)
-    return medians
+            figures[k]["before_per_batch"] = before_per_batch(models[k], dataset, args.before)
+            figures[k]["before_report"] = min(
+                timed(lambda: previous_classification_report(true, predicted, names[k]))[0] for _ in range(3))
+    return figures
 
 
 def check_same(totals: Dict) -> None:
@@ -161,23 +184,26 @@ def before_per_batch(model, dataset, batches: int) -> float:
     return (time.perf_counter() - start) / len(inputs)
 
 
-def report(medians: Dict[int, Dict[str, float]], args) -> List[str]:
+def report(figures: Dict[int, Dict[str, float]], args) -> List[str]:
     """The table and, for every width after the first, its ratio to the first and the goal."""
-    base_k = next(iter(medians))
+    base_k = next(iter(figures))
     batches = -(-args.images // args.batch_size)
     lines = [f"{args.images} images {args.size}x{args.size}, batch {args.batch_size} ({batches} batches); "
-             f"report of {args.report_rows} labelled rows; medians of {args.repeats} runs, widths taking turns",
-             f"{'classes':>8} {'evaluation s':>13} {'ratio':>7} {'report s':>10} {'ratio':>7}"
-             + (f" {'before: s/batch':>16}" if args.before else "")]
-    for k, m in medians.items():
-        e, r = m["evaluation"] / medians[base_k]["evaluation"], m["report"] / medians[base_k]["report"]
-        lines.append(f"{k:>8} {m['evaluation']:>13.4f} {e:>6.2f}x {m['report']:>10.4f} {r:>6.2f}x"
-                     + (f" {m['before_per_batch']:>16.4f}" if args.before else ""))
-    for k, m in medians.items():
+             f"report of {args.report_rows} labelled rows; fastest (median) of {args.repeats} runs, "
+             "widths taking turns",
+             f"{'classes':>8} {'evaluation s':>16} {'ratio':>7} {'totals s/batch':>18} {'ratio':>7} "
+             f"{'report s':>16} {'ratio':>7}"
+             + (f" {'before: s/batch':>16} {'before: report s':>17}" if args.before else "")]
+    for k, m in figures.items():
+        cells = " ".join(f"{m[what]:>{w}.{d}f} ({m[what + '_median']:.{d}f}) {m[what] / figures[base_k][what]:>6.2f}x"
+                         for what, w, d in (("evaluation", 7, 4), ("totals", 8, 6), ("report", 7, 4)))
+        lines.append(f"{k:>8} {cells}"
+                     + (f" {m['before_per_batch']:>16.4f} {m['before_report']:>17.4f}" if args.before else ""))
+    for k, m in figures.items():
         if k == base_k:
             continue
         for what in ("evaluation", "report"):
-            ratio = m[what] / medians[base_k][what]
+            ratio = m[what] / figures[base_k][what]
             lines.append(f"goal ({what} at {k} classes within {GOAL}x of {base_k}): {ratio:.3f}x, "
                          + ("met" if ratio <= GOAL else "NOT met"))
     return lines
@@ -189,8 +215,10 @@ def main(argv=None) -> int:
     parser.add_argument("--images", type=int, default=2048)
     parser.add_argument("--size", type=int, default=32, help="image side, px")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--report-rows", type=int, default=100_000)
+    parser.add_argument("--report-calls", type=int, default=20,
+                        help="reports a run: a report's seconds are their mean (one takes about a millisecond)")
     parser.add_argument("--before", type=int, default=0, metavar="N",
                         help="also time the totals of before issue 35 on N batches per width")
     args = parser.parse_args(argv)

@@ -42,3 +42,14 @@ def test_time_to_accuracy_benchmark_runs_both_paths(tmp_path):
         assert 0 < float(r["to_best_s"]) <= float(r["wall_s"])
     assert "speed-up of the feature cache:" in stdout and "goal (>= 5x less wall time" in stdout
     assert os.listdir(data / "features")  # the feature path computed its features next to the data
+
+
+def test_eval_benchmark_times_the_evaluation_and_the_report_at_each_width():
+    stdout = _run("eval_bench.py", "--classes", "10,40", "--images", "64", "--repeats", "1", "--report-rows", "200",
+                  "--report-calls", "1", "--before", "1", timeout=300)
+    rows = {line.split()[0]: line.split() for line in stdout.splitlines() if line.split()[:1] in (["10"], ["40"])}
+    assert set(rows) == {"10", "40"} and rows["10"][3] == rows["10"][6] == rows["10"][9] == "1.00x"
+    assert len(rows["40"]) == 12  # the three figures, each with its median and ratio, and the two of before
+    assert "goal (totals" not in stdout  # the bookkeeping alone is shown, its goal is the whole evaluation's
+    for what in ("evaluation", "report"):
+        assert f"goal ({what} at 40 classes within 1.2x of 10): " in stdout

@@ -106,7 +106,7 @@ def test_classification_report_refuses_labels_that_are_not_classes():
         classification_report([0, 3], [0, 1], ["a", "b", "c"])
     with pytest.raises(ValueError, match=r"predicted labels must lie in \[0, 3\); got -1..0"):
         classification_report([0, 1], [-1, 0], ["a", "b", "c"])
-    with pytest.raises(ValueError, match="2 true labels but 1 predicted"):
+    with pytest.raises(ValueError, match="2 true labels but 1 predicted label$"):
         classification_report([0, 1], [0], ["a", "b", "c"])
 
 

@@ -159,7 +159,7 @@ def test_totals_not_counting_the_confusion_add_to_those_that_do():
     both = add(uncounted, counted)
     assert (both.count, both.correct, both.num_classes) == (3, 2, 3)
     assert both.confusion_matrix().tolist() == [[1, 0, 0], [0, 0, 0], [0, 0, 0]]
-    with pytest.raises(ValueError, match=r"cannot add confusions of \[1, 3\] classes"):
+    with pytest.raises(ValueError, match=r"cannot add confusions counted over different numbers of classes: \[1, 3\]"):
         add(counted, batch_totals(np.array([[1.0]]), np.array([0])))
 
 

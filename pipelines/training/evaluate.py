@@ -48,7 +48,7 @@ class Totals:
         k = self.num_classes
         if not k:
             return np.zeros((num_classes, num_classes), np.int64)
-        return np.bincount(self.true * k + self.predicted, minlength=k * k).astype(np.int64).reshape(k, k)
+        return np.bincount(self.true * k + self.predicted, minlength=k * k).astype(np.int64, copy=False).reshape(k, k)
 
     @property
     def loss(self) -> float:
@@ -107,7 +107,7 @@ def sum_totals(parts: List[Totals]) -> Totals:
     counted = [t for t in parts if t.num_classes]
     sizes = {t.num_classes for t in counted}
     if len(sizes) > 1:
-        raise ValueError(f"cannot add confusions of {sorted(sizes)} classes")
+        raise ValueError(f"cannot add confusions counted over different numbers of classes: {sorted(sizes)}")
     pairs = {}
     if counted:
         pairs = dict(num_classes=counted[0].num_classes, true=np.concatenate([t.true for t in counted]),
