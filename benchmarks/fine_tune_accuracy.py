@@ -1,9 +1,11 @@
-"""Test accuracy of the head alone against the fine-tuned model, over seeds, on one sample.
+"""Validation accuracy of the head alone against the fine-tuned model, and the fine-tuned model's
+test accuracy, over seeds, on one sample.
 
 Each seed is one training job (``jobs/train.py --spark-np -NP``: NP local Horovod ranks) with
-``--fine-tune-blocks N``: its ``metrics.json`` holds both figures, measured exactly on the whole
-test split: phase 1's (the head trained on the frozen backbone, ``fine_tune.phase1.test``) and the
-final model's after phase 2 (``test``). Printed per seed, then the mean and the sample standard
+``--fine-tune-blocks N``: its ``metrics.json`` holds phase 1's exact validation figures (the head
+trained on the frozen backbone, ``fine_tune.phase1.validation``: the comparison the phase choice
+makes), the fine-tuned model's at its best epoch (``validation``) and, read once after phase 2, its
+exact test figures (``test``). The head alone has no test figure: the test split is read once. Printed per seed, then the mean and the sample standard
 deviation over seeds; written to ``--csv``. Any further option is passed to ``jobs/train.py``
 as it is (e.g. ``--feature-cache``, ``--image-size 160``, ``--fine-tune-lr 0.1``).
 
@@ -55,16 +57,18 @@ def main(argv=None) -> int:
         with open(os.path.join(out, "metrics.json")) as f:
             m = json.load(f)
         phase1 = m["fine_tune"]["phase1"]
-        rows.append({"seed": seed, "head_only_accuracy": phase1["test"]["accuracy"],
-                     "fine_tuned_accuracy": m["test"]["accuracy"], "test_count": m["test"]["count"],
+        rows.append({"seed": seed, "head_only_val_accuracy": phase1["validation"]["accuracy"],
+                     "fine_tuned_val_accuracy": m["validation"]["accuracy"],
+                     "fine_tuned_test_accuracy": m["test"]["accuracy"], "test_count": m["test"]["count"],
                      "phase1_epochs": phase1["epochs"], "epochs": m["epochs_run"], "best_epoch": m["best_epoch"],
                      "fit_seconds": round(m["fit_seconds"], 1), "total_seconds": round(m["total_seconds"], 1)})
-    print(f"\n{'seed':>4s} {'head only':>9s} {'fine-tuned':>10s} {'test n':>6s} {'phase 1 ep':>10s} "
+    print(f"\n{'seed':>4s} {'head val':>8s} {'tuned val':>9s} {'tuned test':>10s} {'test n':>6s} {'phase 1 ep':>10s} "
           f"{'epochs':>6s} {'best':>4s} {'total s':>8s}")
     for r in rows:
-        print(f"{r['seed']:4d} {r['head_only_accuracy']:9.4f} {r['fine_tuned_accuracy']:10.4f} {r['test_count']:6d} "
+        print(f"{r['seed']:4d} {r['head_only_val_accuracy']:8.4f} {r['fine_tuned_val_accuracy']:9.4f} "
+              f"{r['fine_tuned_test_accuracy']:10.4f} {r['test_count']:6d} "
               f"{r['phase1_epochs']:10d} {r['epochs']:6d} {r['best_epoch']:4d} {r['total_seconds']:8.1f}")
-    for key in ("head_only_accuracy", "fine_tuned_accuracy"):
+    for key in ("head_only_val_accuracy", "fine_tuned_val_accuracy", "fine_tuned_test_accuracy"):
         mean, spread = summary([r[key] for r in rows])
         print(f"{key}: mean {mean:.4f}, standard deviation {spread:.4f} over {len(rows)} seeds")
     path = args.csv or os.path.join(args.workdir, "fine_tune_accuracy.csv")

@@ -34,9 +34,16 @@ from pipelines.errors import Refused
 MANIFEST = "manifest.json"
 REJECTED_LIST = "rejected.jsonl"
 RUNS = "runs"  # OUTPUT/runs/<run id>/: one ETL run's files
-TRAIN, TEST = "train", "test"
-SPLITS = (TRAIN, TEST)
-MANIFEST_FORMAT = 2
+# The three splits, each stratified by class, seeded and deterministic (pipelines/etl/labels.py):
+# training fits on TRAIN, chooses its epoch (early stopping, best weights, fine-tuning's start) on
+# VALIDATION only, and reads TEST once, after training, for the figure it reports.
+TRAIN, VALIDATION, TEST = "train", "validation", "test"
+SPLITS = (TRAIN, VALIDATION, TEST)
+EVALUATED = (VALIDATION, TEST)  # read whole, every row once (the training reads TRAIN in a loop)
+# Format 3: the VALIDATION split. A format-2 manifest (train and test only) still reads
+# (Manifest.from_dict, batch inference on its splits) but never trains: selecting an epoch on its
+# test split would report a figure chosen on the data it is reported on (pipelines/training/data.py).
+MANIFEST_FORMAT = 3
 
 # A training run's output folder (``jobs/train.py --output``), which batch inference reads a model
 # from: the names stated once. MODEL_SHA256 is model.json's key holding the hex sha256 of the bytes of
@@ -162,7 +169,9 @@ class Manifest:
         num_classes: labels are ``0 .. num_classes - 1``.
         class_names: name of each label (``None`` for a number no folder used).
         rows_per_row_group: rows of every row group but each file's last.
-        splits: ``{"train": SplitInfo, "test": SplitInfo}``.
+        splits: ``{split: SplitInfo}`` for each of :data:`SPLITS` the manifest holds (a format-2
+            manifest has no ``validation``).
+        format_version: the manifest's ``format_version`` (1 when absent).
     """
 
     image_size: int
@@ -171,6 +180,7 @@ class Manifest:
     rows_per_row_group: int
     splits: Dict[str, SplitInfo]
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    format_version: int = MANIFEST_FORMAT
 
     _TYPED = ("format_version", "image", "num_classes", "class_names", "rows_per_row_group", "splits")
 
@@ -185,12 +195,13 @@ class Manifest:
         return cls(image_size=int(value["image"]["height"]), num_classes=int(value["num_classes"]),
                    class_names=list(value["class_names"]), rows_per_row_group=int(value["rows_per_row_group"]),
                    splits={s: SplitInfo(**{k: v for k, v in value["splits"][s].items() if k in fields})
-                           for s in SPLITS},
-                   extra={k: v for k, v in value.items() if k not in cls._TYPED})
+                           for s in SPLITS if s != VALIDATION or s in value["splits"]},
+                   extra={k: v for k, v in value.items() if k not in cls._TYPED},
+                   format_version=int(value.get("format_version", 1)))
 
     def to_dict(self) -> Dict[str, Any]:
         """The JSON object: format version, image, classes, row groups, splits, then ``extra``."""
-        return {"format_version": MANIFEST_FORMAT,
+        return {"format_version": self.format_version,
                 "image": {"height": self.image_size, "width": self.image_size, "channels": 3, "dtype": "uint8",
                           "layout": "HWC", "column": "image"},
                 "num_classes": self.num_classes, "class_names": self.class_names,

@@ -91,7 +91,8 @@ def history_frame(report: Dict):
 
 def summary_table(reports: Dict[str, Dict]):
     """One row per run: world size, global batch, learning rate, epochs, seconds per epoch,
-    steady-state training images/s and exact test accuracy."""
+    steady-state training images/s, the exact validation accuracy of the epoch it chose and the exact
+    test accuracy (the test split read once, after training)."""
     import pandas as pd
 
     rows = []
@@ -102,8 +103,13 @@ def summary_table(reports: Dict[str, Dict]):
                      "learning rate": r["learning_rate"], "epochs": r["epochs_run"], "best epoch": r["best_epoch"],
                      "s / epoch": round(float(steady.mean()), 2),
                      "train images/s": round(r["train_images_per_second"] or 0.0, 1),
+                     "best validation accuracy": _rounded((r.get("validation") or {}).get("accuracy")),
                      "test accuracy": round(r["test"]["accuracy"], 4)})
     return pd.DataFrame(rows).set_index("run")
+
+
+def _rounded(value):
+    return None if value is None else round(value, 4)
 
 
 def plot_curves(reports: Dict[str, Dict]):

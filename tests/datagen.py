@@ -34,16 +34,21 @@ def write_split(split_dir: str, groups_per_file: Sequence[int], size: int, first
 
 
 def write_dataset(root: str, train_groups: Sequence[int], test_groups: Sequence[int], size: int = 4,
-                  rows_per_group: int = 1) -> dict:
-    """A minimal ETL output (manifest + splits of row groups of ``rows_per_group`` rows, one by
-    default) whose labels are row ids."""
+                  rows_per_group: int = 1, validation_groups: Sequence[int] = None) -> dict:
+    """A minimal ETL output (manifest + train, test and validation splits of row groups of
+    ``rows_per_group`` rows, one by default) whose labels are row ids: train's first, then test's,
+    then validation's (laid out as ``test_groups`` unless ``validation_groups`` says)."""
     next_id = write_split(os.path.join(root, "train"), train_groups, size, rows_per_group=rows_per_group)
-    last_id = write_split(os.path.join(root, "test"), test_groups, size, first_id=next_id,
+    test_end = write_split(os.path.join(root, "test"), test_groups, size, first_id=next_id,
+                           rows_per_group=rows_per_group)
+    validation_groups = test_groups if validation_groups is None else validation_groups
+    last_id = write_split(os.path.join(root, "validation"), validation_groups, size, first_id=test_end,
                           rows_per_group=rows_per_group)
     manifest = {"image": {"height": size, "width": size, "channels": 3}, "num_classes": last_id,
                 "class_names": [str(i) for i in range(last_id)], "rows_per_row_group": rows_per_group,
                 "splits": {"train": {"rows": next_id, "row_groups": sum(train_groups)},
-                           "test": {"rows": last_id - next_id, "row_groups": sum(test_groups)}}}
+                           "test": {"rows": test_end - next_id, "row_groups": sum(test_groups)},
+                           "validation": {"rows": last_id - test_end, "row_groups": sum(validation_groups)}}}
     with open(os.path.join(root, "manifest.json"), "w") as f:
         json.dump(manifest, f)
     return manifest

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.contract import Manifest, manifest_sha256
+from pipelines.contract import SPLITS, Manifest, manifest_sha256
 from pipelines.etl.cli import main as etl_main
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
@@ -47,6 +47,7 @@ def submitted(tree, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("etl") / "out")
     cmd = [os.path.join(BIN, "spark-submit"), "--master", "local[2]", os.path.join(REPO, "jobs", "etl.py"),
            "--input", root, "--output", out, "--image-size", str(SIZE), "--test-fraction", "0.3",
+           "--validation-fraction", "0.25",
            "--min-row-groups", "4", "--tracking"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -99,7 +100,7 @@ def test_rows_bytes_labels_and_disjoint_splits(tree, submitted):
     root, expected = tree
     out, manifest, _ = submitted
     train, test = read_rows(out, "train"), read_rows(out, "test")
-    assert len(train) + len(test) == expected["good"]
+    assert len(train) + len(test) + manifest["splits"]["validation"]["rows"] == expected["good"]
     assert {r["path"] for r in train}.isdisjoint({r["path"] for r in test})
     assert 0.1 < len(test) / expected["good"] < 0.5
     for row in train + test:
@@ -108,11 +109,15 @@ def test_rows_bytes_labels_and_disjoint_splits(tree, submitted):
         assert row["label"] == int(folder[:3]) - 1 and row["label_name"] == folder[4:]
         assert row["height"] > 0 and row["width"] > 0
     assert manifest["class_names"] == ["class0", "class1", "class2"] and manifest["layout"] == "caltech"
-    assert manifest["classes_not_in_both_splits"] == []
+    assert manifest["classes_not_in_every_split"] == []
+    validation = read_rows(out, "validation")
+    assert {r["label"] for r in validation} == {0, 1, 2}  # every class chooses the epoch
+    assert not {r["path"] for r in validation} & {r["path"] for r in train + test}
+    assert (manifest["validation_fraction"], manifest["format_version"]) == (0.25, 3)
     assert {r["label"] for r in test} == {0, 1, 2}  # stratified: every class is evaluated
     assert manifest["splits"]["train"]["rows"] == len(train)
     assert sum(manifest["splits"]["test"]["per_class"]) == len(test)
-    by_name = {os.path.basename(r["path"]): r for r in train + test}
+    by_name = {os.path.basename(r["path"]): r for r in train + validation + test}
     cmyk = np.frombuffer(by_name["cmyk.jpg"]["image"], np.uint8).reshape(SIZE, SIZE, 3)
     assert np.abs(cmyk[SIZE // 2, SIZE // 2].astype(int) - (255, 0, 0)).max() <= 3
     grey = np.frombuffer(by_name["grey.jpg"]["image"], np.uint8).reshape(SIZE, SIZE, 3)
@@ -124,7 +129,7 @@ def test_row_groups_are_bounded_and_enough_for_the_declared_world_size(submitted
     out, manifest, _ = submitted
     rpg = manifest["rows_per_row_group"]
     counted = {}
-    for split in ("train", "test"):
+    for split in SPLITS:
         groups = []
         for name in split_files(out, split):
             meta = pq.ParquetFile(name).metadata
@@ -143,7 +148,7 @@ def test_rerun_gives_the_same_split_and_overwrites_cleanly(tree, submitted, spar
     root, _ = tree
     out, manifest, _ = submitted
     config = ETLConfig(input=root, output=str(tmp_path / "again"), image_size=SIZE, test_fraction=0.3,
-                       min_row_groups=4)
+                       validation_fraction=0.25, min_row_groups=4)
     first = run_etl(config, spark=spark)
     # the rerun reads a copy of the tree elsewhere, cut into another number of tasks: the split
     # depends on the seed and each file's path relative to the root, nothing else
@@ -151,10 +156,12 @@ def test_rerun_gives_the_same_split_and_overwrites_cleanly(tree, submitted, spar
     second = run_etl(dataclasses.replace(config, input=copy, num_partitions=3), spark=spark)
     assert first["run_id"] < second["run_id"]
     assert first["config"]["num_partitions"] == 0 and second["config"]["num_partitions"] == 3
-    for split in ("train", "test"):
+    for split in SPLITS:
         paths = lambda d: sorted(r["path"] for r in read_rows(d, split, ["path"]))
         assert paths(config.output) == [os.path.join(copy, os.path.relpath(p, root)) for p in paths(out)]
-        assert len(split_files(config.output, split)) == second["splits"][split]["files"] == 3  # one per task
+        # one per task that has rows of the split (the small validation split may miss a task)
+        assert len(split_files(config.output, split)) == second["splits"][split]["files"] <= 3
+        assert split != "train" or second["splits"][split]["files"] == 3
         assert all(p.startswith(f"runs/{second['run_id']}/{split}/") for p in second["splits"][split]["parts"])
     assert {k: v for k, v in second["files"].items() if k != "list"} == \
         {k: v for k, v in first["files"].items() if k != "list"} == \
@@ -172,7 +179,7 @@ def test_a_format_1_output_is_replaced_and_its_folders_removed(spark, tmp_path):
     open(os.path.join(out, "rejected.jsonl"), "w").close()
     manifest = run_etl(ETLConfig(input=root, output=out, image_size=8, min_row_groups=1), spark)
     assert sorted(os.listdir(out)) == ["manifest.json", "runs"]
-    assert len(read_rows(out, "train")) + len(read_rows(out, "test")) == manifest["files"]["written"] == 6
+    assert sum(len(read_rows(out, split)) for split in SPLITS) == manifest["files"]["written"] == 6
 
 
 def test_another_seed_gives_another_split(tree, spark, tmp_path):
@@ -283,7 +290,7 @@ def test_formats_are_read_by_content_whatever_the_extension(spark, tmp_path):
     write(os.path.join(folder, "drawing.eps"), EPS)
     out = str(tmp_path / "out")
     manifest = run_etl(ETLConfig(input=root, output=out, image_size=16, min_row_groups=1), spark)
-    rows = {os.path.basename(r["path"]): r for split in ("train", "test") for r in read_rows(out, split)}
+    rows = {os.path.basename(r["path"]): r for split in SPLITS for r in read_rows(out, split)}
     assert set(good) < set(rows) and manifest["files"]["written"] == 4 + len(good)
     for name in good:
         image = np.frombuffer(rows[name]["image"], np.uint8).reshape(16, 16, 3)
@@ -336,7 +343,7 @@ def test_non_ascii_names_are_all_written_under_the_c_locale(unicode_tree, tmp_pa
     with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
         manifest = json.load(f)
     assert manifest["class_names"] == [folder[4:] for folder in UNICODE_TREE]
-    rows = read_rows(out, "train") + read_rows(out, "test")
+    rows = [r for split in SPLITS for r in read_rows(out, split)]
     assert sorted(os.path.relpath(r["path"], unicode_tree) for r in rows) == \
         sorted(f"{folder}/{name}" for folder, names in UNICODE_TREE.items() for name in names)
     for row in rows:
@@ -412,7 +419,7 @@ def test_a_huge_file_is_rejected_and_never_stops_the_job(spark, tmp_path):
         files = json.load(f)["files"]
     assert (files["found"], files["written"], files["rejected"]) == (10, 9, 1)
     assert read_ledger(out)["huge.jpg"]["reason"].startswith("not a supported raster image")
-    paths = {os.path.relpath(r["path"], root) for split in ("train", "test") for r in read_rows(out, split)}
+    paths = {os.path.relpath(r["path"], root) for split in SPLITS for r in read_rows(out, split)}
     assert "002.class1/padded.jpg" in paths and len(paths) == 9
 
 
@@ -455,17 +462,18 @@ def test_candidates_are_spread_deterministically_and_row_groups_mix_classes(tree
     from pipelines.etl.labels import split_class
     root, _ = tree
     out, manifest, _ = submitted
-    config = ETLConfig(input=root, output=out, image_size=SIZE, test_fraction=0.3, min_row_groups=4)
+    config = ETLConfig(input=root, output=out, image_size=SIZE, test_fraction=0.3, validation_fraction=0.25,
+                       min_row_groups=4)
     first, second = plan(config), plan(config)
     assert first.candidates == second.candidates
     assert [c.path for c in first.candidates] != sorted(c.path for c in first.candidates)
     for label in {c.label for c in first.candidates}:
         mine = [c for c in first.candidates if c.label == label]
-        test = split_class([os.path.relpath(c.path, root) for c in mine], 42, 0.3)
-        assert {c.path for c in mine if c.split == "test"} == {os.path.join(root, p) for p in test}
+        splits = split_class([os.path.relpath(c.path, root) for c in mine], 42, 0.3, 0.25)
+        assert {c.path: c.split for c in mine} == {os.path.join(root, p): s for p, s in splits.items()}
     assert first.expected_rows["test"] == sum(c.split == "test" for c in first.candidates)
     mixed = 0
-    for split in ("train", "test"):
+    for split in SPLITS:
         for name in split_files(out, split):
             parquet = pq.ParquetFile(name)
             for i in range(parquet.metadata.num_row_groups):
@@ -492,24 +500,25 @@ def test_plain_folders_get_labels_by_sorted_name_and_every_class_a_test_row(plai
         config = ETLConfig(input=root, output=str(tmp_path / f"p{partitions}"), image_size=8, test_fraction=0.1,
                            min_row_groups=1, num_partitions=partitions)
         runs[partitions] = (run_etl(config, spark), {split: read_rows(config.output, split)
-                                                     for split in ("train", "test")})
+                                                     for split in SPLITS})
     manifest, rows = runs[1]
     assert manifest["layout"] == "folders" and manifest["class_names"] == ["class0", "class1", "class2", "zebra"]
     files = manifest["files"]
     assert files["written"] == expected["good"] + 1
     assert files["found"] == sum(len(names) for _, _, names in os.walk(root))  # counted apart from the job
     assert (files["rejected"], files["skipped"]) == (len(expected["rejected"]), len(expected["skipped"]))
-    for row in rows["train"] + rows["test"]:
+    for row in rows["train"] + rows["validation"] + rows["test"]:
         folder = os.path.relpath(row["path"], root).split("/")[0]
         assert (row["label"], row["label_name"]) == (["class0", "class1", "class2", "zebra"].index(folder), folder)
     assert {r["label"] for r in rows["test"]} == {0, 1, 2}  # every class with >= 2 images
-    assert [r["label_name"] for r in rows["train"] + rows["test"] if r["label"] == 3] == ["zebra"]
-    assert manifest["classes_not_in_both_splits"] == [{"label": 3, "name": "zebra", "train": 1, "test": 0}]
-    assert "WARNING: 1 class has too few images to be in both splits" in format_summary(manifest)
-    assert "'zebra' (1 train, 0 test)" in format_summary(manifest)
+    assert [r["label_name"] for r in rows["train"] + rows["validation"] + rows["test"] if r["label"] == 3] == ["zebra"]
+    assert manifest["classes_not_in_every_split"] == [
+        {"label": 3, "name": "zebra", "train": 1, "validation": 0, "test": 0}]
+    assert "WARNING: 1 class is not in every split (a class of 1 file only trains" in format_summary(manifest)
+    assert "'zebra' (1 train, 0 validation, 0 test)" in format_summary(manifest)
     # the split is the driver's: another partitioning writes exactly the same rows to each split
     other, other_rows = runs[3]
-    for split in ("train", "test"):
+    for split in SPLITS:
         assert sorted(r["path"] for r in other_rows[split]) == sorted(r["path"] for r in rows[split])
         assert other["splits"][split]["per_class"] == manifest["splits"][split]["per_class"]
 
@@ -584,7 +593,7 @@ def test_a_run_that_fills_the_disk_removes_its_files_so_a_rerun_that_fits_commit
         run_etl(cfg(128), spark)
     assert open(os.path.join(out, "manifest.json"), "rb").read() == committed
     assert os.listdir(os.path.join(out, "runs")) == [first["run_id"]]  # the failed run's prefix is gone
-    assert len(read_rows(out, "train")) + len(read_rows(out, "test")) == expected["good"]
+    assert sum(len(read_rows(out, split)) for split in SPLITS) == expected["good"]
     free = shutil.disk_usage(small_disk).free
     assert free > 0.9 * 2**20, free
     third = run_etl(cfg(64), spark)
@@ -633,10 +642,10 @@ def test_only_the_files_of_successful_task_attempts_are_kept(tree, tmp_path):
         failed = f.read().split()
     assert failed, "no attempt failed: the hook did not run"
     manifest = Manifest.read(out)
-    named = {p.path for split in ("train", "test") for p in manifest.part_locations(out, split)}
+    named = {p.path for split in SPLITS for p in manifest.part_locations(out, split)}
     on_disk = {os.path.join(folder, name) for folder, _, names in os.walk(os.path.join(out, "runs"))
                for name in names if name.endswith(".parquet")}
     assert on_disk == named and not set(failed) & on_disk
     assert any(os.path.basename(p).startswith("part-00000-") for p in named)  # partition 0's retry
-    paths = [r["path"] for split in ("train", "test") for r in read_rows(out, split, ["path"])]
+    paths = [r["path"] for split in SPLITS for r in read_rows(out, split, ["path"])]
     assert len(paths) == len(set(paths)) == expected["good"] == manifest.extra["files"]["written"]

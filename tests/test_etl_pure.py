@@ -103,18 +103,26 @@ def test_test_count_per_class(n, fraction, expected):
     assert n_test(n, fraction) == expected
 
 
+def _of(splits, name):
+    return {p for p, s in splits.items() if s == name}
+
+
 def test_split_is_stratified_deterministic_and_independent_of_order():
     one = ["001.c/a.jpg"]
-    assert split_class(one, 42, 0.5) == frozenset()  # a lone file trains
+    assert split_class(one, 42, 0.5, 0.1) == {"001.c/a.jpg": "train"}  # a lone file trains
     two = ["001.c/a.jpg", "001.c/b.jpg"]
-    assert len(split_class(two, 42, 0.1)) == 1
+    assert sorted(split_class(two, 42, 0.1, 0.1).values()) == ["test", "train"]  # no validation file
+    three = ["001.c/a.jpg", "001.c/b.jpg", "001.c/c.jpg"]
+    assert sorted(split_class(three, 42, 0.1, 0.1).values()) == ["test", "train", "validation"]
     ten = [f"001.c/{i}.jpg" for i in range(10)]
-    test = split_class(ten, 42, 0.3)
-    assert len(test) == 3 and test < set(ten)
-    assert split_class(list(reversed(ten)), 42, 0.3) == test == split_class(ten + ten[:4], 42, 0.3)
-    # pinned: the ranking is sha256(f"{seed}:{path}"); a change of rule must show here
-    assert sorted(test) == sorted(sorted(ten, key=lambda p: hashlib.sha256(f"42:{p}".encode()).digest())[:3])
-    assert any(split_class(ten, seed, 0.3) != test for seed in range(1, 5))
+    splits = split_class(ten, 42, 0.3, 0.2)
+    test, validation = _of(splits, "test"), _of(splits, "validation")
+    assert len(test) == 3 and len(validation) == 2 and not test & validation and set(splits) == set(ten)
+    assert split_class(list(reversed(ten)), 42, 0.3, 0.2) == splits == split_class(ten + ten[:4], 42, 0.3, 0.2)
+    # pinned: the ranking is sha256(f"{seed}:{path}"): test first, then validation, the rest train
+    ranked = sorted(ten, key=lambda p: hashlib.sha256(f"42:{p}".encode()).digest())
+    assert test == set(ranked[:3]) and validation == set(ranked[3:5])
+    assert any(split_class(ten, seed, 0.3, 0.2) != splits for seed in range(1, 5))
 
 
 @pytest.mark.parametrize("seed, fraction, expected", [
@@ -123,22 +131,40 @@ def test_split_is_stratified_deterministic_and_independent_of_order():
 def test_split_is_pinned_to_hand_recorded_values(seed, fraction, expected):
     # Recorded once from the rule (sha256 of "seed:relative path"); a change of the rule, of the
     # rounding of round(fraction * n) or of path handling moves files between splits, and shows here.
+    # The test files are those of the two-split ETL these values were recorded with, whatever the
+    # validation fraction (the test split is served first).
     paths = [f"001.cat/img_{i:02d}.jpg" for i in range(10)]
-    assert split_class(paths, seed, fraction) == {paths[i] for i in expected}
+    for validation_fraction in (0.1, 0.2):
+        assert _of(split_class(paths, seed, fraction, validation_fraction), "test") == {paths[i] for i in expected}
 
 
-def test_stratified_split_keeps_every_class_in_both_splits():
+@pytest.mark.parametrize("n, validation_fraction, test_fraction, expected", [
+    (0, 0.1, 0.1, (0, 0, 0)), (1, 0.1, 0.1, (1, 0, 0)), (2, 0.1, 0.1, (1, 0, 1)), (3, 0.1, 0.1, (1, 1, 1)),
+    (3, 0.45, 0.45, (1, 1, 1)), (4, 0.1, 0.1, (2, 1, 1)), (10, 0.1, 0.1, (8, 1, 1)), (10, 0.2, 0.3, (5, 2, 3)),
+    (100, 0.1, 0.2, (70, 10, 20)), (18, 0.2, 0.3, (9, 4, 5)), (5, 0.49, 0.49, (1, 2, 2)),
+])
+def test_split_sizes_serve_test_then_validation_and_always_train(n, validation_fraction, test_fraction, expected):
+    from pipelines.etl.labels import split_sizes
+
+    assert split_sizes(n, validation_fraction, test_fraction) == expected
+    assert sum(expected) == n
+
+
+def test_stratified_split_keeps_every_class_in_every_split_it_can():
     from pipelines.etl.job import assign_splits
+    from pipelines.etl.labels import split_sizes
     from pipelines.etl.listing import ListedFile
     sizes = {0: 1, 1: 2, 2: 3, 3: 10, 4: 57}
     files = [ListedFile(f"/r/{c:03d}.c/{i}.jpg", f"{c:03d}.c/{i}.jpg", 1) for c, n in sizes.items() for i in range(n)]
     labels = {f.path: int(f.relative_path[:3]) for f in files}
-    splits = assign_splits(files, labels, 42, 0.1)
-    assert set(splits) == {f.path for f in files} and set(splits.values()) == {"train", "test"}
+    splits = assign_splits(files, labels, 42, 0.1, 0.1)
+    assert set(splits) == {f.path for f in files} and set(splits.values()) == {"train", "validation", "test"}
     for c, n in sizes.items():
-        test = sum(splits[p] == "test" for p, label in labels.items() if label == c)
-        assert test == n_test(n, 0.1) and (test >= 1) == (n >= 2) and test <= max(n - 1, 0)
-    assert assign_splits(list(reversed(files)), labels, 42, 0.1) == splits
+        mine = [splits[p] for p, label in labels.items() if label == c]
+        counts = tuple(mine.count(s) for s in ("train", "validation", "test"))
+        assert counts == split_sizes(n, 0.1, 0.1) and counts[0] >= 1
+        assert (counts[1] >= 1) == (n >= 3) and (counts[2] >= 1) == (n >= 2)
+    assert assign_splits(list(reversed(files)), labels, 42, 0.1, 0.1) == splits
 
 
 @pytest.mark.parametrize("path, hidden", [
@@ -415,14 +441,17 @@ def test_summary_names_the_classes_missing_from_a_split():
     from pipelines.etl.job import format_summary
     split = {"rows": 1, "row_groups": 1, "mean_row_group_bytes": 0, "mean_row_group_bytes_compressed": 0}
     manifest = {"image": {"height": 8}, "num_classes": 14, "layout": "folders", "max_world_size": 1,
-                "min_row_groups": 1, "splits": {"train": split, "test": split}, "images_per_second": 1.0,
+                "min_row_groups": 1, "splits": {"train": split, "validation": split, "test": split},
+                "images_per_second": 1.0,
                 "seconds": 1.0, "files": {"found": 1, "written": 1, "rejected": 0, "skipped": 0, "reasons": {}},
-                "classes_not_in_both_splits": []}
+                "classes_not_in_every_split": []}
     assert "WARNING" not in format_summary(manifest) and "folders layout" in format_summary(manifest)
-    manifest["classes_not_in_both_splits"] = [{"label": i, "name": f"c{i}", "train": 1, "test": 0} for i in range(12)]
+    manifest["classes_not_in_every_split"] = [{"label": i, "name": f"c{i}", "train": 1, "validation": 0, "test": 0}
+                                              for i in range(12)]
     text = format_summary(manifest)
-    assert "WARNING: 12 classes have too few images to be in both splits" in text
-    assert "0 'c0' (1 train, 0 test)" in text and "'c10'" not in text and "and 2 more" in text
+    assert "WARNING: 12 classes are not in every split (a class of 1 file only trains; of 2 files" in text
+    assert "0 'c0' (1 train, 0 validation, 0 test)" in text and "'c10'" not in text and "and 2 more" in text
+    assert "  validation: 1 row in 1 row group" in text
 
 
 def test_run_ids_sort_by_time_and_a_clean_up_keeps_newer_runs(tmp_path):
@@ -514,14 +543,15 @@ def test_an_output_with_foreign_data_is_refused(tmp_path):
 
 @pytest.mark.parametrize("train_groups, test_groups", [(5, 1), (3, 7), (4, 4), (1, 9)])
 def test_the_largest_world_size_is_the_train_splits_row_groups(tmp_path, train_groups, test_groups):
-    """Ranks shard the train split by row group and the test split by rows where they outnumber its
-    row groups (training/data.py OnePassShard), so the test split never limits the world size."""
+    """Ranks shard the train split by row group and the evaluated splits by rows where they outnumber
+    their row groups (training/data.py OnePassShard), so those never limit the world size."""
     from pipelines.etl.job import Plan, SplitStats, _manifest, format_summary
     config = ETLConfig(input=str(tmp_path / "in"), output=str(tmp_path / "out"), image_size=8, min_row_groups=4)
     the_plan = Plan(files=[], outcomes={}, classes={0: "a"}, expected_rows={}, rows_per_row_group=2, layout="folders")
     stats = {"train": SplitStats(rows=2 * train_groups, row_groups=train_groups, per_class={0: 2 * train_groups}),
-             "test": SplitStats(rows=2 * test_groups, row_groups=test_groups, per_class={0: 2 * test_groups})}
-    manifest = _manifest(config, the_plan, stats, {}, {}, "4.0", 1.0, {"train": [], "test": []},
+             "test": SplitStats(rows=2 * test_groups, row_groups=test_groups, per_class={0: 2 * test_groups}),
+             "validation": SplitStats(rows=2 * test_groups, row_groups=test_groups, per_class={0: 2 * test_groups})}
+    manifest = _manifest(config, the_plan, stats, {}, {}, "4.0", 1.0, {"train": [], "validation": [], "test": []},
                          "rejected.jsonl").to_dict()
     assert manifest["max_world_size"] == train_groups
     manifest.update(images_per_second=1.0, seconds=1.0)

@@ -1,7 +1,8 @@
-"""Each epoch's validation is the exact evaluation of the whole test split (every image once,
-summed over ranks), and no world size is refused for the test split: 16 ranks under horovodrun on
-the CPU, the tiny backbone, a test split of 3 row groups (sharded by rows) and 6 rows (fewer than
-the ranks: some evaluate nothing)."""
+"""Each epoch's validation is the exact evaluation of the whole validation split (every image once,
+summed over ranks), never of the test split, which is read once, after training; and no world size
+is refused for an evaluated split: 16 ranks under horovodrun on the CPU, the tiny backbone, a test
+split of 3 row groups (sharded by rows) and 6 rows, a validation split of 4 row groups and 8 rows
+(fewer than the ranks: some evaluate nothing)."""
 import json
 import os
 import subprocess
@@ -28,10 +29,11 @@ def horovodrun(np_, data, output, *args, timeout=900):
 @pytest.fixture(scope="module")
 def sixteen_ranks(tmp_path_factory):
     """One run: 16 ranks, 2 epochs, train 16 row groups of 2 rows (32 rows, a global batch of 32),
-    test 6 rows in 3 row groups; the default reader (the other is test_two_ranks_... below)."""
+    test 6 rows in 3 row groups, validation 8 rows in 4; the default reader (the other is
+    test_two_ranks_... below)."""
     base = tmp_path_factory.mktemp("sixteen")
     data = str(base / "etl")
-    write_dataset(data, train_groups=[16], test_groups=[1, 2], size=32, rows_per_group=2)
+    write_dataset(data, train_groups=[16], test_groups=[1, 2], size=32, rows_per_group=2, validation_groups=[2, 2])
     manifest = json.load(open(os.path.join(data, "manifest.json")))
     assert manifest["splits"]["test"]["row_groups"] == 3 and manifest["splits"]["test"]["rows"] == 6
     proc = horovodrun(RANKS, data, str(base / "out"), "--batch-size", "2", "--epochs", "2", "--patience", "5",
@@ -47,21 +49,24 @@ def test_sixteen_ranks_train_on_a_test_split_of_fewer_row_groups_and_rows(sixtee
     assert_exact_test_count(report, data)
 
 
-def test_each_epochs_validation_is_the_exact_test_evaluation(sixteen_ranks):
-    """The best epoch's val_accuracy and val_loss are the reported test accuracy and loss: the same
-    weights, the same exact evaluation of every test image (today's final evaluation)."""
+def test_each_epochs_validation_is_the_exact_validation_evaluation_never_the_test_split(sixteen_ranks):
+    """Every epoch's val_* figures count the 8 validation rows, each once (never the 6 test rows);
+    the report gives the best epoch's validation figures, says which split chose it, and its test
+    figures count the 6 test rows."""
     report, _, log = sixteen_ranks
+    assert report["selected_on"] == "validation"
     best = report["history"][report["best_epoch"] - 1]
-    assert best["val_accuracy"] == pytest.approx(report["test"]["accuracy"], abs=1e-12)
-    assert best["val_loss"] == pytest.approx(report["test"]["loss"], rel=1e-5)
-    rows = report["test"]["count"]
-    for epoch in report["history"]:  # a fraction of all test rows, not of full global batches
-        assert abs(epoch["val_accuracy"] * rows - round(epoch["val_accuracy"] * rows)) < 1e-9
+    assert report["validation"] == {"epoch": report["best_epoch"], "loss": best["val_loss"],
+                                    "accuracy": best["val_accuracy"], "count": 8, "expected_count": 8}
+    assert report["test"]["count"] == report["test"]["expected_count"] == 6
+    for epoch in report["history"]:  # a fraction of all validation rows, not of full global batches
+        assert epoch["val_count"] == 8
+        assert abs(epoch["val_accuracy"] * 8 - round(epoch["val_accuracy"] * 8)) < 1e-9
     assert "val_accuracy" in log  # rank 0's epoch line carries it
 
 
 @pytest.mark.parametrize("reader", READERS)
-def test_two_ranks_each_reader_validate_exactly_on_a_one_row_group_test_split(tmp_path, reader):
+def test_two_ranks_each_reader_validate_exactly_on_a_one_row_group_split(tmp_path, reader):
     data = str(tmp_path / "etl")
     write_dataset(data, train_groups=[4], test_groups=[1], size=32, rows_per_group=4)  # 1 test row group, 2 ranks
     proc = horovodrun(2, data, str(tmp_path / "out"), "--batch-size", "2", "--epochs", "2", "--reader", reader,
@@ -69,8 +74,8 @@ def test_two_ranks_each_reader_validate_exactly_on_a_one_row_group_test_split(tm
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     report = json.load(open(tmp_path / "out" / "metrics.json"))
     assert_exact_test_count(report, data)
-    best = report["history"][report["best_epoch"] - 1]
-    assert best["val_accuracy"] == pytest.approx(report["test"]["accuracy"], abs=1e-12)
+    assert [epoch["val_count"] for epoch in report["history"]] == [4, 4]  # the validation split's one row group
+    assert report["validation"]["count"] == report["validation"]["expected_count"] == 4
     assert report["config"]["reader"] == reader
 
 

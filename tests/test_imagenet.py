@@ -131,7 +131,8 @@ def test_other_weights_need_nothing_fetched(offline_here, backbone, weights):
 def manifest(folder) -> str:
     """An ETL output's manifest that 2 ranks can train on (no Parquet file: nothing reads them)."""
     m = {"image": {"height": 32}, "num_classes": 3, "class_names": ["a", "b", "c"], "rows_per_row_group": 2,
-         "splits": {"train": {"rows": 100, "row_groups": 8}, "test": {"rows": 20, "row_groups": 8}}}
+         "splits": {"train": {"rows": 100, "row_groups": 8}, "validation": {"rows": 20, "row_groups": 8},
+                    "test": {"rows": 20, "row_groups": 8}}}
     folder.mkdir()
     (folder / "manifest.json").write_text(json.dumps(m))
     return str(folder)

@@ -31,10 +31,10 @@ def test_the_etl_summary_counts_one_class_one_row_and_one_row_group():
     manifest = {"image": {"height": 8}, "num_classes": 1, "layout": "folders", "max_world_size": 1,
                 "min_row_groups": 1, "splits": {"train": split, "test": split}, "images_per_second": 1.0,
                 "seconds": 1.0, "files": {"found": 2, "written": 2, "rejected": 0, "skipped": 0, "reasons": {}},
-                "classes_not_in_both_splits": [{"label": 0, "name": "a", "train": 1, "test": 0}]}
+                "classes_not_in_every_split": [{"label": 0, "name": "a", "train": 1, "validation": 0, "test": 0}]}
     text = format_summary(manifest)
-    assert "(8 px, 1 class, folders layout)" in text and "train: 1 row in 1 row group " in text
-    assert "WARNING: 1 class has too few images" in text
+    assert "(8 px, 1 class, folders layout)" in text and "train     : 1 row in 1 row group " in text
+    assert "WARNING: 1 class is not in every split" in text
 
 
 def test_the_etl_refusal_of_a_tree_without_images_counts_one_file(tmp_path):

@@ -101,7 +101,7 @@ def test_a_failure_while_drawing_leaves_the_results_written(tmp_path, monkeypatc
     out = str(tmp_path / "out")
     os.makedirs(out)
     config = TrainConfig(data=str(tmp_path), output=out, backbone="tiny", weights="none", tracking=False)
-    report = {"test": {"loss": 0.5, "accuracy": 0.5, "count": 2}, "best_epoch": 1, "epochs_run": 1}
+    report = {"test": {"loss": 0.5, "accuracy": 0.5, "count": 2}, "validation": {"epoch": 1, "loss": 0.4, "accuracy": 0.75, "count": 4, "expected_count": 4}, "best_epoch": 1, "epochs_run": 1}
     totals = Totals.of_confusion(1.0, [[1, 0, 0], [1, 0, 0], [0, 0, 0]])
     results.save_outputs(config, report, tiny(), _Data(), totals)
     written = json.loads(open(os.path.join(out, "metrics.json")).read())
@@ -124,8 +124,8 @@ def test_results_are_written_before_any_picture(tmp_path, monkeypatch):
     out = str(tmp_path / "out")
     os.makedirs(out)
     config = TrainConfig(data=str(tmp_path), output=out, backbone="tiny", weights="none", tracking=False)
-    results.save_outputs(config, {"test": {"loss": 0.5, "accuracy": 0.5, "count": 2}, "best_epoch": 1,
-                                "epochs_run": 1}, tiny(), _Data())
+    results.save_outputs(config, {"test": {"loss": 0.5, "accuracy": 0.5, "count": 2}, "validation": {"epoch": 1, "loss": 0.4, "accuracy": 0.75, "count": 4, "expected_count": 4}, 
+                                  "best_epoch": 1, "epochs_run": 1}, tiny(), _Data())
     assert seen["metrics"]["test"]["accuracy"] == 0.5 and seen["metrics"]["pictures"] == {}
     assert json.loads(open(os.path.join(out, "metrics.json")).read())["pictures"] == {"curves": f"{out}/curves.png"}
 
@@ -223,3 +223,15 @@ def test_the_training_config_imports_no_job_module_back():
                            "print(sorted(m for m in sys.modules if m in ('pipelines.training.train', "
                            "'pipelines.training.inputs')))"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr[-2000:]
+
+
+def test_the_report_gives_the_chosen_epochs_validation_figures_from_its_history():
+    from pipelines.training.results import best_validation
+
+    history = [{"epoch": 1, "val_loss": 0.9, "val_accuracy": 0.5, "val_count": 8.0},
+               {"epoch": 2, "val_loss": 0.7, "val_accuracy": 0.625, "val_count": 8.0}]
+    assert best_validation(history, 2, 8) == {"epoch": 2, "loss": 0.7, "accuracy": 0.625, "count": 8,
+                                              "expected_count": 8}
+    # an epoch the history lacks: no figure invented
+    assert best_validation([], 3, 8) == {"epoch": 3, "loss": None, "accuracy": None, "count": None,
+                                         "expected_count": 8}

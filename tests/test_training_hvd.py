@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.contract import manifest_sha256
+from pipelines.contract import SPLITS, manifest_sha256
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
 from pipelines.training.data import petastorm_available
@@ -267,10 +267,13 @@ def test_the_horovod_job_is_one_mlflow_run_from_rank_0(full_run, dataset):
     assert not re.search(r"alembic|INFO mlflow|Successfully registered|\[=+\]|HDF5", log), log[-3000:]
     params = run.data.params
     assert {k: params[k] for k in ("world_size", "global_batch_size", "batch_size", "epochs", "data.image_size",
-                                   "data.train_rows", "data.test_rows", "data.manifest_sha256")} == {
+                                   "data.train_rows", "data.validation_rows", "data.test_rows",
+                                   "data.manifest_sha256", "selected_on")} == {
         "world_size": "2", "global_batch_size": "8", "batch_size": "4", "epochs": "3", "data.image_size": str(SIZE),
         "data.train_rows": str(manifest["splits"]["train"]["rows"]),
-        "data.test_rows": str(manifest["splits"]["test"]["rows"]), "data.manifest_sha256": manifest_sha256(data)}
+        "data.validation_rows": str(manifest["splits"]["validation"]["rows"]),
+        "data.test_rows": str(manifest["splits"]["test"]["rows"]), "data.manifest_sha256": manifest_sha256(data),
+        "selected_on": "validation"}
     assert float(params["learning_rate"]) == m["learning_rate"] == pytest.approx(0.002)
     for key in HISTORY_METRICS:
         logged = sorted((point.step, point.value) for point in client.get_metric_history(run_id, key))
@@ -540,7 +543,7 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, test
     assert "feature cache: computing" in first.stderr
     m = metrics(out)
     directory = m["feature_cache"]
-    rows = {s: manifest["splits"][s]["rows"] for s in ("train", "test")}
+    rows = {s: manifest["splits"][s]["rows"] for s in SPLITS}
     key = directory.rstrip("/").rsplit("/", 1)[-1]
     assert feat.is_complete(directory, rows, key)
     assert_exact_test_count(m, dataset[0])
@@ -780,7 +783,7 @@ def test_horovod_trains_from_s3_to_s3(dataset, s3_data, s3_server, tmp_path):
         {**{key: "***" for key in STORAGE_SECRETS}, "endpoint_override": s3_server.endpoint}
     features = s3_json(out + "/metrics.json")["feature_cache"]
     assert features.startswith(s3_data[0] + "/features/")
-    assert feat.is_complete(features, {s: manifest["splits"][s]["rows"] for s in ("train", "test")}, features.rsplit("/", 1)[-1])
+    assert feat.is_complete(features, {s: manifest["splits"][s]["rows"] for s in SPLITS}, features.rsplit("/", 1)[-1])
     assert {"train/part-rank0.parquet", "train/part-rank1.parquet", "_COMPLETE.json"} <= s3_names(features)
     names = s3_names(out)
     assert S3_OUTPUTS <= names and "checkpoint-2.npz" in names and "checkpoint-2.json" in names, names
@@ -939,7 +942,9 @@ def test_fine_tuning_follows_the_head_phase_with_the_lowered_learning_rate(fine_
     assert m["precision"] == "float32" and m["config"]["mixed_precision"]
     said = re.findall(r"^\[(\d)\]<stderr>:.*--mixed-precision: not used on the CPU", proc.stdout + proc.stderr, re.M)
     assert said == ["0"], proc.stderr[-3000:]
-    assert ft["phase1"]["test"]["count"] == m["test"]["count"]
+    assert "test" not in ft["phase1"]  # the test split is read once, after phase 2
+    assert ft["phase1"]["validation"]["count"] == m["validation"]["expected_count"] == dataset[1]["splits"][
+        "validation"]["rows"]
 
 
 def test_fine_tuning_trains_the_unfrozen_block_only(fine_tuned, dataset):
@@ -964,12 +969,12 @@ def test_fine_tuning_trains_the_unfrozen_block_only(fine_tuned, dataset):
 
 def test_fine_tuning_that_never_beats_phase_1_keeps_its_best_weights(fine_tuned):
     """min_delta 2: no epoch of phase 2 improves on phase 1's best (epoch 1), so the model is epoch
-    1's: its test metrics are phase 1's and model.keras's head is checkpoint 1's."""
+    1's: its validation metrics are phase 1's and model.keras's head is checkpoint 1's."""
     out, _ = fine_tuned
     m = metrics(out)
     assert m["best_epoch"] == 1 and m["fine_tune"]["phase1"]["best_epoch"] == 1 and not m["stopped_early"]
-    assert m["test"]["accuracy"] == m["fine_tune"]["phase1"]["test"]["accuracy"]
-    assert m["test"]["loss"] == pytest.approx(m["fine_tune"]["phase1"]["test"]["loss"], rel=1e-5)
+    assert m["validation"]["accuracy"] == m["fine_tune"]["phase1"]["validation"]["accuracy"]
+    assert m["validation"]["loss"] == pytest.approx(m["fine_tune"]["phase1"]["validation"]["loss"], rel=1e-5)
     kernel, bias = checkpoint_arrays(out, 1)
     head = load_model(out).get_layer("head").get_weights()
     np.testing.assert_array_equal(head[0], kernel)
@@ -1006,7 +1011,7 @@ def test_a_run_killed_in_phase_2_resumes_phase_2(dataset, tmp_path):
     assert [h["lr"] for h in m["history"]] == pytest.approx([0.002] * 3 + [0.0002] * 2)
     assert m["fine_tune"]["phase1"] == marker["phase1"] and len(set(m["weights_checksum_per_rank"])) == 1
     assert_exact_test_count(m, dataset[0])
-    assert m["test"]["accuracy"] == marker["phase1"]["test"]["accuracy"]  # epoch 1's weights, as phase 1 ended
+    assert m["validation"]["accuracy"] == marker["phase1"]["validation"]["accuracy"]  # epoch 1's, as phase 1 ended
 
 
 def test_a_nan_on_one_rank_stops_both_at_that_step_and_resume_takes_the_last_finite_checkpoint(dataset, tmp_path):

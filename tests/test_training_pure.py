@@ -201,10 +201,14 @@ def test_allreduce_gathers_pairs_only_when_they_are_smaller_than_the_matrix():
     assert not gathers_pairs(rows=50, num_classes=10) and gathers_pairs(rows=49, num_classes=10)  # 2 * rows < k * k
 
 
-def manifest(tmp_path, train_groups=8, test_groups=8, train_rows=100, test_rows=20):
+def manifest(tmp_path, train_groups=8, test_groups=8, train_rows=100, test_rows=20, validation=True):
     m = {"image": {"height": 32}, "num_classes": 3, "class_names": ["a", "b", "c"], "rows_per_row_group": 2,
          "splits": {"train": {"rows": train_rows, "row_groups": train_groups},
                     "test": {"rows": test_rows, "row_groups": test_groups}}}
+    if validation:
+        m["splits"]["validation"] = {"rows": test_rows, "row_groups": test_groups}
+    else:
+        m["format_version"] = 2
     (tmp_path / "manifest.json").write_text(json.dumps(m))
     return str(tmp_path)
 
@@ -218,6 +222,19 @@ def test_dataset_refusals(tmp_path):
         load_dataset(root, 4)
     assert load_dataset(manifest(tmp_path, train_groups=16, test_groups=3), 16).row_groups("test") == 3  # by rows
     with pytest.raises(DataError, match="empty"):
+        load_dataset(manifest(tmp_path, test_rows=0), 1)
+
+
+def test_a_two_split_manifest_never_trains_it_is_refused_naming_the_rerun(tmp_path):
+    from pipelines.contract import Manifest
+    from pipelines.errors import Refused
+
+    root = manifest(tmp_path, validation=False)
+    assert set(Manifest.read(root).splits) == {"train", "test"}  # still read (batch inference takes its splits)
+    with pytest.raises(Refused, match=r"older ETL \(manifest format 2: train and test splits only\).* never on "
+                                      r"the test split.* rerun jobs/etl.py .*manifest format 3"):
+        load_dataset(root, 1)
+    with pytest.raises(DataError, match="the validation split of .* is empty"):
         load_dataset(manifest(tmp_path, test_rows=0), 1)
 
 

@@ -18,7 +18,7 @@ from pipelines.etl.images import DEFAULT_MAX_PIXELS
 @dataclass
 class ETLConfig:
     """Spark ETL: a Caltech-256-style tree of images (JPEG, PNG, GIF, BMP, WebP, TIFF) to Parquet
-    train/test splits."""
+    train/validation/test splits."""
 
     input: str = field(help="root of the image tree, a local path or a URI (s3://bucket/prefix): "
                             "ROOT/CLASS/*.{jpg,jpeg,png,gif,bmp,webp,tif,tiff}, "
@@ -27,7 +27,10 @@ class ETLConfig:
                              "the Parquet files of the last run under runs/RUN_ID/")
     image_size: int = field(DEFAULT_IMAGE_SIZE, help="side of the square output images, pixels")
     test_fraction: float = field(0.1, help="share of each class's files in the test split, in (0, 1)")
-    seed: int = field(42, help="seed of the deterministic train/test assignment")
+    validation_fraction: float = field(0.1, help="share of each class's files in the validation split (the one "
+                                                 "training chooses its epoch on), in (0, 1); with "
+                                                 "--test-fraction it must leave files to train on")
+    seed: int = field(42, help="seed of the deterministic train/validation/test assignment")
     # 32 MiB: the loader benchmark's sweep (README, Benchmarks: Loader) was fastest there, and a
     # Caltech-256-sized input (30,607 images at 299 px, 10 % test) still gets at least 25 test row groups
     row_group_mb: float = field(32.0, help="target uncompressed row-group size, MiB (larger row groups read "
@@ -50,11 +53,16 @@ class ETLConfig:
     storage_options: Dict[str, str] = storage_options_field()
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.test_fraction < 1.0:  # also refuses NaN
-            raise Refused(f"--test-fraction must be in (0, 1), got {self.test_fraction}")
+        for name in ("test_fraction", "validation_fraction"):
+            if not 0.0 < getattr(self, name) < 1.0:  # also refuses NaN
+                raise Refused(f"--{name.replace('_', '-')} must be in (0, 1), got {getattr(self, name)}")
+        if self.test_fraction + self.validation_fraction >= 1.0:
+            raise Refused(f"--test-fraction {self.test_fraction} and --validation-fraction "
+                          f"{self.validation_fraction} add up to {self.test_fraction + self.validation_fraction:g}: "
+                          "they must leave a share of each class to train on (their sum below 1)")
         if self.image_size <= 0:
             raise Refused(f"--image-size must be positive, got {self.image_size}")
-        for name in ("test_fraction", "row_group_mb", "max_file_mb"):
+        for name in ("test_fraction", "validation_fraction", "row_group_mb", "max_file_mb"):
             if not math.isfinite(getattr(self, name)):
                 raise Refused(f"--{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")
         if not 0 < self.row_group_mb <= 1024:

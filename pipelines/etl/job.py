@@ -42,10 +42,10 @@ from pipelines.config import to_dict
 from pipelines.errors import MissingInput, NotAFolder, Refused
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.images import DEFAULT_MAX_PIXELS
-from pipelines.contract import (COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, TRAIN, Manifest, SplitInfo,
-                                manifest_sha256)
+from pipelines.contract import (COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, TRAIN, VALIDATION, Manifest,
+                                SplitInfo, manifest_sha256)
 from pipelines.etl import commit
-from pipelines.etl.labels import ClassFolder, split_class
+from pipelines.etl.labels import SPLIT_RULE, ClassFolder, split_class
 from pipelines.etl.layout import closure_chunks, rows_per_row_group, spread_order
 from pipelines.etl.listing import (REJECTED, SKIPPED, Excluded, ListedFile, classify, display_path, list_tree,
                                    reason_kind)
@@ -119,26 +119,27 @@ def check_paths(config: ETLConfig) -> None:
     commit.check_output(output)
 
 
-def assign_splits(files: List[ListedFile], labels: Dict[str, int], seed: int,
-                  test_fraction: float) -> Dict[str, str]:
-    """The stratified train/test split of the candidate files, decided on the driver.
+def assign_splits(files: List[ListedFile], labels: Dict[str, int], seed: int, test_fraction: float,
+                  validation_fraction: float) -> Dict[str, str]:
+    """The stratified train/validation/test split of the candidate files, decided on the driver.
 
     Args:
         files: the candidate files. labels: ``{path: label}`` of each.
-        seed, test_fraction: as in ``ETLConfig``.
+        seed, test_fraction, validation_fraction: as in ``ETLConfig``.
 
     Returns:
-        ``{path: 'train' | 'test'}``: per class, :func:`pipelines.etl.labels.split_class` of the
-        class's relative paths (every class with 2 or more candidates has a test file and a train
-        file; a class with one candidate only trains). The tasks write what this says.
+        ``{path: 'train' | 'validation' | 'test'}``: per class, :func:`pipelines.etl.labels.split_class`
+        of the class's relative paths (a class of 1 candidate only trains, of 2 trains and is tested,
+        of 3 or more is in every split: :func:`pipelines.etl.labels.split_sizes`). The tasks write
+        what this says.
     """
     by_class: Dict[int, List[str]] = {}
     for f in files:
         by_class.setdefault(labels[f.path], []).append(f.relative_path)
-    test = set()
+    split_of: Dict[str, str] = {}
     for paths in by_class.values():
-        test |= split_class(paths, seed, test_fraction)
-    return {f.path: TEST if f.relative_path in test else TRAIN for f in files}
+        split_of.update(split_class(paths, seed, test_fraction, validation_fraction))
+    return {f.path: split_of[f.relative_path] for f in files}
 
 
 def plan(config: ETLConfig) -> Plan:
@@ -163,7 +164,7 @@ def plan(config: ETLConfig) -> Plan:
     listed = sorted((f for f in files if isinstance(outcomes[f.path], ClassFolder)),
                     key=lambda f: (spread_order(f.relative_path, config.seed), f.relative_path))
     splits = assign_splits(listed, {f.path: outcomes[f.path].label for f in listed}, config.seed,
-                           config.test_fraction)
+                           config.test_fraction, config.validation_fraction)
     candidates = [Candidate(f.path, outcomes[f.path].label, outcomes[f.path].name, splits[f.path]) for f in listed]
     if not candidates:
         _refuse_no_candidate(config, files, outcomes)
@@ -383,8 +384,10 @@ def _manifest(config: ETLConfig, the_plan: Plan, stats: Dict[str, SplitStats], w
         "columns": [name for name, _ in COLUMNS],
         "seed": config.seed,
         "test_fraction": config.test_fraction,
+        "validation_fraction": config.validation_fraction,
+        "split_rule": SPLIT_RULE,
         "layout": the_plan.layout,
-        "classes_not_in_both_splits": _classes_not_in_both_splits(class_names, stats),
+        "classes_not_in_every_split": _classes_not_in_every_split(class_names, stats),
         "min_row_groups": config.min_row_groups,
         # ranks shard the train split by row group; the test split by rows where they outnumber its
         # row groups (pipelines.training.data.OnePassShard), so only the train split limits them
@@ -414,9 +417,10 @@ def shown_config(config: ETLConfig) -> dict:
                    "storage_options": sorted(config.storage_options)})
 
 
-def _classes_not_in_both_splits(class_names: List[Optional[str]], stats: Dict[str, SplitStats]) -> List[dict]:
-    """The classes (folders) whose written rows miss a split: fewer than 2 candidates, or images
-    rejected on read; ``[{'label', 'name', 'train', 'test'}]`` by label."""
+def _classes_not_in_every_split(class_names: List[Optional[str]], stats: Dict[str, SplitStats]) -> List[dict]:
+    """The classes (folders) whose written rows miss a split: fewer than 3 candidates
+    (:data:`SPLIT_RULE`), or images rejected on read; ``[{'label', 'name', 'train', 'validation',
+    'test'}]`` by label."""
     missing = []
     for label, name in enumerate(class_names):
         if name is None:
@@ -472,10 +476,11 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
         # will give it (spark-submit and existing sessions are checked below, from their conf).
         check_memory(config, config.master or "local[*]", {})
     the_plan = plan(config)
-    log.info("listed %s in %s (%s layout); %s (train ~%d, test ~%d); %s per row group",
+    log.info("listed %s in %s (%s layout); %s (train ~%d, validation ~%d, test ~%d); %s per row group",
              plural(len(the_plan.files), "file"), plural(len(the_plan.classes), "class folder"), the_plan.layout,
              plural(sum(the_plan.expected_rows.values()), "candidate image"), the_plan.expected_rows[TRAIN],
-             the_plan.expected_rows[TEST], plural(the_plan.rows_per_row_group, "row"))
+             the_plan.expected_rows[VALIDATION], the_plan.expected_rows[TEST],
+             plural(the_plan.rows_per_row_group, "row"))
     output = config.location(config.output)
     output.makedirs()
     with track(config) as tracker:
@@ -557,9 +562,9 @@ def format_summary(manifest: dict) -> str:
         f"  found {files['found']} = written {files['written']} + rejected {files['rejected']} "
         f"+ skipped {files['skipped']}",
     ]
-    for split in SPLITS:
+    for split in (name for name in SPLITS if name in splits):  # a format-2 manifest has no validation
         s = splits[split]
-        lines.append(f"  {split:5s}: {plural(s['rows'], 'row')} in {plural(s['row_groups'], 'row group')} "
+        lines.append(f"  {split:10s}: {plural(s['rows'], 'row')} in {plural(s['row_groups'], 'row group')} "
                      f"(~{s['mean_row_group_bytes'] / 2**20:.2f} MiB each, "
                      f"{s['mean_row_group_bytes_compressed'] / 2**20:.2f} MiB compressed)")
     lines.append(f"  max world size (row groups of the train split): {manifest['max_world_size']}")
@@ -567,12 +572,13 @@ def format_summary(manifest: dict) -> str:
         lines.append(f"  {n:6d} {reason}")
     if files["rejected"] + files["skipped"]:
         lines.append(f"  details: {files['list']}")
-    small = manifest.get("classes_not_in_both_splits", [])
+    small = manifest.get("classes_not_in_every_split", [])
     if small:
-        shown = ", ".join(f"{c['label']} {c['name']!r} ({c['train']} train, {c['test']} test)" for c in small[:10])
-        more = f" and {len(small) - 10} more (manifest: classes_not_in_both_splits)" if len(small) > 10 else ""
-        lines.append(f"  WARNING: {plural(len(small), 'class')} {'has' if len(small) == 1 else 'have'} too few "
-                     f"images to be in both splits (a class needs 2 or more): {shown}{more}")
+        shown = ", ".join(f"{c['label']} {c['name']!r} ({', '.join(f'{c.get(s, 0)} {s}' for s in SPLITS)})"
+                          for c in small[:10])
+        more = f" and {len(small) - 10} more (manifest: classes_not_in_every_split)" if len(small) > 10 else ""
+        lines.append(f"  WARNING: {plural(len(small), 'class')} {'is' if len(small) == 1 else 'are'} not in every "
+                     f"split ({manifest.get('split_rule', SPLIT_RULE)}): {shown}{more}")
     lines.append(f"  {manifest['images_per_second']} images/s ({manifest['seconds']} s in Spark)")
     if manifest["max_world_size"] < manifest["min_row_groups"]:
         lines.append(f"  WARNING: the train split has fewer than {plural(manifest['min_row_groups'], 'row group')} "

@@ -12,7 +12,7 @@ Two layouts, decided from the names of the folders directly under the root
 A mix of both is refused. The class folder is the one directly under the root; files deeper
 inside it belong to it. Anything else is reported, never guessed.
 
-The train/test split is stratified per class (:func:`split_class`), decided on the driver.
+The train/validation/test split is stratified per class (:func:`split_class`), decided on the driver.
 """
 from __future__ import annotations
 
@@ -150,9 +150,9 @@ def label_for(relative_path: str, layout: Optional[Layout] = None) -> ClassFolde
 def n_test(n: int, test_fraction: float) -> int:
     """How many of a class's ``n`` candidate files go to the test split.
 
-    ``0`` when ``n < 2`` (one file cannot be in both splits: it trains); otherwise
+    ``0`` when ``n < 2`` (one file cannot be in two splits: it trains); otherwise
     ``round(test_fraction * n)`` (Python's ``round``, half to even), at least 1 and at most
-    ``n - 1``, so both splits hold the class: ``n=2`` -> 1, ``n=10, f=0.3`` -> 3, ``n=10, f=0.01``
+    ``n - 1``, so the class trains and is tested: ``n=2`` -> 1, ``n=10, f=0.3`` -> 3, ``n=10, f=0.01``
     -> 1, ``n=3, f=0.9`` -> 2.
     """
     if n < 2:
@@ -160,24 +160,51 @@ def n_test(n: int, test_fraction: float) -> int:
     return min(n - 1, max(1, round(test_fraction * n)))
 
 
+# The rule for classes too small for three splits, as split_sizes applies it and the summary and
+# manifest ("split_rule") state it.
+SPLIT_RULE = ("a class of 1 file only trains; of 2 files, one trains and one is tested (no validation file); "
+              "from 3 files on, every split holds it")
+
+
+def split_sizes(n: int, validation_fraction: float, test_fraction: float) -> Tuple[int, int, int]:
+    """``(train, validation, test)`` file counts of a class of ``n`` candidate files.
+
+    The test split is served first (:func:`n_test`: the reported figure covers every class that can
+    be tested), then validation: ``round(validation_fraction * n)`` (half to even), at least 1 and at
+    most what leaves one file to train. So a class of 1 file only trains, a class of 2 trains and is
+    tested but has no validation file, and from 3 files on every split holds the class:
+    ``n=1`` -> (1, 0, 0), ``n=2`` -> (1, 0, 1), ``n=3`` -> (1, 1, 1), ``n=10, 0.1, 0.1`` -> (8, 1, 1),
+    ``n=100, 0.1, 0.2`` -> (70, 10, 20).
+    """
+    test = n_test(n, test_fraction)
+    rest = n - test
+    validation = 0 if rest < 2 else min(rest - 1, max(1, round(validation_fraction * n)))
+    return n - test - validation, validation, test
+
+
 def _rank(seed: int, relative_path: str) -> bytes:
     return hashlib.sha256(f"{seed}:{relative_path}".encode("utf-8", "surrogateescape")).digest()
 
 
-def split_class(relative_paths: Iterable[str], seed: int, test_fraction: float) -> FrozenSet[str]:
-    """The test files of one class: a stratified, deterministic train/test split.
+def split_class(relative_paths: Iterable[str], seed: int, test_fraction: float,
+                validation_fraction: float) -> Dict[str, str]:
+    """The split of each file of one class: stratified, seeded and deterministic.
 
     The class's files are ranked by ``sha256(f"{seed}:{relative_path}")`` (ties, impossible in
-    practice, by path) and the first :func:`n_test` of them are the test split; the rest
-    train. A pure function of the seed, the fraction and the *set* of paths (relative to the
-    root): the order they come in, the machine and the Spark partitioning do not matter, so a
-    rerun on the same tree gives the same, disjoint split. Trade-off: a file's split depends on
-    the other files of its class, so adding or removing files can move a few files of that class
-    between the splits (a per-file hash threshold would not, but can leave a small class with no
-    test image at all).
+    practice, by path); the first ``test`` of :func:`split_sizes` are the test split, the next
+    ``validation`` the validation split, the rest train. A pure function of the seed, the fractions
+    and the *set* of paths (relative to the root): the order they come in, the machine and the
+    Spark partitioning do not matter, so a rerun on the same tree gives the same, disjoint splits,
+    and the test files are those a two-split ETL with the same seed and test fraction chose.
+    Trade-off: a file's split depends on the other files of its class, so adding or removing files
+    can move a few files of that class between the splits (a per-file hash threshold would not, but
+    can leave a small class with no test image at all).
 
     Returns:
-        the relative paths in the test split (``frozenset``).
+        ``{relative_path: 'train' | 'validation' | 'test'}`` (the names of :mod:`pipelines.contract`).
     """
+    from pipelines.contract import TEST, TRAIN, VALIDATION
+
     ranked = sorted(set(relative_paths), key=lambda p: (_rank(seed, p), p))
-    return frozenset(ranked[:n_test(len(ranked), test_fraction)])
+    _, validation, test = split_sizes(len(ranked), validation_fraction, test_fraction)
+    return {p: TEST if i < test else VALIDATION if i < test + validation else TRAIN for i, p in enumerate(ranked)}

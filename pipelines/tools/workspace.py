@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from pipelines.contract import MANIFEST
+from pipelines.contract import MANIFEST, VALIDATION, Manifest
 from pipelines.environment import read_settings
 from pipelines.errors import Refused
 from pipelines.etl.config import ETLConfig
@@ -27,8 +27,9 @@ def default_workdir() -> str:
 
 def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float = 0.3, spark=None,
                       input_dir: Optional[str] = None, sample: str = "tuxpaint",
-                      per_class: Optional[int] = None) -> str:
-    """The ETL output ``workdir/etl`` (a folder or a URI), made first when it has no manifest.
+                      per_class: Optional[int] = None, validation_fraction: float = 0.2) -> str:
+    """The ETL output ``workdir/etl`` (a folder or a URI), made first when it has no manifest, or
+    one of an older format without a validation split (which training refuses).
 
     With no ``input_dir``, a sample is fetched into ``workdir/<sample>`` first (for a URI
     ``workdir``, into the local :func:`default_workdir`): ``tuxpaint`` (148
@@ -43,7 +44,7 @@ def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float 
         raise Refused(f"unknown sample {sample!r}: tuxpaint or fashion-mnist")
     location = resolve(workdir).join("etl")
     etl = location.uri
-    if not location.join(MANIFEST).exists():
+    if not location.join(MANIFEST).exists() or VALIDATION not in Manifest.read(location).splits:
         if not input_dir:
             input_dir = os.path.join(workdir if location.local else default_workdir(), sample)
             extra = ["--per-class", str(per_class)] if (sample == "fashion-mnist" and per_class) else []
@@ -51,7 +52,8 @@ def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float 
         from pyspark.sql import SparkSession  # in-function: keeps `import pipelines` free of PySpark
 
         ours = spark is None and SparkSession.getActiveSession() is None
-        run_etl(ETLConfig(input=input_dir, output=etl, image_size=image_size, test_fraction=test_fraction), spark)
+        run_etl(ETLConfig(input=input_dir, output=etl, image_size=image_size, test_fraction=test_fraction,
+                          validation_fraction=validation_fraction), spark)
         if ours:  # a session this call started would hold a JVM through everything that follows
             SparkSession.getActiveSession().stop()
     return etl

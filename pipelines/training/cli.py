@@ -111,11 +111,14 @@ def horovodrun_place(environ: Mapping[str, str]) -> Tuple[Optional[int], int]:
 
 
 def result_line(report: dict, output: str) -> str:
-    """The one line a finished job prints: exact test metrics, epochs, world size, where it all is."""
-    test = report["test"]
+    """The one line a finished job prints: exact test metrics, the epoch chosen on validation and its
+    validation accuracy, world size, where it all is."""
+    test, validation = report["test"], report.get("validation") or {}
     tracked = f"; MLflow run {report['mlflow']['run_id']}" if report.get("mlflow") else ""
+    chosen = (f" (validation accuracy {validation['accuracy']:.4f})"
+              if validation.get("accuracy") is not None else "")
     return (f"test accuracy {test['accuracy']:.4f} (loss {test['loss']:.4f}) on {plural(test['count'], 'image')}; "
-            f"{plural(report['epochs_run'], 'epoch')}, best {report['best_epoch']}; "
+            f"{plural(report['epochs_run'], 'epoch')}, best {report['best_epoch']}{chosen}; "
             f"world size {report['world_size']}, global batch {report['global_batch_size']}; "
             f"model and report in {output}{tracked}")
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from pipelines.contract import MANIFEST, SPLITS, TEST, TRAIN, Manifest
+from pipelines.contract import MANIFEST, MANIFEST_FORMAT, SPLITS, TEST, TRAIN, VALIDATION, Manifest
 from pipelines.errors import Refused
 from pipelines.logs import plural
 from pipelines.paths import check_url_safe, local_url
@@ -116,6 +116,10 @@ class Dataset:
         return self.rows(TRAIN)
 
     @property
+    def validation_rows(self) -> int:
+        return self.rows(VALIDATION)
+
+    @property
     def test_rows(self) -> int:
         return self.rows(TEST)
 
@@ -161,8 +165,9 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
         storage_options: ``--storage-option`` values for a URI's backend.
 
     Raises:
-        DataError: no manifest (not an ETL output), an empty split, or fewer row groups in the
-            train split than ranks (:func:`check_train_row_groups`).
+        DataError: no manifest (not an ETL output), a manifest without a validation split
+            (:func:`check_validation_split`), an empty split, or fewer row groups in the train split
+            than ranks (:func:`check_train_row_groups`).
         pipelines.storage.StorageError: an unknown scheme, a missing bucket, refused credentials.
         pipelines.paths.UnsafePathError: ``root`` holds a character a ``file://`` URL cannot carry.
     """
@@ -177,11 +182,31 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
         data = Dataset(root, Manifest.read(location), dict(storage_options or {}))
     except FileNotFoundError:
         raise DataError(f"no {MANIFEST} in {root}: --data must be the output folder of jobs/etl.py") from None
+    check_validation_split(data.manifest, root)
     for split in SPLITS:
         if data.rows(split) == 0:
             raise DataError(f"the {split} split of {root} is empty")
     check_train_row_groups(data, world_size)
     return data
+
+
+def check_validation_split(manifest: Manifest, root: str) -> None:
+    """Refuse a manifest of an older format, with train and test splits only.
+
+    Training chooses its epoch (early stopping, best weights, fine-tuning's start) on the
+    validation split and reads the test split once, for the figure it reports; a two-split
+    output could only choose on test, which makes that figure optimistic. The rule is a refusal,
+    not a hold-out carved from train here: the ETL's split is the one place a split is decided
+    (stratified, seeded, recorded in the manifest), and rerunning it is cheap next to training.
+
+    Raises:
+        DataError: naming the manifest's format and the command that writes three splits.
+    """
+    if VALIDATION not in manifest.splits:
+        raise DataError(f"{root} was written by an older ETL (manifest format {manifest.format_version}: "
+                        f"{' and '.join(manifest.splits)} splits only): training chooses its epoch on a "
+                        f"validation split, never on the test split it reports; rerun jobs/etl.py on the "
+                        f"images to write train, validation and test (manifest format {MANIFEST_FORMAT})")
 
 
 def check_train_row_groups(data: Dataset, world_size: int) -> None:
@@ -211,7 +236,7 @@ def check_run(root: str, batch_size: int, world_size: int, storage_options: Opti
     from pipelines.training.schedule import plan_steps
 
     data = load_dataset(root, world_size, storage_options)
-    plan_steps(data.train_rows, data.test_rows, batch_size, world_size)
+    plan_steps(data.train_rows, data.validation_rows, batch_size, world_size)
     return data
 
 

@@ -160,12 +160,13 @@ def allreduce_totals(totals: Totals) -> Totals:
 
 
 def exact_validation(inputs, data):
-    """A Keras callback that makes each epoch's ``val_loss`` and ``val_accuracy`` the exact
-    evaluation of the whole test split: every rank evaluates its one-pass shard
+    """A Keras callback that makes each epoch's ``val_loss``, ``val_accuracy`` and ``val_count`` the
+    exact evaluation of the whole validation split: every rank evaluates its one-pass shard
     (``inputs.evaluate_shard``, each row once, its count checked), the sums are added over ranks
     (:func:`allreduce_totals`) and the total checked against the manifest
-    (:func:`pipelines.training.data.verify_total`), so early stopping, the checkpoints' records and
-    ``curves.png`` use the number the report gives as the test accuracy. It also logs
+    (:func:`pipelines.training.data.verify_total`). Early stopping, the best weights, the
+    checkpoints' records, fine-tuning's start and ``curves.png`` all read it; the test split is never
+    read here (only once, after training: :func:`pipelines.training.train.evaluate`). It also logs
     ``val_seconds``. Every rank must run it (it is collective); ``fit`` then needs no
     ``validation_data``.
 
@@ -176,15 +177,16 @@ def exact_validation(inputs, data):
 
     import tensorflow as tf
 
+    from pipelines.contract import VALIDATION
     from pipelines.training.data import verify_total
 
     class ExactValidation(tf.keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             start = time.perf_counter()
-            totals = allreduce_totals(inputs.evaluate_shard(self.model))
-            verify_total(totals.count, data, "test")
+            totals = allreduce_totals(inputs.evaluate_shard(self.model, VALIDATION))
+            verify_total(totals.count, data, VALIDATION)
             if logs is not None:
-                logs.update(val_loss=totals.loss, val_accuracy=totals.accuracy,
+                logs.update(val_loss=totals.loss, val_accuracy=totals.accuracy, val_count=totals.count,
                             val_seconds=time.perf_counter() - start)
 
     return ExactValidation()

@@ -113,7 +113,7 @@ def trainable_parameters(model) -> int:
 class Phase:
     """One phase's outcome, as the job reports it: its ``inputs`` (the input path object), the
     early-stopping callback, the epochs every rank ran in it, the seconds in ``fit`` and the exact
-    test totals."""
+    totals it ended with (test; validation for phase 1 of a fine-tuning run)."""
 
     inputs: object
     early_stopping: object
@@ -126,8 +126,9 @@ class Phase:
 
 def phase1_record(phase: Phase, resume) -> Dict:
     """What phase 2's checkpoint markers and the report keep of phase 1: its epochs, best epoch and
-    best ``val_accuracy`` and its exact test metrics (from the marker when phase 1 ran in an
-    earlier process)."""
+    best ``val_accuracy`` and the exact validation metrics of the model it ended with (from the
+    marker when phase 1 ran in an earlier process). No test figure: the test split is read once,
+    after phase 2."""
     if resume.phase == 2:
         return dict(resume.marker["phase1"])
     es = phase.early_stopping
@@ -135,4 +136,4 @@ def phase1_record(phase: Phase, resume) -> Dict:
     totals = phase.totals
     return {"epochs": resume.initial_epoch + phase.epochs_run, "best_epoch": int(es.best_epoch) + 1,
             "best_val_accuracy": best, "input_path": phase.inputs.name,
-            "test": {"loss": totals.loss, "accuracy": totals.accuracy, "count": totals.count}}
+            "validation": {"loss": totals.loss, "accuracy": totals.accuracy, "count": totals.count}}

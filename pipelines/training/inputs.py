@@ -8,9 +8,10 @@
 
 Each path answers the same questions: which model trains (:attr:`model`), which ``tf.data``
 dataset feeds ``fit`` (:meth:`fit_datasets`, a context manager that owns the readers; it yields
-``(train, None)``: every epoch's validation is the exact evaluation, run by
-:func:`pipelines.training.evaluate.exact_validation`), what the exact test totals of this rank's
-shard are (:meth:`evaluate_shard`, for each epoch and the end), and which model is exported
+``(train, None)``: every epoch's validation is the exact evaluation of the validation split, run by
+:func:`pipelines.training.evaluate.exact_validation`), what the exact totals of this rank's shard
+of an evaluated split are (:meth:`evaluate_shard`: validation each epoch, test once at the end),
+and which model is exported
 (:meth:`exported_model`, always the whole model). A third path is one more class with these
 four members, chosen in :func:`make_inputs`. (Fine-tuning is not a path but a second phase,
 :mod:`pipelines.training.finetune`, on :class:`ImageInputs` over the whole model.)
@@ -22,7 +23,7 @@ import logging
 import time
 from typing import Iterator, Tuple
 
-from pipelines.contract import SPLITS
+from pipelines.contract import EVALUATED, SPLITS
 from pipelines.logs import plural
 from pipelines.training.config import TrainConfig
 from pipelines.training.data import Dataset, OnePassShard, make_dataset, open_reader, verify_total
@@ -59,11 +60,13 @@ class ImageInputs:
         with self.reader_dataset("train", cache_root) as train:
             yield train, None
 
-    def evaluate_shard(self, model):
-        """Totals over this rank's test shard, each row once, count checked against the footers."""
+    def evaluate_shard(self, model, split: str):
+        """Totals over this rank's shard of ``split`` (one of :data:`pipelines.contract.EVALUATED`),
+        each row once, count checked against the footers."""
         from pipelines.training.evaluate import evaluate_dataset
 
-        shard = OnePassShard(self.data, "test", self.rank, self.size)
+        _check_evaluated(split)
+        shard = OnePassShard(self.data, split, self.rank, self.size)
         totals = evaluate_dataset(model, shard.dataset(self.config.batch_size))
         shard.verify(totals.count)
         return totals
@@ -106,7 +109,7 @@ class FeatureInputs:
         identity = hvd_tf.broadcast_object(data.identity() if rank == 0 else None, root_rank=0, name="data_identity")
         key = feat.feature_key(model, identity)
         directory = feat.feature_dir(c.data, key, c.storage_options)
-        if feat.is_complete(directory, {"train": data.train_rows, "test": data.test_rows}, key):
+        if feat.is_complete(directory, {split: data.rows(split) for split in SPLITS}, key):
             if rank == 0:
                 log.info("feature cache: reusing %s", directory)
             return directory
@@ -146,24 +149,32 @@ class FeatureInputs:
         epoch's validation is the exact evaluation (:meth:`evaluate_shard`)."""
         yield self._dataset("train", training=True), None
 
-    def evaluate_shard(self, model):
-        """Totals of the head over this rank's share of the cached test features (every row once)."""
+    def evaluate_shard(self, model, split: str):
+        """Totals of the head over this rank's share of the cached features of ``split`` (one of
+        :data:`pipelines.contract.EVALUATED`), every row once."""
         from pipelines.training import features as feat
         from pipelines.training.evaluate import evaluate_dataset
 
-        features, labels = feat.read_shard(self.features, "test", self.rank, self.size)
+        _check_evaluated(split)
+        features, labels = feat.read_shard(self.features, split, self.rank, self.size)
         dataset = feat.feature_dataset(features, labels, self.config.batch_size, shuffle=False, seed=0,
                                        repeat=False, drop_remainder=False)
         totals = evaluate_dataset(model, dataset)
         if totals.count != len(labels):
             raise RuntimeError(f"rank {self.rank} evaluated {totals.count} of its "
-                               f"{plural(len(labels), 'cached test row')}")
+                               f"{plural(len(labels), f'cached {split} row')}")
         return totals
 
     def exported_model(self):
         """The whole model: backbone + the head just trained."""
         self.full_model.get_layer("head").set_weights(self.model.get_layer("head").get_weights())
         return self.full_model
+
+
+def _check_evaluated(split: str) -> None:
+    """Refuse to evaluate the train split (it is read by looping readers, never whole)."""
+    if split not in EVALUATED:
+        raise ValueError(f"only {' and '.join(EVALUATED)} are evaluated, not {split!r}")
 
 
 def make_inputs(config: TrainConfig, data: Dataset, rank: int, size: int, full_model, image_size: int):

@@ -26,9 +26,11 @@ log = logging.getLogger("pipelines")
 
 
 def build_report(config: TrainConfig, rank, plan, phases: List, resume: Resume) -> Dict:
-    """The run's report: config, world, arithmetic, history, exact test metrics of the final model
-    (the last of ``phases``, :class:`pipelines.training.finetune.Phase`), fine-tuning's outcome and
-    the weight checksums and hostnames of every rank (gathered here: every rank must call it)."""
+    """The run's report: config, world, arithmetic, history, the best epoch's exact validation
+    metrics (the split that chose it: ``selected_on``), the exact test metrics of the final model
+    (the last of ``phases``, :class:`pipelines.training.finetune.Phase`; the test split read once,
+    after training, and never used for a choice), fine-tuning's outcome and the weight checksums
+    and hostnames of every rank (gathered here: every rank must call it)."""
     import horovod.tensorflow as hvd_tf
 
     history, steps, data, last = resume.history, plan.steps, plan.data, phases[-1]
@@ -36,6 +38,7 @@ def build_report(config: TrainConfig, rank, plan, phases: List, resume: Resume) 
     resumed = last.resume if resume.phase == 2 else resume  # the phase whose state was restored
     epochs_planned = fine_tune["epochs_planned"] if fine_tune else config.epochs
     totals = last.totals
+    best_epoch = last.early_stopping.best_epoch + 1 if history else None
     return {
         "config": redact(to_dict(config)),
         "run_id": plan.claim.run.run_id if plan.claim else None,  # rank 0's: the training run (train_run.json)
@@ -57,9 +60,11 @@ def build_report(config: TrainConfig, rank, plan, phases: List, resume: Resume) 
         "resumed_optimizer_checksum_per_rank": resumed.optimizer_checksums,
         "attempts": rank.handed.attempts,
         "epochs_run": len(history),
-        "best_epoch": last.early_stopping.best_epoch + 1 if history else None,
+        "best_epoch": best_epoch,
+        "selected_on": "validation",
         "stopped_early": bool(history) and len(history) < epochs_planned,
         "history": history,
+        "validation": best_validation(history, best_epoch, data.validation_rows),
         "test": {"loss": totals.loss, "accuracy": totals.accuracy, "count": totals.count,
                  "expected_count": data.test_rows},
         "fine_tune": fine_tune,
@@ -69,6 +74,16 @@ def build_report(config: TrainConfig, rank, plan, phases: List, resume: Resume) 
         "epochs_run_per_rank": hvd_tf.allgather_object(sum(p.epochs_run for p in phases), name="epochs_run"),
         "host_per_rank": hvd_tf.allgather_object(socket.gethostname(), name="hosts"),
     }
+
+
+def best_validation(history: List[Dict], best_epoch: Optional[int], expected_count: int) -> Dict:
+    """The exact validation figures of epoch ``best_epoch`` (1-based) from ``history``:
+    ``{"loss", "accuracy", "count", "expected_count", "epoch"}``, ``None`` values when the history
+    has no such epoch (a resumed run that had already finished keeps its figures in its markers)."""
+    entry = next((h for h in history if h.get("epoch") == best_epoch), {})
+    count = entry.get("val_count")
+    return {"epoch": best_epoch, "loss": entry.get("val_loss"), "accuracy": entry.get("val_accuracy"),
+            "count": int(count) if count is not None else None, "expected_count": expected_count}
 
 
 def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tracker=None,
@@ -94,10 +109,12 @@ def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tr
         report["test"]["confusion"] = totals.confusion_matrix().tolist()
     report.update(model_contract=MODEL_CONTRACT, pictures={}, mlflow=tracker.describe() if tracker else None)
     write_json(os.path.join(directory, METRICS), report)  # the results, before any picture
-    test = report["test"]
-    log.info("test accuracy %.4f, loss %.4f on %s (exact, all ranks); best epoch %s of %d",
-             test["accuracy"], test["loss"], plural(test["count"], "image"), report["best_epoch"],
-             report["epochs_run"])
+    test, validation = report["test"], report["validation"]
+    log.info("test accuracy %.4f, loss %.4f on %s (exact, all ranks, read once after training); best epoch %s "
+             "of %d, chosen on validation (accuracy %s on %s)", test["accuracy"], test["loss"],
+             plural(test["count"], "image"), report["best_epoch"], report["epochs_run"],
+             "?" if validation["accuracy"] is None else f"{validation['accuracy']:.4f}",
+             plural(validation["expected_count"], "image"))
     try:
         pictures = save_pictures(directory, report, exported, data)
     except Exception as exc:  # pictures are a view of the results above: never the run's failure
@@ -134,6 +151,8 @@ def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker, di
     try:
         tracker.log_results(
             metrics={"test_loss": test["loss"], "test_accuracy": test["accuracy"], "test_count": test["count"],
+                     **{f"best_val_{k}": v for k, v in report["validation"].items()
+                        if k in ("loss", "accuracy", "count") and v is not None},
                      "epochs_run": report["epochs_run"], "best_epoch": report["best_epoch"],
                      "stopped_early": int(report["stopped_early"]), "attempts": len(report["attempts"]),
                      "steady_train_images_per_second": report["train_images_per_second"],

@@ -28,7 +28,7 @@ class Steps:
     Attributes:
         global_batch: images per optimisation step over all ranks.
         steps_per_epoch: training steps per epoch (``train_rows // global_batch``).
-        validation_steps: ``validation_rows // global_batch``, full global batches in the test
+        validation_steps: ``validation_rows // global_batch``, full global batches in the validation
             split (informational: validation evaluates the whole split, a smaller last batch too).
     """
 
@@ -43,7 +43,7 @@ def plan_steps(train_rows: int, validation_rows: int, batch_size: int, world_siz
     Raises:
         ValueError: ``batch_size`` or ``world_size`` below 1, or a global batch larger than the
             train split (no full step would fit: the job refuses instead of training on nothing).
-            The test split is never refused: each epoch's validation is the exact evaluation of
+            The evaluated splits are never refused: each epoch's validation is the exact evaluation of
             all of it (:func:`pipelines.training.evaluate.exact_validation`), whatever its size.
     """
     if batch_size < 1 or world_size < 1:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional
 
 from pipelines.config import to_dict
-from pipelines.contract import HISTORY, TENSORBOARD
+from pipelines.contract import HISTORY, TENSORBOARD, TEST, VALIDATION
 from pipelines.launch.rankenv import RankEnvironment, read_rank_environment
 from pipelines.logs import plural
 from pipelines.redact import redact
@@ -121,7 +121,7 @@ def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> R
     check_output(config.output, config.storage_options)
     outputs = open_outputs(config.output, config.storage_options) if rank.rank == 0 else None
     claim = _claim_output(config, rank, outputs, run_id)
-    plan = RunPlan(data, plan_steps(data.train_rows, data.test_rows, config.batch_size, rank.size),
+    plan = RunPlan(data, plan_steps(data.train_rows, data.validation_rows, config.batch_size, rank.size),
                    scaled_lr(config.base_lr, rank.size), config.model_size(data.image_size), outputs, claim)
     if rank.rank == 0:
         s = plan.steps
@@ -237,7 +237,8 @@ def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
             "learning_rate": plan.lr, "steps_per_epoch": plan.steps.steps_per_epoch,
             "validation_steps": plan.steps.validation_steps, "model_image_size": plan.image_size,
             "data.manifest_sha256": manifest_sha256(data.root), "data.image_size": data.image_size,
-            "data.train_rows": data.train_rows, "data.test_rows": data.test_rows,
+            "data.train_rows": data.train_rows, "data.validation_rows": data.validation_rows,
+            "data.test_rows": data.test_rows, "selected_on": "validation",
             "data.num_classes": data.num_classes}
 
 
@@ -314,10 +315,12 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
             shutil.rmtree(cache_root, ignore_errors=True)
 
 
-def evaluate(inputs, plan: RunPlan):
-    """Exact totals of the trained model over the whole test split: each rank reads its shard
-    once (count checked against the Parquet footers), the sums are added over ranks, and the
-    total count is checked against the manifest, so a short read fails the run.
+def evaluate(inputs, plan: RunPlan, split: str = TEST):
+    """Exact totals of the trained model over the whole ``split``: the test split, read once, after
+    the epoch was chosen on validation (or the validation split, for phase 1 of a fine-tuning
+    run, whose test is read after phase 2 only): each rank reads its shard once (count checked
+    against the Parquet footers), the sums are added over ranks, and the total count is checked
+    against the manifest, so a short read fails the run.
 
     Returns:
         :class:`pipelines.training.evaluate.Totals`, the same on every rank.
@@ -328,8 +331,8 @@ def evaluate(inputs, plan: RunPlan):
     from pipelines.training.data import verify_total
     from pipelines.training.evaluate import allreduce_totals
 
-    totals = allreduce_totals(inputs.evaluate_shard(inputs.model))
-    verify_total(totals.count, plan.data, "test")
+    totals = allreduce_totals(inputs.evaluate_shard(inputs.model, split))
+    verify_total(totals.count, plan.data, split)
     return totals
 
 
@@ -380,15 +383,17 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
 def head_phase(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume, frozen_sha256: str,
                tracker=None):
     """Phase 1, the head on the frozen backbone: callbacks, ``fit`` from ``resume``'s epoch, exact
-    evaluation. Skipped when ``resume`` is in phase 2 (its outcome is in the checkpoint's marker).
-    Returns a :class:`pipelines.training.finetune.Phase`."""
+    evaluation (of the test split; of the validation split when fine-tuning follows, so that the
+    test split is read once, at the end). Skipped when ``resume`` is in phase 2 (its outcome is in
+    the checkpoint's marker). Returns a :class:`pipelines.training.finetune.Phase`."""
     from pipelines.training.finetune import Phase
 
     if resume.phase == 2:
         return Phase(inputs, None, 0, 0.0, None, resume)
     callbacks, early_stopping, epoch_stats = make_callbacks(config, rank, plan, resume, frozen_sha256, tracker)
     fit_seconds = train(config, rank, plan, inputs, resume, callbacks)
-    return Phase(inputs, early_stopping, epoch_stats.epochs_run, fit_seconds, evaluate(inputs, plan), resume)
+    totals = evaluate(inputs, plan, VALIDATION if config.fine_tune_blocks else TEST)
+    return Phase(inputs, early_stopping, epoch_stats.epochs_run, fit_seconds, totals, resume)
 
 
 def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Resume, frozen_sha256: str, tracker):
