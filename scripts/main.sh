@@ -50,9 +50,11 @@ NOISE=(-e '^\[[0-9]*\]<stderr>:  ' -e 'is slow compared to the batch time')
                                    -e '^I[0-9]\{4\} [0-9:.]* *[0-9]* [^ ]*:[0-9]*\] ')
 # --overwrite: a rerun replaces the previous main job's run, deleting only the files that run recorded
 # --line-buffered: each line goes on as it comes, not in 4 KB blocks minutes later.
+# conf/main-train.args: the main job's training options (benchmarks/seed_accuracy.py trains with them too)
+read -r -a MAIN_TRAIN < conf/main-train.args
 horovodrun -np "$NP" -H "localhost:$NP" --gloo \
   python -u jobs/train.py --data "$OUT/etl" --output "$OUT/train" --weights "$WEIGHTS" \
-    --epochs 30 --batch-size 8 --patience 3 --cache-dir "$OUT/cache" --overwrite "${VERBOSE_FLAG[@]}" 2>&1 \
+    "${MAIN_TRAIN[@]}" --cache-dir "$OUT/cache" --overwrite "${VERBOSE_FLAG[@]}" 2>&1 \
   | grep --line-buffered -v "${NOISE[@]}"
 
 python - "$OUT/train/metrics.json" <<'PY'
