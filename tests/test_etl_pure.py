@@ -285,6 +285,8 @@ def test_config_from_command_line():
 
 
 @pytest.mark.parametrize("args", [["--test-fraction", "0"], ["--test-fraction", "1.5"],
+                                  ["--validation-fraction", "0"], ["--validation-fraction", "1"],
+                                  ["--validation-fraction", "nan"], ["--validation-fraction", "-0.1"],
                                   ["--image-size", "0"], ["--min-row-groups", "0"], ["--row-group-mb", "-1"],
                                   ["--max-file-mb", "0"], ["--max-file-mb", "nan"], ["--max-pixels", "0"]])
 def test_config_refuses_bad_values(args, capsys):
@@ -292,6 +294,20 @@ def test_config_refuses_bad_values(args, capsys):
         parse_config(ETLConfig, ["--input", "in", "--output", "out"] + args)
     assert info.value.code == 2
     assert "must be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("test, validation", [("0.5", "0.5"), ("0.9", "0.2"), ("0.7", "0.3")])
+def test_fractions_that_leave_nothing_to_train_on_are_refused_naming_both_flags(test, validation, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_config(ETLConfig, ["--input", "in", "--output", "out", "--test-fraction", test,
+                                 "--validation-fraction", validation])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert f"--test-fraction {float(test)} and --validation-fraction {float(validation)} add up to" in err
+    assert "leave a share of each class to train on" in err
+    ok = parse_config(ETLConfig, ["--input", "in", "--output", "out", "--test-fraction", "0.45",
+                                  "--validation-fraction", "0.45"])
+    assert (ok.test_fraction, ok.validation_fraction) == (0.45, 0.45)
 
 
 def test_skipped_extension_reason_names_every_accepted_extension():
