@@ -6,7 +6,7 @@ import os
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Dict, Iterator, Optional
+from typing import Dict, Iterator, Mapping, Optional
 
 from pipelines.environment import environment
 from pipelines.logs import plural
@@ -21,6 +21,8 @@ log = logging.getLogger("pipelines")
 # makes the JVM's default charset (logs, text files) UTF-8 too.
 UTF8_ENV = {"LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
 UTF8_JAVA_OPTIONS = "-Dfile.encoding=UTF-8"
+DEFAULT_MASTER = "local[*]"  # under plain python, without a master
+LOOPBACK = "127.0.0.1"
 
 
 def utf8_conf(verbose: bool = False) -> Dict[str, str]:
@@ -36,6 +38,25 @@ def utf8_conf(verbose: bool = False) -> Dict[str, str]:
     return conf
 
 
+def service_conf(master: str, environ: Mapping[str, str]) -> Dict[str, str]:
+    """What a session this module starts serves on the network, for the master ``master``.
+
+    No web UI: it listens on every interface (``SPARK_LOCAL_IP`` alone narrows it; Spark has no
+    setting of its own) and lets anyone who reaches it read the job's environment; a caller's
+    ``spark.ui.enabled=true`` turns it back on, still without its links that kill jobs and stages
+    (``spark.ui.killEnabled``). On a ``local`` master (one JVM: driver and executor) without
+    ``SPARK_LOCAL_IP`` in ``environ``, the driver's own services (its RPC endpoint, the block
+    manager, the rank-log sink of ``--spark-np N``) listen on 127.0.0.1 alone, not on the address
+    the host name resolves to.
+    """
+    from pipelines.launch.sparkcheck import is_local_master  # PySpark-free, like this module
+
+    conf = {"spark.ui.enabled": "false", "spark.ui.killEnabled": "false"}
+    if is_local_master(master) and not environ.get("SPARK_LOCAL_IP"):
+        conf.update({"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK})
+    return conf
+
+
 def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Dict[str, str]] = None,
                   verbose: bool = False, log_level: str = ""):
     """The active SparkSession, or a new one, its log level ``log_level``, else ``INFO`` when
@@ -43,11 +64,12 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
     :attr:`pipelines.environment.Settings.spark_log_level`).
 
     Under ``spark-submit`` the master comes from it; under plain ``python`` it is ``master`` or
-    ``local[*]``. Python workers run the same interpreter as the driver unless
+    ``local[*]`` (:data:`DEFAULT_MASTER`). Python workers run the same interpreter as the driver unless
     ``PYSPARK_PYTHON`` says otherwise, so a virtual environment is used end to end. When this
     call starts the JVM itself, the JVM, the executors and their Python workers get a UTF-8
-    locale (:data:`UTF8_ENV`, :func:`utf8_conf`) whatever the caller's; ``conf`` wins over those. Under ``spark-submit`` the JVM is already running: pass
-    ``--conf`` settings there.
+    locale (:data:`UTF8_ENV`, :func:`utf8_conf`) whatever the caller's, no web UI, and a ``local``
+    master's services on loopback (:func:`service_conf`); ``conf`` wins over those. Under
+    ``spark-submit`` the JVM is already running: pass ``--conf`` settings there.
     """
     from pyspark import SparkContext  # in the function: `import pipelines` stays free of PySpark
     from pyspark.sql import SparkSession
@@ -57,7 +79,8 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
     builder = SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false")
     if master:
         builder = builder.master(master)
-    for key, value in {**(utf8_conf(verbose) if launching else {}), **(conf or {})}.items():
+    own = {**utf8_conf(verbose), **service_conf(master or DEFAULT_MASTER, os.environ)} if launching else {}
+    for key, value in {**own, **(conf or {})}.items():
         builder = builder.config(key, value)
     with environment(UTF8_ENV if launching else {}):
         spark = builder.getOrCreate()

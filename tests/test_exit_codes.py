@@ -263,7 +263,7 @@ def test_a_rank_s_record_keeps_its_redacted_traceback_or_marks_its_refusal(monke
 
 
 def test_the_driver_exits_2_for_a_rank_s_refusal_and_1_with_the_rank_s_traceback_else(monkeypatch, caplog):
-    """Through the local launcher's path: each rank's record in the failure folder, read back by
+    """Through the local launcher's path: each rank's record in its result file, read back by
     collect_failures, raised as HorovodJobFailed, ended by the training command's launch_failed."""
     from pipelines.launch.failures import HorovodJobFailed, RankFailure, RelaunchImpossible
     from pipelines.training.cli import launch_failed
@@ -291,33 +291,33 @@ def test_the_driver_exits_2_for_a_rank_s_refusal_and_1_with_the_rank_s_traceback
         assert launch_failed(RelaunchImpossible("rank 1 lost", 2, "no slots"), log) == 1
 
 
-def test_a_local_rank_ends_on_its_redacted_cause_never_its_raw_exception(tmp_path, monkeypatch, capsys):
-    """The local launcher's rank wrapper records the failure for the driver, logs it with its
-    traceback (redacted), and ends on SystemExit: Horovod's task runner would print whatever
-    propagates, str(exc) and Python's traceback, secrets and all."""
+def test_a_local_rank_writes_its_redacted_failure_for_the_driver_which_reads_it_back(tmp_path, monkeypatch, capsys):
+    """A local rank's process (``pipelines.launch.child.child_main``, as run_local starts it) records
+    its failure in its result file, logs it with its traceback, redacted, and ends with status 1;
+    the driver's collect_failures reads the record back, a refusal still a refusal."""
+    import cloudpickle
+
+    from pipelines.launch.child import child_main
     from pipelines.launch.failures import HorovodJobFailed
-    from pipelines.launch.local import _Recorded, collect_failures
-    from pipelines.launch.rankenv import failure_dir_env
+    from pipelines.launch.local import collect_failures
     from pipelines.logs import setup_logging
 
-    for name, value in failure_dir_env(str(tmp_path)).items():
-        monkeypatch.setenv(name, value)
     monkeypatch.setenv("HOROVOD_RANK", "1")
     monkeypatch.setenv("HOROVOD_HOSTNAME", "host-1")
     setup_logging("train", rank=1)
-    with pytest.raises(SystemExit) as ended:
-        _Recorded(_internal(KeyError))()
-    assert ended.value.code.startswith("rank 1 on host-1 failed: KeyError") and SECRET not in ended.value.code
-    assert ended.value.__cause__ is None and ended.value.__suppress_context__
-    err = capsys.readouterr().err
+    job, result = tmp_path / "job.pkl", tmp_path / "result-1.json"
+
+    def failed(function):
+        job.write_bytes(cloudpickle.dumps((function, {})))
+        assert child_main(str(job), str(result)) == 1
+        (failure,) = collect_failures({1: json.loads(result.read_text())}, {1: 1}, "this-host")
+        return failure, capsys.readouterr().err
+
+    failure, err = failed(_internal(KeyError))
     assert "rank 1 on host-1 failed: KeyError" in err and "Traceback (most recent call last)" in err
-    assert SECRET not in err
-    (failure,) = collect_failures(str(tmp_path), "Process name: 1\nExit code: 1\n")
-    assert not failure.refused and "Traceback" in failure.traceback and SECRET not in failure.traceback
-    os.remove(tmp_path / "rank-1.json")
-    with pytest.raises(SystemExit):
-        _Recorded(_refuse)()
-    err = capsys.readouterr().err
+    assert (failure.rank, failure.host, failure.refused) == (1, "host-1", False)
+    assert failure.cause.startswith("KeyError") and "Traceback" in failure.traceback
+    assert SECRET not in err + failure.cause + failure.traceback + result.read_text()
+    failure, err = failed(_refuse)
     assert "rank 1 on host-1 refused: DataError" in err and "Traceback" not in err, err
-    (failure,) = collect_failures(str(tmp_path), "Process name: 1\nExit code: 1\n")
-    assert failure.refused and HorovodJobFailed([failure]).refused
+    assert failure.refused and HorovodJobFailed([failure]).refused and SECRET not in err + result.read_text()

@@ -1,4 +1,4 @@
-"""HorovodRunner's pure parts and its local mode (Horovod's own launcher, Gloo)."""
+"""HorovodRunner's pure parts and its local mode (child processes of the driver, Gloo over loopback)."""
 import os
 import socket
 
@@ -29,17 +29,22 @@ def test_failure_message_puts_the_root_cause_first():
     assert str(exc).startswith("rank 1 failed: RuntimeError: boom")
 
 
-def test_a_rank_killed_through_horovods_shell_is_named_with_its_signal(tmp_path):
-    """Horovod's launcher runs ranks through a shell: a SIGKILLed rank exits with status 137."""
-    message = ("Horovod detected that one or more processes exited with non-zero status, thus causing the job "
-               "to be terminated. The first process to do so was:\nProcess name: 1\nExit code: 137\n")
-    killed = collect_failures(str(tmp_path), message)
-    assert str(HorovodJobFailed(killed)) == f"rank 1 on {socket.gethostname()} failed: process killed by signal SIGKILL"
-    assert killed[0].lost  # a relaunch may survive it (--max-failures)
-    other = collect_failures(str(tmp_path), message.replace("137", "3"))
-    assert str(HorovodJobFailed(other)) == f"rank 1 on {socket.gethostname()} failed: process exited with status 3"
+def test_a_local_rank_that_ended_without_a_record_is_named_with_its_exit_status():
+    """A rank killed by a signal (-9: SIGKILL, as subprocess reports it) is a lost process, which a
+    relaunch may survive (--max-failures); a crash (SIGSEGV) or a status of its own is not; the ranks
+    the driver stopped after a failure (not in ``ended``) are not failures of their own."""
+    here = socket.gethostname()
+    killed = collect_failures({0: None, 1: None}, {1: -9}, here)
+    assert str(HorovodJobFailed(killed)) == f"rank 1 on {here} failed: process killed by signal SIGKILL"
+    assert killed[0].lost and len(killed) == 1
+    other = collect_failures({0: None, 1: None}, {1: 3}, here)
+    assert str(HorovodJobFailed(other)) == f"rank 1 on {here} failed: process exited with status 3"
     assert not other[0].lost
-    assert not collect_failures(str(tmp_path), message.replace("137", str(128 + 11)))[0].lost  # SIGSEGV: a crash
+    assert not collect_failures({1: None}, {1: -11}, here)[0].lost  # SIGSEGV: a crash
+    silent = collect_failures({0: None}, {0: 0}, here)
+    assert [(f.rank, f.cause) for f in silent] == [(0, "process ended without writing its result")]
+    assert collect_failures({0: {"status": "ok", "result": ""}, 1: {"status": "ok", "result": ""}}, {0: 0, 1: 0},
+                            here) == []
 
 
 def _kill_rank_1():
@@ -92,23 +97,13 @@ def _tuning_env():
 
 @pytest.mark.slow
 def test_local_ranks_get_the_users_tuning_or_horovods_defaults_not_none_tuples(monkeypatch):
-    """horovod.runner.run passes HOROVOD_CYCLE_TIME="(None,)" (read as 0 ms: a spinning background
-    thread) whatever the launching process had; the ranks must get that process's value, or none."""
+    """Horovod 0.28.1's horovod.runner.run passed HOROVOD_CYCLE_TIME="(None,)" (read as 0 ms: a
+    spinning background thread) whatever the launching process had; the ranks must get that
+    process's value, or none."""
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "7")
     monkeypatch.delenv("HOROVOD_CACHE_CAPACITY", raising=False)
     assert HorovodRunner(np=-1).run(_tuning_env) == {"HOROVOD_CYCLE_TIME": "7", "HOROVOD_CACHE_CAPACITY": None}
-    assert "PIPELINES_KEEP_HOROVOD_CYCLE_TIME" not in os.environ  # handed over, then cleaned up
-
-
-def test_repair_keeps_values_that_are_not_none_tuples(monkeypatch):
-    from pipelines.launch.local import repair_horovod_env
-    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")
-    monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", "(None,)")
-    repair_horovod_env({})
-    assert _tuning_env() == {"HOROVOD_CYCLE_TIME": "5", "HOROVOD_CACHE_CAPACITY": None}
-    monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", "(None,)")
-    repair_horovod_env({"HOROVOD_CACHE_CAPACITY": "64"})  # the launching process's value, handed over
-    assert _tuning_env() == {"HOROVOD_CYCLE_TIME": "5", "HOROVOD_CACHE_CAPACITY": "64"}
+    assert "HOROVOD_RANK" not in os.environ  # the ranks' variables are theirs alone
 
 
 @pytest.mark.slow
@@ -127,16 +122,12 @@ def test_local_failure_names_the_rank_and_the_cause(capfd):
     assert "rank 1 on" in shown.out + shown.err  # the rank's own last words, with its traceback
 
 
-def test_a_peer_error_never_hides_the_root_cause(tmp_path):
-    """Horovod may see the innocent rank exit first; the ranks' own error texts decide."""
-    import json
-    (tmp_path / "rank-0.json").write_text(json.dumps({"rank": 0, "cause": "UnknownError: Horovod has been shut down",
-                                                      "traceback": "", "secondary": True}))
-    (tmp_path / "rank-1.json").write_text(json.dumps({"rank": 1, "cause": "ValueError: broken", "traceback": "",
-                                                      "secondary": False}))
-    message = "The first process to do so was:\nProcess name: 0\nExit code: 1\n"
-    assert str(HorovodJobFailed(collect_failures(str(tmp_path), message))).startswith(
-        f"rank 1 on {socket.gethostname()} failed: ValueError")
+def test_a_peer_error_never_hides_the_root_cause():
+    """The innocent rank may end first, of its peer's failure; the ranks' own error texts decide."""
+    records = {0: {"status": "error", "rank": 0, "cause": "UnknownError: Horovod has been shut down",
+                   "traceback": "", "secondary": True},
+               1: {"status": "error", "rank": 1, "cause": "ValueError: broken", "traceback": "", "secondary": False}}
+    assert str(HorovodJobFailed(collect_failures(records, {0: 1}, "h"))).startswith("rank 1 on h failed: ValueError")
 
 
 # -- which network interface Gloo uses (issue 9, item 4) ----------------------------------------
@@ -492,3 +483,110 @@ def test_spark_on_ipv6_is_refused_with_exit_2_before_any_task(tmp_path):
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "no IPv4 address" in errors[0] and "Horovod's Gloo rendezvous is IPv4 only" in errors[0]
     assert "does not resolve" not in proc.stderr and "barrier tasks on" not in proc.stderr
+
+
+# -- what a running job listens on (issue 36, items 1 and 7) ------------------------------------
+
+def _listening(pids):
+    """``{(pid, address, port)}`` of the TCP sockets the processes ``pids`` listen on (psutil)."""
+    import psutil
+    found = set()
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            connections = proc.net_connections(kind="inet") if hasattr(proc, "net_connections") else \
+                proc.connections(kind="inet")
+        except psutil.Error:  # it ended between the listing and the look
+            continue
+        found |= {(pid, c.laddr.ip, c.laddr.port) for c in connections if c.status == psutil.CONN_LISTEN}
+    return found
+
+
+def _answer(address, port, path):
+    """What a listening socket answers to an HTTP ``GET path`` within 2 s (b"" if it says nothing)."""
+    with socket.create_connection((address, port), timeout=2) as conn:
+        conn.sendall(f"GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n".encode())
+        chunks = []
+        try:
+            while chunk := conn.recv(65536):
+                chunks.append(chunk)
+        except OSError:  # silent (a Gloo pair waits for its peer's bytes), or reset
+            pass
+        return b"".join(chunks)
+
+
+@pytest.mark.slow
+def test_a_local_training_job_listens_on_loopback_alone_and_serves_no_part_of_its_job(tmp_path):
+    """``jobs/train.py --spark-np -2`` while it runs: every socket the driver and its ranks listen
+    on is bound to loopback (Horovod's function mode served the pickled job and its config on
+    every interface), the driver's Gloo rendezvous and the ranks' Gloo pairs among them, and none
+    of the driver's answers an HTTP GET (of ``/``, or of the path Horovod's store served the job
+    at) with the config (a marker in its --output) or a pickle. (The ranks' sockets are Gloo's
+    pairs: a probe's bytes would break the job.)"""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from tests.conftest import subprocess_env
+    from tests.datagen import write_dataset
+
+    data, marker = str(tmp_path / "data"), "marker-7f3a9c1e5d"
+    write_dataset(data, train_groups=[4, 4], test_groups=[3], size=12, rows_per_group=2)
+    out = str(tmp_path / f"out-{marker}")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    job = subprocess.Popen([sys.executable, os.path.join(repo, "jobs", "train.py"), "--data", data, "--output", out,
+                            "--weights", "none", "--backbone", "tiny", "--batch-size", "2", "--image-size", "8",
+                            "--epochs", "3", "--patience", "5", "--no-tensorboard", "--spark-np", "-2"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=subprocess_env())
+    seen, answers, roles = set(), {}, {}
+    try:
+        while job.poll() is None:
+            tree = [job.pid] + [c.pid for c in psutil.Process(job.pid).children(recursive=True)]
+            for pid, address, port in _listening(tree) - seen:
+                seen.add((pid, address, port))
+                roles[pid] = "driver" if pid == job.pid else "rank"
+                if pid == job.pid:  # a rank's are Gloo's pairs, which a stray byte would break
+                    try:
+                        answers[(address, port)] = [_answer(address, port, path) for path in ("/", "/runfunc/func")]
+                    except OSError:
+                        answers[(address, port)] = []  # closed in between
+            time.sleep(0.2)
+    finally:
+        if job.poll() is None:
+            job.kill()
+        output = job.communicate()[0].decode(errors="replace")
+    assert job.returncode == 0, output[-3000:]
+    assert {address for _, address, _ in seen} <= {"127.0.0.1", "::1"}, seen
+    # the driver's rendezvous, and Gloo's (a pair's listener lives until its peer has connected)
+    assert set(roles.values()) == {"driver", "rank"}, (seen, roles)
+    for (address, port), replies in answers.items():
+        for reply in replies:
+            body = reply.split(b"\r\n\r\n", 1)[-1]
+            assert marker.encode() not in reply and not body.startswith((b"\x80\x04", b"\x80\x05")), \
+                (address, port, reply[:200])
+
+
+def test_sessions_this_product_starts_serve_no_ui_and_a_local_master_on_loopback_alone():
+    """The web UI (every interface, the job's environment, links that kill jobs) is off unless
+    asked, never with its kill links; a local master's driver listens on 127.0.0.1 unless the user
+    chose an address (SPARK_LOCAL_IP); a cluster's master leaves the driver's address to Spark."""
+    from pipelines.spark import service_conf
+    off = {"spark.ui.enabled": "false", "spark.ui.killEnabled": "false"}
+    loopback = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+    for master in ("local", "local[*]", "local[2]", "local[2,3]"):
+        assert service_conf(master, {}) == {**off, **loopback}
+        assert service_conf(master, {"SPARK_LOCAL_IP": "127.0.1.1"}) == off
+    for master in ("spark://10.0.0.1:7077", "local-cluster[2,1,1024]", "yarn", "k8s://https://10.0.0.1:6443"):
+        assert service_conf(master, {}) == off
+
+
+@pytest.mark.slow
+def test_the_suites_own_session_has_no_ui_and_its_driver_on_loopback(spark):
+    """Real Spark: the session spark_session started (tests/conftest.py, local[2])."""
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.ui.enabled") == "false" and conf.get("spark.ui.killEnabled") == "false"
+    assert spark.sparkContext.uiWebUrl is None
+    if not os.environ.get("SPARK_LOCAL_IP"):
+        assert conf.get("spark.driver.host") == conf.get("spark.driver.bindAddress") == "127.0.0.1"

@@ -2,9 +2,9 @@
 
 One module per job: ``config`` (:class:`LaunchConfig`: how many ranks, where, how many
 relaunches; apart from each rank's own config), ``runner`` (:class:`HorovodRunner`), ``local``
-(Horovod's own launcher), ``barrier`` (Spark barrier tasks) and ``child`` (a rank's process inside
+(local ranks: child processes of the driver), ``barrier`` (Spark barrier tasks) and ``child`` (a rank's process inside
 a task), ``sparkcheck`` (the cluster's checks before any task), ``network`` (Gloo's interface,
-hosts and ports), ``gpus`` (each rank's GPU, NCCL's interface), ``failures`` and ``recovery``
+hosts and ports), ``rendezvous`` (Gloo's rendezvous, on one address), ``gpus`` (each rank's GPU, NCCL's interface), ``failures`` and ``recovery``
 (what failed, what is relaunched), ``ranklogs`` (the ranks' output at the driver), ``cluster`` (a
 Spark standalone cluster on this machine). Importing it loads neither TensorFlow, Horovod nor
 PySpark: those are imported inside the functions that start ranks.

@@ -3,7 +3,8 @@
 The driver (:func:`run_spark`) checks the cluster (:mod:`pipelines.launch.sparkcheck`), starts the
 rank-log sink, and runs one barrier stage of N tasks. Each task (:func:`barrier_task`) learns the
 others' hosts from ``BarrierTaskContext``, numbers the ranks as Horovod would (:func:`rank_plan`),
-chooses its Gloo interface, joins one ``allGather``; task 0 serves Gloo's rendezvous; each task
+chooses its Gloo interface, joins one ``allGather``; task 0 serves Gloo's rendezvous (on its own
+address, :class:`~pipelines.launch.rendezvous.Rendezvous`); each task
 then runs its rank as a child process (:func:`pipelines.launch.child.run_child`). A task reports a
 rank's failure as a record, so Spark retries nothing; an executor lost under a task becomes a
 lost :class:`~pipelines.launch.failures.RankFailure` naming its host (:func:`collect_tasks`).
@@ -25,6 +26,7 @@ from pipelines.launch.failures import HorovodJobFailed, RankFailure
 from pipelines.launch.gpus import (CUDA_VISIBLE, check_local_gpus, nccl_env, parse_visible, rank_gpu_env, task_gpus,
                                    visible_gpu_count)
 from pipelines.launch.network import GLOO_IFACE_ENV, interface_of, rendezvous_ipv4, split_host_port
+from pipelines.launch.rendezvous import Rendezvous
 from pipelines.launch.ranklogs import LogSink
 from pipelines.launch.sparkcheck import check_barrier_conf, check_local_executors, executor_id_hosts, wait_for_slots
 from pipelines.logs import plural
@@ -137,8 +139,11 @@ def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str]
                             os.environ)
         server = None
         if index == 0 and "error" not in mine:  # the rendezvous lives as long as task 0
-            server, port = _start_rendezvous(hosts, world_size)
-            mine["rendezvous"] = f"{hosts[0]}:{port}"  # the address Spark reaches task 0 at
+            try:  # on the address the other tasks reach task 0 at, not on every interface
+                server = Rendezvous(rendezvous_ipv4(hosts[0]), _host_counts(hosts), world_size)
+                mine["rendezvous"] = f"{hosts[0]}:{server.port}"
+            except OSError as exc:  # the address Spark names this host by is not one of its own
+                mine = {"error": f"Gloo's rendezvous cannot listen on {hosts[0]}: {exc}", "refused": False}
         try:
             gathered = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
             if any("error" in m for m in gathered):
@@ -197,19 +202,6 @@ def rank_env(slot: Dict[str, int], host: str, world_size: int, rendezvous: str, 
             "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": choices["iface"],
             **nccl_env(choices["iface"], environ),
             **rank_gpu_env(choices["gpus"], choices["addresses"], environ)}
-
-
-def _start_rendezvous(hosts: List[str], world_size: int):
-    """Start Horovod's Gloo rendezvous server (it listens on all addresses); return it and its port."""
-    # in the function: `import pipelines` stays free of Horovod (and, through it, of TensorFlow)
-    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-    from horovod.runner.http.http_server import RendezvousServer
-
-    server = RendezvousServer(verbose=0)
-    port = server.start()
-    host_list = ",".join(f"{h}:{n}" for h, n in _host_counts(hosts))
-    server.init(get_host_assignments(parse_hosts(host_list), world_size))
-    return server, port
 
 
 def _host_counts(hosts: List[str]) -> List[tuple]:

@@ -1,5 +1,6 @@
-"""One rank in a fresh interpreter, inside a barrier task: started by :func:`run_child`, it runs
-``python -m pipelines.launch.child JOB RESULT`` (:func:`child_main`): the pickled function, its
+"""One rank in a fresh interpreter, inside a barrier task (:func:`run_child`) or a local run
+(:func:`pipelines.launch.local.run_local`): it runs :func:`child_main` on ``JOB RESULT``
+(:func:`rank_command`): the pickled function, its
 outcome written as JSON. A fresh interpreter, so TensorFlow and Horovod start clean; it dies with
 its task (``PR_SET_PDEATHSIG``)."""
 from __future__ import annotations
@@ -13,7 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import cloudpickle
 
@@ -24,9 +25,18 @@ from pipelines.launch.ranklogs import forward
 log = logging.getLogger("pipelines")
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Make this process (a rank, between fork and exec) receive SIGKILL when its parent dies."""
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def rank_command(job: str, result: str) -> List[str]:
+    """The command line of a rank's process: :func:`child_main` on ``job`` and ``result`` (paths).
+    Not ``python -m pipelines.launch.child``: the package imports this module first, and runpy
+    warns on every rank's stderr that it was found in ``sys.modules`` before it ran."""
+    return [sys.executable, "-c", "import sys; from pipelines.launch.child import child_main; "
+                                  "sys.exit(child_main(sys.argv[1], sys.argv[2]))", job, result]
 
 
 def run_child(payload: bytes, env: Dict[str, str], rank: int,
@@ -39,11 +49,12 @@ def run_child(payload: bytes, env: Dict[str, str], rank: int,
     """
     with tempfile.TemporaryDirectory(prefix=f"hvd-rank{rank}-") as work:
         job, result = os.path.join(work, "job.pkl"), os.path.join(work, "result.json")
-        with open(job, "wb") as f:
+        # the payload holds the rank's config, storage credentials included: owner-only, and
+        # handed over by path, never on the child's command line (which every local user can read)
+        with os.fdopen(os.open(job, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
             f.write(payload)
-        proc = subprocess.Popen([sys.executable, "-m", "pipelines.launch.child", job, result],
-                                env=dict(env, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(rank_command(job, result), env=dict(env, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         address, token, host = sink
         with proc.stdout:
             lines = forward(proc.stdout, address, token, rank, host)
@@ -73,7 +84,3 @@ def child_main(job_path: str, result_path: str) -> int:
         code = 1
     write_json(result_path, record)
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(child_main(sys.argv[1], sys.argv[2]))

@@ -115,17 +115,6 @@ class ClusterConfigError(Refused):
     setting and the value to use. A refusal: ``jobs/train.py`` exits with status 2 on it."""
 
 
-def shell_status(code: int) -> int:
-    """Horovod's launcher starts each rank through a shell, which reports a rank killed by signal N
-    as exit status 128 + N: as ``subprocess`` would (-N)."""
-    if 128 < code < 128 + 65:
-        try:
-            return -signal.Signals(code - 128)
-        except ValueError:
-            pass
-    return code
-
-
 def exit_cause(code: int) -> str:
     """One line for a process's exit status (negative: the signal that killed it)."""
     if code < 0:

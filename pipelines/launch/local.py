@@ -1,142 +1,172 @@
-"""Local ranks (``HorovodRunner(np=-N)``): N processes on this machine by Horovod's own launcher.
+"""Local ranks (``HorovodRunner(np=-N)``): N child processes of the driver, as barrier tasks start theirs.
 
-``horovod.runner.run`` (Gloo) starts the ranks; each rank's exception is written to a folder of
-this run by :class:`_Recorded` before it propagates, and :func:`collect_failures` turns those
-records and Horovod's message into :class:`~pipelines.launch.failures.RankFailure` s. Two faults of
-Horovod 0.28.1's launcher are mended here (:func:`repair_horovod_env`, :func:`mend_pad_rank`).
+:func:`run_local` writes the pickled job to a folder only its owner can open (``tempfile``: mode
+0700), serves Gloo's rendezvous on 127.0.0.1 (:class:`~pipelines.launch.rendezvous.Rendezvous`),
+and starts each rank as a child process (:func:`pipelines.launch.child.rank_command`) with the variables
+``horovodrun`` sets (:func:`pipelines.launch.barrier.rank_env`: Gloo over ``lo``). Each rank writes
+its outcome to its own file in that folder, which the driver reads back once the rank has ended;
+nothing the job holds is ever served on a socket (Horovod's ``horovod.runner.run`` served the
+pickled job and took the ranks' pickled results from an HTTP store on every interface).
+
+A rank that fails (an exception, a signal) stops the others, as Horovod's launcher did;
+:func:`collect_failures` turns the ranks' records and exit statuses into
+:class:`~pipelines.launch.failures.RankFailure` s. Each rank's output is shown at the driver
+prefixed ``[R]<stdout>:`` / ``[R]<stderr>:`` and kept in ``LOG_DIR/rank.R/stdout`` and ``stderr``
+(Horovod's layout, :func:`pad_rank`).
 """
 from __future__ import annotations
 
+import base64
 import json
-import logging
 import os
-import re
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
-from typing import Any, Callable, Dict, List, Optional
+import threading
+import time
+from typing import Any, BinaryIO, Callable, Dict, List, Optional
 
-from pipelines.atomic import write_json
-from pipelines.launch.failures import (HorovodJobFailed, RankFailure, exit_cause, failure_record, log_rank_failure,
-                                       shell_status, signal_is_loss)
-from pipelines.launch.gpus import nccl_env, rank_gpu_env
-from pipelines.launch.rankenv import failure_dir_env, keep_env, read_rank_environment
+import cloudpickle
 
-log = logging.getLogger("pipelines")
+from pipelines.launch.barrier import rank_env, rank_plan
+from pipelines.launch.child import die_with_parent, rank_command
+from pipelines.launch.failures import HorovodJobFailed, RankFailure, exit_cause, signal_is_loss
+from pipelines.launch.rendezvous import Rendezvous
 
-# horovod.runner.run (0.28.1) starts from ``cycle_time_ms = None,`` and ``cache_capacity = None,``
-# (stray commas: tuples) and passes them on as HOROVOD_CYCLE_TIME="(None,)" and
-# HOROVOD_CACHE_CAPACITY="(None,)", which Horovod's core reads as 0: a background thread that never
-# sleeps between cycles and no response cache. On a CPU it steals a core from the training: a rank
-# alone on one core trained at half speed. ``horovodrun`` itself sets neither. The launching
-# process's own values are handed over (pipelines.launch.rankenv.keep_env), which horovod.runner.run leaves alone.
-_BROKEN_BY_HOROVOD_RUN = ("HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY")
+LOOPBACK = "127.0.0.1"  # every socket of a local run: the rendezvous, and Gloo's own over lo
+STOP_GRACE_S = 5.0  # a rank stopped after another's failure gets SIGTERM, then SIGKILL after this
 
 
 def pad_rank(rank: int, size: int) -> str:
     """Horovod's name of a rank's log folder (``rank.<this>``): ``rank`` zero-padded to the digits
-    of ``size - 1``, and ``"0"`` for a world of one."""
+    of ``size - 1``, and ``"0"`` for a world of one (Horovod 0.28.1's ``gloo_run._pad_rank`` failed
+    there with "math domain error")."""
     return str(rank).zfill(len(str(max(size - 1, 0))))
-
-
-def mend_pad_rank() -> None:
-    """Give Horovod's launcher a :func:`pad_rank` that takes a world of one.
-
-    Horovod 0.28.1's ``gloo_run._pad_rank`` computes ``int(log10(size - 1)) + 1`` digits, a
-    ``ValueError: math domain error`` for one process, so every one-rank local run with rank logs
-    (``jobs/train.py --spark-np -1``) failed before its rank started. Same names for every other size.
-    """
-    from horovod.runner import gloo_run  # in the function: `import pipelines` stays free of Horovod
-
-    gloo_run._pad_rank = pad_rank
-
-
-def repair_horovod_env(kept: Dict[str, str]) -> None:
-    """Replace the ``"(None,)"`` values ``horovod.runner.run`` gives some tuning variables, before
-    ``hvd.init()`` reads them: by the launching process's own value when it had one (``kept``:
-    :attr:`pipelines.launch.rankenv.RankEnvironment.kept`), else by nothing (Horovod's defaults
-    apply). Values that are not ``"(None,)"`` stay."""
-    for name in _BROKEN_BY_HOROVOD_RUN:
-        if os.environ.get(name) == "(None,)":
-            if name in kept:
-                os.environ[name] = kept[name]
-            else:
-                del os.environ[name]
-
-
-class _Recorded:
-    """Wraps ``main`` so that a rank's exception is written to the run's failure folder before it
-    propagates: the start of a rank of Horovod's launcher, which reads what the launcher handed it."""
-
-    def __init__(self, main: Callable[..., Any]):
-        self.main = main
-
-    def __call__(self, **kwargs: Any) -> Any:
-        handed = read_rank_environment()
-        repair_horovod_env(handed.kept)
-        try:
-            return self.main(**kwargs)
-        except BaseException as exc:
-            record = failure_record(exc)
-            log_rank_failure(record)
-            directory = handed.failure_dir
-            if directory:
-                write_json(os.path.join(directory, f"rank-{record['rank']}.json"), record)
-            # Horovod's task runner prints what propagates, secrets and all (str(exc) and Python's
-            # traceback): the rank ends on the redacted cause alone, status 1 as before
-            raise SystemExit(f"rank {record['rank']} on {record['host']} failed: {record['cause']}") from None
 
 
 def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int, iface: Optional[str],
               log_dir: Optional[str]) -> Any:
-    """Run ``main(**kwargs)`` on ``world_size`` local ranks (``horovod.runner.run``, Gloo) over the
-    interface ``iface`` (None: Horovod's choice; NCCL's too, unless the user set
-    ``NCCL_SOCKET_IFNAME``), GPUs numbered in PCI bus order, each rank's output in ``log_dir``
-    (Horovod's ``rank.R/stdout``, ``rank.R/stderr``) when given; return rank 0's value.
+    """Run ``main(**kwargs)`` on ``world_size`` ranks, child processes of this one, Gloo over the
+    interface ``iface`` (None: ``lo``; it must carry 127.0.0.1:
+    :func:`pipelines.launch.network.local_interface`), GPUs numbered in PCI bus order, each rank's
+    output in ``log_dir`` (``rank.R/stdout``, ``rank.R/stderr``, appended) when given; return
+    rank 0's value.
 
     Raises:
         HorovodJobFailed: a rank raised or died (:func:`collect_failures`).
     """
-    import horovod.runner  # in the function: `import pipelines` stays free of Horovod
-
-    mend_pad_rank()
-    with tempfile.TemporaryDirectory(prefix="hvd-failures-") as failures:
-        handed = {**failure_dir_env(failures), **keep_env(_BROKEN_BY_HOROVOD_RUN, os.environ),
-                  **rank_gpu_env([], [], os.environ), **nccl_env(iface, os.environ)}  # none the user set
-        os.environ.update(handed)  # inherited by the ranks
+    host = socket.gethostname()
+    slots = rank_plan([host] * world_size)
+    with tempfile.TemporaryDirectory(prefix="hvd-local-") as work:  # mode 0700: the job is the owner's alone
+        job = os.path.join(work, "job.pkl")
+        with open(job, "wb") as f:
+            f.write(cloudpickle.dumps((main, kwargs)))
+        results = [os.path.join(work, f"result-{rank}.json") for rank in range(world_size)]
+        rendezvous = Rendezvous(LOOPBACK, [(host, world_size)], world_size)
+        choices = {"iface": iface or "lo", "gpus": [], "addresses": []}
+        ranks: List[subprocess.Popen] = []
         try:
-            if log_dir:
-                os.makedirs(log_dir, exist_ok=True)
-            results = horovod.runner.run(_Recorded(main), kwargs=kwargs, num_proc=world_size,
-                                         hosts=f"localhost:{world_size}", use_gloo=True,
-                                         network_interfaces=[iface] if iface else None,
-                                         output_filename=log_dir)
-        except RuntimeError as exc:
-            raise HorovodJobFailed(collect_failures(failures, str(exc))) from exc
+            for slot in slots:
+                env = rank_env(slot, host, world_size, f"{LOOPBACK}:{rendezvous.port}", choices, os.environ)
+                ranks.append(_start_rank(job, results[slot["rank"]], dict(os.environ, **env), slot["rank"],
+                                         world_size, log_dir))
+            ended = _wait(ranks)
         finally:
-            for name in handed:
-                os.environ.pop(name, None)
-    return results[0]
+            _stop(ranks)
+            rendezvous.stop()
+        records = {rank: _read(path) for rank, path in enumerate(results)}
+    failures = collect_failures(records, ended, host)
+    if failures:
+        raise HorovodJobFailed(failures)
+    return cloudpickle.loads(base64.b64decode(records[0]["result"]))
 
 
-def collect_failures(directory: str, horovod_message: str) -> List[RankFailure]:
-    """Failure records the ranks wrote, with the rank Horovod saw exit first as the root cause."""
-    match = re.search(r"Process name: (\d+)\s+Exit code: (-?\d+)", horovod_message)
-    first = int(match.group(1)) if match else None
-    records = []
-    for name in sorted(n for n in os.listdir(directory) if n.startswith("rank-") and n.endswith(".json")):
-        with open(os.path.join(directory, name)) as f:  # whole files only: written by rename
-            records.append(json.load(f))
-    # A rank that died of a peer's failure (Horovod shut down) may exit first: its own error text
-    # decides; Horovod's "first process" only breaks ties between ranks that failed on their own.
-    own = [r for r in records if not r["secondary"]]
-    here = socket.gethostname()  # local ranks: all on this machine
-    failures = [RankFailure(r["rank"], r["cause"], r["traceback"],
-                            r["secondary"] or (len(own) > 1 and first is not None and r["rank"] != first), here,
-                            refused=r.get("refused", False))
-                for r in records]
-    if first is not None and not any(f.rank == first for f in failures):  # killed: it could not say why
-        code = shell_status(int(match.group(2)))
-        failures.append(RankFailure(first, exit_cause(code), host=here, lost=signal_is_loss(code)))
-    if not failures:
-        failures.append(RankFailure(-1, horovod_message.strip(), host=here))
+def _start_rank(job: str, result: str, env: Dict[str, str], rank: int, world_size: int,
+                log_dir: Optional[str]) -> subprocess.Popen:
+    """One rank's process, its stdout and stderr pumped to the driver's and to its log folder."""
+    proc = subprocess.Popen(rank_command(job, result), env=dict(env, PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+    folder = os.path.join(log_dir, f"rank.{pad_rank(rank, world_size)}") if log_dir else None
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    proc.pumps = [threading.Thread(target=_pump, args=(stream, f"[{rank}]<{name}>:", name,
+                                                       os.path.join(folder, name) if folder else None),
+                                   name=f"rank-{rank}-{name}", daemon=True)
+                  for stream, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))]
+    for pump in proc.pumps:
+        pump.start()
+    return proc
+
+
+def _pump(stream: BinaryIO, shown: str, name: str, keep: Optional[str]) -> None:
+    """Copy a rank's stream line by line to this process's stream ``name``, prefixed ``shown``, and
+    unprefixed to the file ``keep`` (None: none)."""
+    with stream, open(keep or os.devnull, "ab") as kept:
+        for line in stream:
+            kept.write(line)
+            kept.flush()
+            console = getattr(sys, name)  # looked up each time: a test may capture it
+            console.write(shown + line.decode(errors="replace").rstrip("\n") + "\n")
+            console.flush()
+
+
+def _wait(ranks: List[subprocess.Popen]) -> Dict[int, int]:
+    """Wait until every rank has ended, or one has failed; return the exit status of each rank
+    that ended by itself (``rank -> status``). The ranks still running when one fails are left to
+    :func:`_stop`: their end is that failure's consequence, not a cause."""
+    ended: Dict[int, int] = {}
+    while len(ended) < len(ranks):
+        for rank, proc in enumerate(ranks):
+            if rank not in ended and proc.poll() is not None:
+                ended[rank] = proc.returncode
+        if any(code != 0 for code in ended.values()):
+            break
+        time.sleep(0.1)
+    return ended
+
+
+def _stop(ranks: List[subprocess.Popen]) -> None:
+    """End every rank still running (SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`), and wait
+    for their output to be copied."""
+    for proc in ranks:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for proc in ranks:
+        try:
+            proc.wait(max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for pump in proc.pumps:
+            pump.join()
+
+
+def _read(path: str) -> Optional[Dict[str, Any]]:
+    """A rank's outcome record (:func:`pipelines.launch.child.child_main`), or None: it wrote none."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:  # whole files only: written by rename
+        return json.load(f)
+
+
+def collect_failures(records: Dict[int, Optional[Dict[str, Any]]], ended: Dict[int, int],
+                     host: str) -> List[RankFailure]:
+    """The failures of a local run: each rank's error record (``records``: rank -> its record, or
+    None), and, for a rank that ended by itself (``ended``: rank -> exit status, as :func:`_wait`
+    gives) with a non-zero status and no record, its exit status (killed: its signal, a lost
+    process when :func:`~pipelines.launch.failures.signal_is_loss`). A rank that ended with status
+    0 and no record failed too. Empty: every rank succeeded. ``host``: this machine's name.
+
+    A rank that failed of a peer's failure (Horovod shut down, Gloo's connections closed) says so in
+    its record (``secondary``): the root cause is a rank that failed on its own."""
+    failures = [RankFailure(r["rank"], r["cause"], r.get("traceback", ""), r.get("secondary", False),
+                            r.get("host") or host, refused=r.get("refused", False))
+                for r in records.values() if r is not None and r["status"] == "error"]
+    for rank, code in sorted(ended.items()):
+        if records.get(rank) is None:
+            cause = exit_cause(code) if code else "process ended without writing its result"
+            failures.append(RankFailure(rank, cause, host=host, lost=signal_is_loss(code)))
     return failures

@@ -141,11 +141,11 @@ def is_this_machine(host: str) -> bool:
 
 
 def local_interface(requested: Optional[str], interfaces: Optional[Dict[str, List[str]]] = None) -> Optional[str]:
-    """The user's interface for local ranks, checked before any starts; None: Horovod's choice.
+    """The user's interface for local ranks, checked before any starts; None: none named (``lo``).
 
-    ``horovod.runner.run`` sets the ranks' ``HOROVOD_GLOO_IFACE`` itself, over the user's, and with
-    only local hosts accepts no interface but one that carries 127.0.0.1 (else "No interface is
-    found for address 127.0.0.1"): hand it the user's choice, or refuse that choice by name.
+    Local ranks talk over loopback alone (:mod:`pipelines.launch.local`: the rendezvous listens on
+    127.0.0.1, and Gloo binds to its interface's address), so an interface that does not carry
+    127.0.0.1 would expose them to the network, or not reach the rendezvous: refused by name.
 
     Raises:
         ValueError: the interface does not exist, or does not carry 127.0.0.1.
@@ -157,6 +157,6 @@ def local_interface(requested: Optional[str], interfaces: Optional[Dict[str, Lis
     addresses = interfaces[iface]
     if "127.0.0.1" not in addresses:
         raise Refused(f"network interface {iface!r} ({' '.join(addresses) or 'no address'}) cannot carry local "
-                      f"ranks (np < 0): Horovod's launcher runs them over the interface of 127.0.0.1; "
+                      f"ranks (np < 0): they talk over the interface of 127.0.0.1 alone; "
                       f"unset {GLOO_IFACE_ENV} / --network-interface, or name that interface")
     return iface

@@ -1,10 +1,9 @@
 """The variables a launcher hands its ranks: written here, read here once, where a rank starts.
 
 A rank's process learns what its launcher decided through its environment (the only channel
-through ``horovod.runner.run`` and a barrier task's child process). Each variable is written by
+into a rank's child process, local or a barrier task's). Each variable is written by
 one function of this module in the launcher and read by :func:`read_rank_environment` alone, at
-the rank's start (:class:`pipelines.launch.local._Recorded` for Horovod's launcher,
-:func:`pipelines.training.train.setup_rank` for every training rank), into a
+the rank's start (:func:`pipelines.training.train.setup_rank` for every training rank), into a
 :class:`RankEnvironment` whose fields are passed on as parameters. (The user's own variables are
 :mod:`pipelines.environment`'s.)
 
@@ -13,11 +12,6 @@ variable                        meaning                                         
 ==============================  ======================================================  ===============================
 ``PIPELINES_ATTEMPTS``          the earlier attempts of a relaunched job, JSON: a list  :func:`attempts_env` (the
                                 of ``{"attempt": n, "failure": "why"}``                 relaunch wrapper, in the rank)
-``PIPELINES_FAILURE_DIR``       the folder a local rank writes its failure record to   :func:`failure_dir_env`
-                                (``rank-R.json``)                                       (``launch/local.py``)
-``PIPELINES_KEEP_<NAME>``       the launching process's own ``HOROVOD_CYCLE_TIME`` and  :func:`keep_env`
-                                ``HOROVOD_CACHE_CAPACITY``, which Horovod's launcher    (``launch/local.py``)
-                                overwrites (``launch/local.py``)
 ``PIPELINES_ASSIGNED_GPUS``     the GPU addresses Spark gave a barrier task's rank:     :func:`assigned_gpus_env`
                                 the rank uses every GPU it sees                         (``launch/gpus.py``)
 ``PIPELINES_FAULT_INJECT``      test hook: ``rank=R,epoch=E,mode=M[,mark=PATH]``        a test, in the launching
@@ -34,8 +28,6 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence
 
 ATTEMPTS_ENV = "PIPELINES_ATTEMPTS"
-FAILURE_DIR_ENV = "PIPELINES_FAILURE_DIR"
-KEEP_PREFIX = "PIPELINES_KEEP_"
 ASSIGNED_ENV = "PIPELINES_ASSIGNED_GPUS"
 FAULT_ENV = "PIPELINES_FAULT_INJECT"
 
@@ -47,8 +39,6 @@ class RankEnvironment:
     #: every attempt of this job so far, this one last: ``[{"attempt": 1, "failure": "rank 1 on
     #: HOST failed: ..."}, ..., {"attempt": n, "failure": None}]``; one attempt outside a relauncher
     attempts: List[Dict] = field(default_factory=lambda: [{"attempt": 1, "failure": None}])
-    failure_dir: str = ""  #: where a local rank writes its failure record; "" = none
-    kept: Dict[str, str] = field(default_factory=dict)  #: ``{HOROVOD_NAME: the launcher's value}``
     assigned_gpus: List[str] = field(default_factory=list)  #: GPU addresses the launcher gave the rank
     fault: str = ""  #: the test hook's spec; "" = none
 
@@ -65,8 +55,6 @@ def read_rank_environment(environ: Optional[Mapping[str, str]] = None) -> RankEn
     earlier = json.loads(env.get(ATTEMPTS_ENV) or "[]")
     return RankEnvironment(
         attempts=earlier + [{"attempt": len(earlier) + 1, "failure": None}],
-        failure_dir=env.get(FAILURE_DIR_ENV, ""),
-        kept={name[len(KEEP_PREFIX):]: value for name, value in env.items() if name.startswith(KEEP_PREFIX)},
         assigned_gpus=[a for a in env.get(ASSIGNED_ENV, "").split(",") if a],
         fault=env.get(FAULT_ENV, "").strip())
 
@@ -74,16 +62,6 @@ def read_rank_environment(environ: Optional[Mapping[str, str]] = None) -> RankEn
 def attempts_env(history: Sequence[Dict]) -> Dict[str, str]:
     """The variable that tells a rank the earlier attempts ``history`` of its job."""
     return {ATTEMPTS_ENV: json.dumps(list(history))}
-
-
-def failure_dir_env(directory: str) -> Dict[str, str]:
-    """The variable that tells a local rank where to write its failure record."""
-    return {FAILURE_DIR_ENV: directory}
-
-
-def keep_env(names: Sequence[str], environ: Mapping[str, str]) -> Dict[str, str]:
-    """The variables that hand the ranks ``environ``'s own values of ``names`` (those it has)."""
-    return {KEEP_PREFIX + name: environ[name] for name in names if name in environ}
 
 
 def assigned_gpus_env(addresses: Sequence[str]) -> Dict[str, str]:

@@ -2,8 +2,8 @@
 
 The semantics Databricks users know (``sparkdl.HorovodRunner``):
 
-* ``HorovodRunner(np=-N).run(main, **kwargs)`` starts N processes on this machine with Horovod's
-  own launcher (``horovod.runner.run``, Gloo: :mod:`pipelines.launch.local`);
+* ``HorovodRunner(np=-N).run(main, **kwargs)`` starts N processes on this machine, children of
+  the driver that talk over loopback alone (Gloo: :mod:`pipelines.launch.local`);
 * ``HorovodRunner(np=N).run(main, **kwargs)`` runs N Spark **barrier** tasks on whatever cluster
   the active SparkSession points at (:mod:`pipelines.launch.barrier`): the tasks start together or
   not at all, task 0 serves Gloo's rendezvous, and each task runs its rank in a child process
@@ -37,14 +37,14 @@ class HorovodRunner:
         slots_timeout_s: how long to wait for a cluster's executors to offer ``np`` task slots.
         network_interface: the interface Gloo uses on every host (e.g. ``eth0``); default: the
             ``HOROVOD_GLOO_IFACE`` of this process, else of each executor, else the interface that
-            carries each host's address (``lo`` for any loopback address). A named interface is used
+            carries each host's address (``lo`` for any loopback address, and for local ranks). A named interface is used
             as it is or refused, never replaced.
         max_failures: relaunch the whole run up to this many times when a rank's process or host
             is lost (:mod:`pipelines.launch.recovery`), with the same ``np``; the function must then continue
             from its own checkpoints when relaunched (``pipelines.launch.rankenv.RankEnvironment.relaunched``). 0: fail at once.
         log_dir: a local folder that keeps each rank's whole output: ``rank-R.log`` (``np > 0``,
-            written by the driver as the lines arrive), or Horovod's ``rank.R/stdout`` and
-            ``rank.R/stderr`` (``np < 0``). None: the output is only shown, live, at the driver.
+            written by the driver as the lines arrive), or ``rank.R/stdout`` and
+            ``rank.R/stderr`` (``np < 0``, Horovod's layout). None: the output is only shown, live, at the driver.
         before_ranks: called once the launch's own checks (slots, network interface) have passed,
             just before any rank starts, on every attempt; what it raises ends the run there
             (training fetches ``--weights imagenet`` here: a refused launch downloads nothing).

@@ -1,0 +1,46 @@
+"""Gloo's rendezvous for a job's ranks, on one address: loopback for local ranks, task 0's host on Spark.
+
+Horovod's own ``RendezvousServer.start`` (0.28.1) binds through ``horovod.runner.util.network.find_port``,
+which listens on every interface (``''``). :class:`Rendezvous` runs the same HTTP key-value store
+(``RendezvousHTTPServer``: the ranks put and get their Gloo addresses; nothing in it is pickled,
+nothing of the job is in it) on one IPv4 address and an ephemeral port.
+"""
+from __future__ import annotations
+
+import threading
+from typing import List, Tuple
+
+
+class Rendezvous:
+    """Horovod's Gloo rendezvous server, listening on ``address`` (an IPv4 address of this machine).
+
+    Args:
+        address: where to listen: ``127.0.0.1`` for ranks on this machine alone, else the address
+            the other hosts reach this one at.
+        host_counts: the ranks' hosts in rank order with their number of ranks, ``[(host, n), ...]``
+            (the ``HOROVOD_HOSTNAME`` each rank is given).
+        world_size: the number of ranks.
+
+    ``port`` is the port it listens on; :meth:`stop` stops it.
+
+    Raises:
+        OSError: ``address`` is not an address of this machine.
+    """
+
+    def __init__(self, address: str, host_counts: List[Tuple[str, int]], world_size: int):
+        # in the function: `import pipelines` stays free of Horovod (and, through it, of TensorFlow)
+        from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+        self._httpd = RendezvousHTTPServer((address, 0), RendezvousHandler, 0)
+        plan = ",".join(f"{host}:{n}" for host, n in host_counts)
+        self._httpd.init(get_host_assignments(parse_hosts(plan), world_size))
+        self.port: int = self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="gloo-rendezvous", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and close the listening socket."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()
