@@ -1,5 +1,6 @@
 """The ETL job end to end on real Spark, on a generated tree with every kind of bad file."""
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import pytest
 from pipelines.contract import SPLITS, Manifest, manifest_sha256
 from pipelines.etl.cli import main as etl_main
 from pipelines.etl.config import ETLConfig
+from pipelines.etl.images import ACCEPTED_FORMATS as ETL_FORMATS
 from pipelines.etl.job import run_etl
 from tests.conftest import BIN, mlflow_run, subprocess_env
 from tests.imagegen import make_tree
@@ -241,17 +243,62 @@ def test_hostile_names_are_accounted_for(spark, tmp_path):
     assert reasons["notes:v2.txt"].startswith("not an image extension")
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda root: os.symlink(os.path.join(root, "001.class0"), os.path.join(root, "001.class0", "loop")),
-     "folder symlink"),
-    (lambda root: os.mkfifo(os.path.join(root, "001.class0", "pipe.jpg")), "not a regular file"),
-])
-def test_trees_spark_cannot_list_safely_are_refused_before_spark(tmp_path, make, message, capsys):
-    root = str(tmp_path / "tree")
-    make_tree(root, classes=1, per_class=2, bad=False)
-    make(root)
-    assert etl_main(["--input", root, "--output", str(tmp_path / "out")]) == 2
-    assert message in capsys.readouterr().err
+def test_copies_links_fifos_and_foreign_formats_are_recorded_and_each_content_is_in_one_split(spark, tmp_path):
+    """One run over a tree holding byte-identical copies (in one class; across two classes), a file
+    link into the tree (followed), links out of it, a folder link, a FIFO (which must not block the
+    job), a PSD named .jpg and an NFD class folder: each recorded with its reason, and the counts
+    reconcile."""
+    from PIL import Image
+    from tests.imagegen import encode, write
+    root = tmp_path / "tree"
+    make_tree(str(root), classes=2, per_class=5, bad=False)
+    nfd = "003.nai\u0308ve"
+    for i in range(3):
+        write(str(root / nfd / f"{i}.png"), encode(Image.new("RGB", (9, 7 + i), (30, 60, 90)), "PNG"))
+    a, b = root / "001.class0", root / "002.class1"
+    photo = (a / "0002.jpg").read_bytes()
+    write(str(a / "copy of 0002.jpg"), photo)
+    write(str(a / "deep" / "0002.jpg"), photo)
+    os.symlink("0002.jpg", a / "link to 0002.jpg")  # into the tree: followed, so one more copy
+    write(str(b / "0003-relabelled.jpg"), (a / "0003.jpg").read_bytes())  # same bytes, other class
+    write(str(root / "_pool" / "p.jpg"), encode(Image.new("RGB", (11, 11), (250, 0, 0))))
+    os.symlink("../_pool/p.jpg", b / "pooled.jpg")  # into a hidden folder of the tree: followed
+    write(str(tmp_path / "outside.jpg"), encode(Image.new("RGB", (8, 8), (1, 2, 3))))
+    os.symlink(tmp_path / "outside.jpg", b / "outside.jpg")
+    os.symlink(tmp_path, b / "elsewhere")
+    os.mkfifo(a / "pipe.jpg")
+    write(str(b / "layers.jpg"), b"8BPS\x00\x01" + bytes(64))
+    out = str(tmp_path / "out")
+    manifest = run_etl(ETLConfig(input=str(root), output=out, image_size=8, min_row_groups=1), spark)
+    reasons = {os.path.relpath(e["path"], root): e["reason"] for e in read_ledger_entries(out)}
+    assert {k: v for k, v in reasons.items() if not k.startswith("_pool")} == {
+        "001.class0/copy of 0002.jpg": "duplicate: same bytes as 001.class0/0002.jpg",
+        "001.class0/deep/0002.jpg": "duplicate: same bytes as 001.class0/0002.jpg",
+        "001.class0/link to 0002.jpg": "duplicate: same bytes as 001.class0/0002.jpg",
+        "002.class1/0003-relabelled.jpg": "label conflict: same bytes as 001.class0/0003.jpg in class class0",
+        "001.class0/pipe.jpg": "not a regular file (FIFO, socket or device): unread, reading it would block",
+        "002.class1/outside.jpg": "symlink to a file outside the input tree: unread",
+        "002.class1/elsewhere": "folder symlink: not followed (loops, duplicates), its files are not input; "
+                                "copy or move the data",
+        "002.class1/layers.jpg": "not a supported raster image (a Photoshop document (PSD); accepted: "
+                                 + ", ".join(ETL_FORMATS) + ")",
+    }
+    files = manifest["files"]
+    assert (files["found"], files["written"], files["rejected"], files["skipped"]) == (23, 14, 8, 1)
+    assert files["reasons"]["rejected: duplicate"] == 3 and files["reasons"]["rejected: label conflict"] == 1
+    rows = {os.path.relpath(r["path"], root): (split, r["label"], r["label_name"])
+            for split in SPLITS for r in read_rows(out, split)}
+    assert rows["002.class1/pooled.jpg"][1:] == (1, "class1") and rows["001.class0/0003.jpg"][1] == 0
+    assert {rel: v[2] for rel, v in rows.items() if rel.startswith("003.")} == {f"{nfd}/{i}.png": nfd[4:] for i in range(3)}
+    assert manifest["class_names"] == ["class0", "class1", nfd[4:]]
+    contents = [hashlib.sha256((root / rel).read_bytes()).hexdigest() for rel in rows]
+    assert len(set(contents)) == len(contents) == 14  # no content twice, so none in two splits
+    assert manifest["hash_seconds"] > 0 and manifest["config"]["dedupe"] is True
+
+
+def read_ledger_entries(out):
+    with open(Manifest.read(out).rejected_location(out).path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
 
 
 def test_foreign_output_folders_are_not_overwritten(tree, tmp_path, capsys):
@@ -298,7 +345,7 @@ def test_formats_are_read_by_content_whatever_the_extension(spark, tmp_path):
         assert np.abs(image[8, 8].astype(int) - colour).max() <= 12, name
         assert (image[0] == 255).all(), name  # white band above the 16x8 image
     ledger = read_ledger(out)
-    assert ledger["drawing-named.jpg"]["reason"].startswith("not a supported raster image (Pillow sees EPS")
+    assert ledger["drawing-named.jpg"]["reason"].startswith("not a supported raster image (EPS")
     assert ledger["paper-named.jpg"]["reason"].startswith("not a supported raster image (a PDF document")
     assert ledger["drawing.eps"]["status"] == "skipped"
     assert manifest["files"]["reasons"]["rejected: not a supported raster image"] == 2
@@ -308,7 +355,7 @@ UNICODE_TREE = {
     "001.café": ["été.jpg", "naïve.png", "crème brûlée.gif"],
     "002.日本": ["写真.png", "東京.jpg", "富士山.bmp"],
     "003.Ελληνικά": ["φωτογραφία.jpg", "Αθήνα.webp", "ΘΆΛΑΣΣΑ.JPG"],
-    "004.cafe\u0301": ["e\u0301te\u0301.jpg", "n\u0303.tif"],  # combining accents (NFD)
+    "004.nai\u0308ve": ["e\u0301te\u0301.jpg", "n\u0303.tif"],  # combining accents (NFD)
     "005.😀": ["🙂.jpg", "Ω.png"],
 }
 
@@ -319,10 +366,10 @@ def unicode_tree(tmp_path_factory):
     from tests.imagegen import encode, write
     root = str(tmp_path_factory.mktemp("unicode") / "tree")
     formats = {".jpg": "JPEG", ".png": "PNG", ".gif": "GIF", ".bmp": "BMP", ".webp": "WEBP", ".tif": "TIFF"}
-    for folder, names in UNICODE_TREE.items():
-        for i, name in enumerate(names):
+    for k, (folder, names) in enumerate(UNICODE_TREE.items()):
+        for i, name in enumerate(names):  # distinct bytes: the same bytes twice would be a duplicate
             fmt = formats[os.path.splitext(name)[1].lower()]
-            write(os.path.join(root, folder, name), encode(Image.new("RGB", (12 + i, 9), (i * 60, 90, 200)), fmt))
+            write(os.path.join(root, folder, name), encode(Image.new("RGB", (12 + i, 9), (i * 60, 40 * k, 200)), fmt))
     return root
 
 

@@ -42,6 +42,10 @@ class ETLConfig:
     max_file_mb: float = field(50.0, help="files larger than this are rejected unread, MiB; a task holds one "
                                           "file and its decoded pixels at a time, and values the executors' "
                                           "memory cannot hold are refused before Spark runs")
+    dedupe: bool = field(True, help="hash every candidate's bytes first (one more Spark pass) and write one "
+                                    "file per content, the other copies recorded as rejections (a "
+                                    "duplicate, or a label conflict across classes); --no-dedupe writes "
+                                    "every copy, and copies may then be in two splits")
     num_partitions: int = field(0, help="Spark partitions for decoding; 0 = 2 x default parallelism")
     master: Optional[str] = field(None, help="Spark master when not set by spark-submit "
                                              "(default local[*])")

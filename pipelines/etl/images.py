@@ -2,9 +2,10 @@
 
 Supported, by content whatever the file's extension: the raster formats Pillow decodes itself,
 JPEG (and phones' multi-picture MPO), PNG, GIF, BMP, WebP and TIFF (:data:`ACCEPTED_FORMATS`).
-Animated GIF and WebP, and multi-page TIFF, give their first frame. Everything else is refused
-with a reason naming what Pillow saw, in particular EPS/PS (Pillow runs Ghostscript, an external
-program, to render them) and PDF (which Pillow cannot read).
+Animated GIF and WebP, and multi-page TIFF, give their first frame. Only those formats' Pillow
+plugins ever see a file (``Image.open(..., formats=ACCEPTED_FORMATS)``); everything else is refused
+with a reason naming what its magic bytes say (:func:`what_pillow_sees`), in particular EPS/PS
+(Pillow's plugin runs Ghostscript, an external program), PSD and PDF, none of them parsed.
 
 The recipe is the one of the original article (``Image.open -> convert('RGB') -> thumbnail ->
 paste centred on white -> tobytes``), made correct on every image:
@@ -38,7 +39,25 @@ WHITE = (255, 255, 255)
 # Pillow's own decoders, no external program. Pillow's JPEG opener also returns phones'
 # multi-picture (MPO) files. WebP only where this Pillow was built with libwebp.
 ACCEPTED_FORMATS = ("JPEG", "PNG", "GIF", "BMP", "TIFF") + (("WEBP",) if features.check("webp") else ())
-_MAGIC_NAMES = ((b"%PDF", "a PDF document"), (b"%!PS", "PostScript"), (b"\xc5\xd0\xd3\xc6", "EPS"))
+# What a rejected file is, told by its first bytes: no Pillow plugin but the accepted ones ever
+# parses input (about 40 would, each a parser of untrusted headers). First match wins; the EPS
+# spellings come before PostScript's.
+_MAGIC_NAMES = (
+    (b"%PDF", "a PDF document"), (b"\xc5\xd0\xd3\xc6", "EPS"), (b"%!PS-Adobe-3.0 EPSF", "EPS"),
+    (b"%!PS", "PostScript"), (b"8BPS", "a Photoshop document (PSD)"), (b"gimp xcf", "a GIMP image (XCF)"),
+    (b"\x00\x00\x01\x00", "an icon (ICO)"), (b"icns", "an icon (ICNS)"), (b"DDS ", "a DirectDraw surface (DDS)"),
+    (b"\x00\x00\x00\x0cjP  ", "JPEG 2000"), (b"\xffO\xffQ", "JPEG 2000"), (b"\xff\x0a", "JPEG XL"),
+    (b"\x00\x00\x00\x0cJXL ", "JPEG XL"), (b"<svg", "an SVG drawing"), (b"<?xml", "an XML document"),
+    (b"P1", "a Netpbm image (PBM/PGM/PPM)"), (b"P2", "a Netpbm image (PBM/PGM/PPM)"),
+    (b"P3", "a Netpbm image (PBM/PGM/PPM)"), (b"P4", "a Netpbm image (PBM/PGM/PPM)"),
+    (b"P5", "a Netpbm image (PBM/PGM/PPM)"), (b"P6", "a Netpbm image (PBM/PGM/PPM)"),
+    (b"\x0a\x05\x01", "a PCX image"), (b"\x59\xa6\x6a\x95", "a Sun raster image"),
+    (b"\x76\x2f\x31\x01", "an OpenEXR image"), (b"#?RADIANCE", "a Radiance HDR image"),
+    (b"\x01\xda", "an SGI image"),
+)
+# ISO base media files (HEIF, AVIF): the brand at bytes 8..12, after the box size and 'ftyp'.
+_FTYP_BRANDS = {b"heic": "a HEIF image (HEIC)", b"heix": "a HEIF image (HEIC)", b"mif1": "a HEIF image",
+                b"avif": "an AVIF image"}
 _EXIF_ORIENTATION = 0x0112
 _ORIENTATIONS_SWAPPING_AXES = (5, 6, 7, 8)  # transpose, rotate 270, transverse, rotate 90
 # Pillow's own bomb threshold (89,478,485 pixels). Pillow also enforces it inside Image.open, so
@@ -213,25 +232,21 @@ def decode_and_fit(data: bytes, size: int = DEFAULT_IMAGE_SIZE, max_pixels: int 
 def what_pillow_sees(data: bytes) -> str:
     """A short description of bytes that none of :data:`ACCEPTED_FORMATS` opens, for a reason.
 
-    Asks every Pillow plugin to parse the header only (no pixel is decoded, so EPS never reaches
-    Ghostscript), then looks at magic bytes Pillow has no reader for (PDF).
+    Judged by magic bytes alone (:data:`_MAGIC_NAMES`, and the brand of HEIF/AVIF files): no Pillow
+    plugin outside :data:`ACCEPTED_FORMATS` parses the file, not even its header (each is a parser of
+    untrusted input, and EPS's would lead to Ghostscript).
 
     Returns:
-        e.g. ``"Pillow sees EPS"``, ``"a PDF document"`` or ``"Pillow cannot identify it"``.
+        e.g. ``"EPS"``, ``"a PDF document"``, ``"a Photoshop document (PSD)"``, or ``"Pillow cannot identify it"`` (none of the
+        accepted formats' parsers and no magic number knows it).
     """
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            # Only the formats not tried already: Pillow's JPEG parser skips junk byte by byte.
-            others = [f for f in Image.OPEN if f not in ACCEPTED_FORMATS]
-            with Image.open(io.BytesIO(data), formats=others) as img:
-                return f"Pillow sees {img.format}"
-    except Exception:  # noqa: BLE001 - only a description: any failure means "unknown"
-        pass
-    head = data[:1024].lstrip()
+    start = data[:1024]
     for magic, name in _MAGIC_NAMES:
-        if head.startswith(magic):
+        # text formats may follow blank lines; binary ones (PCX starts with a newline byte) may not
+        if start.startswith(magic) or start.lstrip().startswith(magic):
             return name
+    if data[4:8] == b"ftyp" and data[8:12] in _FTYP_BRANDS:
+        return _FTYP_BRANDS[data[8:12]]
     return "Pillow cannot identify it"
 
 

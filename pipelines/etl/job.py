@@ -6,8 +6,11 @@ Steps, each a function below:
    input, a bucket that does not exist or refused credentials, overlapping output, an output
    holding foreign data, a ``--max-file-mb``/``--max-pixels`` the executors cannot hold).
 2. :func:`plan` - the job's own listing, the tree's layout (``NNN.name`` or plain class folders),
-   classification, the stratified train/test assignment (per class, on the driver) and the
-   row-group plan; the candidate images sorted by a seeded hash of their relative path.
+   classification, the stratified train/validation/test assignment (per class, on the driver) and
+   the row-group plan; the candidate images sorted by a seeded hash of their relative path.
+   :func:`hash_candidates` and :func:`drop_duplicates` (``--dedupe``, the default) - a first Spark
+   pass hashes every candidate's bytes, one file per content is kept (:mod:`pipelines.etl.dedupe`),
+   the other copies are recorded as rejections, and the kept files are split again.
 3. :func:`run_spark` - the candidates cut into one contiguous chunk per task, no shuffle:
    ``spark.range(P)`` -> ``mapInArrow`` whose tasks read their chunk's files in Python, resize
    them and write their own Parquet file per split below the run's prefix
@@ -33,7 +36,7 @@ import platform
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Dict, Iterator, List, Optional, Tuple
 
@@ -45,6 +48,7 @@ from pipelines.etl.images import DEFAULT_MAX_PIXELS
 from pipelines.contract import (COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, TRAIN, VALIDATION, Manifest,
                                 SplitInfo, manifest_sha256)
 from pipelines.etl import commit
+from pipelines.etl.dedupe import duplicates
 from pipelines.etl.labels import SPLIT_RULE, ClassFolder, split_class
 from pipelines.etl.layout import closure_chunks, rows_per_row_group, spread_order
 from pipelines.etl.listing import (REJECTED, SKIPPED, Excluded, ListedFile, classify, display_path, list_tree,
@@ -53,7 +57,7 @@ from pipelines.etl.memory import check_task_memory, executor_memory, physical_me
 from pipelines.logs import plural
 from pipelines.paths import check_disjoint
 from pipelines.redact import redact
-from pipelines.etl.transform import OUTCOME_DDL, WRITTEN, Candidate, process_chunks
+from pipelines.etl.transform import HASH_DDL, OUTCOME_DDL, WRITTEN, Candidate, hash_chunks, process_chunks
 from pipelines.storage import Location, check_reachable
 
 log = logging.getLogger("pipelines")
@@ -79,6 +83,7 @@ class Plan:
     candidates: List[Candidate] = field(default_factory=list)
     partitions: int = 0
     layout: str = ""  # labels.CALTECH | labels.FOLDERS
+    hash_seconds: float = 0.0  # the duplicate check's Spark pass (hash_candidates), 0 when not run
     run_id: str = field(default_factory=commit.new_run_id)  # this run's prefix: OUTPUT/runs/<run_id>/
 
 
@@ -148,7 +153,8 @@ def plan(config: ETLConfig) -> Plan:
     Returns:
         the :class:`Plan`, its candidates in :func:`pipelines.etl.layout.spread_order` order, each
         with its label and split (:func:`assign_splits`, the same assignment the row-group plan
-        counts).
+        counts); byte-identical copies are still candidates here (:func:`drop_duplicates` removes
+        them once a Spark pass has hashed them).
 
     Raises:
         ValueError: no class folder, a mix of ``NNN.name`` and plain folders, two folders with
@@ -160,19 +166,67 @@ def plan(config: ETLConfig) -> Plan:
         raise Refused(f"no class folder under {config.input} (expected ROOT/CLASS/image files, CLASS either "
                       "NNN.name or a plain name)")
     max_bytes = int(config.max_file_mb * 2**20)
-    outcomes = {f.path: classify(f.relative_path, f.size_bytes, max_bytes, layout) for f in files}
+    outcomes = {f.path: classify(f.relative_path, f.size_bytes, max_bytes, layout, unread=f.unread) for f in files}
+    the_plan = _split_candidates(config, Plan(files, outcomes, layout.classes, {}, 0, layout=layout.kind))
+    if not the_plan.candidates:
+        _refuse_no_candidate(config, files, outcomes)
+    return the_plan
+
+
+def _split_candidates(config: ETLConfig, the_plan: Plan) -> Plan:
+    """The plan with its candidates (the files whose outcome is a ClassFolder), their splits,
+    expected rows and rows per row group computed from its ``outcomes``."""
+    files, outcomes = the_plan.files, the_plan.outcomes
     listed = sorted((f for f in files if isinstance(outcomes[f.path], ClassFolder)),
                     key=lambda f: (spread_order(f.relative_path, config.seed), f.relative_path))
     splits = assign_splits(listed, {f.path: outcomes[f.path].label for f in listed}, config.seed,
                            config.test_fraction, config.validation_fraction)
     candidates = [Candidate(f.path, outcomes[f.path].label, outcomes[f.path].name, splits[f.path]) for f in listed]
-    if not candidates:
-        _refuse_no_candidate(config, files, outcomes)
     expected = Counter(c.split for c in candidates)
     rpg = rows_per_row_group(config.row_bytes, config.row_group_mb * 2**20, dict(expected),
                              config.min_row_groups)
-    return Plan(files, outcomes, layout.classes, {s: expected.get(s, 0) for s in SPLITS}, rpg, candidates,
-                layout=layout.kind)
+    return replace(the_plan, candidates=candidates, expected_rows={s: expected.get(s, 0) for s in SPLITS},
+                   rows_per_row_group=rpg)
+
+
+def hash_candidates(spark, config: ETLConfig, the_plan: Plan) -> Dict[str, str]:
+    """The sha256 of every candidate's bytes, read by Spark tasks over the same chunks as
+    :func:`run_spark` (:func:`pipelines.etl.transform.hash_chunks`: at most ``--max-file-mb`` + 1
+    bytes a file, one file held at a time).
+
+    Returns:
+        ``{path: sha256 hex}`` of the candidates that could be read (one unreadable now is left out:
+        the main pass records why).
+    """
+    partitions = _partitions(spark, config, len(the_plan.candidates))
+    source = config.location(config.input)
+    mapper = partial(hash_chunks, chunks=closure_chunks(the_plan.candidates, partitions),
+                     max_file_bytes=int(config.max_file_mb * 2**20), source=None if source.local else source)
+    rows = spark.range(partitions, numPartitions=partitions).mapInArrow(mapper, HASH_DDL).toArrow().to_pylist()
+    return {row["path"]: row["sha256"] for row in rows if row["sha256"] is not None}
+
+
+def drop_duplicates(config: ETLConfig, the_plan: Plan, hashes: Dict[str, str]) -> Plan:
+    """The plan with one candidate per content: every other copy's outcome becomes a rejection
+    (:func:`pipelines.etl.dedupe.duplicates`, which names the kept file) and the kept candidates
+    are split again (:func:`assign_splits`), so each content lies in one split only."""
+    by_relative = {f.relative_path: f.path for f in the_plan.files}
+    relative = {f.path: f.relative_path for f in the_plan.files}
+    rejected = duplicates((relative[c.path], c.label, c.label_name, hashes[c.path])
+                          for c in the_plan.candidates if c.path in hashes)
+    if not rejected:
+        return the_plan
+    outcomes = dict(the_plan.outcomes)
+    for relative_path, reason in rejected.items():
+        outcomes[by_relative[relative_path]] = Excluded(REJECTED, reason)
+    return _split_candidates(config, replace(the_plan, outcomes=outcomes))
+
+
+def _partitions(spark, config: ETLConfig, candidates: int) -> int:
+    """The number of Spark tasks (and chunks) for ``candidates`` files: ``--num-partitions`` or
+    :meth:`ETLConfig.default_partitions`, at most one per file."""
+    partitions = config.num_partitions or ETLConfig.default_partitions(spark.sparkContext.defaultParallelism)
+    return max(1, min(partitions, candidates))
 
 
 def _refuse_no_candidate(config: ETLConfig, files: List[ListedFile], outcomes: Dict[str, object]) -> None:
@@ -218,8 +272,7 @@ def run_spark(spark, config: ETLConfig, the_plan: Plan) -> Dict[str, dict]:
     candidates = the_plan.candidates
     if not candidates:
         return {}
-    partitions = config.num_partitions or ETLConfig.default_partitions(spark.sparkContext.defaultParallelism)
-    the_plan.partitions = max(1, min(partitions, len(candidates)))
+    the_plan.partitions = _partitions(spark, config, len(candidates))
     source = config.location(config.input)
     # Why spark.range + a closure rather than a DataFrame of paths: range(P, numPartitions=P) puts
     # exactly one chunk number in each partition without a shuffle, whatever the master, and it
@@ -401,6 +454,7 @@ def _manifest(config: ETLConfig, the_plan: Plan, stats: Dict[str, SplitStats], w
             "list": ledger,
         },
         "seconds": round(seconds, 2),
+        "hash_seconds": round(the_plan.hash_seconds, 2),
         "images_per_second": round(len(written) / seconds, 2) if seconds > 0 else None,
         "versions": _versions(spark_version),
         "config": shown_config(config),
@@ -491,6 +545,12 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
         start = time.perf_counter()
         try:
             with log_progress(spark):
+                if config.dedupe:
+                    before = len(the_plan.candidates)
+                    the_plan = drop_duplicates(config, the_plan, hash_candidates(spark, config, the_plan))
+                    the_plan.hash_seconds = time.perf_counter() - start
+                    log.info("duplicate check: %s of the same bytes as another rejected (%.1f s)",
+                             plural(before - len(the_plan.candidates), "copy", "copies"), the_plan.hash_seconds)
                 spark_outcomes = run_spark(spark, config, the_plan)
             manifest = finish(config, the_plan, spark_outcomes, spark.version, time.perf_counter() - start)
         except NothingWritten:
@@ -579,7 +639,8 @@ def format_summary(manifest: dict) -> str:
         more = f" and {len(small) - 10} more (manifest: classes_not_in_every_split)" if len(small) > 10 else ""
         lines.append(f"  WARNING: {plural(len(small), 'class')} {'is' if len(small) == 1 else 'are'} not in every "
                      f"split ({manifest.get('split_rule', SPLIT_RULE)}): {shown}{more}")
-    lines.append(f"  {manifest['images_per_second']} images/s ({manifest['seconds']} s in Spark)")
+    hashing = f", {manifest['hash_seconds']} s of it hashing for duplicates" if manifest.get("hash_seconds") else ""
+    lines.append(f"  {manifest['images_per_second']} images/s ({manifest['seconds']} s in Spark{hashing})")
     if manifest["max_world_size"] < manifest["min_row_groups"]:
         lines.append(f"  WARNING: the train split has fewer than {plural(manifest['min_row_groups'], 'row group')} "
                      "(--min-row-groups): too few rows for that many ranks")

@@ -9,7 +9,9 @@ Two layouts, decided from the names of the folders directly under the root
   ``image_dataset_from_directory`` and torchvision's ``ImageFolder``); labels ``0..k-1`` go to
   the folder names in sorted order and ``label_name`` is the folder name.
 
-A mix of both is refused. The class folder is the one directly under the root; files deeper
+A mix of both is refused, and so are two class folders whose class names are the same text in
+Unicode NFC (``café`` typed precomposed and ``café`` with a combining accent, as macOS writes it):
+they look like one class and would be two (:func:`refuse_lookalike_classes`). The class folder is the one directly under the root; files deeper
 inside it belong to it. Anything else is reported, never guessed.
 
 The train/validation/test split is stratified per class (:func:`split_class`), decided on the driver.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, Iterable, Optional, Tuple
 
@@ -84,11 +87,13 @@ def decide_layout(folders: Iterable[str]) -> Layout:
         - no folder at all -> an empty ``Layout('folders')`` (the caller refuses it).
 
     Raises:
-        ValueError: a mix of ``NNN.name`` and other folders (naming one of each), or two
-            ``NNN.name`` folders with the same number.
+        Refused: a mix of ``NNN.name`` and other folders (naming one of each), two ``NNN.name``
+            folders with the same number, or two class names equal in NFC
+            (:func:`refuse_lookalike_classes`).
     """
     names = sorted(set(folders))
     parsed = {name: parse_class_folder(name) for name in names}
+    refuse_lookalike_classes({name: (parsed[name].name if parsed[name] else name) for name in names})
     numbered = [name for name in names if parsed[name] is not None]
     plain = [name for name in names if parsed[name] is None]
     if numbered and plain:
@@ -106,6 +111,29 @@ def decide_layout(folders: Iterable[str]) -> Layout:
             raise Refused(f"class number {label + 1:03d} is used by two folders: {by_label[label]} and {name}")
         by_label[label] = name
     return Layout(CALTECH, {name: parsed[name] for name in numbered})
+
+
+def refuse_lookalike_classes(class_names: Dict[str, str]) -> None:
+    """Refuse two folders whose class names (``{folder: class name}``: the folder name, or the
+    ``name`` of ``NNN.name``) are equal once normalised to Unicode NFC (``unicodedata.normalize``).
+
+    Why a refusal and not a merge: the two spellings are two folders on disk, and in the ``caltech``
+    layout two class numbers; merging would choose a label for the user, and keeping both gives two
+    classes that print as one name. The user renames one (or moves its files into the other).
+
+    Raises:
+        Refused: naming both folders, with ``\\u`` escapes so the difference is visible.
+    """
+    seen: Dict[str, str] = {}
+    for folder in sorted(class_names):
+        key = unicodedata.normalize("NFC", class_names[folder])
+        if key in seen:
+            first = seen[key]
+            raise Refused(f"two class folders have the same name in Unicode (NFC {key!r}): "
+                          f"{first.encode('ascii', 'backslashreplace').decode()} and "
+                          f"{folder.encode('ascii', 'backslashreplace').decode()} (one composed, one with "
+                          "combining marks); rename one or move its files into the other")
+        seen[key] = folder
 
 
 def path_parts(relative_path: str) -> Tuple[str, ...]:

@@ -8,7 +8,15 @@ are lost under ``LC_ALL=C``) and hold whole files in the JVM heap.
 
 A tree on an object store (``s3://...``) is listed through :mod:`pipelines.storage`
 (:func:`list_objects`): every object below the prefix is a file, classified by the same rules;
-there are no links, FIFOs or undecodable names there (keys are UTF-8).
+there are no links, FIFOs or undecodable names there (keys are UTF-8), but a key may hold ``..``
+segments, which are rejected unread (:func:`name_exclusion`): nothing outside the prefix is read.
+
+Local trees are walked without following folder links. What cannot be read safely is recorded as
+a rejection, unread, never a reason to stop the job: a FIFO, socket or device (reading one blocks
+or never ends), a file symlink whose target lies outside the tree, a folder symlink (following
+them leads into loops and duplicates). A file symlink whose target lies inside the tree is
+followed: it is read as the file it names, so beside its target it is a duplicate
+(:mod:`pipelines.etl.dedupe`).
 
 Local names are listed as bytes and decoded as UTF-8 whatever the caller's locale; bytes that are not
 UTF-8 are kept as surrogate escapes (``surrogateescape``), so such a file can still be opened and
@@ -41,17 +49,24 @@ class Excluded:
     reason: str
 
 
+# The listing's own rejections (ListedFile.unread): files it records and never opens.
+NOT_REGULAR = "not a regular file (FIFO, socket or device): unread, reading it would block"
+LINK_OUT = "symlink to a file outside the input tree: unread"
+FOLDER_LINK = "folder symlink: not followed (loops, duplicates), its files are not input; copy or move the data"
+DOT_DOT = Excluded(REJECTED, "key has a '..' path segment, which names a file outside the input: unread, rename it")
 HIDDEN = Excluded(SKIPPED, "hidden name (a path part starts with '.' or '_'), skipped as Spark and Hadoop do")
 
 
 @dataclass(frozen=True)
 class ListedFile:
     """A file under the root: absolute ``path``, ``/``-separated ``relative_path``, size in bytes
-    (``-1`` when it cannot be read, e.g. a broken symlink)."""
+    (``-1`` when it cannot be read, e.g. a broken symlink); ``unread``: why the listing already knows
+    it must not be opened (a FIFO, a link leaving the tree), ``None`` for a plain file."""
 
     path: str
     relative_path: str
     size_bytes: int
+    unread: Optional[str] = None
 
 
 def spark_ignores(relative_path: str) -> bool:
@@ -67,13 +82,14 @@ def spark_ignores(relative_path: str) -> bool:
 
 
 def classify(relative_path: str, size_bytes: int, max_file_bytes: int, layout: Optional[Layout] = None,
-             check_spark_hidden: bool = True) -> Union[ClassFolder, Excluded]:
+             check_spark_hidden: bool = True, unread: Optional[str] = None) -> Union[ClassFolder, Excluded]:
     """Decide, without reading it, whether a file is input and of which class.
 
-    The first reason that applies is the one reported, in this order: a hidden name (the user's
+    The first reason that applies is the one reported, in this order: a ``..`` segment (an object
+    key naming a file outside the input: rejected, never read), a hidden name (the user's
     way to leave a file or folder out, as Spark's), the file's place (directly under the root, or
     under a folder that is no class: not input whatever its name or extension), its extension,
-    its name's encoding, its size. So a file is rejected (bad input) only when it would otherwise
+    its name's encoding, what the listing found it to be (``unread``), its size. So a file is rejected (bad input) only when it would otherwise
     be input, and a loose file at the root is reported as such, never by its extension.
 
     Args:
@@ -82,27 +98,38 @@ def classify(relative_path: str, size_bytes: int, max_file_bytes: int, layout: O
         max_file_bytes: larger files are rejected unread.
         layout: the tree's classes (:func:`class_folders`); ``None`` reads ``NNN.name`` folders.
         check_spark_hidden: report names Spark's listing ignores (driver side only).
+        unread: :attr:`ListedFile.unread`, a rejection reason when the file would be input.
 
     Returns:
         the file's :class:`ClassFolder`, or an :class:`Excluded` with the reason.
     """
+    if ".." in relative_path.split("/"):  # before the hidden rule, which '..' would also match
+        return DOT_DOT
     if check_spark_hidden and spark_ignores(relative_path):
         return HIDDEN
+    if unread == FOLDER_LINK:  # a folder of input wherever it is, top-level class folders included
+        return Excluded(REJECTED, unread)
     label = label_for(relative_path, layout)
     if isinstance(label, str):
         return Excluded(SKIPPED, label)
     excluded = name_exclusion(relative_path, check_spark_hidden=False)
+    if excluded is None and unread is not None:
+        excluded = Excluded(REJECTED, unread)
     return excluded or size_exclusion(size_bytes, max_file_bytes) or label
 
 
 def name_exclusion(relative_path: str, check_spark_hidden: bool = True) -> Optional[Excluded]:
     """Why a file is no image input, judging by its name alone; ``None`` when it may be one.
 
-    Skipped: a hidden name (:func:`spark_ignores`, when ``check_spark_hidden``), an extension that
-    is not an image's (:data:`~pipelines.etl.labels.IMAGE_EXTENSIONS`, any case). Rejected: an
-    image's name that is not valid UTF-8 (outputs store paths as UTF-8 text); checked last, so a
-    file that is no input anyway is skipped as such, not counted as bad input.
+    Rejected first: a ``..`` segment (an object key that would name an object outside the input
+    prefix, whatever its extension). Skipped: a hidden name (:func:`spark_ignores`, when
+    ``check_spark_hidden``), an extension that is not an image's
+    (:data:`~pipelines.etl.labels.IMAGE_EXTENSIONS`, any case). Rejected: an image's name that is not
+    valid UTF-8 (outputs store paths as UTF-8 text), an object key with an empty or ``.`` segment;
+    checked last, so a file that is no input anyway is skipped as such, not counted as bad input.
     """
+    if ".." in relative_path.split("/"):
+        return DOT_DOT
     if check_spark_hidden and spark_ignores(relative_path):
         return HIDDEN
     if not has_image_extension((path_parts(relative_path) or ('',))[-1]):
@@ -110,7 +137,8 @@ def name_exclusion(relative_path: str, check_spark_hidden: bool = True) -> Optio
     if not is_utf8(relative_path):
         return Excluded(REJECTED, "file name is not valid UTF-8 (shown with \\x escapes): the Parquet path "
                                   "column is UTF-8 text; rename it")
-    if "" in relative_path.split("/") or "." in relative_path.split("/"):
+    segments = relative_path.split("/")
+    if "" in segments or "." in segments:
         # an object key such as 'class//x.jpg': pyarrow's filesystems refuse to open such a path
         return Excluded(REJECTED, "key has an empty or '.' path segment ('//' or '/./'), which the "
                                   "filesystem cannot open; rename it")
@@ -166,13 +194,17 @@ class UnsupportedTree(Refused):
 
 
 def list_files(root: str) -> List[ListedFile]:
-    """Every regular file under ``root``, recursively, sorted by relative path.
+    """Every file under ``root``, recursively, sorted by relative path.
+
+    Folder symlinks are not followed; each is listed as one entry (``unread``: :data:`FOLDER_LINK`).
+    FIFOs, sockets and devices (:data:`NOT_REGULAR`) and file symlinks whose resolved target
+    (``os.path.realpath``) is not below the root's (:data:`LINK_OUT`) are listed with ``unread``
+    set, so the job records them as rejections and never opens them. A file symlink into the tree
+    is followed (its size is the target's); a broken one has size ``-1``.
 
     Raises:
         FileNotFoundError: ``root`` does not exist. NotADirectoryError: it is not a folder.
-        UnsupportedTree: a folder symlink inside the tree (following them leads into loops and
-            duplicates; not following them would drop their files silently), an unreadable
-            folder, or a FIFO, socket or device file (reading one blocks).
+        UnsupportedTree: an unreadable folder.
 
     Paths are ``str`` decoded from the file system's bytes by :func:`decode_name` (UTF-8 whatever
     the locale); the root is taken as given.
@@ -190,42 +222,43 @@ def list_files(root: str) -> List[ListedFile]:
     files = []
     # Bytes in, UTF-8 out: the caller's locale (LC_ALL=C) must not decide what a name means.
     root_bytes = os.fsencode(root)
+    inside = os.path.realpath(root_bytes).rstrip(b"/") + b"/"
     prefix = decode_name(root_bytes).rstrip("/")
     for dirpath, dirnames, filenames in os.walk(root_bytes, onerror=refuse):
-        for name in dirnames:
-            if os.path.islink(os.path.join(dirpath, name)) and not spark_ignores(decode_name(name)):
-                raise UnsupportedTree(f"folder symlink {display_path(decode_name(os.path.join(dirpath, name)))}: "
-                                      "the job does not follow folder links (loops, duplicates); copy or move "
-                                      "the data instead")
         # os.walk joins from root_bytes, so the relative folder is what follows it. Names are joined
         # by concatenation: os.path.relpath per file was a quarter of listing 10,000 files, and
         # os.path.join a fifth.
         folder = dirpath[len(root_bytes):].lstrip(b"/")
         folder = folder + b"/" if folder else b""
         base = dirpath if dirpath.endswith(b"/") else dirpath + b"/"
-        for filename in filenames:
-            raw = base + filename
+        links = [name for name in dirnames if os.path.islink(base + name)]  # os.walk does not descend them
+        for filename in filenames + links:
             rel = decode_name(folder + filename)
-            path = f"{prefix}/{rel}"
-            try:
-                st = os.stat(raw)
-            except OSError:  # broken symlink: still a file we found and must account for
-                files.append(ListedFile(path, rel, -1))
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                if spark_ignores(rel):
-                    continue
-                raise UnsupportedTree(f"{display_path(path)} is not a regular file (FIFO, socket or device): "
-                                      "reading it would block; remove it from the input")
-            readable = os.access(raw, os.R_OK)
-            files.append(ListedFile(path, rel, st.st_size if readable else -1))
+            files.append(_listed(base + filename, f"{prefix}/{rel}", rel, inside, filename in links))
     files.sort(key=lambda f: f.relative_path)
     return files
 
 
+def _listed(raw: bytes, path: str, rel: str, inside: bytes, folder_link: bool) -> ListedFile:
+    """One :class:`ListedFile` of :func:`list_files`, from its bytes path ``raw``; ``inside``: the
+    resolved root with a trailing ``/``."""
+    if folder_link:
+        return ListedFile(path, rel, 0, FOLDER_LINK)
+    try:
+        st = os.stat(raw)
+    except OSError:  # broken symlink: still a file we found and must account for
+        return ListedFile(path, rel, -1)
+    if not stat.S_ISREG(st.st_mode):
+        return ListedFile(path, rel, 0, NOT_REGULAR)
+    if os.path.islink(raw) and not os.path.realpath(raw).startswith(inside):
+        return ListedFile(path, rel, st.st_size, LINK_OUT)
+    return ListedFile(path, rel, st.st_size if os.access(raw, os.R_OK) else -1)
+
+
 def class_folders(root: str) -> Layout:
     """The :class:`~pipelines.etl.labels.Layout` of the visible folders directly under ``root``
-    (empty ones included; hidden ones, ``.x`` and ``_x``, and loose files are no class).
+    (empty ones included; hidden ones, ``.x`` and ``_x``, folder symlinks (:data:`FOLDER_LINK`) and
+    loose files are no class).
 
     Raises:
         ValueError: a mix of ``NNN.name`` and plain folder names, or two folders with the same
@@ -233,7 +266,8 @@ def class_folders(root: str) -> Layout:
     """
     names = []
     for entry in sorted(decode_name(e) for e in os.listdir(os.fsencode(root))):
-        if os.path.isdir(os.path.join(os.fsencode(root), encode_name(entry))) and not spark_ignores(entry):
+        full = os.path.join(os.fsencode(root), encode_name(entry))
+        if os.path.isdir(full) and not os.path.islink(full) and not spark_ignores(entry):
             names.append(entry)
     return decide_layout(names)
 

@@ -26,6 +26,7 @@ names the kept ones in the manifest (:mod:`pipelines.etl.commit`).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from typing import TYPE_CHECKING, Dict, Iterator, NamedTuple, Optional, Sequence
@@ -56,6 +57,9 @@ OUTCOME_SCHEMA = pa.schema([
     ("reason", pa.string()),  # why not written
 ])
 OUTCOME_DDL = "path STRING, status STRING, split STRING, label INT, file STRING, reason STRING"
+# What the hash pass gets back (hash_chunks): one row per candidate, sha256 null when unreadable.
+HASH_SCHEMA = pa.schema([("path", pa.string()), ("sha256", pa.string())])
+HASH_DDL = "path STRING, sha256 STRING"
 # The Parquet data page size the tasks aim at (pyarrow's default page size).
 PAGE_BYTES = 2**20
 
@@ -204,9 +208,12 @@ def read_object(source: "Location", uri: str, max_file_bytes: int) -> bytes:
 
     Raises:
         ImageRejected: the object vanished, became unreadable, or grew past the limit since it
-            was listed.
+            was listed; its key is not below ``source`` or holds a ``..`` segment (never read).
     """
-    target = source.join(uri[len(source.uri) + 1:])
+    key = uri[len(source.uri) + 1:]
+    if not uri.startswith(source.uri + "/") or ".." in key.split("/"):  # the listing rejects these: never read
+        raise ImageRejected("key has a '..' path segment, which names a file outside the input; unread")
+    target = source.join(key)
     try:
         with target.filesystem.open_input_file(target.path) as f:
             data = f.read(max_file_bytes + 1)  # a ranged read: no more is fetched or held
@@ -231,6 +238,33 @@ def unexpected_reason(exc: Exception) -> str:
     """The rejection reason of an error no rule foresaw while reading or decoding one file:
     ``"unreadable when read (ArrowInvalid: ...)"``, one line, at most 200 characters of message."""
     return f"unreadable when read ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+
+
+def hash_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Candidate]], max_file_bytes: int,
+                source: Optional["Location"] = None) -> Iterator[pa.RecordBatch]:
+    """The sha256 of each candidate file of the chunks whose numbers this task receives: the
+    duplicate check's pass (:mod:`pipelines.etl.dedupe`), before the split is decided.
+
+    Args:
+        batches, chunks, max_file_bytes, source: as in :func:`process_chunks` (same chunks, same
+            bounded read: :func:`read_candidate`).
+
+    Yields:
+        one Arrow batch with :data:`HASH_SCHEMA`: ``path``, ``sha256`` (64 hex digits; null when the
+        file cannot be read now: the main pass reads it again and records the reason).
+    """
+    zipcache.install()
+    paths, digests = [], []
+    for batch in batches:
+        for chunk in batch.column(0).to_pylist():
+            for candidate in map(Candidate._make, chunks[chunk]):
+                try:
+                    digest = hashlib.sha256(read_candidate(candidate.path, source, max_file_bytes)).hexdigest()
+                except Exception:  # noqa: BLE001 - any failure is the main pass's to record, with its reason
+                    digest = None
+                paths.append(candidate.path)
+                digests.append(digest)
+    yield pa.RecordBatch.from_pydict({"path": paths, "sha256": digests}, schema=HASH_SCHEMA)
 
 
 def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Candidate]], run: "Location",
