@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 import typing
 from typing import Any, Callable, Mapping, Sequence, Tuple, Type, TypeVar, Union
 
@@ -38,15 +40,20 @@ def settle_verbose(verbose: Any, settings: Any) -> bool:
 STORAGE_OPTION_HELP = ("KEY=VALUE passed to the storage backend of every URI of this stage (repeatable), "
                        "beyond the standard AWS_*/GOOGLE_* environment and config files, e.g. "
                        "endpoint_override=http://host:9000 or region=eu-west-1 for s3:// "
-                       "(pyarrow.fs.S3FileSystem's arguments); see pipelines/storage.py")
+                       "(pyarrow.fs.S3FileSystem's arguments); see pipelines/storage.py. A command line is "
+                       "visible to every local user: give secrets in --storage-options-file or the environment")
+STORAGE_OPTIONS_FILE_HELP = ("a JSON object of storage options, {\"KEY\": \"VALUE\"}, in a file of yours that only "
+                             "you may read (chmod 600; refused otherwise): credentials off the command line; "
+                             "--storage-option wins for its keys")
 
 
 def storage_options_field() -> Any:
     """The ``storage_options`` field every stage has: ``{key: value}`` (str to str), given on the
-    command line as ``--storage-option KEY=VALUE`` (repeatable), parsed by
-    :func:`pipelines.storage.parse_options`."""
+    command line as ``--storage-option KEY=VALUE`` (repeatable), ``--storage-options-file PATH``
+    and the environment, gathered by :func:`pipelines.storage.gather_options`."""
     return dataclasses.field(default_factory=dict, metadata={
-        "help": STORAGE_OPTION_HELP, "flag": "--storage-option", "key_values": True})
+        "help": STORAGE_OPTION_HELP, "flag": "--storage-option", "key_values": True,
+        "file_flag": "--storage-options-file"})
 
 
 def _base_type(tp: Any) -> Any:
@@ -83,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: Type[Any], defaults: Map
         if f.metadata.get("key_values"):  # repeatable KEY=VALUE, made a dict by parse_config
             parser.add_argument(flag, dest=f.name, action="append", metavar="KEY=VALUE",
                                 help=f.metadata.get("help", ""))
+            if f.metadata.get("file_flag"):
+                parser.add_argument(f.metadata["file_flag"], dest=f.name + _FILE, metavar="PATH",
+                                    help=STORAGE_OPTIONS_FILE_HELP)
             continue
         required = default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         kwargs: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help", "") + (notes or {}).get(f.name, "")}
@@ -125,6 +135,7 @@ def parse_configs(classes: Sequence[Type[Any]], argv: Sequence[str] | None = Non
     for cls in classes:
         add_arguments(parser, cls)
     values = vars(parser.parse_args(argv))
+    warn_visible_secrets(parser.prog, sys.argv[1:] if argv is None else argv)
     try:
         return tuple(cls(**_field_values(cls, values)) for cls in classes)
     except Refused as exc:
@@ -133,19 +144,50 @@ def parse_configs(classes: Sequence[Type[Any]], argv: Sequence[str] | None = Non
         parser.exit(2, f"{parser.prog}: error: {redact_text(str(exc))}\n")
 
 
+_warned = False
+
+
+def warn_visible_secrets(prog: str, argv: Sequence[str]) -> None:
+    """Say once per process, on stderr, when the command line ``argv`` holds a secret
+    (:func:`pipelines.redact.redact_text` would mask part of it: ``--storage-option secret_key=V``,
+    ``--tracking-uri http://user:pw@host``): every local user can read it (``ps``). Said by the
+    launching process and rank 0 only (``HOROVOD_RANK``), never with the secret."""
+    global _warned
+    if _warned or os.environ.get("HOROVOD_RANK", "0") != "0":
+        return
+    flags = set()
+    for i, item in enumerate(argv):
+        before = argv[i - 1] if i else ""
+        pair = f"{before} {item}" if before.startswith("-") and not item.startswith("-") else item
+        if redact_text(pair) != pair:  # a secret in the item, or the value of a secret flag (--token V)
+            flags.add(item.split("=", 1)[0] if item.startswith("-") else before or "an argument")
+    if flags:
+        _warned = True
+        sys.stderr.write(f"{prog}: warning: {', '.join(sorted(flags))} put a secret on the command line, which "
+                         "every local user can read (ps, /proc): give storage credentials in --storage-options-file "
+                         "(chmod 600) or the environment, MLflow's in MLFLOW_TRACKING_USERNAME and "
+                         "MLFLOW_TRACKING_PASSWORD (docs/cluster.md, Secrets)\n")
+
+
+_FILE = "__file"  # the dest suffix of a key_values field's file flag
+
+
 def _field_values(cls: Type[Any], values: Mapping[str, Any]) -> dict[str, Any]:
-    """The parsed ``values`` of ``cls``'s fields; repeatable ``KEY=VALUE`` ones made a dict.
+    """The parsed ``values`` of ``cls``'s fields; repeatable ``KEY=VALUE`` ones made a dict with
+    what the environment and their file flag give (:func:`pipelines.storage.gather_options`).
 
     Raises:
-        pipelines.storage.StorageError: a ``KEY=VALUE`` option without ``=``
-            (:func:`pipelines.storage.parse_options`).
+        pipelines.storage.StorageError: a ``KEY=VALUE`` option without ``=``, an options file
+            that others may read, malformed JSON (:func:`pipelines.storage.gather_options`).
     """
     own = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}
     for f in dataclasses.fields(cls):
         if f.metadata.get("key_values") and f.name in own:
-            from pipelines.storage import parse_options  # in the function: storage loads pyarrow
+            from pipelines.environment import read_settings
+            from pipelines.storage import gather_options  # in the function: storage loads pyarrow
 
-            own[f.name] = parse_options(own[f.name] or [])
+            own[f.name] = gather_options(own[f.name] or [], values.get(f.name + _FILE),
+                                         read_settings().storage_options)
     return own
 
 

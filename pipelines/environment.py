@@ -20,13 +20,17 @@ variable                       meaning                                          
                                log, the known harmless warnings
 ``PIPELINES_SPARK_LOG_LEVEL``  the log level of the Spark sessions the jobs start           ``WARN``, ``INFO`` with
                                (``ERROR``, ``INFO``, ``DEBUG``, ...)                        ``--verbose``
+``PIPELINES_STORAGE_OPTIONS``  storage options as a JSON object (``{"secret_key": "..."}``): none
+                               a stage's ``--storage-option`` values off its command line,
+                               which every local user can read (``ps``); the flags win
+                               (:func:`pipelines.storage.gather_options`)
 =============================  ===========================================================  ==========================
 """
 from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, Iterator, Mapping, Optional
 
 WORKDIR_ENV = "PIPELINES_WORKDIR"
@@ -34,6 +38,7 @@ CACHE_ENV = "PIPELINES_CACHE"
 TRACKING_ENV = "PIPELINES_TRACKING"
 VERBOSE_ENV = "PIPELINES_VERBOSE"
 SPARK_LOG_LEVEL_ENV = "PIPELINES_SPARK_LOG_LEVEL"
+STORAGE_OPTIONS_ENV = "PIPELINES_STORAGE_OPTIONS"
 DEFAULT_WORKDIR = "~/pipelines-work"
 DEFAULT_CACHE = "~/.cache/pipelines"
 
@@ -47,6 +52,8 @@ class Settings:
     tracking: bool  #: the default of ``--tracking``
     verbose: bool  #: the default of ``--verbose``
     spark_log_level: str  #: "" when unset: the Spark session's level follows ``--verbose``
+    #: the JSON text of storage options ("" when unset); never shown (it may hold secrets)
+    storage_options: str = field(default="", repr=False)
 
 
 def read_settings(environ: Optional[Mapping[str, str]] = None) -> Settings:
@@ -58,7 +65,8 @@ def read_settings(environ: Optional[Mapping[str, str]] = None) -> Settings:
         cache=os.path.abspath(os.path.expanduser(env.get(CACHE_ENV) or DEFAULT_CACHE)),
         tracking=env.get(TRACKING_ENV, "1").strip().lower() not in ("0", "false", "no", "off"),
         verbose=env.get(VERBOSE_ENV, "").strip() not in ("", "0"),
-        spark_log_level=env.get(SPARK_LOG_LEVEL_ENV, "").strip())
+        spark_log_level=env.get(SPARK_LOG_LEVEL_ENV, "").strip(),
+        storage_options=env.get(STORAGE_OPTIONS_ENV, "").strip())
 
 
 @contextmanager

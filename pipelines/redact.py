@@ -11,15 +11,19 @@ One rule for the whole product (pure, standard library only):
 - **free text** (an exception's message, a traceback, a dataclass' repr) gets both rules, for the
   URIs, ``key=value`` pairs and ``'key': 'value'`` items it holds.
 
-Keys are matched on their words (lower case, split at ``_ - .`` and space), so ``cache_key`` or
-``tracking_uri`` stay readable while every spelling of a credential is masked. The rule errs on the
+Keys are matched on their words (split at ``_ - .``, space and CamelCase humps, lower case), so
+``cache_key`` or ``tracking_uri`` stay readable while every spelling of a credential is masked:
+``SecretAccessKey``, ``AccountKey``, ``PGPASSWORD`` (a word ending in a secret word), a flag
+(``--password=V``, ``--token V``, ``['--token', 'V']``), a JVM property (``-Dfs.s3a.secret.key=V``),
+a value starting with ``/`` (base64 signatures do) and a percent-encoded one
+(``password%3Dhunter2``, ``https%3A%2F%2Falice%3Apw%40host``: decoded, then masked). The rule errs on the
 side of masking: a masked setting costs a reader one value; a leaked one costs a credential.
 """
 from __future__ import annotations
 
 import re
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 MASK = "***"
 
@@ -32,22 +36,46 @@ _SECRET_WORDS = frozenset({
 # account_key, api_key, private_key; a bare "key" is s3fs' access key.
 _KEY_OWNERS = frozenset({"access", "account", "api", "private", "client", "master", "shared", "storage",
                          "encryption", "customer", "signing", "sse", "secret", "session"})
+# Secret words that also end a word glued to a prefix: PGPASSWORD, DBPASSWD, GHTOKEN, APPSECRET.
+_SECRET_ENDINGS = ("password", "passwd", "passphrase", "secret", "token", "credentials", "signature", "apikey",
+                   "accesskey", "secretkey")
 _WORD_SPLIT = re.compile(r"[^a-z0-9]+")
+# CamelCase humps: SecretAccessKey -> Secret Access Key, AWSSecretKey -> AWS Secret Key
+_HUMP = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
 
 def is_secret_key(key: Any) -> bool:
     """Whether the value of ``key`` (a dict key, option name, query parameter or environment
     variable name) may be a secret. ``"secret_key"``, ``"AWS_SECRET_ACCESS_KEY"``,
     ``"session-token"``, ``"X-Amz-Signature"``, ``"key"`` -> ``True``; ``"endpoint_override"``,
-    ``"tracking_uri"``, ``"cache_key"`` -> ``False``."""
-    words = [w for w in _WORD_SPLIT.split(str(key).lower()) if w]
+    ``"tracking_uri"``, ``"cache_key"`` -> ``False``; ``"SecretAccessKey"``, ``"AccountKey"``,
+    ``"PGPASSWORD"``, ``"--token"``, ``"-Dfs.s3a.secret.key"`` -> ``True``."""
+    words = [w for w in _WORD_SPLIT.split(_HUMP.sub("_", str(key)).lower()) if w]
     if not words:
         return False
     if words == ["key"] or words[0] in ("connection", "conn") and "string" in words:
         return True
-    if any(w in _SECRET_WORDS for w in words):
+    if any(w in _SECRET_WORDS or w.endswith(_SECRET_ENDINGS) for w in words):
         return True
     return any(w == "key" and i > 0 and words[i - 1] in _KEY_OWNERS for i, w in enumerate(words))
+
+
+def _spark_regex() -> str:
+    """:data:`SPARK_REDACTION_REGEX`, made from the words :func:`is_secret_key` reads."""
+    short = sorted(w for w in _SECRET_WORDS if len(w) <= 4) + ["key"]  # words only where alone: sig, not signal
+    return ("(?i)" + "|".join(sorted(w for w in _SECRET_WORDS | set(_SECRET_ENDINGS) if len(w) > 4))
+            + "|(" + "|".join(sorted(_KEY_OWNERS)) + ")[._-]?key|conn(ection)?[._-]?string"
+            + "|(?<![a-z0-9])(" + "|".join(short) + ")(?![a-z0-9])")
+
+
+#: The same rule as Spark's ``spark.redaction.regex`` (a Java regex, case-insensitive, searched in
+#: every property's key and value: the whole value is hidden where it matches), which hides what
+#: its UI and event logs show of the configuration, the environment and ``sun.java.command`` (a
+#: ``spark-submit`` command line). Spark's own default (``secret|password|token|access[.]?key``)
+#: misses ``account_key``, a bare ``key``, ``sig``, ``credentials``; :func:`pipelines.spark.spark_session`
+#: sets this one. It matches words as substrings, so it hides more than :func:`is_secret_key`
+#: (``cache_key`` too): a hidden setting in the UI costs a reader one value.
+SPARK_REDACTION_REGEX = _spark_regex()
 
 
 def redact_uri(uri: str) -> str:
@@ -71,9 +99,16 @@ def redact_uri(uri: str) -> str:
 # scheme://userinfo@ in free text (userinfo: up to the last @ before a slash, space or quote)
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s'\"<>]+@")
 # key=value and key: value (a query string, a command line, a log line): the value up to & ? # , ;
-# space or a quote, an HTTP scheme word before it included ("Authorization: Bearer xyz")
-_KEY_VALUE = re.compile(r"(?<![\w\-.])([A-Za-z][\w\-.]*)(\s*[=:]\s*)(?![\s'\"{\[(/])"
+# space or a quote, an HTTP scheme word before it included ("Authorization: Bearer xyz"); the key
+# may be a flag (--password=V) or a JVM property (-Dfs.s3a.secret.key=V), whose -D is not its word
+_KEY_VALUE = re.compile(r"(?<![\w\-.])((?:-D|--?)?)([A-Za-z][\w\-.]*)(\s*[=:]\s*)(?![\s'\"{\[(])"
                         r"((?:(?:Bearer|Basic|Token)\s+)?[^\s&?#,;'\"}\])]+)")
+# a flag and its value as two words of a command line (--token V), or two items of an argv list
+_FLAG_VALUE = re.compile(r"(?<![\w\-.])(--?[A-Za-z][\w\-.]*)(\s+)(?![\s\-'\"])([^\s'\"]+)")
+_FLAG_ITEM = re.compile(r"""(['"])(--?[A-Za-z][\w\-.]*)\1(\s*,\s*)(['"])((?:(?!\4)[^\\\n]|\\.)*)\4""")
+# a run of text holding percent-escapes (a URL-encoded query, a URI inside a query value)
+# (from a run's start only: a search from every character of a long run would take its square)
+_ENCODED = re.compile(r"(?<![^\s'\"<>])[^\s'\"<>]*%[0-9A-Fa-f]{2}[^\s'\"<>]*")
 # 'key': 'value' and "key": "value" items (a dict's repr, JSON)
 _QUOTED_ITEM = re.compile(r"""(['"])([^'"\n]{1,100})\1(\s*:\s*)(['"])((?:(?!\4)[^\\\n]|\\.)*)\4""")
 # key='value', key: "value" (a dataclass' repr, YAML)
@@ -81,25 +116,49 @@ _KEYWORD_ITEM = re.compile(r"""(?<![\w\-.])([A-Za-z][\w\-.]*)(\s*[=:]\s*)(['"])(
 
 
 def redact_text(text: str) -> str:
-    """``text`` (a message, traceback or repr) with every URI's userinfo and every value of a
-    secret-looking key masked: ``scheme://user:pass@`` -> ``scheme://***@``; ``secret_key=V``,
-    ``password: V``, ``'session_token': 'V'``, ``token="V"`` -> the value :data:`MASK`."""
+    """``text`` (a message, traceback, command line or repr) with every URI's userinfo and every
+    value of a secret-looking key masked: ``scheme://user:pass@`` -> ``scheme://***@``;
+    ``secret_key=V``, ``password: V``, ``'session_token': 'V'``, ``token="V"``, ``--token V``,
+    ``-Dfs.s3a.secret.key=V`` -> the value :data:`MASK`. A percent-encoded run that hides one of
+    these is shown decoded, with the secret masked (``password%3Dpw`` -> ``password=***``)."""
+    return _ENCODED.sub(_encoded, _redact_plain(text))
+
+
+def _redact_plain(text: str) -> str:
+    """:func:`redact_text` without the percent-decoding."""
     text = _USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
     text = _QUOTED_ITEM.sub(lambda m: m.group(0) if not is_secret_key(m.group(2)) else
                             f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{m.group(4)}{MASK}{m.group(4)}", text)
+    text = _FLAG_ITEM.sub(lambda m: m.group(0) if not is_secret_key(m.group(2)) else
+                          f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{m.group(4)}{MASK}{m.group(4)}", text)
     text = _KEYWORD_ITEM.sub(lambda m: m.group(0) if not is_secret_key(m.group(1)) else
                              f"{m.group(1)}{m.group(2)}{m.group(3)}{MASK}{m.group(3)}", text)
+    text = _FLAG_VALUE.sub(lambda m: m.group(0) if not is_secret_key(m.group(1)) or m.group(3) == MASK else
+                           m.group(1) + m.group(2) + MASK, text)
     return _KEY_VALUE.sub(_key_value, text)
+
+
+def _encoded(m: "re.Match[str]") -> str:
+    """One percent-encoded run of :func:`redact_text`: as it is unless decoding it (up to three
+    times: a URI inside a query value inside a URL) shows a secret, else decoded and masked."""
+    decoded = m.group(0)
+    for _ in range(3):
+        once = unquote(decoded)
+        if once == decoded:
+            break
+        decoded = once
+    shown = _redact_plain(decoded)
+    return m.group(0) if shown == decoded else shown
 
 
 def _key_value(m: "re.Match[str]") -> str:
     """One ``key=value`` / ``key: value`` of :func:`redact_text`: a secret key's value masked; a
     plain key's value searched again, as it may hold a pair of its own (``why: secret_key=V``, an
     exception's message quoted after its type or a label)."""
-    key, separator, value = m.groups()
+    dashes, key, separator, value = m.groups()
     if is_secret_key(key):
-        return key + separator + MASK
-    return key + separator + _KEY_VALUE.sub(_key_value, value)
+        return dashes + key + separator + MASK
+    return dashes + key + separator + _KEY_VALUE.sub(_key_value, value)
 
 
 def redact(value: Any) -> Any:

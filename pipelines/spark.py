@@ -11,6 +11,7 @@ from typing import Dict, Iterator, Mapping, Optional
 from pipelines.environment import environment
 from pipelines.logs import plural
 from pipelines.quiet import spark_log_options
+from pipelines.redact import SPARK_REDACTION_REGEX
 
 log = logging.getLogger("pipelines")
 
@@ -69,7 +70,9 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
     call starts the JVM itself, the JVM, the executors and their Python workers get a UTF-8
     locale (:data:`UTF8_ENV`, :func:`utf8_conf`) whatever the caller's, no web UI, and a ``local``
     master's services on loopback (:func:`service_conf`); ``conf`` wins over those. Under
-    ``spark-submit`` the JVM is already running: pass ``--conf`` settings there.
+    ``spark-submit`` the JVM is already running: pass ``--conf`` settings there. A new SparkContext hides the product's secret keys in its UI and
+    event log, under ``spark-submit`` too (``spark.redaction.regex``:
+    :data:`pipelines.redact.SPARK_REDACTION_REGEX`; ``conf`` may set another).
     """
     from pyspark import SparkContext  # in the function: `import pipelines` stays free of PySpark
     from pyspark.sql import SparkSession
@@ -80,7 +83,8 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
     if master:
         builder = builder.master(master)
     own = {**utf8_conf(verbose), **service_conf(master or DEFAULT_MASTER, os.environ)} if launching else {}
-    for key, value in {**own, **(conf or {})}.items():
+    for key, value in {**own, "spark.redaction.regex": SPARK_REDACTION_REGEX,
+                       **(conf or {})}.items():
         builder = builder.config(key, value)
     with environment(UTF8_ENV if launching else {}):
         spark = builder.getOrCreate()

@@ -21,12 +21,14 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+from pipelines.environment import STORAGE_OPTIONS_ENV
 from pipelines.errors import Refused
 
 # pyarrow 14's threaded copy_files hangs for good copying a folder of some twenty files to S3 (5 went
@@ -60,6 +62,77 @@ def parse_options(pairs: Sequence[str]) -> Dict[str, str]:
         if key in options:
             raise StorageError(f"--storage-option {key} given twice")
         options[key] = value
+    return options
+
+
+def _option_values(given: Any, source: str) -> Dict[str, str]:
+    """The ``{key: value}`` of a JSON object of storage options from ``source`` (a file or the
+    environment): keys strings, values strings, numbers or booleans (as ``--storage-option``'s
+    text). Messages name keys, never values.
+
+    Raises:
+        StorageError: not an object, or a value that is a list, object or null.
+    """
+    if not isinstance(given, dict):
+        raise StorageError(f"{source}: expected a JSON object of storage options, {{\"KEY\": \"VALUE\"}}")
+    options = {}
+    for key, value in given.items():
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        elif not isinstance(value, (str, int, float)):
+            raise StorageError(f"{source}: the value of {key!r} must be a string, number or boolean")
+        options[str(key)] = str(value)
+    return options
+
+
+def read_options_file(path: str) -> Dict[str, str]:
+    """The storage options in the JSON file ``path`` (``--storage-options-file``): a regular file
+    of this user's that nobody else may read or write (mode 0600 or 0400), as ssh asks of a key.
+
+    Raises:
+        StorageError: a missing file, a symbolic link, another user's file, one that others may
+            read or write (the message says ``chmod 600``), or not a JSON object of options.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise StorageError(f"--storage-options-file {path}: {exc.strerror}") from None
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode) or status.st_uid != os.getuid():
+        os.close(fd)
+        raise StorageError(f"--storage-options-file {path}: not a regular file of this user's")
+    with os.fdopen(fd, "rb") as f:
+        if status.st_mode & 0o077:
+            raise StorageError(f"--storage-options-file {path}: others may read it (mode "
+                               f"{stat.S_IMODE(status.st_mode):04o}); run chmod 600 {path} first")
+        text = f.read()
+    try:
+        given = json.loads(text)
+    except ValueError:
+        raise StorageError(f"--storage-options-file {path}: not JSON") from None
+    return _option_values(given, f"--storage-options-file {path}")
+
+
+def gather_options(pairs: Sequence[str], path: Optional[str] = None, environment: str = "") -> Dict[str, str]:
+    """A stage's storage options from its three sources, each later one winning for its keys: the
+    environment's JSON object (``environment``: :attr:`pipelines.environment.Settings.storage_options`,
+    the variable :data:`~pipelines.environment.STORAGE_OPTIONS_ENV`), the owner-only file ``path`` (:func:`read_options_file`),
+    then the command line's ``KEY=VALUE`` ``pairs`` (:func:`parse_options`). The first two keep
+    secrets off the command line, which every local user can read (``ps``, ``/proc/PID/cmdline``).
+
+    Raises:
+        StorageError: any source malformed (:func:`parse_options`, :func:`read_options_file`).
+    """
+    options: Dict[str, str] = {}
+    if environment:
+        try:
+            given = json.loads(environment)
+        except ValueError:
+            raise StorageError(f"{STORAGE_OPTIONS_ENV}: not JSON") from None
+        options.update(_option_values(given, STORAGE_OPTIONS_ENV))
+    if path:
+        options.update(read_options_file(path))
+    options.update(parse_options(pairs))
     return options
 
 

@@ -14,7 +14,10 @@ ARGS=(--data "$W/etl" --weights none --backbone tiny --batch-size 4 --no-tensorb
       --warmup-epochs 3 --spark-np -2)
 /usr/bin/time -f "uninterrupted %e s" python jobs/train.py "${ARGS[@]}" --output "$W/plain" --cache-dir "$W/c1" \
     > "$W/plain.log" 2>&1 || true
-PIPELINES_FAULT_INJECT=rank=1,epoch=2,mode=kill /usr/bin/time -f "recovered %e s" python jobs/train.py "${ARGS[@]}" \
+# the hook acts only where a token file arms it (pipelines/launch/rankenv.py, fault_armed): this
+# script's own, owner-only, as the test suite writes one
+(umask 077; python -c "from pipelines.launch.rankenv import FAULT_TOKEN_TEXT as t; print(t, end='')" > "$W/fault-token")
+PIPELINES_FAULT_TOKEN="$W/fault-token" PIPELINES_FAULT_INJECT=rank=1,epoch=2,mode=kill /usr/bin/time -f "recovered %e s" python jobs/train.py "${ARGS[@]}" \
     --output "$W/rec" --cache-dir "$W/c2" --max-failures 1 > "$W/rec.log" 2>&1 || true
 tail -1 "$W/plain.log"; tail -1 "$W/rec.log"
 grep -h -E "injecting a fault|WARNING attempt|resuming after|test accuracy" "$W/rec.log" | cut -c1-200

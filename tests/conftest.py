@@ -1,7 +1,10 @@
 """Shared fixtures: a real local Spark session, the venv's executables."""
+import atexit
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -30,6 +33,19 @@ from tests import s3server  # noqa: E402
 
 S3_PORT = s3server.free_port()
 os.environ.update(s3server.standard_environment(f"http://127.0.0.1:{S3_PORT}"))
+
+# The fault hook (PIPELINES_FAULT_INJECT, a test's variable) acts only where the suite's token file
+# arms it (pipelines.launch.rankenv.fault_armed): written here, owner-only, before any child starts,
+# so that every rank the suite launches (horovodrun, local ranks, Spark workers and their tasks)
+# inherits it; a production process given the hook's variable alone injects nothing.
+from pipelines.launch import rankenv  # noqa: E402
+
+FAULT_TOKEN_DIR = tempfile.mkdtemp(prefix="pipelines-test-faults-")
+FAULT_TOKEN = os.path.join(FAULT_TOKEN_DIR, "token")
+with os.fdopen(os.open(FAULT_TOKEN, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as _token:
+    _token.write(rankenv.FAULT_TOKEN_TEXT)
+os.environ.update(rankenv.fault_token_env(FAULT_TOKEN))
+atexit.register(shutil.rmtree, FAULT_TOKEN_DIR, True)
 
 
 # The current stack's share of the slow tests, as node-id prefixes: `make test` runs the whole suite on

@@ -39,8 +39,8 @@ def test_every_pipelines_variable_is_named_only_in_a_boundary_module():
     found = {path: set(NAME.findall(text)) for path, text in sources() if NAME.search(text)}
     assert set(found) == BOUNDARIES, sorted(set(found) - BOUNDARIES)
     user = {environment.WORKDIR_ENV, environment.CACHE_ENV, environment.TRACKING_ENV, environment.VERBOSE_ENV,
-            environment.SPARK_LOG_LEVEL_ENV}
-    handed = {rankenv.ATTEMPTS_ENV, rankenv.ASSIGNED_ENV, rankenv.FAULT_ENV}
+            environment.SPARK_LOG_LEVEL_ENV, environment.STORAGE_OPTIONS_ENV}
+    handed = {rankenv.ATTEMPTS_ENV, rankenv.ASSIGNED_ENV, rankenv.FAULT_ENV, rankenv.FAULT_TOKEN_ENV}
     assert found["pipelines/environment.py"] == user and found["pipelines/launch/rankenv.py"] == handed
     for module, names in ((environment, user), (rankenv, handed)):  # each in the module's table
         assert set(NAME.findall(module.__doc__)) == names
@@ -121,7 +121,8 @@ def test_the_tools_cache_folder_follows_the_environment(monkeypatch, tmp_path):
 def test_what_a_launcher_writes_a_rank_reads():
     """Each launcher→rank variable round-trips through the one writer and the one reader."""
     written = {**rankenv.attempts_env([{"attempt": 1, "failure": "lost"}]),
-               **rankenv.assigned_gpus_env(["2", "3"]), "PIPELINES_FAULT_INJECT": "rank=1,epoch=2"}
+               **rankenv.assigned_gpus_env(["2", "3"]), "PIPELINES_FAULT_INJECT": "rank=1,epoch=2",
+               **rankenv.fault_token_env(os.environ[rankenv.FAULT_TOKEN_ENV])}  # the suite's (tests/conftest.py)
     handed = rankenv.read_rank_environment(written)
     assert handed.attempts == [{"attempt": 1, "failure": "lost"}, {"attempt": 2, "failure": None}] and handed.relaunched
     assert (handed.assigned_gpus, handed.fault) == (["2", "3"], "rank=1,epoch=2")

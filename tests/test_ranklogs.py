@@ -1,6 +1,8 @@
 """The ranks' output at the driver (pipelines/launch/ranklogs.py), without Spark: a real child process's
 output forwarded by ``forward`` to a real ``LogSink`` over TCP."""
+import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -253,3 +255,53 @@ def test_a_long_line_is_printed_in_bounded_pieces_and_kept_whole(tmp_path, capfd
     assert (tmp_path / "rank-0.log").read_bytes() == long + b"\nend\n"
     shown = [line for line in capfd.readouterr().err.splitlines() if line.startswith("[rank 0 on h] ")]
     assert [len(line) - len("[rank 0 on h] ") for line in shown] == [LINE_BYTES, LINE_BYTES, 5, 3]
+
+
+SECRET = "S3CR3T-IN-A-CAUSE"
+CHAINED = f"""
+def load():
+    raise KeyError("{{'AccountKey': '{SECRET}'}}")
+try:
+    load()
+except KeyError as exc:
+    raise RuntimeError("store s3://bucket refused: --storage-option secret_key={SECRET} --token {SECRET}") from exc
+"""
+
+
+def test_a_chained_traceback_reaches_an_owner_only_rank_log_redacted(tmp_path, capfd):
+    """A rank that dies of an uncaught exception whose cause quotes credentials: Python prints both
+    tracebacks; the rank log (mode 0600 in a 0700 folder), the driver's stderr and the task's own
+    stderr keep both, with every secret masked."""
+    sink = LogSink("127.0.0.1", str(tmp_path / "logs"), world_size=1)
+    try:
+        child = subprocess.Popen([sys.executable, "-c", CHAINED], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 env={"PYTHONUNBUFFERED": "1"})
+        with child.stdout:
+            sent = forward(child.stdout, sink.address, sink.token, 0, "hostA")
+        assert child.wait() == 1 and sink.wait_for({0: sent})
+    finally:
+        sink.close()
+    log = tmp_path / "logs" / "rank-0.log"
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600 and stat.S_IMODE(log.parent.stat().st_mode) == 0o700
+    kept, err = log.read_text(), capfd.readouterr().err
+    for text in (kept, err):
+        assert SECRET not in text
+        assert "The above exception was the direct cause of the following exception" in text
+        assert "KeyError" in text and "RuntimeError: store s3://bucket refused" in text
+        assert "'AccountKey': '***'" in text and "secret_key=*** --token ***" in text
+
+
+def test_an_older_rank_log_becomes_owner_only(tmp_path):
+    """A rank log left by an earlier run with a looser mode (another umask) is made 0600 as it is reopened."""
+    (tmp_path / "rank-0.log").write_text("earlier\n")
+    os.chmod(tmp_path / "rank-0.log", 0o644)
+    sink = LogSink("127.0.0.1", str(tmp_path), world_size=1)
+    try:
+        child = subprocess.Popen([sys.executable, "-c", "print('now')"], stdout=subprocess.PIPE)
+        with child.stdout:
+            sent = forward(child.stdout, sink.address, sink.token, 0, "hostA")
+        assert sink.wait_for({0: sent})
+    finally:
+        sink.close()
+    assert (tmp_path / "rank-0.log").read_text() == "earlier\nnow\n"
+    assert stat.S_IMODE((tmp_path / "rank-0.log").stat().st_mode) == 0o600

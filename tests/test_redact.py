@@ -120,3 +120,89 @@ def test_the_etl_manifest_and_params_show_its_config_masked():
     assert not [s for s in ("hunter2", "alice", SECRET, "AKIDEXAMPLE") if s in shown], shown
     assert '"tracking_uri": "http://***@mlflow.example:5000"' in shown
     assert '"storage_options": ["access_key", "secret_key"]' in shown
+
+
+# Issue 36 item 4: the forms the rule missed, several members of each kind, each as it would be seen
+# (a command line, a log line, a dict's repr, a URL). The key stays readable in every one.
+MISSED_FORMS = {
+    "CamelCase keys": [f"SecretAccessKey={SECRET}", f"{{'AccountKey': '{SECRET}'}}", f'"SessionToken": "{SECRET}"',
+                       f"AccessKeyId: {SECRET}", f"ClientSecret={SECRET}", f"AWSSecretKey={SECRET}",
+                       f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={SECRET}==;EndpointSuffix=x"],
+    "a flag with =": [f"--password={SECRET}", f"--token={SECRET}", f"--secret-key={SECRET}", f"-password={SECRET}"],
+    "a flag and its value": [f"--token {SECRET} --epochs 2", f"--password {SECRET}", f"-token {SECRET}",
+                             f"--client-secret {SECRET}", f"['python', 'x.py', '--token', '{SECRET}']",
+                             f"[\"--password\", \"{SECRET}\"]"],
+    "a JVM property": [f"-Dfs.s3a.secret.key={SECRET}", f"-Dspark.hadoop.fs.s3a.access.key={SECRET}",
+                       f"-Dfs.azure.account.key.acct.blob.core.windows.net={SECRET}", f"-Djavax.net.ssl.keyStorePassword={SECRET}",
+                       f"-Dpassword={SECRET}"],
+    "a value starting with /": [f"password=/{SECRET}", f"token: /{SECRET}", f"secret_key=/{SECRET}+x=",
+                                f"https://h/x?sig=/{SECRET}%2B&se=2030"],
+    "PGPASSWORD-style variables": [f"PGPASSWORD={SECRET}", f"export DBPASSWD={SECRET}", f"GHTOKEN={SECRET}",
+                                   f"MYSQL_PWD={SECRET}", f"REDIS_PASSWORD={SECRET}", f"APPSECRET={SECRET}"],
+    "URL-encoded credentials": [f"password%3D{SECRET}", f"https%3A%2F%2Falice%3A{SECRET}%40host",
+                                f"next=https%253A%252F%252Fu%253A{SECRET}%2540h",  # encoded twice
+                                f"client_secret%3D{SECRET}%26a%3D1", f"%7B%22token%22%3A%22{SECRET}%22%7D"],
+    "signed query strings": [f"https://b.s3.amazonaws.com/k?X-Amz-Signature={SECRET}&X-Amz-Expires=60",
+                             f"https://acct.blob.core.windows.net/c/b?sv=2020-08-04&sr=b&sig={SECRET}%3D",
+                             f"https://d.cloudfront.net/x?Expires=1&Signature={SECRET}&Key-Pair-Id=APK",
+                             f"https://storage.googleapis.com/b/o?X-Goog-Signature={SECRET}&X-Goog-Date=1",
+                             f"https://h/x?X-Amz-Credential={SECRET}%2F20240101%2Fus-east-1&X-Amz-Security-Token={SECRET}"],
+}
+
+
+@pytest.mark.parametrize("form, text", [(form, text) for form, texts in MISSED_FORMS.items() for text in texts])
+def test_each_form_the_rule_missed_is_masked_and_stays_masked(form, text):
+    shown = redact_text(text)
+    assert SECRET not in shown and MASK in shown, (form, shown)
+    assert redact_text(shown) == shown  # a second pass changes nothing
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("--token S --epochs 2", "--token *** --epochs 2"),
+    ("-Dfs.s3a.secret.key=S -Dfs.s3a.endpoint=http://h:9000", "-Dfs.s3a.secret.key=*** -Dfs.s3a.endpoint=http://h:9000"),
+    ("password%3DS%26user%3Dme", "password=***&user=me"),  # decoded where it hid a secret
+    ("s3://b/my%20photos/a.jpg", "s3://b/my%20photos/a.jpg"),  # left as it is where it hid none
+    ("--storage-options-file /home/me/opts.json --data s3://b/etl", "--storage-options-file /home/me/opts.json --data s3://b/etl"),
+    ("PGHOST=db PGPASSFILE=/home/me/.pgpass", "PGHOST=db PGPASSFILE=/home/me/.pgpass"),
+    ("AccountName=acct;AccountKey=S==", "AccountName=acct;AccountKey=***"),
+])
+def test_what_the_new_forms_leave_readable(text, shown):
+    assert redact_text(text) == shown
+
+
+@pytest.mark.parametrize("key", ["SecretAccessKey", "AccountKey", "AccessKeyId", "SessionToken", "PGPASSWORD",
+                                 "--password", "-Dfs.s3a.secret.key", "ClientSecret", "SharedAccessSignature"])
+def test_camel_case_glued_and_flag_spellings_are_secret_keys(key):
+    assert is_secret_key(key)
+
+
+def test_a_long_line_is_redacted_in_linear_time():
+    """Rank logs pass every line through the rule: a 200 KB line without spaces (a progress bar,
+    base64) takes milliseconds, not the square of its length."""
+    import time
+
+    started = time.perf_counter()
+    for text in ("y" * 200_000, "x%41" * 50_000, "-" * 200_000):
+        assert redact_text(text) == text
+    assert time.perf_counter() - started < 5
+
+
+@pytest.mark.parametrize("key", SECRET_KEYS + ["SecretAccessKey", "AccountKey", "PGPASSWORD",
+                                               "spark.hadoop.fs.s3a.secret.key", "fs.azure.account.key.a.blob.core.windows.net"])
+def test_sparks_redaction_regex_covers_every_secret_key(key):
+    import re
+
+    from pipelines.redact import SPARK_REDACTION_REGEX
+
+    assert re.search(SPARK_REDACTION_REGEX, key), key
+
+
+def test_sparks_redaction_regex_leaves_sparks_own_settings_readable():
+    import re
+
+    from pipelines.redact import SPARK_REDACTION_REGEX
+
+    for key in ("spark.master", "spark.app.name", "spark.executor.memory", "spark.sql.shuffle.partitions",
+                "spark.driver.host", "spark.driver.port", "spark.ui.port", "spark.executor.extraJavaOptions",
+                "spark.submit.pyFiles", "spark.executorEnv.LC_ALL", "java.class.path", "sun.java.command"):
+        assert not re.search(SPARK_REDACTION_REGEX, key), key

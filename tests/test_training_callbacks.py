@@ -3,6 +3,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 from pipelines.kerasapi import keras
 from pipelines.training.callbacks import BestWeightsEarlyStopping, CheckpointMarker, FaultInjection
@@ -71,9 +72,38 @@ def test_checkpoint_marker_is_written_after_the_weights(tmp_path):
 
 
 def fault_spec(environ):
-    """The hook's spec as a rank reads it at its start (pipelines.launch.rankenv)."""
-    from pipelines.launch.rankenv import read_rank_environment
-    return read_rank_environment(environ).fault
+    """The hook's spec as a rank of the suite reads it at its start (pipelines.launch.rankenv),
+    armed by the suite's token file (tests/conftest.py)."""
+    from pipelines.launch.rankenv import FAULT_TOKEN_ENV, read_rank_environment
+    return read_rank_environment({FAULT_TOKEN_ENV: os.environ[FAULT_TOKEN_ENV], **environ}).fault
+
+
+def test_the_fault_hook_does_nothing_without_the_suites_token(tmp_path):
+    """A production process given the hook's variable alone injects nothing; so does one whose
+    token file is a link, another user's to read (0644), or holds other text. Only the suite's
+    (owner-only, the exact text) arms it."""
+    from pipelines.launch.rankenv import FAULT_TOKEN_ENV, FAULT_TOKEN_TEXT, fault_armed, read_rank_environment
+
+    spec = {"PIPELINES_FAULT_INJECT": "rank=0,epoch=1,mode=raise"}
+    alone = read_rank_environment(spec)
+    assert alone.fault == "" and alone.fault_ignored and FaultInjection.requested(alone.fault, 0) is None
+    good = tmp_path / "token"
+    good.write_text(FAULT_TOKEN_TEXT)
+    good.chmod(0o600)
+    loose, other, link = tmp_path / "loose", tmp_path / "other", tmp_path / "link"
+    loose.write_text(FAULT_TOKEN_TEXT)
+    loose.chmod(0o644)
+    other.write_text("armed\n")
+    other.chmod(0o600)
+    link.symlink_to(good)
+    for path in (loose, other, link, tmp_path / "missing", tmp_path):
+        assert not fault_armed(str(path)), path
+        assert read_rank_environment({**spec, FAULT_TOKEN_ENV: str(path)}).fault == ""
+    assert fault_armed(str(good))
+    armed = read_rank_environment({**spec, FAULT_TOKEN_ENV: str(good)})
+    assert (armed.fault, armed.fault_ignored) == ("rank=0,epoch=1,mode=raise", False)
+    with pytest.raises(RuntimeError, match="injected fault"):
+        FaultInjection.requested(armed.fault, 0).on_epoch_end(0)
 
 
 def test_fault_injection_is_off_without_the_variable():

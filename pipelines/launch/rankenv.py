@@ -17,19 +17,31 @@ variable                        meaning                                         
 ``PIPELINES_FAULT_INJECT``      test hook: ``rank=R,epoch=E,mode=M[,mark=PATH]``        a test, in the launching
                                 (``callbacks.FaultInjection`` in ``training/``);        process's environment or
                                 ``[,step=S]`` with ``mode=nan``: rank R's loss NaN at   ``spark.executorEnv``
-                                step S of epoch E; unset in production
+                                step S of epoch E; unset in production, and ignored
+                                without the next one
+``PIPELINES_FAULT_TOKEN``       the test suite's token file, which arms the hook: a     the test suite
+                                file of this user's, mode 0600, holding                 (``tests/conftest.py``)
+                                :data:`FAULT_TOKEN_TEXT` (:func:`fault_armed`)
 ==============================  ======================================================  ===============================
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence
+
+log = logging.getLogger("pipelines")
 
 ATTEMPTS_ENV = "PIPELINES_ATTEMPTS"
 ASSIGNED_ENV = "PIPELINES_ASSIGNED_GPUS"
 FAULT_ENV = "PIPELINES_FAULT_INJECT"
+FAULT_TOKEN_ENV = "PIPELINES_FAULT_TOKEN"
+#: what the test suite's token file holds; a production process, given the hook's variable alone,
+#: injects nothing
+FAULT_TOKEN_TEXT = "pipelines test suite: fault injection armed\n"
 
 
 @dataclass(frozen=True)
@@ -40,7 +52,8 @@ class RankEnvironment:
     #: HOST failed: ..."}, ..., {"attempt": n, "failure": None}]``; one attempt outside a relauncher
     attempts: List[Dict] = field(default_factory=lambda: [{"attempt": 1, "failure": None}])
     assigned_gpus: List[str] = field(default_factory=list)  #: GPU addresses the launcher gave the rank
-    fault: str = ""  #: the test hook's spec; "" = none
+    fault: str = ""  #: the test hook's spec; "" = none (or not armed: :func:`fault_armed`)
+    fault_ignored: bool = False  #: a spec was given without the test suite's token
 
     @property
     def relaunched(self) -> bool:
@@ -53,10 +66,41 @@ def read_rank_environment(environ: Optional[Mapping[str, str]] = None) -> RankEn
     variables in this module's table, at a rank's start."""
     env = os.environ if environ is None else environ
     earlier = json.loads(env.get(ATTEMPTS_ENV) or "[]")
+    spec = env.get(FAULT_ENV, "").strip()
+    armed = bool(spec) and fault_armed(env.get(FAULT_TOKEN_ENV, ""))
+    if spec and not armed and env.get("HOROVOD_RANK", "0") == "0":
+        log.warning("%s is set but the test suite's token is not (%s): no fault is injected", FAULT_ENV,
+                    FAULT_TOKEN_ENV)
     return RankEnvironment(
         attempts=earlier + [{"attempt": len(earlier) + 1, "failure": None}],
         assigned_gpus=[a for a in env.get(ASSIGNED_ENV, "").split(",") if a],
-        fault=env.get(FAULT_ENV, "").strip())
+        fault=spec if armed else "", fault_ignored=bool(spec) and not armed)
+
+
+def fault_armed(path: str) -> bool:
+    """Whether ``path`` (the variable ``PIPELINES_FAULT_TOKEN``) is the test suite's token file,
+    which alone lets the fault hook act: a regular file (not a link) of this user's that nobody
+    else may read or write, holding exactly :data:`FAULT_TOKEN_TEXT`. Anything else (no path, a
+    missing file, another mode, owner or content) leaves the hook off."""
+    if not path:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or status.st_uid != os.getuid() or status.st_mode & 0o077:
+            return False
+        return os.read(fd, len(FAULT_TOKEN_TEXT) + 1) == FAULT_TOKEN_TEXT.encode()
+    finally:
+        os.close(fd)
+
+
+def fault_token_env(path: str) -> Dict[str, str]:
+    """The variable that arms the fault hook with the token file ``path`` (written by the test
+    suite: :data:`FAULT_TOKEN_TEXT`, mode 0600)."""
+    return {FAULT_TOKEN_ENV: path}
 
 
 def attempts_env(history: Sequence[Dict]) -> Dict[str, str]:

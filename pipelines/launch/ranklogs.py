@@ -4,7 +4,10 @@ A Spark barrier task runs its rank as a child process whose output (stdout and s
 stream) would otherwise end in the executor's log on the worker host. :func:`forward` reads it
 line by line in the task, echoes each line to the executor's stderr (the worker's log keeps it)
 and sends it over TCP to the driver's :class:`LogSink`, which prints it as it arrives, prefixed
-``[rank R on HOST]``, and appends it to ``rank-R.log`` in a log folder when one is given.
+``[rank R on HOST]``, and appends it to ``rank-R.log`` in a log folder when one is given. What the
+driver prints and keeps is redacted line by line (:func:`pipelines.redact.redact_text`: a
+traceback's chained causes quote configs and URIs too), and ``rank-R.log`` is the owner's alone
+(mode 0600, in a folder of mode 0700 when the sink makes it).
 
 The sink listens on an ephemeral port of the driver's own address (``spark.driver.host``, the
 address executors already reach the driver at; ``spark.driver.bindAddress`` where that differs),
@@ -34,6 +37,7 @@ import time
 from typing import BinaryIO, Dict, Optional, Tuple
 
 from pipelines.launch.network import join_host_port, resolve, split_host_port
+from pipelines.redact import redact_text
 
 log = logging.getLogger("pipelines")
 
@@ -123,7 +127,7 @@ class LogSink:
         self.world_size = world_size
         self.header_timeout_s = header_timeout_s
         if log_dir:
-            os.makedirs(log_dir, exist_ok=True)
+            os.makedirs(log_dir, mode=0o700, exist_ok=True)
         self.received: Dict[int, int] = {}
         self.hosts: Dict[int, str] = {}
         self._lock = threading.Condition()
@@ -168,12 +172,12 @@ class LogSink:
         rank, host = claimed
         conn.settimeout(None)  # a rank may be silent for an epoch; the connection lives as long as it
         shown = prefix(rank, host)
-        path = os.path.join(self.log_dir, f"rank-{rank}.log") if self.log_dir else os.devnull
-        with open(path, "ab") as keep:
+        with _owner_only_log(self.log_dir, rank) as keep:
             for piece in iter(lambda: stream.readline(LINE_BYTES), b""):
-                keep.write(piece)
+                text = redact_text(piece.decode(errors="replace"))
+                keep.write(text.encode())
                 keep.flush()
-                sys.stderr.write(shown + piece.decode(errors="replace").rstrip("\n") + "\n")
+                sys.stderr.write(shown + text.rstrip("\n") + "\n")
                 sys.stderr.flush()
                 if piece.endswith(b"\n"):  # a whole line: the count the task compares with
                     with self._lock:
@@ -196,6 +200,16 @@ class LogSink:
         self._server.server_close()
 
 
+def _owner_only_log(log_dir: Optional[str], rank: int) -> BinaryIO:
+    """``rank-R.log`` in ``log_dir`` opened to append, mode 0600 whatever the umask or an older
+    file's mode (it may hold a traceback); the null device when there is no folder."""
+    if not log_dir:
+        return open(os.devnull, "ab")
+    fd = os.open(os.path.join(log_dir, f"rank-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
+
+
 def _connect(address: Optional[str], header: Dict) -> Optional[socket.socket]:
     if not address:
         return None
@@ -211,8 +225,8 @@ def _connect(address: Optional[str], header: Dict) -> Optional[socket.socket]:
 
 
 def forward(stream: BinaryIO, address: Optional[str], token: str, rank: int, host: str) -> int:
-    """Task side: copy ``stream`` (a rank's output) line by line to this process's stderr and to
-    the driver's sink at ``address`` (``host:port``; None: stderr only) until it ends.
+    """Task side: copy ``stream`` (a rank's output) line by line, redacted, to this process's
+    stderr and to the driver's sink at ``address`` (``host:port``; None: stderr only) until it ends.
 
     Returns:
         the number of lines the sink was sent (0 when it could not be reached).
@@ -220,7 +234,8 @@ def forward(stream: BinaryIO, address: Optional[str], token: str, rank: int, hos
     conn = _connect(address, {"token": token, "rank": rank, "host": host})
     sent = 0
     try:
-        for line in stream:
+        for raw in stream:
+            line = redact_text(raw.decode(errors="replace")).encode()  # the executor's log is no place for secrets either
             sys.stderr.buffer.write(line)
             sys.stderr.flush()
             if conn is not None:
