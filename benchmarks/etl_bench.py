@@ -22,8 +22,14 @@ connector, so it fails, and the error is printed.
 Where our time goes is printed after the table (:func:`breakdown`): the driver's plan, a Spark
 job whose tasks do nothing, the tasks' work, the finish, and one process's write rate alone.
 
+The duplicate check (``--dedupe``, the ETL's default: a first Spark pass hashing every candidate's
+bytes) is measured side by side (:func:`dedupe_rows`): the whole run without it and with it, and
+its hash pass alone. The main table runs without it, as the recipe has none, and the
+``x copies`` tree is hard links, all duplicates. ``--dedupe-only`` runs that comparison alone;
+``--fashion-per-class 0`` leaves Fashion-MNIST out.
+
 Usage: python benchmarks/etl_bench.py [--fashion-per-class 1000] [--tux-copies 10] [--master local[2]]
-[--storage s3]
+[--storage s3] [--dedupe-only]
 """
 from __future__ import annotations
 
@@ -158,9 +164,9 @@ def s3_rows(spark, inputs: dict, work: str, args, partitions: int) -> list:
         remote = storage.resolve(f"s3://{bucket}/input")
         remote.upload(src)
         local_cfg = ETLConfig(input=src, output=os.path.join(work, "out-local"), image_size=args.image_size,
-                              num_partitions=partitions, tracking=False)
+                              num_partitions=partitions, tracking=False, dedupe=False)
         s3_cfg = ETLConfig(input=remote.uri, output=f"s3://{bucket}/etl", image_size=args.image_size,
-                           num_partitions=partitions, tracking=False)
+                           num_partitions=partitions, tracking=False, dedupe=False)
         run_etl(local_cfg, spark)  # warm-up: JVM, Python workers, file cache
         run_etl(s3_cfg, spark)
         local_m, local_s = best_of(args.repeats, lambda: run_etl(local_cfg, spark))
@@ -290,6 +296,40 @@ def write_only(config, the_plan, rows: int = 1000) -> float:
     return rows / seconds
 
 
+def dedupe_rows(spark, inputs: dict, work: str, args, partitions: int) -> list:
+    """Per input, the ETL's run without the duplicate check and with it (best of ``--repeats``,
+    seconds), the hash pass's own seconds (the manifest's ``hash_seconds``) and rows written by each."""
+    from dataclasses import replace
+
+    from pipelines.etl.config import ETLConfig
+    from pipelines.etl.job import run_etl
+
+    rows = []
+    for i, (name, src) in enumerate(inputs.items()):
+        without = ETLConfig(input=src, output=os.path.join(work, f"out-dedupe-{i}"), image_size=args.image_size,
+                            num_partitions=partitions, tracking=False, dedupe=False)
+        with_check = replace(without, dedupe=True)
+        run_etl(without, spark)  # warm-up: JVM, Python workers, file cache
+        plain, plain_s = best_of(args.repeats, lambda: run_etl(without, spark))
+        checked, checked_s = best_of(args.repeats, lambda: run_etl(with_check, spark))
+        rows.append(dict(name=name, without_s=plain_s, with_s=checked_s, hash_s=checked["hash_seconds"],
+                         n_without=plain["files"]["written"], n_with=checked["files"]["written"],
+                         copies=checked["files"]["reasons"].get("rejected: duplicate", 0)))
+        shutil.rmtree(without.output, ignore_errors=True)
+    return rows
+
+
+def print_dedupe(rows: list, args) -> None:
+    print(f"\nDuplicate check (--dedupe): {args.master}, {os.cpu_count()} CPUs, {args.image_size} px, "
+          f"best of {args.repeats}; seconds of the whole run (plan, Spark, finish) without and with it, and its "
+          "hash pass alone")
+    print(f"{'input':44s} {'without':>8s} {'with':>8s} {'ratio':>6s} {'hash pass':>9s} {'written without':>15s} "
+          f"{'with':>6s} {'copies rejected':>15s}")
+    for r in rows:
+        print(f"{r['name']:44s} {r['without_s']:8.2f} {r['with_s']:8.2f} {r['with_s'] / r['without_s']:5.2f}x "
+              f"{r['hash_s']:9.2f} {r['n_without']:15d} {r['n_with']:6d} {r['copies']:15d}")
+
+
 def best_of(repeats: int, fn):
     times, result = [], None
     for _ in range(repeats):
@@ -311,6 +351,8 @@ def main(argv=None) -> int:
                         help="the JVM's heap: the recipe's sort of 10,000 decoded images ran out of Spark's 1g")
     parser.add_argument("--partitions", type=int, default=0, help="Spark partitions for both jobs (0: the ETL's default)")
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a temp dir, removed)")
+    parser.add_argument("--dedupe-only", action="store_true",
+                        help="only the ETL without and with its duplicate check, side by side")
     parser.add_argument("--storage", choices=("local", "s3"), default="local",
                         help="s3: the ETL S3 -> S3 against a moto_server started here, next to local -> local "
                              "(the recipe and the floors are not run)")
@@ -324,12 +366,12 @@ def main(argv=None) -> int:
 
     setup_logging("etl-bench", level=30)
     work = args.workdir or tempfile.mkdtemp(prefix="etl-bench-")
-    inputs = {
-        f"fashion-mnist ({args.fashion_per_class * 10} x 28x28 JPEG)": os.path.join(work, "fashion"),
-        "tux paint photos (PNG->JPEG, up to 2348 px)": os.path.join(work, "tuxpaint"),
-    }
-    fashion, tux = inputs.values()
-    samples.main(["fashion-mnist", "--dest", fashion, "--per-class", str(args.fashion_per_class)])
+    inputs = {}
+    if args.fashion_per_class:
+        inputs[f"fashion-mnist ({args.fashion_per_class * 10} x 28x28 JPEG)"] = os.path.join(work, "fashion")
+        samples.main(["fashion-mnist", "--dest", inputs[next(iter(inputs))], "--per-class",
+                      str(args.fashion_per_class)])
+    tux = inputs["tux paint photos (PNG->JPEG, up to 2348 px)"] = os.path.join(work, "tuxpaint")
     samples.main(["tuxpaint", "--dest", tux])
     if args.tux_copies > 1:
         inputs[f"tux paint photos x {args.tux_copies}"] = copy_tree(tux, os.path.join(work, "tux-copies"),
@@ -345,6 +387,14 @@ def main(argv=None) -> int:
     spark = spark_session("etl-bench", args.master, {"spark.driver.memory": args.driver_memory})
     spark.sparkContext.setLogLevel("ERROR")  # the recipe's 1 MB blocks make parquet-java warn on every row group
     partitions = args.partitions or ETLConfig.default_partitions(spark.sparkContext.defaultParallelism)
+    if args.dedupe_only:
+        try:
+            print_dedupe(dedupe_rows(spark, inputs, work, args, partitions), args)
+        finally:
+            spark.stop()
+            if not args.workdir:
+                shutil.rmtree(work, ignore_errors=True)
+        return 0
     if server is not None:
         try:
             print_s3(s3_rows(spark, inputs, work, args, partitions), args)
@@ -359,7 +409,7 @@ def main(argv=None) -> int:
         out_ours, out_recipe = os.path.join(work, f"out-ours-{i}"), os.path.join(work, "out-recipe")
         # The data path is measured, not MLflow's run (a cost per run, not per image).
         config = ETLConfig(input=src, output=out_ours, image_size=args.image_size, num_partitions=partitions,
-                           tracking=False)
+                           tracking=False, dedupe=False)  # as the recipe: every copy written
         run_etl(config, spark)  # warm-up: JVM, Python workers, file cache
         recipe_rows, recipe_s = best_of(args.repeats, lambda: recipe_job(spark, src, out_recipe, args.image_size, partitions))
         one_rows, one_s = best_of(args.repeats, lambda: recipe_job(spark, src, out_recipe, args.image_size, partitions,
@@ -373,7 +423,8 @@ def main(argv=None) -> int:
         files1, floor1_s = min((decode_floor(src, args.image_size, 1) for _ in range(args.repeats)), key=lambda r: r[1])
         filesn, floorn_s = min((decode_floor(src, args.image_size, cores) for _ in range(args.repeats)),
                                key=lambda r: r[1])
-        rows.append(dict(name=name, ours=ours_rows / ours_s, recipe=recipe_rows / recipe_s, one=one_rows / one_s,
+        dedupe, = dedupe_rows(spark, {name: src}, work, args, partitions)
+        rows.append(dict(name=name, dedupe=dedupe, ours=ours_rows / ours_s, recipe=recipe_rows / recipe_s, one=one_rows / one_s,
                          n_ours=ours_rows, n_recipe=recipe_rows, scan=scan_rows / scan_s, read=read_rows / read_s,
                          floor1=files1 / floor1_s, floorn=filesn / floorn_s, cores=cores, ours_s=ours_s, **parts))
         shutil.rmtree(out_ours, ignore_errors=True)
@@ -395,6 +446,7 @@ def main(argv=None) -> int:
         if r["n_ours"] != r["n_recipe"]:
             print(f"  (rows: ours {r['n_ours']}, recipe {r['n_recipe']})")
     print_breakdown(rows)
+    print_dedupe([r["dedupe"] for r in rows], args)
     return 0
 
 

@@ -251,7 +251,8 @@ ODD_NAMES = ["x y.jpg", "a+b%c=d&e#f?g:h'i~j.jpg", "漢字 é.jpg", "my%20photo.
 def test_odd_object_keys_are_written_and_a_key_no_filesystem_opens_is_one_rejection(s3_server, spark):
     """Keys with spaces, + % = & # ? : ' ~, non-ASCII and %20 in class folders and file names are
     read and written under their own names; 'class//file.jpg' (pyarrow: "Empty path component")
-    is that file's rejection with its reason, never the job's failure."""
+    is that file's rejection with its reason, never the job's failure; so are a key with a '..'
+    segment (never read) and a byte-identical copy of another object (a label conflict here)."""
     import numpy as np
     from tests.imagegen import encode, random_photo
 
@@ -259,17 +260,24 @@ def test_odd_object_keys_are_written_and_a_key_no_filesystem_opens_is_one_reject
     client = s3_server.client()
     classes = ["001.my photos", "002.ü+%20&#?"]
     written = [f"{c}/{name}" for c in classes for name in ODD_NAMES]
-    for i, rel in enumerate(written + [f"{classes[0]}//double.jpg"]):
+    for i, rel in enumerate(written + [f"{classes[0]}//double.jpg", f"{classes[0]}/../escape.jpg"]):
         client.put_object(Bucket=bucket, Key=f"tree/{rel}", Body=encode(random_photo(rng, 20, 16, i % 2)))
+    first = client.get_object(Bucket=bucket, Key=f"tree/{written[0]}")["Body"].read()
+    client.put_object(Bucket=bucket, Key=f"tree/{classes[1]}/same bytes.jpg", Body=first)
     out = f"s3://{bucket}/etl"
     manifest = run_etl(config(f"s3://{bucket}/tree", out), spark)
     files = manifest["files"]
-    assert (files["found"], files["written"], files["rejected"], files["skipped"]) == (11, 10, 1, 0), files
-    rows = read_split(out, "train") + read_split(out, "test")
+    assert (files["found"], files["written"], files["rejected"], files["skipped"]) == (13, 10, 3, 0), files
+    rows = [r for split in ("train", "validation", "test") for r in read_split(out, split)]
     assert sorted(r["path"] for r in rows) == sorted(f"s3://{bucket}/tree/{rel}" for rel in written)
     assert {r["label_name"] for r in rows} == {"my photos", "ü+%20&#?"}
     root = storage.resolve(out)
     ledger = [json.loads(line) for line in
               Manifest.read(root).rejected_location(root).read_bytes().decode("utf-8").splitlines()]
-    assert [(e["path"], e["status"]) for e in ledger] == [(f"s3://{bucket}/tree/{classes[0]}//double.jpg", "rejected")]
-    assert "empty or '.' path segment" in ledger[0]["reason"]
+    reasons = {e["path"][len(f"s3://{bucket}/tree/"):]: (e["status"], e["reason"]) for e in ledger}
+    assert set(reasons) == {f"{classes[0]}//double.jpg", f"{classes[0]}/../escape.jpg", f"{classes[1]}/same bytes.jpg"}
+    assert "empty or '.' path segment" in reasons[f"{classes[0]}//double.jpg"][1]
+    assert reasons[f"{classes[0]}/../escape.jpg"] == ("rejected", "key has a '..' path segment, which names a file "
+                                                                   "outside the input: unread, rename it")
+    assert reasons[f"{classes[1]}/same bytes.jpg"] == (
+        "rejected", f"label conflict: same bytes as {written[0]} in class my photos")
