@@ -7,6 +7,7 @@ are trained, killed and resumed in tests/test_training_hvd.py.)
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -37,7 +38,7 @@ def submit(cluster, script, *args, conf=(), timeout=400):
         cmd += ["--conf", c]
     start = time.monotonic()
     proc = subprocess.run(cmd + [os.path.join(REPO, "jobs", script), *args], capture_output=True, text=True,
-                          env=subprocess_env(SPARK_LOCAL_IP="127.0.0.1"), timeout=timeout)
+                          env=subprocess_env(SPARK_LOCAL_IP="127.0.0.1", **cluster.client_env), timeout=timeout)
     proc.seconds = time.monotonic() - start
     proc.output = proc.stdout + proc.stderr  # spark-submit merges the Python driver's stderr into stdout
     return proc
@@ -75,6 +76,40 @@ def test_etl_runs_on_the_cluster(etl_on_cluster):
     assert files["found"] == on_disk  # an independent count, not the job's own sum
     assert files["written"] == 64 and manifest["max_world_size"] >= 2
     assert "found" in proc.stdout
+
+
+SUM = ("from pyspark.sql import SparkSession\n"
+       "print('SUM', SparkSession.builder.getOrCreate().sparkContext.parallelize(range(10), 2).sum())\n")
+
+
+def test_the_cluster_takes_only_drivers_that_hold_its_secret(cluster, tmp_path):
+    """spark.authenticate on the master, the workers and their executors (issue 36, item 7): the
+    secret is in an owner-only file, never in a process's arguments (which every user can read);
+    the web UIs have no kill links; a driver without the secret is refused. (Every other job here
+    is submitted with it: ``submit`` passes ``cluster.client_env``.)"""
+    import psutil
+
+    defaults = os.path.join(cluster.conf_dir, "spark-defaults.conf")
+    assert os.stat(cluster.conf_dir).st_mode & 0o777 == 0o700 and os.stat(defaults).st_mode & 0o777 == 0o600
+    with open(defaults) as f:
+        text = f.read()
+    secret = re.search(r"^spark\.authenticate\.secret (\S+)$", text, re.M).group(1)
+    assert re.search(r"^spark\.authenticate true$", text, re.M) and len(secret) == 64
+    assert re.search(r"^spark\.ui\.killEnabled false$", text, re.M)
+    daemons = [psutil.Process(p.pid) for p in cluster.processes]
+    for proc in daemons + [c for d in daemons for c in d.children(recursive=True)]:
+        try:
+            assert secret not in " ".join(proc.cmdline())
+        except psutil.Error:  # an executor that has ended since the listing
+            pass
+    script = tmp_path / "sum.py"
+    script.write_text(SUM)
+    refused = subprocess.run([os.path.join(BIN, "spark-submit"), "--master", cluster.url, str(script)],
+                             capture_output=True, text=True, timeout=200,
+                             env=subprocess_env(SPARK_LOCAL_IP="127.0.0.1"))
+    assert refused.returncode != 0 and not re.search(r"^SUM 45$", refused.stdout, re.M), refused.stdout[-2000:]
+    said = refused.stdout + refused.stderr  # the master drops its unauthenticated connection: no context
+    assert "Error initializing SparkContext" in said or "stopped SparkContext" in said, said[-3000:]
 
 
 def test_a_failing_rank_fails_the_job_promptly_by_name_then_resume(cluster, etl_on_cluster, tmp_path):
@@ -173,7 +208,7 @@ def test_an_executor_without_its_interface_is_a_named_rank_failure(tmp_path):
     with StandaloneCluster(workers=1, cores=2, memory="2g", env={"HOROVOD_GLOO_IFACE": "nosuch0"}) as c:
         start = time.monotonic()
         proc = subprocess.run([sys.executable, str(script), c.url], capture_output=True, text=True, timeout=200,
-                              env=subprocess_env(SPARK_LOCAL_IP="127.0.0.1"))
+                              env=subprocess_env(SPARK_LOCAL_IP="127.0.0.1", **c.client_env))
     assert proc.returncode == 0, proc.stderr[-3000:]
     failed = next(line for line in proc.stdout.splitlines() if line.startswith("FAILED"))
     assert failed.startswith("FAILED rank 0 on 127.0.0.1 failed: Refused: network interface 'nosuch0' "

@@ -43,7 +43,7 @@ def driver_run(hosts_cluster, test_hosts, tmp_path_factory):
     cluster, s3, _ = hosts_cluster
     bucket, log_dir = s3.bucket("hosts"), str(tmp_path_factory.mktemp("rank-logs"))
     env = subprocess_env(SPARK_LOCAL_IP=test_hosts.driver, PYTHONUNBUFFERED="1",
-                         **s3server.standard_environment(s3.endpoint))
+                         **s3server.standard_environment(s3.endpoint), **cluster.client_env)
     proc = subprocess.Popen([sys.executable, DRIVER, cluster.url, bucket, log_dir], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -146,7 +146,7 @@ def submit(hosts_cluster, test_hosts, script, *args, conf=(), during=None, timeo
     for c in conf:
         cmd += ["--conf", c]
     env = subprocess_env(SPARK_LOCAL_IP=test_hosts.driver, PYTHONUNBUFFERED="1",
-                         **s3server.standard_environment(s3.endpoint))
+                         **s3server.standard_environment(s3.endpoint), **cluster.client_env)
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd + [os.path.join(REPO, "jobs", script), *args], env=env, text=True,
                                 stdout=out, stderr=subprocess.STDOUT)

@@ -6,13 +6,18 @@ stops them. Tests use :class:`StandaloneCluster` as a fixture; users run::
 
     python -m pipelines.launch.cluster --workers 2 --cores 1 --memory 2g     # Ctrl-C stops it
 
-and submit to the printed ``spark://127.0.0.1:PORT`` with ``spark-submit --master``.
+and submit to the printed ``spark://127.0.0.1:PORT`` with ``spark-submit --master``, with the
+printed ``SPARK_CONF_DIR`` in the environment: the cluster authenticates every connection
+(``spark.authenticate``) with a secret of its own, which its master and workers and a driver read
+from ``spark-defaults.conf`` in that folder (:meth:`StandaloneCluster.client_env`), never from a
+command line (any user on the machine can read a process's arguments).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -26,6 +31,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from pipelines.errors import Refused
 from pipelines.logs import plural
+
+DEFAULTS = "spark-defaults.conf"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -62,9 +69,14 @@ class StandaloneCluster:
     :class:`Place` per worker, overriding ``workers``) put the processes on separate hosts instead
     of all on ``host``.
 
+    Every connection to the master, the workers, their executors and the drivers is authenticated
+    with a secret generated for this cluster (``spark.authenticate``): the master and the workers
+    read it, a driver must too (:meth:`client_env`). Their web UIs have no kill links.
+
     Attributes:
         url: ``spark://host:port`` of the master, once started.
         web_url: the master's web UI (its ``/json/`` lists the registered workers).
+        conf_dir: the ``SPARK_CONF_DIR`` of the cluster and its drivers (mode 0700).
     """
 
     def __init__(self, workers: int = 2, cores: int = 1, memory: str = "2g", host: str = "127.0.0.1",
@@ -85,11 +97,41 @@ class StandaloneCluster:
         self.url = f"spark://{master}:{self.port}"
         self.web_url = f"http://{master}:{self.web_port}"
         self.processes: List[subprocess.Popen] = []
+        self.conf_dir = os.path.join(self.work_dir, "conf")
+
+    @property
+    def client_env(self) -> Dict[str, str]:
+        """The variables a driver of this cluster needs (``spark-submit``, or ``pyspark`` starting
+        its JVM): ``SPARK_CONF_DIR``, whose ``spark-defaults.conf`` holds the cluster's secret."""
+        return {"SPARK_CONF_DIR": self.conf_dir}
+
+    def _write_conf(self) -> None:
+        """:attr:`conf_dir`: the user's Spark configuration folder (``SPARK_CONF_DIR``, else pyspark's
+        ``conf``) copied, its ``spark-defaults.conf`` with this cluster's secret added; owner-only."""
+        os.makedirs(self.conf_dir, mode=0o700, exist_ok=True)
+        os.chmod(self.conf_dir, 0o700)
+        source = self.extra_env.get("SPARK_CONF_DIR") or os.environ.get("SPARK_CONF_DIR") or \
+            os.path.join(spark_home(), "conf")
+        defaults = ""
+        if os.path.isdir(source):
+            for name in os.listdir(source):
+                path = os.path.join(source, name)
+                if name == DEFAULTS:
+                    with open(path) as f:
+                        defaults = f.read()
+                elif os.path.isfile(path):
+                    shutil.copy(path, self.conf_dir)
+        secret = secrets.token_hex(32)
+        fd = os.open(os.path.join(self.conf_dir, DEFAULTS), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(defaults.rstrip("\n") + "\n# this cluster's (pipelines.launch.cluster): every connection "
+                    "authenticated; no kill links in the web UIs\n"
+                    f"spark.authenticate true\nspark.authenticate.secret {secret}\nspark.ui.killEnabled false\n")
 
     def _env(self) -> dict:
         env = dict(os.environ, SPARK_HOME=spark_home(), SPARK_LOCAL_IP=self.host,
                    SPARK_LOG_DIR=os.path.join(self.work_dir, "logs"), PYSPARK_PYTHON=sys.executable,
-                   SPARK_NO_DAEMONIZE="1", **self.extra_env)
+                   SPARK_NO_DAEMONIZE="1", **self.extra_env, **self.client_env)
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         return env
 
@@ -144,6 +186,7 @@ class StandaloneCluster:
                 everything started is stopped first.
         """
         os.makedirs(os.path.join(self.work_dir, "logs"), exist_ok=True)
+        self._write_conf()
         master = self.master_place.address if self.master_place else self.host
         self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", master,
                                "--port", str(self.port), "--webui-port", str(self.web_port)], self.master_place)
@@ -201,7 +244,8 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with StandaloneCluster(args.workers, args.cores, args.memory, args.host) as cluster:
         print(f"master {cluster.url} (web UI {cluster.web_url}), {plural(args.workers, 'worker')} x "
-              f"{plural(args.cores, 'core')} x {args.memory}; Ctrl-C stops it", flush=True)
+              f"{plural(args.cores, 'core')} x {args.memory}; Ctrl-C stops it\n"
+              f"its drivers need: export SPARK_CONF_DIR={cluster.conf_dir}", flush=True)
         try:
             while all(p.poll() is None for p in cluster.processes):
                 time.sleep(1)
