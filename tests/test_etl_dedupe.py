@@ -189,3 +189,30 @@ def test_formats_the_etl_does_not_accept_are_rejected_without_their_plugin_parsi
     assert info.value.reason.startswith(f"not a supported raster image ({seen}; accepted: JPEG, PNG")
     assert called == []
     assert len(Image.OPEN) - len(images.ACCEPTED_FORMATS) > 20  # what the restriction keeps out
+
+
+def test_the_hash_pass_gives_each_readable_candidates_sha256_and_none_for_the_others(tmp_path, monkeypatch):
+    """hash_chunks as a Spark task runs it, on chunk numbers; a file replaced by a FIFO since the
+    listing gets no hash (and does not block): the main pass records why."""
+    import pyarrow as pa
+
+    from pipelines.etl import transform
+    from pipelines.etl.transform import Candidate, hash_chunks
+    monkeypatch.setattr(transform.zipcache, "install", lambda: True)  # leave this process's importer alone
+    paths = [write(str(tmp_path / f"{i}.jpg"), bytes([i]) * (100 + i)) for i in range(3)]
+    paths.append(str(tmp_path / "pipe.jpg"))
+    os.mkfifo(paths[-1])
+    chunks = [[tuple(Candidate(p, 0, "c", "train")) for p in paths[:2]], [tuple(Candidate(p, 0, "c", "train"))
+                                                                        for p in paths[2:]]]
+    (batch,) = hash_chunks(iter([pa.RecordBatch.from_pydict({"id": [1, 0]})]), chunks, max_file_bytes=1000)
+    got = dict(zip(batch.column("path").to_pylist(), batch.column("sha256").to_pylist()))
+    assert got == {**{p: sha256_of(p) for p in paths[:3]}, paths[3]: None}
+    (small,) = hash_chunks(iter([pa.RecordBatch.from_pydict({"id": [0]})]), chunks, max_file_bytes=100)
+    assert small.column("sha256").to_pylist() == [sha256_of(paths[0]), None]  # 101 bytes > --max-file-mb
+
+
+def test_the_duplicate_check_is_on_by_default_and_can_be_turned_off(tmp_path):
+    from pipelines.config import parse_config
+    base = ["--input", str(tmp_path), "--output", str(tmp_path.parent / "out")]
+    assert parse_config(ETLConfig, base).dedupe is True
+    assert parse_config(ETLConfig, base + ["--no-dedupe"]).dedupe is False
