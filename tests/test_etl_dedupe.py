@@ -4,6 +4,7 @@ the plan it gives), Unicode look-alike class folders, links, FIFOs and folder li
 import hashlib
 import itertools
 import os
+import socket
 import unicodedata
 
 import pytest
@@ -108,7 +109,7 @@ def test_look_alike_folders_on_disk_stop_the_plan_before_spark(tmp_path):
         plan(ETLConfig(input=str(root), output=str(tmp_path / "out"), image_size=8))
 
 
-def test_links_fifos_and_folder_links_are_listed_unread(tmp_path):
+def test_links_fifos_and_folder_links_are_listed_unread(tmp_path, monkeypatch):
     """The listing never opens them (a FIFO would block); what they become is classify's rule."""
     root = tmp_path / "tree"
     write(str(root / "cat" / "a.jpg"), b"a")
@@ -122,8 +123,16 @@ def test_links_fifos_and_folder_links_are_listed_unread(tmp_path):
     os.symlink(tmp_path, root / "linked-class")
     os.mkfifo(root / "cat" / "pipe.jpg")
     os.mkfifo(root / "cat" / "pipe.txt")
-    listed = {f.relative_path: f for f in list_files(str(root))}
+    os.symlink("/dev/null", root / "cat" / "null.jpg")  # a device, through a link
+    server = socket.socket(socket.AF_UNIX)
+    monkeypatch.chdir(root / "cat")
+    server.bind("socket.jpg")  # relative: a socket's path is limited to 107 bytes
+    try:
+        listed = {f.relative_path: f for f in list_files(str(root))}
+    finally:
+        server.close()
     assert {rel: f.unread for rel, f in listed.items()} == {
+        "cat/null.jpg": NOT_REGULAR, "cat/socket.jpg": NOT_REGULAR,
         "_pool/p.jpg": None, "cat/a.jpg": None, "cat/in.jpg": None, "cat/pooled.jpg": None,
         "cat/out.jpg": LINK_OUT, "cat/relative-out.jpg": LINK_OUT, "cat/loop": FOLDER_LINK,
         "linked-class": FOLDER_LINK, "cat/pipe.jpg": NOT_REGULAR, "cat/pipe.txt": NOT_REGULAR}
