@@ -424,7 +424,8 @@ def main(argv=None) -> int:
         filesn, floorn_s = min((decode_floor(src, args.image_size, cores) for _ in range(args.repeats)),
                                key=lambda r: r[1])
         dedupe, = dedupe_rows(spark, {name: src}, work, args, partitions)
-        rows.append(dict(name=name, dedupe=dedupe, ours=ours_rows / ours_s, recipe=recipe_rows / recipe_s, one=one_rows / one_s,
+        rows.append(dict(name=name, dedupe=dedupe, ours=ours_rows / ours_s, recipe=recipe_rows / recipe_s,
+                         one=one_rows / one_s,
                          n_ours=ours_rows, n_recipe=recipe_rows, scan=scan_rows / scan_s, read=read_rows / read_s,
                          floor1=files1 / floor1_s, floorn=filesn / floorn_s, cores=cores, ours_s=ours_s, **parts))
         shutil.rmtree(out_ours, ignore_errors=True)

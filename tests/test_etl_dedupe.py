@@ -60,8 +60,10 @@ def test_the_plan_keeps_one_file_per_content_and_each_content_in_one_split(tmp_p
     for i in range(6):
         original = os.path.join(root, "001.class0", f"{i:04d}.{'JPEG' if i == 0 else 'jpg'}")
         for copy in ("copy-a", "copy-b"):
-            write(os.path.join(root, "001.class0", copy, f"{i}.jpg"), open(original, "rb").read())
-    write(os.path.join(root, "002.class1", "moved.jpg"), open(os.path.join(root, "001.class0", "0003.jpg"), "rb").read())
+            with open(original, "rb") as f:
+                write(os.path.join(root, "001.class0", copy, f"{i}.jpg"), f.read())
+    with open(os.path.join(root, "001.class0", "0003.jpg"), "rb") as f:
+        write(os.path.join(root, "002.class1", "moved.jpg"), f.read())
     config = ETLConfig(input=root, output=str(tmp_path / "out"), image_size=8, min_row_groups=1,
                        test_fraction=0.2, validation_fraction=0.2)
     before = plan(config)

@@ -237,8 +237,9 @@ def what_pillow_sees(data: bytes) -> str:
     untrusted input, and EPS's would lead to Ghostscript).
 
     Returns:
-        e.g. ``"EPS"``, ``"a PDF document"``, ``"a Photoshop document (PSD)"``, or ``"Pillow cannot identify it"`` (none of the
-        accepted formats' parsers and no magic number knows it).
+        e.g. ``"EPS"``, ``"a PDF document"``, ``"a Photoshop document (PSD)"``, or
+        ``"Pillow cannot identify it"`` (none of the accepted formats' parsers and no magic number
+        knows it).
     """
     start = data[:1024]
     for magic, name in _MAGIC_NAMES:

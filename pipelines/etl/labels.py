@@ -11,8 +11,9 @@ Two layouts, decided from the names of the folders directly under the root
 
 A mix of both is refused, and so are two class folders whose class names are the same text in
 Unicode NFC (``café`` typed precomposed and ``café`` with a combining accent, as macOS writes it):
-they look like one class and would be two (:func:`refuse_lookalike_classes`). The class folder is the one directly under the root; files deeper
-inside it belong to it. Anything else is reported, never guessed.
+they look like one class and would be two (:func:`refuse_lookalike_classes`). The class folder
+is the one directly under the root; files deeper inside it belong to it. Anything else is
+reported, never guessed.
 
 The train/validation/test split is stratified per class (:func:`split_class`), decided on the driver.
 """

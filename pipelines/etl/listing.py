@@ -87,10 +87,11 @@ def classify(relative_path: str, size_bytes: int, max_file_bytes: int, layout: O
 
     The first reason that applies is the one reported, in this order: a ``..`` segment (an object
     key naming a file outside the input: rejected, never read), a hidden name (the user's
-    way to leave a file or folder out, as Spark's), the file's place (directly under the root, or
-    under a folder that is no class: not input whatever its name or extension), its extension,
-    its name's encoding, what the listing found it to be (``unread``), its size. So a file is rejected (bad input) only when it would otherwise
-    be input, and a loose file at the root is reported as such, never by its extension.
+    way to leave a file or folder out, as Spark's), a folder link, the file's place (directly
+    under the root, or under a folder that is no class: not input whatever its name or
+    extension), its extension, its name's encoding, what the listing found it to be
+    (``unread``), its size. So a file is rejected (bad input) only when it would otherwise be
+    input, and a loose file at the root is reported as such, never by its extension.
 
     Args:
         relative_path: path under the root, ``/``-separated.
