@@ -34,6 +34,10 @@ from pipelines.errors import Refused
 MANIFEST = "manifest.json"
 REJECTED_LIST = "rejected.jsonl"
 RUNS = "runs"  # OUTPUT/runs/<run id>/: one ETL run's files
+# A run id (pipelines/etl/commit.py new_run_id: UTC start time to the microsecond, 6 random hex
+# digits) and the name of a part one ETL task writes (pipelines/etl/transform.py: part-<task>).
+RUN_ID = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{6}$")
+PART_NAME = re.compile(r"^part-[0-9A-Za-z_-]{1,64}\.parquet$")
 # The three splits, each stratified by class, seeded and deterministic (pipelines/etl/labels.py):
 # training fits on TRAIN, chooses its epoch (early stopping, best weights, fine-tuning's start) on
 # VALIDATION only, and reads TEST once, after training, for the figure it reports.
@@ -85,6 +89,19 @@ def plain_name(name: Any, what: str, pattern: Optional["re.Pattern"] = None) -> 
     if pattern is not None and not pattern.fullmatch(name):
         raise Refused(f"{what}: the name {name!r} is not of the form {pattern.pattern}")
     return name
+
+
+class ManifestError(Refused):
+    """A ``manifest.json`` that cannot be read as this contract's: another shape, a value out of
+    bounds, a part that is not a file of its own run's split folder, or footers that disagree."""
+
+
+# Bounds of a manifest's numbers, checked before any of them sizes an allocation (a cache, a row
+# group, a model's head). MAX_ROW_GROUP_BYTES is the ETL's largest --row-group-mb (1024 MiB): a row
+# group holds at most that, or one row (pipelines/etl/layout.py rows_per_row_group).
+MAX_IMAGE_SIZE = 4096  # 48 MiB a row
+MAX_CLASSES = 100_000
+MAX_ROW_GROUP_BYTES = 1024 * 2**20
 
 
 def image_schema():
@@ -190,14 +207,28 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, value: Dict[str, Any]) -> "Manifest":
-        """Parse the JSON object. Raises ``KeyError``/``TypeError`` on a file of another shape."""
+        """Parse the JSON object and check it (:func:`check_manifest`): a manifest comes from a
+        folder anyone may have written, so nothing in it is used before it is checked.
+
+        Raises:
+            ManifestError: another shape (a missing key, a count that is not an integer), or a
+                value :func:`check_manifest` refuses.
+        """
         fields = {f.name for f in dataclasses.fields(SplitInfo)}
-        return cls(image_size=int(value["image"]["height"]), num_classes=int(value["num_classes"]),
-                   class_names=list(value["class_names"]), rows_per_row_group=int(value["rows_per_row_group"]),
-                   splits={s: SplitInfo(**{k: v for k, v in value["splits"][s].items() if k in fields})
-                           for s in SPLITS if s != VALIDATION or s in value["splits"]},
-                   extra={k: v for k, v in value.items() if k not in cls._TYPED},
-                   format_version=int(value.get("format_version", 1)))
+        try:
+            manifest = cls(image_size=_integer(value["image"]["height"], "image.height"),
+                           num_classes=_integer(value["num_classes"], "num_classes"),
+                           class_names=list(value["class_names"]),
+                           rows_per_row_group=_integer(value["rows_per_row_group"], "rows_per_row_group"),
+                           splits={s: SplitInfo(**{k: v for k, v in value["splits"][s].items() if k in fields})
+                                   for s in SPLITS if s != VALIDATION or s in value["splits"]},
+                           extra={k: v for k, v in value.items() if k not in cls._TYPED},
+                           format_version=_integer(value.get("format_version", 1), "format_version"))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ManifestError(f"{MANIFEST} is not an ETL manifest of this contract ({type(exc).__name__}: "
+                                f"{exc})") from None
+        check_manifest(manifest)
+        return manifest
 
     def to_dict(self) -> Dict[str, Any]:
         """The JSON object: format version, image, classes, row groups, splits, then ``extra``."""
@@ -233,11 +264,114 @@ class Manifest:
 
     def part_locations(self, root, split: str) -> list:
         """The Parquet files of ``split`` as :class:`pipelines.storage.Location`: the manifest's
-        ``parts`` below ``root``, or for a format-1 manifest the ``*.parquet`` files of
-        ``root/<split>/`` (names starting with ``_`` or ``.`` excluded), sorted."""
+        ``parts`` below ``root`` (their names checked by :func:`check_manifest`), each found to be
+        a file by one listing of its run's split folder, or for a format-1 manifest the
+        ``*.parquet`` files of ``root/<split>/`` (names starting with ``_`` or ``.`` excluded),
+        sorted. Only files: a reader handed a folder (Petastorm, pyarrow) would read the folder's
+        ``_common_metadata``, and Petastorm unpickles the schema it finds there.
+
+        Raises:
+            ManifestError: a part that is missing or is not a file (a folder named like a part).
+        """
+        import pyarrow.fs as pafs
+
         root = _location(root)
         parts = self.splits[split].parts
-        return [root.join(*p.split("/")) for p in parts] if parts else root.join(split).files(".parquet")
+        if not parts:
+            return root.join(split).files(".parquet")
+        folder = root.join(*parts[0].split("/")[:-1])
+        files = {i.base_name for i in folder.list(recursive=False) if i.type == pafs.FileType.File}
+        for part in parts:
+            if part.rsplit("/", 1)[-1] not in files:
+                raise ManifestError(f"{root.uri}: the {split} part {part} its {MANIFEST} names is not a file "
+                                    f"of {folder.uri} (missing, or a folder): refused before any reader opens it")
+        return [root.join(*p.split("/")) for p in parts]
+
+    def check_footers(self, root) -> None:
+        """Check every part's Parquet footer against the manifest before any reader sizes
+        anything by it: the contract's columns and types (:data:`COLUMNS`), no row group over
+        ``rows_per_row_group`` rows, and each split's rows and row groups the manifest's counts.
+        One footer read per part (a ranged read of its tail; no image is read).
+
+        Raises:
+            ManifestError: naming the part and what disagrees. FileNotFoundError, OSError: a part
+                cannot be read.
+        """
+        import pyarrow.parquet as pq
+
+        root, schema = _location(root), image_schema()
+        for split, info in self.splits.items():
+            rows = groups = 0
+            for part in self.part_locations(root, split):
+                with part.filesystem.open_input_file(part.path) as f:
+                    meta = pq.read_metadata(f)
+                shown = f"{root.uri}: {part.relative_to(root)}"
+                if not meta.schema.to_arrow_schema().remove_metadata().equals(schema):
+                    raise ManifestError(f"{shown}: its columns are not the contract's {schema.names} "
+                                        f"({meta.schema.to_arrow_schema().remove_metadata()})")
+                largest = max((meta.row_group(g).num_rows for g in range(meta.num_row_groups)), default=0)
+                if largest > self.rows_per_row_group:
+                    raise ManifestError(f"{shown}: a row group of {largest} rows, over the manifest's "
+                                        f"rows_per_row_group {self.rows_per_row_group}")
+                rows, groups = rows + meta.num_rows, groups + meta.num_row_groups
+            if (rows, groups) != (info.rows, info.row_groups):
+                raise ManifestError(f"{root.uri}: the {split} split's footers hold {rows} rows in {groups} row "
+                                    f"groups, its {MANIFEST} says {info.rows} in {info.row_groups}")
+
+
+def _integer(value: Any, what: str) -> int:
+    """``value``, a JSON integer (not a bool, a float or a string)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ManifestError(f"{MANIFEST}: {what} is {value!r}, not an integer")
+    return value
+
+
+def _bounded(value: Any, what: str, low: int, high: int) -> int:
+    value = _integer(value, what)
+    if not low <= value <= high:
+        raise ManifestError(f"{MANIFEST}: {what} is {value}, outside {low}..{high}")
+    return value
+
+
+def check_manifest(manifest: "Manifest") -> None:
+    """Refuse a manifest whose values could make a reader allocate without bound or read a file
+    that is not its run's: every number an integer within its bound (:data:`MAX_IMAGE_SIZE`,
+    :data:`MAX_CLASSES`, a row group of at most :data:`MAX_ROW_GROUP_BYTES` or one row), one class
+    name (a string or null) per label, and each part ``runs/<run id>/<split>/part-*.parquet``
+    (:data:`RUN_ID`, :data:`PART_NAME`): the manifest's own ``run_id`` and the split it is listed
+    under, so never absolute, never ``..``, never another run's file, each named once. No file is
+    read (:meth:`Manifest.part_locations` checks each part is a file, :meth:`Manifest.check_footers`
+    the footers).
+
+    Raises:
+        ManifestError: naming the key and the value refused.
+    """
+    _bounded(manifest.image_size, "image.height", 1, MAX_IMAGE_SIZE)
+    _bounded(manifest.num_classes, "num_classes", 1, MAX_CLASSES)
+    if len(manifest.class_names) != manifest.num_classes or not all(
+            n is None or isinstance(n, str) for n in manifest.class_names):
+        raise ManifestError(f"{MANIFEST}: class_names must hold one name (a string or null) for each of the "
+                            f"{manifest.num_classes} labels, got {len(manifest.class_names)} entries")
+    most_rows = max(1, (MAX_ROW_GROUP_BYTES + manifest.row_bytes) // manifest.row_bytes)
+    _bounded(manifest.rows_per_row_group, "rows_per_row_group", 1, most_rows)
+    run_id = manifest.extra.get("run_id")
+    for split, info in manifest.splits.items():
+        _bounded(info.rows, f"splits.{split}.rows", 0, 2**40)
+        _bounded(info.row_groups, f"splits.{split}.row_groups", 0, 2**40)
+        if info.per_class and len(info.per_class) != manifest.num_classes:
+            raise ManifestError(f"{MANIFEST}: splits.{split}.per_class has {len(info.per_class)} counts, "
+                                f"not one per label ({manifest.num_classes})")
+        if not info.parts:
+            continue
+        if not (isinstance(run_id, str) and RUN_ID.fullmatch(run_id)):
+            raise ManifestError(f"{MANIFEST}: names parts but its run_id {run_id!r} is not a run id")
+        prefix = f"{RUNS}/{run_id}/{split}/"
+        for part in info.parts:
+            if not (isinstance(part, str) and part.startswith(prefix) and PART_NAME.fullmatch(part[len(prefix):])):
+                raise ManifestError(f"{MANIFEST}: the {split} part {part!r} is not {prefix}part-*.parquet, a "
+                                    "file of this run's own split folder: refused before any file is read")
+        if len(set(info.parts)) != len(info.parts):
+            raise ManifestError(f"{MANIFEST}: the {split} split names a part twice")
 
 
 # The identity of an ETL run's data, which every result derived from it and kept beyond one

@@ -8,9 +8,12 @@
   labels, misses framed and labelled in red.
 
 Each takes plain data (lists, arrays) and a path, writes one PNG atomically and returns the path.
+Class names are folder names anyone chose: every picture draws its text as plain text (no
+mathtext: a ``$\\x$`` folder would fail the picture; no TeX), names cut to :data:`NAME_CHARS`.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Dict, List, Optional, Sequence
 
@@ -23,6 +26,21 @@ PICTURES = {"curves": "curves.png", "confusion": "confusion.png", "top_confusion
             "contact_sheet": "contact_sheet.png"}
 MISS = "#d62728"
 HIT = "#2ca02c"
+PLAIN_TEXT = {"text.parse_math": False, "text.usetex": False}  # matplotlib's rcParams, while a picture is drawn
+NAME_CHARS = 40  # a longer class name is cut, so that no name stretches a picture without bound
+
+
+def _plain_text(draw):
+    """``draw`` (a picture function) run under :data:`PLAIN_TEXT`: each text object it makes
+    reads ``text.parse_math`` when it is made, and the picture is saved before the call returns."""
+    @functools.wraps(draw)
+    def plain(*args, **kwargs):
+        import matplotlib
+
+        with matplotlib.rc_context(PLAIN_TEXT):
+            return draw(*args, **kwargs)
+
+    return plain
 
 
 def _pyplot():
@@ -48,9 +66,11 @@ def _save(fig, path: str) -> str:
 
 def _name(class_names: Sequence[Optional[str]], index: int) -> str:
     name = class_names[index] if 0 <= index < len(class_names) else None
-    return str(name) if name is not None else f"class {index}"
+    name = str(name) if name is not None else f"class {index}"
+    return name if len(name) <= NAME_CHARS else name[:NAME_CHARS - 1] + "\u2026"
 
 
+@_plain_text
 def plot_history(history: List[Dict], path: str) -> str:
     """Loss (left) and accuracy (right) per epoch, training and validation, from the history
     records of ``metrics.json`` (``epoch``, ``loss``, ``val_loss``, ``accuracy``, ``val_accuracy``)."""
@@ -82,6 +102,7 @@ MAX_TICKS = 40  # class names on an axis of the image view: more are not legible
 TOP_CONFUSIONS = 20
 
 
+@_plain_text
 def plot_confusion(matrix, class_names: Sequence[Optional[str]], path: str, title: str = "") -> str:
     """The confusion matrix, rows = true class, columns = predicted, on a figure of bounded size.
 
@@ -138,6 +159,7 @@ def top_confusions(matrix, top: int = TOP_CONFUSIONS) -> List[tuple]:
     return [(int(i) // len(m), int(i) % len(m), int(flat[i])) for i in order if flat[i] > 0]
 
 
+@_plain_text
 def plot_top_confusions(matrix, class_names: Sequence[Optional[str]], path: str, top: int = TOP_CONFUSIONS) -> str:
     """``top_confusions.png``: the :func:`top_confusions` as horizontal bars ``true -> predicted``
     with their counts (a fixed 10 x 6 in figure, whatever the number of classes)."""
@@ -157,6 +179,7 @@ def plot_top_confusions(matrix, class_names: Sequence[Optional[str]], path: str,
     return _save(fig, path)
 
 
+@_plain_text
 def contact_sheet(images, true: Sequence[int], pred: Sequence[int], class_names: Sequence[Optional[str]],
                   path: str, columns: int = 8) -> str:
     """A grid of uint8 RGB ``images`` titled ``true -> predicted``; misses framed and titled in red."""

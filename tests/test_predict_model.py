@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 import shutil
+import zipfile
 
 import mlflow.tensorflow
 
@@ -13,8 +14,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipelines.predict.model import KERAS, MLFLOW, ModelContractError, UnsafeModel, load_model, resolve_model
-from pipelines.training.model import input_contract
+from pipelines.predict.model import (KERAS, MLFLOW, ModelContractError, UnsafeModel, check_model_config, load_model,
+                                     read_zip_config, resolve_model)
+from pipelines.training.model import build_model, export_model, file_sha256, input_contract
 
 pytestmark = pytest.mark.slow  # TensorFlow and MLflow models: seconds each
 NAMES = ["a", "b"]
@@ -27,7 +29,7 @@ def uint8_model(lambda_marker: str = ""):
     x = tf.keras.layers.Rescaling(1 / 255)(image)
     if lambda_marker:
         x = tf.keras.layers.Lambda(lambda t, marker=lambda_marker: (open(marker, "w").close(), t)[1])(x)
-    probabilities = tf.keras.layers.Dense(2, activation="softmax")(tf.keras.layers.Flatten()(x))
+    probabilities = tf.keras.layers.Dense(2, activation="softmax")(tf.keras.layers.GlobalAveragePooling2D()(x))
     return tf.keras.Model(image, probabilities)
 
 
@@ -69,13 +71,116 @@ def test_an_hdf5_file_named_model_keras_is_refused_before_its_lambda_runs(tmp_pa
     assert os.path.exists(marker)
 
 
-def test_a_lambda_in_a_zip_model_is_refused_by_safe_mode(tmp_path):
+def test_a_lambda_in_a_zip_model_is_refused_before_keras_reads_it(tmp_path):
     marker = str(tmp_path / "ran")
     run = keras_run(tmp_path / "run", uint8_model(marker))
     os.remove(marker)  # building the model ran the layer
-    with pytest.raises(ValueError, match="safe_mode"):
+    with pytest.raises(UnsafeModel, match=r"has 'keras.layers.Lambda' \(registered name None\), a layer that calls a function its config names"):
         resolve_model(run).load()
     assert not os.path.exists(marker)
+
+
+@pytest.mark.parametrize("backbone,size,stored", [("tiny", 32, 32), ("tiny", 32, 40), ("xception", 71, 71)])
+def test_every_model_the_product_builds_passes_the_allowlist(tmp_path, backbone, size, stored):
+    """The allowlist is the product's own models: each exported (with Resizing when the stored size
+    differs) is accepted, and the tiny ones load and predict."""
+    run = tmp_path / "run"
+    run.mkdir()
+    model = build_model(2, size, weights="none", backbone=backbone, stored_size=stored)
+    export_model(model, str(run / "model.keras"), stored_size=stored, class_names=NAMES)
+    check_model_config(read_zip_config(str(run / "model.keras"), "m"), "m")
+    if backbone == "tiny":
+        spec = resolve_model(str(run))
+        assert spec.load().predict(np.zeros((1, stored, stored, 3), np.uint8), verbose=0).shape == (1, 2)
+
+
+def test_a_tfoplambda_that_safe_mode_loads_is_refused(tmp_path):
+    """A TensorFlow op on a Keras tensor is a TFOpLambda layer, which calls the function its config
+    names; Keras' safe mode loads it (the control), the allowlist refuses it by name."""
+    image = tf.keras.Input((4, 4, 3), dtype="uint8")
+    x = tf.cast(image, tf.float32) * 2.0
+    outputs = tf.keras.layers.Dense(2, activation="softmax")(tf.keras.layers.GlobalAveragePooling2D()(x))
+    run = keras_run(tmp_path / "run", tf.keras.Model(image, outputs))
+    with pytest.raises(UnsafeModel, match=r"TFOpLambda' \(registered name 'TFOpLambda'\), a layer that calls"):
+        resolve_model(run).load()
+    tf.keras.models.load_model(os.path.join(run, "model.keras"), compile=False, safe_mode=True)  # the control
+
+
+EXEC = {"module": "builtins", "class_name": "function", "config": "exec", "registered_name": "function"}
+LAMBDA = {"module": "keras.layers", "class_name": "Lambda", "registered_name": None, "name": "hidden",
+          "config": {"name": "hidden", "function": EXEC, "arguments": {}}, "inbound_nodes": []}
+
+
+def _layer(config, class_name):
+    """The first layer of ``class_name`` at any depth of a model config."""
+    stack = [config]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if item.get("class_name") == class_name and "inbound_nodes" in item:
+                return item
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    raise AssertionError(class_name)
+
+
+def _lambda_with_exec(c):
+    c["config"]["layers"].append(LAMBDA)
+
+
+def _inner_lambda(c):
+    _layer(c["config"]["layers"], "Functional")["config"]["layers"].append(LAMBDA)
+
+
+def _exec_activation(c):
+    _layer(c, "Dense")["config"]["activation"] = EXEC
+
+
+def _unknown_module(c):
+    _layer(c, "Dense")["module"] = "os"
+
+
+def _unknown_class(c):
+    _layer(c, "Dense")["class_name"] = "Flatten"
+
+
+def _registered_elsewhere(c):
+    _layer(c, "Dense")["registered_name"] = "attacker>Dense"
+
+
+def _activation_by_name(c):
+    _layer(c, "Dense")["config"]["activation"] = "exec"
+
+
+@pytest.mark.parametrize("edit,refused", [
+    (_lambda_with_exec, "has 'keras.layers.Lambda' .*, a layer that calls"), (_inner_lambda, "'keras.layers.Lambda'"),
+    (_exec_activation, "'builtins.function'"), (_unknown_module, "'os.Dense'"), (_unknown_class, "'keras.layers.Flatten'"),
+    (_registered_elsewhere, "registered name 'attacker>Dense'"), (_activation_by_name, "activation 'exec'")])
+def test_a_zip_model_naming_anything_else_is_refused_before_any_deserialisation(tmp_path, monkeypatch, edit, refused):
+    """A real exported model whose config.json names what the product never builds, its hash
+    recorded as its run would: refused, and Keras' loader is never reached (its spy's marker)."""
+    from pipelines.kerasapi import keras
+
+    run = tmp_path / "run"
+    run.mkdir()
+    export_model(build_model(2, 32, weights="none", backbone="tiny"), str(tmp_path / "real.keras"))
+    with zipfile.ZipFile(tmp_path / "real.keras") as src, zipfile.ZipFile(run / "model.keras", "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename == "config.json":
+                config = json.loads(data)
+                edit(config)
+                data = json.dumps(config).encode()
+            dst.writestr(info, data)
+    with open(run / "model.json", "w") as f:
+        json.dump({**input_contract(32, 32, NAMES), "model_sha256": file_sha256(str(run / "model.keras"))}, f)
+    marker = tmp_path / "deserialised"
+    real_load = keras.models.load_model
+    monkeypatch.setattr(keras.models, "load_model", lambda *a, **k: (marker.touch(), real_load(*a, **k))[1])
+    with pytest.raises(UnsafeModel, match=refused):
+        resolve_model(str(run)).load()
+    assert not marker.exists()
 
 
 def test_a_model_file_that_is_not_the_one_its_run_recorded_is_refused(tmp_path):
@@ -140,11 +245,15 @@ def test_an_mlflow_hdf5_model_loads_unless_it_has_a_lambda(tmp_path):
     marker = str(tmp_path / "ran")
     folder = mlflow_model(tmp_path / "lambda", uint8_model(marker))
     os.remove(marker)  # building the model ran the layer
-    with pytest.raises(UnsafeModel, match="has a Lambda layer"):
+    with pytest.raises(UnsafeModel, match=r"has 'Lambda' \(registered name None\), a layer that calls a function its config names"):
         load_model(MLFLOW, folder)
     assert not os.path.exists(marker)
     mlflow.tensorflow.load_model(folder)  # the control: MLflow's own loader runs it
     assert os.path.exists(marker)
+    plain = uint8_model()  # the HDF5 check is the allowlist too: a TFOpLambda is refused
+    folder = mlflow_model(tmp_path / "tfop", tf.keras.Model(plain.input, plain.output * 1.0))
+    with pytest.raises(UnsafeModel, match=r"has 'TFOpLambda' \(registered name None\), a layer that calls"):
+        load_model(MLFLOW, folder)
 
 
 def test_an_mlflow_savedmodel_is_refused(tmp_path):

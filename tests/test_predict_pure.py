@@ -173,18 +173,20 @@ def test_an_etl_split_is_the_files_its_manifest_names_not_a_folder(tmp_path):
     import shutil
     etl = str(tmp_path / "etl")
     write_dataset(etl, [1, 1], [1, 1], size=4)
-    os.makedirs(os.path.join(etl, "runs", "r2"))
-    shutil.move(os.path.join(etl, "test"), os.path.join(etl, "runs", "r2", "test"))
-    names = sorted(os.listdir(os.path.join(etl, "runs", "r2", "test")))
-    shutil.copy(os.path.join(etl, "runs", "r2", "test", names[0]), os.path.join(etl, "runs", "r2", "test", "stray.parquet"))
+    run = "20261201T000000000000Z-abcdef"
+    os.makedirs(os.path.join(etl, "runs", run))
+    shutil.move(os.path.join(etl, "test"), os.path.join(etl, "runs", run, "test"))
+    names = sorted(os.listdir(os.path.join(etl, "runs", run, "test")))
+    shutil.copy(os.path.join(etl, "runs", run, "test", names[0]), os.path.join(etl, "runs", run, "test", "part-stray.parquet"))
     with open(os.path.join(etl, "manifest.json")) as f:
         manifest = json.load(f)
-    manifest["splits"]["test"]["parts"] = [f"runs/r2/test/{name}" for name in names]
+    manifest["splits"]["test"]["parts"] = [f"runs/{run}/test/{name}" for name in names]
+    manifest["run_id"] = run
     with open(os.path.join(etl, "manifest.json"), "w") as f:
         json.dump(manifest, f)
     plan = plan_input(os.path.join(etl, "test"), NAMES, 4, 100)
     assert (plan.kind, plan.rows) == (ETL_SPLIT, 2)
-    assert plan.parts == [os.path.join(etl, "runs", "r2", "test", name) for name in names]
+    assert plan.parts == [os.path.join(etl, "runs", run, "test", name) for name in names]
 
 
 def test_resolve_model_reads_the_contract_and_refuses_a_model_without_one(tmp_path):

@@ -28,14 +28,13 @@ import re
 import secrets
 from typing import List, Optional, Sequence
 
-from pipelines.contract import MANIFEST, REJECTED_LIST, RUNS, SPLITS
+from pipelines.contract import MANIFEST, REJECTED_LIST, RUN_ID, RUNS, SPLITS
 from pipelines.errors import NotAFolder, Refused
 from pipelines.storage import Location
 from pipelines.tracking import ARTIFACTS_DIR, RUN_FILE, STORE_FILE
 
 log = logging.getLogger("pipelines")
 
-RUN_ID = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{6}$")
 STAGING = "_staging"  # format 1's staging folder: a killed format-1 run may have left it
 # What an output of this job may hold before its first manifest: run prefixes (a run that died
 # before committing) and the MLflow files tracking writes before the work starts.

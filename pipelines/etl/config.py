@@ -8,7 +8,7 @@ from typing import Dict, Optional
 from pipelines import storage
 from pipelines import tracking as trk
 from pipelines.config import field, settle_verbose, storage_options_field, verbose_field
-from pipelines.contract import DEFAULT_IMAGE_SIZE, row_bytes
+from pipelines.contract import DEFAULT_IMAGE_SIZE, MAX_IMAGE_SIZE, row_bytes
 from pipelines.environment import read_settings
 from pipelines.errors import Refused
 from pipelines.paths import check_url_safe
@@ -64,8 +64,8 @@ class ETLConfig:
             raise Refused(f"--test-fraction {self.test_fraction} and --validation-fraction "
                           f"{self.validation_fraction} add up to {self.test_fraction + self.validation_fraction:g}: "
                           "they must leave a share of each class to train on (their sum below 1)")
-        if self.image_size <= 0:
-            raise Refused(f"--image-size must be positive, got {self.image_size}")
+        if not 0 < self.image_size <= MAX_IMAGE_SIZE:  # the contract's bound: readers refuse larger
+            raise Refused(f"--image-size must be in 1..{MAX_IMAGE_SIZE}, got {self.image_size}")
         for name in ("test_fraction", "validation_fraction", "row_group_mb", "max_file_mb"):
             if not math.isfinite(getattr(self, name)):
                 raise Refused(f"--{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")

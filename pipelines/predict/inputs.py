@@ -134,6 +134,7 @@ def plan_split(split_dir: str, image_size: int) -> InputPlan:
     rows = manifest.splits[split].rows
     if rows == 0:
         raise NoImages(f"the ETL split {split_dir} has no row")
+    manifest.check_footers(root)  # its parts are files of its run, their footers its counts
     return InputPlan(ETL_SPLIT, split_dir, rows, rows,
                      parts=[part.path for part in manifest.part_locations(root, split)])
 

@@ -224,7 +224,9 @@ def reconcile(plan: InputPlan, table) -> Dict:
 
 def labelled_metrics(table, spec: ModelSpec, folder: str) -> Dict:
     """Metrics of the predicted rows that have a true label, and the confusion-matrix picture
-    (``folder/_confusion.png``); ``{}`` when no predicted row is labelled."""
+    (``folder/_confusion.png``, its name under ``picture``); ``{}`` when no predicted row is
+    labelled. A picture that cannot be drawn is logged and recorded (``picture`` null,
+    ``picture_error`` its error), never the job's failure: the predictions are its work."""
     from pipelines.report import plot_confusion
 
     rows = [(t, p[0]) for t, p, s in zip(*(table.column(c).to_pylist() for c in ("label", "top_labels", "status")))
@@ -234,8 +236,13 @@ def labelled_metrics(table, spec: ModelSpec, folder: str) -> Dict:
     true, predicted = zip(*rows)
     report = classification_report(true, predicted, spec.class_names)
     names = [spec.class_names[c] for c in report["confusion"]["labels"]]
-    plot_confusion(report["confusion"]["matrix"], names, os.path.join(folder, CONFUSION),
-                   title=f"{plural(report['count'], 'labelled image')}, accuracy {report['accuracy']:.4f}")
+    try:
+        plot_confusion(report["confusion"]["matrix"], names, os.path.join(folder, CONFUSION),
+                       title=f"{plural(report['count'], 'labelled image')}, accuracy {report['accuracy']:.4f}")
+    except Exception as exc:  # noqa: BLE001 - a picture is a view of the metrics: never the job's failure
+        log.error("the confusion picture could not be drawn (%s: %s); the predictions and metrics are written",
+                  type(exc).__name__, exc)
+        return {**report, "picture": None, "picture_error": f"{type(exc).__name__}: {exc}"}
     return {**report, "picture": CONFUSION}
 
 

@@ -20,8 +20,11 @@ recorded in ``model.json``. An MLflow model is never loaded by MLflow's own load
 ``custom_objects.cloudpickle`` and ``global_custom_objects.cloudpickle`` (CVE-2024-37057, no fixed
 MLflow) and puts the model's ``code/`` on ``sys.path``: a model holding custom objects or code is
 refused, no pickle of a model is ever read, and its Keras file (HDF5, as
-``pipelines.tracking`` logs it, or the zip format) is loaded here, an HDF5 file only when its
-model config holds no ``Lambda`` layer. Each file is copied into a private temporary folder and
+``pipelines.tracking`` logs it, or the zip format) is loaded here. Safe mode is no sandbox (it
+loads a ``TFOpLambda``; a function named by its module reaches the deserialiser), so before Keras
+opens any file its config is walked as JSON and must name only the layers, initializers and
+activations the product's own models are built from (:func:`check_model_config`). The sha256
+sits beside the model: it catches a file changed by accident, not a tampered folder. Each file is copied into a private temporary folder and
 checked and loaded from there, so the bytes checked are the bytes loaded.
 
 Every model must take the ETL's image, uint8 RGB ``(batch, S, S, 3)``, preprocessing inside its
@@ -117,7 +120,8 @@ def load_model(flavor: str, path: str, sha256: str = ""):
 
     Raises:
         UnsafeModel: not Keras' zip format; a hash that differs; an MLflow model with pickled
-            custom objects or code, or an HDF5 model with a ``Lambda`` layer.
+            custom objects or code; a config naming anything outside the allowlist
+            (:func:`check_model_config`: ``Lambda``, ``TFOpLambda``, another class or function).
     """
     return _load(flavor, path, sha256, os.stat(path).st_mtime_ns)
 
@@ -139,6 +143,7 @@ def _load(flavor: str, path: str, sha256: str, _stamp: int):
             raise UnsafeModel(f"{path}: sha256 {digest} is not the {HASH_KEY} {sha256} that {CONTRACT_FILE} "
                               "records: the file was changed or replaced since its training run wrote it")
         if magic.startswith(ZIP_MAGIC):
+            check_model_config(read_zip_config(copy, source), source)
             os.rename(copy, copy + ".keras")  # Keras picks its loader by name: the zip loader, safe mode on
             return keras.models.load_model(copy + ".keras", compile=False, safe_mode=True)
         if flavor == MLFLOW and magic == HDF5_MAGIC:
@@ -160,13 +165,94 @@ def _copy_hashed(source: str, target: str) -> str:
     return digest.hexdigest()
 
 
-def check_hdf5_config(path: str, shown: str) -> None:
-    """Refuse an HDF5 Keras model whose config holds a ``Lambda`` layer (at any depth): Keras'
-    legacy loader turns its marshalled bytecode into a function, whatever ``safe_mode`` says. The
-    config is read as JSON (``model_config`` attribute), nothing is deserialised.
+# What a model may be built from: the layer classes, initializers and activations of the models
+# the product builds and exports (pipelines.training.model: the tiny and Xception backbones, the
+# preprocessing layers and the head; tests/test_predict_model.py exports each and checks it passes).
+# Anything else that names a class or a function (Lambda, TFOpLambda, a custom or registered
+# object, a function such as builtins.exec) is refused by name before Keras reads the file.
+ALLOWED_LAYERS = frozenset({"Activation", "Add", "BatchNormalization", "Conv2D", "Dense", "Dropout",
+                            "GlobalAveragePooling2D", "InputLayer", "MaxPooling2D", "Rescaling", "Resizing",
+                            "SeparableConv2D"})
+ALLOWED_INITIALIZERS = frozenset({"GlorotUniform", "Ones", "Zeros"})
+ALLOWED_ACTIVATIONS = frozenset({"linear", "relu", "softmax"})
+# A nested or outer model: Keras 2.15's own module, and tf_keras' (the current stack).
+FUNCTIONAL_MODULES = frozenset({"keras.src.engine.functional", "tf_keras.src.engine.functional"})
+MAX_CONFIG_BYTES = 64 << 20  # an Xception config is about 0.2 MiB
+
+
+def allowed_object(item: dict) -> bool:
+    """Whether one serialised Keras object (a dict with ``class_name``; ``module`` and
+    ``registered_name`` as the zip format writes them, absent in HDF5's legacy config) is one
+    the product's models are built from."""
+    name, module, registered = item.get("class_name"), item.get("module"), item.get("registered_name")
+    if name == "Functional":
+        return module in FUNCTIONAL_MODULES | {None} and registered in ("Functional", None)
+    if registered is not None:  # a registered name makes Keras look the class up elsewhere
+        return False
+    if name in ALLOWED_LAYERS:
+        return module in ("keras.layers", None)
+    return name in ALLOWED_INITIALIZERS and module in ("keras.initializers", None)
+
+
+def check_model_config(config, shown: str) -> None:
+    """Refuse a model config (the JSON of a zip ``.keras`` file's ``config.json`` or an HDF5 file's
+    ``model_config``, already parsed: nothing is deserialised) that names, at any depth, a class
+    or module not in the allowlist above (:func:`allowed_object`), or an activation other than
+    :data:`ALLOWED_ACTIVATIONS`. Keras' safe mode refuses a zip model's ``Lambda`` but not a
+    ``TFOpLambda``, nor a function named by its module (``builtins.exec``); the allowlist refuses
+    every callable the product does not build.
 
     Raises:
-        UnsafeModel: a ``Lambda`` layer, or no readable model config.
+        UnsafeModel: naming the first object refused.
+    """
+    stack = [config]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        if not isinstance(item, dict):
+            continue
+        if any(key in item for key in ("class_name", "module", "registered_name")) and not allowed_object(item):
+            what = ".".join(str(p) for p in (item.get("module"), item.get("class_name")) if p is not None)
+            calls = ", a layer that calls a function its config names" if what.endswith("Lambda") else ""
+            raise UnsafeModel(f"{shown}: the model has {what!r} (registered name {item.get('registered_name')!r}){calls}, "
+                              "not one of the layers, initializers and activations the product's models are "
+                              "built from: refused before anything of it is loaded (export the model with "
+                              "pipelines.training.model.export_model)")
+        activation = item.get("activation")
+        if isinstance(activation, str) and activation not in ALLOWED_ACTIVATIONS:
+            raise UnsafeModel(f"{shown}: the model names the activation {activation!r}, not one of "
+                              f"{sorted(ALLOWED_ACTIVATIONS)}: refused before anything of it is loaded")
+        stack.extend(item.values())
+
+
+def read_zip_config(path: str, shown: str):
+    """The parsed ``config.json`` of a Keras zip (``.keras``) file, the member Keras' loader reads.
+
+    Raises:
+        UnsafeModel: no such member, one over :data:`MAX_CONFIG_BYTES`, or not JSON.
+    """
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as zf:
+            info = zf.getinfo("config.json")
+            if info.file_size > MAX_CONFIG_BYTES:
+                raise UnsafeModel(f"{shown}: a config.json of {info.file_size} bytes: refused")
+            return json.loads(zf.read(info).decode("utf-8"))
+    except (KeyError, zipfile.BadZipFile, UnicodeDecodeError, ValueError) as exc:
+        if isinstance(exc, UnsafeModel):
+            raise
+        raise UnsafeModel(f"{shown}: a zip file without a readable Keras config.json ({exc})") from None
+
+
+def check_hdf5_config(path: str, shown: str) -> None:
+    """Refuse an HDF5 Keras model whose config (the ``model_config`` attribute, read as JSON,
+    nothing deserialised) :func:`check_model_config` refuses: Keras' legacy loader turns a
+    ``Lambda`` layer's marshalled bytecode into a function, whatever ``safe_mode`` says.
+
+    Raises:
+        UnsafeModel: as :func:`check_model_config`, or no readable model config.
     """
     import h5py
 
@@ -176,16 +262,7 @@ def check_hdf5_config(path: str, shown: str) -> None:
         config = json.loads(config.decode("utf-8") if isinstance(config, bytes) else config)
     except (TypeError, ValueError):
         raise UnsafeModel(f"{shown}: an HDF5 file without a readable Keras model config") from None
-    stack = [config]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            if item.get("class_name") == "Lambda":
-                raise UnsafeModel(f"{shown}: the model has a Lambda layer, whose Python code would run when "
-                                  "loaded: refused (save the model without Lambda layers)")
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+    check_model_config(config, shown)
 
 
 def mlflow_model_file(folder: str) -> str:

@@ -77,6 +77,19 @@ class Dataset:
     root: str
     manifest: Manifest
     storage_options: Dict[str, str] = field(default_factory=dict, compare=False)
+    _footers_checked: list = field(default_factory=list, compare=False, repr=False)  # [True] once checked
+
+    def check_footers(self) -> None:
+        """:meth:`pipelines.contract.Manifest.check_footers`, once per Dataset: before any reader
+        opens a part or sizes a cache by the manifest's counts (:meth:`parts` and
+        :func:`open_reader` call it).
+
+        Raises:
+            pipelines.contract.ManifestError: a part that is not a file, footers that disagree.
+        """
+        if not self._footers_checked:
+            self.manifest.check_footers(self.location)
+            self._footers_checked.append(True)
 
     @property
     def location(self):
@@ -139,7 +152,8 @@ class Dataset:
     def parts(self, split: str) -> list:
         """The split's Parquet files as the manifest names them (:class:`pipelines.storage.Location`),
         in the manifest's order: a reader reads these and nothing else (a rerun of the ETL may be
-        writing other files next to them)."""
+        writing other files next to them); their footers checked first (:meth:`check_footers`)."""
+        self.check_footers()
         return self.manifest.part_locations(self.location, split)
 
     def split_urls(self, split: str) -> List[str]:
@@ -170,6 +184,9 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
             than ranks (:func:`check_train_row_groups`).
         pipelines.storage.StorageError: an unknown scheme, a missing bucket, refused credentials.
         pipelines.paths.UnsafePathError: ``root`` holds a character a ``file://`` URL cannot carry.
+        pipelines.contract.ManifestError: a manifest out of bounds or naming a part outside its
+            run's split folder (:func:`pipelines.contract.check_manifest`); its footers are checked
+            before the first reader opens (:meth:`Dataset.check_footers`).
     """
     from pipelines.storage import check_reachable, resolve
 
@@ -284,6 +301,7 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
     from pipelines.training import rowcache
 
     reader = check_reader(reader)
+    data.check_footers()  # the counts below size its cache
     folder = rowcache.rank_cache_folder(cache_root, f"rank{rank}-{split}") if cache_root else None
     limit, row_size = cache_size_bytes(data, split, world_size), data.rows_per_row_group * data.row_bytes
     try:
