@@ -25,3 +25,15 @@ def test_setup_gives_workdir_data_and_the_runs_shared_config(monkeypatch, tmp_pa
     made = tmp_path / "made"
     assert nb.setup(str(made), "/some/etl", "/w.h5").base["weights"] == "/w.h5"
     assert os.path.isdir(made)
+
+
+def test_an_older_two_split_etl_output_is_made_again_anything_else_is_reused(tmp_path):
+    from pipelines.storage import resolve
+    from pipelines.tools.workspace import _two_splits
+
+    location = resolve(str(tmp_path))
+    for splits, older in (({"train": {}, "test": {}}, True), ({"train": {}, "validation": {}, "test": {}}, False)):
+        location.join("manifest.json").write_json({"splits": splits})
+        assert _two_splits(location) is older
+    location.join("manifest.json").write_json({})
+    assert not _two_splits(location)

@@ -6,10 +6,11 @@ are fetched to the local :func:`default_workdir` (the ETL reads them from there)
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Optional
 
-from pipelines.contract import MANIFEST, VALIDATION, Manifest
+from pipelines.contract import MANIFEST, TRAIN, VALIDATION
 from pipelines.environment import read_settings
 from pipelines.errors import Refused
 from pipelines.etl.config import ETLConfig
@@ -44,7 +45,7 @@ def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float 
         raise Refused(f"unknown sample {sample!r}: tuxpaint or fashion-mnist")
     location = resolve(workdir).join("etl")
     etl = location.uri
-    if not location.join(MANIFEST).exists() or VALIDATION not in Manifest.read(location).splits:
+    if not location.join(MANIFEST).exists() or _two_splits(location):
         if not input_dir:
             input_dir = os.path.join(workdir if location.local else default_workdir(), sample)
             extra = ["--per-class", str(per_class)] if (sample == "fashion-mnist" and per_class) else []
@@ -57,6 +58,14 @@ def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float 
         if ours:  # a session this call started would hold a JVM through everything that follows
             SparkSession.getActiveSession().stop()
     return etl
+
+
+def _two_splits(location) -> bool:
+    """Whether the manifest at ``location`` is an older ETL's, with train and test splits only (read
+    as plain JSON: anything else is reused as it is, and training says what is wrong with it)."""
+    manifest = json.loads(location.join(MANIFEST).read_bytes())
+    splits = manifest.get("splits") if isinstance(manifest, dict) else None
+    return isinstance(splits, dict) and TRAIN in splits and VALIDATION not in splits
 
 
 def ensure_weights(weights: str = "") -> str:
