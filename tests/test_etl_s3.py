@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import storage
-from pipelines.contract import Manifest
+from pipelines.contract import SPLITS, Manifest
 from pipelines.etl.cli import main as etl_main
 from pipelines.etl.commit import RunSuperseded
 from pipelines.etl.config import ETLConfig
@@ -65,8 +65,8 @@ def check_output(out: str, tree_root: str, input_uri: str, expected: dict, manif
     assert files["found"] == found == files["written"] + files["rejected"] + files["skipped"]
     assert (files["written"], files["rejected"], files["skipped"]) == \
         (expected["good"], len(expected["rejected"]), len(expected["skipped"]))
-    rows = read_split(out, "train") + read_split(out, "test")
-    assert len(rows) == expected["good"] == manifest["splits"]["train"]["rows"] + manifest["splits"]["test"]["rows"]
+    rows = [row for split in SPLITS for row in read_split(out, split)]
+    assert len(rows) == expected["good"] == sum(manifest["splits"][split]["rows"] for split in SPLITS)
     prefix = input_uri.rstrip("/") + "/"
     for row in rows:
         folder = row["path"][len(prefix):].split("/")[0]
