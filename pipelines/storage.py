@@ -116,9 +116,10 @@ def read_options_file(path: str) -> Dict[str, str]:
 def gather_options(pairs: Sequence[str], path: Optional[str] = None, environment: str = "") -> Dict[str, str]:
     """A stage's storage options from its three sources, each later one winning for its keys: the
     environment's JSON object (``environment``: :attr:`pipelines.environment.Settings.storage_options`,
-    the variable :data:`~pipelines.environment.STORAGE_OPTIONS_ENV`), the owner-only file ``path`` (:func:`read_options_file`),
-    then the command line's ``KEY=VALUE`` ``pairs`` (:func:`parse_options`). The first two keep
-    secrets off the command line, which every local user can read (``ps``, ``/proc/PID/cmdline``).
+    the variable :data:`~pipelines.environment.STORAGE_OPTIONS_ENV`), the owner-only file ``path``
+    (:func:`read_options_file`), then the command line's ``KEY=VALUE`` ``pairs``
+    (:func:`parse_options`). The first two keep secrets off the command line, which every local
+    user can read (``ps``, ``/proc/PID/cmdline``).
 
     Raises:
         StorageError: any source malformed (:func:`parse_options`, :func:`read_options_file`).

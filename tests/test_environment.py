@@ -50,7 +50,8 @@ def test_each_lock_pins_what_its_in_file_says_each_with_a_hash(name):
 
 
 def test_the_stacks_differ_where_the_issue_says():
-    """The current stack clears CVE-2026-25087 (pyarrow >= 23.0.1) and CVE-2026-0994 (protobuf 7) and
+    """The current stack is past CVE-2026-25087's Arrow C++ range (pyarrow >= 23.0.1), clears
+    CVE-2026-0994 (protobuf 7) and
     runs a supported TensorFlow; the mission stack stays where Petastorm and TF 2.15 hold it."""
     mission, current = lock_pins("mission"), lock_pins("current")
     as_tuple = lambda v: tuple(int(p) for p in re.findall(r"\d+", v)[:3])  # noqa: E731
@@ -69,6 +70,37 @@ def test_the_dockerfiles_take_the_stack_and_a_python_it_supports():
         # no version of a package is written in a Dockerfile: they install the stack's lock
         assert not any(key.endswith("_VERSION") for key in args if key not in ("PYTHON_VERSION", "JAVA_VERSION"))
     assert gpu["STACK"] == "mission"  # the patch's CPU build leaves xla_mpi_ops.cc out: no CUDA build on current
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.gpu"])
+def test_each_image_runs_its_jobs_as_a_user_that_is_not_root(name):
+    """The last USER of each image is its own unprivileged user, set after the last root step
+    (the set-up, the copy of the checkout) and before what the image runs."""
+    with open(os.path.join(REPO, "docker", name)) as f:
+        steps = [line.split(None, 1) for line in f.read().splitlines() if line and not line.startswith((" ", "#"))]
+    users = [i for i, (word, *_) in enumerate(steps) if word == "USER"]
+    assert users, name
+    last = users[-1]
+    assert steps[last][1].strip() not in ("root", "0") and not steps[last][1].startswith("0:")
+    assert any(word == "RUN" and "useradd" in rest[0] and steps[last][1].strip() in rest[0]
+               for word, *rest in steps[:last])
+    assert not [word for word, *_ in steps[last:] if word in ("RUN", "COPY", "ADD")], name  # nothing after as root
+    assert "CMD" in [word for word, *_ in steps[last:]]
+
+
+def test_the_build_context_leaves_out_history_venvs_outputs_stores_caches_and_credentials():
+    """.dockerignore keeps from every image what `COPY . .` would otherwise take: .git, the
+    virtual environments, out/, MLflow's and Spark's stores, caches, local credential files."""
+    with open(os.path.join(REPO, ".dockerignore")) as f:
+        patterns = {line.strip() for line in f if line.strip() and not line.startswith("#")}
+    kinds = {"history": {".git"}, "venvs": {".venv", ".venv-*"}, "outputs": {"out", "out-*"},
+             "stores": {"mlruns", "**/*.db", "spark-warehouse", "metastore_db"},
+             "caches": {"**/__pycache__", ".pytest_cache", ".cache", ".ipynb_checkpoints"},
+             "credentials": {".env", "**/*.pem", "**/storage-options*.json"}}
+    for kind, wanted in kinds.items():
+        assert wanted <= patterns, (kind, wanted - patterns)
+    # what the images need stays in: the code, the jobs, the locks, the set-up
+    assert not {"pipelines", "jobs", "requirements", "scripts", "Makefile", "conf"} & patterns
 
 
 def test_the_venv_has_every_locked_version():

@@ -132,3 +132,26 @@ def test_sparks_ui_hides_the_products_secret_keys(spark):
     result = {redacted.apply(i)._1(): redacted.apply(i)._2() for i in range(redacted.length())}
     assert [key for key, value in result.items() if SECRET in value] == []
     assert result["spark.app.name"] == "pipelines-tests" and result["spark.master"] == "local[2]"
+
+
+def test_a_local_ranks_command_line_holds_no_secret(monkeypatch, tmp_path):
+    """A local rank (``HorovodRunner(np=-1)``: pipelines.launch.local.run_local, Horovod's Gloo
+    launcher, a real child process) gets the config's storage options, secrets included, through
+    its owner-only job folder; its command line names only the files there."""
+    from pipelines.launch.local import run_local
+
+    monkeypatch.setenv("PIPELINES_STORAGE_OPTIONS", json.dumps({"secret_key": ENV_SECRET}))
+    (config,) = parse_configs((TrainConfig,), URIS)
+
+    def rank_main(options):
+        import os
+        import stat
+
+        with open("/proc/self/cmdline", "rb") as f:
+            argv = f.read().decode().split("\0")
+        folders = {os.path.dirname(item) for item in argv if item.endswith(".pkl")}
+        return {"argv": argv, "modes": [stat.S_IMODE(os.stat(d).st_mode) for d in folders], "options": options}
+
+    seen = run_local(rank_main, {"options": config.storage_options}, 1, None, None)
+    assert seen["options"] == {"secret_key": ENV_SECRET}
+    assert seen["modes"] == [0o700] and ENV_SECRET not in " ".join(seen["argv"])

@@ -235,7 +235,7 @@ def forward(stream: BinaryIO, address: Optional[str], token: str, rank: int, hos
     sent = 0
     try:
         for raw in stream:
-            line = redact_text(raw.decode(errors="replace")).encode()  # the executor's log is no place for secrets either
+            line = redact_text(raw.decode(errors="replace")).encode()  # the executor's log keeps no secret either
             sys.stderr.buffer.write(line)
             sys.stderr.flush()
             if conn is not None:
