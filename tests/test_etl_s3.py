@@ -111,7 +111,7 @@ def test_local_to_s3_tracked_to_the_default_store_of_a_fresh_home_writing_no_sec
     manifest = storage.resolve(out).join("manifest.json").read_json()
     check_output(out, root, root, expected, manifest)
     run = manifest["run_id"]
-    parts = [p for s in ("train", "test") for p in manifest["splits"][s]["parts"]]
+    parts = [p for s in SPLITS for p in manifest["splits"][s]["parts"]]
     assert keys(s3_server, bucket, "etl/") == sorted(
         ["etl/manifest.json", "etl/mlflow_run.json", f"etl/runs/{run}/rejected.jsonl"] + [f"etl/{p}" for p in parts])
     store = home / "pipelines-work" / "mlflow"

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.contract import SPLITS
 from tests import s3server
 from tests.conftest import assert_exact_test_count, subprocess_env
 from tests.hosts_driver import PAUSE_S, VECTOR
@@ -200,7 +201,8 @@ def hosts_etl(hosts_cluster, test_hosts, tmp_path_factory):
             client.upload_file(path, bucket, "tree/" + os.path.relpath(path, root))
     uploaded = bucket_keys(s3, bucket, "tree/")
     proc = submit(hosts_cluster, test_hosts, "etl.py", "--input", f"s3://{bucket}/tree", "--output",
-                  f"s3://{bucket}/etl", "--image-size", str(SIZE), "--test-fraction", "0.3", "--min-row-groups", "4")
+                  f"s3://{bucket}/etl", "--image-size", str(SIZE), "--test-fraction", "0.3", "--validation-fraction", "0.2",
+                  "--min-row-groups", "4")
     assert proc.returncode == 0, proc.output[-3000:]
     manifest = json.loads(read_key(s3, bucket, "etl/manifest.json"))
     return bucket, manifest, expected, uploaded, proc
@@ -214,9 +216,9 @@ def test_etl_across_the_hosts_from_and_to_the_s3_server(hosts_etl, hosts_cluster
     assert (files["written"], files["rejected"], files["skipped"]) == \
         (expected["good"], len(expected["rejected"]), len(expected["skipped"]))
     splits = manifest["splits"]
-    assert splits["train"]["rows"] + splits["test"]["rows"] == expected["good"]
+    assert sum(splits[s]["rows"] for s in SPLITS) == expected["good"]
     assert manifest["max_world_size"] >= 4 and min(splits[s]["row_groups"] for s in splits) >= 4
-    parts = [f"etl/{p}" for s in ("train", "test") for p in splits[s]["parts"]]
+    parts = [f"etl/{p}" for s in SPLITS for p in splits[s]["parts"]]
     run = manifest["run_id"]
     assert bucket_keys(s3, bucket, "etl/") == sorted(["etl/manifest.json", f"etl/runs/{run}/rejected.jsonl"] + parts)
     rows = sum(pq.read_metadata(pa.BufferReader(read_key(s3, bucket, p))).num_rows for p in parts)
