@@ -155,3 +155,38 @@ def test_a_local_ranks_command_line_holds_no_secret(monkeypatch, tmp_path):
     seen = run_local(rank_main, {"options": config.storage_options}, 1, None, None)
     assert seen["options"] == {"secret_key": ENV_SECRET}
     assert seen["modes"] == [0o700] and ENV_SECRET not in " ".join(seen["argv"])
+
+
+def test_a_local_ranks_kept_output_is_owner_only_and_redacted(tmp_path, capfd):
+    """What a local rank prints (its stdout and stderr, a chained traceback among them) reaches the
+    driver's console and ``LOG_DIR/rank.R/stdout`` and ``stderr`` redacted, those files mode 0600 in
+    a 0700 folder."""
+    import stat
+
+    from pipelines.launch.local import run_local
+
+    def rank_main():
+        import sys
+        import traceback
+
+        print(f"retrying with --storage-option secret_key={SECRET}", flush=True)
+        try:
+            try:
+                raise KeyError(f"{{'AccountKey': '{SECRET}'}}")
+            except KeyError as exc:
+                raise RuntimeError(f"https://acct.blob.core.windows.net/c?sv=1&sig={SECRET}") from exc
+        except RuntimeError:
+            traceback.print_exc(file=sys.stderr)
+        return "done"
+
+    assert run_local(rank_main, {}, 1, None, str(tmp_path / "logs")) == "done"
+    folder = tmp_path / "logs" / "rank.0"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    out, err = (folder / "stdout").read_text(), (folder / "stderr").read_text()
+    console = capfd.readouterr()
+    for path in (folder / "stdout", folder / "stderr"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    for text in (out, err, console.out, console.err):
+        assert SECRET not in text
+    assert "secret_key=***" in out and "The above exception was the direct cause" in err
+    assert "'AccountKey': '***'" in err and "sig=***" in err

@@ -34,6 +34,8 @@ from pipelines.launch.barrier import rank_env, rank_plan
 from pipelines.launch.child import die_with_parent, rank_command
 from pipelines.launch.failures import HorovodJobFailed, RankFailure, exit_cause, signal_is_loss
 from pipelines.launch.rendezvous import Rendezvous
+from pipelines.launch.ranklogs import owner_only_append
+from pipelines.redact import redact_text
 
 LOOPBACK = "127.0.0.1"  # every socket of a local run: the rendezvous, and Gloo's own over lo
 STOP_GRACE_S = 5.0  # a rank stopped after another's failure gets SIGTERM, then SIGKILL after this
@@ -90,7 +92,7 @@ def _start_rank(job: str, result: str, env: Dict[str, str], rank: int, world_siz
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
     folder = os.path.join(log_dir, f"rank.{pad_rank(rank, world_size)}") if log_dir else None
     if folder:
-        os.makedirs(folder, exist_ok=True)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
     proc.pumps = [threading.Thread(target=_pump, args=(stream, f"[{rank}]<{name}>:", name,
                                                        os.path.join(folder, name) if folder else None),
                                    name=f"rank-{rank}-{name}", daemon=True)
@@ -101,14 +103,16 @@ def _start_rank(job: str, result: str, env: Dict[str, str], rank: int, world_siz
 
 
 def _pump(stream: BinaryIO, shown: str, name: str, keep: Optional[str]) -> None:
-    """Copy a rank's stream line by line to this process's stream ``name``, prefixed ``shown``, and
-    unprefixed to the file ``keep`` (None: none)."""
-    with stream, open(keep or os.devnull, "ab") as kept:
-        for line in stream:
-            kept.write(line)
+    """Copy a rank's stream line by line, redacted (a traceback's chained causes may quote secrets),
+    to this process's stream ``name``, prefixed ``shown``, and unprefixed to the file ``keep``
+    (mode 0600; None: none)."""
+    with stream, owner_only_append(keep) as kept:
+        for raw in stream:
+            line = redact_text(raw.decode(errors="replace"))
+            kept.write(line.encode())
             kept.flush()
             console = getattr(sys, name)  # looked up each time: a test may capture it
-            console.write(shown + line.decode(errors="replace").rstrip("\n") + "\n")
+            console.write(shown + line.rstrip("\n") + "\n")
             console.flush()
 
 

@@ -201,11 +201,16 @@ class LogSink:
 
 
 def _owner_only_log(log_dir: Optional[str], rank: int) -> BinaryIO:
-    """``rank-R.log`` in ``log_dir`` opened to append, mode 0600 whatever the umask or an older
-    file's mode (it may hold a traceback); the null device when there is no folder."""
-    if not log_dir:
+    """``rank-R.log`` in ``log_dir`` (:func:`owner_only_append`); the null device when there is no folder."""
+    return owner_only_append(os.path.join(log_dir, f"rank-{rank}.log") if log_dir else None)
+
+
+def owner_only_append(path: Optional[str]) -> BinaryIO:
+    """The file ``path`` opened to append, mode 0600 whatever the umask or an older file's mode
+    (a rank's log may hold a traceback); the null device when ``path`` is None."""
+    if not path:
         return open(os.devnull, "ab")
-    fd = os.open(os.path.join(log_dir, f"rank-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.fchmod(fd, 0o600)
     return os.fdopen(fd, "ab")
 
