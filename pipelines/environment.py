@@ -20,7 +20,7 @@ variable                       meaning                                          
                                log, the known harmless warnings
 ``PIPELINES_SPARK_LOG_LEVEL``  the log level of the Spark sessions the jobs start           ``WARN``, ``INFO`` with
                                (``ERROR``, ``INFO``, ``DEBUG``, ...)                        ``--verbose``
-``PIPELINES_STORAGE_OPTIONS``  storage options as a JSON object (``{"secret_key": "..."}``): none
+``PIPELINES_STORAGE_OPTIONS``  storage options, a JSON object (``{"secret_key": "..."}``):  none
                                a stage's ``--storage-option`` values off its command line,
                                which every local user can read (``ps``); the flags win
                                (:func:`pipelines.storage.gather_options`)
