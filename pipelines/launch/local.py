@@ -133,7 +133,7 @@ def _wait(ranks: List[subprocess.Popen]) -> Dict[int, int]:
 
 def _stop(ranks: List[subprocess.Popen]) -> None:
     """End every rank still running (SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`), and wait
-    for their output to be copied."""
+    (as long again, at most) for their output to be copied."""
     for proc in ranks:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -144,8 +144,8 @@ def _stop(ranks: List[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        for pump in proc.pumps:
-            pump.join()
+        for pump in proc.pumps:  # bounded: a process the rank left behind may hold its pipes open
+            pump.join(STOP_GRACE_S)
 
 
 def _read(path: str) -> Optional[Dict[str, Any]]:
