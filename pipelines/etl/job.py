@@ -530,11 +530,7 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
         # will give it (spark-submit and existing sessions are checked below, from their conf).
         check_memory(config, config.master or "local[*]", {})
     the_plan = plan(config)
-    log.info("listed %s in %s (%s layout); %s (train ~%d, validation ~%d, test ~%d); %s per row group",
-             plural(len(the_plan.files), "file"), plural(len(the_plan.classes), "class folder"), the_plan.layout,
-             plural(sum(the_plan.expected_rows.values()), "candidate image"), the_plan.expected_rows[TRAIN],
-             the_plan.expected_rows[VALIDATION], the_plan.expected_rows[TEST],
-             plural(the_plan.rows_per_row_group, "row"))
+    _log_plan(the_plan)
     output = config.location(config.output)
     output.makedirs()
     with track(config) as tracker:
@@ -546,11 +542,7 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
         try:
             with log_progress(spark):
                 if config.dedupe:
-                    before = len(the_plan.candidates)
-                    the_plan = drop_duplicates(config, the_plan, hash_candidates(spark, config, the_plan))
-                    the_plan.hash_seconds = time.perf_counter() - start
-                    log.info("duplicate check: %s of the same bytes as another rejected (%.1f s)",
-                             plural(before - len(the_plan.candidates), "copy", "copies"), the_plan.hash_seconds)
+                    the_plan = _without_duplicates(spark, config, the_plan, start)
                 spark_outcomes = run_spark(spark, config, the_plan)
             manifest = finish(config, the_plan, spark_outcomes, spark.version, time.perf_counter() - start)
         except NothingWritten:
@@ -562,6 +554,26 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
         if tracker:
             log_results(tracker, output, manifest)
     return manifest
+
+
+def _log_plan(the_plan: Plan) -> None:
+    """The driver's one line on what it listed and how it splits it."""
+    rows = the_plan.expected_rows
+    log.info("listed %s in %s (%s layout); %s (train ~%d, validation ~%d, test ~%d); %s per row group",
+             plural(len(the_plan.files), "file"), plural(len(the_plan.classes), "class folder"), the_plan.layout,
+             plural(sum(rows.values()), "candidate image"), rows[TRAIN], rows[VALIDATION], rows[TEST],
+             plural(the_plan.rows_per_row_group, "row"))
+
+
+def _without_duplicates(spark, config: ETLConfig, the_plan: Plan, start: float) -> Plan:
+    """``the_plan`` after the duplicate check (:func:`hash_candidates`, :func:`drop_duplicates`),
+    its ``hash_seconds`` counted from ``start`` (``time.perf_counter()``), said in one line."""
+    before = len(the_plan.candidates)
+    the_plan = drop_duplicates(config, the_plan, hash_candidates(spark, config, the_plan))
+    the_plan.hash_seconds = time.perf_counter() - start
+    log.info("duplicate check: %s of the same bytes as another rejected (%.1f s)",
+             plural(before - len(the_plan.candidates), "copy", "copies"), the_plan.hash_seconds)
+    return the_plan
 
 
 def log_results(tracker, output: Location, manifest: dict) -> None:
