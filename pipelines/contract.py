@@ -283,7 +283,7 @@ class Manifest:
         files = {i.base_name for i in folder.list(recursive=False) if i.type == pafs.FileType.File}
         for part in parts:
             if part.rsplit("/", 1)[-1] not in files:
-                raise ManifestError(f"{root.uri}: the {split} part {part} its {MANIFEST} names is not a file "
+                raise ManifestError(f"{root.uri}: the {split} part {part} named in {MANIFEST} is not a file "
                                     f"of {folder.uri} (missing, or a folder): refused before any reader opens it")
         return [root.join(*p.split("/")) for p in parts]
 
@@ -299,6 +299,8 @@ class Manifest:
         """
         import pyarrow.parquet as pq
 
+        from pipelines.logs import plural
+
         root, schema = _location(root), image_schema()
         for split, info in self.splits.items():
             rows = groups = 0
@@ -311,12 +313,13 @@ class Manifest:
                                         f"({meta.schema.to_arrow_schema().remove_metadata()})")
                 largest = max((meta.row_group(g).num_rows for g in range(meta.num_row_groups)), default=0)
                 if largest > self.rows_per_row_group:
-                    raise ManifestError(f"{shown}: a row group of {largest} rows, over the manifest's "
+                    raise ManifestError(f"{shown}: a row group of {plural(largest, 'row')}, over the manifest's "
                                         f"rows_per_row_group {self.rows_per_row_group}")
                 rows, groups = rows + meta.num_rows, groups + meta.num_row_groups
             if (rows, groups) != (info.rows, info.row_groups):
-                raise ManifestError(f"{root.uri}: the {split} split's footers hold {rows} rows in {groups} row "
-                                    f"groups, its {MANIFEST} says {info.rows} in {info.row_groups}")
+                raise ManifestError(f"{root.uri}: the {split} split's footers hold {plural(rows, 'row')} in "
+                                    f"{plural(groups, 'row group')}, its {MANIFEST} says {info.rows} in "
+                                    f"{info.row_groups}")
 
 
 def _integer(value: Any, what: str) -> int:

@@ -87,7 +87,7 @@ def test_a_part_naming_a_folder_is_refused_before_petastorm_unpickles_its_metada
     manifest["splits"]["train"]["parts"] = [f"runs/{RUN}/train/part-evil.parquet"]
     write_manifest(root, manifest)
     for reader in READERS if petastorm_available() else ("own",):
-        with pytest.raises(ManifestError, match="part-evil.parquet its manifest.json names is not a file"):
+        with pytest.raises(ManifestError, match="part-evil.parquet named in manifest.json is not a file"):
             read_train(root, reader)
     with pytest.raises(ManifestError, match="is not a file"):
         OnePassShard(load_dataset(root, 1), "validation", 0, 1)
@@ -196,7 +196,7 @@ def _rewrite(root, split, table, row_group_size):
 @pytest.mark.parametrize("change,message", [
     (lambda root, m: m["splits"]["train"].update(rows=5), "footers hold 4 rows in 2 row groups, its manifest.json "
                                                            "says 5 in 2"),
-    (lambda root, m: m["splits"]["test"].update(row_groups=2, rows=2), "footers hold 2 rows in 1 row groups, .* "
+    (lambda root, m: m["splits"]["test"].update(row_groups=2, rows=2), "footers hold 2 rows in 1 row group, .* "
                                                                        "says 2 in 2"),
     (lambda root, m: m.update(rows_per_row_group=1), "a row group of 2 rows, over the manifest's rows_per_row_group 1"),
     (lambda root, m: _rewrite(root, "test", pq.read_table(os.path.join(root, "runs", RUN, "test", "part-00000.parquet"))

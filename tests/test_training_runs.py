@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from pipelines.contract import manifest_sha256
 from tests.conftest import read_metrics as metrics
 from tests.test_training_hvd import dataset, error_lines, train  # noqa: F401 (dataset: a fixture)
 
@@ -88,7 +89,8 @@ def test_a_run_never_adopts_another_runs_checkpoints(dataset, tmp_path):  # noqa
     shutil.copytree(data, other)
     manifest = read(os.path.join(other, "manifest.json"))
     with open(os.path.join(other, "manifest.json"), "w") as f:
-        json.dump({**manifest, "run_id": "another-etl-run"}, f)
+        # another manifest of the same parts (a run's id must name its parts' folder, so it stays)
+        json.dump({**manifest, "created_utc": "2026-01-01T00:00:00+00:00"}, f)
     line = refused(train(other, out, *b_args[:1], "5", *b_args[2:], "--resume", np_=0))
     assert f"other settings or data: data: ETL run {manifest['run_id']} (manifest sha256 " in line, line
-    assert ") there, ETL run another-etl-run (manifest sha256 " in line, line
+    assert f") there, ETL run {manifest['run_id']} (manifest sha256 {manifest_sha256(other)[:12]}) here" in line, line

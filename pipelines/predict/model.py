@@ -238,7 +238,7 @@ def read_zip_config(path: str, shown: str):
         with zipfile.ZipFile(path) as zf:
             info = zf.getinfo("config.json")
             if info.file_size > MAX_CONFIG_BYTES:
-                raise UnsafeModel(f"{shown}: a config.json of {info.file_size} bytes: refused")
+                raise UnsafeModel(f"{shown}: a config.json of {plural(info.file_size, 'byte')}: refused")
             return json.loads(zf.read(info).decode("utf-8"))
     except (KeyError, zipfile.BadZipFile, UnicodeDecodeError, ValueError) as exc:
         if isinstance(exc, UnsafeModel):
