@@ -433,7 +433,7 @@ def test_a_run_that_writes_nothing_keeps_the_previous_output(spark, tmp_path, ca
     for dirpath, _, names in os.walk(root):  # every candidate becomes undecodable
         for name in names:
             with open(os.path.join(dirpath, name), "wb") as f:
-                f.write(b"not an image any more: " + name.encode())  # distinct bytes: no copies
+                f.write(b"not an image any more: " + os.path.join(dirpath, name).encode())  # distinct: no copies
     capsys.readouterr()
     assert etl_main(args) == 1
     err = capsys.readouterr().err
