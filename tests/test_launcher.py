@@ -519,7 +519,8 @@ def _answer(address, port, path):
 def test_a_local_training_job_listens_on_loopback_alone_and_serves_no_part_of_its_job(tmp_path):
     """``jobs/train.py --spark-np -2`` while it runs: every socket the driver and its ranks listen
     on is bound to loopback (Horovod's function mode served the pickled job and its config on
-    every interface), the driver's Gloo rendezvous and the ranks' Gloo pairs among them, and none
+    every interface), the driver's Gloo rendezvous and whichever of the ranks' short-lived Gloo pair
+    listeners the sampling catches among them, and none
     of the driver's answers an HTTP GET (of ``/``, or of the path Horovod's store served the job
     at) with the config (a marker in its --output) or a pickle. (The ranks' sockets are Gloo's
     pairs: a probe's bytes would break the job.)"""
