@@ -25,13 +25,34 @@ def jpeg_with_orientation(width: int, height: int, orientation: int) -> bytes:
     return encode(img, "JPEG", exif=exif.tobytes(), quality=95)
 
 
+def png_chunk(kind: bytes, data: bytes, crc: int | None = None) -> bytes:
+    """One PNG chunk: length, type, data and its CRC (``crc`` given: that CRC instead, e.g. a bad one)."""
+    crc = zlib.crc32(kind + data) if crc is None else crc
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc & 0xFFFFFFFF)
+
+
+def png_chunks(png: bytes) -> list:
+    """The chunks of a well-formed PNG, each as its bytes (length, type, data, CRC)."""
+    pos, chunks = 8, []
+    while pos < len(png):
+        end = pos + 12 + struct.unpack(">I", png[pos:pos + 4])[0]
+        chunks.append(png[pos:end])
+        pos = end
+    return chunks
+
+
+def png_with(png: bytes, extra: bytes, before: bytes = b"IDAT") -> bytes:
+    """``png`` with the chunk bytes ``extra`` inserted before its first chunk of type ``before``."""
+    chunks = png_chunks(png)
+    at = next(i for i, c in enumerate(chunks) if c[4:8] == before)
+    return png[:8] + b"".join(chunks[:at]) + extra + b"".join(chunks[at:])
+
+
 def png_bomb(width: int = 30000, height: int = 30000) -> bytes:
     """A tiny PNG that declares ``width x height`` pixels (a decompression bomb header)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
-            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr)
+            + png_chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + png_chunk(b"IEND", b""))
 
 
 def write(path: str, data: bytes) -> str:

@@ -17,7 +17,9 @@ paste centred on white -> tobytes``), made correct on every image:
 * large JPEGs are decoded at a reduced DCT scale (``Image.draft``), which costs nothing in
   quality because the result is still at least ``size`` on its short side;
 * decompression bombs, truncated files and non-images raise :class:`ImageRejected`, never a
-  half-processed image.
+  half-processed image;
+* a PNG's metadata that Pillow's defaults would refuse the file for (oversized or damaged
+  ancillary chunks) is left out and the pixels kept (:mod:`pipelines.etl.pngchunks`).
 
 No Spark here. :func:`resize_to_square` is the whole contract in one call; the Spark job uses its
 two halves, :func:`decode_and_fit` and :func:`paste_centred`, to paste straight into the row
@@ -34,6 +36,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError, features
 
 from pipelines.contract import DEFAULT_IMAGE_SIZE
+from pipelines.etl.pngchunks import DamagedPng, without_refused_metadata
 
 WHITE = (255, 255, 255)
 # Pillow's own decoders, no external program. Pillow's JPEG opener also returns phones'
@@ -76,11 +79,13 @@ class ImageRejected(ValueError):
 @dataclass(frozen=True)
 class FittedImage:
     """A decoded image shrunk to fit the square: ``image`` is RGB, at most ``size x size``;
-    ``height`` and ``width`` are the original's, in pixels, after EXIF orientation."""
+    ``height`` and ``width`` are the original's, in pixels, after EXIF orientation; ``dropped``
+    names the PNG chunks left out, one line each (:func:`pipelines.etl.pngchunks.without_refused_metadata`)."""
 
     image: Image.Image
     height: int
     width: int
+    dropped: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -191,7 +196,8 @@ def decode_and_fit(data: bytes, size: int = DEFAULT_IMAGE_SIZE, max_pixels: int 
 
     Raises:
         ImageRejected: empty, non-image, unsupported format (``"not a supported raster image
-            (...)"``), truncated, corrupt or too large input.
+            (...)"``), truncated, corrupt (``"damaged PNG: ..."``: a critical chunk's CRC) or too
+            large input. Damaged or oversized PNG metadata is no reason: it is dropped (``dropped``).
     """
     if size <= 0:
         raise ValueError(f"size must be positive, got {size}")
@@ -204,7 +210,9 @@ def decode_and_fit(data: bytes, size: int = DEFAULT_IMAGE_SIZE, max_pixels: int 
             # Only raster formats Pillow decodes itself, by content: scraped folders mix formats
             # and extensions, and Pillow's other plugins (EPS runs Ghostscript) have no business
             # in a data pipeline. The first frame of an animation (Pillow's default) is the image.
-            img = Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
+            # Scoped, not ImageFile.LOAD_TRUNCATED_IMAGES: that global also admits truncated pixels.
+            stream, dropped = without_refused_metadata(data)
+            img = Image.open(stream, formats=ACCEPTED_FORMATS)
             width, height = img.size
             if max_pixels is not None and width * height > max_pixels:
                 raise ImageRejected(
@@ -215,9 +223,11 @@ def decode_and_fit(data: bytes, size: int = DEFAULT_IMAGE_SIZE, max_pixels: int 
                 # DCT-domain downscale by 1/2, 1/4 or 1/8 while the short side stays >= size.
                 img.draft(img.mode, (size, size))
             img = ImageOps.exif_transpose(img)  # loads the pixels: truncation surfaces here
-            return FittedImage(fit_within(to_rgb(img), size), height, width)
+            return FittedImage(fit_within(to_rgb(img), size), height, width, dropped)
     except ImageRejected:
         raise
+    except DamagedPng as exc:
+        raise ImageRejected(str(exc)) from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise ImageRejected(f"decompression bomb: {exc}") from exc
     except UnidentifiedImageError:
