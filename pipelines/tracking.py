@@ -43,6 +43,8 @@ log = logging.getLogger("pipelines")
 STORE_FILE = "mlruns.db"
 ARTIFACTS_DIR = "mlruns"  # MLflow's own name for the artifact root of a local store
 RUN_FILE = "mlflow_run.json"
+# mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH in 2.22 and 3.x (tests/test_tracking.py compares)
+MAX_EXPERIMENT_NAME = 500
 MODEL_ARTIFACT = "model"  # runs:/<run_id>/model
 PROBE_TIMEOUT_S = 10
 SETUP_LOCK_TIMEOUT_S = 300  # a first set-up takes seconds; a holder this slow is stuck
@@ -103,7 +105,8 @@ def resolve(tracking: Optional[bool], uri: str, output: str, experiment: str, se
     SQLite path made absolute (the URI as given when disabled).
 
     Raises:
-        ValueError: an empty experiment name while tracking.
+        ValueError: while tracking, an empty experiment name, one longer than
+            :data:`MAX_EXPERIMENT_NAME`, or a file store the installed MLflow refuses.
     """
     if tracking is None:
         tracking = settings.tracking
@@ -111,7 +114,60 @@ def resolve(tracking: Optional[bool], uri: str, output: str, experiment: str, se
         return False, uri
     if not experiment:
         raise Refused("--experiment must not be empty (or pass --no-tracking)")
-    return True, absolute(uri or os.environ.get("MLFLOW_TRACKING_URI", "") or default_uri(output, settings.workdir))
+    if len(experiment) > MAX_EXPERIMENT_NAME:  # MLflow would refuse it only when the job logs
+        raise Refused(f"--experiment is {len(experiment)} characters long: MLflow takes at most {MAX_EXPERIMENT_NAME}")
+    uri = absolute(uri or os.environ.get("MLFLOW_TRACKING_URI", "") or default_uri(output, settings.workdir))
+    if _is_file_store(uri):
+        _check_file_store(uri)
+    return True, uri
+
+
+def _is_file_store(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file:")
+
+
+def _check_file_store(uri: str) -> None:
+    """Refuse a file store where the installed MLflow refuses one when the job starts logging:
+    MLflow 3's ``FileStore`` ("maintenance mode") unless ``$MLFLOW_ALLOW_FILE_STORE`` is true,
+    read through its own ``mlflow.environment_variables``; 2.22 has no such variable and takes it."""
+    _mlflow()
+    import mlflow.environment_variables as variables
+
+    allowed = getattr(variables, "MLFLOW_ALLOW_FILE_STORE", None)
+    if allowed is not None and not allowed.get():
+        raise Refused(f"--tracking-uri {redact_uri(uri)}: MLflow {_mlflow().__version__} refuses a file store "
+                      "(a folder of runs); give a database such as sqlite:///PATH/mlruns.db (the default), "
+                      "or set MLFLOW_ALLOW_FILE_STORE=true")
+
+
+def check_model_name(name: str, uri: str) -> None:
+    """Refuse, before any work or rank starts, a ``--register-model`` name that the installed
+    MLflow's registry would refuse at the end of the run, by that MLflow's own rule:
+    ``mlflow.utils.validation._validate_model_name`` (2.22 refuses only an empty name; 3.x also a
+    blank one, ``/``, ``:``, and a name that is not a normalised relative path, such as ``..``),
+    or, for a file store (``uri`` a path or ``file:``), ``mlflow.store.model_registry.file_store``'s
+    (no path separator, no ``%``). A tracking server applies its own MLflow's rule, known only
+    there. Imports MLflow (seconds): call it only when the option is given. An MLflow without that
+    private function is not asked: its registry judges the name at the end, as before.
+
+    Raises:
+        Refused: naming the option, the name, MLflow's version and its reason.
+    """
+    _mlflow()  # its logging quieted before its modules load
+    from mlflow.exceptions import MlflowException
+
+    try:
+        if _is_file_store(uri):
+            from mlflow.store.model_registry.file_store import _validate_model_name
+        else:
+            from mlflow.utils.validation import _validate_model_name
+    except ImportError:
+        return
+    try:
+        _validate_model_name(name)
+    except MlflowException as exc:
+        raise Refused(f"--register-model {name!r}: MLflow {_mlflow().__version__}'s registry refuses the name: "
+                      f"{exc.message}") from None
 
 
 def _is_remote(uri: str) -> bool:

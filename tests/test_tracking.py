@@ -60,11 +60,69 @@ def test_the_flag_beats_the_environment_which_beats_the_default(no_env):
 @pytest.mark.parametrize("args, message", [
     (["--no-tracking", "--register-model", "m"], "--register-model needs tracking"),
     (["--experiment", ""], "--experiment must not be empty"),
+    (["--experiment", "e" * 501], "--experiment is 501 characters long: MLflow takes at most 500"),
 ])
 def test_refused_on_the_command_line_with_exit_2(no_env, capsys, args, message):
     with pytest.raises(SystemExit) as info:
         parse_config(TrainConfig, TRAIN_ARGS + args)
     assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_longest_experiment_name_is_the_installed_mlflows():
+    from mlflow.utils.validation import MAX_EXPERIMENT_NAME_LENGTH
+
+    assert tracking.MAX_EXPERIMENT_NAME == MAX_EXPERIMENT_NAME_LENGTH
+    assert parse_config(TrainConfig, TRAIN_ARGS + ["--experiment", "e" * 500]).experiment == "e" * 500
+
+
+# Whether MLflow 2.22 and MLflow 3 refuse a registered model name: on a database store (their
+# utils.validation._validate_model_name), and on a file store (model_registry.file_store's).
+MODEL_NAMES = {  # name: ((2.22 database, 2.22 file), (3 database, 3 file))
+    "xception-caltech_2": ((False, False), (False, False)),
+    "team/xception": ((False, True), (True, True)),
+    "xception:v2": ((False, False), (True, True)),
+    "   ": ((False, False), (True, True)),
+    "..x": ((False, False), (True, True)),  # not a normalised relative path to MLflow 3
+    "100%": ((False, True), (False, True)),
+}
+
+
+@pytest.mark.parametrize("store", ["database", "file"])
+@pytest.mark.parametrize("name", list(MODEL_NAMES))
+def test_a_registered_model_name_is_judged_by_the_installed_mlflow_before_any_rank(no_env, capsys, tmp_path,
+                                                                                   name, store):
+    """Exit 2 on the command line, before the training, where the registry would refuse the name
+    after it (MLflow 3 forbids ``/`` and ``:``, 2.22 takes them)."""
+    from importlib.metadata import version
+
+    refused = MODEL_NAMES[name][int(version("mlflow").split(".")[0]) >= 3][store == "file"]
+    uri = f"sqlite:///{tmp_path}/m.db" if store == "database" else str(tmp_path / "mlruns")
+    no_env.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses a file store without it
+    args = TRAIN_ARGS + ["--tracking-uri", uri, "--register-model", name]
+    if not refused:
+        assert parse_config(TrainConfig, args).register_model == name
+        return
+    with pytest.raises(SystemExit) as info:
+        parse_config(TrainConfig, args)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"--register-model {name!r}: MLflow {version('mlflow')}'s registry refuses" in err
+
+
+def test_a_file_store_is_refused_before_any_rank_where_the_installed_mlflow_refuses_it(no_env, capsys, tmp_path):
+    """MLflow 3.17 refuses a file store when the job starts logging unless MLFLOW_ALLOW_FILE_STORE
+    is true; 2.22 takes it. (The mission stack pins 2.22, the current one 3.17.)"""
+    from importlib.metadata import version
+
+    no_env.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    args = TRAIN_ARGS + ["--tracking-uri", str(tmp_path / "mlruns")]
+    if version("mlflow").startswith("2."):
+        assert parse_config(TrainConfig, args).tracking_uri == str(tmp_path / "mlruns")
+        return
+    with pytest.raises(SystemExit) as info:
+        parse_config(TrainConfig, args)
+    assert info.value.code == 2 and "refuses a file store" in capsys.readouterr().err
+    no_env.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    assert parse_config(TrainConfig, args).tracking_uri == str(tmp_path / "mlruns")
 
 
 def test_a_recorded_run_counts_only_for_its_store(tmp_path):

@@ -183,6 +183,8 @@ class TrainConfig:
                                                        settings)
         if self.register_model and not self.tracking:
             raise Refused(f"--register-model needs tracking: drop --no-tracking (or {TRACKING_ENV}=0)")
+        if self.register_model:  # else only the registry would refuse it, after the whole training
+            trk.check_model_name(self.register_model, self.tracking_uri)
 
 
 def check_folder_path(path: str, option: str) -> None:
