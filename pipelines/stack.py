@@ -30,18 +30,36 @@ NO_DEPS = "# no-deps:"
 class Stack(NamedTuple):
     """One stack: its name, the Keras 2 module its training code uses (``tensorflow.keras`` or
     ``tf_keras``), the reader of training data it uses by default (``petastorm`` or ``own``,
-    ``--reader``'s names) and whether Horovod is patched for it."""
+    ``--reader``'s names), whether Horovod is patched for it, and what its artefacts carry that
+    the other stack reads (docs/stacks.md, "What moves between the stacks"):
+    ``functional_module``, the module a ``.keras`` file it saves names for a functional model,
+    ``loads_models_of``, the stacks whose ``.keras`` files its Keras loads (Keras 2.15 cannot
+    import ``tf_keras``' module), and ``mlflow_schema``, the alembic revision its
+    MLflow leaves a SQLite tracking store at (``alembic_version``; tests/test_cross_stack.py
+    checks both against the installed libraries)."""
     name: str
     keras_module: str
     reader: str
     horovod_patch: Optional[str]
+    functional_module: str
+    loads_models_of: Tuple[str, ...]
+    mlflow_schema: str
 
 
 STACKS: Dict[str, Stack] = {
-    "mission": Stack("mission", keras_module="tensorflow.keras", reader="petastorm", horovod_patch=None),
+    "mission": Stack("mission", keras_module="tensorflow.keras", reader="petastorm", horovod_patch=None,
+                     functional_module="keras.src.engine.functional", loads_models_of=("mission",),
+                     mlflow_schema="0584bdc529eb"),
     "current": Stack("current", keras_module="tf_keras", reader="own",
-                     horovod_patch="scripts/patches/horovod-0.28.1-current.patch"),
+                     horovod_patch="scripts/patches/horovod-0.28.1-current.patch",
+                     functional_module="tf_keras.src.engine.functional", loads_models_of=("current", "mission"),
+                     mlflow_schema="dc11669786a5"),
 }
+
+
+def venv(name: str) -> str:
+    """The stack's virtual environment, relative to the checkout (``.venv``, ``.venv-current``)."""
+    return ".venv" if get(name).name == DEFAULT else f".venv-{name}"
 
 
 class UnknownStack(ValueError):

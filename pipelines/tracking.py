@@ -178,18 +178,20 @@ def check_store(uri: str) -> None:
     """Refuse, in seconds and before any work or rank starts, a store that cannot be used: a
     tracking server that does not answer (one request through MLflow's client, without its
     retries: by default minutes of back-off), or a SQLite store that could not be made or opened
-    (checked without MLflow, which retried such a store for about 100 s; nothing is made here).
+    (checked without MLflow, which retried such a store for about 100 s; nothing is made here), or
+    one of another MLflow schema (:mod:`pipelines.storeschema`: another stack's).
     Other stores (files, databases) are opened by :func:`start`, before the job's work too.
 
     Raises:
         TrackingUnavailable: the server cannot be reached or refuses the request; the SQLite file
-            could not be made or opened.
+            could not be made or opened, or is of another MLflow schema.
     """
     path = _sqlite_path(absolute(uri))
     if path is not None:
         _check_makeable(uri, path)
         if os.path.exists(path):
             _check_readable(uri, path)
+            _check_schema(uri, path)
         return
     if not _is_remote(uri):
         return
@@ -265,9 +267,11 @@ def open_store(uri: str, create: bool = False):
     across processes: jobs starting together on a new store wait on a lock file in its artifact
     folder while the first one creates the schema (MLflow's set-up has no lock of its own: three
     jobs at once broke a new store for good). A store left half-made (a set-up killed midway) is
-    refused by name. Its artifact root is the folder beside it (:func:`artifact_root`; MLflow gives
-    a new SQLite store ``./mlruns``, so it is opened from its own folder), and its connections are
-    not pooled (:data:`POOL_ENV`), so a store deleted and made again is seen anew.
+    refused by name, and so is a store of another MLflow schema, before MLflow would migrate it
+    silently (:mod:`pipelines.storeschema`). Its artifact root is the folder beside it
+    (:func:`artifact_root`; MLflow gives a new SQLite store ``./mlruns``, so it is opened from its
+    own folder), and its connections are not pooled (:data:`POOL_ENV`), so a store deleted and
+    made again is seen anew.
 
     ``mlflow.set_tracking_uri`` also exports ``$MLFLOW_TRACKING_URI``; that is undone, or a later
     job of this process (a notebook's training after its ETL) or its children would take this
@@ -275,7 +279,8 @@ def open_store(uri: str, create: bool = False):
 
     Raises:
         TrackingUnavailable: no store at the SQLite path (``create`` false), or one that cannot be
-            opened or read (at once: MLflow would retry for about 100 s), or a half-made store.
+            opened or read (at once: MLflow would retry for about 100 s), a half-made store, or one
+            of another MLflow schema.
     """
     uri = absolute(uri)
     mlflow = _mlflow()
@@ -287,6 +292,7 @@ def open_store(uri: str, create: bool = False):
     with _setup_lock(uri, path), _quiet_store(), _in_folder(os.path.dirname(path)), \
             environment({POOL_ENV: os.environ.get(POOL_ENV) or "NullPool"}):
         _check_readable(uri, path)
+        _check_schema(uri, path)  # before MLflow, which would migrate another stack's store
         if uri in _opened and os.path.getsize(path) == 0:
             _make_in_child(uri, path)
         try:
@@ -337,6 +343,15 @@ def _check_readable(uri: str, path: str) -> None:
     except sqlite3.Error as exc:
         raise TrackingUnavailable(_unavailable(uri, exc, f"{path} is not a SQLite database this user can "
                                                          "write")) from None
+
+
+def _check_schema(uri: str, path: str) -> None:
+    """Refuse a store of another MLflow schema by name (:func:`pipelines.storeschema.schema_refusal`)."""
+    from pipelines.storeschema import schema_refusal
+
+    refusal = schema_refusal(path, redact_uri(uri))
+    if refusal:
+        raise TrackingUnavailable(redact_text(refusal))
 
 
 def _half_made_advice(uri: str, path: str) -> str:

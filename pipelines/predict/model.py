@@ -40,6 +40,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -48,6 +49,7 @@ from pipelines.errors import MissingInput, Refused
 from pipelines.logs import plural
 from pipelines.predict.config import is_mlflow_uri
 from pipelines.redact import redact_text
+from pipelines import stack as stacks
 
 KERAS, MLFLOW = "keras", "mlflow"
 
@@ -143,7 +145,9 @@ def _load(flavor: str, path: str, sha256: str, _stamp: int):
             raise UnsafeModel(f"{path}: sha256 {digest} is not the {HASH_KEY} {sha256} that {CONTRACT_FILE} "
                               "records: the file was changed or replaced since its training run wrote it")
         if magic.startswith(ZIP_MAGIC):
-            check_model_config(read_zip_config(copy, source), source)
+            config = read_zip_config(copy, source)
+            check_model_config(config, source)
+            check_model_stack(config, source)
             os.rename(copy, copy + ".keras")  # Keras picks its loader by name: the zip loader, safe mode on
             return keras.models.load_model(copy + ".keras", compile=False, safe_mode=True)
         if flavor == MLFLOW and magic == HDF5_MAGIC:
@@ -176,7 +180,7 @@ ALLOWED_LAYERS = frozenset({"Activation", "Add", "BatchNormalization", "Conv2D",
 ALLOWED_INITIALIZERS = frozenset({"GlorotUniform", "Ones", "Zeros"})
 ALLOWED_ACTIVATIONS = frozenset({"linear", "relu", "softmax"})
 # A nested or outer model: Keras 2.15's own module, and tf_keras' (the current stack).
-FUNCTIONAL_MODULES = frozenset({"keras.src.engine.functional", "tf_keras.src.engine.functional"})
+FUNCTIONAL_MODULES = frozenset(s.functional_module for s in stacks.STACKS.values())
 MAX_CONFIG_BYTES = 64 << 20  # an Xception config is about 0.2 MiB
 
 
@@ -226,14 +230,36 @@ def check_model_config(config, shown: str) -> None:
         stack.extend(item.values())
 
 
+def check_model_stack(config, shown: str) -> None:
+    """Refuse a zip model that another stack saved and this stack's Keras cannot load: its outer
+    model's ``module`` is that stack's ``functional_module`` and that stack is not in this one's
+    ``loads_models_of`` (:data:`pipelines.stack.STACKS`). A ``model.keras`` of the current stack
+    (``tf_keras.src.engine.functional``) failed on the mission stack's Keras 2.15 with a
+    ``TypeError`` quoting the whole config; the mission stack's loads on the current stack.
+
+    Raises:
+        ModelContractError: naming the stack that saved the model and the way out.
+    """
+    module = config.get("module") if isinstance(config, dict) else None
+    made_by = next((s.name for s in stacks.STACKS.values() if s.functional_module == module), None)
+    try:
+        here = stacks.active()
+    except stacks.UnknownStack:  # neither stack's TensorFlow: Keras' own error stands
+        return
+    if made_by is not None and made_by not in here.loads_models_of:
+        tensorflow = stacks.pins(made_by).get("tensorflow-cpu")
+        raise ModelContractError(f"{shown} was saved on the {made_by} stack (TensorFlow {tensorflow}: its model is "
+                                 f"{module}), which the {here.name} stack's Keras cannot load: serve it on the "
+                                 f"{made_by} stack ({stacks.venv(made_by)}/bin/python -m pipelines.predict, or "
+                                 f"jobs/predict.py there), or train or export it again on this stack")
+
+
 def read_zip_config(path: str, shown: str):
     """The parsed ``config.json`` of a Keras zip (``.keras``) file, the member Keras' loader reads.
 
     Raises:
         UnsafeModel: no such member, one over :data:`MAX_CONFIG_BYTES`, or not JSON.
     """
-    import zipfile
-
     try:
         with zipfile.ZipFile(path) as zf:
             info = zf.getinfo("config.json")
@@ -384,6 +410,8 @@ def resolve_model(model: str, class_names_file: str = "", download_dir: Optional
         raise MissingInput(f"model not found: {path}" + (" (a run's output folder holds model.keras)"
                                                          if os.path.isdir(model) else ""))
     size, contract_names, digest = read_contract(path)
+    if zipfile.is_zipfile(path):  # refused here, on the driver, not by every executor's load
+        check_model_stack(read_zip_config(path, path), path)
     if names is not None and len(names) != len(contract_names):
         raise ModelContractError(f"--class-names lists {plural(len(names), 'name')}, the model has "
                                  f"{plural(len(contract_names), 'class')}")
