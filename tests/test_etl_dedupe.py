@@ -68,7 +68,7 @@ def test_the_plan_keeps_one_file_per_content_and_each_content_in_one_split(tmp_p
                        test_fraction=0.2, validation_fraction=0.2)
     before = plan(config)
     hashes = {c.path: sha256_of(c.path) for c in before.candidates}
-    after = drop_duplicates(config, before, hashes)
+    after = drop_duplicates(config, before, hashes.items())
     kept = {c.path: c for c in after.candidates}
     assert len(before.candidates) == 25 and len(kept) == 12
     assert len({hashes[p] for p in kept}) == 12  # one file per content, every content kept
@@ -79,8 +79,8 @@ def test_the_plan_keeps_one_file_per_content_and_each_content_in_one_split(tmp_p
     assert len(rejected) == 13 and len(after.files) == len(kept) + len(rejected)
     assert all(rel[p].startswith("001.class0/0") or rel[p].startswith("002.class1/0") for p in kept)
     assert after.expected_rows == {"train": 8, "validation": 2, "test": 2}  # 6 per class: 4, 1, 1
-    assert drop_duplicates(config, plan(config), hashes).candidates == after.candidates  # deterministic
-    assert drop_duplicates(config, before, {}) is before  # nothing hashed: nothing changes
+    assert drop_duplicates(config, plan(config), hashes.items()).candidates == after.candidates  # deterministic
+    assert drop_duplicates(config, before, []) is before  # nothing hashed: nothing changes
 
 
 NFC, NFD = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
@@ -204,22 +204,31 @@ def test_formats_the_etl_does_not_accept_are_rejected_without_their_plugin_parsi
 
 def test_the_hash_pass_gives_each_readable_candidates_sha256_and_none_for_the_others(tmp_path, monkeypatch):
     """hash_chunks as a Spark task runs it, on chunk numbers; a file replaced by a FIFO since the
-    listing gets no hash (and does not block): the main pass records why."""
+    listing gets no hash (and does not block): the main pass records why. The hashes travel in
+    the task's file below the run's prefix, the task returns one row naming it."""
     import pyarrow as pa
 
     from pipelines.etl import transform
+    from pipelines.etl.outcomes import read_hashes, read_rows
     from pipelines.etl.transform import Candidate, hash_chunks
+    from pipelines.storage import resolve
     monkeypatch.setattr(transform.zipcache, "install", lambda: True)  # leave this process's importer alone
     paths = [write(str(tmp_path / f"{i}.jpg"), bytes([i]) * (100 + i)) for i in range(3)]
     paths.append(str(tmp_path / "pipe.jpg"))
     os.mkfifo(paths[-1])
     chunks = [[tuple(Candidate(p, 0, "c", "train")) for p in paths[:2]], [tuple(Candidate(p, 0, "c", "train"))
                                                                         for p in paths[2:]]]
-    (batch,) = hash_chunks(iter([pa.RecordBatch.from_pydict({"id": [1, 0]})]), chunks, max_file_bytes=1000)
-    got = dict(zip(batch.column("path").to_pylist(), batch.column("sha256").to_pylist()))
-    assert got == {**{p: sha256_of(p) for p in paths[:3]}, paths[3]: None}
-    (small,) = hash_chunks(iter([pa.RecordBatch.from_pydict({"id": [0]})]), chunks, max_file_bytes=100)
-    assert small.column("sha256").to_pylist() == [sha256_of(paths[0]), None]  # 101 bytes > --max-file-mb
+    run = resolve(str(tmp_path / "run"))
+    (batch,) = hash_chunks(iter([pa.RecordBatch.from_pydict({"id": [1, 0]})]), chunks, run, max_file_bytes=1000)
+    (task,) = batch.to_pylist()
+    assert task == {"rows_file": "_tasks/hashes-00000-0.arrow", "chunks": [1, 0], "files": [], "rows": 4}
+    assert {r["path"]: r["sha256"] for r in read_rows(run, task)} == {**{p: sha256_of(p) for p in paths[:3]},
+                                                                      paths[3]: None}
+    assert dict(read_hashes(run, [task])) == {p: sha256_of(p) for p in paths[:3]}
+    assert not run.join("_tasks").exists()  # read once, then deleted
+    (small,) = hash_chunks(iter([pa.RecordBatch.from_pydict({"id": [0]})]), chunks, run, max_file_bytes=100)
+    rows = list(read_rows(run, small.to_pylist()[0]))
+    assert [r["sha256"] for r in rows] == [sha256_of(paths[0]), None]  # 101 bytes > --max-file-mb
 
 
 def test_the_duplicate_check_is_on_by_default_and_can_be_turned_off(tmp_path):

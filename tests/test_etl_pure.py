@@ -561,13 +561,13 @@ def test_an_output_with_foreign_data_is_refused(tmp_path):
 def test_the_largest_world_size_is_the_train_splits_row_groups(tmp_path, train_groups, test_groups):
     """Ranks shard the train split by row group and the evaluated splits by rows where they outnumber
     their row groups (training/data.py OnePassShard), so those never limit the world size."""
-    from pipelines.etl.job import Plan, SplitStats, _manifest, format_summary
+    from pipelines.etl.job import Plan, Reconciled, SplitStats, _manifest, format_summary
     config = ETLConfig(input=str(tmp_path / "in"), output=str(tmp_path / "out"), image_size=8, min_row_groups=4)
     the_plan = Plan(files=[], outcomes={}, classes={0: "a"}, expected_rows={}, rows_per_row_group=2, layout="folders")
     stats = {"train": SplitStats(rows=2 * train_groups, row_groups=train_groups, per_class={0: 2 * train_groups}),
              "test": SplitStats(rows=2 * test_groups, row_groups=test_groups, per_class={0: 2 * test_groups}),
              "validation": SplitStats(rows=2 * test_groups, row_groups=test_groups, per_class={0: 2 * test_groups})}
-    manifest = _manifest(config, the_plan, stats, {}, {}, "4.0", 1.0, {"train": [], "validation": [], "test": []},
+    manifest = _manifest(config, the_plan, Reconciled(stats), "4.0", 1.0, {"train": [], "validation": [], "test": []},
                          "rejected.jsonl").to_dict()
     assert manifest["max_world_size"] == train_groups
     manifest.update(images_per_second=1.0, seconds=1.0)

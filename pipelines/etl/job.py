@@ -14,9 +14,11 @@ Steps, each a function below:
 3. :func:`run_spark` - the candidates cut into one contiguous chunk per task, no shuffle:
    ``spark.range(P)`` -> ``mapInArrow`` whose tasks read their chunk's files in Python, resize
    them and write their own Parquet file per split below the run's prefix
-   (``OUTPUT/runs/<run id>/``) -> one outcome row per candidate.
+   (``OUTPUT/runs/<run id>/``), and their outcome rows beside it -> one summary row per task
+   (:mod:`pipelines.etl.outcomes`: no per-file row is ever collected).
 4. :func:`finish` - keep the committed task files, read the real Parquet metadata, reconcile
-   every listed file with an outcome, write ``rejected.jsonl``, then commit: the manifest naming
+   every listed file with an outcome, task file by task file, writing ``rejected.jsonl`` as it
+   goes (:func:`pipelines.etl.outcomes.reconcile`), then commit: the manifest naming
    the run's files, written last, and the older runs deleted (:mod:`pipelines.etl.commit`) -
    unless no image at all was written from a non-empty candidate list (:class:`NothingWritten`:
    the previous output is kept).
@@ -29,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import logging
 import os
 import platform
@@ -38,7 +39,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from pipelines import __version__
 from pipelines.config import to_dict
@@ -50,14 +51,14 @@ from pipelines.contract import (COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, 
 from pipelines.etl import commit
 from pipelines.etl.dedupe import duplicates
 from pipelines.etl.labels import SPLIT_RULE, ClassFolder, split_class
-from pipelines.etl.layout import closure_chunks, rows_per_row_group, spread_order
-from pipelines.etl.listing import (REJECTED, SKIPPED, Excluded, ListedFile, classify, display_path, list_tree,
-                                   reason_kind)
+from pipelines.etl.layout import closure_chunks, cut_into, rows_per_row_group, spread_order
+from pipelines.etl.listing import REJECTED, SKIPPED, Excluded, ListedFile, classify, display_path, list_tree, reason_kind
+from pipelines.etl.outcomes import TASK_DDL, Reconciled, SplitStats, read_hashes, reconcile
 from pipelines.etl.memory import check_task_memory, executor_memory, physical_memory_bytes, task_bytes
 from pipelines.logs import plural
 from pipelines.paths import check_disjoint
 from pipelines.redact import redact
-from pipelines.etl.transform import HASH_DDL, OUTCOME_DDL, WRITTEN, Candidate, hash_chunks, process_chunks
+from pipelines.etl.transform import Candidate, hash_chunks, process_chunks
 from pipelines.storage import Location, check_reachable
 
 log = logging.getLogger("pipelines")
@@ -85,20 +86,6 @@ class Plan:
     layout: str = ""  # labels.CALTECH | labels.FOLDERS
     hash_seconds: float = 0.0  # the duplicate check's Spark pass (hash_candidates), 0 when not run
     run_id: str = field(default_factory=commit.new_run_id)  # this run's prefix: OUTPUT/runs/<run_id>/
-
-
-@dataclass
-class SplitStats:
-    """Read back from the written Parquet footers, not assumed."""
-
-    rows: int = 0
-    files: int = 0
-    row_groups: int = 0
-    bytes_uncompressed: int = 0
-    bytes_compressed: int = 0
-    per_class: Dict[int, int] = field(default_factory=dict)
-    paths: List[str] = field(default_factory=list)
-    parts: List[Location] = field(default_factory=list)  # the split's Parquet files, in order
 
 
 def check_paths(config: ETLConfig) -> None:
@@ -189,31 +176,35 @@ def _split_candidates(config: ETLConfig, the_plan: Plan) -> Plan:
                    rows_per_row_group=rpg)
 
 
-def hash_candidates(spark, config: ETLConfig, the_plan: Plan) -> Dict[str, str]:
+def hash_candidates(spark, config: ETLConfig, the_plan: Plan) -> Iterator[Tuple[str, str]]:
     """The sha256 of every candidate's bytes, read by Spark tasks over the same chunks as
     :func:`run_spark` (:func:`pipelines.etl.transform.hash_chunks`: at most ``--max-file-mb`` + 1
-    bytes a file, one file held at a time).
+    bytes a file, one file held at a time), which write them below the run's prefix.
 
     Returns:
-        ``{path: sha256 hex}`` of the candidates that could be read (one unreadable now is left out:
-        the main pass records why).
+        ``(path, sha256 hex)`` of each candidate that could be read (one unreadable now is left
+        out: the main pass records why), read back task file by task file
+        (:func:`pipelines.etl.outcomes.read_hashes`).
     """
     partitions = _partitions(spark, config, len(the_plan.candidates))
     source = config.location(config.input)
-    mapper = partial(hash_chunks, chunks=closure_chunks(the_plan.candidates, partitions),
+    run = commit.run_location(config.location(config.output), the_plan.run_id)
+    mapper = partial(hash_chunks, chunks=closure_chunks(the_plan.candidates, partitions), run=run,
                      max_file_bytes=int(config.max_file_mb * 2**20), source=None if source.local else source)
-    rows = spark.range(partitions, numPartitions=partitions).mapInArrow(mapper, HASH_DDL).toArrow().to_pylist()
-    return {row["path"]: row["sha256"] for row in rows if row["sha256"] is not None}
+    tasks = spark.range(partitions, numPartitions=partitions).mapInArrow(mapper, TASK_DDL).toArrow().to_pylist()
+    return read_hashes(run, tasks)
 
 
-def drop_duplicates(config: ETLConfig, the_plan: Plan, hashes: Dict[str, str]) -> Plan:
+def drop_duplicates(config: ETLConfig, the_plan: Plan, hashes: Iterable[Tuple[str, str]]) -> Plan:
     """The plan with one candidate per content: every other copy's outcome becomes a rejection
     (:func:`pipelines.etl.dedupe.duplicates`, which names the kept file) and the kept candidates
-    are split again (:func:`assign_splits`), so each content lies in one split only."""
+    are split again (:func:`assign_splits`), so each content lies in one split only.
+    ``hashes``: ``(path, sha256)`` of the candidates hashed."""
     by_relative = {f.relative_path: f.path for f in the_plan.files}
     relative = {f.path: f.relative_path for f in the_plan.files}
-    rejected = duplicates((relative[c.path], c.label, c.label_name, hashes[c.path])
-                          for c in the_plan.candidates if c.path in hashes)
+    candidate = {c.path: c for c in the_plan.candidates}
+    rejected = duplicates((relative[path], candidate[path].label, candidate[path].label_name, digest)
+                          for path, digest in hashes)
     if not rejected:
         return the_plan
     outcomes = dict(the_plan.outcomes)
@@ -255,7 +246,7 @@ def check_memory(config: ETLConfig, master: str, conf: Dict[str, str]) -> None:
     check_task_memory(need, executor_memory(master, conf, os.cpu_count() or 1, physical_memory_bytes()))
 
 
-def run_spark(spark, config: ETLConfig, the_plan: Plan) -> Dict[str, dict]:
+def run_spark(spark, config: ETLConfig, the_plan: Plan) -> List[dict]:
     """Read, decode, resize and write the candidate images in one Spark job, no shuffle.
 
     The plan's candidates (already in a seeded-hash order, so every chunk mixes classes) are cut
@@ -263,15 +254,15 @@ def run_spark(spark, config: ETLConfig, the_plan: Plan) -> Dict[str, dict]:
     ``i`` in Python and writes ``OUTPUT/runs/<run id>/<split>/part-<partition>-<attempt>.parquet``
     itself (see :mod:`pipelines.etl.transform`), in row groups of ``rows_per_row_group`` rows,
     columns ``path, label (int32), label_name, image (binary, size*size*3 uint8 HWC), height,
-    width (int32)``.
+    width (int32)``, and its outcome rows beside them (:mod:`pipelines.etl.outcomes`).
 
     Returns:
-        ``{path: outcome}`` for every candidate, ``outcome`` a dict with ``status``, ``split``,
-        ``label``, ``file`` and ``reason`` (:data:`OUTCOME_SCHEMA`); ``{}`` when there is none.
+        one summary per task (:data:`pipelines.etl.outcomes.TASK_SCHEMA`: its outcome file, chunk
+        numbers and Parquet files), for :func:`finish`; ``[]`` when there is no candidate.
     """
     candidates = the_plan.candidates
     if not candidates:
-        return {}
+        return []
     the_plan.partitions = _partitions(spark, config, len(candidates))
     source = config.location(config.input)
     # Why spark.range + a closure rather than a DataFrame of paths: range(P, numPartitions=P) puts
@@ -286,103 +277,19 @@ def run_spark(spark, config: ETLConfig, the_plan: Plan) -> Dict[str, dict]:
                      max_file_bytes=int(config.max_file_mb * 2**20),
                      rows_per_row_group=the_plan.rows_per_row_group, source=None if source.local else source)
     numbers = spark.range(the_plan.partitions, numPartitions=the_plan.partitions)
-    outcomes = numbers.mapInArrow(mapper, OUTCOME_DDL).toArrow().to_pylist()
-    return {o["path"]: o for o in outcomes}
+    return numbers.mapInArrow(mapper, TASK_DDL).toArrow().to_pylist()
 
 
-def read_split(parts: List[Location]) -> SplitStats:
-    """Rows, files, row groups, bytes and per-class counts of one written split, from its Parquet
-    files ``parts`` (footers and the ``path``/``label`` columns, read through their filesystem)."""
-    import pyarrow.parquet as pq
-
-    stats = SplitStats(parts=list(parts))
-    paths, labels = [], []
-    for part in parts:
-        with part.filesystem.open_input_file(part.path) as f:
-            parquet = pq.ParquetFile(f)
-            meta = parquet.metadata
-            stats.files += 1
-            stats.rows += meta.num_rows
-            stats.row_groups += meta.num_row_groups
-            for i in range(meta.num_row_groups):
-                group = meta.row_group(i)
-                stats.bytes_uncompressed += group.total_byte_size
-                stats.bytes_compressed += sum(group.column(c).total_compressed_size for c in range(group.num_columns))
-            table = parquet.read(columns=["path", "label"])
-        paths += table.column("path").to_pylist()
-        labels += table.column("label").to_pylist()
-    stats.paths, stats.per_class = paths, dict(Counter(labels))
-    return stats
-
-
-def _committed_splits(run: Location, spark_outcomes: Dict[str, dict]) -> Dict[str, SplitStats]:
-    """Delete the run's task files no successful outcome names (a failed attempt's); read the rest."""
-    committed = {o["file"] for o in spark_outcomes.values() if o["status"] == WRITTEN}
-    stats: Dict[str, SplitStats] = {}
-    for split in SPLITS:
-        kept = []
-        for part in run.join(split).files():
-            if f"{split}/{part.name}" in committed:
-                kept.append(part)
-            else:
-                part.delete()
-        stats[split] = read_split(kept)
-    return stats
-
-
-def reconcile(the_plan: Plan, spark_outcomes: Dict[str, dict],
-              stats: Dict[str, SplitStats]) -> Tuple[Dict[str, str], Dict[str, Tuple[str, str]]]:
-    """Match every listed file with exactly one fate: written (in the Parquet files) or excluded.
-
-    Returns:
-        ``(written, excluded)``: ``{path: split}`` and ``{path: (status, reason)}``.
-
-    Raises:
-        RuntimeError: a row written twice, rows and outcomes that disagree, an outcome for a file
-            never listed, or a candidate without an outcome (impossible by construction), or
-            ``found != written + rejected + skipped``.
-    """
-    written: Dict[str, str] = {}
-    for split in SPLITS:
-        for path in stats[split].paths:
-            if path in written:
-                raise RuntimeError(f"{path} was written twice ({written[path]} and {split})")
-            written[path] = split
-    reported = {p for p, o in spark_outcomes.items() if o["status"] == WRITTEN}
-    if reported != set(written):
-        raise RuntimeError(f"the Parquet files hold {plural(len(written), 'row')} but tasks reported {len(reported)}")
-    listed = {f.path for f in the_plan.files}
-    if not set(spark_outcomes) <= listed:
-        raise RuntimeError(f"tasks reported {plural(len(set(spark_outcomes) - listed), 'file')} the job never listed")
-    excluded: Dict[str, Tuple[str, str]] = {}
-    for path in sorted(listed - set(written)):
-        outcome = spark_outcomes.get(path) or the_plan.outcomes.get(path)
-        if isinstance(outcome, dict):
-            excluded[path] = (outcome["status"], outcome["reason"])
-        elif isinstance(outcome, Excluded):
-            excluded[path] = (outcome.status, outcome.reason)
-        else:
-            raise RuntimeError(f"candidate {display_path(path)} has no outcome: a Spark task lost it")
-    counts = Counter(status for status, _ in excluded.values())
-    if len(listed) != len(written) + counts[REJECTED] + counts[SKIPPED]:
-        raise RuntimeError(f"counts do not reconcile: found {len(listed)} != written {len(written)} + "
-                           f"rejected {counts[REJECTED]} + skipped {counts[SKIPPED]}")
-    return written, excluded
-
-
-def _refuse_empty_result(config: ETLConfig, the_plan: Plan, excluded: Dict[str, Tuple[str, str]],
-                         ledger: Location) -> None:
+def _refuse_empty_result(config: ETLConfig, the_plan: Plan, result: Reconciled, ledger: Location) -> None:
     """Raise :class:`NothingWritten` when candidates existed and none was written."""
-    reasons = Counter(reason_kind(excluded[c.path][1]) for c in the_plan.candidates)
-    top = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common(3))
+    top = ", ".join(f"{n} {reason}" for reason, n in result.task_reasons.most_common(3))
     raise NothingWritten(
         f"no image written: {plural(len(the_plan.candidates), 'candidate image')}, all rejected ({top}); "
         f"the output in {display_path(config.output)} was left as it was; every reason is in "
         f"{display_path(ledger.uri)}")
 
 
-def finish(config: ETLConfig, the_plan: Plan, spark_outcomes: Dict[str, dict],
-           spark_version: str, seconds: float) -> dict:
+def finish(config: ETLConfig, the_plan: Plan, tasks: List[dict], spark_version: str, seconds: float) -> dict:
     """Reconcile, write the run's ``rejected.jsonl``, then commit the run: ``manifest.json``
     naming its files, written last, and the older runs deleted (:func:`pipelines.etl.commit.commit`).
 
@@ -392,8 +299,11 @@ def finish(config: ETLConfig, the_plan: Plan, spark_outcomes: Dict[str, dict],
     Returns:
         the manifest (dict).
 
+    Args:
+        tasks: what :func:`run_spark` returned.
+
     Raises:
-        RuntimeError: the counts do not reconcile (see :func:`reconcile`).
+        RuntimeError: the counts do not reconcile (see :func:`pipelines.etl.outcomes.reconcile`).
         NothingWritten: at least one candidate and no row written; the previous output is kept
             and the run's ``rejected.jsonl`` says why.
         pipelines.etl.commit.RunSuperseded: a newer run committed while this one ran.
@@ -401,27 +311,26 @@ def finish(config: ETLConfig, the_plan: Plan, spark_outcomes: Dict[str, dict],
     output = config.location(config.output)
     run = commit.run_location(output, the_plan.run_id)
     commit.check_not_superseded(output, the_plan.run_id)
-    stats = _committed_splits(run, spark_outcomes)
-    written, excluded = reconcile(the_plan, spark_outcomes, stats)
     ledger = run.join(REJECTED_LIST)
-    ledger.write_bytes("".join(json.dumps({"path": display_path(path), "status": status, "reason": reason},
-                                          ensure_ascii=False) + "\n"
-                               for path, (status, reason) in excluded.items()).encode("utf-8"))
-    if the_plan.candidates and not written:
-        _refuse_empty_result(config, the_plan, excluded, ledger)
-    manifest = _manifest(config, the_plan, stats, written, excluded, spark_version, seconds,
-                         {split: [p.relative_to(output) for p in s.parts] for split, s in stats.items()},
+    exclusions = ((path, o.status, o.reason) for path, o in sorted(the_plan.outcomes.items())
+                  if isinstance(o, Excluded))
+    chunks = cut_into(the_plan.candidates, the_plan.partitions) if tasks else []
+    result = reconcile(run, len(the_plan.files), exclusions, chunks, tasks, ledger)
+    if the_plan.candidates and not result.written:
+        _refuse_empty_result(config, the_plan, result, ledger)
+    manifest = _manifest(config, the_plan, result, spark_version, seconds,
+                         {split: [p.relative_to(output) for p in s.parts] for split, s in result.stats.items()},
                          ledger.relative_to(output))
     commit.commit(output, manifest, the_plan.run_id)
     return manifest.to_dict()
 
 
-def _manifest(config: ETLConfig, the_plan: Plan, stats: Dict[str, SplitStats], written: Dict[str, str],
-              excluded: Dict[str, Tuple[str, str]], spark_version: str, seconds: float,
+def _manifest(config: ETLConfig, the_plan: Plan, result: Reconciled, spark_version: str, seconds: float,
               parts: Dict[str, List[str]], ledger: str) -> Manifest:
     """The manifest (see the README's Stage 1 for its fields; :mod:`pipelines.contract` for its
-    shape); ``parts``: each split's files and ``ledger``: the rejected list, relative to the output."""
-    counts = Counter(status for status, _ in excluded.values())
+    shape) from the reconciled counts; ``parts``: each split's files and ``ledger``: the rejected
+    list, relative to the output."""
+    stats, counts = result.stats, result.counts
     num_classes = max(the_plan.classes) + 1
     class_names = [the_plan.classes.get(label) for label in range(num_classes)]
     splits = {split: SplitInfo(
@@ -447,15 +356,15 @@ def _manifest(config: ETLConfig, the_plan: Plan, stats: Dict[str, SplitStats], w
         "max_world_size": stats[TRAIN].row_groups,
         "files": {
             "found": len(the_plan.files),
-            "written": len(written),
+            "written": result.written,
             "rejected": counts[REJECTED],
             "skipped": counts[SKIPPED],
-            "reasons": dict(Counter(f"{status}: {reason_kind(reason)}" for status, reason in excluded.values())),
+            "reasons": dict(result.reasons),
             "list": ledger,
         },
         "seconds": round(seconds, 2),
         "hash_seconds": round(the_plan.hash_seconds, 2),
-        "images_per_second": round(len(written) / seconds, 2) if seconds > 0 else None,
+        "images_per_second": round(result.written / seconds, 2) if seconds > 0 else None,
         "versions": _versions(spark_version),
         "config": shown_config(config),
     }
@@ -543,8 +452,8 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
             with log_progress(spark):
                 if config.dedupe:
                     the_plan = _without_duplicates(spark, config, the_plan, start)
-                spark_outcomes = run_spark(spark, config, the_plan)
-            manifest = finish(config, the_plan, spark_outcomes, spark.version, time.perf_counter() - start)
+                tasks = run_spark(spark, config, the_plan)
+            manifest = finish(config, the_plan, tasks, spark.version, time.perf_counter() - start)
         except NothingWritten:
             raise  # its rejected.jsonl, the only file it wrote, says why: kept for the user
         except BaseException:  # a full disk, a task failure, Ctrl-C: the rerun finds no leftovers

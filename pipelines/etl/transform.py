@@ -9,8 +9,9 @@ pyarrow in row groups of exactly ``rows_per_row_group`` rows. No file passes thr
 neither its name (the JVM's locale encoding would mangle non-ASCII names) nor its bytes (the JVM
 heap would hold whole files). The decoded images never travel back through the JVM (a
 round trip of ``size**2 * 3`` bytes per row through Spark's row format and parquet-java, whose
-row groups cannot be smaller than 100 rows); Spark gets back one small outcome row per input
-file, which is also how rejected files (with their reason) are reported.
+row groups cannot be smaller than 100 rows). Nor do the per-file outcomes (written, or rejected
+with a reason): a task writes them beside its Parquet files and Spark gets back one small row
+per task (:mod:`pipelines.etl.outcomes`).
 
 A tree on an object store is read the same way, through :mod:`pipelines.storage`
 (:func:`read_object`: at most ``max_file_bytes + 1`` bytes, one ranged GET); Spark's
@@ -21,7 +22,7 @@ depends on Spark reaching the store.
 
 Commit protocol: a task writes below its run's prefix (``OUTPUT/runs/<run id>/<split>/``) and
 names its files after its partition and attempt; the driver keeps only the files named in the
-outcomes of successful tasks and deletes any other (a failed or speculative attempt's), then
+summaries of successful tasks and deletes any other (a failed or speculative attempt's), then
 names the kept ones in the manifest (:mod:`pipelines.etl.commit`).
 """
 from __future__ import annotations
@@ -36,30 +37,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines import zipcache
-from pipelines.contract import TEST, TRAIN, image_schema, row_bytes
+from pipelines.contract import image_schema, row_bytes
 from pipelines.etl.images import FittedImage, ImageRejected, centred_box, decode_and_fit
 from pipelines.etl.listing import REJECTED, encode_name
+from pipelines.etl.outcomes import HASH_SCHEMA, OUTCOME_SCHEMA, WRITTEN, RowFile
 
 if TYPE_CHECKING:
     from pipelines.storage import Location
 
-WRITTEN = "written"
-
 # The training data: what each split's Parquet files hold (the stages' contract).
 IMAGE_SCHEMA = image_schema()
-# What Spark gets back: one row per input file.
-OUTCOME_SCHEMA = pa.schema([
-    ("path", pa.string()),
-    ("status", pa.string()),  # written | rejected | skipped
-    ("split", pa.string()),   # train | test, for written rows
-    ("label", pa.int32()),
-    ("file", pa.string()),    # the Parquet file (relative to the run's prefix), for written rows
-    ("reason", pa.string()),  # why not written
-])
-OUTCOME_DDL = "path STRING, status STRING, split STRING, label INT, file STRING, reason STRING"
-# What the hash pass gets back (hash_chunks): one row per candidate, sha256 null when unreadable.
-HASH_SCHEMA = pa.schema([("path", pa.string()), ("sha256", pa.string())])
-HASH_DDL = "path STRING, sha256 STRING"
 # The Parquet data page size the tasks aim at (pyarrow's default page size).
 PAGE_BYTES = 2**20
 
@@ -240,31 +227,42 @@ def unexpected_reason(exc: Exception) -> str:
     return f"unreadable when read ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
 
 
-def hash_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Candidate]], max_file_bytes: int,
-                source: Optional["Location"] = None) -> Iterator[pa.RecordBatch]:
+def _task_name() -> str:
+    """``<partition>-<attempt id>`` of the running Spark task (``00000-0`` outside Spark): the
+    names of its files, distinct across attempts."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return f"{context.partitionId():05d}-{context.taskAttemptId()}" if context else "00000-0"
+
+
+def hash_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Candidate]], run: "Location",
+                max_file_bytes: int, source: Optional["Location"] = None) -> Iterator[pa.RecordBatch]:
     """The sha256 of each candidate file of the chunks whose numbers this task receives: the
     duplicate check's pass (:mod:`pipelines.etl.dedupe`), before the split is decided.
 
     Args:
-        batches, chunks, max_file_bytes, source: as in :func:`process_chunks` (same chunks, same
-            bounded read: :func:`read_candidate`).
+        batches, chunks, run, max_file_bytes, source: as in :func:`process_chunks` (same chunks,
+            same bounded read: :func:`read_candidate`).
+
+    Writes ``run/_tasks/hashes-<task>.arrow`` (:class:`pipelines.etl.outcomes.RowFile`): a
+    :data:`~pipelines.etl.outcomes.HASH_SCHEMA` row per candidate, ``path``, ``sha256`` (64 hex
+    digits; null when the file cannot be read now: the main pass reads it again and records why).
 
     Yields:
-        one Arrow batch with :data:`HASH_SCHEMA`: ``path``, ``sha256`` (64 hex digits; null when the
-        file cannot be read now: the main pass reads it again and records the reason).
+        one Arrow batch of one :data:`~pipelines.etl.outcomes.TASK_SCHEMA` row naming that file.
     """
     zipcache.install()
-    paths, digests = [], []
-    for batch in batches:
-        for chunk in batch.column(0).to_pylist():
-            for candidate in map(Candidate._make, chunks[chunk]):
-                try:
-                    digest = hashlib.sha256(read_candidate(candidate.path, source, max_file_bytes)).hexdigest()
-                except Exception:  # noqa: BLE001 - any failure is the main pass's to record, with its reason
-                    digest = None
-                paths.append(candidate.path)
-                digests.append(digest)
-    yield pa.RecordBatch.from_pydict({"path": paths, "sha256": digests}, schema=HASH_SCHEMA)
+    hashes = RowFile(run, "hashes", _task_name(), HASH_SCHEMA)
+    numbers = [chunk for batch in batches for chunk in batch.column(0).to_pylist()]
+    for chunk in numbers:
+        for candidate in map(Candidate._make, chunks[chunk]):
+            try:
+                digest = hashlib.sha256(read_candidate(candidate.path, source, max_file_bytes)).hexdigest()
+            except Exception:  # noqa: BLE001 - any failure is the main pass's to record, with its reason
+                digest = None
+            hashes.append(candidate.path, digest)
+    yield hashes.close(numbers)
 
 
 def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Candidate]], run: "Location",
@@ -284,45 +282,40 @@ def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[
         rows_per_row_group: rows per Parquet row group (the last one of a file may hold fewer).
         source: the input tree's root when it is on an object store (``None``: local files).
 
+    Writes, besides the Parquet files, ``run/_tasks/outcomes-<task>.arrow``: one
+    :data:`~pipelines.etl.outcomes.OUTCOME_SCHEMA` row per candidate of its chunks.
+
     Yields:
-        one Arrow batch with :data:`OUTCOME_SCHEMA`, one row per candidate of its chunks, once the
-        task's files are closed (so an outcome never names a half-written file).
+        one Arrow batch of one :data:`~pipelines.etl.outcomes.TASK_SCHEMA` row (that file, the chunk
+        numbers, the Parquet files), once every file is closed (so it never names a half-written one).
 
-    Memory: one file's bytes and its decoded pixels at a time (see :mod:`pipelines.etl.memory`).
+    Memory: one file's bytes and its decoded pixels at a time (see :mod:`pipelines.etl.memory`),
+    and at most one batch of outcome rows.
     """
-    from pyspark import TaskContext
-
     zipcache.install()  # this worker's next tasks start in milliseconds, not 0.3 s (see the module)
-    context = TaskContext.get()
-    task = f"{context.partitionId():05d}-{context.taskAttemptId()}" if context else "00000-0"
+    task = _task_name()
     writers: Dict[str, SplitWriter] = {}
-    outcomes: Dict[str, list] = {name: [] for name in OUTCOME_SCHEMA.names}
-
-    def record(path: str, status: str, split=None, label=None, file=None, reason=None) -> None:
-        for name, value in zip(OUTCOME_SCHEMA.names, (path, status, split, label, file, reason)):
-            outcomes[name].append(value)
-
-    for batch in batches:
-        for chunk in batch.column(0).to_pylist():
-            for candidate in map(Candidate._make, chunks[chunk]):
-                try:
-                    data = read_candidate(candidate.path, source, max_file_bytes)
-                    fitted = decode_and_fit(data, image_size, max_pixels)
-                except ImageRejected as exc:
-                    record(candidate.path, REJECTED, reason=exc.reason)
-                    continue
-                except Exception as exc:  # noqa: BLE001 - any error about one file is that file's rejection
-                    record(candidate.path, REJECTED, reason=unexpected_reason(exc))
-                    continue
-                finally:
-                    data = None  # never hold two files: the next read starts with nothing held
-                split = candidate.split
-                if split not in writers:
-                    writers[split] = SplitWriter(run.join(split, f"part-{task}.parquet"), rows_per_row_group,
-                                                 image_size)
-                writers[split].append(fitted, candidate.path, candidate.label, candidate.label_name)
-                record(candidate.path, WRITTEN, split=split, label=candidate.label,
-                       file=f"{split}/part-{task}.parquet")
+    outcomes = RowFile(run, "outcomes", task, OUTCOME_SCHEMA)
+    numbers = [chunk for batch in batches for chunk in batch.column(0).to_pylist()]
+    for chunk in numbers:
+        for candidate in map(Candidate._make, chunks[chunk]):
+            try:
+                data = read_candidate(candidate.path, source, max_file_bytes)
+                fitted = decode_and_fit(data, image_size, max_pixels)
+            except ImageRejected as exc:
+                outcomes.append(candidate.path, REJECTED, None, None, None, exc.reason)
+                continue
+            except Exception as exc:  # noqa: BLE001 - any error about one file is that file's rejection
+                outcomes.append(candidate.path, REJECTED, None, None, None, unexpected_reason(exc))
+                continue
+            finally:
+                data = None  # never hold two files: the next read starts with nothing held
+            split = candidate.split
+            if split not in writers:
+                writers[split] = SplitWriter(run.join(split, f"part-{task}.parquet"), rows_per_row_group,
+                                             image_size)
+            writers[split].append(fitted, candidate.path, candidate.label, candidate.label_name)
+            outcomes.append(candidate.path, WRITTEN, split, candidate.label, f"{split}/part-{task}.parquet", None)
     for writer in writers.values():
         writer.close()
-    yield pa.RecordBatch.from_pydict(outcomes, schema=OUTCOME_SCHEMA)
+    yield outcomes.close(numbers, [f"{split}/part-{task}.parquet" for split, w in writers.items() if w.rows])
