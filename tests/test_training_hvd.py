@@ -448,6 +448,47 @@ def test_an_error_of_the_job_itself_is_not_retried(dataset, tmp_path):
            f"epoch 1" in proc.stderr
 
 
+STALLED = r"RankStalled: no progress for \d+ s in the rank's own work after epoch 1 \(--stall-timeout 10 s\)"
+
+
+def test_a_rank_that_stops_alive_is_named_and_relaunched_as_a_lost_one(dataset, tmp_path):
+    """Spark barrier tasks (``--spark-np 2``), ``--max-failures 1``: rank 1 sleeps for good after
+    epoch 1's checkpoint while its Horovod thread lives on (rank 0 waits in epoch 2's first
+    allreduce, as Horovod would for ever); rank 1's watchdog ends it 10 s later naming itself, its
+    host and where it stopped, and the relaunch continues from checkpoint 1 to the end."""
+    data, _ = dataset
+    out = str(tmp_path / "out")
+    proc = train(data, out, "--epochs", "3", "--patience", "10", "--stall-timeout", "10", "--spark-np", "2",
+                 "--max-failures", "1", np_=0, env={"PIPELINES_FAULT_INJECT": "rank=1,epoch=1,mode=stall"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = metrics(out)
+    assert re.fullmatch(r"rank 1 on \S+ failed: " + STALLED, m["attempts"][0]["failure"]), m["attempts"]
+    assert m["resumed_after_epoch"] == 1 and [h["epoch"] for h in m["history"]] == [1, 2, 3]
+    assert re.search(r"rank 1 on \S+ stalled: no progress ", proc.stderr), proc.stderr[-3000:]
+    with open(os.path.join(out, "logs", "rank-1.log")) as f:  # its stack: where it stopped
+        assert re.search(r"Thread MainThread:\n.*in on_epoch_end\n +time\.sleep\(", f.read(), re.DOTALL)
+
+
+def test_under_horovodrun_a_rank_a_minute_late_joins_and_a_stalled_rank_ends_the_job(dataset, tmp_path):
+    """horovodrun, no launcher of ours: rank 1 starts 60 s late (Horovod's own 30 s rendezvous would
+    abort rank 0; the default window is 300 s), trains epoch 1, then sleeps for good; its watchdog
+    ends it 10 s later with its rank, host and place, so horovodrun ends the job, epoch 1's
+    checkpoint kept."""
+    from pipelines.training.schedule import marker_path
+
+    data, _ = dataset
+    out = str(tmp_path / "out")
+    start = time.monotonic()
+    proc = train(data, out, "--epochs", "3", "--patience", "10", "--stall-timeout", "10",
+                 env={"PIPELINES_FAULT_INJECT": "rank=1,epoch=1,mode=stall,late=60"})
+    assert proc.returncode != 0 and time.monotonic() - start < 300, proc.stderr[-3000:]
+    text = proc.stdout + proc.stderr
+    assert "Wait timeout" not in text, text[-3000:]
+    assert re.search(r"\[1\]<stderr>:.*rank 1 on localhost stalled: " + STALLED[len("RankStalled: "):], text), \
+        text[-3000:]
+    assert os.path.exists(marker_path(out, 1)) and not os.path.exists(marker_path(out, 2))
+
+
 @pytest.fixture(scope="module")
 def one_row_group(tmp_path_factory):
     """A dataset whose train split holds one row group (of 10 rows): too few for 2 ranks."""

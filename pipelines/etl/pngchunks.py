@@ -26,6 +26,8 @@ from typing import BinaryIO, List, Optional, Tuple
 
 from PIL import PngImagePlugin
 
+from pipelines.logs import plural
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # The shortest body Pillow's handlers read (PngStream.chunk_gAMA ... chunk_pHYs); shorter ones raise.
 _MIN_LENGTH = {b"gAMA": 4, b"cHRM": 32, b"sRGB": 1, b"pHYs": 9}
@@ -69,7 +71,7 @@ def without_refused_metadata(data: bytes) -> Tuple[BinaryIO, Tuple[str, ...]]:
         else:
             why, text = _refusal(kind, body)
         if why is None and text > text_left:
-            why = f"text past Pillow's MAX_TEXT_MEMORY ({PngImagePlugin.MAX_TEXT_MEMORY} bytes in all)"
+            why = f"text past Pillow's MAX_TEXT_MEMORY ({plural(PngImagePlugin.MAX_TEXT_MEMORY, 'byte')} in all)"
         if why is None:
             text_left -= text
         else:
@@ -90,7 +92,7 @@ def _refusal(kind: bytes, body: memoryview) -> Tuple[Optional[str], int]:
     not), and how many bytes of text the chunk adds to Pillow's ``MAX_TEXT_MEMORY`` count (at least
     Pillow's own count, which is of decoded characters)."""
     if kind in _MIN_LENGTH and len(body) < _MIN_LENGTH[kind]:
-        return f"{len(body)} bytes, shorter than its fields ({_MIN_LENGTH[kind]})", 0
+        return f"{plural(len(body), 'byte')}, shorter than its fields ({_MIN_LENGTH[kind]})", 0
     if kind not in (b"tEXt", b"zTXt", b"iTXt", b"iCCP"):
         return None, 0
     raw = body.tobytes()
@@ -113,7 +115,7 @@ def _refusal(kind: bytes, body: memoryview) -> Tuple[Optional[str], int]:
         except zlib.error:
             return None, 0  # Pillow reads a broken stream as empty text
         if inflater.unconsumed_tail:
-            return f"decompresses past Pillow's MAX_TEXT_CHUNK ({PngImagePlugin.MAX_TEXT_CHUNK} bytes)", 0
+            return f"decompresses past Pillow's MAX_TEXT_CHUNK ({plural(PngImagePlugin.MAX_TEXT_CHUNK, 'byte')})", 0
     return None, len(value) if key and kind != b"iCCP" else 0
 
 

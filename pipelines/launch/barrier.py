@@ -22,10 +22,11 @@ import cloudpickle
 
 from pipelines.errors import Refused, is_refusal
 from pipelines.launch.child import run_child
-from pipelines.launch.failures import HorovodJobFailed, RankFailure
+from pipelines.launch.failures import HorovodJobFailed, RankFailure, with_late_ranks
 from pipelines.launch.gpus import (CUDA_VISIBLE, check_local_gpus, nccl_env, parse_visible, rank_gpu_env, task_gpus,
                                    visible_gpu_count)
 from pipelines.launch.network import GLOO_IFACE_ENV, interface_of, rendezvous_ipv4, split_host_port
+from pipelines.launch.rankenv import GLOO_TIMEOUT_ENV
 from pipelines.launch.rendezvous import Rendezvous
 from pipelines.launch.ranklogs import LogSink
 from pipelines.launch.sparkcheck import check_barrier_conf, check_local_executors, executor_id_hosts, wait_for_slots
@@ -35,9 +36,11 @@ log = logging.getLogger("pipelines")
 
 
 def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int, slots_timeout_s: float,
-              requested_iface: Optional[str], log_dir: Optional[str], before_ranks: Callable[[], None]) -> Any:
+              requested_iface: Optional[str], log_dir: Optional[str], before_ranks: Callable[[], None],
+              rank_timeouts: Optional[Dict[str, str]] = None) -> Any:
     """Run ``main(**kwargs)`` as ``world_size`` barrier tasks of the active SparkSession; return
-    rank 0's value. ``before_ranks`` runs once the cluster's checks have passed.
+    rank 0's value. ``before_ranks`` runs once the cluster's checks have passed; every rank starts
+    with ``rank_timeouts`` (:func:`pipelines.launch.rankenv.timeouts_env`).
 
     Raises:
         ValueError, ClusterConfigError: as :meth:`pipelines.launch.runner.HorovodRunner.run` says.
@@ -63,7 +66,7 @@ def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
     conf = sc.getConf()
     sink = LogSink(conf.get("spark.driver.host"), log_dir, world_size, bind_host=conf.get("spark.driver.bindAddress"))
     try:
-        task = barrier_task(payload, world_size, requested_iface, (sink.address, sink.token))
+        task = barrier_task(payload, world_size, requested_iface, (sink.address, sink.token), rank_timeouts or {})
         records = collect_tasks(sc.parallelize(range(world_size), world_size).barrier().mapPartitions(task),
                                 sink.hosts, lambda: executor_id_hosts(sc))
         if not sink.wait_for({r["rank"]: r.get("log_lines", 0) for r in records}):
@@ -73,6 +76,9 @@ def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
     failures = [RankFailure(r["rank"], r["cause"], r.get("traceback", ""), r.get("secondary", False),
                             r.get("host", ""), r.get("lost", False), r.get("refused", False))
                 for r in records if r["status"] == "error"]
+    missing = next((r.get("rendezvous_missing", []) for r in records if r["rank"] == 0), [])
+    failures = with_late_ranks(failures, missing, (rank_timeouts or {}).get(GLOO_TIMEOUT_ENV, "30"),
+                               {r["rank"]: r.get("host", "") for r in records})
     if failures:
         raise HorovodJobFailed(failures)
     return cloudpickle.loads(base64.b64decode(next(r["result"] for r in records if r["rank"] == 0)))
@@ -118,9 +124,12 @@ def collect_tasks(rdd, rank_hosts: Dict[int, str],
         raise HorovodJobFailed([RankFailure(rank, f"Spark executor lost: {line}", host=host, lost=True)]) from exc
 
 
-def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str], sink: tuple):
+def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str], sink: tuple,
+                 rank_timeouts: Optional[Dict[str, str]] = None):
     """The function each barrier task runs: plan ranks, check the network and the GPUs, rendezvous,
-    run the rank as a child whose output goes to the driver's ``sink`` (address, token). Every task
+    run the rank as a child whose output goes to the driver's ``sink`` (address, token), with the
+    variables ``rank_timeouts`` besides; task 0's record names the ranks that never joined the
+    rendezvous it served (``rendezvous_missing``). Every task
     decides its Gloo interface and its rank's GPUs (:func:`task_choices`) *before* the one
     ``allGather`` all tasks join, and shares the outcome: a task that cannot (no such interface, an
     address on none, an IPv6-only host, a GPU address its executor does not see) makes every task
@@ -152,8 +161,11 @@ def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str]
                        if "error" in mine else {"rank": slot["rank"], "status": "not started"})
                 return
             env = dict(os.environ, **rank_env(slot, hosts[index], world_size, gathered[0]["rendezvous"], mine,
-                                              os.environ))
-            yield run_child(payload, env, slot["rank"], (*sink, hosts[index]))
+                                              os.environ), **(rank_timeouts or {}))
+            record = run_child(payload, env, slot["rank"], (*sink, hosts[index]))
+            if server is not None:
+                record["rendezvous_missing"] = server.missing()
+            yield record
         finally:
             if server is not None:
                 server.stop()

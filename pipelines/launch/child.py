@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import cloudpickle
 
@@ -23,6 +23,8 @@ from pipelines.launch.failures import exit_cause, failure_record, log_rank_failu
 from pipelines.launch.ranklogs import forward
 
 log = logging.getLogger("pipelines")
+
+_outcome_path: Optional[str] = None  # where this rank's outcome goes: set by child_main, in the rank's process
 
 
 def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -70,8 +72,17 @@ def run_child(payload: bytes, env: Dict[str, str], rank: int,
         return record
 
 
+def write_outcome(record: Dict[str, Any]) -> None:
+    """Write ``record`` as this rank's outcome, where its launcher reads it (this process is a rank
+    started by :func:`child_main`); nothing otherwise (a rank of ``horovodrun``, a process alone)."""
+    if _outcome_path:
+        write_json(_outcome_path, record)
+
+
 def child_main(job_path: str, result_path: str) -> int:
     """Entry point of a rank's process: run the pickled function, write its outcome."""
+    global _outcome_path
+    _outcome_path = result_path
     with open(job_path, "rb") as f:
         main, kwargs = cloudpickle.load(f)
     try:
@@ -82,5 +93,5 @@ def child_main(job_path: str, result_path: str) -> int:
         record = {"status": "error", **failure_record(exc)}
         log_rank_failure(record)
         code = 1
-    write_json(result_path, record)
+    write_outcome(record)
     return code

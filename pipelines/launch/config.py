@@ -9,12 +9,17 @@ the same object; a rank never sees it.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Dict, Mapping, Optional
 
 from pipelines.config import field
 from pipelines.errors import Refused
+from pipelines.launch.rankenv import timeouts_env
 from pipelines.launch.runner import HorovodRunner
+from pipelines.launch.watchdog import DEFAULT_STALL_TIMEOUT_S
+
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0  # Horovod's own 30 s fails a host a minute late (a cold venv, an image pull)
 
 
 @dataclass
@@ -37,6 +42,17 @@ class LaunchConfig:
                                       "OOM-killed, executor or host lost); an error of the job itself is never "
                                       "retried; 0 = fail at the first failure")
 
+    rendezvous_timeout: float = field(DEFAULT_RENDEZVOUS_TIMEOUT_S,
+                                      help="seconds every rank waits in Gloo's rendezvous for the others to start "
+                                           "(Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS, whose own default is 30); a rank "
+                                           "that misses it is named; under horovodrun its --gloo-timeout-seconds, "
+                                           "when given, is kept")
+    stall_timeout: float = field(DEFAULT_STALL_TIMEOUT_S,
+                                 help="seconds a live rank may train without progress (no step, epoch or "
+                                      "validation ends) before it ends as stalled, naming itself, its host and "
+                                      "where it stopped; a stalled rank is a lost one to --max-failures; on both "
+                                      "launch paths")
+
     def __post_init__(self) -> None:
         if not isinstance(self.np, int) or isinstance(self.np, bool):
             raise Refused(f"--spark-np must be an integer, got {self.np!r}")
@@ -48,8 +64,15 @@ class LaunchConfig:
         if self.max_failures and not self.np:
             raise Refused("--max-failures applies to --spark-np runs (the launching driver relaunches the "
                           "ranks); under horovodrun a lost rank ends the job: rerun it with --resume")
-        if not self.slots_timeout > 0:
-            raise Refused(f"--slots-timeout must be positive, got {self.slots_timeout}")
+        for flag, value in (("--slots-timeout", self.slots_timeout), ("--rendezvous-timeout", self.rendezvous_timeout),
+                            ("--stall-timeout", self.stall_timeout)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise Refused(f"{flag} must be a positive number of seconds, got {value!r}")
+
+    def timeouts_env(self, environ: Mapping[str, str]) -> Dict[str, str]:
+        """The variables that give every rank these settings' waits
+        (:func:`pipelines.launch.rankenv.timeouts_env`; ``environ``: the launching process's)."""
+        return timeouts_env(self.rendezvous_timeout, self.stall_timeout, environ)
 
     @property
     def launches(self) -> bool:
@@ -69,4 +92,5 @@ class LaunchConfig:
         """
         return HorovodRunner(np=self.np, slots_timeout_s=self.slots_timeout,
                              network_interface=self.network_interface or None, max_failures=self.max_failures,
-                             log_dir=log_dir, before_ranks=before_ranks)
+                             log_dir=log_dir, before_ranks=before_ranks,
+                             rank_timeouts=self.timeouts_env(os.environ))

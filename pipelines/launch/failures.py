@@ -11,8 +11,8 @@ import os
 import signal
 import socket
 import traceback
-from dataclasses import dataclass
-from typing import Any, Dict, List
+from dataclasses import dataclass, replace
+from typing import Any, Dict, List, Mapping, Sequence
 
 from pipelines.errors import Refused, is_refusal
 from pipelines.redact import redact
@@ -113,6 +113,23 @@ def log_rank_failure(record: Dict[str, Any]) -> None:
 class ClusterConfigError(Refused):
     """A Spark setting under which barrier tasks cannot run; the message (one line) names the
     setting and the value to use. A refusal: ``jobs/train.py`` exits with status 2 on it."""
+
+
+def with_late_ranks(failures: List[RankFailure], missing: Sequence[int], timeout_s: str,
+                    hosts: Mapping[int, str]) -> List[RankFailure]:
+    """``failures`` with the ranks that never joined Gloo's rendezvous (``missing``, as
+    :meth:`pipelines.launch.rendezvous.Rendezvous.missing` gives) as their root cause: each such rank
+    that reported no failure of its own becomes a lost :class:`RankFailure` on its host (``hosts``:
+    rank -> host) naming the window (``timeout_s``: ``HOROVOD_GLOO_TIMEOUT_SECONDS``) and the option
+    that widens it; the other ranks' failures (Gloo's "Wait timeout ... for key(s)" abort) become
+    secondary. Unchanged when no rank is missing or the job did not fail."""
+    own = {f.rank for f in failures}
+    late = [RankFailure(rank, f"did not join Gloo's rendezvous within {timeout_s} s (started late or not at "
+                              f"all): raise --rendezvous-timeout", host=hosts.get(rank, ""), lost=True)
+            for rank in missing if rank not in own]
+    if not failures or not late:
+        return failures
+    return late + [replace(f, secondary=True) for f in failures]
 
 
 def exit_cause(code: int) -> str:

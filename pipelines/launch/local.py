@@ -32,7 +32,8 @@ import cloudpickle
 
 from pipelines.launch.barrier import rank_env, rank_plan
 from pipelines.launch.child import die_with_parent, rank_command
-from pipelines.launch.failures import HorovodJobFailed, RankFailure, exit_cause, signal_is_loss
+from pipelines.launch.failures import HorovodJobFailed, RankFailure, exit_cause, signal_is_loss, with_late_ranks
+from pipelines.launch.rankenv import GLOO_TIMEOUT_ENV
 from pipelines.launch.rendezvous import Rendezvous
 from pipelines.launch.ranklogs import owner_only_append
 from pipelines.redact import redact_text
@@ -49,15 +50,17 @@ def pad_rank(rank: int, size: int) -> str:
 
 
 def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int, iface: Optional[str],
-              log_dir: Optional[str]) -> Any:
+              log_dir: Optional[str], rank_timeouts: Optional[Dict[str, str]] = None) -> Any:
     """Run ``main(**kwargs)`` on ``world_size`` ranks, child processes of this one, Gloo over the
     interface ``iface`` (None: ``lo``; it must carry 127.0.0.1:
     :func:`pipelines.launch.network.local_interface`), GPUs numbered in PCI bus order, each rank's
-    output in ``log_dir`` (``rank.R/stdout``, ``rank.R/stderr``, appended) when given; return
+    output in ``log_dir`` (``rank.R/stdout``, ``rank.R/stderr``, appended) when given, each rank's
+    waits bounded by ``rank_timeouts`` (:func:`pipelines.launch.rankenv.timeouts_env`); return
     rank 0's value.
 
     Raises:
-        HorovodJobFailed: a rank raised or died (:func:`collect_failures`).
+        HorovodJobFailed: a rank raised or died (:func:`collect_failures`), or never joined the
+            rendezvous (:func:`~pipelines.launch.failures.with_late_ranks`).
     """
     host = socket.gethostname()
     slots = rank_plan([host] * world_size)
@@ -72,14 +75,15 @@ def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
         try:
             for slot in slots:
                 env = rank_env(slot, host, world_size, f"{LOOPBACK}:{rendezvous.port}", choices, os.environ)
-                ranks.append(_start_rank(job, results[slot["rank"]], dict(os.environ, **env), slot["rank"],
-                                         world_size, log_dir))
+                ranks.append(_start_rank(job, results[slot["rank"]], dict(os.environ, **env, **(rank_timeouts or {})),
+                                         slot["rank"], world_size, log_dir))
             ended = _wait(ranks)
         finally:
             _stop(ranks)
             rendezvous.stop()
         records = {rank: _read(path) for rank, path in enumerate(results)}
-    failures = collect_failures(records, ended, host)
+    failures = with_late_ranks(collect_failures(records, ended, host), rendezvous.missing(),
+                               (rank_timeouts or {}).get(GLOO_TIMEOUT_ENV, "30"), dict.fromkeys(range(world_size), host))
     if failures:
         raise HorovodJobFailed(failures)
     return cloudpickle.loads(base64.b64decode(records[0]["result"]))
@@ -167,7 +171,7 @@ def collect_failures(records: Dict[int, Optional[Dict[str, Any]]], ended: Dict[i
     A rank that failed of a peer's failure (Horovod shut down, Gloo's connections closed) says so in
     its record (``secondary``): the root cause is a rank that failed on its own."""
     failures = [RankFailure(r["rank"], r["cause"], r.get("traceback", ""), r.get("secondary", False),
-                            r.get("host") or host, refused=r.get("refused", False))
+                            r.get("host") or host, lost=r.get("lost", False), refused=r.get("refused", False))
                 for r in records.values() if r is not None and r["status"] == "error"]
     for rank, code in sorted(ended.items()):
         if records.get(rank) is None:

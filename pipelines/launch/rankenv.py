@@ -14,11 +14,18 @@ variable                        meaning                                         
                                 of ``{"attempt": n, "failure": "why"}``                 relaunch wrapper, in the rank)
 ``PIPELINES_ASSIGNED_GPUS``     the GPU addresses Spark gave a barrier task's rank:     :func:`assigned_gpus_env`
                                 the rank uses every GPU it sees                         (``launch/gpus.py``)
+``PIPELINES_STALL_TIMEOUT``     seconds a rank may go without progress before it ends   :func:`timeouts_env` (the
+                                as stalled (:mod:`pipelines.launch.watchdog`); beside   launcher; under horovodrun,
+                                it Horovod's own ``HOROVOD_GLOO_TIMEOUT_SECONDS``, the  the rank's own options)
+                                seconds each rank waits in Gloo's rendezvous for the
+                                others (one set already is kept: horovodrun's
+                                ``--gloo-timeout-seconds``)
 ``PIPELINES_FAULT_INJECT``      test hook: ``rank=R,epoch=E,mode=M[,mark=PATH]``        a test, in the launching
                                 (``callbacks.FaultInjection`` in ``training/``);        process's environment or
                                 ``[,step=S]`` with ``mode=nan``: rank R's loss NaN at   ``spark.executorEnv``
-                                step S of epoch E; unset in production, and ignored
-                                without the next one
+                                step S of epoch E; ``[,late=S]``: rank R starts S s
+                                late; unset in production, and ignored without the
+                                next one
 ``PIPELINES_FAULT_TOKEN``       the test suite's token file, which arms the hook: a     the test suite
                                 file of this user's, mode 0600, holding                 (``tests/conftest.py``)
                                 :data:`FAULT_TOKEN_TEXT` (:func:`fault_armed`)
@@ -37,6 +44,8 @@ log = logging.getLogger("pipelines")
 
 ATTEMPTS_ENV = "PIPELINES_ATTEMPTS"
 ASSIGNED_ENV = "PIPELINES_ASSIGNED_GPUS"
+STALL_ENV = "PIPELINES_STALL_TIMEOUT"
+GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"  # read by Horovod's Gloo context at hvd.init()
 FAULT_ENV = "PIPELINES_FAULT_INJECT"
 FAULT_TOKEN_ENV = "PIPELINES_FAULT_TOKEN"
 #: what the test suite's token file holds; a production process, given the hook's variable alone,
@@ -54,6 +63,7 @@ class RankEnvironment:
     assigned_gpus: List[str] = field(default_factory=list)  #: GPU addresses the launcher gave the rank
     fault: str = ""  #: the test hook's spec; "" = none (or not armed: :func:`fault_armed`)
     fault_ignored: bool = False  #: a spec was given without the test suite's token
+    stall_timeout_s: float = 0.0  #: seconds without progress before the rank ends as stalled; 0: not watched
 
     @property
     def relaunched(self) -> bool:
@@ -74,7 +84,8 @@ def read_rank_environment(environ: Optional[Mapping[str, str]] = None) -> RankEn
     return RankEnvironment(
         attempts=earlier + [{"attempt": len(earlier) + 1, "failure": None}],
         assigned_gpus=[a for a in env.get(ASSIGNED_ENV, "").split(",") if a],
-        fault=spec if armed else "", fault_ignored=bool(spec) and not armed)
+        fault=spec if armed else "", fault_ignored=bool(spec) and not armed,
+        stall_timeout_s=float(env.get(STALL_ENV) or 0))
 
 
 def fault_armed(path: str) -> bool:
@@ -101,6 +112,15 @@ def fault_token_env(path: str) -> Dict[str, str]:
     """The variable that arms the fault hook with the token file ``path`` (written by the test
     suite: :data:`FAULT_TOKEN_TEXT`, mode 0600)."""
     return {FAULT_TOKEN_ENV: path}
+
+
+def timeouts_env(rendezvous_timeout_s: float, stall_timeout_s: float, environ: Mapping[str, str]) -> Dict[str, str]:
+    """The variables that bound a rank's waits: Gloo's rendezvous (``HOROVOD_GLOO_TIMEOUT_SECONDS``,
+    whole seconds, at least 1; a value already in ``environ``, horovodrun's ``--gloo-timeout-seconds``
+    or the user's own, is kept) and the rank's progress watchdog (``PIPELINES_STALL_TIMEOUT``,
+    seconds; :mod:`pipelines.launch.watchdog`)."""
+    gloo = environ.get(GLOO_TIMEOUT_ENV) or str(max(1, int(round(rendezvous_timeout_s))))
+    return {GLOO_TIMEOUT_ENV: gloo, STALL_ENV: f"{stall_timeout_s:g}"}
 
 
 def attempts_env(history: Sequence[Dict]) -> Dict[str, str]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 from typing import List, Tuple
 
+GLOBAL_SCOPE = "global"  # Horovod's Gloo context puts each rank's address under its rank there
+
 
 class Rendezvous:
     """Horovod's Gloo rendezvous server, listening on ``address`` (an IPv4 address of this machine).
@@ -21,7 +23,8 @@ class Rendezvous:
             (the ``HOROVOD_HOSTNAME`` each rank is given).
         world_size: the number of ranks.
 
-    ``port`` is the port it listens on; :meth:`stop` stops it.
+    ``port`` is the port it listens on; :meth:`missing` names the ranks that never joined;
+    :meth:`stop` stops it.
 
     Raises:
         OSError: ``address`` is not an address of this machine.
@@ -32,12 +35,25 @@ class Rendezvous:
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
         from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-        self._httpd = RendezvousHTTPServer((address, 0), RendezvousHandler, 0)
+        class Handler(RendezvousHandler):  # keeps which ranks put their address: Horovod clears its own at the end
+            def _put_value(self, scope, key, value):
+                if scope == GLOBAL_SCOPE and key.isdigit():
+                    joined.add(int(key))
+                return super()._put_value(scope, key, value)
+
+        joined = self._joined = set()
+        self._world_size = world_size
+        self._httpd = RendezvousHTTPServer((address, 0), Handler, 0)
         plan = ",".join(f"{host}:{n}" for host, n in host_counts)
         self._httpd.init(get_host_assignments(parse_hosts(plan), world_size))
         self.port: int = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="gloo-rendezvous", daemon=True)
         self._thread.start()
+
+    def missing(self) -> List[int]:
+        """The ranks that never put their address in Gloo's global scope, in order: the ranks that
+        started too late (``HOROVOD_GLOO_TIMEOUT_SECONDS``) or not at all."""
+        return sorted(set(range(self._world_size)) - self._joined)
 
     def stop(self) -> None:
         """Stop serving and close the listening socket."""

@@ -19,7 +19,7 @@ executor or host lost) is relaunched up to K times (:mod:`pipelines.launch.recov
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 from pipelines.errors import Refused
 from pipelines.launch.barrier import run_spark
@@ -48,6 +48,9 @@ class HorovodRunner:
         before_ranks: called once the launch's own checks (slots, network interface) have passed,
             just before any rank starts, on every attempt; what it raises ends the run there
             (training fetches ``--weights imagenet`` here: a refused launch downloads nothing).
+        rank_timeouts: variables every rank starts with that bound its waits (Gloo's rendezvous,
+            the progress watchdog: :func:`pipelines.launch.rankenv.timeouts_env`); None: Horovod's
+            own 30 s rendezvous and no watchdog.
 
     Raises:
         ValueError: ``np == 0``, or a negative ``max_failures``.
@@ -55,7 +58,7 @@ class HorovodRunner:
 
     def __init__(self, np: int, slots_timeout_s: float = 60.0, network_interface: Optional[str] = None,
                  max_failures: int = 0, log_dir: Optional[str] = None,
-                 before_ranks: Optional[Callable[[], None]] = None):
+                 before_ranks: Optional[Callable[[], None]] = None, rank_timeouts: Optional[Dict[str, str]] = None):
         if not isinstance(np, int) or np == 0:
             raise Refused(f"np must be a non-zero integer (negative: local processes, positive: "
                           f"Spark tasks), got {np!r}")
@@ -67,6 +70,7 @@ class HorovodRunner:
         self.network_interface = network_interface or os.environ.get(GLOO_IFACE_ENV) or None
         self.log_dir = log_dir
         self.before_ranks = before_ranks or (lambda: None)
+        self.rank_timeouts = dict(rank_timeouts or {})
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return rank 0's return value.
@@ -92,6 +96,6 @@ class HorovodRunner:
             iface = local_interface(self.network_interface)
             check_local_gpus(-self.np, visible_gpu_count(os.environ))
             self.before_ranks()
-            return run_local(main, kwargs, -self.np, iface, self.log_dir)
+            return run_local(main, kwargs, -self.np, iface, self.log_dir, self.rank_timeouts)
         return run_spark(main, kwargs, self.np, self.slots_timeout_s, self.network_interface, self.log_dir,
-                         self.before_ranks)
+                         self.before_ranks, self.rank_timeouts)

@@ -267,8 +267,17 @@ class SyncOutputs(keras.callbacks.Callback):
         self.outputs.push(last=os.path.basename(marker_path("", epoch + 1)))
 
 
+def start_late(spec: str, rank: int) -> None:
+    """Test hook: with ``late=S`` in the fault ``spec`` (:class:`FaultInjection`'s), rank R (``rank``
+    is this one) sleeps S seconds before it joins Horovod, as a rank on a slow host starts late."""
+    parts = dict(item.split("=", 1) for item in spec.split(",") if "=" in item)
+    if "late" in parts and int(parts.get("rank", 0)) == rank:
+        log.warning("injecting a fault (late) at the start: %s s (%s)", parts["late"], FAULT_ENV)
+        time.sleep(float(parts["late"]))
+
+
 class FaultInjection(keras.callbacks.Callback):
-    """Test hook: ``spec`` = ``"rank=R,epoch=E,mode=raise|kill|stall|nan[,step=S][,mark=PATH]"`` (the rank's
+    """Test hook: ``spec`` = ``"rank=R,epoch=E,mode=raise|kill|stall|nan[,step=S][,mark=PATH][,late=S]"`` (the rank's
     :attr:`pipelines.launch.rankenv.RankEnvironment.fault`, from the test's variable). ``nan`` makes
     rank R's own loss NaN at step S (1-based, default 1) of epoch E: before that step it sets its
     first trainable weight to NaN, so its forward pass, and through the allreduced gradients every
@@ -327,6 +336,51 @@ class FaultInjection(keras.callbacks.Callback):
             while self.mode == "stall":
                 time.sleep(60)
             raise RuntimeError(f"injected fault at the end of epoch {self.epoch} ({FAULT_ENV})")
+
+
+class Progress(keras.callbacks.Callback):
+    """Ticks a rank's :class:`~pipelines.launch.watchdog.Watchdog` from inside ``fit``: before each
+    step (``waits``: the step's allreduce waits on every rank) and after it (the rank's own work
+    until the next one). The pair :meth:`around` gives goes first and last among the callbacks:
+    the first ticks, at each epoch's end, that the end-of-epoch work begins (validation's and the
+    checkpoint's collectives: ``waits``), the last that it ended (the rank's own work again). The
+    last one starts the watchdog when training begins and stops it when training ends."""
+
+    def __init__(self, watchdog, ends: bool):
+        super().__init__()
+        self.watchdog, self.ends, self._epoch = watchdog, ends, 0
+
+    @classmethod
+    def around(cls, watchdog) -> "tuple":
+        """``(first, last)``: the callbacks to put before and after every other one."""
+        return cls(watchdog, ends=False), cls(watchdog, ends=True)
+
+    def on_train_begin(self, logs=None):
+        if self.ends:
+            self.watchdog.start()
+
+    def on_train_end(self, logs=None):
+        if self.ends:
+            self.watchdog.stop()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch + 1
+        if self.ends:
+            self.watchdog.tick(f"the start of epoch {self._epoch}")
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.ends:
+            self.watchdog.tick(f"step {batch + 1} of epoch {self._epoch}", waits=True)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.ends:
+            self.watchdog.tick(f"the rank's own work after step {batch + 1} of epoch {self._epoch}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.ends:
+            self.watchdog.tick(f"the rank's own work after epoch {epoch + 1}")
+        else:
+            self.watchdog.tick(f"the validation and checkpoint of epoch {epoch + 1}", waits=True)
 
 
 class EpochCSVLogger(keras.callbacks.CSVLogger):

@@ -69,6 +69,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             if not rank:
                 refuse_early(config, rank, world_size)
+            os.environ.update(launch.timeouts_env(os.environ))  # a rank itself: its waits bounded here, before hvd.init()
             report = run_training(config)
             if rank:
                 return 0

@@ -88,6 +88,10 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     if config.bind_cores:
         cores = bind_to_cores(threads_per_rank(config.threads, local_topology()[1]), announce=False)
     quiet_libraries(config.verbose)
+    if handed.fault:  # the tests' hook: a rank that starts late
+        from pipelines.training.callbacks import start_late
+
+        start_late(handed.fault, int(os.environ.get("HOROVOD_RANK", "0")))
     hvd.init()
     setup_logging(job, rank=hvd.rank(), level=logging.INFO if hvd.rank() == 0 else logging.WARNING)
     if cores and hvd.rank() == 0:
@@ -283,6 +287,11 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
         callbacks.append(cb.SyncOutputs(plan.outputs))  # after every writer of the epoch's files
     # the tests' fault hook, only where they ask for it; its wait for rank 0's marker only where every
     # rank sees rank 0's folder (a local output)
+    if rank.handed.stall_timeout_s:  # first and last: each epoch's end is watched as one collective phase
+        from pipelines.launch.watchdog import Watchdog
+
+        first, last = cb.Progress.around(Watchdog(rank.handed.stall_timeout_s))
+        callbacks = [first, *callbacks, last]
     fault = cb.FaultInjection.requested(rank.handed.fault, rank.rank, config.output if is_local(config.output) else "")
     if fault is not None:
         callbacks.append(fault)
