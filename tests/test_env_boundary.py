@@ -40,7 +40,7 @@ def test_every_pipelines_variable_is_named_only_in_a_boundary_module():
     assert set(found) == BOUNDARIES, sorted(set(found) - BOUNDARIES)
     user = {environment.WORKDIR_ENV, environment.CACHE_ENV, environment.TRACKING_ENV, environment.VERBOSE_ENV,
             environment.SPARK_LOG_LEVEL_ENV, environment.STORAGE_OPTIONS_ENV}
-    handed = {rankenv.ATTEMPTS_ENV, rankenv.ASSIGNED_ENV, rankenv.FAULT_ENV, rankenv.FAULT_TOKEN_ENV}
+    handed = {rankenv.ATTEMPTS_ENV, rankenv.ASSIGNED_ENV, rankenv.FAULT_ENV, rankenv.FAULT_TOKEN_ENV, rankenv.STALL_ENV}
     assert found["pipelines/environment.py"] == user and found["pipelines/launch/rankenv.py"] == handed
     for module, names in ((environment, user), (rankenv, handed)):  # each in the module's table
         assert set(NAME.findall(module.__doc__)) == names
