@@ -22,7 +22,7 @@ TEST_WORKERS ?= 2
 FAST_WORKERS ?= 3
 PYTEST = $(PY) -m pytest -q -p no:cacheprovider --durations=25
 
-.PHONY: setup main test test-stack test-fast bench lock clean
+.PHONY: setup main test test-stack test-tools test-fast bench lock clean
 
 setup: $(VENV)/.pipelines-stamp
 
@@ -37,7 +37,10 @@ test:  ## both stacks: the whole suite on mission, then on current the tests mar
 	$(MAKE) test-stack STACK=current
 
 test-stack: setup  ## one stack's share of the suite (STACK=...): see tests/conftest.py (CURRENT_STACK_TESTS)
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile $(if $(filter mission,$(STACK)),,-m "not slow or current") tests
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "$(if $(filter mission,$(STACK)),not tool,(not slow or current) and not tool)" tests
+
+test-tools: setup  ## the tool scripts run whole (scripts/gpu_check.py --dry-run: its scaling and loader runs), on STACK
+	$(PYTEST) -m tool tests
 
 test-fast: setup  ## unit tests only, on STACK
 	$(PYTEST) -n $(FAST_WORKERS) --dist worksteal -m "not slow" tests

@@ -195,6 +195,7 @@ TWO_BLOCKS = HEAD + 27 * 16 + 16 + 32 + 9 * 16 * 32 + 32 + 64
 
 
 @pytest.mark.slow
+@pytest.mark.tool
 def test_dry_run_on_the_cpu_prints_the_table_and_writes_the_picture(dry_run):
     stdout, out = dry_run
     assert "probe: 2 ranks, allreduce sum 1.0" in stdout
@@ -214,6 +215,7 @@ def test_dry_run_on_the_cpu_prints_the_table_and_writes_the_picture(dry_run):
 
 
 @pytest.mark.slow
+@pytest.mark.tool
 def test_the_scaling_benchmark_writes_rows_chart_timelines_and_the_co_run(dry_run):
     """benchmarks/scaling.py as the dry run ran it for the frozen model (np 1 and 2, batch 4 per rank,
     2 timed steps, --compare-fp16, --co-run): its own CSV, chart, timelines and printed figures."""
