@@ -22,7 +22,7 @@ TEST_WORKERS ?= 2
 FAST_WORKERS ?= 3
 PYTEST = $(PY) -m pytest -q -p no:cacheprovider --durations=25
 
-.PHONY: setup main test test-stack test-tools test-fast bench lock clean
+.PHONY: setup main test test-stack test-tools test-fast bench lock clean image-test
 
 setup: $(VENV)/.pipelines-stamp
 
@@ -44,6 +44,9 @@ test-tools: setup  ## the tool scripts run whole (scripts/gpu_check.py --dry-run
 
 test-fast: setup  ## unit tests only, on STACK
 	$(PYTEST) -n $(FAST_WORKERS) --dist worksteal -m "not slow" tests
+
+image-test:  ## as root: both stacks' CPU images built on bases made from Debian's archive, `make main` run in each (docs/stacks.md, Container images)
+	bash scripts/image_test.sh
 
 bench: setup
 	$(PY) benchmarks/etl_bench.py

@@ -7,9 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
+[[ $VENV == /* ]] || VENV=$PWD/$VENV  # an absolute VENV (the images' /opt/venv) stays as given
 OUT=${OUT:-out}
 NP=${NP:-2}
-export PATH="$PWD/$VENV/bin:$PATH" PYSPARK_PYTHON="$PWD/$VENV/bin/python" PYTHONUNBUFFERED=1
+export PATH="$VENV/bin:$PATH" PYSPARK_PYTHON="$VENV/bin/python" PYTHONUNBUFFERED=1
 VERBOSE_FLAG=()
 if [ "${VERBOSE:-0}" != 0 ]; then
   VERBOSE_FLAG=(--verbose)
