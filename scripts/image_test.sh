@@ -11,6 +11,7 @@
 # A second run reuses the bases, podman's layers and pip's cache (a build-time mount) and the
 # downloaded sample photos and weights.
 set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(...) (the base's making) stops the script too
 # Only builtins until the tools are known to be there (a refusal works with any PATH).
 here=${BASH_SOURCE[0]%/*}; [ "$here" != "${BASH_SOURCE[0]}" ] || here=.
 cd "$here/.."
@@ -70,10 +71,12 @@ base_image() {
   if [ ! -s "$tar" ]; then
     echo "[image-test] mmdebstrap $suite (minbase + $BASE_PACKAGES) -> $tar" >&2
     local t0; t0=$(now)
-    mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" "$suite" "$tar.part" \
+    # mmdebstrap's output format is its file's extension: the partial file ends in .tar too
+    rm -rf "$tar.part.tar"
+    mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" "$suite" "$tar.part.tar" \
       "deb $MIRROR/debian $suite main" "deb $MIRROR/debian $suite-updates main" \
       "deb $MIRROR/debian-security $suite-security main" >&2
-    mv "$tar.part" "$tar"
+    mv "$tar.part.tar" "$tar"
     echo "[image-test] base $suite made in $(( $(now) - t0 )) s" >&2
   fi
   podman import --quiet --change 'CMD ["/bin/bash"]' "$tar" "$tag" >/dev/null

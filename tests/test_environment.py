@@ -72,6 +72,32 @@ def test_the_dockerfiles_take_the_stack_and_a_python_it_supports():
     assert gpu["STACK"] == "mission"  # the patch's CPU build leaves xla_mpi_ops.cc out: no CUDA build on current
 
 
+def test_the_dockerfiles_take_their_base_as_an_argument_whose_default_is_the_official_image():
+    """A local base (make image-test: one made from Debian's archive) builds the same file; the
+    defaults stay the official images, the CPU one of the Python the stack defaults to."""
+    cpu, gpu = docker_args("Dockerfile.cpu"), docker_args("Dockerfile.gpu")
+    assert cpu["BASE_IMAGE"] == "python:${PYTHON_VERSION}-slim-bookworm"
+    assert gpu["CUDA_IMAGE"].startswith("nvidia/cuda:") and "-cudnn" in gpu["CUDA_IMAGE"]
+    for name, arg in (("Dockerfile.cpu", "BASE_IMAGE"), ("Dockerfile.gpu", "CUDA_IMAGE")):
+        with open(os.path.join(REPO, "docker", name)) as f:
+            text = f.read()
+        assert re.findall(r"^FROM (.*)$", text, re.M) == ["${%s}" % arg], name
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.gpu"])
+def test_each_image_installs_its_stacks_lock_with_hashes_through_the_set_up_script(name):
+    """No pip install of its own: the image's venv is scripts/setup_env.sh's (the lock, --require-hashes,
+    Horovod's build flags), and the locked versions are checked in the image once installed."""
+    with open(os.path.join(REPO, "docker", name)) as f:
+        text = f.read()
+    steps = re.findall(r"^RUN (.*?)(?<!\\)$", text, re.M | re.S)
+    setup = [step for step in steps if "scripts/setup_env.sh /opt/venv" in step]
+    assert len(setup) == 1 and "scripts/check_versions.py --stack ${STACK}" in setup[0], steps
+    assert not re.search(r"pip3? install|pip\.main", text), name
+    with open(os.path.join(REPO, "scripts", "setup_env.sh")) as f:
+        assert f.read().count("--require-hashes") >= 2  # the lock, then Horovod's sdist
+
+
 @pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.gpu"])
 def test_each_image_runs_its_jobs_as_a_user_that_is_not_root(name):
     """The last USER of each image is its own unprivileged user, set after the last root step
