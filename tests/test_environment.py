@@ -93,6 +93,8 @@ def test_each_image_installs_its_stacks_lock_with_hashes_through_the_set_up_scri
     steps = re.findall(r"^RUN (.*?)(?<!\\)$", text, re.M | re.S)
     setup = [step for step in steps if "scripts/setup_env.sh /opt/venv" in step]
     assert len(setup) == 1 and "scripts/check_versions.py --stack ${STACK}" in setup[0], steps
+    # pip's cache is mounted for the build only: a rebuild downloads nothing again, the image holds no cache
+    assert setup[0].startswith("--mount=type=cache,target=/root/.cache/pip "), setup[0]
     assert not re.search(r"pip3? install|pip\.main", text), name
     with open(os.path.join(REPO, "scripts", "setup_env.sh")) as f:
         assert f.read().count("--require-hashes") >= 2  # the lock, then Horovod's sdist
