@@ -181,8 +181,9 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     exactly that many cores per rank, and a small world cannot borrow the idle cores a bigger one uses.
 
     Returns, on every rank, one dict per batch size and precision: ``world_size``, ``batch_size``,
-    ``steps``, ``seconds`` (the slowest rank's window), ``timeline`` (a path or ``None``), ``fp16``
-    and ``allreduce_bytes`` (:func:`pipelines.training.finetune.allreduce_bytes`).
+    ``steps``, ``seconds`` (the slowest rank's window), ``timeline`` (a path or ``None``), ``fp16``,
+    ``allreduce_bytes`` (:func:`pipelines.training.finetune.allreduce_bytes`) and
+    ``first_step_seconds`` (the slowest rank's, :func:`step_window`).
 
     Raises:
         ValueError: ``warmup_steps < 1``, ``steps < 1`` or ``config.threads < 1``.
@@ -213,23 +214,6 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     dataset = load_dataset(config.data, size, config.storage_options)
     size_px = config.model_size(dataset.image_size)
 
-    class Window(keras.callbacks.Callback):
-        """Times steps ``warmup_steps .. warmup_steps + steps - 1`` and records the timeline over them."""
-
-        def __init__(self, timeline: Optional[str]):
-            super().__init__()
-            self.timeline, self.start, self.seconds = timeline, None, None
-
-        def on_train_batch_end(self, batch, logs=None):
-            if batch == warmup_steps - 1:
-                if self.timeline:
-                    hvd.start_timeline(self.timeline)
-                self.start = time.perf_counter()
-            elif batch == warmup_steps + steps - 1:
-                self.seconds = time.perf_counter() - self.start
-                if self.timeline:
-                    hvd.stop_timeline()
-
     results = []
     variants = [(b, fp16) for b in batch_sizes for fp16 in (fp16_variants or [config.fp16_allreduce])]
     with tempfile.TemporaryDirectory(prefix=f"scaling-rank{rank}-") as cache_root:
@@ -241,7 +225,9 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
             unfreeze(model, config.backbone, config.fine_tune_blocks)
             compile_distributed(model, scaled_lr(config.base_lr, size), fp16, config.xla_on)
             timeline = os.path.join(timeline_dir, f"{name}.json") if timeline_dir else None
-            window = Window(timeline)
+            window = step_window(warmup_steps, steps,
+                                 on_start=(lambda t=timeline: hvd.start_timeline(t)) if timeline else None,
+                                 on_stop=hvd.stop_timeline if timeline else None)
             inputs = ImageInputs(dataclasses.replace(config, batch_size=batch_size), dataset, rank, size,
                                  model, size_px)
             with inputs.reader_dataset("train", os.path.join(cache_root, name)) as ds:
@@ -252,9 +238,43 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
             if rank == 0:
                 log.info("%s: %d steps in %.2f s, %.1f images/s; %.2f MB allreduced per step", name, steps, seconds,
                          steps * batch_size * size / seconds, sent / 1e6)
+            first = max(hvd_tf.allgather_object(window.first_step_seconds, name=f"first_{name}"))
             results.append({"world_size": size, "batch_size": batch_size, "steps": steps, "seconds": seconds,
-                            "timeline": timeline, "fp16": fp16, "allreduce_bytes": sent})
+                            "timeline": timeline, "fp16": fp16, "allreduce_bytes": sent, "first_step_seconds": first})
     return results
+
+
+def step_window(warmup_steps: int, steps: int, on_start=None, on_stop=None):
+    """A Keras callback timing one ``fit``'s steps ``warmup_steps + 1 .. warmup_steps + steps``
+    (1-based): ``seconds``, wall seconds from the end of step ``warmup_steps`` to the end of step
+    ``warmup_steps + steps`` (``None`` until then), and ``first_step_seconds``, from ``fit``'s
+    start (``on_train_begin``) to the end of step 1: the step function's tracing and graph
+    building, the first collectives' set-up and one step. ``on_start``/``on_stop`` (no
+    arguments) run where the timed window starts and ends (Horovod's timeline). Used by every
+    trainer the benchmarks time, so that all are timed alike."""
+    from pipelines.kerasapi import keras
+
+    class StepWindow(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.begin = self.start = self.seconds = self.first_step_seconds = None
+
+        def on_train_begin(self, logs=None):
+            self.begin = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 0:
+                self.first_step_seconds = time.perf_counter() - self.begin
+            if batch == warmup_steps - 1:
+                if on_start:
+                    on_start()
+                self.start = time.perf_counter()
+            elif batch == warmup_steps + steps - 1:
+                self.seconds = time.perf_counter() - self.start
+                if on_stop:
+                    on_stop()
+
+    return StepWindow()
 
 
 def point_from_result(result: Dict) -> ScalingPoint:

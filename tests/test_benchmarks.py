@@ -53,3 +53,13 @@ def test_eval_benchmark_times_the_evaluation_and_the_report_at_each_width():
     assert "goal (totals" not in stdout  # the bookkeeping alone is shown, its goal is the whole evaluation's
     for what in ("evaluation", "report"):
         assert f"goal ({what} at 40 classes within 1.2x of 10): " in stdout
+
+
+def test_trainer_benchmark_refuses_an_unknown_trainer_in_one_line_naming_the_trainers():
+    """Refused by the options alone (exit 2, before any sample, Spark or rank), the names listed."""
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "trainer_bench.py"),
+                             "--trainers", "horovod,ray"], cwd=ROOT, capture_output=True, text=True,
+                            env=subprocess_env(), timeout=60)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == ["trainer_bench.py: --trainers horovod,ray: unknown ray; "
+                                          "choose from horovod, mwms"]
