@@ -8,6 +8,8 @@
 #   IMAGE_TEST_CACHE    bases (mmdebstrap tars) and the jobs' download cache (default: /var/cache/pipelines-image-test)
 #   IMAGE_TEST_OUT      the main job's outputs, one folder per stack, owned by the caller (default: out-image)
 #   IMAGE_TEST_RUN=0    build the images only
+#   IMAGE_TEST_CA       CA bundle pip trusts in the builds and runs (default: this machine's
+#                       /etc/ssl/certs/ca-certificates.crt; empty: the image's own), mounted, never copied in
 # A second run reuses the bases, podman's layers and pip's cache (a build-time mount) and the
 # downloaded sample photos and weights.
 set -euo pipefail
@@ -50,6 +52,16 @@ OUTROOT=${IMAGE_TEST_OUT:-out-image}
 CALLER=${SUDO_UID:-0}:${SUDO_GID:-0}
 IMAGE_UID=10001  # the images' user (docker/Dockerfile.cpu: useradd --uid 10001)
 mkdir -p "$CACHE/bases" "$CACHE/pipelines/debs"
+# pip in the image trusts what this machine trusts (where TLS to PyPI passes an intercepting proxy,
+# the image's own bundle lacks its CA): a pip.conf naming the host's bundle, both mounted read-only
+# into each build step and the runs, so no image holds either.
+CA=${IMAGE_TEST_CA-/etc/ssl/certs/ca-certificates.crt}
+MOUNTS=()
+if [ -n "$CA" ]; then
+  [ -r "$CA" ] || { echo "[image-test] IMAGE_TEST_CA=$CA is not a readable file (empty: the image's own CA bundle)" >&2; exit 2; }
+  printf '[global]\ncert = /etc/pipelines-host-ca.pem\n' > "$CACHE/pip.conf"
+  MOUNTS=(-v "$CA:/etc/pipelines-host-ca.pem:ro" -v "$CACHE/pip.conf:/etc/pip.conf:ro")
+fi
 summary=()
 now() { date +%s; }
 
@@ -97,7 +109,7 @@ build() {
   local stack=$1 base=$2 image=$3 old t0
   old=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
   t0=$(now)
-  podman build --quiet --isolation chroot --network host --pull=never --layers --force-rm \
+  podman build --quiet --isolation chroot --network host --pull=never --layers --force-rm "${MOUNTS[@]}" \
     -f docker/Dockerfile.cpu --build-arg BASE_IMAGE="$base" --build-arg STACK="$stack" \
     --build-arg PYTHON_VERSION="${PYTHON[$stack]}" --build-arg JAVA_VERSION="${JAVA[$stack]}" \
     -t "$image" . >"$CACHE/build-$stack.log" 2>&1 \
@@ -118,7 +130,7 @@ run_main() {
   chown -R "$IMAGE_UID:$IMAGE_UID" "$out" "$CACHE/pipelines"
   ctr=$(buildah from --pull-never --name "pipelines-image-test-$stack-$$" "$image")
   t0=$(now)
-  buildah run --isolation chroot --network host --user pipelines \
+  buildah run --isolation chroot --network host --user pipelines "${MOUNTS[@]}" \
     -v "$out:/outputs" -v "$CACHE/pipelines:/cache" -e PIPELINES_CACHE=/cache \
     "$ctr" -- make main VENV=/opt/venv OUT=/outputs/out >"$out/main.log" 2>&1 || rc=$?
   RUN_S=$(( $(now) - t0 ))
