@@ -22,7 +22,7 @@ TEST_WORKERS ?= 2
 FAST_WORKERS ?= 3
 PYTEST = $(PY) -m pytest -q -p no:cacheprovider --durations=25
 
-.PHONY: setup main test test-stack test-tools test-fast bench lock clean image-test
+.PHONY: setup main test test-stack test-tools test-fast bench bench-peers lock clean image-test
 
 setup: $(VENV)/.pipelines-stamp
 
@@ -51,9 +51,14 @@ image-test:  ## as root: both stacks' CPU images built on bases made from Debian
 bench: setup
 	$(PY) benchmarks/etl_bench.py
 
-lock:  ## regenerate requirements/$(STACK).lock (and mission-gpu.lock) from requirements/$(STACK).in (needs the index)
+bench-peers:  ## the loader benchmark's peers (Ray Data) into $(VENV), hash-checked, from requirements/$(STACK)-peers.lock; never the set-up's, never imported by pipelines/
+	@[ -x $(PY) ] || { echo "[bench-peers] $(VENV) has no Python: make setup STACK=$(STACK) first" >&2; exit 2; }
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --require-hashes -r requirements/$(STACK)-peers.lock
+
+lock:  ## regenerate requirements/$(STACK).lock (and mission-gpu.lock, $(STACK)-peers.lock) from requirements/$(STACK).in (needs the index)
 	bash scripts/lock.sh $(STACK)
 	if [ $(STACK) = mission ]; then bash scripts/lock.sh mission gpu; fi
+	bash scripts/lock.sh $(STACK) peers
 
 clean:
 	rm -rf $(OUT) build *.egg-info

@@ -14,9 +14,14 @@ first ETL and after the sweep, and their mean divides: on a shared VM one figure
 The readers take turns going first (the Parquet files are in the page cache for both: the ETL has
 just written them); ``--repeats N`` times each path N times and reports the median.
 
-``--readers own,petastorm`` (default: both where Petastorm runs, else ours alone). After each
-size's table, a ``goal, ours, ...`` line per cached path checks our reader against issue 28's goals
-(:data:`GOALS`: a fraction of the ceiling, and at least Petastorm's images/s where it ran).
+``--readers own,petastorm,ray,plain`` (default: every one that runs here). Beside our reader and
+Petastorm's, the peers a user would pick instead (:mod:`loader_peers`: Ray Data, and the plain
+``pyarrow.dataset`` -> ``from_generator`` route) are timed on the same data, batch and tail, two
+epochs of each of their routes; a peer not installed is one line naming how to install it
+(``make bench-peers``) and the others go on (exit 2 when none is left); an unknown name exits 2
+listing the names. After each size's table, a ``goal, ours, ...`` line per cached path checks our
+reader against issue 28's goals (:data:`GOALS`: a fraction of the ceiling) and against each
+other reader that ran (at least its images/s: a peer's best route of the same epoch).
 
 The sweep's ETL runs take ``--min-row-groups`` (default 2 here, 8 in the ETL) so that the
 row-group size, not the split's length, sets the rows per row group on a benchmark-sized split;
@@ -30,7 +35,8 @@ option); ``--etl-image-size`` is the size the ETL stores the images at.
 module's filesystem with each reader (what training does).
 
 Usage: python benchmarks/loader_bench.py [--per-class 300] [--etl-image-size 299] [--batch-size 32]
-       [--row-group-mb 1,4,16,32] [--min-row-groups 2] [--readers own,petastorm] [--repeats 1] [--png FILE]
+       [--row-group-mb 1,4,16,32] [--min-row-groups 2] [--readers own,petastorm,ray,plain]
+       [--repeats 1] [--png FILE]
        [--tail uint8|float32] [--storage local|s3]
 """
 from __future__ import annotations
@@ -43,6 +49,13 @@ import statistics
 import sys
 import tempfile
 import time
+
+if __package__:  # imported as benchmarks.loader_bench (the tests)
+    from . import loader_peers
+else:
+    import loader_peers
+
+PEERS = loader_peers.PEERS
 
 
 def consume(dataset, batches: int) -> float:
@@ -153,15 +166,16 @@ def s3_routes(etl, work, config, batches, results, readers, float32: bool = Fals
 def parse(argv):
     from pipelines.config import add_arguments
     from pipelines.training.config import TrainConfig
-    from pipelines.training.data import check_reader, petastorm_available
+    from pipelines.errors import Refused
+    from pipelines.training.data import petastorm_available
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--per-class", type=int, default=300, help="Fashion-MNIST images per class (10 classes)")
     parser.add_argument("--etl-image-size", type=int, default=299, help="image size the ETL stores the images at")
     parser.add_argument("--row-group-mb", default="1,4,16,32", help="comma-separated ETL row-group sizes, MiB")
-    parser.add_argument("--readers", default="", help="comma-separated readers to time (own, petastorm); default: "
-                                                       "both where Petastorm runs, else own")
+    parser.add_argument("--readers", default="", help="comma-separated readers to time (own, petastorm, and the "
+                                                       "peers ray, plain); default: every one that runs here")
     parser.add_argument("--min-row-groups", type=int, default=2, help="the sweep's ETL --min-row-groups")
     parser.add_argument("--repeats", type=int, default=1, help="time each reader's paths this many times, the "
                                                                  "readers taking turns to go first; the median counts")
@@ -178,21 +192,54 @@ def parse(argv):
     try:
         args.sizes = [float(x) for x in args.row_group_mb.split(",")]
         args.float32 = args.tail == "float32"
-        args.readers = [check_reader(x) for x in args.readers.split(",")] if args.readers else \
-            (["own", "petastorm"] if petastorm_available() else ["own"])
+        args.readers = pick_readers(args.readers, petastorm_available())
         # data and output stand in until the ETL has run
         args.config = TrainConfig(data=os.curdir, output=os.curdir, batch_size=args.batch_size)
+    except Refused as exc:
+        print(f"loader_bench.py: {exc}", file=sys.stderr)
+        sys.exit(2)
     except ValueError as exc:
         parser.error(str(exc))
     return args
+
+
+def pick_readers(flag: str, petastorm_runs: bool) -> list:
+    """The readers ``--readers`` names (comma-separated), or every one that runs here when empty;
+    a peer that is not installed is left out with one line naming how to install it.
+
+    Raises:
+        Refused: an unknown name (the message lists the names), ``petastorm`` where it cannot run
+            (:func:`pipelines.training.data.check_reader`), or only peers that are not installed.
+    """
+    from pipelines.errors import Refused
+    from pipelines.stack import active
+    from pipelines.training.data import READERS, check_reader
+
+    names = ("own", "petastorm") + PEERS
+    wanted = [x.strip() for x in flag.split(",") if x.strip()] if flag else \
+        ["own"] + (["petastorm"] if petastorm_runs else []) + list(PEERS)
+    unknown = [x for x in wanted if x not in names]
+    if unknown or not wanted:
+        raise Refused(f"--readers {flag}: unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(names)}")
+    readers = []
+    for reader in dict.fromkeys(wanted):
+        line = None if reader in READERS else loader_peers.missing(reader, active().name)
+        if line:
+            print(line)
+        else:
+            readers.append(check_reader(reader) if reader in READERS else reader)
+    if not readers:
+        raise Refused(f"--readers {flag}: none of them is installed here (above)")
+    return readers
 
 
 KINDS = ("cold cache (epoch 1)", "warm cache (epoch 2)", "no cache (epoch 2)")
 
 
 def labels(readers) -> list:
-    """The table's columns: each reader's three paths."""
-    return [f"{reader}, {kind}" for reader in readers for kind in KINDS]
+    """The table's columns: each reader's paths (a peer's: :func:`loader_peers.kinds`)."""
+    return [f"{reader}, {kind}" for reader in readers for kind in (loader_peers.kinds(reader) if reader in PEERS
+                                                                    else KINDS)]
 
 
 def sweep_one(tree, work, mb, args, spark, index: int) -> dict:
@@ -215,6 +262,11 @@ def sweep_one(tree, work, mb, args, spark, index: int) -> dict:
         for reader in (args.readers if (index + repeat) % 2 == 0 else args.readers[::-1]):
             cold, warm, none = (f"{reader}, {kind}" for kind in KINDS)
             once = {}
+            if reader in PEERS:
+                loader_peers.time_peer(reader, data, config, once, batches, lambda ds: host_float32(ds, args.float32))
+                for label, rate in once.items():
+                    runs.setdefault(label, []).append(rate)
+                continue
             epochs(data, os.path.join(work, f"cache-{mb:g}-{reader}"), config, [cold, warm], once, batches, reader,
                    args.float32)
             epochs(data, None, config, ["", none], once, batches, reader, args.float32)
@@ -224,7 +276,7 @@ def sweep_one(tree, work, mb, args, spark, index: int) -> dict:
                 runs.setdefault(label, []).append(rate)
     found.update({label: statistics.median(rates) for label, rates in runs.items()})
     if index == 0 and args.storage == "s3":
-        s3_routes(etl, work, config, batches, found, args.readers, args.float32)
+        s3_routes(etl, work, config, batches, found, [r for r in args.readers if r not in PEERS], args.float32)
     return found
 
 
@@ -237,17 +289,31 @@ def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
+def rival(found: dict, reader: str, path: str):
+    """``reader``'s images/s to hold ours against on ``path`` (a :data:`GOALS` path): Petastorm's
+    same path; a peer's best route of the same epoch (:data:`loader_peers.ROUTES`). None: not run."""
+    if reader not in PEERS:
+        return found.get(f"{reader}, {path}")
+    epoch = 0 if path == KINDS[0] else 1
+    rates = [found[f"{reader}, {route[epoch]}"] for route in loader_peers.ROUTES[reader]
+             if f"{reader}, {route[epoch]}" in found]
+    return max(rates) if rates else None
+
+
 def goal_lines(found: dict, top: float) -> list:
     """One line per path of :data:`GOALS` that ours ran: its fraction of the ceiling ``top``
-    (images/s) and, where Petastorm ran too, ours ÷ Petastorm's, each against its goal."""
+    (images/s) and, for Petastorm and each peer that ran too, ours ÷ theirs (:func:`rival`), each
+    against its goal."""
     lines = []
     for path, fraction in GOALS.items():
-        ours, theirs = found.get(f"own, {path}"), found.get(f"petastorm, {path}")
+        ours = found.get(f"own, {path}")
         if ours is None:
             continue
         checks = [f"{ours / top:.3f} of the ceiling (goal >= {fraction}: {_met(ours / top >= fraction)})"]
-        if theirs:
-            checks.append(f"{ours / theirs:.3f}x Petastorm's (goal >= 1: {_met(ours >= theirs)})")
+        for reader in ("petastorm",) + PEERS:
+            theirs = rival(found, reader, path)
+            if theirs:
+                checks.append(f"{ours / theirs:.3f}x {loader_peers.TITLES[reader]} (goal >= 1: {_met(ours >= theirs)})")
         lines.append(f"goal, ours, {path}: " + "; ".join(checks))
     return lines
 
@@ -312,6 +378,7 @@ def main(argv=None) -> int:
                 tops.append(ceiling(first["data"], args.config, first["batches"], args.float32))
     finally:
         spark.stop()
+        loader_peers.stop_ray()
     tops.append(ceiling(first["data"], args.config, first["batches"], args.float32))
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
