@@ -29,7 +29,7 @@ def docker_args(name: str) -> dict:
 
 def test_the_stacks_are_the_lock_files():
     locks = {os.path.basename(p)[:-len(".lock")] for p in glob.glob(os.path.join(stack.REQUIREMENTS, "*.lock"))}
-    assert locks == set(stack.STACKS) | {"mission-gpu"}
+    assert locks == set(stack.STACKS) | {"mission-gpu"} | {f"{name}-peers" for name in stack.STACKS}
 
 
 def test_the_gpu_lock_is_the_mission_stack_with_tensorflow_for_cuda():

@@ -170,3 +170,20 @@ def test_ray_datas_routes_give_every_row_of_the_shard_as_uint8_batches(tmp_path)
         assert all(rate > 0 for rate in results.values())
     finally:
         loader_peers.stop_ray()
+
+
+@pytest.mark.parametrize("name", ["mission", "current"])
+def test_each_peers_lock_is_its_in_files_pins_held_to_the_stacks_lock_each_with_a_hash(name):
+    """make bench-peers installs requirements/<stack>-peers.lock --no-deps into the stack's venv: each
+    version the stack locks too is the stack's own (so nothing of the stack moves), ray is the .in's."""
+    from tests.test_environment import lock_pins
+
+    peers, own = lock_pins(f"{name}-peers"), lock_pins(name)
+    assert {package: own[package] for package in peers if package in own} == \
+        {package: version for package, version in peers.items() if package in own}
+    with open(os.path.join(ROOT, "requirements", f"{name}-peers.in")) as f:
+        text = f.read()
+    assert f"-c {name}.lock" in text.splitlines() and f"ray[data]=={peers['ray']}" in text.splitlines()
+    assert set(peers) - set(own) == {"ray", "msgpack", "filelock"}  # what the venv gains
+    with open(os.path.join(ROOT, "requirements", f"{name}-peers.lock")) as f:
+        assert f.read().count("--hash=sha256:") >= len(peers)
