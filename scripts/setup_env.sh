@@ -69,6 +69,8 @@ echo "[setup] installing $LOCK ($STACK stack, Python $(py_version "$VPY"), hashe
 "$VPY" scripts/lockfile.py "$LOCK" --only horovod > "$work/horovod.txt"
 export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
        HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo
+# the lock's CMake (the venv's bin is on no PATH here; without it Horovod wants a system cmake)
+export HOROVOD_CMAKE="$(cd "$VENV/bin" && pwd)/cmake"
 if [ "$TF_EXTRA" = gpu ]; then
   # One NCCL in the process: Horovod links (shared) the nvidia-nccl-cu12 wheel that TensorFlow loads,
   # not a second, static copy; the wheel has libnccl.so.2 only, the build looks for libnccl.so.
