@@ -148,9 +148,19 @@ def time_peer(peer: str, data, config, results: Dict[str, float], batches: int, 
     """Time two epochs of each of ``peer``'s routes (:data:`ROUTES`) into ``results["<peer>,
     <label>"]`` (images/s over ``batches`` batches of ``config.batch_size``), one new iterator per
     epoch as Keras takes a finite dataset. Epoch 1 includes making the dataset (Ray's reading of
-    the footers, its materialisation); ``tail`` (the benchmark's ``--tail float32``) wraps it."""
+    the footers, its materialisation); ``tail`` (the benchmark's ``--tail float32``) wraps it.
+    Ray runs only while its routes are timed (its idle processes would share the CPUs with the
+    other readers' timings)."""
     if peer == "ray":
         start_ray()
+    try:
+        time_routes(peer, data, config, results, batches, tail)
+    finally:
+        stop_ray()
+
+
+def time_routes(peer: str, data, config, results: Dict[str, float], batches: int, tail) -> None:
+    """:func:`time_peer`'s timing, Ray started."""
     for i, route in enumerate(ROUTES[peer]):
         start, ds = time.perf_counter(), None
         for label in route:
