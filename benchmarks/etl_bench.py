@@ -28,8 +28,13 @@ its hash pass alone. The main table runs without it, as the recipe has none, and
 ``x copies`` tree is hard links, all duplicates. ``--dedupe-only`` runs that comparison alone;
 ``--fashion-per-class 0`` leaves Fashion-MNIST out.
 
+Against what a Spark user writes today (``--peers binaryfile,image``, both by default;
+:mod:`benchmarks.etl_peers`): Spark's ``binaryFile`` source with a vectorised pandas UDF, and its
+``image`` source, each timed on the same inputs in the same session after a warm-up, best of
+``--repeats``; the table gives ours over each and the goal (ours >= 1.5x each).
+
 Usage: python benchmarks/etl_bench.py [--fashion-per-class 1000] [--tux-copies 10] [--master local[2]]
-[--storage s3] [--dedupe-only]
+[--storage s3] [--dedupe-only] [--peers binaryfile,image | none]
 """
 from __future__ import annotations
 
@@ -43,8 +48,12 @@ import time
 
 from PIL import Image
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/s3server.py
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/s3server.py, benchmarks/
+from benchmarks import etl_peers  # noqa: E402
+from benchmarks.etl_peers import PEERS, pick_peers  # noqa: E402
 from pipelines.contract import DEFAULT_IMAGE_SIZE  # noqa: E402
+
+PEER_GOAL = 1.5  # issue 40: ours at least 1.5x what a Spark user writes today
 
 
 def recipe_job(spark, input_dir: str, output_dir: str, size: int, partitions: int, split: bool = True) -> int:
@@ -254,8 +263,7 @@ def breakdown(spark, config, repeats: int) -> dict:
     from pipelines.etl.layout import closure_chunks
 
     the_plan, plan_s = best_of(repeats, lambda: job.plan(config))
-    partitions = config.num_partitions or config.default_partitions(spark.sparkContext.defaultParallelism)
-    chunks = closure_chunks(the_plan.candidates, max(1, min(partitions, len(the_plan.candidates))))
+    chunks = closure_chunks(the_plan.candidates, job._partitions(spark, config, len(the_plan.candidates)))
     empty = partial(_empty_task, chunks=chunks)
     _, empty_s = best_of(repeats, lambda: spark.range(len(chunks), numPartitions=len(chunks))
                          .mapInArrow(empty, "n LONG").toArrow())
@@ -349,7 +357,11 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--driver-memory", default="2g",
                         help="the JVM's heap: the recipe's sort of 10,000 decoded images ran out of Spark's 1g")
-    parser.add_argument("--partitions", type=int, default=0, help="Spark partitions for both jobs (0: the ETL's default)")
+    parser.add_argument("--partitions", type=int, default=0, help="Spark partitions for ours and the recipe (0: the "
+                                                                    "ETL's default for each input); the peers plan "
+                                                                    "their own")
+    parser.add_argument("--peers", default=",".join(PEERS),
+                        help=f"comma-separated ETL peers to time beside ours ({', '.join(PEERS)}; none: no peer)")
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a temp dir, removed)")
     parser.add_argument("--dedupe-only", action="store_true",
                         help="only the ETL without and with its duplicate check, side by side")
@@ -357,8 +369,16 @@ def main(argv=None) -> int:
                         help="s3: the ETL S3 -> S3 against a moto_server started here, next to local -> local "
                              "(the recipe and the floors are not run)")
     args = parser.parse_args(argv)
+    from pipelines.errors import Refused
+
+    try:
+        args.peers = pick_peers(args.peers)
+    except Refused as exc:
+        print(f"etl_bench.py: {exc}", file=sys.stderr)
+        return 2
 
     from pipelines.etl.config import ETLConfig
+    from pipelines.etl.layout import TASK_IMAGES, task_count
     from pipelines.etl.job import run_etl
     from pipelines.logs import setup_logging
     from pipelines.spark import spark_session
@@ -386,7 +406,9 @@ def main(argv=None) -> int:
         server = s3server.start(port, os.path.join(work, "moto.log"))
     spark = spark_session("etl-bench", args.master, {"spark.driver.memory": args.driver_memory})
     spark.sparkContext.setLogLevel("ERROR")  # the recipe's 1 MB blocks make parquet-java warn on every row group
-    partitions = args.partitions or ETLConfig.default_partitions(spark.sparkContext.defaultParallelism)
+    parallelism = spark.sparkContext.defaultParallelism
+    partitions = args.partitions or task_count(len(_image_paths(next(iter(inputs.values())))), parallelism,
+                                               TASK_IMAGES)  # the S3 and dedupe tables: the first input's
     if args.dedupe_only:
         try:
             print_dedupe(dedupe_rows(spark, inputs, work, args, partitions), args)
@@ -406,6 +428,7 @@ def main(argv=None) -> int:
         return 0
     rows = []
     for i, (name, src) in enumerate(inputs.items()):
+        partitions = args.partitions or task_count(len(_image_paths(src)), parallelism, TASK_IMAGES)
         out_ours, out_recipe = os.path.join(work, f"out-ours-{i}"), os.path.join(work, "out-recipe")
         # The data path is measured, not MLflow's run (a cost per run, not per image).
         config = ETLConfig(input=src, output=out_ours, image_size=args.image_size, num_partitions=partitions,
@@ -416,6 +439,7 @@ def main(argv=None) -> int:
                                                                    split=False))
         manifest, ours_s = best_of(args.repeats, lambda: run_etl(config, spark))
         ours_rows = manifest["files"]["written"]
+        peers = peer_rows(spark, args, src, out_recipe)
         parts = breakdown(spark, config, args.repeats)
         scan_rows, scan_s = best_of(args.repeats, lambda: binaryfile_scan(spark, src, partitions))
         read_rows, read_s = best_of(args.repeats, lambda: read_in_task_scan(spark, src, partitions))
@@ -427,7 +451,8 @@ def main(argv=None) -> int:
         rows.append(dict(name=name, dedupe=dedupe, ours=ours_rows / ours_s, recipe=recipe_rows / recipe_s,
                          one=one_rows / one_s,
                          n_ours=ours_rows, n_recipe=recipe_rows, scan=scan_rows / scan_s, read=read_rows / read_s,
-                         floor1=files1 / floor1_s, floorn=filesn / floorn_s, cores=cores, ours_s=ours_s, **parts))
+                         floor1=files1 / floor1_s, floorn=filesn / floorn_s, cores=cores, ours_s=ours_s, peers=peers,
+                         **parts))
         shutil.rmtree(out_ours, ignore_errors=True)
         shutil.rmtree(out_recipe, ignore_errors=True)
     spark.stop()
@@ -446,9 +471,54 @@ def main(argv=None) -> int:
               f"{r['scan']:15.1f} {r['read']:12.1f}")
         if r["n_ours"] != r["n_recipe"]:
             print(f"  (rows: ours {r['n_ours']}, recipe {r['n_recipe']})")
+    print_peers(rows, args)
     print_breakdown(rows)
     print_dedupe([r["dedupe"] for r in rows], args)
     return 0
+
+
+def peer_rows(spark, args, src: str, out: str) -> dict:
+    """Each peer of ``args.peers`` on ``src`` (:mod:`etl_peers`, best of ``args.repeats`` after a
+    warm-up run): ``{name: (rows written, seconds)}``, or ``{name: error line}`` when it fails."""
+    peers = {}
+    for peer in args.peers:
+        job = etl_peers.JOBS[peer]
+        try:
+            job(spark, src, out, args.image_size)  # warm-up: its Python workers and imports
+            peers[peer] = best_of(args.repeats, lambda: job(spark, src, out, args.image_size))
+        except Exception as exc:  # noqa: BLE001 - Py4J / a worker's error: whatever the peer raises is the finding
+            lines = str(exc).strip().splitlines() or [type(exc).__name__]
+            peers[peer] = next((line.strip() for line in lines if "Error" in line), lines[0])[:200]
+        shutil.rmtree(out, ignore_errors=True)
+    return peers
+
+
+def print_peers(rows: list, args) -> None:
+    """Ours against each peer per input: images/s, the ratio and the goal (ours >= 1.5x each)."""
+    if not args.peers:
+        return
+    print(f"\nAgainst what a Spark user writes today (benchmarks/etl_peers.py; the image source decodes "
+          f"{etl_peers.IMAGE_SOURCE_FORMATS}): images/s; goal ours >= {PEER_GOAL}x each")
+    print(f"{'input':44s} {'ours':>7s}" + "".join(f" {etl_peers.NAMES[p]:>26s} {'ours/it':>7s}" for p in args.peers))
+    worst = None
+    for r in rows:
+        cells = ""
+        for peer in args.peers:
+            got = r["peers"][peer]
+            if isinstance(got, str):
+                cells += f" {'failed':>26s} {'-':>7s}"
+                continue
+            (n, seconds) = got
+            ratio = r["ours"] / (n / seconds)
+            worst = ratio if worst is None else min(worst, ratio)
+            cells += f" {n / seconds:26.1f} {ratio:6.2f}x" + ("" if n == r["n_ours"] else f" ({n} rows)")
+        print(f"{r['name']:44s} {r['ours']:7.1f}{cells}")
+        for peer in args.peers:
+            if isinstance(r["peers"][peer], str):
+                print(f"  {etl_peers.NAMES[peer]} failed: {r['peers'][peer]}")
+    if worst is not None:
+        print(f"goal (ours >= {PEER_GOAL}x each peer on every input): {'met' if worst >= PEER_GOAL else 'NOT met'}, "
+              f"the least ratio {worst:.3f}x")
 
 
 def print_breakdown(rows: list) -> None:

@@ -5,11 +5,11 @@ import logging
 import os
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from typing import Dict, Iterator, Mapping, Optional
 
 from pipelines.environment import environment
-from pipelines.logs import plural
 from pipelines.quiet import spark_log_options
 from pipelines.redact import SPARK_REDACTION_REGEX
 
@@ -93,24 +93,58 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
 
 
 @contextmanager
-def log_progress(spark, every_s: float = 10.0) -> Iterator[None]:
-    """Log the tasks done per active Spark stage every ``every_s`` seconds while the block runs."""
-    tracker = spark.sparkContext.statusTracker()
+def log_progress(spark, what: str, total: int, unit: str = "image", every_s: float = 10.0) -> Iterator[object]:
+    """Log the progress of a Spark job on the driver while the block runs: ``total`` items, counted
+    by the job's tasks in the accumulator this yields (each task adds 1 per item it finishes).
+
+    Logged (the ``pipelines`` logger: the terminal, and the driver's log under spark-submit): a
+    first line at the start, one every ``every_s`` seconds, and a last one when the block ends
+    without an error, each :func:`pipelines.progress.progress_line` (items done out of ``total``,
+    items/s, the time left) followed by the active stages' tasks from Spark's status tracker
+    (``tasks 12/62 done, 2 running``).
+
+    Why an accumulator: it is Spark's own per-item count, exact (Spark merges a task's updates
+    once, when the task succeeds: a failed or retried attempt adds nothing); PySpark sends a
+    task's updates with its result, so the count moves task by task, by as many items as a task
+    holds: the jobs bound that (:func:`pipelines.etl.layout.task_count`).
+
+    Yields:
+        the accumulator (``pyspark.Accumulator`` of int, 0) to pass to the tasks.
+    """
+    from pipelines.progress import progress_line
+
+    context = spark.sparkContext
+    counter = context.accumulator(0)
+    tracker = context.statusTracker()
+    start = time.perf_counter()
+
+    def line(finished: bool = False) -> str:
+        text = progress_line(what, counter.value, total, time.perf_counter() - start, unit, finished)
+        return text if finished else text + _tasks_text(tracker)
+
+    log.info("%s", line())
     stop = threading.Event()
 
     def report() -> None:
         while not stop.wait(every_s):
-            for stage_id in tracker.getActiveStageIds():
-                info = tracker.getStageInfo(stage_id)
-                if info is not None:
-                    log.info("spark stage %d (%s): %d/%s done, %d running", stage_id,
-                             info.name.split(" at ")[0], info.numCompletedTasks, plural(info.numTasks, "task"),
-                             info.numActiveTasks)
+            log.info("%s", line())
 
     thread = threading.Thread(target=report, name="spark-progress", daemon=True)
     thread.start()
     try:
-        yield
+        yield counter
     finally:
         stop.set()
         thread.join(timeout=1.0)
+    log.info("%s", line(finished=True))
+
+
+def _tasks_text(tracker) -> str:
+    """``" (tasks 12/62 done, 2 running)"``: the active stages' tasks, summed; ``""`` when no stage
+    is active."""
+    done = count = running = 0
+    for stage_id in tracker.getActiveStageIds():
+        info = tracker.getStageInfo(stage_id)
+        if info is not None:
+            done, count, running = done + info.numCompletedTasks, count + info.numTasks, running + info.numActiveTasks
+    return f" (tasks {done}/{count} done, {running} running)" if count else ""

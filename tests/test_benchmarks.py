@@ -1,6 +1,7 @@
 """The benchmarks run end to end (real ETL, Horovod with Gloo, Petastorm) on a tiny sample.
 
-Only that they run and report consistent figures is checked here: speed goals are read from the
+Only that they run and report consistent figures is checked here (and, fast, the refusal of a
+benchmark's bad flag before Spark): speed goals are read from the
 benchmarks' own output on a real-sized run, never asserted by tests. The scaling benchmark's outputs
 are checked in tests/test_gpu_check.py, from the GPU check's dry run, which runs it.
 """
@@ -14,7 +15,6 @@ import pytest
 
 from tests.conftest import subprocess_env
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -25,6 +25,7 @@ def _run(script, *args, timeout=900):
     return result.stdout
 
 
+@pytest.mark.slow
 def test_time_to_accuracy_benchmark_runs_both_paths(tmp_path):
     work, table = tmp_path / "work", tmp_path / "tta.csv"
     stdout = _run("time_to_accuracy.py", "--per-class", "4", "--etl-image-size", "71", "--repeats", "1",
@@ -44,6 +45,7 @@ def test_time_to_accuracy_benchmark_runs_both_paths(tmp_path):
     assert os.listdir(data / "features")  # the feature path computed its features next to the data
 
 
+@pytest.mark.slow
 def test_eval_benchmark_times_the_evaluation_and_the_report_at_each_width():
     stdout = _run("eval_bench.py", "--classes", "10,40", "--images", "64", "--repeats", "1", "--report-rows", "200",
                   "--report-calls", "1", "--before", "1", timeout=300)
@@ -53,6 +55,23 @@ def test_eval_benchmark_times_the_evaluation_and_the_report_at_each_width():
     assert "goal (totals" not in stdout  # the bookkeeping alone is shown, its goal is the whole evaluation's
     for what in ("evaluation", "report"):
         assert f"goal ({what} at 40 classes within 1.2x of 10): " in stdout
+
+
+@pytest.mark.parametrize("flag, says", [("binaryfile,nosuch", "--peers binaryfile,nosuch: unknown nosuch"),
+                                        ("Image", "--peers Image: unknown Image"), (",", "--peers names no peer"),
+                                        ("none,image", "--peers none,image: unknown none")])
+def test_an_unknown_etl_peer_exits_2_in_one_line_listing_the_names_before_spark(flag, says):
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "etl_bench.py"), "--peers", flag],
+                            cwd=ROOT, capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == [f"etl_bench.py: {says}; choose from binaryfile, image (or none)"]
+
+
+def test_etl_peers_are_taken_once_each_in_the_order_named():
+    from benchmarks.etl_peers import PEERS, pick_peers
+
+    assert PEERS == ("binaryfile", "image")
+    assert pick_peers("image, binaryfile,image") == ("image", "binaryfile") and pick_peers("none") == ()
 
 
 def test_trainer_benchmark_refuses_an_unknown_trainer_in_one_line_naming_the_trainers():

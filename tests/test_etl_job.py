@@ -3,6 +3,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pipelines.contract import SPLITS, Manifest, manifest_sha256
 from pipelines.etl.cli import main as etl_main
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.images import ACCEPTED_FORMATS as ETL_FORMATS
-from pipelines.etl.job import run_etl
+from pipelines.etl.job import plan, run_etl
 from tests.conftest import BIN, mlflow_run, subprocess_env
 from tests.imagegen import make_tree
 
@@ -44,7 +45,8 @@ def tree(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def submitted(tree, tmp_path_factory):
-    """One run through spark-submit, as a user runs it, tracked to the default MLflow store."""
+    """One run through spark-submit, as a user runs it, tracked to the default MLflow store: its
+    output, manifest and stdout (where spark-submit also sends the Python driver's log)."""
     root, _ = tree
     out = str(tmp_path_factory.mktemp("etl") / "out")
     cmd = [os.path.join(BIN, "spark-submit"), "--master", "local[2]", os.path.join(REPO, "jobs", "etl.py"),
@@ -68,6 +70,19 @@ def test_counts_reconcile_and_the_summary_says_so(tree, submitted):
     assert files["skipped"] == len(expected["skipped"])
     assert f"found {all_files} = written {expected['good']}" in stdout
     assert "images/s" in stdout
+
+
+def test_the_driver_logs_each_pass_in_images_done_out_of_the_total(tree, submitted):
+    root, _ = tree
+    out, manifest, terminal = submitted
+    candidates = len(plan(ETLConfig(input=root, output=out, image_size=SIZE)).candidates)
+    kept = candidates - manifest["files"]["reasons"].get("rejected: duplicate", 0)
+    for what, total in (("duplicate check", candidates), ("decode and write", kept)):
+        lines = [line for line in terminal.splitlines() if re.search(rf" INFO {what}: [0-9,]+/", line)]
+        assert f"{what}: 0/{total} images (0 %), rate not known yet (" in lines[0], lines
+        assert re.search(rf"{what}: {total}/{total} images \(100 %\), [0-9.]+ images/s, done in [0-9a-z ]+$",
+                         lines[-1]), lines
+    assert kept >= manifest["files"]["written"] > 0
 
 
 def test_the_etl_is_one_mlflow_run_with_its_counts(submitted):

@@ -3,6 +3,7 @@ run on a raw tree with bad files, notebook 07 on the ETL's test split with a mod
 refusals before Spark, the no-Spark command."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -69,6 +70,12 @@ def test_spark_submit_predicts_every_file_of_a_raw_tree(trained, tmp_path):
         good + len(expected["rejected"]), good, len(expected["rejected"]), len(skipped))
     assert files["found"] == files["rows"] + files["skipped"] == sum(len(f) for _, _, f in os.walk(root))
     assert f"found {files['found']} = rows {files['rows']} + skipped {files['skipped']}" in proc.stdout
+    # the driver's progress in images, counted by the tasks (4 tasks on 2 cores: Python workers
+    # reused, whose cached predict function adds to each later task's own accumulator)
+    progress = [line for line in proc.stdout.splitlines() if " INFO predict: " in line]  # spark-submit: the log too
+    assert f"predict: 0/{files['rows']} images (0 %), rate not known yet (" in progress[0], progress
+    assert re.search(rf"predict: {files['rows']}/{files['rows']} images \(100 %\), [0-9.]+ images/s, done in "
+                     r"[0-9a-z ]+$", progress[-1]), progress
     for path, reason in expected["rejected"].items():  # unreadable files are rows with the ETL's reason
         assert by_path[path]["status"] == UNREADABLE and by_path[path]["reason"].startswith(reason), by_path[path]
         assert by_path[path]["top_labels"] is None

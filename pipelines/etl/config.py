@@ -46,7 +46,8 @@ class ETLConfig:
                                     "file per content, the other copies recorded as rejections (a "
                                     "duplicate, or a label conflict across classes); --no-dedupe writes "
                                     "every copy, and copies may then be in two splits")
-    num_partitions: int = field(0, help="Spark partitions for decoding; 0 = 2 x default parallelism")
+    num_partitions: int = field(0, help="Spark tasks for hashing and decoding; 0 = at least 2 per core and "
+                                         "at most 500 images a task (progress moves task by task)")
     master: Optional[str] = field(None, help="Spark master when not set by spark-submit "
                                              "(default local[*])")
     verbose: Optional[bool] = verbose_field("Spark's INFO log")
@@ -106,11 +107,6 @@ class ETLConfig:
             pipelines.storage.StorageError: an unknown scheme, a backend that is not installed.
         """
         return storage.resolve(uri, None if storage.is_local(uri) else self.storage_options)
-
-    @staticmethod
-    def default_partitions(default_parallelism: int) -> int:
-        """Partitions when ``--num-partitions`` is 0: twice Spark's default parallelism (cores)."""
-        return 2 * default_parallelism
 
     @property
     def row_bytes(self) -> int:

@@ -51,7 +51,7 @@ from pipelines.contract import (COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, 
 from pipelines.etl import commit
 from pipelines.etl.dedupe import duplicates
 from pipelines.etl.labels import SPLIT_RULE, ClassFolder, split_class
-from pipelines.etl.layout import closure_chunks, cut_into, rows_per_row_group, spread_order
+from pipelines.etl.layout import TASK_IMAGES, closure_chunks, cut_into, rows_per_row_group, spread_order, task_count
 from pipelines.etl.listing import REJECTED, SKIPPED, Excluded, ListedFile, classify, display_path, list_tree, reason_kind
 from pipelines.etl.outcomes import TASK_DDL, Reconciled, SplitStats, read_hashes, reconcile
 from pipelines.etl.memory import check_task_memory, executor_memory, physical_memory_bytes, task_bytes
@@ -59,6 +59,7 @@ from pipelines.logs import plural
 from pipelines.paths import check_disjoint
 from pipelines.redact import redact
 from pipelines.etl.transform import Candidate, hash_chunks, process_chunks
+from pipelines.spark import log_progress
 from pipelines.storage import Location, check_reachable
 
 log = logging.getLogger("pipelines")
@@ -189,9 +190,11 @@ def hash_candidates(spark, config: ETLConfig, the_plan: Plan) -> Iterator[Tuple[
     partitions = _partitions(spark, config, len(the_plan.candidates))
     source = config.location(config.input)
     run = commit.run_location(config.location(config.output), the_plan.run_id)
-    mapper = partial(hash_chunks, chunks=closure_chunks(the_plan.candidates, partitions), run=run,
-                     max_file_bytes=int(config.max_file_mb * 2**20), source=None if source.local else source)
-    tasks = spark.range(partitions, numPartitions=partitions).mapInArrow(mapper, TASK_DDL).toArrow().to_pylist()
+    with log_progress(spark, "duplicate check", len(the_plan.candidates)) as counter:
+        mapper = partial(hash_chunks, chunks=closure_chunks(the_plan.candidates, partitions), run=run,
+                         max_file_bytes=int(config.max_file_mb * 2**20), source=None if source.local else source,
+                         counter=counter)
+        tasks = spark.range(partitions, numPartitions=partitions).mapInArrow(mapper, TASK_DDL).toArrow().to_pylist()
     return read_hashes(run, tasks)
 
 
@@ -214,10 +217,10 @@ def drop_duplicates(config: ETLConfig, the_plan: Plan, hashes: Iterable[Tuple[st
 
 
 def _partitions(spark, config: ETLConfig, candidates: int) -> int:
-    """The number of Spark tasks (and chunks) for ``candidates`` files: ``--num-partitions`` or
-    :meth:`ETLConfig.default_partitions`, at most one per file."""
-    partitions = config.num_partitions or ETLConfig.default_partitions(spark.sparkContext.defaultParallelism)
-    return max(1, min(partitions, candidates))
+    """The number of Spark tasks (and chunks) for ``candidates`` files: ``--num-partitions``, else
+    at least two per core and at most :data:`pipelines.etl.layout.TASK_IMAGES` files a task
+    (:func:`pipelines.etl.layout.task_count`); at most one per file."""
+    return task_count(candidates, spark.sparkContext.defaultParallelism, TASK_IMAGES, config.num_partitions)
 
 
 def _refuse_no_candidate(config: ETLConfig, files: List[ListedFile], outcomes: Dict[str, object]) -> None:
@@ -271,13 +274,15 @@ def run_spark(spark, config: ETLConfig, the_plan: Plan) -> List[dict]:
     # would be sliced by Spark, not by us, and need a repartition (a shuffle) to get our chunks.
     # The cost: the candidate list (about 100 bytes per file) travels with the function to each
     # executor (PySpark broadcasts a large closure once per executor), fine up to millions of files.
-    mapper = partial(process_chunks, chunks=closure_chunks(candidates, the_plan.partitions),
-                     run=commit.run_location(config.location(config.output), the_plan.run_id),
-                     image_size=config.image_size, max_pixels=config.max_pixels,
-                     max_file_bytes=int(config.max_file_mb * 2**20),
-                     rows_per_row_group=the_plan.rows_per_row_group, source=None if source.local else source)
-    numbers = spark.range(the_plan.partitions, numPartitions=the_plan.partitions)
-    return numbers.mapInArrow(mapper, TASK_DDL).toArrow().to_pylist()
+    with log_progress(spark, "decode and write", len(candidates)) as counter:
+        mapper = partial(process_chunks, chunks=closure_chunks(candidates, the_plan.partitions),
+                         run=commit.run_location(config.location(config.output), the_plan.run_id),
+                         image_size=config.image_size, max_pixels=config.max_pixels,
+                         max_file_bytes=int(config.max_file_mb * 2**20),
+                         rows_per_row_group=the_plan.rows_per_row_group, source=None if source.local else source,
+                         counter=counter)
+        numbers = spark.range(the_plan.partitions, numPartitions=the_plan.partitions)
+        return numbers.mapInArrow(mapper, TASK_DDL).toArrow().to_pylist()
 
 
 def _refuse_empty_result(config: ETLConfig, the_plan: Plan, result: Reconciled, ledger: Location) -> None:
@@ -430,7 +435,7 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
 
     from pipelines.environment import read_settings
     from pipelines.quiet import quiet_libraries
-    from pipelines.spark import log_progress, spark_session
+    from pipelines.spark import spark_session
 
     quiet_libraries(config.verbose)  # this process's third-party noise (MLflow's): the config's choice
     check_paths(config)
@@ -449,10 +454,9 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
         check_memory(config, context.master, dict(context.getConf().getAll()))
         start = time.perf_counter()
         try:
-            with log_progress(spark):
-                if config.dedupe:
-                    the_plan = _without_duplicates(spark, config, the_plan, start)
-                tasks = run_spark(spark, config, the_plan)
+            if config.dedupe:
+                the_plan = _without_duplicates(spark, config, the_plan, start)
+            tasks = run_spark(spark, config, the_plan)
             manifest = finish(config, the_plan, tasks, spark.version, time.perf_counter() - start)
         except NothingWritten:
             raise  # its rejected.jsonl, the only file it wrote, says why: kept for the user

@@ -70,3 +70,29 @@ def closure_chunks(items: Sequence[tuple], parts: int) -> List[List[Tuple]]:
     4 ms as tuples, and each task's unpickling fell from 13 ms to 4 ms.
     """
     return [[tuple(item) for item in chunk] for chunk in cut_into(items, parts)]
+
+
+# Images per ETL task by default: at most this many, so that the progress count (which moves task
+# by task: pipelines.spark.log_progress) moves in steps of a few seconds of one core's work, and a
+# lost task redoes that much; enough that a task's own costs (its start, its share of the
+# closure, one Parquet file per split and its last, partial row group) stay a few percent of it.
+# Figures: docs/etl.md ("Progress and task size").
+TASK_IMAGES = 500
+
+
+def task_count(items: int, parallelism: int, per_task: int, requested: int = 0) -> int:
+    """Spark tasks for ``items`` items: ``requested`` when given (> 0), else
+    ``max(2 * parallelism, ceil(items / per_task))`` (two tasks per core at least, so a slow task
+    does not leave a core idle at the end; at most ``per_task`` items a task); never more than one
+    task per item, never fewer than 1.
+
+    ``task_count(30607, 2, 500) == 62``; ``task_count(40, 2, 500) == 4``;
+    ``task_count(3, 2, 500) == 3``; ``task_count(1000, 2, 500, requested=2) == 2``.
+
+    Raises:
+        ValueError: ``per_task < 1``.
+    """
+    if per_task < 1:
+        raise ValueError(f"per_task must be >= 1, got {per_task}")
+    wanted = requested if requested > 0 else max(2 * parallelism, -(-items // per_task))
+    return max(1, min(wanted, items))

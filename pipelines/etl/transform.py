@@ -237,13 +237,13 @@ def _task_name() -> str:
 
 
 def hash_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Candidate]], run: "Location",
-                max_file_bytes: int, source: Optional["Location"] = None) -> Iterator[pa.RecordBatch]:
+                max_file_bytes: int, source: Optional["Location"] = None, counter=None) -> Iterator[pa.RecordBatch]:
     """The sha256 of each candidate file of the chunks whose numbers this task receives: the
     duplicate check's pass (:mod:`pipelines.etl.dedupe`), before the split is decided.
 
     Args:
-        batches, chunks, run, max_file_bytes, source: as in :func:`process_chunks` (same chunks,
-            same bounded read: :func:`read_candidate`).
+        batches, chunks, run, max_file_bytes, source, counter: as in :func:`process_chunks` (same
+            chunks, same bounded read: :func:`read_candidate`).
 
     Writes ``run/_tasks/hashes-<task>.arrow`` (:class:`pipelines.etl.outcomes.RowFile`): a
     :data:`~pipelines.etl.outcomes.HASH_SCHEMA` row per candidate, ``path``, ``sha256`` (64 hex
@@ -262,12 +262,15 @@ def hash_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Can
             except Exception:  # noqa: BLE001 - any failure is the main pass's to record, with its reason
                 digest = None
             hashes.append(candidate.path, digest)
+            if counter is not None:
+                counter.add(1)
     yield hashes.close(numbers)
 
 
 def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Candidate]], run: "Location",
                    image_size: int, max_pixels: int, max_file_bytes: int,
-                   rows_per_row_group: int, source: Optional["Location"] = None) -> Iterator[pa.RecordBatch]:
+                   rows_per_row_group: int, source: Optional["Location"] = None,
+                   counter=None) -> Iterator[pa.RecordBatch]:
     """Read, resize and write the candidate files of the chunks whose numbers this task receives.
 
     Args:
@@ -281,6 +284,8 @@ def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[
         image_size, max_pixels, max_file_bytes: as in ``ETLConfig``.
         rows_per_row_group: rows per Parquet row group (the last one of a file may hold fewer).
         source: the input tree's root when it is on an object store (``None``: local files).
+        counter: a Spark accumulator (or ``None``) this task adds 1 to per candidate it is done
+            with, written or rejected: the driver's progress (:func:`pipelines.spark.log_progress`).
 
     Writes, besides the Parquet files, ``run/_tasks/outcomes-<task>.arrow``: one
     :data:`~pipelines.etl.outcomes.OUTCOME_SCHEMA` row per candidate of its chunks.
@@ -299,6 +304,8 @@ def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[
     numbers = [chunk for batch in batches for chunk in batch.column(0).to_pylist()]
     for chunk in numbers:
         for candidate in map(Candidate._make, chunks[chunk]):
+            if counter is not None:
+                counter.add(1)  # a task's updates reach the driver when it succeeds: all its files done
             try:
                 data = read_candidate(candidate.path, source, max_file_bytes)
                 fitted = decode_and_fit(data, image_size, max_pixels)

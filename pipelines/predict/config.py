@@ -36,7 +36,8 @@ class PredictConfig:
     class_names: str = field("", help="a JSON list of class names (a run's class_names.json), for an MLflow "
                                       "model whose metadata has no class_names")
     max_file_mb: float = field(50.0, help="files larger than this are rows with a reason, never read, MiB")
-    num_partitions: int = field(0, help="Spark partitions of an image tree; 0 = Spark's default parallelism")
+    num_partitions: int = field(0, help="Spark partitions of an image tree; 0 = at least 2 per core and at "
+                                         "most 256 images a task (an ETL split: about 256 rows a task)")
     threads: int = field(0, help="TensorFlow threads per Python worker; 0 = spark.task.cpus (1 by default)")
     arrow_batch_rows: int = field(0, help="rows per Arrow batch sent to a Python worker "
                                           "(spark.sql.execution.arrow.maxRecordsPerBatch); 0 = whole model "

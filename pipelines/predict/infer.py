@@ -131,7 +131,36 @@ def make_decoder(from_files: bool, image_size: int, max_file_bytes: int) -> Call
     return partial(decode_stored, size=image_size)
 
 
-def make_predict_fn(spec, k: int, from_files: bool, max_file_bytes: int, threads: int, verbose: bool = False):
+_CURRENT: list = [None]  # this Python worker's running task's accumulator (TaskCounter)
+
+
+class TaskCounter:
+    """A Spark accumulator that follows the task, for the predict function to add to.
+
+    PySpark keeps the predict function per Python worker (``predict_batch_udf``'s model cache), so
+    an accumulator its closure captured is the one unpickled with that worker's first task; Spark
+    collects each later task's own copy, unpickled with its command and never added to. This
+    object travels in the same command: unpickled with each task's, it makes that task's copy the
+    worker's current one (:func:`_follow`), and :meth:`add` adds there.
+    """
+
+    def __init__(self, accumulator):
+        self.accumulator = accumulator
+
+    def __reduce__(self):
+        return _follow, (self.accumulator,)
+
+    def add(self, n: int) -> None:
+        (_CURRENT[0] or self.accumulator).add(n)
+
+
+def _follow(accumulator) -> TaskCounter:
+    _CURRENT[0] = accumulator
+    return TaskCounter(accumulator)
+
+
+def make_predict_fn(spec, k: int, from_files: bool, max_file_bytes: int, threads: int, verbose: bool = False,
+                    counter: Optional[TaskCounter] = None):
     """The ``make_predict_fn`` of ``predict_batch_udf``.
 
     Args:
@@ -140,6 +169,8 @@ def make_predict_fn(spec, k: int, from_files: bool, max_file_bytes: int, threads
         max_file_bytes: files larger than this are not read. threads: TensorFlow threads (0: default).
         verbose: show TensorFlow's info lines in the workers (quiet by default, whatever
             environment the executors were started with).
+        counter: the rows of each batch are added to it once predicted (or found unreadable):
+            the driver's progress (:func:`pipelines.spark.log_progress`); ``None``: not counted.
 
     Returns:
         a function of no argument that loads the model and returns ``predict(values, reasons)``
@@ -157,7 +188,10 @@ def make_predict_fn(spec, k: int, from_files: bool, max_file_bytes: int, threads
         decode = make_decoder(from_files, spec.image_size, max_file_bytes)
 
         def predict(values: np.ndarray, reasons: np.ndarray) -> Dict[str, np.ndarray]:
-            return predict_columns(model, values, reasons, decode, k, spec.class_names)
+            columns = predict_columns(model, values, reasons, decode, k, spec.class_names)
+            if counter is not None:
+                counter.add(len(values))
+            return columns
 
         return predict
 

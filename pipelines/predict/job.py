@@ -31,13 +31,13 @@ from typing import Dict, Iterator, List, Tuple
 from pipelines.config import to_dict
 from pipelines.contract import row_bytes
 from pipelines.errors import MissingInput, NotAFolder, Refused
-from pipelines.etl.layout import closure_chunks
+from pipelines.etl.layout import closure_chunks, task_count
 from pipelines.etl.listing import reason_kind
 from pipelines.logs import plural
 from pipelines.paths import check_disjoint
 from pipelines.redact import redact
 from pipelines.predict.config import PredictConfig
-from pipelines.predict.infer import PREDICTED, UNREADABLE, make_predict_fn, result_type
+from pipelines.predict.infer import PREDICTED, UNREADABLE, TaskCounter, make_predict_fn, result_type
 from pipelines.predict.inputs import TREE, InputPlan, Item, class_index, is_etl_split, plan_input
 from pipelines.predict.metrics import classification_report
 from pipelines.predict.model import ModelSpec, resolve_model
@@ -50,6 +50,13 @@ SPARK_ARROW_ROWS = 10_000  # Spark's default of ARROW_RECORDS
 ARROW_BATCH_BYTES = 8 * 2**20  # stored images per Arrow batch (arrow_batch_rows): a few model batches at 299 px
 WRITTEN_BY = "pipelines.predict"  # the summary's mark: a folder this job may replace (owned_files)
 ITEM_DDL = "path STRING, label INT, label_name STRING, reason STRING"
+# Images per task by default, at most: a model call costs more than an ETL decode, so fewer than
+# the ETL's 500 for the same aim (progress that moves, a lost task that redoes little); still 8
+# model batches of the default 32, and the model is loaded once per Python worker, not per task.
+# Why and what it costs: docs/tracking-and-inference.md ("Progress").
+TASK_IMAGES = 256
+MAX_PARTITION_BYTES = "spark.sql.files.maxPartitionBytes"
+OPEN_COST = "spark.sql.files.openCostInBytes"
 # The output's columns, in order (status: predicted | unreadable).
 COLUMNS = ("path", "label", "label_name", "status", "reason", "top_labels", "top_names", "top_probabilities")
 
@@ -169,7 +176,7 @@ def input_frame(spark, config: PredictConfig, spec: ModelSpec, plan: InputPlan):
     from pyspark.sql import functions as F
 
     if plan.kind == TREE:
-        parts = max(1, min(config.num_partitions or spark.sparkContext.defaultParallelism, len(plan.items)))
+        parts = task_count(len(plan.items), spark.sparkContext.defaultParallelism, TASK_IMAGES, config.num_partitions)
         mapper = partial(emit_items, chunks=closure_chunks(plan.items, parts))
         return spark.range(parts, numPartitions=parts).mapInArrow(mapper, ITEM_DDL).withColumn("value", F.col("path"))
     index = class_index(spec.class_names)  # the split's label names, matched by name with the model's
@@ -180,13 +187,15 @@ def input_frame(spark, config: PredictConfig, spec: ModelSpec, plan: InputPlan):
         F.lit(None).cast("string").alias("reason"), F.col("image").alias("value"))
 
 
-def predictions(spark, config: PredictConfig, spec: ModelSpec, plan: InputPlan):
-    """The output DataFrame (:data:`COLUMNS`): every input row through ``predict_batch_udf``."""
+def predictions(spark, config: PredictConfig, spec: ModelSpec, plan: InputPlan, counter=None):
+    """The output DataFrame (:data:`COLUMNS`): every input row through ``predict_batch_udf``,
+    each batch's rows added to the accumulator ``counter`` when given (the driver's progress)."""
     from pyspark.ml.functions import predict_batch_udf
     from pyspark.sql import functions as F
 
     threads = config.threads or int(spark.conf.get("spark.task.cpus", "1"))
-    make = make_predict_fn(spec, config.top_k, plan.kind == TREE, config.max_file_bytes, threads, config.verbose)
+    make = make_predict_fn(spec, config.top_k, plan.kind == TREE, config.max_file_bytes, threads, config.verbose,
+                           TaskCounter(counter) if counter is not None else None)
     udf = predict_batch_udf(make, return_type=result_type(), batch_size=config.batch_size)
     p = F.col("p")
     ok = p.reason.isNull()
@@ -320,8 +329,9 @@ def run_predict(config: PredictConfig, spark=None) -> Dict:
                                        log_level=read_settings().spark_log_level)
         start = time.perf_counter()
         rows = config.arrow_batch_rows or arrow_batch_rows(config.batch_size, row_bytes(spec.image_size))
-        with log_progress(spark), session_conf(spark, {ARROW_RECORDS: str(rows)}):
-            predictions(spark, config, spec, plan).write.mode("overwrite").parquet(staging)
+        settings = {ARROW_RECORDS: str(rows), **split_partitioning(config, plan)}
+        with log_progress(spark, "predict", plan.rows) as counter, session_conf(spark, settings):
+            predictions(spark, config, spec, plan, counter).write.mode("overwrite").parquet(staging)
         summary = finish(config, spec, plan, staging, time.perf_counter() - start)
         swap_in(staging, config.output)
     finally:
@@ -329,6 +339,24 @@ def run_predict(config: PredictConfig, spark=None) -> Dict:
         shutil.rmtree(download, ignore_errors=True)
     log.info("wrote %s", config.output)
     return summary
+
+
+def split_partitioning(config: PredictConfig, plan: InputPlan) -> Dict[str, str]:
+    """Spark's file-split settings that give an ETL split's tasks about :data:`TASK_IMAGES` rows
+    each (``{}`` for a tree, or with ``--num-partitions``, which applies to trees only).
+
+    Spark cuts Parquet files into splits of ``spark.sql.files.maxPartitionBytes`` (128 MiB by
+    default: thousands of stored images a task) and packs small files up to it, counting
+    ``spark.sql.files.openCostInBytes`` (4 MiB) per file. The first is set to the split's mean
+    stored bytes per row times :data:`TASK_IMAGES` (at least 1 MiB), the second to an eighth of
+    that (up to 8 small files a task). A task still reads whole row groups (Spark assigns each to
+    the split holding its middle).
+    """
+    if plan.kind == TREE or not plan.rows or config.num_partitions:
+        return {}
+    stored = sum(os.path.getsize(path) for path in plan.parts)
+    target = max(2**20, stored * TASK_IMAGES // plan.rows)
+    return {MAX_PARTITION_BYTES: str(target), OPEN_COST: str(target // 8)}
 
 
 @contextlib.contextmanager
