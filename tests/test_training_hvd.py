@@ -113,12 +113,35 @@ def full_run(dataset, tmp_path_factory):
     return out, log, running_at_first_epoch
 
 
+PROGRESS = re.compile(r"^\[(\d+)\]<std(?:out|err)>:.* epoch (\d+)/3: (\d+)/(\d+) steps \((\d+) %\), ([\d.]+) images/s, "
+                      r"(.*)$", re.M)
+
+
 def test_progress_arrives_live_through_a_pipe_from_rank_0_only(full_run):
     """Epoch 1's results line arrives while epochs 2 and 3 still run, not all at the end; only
-    rank 0 reports epochs."""
-    _, log, running_at_first_epoch = full_run
+    rank 0 reports epochs, and within each epoch the steps done of the epoch's, images/s and the
+    time left (pipelines/training/epochprogress.py), epoch 1's before epoch 1's results."""
+    out, log, running_at_first_epoch = full_run
     assert running_at_first_epoch, log[-3000:]
     assert not re.search(r"^\[1\]<stdout>:.*Epoch", log, re.M)
+    assert not re.search(r"^\[1\]<std(out|err)>:.* epoch \d+/\d+: ", log, re.M)  # rank 1 shows none
+    m = metrics(out)
+    progress = [(int(e), int(done), int(steps), int(percent), float(rate), rest)
+                for rank, e, done, steps, percent, rate, rest in PROGRESS.findall(log) if rank == "0"]
+    ends = [p for p in progress if p[1] == p[2]]
+    assert [p[0] for p in ends] == [1, 2, 3], log[-3000:]  # one line after each epoch's last step
+    for (epoch, done, steps, percent, rate, rest), epoch_logs in zip(ends, m["history"]):
+        assert (steps, percent) == (m["steps_per_epoch"], 100)
+        # EpochStats' figure is the ranks' mean, and rank 1's epoch also waits for rank 0's epoch-end work
+        assert rate == pytest.approx(epoch_logs["train_images_per_second"], rel=0.5)
+        seconds = re.fullmatch(r"steps done in (\d+) s, then validation", rest)
+        assert seconds and abs(int(seconds[1]) - steps * m["global_batch_size"] / rate) <= 1, rest
+    for epoch, done, steps, percent, rate, rest in progress:  # any line within an epoch (every 10 s)
+        assert done <= steps and percent == 100 * done // steps and rate > 0
+        assert done == steps or re.fullmatch(r"(\d+ min )?\d+ s left in the epoch('s steps, then validation)?", rest)
+    lines = log.splitlines()
+    first_results = next(i for i, line in enumerate(lines) if re.match(r"^\[0\]<stdout>:.*val_accuracy", line))
+    assert next(i for i, line in enumerate(lines) if PROGRESS.match(line)) < first_results
 
 
 def test_each_rank_is_bound_to_a_core_of_its_own(full_run):

@@ -250,6 +250,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
                    frozen_sha256: Optional[str] = None, tracker=None, marker: Optional[Dict] = None):
     """Horovod's broadcast, metric averaging and warmup, epoch statistics, the divergence check
     (:class:`~pipelines.training.callbacks.DivergenceGuard`) and early stopping on every rank;
+    progress lines within each epoch (:class:`~pipelines.training.epochprogress.EpochProgress`),
     checkpoints, their markers (with ``marker``'s items: the phase), ``history.csv``,
     TensorBoard and each epoch's metrics to ``tracker`` (MLflow, when given) on rank 0 only.
 
@@ -273,8 +274,11 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     # before early stopping and the checkpoints: a non-finite step or epoch stops every rank there
     callbacks += [cb.DivergenceGuard(plan.steps.steps_per_epoch), early_stopping]
     if rank.rank == 0:
+        from pipelines.training.epochprogress import EpochProgress
+
         directory = plan.output_dir
         callbacks += [
+            EpochProgress(plan.steps.steps_per_epoch, plan.steps.global_batch),  # rank 0 alone shows progress
             cb.CheckpointMarker(directory, early_stopping, resume.history, frozen_sha256,
                                 {**(marker or {"phase": 1}), "run": plan.claim.run.record()}),
             cb.EpochCSVLogger(os.path.join(directory, HISTORY), append=bool(resume.marker)),
