@@ -128,9 +128,10 @@ run_main() {
   local stack=$1 image=$2 out=$OUTROOT/$stack ctr t0 rc=0
   rm -rf "$out"; mkdir -p "$out"
   chown -R "$IMAGE_UID:$IMAGE_UID" "$out" "$CACHE/pipelines"
-  ctr=$(buildah from --pull-never --name "pipelines-image-test-$stack-$$" "$image")
+  # a hostname that resolves: Spark's driver looks its own up (buildah's default, the container's id, does not)
+  ctr=$(buildah from --pull-never --add-host pipelines-image-test:127.0.0.1 --name "pipelines-image-test-$stack-$$" "$image")
   t0=$(now)
-  buildah run --isolation chroot --network host --user pipelines "${MOUNTS[@]}" \
+  buildah run --isolation chroot --network host --hostname pipelines-image-test --user pipelines "${MOUNTS[@]}" \
     -v "$out:/outputs" -v "$CACHE/pipelines:/cache" -e PIPELINES_CACHE=/cache \
     "$ctr" -- make main VENV=/opt/venv OUT=/outputs/out >"$out/main.log" 2>&1 || rc=$?
   RUN_S=$(( $(now) - t0 ))
