@@ -94,10 +94,11 @@ def job_row(trainer: str, world_size: int, round_: int, result: Dict, wall_s: fl
 
 def summarize(rows: Sequence[Dict]) -> List[Dict]:
     """Per trainer and world size (in the rows' first-seen order): the medians of images/s, step ms,
-    all-reduce ms (``None`` at world size 1), first step s and job s over the rounds, the runs' images/s, and ``vs_horovod``, our median
-    images/s over this one's at the same world size (``None`` without a Horovod row there); at
-    world size N > 1 with a world-size-1 row of the same trainer, ``distributed_ms``: its median step ms
-    minus world size 1's (what being distributed costs a step)."""
+    all-reduce ms (``None`` at world size 1), first step s and job s over the rounds, the runs'
+    images/s, and ``vs_horovod``, our median images/s over this one's at the same world size
+    (``None`` without a Horovod row there); at world size N > 1 with a world-size-1 row of the same
+    trainer, ``distributed_ms``: its median step ms minus world size 1's (what being distributed
+    costs a step)."""
     keys = list(dict.fromkeys((r["trainer"], r["np"]) for r in rows))
     out = []
     for trainer, n in keys:
