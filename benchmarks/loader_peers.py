@@ -149,18 +149,10 @@ def time_peer(peer: str, data, config, results: Dict[str, float], batches: int, 
     <label>"]`` (images/s over ``batches`` batches of ``config.batch_size``), one new iterator per
     epoch as Keras takes a finite dataset. Epoch 1 includes making the dataset (Ray's reading of
     the footers, its materialisation); ``tail`` (the benchmark's ``--tail float32``) wraps it.
-    Ray runs only while its routes are timed (its idle processes would share the CPUs with the
-    other readers' timings)."""
+    Ray is started once and left running (:func:`stop_ray`): on a loaded machine a second start
+    timed out (2026-12-03, load average 26 on 2 cores), and its idle processes cost little."""
     if peer == "ray":
         start_ray()
-    try:
-        time_routes(peer, data, config, results, batches, tail)
-    finally:
-        stop_ray()
-
-
-def time_routes(peer: str, data, config, results: Dict[str, float], batches: int, tail) -> None:
-    """:func:`time_peer`'s timing, Ray started."""
     for i, route in enumerate(ROUTES[peer]):
         start, ds = time.perf_counter(), None
         for label in route:
