@@ -33,6 +33,7 @@ main: setup  ## fetch the sample photos, run the ETL (and training), print the r
 	OUT=$(OUT) VENV=$(VENV) bash scripts/main.sh
 
 test:  ## both stacks: the whole suite on mission, then on current the tests marked `current` and every fast test
+	$(MAKE) setup STACK=current  # first: the mission suite's cross-stack tests start the current venv too
 	$(MAKE) test-stack STACK=mission
 	$(MAKE) test-stack STACK=current
 

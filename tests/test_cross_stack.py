@@ -3,8 +3,8 @@
 process of the other stack's venv (tests/cross_stack_side.py). Each works, or is refused in one
 line naming the stack that made it and the way out; no store is migrated.
 
-Needs both venvs: ``make test`` runs this on the current stack, after the mission stack's venv is
-built; on the mission stack it runs where ``.venv-current`` exists."""
+Needs both venvs: ``make test`` builds both before any test, so this runs on each stack's share;
+only a file run by hand without the other stack's venv skips it, naming the command that builds it."""
 import json
 import os
 import subprocess

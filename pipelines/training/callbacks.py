@@ -338,7 +338,7 @@ class FaultInjection(keras.callbacks.Callback):
             raise RuntimeError(f"injected fault at the end of epoch {self.epoch} ({FAULT_ENV})")
 
 
-class Progress(keras.callbacks.Callback):
+class WatchdogTicks(keras.callbacks.Callback):
     """Ticks a rank's :class:`~pipelines.launch.watchdog.Watchdog` from inside ``fit``: before each
     step (``waits``: the step's allreduce waits on every rank) and after it (the rank's own work
     until the next one). The pair :meth:`around` gives goes first and last among the callbacks:

@@ -294,7 +294,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     if rank.handed.stall_timeout_s:  # first and last: each epoch's end is watched as one collective phase
         from pipelines.launch.watchdog import Watchdog
 
-        first, last = cb.Progress.around(Watchdog(rank.handed.stall_timeout_s))
+        first, last = cb.WatchdogTicks.around(Watchdog(rank.handed.stall_timeout_s))
         callbacks = [first, *callbacks, last]
     fault = cb.FaultInjection.requested(rank.handed.fault, rank.rank, config.output if is_local(config.output) else "")
     if fault is not None:
