@@ -12,7 +12,7 @@ from pipelines.errors import Refused
 from pipelines.launch import HorovodJobFailed, HorovodRunner, RankFailure
 from pipelines.launch.config import DEFAULT_RENDEZVOUS_TIMEOUT_S, LaunchConfig
 from pipelines.launch.failures import with_late_ranks
-from pipelines.launch.rankenv import GLOO_TIMEOUT_ENV, STALL_ENV, read_rank_environment, timeouts_env
+from pipelines.launch.rankenv import GLOO_TIMEOUT_ENV, STALL_ENV, own_timeouts, read_rank_environment, timeouts_env
 from pipelines.launch.recovery import is_lost
 from pipelines.launch.watchdog import DEFAULT_STALL_TIMEOUT_S, Watchdog, grace_s, stall_record
 

@@ -26,7 +26,7 @@ from pipelines.launch.failures import HorovodJobFailed, RankFailure, with_late_r
 from pipelines.launch.gpus import (CUDA_VISIBLE, check_local_gpus, nccl_env, parse_visible, rank_gpu_env, task_gpus,
                                    visible_gpu_count)
 from pipelines.launch.network import GLOO_IFACE_ENV, interface_of, rendezvous_ipv4, split_host_port
-from pipelines.launch.rankenv import GLOO_TIMEOUT_ENV
+from pipelines.launch.rankenv import GLOO_TIMEOUT_ENV, own_timeouts
 from pipelines.launch.rendezvous import Rendezvous
 from pipelines.launch.ranklogs import LogSink
 from pipelines.launch.sparkcheck import check_barrier_conf, check_local_executors, executor_id_hosts, wait_for_slots
@@ -76,8 +76,8 @@ def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
     failures = [RankFailure(r["rank"], r["cause"], r.get("traceback", ""), r.get("secondary", False),
                             r.get("host", ""), r.get("lost", False), r.get("refused", False))
                 for r in records if r["status"] == "error"]
-    missing = next((r.get("rendezvous_missing", []) for r in records if r["rank"] == 0), [])
-    failures = with_late_ranks(failures, missing, (rank_timeouts or {}).get(GLOO_TIMEOUT_ENV, "30"),
+    first = next((r for r in records if r["rank"] == 0), {})
+    failures = with_late_ranks(failures, first.get("rendezvous_missing", []), first.get("gloo_timeout", "30"),
                                {r["rank"]: r.get("host", "") for r in records})
     if failures:
         raise HorovodJobFailed(failures)
@@ -128,8 +128,9 @@ def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str]
                  rank_timeouts: Optional[Dict[str, str]] = None):
     """The function each barrier task runs: plan ranks, check the network and the GPUs, rendezvous,
     run the rank as a child whose output goes to the driver's ``sink`` (address, token), with the
-    variables ``rank_timeouts`` besides; task 0's record names the ranks that never joined the
-    rendezvous it served (``rendezvous_missing``). Every task
+    variables ``rank_timeouts`` besides (a Gloo timeout of the executor's own kept:
+    :func:`~pipelines.launch.rankenv.own_timeouts`); task 0's record names the ranks that never joined
+    the rendezvous it served (``rendezvous_missing``) and the window they had (``gloo_timeout``). Every task
     decides its Gloo interface and its rank's GPUs (:func:`task_choices`) *before* the one
     ``allGather`` all tasks join, and shares the outcome: a task that cannot (no such interface, an
     address on none, an IPv6-only host, a GPU address its executor does not see) makes every task
@@ -160,11 +161,13 @@ def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str]
                         "host": hosts[index], "refused": mine["refused"]}
                        if "error" in mine else {"rank": slot["rank"], "status": "not started"})
                 return
+            timeouts = own_timeouts(rank_timeouts or {}, os.environ)
             env = dict(os.environ, **rank_env(slot, hosts[index], world_size, gathered[0]["rendezvous"], mine,
-                                              os.environ), **(rank_timeouts or {}))
+                                              os.environ), **timeouts)
             record = run_child(payload, env, slot["rank"], (*sink, hosts[index]))
             if server is not None:
                 record["rendezvous_missing"] = server.missing()
+                record["gloo_timeout"] = timeouts.get(GLOO_TIMEOUT_ENV, "30")
             yield record
         finally:
             if server is not None:

@@ -123,6 +123,14 @@ def timeouts_env(rendezvous_timeout_s: float, stall_timeout_s: float, environ: M
     return {GLOO_TIMEOUT_ENV: gloo, STALL_ENV: f"{stall_timeout_s:g}"}
 
 
+def own_timeouts(rank_timeouts: Mapping[str, str], environ: Mapping[str, str]) -> Dict[str, str]:
+    """``rank_timeouts`` (the launching driver's :func:`timeouts_env`) as one host applies them: a Gloo
+    timeout already in that host's ``environ`` (an executor's ``spark.executorEnv``) is kept, by the
+    same rule :func:`timeouts_env` applies on the driver."""
+    own = environ.get(GLOO_TIMEOUT_ENV)
+    return dict(rank_timeouts, **{GLOO_TIMEOUT_ENV: own}) if own and rank_timeouts else dict(rank_timeouts)
+
+
 def attempts_env(history: Sequence[Dict]) -> Dict[str, str]:
     """The variable that tells a rank the earlier attempts ``history`` of its job."""
     return {ATTEMPTS_ENV: json.dumps(list(history))}
