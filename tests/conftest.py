@@ -139,7 +139,7 @@ def _tracking_uri_restored():
     that ``runs:/`` and ``models:/`` resolve there); a later test resolves its own."""
     yield
     if "mlflow" in sys.modules:
-        from pipelines.tracking import _set_process_tracking_uri
+        from pipelines.tracking.store import _set_process_tracking_uri
         _set_process_tracking_uri(None)
 
 

@@ -14,7 +14,7 @@ from pipelines.errors import Refused
 from pipelines.etl import images
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.dedupe import duplicates
-from pipelines.etl.job import drop_duplicates, plan
+from pipelines.etl.plan import drop_duplicates, plan
 from pipelines.etl.labels import CALTECH, FOLDERS, decide_layout
 from pipelines.etl.listing import (FOLDER_LINK, LINK_OUT, NOT_REGULAR, REJECTED, SKIPPED, Excluded, classify,
                                    list_files, name_exclusion)

@@ -16,7 +16,8 @@ from pipelines.contract import SPLITS, Manifest, manifest_sha256
 from pipelines.etl.cli import main as etl_main
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.images import ACCEPTED_FORMATS as ETL_FORMATS
-from pipelines.etl.job import plan, run_etl
+from pipelines.etl.job import run_etl
+from pipelines.etl.plan import plan
 from tests.conftest import BIN, mlflow_run, subprocess_env
 from tests.imagegen import make_tree
 
@@ -504,7 +505,8 @@ def test_max_file_mb_is_checked_against_a_running_session_too(spark, tree, tmp_p
 
 
 def test_a_file_that_vanishes_after_listing_is_a_recorded_rejection(spark, tmp_path):
-    from pipelines.etl.job import finish, plan, run_spark
+    from pipelines.etl.job import finish, run_spark
+    from pipelines.etl.plan import plan
     root, out = str(tmp_path / "tree"), str(tmp_path / "out")
     make_tree(root, classes=2, per_class=3, bad=False)
     config = ETLConfig(input=root, output=out, image_size=8, min_row_groups=1)
@@ -520,7 +522,7 @@ def test_a_file_that_vanishes_after_listing_is_a_recorded_rejection(spark, tmp_p
 
 
 def test_candidates_are_spread_deterministically_and_row_groups_mix_classes(tree, submitted):
-    from pipelines.etl.job import plan
+    from pipelines.etl.plan import plan
     from pipelines.etl.labels import split_class
     root, _ = tree
     out, manifest, _ = submitted
@@ -555,7 +557,7 @@ def plain_tree(tmp_path_factory):
 
 
 def test_plain_folders_get_labels_by_sorted_name_and_every_class_a_test_row(plain_tree, spark, tmp_path):
-    from pipelines.etl.job import format_summary
+    from pipelines.etl.summary import format_summary
     root, expected = plain_tree
     runs = {}
     for partitions in (1, 3):

@@ -151,7 +151,7 @@ def test_split_sizes_serve_test_then_validation_and_always_train(n, validation_f
 
 
 def test_stratified_split_keeps_every_class_in_every_split_it_can():
-    from pipelines.etl.job import assign_splits
+    from pipelines.etl.plan import assign_splits
     from pipelines.etl.labels import split_sizes
     from pipelines.etl.listing import ListedFile
     sizes = {0: 1, 1: 2, 2: 3, 3: 10, 4: 57}
@@ -232,7 +232,7 @@ def test_the_first_reason_in_order_place_extension_name_size_is_reported(path, s
 
 def test_the_plan_accounts_for_every_file_and_names_a_root_file_by_its_place(tmp_path):
     """found = candidates + skipped + rejected, one outcome per listed file, on a real tree."""
-    from pipelines.etl.job import plan
+    from pipelines.etl.plan import plan
 
     tree = {"cats/a.jpg": b"x", "cats/b.png": b"x", "cats/notes.txt": b"x", "dogs/c.jpg": b"x", "dogs/empty.jpg": b"",
             "notes.txt": b"x", "photo.jpg": b"x", ".DS_Store": b"x", "_unsorted/d.jpg": b"x"}
@@ -454,7 +454,7 @@ def test_check_task_memory_names_the_figures():
 
 
 def test_summary_names_the_classes_missing_from_a_split():
-    from pipelines.etl.job import format_summary
+    from pipelines.etl.summary import format_summary
     split = {"rows": 1, "row_groups": 1, "mean_row_group_bytes": 0, "mean_row_group_bytes_compressed": 0}
     manifest = {"image": {"height": 8}, "num_classes": 14, "layout": "folders", "max_world_size": 1,
                 "min_row_groups": 1, "splits": {"train": split, "validation": split, "test": split},
@@ -561,7 +561,10 @@ def test_an_output_with_foreign_data_is_refused(tmp_path):
 def test_the_largest_world_size_is_the_train_splits_row_groups(tmp_path, train_groups, test_groups):
     """Ranks shard the train split by row group and the evaluated splits by rows where they outnumber
     their row groups (training/data.py OnePassShard), so those never limit the world size."""
-    from pipelines.etl.job import Plan, Reconciled, SplitStats, _manifest, format_summary
+    from pipelines.etl.job import _manifest
+    from pipelines.etl.outcomes import Reconciled, SplitStats
+    from pipelines.etl.plan import Plan
+    from pipelines.etl.summary import format_summary
     config = ETLConfig(input=str(tmp_path / "in"), output=str(tmp_path / "out"), image_size=8, min_row_groups=4)
     the_plan = Plan(files=[], outcomes={}, classes={0: "a"}, expected_rows={}, rows_per_row_group=2, layout="folders")
     stats = {"train": SplitStats(rows=2 * train_groups, row_groups=train_groups, per_class={0: 2 * train_groups}),

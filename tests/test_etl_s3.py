@@ -17,7 +17,8 @@ from pipelines.etl.cli import main as etl_main
 from pipelines.etl.commit import RunSuperseded
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.images import ImageRejected
-from pipelines.etl.job import finish, plan, run_etl, run_spark
+from pipelines.etl.job import finish, run_etl, run_spark
+from pipelines.etl.plan import plan
 from pipelines.etl.transform import read_object
 from tests import s3server
 from tests.conftest import subprocess_env

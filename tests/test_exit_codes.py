@@ -163,13 +163,13 @@ def test_exit_status_is_2_and_one_line_for_a_refusal_else_1_and_the_traceback(ca
 def test_etl_exits_1_with_the_traceback_when_its_work_breaks_and_2_for_bad_input(tmp_path, capsys, monkeypatch):
     """An internal KeyError in the driver's split assignment (before Spark): exit 1, the whole
     traceback, redacted; the same command with a missing input: exit 2, one line."""
-    import pipelines.etl.job as job
+    import pipelines.etl.plan as etl_plan
     from pipelines.etl.cli import main
     from tests.imagegen import make_tree
 
     root = str(tmp_path / "tree")
     make_tree(root, classes=2, per_class=3, bad=False)
-    monkeypatch.setattr(job, "assign_splits", _internal(KeyError))
+    monkeypatch.setattr(etl_plan, "assign_splits", _internal(KeyError))
     args = ["--output", str(tmp_path / "out"), "--no-tracking", "--image-size", "8"]
     assert main(["--input", root, *args]) == 1
     _assert_failure(capsys.readouterr().err, "KeyError")

@@ -26,7 +26,7 @@ def test_plural_takes_an_irregular_plural():
 
 
 def test_the_etl_summary_counts_one_class_one_row_and_one_row_group():
-    from pipelines.etl.job import format_summary
+    from pipelines.etl.summary import format_summary
     split = {"rows": 1, "row_groups": 1, "mean_row_group_bytes": 0, "mean_row_group_bytes_compressed": 0}
     manifest = {"image": {"height": 8}, "num_classes": 1, "layout": "folders", "max_world_size": 1,
                 "min_row_groups": 1, "splits": {"train": split, "test": split}, "images_per_second": 1.0,
@@ -39,7 +39,7 @@ def test_the_etl_summary_counts_one_class_one_row_and_one_row_group():
 
 def test_the_etl_refusal_of_a_tree_without_images_counts_one_file(tmp_path):
     from pipelines.etl.config import ETLConfig
-    from pipelines.etl.job import plan
+    from pipelines.etl.plan import plan
     (tmp_path / "cats").mkdir()
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(ValueError, match=r"\(1 file listed: 1 not inside a class folder\)"):

@@ -111,7 +111,7 @@ def test_the_etl_manifest_and_params_show_its_config_masked():
     """What the ETL writes of its config (manifest.json's ``config``, the MLflow params): a
     credentialed tracking URI masked, --storage-option by its keys alone."""
     from pipelines.etl.config import ETLConfig
-    from pipelines.etl.job import shown_config
+    from pipelines.etl.summary import shown_config
 
     config = ETLConfig(input="/tmp/in", output="s3://bucket/etl", tracking=True,
                        tracking_uri="http://alice:hunter2@mlflow.example:5000",

@@ -169,7 +169,7 @@ def test_a_run_continues_with_immutable_params_and_tracking_failures_never_stop_
     assert len(client.search_runs([run.info.experiment_id])) == 1
     assert os.listdir(tmp_path / "started-here") == [] and os.getcwd() == str(tmp_path / "started-here")
     # the store was the jobs' only, never exported: a later job here, or a child, resolves its own
-    assert tracking._process_tracking_uri() is None and "MLFLOW_TRACKING_URI" not in os.environ
+    assert tracking.store._process_tracking_uri() is None and "MLFLOW_TRACKING_URI" not in os.environ
     users = "sqlite:///" + str(tmp_path / "users.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", users)
     with tracking.using_store(uri):
@@ -266,16 +266,16 @@ def test_mlflow_event_lines_are_written_on_masked_or_dropped_when_quiet(capsys, 
     real server: test_training_hvd.py); the lines MLflow prints in a tracking block are masked."""
     from pipelines import quiet
     monkeypatch.setattr(quiet, "_verbose", False)  # this process's set-up: quiet
-    with tracking._events():
+    with tracking.runs._events():
         print("🏃 View run r at: http://alice:hunter2@127.0.0.1:5000/#/experiments/1/runs/x")  # MLflow 2.22, 3.17
         print("warning at https://bob:pw@h", file=sys.stderr)
     assert capsys.readouterr() == ("🏃 View run r at: http://***@127.0.0.1:5000/#/experiments/1/runs/x\n",
                                    "warning at https://***@h\n")
-    with tracking._events(quiet=True):
+    with tracking.runs._events(quiet=True):
         print("Successfully registered model 'm'.", file=sys.stderr)
     assert capsys.readouterr().err == ""
     monkeypatch.setattr(quiet, "_verbose", True)  # set up verbose (quiet_by_default(True), a rank's quiet_libraries)
-    with tracking._events(quiet=True):
+    with tracking.runs._events(quiet=True):
         print("Created version '1' at http://u:p@h", file=sys.stderr)
     assert capsys.readouterr().err == "Created version '1' at http://***@h\n"
 
@@ -383,7 +383,7 @@ def test_a_store_that_cannot_be_opened_is_refused_at_once_by_name(tmp_path, monk
 RACER = """
 import os, sys, time
 from pipelines import tracking
-tracking._mlflow()  # imported before the common start: the set-up itself races, not the imports
+tracking.options._mlflow()  # imported before the common start: the set-up itself races, not the imports
 start_at, uri, out = float(sys.argv[1]), sys.argv[2], sys.argv[3]
 os.makedirs(out)
 time.sleep(max(0.0, start_at - time.time()))

@@ -19,7 +19,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     MLflow could not log the finished output; 1 with the redacted traceback for any other exception.
     """
     from pipelines.etl.commit import RunSuperseded
-    from pipelines.etl.job import NothingWritten, format_summary, run_etl
+    from pipelines.etl.job import NothingWritten, run_etl
+    from pipelines.etl.summary import format_summary
     from pipelines.tracking import TrackingFailed
 
     return run_command(ETLConfig, argv, "etl", run_etl, format_summary,

@@ -2,13 +2,13 @@
 
 Steps, each a function below:
 
-1. :func:`check_paths` and :func:`check_memory` - clear errors before Spark starts (missing
+1. :func:`~pipelines.etl.plan.check_paths` and :func:`~pipelines.etl.plan.check_memory` - clear errors before Spark starts (missing
    input, a bucket that does not exist or refused credentials, overlapping output, an output
    holding foreign data, a ``--max-file-mb``/``--max-pixels`` the executors cannot hold).
-2. :func:`plan` - the job's own listing, the tree's layout (``NNN.name`` or plain class folders),
+2. :func:`~pipelines.etl.plan.plan` - the job's own listing, the tree's layout (``NNN.name`` or plain class folders),
    classification, the stratified train/validation/test assignment (per class, on the driver) and
    the row-group plan; the candidate images sorted by a seeded hash of their relative path.
-   :func:`hash_candidates` and :func:`drop_duplicates` (``--dedupe``, the default) - a first Spark
+   :func:`~pipelines.etl.plan.hash_candidates` and :func:`~pipelines.etl.plan.drop_duplicates` (``--dedupe``, the default) - a first Spark
    pass hashes every candidate's bytes, one file per content is kept (:mod:`pipelines.etl.dedupe`),
    the other copies are recorded as rejections, and the kept files are split again.
 3. :func:`run_spark` - the candidates cut into one contiguous chunk per task, no shuffle:
@@ -22,231 +22,44 @@ Steps, each a function below:
    the run's files, written last, and the older runs deleted (:mod:`pipelines.etl.commit`) -
    unless no image at all was written from a non-empty candidate list (:class:`NothingWritten`:
    the previous output is kept).
+5. :mod:`pipelines.etl.summary` - the summary a person reads and the job's MLflow run.
 
 Input and output are local paths or URIs (:mod:`pipelines.storage`): the driver lists an object
 store through its filesystem and the tasks read and write through it; Spark itself never opens
 either.
 """
+
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import os
 import platform
-import tempfile
 import time
-from collections import Counter
-from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from pipelines import __version__
-from pipelines.config import to_dict
-from pipelines.errors import MissingInput, NotAFolder, Refused
 from pipelines.etl.config import ETLConfig
-from pipelines.etl.images import DEFAULT_MAX_PIXELS
-from pipelines.contract import (COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, TRAIN, VALIDATION, Manifest,
-                                SplitInfo, manifest_sha256)
+from pipelines.contract import COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, TRAIN, VALIDATION, Manifest, SplitInfo
 from pipelines.etl import commit
-from pipelines.etl.dedupe import duplicates
-from pipelines.etl.labels import SPLIT_RULE, ClassFolder, split_class
-from pipelines.etl.layout import TASK_IMAGES, closure_chunks, cut_into, rows_per_row_group, spread_order, task_count
-from pipelines.etl.listing import REJECTED, SKIPPED, Excluded, ListedFile, classify, display_path, list_tree, reason_kind
-from pipelines.etl.outcomes import TASK_DDL, Reconciled, SplitStats, read_hashes, reconcile
-from pipelines.etl.memory import check_task_memory, executor_memory, physical_memory_bytes, task_bytes
+from pipelines.etl.labels import SPLIT_RULE
+from pipelines.etl.layout import closure_chunks, cut_into
+from pipelines.etl.listing import REJECTED, SKIPPED, Excluded, display_path
+from pipelines.etl.outcomes import TASK_DDL, Reconciled, SplitStats, reconcile
+from pipelines.etl.plan import Plan, check_memory, check_paths, drop_duplicates, hash_candidates, plan, task_partitions
+from pipelines.etl.summary import log_results, shown_config, track
 from pipelines.logs import plural
-from pipelines.paths import check_disjoint
-from pipelines.redact import redact
-from pipelines.etl.transform import Candidate, hash_chunks, process_chunks
+from pipelines.etl.transform import process_chunks
 from pipelines.spark import log_progress
-from pipelines.storage import Location, check_reachable
+from pipelines.storage import Location
+
 
 log = logging.getLogger("pipelines")
 
 
 class NothingWritten(RuntimeError):
     """Spark ran but not one of the candidate images was written; the previous output is kept."""
-
-
-@dataclass
-class Plan:
-    """What the driver knows before Spark runs.
-
-    ``candidates`` are the files to read, in the order that spreads them over tasks
-    (:func:`pipelines.etl.layout.spread_order`), each with its label and split.
-    """
-
-    files: List[ListedFile]
-    outcomes: Dict[str, object]  # path -> ClassFolder (candidate) or Excluded
-    classes: Dict[int, str]
-    expected_rows: Dict[str, int]
-    rows_per_row_group: int
-    candidates: List[Candidate] = field(default_factory=list)
-    partitions: int = 0
-    layout: str = ""  # labels.CALTECH | labels.FOLDERS
-    hash_seconds: float = 0.0  # the duplicate check's Spark pass (hash_candidates), 0 when not run
-    run_id: str = field(default_factory=commit.new_run_id)  # this run's prefix: OUTPUT/runs/<run_id>/
-
-
-def check_paths(config: ETLConfig) -> None:
-    """Refuse, before Spark starts, input/output combinations that cannot work.
-
-    Raises:
-        pipelines.storage.StorageError (a ValueError): a bucket that does not exist, or refused
-            credentials, for the input or the output.
-        FileNotFoundError: the input folder is missing (no object under the prefix).
-        NotADirectoryError: the input or the output is a file.
-        ValueError: output equal to, inside, or containing the input (a rerun would read its own
-            output as input, or overwrite the input); an output holding data that is not this
-            job's (:func:`pipelines.etl.commit.check_output`).
-    """
-    source, output = config.location(config.input), config.location(config.output)
-    check_reachable(source, "--input")
-    check_reachable(output, "--output")
-    if not source.exists():
-        raise MissingInput(f"input folder does not exist: {config.input}")
-    if not source.is_dir():
-        raise NotAFolder(f"input is not a folder: {config.input}")
-    check_disjoint(config.input, config.output)
-    commit.check_output(output)
-
-
-def assign_splits(files: List[ListedFile], labels: Dict[str, int], seed: int, test_fraction: float,
-                  validation_fraction: float) -> Dict[str, str]:
-    """The stratified train/validation/test split of the candidate files, decided on the driver.
-
-    Args:
-        files: the candidate files. labels: ``{path: label}`` of each.
-        seed, test_fraction, validation_fraction: as in ``ETLConfig``.
-
-    Returns:
-        ``{path: 'train' | 'validation' | 'test'}``: per class, :func:`pipelines.etl.labels.split_class`
-        of the class's relative paths (a class of 1 candidate only trains, of 2 trains and is tested,
-        of 3 or more is in every split: :func:`pipelines.etl.labels.split_sizes`). The tasks write
-        what this says.
-    """
-    by_class: Dict[int, List[str]] = {}
-    for f in files:
-        by_class.setdefault(labels[f.path], []).append(f.relative_path)
-    split_of: Dict[str, str] = {}
-    for paths in by_class.values():
-        split_of.update(split_class(paths, seed, test_fraction, validation_fraction))
-    return {f.path: split_of[f.relative_path] for f in files}
-
-
-def plan(config: ETLConfig) -> Plan:
-    """List and classify every file under the input; split; choose rows per row group.
-
-    Returns:
-        the :class:`Plan`, its candidates in :func:`pipelines.etl.layout.spread_order` order, each
-        with its label and split (:func:`assign_splits`, the same assignment the row-group plan
-        counts); byte-identical copies are still candidates here (:func:`drop_duplicates` removes
-        them once a Spark pass has hashed them).
-
-    Raises:
-        ValueError: no class folder, a mix of ``NNN.name`` and plain folders, two folders with
-            the same number, or no candidate image at all (nothing to write: committing an empty
-            run would replace a previous output with nothing).
-    """
-    files, layout = list_tree(config.location(config.input))
-    if not layout.folders:
-        raise Refused(f"no class folder under {config.input} (expected ROOT/CLASS/image files, CLASS either "
-                      "NNN.name or a plain name)")
-    max_bytes = int(config.max_file_mb * 2**20)
-    outcomes = {f.path: classify(f.relative_path, f.size_bytes, max_bytes, layout, unread=f.unread) for f in files}
-    the_plan = _split_candidates(config, Plan(files, outcomes, layout.classes, {}, 0, layout=layout.kind))
-    if not the_plan.candidates:
-        _refuse_no_candidate(config, files, outcomes)
-    return the_plan
-
-
-def _split_candidates(config: ETLConfig, the_plan: Plan) -> Plan:
-    """The plan with its candidates (the files whose outcome is a ClassFolder), their splits,
-    expected rows and rows per row group computed from its ``outcomes``."""
-    files, outcomes = the_plan.files, the_plan.outcomes
-    listed = sorted((f for f in files if isinstance(outcomes[f.path], ClassFolder)),
-                    key=lambda f: (spread_order(f.relative_path, config.seed), f.relative_path))
-    splits = assign_splits(listed, {f.path: outcomes[f.path].label for f in listed}, config.seed,
-                           config.test_fraction, config.validation_fraction)
-    candidates = [Candidate(f.path, outcomes[f.path].label, outcomes[f.path].name, splits[f.path]) for f in listed]
-    expected = Counter(c.split for c in candidates)
-    rpg = rows_per_row_group(config.row_bytes, config.row_group_mb * 2**20, dict(expected),
-                             config.min_row_groups)
-    return replace(the_plan, candidates=candidates, expected_rows={s: expected.get(s, 0) for s in SPLITS},
-                   rows_per_row_group=rpg)
-
-
-def hash_candidates(spark, config: ETLConfig, the_plan: Plan) -> Iterator[Tuple[str, str]]:
-    """The sha256 of every candidate's bytes, read by Spark tasks over the same chunks as
-    :func:`run_spark` (:func:`pipelines.etl.transform.hash_chunks`: at most ``--max-file-mb`` + 1
-    bytes a file, one file held at a time), which write them below the run's prefix.
-
-    Returns:
-        ``(path, sha256 hex)`` of each candidate that could be read (one unreadable now is left
-        out: the main pass records why), read back task file by task file
-        (:func:`pipelines.etl.outcomes.read_hashes`).
-    """
-    partitions = _partitions(spark, config, len(the_plan.candidates))
-    source = config.location(config.input)
-    run = commit.run_location(config.location(config.output), the_plan.run_id)
-    with log_progress(spark, "duplicate check", len(the_plan.candidates)) as counter:
-        mapper = partial(hash_chunks, chunks=closure_chunks(the_plan.candidates, partitions), run=run,
-                         max_file_bytes=int(config.max_file_mb * 2**20), source=None if source.local else source,
-                         counter=counter)
-        tasks = spark.range(partitions, numPartitions=partitions).mapInArrow(mapper, TASK_DDL).toArrow().to_pylist()
-    return read_hashes(run, tasks)
-
-
-def drop_duplicates(config: ETLConfig, the_plan: Plan, hashes: Iterable[Tuple[str, str]]) -> Plan:
-    """The plan with one candidate per content: every other copy's outcome becomes a rejection
-    (:func:`pipelines.etl.dedupe.duplicates`, which names the kept file) and the kept candidates
-    are split again (:func:`assign_splits`), so each content lies in one split only.
-    ``hashes``: ``(path, sha256)`` of the candidates hashed."""
-    by_relative = {f.relative_path: f.path for f in the_plan.files}
-    relative = {f.path: f.relative_path for f in the_plan.files}
-    candidate = {c.path: c for c in the_plan.candidates}
-    rejected = duplicates((relative[path], candidate[path].label, candidate[path].label_name, digest)
-                          for path, digest in hashes)
-    if not rejected:
-        return the_plan
-    outcomes = dict(the_plan.outcomes)
-    for relative_path, reason in rejected.items():
-        outcomes[by_relative[relative_path]] = Excluded(REJECTED, reason)
-    return _split_candidates(config, replace(the_plan, outcomes=outcomes))
-
-
-def _partitions(spark, config: ETLConfig, candidates: int) -> int:
-    """The number of Spark tasks (and chunks) for ``candidates`` files: ``--num-partitions``, else
-    at least two per core and at most :data:`pipelines.etl.layout.TASK_IMAGES` files a task
-    (:func:`pipelines.etl.layout.task_count`); at most one per file."""
-    return task_count(candidates, spark.sparkContext.defaultParallelism, TASK_IMAGES, config.num_partitions)
-
-
-def _refuse_no_candidate(config: ETLConfig, files: List[ListedFile], outcomes: Dict[str, object]) -> None:
-    """Raise ``ValueError`` for a tree with no candidate image, naming the commonest reasons."""
-    reasons = Counter(reason_kind(o.reason) for o in outcomes.values() if isinstance(o, Excluded))
-    why = "; ".join(f"{n} {reason}" for reason, n in reasons.most_common(3)) or "no file at all"
-    raise Refused(f"no image file to write under {display_path(config.input)} "
-                  f"({plural(len(files), 'file')} listed: {why}); the output was not touched")
-
-
-def check_memory(config: ETLConfig, master: str, conf: Dict[str, str]) -> None:
-    """Refuse a ``--max-file-mb``/``--max-pixels`` whose tasks the executors cannot hold.
-
-    One task holds at most one file (``max_file_mb`` MiB) and its decoded pixels
-    (``16 bytes * max_pixels``) plus a Python worker and two row-group buffers
-    (:func:`pipelines.etl.memory.task_bytes`); ``tasks per worker * that`` must fit in
-    ``spark.executor.pyspark.memory`` when set, else, for a local master, in this machine's
-    physical memory (:func:`pipelines.etl.memory.executor_memory`).
-
-    Raises:
-        ValueError: it does not fit; the message names both figures in GiB.
-    """
-    # Pillow refuses more than its own limit whatever max_pixels says (pipelines.etl.images).
-    pixels = min(config.max_pixels, DEFAULT_MAX_PIXELS)
-    need = task_bytes(int(config.max_file_mb * 2**20), pixels, int(config.row_group_mb * 2**20), config.row_bytes)
-    check_task_memory(need, executor_memory(master, conf, os.cpu_count() or 1, physical_memory_bytes()))
 
 
 def run_spark(spark, config: ETLConfig, the_plan: Plan) -> List[dict]:
@@ -266,7 +79,7 @@ def run_spark(spark, config: ETLConfig, the_plan: Plan) -> List[dict]:
     candidates = the_plan.candidates
     if not candidates:
         return []
-    the_plan.partitions = _partitions(spark, config, len(candidates))
+    the_plan.partitions = task_partitions(spark, config, len(candidates))
     source = config.location(config.input)
     # Why spark.range + a closure rather than a DataFrame of paths: range(P, numPartitions=P) puts
     # exactly one chunk number in each partition without a shuffle, whatever the master, and it
@@ -378,13 +191,6 @@ def _manifest(config: ETLConfig, the_plan: Plan, result: Reconciled, spark_versi
                     rows_per_row_group=the_plan.rows_per_row_group, splits=splits, extra=extra)
 
 
-def shown_config(config: ETLConfig) -> dict:
-    """The config as the manifest and MLflow show it: names with ``\\xNN`` escapes, and only the
-    keys of ``--storage-option`` (their values may be secrets)."""
-    return redact({**to_dict(config), "input": display_path(config.input), "output": display_path(config.output),
-                   "storage_options": sorted(config.storage_options)})
-
-
 def _classes_not_in_every_split(class_names: List[Optional[str]], stats: Dict[str, SplitStats]) -> List[dict]:
     """The classes (folders) whose written rows miss a split: fewer than 3 candidates
     (:data:`SPLIT_RULE`), or images rejected on read; ``[{'label', 'name', 'train', 'validation',
@@ -487,86 +293,3 @@ def _without_duplicates(spark, config: ETLConfig, the_plan: Plan, start: float) 
     log.info("duplicate check: %s of the same bytes as another rejected (%.1f s)",
              plural(before - len(the_plan.candidates), "copy", "copies"), the_plan.hash_seconds)
     return the_plan
-
-
-def log_results(tracker, output: Location, manifest: dict) -> None:
-    """Log the manifest's counts, its sha256 and layout, and the manifest and rejected list as
-    artifacts (copied to a local temporary folder first when the output is a URI: MLflow logs
-    local files).
-
-    Raises:
-        pipelines.tracking.TrackingFailed: MLflow could not log them.
-    """
-    files = [output.join(MANIFEST), Manifest.from_dict(manifest).rejected_location(output)]
-    with tempfile.TemporaryDirectory(prefix="etl-artifacts-") as tmp:
-        local = [f.path if f.local else os.path.join(tmp, f.name) for f in files]
-        for f, path in zip(files, local):
-            f.download(path)
-        tracker.log_results(manifest_metrics(manifest), {"manifest_sha256": manifest_sha256(output),
-                                                         "layout": manifest.get("layout"), "run_id": manifest["run_id"]},
-                            [(path, None) for path in local])
-
-
-@contextlib.contextmanager
-def track(config: ETLConfig) -> Iterator[Optional[object]]:
-    """The ETL's MLflow run (a :class:`pipelines.tracking.Tracker`; ``None`` with tracking off) with
-    the config as params, ended with the block (FAILED when it raises).
-
-    Raises:
-        pipelines.tracking.TrackingUnavailable: the store cannot be used.
-    """
-    if not config.tracking:
-        yield None
-        return
-    from pipelines import tracking
-
-    params = shown_config(config)
-    with tracking.start(config.tracking_uri, config.experiment, config.location(config.output), config.run_name,
-                        params,
-                        {"stage": "etl", "output": display_path(config.output)}) as tracker:
-        yield tracker
-
-
-def manifest_metrics(manifest: dict) -> Dict[str, float]:
-    """The counts of a manifest as flat MLflow metrics: ``files.<outcome>``, ``<split>.rows``,
-    ``<split>.row_groups``, ``num_classes``, ``max_world_size``, ``seconds``, ``images_per_second``."""
-    metrics = {f"files.{key}": manifest["files"][key] for key in ("found", "written", "rejected", "skipped")}
-    for split in SPLITS:
-        metrics.update({f"{split}.{key}": manifest["splits"][split][key] for key in ("rows", "row_groups", "files")})
-    metrics.update({key: manifest[key] for key in ("num_classes", "max_world_size", "seconds", "images_per_second")})
-    return metrics
-
-
-def format_summary(manifest: dict) -> str:
-    """A short human summary of a manifest: counts, reconciliation, rejections, classes missing
-    from a split, speed."""
-    files, splits = manifest["files"], manifest["splits"]
-    lines = [
-        f"ETL summary ({manifest['image']['height']} px, {plural(manifest['num_classes'], 'class')}, "
-        f"{manifest.get('layout', 'caltech')} layout)",
-        f"  found {files['found']} = written {files['written']} + rejected {files['rejected']} "
-        f"+ skipped {files['skipped']}",
-    ]
-    for split in (name for name in SPLITS if name in splits):  # a format-2 manifest has no validation
-        s = splits[split]
-        lines.append(f"  {split:10s}: {plural(s['rows'], 'row')} in {plural(s['row_groups'], 'row group')} "
-                     f"(~{s['mean_row_group_bytes'] / 2**20:.2f} MiB each, "
-                     f"{s['mean_row_group_bytes_compressed'] / 2**20:.2f} MiB compressed)")
-    lines.append(f"  max world size (row groups of the train split): {manifest['max_world_size']}")
-    for reason, n in sorted(files["reasons"].items()):
-        lines.append(f"  {n:6d} {reason}")
-    if files["rejected"] + files["skipped"]:
-        lines.append(f"  details: {files['list']}")
-    small = manifest.get("classes_not_in_every_split", [])
-    if small:
-        shown = ", ".join(f"{c['label']} {c['name']!r} ({', '.join(f'{c.get(s, 0)} {s}' for s in SPLITS)})"
-                          for c in small[:10])
-        more = f" and {len(small) - 10} more (manifest: classes_not_in_every_split)" if len(small) > 10 else ""
-        lines.append(f"  WARNING: {plural(len(small), 'class')} {'is' if len(small) == 1 else 'are'} not in every "
-                     f"split ({manifest.get('split_rule', SPLIT_RULE)}): {shown}{more}")
-    hashing = f", {manifest['hash_seconds']} s of it hashing for duplicates" if manifest.get("hash_seconds") else ""
-    lines.append(f"  {manifest['images_per_second']} images/s ({manifest['seconds']} s in Spark{hashing})")
-    if manifest["max_world_size"] < manifest["min_row_groups"]:
-        lines.append(f"  WARNING: the train split has fewer than {plural(manifest['min_row_groups'], 'row group')} "
-                     "(--min-row-groups): too few rows for that many ranks")
-    return "\n".join(lines)

@@ -1,0 +1,185 @@
+"""What a model file may hold before Keras or MLflow opens it, so that nothing read from it runs
+code (the why: :mod:`pipelines.predict.model`): its format by its first bytes, its Keras config
+walked as JSON against the layers, initializers and activations the product's own models are built
+from (:func:`check_model_config`), the stack that saved it (:func:`check_model_stack`), and an
+MLflow model's folder without its pickles or code (:func:`mlflow_model_file`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+
+from pipelines.errors import Refused
+from pipelines.logs import plural
+from pipelines import stack as stacks
+
+
+class ModelContractError(Refused):
+    """The model's contract (input uint8 ``(batch, S, S, 3)``, class names) is missing or broken."""
+
+
+class UnsafeModel(ModelContractError):
+    """A model file that could run code when loaded, or that is not the file its run recorded."""
+
+
+ZIP_MAGIC = b"PK\x03\x04"  # a zip file's local header: Keras' own format (.keras)
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+# What an MLflow model folder may not hold: the user's pickled custom objects (a model that needs
+# them loads only by unpickling them, which mlflow.tensorflow does) and code (MLflow puts it on
+# sys.path). Its global_custom_objects.cloudpickle is never read here: MLflow writes one for every
+# Keras 2.15 model (Keras registers its own optimizers there), and the Keras file loads without it.
+MLFLOW_REFUSED = ("custom_objects.cloudpickle", "code")
+# What a model may be built from: the layer classes, initializers and activations of the models
+# the product builds and exports (pipelines.training.model: the tiny and Xception backbones, the
+# preprocessing layers and the head; tests/test_predict_model.py exports each and checks it passes).
+# Anything else that names a class or a function (Lambda, TFOpLambda, a custom or registered
+# object, a function such as builtins.exec) is refused by name before Keras reads the file.
+ALLOWED_LAYERS = frozenset({"Activation", "Add", "BatchNormalization", "Conv2D", "Dense", "Dropout",
+                            "GlobalAveragePooling2D", "InputLayer", "MaxPooling2D", "Rescaling", "Resizing",
+                            "SeparableConv2D"})
+ALLOWED_INITIALIZERS = frozenset({"GlorotUniform", "Ones", "Zeros"})
+ALLOWED_ACTIVATIONS = frozenset({"linear", "relu", "softmax"})
+# A nested or outer model: Keras 2.15's own module, and tf_keras' (the current stack).
+FUNCTIONAL_MODULES = frozenset(s.functional_module for s in stacks.STACKS.values())
+MAX_CONFIG_BYTES = 64 << 20  # an Xception config is about 0.2 MiB
+
+
+def allowed_object(item: dict) -> bool:
+    """Whether one serialised Keras object (a dict with ``class_name``; ``module`` and
+    ``registered_name`` as the zip format writes them, absent in HDF5's legacy config) is one
+    the product's models are built from."""
+    name, module, registered = item.get("class_name"), item.get("module"), item.get("registered_name")
+    if name == "Functional":
+        return module in FUNCTIONAL_MODULES | {None} and registered in ("Functional", None)
+    if registered is not None:  # a registered name makes Keras look the class up elsewhere
+        return False
+    if name in ALLOWED_LAYERS:
+        return module in ("keras.layers", None)
+    return name in ALLOWED_INITIALIZERS and module in ("keras.initializers", None)
+
+
+def check_model_config(config, shown: str) -> None:
+    """Refuse a model config (the JSON of a zip ``.keras`` file's ``config.json`` or an HDF5 file's
+    ``model_config``, already parsed: nothing is deserialised) that names, at any depth, a class
+    or module not in the allowlist above (:func:`allowed_object`), or an activation other than
+    :data:`ALLOWED_ACTIVATIONS`. Keras' safe mode refuses a zip model's ``Lambda`` but not a
+    ``TFOpLambda``, nor a function named by its module (``builtins.exec``); the allowlist refuses
+    every callable the product does not build.
+
+    Raises:
+        UnsafeModel: naming the first object refused.
+    """
+    stack = [config]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        if not isinstance(item, dict):
+            continue
+        if any(key in item for key in ("class_name", "module", "registered_name")) and not allowed_object(item):
+            what = ".".join(str(p) for p in (item.get("module"), item.get("class_name")) if p is not None)
+            calls = ", a layer that calls a function its config names" if what.endswith("Lambda") else ""
+            raise UnsafeModel(f"{shown}: the model has {what!r} (registered name {item.get('registered_name')!r}){calls}, "
+                              "not one of the layers, initializers and activations the product's models are "
+                              "built from: refused before anything of it is loaded (export the model with "
+                              "pipelines.training.model.export_model)")
+        activation = item.get("activation")
+        if isinstance(activation, str) and activation not in ALLOWED_ACTIVATIONS:
+            raise UnsafeModel(f"{shown}: the model names the activation {activation!r}, not one of "
+                              f"{sorted(ALLOWED_ACTIVATIONS)}: refused before anything of it is loaded")
+        stack.extend(item.values())
+
+
+def check_model_stack(config, shown: str) -> None:
+    """Refuse a zip model that another stack saved and this stack's Keras cannot load: its outer
+    model's ``module`` is that stack's ``functional_module`` and that stack is not in this one's
+    ``loads_models_of`` (:data:`pipelines.stack.STACKS`). A ``model.keras`` of the current stack
+    (``tf_keras.src.engine.functional``) failed on the mission stack's Keras 2.15 with a
+    ``TypeError`` quoting the whole config; the mission stack's loads on the current stack.
+
+    Raises:
+        ModelContractError: naming the stack that saved the model and the way out.
+    """
+    module = config.get("module") if isinstance(config, dict) else None
+    made_by = next((s.name for s in stacks.STACKS.values() if s.functional_module == module), None)
+    try:
+        here = stacks.active()
+    except stacks.UnknownStack:  # neither stack's TensorFlow: Keras' own error stands
+        return
+    if made_by is not None and made_by not in here.loads_models_of:
+        tensorflow = stacks.pins(made_by).get("tensorflow-cpu")
+        raise ModelContractError(f"{shown} was saved on the {made_by} stack (TensorFlow {tensorflow}: its model is "
+                                 f"{module}), which the {here.name} stack's Keras cannot load: serve it on the "
+                                 f"{made_by} stack ({stacks.venv(made_by)}/bin/python -m pipelines.predict, or "
+                                 f"jobs/predict.py there), or train or export it again on this stack")
+
+
+def read_zip_config(path: str, shown: str):
+    """The parsed ``config.json`` of a Keras zip (``.keras``) file, the member Keras' loader reads.
+
+    Raises:
+        UnsafeModel: no such member, one over :data:`MAX_CONFIG_BYTES`, or not JSON.
+    """
+    try:
+        with zipfile.ZipFile(path) as zf:
+            info = zf.getinfo("config.json")
+            if info.file_size > MAX_CONFIG_BYTES:
+                raise UnsafeModel(f"{shown}: a config.json of {plural(info.file_size, 'byte')}: refused")
+            return json.loads(zf.read(info).decode("utf-8"))
+    except (KeyError, zipfile.BadZipFile, UnicodeDecodeError, ValueError) as exc:
+        if isinstance(exc, UnsafeModel):
+            raise
+        raise UnsafeModel(f"{shown}: a zip file without a readable Keras config.json ({exc})") from None
+
+
+def check_hdf5_config(path: str, shown: str) -> None:
+    """Refuse an HDF5 Keras model whose config (the ``model_config`` attribute, read as JSON,
+    nothing deserialised) :func:`check_model_config` refuses: Keras' legacy loader turns a
+    ``Lambda`` layer's marshalled bytecode into a function, whatever ``safe_mode`` says.
+
+    Raises:
+        UnsafeModel: as :func:`check_model_config`, or no readable model config.
+    """
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        config = f.attrs.get("model_config")
+    try:
+        config = json.loads(config.decode("utf-8") if isinstance(config, bytes) else config)
+    except (TypeError, ValueError):
+        raise UnsafeModel(f"{shown}: an HDF5 file without a readable Keras model config") from None
+    check_model_config(config, shown)
+
+
+def mlflow_model_file(folder: str) -> str:
+    """The Keras file of the local MLflow model ``folder`` (``tensorflow`` flavour, a Keras model
+    saved as HDF5 or in Keras' zip format), read from its ``MLmodel`` (YAML, loaded safely) before
+    anything else is opened.
+
+    Raises:
+        UnsafeModel: the model holds pickled custom objects or code (see :data:`MLFLOW_REFUSED`),
+            or is no Keras model of that flavour (a SavedModel is loaded by TensorFlow's object
+            graph, not checked here: log with ``keras_model_kwargs={"save_format": "h5"}``).
+    """
+    from mlflow.models import Model
+
+    conf = Model.load(folder).flavors.get("tensorflow") or {}
+    data = os.path.join(folder, conf.get("data", "data"))
+    found = [name for name in MLFLOW_REFUSED if os.path.exists(os.path.join(data, name))
+             or os.path.exists(os.path.join(folder, name))]
+    if conf.get("code"):
+        found.append("code")
+    if found:
+        raise UnsafeModel(f"{folder}: the MLflow model holds {', '.join(sorted(set(found)))}: unpickling custom "
+                          "objects or importing a model's code runs code from the model (CVE-2024-37057); refused")
+    fmt = conf.get("save_format")
+    if conf.get("model_type") != "keras" or fmt not in ("h5", "keras"):
+        raise UnsafeModel(f"{folder}: not a Keras model saved as HDF5 or .keras by MLflow's tensorflow flavour "
+                          f"(model_type {conf.get('model_type')!r}, save_format {fmt!r}): log it with "
+                          "keras_model_kwargs={'save_format': 'h5'}")
+    base = os.path.join(data, "model")
+    path = next((p for p in (base + ".h5", base + ".keras", base) if os.path.isfile(p)), None)
+    if path is None:
+        raise UnsafeModel(f"{folder}: the MLflow model's Keras file is missing")
+    return path

@@ -1,0 +1,185 @@
+"""The tracking options of every stage (``--tracking-uri``, ``--experiment``, ``--register-model``):
+their help, defaults and URI resolution, the checks that need no store, the errors of the package
+and the one import of ``mlflow`` (:func:`_mlflow`)."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional, Tuple
+
+from pipelines.environment import TRACKING_ENV, WORKDIR_ENV, Settings
+from pipelines.errors import Refused
+from pipelines.quiet import is_verbose
+from pipelines.redact import redact_text, redact_uri
+from pipelines.storage import is_local
+
+
+log = logging.getLogger("pipelines")
+STORE_FILE = "mlruns.db"
+ARTIFACTS_DIR = "mlruns"  # MLflow's own name for the artifact root of a local store
+RUN_FILE = "mlflow_run.json"
+# mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH in 2.22 and 3.x (tests/test_tracking.py compares)
+MAX_EXPERIMENT_NAME = 500
+MODEL_ARTIFACT = "model"  # runs:/<run_id>/model
+PROBE_TIMEOUT_S = 10
+SETUP_LOCK_TIMEOUT_S = 300  # a first set-up takes seconds; a holder this slow is stuck
+POOL_ENV = "MLFLOW_SQLALCHEMYSTORE_POOLCLASS"  # MLflow's public setting (mlflow.environment_variables)
+
+
+# Help of the tracking options, the same in every stage's config.
+HELP = {
+    "tracking": f"log the run to MLflow (default: on, unless {TRACKING_ENV}=0; --no-tracking turns it off)",
+    "tracking_uri": f"MLflow tracking URI, e.g. http://HOST:5000 (default: $MLFLOW_TRACKING_URI, else "
+                    f"sqlite:///OUTPUT/{STORE_FILE} with the artifacts in OUTPUT/{ARTIFACTS_DIR}; for an s3:// "
+                    f"(or other URI) OUTPUT, sqlite:///WORKDIR/mlflow/{STORE_FILE} on this machine, WORKDIR = ${WORKDIR_ENV} or "
+                    f"~/pipelines-work)",
+    "experiment": "MLflow experiment of the run (made when missing)",
+    "run_name": "MLflow run name (default: one MLflow makes up)",
+}
+
+
+class TrackingUnavailable(Refused):
+    """The tracking store cannot be used; raised before the job's work starts (exit code 2)."""
+
+
+class TrackingFailed(RuntimeError):
+    """Logging the results failed after the job wrote its output, which is complete (exit code 1)."""
+
+
+SQLITE = "sqlite:///"
+
+
+def default_uri(output: str, workdir: str) -> str:
+    """``sqlite:///OUTPUT/mlruns.db``, ``output`` made absolute. An output on an object store (a URI)
+    cannot hold a SQLite database: its default store is the launching machine's
+    ``WORKDIR/mlflow/mlruns.db`` (``workdir``: :attr:`pipelines.environment.Settings.workdir`), one
+    store for all such outputs, each run recorded in its output's ``mlflow_run.json`` as usual. The
+    store's folder is made when the store is first opened (:func:`open_store`)."""
+    if not is_local(output):
+        return SQLITE + os.path.join(workdir, "mlflow", STORE_FILE)
+    return SQLITE + os.path.join(os.path.abspath(output), STORE_FILE)
+
+
+def absolute(uri: str) -> str:
+    """A SQLite URI with an absolute path, made against this process's working directory
+    (``sqlite:///out/mlruns.db`` -> ``sqlite:////cwd/out/mlruns.db``: ranks, Spark tasks and
+    :func:`open_store`, which opens a store from its own folder, start elsewhere); other URIs as
+    they are. Applied once where a URI enters: a stage's config (:func:`resolve`), and the stores
+    this module opens (``$MLFLOW_TRACKING_URI`` read by batch inference)."""
+    if uri.startswith(SQLITE) and not uri.startswith(SQLITE + "/") and uri != SQLITE + ":memory:":
+        return SQLITE + os.path.abspath(uri[len(SQLITE):])
+    return uri
+
+
+def resolve(tracking: Optional[bool], uri: str, output: str, experiment: str, settings: Settings) -> Tuple[bool, str]:
+    """A stage config's tracking options, settled once where the config is made (the launching
+    process: ranks on other hosts may not have its environment).
+
+    Returns ``(enabled, uri)``: ``tracking`` if given, else ``settings.tracking`` (the environment's
+    default, :func:`pipelines.environment.read_settings`); the URI ``uri``, else
+    ``$MLFLOW_TRACKING_URI``, else :func:`default_uri` (in ``settings.workdir`` for a URI output), a
+    SQLite path made absolute (the URI as given when disabled).
+
+    Raises:
+        ValueError: while tracking, an empty experiment name, one longer than
+            :data:`MAX_EXPERIMENT_NAME`, or a file store the installed MLflow refuses.
+    """
+    if tracking is None:
+        tracking = settings.tracking
+    if not tracking:
+        return False, uri
+    if not experiment:
+        raise Refused("--experiment must not be empty (or pass --no-tracking)")
+    if len(experiment) > MAX_EXPERIMENT_NAME:  # MLflow would refuse it only when the job logs
+        raise Refused(f"--experiment is {len(experiment)} characters long: MLflow takes at most {MAX_EXPERIMENT_NAME}")
+    uri = absolute(uri or os.environ.get("MLFLOW_TRACKING_URI", "") or default_uri(output, settings.workdir))
+    if _is_file_store(uri):
+        _check_file_store(uri)
+    return True, uri
+
+
+def _is_file_store(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file:")
+
+
+def _check_file_store(uri: str) -> None:
+    """Refuse a file store where the installed MLflow refuses one when the job starts logging:
+    MLflow 3's ``FileStore`` ("maintenance mode") unless ``$MLFLOW_ALLOW_FILE_STORE`` is true,
+    read through its own ``mlflow.environment_variables``; 2.22 has no such variable and takes it."""
+    _mlflow()
+    import mlflow.environment_variables as variables
+
+    allowed = getattr(variables, "MLFLOW_ALLOW_FILE_STORE", None)
+    if allowed is not None and not allowed.get():
+        raise Refused(f"--tracking-uri {redact_uri(uri)}: MLflow {_mlflow().__version__} refuses a file store "
+                      "(a folder of runs); give a database such as sqlite:///PATH/mlruns.db (the default), "
+                      "or set MLFLOW_ALLOW_FILE_STORE=true")
+
+
+def check_model_name(name: str, uri: str) -> None:
+    """Refuse, before any work or rank starts, a ``--register-model`` name that the installed
+    MLflow's registry would refuse at the end of the run, by that MLflow's own rule:
+    ``mlflow.utils.validation._validate_model_name`` (2.22 refuses only an empty name; 3.x also a
+    blank one, ``/``, ``:``, and a name that is not a normalised relative path, such as ``..``),
+    or, for a file store (``uri`` a path or ``file:``), ``mlflow.store.model_registry.file_store``'s
+    (no path separator, no ``%``). A tracking server applies its own MLflow's rule, known only
+    there. Imports MLflow (seconds): call it only when the option is given. An MLflow without that
+    private function is not asked: its registry judges the name at the end, as before.
+
+    Raises:
+        Refused: naming the option, the name, MLflow's version and its reason.
+    """
+    _mlflow()  # its logging quieted before its modules load
+    from mlflow.exceptions import MlflowException
+
+    try:
+        if _is_file_store(uri):
+            from mlflow.store.model_registry.file_store import _validate_model_name
+        else:
+            from mlflow.utils.validation import _validate_model_name
+    except ImportError:
+        return
+    try:
+        _validate_model_name(name)
+    except MlflowException as exc:
+        raise Refused(f"--register-model {name!r}: MLflow {_mlflow().__version__}'s registry refuses the name: "
+                      f"{exc.message}") from None
+
+
+def _is_remote(uri: str) -> bool:
+    return uri.split(":", 1)[0].lower() in ("http", "https")
+
+
+def _unavailable(uri: str, exc: BaseException, advice: str = "") -> str:
+    """The one-line refusal for the store ``uri``, credentials masked (the URI's userinfo, and any
+    secret the cause quotes)."""
+    cause = " ".join(str(exc).split())
+    if len(cause) > 300:
+        cause = cause[:300] + " ..."
+    advice = advice or "start the server or fix --tracking-uri / MLFLOW_TRACKING_URI, or pass --no-tracking"
+    return redact_text(f"MLflow tracking store {redact_uri(uri)} cannot be used ({type(exc).__name__}: {cause}): "
+                       f"{advice}")
+
+
+def _mlflow():
+    """``mlflow``, imported on first use, its INFO lines hidden unless ``--verbose``."""
+    import mlflow  # in-function: keeps `import pipelines` free of MLflow
+
+    if not is_verbose():
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+    return mlflow
+
+
+def artifact_root(uri: str) -> Optional[str]:
+    """Where the experiments of a SQLite store keep their artifacts, ``<experiment_id>/`` each:
+    beside it (``DIR/mlruns`` for ``sqlite:///DIR/x.db``); ``None`` for other stores (the
+    server's ``--default-artifact-root``, or MLflow's default)."""
+    path = _sqlite_path(uri)
+    return os.path.join(os.path.dirname(path), ARTIFACTS_DIR) if path else None
+
+
+def _sqlite_path(uri: str) -> Optional[str]:
+    """The absolute file of a SQLite store URI (``None``: not a SQLite file store)."""
+    if not uri.startswith(SQLITE) or uri == SQLITE + ":memory:":
+        return None
+    return os.path.abspath(uri[len(SQLITE):].split("?", 1)[0])

@@ -1,0 +1,257 @@
+"""The MLflow store of a job: refused before the work when it cannot be used (:func:`check_store`),
+opened or made once per process under a set-up lock (:func:`open_store`), and the process's
+tracking URI put back after a block (:func:`using_store`)."""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from typing import Any, Iterator, Optional, Set
+
+from pipelines.environment import environment
+from pipelines.quiet import is_verbose
+from pipelines.redact import redact_text, redact_uri
+from pipelines.tracking.options import (POOL_ENV, PROBE_TIMEOUT_S, SETUP_LOCK_TIMEOUT_S, TrackingUnavailable,
+                                        _is_remote, _mlflow, _sqlite_path, _unavailable, absolute, artifact_root)
+
+
+def check_store(uri: str) -> None:
+    """Refuse, in seconds and before any work or rank starts, a store that cannot be used: a
+    tracking server that does not answer (one request through MLflow's client, without its
+    retries: by default minutes of back-off), or a SQLite store that could not be made or opened
+    (checked without MLflow, which retried such a store for about 100 s; nothing is made here), or
+    one of another MLflow schema (:mod:`pipelines.storeschema`: another stack's).
+    Other stores (files, databases) are opened by :func:`start`, before the job's work too.
+
+    Raises:
+        TrackingUnavailable: the server cannot be reached or refuses the request; the SQLite file
+            could not be made or opened, or is of another MLflow schema.
+    """
+    path = _sqlite_path(absolute(uri))
+    if path is not None:
+        _check_makeable(uri, path)
+        if os.path.exists(path):
+            _check_readable(uri, path)
+            _check_schema(uri, path)
+        return
+    if not _is_remote(uri):
+        return
+    try:
+        mlflow = _mlflow()
+        with environment({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(PROBE_TIMEOUT_S)}):
+            mlflow.MlflowClient(uri).search_experiments(max_results=1)
+    except Exception as exc:  # MLflow wraps connection errors in its own exception types
+        raise TrackingUnavailable(_unavailable(uri, exc)) from None
+
+
+@contextlib.contextmanager
+def _quiet_store() -> Iterator[None]:
+    """Hide INFO records while a store is opened: creating a SQLite store runs alembic's
+    migrations, which configure its logger at INFO and print a dozen lines (unless verbose)."""
+    if is_verbose():
+        yield
+        return
+    logging.disable(logging.INFO)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+# SQLite stores this process has opened: MLflow keeps each open for the process (one store object
+# and engine per URI, no public API drops them), so a store whose file was deleted since (a
+# notebook removed a job's output and runs the job again) is made again in a child (open_store).
+_opened: Set[str] = set()
+
+
+def open_store(uri: str, create: bool = False):
+    """An ``mlflow.MlflowClient`` of the store ``uri`` (made absolute: :func:`absolute`), which
+    becomes this process's tracking URI: the fluent API, ``runs:/`` and ``models:/`` URIs and a
+    server's proxied artifacts resolve through it.
+
+    A SQLite store (``create``: made when missing, with its folder, owner-only) is set up once
+    across processes: jobs starting together on a new store wait on a lock file in its artifact
+    folder while the first one creates the schema (MLflow's set-up has no lock of its own: three
+    jobs at once broke a new store for good). A store left half-made (a set-up killed midway) is
+    refused by name, and so is a store of another MLflow schema, before MLflow would migrate it
+    silently (:mod:`pipelines.storeschema`). Its artifact root is the folder beside it
+    (:func:`artifact_root`; MLflow gives a new SQLite store ``./mlruns``, so it is opened from its
+    own folder), and its connections are not pooled (:data:`POOL_ENV`), so a store deleted and
+    made again is seen anew.
+
+    ``mlflow.set_tracking_uri`` also exports ``$MLFLOW_TRACKING_URI``; that is undone, or a later
+    job of this process (a notebook's training after its ETL) or its children would take this
+    store for the user's choice.
+
+    Raises:
+        TrackingUnavailable: no store at the SQLite path (``create`` false), or one that cannot be
+            opened or read (at once: MLflow would retry for about 100 s), a half-made store, or one
+            of another MLflow schema.
+    """
+    uri = absolute(uri)
+    mlflow = _mlflow()
+    _set_process_tracking_uri(uri)
+    path = _sqlite_path(uri)
+    if path is None:
+        return mlflow.MlflowClient(uri)
+    _make_or_find(uri, path, create)
+    with _setup_lock(uri, path), _quiet_store(), _in_folder(os.path.dirname(path)), \
+            environment({POOL_ENV: os.environ.get(POOL_ENV) or "NullPool"}):
+        _check_readable(uri, path)
+        _check_schema(uri, path)  # before MLflow, which would migrate another stack's store
+        if uri in _opened and os.path.getsize(path) == 0:
+            _make_in_child(uri, path)
+        try:
+            client = mlflow.MlflowClient(uri)
+            client.search_experiments(max_results=1)  # opens the tracking store: its schema made now
+            client.search_registered_models(max_results=1)  # and the registry's, under this lock
+        except Exception as exc:
+            raise TrackingUnavailable(_unavailable(uri, exc, _half_made_advice(uri, path))) from None
+    _opened.add(uri)
+    return client
+
+
+def _make_or_find(uri: str, path: str, create: bool) -> None:
+    """``create``: make the store's folder (owner-only when made here) and an empty owner-only
+    store file (SQLite gives its journals the file's mode); else refuse a missing file at once
+    (MLflow would make a new empty store, or retry for about 100 s where the folder is missing)."""
+    if create:
+        try:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        except OSError as exc:
+            raise TrackingUnavailable(_unavailable(uri, exc, "choose a folder this user can write")) from None
+    elif not os.path.isfile(path):
+        raise TrackingUnavailable(_unavailable(uri, FileNotFoundError(f"no store file {path}"),
+                                               "give the store the job logged to (its output's mlflow_run.json "
+                                               "names it), absolute or relative to here"))
+
+
+def _check_makeable(uri: str, path: str) -> None:
+    """Refuse a store path that is a folder, or whose nearest existing folder this user cannot
+    write (the file, or the folders down to it, could not be made)."""
+    folder = os.path.dirname(path)
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    problem = (f"{path} is a folder" if os.path.isdir(path) else
+               f"{folder} is not a folder" if not os.path.isdir(folder) else
+               f"{folder} is not writable by this user" if not os.access(folder, os.W_OK | os.X_OK)
+               and not os.path.isfile(path) else "")
+    if problem:
+        raise TrackingUnavailable(_unavailable(uri, OSError(problem), "choose a folder this user can write"))
+
+
+def _check_readable(uri: str, path: str) -> None:
+    """Refuse at once a file SQLite cannot read or write (MLflow retries for about 100 s)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=60)) as db:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error as exc:
+        raise TrackingUnavailable(_unavailable(uri, exc, f"{path} is not a SQLite database this user can "
+                                                         "write")) from None
+
+
+def _check_schema(uri: str, path: str) -> None:
+    """Refuse a store of another MLflow schema by name (:func:`pipelines.storeschema.schema_refusal`)."""
+    from pipelines.storeschema import schema_refusal
+
+    refusal = schema_refusal(path, redact_uri(uri))
+    if refusal:
+        raise TrackingUnavailable(redact_text(refusal))
+
+
+def _half_made_advice(uri: str, path: str) -> str:
+    return (f"if {path} is a store whose first set-up was interrupted, or of another MLflow version, move it "
+            f"aside (or run `mlflow db upgrade {redact_uri(uri)}` if it holds runs you keep) and run again; "
+            "or pass --no-tracking")
+
+
+@contextlib.contextmanager
+def _setup_lock(uri: str, path: str) -> Iterator[None]:
+    """Hold an exclusive ``fcntl`` lock on ``ARTIFACT_ROOT/.<store file>.lock`` (a folder the ETL's
+    output check knows as ours; the lock file is never deleted: deleting a lock file races)."""
+    root = artifact_root(uri)
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(root, f".{os.path.basename(path)}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + SETUP_LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                    raise TrackingUnavailable(_unavailable(uri, exc, "another process holds the store's set-up "
+                                                                     "lock: is a job stuck?")) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _make_in_child(uri: str, path: str) -> None:
+    """Set up the store ``uri`` again in a fresh interpreter: its file was deleted after this
+    process opened it, and MLflow keeps the first set-up's store object for the process (it would
+    find no tables). Through MLflow's public client; the child's working directory is the store's
+    folder, as for :func:`open_store`."""
+    script = "import sys, mlflow; mlflow.MlflowClient(sys.argv[1]).search_experiments(max_results=1)"
+    done = subprocess.run([sys.executable, "-c", script, uri], cwd=os.path.dirname(path), capture_output=True,
+                          text=True)
+    if is_verbose():  # its migrations' lines, as an in-process set-up shows them
+        sys.stderr.write(done.stdout + done.stderr)
+    if done.returncode:
+        raise TrackingUnavailable(_unavailable(uri, RuntimeError(done.stderr.strip().splitlines()[-1:]),
+                                               "the store could not be made again"))
+
+
+@contextlib.contextmanager
+def using_store(uri: str) -> Iterator[Any]:
+    """:func:`open_store` (an existing store) for the block only: afterwards this process's
+    tracking URI is what it was before (``mlflow.set_tracking_uri`` is process-wide, so a job's
+    store would otherwise stay the default of every later job in the process: a notebook's
+    predictions after its ETL would look for ``models:/`` in the ETL's store). Yields the client.
+
+    Raises:
+        TrackingUnavailable: as :func:`open_store`.
+    """
+    previous = _process_tracking_uri()
+    try:
+        yield open_store(uri)
+    finally:
+        _set_process_tracking_uri(previous)
+
+
+def _process_tracking_uri() -> Optional[str]:
+    """The URI this process set with ``mlflow.set_tracking_uri`` (``None``: none; then
+    ``$MLFLOW_TRACKING_URI`` or MLflow's default applies), told apart from the environment's by
+    asking MLflow's public ``is_tracking_uri_set`` with that variable hidden."""
+    mlflow = _mlflow()
+    with environment({}, keep=("MLFLOW_TRACKING_URI",)):
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        return mlflow.get_tracking_uri() if mlflow.tracking.is_tracking_uri_set() else None
+
+
+def _set_process_tracking_uri(uri: Optional[str]) -> None:
+    """Set (``None``: unset) this process's tracking URI, leaving ``$MLFLOW_TRACKING_URI`` as it is."""
+    with environment({}, keep=("MLFLOW_TRACKING_URI",)):
+        _mlflow().set_tracking_uri(uri)
+
+
+@contextlib.contextmanager
+def _in_folder(folder: Optional[str]) -> Iterator[None]:
+    """Run the block with ``folder`` as the working directory (``None``: where it is)."""
+    if folder is None:
+        yield
+        return
+    previous = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
