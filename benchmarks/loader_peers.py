@@ -54,13 +54,15 @@ def missing(peer: str, stack: str) -> Optional[str]:
 
 def shard_fragments(data, split: str, rank: int, world_size: int) -> list:
     """The ``pyarrow.dataset`` fragments of rank ``rank``'s row groups of ``split`` (row groups
-    ``rank::world_size`` of :func:`pipelines.training.arrow_reader.split_row_groups`, our readers'
-    rule), one fragment per row group, in file and group order."""
+    of :func:`pipelines.training.arrow_reader.split_row_groups` by our readers' rule,
+    :func:`pipelines.training.sharding.shard`), one fragment per row group, in file and group order."""
     import pyarrow.dataset as pads
 
     dataset = pads.dataset([part.path for part in data.parts(split)], format="parquet")
     groups = [group for fragment in dataset.get_fragments() for group in fragment.split_by_row_group()]
-    return groups[rank::world_size]
+    from pipelines.training.sharding import shard
+
+    return list(shard(groups, rank, world_size))
 
 
 def plain_batches(data, split: str, rank: int, world_size: int) -> Iterator[Tuple[np.ndarray, np.ndarray]]:

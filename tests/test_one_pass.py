@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pipelines.training.data import OnePassShard, ShardCountError, load_dataset, verify_total
+from pipelines.training.sharding import shard
 from tests.datagen import write_dataset
 from tests.readers import READERS
 
@@ -46,6 +47,24 @@ def test_pixels_belong_to_their_row(data):
 def test_shards_follow_row_group_round_robin(data):
     sizes = [OnePassShard(data, "train", r, 4).expected_rows for r in range(4)]
     assert sizes == [6, 5, 5, 5]  # 21 one-row groups: group i to rank i % 4
+
+
+@pytest.mark.parametrize("items, world_size", [(21, 4), (8, 8), (3, 5), (0, 2), (7, 1)])
+def test_the_sharding_rule_gives_each_item_to_one_rank_and_shards_within_one_of_each_other(items, world_size):
+    """The one rule every reader and the feature cache use: item i to rank i % world_size (Petastorm's
+    cur_shard/shard_count); a list stays a list, an array's shard is a view of it."""
+    shards = [list(shard(list(range(items)), rank, world_size)) for rank in range(world_size)]
+    assert sorted(i for s in shards for i in s) == list(range(items))
+    assert all(i % world_size == rank for rank, s in enumerate(shards) for i in s)
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    array = np.arange(items * 2).reshape(items, 2)
+    assert np.shares_memory(shard(array, world_size - 1, world_size), array) or items < world_size
+
+
+@pytest.mark.parametrize("rank, world_size", [(-1, 2), (2, 2), (0, 0), (5, 3)])
+def test_a_rank_outside_the_world_is_refused_by_the_sharding_rule(rank, world_size):
+    with pytest.raises(ValueError, match=f"rank {rank} is not one of {world_size} ranks"):
+        shard([1, 2, 3], rank, world_size)
 
 
 def test_a_short_count_fails_with_both_numbers(data):

@@ -181,7 +181,7 @@ class ArrowShardReader:
     exit) and an iterator of :class:`Batch`.
 
     Args:
-        groups: the shard's row groups (``split_row_groups(parts)[rank::world_size]``), not empty.
+        groups: the shard's row groups (:func:`~pipelines.training.sharding.shard` of :func:`split_row_groups`), not empty.
         row_bytes: bytes of one image (the manifest's ``row_bytes``).
         workers: reader threads (>= 1).
         depth: row groups read ahead at most (>= 1; default ``2 * workers``): the bound on memory.

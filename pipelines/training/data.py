@@ -23,6 +23,7 @@ from pipelines.contract import MANIFEST, MANIFEST_FORMAT, SPLITS, TEST, TRAIN, V
 from pipelines.errors import Refused
 from pipelines.logs import plural
 from pipelines.paths import check_url_safe, local_url
+from pipelines.training.sharding import shard
 from pipelines.training.arrow_reader import (DataError, RowGroup, ShardCountError, read_group,  # noqa: F401
                                              split_row_groups)
 
@@ -228,7 +229,7 @@ def check_validation_split(manifest: Manifest, root: str) -> None:
 
 def check_train_row_groups(data: Dataset, world_size: int) -> None:
     """Refuse a train split of fewer row groups than ranks: its looping readers give each rank
-    whole row groups (``rank::world_size``), so a rank would have none. (The test split is read
+    whole row groups (:func:`~pipelines.training.sharding.shard`), so a rank would have none. (The test split is read
     by one-pass shards, by rows where ranks outnumber its row groups: never refused.)
 
     Raises:
@@ -273,7 +274,7 @@ def cache_size_bytes(data: Dataset, split: str, world_size: int) -> int:
 @contextlib.contextmanager
 def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_root: Optional[str],
                 workers: int = 2, seed: int = 0, reader: str = "") -> Iterator:
-    """A reader of this rank's shard of ``split`` (row groups ``rank::world_size``) that loops
+    """A reader of this rank's shard of ``split`` (its row groups by :func:`~pipelines.training.sharding.shard`) that loops
     forever, a seeded shuffle of the row groups each epoch (training).
 
     Petastorm 0.13.1's thread pool can finish a bounded read (``num_epochs=1``) while its
@@ -315,7 +316,7 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
             from pipelines.training.arrow_reader import ArrowShardReader
 
             cache = rowcache.RowGroupFiles(folder, limit) if folder else None
-            groups = split_row_groups(data.parts(split))[rank::world_size]
+            groups = shard(split_row_groups(data.parts(split)), rank, world_size)
             with ArrowShardReader(groups, data.row_bytes, seed, workers, cache=cache) as opened:
                 yield opened
     finally:
@@ -342,7 +343,7 @@ class OnePassShard:
         self.data, self.split, self.rank, self.world_size = data, split, rank, world_size
         groups = split_row_groups(data.parts(split))
         if len(groups) >= world_size:
-            self.pieces = [(group, 0, group.rows) for group in groups[rank::world_size]]
+            self.pieces = [(group, 0, group.rows) for group in shard(groups, rank, world_size)]
         else:
             self.pieces = row_ranges(groups, rank, world_size)
         self.expected_rows = sum(stop - start for _, start, stop in self.pieces)

@@ -26,6 +26,7 @@ from typing import Mapping, Optional, Tuple
 import numpy as np
 
 from pipelines.logs import plural
+from pipelines.training.sharding import shard
 
 log = logging.getLogger("pipelines")
 COMPLETE = "_COMPLETE.json"
@@ -123,7 +124,7 @@ def read_shard(directory, split: str, rank: int, world_size: int) -> Tuple[np.nd
     tables = [pq.read_table(io.BytesIO(part.read_bytes())) for part in parts]
     features = np.concatenate([np.stack(t.column("features").to_numpy(zero_copy_only=False)) for t in tables])
     labels = np.concatenate([t.column("label").to_numpy() for t in tables]).astype(np.int32)
-    return features[rank::world_size].astype(np.float32), labels[rank::world_size]
+    return shard(features, rank, world_size).astype(np.float32), shard(labels, rank, world_size)
 
 
 def compute_shard(extractor, dataset) -> Tuple[np.ndarray, np.ndarray]:

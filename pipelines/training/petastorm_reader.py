@@ -105,8 +105,9 @@ def _open_new(full_path: str):
 @contextlib.contextmanager
 def open_petastorm_reader(urls, filesystem, rank: int, world_size: int, cache_folder: Optional[str],
                           cache_limit: int, row_size: int, workers: int, seed: int) -> Iterator:
-    """A looping Petastorm batch reader of row groups ``rank::world_size`` of ``urls`` (file://
-    URLs; ``filesystem`` a legacy filesystem for a URI root, or None), with a local-disk cache of
+    """A looping Petastorm batch reader of rank ``rank``'s row groups of ``urls`` (file:// URLs;
+    Petastorm's ``cur_shard``/``shard_count``, the rule of :func:`pipelines.training.sharding.shard`;
+    ``filesystem`` a legacy filesystem for a URI root, or None), with a local-disk cache of
     flat files in ``cache_folder`` (None: no cache; :func:`pipelines.training.data.open_reader`).
 
     Yields the reader, stopped and joined on exit (which deletes ``cache_folder``).
