@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Sequence, TypeVar
 
+from pipelines.logs import plural
+
 T = TypeVar("T")
 
 
@@ -21,5 +23,5 @@ def shard(items: Sequence[T], rank: int, world_size: int) -> Sequence[T]:
         ValueError: ``world_size`` < 1, or ``rank`` not in ``[0, world_size)``.
     """
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not one of {world_size} ranks")
+        raise ValueError(f"rank {rank} is not one of {plural(world_size, 'rank')}")
     return items[rank::world_size]
