@@ -22,11 +22,18 @@ NOBODY = 65534
 
 def run_script(path_dir: str, as_nobody: bool) -> subprocess.CompletedProcess:
     """The script with PATH holding only ``path_dir``; as uid/gid 65534 when asked and we are root
-    (a user that is not root either way)."""
+    (a user that is not root either way). It runs from a copy in ``path_dir/scripts/``: a checkout
+    may lie where that user cannot read (a clone under ``mktemp -d`` is 0700), and the refusals
+    come before the script reads anything beside itself."""
     def drop():
         os.setgid(NOBODY)
         os.setuid(NOBODY)
-    return subprocess.run([shutil.which("bash"), SCRIPT], capture_output=True, text=True, timeout=60, cwd="/",
+    script = os.path.join(path_dir, "scripts", os.path.basename(SCRIPT))
+    os.makedirs(os.path.dirname(script), exist_ok=True)
+    shutil.copy(SCRIPT, script)
+    os.chmod(os.path.dirname(script), 0o755)
+    os.chmod(script, 0o644)
+    return subprocess.run([shutil.which("bash"), script], capture_output=True, text=True, timeout=60, cwd="/",
                           env={"PATH": path_dir}, preexec_fn=drop if as_nobody and os.geteuid() == 0 else None)
 
 
