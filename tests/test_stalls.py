@@ -12,7 +12,8 @@ from pipelines.errors import Refused
 from pipelines.launch import HorovodJobFailed, HorovodRunner, RankFailure
 from pipelines.launch.config import DEFAULT_RENDEZVOUS_TIMEOUT_S, LaunchConfig
 from pipelines.launch.failures import with_late_ranks
-from pipelines.launch.rankenv import GLOO_TIMEOUT_ENV, STALL_ENV, own_timeouts, read_rank_environment, timeouts_env
+from pipelines.launch.rankenv import (GLOO_TIMEOUT_ENV, STALL_ENV, gloo_timeout, own_timeouts, read_rank_environment,
+                                     timeouts_env)
 from pipelines.launch.recovery import is_lost
 from pipelines.launch.watchdog import DEFAULT_STALL_TIMEOUT_S, Watchdog, grace_s, stall_record
 
@@ -116,6 +117,27 @@ def test_the_launcher_hands_every_rank_its_waits_and_keeps_horovodruns_own():
     assert read_rank_environment({}).stall_timeout_s == 0.0  # not launched by us: nothing watched
     assert LaunchConfig().timeouts_env({}) == {GLOO_TIMEOUT_ENV: f"{DEFAULT_RENDEZVOUS_TIMEOUT_S:g}",
                                                STALL_ENV: f"{DEFAULT_STALL_TIMEOUT_S:g}"}
+
+
+@pytest.mark.parametrize("executor_env, gloo", [
+    ({}, "300"),  # nothing of the executor's own: the driver's
+    ({GLOO_TIMEOUT_ENV: ""}, "300"),  # set but empty (Horovod's strtol would read 0 s): the driver's
+    ({GLOO_TIMEOUT_ENV: "10"}, "10"),  # spark.executorEnv.HOROVOD_GLOO_TIMEOUT_SECONDS=10: kept
+    ({GLOO_TIMEOUT_ENV: "900", STALL_ENV: "5"}, "900"),  # only Gloo's is the host's own to keep
+])
+def test_an_executors_own_gloo_timeout_outranks_the_drivers_default(executor_env, gloo):
+    """The driver's default (--rendezvous-timeout) never overrides a Gloo timeout set for the
+    executors: a host cut off past that timeout must fail its collectives, not wait 300 s."""
+    driver = LaunchConfig().timeouts_env({})
+    assert own_timeouts(driver, executor_env) == {GLOO_TIMEOUT_ENV: gloo, STALL_ENV: driver[STALL_ENV]}
+    assert own_timeouts({}, executor_env) == {}  # a runner given no waits adds none
+
+
+@pytest.mark.parametrize("env, seconds", [({}, "30"), ({GLOO_TIMEOUT_ENV: "10"}, "10"), ({STALL_ENV: "5"}, "30")])
+def test_the_window_a_late_rank_is_told_is_the_one_its_environment_gives_gloo(env, seconds):
+    """What a rank started with ``env`` waits at the rendezvous: its own value, else Horovod's 30 s
+    (GetIntEnvOrDefault(HOROVOD_GLOO_TIMEOUT_SECONDS, 30) in gloo_context.cc)."""
+    assert gloo_timeout(env) == seconds
 
 
 @pytest.mark.parametrize("field, flag", [("rendezvous_timeout", "--rendezvous-timeout"),

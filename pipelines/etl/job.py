@@ -2,15 +2,17 @@
 
 Steps, each a function below:
 
-1. :func:`~pipelines.etl.plan.check_paths` and :func:`~pipelines.etl.plan.check_memory` - clear errors before Spark starts (missing
-   input, a bucket that does not exist or refused credentials, overlapping output, an output
-   holding foreign data, a ``--max-file-mb``/``--max-pixels`` the executors cannot hold).
-2. :func:`~pipelines.etl.plan.plan` - the job's own listing, the tree's layout (``NNN.name`` or plain class folders),
-   classification, the stratified train/validation/test assignment (per class, on the driver) and
-   the row-group plan; the candidate images sorted by a seeded hash of their relative path.
-   :func:`~pipelines.etl.plan.hash_candidates` and :func:`~pipelines.etl.plan.drop_duplicates` (``--dedupe``, the default) - a first Spark
-   pass hashes every candidate's bytes, one file per content is kept (:mod:`pipelines.etl.dedupe`),
-   the other copies are recorded as rejections, and the kept files are split again.
+1. :func:`~pipelines.etl.plan.check_paths` and :func:`~pipelines.etl.plan.check_memory` - clear
+   errors before Spark starts (missing input, a bucket that does not exist or refused
+   credentials, overlapping output, an output holding foreign data, a
+   ``--max-file-mb``/``--max-pixels`` the executors cannot hold).
+2. :func:`~pipelines.etl.plan.plan` - the job's own listing, the tree's layout (``NNN.name`` or
+   plain class folders), classification, the stratified train/validation/test assignment (per
+   class, on the driver) and the row-group plan; the candidate images sorted by a seeded hash of
+   their relative path. :func:`~pipelines.etl.plan.hash_candidates` and
+   :func:`~pipelines.etl.plan.drop_duplicates` (``--dedupe``, the default) - a first Spark pass
+   hashes every candidate's bytes, one file per content is kept (:mod:`pipelines.etl.dedupe`), the
+   other copies are recorded as rejections, and the kept files are split again.
 3. :func:`run_spark` - the candidates cut into one contiguous chunk per task, no shuffle:
    ``spark.range(P)`` -> ``mapInArrow`` whose tasks read their chunk's files in Python, resize
    them and write their own Parquet file per split below the run's prefix

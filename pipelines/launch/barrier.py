@@ -26,7 +26,7 @@ from pipelines.launch.failures import HorovodJobFailed, RankFailure, with_late_r
 from pipelines.launch.gpus import (CUDA_VISIBLE, check_local_gpus, nccl_env, parse_visible, rank_gpu_env, task_gpus,
                                    visible_gpu_count)
 from pipelines.launch.network import GLOO_IFACE_ENV, interface_of, rendezvous_ipv4, split_host_port
-from pipelines.launch.rankenv import GLOO_TIMEOUT_ENV, own_timeouts
+from pipelines.launch.rankenv import gloo_timeout, own_timeouts
 from pipelines.launch.rendezvous import Rendezvous
 from pipelines.launch.ranklogs import LogSink
 from pipelines.launch.sparkcheck import check_barrier_conf, check_local_executors, executor_id_hosts, wait_for_slots
@@ -77,7 +77,8 @@ def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
                             r.get("host", ""), r.get("lost", False), r.get("refused", False))
                 for r in records if r["status"] == "error"]
     first = next((r for r in records if r["rank"] == 0), {})
-    failures = with_late_ranks(failures, first.get("rendezvous_missing", []), first.get("gloo_timeout", "30"),
+    failures = with_late_ranks(failures, first.get("rendezvous_missing", []),
+                               first.get("gloo_timeout", gloo_timeout({})),
                                {r["rank"]: r.get("host", "") for r in records})
     if failures:
         raise HorovodJobFailed(failures)
@@ -161,13 +162,12 @@ def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str]
                         "host": hosts[index], "refused": mine["refused"]}
                        if "error" in mine else {"rank": slot["rank"], "status": "not started"})
                 return
-            timeouts = own_timeouts(rank_timeouts or {}, os.environ)
             env = dict(os.environ, **rank_env(slot, hosts[index], world_size, gathered[0]["rendezvous"], mine,
-                                              os.environ), **timeouts)
+                                              os.environ), **own_timeouts(rank_timeouts or {}, os.environ))
             record = run_child(payload, env, slot["rank"], (*sink, hosts[index]))
             if server is not None:
                 record["rendezvous_missing"] = server.missing()
-                record["gloo_timeout"] = timeouts.get(GLOO_TIMEOUT_ENV, "30")
+                record["gloo_timeout"] = gloo_timeout(env)
             yield record
         finally:
             if server is not None:

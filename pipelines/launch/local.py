@@ -33,7 +33,7 @@ import cloudpickle
 from pipelines.launch.barrier import rank_env, rank_plan
 from pipelines.launch.child import die_with_parent, rank_command
 from pipelines.launch.failures import HorovodJobFailed, RankFailure, exit_cause, signal_is_loss, with_late_ranks
-from pipelines.launch.rankenv import GLOO_TIMEOUT_ENV
+from pipelines.launch.rankenv import gloo_timeout
 from pipelines.launch.rendezvous import Rendezvous
 from pipelines.launch.ranklogs import owner_only_append
 from pipelines.redact import redact_text
@@ -83,7 +83,8 @@ def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
             rendezvous.stop()
         records = {rank: _read(path) for rank, path in enumerate(results)}
     failures = with_late_ranks(collect_failures(records, ended, host), rendezvous.missing(),
-                               (rank_timeouts or {}).get(GLOO_TIMEOUT_ENV, "30"), dict.fromkeys(range(world_size), host))
+                               gloo_timeout({**os.environ, **(rank_timeouts or {})}),
+                               dict.fromkeys(range(world_size), host))
     if failures:
         raise HorovodJobFailed(failures)
     return cloudpickle.loads(base64.b64decode(records[0]["result"]))

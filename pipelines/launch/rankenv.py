@@ -131,6 +131,14 @@ def own_timeouts(rank_timeouts: Mapping[str, str], environ: Mapping[str, str]) -
     return dict(rank_timeouts, **{GLOO_TIMEOUT_ENV: own}) if own and rank_timeouts else dict(rank_timeouts)
 
 
+def gloo_timeout(env: Mapping[str, str]) -> str:
+    """The Gloo timeout, in seconds as text, of a rank started with the variables ``env``: its
+    ``HOROVOD_GLOO_TIMEOUT_SECONDS``, else Horovod's default, 30 (``horovod/common/gloo/gloo_context.cc``).
+    A rank of ours never gets an empty value, which Horovod reads as 0 s: :func:`own_timeouts` and
+    :func:`timeouts_env` replace it with the driver's."""
+    return env.get(GLOO_TIMEOUT_ENV) or "30"
+
+
 def attempts_env(history: Sequence[Dict]) -> Dict[str, str]:
     """The variable that tells a rank the earlier attempts ``history`` of its job."""
     return {ATTEMPTS_ENV: json.dumps(list(history))}

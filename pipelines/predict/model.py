@@ -7,8 +7,8 @@ A model is named three ways (:func:`resolve_model`):
   names, so nothing is loaded on the driver;
 - a training run's output folder: its ``model.keras`` (and ``model.json``);
 - an MLflow URI, ``models:/NAME/VERSION`` or ``runs:/RUN_ID/PATH``: the model is downloaded once
-  into a local folder, checked (:func:`~pipelines.predict.safeload.mlflow_model_file`) and loaded to read its input, and its
-  class names are the ``class_names`` entry of the MLflow model's metadata
+  into a local folder, checked (:func:`~pipelines.predict.safeload.mlflow_model_file`) and loaded
+  to read its input, and its class names are the ``class_names`` entry of the MLflow model's metadata
   (``mlflow.tensorflow.log_model(..., metadata={"class_names": [...]})``), else the
   ``--class-names`` file (a run's ``class_names.json``).
 
@@ -23,9 +23,10 @@ refused, no pickle of a model is ever read, and its Keras file (HDF5, as
 ``pipelines.tracking`` logs it, or the zip format) is loaded here. Safe mode is no sandbox (it
 loads a ``TFOpLambda``; a function named by its module reaches the deserialiser), so before Keras
 opens any file its config is walked as JSON and must name only the layers, initializers and
-activations the product's own models are built from (:func:`~pipelines.predict.safeload.check_model_config`). The sha256
-sits beside the model: it catches a file changed by accident, not a tampered folder. Each file is copied into a private temporary folder and
-checked and loaded from there, so the bytes checked are the bytes loaded.
+activations the product's own models are built from
+(:func:`~pipelines.predict.safeload.check_model_config`). The sha256 sits beside the model: it
+catches a file changed by accident, not a tampered folder. Each file is copied into a private
+temporary folder and checked and loaded from there, so the bytes checked are the bytes loaded.
 
 Every model must take the ETL's image, uint8 RGB ``(batch, S, S, 3)``, preprocessing inside its
 graph (the contract: :data:`pipelines.contract.MODEL_INPUT_DTYPE`), and return ``(batch,

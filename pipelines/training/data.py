@@ -229,8 +229,9 @@ def check_validation_split(manifest: Manifest, root: str) -> None:
 
 def check_train_row_groups(data: Dataset, world_size: int) -> None:
     """Refuse a train split of fewer row groups than ranks: its looping readers give each rank
-    whole row groups (:func:`~pipelines.training.sharding.shard`), so a rank would have none. (The test split is read
-    by one-pass shards, by rows where ranks outnumber its row groups: never refused.)
+    whole row groups (:func:`~pipelines.training.sharding.shard`), so a rank would have none. (The
+    test split is read by one-pass shards, by rows where ranks outnumber its row groups: never
+    refused.)
 
     Raises:
         DataError: naming both numbers and the ETL flags that give more row groups
@@ -274,8 +275,9 @@ def cache_size_bytes(data: Dataset, split: str, world_size: int) -> int:
 @contextlib.contextmanager
 def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_root: Optional[str],
                 workers: int = 2, seed: int = 0, reader: str = "") -> Iterator:
-    """A reader of this rank's shard of ``split`` (its row groups by :func:`~pipelines.training.sharding.shard`) that loops
-    forever, a seeded shuffle of the row groups each epoch (training).
+    """A reader of this rank's shard of ``split`` (its row groups by
+    :func:`~pipelines.training.sharding.shard`) that loops forever, a seeded shuffle of the row
+    groups each epoch (training).
 
     Petastorm 0.13.1's thread pool can finish a bounded read (``num_epochs=1``) while its
     ventilator still holds row groups, so one-pass reads never go through a looping reader: they
