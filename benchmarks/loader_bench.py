@@ -3,9 +3,11 @@ tf.data, with a cold and a warm local-disk cache and without one, against the sa
 memory (``tf.data.Dataset.from_tensor_slices``), measured in one run, for each ETL row-group size
 of a sweep (``--row-group-mb 1,4,16,32``).
 
-Every path ends in training's own tail (:func:`pipelines.training.data.batched`: shuffle, batch,
-prefetch; uint8 batches, which the model casts and preprocesses on its device), the in-memory
-ceiling too, and each is timed over one epoch of
+Every path is training's own (:func:`pipelines.training.data.make_dataset`: over Petastorm's
+reader the tail :func:`pipelines.training.data.batched`, shuffle, batch, prefetch; over ours the
+positioned train stream, :mod:`pipelines.training.stream`, its windows shuffled and batched in
+NumPy, then the same prefetch; uint8 batches, which the model casts and preprocesses on its
+device), the in-memory ceiling through ``batched``, and each is timed over one epoch of
 the train split (``train_rows // batch`` batches), consuming the tensors as training would. No
 model runs: this is the ceiling the data path puts on training. Each reader is also timed alone
 (no tf.data: its row groups pulled and copied once), cold and warm: the reader's own cost. Both readers cache row groups in

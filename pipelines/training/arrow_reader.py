@@ -6,11 +6,14 @@ Petastorm's contract as training uses it, without Petastorm (which cannot run on
   manifest's order and groups in file order (:func:`split_row_groups`; Petastorm's rule, and
   :class:`pipelines.training.data.OnePassShard`'s);
 * it loops forever; each epoch visits every row group of the shard once, in an order drawn from
-  ``seed`` and the epoch number (a NumPy ``default_rng((seed, epoch))`` permutation), so a run
-  repeats its order exactly;
+  ``seed`` and the epoch number (a NumPy ``default_rng((seed, epoch))`` permutation,
+  :func:`pipelines.training.stream.epoch_order`), so a run repeats its order exactly;
 * ``workers`` threads read row groups (``ParquetFile.read_row_group``; pyarrow releases the GIL
   while it reads and decodes) at most ``depth`` row groups ahead of the consumer, from the moment
   the reader is made, and the reader yields them in its order;
+* :meth:`ArrowShardReader.restart` makes it read another order from now on (the positioned train
+  stream's, :mod:`pipelines.training.stream`, opened at any visit): the read-ahead of the previous
+  order is cancelled and the iterators over it stop;
 * with a cache folder, each row group is decoded from Parquet straight into its flat file, a few
   images at a time (:class:`pipelines.training.rowcache.RowGroupFiles`), and every epoch, the
   first too, maps it back; without one (or once the cache is full) it is read whole;
@@ -24,14 +27,16 @@ from __future__ import annotations
 
 import collections
 import itertools
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Deque, Iterator, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Deque, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from pipelines.errors import Refused
 from pipelines.logs import plural
+from pipelines.training.stream import epoch_order  # noqa: F401 (its home was here; callers import it from here)
 
 #: bytes of images decoded at a time on the way into the cache: 2-8 images of 299 px took the
 #: same time, 16 (4 MiB) a third more (one thread, loader_bench's data, 2026-12-02)
@@ -170,15 +175,10 @@ class Batch(NamedTuple):
     label: np.ndarray  # int32 (rows,)
 
 
-def epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
-    """The order in which epoch ``epoch`` (0, 1, ...) visits a shard's ``count`` row groups: a
-    permutation drawn from ``(seed, epoch)`` alone."""
-    return np.random.default_rng((seed, epoch)).permutation(count)
-
-
 class ArrowShardReader:
     """A looping reader of one rank's shard (module doc); a context manager (its threads stop on
-    exit) and an iterator of :class:`Batch`.
+    exit) and an iterator of :class:`Batch` (the looping order from the start, until
+    :meth:`restart` gives it another).
 
     Args:
         groups: the shard's row groups (:func:`~pipelines.training.sharding.shard` of :func:`split_row_groups`), not empty.
@@ -196,13 +196,51 @@ class ArrowShardReader:
         self.depth = depth or 2 * workers
         self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="arrow-reader")
         self._pending: Deque = collections.deque()
-        self._order = self._visits()
+        # one order is read at a time; tf.data may pull an old dataset's generator from another
+        # thread while a new one restarts the reader, hence the lock and the order's generation
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._order: Iterator[int] = iter(())
         self._closed = False
-        self._top_up()  # reading starts with the reader, as Petastorm's does: tf.data's set-up overlaps it
+        # reading starts with the reader, as Petastorm's does: tf.data's set-up overlaps it
+        self._default = self.restart(self._visits())
 
     def _visits(self) -> Iterator[int]:
         for epoch in itertools.count():
             yield from epoch_order(len(self.groups), self.seed, epoch).tolist()
+
+    def restart(self, visits: Iterable[int]) -> Iterator[Batch]:
+        """Read the row groups ``visits`` (shard indices, in order; finite or not) from now on,
+        ``depth`` ahead, starting at once. The read-ahead of the previous order is cancelled (a
+        row group being read is finished, and lands in the cache) and the iterators over it stop
+        (``StopIteration``), this reader's own iteration too.
+
+        Returns:
+            an iterator of :class:`Batch`, one per visit; it stops when ``visits`` ends, the reader
+            closes or another :meth:`restart` comes. A read error is raised from it.
+        """
+        with self._lock:
+            if self._closed:
+                return iter(())
+            self._generation += 1
+            for future in self._pending:
+                future.cancel()
+            self._pending.clear()
+            self._order = iter(visits)
+            self._top_up()
+            return self._cursor(self._generation)
+
+    def _cursor(self, generation: int) -> Iterator[Batch]:
+        while True:
+            with self._lock:
+                if self._closed or generation != self._generation:
+                    return
+                self._top_up()
+                if not self._pending:  # a finite order ran out
+                    return
+                future = self._pending.popleft()
+            # waited for outside the lock: a restart meanwhile does not wait for this read
+            yield future.result()
 
     def _load(self, i: int) -> Batch:
         """Row group ``i`` of the shard, from the cache when it holds it, else decoded from Parquet
@@ -223,14 +261,13 @@ class ArrowShardReader:
         return self
 
     def __next__(self) -> Batch:
-        if self._closed:  # a tf.data prefetch thread may still ask once the reader's block has ended
-            raise StopIteration
-        self._top_up()
-        return self._pending.popleft().result()
+        # closed: a tf.data prefetch thread may still ask once the reader's block has ended
+        return next(self._default)
 
     def _top_up(self) -> None:
-        while len(self._pending) < self.depth:
-            self._pending.append(self._pool.submit(self._load, next(self._order)))
+        """Submit reads of the order's next visits up to ``depth`` pending (the lock held)."""
+        for i in itertools.islice(self._order, max(0, self.depth - len(self._pending))):
+            self._pending.append(self._pool.submit(self._load, i))
 
     def __enter__(self) -> "ArrowShardReader":
         return self
@@ -240,8 +277,9 @@ class ArrowShardReader:
 
     def close(self) -> None:
         """Stop reading ahead and join the threads (a row group being read is finished first)."""
-        self._closed = True
-        for future in self._pending:
-            future.cancel()
-        self._pending.clear()
+        with self._lock:
+            self._closed = True
+            for future in self._pending:
+                future.cancel()
+            self._pending.clear()
         self._pool.shutdown(wait=True)

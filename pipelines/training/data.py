@@ -9,6 +9,13 @@ our own (:mod:`pipelines.training.arrow_reader`, pyarrow only: the current stack
 Petastorm cannot run). One-pass reads (exact evaluation, the feature cache) read each row of a
 rank's shard exactly once with :class:`OnePassShard` and check the count against the Parquet
 metadata, whichever the reader.
+
+Over our reader, training's stream is positioned (:mod:`pipelines.training.stream`): the shuffle
+(in windows of row groups) and the flips are functions of the stream row, so
+:func:`make_dataset` opens it at any ``start_row`` exactly (a resume in the middle of an epoch
+sees the batches an uninterrupted run sees). Petastorm's thread pool reorders row groups, so over
+its reader the stream is ``tf.data``'s shuffle as before and cannot be opened at a row
+(:func:`exact_positions`).
 """
 from __future__ import annotations
 
@@ -294,7 +301,9 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
 
     Yields:
         the reader, an iterator of one ``(image, label)`` named tuple per row group, NumPy
-        arrays (read them with :func:`row_groups_of`); stopped, joined and its cache removed on exit.
+        arrays (read them with :func:`row_groups_of`; ours also restarts at any visit,
+        :meth:`~pipelines.training.arrow_reader.ArrowShardReader.restart`); stopped, joined and its
+        cache removed on exit.
 
     Raises:
         pipelines.training.rowcache.CacheFolderError: the cache folder is not this user's own or
@@ -404,8 +413,10 @@ def verify_total(counted: int, data: Dataset, split: str) -> None:
 
 
 def flipper(seed: int = 0):
-    """``--augment``: a random left-right flip of each uint8 image of a batch ``(b, s, s, 3)``
-    (each image's own draw), labels unchanged. It moves bytes only, so it runs on the host before
+    """``--augment`` over Petastorm's reader: a random left-right flip of each uint8 image of a
+    batch ``(b, s, s, 3)`` (each image's own draw, a stateful op: not positional; over our reader
+    the flips are the positioned stream's, :func:`pipelines.training.stream.stream_batches`),
+    labels unchanged. It moves bytes only, so it runs on the host before
     the copy; a flip commutes with the model's bilinear ``Resizing``, so flipping the stored image
     is flipping what the backbone sees."""
     import tensorflow as tf
@@ -502,21 +513,94 @@ def to_device(ds, device: Optional[str] = None):
 
 
 def make_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int = 0, seed: int = 0,
-                 augment: bool = False):
+                 augment: bool = False, start_row: int = 0, device: Optional[str] = None):
     """``tf.data`` pipeline over a looping reader (:func:`open_reader`; training).
 
-    Row groups (:func:`row_groups_of`) are unbatched into single uint8 images and go through
-    :func:`batched` (shuffle, full batches only, flips with ``augment``, prefetch to the device).
+    Over our reader (:func:`exact_positions`): the positioned stream
+    (:func:`positioned_dataset`) from ``start_row``, shuffled in windows of about
+    ``shuffle_buffer`` images and flipped with ``augment`` by position, then prefetched (no
+    ``tf.data`` shuffle). Over Petastorm's: row groups (:func:`row_groups_of`) unbatched into
+    single uint8 images through :func:`batched` (a shuffle buffer of ``shuffle_buffer``, full
+    batches only, :func:`flipper` with ``augment``, prefetch to the device); its reader cannot
+    start mid-stream, so ``start_row`` is not honoured: the dataset takes the reader's rows from
+    where it is (not exact).
+
+    Each ``iter()`` of the dataset starts again at ``start_row`` (and, over our reader, stops the
+    iterators over it made before).
 
     Returns:
         a ``tf.data.Dataset`` of ``(images uint8 (batch, s, s, 3), labels int32 (batch,))``.
+
+    Raises:
+        ValueError: a negative ``start_row`` (over our reader).
     """
     import tensorflow as tf
 
+    if exact_positions(reader):
+        return positioned_dataset(reader, stored_size, batch_size, shuffle_buffer, seed, augment, start_row, device)
     s = stored_size
     ds = tf.data.Dataset.from_generator(lambda: row_groups_of(reader, s), output_signature=(
         tf.TensorSpec((None, s, s, 3), tf.uint8), tf.TensorSpec((None,), tf.int32)))
-    return batched(ds.unbatch(), batch_size, shuffle_buffer, seed, augment)
+    return batched(ds.unbatch(), batch_size, shuffle_buffer, seed, augment, device=device)
+
+
+def exact_positions(reader) -> bool:
+    """Whether ``reader`` (:func:`open_reader`) can open the train stream at any row exactly: ours
+    (it restarts at any visit), not Petastorm's (its thread pool reorders row groups)."""
+    from pipelines.training.arrow_reader import ArrowShardReader
+
+    return isinstance(reader, ArrowShardReader)
+
+
+def shard_stream(reader, shuffle_buffer: int, seed: int):
+    """The :class:`pipelines.training.stream.ShardStream` of our ``reader``'s shard: its row
+    groups' rows (footers), ``seed``, and windows of
+    :func:`~pipelines.training.stream.window_visits` ``(shuffle_buffer, rows)`` row groups, rows
+    being the shard's largest row group (the manifest's ``rows_per_row_group`` but for a shard of
+    files' last row groups only)."""
+    from pipelines.training.stream import ShardStream, window_visits
+
+    rows = [group.rows for group in reader.groups]
+    return ShardStream(rows, seed, window_visits(shuffle_buffer, max(rows)))
+
+
+def positioned_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int = 0, seed: int = 0,
+                       augment: bool = False, start_row: int = 0, device: Optional[str] = None):
+    """``tf.data`` over the positioned stream of our ``reader``'s shard (:func:`shard_stream`,
+    :func:`pipelines.training.stream.stream_batches`) from stream row ``start_row`` (this rank's
+    rows consumed so far: global steps x ``batch_size``), then :func:`to_device`. The batches are
+    built in NumPy (a window's row groups, permuted, flipped by position), so nothing in
+    ``tf.data`` holds a random state.
+
+    Each ``iter()`` restarts ``reader`` at the window of ``start_row``
+    (:meth:`~pipelines.training.arrow_reader.ArrowShardReader.restart`): at most one window is read
+    for rows before it, an earlier dataset's iterator stops, whatever it had prefetched.
+
+    Returns:
+        a ``tf.data.Dataset`` of ``(images uint8 (batch, s, s, 3), labels int32 (batch,))``, endless.
+
+    Raises:
+        ValueError: a negative ``start_row`` or ``batch_size < 1`` (at once, not on iteration).
+    """
+    import tensorflow as tf
+
+    from pipelines.training.stream import stream_batches
+
+    s = stored_size
+    stream = shard_stream(reader, shuffle_buffer, seed)
+    stream.locate(start_row)  # refused here, not in a tf.data thread
+    if batch_size < 1:
+        raise ValueError(f"a batch holds >= 1 row, got {batch_size}")
+
+    def open_groups(visit: int):
+        return row_groups_of(reader.restart(stream.visits_from(visit)), s)
+
+    def generate():
+        return stream_batches(stream, open_groups, start_row, batch_size, augment)
+
+    ds = tf.data.Dataset.from_generator(generate, output_signature=(
+        tf.TensorSpec((batch_size, s, s, 3), tf.uint8), tf.TensorSpec((batch_size,), tf.int32)))
+    return to_device(ds, device)
 
 
 def default_cache_root() -> str:

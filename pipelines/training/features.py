@@ -218,15 +218,38 @@ def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int):
 
 
 def feature_dataset(features: np.ndarray, labels: np.ndarray, batch_size: int, shuffle: bool, seed: int,
-                    repeat: bool, drop_remainder: bool = True):
-    """``tf.data`` over in-memory features (a shard of 2048 float32 per image, for Xception, is small)."""
+                    repeat: bool, drop_remainder: bool = True, start_row: int = 0):
+    """``tf.data`` over in-memory features (a shard of 2048 float32 per image, for Xception, is small):
+    ``(features (b, feature_dim) float32, labels int32 (b,))``.
+
+    ``repeat``: the positioned stream (:func:`pipelines.training.stream.feature_batches`: pass
+    ``p`` in the order ``default_rng((seed, p)).permutation(n)`` with ``shuffle``, the stored one
+    without), full batches, endless, from stream row ``start_row`` (training; each ``iter()``
+    starts there; no ``tf.data`` shuffle, whose state could not be restored mid-pass). Otherwise
+    one pass in stored order (evaluation), or shuffled once by ``tf.data`` with ``shuffle``; the
+    last batch smaller unless ``drop_remainder``.
+
+    Raises:
+        ValueError: ``start_row`` without ``repeat``, or negative; ``repeat`` over no rows.
+    """
     import tensorflow as tf
 
+    if repeat:
+        from pipelines.training.stream import feature_batches
+
+        features, labels = np.asarray(features), np.asarray(labels)
+        if start_row < 0 or not len(labels):
+            raise ValueError(f"a feature stream needs rows ({len(labels)}) and start_row >= 0 ({start_row})")
+        ds = tf.data.Dataset.from_generator(
+            lambda: feature_batches(features, labels, seed, start_row, batch_size, shuffle), output_signature=(
+                tf.TensorSpec((batch_size,) + features.shape[1:], tf.as_dtype(features.dtype)),
+                tf.TensorSpec((batch_size,), tf.as_dtype(labels.dtype))))
+        return ds.prefetch(2)
+    if start_row:
+        raise ValueError(f"start_row {start_row} needs repeat=True (the positioned stream)")
     ds = tf.data.Dataset.from_tensor_slices((features, labels))
     if shuffle:
-        ds = ds.shuffle(len(features), seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        ds = ds.repeat()
+        ds = ds.shuffle(len(features), seed=seed)
     return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(2)
 
 

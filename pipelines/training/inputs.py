@@ -13,7 +13,14 @@ dataset feeds ``fit`` (:meth:`fit_datasets`, a context manager that owns the rea
 of an evaluated split are (:meth:`evaluate_shard`: validation each epoch, test once at the end),
 and which model is exported
 (:meth:`exported_model`, always the whole model). A third path is one more class with these
-four members, chosen in :func:`make_inputs`. (Fine-tuning is not a path but a second phase,
+four members, chosen in :func:`make_inputs`.
+
+The training stream is positioned (:mod:`pipelines.training.stream`): ``fit_datasets(cache_root,
+start_row)`` opens it at this rank's stream row ``start_row`` (global steps so far x
+``--batch-size``), and inside the block :meth:`ImageInputs.train_dataset_at` gives a new dataset
+over the same reader at another row (a resumed epoch's rest, then the epochs after it, as two
+``fit`` calls). Where that is exact says ``exact_positions``: our reader and the feature cache,
+not Petastorm's reader (whose stream starts afresh). (Fine-tuning is not a path but a second phase,
 :mod:`pipelines.training.finetune`, on :class:`ImageInputs` over the whole model.)
 """
 from __future__ import annotations
@@ -21,12 +28,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Iterator, Tuple
+from typing import Iterator, Optional, Tuple
 
 from pipelines.contract import EVALUATED, SPLITS
 from pipelines.logs import plural
 from pipelines.training.config import TrainConfig
-from pipelines.training.data import Dataset, OnePassShard, make_dataset, open_reader, verify_total
+from pipelines.training.data import Dataset, OnePassShard, check_reader, make_dataset, open_reader, verify_total
 from pipelines.training.model import backbone_of, feature_extractor, model_input
 
 log = logging.getLogger("pipelines")
@@ -42,23 +49,72 @@ class ImageInputs:
         self.model = self.full_model = full_model
         self.image_size = image_size
 
-    @contextlib.contextmanager
-    def reader_dataset(self, split: str, cache_root: str) -> Iterator[object]:
-        """A looping dataset of ``split`` over a reader (``--reader``) that lives until the block ends;
-        the training split is shuffled (and augmented with ``--augment``)."""
-        c, data, training = self.config, self.data, split == "train"
-        with open_reader(data, split, self.rank, self.size, cache_root, workers=c.reader_workers,
-                         seed=c.seed + self.rank, reader=c.reader) as reader:
-            yield make_dataset(reader, data.image_size, c.batch_size, c.shuffle_buffer if training else 0,
-                               seed=c.seed + self.rank, augment=c.augment and training)
+    _train_reader = None  # the training reader, inside fit_datasets only
+
+    @property
+    def exact_positions(self) -> bool:
+        """Whether :meth:`train_dataset_at` (and ``fit_datasets``' ``start_row``) opens the train
+        stream exactly at a row: with our reader, not Petastorm's (``--reader``,
+        :func:`~pipelines.training.data.exact_positions`).
+
+        Raises:
+            pipelines.errors.Refused: ``--reader`` is unknown or cannot run here (:func:`check_reader`).
+        """
+        return check_reader(self.config.reader) == "own"
+
+    def _open(self, split: str, cache_root: str):
+        c = self.config
+        return open_reader(self.data, split, self.rank, self.size, cache_root, workers=c.reader_workers,
+                           seed=c.seed + self.rank, reader=c.reader)
+
+    def _dataset_over(self, reader, split: str, start_row: int):
+        """The dataset of ``split`` over ``reader`` from stream row ``start_row`` (over Petastorm's
+        reader not honoured, :func:`~pipelines.training.data.make_dataset`: the caller says so, as
+        ``train.py`` does when it resumes where :attr:`exact_positions` is False)."""
+        c, training = self.config, split == "train"
+        return make_dataset(reader, self.data.image_size, c.batch_size, c.shuffle_buffer if training else 0,
+                            seed=c.seed + self.rank, augment=c.augment and training, start_row=start_row)
 
     @contextlib.contextmanager
-    def fit_datasets(self, cache_root: str) -> Iterator[Tuple[object, None]]:
-        """``(train, None)``: the training dataset over a reader that lives until the block ends
-        (each epoch's validation is the exact evaluation,
-        :func:`pipelines.training.evaluate.exact_validation`)."""
-        with self.reader_dataset("train", cache_root) as train:
-            yield train, None
+    def reader_dataset(self, split: str, cache_root: str, start_row: int = 0) -> Iterator[object]:
+        """A looping dataset of ``split`` over a reader (``--reader``) that lives until the block ends;
+        the training split is shuffled (and augmented with ``--augment``); over our reader it starts
+        at stream row ``start_row`` (:func:`~pipelines.training.data.make_dataset`)."""
+        with self._open(split, cache_root) as reader:
+            yield self._dataset_over(reader, split, start_row)
+
+    @contextlib.contextmanager
+    def fit_datasets(self, cache_root: str, start_row: int = 0) -> Iterator[Tuple[object, None]]:
+        """``(train, None)``: the training dataset over a reader that lives until the block ends,
+        from this rank's stream row ``start_row`` (rows taken so far: global steps x
+        ``--batch-size``; a multiple of it; exact where :attr:`exact_positions`, else the stream
+        starts afresh). Each epoch's validation is the exact evaluation,
+        :func:`pipelines.training.evaluate.exact_validation`. Inside the block,
+        :meth:`train_dataset_at` opens the same reader at another row.
+
+        Raises:
+            ValueError: a negative ``start_row``.
+        """
+        with self._open("train", cache_root) as reader:
+            self._train_reader = reader
+            try:
+                yield self._dataset_over(reader, "train", start_row), None
+            finally:
+                self._train_reader = None
+
+    def train_dataset_at(self, start_row: int):
+        """A new training dataset over the open reader of :meth:`fit_datasets` (and its cache) from
+        stream row ``start_row``; iterating it stops the iterators of the datasets made before, so
+        it starts exactly there whatever they had prefetched (where :attr:`exact_positions`; over
+        Petastorm's reader it takes the reader's rows from where it is).
+
+        Raises:
+            RuntimeError: outside the ``fit_datasets`` block.
+            ValueError: a negative ``start_row``.
+        """
+        if self._train_reader is None:
+            raise RuntimeError("train_dataset_at is valid only inside the fit_datasets block")
+        return self._dataset_over(self._train_reader, "train", start_row)
 
     def evaluate_shard(self, model, split: str):
         """Totals over this rank's shard of ``split`` (one of :data:`pipelines.contract.EVALUATED`),
@@ -136,18 +192,43 @@ class FeatureInputs:
         hvd_tf.broadcast_object(None, root_rank=0, name="features_complete")
         return directory
 
-    def _dataset(self, split: str, training: bool):
+    #: the feature cache's stream is positioned (:func:`pipelines.training.stream.feature_batches`)
+    exact_positions = True
+    _train_rows: Optional[Tuple[object, object]] = None  # the shard's train features, inside fit_datasets
+
+    def _train_at(self, start_row: int):
         from pipelines.training import features as feat
 
-        return feat.feature_dataset(*feat.read_shard(self.features, split, self.rank, self.size),
-                                    self.config.batch_size, shuffle=training, seed=self.config.seed + self.rank,
-                                    repeat=True)
+        return feat.feature_dataset(*self._train_rows, self.config.batch_size, shuffle=True,
+                                    seed=self.config.seed + self.rank, repeat=True, start_row=start_row)
 
     @contextlib.contextmanager
-    def fit_datasets(self, cache_root: str) -> Iterator[Tuple[object, None]]:
-        """``(train, None)`` over this rank's cached features (in memory: 2048 floats a row); each
-        epoch's validation is the exact evaluation (:meth:`evaluate_shard`)."""
-        yield self._dataset("train", training=True), None
+    def fit_datasets(self, cache_root: str, start_row: int = 0) -> Iterator[Tuple[object, None]]:
+        """``(train, None)`` over this rank's cached features (in memory: 2048 floats a row), from
+        its stream row ``start_row`` (exact); each epoch's validation is the exact evaluation
+        (:meth:`evaluate_shard`). Inside the block, :meth:`train_dataset_at` opens it at another row.
+
+        Raises:
+            ValueError: a negative ``start_row``.
+        """
+        from pipelines.training import features as feat
+
+        self._train_rows = feat.read_shard(self.features, "train", self.rank, self.size)
+        try:
+            yield self._train_at(start_row), None
+        finally:
+            self._train_rows = None
+
+    def train_dataset_at(self, start_row: int):
+        """A new training dataset over the features :meth:`fit_datasets` holds, from stream row
+        ``start_row`` (each ``iter()`` starts there).
+
+        Raises:
+            RuntimeError: outside the ``fit_datasets`` block.
+        """
+        if self._train_rows is None:
+            raise RuntimeError("train_dataset_at is valid only inside the fit_datasets block")
+        return self._train_at(start_row)
 
     def evaluate_shard(self, model, split: str):
         """Totals of the head over this rank's share of the cached features of ``split`` (one of

@@ -5,6 +5,11 @@ whose pyarrow Petastorm 0.13.1 cannot import, never loads it (whether it can is
 :func:`pipelines.training.data.petastorm_available`). :func:`open_petastorm_reader` is what
 :func:`pipelines.training.data.open_reader` opens for ``--reader petastorm``.
 
+Its train stream is not positioned (:func:`pipelines.training.data.exact_positions` is False): the
+thread pool hands row groups over in the order they finish, and the reader cannot be started at
+a row group, so training over it keeps ``tf.data``'s shuffle buffer and stateful flips, and a run
+resumed mid-epoch starts its stream afresh (the batches differ from an uninterrupted run's).
+
 Petastorm's ``LocalDiskCache`` is a ``diskcache.FanoutCache``; by default it pickles each row
 group, and every warm read unpickles it (a planted cache file would run code: diskcache
 CVE-2025-69872), converts Arrow's binary column to an object array of Python ``bytes`` and

@@ -1,0 +1,267 @@
+"""The positioned train stream of a rank's shard: which row comes where, by arithmetic alone.
+
+A rank's training stream is a deterministic function of its shard (the row counts of its row
+groups, from their footers), ``seed``, the shuffle size and ``augment``, so that a run resumed in
+the middle of an epoch can open it at the row it stopped at and see exactly the batches an
+uninterrupted run sees (issue 38). ``tf.data``'s shuffle buffer and a stateful random flip cannot
+be restored at a position; this can:
+
+* passes ``p = 0, 1, ...`` over the shard's ``n`` row groups, each in :func:`epoch_order`
+  ``(n, seed, p)`` (the readers' visit order);
+* each pass cut into windows of ``W`` consecutive visits (:func:`window_visits`: about
+  ``--shuffle-buffer`` images; the last window of a pass may be shorter); the rows of window ``k``
+  (its row groups concatenated in visit order) come out in the order
+  ``np.random.default_rng((seed, p, k)).permutation(rows)``, always (a window of one row group is
+  permuted within itself), and with ``augment`` the same generator then draws each emitted row's
+  left-right flip (``random(rows) < 0.5``), so flips are positional too;
+* the stream is the windows one after the other, forever; row ``R`` lies in pass
+  ``R // shard_rows``, and its window is found from the row counts (:meth:`ShardStream.locate`),
+  so opening the stream at ``R`` re-reads at most one window and never replays earlier passes.
+
+The feature cache's stream (:func:`feature_batches`) is the same idea over rows held in memory:
+pass ``p`` is the permutation :func:`epoch_order` ``(rows, seed, p)`` of the rows, no windows.
+
+Pure NumPy: no TensorFlow, no reader; :func:`stream_batches` takes the row groups from whatever
+opens them at a visit (:meth:`pipelines.training.arrow_reader.ArrowShardReader.restart`).
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Iterator, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from pipelines.logs import plural
+
+
+def epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
+    """The order in which pass ``epoch`` (0, 1, ...) visits a shard's ``count`` row groups (or the
+    feature cache's ``count`` rows): a permutation (int64 ``(count,)``) drawn from ``(seed, epoch)``
+    alone."""
+    return np.random.default_rng((seed, epoch)).permutation(count)
+
+
+def window_visits(shuffle_buffer: int, rows_per_row_group: int) -> int:
+    """``W``, the row groups a window holds: ``max(1, ceil(shuffle_buffer / rows_per_row_group))``,
+    so that ``--shuffle-buffer`` keeps meaning about this many images held for the shuffle
+    (``shuffle_buffer`` 0 or 1: one row group, still permuted within itself)."""
+    return max(1, -(-max(0, shuffle_buffer) // max(1, rows_per_row_group)))
+
+
+class Position(NamedTuple):
+    """Where a stream row lies: its pass, its window in that pass, its ``offset`` among the
+    window's permuted rows, and ``visit``, the global visit number (``pass_index * groups +
+    window * W``) of the window's first row group, where reading has to start."""
+
+    pass_index: int
+    window: int
+    offset: int
+    visit: int
+
+
+class ShardStream:
+    """The stream arithmetic of one rank's shard (module doc).
+
+    Args:
+        rows: each row group's rows, in shard order (``RowGroup.rows``: the footers').
+        seed: the rank's seed (``--seed`` + rank), >= 0.
+        window: ``W`` (:func:`window_visits`), >= 1.
+
+    Raises:
+        ValueError: no rows at all (the stream would never yield), a negative count, ``window < 1``.
+    """
+
+    def __init__(self, rows: Sequence[int], seed: int, window: int):
+        self.rows = np.asarray(rows, np.int64).reshape(-1)
+        if window < 1 or np.any(self.rows < 0):
+            raise ValueError(f"a stream needs a window >= 1 and row counts >= 0, got {window} and {rows!r}")
+        self.shard_rows = int(self.rows.sum())
+        if self.shard_rows == 0:
+            raise ValueError(f"a shard of {plural(len(self.rows), 'row group')} and no rows has no stream")
+        self.seed, self.window, self.groups = seed, window, len(self.rows)
+        self.windows_per_pass = -(-self.groups // window)
+        self._plans: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
+
+    def _plan(self, pass_index: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Pass ``pass_index``'s visit order and its windows' cumulative row ends (int64)."""
+        plan = self._plans.get(pass_index)
+        if plan is None:
+            order = epoch_order(self.groups, self.seed, pass_index)
+            starts = np.arange(0, self.groups, self.window)
+            plan = order, np.cumsum(np.add.reduceat(self.rows[order], starts))
+            if len(self._plans) > 4:  # a stream walks forward: a few passes are all it revisits
+                self._plans.clear()
+            self._plans[pass_index] = plan
+        return plan
+
+    def window_groups(self, pass_index: int, window: int) -> np.ndarray:
+        """The row groups (shard indices, visit order) of window ``window`` of pass ``pass_index``."""
+        order, _ = self._plan(pass_index)
+        return order[window * self.window:(window + 1) * self.window]
+
+    def window_rows(self, pass_index: int, window: int) -> int:
+        """Rows in window ``window`` of pass ``pass_index``."""
+        _, ends = self._plan(pass_index)
+        return int(ends[window] - (ends[window - 1] if window else 0))
+
+    def locate(self, row: int) -> Position:
+        """The :class:`Position` of stream row ``row`` (rows this rank has consumed so far: global
+        steps x per-rank batch).
+
+        Raises:
+            ValueError: a negative row.
+        """
+        if row < 0:
+            raise ValueError(f"a stream row is >= 0, got {row}")
+        pass_index, within = divmod(int(row), self.shard_rows)
+        _, ends = self._plan(pass_index)
+        window = int(np.searchsorted(ends, within, side="right"))  # skips windows of no rows
+        offset = within - (int(ends[window - 1]) if window else 0)
+        return Position(pass_index, window, offset, pass_index * self.groups + window * self.window)
+
+    def next_window(self, pass_index: int, window: int) -> Tuple[int, int]:
+        """The window after ``(pass_index, window)``: the next of the pass, or the next pass's first."""
+        return (pass_index, window + 1) if window + 1 < self.windows_per_pass else (pass_index + 1, 0)
+
+    def draws(self, pass_index: int, window: int, rows: int, augment: bool) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+        """Window ``(pass_index, window)``'s order of its ``rows`` rows (int64 ``(rows,)``, a
+        permutation) and, with ``augment``, which emitted row is flipped (bool ``(rows,)``, by
+        emitted position), both from ``default_rng((seed, pass_index, window))``; the order is
+        drawn first, so it is the same with and without ``augment``."""
+        rng = np.random.default_rng((self.seed, pass_index, window))
+        order = rng.permutation(rows)
+        return order, (rng.random(rows) < 0.5) if augment else None
+
+    def visits_from(self, visit: int) -> Iterator[int]:
+        """The row groups (shard indices) visited from global visit ``visit`` on, forever."""
+        pass_index, at = divmod(visit, self.groups)
+        while True:
+            yield from self._plan(pass_index)[0][at:].tolist()
+            pass_index, at = pass_index + 1, 0
+
+
+#: what opens the shard's row groups at a global visit: an iterator of ``(images uint8 (rows, s,
+#: s, 3), labels int32 (rows,))``, one per row group of :meth:`ShardStream.visits_from` that visit,
+#: ending only when its reader is closed or restarted elsewhere
+OpenGroups = Callable[[int], Iterator[Tuple[np.ndarray, np.ndarray]]]
+
+
+def stream_batches(stream: ShardStream, open_groups: OpenGroups, start_row: int, batch_size: int,
+                   augment: bool = False) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+    """The stream's rows from ``start_row`` on, in full batches: ``(images uint8 (batch, s, s, 3),
+    labels int32 (batch,))``, each a fresh array, forever; with ``augment``, each row flipped left
+    to right (the width axis) where :meth:`ShardStream.draws` says.
+
+    Reading starts at the located window's first row group (``open_groups(position.visit)``), so
+    at most one window is read for rows before ``start_row``. The iterator ends, without error,
+    when the row groups stop coming (its reader was closed, or restarted by another stream).
+
+    Raises:
+        ValueError: a negative ``start_row``, ``batch_size < 1``, or a row group of another
+            number of rows than ``stream.rows`` says (the arithmetic would shift every row after it).
+    """
+    if batch_size < 1:
+        raise ValueError(f"a batch holds >= 1 row, got {batch_size}")
+    position = stream.locate(start_row)
+    groups = open_groups(position.visit)
+    pass_index, window, offset = position.pass_index, position.window, position.offset
+    out = labels_out = None
+    filled = 0
+    while True:
+        got = _window(stream, groups, pass_index, window)
+        if got is None:
+            return
+        parts, starts, labels = got
+        order, flips = stream.draws(pass_index, window, len(labels), augment)
+        while offset < len(order):
+            if out is None:
+                out = aligned_empty((batch_size,) + parts[0].shape[1:], np.uint8)
+                labels_out = aligned_empty((batch_size,), np.int32)
+            take = order[offset:offset + batch_size - filled]
+            labels_out[filled:filled + len(take)] = labels[take]
+            _gather(out[filled:filled + len(take)], parts, starts, take,
+                    None if flips is None else flips[offset:offset + len(take)])
+            filled, offset = filled + len(take), offset + len(take)
+            if filled == batch_size:
+                yield out, labels_out
+                out, filled = None, 0
+        pass_index, window = stream.next_window(pass_index, window)
+        offset = 0
+
+
+#: bytes a batch's buffer is aligned to: TensorFlow's largest (Eigen's, AVX-512) alignment, at
+#: which ``tf.data.Dataset.from_generator`` takes a NumPy array as its tensor without a copy
+#: (np.empty's 16-byte aligned batches of 299 px images came through at 15,000 images/s, aligned
+#: ones at 62,000: TF 2.21, one thread, 2026-12-03)
+ALIGNMENT = 64
+
+
+def aligned_empty(shape: Tuple[int, ...], dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array of ``shape`` and ``dtype`` whose data starts at a
+    multiple of :data:`ALIGNMENT` bytes."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape)) * dtype.itemsize
+    buffer = np.empty(size + ALIGNMENT, np.uint8)
+    start = -buffer.ctypes.data % ALIGNMENT
+    return buffer[start:start + size].view(dtype).reshape(shape)
+
+
+def _window(stream: ShardStream, groups: Iterator, pass_index: int, window: int):
+    """Window ``(pass_index, window)``'s row groups pulled from ``groups``: their images (a list,
+    visit order), the first row of each among the window's rows (int64), and the window's labels
+    concatenated (int32); None when ``groups`` ended."""
+    parts, labels = [], []
+    for index in stream.window_groups(pass_index, window).tolist():
+        group = next(groups, None)
+        if group is None:
+            return None
+        if len(group[1]) != stream.rows[index] or len(group[0]) != len(group[1]):
+            raise ValueError(f"row group {index} of the shard came with {plural(len(group[0]), 'image')} and "
+                             f"{plural(len(group[1]), 'label')}, its footer says "
+                             f"{plural(int(stream.rows[index]), 'row')}")
+        parts.append(group[0])
+        labels.append(group[1])
+    starts = np.cumsum([0] + [len(x) for x in labels[:-1]])
+    return parts, starts, np.concatenate(labels) if len(labels) > 1 else labels[0]
+
+
+def _gather(out: np.ndarray, parts, starts: np.ndarray, take: np.ndarray, flips: Optional[np.ndarray]) -> None:
+    """Copy the window's rows ``take`` into ``out`` (uint8 ``(len(take), s, s, 3)``), each mirrored
+    left to right (the width axis) where ``flips``. Row by row, straight from the row groups'
+    arrays (a memory map of the cache, Arrow's buffer): each image is copied once, where
+    concatenating the window first and then gathering copied it twice, at half the rate
+    (299 px, windows of 16 row groups of 16 images, one thread, 2026-12-03)."""
+    where = np.searchsorted(starts, take, side="right") - 1
+    rows = take - starts[where]
+    mirrored = [False] * len(take) if flips is None else flips.tolist()
+    for i, (part, row, flip) in enumerate(zip(where.tolist(), rows.tolist(), mirrored)):
+        image = parts[part][row]
+        out[i] = image[:, ::-1] if flip else image
+
+
+def feature_batches(features: np.ndarray, labels: np.ndarray, seed: int, start_row: int, batch_size: int,
+                    shuffle: bool = True) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+    """The feature cache's positioned stream from ``start_row`` on, in full batches, forever:
+    ``(features (batch, ...) of their dtype, labels (batch,))``; pass ``p`` visits the ``n`` rows
+    in :func:`epoch_order` ``(n, seed, p)`` (in stored order without ``shuffle``).
+
+    Raises:
+        ValueError: no rows, a negative ``start_row``, ``batch_size < 1``, not one label per row.
+    """
+    n = len(labels)
+    if n == 0 or len(features) != n or start_row < 0 or batch_size < 1:
+        raise ValueError(f"a feature stream needs rows, one label each ({plural(len(features), 'row')}, "
+                         f"{plural(n, 'label')}), start_row >= 0 ({start_row}) and batch_size >= 1 ({batch_size})")
+    pass_index, offset = divmod(int(start_row), n)
+    pending = []  # index pieces of the batch being built (a batch may cross a pass)
+    held = 0
+    while True:
+        order = epoch_order(n, seed, pass_index) if shuffle else np.arange(n)
+        while offset < n:
+            piece = order[offset:offset + batch_size - held]
+            pending.append(piece)
+            held, offset = held + len(piece), offset + len(piece)
+            if held == batch_size:
+                index = pending[0] if len(pending) == 1 else np.concatenate(pending)
+                yield features[index], labels[index]
+                pending, held = [], 0
+        pass_index, offset = pass_index + 1, 0
