@@ -62,7 +62,11 @@ TENSORBOARD = "tensorboard"  # a folder: TensorBoard's event files
 TRAIN_RUN = "train_run.json"  # which training run the output belongs to (pipelines/training/runs.py)
 CHECKPOINT_WEIGHTS = "checkpoint-{epoch}.npz"  # epoch N's trainable weights and optimizer state
 CHECKPOINT_MARKER = "checkpoint-{epoch}.json"  # its completion marker, written after the weights
-CHECKPOINT_NAME = re.compile(r"^checkpoint-([1-9][0-9]*)\.(npz|json)$")  # either, epoch >= 1
+# a checkpoint within epoch N (1-based), after its STEP-th training step (1-based, fewer than the epoch's)
+STEP_CHECKPOINT_WEIGHTS = "checkpoint-{epoch}-step-{step}.npz"
+STEP_CHECKPOINT_MARKER = "checkpoint-{epoch}-step-{step}.json"
+# any of the four, epoch and step >= 1
+CHECKPOINT_NAME = re.compile(r"^checkpoint-([1-9][0-9]*)(?:-step-([1-9][0-9]*))?\.(npz|json)$")
 
 # (name, pyarrow type name): what each split's Parquet files hold, in order.
 COLUMNS = (

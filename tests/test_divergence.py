@@ -124,7 +124,8 @@ def fit_with_guard(tmp_path, other_rank=None, before=(), after=(), epochs=3):
     checkpoint writer in the job's order; ``other_rank(epoch, step)`` (step 0: the epoch's end) says what a
     stand-in rank 1 found. Returns ``(raised, early_stopping)``."""
     from pipelines.kerasapi import keras
-    from pipelines.training.callbacks import BestWeightsEarlyStopping, CheckpointMarker, DivergenceGuard
+    from pipelines.training.callbacks import BestWeightsEarlyStopping, DivergenceGuard
+    from pipelines.training.checkpointer import CheckpointMarker
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax", name="head")])
@@ -145,7 +146,7 @@ def fit_with_guard(tmp_path, other_rank=None, before=(), after=(), epochs=3):
     def theirs():
         return (other_rank or (lambda e, s: None))(where["epoch"], where["step"]) if where else "rank1-host"
 
-    guard = DivergenceGuard(STEPS, count=lambda flag: float(flag) + bool(theirs()),
+    guard = DivergenceGuard(STEPS, count=lambda flags: (float(flags[0]) + bool(theirs()), 0.0),
                             gather=lambda mine: [mine, theirs()])
     stopper = BestWeightsEarlyStopping(monitor="val_accuracy", patience=10)
     callbacks = [Place(), *before, guard, stopper, CheckpointMarker(str(tmp_path), stopper, []), *after]
@@ -162,7 +163,7 @@ def test_another_ranks_nan_stops_this_rank_at_that_step(tmp_path):
 
 
 def test_this_ranks_real_nan_loss_stops_at_the_poisoned_step(tmp_path):
-    from pipelines.training.callbacks import FaultInjection
+    from pipelines.training.faults import FaultInjection
 
     fault = FaultInjection("rank=0,epoch=2,step=2,mode=nan", 0)
     raised, _ = fit_with_guard(tmp_path, before=[fault])

@@ -291,6 +291,28 @@ def test_the_driver_exits_2_for_a_rank_s_refusal_and_1_with_the_rank_s_traceback
         assert launch_failed(RelaunchImpossible("rank 1 lost", 2, "no slots"), log) == 1
 
 
+def _preempt():
+    from pipelines.training.preemption import Preempted
+
+    raise Preempted("preempted: every rank stopped after step 3 of epoch 2 (a SIGTERM)")
+
+
+def test_the_driver_exits_76_when_every_rank_stopped_at_a_preemption_notice(monkeypatch, caplog):
+    """Each rank's record of its Preempted: no traceback, its exit status; the driver says how to resume."""
+    from pipelines.launch.failures import HorovodJobFailed, RankFailure
+    from pipelines.training.cli import launch_failed
+
+    records = [_record_of(_preempt, rank, monkeypatch) for rank in (1, 0)]
+    assert [(r["exit_status"], r["traceback"]) for r in records] == [(76, ""), (76, "")]
+    failures = [RankFailure(r["rank"], r["cause"], r["traceback"], r["secondary"], r["host"],
+                            exit_status=r["exit_status"]) for r in records]
+    with caplog.at_level(logging.WARNING, logger="test-driver"):
+        assert launch_failed(HorovodJobFailed(failures), logging.getLogger("test-driver"), "/runs/a") == 76
+    assert caplog.messages == ["rank 0 on host-0: preempted: every rank stopped after step 3 of epoch 2 (a SIGTERM)",
+                               "preempted: the run stopped after its checkpoint in /runs/a; continue it with the same "
+                               "command and --resume (it resumes at that step)"]
+
+
 def test_a_local_rank_writes_its_redacted_failure_for_the_driver_which_reads_it_back(tmp_path, monkeypatch, capsys):
     """A local rank's process (``pipelines.launch.child.child_main``, as run_local starts it) records
     its failure in its result file, logs it with its traceback, redacted, and ends with status 1;

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from pipelines.kerasapi import keras
-from pipelines.training.callbacks import BestWeightsEarlyStopping, CheckpointMarker, FaultInjection
+from pipelines.training.callbacks import BestWeightsEarlyStopping
+from pipelines.training.checkpointer import CheckpointMarker
+from pipelines.training.faults import FaultInjection
 from pipelines.training.schedule import newest_complete_checkpoint
 
 

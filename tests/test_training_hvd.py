@@ -1124,3 +1124,85 @@ def test_a_nan_on_one_rank_stops_both_at_that_step_and_resume_takes_the_last_fin
     assert all(np.isfinite(h["loss"]) for h in m["history"]) and os.path.exists(os.path.join(out, "model.keras"))
     with np.load(os.path.join(out, "checkpoint-2.npz")) as saved:  # written again, by the resumed run
         assert all(np.isfinite(saved[key]).all() for key in saved.files)
+
+
+# every step checkpointed; augmented (flips drawn by position), warmed up (the rate by step), dropout
+PREEMPTIBLE = ("--epochs", "3", "--patience", "10", "--reader", "own", "--checkpoint-every-steps", "1",
+               "--warmup-epochs", "1", "--augment")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(dataset, tmp_path_factory):
+    """One horovodrun np=2 run of PREEMPTIBLE that went through: the reference for exact resumes."""
+    out = str(tmp_path_factory.mktemp("whole") / "out")
+    proc = train(dataset[0], out, *PREEMPTIBLE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not [name for name in os.listdir(out) if "-step-" in name]  # epoch 3's checkpoint replaced them
+    return out
+
+
+def assert_same_run(out, reference):
+    """The last epoch's checkpoint (weights, Nadam's state, the dropout generator's) equal bit for
+    bit, and the exact figures: each epoch's validation and the test."""
+    with np.load(os.path.join(out, "checkpoint-3.npz")) as got, \
+            np.load(os.path.join(reference, "checkpoint-3.npz")) as expected:
+        assert sorted(got.files) == sorted(expected.files) and any(k.startswith("rng_") for k in got.files)
+        for key in expected.files:
+            assert np.array_equal(got[key], expected[key]), key
+    m, ref = metrics(out), metrics(reference)
+    assert m["test"] == ref["test"]
+    assert [(h["epoch"], h["val_accuracy"], h["val_loss"]) for h in m["history"]] == \
+        [(h["epoch"], h["val_accuracy"], h["val_loss"]) for h in ref["history"]]
+
+
+def test_a_run_killed_within_an_epoch_resumes_at_that_step_bit_for_bit(dataset, uninterrupted, tmp_path):
+    """Rank 0 SIGKILLed after step 3 of epoch 2 (its step checkpoint written); --resume continues
+    from that step, each rank's stream opened at its row, and ends as the run that went through."""
+    data, _ = dataset
+    out = str(tmp_path / "out")
+    killed = train(data, out, *PREEMPTIBLE, env={"PIPELINES_FAULT_INJECT": "rank=0,epoch=2,step=3,mode=kill"})
+    assert killed.returncode != 0, killed.stderr[-3000:]
+    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == \
+        ["checkpoint-1.json", "checkpoint-1.npz", "checkpoint-2-step-3.json", "checkpoint-2-step-3.npz"]
+    resumed = train(data, out, *PREEMPTIBLE, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming within epoch 2, after step 3" in resumed.stdout + resumed.stderr
+    assert metrics(out)["resumed_after_epoch"] == 1
+    assert_same_run(out, uninterrupted)
+
+
+def test_sigterm_to_one_rank_checkpoints_every_rank_at_the_next_step_exits_76_and_resumes_exactly(
+        dataset, uninterrupted, tmp_path):
+    """Rank 1 gets SIGTERM after step 2 of epoch 2: both ranks stop after step 3 (the next step's
+    collective), rank 0 checkpoints there, every rank exits 76 and rank 0 says how to resume."""
+    data, _ = dataset
+    out = str(tmp_path / "out")
+    term = train(data, out, *PREEMPTIBLE, "--tracking", env={"PIPELINES_FAULT_INJECT": "rank=1,epoch=2,step=2,mode=term"})
+    text = term.stdout + term.stderr
+    assert term.returncode != 0 and "Exit code: 76" in text, text[-3000:]
+    assert "rank 1: SIGTERM received" in text
+    assert f"preempted: the run stopped after its checkpoint in {out}; continue it with the same command and " \
+           "--resume" in text
+    assert os.path.exists(os.path.join(out, "checkpoint-2-step-3.json"))
+    assert not os.path.exists(os.path.join(out, "checkpoint-2.json")) and "raise Preempted" not in text
+    assert mlflow_run(out)[1].info.status == "KILLED"
+    resumed = train(data, out, *PREEMPTIBLE, "--tracking", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming within epoch 2, after step 3" in resumed.stdout + resumed.stderr
+    assert mlflow_run(out)[1].info.status == "FINISHED"
+    assert_same_run(out, uninterrupted)
+
+
+def test_sigterm_to_a_local_rank_makes_the_launching_driver_exit_76_after_the_checkpoint(dataset, tmp_path):
+    """Local ranks (--spark-np -2, the barrier tasks' launcher): rank 1's SIGTERM after step 1 of
+    epoch 2 stops both after step 2, rank 0 checkpoints there, and the driver exits 76 (not 1, not
+    relaunched) with the line saying how to resume."""
+    data, _ = dataset
+    out = str(tmp_path / "out")
+    proc = train(data, out, *PREEMPTIBLE, "--spark-np", "-2", "--max-failures", "1", np_=0,
+                 env={"PIPELINES_FAULT_INJECT": "rank=1,epoch=2,step=1,mode=term"})
+    assert proc.returncode == 76, proc.stderr[-3000:]
+    assert "preempted: every rank stopped after step 2 of epoch 2 (a SIGTERM)" in proc.stderr
+    assert f"preempted: the run stopped after its checkpoint in {out}; continue it" in proc.stderr
+    assert "attempt 2 of 2" not in proc.stderr and "Traceback" not in proc.stderr
+    assert os.path.exists(os.path.join(out, "checkpoint-2-step-2.json"))

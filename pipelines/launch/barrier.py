@@ -74,7 +74,7 @@ def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
     finally:
         sink.close()
     failures = [RankFailure(r["rank"], r["cause"], r.get("traceback", ""), r.get("secondary", False),
-                            r.get("host", ""), r.get("lost", False), r.get("refused", False))
+                            r.get("host", ""), r.get("lost", False), r.get("refused", False), r.get("exit_status"))
                 for r in records if r["status"] == "error"]
     first = next((r for r in records if r["rank"] == 0), {})
     failures = with_late_ranks(failures, first.get("rendezvous_missing", []),

@@ -12,7 +12,7 @@ import signal
 import socket
 import traceback
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from pipelines.errors import Refused, is_refusal
 from pipelines.redact import redact
@@ -43,6 +43,7 @@ class RankFailure:
     host: str = ""
     lost: bool = False
     refused: bool = False
+    exit_status: Optional[int] = None  # a clean stop of the job's own, with the status it exits with (a preemption)
 
 
 def describe(failure: RankFailure) -> str:
@@ -93,11 +94,13 @@ def is_secondary(exc: BaseException) -> bool:
 def failure_record(exc: BaseException) -> Dict[str, Any]:
     """The record a rank writes of the exception ``exc`` that ends it: its rank, host, one-line
     cause, its whole traceback (chained causes included; empty for a refusal, whose message says
-    it all), whether secondary, whether a refusal (:class:`~pipelines.errors.Refused`). Redacted."""
+    it all, and for a stop of the job's own: an exception with ``exit_status``), whether secondary,
+    whether a refusal (:class:`~pipelines.errors.Refused`), that exit status. Redacted."""
     refused = is_refusal(exc)
+    stop = getattr(exc, "exit_status", None)  # a stop the job chose (pipelines.training.preemption.Preempted)
     record = {"rank": int(os.environ.get("HOROVOD_RANK", "0")), "cause": f"{type(exc).__name__}: {exc}",
-              "traceback": "" if refused else "".join(traceback.format_exception(exc)),
-              "secondary": is_secondary(exc), "refused": refused,
+              "traceback": "" if refused or stop else "".join(traceback.format_exception(exc)),
+              "secondary": is_secondary(exc), "refused": refused, "exit_status": stop,
               "host": os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()}
     return redact(record)  # a cause or traceback may quote a config's secrets or a URI's userinfo
 
@@ -106,6 +109,9 @@ def log_rank_failure(record: Dict[str, Any]) -> None:
     """A rank's own last words on the exception that ends it (``record``: :func:`failure_record`),
     in its log: ``rank R on HOST failed: CAUSE``, then the redacted traceback (none for a refusal)."""
     text = f"\n{record['traceback'].rstrip()}" if record["traceback"] else ""
+    if record.get("exit_status"):  # not a failure: a stop the job chose, said as it is
+        log.warning("rank %s on %s stopped: %s", record["rank"], record["host"], record["cause"])
+        return
     log.error("rank %s on %s %s: %s%s", record["rank"], record["host"],
               "refused" if record.get("refused") else "failed", record["cause"], text)
 

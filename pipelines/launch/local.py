@@ -172,7 +172,8 @@ def collect_failures(records: Dict[int, Optional[Dict[str, Any]]], ended: Dict[i
     A rank that failed of a peer's failure (Horovod shut down, Gloo's connections closed) says so in
     its record (``secondary``): the root cause is a rank that failed on its own."""
     failures = [RankFailure(r["rank"], r["cause"], r.get("traceback", ""), r.get("secondary", False),
-                            r.get("host") or host, lost=r.get("lost", False), refused=r.get("refused", False))
+                            r.get("host") or host, lost=r.get("lost", False), refused=r.get("refused", False),
+                            exit_status=r.get("exit_status"))
                 for r in records.values() if r is not None and r["status"] == "error"]
     for rank, code in sorted(ended.items()):
         if records.get(rank) is None:

@@ -21,7 +21,7 @@ variable                        meaning                                         
                                 others (one set already is kept: horovodrun's
                                 ``--gloo-timeout-seconds``)
 ``PIPELINES_FAULT_INJECT``      test hook: ``rank=R,epoch=E,mode=M[,mark=PATH]``        a test, in the launching
-                                (``callbacks.FaultInjection`` in ``training/``);        process's environment or
+                                (``faults.FaultInjection`` in ``training/``);        process's environment or
                                 ``[,step=S]`` with ``mode=nan``: rank R's loss NaN at   ``spark.executorEnv``
                                 step S of epoch E; ``[,late=S]``: rank R starts S s
                                 late; unset in production, and ignored without the

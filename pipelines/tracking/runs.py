@@ -125,7 +125,8 @@ def _params_of(client, run_id: str) -> Optional[Dict[str, str]]:
 
 class Tracker:
     """This process's MLflow run, from :func:`start` to the end of its ``with`` block: FINISHED,
-    or FAILED when the block raises (KILLED on Ctrl-C). A killed process leaves it RUNNING, for a
+    or FAILED when the block raises (KILLED on Ctrl-C, or an exception whose class says
+    ``run_status``: a preemption's). A killed process leaves it RUNNING, for a
     resumed run to continue."""
 
     def __init__(self, mlflow, active_run, experiment: str, output: str, previous_uri: Optional[str] = None):
@@ -141,7 +142,8 @@ class Tracker:
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
-        status = "FINISHED" if exc_type is None else "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
+        status = "FINISHED" if exc_type is None else "KILLED" if issubclass(exc_type, KeyboardInterrupt) else \
+            getattr(exc_type, "run_status", "FAILED")  # a job's own stop names its status (a preemption: KILLED)
         try:
             with _events():
                 self._mlflow.end_run(status)

@@ -3,18 +3,13 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import statistics
 import time
 from typing import Dict, List, Optional, Sequence
 
-import numpy as np
-
 from pipelines.kerasapi import keras
 
-from pipelines.atomic import write_json
-from pipelines.launch.rankenv import FAULT_ENV
-from pipelines.training.schedule import checkpoint_path, marker_path
+from pipelines.training.schedule import marker_path
 
 log = logging.getLogger("pipelines")
 
@@ -36,14 +31,18 @@ class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        if self._resume_state:
+        if self._resume_state and self._resume_state["best_epoch"] >= 1:  # 0: a step checkpoint of epoch 1
             self.best = self._resume_state["best"]
             self.wait = self._resume_state["wait"]
             self.best_epoch = self._resume_state["best_epoch"] - 1  # Keras counts from 0
             self.best_weights = self._resume_best_weights
 
-    def state(self) -> Dict:
-        """JSON-ready state: best value, epochs waited, best epoch (1-based), stopped or not."""
+    def state(self, epochs_done: Optional[int] = None) -> Dict:
+        """JSON-ready state: best value, epochs waited, best epoch (1-based), stopped or not. With
+        ``epochs_done`` 0 (a step checkpoint within the first epoch) there is no best yet: best epoch
+        0, best ``None``."""
+        if epochs_done == 0:
+            return {"best": None, "wait": 0, "best_epoch": 0, "stopped": False}
         return {"best": float(self.best), "wait": int(self.wait), "best_epoch": int(self.best_epoch) + 1,
                 "stopped": bool(self.model.stop_training)}
 
@@ -116,56 +115,6 @@ def loss_scale(optimizer) -> Optional[float]:
     return float(keras.backend.get_value(scale))
 
 
-class CheckpointMarker(keras.callbacks.Callback):
-    """Rank 0: writes epoch N's checkpoint (trainable weights + optimizer state, a few KB: see
-    :mod:`pipelines.training.checkpoints`), then marks it complete, and keeps only the newest and
-    the best checkpoints.
-
-    The marker ``checkpoint-N.json`` is written to a temporary name and renamed after the
-    checkpoint, and records the checkpoint's size, the sha256 of the frozen weights it goes with
-    (``frozen_sha256``), the epoch's logs, the history so far and the early-stopping state, so that
-    ``--resume`` picks only complete checkpoints, refuses other frozen weights, and continues
-    exactly where training was. ``extra`` goes into every marker: the training phase
-    (``{"phase": 1}`` by default; fine-tuning's adds phase 1's outcome, :mod:`pipelines.training.finetune`,
-    and each phase 2 marker the sha256 of the weights that are not trained, ``non_trainable_sha256``,
-    taken at the epoch's end: the frozen layers and every batch norm's moving statistics).
-    """
-
-    def __init__(self, directory: str, early_stopping: BestWeightsEarlyStopping, history: List[Dict],
-                 frozen_sha256: Optional[str] = None, extra: Optional[Dict] = None):
-        super().__init__()
-        self.directory = directory
-        self.early_stopping = early_stopping
-        self.history = history
-        self.frozen_sha256 = frozen_sha256
-        self.extra = extra or {"phase": 1}
-
-    def on_epoch_end(self, epoch, logs=None):
-        from pipelines.training.checkpoints import FORMAT, save_checkpoint
-
-        number = epoch + 1
-        weights = checkpoint_path(self.directory, number)
-        size = save_checkpoint(self.model, weights)
-        self.history.append({"epoch": number, **{k: float(v) for k, v in (logs or {}).items()}})
-        marker = {"epoch": number, "weights": os.path.basename(weights), "weights_bytes": size,
-                  "format": FORMAT, "frozen_sha256": self.frozen_sha256, "logs": self.history[-1],
-                  "history": self.history, "early_stopping": self.early_stopping.state(), **self.extra}
-        if marker.get("phase") == 2:  # fine-tuning: what stayed frozen (layers, batch-norm statistics) at this epoch
-            from pipelines.training.checkpoints import frozen_checksum
-            marker["non_trainable_sha256"] = frozen_checksum(self.model)
-        write_json(marker_path(self.directory, number), marker, indent=1)
-        self._prune(keep={number, marker["early_stopping"]["best_epoch"]})
-
-    def _prune(self, keep) -> None:
-        """Delete the checkpoints that neither resume nor best-weights restoring need: all but
-        the newest and the best."""
-        for earlier in range(1, max(keep)):
-            if earlier not in keep:
-                for path in (marker_path(self.directory, earlier), checkpoint_path(self.directory, earlier)):
-                    if os.path.exists(path):
-                        os.remove(path)
-
-
 class DivergenceGuard(keras.callbacks.Callback):
     """Every rank: ends the run on every rank at the same step when any rank's loss is NaN or
     infinite, or, at an epoch's end, any of the epoch's logs or the weights and optimizer state a
@@ -180,15 +129,23 @@ class DivergenceGuard(keras.callbacks.Callback):
     1-based), each rank that found one and its host. Keras' ``TerminateOnNaN`` stops the rank that
     sees the NaN only, and Horovod's other ranks then wait in the next allreduce for good. Place it
     before early stopping and the checkpoint writer: a diverged epoch is never chosen as best nor
-    written. Its cost per step (one scalar allreduce over Gloo) is measured by
+    written. Its cost per step (one allreduce of two floats over Gloo) is measured by
     ``benchmarks/divergence_bench.py``. ``count`` and ``gather`` stand in for Horovod's in tests.
+
+    The same collective carries the preemption notice (``notice``: a
+    :class:`~pipelines.training.preemption.PreemptionNotice`; ``count`` adds ``(diverged,
+    preempted)`` flags over ranks): once any rank has had a SIGTERM, every rank stops after the same
+    step, that is not the epoch's last, ``on_preempted(epoch, step)`` (rank 0: the step checkpoint,
+    :meth:`pipelines.training.checkpointer.CheckpointMarker.write_step`) runs, and every rank raises
+    :class:`~pipelines.training.preemption.Preempted`.
     """
 
-    def __init__(self, steps_per_epoch: int, count=None, gather=None):
+    def __init__(self, steps_per_epoch: int, count=None, gather=None, notice=None, on_preempted=None):
         super().__init__()
         self.steps = steps_per_epoch
         self.count = count or ranks_flagged
         self.gather = gather or gather_ranks
+        self.notice, self.on_preempted = notice, on_preempted
         self.epoch = 0
         self.hosts: List[str] = []
 
@@ -203,7 +160,17 @@ class DivergenceGuard(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         from pipelines.training.divergence import non_finite_logs, step_place
 
-        self._stop_if_found(non_finite_logs(logs), step_place(self.epoch, batch + 1, self.steps))
+        preempted = self._stop_if_found(non_finite_logs(logs), step_place(self.epoch, batch + 1, self.steps),
+                                        bool(self.notice and self.notice.requested))
+        if preempted and batch + 1 < self.steps:
+            self._stop_preempted(batch + 1)
+
+    def _stop_preempted(self, step: int) -> None:
+        from pipelines.training.preemption import Preempted
+
+        checkpoint = self.on_preempted(self.epoch, step) if self.on_preempted else None
+        raise Preempted(f"preempted: every rank stopped after step {step} of epoch {self.epoch} (a SIGTERM)",
+                        checkpoint)
 
     def on_epoch_end(self, epoch, logs=None):
         from pipelines.training.checkpoints import checkpoint_variables
@@ -214,23 +181,28 @@ class DivergenceGuard(keras.callbacks.Callback):
         found = non_finite_logs(logs) + [f"{key} ({variables[key].name})" for key in arrays]
         self._stop_if_found(found, epoch_end_place(epoch + 1, self.steps))
 
-    def _stop_if_found(self, found: List[str], place: str) -> None:
-        """The collective step: every rank calls it at the same point, each with what it found."""
+    def _stop_if_found(self, found: List[str], place: str, preempted: bool = False) -> bool:
+        """The collective step: every rank calls it at the same point, each with what it found (and
+        whether it had a preemption notice). Returns whether any rank had the notice."""
         from pipelines.training.divergence import TrainingDiverged, diverged_message
 
-        if not self.count(bool(found)):
-            return
+        diverged, notices = self.count((bool(found), preempted))
+        if not diverged:
+            return bool(notices)
         message = diverged_message(place, self.gather(", ".join(found) or None), self.hosts)
         log.error("%s; every rank stops here, nothing is exported", message)  # errors: on every rank
         raise TrainingDiverged(message)
 
 
-def ranks_flagged(flag: bool) -> float:
-    """The number of ranks whose ``flag`` is true (Horovod allreduce, Sum, of one float32)."""
+def ranks_flagged(flags: Sequence[bool]) -> tuple:
+    """For each of ``flags``, the number of ranks whose flag is true (one Horovod allreduce, Sum, of
+    ``len(flags)`` float32)."""
     import horovod.tensorflow as hvd_tf
     import tensorflow as tf
 
-    return float(hvd_tf.allreduce(tf.constant(float(flag), tf.float32), op=hvd_tf.Sum, name="divergence_count"))
+    summed = hvd_tf.allreduce(tf.constant([float(f) for f in flags], tf.float32), op=hvd_tf.Sum,
+                              name="divergence_count")
+    return tuple(float(v) for v in summed.numpy())
 
 
 def gather_ranks(value) -> list:
@@ -265,77 +237,6 @@ class SyncOutputs(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.outputs.push(last=os.path.basename(marker_path("", epoch + 1)))
-
-
-def start_late(spec: str, rank: int) -> None:
-    """Test hook: with ``late=S`` in the fault ``spec`` (:class:`FaultInjection`'s), rank R (``rank``
-    is this one) sleeps S seconds before it joins Horovod, as a rank on a slow host starts late."""
-    parts = dict(item.split("=", 1) for item in spec.split(",") if "=" in item)
-    if "late" in parts and int(parts.get("rank", 0)) == rank:
-        log.warning("injecting a fault (late) at the start: %s s (%s)", parts["late"], FAULT_ENV)
-        time.sleep(float(parts["late"]))
-
-
-class FaultInjection(keras.callbacks.Callback):
-    """Test hook: ``spec`` = ``"rank=R,epoch=E,mode=raise|kill|stall|nan[,step=S][,mark=PATH][,late=S]"`` (the rank's
-    :attr:`pipelines.launch.rankenv.RankEnvironment.fault`, from the test's variable). ``nan`` makes
-    rank R's own loss NaN at step S (1-based, default 1) of epoch E: before that step it sets its
-    first trainable weight to NaN, so its forward pass, and through the allreduced gradients every
-    rank's weights, turn non-finite in a real training step (:class:`DivergenceGuard` stops the run
-    there). The other modes make
-    rank R fail at the end of epoch E (1-based), once that epoch's checkpoint is complete (another rank
-    than 0 waits up to a minute for rank 0's marker in ``directory``): ``raise`` raises RuntimeError,
-    ``kill`` sends itself SIGKILL, ``stall`` sleeps for good (the other ranks wait in epoch E+1's
-    first allreduce, so no later checkpoint can complete: a test then takes the rank's host away at a
-    known point). With ``mark``, the wall-clock time of the fault (``time.time()``, seconds) is
-    written to PATH first, so a test can time the verdict from the fault rather than from the job's
-    start. With an empty ``spec`` it does nothing."""
-
-    def __init__(self, spec: str, rank: int, directory: str = ""):
-        super().__init__()
-        parts = dict(item.split("=", 1) for item in spec.split(",") if "=" in item)
-        self.active = bool(parts) and int(parts.get("rank", 0)) == rank
-        self.epoch = int(parts.get("epoch", 0))
-        self.step = int(parts.get("step", 1))
-        self.mode = parts.get("mode", "raise")
-        self.mark = parts.get("mark")
-        self.directory = directory
-        self._current = 0
-
-    @classmethod
-    def requested(cls, spec: str, rank: int, directory: str = "") -> "Optional[FaultInjection]":
-        """The hook for ``rank`` where the test variable gave a ``spec``, else ``None``: a production
-        run carries no test callback at all. A run that has one says so once, at its start, on rank 0."""
-        if not spec:
-            return None
-        if rank == 0:
-            log.warning("test hook %s is set (%s): a fault will be injected", FAULT_ENV, spec)
-        return cls(spec, rank, directory)
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._current = epoch + 1
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if self.active and self.mode == "nan" and (self._current, batch + 1) == (self.epoch, self.step):
-            log.warning("injecting a fault (nan) at epoch %d, step %d (%s)", self.epoch, self.step, FAULT_ENV)
-            weight = self.model.trainable_weights[0]
-            weight.assign(np.full(weight.shape, np.nan, weight.dtype.as_numpy_dtype))
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self.active and self.mode != "nan" and epoch + 1 == self.epoch:
-            deadline = time.monotonic() + 60
-            while self.directory and not os.path.exists(marker_path(self.directory, self.epoch)) \
-                    and time.monotonic() < deadline:
-                time.sleep(0.1)
-            log.warning("injecting a fault (%s) at the end of epoch %d (%s)", self.mode, self.epoch, FAULT_ENV)
-            if self.mark:
-                with open(self.mark, "w") as f:
-                    f.write(repr(time.time()))
-            if self.mode == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            while self.mode == "stall":
-                time.sleep(60)
-            raise RuntimeError(f"injected fault at the end of epoch {self.epoch} ({FAULT_ENV})")
 
 
 class WatchdogTicks(keras.callbacks.Callback):

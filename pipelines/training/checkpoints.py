@@ -63,15 +63,55 @@ def build_optimizer(model) -> None:
         optimizer.build(model.trainable_variables)
 
 
+def random_generators(model) -> List:
+    """The ``tf.random.Generator`` s of ``model``'s layers that draw with one (the head's dropout:
+    :func:`pipelines.training.model.resumable_dropout`), in layer order: their ``state`` variables
+    (``int64 (3,)``) are what a checkpoint saves of the random draws, so a resumed run continues them."""
+    found = []
+    for layer in model.submodules:
+        generator = getattr(getattr(layer, "_random_generator", None), "_generator", None)
+        if generator is not None and hasattr(generator, "state"):
+            found.append(generator)
+    return found
+
+
+def learning_rate_variable(optimizer):
+    """The optimizer's learning rate as the variable Horovod's warmup assigns at each step (Keras 2's
+    ``_learning_rate``), or ``None`` (a schedule object, or no optimizer). A warmup's last value
+    stays after it (Horovod's callback stops adjusting), so a resumed run must get it back."""
+    import tensorflow as tf
+
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    variable = getattr(inner, "_learning_rate", None)
+    return variable if isinstance(variable, tf.Variable) else None
+
+
+def broadcast_state(model) -> List:
+    """What a resume sends from rank 0 to every rank: all of ``model``'s variables (the frozen ones
+    too), and what :func:`checkpoint_variables` adds (optimizer state, learning rate, random
+    generators' states), each once."""
+    found, seen = [], set()
+    for variable in [*model.variables, *checkpoint_variables(model).values()]:
+        if id(variable) not in seen:
+            seen.add(id(variable))
+            found.append(variable)
+    return found
+
+
 def checkpoint_variables(model) -> Dict:
     """What a checkpoint holds, by its key in the ``.npz``: ``trainable_NNNN`` (the trainable
-    weights, in order) and, when compiled, ``optimizer_NNNN`` (:func:`optimizer_state`) -> the
-    variable. The one list :func:`save_checkpoint` writes and the divergence check
+    weights, in order), when compiled ``optimizer_NNNN`` (:func:`optimizer_state`) and
+    ``learning_rate`` (:func:`learning_rate_variable`), and ``rng_NNNN`` (:func:`random_generators`'
+    states) -> the variable. The one list :func:`save_checkpoint` writes and the divergence check
     (:class:`pipelines.training.callbacks.DivergenceGuard`) checks for finite values."""
     variables = {f"trainable_{i:04d}": v for i, v in enumerate(model.trainable_weights)}
     if getattr(model, "optimizer", None) is not None:
         build_optimizer(model)
         variables.update({f"optimizer_{i:04d}": v for i, v in enumerate(optimizer_state(model.optimizer))})
+    variables.update({f"rng_{i:04d}": g.state for i, g in enumerate(random_generators(model))})
+    rate = learning_rate_variable(getattr(model, "optimizer", None))
+    if rate is not None:
+        variables["learning_rate"] = rate
     return variables
 
 
@@ -111,7 +151,7 @@ def save_checkpoint(model, path: str) -> int:
 
 def load_checkpoint(model, path: str, optimizer: bool = True) -> None:
     """Assign a checkpoint's trainable weights to ``model`` and, with ``optimizer`` and a compiled
-    model, its optimizer state.
+    model, its optimizer state, learning rate and random generators' states (:func:`random_generators`).
 
     Raises:
         ValueError: the checkpoint does not fit the model (other layers or optimizer).
@@ -119,6 +159,8 @@ def load_checkpoint(model, path: str, optimizer: bool = True) -> None:
     with np.load(path) as data:
         trainable = [data[k] for k in sorted(k for k in data.files if k.startswith("trainable_"))]
         state = [data[k] for k in sorted(k for k in data.files if k.startswith("optimizer_"))]
+        rng = [data[k] for k in sorted(k for k in data.files if k.startswith("rng_"))]
+        rate = data["learning_rate"] if "learning_rate" in data.files else None
     targets = model.trainable_weights
     if len(trainable) != len(targets) or any(a.shape != tuple(v.shape) for a, v in zip(trainable, targets)):
         raise ValueError(f"checkpoint {path} does not fit this model's trainable weights")
@@ -132,3 +174,10 @@ def load_checkpoint(model, path: str, optimizer: bool = True) -> None:
                              f"this optimizer has {len(variables)}")
         for variable, value in zip(variables, state):
             variable.assign(value)
+    rate_variable = learning_rate_variable(getattr(model, "optimizer", None))
+    if optimizer and rate is not None and rate_variable is not None:
+        rate_variable.assign(rate)
+    generators = random_generators(model)
+    if optimizer and rng and len(rng) == len(generators):  # a checkpoint of before this format has none
+        for generator, value in zip(generators, rng):
+            generator.state.assign(value)

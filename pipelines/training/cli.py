@@ -35,6 +35,7 @@ from pipelines.training.data import check_run
 from pipelines.training.devices import rank_cores, threads_per_rank
 from pipelines.training.imagenet import ensure_imagenet_weights
 from pipelines.training.outputs import check_output
+from pipelines.training.preemption import PREEMPTED_EXIT, Preempted, resume_line
 from pipelines.training.runs import check_output_claim
 from pipelines.training.train import run_training
 
@@ -55,7 +56,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rank fails (on its host: also its network) and is not relaunched (``--max-failures``); 1 with
     one line when MLflow could not log the results (the training outputs are complete); 1 with the
     redacted traceback for any other exception (under ``horovodrun``, on every rank that raised it,
-    with its rank and host; a refusal is said by rank 0 alone).
+    with its rank and host; a refusal is said by rank 0 alone); 76
+    (:data:`~pipelines.training.preemption.PREEMPTED_EXIT`) when a SIGTERM to any rank (a preemption
+    notice) stopped every rank at one step after rank 0's checkpoint there, with a line saying how
+    to resume (under ``horovodrun``, each rank's status: ``horovodrun`` itself exits 1).
     """
     for name, value in DEVICE_ORDER.items():  # before TensorFlow loads: GPUs numbered as nvidia-smi does
         os.environ.setdefault(name, value)
@@ -74,10 +78,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if rank:
                 return 0
     except (HorovodJobFailed, RelaunchImpossible) as exc:
-        return launch_failed(exc, log)
+        return launch_failed(exc, log, config.output)
     except TrackingFailed as exc:  # rank 0, under horovodrun or alone
         log.error("%s", exc)
         return 1
+    except Preempted:  # every rank stopped at one step, rank 0 checkpointed there
+        if not rank:
+            log.warning("%s", resume_line(config.output))
+        return PREEMPTED_EXIT
     except Exception as exc:  # noqa: BLE001 - a refusal is 2, anything else 1 with its traceback
         if not log.handlers:  # it ended before its logging was set up
             setup_logging("train", rank=rank)
@@ -88,13 +96,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def launch_failed(exc: Exception, log: logging.Logger) -> int:
+def launch_failed(exc: Exception, log: logging.Logger, output: str = "") -> int:
     """The launching driver's last words on a launch whose ranks did not all finish, and its exit
     code: 2 when the root cause is a rank's refusal (one line naming the rank, its host and what it
-    refused), else 1: the failing rank, its cause and its traceback as the rank wrote it (redacted;
+    refused), 76 (:data:`~pipelines.training.preemption.PREEMPTED_EXIT`) when the ranks stopped at
+    a preemption notice after their checkpoint (with the line saying how to resume ``output``),
+    else 1: the failing rank, its cause and its traceback as the rank wrote it (redacted;
     none for a rank that was killed or lost). ``exc``: a
     :class:`~pipelines.launch.HorovodJobFailed` or :class:`~pipelines.launch.RelaunchImpossible`."""
     root = exc.failures[0] if isinstance(exc, HorovodJobFailed) else None
+    if root is not None and root.exit_status:  # the ranks stopped of their own (a preemption notice)
+        log.warning("rank %d%s: %s", root.rank, f" on {root.host}" if root.host else "", root.cause.split(": ", 1)[-1])
+        log.warning("%s", resume_line(output))
+        return root.exit_status
     if root is not None and exc.refused:
         log.error("rank %d%s refused: %s", root.rank, f" on {root.host}" if root.host else "", root.cause)
         return 2

@@ -15,6 +15,9 @@ from pipelines.training.finetune import KERAS_GUIDE_LR_FACTOR
 
 
 XLA_CHOICES = ("off", "on")  # --xla
+#: ``--checkpoint-every-minutes``'s default: at most this much work is redone after a preemption
+#: without a notice (a SIGTERM gets its own checkpoint at once); its cost: docs/benchmarks.md
+DEFAULT_CHECKPOINT_MINUTES = 10.0
 
 
 def profile_range(text: str) -> Union[int, Tuple[int, int]]:
@@ -64,6 +67,12 @@ class TrainConfig:
                                     "rank and split gets its own subfolder")
     resume: bool = field(False, help="continue the run whose newest complete checkpoint is in --output (refused "
                                      "when that run's settings or data differ from this one's)")
+    checkpoint_every_steps: Optional[int] = field(None, help="also checkpoint within an epoch every N training steps "
+                                                        "(with the data position: --resume then continues at that "
+                                                        "step exactly); default: by --checkpoint-every-minutes only")
+    checkpoint_every_minutes: Optional[float] = field(DEFAULT_CHECKPOINT_MINUTES, help="also checkpoint within an "
+                                                      "epoch when this many minutes have passed since the last "
+                                                      "checkpoint (rank 0's clock)")
     overwrite: bool = field(False, help="start afresh in an --output that holds another training run: delete "
                                         "the files that run recorded (train_run.json, its checkpoints, model, "
                                         "metrics), nothing else")
@@ -148,6 +157,11 @@ class TrainConfig:
             raise Refused("--profile-steps writes into the TensorBoard logs: drop --no-tensorboard")
         if self.xla not in XLA_CHOICES:
             raise Refused(f"--xla {self.xla}: choose one of {', '.join(XLA_CHOICES)}")
+        for flag, value in (("--checkpoint-every-steps", self.checkpoint_every_steps),
+                            ("--checkpoint-every-minutes", self.checkpoint_every_minutes)):
+            if value is not None and not value > 0:
+                raise Refused(f"{flag} must be positive, got {value}: an interval of steps or minutes between "
+                              "checkpoints")
         if self.resume and self.overwrite:
             raise Refused("--resume continues the run in --output, --overwrite replaces it: give one of them")
         from pipelines.training.data import check_reader

@@ -209,10 +209,11 @@ def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int):
     (2048 features for Xception), with the same layer names as in
     :func:`pipelines.training.model.build_model` so weights carry over."""
     from pipelines.kerasapi import keras
+    from pipelines.training.model import resumable_dropout
 
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((feature_dim,), name="features")
-    x = keras.layers.Dropout(dropout, seed=seed, name="dropout")(inputs)
+    x = resumable_dropout(dropout, seed)(inputs)
     outputs = keras.layers.Dense(num_classes, activation="softmax", name="head", dtype="float32")(x)
     return keras.Model(inputs, outputs, name="head_on_features")
 

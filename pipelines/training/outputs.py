@@ -106,15 +106,17 @@ class Outputs:
         if self.remote is None:
             return
         best = marker["early_stopping"]["best_epoch"]
-        if not isinstance(best, int) or best < 1:
+        within_first = best == 0 and marker.get("step") and marker.get("epoch") == 0  # no epoch done: no best yet
+        if not isinstance(best, int) or (best < 1 and not within_first):
             raise Refused(f"checkpoint marker {marker['_name']}: its best epoch {best!r} is not a number >= 1")
-        names = [os.path.basename(checkpoint_path("", best)), marker_weights(marker, marker["_name"]),
+        names = [*([] if within_first else [os.path.basename(checkpoint_path("", best))]),
+                 marker_weights(marker, marker["_name"]),
                  *(name for name in RESUME_FILES if self.remote.join(name).exists()),
                  plain_name(marker["_name"], "a marker", CHECKPOINT_NAME)]  # the marker last, as it was written
         for name in dict.fromkeys(names):
             self.remote.join(name).download(os.path.join(self.local, name))
             self._remember(name)
-        log.info("--resume: downloaded checkpoint %d from %s", marker["epoch"], self.remote.uri)
+        log.info("--resume: downloaded checkpoint %s from %s", marker["_name"], self.remote.uri)
 
     def push(self, last: Optional[str] = None) -> None:
         """Upload every file of :attr:`local` that changed since its last upload, ``last`` (a

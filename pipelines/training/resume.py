@@ -33,7 +33,13 @@ class Resume:
 
     @property
     def initial_epoch(self) -> int:
+        """Epochs done at the checkpoint (0 = fresh)."""
         return self.marker["epoch"] if self.marker else 0
+
+    @property
+    def initial_step(self) -> int:
+        """Steps done within the next epoch at the checkpoint: a step checkpoint's, else 0."""
+        return int(self.marker.get("step") or 0) if self.marker else 0
 
     @property
     def phase(self) -> int:
@@ -68,7 +74,7 @@ def restore(config: TrainConfig, model, rank, frozen_sha256: Optional[str] = Non
     """
     import horovod.tensorflow as hvd_tf
 
-    from pipelines.training.checkpoints import build_optimizer, load_checkpoint, optimizer_checksum, optimizer_state
+    from pipelines.training.checkpoints import broadcast_state, build_optimizer, load_checkpoint, optimizer_checksum
     from pipelines.training.schedule import checkpoint_path, marker_weights
 
     resuming = config.resume or rank.handed.relaunched
@@ -93,16 +99,25 @@ def restore(config: TrainConfig, model, rank, frozen_sha256: Optional[str] = Non
     best_weights = None
     if rank.rank == 0:
         best_epoch = marker["early_stopping"]["best_epoch"]
-        load_checkpoint(model, checkpoint_path(directory, best_epoch), optimizer=False)
-        best_weights = model.get_weights()
+        if best_epoch:  # 0: a step checkpoint of the first epoch, no best yet
+            load_checkpoint(model, checkpoint_path(directory, best_epoch), optimizer=False)
+            best_weights = model.get_weights()
         load_checkpoint(model, os.path.join(directory, marker_weights(marker, marker["_name"])))
-        log.info("resuming after epoch %d (checkpoint %s, %s; best epoch so far %d)",
-                 marker["epoch"], marker["weights"], plural(marker["weights_bytes"], "byte"), best_epoch)
-    hvd_tf.broadcast_variables(list(model.variables) + optimizer_state(model.optimizer), root_rank=0)
+        log.info("resuming %s (checkpoint %s, %s; best epoch so far %s)", resumed_at(marker), marker["weights"],
+                 plural(marker["weights_bytes"], "byte"), best_epoch or "none")
+    hvd_tf.broadcast_variables(broadcast_state(model), root_rank=0)
     best_weights = hvd_tf.broadcast_object(best_weights, root_rank=0, name="best_weights")
     checksums = hvd_tf.allgather_object(weights_checksum(model), name="resume_checksums")
     optimizer = hvd_tf.allgather_object(optimizer_checksum(model.optimizer), name="resume_optimizer_checksums")
     return Resume(marker, best_weights, checksums, list(marker["history"]), optimizer)
+
+
+def resumed_at(marker: Dict) -> str:
+    """Where a checkpoint's marker resumes, for the log: ``after epoch 3`` or ``within epoch 4, after
+    step 20``."""
+    if marker.get("step"):
+        return f"within epoch {marker['epoch'] + 1}, after step {marker['step']}"
+    return f"after epoch {marker['epoch']}"
 
 
 def phase1_best(first, resume: Resume, rank, directory: str):
@@ -126,8 +141,8 @@ def phase2_resume(config, rank, model, resume, record: Dict, directory: str):
     every rank receives weights, optimizer state and best weights by broadcast."""
     import horovod.tensorflow as hvd_tf
 
-    from pipelines.training.checkpoints import build_optimizer, load_checkpoint, optimizer_checksum, optimizer_state
-    from pipelines.training.schedule import checkpoint_path
+    from pipelines.training.checkpoints import broadcast_state, build_optimizer, load_checkpoint, optimizer_checksum
+    from pipelines.training.schedule import checkpoint_path, marker_weights
 
     if resume.phase != 2:
         state = {"best": record["best_val_accuracy"], "wait": 0, "best_epoch": record["best_epoch"], "stopped": False}
@@ -141,9 +156,9 @@ def phase2_resume(config, rank, model, resume, record: Dict, directory: str):
         if best > record["epochs"]:
             load_checkpoint(model, checkpoint_path(directory, best), optimizer=False)
         best_weights = model.get_weights()
-        load_checkpoint(model, checkpoint_path(directory, marker["epoch"]))
-        log.info("fine-tuning: resuming phase 2 after epoch %d (best epoch so far %d)", marker["epoch"], best)
-    hvd_tf.broadcast_variables(list(model.variables) + optimizer_state(model.optimizer), root_rank=0)
+        load_checkpoint(model, os.path.join(directory, marker_weights(marker, marker["_name"])))
+        log.info("fine-tuning: resuming phase 2 %s (best epoch so far %d)", resumed_at(marker), best)
+    hvd_tf.broadcast_variables(broadcast_state(model), root_rank=0)
     best_weights = hvd_tf.broadcast_object(best_weights, root_rank=0, name="phase2_best_weights")
     checksums = hvd_tf.allgather_object(weights_checksum(model), name="phase2_resume_checksums")
     optimizer = hvd_tf.allgather_object(optimizer_checksum(model.optimizer), name="phase2_resume_optimizer")

@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
-from pipelines.contract import CHECKPOINT_MARKER, CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, plain_name
+from pipelines.contract import (CHECKPOINT_MARKER, CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, STEP_CHECKPOINT_MARKER,
+                                STEP_CHECKPOINT_WEIGHTS, plain_name)
 from pipelines.errors import Refused
 from pipelines.logs import plural
 
@@ -94,6 +95,28 @@ def marker_path(directory: str, epoch: int) -> str:
     return os.path.join(directory, CHECKPOINT_MARKER.format(epoch=epoch))
 
 
+def step_checkpoint_path(directory: str, epoch: int, step: int) -> str:
+    """Checkpoint within 1-based ``epoch`` after its 1-based training ``step``:
+    ``DIR/checkpoint-{epoch}-step-{step}.npz`` (:data:`pipelines.contract.STEP_CHECKPOINT_WEIGHTS`)."""
+    return os.path.join(directory, STEP_CHECKPOINT_WEIGHTS.format(epoch=epoch, step=step))
+
+
+def step_marker_path(directory: str, epoch: int, step: int) -> str:
+    """Completion marker of a step checkpoint (:func:`step_checkpoint_path`)."""
+    return os.path.join(directory, STEP_CHECKPOINT_MARKER.format(epoch=epoch, step=step))
+
+
+def checkpoint_position(name: str) -> Tuple[int, int]:
+    """Where in training a checkpoint file (weights or marker) was written, as ``(epochs done,
+    steps done in the next epoch)``: ``checkpoint-3`` -> ``(3, 0)``, ``checkpoint-4-step-20`` ->
+    ``(3, 20)``; ``(0, 0)`` for a name that is not a checkpoint's. Orders checkpoints in time."""
+    match = CHECKPOINT_NAME.match(name)
+    if not match:
+        return 0, 0
+    epoch, step = int(match.group(1)), int(match.group(2) or 0)
+    return (epoch - 1, step) if step else (epoch, 0)
+
+
 def marker_weights(marker: Dict, what: str) -> str:
     """The weights file a checkpoint marker names (``weights``), checked to be a checkpoint's plain
     name in the marker's own folder (:func:`pipelines.contract.plain_name`).
@@ -109,13 +132,15 @@ def marker_weights(marker: Dict, what: str) -> str:
 
 def checkpoint_markers(folder) -> List[Dict]:
     """Every readable checkpoint marker in ``folder`` (a :class:`pipelines.storage.Location`), newest
-    epoch first, each with ``_name`` (its own file name) added; a marker whose ``weights`` name is
-    not a checkpoint's plain name (:func:`marker_weights`) is left out, with a warning."""
+    first (:func:`checkpoint_position`: a step checkpoint within epoch N+1 is newer than epoch N's),
+    each with ``_name`` (its own file name) added; a marker whose ``weights`` name is not a
+    checkpoint's plain name (:func:`marker_weights`) is left out, with a warning."""
     import logging
 
     markers = []
-    for info in sorted(folder.list(recursive=False), key=lambda i: -_epoch_of(i.base_name)):
-        if _epoch_of(info.base_name) and info.base_name.endswith(".json"):
+    infos = sorted(folder.list(recursive=False), key=lambda i: checkpoint_position(i.base_name), reverse=True)
+    for info in infos:
+        if CHECKPOINT_NAME.match(info.base_name) and info.base_name.endswith(".json"):
             try:
                 marker = folder.join(info.base_name).read_json()
                 marker_weights(marker, f"checkpoint marker {folder.join(info.base_name).uri}")
@@ -126,11 +151,6 @@ def checkpoint_markers(folder) -> List[Dict]:
                 continue
             markers.append({**marker, "_name": info.base_name})
     return markers
-
-
-def _epoch_of(name: str) -> int:
-    match = CHECKPOINT_NAME.match(name)
-    return int(match.group(1)) if match else 0
 
 
 def newest_complete_checkpoint(directory) -> Optional[Dict]:
@@ -186,3 +206,44 @@ def non_finite_state(folder, marker: Dict) -> List[str]:
     for name in names:
         found += [f"{name}: {key}" for key in non_finite_checkpoint(folder.join(name))]
     return found
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One ``fit`` call of a run: epochs ``initial_epoch + 1 .. epochs`` (Keras' arguments), each of
+    ``steps`` training steps, the first of them after ``steps_done`` steps of its epoch (0, or a step
+    checkpoint's), reading the rank's stream from row ``start_row``."""
+
+    initial_epoch: int
+    epochs: int
+    steps: int
+    steps_done: int
+    start_row: int
+
+
+def fit_segments(epochs_done: int, steps_done: int, epochs: int, steps_per_epoch: int, batch_size: int,
+                 first_epoch: int = 0) -> List[Segment]:
+    """The ``fit`` calls that continue a run after ``epochs_done`` epochs and ``steps_done`` steps
+    of the next (a checkpoint's position; ``(0, 0)``: a fresh run) up to ``epochs``: one, or, within
+    an epoch, the rest of it and then the epochs after it (Keras starts ``fit`` at an epoch's first
+    step only). A rank reads ``batch_size`` rows of its stream per step
+    (:mod:`pipelines.training.stream`), from the phase's ``first_epoch`` on (a fine-tuning phase
+    opens its stream anew), so the stream row of a position is
+    ``((epochs_done - first_epoch) * steps_per_epoch + steps_done) * batch_size``.
+
+    Raises:
+        ValueError: ``steps_done`` outside ``[0, steps_per_epoch)``, or a position before ``first_epoch``.
+    """
+    if not 0 <= steps_done < steps_per_epoch or epochs_done < first_epoch:
+        raise ValueError(f"no position after {plural(epochs_done, 'epoch')} and {plural(steps_done, 'step')} of "
+                         f"{steps_per_epoch} (phase from epoch {first_epoch + 1})")
+
+    def row(epoch: int, step: int) -> int:
+        return ((epoch - first_epoch) * steps_per_epoch + step) * batch_size
+
+    if not steps_done:
+        return [Segment(epochs_done, epochs, steps_per_epoch, 0, row(epochs_done, 0))]
+    rest = Segment(epochs_done, epochs_done + 1, steps_per_epoch - steps_done, steps_done, row(epochs_done, steps_done))
+    if epochs_done + 1 >= epochs:
+        return [rest]
+    return [rest, Segment(epochs_done + 1, epochs, steps_per_epoch, 0, row(epochs_done + 1, 0))]

@@ -24,6 +24,7 @@ from pipelines.launch.rankenv import RankEnvironment, read_rank_environment
 from pipelines.logs import plural
 from pipelines.redact import redact
 from pipelines.storage import is_local, resolve
+from pipelines.training import preemption
 from pipelines.training.config import TrainConfig
 from pipelines.training.resume import Resume, phase1_best, phase2_resume, restore
 from pipelines.training.results import build_report, save_outputs
@@ -89,7 +90,7 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
         cores = bind_to_cores(threads_per_rank(config.threads, local_topology()[1]), announce=False)
     quiet_libraries(config.verbose)
     if handed.fault:  # the tests' hook: a rank that starts late
-        from pipelines.training.callbacks import start_late
+        from pipelines.training.faults import start_late
 
         start_late(handed.fault, int(os.environ.get("HOROVOD_RANK", "0")))
     hvd.init()
@@ -260,6 +261,8 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     from pipelines.kerasapi import keras
 
     from pipelines.training import callbacks as cb
+    from pipelines.training.checkpointer import CheckpointMarker, Interval
+    from pipelines.training.faults import FaultInjection
 
     early_stopping = cb.BestWeightsEarlyStopping(
         state=resume.marker["early_stopping"] if resume.marker else None, best_weights=resume.best_weights,
@@ -271,16 +274,24 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
         callbacks.append(hvd.callbacks.LearningRateWarmupCallback(
             initial_lr=plan.lr, warmup_epochs=config.warmup_epochs,
             steps_per_epoch=plan.steps.steps_per_epoch, verbose=0))
-    # before early stopping and the checkpoints: a non-finite step or epoch stops every rank there
-    callbacks += [cb.DivergenceGuard(plan.steps.steps_per_epoch), early_stopping]
+    checkpoints = None
+    if rank.rank == 0:
+        checkpoints = CheckpointMarker(
+            plan.output_dir, early_stopping, resume.history, frozen_sha256,
+            {**(marker or {"phase": 1}), "run": plan.claim.run.record()},
+            Interval(config.checkpoint_every_steps, config.checkpoint_every_minutes, plan.steps.steps_per_epoch),
+            plan.outputs)
+    # before early stopping and the checkpoints: a non-finite step or epoch stops every rank there, and a
+    # preemption notice after a step (rank 0 checkpoints it first)
+    callbacks += [cb.DivergenceGuard(plan.steps.steps_per_epoch, notice=preemption.current(),
+                                     on_preempted=checkpoints.write_step if checkpoints else None), early_stopping]
     if rank.rank == 0:
         from pipelines.training.epochprogress import EpochProgress
 
         directory = plan.output_dir
         callbacks += [
             EpochProgress(plan.steps.steps_per_epoch, plan.steps.global_batch),  # rank 0 alone shows progress
-            cb.CheckpointMarker(directory, early_stopping, resume.history, frozen_sha256,
-                                {**(marker or {"phase": 1}), "run": plan.claim.run.record()}),
+            checkpoints,
             cb.EpochCSVLogger(os.path.join(directory, HISTORY), append=bool(resume.marker)),
         ]
         if config.tensorboard:
@@ -296,32 +307,48 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
 
         first, last = cb.WatchdogTicks.around(Watchdog(rank.handed.stall_timeout_s))
         callbacks = [first, *callbacks, last]
-    fault = cb.FaultInjection.requested(rank.handed.fault, rank.rank, config.output if is_local(config.output) else "")
+    fault = FaultInjection.requested(rank.handed.fault, rank.rank, config.output if is_local(config.output) else "")
     if fault is not None:
         callbacks.append(fault)
     return callbacks, early_stopping, epoch_stats
 
 
-def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume, callbacks) -> float:
-    """``fit`` from ``resume``'s epoch on the input path's datasets (readers live for the whole
-    run); when the resumed run had already finished, only restore its best weights.
+def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume, callbacks,
+          first_epoch: int = 0) -> float:
+    """``fit`` from ``resume``'s position (an epoch's end, or a step within an epoch) on the input
+    path's datasets (readers live for the whole run), each rank's stream opened at that position
+    (:func:`pipelines.training.schedule.fit_segments`; ``first_epoch``: where the phase's stream
+    began); when the resumed run had already finished, only restore its best weights.
 
     Returns the seconds spent in ``fit``.
     """
     from pipelines.training.data import default_cache_root
     from pipelines.training.evaluate import with_exact_validation
+    from pipelines.training.schedule import fit_segments
+    from pipelines.training.segment import in_segment
 
     if resume.finished(config.epochs):
         inputs.model.set_weights(resume.best_weights)
         return 0.0
+    spe = plan.steps.steps_per_epoch
+    segments = fit_segments(resume.initial_epoch, resume.initial_step, config.epochs, spe, config.batch_size,
+                            first_epoch)
+    if resume.marker and not inputs.exact_positions and rank.rank == 0:
+        log.warning("--reader petastorm cannot open its stream at the checkpoint's position: the resumed run "
+                    "reads other batches than the interrupted one would have (--reader own resumes exactly)")
     cache_root = config.cache_dir or default_cache_root()
+    callbacks = with_exact_validation(callbacks, inputs, plan.data)
     try:
-        with inputs.fit_datasets(cache_root) as (train_ds, val_ds):
+        with inputs.fit_datasets(cache_root, start_row=segments[0].start_row) as (train_ds, val_ds):
             start = time.perf_counter()
-            inputs.model.fit(train_ds, epochs=config.epochs, initial_epoch=resume.initial_epoch,
-                             steps_per_epoch=plan.steps.steps_per_epoch, validation_data=val_ds,
-                             callbacks=with_exact_validation(callbacks, inputs, plan.data),
-                             verbose=2 if rank.rank == 0 else 0)
+            for i, segment in enumerate(segments):
+                dataset = train_ds if i == 0 else inputs.train_dataset_at(segment.start_row)
+                inputs.model.fit(dataset, epochs=segment.epochs, initial_epoch=segment.initial_epoch,
+                                 steps_per_epoch=segment.steps, validation_data=val_ds,
+                                 callbacks=in_segment(callbacks, i, len(segments), segment.steps_done, spe),
+                                 verbose=2 if rank.rank == 0 else 0)
+                if inputs.model.stop_training:
+                    break
             return time.perf_counter() - start
     finally:
         if not config.cache_dir:
@@ -370,7 +397,8 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     rank = setup_rank(config)
     start = time.perf_counter()
     plan = plan_run(config, rank, run_id)
-    with hold_data(rank, plan):  # the ETL run it reads is kept until the run ends (pipelines/leases.py)
+    # a SIGTERM (a preemption notice) stops every rank at the next step, after rank 0's checkpoint
+    with preemption.PreemptionNotice(rank.rank), hold_data(rank, plan):  # hold_data: pipelines/leases.py
         full_model = build_model(plan.data.num_classes, plan.image_size, config.dropout, config.weights,
                                  seed=config.seed, backbone=config.backbone, stored_size=plan.data.image_size)
         inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.image_size)
@@ -443,7 +471,7 @@ def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Res
     marker = {"phase": 2, "blocks": config.fine_tune_blocks, "phase1": record}
     callbacks, early_stopping, epoch_stats = make_callbacks(phase_config, rank, phase_plan, second, frozen_sha256,
                                                             tracker, marker=marker)
-    seconds = train(phase_config, rank, phase_plan, inputs, second, callbacks)
+    seconds = train(phase_config, rank, phase_plan, inputs, second, callbacks, first_epoch=record["epochs"])
     totals = evaluate(inputs, plan)
     report = {"blocks": config.fine_tune_blocks, "layers": layers, "trainable_parameters": trainable_parameters(model),
               "learning_rate": lr, "lr_factor": config.fine_tune_lr, "first_epoch": record["epochs"] + 1,

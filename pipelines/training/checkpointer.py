@@ -1,0 +1,121 @@
+"""Rank 0's checkpoints while ``fit`` runs: each epoch's, and within an epoch at an interval or on
+a preemption notice, each with its completion marker; older ones pruned."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Dict, List, Optional
+
+from pipelines.kerasapi import keras
+
+from pipelines.atomic import write_json
+from pipelines.training.callbacks import BestWeightsEarlyStopping
+from pipelines.training.schedule import (checkpoint_path, checkpoint_position, marker_path, step_checkpoint_path,
+                                         step_marker_path)
+
+
+class CheckpointMarker(keras.callbacks.Callback):
+    """Rank 0: writes epoch N's checkpoint (trainable weights + optimizer state, a few KB: see
+    :mod:`pipelines.training.checkpoints`), then marks it complete, and keeps only the newest and
+    the best checkpoints.
+
+    The marker ``checkpoint-N.json`` is written to a temporary name and renamed after the
+    checkpoint, and records the checkpoint's size, the sha256 of the frozen weights it goes with
+    (``frozen_sha256``), the epoch's logs, the history so far and the early-stopping state, so that
+    ``--resume`` picks only complete checkpoints, refuses other frozen weights, and continues
+    exactly where training was. ``extra`` goes into every marker: the training phase
+    (``{"phase": 1}`` by default; fine-tuning's adds phase 1's outcome, :mod:`pipelines.training.finetune`,
+    and each phase 2 marker the sha256 of the weights that are not trained, ``non_trainable_sha256``,
+    taken at the epoch's end: the frozen layers and every batch norm's moving statistics).
+    """
+
+    def __init__(self, directory: str, early_stopping: BestWeightsEarlyStopping, history: List[Dict],
+                 frozen_sha256: Optional[str] = None, extra: Optional[Dict] = None, every: Optional["Interval"] = None,
+                 outputs=None):
+        super().__init__()
+        self.directory = directory
+        self.early_stopping = early_stopping
+        self.history = history
+        self.frozen_sha256 = frozen_sha256
+        self.extra = extra or {"phase": 1}
+        self.every = every or Interval(None, None, 0)
+        self.outputs = outputs  # a URI output receives each step checkpoint as it completes
+        self.epoch = 0
+        self._last = time.monotonic()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch + 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = batch + 1
+        if self.every.due(self.epoch, step, time.monotonic() - self._last):
+            self.write_step(self.epoch, step)
+
+    def on_epoch_end(self, epoch, logs=None):
+        number = epoch + 1
+        self.history.append({"epoch": number, **{k: float(v) for k, v in (logs or {}).items()}})
+        marker = self._write(checkpoint_path(self.directory, number), marker_path(self.directory, number),
+                             {"epoch": number, "logs": self.history[-1]}, self.early_stopping.state())
+        self._prune(keep={number, marker["early_stopping"]["best_epoch"]})
+
+    def write_step(self, epoch: int, step: int) -> str:
+        """A checkpoint within 1-based ``epoch`` after its 1-based ``step``: the same state as an
+        epoch's (weights, optimizer, random generators), its marker saying ``epoch`` (the epochs
+        done, ``epoch - 1``) and ``step``, which with the run's arithmetic is the data position
+        (:func:`pipelines.training.schedule.fit_segments`). Replaces the previous step checkpoint.
+        Returns the marker's file name."""
+        marker_file = step_marker_path(self.directory, epoch, step)
+        self._write(step_checkpoint_path(self.directory, epoch, step), marker_file,
+                    {"epoch": epoch - 1, "step": step, "logs": None}, self.early_stopping.state(epoch - 1))
+        self._prune(keep={epoch - 1, self.early_stopping.state(epoch - 1)["best_epoch"]}, steps_before=(epoch - 1, step))
+        if self.outputs is not None:
+            self.outputs.push(last=os.path.basename(marker_file))
+        return os.path.basename(marker_file)
+
+    def _write(self, weights: str, marker_file: str, where: Dict, early_stopping: Dict) -> Dict:
+        from pipelines.training.checkpoints import FORMAT, save_checkpoint
+
+        size = save_checkpoint(self.model, weights)
+        marker = {**where, "weights": os.path.basename(weights), "weights_bytes": size, "format": FORMAT,
+                  "frozen_sha256": self.frozen_sha256, "history": self.history, "early_stopping": early_stopping,
+                  **self.extra}
+        if marker.get("phase") == 2:  # fine-tuning: what stayed frozen (layers, batch-norm statistics) at this epoch
+            from pipelines.training.checkpoints import frozen_checksum
+            marker["non_trainable_sha256"] = frozen_checksum(self.model)
+        write_json(marker_file, marker, indent=1)
+        self._last = time.monotonic()
+        return marker
+
+    def _prune(self, keep, steps_before: Optional[tuple] = None) -> None:
+        """Delete the checkpoints that neither resume nor best-weights restoring need: the epoch
+        checkpoints but the newest and the best, and every step checkpoint older than the newest
+        checkpoint (``steps_before``: a step checkpoint's position; default: the newest epoch's),
+        markers first."""
+        for earlier in range(1, max(keep)):
+            if earlier not in keep:
+                for path in (marker_path(self.directory, earlier), checkpoint_path(self.directory, earlier)):
+                    if os.path.exists(path):
+                        os.remove(path)
+        newest = steps_before or (max(keep), 0)
+        stale = [name for name in os.listdir(self.directory)
+                 if "-step-" in name and (0, 0) < checkpoint_position(name) < newest]
+        for name in sorted(stale, key=lambda n: not n.endswith(".json")):
+            os.remove(os.path.join(self.directory, name))
+
+
+class Interval:
+    """When a step checkpoint is due (``--checkpoint-every-steps``, ``--checkpoint-every-minutes``):
+    after every ``steps``-th training step of the run (counted over epochs, 1-based), or once
+    ``minutes`` have passed since the last checkpoint, never at an epoch's last step (the epoch's
+    own checkpoint follows). ``steps_per_epoch``: the run's."""
+
+    def __init__(self, steps: Optional[int], minutes: Optional[float], steps_per_epoch: int):
+        self.steps, self.minutes, self.steps_per_epoch = steps, minutes, steps_per_epoch
+
+    def due(self, epoch: int, step: int, seconds_since_last: float) -> bool:
+        """Whether 1-based ``step`` of 1-based ``epoch`` ends with a checkpoint."""
+        if not 0 < step < self.steps_per_epoch:
+            return False
+        run_step = (epoch - 1) * self.steps_per_epoch + step
+        return bool(self.steps and run_step % self.steps == 0) or \
+            bool(self.minutes and seconds_since_last >= 60.0 * self.minutes)

@@ -1,0 +1,93 @@
+"""A preemption notice: SIGTERM, what a spot or preemptible machine gets before it is taken away.
+
+The first SIGTERM a rank receives only raises a flag (:class:`PreemptionNotice`); every rank adds
+its flag to the others' in the step's collective (:class:`pipelines.training.callbacks.DivergenceGuard`),
+so all ranks agree on the same step boundary, rank 0 writes a step checkpoint there (the data
+position included: :class:`pipelines.training.checkpointer.CheckpointMarker`), and every rank raises
+:class:`Preempted`; the job then exits with :data:`PREEMPTED_EXIT` and a line saying how to resume.
+A second SIGTERM ends the process at once, as SIGTERM does by default. The notice is taken at
+the next boundary that is not an epoch's last step: the epoch's end (validation, its checkpoint)
+comes first, and the stop follows one step later.
+
+Cloud providers give the notice seconds to minutes ahead (a spot VM's shutdown sends SIGTERM);
+a step and a checkpoint of the head take well under a second on the sample (docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from typing import Optional
+
+log = logging.getLogger("pipelines")
+
+#: The exit status of a job stopped by a preemption notice after its checkpoint (distinct from
+#: 1, a failure; 2, a refusal; 75, a stalled rank: :data:`pipelines.launch.watchdog.STALL_EXIT`).
+PREEMPTED_EXIT = 76
+
+
+class Preempted(RuntimeError):
+    """Every rank stopped at the same step after a preemption notice; rank 0 checkpointed there.
+    ``checkpoint``: the marker's file name (rank 0; ``None`` elsewhere)."""
+
+    run_status = "KILLED"  # the MLflow status of a run ended by it (pipelines.tracking.runs.Tracker)
+    exit_status = PREEMPTED_EXIT  # a launching driver exits with it too (pipelines.launch.failures)
+
+    def __init__(self, message: str, checkpoint: Optional[str] = None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
+_current: Optional["PreemptionNotice"] = None  # a signal handler is the process's: so is its notice
+
+
+def current() -> Optional["PreemptionNotice"]:
+    """The notice installed in this process (:class:`PreemptionNotice`'s block), or ``None``."""
+    return _current
+
+
+class PreemptionNotice:
+    """SIGTERM's handler while training: the first sets :attr:`requested` (and says so, with the
+    rank), the second restores the default action and sends the signal again, so the process ends
+    at once. A context manager: the previous handler comes back on exit, and :func:`current`
+    gives it meanwhile. Outside the main thread (where Python cannot install handlers) it does
+    nothing and says so at debug level."""
+
+    def __init__(self, rank: int = 0):
+        self.rank = rank
+        self.requested = False
+        self._previous = None
+        self._installed = False
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:  # the second notice: stop now
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        self.requested = True
+        log.warning("rank %d: SIGTERM received: every rank checkpoints at the next step and stops (a second "
+                    "SIGTERM stops at once)", self.rank)
+
+    def __enter__(self) -> "PreemptionNotice":
+        global _current
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            self._installed = True
+            _current = self
+        else:
+            log.debug("no SIGTERM handler: training runs outside the main thread")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _current
+        if self._installed:
+            _current = None
+            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+            self._installed = False
+
+
+def resume_line(output: str) -> str:
+    """The line a preempted job ends with: how to continue it exactly."""
+    return (f"preempted: the run stopped after its checkpoint in {output}; continue it with the same command and "
+            "--resume (it resumes at that step)")
