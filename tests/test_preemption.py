@@ -149,7 +149,7 @@ def test_a_notice_at_an_epochs_last_step_stops_after_the_next_epochs_first():
 def small_model(seed=7):
     from pipelines.kerasapi import keras
     from pipelines.training.checkpoints import build_optimizer
-    from pipelines.training.model import resumable_dropout
+    from pipelines.training.checkpoints import resumable_dropout
 
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((6,))

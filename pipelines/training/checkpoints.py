@@ -1,8 +1,9 @@
 """Small checkpoints: what training changes, with the frozen weights identified by their hash.
 
-A checkpoint of epoch N (``checkpoint-N.npz``) holds the model's trainable weights and the
-optimizer's state (its variables, Nadam's running ``u_product``, and under mixed precision the
-loss scale), not the frozen backbone:
+A checkpoint of epoch N (``checkpoint-N.npz``), or within epoch N after step K
+(``checkpoint-N-step-K.npz``), holds the model's trainable weights, the optimizer's state (its
+variables, Nadam's running ``u_product``, and under mixed precision the loss scale), the learning
+rate and the dropout generator's state, not the frozen backbone:
 the frozen Xception is 84 MB, the head and its optimizer state a few KB. The frozen weights are
 identified instead by :func:`frozen_checksum` (sha256 of their bytes), recorded in the checkpoint's
 marker and checked on ``--resume``: a checkpoint is only meaningful on top of the same backbone.
@@ -63,9 +64,20 @@ def build_optimizer(model) -> None:
         optimizer.build(model.trainable_variables)
 
 
+def resumable_dropout(rate: float, seed: int):
+    """The head's ``Dropout(rate)`` layer (named ``dropout``), its masks drawn from a
+    ``tf.random.Generator`` seeded with ``seed`` (Keras 2's ``rng_type="stateful"``), whose state, three
+    int64, a checkpoint saves and restores (:func:`random_generators`),
+    so that a resumed run draws the masks the uninterrupted one would have. Keras' default draws them
+    from seeded stateful ops whose state lives in the kernels and restarts with the process."""
+    from pipelines.kerasapi import keras
+
+    return keras.layers.Dropout(rate, seed=seed, rng_type="stateful", name="dropout")
+
+
 def random_generators(model) -> List:
     """The ``tf.random.Generator`` s of ``model``'s layers that draw with one (the head's dropout:
-    :func:`pipelines.training.model.resumable_dropout`), in layer order: their ``state`` variables
+    :func:`resumable_dropout`), in layer order: their ``state`` variables
     (``int64 (3,)``) are what a checkpoint saves of the random draws, so a resumed run continues them."""
     found = []
     for layer in model.submodules:

@@ -209,7 +209,7 @@ def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int):
     (2048 features for Xception), with the same layer names as in
     :func:`pipelines.training.model.build_model` so weights carry over."""
     from pipelines.kerasapi import keras
-    from pipelines.training.model import resumable_dropout
+    from pipelines.training.checkpoints import resumable_dropout
 
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((feature_dim,), name="features")

@@ -105,6 +105,8 @@ def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights
     from pipelines.contract import MODEL_INPUT_DTYPE, MODEL_INPUT_NAME
     from pipelines.kerasapi import keras
 
+    from pipelines.training.checkpoints import resumable_dropout
+
     check_backbone(backbone, weights, image_size)
     if weights not in ("imagenet", "none") and not os.path.isfile(weights):
         raise MissingInput(f"weights file not found: {weights}")
@@ -117,17 +119,6 @@ def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights
     x = resumable_dropout(dropout, seed)(features)
     outputs = keras.layers.Dense(num_classes, activation="softmax", name="head", dtype="float32")(x)
     return keras.Model(image, outputs, name=f"{backbone}_transfer")
-
-
-def resumable_dropout(rate: float, seed: int):
-    """The head's ``Dropout(rate)`` layer (named ``dropout``), its masks drawn from a
-    ``tf.random.Generator`` seeded with ``seed`` (Keras 2's ``rng_type="stateful"``), whose state, three
-    int64, a checkpoint saves and restores (:func:`pipelines.training.checkpoints.random_generators`),
-    so that a resumed run draws the masks the uninterrupted one would have. Keras' default draws them
-    from seeded stateful ops whose state lives in the kernels and restarts with the process."""
-    from pipelines.kerasapi import keras
-
-    return keras.layers.Dropout(rate, seed=seed, rng_type="stateful", name="dropout")
 
 
 def preprocessing(image, stored_size: int, model_size: int):
