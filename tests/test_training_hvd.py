@@ -1167,7 +1167,7 @@ def test_a_run_killed_within_an_epoch_resumes_at_that_step_bit_for_bit(dataset, 
     resumed = train(data, out, *PREEMPTIBLE, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming within epoch 2, after step 3" in resumed.stdout + resumed.stderr
-    assert metrics(out)["resumed_after_epoch"] == 1
+    assert (metrics(out)["resumed_after_epoch"], metrics(out)["resumed_after_step"]) == (1, 3)
     assert_same_run(out, uninterrupted)
 
 

@@ -55,6 +55,7 @@ def build_report(config: TrainConfig, rank, plan, phases: List, resume: Resume) 
         "feature_cache": getattr(phases[0].inputs, "directory", None),
         "precision": rank.precision,
         "resumed_after_epoch": resume.initial_epoch if resume.marker else None,
+        "resumed_after_step": resume.initial_step if resume.marker else None,  # of the next epoch: a step checkpoint
         "resumed_in_phase": resume.phase if resume.marker else None,
         "resumed_weights_checksum_per_rank": resumed.checksums,
         "resumed_optimizer_checksum_per_rank": resumed.optimizer_checksums,
