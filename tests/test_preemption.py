@@ -102,16 +102,12 @@ def test_a_first_sigterm_raises_the_notice_and_a_second_ends_the_process_at_once
     assert twice.returncode == -signal.SIGTERM and twice.stdout == "requested True\n", (twice.returncode, twice.stdout)
 
 
-class Notice:
-    requested = False
-
-
 def guard_run(notice_at, steps=4, epochs=2):
     """A DivergenceGuard over a real 2-epoch fit whose other rank's notice arrives after
     ``notice_at`` (epoch, step); returns what on_preempted saw and the exception."""
     from pipelines.kerasapi import keras
-    from pipelines.training.callbacks import DivergenceGuard
-    from pipelines.training.preemption import Preempted
+    from pipelines.training.callbacks import DivergenceGuard, PreemptAtEpochEnd
+    from pipelines.training.preemption import Preempted, PreemptionNotice
 
     where, seen = {"epoch": 0}, []
 
@@ -125,13 +121,16 @@ def guard_run(notice_at, steps=4, epochs=2):
     def count(flags):  # this rank's flags, and the other rank's notice from notice_at on
         return float(flags[0]), float(flags[1]) + ((where["epoch"], where["step"]) >= notice_at)
 
-    guard = DivergenceGuard(steps, count=count, gather=lambda mine: [mine, "other"], notice=Notice(),
-                            on_preempted=lambda epoch, step: seen.append((epoch, step)) or "marker.json")
+    agreed = []
+    guard = DivergenceGuard(steps, count=count, gather=lambda mine: [mine, "other"], notice=PreemptionNotice(),
+                            on_preempted=lambda epoch, step: seen.append((epoch, step)) or "marker.json",
+                            agree=lambda value: agreed.append(value) or value)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     x, y = np.random.rand(4 * steps, 2).astype(np.float32), np.arange(4 * steps) % 2
     with pytest.raises(Preempted) as raised:
-        model.fit(x, y, batch_size=4, epochs=epochs, callbacks=[Place(), guard], verbose=0)
+        model.fit(x, y, batch_size=4, epochs=epochs, callbacks=[Place(), guard, PreemptAtEpochEnd(guard)], verbose=0)
+    assert agreed == [raised.value.checkpoint]  # every rank waited for rank 0's checkpoint
     return seen, raised.value
 
 
@@ -141,9 +140,11 @@ def test_a_notice_on_any_rank_stops_this_one_after_the_same_step_with_its_checkp
     assert str(raised) == "preempted: every rank stopped after step 2 of epoch 1 (a SIGTERM)"
 
 
-def test_a_notice_at_an_epochs_last_step_stops_after_the_next_epochs_first():
-    seen, raised = guard_run(notice_at=(1, 4))
-    assert seen == [(2, 1)], seen
+@pytest.mark.parametrize("steps", [4, 1])
+def test_a_notice_at_an_epochs_last_step_stops_at_the_epochs_end_after_its_checkpoint(steps):
+    seen, raised = guard_run(notice_at=(1, steps), steps=steps)
+    assert seen == [] and raised.checkpoint == "checkpoint-1.json"
+    assert str(raised) == "preempted: every rank stopped after epoch 1 (a SIGTERM)"
 
 
 def small_model(seed=7):
@@ -255,3 +256,23 @@ def test_a_run_killed_after_a_step_and_resumed_ends_bit_for_bit_as_the_uninterru
         del entry["loss"]
     assert whole_history == resumed_history
     assert not [n for n in os.listdir(killed_dir) if "-step-" in n]  # epoch 3's checkpoint replaced them
+
+
+HOLDING = textwrap.dedent("""
+    import os, signal, sys, time
+    sys.path.insert(0, {repo!r})
+    from pipelines.training import preemption
+    with preemption.PreemptionNotice() as notice:
+        os.kill(os.getpid(), signal.SIGTERM)
+        with preemption.holding(notice):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            print("checkpoint written", flush=True)
+        print("not reached", flush=True)
+""")
+
+
+def test_a_second_sigterm_while_the_checkpoint_is_written_ends_the_process_right_after_it():
+    proc = subprocess.run([sys.executable, "-c", HOLDING.format(repo=REPO)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == -signal.SIGTERM and proc.stdout == "checkpoint written\n", (proc.returncode, proc.stdout)

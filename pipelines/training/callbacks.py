@@ -67,7 +67,7 @@ class EpochStats(keras.callbacks.Callback):
 
     def __init__(self, steps_per_epoch: int, global_batch: int):
         super().__init__()
-        self.images = steps_per_epoch * global_batch
+        self.global_batch = global_batch
         self.epochs_run = 0
         self._start = self._train_end = 0.0
         self._step_starts: List[float] = []
@@ -91,7 +91,8 @@ class EpochStats(keras.callbacks.Callback):
         train_seconds = train_end - self._start
         logs["lr"] = float(keras.backend.get_value(self.model.optimizer.lr))
         logs["epoch_seconds"] = end - self._start
-        logs["train_images_per_second"] = self.images / train_seconds if train_seconds > 0 else 0.0
+        images = len(self._step_starts) * self.global_batch  # the steps this process ran (a resumed epoch: the rest)
+        logs["train_images_per_second"] = images / train_seconds if train_seconds > 0 else 0.0
         logs["step_ms"] = 1000.0 * step_seconds(self._step_starts, train_end)
         scale = loss_scale(self.model.optimizer)
         if scale is not None:
@@ -135,17 +136,22 @@ class DivergenceGuard(keras.callbacks.Callback):
     The same collective carries the preemption notice (``notice``: a
     :class:`~pipelines.training.preemption.PreemptionNotice`; ``count`` adds ``(diverged,
     preempted)`` flags over ranks): once any rank has had a SIGTERM, every rank stops after the same
-    step, that is not the epoch's last, ``on_preempted(epoch, step)`` (rank 0: the step checkpoint,
-    :meth:`pipelines.training.checkpointer.CheckpointMarker.write_step`) runs, and every rank raises
-    :class:`~pipelines.training.preemption.Preempted`.
+    step: ``on_preempted(epoch, step)`` (rank 0: the step checkpoint,
+    :meth:`pipelines.training.checkpointer.CheckpointMarker.write_step`) runs, every rank waits for
+    it (``agree``: rank 0's marker name, broadcast; a launcher stops rank 0 once another rank has
+    ended), and every rank raises :class:`~pipelines.training.preemption.Preempted`. At an epoch's
+    last step the stop waits for the epoch's end and its checkpoint instead (:attr:`deferred`,
+    :class:`PreemptAtEpochEnd`).
     """
 
-    def __init__(self, steps_per_epoch: int, count=None, gather=None, notice=None, on_preempted=None):
+    def __init__(self, steps_per_epoch: int, count=None, gather=None, notice=None, on_preempted=None, agree=None):
         super().__init__()
         self.steps = steps_per_epoch
         self.count = count or ranks_flagged
         self.gather = gather or gather_ranks
+        self.agree = agree or rank0_value
         self.notice, self.on_preempted = notice, on_preempted
+        self.deferred = False
         self.epoch = 0
         self.hosts: List[str] = []
 
@@ -164,11 +170,14 @@ class DivergenceGuard(keras.callbacks.Callback):
                                         bool(self.notice and self.notice.requested))
         if preempted and batch + 1 < self.steps:
             self._stop_preempted(batch + 1)
+        self.deferred = self.deferred or preempted  # the epoch's last step: stop once the epoch is checkpointed
 
     def _stop_preempted(self, step: int) -> None:
-        from pipelines.training.preemption import Preempted
+        from pipelines.training.preemption import Preempted, holding
 
-        checkpoint = self.on_preempted(self.epoch, step) if self.on_preempted else None
+        with holding(self.notice):  # a second SIGTERM waits for the checkpoint
+            checkpoint = self.on_preempted(self.epoch, step) if self.on_preempted else None
+        checkpoint = self.agree(checkpoint)  # every rank: after rank 0's checkpoint is complete
         raise Preempted(f"preempted: every rank stopped after step {step} of epoch {self.epoch} (a SIGTERM)",
                         checkpoint)
 
@@ -192,6 +201,32 @@ class DivergenceGuard(keras.callbacks.Callback):
         message = diverged_message(place, self.gather(", ".join(found) or None), self.hosts)
         log.error("%s; every rank stops here, nothing is exported", message)  # errors: on every rank
         raise TrainingDiverged(message)
+
+
+class PreemptAtEpochEnd(keras.callbacks.Callback):
+    """Every rank, after every other callback of the epoch's end (rank 0's checkpoint and its upload
+    among them): when ``guard`` (:class:`DivergenceGuard`) had the preemption notice at the epoch's
+    last step, every rank waits for rank 0 (``guard.agree``) and raises
+    :class:`~pipelines.training.preemption.Preempted` naming the epoch's checkpoint."""
+
+    def __init__(self, guard: DivergenceGuard):
+        super().__init__()
+        self.guard = guard
+
+    def on_epoch_end(self, epoch, logs=None):
+        from pipelines.training.preemption import Preempted
+
+        if self.guard.deferred:
+            name = self.guard.agree(os.path.basename(marker_path("", epoch + 1)))
+            raise Preempted(f"preempted: every rank stopped after epoch {epoch + 1} (a SIGTERM)", name)
+
+
+def rank0_value(value):
+    """Rank 0's ``value`` on every rank (Horovod's ``broadcast_object``): a collective, so every rank
+    returns once rank 0 has reached it."""
+    import horovod.tensorflow as hvd_tf
+
+    return hvd_tf.broadcast_object(value, root_rank=0, name="preempted_checkpoint")
 
 
 def ranks_flagged(flags: Sequence[bool]) -> tuple:

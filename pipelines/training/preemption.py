@@ -5,20 +5,22 @@ its flag to the others' in the step's collective (:class:`pipelines.training.cal
 so all ranks agree on the same step boundary, rank 0 writes a step checkpoint there (the data
 position included: :class:`pipelines.training.checkpointer.CheckpointMarker`), and every rank raises
 :class:`Preempted`; the job then exits with :data:`PREEMPTED_EXIT` and a line saying how to resume.
-A second SIGTERM ends the process at once, as SIGTERM does by default. The notice is taken at
-the next boundary that is not an epoch's last step: the epoch's end (validation, its checkpoint)
-comes first, and the stop follows one step later.
+A second SIGTERM ends the process at once, as SIGTERM does by default (while rank 0 writes the
+preemption checkpoint: right after it). A notice at an epoch's last step stops every rank at the
+epoch's end, after its validation and checkpoint; one during the final evaluation or export is
+not acted on (the run is finishing).
 
 Cloud providers give the notice seconds to minutes ahead (a spot VM's shutdown sends SIGTERM);
 a step and a checkpoint of the head take well under a second on the sample (docs/benchmarks.md).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
-from typing import Optional
+from typing import Iterator, Optional
 
 log = logging.getLogger("pipelines")
 
@@ -57,17 +59,26 @@ class PreemptionNotice:
     def __init__(self, rank: int = 0):
         self.rank = rank
         self.requested = False
+        self.holding = self.second = False
         self._previous = None
         self._installed = False
 
     def _handle(self, signum, frame) -> None:
+        if self.requested and self.holding:  # the second notice while the checkpoint is written: after it
+            self.second = True
+            return
         if self.requested:  # the second notice: stop now
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+            self.stop_now()
             return
         self.requested = True
         log.warning("rank %d: SIGTERM received: every rank checkpoints at the next step and stops (a second "
                     "SIGTERM stops at once)", self.rank)
+
+    @staticmethod
+    def stop_now() -> None:
+        """End the process as SIGTERM's default action does."""
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def __enter__(self) -> "PreemptionNotice":
         global _current
@@ -85,6 +96,22 @@ class PreemptionNotice:
             _current = None
             signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
             self._installed = False
+
+
+@contextlib.contextmanager
+def holding(notice: Optional[PreemptionNotice]) -> Iterator[None]:
+    """The block writes the preemption checkpoint: a second SIGTERM meanwhile ends the process
+    right after it, not in the middle of it."""
+    if notice is None:
+        yield
+        return
+    notice.holding = True
+    try:
+        yield
+    finally:
+        notice.holding = False
+        if notice.second:
+            notice.stop_now()
 
 
 def resume_line(output: str) -> str:

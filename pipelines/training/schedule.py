@@ -199,7 +199,7 @@ def non_finite_state(folder, marker: Dict) -> List[str]:
     found = non_finite_logs(marker.get("logs"))
     names = [marker["weights"]]
     best = (marker.get("early_stopping") or {}).get("best_epoch")
-    if isinstance(best, int) and best != marker.get("epoch"):
+    if isinstance(best, int) and best >= 1 and (best != marker.get("epoch") or marker.get("step")):
         best_name = CHECKPOINT_WEIGHTS.format(epoch=best)
         if folder.join(best_name).info().is_file:
             names.append(best_name)

@@ -59,8 +59,8 @@ class InSegment(keras.callbacks.Callback):
 def in_segment(callbacks: List, index: int, count: int, steps_done: int, steps_per_epoch: int) -> List:
     """The callbacks of ``fit`` call ``index`` of ``count`` (:class:`InSegment` each; Keras'
     ``ProgbarLogger`` as it is: Keras looks for it by type, and it prints the call's own steps);
-    ``callbacks`` unchanged for a run of one call."""
-    if count == 1:
+    ``callbacks`` unchanged for a run of one call from an epoch's first step."""
+    if count == 1 and not steps_done:
         return callbacks
     return [c if isinstance(c, keras.callbacks.ProgbarLogger) else
             InSegment(c, steps_done, index == 0, index == count - 1, steps_per_epoch) for c in callbacks]

@@ -283,8 +283,9 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
             plan.outputs)
     # before early stopping and the checkpoints: a non-finite step or epoch stops every rank there, and a
     # preemption notice after a step (rank 0 checkpoints it first)
-    callbacks += [cb.DivergenceGuard(plan.steps.steps_per_epoch, notice=preemption.current(),
-                                     on_preempted=checkpoints.write_step if checkpoints else None), early_stopping]
+    guard = cb.DivergenceGuard(plan.steps.steps_per_epoch, notice=preemption.current(),
+                               on_preempted=checkpoints.write_step if checkpoints else None)
+    callbacks += [guard, early_stopping]
     if rank.rank == 0:
         from pipelines.training.epochprogress import EpochProgress
 
@@ -300,6 +301,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
         if tracker is not None:
             callbacks.append(cb.TrackEpochs(tracker))
         callbacks.append(cb.SyncOutputs(plan.outputs))  # after every writer of the epoch's files
+    callbacks.append(cb.PreemptAtEpochEnd(guard))  # after rank 0's checkpoint and its upload
     # the tests' fault hook, only where they ask for it; its wait for rank 0's marker only where every
     # rank sees rank 0's folder (a local output)
     if rank.handed.stall_timeout_s:  # first and last: each epoch's end is watched as one collective phase
