@@ -118,7 +118,7 @@ def read_in_task_scan(spark, input_dir: str, partitions: int) -> int:
 
 def read_in_task_scan_store(spark, root, partitions: int) -> int:
     """:func:`read_in_task_scan` through the storage module: the driver lists the
-    :class:`pipelines.storage.Location` ``root`` (an ``s3://`` prefix), the tasks read each
+    :class:`pipelines.io.storage.Location` ``root`` (an ``s3://`` prefix), the tasks read each
     object's bytes through its ``pyarrow.fs`` filesystem (no decode, no write); returns files read."""
     import pyarrow.fs as pafs
 
@@ -161,7 +161,7 @@ def binaryfile_error(spark, uri: str) -> str:
 def s3_rows(spark, inputs: dict, work: str, args, partitions: int) -> list:
     """ETL images/s local -> local and S3 -> S3 (inputs uploaded to the server first; the best of
     ``args.repeats`` runs after a warm-up), the read-in-task share from each, and binaryFile on S3."""
-    from pipelines import storage
+    from pipelines.io import storage
     from pipelines.etl.config import ETLConfig
     from pipelines.etl.job import run_etl
     from tests import s3server
@@ -289,7 +289,7 @@ def write_only(config, the_plan, rows: int = 1000) -> float:
     the ETL's :class:`~pipelines.etl.transform.SplitWriter` (the tasks' Parquet settings)."""
     from pipelines.etl.images import decode_and_fit
     from pipelines.etl.transform import SplitWriter, read_file
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
 
     fitted = [decode_and_fit(read_file(c.path, int(config.max_file_mb * 2**20)), config.image_size)
               for c in the_plan.candidates[:rows]]

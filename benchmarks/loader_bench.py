@@ -146,7 +146,7 @@ def s3_routes(etl, work, config, batches, results, readers, float32: bool = Fals
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from tests import s3server
 
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
     from pipelines.training.data import load_dataset
 
     port = s3server.free_port()

@@ -40,7 +40,7 @@ def settle_verbose(verbose: Any, settings: Any) -> bool:
 STORAGE_OPTION_HELP = ("KEY=VALUE passed to the storage backend of every URI of this stage (repeatable), "
                        "beyond the standard AWS_*/GOOGLE_* environment and config files, e.g. "
                        "endpoint_override=http://host:9000 or region=eu-west-1 for s3:// "
-                       "(pyarrow.fs.S3FileSystem's arguments); see pipelines/storage.py. A command line is "
+                       "(pyarrow.fs.S3FileSystem's arguments); see pipelines/io/storage.py. A command line is "
                        "visible to every local user: give secrets in --storage-options-file or the environment")
 STORAGE_OPTIONS_FILE_HELP = ("a JSON object of storage options, {\"KEY\": \"VALUE\"}, in a file of yours that only "
                              "you may read (chmod 600; refused otherwise): credentials off the command line; "
@@ -50,7 +50,7 @@ STORAGE_OPTIONS_FILE_HELP = ("a JSON object of storage options, {\"KEY\": \"VALU
 def storage_options_field() -> Any:
     """The ``storage_options`` field every stage has: ``{key: value}`` (str to str), given on the
     command line as ``--storage-option KEY=VALUE`` (repeatable), ``--storage-options-file PATH``
-    and the environment, gathered by :func:`pipelines.storage.gather_options`."""
+    and the environment, gathered by :func:`pipelines.io.storage.gather_options`."""
     return dataclasses.field(default_factory=dict, metadata={
         "help": STORAGE_OPTION_HELP, "flag": "--storage-option", "key_values": True,
         "file_flag": "--storage-options-file"})
@@ -174,17 +174,17 @@ _FILE = "__file"  # the dest suffix of a key_values field's file flag
 
 def _field_values(cls: Type[Any], values: Mapping[str, Any]) -> dict[str, Any]:
     """The parsed ``values`` of ``cls``'s fields; repeatable ``KEY=VALUE`` ones made a dict with
-    what the environment and their file flag give (:func:`pipelines.storage.gather_options`).
+    what the environment and their file flag give (:func:`pipelines.io.storage.gather_options`).
 
     Raises:
-        pipelines.storage.StorageError: a ``KEY=VALUE`` option without ``=``, an options file
-            that others may read, malformed JSON (:func:`pipelines.storage.gather_options`).
+        pipelines.io.storage.StorageError: a ``KEY=VALUE`` option without ``=``, an options file
+            that others may read, malformed JSON (:func:`pipelines.io.storage.gather_options`).
     """
     own = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}
     for f in dataclasses.fields(cls):
         if f.metadata.get("key_values") and f.name in own:
             from pipelines.environment import read_settings
-            from pipelines.storage import gather_options  # in the function: storage loads pyarrow
+            from pipelines.io.storage import gather_options  # in the function: storage loads pyarrow
 
             own[f.name] = gather_options(own[f.name] or [], values.get(f.name + _FILE),
                                          read_settings().storage_options)

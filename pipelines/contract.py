@@ -10,7 +10,7 @@ neither imports the other, both import this module::
     OUTPUT/runs/<run id>/rejected.jsonl        every input file not written, with status and reason
                                                (named in the manifest: ``files.list``)
 
-OUTPUT is a local path or a URI (:mod:`pipelines.storage`). Each ETL run writes below its own run
+OUTPUT is a local path or a URI (:mod:`pipelines.io.storage`). Each ETL run writes below its own run
 prefix (``run_id`` in the manifest: UTC time, then a random suffix, so ids sort by start time) and
 commits by writing the manifest; then it deletes the runs older than itself, never a newer one
 (:mod:`pipelines.etl.commit`). Readers read the files the manifest names and nothing else: that is
@@ -139,8 +139,8 @@ PREPROCESS_OFFSET = -1.0
 
 
 def _location(root):
-    """``root`` (a path, a URI or a :class:`pipelines.storage.Location`) as a Location."""
-    from pipelines.storage import Location, resolve
+    """``root`` (a path, a URI or a :class:`pipelines.io.storage.Location`) as a Location."""
+    from pipelines.io.storage import Location, resolve
 
     return root if isinstance(root, Location) else resolve(root)
 
@@ -150,7 +150,7 @@ def manifest_sha256(root) -> str:
     records when it was made, its counts and its row groups), which its runs are tracked by.
 
     Args:
-        root: the output, a path, URI or :class:`pipelines.storage.Location`.
+        root: the output, a path, URI or :class:`pipelines.io.storage.Location`.
 
     Raises:
         FileNotFoundError: ``root`` has no manifest.
@@ -246,11 +246,11 @@ class Manifest:
 
     @classmethod
     def read(cls, root) -> "Manifest":
-        """The manifest of the output ``root`` (a path, URI or :class:`pipelines.storage.Location`).
+        """The manifest of the output ``root`` (a path, URI or :class:`pipelines.io.storage.Location`).
 
         Raises:
             FileNotFoundError: ``root`` has no ``manifest.json`` (not an ETL output).
-            pipelines.storage.StorageError: ``root`` cannot be resolved.
+            pipelines.io.storage.StorageError: ``root`` cannot be resolved.
         """
         return cls.from_dict(json.loads(_location(root).join(MANIFEST).read_bytes().decode("utf-8")))
 
@@ -263,11 +263,11 @@ class Manifest:
 
     def rejected_location(self, root):
         """The list of files not written (:data:`REJECTED_LIST`), as the manifest names it
-        (``files.list``, relative to ``root``), a :class:`pipelines.storage.Location`."""
+        (``files.list``, relative to ``root``), a :class:`pipelines.io.storage.Location`."""
         return _location(root).join(*self.extra.get("files", {}).get("list", REJECTED_LIST).split("/"))
 
     def part_locations(self, root, split: str) -> list:
-        """The Parquet files of ``split`` as :class:`pipelines.storage.Location`: the manifest's
+        """The Parquet files of ``split`` as :class:`pipelines.io.storage.Location`: the manifest's
         ``parts`` below ``root`` (their names checked by :func:`check_manifest`), each found to be
         a file by one listing of its run's split folder, or for a format-1 manifest the
         ``*.parquet`` files of ``root/<split>/`` (names starting with ``_`` or ``.`` excluded),
@@ -383,7 +383,7 @@ def check_manifest(manifest: "Manifest") -> None:
 
 # The identity of an ETL run's data, which every result derived from it and kept beyond one
 # training is keyed by (the feature cache, pipelines/training/features.py), and the leases of the
-# trainings that read it (pipelines/leases.py: OUTPUT/runs/<run id>/READERS/<reader>.json).
+# trainings that read it (pipelines/io/leases.py: OUTPUT/runs/<run id>/READERS/<reader>.json).
 READERS = "readers"
 
 

@@ -3,7 +3,7 @@
 The notebooks stay a readable walk through the article's steps; what they share lives here. The
 set-up's fetching (sample data, weights) is in :mod:`pipelines.tools.workspace`. Nothing here
 needs ``dbutils``: paths are plain (on Databricks, give ``/dbfs/...`` paths), or URIs such as
-``s3://bucket/work`` (:mod:`pipelines.storage`).
+``s3://bucket/work`` (:mod:`pipelines.io.storage`).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
     Prints the data and weights used.
 
     Raises:
-        pipelines.storage.StorageError: a URI ``workdir`` or ``data_dir`` whose store cannot be used.
+        pipelines.io.storage.StorageError: a URI ``workdir`` or ``data_dir`` whose store cannot be used.
     """
     from pipelines.environment import read_settings
     from pipelines.quiet import quiet_by_default
@@ -46,7 +46,7 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
     quiet_by_default(read_settings().verbose)  # before the first TensorFlow or Spark import
     from pipelines.tools import workspace
 
-    from pipelines.storage import check_reachable, resolve
+    from pipelines.io.storage import check_reachable, resolve
 
     location = resolve(workdir or workspace.default_workdir())
     check_reachable(location, "workdir")

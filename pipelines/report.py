@@ -53,7 +53,7 @@ def _pyplot():
 
 
 def _save(fig, path: str) -> str:
-    from pipelines.atomic import PUBLIC, replacing
+    from pipelines.io.atomic import PUBLIC, replacing
 
     plt = _pyplot()
     try:

@@ -168,13 +168,13 @@ def dump_python_stacks() -> str:
 
 
 def parquet_test_rows(data) -> int:
-    """The test split's rows of the ETL output ``data`` (a path, URI or ``pipelines.storage.Location``),
+    """The test split's rows of the ETL output ``data`` (a path, URI or ``pipelines.io.storage.Location``),
     counted in the footers of the Parquet files its manifest names: not the manifest's own count,
     which the training run took its expected count from."""
     import pyarrow.parquet as pq
 
     from pipelines.contract import Manifest
-    from pipelines.storage import Location, resolve
+    from pipelines.io.storage import Location, resolve
 
     root = data if isinstance(data, Location) else resolve(data)
     rows = 0

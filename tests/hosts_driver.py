@@ -26,7 +26,7 @@ def probe(driver: str, bucket: str, pause_s: float, gloo_timeout_s: int = 0):
     import tensorflow as tf
 
     from pipelines.launch.network import local_interfaces
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
 
     if gloo_timeout_s:
         os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(gloo_timeout_s)

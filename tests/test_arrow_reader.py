@@ -147,7 +147,7 @@ def test_the_own_reader_never_imports_petastorm(data, tmp_path):
 def test_each_reader_reads_a_bucket_rank_by_rank_as_the_local_rule(data, s3_bucket, tmp_path, reader):
     """Through the storage module's pyarrow filesystem: per rank, one epoch of the looping reader
     over the bucket gives the images OnePassShard reads locally (row groups ``rank::world_size``)."""
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
 
     resolve(f"s3://{s3_bucket}/etl").upload(data.root)
     remote = load_dataset(f"s3://{s3_bucket}/etl", 2)

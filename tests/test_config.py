@@ -35,7 +35,7 @@ def _raises(kind: str):
     """The exception ``run`` raises for ``--fail KIND``; an internal one chained to a cause, both
     quoting a secret, as a traceback of a real failure may."""
     from pipelines.errors import MissingInput, NotAFolder, Refused
-    from pipelines.storage import StorageError
+    from pipelines.io.storage import StorageError
     from pipelines.training.data import DataError
 
     refusals = {"refused": Refused, "data": DataError, "storage": StorageError, "missing": MissingInput,

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import leases, storage
+from pipelines.io import leases, storage
 from pipelines.contract import Manifest, SplitInfo, data_identity
 from pipelines.etl import commit
 from pipelines.training import features as feat

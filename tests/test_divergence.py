@@ -8,7 +8,7 @@ import socket
 import numpy as np
 import pytest
 
-from pipelines.storage import resolve
+from pipelines.io.storage import resolve
 from pipelines.training.checkpoints import non_finite_checkpoint
 from pipelines.training.divergence import (TrainingDiverged, diverged_message, epoch_end_place, non_finite_arrays,
                                            non_finite_logs, step_place)

@@ -19,7 +19,7 @@ from pipelines.etl.labels import CALTECH, FOLDERS, decide_layout
 from pipelines.etl.listing import (FOLDER_LINK, LINK_OUT, NOT_REGULAR, REJECTED, SKIPPED, Excluded, classify,
                                    list_files, name_exclusion)
 from pipelines.etl.transform import read_object
-from pipelines.storage import resolve
+from pipelines.io.storage import resolve
 from tests.imagegen import EPS, PDF, encode, make_tree, write
 
 GROUPS = [
@@ -211,7 +211,7 @@ def test_the_hash_pass_gives_each_readable_candidates_sha256_and_none_for_the_ot
     from pipelines.etl import transform
     from pipelines.etl.outcomes import read_hashes, read_rows
     from pipelines.etl.transform import Candidate, hash_chunks
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
     monkeypatch.setattr(transform.zipcache, "install", lambda: True)  # leave this process's importer alone
     paths = [write(str(tmp_path / f"{i}.jpg"), bytes([i]) * (100 + i)) for i in range(3)]
     paths.append(str(tmp_path / "pipe.jpg"))

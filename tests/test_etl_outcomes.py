@@ -97,7 +97,7 @@ def task_files(tmp_path, outcomes, parquet, chunks=(0,), task="00000-1"):
     import pyarrow.parquet as pq
 
     from pipelines.etl.outcomes import OUTCOME_SCHEMA, RowFile
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
     run = resolve(str(tmp_path / "run"))
     rows = RowFile(run, "outcomes", task, OUTCOME_SCHEMA)
     for path, status, reason in outcomes:

@@ -404,7 +404,7 @@ def test_split_writer_rows_are_each_image_on_its_own_white_square(tmp_path, size
     import pyarrow.parquet as pq
     from PIL import Image
 
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
 
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 200, (h, w, 3), dtype=np.uint8)) for w, h in sizes]
@@ -472,7 +472,7 @@ def test_summary_names_the_classes_missing_from_a_split():
 
 def test_run_ids_sort_by_time_and_a_clean_up_keeps_newer_runs(tmp_path):
     import datetime as dt
-    from pipelines import storage
+    from pipelines.io import storage
     from pipelines.etl import commit
     start = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
     ids = [commit.new_run_id(start + dt.timedelta(microseconds=us)) for us in (0, 1, 10**6)]
@@ -496,7 +496,7 @@ def _manifest(run_id):
 def test_a_commit_writes_the_manifest_before_it_deletes_the_run_it_replaces(tmp_path):
     """The manifest cannot be written (manifest.json is a folder): the commit fails and the run
     it would have replaced is still there, whole (deleting first would have lost it)."""
-    from pipelines import storage
+    from pipelines.io import storage
     from pipelines.etl import commit
     out = storage.resolve(str(tmp_path / "out"))
     old, new = commit.new_run_id(), commit.new_run_id()
@@ -511,7 +511,7 @@ def test_a_commit_writes_the_manifest_before_it_deletes_the_run_it_replaces(tmp_
 
 
 def test_a_commit_deletes_format_1_files_only_when_it_replaces_a_format_1_manifest(tmp_path):
-    from pipelines import storage
+    from pipelines.io import storage
     from pipelines.etl import commit
     out = storage.resolve(str(tmp_path / "out"))
     for name in ("train/a.parquet", "test/b.parquet", "rejected.jsonl", "_staging/x", "notes/keep.txt"):
@@ -528,7 +528,7 @@ def test_a_commit_deletes_format_1_files_only_when_it_replaces_a_format_1_manife
 
 
 def test_a_failed_run_removes_its_own_files_and_never_a_committed_run(tmp_path):
-    from pipelines import storage
+    from pipelines.io import storage
     from pipelines.etl import commit
     out = storage.resolve(str(tmp_path / "out"))
     committed, failed = commit.new_run_id(), commit.new_run_id()
@@ -541,7 +541,7 @@ def test_a_failed_run_removes_its_own_files_and_never_a_committed_run(tmp_path):
 
 
 def test_an_output_with_foreign_data_is_refused(tmp_path):
-    from pipelines import storage
+    from pipelines.io import storage
     from pipelines.etl import commit
     out = storage.resolve(str(tmp_path / "out"))
     commit.check_output(out)  # missing: fine

@@ -11,7 +11,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import storage
+from pipelines.io import storage
 from pipelines.contract import SPLITS, Manifest
 from pipelines.etl.cli import main as etl_main
 from pipelines.etl.commit import RunSuperseded

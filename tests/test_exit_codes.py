@@ -45,10 +45,10 @@ def _assert_refusal(err: str, text: str):
 def _refusal_types():
     from pipelines.etl.listing import UnsupportedTree
     from pipelines.launch.failures import ClusterConfigError
-    from pipelines.paths import UnsafePathError
+    from pipelines.io.paths import UnsafePathError
     from pipelines.predict.inputs import NoImages
     from pipelines.predict.model import ModelContractError, UnsafeModel
-    from pipelines.storage import StorageError
+    from pipelines.io.storage import StorageError
     from pipelines.tracking import TrackingUnavailable
     from pipelines.training.arrow_reader import DataError, ImageSizeError
     from pipelines.training.imagenet import WeightsUnavailable

@@ -172,8 +172,8 @@ def read_key(s3, bucket, key):
 
 
 def etl_on(s3, bucket):
-    """``s3://BUCKET/etl`` on h2's server, as a ``pipelines.storage.Location``."""
-    from pipelines import storage
+    """``s3://BUCKET/etl`` on h2's server, as a ``pipelines.io.storage.Location``."""
+    from pipelines.io import storage
 
     return storage.resolve(f"s3://{bucket}/etl", {"endpoint_override": s3.endpoint, "region": s3server.REGION,
                                                   "access_key": s3server.ACCESS_KEY,

@@ -1,5 +1,5 @@
 """Which training run an output belongs to (pipelines/training/runs.py), names read from markers and
-records, and files that appear whole (pipelines/atomic.py): pure logic on real folders, no
+records, and files that appear whole (pipelines/io/atomic.py): pure logic on real folders, no
 TensorFlow, no Horovod (the end-to-end runs: tests/test_training_runs.py)."""
 import json
 import os
@@ -8,10 +8,10 @@ import stat
 
 import pytest
 
-from pipelines.atomic import PUBLIC, replacing, write_json
+from pipelines.io.atomic import PUBLIC, replacing, write_json
 from pipelines.contract import CHECKPOINT_NAME, TRAIN_RUN, plain_name
 from pipelines.errors import Refused
-from pipelines.storage import resolve
+from pipelines.io.storage import resolve
 from pipelines.training import runs
 from pipelines.training.config import TrainConfig
 from pipelines.training.outputs import Outputs

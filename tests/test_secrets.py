@@ -8,7 +8,7 @@ import os
 import pytest
 
 from pipelines.config import parse_configs
-from pipelines.storage import StorageError, gather_options, read_options_file
+from pipelines.io.storage import StorageError, gather_options, read_options_file
 from pipelines.training.config import TrainConfig
 
 SECRET = "S3CR3T-FROM-A-FILE"

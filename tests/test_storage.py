@@ -1,11 +1,11 @@
-"""pipelines.storage against the local disk and a real S3 API server (moto_server)."""
+"""pipelines.io.storage against the local disk and a real S3 API server (moto_server)."""
 import os
 import pickle
 
 import pytest
 
-from pipelines import storage
-from pipelines.storage import StorageError
+from pipelines.io import storage
+from pipelines.io.storage import StorageError
 from tests import s3server
 
 

@@ -47,7 +47,7 @@ def shard_rows(files, shards=2):
     where Petastorm cannot run, the rows of the readers' rule (row groups ``shard::shards``)."""
     import warnings
     if not petastorm_available():
-        from pipelines.storage import resolve
+        from pipelines.io.storage import resolve
         from pipelines.training.arrow_reader import split_row_groups
         groups = split_row_groups([resolve(f) for f in files])
         return [sum(g.rows for g in groups[shard::shards]) for shard in range(shards)]
@@ -776,7 +776,7 @@ S3_OUTPUTS = {"metrics.json", "history.csv", "model.keras", "model.json", "class
 def s3_data(dataset, s3_server):
     """The module's ETL output uploaded as it is (Location.upload) to a bucket of its own:
     ``(s3://bucket/etl, bucket)``."""
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
     bucket = s3_server.bucket("train")
     resolve(f"s3://{bucket}/etl").upload(dataset[0])
     return f"s3://{bucket}/etl", bucket
@@ -784,13 +784,13 @@ def s3_data(dataset, s3_server):
 
 def s3_names(uri):
     """Relative paths of every object below ``uri``."""
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
     root = resolve(uri)
     return {info.path[len(root.path) + 1:] for info in root.list() if info.is_file}
 
 
 def s3_json(uri):
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
     return resolve(uri).read_json()
 
 
@@ -887,7 +887,7 @@ def test_a_run_killed_after_epoch_2_resumes_from_s3_at_epoch_3(dataset, s3_data,
     assert [h["epoch"] for h in m["history"]] == [1, 2, 3]
     assert [h["loss"] for h in m["history"][:2]] == [h["loss"] for h in marker["history"]]
     assert_exact_test_count(m, dataset[0])
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
     rows = list(csv.DictReader(resolve(out + "/history.csv").read_bytes().decode().splitlines()))
     assert [int(r["epoch"]) for r in rows] == [1, 2, 3]  # the killed run's two, then 3, counted as checkpoints are
 
@@ -944,7 +944,7 @@ def test_notebook_setup_on_an_s3_workdir(dataset, s3_server, tmp_path, capsys):
     """The notebooks' set-up with ``workdir`` in a bucket: an ETL output already at WORKDIR/etl is
     used from there, and training's driver checks (nb.train's) accept it; a missing bucket is refused."""
     from pipelines import notebook as nb
-    from pipelines.storage import StorageError, resolve
+    from pipelines.io.storage import StorageError, resolve
     from pipelines.training.data import check_run
     bucket = s3_server.bucket("nb")
     resolve(f"s3://{bucket}/work/etl").upload(dataset[0])

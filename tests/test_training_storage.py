@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from pipelines.storage import resolve
+from pipelines.io.storage import resolve
 from pipelines.training.data import petastorm_available
 from pipelines.training.outputs import Outputs, open_outputs
 from pipelines.training.schedule import newest_complete_checkpoint

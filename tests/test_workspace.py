@@ -28,7 +28,7 @@ def test_setup_gives_workdir_data_and_the_runs_shared_config(monkeypatch, tmp_pa
 
 
 def test_an_older_two_split_etl_output_is_made_again_anything_else_is_reused(tmp_path):
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
     from pipelines.tools.workspace import _two_splits
 
     location = resolve(str(tmp_path))

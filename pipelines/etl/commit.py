@@ -13,7 +13,7 @@ Run ids sort by start time (:func:`new_run_id`: UTC time to the microsecond, the
 suffix). The newest id wins: after its commit a run deletes every run older than itself (a
 killed run's leftovers, the run it replaced) and the folders of a format-1 output, never a newer
 run (it may be a concurrent run still writing), nor an older run a training still reads (it holds
-a live lease on it, :mod:`pipelines.leases`: kept until a later commit finds no live lease). A
+a live lease on it, :mod:`pipelines.io.leases`: kept until a later commit finds no live lease). A
 run that finds a newer committed run when it is about to commit is superseded
 (:class:`RunSuperseded`): it deletes its own files and the newer output stands. What remains
 open: two runs committing within the same few milliseconds (the check and the PUT are two
@@ -30,7 +30,7 @@ from typing import List, Optional, Sequence
 
 from pipelines.contract import MANIFEST, REJECTED_LIST, RUN_ID, RUNS, SPLITS
 from pipelines.errors import NotAFolder, Refused
-from pipelines.storage import Location
+from pipelines.io.storage import Location
 from pipelines.tracking import ARTIFACTS_DIR, RUN_FILE, STORE_FILE
 
 log = logging.getLogger("pipelines")
@@ -143,10 +143,10 @@ def clean_up(output: Location, run_id: str, replaced: Sequence[str] = ()) -> Lis
     run just replaced: the only run prefixes an output of this job holds, :func:`check_output`)
     and ``replaced``, the files of the format-1 manifest this commit replaced
     (:func:`format_1_files`); never a newer run, which may still be writing, never an older run a
-    reader holds a live lease on (:mod:`pipelines.leases`: a training still reading it; kept, said,
+    reader holds a live lease on (:mod:`pipelines.io.leases`: a training still reading it; kept, said,
     and deleted by a later commit once no lease on it is live), and nothing else.
     Returns what was deleted, relative to the output."""
-    from pipelines.leases import TTL_S, leases_on
+    from pipelines.io.leases import TTL_S, leases_on
 
     deleted = []
     for info in output.join(RUNS).list(recursive=False):

@@ -5,13 +5,13 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from pipelines import storage
+from pipelines.io import storage
 from pipelines import tracking as trk
 from pipelines.config import field, settle_verbose, storage_options_field, verbose_field
 from pipelines.contract import DEFAULT_IMAGE_SIZE, MAX_IMAGE_SIZE, row_bytes
 from pipelines.environment import read_settings
 from pipelines.errors import Refused
-from pipelines.paths import check_url_safe
+from pipelines.io.paths import check_url_safe
 from pipelines.etl.images import DEFAULT_MAX_PIXELS
 
 
@@ -104,7 +104,7 @@ class ETLConfig:
         applies to URIs only (local paths take none).
 
         Raises:
-            pipelines.storage.StorageError: an unknown scheme, a backend that is not installed.
+            pipelines.io.storage.StorageError: an unknown scheme, a backend that is not installed.
         """
         return storage.resolve(uri, None if storage.is_local(uri) else self.storage_options)
 

@@ -26,7 +26,7 @@ Steps, each a function below:
    the previous output is kept).
 5. :mod:`pipelines.etl.summary` - the summary a person reads and the job's MLflow run.
 
-Input and output are local paths or URIs (:mod:`pipelines.storage`): the driver lists an object
+Input and output are local paths or URIs (:mod:`pipelines.io.storage`): the driver lists an object
 store through its filesystem and the tasks read and write through it; Spark itself never opens
 either.
 """
@@ -54,7 +54,7 @@ from pipelines.etl.summary import log_results, shown_config, track
 from pipelines.logs import plural
 from pipelines.etl.transform import process_chunks
 from pipelines.spark import log_progress
-from pipelines.storage import Location
+from pipelines.io.storage import Location
 
 
 log = logging.getLogger("pipelines")

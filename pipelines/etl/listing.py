@@ -6,7 +6,7 @@ Spark's file sources are not used: they skip some files without a word (zero-byt
 starting with ``_`` or ``.``), list and open names in the JVM's locale encoding (non-ASCII names
 are lost under ``LC_ALL=C``) and hold whole files in the JVM heap.
 
-A tree on an object store (``s3://...``) is listed through :mod:`pipelines.storage`
+A tree on an object store (``s3://...``) is listed through :mod:`pipelines.io.storage`
 (:func:`list_objects`): every object below the prefix is a file, classified by the same rules;
 there are no links, FIFOs or undecodable names there (keys are UTF-8), but a key may hold ``..``
 segments, which are rejected unread (:func:`name_exclusion`): nothing outside the prefix is read.
@@ -35,7 +35,7 @@ from pipelines.etl.labels import (IMAGE_EXTENSIONS, ClassFolder, Layout, decide_
                                   path_parts)
 
 if TYPE_CHECKING:
-    from pipelines.storage import Location
+    from pipelines.io.storage import Location
 
 REJECTED = "rejected"  # bad input: was meant to be an image and is not usable
 SKIPPED = "skipped"    # not input for this job: wrong place, hidden, not an image extension

@@ -24,10 +24,10 @@ from pipelines.etl.listing import REJECTED, Excluded, ListedFile, classify, disp
 from pipelines.etl.outcomes import TASK_DDL, read_hashes
 from pipelines.etl.memory import check_task_memory, executor_memory, physical_memory_bytes, task_bytes
 from pipelines.logs import plural
-from pipelines.paths import check_disjoint
+from pipelines.io.paths import check_disjoint
 from pipelines.etl.transform import Candidate, hash_chunks
 from pipelines.spark import log_progress
-from pipelines.storage import check_reachable
+from pipelines.io.storage import check_reachable
 
 
 @dataclass
@@ -54,7 +54,7 @@ def check_paths(config: ETLConfig) -> None:
     """Refuse, before Spark starts, input/output combinations that cannot work.
 
     Raises:
-        pipelines.storage.StorageError (a ValueError): a bucket that does not exist, or refused
+        pipelines.io.storage.StorageError (a ValueError): a bucket that does not exist, or refused
             credentials, for the input or the output.
         FileNotFoundError: the input folder is missing (no object under the prefix).
         NotADirectoryError: the input or the output is a file.

@@ -16,7 +16,7 @@ from pipelines.etl.labels import SPLIT_RULE
 from pipelines.etl.listing import display_path
 from pipelines.logs import plural
 from pipelines.redact import redact
-from pipelines.storage import Location
+from pipelines.io.storage import Location
 
 
 def shown_config(config: ETLConfig) -> dict:

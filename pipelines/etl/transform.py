@@ -13,7 +13,7 @@ row groups cannot be smaller than 100 rows). Nor do the per-file outcomes (writt
 with a reason): a task writes them beside its Parquet files and Spark gets back one small row
 per task (:mod:`pipelines.etl.outcomes`).
 
-A tree on an object store is read the same way, through :mod:`pipelines.storage`
+A tree on an object store is read the same way, through :mod:`pipelines.io.storage`
 (:func:`read_object`: at most ``max_file_bytes + 1`` bytes, one ranged GET); Spark's
 ``binaryFile`` source is not used (the pip-installed Spark has no ``s3a`` connector, and on local
 files it is no faster: see the README's ETL figures). Each task writes its Parquet files through
@@ -43,7 +43,7 @@ from pipelines.etl.listing import REJECTED, encode_name
 from pipelines.etl.outcomes import HASH_SCHEMA, OUTCOME_SCHEMA, WRITTEN, RowFile
 
 if TYPE_CHECKING:
-    from pipelines.storage import Location
+    from pipelines.io.storage import Location
 
 # The training data: what each split's Parquet files hold (the stages' contract).
 IMAGE_SCHEMA = image_schema()
@@ -279,7 +279,7 @@ def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[
         chunks: the driver's candidates, cut into contiguous chunks (shipped in the closure), each
             candidate a plain tuple of :class:`Candidate`'s fields
             (:func:`pipelines.etl.layout.closure_chunks`).
-        run: the run's prefix (:class:`pipelines.storage.Location`, local or on an object
+        run: the run's prefix (:class:`pipelines.io.storage.Location`, local or on an object
             store), where this task writes ``<split>/part-<partition>-<attempt>.parquet``.
         image_size, max_pixels, max_file_bytes: as in ``ETLConfig``.
         rows_per_row_group: rows per Parquet row group (the last one of a file may hold fewer).

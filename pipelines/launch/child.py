@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 
 import cloudpickle
 
-from pipelines.atomic import write_json
+from pipelines.io.atomic import write_json
 from pipelines.launch.failures import exit_cause, failure_record, log_rank_failure, signal_is_loss
 from pipelines.launch.ranklogs import forward
 

@@ -9,8 +9,8 @@ from typing import Optional
 from pipelines.config import field, settle_verbose, verbose_field
 from pipelines.environment import read_settings
 from pipelines.errors import Refused
-from pipelines.paths import check_url_safe
-from pipelines.storage import check_not_root
+from pipelines.io.paths import check_url_safe
+from pipelines.io.storage import check_not_root
 
 MLFLOW_SCHEMES = ("models:/", "runs:/")
 

@@ -34,7 +34,7 @@ from pipelines.errors import MissingInput, NotAFolder, Refused
 from pipelines.etl.layout import closure_chunks, task_count
 from pipelines.etl.listing import reason_kind
 from pipelines.logs import plural
-from pipelines.paths import check_disjoint
+from pipelines.io.paths import check_disjoint
 from pipelines.redact import redact
 from pipelines.predict.config import PredictConfig
 from pipelines.predict.infer import PREDICTED, UNREADABLE, TaskCounter, make_predict_fn, result_type
@@ -259,7 +259,7 @@ def finish(config: PredictConfig, spec: ModelSpec, plan: InputPlan, staging: str
     """Reconcile the staged output, add the summary, the skipped list and the picture; return the summary."""
     import pyarrow.parquet as pq
 
-    from pipelines.atomic import write_json
+    from pipelines.io.atomic import write_json
 
     table = pq.read_table(staging, columns=["path", "label", "status", "reason", "top_labels"])
     counts = reconcile(plan, table)

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import h5py
 import numpy as np
 
-from pipelines.atomic import replacing
+from pipelines.io.atomic import replacing
 from pipelines.environment import CACHE_ENV, DEFAULT_CACHE, read_settings
 
 log = logging.getLogger("pipelines.tools.weights")

@@ -15,7 +15,7 @@ from pipelines.environment import read_settings
 from pipelines.errors import Refused
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
-from pipelines.storage import resolve
+from pipelines.io.storage import resolve
 from pipelines.tools import samples
 from pipelines.tools.weights import ensure_xception_notop_weights
 

@@ -11,7 +11,7 @@ from pipelines.environment import TRACKING_ENV, WORKDIR_ENV, Settings
 from pipelines.errors import Refused
 from pipelines.quiet import is_verbose
 from pipelines.redact import redact_text, redact_uri
-from pipelines.storage import is_local
+from pipelines.io.storage import is_local
 
 
 log = logging.getLogger("pipelines")

@@ -11,10 +11,10 @@ import sys
 import warnings
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from pipelines.atomic import replacing
+from pipelines.io.atomic import replacing
 from pipelines.quiet import is_verbose
 from pipelines.redact import redact, redact_text, redact_uri
-from pipelines.storage import Location, resolve as resolve_location
+from pipelines.io.storage import Location, resolve as resolve_location
 from pipelines.tracking.options import (MODEL_ARTIFACT, RUN_FILE, TrackingFailed, TrackingUnavailable, _mlflow,
                                         _unavailable, absolute, log)
 from pipelines.tracking.store import _process_tracking_uri, _set_process_tracking_uri, check_store, open_store
@@ -27,7 +27,7 @@ def _experiment_id(client, name: str) -> str:
 
 
 def _run_file(output) -> Location:
-    """``OUTPUT/mlflow_run.json`` as a :class:`pipelines.storage.Location` (``output``: a path, URI
+    """``OUTPUT/mlflow_run.json`` as a :class:`pipelines.io.storage.Location` (``output``: a path, URI
     or Location)."""
     return (output if isinstance(output, Location) else resolve_location(output)).join(RUN_FILE)
 
@@ -48,7 +48,7 @@ def _write_run_file(output, record: Dict[str, str]) -> None:
 
 def recorded_run(output, uri: str) -> Optional[str]:
     """The run id kept in ``OUTPUT/mlflow_run.json`` (``output``: a path, URI or
-    :class:`pipelines.storage.Location`) when it was logged to ``uri``, else ``None`` (the file
+    :class:`pipelines.io.storage.Location`) when it was logged to ``uri``, else ``None`` (the file
     keeps the URI with its credentials masked: :func:`pipelines.redact.redact_uri`)."""
     try:
         record = _run_file(output).read_json()
@@ -61,7 +61,7 @@ def start(uri: str, experiment: str, output, run_name: str = "", params: Optiona
           tags: Optional[Dict[str, Any]] = None, continue_run: bool = False) -> "Tracker":
     """Start this job's MLflow run in ``experiment`` (made when missing, its artifacts beside a
     SQLite store: :func:`artifact_root`), log ``params`` and ``tags``, and record the run in
-    ``OUTPUT/mlflow_run.json`` (``output``: a path, URI or :class:`pipelines.storage.Location`).
+    ``OUTPUT/mlflow_run.json`` (``output``: a path, URI or :class:`pipelines.io.storage.Location`).
     With ``continue_run``, the run recorded there for this ``uri`` continues (a resumed training
     run): only params it lacks are logged, changed values become ``resumed_with.<param>`` tags
     (MLflow params are immutable). Use the result in a ``with`` block, which ends the run.

@@ -17,7 +17,7 @@ Petastorm's contract as training uses it, without Petastorm (which cannot run on
 * with a cache folder, each row group is decoded from Parquet straight into its flat file, a few
   images at a time (:class:`pipelines.training.rowcache.RowGroupFiles`), and every epoch, the
   first too, maps it back; without one (or once the cache is full) it is read whole;
-* files are opened through the :class:`pipelines.storage.Location`'s ``pyarrow.fs`` filesystem
+* files are opened through the :class:`pipelines.io.storage.Location`'s ``pyarrow.fs`` filesystem
   (local, S3, GCS, HDFS, fsspec), each file's footer read once.
 
 A row group comes out as :class:`Batch`: ``image`` ``uint8 (rows, s * s * 3)`` and ``label``
@@ -43,7 +43,7 @@ from pipelines.training.stream import epoch_order  # noqa: F401 (its home was he
 STREAM_BYTES = 1 << 20
 
 if TYPE_CHECKING:
-    from pipelines.storage import Location
+    from pipelines.io.storage import Location
     from pipelines.training.rowcache import Column, RowGroupFiles
 
 
@@ -61,7 +61,7 @@ class ImageSizeError(DataError):
 
 @dataclass(frozen=True)
 class RowGroup:
-    """One Parquet row group: its file ``part`` (:class:`pipelines.storage.Location`), its ``index``
+    """One Parquet row group: its file ``part`` (:class:`pipelines.io.storage.Location`), its ``index``
     in that file, its ``rows``, and the file's footer (``metadata``, read once per file)."""
 
     part: "Location"

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 
 from pipelines.kerasapi import keras
 
-from pipelines.atomic import write_json
+from pipelines.io.atomic import write_json
 from pipelines.training.callbacks import BestWeightsEarlyStopping
 from pipelines.training.schedule import (checkpoint_path, checkpoint_position, marker_path, step_checkpoint_path,
                                          step_marker_path)

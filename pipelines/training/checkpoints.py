@@ -130,7 +130,7 @@ def checkpoint_variables(model) -> Dict:
 def non_finite_checkpoint(location) -> List[str]:
     """The keys of the arrays a checkpoint file holds that have a NaN or +-inf value
     (:func:`pipelines.training.divergence.non_finite_arrays`); ``[]`` for a finite one. ``location``
-    is a :class:`pipelines.storage.Location` (local or remote: the file is read whole, a few KB for
+    is a :class:`pipelines.io.storage.Location` (local or remote: the file is read whole, a few KB for
     the head, megabytes with fine-tuned blocks). A file that is not an ``.npz`` is not judged here
     (``[]``): :func:`load_checkpoint` refuses it when it is loaded."""
     import io
@@ -152,7 +152,7 @@ def non_finite_checkpoint(location) -> List[str]:
 def save_checkpoint(model, path: str) -> int:
     """Write ``model``'s trainable weights and (when compiled) its optimizer state to ``path``
     (``.npz``) atomically (:func:`checkpoint_variables`). Returns the file's size in bytes."""
-    from pipelines.atomic import replacing
+    from pipelines.io.atomic import replacing
 
     arrays = {key: variable.numpy() for key, variable in checkpoint_variables(model).items()}
     with replacing(path, suffix=".npz") as tmp:  # owner-only: run state

@@ -28,7 +28,7 @@ from pipelines.logs import plural, setup_logging
 from pipelines.quiet import quiet_by_default
 from pipelines.redact import redact_text
 from pipelines.spark import spark_session
-from pipelines.storage import is_local, resolve
+from pipelines.io.storage import is_local, resolve
 from pipelines.tracking import TrackingFailed, check_store
 from pipelines.training.config import TrainConfig
 from pipelines.training.data import check_run

@@ -9,8 +9,8 @@ from pipelines import tracking as trk
 from pipelines.config import field, settle_verbose, storage_options_field, verbose_field
 from pipelines.environment import TRACKING_ENV, read_settings
 from pipelines.errors import Refused
-from pipelines.paths import check_url_safe
-from pipelines.storage import check_not_root, is_local
+from pipelines.io.paths import check_url_safe
+from pipelines.io.storage import check_not_root, is_local
 from pipelines.training.finetune import KERAS_GUIDE_LR_FACTOR
 
 

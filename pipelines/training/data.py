@@ -29,13 +29,13 @@ import numpy as np
 from pipelines.contract import MANIFEST, MANIFEST_FORMAT, SPLITS, TEST, TRAIN, VALIDATION, Manifest
 from pipelines.errors import Refused
 from pipelines.logs import plural
-from pipelines.paths import check_url_safe, local_url
+from pipelines.io.paths import check_url_safe, local_url
 from pipelines.training.sharding import shard
 from pipelines.training.arrow_reader import (DataError, RowGroup, ShardCountError, read_group,  # noqa: F401
                                              split_row_groups)
 
 if TYPE_CHECKING:
-    from pipelines.storage import Location
+    from pipelines.io.storage import Location
 
 READERS = ("petastorm", "own")
 
@@ -101,8 +101,8 @@ class Dataset:
 
     @property
     def location(self):
-        """The root as a :class:`pipelines.storage.Location` (a local folder or a URI)."""
-        from pipelines.storage import resolve
+        """The root as a :class:`pipelines.io.storage.Location` (a local folder or a URI)."""
+        from pipelines.io.storage import resolve
 
         return resolve(self.root, self.storage_options)
 
@@ -158,7 +158,7 @@ class Dataset:
         return data_identity(self.location, self.manifest)
 
     def parts(self, split: str) -> list:
-        """The split's Parquet files as the manifest names them (:class:`pipelines.storage.Location`),
+        """The split's Parquet files as the manifest names them (:class:`pipelines.io.storage.Location`),
         in the manifest's order: a reader reads these and nothing else (a rerun of the ETL may be
         writing other files next to them); their footers checked first (:meth:`check_footers`)."""
         self.check_footers()
@@ -190,13 +190,13 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
         DataError: no manifest (not an ETL output), a manifest without a validation split
             (:func:`check_validation_split`), an empty split, or fewer row groups in the train split
             than ranks (:func:`check_train_row_groups`).
-        pipelines.storage.StorageError: an unknown scheme, a missing bucket, refused credentials.
-        pipelines.paths.UnsafePathError: ``root`` holds a character a ``file://`` URL cannot carry.
+        pipelines.io.storage.StorageError: an unknown scheme, a missing bucket, refused credentials.
+        pipelines.io.paths.UnsafePathError: ``root`` holds a character a ``file://`` URL cannot carry.
         pipelines.contract.ManifestError: a manifest out of bounds or naming a part outside its
             run's split folder (:func:`pipelines.contract.check_manifest`); its footers are checked
             before the first reader opens (:meth:`Dataset.check_footers`).
     """
-    from pipelines.storage import check_reachable, resolve
+    from pipelines.io.storage import check_reachable, resolve
 
     location = resolve(root, storage_options)
     check_reachable(location, "--data")
@@ -256,7 +256,7 @@ def check_run(root: str, batch_size: int, world_size: int, storage_options: Opti
     the ranks (``--spark-np``, the notebooks), before any rank starts.
 
     Raises:
-        DataError, pipelines.storage.StorageError: as :func:`load_dataset`.
+        DataError, pipelines.io.storage.StorageError: as :func:`load_dataset`.
         ValueError: a global batch larger than a split (:func:`~pipelines.training.schedule.plan_steps`).
     """
     from pipelines.training.schedule import plan_steps

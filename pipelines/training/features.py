@@ -13,7 +13,7 @@ counts) get another key. The set's marker records both halves, so a run that fin
 its model computed from other data says why it recomputes (:func:`stale_sets`), and deletes those
 whose ETL run is gone (:func:`prune`): no training can read them any more.
 
-``DATA`` may be a URI: the set is written and read through :mod:`pipelines.storage` (each rank's
+``DATA`` may be a URI: the set is written and read through :mod:`pipelines.io.storage` (each rank's
 file in one write, whole or not at all), its completion marker last.
 """
 from __future__ import annotations
@@ -68,16 +68,16 @@ def input_tag(dtype: str, stored_size: int) -> str:
 
 
 def _location(directory):
-    """A path, URI or :class:`pipelines.storage.Location` as a Location."""
-    from pipelines.storage import Location, resolve
+    """A path, URI or :class:`pipelines.io.storage.Location` as a Location."""
+    from pipelines.io.storage import Location, resolve
 
     return directory if isinstance(directory, Location) else resolve(directory)
 
 
 def feature_dir(data_root: str, key: str, storage_options: Optional[Mapping[str, str]] = None):
-    """``DATA/features/<key>`` (a :class:`pipelines.storage.Location`): next to the ETL output it
+    """``DATA/features/<key>`` (a :class:`pipelines.io.storage.Location`): next to the ETL output it
     was computed from."""
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
 
     return resolve(data_root, storage_options).join("features", key)
 
@@ -153,7 +153,7 @@ def stale_sets(data_root, model: str, key: str, storage_options: Optional[Mappin
     but not of the key ``key``: computed from other data (another ETL run of this output). A set
     written before the data was keyed (its marker's ``key`` is the model key, and it records no
     ``data``) is one of them. Returns ``[(folder, marker)]``, newest ETL run first (the unknown last)."""
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
 
     found, features = [], resolve(data_root, storage_options).join("features")
     for info in features.list(recursive=False):
@@ -167,10 +167,10 @@ def stale_sets(data_root, model: str, key: str, storage_options: Optional[Mappin
 def prune(data_root, stale, storage_options: Optional[Mapping[str, str]] = None) -> list:
     """Delete those of ``stale`` (:func:`stale_sets`) that no training can read any more: their
     ETL run's folder ``DATA/runs/<run id>`` is gone (the ETL deletes a run only when no lease on
-    it is live, :mod:`pipelines.leases`), or they record no ETL run (keyed before the data was).
+    it is live, :mod:`pipelines.io.leases`), or they record no ETL run (keyed before the data was).
     Returns the folders deleted (URIs)."""
     from pipelines.contract import RUNS, plain_name
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
 
     root, deleted = resolve(data_root, storage_options), []
     for folder, marker in stale:

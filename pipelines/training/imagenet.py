@@ -22,7 +22,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Optional
 
-from pipelines.atomic import replacing
+from pipelines.io.atomic import replacing
 from pipelines.errors import Refused
 
 log = logging.getLogger("pipelines")

@@ -153,7 +153,7 @@ class FeatureInputs:
         """The feature set of this data (its ETL run and parts' footers: rank 0's
         :meth:`~pipelines.training.data.Dataset.identity`, the same on every rank), backbone and
         size: reused when complete and of the manifest's row counts, else computed, each rank its
-        own shard of each split. Returns its folder (a :class:`pipelines.storage.Location`)."""
+        own shard of each split. Returns its folder (a :class:`pipelines.io.storage.Location`)."""
         import horovod.tensorflow as hvd_tf
 
         from pipelines.training import features as feat

@@ -6,7 +6,7 @@ when it is handed a legacy ``pyarrow.filesystem.FileSystem``: a new-style ``pyar
 filesystem fails (``validate_schema`` ValueError) and pyarrow's own legacy ``S3FSWrapper`` calls
 s3fs's now-asynchronous ``_ls`` (``'coroutine' object is not iterable``). :class:`LegacyFileSystem`
 gives that legacy path the calls it makes (``isdir``, ``isfile``, ``ls``, ``walk``, ``open``,
-``exists``) answered by the :class:`pipelines.storage.Location`'s ``pyarrow.fs`` filesystem, so the
+``exists``) answered by the :class:`pipelines.io.storage.Location`'s ``pyarrow.fs`` filesystem, so the
 same S3/GCS/HDFS/fsspec filesystem that reads the manifest also feeds Petastorm's readers.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ with warnings.catch_warnings():
 
 
 def petastorm_url(location) -> str:
-    """The URL to give Petastorm for a :class:`pipelines.storage.Location` read through
+    """The URL to give Petastorm for a :class:`pipelines.io.storage.Location` read through
     :class:`LegacyFileSystem`: ``file:///bucket/key``.
 
     Petastorm turns an ``s3://`` URL into a path with fsspec's s3fs (not installed here, and not

@@ -265,7 +265,7 @@ def export_model(model, path: str, stored_size: int = 0, class_names=None):
 
     Raises:
         ValueError: the model does not take ``stored_size`` px images."""
-    from pipelines.atomic import PUBLIC, replacing, write_json
+    from pipelines.io.atomic import PUBLIC, replacing, write_json
     from pipelines.contract import MODEL_CONTRACT, MODEL_SHA256
     from pipelines.kerasapi import keras
 

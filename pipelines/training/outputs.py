@@ -26,7 +26,7 @@ from typing import Dict, Mapping, Optional, Tuple
 from pipelines.contract import CHECKPOINT_NAME, HISTORY, METRICS, TRAIN_RUN, plain_name
 from pipelines.errors import Refused
 from pipelines.logs import plural
-from pipelines.storage import Location, check_reachable, resolve
+from pipelines.io.storage import Location, check_reachable, resolve
 from pipelines.tracking import RUN_FILE
 
 log = logging.getLogger("pipelines")
@@ -37,7 +37,7 @@ def check_output(output: str, storage_options: Optional[Mapping[str, str]] = Non
     """``--output`` resolved, refused when its store cannot be used.
 
     Raises:
-        pipelines.storage.StorageError: unknown scheme, missing bucket, refused credentials.
+        pipelines.io.storage.StorageError: unknown scheme, missing bucket, refused credentials.
     """
     location = resolve(output, storage_options)
     check_reachable(location, "--output")
@@ -46,7 +46,7 @@ def check_output(output: str, storage_options: Optional[Mapping[str, str]] = Non
 
 class Outputs:
     """Rank 0's output folder: :attr:`local` is where it writes; :attr:`remote` the URI's
-    :class:`~pipelines.storage.Location` it is mirrored to, ``None`` for a local output."""
+    :class:`~pipelines.io.storage.Location` it is mirrored to, ``None`` for a local output."""
 
     def __init__(self, target: Location):
         self.target = target
@@ -65,7 +65,7 @@ class Outputs:
         names ``claim.delete`` (an earlier run's own files, ``--overwrite``), record a new run in
         :data:`~pipelines.contract.TRAIN_RUN` (uploaded at once to a URI output, so a second run
         sees it), and download the checkpoint it continues (:meth:`pull_resume_state`)."""
-        from pipelines.atomic import write_json
+        from pipelines.io.atomic import write_json
         from pipelines.training import runs
 
         self.run_id = claim.run.run_id

@@ -99,7 +99,7 @@ def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tr
     Raises:
         pipelines.tracking.TrackingFailed: MLflow logging failed; the outputs above are complete.
     """
-    from pipelines.atomic import PUBLIC, write_json
+    from pipelines.io.atomic import PUBLIC, write_json
     from pipelines.contract import MODEL_FILE
     from pipelines.training.model import export_model
 

@@ -24,7 +24,7 @@ writes there, and in every checkpoint marker.
   (:attr:`Claim.warnings`): nothing tells which world it had, and refusing would leave no way to
   continue it.
 
-Pure logic on :class:`pipelines.storage.Location` listings: the launching driver refuses before any
+Pure logic on :class:`pipelines.io.storage.Location` listings: the launching driver refuses before any
 rank starts (:func:`check_output_claim`, exit 2), and rank 0 decides again in
 :func:`pipelines.training.train.plan_run` (every rank then refuses alike).
 """
@@ -105,9 +105,9 @@ def identify(config, world_size: int, run_id: Optional[str] = None) -> RunIdenti
     ``run_id`` or a new one.
 
     Raises:
-        FileNotFoundError, pipelines.storage.StorageError: the data has no readable manifest.
+        FileNotFoundError, pipelines.io.storage.StorageError: the data has no readable manifest.
     """
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
 
     values = {name: getattr(config, name) for name in FINGERPRINT_FIELDS}
     data = resolve(config.data, config.storage_options)
@@ -117,7 +117,7 @@ def identify(config, world_size: int, run_id: Optional[str] = None) -> RunIdenti
 
 def manifest_run_id(data) -> Optional[str]:
     """The ETL run id ``data``'s ``manifest.json`` names (``run_id``; ``None`` when it names none),
-    ``data`` a :class:`pipelines.storage.Location`.
+    ``data`` a :class:`pipelines.io.storage.Location`.
 
     Raises:
         FileNotFoundError: ``data`` has no manifest.
@@ -149,7 +149,7 @@ class OutputState:
 
 
 def read_state(folder) -> OutputState:
-    """The :class:`OutputState` of ``folder`` (a :class:`pipelines.storage.Location`)."""
+    """The :class:`OutputState` of ``folder`` (a :class:`pipelines.io.storage.Location`)."""
     from pipelines.training.schedule import checkpoint_markers, newest_complete_checkpoint
 
     try:
@@ -220,7 +220,7 @@ def world_refusal(recorded: Dict, run: RunIdentity, how: str, source: str) -> Op
 
 
 def claim(folder, run: RunIdentity, resume: bool, relaunch: bool, overwrite: bool) -> Claim:
-    """What a run may do with the output ``folder`` (a :class:`pipelines.storage.Location`): see the
+    """What a run may do with the output ``folder`` (a :class:`pipelines.io.storage.Location`): see the
     module's rules. ``run`` carries a new id, or (a relaunch) the id its first attempt had.
 
     Raises:
@@ -306,7 +306,7 @@ def check_output_claim(config, world_size: int, relaunch: bool = False, run_id: 
     Raises:
         RunRefused: as :func:`claim` (exit 2).
     """
-    from pipelines.storage import resolve
+    from pipelines.io.storage import resolve
 
     run = identify(config, world_size, run_id)
     folder = resolve(config.output, config.storage_options)

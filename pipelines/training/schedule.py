@@ -131,7 +131,7 @@ def marker_weights(marker: Dict, what: str) -> str:
 
 
 def checkpoint_markers(folder) -> List[Dict]:
-    """Every readable checkpoint marker in ``folder`` (a :class:`pipelines.storage.Location`), newest
+    """Every readable checkpoint marker in ``folder`` (a :class:`pipelines.io.storage.Location`), newest
     first (:func:`checkpoint_position`: a step checkpoint within epoch N+1 is newer than epoch N's),
     each with ``_name`` (its own file name) added; a marker whose ``weights`` name is not a
     checkpoint's plain name (:func:`marker_weights`) is left out, with a warning."""
@@ -167,13 +167,13 @@ def newest_complete_checkpoint(directory) -> Optional[Dict]:
     :class:`pipelines.training.callbacks.DivergenceGuard`).
 
     Args:
-        directory: a local folder, or a :class:`pipelines.storage.Location` (a remote ``--output``).
+        directory: a local folder, or a :class:`pipelines.io.storage.Location` (a remote ``--output``).
 
     Returns:
         the marker's content (``epoch``, ``weights``, ``weights_bytes``, and the training state
         saved with it, ``_name``: its file name), or ``None`` when there is none.
     """
-    from pipelines.storage import Location, resolve
+    from pipelines.io.storage import Location, resolve
 
     folder = directory if isinstance(directory, Location) else resolve(directory)
     for marker in checkpoint_markers(folder):
@@ -189,7 +189,7 @@ def newest_complete_checkpoint(directory) -> Optional[Dict]:
 
 
 def non_finite_state(folder, marker: Dict) -> List[str]:
-    """What a complete checkpoint (``marker``, in ``folder``: a :class:`pipelines.storage.Location`)
+    """What a complete checkpoint (``marker``, in ``folder``: a :class:`pipelines.io.storage.Location`)
     holds that is NaN or infinite: its epoch's logs (``"val_loss (nan)"``), then the keys of its
     weights file's arrays, then those of its best epoch's file (``"checkpoint-2.npz: trainable_0000"``,
     when that file is another one and exists). ``[]``: finite, it may be resumed."""

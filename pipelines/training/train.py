@@ -23,7 +23,7 @@ from pipelines.contract import HISTORY, TENSORBOARD, TEST, VALIDATION
 from pipelines.launch.rankenv import RankEnvironment, read_rank_environment
 from pipelines.logs import plural
 from pipelines.redact import redact
-from pipelines.storage import is_local, resolve
+from pipelines.io.storage import is_local, resolve
 from pipelines.training import preemption
 from pipelines.training.config import TrainConfig
 from pipelines.training.resume import Resume, phase1_best, phase2_resume, restore
@@ -140,19 +140,19 @@ def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> R
 
 @contextlib.contextmanager
 def hold_data(rank: Rank, plan: RunPlan) -> Iterator[None]:
-    """Rank 0 holds a reader lease on the ETL run ``plan.data`` reads (:func:`pipelines.leases.hold`,
+    """Rank 0 holds a reader lease on the ETL run ``plan.data`` reads (:func:`pipelines.io.leases.hold`,
     named by this training run's id) for the block, so that an ETL rerun committing meanwhile keeps
     that run's files; the block starts before any rank reads a part. Every rank checks that it
     loaded the manifest of the run rank 0 leased. A format-1 output (no run id) is not leased, nor
     one rank 0 cannot write to (said as a warning: training reads, the lease is its only write).
 
     Raises:
-        pipelines.leases.InputReplaced: on every rank, when the ETL committed another run between a
+        pipelines.io.leases.InputReplaced: on every rank, when the ETL committed another run between a
             rank's read of the manifest and the lease.
     """
     import horovod.tensorflow as hvd_tf
 
-    from pipelines import leases
+    from pipelines.io import leases
 
     lease, error = None, None
     if rank.rank == 0 and plan.data.run_id is not None:
@@ -400,7 +400,7 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     start = time.perf_counter()
     plan = plan_run(config, rank, run_id)
     # a SIGTERM (a preemption notice) stops every rank at the next step, after rank 0's checkpoint
-    with preemption.PreemptionNotice(rank.rank), hold_data(rank, plan):  # hold_data: pipelines/leases.py
+    with preemption.PreemptionNotice(rank.rank), hold_data(rank, plan):  # hold_data: pipelines/io/leases.py
         full_model = build_model(plan.data.num_classes, plan.image_size, config.dropout, config.weights,
                                  seed=config.seed, backbone=config.backbone, stored_size=plan.data.image_size)
         inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.image_size)

@@ -20,7 +20,7 @@ The race between a reader and a commit is closed by order: the reader writes its
 the manifest again (:func:`hold`). If the manifest still names the leased run, any commit that
 replaces it writes its manifest later and so lists the lease; if not, the run may be gone already
 and the reader refuses (:class:`InputReplaced`) rather than read half a run. Both writes are one
-PUT on an object store, a rename on a local disk (:meth:`pipelines.storage.Location.write_json`);
+PUT on an object store, a rename on a local disk (:meth:`pipelines.io.storage.Location.write_json`);
 the store must list a file once written (S3 does, since 2020).
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ class Lease:
 
 
 def lease_location(output, run_id: str, reader: str):
-    """``OUTPUT/runs/<run id>/readers/<reader>.json`` (:class:`pipelines.storage.Location`);
+    """``OUTPUT/runs/<run id>/readers/<reader>.json`` (:class:`pipelines.io.storage.Location`);
     ``run_id`` and ``reader`` checked to be plain names."""
     return output.join(RUNS, plain_name(run_id, "an ETL run id"), READERS,
                        plain_name(reader, "a reader's id") + ".json")
@@ -137,7 +137,7 @@ class ReaderLease:
 
 
 def hold(output, run_id: str, reader: str, refresh_s: float = REFRESH_S) -> ReaderLease:
-    """Lease the ETL run ``run_id`` of ``output`` (:class:`pipelines.storage.Location`) for
+    """Lease the ETL run ``run_id`` of ``output`` (:class:`pipelines.io.storage.Location`) for
     ``reader``, then check that the manifest still names it (the module's order). Returns the
     started :class:`ReaderLease`; stop it (or leave its ``with`` block) when done.
 

@@ -13,7 +13,7 @@ A :class:`Location` pickles (Spark closures, Horovod ranks) and is rebuilt nowhe
 
 Object stores have no rename and no folders: a single object written in one call appears whole or
 not at all (S3, GCS, Azure: a PUT is atomic), which is what :meth:`Location.write_bytes` relies on
-there; on local disks it writes a temporary file and renames it (:mod:`pipelines.atomic`). A folder
+there; on local disks it writes a temporary file and renames it (:mod:`pipelines.io.atomic`). A folder
 on an object store is a key prefix: it "exists" when an object lies under it.
 """
 from __future__ import annotations
@@ -246,7 +246,7 @@ class Location:
         """Write the file whole or not at all: a temporary file renamed on local disks, one PUT on
         object stores (atomic there); parent folders are created as needed."""
         if self.local:
-            from pipelines.atomic import replacing
+            from pipelines.io.atomic import replacing
 
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             with replacing(self.path) as tmp, open(tmp, "wb") as f:

@@ -1,0 +1,10 @@
+"""Where the stages' files live, the same on a local disk and an object store.
+
+- :mod:`~pipelines.io.storage`: every path or URI resolved once into a filesystem and a path
+  (``Location``), an output's root refused;
+- :mod:`~pipelines.io.atomic`: a local file written whole or not at all;
+- :mod:`~pipelines.io.paths`: local paths as ``file://`` URLs, folders that must not overlap;
+- :mod:`~pipelines.io.leases`: readers' leases on an ETL run, which its commit keeps.
+
+Importing this package imports none of them.
+"""
