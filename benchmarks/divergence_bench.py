@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300, help="timed calls of the check alone")
     args = parser.parse_args()
     from pipelines.launch import HorovodRunner
-    from pipelines.logs import plural
+    from pipelines.runtime.logs import plural
 
     r = HorovodRunner(np=-args.np).run(rank_main, backbones=args.backbones.split(","), image_size=args.image_size,
                                        batch_size=args.batch_size, steps=args.steps, rounds=args.rounds,

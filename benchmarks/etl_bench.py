@@ -278,7 +278,7 @@ def _empty_task(batches, chunks):
     """A task of the ETL's job that reads nothing: its start and the closure's cost only."""
     import pyarrow as pa
 
-    from pipelines import zipcache
+    from pipelines.runtime import zipcache
 
     zipcache.install()  # as the ETL's tasks do
     yield pa.RecordBatch.from_pydict({"n": [sum(len(chunks[c]) for b in batches for c in b.column(0).to_pylist())]})
@@ -369,7 +369,7 @@ def main(argv=None) -> int:
                         help="s3: the ETL S3 -> S3 against a moto_server started here, next to local -> local "
                              "(the recipe and the floors are not run)")
     args = parser.parse_args(argv)
-    from pipelines.errors import Refused
+    from pipelines.runtime.errors import Refused
 
     try:
         args.peers = pick_peers(args.peers)
@@ -380,8 +380,8 @@ def main(argv=None) -> int:
     from pipelines.etl.config import ETLConfig
     from pipelines.etl.layout import TASK_IMAGES, task_count
     from pipelines.etl.job import run_etl
-    from pipelines.logs import setup_logging
-    from pipelines.spark import spark_session
+    from pipelines.runtime.logs import setup_logging
+    from pipelines.runtime.spark import spark_session
     from pipelines.tools import samples
 
     setup_logging("etl-bench", level=30)

@@ -36,9 +36,9 @@ def pick_peers(flag: str) -> Tuple[str, ...]:
     runs none.
 
     Raises:
-        pipelines.errors.Refused: an unknown name or an empty list; the message lists the names.
+        pipelines.runtime.errors.Refused: an unknown name or an empty list; the message lists the names.
     """
-    from pipelines.errors import Refused
+    from pipelines.runtime.errors import Refused
 
     wanted = [x.strip() for x in flag.split(",") if x.strip()]
     if wanted == ["none"]:

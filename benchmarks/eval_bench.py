@@ -222,8 +222,8 @@ def main(argv=None) -> int:
     parser.add_argument("--before", type=int, default=0, metavar="N",
                         help="also time the totals of before issue 35 on N batches per width")
     args = parser.parse_args(argv)
-    from pipelines.environment import read_settings
-    from pipelines.quiet import quiet_by_default
+    from pipelines.runtime.environment import read_settings
+    from pipelines.runtime.quiet import quiet_by_default
 
     quiet_by_default(read_settings().verbose)  # before TensorFlow loads (in measure), not on import
     widths = [int(k) for k in args.classes.split(",")]

@@ -166,9 +166,9 @@ def s3_routes(etl, work, config, batches, results, readers, float32: bool = Fals
 
 
 def parse(argv):
-    from pipelines.config import add_arguments
+    from pipelines.runtime.config import add_arguments
     from pipelines.training.config import TrainConfig
-    from pipelines.errors import Refused
+    from pipelines.runtime.errors import Refused
     from pipelines.training.data import petastorm_available
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
@@ -213,7 +213,7 @@ def pick_readers(flag: str, petastorm_runs: bool) -> list:
         Refused: an unknown name (the message lists the names), ``petastorm`` where it cannot run
             (:func:`pipelines.training.data.check_reader`), or only peers that are not installed.
     """
-    from pipelines.errors import Refused
+    from pipelines.runtime.errors import Refused
     from pipelines.stack import active
     from pipelines.training.data import READERS, check_reader
 
@@ -362,8 +362,8 @@ def report(sweep: dict, tops: list, args) -> None:
 def main(argv=None) -> int:
     args = parse(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from pipelines.logs import setup_logging
-    from pipelines.spark import spark_session
+    from pipelines.runtime.logs import setup_logging
+    from pipelines.runtime.spark import spark_session
     from pipelines.tools import samples
 
     setup_logging("loader-bench", level=30)

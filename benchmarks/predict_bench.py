@@ -32,8 +32,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pipelines.contract import DEFAULT_IMAGE_SIZE  # noqa: E402
-from pipelines.environment import read_settings  # noqa: E402
-from pipelines.quiet import quiet_by_default  # noqa: E402
+from pipelines.runtime.environment import read_settings  # noqa: E402
+from pipelines.runtime.quiet import quiet_by_default  # noqa: E402
 
 quiet_by_default(read_settings().verbose)  # before TensorFlow or Spark load
 
@@ -85,7 +85,7 @@ def memory_run(args, model: str, split: str, output: str, arrow_rows: int) -> di
     job's own choice), in a session of its own; the Python workers' peak memory, the seconds."""
     from pipelines.predict.config import PredictConfig
     from pipelines.predict.job import run_predict
-    from pipelines.spark import spark_session
+    from pipelines.runtime.spark import spark_session
 
     spark = spark_session("predict-bench-memory", args.master)
     config = PredictConfig(model=model, input=split, output=output, batch_size=args.batch_size,
@@ -106,7 +106,7 @@ def memory_main(args, workdir: str) -> int:
     from pipelines.etl.job import run_etl
     from pipelines.predict.job import SPARK_ARROW_ROWS, arrow_batch_rows
     from pipelines.predict.model import resolve_model
-    from pipelines.spark import spark_session
+    from pipelines.runtime.spark import spark_session
 
     if not args.input:
         from pipelines.tools import samples
@@ -168,7 +168,7 @@ def spark_job(args, model: str, output: str) -> dict:
     """``run_predict`` in a session started before the clock; its seconds and summary."""
     from pipelines.predict.config import PredictConfig
     from pipelines.predict.job import run_predict
-    from pipelines.spark import spark_session
+    from pipelines.runtime.spark import spark_session
 
     spark = spark_session("predict-bench", args.master)
     config = PredictConfig(model=model, input=args.input, output=output, batch_size=args.batch_size)
@@ -193,7 +193,7 @@ def main() -> int:
                                                               "split: Spark's default Arrow batch against ours")
     parser.add_argument("--per-class", type=int, default=40, help="--memory's Fashion-MNIST images per class")
     args = parser.parse_args()
-    from pipelines.logs import setup_logging
+    from pipelines.runtime.logs import setup_logging
     from pipelines.predict.inputs import folder_class, plan_tree
     from pipelines.predict.model import resolve_model
 

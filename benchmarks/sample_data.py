@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser, per_class: int, etl_image_siz
     """``--data``, or ``--sample/--per-class/--etl-image-size`` to make one; ``--weights`` and the
     ``TrainConfig`` options named in ``training`` (field name: this benchmark's default, ``None`` for
     ``TrainConfig``'s)."""
-    from pipelines.config import add_arguments as add_config_arguments
+    from pipelines.runtime.config import add_arguments as add_config_arguments
     from pipelines.training.config import TrainConfig
 
     fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}

@@ -58,9 +58,9 @@ def pick_trainers(flag: str) -> List[str]:
     """The trainers ``--trainers`` names (comma-separated, each once, in the order given).
 
     Raises:
-        pipelines.errors.Refused: an unknown name or an empty list; the message lists the names.
+        pipelines.runtime.errors.Refused: an unknown name or an empty list; the message lists the names.
     """
-    from pipelines.errors import Refused
+    from pipelines.runtime.errors import Refused
 
     wanted = list(dict.fromkeys(x.strip() for x in flag.split(",") if x.strip()))
     choose = f"choose from {', '.join(TRAINERS)}"
@@ -217,7 +217,7 @@ def parse(argv):
 
 
 def main(argv=None) -> int:
-    from pipelines.errors import Refused
+    from pipelines.runtime.errors import Refused
 
     try:
         args, base = parse(argv)

@@ -38,8 +38,8 @@ _keras_environment()
 
 def _quiet_tensorflow_load() -> None:
     """TF_CPP_MIN_LOG_LEVEL also for the lines TensorFlow 2.21 logs while it loads
-    (:mod:`pipelines.tflog`; standard library only, TensorFlow stays unimported)."""
-    from pipelines import tflog
+    (:mod:`pipelines.runtime.tflog`; standard library only, TensorFlow stays unimported)."""
+    from pipelines.runtime import tflog
 
     tflog.install()
 

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from pipelines.errors import Refused
+from pipelines.runtime.errors import Refused
 
 MANIFEST = "manifest.json"
 REJECTED_LIST = "rejected.jsonl"
@@ -303,7 +303,7 @@ class Manifest:
         """
         import pyarrow.parquet as pq
 
-        from pipelines.logs import plural
+        from pipelines.runtime.logs import plural
 
         root, schema = _location(root), image_schema()
         for split, info in self.splits.items():

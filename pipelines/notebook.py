@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Dict, NamedTuple, Optional
 
-from pipelines.errors import Refused
+from pipelines.runtime.errors import Refused
 from pipelines.launch.config import LaunchConfig
 from pipelines.tracking import check_store
 from pipelines.training.cli import check_before_ranks, fetch_weights
@@ -29,7 +29,7 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
     """The set-up every training notebook starts with, from its parameters.
 
     ``workdir`` ("" = :func:`pipelines.tools.workspace.default_workdir`, from the environment:
-    :mod:`pipelines.environment`, as the notebook's quiet set-up is; a local folder is made if
+    :mod:`pipelines.runtime.environment`, as the notebook's quiet set-up is; a local folder is made if
     missing, a URI such as ``s3://bucket/work`` is checked: its bucket must exist and the
     credentials be accepted);
     ``data_dir`` ("" = ``workdir/etl``, made from the Tux Paint sample when it has no manifest);
@@ -40,8 +40,8 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
     Raises:
         pipelines.io.storage.StorageError: a URI ``workdir`` or ``data_dir`` whose store cannot be used.
     """
-    from pipelines.environment import read_settings
-    from pipelines.quiet import quiet_by_default
+    from pipelines.runtime.environment import read_settings
+    from pipelines.runtime.quiet import quiet_by_default
 
     quiet_by_default(read_settings().verbose)  # before the first TensorFlow or Spark import
     from pipelines.tools import workspace

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 
 #: The pictures' file names, stated once (their names in ``metrics.json``'s ``pictures``).
 PICTURES = {"curves": "curves.png", "confusion": "confusion.png", "top_confusions": "top_confusions.png",

@@ -11,7 +11,7 @@ Each stack's versions are written once, in ``requirements/<stack>.in`` (with the
 it supports on its ``# python:`` line); ``requirements/<stack>.lock`` is generated from it with
 hashes and is what ``scripts/setup_env.sh`` installs. This module reads those files and needs only
 the standard library (the set-up script and the Makefile use it before any venv exists).
-Python's own difference (CPython gh-103200, fixed in 3.12: :mod:`pipelines.zipcache` only below
+Python's own difference (CPython gh-103200, fixed in 3.12: :mod:`pipelines.runtime.zipcache` only below
 3.12) is decided in that module.
 """
 from __future__ import annotations

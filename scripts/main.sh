@@ -45,7 +45,7 @@ spark-submit --master "local[*]" "${LOG4J[@]}" \
 echo "== 4/4 training: horovodrun -np $NP (Gloo, CPU)"
 # horovodrun itself loads TensorFlow to check its build; TF 2.21 then logs through absl before absl is
 # set up, ignoring TF_CPP_MIN_LOG_LEVEL (tensorflow#100442): drop those INFO lines unless VERBOSE (our
-# own processes filter them as they load TensorFlow: pipelines/tflog.py).
+# own processes filter them as they load TensorFlow: pipelines/runtime/tflog.py).
 NOISE=(-e '^\[[0-9]*\]<stderr>:  ' -e 'is slow compared to the batch time')
 [ "${VERBOSE:-0}" != 0 ] || NOISE+=(-e '^WARNING: All log messages before absl::InitializeLog() is called'
                                    -e '^I[0-9]\{4\} [0-9:.]* *[0-9]* [^ ]*:[0-9]*\] ')
@@ -60,7 +60,7 @@ horovodrun -np "$NP" -H "localhost:$NP" --gloo \
 
 python - "$OUT/train/metrics.json" <<'PY'
 import json, os, sys
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 m = json.load(open(sys.argv[1]))
 t, v = m["test"], m["validation"]
 out = os.path.dirname(sys.argv[1])

@@ -90,7 +90,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def spark():
     """A real ``local[2]`` SparkSession for the whole test session."""
-    from pipelines.spark import spark_session
+    from pipelines.runtime.spark import spark_session
 
     session = spark_session("pipelines-tests", "local[2]", {"spark.sql.shuffle.partitions": "4"})
     yield session
@@ -249,7 +249,7 @@ def hosts_cluster(test_hosts, tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _pipelines_log_reaches_caplog(request):
     """A test that reads ``caplog`` sees the ``pipelines`` logger's records exactly once, whatever an
-    earlier test in the same worker did: ``pipelines.logs.setup_logging`` stops that logger's
+    earlier test in the same worker did: ``pipelines.runtime.logs.setup_logging`` stops that logger's
     propagation to the root logger, where caplog listens, so its handler is put on the logger itself."""
     if "caplog" not in request.fixturenames:
         yield

@@ -59,7 +59,7 @@ def main(master: str, bucket: str, log_dir: str) -> None:
     import os
 
     from pipelines import HorovodJobFailed, HorovodRunner
-    from pipelines.spark import spark_session
+    from pipelines.runtime.spark import spark_session
 
     driver = os.environ["SPARK_LOCAL_IP"]
     spark_session("hosts-test", master, {"spark.executor.memory": "512m", "spark.executor.cores": "1"})

@@ -1,9 +1,9 @@
-"""pipelines.config: a dataclass's fields as command-line options, all of them or a chosen few."""
+"""pipelines.runtime.config: a dataclass's fields as command-line options, all of them or a chosen few."""
 import argparse
 
 import pytest
 
-from pipelines.config import add_arguments, build_parser
+from pipelines.runtime.config import add_arguments, build_parser
 from pipelines.training.config import TrainConfig
 
 
@@ -34,7 +34,7 @@ class _Known(RuntimeError):
 def _raises(kind: str):
     """The exception ``run`` raises for ``--fail KIND``; an internal one chained to a cause, both
     quoting a secret, as a traceback of a real failure may."""
-    from pipelines.errors import MissingInput, NotAFolder, Refused
+    from pipelines.runtime.errors import MissingInput, NotAFolder, Refused
     from pipelines.io.storage import StorageError
     from pipelines.training.data import DataError
 
@@ -65,7 +65,7 @@ def test_run_command_exit_2_for_a_refusal_alone_1_with_the_redacted_traceback_el
     included, with the secrets masked."""
     from dataclasses import dataclass
 
-    from pipelines.config import field, run_command
+    from pipelines.runtime.config import field, run_command
 
     @dataclass
     class Options:  # a stage's config: every one has `verbose` (run_command sets the noise from it)
@@ -96,8 +96,8 @@ def test_a_value_a_config_refuses_exits_2_and_an_internal_error_propagates():
     ValueError there is a bug in the config itself, not the user's input: it propagates (exit 1)."""
     import dataclasses
 
-    from pipelines.config import parse_config
-    from pipelines.errors import Refused
+    from pipelines.runtime.config import parse_config
+    from pipelines.runtime.errors import Refused
 
     @dataclasses.dataclass
     class Stage:
@@ -124,7 +124,7 @@ def test_a_value_a_config_refuses_exits_2_and_an_internal_error_propagates():
 def test_storage_options_are_a_repeatable_key_value_flag():
     import dataclasses
 
-    from pipelines.config import parse_config, storage_options_field
+    from pipelines.runtime.config import parse_config, storage_options_field
 
     @dataclasses.dataclass
     class Stage:
@@ -142,7 +142,7 @@ def test_storage_options_are_a_repeatable_key_value_flag():
 @pytest.mark.parametrize("argv", [["--batch-size", "0"], ["--cache-dir", "s3://b/c"], ["--shuffle-buffer", "0"]])
 def test_a_refused_value_is_one_line_and_exit_2(argv, capsys, tmp_path):
     """A well-formed option whose value the config refuses: the reason alone, no usage text."""
-    from pipelines.config import parse_config
+    from pipelines.runtime.config import parse_config
 
     with pytest.raises(SystemExit) as exit_:
         parse_config(TrainConfig, ["--data", str(tmp_path), "--output", str(tmp_path / "out"), *argv])
@@ -169,7 +169,7 @@ def test_launch_settings_are_their_own_config_on_the_same_command_line(tmp_path)
     TrainConfig; the notebooks and tests build the same LaunchConfig directly."""
     import dataclasses
 
-    from pipelines.config import parse_configs
+    from pipelines.runtime.config import parse_configs
     from pipelines.launch.config import LaunchConfig
 
     argv = ["--data", str(tmp_path), "--output", str(tmp_path / "o"), "--spark-np", "-3", "--max-failures", "2",

@@ -48,7 +48,7 @@ def test_the_message_names_epoch_step_and_each_rank_with_its_host():
 
 
 def test_a_divergence_is_a_failure_not_a_refusal():
-    from pipelines.errors import Refused
+    from pipelines.runtime.errors import Refused
     assert not issubclass(TrainingDiverged, ValueError) and not issubclass(TrainingDiverged, Refused)
 
 

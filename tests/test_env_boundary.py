@@ -1,6 +1,6 @@
 """Environment variables (issue 27 item 3): each read once, at a boundary, and passed down.
 
-The user's ``PIPELINES_*`` variables are read by ``pipelines.environment.read_settings`` alone, in
+The user's ``PIPELINES_*`` variables are read by ``pipelines.runtime.environment.read_settings`` alone, in
 the launching process (entry points, the stages' configs); the variables a launcher hands its ranks
 by ``pipelines.launch.rankenv.read_rank_environment`` alone, at the rank's start. ``--verbose`` is
 a field of each stage's config, never scanned from ``sys.argv``.
@@ -11,16 +11,16 @@ import re
 
 import pytest
 
-from pipelines import environment, quiet
-from pipelines.config import parse_config
-from pipelines.environment import read_settings
+from pipelines.runtime import environment, quiet
+from pipelines.runtime.config import parse_config
+from pipelines.runtime.environment import read_settings
 from pipelines.etl.config import ETLConfig
 from pipelines.launch import rankenv
 from pipelines.predict.config import PredictConfig
 from pipelines.training.config import TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BOUNDARIES = {"pipelines/environment.py", "pipelines/launch/rankenv.py"}
+BOUNDARIES = {"pipelines/runtime/environment.py", "pipelines/launch/rankenv.py"}
 NAME = re.compile(r"PIPELINES_[A-Z][A-Z_]*")
 
 
@@ -41,7 +41,7 @@ def test_every_pipelines_variable_is_named_only_in_a_boundary_module():
     user = {environment.WORKDIR_ENV, environment.CACHE_ENV, environment.TRACKING_ENV, environment.VERBOSE_ENV,
             environment.SPARK_LOG_LEVEL_ENV, environment.STORAGE_OPTIONS_ENV}
     handed = {rankenv.ATTEMPTS_ENV, rankenv.ASSIGNED_ENV, rankenv.FAULT_ENV, rankenv.FAULT_TOKEN_ENV, rankenv.STALL_ENV}
-    assert found["pipelines/environment.py"] == user and found["pipelines/launch/rankenv.py"] == handed
+    assert found["pipelines/runtime/environment.py"] == user and found["pipelines/launch/rankenv.py"] == handed
     for module, names in ((environment, user), (rankenv, handed)):  # each in the module's table
         assert set(NAME.findall(module.__doc__)) == names
 
@@ -144,7 +144,7 @@ def _rank_noise(config):
     import logging
     import os
 
-    from pipelines import quiet
+    from pipelines.runtime import quiet
     from pipelines.training.train import setup_rank
 
     setup_rank(config)

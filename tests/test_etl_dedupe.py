@@ -10,7 +10,7 @@ import unicodedata
 import pytest
 from PIL import Image
 
-from pipelines.errors import Refused
+from pipelines.runtime.errors import Refused
 from pipelines.etl import images
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.dedupe import duplicates
@@ -232,7 +232,7 @@ def test_the_hash_pass_gives_each_readable_candidates_sha256_and_none_for_the_ot
 
 
 def test_the_duplicate_check_is_on_by_default_and_can_be_turned_off(tmp_path):
-    from pipelines.config import parse_config
+    from pipelines.runtime.config import parse_config
     base = ["--input", str(tmp_path), "--output", str(tmp_path.parent / "out")]
     assert parse_config(ETLConfig, base).dedupe is True
     assert parse_config(ETLConfig, base + ["--no-dedupe"]).dedupe is False

@@ -416,7 +416,7 @@ def test_non_ascii_names_are_all_written_under_the_c_locale(unicode_tree, tmp_pa
 
 def test_a_session_we_start_is_utf8_whatever_the_callers_locale():
     """The JVM's file-name encoding and the Python workers' file-system encoding, under LC_ALL=C."""
-    code = ("from pipelines.spark import spark_session\n"
+    code = ("from pipelines.runtime.spark import spark_session\n"
             "s = spark_session('locale', 'local[1]')\n"
             "jvm = s.sparkContext._jvm.System\n"
             "enc = s.sparkContext.parallelize([0], 1)"

@@ -27,7 +27,7 @@ RUNS = '''
 import json, sys
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
-from pipelines.spark import spark_session
+from pipelines.runtime.spark import spark_session
 
 root, out, limit = sys.argv[1:4]
 spark = spark_session("etl-outcomes", "local[2]", {"spark.driver.maxResultSize": limit})

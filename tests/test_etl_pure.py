@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from pipelines.config import parse_config
+from pipelines.runtime.config import parse_config
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.labels import (CALTECH, FOLDERS, ClassFolder, decide_layout, has_image_extension, label_for, n_test,
                                   parse_class_folder, path_parts, split_class)

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from pipelines.errors import MissingInput, NotAFolder, Refused, exit_status, failure_text
+from pipelines.runtime.errors import MissingInput, NotAFolder, Refused, exit_status, failure_text
 
 SECRET = "S3CR3T-hunter2"
 
@@ -322,7 +322,7 @@ def test_a_local_rank_writes_its_redacted_failure_for_the_driver_which_reads_it_
     from pipelines.launch.child import child_main
     from pipelines.launch.failures import HorovodJobFailed
     from pipelines.launch.local import collect_failures
-    from pipelines.logs import setup_logging
+    from pipelines.runtime.logs import setup_logging
 
     monkeypatch.setenv("HOROVOD_RANK", "1")
     monkeypatch.setenv("HOROVOD_HOSTNAME", "host-1")

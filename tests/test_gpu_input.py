@@ -212,7 +212,7 @@ def test_an_unknown_xla_value_exits_2_in_one_line_before_any_rank(tmp_path, laun
 
 @pytest.mark.parametrize("value", ["ON", "1", "", "true"])
 def test_every_other_xla_value_is_refused_with_exit_2(value, capsys):
-    from pipelines.config import parse_configs
+    from pipelines.runtime.config import parse_configs
     from pipelines.launch.config import LaunchConfig
     from pipelines.training.config import TrainConfig
     with pytest.raises(SystemExit) as info:

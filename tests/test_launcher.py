@@ -260,7 +260,7 @@ def test_import_pipelines_is_light_and_exports_the_runner():
             "print(HorovodRunner is l.HorovodRunner, HorovodJobFailed is l.HorovodJobFailed,"
             " ClusterConfigError is l.ClusterConfigError, 'HorovodRunner' in dir(pipelines))\n"
             "print(sorted(m for m in heavy if m in sys.modules))\n"
-            "from pipelines import config\n"  # submodules still import as before
+            "from pipelines import contract\n"  # submodules still import as before
             "try:\n    pipelines.NoSuchThing\nexcept AttributeError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["[]", "True True True True", "[]",
@@ -341,7 +341,7 @@ def test_train_refuses_a_missing_interface_with_exit_2_before_any_rank(tmp_path,
 @pytest.mark.parametrize("spark_np, accepted", [(0, False), (2, True), (-2, True)])
 def test_network_interface_flag_applies_to_spark_np_runs_only(spark_np, accepted, capsys):
     """Under horovodrun (--spark-np 0) the flag would be silently ignored: refused instead."""
-    from pipelines.config import parse_configs
+    from pipelines.runtime.config import parse_configs
     from pipelines.launch.config import LaunchConfig
     from pipelines.training.config import TrainConfig
     argv = ["--data", "d", "--output", "o", "--spark-np", str(spark_np), "--network-interface", "eth0"]
@@ -574,7 +574,7 @@ def test_sessions_this_product_starts_serve_no_ui_and_a_local_master_on_loopback
     """The web UI (every interface, the job's environment, links that kill jobs) is off unless
     asked, never with its kill links; a local master's driver listens on 127.0.0.1 unless the user
     chose an address (SPARK_LOCAL_IP); a cluster's master leaves the driver's address to Spark."""
-    from pipelines.spark import service_conf
+    from pipelines.runtime.spark import service_conf
     off = {"spark.ui.enabled": "false", "spark.ui.killEnabled": "false"}
     loopback = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
     for master in ("local", "local[*]", "local[2]", "local[2,3]"):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks import loader_bench, loader_peers
-from pipelines.errors import Refused
+from pipelines.runtime.errors import Refused
 from tests import datagen
 from tests.conftest import subprocess_env
 

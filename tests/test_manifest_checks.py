@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.contract import MAX_CLASSES, MAX_IMAGE_SIZE, Manifest, ManifestError
-from pipelines.errors import Refused
+from pipelines.runtime.errors import Refused
 from pipelines.predict.inputs import plan_split
 from pipelines.training.data import (READERS, OnePassShard, load_dataset, open_reader, petastorm_available,
                                      row_groups_of)

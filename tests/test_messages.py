@@ -1,4 +1,4 @@
-"""Counts in what users read: one helper (pipelines.logs.plural) says "1 class", "3 classes"; its
+"""Counts in what users read: one helper (pipelines.runtime.logs.plural) says "1 class", "3 classes"; its
 members across the stages, and a scan of the sources for a count followed by a plural noun."""
 import ast
 import os
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -129,4 +129,4 @@ def test_no_message_puts_a_count_before_a_plural_noun_itself():
     faults = [f"{path}:{line}: ... {words}" for path in sorted(sources)
               for line, words in counted_plurals(open(os.path.join(REPO, path)).read())
               if (path, words) not in ALLOWED]
-    assert faults == [], "say counts with pipelines.logs.plural:\n" + "\n".join(faults)
+    assert faults == [], "say counts with pipelines.runtime.logs.plural:\n" + "\n".join(faults)

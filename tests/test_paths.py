@@ -64,7 +64,7 @@ def test_petastorm_would_misread_an_unsafe_path(tmp_path):
 def test_the_stages_refuse_unsafe_paths_before_starting(ch, tmp_path, capsys):
     """`jobs/etl.py --output 'runs/etl#v2'` would succeed and training could not open it: both
     stages refuse such a path on the command line (exit 2), naming the character."""
-    from pipelines.config import parse_config
+    from pipelines.runtime.config import parse_config
     from pipelines.etl.config import ETLConfig
     from pipelines.training.config import TrainConfig
 

@@ -182,11 +182,11 @@ def test_an_mlflow_model_without_class_names_needs_the_option(registered, tmp_pa
 @pytest.fixture
 def no_spark(monkeypatch):
     """Fails a test whose job would start Spark."""
-    import pipelines.spark
+    import pipelines.runtime.spark
 
     def refuse(*args, **kwargs):
         raise AssertionError("Spark started")
-    monkeypatch.setattr(pipelines.spark, "spark_session", refuse)
+    monkeypatch.setattr(pipelines.runtime.spark, "spark_session", refuse)
 
 
 def test_bad_input_exits_2_before_spark(trained, tmp_path, no_spark, capsys):

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from pipelines.config import parse_config
+from pipelines.runtime.config import parse_config
 from pipelines.etl.images import ImageRejected
 from pipelines.predict.config import PredictConfig
 from pipelines.predict.infer import PREDICTED, UNREADABLE, predict_columns, top_k

@@ -9,7 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from pipelines.errors import Refused
+from pipelines.runtime.errors import Refused
 from pipelines.training.checkpointer import Interval
 from pipelines.training.schedule import Segment, checkpoint_position, fit_segments
 

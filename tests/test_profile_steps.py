@@ -13,7 +13,7 @@ def test_the_steps_become_kerass_profile_batch(text, wanted):
 @pytest.mark.parametrize("text, why", [("0,3", "integers >= 1"), ("a", "integers >= 1"), ("1,2,3", "integers >= 1"),
                                        ("-1", "integers >= 1"), ("3,2", "FIRST must not exceed LAST")])
 def test_bad_steps_are_one_line_exit_2(text, why, capsys):
-    from pipelines.config import parse_configs
+    from pipelines.runtime.config import parse_configs
     from pipelines.launch.config import LaunchConfig
     with pytest.raises(SystemExit) as info:
         parse_configs((TrainConfig, LaunchConfig), ["--data", "d", "--output", "o", "--profile-steps", text])

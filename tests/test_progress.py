@@ -3,7 +3,7 @@ the ETL and batch inference choose, and the file-split settings of an ETL split'
 import pytest
 
 from pipelines.etl.layout import TASK_IMAGES, task_count
-from pipelines.progress import format_duration, progress_line, rate_and_left
+from pipelines.runtime.progress import format_duration, progress_line, rate_and_left
 
 
 @pytest.mark.parametrize("seconds, text", [

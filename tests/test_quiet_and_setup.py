@@ -62,8 +62,8 @@ def run_python(code, *args, **env):
                           env={**clean, **env}, timeout=300)
 
 
-# an entry point's set-up: the noise from the environment's default of --verbose (pipelines.environment)
-SETUP = ("from pipelines.environment import read_settings; from pipelines.quiet import quiet_by_default; "
+# an entry point's set-up: the noise from the environment's default of --verbose (pipelines.runtime.environment)
+SETUP = ("from pipelines.runtime.environment import read_settings; from pipelines.runtime.quiet import quiet_by_default; "
          "quiet_by_default(read_settings().verbose); ")
 IMPORT_TF = SETUP + "import tensorflow as tf; tf.constant(1.0) + 1; print('ok')"
 
@@ -104,7 +104,7 @@ def test_horovod_check_fails_without_the_build_table(tmp_path):
 
 
 SPARK_START = (SETUP +
-               "from pipelines.spark import spark_session; spark = spark_session('quiet-test', 'local[1]'); "
+               "from pipelines.runtime.spark import spark_session; spark = spark_session('quiet-test', 'local[1]'); "
                "err = spark._jvm.java.lang.System.err; err.println('a line of the JVM'); err.flush(); "
                "spark.stop(); print('ok')")
 

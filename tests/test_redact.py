@@ -1,11 +1,11 @@
-"""The one redaction rule (pipelines/redact.py): secret-looking keys keep their key and lose their
+"""The one redaction rule (pipelines/runtime/redact.py): secret-looking keys keep their key and lose their
 value, URIs lose their userinfo and secret query values, free text (messages, tracebacks, reprs)
 gets both; what is not secret stays readable. Pure: no Spark, MLflow or files."""
 import json
 
 import pytest
 
-from pipelines.redact import MASK, is_secret_key, redact, redact_text, redact_uri
+from pipelines.runtime.redact import MASK, is_secret_key, redact, redact_text, redact_uri
 
 SECRET = "S3CR3T-VALUE"
 
@@ -88,7 +88,7 @@ def test_a_config_repr_and_a_traceback_quoting_one_are_masked():
 def test_an_environment_credential_resolved_into_a_config_is_masked(monkeypatch):
     """``$MLFLOW_TRACKING_URI`` with credentials becomes the config's tracking URI: what the
     manifest, metrics.json and MLflow's params show of that config is masked."""
-    from pipelines.config import to_dict
+    from pipelines.runtime.config import to_dict
     from pipelines.etl.config import ETLConfig
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://bob:pa55w0rd@mlflow.example")
@@ -192,7 +192,7 @@ def test_a_long_line_is_redacted_in_linear_time():
 def test_sparks_redaction_regex_covers_every_secret_key(key):
     import re
 
-    from pipelines.redact import SPARK_REDACTION_REGEX
+    from pipelines.runtime.redact import SPARK_REDACTION_REGEX
 
     assert re.search(SPARK_REDACTION_REGEX, key), key
 
@@ -200,7 +200,7 @@ def test_sparks_redaction_regex_covers_every_secret_key(key):
 def test_sparks_redaction_regex_leaves_sparks_own_settings_readable():
     import re
 
-    from pipelines.redact import SPARK_REDACTION_REGEX
+    from pipelines.runtime.redact import SPARK_REDACTION_REGEX
 
     for key in ("spark.master", "spark.app.name", "spark.executor.memory", "spark.sql.shuffle.partitions",
                 "spark.driver.host", "spark.driver.port", "spark.ui.port", "spark.executor.extraJavaOptions",

@@ -393,7 +393,7 @@ def test_a_cache_folder_of_another_user_is_refused_and_kept(tmp_path, what):
 
 
 def test_a_foreign_cache_dir_is_refused_on_the_command_line_with_exit_2(tmp_path, capsys):
-    from pipelines.config import parse_config
+    from pipelines.runtime.config import parse_config
     from pipelines.training.config import TrainConfig
 
     (tmp_path / "shared").mkdir()

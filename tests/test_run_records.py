@@ -10,7 +10,7 @@ import pytest
 
 from pipelines.io.atomic import PUBLIC, replacing, write_json
 from pipelines.contract import CHECKPOINT_NAME, TRAIN_RUN, plain_name
-from pipelines.errors import Refused
+from pipelines.runtime.errors import Refused
 from pipelines.io.storage import resolve
 from pipelines.training import runs
 from pipelines.training.config import TrainConfig

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from pipelines.config import parse_configs
+from pipelines.runtime.config import parse_configs
 from pipelines.io.storage import StorageError, gather_options, read_options_file
 from pipelines.training.config import TrainConfig
 
@@ -66,7 +66,7 @@ def test_malformed_options_are_refused_without_their_values(tmp_path, text, why)
 
 
 def test_a_secret_on_the_command_line_is_warned_of_once_and_never_shown(capsys, monkeypatch):
-    from pipelines import config as config_module
+    from pipelines.runtime import config as config_module
 
     monkeypatch.setattr(config_module, "_warned", False)
     monkeypatch.delenv("HOROVOD_RANK", raising=False)
@@ -115,7 +115,7 @@ def test_sparks_ui_hides_the_products_secret_keys(spark):
     """Spark's own redaction (what its UI's environment page and event log show) with the session's
     ``spark.redaction.regex``: the product's keys, a spark-submit command line carrying one, an
     Azure account key setting; Spark's own settings stay readable."""
-    from pipelines.redact import SPARK_REDACTION_REGEX
+    from pipelines.runtime.redact import SPARK_REDACTION_REGEX
 
     sc = spark.sparkContext
     assert sc.getConf().get("spark.redaction.regex") == SPARK_REDACTION_REGEX

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pipelines.errors import Refused
+from pipelines.runtime.errors import Refused
 from pipelines.launch import HorovodJobFailed, HorovodRunner, RankFailure
 from pipelines.launch.config import DEFAULT_RENDEZVOUS_TIMEOUT_S, LaunchConfig
 from pipelines.launch.failures import with_late_ranks

@@ -157,7 +157,7 @@ def test_a_key_means_one_thing_with_or_without_options(s3_server, s3_bucket, wit
 def test_every_job_refuses_a_root_output_with_exit_2_before_it_starts(output, tmp_path, capsys):
     """The ETL, training and batch inference parse --output with the same check (exit 2, one line),
     before any store is contacted or Spark or a rank starts."""
-    from pipelines.config import parse_config
+    from pipelines.runtime.config import parse_config
     from pipelines.etl.config import ETLConfig
     from pipelines.predict.config import PredictConfig
     from pipelines.training.config import TrainConfig

@@ -1,10 +1,10 @@
-"""pipelines.tflog: TF_CPP_MIN_LOG_LEVEL for the absl lines TensorFlow 2.21 writes while it loads."""
+"""pipelines.runtime.tflog: TF_CPP_MIN_LOG_LEVEL for the absl lines TensorFlow 2.21 writes while it loads."""
 import subprocess
 import sys
 
 import pytest
 
-from pipelines import tflog
+from pipelines.runtime import tflog
 
 NOTICE = tflog.ABSL_NOTICE + "\n"
 ONEDNN = "I0000 00:00:1796154813.400722    5000 port.cc:153] oneDNN custom operations are on.\n"
@@ -41,7 +41,7 @@ def test_the_level_is_read_as_tensorflow_reads_it(monkeypatch, value, wanted):
 
 CHILD = r"""
 import os, sys
-from pipelines import tflog
+from pipelines.runtime import tflog
 try:
     with tflog.filtered_stderr(int(sys.argv[1])):
         os.write(2, b"I0000 00:00:1.5    7 port.cc:153] dropped at 1\n")
@@ -71,7 +71,7 @@ def test_level_zero_captures_nothing():
 
 
 def test_import_pipelines_installs_the_finder_once_and_keeps_tensorflow_unimported():
-    code = ("import sys, pipelines; from pipelines import tflog; tflog.install(); "
+    code = ("import sys, pipelines; from pipelines.runtime import tflog; tflog.install(); "
             "print(sum(f is tflog._FINDER for f in sys.meta_path), 'tensorflow' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["1", "False"], proc.stderr

@@ -16,8 +16,8 @@ import time
 import pytest
 
 from pipelines import tracking
-from pipelines.config import parse_config
-from pipelines.environment import read_settings
+from pipelines.runtime.config import parse_config
+from pipelines.runtime.environment import read_settings
 from pipelines.etl.config import ETLConfig
 from pipelines.training.config import TrainConfig
 
@@ -212,7 +212,7 @@ def test_opening_a_store_prints_nothing_unless_verbose(tmp_path):
     import sys
 
     script = ("import logging, os, sys; logging.basicConfig(level=logging.INFO)\n"
-              "from pipelines.environment import read_settings; from pipelines.quiet import quiet_by_default\n"
+              "from pipelines.runtime.environment import read_settings; from pipelines.runtime.quiet import quiet_by_default\n"
               "quiet_by_default(read_settings().verbose)  # an entry point's set-up\n"
               "from pipelines.tracking import open_store\n"
               "uri = 'sqlite:///' + sys.argv[1]\n"
@@ -264,7 +264,7 @@ def test_a_sqlite_store_that_cannot_be_made_is_refused_before_any_work_without_m
 def test_mlflow_event_lines_are_written_on_masked_or_dropped_when_quiet(capsys, monkeypatch):
     """Ending a run on a server prints "View run ... at: URL" with the URI's credentials (seen on a
     real server: test_training_hvd.py); the lines MLflow prints in a tracking block are masked."""
-    from pipelines import quiet
+    from pipelines.runtime import quiet
     monkeypatch.setattr(quiet, "_verbose", False)  # this process's set-up: quiet
     with tracking.runs._events():
         print("🏃 View run r at: http://alice:hunter2@127.0.0.1:5000/#/experiments/1/runs/x")  # MLflow 2.22, 3.17
@@ -312,7 +312,7 @@ def test_no_secret_reaches_the_store_the_run_file_or_the_log(tmp_path, monkeypat
     log hold none of it, keys kept; the run file and the store are owner-only."""
     import logging
 
-    from pipelines.redact import redact
+    from pipelines.runtime.redact import redact
 
     caplog.set_level(logging.INFO, logger="pipelines")
     out = tmp_path / "out"

@@ -3,7 +3,7 @@ turns, a job's row and the medians, ratios and costs of being distributed."""
 import pytest
 
 from benchmarks.trainer_bench import TRAINERS, job_row, pick_trainers, summarize, turns
-from pipelines.errors import Refused
+from pipelines.runtime.errors import Refused
 
 
 def test_trainer_names_are_taken_once_each_in_the_order_named():

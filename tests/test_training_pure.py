@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from pipelines.config import parse_config
+from pipelines.runtime.config import parse_config
 from pipelines.training.config import TrainConfig
 from pipelines.training.data import DataError, cache_size_bytes, load_dataset
 from pipelines.training.devices import choose_device, rank_cores
@@ -228,7 +228,7 @@ def test_dataset_refusals(tmp_path):
 
 def test_a_two_split_manifest_never_trains_it_is_refused_naming_the_rerun(tmp_path):
     from pipelines.contract import Manifest
-    from pipelines.errors import Refused
+    from pipelines.runtime.errors import Refused
 
     root = manifest(tmp_path, validation=False)
     assert set(Manifest.read(root).splits) == {"train", "test"}  # still read (batch inference takes its splits)

@@ -2,7 +2,7 @@
 import os
 
 from pipelines import notebook as nb
-from pipelines.environment import WORKDIR_ENV
+from pipelines.runtime.environment import WORKDIR_ENV
 from pipelines.tools import workspace
 
 

@@ -1,4 +1,4 @@
-"""pipelines.zipcache: importlib.invalidate_caches() re-reads a zip on sys.path only when it changed."""
+"""pipelines.runtime.zipcache: importlib.invalidate_caches() re-reads a zip on sys.path only when it changed."""
 import importlib
 import os
 import sys
@@ -7,7 +7,7 @@ import zipimport
 
 import pytest
 
-from pipelines import zipcache
+from pipelines.runtime import zipcache
 
 needed = pytest.mark.skipif(not zipcache.NEEDED, reason="Python 3.12 re-reads zips lazily itself")
 

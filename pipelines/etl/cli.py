@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
-from pipelines.config import run_command
+from pipelines.runtime.config import run_command
 from pipelines.etl.config import ETLConfig
 
 
@@ -12,7 +12,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse the options into an :class:`ETLConfig`, run the job, print the summary.
 
     Returns 0 on success; 2 with a one-line error for bad input before Spark runs (a
-    :class:`~pipelines.errors.Refused`: paths, URIs of an unknown scheme, a missing bucket, refused
+    :class:`~pipelines.runtime.errors.Refused`: paths, URIs of an unknown scheme, a missing bucket, refused
     credentials, an output holding foreign data, trees, memory, a tracking store that cannot be
     used); 1 with a one-line error when Spark ran but wrote no image from a non-empty list of
     candidates (the previous output is kept), when a newer run committed the output first, or when

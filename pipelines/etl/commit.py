@@ -29,7 +29,7 @@ import secrets
 from typing import List, Optional, Sequence
 
 from pipelines.contract import MANIFEST, REJECTED_LIST, RUN_ID, RUNS, SPLITS
-from pipelines.errors import NotAFolder, Refused
+from pipelines.runtime.errors import NotAFolder, Refused
 from pipelines.io.storage import Location
 from pipelines.tracking import ARTIFACTS_DIR, RUN_FILE, STORE_FILE
 

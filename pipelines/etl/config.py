@@ -7,10 +7,10 @@ from typing import Dict, Optional
 
 from pipelines.io import storage
 from pipelines import tracking as trk
-from pipelines.config import field, settle_verbose, storage_options_field, verbose_field
+from pipelines.runtime.config import field, settle_verbose, storage_options_field, verbose_field
 from pipelines.contract import DEFAULT_IMAGE_SIZE, MAX_IMAGE_SIZE, row_bytes
-from pipelines.environment import read_settings
-from pipelines.errors import Refused
+from pipelines.runtime.environment import read_settings
+from pipelines.runtime.errors import Refused
 from pipelines.io.paths import check_url_safe
 from pipelines.etl.images import DEFAULT_MAX_PIXELS
 

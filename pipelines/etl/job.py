@@ -51,9 +51,9 @@ from pipelines.etl.listing import REJECTED, SKIPPED, Excluded, display_path
 from pipelines.etl.outcomes import TASK_DDL, Reconciled, SplitStats, reconcile
 from pipelines.etl.plan import Plan, check_memory, check_paths, drop_duplicates, hash_candidates, plan, task_partitions
 from pipelines.etl.summary import log_results, shown_config, track
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 from pipelines.etl.transform import process_chunks
-from pipelines.spark import log_progress
+from pipelines.runtime.spark import log_progress
 from pipelines.io.storage import Location
 
 
@@ -241,9 +241,9 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
     """
     from pyspark import SparkContext
 
-    from pipelines.environment import read_settings
-    from pipelines.quiet import quiet_libraries
-    from pipelines.spark import spark_session
+    from pipelines.runtime.environment import read_settings
+    from pipelines.runtime.quiet import quiet_libraries
+    from pipelines.runtime.spark import spark_session
 
     quiet_libraries(config.verbose)  # this process's third-party noise (MLflow's): the config's choice
     check_paths(config)

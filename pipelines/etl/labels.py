@@ -25,8 +25,8 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, Iterable, Optional, Tuple
 
-from pipelines.errors import Refused
-from pipelines.logs import plural
+from pipelines.runtime.errors import Refused
+from pipelines.runtime.logs import plural
 
 # The extensions of the formats pipelines.etl.images decodes (content decides the format: a GIF
 # named .jpg is read as a GIF).

@@ -73,7 +73,7 @@ def closure_chunks(items: Sequence[tuple], parts: int) -> List[List[Tuple]]:
 
 
 # Images per ETL task by default: at most this many, so that the progress count (which moves task
-# by task: pipelines.spark.log_progress) moves in steps of a few seconds of one core's work, and a
+# by task: pipelines.runtime.spark.log_progress) moves in steps of a few seconds of one core's work, and a
 # lost task redoes that much; enough that a task's own costs (its start, its share of the
 # closure, one Parquet file per split and its last, partial row group) stay a few percent of it.
 # Figures: docs/etl.md ("Progress and task size").

@@ -30,7 +30,7 @@ import stat
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Tuple, Union
 
-from pipelines.errors import MissingInput, NotAFolder, Refused
+from pipelines.runtime.errors import MissingInput, NotAFolder, Refused
 from pipelines.etl.labels import (IMAGE_EXTENSIONS, ClassFolder, Layout, decide_layout, has_image_extension, label_for,
                                   path_parts)
 

@@ -25,8 +25,8 @@ import os
 import re
 from typing import Mapping, Optional, Tuple
 
-from pipelines.errors import Refused
-from pipelines.logs import plural
+from pipelines.runtime.errors import Refused
+from pipelines.runtime.logs import plural
 
 DECODE_BYTES_PER_PIXEL = 16
 WORKER_BASE_BYTES = 256 * 2**20  # a Python worker with numpy, pyarrow, Pillow and pyspark imported

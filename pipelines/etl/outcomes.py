@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from pipelines.contract import SPLITS
 from pipelines.etl.listing import REJECTED, SKIPPED, display_path, reason_kind
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 from pipelines.io.storage import Location
 
 WRITTEN = "written"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Dict, Iterable, Iterator, List, Tuple
 
-from pipelines.errors import MissingInput, NotAFolder, Refused
+from pipelines.runtime.errors import MissingInput, NotAFolder, Refused
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.images import DEFAULT_MAX_PIXELS
 from pipelines.contract import SPLITS
@@ -23,10 +23,10 @@ from pipelines.etl.layout import TASK_IMAGES, closure_chunks, rows_per_row_group
 from pipelines.etl.listing import REJECTED, Excluded, ListedFile, classify, display_path, list_tree, reason_kind
 from pipelines.etl.outcomes import TASK_DDL, read_hashes
 from pipelines.etl.memory import check_task_memory, executor_memory, physical_memory_bytes, task_bytes
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 from pipelines.io.paths import check_disjoint
 from pipelines.etl.transform import Candidate, hash_chunks
-from pipelines.spark import log_progress
+from pipelines.runtime.spark import log_progress
 from pipelines.io.storage import check_reachable
 
 

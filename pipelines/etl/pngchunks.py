@@ -26,7 +26,7 @@ from typing import BinaryIO, List, Optional, Tuple
 
 from PIL import PngImagePlugin
 
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # The shortest body Pillow's handlers read (PngStream.chunk_gAMA ... chunk_pHYs); shorter ones raise.

@@ -9,13 +9,13 @@ import os
 import tempfile
 from typing import Dict, Iterator, Optional
 
-from pipelines.config import to_dict
+from pipelines.runtime.config import to_dict
 from pipelines.etl.config import ETLConfig
 from pipelines.contract import MANIFEST, SPLITS, Manifest, manifest_sha256
 from pipelines.etl.labels import SPLIT_RULE
 from pipelines.etl.listing import display_path
-from pipelines.logs import plural
-from pipelines.redact import redact
+from pipelines.runtime.logs import plural
+from pipelines.runtime.redact import redact
 from pipelines.io.storage import Location
 
 

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines import zipcache
+from pipelines.runtime import zipcache
 from pipelines.contract import image_schema, row_bytes
 from pipelines.etl.images import FittedImage, ImageRejected, centred_box, decode_and_fit
 from pipelines.etl.listing import REJECTED, encode_name
@@ -285,7 +285,7 @@ def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[
         rows_per_row_group: rows per Parquet row group (the last one of a file may hold fewer).
         source: the input tree's root when it is on an object store (``None``: local files).
         counter: a Spark accumulator (or ``None``) this task adds 1 to per candidate it is done
-            with, written or rejected: the driver's progress (:func:`pipelines.spark.log_progress`).
+            with, written or rejected: the driver's progress (:func:`pipelines.runtime.spark.log_progress`).
 
     Writes, besides the Parquet files, ``run/_tasks/outcomes-<task>.arrow``: one
     :data:`~pipelines.etl.outcomes.OUTCOME_SCHEMA` row per candidate of its chunks.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from urllib.parse import urlparse
 
-from pipelines.errors import Refused
+from pipelines.runtime.errors import Refused
 
 
 

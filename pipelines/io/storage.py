@@ -28,8 +28,8 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from pipelines.environment import STORAGE_OPTIONS_ENV
-from pipelines.errors import Refused
+from pipelines.runtime.environment import STORAGE_OPTIONS_ENV
+from pipelines.runtime.errors import Refused
 
 # pyarrow 14's threaded copy_files hangs for good copying a folder of some twenty files to S3 (5 went
 # through, 20 never did, against moto_server): one file after another is slower but finishes.
@@ -115,8 +115,8 @@ def read_options_file(path: str) -> Dict[str, str]:
 
 def gather_options(pairs: Sequence[str], path: Optional[str] = None, environment: str = "") -> Dict[str, str]:
     """A stage's storage options from its three sources, each later one winning for its keys: the
-    environment's JSON object (``environment``: :attr:`pipelines.environment.Settings.storage_options`,
-    the variable :data:`~pipelines.environment.STORAGE_OPTIONS_ENV`), the owner-only file ``path``
+    environment's JSON object (``environment``: :attr:`pipelines.runtime.environment.Settings.storage_options`,
+    the variable :data:`~pipelines.runtime.environment.STORAGE_OPTIONS_ENV`), the owner-only file ``path``
     (:func:`read_options_file`), then the command line's ``KEY=VALUE`` ``pairs``
     (:func:`parse_options`). The first two keep secrets off the command line, which every local
     user can read (``ps``, ``/proc/PID/cmdline``).

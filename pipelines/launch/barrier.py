@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import cloudpickle
 
-from pipelines.errors import Refused, is_refusal
+from pipelines.runtime.errors import Refused, is_refusal
 from pipelines.launch.child import run_child
 from pipelines.launch.failures import HorovodJobFailed, RankFailure, with_late_ranks
 from pipelines.launch.gpus import (CUDA_VISIBLE, check_local_gpus, nccl_env, parse_visible, rank_gpu_env, task_gpus,
@@ -30,7 +30,7 @@ from pipelines.launch.rankenv import gloo_timeout, own_timeouts
 from pipelines.launch.rendezvous import Rendezvous
 from pipelines.launch.ranklogs import LogSink
 from pipelines.launch.sparkcheck import check_barrier_conf, check_local_executors, executor_id_hosts, wait_for_slots
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 
 log = logging.getLogger("pipelines")
 
@@ -180,7 +180,7 @@ def task_choices(host: str, requested_iface: Optional[str], addresses: List[str]
                  environ: Mapping[str, str]) -> Dict[str, Any]:
     """What a barrier task decides before the ``allGather``: ``{'iface', 'gpus', 'addresses'}``, or
     ``{'error': 'Type: message', 'refused': bool}`` when it cannot start its rank (``refused``: a
-    :class:`~pipelines.errors.Refused`, the driver's exit 2).
+    :class:`~pipelines.runtime.errors.Refused`, the driver's exit 2).
 
     The interface: the driver's choice, else the executor's own ``HOROVOD_GLOO_IFACE`` (in
     ``environ``), else the one carrying ``host``'s address (:func:`interface_of`); ``host`` must

@@ -29,8 +29,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from pipelines.errors import Refused
-from pipelines.logs import plural
+from pipelines.runtime.errors import Refused
+from pipelines.runtime.logs import plural
 
 DEFAULTS = "spark-defaults.conf"
 

@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, Optional
 
-from pipelines.config import field
-from pipelines.errors import Refused
+from pipelines.runtime.config import field
+from pipelines.runtime.errors import Refused
 from pipelines.launch.rankenv import timeouts_env
 from pipelines.launch.runner import HorovodRunner
 from pipelines.launch.watchdog import DEFAULT_STALL_TIMEOUT_S

@@ -14,8 +14,8 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from pipelines.errors import Refused, is_refusal
-from pipelines.redact import redact
+from pipelines.runtime.errors import Refused, is_refusal
+from pipelines.runtime.redact import redact
 
 log = logging.getLogger("pipelines")
 
@@ -34,7 +34,7 @@ class RankFailure:
     """Why one rank failed: ``cause`` is one line (``Type: message`` or the exit status); ``host``
     where it ran; ``lost``: its process or host was taken away (killed, executor lost), which a
     relaunch may survive (:mod:`pipelines.launch.recovery`); ``refused``: it raised a
-    :class:`~pipelines.errors.Refused` (bad input: the driver exits 2, with one line)."""
+    :class:`~pipelines.runtime.errors.Refused` (bad input: the driver exits 2, with one line)."""
 
     rank: int
     cause: str
@@ -95,7 +95,7 @@ def failure_record(exc: BaseException) -> Dict[str, Any]:
     """The record a rank writes of the exception ``exc`` that ends it: its rank, host, one-line
     cause, its whole traceback (chained causes included; empty for a refusal, whose message says
     it all, and for a stop of the job's own: an exception with ``exit_status``), whether secondary,
-    whether a refusal (:class:`~pipelines.errors.Refused`), that exit status. Redacted."""
+    whether a refusal (:class:`~pipelines.runtime.errors.Refused`), that exit status. Redacted."""
     refused = is_refusal(exc)
     stop = getattr(exc, "exit_status", None)  # a stop the job chose (pipelines.training.preemption.Preempted)
     record = {"rank": int(os.environ.get("HOROVOD_RANK", "0")), "cause": f"{type(exc).__name__}: {exc}",

@@ -17,9 +17,9 @@ import shutil
 import subprocess
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from pipelines.errors import Refused
+from pipelines.runtime.errors import Refused
 from pipelines.launch.rankenv import assigned_gpus_env
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 
 CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
 DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}

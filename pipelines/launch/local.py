@@ -36,7 +36,7 @@ from pipelines.launch.failures import HorovodJobFailed, RankFailure, exit_cause,
 from pipelines.launch.rankenv import gloo_timeout
 from pipelines.launch.rendezvous import Rendezvous
 from pipelines.launch.ranklogs import owner_only_append
-from pipelines.redact import redact_text
+from pipelines.runtime.redact import redact_text
 
 LOOPBACK = "127.0.0.1"  # every socket of a local run: the rendezvous, and Gloo's own over lo
 STOP_GRACE_S = 5.0  # a rank stopped after another's failure gets SIGTERM, then SIGKILL after this

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Tuple
 
 import psutil
 
-from pipelines.errors import Refused
+from pipelines.runtime.errors import Refused
 
 GLOO_IFACE_ENV = "HOROVOD_GLOO_IFACE"
 

@@ -5,7 +5,7 @@ stream) would otherwise end in the executor's log on the worker host. :func:`for
 line by line in the task, echoes each line to the executor's stderr (the worker's log keeps it)
 and sends it over TCP to the driver's :class:`LogSink`, which prints it as it arrives, prefixed
 ``[rank R on HOST]``, and appends it to ``rank-R.log`` in a log folder when one is given. What the
-driver prints and keeps is redacted line by line (:func:`pipelines.redact.redact_text`: a
+driver prints and keeps is redacted line by line (:func:`pipelines.runtime.redact.redact_text`: a
 traceback's chained causes quote configs and URIs too), and ``rank-R.log`` is the owner's alone
 (mode 0600, in a folder of mode 0700 when the sink makes it).
 
@@ -37,7 +37,7 @@ import time
 from typing import BinaryIO, Dict, Optional, Tuple
 
 from pipelines.launch.network import join_host_port, resolve, split_host_port
-from pipelines.redact import redact_text
+from pipelines.runtime.redact import redact_text
 
 log = logging.getLogger("pipelines")
 

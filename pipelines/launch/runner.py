@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, Optional
 
-from pipelines.errors import Refused
+from pipelines.runtime.errors import Refused
 from pipelines.launch.barrier import run_spark
 from pipelines.launch.gpus import check_local_gpus, visible_gpu_count
 from pipelines.launch.local import run_local

@@ -117,7 +117,7 @@ def stall_record(why: str, environ=os.environ) -> Dict[str, Any]:
     """A stalled rank's failure record (the fields of :func:`pipelines.launch.failures.failure_record`):
     ``RankStalled: WHY``, its rank and host (Horovod's variables), every thread's stack as its
     traceback, ``lost`` (a relaunch may not stall again), never secondary nor a refusal."""
-    from pipelines.redact import redact
+    from pipelines.runtime.redact import redact
 
     return redact({"status": "error", "rank": int(environ.get("HOROVOD_RANK", "0")),
                    "host": environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),

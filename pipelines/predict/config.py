@@ -6,9 +6,9 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from pipelines.config import field, settle_verbose, verbose_field
-from pipelines.environment import read_settings
-from pipelines.errors import Refused
+from pipelines.runtime.config import field, settle_verbose, verbose_field
+from pipelines.runtime.environment import read_settings
+from pipelines.runtime.errors import Refused
 from pipelines.io.paths import check_url_safe
 from pipelines.io.storage import check_not_root
 

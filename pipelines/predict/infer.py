@@ -19,7 +19,7 @@ import numpy as np
 from pipelines.contract import row_bytes
 from pipelines.etl.images import ImageRejected, resize_to_square
 from pipelines.etl.transform import read_file
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 
 PREDICTED, UNREADABLE = "predicted", "unreadable"
 
@@ -170,15 +170,15 @@ def make_predict_fn(spec, k: int, from_files: bool, max_file_bytes: int, threads
         verbose: show TensorFlow's info lines in the workers (quiet by default, whatever
             environment the executors were started with).
         counter: the rows of each batch are added to it once predicted (or found unreadable):
-            the driver's progress (:func:`pipelines.spark.log_progress`); ``None``: not counted.
+            the driver's progress (:func:`pipelines.runtime.spark.log_progress`); ``None``: not counted.
 
     Returns:
         a function of no argument that loads the model and returns ``predict(values, reasons)``
         (:func:`predict_columns`); PySpark calls it once per Python worker.
     """
     def make():
-        from pipelines import zipcache
-        from pipelines.quiet import quiet_by_default
+        from pipelines.runtime import zipcache
+        from pipelines.runtime.quiet import quiet_by_default
 
         zipcache.install()  # this worker's next tasks start in milliseconds, not 0.3 s (see the module)
 

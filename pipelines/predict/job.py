@@ -28,14 +28,14 @@ from collections import Counter
 from functools import partial
 from typing import Dict, Iterator, List, Tuple
 
-from pipelines.config import to_dict
+from pipelines.runtime.config import to_dict
 from pipelines.contract import row_bytes
-from pipelines.errors import MissingInput, NotAFolder, Refused
+from pipelines.runtime.errors import MissingInput, NotAFolder, Refused
 from pipelines.etl.layout import closure_chunks, task_count
 from pipelines.etl.listing import reason_kind
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 from pipelines.io.paths import check_disjoint
-from pipelines.redact import redact
+from pipelines.runtime.redact import redact
 from pipelines.predict.config import PredictConfig
 from pipelines.predict.infer import PREDICTED, UNREADABLE, TaskCounter, make_predict_fn, result_type
 from pipelines.predict.inputs import TREE, InputPlan, Item, class_index, is_etl_split, plan_input
@@ -160,7 +160,7 @@ def emit_items(batches: Iterator, chunks: List[List[tuple]]) -> Iterator:
     ``chunks`` holds each :class:`Item` as a plain tuple (:func:`pipelines.etl.layout.closure_chunks`)."""
     import pyarrow as pa
 
-    from pipelines import zipcache
+    from pipelines.runtime import zipcache
 
     zipcache.install()  # this worker's next tasks start in milliseconds, not 0.3 s (see the module)
     schema = pa.schema([("path", pa.string()), ("label", pa.int32()), ("label_name", pa.string()),
@@ -314,9 +314,9 @@ def run_predict(config: PredictConfig, spark=None) -> Dict:
         FileNotFoundError, NotADirectoryError, ValueError: see :func:`prepare` (before Spark).
         RuntimeError: the written rows do not reconcile with the input.
     """
-    from pipelines.environment import read_settings
-    from pipelines.quiet import quiet_libraries
-    from pipelines.spark import log_progress, spark_session
+    from pipelines.runtime.environment import read_settings
+    from pipelines.runtime.quiet import quiet_libraries
+    from pipelines.runtime.spark import log_progress, spark_session
 
     quiet_libraries(config.verbose)  # this process's third-party noise: the config's choice
     staging, download = work_dirs(config.output)

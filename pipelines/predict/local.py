@@ -56,12 +56,12 @@ def format_row(row: Dict) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Print the top k of each file. Returns 0; 1 when a file was unreadable (the others are
     printed); 2 with a one-line error for a missing model or a model without its contract (a
-    :class:`~pipelines.errors.Refused`); 1 with the redacted traceback for any other exception."""
-    from pipelines.config import add_arguments, settle_verbose
-    from pipelines.environment import read_settings
-    from pipelines.errors import exit_status
-    from pipelines.logs import setup_logging
-    from pipelines.quiet import quiet_by_default
+    :class:`~pipelines.runtime.errors.Refused`); 1 with the redacted traceback for any other exception."""
+    from pipelines.runtime.config import add_arguments, settle_verbose
+    from pipelines.runtime.environment import read_settings
+    from pipelines.runtime.errors import exit_status
+    from pipelines.runtime.logs import setup_logging
+    from pipelines.runtime.quiet import quiet_by_default
 
     parser = argparse.ArgumentParser(prog="python -m pipelines.predict", description=__doc__.split("\n")[0])
     parser.add_argument("images", nargs="+", help="image files")

@@ -5,7 +5,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 
 
 def confusion_matrix(true: Sequence[int], predicted: Sequence[int], num_classes: int) -> np.ndarray:

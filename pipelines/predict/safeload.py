@@ -10,8 +10,8 @@ import json
 import os
 import zipfile
 
-from pipelines.errors import Refused
-from pipelines.logs import plural
+from pipelines.runtime.errors import Refused
+from pipelines.runtime.logs import plural
 from pipelines import stack as stacks
 
 

@@ -25,7 +25,7 @@ class folders are numbered from 001 in sorted class order, files per class from 
     first N images of each class in that order.
 
 Packages are fetched with ``apt-get download`` into ``CACHE/debs/`` (CACHE: the set-up tools'
-cache folder, :attr:`pipelines.environment.Settings.cache`, default ``~/.cache/pipelines``) and
+cache folder, :attr:`pipelines.runtime.environment.Settings.cache`, default ``~/.cache/pipelines``) and
 unpacked with ``dpkg -x`` into ``CACHE/<set>/``; both
 are reused when present, so a second run downloads nothing.
 
@@ -54,8 +54,8 @@ from typing import Iterable, Sequence
 import numpy as np
 from PIL import Image
 
-from pipelines.environment import read_settings
-from pipelines.logs import plural
+from pipelines.runtime.environment import read_settings
+from pipelines.runtime.logs import plural
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ def _is_our_image(path: Path, prefix: str) -> bool:
 # ---------------------------------------------------------------- Debian packages
 
 def cache_dir() -> Path:
-    """The set-up tools' cache folder (:attr:`pipelines.environment.Settings.cache`)."""
+    """The set-up tools' cache folder (:attr:`pipelines.runtime.environment.Settings.cache`)."""
     return Path(read_settings().cache)
 
 

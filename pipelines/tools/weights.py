@@ -29,7 +29,7 @@ import h5py
 import numpy as np
 
 from pipelines.io.atomic import replacing
-from pipelines.environment import CACHE_ENV, DEFAULT_CACHE, read_settings
+from pipelines.runtime.environment import CACHE_ENV, DEFAULT_CACHE, read_settings
 
 log = logging.getLogger("pipelines.tools.weights")
 
@@ -119,7 +119,7 @@ def match_layers(
 
 def default_cache_dir() -> pathlib.Path:
     """``CACHE/weights``, CACHE the set-up tools' cache folder
-    (:attr:`pipelines.environment.Settings.cache`)."""
+    (:attr:`pipelines.runtime.environment.Settings.cache`)."""
     return pathlib.Path(read_settings().cache) / "weights"
 
 

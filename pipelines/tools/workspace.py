@@ -11,8 +11,8 @@ import os
 from typing import Optional
 
 from pipelines.contract import MANIFEST, TRAIN, VALIDATION
-from pipelines.environment import read_settings
-from pipelines.errors import Refused
+from pipelines.runtime.environment import read_settings
+from pipelines.runtime.errors import Refused
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
 from pipelines.io.storage import resolve
@@ -22,7 +22,7 @@ from pipelines.tools.weights import ensure_xception_notop_weights
 
 def default_workdir() -> str:
     """The notebooks' and benchmarks' default working folder, a local absolute path (not made
-    here): :attr:`pipelines.environment.Settings.workdir`."""
+    here): :attr:`pipelines.runtime.environment.Settings.workdir`."""
     return read_settings().workdir
 
 

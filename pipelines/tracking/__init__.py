@@ -6,7 +6,7 @@ Each job is one MLflow run, started by one process (training: rank 0; the ETL: i
 - **Store**: ``--tracking-uri``, else ``$MLFLOW_TRACKING_URI``, else a local SQLite store in the
   job's output, ``sqlite:///OUTPUT/mlruns.db``, whose experiments keep their artifacts beside it
   in ``OUTPUT/mlruns/<experiment_id>/`` (no server needed; ``mlflow ui --backend-store-uri`` shows it).
-- **Off**: ``--no-tracking``, or the environment's default (:mod:`pipelines.environment`) when no flag is given.
+- **Off**: ``--no-tracking``, or the environment's default (:mod:`pipelines.runtime.environment`) when no flag is given.
 - **Resume**: the run's id is kept in ``OUTPUT/mlflow_run.json``; a resumed training run continues
   that MLflow run (:func:`start` with ``continue_run``).
 

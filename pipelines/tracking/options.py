@@ -7,10 +7,10 @@ import logging
 import os
 from typing import Optional, Tuple
 
-from pipelines.environment import TRACKING_ENV, WORKDIR_ENV, Settings
-from pipelines.errors import Refused
-from pipelines.quiet import is_verbose
-from pipelines.redact import redact_text, redact_uri
+from pipelines.runtime.environment import TRACKING_ENV, WORKDIR_ENV, Settings
+from pipelines.runtime.errors import Refused
+from pipelines.runtime.quiet import is_verbose
+from pipelines.runtime.redact import redact_text, redact_uri
 from pipelines.io.storage import is_local
 
 
@@ -52,7 +52,7 @@ SQLITE = "sqlite:///"
 def default_uri(output: str, workdir: str) -> str:
     """``sqlite:///OUTPUT/mlruns.db``, ``output`` made absolute. An output on an object store (a URI)
     cannot hold a SQLite database: its default store is the launching machine's
-    ``WORKDIR/mlflow/mlruns.db`` (``workdir``: :attr:`pipelines.environment.Settings.workdir`), one
+    ``WORKDIR/mlflow/mlruns.db`` (``workdir``: :attr:`pipelines.runtime.environment.Settings.workdir`), one
     store for all such outputs, each run recorded in its output's ``mlflow_run.json`` as usual. The
     store's folder is made when the store is first opened (:func:`open_store`)."""
     if not is_local(output):
@@ -76,7 +76,7 @@ def resolve(tracking: Optional[bool], uri: str, output: str, experiment: str, se
     process: ranks on other hosts may not have its environment).
 
     Returns ``(enabled, uri)``: ``tracking`` if given, else ``settings.tracking`` (the environment's
-    default, :func:`pipelines.environment.read_settings`); the URI ``uri``, else
+    default, :func:`pipelines.runtime.environment.read_settings`); the URI ``uri``, else
     ``$MLFLOW_TRACKING_URI``, else :func:`default_uri` (in ``settings.workdir`` for a URI output), a
     SQLite path made absolute (the URI as given when disabled).
 

@@ -12,8 +12,8 @@ import warnings
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from pipelines.io.atomic import replacing
-from pipelines.quiet import is_verbose
-from pipelines.redact import redact, redact_text, redact_uri
+from pipelines.runtime.quiet import is_verbose
+from pipelines.runtime.redact import redact, redact_text, redact_uri
 from pipelines.io.storage import Location, resolve as resolve_location
 from pipelines.tracking.options import (MODEL_ARTIFACT, RUN_FILE, TrackingFailed, TrackingUnavailable, _mlflow,
                                         _unavailable, absolute, log)
@@ -49,7 +49,7 @@ def _write_run_file(output, record: Dict[str, str]) -> None:
 def recorded_run(output, uri: str) -> Optional[str]:
     """The run id kept in ``OUTPUT/mlflow_run.json`` (``output``: a path, URI or
     :class:`pipelines.io.storage.Location`) when it was logged to ``uri``, else ``None`` (the file
-    keeps the URI with its credentials masked: :func:`pipelines.redact.redact_uri`)."""
+    keeps the URI with its credentials masked: :func:`pipelines.runtime.redact.redact_uri`)."""
     try:
         record = _run_file(output).read_json()
     except (FileNotFoundError, ValueError):
@@ -66,7 +66,7 @@ def start(uri: str, experiment: str, output, run_name: str = "", params: Optiona
     run): only params it lacks are logged, changed values become ``resumed_with.<param>`` tags
     (MLflow params are immutable). Use the result in a ``with`` block, which ends the run.
 
-    Params, tags, the run file and every message have secrets masked (:func:`pipelines.redact.redact`:
+    Params, tags, the run file and every message have secrets masked (:func:`pipelines.runtime.redact.redact`:
     values of secret-looking keys such as ``storage_options.secret_key``, a URI's userinfo).
 
     Raises:
@@ -273,7 +273,7 @@ def _events(quiet: bool = False) -> Iterator[None]:
     """MLflow's event lines in the block, credentials masked: MLflow prints them to ``sys.stdout``
     and ``sys.stderr`` as they are at the time of each line (ending a run on a server prints
     "View run ... at: http://user:password@host/..." to stdout), so the block's are caught and
-    written on, each to its stream, redacted (:func:`pipelines.redact.redact_text`); with
+    written on, each to its stream, redacted (:func:`pipelines.runtime.redact.redact_text`); with
     ``quiet``, unless verbose, dropped (registering prints two lines, which our log says).
     Logging handlers keep the stream they were made with."""
     out, err = io.StringIO(), io.StringIO()

@@ -14,9 +14,9 @@ import sys
 import time
 from typing import Any, Iterator, Optional, Set
 
-from pipelines.environment import environment
-from pipelines.quiet import is_verbose
-from pipelines.redact import redact_text, redact_uri
+from pipelines.runtime.environment import environment
+from pipelines.runtime.quiet import is_verbose
+from pipelines.runtime.redact import redact_text, redact_uri
 from pipelines.tracking.options import (POOL_ENV, PROBE_TIMEOUT_S, SETUP_LOCK_TIMEOUT_S, TrackingUnavailable,
                                         _is_remote, _mlflow, _sqlite_path, _unavailable, absolute, artifact_root)
 

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Deque, Iterable, Iterator, List, NamedTuple, O
 
 import numpy as np
 
-from pipelines.errors import Refused
-from pipelines.logs import plural
+from pipelines.runtime.errors import Refused
+from pipelines.runtime.logs import plural
 from pipelines.training.stream import epoch_order  # noqa: F401 (its home was here; callers import it from here)
 
 #: bytes of images decoded at a time on the way into the cache: 2-8 images of 299 px took the

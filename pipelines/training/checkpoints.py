@@ -16,7 +16,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 
 FORMAT = "trainable+optimizer npz v1"
 

@@ -18,16 +18,16 @@ import sys
 import tempfile
 from typing import Iterator, Mapping, Optional, Sequence, Tuple
 
-from pipelines.config import parse_configs
-from pipelines.errors import exit_status
+from pipelines.runtime.config import parse_configs
+from pipelines.runtime.errors import exit_status
 from pipelines.launch import HorovodJobFailed, RelaunchImpossible
 from pipelines.launch.config import LaunchConfig
 from pipelines.launch.gpus import DEVICE_ORDER
-from pipelines.environment import read_settings
-from pipelines.logs import plural, setup_logging
-from pipelines.quiet import quiet_by_default
-from pipelines.redact import redact_text
-from pipelines.spark import spark_session
+from pipelines.runtime.environment import read_settings
+from pipelines.runtime.logs import plural, setup_logging
+from pipelines.runtime.quiet import quiet_by_default
+from pipelines.runtime.redact import redact_text
+from pipelines.runtime.spark import spark_session
 from pipelines.io.storage import is_local, resolve
 from pipelines.tracking import TrackingFailed, check_store
 from pipelines.training.config import TrainConfig
@@ -51,7 +51,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     credentials), or the launch is impossible (too few task slots, a Spark setting barrier tasks refuse, a network
     interface or host address that is not on this machine's executors, more local ranks than GPUs, an MLflow
     tracking server that does not answer), or ``--weights imagenet`` is neither in Keras' cache nor can be fetched,
-    before any rank starts, or a rank refused its input (each a :class:`~pipelines.errors.Refused`);
+    before any rank starts, or a rank refused its input (each a :class:`~pipelines.runtime.errors.Refused`);
     1 with the failing rank, its cause and its redacted traceback when a
     rank fails (on its host: also its network) and is not relaunched (``--max-failures``); 1 with
     one line when MLflow could not log the results (the training outputs are complete); 1 with the
@@ -144,7 +144,7 @@ def launch_ranks(config: TrainConfig, launch: LaunchConfig) -> dict:
     each rank's whole output kept under ``OUTPUT/logs`` (:func:`rank_log_dir`). Returns rank 0's report.
 
     Raises:
-        pipelines.errors.Refused: a refusal (exit 2): as :func:`check_before_ranks`, the launch's checks.
+        pipelines.runtime.errors.Refused: a refusal (exit 2): as :func:`check_before_ranks`, the launch's checks.
         HorovodJobFailed, RelaunchImpossible: a rank failed and was not relaunched (exit 1).
     """
     setup_logging("train driver")
@@ -188,7 +188,7 @@ def check_before_ranks(config: TrainConfig, world_size: int):
     Returns the run it would be (a :class:`~pipelines.training.runs.RunIdentity`).
 
     Raises:
-        pipelines.errors.Refused (DataError, StorageError, MissingInput ...): as
+        pipelines.runtime.errors.Refused (DataError, StorageError, MissingInput ...): as
             :func:`pipelines.training.data.check_run` and :func:`pipelines.training.outputs.check_output`.
         pipelines.training.runs.RunRefused: as :func:`pipelines.training.runs.claim`.
     """

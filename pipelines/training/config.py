@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple, Union
 
 from pipelines import tracking as trk
-from pipelines.config import field, settle_verbose, storage_options_field, verbose_field
-from pipelines.environment import TRACKING_ENV, read_settings
-from pipelines.errors import Refused
+from pipelines.runtime.config import field, settle_verbose, storage_options_field, verbose_field
+from pipelines.runtime.environment import TRACKING_ENV, read_settings
+from pipelines.runtime.errors import Refused
 from pipelines.io.paths import check_url_safe
 from pipelines.io.storage import check_not_root, is_local
 from pipelines.training.finetune import KERAS_GUIDE_LR_FACTOR

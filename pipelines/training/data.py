@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from pipelines.contract import MANIFEST, MANIFEST_FORMAT, SPLITS, TEST, TRAIN, VALIDATION, Manifest
-from pipelines.errors import Refused
-from pipelines.logs import plural
+from pipelines.runtime.errors import Refused
+from pipelines.runtime.logs import plural
 from pipelines.io.paths import check_url_safe, local_url
 from pipelines.training.sharding import shard
 from pipelines.training.arrow_reader import (DataError, RowGroup, ShardCountError, read_group,  # noqa: F401

@@ -11,9 +11,9 @@ import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from pipelines.errors import Refused
+from pipelines.runtime.errors import Refused
 from pipelines.launch.gpus import check_local_gpus
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 
 log = logging.getLogger("pipelines")
 

@@ -19,7 +19,7 @@ class TrainingDiverged(RuntimeError):
     with the same message naming the epoch, the step and each rank (and its host) that found one.
 
     A failure of the run (exit 1), not a refusal of its input: deliberately not a ``ValueError``
-    (:class:`pipelines.errors.Refused` is one, and only it exits 2).
+    (:class:`pipelines.runtime.errors.Refused` is one, and only it exits 2).
     """
 
 

@@ -8,7 +8,7 @@ A line comes at the end of the first step that is at least :data:`EVERY_S` secon
 previous line (or the epoch's start), so at least every 10 s while steps end (one a step when a
 step takes longer), and one after the epoch's last step (``steps done in ..., then validation``).
 The rate is the mean since the epoch began, by the same rule as the ETL's and batch inference's
-lines (:func:`pipelines.progress.rate_and_left`): in a run's first epoch the first lines include
+lines (:func:`pipelines.runtime.progress.rate_and_left`): in a run's first epoch the first lines include
 tracing the step and are pessimistic. Images/s count the global batch (every rank's images).
 The time left is the epoch's remaining steps at that rate plus its validation (the exact
 evaluation at the epoch's end) as long as the previous epoch's took (its ``val_seconds``); in the
@@ -22,7 +22,7 @@ import time
 from typing import Callable, Optional
 
 from pipelines.kerasapi import keras
-from pipelines.progress import format_duration, rate_and_left
+from pipelines.runtime.progress import format_duration, rate_and_left
 
 log = logging.getLogger("pipelines")
 
@@ -45,7 +45,7 @@ def epoch_line(epoch: int, epochs: int, done: int, steps: int, global_batch: int
         ``"epoch <e>/<E>: <done>/<steps> steps (<percent> %), <rate> images/s, <left> left in the
         epoch"``, the percentage floored, the rate ``done x global_batch / elapsed_s`` with one
         decimal, the time left ``(steps - done) / (done / elapsed_s)`` plus ``validation_s``
-        (:func:`pipelines.progress.format_duration`); without ``validation_s``, ``left in the
+        (:func:`pipelines.runtime.progress.format_duration`); without ``validation_s``, ``left in the
         epoch's steps, then validation``; after the last step ``steps done in <elapsed>, then
         validation``; before any rate exists, ``rate not known yet``.
     """

@@ -25,7 +25,7 @@ from typing import Mapping, Optional, Tuple
 
 import numpy as np
 
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 from pipelines.training.sharding import shard
 
 log = logging.getLogger("pipelines")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pipelines.io.atomic import replacing
-from pipelines.errors import Refused
+from pipelines.runtime.errors import Refused
 
 log = logging.getLogger("pipelines")
 

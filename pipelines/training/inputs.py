@@ -31,7 +31,7 @@ import time
 from typing import Iterator, Optional, Tuple
 
 from pipelines.contract import EVALUATED, SPLITS
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 from pipelines.training.config import TrainConfig
 from pipelines.training.data import Dataset, OnePassShard, check_reader, make_dataset, open_reader, verify_total
 from pipelines.training.model import backbone_of, feature_extractor, model_input
@@ -58,7 +58,7 @@ class ImageInputs:
         :func:`~pipelines.training.data.exact_positions`).
 
         Raises:
-            pipelines.errors.Refused: ``--reader`` is unknown or cannot run here (:func:`check_reader`).
+            pipelines.runtime.errors.Refused: ``--reader`` is unknown or cannot run here (:func:`check_reader`).
         """
         return check_reader(self.config.reader) == "own"
 

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from pipelines.contract import MODEL_FILE
-from pipelines.errors import MissingInput, Refused
+from pipelines.runtime.errors import MissingInput, Refused
 
 
 @dataclass(frozen=True)

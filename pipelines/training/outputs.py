@@ -24,8 +24,8 @@ import tempfile
 from typing import Dict, Mapping, Optional, Tuple
 
 from pipelines.contract import CHECKPOINT_NAME, HISTORY, METRICS, TRAIN_RUN, plain_name
-from pipelines.errors import Refused
-from pipelines.logs import plural
+from pipelines.runtime.errors import Refused
+from pipelines.runtime.logs import plural
 from pipelines.io.storage import Location, check_reachable, resolve
 from pipelines.tracking import RUN_FILE
 

@@ -15,10 +15,10 @@ import shutil
 import socket
 from typing import Dict, List, Optional
 
-from pipelines.config import to_dict
+from pipelines.runtime.config import to_dict
 from pipelines.contract import CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT
-from pipelines.logs import plural
-from pipelines.redact import redact
+from pipelines.runtime.logs import plural
+from pipelines.runtime.redact import redact
 from pipelines.training.config import TrainConfig
 from pipelines.training.resume import Resume, weights_checksum
 

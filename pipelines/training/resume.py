@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from pipelines.errors import Refused
-from pipelines.logs import plural
+from pipelines.runtime.errors import Refused
+from pipelines.runtime.logs import plural
 from pipelines.training.config import TrainConfig
 
 log = logging.getLogger("pipelines")

@@ -39,8 +39,8 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from pipelines.errors import Refused
-from pipelines.logs import plural
+from pipelines.runtime.errors import Refused
+from pipelines.runtime.logs import plural
 
 log = logging.getLogger("pipelines")
 

@@ -18,8 +18,8 @@ from typing import Dict, List, Optional, Tuple
 
 from pipelines.contract import (CHECKPOINT_MARKER, CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, STEP_CHECKPOINT_MARKER,
                                 STEP_CHECKPOINT_WEIGHTS, plain_name)
-from pipelines.errors import Refused
-from pipelines.logs import plural
+from pipelines.runtime.errors import Refused
+from pipelines.runtime.logs import plural
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence, TypeVar
 
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 
 T = TypeVar("T")
 

@@ -30,7 +30,7 @@ from typing import Callable, Dict, Iterator, NamedTuple, Optional, Sequence, Tup
 
 import numpy as np
 
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:

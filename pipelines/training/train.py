@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional
 
-from pipelines.config import to_dict
+from pipelines.runtime.config import to_dict
 from pipelines.contract import HISTORY, TENSORBOARD, TEST, VALIDATION
 from pipelines.launch.rankenv import RankEnvironment, read_rank_environment
-from pipelines.logs import plural
-from pipelines.redact import redact
+from pipelines.runtime.logs import plural
+from pipelines.runtime.redact import redact
 from pipelines.io.storage import is_local, resolve
 from pipelines.training import preemption
 from pipelines.training.config import TrainConfig
@@ -71,7 +71,7 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     binding), ``hvd.init()``, logging (rank 0 at INFO, others at WARNING; third-party noise as
     ``config.verbose`` says), device placement, TensorFlow threads. Used by the job and by the
     scaling benchmark, so both train on the same set-up."""
-    from pipelines.quiet import quiet_by_default, quiet_libraries
+    from pipelines.runtime.quiet import quiet_by_default, quiet_libraries
 
     # before TensorFlow loads here: a barrier task's rank inherits its executor's environment, not
     # the driver's set-up, so the rank sets its own noise from its config
@@ -80,7 +80,7 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     import tensorflow as tf
     from pipelines.kerasapi import keras
 
-    from pipelines.logs import setup_logging
+    from pipelines.runtime.logs import setup_logging
     from pipelines.training.devices import apply_device, bind_to_cores, local_topology
     from pipelines.training.devices import precision_policy, threads_per_rank
 

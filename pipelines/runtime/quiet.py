@@ -5,7 +5,7 @@ Call :func:`quiet_by_default` first thing in an entry point, before TensorFlow o
 warning lines (oneDNN, CPU features: 18 lines per process), its Python logger's warnings (per
 rank), Spark's log4j INFO lines (``conf/log4j2.properties``) and the known harmless Python
 warnings listed in :data:`HARMLESS` stay out of the logs. ``--verbose`` (a field of each stage's
-config, whose default is the environment's: :mod:`pipelines.environment`) shows all of them. The
+config, whose default is the environment's: :mod:`pipelines.runtime.environment`) shows all of them. The
 ranks get it in their config (:func:`quiet_libraries` in each rank), Spark's Python workers as a
 parameter; this process's choice is kept by the set-up (:func:`is_verbose`) for the code that
 decides what third-party output to show (MLflow's, Spark's log level).

@@ -5,7 +5,7 @@ total, the rate and the time left.
 
 The rate is the mean since the work started (``done / elapsed``), so it includes the start-up
 (the first lines are pessimistic) and does not jump when one slow task ends; the time left is
-``(total - done) / rate``, read at that rate. :func:`pipelines.spark.log_progress` logs it for a
+``(total - done) / rate``, read at that rate. :func:`pipelines.runtime.spark.log_progress` logs it for a
 Spark job.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from pipelines.logs import plural
+from pipelines.runtime.logs import plural
 
 
 def format_duration(seconds: float) -> str:
@@ -54,7 +54,7 @@ def progress_line(what: str, done: int, total: int, elapsed_s: float, unit: str 
         done, total: items done and to do (``done`` may be below ``total`` when ``finished``: the
             work ended early). elapsed_s: seconds since the work started.
         unit, units: the item's noun, singular, and its plural when not regular
-            (:func:`pipelines.logs.plural`).
+            (:func:`pipelines.runtime.logs.plural`).
         finished: the last line: ``done in <duration>`` instead of the time left.
 
     Returns:

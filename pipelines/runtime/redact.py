@@ -72,7 +72,7 @@ def _spark_regex() -> str:
 #: every property's key and value: the whole value is hidden where it matches), which hides what
 #: its UI and event logs show of the configuration, the environment and ``sun.java.command`` (a
 #: ``spark-submit`` command line). Spark's own default (``secret|password|token|access[.]?key``)
-#: misses ``account_key``, a bare ``key``, ``sig``, ``credentials``; :func:`pipelines.spark.spark_session`
+#: misses ``account_key``, a bare ``key``, ``sig``, ``credentials``; :func:`pipelines.runtime.spark.spark_session`
 #: sets this one. It matches words as substrings, so it hides more than :func:`is_secret_key`
 #: (``cache_key`` too): a hidden setting in the UI costs a reader one value.
 SPARK_REDACTION_REGEX = _spark_regex()

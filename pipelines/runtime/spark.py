@@ -9,9 +9,9 @@ import time
 from contextlib import contextmanager
 from typing import Dict, Iterator, Mapping, Optional
 
-from pipelines.environment import environment
-from pipelines.quiet import spark_log_options
-from pipelines.redact import SPARK_REDACTION_REGEX
+from pipelines.runtime.environment import environment
+from pipelines.runtime.quiet import spark_log_options
+from pipelines.runtime.redact import SPARK_REDACTION_REGEX
 
 log = logging.getLogger("pipelines")
 
@@ -28,7 +28,7 @@ LOOPBACK = "127.0.0.1"
 
 def utf8_conf(verbose: bool = False) -> Dict[str, str]:
     """Spark settings that give executors (their JVM and Python workers) a UTF-8 locale, and the
-    driver the quiet log4j configuration (:func:`pipelines.quiet.spark_log_options`) unless ``verbose``.
+    driver the quiet log4j configuration (:func:`pipelines.runtime.quiet.spark_log_options`) unless ``verbose``.
 
     ``spark.*.defaultJavaOptions`` (not ``extraJavaOptions``), so that a user's own
     ``extraJavaOptions`` are added to them, not replaced.
@@ -62,7 +62,7 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
                   verbose: bool = False, log_level: str = ""):
     """The active SparkSession, or a new one, its log level ``log_level``, else ``INFO`` when
     ``verbose``, else ``WARN`` (a job passes its config's ``verbose`` and the environment's
-    :attr:`pipelines.environment.Settings.spark_log_level`).
+    :attr:`pipelines.runtime.environment.Settings.spark_log_level`).
 
     Under ``spark-submit`` the master comes from it; under plain ``python`` it is ``master`` or
     ``local[*]`` (:data:`DEFAULT_MASTER`). Python workers run the same interpreter as the driver unless
@@ -72,7 +72,7 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
     master's services on loopback (:func:`service_conf`); ``conf`` wins over those. Under
     ``spark-submit`` the JVM is already running: pass ``--conf`` settings there. A new SparkContext hides the product's secret keys in its UI and
     event log, under ``spark-submit`` too (``spark.redaction.regex``:
-    :data:`pipelines.redact.SPARK_REDACTION_REGEX`; ``conf`` may set another).
+    :data:`pipelines.runtime.redact.SPARK_REDACTION_REGEX`; ``conf`` may set another).
     """
     from pyspark import SparkContext  # in the function: `import pipelines` stays free of PySpark
     from pyspark.sql import SparkSession
@@ -99,7 +99,7 @@ def log_progress(spark, what: str, total: int, unit: str = "image", every_s: flo
 
     Logged (the ``pipelines`` logger: the terminal, and the driver's log under spark-submit): a
     first line at the start, one every ``every_s`` seconds, and a last one when the block ends
-    without an error, each :func:`pipelines.progress.progress_line` (items done out of ``total``,
+    without an error, each :func:`pipelines.runtime.progress.progress_line` (items done out of ``total``,
     items/s, the time left) followed by the active stages' tasks from Spark's status tracker
     (``tasks 12/62 done, 2 running``).
 
@@ -111,7 +111,7 @@ def log_progress(spark, what: str, total: int, unit: str = "image", every_s: flo
     Yields:
         the accumulator (``pyspark.Accumulator`` of int, 0) to pass to the tasks.
     """
-    from pipelines.progress import progress_line
+    from pipelines.runtime.progress import progress_line
 
     context = spark.sparkContext
     counter = context.accumulator(0)

@@ -12,8 +12,8 @@ import sys
 import typing
 from typing import Any, Callable, Mapping, Sequence, Tuple, Type, TypeVar, Union
 
-from pipelines.errors import Refused, exit_status, is_refusal
-from pipelines.redact import redact_text
+from pipelines.runtime.errors import Refused, exit_status, is_refusal
+from pipelines.runtime.redact import redact_text
 
 T = TypeVar("T")
 
@@ -26,14 +26,14 @@ def field(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> 
 def verbose_field(shows: str) -> Any:
     """The ``verbose`` field every stage has (``--verbose`` / ``--no-verbose``): None when not given,
     settled where the config is made by :func:`settle_verbose`."""
-    from pipelines.environment import VERBOSE_ENV
+    from pipelines.runtime.environment import VERBOSE_ENV
 
     return field(None, help=f"show {shows} and known harmless warnings (default: quiet, unless {VERBOSE_ENV}=1)")
 
 
 def settle_verbose(verbose: Any, settings: Any) -> bool:
     """A config's ``verbose``: as given, else the environment's (``settings``:
-    :func:`pipelines.environment.read_settings`)."""
+    :func:`pipelines.runtime.environment.read_settings`)."""
     return settings.verbose if verbose is None else bool(verbose)
 
 
@@ -117,7 +117,7 @@ def parse_config(cls: Type[T], argv: Sequence[str] | None = None, description: s
 
     Raises:
         SystemExit: on unknown or malformed options (argparse's usual exit code 2), or when the
-            dataclass's ``__post_init__`` refuses a value (:class:`pipelines.errors.Refused`: one
+            dataclass's ``__post_init__`` refuses a value (:class:`pipelines.runtime.errors.Refused`: one
             line, ``PROG: error: REASON``, exit 2). Any other exception propagates (a failure).
     """
     return parse_configs((cls,), argv, description)[0]
@@ -149,7 +149,7 @@ _warned = False
 
 def warn_visible_secrets(prog: str, argv: Sequence[str]) -> None:
     """Say once per process, on stderr, when the command line ``argv`` holds a secret
-    (:func:`pipelines.redact.redact_text` would mask part of it: ``--storage-option secret_key=V``,
+    (:func:`pipelines.runtime.redact.redact_text` would mask part of it: ``--storage-option secret_key=V``,
     ``--tracking-uri http://user:pw@host``): every local user can read it (``ps``). Said by the
     launching process and rank 0 only (``HOROVOD_RANK``), never with the secret."""
     global _warned
@@ -183,7 +183,7 @@ def _field_values(cls: Type[Any], values: Mapping[str, Any]) -> dict[str, Any]:
     own = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}
     for f in dataclasses.fields(cls):
         if f.metadata.get("key_values") and f.name in own:
-            from pipelines.environment import read_settings
+            from pipelines.runtime.environment import read_settings
             from pipelines.io.storage import gather_options  # in the function: storage loads pyarrow
 
             own[f.name] = gather_options(own[f.name] or [], values.get(f.name + _FILE),
@@ -200,18 +200,18 @@ def run_command(cls: Type[T], argv: Sequence[str] | None, stage: str, run: Calla
                 summarize: Callable[[Any], str],
                 exit_codes: Mapping[Union[Type[BaseException], Tuple[Type[BaseException], ...]], int]) -> int:
     """The body of a stage's ``main``: options into ``cls`` (:func:`parse_config`), the process's
-    noise set by the config's ``verbose`` (:func:`pipelines.quiet.quiet_by_default`, before
+    noise set by the config's ``verbose`` (:func:`pipelines.runtime.quiet.quiet_by_default`, before
     TensorFlow or Spark load), logging set up for ``stage``, ``run(config)``, then
     ``summarize(result)`` printed.
 
     Returns:
-        0; 2 when ``run`` refused its input (:class:`pipelines.errors.Refused`), after one log line
+        0; 2 when ``run`` refused its input (:class:`pipelines.runtime.errors.Refused`), after one log line
         with the message; when it raised a failure of a type in ``exit_codes`` (checked in order:
         a known failure, whose message says it all), that code after one log line; 1 for any other
-        exception, after its whole traceback, redacted (:func:`pipelines.errors.exit_status`).
+        exception, after its whole traceback, redacted (:func:`pipelines.runtime.errors.exit_status`).
     """
-    from pipelines.logs import setup_logging
-    from pipelines.quiet import quiet_by_default
+    from pipelines.runtime.logs import setup_logging
+    from pipelines.runtime.quiet import quiet_by_default
 
     config = parse_config(cls, argv)
     quiet_by_default(config.verbose)

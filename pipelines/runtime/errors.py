@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import traceback
 
-from pipelines.redact import redact_text
+from pipelines.runtime.redact import redact_text
 
 
 class Refused(ValueError):
@@ -37,7 +37,7 @@ def is_refusal(exc: BaseException) -> bool:
 
 def failure_text(exc: BaseException) -> str:
     """``exc``'s whole traceback, chained causes and contexts included, as Python prints it, with
-    secrets masked (:func:`pipelines.redact.redact_text`): what a failure logs, never a refusal."""
+    secrets masked (:func:`pipelines.runtime.redact.redact_text`): what a failure logs, never a refusal."""
     return redact_text("".join(traceback.format_exception(exc)).rstrip("\n"))
 
 
