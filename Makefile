@@ -1,10 +1,10 @@
 # Two commands on a fresh machine: `make main` and `make test`. Both are idempotent.
 # STACK=mission (the default: Horovod + Petastorm on TensorFlow 2.15, Python 3.11) or STACK=current
-# (TensorFlow 2.21 with tf-keras, patched Horovod, our own reader, Python 3.12); pipelines/stack.py
+# (TensorFlow 2.21 with tf-keras, patched Horovod, our own reader, Python 3.12); pipelines/stack/__init__.py
 # says what differs, requirements/<stack>.in the versions.
 STACK  ?= mission
 # Checked before anything runs: an unknown stack is one line naming the stacks (exit 2).
-STACK_ERROR := $(shell python3 pipelines/stack.py check '$(STACK)' 2>&1)
+STACK_ERROR := $(shell python3 -m pipelines.stack check '$(STACK)' 2>&1)
 ifneq ($(STACK_ERROR),)
 $(error $(STACK_ERROR))
 endif

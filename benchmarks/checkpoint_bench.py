@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def head_model(classes: int):
     """The job's head on 2,048 features, compiled with Nadam and built (as compile_distributed)."""
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
     from pipelines.training.checkpoints import build_optimizer
     from pipelines.training.features import build_head
 
@@ -44,7 +44,7 @@ def head_model(classes: int):
 def round_ms(model, data, steps: int, every: int, directory: str, writes: list) -> float:
     """Mean ms per step of ``steps`` steps (the writes included) with a step checkpoint after every
     ``every``-th (0: none)."""
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
     from pipelines.training.callbacks import BestWeightsEarlyStopping, EpochStats
     from pipelines.training.checkpointer import CheckpointMarker, Interval
 

@@ -91,7 +91,7 @@ def previous_classification_report(true, predicted, class_names) -> Dict:
 def tiny_model(num_classes: int, size: int, seed: int = 0):
     """A real Keras model ``(n, size, size, 3)`` float32 -> softmax ``(n, num_classes)`` whose first
     :data:`BASE_CLASSES` logits are the same for every ``num_classes`` (same seed) and the rest -30."""
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     rng = np.random.default_rng(seed)
     model = keras.Sequential([keras.Input((size, size, 3)), keras.layers.Conv2D(8, 3, strides=2, activation="relu"),

@@ -198,7 +198,7 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
 
     import horovod.tensorflow as hvd_tf
     import horovod.tensorflow.keras as hvd
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     from pipelines.training.data import load_dataset
     from pipelines.training.finetune import allreduce_bytes, trainable_parameters, unfreeze
@@ -252,7 +252,7 @@ def step_window(warmup_steps: int, steps: int, on_start=None, on_stop=None):
     building, the first collectives' set-up and one step. ``on_start``/``on_stop`` (no
     arguments) run where the timed window starts and ends (Horovod's timeline). Used by every
     trainer the benchmarks time, so that all are timed alike."""
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     class StepWindow(keras.callbacks.Callback):
         def __init__(self):

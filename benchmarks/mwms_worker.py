@@ -49,7 +49,7 @@ def train(config, warmup_steps: int, steps: int) -> dict:
 
     import tensorflow as tf
 
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
     from pipelines.training.data import load_dataset
     from pipelines.training.finetune import unfreeze
     from pipelines.training.inputs import ImageInputs

@@ -18,7 +18,7 @@ def _keras_environment() -> None:
     unpickling our function, notebook kernels, the tests), and children inherit it. On the current
     stack (TF 2.21) "1" makes `tf.keras` Keras 2 (tf_keras), the API Horovod averages; without it 12
     of Horovod's 13 Keras tests fail. On mission (TF 2.15, no tf_keras) it must be unset: TF 2.15
-    reads it too, and `tf.keras` then fails to import. pipelines.kerasapi refuses a process where
+    reads it too, and `tf.keras` then fails to import. pipelines.stack.kerasapi refuses a process where
     TensorFlow came first. Reads package metadata only (pipelines.stack), imports nothing heavy.
     """
     from pipelines import stack

@@ -67,8 +67,8 @@ now() { date +%s; }
 
 for stack in "${STACKS[@]}"; do
   [ -n "${SUITE[$stack]:-}" ] || { echo "[image-test] unknown stack '$stack': IMAGE_TEST_STACKS takes ${!SUITE[*]}" >&2; exit 2; }
-  python3 pipelines/stack.py check "$stack" || exit 2
-  read -r -a supported <<<"$(python3 pipelines/stack.py pythons "$stack")"
+  python3 -m pipelines.stack check "$stack" || exit 2
+  read -r -a supported <<<"$(python3 -m pipelines.stack pythons "$stack")"
   [[ " ${supported[*]} " == *" ${PYTHON[$stack]} "* ]] || {
     echo "[image-test] $stack supports Python ${supported[*]}, Debian ${SUITE[$stack]} has ${PYTHON[$stack]}" >&2; exit 2; }
 done

@@ -12,8 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STACK=${1:?usage: scripts/lock.sh STACK}
-python3 pipelines/stack.py check "$STACK" || exit 2
-read -r -a VERSIONS <<<"$(python3 pipelines/stack.py pythons "$STACK")"
+python3 -m pipelines.stack check "$STACK" || exit 2
+read -r -a VERSIONS <<<"$(python3 -m pipelines.stack pythons "$STACK")"
 PY=$(STACK=$STACK bash scripts/setup_env.sh --find-python) || exit 2
 tools=$(mktemp -d); trap 'rm -rf "$tools"' EXIT
 "$PY" -m venv "$tools/venv"

@@ -10,11 +10,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STACK=${STACK:-mission}
-python3 pipelines/stack.py check "$STACK" || exit 2
+python3 -m pipelines.stack check "$STACK" || exit 2
 TF_EXTRA=${PIPELINES_TF_EXTRA:-cpu}
 LOCK=requirements/$STACK.lock
 [ "$TF_EXTRA" = gpu ] && LOCK=requirements/$STACK-gpu.lock
-read -r -a VERSIONS <<<"$(python3 pipelines/stack.py pythons "$STACK")"
+read -r -a VERSIONS <<<"$(python3 -m pipelines.stack pythons "$STACK")"
 
 # A Python of the stack's versions: $PYTHON if given, else python3.X on PATH, in pyenv or in /usr/bin
 # for each X the stack names, first that runs; otherwise one line and exit 2.
@@ -99,7 +99,7 @@ fi
 
 bash scripts/horovod_check.sh "$VENV" "$TF_EXTRA"
 # The Keras 2 API of the stack imports, and Horovod's Keras module with it.
-TF_CPP_MIN_LOG_LEVEL=3 "$VPY" -c "import pipelines.kerasapi as k, horovod.tensorflow.keras; print('[setup] Keras', k.keras_version(), 'from', k.STACK.keras_module)"
+TF_CPP_MIN_LOG_LEVEL=3 "$VPY" -c "import pipelines.stack.kerasapi as k, horovod.tensorflow.keras; print('[setup] Keras', k.keras_version(), 'from', k.STACK.keras_module)"
 
 echo "$want" > "$STAMP"
 echo "[setup] ready: $VENV ($STACK stack)"

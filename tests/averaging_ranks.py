@@ -4,7 +4,7 @@ Usage: python tests/averaging_ranks.py OUT_DIR MODE [MODE ...]
 Each rank builds the same linear model ``y = x @ w`` (3 weights, no bias, float32) from the same
 starting weights, takes ONE Keras ``fit`` step of plain SGD on its own, rank-dependent batch
 (:func:`batch`), and writes the weights after the step per mode to ``OUT_DIR/rank-R.json``. Modes:
-``distributed`` (the project's path: :func:`pipelines.kerasapi.distributed_optimizer`, which traces
+``distributed`` (the project's path: :func:`pipelines.stack.kerasapi.distributed_optimizer`, which traces
 Horovod's allreduce without AutoGraph), ``horovod`` (``hvd.DistributedOptimizer`` as Horovod builds
 it, with AutoGraph), ``plain`` (no DistributedOptimizer: each rank trains alone), ``keras3`` (a
 Keras 3 optimizer given straight to ``hvd.DistributedOptimizer``, the hazard the project refuses)
@@ -43,7 +43,7 @@ def one_step(optimizer, keras, x, y) -> list:
 def main(out: str, modes) -> None:
     import horovod.tensorflow.keras as hvd
 
-    from pipelines.kerasapi import Keras3Error, distributed_optimizer, keras
+    from pipelines.stack.kerasapi import Keras3Error, distributed_optimizer, keras
 
     hvd.init()
     x, y = batch(hvd.rank())

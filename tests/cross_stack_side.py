@@ -23,7 +23,7 @@ def batch():
 
 def compiled_model():
     """The job's model on the tiny backbone (random weights, seed 1), compiled with Nadam."""
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
     from pipelines.training.model import build_model
 
     model = build_model(len(NAMES), SIZE, dropout=0.0, weights="none", seed=1, backbone="tiny")

@@ -3,7 +3,7 @@ rank-dependent data take one SGD step; every rank's weights must equal the step 
 hand from the gradient averaged over both ranks, and differ from a rank training alone.
 
 It guards the Horovod patch of the current stack (scripts/patches/) and the Keras 2 import point
-(pipelines/kerasapi.py): run it on every TensorFlow or Horovod bump. It is shown to fail when ranks
+(pipelines/stack/kerasapi.py): run it on every TensorFlow or Horovod bump. It is shown to fail when ranks
 train alone: the same run without ``DistributedOptimizer`` (``plain``) and, on the current stack, a
 Keras 3 optimizer handed to Horovod (``keras3``) give weights the proof rejects.
 """
@@ -82,7 +82,7 @@ def test_every_rank_takes_the_averaged_step(ranks):
 
 @pytest.mark.slow
 def test_the_allreduce_traced_without_autograph_steps_as_horovods_own(ranks):
-    """pipelines.kerasapi traces Horovod's gradient allreduce without AutoGraph (faster start of
+    """pipelines.stack.kerasapi traces Horovod's gradient allreduce without AutoGraph (faster start of
     every rank): the step equals the one through Horovod's own wrapper, bit for bit."""
     assert_averaged(ranks, "horovod")
     for result in ranks:

@@ -123,7 +123,7 @@ def fit_with_guard(tmp_path, other_rank=None, before=(), after=(), epochs=3):
     """A real ``fit`` of a tiny model (this process is rank 0 of 2) with the guard, early stopping and the
     checkpoint writer in the job's order; ``other_rank(epoch, step)`` (step 0: the epoch's end) says what a
     stand-in rank 1 found. Returns ``(raised, early_stopping)``."""
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
     from pipelines.training.callbacks import BestWeightsEarlyStopping, DivergenceGuard
     from pipelines.training.checkpointer import CheckpointMarker
 
@@ -176,7 +176,7 @@ def test_this_ranks_real_nan_loss_stops_at_the_poisoned_step(tmp_path):
 def test_weights_gone_infinite_at_an_epochs_end_are_never_best_nor_written(tmp_path):
     """Finite losses, but the last update left a weight infinite: the epoch's end stops the run before early
     stopping or the checkpoint writer see the epoch."""
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     class Overflow(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):

@@ -147,7 +147,7 @@ def test_mlflow_and_tensorflow_import_together_and_open_a_sqlite_store(tmp_path)
     MLflow's SQL store, then the stack's Keras 2 module."""
     code = ("import sys, pipelines, tensorflow as tf, mlflow, google.protobuf as pb; "
             "mlflow.MlflowClient(sys.argv[1]).search_experiments(); "
-            "from pipelines.kerasapi import keras_version; "
+            "from pipelines.stack.kerasapi import keras_version; "
             "print(tf.__version__, mlflow.__version__, pb.__version__, keras_version())")
     out = subprocess.run([sys.executable, "-c", code, f"sqlite:///{tmp_path}/mlruns.db"], capture_output=True,
                          text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
@@ -171,7 +171,7 @@ def test_a_process_that_imported_tensorflow_first_is_refused_on_the_current_stac
     """TF_USE_LEGACY_KERAS must be set before ``tf.keras`` is first used (TF 2.21 reads it then): our
     Keras module refuses a process where it was not (tf.keras is Keras 3 there); on 2.15 there is
     nothing to refuse."""
-    code = "import tensorflow as tf; tf.keras.Model; import pipelines.kerasapi"
+    code = "import tensorflow as tf; tf.keras.Model; import pipelines.stack.kerasapi"
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -186,7 +186,7 @@ def test_a_process_that_imported_tensorflow_first_is_refused_on_the_current_stac
 def test_import_pipelines_sets_the_keras_variable_for_the_installed_stack():
     """Set on current (before TensorFlow), removed on mission, where TF 2.15 reads it too and
     ``tf.keras`` then fails to import (tf_keras is not installed there): even a user's own setting."""
-    code = ("import os, pipelines, tensorflow as tf; from pipelines.kerasapi import keras; "
+    code = ("import os, pipelines, tensorflow as tf; from pipelines.stack.kerasapi import keras; "
             "print(os.environ.get('TF_USE_LEGACY_KERAS'), tf.keras.Model is keras.Model)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -198,7 +198,7 @@ def test_import_pipelines_sets_the_keras_variable_for_the_installed_stack():
 def test_the_keras_module_refuses_objects_of_another_keras_before_horovod_wraps_them():
     import tensorflow as tf
 
-    from pipelines.kerasapi import Keras3Error, keras, require_keras2
+    from pipelines.stack.kerasapi import Keras3Error, keras, require_keras2
 
     require_keras2(model=keras.Sequential([keras.Input((1,))]), optimizer=keras.optimizers.SGD(0.1))
     require_keras2(optimizer=keras.optimizers.legacy.SGD(0.1))

@@ -16,7 +16,7 @@ def test_the_step_time_is_the_median_from_start_to_start(starts, end, wanted):
 
 
 def _fit(policy: str, epochs: int = 2):
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
     keras.mixed_precision.set_global_policy(policy)
     try:
         inputs = keras.Input((4,))

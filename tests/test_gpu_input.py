@@ -124,7 +124,7 @@ XLA_STEP = """
 import json, sys
 import numpy as np
 import horovod.tensorflow.keras as hvd
-from pipelines.kerasapi import keras
+from pipelines.stack.kerasapi import keras
 from pipelines.training.model import build_model, compile_distributed
 hvd.init()
 rng = np.random.default_rng(0)

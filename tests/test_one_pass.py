@@ -77,7 +77,7 @@ def test_a_short_count_fails_with_both_numbers(data):
 
 def test_tf_dataset_and_feature_rows_are_exact(data):
     """The evaluation's and the feature cache's input: the tf.data view of the same one-pass read."""
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     from pipelines.training.features import compute_shard
     from pipelines.training.model import preprocessing

@@ -158,7 +158,7 @@ def test_mlflow_spark_udf_serves_the_registered_model(trained, registered, spark
 
 def test_an_mlflow_model_without_class_names_needs_the_option(registered, tmp_path, monkeypatch):
     import mlflow.tensorflow
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     from pipelines.predict.cli import main
     monkeypatch.chdir(tmp_path)  # a plain MLflow client of a SQLite store puts its artifacts in ./mlruns

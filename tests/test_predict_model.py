@@ -160,7 +160,7 @@ def _activation_by_name(c):
 def test_a_zip_model_naming_anything_else_is_refused_before_any_deserialisation(tmp_path, monkeypatch, edit, refused):
     """A real exported model whose config.json names what the product never builds, its hash
     recorded as its run would: refused, and Keras' loader is never reached (its spy's marker)."""
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     run = tmp_path / "run"
     run.mkdir()

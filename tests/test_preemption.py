@@ -105,7 +105,7 @@ def test_a_first_sigterm_raises_the_notice_and_a_second_ends_the_process_at_once
 def guard_run(notice_at, steps=4, epochs=2):
     """A DivergenceGuard over a real 2-epoch fit whose other rank's notice arrives after
     ``notice_at`` (epoch, step); returns what on_preempted saw and the exception."""
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
     from pipelines.training.callbacks import DivergenceGuard, PreemptAtEpochEnd
     from pipelines.training.preemption import Preempted, PreemptionNotice
 
@@ -148,7 +148,7 @@ def test_a_notice_at_an_epochs_last_step_stops_at_the_epochs_end_after_its_check
 
 
 def small_model(seed=7):
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
     from pipelines.training.checkpoints import build_optimizer
     from pipelines.training.checkpoints import resumable_dropout
 
@@ -185,7 +185,7 @@ def checkpointed_fit(model, directory, segments, stop_after=None, state=None, hi
     """``fit`` over ``segments`` with the job's checkpoint writer every step and early stopping on the
     validation loss (exact, as the job's validation accuracy);
     ``stop_after`` (epoch, step): a kill there, once its checkpoint is written."""
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
     from pipelines.training.callbacks import BestWeightsEarlyStopping
     from pipelines.training.checkpointer import CheckpointMarker
     from pipelines.training.segment import in_segment

@@ -146,7 +146,7 @@ def _train_save_restore_continue(directory):
     and trains the same 3rd step. Returns the saved optimizer arrays, the restored ones, and both
     models' weights after the 3rd step."""
     import horovod.tensorflow.keras as hvd
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
     from pipelines.training.checkpoints import load_checkpoint, optimizer_state, save_checkpoint
     from pipelines.training.model import build_model, compile_distributed
     hvd.init()

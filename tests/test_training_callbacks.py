@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from pipelines.kerasapi import keras
+from pipelines.stack.kerasapi import keras
 from pipelines.training.callbacks import BestWeightsEarlyStopping
 from pipelines.training.checkpointer import CheckpointMarker
 from pipelines.training.faults import FaultInjection

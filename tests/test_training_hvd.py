@@ -210,7 +210,7 @@ def test_report_and_artifacts(full_run, dataset):
 
 
 def load_model(out):
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
     return keras.models.load_model(os.path.join(out, "model.keras"))
 
 
@@ -260,7 +260,7 @@ def keras_probs(full_run, test_split):
 
 
 def test_exact_test_metric_equals_a_single_process_evaluation(full_run, test_split, keras_probs):
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
     out = full_run[0]
     labels = test_split[1]
     loss = float(keras.losses.sparse_categorical_crossentropy(labels, keras_probs).numpy().mean())
@@ -595,7 +595,7 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, test
     output (the set of the old run was reused once, reporting figures of images no longer there)."""
     import shutil
 
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
     from pipelines.training import features as feat
     from pipelines.training.model import backbone_of
     _, manifest = dataset

@@ -96,7 +96,7 @@ def test_each_local_rank_gets_cores_of_its_own():
 
 
 def test_batch_totals_match_keras_crossentropy():
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(7, 4))
@@ -309,7 +309,7 @@ def test_the_tiny_backbone_is_a_small_frozen_feature_extractor():
 # --- fine-tuning: which layers, which learning rate, which refusals ------------------------------
 
 def test_fine_tune_blocks_of_xception_are_its_top_blocks_with_their_unnamed_layers():
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
     from pipelines.training.finetune import block_layers, trainable_parameters, unfreeze
     from pipelines.training.model import BACKBONES, backbone_of, build_model
     keras.backend.clear_session()  # Keras numbers unnamed layers per process: a model built before adds "_1"

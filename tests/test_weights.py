@@ -94,7 +94,7 @@ def test_conversion_end_to_end(tmp_path, monkeypatch):
     assert weights.ensure_xception_notop_weights(tmp_path) == path
 
     # Plain Keras 2 load_weights by layer name works too (another input size, by_name).
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
     model = keras.applications.Xception(weights=None, include_top=False, input_shape=(160, 160, 3))
     model.load_weights(str(path), by_name=True)
     assert np.abs(model.get_layer("block14_sepconv2_bn").get_weights()[3] - 1).max() > 0.01

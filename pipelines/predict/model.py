@@ -118,7 +118,7 @@ def load_model(flavor: str, path: str, sha256: str = ""):
 
 @functools.lru_cache(maxsize=2)
 def _load(flavor: str, path: str, sha256: str, _stamp: int):
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     from pipelines.runtime.quiet import is_verbose, quiet_libraries
 

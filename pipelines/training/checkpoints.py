@@ -70,7 +70,7 @@ def resumable_dropout(rate: float, seed: int):
     int64, a checkpoint saves and restores (:func:`random_generators`),
     so that a resumed run draws the masks the uninterrupted one would have. Keras' default draws them
     from seeded stateful ops whose state lives in the kernels and restarts with the process."""
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     return keras.layers.Dropout(rate, seed=seed, rng_type="stateful", name="dropout")
 

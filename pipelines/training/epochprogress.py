@@ -21,7 +21,7 @@ import logging
 import time
 from typing import Callable, Optional
 
-from pipelines.kerasapi import keras
+from pipelines.stack.kerasapi import keras
 from pipelines.runtime.progress import format_duration, rate_and_left
 
 log = logging.getLogger("pipelines")

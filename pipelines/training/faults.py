@@ -11,7 +11,7 @@ from typing import Optional
 
 import numpy as np
 
-from pipelines.kerasapi import keras
+from pipelines.stack.kerasapi import keras
 
 from pipelines.launch.rankenv import FAULT_ENV
 from pipelines.training.schedule import marker_path

@@ -208,7 +208,7 @@ def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int):
     """The trainable part alone: ``Input(feature_dim) -> Dropout -> Dense(num_classes, softmax)``
     (2048 features for Xception), with the same layer names as in
     :func:`pipelines.training.model.build_model` so weights carry over."""
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
     from pipelines.training.checkpoints import resumable_dropout
 
     keras.utils.set_random_seed(seed)

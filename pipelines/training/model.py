@@ -57,7 +57,7 @@ def check_backbone(name: str, weights: str, image_size: int = 0) -> Backbone:
 
 def _build_backbone(name: str, image_size: int, weights: str):
     """The backbone as a Keras model ``(N, S, S, 3) float32 in [-1, 1] -> (N, feature_dim)``, pooled."""
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     shape = (image_size, image_size, 3)
     if name == "xception":
@@ -103,7 +103,7 @@ def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights
         ValueError: as :func:`check_backbone`.
     """
     from pipelines.contract import MODEL_INPUT_DTYPE, MODEL_INPUT_NAME
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     from pipelines.training.checkpoints import resumable_dropout
 
@@ -131,7 +131,7 @@ def preprocessing(image, stored_size: int, model_size: int):
     They run where the model runs: on a GPU, a 299 px image crosses PCIe as its 268,203 uint8
     bytes, not as 1,072,812 bytes of float32. No weights: checkpoints are unchanged by them."""
     from pipelines.contract import PREPROCESS_OFFSET, PREPROCESS_SCALE
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     x = image
     if model_size != stored_size:
@@ -145,7 +145,7 @@ def feature_extractor(model):
     """The part of a model from :func:`build_model` that the feature cache runs once: uint8 image ->
     :func:`preprocessing` -> backbone -> pooled features ``(batch, feature_dim)`` (the dropout's
     input), the same layers, not copies."""
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     return keras.Model(model.input, model.get_layer("dropout").input, name=f"{model.name}_features")
 
@@ -160,7 +160,7 @@ def model_input(model) -> str:
 
 def backbone_of(model):
     """The backbone layer of a model from :func:`build_model`: the one nested model in it."""
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     return next(layer for layer in model.layers if isinstance(layer, keras.Model))
 
@@ -177,9 +177,9 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
     forward and backward pass are compiled by XLA (:func:`xla_train_step`). Needs ``hvd.init()`` first.
 
     Raises:
-        pipelines.kerasapi.Keras3Error: ``model`` is not a Keras 2 model (before any step)."""
+        pipelines.stack.kerasapi.Keras3Error: ``model`` is not a Keras 2 model (before any step)."""
     import horovod.tensorflow.keras as hvd
-    from pipelines.kerasapi import distributed_optimizer, keras
+    from pipelines.stack.kerasapi import distributed_optimizer, keras
     from pipelines.training.checkpoints import build_optimizer
 
     compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
@@ -267,7 +267,7 @@ def export_model(model, path: str, stored_size: int = 0, class_names=None):
         ValueError: the model does not take ``stored_size`` px images."""
     from pipelines.io.atomic import PUBLIC, replacing, write_json
     from pipelines.contract import MODEL_CONTRACT, MODEL_SHA256
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     stored, size = model.input_shape[1], backbone_of(model).input_shape[1]
     if stored_size and stored_size != stored:

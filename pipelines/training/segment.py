@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import List
 
-from pipelines.kerasapi import keras
+from pipelines.stack.kerasapi import keras
 
 _BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
 

@@ -78,7 +78,7 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     quiet_by_default(config.verbose)
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     from pipelines.runtime.logs import setup_logging
     from pipelines.training.devices import apply_device, bind_to_cores, local_topology
@@ -258,7 +258,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     Returns ``(callbacks, early_stopping, epoch_stats)``.
     """
     import horovod.tensorflow.keras as hvd
-    from pipelines.kerasapi import keras
+    from pipelines.stack.kerasapi import keras
 
     from pipelines.training import callbacks as cb
     from pipelines.training.checkpointer import CheckpointMarker, Interval

@@ -9,8 +9,10 @@
 
 Each stack's versions are written once, in ``requirements/<stack>.in`` (with the Python versions
 it supports on its ``# python:`` line); ``requirements/<stack>.lock`` is generated from it with
-hashes and is what ``scripts/setup_env.sh`` installs. This module reads those files and needs only
-the standard library (the set-up script and the Makefile use it before any venv exists).
+hashes and is what ``scripts/setup_env.sh`` installs. This module, the package's table, reads
+those files and needs only the standard library (the set-up script and the Makefile run it before
+any venv exists: ``python3 -m pipelines.stack``); :mod:`pipelines.stack.kerasapi` is the Keras 2
+API of the stack installed here.
 Python's own difference (CPython gh-103200, fixed in 3.12: :mod:`pipelines.runtime.zipcache` only below
 3.12) is decided in that module.
 """
@@ -21,7 +23,8 @@ import re
 import sys
 from typing import Dict, NamedTuple, Optional, Tuple
 
-REQUIREMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "requirements")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+REQUIREMENTS = os.path.join(ROOT, "requirements")
 DEFAULT = "mission"
 # A `.in` line starting so names a pin that `make lock` hashes and the set-up installs with --no-deps
 NO_DEPS = "# no-deps:"
@@ -143,8 +146,8 @@ def active() -> Stack:
     raise UnknownStack(f"TensorFlow {installed or '(not installed)'} is on no stack ({wanted})")
 
 
-def _main(argv) -> int:
-    """``python pipelines/stack.py names`` prints the stacks; ``... check NAME`` exits 2 with one
+def main(argv) -> int:
+    """``python -m pipelines.stack names`` prints the stacks; ``... check NAME`` exits 2 with one
     line for an unknown one; ``... pythons NAME`` prints its Python versions."""
     try:
         if argv[:1] == ["names"]:
@@ -154,13 +157,9 @@ def _main(argv) -> int:
         elif argv[:1] == ["pythons"] and len(argv) == 2:
             print(" ".join(pythons(argv[1])))
         else:
-            print("usage: stack.py names | check NAME | pythons NAME", file=sys.stderr)
+            print("usage: python3 -m pipelines.stack names | check NAME | pythons NAME", file=sys.stderr)
             return 2
     except UnknownStack as error:
         print(error, file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

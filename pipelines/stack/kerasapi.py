@@ -1,4 +1,4 @@
-"""The one import point of the Keras 2 API: ``from pipelines.kerasapi import keras``.
+"""The one import point of the Keras 2 API: ``from pipelines.stack.kerasapi import keras``.
 
 On the mission stack (TensorFlow 2.15) Keras 2 is ``tf.keras``; on the current stack (TensorFlow
 2.21) ``tf.keras`` and ``import keras`` are Keras 3 and Keras 2 is the ``tf_keras`` package
@@ -67,12 +67,12 @@ def require_keras2(model: Optional[Any] = None, optimizer: Optional[Any] = None)
     where = f"{STACK.keras_module} (Keras 2)"
     if model is not None and not isinstance(model, keras.Model):
         raise Keras3Error(f"the model is a {_describe(model)}, not a {where} model: Horovod would not average "
-                          "its gradients; build it with `from pipelines.kerasapi import keras`")
+                          "its gradients; build it with `from pipelines.stack.kerasapi import keras`")
     optimizers = (keras.optimizers.Optimizer, keras.optimizers.legacy.Optimizer)
     if optimizer is not None and not isinstance(optimizer, optimizers):
         raise Keras3Error(f"the optimizer is a {_describe(optimizer)}, not a {where} optimizer: Horovod's "
                           "DistributedOptimizer would wrap it without averaging gradients (each rank would "
-                          "train alone); build it with `from pipelines.kerasapi import keras`")
+                          "train alone); build it with `from pipelines.stack.kerasapi import keras`")
 
 
 def distributed_optimizer(optimizer: Any, model: Optional[Any] = None, **horovod_options: Any) -> Any:
