@@ -53,7 +53,8 @@ def make(folder: str) -> dict:
     """In ``folder``: a tracked MLflow run in ``mlruns.db``, a checkpoint after one step,
     ``model.keras`` and ``model.json`` as training exports them; returns what this stack makes of
     them itself (``made.json``)."""
-    from pipelines import stack, storeschema, tracking
+    from pipelines import stack, tracking
+    from pipelines.tracking import storeschema
     from pipelines.predict.model import resolve_model
     from pipelines.training.checkpoints import frozen_checksum, save_checkpoint
     from pipelines.training.model import export_model
@@ -79,7 +80,8 @@ def read(folder: str) -> dict:
     """What this stack makes of the other stack's ``folder``: the refusals of its store (the
     driver's check and opening it) and the store's revision afterwards, the checkpoint resumed
     (:func:`resumed_step`), and ``model.keras``'s predictions or its refusal."""
-    from pipelines import storeschema, tracking
+    from pipelines.tracking import storeschema
+    from pipelines import tracking
     from pipelines.predict.model import ModelContractError, resolve_model
 
     found = {}

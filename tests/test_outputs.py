@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipelines import report as pictures
+from pipelines.tracking import pictures
 from pipelines.stack.kerasapi import keras
 from pipelines.training.checkpoints import frozen_checksum, load_checkpoint, optimizer_state, save_checkpoint
 from pipelines.training.evaluate import add, batch_totals, evaluate_dataset

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import report
+from pipelines.tracking import pictures
 from pipelines.predict.config import PredictConfig
 from pipelines.predict.infer import PREDICTED
 from pipelines.predict.inputs import TREE, InputPlan, Item
@@ -32,7 +32,7 @@ def png_size(path):
 
 def test_mathtext_in_a_name_fails_a_picture_unless_it_is_plain_text(tmp_path):
     """The control: matplotlib's default parses ``$\\x$`` as mathtext and cannot draw it."""
-    plt = report._pyplot()
+    plt = pictures._pyplot()
     fig, ax = plt.subplots()
     ax.set_title("$\\x$")
     with pytest.raises(ValueError, match="x"):
@@ -45,20 +45,20 @@ def test_every_picture_of_any_names_is_written(tmp_path, classes):
     names = (NAMES * 6)[:classes]
     rng = np.random.default_rng(0)
     matrix = rng.integers(0, 5, (classes, classes))
-    paths = [report.plot_confusion(matrix, names, str(tmp_path / "confusion.png")),
-             report.plot_top_confusions(matrix, names, str(tmp_path / "top.png")),
-             report.contact_sheet(rng.integers(0, 256, (8, 8, 8, 3), dtype=np.uint8), list(range(8)),
-                                  list(range(classes))[-8:], names, str(tmp_path / "sheet.png")),
-             report.plot_history([{"epoch": 1, "loss": 1.0, "accuracy": 0.5, "val_loss": 1.1, "val_accuracy": 0.4}],
-                                 str(tmp_path / "curves.png"))]
+    paths = [pictures.plot_confusion(matrix, names, str(tmp_path / "confusion.png")),
+             pictures.plot_top_confusions(matrix, names, str(tmp_path / "top.png")),
+             pictures.contact_sheet(rng.integers(0, 256, (8, 8, 8, 3), dtype=np.uint8), list(range(8)),
+                                    list(range(classes))[-8:], names, str(tmp_path / "sheet.png")),
+             pictures.plot_history([{"epoch": 1, "loss": 1.0, "accuracy": 0.5, "val_loss": 1.1, "val_accuracy": 0.4}],
+                                   str(tmp_path / "curves.png"))]
     for path in paths:
         width, height = png_size(path)
         assert 0 < width <= 2600 and 0 < height <= 2600  # a 5,000-character name stretches nothing
 
 
 def test_a_name_is_cut_to_its_bound_and_drawn_as_it_is():
-    assert report._name(NAMES, 5) == "x" * 39 + "\u2026" and len(report._name(NAMES, 5)) == report.NAME_CHARS
-    assert [report._name(NAMES, i) for i in (0, 3, 7, 99)] == ["$\\frac{a}{b}$", "$\\x$", "class 7", "class 99"]
+    assert pictures._name(NAMES, 5) == "x" * 39 + "\u2026" and len(pictures._name(NAMES, 5)) == pictures.NAME_CHARS
+    assert [pictures._name(NAMES, i) for i in (0, 3, 7, 99)] == ["$\\frac{a}{b}$", "$\\x$", "class 7", "class 99"]
 
 
 def staged_predictions(folder, names):
@@ -84,7 +84,7 @@ def test_a_picture_that_fails_never_fails_the_job_after_its_work(tmp_path, monke
     def broken(*args, **kwargs):
         raise RuntimeError("no picture today")
 
-    monkeypatch.setattr(report, "plot_confusion", broken)
+    monkeypatch.setattr(pictures, "plot_confusion", broken)
     staging = str(tmp_path / "staging")
     plan, spec = staged_predictions(staging, ["a", "b"])
     with caplog.at_level(logging.ERROR, logger="pipelines"):

@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRAW = textwrap.dedent("""
     import json, sys
     import numpy as np
-    from pipelines import report
+    from pipelines.tracking import pictures
 
     def peak_kib():
         with open("/proc/self/status") as f:
@@ -34,8 +34,8 @@ DRAW = textwrap.dedent("""
     m = rng.integers(0, 3, (k, k)) + np.diag(rng.integers(20, 40, k))
     names = [f"{i:03d}.class-name-{i}" for i in range(k)]
     before = peak_kib()
-    report.plot_confusion(m.tolist(), names, out + "/confusion.png")
-    report.plot_top_confusions(m.tolist(), names, out + "/top_confusions.png")
+    pictures.plot_confusion(m.tolist(), names, out + "/confusion.png")
+    pictures.plot_top_confusions(m.tolist(), names, out + "/top_confusions.png")
     print(json.dumps({"before_kib": before, "peak_kib": peak_kib()}))
 """)
 
@@ -64,15 +64,15 @@ def test_confusion_pictures_of_many_classes_stay_small_in_pixels_and_memory(clas
 
 
 def test_few_classes_keep_every_count_and_the_top_confusions_are_the_largest_off_diagonal_cells(tmp_path):
-    from pipelines import report
+    from pipelines.tracking import pictures
     m = [[5, 1, 0], [2, 7, 4], [0, 4, 9]]
-    assert report.top_confusions(m) == [(1, 2, 4), (2, 1, 4), (1, 0, 2), (0, 1, 1)]
-    assert report.top_confusions(m, top=1) == [(1, 2, 4)]
-    assert report.top_confusions([[3, 0], [0, 2]]) == []
-    width, height = png_size(report.plot_confusion(m, ["a", "b", None], str(tmp_path / "c.png")))
+    assert pictures.top_confusions(m) == [(1, 2, 4), (2, 1, 4), (1, 0, 2), (0, 1, 1)]
+    assert pictures.top_confusions(m, top=1) == [(1, 2, 4)]
+    assert pictures.top_confusions([[3, 0], [0, 2]]) == []
+    width, height = png_size(pictures.plot_confusion(m, ["a", "b", None], str(tmp_path / "c.png")))
     assert 300 < width < 800 and 300 < height < 800  # 0.7 in a class at 3 classes
-    width, _ = png_size(report.plot_confusion(np.eye(30, dtype=int) * 3, [str(i) for i in range(30)],
-                                              str(tmp_path / "c30.png")))
+    width, _ = png_size(pictures.plot_confusion(np.eye(30, dtype=int) * 3, [str(i) for i in range(30)],
+                                                str(tmp_path / "c30.png")))
     assert width <= 2500  # the largest figure with counts in the cells: 30 classes, 24 in
 
 

@@ -5,7 +5,8 @@ import sqlite3
 
 import pytest
 
-from pipelines import stack, storeschema, tracking
+from pipelines import stack, tracking
+from pipelines.tracking import storeschema
 
 HERE = stack.active().name
 OTHER = next(name for name in stack.STACKS if name != HERE)

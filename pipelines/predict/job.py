@@ -236,7 +236,7 @@ def labelled_metrics(table, spec: ModelSpec, folder: str) -> Dict:
     (``folder/_confusion.png``, its name under ``picture``); ``{}`` when no predicted row is
     labelled. A picture that cannot be drawn is logged and recorded (``picture`` null,
     ``picture_error`` its error), never the job's failure: the predictions are its work."""
-    from pipelines.report import plot_confusion
+    from pipelines.tracking.pictures import plot_confusion
 
     rows = [(t, p[0]) for t, p, s in zip(*(table.column(c).to_pylist() for c in ("label", "top_labels", "status")))
             if t is not None and s == PREDICTED]

@@ -16,8 +16,10 @@ stops training; a failure to log the results, which are written to the output fi
 :class:`TrackingFailed` (exit code 1) whose message says the output is complete.
 
 Modules: :mod:`~pipelines.tracking.options` (the options, their URIs and checks, the errors),
-:mod:`~pipelines.tracking.store` (refusing, opening and making a store), :mod:`~pipelines.tracking.runs`
-(a job's run and its :class:`Tracker`). The names below are the package's public ones.
+:mod:`~pipelines.tracking.store` (refusing, opening and making a store), :mod:`~pipelines.tracking.storeschema`
+(a SQLite store's schema, read before MLflow opens it), :mod:`~pipelines.tracking.runs` (a job's run
+and its :class:`Tracker`), and :mod:`~pipelines.tracking.pictures` (the pictures of a run's results,
+which training logs with its run: matplotlib, never MLflow). The names below are the package's public ones.
 """
 from pipelines.tracking.options import (ARTIFACTS_DIR, HELP, MAX_EXPERIMENT_NAME, MODEL_ARTIFACT, RUN_FILE, STORE_FILE,
                                         TrackingFailed, TrackingUnavailable, absolute, artifact_root,

@@ -26,7 +26,7 @@ def check_store(uri: str) -> None:
     tracking server that does not answer (one request through MLflow's client, without its
     retries: by default minutes of back-off), or a SQLite store that could not be made or opened
     (checked without MLflow, which retried such a store for about 100 s; nothing is made here), or
-    one of another MLflow schema (:mod:`pipelines.storeschema`: another stack's).
+    one of another MLflow schema (:mod:`pipelines.tracking.storeschema`: another stack's).
     Other stores (files, databases) are opened by :func:`start`, before the job's work too.
 
     Raises:
@@ -80,7 +80,7 @@ def open_store(uri: str, create: bool = False):
     folder while the first one creates the schema (MLflow's set-up has no lock of its own: three
     jobs at once broke a new store for good). A store left half-made (a set-up killed midway) is
     refused by name, and so is a store of another MLflow schema, before MLflow would migrate it
-    silently (:mod:`pipelines.storeschema`). Its artifact root is the folder beside it
+    silently (:mod:`pipelines.tracking.storeschema`). Its artifact root is the folder beside it
     (:func:`artifact_root`; MLflow gives a new SQLite store ``./mlruns``, so it is opened from its
     own folder), and its connections are not pooled (:data:`POOL_ENV`), so a store deleted and
     made again is seen anew.
@@ -158,8 +158,8 @@ def _check_readable(uri: str, path: str) -> None:
 
 
 def _check_schema(uri: str, path: str) -> None:
-    """Refuse a store of another MLflow schema by name (:func:`pipelines.storeschema.schema_refusal`)."""
-    from pipelines.storeschema import schema_refusal
+    """Refuse a store of another MLflow schema by name (:func:`pipelines.tracking.storeschema.schema_refusal`)."""
+    from pipelines.tracking.storeschema import schema_refusal
 
     refusal = schema_refusal(path, redact_uri(uri))
     if refusal:

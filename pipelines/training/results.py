@@ -180,12 +180,12 @@ CONTACT_SHEET_IMAGES = 32
 
 def save_pictures(output: str, report: Dict, exported, data) -> Dict[str, str]:
     """Rank 0: training curves from the report's history, the exact confusion matrix and its largest
-    confusions (:data:`pipelines.report.PICTURES` names the files), and a contact
+    confusions (:data:`pipelines.tracking.pictures.PICTURES` names the files), and a contact
     sheet of the first :data:`CONTACT_SHEET_IMAGES` test images (the split's files in order; rank 0's
     shard alone may hold fewer), predicted by the exported model itself (``exported``, as
     :func:`~pipelines.training.model.export_model` returns it) on the stored uint8 images.
     Returns ``{name: path}``."""
-    from pipelines import report as pictures
+    from pipelines.tracking import pictures
 
     where = {name: os.path.join(output, file) for name, file in pictures.PICTURES.items()}
     paths = {"curves": pictures.plot_history(report["history"], where["curves"])}

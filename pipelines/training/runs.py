@@ -40,7 +40,7 @@ from typing import Dict, List, Optional
 from pipelines.contract import (CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT,
                                 MANIFEST, MODEL_FILE, TENSORBOARD, TRAIN_RUN, manifest_sha256, plain_name)
 from pipelines.runtime.errors import Refused
-from pipelines.report import PICTURES
+from pipelines.tracking.pictures import PICTURES
 from pipelines.tracking import RUN_FILE
 
 #: The settings that decide what a run computes: a checkpoint continues only a run with the same.

@@ -1,4 +1,5 @@
-"""Pictures of a training run, written by rank 0 beside ``metrics.json`` (matplotlib, Agg backend).
+"""Pictures of a run's results, written beside its metrics (matplotlib, Agg backend): training's,
+by rank 0 beside ``metrics.json`` and logged with its MLflow run; batch inference's confusion matrix.
 
 * :func:`plot_history` - ``curves.png``: loss and accuracy per epoch, training and validation;
 * :func:`plot_confusion` - ``confusion.png``: the exact test confusion matrix (all ranks' sum), of
