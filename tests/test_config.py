@@ -124,7 +124,8 @@ def test_a_value_a_config_refuses_exits_2_and_an_internal_error_propagates():
 def test_storage_options_are_a_repeatable_key_value_flag():
     import dataclasses
 
-    from pipelines.runtime.config import parse_config, storage_options_field
+    from pipelines.runtime.config import parse_config
+    from pipelines.io.options import storage_options_field
 
     @dataclasses.dataclass
     class Stage:

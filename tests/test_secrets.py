@@ -8,7 +8,8 @@ import os
 import pytest
 
 from pipelines.runtime.config import parse_configs
-from pipelines.io.storage import StorageError, gather_options, read_options_file
+from pipelines.io.storage import StorageError
+from pipelines.io.options import gather_options, read_options_file
 from pipelines.training.config import TrainConfig
 
 SECRET = "S3CR3T-FROM-A-FILE"

@@ -5,16 +5,17 @@ import pickle
 import pytest
 
 from pipelines.io import storage
+from pipelines.io.options import parse_options
 from pipelines.io.storage import StorageError
 from tests import s3server
 
 
 def test_parse_options():
-    assert storage.parse_options(["endpoint_override=http://h:9000/?a=b", "region=eu-west-1"]) == {
+    assert parse_options(["endpoint_override=http://h:9000/?a=b", "region=eu-west-1"]) == {
         "endpoint_override": "http://h:9000/?a=b", "region": "eu-west-1"}
     for bad in (["region"], ["=x"], ["a=1", "a=2"]):
         with pytest.raises(StorageError):
-            storage.parse_options(bad)
+            parse_options(bad)
 
 
 @pytest.mark.parametrize("uri, scheme", [("/a/b", "file"), ("rel/x", "file"), ("file:///a/b", "file"),
@@ -78,7 +79,7 @@ def test_s3_backend_through_the_standard_environment(s3_bucket, tmp_path):
 
 
 def test_storage_options_reach_the_backend(s3_server, s3_bucket):
-    options = storage.parse_options([f"endpoint_override={s3_server.endpoint}", "region=us-east-1",
+    options = parse_options([f"endpoint_override={s3_server.endpoint}", "region=us-east-1",
                                      f"access_key={s3server.ACCESS_KEY}", f"secret_key={s3server.SECRET_KEY}"])
     root = storage.resolve(f"s3://{s3_bucket}/x", options)
     root.join("f").write_bytes(b"1")

@@ -7,7 +7,8 @@ from typing import Dict, Optional
 
 from pipelines.io import storage
 from pipelines import tracking as trk
-from pipelines.runtime.config import field, settle_verbose, storage_options_field, verbose_field
+from pipelines.runtime.config import field, settle_verbose, verbose_field
+from pipelines.io.options import storage_options_field
 from pipelines.contract import DEFAULT_IMAGE_SIZE, MAX_IMAGE_SIZE, row_bytes
 from pipelines.runtime.environment import read_settings
 from pipelines.runtime.errors import Refused

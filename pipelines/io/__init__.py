@@ -2,6 +2,8 @@
 
 - :mod:`~pipelines.io.storage`: every path or URI resolved once into a filesystem and a path
   (``Location``), an output's root refused;
+- :mod:`~pipelines.io.options`: the storage options a backend needs (command line, an owner-only
+  file, the environment), and the ``storage_options`` field every stage's config has;
 - :mod:`~pipelines.io.atomic`: a local file written whole or not at all;
 - :mod:`~pipelines.io.paths`: local paths as ``file://`` URLs, folders that must not overlap;
 - :mod:`~pipelines.io.leases`: readers' leases on an ETL run, which its commit keeps.

@@ -2,6 +2,9 @@
 
 Each field of a stage's dataclass becomes a ``--flag`` (underscores become dashes); its
 ``metadata['help']`` is the help text. Notebooks and tests build the same dataclass directly.
+A field's metadata may also give its ``flag`` and ``choices``, and a repeatable ``KEY=VALUE``
+field (``key_values``) a ``file_flag`` with its ``file_help`` and the ``gather(pairs, path)`` that
+makes the dict (:func:`pipelines.io.options.storage_options_field`, every stage's).
 """
 from __future__ import annotations
 
@@ -35,25 +38,6 @@ def settle_verbose(verbose: Any, settings: Any) -> bool:
     """A config's ``verbose``: as given, else the environment's (``settings``:
     :func:`pipelines.runtime.environment.read_settings`)."""
     return settings.verbose if verbose is None else bool(verbose)
-
-
-STORAGE_OPTION_HELP = ("KEY=VALUE passed to the storage backend of every URI of this stage (repeatable), "
-                       "beyond the standard AWS_*/GOOGLE_* environment and config files, e.g. "
-                       "endpoint_override=http://host:9000 or region=eu-west-1 for s3:// "
-                       "(pyarrow.fs.S3FileSystem's arguments); see pipelines/io/storage.py. A command line is "
-                       "visible to every local user: give secrets in --storage-options-file or the environment")
-STORAGE_OPTIONS_FILE_HELP = ("a JSON object of storage options, {\"KEY\": \"VALUE\"}, in a file of yours that only "
-                             "you may read (chmod 600; refused otherwise): credentials off the command line; "
-                             "--storage-option wins for its keys")
-
-
-def storage_options_field() -> Any:
-    """The ``storage_options`` field every stage has: ``{key: value}`` (str to str), given on the
-    command line as ``--storage-option KEY=VALUE`` (repeatable), ``--storage-options-file PATH``
-    and the environment, gathered by :func:`pipelines.io.storage.gather_options`."""
-    return dataclasses.field(default_factory=dict, metadata={
-        "help": STORAGE_OPTION_HELP, "flag": "--storage-option", "key_values": True,
-        "file_flag": "--storage-options-file"})
 
 
 def _base_type(tp: Any) -> Any:
@@ -92,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: Type[Any], defaults: Map
                                 help=f.metadata.get("help", ""))
             if f.metadata.get("file_flag"):
                 parser.add_argument(f.metadata["file_flag"], dest=f.name + _FILE, metavar="PATH",
-                                    help=STORAGE_OPTIONS_FILE_HELP)
+                                    help=f.metadata.get("file_help", ""))
             continue
         required = default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         kwargs: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help", "") + (notes or {}).get(f.name, "")}
@@ -173,21 +157,18 @@ _FILE = "__file"  # the dest suffix of a key_values field's file flag
 
 
 def _field_values(cls: Type[Any], values: Mapping[str, Any]) -> dict[str, Any]:
-    """The parsed ``values`` of ``cls``'s fields; repeatable ``KEY=VALUE`` ones made a dict with
-    what the environment and their file flag give (:func:`pipelines.io.storage.gather_options`).
+    """The parsed ``values`` of ``cls``'s fields; repeatable ``KEY=VALUE`` ones made a dict by
+    their field's ``gather`` (the pairs and their file flag's path: e.g.
+    :func:`pipelines.io.options.gather_given`, which adds the environment's).
 
     Raises:
-        pipelines.io.storage.StorageError: a ``KEY=VALUE`` option without ``=``, an options file
-            that others may read, malformed JSON (:func:`pipelines.io.storage.gather_options`).
+        Refused: what ``gather`` refuses (:class:`pipelines.io.storage.StorageError`: a
+            ``KEY=VALUE`` option without ``=``, an options file that others may read, malformed JSON).
     """
     own = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}
     for f in dataclasses.fields(cls):
         if f.metadata.get("key_values") and f.name in own:
-            from pipelines.runtime.environment import read_settings
-            from pipelines.io.storage import gather_options  # in the function: storage loads pyarrow
-
-            own[f.name] = gather_options(own[f.name] or [], values.get(f.name + _FILE),
-                                         read_settings().storage_options)
+            own[f.name] = f.metadata["gather"](own[f.name] or [], values.get(f.name + _FILE))
     return own
 
 

@@ -23,7 +23,7 @@ variable                       meaning                                          
 ``PIPELINES_STORAGE_OPTIONS``  storage options, a JSON object (``{"secret_key": "..."}``):  none
                                a stage's ``--storage-option`` values off its command line,
                                which every local user can read (``ps``); the flags win
-                               (:func:`pipelines.io.storage.gather_options`)
+                               (:func:`pipelines.io.options.gather_options`)
 =============================  ===========================================================  ==========================
 """
 from __future__ import annotations

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple, Union
 
 from pipelines import tracking as trk
-from pipelines.runtime.config import field, settle_verbose, storage_options_field, verbose_field
+from pipelines.runtime.config import field, settle_verbose, verbose_field
+from pipelines.io.options import storage_options_field
 from pipelines.runtime.environment import TRACKING_ENV, read_settings
 from pipelines.runtime.errors import Refused
 from pipelines.io.paths import check_url_safe

@@ -1,0 +1,139 @@
+"""Storage options: what a backend needs beyond the standard environment (an endpoint, a region,
+credentials), from three sources, each later one winning for its keys: the environment's JSON
+object, an owner-only file, the command line's ``KEY=VALUE`` pairs; and the ``storage_options``
+field every stage's config has (``--storage-option``, ``--storage-options-file``).
+
+:func:`pipelines.io.storage.resolve` passes them to a backend's constructor.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+from typing import Any, Dict, Optional, Sequence
+
+from pipelines.io.storage import StorageError
+from pipelines.runtime.environment import STORAGE_OPTIONS_ENV, read_settings
+
+STORAGE_OPTION_HELP = ("KEY=VALUE passed to the storage backend of every URI of this stage (repeatable), "
+                       "beyond the standard AWS_*/GOOGLE_* environment and config files, e.g. "
+                       "endpoint_override=http://host:9000 or region=eu-west-1 for s3:// "
+                       "(pyarrow.fs.S3FileSystem's arguments); see pipelines/io/storage.py. A command line is "
+                       "visible to every local user: give secrets in --storage-options-file or the environment")
+STORAGE_OPTIONS_FILE_HELP = ("a JSON object of storage options, {\"KEY\": \"VALUE\"}, in a file of yours that only "
+                             "you may read (chmod 600; refused otherwise): credentials off the command line; "
+                             "--storage-option wins for its keys")
+
+
+def storage_options_field() -> Any:
+    """The ``storage_options`` field every stage has: ``{key: value}`` (str to str), given on the
+    command line as ``--storage-option KEY=VALUE`` (repeatable), ``--storage-options-file PATH``
+    and the environment, gathered by :func:`gather_options`."""
+    return dataclasses.field(default_factory=dict, metadata={
+        "help": STORAGE_OPTION_HELP, "flag": "--storage-option", "key_values": True,
+        "file_flag": "--storage-options-file", "file_help": STORAGE_OPTIONS_FILE_HELP, "gather": gather_given})
+
+
+def gather_given(pairs: Sequence[str], path: Optional[str]) -> Dict[str, str]:
+    """What a command line's storage options become (:func:`pipelines.runtime.config.parse_config`):
+    :func:`gather_options` of its ``--storage-option`` ``pairs``, its ``--storage-options-file``
+    ``path`` and the environment's (:attr:`pipelines.runtime.environment.Settings.storage_options`).
+
+    Raises:
+        StorageError: any source malformed.
+    """
+    return gather_options(pairs, path, read_settings().storage_options)
+
+
+def parse_options(pairs: Sequence[str]) -> Dict[str, str]:
+    """``["endpoint_override=http://h:9000", "region=eu-west-1"]`` -> ``{"endpoint_override": ...}``.
+
+    Args:
+        pairs: ``KEY=VALUE`` strings (``--storage-option``, repeatable); the value may hold ``=``.
+
+    Raises:
+        StorageError: an item without ``=`` or with an empty key, or a key given twice.
+    """
+    options: Dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise StorageError(f"--storage-option {pair!r}: expected KEY=VALUE")
+        if key in options:
+            raise StorageError(f"--storage-option {key} given twice")
+        options[key] = value
+    return options
+
+
+def _option_values(given: Any, source: str) -> Dict[str, str]:
+    """The ``{key: value}`` of a JSON object of storage options from ``source`` (a file or the
+    environment): keys strings, values strings, numbers or booleans (as ``--storage-option``'s
+    text). Messages name keys, never values.
+
+    Raises:
+        StorageError: not an object, or a value that is a list, object or null.
+    """
+    if not isinstance(given, dict):
+        raise StorageError(f"{source}: expected a JSON object of storage options, {{\"KEY\": \"VALUE\"}}")
+    options = {}
+    for key, value in given.items():
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        elif not isinstance(value, (str, int, float)):
+            raise StorageError(f"{source}: the value of {key!r} must be a string, number or boolean")
+        options[str(key)] = str(value)
+    return options
+
+
+def read_options_file(path: str) -> Dict[str, str]:
+    """The storage options in the JSON file ``path`` (``--storage-options-file``): a regular file
+    of this user's that nobody else may read or write (mode 0600 or 0400), as ssh asks of a key.
+
+    Raises:
+        StorageError: a missing file, a symbolic link, another user's file, one that others may
+            read or write (the message says ``chmod 600``), or not a JSON object of options.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise StorageError(f"--storage-options-file {path}: {exc.strerror}") from None
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode) or status.st_uid != os.getuid():
+        os.close(fd)
+        raise StorageError(f"--storage-options-file {path}: not a regular file of this user's")
+    with os.fdopen(fd, "rb") as f:
+        if status.st_mode & 0o077:
+            raise StorageError(f"--storage-options-file {path}: others may read it (mode "
+                               f"{stat.S_IMODE(status.st_mode):04o}); run chmod 600 {path} first")
+        text = f.read()
+    try:
+        given = json.loads(text)
+    except ValueError:
+        raise StorageError(f"--storage-options-file {path}: not JSON") from None
+    return _option_values(given, f"--storage-options-file {path}")
+
+
+def gather_options(pairs: Sequence[str], path: Optional[str] = None, environment: str = "") -> Dict[str, str]:
+    """A stage's storage options from its three sources, each later one winning for its keys: the
+    environment's JSON object (``environment``: :attr:`pipelines.runtime.environment.Settings.storage_options`,
+    the variable :data:`~pipelines.runtime.environment.STORAGE_OPTIONS_ENV`), the owner-only file ``path``
+    (:func:`read_options_file`), then the command line's ``KEY=VALUE`` ``pairs``
+    (:func:`parse_options`). The first two keep secrets off the command line, which every local
+    user can read (``ps``, ``/proc/PID/cmdline``).
+
+    Raises:
+        StorageError: any source malformed (:func:`parse_options`, :func:`read_options_file`).
+    """
+    options: Dict[str, str] = {}
+    if environment:
+        try:
+            given = json.loads(environment)
+        except ValueError:
+            raise StorageError(f"{STORAGE_OPTIONS_ENV}: not JSON") from None
+        options.update(_option_values(given, STORAGE_OPTIONS_ENV))
+    if path:
+        options.update(read_options_file(path))
+    options.update(parse_options(pairs))
+    return options
