@@ -133,7 +133,8 @@ def test_a_peer_error_never_hides_the_root_cause():
 # -- which network interface Gloo uses (issue 9, item 4) ----------------------------------------
 from pipelines.launch import ClusterConfigError  # noqa: E402
 from pipelines.launch.network import interface_of, is_this_machine, local_interfaces, resolve  # noqa: E402
-from pipelines.launch.sparkcheck import check_barrier_conf, is_local_master  # noqa: E402
+from pipelines.launch.sparkcheck import check_barrier_conf  # noqa: E402
+from pipelines.runtime.spark import is_local_master  # noqa: E402
 
 IFACES = {"lo": ["127.0.0.1", "::1"], "eth0": ["192.0.2.2", "fe80::1"], "ib0": ["10.1.0.5"]}
 

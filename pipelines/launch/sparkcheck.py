@@ -6,18 +6,12 @@ from typing import Dict, List, Optional
 
 from pipelines.launch.failures import ClusterConfigError
 from pipelines.launch.network import GLOO_IFACE_ENV, bare_host, interface_of, is_this_machine, rendezvous_ipv4, split_host_port
+from pipelines.runtime.spark import is_local_master
 
 
 def _is_true(value: Optional[str]) -> bool:
     """Spark's reading of a boolean setting (``String.trim.toBoolean``: any case, spaces around)."""
     return value is not None and value.strip().lower() == "true"
-
-
-def is_local_master(master: str) -> bool:
-    """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``: Spark's ``Utils.isLocalMaster`` (not
-    ``local-cluster[...]``, whose executors are separate processes)."""
-    master = master.strip()
-    return master == "local" or master.startswith("local[")
 
 
 def check_barrier_conf(conf: Dict[str, str]) -> None:

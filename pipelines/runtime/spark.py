@@ -39,6 +39,13 @@ def utf8_conf(verbose: bool = False) -> Dict[str, str]:
     return conf
 
 
+def is_local_master(master: str) -> bool:
+    """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``: Spark's ``Utils.isLocalMaster`` (not
+    ``local-cluster[...]``, whose executors are separate processes)."""
+    master = master.strip()
+    return master == "local" or master.startswith("local[")
+
+
 def service_conf(master: str, environ: Mapping[str, str]) -> Dict[str, str]:
     """What a session this module starts serves on the network, for the master ``master``.
 
@@ -50,8 +57,6 @@ def service_conf(master: str, environ: Mapping[str, str]) -> Dict[str, str]:
     manager, the rank-log sink of ``--spark-np N``) listen on 127.0.0.1 alone, not on the address
     the host name resolves to.
     """
-    from pipelines.launch.sparkcheck import is_local_master  # PySpark-free, like this module
-
     conf = {"spark.ui.enabled": "false", "spark.ui.killEnabled": "false"}
     if is_local_master(master) and not environ.get("SPARK_LOCAL_IP"):
         conf.update({"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK})
