@@ -101,7 +101,8 @@ def memory_run(args, model: str, split: str, output: str, arrow_rows: int) -> di
 
 def memory_main(args, workdir: str) -> int:
     """The ``--memory`` comparison: ETL at ``--image-size``, then predict its train split twice."""
-    from pipelines.contract import Manifest, row_bytes
+    from pipelines.manifest import Manifest
+    from pipelines.contract import row_bytes
     from pipelines.etl.config import ETLConfig
     from pipelines.etl.job import run_etl
     from pipelines.predict.job import SPARK_ARROW_ROWS, arrow_batch_rows

@@ -136,7 +136,7 @@ def show_samples(etl_dir: str, split: str = "train", n: int = 8):
     import numpy as np
     import pyarrow.parquet as pq
 
-    from pipelines.contract import Manifest
+    from pipelines.manifest import Manifest
 
     manifest = Manifest.read(etl_dir)
     size, rows = manifest.image_size, []

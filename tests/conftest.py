@@ -124,7 +124,7 @@ def subprocess_env(**extra: str) -> dict:
 def etl_parts(output: str, split: str) -> list:
     """The local paths of the Parquet files the manifest of the ETL output ``output`` names for
     ``split`` (the only files of it a reader may read)."""
-    from pipelines.contract import Manifest
+    from pipelines.manifest import Manifest
 
     return [part.path for part in Manifest.read(output).part_locations(output, split)]
 
@@ -173,7 +173,7 @@ def parquet_test_rows(data) -> int:
     which the training run took its expected count from."""
     import pyarrow.parquet as pq
 
-    from pipelines.contract import Manifest
+    from pipelines.manifest import Manifest
     from pipelines.io.storage import Location, resolve
 
     root = data if isinstance(data, Location) else resolve(data)

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.io import leases, storage
-from pipelines.contract import Manifest, SplitInfo, data_identity
+from pipelines.manifest import Manifest, SplitInfo, data_identity
 from pipelines.etl import commit
 from pipelines.training import features as feat
 

@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.contract import SPLITS, Manifest, manifest_sha256
+from pipelines.contract import SPLITS
+from pipelines.manifest import Manifest, manifest_sha256
 from pipelines.etl.cli import main as etl_main
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.images import ACCEPTED_FORMATS as ETL_FORMATS

@@ -13,7 +13,8 @@ import sys
 import pytest
 from PIL import Image
 
-from pipelines.contract import SPLITS, Manifest
+from pipelines.contract import SPLITS
+from pipelines.manifest import Manifest
 from tests.conftest import subprocess_env
 from tests.imagegen import encode, write
 

@@ -488,7 +488,7 @@ def test_run_ids_sort_by_time_and_a_clean_up_keeps_newer_runs(tmp_path):
 
 
 def _manifest(run_id):
-    from pipelines.contract import Manifest, SplitInfo
+    from pipelines.manifest import Manifest, SplitInfo
     return Manifest(image_size=8, num_classes=1, class_names=["a"], rows_per_row_group=1,
                     splits={"train": SplitInfo(1, 1), "test": SplitInfo(1, 1)}, extra={"run_id": run_id})
 

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.io import storage
-from pipelines.contract import SPLITS, Manifest
+from pipelines.contract import SPLITS
+from pipelines.manifest import Manifest
 from pipelines.etl.cli import main as etl_main
 from pipelines.etl.commit import RunSuperseded
 from pipelines.etl.config import ETLConfig

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.contract import MAX_CLASSES, MAX_IMAGE_SIZE, Manifest, ManifestError
+from pipelines.contract import MAX_CLASSES, MAX_IMAGE_SIZE
+from pipelines.manifest import Manifest, ManifestError
 from pipelines.runtime.errors import Refused
 from pipelines.predict.inputs import plan_split
 from pipelines.training.data import (READERS, OnePassShard, load_dataset, open_reader, petastorm_available,

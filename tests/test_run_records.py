@@ -233,7 +233,8 @@ def test_under_horovodrun_rank_0_refuses_a_resume_in_another_world_before_tensor
     import subprocess
     import sys
 
-    from pipelines.contract import SPLITS, Manifest, SplitInfo
+    from pipelines.contract import SPLITS
+    from pipelines.manifest import Manifest, SplitInfo
 
     data = str(tmp_path / "etl")
     os.makedirs(data)

@@ -15,7 +15,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.contract import SPLITS, manifest_sha256
+from pipelines.contract import SPLITS
+from pipelines.manifest import manifest_sha256
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
 from pipelines.training.data import petastorm_available

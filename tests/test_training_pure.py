@@ -227,7 +227,7 @@ def test_dataset_refusals(tmp_path):
 
 
 def test_a_two_split_manifest_never_trains_it_is_refused_naming_the_rerun(tmp_path):
-    from pipelines.contract import Manifest
+    from pipelines.manifest import Manifest
     from pipelines.runtime.errors import Refused
 
     root = manifest(tmp_path, validation=False)

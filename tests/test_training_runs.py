@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from pipelines.contract import manifest_sha256
+from pipelines.manifest import manifest_sha256
 from tests.conftest import read_metrics as metrics
 from tests.test_training_hvd import dataset, error_lines, train  # noqa: F401 (dataset: a fixture)
 

@@ -104,7 +104,7 @@ def check_not_superseded(output: Location, run_id: str) -> None:
 
 
 def commit(output: Location, manifest, run_id: str) -> List[str]:
-    """Commit run ``run_id``: write ``manifest`` (a :class:`pipelines.contract.Manifest` naming this
+    """Commit run ``run_id``: write ``manifest`` (a :class:`pipelines.manifest.Manifest` naming this
     run's files) as ``OUTPUT/manifest.json``, then delete what it replaced (:func:`clean_up`).
 
     The order is the protocol: until the manifest's PUT the previous output stays whole; deleting

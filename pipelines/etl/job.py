@@ -43,7 +43,8 @@ from typing import Dict, List, Optional
 
 from pipelines import __version__
 from pipelines.etl.config import ETLConfig
-from pipelines.contract import COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, TRAIN, VALIDATION, Manifest, SplitInfo
+from pipelines.contract import COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, TRAIN, VALIDATION
+from pipelines.manifest import Manifest, SplitInfo
 from pipelines.etl import commit
 from pipelines.etl.labels import SPLIT_RULE
 from pipelines.etl.layout import closure_chunks, cut_into

@@ -11,7 +11,8 @@ from typing import Dict, Iterator, Optional
 
 from pipelines.runtime.config import to_dict
 from pipelines.etl.config import ETLConfig
-from pipelines.contract import MANIFEST, SPLITS, Manifest, manifest_sha256
+from pipelines.contract import MANIFEST, SPLITS
+from pipelines.manifest import Manifest, manifest_sha256
 from pipelines.etl.labels import SPLIT_RULE
 from pipelines.etl.listing import display_path
 from pipelines.runtime.logs import plural

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from pipelines.contract import MANIFEST, MANIFEST_FORMAT, SPLITS, TEST, TRAIN, VALIDATION, Manifest
+from pipelines.contract import MANIFEST, MANIFEST_FORMAT, SPLITS, TEST, TRAIN, VALIDATION
+from pipelines.manifest import Manifest
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 from pipelines.io.paths import check_url_safe, local_url
@@ -88,12 +89,12 @@ class Dataset:
     _footers_checked: list = field(default_factory=list, compare=False, repr=False)  # [True] once checked
 
     def check_footers(self) -> None:
-        """:meth:`pipelines.contract.Manifest.check_footers`, once per Dataset: before any reader
+        """:meth:`pipelines.manifest.Manifest.check_footers`, once per Dataset: before any reader
         opens a part or sizes a cache by the manifest's counts (:meth:`parts` and
         :func:`open_reader` call it).
 
         Raises:
-            pipelines.contract.ManifestError: a part that is not a file, footers that disagree.
+            pipelines.manifest.ManifestError: a part that is not a file, footers that disagree.
         """
         if not self._footers_checked:
             self.manifest.check_footers(self.location)
@@ -150,10 +151,10 @@ class Dataset:
         return self.manifest.extra.get("run_id")
 
     def identity(self):
-        """The data's :class:`pipelines.contract.DataIdentity`: the run id and every part's path,
+        """The data's :class:`pipelines.manifest.DataIdentity`: the run id and every part's path,
         size and Parquet footer (one footer read per part), what results kept beyond a run are
         keyed by (the feature cache)."""
-        from pipelines.contract import data_identity
+        from pipelines.manifest import data_identity
 
         return data_identity(self.location, self.manifest)
 
@@ -192,8 +193,8 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
             than ranks (:func:`check_train_row_groups`).
         pipelines.io.storage.StorageError: an unknown scheme, a missing bucket, refused credentials.
         pipelines.io.paths.UnsafePathError: ``root`` holds a character a ``file://`` URL cannot carry.
-        pipelines.contract.ManifestError: a manifest out of bounds or naming a part outside its
-            run's split folder (:func:`pipelines.contract.check_manifest`); its footers are checked
+        pipelines.manifest.ManifestError: a manifest out of bounds or naming a part outside its
+            run's split folder (:func:`pipelines.manifest.check_manifest`); its footers are checked
             before the first reader opens (:meth:`Dataset.check_footers`).
     """
     from pipelines.io.storage import check_reachable, resolve

@@ -5,7 +5,7 @@ backbone's output for an image never changes, yet the article's training recompu
 image in every epoch. Here each rank computes the features of its Petastorm shard of each split
 once, writes them as Parquet under ``DATA/features/<key>/<split>/part-rank<r>.parquet`` (``key``
 depends on the model, :func:`model_key`: the weights, the image size, the backbone, its compute
-dtype and the model's input; and on the data, :func:`pipelines.contract.data_identity`: the ETL
+dtype and the model's input; and on the data, :func:`pipelines.manifest.data_identity`: the ETL
 run id and its parts' footers; :func:`feature_key`), and training fits only the head
 (dropout + dense) on them with the same Horovod machinery. A second run with the same key reuses
 them; other weights, another size or another ETL run of the same output (a rerun, even of the same
@@ -57,7 +57,7 @@ def model_key(weights: str, image_size: int, seed: int, backbone: str, compute_d
 
 def feature_key(model: str, data) -> str:
     """Identifier of a feature set: the model (:func:`model_key`) and the data it was computed
-    from (a :class:`pipelines.contract.DataIdentity`), hashed to 16 hex digits. (Sets computed
+    from (a :class:`pipelines.manifest.DataIdentity`), hashed to 16 hex digits. (Sets computed
     before the data was in the key were keyed by the model alone: :func:`stale_sets` finds them.)"""
     return hashlib.sha256(f"{model}:data-{data.sha256}".encode()).hexdigest()[:16]
 
@@ -143,7 +143,7 @@ def compute_shard(extractor, dataset) -> Tuple[np.ndarray, np.ndarray]:
 
 def mark_complete(directory, counts: dict, key: str, model: str, data) -> None:
     """Rank 0, after every rank has written: record the counts, the key and its halves (``model``,
-    :func:`model_key`; ``data``, a :class:`pipelines.contract.DataIdentity`), making the set reusable."""
+    :func:`model_key`; ``data``, a :class:`pipelines.manifest.DataIdentity`), making the set reusable."""
     _location(directory).join(COMPLETE).write_json({"key": key, "rows": counts, "model_key": model,
                                                     "data": data.to_dict()})
 
@@ -192,7 +192,7 @@ def say_why(data_root, model: str, key: str, data, directory,
             storage_options: Optional[Mapping[str, str]] = None) -> None:
     """Rank 0, before computing the set ``key`` into ``directory``: log once why, naming the ETL
     runs when the newest set of this model (:func:`stale_sets`) was computed from other data
-    (``data``: this run's :class:`pipelines.contract.DataIdentity`)."""
+    (``data``: this run's :class:`pipelines.manifest.DataIdentity`)."""
     stale = stale_sets(data_root, model, key, storage_options)
     if not stale:
         log.info("feature cache: computing backbone features into %s", directory)

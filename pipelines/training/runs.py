@@ -38,7 +38,8 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
 from pipelines.contract import (CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT,
-                                MANIFEST, MODEL_FILE, TENSORBOARD, TRAIN_RUN, manifest_sha256, plain_name)
+                                MANIFEST, MODEL_FILE, TENSORBOARD, TRAIN_RUN, plain_name)
+from pipelines.manifest import manifest_sha256
 from pipelines.runtime.errors import Refused
 from pipelines.tracking.pictures import PICTURES
 from pipelines.tracking import RUN_FILE

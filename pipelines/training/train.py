@@ -235,7 +235,7 @@ def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
 def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
     """The MLflow params of a training run: the whole config, the world and its arithmetic, and the
     data's identity (the sha256 of its ``manifest.json``, counts, image size)."""
-    from pipelines.contract import manifest_sha256
+    from pipelines.manifest import manifest_sha256
 
     data = plan.data
     return {**redact(to_dict(config)), "world_size": rank.size, "global_batch_size": plan.steps.global_batch,
