@@ -7,44 +7,37 @@
 
 import os as _os
 
+from pipelines import stack as _stack
+from pipelines.runtime import tflog as _tflog
+
 __version__ = "0.1.0"
 
 
-def _keras_environment() -> None:
-    """Set ``TF_USE_LEGACY_KERAS`` for the installed stack, before TensorFlow is imported.
+def _stack_environment() -> None:
+    """The installed stack's variables (:attr:`pipelines.stack.Stack.environment`:
+    ``TF_USE_LEGACY_KERAS``), set or removed before TensorFlow is imported.
 
-    The one place every process that trains gets it: each launch path imports `pipelines` first
+    The one place every process that trains gets them: each launch path imports `pipelines` first
     (jobs/*.py, horovodrun's ranks running them, HorovodRunner's local ranks and Spark barrier tasks
-    unpickling our function, notebook kernels, the tests), and children inherit it. On the current
-    stack (TF 2.21) "1" makes `tf.keras` Keras 2 (tf_keras), the API Horovod averages; without it 12
-    of Horovod's 13 Keras tests fail. On mission (TF 2.15, no tf_keras) it must be unset: TF 2.15
-    reads it too, and `tf.keras` then fails to import. pipelines.stack.kerasapi refuses a process where
-    TensorFlow came first. Reads package metadata only (pipelines.stack), imports nothing heavy.
+    unpickling our function, notebook kernels, the tests), and children inherit them.
+    pipelines.stack.kerasapi refuses a process where TensorFlow came first. Reads package metadata
+    only (pipelines.stack), imports nothing heavy.
     """
-    from pipelines import stack
-
     try:
-        legacy = stack.active().keras_module == "tf_keras"
-    except stack.UnknownStack:  # no TensorFlow here (or one of no stack): nothing trains
+        variables = _stack.active().environment
+    except _stack.UnknownStack:  # no TensorFlow here (or one of no stack): nothing trains
         return
-    if legacy:
-        _os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    else:
-        _os.environ.pop("TF_USE_LEGACY_KERAS", None)
+    for name, value in variables:
+        if value is None:
+            _os.environ.pop(name, None)
+        else:
+            _os.environ[name] = value
 
 
-_keras_environment()
-
-
-def _quiet_tensorflow_load() -> None:
-    """TF_CPP_MIN_LOG_LEVEL also for the lines TensorFlow 2.21 logs while it loads
-    (:mod:`pipelines.runtime.tflog`; standard library only, TensorFlow stays unimported)."""
-    from pipelines.runtime import tflog
-
-    tflog.install()
-
-
-_quiet_tensorflow_load()
+_stack_environment()
+# TF_CPP_MIN_LOG_LEVEL also for the lines TensorFlow 2.21 logs while it loads (standard library
+# only, TensorFlow stays unimported)
+_tflog.install()
 
 # name -> submodule that defines it; loaded by __getattr__ on first access only.
 _LAZY = {

@@ -159,6 +159,30 @@ def test_mlflow_and_tensorflow_import_together_and_open_a_sqlite_store(tmp_path)
     assert out.stdout.split()[3].split(".")[:2] == keras_version.split(".")[:2]
 
 
+def test_the_installed_stack_is_what_its_table_entry_says():
+    """What only one stack has, read from the table, holds in this interpreter: Petastorm (and the
+    default reader with it), the zipcache patch (its Python), its Keras 2 package, the variables
+    ``import pipelines`` set or removed."""
+    import importlib.util
+
+    from pipelines.runtime import zipcache
+
+    active = stack.active()
+    assert active.has("petastorm") == (importlib.util.find_spec("petastorm") is not None)
+    assert active.reader == ("petastorm" if active.has("petastorm") else "own")
+    assert zipcache.NEEDED == active.zipcache == stack.needs_zipcache(sys.version_info[:2])
+    assert version(active.keras_package) == lock_pins(active.name)[active.keras_package.replace("_", "-")]
+    assert [os.environ.get(name) for name, _ in active.environment] == [value for _, value in active.environment]
+
+
+def test_what_only_one_stack_has():
+    mission, current = stack.get("mission"), stack.get("current")
+    assert (mission.has("petastorm"), current.has("petastorm")) == (True, False)
+    assert (mission.zipcache, current.zipcache) == (True, False)
+    assert (mission.horovod_patch, os.path.isfile(os.path.join(REPO, current.horovod_patch))) == (None, True)
+    assert not stack.needs_zipcache((3, 12)) and stack.needs_zipcache((3, 11))
+
+
 def test_the_stack_is_detected_from_the_installed_tensorflow_without_importing_it():
     code = "import sys, pipelines.stack as s; print(s.active().name, 'tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -191,7 +215,7 @@ def test_import_pipelines_sets_the_keras_variable_for_the_installed_stack():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert out.returncode == 0, out.stderr[-2000:]
-    expected = "1" if stack.active().keras_module == "tf_keras" else "None"
+    expected = str(dict(stack.active().environment)["TF_USE_LEGACY_KERAS"])
     assert out.stdout.split() == [expected, "True"]
 
 

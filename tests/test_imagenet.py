@@ -69,7 +69,7 @@ def test_the_urls_and_hashes_are_keras_own():
     ``keras`` 2.15 on mission, ``tf_keras`` on current): Xception's no-top file name, URL and md5 as
     its get_file call has them."""
     from pipelines import stack
-    package = "tf_keras" if stack.active().keras_module == "tf_keras" else "keras"
+    package = stack.active().keras_package
     folder = importlib.util.find_spec(package).submodule_search_locations[0]
     tree = ast.parse(open(os.path.join(folder, "src", "applications", "xception.py")).read())
     constants = {node.targets[0].id: ast.literal_eval(node.value) for node in ast.walk(tree)

@@ -17,13 +17,15 @@ replaced by ``addPyFile``). Python 3.12 and later are left as they are.
 from __future__ import annotations
 
 import os
-import sys
 import zipimport
 from typing import Dict, Optional, Tuple
 
+from pipelines import stack
+
 _MARK = "_pipelines_lazy"
-#: whether this Python needs the patch: CPython gh-103200 is fixed in 3.12 (the current stack's)
-NEEDED = sys.version_info < (3, 12)
+#: whether this Python needs the patch (:func:`pipelines.stack.needs_zipcache`: CPython gh-103200 is
+#: fixed in 3.12; the mission stack's Python is older, the current stack's are not)
+NEEDED = stack.needs_zipcache()
 
 
 def _stamp(archive: str) -> Optional[Tuple[int, int]]:

@@ -13,8 +13,8 @@ hashes and is what ``scripts/setup_env.sh`` installs. This module, the package's
 those files and needs only the standard library (the set-up script and the Makefile run it before
 any venv exists: ``python3 -m pipelines.stack``); :mod:`pipelines.stack.kerasapi` is the Keras 2
 API of the stack installed here.
-Python's own difference (CPython gh-103200, fixed in 3.12: :mod:`pipelines.runtime.zipcache` only below
-3.12) is decided in that module.
+Python's own difference, CPython gh-103200 fixed in 3.12 (:mod:`pipelines.runtime.zipcache`'s
+patch below it), is :data:`ZIPIMPORT_FIXED_IN` here.
 """
 from __future__ import annotations
 
@@ -30,34 +30,79 @@ DEFAULT = "mission"
 NO_DEPS = "# no-deps:"
 
 
+# CPython gh-103200 (every importlib.invalidate_caches() re-reads each zip archive's whole
+# directory, as PySpark's worker does at each task's start) is fixed in 3.12: a stack whose Pythons
+# are older needs pipelines.runtime.zipcache's patch (the mission stack's 3.11).
+ZIPIMPORT_FIXED_IN = (3, 12)
+
+
 class Stack(NamedTuple):
-    """One stack: its name, the Keras 2 module its training code uses (``tensorflow.keras`` or
-    ``tf_keras``), the reader of training data it uses by default (``petastorm`` or ``own``,
-    ``--reader``'s names), whether Horovod is patched for it, and what its artefacts carry that
-    the other stack reads (docs/stacks.md, "What moves between the stacks"):
-    ``functional_module``, the module a ``.keras`` file it saves names for a functional model,
-    ``loads_models_of``, the stacks whose ``.keras`` files its Keras loads (Keras 2.15 cannot
-    import ``tf_keras``' module), and ``mlflow_schema``, the alembic revision its
-    MLflow leaves a SQLite tracking store at (``alembic_version``; tests/test_cross_stack.py
-    checks both against the installed libraries)."""
+    """One stack, every difference between the stacks that code or tests act on (its versions are
+    :func:`pins`, its Pythons :func:`pythons`).
+
+    Attributes:
+        name: ``mission`` or ``current``.
+        keras_module: the Keras 2 API its training code imports (:mod:`pipelines.stack.kerasapi`):
+            ``tensorflow.keras`` (TF 2.15) or ``tf_keras`` (TF 2.21, whose ``tf.keras`` and
+            ``keras`` are Keras 3, which Horovod's ``DistributedOptimizer`` wraps without averaging).
+        keras_package: the distribution and import name of that Keras 2 (``keras`` 2.15, which
+            TF 2.15's ``tf.keras`` is; ``tf_keras``): its version, its source.
+        environment: ``(variable, value)`` pairs that ``import pipelines`` sets (a value) or
+            removes (``None``) in every process of the stack, before TensorFlow loads.
+            ``TF_USE_LEGACY_KERAS=1`` makes TF 2.21's own ``tf.keras`` the same Keras 2
+            (tf_keras), which MLflow's TensorFlow flavour relies on (without it 12 of Horovod's 13
+            Keras tests fail); TF 2.15 reads it too, and ``tf.keras`` then fails to import (no
+            tf_keras there): removed, even a user's own.
+        reader: the reader of training data it uses by default, ``--reader``'s name: ``petastorm``
+            (Petastorm 0.13.1 runs on pyarrow < 15 only) or ``own``.
+        horovod_patch: the patch its Horovod is built with (a path in the checkout), or ``None``.
+        functional_module: the module a ``.keras`` file it saves names for a functional model;
+        loads_models_of: the stacks whose ``.keras`` files its Keras loads (Keras 2.15 cannot
+            import ``tf_keras``' module);
+        mlflow_schema: the alembic revision its MLflow leaves a SQLite tracking store at
+            (``alembic_version``). These three are what its artefacts carry that the other stack
+            reads (docs/stacks.md, "What moves between the stacks"; tests/test_cross_stack.py checks
+            them against the installed libraries).
+    """
     name: str
     keras_module: str
+    keras_package: str
+    environment: Tuple[Tuple[str, Optional[str]], ...]
     reader: str
     horovod_patch: Optional[str]
     functional_module: str
     loads_models_of: Tuple[str, ...]
     mlflow_schema: str
 
+    def has(self, package: str) -> bool:
+        """Whether the stack installs ``package`` (its ``requirements/<stack>.in`` pins it):
+        ``petastorm`` is the mission stack's alone."""
+        return package.lower() in pins(self.name)
+
+    @property
+    def zipcache(self) -> bool:
+        """Whether PySpark's workers need :mod:`pipelines.runtime.zipcache`'s patch on its Pythons
+        (all older than :data:`ZIPIMPORT_FIXED_IN`): the mission stack's alone."""
+        return all(needs_zipcache(tuple(map(int, python.split(".")))) for python in pythons(self.name))
+
 
 STACKS: Dict[str, Stack] = {
-    "mission": Stack("mission", keras_module="tensorflow.keras", reader="petastorm", horovod_patch=None,
+    "mission": Stack("mission", keras_module="tensorflow.keras", keras_package="keras",
+                     environment=(("TF_USE_LEGACY_KERAS", None),), reader="petastorm", horovod_patch=None,
                      functional_module="keras.src.engine.functional", loads_models_of=("mission",),
                      mlflow_schema="0584bdc529eb"),
-    "current": Stack("current", keras_module="tf_keras", reader="own",
+    "current": Stack("current", keras_module="tf_keras", keras_package="tf_keras",
+                     environment=(("TF_USE_LEGACY_KERAS", "1"),), reader="own",
                      horovod_patch="scripts/patches/horovod-0.28.1-current.patch",
                      functional_module="tf_keras.src.engine.functional", loads_models_of=("current", "mission"),
                      mlflow_schema="dc11669786a5"),
 }
+
+
+def needs_zipcache(python: Tuple[int, ...] = tuple(sys.version_info[:2])) -> bool:
+    """Whether the Python ``python`` (``(major, minor)``; default this one) needs
+    :mod:`pipelines.runtime.zipcache`'s patch: older than :data:`ZIPIMPORT_FIXED_IN`."""
+    return tuple(python[:2]) < ZIPIMPORT_FIXED_IN
 
 
 def venv(name: str) -> str:

@@ -14,6 +14,8 @@ prediction and tools code only (it imports TensorFlow).
 """
 from __future__ import annotations
 
+import importlib
+from importlib.metadata import version
 from typing import Any, Optional
 
 import tensorflow as tf
@@ -28,27 +30,19 @@ class Keras3Error(TypeError):
     API is needed (Horovod would not average its gradients)."""
 
 
-if STACK.keras_module == "tf_keras":
-    import tf_keras as keras
-
-    if tf.keras.Model is not keras.Model:
-        raise Keras3Error(
-            f"tf.keras is Keras 3 in this process (TensorFlow {tf.__version__}'s tf.keras was used before "
-            "TF_USE_LEGACY_KERAS=1 was set): import pipelines before tensorflow, or export TF_USE_LEGACY_KERAS=1")
-else:
-    keras = tf.keras
+keras = importlib.import_module(STACK.keras_module)
+if tf.keras.Model is not keras.Model:  # TF 2.21's tf.keras is Keras 3 unless the stack's variables came first
+    _SETTING = " ".join(f"{name}={value}" for name, value in STACK.environment if value is not None)
+    raise Keras3Error(f"tf.keras is Keras 3 in this process (TensorFlow {tf.__version__}'s tf.keras was used before "
+                      f"{_SETTING} was set): import pipelines before tensorflow, or export {_SETTING}")
 
 __all__ = ["keras", "Keras3Error", "STACK", "keras_version", "require_keras2", "distributed_optimizer"]
 
 
 def keras_version() -> str:
-    """The version of the Keras 2 in use (``tf.keras`` of TF 2.15 is the ``keras`` 2.15 package,
-    whose API module has no ``__version__`` of its own)."""
-    if hasattr(keras, "__version__"):
-        return keras.__version__
-    from importlib.metadata import version
-
-    return version("keras")
+    """The version of the Keras 2 in use: its package's (:attr:`pipelines.stack.Stack.keras_package`;
+    ``tf.keras`` of TF 2.15 is the ``keras`` 2.15 package, whose API module has no ``__version__``)."""
+    return version(STACK.keras_package)
 
 
 def _describe(obj: Any) -> str:
