@@ -37,7 +37,7 @@ test:  ## both stacks: the whole suite on mission, then on current the tests mar
 	$(MAKE) test-stack STACK=mission
 	$(MAKE) test-stack STACK=current
 
-test-stack: setup  ## one stack's share of the suite (STACK=...): see tests/conftest.py (CURRENT_STACK_TESTS)
+test-stack: setup  ## one stack's share of the suite (STACK=...): on current, every fast test and those marked current
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "$(if $(filter mission,$(STACK)),not tool,(not slow or current) and not tool)" tests
 
 test-tools: setup  ## the tool scripts run whole (scripts/gpu_check.py --dry-run: its scaling and loader runs), on STACK

@@ -48,45 +48,6 @@ os.environ.update(rankenv.fault_token_env(FAULT_TOKEN))
 atexit.register(shutil.rmtree, FAULT_TOKEN_DIR, True)
 
 
-# The current stack's share of the slow tests, as node-id prefixes: `make test` runs the whole suite on
-# the mission stack and, on the current stack, every fast test and these (marked `current`): the
-# ETL local and to S3, horovodrun -np 2 Xception with the exact evaluation, resume (mid-epoch exactly,
-# after a SIGKILL and a SIGTERM) and the --max-failures relaunch, --spark-np on local Spark and on the test hosts, predict through models:/,
-# notebooks 01, 05 and 07, and the averaging proof.
-CURRENT_STACK_TESTS = (
-    "tests/test_averaging.py",
-    "tests/test_etl_job.py::test_counts_reconcile_and_the_summary_says_so",
-    "tests/test_etl_job.py::test_rows_bytes_labels_and_disjoint_splits",
-    "tests/test_etl_job.py::test_the_etl_is_one_mlflow_run_with_its_counts",
-    "tests/test_etl_s3.py::test_local_to_s3_tracked_to_a_local_store",
-    "tests/test_etl_s3.py::test_s3_to_s3_rerun_replaces_and_a_killed_run_leaves_the_output_whole",
-    "tests/test_training_hvd.py::test_exact_test_metric_equals_a_single_process_evaluation",
-    "tests/test_training_hvd.py::test_both_ranks_end_with_identical_weights",
-    "tests/test_training_hvd.py::test_report_and_artifacts",
-    "tests/test_training_hvd.py::test_the_logged_and_registered_model_predicts_as_model_keras",
-    "tests/test_training_hvd.py::test_resume_carries_early_stopping_across_a_kill_and_after_the_stop",
-    "tests/test_training_hvd.py::test_a_lost_rank_is_relaunched_from_the_newest_checkpoint",
-    "tests/test_training_hvd.py::test_horovod_trains_from_s3_to_s3",
-    "tests/test_training_hvd.py::test_a_run_killed_within_an_epoch_resumes_at_that_step_bit_for_bit",
-    "tests/test_training_hvd.py::test_sigterm_to_one_rank_checkpoints_every_rank_at_the_next_step_exits_76_and_resumes_exactly",
-    "tests/test_recovery.py",
-    "tests/test_launcher.py",
-    "tests/test_hosts.py::test_training_on_four_hosts_in_step_with_exact_test_metrics_and_outputs_in_the_bucket",
-    "tests/test_predict_job.py::test_a_models_uri_predicts_as_the_run_folder_does",
-    "tests/test_predict_job.py::test_mlflow_spark_udf_serves_the_registered_model",
-    "tests/test_predict_job.py::test_batch_inference_notebook_with_a_models_uri_gives_the_exact_test_accuracy",
-    "tests/test_notebooks.py::test_etl_notebook",
-    "tests/test_notebooks.py::test_training_notebooks[05_horovod_one_node.ipynb",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    """Mark :data:`CURRENT_STACK_TESTS` ``current`` (``-m "not slow or current"`` selects them)."""
-    for item in items:
-        if item.nodeid.startswith(CURRENT_STACK_TESTS):
-            item.add_marker(pytest.mark.current)
-
-
 @pytest.fixture(scope="session")
 def spark():
     """A real ``local[2]`` SparkSession for the whole test session."""

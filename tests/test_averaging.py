@@ -19,6 +19,8 @@ from pipelines import stack
 from tests.averaging_ranks import LEARNING_RATE, W0, batch
 from tests.conftest import BIN, subprocess_env
 
+pytestmark = pytest.mark.current  # on the current stack too (make test's current share)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ON_CURRENT = stack.active().name == "current"
 

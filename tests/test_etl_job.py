@@ -61,6 +61,7 @@ def submitted(tree, tmp_path_factory):
         return out, json.load(f), proc.stdout
 
 
+@pytest.mark.current
 def test_counts_reconcile_and_the_summary_says_so(tree, submitted):
     root, expected = tree
     out, manifest, stdout = submitted
@@ -87,6 +88,7 @@ def test_the_driver_logs_each_pass_in_images_done_out_of_the_total(tree, submitt
     assert kept >= manifest["files"]["written"] > 0
 
 
+@pytest.mark.current
 def test_the_etl_is_one_mlflow_run_with_its_counts(submitted):
     out, manifest, _ = submitted
     client, run = mlflow_run(out)
@@ -115,6 +117,7 @@ def test_rejected_list_names_every_bad_file_with_its_reason(tree, submitted):
     assert len(entries) == len(expected["rejected"]) + len(expected["skipped"])
 
 
+@pytest.mark.current
 def test_rows_bytes_labels_and_disjoint_splits(tree, submitted):
     root, expected = tree
     out, manifest, _ = submitted

@@ -138,6 +138,7 @@ def test_local_to_s3_tracked_to_the_default_store_of_a_fresh_home_writing_no_sec
                     assert secret.encode() not in f.read(), (secret, name)
 
 
+@pytest.mark.current
 def test_s3_to_s3_rerun_replaces_and_a_killed_run_leaves_the_output_whole(tree, s3_server, spark):
     """Run 1 commits; run 2 (a separate process) is killed with SIGKILL while its tasks write:
     run 1's manifest and every file it names are intact; run 3 commits and deletes both."""

@@ -311,6 +311,7 @@ def recovered_run(hosts_cluster, test_hosts, hosts_etl):
     return proc, json.loads(read_key(s3, bucket, "recovered/metrics.json")), record
 
 
+@pytest.mark.current
 def test_training_on_four_hosts_in_step_with_exact_test_metrics_and_outputs_in_the_bucket(
         recovered_run, hosts_etl, hosts_cluster):
     proc, m, _ = recovered_run

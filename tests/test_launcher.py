@@ -8,6 +8,8 @@ from pipelines.launch import HorovodJobFailed, HorovodRunner, RankFailure
 from pipelines.launch.barrier import rank_plan
 from pipelines.launch.local import collect_failures
 
+pytestmark = pytest.mark.current  # on the current stack too (make test's current share)
+
 
 @pytest.mark.parametrize("np", [0, 1.5, "2"])
 def test_bad_np_is_refused(np):

@@ -56,6 +56,7 @@ def test_notebooks_are_committed_without_outputs():
             assert any("parameters" in c.metadata.get("tags", []) for c in book.cells), name
 
 
+@pytest.mark.current
 def test_etl_notebook(etl_notebook):
     _, etl, book = etl_notebook
     assert os.path.exists(os.path.join(etl, "manifest.json"))
@@ -66,7 +67,7 @@ def test_etl_notebook(etl_notebook):
     ("02_single_process_early_stopping.ipynb", {}),
     ("03_bigger_batch_scaled_lr.ipynb", {"scale": 2}),
     ("04_petastorm_local_cache.ipynb", {}),
-    ("05_horovod_one_node.ipynb", {"world_sizes": [1, 2]}),
+    pytest.param("05_horovod_one_node.ipynb", {"world_sizes": [1, 2]}, marks=pytest.mark.current),
     ("06_horovod_spark_workers.ipynb", {"np_tasks": 2}),
 ])
 def test_training_notebooks(etl_notebook, name, extra):

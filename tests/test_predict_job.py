@@ -127,6 +127,7 @@ def registered(trained):
     env.undo()
 
 
+@pytest.mark.current
 def test_a_models_uri_predicts_as_the_run_folder_does(trained, registered, tmp_path):
     from pipelines.predict.local import predict_files
 
@@ -139,6 +140,7 @@ def test_a_models_uri_predicts_as_the_run_folder_does(trained, registered, tmp_p
     assert np.allclose([r["top_probabilities"] for r in ours], [r["top_probabilities"] for r in theirs], atol=1e-6)
 
 
+@pytest.mark.current
 def test_mlflow_spark_udf_serves_the_registered_model(trained, registered, spark, tmp_path, monkeypatch):
     """MLflow's own Spark serving of the logged model (its uint8 tensor signature: a flat array
     column per image, ``result_type='array<float>'``) gives model.keras's probabilities."""
@@ -235,6 +237,7 @@ def test_python_m_predict_prints_the_top_k_without_spark_or_horovod(trained, tmp
     assert lines[2].startswith(f"{bad}: unreadable: not a supported raster image (Pillow cannot identify it")
 
 
+@pytest.mark.current
 def test_batch_inference_notebook_with_a_models_uri_gives_the_exact_test_accuracy(trained, registered, tmp_path):
     """Notebook 07 on the ETL's test split, the model by its MLflow URI (downloaded by the driver,
     loaded by each Python worker): the accuracy is the training run's exact test accuracy."""

@@ -14,6 +14,8 @@ from pipelines.launch.rankenv import ATTEMPTS_ENV, attempts_env, read_rank_envir
 from pipelines.launch.recovery import is_lost, run_with_retries
 from pipelines.launch.config import LaunchConfig
 
+pytestmark = pytest.mark.current  # on the current stack too (make test's current share)
+
 
 def test_only_a_lost_process_or_host_is_worth_a_relaunch():
     assert signal_is_loss(-signal.SIGKILL) and signal_is_loss(-signal.SIGTERM) and signal_is_loss(-signal.SIGHUP)

@@ -183,11 +183,13 @@ def test_tensorboard_device_message_and_reader_caches(full_run):
     assert not [name for name in leftovers if name.startswith("rank")], leftovers  # readers removed their caches
 
 
+@pytest.mark.current
 def test_both_ranks_end_with_identical_weights(full_run):
     checksums = metrics(full_run[0])["weights_checksum_per_rank"]
     assert len(checksums) == 2 and checksums[0] == checksums[1]
 
 
+@pytest.mark.current
 def test_report_and_artifacts(full_run, dataset):
     out = full_run[0]
     _, manifest = dataset
@@ -260,6 +262,7 @@ def keras_probs(full_run, test_split):
     return load_model(full_run[0]).predict(test_split[0], batch_size=16, verbose=0)
 
 
+@pytest.mark.current
 def test_exact_test_metric_equals_a_single_process_evaluation(full_run, test_split, keras_probs):
     from pipelines.stack.kerasapi import keras
     out = full_run[0]
@@ -314,6 +317,7 @@ def test_the_horovod_job_is_one_mlflow_run_from_rank_0(full_run, dataset):
     assert version.run_id == run_id and version.tags == {"test_accuracy": str(test["accuracy"])}
 
 
+@pytest.mark.current
 def test_the_logged_and_registered_model_predicts_as_model_keras(full_run, test_split, keras_probs):
     """Served by pyfunc from the run, and loaded as a Keras model from the registry (as the
     batch-prediction job does): the ETL's uint8 rows in, model.keras's probabilities out."""
@@ -338,6 +342,7 @@ def clock(line):
     return h * 3600 + m * 60 + sec
 
 
+@pytest.mark.current
 def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset, tmp_path):
     """Local ranks (--spark-np -2): rank 0 killed after epoch 2; min_delta 2 makes epoch 1 the best,
     patience 2 stops after epoch 3 only if the resumed run keeps the waiting count of epoch 2
@@ -420,6 +425,7 @@ RECOVERY = ("--epochs", "4", "--patience", "10", "--warmup-epochs", "3")
 KILL_RANK_1 = {"PIPELINES_FAULT_INJECT": "rank=1,epoch=2,mode=kill"}  # once checkpoint 2 is complete
 
 
+@pytest.mark.current
 @pytest.mark.parametrize("spark_np", [-2, 2])  # local processes / Spark barrier tasks (local Spark)
 def test_a_lost_rank_is_relaunched_from_the_newest_checkpoint(dataset, tmp_path, spark_np):
     """--max-failures 1: rank 1 SIGKILLed after epoch 2's checkpoint; the driver relaunches both
@@ -819,6 +825,7 @@ def test_petastorm_on_s3_reads_each_rank_the_shard_of_the_local_rule(dataset, s3
 STORAGE_SECRETS = {"access_key": "AKIDSECRETID", "secret_key": "S3CR3T-KEY", "session_token": "T0K3N"}
 
 
+@pytest.mark.current
 def test_horovod_trains_from_s3_to_s3(dataset, s3_data, s3_server, tmp_path):
     """horovodrun -np 2, --data and --output in the bucket, with the feature cache (written beside
     the data, in the bucket; the run killed and resumed below reads images with Petastorm): the
@@ -1156,6 +1163,7 @@ def assert_same_run(out, reference):
         [(h["epoch"], h["val_accuracy"], h["val_loss"]) for h in ref["history"]]
 
 
+@pytest.mark.current
 def test_a_run_killed_within_an_epoch_resumes_at_that_step_bit_for_bit(dataset, uninterrupted, tmp_path):
     """Rank 0 SIGKILLed after step 3 of epoch 2 (its step checkpoint written); --resume continues
     from that step, each rank's stream opened at its row, and ends as the run that went through."""
@@ -1172,6 +1180,7 @@ def test_a_run_killed_within_an_epoch_resumes_at_that_step_bit_for_bit(dataset, 
     assert_same_run(out, uninterrupted)
 
 
+@pytest.mark.current
 def test_sigterm_to_one_rank_checkpoints_every_rank_at_the_next_step_exits_76_and_resumes_exactly(
         dataset, uninterrupted, tmp_path):
     """Rank 1 gets SIGTERM after step 2 of epoch 2: both ranks stop after step 3 (the next step's
