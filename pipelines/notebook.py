@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from typing import Dict, NamedTuple, Optional
 
-from pipelines.runtime.errors import Refused
+from pipelines.io.storage import check_reachable, resolve
 from pipelines.launch.config import LaunchConfig
+from pipelines.manifest import Manifest
+from pipelines.runtime.environment import read_settings
+from pipelines.runtime.errors import Refused
+from pipelines.runtime.quiet import quiet_by_default
+from pipelines.tools import workspace
 from pipelines.tracking import check_store
 from pipelines.training.cli import check_before_ranks, fetch_weights
 from pipelines.training.config import TrainConfig
@@ -40,13 +45,7 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
     Raises:
         pipelines.io.storage.StorageError: a URI ``workdir`` or ``data_dir`` whose store cannot be used.
     """
-    from pipelines.runtime.environment import read_settings
-    from pipelines.runtime.quiet import quiet_by_default
-
     quiet_by_default(read_settings().verbose)  # before the first TensorFlow or Spark import
-    from pipelines.tools import workspace
-
-    from pipelines.io.storage import check_reachable, resolve
 
     location = resolve(workdir or workspace.default_workdir())
     check_reachable(location, "workdir")
@@ -135,8 +134,6 @@ def show_samples(etl_dir: str, split: str = "train", n: int = 8):
     import matplotlib.pyplot as plt
     import numpy as np
     import pyarrow.parquet as pq
-
-    from pipelines.manifest import Manifest
 
     manifest = Manifest.read(etl_dir)
     size, rows = manifest.image_size, []

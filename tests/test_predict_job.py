@@ -183,12 +183,12 @@ def test_an_mlflow_model_without_class_names_needs_the_option(registered, tmp_pa
 
 @pytest.fixture
 def no_spark(monkeypatch):
-    """Fails a test whose job would start Spark."""
-    import pipelines.runtime.spark
+    """Fails a test whose job would start Spark (the session the job module starts)."""
+    import pipelines.predict.job
 
     def refuse(*args, **kwargs):
         raise AssertionError("Spark started")
-    monkeypatch.setattr(pipelines.runtime.spark, "spark_session", refuse)
+    monkeypatch.setattr(pipelines.predict.job, "spark_session", refuse)
 
 
 def test_bad_input_exits_2_before_spark(trained, tmp_path, no_spark, capsys):

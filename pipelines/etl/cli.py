@@ -4,8 +4,12 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
-from pipelines.runtime.config import run_command
+from pipelines.etl.commit import RunSuperseded
 from pipelines.etl.config import ETLConfig
+from pipelines.etl.job import NothingWritten, run_etl
+from pipelines.etl.summary import format_summary
+from pipelines.runtime.config import run_command
+from pipelines.tracking import TrackingFailed
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -18,11 +22,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     candidates (the previous output is kept), when a newer run committed the output first, or when
     MLflow could not log the finished output; 1 with the redacted traceback for any other exception.
     """
-    from pipelines.etl.commit import RunSuperseded
-    from pipelines.etl.job import NothingWritten, run_etl
-    from pipelines.etl.summary import format_summary
-    from pipelines.tracking import TrackingFailed
-
     return run_command(ETLConfig, argv, "etl", run_etl, format_summary,
                        {(NothingWritten, RunSuperseded, TrackingFailed): 1})
 

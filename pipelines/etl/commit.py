@@ -29,8 +29,9 @@ import secrets
 from typing import List, Optional, Sequence
 
 from pipelines.contract import MANIFEST, REJECTED_LIST, RUN_ID, RUNS, SPLITS
-from pipelines.runtime.errors import NotAFolder, Refused
+from pipelines.io.leases import TTL_S, leases_on
 from pipelines.io.storage import Location
+from pipelines.runtime.errors import NotAFolder, Refused
 from pipelines.tracking import ARTIFACTS_DIR, RUN_FILE, STORE_FILE
 
 log = logging.getLogger("pipelines")
@@ -146,8 +147,6 @@ def clean_up(output: Location, run_id: str, replaced: Sequence[str] = ()) -> Lis
     reader holds a live lease on (:mod:`pipelines.io.leases`: a training still reading it; kept, said,
     and deleted by a later commit once no lease on it is live), and nothing else.
     Returns what was deleted, relative to the output."""
-    from pipelines.io.leases import TTL_S, leases_on
-
     deleted = []
     for info in output.join(RUNS).list(recursive=False):
         if RUN_ID.match(info.base_name) and info.base_name < run_id:

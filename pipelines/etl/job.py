@@ -42,20 +42,22 @@ from functools import partial
 from typing import Dict, List, Optional
 
 from pipelines import __version__
-from pipelines.etl.config import ETLConfig
 from pipelines.contract import COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, TRAIN, VALIDATION
-from pipelines.manifest import Manifest, SplitInfo
 from pipelines.etl import commit
+from pipelines.etl.config import ETLConfig
 from pipelines.etl.labels import SPLIT_RULE
 from pipelines.etl.layout import closure_chunks, cut_into
 from pipelines.etl.listing import REJECTED, SKIPPED, Excluded, display_path
 from pipelines.etl.outcomes import TASK_DDL, Reconciled, SplitStats, reconcile
 from pipelines.etl.plan import Plan, check_memory, check_paths, drop_duplicates, hash_candidates, plan, task_partitions
 from pipelines.etl.summary import log_results, shown_config, track
-from pipelines.runtime.logs import plural
 from pipelines.etl.transform import process_chunks
-from pipelines.runtime.spark import log_progress
 from pipelines.io.storage import Location
+from pipelines.manifest import Manifest, SplitInfo
+from pipelines.runtime.environment import read_settings
+from pipelines.runtime.logs import plural
+from pipelines.runtime.quiet import quiet_libraries
+from pipelines.runtime.spark import log_progress, spark_session
 
 
 log = logging.getLogger("pipelines")
@@ -241,10 +243,6 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
             the rerun finds the room the failed run took.
     """
     from pyspark import SparkContext
-
-    from pipelines.runtime.environment import read_settings
-    from pipelines.runtime.quiet import quiet_libraries
-    from pipelines.runtime.spark import spark_session
 
     quiet_libraries(config.verbose)  # this process's third-party noise (MLflow's): the config's choice
     check_paths(config)

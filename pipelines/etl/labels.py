@@ -25,6 +25,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, Iterable, Optional, Tuple
 
+from pipelines.contract import TEST, TRAIN, VALIDATION
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 
@@ -232,8 +233,6 @@ def split_class(relative_paths: Iterable[str], seed: int, test_fraction: float,
     Returns:
         ``{relative_path: 'train' | 'validation' | 'test'}`` (the names of :mod:`pipelines.contract`).
     """
-    from pipelines.contract import TEST, TRAIN, VALIDATION
-
     ranked = sorted(set(relative_paths), key=lambda p: (_rank(seed, p), p))
     _, validation, test = split_sizes(len(ranked), validation_fraction, test_fraction)
     return {p: TEST if i < test else VALIDATION if i < test + validation else TRAIN for i, p in enumerate(ranked)}

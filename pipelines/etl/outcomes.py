@@ -31,8 +31,9 @@ import pyarrow.parquet as pq
 
 from pipelines.contract import SPLITS
 from pipelines.etl.listing import REJECTED, SKIPPED, display_path, reason_kind
-from pipelines.runtime.logs import plural
+from pipelines.io.atomic import replacing
 from pipelines.io.storage import Location
+from pipelines.runtime.logs import plural
 
 WRITTEN = "written"
 TASKS = "_tasks"  # the run's folder of task row files ('_': never taken for a split's part)
@@ -265,8 +266,6 @@ def _ledger_stream(target: Location):
     or not at all), one (multipart) upload on object stores, which appears when closed (a run that
     fails before its commit is deleted whole: :func:`pipelines.etl.commit.remove_failed_run`)."""
     if target.local:
-        from pipelines.io.atomic import replacing
-
         os.makedirs(os.path.dirname(target.path), exist_ok=True)
         with replacing(target.path) as tmp, open(tmp, "wb") as f:
             yield f

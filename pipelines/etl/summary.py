@@ -9,15 +9,16 @@ import os
 import tempfile
 from typing import Dict, Iterator, Optional
 
-from pipelines.runtime.config import to_dict
-from pipelines.etl.config import ETLConfig
+from pipelines import tracking
 from pipelines.contract import MANIFEST, SPLITS
-from pipelines.manifest import Manifest, manifest_sha256
+from pipelines.etl.config import ETLConfig
 from pipelines.etl.labels import SPLIT_RULE
 from pipelines.etl.listing import display_path
+from pipelines.io.storage import Location
+from pipelines.manifest import Manifest, manifest_sha256
+from pipelines.runtime.config import to_dict
 from pipelines.runtime.logs import plural
 from pipelines.runtime.redact import redact
-from pipelines.io.storage import Location
 
 
 def shown_config(config: ETLConfig) -> dict:
@@ -56,7 +57,6 @@ def track(config: ETLConfig) -> Iterator[Optional[object]]:
     if not config.tracking:
         yield None
         return
-    from pipelines import tracking
 
     params = shown_config(config)
     with tracking.start(config.tracking_uri, config.experiment, config.location(config.output), config.run_name,

@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+from pipelines.io.atomic import replacing
 from pipelines.runtime.errors import Refused
 
 # pyarrow 14's threaded copy_files hangs for good copying a folder of some twenty files to S3 (5 went
@@ -152,8 +153,6 @@ class Location:
         """Write the file whole or not at all: a temporary file renamed on local disks, one PUT on
         object stores (atomic there); parent folders are created as needed."""
         if self.local:
-            from pipelines.io.atomic import replacing
-
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             with replacing(self.path) as tmp, open(tmp, "wb") as f:
                 f.write(data)

@@ -29,6 +29,9 @@ import time
 import traceback
 from typing import Any, Callable, Dict, Optional
 
+from pipelines.launch.child import write_outcome
+from pipelines.runtime.redact import redact
+
 log = logging.getLogger("pipelines")
 
 DEFAULT_STALL_TIMEOUT_S = 600.0  # ten minutes: longer than any step, validation or checkpoint here
@@ -117,8 +120,6 @@ def stall_record(why: str, environ=os.environ) -> Dict[str, Any]:
     """A stalled rank's failure record (the fields of :func:`pipelines.launch.failures.failure_record`):
     ``RankStalled: WHY``, its rank and host (Horovod's variables), every thread's stack as its
     traceback, ``lost`` (a relaunch may not stall again), never secondary nor a refusal."""
-    from pipelines.runtime.redact import redact
-
     return redact({"status": "error", "rank": int(environ.get("HOROVOD_RANK", "0")),
                    "host": environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),
                    "cause": f"RankStalled: {why}", "traceback": thread_stacks(),
@@ -130,8 +131,6 @@ def end_stalled_rank(why: str) -> None:
     and every thread's stack), written as the rank's outcome where its launcher reads one
     (:func:`pipelines.launch.child.write_outcome`), and the process ended with :data:`STALL_EXIT`
     at once (its main thread cannot be interrupted where it stopped)."""
-    from pipelines.launch.child import write_outcome
-
     record = stall_record(why)
     log.error("rank %s on %s stalled: %s\n%s", record["rank"], record["host"], why, record["traceback"].rstrip())
     for handler in logging.getLogger().handlers + log.handlers:

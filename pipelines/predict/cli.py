@@ -4,8 +4,9 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
-from pipelines.runtime.config import run_command
 from pipelines.predict.config import PredictConfig
+from pipelines.predict.job import format_summary, run_predict
+from pipelines.runtime.config import run_command
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -17,8 +18,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     the input, an ETL split stored at another size than the model's); 1 with the redacted
     traceback for any other exception.
     """
-    from pipelines.predict.job import format_summary, run_predict
-
     return run_command(PredictConfig, argv, "predict", run_predict, format_summary, {})
 
 

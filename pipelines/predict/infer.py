@@ -19,7 +19,9 @@ import numpy as np
 from pipelines.contract import row_bytes
 from pipelines.etl.images import ImageRejected, resize_to_square
 from pipelines.etl.transform import read_file
+from pipelines.runtime import zipcache
 from pipelines.runtime.logs import plural
+from pipelines.runtime.quiet import quiet_by_default
 
 PREDICTED, UNREADABLE = "predicted", "unreadable"
 
@@ -177,9 +179,6 @@ def make_predict_fn(spec, k: int, from_files: bool, max_file_bytes: int, threads
         (:func:`predict_columns`); PySpark calls it once per Python worker.
     """
     def make():
-        from pipelines.runtime import zipcache
-        from pipelines.runtime.quiet import quiet_by_default
-
         zipcache.install()  # this worker's next tasks start in milliseconds, not 0.3 s (see the module)
 
         quiet_by_default(verbose)  # before this worker loads TensorFlow

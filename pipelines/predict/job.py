@@ -28,19 +28,25 @@ from collections import Counter
 from functools import partial
 from typing import Dict, Iterator, List, Tuple
 
-from pipelines.runtime.config import to_dict
 from pipelines.contract import row_bytes
-from pipelines.runtime.errors import MissingInput, NotAFolder, Refused
 from pipelines.etl.layout import closure_chunks, task_count
 from pipelines.etl.listing import reason_kind
-from pipelines.runtime.logs import plural
+from pipelines.io.atomic import write_json
 from pipelines.io.paths import check_disjoint
-from pipelines.runtime.redact import redact
 from pipelines.predict.config import PredictConfig
 from pipelines.predict.infer import PREDICTED, UNREADABLE, TaskCounter, make_predict_fn, result_type
 from pipelines.predict.inputs import TREE, InputPlan, Item, class_index, is_etl_split, plan_input
 from pipelines.predict.metrics import classification_report
 from pipelines.predict.model import ModelSpec, resolve_model
+from pipelines.runtime import zipcache
+from pipelines.runtime.config import to_dict
+from pipelines.runtime.environment import read_settings
+from pipelines.runtime.errors import MissingInput, NotAFolder, Refused
+from pipelines.runtime.logs import plural
+from pipelines.runtime.quiet import quiet_libraries
+from pipelines.runtime.redact import redact
+from pipelines.runtime.spark import log_progress, spark_session
+from pipelines.tracking import pictures
 
 log = logging.getLogger("pipelines")
 
@@ -160,8 +166,6 @@ def emit_items(batches: Iterator, chunks: List[List[tuple]]) -> Iterator:
     ``chunks`` holds each :class:`Item` as a plain tuple (:func:`pipelines.etl.layout.closure_chunks`)."""
     import pyarrow as pa
 
-    from pipelines.runtime import zipcache
-
     zipcache.install()  # this worker's next tasks start in milliseconds, not 0.3 s (see the module)
     schema = pa.schema([("path", pa.string()), ("label", pa.int32()), ("label_name", pa.string()),
                         ("reason", pa.string())])
@@ -236,8 +240,6 @@ def labelled_metrics(table, spec: ModelSpec, folder: str) -> Dict:
     (``folder/_confusion.png``, its name under ``picture``); ``{}`` when no predicted row is
     labelled. A picture that cannot be drawn is logged and recorded (``picture`` null,
     ``picture_error`` its error), never the job's failure: the predictions are its work."""
-    from pipelines.tracking.pictures import plot_confusion
-
     rows = [(t, p[0]) for t, p, s in zip(*(table.column(c).to_pylist() for c in ("label", "top_labels", "status")))
             if t is not None and s == PREDICTED]
     if not rows:
@@ -246,8 +248,8 @@ def labelled_metrics(table, spec: ModelSpec, folder: str) -> Dict:
     report = classification_report(true, predicted, spec.class_names)
     names = [spec.class_names[c] for c in report["confusion"]["labels"]]
     try:
-        plot_confusion(report["confusion"]["matrix"], names, os.path.join(folder, CONFUSION),
-                       title=f"{plural(report['count'], 'labelled image')}, accuracy {report['accuracy']:.4f}")
+        pictures.plot_confusion(report["confusion"]["matrix"], names, os.path.join(folder, CONFUSION),
+                                title=f"{plural(report['count'], 'labelled image')}, accuracy {report['accuracy']:.4f}")
     except Exception as exc:  # noqa: BLE001 - a picture is a view of the metrics: never the job's failure
         log.error("the confusion picture could not be drawn (%s: %s); the predictions and metrics are written",
                   type(exc).__name__, exc)
@@ -258,8 +260,6 @@ def labelled_metrics(table, spec: ModelSpec, folder: str) -> Dict:
 def finish(config: PredictConfig, spec: ModelSpec, plan: InputPlan, staging: str, seconds: float) -> Dict:
     """Reconcile the staged output, add the summary, the skipped list and the picture; return the summary."""
     import pyarrow.parquet as pq
-
-    from pipelines.io.atomic import write_json
 
     table = pq.read_table(staging, columns=["path", "label", "status", "reason", "top_labels"])
     counts = reconcile(plan, table)
@@ -314,10 +314,6 @@ def run_predict(config: PredictConfig, spark=None) -> Dict:
         FileNotFoundError, NotADirectoryError, ValueError: see :func:`prepare` (before Spark).
         RuntimeError: the written rows do not reconcile with the input.
     """
-    from pipelines.runtime.environment import read_settings
-    from pipelines.runtime.quiet import quiet_libraries
-    from pipelines.runtime.spark import log_progress, spark_session
-
     quiet_libraries(config.verbose)  # this process's third-party noise: the config's choice
     staging, download = work_dirs(config.output)
     try:

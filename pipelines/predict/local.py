@@ -15,6 +15,11 @@ from typing import Dict, List, Optional, Sequence
 from pipelines.predict.config import PredictConfig
 from pipelines.predict.infer import PREDICTED, UNREADABLE, make_decoder, predict_columns
 from pipelines.predict.model import ModelSpec, resolve_model
+from pipelines.runtime.config import add_arguments, settle_verbose
+from pipelines.runtime.environment import read_settings
+from pipelines.runtime.errors import exit_status
+from pipelines.runtime.logs import setup_logging
+from pipelines.runtime.quiet import quiet_by_default
 
 OPTIONS = ("model", "top_k", "class_names", "max_file_mb", "batch_size", "verbose")
 
@@ -57,12 +62,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Print the top k of each file. Returns 0; 1 when a file was unreadable (the others are
     printed); 2 with a one-line error for a missing model or a model without its contract (a
     :class:`~pipelines.runtime.errors.Refused`); 1 with the redacted traceback for any other exception."""
-    from pipelines.runtime.config import add_arguments, settle_verbose
-    from pipelines.runtime.environment import read_settings
-    from pipelines.runtime.errors import exit_status
-    from pipelines.runtime.logs import setup_logging
-    from pipelines.runtime.quiet import quiet_by_default
-
     parser = argparse.ArgumentParser(prog="python -m pipelines.predict", description=__doc__.split("\n")[0])
     parser.add_argument("images", nargs="+", help="image files")
     defaults = {f.name: f.default for f in dataclasses.fields(PredictConfig)}

@@ -47,12 +47,14 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from pipelines.contract import MODEL_CONTRACT as CONTRACT_FILE, MODEL_FILE, MODEL_INPUT_DTYPE, MODEL_SHA256 as HASH_KEY
+from pipelines.predict.config import is_mlflow_uri
 from pipelines.runtime.errors import MissingInput
 from pipelines.runtime.logs import plural
-from pipelines.predict.config import is_mlflow_uri
 from pipelines.predict.safeload import (HDF5_MAGIC, ZIP_MAGIC, ModelContractError, UnsafeModel, check_hdf5_config,
                                         check_model_config, check_model_stack, mlflow_model_file, read_zip_config)
+from pipelines.runtime.quiet import is_verbose, quiet_libraries
 from pipelines.runtime.redact import redact_text
+from pipelines.tracking import using_store
 
 KERAS, MLFLOW = "keras", "mlflow"
 
@@ -119,8 +121,6 @@ def load_model(flavor: str, path: str, sha256: str = ""):
 @functools.lru_cache(maxsize=2)
 def _load(flavor: str, path: str, sha256: str, _stamp: int):
     from pipelines.stack.kerasapi import keras
-
-    from pipelines.runtime.quiet import is_verbose, quiet_libraries
 
     quiet_libraries(is_verbose())  # TensorFlow's and MLflow's Python loggers: errors only, unless verbose
     source = mlflow_model_file(path) if flavor == MLFLOW else path
@@ -253,15 +253,12 @@ def resolve_model(model: str, class_names_file: str = "", download_dir: Optional
 
 def _resolve_mlflow(uri: str, names: Optional[List[Optional[str]]], download_dir: Optional[str]) -> ModelSpec:
     """Download the MLflow model, read its class names and load it to read its input size."""
-    from pipelines.runtime.quiet import is_verbose, quiet_libraries
-
     if not is_verbose():
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow
     from mlflow.exceptions import MlflowException
 
     quiet_libraries(is_verbose())
-    from pipelines.tracking import using_store
 
     try:
         # through the tracking module: a SQLite store's ./mlruns is made beside it, not where the job runs

@@ -15,7 +15,10 @@ import sys
 import typing
 from typing import Any, Callable, Mapping, Sequence, Tuple, Type, TypeVar, Union
 
+from pipelines.runtime.environment import VERBOSE_ENV
 from pipelines.runtime.errors import Refused, exit_status, is_refusal
+from pipelines.runtime.logs import setup_logging
+from pipelines.runtime.quiet import quiet_by_default
 from pipelines.runtime.redact import redact_text
 
 T = TypeVar("T")
@@ -29,8 +32,6 @@ def field(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> 
 def verbose_field(shows: str) -> Any:
     """The ``verbose`` field every stage has (``--verbose`` / ``--no-verbose``): None when not given,
     settled where the config is made by :func:`settle_verbose`."""
-    from pipelines.runtime.environment import VERBOSE_ENV
-
     return field(None, help=f"show {shows} and known harmless warnings (default: quiet, unless {VERBOSE_ENV}=1)")
 
 
@@ -191,9 +192,6 @@ def run_command(cls: Type[T], argv: Sequence[str] | None, stage: str, run: Calla
         a known failure, whose message says it all), that code after one log line; 1 for any other
         exception, after its whole traceback, redacted (:func:`pipelines.runtime.errors.exit_status`).
     """
-    from pipelines.runtime.logs import setup_logging
-    from pipelines.runtime.quiet import quiet_by_default
-
     config = parse_config(cls, argv)
     quiet_by_default(config.verbose)
     log = setup_logging(stage)

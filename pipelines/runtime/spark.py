@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Dict, Iterator, Mapping, Optional
 
 from pipelines.runtime.environment import environment
+from pipelines.runtime.progress import progress_line
 from pipelines.runtime.quiet import spark_log_options
 from pipelines.runtime.redact import SPARK_REDACTION_REGEX
 
@@ -116,8 +117,6 @@ def log_progress(spark, what: str, total: int, unit: str = "image", every_s: flo
     Yields:
         the accumulator (``pyspark.Accumulator`` of int, 0) to pass to the tasks.
     """
-    from pipelines.runtime.progress import progress_line
-
     context = spark.sparkContext
     counter = context.accumulator(0)
     tracker = context.statusTracker()

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from pipelines.io.atomic import PUBLIC, replacing
 from pipelines.runtime.logs import plural
 
 #: The pictures' file names, stated once (their names in ``metrics.json``'s ``pictures``).
@@ -54,8 +55,6 @@ def _pyplot():
 
 
 def _save(fig, path: str) -> str:
-    from pipelines.io.atomic import PUBLIC, replacing
-
     plt = _pyplot()
     try:
         with replacing(path, suffix=".png", mode=PUBLIC) as tmp:

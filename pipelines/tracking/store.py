@@ -19,6 +19,7 @@ from pipelines.runtime.quiet import is_verbose
 from pipelines.runtime.redact import redact_text, redact_uri
 from pipelines.tracking.options import (POOL_ENV, PROBE_TIMEOUT_S, SETUP_LOCK_TIMEOUT_S, TrackingUnavailable,
                                         _is_remote, _mlflow, _sqlite_path, _unavailable, absolute, artifact_root)
+from pipelines.tracking.storeschema import schema_refusal
 
 
 def check_store(uri: str) -> None:
@@ -159,8 +160,6 @@ def _check_readable(uri: str, path: str) -> None:
 
 def _check_schema(uri: str, path: str) -> None:
     """Refuse a store of another MLflow schema by name (:func:`pipelines.tracking.storeschema.schema_refusal`)."""
-    from pipelines.tracking.storeschema import schema_refusal
-
     refusal = schema_refusal(path, redact_uri(uri))
     if refusal:
         raise TrackingUnavailable(redact_text(refusal))
