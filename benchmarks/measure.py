@@ -172,7 +172,7 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     environment; only the coordinator, rank 0, writes it).
 
     With ``config.fine_tune_blocks`` N, the backbone's top N blocks are trainable, as in the
-    fine-tuning phase (:func:`pipelines.training.finetune.unfreeze`): their gradients are allreduced
+    fine-tuning phase (:func:`pipelines.training.model.finetune.unfreeze`): their gradients are allreduced
     too. ``fp16_variants`` (default: ``[config.fp16_allreduce]``) lists the allreduce precisions to
     measure at each batch size: ``False`` float32, ``True`` ``hvd.Compression.fp16``.
 
@@ -182,7 +182,7 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
 
     Returns, on every rank, one dict per batch size and precision: ``world_size``, ``batch_size``,
     ``steps``, ``seconds`` (the slowest rank's window), ``timeline`` (a path or ``None``), ``fp16``,
-    ``allreduce_bytes`` (:func:`pipelines.training.finetune.allreduce_bytes`) and
+    ``allreduce_bytes`` (:func:`pipelines.training.model.finetune.allreduce_bytes`) and
     ``first_step_seconds`` (the slowest rank's, :func:`step_window`).
 
     Raises:
@@ -200,10 +200,10 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     import horovod.tensorflow.keras as hvd
     from pipelines.kerasapi import keras
 
-    from pipelines.training.data import load_dataset
-    from pipelines.training.finetune import allreduce_bytes, trainable_parameters, unfreeze
+    from pipelines.training.data.dataset import load_dataset
+    from pipelines.training.model.finetune import allreduce_bytes, trainable_parameters, unfreeze
     from pipelines.training.inputs import ImageInputs
-    from pipelines.training.model import build_model, compile_distributed
+    from pipelines.training.model.build import build_model, compile_distributed
     from pipelines.training.schedule import scaled_lr
     from pipelines.training.train import setup_rank
 

@@ -6,7 +6,7 @@ worker's index; none for a lone worker). ``SPEC`` is a pickle of ``(config, warm
 result_path)``: ``config`` the benchmark's :class:`~pipelines.training.config.TrainConfig`, the
 same one our Horovod ranks get. The worker trains what a Horovod rank of
 :func:`measure.measure_throughput` trains, with only the trainer changed: the same model
-(:func:`pipelines.training.model.build_model`, built inside the strategy's scope), the same
+(:func:`pipelines.training.model.build.build_model`, built inside the strategy's scope), the same
 ``Nadam(base_lr x workers)``, loss and metric, the same shard of the same ETL output read by the same
 reader and ``tf.data`` pipeline (:meth:`pipelines.training.inputs.ImageInputs.reader_dataset`,
 worker ``i`` reading shard ``i``, handed to the strategy as it is by
@@ -50,10 +50,10 @@ def train(config, warmup_steps: int, steps: int) -> dict:
     import tensorflow as tf
 
     from pipelines.kerasapi import keras
-    from pipelines.training.data import load_dataset
-    from pipelines.training.finetune import unfreeze
+    from pipelines.training.data.dataset import load_dataset
+    from pipelines.training.model.finetune import unfreeze
     from pipelines.training.inputs import ImageInputs
-    from pipelines.training.model import build_model
+    from pipelines.training.model.build import build_model
     from pipelines.training.schedule import scaled_lr
 
     import measure

@@ -1,4 +1,4 @@
-"""Our own reader (pipelines/training/arrow_reader.py) keeps Petastorm's contract as training uses
+"""Our own reader (pipelines/training/data/arrow_reader.py) keeps Petastorm's contract as training uses
 it: shards ``rank::world_size`` of the manifest's row groups, a seeded shuffle of row-group order
 per epoch, every row group once per epoch, bounded threads and read-ahead; and both readers read
 a bucket through the storage module's filesystem (the suite's real moto_server)."""
@@ -11,9 +11,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipelines.training import arrow_reader
-from pipelines.training.arrow_reader import ArrowShardReader, epoch_order, split_row_groups
-from pipelines.training.data import (OnePassShard, check_reader, default_reader, load_dataset, open_reader,
+from pipelines.training.data import arrow_reader
+from pipelines.training.data.arrow_reader import ArrowShardReader, epoch_order, split_row_groups
+from pipelines.training.data.dataset import (OnePassShard, check_reader, default_reader, load_dataset, open_reader,
                                      petastorm_available, row_groups_of)
 from tests.datagen import write_dataset
 from tests.readers import READERS
@@ -133,7 +133,7 @@ def test_the_own_reader_never_imports_petastorm(data, tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys\nfrom pipelines.training.data import load_dataset, open_reader, row_groups_of\n"
+    code = ("import sys\nfrom pipelines.training.data.dataset import load_dataset, open_reader, row_groups_of\n"
             f"data = load_dataset({data.root!r}, 1)\n"
             f"with open_reader(data, 'train', 0, 1, {str(tmp_path / 'c')!r}, reader='own') as r:\n"
             "    next(r)\n"
@@ -189,7 +189,7 @@ def wide(tmp_path_factory):
 @pytest.mark.parametrize("rows_per_piece", [1, 2, 5, 100])
 def test_a_row_group_streamed_into_its_flat_file_maps_back_as_read_group_reads_it(wide, tmp_path, monkeypatch,
                                                                                  rows_per_piece):
-    from pipelines.training.rowcache import RowGroupFiles
+    from pipelines.training.data.rowcache import RowGroupFiles
 
     monkeypatch.setattr(arrow_reader, "STREAM_BYTES", rows_per_piece * wide.row_bytes)
     cache = RowGroupFiles(str(tmp_path), 1 << 30)
@@ -215,7 +215,7 @@ def test_a_row_group_that_breaks_the_stream_reaches_the_consumer_and_leaves_no_f
     a cache; the file being written is removed and its bytes no longer count against the limit."""
     import dataclasses
 
-    from pipelines.training.rowcache import RowGroupFiles
+    from pipelines.training.data.rowcache import RowGroupFiles
 
     monkeypatch.setattr(arrow_reader, "STREAM_BYTES", 2 * wide.row_bytes)
     fault = dict(fault)

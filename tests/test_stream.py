@@ -1,4 +1,4 @@
-"""The positioned train stream (pipelines/training/stream.py; issue 38): opened at any row it yields
+"""The positioned train stream (pipelines/training/data/stream.py; issue 38): opened at any row it yields
 exactly the rows the stream opened at 0 has there, flips included; every pass covers the shard
 once; and training's datasets over our reader (cache, two threads) and over the feature cache
 open at a row exactly, however often they are made or iterated."""
@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.training.stream import (ShardStream, epoch_order, feature_batches, stream_batches,
+from pipelines.training.data.stream import (ShardStream, epoch_order, feature_batches, stream_batches,
                                        window_visits)
 from tests.datagen import IMAGE_SCHEMA, write_dataset
 from tests.readers import READERS
@@ -182,7 +182,7 @@ def test_the_feature_stream_opens_at_a_row(n, seed, start, batch):
 
 
 def test_the_stream_module_needs_no_tensorflow():
-    code = ("import sys\nimport pipelines.training.stream, pipelines.training.arrow_reader\n"
+    code = ("import sys\nimport pipelines.training.data.stream, pipelines.training.data.arrow_reader\n"
             "assert 'tensorflow' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -211,7 +211,7 @@ def write_train_split(split_dir, groups_per_file, rows_per_group):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from pipelines.training.data import load_dataset
+    from pipelines.training.data.dataset import load_dataset
 
     root = str(tmp_path_factory.mktemp("stream") / "etl")
     write_dataset(root, train_groups=TRAIN_GROUPS, test_groups=[3], size=SIZE, rows_per_group=ROWS_PER_GROUP)
@@ -242,7 +242,7 @@ def test_train_dataset_at_over_the_own_reader_is_the_stream_from_there(data, tmp
     later pass gives the batches of the stream from 0 there; a second fit's dataset made while the
     first one's iterator has prefetched still starts exactly where asked; a second iter() of a
     dataset starts at its row again."""
-    from pipelines.training import data as data_module
+    from pipelines.training.data import dataset as data_module
 
     inputs = inputs_of(data, tmp_path)
     assert inputs.exact_positions
@@ -296,7 +296,7 @@ def test_fit_datasets_opens_at_its_start_row_with_a_fresh_reader(data, tmp_path)
 def test_make_dataset_over_the_reader_itself_after_it_was_read(data, tmp_path):
     """make_dataset over an open reader already read from (the benchmark's, the notebooks') is the
     stream from its start_row, not from where the reader's own iteration had got to."""
-    from pipelines.training.data import make_dataset, open_reader
+    from pipelines.training.data.dataset import make_dataset, open_reader
 
     with open_reader(data, "train", 0, 1, None, workers=2, seed=3, reader="own") as reader:
         next(reader), next(reader)
@@ -314,7 +314,7 @@ def test_make_dataset_over_the_reader_itself_after_it_was_read(data, tmp_path):
 def test_exact_positions_says_which_reader_opens_at_a_row(data, tmp_path, reader):
     """Ours is exact; Petastorm's is not, and its fit_datasets at a row still trains (its stream
     from where the reader is: each row of the shard still comes with its own image)."""
-    from pipelines.training.data import exact_positions, open_reader
+    from pipelines.training.data.dataset import exact_positions, open_reader
 
     inputs = inputs_of(data, tmp_path, reader=reader)
     assert inputs.exact_positions is (reader == "own")
@@ -332,7 +332,7 @@ def test_exact_positions_says_which_reader_opens_at_a_row(data, tmp_path, reader
 def test_the_feature_dataset_opens_at_a_row(start):
     """feature_dataset(repeat=True): the positioned feature stream in full batches, opened at a
     row; each iter() from there; no tf.data shuffle."""
-    from pipelines.training.features import feature_dataset
+    from pipelines.training.data.features import feature_dataset
 
     features = np.random.default_rng(0).random((11, 6)).astype(np.float32)
     labels = np.arange(11, dtype=np.int32)

@@ -119,7 +119,7 @@ def loss_scale(optimizer) -> Optional[float]:
 class DivergenceGuard(keras.callbacks.Callback):
     """Every rank: ends the run on every rank at the same step when any rank's loss is NaN or
     infinite, or, at an epoch's end, any of the epoch's logs or the weights and optimizer state a
-    checkpoint would hold (:func:`pipelines.training.checkpoints.checkpoint_variables`).
+    checkpoint would hold (:func:`pipelines.training.model.checkpoints.checkpoint_variables`).
 
     After every training step each rank adds whether its own step's logs (``loss``: Keras' running
     mean over the epoch, so it turns non-finite at the very step one batch's loss did) hold a
@@ -182,7 +182,7 @@ class DivergenceGuard(keras.callbacks.Callback):
                         checkpoint)
 
     def on_epoch_end(self, epoch, logs=None):
-        from pipelines.training.checkpoints import checkpoint_variables
+        from pipelines.training.model.checkpoints import checkpoint_variables
         from pipelines.training.divergence import epoch_end_place, non_finite_arrays, non_finite_logs
 
         variables = checkpoint_variables(self.model)
@@ -263,7 +263,7 @@ class TrackEpochs(keras.callbacks.Callback):
 
 class SyncOutputs(keras.callbacks.Callback):
     """Rank 0, after the callbacks that write the epoch's files: a URI ``--output`` receives them,
-    the checkpoint's marker last (:meth:`pipelines.training.outputs.Outputs.push`); nothing for a
+    the checkpoint's marker last (:meth:`pipelines.training.records.mirror.Outputs.push`); nothing for a
     local one."""
 
     def __init__(self, outputs):

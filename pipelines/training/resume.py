@@ -62,7 +62,7 @@ def weights_checksum(model) -> str:
 def restore(config: TrainConfig, model, rank, frozen_sha256: Optional[str] = None,
             directory: Optional[str] = None, claim=None) -> Resume:
     """With ``--resume``, or in a relaunch after a lost rank (``--max-failures``), rank 0 takes the
-    checkpoint its ``claim`` continues (:func:`pipelines.training.runs.claim`: the newest complete
+    checkpoint its ``claim`` continues (:func:`pipelines.training.records.ownership.claim`: the newest complete
     checkpoint of this run's own, in ``directory``, its local output folder, default ``--output``) and
     loads it (trainable weights and optimizer state) and the best weights so far; the marker (epoch,
     history, early-stopping state), the weights and the optimizer state reach every rank by
@@ -74,7 +74,8 @@ def restore(config: TrainConfig, model, rank, frozen_sha256: Optional[str] = Non
     """
     import horovod.tensorflow as hvd_tf
 
-    from pipelines.training.checkpoints import broadcast_state, build_optimizer, load_checkpoint, optimizer_checksum
+    from pipelines.training.model.checkpoints import (broadcast_state, build_optimizer, load_checkpoint,
+                                                      optimizer_checksum)
     from pipelines.training.schedule import checkpoint_path, marker_weights
 
     resuming = config.resume or rank.handed.relaunched
@@ -124,7 +125,7 @@ def phase1_best(first, resume: Resume, rank, directory: str):
     """The whole model holding phase 1's best weights: as phase 1 left them, or (resuming in phase 2
     while the best epoch is still phase 1's) rank 0 loads that checkpoint into phase 1's trainable
     set (the other ranks receive it by broadcast in :func:`phase2_resume`)."""
-    from pipelines.training.checkpoints import load_checkpoint
+    from pipelines.training.model.checkpoints import load_checkpoint
     from pipelines.training.schedule import checkpoint_path
 
     if resume.phase == 2 and rank.rank == 0:
@@ -141,7 +142,8 @@ def phase2_resume(config, rank, model, resume, record: Dict, directory: str):
     every rank receives weights, optimizer state and best weights by broadcast."""
     import horovod.tensorflow as hvd_tf
 
-    from pipelines.training.checkpoints import broadcast_state, build_optimizer, load_checkpoint, optimizer_checksum
+    from pipelines.training.model.checkpoints import (broadcast_state, build_optimizer, load_checkpoint,
+                                                      optimizer_checksum)
     from pipelines.training.schedule import checkpoint_path, marker_weights
 
     if resume.phase != 2:

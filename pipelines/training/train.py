@@ -3,7 +3,7 @@
 :func:`run_training` reads top to bottom as the job's steps; each rank runs all of them, and the
 side effects (checkpoints, logs, reports, the exported model, the MLflow run) are rank 0's, stated
 once in :func:`start_tracking`, :func:`make_callbacks` and
-:func:`pipelines.training.results.save_outputs`. Resume is decided in one place,
+:func:`pipelines.training.records.report.save_outputs`. Resume is decided in one place,
 :func:`pipelines.training.resume.restore`. The input path (images, or cached backbone features) is
 an object from :mod:`pipelines.training.inputs`; nothing else here depends on which one it is.
 """
@@ -27,7 +27,7 @@ from pipelines.storage import is_local, resolve
 from pipelines.training import preemption
 from pipelines.training.config import TrainConfig
 from pipelines.training.resume import Resume, phase1_best, phase2_resume, restore
-from pipelines.training.results import build_report, save_outputs
+from pipelines.training.records.report import build_report, save_outputs
 
 log = logging.getLogger("pipelines")
 
@@ -52,12 +52,12 @@ class Rank:
 class RunPlan:
     """What every rank computes identically before training: data, steps, learning rate."""
 
-    data: object  # pipelines.training.data.Dataset
+    data: object  # pipelines.training.data.dataset.Dataset
     steps: object  # pipelines.training.schedule.Steps
     lr: float
     image_size: int  # of the model's input: TrainConfig.model_size(the stored size)
-    outputs: object = None  # rank 0: pipelines.training.outputs.Outputs (where it writes); None elsewhere
-    claim: object = None  # rank 0: pipelines.training.runs.Claim (this run, the checkpoint it continues)
+    outputs: object = None  # rank 0: pipelines.training.records.mirror.Outputs (where it writes); None elsewhere
+    claim: object = None  # rank 0: pipelines.training.records.ownership.Claim (this run, the checkpoint it continues)
 
     @property
     def output_dir(self) -> str:
@@ -112,14 +112,14 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
 
 def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> RunPlan:
     """Dataset from the manifest, steps and scaled learning rate; refusals happen here, the same
-    on every rank (:class:`~pipelines.training.data.DataError`, ``ValueError``, a ``--data`` or
+    on every rank (:class:`~pipelines.training.data.dataset.DataError`, ``ValueError``, a ``--data`` or
     ``--output`` whose store cannot be used, an output of another run:
-    :class:`~pipelines.training.runs.RunRefused`). Rank 0 opens its output folder and claims it for
+    :class:`~pipelines.training.records.ownership.RunRefused`). Rank 0 opens its output folder and claims it for
     this run (``run_id``: the launching driver's, the same in every relaunch; ``None``: a new one,
     or the resumed run's), with ``--overwrite`` deleting what the earlier run recorded, with
     ``--resume`` on a URI output downloading the checkpoint it continues."""
-    from pipelines.training.data import load_dataset
-    from pipelines.training.outputs import check_output, open_outputs
+    from pipelines.training.data.dataset import load_dataset
+    from pipelines.training.records.mirror import check_output, open_outputs
     from pipelines.training.schedule import plan_steps, scaled_lr
 
     data = load_dataset(config.data, rank.size, config.storage_options)
@@ -178,11 +178,11 @@ def hold_data(rank: Rank, plan: RunPlan) -> Iterator[None]:
 
 
 def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str]):
-    """Rank 0's :func:`pipelines.training.runs.claim` of its output, its refusal raised on every rank
-    alike. Returns the :class:`~pipelines.training.runs.Claim` on rank 0, ``None`` elsewhere."""
+    """Rank 0's :func:`pipelines.training.records.ownership.claim` of its output, its refusal raised on every rank
+    alike. Returns the :class:`~pipelines.training.records.ownership.Claim` on rank 0, ``None`` elsewhere."""
     import horovod.tensorflow as hvd_tf
 
-    from pipelines.training import runs
+    from pipelines.training.records import ownership as runs
 
     claim, error = None, None
     if rank.rank == 0:
@@ -324,7 +324,7 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
 
     Returns the seconds spent in ``fit``.
     """
-    from pipelines.training.data import default_cache_root
+    from pipelines.training.data.dataset import default_cache_root
     from pipelines.training.evaluate import with_exact_validation
     from pipelines.training.schedule import fit_segments
     from pipelines.training.segment import in_segment
@@ -368,9 +368,9 @@ def evaluate(inputs, plan: RunPlan, split: str = TEST):
         :class:`pipelines.training.evaluate.Totals`, the same on every rank.
 
     Raises:
-        pipelines.training.data.ShardCountError: a count differs from the metadata or manifest.
+        pipelines.training.data.dataset.ShardCountError: a count differs from the metadata or manifest.
     """
-    from pipelines.training.data import verify_total
+    from pipelines.training.data.dataset import verify_total
     from pipelines.training.evaluate import allreduce_totals
 
     totals = allreduce_totals(inputs.evaluate_shard(inputs.model, split))
@@ -381,7 +381,7 @@ def evaluate(inputs, plan: RunPlan, split: str = TEST):
 def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     """Train on every rank and return the run's report (the content of ``metrics.json``).
 
-    ``run_id``: the training run's id (:mod:`pipelines.training.runs`), given by a launching driver
+    ``run_id``: the training run's id (:mod:`pipelines.training.records.ownership`), given by a launching driver
     so that every relaunch is the same run; ``None``: rank 0 makes one (or keeps the resumed run's).
 
     Must be called once per process, by every rank (``horovodrun -np N``, Spark barrier tasks, or
@@ -389,12 +389,12 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     followed by the fine-tuning phase (:func:`fine_tune`).
 
     Raises:
-        pipelines.training.data.DataError: the dataset cannot feed this run.
+        pipelines.training.data.dataset.DataError: the dataset cannot feed this run.
         ValueError: a batch size the data cannot fill.
     """
-    from pipelines.training.checkpoints import frozen_checksum
+    from pipelines.training.model.checkpoints import frozen_checksum
     from pipelines.training.inputs import make_inputs
-    from pipelines.training.model import build_model, compile_distributed
+    from pipelines.training.model.build import build_model, compile_distributed
 
     rank = setup_rank(config)
     start = time.perf_counter()
@@ -428,8 +428,8 @@ def head_phase(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: R
     """Phase 1, the head on the frozen backbone: callbacks, ``fit`` from ``resume``'s epoch, exact
     evaluation (of the test split; of the validation split when fine-tuning follows, so that the
     test split is read once, at the end). Skipped when ``resume`` is in phase 2 (its outcome is in
-    the checkpoint's marker). Returns a :class:`pipelines.training.finetune.Phase`."""
-    from pipelines.training.finetune import Phase
+    the checkpoint's marker). Returns a :class:`pipelines.training.model.finetune.Phase`."""
+    from pipelines.training.model.finetune import Phase
 
     if resume.phase == 2:
         return Phase(inputs, None, 0, 0.0, None, resume)
@@ -442,17 +442,17 @@ def head_phase(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: R
 def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Resume, frozen_sha256: str, tracker):
     """Phase 2 on every rank: from phase 1's best weights (or, resuming in phase 2, from its newest
     checkpoint), the top ``config.fine_tune_blocks`` blocks unfrozen, recompiled with
-    :func:`~pipelines.training.finetune.phase2_lr`, trained on images with the job's callbacks and evaluated exactly.
+    :func:`~pipelines.training.model.finetune.phase2_lr`, trained on images with the job's callbacks and evaluated exactly.
 
-    Returns the phase's :class:`~pipelines.training.finetune.Phase`, with ``report`` for
-    ``metrics.json``'s ``fine_tune`` (the recipe and its arithmetic: :mod:`pipelines.training.finetune`).
+    Returns the phase's :class:`~pipelines.training.model.finetune.Phase`, with ``report`` for
+    ``metrics.json``'s ``fine_tune`` (the recipe and its arithmetic: :mod:`pipelines.training.model.finetune`).
     """
     import horovod.tensorflow as hvd_tf
 
-    from pipelines.training.checkpoints import frozen_checksum
-    from pipelines.training.finetune import Phase, phase1_record, phase2_lr, trainable_parameters, unfreeze
+    from pipelines.training.model.checkpoints import frozen_checksum
+    from pipelines.training.model.finetune import Phase, phase1_record, phase2_lr, trainable_parameters, unfreeze
     from pipelines.training.inputs import ImageInputs
-    from pipelines.training.model import compile_distributed
+    from pipelines.training.model.build import compile_distributed
 
     record = phase1_record(first, resume)
     lr = phase2_lr(plan.lr, config.fine_tune_lr)

@@ -15,7 +15,7 @@ class Backbone:
     takes (``min_size`` px), the length of its pooled feature vector (``feature_dim``), whether
     pretrained weights exist for it (``pretrained``: ``--weights imagenet`` or a weights file), and
     its ``blocks`` for ``--fine-tune-blocks``: block ``k`` (1 = nearest the input) is named by
-    ``block_prefix.format(k)`` (:mod:`pipelines.training.finetune`)."""
+    ``block_prefix.format(k)`` (:mod:`pipelines.training.model.finetune`)."""
 
     name: str
     min_size: int
@@ -105,7 +105,7 @@ def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights
     from pipelines.contract import MODEL_INPUT_DTYPE, MODEL_INPUT_NAME
     from pipelines.kerasapi import keras
 
-    from pipelines.training.checkpoints import resumable_dropout
+    from pipelines.training.model.checkpoints import resumable_dropout
 
     check_backbone(backbone, weights, image_size)
     if weights not in ("imagenet", "none") and not os.path.isfile(weights):
@@ -153,7 +153,7 @@ def feature_extractor(model):
 def model_input(model) -> str:
     """What ``model`` takes, as the feature cache keys it: its input's dtype and side,
     ``uint8-299`` for a model from :func:`build_model` on 299 px stored images."""
-    from pipelines.training.features import input_tag
+    from pipelines.training.data.features import input_tag
 
     return input_tag(model.inputs[0].dtype.name, model.input_shape[1])
 
@@ -170,7 +170,7 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
     ``hvd.DistributedOptimizer`` (gradients averaged over ranks by allreduce; with
     ``fp16_allreduce``, ``hvd.Compression.fp16``: float32 gradients cast to float16 for the
     allreduce, half the bytes, and back), sparse categorical cross-entropy on int32 labels,
-    accuracy; the optimizer's variables are made now (:func:`pipelines.training.checkpoints.build_optimizer`).
+    accuracy; the optimizer's variables are made now (:func:`pipelines.training.model.checkpoints.build_optimizer`).
     ``learning_rate`` is already scaled by the world size
     (:func:`pipelines.training.schedule.scaled_lr`). Under a ``mixed_float16`` global policy Keras
     wraps the optimizer in its ``LossScaleOptimizer`` itself. With ``xla`` (``--xla on``), the
@@ -180,7 +180,7 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
         pipelines.kerasapi.Keras3Error: ``model`` is not a Keras 2 model (before any step)."""
     import horovod.tensorflow.keras as hvd
     from pipelines.kerasapi import distributed_optimizer, keras
-    from pipelines.training.checkpoints import build_optimizer
+    from pipelines.training.model.checkpoints import build_optimizer
 
     compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
     optimizer = distributed_optimizer(keras.optimizers.Nadam(learning_rate=learning_rate), model=model,

@@ -4,13 +4,13 @@ A rank reads row groups ``r, r+n, ...`` of a split (rank ``r`` of ``n``), so sha
 a row group; the step counts come from the manifest's global counts
 (:func:`pipelines.training.schedule.plan_steps`), and training readers loop forever so that every
 rank can always take its steps. Two readers keep that contract (:func:`open_reader`, chosen by
-``--reader``): Petastorm's (:mod:`pipelines.training.petastorm_reader`, the mission stack's) and
-our own (:mod:`pipelines.training.arrow_reader`, pyarrow only: the current stack's, where
+``--reader``): Petastorm's (:mod:`pipelines.training.data.petastorm.reader`, the mission stack's) and
+our own (:mod:`pipelines.training.data.arrow_reader`, pyarrow only: the current stack's, where
 Petastorm cannot run). One-pass reads (exact evaluation, the feature cache) read each row of a
 rank's shard exactly once with :class:`OnePassShard` and check the count against the Parquet
 metadata, whichever the reader.
 
-Over our reader, training's stream is positioned (:mod:`pipelines.training.stream`): the shuffle
+Over our reader, training's stream is positioned (:mod:`pipelines.training.data.stream`): the shuffle
 (in windows of row groups) and the flips are functions of the stream row, so
 :func:`make_dataset` opens it at any ``start_row`` exactly (a resume in the middle of an epoch
 sees the batches an uninterrupted run sees). Petastorm's thread pool reorders row groups, so over
@@ -30,8 +30,8 @@ from pipelines.contract import MANIFEST, MANIFEST_FORMAT, SPLITS, TEST, TRAIN, V
 from pipelines.errors import Refused
 from pipelines.logs import plural
 from pipelines.paths import check_url_safe, local_url
-from pipelines.training.sharding import shard
-from pipelines.training.arrow_reader import (DataError, RowGroup, ShardCountError, read_group,  # noqa: F401
+from pipelines.training.data.sharding import shard
+from pipelines.training.data.arrow_reader import (DataError, RowGroup, ShardCountError, read_group,  # noqa: F401
                                              split_row_groups)
 
 if TYPE_CHECKING:
@@ -166,14 +166,14 @@ class Dataset:
 
     def split_urls(self, split: str) -> List[str]:
         """``file://`` URLs of the split's Parquet files, as Petastorm wants them (for a URI root,
-        the URLs :class:`~pipelines.training.legacy_fs.LegacyFileSystem` maps back to the store)."""
-        from pipelines.training.legacy_fs import petastorm_url
+        the URLs :class:`~pipelines.training.data.petastorm.legacy_fs.LegacyFileSystem` maps back to the store)."""
+        from pipelines.training.data.petastorm.legacy_fs import petastorm_url
 
         return [local_url(part.path) if part.local else petastorm_url(part) for part in self.parts(split)]
 
     def petastorm_filesystem(self):
         """What Petastorm reads a URI root through (``None`` for local files: its own)."""
-        from pipelines.training.legacy_fs import LegacyFileSystem
+        from pipelines.training.data.petastorm.legacy_fs import LegacyFileSystem
 
         location = self.location
         return None if location.local else LegacyFileSystem(location.filesystem)
@@ -236,7 +236,7 @@ def check_validation_split(manifest: Manifest, root: str) -> None:
 
 def check_train_row_groups(data: Dataset, world_size: int) -> None:
     """Refuse a train split of fewer row groups than ranks: its looping readers give each rank
-    whole row groups (:func:`~pipelines.training.sharding.shard`), so a rank would have none. (The
+    whole row groups (:func:`~pipelines.training.data.sharding.shard`), so a rank would have none. (The
     test split is read by one-pass shards, by rows where ranks outnumber its row groups: never
     refused.)
 
@@ -283,7 +283,7 @@ def cache_size_bytes(data: Dataset, split: str, world_size: int) -> int:
 def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_root: Optional[str],
                 workers: int = 2, seed: int = 0, reader: str = "") -> Iterator:
     """A reader of this rank's shard of ``split`` (its row groups by
-    :func:`~pipelines.training.sharding.shard`) that loops forever, a seeded shuffle of the row
+    :func:`~pipelines.training.data.sharding.shard`) that loops forever, a seeded shuffle of the row
     groups each epoch (training).
 
     Petastorm 0.13.1's thread pool can finish a bounded read (``num_epochs=1``) while its
@@ -293,7 +293,7 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
 
     Args:
         cache_root: when set, a local-disk cache of flat row-group files in
-            ``cache_root/rank<r>-<split>`` (:func:`pipelines.training.rowcache.rank_cache_folder`:
+            ``cache_root/rank<r>-<split>`` (:func:`pipelines.training.data.rowcache.rank_cache_folder`:
             one fresh owner-only folder per rank and split, deleted when the reader closes).
             ``None``: no cache.
         workers: reader threads.
@@ -302,15 +302,15 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
     Yields:
         the reader, an iterator of one ``(image, label)`` named tuple per row group, NumPy
         arrays (read them with :func:`row_groups_of`; ours also restarts at any visit,
-        :meth:`~pipelines.training.arrow_reader.ArrowShardReader.restart`); stopped, joined and its
+        :meth:`~pipelines.training.data.arrow_reader.ArrowShardReader.restart`); stopped, joined and its
         cache removed on exit.
 
     Raises:
-        pipelines.training.rowcache.CacheFolderError: the cache folder is not this user's own or
+        pipelines.training.data.rowcache.CacheFolderError: the cache folder is not this user's own or
             cannot be cleared.
         ValueError: an unknown ``reader``.
     """
-    from pipelines.training import rowcache
+    from pipelines.training.data import rowcache
 
     reader = check_reader(reader)
     data.check_footers()  # the counts below size its cache
@@ -318,13 +318,13 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
     limit, row_size = cache_size_bytes(data, split, world_size), data.rows_per_row_group * data.row_bytes
     try:
         if reader == "petastorm":
-            from pipelines.training.petastorm_reader import open_petastorm_reader
+            from pipelines.training.data.petastorm.reader import open_petastorm_reader
 
             with open_petastorm_reader(data.split_urls(split), data.petastorm_filesystem(), rank, world_size,
                                        folder, limit, row_size, workers, seed) as opened:
                 yield opened
         else:
-            from pipelines.training.arrow_reader import ArrowShardReader
+            from pipelines.training.data.arrow_reader import ArrowShardReader
 
             cache = rowcache.RowGroupFiles(folder, limit) if folder else None
             groups = shard(split_row_groups(data.parts(split)), rank, world_size)
@@ -415,7 +415,7 @@ def verify_total(counted: int, data: Dataset, split: str) -> None:
 def flipper(seed: int = 0):
     """``--augment`` over Petastorm's reader: a random left-right flip of each uint8 image of a
     batch ``(b, s, s, 3)`` (each image's own draw, a stateful op: not positional; over our reader
-    the flips are the positioned stream's, :func:`pipelines.training.stream.stream_batches`),
+    the flips are the positioned stream's, :func:`pipelines.training.data.stream.stream_batches`),
     labels unchanged. It moves bytes only, so it runs on the host before
     the copy; a flip commutes with the model's bilinear ``Resizing``, so flipping the stored image
     is flipping what the backbone sees."""
@@ -460,7 +460,7 @@ def batched(ds, batch_size: int, shuffle_buffer: int = 0, seed: int = 0, augment
     """The tail every input path shares: single uint8 images -> shuffled in a bounded buffer ->
     batched -> flipped with ``augment`` (:func:`flipper`) -> prefetched on the host, then to the
     device (:func:`to_device`). The batches stay uint8: the model casts and preprocesses them
-    itself, where it runs (:func:`pipelines.training.model.preprocessing`). At 299 px an image is
+    itself, where it runs (:func:`pipelines.training.model.build.preprocessing`). At 299 px an image is
     268,203 bytes as uint8 (:func:`pipelines.contract.row_bytes`) and would be 1,072,812 bytes as
     float32, so the host's shuffle buffer, its prefetched batches and each batch's copy over PCIe
     to a GPU are 4 times smaller than after a cast on the CPU (a batch of 16: 4.3 MB, not 17.2 MB).
@@ -547,18 +547,18 @@ def make_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int 
 def exact_positions(reader) -> bool:
     """Whether ``reader`` (:func:`open_reader`) can open the train stream at any row exactly: ours
     (it restarts at any visit), not Petastorm's (its thread pool reorders row groups)."""
-    from pipelines.training.arrow_reader import ArrowShardReader
+    from pipelines.training.data.arrow_reader import ArrowShardReader
 
     return isinstance(reader, ArrowShardReader)
 
 
 def shard_stream(reader, shuffle_buffer: int, seed: int):
-    """The :class:`pipelines.training.stream.ShardStream` of our ``reader``'s shard: its row
+    """The :class:`pipelines.training.data.stream.ShardStream` of our ``reader``'s shard: its row
     groups' rows (footers), ``seed``, and windows of
-    :func:`~pipelines.training.stream.window_visits` ``(shuffle_buffer, rows)`` row groups, rows
+    :func:`~pipelines.training.data.stream.window_visits` ``(shuffle_buffer, rows)`` row groups, rows
     being the shard's largest row group (the manifest's ``rows_per_row_group`` but for a shard of
     files' last row groups only)."""
-    from pipelines.training.stream import ShardStream, window_visits
+    from pipelines.training.data.stream import ShardStream, window_visits
 
     rows = [group.rows for group in reader.groups]
     return ShardStream(rows, seed, window_visits(shuffle_buffer, max(rows)))
@@ -567,13 +567,13 @@ def shard_stream(reader, shuffle_buffer: int, seed: int):
 def positioned_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int = 0, seed: int = 0,
                        augment: bool = False, start_row: int = 0, device: Optional[str] = None):
     """``tf.data`` over the positioned stream of our ``reader``'s shard (:func:`shard_stream`,
-    :func:`pipelines.training.stream.stream_batches`) from stream row ``start_row`` (this rank's
+    :func:`pipelines.training.data.stream.stream_batches`) from stream row ``start_row`` (this rank's
     rows consumed so far: global steps x ``batch_size``), then :func:`to_device`. The batches are
     built in NumPy (a window's row groups, permuted, flipped by position), so nothing in
     ``tf.data`` holds a random state.
 
     Each ``iter()`` restarts ``reader`` at the window of ``start_row``
-    (:meth:`~pipelines.training.arrow_reader.ArrowShardReader.restart`): at most one window is read
+    (:meth:`~pipelines.training.data.arrow_reader.ArrowShardReader.restart`): at most one window is read
     for rows before it, an earlier dataset's iterator stops, whatever it had prefetched.
 
     Returns:
@@ -584,7 +584,7 @@ def positioned_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer
     """
     import tensorflow as tf
 
-    from pipelines.training.stream import stream_batches
+    from pipelines.training.data.stream import stream_batches
 
     s = stored_size
     stream = shard_stream(reader, shuffle_buffer, seed)

@@ -28,7 +28,7 @@ log = logging.getLogger("pipelines")
 def build_report(config: TrainConfig, rank, plan, phases: List, resume: Resume) -> Dict:
     """The run's report: config, world, arithmetic, history, the best epoch's exact validation
     metrics (the split that chose it: ``selected_on``), the exact test metrics of the final model
-    (the last of ``phases``, :class:`pipelines.training.finetune.Phase`; the test split read once,
+    (the last of ``phases``, :class:`pipelines.training.model.finetune.Phase`; the test split read once,
     after training, and never used for a choice), fine-tuning's outcome and the weight checksums
     and hostnames of every rank (gathered here: every rank must call it)."""
     import horovod.tensorflow as hvd_tf
@@ -101,7 +101,7 @@ def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tr
     """
     from pipelines.atomic import PUBLIC, write_json
     from pipelines.contract import MODEL_FILE
-    from pipelines.training.model import export_model
+    from pipelines.training.model.build import export_model
 
     class_names, directory = data.class_names, directory or config.output
     exported = export_model(model, os.path.join(directory, MODEL_FILE), data.image_size, class_names)
@@ -183,7 +183,7 @@ def save_pictures(output: str, report: Dict, exported, data) -> Dict[str, str]:
     confusions (:data:`pipelines.report.PICTURES` names the files), and a contact
     sheet of the first :data:`CONTACT_SHEET_IMAGES` test images (the split's files in order; rank 0's
     shard alone may hold fewer), predicted by the exported model itself (``exported``, as
-    :func:`~pipelines.training.model.export_model` returns it) on the stored uint8 images.
+    :func:`~pipelines.training.model.build.export_model` returns it) on the stored uint8 images.
     Returns ``{name: path}``."""
     from pipelines import report as pictures
 
@@ -206,7 +206,7 @@ def first_test_rows(data, count: int):
     uint8 (n, S, S, 3), labels int32 (n,))``, read with pyarrow, stopping once there are enough."""
     import numpy as np
 
-    from pipelines.training.data import OnePassShard
+    from pipelines.training.data.dataset import OnePassShard
 
     images, labels = [], []
     for batch_images, batch_labels in OnePassShard(data, "test", 0, 1).batches():  # the whole split, in order

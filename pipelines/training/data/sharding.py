@@ -4,7 +4,7 @@ Rank ``r`` of ``world_size`` ranks reads items ``r, r + world_size, r + 2 * worl
 (row groups of a split for the readers, rows for the feature cache), so the shards are disjoint,
 cover the items and differ in length by at most one. It is the rule Petastorm applies to row
 groups with ``make_reader(cur_shard=rank, shard_count=world_size)``, which the Petastorm path
-passes instead (:mod:`pipelines.training.petastorm_reader`).
+passes instead (:mod:`pipelines.training.data.petastorm.reader`).
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from typing import Mapping, Optional, Tuple
 import numpy as np
 
 from pipelines.logs import plural
-from pipelines.training.sharding import shard
+from pipelines.training.data.sharding import shard
 
 log = logging.getLogger("pipelines")
 COMPLETE = "_COMPLETE.json"
@@ -129,7 +129,7 @@ def read_shard(directory, split: str, rank: int, world_size: int) -> Tuple[np.nd
 
 def compute_shard(extractor, dataset) -> Tuple[np.ndarray, np.ndarray]:
     """Run the frozen feature extractor (``training=False``;
-    :func:`pipelines.training.model.feature_extractor`: uint8 images in, preprocessing and
+    :func:`pipelines.training.model.build.feature_extractor`: uint8 images in, preprocessing and
     backbone inside) over a finite dataset of (images, labels). Returns float32
     ``(n, feature_dim)`` and int32 ``(n,)``."""
     features, labels = [], []
@@ -207,9 +207,9 @@ def say_why(data_root, model: str, key: str, data, directory,
 def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int):
     """The trainable part alone: ``Input(feature_dim) -> Dropout -> Dense(num_classes, softmax)``
     (2048 features for Xception), with the same layer names as in
-    :func:`pipelines.training.model.build_model` so weights carry over."""
+    :func:`pipelines.training.model.build.build_model` so weights carry over."""
     from pipelines.kerasapi import keras
-    from pipelines.training.checkpoints import resumable_dropout
+    from pipelines.training.model.checkpoints import resumable_dropout
 
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((feature_dim,), name="features")
@@ -223,7 +223,7 @@ def feature_dataset(features: np.ndarray, labels: np.ndarray, batch_size: int, s
     """``tf.data`` over in-memory features (a shard of 2048 float32 per image, for Xception, is small):
     ``(features (b, feature_dim) float32, labels int32 (b,))``.
 
-    ``repeat``: the positioned stream (:func:`pipelines.training.stream.feature_batches`: pass
+    ``repeat``: the positioned stream (:func:`pipelines.training.data.stream.feature_batches`: pass
     ``p`` in the order ``default_rng((seed, p)).permutation(n)`` with ``shuffle``, the stored one
     without), full batches, endless, from stream row ``start_row`` (training; each ``iter()``
     starts there; no ``tf.data`` shuffle, whose state could not be restored mid-pass). Otherwise
@@ -236,7 +236,7 @@ def feature_dataset(features: np.ndarray, labels: np.ndarray, batch_size: int, s
     import tensorflow as tf
 
     if repeat:
-        from pipelines.training.stream import feature_batches
+        from pipelines.training.data.stream import feature_batches
 
         features, labels = np.asarray(features), np.asarray(labels)
         if start_row < 0 or not len(labels):

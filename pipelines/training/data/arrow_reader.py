@@ -4,24 +4,24 @@ Petastorm's contract as training uses it, without Petastorm (which cannot run on
 
 * the shard is row groups ``rank, rank + world_size, ...`` of the manifest's parts, files in the
   manifest's order and groups in file order (:func:`split_row_groups`; Petastorm's rule, and
-  :class:`pipelines.training.data.OnePassShard`'s);
+  :class:`pipelines.training.data.dataset.OnePassShard`'s);
 * it loops forever; each epoch visits every row group of the shard once, in an order drawn from
   ``seed`` and the epoch number (a NumPy ``default_rng((seed, epoch))`` permutation,
-  :func:`pipelines.training.stream.epoch_order`), so a run repeats its order exactly;
+  :func:`pipelines.training.data.stream.epoch_order`), so a run repeats its order exactly;
 * ``workers`` threads read row groups (``ParquetFile.read_row_group``; pyarrow releases the GIL
   while it reads and decodes) at most ``depth`` row groups ahead of the consumer, from the moment
   the reader is made, and the reader yields them in its order;
 * :meth:`ArrowShardReader.restart` makes it read another order from now on (the positioned train
-  stream's, :mod:`pipelines.training.stream`, opened at any visit): the read-ahead of the previous
+  stream's, :mod:`pipelines.training.data.stream`, opened at any visit): the read-ahead of the previous
   order is cancelled and the iterators over it stop;
 * with a cache folder, each row group is decoded from Parquet straight into its flat file, a few
-  images at a time (:class:`pipelines.training.rowcache.RowGroupFiles`), and every epoch, the
+  images at a time (:class:`pipelines.training.data.rowcache.RowGroupFiles`), and every epoch, the
   first too, maps it back; without one (or once the cache is full) it is read whole;
 * files are opened through the :class:`pipelines.storage.Location`'s ``pyarrow.fs`` filesystem
   (local, S3, GCS, HDFS, fsspec), each file's footer read once.
 
 A row group comes out as :class:`Batch`: ``image`` ``uint8 (rows, s * s * 3)`` and ``label``
-``int32 (rows,)``: the flat form :func:`pipelines.training.data.row_groups_of` reshapes.
+``int32 (rows,)``: the flat form :func:`pipelines.training.data.dataset.row_groups_of` reshapes.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import numpy as np
 
 from pipelines.errors import Refused
 from pipelines.logs import plural
-from pipelines.training.stream import epoch_order  # noqa: F401 (its home was here; callers import it from here)
+from pipelines.training.data.stream import epoch_order  # noqa: F401 (its home was here; callers import it from here)
 
 #: bytes of images decoded at a time on the way into the cache: 2-8 images of 299 px took the
 #: same time, 16 (4 MiB) a third more (one thread, loader_bench's data, 2026-12-02)
@@ -44,7 +44,7 @@ STREAM_BYTES = 1 << 20
 
 if TYPE_CHECKING:
     from pipelines.storage import Location
-    from pipelines.training.rowcache import Column, RowGroupFiles
+    from pipelines.training.data.rowcache import Column, RowGroupFiles
 
 
 class ShardCountError(RuntimeError):
@@ -75,7 +75,7 @@ class RowGroup:
 
 
 def split_row_groups(parts: list) -> List[RowGroup]:
-    """Every row group of a split's ``parts`` (:meth:`pipelines.training.data.Dataset.parts`),
+    """Every row group of a split's ``parts`` (:meth:`pipelines.training.data.dataset.Dataset.parts`),
     files in the given order and groups in file order (footers only)."""
     import pyarrow.parquet as pq
 
@@ -139,7 +139,7 @@ def flat_layout(group: RowGroup, row_bytes: int) -> List["Column"]:
 def stream_group(group: RowGroup, row_bytes: int) -> Iterator[Tuple[str, np.ndarray]]:
     """The bytes of one row group in :func:`flat_layout`'s columns, decoded a few images at a time
     (about ``STREAM_BYTES`` each): ``("image", uint8 (k, row_bytes))`` pieces, then one
-    ``("label", int32 (rows,))``, as :meth:`pipelines.training.rowcache.RowGroupFiles.put_pieces`
+    ``("label", int32 (rows,))``, as :meth:`pipelines.training.data.rowcache.RowGroupFiles.put_pieces`
     writes them.
 
     Why: a cold epoch decoding whole row groups wrote each image into memory twice (decompressed,
@@ -181,7 +181,7 @@ class ArrowShardReader:
     :meth:`restart` gives it another).
 
     Args:
-        groups: the shard's row groups (:func:`~pipelines.training.sharding.shard` of :func:`split_row_groups`), not empty.
+        groups: the shard's row groups (:func:`~pipelines.training.data.sharding.shard` of :func:`split_row_groups`), not empty.
         row_bytes: bytes of one image (the manifest's ``row_bytes``).
         workers: reader threads (>= 1).
         depth: row groups read ahead at most (>= 1; default ``2 * workers``): the bound on memory.

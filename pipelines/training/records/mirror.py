@@ -61,12 +61,12 @@ class Outputs:
         self.run_id: Optional[str] = None  # the training run writing here (adopt)
 
     def adopt(self, claim, data: str) -> None:
-        """Rank 0, once :func:`pipelines.training.runs.claim` gave this run the output: delete the
+        """Rank 0, once :func:`pipelines.training.records.ownership.claim` gave this run the output: delete the
         names ``claim.delete`` (an earlier run's own files, ``--overwrite``), record a new run in
         :data:`~pipelines.contract.TRAIN_RUN` (uploaded at once to a URI output, so a second run
         sees it), and download the checkpoint it continues (:meth:`pull_resume_state`)."""
         from pipelines.atomic import write_json
-        from pipelines.training import runs
+        from pipelines.training.records import ownership as runs
 
         self.run_id = claim.run.run_id
         for name in claim.delete:

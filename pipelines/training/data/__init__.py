@@ -1,0 +1,1 @@
+"""The training stage's data layer (issue 39)."""

@@ -1,0 +1,1 @@
+"""The model of the training stage (issue 39)."""

@@ -1,0 +1,1 @@
+"""Rank 0's records of a training run (issue 39)."""
