@@ -3,8 +3,8 @@ tf.data, with a cold and a warm local-disk cache and without one, against the sa
 memory (``tf.data.Dataset.from_tensor_slices``), measured in one run, for each ETL row-group size
 of a sweep (``--row-group-mb 1,4,16,32``).
 
-Every path is training's own (:func:`pipelines.training.data.dataset.make_dataset`: over Petastorm's
-reader the tail :func:`pipelines.training.data.dataset.batched`, shuffle, batch, prefetch; over ours the
+Every path is training's own (:func:`pipelines.training.data.tfdata.make_dataset`: over Petastorm's
+reader the tail :func:`pipelines.training.data.tfdata.batched`, shuffle, batch, prefetch; over ours the
 positioned train stream, :mod:`pipelines.training.data.stream`, its windows shuffled and batched in
 NumPy, then the same prefetch; uint8 batches, which the model casts and preprocesses on its
 device), the in-memory ceiling through ``batched``, and each is timed over one epoch of
@@ -91,7 +91,7 @@ def epochs(data, cache, config, labels, results, batches, reader, float32: bool 
     """Time two epochs of one looping ``reader`` (``cache`` None: no cache) into
     ``results[labels[i]]`` (images/s; an empty label: not kept) through training's ``make_dataset``
     (and :func:`host_float32` with ``float32``)."""
-    from pipelines.training.data.dataset import make_dataset, open_reader
+    from pipelines.training.data import make_dataset, open_reader
 
     with open_reader(data, "train", 0, 1, cache, workers=config.reader_workers, reader=reader) as opened:
         # One iterator across both epochs, as Keras fit keeps it: epoch 2 reads from the cache.
@@ -109,8 +109,8 @@ def reader_only(data, cache, results, reader, labels) -> None:
     """Time two epochs of one looping ``reader`` alone, without tf.data (each row group's images
     copied once, as the tensor conversion does), into ``results[labels[i]]`` (images/s): the
     reader's own cost, which the tail's hides on a loaded machine."""
-    from pipelines.training.data.arrow_reader import split_row_groups
-    from pipelines.training.data.dataset import open_reader, row_groups_of
+    from pipelines.training.data.rowgroups import split_row_groups
+    from pipelines.training.data import open_reader, row_groups_of
 
     groups = len(split_row_groups(data.parts("train")))
     with open_reader(data, "train", 0, 1, cache, reader=reader) as opened:
@@ -129,7 +129,7 @@ def ceiling(data, config, batches, float32: bool = False) -> float:
     import pyarrow.parquet as pq
     import tensorflow as tf
 
-    from pipelines.training.data.dataset import batched
+    from pipelines.training.data import batched
 
     table = pa.concat_tables([pq.read_table(part.path, columns=["image", "label"]) for part in data.parts("train")])
     images = np.frombuffer(b"".join(table.column("image").to_pylist()), np.uint8).reshape(
@@ -147,7 +147,7 @@ def s3_routes(etl, work, config, batches, results, readers, float32: bool = Fals
     from tests import s3server
 
     from pipelines.storage import resolve
-    from pipelines.training.data.dataset import load_dataset
+    from pipelines.training.data import load_dataset
 
     port = s3server.free_port()
     os.environ.update(s3server.standard_environment(f"http://127.0.0.1:{port}"))
@@ -169,7 +169,7 @@ def parse(argv):
     from pipelines.config import add_arguments
     from pipelines.training.config import TrainConfig
     from pipelines.errors import Refused
-    from pipelines.training.data.dataset import petastorm_available
+    from pipelines.training.data import petastorm_available
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -211,11 +211,11 @@ def pick_readers(flag: str, petastorm_runs: bool) -> list:
 
     Raises:
         Refused: an unknown name (the message lists the names), ``petastorm`` where it cannot run
-            (:func:`pipelines.training.data.dataset.check_reader`), or only peers that are not installed.
+            (:func:`pipelines.training.data.readers.check_reader`), or only peers that are not installed.
     """
     from pipelines.errors import Refused
     from pipelines.stack import active
-    from pipelines.training.data.dataset import READERS, check_reader
+    from pipelines.training.data import READERS, check_reader
 
     names = ("own", "petastorm") + PEERS
     wanted = [x.strip() for x in flag.split(",") if x.strip()] if flag else \
@@ -250,7 +250,7 @@ def sweep_one(tree, work, mb, args, spark, index: int) -> dict:
     train groups, label: images/s}``."""
     from pipelines.etl.config import ETLConfig
     from pipelines.etl.job import run_etl
-    from pipelines.training.data.dataset import load_dataset
+    from pipelines.training.data import load_dataset
 
     etl = os.path.join(work, f"etl-{mb:g}mb")
     run_etl(ETLConfig(input=tree, output=etl, image_size=args.etl_image_size, test_fraction=0.1,

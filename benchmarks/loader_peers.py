@@ -10,7 +10,7 @@ our reader, timed by ``benchmarks/loader_bench.py`` on the same data, batch and 
   default).
 - ``plain``: the route a user writes first: ``pyarrow.dataset`` record batches of the rank's row
   groups (our readers' rule) through ``tf.data.Dataset.from_generator``, then training's own tail
-  (:func:`pipelines.training.data.dataset.batched`); no cache, no reader threads.
+  (:func:`pipelines.training.data.tfdata.batched`); no cache, no reader threads.
 
 Benchmarks only: installed by ``make bench-peers`` (``requirements/<stack>-peers.lock``), never
 imported by the product (``tests/test_env_boundary.py`` checks that ``pipelines/`` does not).
@@ -54,7 +54,7 @@ def missing(peer: str, stack: str) -> Optional[str]:
 
 def shard_fragments(data, split: str, rank: int, world_size: int) -> list:
     """The ``pyarrow.dataset`` fragments of rank ``rank``'s row groups of ``split`` (row groups
-    of :func:`pipelines.training.data.arrow_reader.split_row_groups` by our readers' rule,
+    of :func:`pipelines.training.data.rowgroups.split_row_groups` by our readers' rule,
     :func:`pipelines.training.data.sharding.shard`), one fragment per row group, in file and group order."""
     import pyarrow.dataset as pads
 
@@ -78,12 +78,12 @@ def plain_batches(data, split: str, rank: int, world_size: int) -> Iterator[Tupl
 
 def plain_dataset(data, config, rank: int = 0, world_size: int = 1):
     """The plain route's ``tf.data`` over :func:`plain_batches` of the train split, through
-    training's tail (:func:`pipelines.training.data.dataset.batched`: the config's shuffle buffer, full
+    training's tail (:func:`pipelines.training.data.tfdata.batched`: the config's shuffle buffer, full
     batches of ``config.batch_size``, prefetch): ``(uint8 (b, s, s, 3), int32 (b,))``; each
     iteration is one epoch."""
     import tensorflow as tf
 
-    from pipelines.training.data.dataset import batched
+    from pipelines.training.data import batched
 
     s = data.image_size
     ds = tf.data.Dataset.from_generator(lambda: plain_batches(data, "train", rank, world_size), output_signature=(
@@ -121,13 +121,13 @@ def ray_dataset(data, config, cached: bool, rank: int = 0, world_size: int = 1):
     """Ray Data's ``tf.data`` of rank ``rank``'s shard of the train split (see the module's
     docstring): ``(uint8 (b, s, s, 3), int32 (b,))``, full batches of ``config.batch_size``, Ray's
     local shuffle buffer of ``config.shuffle_buffer`` rows, then a host prefetch (training's last
-    stage, :func:`pipelines.training.data.dataset.to_device`); each iteration is one epoch. With
+    stage, :func:`pipelines.training.data.tfdata.to_device`); each iteration is one epoch. With
     ``cached`` the decoded dataset is materialised in Ray's object store here. Needs
     :func:`start_ray` first and at least one shard per rank (``world_size`` <= the files' blocks).
     """
     import ray
 
-    from pipelines.training.data.dataset import to_device
+    from pipelines.training.data import to_device
 
     s = data.image_size
 

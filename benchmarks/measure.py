@@ -200,12 +200,12 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     import horovod.tensorflow.keras as hvd
     from pipelines.kerasapi import keras
 
-    from pipelines.training.data.dataset import load_dataset
+    from pipelines.training.data import load_dataset
     from pipelines.training.model.finetune import allreduce_bytes, trainable_parameters, unfreeze
     from pipelines.training.inputs import ImageInputs
     from pipelines.training.model.build import build_model, compile_distributed
     from pipelines.training.schedule import scaled_lr
-    from pipelines.training.train import setup_rank
+    from pipelines.training.rank import setup_rank
 
     # The job's own set-up: core binding before any thread, hvd.init, logging, device, threads.
     this = setup_rank(config, job="scaling")

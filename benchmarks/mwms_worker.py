@@ -50,7 +50,7 @@ def train(config, warmup_steps: int, steps: int) -> dict:
     import tensorflow as tf
 
     from pipelines.kerasapi import keras
-    from pipelines.training.data.dataset import load_dataset
+    from pipelines.training.data import load_dataset
     from pipelines.training.model.finetune import unfreeze
     from pipelines.training.inputs import ImageInputs
     from pipelines.training.model.build import build_model

@@ -49,9 +49,10 @@ def run_once(path: str, extra: dict, seed: int, base, np: int, work: str) -> dic
     """One fresh Horovod job of one path on ``np`` local processes, ``base`` with its own output,
     seed and ``extra`` settings; returns its row of figures."""
     from pipelines.launch import HorovodRunner
-    from pipelines.training.data.dataset import load_dataset
+    from pipelines.training.data import load_dataset
     from pipelines.contract import MODEL_INPUT_DTYPE
-    from pipelines.training.data.features import feature_dir, feature_key, input_tag, model_key
+    from pipelines.training.data.features import feature_dir, feature_key, model_key
+    from pipelines.training.model.build import input_tag
     from pipelines.training.train import run_training
 
     out = os.path.join(work, f"{path.replace(' ', '-')}-seed{seed}")

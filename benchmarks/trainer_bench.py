@@ -260,7 +260,7 @@ def report(summary: Sequence[Dict], config, args) -> None:
     """The table of :func:`summarize` and the goal line."""
     import tensorflow as tf
 
-    from pipelines.training.data.dataset import load_dataset
+    from pipelines.training.data import load_dataset
 
     size_px = config.model_size(load_dataset(config.data, 1).image_size)
     print(f"\nTrainers: TensorFlow {tf.__version__}, {os.cpu_count()} CPUs, {config.threads} thread(s) per rank"

@@ -56,7 +56,7 @@ def make(folder: str) -> dict:
     from pipelines import stack, storeschema, tracking
     from pipelines.predict.model import resolve_model
     from pipelines.training.model.checkpoints import frozen_checksum, save_checkpoint
-    from pipelines.training.model.build import export_model
+    from pipelines.training.model.export import export_model
 
     os.makedirs(folder, exist_ok=True)
     with tracking.start(store_uri(folder), "cross-stack", folder, params={"stack": stack.active().name}):

@@ -2,7 +2,7 @@
 (``petastorm`` only where Petastorm 0.13.1 can run with the installed pyarrow)."""
 import pytest
 
-from pipelines.training.data.dataset import petastorm_available
+from pipelines.training.data import petastorm_available
 
 READERS = [pytest.param("own", id="own"),
            pytest.param("petastorm", id="petastorm", marks=pytest.mark.skipif(

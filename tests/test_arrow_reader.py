@@ -11,10 +11,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipelines.training.data import arrow_reader
-from pipelines.training.data.arrow_reader import ArrowShardReader, epoch_order, split_row_groups
-from pipelines.training.data.dataset import (OnePassShard, check_reader, default_reader, load_dataset, open_reader,
+from pipelines.training.data import (OnePassShard, arrow_reader, check_reader, load_dataset, open_reader,
                                      petastorm_available, row_groups_of)
+from pipelines.training.data.arrow_reader import ArrowShardReader
+from pipelines.training.data.errors import DataError, ImageSizeError, ShardCountError
+from pipelines.training.data.readers import default_reader
+from pipelines.training.data.rowgroups import split_row_groups
+from pipelines.training.data.stream import epoch_order
 from tests.datagen import write_dataset
 from tests.readers import READERS
 
@@ -101,11 +104,11 @@ def test_reading_starts_when_the_reader_is_made_and_stays_within_depth(data, mon
 
 def test_a_read_error_reaches_the_consumer(data, monkeypatch):
     def broken(group, row_bytes):
-        raise arrow_reader.ShardCountError("read 1 row, its footer says 2")
+        raise ShardCountError("read 1 row, its footer says 2")
 
     monkeypatch.setattr(arrow_reader, "read_group", broken)
     with ArrowShardReader(split_row_groups(data.parts("train")), data.row_bytes) as reader:
-        with pytest.raises(arrow_reader.ShardCountError, match="its footer says 2"):
+        with pytest.raises(ShardCountError, match="its footer says 2"):
             next(reader)
 
 
@@ -114,7 +117,7 @@ def test_an_image_of_another_size_is_refused(tmp_path):
     write_dataset(root, train_groups=[2], test_groups=[1])
     data = load_dataset(root, world_size=1)
     with ArrowShardReader(split_row_groups(data.parts("train")), data.row_bytes + 1) as reader:
-        with pytest.raises(arrow_reader.DataError, match="an image is not 49 bytes"):
+        with pytest.raises(DataError, match="an image is not 49 bytes"):
             next(reader)
 
 
@@ -133,7 +136,7 @@ def test_the_own_reader_never_imports_petastorm(data, tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys\nfrom pipelines.training.data.dataset import load_dataset, open_reader, row_groups_of\n"
+    code = ("import sys\nfrom pipelines.training.data import load_dataset, open_reader, row_groups_of\n"
             f"data = load_dataset({data.root!r}, 1)\n"
             f"with open_reader(data, 'train', 0, 1, {str(tmp_path / 'c')!r}, reader='own') as r:\n"
             "    next(r)\n"
@@ -204,10 +207,10 @@ def test_a_row_group_streamed_into_its_flat_file_maps_back_as_read_group_reads_i
 
 
 @pytest.mark.parametrize("fault, error, message", [
-    (dict(row_bytes=191), arrow_reader.ImageSizeError, "an image is not 191 bytes"),
-    (dict(rows=6), arrow_reader.ShardCountError, "read 5 rows, its footer says 6"),
-    (dict(rows=4), arrow_reader.ShardCountError, "read 5 rows, its footer says 4"),
-    (dict(rows=1), arrow_reader.ShardCountError, "read 2 rows, its footer says 1"),
+    (dict(row_bytes=191), ImageSizeError, "an image is not 191 bytes"),
+    (dict(rows=6), ShardCountError, "read 5 rows, its footer says 6"),
+    (dict(rows=4), ShardCountError, "read 5 rows, its footer says 4"),
+    (dict(rows=1), ShardCountError, "read 2 rows, its footer says 1"),
 ])
 def test_a_row_group_that_breaks_the_stream_reaches_the_consumer_and_leaves_no_file(wide, tmp_path, monkeypatch,
                                                                                    fault, error, message):

@@ -36,7 +36,7 @@ def _raises(kind: str):
     quoting a secret, as a traceback of a real failure may."""
     from pipelines.errors import MissingInput, NotAFolder, Refused
     from pipelines.storage import StorageError
-    from pipelines.training.data.dataset import DataError
+    from pipelines.training.data import DataError
 
     refusals = {"refused": Refused, "data": DataError, "storage": StorageError, "missing": MissingInput,
                 "folder": NotAFolder}

@@ -50,7 +50,8 @@ def _refusal_types():
     from pipelines.predict.model import ModelContractError, UnsafeModel
     from pipelines.storage import StorageError
     from pipelines.tracking import TrackingUnavailable
-    from pipelines.training.data.arrow_reader import DataError, ImageSizeError
+    from pipelines.training.data import DataError
+    from pipelines.training.data.errors import ImageSizeError
     from pipelines.training.model.imagenet import WeightsUnavailable
     from pipelines.training.data.rowcache import CacheFolderError
     from pipelines.training.records.ownership import RunRefused
@@ -66,7 +67,7 @@ def _failure_types():
     from pipelines.etl.job import NothingWritten
     from pipelines.launch.failures import HorovodJobFailed, RelaunchImpossible
     from pipelines.tracking import TrackingFailed
-    from pipelines.training.data.arrow_reader import ShardCountError
+    from pipelines.training.data import ShardCountError
     from pipelines.training.data.rowcache import DamagedEntry
 
     return [RunSuperseded, ImageRejected, NothingWritten, HorovodJobFailed, RelaunchImpossible, TrackingFailed,
@@ -212,7 +213,7 @@ def test_under_horovodrun_every_rank_says_its_failure_and_rank_0_alone_a_refusal
     """As ``horovodrun`` starts each rank (its variables set): an internal error is logged by the
     rank it happened on, with its rank and host; a refusal (every rank refuses alike) by rank 0 only."""
     import pipelines.training.cli as cli
-    from pipelines.training.data.dataset import DataError
+    from pipelines.training.data import DataError
 
     monkeypatch.setenv("HOROVOD_RANK", str(rank))
     monkeypatch.setenv("HOROVOD_SIZE", "2")
@@ -249,7 +250,7 @@ def _record_of(exc_factory, rank, monkeypatch):
 
 
 def _refuse():
-    from pipelines.training.data.dataset import DataError
+    from pipelines.training.data import DataError
     raise DataError(f"no manifest.json in s3://k:{SECRET}@b/data")
 
 

@@ -51,7 +51,7 @@ def test_the_tail_sends_uint8_batches_through_a_device_copy_that_keras_fit_takes
     import tensorflow as tf
 
     from pipelines.contract import row_bytes
-    from pipelines.training.data.dataset import batched
+    from pipelines.training.data import batched
     from pipelines.training.model.build import build_model
 
     host = batched(uint8_rows(), 4)
@@ -72,7 +72,7 @@ def test_the_tail_sends_uint8_batches_through_a_device_copy_that_keras_fit_takes
 def test_augmentation_flips_the_uint8_images_on_the_host():
     import tensorflow as tf
 
-    from pipelines.training.data.dataset import batched
+    from pipelines.training.data import batched
     images = np.arange(2 * 4 * 4 * 3, dtype=np.uint8).reshape(2, 4, 4, 3)
     ds = batched(tf.data.Dataset.from_tensor_slices((np.repeat(images, 16, axis=0), np.zeros(32, np.int32))), 32,
                  augment=True, seed=3)
@@ -92,7 +92,8 @@ def test_batch_inference_sends_the_uint8_image_and_gets_the_models_own_probabili
     from pipelines.predict.infer import decode_file, decode_stored, predict_columns
     from pipelines.predict.local import predict_files
     from pipelines.predict.model import resolve_model
-    from pipelines.training.model.build import build_model, export_model
+    from pipelines.training.model.build import build_model
+    from pipelines.training.model.export import export_model
 
     model = build_model(3, 8, dropout=0.0, weights="none", seed=1, backbone="tiny", stored_size=12)
     rng = np.random.default_rng(0)

@@ -35,7 +35,7 @@ def test_a_peer_not_installed_is_one_line_naming_how_to_install_it(monkeypatch, 
         f"ray: skipped, no_such_module_here is not installed here: make bench-peers STACK={loader_bench_stack()} "
         "installs it"]
     # the default is every reader that runs here, ours first (gpu_check reads the first one's figures)
-    from pipelines.training.data.dataset import petastorm_available
+    from pipelines.training.data import petastorm_available
 
     runs = petastorm_available()  # the mission stack's
     assert loader_bench.pick_readers("", runs) == ["own"] + ["petastorm"] * runs + ["plain"]
@@ -62,7 +62,7 @@ def labels_of(batches):
 def test_the_plain_routes_shards_are_our_readers_row_groups(tmp_path, world_size):
     """Rank r's rows are row groups r, r + n, ... of the split (files in order, groups in file
     order), as OnePassShard and both readers take them; the images are the stored bytes."""
-    from pipelines.training.data.dataset import OnePassShard, load_dataset
+    from pipelines.training.data import OnePassShard, load_dataset
 
     datagen.write_dataset(str(tmp_path), [3, 1, 4], [1], size=4, rows_per_group=2)
     data = load_dataset(str(tmp_path), world_size)
@@ -80,7 +80,7 @@ def test_the_plain_routes_shards_are_our_readers_row_groups(tmp_path, world_size
 def test_the_plain_route_gives_full_uint8_batches_of_every_row_each_epoch(tmp_path):
     pytest.importorskip("tensorflow")
     from pipelines.training.config import TrainConfig
-    from pipelines.training.data.dataset import load_dataset
+    from pipelines.training.data import load_dataset
 
     datagen.write_dataset(str(tmp_path), [3, 1, 4], [1], size=4, rows_per_group=2)
     data = load_dataset(str(tmp_path), 1)
@@ -149,7 +149,7 @@ def test_ray_datas_routes_give_every_row_of_the_shard_as_uint8_batches(tmp_path)
     batches, the stored bytes, every row once (rows a multiple of the batch)."""
     pytest.importorskip("ray", reason="the peers are not installed: make bench-peers")
     from pipelines.training.config import TrainConfig
-    from pipelines.training.data.dataset import load_dataset
+    from pipelines.training.data import load_dataset
 
     datagen.write_dataset(str(tmp_path), [3, 1, 4], [1], size=4, rows_per_group=2)
     data = load_dataset(str(tmp_path), 1)

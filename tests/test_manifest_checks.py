@@ -15,7 +15,7 @@ import pytest
 from pipelines.contract import MAX_CLASSES, MAX_IMAGE_SIZE, Manifest, ManifestError
 from pipelines.errors import Refused
 from pipelines.predict.inputs import plan_split
-from pipelines.training.data.dataset import (READERS, OnePassShard, load_dataset, open_reader, petastorm_available,
+from pipelines.training.data import (READERS, OnePassShard, load_dataset, open_reader, petastorm_available,
                                      row_groups_of)
 from tests.datagen import write_split
 

@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipelines.training.data.dataset import OnePassShard, ShardCountError, load_dataset, verify_total
+from pipelines.training.data import OnePassShard, ShardCountError, load_dataset, verify_total
 from pipelines.training.data.sharding import shard
 from tests.datagen import write_dataset
 from tests.readers import READERS
@@ -106,7 +106,7 @@ def test_the_training_pipeline_keeps_every_image_with_its_label(data, tmp_path, 
     the split delivered."""
     import tensorflow as tf
 
-    from pipelines.training.data.dataset import make_dataset, open_reader
+    from pipelines.training.data import make_dataset, open_reader
 
     with open_reader(data, "train", 0, 1, str(tmp_path / "cache"), reader=reader) as opened:
         ds = make_dataset(opened, 4, batch_size=5, shuffle_buffer=8, seed=1)
@@ -149,7 +149,7 @@ def test_more_ranks_than_row_groups_shard_the_test_split_by_rows(short_test_spli
 
 
 def test_the_train_split_refuses_more_ranks_than_row_groups_naming_the_etl_flags(short_test_split):
-    from pipelines.training.data.dataset import DataError
+    from pipelines.training.data import DataError
 
     assert load_dataset(short_test_split, world_size=4).test_rows == 15  # 3 test row groups: not refused
     with pytest.raises(DataError, match=r"the train split has 4 row groups but 5 ranks need one each \(a rank reads "

@@ -5,7 +5,7 @@ import string
 import pytest
 
 from pipelines.paths import UnsafePathError, check_disjoint, check_url_safe, local_url, url_breakers
-from pipelines.training.data.dataset import load_dataset, open_reader
+from pipelines.training.data import load_dataset, open_reader
 from tests.datagen import write_dataset
 from tests.readers import READERS
 

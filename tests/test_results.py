@@ -132,7 +132,7 @@ def test_results_are_written_before_any_picture(tmp_path, monkeypatch):
 
 def test_model_json_records_the_model_files_sha256(tmp_path):
     from pipelines.contract import MODEL_SHA256
-    from pipelines.training.model.build import export_model
+    from pipelines.training.model.export import export_model
     path = str(tmp_path / "model.keras")
     export_model(tiny(), path, 32, _Data.class_names)
     contract = json.loads((tmp_path / "model.json").read_text())
@@ -153,7 +153,7 @@ def mixed_policy():
 
 def test_a_mixed_precision_model_is_exported_computing_in_float32(tmp_path, mixed_policy):
     import tensorflow as tf
-    from pipelines.training.model.build import export_model
+    from pipelines.training.model.export import export_model
     model = tiny()
     assert model.get_layer("tiny").compute_dtype == "float16"  # trained under mixed_float16
     rng = np.random.default_rng(0)

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines.training.data.dataset import DataError, load_dataset, open_reader, row_groups_of
+from pipelines.training.data import DataError, load_dataset, open_reader, row_groups_of
 from pipelines.training.data.rowcache import SUFFIX, RowGroupFiles, flat_columns, rank_cache_folder
 from tests.datagen import write_dataset
 from tests.readers import READERS

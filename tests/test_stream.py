@@ -211,7 +211,7 @@ def write_train_split(split_dir, groups_per_file, rows_per_group):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from pipelines.training.data.dataset import load_dataset
+    from pipelines.training.data import load_dataset
 
     root = str(tmp_path_factory.mktemp("stream") / "etl")
     write_dataset(root, train_groups=TRAIN_GROUPS, test_groups=[3], size=SIZE, rows_per_group=ROWS_PER_GROUP)
@@ -242,7 +242,7 @@ def test_train_dataset_at_over_the_own_reader_is_the_stream_from_there(data, tmp
     later pass gives the batches of the stream from 0 there; a second fit's dataset made while the
     first one's iterator has prefetched still starts exactly where asked; a second iter() of a
     dataset starts at its row again."""
-    from pipelines.training.data import dataset as data_module
+    from pipelines.training.data.tfdata import shard_stream
 
     inputs = inputs_of(data, tmp_path)
     assert inputs.exact_positions
@@ -256,7 +256,7 @@ def test_train_dataset_at_over_the_own_reader_is_the_stream_from_there(data, tmp
         np.testing.assert_array_equal(reference[1], expected[1])
         np.testing.assert_array_equal(reference[0], expected[0])
         assert os.listdir(str(tmp_path / "cache"))  # the cache is filled
-        stream = data_module.shard_stream(inputs._train_reader, 5, 3)
+        stream = shard_stream(inputs._train_reader, 5, 3)
         assert stream.window == 3 and stream.shard_rows == 42
         for start in (2, 4, 6, 12, 40, 42, 46, 90, 130):  # inside, boundary, pass end, later passes
             images, labels = take(inputs.train_dataset_at(start), 25)
@@ -296,7 +296,7 @@ def test_fit_datasets_opens_at_its_start_row_with_a_fresh_reader(data, tmp_path)
 def test_make_dataset_over_the_reader_itself_after_it_was_read(data, tmp_path):
     """make_dataset over an open reader already read from (the benchmark's, the notebooks') is the
     stream from its start_row, not from where the reader's own iteration had got to."""
-    from pipelines.training.data.dataset import make_dataset, open_reader
+    from pipelines.training.data import make_dataset, open_reader
 
     with open_reader(data, "train", 0, 1, None, workers=2, seed=3, reader="own") as reader:
         next(reader), next(reader)
@@ -314,7 +314,8 @@ def test_make_dataset_over_the_reader_itself_after_it_was_read(data, tmp_path):
 def test_exact_positions_says_which_reader_opens_at_a_row(data, tmp_path, reader):
     """Ours is exact; Petastorm's is not, and its fit_datasets at a row still trains (its stream
     from where the reader is: each row of the shard still comes with its own image)."""
-    from pipelines.training.data.dataset import exact_positions, open_reader
+    from pipelines.training.data.readers import exact_positions
+    from pipelines.training.data import open_reader
 
     inputs = inputs_of(data, tmp_path, reader=reader)
     assert inputs.exact_positions is (reader == "own")

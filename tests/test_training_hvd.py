@@ -18,7 +18,7 @@ import pytest
 from pipelines.contract import SPLITS, manifest_sha256
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
-from pipelines.training.data.dataset import petastorm_available
+from pipelines.training.data import petastorm_available
 from pipelines.training.schedule import warmup_lr
 from tests.conftest import BIN, assert_exact_test_count, etl_parts, mlflow_run, read_metrics as metrics, subprocess_env
 from tests.imagegen import make_tree
@@ -48,7 +48,7 @@ def shard_rows(files, shards=2):
     import warnings
     if not petastorm_available():
         from pipelines.storage import resolve
-        from pipelines.training.data.arrow_reader import split_row_groups
+        from pipelines.training.data.rowgroups import split_row_groups
         groups = split_row_groups([resolve(f) for f in files])
         return [sum(g.rows for g in groups[shard::shards]) for shard in range(shards)]
     from petastorm import make_batch_reader
@@ -801,12 +801,13 @@ def test_petastorm_on_s3_reads_each_rank_the_shard_of_the_local_rule(dataset, s3
     import hashlib
     import warnings
     from petastorm import make_batch_reader
-    from pipelines.training.data.dataset import OnePassShard, load_dataset
+    from pipelines.training.data import OnePassShard, load_dataset
+    from pipelines.training.data.petastorm.legacy_fs import petastorm_filesystem, split_urls
     warnings.simplefilter("ignore", FutureWarning)
     remote, local = load_dataset(s3_data[0], 2), load_dataset(dataset[0], 2)
     assert remote.root == s3_data[0] and all(not p.local for p in remote.parts("train"))
     for shard in range(2):
-        with make_batch_reader(remote.split_urls("train"), filesystem=remote.petastorm_filesystem(),
+        with make_batch_reader(split_urls(remote, "train"), filesystem=petastorm_filesystem(remote),
                                schema_fields=["image", "label"], cur_shard=shard, shard_count=2, num_epochs=1,
                                shuffle_row_groups=False, reader_pool_type="dummy") as reader:
             got = sorted(hashlib.sha1(image).hexdigest() for batch in reader for image in batch.image)
@@ -945,7 +946,7 @@ def test_notebook_setup_on_an_s3_workdir(dataset, s3_server, tmp_path, capsys):
     used from there, and training's driver checks (nb.train's) accept it; a missing bucket is refused."""
     from pipelines import notebook as nb
     from pipelines.storage import StorageError, resolve
-    from pipelines.training.data.dataset import check_run
+    from pipelines.training.data import check_run
     bucket = s3_server.bucket("nb")
     resolve(f"s3://{bucket}/work/etl").upload(dataset[0])
     workdir, data_dir, base = nb.setup(f"s3://{bucket}/work/", "", "none", batch_size=4)

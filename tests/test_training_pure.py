@@ -7,7 +7,8 @@ import pytest
 
 from pipelines.config import parse_config
 from pipelines.training.config import TrainConfig
-from pipelines.training.data.dataset import DataError, cache_size_bytes, load_dataset
+from pipelines.training.data import DataError, load_dataset
+from pipelines.training.data.readers import cache_size_bytes
 from pipelines.training.devices import choose_device, rank_cores
 from benchmarks.eval_bench import previous_add, previous_batch_totals
 from pipelines.training.evaluate import Totals, add, batch_totals, gathers_pairs, sum_totals

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from pipelines.storage import resolve
-from pipelines.training.data.dataset import petastorm_available
+from pipelines.training.data import petastorm_available
 from pipelines.training.records.mirror import Outputs, open_outputs
 from pipelines.training.schedule import newest_complete_checkpoint
 

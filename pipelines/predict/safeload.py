@@ -83,7 +83,7 @@ def check_model_config(config, shown: str) -> None:
             raise UnsafeModel(f"{shown}: the model has {what!r} (registered name {item.get('registered_name')!r}){calls}, "
                               "not one of the layers, initializers and activations the product's models are "
                               "built from: refused before anything of it is loaded (export the model with "
-                              "pipelines.training.model.build.export_model)")
+                              "pipelines.training.model.export.export_model)")
         activation = item.get("activation")
         if isinstance(activation, str) and activation not in ALLOWED_ACTIVATIONS:
             raise UnsafeModel(f"{shown}: the model names the activation {activation!r}, not one of "

@@ -31,7 +31,7 @@ from pipelines.spark import spark_session
 from pipelines.storage import is_local, resolve
 from pipelines.tracking import TrackingFailed, check_store
 from pipelines.training.config import TrainConfig
-from pipelines.training.data.dataset import check_run
+from pipelines.training.data import check_run
 from pipelines.training.devices import rank_cores, threads_per_rank
 from pipelines.training.model.imagenet import ensure_imagenet_weights
 from pipelines.training.records.mirror import check_output
@@ -170,7 +170,7 @@ def refuse_early(config: TrainConfig, rank: Optional[int], world_size: int) -> N
     in Keras' cache and fetch nothing.
 
     ``rank`` and ``world_size`` are :func:`horovodrun_place`'s (None and 1 alone), the same numbers
-    :func:`pipelines.training.train.plan_run` then has from Horovod.
+    :func:`pipelines.training.plan.plan_run` then has from Horovod.
 
     Raises:
         as :func:`check_before_ranks` and :func:`fetch_weights`.
@@ -189,7 +189,8 @@ def check_before_ranks(config: TrainConfig, world_size: int):
 
     Raises:
         pipelines.errors.Refused (DataError, StorageError, MissingInput ...): as
-            :func:`pipelines.training.data.dataset.check_run` and :func:`pipelines.training.records.mirror.check_output`.
+            :func:`pipelines.training.data.dataset.check_run` and
+            :func:`pipelines.training.records.mirror.check_output`.
         pipelines.training.records.ownership.RunRefused: as :func:`pipelines.training.records.ownership.claim`.
     """
     check_run(config.data, config.batch_size, world_size, config.storage_options)

@@ -110,7 +110,8 @@ class TrainConfig:
                                               "says so once)")
     xla: str = field("off", help="on: the model's forward and backward pass compiled by XLA "
                                  "(tf.function(jit_compile=True); Horovod's allreduce and the update stay "
-                                 "TensorFlow ops: pipelines/training/model/build.py, xla_train_step); off: not (default)")
+                                 "TensorFlow ops: pipelines/training/model/build.py, xla_train_step); off: not "
+                                 "(default)")
     tracking: Optional[bool] = field(None, help=trk.HELP["tracking"] + "; rank 0 logs one run per job")
     tracking_uri: str = field("", help=trk.HELP["tracking_uri"])
     experiment: str = field("pipelines-train", help=trk.HELP["experiment"])
@@ -164,7 +165,7 @@ class TrainConfig:
                               "checkpoints")
         if self.resume and self.overwrite:
             raise Refused("--resume continues the run in --output, --overwrite replaces it: give one of them")
-        from pipelines.training.data.dataset import check_reader
+        from pipelines.training.data import check_reader
 
         self.reader = check_reader(self.reader)
         if self.shuffle_buffer < 1:

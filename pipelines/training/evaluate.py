@@ -164,7 +164,7 @@ def exact_validation(inputs, data):
     exact evaluation of the whole validation split: every rank evaluates its one-pass shard
     (``inputs.evaluate_shard``, each row once, its count checked), the sums are added over ranks
     (:func:`allreduce_totals`) and the total checked against the manifest
-    (:func:`pipelines.training.data.dataset.verify_total`). Early stopping, the best weights, the
+    (:func:`pipelines.training.data.onepass.verify_total`). Early stopping, the best weights, the
     checkpoints' records, fine-tuning's start and ``curves.png`` all read it; the test split is never
     read here (only once, after training: :func:`pipelines.training.train.evaluate`). It also logs
     ``val_seconds``. Every rank must run it (it is collective); ``fit`` then needs no
@@ -178,7 +178,7 @@ def exact_validation(inputs, data):
     import tensorflow as tf
 
     from pipelines.contract import VALIDATION
-    from pipelines.training.data.dataset import verify_total
+    from pipelines.training.data import verify_total
 
     class ExactValidation(tf.keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):

@@ -2,7 +2,7 @@
 
 * :class:`ImageInputs` - the article's path: the whole model (frozen backbone + head) on images,
   read by looping readers (Petastorm's or ours, ``--reader``) for ``fit`` and by
-  :class:`~pipelines.training.data.dataset.OnePassShard` for the exact evaluation (each epoch's and the end's).
+  :class:`~pipelines.training.data.onepass.OnePassShard` for the exact evaluation (each epoch's and the end's).
 * :class:`FeatureInputs` - the feature cache: the backbone's pooled features computed once per
   rank shard (:mod:`pipelines.training.data.features`), and only the head trained on them.
 
@@ -33,7 +33,7 @@ from typing import Iterator, Optional, Tuple
 from pipelines.contract import EVALUATED, SPLITS
 from pipelines.logs import plural
 from pipelines.training.config import TrainConfig
-from pipelines.training.data.dataset import Dataset, OnePassShard, check_reader, make_dataset, open_reader, verify_total
+from pipelines.training.data import Dataset, OnePassShard, check_reader, make_dataset, open_reader, verify_total
 from pipelines.training.model.build import backbone_of, feature_extractor, model_input
 
 log = logging.getLogger("pipelines")
@@ -55,7 +55,7 @@ class ImageInputs:
     def exact_positions(self) -> bool:
         """Whether :meth:`train_dataset_at` (and ``fit_datasets``' ``start_row``) opens the train
         stream exactly at a row: with our reader, not Petastorm's (``--reader``,
-        :func:`~pipelines.training.data.dataset.exact_positions`).
+        :func:`~pipelines.training.data.readers.exact_positions`).
 
         Raises:
             pipelines.errors.Refused: ``--reader`` is unknown or cannot run here (:func:`check_reader`).
@@ -69,7 +69,7 @@ class ImageInputs:
 
     def _dataset_over(self, reader, split: str, start_row: int):
         """The dataset of ``split`` over ``reader`` from stream row ``start_row`` (over Petastorm's
-        reader not honoured, :func:`~pipelines.training.data.dataset.make_dataset`: the caller says so, as
+        reader not honoured, :func:`~pipelines.training.data.tfdata.make_dataset`: the caller says so, as
         ``train.py`` does when it resumes where :attr:`exact_positions` is False)."""
         c, training = self.config, split == "train"
         return make_dataset(reader, self.data.image_size, c.batch_size, c.shuffle_buffer if training else 0,
@@ -79,7 +79,7 @@ class ImageInputs:
     def reader_dataset(self, split: str, cache_root: str, start_row: int = 0) -> Iterator[object]:
         """A looping dataset of ``split`` over a reader (``--reader``) that lives until the block ends;
         the training split is shuffled (and augmented with ``--augment``); over our reader it starts
-        at stream row ``start_row`` (:func:`~pipelines.training.data.dataset.make_dataset`)."""
+        at stream row ``start_row`` (:func:`~pipelines.training.data.tfdata.make_dataset`)."""
         with self._open(split, cache_root) as reader:
             yield self._dataset_over(reader, split, start_row)
 

@@ -2,7 +2,7 @@
 relaunch after a lost rank), loaded on rank 0 and sent to every rank by broadcast; for the
 fine-tuning phase too (:func:`phase1_best`, :func:`phase2_resume`).
 
-``rank`` below is the job's :class:`pipelines.training.train.Rank` (this module is imported by the
+``rank`` below is the job's :class:`pipelines.training.rank.Rank` (this module is imported by the
 job, never the other way round).
 """
 from __future__ import annotations

@@ -15,189 +15,21 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, Optional
 
 from pipelines.config import to_dict
 from pipelines.contract import HISTORY, TENSORBOARD, TEST, VALIDATION
-from pipelines.launch.rankenv import RankEnvironment, read_rank_environment
 from pipelines.logs import plural
 from pipelines.redact import redact
-from pipelines.storage import is_local, resolve
+from pipelines.storage import is_local
 from pipelines.training import preemption
 from pipelines.training.config import TrainConfig
-from pipelines.training.resume import Resume, phase1_best, phase2_resume, restore
+from pipelines.training.plan import RunPlan, hold_data, plan_run
+from pipelines.training.rank import Rank, setup_rank
 from pipelines.training.records.report import build_report, save_outputs
+from pipelines.training.resume import Resume, phase1_best, phase2_resume, restore
 
 log = logging.getLogger("pipelines")
-
-
-@dataclass(frozen=True)
-class Rank:
-    """This process in the Horovod world: global ``rank`` of ``size``, ``local_rank`` of
-    ``local_size`` on its host, TensorFlow intra-op ``threads``, the ``cores`` it is bound to, and
-    what its launcher ``handed`` it (attempts, assigned GPUs, the tests' fault hook)."""
-
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    threads: int
-    cores: Optional[List[int]] = None
-    precision: str = "float32"  # Keras' global dtype policy: float32, or mixed_float16 (--mixed-precision on a GPU)
-    handed: RankEnvironment = field(default_factory=RankEnvironment)
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """What every rank computes identically before training: data, steps, learning rate."""
-
-    data: object  # pipelines.training.data.dataset.Dataset
-    steps: object  # pipelines.training.schedule.Steps
-    lr: float
-    image_size: int  # of the model's input: TrainConfig.model_size(the stored size)
-    outputs: object = None  # rank 0: pipelines.training.records.mirror.Outputs (where it writes); None elsewhere
-    claim: object = None  # rank 0: pipelines.training.records.ownership.Claim (this run, the checkpoint it continues)
-
-    @property
-    def output_dir(self) -> str:
-        """Rank 0's local output folder: ``--output``, or the one mirrored to a URI ``--output``."""
-        return self.outputs.local if self.outputs else None
-
-
-def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
-    """Start this rank: read what its launcher handed it (:func:`pipelines.launch.rankenv.read_rank_environment`,
-    the one read of those variables), bind cores (before any thread starts: threads inherit the
-    binding), ``hvd.init()``, logging (rank 0 at INFO, others at WARNING; third-party noise as
-    ``config.verbose`` says), device placement, TensorFlow threads. Used by the job and by the
-    scaling benchmark, so both train on the same set-up."""
-    from pipelines.quiet import quiet_by_default, quiet_libraries
-
-    # before TensorFlow loads here: a barrier task's rank inherits its executor's environment, not
-    # the driver's set-up, so the rank sets its own noise from its config
-    quiet_by_default(config.verbose)
-    import horovod.tensorflow.keras as hvd
-    import tensorflow as tf
-    from pipelines.kerasapi import keras
-
-    from pipelines.logs import setup_logging
-    from pipelines.training.devices import apply_device, bind_to_cores, local_topology
-    from pipelines.training.devices import precision_policy, threads_per_rank
-
-    handed = read_rank_environment()
-    cores = None
-    if config.bind_cores:
-        cores = bind_to_cores(threads_per_rank(config.threads, local_topology()[1]), announce=False)
-    quiet_libraries(config.verbose)
-    if handed.fault:  # the tests' hook: a rank that starts late
-        from pipelines.training.faults import start_late
-
-        start_late(handed.fault, int(os.environ.get("HOROVOD_RANK", "0")))
-    hvd.init()
-    setup_logging(job, rank=hvd.rank(), level=logging.INFO if hvd.rank() == 0 else logging.WARNING)
-    if cores and hvd.rank() == 0:
-        log.info("each rank bound to %s of its own (rank 0: %s)", plural(len(cores), "core"), cores)
-    device = apply_device(hvd.local_rank(), hvd.local_size(), handed.assigned_gpus, announce=hvd.rank() == 0)
-    policy, why_not = precision_policy(config.mixed_precision, device.kind)
-    if policy != "float32":
-        keras.mixed_precision.set_global_policy(policy)
-    if why_not and hvd.rank() == 0:
-        log.info("%s", why_not)
-    rank = Rank(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
-                threads_per_rank(config.threads, hvd.local_size()), cores, policy, handed)
-    tf.config.threading.set_intra_op_parallelism_threads(rank.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
-    return rank
-
-
-def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> RunPlan:
-    """Dataset from the manifest, steps and scaled learning rate; refusals happen here, the same
-    on every rank (:class:`~pipelines.training.data.dataset.DataError`, ``ValueError``, a ``--data`` or
-    ``--output`` whose store cannot be used, an output of another run:
-    :class:`~pipelines.training.records.ownership.RunRefused`). Rank 0 opens its output folder and claims it for
-    this run (``run_id``: the launching driver's, the same in every relaunch; ``None``: a new one,
-    or the resumed run's), with ``--overwrite`` deleting what the earlier run recorded, with
-    ``--resume`` on a URI output downloading the checkpoint it continues."""
-    from pipelines.training.data.dataset import load_dataset
-    from pipelines.training.records.mirror import check_output, open_outputs
-    from pipelines.training.schedule import plan_steps, scaled_lr
-
-    data = load_dataset(config.data, rank.size, config.storage_options)
-    check_output(config.output, config.storage_options)
-    outputs = open_outputs(config.output, config.storage_options) if rank.rank == 0 else None
-    claim = _claim_output(config, rank, outputs, run_id)
-    plan = RunPlan(data, plan_steps(data.train_rows, data.validation_rows, config.batch_size, rank.size),
-                   scaled_lr(config.base_lr, rank.size), config.model_size(data.image_size), outputs, claim)
-    if rank.rank == 0:
-        s = plan.steps
-        log.info("world size %d, %s per rank; batch %d per rank, global batch %d; %s per epoch, %s; "
-                 "lr %g = %g x %d; training run %s", rank.size, plural(rank.threads, "thread"), config.batch_size,
-                 s.global_batch, plural(s.steps_per_epoch, "step"), plural(s.validation_steps, "validation step"),
-                 plan.lr, config.base_lr, rank.size, claim.run.run_id)
-        outputs.adopt(claim, config.data)
-    return plan
-
-
-@contextlib.contextmanager
-def hold_data(rank: Rank, plan: RunPlan) -> Iterator[None]:
-    """Rank 0 holds a reader lease on the ETL run ``plan.data`` reads (:func:`pipelines.leases.hold`,
-    named by this training run's id) for the block, so that an ETL rerun committing meanwhile keeps
-    that run's files; the block starts before any rank reads a part. Every rank checks that it
-    loaded the manifest of the run rank 0 leased. A format-1 output (no run id) is not leased, nor
-    one rank 0 cannot write to (said as a warning: training reads, the lease is its only write).
-
-    Raises:
-        pipelines.leases.InputReplaced: on every rank, when the ETL committed another run between a
-            rank's read of the manifest and the lease.
-    """
-    import horovod.tensorflow as hvd_tf
-
-    from pipelines import leases
-
-    lease, error = None, None
-    if rank.rank == 0 and plan.data.run_id is not None:
-        try:
-            lease = leases.hold(plan.data.location, plan.data.run_id, plan.claim.run.run_id)
-        except leases.InputReplaced as exc:
-            error = str(exc)
-        except OSError as exc:  # read-only data: training still runs, unprotected from an ETL rerun
-            log.warning("could not lease ETL run %s of %s (%s): an ETL rerun committing meanwhile may delete "
-                        "its files under this run", plan.data.run_id, plan.data.root, exc)
-    seen = sorted(set(map(str, hvd_tf.allgather_object(plan.data.run_id, name="data_run_ids"))))
-    error = hvd_tf.broadcast_object(error, root_rank=0, name="lease_error")
-    if not error and len(seen) > 1:
-        error = f"the ranks read manifests of different ETL runs ({', '.join(seen)}): {plan.data.root} was " \
-                "committed anew while this run started; start it again"
-    try:
-        if error:
-            raise leases.InputReplaced(error)
-        yield
-    finally:
-        if lease is not None:
-            lease.stop()
-
-
-def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str]):
-    """Rank 0's :func:`pipelines.training.records.ownership.claim` of its output, its refusal raised on every rank
-    alike. Returns the :class:`~pipelines.training.records.ownership.Claim` on rank 0, ``None`` elsewhere."""
-    import horovod.tensorflow as hvd_tf
-
-    from pipelines.training.records import ownership as runs
-
-    claim, error = None, None
-    if rank.rank == 0:
-        target = outputs.remote or resolve(outputs.local)
-        try:
-            claim = runs.claim(target, runs.identify(config, rank.size, run_id), config.resume,
-                               rank.handed.relaunched, config.overwrite)
-        except runs.RunRefused as exc:
-            error = str(exc)
-        for warning in claim.warnings if claim else ():
-            log.warning("%s", warning)
-    error = hvd_tf.broadcast_object(error, root_rank=0, name="output_claim")
-    if error:
-        raise runs.RunRefused(error)
-    return claim
 
 
 @contextlib.contextmanager
@@ -324,7 +156,7 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
 
     Returns the seconds spent in ``fit``.
     """
-    from pipelines.training.data.dataset import default_cache_root
+    from pipelines.training.data import default_cache_root
     from pipelines.training.evaluate import with_exact_validation
     from pipelines.training.schedule import fit_segments
     from pipelines.training.segment import in_segment
@@ -368,9 +200,9 @@ def evaluate(inputs, plan: RunPlan, split: str = TEST):
         :class:`pipelines.training.evaluate.Totals`, the same on every rank.
 
     Raises:
-        pipelines.training.data.dataset.ShardCountError: a count differs from the metadata or manifest.
+        pipelines.training.data.errors.ShardCountError: a count differs from the metadata or manifest.
     """
-    from pipelines.training.data.dataset import verify_total
+    from pipelines.training.data import verify_total
     from pipelines.training.evaluate import allreduce_totals
 
     totals = allreduce_totals(inputs.evaluate_shard(inputs.model, split))
@@ -389,7 +221,7 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     followed by the fine-tuning phase (:func:`fine_tune`).
 
     Raises:
-        pipelines.training.data.dataset.DataError: the dataset cannot feed this run.
+        pipelines.training.data.errors.DataError: the dataset cannot feed this run.
         ValueError: a batch size the data cannot fill.
     """
     from pipelines.training.model.checkpoints import frozen_checksum
@@ -442,7 +274,8 @@ def head_phase(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: R
 def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Resume, frozen_sha256: str, tracker):
     """Phase 2 on every rank: from phase 1's best weights (or, resuming in phase 2, from its newest
     checkpoint), the top ``config.fine_tune_blocks`` blocks unfrozen, recompiled with
-    :func:`~pipelines.training.model.finetune.phase2_lr`, trained on images with the job's callbacks and evaluated exactly.
+    :func:`~pipelines.training.model.finetune.phase2_lr`, trained on images with the job's callbacks and
+    evaluated exactly.
 
     Returns the phase's :class:`~pipelines.training.model.finetune.Phase`, with ``report`` for
     ``metrics.json``'s ``fine_tune`` (the recipe and its arithmetic: :mod:`pipelines.training.model.finetune`).

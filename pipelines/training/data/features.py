@@ -2,7 +2,7 @@
 
 With a frozen backbone called with ``training=False`` and no per-epoch augmentation, the
 backbone's output for an image never changes, yet the article's training recomputes it for every
-image in every epoch. Here each rank computes the features of its Petastorm shard of each split
+image in every epoch. Here each rank computes the features of its shard of each split
 once, writes them as Parquet under ``DATA/features/<key>/<split>/part-rank<r>.parquet`` (``key``
 depends on the model, :func:`model_key`: the weights, the image size, the backbone, its compute
 dtype and the model's input; and on the data, :func:`pipelines.contract.data_identity`: the ETL
@@ -11,7 +11,8 @@ run id and its parts' footers; :func:`feature_key`), and training fits only the 
 them; other weights, another size or another ETL run of the same output (a rerun, even of the same
 counts) get another key. The set's marker records both halves, so a run that finds only sets of
 its model computed from other data says why it recomputes (:func:`stale_sets`), and deletes those
-whose ETL run is gone (:func:`prune`): no training can read them any more.
+whose ETL run is gone (:func:`prune`): no training can read them any more. (The head trained on
+them is the model's: :func:`pipelines.training.model.build.build_head`.)
 
 ``DATA`` may be a URI: the set is written and read through :mod:`pipelines.storage` (each rank's
 file in one write, whole or not at all), its completion marker last.
@@ -60,11 +61,6 @@ def feature_key(model: str, data) -> str:
     from (a :class:`pipelines.contract.DataIdentity`), hashed to 16 hex digits. (Sets computed
     before the data was in the key were keyed by the model alone: :func:`stale_sets` finds them.)"""
     return hashlib.sha256(f"{model}:data-{data.sha256}".encode()).hexdigest()[:16]
-
-
-def input_tag(dtype: str, stored_size: int) -> str:
-    """What a model takes, as :func:`feature_key` keys it: its input's dtype and side (``uint8-299``)."""
-    return f"{dtype}-{stored_size}"
 
 
 def _location(directory):
@@ -202,20 +198,6 @@ def say_why(data_root, model: str, key: str, data, directory,
     change = f"its parts of ETL run {before} changed" if before == data.run_id else f"ETL run {before} -> {data.run_id}"
     log.info("feature cache: the data changed since %s was computed (%s): recomputing into %s",
              folder.uri, change, directory)
-
-
-def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int):
-    """The trainable part alone: ``Input(feature_dim) -> Dropout -> Dense(num_classes, softmax)``
-    (2048 features for Xception), with the same layer names as in
-    :func:`pipelines.training.model.build.build_model` so weights carry over."""
-    from pipelines.kerasapi import keras
-    from pipelines.training.model.checkpoints import resumable_dropout
-
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input((feature_dim,), name="features")
-    x = resumable_dropout(dropout, seed)(inputs)
-    outputs = keras.layers.Dense(num_classes, activation="softmax", name="head", dtype="float32")(x)
-    return keras.Model(inputs, outputs, name="head_on_features")
 
 
 def feature_dataset(features: np.ndarray, labels: np.ndarray, batch_size: int, shuffle: bool, seed: int,

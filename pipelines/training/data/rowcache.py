@@ -287,7 +287,7 @@ def say_full_once(folder: str, exc: OSError) -> None:
 class RowGroupFiles:
     """The flat files of one reader's row groups in its own ``folder`` (:func:`rank_cache_folder`),
     at most ``limit_bytes`` in all (row groups beyond it are not cached: a rank's shard is sized
-    to fit, :func:`pipelines.training.data.dataset.cache_size_bytes`). Thread-safe.
+    to fit, :func:`pipelines.training.data.readers.cache_size_bytes`). Thread-safe.
 
     A file is written under a temporary name and renamed, so a reader sees whole files only; a
     full disk (``ENOSPC``, ``EDQUOT``) ends caching for this folder, said once.

@@ -26,7 +26,7 @@ writes there, and in every checkpoint marker.
 
 Pure logic on :class:`pipelines.storage.Location` listings: the launching driver refuses before any
 rank starts (:func:`check_output_claim`, exit 2), and rank 0 decides again in
-:func:`pipelines.training.train.plan_run` (every rank then refuses alike).
+:func:`pipelines.training.plan.plan_run` (every rank then refuses alike).
 """
 from __future__ import annotations
 
@@ -301,7 +301,7 @@ def check_output_claim(config, world_size: int, relaunch: bool = False, run_id: 
     """The launching driver's check before any rank (and rank 0's under ``horovodrun``): the run
     ``config`` would be on ``world_size`` ranks, once :func:`claim` accepted ``--output`` for it;
     deletes nothing, and leaves :attr:`Claim.warnings` to rank 0 (said once, in
-    :func:`pipelines.training.train.plan_run`).
+    :func:`pipelines.training.plan.plan_run`).
 
     Raises:
         RunRefused: as :func:`claim` (exit 2).

@@ -2,8 +2,8 @@
 gathered on every rank), the exported model and its contract, the pictures, and the same to the
 MLflow run (:func:`save_outputs`, :func:`track_outputs`).
 
-``rank`` and ``plan`` below are the job's :class:`pipelines.training.train.Rank` and
-:class:`~pipelines.training.train.RunPlan` (this module is imported by the job, never the other
+``rank`` and ``plan`` below are the job's :class:`pipelines.training.rank.Rank` and
+:class:`~pipelines.training.plan.RunPlan` (this module is imported by the job, never the other
 way round).
 """
 from __future__ import annotations
@@ -101,7 +101,7 @@ def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tr
     """
     from pipelines.atomic import PUBLIC, write_json
     from pipelines.contract import MODEL_FILE
-    from pipelines.training.model.build import export_model
+    from pipelines.training.model.export import export_model
 
     class_names, directory = data.class_names, directory or config.output
     exported = export_model(model, os.path.join(directory, MODEL_FILE), data.image_size, class_names)
@@ -183,7 +183,7 @@ def save_pictures(output: str, report: Dict, exported, data) -> Dict[str, str]:
     confusions (:data:`pipelines.report.PICTURES` names the files), and a contact
     sheet of the first :data:`CONTACT_SHEET_IMAGES` test images (the split's files in order; rank 0's
     shard alone may hold fewer), predicted by the exported model itself (``exported``, as
-    :func:`~pipelines.training.model.build.export_model` returns it) on the stored uint8 images.
+    :func:`~pipelines.training.model.export.export_model` returns it) on the stored uint8 images.
     Returns ``{name: path}``."""
     from pipelines import report as pictures
 
@@ -206,7 +206,7 @@ def first_test_rows(data, count: int):
     uint8 (n, S, S, 3), labels int32 (n,))``, read with pyarrow, stopping once there are enough."""
     import numpy as np
 
-    from pipelines.training.data.dataset import OnePassShard
+    from pipelines.training.data import OnePassShard
 
     images, labels = [], []
     for batch_images, batch_labels in OnePassShard(data, "test", 0, 1).batches():  # the whole split, in order

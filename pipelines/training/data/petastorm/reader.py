@@ -2,11 +2,12 @@
 
 The only module that imports Petastorm or diskcache (its cache's store): the current stack,
 whose pyarrow Petastorm 0.13.1 cannot import, never loads it (whether it can is
-:func:`pipelines.training.data.dataset.petastorm_available`). :func:`open_petastorm_reader` is what
-:func:`pipelines.training.data.dataset.open_reader` opens for ``--reader petastorm``.
+:func:`pipelines.training.data.petastorm.petastorm_available`). :func:`open_petastorm_reader` is
+what :func:`pipelines.training.data.readers.open_reader` opens for ``--reader petastorm``
+(through :func:`pipelines.training.data.petastorm.open_shard`).
 
-Its train stream is not positioned (:func:`pipelines.training.data.dataset.exact_positions` is False): the
-thread pool hands row groups over in the order they finish, and the reader cannot be started at
+Its train stream is not positioned (:func:`pipelines.training.data.readers.exact_positions` is
+False): the thread pool hands row groups over in the order they finish, and the reader cannot be started at
 a row group, so training over it keeps ``tf.data``'s shuffle buffer and stateful flips, and a run
 resumed mid-epoch starts its stream afresh (the batches differ from an uninterrupted run's).
 
@@ -113,7 +114,7 @@ def open_petastorm_reader(urls, filesystem, rank: int, world_size: int, cache_fo
     """A looping Petastorm batch reader of rank ``rank``'s row groups of ``urls`` (file:// URLs;
     Petastorm's ``cur_shard``/``shard_count``, the rule of :func:`pipelines.training.data.sharding.shard`;
     ``filesystem`` a legacy filesystem for a URI root, or None), with a local-disk cache of
-    flat files in ``cache_folder`` (None: no cache; :func:`pipelines.training.data.dataset.open_reader`).
+    flat files in ``cache_folder`` (None: no cache; :func:`pipelines.training.data.readers.open_reader`).
 
     Yields the reader, stopped and joined on exit (which deletes ``cache_folder``).
     """
