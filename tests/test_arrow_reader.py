@@ -122,13 +122,28 @@ def test_an_image_of_another_size_is_refused(tmp_path):
 
 
 def test_the_reader_setting_and_its_default():
-    assert default_reader() == ("petastorm" if petastorm_available() else "own")
+    """The default is the stack table's (pipelines/stack.py), and it is the reader that runs here:
+    Petastorm's where it can, ours elsewhere."""
+    from pipelines import stack
+
+    assert default_reader() == stack.active().reader == ("petastorm" if petastorm_available() else "own")
     assert check_reader("") == default_reader() and check_reader("own") == "own"
     with pytest.raises(ValueError, match="--reader fast: choose one of petastorm, own"):
         check_reader("fast")
     if not petastorm_available():
         with pytest.raises(ValueError, match="--reader petastorm: Petastorm 0.13.1 does not run here"):
             check_reader("petastorm")
+
+
+def test_no_default_reader_where_the_tensorflow_is_on_no_stack(monkeypatch):
+    """A TensorFlow of no stack has no default reader: a refusal naming the readers, not a guess."""
+    from pipelines import stack
+
+    monkeypatch.setattr(stack, "installed_tensorflow", lambda: "2.99.0")
+    with pytest.raises(ValueError, match=r"--reader: no default here \(TensorFlow 2.99.0 is on no stack .*\): "
+                                         r"give --reader petastorm or own"):
+        check_reader("")
+    assert check_reader("own") == "own"
 
 
 def test_the_own_reader_never_imports_petastorm(data, tmp_path):

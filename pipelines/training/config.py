@@ -83,7 +83,8 @@ class TrainConfig:
     reader_workers: int = field(2, help="reader threads per rank")
     reader: str = field("",
                         help="how ranks read their shard: petastorm, or own (pyarrow: where Petastorm cannot run); "
-                             "default: petastorm where it runs with the installed pyarrow, else own")
+                             "default: the installed stack's (petastorm on the mission stack, own on the current "
+                             "one: pipelines/stack.py)")
     bind_cores: bool = field(False, help="bind each rank and its threads to --threads cores of its own (CPU "
                                          "training on a host the ranks fill: local ranks x threads <= cores)")
     tensorboard: bool = field(True, help="write TensorBoard logs on rank 0")

@@ -22,11 +22,11 @@ from typing import Callable, Iterator, NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from pipelines import stack
 from pipelines.errors import Refused
 from pipelines.training.data import arrow_reader, petastorm
 from pipelines.training.data.dataset import Dataset
 from pipelines.training.data.errors import DataError
-from pipelines.training.data.petastorm import petastorm_available
 from pipelines.training.data.rowcache import rank_cache_folder
 
 
@@ -48,10 +48,19 @@ READERS = {
 
 
 def default_reader() -> str:
-    """The reader a run uses unless ``--reader`` says: ``petastorm`` where Petastorm 0.13.1 can run
-    with the installed pyarrow (the mission stack), else ``own`` (the current stack). Decided
-    without importing Petastorm."""
-    return "petastorm" if petastorm_available() else "own"
+    """The reader a run uses unless ``--reader`` says: the installed stack's, as the stack table says
+    (:attr:`pipelines.stack.Stack.reader`: ``petastorm`` on the mission stack, ``own`` on the current
+    one), the stack known from the installed TensorFlow's version (package metadata: neither
+    TensorFlow nor Petastorm is imported).
+
+    Raises:
+        pipelines.errors.Refused: the installed TensorFlow is on no stack (naming the stacks' and
+            the readers to choose from).
+    """
+    try:
+        return stack.active().reader
+    except stack.UnknownStack as exc:
+        raise Refused(f"--reader: no default here ({exc}): give --reader {' or '.join(READERS)}") from None
 
 
 def check_reader(reader: str) -> str:
