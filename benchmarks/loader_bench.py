@@ -95,7 +95,7 @@ def epochs(data, cache, config, labels, results, batches, reader, float32: bool 
 
     with open_reader(data, "train", 0, 1, cache, workers=config.reader_workers, reader=reader) as opened:
         # One iterator across both epochs, as Keras fit keeps it: epoch 2 reads from the cache.
-        it = iter(host_float32(make_dataset(opened, data.image_size, config.batch_size,
+        it = iter(host_float32(make_dataset(opened, data.stored_size, config.batch_size,
                                             shuffle_buffer=config.shuffle_buffer), float32))
         for label in labels:
             start = time.perf_counter()
@@ -116,7 +116,7 @@ def reader_only(data, cache, results, reader, labels) -> None:
     with open_reader(data, "train", 0, 1, cache, reader=reader) as opened:
         for label in labels:
             start, rows = time.perf_counter(), 0
-            for images, _labels in row_groups_of((next(opened) for _ in range(groups)), data.image_size):
+            for images, _labels in row_groups_of((next(opened) for _ in range(groups)), data.stored_size):
                 rows += len(images.copy())
             results[label] = rows / (time.perf_counter() - start)
 
@@ -133,7 +133,7 @@ def ceiling(data, config, batches, float32: bool = False) -> float:
 
     table = pa.concat_tables([pq.read_table(part.path, columns=["image", "label"]) for part in data.parts("train")])
     images = np.frombuffer(b"".join(table.column("image").to_pylist()), np.uint8).reshape(
-        -1, data.image_size, data.image_size, 3)
+        -1, data.stored_size, data.stored_size, 3)
     labels = np.asarray(table.column("label").to_pylist(), np.int32)
     memory = host_float32(batched(tf.data.Dataset.from_tensor_slices((images, labels)), config.batch_size,
                                   shuffle_buffer=config.shuffle_buffer), float32)

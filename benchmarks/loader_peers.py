@@ -69,7 +69,7 @@ def plain_batches(data, split: str, rank: int, world_size: int) -> Iterator[Tupl
     """One pass over rank ``rank``'s shard as the plain route reads it: per record batch
     ``(images uint8 (n, s, s, 3), labels int32 (n,))``, the binary column's images joined once
     (``b"".join`` of its Python ``bytes``, the idiom a user reaches for)."""
-    s = data.image_size
+    s = data.stored_size
     for fragment in shard_fragments(data, split, rank, world_size):
         for batch in fragment.to_batches(columns=["image", "label"]):
             images = np.frombuffer(b"".join(batch.column("image").to_pylist()), np.uint8).reshape(-1, s, s, 3)
@@ -85,7 +85,7 @@ def plain_dataset(data, config, rank: int = 0, world_size: int = 1):
 
     from pipelines.training.data import batched
 
-    s = data.image_size
+    s = data.stored_size
     ds = tf.data.Dataset.from_generator(lambda: plain_batches(data, "train", rank, world_size), output_signature=(
         tf.TensorSpec((None, s, s, 3), tf.uint8), tf.TensorSpec((None,), tf.int32)))
     return batched(ds.unbatch(), config.batch_size, shuffle_buffer=config.shuffle_buffer)
@@ -129,7 +129,7 @@ def ray_dataset(data, config, cached: bool, rank: int = 0, world_size: int = 1):
 
     from pipelines.training.data import to_device
 
-    s = data.image_size
+    s = data.stored_size
 
     def decode(batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         # a nested function: Ray pickles it by value (this module is not on its workers' path)

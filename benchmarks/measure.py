@@ -212,7 +212,7 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     rank, size = this.rank, this.size
     log = logging.getLogger("pipelines")
     dataset = load_dataset(config.data, size, config.storage_options)
-    size_px = config.model_size(dataset.image_size)
+    size_px = config.input_size(dataset.stored_size)
 
     results = []
     variants = [(b, fp16) for b in batch_sizes for fp16 in (fp16_variants or [config.fp16_allreduce])]
@@ -221,7 +221,7 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
             name = f"np{size}-b{batch_size}{'-fp16' if fp16 else ''}"
             keras.backend.clear_session()
             model = build_model(dataset.num_classes, size_px, config.dropout, config.weights, seed=seed,
-                                backbone=config.backbone, stored_size=dataset.image_size)
+                                backbone=config.backbone, stored_size=dataset.stored_size)
             unfreeze(model, config.backbone, config.fine_tune_blocks)
             compile_distributed(model, scaled_lr(config.base_lr, size), fp16, config.xla_on)
             timeline = os.path.join(timeline_dir, f"{name}.json") if timeline_dir else None

@@ -66,10 +66,10 @@ def train(config, warmup_steps: int, steps: int) -> dict:
     workers = strategy.num_replicas_in_sync  # one CPU replica per worker
     index = strategy.cluster_resolver.task_id if workers > 1 else 0
     dataset = load_dataset(config.data, workers, config.storage_options)
-    size_px = config.model_size(dataset.image_size)
+    size_px = config.input_size(dataset.stored_size)
     with strategy.scope():
         model = build_model(dataset.num_classes, size_px, config.dropout, config.weights, seed=config.seed,
-                            backbone=config.backbone, stored_size=dataset.image_size)
+                            backbone=config.backbone, stored_size=dataset.stored_size)
         unfreeze(model, config.backbone, config.fine_tune_blocks)
         model.compile(optimizer=keras.optimizers.Nadam(learning_rate=scaled_lr(config.base_lr, workers)),
                       loss="sparse_categorical_crossentropy",

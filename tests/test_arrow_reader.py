@@ -177,7 +177,7 @@ def test_each_reader_reads_a_bucket_rank_by_rank_as_the_local_rule(data, s3_buck
         with open_reader(remote, "train", rank, 2, str(tmp_path / "cache"), reader=reader) as opened:
             got = []
             while len(got) < len(expected):
-                (images, _), = row_groups_of([next(opened)], data.image_size)
+                (images, _), = row_groups_of([next(opened)], data.stored_size)
                 got += [hashlib.sha1(image.tobytes()).hexdigest() for image in images]
         if reader == "own":
             assert sorted(got) == expected

@@ -81,7 +81,7 @@ def test_few_classes_keep_every_count_and_the_top_confusions_are_the_largest_off
 class _Data:
     """What save_outputs reads of a dataset."""
     class_names = ["cats", "dogs", "owls"]
-    image_size = 32
+    stored_size = 32
 
 
 def tiny(num_classes=3, size=32):

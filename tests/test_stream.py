@@ -227,7 +227,7 @@ def inputs_of(data, tmp_path, reader="own", **options):
 
     config = TrainConfig(data=data.root, output=str(tmp_path / "out"), batch_size=2, shuffle_buffer=5, seed=3,
                          reader=reader, reader_workers=2, augment=True, **options)
-    return ImageInputs(config, data, 0, 1, None, data.image_size)
+    return ImageInputs(config, data, 0, 1, None, data.stored_size)
 
 
 def take(dataset, batches):

@@ -52,6 +52,7 @@ class TrainConfig:
     base_lr: float = field(0.001, help="learning rate of one rank; scaled by the world size")
     warmup_epochs: float = field(0.0, help="epochs of linear warmup from base_lr to base_lr x world size")
     dropout: float = field(0.5, help="dropout rate before the softmax head")
+    # the model's input side (input_size), named as its flag --image-size; the stored side is the data's
     image_size: int = field(0, help="side of the model's input in pixels; 0 = the ETL's size "
                                     "(a smaller size resizes on the fly)")
     weights: str = field("imagenet", help="backbone weights: imagenet (Keras download), none (random), "
@@ -136,8 +137,9 @@ class TrainConfig:
         """Whether ``--xla on``: the model's pass compiled by XLA."""
         return self.xla == "on"
 
-    def model_size(self, stored_size: int) -> int:
-        """Side of the model's input in pixels: ``--image-size``, or the stored images' size."""
+    def input_size(self, stored_size: int) -> int:
+        """Side of the model's input in pixels (``input_size``): ``--image-size``, or ``stored_size``,
+        the side of the ETL's stored images."""
         return self.image_size or stored_size
 
     def __post_init__(self) -> None:

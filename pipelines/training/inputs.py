@@ -44,10 +44,10 @@ class ImageInputs:
 
     name = "images"
 
-    def __init__(self, config: TrainConfig, data: Dataset, rank: int, size: int, full_model, image_size: int):
+    def __init__(self, config: TrainConfig, data: Dataset, rank: int, size: int, full_model, input_size: int):
         self.config, self.data, self.rank, self.size = config, data, rank, size
         self.model = self.full_model = full_model
-        self.image_size = image_size
+        self.input_size = input_size
 
     _train_reader = None  # the training reader, inside fit_datasets only
 
@@ -72,7 +72,7 @@ class ImageInputs:
         reader not honoured, :func:`~pipelines.training.data.tfdata.make_dataset`: the caller says so, as
         ``train.py`` does when it resumes where :attr:`exact_positions` is False)."""
         c, training = self.config, split == "train"
-        return make_dataset(reader, self.data.image_size, c.batch_size, c.shuffle_buffer if training else 0,
+        return make_dataset(reader, self.data.stored_size, c.batch_size, c.shuffle_buffer if training else 0,
                             seed=c.seed + self.rank, augment=c.augment and training, start_row=start_row)
 
     @contextlib.contextmanager
@@ -137,11 +137,11 @@ class FeatureInputs:
 
     name = "features"
 
-    def __init__(self, config: TrainConfig, data: Dataset, rank: int, size: int, full_model, image_size: int):
+    def __init__(self, config: TrainConfig, data: Dataset, rank: int, size: int, full_model, input_size: int):
         from pipelines.training.data import features as feat
 
         self.config, self.data, self.rank, self.size = config, data, rank, size
-        self.full_model, self.image_size = full_model, image_size
+        self.full_model, self.input_size = full_model, input_size
         self.features = self._ensure_features()
         self.directory = self.features.uri  # as the report names it
         self.model = feat.build_head(data.num_classes, config.dropout, config.seed,
@@ -159,7 +159,7 @@ class FeatureInputs:
         from pipelines.training.data import features as feat
 
         c, data, rank = self.config, self.data, self.rank
-        model = feat.model_key(c.weights, self.image_size, c.seed, c.backbone,
+        model = feat.model_key(c.weights, self.input_size, c.seed, c.backbone,
                                backbone_of(self.full_model).compute_dtype,  # float16 under mixed precision
                                model_input(self.full_model))
         identity = hvd_tf.broadcast_object(data.identity() if rank == 0 else None, root_rank=0, name="data_identity")
@@ -258,7 +258,7 @@ def _check_evaluated(split: str) -> None:
         raise ValueError(f"only {' and '.join(EVALUATED)} are evaluated, not {split!r}")
 
 
-def make_inputs(config: TrainConfig, data: Dataset, rank: int, size: int, full_model, image_size: int):
+def make_inputs(config: TrainConfig, data: Dataset, rank: int, size: int, full_model, input_size: int):
     """The input path of this run: features when ``--feature-cache`` applies, else images."""
     from pipelines.training.data import features as feat
 
@@ -266,5 +266,5 @@ def make_inputs(config: TrainConfig, data: Dataset, rank: int, size: int, full_m
     if not_applicable and rank == 0:
         log.info("feature cache off: %s; training the whole model on images", not_applicable)
     cls = FeatureInputs if config.feature_cache and not_applicable is None else ImageInputs
-    return cls(config, data, rank, size, full_model, image_size)
+    return cls(config, data, rank, size, full_model, input_size)
 

@@ -32,7 +32,7 @@ class RunPlan:
     data: object  # pipelines.training.data.dataset.Dataset
     steps: object  # pipelines.training.schedule.Steps
     lr: float
-    image_size: int  # of the model's input: TrainConfig.model_size(the stored size)
+    input_size: int  # side of the model's input, px: TrainConfig.input_size(data.stored_size)
     outputs: object = None  # rank 0: pipelines.training.records.mirror.Outputs (where it writes); None elsewhere
     claim: object = None  # rank 0: pipelines.training.records.ownership.Claim (this run, the checkpoint it continues)
 
@@ -55,7 +55,7 @@ def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> R
     outputs = open_outputs(config.output, config.storage_options) if rank.rank == 0 else None
     claim = _claim_output(config, rank, outputs, run_id)
     plan = RunPlan(data, plan_steps(data.train_rows, data.validation_rows, config.batch_size, rank.size),
-                   scaled_lr(config.base_lr, rank.size), config.model_size(data.image_size), outputs, claim)
+                   scaled_lr(config.base_lr, rank.size), config.input_size(data.stored_size), outputs, claim)
     if rank.rank == 0:
         s = plan.steps
         log.info("world size %d, %s per rank; batch %d per rank, global batch %d; %s per epoch, %s; "

@@ -72,8 +72,8 @@ def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
     data = plan.data
     return {**redact(to_dict(config)), "world_size": rank.size, "global_batch_size": plan.steps.global_batch,
             "learning_rate": plan.lr, "steps_per_epoch": plan.steps.steps_per_epoch,
-            "validation_steps": plan.steps.validation_steps, "model_image_size": plan.image_size,
-            "data.manifest_sha256": manifest_sha256(data.root), "data.image_size": data.image_size,
+            "validation_steps": plan.steps.validation_steps, "model_image_size": plan.input_size,
+            "data.manifest_sha256": manifest_sha256(data.root), "data.image_size": data.stored_size,
             "data.train_rows": data.train_rows, "data.validation_rows": data.validation_rows,
             "data.test_rows": data.test_rows, "selected_on": "validation",
             "data.num_classes": data.num_classes}
@@ -233,9 +233,9 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     plan = plan_run(config, rank, run_id)
     # a SIGTERM (a preemption notice) stops every rank at the next step, after rank 0's checkpoint
     with preemption.PreemptionNotice(rank.rank), hold_data(rank, plan):  # hold_data: pipelines/leases.py
-        full_model = build_model(plan.data.num_classes, plan.image_size, config.dropout, config.weights,
-                                 seed=config.seed, backbone=config.backbone, stored_size=plan.data.image_size)
-        inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.image_size)
+        full_model = build_model(plan.data.num_classes, plan.input_size, config.dropout, config.weights,
+                                 seed=config.seed, backbone=config.backbone, stored_size=plan.data.stored_size)
+        inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.input_size)
         compile_distributed(inputs.model, plan.lr, config.fp16_allreduce, config.xla_on)
         frozen_sha256 = frozen_checksum(full_model)
         resume = restore(config, inputs.model, rank, frozen_sha256, plan.output_dir, plan.claim)
@@ -302,7 +302,7 @@ def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Res
     phase_config = dataclasses.replace(config, warmup_epochs=0.0,
                                        epochs=record["epochs"] + config.fine_tune_max_epochs)
     phase_plan = dataclasses.replace(plan, lr=lr)
-    inputs = ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.image_size)
+    inputs = ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.input_size)
     marker = {"phase": 2, "blocks": config.fine_tune_blocks, "phase1": record}
     callbacks, early_stopping, epoch_stats = make_callbacks(phase_config, rank, phase_plan, second, frozen_sha256,
                                                             tracker, marker=marker)

@@ -22,7 +22,7 @@ Petastorm's contract as training uses it, without Petastorm (which cannot run on
   (local, S3, GCS, HDFS, fsspec), each file's footer read once
   (:mod:`pipelines.training.data.rowgroups`).
 
-A row group comes out as :class:`Batch`: ``image`` ``uint8 (rows, s * s * 3)`` and ``label``
+A row group comes out as :class:`Batch`: ``image`` ``uint8 (rows, row_bytes)`` and ``label``
 ``int32 (rows,)``: the flat form :func:`pipelines.training.data.readers.row_groups_of` reshapes.
 """
 from __future__ import annotations

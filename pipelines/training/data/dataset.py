@@ -23,7 +23,7 @@ from pipelines.training.schedule import plan_steps
 class Dataset:
     """An ETL output folder as training sees it: its ``root`` and its :class:`Manifest`.
 
-    Images are uint8 RGB, HWC, ``image_size`` pixels square; the counts are global (all ranks).
+    Images are uint8 RGB, HWC, :attr:`stored_size` pixels square; the counts are global (all ranks).
     """
 
     root: str
@@ -49,7 +49,9 @@ class Dataset:
         return resolve(self.root, self.storage_options)
 
     @property
-    def image_size(self) -> int:
+    def stored_size(self) -> int:
+        """Side of the stored square images in pixels: the ETL's ``--image-size`` (the manifest's
+        ``image_size``), not the model's input side (``TrainConfig.input_size``)."""
         return self.manifest.image_size
 
     @property

@@ -33,10 +33,10 @@ log = logging.getLogger("pipelines")
 COMPLETE = "_COMPLETE.json"
 
 
-def model_key(weights: str, image_size: int, seed: int, backbone: str, compute_dtype: str,
+def model_key(weights: str, input_size: int, seed: int, backbone: str, compute_dtype: str,
               model_input: str) -> str:
     """The model half of a feature set's key: the backbone's weights (file content hash for a path; the
-    seed for random weights), the backbone's input size (``image_size``), the backbone, the dtype it
+    seed for random weights), the backbone's input side (``input_size``), the backbone, the dtype it
     computes in (``float16`` under ``mixed_float16``: other features than float32's) and what the
     model takes (``model_input``, :func:`input_tag`: ``uint8-299``, the
     stored image's dtype and side; the preprocessing inside the model follows from it), hashed to
@@ -53,7 +53,7 @@ def model_key(weights: str, image_size: int, seed: int, backbone: str, compute_d
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
         source = digest.hexdigest()
-    return hashlib.sha256(f"{model}:{source}:{image_size}:{model_input}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{model}:{source}:{input_size}:{model_input}".encode()).hexdigest()[:16]
 
 
 def feature_key(model: str, data) -> str:

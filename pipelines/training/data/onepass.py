@@ -41,9 +41,9 @@ class OnePassShard:
 
         Raises:
             ShardCountError: a row group holds another number of rows than its footer says.
-            DataError: an image that is not ``image_size ** 2 * 3`` bytes (each checked).
+            DataError: an image that is not the manifest's ``row_bytes`` (each checked).
         """
-        s = self.data.image_size
+        s = self.data.stored_size
         for group, start, stop in self.pieces:
             images, labels = read_group(group, self.data.row_bytes)
             yield images[start:stop].reshape(-1, s, s, 3), labels[start:stop]
@@ -54,7 +54,7 @@ class OnePassShard:
         (:func:`~pipelines.training.data.tfdata.batched`)."""
         import tensorflow as tf
 
-        s = self.data.image_size
+        s = self.data.stored_size
         ds = tf.data.Dataset.from_generator(self.batches, output_signature=(
             tf.TensorSpec((None, s, s, 3), tf.uint8), tf.TensorSpec((None,), tf.int32)))
         return batched(ds.unbatch(), batch_size, drop_remainder=False)

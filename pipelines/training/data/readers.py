@@ -22,7 +22,7 @@ from typing import Callable, Iterator, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from pipelines import stack
+from pipelines import contract, stack
 from pipelines.errors import Refused
 from pipelines.training.data import arrow_reader, petastorm
 from pipelines.training.data.dataset import Dataset
@@ -145,15 +145,15 @@ def row_groups_of(reader, stored_size: int) -> Iterator[Tuple[np.ndarray, np.nda
     ``(images uint8 (n, s, s, 3), labels int32 (n,))``.
 
     A row group Petastorm read from Parquet holds an object array of ``bytes``, joined here once
-    into one array; ours, and one from the flat cache, hold them already as ``uint8 (n, s * s *
-    3)`` (over Arrow's buffer or a memory map), only reshaped. None goes through a ``tf.string``
+    into one array; ours, and one from the flat cache, hold them already as ``uint8 (n,
+    row_bytes)`` (over Arrow's buffer or a memory map), only reshaped. None goes through a ``tf.string``
     tensor of each image.
 
     Raises:
-        DataError: an image that is not ``s * s * 3`` bytes as the manifest says (each checked), a
-            missing one, or not one image per label.
+        DataError: an image that is not :func:`pipelines.contract.row_bytes` ``(s)`` bytes as the
+            manifest says (each checked), a missing one, or not one image per label.
     """
-    row_bytes = stored_size * stored_size * 3
+    row_bytes = contract.row_bytes(stored_size)
     for group in reader:
         images = group.image
         if images.dtype == object:  # each image checked: sizes that only add up would shift rows

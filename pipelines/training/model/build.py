@@ -47,23 +47,23 @@ def backbone_spec(name: str) -> Backbone:
     return BACKBONES[name]
 
 
-def check_backbone(name: str, weights: str, image_size: int = 0) -> Backbone:
-    """Refuse a backbone that cannot take these ``weights`` or this input side (``image_size`` px;
+def check_backbone(name: str, weights: str, input_size: int = 0) -> Backbone:
+    """Refuse a backbone that cannot take these ``weights`` or this input side (``input_size`` px;
     0 = not known yet). Raises ``ValueError`` with the reason; returns the :class:`Backbone`."""
     spec = backbone_spec(name)
     if weights != "none" and not spec.pretrained:
         raise Refused(f"backbone {name} has no pretrained weights: use --weights none (got {weights})")
-    if image_size and image_size < spec.min_size:
-        raise Refused(f"backbone {name} takes images of at least {spec.min_size} px, got {image_size} "
+    if input_size and input_size < spec.min_size:
+        raise Refused(f"backbone {name} takes images of at least {spec.min_size} px, got {input_size} "
                       f"(--image-size, or the ETL's size)")
     return spec
 
 
-def _build_backbone(name: str, image_size: int, weights: str):
+def _build_backbone(name: str, input_size: int, weights: str):
     """The backbone as a Keras model ``(N, S, S, 3) float32 in [-1, 1] -> (N, feature_dim)``, pooled."""
     from pipelines.kerasapi import keras
 
-    shape = (image_size, image_size, 3)
+    shape = (input_size, input_size, 3)
     if name == "xception":
         base = keras.applications.Xception(include_top=False, pooling="avg", input_shape=shape,
                                               weights="imagenet" if weights == "imagenet" else None)
@@ -77,13 +77,13 @@ def _build_backbone(name: str, image_size: int, weights: str):
     return keras.Model(image, keras.layers.GlobalAveragePooling2D(name="tiny_pool")(x), name="tiny")
 
 
-def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights: str = "imagenet",
+def build_model(num_classes: int, input_size: int, dropout: float = 0.5, weights: str = "imagenet",
                 seed: int = 0, backbone: str = "xception", stored_size: int = 0):
     """Transfer-learning model on a frozen backbone (:data:`BACKBONES`), taking the ETL's image.
 
     ``Input (stored_size, stored_size, 3) uint8`` (:data:`pipelines.contract.MODEL_INPUT_DTYPE`: the
     stored image as it is) -> :func:`preprocessing` on the model's device, in float32 (``Resizing``
-    to ``image_size`` when it differs, then ``x / 127.5 - 1``) -> the backbone (for ``xception``:
+    to ``input_size`` when it differs, then ``x / 127.5 - 1``) -> the backbone (for ``xception``:
     ``Xception(include_top=False, pooling='avg')``), frozen and called with ``training=False`` (its
     batch-norm statistics stay ImageNet's, also when ``--fine-tune-blocks`` later unfreezes some of
     its layers) -> ``Dropout(dropout)`` -> ``Dense(num_classes, softmax)``, the head computing in
@@ -92,8 +92,8 @@ def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights
     (:func:`export_model`): nothing outside it preprocesses.
 
     Args:
-        image_size: side of the backbone's input, pixels (``--image-size``, or the stored size).
-        stored_size: side of the stored images the model takes, pixels (0 = ``image_size``).
+        input_size: side of the backbone's input, pixels (``--image-size``, or the stored size).
+        stored_size: side of the stored images the model takes, pixels (0 = ``input_size``).
         weights: ``'imagenet'`` (Keras downloads them: needs internet), ``'none'`` (random), or the
             path of a no-top Xception weights file (e.g. from ``python -m pipelines.tools.weights``).
         backbone: a name in :data:`BACKBONES`; the backbone's layer in the model has that name.
@@ -111,23 +111,23 @@ def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights
 
     from pipelines.training.model.checkpoints import resumable_dropout
 
-    check_backbone(backbone, weights, image_size)
+    check_backbone(backbone, weights, input_size)
     if weights not in ("imagenet", "none") and not os.path.isfile(weights):
         raise MissingInput(f"weights file not found: {weights}")
     keras.utils.set_random_seed(seed)
-    base = _build_backbone(backbone, image_size, weights)
+    base = _build_backbone(backbone, input_size, weights)
     base.trainable = False
-    stored = stored_size or image_size
+    stored = stored_size or input_size
     image = keras.Input((stored, stored, 3), dtype=MODEL_INPUT_DTYPE, name=MODEL_INPUT_NAME)
-    features = base(preprocessing(image, stored, image_size), training=False)
+    features = base(preprocessing(image, stored, input_size), training=False)
     x = resumable_dropout(dropout, seed)(features)
     outputs = keras.layers.Dense(num_classes, activation="softmax", name="head", dtype="float32")(x)
     return keras.Model(image, outputs, name=f"{backbone}_transfer")
 
 
-def preprocessing(image, stored_size: int, model_size: int):
+def preprocessing(image, stored_size: int, input_size: int):
     """The model's first layers, on the uint8 image ``(batch, s, s, 3)``: ``Resizing`` to
-    ``model_size`` (bilinear, half-pixel centres) when it differs from ``stored_size``, then
+    ``input_size`` (bilinear, half-pixel centres) when it differs from ``stored_size``, then
     ``Rescaling`` by :data:`pipelines.contract.PREPROCESS_SCALE` and
     :data:`~pipelines.contract.PREPROCESS_OFFSET` (Xception's ``preprocess_input``: ``x / 127.5 - 1``,
     in [-1, 1]). Both cast uint8 to float32 themselves and compute in float32 whatever the global
@@ -138,8 +138,8 @@ def preprocessing(image, stored_size: int, model_size: int):
     from pipelines.kerasapi import keras
 
     x = image
-    if model_size != stored_size:
-        x = keras.layers.Resizing(model_size, model_size, interpolation="bilinear", name="resize",
+    if input_size != stored_size:
+        x = keras.layers.Resizing(input_size, input_size, interpolation="bilinear", name="resize",
                                   dtype="float32")(x)
     return keras.layers.Rescaling(PREPROCESS_SCALE, offset=PREPROCESS_OFFSET, name="xception_preprocess",
                                   dtype="float32")(x)

@@ -16,7 +16,7 @@ from pipelines.errors import Refused
 from pipelines.training.model.build import backbone_of
 
 
-def input_contract(stored_size: int, model_size: int, class_names) -> dict:
+def input_contract(stored_size: int, input_size: int, class_names) -> dict:
     """The exported model's contract (``model.json``): what it takes
     (:data:`pipelines.contract.MODEL_INPUT_DTYPE`, stated there) and what it returns."""
     return {
@@ -27,10 +27,10 @@ def input_contract(stored_size: int, model_size: int, class_names) -> dict:
                   "what": "the ETL's stored image as in the Parquet 'image' column: stored_size x "
                           "stored_size x 3 bytes, row-major, RGB"},
         "preprocessing": ("inside the model: "
-                          + (f"Resizing to {model_size}x{model_size} (bilinear), " if model_size != stored_size else "")
+                          + (f"Resizing to {input_size}x{input_size} (bilinear), " if input_size != stored_size else "")
                           + "Rescaling(1/127.5, offset=-1) = Xception preprocess_input; do not preprocess "
                             "the input yourself"),
-        "model_image_size": model_size,
+        "model_image_size": input_size,
         "output": {"name": "probabilities", "dtype": "float32", "shape": [None, len(class_names)],
                    "what": "softmax over class_names, index = label"},
         "class_names": list(class_names),

@@ -48,7 +48,7 @@ def build_report(config: TrainConfig, rank, plan, phases: List, resume: Resume) 
         "steps_per_epoch": steps.steps_per_epoch,
         "validation_steps": steps.validation_steps,
         "learning_rate": plan.lr,
-        "image_size": plan.image_size,
+        "image_size": plan.input_size,  # metrics.json's name for the model's input side
         "num_classes": data.num_classes,
         "class_names": data.class_names,
         "input_path": last.inputs.name,
@@ -104,7 +104,7 @@ def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tr
     from pipelines.training.model.export import export_model
 
     class_names, directory = data.class_names, directory or config.output
-    exported = export_model(model, os.path.join(directory, MODEL_FILE), data.image_size, class_names)
+    exported = export_model(model, os.path.join(directory, MODEL_FILE), data.stored_size, class_names)
     write_json(os.path.join(directory, CLASS_NAMES), class_names, mode=PUBLIC)
     if totals is not None and totals.num_classes:
         report["test"]["confusion"] = totals.confusion_matrix().tolist()
@@ -215,7 +215,7 @@ def first_test_rows(data, count: int):
         if sum(map(len, labels)) >= count:
             break
     if not images:
-        return np.zeros((0, data.image_size, data.image_size, 3), np.uint8), np.zeros((0,), np.int32)
+        return np.zeros((0, data.stored_size, data.stored_size, 3), np.uint8), np.zeros((0,), np.int32)
     return np.concatenate(images)[:count], np.concatenate(labels)[:count]
 
 
