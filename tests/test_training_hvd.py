@@ -946,7 +946,7 @@ def test_notebook_setup_on_an_s3_workdir(dataset, s3_server, tmp_path, capsys):
     used from there, and training's driver checks (nb.train's) accept it; a missing bucket is refused."""
     from pipelines import notebook as nb
     from pipelines.storage import StorageError, resolve
-    from pipelines.training.data import check_run
+    from pipelines.training.plan import check_run
     bucket = s3_server.bucket("nb")
     resolve(f"s3://{bucket}/work/etl").upload(dataset[0])
     workdir, data_dir, base = nb.setup(f"s3://{bucket}/work/", "", "none", batch_size=4)

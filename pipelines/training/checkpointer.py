@@ -10,6 +10,7 @@ from pipelines.kerasapi import keras
 
 from pipelines.atomic import write_json
 from pipelines.training.callbacks import BestWeightsEarlyStopping
+from pipelines.training.model.checkpoints import FORMAT, frozen_checksum, save_checkpoint
 from pipelines.training.schedule import (checkpoint_path, checkpoint_position, marker_path, step_checkpoint_path,
                                          step_marker_path)
 
@@ -73,14 +74,11 @@ class CheckpointMarker(keras.callbacks.Callback):
         return os.path.basename(marker_file)
 
     def _write(self, weights: str, marker_file: str, where: Dict, early_stopping: Dict) -> Dict:
-        from pipelines.training.model.checkpoints import FORMAT, save_checkpoint
-
         size = save_checkpoint(self.model, weights)
         marker = {**where, "weights": os.path.basename(weights), "weights_bytes": size, "format": FORMAT,
                   "frozen_sha256": self.frozen_sha256, "history": self.history, "early_stopping": early_stopping,
                   **self.extra}
         if marker.get("phase") == 2:  # fine-tuning: what stayed frozen (layers, batch-norm statistics) at this epoch
-            from pipelines.training.model.checkpoints import frozen_checksum
             marker["non_trainable_sha256"] = frozen_checksum(self.model)
         write_json(marker_file, marker, indent=1)
         self._last = time.monotonic()

@@ -31,7 +31,7 @@ from pipelines.spark import spark_session
 from pipelines.storage import is_local, resolve
 from pipelines.tracking import TrackingFailed, check_store
 from pipelines.training.config import TrainConfig
-from pipelines.training.data import check_run
+from pipelines.training.plan import check_run
 from pipelines.training.devices import rank_cores, threads_per_rank
 from pipelines.training.model.imagenet import ensure_imagenet_weights
 from pipelines.training.records.mirror import check_output
@@ -189,7 +189,7 @@ def check_before_ranks(config: TrainConfig, world_size: int):
 
     Raises:
         pipelines.errors.Refused (DataError, StorageError, MissingInput ...): as
-            :func:`pipelines.training.data.dataset.check_run` and
+            :func:`pipelines.training.plan.check_run` and
             :func:`pipelines.training.records.mirror.check_output`.
         pipelines.training.records.ownership.RunRefused: as :func:`pipelines.training.records.ownership.claim`.
     """

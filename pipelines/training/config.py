@@ -11,7 +11,10 @@ from pipelines.environment import TRACKING_ENV, read_settings
 from pipelines.errors import Refused
 from pipelines.paths import check_url_safe
 from pipelines.storage import check_not_root, is_local
-from pipelines.training.model.finetune import KERAS_GUIDE_LR_FACTOR
+from pipelines.training.data import check_reader
+from pipelines.training.data.rowcache import refuse_foreign
+from pipelines.training.model.build import check_backbone
+from pipelines.training.model.finetune import KERAS_GUIDE_LR_FACTOR, check_fine_tune
 
 
 XLA_CHOICES = ("off", "on")  # --xla
@@ -168,8 +171,6 @@ class TrainConfig:
                               "checkpoints")
         if self.resume and self.overwrite:
             raise Refused("--resume continues the run in --output, --overwrite replaces it: give one of them")
-        from pipelines.training.data import check_reader
-
         self.reader = check_reader(self.reader)
         if self.shuffle_buffer < 1:
             raise Refused(f"--shuffle-buffer must be >= 1, got {self.shuffle_buffer}")
@@ -178,10 +179,6 @@ class TrainConfig:
         check_not_root(self.output, "--output")  # a run prunes its checkpoints there
         if self.data and is_local(self.data):
             self.data = check_url_safe(self.data, "--data")
-        from pipelines.training.model.build import check_backbone
-
-        from pipelines.training.model.finetune import check_fine_tune
-
         check_fine_tune(check_backbone(self.backbone, self.weights, self.image_size), self.fine_tune_blocks,
                         self.fine_tune_lr, self.fine_tune_epochs)
         if self.weights not in ("imagenet", "none"):
@@ -192,8 +189,6 @@ class TrainConfig:
         if self.cache_dir:
             self.cache_dir = os.path.abspath(os.path.expanduser(self.cache_dir))
             check_folder_path(self.cache_dir, "--cache-dir")
-            from pipelines.training.data.rowcache import refuse_foreign
-
             refuse_foreign(self.cache_dir)  # another user's files are never read as a rank's cache
         settings = read_settings()  # here, in the launching process: the one read of the environment
         self.verbose = settle_verbose(self.verbose, settings)

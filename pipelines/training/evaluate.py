@@ -12,6 +12,9 @@ from typing import List
 
 import numpy as np
 
+from pipelines.contract import VALIDATION
+from pipelines.training.data import verify_total
+
 
 def _no_labels() -> np.ndarray:
     return np.zeros(0, np.int64)
@@ -176,9 +179,6 @@ def exact_validation(inputs, data):
     import time
 
     import tensorflow as tf
-
-    from pipelines.contract import VALIDATION
-    from pipelines.training.data import verify_total
 
     class ExactValidation(tf.keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):

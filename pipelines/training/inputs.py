@@ -33,7 +33,9 @@ from typing import Iterator, Optional, Tuple
 from pipelines.contract import EVALUATED, SPLITS
 from pipelines.logs import plural
 from pipelines.training.config import TrainConfig
-from pipelines.training.data import Dataset, OnePassShard, check_reader, make_dataset, open_reader, verify_total
+from pipelines.training.data import (Dataset, OnePassShard, check_reader, features as feat, make_dataset, open_reader,
+                                     verify_total)
+from pipelines.training.evaluate import evaluate_dataset
 from pipelines.training.model.build import backbone_of, feature_extractor, model_input
 
 log = logging.getLogger("pipelines")
@@ -119,8 +121,6 @@ class ImageInputs:
     def evaluate_shard(self, model, split: str):
         """Totals over this rank's shard of ``split`` (one of :data:`pipelines.contract.EVALUATED`),
         each row once, count checked against the footers."""
-        from pipelines.training.evaluate import evaluate_dataset
-
         _check_evaluated(split)
         shard = OnePassShard(self.data, split, self.rank, self.size)
         totals = evaluate_dataset(model, shard.dataset(self.config.batch_size))
@@ -138,8 +138,6 @@ class FeatureInputs:
     name = "features"
 
     def __init__(self, config: TrainConfig, data: Dataset, rank: int, size: int, full_model, input_size: int):
-        from pipelines.training.data import features as feat
-
         self.config, self.data, self.rank, self.size = config, data, rank, size
         self.full_model, self.input_size = full_model, input_size
         self.features = self._ensure_features()
@@ -155,8 +153,6 @@ class FeatureInputs:
         size: reused when complete and of the manifest's row counts, else computed, each rank its
         own shard of each split. Returns its folder (a :class:`pipelines.storage.Location`)."""
         import horovod.tensorflow as hvd_tf
-
-        from pipelines.training.data import features as feat
 
         c, data, rank = self.config, self.data, self.rank
         model = feat.model_key(c.weights, self.input_size, c.seed, c.backbone,
@@ -197,8 +193,6 @@ class FeatureInputs:
     _train_rows: Optional[Tuple[object, object]] = None  # the shard's train features, inside fit_datasets
 
     def _train_at(self, start_row: int):
-        from pipelines.training.data import features as feat
-
         return feat.feature_dataset(*self._train_rows, self.config.batch_size, shuffle=True,
                                     seed=self.config.seed + self.rank, repeat=True, start_row=start_row)
 
@@ -211,8 +205,6 @@ class FeatureInputs:
         Raises:
             ValueError: a negative ``start_row``.
         """
-        from pipelines.training.data import features as feat
-
         self._train_rows = feat.read_shard(self.features, "train", self.rank, self.size)
         try:
             yield self._train_at(start_row), None
@@ -233,9 +225,6 @@ class FeatureInputs:
     def evaluate_shard(self, model, split: str):
         """Totals of the head over this rank's share of the cached features of ``split`` (one of
         :data:`pipelines.contract.EVALUATED`), every row once."""
-        from pipelines.training.data import features as feat
-        from pipelines.training.evaluate import evaluate_dataset
-
         _check_evaluated(split)
         features, labels = feat.read_shard(self.features, split, self.rank, self.size)
         dataset = feat.feature_dataset(features, labels, self.config.batch_size, shuffle=False, seed=0,
@@ -260,8 +249,6 @@ def _check_evaluated(split: str) -> None:
 
 def make_inputs(config: TrainConfig, data: Dataset, rank: int, size: int, full_model, input_size: int):
     """The input path of this run: features when ``--feature-cache`` applies, else images."""
-    from pipelines.training.data import features as feat
-
     not_applicable = feat.inapplicable_reason(config) if config.feature_cache else None
     if not_applicable and rank == 0:
         log.info("feature cache off: %s; training the whole model on images", not_applicable)

@@ -1,7 +1,8 @@
 """What every rank computes identically before training (:class:`RunPlan`), and what it holds meanwhile.
 
 :func:`plan_run` loads the data's manifest, plans the steps and the scaled learning rate and
-makes the refusals, the same on every rank; rank 0 also claims its output for this run
+makes the refusals, the same on every rank (:func:`check_run` makes the data's once, before any
+rank starts); rank 0 also claims its output for this run
 (:mod:`pipelines.training.records.ownership`). :func:`hold_data` keeps the ETL run it reads from
 being deleted under it (:mod:`pipelines.leases`).
 """
@@ -10,13 +11,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Dict, Iterator, Optional
 
 from pipelines import leases
 from pipelines.logs import plural
 from pipelines.storage import resolve
 from pipelines.training.config import TrainConfig
-from pipelines.training.data import load_dataset
+from pipelines.training.data import Dataset, load_dataset
 from pipelines.training.rank import Rank
 from pipelines.training.records import ownership as runs
 from pipelines.training.records.mirror import check_output, open_outputs
@@ -40,6 +41,20 @@ class RunPlan:
     def output_dir(self) -> str:
         """Rank 0's local output folder: ``--output``, or the one mirrored to a URI ``--output``."""
         return self.outputs.local if self.outputs else None
+
+
+def check_run(root: str, batch_size: int, world_size: int, storage_options: Optional[Dict[str, str]] = None) -> Dataset:
+    """The data refusals every rank makes in :func:`plan_run`, made once by a process that launches
+    the ranks (``--spark-np``, the notebooks), before any rank starts.
+
+    Raises:
+        pipelines.training.data.errors.DataError, pipelines.storage.StorageError: as
+            :func:`pipelines.training.data.dataset.load_dataset`.
+        ValueError: a global batch larger than a split (:func:`~pipelines.training.schedule.plan_steps`).
+    """
+    data = load_dataset(root, world_size, storage_options)
+    plan_steps(data.train_rows, data.validation_rows, batch_size, world_size)
+    return data
 
 
 def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> RunPlan:

@@ -16,6 +16,8 @@ from typing import Dict, List, Optional
 from pipelines.errors import Refused
 from pipelines.logs import plural
 from pipelines.training.config import TrainConfig
+from pipelines.training.model.checkpoints import broadcast_state, build_optimizer, load_checkpoint, optimizer_checksum
+from pipelines.training.schedule import checkpoint_path, marker_weights
 
 log = logging.getLogger("pipelines")
 
@@ -74,10 +76,6 @@ def restore(config: TrainConfig, model, rank, frozen_sha256: Optional[str] = Non
     """
     import horovod.tensorflow as hvd_tf
 
-    from pipelines.training.model.checkpoints import (broadcast_state, build_optimizer, load_checkpoint,
-                                                      optimizer_checksum)
-    from pipelines.training.schedule import checkpoint_path, marker_weights
-
     resuming = config.resume or rank.handed.relaunched
     directory = directory or config.output
     marker = claim.marker if (claim is not None and resuming) else None  # only this run's own (runs.claim)
@@ -125,9 +123,6 @@ def phase1_best(first, resume: Resume, rank, directory: str):
     """The whole model holding phase 1's best weights: as phase 1 left them, or (resuming in phase 2
     while the best epoch is still phase 1's) rank 0 loads that checkpoint into phase 1's trainable
     set (the other ranks receive it by broadcast in :func:`phase2_resume`)."""
-    from pipelines.training.model.checkpoints import load_checkpoint
-    from pipelines.training.schedule import checkpoint_path
-
     if resume.phase == 2 and rank.rank == 0:
         best = resume.marker["early_stopping"]["best_epoch"]
         if best <= resume.marker["phase1"]["epochs"]:
@@ -141,10 +136,6 @@ def phase2_resume(config, rank, model, resume, record: Dict, directory: str):
     loads the best and the newest of them into the phase 2 model (trainable set and optimizer), and
     every rank receives weights, optimizer state and best weights by broadcast."""
     import horovod.tensorflow as hvd_tf
-
-    from pipelines.training.model.checkpoints import (broadcast_state, build_optimizer, load_checkpoint,
-                                                      optimizer_checksum)
-    from pipelines.training.schedule import checkpoint_path, marker_weights
 
     if resume.phase != 2:
         state = {"best": record["best_val_accuracy"], "wait": 0, "best_epoch": record["best_epoch"], "stopped": False}

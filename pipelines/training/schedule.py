@@ -20,6 +20,9 @@ from pipelines.contract import (CHECKPOINT_MARKER, CHECKPOINT_NAME, CHECKPOINT_W
                                 STEP_CHECKPOINT_WEIGHTS, plain_name)
 from pipelines.errors import Refused
 from pipelines.logs import plural
+from pipelines.storage import Location, resolve
+from pipelines.training.divergence import non_finite_logs
+from pipelines.training.model.checkpoints import non_finite_checkpoint
 
 
 @dataclass(frozen=True)
@@ -173,8 +176,6 @@ def newest_complete_checkpoint(directory) -> Optional[Dict]:
         the marker's content (``epoch``, ``weights``, ``weights_bytes``, and the training state
         saved with it, ``_name``: its file name), or ``None`` when there is none.
     """
-    from pipelines.storage import Location, resolve
-
     folder = directory if isinstance(directory, Location) else resolve(directory)
     for marker in checkpoint_markers(folder):
         weights = folder.join(marker["weights"]).info()
@@ -193,9 +194,6 @@ def non_finite_state(folder, marker: Dict) -> List[str]:
     holds that is NaN or infinite: its epoch's logs (``"val_loss (nan)"``), then the keys of its
     weights file's arrays, then those of its best epoch's file (``"checkpoint-2.npz: trainable_0000"``,
     when that file is another one and exists). ``[]``: finite, it may be resumed."""
-    from pipelines.training.model.checkpoints import non_finite_checkpoint
-    from pipelines.training.divergence import non_finite_logs
-
     found = non_finite_logs(marker.get("logs"))
     names = [marker["weights"]]
     best = (marker.get("early_stopping") or {}).get("best_epoch")

@@ -17,17 +17,26 @@ import shutil
 import time
 from typing import Dict, Iterator, Optional
 
+from pipelines import tracking
 from pipelines.config import to_dict
-from pipelines.contract import HISTORY, TENSORBOARD, TEST, VALIDATION
+from pipelines.contract import HISTORY, TENSORBOARD, TEST, VALIDATION, manifest_sha256
+from pipelines.launch.watchdog import Watchdog
 from pipelines.logs import plural
 from pipelines.redact import redact
 from pipelines.storage import is_local
 from pipelines.training import preemption
 from pipelines.training.config import TrainConfig
+from pipelines.training.data import default_cache_root, verify_total
+from pipelines.training.evaluate import allreduce_totals, with_exact_validation
+from pipelines.training.inputs import ImageInputs, make_inputs
+from pipelines.training.model.build import build_model, compile_distributed
+from pipelines.training.model.checkpoints import frozen_checksum
+from pipelines.training.model.finetune import Phase, phase1_record, phase2_lr, trainable_parameters, unfreeze
 from pipelines.training.plan import RunPlan, hold_data, plan_run
 from pipelines.training.rank import Rank, setup_rank
 from pipelines.training.records.report import build_report, save_outputs
 from pipelines.training.resume import Resume, phase1_best, phase2_resume, restore
+from pipelines.training.schedule import fit_segments
 
 log = logging.getLogger("pipelines")
 
@@ -47,8 +56,6 @@ def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
         return
     import horovod.tensorflow as hvd_tf
 
-    from pipelines import tracking
-
     tracker, error = None, None
     if rank.rank == 0:
         try:
@@ -67,8 +74,6 @@ def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
 def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
     """The MLflow params of a training run: the whole config, the world and its arithmetic, and the
     data's identity (the sha256 of its ``manifest.json``, counts, image size)."""
-    from pipelines.contract import manifest_sha256
-
     data = plan.data
     return {**redact(to_dict(config)), "world_size": rank.size, "global_batch_size": plan.steps.global_batch,
             "learning_rate": plan.lr, "steps_per_epoch": plan.steps.steps_per_epoch,
@@ -137,8 +142,6 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     # the tests' fault hook, only where they ask for it; its wait for rank 0's marker only where every
     # rank sees rank 0's folder (a local output)
     if rank.handed.stall_timeout_s:  # first and last: each epoch's end is watched as one collective phase
-        from pipelines.launch.watchdog import Watchdog
-
         first, last = cb.WatchdogTicks.around(Watchdog(rank.handed.stall_timeout_s))
         callbacks = [first, *callbacks, last]
     fault = FaultInjection.requested(rank.handed.fault, rank.rank, config.output if is_local(config.output) else "")
@@ -156,9 +159,6 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
 
     Returns the seconds spent in ``fit``.
     """
-    from pipelines.training.data import default_cache_root
-    from pipelines.training.evaluate import with_exact_validation
-    from pipelines.training.schedule import fit_segments
     from pipelines.training.segment import in_segment
 
     if resume.finished(config.epochs):
@@ -202,9 +202,6 @@ def evaluate(inputs, plan: RunPlan, split: str = TEST):
     Raises:
         pipelines.training.data.errors.ShardCountError: a count differs from the metadata or manifest.
     """
-    from pipelines.training.data import verify_total
-    from pipelines.training.evaluate import allreduce_totals
-
     totals = allreduce_totals(inputs.evaluate_shard(inputs.model, split))
     verify_total(totals.count, plan.data, split)
     return totals
@@ -224,10 +221,6 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
         pipelines.training.data.errors.DataError: the dataset cannot feed this run.
         ValueError: a batch size the data cannot fill.
     """
-    from pipelines.training.model.checkpoints import frozen_checksum
-    from pipelines.training.inputs import make_inputs
-    from pipelines.training.model.build import build_model, compile_distributed
-
     rank = setup_rank(config)
     start = time.perf_counter()
     plan = plan_run(config, rank, run_id)
@@ -261,8 +254,6 @@ def head_phase(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: R
     evaluation (of the test split; of the validation split when fine-tuning follows, so that the
     test split is read once, at the end). Skipped when ``resume`` is in phase 2 (its outcome is in
     the checkpoint's marker). Returns a :class:`pipelines.training.model.finetune.Phase`."""
-    from pipelines.training.model.finetune import Phase
-
     if resume.phase == 2:
         return Phase(inputs, None, 0, 0.0, None, resume)
     callbacks, early_stopping, epoch_stats = make_callbacks(config, rank, plan, resume, frozen_sha256, tracker)
@@ -281,11 +272,6 @@ def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Res
     ``metrics.json``'s ``fine_tune`` (the recipe and its arithmetic: :mod:`pipelines.training.model.finetune`).
     """
     import horovod.tensorflow as hvd_tf
-
-    from pipelines.training.model.checkpoints import frozen_checksum
-    from pipelines.training.model.finetune import Phase, phase1_record, phase2_lr, trainable_parameters, unfreeze
-    from pipelines.training.inputs import ImageInputs
-    from pipelines.training.model.build import compile_distributed
 
     record = phase1_record(first, resume)
     lr = phase2_lr(plan.lr, config.fine_tune_lr)

@@ -19,13 +19,13 @@ this layer through :mod:`pipelines.contract` alone. Here, from the manifest to t
 
 Training and the benchmarks import the entry points below from here; the modules import each other.
 """
-from pipelines.training.data.dataset import Dataset, check_run, load_dataset
+from pipelines.training.data.dataset import Dataset, load_dataset
 from pipelines.training.data.errors import DataError, ShardCountError
 from pipelines.training.data.onepass import OnePassShard, verify_total
 from pipelines.training.data.petastorm import petastorm_available
 from pipelines.training.data.readers import READERS, check_reader, default_cache_root, open_reader, row_groups_of
 from pipelines.training.data.tfdata import batched, make_dataset, to_device
 
-__all__ = ["Dataset", "load_dataset", "check_run", "DataError", "ShardCountError", "READERS", "check_reader",
+__all__ = ["Dataset", "load_dataset", "DataError", "ShardCountError", "READERS", "check_reader",
            "petastorm_available", "open_reader", "row_groups_of", "default_cache_root", "OnePassShard",
            "verify_total", "batched", "to_device", "make_dataset"]

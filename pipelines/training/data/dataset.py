@@ -4,7 +4,7 @@
 global counts (all ranks) the step arithmetic is planned from
 (:func:`pipelines.training.schedule.plan_steps`), the classes, the stored images' size, and the
 split's Parquet parts, the only files a reader opens. :func:`load_dataset` reads and checks it on
-every rank; :func:`check_run` makes the same refusals once where the ranks are launched.
+every rank (and once before any rank starts: :func:`pipelines.training.plan.check_run`).
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from pipelines.logs import plural
 from pipelines.paths import check_url_safe
 from pipelines.storage import check_reachable, resolve
 from pipelines.training.data.errors import DataError
-from pipelines.training.schedule import plan_steps
 
 
 @dataclass(frozen=True)
@@ -175,16 +174,3 @@ def check_train_row_groups(data: Dataset, world_size: int) -> None:
         raise DataError(f"the train split has {plural(groups, 'row group')} but {plural(world_size, 'rank')} need "
                         f"one each (a rank reads whole row groups): use at most {plural(groups, 'rank')}, or rerun "
                         f"the ETL with --min-row-groups {world_size} (or a smaller --row-group-mb)")
-
-
-def check_run(root: str, batch_size: int, world_size: int, storage_options: Optional[Dict[str, str]] = None) -> Dataset:
-    """The data refusals every rank makes in ``plan_run``, made once by a process that launches
-    the ranks (``--spark-np``, the notebooks), before any rank starts.
-
-    Raises:
-        DataError, pipelines.storage.StorageError: as :func:`load_dataset`.
-        ValueError: a global batch larger than a split (:func:`~pipelines.training.schedule.plan_steps`).
-    """
-    data = load_dataset(root, world_size, storage_options)
-    plan_steps(data.train_rows, data.validation_rows, batch_size, world_size)
-    return data

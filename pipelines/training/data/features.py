@@ -26,8 +26,11 @@ from typing import Mapping, Optional, Tuple
 
 import numpy as np
 
+from pipelines.contract import RUNS, plain_name
 from pipelines.logs import plural
+from pipelines.storage import Location, resolve
 from pipelines.training.data.sharding import shard
+from pipelines.training.data.stream import feature_batches
 
 log = logging.getLogger("pipelines")
 COMPLETE = "_COMPLETE.json"
@@ -65,16 +68,12 @@ def feature_key(model: str, data) -> str:
 
 def _location(directory):
     """A path, URI or :class:`pipelines.storage.Location` as a Location."""
-    from pipelines.storage import Location, resolve
-
     return directory if isinstance(directory, Location) else resolve(directory)
 
 
 def feature_dir(data_root: str, key: str, storage_options: Optional[Mapping[str, str]] = None):
     """``DATA/features/<key>`` (a :class:`pipelines.storage.Location`): next to the ETL output it
     was computed from."""
-    from pipelines.storage import resolve
-
     return resolve(data_root, storage_options).join("features", key)
 
 
@@ -149,8 +148,6 @@ def stale_sets(data_root, model: str, key: str, storage_options: Optional[Mappin
     but not of the key ``key``: computed from other data (another ETL run of this output). A set
     written before the data was keyed (its marker's ``key`` is the model key, and it records no
     ``data``) is one of them. Returns ``[(folder, marker)]``, newest ETL run first (the unknown last)."""
-    from pipelines.storage import resolve
-
     found, features = [], resolve(data_root, storage_options).join("features")
     for info in features.list(recursive=False):
         folder = features.join(info.base_name)
@@ -165,9 +162,6 @@ def prune(data_root, stale, storage_options: Optional[Mapping[str, str]] = None)
     ETL run's folder ``DATA/runs/<run id>`` is gone (the ETL deletes a run only when no lease on
     it is live, :mod:`pipelines.leases`), or they record no ETL run (keyed before the data was).
     Returns the folders deleted (URIs)."""
-    from pipelines.contract import RUNS, plain_name
-    from pipelines.storage import resolve
-
     root, deleted = resolve(data_root, storage_options), []
     for folder, marker in stale:
         run_id = (marker.get("data") or {}).get("run_id")
@@ -218,8 +212,6 @@ def feature_dataset(features: np.ndarray, labels: np.ndarray, batch_size: int, s
     import tensorflow as tf
 
     if repeat:
-        from pipelines.training.data.stream import feature_batches
-
         features, labels = np.asarray(features), np.asarray(labels)
         if start_row < 0 or not len(labels):
             raise ValueError(f"a feature stream needs rows ({len(labels)}) and start_row >= 0 ({start_row})")

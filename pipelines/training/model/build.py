@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from pipelines.contract import MODEL_INPUT_DTYPE, MODEL_INPUT_NAME, PREPROCESS_OFFSET, PREPROCESS_SCALE
 from pipelines.errors import MissingInput, Refused
+from pipelines.training.model.checkpoints import build_optimizer, resumable_dropout
 
 
 @dataclass(frozen=True)
@@ -106,10 +108,7 @@ def build_model(num_classes: int, input_size: int, dropout: float = 0.5, weights
         FileNotFoundError: a weights path that does not exist.
         ValueError: as :func:`check_backbone`.
     """
-    from pipelines.contract import MODEL_INPUT_DTYPE, MODEL_INPUT_NAME
     from pipelines.kerasapi import keras
-
-    from pipelines.training.model.checkpoints import resumable_dropout
 
     check_backbone(backbone, weights, input_size)
     if weights not in ("imagenet", "none") and not os.path.isfile(weights):
@@ -134,7 +133,6 @@ def preprocessing(image, stored_size: int, input_size: int):
     policy (under ``mixed_float16`` the backbone's first layer casts to float16 after them).
     They run where the model runs: on a GPU, a 299 px image crosses PCIe as its 268,203 uint8
     bytes, not as 1,072,812 bytes of float32. No weights: checkpoints are unchanged by them."""
-    from pipelines.contract import PREPROCESS_OFFSET, PREPROCESS_SCALE
     from pipelines.kerasapi import keras
 
     x = image
@@ -188,7 +186,6 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
         pipelines.kerasapi.Keras3Error: ``model`` is not a Keras 2 model (before any step)."""
     import horovod.tensorflow.keras as hvd
     from pipelines.kerasapi import distributed_optimizer, keras
-    from pipelines.training.model.checkpoints import build_optimizer
 
     compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
     optimizer = distributed_optimizer(keras.optimizers.Nadam(learning_rate=learning_rate), model=model,
@@ -239,7 +236,6 @@ def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int):
     :func:`build_model` so weights carry over (the feature cache's model,
     :class:`pipelines.training.inputs.FeatureInputs`)."""
     from pipelines.kerasapi import keras
-    from pipelines.training.model.checkpoints import resumable_dropout
 
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((feature_dim,), name="features")

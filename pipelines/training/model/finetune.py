@@ -37,6 +37,7 @@ from typing import Dict, List, Optional, Sequence
 
 from pipelines.errors import Refused
 from pipelines.logs import plural
+from pipelines.training.model.build import backbone_of, backbone_spec
 
 
 #: The Keras guide's fine-tuning rate over its head-training rate: Adam(1e-5) after Adam() (1e-3).
@@ -88,8 +89,6 @@ def unfreeze(model, backbone_name: str, blocks: int) -> List[str]:
     """Make the top ``blocks`` blocks of ``model``'s backbone trainable (:func:`block_layers`) and
     every other backbone layer not. The model must be (re)compiled afterwards. Returns the names of
     the unfrozen layers that hold weights."""
-    from pipelines.training.model.build import backbone_of, backbone_spec
-
     base = backbone_of(model)
     names = set(block_layers([layer.name for layer in base.layers], backbone_spec(backbone_name), blocks))
     base.trainable = True  # a nested model's flag gates its layers' own

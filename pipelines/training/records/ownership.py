@@ -41,7 +41,9 @@ from pipelines.contract import (CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, CLASS_NAMES
                                 MANIFEST, MODEL_FILE, TENSORBOARD, TRAIN_RUN, manifest_sha256, plain_name)
 from pipelines.errors import Refused
 from pipelines.report import PICTURES
+from pipelines.storage import resolve
 from pipelines.tracking import RUN_FILE
+from pipelines.training.schedule import checkpoint_markers, global_batch_size, newest_complete_checkpoint, scaled_lr
 
 #: The settings that decide what a run computes: a checkpoint continues only a run with the same.
 FINGERPRINT_FIELDS = ("backbone", "weights", "image_size", "dropout", "seed", "batch_size", "base_lr",
@@ -92,8 +94,6 @@ def world_of(batch_size: int, base_lr: float, world_size: int) -> Dict:
     "global_batch_size", "learning_rate"}``, the global batch and the rate by
     :func:`pipelines.training.schedule.global_batch_size` and :func:`~pipelines.training.schedule.scaled_lr`
     (``base_lr x world_size``, phase 1's rate after any warmup)."""
-    from pipelines.training.schedule import global_batch_size, scaled_lr
-
     return {"world_size": world_size, "batch_size": batch_size,
             "global_batch_size": global_batch_size(batch_size, world_size),
             "learning_rate": scaled_lr(base_lr, world_size)}
@@ -107,8 +107,6 @@ def identify(config, world_size: int, run_id: Optional[str] = None) -> RunIdenti
     Raises:
         FileNotFoundError, pipelines.storage.StorageError: the data has no readable manifest.
     """
-    from pipelines.storage import resolve
-
     values = {name: getattr(config, name) for name in FINGERPRINT_FIELDS}
     data = resolve(config.data, config.storage_options)
     return RunIdentity(run_id or new_run_id(), values, manifest_sha256(data),
@@ -150,8 +148,6 @@ class OutputState:
 
 def read_state(folder) -> OutputState:
     """The :class:`OutputState` of ``folder`` (a :class:`pipelines.storage.Location`)."""
-    from pipelines.training.schedule import checkpoint_markers, newest_complete_checkpoint
-
     try:
         record = folder.join(TRAIN_RUN).read_json()
     except (OSError, ValueError):
@@ -306,8 +302,6 @@ def check_output_claim(config, world_size: int, relaunch: bool = False, run_id: 
     Raises:
         RunRefused: as :func:`claim` (exit 2).
     """
-    from pipelines.storage import resolve
-
     run = identify(config, world_size, run_id)
     folder = resolve(config.output, config.storage_options)
     return claim(folder, run, config.resume, relaunch, getattr(config, "overwrite", False)).run

@@ -15,11 +15,15 @@ import shutil
 import socket
 from typing import Dict, List, Optional
 
+from pipelines import report as pictures
+from pipelines.atomic import PUBLIC, write_json
 from pipelines.config import to_dict
-from pipelines.contract import CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT
+from pipelines.contract import CLASS_NAMES, HISTORY, MANIFEST, METRICS, MODEL_CONTRACT, MODEL_FILE
 from pipelines.logs import plural
 from pipelines.redact import redact
 from pipelines.training.config import TrainConfig
+from pipelines.training.data import OnePassShard
+from pipelines.training.model.export import export_model
 from pipelines.training.resume import Resume, weights_checksum
 
 log = logging.getLogger("pipelines")
@@ -99,10 +103,6 @@ def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tr
     Raises:
         pipelines.tracking.TrackingFailed: MLflow logging failed; the outputs above are complete.
     """
-    from pipelines.atomic import PUBLIC, write_json
-    from pipelines.contract import MODEL_FILE
-    from pipelines.training.model.export import export_model
-
     class_names, directory = data.class_names, directory or config.output
     exported = export_model(model, os.path.join(directory, MODEL_FILE), data.stored_size, class_names)
     write_json(os.path.join(directory, CLASS_NAMES), class_names, mode=PUBLIC)
@@ -141,8 +141,6 @@ def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker, di
         pipelines.tracking.TrackingFailed: logging failed; the outputs are complete.
     """
     import tempfile
-
-    from pipelines.contract import MANIFEST
 
     test, directory = report["test"], directory or config.output
     manifest = data.location.join(MANIFEST)
@@ -185,8 +183,6 @@ def save_pictures(output: str, report: Dict, exported, data) -> Dict[str, str]:
     shard alone may hold fewer), predicted by the exported model itself (``exported``, as
     :func:`~pipelines.training.model.export.export_model` returns it) on the stored uint8 images.
     Returns ``{name: path}``."""
-    from pipelines import report as pictures
-
     where = {name: os.path.join(output, file) for name, file in pictures.PICTURES.items()}
     paths = {"curves": pictures.plot_history(report["history"], where["curves"])}
     if "confusion" in report["test"]:
@@ -205,8 +201,6 @@ def first_test_rows(data, count: int):
     """The first ``count`` rows of the test split, in file order (fewer when it has fewer): ``(images
     uint8 (n, S, S, 3), labels int32 (n,))``, read with pyarrow, stopping once there are enough."""
     import numpy as np
-
-    from pipelines.training.data import OnePassShard
 
     images, labels = [], []
     for batch_images, batch_labels in OnePassShard(data, "test", 0, 1).batches():  # the whole split, in order
