@@ -181,9 +181,13 @@ def test_the_feature_stream_opens_at_a_row(n, seed, start, batch):
     assert in_order[1].tolist() == [(start + i) % n for i in range(n)]
 
 
-def test_the_stream_module_needs_no_tensorflow():
-    code = ("import sys\nimport pipelines.training.data.stream, pipelines.training.data.arrow_reader\n"
-            "assert 'tensorflow' not in sys.modules\n")
+def test_the_data_layer_needs_no_tensorflow_until_a_dataset_is_made():
+    """Its pure parts (the stream, the readers, the sharding, the one-pass reads, the feature cache)
+    import without TensorFlow; only the tf.data tail loads it, when it is called."""
+    code = ("import sys\nimport pipelines.training.data, pipelines.training.data.features\n"
+            "import pipelines.training.data.stream, pipelines.training.data.arrow_reader\n"
+            "assert 'tensorflow' not in sys.modules, 'tensorflow'\n"
+            "assert not [m for m in sys.modules if m.split('.')[0] in ('petastorm', 'diskcache')]\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
 
