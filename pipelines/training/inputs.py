@@ -36,7 +36,7 @@ from pipelines.training.config import TrainConfig
 from pipelines.training.data import (Dataset, OnePassShard, check_reader, features as feat, make_dataset, open_reader,
                                      verify_total)
 from pipelines.training.evaluate import evaluate_dataset
-from pipelines.training.model.build import backbone_of, feature_extractor, model_input
+from pipelines.training.model.build import backbone_of, build_head, feature_extractor, model_input
 
 log = logging.getLogger("pipelines")
 
@@ -142,7 +142,7 @@ class FeatureInputs:
         self.full_model, self.input_size = full_model, input_size
         self.features = self._ensure_features()
         self.directory = self.features.uri  # as the report names it
-        self.model = feat.build_head(data.num_classes, config.dropout, config.seed,
+        self.model = build_head(data.num_classes, config.dropout, config.seed,
                                      backbone_of(full_model).output_shape[-1])
         # Start from the whole model's initial head, so both paths train the same function from the same point.
         self.model.get_layer("head").set_weights(full_model.get_layer("head").get_weights())

@@ -15,12 +15,12 @@ import shutil
 import socket
 from typing import Dict, List, Optional
 
-from pipelines import report as pictures
 from pipelines.atomic import PUBLIC, write_json
 from pipelines.config import to_dict
 from pipelines.contract import CLASS_NAMES, HISTORY, MANIFEST, METRICS, MODEL_CONTRACT, MODEL_FILE
 from pipelines.logs import plural
 from pipelines.redact import redact
+from pipelines.report import PICTURES, contact_sheet, plot_confusion, plot_history, plot_top_confusions
 from pipelines.training.config import TrainConfig
 from pipelines.training.data import OnePassShard
 from pipelines.training.model.export import export_model
@@ -183,17 +183,16 @@ def save_pictures(output: str, report: Dict, exported, data) -> Dict[str, str]:
     shard alone may hold fewer), predicted by the exported model itself (``exported``, as
     :func:`~pipelines.training.model.export.export_model` returns it) on the stored uint8 images.
     Returns ``{name: path}``."""
-    where = {name: os.path.join(output, file) for name, file in pictures.PICTURES.items()}
-    paths = {"curves": pictures.plot_history(report["history"], where["curves"])}
+    where = {name: os.path.join(output, file) for name, file in PICTURES.items()}
+    paths = {"curves": plot_history(report["history"], where["curves"])}
     if "confusion" in report["test"]:
         matrix = report["test"]["confusion"]
-        paths["confusion"] = pictures.plot_confusion(matrix, data.class_names, where["confusion"])
-        paths["top_confusions"] = pictures.plot_top_confusions(matrix, data.class_names, where["top_confusions"])
+        paths["confusion"] = plot_confusion(matrix, data.class_names, where["confusion"])
+        paths["top_confusions"] = plot_top_confusions(matrix, data.class_names, where["top_confusions"])
     images, labels = first_test_rows(data, CONTACT_SHEET_IMAGES)
     if len(images):
         predicted = exported.predict(images, batch_size=8, verbose=0).argmax(axis=1)
-        paths["contact_sheet"] = pictures.contact_sheet(images, labels, predicted, data.class_names,
-                                                        where["contact_sheet"])
+        paths["contact_sheet"] = contact_sheet(images, labels, predicted, data.class_names, where["contact_sheet"])
     return paths
 
 
