@@ -33,7 +33,7 @@ class Dataset:
     def check_footers(self) -> None:
         """:meth:`pipelines.contract.Manifest.check_footers`, once per Dataset: before any reader
         opens a part or sizes a cache by the manifest's counts (:meth:`parts` and
-        :func:`open_reader` call it).
+        :func:`pipelines.training.data.readers.open_reader` call it).
 
         Raises:
             pipelines.contract.ManifestError: a part that is not a file, footers that disagree.

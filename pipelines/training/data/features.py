@@ -41,7 +41,7 @@ def model_key(weights: str, input_size: int, seed: int, backbone: str, compute_d
     """The model half of a feature set's key: the backbone's weights (file content hash for a path; the
     seed for random weights), the backbone's input side (``input_size``), the backbone, the dtype it
     computes in (``float16`` under ``mixed_float16``: other features than float32's) and what the
-    model takes (``model_input``, :func:`input_tag`: ``uint8-299``, the
+    model takes (``model_input``, :func:`pipelines.training.model.build.input_tag`: ``uint8-299``, the
     stored image's dtype and side; the preprocessing inside the model follows from it), hashed to
     16 hex digits. Features computed before models took uint8 (float32 images preprocessed on the
     CPU, keyed without ``model_input``) get other keys: never mixed with these."""

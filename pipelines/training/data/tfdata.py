@@ -92,7 +92,7 @@ def to_device(ds, device: Optional[str] = None):
 
 def make_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int = 0, seed: int = 0,
                  augment: bool = False, start_row: int = 0, device: Optional[str] = None):
-    """``tf.data`` pipeline over a looping reader (:func:`open_reader`; training).
+    """``tf.data`` pipeline over a looping reader (:func:`~pipelines.training.data.readers.open_reader`; training).
 
     Over our reader (:func:`exact_positions`): the positioned stream
     (:func:`positioned_dataset`) from ``start_row``, shuffled in windows of about

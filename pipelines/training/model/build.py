@@ -91,7 +91,7 @@ def build_model(num_classes: int, input_size: int, dropout: float = 0.5, weights
     its layers) -> ``Dropout(dropout)`` -> ``Dense(num_classes, softmax)``, the head computing in
     float32 whatever the global dtype policy (under ``mixed_float16`` the softmax stays float32).
     The same model is trained, evaluated, cached from (:func:`feature_extractor`) and exported
-    (:func:`export_model`): nothing outside it preprocesses.
+    (:func:`pipelines.training.model.export.export_model`): nothing outside it preprocesses.
 
     Args:
         input_size: side of the backbone's input, pixels (``--image-size``, or the stored size).

@@ -39,10 +39,10 @@ def input_contract(stored_size: int, input_size: int, class_names) -> dict:
 
 def export_model(model, path: str, stored_size: int = 0, class_names=None):
     """Save the model for inference, atomically: the trained model itself, which takes the ETL's
-    uint8 image and preprocesses inside (:func:`build_model`), as a new uncompiled model over the
-    same layers (Horovod's wrapped optimizer is not serialisable), computing in float32 whatever
-    policy it trained under (:func:`float32_model`: a ``mixed_float16`` model would make every CPU
-    inference float16), architecture + weights. With ``class_names``, also ``model.json`` beside it
+    uint8 image and preprocesses inside (:func:`pipelines.training.model.build.build_model`), as a
+    new uncompiled model over the same layers (Horovod's wrapped optimizer is not serialisable),
+    computing in float32 whatever policy it trained under (:func:`float32_model`: a
+    ``mixed_float16`` model would make every CPU inference float16), architecture + weights. With ``class_names``, also ``model.json`` beside it
     (:func:`input_contract`), holding the hex sha256 of the saved file's bytes under
     :data:`pipelines.contract.MODEL_SHA256`, which batch inference checks before loading it.
 
