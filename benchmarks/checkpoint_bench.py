@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def head_model(classes: int):
     """The job's head on 2,048 features, compiled with Nadam and built (as compile_distributed)."""
     from pipelines.stack.kerasapi import keras
-    from pipelines.training.checkpoints import build_optimizer
-    from pipelines.training.features import build_head
+    from pipelines.training.model.checkpoints import build_optimizer
+    from pipelines.training.model.build import build_head
 
     model = build_head(classes, 0.5, 42, 2048)
     model.compile(optimizer=keras.optimizers.Nadam(1e-3), loss="sparse_categorical_crossentropy")

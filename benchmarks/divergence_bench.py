@@ -33,7 +33,7 @@ def rank_main(backbones, image_size: int, batch_size: int, steps: int, rounds: i
     import tensorflow as tf
 
     from pipelines.training.callbacks import DivergenceGuard, EpochStats, ranks_flagged
-    from pipelines.training.model import build_model, compile_distributed
+    from pipelines.training.model.build import build_model, compile_distributed
 
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)

@@ -261,9 +261,10 @@ def breakdown(spark, config, repeats: int) -> dict:
 
     from pipelines.etl import commit, job
     from pipelines.etl.layout import closure_chunks
+    from pipelines.etl.plan import task_partitions
 
     the_plan, plan_s = best_of(repeats, lambda: job.plan(config))
-    chunks = closure_chunks(the_plan.candidates, job._partitions(spark, config, len(the_plan.candidates)))
+    chunks = closure_chunks(the_plan.candidates, task_partitions(spark, config, len(the_plan.candidates)))
     empty = partial(_empty_task, chunks=chunks)
     _, empty_s = best_of(repeats, lambda: spark.range(len(chunks), numPartitions=len(chunks))
                          .mapInArrow(empty, "n LONG").toArrow())

@@ -3,15 +3,15 @@ tf.data, with a cold and a warm local-disk cache and without one, against the sa
 memory (``tf.data.Dataset.from_tensor_slices``), measured in one run, for each ETL row-group size
 of a sweep (``--row-group-mb 1,4,16,32``).
 
-Every path is training's own (:func:`pipelines.training.data.make_dataset`: over Petastorm's
-reader the tail :func:`pipelines.training.data.batched`, shuffle, batch, prefetch; over ours the
-positioned train stream, :mod:`pipelines.training.stream`, its windows shuffled and batched in
+Every path is training's own (:func:`pipelines.training.data.tfdata.make_dataset`: over Petastorm's
+reader the tail :func:`pipelines.training.data.tfdata.batched`, shuffle, batch, prefetch; over ours the
+positioned train stream, :mod:`pipelines.training.data.stream`, its windows shuffled and batched in
 NumPy, then the same prefetch; uint8 batches, which the model casts and preprocesses on its
 device), the in-memory ceiling through ``batched``, and each is timed over one epoch of
 the train split (``train_rows // batch`` batches), consuming the tensors as training would. No
 model runs: this is the ceiling the data path puts on training. Each reader is also timed alone
 (no tf.data: its row groups pulled and copied once), cold and warm: the reader's own cost. Both readers cache row groups in
-the same flat files (:mod:`pipelines.training.rowcache`). The ceiling is measured twice, after the
+the same flat files (:mod:`pipelines.training.data.rowcache`). The ceiling is measured twice, after the
 first ETL and after the sweep, and their mean divides: on a shared VM one figure can move by 20 %.
 The readers take turns going first (the Parquet files are in the page cache for both: the ETL has
 just written them); ``--repeats N`` times each path N times and reports the median.
@@ -95,7 +95,7 @@ def epochs(data, cache, config, labels, results, batches, reader, float32: bool 
 
     with open_reader(data, "train", 0, 1, cache, workers=config.reader_workers, reader=reader) as opened:
         # One iterator across both epochs, as Keras fit keeps it: epoch 2 reads from the cache.
-        it = iter(host_float32(make_dataset(opened, data.image_size, config.batch_size,
+        it = iter(host_float32(make_dataset(opened, data.stored_size, config.batch_size,
                                             shuffle_buffer=config.shuffle_buffer), float32))
         for label in labels:
             start = time.perf_counter()
@@ -109,14 +109,14 @@ def reader_only(data, cache, results, reader, labels) -> None:
     """Time two epochs of one looping ``reader`` alone, without tf.data (each row group's images
     copied once, as the tensor conversion does), into ``results[labels[i]]`` (images/s): the
     reader's own cost, which the tail's hides on a loaded machine."""
-    from pipelines.training.arrow_reader import split_row_groups
+    from pipelines.training.data.rowgroups import split_row_groups
     from pipelines.training.data import open_reader, row_groups_of
 
     groups = len(split_row_groups(data.parts("train")))
     with open_reader(data, "train", 0, 1, cache, reader=reader) as opened:
         for label in labels:
             start, rows = time.perf_counter(), 0
-            for images, _labels in row_groups_of((next(opened) for _ in range(groups)), data.image_size):
+            for images, _labels in row_groups_of((next(opened) for _ in range(groups)), data.stored_size):
                 rows += len(images.copy())
             results[label] = rows / (time.perf_counter() - start)
 
@@ -133,7 +133,7 @@ def ceiling(data, config, batches, float32: bool = False) -> float:
 
     table = pa.concat_tables([pq.read_table(part.path, columns=["image", "label"]) for part in data.parts("train")])
     images = np.frombuffer(b"".join(table.column("image").to_pylist()), np.uint8).reshape(
-        -1, data.image_size, data.image_size, 3)
+        -1, data.stored_size, data.stored_size, 3)
     labels = np.asarray(table.column("label").to_pylist(), np.int32)
     memory = host_float32(batched(tf.data.Dataset.from_tensor_slices((images, labels)), config.batch_size,
                                   shuffle_buffer=config.shuffle_buffer), float32)
@@ -211,7 +211,7 @@ def pick_readers(flag: str, petastorm_runs: bool) -> list:
 
     Raises:
         Refused: an unknown name (the message lists the names), ``petastorm`` where it cannot run
-            (:func:`pipelines.training.data.check_reader`), or only peers that are not installed.
+            (:func:`pipelines.training.data.readers.check_reader`), or only peers that are not installed.
     """
     from pipelines.runtime.errors import Refused
     from pipelines.stack import active

@@ -10,7 +10,7 @@ our reader, timed by ``benchmarks/loader_bench.py`` on the same data, batch and 
   default).
 - ``plain``: the route a user writes first: ``pyarrow.dataset`` record batches of the rank's row
   groups (our readers' rule) through ``tf.data.Dataset.from_generator``, then training's own tail
-  (:func:`pipelines.training.data.batched`); no cache, no reader threads.
+  (:func:`pipelines.training.data.tfdata.batched`); no cache, no reader threads.
 
 Benchmarks only: installed by ``make bench-peers`` (``requirements/<stack>-peers.lock``), never
 imported by the product (``tests/test_env_boundary.py`` checks that ``pipelines/`` does not).
@@ -54,13 +54,13 @@ def missing(peer: str, stack: str) -> Optional[str]:
 
 def shard_fragments(data, split: str, rank: int, world_size: int) -> list:
     """The ``pyarrow.dataset`` fragments of rank ``rank``'s row groups of ``split`` (row groups
-    of :func:`pipelines.training.arrow_reader.split_row_groups` by our readers' rule,
-    :func:`pipelines.training.sharding.shard`), one fragment per row group, in file and group order."""
+    of :func:`pipelines.training.data.rowgroups.split_row_groups` by our readers' rule,
+    :func:`pipelines.training.data.sharding.shard`), one fragment per row group, in file and group order."""
     import pyarrow.dataset as pads
 
     dataset = pads.dataset([part.path for part in data.parts(split)], format="parquet")
     groups = [group for fragment in dataset.get_fragments() for group in fragment.split_by_row_group()]
-    from pipelines.training.sharding import shard
+    from pipelines.training.data.sharding import shard
 
     return list(shard(groups, rank, world_size))
 
@@ -69,7 +69,7 @@ def plain_batches(data, split: str, rank: int, world_size: int) -> Iterator[Tupl
     """One pass over rank ``rank``'s shard as the plain route reads it: per record batch
     ``(images uint8 (n, s, s, 3), labels int32 (n,))``, the binary column's images joined once
     (``b"".join`` of its Python ``bytes``, the idiom a user reaches for)."""
-    s = data.image_size
+    s = data.stored_size
     for fragment in shard_fragments(data, split, rank, world_size):
         for batch in fragment.to_batches(columns=["image", "label"]):
             images = np.frombuffer(b"".join(batch.column("image").to_pylist()), np.uint8).reshape(-1, s, s, 3)
@@ -78,14 +78,14 @@ def plain_batches(data, split: str, rank: int, world_size: int) -> Iterator[Tupl
 
 def plain_dataset(data, config, rank: int = 0, world_size: int = 1):
     """The plain route's ``tf.data`` over :func:`plain_batches` of the train split, through
-    training's tail (:func:`pipelines.training.data.batched`: the config's shuffle buffer, full
+    training's tail (:func:`pipelines.training.data.tfdata.batched`: the config's shuffle buffer, full
     batches of ``config.batch_size``, prefetch): ``(uint8 (b, s, s, 3), int32 (b,))``; each
     iteration is one epoch."""
     import tensorflow as tf
 
     from pipelines.training.data import batched
 
-    s = data.image_size
+    s = data.stored_size
     ds = tf.data.Dataset.from_generator(lambda: plain_batches(data, "train", rank, world_size), output_signature=(
         tf.TensorSpec((None, s, s, 3), tf.uint8), tf.TensorSpec((None,), tf.int32)))
     return batched(ds.unbatch(), config.batch_size, shuffle_buffer=config.shuffle_buffer)
@@ -121,7 +121,7 @@ def ray_dataset(data, config, cached: bool, rank: int = 0, world_size: int = 1):
     """Ray Data's ``tf.data`` of rank ``rank``'s shard of the train split (see the module's
     docstring): ``(uint8 (b, s, s, 3), int32 (b,))``, full batches of ``config.batch_size``, Ray's
     local shuffle buffer of ``config.shuffle_buffer`` rows, then a host prefetch (training's last
-    stage, :func:`pipelines.training.data.to_device`); each iteration is one epoch. With
+    stage, :func:`pipelines.training.data.tfdata.to_device`); each iteration is one epoch. With
     ``cached`` the decoded dataset is materialised in Ray's object store here. Needs
     :func:`start_ray` first and at least one shard per rank (``world_size`` <= the files' blocks).
     """
@@ -129,7 +129,7 @@ def ray_dataset(data, config, cached: bool, rank: int = 0, world_size: int = 1):
 
     from pipelines.training.data import to_device
 
-    s = data.image_size
+    s = data.stored_size
 
     def decode(batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         # a nested function: Ray pickles it by value (this module is not on its workers' path)

@@ -172,7 +172,7 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     environment; only the coordinator, rank 0, writes it).
 
     With ``config.fine_tune_blocks`` N, the backbone's top N blocks are trainable, as in the
-    fine-tuning phase (:func:`pipelines.training.finetune.unfreeze`): their gradients are allreduced
+    fine-tuning phase (:func:`pipelines.training.model.finetune.unfreeze`): their gradients are allreduced
     too. ``fp16_variants`` (default: ``[config.fp16_allreduce]``) lists the allreduce precisions to
     measure at each batch size: ``False`` float32, ``True`` ``hvd.Compression.fp16``.
 
@@ -182,7 +182,7 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
 
     Returns, on every rank, one dict per batch size and precision: ``world_size``, ``batch_size``,
     ``steps``, ``seconds`` (the slowest rank's window), ``timeline`` (a path or ``None``), ``fp16``,
-    ``allreduce_bytes`` (:func:`pipelines.training.finetune.allreduce_bytes`) and
+    ``allreduce_bytes`` (:func:`pipelines.training.model.finetune.allreduce_bytes`) and
     ``first_step_seconds`` (the slowest rank's, :func:`step_window`).
 
     Raises:
@@ -201,18 +201,18 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     from pipelines.stack.kerasapi import keras
 
     from pipelines.training.data import load_dataset
-    from pipelines.training.finetune import allreduce_bytes, trainable_parameters, unfreeze
+    from pipelines.training.model.finetune import allreduce_bytes, trainable_parameters, unfreeze
     from pipelines.training.inputs import ImageInputs
-    from pipelines.training.model import build_model, compile_distributed
+    from pipelines.training.model.build import build_model, compile_distributed
     from pipelines.training.schedule import scaled_lr
-    from pipelines.training.train import setup_rank
+    from pipelines.training.rank import setup_rank
 
     # The job's own set-up: core binding before any thread, hvd.init, logging, device, threads.
     this = setup_rank(config, job="scaling")
     rank, size = this.rank, this.size
     log = logging.getLogger("pipelines")
     dataset = load_dataset(config.data, size, config.storage_options)
-    size_px = config.model_size(dataset.image_size)
+    size_px = config.input_size(dataset.stored_size)
 
     results = []
     variants = [(b, fp16) for b in batch_sizes for fp16 in (fp16_variants or [config.fp16_allreduce])]
@@ -221,7 +221,7 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
             name = f"np{size}-b{batch_size}{'-fp16' if fp16 else ''}"
             keras.backend.clear_session()
             model = build_model(dataset.num_classes, size_px, config.dropout, config.weights, seed=seed,
-                                backbone=config.backbone, stored_size=dataset.image_size)
+                                backbone=config.backbone, stored_size=dataset.stored_size)
             unfreeze(model, config.backbone, config.fine_tune_blocks)
             compile_distributed(model, scaled_lr(config.base_lr, size), fp16, config.xla_on)
             timeline = os.path.join(timeline_dir, f"{name}.json") if timeline_dir else None

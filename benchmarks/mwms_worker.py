@@ -6,7 +6,7 @@ worker's index; none for a lone worker). ``SPEC`` is a pickle of ``(config, warm
 result_path)``: ``config`` the benchmark's :class:`~pipelines.training.config.TrainConfig`, the
 same one our Horovod ranks get. The worker trains what a Horovod rank of
 :func:`measure.measure_throughput` trains, with only the trainer changed: the same model
-(:func:`pipelines.training.model.build_model`, built inside the strategy's scope), the same
+(:func:`pipelines.training.model.build.build_model`, built inside the strategy's scope), the same
 ``Nadam(base_lr x workers)``, loss and metric, the same shard of the same ETL output read by the same
 reader and ``tf.data`` pipeline (:meth:`pipelines.training.inputs.ImageInputs.reader_dataset`,
 worker ``i`` reading shard ``i``, handed to the strategy as it is by
@@ -51,9 +51,9 @@ def train(config, warmup_steps: int, steps: int) -> dict:
 
     from pipelines.stack.kerasapi import keras
     from pipelines.training.data import load_dataset
-    from pipelines.training.finetune import unfreeze
+    from pipelines.training.model.finetune import unfreeze
     from pipelines.training.inputs import ImageInputs
-    from pipelines.training.model import build_model
+    from pipelines.training.model.build import build_model
     from pipelines.training.schedule import scaled_lr
 
     import measure
@@ -66,10 +66,10 @@ def train(config, warmup_steps: int, steps: int) -> dict:
     workers = strategy.num_replicas_in_sync  # one CPU replica per worker
     index = strategy.cluster_resolver.task_id if workers > 1 else 0
     dataset = load_dataset(config.data, workers, config.storage_options)
-    size_px = config.model_size(dataset.image_size)
+    size_px = config.input_size(dataset.stored_size)
     with strategy.scope():
         model = build_model(dataset.num_classes, size_px, config.dropout, config.weights, seed=config.seed,
-                            backbone=config.backbone, stored_size=dataset.image_size)
+                            backbone=config.backbone, stored_size=dataset.stored_size)
         unfreeze(model, config.backbone, config.fine_tune_blocks)
         model.compile(optimizer=keras.optimizers.Nadam(learning_rate=scaled_lr(config.base_lr, workers)),
                       loss="sparse_categorical_crossentropy",

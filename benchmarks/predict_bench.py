@@ -42,7 +42,8 @@ def default_model(workdir: str, class_names, size: int, weights: str = "") -> st
     """An exported ``model.keras`` (+ ``model.json``): Xception with ImageNet weights (``weights``
     ``""``) or random ones (``"none"``: same memory and speed), untrained head."""
     from pipelines.tools.workspace import ensure_weights
-    from pipelines.training.model import build_model, export_model
+    from pipelines.training.model.build import build_model
+    from pipelines.training.model.export import export_model
 
     folder = os.path.join(workdir, f"model-{size}px-{len(class_names)}-{weights or 'imagenet'}")
     if not os.path.isfile(os.path.join(folder, "model.json")):

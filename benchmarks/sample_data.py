@@ -65,7 +65,7 @@ def prepare(base, args: argparse.Namespace, workdir: str):
     ``workdir/data-<sample>-<per class>-<size>px`` (reused when already there); ``--weights`` as
     given, or the offline ImageNet file (random weights for a backbone that has none)."""
     from pipelines.tools.workspace import ensure_sample_etl, ensure_weights
-    from pipelines.training.model import backbone_spec
+    from pipelines.training.model.build import backbone_spec
 
     data = args.data or ensure_sample_etl(
         os.path.join(workdir, f"data-{args.sample}-{args.per_class}-{args.etl_image_size}px"),

@@ -51,15 +51,16 @@ def run_once(path: str, extra: dict, seed: int, base, np: int, work: str) -> dic
     from pipelines.launch import HorovodRunner
     from pipelines.training.data import load_dataset
     from pipelines.contract import MODEL_INPUT_DTYPE
-    from pipelines.training.features import feature_dir, feature_key, input_tag, model_key
+    from pipelines.training.data.features import feature_dir, feature_key, model_key
+    from pipelines.training.model.build import input_tag
     from pipelines.training.train import run_training
 
     out = os.path.join(work, f"{path.replace(' ', '-')}-seed{seed}")
     config = dataclasses.replace(base, output=out, seed=seed, **extra)
     # The feature path pays for its features: this weights file's and size's set is computed anew.
     data = load_dataset(config.data, np, config.storage_options)
-    stored = data.image_size
-    model = model_key(config.weights, config.model_size(stored), seed, config.backbone,
+    stored = data.stored_size
+    model = model_key(config.weights, config.input_size(stored), seed, config.backbone,
                       "float32", input_tag(MODEL_INPUT_DTYPE, stored))  # float32: no --mixed-precision here
     key = feature_key(model, data.identity())
     feature_dir(config.data, key, config.storage_options).delete()

@@ -262,7 +262,7 @@ def report(summary: Sequence[Dict], config, args) -> None:
 
     from pipelines.training.data import load_dataset
 
-    size_px = config.model_size(load_dataset(config.data, 1).image_size)
+    size_px = config.input_size(load_dataset(config.data, 1).stored_size)
     print(f"\nTrainers: TensorFlow {tf.__version__}, {os.cpu_count()} CPUs, {config.threads} thread(s) per rank"
           f"{', each bound to cores of its own' if config.bind_cores else ''}; {config.backbone} at {size_px} px, "
           f"data {config.data}; batch {config.batch_size} per rank, float32; {args.steps} timed steps after "

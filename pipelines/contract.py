@@ -45,7 +45,7 @@ SPLITS = (TRAIN, VALIDATION, TEST)
 EVALUATED = (VALIDATION, TEST)  # read whole, every row once (the training reads TRAIN in a loop)
 # Format 3: the VALIDATION split. A format-2 manifest (train and test only) still reads
 # (Manifest.from_dict, batch inference on its splits) but never trains: selecting an epoch on its
-# test split would report a figure chosen on the data it is reported on (pipelines/training/data.py).
+# test split would report a figure chosen on the data it is reported on (pipelines/training/data/dataset.py).
 MANIFEST_FORMAT = 3
 
 # A training run's output folder (``jobs/train.py --output``), which batch inference reads a model
@@ -58,7 +58,7 @@ METRICS = "metrics.json"
 HISTORY = "history.csv"
 CLASS_NAMES = "class_names.json"
 TENSORBOARD = "tensorboard"  # a folder: TensorBoard's event files
-TRAIN_RUN = "train_run.json"  # which training run the output belongs to (pipelines/training/runs.py)
+TRAIN_RUN = "train_run.json"  # which training run the output belongs to (pipelines/training/records/ownership.py)
 CHECKPOINT_WEIGHTS = "checkpoint-{epoch}.npz"  # epoch N's trainable weights and optimizer state
 CHECKPOINT_MARKER = "checkpoint-{epoch}.json"  # its completion marker, written after the weights
 # a checkpoint within epoch N (1-based), after its STEP-th training step (1-based, fewer than the epoch's)

@@ -266,7 +266,7 @@ def check_manifest(manifest: "Manifest") -> None:
 
 
 # The identity of an ETL run's data, which every result derived from it and kept beyond one
-# training is keyed by (the feature cache, pipelines/training/features.py).
+# training is keyed by (the feature cache, pipelines/training/data/features.py).
 
 
 @dataclass(frozen=True)

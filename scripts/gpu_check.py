@@ -8,7 +8,7 @@ Steps, each reported in the table or the lines below it:
 1. ``horovodrun --check-build``: TensorFlow, Gloo and (on a GPU host) NCCL must be listed.
 2. One process per GPU: ``horovodrun -np N`` (N = the largest ``--np``) with ``NCCL_DEBUG=INFO``
    runs this script's ``--probe`` on every rank: the training job's own rank set-up
-   (``pipelines.training.train.setup_rank``), then which GPU each rank sees (its PCI bus id) and an
+   (``pipelines.training.rank.setup_rank``), then which GPU each rank sees (its PCI bus id) and an
    allreduce whose sum is checked; NCCL's INFO lines are counted.
 3. ``benchmarks/scaling.py`` at every ``--np``: the frozen backbone and ``--fine-tune-blocks 2``,
    each without and with ``--mixed-precision``, every point with float32 and float16 allreduce
@@ -168,7 +168,7 @@ def probe_rank() -> int:
     import socket
 
     from pipelines.training.config import TrainConfig
-    from pipelines.training.train import setup_rank
+    from pipelines.training.rank import setup_rank
 
     rank = setup_rank(TrainConfig(data=os.curdir, output=os.curdir, weights="none"), job="gpu-check")
     import horovod.tensorflow as hvd

@@ -24,7 +24,7 @@ def batch():
 def compiled_model():
     """The job's model on the tiny backbone (random weights, seed 1), compiled with Nadam."""
     from pipelines.stack.kerasapi import keras
-    from pipelines.training.model import build_model
+    from pipelines.training.model.build import build_model
 
     model = build_model(len(NAMES), SIZE, dropout=0.0, weights="none", seed=1, backbone="tiny")
     model.compile(optimizer=keras.optimizers.Nadam(0.01), loss="sparse_categorical_crossentropy")
@@ -35,7 +35,7 @@ def resumed_step(folder: str) -> dict:
     """A fresh model that loads ``folder``'s checkpoint (weights and optimizer state, as
     ``resume.restore`` does) and takes one step: its frozen weights' checksum (what ``--resume``
     compares with the marker's) and its predictions after the step."""
-    from pipelines.training.checkpoints import frozen_checksum, load_checkpoint
+    from pipelines.training.model.checkpoints import frozen_checksum, load_checkpoint
 
     images, labels = batch()
     model = compiled_model()
@@ -56,8 +56,8 @@ def make(folder: str) -> dict:
     from pipelines import stack, tracking
     from pipelines.tracking import storeschema
     from pipelines.predict.model import resolve_model
-    from pipelines.training.checkpoints import frozen_checksum, save_checkpoint
-    from pipelines.training.model import export_model
+    from pipelines.training.model.checkpoints import frozen_checksum, save_checkpoint
+    from pipelines.training.model.export import export_model
 
     os.makedirs(folder, exist_ok=True)
     with tracking.start(store_uri(folder), "cross-stack", folder, params={"stack": stack.active().name}):

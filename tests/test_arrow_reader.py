@@ -1,4 +1,4 @@
-"""Our own reader (pipelines/training/arrow_reader.py) keeps Petastorm's contract as training uses
+"""Our own reader (pipelines/training/data/arrow_reader.py) keeps Petastorm's contract as training uses
 it: shards ``rank::world_size`` of the manifest's row groups, a seeded shuffle of row-group order
 per epoch, every row group once per epoch, bounded threads and read-ahead; and both readers read
 a bucket through the storage module's filesystem (the suite's real moto_server)."""
@@ -11,10 +11,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipelines.training import arrow_reader
-from pipelines.training.arrow_reader import ArrowShardReader, epoch_order, split_row_groups
-from pipelines.training.data import (OnePassShard, check_reader, default_reader, load_dataset, open_reader,
+from pipelines.training.data import (OnePassShard, arrow_reader, check_reader, load_dataset, open_reader,
                                      petastorm_available, row_groups_of)
+from pipelines.training.data.arrow_reader import ArrowShardReader
+from pipelines.training.data.errors import DataError, ImageSizeError, ShardCountError
+from pipelines.training.data.readers import default_reader
+from pipelines.training.data.rowgroups import split_row_groups
+from pipelines.training.data.stream import epoch_order
 from tests.datagen import write_dataset
 from tests.readers import READERS
 
@@ -101,11 +104,11 @@ def test_reading_starts_when_the_reader_is_made_and_stays_within_depth(data, mon
 
 def test_a_read_error_reaches_the_consumer(data, monkeypatch):
     def broken(group, row_bytes):
-        raise arrow_reader.ShardCountError("read 1 row, its footer says 2")
+        raise ShardCountError("read 1 row, its footer says 2")
 
     monkeypatch.setattr(arrow_reader, "read_group", broken)
     with ArrowShardReader(split_row_groups(data.parts("train")), data.row_bytes) as reader:
-        with pytest.raises(arrow_reader.ShardCountError, match="its footer says 2"):
+        with pytest.raises(ShardCountError, match="its footer says 2"):
             next(reader)
 
 
@@ -114,18 +117,33 @@ def test_an_image_of_another_size_is_refused(tmp_path):
     write_dataset(root, train_groups=[2], test_groups=[1])
     data = load_dataset(root, world_size=1)
     with ArrowShardReader(split_row_groups(data.parts("train")), data.row_bytes + 1) as reader:
-        with pytest.raises(arrow_reader.DataError, match="an image is not 49 bytes"):
+        with pytest.raises(DataError, match="an image is not 49 bytes"):
             next(reader)
 
 
 def test_the_reader_setting_and_its_default():
-    assert default_reader() == ("petastorm" if petastorm_available() else "own")
+    """The default is the stack table's (pipelines/stack/__init__.py), and it is the reader that runs here:
+    Petastorm's where it can, ours elsewhere."""
+    from pipelines import stack
+
+    assert default_reader() == stack.active().reader == ("petastorm" if petastorm_available() else "own")
     assert check_reader("") == default_reader() and check_reader("own") == "own"
     with pytest.raises(ValueError, match="--reader fast: choose one of petastorm, own"):
         check_reader("fast")
     if not petastorm_available():
         with pytest.raises(ValueError, match="--reader petastorm: Petastorm 0.13.1 does not run here"):
             check_reader("petastorm")
+
+
+def test_no_default_reader_where_the_tensorflow_is_on_no_stack(monkeypatch):
+    """A TensorFlow of no stack has no default reader: a refusal naming the readers, not a guess."""
+    from pipelines import stack
+
+    monkeypatch.setattr(stack, "installed_tensorflow", lambda: "2.99.0")
+    with pytest.raises(ValueError, match=r"--reader: no default here \(TensorFlow 2.99.0 is on no stack .*\): "
+                                         r"give --reader petastorm or own"):
+        check_reader("")
+    assert check_reader("own") == "own"
 
 
 def test_the_own_reader_never_imports_petastorm(data, tmp_path):
@@ -159,7 +177,7 @@ def test_each_reader_reads_a_bucket_rank_by_rank_as_the_local_rule(data, s3_buck
         with open_reader(remote, "train", rank, 2, str(tmp_path / "cache"), reader=reader) as opened:
             got = []
             while len(got) < len(expected):
-                (images, _), = row_groups_of([next(opened)], data.image_size)
+                (images, _), = row_groups_of([next(opened)], data.stored_size)
                 got += [hashlib.sha1(image.tobytes()).hexdigest() for image in images]
         if reader == "own":
             assert sorted(got) == expected
@@ -189,7 +207,7 @@ def wide(tmp_path_factory):
 @pytest.mark.parametrize("rows_per_piece", [1, 2, 5, 100])
 def test_a_row_group_streamed_into_its_flat_file_maps_back_as_read_group_reads_it(wide, tmp_path, monkeypatch,
                                                                                  rows_per_piece):
-    from pipelines.training.rowcache import RowGroupFiles
+    from pipelines.training.data.rowcache import RowGroupFiles
 
     monkeypatch.setattr(arrow_reader, "STREAM_BYTES", rows_per_piece * wide.row_bytes)
     cache = RowGroupFiles(str(tmp_path), 1 << 30)
@@ -204,10 +222,10 @@ def test_a_row_group_streamed_into_its_flat_file_maps_back_as_read_group_reads_i
 
 
 @pytest.mark.parametrize("fault, error, message", [
-    (dict(row_bytes=191), arrow_reader.ImageSizeError, "an image is not 191 bytes"),
-    (dict(rows=6), arrow_reader.ShardCountError, "read 5 rows, its footer says 6"),
-    (dict(rows=4), arrow_reader.ShardCountError, "read 5 rows, its footer says 4"),
-    (dict(rows=1), arrow_reader.ShardCountError, "read 2 rows, its footer says 1"),
+    (dict(row_bytes=191), ImageSizeError, "an image is not 191 bytes"),
+    (dict(rows=6), ShardCountError, "read 5 rows, its footer says 6"),
+    (dict(rows=4), ShardCountError, "read 5 rows, its footer says 4"),
+    (dict(rows=1), ShardCountError, "read 2 rows, its footer says 1"),
 ])
 def test_a_row_group_that_breaks_the_stream_reaches_the_consumer_and_leaves_no_file(wide, tmp_path, monkeypatch,
                                                                                    fault, error, message):
@@ -215,7 +233,7 @@ def test_a_row_group_that_breaks_the_stream_reaches_the_consumer_and_leaves_no_f
     a cache; the file being written is removed and its bytes no longer count against the limit."""
     import dataclasses
 
-    from pipelines.training.rowcache import RowGroupFiles
+    from pipelines.training.data.rowcache import RowGroupFiles
 
     monkeypatch.setattr(arrow_reader, "STREAM_BYTES", 2 * wide.row_bytes)
     fault = dict(fault)

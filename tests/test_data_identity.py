@@ -13,7 +13,7 @@ import pytest
 from pipelines.io import leases, storage
 from pipelines.manifest import Manifest, SplitInfo, data_identity
 from pipelines.etl import commit
-from pipelines.training import features as feat
+from pipelines.training.data import features as feat
 
 RUN_A, RUN_B, RUN_C = "20260101T000000000000Z-aaaaaa", "20260102T000000000000Z-bbbbbb", "20260103T000000000000Z-cccccc"
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipelines.io.storage import resolve
-from pipelines.training.checkpoints import non_finite_checkpoint
+from pipelines.training.model.checkpoints import non_finite_checkpoint
 from pipelines.training.divergence import (TrainingDiverged, diverged_message, epoch_end_place, non_finite_arrays,
                                            non_finite_logs, step_place)
 from pipelines.training.schedule import checkpoint_path, marker_path, newest_complete_checkpoint, non_finite_state

@@ -145,7 +145,7 @@ def _rank_noise(config):
     import os
 
     from pipelines.runtime import quiet
-    from pipelines.training.train import setup_rank
+    from pipelines.training.rank import setup_rank
 
     setup_rank(config)
     return os.environ.get("TF_CPP_MIN_LOG_LEVEL"), logging.getLogger("tensorflow").level, quiet.is_verbose()

@@ -560,7 +560,7 @@ def test_an_output_with_foreign_data_is_refused(tmp_path):
 @pytest.mark.parametrize("train_groups, test_groups", [(5, 1), (3, 7), (4, 4), (1, 9)])
 def test_the_largest_world_size_is_the_train_splits_row_groups(tmp_path, train_groups, test_groups):
     """Ranks shard the train split by row group and the evaluated splits by rows where they outnumber
-    their row groups (training/data.py OnePassShard), so those never limit the world size."""
+    their row groups (training/data/dataset.py OnePassShard), so those never limit the world size."""
     from pipelines.etl.job import _manifest
     from pipelines.etl.outcomes import Reconciled, SplitStats
     from pipelines.etl.plan import Plan

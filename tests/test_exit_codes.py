@@ -50,10 +50,11 @@ def _refusal_types():
     from pipelines.predict.model import ModelContractError, UnsafeModel
     from pipelines.io.storage import StorageError
     from pipelines.tracking import TrackingUnavailable
-    from pipelines.training.arrow_reader import DataError, ImageSizeError
-    from pipelines.training.imagenet import WeightsUnavailable
-    from pipelines.training.rowcache import CacheFolderError
-    from pipelines.training.runs import RunRefused
+    from pipelines.training.data import DataError
+    from pipelines.training.data.errors import ImageSizeError
+    from pipelines.training.model.imagenet import WeightsUnavailable
+    from pipelines.training.data.rowcache import CacheFolderError
+    from pipelines.training.records.ownership import RunRefused
 
     return [UnsupportedTree, ClusterConfigError, UnsafePathError, NoImages, ModelContractError, UnsafeModel,
             StorageError, TrackingUnavailable, DataError, ImageSizeError, WeightsUnavailable, CacheFolderError,
@@ -66,8 +67,8 @@ def _failure_types():
     from pipelines.etl.job import NothingWritten
     from pipelines.launch.failures import HorovodJobFailed, RelaunchImpossible
     from pipelines.tracking import TrackingFailed
-    from pipelines.training.arrow_reader import ShardCountError
-    from pipelines.training.rowcache import DamagedEntry
+    from pipelines.training.data import ShardCountError
+    from pipelines.training.data.rowcache import DamagedEntry
 
     return [RunSuperseded, ImageRejected, NothingWritten, HorovodJobFailed, RelaunchImpossible, TrackingFailed,
             ShardCountError, DamagedEntry]

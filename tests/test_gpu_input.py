@@ -52,7 +52,7 @@ def test_the_tail_sends_uint8_batches_through_a_device_copy_that_keras_fit_takes
 
     from pipelines.contract import row_bytes
     from pipelines.training.data import batched
-    from pipelines.training.model import build_model
+    from pipelines.training.model.build import build_model
 
     host = batched(uint8_rows(), 4)
     assert "CopyToDeviceDataset" not in stages(host) and stages(host)[0] == "PrefetchDataset"  # no GPU here
@@ -92,7 +92,8 @@ def test_batch_inference_sends_the_uint8_image_and_gets_the_models_own_probabili
     from pipelines.predict.infer import decode_file, decode_stored, predict_columns
     from pipelines.predict.local import predict_files
     from pipelines.predict.model import resolve_model
-    from pipelines.training.model import build_model, export_model
+    from pipelines.training.model.build import build_model
+    from pipelines.training.model.export import export_model
 
     model = build_model(3, 8, dropout=0.0, weights="none", seed=1, backbone="tiny", stored_size=12)
     rng = np.random.default_rng(0)
@@ -125,7 +126,7 @@ import json, sys
 import numpy as np
 import horovod.tensorflow.keras as hvd
 from pipelines.stack.kerasapi import keras
-from pipelines.training.model import build_model, compile_distributed
+from pipelines.training.model.build import build_model, compile_distributed
 hvd.init()
 rng = np.random.default_rng(0)
 x, y = rng.integers(0, 256, (8, 32, 32, 3), dtype=np.uint8), np.arange(8) % 3

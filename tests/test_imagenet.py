@@ -1,4 +1,4 @@
-"""``--weights imagenet`` resolved once before any rank trains (pipelines/training/imagenet.py): Keras'
+"""``--weights imagenet`` resolved once before any rank trains (pipelines/training/model/imagenet.py): Keras'
 cache, its URL and hash, a fetch from a real URL, and offline refusals, before TensorFlow loads.
 
 Offline is made deterministic, whatever network the machine has: Keras' cache is an empty HOME,
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from pipelines.training.imagenet import (IMAGENET, KerasFile, WeightsUnavailable, ensure_imagenet_weights,
+from pipelines.training.model.imagenet import (IMAGENET, KerasFile, WeightsUnavailable, ensure_imagenet_weights,
                                          ensure_keras_file, keras_cache_dir, md5_of)
 from tests.conftest import BIN, subprocess_env
 
@@ -184,7 +184,7 @@ def test_the_ranks_find_the_file_where_the_launcher_put_it(tmp_path, refused_por
     home = tmp_path / "home"
     home.mkdir()
     env = offline_env(home, refused_port)
-    place = ("from pipelines.training.imagenet import IMAGENET, keras_cache_dir; import os; s = IMAGENET['xception']; "
+    place = ("from pipelines.training.model.imagenet import IMAGENET, keras_cache_dir; import os; s = IMAGENET['xception']; "
              "p = os.path.join(keras_cache_dir(s.subdir), s.name); os.makedirs(os.path.dirname(p)); "
              "open(p, 'wb').write(b'ours'); print(p)")
     placed = subprocess.run([sys.executable, "-c", place], capture_output=True, text=True, env=env, cwd=REPO,

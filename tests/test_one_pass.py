@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipelines.training.data import OnePassShard, ShardCountError, load_dataset, verify_total
-from pipelines.training.sharding import shard
+from pipelines.training.data.sharding import shard
 from tests.datagen import write_dataset
 from tests.readers import READERS
 
@@ -79,8 +79,8 @@ def test_tf_dataset_and_feature_rows_are_exact(data):
     """The evaluation's and the feature cache's input: the tf.data view of the same one-pass read."""
     from pipelines.stack.kerasapi import keras
 
-    from pipelines.training.features import compute_shard
-    from pipelines.training.model import preprocessing
+    from pipelines.training.data.features import compute_shard
+    from pipelines.training.model.build import preprocessing
 
     image = keras.Input((4, 4, 3), dtype="uint8")  # the uint8 batches, preprocessed by the model's own layers
     backbone = keras.Model(image, keras.layers.GlobalAveragePooling2D()(preprocessing(image, 4, 4)))

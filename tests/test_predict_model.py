@@ -16,7 +16,8 @@ import tensorflow as tf
 
 from pipelines.predict.model import KERAS, MLFLOW, load_model, resolve_model
 from pipelines.predict.safeload import ModelContractError, UnsafeModel, check_model_config, read_zip_config
-from pipelines.training.model import build_model, export_model, file_sha256, input_contract
+from pipelines.training.model.build import build_model
+from pipelines.training.model.export import export_model, file_sha256, input_contract
 
 pytestmark = pytest.mark.slow  # TensorFlow and MLflow models: seconds each
 NAMES = ["a", "b"]

@@ -149,8 +149,8 @@ def test_a_notice_at_an_epochs_last_step_stops_at_the_epochs_end_after_its_check
 
 def small_model(seed=7):
     from pipelines.stack.kerasapi import keras
-    from pipelines.training.checkpoints import build_optimizer
-    from pipelines.training.checkpoints import resumable_dropout
+    from pipelines.training.model.checkpoints import build_optimizer
+    from pipelines.training.model.checkpoints import resumable_dropout
 
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((6,))
@@ -208,7 +208,7 @@ def checkpointed_fit(model, directory, segments, stop_after=None, state=None, hi
 
 
 def state_of(model):
-    from pipelines.training.checkpoints import checkpoint_variables
+    from pipelines.training.model.checkpoints import checkpoint_variables
 
     return {key: v.numpy() for key, v in checkpoint_variables(model).items()}
 
@@ -220,7 +220,7 @@ def test_a_run_killed_after_a_step_and_resumed_ends_bit_for_bit_as_the_uninterru
     checkpoint in two ``fit`` calls; each run's history too."""
     import json
 
-    from pipelines.training.checkpoints import load_checkpoint
+    from pipelines.training.model.checkpoints import load_checkpoint
     from pipelines.training.schedule import checkpoint_path, newest_complete_checkpoint
 
     whole = small_model()

@@ -149,8 +149,8 @@ def _train_save_restore_continue(directory):
     models' weights after the 3rd step."""
     import horovod.tensorflow.keras as hvd
     from pipelines.stack.kerasapi import keras
-    from pipelines.training.checkpoints import load_checkpoint, optimizer_state, save_checkpoint
-    from pipelines.training.model import build_model, compile_distributed
+    from pipelines.training.model.checkpoints import load_checkpoint, optimizer_state, save_checkpoint
+    from pipelines.training.model.build import build_model, compile_distributed
     hvd.init()
     rng = np.random.default_rng(0)
     x, y = rng.integers(0, 256, (8, 32, 32, 3), dtype=np.uint8), np.arange(8) % 3  # the model's uint8 input

@@ -81,16 +81,16 @@ def test_few_classes_keep_every_count_and_the_top_confusions_are_the_largest_off
 class _Data:
     """What save_outputs reads of a dataset."""
     class_names = ["cats", "dogs", "owls"]
-    image_size = 32
+    stored_size = 32
 
 
 def tiny(num_classes=3, size=32):
-    from pipelines.training.model import build_model
+    from pipelines.training.model.build import build_model
     return build_model(num_classes, size, dropout=0.0, weights="none", seed=1, backbone="tiny")
 
 
 def test_a_failure_while_drawing_leaves_the_results_written(tmp_path, monkeypatch):
-    from pipelines.training import results
+    from pipelines.training.records import report as results
     from pipelines.training.config import TrainConfig
     from pipelines.training.evaluate import Totals
 
@@ -111,7 +111,7 @@ def test_a_failure_while_drawing_leaves_the_results_written(tmp_path, monkeypatc
 
 
 def test_results_are_written_before_any_picture(tmp_path, monkeypatch):
-    from pipelines.training import results
+    from pipelines.training.records import report as results
     from pipelines.training.config import TrainConfig
 
     seen = {}
@@ -132,7 +132,7 @@ def test_results_are_written_before_any_picture(tmp_path, monkeypatch):
 
 def test_model_json_records_the_model_files_sha256(tmp_path):
     from pipelines.contract import MODEL_SHA256
-    from pipelines.training.model import export_model
+    from pipelines.training.model.export import export_model
     path = str(tmp_path / "model.keras")
     export_model(tiny(), path, 32, _Data.class_names)
     contract = json.loads((tmp_path / "model.json").read_text())
@@ -153,7 +153,7 @@ def mixed_policy():
 
 def test_a_mixed_precision_model_is_exported_computing_in_float32(tmp_path, mixed_policy):
     import tensorflow as tf
-    from pipelines.training.model import export_model
+    from pipelines.training.model.export import export_model
     model = tiny()
     assert model.get_layer("tiny").compute_dtype == "float16"  # trained under mixed_float16
     rng = np.random.default_rng(0)
@@ -175,7 +175,7 @@ def test_a_mixed_precision_model_is_exported_computing_in_float32(tmp_path, mixe
 
 def test_a_checkpoint_carries_the_loss_scale_of_mixed_precision(tmp_path, mixed_policy):
     import tensorflow as tf
-    from pipelines.training.checkpoints import load_checkpoint, optimizer_state, save_checkpoint
+    from pipelines.training.model.checkpoints import load_checkpoint, optimizer_state, save_checkpoint
 
     def compiled():
         m = tiny()
@@ -200,8 +200,8 @@ def test_a_checkpoint_carries_the_loss_scale_of_mixed_precision(tmp_path, mixed_
 
 
 def test_the_feature_cache_is_keyed_by_the_backbones_compute_dtype_and_the_models_input():
-    from pipelines.training.features import model_key as feature_key
-    from pipelines.training.model import model_input
+    from pipelines.training.data.features import model_key as feature_key
+    from pipelines.training.model.build import model_input
     uint8 = model_input(tiny(size=71))
     assert uint8 == "uint8-71"
     float32 = feature_key("none", 71, 42, "tiny", "float32", uint8)
@@ -216,7 +216,7 @@ def test_the_feature_cache_is_keyed_by_the_backbones_compute_dtype_and_the_model
 def test_the_training_config_imports_no_job_module_back():
     """The circle config -> finetune -> train -> config is gone: finetune imports neither the job nor
     the input paths, and importing the config loads neither."""
-    source = open(os.path.join(REPO, "pipelines", "training", "finetune.py")).read()
+    source = open(os.path.join(REPO, "pipelines", "training", "model", "finetune.py")).read()
     imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
     assert not imported & {"pipelines.training.train", "pipelines.training.inputs", "pipelines.training.config"}
     proc = subprocess.run([sys.executable, "-c", "import sys, pipelines.training.config; "
@@ -226,7 +226,7 @@ def test_the_training_config_imports_no_job_module_back():
 
 
 def test_the_report_gives_the_chosen_epochs_validation_figures_from_its_history():
-    from pipelines.training.results import best_validation
+    from pipelines.training.records.report import best_validation
 
     history = [{"epoch": 1, "val_loss": 0.9, "val_accuracy": 0.5, "val_count": 8.0},
                {"epoch": 2, "val_loss": 0.7, "val_accuracy": 0.625, "val_count": 8.0}]

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from pipelines.training.data import DataError, load_dataset, open_reader, row_groups_of
-from pipelines.training.rowcache import SUFFIX, RowGroupFiles, flat_columns, rank_cache_folder
+from pipelines.training.data.rowcache import SUFFIX, RowGroupFiles, flat_columns, rank_cache_folder
 from tests.datagen import write_dataset
 from tests.readers import READERS
 
@@ -77,7 +77,7 @@ class Files:
 
 def diskcache_store(folder):
     diskcache = pytest.importorskip("diskcache")
-    from pipelines.training.petastorm_reader import RowGroupDisk
+    from pipelines.training.data.petastorm.reader import RowGroupDisk
 
     return diskcache.FanoutCache(rank_cache_folder(folder, "rank0-train"), 3, disk=RowGroupDisk, size_limit=1 << 30)
 
@@ -132,7 +132,7 @@ def test_evicted_row_groups_leave_no_file_and_read_as_misses(tmp_path):
     """Petastorm's store: diskcache evicts the oldest row groups (ours never evicts: a shard is
     sized to fit, and what does not is not stored)."""
     diskcache = pytest.importorskip("diskcache")
-    from pipelines.training.petastorm_reader import RowGroupDisk
+    from pipelines.training.data.petastorm.reader import RowGroupDisk
 
     one = FLAT["images only, wide"]()
     size = 2 * 299 * 299 * 3
@@ -215,7 +215,7 @@ def test_threads_storing_while_others_evict_never_fail(tmp_path):
     import threading
 
     diskcache = pytest.importorskip("diskcache")
-    from pipelines.training.petastorm_reader import RowGroupDisk
+    from pipelines.training.data.petastorm.reader import RowGroupDisk
 
     width = 20_000
     errors, wrong = [], []
@@ -323,7 +323,7 @@ def old_format_file(path, marker):
 
 
 def test_a_planted_pickle_in_a_flat_file_does_not_run(tmp_path):
-    from pipelines.training.rowcache import DamagedEntry, read_row_group
+    from pipelines.training.data.rowcache import DamagedEntry, read_row_group
 
     marker = tmp_path / "ran"
     files = Files(str(tmp_path / "cache"))
@@ -340,7 +340,7 @@ def test_a_planted_pickled_diskcache_value_does_not_run(tmp_path):
     """A value diskcache itself pickled (what Petastorm's default store writes, or a planted one)
     reads as a miss through RowGroupDisk: never unpickled. Large and small pickles (a file, inline)."""
     diskcache = pytest.importorskip("diskcache")
-    from pipelines.training.petastorm_reader import RowGroupDisk
+    from pipelines.training.data.petastorm.reader import RowGroupDisk
 
     marker = str(tmp_path / "ran")
     folder = rank_cache_folder(str(tmp_path / "cache"), "rank0-train")
@@ -375,7 +375,7 @@ NOBODY = 65534
 
 @pytest.mark.parametrize("what", ["the cache root", "the rank's folder", "a link as the rank's folder"])
 def test_a_cache_folder_of_another_user_is_refused_and_kept(tmp_path, what):
-    from pipelines.training.rowcache import CacheFolderError
+    from pipelines.training.data.rowcache import CacheFolderError
 
     root = tmp_path / "cache"
     root.mkdir()
@@ -439,7 +439,7 @@ def planted_file(point):
 
 @pytest.mark.parametrize("how", ["read-only disk", "a mount point inside"])
 def test_a_rank_folder_that_cannot_be_cleared_is_refused_not_reused(tmp_path, tmpfs, how):
-    from pipelines.training.rowcache import CacheFolderError
+    from pipelines.training.data.rowcache import CacheFolderError
 
     if how == "read-only disk":
         root = tmpfs("cache", read_only=True, fill=planted_file)
@@ -460,7 +460,7 @@ def test_a_full_cache_disk_leaves_every_row_readable_and_is_said_once(tmp_path, 
     comes once, however many row groups did not fit."""
     import logging
 
-    from pipelines.training import rowcache
+    from pipelines.training.data import rowcache
 
     monkeypatch.setattr(rowcache, "_SAID", [])
     root = str(tmp_path / "etl")

@@ -1,4 +1,4 @@
-"""Which training run an output belongs to (pipelines/training/runs.py), names read from markers and
+"""Which training run an output belongs to (pipelines/training/records/ownership.py), names read from markers and
 records, and files that appear whole (pipelines/io/atomic.py): pure logic on real folders, no
 TensorFlow, no Horovod (the end-to-end runs: tests/test_training_runs.py)."""
 import json
@@ -12,9 +12,9 @@ from pipelines.io.atomic import PUBLIC, replacing, write_json
 from pipelines.contract import CHECKPOINT_NAME, TRAIN_RUN, plain_name
 from pipelines.runtime.errors import Refused
 from pipelines.io.storage import resolve
-from pipelines.training import runs
+from pipelines.training.records import ownership as runs
 from pipelines.training.config import TrainConfig
-from pipelines.training.outputs import Outputs
+from pipelines.training.records.mirror import Outputs
 from pipelines.training.schedule import marker_weights, newest_complete_checkpoint
 
 

@@ -89,10 +89,10 @@ def test_cli_prints_the_tables_and_refuses_bad_input(capsys):
 @pytest.mark.slow
 def test_block_counts_match_keras_xception_and_the_jobs_block_choice():
     """Every N of --fine-tune-blocks: the model's count equals Keras' trainable parameters after
-    the training job's own unfreeze rule (pipelines.training.finetune.block_layers)."""
+    the training job's own unfreeze rule (pipelines.training.model.finetune.block_layers)."""
     tf = pytest.importorskip("tensorflow")
-    from pipelines.training.finetune import block_layers
-    from pipelines.training.model import backbone_spec
+    from pipelines.training.model.finetune import block_layers
+    from pipelines.training.model.build import backbone_spec
 
     base = tf.keras.applications.Xception(weights=None, include_top=False, input_shape=(299, 299, 3))
     assert base.count_params() == 20_861_480

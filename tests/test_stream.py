@@ -1,4 +1,4 @@
-"""The positioned train stream (pipelines/training/stream.py; issue 38): opened at any row it yields
+"""The positioned train stream (pipelines/training/data/stream.py; issue 38): opened at any row it yields
 exactly the rows the stream opened at 0 has there, flips included; every pass covers the shard
 once; and training's datasets over our reader (cache, two threads) and over the feature cache
 open at a row exactly, however often they are made or iterated."""
@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.training.stream import (ShardStream, epoch_order, feature_batches, stream_batches,
+from pipelines.training.data.stream import (ShardStream, epoch_order, feature_batches, stream_batches,
                                        window_visits)
 from tests.datagen import IMAGE_SCHEMA, write_dataset
 from tests.readers import READERS
@@ -181,9 +181,13 @@ def test_the_feature_stream_opens_at_a_row(n, seed, start, batch):
     assert in_order[1].tolist() == [(start + i) % n for i in range(n)]
 
 
-def test_the_stream_module_needs_no_tensorflow():
-    code = ("import sys\nimport pipelines.training.stream, pipelines.training.arrow_reader\n"
-            "assert 'tensorflow' not in sys.modules\n")
+def test_the_data_layer_needs_no_tensorflow_until_a_dataset_is_made():
+    """Its pure parts (the stream, the readers, the sharding, the one-pass reads, the feature cache)
+    import without TensorFlow; only the tf.data tail loads it, when it is called."""
+    code = ("import sys\nimport pipelines.training.data, pipelines.training.data.features\n"
+            "import pipelines.training.data.stream, pipelines.training.data.arrow_reader\n"
+            "assert 'tensorflow' not in sys.modules, 'tensorflow'\n"
+            "assert not [m for m in sys.modules if m.split('.')[0] in ('petastorm', 'diskcache')]\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
 
@@ -227,7 +231,7 @@ def inputs_of(data, tmp_path, reader="own", **options):
 
     config = TrainConfig(data=data.root, output=str(tmp_path / "out"), batch_size=2, shuffle_buffer=5, seed=3,
                          reader=reader, reader_workers=2, augment=True, **options)
-    return ImageInputs(config, data, 0, 1, None, data.image_size)
+    return ImageInputs(config, data, 0, 1, None, data.stored_size)
 
 
 def take(dataset, batches):
@@ -242,7 +246,7 @@ def test_train_dataset_at_over_the_own_reader_is_the_stream_from_there(data, tmp
     later pass gives the batches of the stream from 0 there; a second fit's dataset made while the
     first one's iterator has prefetched still starts exactly where asked; a second iter() of a
     dataset starts at its row again."""
-    from pipelines.training import data as data_module
+    from pipelines.training.data.tfdata import shard_stream
 
     inputs = inputs_of(data, tmp_path)
     assert inputs.exact_positions
@@ -256,7 +260,7 @@ def test_train_dataset_at_over_the_own_reader_is_the_stream_from_there(data, tmp
         np.testing.assert_array_equal(reference[1], expected[1])
         np.testing.assert_array_equal(reference[0], expected[0])
         assert os.listdir(str(tmp_path / "cache"))  # the cache is filled
-        stream = data_module.shard_stream(inputs._train_reader, 5, 3)
+        stream = shard_stream(inputs._train_reader, 5, 3)
         assert stream.window == 3 and stream.shard_rows == 42
         for start in (2, 4, 6, 12, 40, 42, 46, 90, 130):  # inside, boundary, pass end, later passes
             images, labels = take(inputs.train_dataset_at(start), 25)
@@ -314,7 +318,8 @@ def test_make_dataset_over_the_reader_itself_after_it_was_read(data, tmp_path):
 def test_exact_positions_says_which_reader_opens_at_a_row(data, tmp_path, reader):
     """Ours is exact; Petastorm's is not, and its fit_datasets at a row still trains (its stream
     from where the reader is: each row of the shard still comes with its own image)."""
-    from pipelines.training.data import exact_positions, open_reader
+    from pipelines.training.data.readers import exact_positions
+    from pipelines.training.data import open_reader
 
     inputs = inputs_of(data, tmp_path, reader=reader)
     assert inputs.exact_positions is (reader == "own")
@@ -332,7 +337,7 @@ def test_exact_positions_says_which_reader_opens_at_a_row(data, tmp_path, reader
 def test_the_feature_dataset_opens_at_a_row(start):
     """feature_dataset(repeat=True): the positioned feature stream in full batches, opened at a
     row; each iter() from there; no tf.data shuffle."""
-    from pipelines.training.features import feature_dataset
+    from pipelines.training.data.features import feature_dataset
 
     features = np.random.default_rng(0).random((11, 6)).astype(np.float32)
     labels = np.arange(11, dtype=np.int32)

@@ -49,7 +49,7 @@ def shard_rows(files, shards=2):
     import warnings
     if not petastorm_available():
         from pipelines.io.storage import resolve
-        from pipelines.training.arrow_reader import split_row_groups
+        from pipelines.training.data.rowgroups import split_row_groups
         groups = split_row_groups([resolve(f) for f in files])
         return [sum(g.rows for g in groups[shard::shards]) for shard in range(shards)]
     from petastorm import make_batch_reader
@@ -220,8 +220,8 @@ def load_model(out):
 def checkpoint_checksum(out, epoch, num_classes, backbone="tiny", seed=42):
     """Checksum of the whole model holding checkpoint ``epoch`` (trainable weights) on the run's
     random backbone (``--weights none --seed 42``: the checkpoint identifies it by hash)."""
-    from pipelines.training.checkpoints import load_checkpoint
-    from pipelines.training.model import build_model
+    from pipelines.training.model.checkpoints import load_checkpoint
+    from pipelines.training.model.build import build_model
     from pipelines.training.resume import weights_checksum
     model = build_model(num_classes, SIZE, weights="none", seed=seed, backbone=backbone)
     load_checkpoint(model, os.path.join(out, f"checkpoint-{epoch}.npz"), optimizer=False)
@@ -396,7 +396,7 @@ def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset,
     assert epochs_logged(out) == [1, 2, 3] and after.data.metrics["test_accuracy"] == m["test"]["accuracy"]
 
     # a checkpoint goes with its run's settings: another seed (another random backbone) is refused by the
-    # launching driver before any rank, naming the difference (pipelines/training/runs.py)
+    # launching driver before any rank, naming the difference (pipelines/training/records/ownership.py)
     other = train(data, out, *args, "--seed", "1", np_=0)
     assert other.returncode == 2, other.stderr[-3000:]
     errors = error_lines(other.stderr)
@@ -603,8 +603,8 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, test
     import shutil
 
     from pipelines.stack.kerasapi import keras
-    from pipelines.training import features as feat
-    from pipelines.training.model import backbone_of
+    from pipelines.training.data import features as feat
+    from pipelines.training.model.build import backbone_of
     _, manifest = dataset
     data = str(tmp_path / "etl")  # a copy of the module's output: this test reruns the ETL into it
     shutil.copytree(dataset[0], data)
@@ -832,7 +832,7 @@ def test_horovod_trains_from_s3_to_s3(dataset, s3_data, s3_server, tmp_path):
     outputs land there, TensorBoard's logs and the checkpoints too, and rank 0's local staging
     folder is gone. The credentials, given as --storage-option (the suite's server takes any), are
     in no object of the bucket, no file of the run's MLflow store and no line printed."""
-    from pipelines.training import features as feat
+    from pipelines.training.data import features as feat
     data, manifest = dataset
     out = f"s3://{s3_data[1]}/runs/plain"
     staging = tmp_path / "tmp"
@@ -953,7 +953,7 @@ def test_notebook_setup_on_an_s3_workdir(dataset, s3_server, tmp_path, capsys):
     used from there, and training's driver checks (nb.train's) accept it; a missing bucket is refused."""
     from pipelines import notebook as nb
     from pipelines.io.storage import StorageError, resolve
-    from pipelines.training.data import check_run
+    from pipelines.training.plan import check_run
     bucket = s3_server.bucket("nb")
     resolve(f"s3://{bucket}/work/etl").upload(dataset[0])
     workdir, data_dir, base = nb.setup(f"s3://{bucket}/work/", "", "none", batch_size=4)
@@ -971,8 +971,8 @@ FINE_TUNE = ("--image-size", "32", "--fine-tune-blocks", "1", "--fine-tune-lr", 
 
 def fresh_tiny(num_classes, blocks=0):
     """The runs' initial model (``--weights none --seed 42``, 32 px) with ``blocks`` top blocks unfrozen."""
-    from pipelines.training.finetune import unfreeze
-    from pipelines.training.model import build_model
+    from pipelines.training.model.finetune import unfreeze
+    from pipelines.training.model.build import build_model
     model = build_model(num_classes, 32, weights="none", seed=42, backbone="tiny")
     unfreeze(model, "tiny", blocks)
     return model
@@ -1023,7 +1023,7 @@ def test_fine_tuning_trains_the_unfrozen_block_only(fine_tuned, dataset):
     """Checkpoint 4 (phase 2's last) against the initial model: the unfrozen convolution and batch
     norm's gamma/beta and the head changed; the frozen block and every moving statistic did not (the
     marker's hash of the non-trained weights at epoch 4's end, before any best-weights restore)."""
-    from pipelines.training.checkpoints import frozen_checksum
+    from pipelines.training.model.checkpoints import frozen_checksum
     out, _ = fine_tuned
     classes = dataset[1]["num_classes"]
     initial = fresh_tiny(classes, blocks=1)

@@ -7,7 +7,8 @@ import pytest
 
 from pipelines.runtime.config import parse_config
 from pipelines.training.config import TrainConfig
-from pipelines.training.data import DataError, cache_size_bytes, load_dataset
+from pipelines.training.data import DataError, load_dataset
+from pipelines.training.data.readers import cache_size_bytes
 from pipelines.training.devices import choose_device, rank_cores
 from benchmarks.eval_bench import previous_add, previous_batch_totals
 from pipelines.training.evaluate import Totals, add, batch_totals, gathers_pairs, sum_totals
@@ -259,7 +260,7 @@ def test_train_config_from_command_line(capsys):
 
 
 def test_feature_key_follows_weights_size_seed_and_backbone(tmp_path):
-    from pipelines.training.features import model_key as feature_key
+    from pipelines.training.data.features import model_key as feature_key
     w1, w2 = tmp_path / "a.h5", tmp_path / "b.h5"
     w1.write_bytes(b"weights one")
     w2.write_bytes(b"weights two")
@@ -273,7 +274,7 @@ def test_feature_key_follows_weights_size_seed_and_backbone(tmp_path):
 
 
 def test_feature_shards_round_trip_and_reshard(tmp_path):
-    from pipelines.training.features import read_shard, write_shard
+    from pipelines.training.data.features import read_shard, write_shard
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=(5, 2048)).astype(np.float32), rng.normal(size=(4, 2048)).astype(np.float32)
     write_shard(str(tmp_path), "train", 0, a, np.arange(5))
@@ -297,7 +298,7 @@ def test_a_backbone_refuses_weights_and_sizes_it_cannot_take(fields, message):
 
 
 def test_the_tiny_backbone_is_a_small_frozen_feature_extractor():
-    from pipelines.training.model import backbone_of, build_model
+    from pipelines.training.model.build import backbone_of, build_model
     model = build_model(5, 8, weights="none", backbone="tiny")
     backbone = backbone_of(model)
     assert backbone.name == "tiny" and backbone.output_shape == (None, 32) and not backbone.trainable
@@ -310,8 +311,8 @@ def test_the_tiny_backbone_is_a_small_frozen_feature_extractor():
 
 def test_fine_tune_blocks_of_xception_are_its_top_blocks_with_their_unnamed_layers():
     from pipelines.stack.kerasapi import keras
-    from pipelines.training.finetune import block_layers, trainable_parameters, unfreeze
-    from pipelines.training.model import BACKBONES, backbone_of, build_model
+    from pipelines.training.model.finetune import block_layers, trainable_parameters, unfreeze
+    from pipelines.training.model.build import BACKBONES, backbone_of, build_model
     keras.backend.clear_session()  # Keras numbers unnamed layers per process: a model built before adds "_1"
     names = [layer.name for layer in keras.applications.Xception(
         include_top=False, pooling="avg", input_shape=(71, 71, 3), weights=None).layers]
@@ -334,8 +335,8 @@ def test_fine_tune_blocks_of_xception_are_its_top_blocks_with_their_unnamed_laye
 
 
 def test_fine_tune_blocks_of_tiny_are_its_conv_and_batch_norm_pairs():
-    from pipelines.training.finetune import unfreeze
-    from pipelines.training.model import build_model
+    from pipelines.training.model.finetune import unfreeze
+    from pipelines.training.model.build import build_model
     model = build_model(3, 16, weights="none", backbone="tiny")
     assert unfreeze(model, "tiny", 1) == ["tiny_block2_conv", "tiny_block2_bn"]
     assert [w.name for w in model.trainable_weights] == [
@@ -347,7 +348,7 @@ def test_fine_tune_blocks_of_tiny_are_its_conv_and_batch_norm_pairs():
 
 
 def test_phase_2_learning_rate_and_allreduced_bytes():
-    from pipelines.training.finetune import KERAS_GUIDE_LR_FACTOR, allreduce_bytes, phase2_lr
+    from pipelines.training.model.finetune import KERAS_GUIDE_LR_FACTOR, allreduce_bytes, phase2_lr
     assert TrainConfig(data="d", output="o").fine_tune_lr == KERAS_GUIDE_LR_FACTOR == 1e-5 / 1e-3
     assert phase2_lr(0.002, 0.01) == pytest.approx(2e-5)
     assert allreduce_bytes(1000, fp16=False) == 4000 and allreduce_bytes(1000, fp16=True) == 2000

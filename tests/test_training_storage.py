@@ -1,5 +1,5 @@
 """Training's storage parts against the suite's real moto_server, without training (the end-to-end
-runs are in test_training_hvd.py): rank 0's outputs on a URI (pipelines/training/outputs.py), the
+runs are in test_training_hvd.py): rank 0's outputs on a URI (pipelines/training/records/mirror.py), the
 remote resume rule, and the legacy-API filesystem Petastorm reads a URI through."""
 import json
 import os
@@ -9,7 +9,7 @@ import pytest
 
 from pipelines.io.storage import resolve
 from pipelines.training.data import petastorm_available
-from pipelines.training.outputs import Outputs, open_outputs
+from pipelines.training.records.mirror import Outputs, open_outputs
 from pipelines.training.schedule import newest_complete_checkpoint
 
 
@@ -102,7 +102,7 @@ def test_pruning_deletes_this_runs_checkpoints_only_never_another_runs_in_a_shar
     """Run A's checkpoints 1..3 lie in the prefix B writes into (the claim was bypassed, as a second
     writer racing B would): B's pruning deletes B's own older checkpoints (pushed by this process,
     or named by markers of B's run id), never A's, whatever their epoch numbers."""
-    from pipelines.training.runs import Claim, RunIdentity
+    from pipelines.training.records.ownership import Claim, RunIdentity
     remote = resolve(f"s3://{s3_bucket}/shared")
     a = {"id": "A", "config": {}, "data_sha256": "d"}
     for epoch in (1, 2, 3):
@@ -131,7 +131,7 @@ def test_pruning_deletes_this_runs_checkpoints_only_never_another_runs_in_a_shar
 
 @pytest.mark.skipif(not petastorm_available(), reason="the legacy filesystem is Petastorm's, which cannot run here")
 def test_the_legacy_filesystem_answers_petastorms_calls_and_pickles(s3_bucket):
-    from pipelines.training.legacy_fs import LegacyFileSystem, petastorm_url
+    from pipelines.training.data.petastorm.legacy_fs import LegacyFileSystem, petastorm_url
     root = resolve(f"s3://{s3_bucket}/etl")
     root.join("train", "part-0.parquet").write_bytes(b"PAR1")
     root.join("train", "sub", "part-1.parquet").write_bytes(b"PAR11")

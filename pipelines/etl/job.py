@@ -175,7 +175,7 @@ def _manifest(config: ETLConfig, the_plan: Plan, result: Reconciled, spark_versi
         "classes_not_in_every_split": _classes_not_in_every_split(class_names, stats),
         "min_row_groups": config.min_row_groups,
         # ranks shard the train split by row group; the test split by rows where they outnumber its
-        # row groups (pipelines.training.data.OnePassShard), so only the train split limits them
+        # row groups (pipelines.training.data.onepass.OnePassShard), so only the train split limits them
         "max_world_size": stats[TRAIN].row_groups,
         "files": {
             "found": len(the_plan.files),

@@ -3,7 +3,7 @@
 A rank's process learns what its launcher decided through its environment (the only channel
 into a rank's child process, local or a barrier task's). Each variable is written by
 one function of this module in the launcher and read by :func:`read_rank_environment` alone, at
-the rank's start (:func:`pipelines.training.train.setup_rank` for every training rank), into a
+the rank's start (:func:`pipelines.training.rank.setup_rank` for every training rank), into a
 :class:`RankEnvironment` whose fields are passed on as parameters. (The user's own variables are
 :mod:`pipelines.runtime.environment`'s.)
 

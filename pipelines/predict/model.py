@@ -3,7 +3,7 @@
 A model is named three ways (:func:`resolve_model`):
 
 - a ``model.keras`` file: its contract ``model.json`` must lie beside it (``jobs/train.py`` writes
-  both, :func:`pipelines.training.model.input_contract`); it gives the input size and the class
+  both, :func:`pipelines.training.model.export.input_contract`); it gives the input size and the class
   names, so nothing is loaded on the driver;
 - a training run's output folder: its ``model.keras`` (and ``model.json``);
 - an MLflow URI, ``models:/NAME/VERSION`` or ``runs:/RUN_ID/PATH``: the model is downloaded once
@@ -144,7 +144,7 @@ def _load(flavor: str, path: str, sha256: str, _stamp: int):
             return keras.models.load_model(copy + ".h5", compile=False)
         raise UnsafeModel(f"{source}: not a Keras zip file (.keras format; it starts with {magic[:4]!r}): an "
                           "HDF5 or other file would be loaded by Keras' legacy loader, which can run code from it; "
-                          "export the model with pipelines.training.model.export_model")
+                          "export the model with pipelines.training.model.export.export_model")
 
 
 def _copy_hashed(source: str, target: str) -> str:
@@ -169,7 +169,7 @@ def check_loaded(model, image_size: int, num_classes: int) -> None:
     if dtype != MODEL_INPUT_DTYPE or shape[1:] != (image_size, image_size, 3):
         raise ModelContractError(f"the model takes {dtype} {shape}, not the ETL's {MODEL_INPUT_DTYPE} (None, "
                                  f"{image_size}, {image_size}, 3) images: export it with "
-                                 "pipelines.training.model.export_model")
+                                 "pipelines.training.model.export.export_model")
     if out[1:] != (num_classes,):
         raise ModelContractError(f"the model returns {out}, not one probability per class name "
                                  f"({plural(num_classes, 'name')})")
@@ -215,7 +215,7 @@ def read_contract(model_file: str) -> Tuple[int, List[Optional[str]], str]:
     if not (isinstance(digest, str) and len(digest) == 64):
         raise ModelContractError(f"{path}: no {HASH_KEY} (the sha256 of {MODEL_FILE} its training run recorded): "
                                  "the model file cannot be checked, so it is not loaded; export it again with "
-                                 "pipelines.training.model.export_model")
+                                 "pipelines.training.model.export.export_model")
     return shape[1], names, digest
 
 

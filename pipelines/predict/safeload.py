@@ -31,7 +31,7 @@ HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 # Keras 2.15 model (Keras registers its own optimizers there), and the Keras file loads without it.
 MLFLOW_REFUSED = ("custom_objects.cloudpickle", "code")
 # What a model may be built from: the layer classes, initializers and activations of the models
-# the product builds and exports (pipelines.training.model: the tiny and Xception backbones, the
+# the product builds and exports (pipelines.training.model.build: the tiny and Xception backbones, the
 # preprocessing layers and the head; tests/test_predict_model.py exports each and checks it passes).
 # Anything else that names a class or a function (Lambda, TFOpLambda, a custom or registered
 # object, a function such as builtins.exec) is refused by name before Keras reads the file.
@@ -83,7 +83,7 @@ def check_model_config(config, shown: str) -> None:
             raise UnsafeModel(f"{shown}: the model has {what!r} (registered name {item.get('registered_name')!r}){calls}, "
                               "not one of the layers, initializers and activations the product's models are "
                               "built from: refused before anything of it is loaded (export the model with "
-                              "pipelines.training.model.export_model)")
+                              "pipelines.training.model.export.export_model)")
         activation = item.get("activation")
         if isinstance(activation, str) and activation not in ALLOWED_ACTIVATIONS:
             raise UnsafeModel(f"{shown}: the model names the activation {activation!r}, not one of "

@@ -9,6 +9,10 @@ from typing import Dict, List, Optional, Sequence
 
 from pipelines.stack.kerasapi import keras
 
+from pipelines.training.divergence import (TrainingDiverged, diverged_message, epoch_end_place, non_finite_arrays,
+                                           non_finite_logs, step_place)
+from pipelines.training.model.checkpoints import checkpoint_variables
+from pipelines.training.preemption import Preempted, holding
 from pipelines.training.schedule import marker_path
 
 log = logging.getLogger("pipelines")
@@ -119,7 +123,7 @@ def loss_scale(optimizer) -> Optional[float]:
 class DivergenceGuard(keras.callbacks.Callback):
     """Every rank: ends the run on every rank at the same step when any rank's loss is NaN or
     infinite, or, at an epoch's end, any of the epoch's logs or the weights and optimizer state a
-    checkpoint would hold (:func:`pipelines.training.checkpoints.checkpoint_variables`).
+    checkpoint would hold (:func:`pipelines.training.model.checkpoints.checkpoint_variables`).
 
     After every training step each rank adds whether its own step's logs (``loss``: Keras' running
     mean over the epoch, so it turns non-finite at the very step one batch's loss did) hold a
@@ -164,8 +168,6 @@ class DivergenceGuard(keras.callbacks.Callback):
         self.epoch = epoch + 1
 
     def on_train_batch_end(self, batch, logs=None):
-        from pipelines.training.divergence import non_finite_logs, step_place
-
         preempted = self._stop_if_found(non_finite_logs(logs), step_place(self.epoch, batch + 1, self.steps),
                                         bool(self.notice and self.notice.requested))
         if preempted and batch + 1 < self.steps:
@@ -173,8 +175,6 @@ class DivergenceGuard(keras.callbacks.Callback):
         self.deferred = self.deferred or preempted  # the epoch's last step: stop once the epoch is checkpointed
 
     def _stop_preempted(self, step: int) -> None:
-        from pipelines.training.preemption import Preempted, holding
-
         with holding(self.notice):  # a second SIGTERM waits for the checkpoint
             checkpoint = self.on_preempted(self.epoch, step) if self.on_preempted else None
         checkpoint = self.agree(checkpoint)  # every rank: after rank 0's checkpoint is complete
@@ -182,9 +182,6 @@ class DivergenceGuard(keras.callbacks.Callback):
                         checkpoint)
 
     def on_epoch_end(self, epoch, logs=None):
-        from pipelines.training.checkpoints import checkpoint_variables
-        from pipelines.training.divergence import epoch_end_place, non_finite_arrays, non_finite_logs
-
         variables = checkpoint_variables(self.model)
         arrays = non_finite_arrays({key: v.numpy() for key, v in variables.items()})
         found = non_finite_logs(logs) + [f"{key} ({variables[key].name})" for key in arrays]
@@ -193,8 +190,6 @@ class DivergenceGuard(keras.callbacks.Callback):
     def _stop_if_found(self, found: List[str], place: str, preempted: bool = False) -> bool:
         """The collective step: every rank calls it at the same point, each with what it found (and
         whether it had a preemption notice). Returns whether any rank had the notice."""
-        from pipelines.training.divergence import TrainingDiverged, diverged_message
-
         diverged, notices = self.count((bool(found), preempted))
         if not diverged:
             return bool(notices)
@@ -214,8 +209,6 @@ class PreemptAtEpochEnd(keras.callbacks.Callback):
         self.guard = guard
 
     def on_epoch_end(self, epoch, logs=None):
-        from pipelines.training.preemption import Preempted
-
         if self.guard.deferred:
             name = self.guard.agree(os.path.basename(marker_path("", epoch + 1)))
             raise Preempted(f"preempted: every rank stopped after epoch {epoch + 1} (a SIGTERM)", name)
@@ -263,7 +256,7 @@ class TrackEpochs(keras.callbacks.Callback):
 
 class SyncOutputs(keras.callbacks.Callback):
     """Rank 0, after the callbacks that write the epoch's files: a URI ``--output`` receives them,
-    the checkpoint's marker last (:meth:`pipelines.training.outputs.Outputs.push`); nothing for a
+    the checkpoint's marker last (:meth:`pipelines.training.records.mirror.Outputs.push`); nothing for a
     local one."""
 
     def __init__(self, outputs):

@@ -10,13 +10,14 @@ from pipelines.stack.kerasapi import keras
 
 from pipelines.io.atomic import write_json
 from pipelines.training.callbacks import BestWeightsEarlyStopping
+from pipelines.training.model.checkpoints import FORMAT, frozen_checksum, save_checkpoint
 from pipelines.training.schedule import (checkpoint_path, checkpoint_position, marker_path, step_checkpoint_path,
                                          step_marker_path)
 
 
 class CheckpointMarker(keras.callbacks.Callback):
     """Rank 0: writes epoch N's checkpoint (trainable weights + optimizer state, a few KB: see
-    :mod:`pipelines.training.checkpoints`), then marks it complete, and keeps only the newest and
+    :mod:`pipelines.training.model.checkpoints`), then marks it complete, and keeps only the newest and
     the best checkpoints.
 
     The marker ``checkpoint-N.json`` is written to a temporary name and renamed after the
@@ -24,7 +25,7 @@ class CheckpointMarker(keras.callbacks.Callback):
     (``frozen_sha256``), the epoch's logs, the history so far and the early-stopping state, so that
     ``--resume`` picks only complete checkpoints, refuses other frozen weights, and continues
     exactly where training was. ``extra`` goes into every marker: the training phase
-    (``{"phase": 1}`` by default; fine-tuning's adds phase 1's outcome, :mod:`pipelines.training.finetune`,
+    (``{"phase": 1}`` by default; fine-tuning's adds phase 1's outcome, :mod:`pipelines.training.model.finetune`,
     and each phase 2 marker the sha256 of the weights that are not trained, ``non_trainable_sha256``,
     taken at the epoch's end: the frozen layers and every batch norm's moving statistics).
     """
@@ -73,14 +74,11 @@ class CheckpointMarker(keras.callbacks.Callback):
         return os.path.basename(marker_file)
 
     def _write(self, weights: str, marker_file: str, where: Dict, early_stopping: Dict) -> Dict:
-        from pipelines.training.checkpoints import FORMAT, save_checkpoint
-
         size = save_checkpoint(self.model, weights)
         marker = {**where, "weights": os.path.basename(weights), "weights_bytes": size, "format": FORMAT,
                   "frozen_sha256": self.frozen_sha256, "history": self.history, "early_stopping": early_stopping,
                   **self.extra}
         if marker.get("phase") == 2:  # fine-tuning: what stayed frozen (layers, batch-norm statistics) at this epoch
-            from pipelines.training.checkpoints import frozen_checksum
             marker["non_trainable_sha256"] = frozen_checksum(self.model)
         write_json(marker_file, marker, indent=1)
         self._last = time.monotonic()

@@ -31,12 +31,12 @@ from pipelines.runtime.spark import spark_session
 from pipelines.io.storage import is_local, resolve
 from pipelines.tracking import TrackingFailed, check_store
 from pipelines.training.config import TrainConfig
-from pipelines.training.data import check_run
+from pipelines.training.plan import check_run
 from pipelines.training.devices import rank_cores, threads_per_rank
-from pipelines.training.imagenet import ensure_imagenet_weights
-from pipelines.training.outputs import check_output
+from pipelines.training.model.imagenet import ensure_imagenet_weights
+from pipelines.training.records.mirror import check_output
 from pipelines.training.preemption import PREEMPTED_EXIT, Preempted, resume_line
-from pipelines.training.runs import check_output_claim
+from pipelines.training.records.ownership import check_output_claim
 from pipelines.training.train import run_training
 
 RANK_LOGS = "logs"  # under --output: each rank's whole output (HorovodRunner's log_dir)
@@ -170,7 +170,7 @@ def refuse_early(config: TrainConfig, rank: Optional[int], world_size: int) -> N
     in Keras' cache and fetch nothing.
 
     ``rank`` and ``world_size`` are :func:`horovodrun_place`'s (None and 1 alone), the same numbers
-    :func:`pipelines.training.train.plan_run` then has from Horovod.
+    :func:`pipelines.training.plan.plan_run` then has from Horovod.
 
     Raises:
         as :func:`check_before_ranks` and :func:`fetch_weights`.
@@ -183,14 +183,15 @@ def refuse_early(config: TrainConfig, rank: Optional[int], world_size: int) -> N
 def check_before_ranks(config: TrainConfig, world_size: int):
     """The refusals a process makes before any rank trains (the launching driver, the notebooks,
     rank 0 under ``horovodrun``), without TensorFlow: the data cannot feed ``world_size`` ranks,
-    ``--output`` cannot be used, or holds another training run (:mod:`pipelines.training.runs`), or
+    ``--output`` cannot be used, or holds another training run (:mod:`pipelines.training.records.ownership`), or
     ``--resume`` would continue a run trained at another world size or batch, or on other data.
-    Returns the run it would be (a :class:`~pipelines.training.runs.RunIdentity`).
+    Returns the run it would be (a :class:`~pipelines.training.records.ownership.RunIdentity`).
 
     Raises:
         pipelines.runtime.errors.Refused (DataError, StorageError, MissingInput ...): as
-            :func:`pipelines.training.data.check_run` and :func:`pipelines.training.outputs.check_output`.
-        pipelines.training.runs.RunRefused: as :func:`pipelines.training.runs.claim`.
+            :func:`pipelines.training.plan.check_run` and
+            :func:`pipelines.training.records.mirror.check_output`.
+        pipelines.training.records.ownership.RunRefused: as :func:`pipelines.training.records.ownership.claim`.
     """
     check_run(config.data, config.batch_size, world_size, config.storage_options)
     check_output(config.output, config.storage_options)
@@ -204,8 +205,8 @@ def fetch_weights(config: TrainConfig) -> None:
     :func:`check_before_ranks`.
 
     Raises:
-        pipelines.training.imagenet.WeightsUnavailable: as
-            :func:`pipelines.training.imagenet.ensure_imagenet_weights` (a refusal: exit 2).
+        pipelines.training.model.imagenet.WeightsUnavailable: as
+            :func:`pipelines.training.model.imagenet.ensure_imagenet_weights` (a refusal: exit 2).
     """
     ensure_imagenet_weights(config.backbone, config.weights)
 

@@ -12,7 +12,10 @@ from pipelines.runtime.environment import TRACKING_ENV, read_settings
 from pipelines.runtime.errors import Refused
 from pipelines.io.paths import check_url_safe
 from pipelines.io.storage import check_not_root, is_local
-from pipelines.training.finetune import KERAS_GUIDE_LR_FACTOR
+from pipelines.training.data import check_reader
+from pipelines.training.data.rowcache import refuse_foreign
+from pipelines.training.model.build import check_backbone
+from pipelines.training.model.finetune import KERAS_GUIDE_LR_FACTOR, check_fine_tune
 
 
 XLA_CHOICES = ("off", "on")  # --xla
@@ -53,6 +56,7 @@ class TrainConfig:
     base_lr: float = field(0.001, help="learning rate of one rank; scaled by the world size")
     warmup_epochs: float = field(0.0, help="epochs of linear warmup from base_lr to base_lr x world size")
     dropout: float = field(0.5, help="dropout rate before the softmax head")
+    # the model's input side (input_size), named as its flag --image-size; the stored side is the data's
     image_size: int = field(0, help="side of the model's input in pixels; 0 = the ETL's size "
                                     "(a smaller size resizes on the fly)")
     weights: str = field("imagenet", help="backbone weights: imagenet (Keras download), none (random), "
@@ -84,7 +88,8 @@ class TrainConfig:
     reader_workers: int = field(2, help="reader threads per rank")
     reader: str = field("",
                         help="how ranks read their shard: petastorm, or own (pyarrow: where Petastorm cannot run); "
-                             "default: petastorm where it runs with the installed pyarrow, else own")
+                             "default: the installed stack's (petastorm on the mission stack, own on the current "
+                             "one: pipelines/stack/__init__.py)")
     bind_cores: bool = field(False, help="bind each rank and its threads to --threads cores of its own (CPU "
                                          "training on a host the ranks fill: local ranks x threads <= cores)")
     tensorboard: bool = field(True, help="write TensorBoard logs on rank 0")
@@ -99,7 +104,7 @@ class TrainConfig:
     fine_tune_blocks: int = field(0, help="after the head has converged (early stopping or --epochs), unfreeze the "
                                           "backbone's top N blocks (Xception: block14 down, 1..14; tiny: 1..2) and "
                                           "train on, on images, batch-norm kept in inference mode; 0 = the backbone "
-                                          "stays frozen (pipelines/training/finetune.py)")
+                                          "stays frozen (pipelines/training/model/finetune.py)")
     fine_tune_lr: float = field(KERAS_GUIDE_LR_FACTOR, help="phase 2's learning rate = this factor x phase 1's (base_lr x world size); "
                                            "0.01 is the Keras transfer-learning guide's (Adam 1e-3, then 1e-5)")
     fine_tune_epochs: int = field(0, help="maximum epochs of the fine-tuning phase, with the same early stopping; "
@@ -111,7 +116,8 @@ class TrainConfig:
                                               "says so once)")
     xla: str = field("off", help="on: the model's forward and backward pass compiled by XLA "
                                  "(tf.function(jit_compile=True); Horovod's allreduce and the update stay "
-                                 "TensorFlow ops: pipelines/training/model.py, xla_train_step); off: not (default)")
+                                 "TensorFlow ops: pipelines/training/model/build.py, xla_train_step); off: not "
+                                 "(default)")
     tracking: Optional[bool] = field(None, help=trk.HELP["tracking"] + "; rank 0 logs one run per job")
     tracking_uri: str = field("", help=trk.HELP["tracking_uri"])
     experiment: str = field("pipelines-train", help=trk.HELP["experiment"])
@@ -135,8 +141,9 @@ class TrainConfig:
         """Whether ``--xla on``: the model's pass compiled by XLA."""
         return self.xla == "on"
 
-    def model_size(self, stored_size: int) -> int:
-        """Side of the model's input in pixels: ``--image-size``, or the stored images' size."""
+    def input_size(self, stored_size: int) -> int:
+        """Side of the model's input in pixels (``input_size``): ``--image-size``, or ``stored_size``,
+        the side of the ETL's stored images."""
         return self.image_size or stored_size
 
     def __post_init__(self) -> None:
@@ -165,8 +172,6 @@ class TrainConfig:
                               "checkpoints")
         if self.resume and self.overwrite:
             raise Refused("--resume continues the run in --output, --overwrite replaces it: give one of them")
-        from pipelines.training.data import check_reader
-
         self.reader = check_reader(self.reader)
         if self.shuffle_buffer < 1:
             raise Refused(f"--shuffle-buffer must be >= 1, got {self.shuffle_buffer}")
@@ -175,10 +180,6 @@ class TrainConfig:
         check_not_root(self.output, "--output")  # a run prunes its checkpoints there
         if self.data and is_local(self.data):
             self.data = check_url_safe(self.data, "--data")
-        from pipelines.training.model import check_backbone
-
-        from pipelines.training.finetune import check_fine_tune
-
         check_fine_tune(check_backbone(self.backbone, self.weights, self.image_size), self.fine_tune_blocks,
                         self.fine_tune_lr, self.fine_tune_epochs)
         if self.weights not in ("imagenet", "none"):
@@ -189,8 +190,6 @@ class TrainConfig:
         if self.cache_dir:
             self.cache_dir = os.path.abspath(os.path.expanduser(self.cache_dir))
             check_folder_path(self.cache_dir, "--cache-dir")
-            from pipelines.training.rowcache import refuse_foreign
-
             refuse_foreign(self.cache_dir)  # another user's files are never read as a rank's cache
         settings = read_settings()  # here, in the launching process: the one read of the environment
         self.verbose = settle_verbose(self.verbose, settings)
@@ -220,8 +219,8 @@ def check_folder_path(path: str, option: str) -> None:
 def local_or_uri(value: str) -> str:
     """A local path made absolute (``file://`` URLs become paths), a URI as given (``s3://b/k``,
     trailing ``/`` dropped). The URI is resolved, and refused when its scheme is unknown or its
-    bucket missing, where the run is planned (:func:`pipelines.training.data.load_dataset`,
-    :func:`pipelines.training.outputs.open_outputs`): there only rank 0 reports it."""
+    bucket missing, where the run is planned (:func:`pipelines.training.data.dataset.load_dataset`,
+    :func:`pipelines.training.records.mirror.open_outputs`): there only rank 0 reports it."""
     if is_local(value):
         path = value[len("file://"):] if value.startswith("file://") else value
         return os.path.abspath(os.path.expanduser(path))

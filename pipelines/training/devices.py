@@ -95,7 +95,7 @@ def apply_device(local_rank: int, local_size: int, assigned: Sequence[str] = (),
 
 def prefetch_device(logical_gpus: Sequence[str]) -> Optional[str]:
     """Where the input pipeline's last stage puts its batches
-    (:func:`pipelines.training.data.to_device`): the first GPU TensorFlow lists (``logical_gpus``,
+    (:func:`pipelines.training.data.tfdata.to_device`): the first GPU TensorFlow lists (``logical_gpus``,
     e.g. ``['/device:GPU:0']``; after :func:`apply_device` a rank sees its own GPU only, as GPU 0),
     where Keras places the model; ``None`` (the host: no copy) when there is none."""
     return logical_gpus[0] if logical_gpus else None

@@ -12,6 +12,9 @@ from typing import List
 
 import numpy as np
 
+from pipelines.contract import VALIDATION
+from pipelines.training.data import verify_total
+
 
 def _no_labels() -> np.ndarray:
     return np.zeros(0, np.int64)
@@ -164,7 +167,7 @@ def exact_validation(inputs, data):
     exact evaluation of the whole validation split: every rank evaluates its one-pass shard
     (``inputs.evaluate_shard``, each row once, its count checked), the sums are added over ranks
     (:func:`allreduce_totals`) and the total checked against the manifest
-    (:func:`pipelines.training.data.verify_total`). Early stopping, the best weights, the
+    (:func:`pipelines.training.data.onepass.verify_total`). Early stopping, the best weights, the
     checkpoints' records, fine-tuning's start and ``curves.png`` all read it; the test split is never
     read here (only once, after training: :func:`pipelines.training.train.evaluate`). It also logs
     ``val_seconds``. Every rank must run it (it is collective); ``fit`` then needs no
@@ -176,9 +179,6 @@ def exact_validation(inputs, data):
     import time
 
     import tensorflow as tf
-
-    from pipelines.contract import VALIDATION
-    from pipelines.training.data import verify_total
 
     class ExactValidation(tf.keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):

@@ -2,9 +2,9 @@
 
 * :class:`ImageInputs` - the article's path: the whole model (frozen backbone + head) on images,
   read by looping readers (Petastorm's or ours, ``--reader``) for ``fit`` and by
-  :class:`~pipelines.training.data.OnePassShard` for the exact evaluation (each epoch's and the end's).
+  :class:`~pipelines.training.data.onepass.OnePassShard` for the exact evaluation (each epoch's and the end's).
 * :class:`FeatureInputs` - the feature cache: the backbone's pooled features computed once per
-  rank shard (:mod:`pipelines.training.features`), and only the head trained on them.
+  rank shard (:mod:`pipelines.training.data.features`), and only the head trained on them.
 
 Each path answers the same questions: which model trains (:attr:`model`), which ``tf.data``
 dataset feeds ``fit`` (:meth:`fit_datasets`, a context manager that owns the readers; it yields
@@ -15,13 +15,13 @@ and which model is exported
 (:meth:`exported_model`, always the whole model). A third path is one more class with these
 four members, chosen in :func:`make_inputs`.
 
-The training stream is positioned (:mod:`pipelines.training.stream`): ``fit_datasets(cache_root,
+The training stream is positioned (:mod:`pipelines.training.data.stream`): ``fit_datasets(cache_root,
 start_row)`` opens it at this rank's stream row ``start_row`` (global steps so far x
 ``--batch-size``), and inside the block :meth:`ImageInputs.train_dataset_at` gives a new dataset
 over the same reader at another row (a resumed epoch's rest, then the epochs after it, as two
 ``fit`` calls). Where that is exact says ``exact_positions``: our reader and the feature cache,
 not Petastorm's reader (whose stream starts afresh). (Fine-tuning is not a path but a second phase,
-:mod:`pipelines.training.finetune`, on :class:`ImageInputs` over the whole model.)
+:mod:`pipelines.training.model.finetune`, on :class:`ImageInputs` over the whole model.)
 """
 from __future__ import annotations
 
@@ -33,8 +33,10 @@ from typing import Iterator, Optional, Tuple
 from pipelines.contract import EVALUATED, SPLITS
 from pipelines.runtime.logs import plural
 from pipelines.training.config import TrainConfig
-from pipelines.training.data import Dataset, OnePassShard, check_reader, make_dataset, open_reader, verify_total
-from pipelines.training.model import backbone_of, feature_extractor, model_input
+from pipelines.training.data import (Dataset, OnePassShard, check_reader, features as feat, make_dataset, open_reader,
+                                     verify_total)
+from pipelines.training.evaluate import evaluate_dataset
+from pipelines.training.model.build import backbone_of, build_head, feature_extractor, model_input
 
 log = logging.getLogger("pipelines")
 
@@ -44,10 +46,10 @@ class ImageInputs:
 
     name = "images"
 
-    def __init__(self, config: TrainConfig, data: Dataset, rank: int, size: int, full_model, image_size: int):
+    def __init__(self, config: TrainConfig, data: Dataset, rank: int, size: int, full_model, input_size: int):
         self.config, self.data, self.rank, self.size = config, data, rank, size
         self.model = self.full_model = full_model
-        self.image_size = image_size
+        self.input_size = input_size
 
     _train_reader = None  # the training reader, inside fit_datasets only
 
@@ -55,7 +57,7 @@ class ImageInputs:
     def exact_positions(self) -> bool:
         """Whether :meth:`train_dataset_at` (and ``fit_datasets``' ``start_row``) opens the train
         stream exactly at a row: with our reader, not Petastorm's (``--reader``,
-        :func:`~pipelines.training.data.exact_positions`).
+        :func:`~pipelines.training.data.readers.exact_positions`).
 
         Raises:
             pipelines.runtime.errors.Refused: ``--reader`` is unknown or cannot run here (:func:`check_reader`).
@@ -69,17 +71,17 @@ class ImageInputs:
 
     def _dataset_over(self, reader, split: str, start_row: int):
         """The dataset of ``split`` over ``reader`` from stream row ``start_row`` (over Petastorm's
-        reader not honoured, :func:`~pipelines.training.data.make_dataset`: the caller says so, as
+        reader not honoured, :func:`~pipelines.training.data.tfdata.make_dataset`: the caller says so, as
         ``train.py`` does when it resumes where :attr:`exact_positions` is False)."""
         c, training = self.config, split == "train"
-        return make_dataset(reader, self.data.image_size, c.batch_size, c.shuffle_buffer if training else 0,
+        return make_dataset(reader, self.data.stored_size, c.batch_size, c.shuffle_buffer if training else 0,
                             seed=c.seed + self.rank, augment=c.augment and training, start_row=start_row)
 
     @contextlib.contextmanager
     def reader_dataset(self, split: str, cache_root: str, start_row: int = 0) -> Iterator[object]:
         """A looping dataset of ``split`` over a reader (``--reader``) that lives until the block ends;
         the training split is shuffled (and augmented with ``--augment``); over our reader it starts
-        at stream row ``start_row`` (:func:`~pipelines.training.data.make_dataset`)."""
+        at stream row ``start_row`` (:func:`~pipelines.training.data.tfdata.make_dataset`)."""
         with self._open(split, cache_root) as reader:
             yield self._dataset_over(reader, split, start_row)
 
@@ -119,8 +121,6 @@ class ImageInputs:
     def evaluate_shard(self, model, split: str):
         """Totals over this rank's shard of ``split`` (one of :data:`pipelines.contract.EVALUATED`),
         each row once, count checked against the footers."""
-        from pipelines.training.evaluate import evaluate_dataset
-
         _check_evaluated(split)
         shard = OnePassShard(self.data, split, self.rank, self.size)
         totals = evaluate_dataset(model, shard.dataset(self.config.batch_size))
@@ -137,29 +137,25 @@ class FeatureInputs:
 
     name = "features"
 
-    def __init__(self, config: TrainConfig, data: Dataset, rank: int, size: int, full_model, image_size: int):
-        from pipelines.training import features as feat
-
+    def __init__(self, config: TrainConfig, data: Dataset, rank: int, size: int, full_model, input_size: int):
         self.config, self.data, self.rank, self.size = config, data, rank, size
-        self.full_model, self.image_size = full_model, image_size
+        self.full_model, self.input_size = full_model, input_size
         self.features = self._ensure_features()
         self.directory = self.features.uri  # as the report names it
-        self.model = feat.build_head(data.num_classes, config.dropout, config.seed,
+        self.model = build_head(data.num_classes, config.dropout, config.seed,
                                      backbone_of(full_model).output_shape[-1])
         # Start from the whole model's initial head, so both paths train the same function from the same point.
         self.model.get_layer("head").set_weights(full_model.get_layer("head").get_weights())
 
     def _ensure_features(self):
         """The feature set of this data (its ETL run and parts' footers: rank 0's
-        :meth:`~pipelines.training.data.Dataset.identity`, the same on every rank), backbone and
+        :meth:`~pipelines.training.data.dataset.Dataset.identity`, the same on every rank), backbone and
         size: reused when complete and of the manifest's row counts, else computed, each rank its
         own shard of each split. Returns its folder (a :class:`pipelines.io.storage.Location`)."""
         import horovod.tensorflow as hvd_tf
 
-        from pipelines.training import features as feat
-
         c, data, rank = self.config, self.data, self.rank
-        model = feat.model_key(c.weights, self.image_size, c.seed, c.backbone,
+        model = feat.model_key(c.weights, self.input_size, c.seed, c.backbone,
                                backbone_of(self.full_model).compute_dtype,  # float16 under mixed precision
                                model_input(self.full_model))
         identity = hvd_tf.broadcast_object(data.identity() if rank == 0 else None, root_rank=0, name="data_identity")
@@ -192,13 +188,11 @@ class FeatureInputs:
         hvd_tf.broadcast_object(None, root_rank=0, name="features_complete")
         return directory
 
-    #: the feature cache's stream is positioned (:func:`pipelines.training.stream.feature_batches`)
+    #: the feature cache's stream is positioned (:func:`pipelines.training.data.stream.feature_batches`)
     exact_positions = True
     _train_rows: Optional[Tuple[object, object]] = None  # the shard's train features, inside fit_datasets
 
     def _train_at(self, start_row: int):
-        from pipelines.training import features as feat
-
         return feat.feature_dataset(*self._train_rows, self.config.batch_size, shuffle=True,
                                     seed=self.config.seed + self.rank, repeat=True, start_row=start_row)
 
@@ -211,8 +205,6 @@ class FeatureInputs:
         Raises:
             ValueError: a negative ``start_row``.
         """
-        from pipelines.training import features as feat
-
         self._train_rows = feat.read_shard(self.features, "train", self.rank, self.size)
         try:
             yield self._train_at(start_row), None
@@ -233,9 +225,6 @@ class FeatureInputs:
     def evaluate_shard(self, model, split: str):
         """Totals of the head over this rank's share of the cached features of ``split`` (one of
         :data:`pipelines.contract.EVALUATED`), every row once."""
-        from pipelines.training import features as feat
-        from pipelines.training.evaluate import evaluate_dataset
-
         _check_evaluated(split)
         features, labels = feat.read_shard(self.features, split, self.rank, self.size)
         dataset = feat.feature_dataset(features, labels, self.config.batch_size, shuffle=False, seed=0,
@@ -258,13 +247,11 @@ def _check_evaluated(split: str) -> None:
         raise ValueError(f"only {' and '.join(EVALUATED)} are evaluated, not {split!r}")
 
 
-def make_inputs(config: TrainConfig, data: Dataset, rank: int, size: int, full_model, image_size: int):
+def make_inputs(config: TrainConfig, data: Dataset, rank: int, size: int, full_model, input_size: int):
     """The input path of this run: features when ``--feature-cache`` applies, else images."""
-    from pipelines.training import features as feat
-
     not_applicable = feat.inapplicable_reason(config) if config.feature_cache else None
     if not_applicable and rank == 0:
         log.info("feature cache off: %s; training the whole model on images", not_applicable)
     cls = FeatureInputs if config.feature_cache and not_applicable is None else ImageInputs
-    return cls(config, data, rank, size, full_model, image_size)
+    return cls(config, data, rank, size, full_model, input_size)
 

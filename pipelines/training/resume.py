@@ -2,7 +2,7 @@
 relaunch after a lost rank), loaded on rank 0 and sent to every rank by broadcast; for the
 fine-tuning phase too (:func:`phase1_best`, :func:`phase2_resume`).
 
-``rank`` below is the job's :class:`pipelines.training.train.Rank` (this module is imported by the
+``rank`` below is the job's :class:`pipelines.training.rank.Rank` (this module is imported by the
 job, never the other way round).
 """
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import Dict, List, Optional
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 from pipelines.training.config import TrainConfig
+from pipelines.training.model.checkpoints import broadcast_state, build_optimizer, load_checkpoint, optimizer_checksum
+from pipelines.training.schedule import checkpoint_path, marker_weights
 
 log = logging.getLogger("pipelines")
 
@@ -62,7 +64,7 @@ def weights_checksum(model) -> str:
 def restore(config: TrainConfig, model, rank, frozen_sha256: Optional[str] = None,
             directory: Optional[str] = None, claim=None) -> Resume:
     """With ``--resume``, or in a relaunch after a lost rank (``--max-failures``), rank 0 takes the
-    checkpoint its ``claim`` continues (:func:`pipelines.training.runs.claim`: the newest complete
+    checkpoint its ``claim`` continues (:func:`pipelines.training.records.ownership.claim`: the newest complete
     checkpoint of this run's own, in ``directory``, its local output folder, default ``--output``) and
     loads it (trainable weights and optimizer state) and the best weights so far; the marker (epoch,
     history, early-stopping state), the weights and the optimizer state reach every rank by
@@ -73,9 +75,6 @@ def restore(config: TrainConfig, model, rank, frozen_sha256: Optional[str] = Non
             (``frozen_sha256`` differs from its marker's) or is of another format.
     """
     import horovod.tensorflow as hvd_tf
-
-    from pipelines.training.checkpoints import broadcast_state, build_optimizer, load_checkpoint, optimizer_checksum
-    from pipelines.training.schedule import checkpoint_path, marker_weights
 
     resuming = config.resume or rank.handed.relaunched
     directory = directory or config.output
@@ -124,9 +123,6 @@ def phase1_best(first, resume: Resume, rank, directory: str):
     """The whole model holding phase 1's best weights: as phase 1 left them, or (resuming in phase 2
     while the best epoch is still phase 1's) rank 0 loads that checkpoint into phase 1's trainable
     set (the other ranks receive it by broadcast in :func:`phase2_resume`)."""
-    from pipelines.training.checkpoints import load_checkpoint
-    from pipelines.training.schedule import checkpoint_path
-
     if resume.phase == 2 and rank.rank == 0:
         best = resume.marker["early_stopping"]["best_epoch"]
         if best <= resume.marker["phase1"]["epochs"]:
@@ -140,9 +136,6 @@ def phase2_resume(config, rank, model, resume, record: Dict, directory: str):
     loads the best and the newest of them into the phase 2 model (trainable set and optimizer), and
     every rank receives weights, optimizer state and best weights by broadcast."""
     import horovod.tensorflow as hvd_tf
-
-    from pipelines.training.checkpoints import broadcast_state, build_optimizer, load_checkpoint, optimizer_checksum
-    from pipelines.training.schedule import checkpoint_path, marker_weights
 
     if resume.phase != 2:
         state = {"best": record["best_val_accuracy"], "wait": 0, "best_epoch": record["best_epoch"], "stopped": False}

@@ -20,6 +20,9 @@ from pipelines.contract import (CHECKPOINT_MARKER, CHECKPOINT_NAME, CHECKPOINT_W
                                 STEP_CHECKPOINT_WEIGHTS, plain_name)
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
+from pipelines.io.storage import Location, resolve
+from pipelines.training.divergence import non_finite_logs
+from pipelines.training.model.checkpoints import non_finite_checkpoint
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ def warmup_lr(epoch: float, base_lr: float, world_size: int, warmup_epochs: floa
 
 def checkpoint_path(directory: str, epoch: int) -> str:
     """Checkpoint of 1-based ``epoch``: ``DIR/checkpoint-{epoch}.npz`` (trainable weights and optimizer
-    state, :mod:`pipelines.training.checkpoints`; the name: :data:`pipelines.contract.CHECKPOINT_WEIGHTS`)."""
+    state, :mod:`pipelines.training.model.checkpoints`; the name: :data:`pipelines.contract.CHECKPOINT_WEIGHTS`)."""
     return os.path.join(directory, CHECKPOINT_WEIGHTS.format(epoch=epoch))
 
 
@@ -173,8 +176,6 @@ def newest_complete_checkpoint(directory) -> Optional[Dict]:
         the marker's content (``epoch``, ``weights``, ``weights_bytes``, and the training state
         saved with it, ``_name``: its file name), or ``None`` when there is none.
     """
-    from pipelines.io.storage import Location, resolve
-
     folder = directory if isinstance(directory, Location) else resolve(directory)
     for marker in checkpoint_markers(folder):
         weights = folder.join(marker["weights"]).info()
@@ -193,9 +194,6 @@ def non_finite_state(folder, marker: Dict) -> List[str]:
     holds that is NaN or infinite: its epoch's logs (``"val_loss (nan)"``), then the keys of its
     weights file's arrays, then those of its best epoch's file (``"checkpoint-2.npz: trainable_0000"``,
     when that file is another one and exists). ``[]``: finite, it may be resumed."""
-    from pipelines.training.checkpoints import non_finite_checkpoint
-    from pipelines.training.divergence import non_finite_logs
-
     found = non_finite_logs(marker.get("logs"))
     names = [marker["weights"]]
     best = (marker.get("early_stopping") or {}).get("best_epoch")
@@ -227,7 +225,7 @@ def fit_segments(epochs_done: int, steps_done: int, epochs: int, steps_per_epoch
     of the next (a checkpoint's position; ``(0, 0)``: a fresh run) up to ``epochs``: one, or, within
     an epoch, the rest of it and then the epochs after it (Keras starts ``fit`` at an epoch's first
     step only). A rank reads ``batch_size`` rows of its stream per step
-    (:mod:`pipelines.training.stream`), from the phase's ``first_epoch`` on (a fine-tuning phase
+    (:mod:`pipelines.training.data.stream`), from the phase's ``first_epoch`` on (a fine-tuning phase
     opens its stream anew), so the stream row of a position is
     ``((epochs_done - first_epoch) * steps_per_epoch + steps_done) * batch_size``.
 

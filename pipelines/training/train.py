@@ -3,7 +3,7 @@
 :func:`run_training` reads top to bottom as the job's steps; each rank runs all of them, and the
 side effects (checkpoints, logs, reports, the exported model, the MLflow run) are rank 0's, stated
 once in :func:`start_tracking`, :func:`make_callbacks` and
-:func:`pipelines.training.results.save_outputs`. Resume is decided in one place,
+:func:`pipelines.training.records.report.save_outputs`. Resume is decided in one place,
 :func:`pipelines.training.resume.restore`. The input path (images, or cached backbone features) is
 an object from :mod:`pipelines.training.inputs`; nothing else here depends on which one it is.
 """
@@ -15,189 +15,31 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, Optional
 
+from pipelines import tracking
 from pipelines.runtime.config import to_dict
 from pipelines.contract import HISTORY, TENSORBOARD, TEST, VALIDATION
-from pipelines.launch.rankenv import RankEnvironment, read_rank_environment
+from pipelines.manifest import manifest_sha256
+from pipelines.launch.watchdog import Watchdog
 from pipelines.runtime.logs import plural
 from pipelines.runtime.redact import redact
-from pipelines.io.storage import is_local, resolve
+from pipelines.io.storage import is_local
 from pipelines.training import preemption
 from pipelines.training.config import TrainConfig
+from pipelines.training.data import default_cache_root, verify_total
+from pipelines.training.evaluate import allreduce_totals, with_exact_validation
+from pipelines.training.inputs import ImageInputs, make_inputs
+from pipelines.training.model.build import build_model, compile_distributed
+from pipelines.training.model.checkpoints import frozen_checksum
+from pipelines.training.model.finetune import Phase, phase1_record, phase2_lr, trainable_parameters, unfreeze
+from pipelines.training.plan import RunPlan, hold_data, plan_run
+from pipelines.training.rank import Rank, setup_rank
+from pipelines.training.records.report import build_report, save_outputs
 from pipelines.training.resume import Resume, phase1_best, phase2_resume, restore
-from pipelines.training.results import build_report, save_outputs
+from pipelines.training.schedule import fit_segments
 
 log = logging.getLogger("pipelines")
-
-
-@dataclass(frozen=True)
-class Rank:
-    """This process in the Horovod world: global ``rank`` of ``size``, ``local_rank`` of
-    ``local_size`` on its host, TensorFlow intra-op ``threads``, the ``cores`` it is bound to, and
-    what its launcher ``handed`` it (attempts, assigned GPUs, the tests' fault hook)."""
-
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    threads: int
-    cores: Optional[List[int]] = None
-    precision: str = "float32"  # Keras' global dtype policy: float32, or mixed_float16 (--mixed-precision on a GPU)
-    handed: RankEnvironment = field(default_factory=RankEnvironment)
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """What every rank computes identically before training: data, steps, learning rate."""
-
-    data: object  # pipelines.training.data.Dataset
-    steps: object  # pipelines.training.schedule.Steps
-    lr: float
-    image_size: int  # of the model's input: TrainConfig.model_size(the stored size)
-    outputs: object = None  # rank 0: pipelines.training.outputs.Outputs (where it writes); None elsewhere
-    claim: object = None  # rank 0: pipelines.training.runs.Claim (this run, the checkpoint it continues)
-
-    @property
-    def output_dir(self) -> str:
-        """Rank 0's local output folder: ``--output``, or the one mirrored to a URI ``--output``."""
-        return self.outputs.local if self.outputs else None
-
-
-def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
-    """Start this rank: read what its launcher handed it (:func:`pipelines.launch.rankenv.read_rank_environment`,
-    the one read of those variables), bind cores (before any thread starts: threads inherit the
-    binding), ``hvd.init()``, logging (rank 0 at INFO, others at WARNING; third-party noise as
-    ``config.verbose`` says), device placement, TensorFlow threads. Used by the job and by the
-    scaling benchmark, so both train on the same set-up."""
-    from pipelines.runtime.quiet import quiet_by_default, quiet_libraries
-
-    # before TensorFlow loads here: a barrier task's rank inherits its executor's environment, not
-    # the driver's set-up, so the rank sets its own noise from its config
-    quiet_by_default(config.verbose)
-    import horovod.tensorflow.keras as hvd
-    import tensorflow as tf
-    from pipelines.stack.kerasapi import keras
-
-    from pipelines.runtime.logs import setup_logging
-    from pipelines.training.devices import apply_device, bind_to_cores, local_topology
-    from pipelines.training.devices import precision_policy, threads_per_rank
-
-    handed = read_rank_environment()
-    cores = None
-    if config.bind_cores:
-        cores = bind_to_cores(threads_per_rank(config.threads, local_topology()[1]), announce=False)
-    quiet_libraries(config.verbose)
-    if handed.fault:  # the tests' hook: a rank that starts late
-        from pipelines.training.faults import start_late
-
-        start_late(handed.fault, int(os.environ.get("HOROVOD_RANK", "0")))
-    hvd.init()
-    setup_logging(job, rank=hvd.rank(), level=logging.INFO if hvd.rank() == 0 else logging.WARNING)
-    if cores and hvd.rank() == 0:
-        log.info("each rank bound to %s of its own (rank 0: %s)", plural(len(cores), "core"), cores)
-    device = apply_device(hvd.local_rank(), hvd.local_size(), handed.assigned_gpus, announce=hvd.rank() == 0)
-    policy, why_not = precision_policy(config.mixed_precision, device.kind)
-    if policy != "float32":
-        keras.mixed_precision.set_global_policy(policy)
-    if why_not and hvd.rank() == 0:
-        log.info("%s", why_not)
-    rank = Rank(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
-                threads_per_rank(config.threads, hvd.local_size()), cores, policy, handed)
-    tf.config.threading.set_intra_op_parallelism_threads(rank.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
-    return rank
-
-
-def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> RunPlan:
-    """Dataset from the manifest, steps and scaled learning rate; refusals happen here, the same
-    on every rank (:class:`~pipelines.training.data.DataError`, ``ValueError``, a ``--data`` or
-    ``--output`` whose store cannot be used, an output of another run:
-    :class:`~pipelines.training.runs.RunRefused`). Rank 0 opens its output folder and claims it for
-    this run (``run_id``: the launching driver's, the same in every relaunch; ``None``: a new one,
-    or the resumed run's), with ``--overwrite`` deleting what the earlier run recorded, with
-    ``--resume`` on a URI output downloading the checkpoint it continues."""
-    from pipelines.training.data import load_dataset
-    from pipelines.training.outputs import check_output, open_outputs
-    from pipelines.training.schedule import plan_steps, scaled_lr
-
-    data = load_dataset(config.data, rank.size, config.storage_options)
-    check_output(config.output, config.storage_options)
-    outputs = open_outputs(config.output, config.storage_options) if rank.rank == 0 else None
-    claim = _claim_output(config, rank, outputs, run_id)
-    plan = RunPlan(data, plan_steps(data.train_rows, data.validation_rows, config.batch_size, rank.size),
-                   scaled_lr(config.base_lr, rank.size), config.model_size(data.image_size), outputs, claim)
-    if rank.rank == 0:
-        s = plan.steps
-        log.info("world size %d, %s per rank; batch %d per rank, global batch %d; %s per epoch, %s; "
-                 "lr %g = %g x %d; training run %s", rank.size, plural(rank.threads, "thread"), config.batch_size,
-                 s.global_batch, plural(s.steps_per_epoch, "step"), plural(s.validation_steps, "validation step"),
-                 plan.lr, config.base_lr, rank.size, claim.run.run_id)
-        outputs.adopt(claim, config.data)
-    return plan
-
-
-@contextlib.contextmanager
-def hold_data(rank: Rank, plan: RunPlan) -> Iterator[None]:
-    """Rank 0 holds a reader lease on the ETL run ``plan.data`` reads (:func:`pipelines.io.leases.hold`,
-    named by this training run's id) for the block, so that an ETL rerun committing meanwhile keeps
-    that run's files; the block starts before any rank reads a part. Every rank checks that it
-    loaded the manifest of the run rank 0 leased. A format-1 output (no run id) is not leased, nor
-    one rank 0 cannot write to (said as a warning: training reads, the lease is its only write).
-
-    Raises:
-        pipelines.io.leases.InputReplaced: on every rank, when the ETL committed another run between a
-            rank's read of the manifest and the lease.
-    """
-    import horovod.tensorflow as hvd_tf
-
-    from pipelines.io import leases
-
-    lease, error = None, None
-    if rank.rank == 0 and plan.data.run_id is not None:
-        try:
-            lease = leases.hold(plan.data.location, plan.data.run_id, plan.claim.run.run_id)
-        except leases.InputReplaced as exc:
-            error = str(exc)
-        except OSError as exc:  # read-only data: training still runs, unprotected from an ETL rerun
-            log.warning("could not lease ETL run %s of %s (%s): an ETL rerun committing meanwhile may delete "
-                        "its files under this run", plan.data.run_id, plan.data.root, exc)
-    seen = sorted(set(map(str, hvd_tf.allgather_object(plan.data.run_id, name="data_run_ids"))))
-    error = hvd_tf.broadcast_object(error, root_rank=0, name="lease_error")
-    if not error and len(seen) > 1:
-        error = f"the ranks read manifests of different ETL runs ({', '.join(seen)}): {plan.data.root} was " \
-                "committed anew while this run started; start it again"
-    try:
-        if error:
-            raise leases.InputReplaced(error)
-        yield
-    finally:
-        if lease is not None:
-            lease.stop()
-
-
-def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str]):
-    """Rank 0's :func:`pipelines.training.runs.claim` of its output, its refusal raised on every rank
-    alike. Returns the :class:`~pipelines.training.runs.Claim` on rank 0, ``None`` elsewhere."""
-    import horovod.tensorflow as hvd_tf
-
-    from pipelines.training import runs
-
-    claim, error = None, None
-    if rank.rank == 0:
-        target = outputs.remote or resolve(outputs.local)
-        try:
-            claim = runs.claim(target, runs.identify(config, rank.size, run_id), config.resume,
-                               rank.handed.relaunched, config.overwrite)
-        except runs.RunRefused as exc:
-            error = str(exc)
-        for warning in claim.warnings if claim else ():
-            log.warning("%s", warning)
-    error = hvd_tf.broadcast_object(error, root_rank=0, name="output_claim")
-    if error:
-        raise runs.RunRefused(error)
-    return claim
 
 
 @contextlib.contextmanager
@@ -214,8 +56,6 @@ def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
         yield None
         return
     import horovod.tensorflow as hvd_tf
-
-    from pipelines import tracking
 
     tracker, error = None, None
     if rank.rank == 0:
@@ -235,13 +75,11 @@ def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
 def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
     """The MLflow params of a training run: the whole config, the world and its arithmetic, and the
     data's identity (the sha256 of its ``manifest.json``, counts, image size)."""
-    from pipelines.manifest import manifest_sha256
-
     data = plan.data
     return {**redact(to_dict(config)), "world_size": rank.size, "global_batch_size": plan.steps.global_batch,
             "learning_rate": plan.lr, "steps_per_epoch": plan.steps.steps_per_epoch,
-            "validation_steps": plan.steps.validation_steps, "model_image_size": plan.image_size,
-            "data.manifest_sha256": manifest_sha256(data.root), "data.image_size": data.image_size,
+            "validation_steps": plan.steps.validation_steps, "model_image_size": plan.input_size,
+            "data.manifest_sha256": manifest_sha256(data.root), "data.image_size": data.stored_size,
             "data.train_rows": data.train_rows, "data.validation_rows": data.validation_rows,
             "data.test_rows": data.test_rows, "selected_on": "validation",
             "data.num_classes": data.num_classes}
@@ -305,8 +143,6 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     # the tests' fault hook, only where they ask for it; its wait for rank 0's marker only where every
     # rank sees rank 0's folder (a local output)
     if rank.handed.stall_timeout_s:  # first and last: each epoch's end is watched as one collective phase
-        from pipelines.launch.watchdog import Watchdog
-
         first, last = cb.WatchdogTicks.around(Watchdog(rank.handed.stall_timeout_s))
         callbacks = [first, *callbacks, last]
     fault = FaultInjection.requested(rank.handed.fault, rank.rank, config.output if is_local(config.output) else "")
@@ -324,9 +160,6 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
 
     Returns the seconds spent in ``fit``.
     """
-    from pipelines.training.data import default_cache_root
-    from pipelines.training.evaluate import with_exact_validation
-    from pipelines.training.schedule import fit_segments
     from pipelines.training.segment import in_segment
 
     if resume.finished(config.epochs):
@@ -368,11 +201,8 @@ def evaluate(inputs, plan: RunPlan, split: str = TEST):
         :class:`pipelines.training.evaluate.Totals`, the same on every rank.
 
     Raises:
-        pipelines.training.data.ShardCountError: a count differs from the metadata or manifest.
+        pipelines.training.data.errors.ShardCountError: a count differs from the metadata or manifest.
     """
-    from pipelines.training.data import verify_total
-    from pipelines.training.evaluate import allreduce_totals
-
     totals = allreduce_totals(inputs.evaluate_shard(inputs.model, split))
     verify_total(totals.count, plan.data, split)
     return totals
@@ -381,7 +211,7 @@ def evaluate(inputs, plan: RunPlan, split: str = TEST):
 def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     """Train on every rank and return the run's report (the content of ``metrics.json``).
 
-    ``run_id``: the training run's id (:mod:`pipelines.training.runs`), given by a launching driver
+    ``run_id``: the training run's id (:mod:`pipelines.training.records.ownership`), given by a launching driver
     so that every relaunch is the same run; ``None``: rank 0 makes one (or keeps the resumed run's).
 
     Must be called once per process, by every rank (``horovodrun -np N``, Spark barrier tasks, or
@@ -389,21 +219,17 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     followed by the fine-tuning phase (:func:`fine_tune`).
 
     Raises:
-        pipelines.training.data.DataError: the dataset cannot feed this run.
+        pipelines.training.data.errors.DataError: the dataset cannot feed this run.
         ValueError: a batch size the data cannot fill.
     """
-    from pipelines.training.checkpoints import frozen_checksum
-    from pipelines.training.inputs import make_inputs
-    from pipelines.training.model import build_model, compile_distributed
-
     rank = setup_rank(config)
     start = time.perf_counter()
     plan = plan_run(config, rank, run_id)
     # a SIGTERM (a preemption notice) stops every rank at the next step, after rank 0's checkpoint
     with preemption.PreemptionNotice(rank.rank), hold_data(rank, plan):  # hold_data: pipelines/io/leases.py
-        full_model = build_model(plan.data.num_classes, plan.image_size, config.dropout, config.weights,
-                                 seed=config.seed, backbone=config.backbone, stored_size=plan.data.image_size)
-        inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.image_size)
+        full_model = build_model(plan.data.num_classes, plan.input_size, config.dropout, config.weights,
+                                 seed=config.seed, backbone=config.backbone, stored_size=plan.data.stored_size)
+        inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.input_size)
         compile_distributed(inputs.model, plan.lr, config.fp16_allreduce, config.xla_on)
         frozen_sha256 = frozen_checksum(full_model)
         resume = restore(config, inputs.model, rank, frozen_sha256, plan.output_dir, plan.claim)
@@ -428,9 +254,7 @@ def head_phase(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: R
     """Phase 1, the head on the frozen backbone: callbacks, ``fit`` from ``resume``'s epoch, exact
     evaluation (of the test split; of the validation split when fine-tuning follows, so that the
     test split is read once, at the end). Skipped when ``resume`` is in phase 2 (its outcome is in
-    the checkpoint's marker). Returns a :class:`pipelines.training.finetune.Phase`."""
-    from pipelines.training.finetune import Phase
-
+    the checkpoint's marker). Returns a :class:`pipelines.training.model.finetune.Phase`."""
     if resume.phase == 2:
         return Phase(inputs, None, 0, 0.0, None, resume)
     callbacks, early_stopping, epoch_stats = make_callbacks(config, rank, plan, resume, frozen_sha256, tracker)
@@ -442,17 +266,13 @@ def head_phase(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: R
 def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Resume, frozen_sha256: str, tracker):
     """Phase 2 on every rank: from phase 1's best weights (or, resuming in phase 2, from its newest
     checkpoint), the top ``config.fine_tune_blocks`` blocks unfrozen, recompiled with
-    :func:`~pipelines.training.finetune.phase2_lr`, trained on images with the job's callbacks and evaluated exactly.
+    :func:`~pipelines.training.model.finetune.phase2_lr`, trained on images with the job's callbacks and
+    evaluated exactly.
 
-    Returns the phase's :class:`~pipelines.training.finetune.Phase`, with ``report`` for
-    ``metrics.json``'s ``fine_tune`` (the recipe and its arithmetic: :mod:`pipelines.training.finetune`).
+    Returns the phase's :class:`~pipelines.training.model.finetune.Phase`, with ``report`` for
+    ``metrics.json``'s ``fine_tune`` (the recipe and its arithmetic: :mod:`pipelines.training.model.finetune`).
     """
     import horovod.tensorflow as hvd_tf
-
-    from pipelines.training.checkpoints import frozen_checksum
-    from pipelines.training.finetune import Phase, phase1_record, phase2_lr, trainable_parameters, unfreeze
-    from pipelines.training.inputs import ImageInputs
-    from pipelines.training.model import compile_distributed
 
     record = phase1_record(first, resume)
     lr = phase2_lr(plan.lr, config.fine_tune_lr)
@@ -469,7 +289,7 @@ def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Res
     phase_config = dataclasses.replace(config, warmup_epochs=0.0,
                                        epochs=record["epochs"] + config.fine_tune_max_epochs)
     phase_plan = dataclasses.replace(plan, lr=lr)
-    inputs = ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.image_size)
+    inputs = ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.input_size)
     marker = {"phase": 2, "blocks": config.fine_tune_blocks, "phase1": record}
     callbacks, early_stopping, epoch_stats = make_callbacks(phase_config, rank, phase_plan, second, frozen_sha256,
                                                             tracker, marker=marker)

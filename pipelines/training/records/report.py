@@ -2,8 +2,8 @@
 gathered on every rank), the exported model and its contract, the pictures, and the same to the
 MLflow run (:func:`save_outputs`, :func:`track_outputs`).
 
-``rank`` and ``plan`` below are the job's :class:`pipelines.training.train.Rank` and
-:class:`~pipelines.training.train.RunPlan` (this module is imported by the job, never the other
+``rank`` and ``plan`` below are the job's :class:`pipelines.training.rank.Rank` and
+:class:`~pipelines.training.plan.RunPlan` (this module is imported by the job, never the other
 way round).
 """
 from __future__ import annotations
@@ -15,11 +15,15 @@ import shutil
 import socket
 from typing import Dict, List, Optional
 
+from pipelines.io.atomic import PUBLIC, write_json
 from pipelines.runtime.config import to_dict
-from pipelines.contract import CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT
+from pipelines.contract import CLASS_NAMES, HISTORY, MANIFEST, METRICS, MODEL_CONTRACT, MODEL_FILE
 from pipelines.runtime.logs import plural
 from pipelines.runtime.redact import redact
+from pipelines.tracking.pictures import PICTURES, contact_sheet, plot_confusion, plot_history, plot_top_confusions
 from pipelines.training.config import TrainConfig
+from pipelines.training.data import OnePassShard
+from pipelines.training.model.export import export_model
 from pipelines.training.resume import Resume, weights_checksum
 
 log = logging.getLogger("pipelines")
@@ -28,7 +32,7 @@ log = logging.getLogger("pipelines")
 def build_report(config: TrainConfig, rank, plan, phases: List, resume: Resume) -> Dict:
     """The run's report: config, world, arithmetic, history, the best epoch's exact validation
     metrics (the split that chose it: ``selected_on``), the exact test metrics of the final model
-    (the last of ``phases``, :class:`pipelines.training.finetune.Phase`; the test split read once,
+    (the last of ``phases``, :class:`pipelines.training.model.finetune.Phase`; the test split read once,
     after training, and never used for a choice), fine-tuning's outcome and the weight checksums
     and hostnames of every rank (gathered here: every rank must call it)."""
     import horovod.tensorflow as hvd_tf
@@ -48,7 +52,7 @@ def build_report(config: TrainConfig, rank, plan, phases: List, resume: Resume) 
         "steps_per_epoch": steps.steps_per_epoch,
         "validation_steps": steps.validation_steps,
         "learning_rate": plan.lr,
-        "image_size": plan.image_size,
+        "image_size": plan.input_size,  # metrics.json's name for the model's input side
         "num_classes": data.num_classes,
         "class_names": data.class_names,
         "input_path": last.inputs.name,
@@ -99,12 +103,8 @@ def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tr
     Raises:
         pipelines.tracking.TrackingFailed: MLflow logging failed; the outputs above are complete.
     """
-    from pipelines.io.atomic import PUBLIC, write_json
-    from pipelines.contract import MODEL_FILE
-    from pipelines.training.model import export_model
-
     class_names, directory = data.class_names, directory or config.output
-    exported = export_model(model, os.path.join(directory, MODEL_FILE), data.image_size, class_names)
+    exported = export_model(model, os.path.join(directory, MODEL_FILE), data.stored_size, class_names)
     write_json(os.path.join(directory, CLASS_NAMES), class_names, mode=PUBLIC)
     if totals is not None and totals.num_classes:
         report["test"]["confusion"] = totals.confusion_matrix().tolist()
@@ -141,8 +141,6 @@ def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker, di
         pipelines.tracking.TrackingFailed: logging failed; the outputs are complete.
     """
     import tempfile
-
-    from pipelines.contract import MANIFEST
 
     test, directory = report["test"], directory or config.output
     manifest = data.location.join(MANIFEST)
@@ -183,21 +181,18 @@ def save_pictures(output: str, report: Dict, exported, data) -> Dict[str, str]:
     confusions (:data:`pipelines.tracking.pictures.PICTURES` names the files), and a contact
     sheet of the first :data:`CONTACT_SHEET_IMAGES` test images (the split's files in order; rank 0's
     shard alone may hold fewer), predicted by the exported model itself (``exported``, as
-    :func:`~pipelines.training.model.export_model` returns it) on the stored uint8 images.
+    :func:`~pipelines.training.model.export.export_model` returns it) on the stored uint8 images.
     Returns ``{name: path}``."""
-    from pipelines.tracking import pictures
-
-    where = {name: os.path.join(output, file) for name, file in pictures.PICTURES.items()}
-    paths = {"curves": pictures.plot_history(report["history"], where["curves"])}
+    where = {name: os.path.join(output, file) for name, file in PICTURES.items()}
+    paths = {"curves": plot_history(report["history"], where["curves"])}
     if "confusion" in report["test"]:
         matrix = report["test"]["confusion"]
-        paths["confusion"] = pictures.plot_confusion(matrix, data.class_names, where["confusion"])
-        paths["top_confusions"] = pictures.plot_top_confusions(matrix, data.class_names, where["top_confusions"])
+        paths["confusion"] = plot_confusion(matrix, data.class_names, where["confusion"])
+        paths["top_confusions"] = plot_top_confusions(matrix, data.class_names, where["top_confusions"])
     images, labels = first_test_rows(data, CONTACT_SHEET_IMAGES)
     if len(images):
         predicted = exported.predict(images, batch_size=8, verbose=0).argmax(axis=1)
-        paths["contact_sheet"] = pictures.contact_sheet(images, labels, predicted, data.class_names,
-                                                        where["contact_sheet"])
+        paths["contact_sheet"] = contact_sheet(images, labels, predicted, data.class_names, where["contact_sheet"])
     return paths
 
 
@@ -206,8 +201,6 @@ def first_test_rows(data, count: int):
     uint8 (n, S, S, 3), labels int32 (n,))``, read with pyarrow, stopping once there are enough."""
     import numpy as np
 
-    from pipelines.training.data import OnePassShard
-
     images, labels = [], []
     for batch_images, batch_labels in OnePassShard(data, "test", 0, 1).batches():  # the whole split, in order
         images.append(batch_images)
@@ -215,7 +208,7 @@ def first_test_rows(data, count: int):
         if sum(map(len, labels)) >= count:
             break
     if not images:
-        return np.zeros((0, data.image_size, data.image_size, 3), np.uint8), np.zeros((0,), np.int32)
+        return np.zeros((0, data.stored_size, data.stored_size, 3), np.uint8), np.zeros((0,), np.int32)
     return np.concatenate(images)[:count], np.concatenate(labels)[:count]
 
 

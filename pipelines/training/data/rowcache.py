@@ -11,7 +11,7 @@ worst a damaged entry, read as a miss).
 
 Both readers store row groups in this form: ours (:class:`RowGroupFiles`, one file per row group
 in the reader's own folder) and Petastorm's ``LocalDiskCache`` (through
-:class:`pipelines.training.petastorm_reader.RowGroupDisk`, a ``diskcache.Disk``).
+:class:`pipelines.training.data.petastorm.reader.RowGroupDisk`, a ``diskcache.Disk``).
 
 The cache folders are the rank's own: :func:`rank_cache_folder` makes each one fresh, owner-only
 (0700, files 0600), and refuses a cache root owned by another user or a rank folder it cannot
@@ -287,7 +287,7 @@ def say_full_once(folder: str, exc: OSError) -> None:
 class RowGroupFiles:
     """The flat files of one reader's row groups in its own ``folder`` (:func:`rank_cache_folder`),
     at most ``limit_bytes`` in all (row groups beyond it are not cached: a rank's shard is sized
-    to fit, :func:`pipelines.training.data.cache_size_bytes`). Thread-safe.
+    to fit, :func:`pipelines.training.data.readers.cache_size_bytes`). Thread-safe.
 
     A file is written under a temporary name and renamed, so a reader sees whole files only; a
     full disk (``ENOSPC``, ``EDQUOT``) ends caching for this folder, said once.

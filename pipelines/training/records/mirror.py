@@ -23,11 +23,14 @@ import shutil
 import tempfile
 from typing import Dict, Mapping, Optional, Tuple
 
+from pipelines.io.atomic import write_json
 from pipelines.contract import CHECKPOINT_NAME, HISTORY, METRICS, TRAIN_RUN, plain_name
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 from pipelines.io.storage import Location, check_reachable, resolve
 from pipelines.tracking import RUN_FILE
+from pipelines.training.records import ownership as runs
+from pipelines.training.schedule import checkpoint_markers, checkpoint_path, marker_weights
 
 log = logging.getLogger("pipelines")
 RESUME_FILES = (HISTORY, RUN_FILE)  # what a resumed run appends to or continues
@@ -61,13 +64,10 @@ class Outputs:
         self.run_id: Optional[str] = None  # the training run writing here (adopt)
 
     def adopt(self, claim, data: str) -> None:
-        """Rank 0, once :func:`pipelines.training.runs.claim` gave this run the output: delete the
+        """Rank 0, once :func:`pipelines.training.records.ownership.claim` gave this run the output: delete the
         names ``claim.delete`` (an earlier run's own files, ``--overwrite``), record a new run in
         :data:`~pipelines.contract.TRAIN_RUN` (uploaded at once to a URI output, so a second run
         sees it), and download the checkpoint it continues (:meth:`pull_resume_state`)."""
-        from pipelines.io.atomic import write_json
-        from pipelines.training import runs
-
         self.run_id = claim.run.run_id
         for name in claim.delete:
             self._delete(name)
@@ -101,8 +101,6 @@ class Outputs:
         Raises:
             ValueError: the marker names a best epoch that is not a number >= 1.
         """
-        from pipelines.training.schedule import checkpoint_path, marker_weights
-
         if self.remote is None:
             return
         best = marker["early_stopping"]["best_epoch"]
@@ -155,8 +153,6 @@ class Outputs:
         first: those this process uploaded or downloaded, and those whose markers name this run
         (:attr:`run_id`, once :meth:`adopt` set it). Another run's checkpoints in a shared prefix
         are never touched."""
-        from pipelines.training.schedule import checkpoint_markers
-
         local = set(os.listdir(self.local))
         stale = {name for name in self._pushed if CHECKPOINT_NAME.match(name)}
         if self.run_id:

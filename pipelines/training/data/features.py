@@ -2,7 +2,7 @@
 
 With a frozen backbone called with ``training=False`` and no per-epoch augmentation, the
 backbone's output for an image never changes, yet the article's training recomputes it for every
-image in every epoch. Here each rank computes the features of its Petastorm shard of each split
+image in every epoch. Here each rank computes the features of its shard of each split
 once, writes them as Parquet under ``DATA/features/<key>/<split>/part-rank<r>.parquet`` (``key``
 depends on the model, :func:`model_key`: the weights, the image size, the backbone, its compute
 dtype and the model's input; and on the data, :func:`pipelines.manifest.data_identity`: the ETL
@@ -11,7 +11,8 @@ run id and its parts' footers; :func:`feature_key`), and training fits only the 
 them; other weights, another size or another ETL run of the same output (a rerun, even of the same
 counts) get another key. The set's marker records both halves, so a run that finds only sets of
 its model computed from other data says why it recomputes (:func:`stale_sets`), and deletes those
-whose ETL run is gone (:func:`prune`): no training can read them any more.
+whose ETL run is gone (:func:`prune`): no training can read them any more. (The head trained on
+them is the model's: :func:`pipelines.training.model.build.build_head`.)
 
 ``DATA`` may be a URI: the set is written and read through :mod:`pipelines.io.storage` (each rank's
 file in one write, whole or not at all), its completion marker last.
@@ -25,19 +26,22 @@ from typing import Mapping, Optional, Tuple
 
 import numpy as np
 
+from pipelines.contract import RUNS, plain_name
 from pipelines.runtime.logs import plural
-from pipelines.training.sharding import shard
+from pipelines.io.storage import Location, resolve
+from pipelines.training.data.sharding import shard
+from pipelines.training.data.stream import feature_batches
 
 log = logging.getLogger("pipelines")
 COMPLETE = "_COMPLETE.json"
 
 
-def model_key(weights: str, image_size: int, seed: int, backbone: str, compute_dtype: str,
+def model_key(weights: str, input_size: int, seed: int, backbone: str, compute_dtype: str,
               model_input: str) -> str:
     """The model half of a feature set's key: the backbone's weights (file content hash for a path; the
-    seed for random weights), the backbone's input size (``image_size``), the backbone, the dtype it
+    seed for random weights), the backbone's input side (``input_size``), the backbone, the dtype it
     computes in (``float16`` under ``mixed_float16``: other features than float32's) and what the
-    model takes (``model_input``, :func:`input_tag`: ``uint8-299``, the
+    model takes (``model_input``, :func:`pipelines.training.model.build.input_tag`: ``uint8-299``, the
     stored image's dtype and side; the preprocessing inside the model follows from it), hashed to
     16 hex digits. Features computed before models took uint8 (float32 images preprocessed on the
     CPU, keyed without ``model_input``) get other keys: never mixed with these."""
@@ -52,7 +56,7 @@ def model_key(weights: str, image_size: int, seed: int, backbone: str, compute_d
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
         source = digest.hexdigest()
-    return hashlib.sha256(f"{model}:{source}:{image_size}:{model_input}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{model}:{source}:{input_size}:{model_input}".encode()).hexdigest()[:16]
 
 
 def feature_key(model: str, data) -> str:
@@ -62,23 +66,14 @@ def feature_key(model: str, data) -> str:
     return hashlib.sha256(f"{model}:data-{data.sha256}".encode()).hexdigest()[:16]
 
 
-def input_tag(dtype: str, stored_size: int) -> str:
-    """What a model takes, as :func:`feature_key` keys it: its input's dtype and side (``uint8-299``)."""
-    return f"{dtype}-{stored_size}"
-
-
 def _location(directory):
     """A path, URI or :class:`pipelines.io.storage.Location` as a Location."""
-    from pipelines.io.storage import Location, resolve
-
     return directory if isinstance(directory, Location) else resolve(directory)
 
 
 def feature_dir(data_root: str, key: str, storage_options: Optional[Mapping[str, str]] = None):
     """``DATA/features/<key>`` (a :class:`pipelines.io.storage.Location`): next to the ETL output it
     was computed from."""
-    from pipelines.io.storage import resolve
-
     return resolve(data_root, storage_options).join("features", key)
 
 
@@ -129,7 +124,7 @@ def read_shard(directory, split: str, rank: int, world_size: int) -> Tuple[np.nd
 
 def compute_shard(extractor, dataset) -> Tuple[np.ndarray, np.ndarray]:
     """Run the frozen feature extractor (``training=False``;
-    :func:`pipelines.training.model.feature_extractor`: uint8 images in, preprocessing and
+    :func:`pipelines.training.model.build.feature_extractor`: uint8 images in, preprocessing and
     backbone inside) over a finite dataset of (images, labels). Returns float32
     ``(n, feature_dim)`` and int32 ``(n,)``."""
     features, labels = [], []
@@ -153,8 +148,6 @@ def stale_sets(data_root, model: str, key: str, storage_options: Optional[Mappin
     but not of the key ``key``: computed from other data (another ETL run of this output). A set
     written before the data was keyed (its marker's ``key`` is the model key, and it records no
     ``data``) is one of them. Returns ``[(folder, marker)]``, newest ETL run first (the unknown last)."""
-    from pipelines.io.storage import resolve
-
     found, features = [], resolve(data_root, storage_options).join("features")
     for info in features.list(recursive=False):
         folder = features.join(info.base_name)
@@ -169,9 +162,6 @@ def prune(data_root, stale, storage_options: Optional[Mapping[str, str]] = None)
     ETL run's folder ``DATA/runs/<run id>`` is gone (the ETL deletes a run only when no lease on
     it is live, :mod:`pipelines.io.leases`), or they record no ETL run (keyed before the data was).
     Returns the folders deleted (URIs)."""
-    from pipelines.contract import RUNS, plain_name
-    from pipelines.io.storage import resolve
-
     root, deleted = resolve(data_root, storage_options), []
     for folder, marker in stale:
         run_id = (marker.get("data") or {}).get("run_id")
@@ -204,26 +194,12 @@ def say_why(data_root, model: str, key: str, data, directory,
              folder.uri, change, directory)
 
 
-def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int):
-    """The trainable part alone: ``Input(feature_dim) -> Dropout -> Dense(num_classes, softmax)``
-    (2048 features for Xception), with the same layer names as in
-    :func:`pipelines.training.model.build_model` so weights carry over."""
-    from pipelines.stack.kerasapi import keras
-    from pipelines.training.checkpoints import resumable_dropout
-
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input((feature_dim,), name="features")
-    x = resumable_dropout(dropout, seed)(inputs)
-    outputs = keras.layers.Dense(num_classes, activation="softmax", name="head", dtype="float32")(x)
-    return keras.Model(inputs, outputs, name="head_on_features")
-
-
 def feature_dataset(features: np.ndarray, labels: np.ndarray, batch_size: int, shuffle: bool, seed: int,
                     repeat: bool, drop_remainder: bool = True, start_row: int = 0):
     """``tf.data`` over in-memory features (a shard of 2048 float32 per image, for Xception, is small):
     ``(features (b, feature_dim) float32, labels int32 (b,))``.
 
-    ``repeat``: the positioned stream (:func:`pipelines.training.stream.feature_batches`: pass
+    ``repeat``: the positioned stream (:func:`pipelines.training.data.stream.feature_batches`: pass
     ``p`` in the order ``default_rng((seed, p)).permutation(n)`` with ``shuffle``, the stored one
     without), full batches, endless, from stream row ``start_row`` (training; each ``iter()``
     starts there; no ``tf.data`` shuffle, whose state could not be restored mid-pass). Otherwise
@@ -236,8 +212,6 @@ def feature_dataset(features: np.ndarray, labels: np.ndarray, batch_size: int, s
     import tensorflow as tf
 
     if repeat:
-        from pipelines.training.stream import feature_batches
-
         features, labels = np.asarray(features), np.asarray(labels)
         if start_row < 0 or not len(labels):
             raise ValueError(f"a feature stream needs rows ({len(labels)}) and start_row >= 0 ({start_row})")

@@ -26,7 +26,7 @@ writes there, and in every checkpoint marker.
 
 Pure logic on :class:`pipelines.io.storage.Location` listings: the launching driver refuses before any
 rank starts (:func:`check_output_claim`, exit 2), and rank 0 decides again in
-:func:`pipelines.training.train.plan_run` (every rank then refuses alike).
+:func:`pipelines.training.plan.plan_run` (every rank then refuses alike).
 """
 from __future__ import annotations
 
@@ -42,7 +42,9 @@ from pipelines.contract import (CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, CLASS_NAMES
 from pipelines.manifest import manifest_sha256
 from pipelines.runtime.errors import Refused
 from pipelines.tracking.pictures import PICTURES
+from pipelines.io.storage import resolve
 from pipelines.tracking import RUN_FILE
+from pipelines.training.schedule import checkpoint_markers, global_batch_size, newest_complete_checkpoint, scaled_lr
 
 #: The settings that decide what a run computes: a checkpoint continues only a run with the same.
 FINGERPRINT_FIELDS = ("backbone", "weights", "image_size", "dropout", "seed", "batch_size", "base_lr",
@@ -93,8 +95,6 @@ def world_of(batch_size: int, base_lr: float, world_size: int) -> Dict:
     "global_batch_size", "learning_rate"}``, the global batch and the rate by
     :func:`pipelines.training.schedule.global_batch_size` and :func:`~pipelines.training.schedule.scaled_lr`
     (``base_lr x world_size``, phase 1's rate after any warmup)."""
-    from pipelines.training.schedule import global_batch_size, scaled_lr
-
     return {"world_size": world_size, "batch_size": batch_size,
             "global_batch_size": global_batch_size(batch_size, world_size),
             "learning_rate": scaled_lr(base_lr, world_size)}
@@ -108,8 +108,6 @@ def identify(config, world_size: int, run_id: Optional[str] = None) -> RunIdenti
     Raises:
         FileNotFoundError, pipelines.io.storage.StorageError: the data has no readable manifest.
     """
-    from pipelines.io.storage import resolve
-
     values = {name: getattr(config, name) for name in FINGERPRINT_FIELDS}
     data = resolve(config.data, config.storage_options)
     return RunIdentity(run_id or new_run_id(), values, manifest_sha256(data),
@@ -151,8 +149,6 @@ class OutputState:
 
 def read_state(folder) -> OutputState:
     """The :class:`OutputState` of ``folder`` (a :class:`pipelines.io.storage.Location`)."""
-    from pipelines.training.schedule import checkpoint_markers, newest_complete_checkpoint
-
     try:
         record = folder.join(TRAIN_RUN).read_json()
     except (OSError, ValueError):
@@ -302,13 +298,11 @@ def check_output_claim(config, world_size: int, relaunch: bool = False, run_id: 
     """The launching driver's check before any rank (and rank 0's under ``horovodrun``): the run
     ``config`` would be on ``world_size`` ranks, once :func:`claim` accepted ``--output`` for it;
     deletes nothing, and leaves :attr:`Claim.warnings` to rank 0 (said once, in
-    :func:`pipelines.training.train.plan_run`).
+    :func:`pipelines.training.plan.plan_run`).
 
     Raises:
         RunRefused: as :func:`claim` (exit 2).
     """
-    from pipelines.io.storage import resolve
-
     run = identify(config, world_size, run_id)
     folder = resolve(config.output, config.storage_options)
     return claim(folder, run, config.resume, relaunch, getattr(config, "overwrite", False)).run

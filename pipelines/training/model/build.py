@@ -1,12 +1,18 @@
 """The model: a frozen backbone + dropout + softmax head; the backbone is Keras Xception (ImageNet),
-as in the article, or a tiny one for checking a pipeline or a cluster end to end in seconds."""
+as in the article, or a tiny one for checking a pipeline or a cluster end to end in seconds.
+
+Here it is built (:func:`build_model`; the head alone on cached features: :func:`build_head`) and
+compiled for Horovod (:func:`compile_distributed`); what its checkpoints hold is
+:mod:`pipelines.training.model.checkpoints`, its export for inference
+:mod:`pipelines.training.model.export`."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-from pipelines.contract import MODEL_FILE
+from pipelines.contract import MODEL_INPUT_DTYPE, MODEL_INPUT_NAME, PREPROCESS_OFFSET, PREPROCESS_SCALE
 from pipelines.runtime.errors import MissingInput, Refused
+from pipelines.training.model.checkpoints import build_optimizer, resumable_dropout
 
 
 @dataclass(frozen=True)
@@ -15,7 +21,7 @@ class Backbone:
     takes (``min_size`` px), the length of its pooled feature vector (``feature_dim``), whether
     pretrained weights exist for it (``pretrained``: ``--weights imagenet`` or a weights file), and
     its ``blocks`` for ``--fine-tune-blocks``: block ``k`` (1 = nearest the input) is named by
-    ``block_prefix.format(k)`` (:mod:`pipelines.training.finetune`)."""
+    ``block_prefix.format(k)`` (:mod:`pipelines.training.model.finetune`)."""
 
     name: str
     min_size: int
@@ -43,23 +49,23 @@ def backbone_spec(name: str) -> Backbone:
     return BACKBONES[name]
 
 
-def check_backbone(name: str, weights: str, image_size: int = 0) -> Backbone:
-    """Refuse a backbone that cannot take these ``weights`` or this input side (``image_size`` px;
+def check_backbone(name: str, weights: str, input_size: int = 0) -> Backbone:
+    """Refuse a backbone that cannot take these ``weights`` or this input side (``input_size`` px;
     0 = not known yet). Raises ``ValueError`` with the reason; returns the :class:`Backbone`."""
     spec = backbone_spec(name)
     if weights != "none" and not spec.pretrained:
         raise Refused(f"backbone {name} has no pretrained weights: use --weights none (got {weights})")
-    if image_size and image_size < spec.min_size:
-        raise Refused(f"backbone {name} takes images of at least {spec.min_size} px, got {image_size} "
+    if input_size and input_size < spec.min_size:
+        raise Refused(f"backbone {name} takes images of at least {spec.min_size} px, got {input_size} "
                       f"(--image-size, or the ETL's size)")
     return spec
 
 
-def _build_backbone(name: str, image_size: int, weights: str):
+def _build_backbone(name: str, input_size: int, weights: str):
     """The backbone as a Keras model ``(N, S, S, 3) float32 in [-1, 1] -> (N, feature_dim)``, pooled."""
     from pipelines.stack.kerasapi import keras
 
-    shape = (image_size, image_size, 3)
+    shape = (input_size, input_size, 3)
     if name == "xception":
         base = keras.applications.Xception(include_top=False, pooling="avg", input_shape=shape,
                                               weights="imagenet" if weights == "imagenet" else None)
@@ -73,23 +79,23 @@ def _build_backbone(name: str, image_size: int, weights: str):
     return keras.Model(image, keras.layers.GlobalAveragePooling2D(name="tiny_pool")(x), name="tiny")
 
 
-def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights: str = "imagenet",
+def build_model(num_classes: int, input_size: int, dropout: float = 0.5, weights: str = "imagenet",
                 seed: int = 0, backbone: str = "xception", stored_size: int = 0):
     """Transfer-learning model on a frozen backbone (:data:`BACKBONES`), taking the ETL's image.
 
     ``Input (stored_size, stored_size, 3) uint8`` (:data:`pipelines.contract.MODEL_INPUT_DTYPE`: the
     stored image as it is) -> :func:`preprocessing` on the model's device, in float32 (``Resizing``
-    to ``image_size`` when it differs, then ``x / 127.5 - 1``) -> the backbone (for ``xception``:
+    to ``input_size`` when it differs, then ``x / 127.5 - 1``) -> the backbone (for ``xception``:
     ``Xception(include_top=False, pooling='avg')``), frozen and called with ``training=False`` (its
     batch-norm statistics stay ImageNet's, also when ``--fine-tune-blocks`` later unfreezes some of
     its layers) -> ``Dropout(dropout)`` -> ``Dense(num_classes, softmax)``, the head computing in
     float32 whatever the global dtype policy (under ``mixed_float16`` the softmax stays float32).
     The same model is trained, evaluated, cached from (:func:`feature_extractor`) and exported
-    (:func:`export_model`): nothing outside it preprocesses.
+    (:func:`pipelines.training.model.export.export_model`): nothing outside it preprocesses.
 
     Args:
-        image_size: side of the backbone's input, pixels (``--image-size``, or the stored size).
-        stored_size: side of the stored images the model takes, pixels (0 = ``image_size``).
+        input_size: side of the backbone's input, pixels (``--image-size``, or the stored size).
+        stored_size: side of the stored images the model takes, pixels (0 = ``input_size``).
         weights: ``'imagenet'`` (Keras downloads them: needs internet), ``'none'`` (random), or the
             path of a no-top Xception weights file (e.g. from ``python -m pipelines.tools.weights``).
         backbone: a name in :data:`BACKBONES`; the backbone's layer in the model has that name.
@@ -102,40 +108,36 @@ def build_model(num_classes: int, image_size: int, dropout: float = 0.5, weights
         FileNotFoundError: a weights path that does not exist.
         ValueError: as :func:`check_backbone`.
     """
-    from pipelines.contract import MODEL_INPUT_DTYPE, MODEL_INPUT_NAME
     from pipelines.stack.kerasapi import keras
 
-    from pipelines.training.checkpoints import resumable_dropout
-
-    check_backbone(backbone, weights, image_size)
+    check_backbone(backbone, weights, input_size)
     if weights not in ("imagenet", "none") and not os.path.isfile(weights):
         raise MissingInput(f"weights file not found: {weights}")
     keras.utils.set_random_seed(seed)
-    base = _build_backbone(backbone, image_size, weights)
+    base = _build_backbone(backbone, input_size, weights)
     base.trainable = False
-    stored = stored_size or image_size
+    stored = stored_size or input_size
     image = keras.Input((stored, stored, 3), dtype=MODEL_INPUT_DTYPE, name=MODEL_INPUT_NAME)
-    features = base(preprocessing(image, stored, image_size), training=False)
+    features = base(preprocessing(image, stored, input_size), training=False)
     x = resumable_dropout(dropout, seed)(features)
     outputs = keras.layers.Dense(num_classes, activation="softmax", name="head", dtype="float32")(x)
     return keras.Model(image, outputs, name=f"{backbone}_transfer")
 
 
-def preprocessing(image, stored_size: int, model_size: int):
+def preprocessing(image, stored_size: int, input_size: int):
     """The model's first layers, on the uint8 image ``(batch, s, s, 3)``: ``Resizing`` to
-    ``model_size`` (bilinear, half-pixel centres) when it differs from ``stored_size``, then
+    ``input_size`` (bilinear, half-pixel centres) when it differs from ``stored_size``, then
     ``Rescaling`` by :data:`pipelines.contract.PREPROCESS_SCALE` and
     :data:`~pipelines.contract.PREPROCESS_OFFSET` (Xception's ``preprocess_input``: ``x / 127.5 - 1``,
     in [-1, 1]). Both cast uint8 to float32 themselves and compute in float32 whatever the global
     policy (under ``mixed_float16`` the backbone's first layer casts to float16 after them).
     They run where the model runs: on a GPU, a 299 px image crosses PCIe as its 268,203 uint8
     bytes, not as 1,072,812 bytes of float32. No weights: checkpoints are unchanged by them."""
-    from pipelines.contract import PREPROCESS_OFFSET, PREPROCESS_SCALE
     from pipelines.stack.kerasapi import keras
 
     x = image
-    if model_size != stored_size:
-        x = keras.layers.Resizing(model_size, model_size, interpolation="bilinear", name="resize",
+    if input_size != stored_size:
+        x = keras.layers.Resizing(input_size, input_size, interpolation="bilinear", name="resize",
                                   dtype="float32")(x)
     return keras.layers.Rescaling(PREPROCESS_SCALE, offset=PREPROCESS_OFFSET, name="xception_preprocess",
                                   dtype="float32")(x)
@@ -153,9 +155,13 @@ def feature_extractor(model):
 def model_input(model) -> str:
     """What ``model`` takes, as the feature cache keys it: its input's dtype and side,
     ``uint8-299`` for a model from :func:`build_model` on 299 px stored images."""
-    from pipelines.training.features import input_tag
-
     return input_tag(model.inputs[0].dtype.name, model.input_shape[1])
+
+
+def input_tag(dtype: str, stored_size: int) -> str:
+    """What a model takes, as the feature cache keys it
+    (:func:`pipelines.training.data.features.model_key`): its input's dtype and side (``uint8-299``)."""
+    return f"{dtype}-{stored_size}"
 
 
 def backbone_of(model):
@@ -170,7 +176,7 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
     ``hvd.DistributedOptimizer`` (gradients averaged over ranks by allreduce; with
     ``fp16_allreduce``, ``hvd.Compression.fp16``: float32 gradients cast to float16 for the
     allreduce, half the bytes, and back), sparse categorical cross-entropy on int32 labels,
-    accuracy; the optimizer's variables are made now (:func:`pipelines.training.checkpoints.build_optimizer`).
+    accuracy; the optimizer's variables are made now (:func:`pipelines.training.model.checkpoints.build_optimizer`).
     ``learning_rate`` is already scaled by the world size
     (:func:`pipelines.training.schedule.scaled_lr`). Under a ``mixed_float16`` global policy Keras
     wraps the optimizer in its ``LossScaleOptimizer`` itself. With ``xla`` (``--xla on``), the
@@ -180,7 +186,6 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
         pipelines.stack.kerasapi.Keras3Error: ``model`` is not a Keras 2 model (before any step)."""
     import horovod.tensorflow.keras as hvd
     from pipelines.stack.kerasapi import distributed_optimizer, keras
-    from pipelines.training.checkpoints import build_optimizer
 
     compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
     optimizer = distributed_optimizer(keras.optimizers.Nadam(learning_rate=learning_rate), model=model,
@@ -225,113 +230,15 @@ def xla_train_step(model):
     return train_step
 
 
-def input_contract(stored_size: int, model_size: int, class_names) -> dict:
-    """The exported model's contract (``model.json``): what it takes
-    (:data:`pipelines.contract.MODEL_INPUT_DTYPE`, stated there) and what it returns."""
-    from pipelines.contract import MODEL_INPUT_DTYPE, MODEL_INPUT_NAME, MODEL_INPUT_RANGE
-
-    return {
-        "file": MODEL_FILE,
-        "input": {"name": MODEL_INPUT_NAME, "dtype": MODEL_INPUT_DTYPE,
-                  "shape": [None, stored_size, stored_size, 3], "layout": "NHWC", "channels": "RGB",
-                  "range": list(MODEL_INPUT_RANGE),
-                  "what": "the ETL's stored image as in the Parquet 'image' column: stored_size x "
-                          "stored_size x 3 bytes, row-major, RGB"},
-        "preprocessing": ("inside the model: "
-                          + (f"Resizing to {model_size}x{model_size} (bilinear), " if model_size != stored_size else "")
-                          + "Rescaling(1/127.5, offset=-1) = Xception preprocess_input; do not preprocess "
-                            "the input yourself"),
-        "model_image_size": model_size,
-        "output": {"name": "probabilities", "dtype": "float32", "shape": [None, len(class_names)],
-                   "what": "softmax over class_names, index = label"},
-        "class_names": list(class_names),
-    }
-
-
-def export_model(model, path: str, stored_size: int = 0, class_names=None):
-    """Save the model for inference, atomically: the trained model itself, which takes the ETL's
-    uint8 image and preprocesses inside (:func:`build_model`), as a new uncompiled model over the
-    same layers (Horovod's wrapped optimizer is not serialisable), computing in float32 whatever
-    policy it trained under (:func:`float32_model`: a ``mixed_float16`` model would make every CPU
-    inference float16), architecture + weights. With ``class_names``, also ``model.json`` beside it
-    (:func:`input_contract`), holding the hex sha256 of the saved file's bytes under
-    :data:`pipelines.contract.MODEL_SHA256`, which batch inference checks before loading it.
-
-    Args:
-        stored_size: the ETL's image size, checked against the model's input (0: not checked).
-
-    Returns the exported model, in memory (what loading ``path`` gives back, without the seconds
-    that loading takes).
-
-    Raises:
-        ValueError: the model does not take ``stored_size`` px images."""
-    from pipelines.io.atomic import PUBLIC, replacing, write_json
-    from pipelines.contract import MODEL_CONTRACT, MODEL_SHA256
+def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int):
+    """The trainable part alone: ``Input(feature_dim) -> Dropout -> Dense(num_classes, softmax)``
+    (2048 features for Xception), with the same layer names as in
+    :func:`build_model` so weights carry over (the feature cache's model,
+    :class:`pipelines.training.inputs.FeatureInputs`)."""
     from pipelines.stack.kerasapi import keras
 
-    stored, size = model.input_shape[1], backbone_of(model).input_shape[1]
-    if stored_size and stored_size != stored:
-        raise Refused(f"the model takes {stored} px images, not the data's {stored_size} px")
-    exported = float32_model(keras.Model(model.input, model.output, name=model.name))
-    with replacing(path, suffix=".keras", mode=PUBLIC) as tmp:
-        exported.save(tmp)
-    if class_names is not None:
-        contract = {**input_contract(stored, size, class_names), MODEL_SHA256: file_sha256(path)}
-        write_json(os.path.join(os.path.dirname(path), MODEL_CONTRACT), contract, mode=PUBLIC)
-    return exported
-
-
-def file_sha256(path: str) -> str:
-    """Hex sha256 of the bytes of the file ``path``, read in 1 MiB blocks."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def float32_model(model):
-    """``model`` computing in float32: itself when every layer does, else a copy rebuilt from its
-    configuration with every ``mixed_*`` dtype policy replaced by ``float32`` (under a float32 global
-    policy) and ``model``'s weights (float32 variables under mixed precision too) copied in."""
-    import tensorflow as tf
-
-    if not any(_mixed(layer.dtype_policy.name) for layer in _all_layers(model)):
-        return model
-    previous = tf.keras.mixed_precision.global_policy()
-    tf.keras.mixed_precision.set_global_policy("float32")
-    try:
-        copy = model.__class__.from_config(_float32_config(model.get_config()))
-    finally:
-        tf.keras.mixed_precision.set_global_policy(previous)
-    copy.set_weights(model.get_weights())
-    return copy
-
-
-def _all_layers(model):
-    import tensorflow as tf
-
-    for layer in model.layers:
-        yield layer
-        if isinstance(layer, tf.keras.Model):
-            yield from _all_layers(layer)
-
-
-def _mixed(name) -> bool:
-    return isinstance(name, str) and name.startswith("mixed_")
-
-
-def _float32_config(value):
-    """A Keras configuration with each ``dtype`` that names a ``mixed_*`` policy (a name or a
-    serialised ``Policy``) made ``"float32"``."""
-    if isinstance(value, list):
-        return [_float32_config(item) for item in value]
-    if not isinstance(value, dict):
-        return value
-    out = {}
-    for key, item in value.items():
-        policy = item.get("config", {}).get("name") if isinstance(item, dict) else item
-        out[key] = "float32" if key == "dtype" and _mixed(policy) else _float32_config(item)
-    return out
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((feature_dim,), name="features")
+    x = resumable_dropout(dropout, seed)(inputs)
+    outputs = keras.layers.Dense(num_classes, activation="softmax", name="head", dtype="float32")(x)
+    return keras.Model(inputs, outputs, name="head_on_features")

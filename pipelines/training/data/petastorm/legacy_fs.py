@@ -7,7 +7,8 @@ filesystem fails (``validate_schema`` ValueError) and pyarrow's own legacy ``S3F
 s3fs's now-asynchronous ``_ls`` (``'coroutine' object is not iterable``). :class:`LegacyFileSystem`
 gives that legacy path the calls it makes (``isdir``, ``isfile``, ``ls``, ``walk``, ``open``,
 ``exists``) answered by the :class:`pipelines.io.storage.Location`'s ``pyarrow.fs`` filesystem, so the
-same S3/GCS/HDFS/fsspec filesystem that reads the manifest also feeds Petastorm's readers.
+same S3/GCS/HDFS/fsspec filesystem that reads the manifest also feeds Petastorm's readers, given
+the URLs it maps back (:func:`split_urls`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import posixpath
 import warnings
 
 import pyarrow.fs as pafs
+
+from pipelines.io.paths import local_url
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)  # pyarrow.filesystem is deprecated, and what petastorm needs
@@ -98,3 +101,16 @@ class LegacyFileSystem(legacyfs.FileSystem):
     @property
     def pathsep(self) -> str:
         return "/"
+
+
+def split_urls(data, split: str):
+    """``file://`` URLs of the Parquet files of ``split`` of ``data`` (a
+    :class:`~pipelines.training.data.dataset.Dataset`), as Petastorm wants them: for a URI root, the
+    URLs :class:`LegacyFileSystem` maps back to the store (:func:`petastorm_url`)."""
+    return [local_url(part.path) if part.local else petastorm_url(part) for part in data.parts(split)]
+
+
+def petastorm_filesystem(data):
+    """What Petastorm reads ``data``'s URI root through (``None`` for local files: its own)."""
+    location = data.location
+    return None if location.local else LegacyFileSystem(location.filesystem)

@@ -5,7 +5,7 @@ This is the recipe of the Keras transfer-learning guide (https://keras.io/guides
 "Fine-tuning" and "An end-to-end example"): first train only the new head on the frozen base
 model until it converges (phase 1: the job's own early stopping, on images or on the feature
 cache); then unfreeze (part of) the base model, *keep its BatchNormalization layers in inference
-mode* (the base model is called with ``training=False``, :func:`pipelines.training.model.build_model`,
+mode* (the base model is called with ``training=False``, :func:`pipelines.training.model.build.build_model`,
 so their moving mean and variance stay the pretrained ones while their gamma and beta train),
 *recompile* (a change of ``trainable`` takes effect at compile) and train end to end with a very
 low learning rate. The guide goes from Adam's 1e-3 to 1e-5: the factor 0.01 that is
@@ -37,6 +37,7 @@ from typing import Dict, List, Optional, Sequence
 
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
+from pipelines.training.model.build import backbone_of, backbone_spec
 
 
 #: The Keras guide's fine-tuning rate over its head-training rate: Adam(1e-5) after Adam() (1e-3).
@@ -45,7 +46,7 @@ KERAS_GUIDE_LR_FACTOR = 0.01
 
 def check_fine_tune(backbone, blocks: int, lr_factor: float, epochs: int = 0) -> None:
     """Refuse ``--fine-tune-blocks``/``--fine-tune-lr``/``--fine-tune-epochs`` values that cannot
-    apply to ``backbone`` (a :class:`pipelines.training.model.Backbone`).
+    apply to ``backbone`` (a :class:`pipelines.training.model.build.Backbone`).
 
     Raises:
         ValueError: ``blocks`` below 0 or above the backbone's block count, ``lr_factor`` not in
@@ -88,8 +89,6 @@ def unfreeze(model, backbone_name: str, blocks: int) -> List[str]:
     """Make the top ``blocks`` blocks of ``model``'s backbone trainable (:func:`block_layers`) and
     every other backbone layer not. The model must be (re)compiled afterwards. Returns the names of
     the unfrozen layers that hold weights."""
-    from pipelines.training.model import backbone_of, backbone_spec
-
     base = backbone_of(model)
     names = set(block_layers([layer.name for layer in base.layers], backbone_spec(backbone_name), blocks))
     base.trainable = True  # a nested model's flag gates its layers' own

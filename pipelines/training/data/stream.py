@@ -22,7 +22,7 @@ The feature cache's stream (:func:`feature_batches`) is the same idea over rows 
 pass ``p`` is the permutation :func:`epoch_order` ``(rows, seed, p)`` of the rows, no windows.
 
 Pure NumPy: no TensorFlow, no reader; :func:`stream_batches` takes the row groups from whatever
-opens them at a visit (:meth:`pipelines.training.arrow_reader.ArrowShardReader.restart`).
+opens them at a visit (:meth:`pipelines.training.data.arrow_reader.ArrowShardReader.restart`).
 """
 from __future__ import annotations
 

@@ -16,7 +16,9 @@ from typing import Dict, List
 
 import numpy as np
 
+from pipelines.io.atomic import replacing
 from pipelines.runtime.logs import plural
+from pipelines.training.divergence import non_finite_arrays
 
 FORMAT = "trainable+optimizer npz v1"
 
@@ -136,8 +138,6 @@ def non_finite_checkpoint(location) -> List[str]:
     import io
     import zipfile
 
-    from pipelines.training.divergence import non_finite_arrays
-
     try:
         data = np.load(io.BytesIO(location.read_bytes()))
         if not isinstance(data, np.lib.npyio.NpzFile):  # a single .npy array
@@ -152,8 +152,6 @@ def non_finite_checkpoint(location) -> List[str]:
 def save_checkpoint(model, path: str) -> int:
     """Write ``model``'s trainable weights and (when compiled) its optimizer state to ``path``
     (``.npz``) atomically (:func:`checkpoint_variables`). Returns the file's size in bytes."""
-    from pipelines.io.atomic import replacing
-
     arrays = {key: variable.numpy() for key, variable in checkpoint_variables(model).items()}
     with replacing(path, suffix=".npz") as tmp:  # owner-only: run state
         with open(tmp, "wb") as f:

@@ -2,11 +2,12 @@
 
 The only module that imports Petastorm or diskcache (its cache's store): the current stack,
 whose pyarrow Petastorm 0.13.1 cannot import, never loads it (whether it can is
-:func:`pipelines.training.data.petastorm_available`). :func:`open_petastorm_reader` is what
-:func:`pipelines.training.data.open_reader` opens for ``--reader petastorm``.
+:func:`pipelines.training.data.petastorm.petastorm_available`). :func:`open_petastorm_reader` is
+what :func:`pipelines.training.data.readers.open_reader` opens for ``--reader petastorm``
+(through :func:`pipelines.training.data.petastorm.open_shard`).
 
-Its train stream is not positioned (:func:`pipelines.training.data.exact_positions` is False): the
-thread pool hands row groups over in the order they finish, and the reader cannot be started at
+Its train stream is not positioned (:func:`pipelines.training.data.readers.exact_positions` is
+False): the thread pool hands row groups over in the order they finish, and the reader cannot be started at
 a row group, so training over it keeps ``tf.data``'s shuffle buffer and stateful flips, and a run
 resumed mid-epoch starts its stream afresh (the batches differ from an uninterrupted run's).
 
@@ -15,7 +16,7 @@ group, and every warm read unpickles it (a planted cache file would run code: di
 CVE-2025-69872), converts Arrow's binary column to an object array of Python ``bytes`` and
 training joins those. :class:`RowGroupDisk` is a ``diskcache.Disk`` (diskcache's own extension
 point, passed through Petastorm's ``cache_extra_settings``) that stores a row group in the flat
-format of :mod:`pipelines.training.rowcache` and never unpickles: a value diskcache stored
+format of :mod:`pipelines.training.data.rowcache` and never unpickles: a value diskcache stored
 pickled reads as a miss. (Anything that is not a flat row group, which training refuses anyway,
 is not cached at all.) Its keys are strings, which diskcache stores raw. A full disk stops
 storing (said once) instead of failing the reader.
@@ -31,7 +32,7 @@ from typing import Iterator, Optional
 import diskcache
 from diskcache.core import MODE_BINARY, UNKNOWN
 
-from pipelines.training import rowcache
+from pipelines.training.data import rowcache
 
 #: free bytes a store leaves on the cache's disk for diskcache's SQLite files (rows, WAL)
 SQLITE_RESERVE = 1 << 20
@@ -111,9 +112,9 @@ def _open_new(full_path: str):
 def open_petastorm_reader(urls, filesystem, rank: int, world_size: int, cache_folder: Optional[str],
                           cache_limit: int, row_size: int, workers: int, seed: int) -> Iterator:
     """A looping Petastorm batch reader of rank ``rank``'s row groups of ``urls`` (file:// URLs;
-    Petastorm's ``cur_shard``/``shard_count``, the rule of :func:`pipelines.training.sharding.shard`;
+    Petastorm's ``cur_shard``/``shard_count``, the rule of :func:`pipelines.training.data.sharding.shard`;
     ``filesystem`` a legacy filesystem for a URI root, or None), with a local-disk cache of
-    flat files in ``cache_folder`` (None: no cache; :func:`pipelines.training.data.open_reader`).
+    flat files in ``cache_folder`` (None: no cache; :func:`pipelines.training.data.readers.open_reader`).
 
     Yields the reader, stopped and joined on exit (which deletes ``cache_folder``).
     """

@@ -1,0 +1,122 @@
+"""The trained model exported for inference: ``model.keras`` in float32, and its contract ``model.json``.
+
+Batch inference (:mod:`pipelines.predict`) reads the contract, never this module: what the model
+takes (the ETL's stored uint8 image) and returns, and the sha256 of the model file it checks
+before loading it.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+
+from pipelines.io.atomic import PUBLIC, replacing, write_json
+from pipelines.contract import (MODEL_CONTRACT, MODEL_FILE, MODEL_INPUT_DTYPE, MODEL_INPUT_NAME, MODEL_INPUT_RANGE,
+                                MODEL_SHA256)
+from pipelines.runtime.errors import Refused
+from pipelines.training.model.build import backbone_of
+
+
+def input_contract(stored_size: int, input_size: int, class_names) -> dict:
+    """The exported model's contract (``model.json``): what it takes
+    (:data:`pipelines.contract.MODEL_INPUT_DTYPE`, stated there) and what it returns."""
+    return {
+        "file": MODEL_FILE,
+        "input": {"name": MODEL_INPUT_NAME, "dtype": MODEL_INPUT_DTYPE,
+                  "shape": [None, stored_size, stored_size, 3], "layout": "NHWC", "channels": "RGB",
+                  "range": list(MODEL_INPUT_RANGE),
+                  "what": "the ETL's stored image as in the Parquet 'image' column: stored_size x "
+                          "stored_size x 3 bytes, row-major, RGB"},
+        "preprocessing": ("inside the model: "
+                          + (f"Resizing to {input_size}x{input_size} (bilinear), " if input_size != stored_size else "")
+                          + "Rescaling(1/127.5, offset=-1) = Xception preprocess_input; do not preprocess "
+                            "the input yourself"),
+        "model_image_size": input_size,
+        "output": {"name": "probabilities", "dtype": "float32", "shape": [None, len(class_names)],
+                   "what": "softmax over class_names, index = label"},
+        "class_names": list(class_names),
+    }
+
+
+def export_model(model, path: str, stored_size: int = 0, class_names=None):
+    """Save the model for inference, atomically: the trained model itself, which takes the ETL's
+    uint8 image and preprocesses inside (:func:`pipelines.training.model.build.build_model`), as a
+    new uncompiled model over the same layers (Horovod's wrapped optimizer is not serialisable),
+    computing in float32 whatever policy it trained under (:func:`float32_model`: a
+    ``mixed_float16`` model would make every CPU inference float16), architecture + weights. With ``class_names``, also ``model.json`` beside it
+    (:func:`input_contract`), holding the hex sha256 of the saved file's bytes under
+    :data:`pipelines.contract.MODEL_SHA256`, which batch inference checks before loading it.
+
+    Args:
+        stored_size: the ETL's image size, checked against the model's input (0: not checked).
+
+    Returns the exported model, in memory (what loading ``path`` gives back, without the seconds
+    that loading takes).
+
+    Raises:
+        ValueError: the model does not take ``stored_size`` px images."""
+    from pipelines.stack.kerasapi import keras
+
+    stored, size = model.input_shape[1], backbone_of(model).input_shape[1]
+    if stored_size and stored_size != stored:
+        raise Refused(f"the model takes {stored} px images, not the data's {stored_size} px")
+    exported = float32_model(keras.Model(model.input, model.output, name=model.name))
+    with replacing(path, suffix=".keras", mode=PUBLIC) as tmp:
+        exported.save(tmp)
+    if class_names is not None:
+        contract = {**input_contract(stored, size, class_names), MODEL_SHA256: file_sha256(path)}
+        write_json(os.path.join(os.path.dirname(path), MODEL_CONTRACT), contract, mode=PUBLIC)
+    return exported
+
+
+def file_sha256(path: str) -> str:
+    """Hex sha256 of the bytes of the file ``path``, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def float32_model(model):
+    """``model`` computing in float32: itself when every layer does, else a copy rebuilt from its
+    configuration with every ``mixed_*`` dtype policy replaced by ``float32`` (under a float32 global
+    policy) and ``model``'s weights (float32 variables under mixed precision too) copied in."""
+    import tensorflow as tf
+
+    if not any(_mixed(layer.dtype_policy.name) for layer in _all_layers(model)):
+        return model
+    previous = tf.keras.mixed_precision.global_policy()
+    tf.keras.mixed_precision.set_global_policy("float32")
+    try:
+        copy = model.__class__.from_config(_float32_config(model.get_config()))
+    finally:
+        tf.keras.mixed_precision.set_global_policy(previous)
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def _all_layers(model):
+    import tensorflow as tf
+
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, tf.keras.Model):
+            yield from _all_layers(layer)
+
+
+def _mixed(name) -> bool:
+    return isinstance(name, str) and name.startswith("mixed_")
+
+
+def _float32_config(value):
+    """A Keras configuration with each ``dtype`` that names a ``mixed_*`` policy (a name or a
+    serialised ``Policy``) made ``"float32"``."""
+    if isinstance(value, list):
+        return [_float32_config(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, item in value.items():
+        policy = item.get("config", {}).get("name") if isinstance(item, dict) else item
+        out[key] = "float32" if key == "dtype" and _mixed(policy) else _float32_config(item)
+    return out

@@ -1,0 +1,139 @@
+"""What every rank computes identically before training (:class:`RunPlan`), and what it holds meanwhile.
+
+:func:`plan_run` loads the data's manifest, plans the steps and the scaled learning rate and
+makes the refusals, the same on every rank (:func:`check_run` makes the data's once, before any
+rank starts); rank 0 also claims its output for this run
+(:mod:`pipelines.training.records.ownership`). :func:`hold_data` keeps the ETL run it reads from
+being deleted under it (:mod:`pipelines.io.leases`).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Dict, Iterator, Optional
+
+from pipelines.io import leases
+from pipelines.runtime.logs import plural
+from pipelines.io.storage import resolve
+from pipelines.training.config import TrainConfig
+from pipelines.training.data import Dataset, load_dataset
+from pipelines.training.rank import Rank
+from pipelines.training.records import ownership as runs
+from pipelines.training.records.mirror import check_output, open_outputs
+from pipelines.training.schedule import plan_steps, scaled_lr
+
+log = logging.getLogger("pipelines")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What every rank computes identically before training: data, steps, learning rate."""
+
+    data: object  # pipelines.training.data.dataset.Dataset
+    steps: object  # pipelines.training.schedule.Steps
+    lr: float
+    input_size: int  # side of the model's input, px: TrainConfig.input_size(data.stored_size)
+    outputs: object = None  # rank 0: pipelines.training.records.mirror.Outputs (where it writes); None elsewhere
+    claim: object = None  # rank 0: pipelines.training.records.ownership.Claim (this run, the checkpoint it continues)
+
+    @property
+    def output_dir(self) -> str:
+        """Rank 0's local output folder: ``--output``, or the one mirrored to a URI ``--output``."""
+        return self.outputs.local if self.outputs else None
+
+
+def check_run(root: str, batch_size: int, world_size: int, storage_options: Optional[Dict[str, str]] = None) -> Dataset:
+    """The data refusals every rank makes in :func:`plan_run`, made once by a process that launches
+    the ranks (``--spark-np``, the notebooks), before any rank starts.
+
+    Raises:
+        pipelines.training.data.errors.DataError, pipelines.io.storage.StorageError: as
+            :func:`pipelines.training.data.dataset.load_dataset`.
+        ValueError: a global batch larger than a split (:func:`~pipelines.training.schedule.plan_steps`).
+    """
+    data = load_dataset(root, world_size, storage_options)
+    plan_steps(data.train_rows, data.validation_rows, batch_size, world_size)
+    return data
+
+
+def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> RunPlan:
+    """Dataset from the manifest, steps and scaled learning rate; refusals happen here, the same
+    on every rank (:class:`~pipelines.training.data.errors.DataError`, ``ValueError``, a ``--data`` or
+    ``--output`` whose store cannot be used, an output of another run:
+    :class:`~pipelines.training.records.ownership.RunRefused`). Rank 0 opens its output folder and claims it for
+    this run (``run_id``: the launching driver's, the same in every relaunch; ``None``: a new one,
+    or the resumed run's), with ``--overwrite`` deleting what the earlier run recorded, with
+    ``--resume`` on a URI output downloading the checkpoint it continues."""
+    data = load_dataset(config.data, rank.size, config.storage_options)
+    check_output(config.output, config.storage_options)
+    outputs = open_outputs(config.output, config.storage_options) if rank.rank == 0 else None
+    claim = _claim_output(config, rank, outputs, run_id)
+    plan = RunPlan(data, plan_steps(data.train_rows, data.validation_rows, config.batch_size, rank.size),
+                   scaled_lr(config.base_lr, rank.size), config.input_size(data.stored_size), outputs, claim)
+    if rank.rank == 0:
+        s = plan.steps
+        log.info("world size %d, %s per rank; batch %d per rank, global batch %d; %s per epoch, %s; "
+                 "lr %g = %g x %d; training run %s", rank.size, plural(rank.threads, "thread"), config.batch_size,
+                 s.global_batch, plural(s.steps_per_epoch, "step"), plural(s.validation_steps, "validation step"),
+                 plan.lr, config.base_lr, rank.size, claim.run.run_id)
+        outputs.adopt(claim, config.data)
+    return plan
+
+
+@contextlib.contextmanager
+def hold_data(rank: Rank, plan: RunPlan) -> Iterator[None]:
+    """Rank 0 holds a reader lease on the ETL run ``plan.data`` reads (:func:`pipelines.io.leases.hold`,
+    named by this training run's id) for the block, so that an ETL rerun committing meanwhile keeps
+    that run's files; the block starts before any rank reads a part. Every rank checks that it
+    loaded the manifest of the run rank 0 leased. A format-1 output (no run id) is not leased, nor
+    one rank 0 cannot write to (said as a warning: training reads, the lease is its only write).
+
+    Raises:
+        pipelines.io.leases.InputReplaced: on every rank, when the ETL committed another run between a
+            rank's read of the manifest and the lease.
+    """
+    import horovod.tensorflow as hvd_tf
+
+    lease, error = None, None
+    if rank.rank == 0 and plan.data.run_id is not None:
+        try:
+            lease = leases.hold(plan.data.location, plan.data.run_id, plan.claim.run.run_id)
+        except leases.InputReplaced as exc:
+            error = str(exc)
+        except OSError as exc:  # read-only data: training still runs, unprotected from an ETL rerun
+            log.warning("could not lease ETL run %s of %s (%s): an ETL rerun committing meanwhile may delete "
+                        "its files under this run", plan.data.run_id, plan.data.root, exc)
+    seen = sorted(set(map(str, hvd_tf.allgather_object(plan.data.run_id, name="data_run_ids"))))
+    error = hvd_tf.broadcast_object(error, root_rank=0, name="lease_error")
+    if not error and len(seen) > 1:
+        error = f"the ranks read manifests of different ETL runs ({', '.join(seen)}): {plan.data.root} was " \
+                "committed anew while this run started; start it again"
+    try:
+        if error:
+            raise leases.InputReplaced(error)
+        yield
+    finally:
+        if lease is not None:
+            lease.stop()
+
+
+def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str]):
+    """Rank 0's :func:`pipelines.training.records.ownership.claim` of its output, its refusal raised on every rank
+    alike. Returns the :class:`~pipelines.training.records.ownership.Claim` on rank 0, ``None`` elsewhere."""
+    import horovod.tensorflow as hvd_tf
+
+    claim, error = None, None
+    if rank.rank == 0:
+        target = outputs.remote or resolve(outputs.local)
+        try:
+            claim = runs.claim(target, runs.identify(config, rank.size, run_id), config.resume,
+                               rank.handed.relaunched, config.overwrite)
+        except runs.RunRefused as exc:
+            error = str(exc)
+        for warning in claim.warnings if claim else ():
+            log.warning("%s", warning)
+    error = hvd_tf.broadcast_object(error, root_rank=0, name="output_claim")
+    if error:
+        raise runs.RunRefused(error)
+    return claim

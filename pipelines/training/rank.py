@@ -1,0 +1,76 @@
+"""A rank's start: what the launcher handed it, Horovod, logging, its device, cores and threads.
+
+:func:`setup_rank` is the first step of :func:`pipelines.training.train.run_training` (and of the
+scaling benchmark, so both train on the same set-up); :class:`Rank` is what the steps after it
+know of this process in the Horovod world.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from pipelines.launch.rankenv import RankEnvironment, read_rank_environment
+from pipelines.runtime.logs import plural, setup_logging
+from pipelines.runtime.quiet import quiet_by_default, quiet_libraries
+from pipelines.training.config import TrainConfig
+from pipelines.training.devices import (apply_device, bind_to_cores, local_topology, precision_policy,
+                                        threads_per_rank)
+
+log = logging.getLogger("pipelines")
+
+
+@dataclass(frozen=True)
+class Rank:
+    """This process in the Horovod world: global ``rank`` of ``size``, ``local_rank`` of
+    ``local_size`` on its host, TensorFlow intra-op ``threads``, the ``cores`` it is bound to, and
+    what its launcher ``handed`` it (attempts, assigned GPUs, the tests' fault hook)."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    threads: int
+    cores: Optional[List[int]] = None
+    precision: str = "float32"  # Keras' global dtype policy: float32, or mixed_float16 (--mixed-precision on a GPU)
+    handed: RankEnvironment = field(default_factory=RankEnvironment)
+
+
+def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
+    """Start this rank: read what its launcher handed it (:func:`pipelines.launch.rankenv.read_rank_environment`,
+    the one read of those variables), bind cores (before any thread starts: threads inherit the
+    binding), ``hvd.init()``, logging (rank 0 at INFO, others at WARNING; third-party noise as
+    ``config.verbose`` says), device placement, TensorFlow threads. Used by the job and by the
+    scaling benchmark, so both train on the same set-up."""
+    # before TensorFlow loads here: a barrier task's rank inherits its executor's environment, not
+    # the driver's set-up, so the rank sets its own noise from its config
+    quiet_by_default(config.verbose)
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+    from pipelines.stack.kerasapi import keras
+
+    handed = read_rank_environment()
+    cores = None
+    if config.bind_cores:
+        cores = bind_to_cores(threads_per_rank(config.threads, local_topology()[1]), announce=False)
+    quiet_libraries(config.verbose)
+    if handed.fault:  # the tests' hook: a rank that starts late
+        from pipelines.training.faults import start_late
+
+        start_late(handed.fault, int(os.environ.get("HOROVOD_RANK", "0")))
+    hvd.init()
+    setup_logging(job, rank=hvd.rank(), level=logging.INFO if hvd.rank() == 0 else logging.WARNING)
+    if cores and hvd.rank() == 0:
+        log.info("each rank bound to %s of its own (rank 0: %s)", plural(len(cores), "core"), cores)
+    device = apply_device(hvd.local_rank(), hvd.local_size(), handed.assigned_gpus, announce=hvd.rank() == 0)
+    policy, why_not = precision_policy(config.mixed_precision, device.kind)
+    if policy != "float32":
+        keras.mixed_precision.set_global_policy(policy)
+    if why_not and hvd.rank() == 0:
+        log.info("%s", why_not)
+    rank = Rank(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
+                threads_per_rank(config.threads, hvd.local_size()), cores, policy, handed)
+    tf.config.threading.set_intra_op_parallelism_threads(rank.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    return rank
