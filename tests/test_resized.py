@@ -31,6 +31,12 @@ def global_batches(data, tmp_path, start_row, steps):  # noqa: F811
     return [tuple(np.concatenate([batches[k][i] for batches in per_rank]) for i in range(2)) for k in range(steps)]
 
 
+@pytest.fixture(scope="module")
+def references(data, tmp_path_factory):  # noqa: F811
+    """The data world's first 12 global batches from stream rows 0 and 30."""
+    return {start: global_batches(data, tmp_path_factory.mktemp("ref"), start, 12) for start in (0, 30)}
+
+
 def resized(data, tmp_path, j, n, inner=None):  # noqa: F811
     from pipelines.training.inputs import ImageInputs
     from pipelines.training.resized import resized_inputs
@@ -40,11 +46,11 @@ def resized(data, tmp_path, j, n, inner=None):  # noqa: F811
 
 
 @pytest.mark.parametrize("n", [1, 3, 4])
-def test_own_reader_each_physical_rank_reads_its_rows_of_the_data_worlds_global_batches(data, tmp_path, n):  # noqa: F811
+def test_own_reader_each_physical_rank_reads_its_rows_of_the_data_worlds_global_batches(data, references, tmp_path,
+                                                                                       n):  # noqa: F811
     """From the start and from a step within a later pass (stream row 30 of the virtual ranks'
     passes of 22 and 20 rows), and through train_dataset_at (a resumed epoch's second fit)."""
-    for start_row in (0, 30):
-        expected = global_batches(data, tmp_path, start_row, 12)
+    for start_row, expected in references.items():
         for j in range(n):
             inputs = resized(data, tmp_path, j, n)
             lo, hi = rank_rows(N0 * B, j, n)
@@ -116,8 +122,8 @@ def test_the_feature_cache_each_physical_rank_reads_its_rows_of_the_virtual_rank
         return steps_of(feat.feature_dataset(*shard, B, shuffle=True, seed=5 + v, repeat=True, start_row=start_row), 9)
 
     for start_row in (0, 14):
-        expected = [np.concatenate([a[k][1] for a in (reference(0, start_row), reference(1, start_row))])
-                    for k in range(9)]
+        per_rank = [reference(v, start_row) for v in range(N0)]
+        expected = [np.concatenate([batches[k][1] for batches in per_rank]) for k in range(9)]
         for n in (1, 3):
             for j in range(n):
                 inputs = ResizedInputs(Features(), DataWorld(N0, B), j, n)

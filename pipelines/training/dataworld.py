@@ -122,7 +122,7 @@ class DataWorld:
         """
         if not 1 <= world_size <= self.global_batch:
             raise Refused(f"world size {world_size}: a run of global batch {self.global_batch} ({self.size} x "
-                          f"{plural(self.batch_size, 'row')}) continues on 1 to {self.global_batch} ranks")
+                          f"{plural(self.batch_size, 'row')}) continues on 1 to {plural(self.global_batch, 'rank')}")
 
     def same(self, world_size: int) -> bool:
         """Whether ``world_size`` is the data world's own (today's path, unchanged)."""

@@ -35,6 +35,7 @@ from typing import Iterator, List, Sequence, Tuple
 import numpy as np
 
 from pipelines.contract import TRAIN
+from pipelines.logs import plural
 from pipelines.training.dataworld import DataWorld, RankShare
 from pipelines.training.stream import aligned_empty
 
@@ -242,7 +243,7 @@ def resized_inputs(inputs, world: DataWorld, rank: int, world_size: int, announc
         log.info("%s; each step trains the rows an uninterrupted run's step does", world.describe(world_size))
         if not resized.exact_positions:
             log.warning("--reader petastorm cannot read the data world's streams at another world size: each rank "
-                        "reads its own shard of %d ranks in these batches, with the same global batch and learning "
+                        "reads its own shard of %s in these batches, with the same global batch and learning "
                         "rate, but other rows in each step than an uninterrupted run (--reader own is exact)",
-                        world_size)
+                        plural(world_size, "rank"))
     return resized

@@ -42,6 +42,7 @@ from typing import Dict, List, Optional
 from pipelines.contract import (CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT,
                                 MANIFEST, MODEL_FILE, TENSORBOARD, TRAIN_RUN, manifest_sha256, plain_name)
 from pipelines.errors import Refused
+from pipelines.logs import plural
 from pipelines.report import PICTURES
 from pipelines.tracking import RUN_FILE
 
@@ -216,9 +217,10 @@ def world_refusal(recorded: Dict, run: RunIdentity, how: str, source: str) -> Op
         return None
     why = (f"this launch has {describe_world(ours)}" if batch != theirs.get("batch_size") else
            f"this launch has world size {size}, more ranks than its global batch has rows")
+    bound = plural(global_batch, "rank") if isinstance(global_batch, int) else "as many ranks as its global batch has rows"
     return (f"{how}: {source} is of training run {recorded.get('id')}, trained with {describe_world(theirs)}; {why}: "
-            f"it continues with --batch-size {theirs.get('batch_size')} on 1 to {global_batch} ranks (its global "
-            f"batch and learning rate kept), or start afresh with --overwrite or another --output")
+            f"it continues with --batch-size {theirs.get('batch_size')} on 1 to {bound} (its global batch and "
+            f"learning rate kept), or start afresh with --overwrite or another --output")
 
 
 def continued_world(recorded: Dict, run: RunIdentity) -> RunIdentity:
