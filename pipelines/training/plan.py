@@ -21,6 +21,7 @@ from pipelines.training.data import Dataset, load_dataset
 from pipelines.training.rank import Rank
 from pipelines.training.records import ownership as runs
 from pipelines.training.records.mirror import check_output, open_outputs
+from pipelines.training.resized import agree_data_world
 from pipelines.training.schedule import plan_steps, scaled_lr
 
 log = logging.getLogger("pipelines")
@@ -36,6 +37,8 @@ class RunPlan:
     input_size: int  # side of the model's input, px: TrainConfig.input_size(data.stored_size)
     outputs: object = None  # rank 0: pipelines.training.records.mirror.Outputs (where it writes); None elsewhere
     claim: object = None  # rank 0: pipelines.training.records.ownership.Claim (this run, the checkpoint it continues)
+    world: object = None  # pipelines.training.dataworld.DataWorld: the run's arithmetic, whatever rank.size is
+    segments: tuple = ()  # the run's segments, this launch's last (pipelines/training/records/segments.py)
 
     @property
     def output_dir(self) -> str:
@@ -58,7 +61,8 @@ def check_run(root: str, batch_size: int, world_size: int, storage_options: Opti
 
 
 def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> RunPlan:
-    """Dataset from the manifest, steps and scaled learning rate; refusals happen here, the same
+    """Dataset from the manifest, steps and scaled learning rate of the run's data world (the world
+    it started on, :mod:`pipelines.training.dataworld`, agreed from rank 0's claim); refusals happen here, the same
     on every rank (:class:`~pipelines.training.data.errors.DataError`, ``ValueError``, a ``--data`` or
     ``--output`` whose store cannot be used, an output of another run:
     :class:`~pipelines.training.records.ownership.RunRefused`). Rank 0 opens its output folder and claims it for
@@ -69,14 +73,15 @@ def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> R
     check_output(config.output, config.storage_options)
     outputs = open_outputs(config.output, config.storage_options) if rank.rank == 0 else None
     claim = _claim_output(config, rank, outputs, run_id)
-    plan = RunPlan(data, plan_steps(data.train_rows, data.validation_rows, config.batch_size, rank.size),
-                   scaled_lr(config.base_lr, rank.size), config.input_size(data.stored_size), outputs, claim)
+    world = agree_data_world(config, rank, claim)  # Horovod: rank 0's, on every rank
+    plan = RunPlan(data, plan_steps(data.train_rows, data.validation_rows, config.batch_size, world.size),
+                   scaled_lr(config.base_lr, world.size), config.input_size(data.stored_size), outputs, claim, world)
     if rank.rank == 0:
         s = plan.steps
         log.info("world size %d, %s per rank; batch %d per rank, global batch %d; %s per epoch, %s; "
                  "lr %g = %g x %d; training run %s", rank.size, plural(rank.threads, "thread"), config.batch_size,
                  s.global_batch, plural(s.steps_per_epoch, "step"), plural(s.validation_steps, "validation step"),
-                 plan.lr, config.base_lr, rank.size, claim.run.run_id)
+                 plan.lr, config.base_lr, world.size, claim.run.run_id)
         outputs.adopt(claim, config.data)
     return plan
 

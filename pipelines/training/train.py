@@ -36,6 +36,8 @@ from pipelines.training.model.finetune import Phase, phase1_record, phase2_lr, t
 from pipelines.training.plan import RunPlan, hold_data, plan_run
 from pipelines.training.rank import Rank, setup_rank
 from pipelines.training.records.report import build_report, save_outputs
+from pipelines.training.records.segments import segment_params
+from pipelines.training.resized import resized_inputs, with_segments
 from pipelines.training.resume import Resume, phase1_best, phase2_resume, restore
 from pipelines.training.schedule import fit_segments
 
@@ -77,6 +79,7 @@ def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
     data's identity (the sha256 of its ``manifest.json``, counts, image size)."""
     data = plan.data
     return {**redact(to_dict(config)), "world_size": rank.size, "global_batch_size": plan.steps.global_batch,
+            "data_world_size": plan.world.size, **segment_params(list(plan.segments)),
             "learning_rate": plan.lr, "steps_per_epoch": plan.steps.steps_per_epoch,
             "validation_steps": plan.steps.validation_steps, "model_image_size": plan.input_size,
             "data.manifest_sha256": manifest_sha256(data.root), "data.image_size": data.stored_size,
@@ -108,15 +111,15 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     epoch_stats = cb.EpochStats(plan.steps.steps_per_epoch, plan.steps.global_batch)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), epoch_stats,
                  hvd.callbacks.MetricAverageCallback()]
-    if config.warmup_epochs > 0:
-        callbacks.append(hvd.callbacks.LearningRateWarmupCallback(
-            initial_lr=plan.lr, warmup_epochs=config.warmup_epochs,
-            steps_per_epoch=plan.steps.steps_per_epoch, verbose=0))
+    if config.warmup_epochs > 0:  # Horovod's warmup, with the data world's size for hvd.size()
+        from pipelines.training.warmup import DataWorldWarmup
+
+        callbacks.append(DataWorldWarmup(plan.lr, config.warmup_epochs, plan.steps.steps_per_epoch, plan.world.size))
     checkpoints = None
     if rank.rank == 0:
         checkpoints = CheckpointMarker(
             plan.output_dir, early_stopping, resume.history, frozen_sha256,
-            {**(marker or {"phase": 1}), "run": plan.claim.run.record()},
+            {**(marker or {"phase": 1}), "run": plan.claim.run.record(), "segments": list(plan.segments)},
             Interval(config.checkpoint_every_steps, config.checkpoint_every_minutes, plan.steps.steps_per_epoch),
             plan.outputs)
     # before early stopping and the checkpoints: a non-finite step or epoch stops every rank there, and a
@@ -230,9 +233,11 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
         full_model = build_model(plan.data.num_classes, plan.input_size, config.dropout, config.weights,
                                  seed=config.seed, backbone=config.backbone, stored_size=plan.data.stored_size)
         inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.input_size)
+        inputs = resized_inputs(inputs, plan.world, rank.rank, rank.size, announce=rank.rank == 0)
         compile_distributed(inputs.model, plan.lr, config.fp16_allreduce, config.xla_on)
         frozen_sha256 = frozen_checksum(full_model)
         resume = restore(config, inputs.model, rank, frozen_sha256, plan.output_dir, plan.claim)
+        plan = with_segments(config, rank, plan, resume)  # this launch's world and where it begins
         with start_tracking(config, rank, plan, resume) as tracker:  # rank 0's MLflow run, ended on leaving
             seconds_before_fit = time.perf_counter() - start
             phases = [head_phase(config, rank, plan, inputs, resume, frozen_sha256, tracker)]
@@ -289,7 +294,8 @@ def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Res
     phase_config = dataclasses.replace(config, warmup_epochs=0.0,
                                        epochs=record["epochs"] + config.fine_tune_max_epochs)
     phase_plan = dataclasses.replace(plan, lr=lr)
-    inputs = ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.input_size)
+    inputs = resized_inputs(ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.input_size), plan.world,
+                            rank.rank, rank.size)
     marker = {"phase": 2, "blocks": config.fine_tune_blocks, "phase1": record}
     callbacks, early_stopping, epoch_stats = make_callbacks(phase_config, rank, phase_plan, second, frozen_sha256,
                                                             tracker, marker=marker)

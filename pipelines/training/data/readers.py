@@ -93,7 +93,7 @@ def cache_size_bytes(data: Dataset, split: str, world_size: int) -> int:
 
 @contextlib.contextmanager
 def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_root: Optional[str],
-                workers: int = 2, seed: int = 0, reader: str = "") -> Iterator:
+                workers: int = 2, seed: int = 0, reader: str = "", cache_name: str = "") -> Iterator:
     """A reader of this rank's shard of ``split`` (its row groups by
     :func:`~pipelines.training.data.sharding.shard`) that loops forever, a seeded shuffle of the row
     groups each epoch (training).
@@ -106,8 +106,9 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
     Args:
         cache_root: when set, a local-disk cache of flat row-group files in
             ``cache_root/rank<r>-<split>`` (:func:`pipelines.training.data.rowcache.rank_cache_folder`:
-            one fresh owner-only folder per rank and split, deleted when the reader closes).
-            ``None``: no cache.
+            one fresh owner-only folder per rank and split, deleted when the reader closes;
+            ``cache_name`` names it otherwise: a rank reading several shards,
+            :mod:`pipelines.training.resized`). ``None``: no cache.
         workers: reader threads.
         reader: a name in :data:`READERS`; empty: :func:`default_reader`.
 
@@ -124,7 +125,7 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
     """
     chosen = READERS[check_reader(reader)]
     data.check_footers()  # the counts below size its cache
-    folder = rank_cache_folder(cache_root, f"rank{rank}-{split}") if cache_root else None
+    folder = rank_cache_folder(cache_root, cache_name or f"rank{rank}-{split}") if cache_root else None
     try:
         with chosen.open_shard(data, split, rank, world_size, folder, cache_size_bytes(data, split, world_size),
                                workers, seed) as opened:

@@ -36,7 +36,7 @@ def flipper(seed: int = 0):
 
 
 def batched(ds, batch_size: int, shuffle_buffer: int = 0, seed: int = 0, augment: bool = False,
-            drop_remainder: bool = True, device: Optional[str] = None):
+            drop_remainder: bool = True, device: Optional[str] = None, weight: Optional[float] = None):
     """The tail every input path shares: single uint8 images -> shuffled in a bounded buffer ->
     batched -> flipped with ``augment`` (:func:`flipper`) -> prefetched on the host, then to the
     device (:func:`to_device`). The batches stay uint8: the model casts and preprocesses them
@@ -51,9 +51,11 @@ def batched(ds, batch_size: int, shuffle_buffer: int = 0, seed: int = 0, augment
             one-pass evaluation, whose last batch may be smaller.
         device: the device to prefetch to (:func:`to_device`); ``None``: as
             :func:`pipelines.training.devices.prefetch_device` chooses from TensorFlow's GPUs.
+        weight: each row's loss weight (:func:`weighted`), or ``None``.
 
     Returns:
-        a ``tf.data.Dataset`` of ``(uint8 (b, s, s, 3), int32 (b,))``.
+        a ``tf.data.Dataset`` of ``(uint8 (b, s, s, 3), int32 (b,))`` (with ``weight``, and
+        ``float32 (b,)``).
     """
     import tensorflow as tf
 
@@ -62,7 +64,19 @@ def batched(ds, batch_size: int, shuffle_buffer: int = 0, seed: int = 0, augment
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     if augment:
         ds = ds.map(flipper(seed), num_parallel_calls=tf.data.AUTOTUNE)
-    return to_device(ds, device)
+    return to_device(weighted(ds, weight), device)
+
+
+def weighted(ds, weight: Optional[float]):
+    """``ds`` of ``(rows, labels int32 (b,))`` with each row's loss ``weight`` as Keras' sample
+    weights, ``(rows, labels, float32 (b,))``; ``ds`` itself when ``weight`` is ``None``. A rank's
+    rows weighted ``n b_j / G`` when per-rank batches differ (:mod:`pipelines.training.dataworld`).
+    Before :func:`to_device`, which must stay the last stage."""
+    import tensorflow as tf
+
+    if weight is None:
+        return ds
+    return ds.map(lambda rows, labels: (rows, labels, tf.fill(tf.shape(labels), tf.constant(weight, tf.float32))))
 
 
 #: Batches held on the device ahead of the step that takes them: one being copied while the
@@ -91,7 +105,8 @@ def to_device(ds, device: Optional[str] = None):
 
 
 def make_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int = 0, seed: int = 0,
-                 augment: bool = False, start_row: int = 0, device: Optional[str] = None):
+                 augment: bool = False, start_row: int = 0, device: Optional[str] = None,
+                 weight: Optional[float] = None):
     """``tf.data`` pipeline over a looping reader (:func:`~pipelines.training.data.readers.open_reader`; training).
 
     Over our reader (:func:`exact_positions`): the positioned stream
@@ -101,7 +116,8 @@ def make_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int 
     single uint8 images through :func:`batched` (a shuffle buffer of ``shuffle_buffer``, full
     batches only, :func:`flipper` with ``augment``, prefetch to the device); its reader cannot
     start mid-stream, so ``start_row`` is not honoured: the dataset takes the reader's rows from
-    where it is (not exact).
+    where it is (not exact). ``weight``: each row's loss weight over Petastorm's reader (a rank of
+    another world than the run's data world, :mod:`pipelines.training.resized`; :func:`weighted`).
 
     Each ``iter()`` of the dataset starts again at ``start_row`` (and, over our reader, stops the
     iterators over it made before).
@@ -119,7 +135,7 @@ def make_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int 
     s = stored_size
     ds = tf.data.Dataset.from_generator(lambda: row_groups_of(reader, s), output_signature=(
         tf.TensorSpec((None, s, s, 3), tf.uint8), tf.TensorSpec((None,), tf.int32)))
-    return batched(ds.unbatch(), batch_size, shuffle_buffer, seed, augment, device=device)
+    return batched(ds.unbatch(), batch_size, shuffle_buffer, seed, augment, device=device, weight=weight)
 
 
 def shard_stream(reader, shuffle_buffer: int, seed: int):
