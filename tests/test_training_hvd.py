@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -1206,3 +1207,76 @@ def test_sigterm_to_a_local_rank_makes_the_launching_driver_exit_76_after_the_ch
     assert f"preempted: the run stopped after its checkpoint in {out}; continue it" in proc.stderr
     assert "attempt 2 of 2" not in proc.stderr and "Traceback" not in proc.stderr
     assert os.path.exists(os.path.join(out, "checkpoint-2-step-2.json"))
+
+
+
+def elastic_workers(output):
+    """``{pid: (the rank it started as, its slot name)}`` of the horovodrun workers of the run that
+    writes to ``output`` (named in their command line), read from /proc, not from the job's reports."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().split(b"\0")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        except OSError:
+            continue
+        if environ.get(b"HOROVOD_ELASTIC") == b"1" and b"HOROVOD_RANK" in environ and output.encode() in command:
+            found[int(pid)] = (int(environ[b"HOROVOD_RANK"]), environ[b"HOROVOD_HOSTNAME"].decode())
+    return found
+
+
+def test_horovodrun_elastic_goes_on_with_the_rank_left_and_grows_back_when_a_slot_returns(dataset, tmp_path):
+    """horovodrun -np 2 --min-np 1 --max-np 2 with its host discovery script (scripts/host_discovery.sh:
+    each slot of this machine a name of its own) reading a file of slots; a step checkpoint at every
+    step. Rank 1 is SIGKILLed after step 3 of epoch 2 (its step checkpoint written) and its slot
+    taken out of the file: the rank left continues alone, within epoch 2, from that checkpoint. Once
+    it does, a slot comes back (another name): at the next epoch's end the world grows to 2 again,
+    from that epoch's checkpoint, and the run finishes with exact validation and test counts; each
+    attempt is recorded with its world size and why it ended."""
+    from pipelines.launch.discovery import slot_of
+
+    data, _ = dataset
+    out, slots = str(tmp_path / "out"), tmp_path / "slots"
+    slots.write_text("0 1\n")
+    job = [sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", out, "--weights", "none",
+           "--backbone", "tiny", "--batch-size", "4", "--cache-dir", out + "-cache", "--no-tensorboard", "--epochs", "5",
+           "--patience", "10", "--reader", "own", "--checkpoint-every-steps", "1"]
+    cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
+           "--host-discovery-script", f"{os.path.join(REPO, 'scripts', 'host_discovery.sh')} {slots}", *job]
+    env = subprocess_env(PIPELINES_FAULT_INJECT="rank=1,epoch=2,step=3,mode=kill", PYTHONUNBUFFERED="1")
+    shrunk = "WARNING attempt 2: 1 rank (world size 2 -> 1), from the newest complete checkpoint, after "
+    with tempfile.NamedTemporaryFile("w+") as output:
+        proc = subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            seen, killed, deadline = {}, None, time.monotonic() + 300
+            while killed is None and proc.poll() is None and time.monotonic() < deadline:
+                alive = elastic_workers(out)
+                seen.update(alive)
+                killed = next((place for pid, place in seen.items() if place[0] == 1 and pid not in alive), None)
+                time.sleep(0.2)
+            if killed is not None:  # its slot went with it, as a lost machine's does
+                left = 1 - slot_of(killed[1])
+                slots.write_text(f"{left}\n")
+                while proc.poll() is None and time.monotonic() < deadline and shrunk not in open(output.name).read():
+                    time.sleep(0.2)
+                slots.write_text(f"{left} 2\n")  # a slot comes back, under a name Horovod has not blacklisted
+            proc.wait(timeout=300)
+        finally:
+            proc.kill()
+            proc.wait()
+        text = open(output.name).read()
+    assert killed is not None and proc.returncode == 0, text[-4000:]
+    m = metrics(out)
+    why = f"rank 1 on {killed[1]} lost: UnknownError: Horovod has been shut down"
+    assert m["attempts"] == [{"attempt": 1, "world_size": 2, "failure": why},
+                             {"attempt": 2, "world_size": 1, "failure": "the host discovery script changed the slots"},
+                             {"attempt": 3, "world_size": 2, "failure": None}], m["attempts"]
+    assert shrunk + why in text and "resuming within epoch 2, after step 3" in text
+    assert "WARNING attempt 3: 2 ranks (world size 1 -> 2), from the newest complete checkpoint, after the host " \
+           "discovery script changed the slots" in text
+    assert m["world_size"] == 2 and 2 <= m["resumed_after_epoch"] <= 4 and not m["resumed_after_step"]
+    assert [h["epoch"] for h in m["history"]] == [1, 2, 3, 4, 5] and len(set(m["weights_checksum_per_rank"])) == 1
+    assert all(h["val_count"] == m["validation"]["expected_count"] for h in m["history"])
+    assert_exact_test_count(m, data)

@@ -1,6 +1,8 @@
 """Continuing with the ranks left (issue 38, item 4): the world's bounds (``--min-np``, ``--max-np``)
-and their refusals, and the size of a Spark relaunch for the slots the cluster offers. Pure parts
-and the command line; the run itself: tests/test_hosts.py (Spark barrier tasks across hosts)."""
+and their refusals, the size of a Spark relaunch for the slots the cluster offers, one machine's
+slot names under horovodrun's elastic mode, and the record of an elastic attempt. Pure parts and
+the command line; the runs themselves: tests/test_training_hvd.py (horovodrun) and
+tests/test_hosts.py (Spark barrier tasks across hosts)."""
 import logging
 import os
 import re
@@ -13,11 +15,14 @@ import pytest
 from pipelines.errors import Refused
 from pipelines.launch import HorovodRunner
 from pipelines.launch.config import LaunchConfig
+from pipelines.launch.discovery import local_slot, slot_name, slot_of
+from pipelines.launch.elastic import ended_attempt, peer_loss, under_elastic
 from pipelines.launch.sparkcheck import attempt_world
 from pipelines.launch.worlds import WorldBounds, relaunch_line
 from tests.conftest import subprocess_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DISCOVERY = os.path.join(REPO, "scripts", "host_discovery.sh")
 
 
 @pytest.mark.parametrize("bounds, slots, size", [
@@ -143,3 +148,76 @@ def test_relaunch_line_names_the_change_only_when_there_is_one():
         "relaunching on 3 ranks (world size 3): the cluster offers 5 task slots now (--min-np 2, --max-np 4)"
     assert relaunch_line(WorldBounds(3, 1, 4), 2, 1, 1).startswith("relaunching on 1 rank (world size 2 -> 1): "
                                                                    "the cluster offers 1 task slot now")
+
+
+# -- one machine under horovodrun's elastic mode: each slot a name of its own ------------------------
+
+def test_each_slot_of_this_machine_has_a_name_of_its_own_that_resolves_here():
+    import socket
+
+    names = [slot_name(i) for i in range(9)]
+    assert names[:3] == ["127.0.0.1", "127.0.0.01", "127.0.0.001"] and len(set(names)) == 9
+    assert [slot_of(n) for n in names] == list(range(9))
+    assert {socket.gethostbyname(n) for n in names} == {"127.0.0.1"}  # Horovod starts them here, without ssh
+    for other in ("localhost", "127.0.0.2", "10.0.0.1", "127.0.0.10", "host-127.0.0.1", ""):
+        assert slot_of(other) is None
+
+
+@pytest.mark.parametrize("environ, placement", [
+    ({"HOROVOD_HOSTNAME": "127.0.0.001", "HOROVOD_SIZE": "4"}, (2, 4)),
+    ({"HOROVOD_HOSTNAME": "127.0.0.0001", "HOROVOD_SIZE": "2"}, (3, 4)),  # GPU 3 of a node that lost two
+    ({"HOROVOD_HOSTNAME": "127.0.0.1"}, (0, 1)),
+    ({"HOROVOD_HOSTNAME": "worker-3", "HOROVOD_SIZE": "8"}, None),  # a host of its own: Horovod's local rank
+    ({}, None),
+])
+def test_a_rank_on_a_slot_name_takes_its_slot_as_its_local_rank(environ, placement):
+    assert local_slot(environ) == placement
+
+
+def _discover(*args, env=None):
+    proc = subprocess.run(["bash", DISCOVERY, *args], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, **(env or {})})
+    return proc.returncode, proc.stdout.split(), proc.stderr
+
+
+def test_the_discovery_script_lists_the_slots_it_is_given_under_their_names(tmp_path):
+    assert _discover("3") == (0, ["127.0.0.1:1", "127.0.0.01:1", "127.0.0.001:1"], "")
+    listed = tmp_path / "slots"
+    listed.write_text("0 2\n")
+    assert _discover(str(listed))[1] == ["127.0.0.1:1", "127.0.0.001:1"]
+    listed.write_text("2\n")  # slot 0 taken away: read again at each call
+    assert [slot_of(line.split(":")[0]) for line in _discover(str(listed))[1]] == [2]
+    listed.write_text("1 x\n")
+    code, _, err = _discover(str(listed))
+    assert code == 2 and "not a slot index: x" in err
+    # GPUs: CUDA_VISIBLE_DEVICES' list is 0..n-1, as scripts/gpu_discovery.sh numbers it for Spark
+    assert _discover(env={"CUDA_VISIBLE_DEVICES": "5,7"})[1] == ["127.0.0.1:1", "127.0.0.01:1"]
+    assert _discover(env={"CUDA_VISIBLE_DEVICES": ""})[:2] == (0, [])
+
+
+def test_an_elastic_attempt_records_the_ranks_it_lost_and_their_hosts():
+    hosts = ["127.0.0.1", "127.0.0.01", "127.0.0.001"]
+    why = "UnknownError: Horovod has been shut down"
+    # rank 1 of 3 lost: the survivors were ranks 0 and 2
+    assert ended_attempt(1, [(0, 3, hosts[0]), (2, 3, hosts[2])], hosts, why) == \
+        {"attempt": 1, "world_size": 3, "failure": f"rank 1 on 127.0.0.01 lost: {why}"}
+    # rank 0 lost, a new worker joined meanwhile (no earlier place)
+    assert ended_attempt(2, [(1, 2, hosts[1]), (None, 0, hosts[0])], hosts[:2], why)["failure"] == \
+        f"rank 0 on 127.0.0.1 lost: {why}"
+    # the slots changed (nobody lost): the reason alone; a worker that was not in it records nothing
+    assert ended_attempt(3, [(0, 1, "a"), (None, 0, "b")], ["a"], "the host discovery script changed the slots") == \
+        {"attempt": 3, "world_size": 1, "failure": "the host discovery script changed the slots"}
+    assert ended_attempt(1, [(None, 0, "a")], [], None) is None
+
+
+class UnknownError(RuntimeError):
+    """What TensorFlow raises in a rank whose peer was lost (``tf.errors.UnknownError``), by name."""
+
+
+def test_a_peers_loss_is_said_in_one_line_and_the_elastic_mode_is_horovodruns():
+    error = UnknownError("Graph execution error:\n\nDetected at node 'x' defined at:\n"
+                                   "{{function_node __wrapped__HorovodAllreduce_device_/job:localhost}} Horovod has "
+                                   "been shut down. This was caused by an exception on one of the ranks")
+    assert peer_loss(error) == "UnknownError: Horovod has been shut down"
+    assert under_elastic({"HOROVOD_ELASTIC": "1"}) and not under_elastic({}) and not under_elastic(
+        {"HOROVOD_ELASTIC": "0"})

@@ -71,7 +71,8 @@ class LaunchConfig:
             raise Refused(f"--max-failures must be >= 0, got {self.max_failures}")
         if self.max_failures and not self.np:
             raise Refused("--max-failures applies to --spark-np runs (the launching driver relaunches the "
-                          "ranks); under horovodrun a lost rank ends the job: rerun it with --resume")
+                          "ranks); under horovodrun, its elastic mode (--min-np, --host-discovery-script) goes on "
+                          "with the ranks left, else rerun it with --resume")
         self._check_world_bounds()
         for flag, value in (("--slots-timeout", self.slots_timeout), ("--rendezvous-timeout", self.rendezvous_timeout),
                             ("--stall-timeout", self.stall_timeout)):

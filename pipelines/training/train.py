@@ -65,49 +65,74 @@ class RunPlan:
         return self.outputs.local if self.outputs else None
 
 
+_PROCESS: Dict[str, object] = {}  # what setup_rank sets once per process (TensorFlow keeps it): cores, threads, precision
+
+
 def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     """Start this rank: read what its launcher handed it (:func:`pipelines.launch.rankenv.read_rank_environment`,
     the one read of those variables), bind cores (before any thread starts: threads inherit the
     binding), ``hvd.init()``, logging (rank 0 at INFO, others at WARNING; third-party noise as
     ``config.verbose`` says), device placement, TensorFlow threads. Used by the job and by the
-    scaling benchmark, so both train on the same set-up."""
+    scaling benchmark, so both train on the same set-up.
+
+    Under horovodrun's elastic mode it runs again at each call of the training function after a
+    reset (:mod:`pipelines.launch.elastic`): what a process sets once (cores, device, threads,
+    precision: TensorFlow refuses changes once it runs) is kept from the first call; Horovod's
+    world, the logging and the attempts (:meth:`pipelines.launch.elastic.ElasticRun.joined`) are anew."""
     from pipelines.quiet import quiet_by_default, quiet_libraries
 
     # before TensorFlow loads here: a barrier task's rank inherits its executor's environment, not
     # the driver's set-up, so the rank sets its own noise from its config
     quiet_by_default(config.verbose)
     import horovod.tensorflow.keras as hvd
+
+    from pipelines.launch import elastic
+    from pipelines.logs import setup_logging
+    from pipelines.training.devices import bind_to_cores, local_topology, threads_per_rank
+
+    handed = read_rank_environment()
+    local_rank, local_size = local_topology()
+    first = not _PROCESS
+    if first:
+        _PROCESS["cores"] = (bind_to_cores(threads_per_rank(config.threads, local_size), announce=False)
+                             if config.bind_cores else None)
+        quiet_libraries(config.verbose)
+        if handed.fault:  # the tests' hook: a rank that starts late
+            from pipelines.training.faults import start_late
+
+            start_late(handed.fault, int(os.environ.get("HOROVOD_RANK", "0")))
+    hvd.init()
+    setup_logging(job, rank=hvd.rank(), level=logging.INFO if hvd.rank() == 0 else logging.WARNING)
+    if first:
+        _place_process(config, handed, hvd.rank() == 0, local_rank, local_size)
+    run = elastic.current()
+    if run is not None:  # after the device is placed: the bookkeeping is a collective
+        handed = dataclasses.replace(handed, attempts=run.joined(hvd.rank(), hvd.size()))
+    return Rank(hvd.rank(), hvd.size(), local_rank, local_size, _PROCESS["threads"], _PROCESS["cores"],
+                _PROCESS["precision"], handed)
+
+
+def _place_process(config: TrainConfig, handed: RankEnvironment, announce: bool, local_rank: int,
+                   local_size: int) -> None:
+    """The process's device (GPU ``local_rank`` or the CPU), precision policy and TensorFlow
+    threads, once, before any tensor exists; kept in :data:`_PROCESS`."""
     import tensorflow as tf
     from pipelines.kerasapi import keras
 
-    from pipelines.logs import setup_logging
-    from pipelines.training.devices import apply_device, bind_to_cores, local_topology
-    from pipelines.training.devices import precision_policy, threads_per_rank
+    from pipelines.training.devices import apply_device, precision_policy, threads_per_rank
 
-    handed = read_rank_environment()
-    cores = None
-    if config.bind_cores:
-        cores = bind_to_cores(threads_per_rank(config.threads, local_topology()[1]), announce=False)
-    quiet_libraries(config.verbose)
-    if handed.fault:  # the tests' hook: a rank that starts late
-        from pipelines.training.faults import start_late
-
-        start_late(handed.fault, int(os.environ.get("HOROVOD_RANK", "0")))
-    hvd.init()
-    setup_logging(job, rank=hvd.rank(), level=logging.INFO if hvd.rank() == 0 else logging.WARNING)
-    if cores and hvd.rank() == 0:
+    cores = _PROCESS["cores"]
+    if cores and announce:
         log.info("each rank bound to %s of its own (rank 0: %s)", plural(len(cores), "core"), cores)
-    device = apply_device(hvd.local_rank(), hvd.local_size(), handed.assigned_gpus, announce=hvd.rank() == 0)
+    device = apply_device(local_rank, local_size, handed.assigned_gpus, announce=announce)
     policy, why_not = precision_policy(config.mixed_precision, device.kind)
     if policy != "float32":
         keras.mixed_precision.set_global_policy(policy)
-    if why_not and hvd.rank() == 0:
+    if why_not and announce:
         log.info("%s", why_not)
-    rank = Rank(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
-                threads_per_rank(config.threads, hvd.local_size()), cores, policy, handed)
-    tf.config.threading.set_intra_op_parallelism_threads(rank.threads)
+    _PROCESS.update(threads=threads_per_rank(config.threads, local_size), precision=policy)
+    tf.config.threading.set_intra_op_parallelism_threads(_PROCESS["threads"])
     tf.config.threading.set_inter_op_parallelism_threads(2)
-    return rank
 
 
 def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> RunPlan:
@@ -179,8 +204,11 @@ def hold_data(rank: Rank, plan: RunPlan) -> Iterator[None]:
 
 def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str]):
     """Rank 0's :func:`pipelines.training.runs.claim` of its output, its refusal raised on every rank
-    alike. Returns the :class:`~pipelines.training.runs.Claim` on rank 0, ``None`` elsewhere."""
+    alike, the run's id to every rank under horovodrun's elastic mode (the next call continues it).
+    Returns the :class:`~pipelines.training.runs.Claim` on rank 0, ``None`` elsewhere."""
     import horovod.tensorflow as hvd_tf
+
+    from pipelines.launch import elastic
 
     from pipelines.training import runs
 
@@ -194,9 +222,12 @@ def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str
             error = str(exc)
         for warning in claim.warnings if claim else ():
             log.warning("%s", warning)
-    error = hvd_tf.broadcast_object(error, root_rank=0, name="output_claim")
+    error, run_id = hvd_tf.broadcast_object((error, claim.run.run_id if claim else None), root_rank=0,
+                                            name="output_claim")
     if error:
         raise runs.RunRefused(error)
+    if elastic.current() is not None:  # every rank keeps it: any survivor may be the next rank 0
+        elastic.current().run_id = run_id
     return claim
 
 
@@ -260,6 +291,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     import horovod.tensorflow.keras as hvd
     from pipelines.kerasapi import keras
 
+    from pipelines.launch import elastic
     from pipelines.training import callbacks as cb
     from pipelines.training.checkpointer import CheckpointMarker, Interval
     from pipelines.training.faults import FaultInjection
@@ -302,6 +334,8 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
             callbacks.append(cb.TrackEpochs(tracker))
         callbacks.append(cb.SyncOutputs(plan.outputs))  # after every writer of the epoch's files
     callbacks.append(cb.PreemptAtEpochEnd(guard))  # after rank 0's checkpoint and its upload
+    if elastic.current() is not None:  # horovodrun's elastic mode: new slots join after the checkpoint
+        callbacks.append(cb.HostsUpdateCheck(elastic.current().state))
     # the tests' fault hook, only where they ask for it; its wait for rank 0's marker only where every
     # rank sees rank 0's folder (a local output)
     if rank.handed.stall_timeout_s:  # first and last: each epoch's end is watched as one collective phase
@@ -327,6 +361,7 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
     from pipelines.training.data import default_cache_root
     from pipelines.training.evaluate import with_exact_validation
     from pipelines.training.schedule import fit_segments
+    from pipelines.training.callbacks import stop_watchdogs
     from pipelines.training.segment import in_segment
 
     if resume.finished(config.epochs):
@@ -339,7 +374,7 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
         log.warning("--reader petastorm cannot open its stream at the checkpoint's position: the resumed run "
                     "reads other batches than the interrupted one would have (--reader own resumes exactly)")
     cache_root = config.cache_dir or default_cache_root()
-    callbacks = with_exact_validation(callbacks, inputs, plan.data)
+    watched, callbacks = callbacks, with_exact_validation(callbacks, inputs, plan.data)
     try:
         with inputs.fit_datasets(cache_root, start_row=segments[0].start_row) as (train_ds, val_ds):
             start = time.perf_counter()
@@ -352,6 +387,9 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
                 if inputs.model.stop_training:
                     break
             return time.perf_counter() - start
+    except BaseException:  # fit calls no on_train_end when it raises: its watchdog would outlive it
+        stop_watchdogs(watched)
+        raise
     finally:
         if not config.cache_dir:
             shutil.rmtree(cache_root, ignore_errors=True)
