@@ -8,7 +8,10 @@ starting weights, takes ONE Keras ``fit`` step of plain SGD on its own, rank-dep
 Horovod's allreduce without AutoGraph), ``horovod`` (``hvd.DistributedOptimizer`` as Horovod builds
 it, with AutoGraph), ``plain`` (no DistributedOptimizer: each rank trains alone), ``keras3`` (a
 Keras 3 optimizer given straight to ``hvd.DistributedOptimizer``, the hazard the project refuses)
-and ``keras3_refused`` (the same through our wrapper: the error text is written instead of weights).
+and ``keras3_refused`` (the same through our wrapper: the error text is written instead of weights);
+``weighted`` and ``unweighted`` (the project's path on per-rank batches of unequal size, rows of
+:func:`uneven`, with and without their loss weights: a run on another world size than its data
+world, pipelines/training/dataworld.py).
 """
 import json
 import os
@@ -21,6 +24,7 @@ import pipelines  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow, as every
 W0 = np.array([[0.5], [-0.25], [1.0]], dtype=np.float32)
 LEARNING_RATE = 0.1
 ROWS = 4
+UNEVEN = 2 * ROWS - 1  # a global batch that 2 ranks split 3 + 4
 
 
 def batch(rank: int):
@@ -31,12 +35,26 @@ def batch(rank: int):
     return x, y
 
 
-def one_step(optimizer, keras, x, y) -> list:
-    """One ``fit`` step (the whole batch, mean squared error) of a fresh model starting at ``W0``."""
+def uneven(rank: int, size: int):
+    """Rank ``rank`` of ``size``'s rows of the global batch of the first :data:`UNEVEN` rows of
+    ranks 0 and 1's batches, split as a run on another world size splits it
+    (:func:`pipelines.training.dataworld.rank_rows`): ``x`` ``(b_j, 3)``, ``y`` ``(b_j, 1)`` and
+    the rows' loss weight (:func:`~pipelines.training.dataworld.loss_weight`, ``None``: none)."""
+    from pipelines.training.dataworld import loss_weight, rank_rows
+
+    x, y = (np.concatenate(parts)[:UNEVEN] for parts in zip(*(batch(r) for r in range(2))))
+    lo, hi = rank_rows(UNEVEN, rank, size)
+    return x[lo:hi], y[lo:hi], loss_weight(hi - lo, UNEVEN, size)
+
+
+def one_step(optimizer, keras, x, y, weight=None) -> list:
+    """One ``fit`` step (the whole batch, mean squared error, each row's loss weighted ``weight``
+    when given) of a fresh model starting at ``W0``."""
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, use_bias=False)])
     model.layers[0].set_weights([W0])
     model.compile(optimizer=optimizer, loss="mse")
-    model.fit(x, y, batch_size=ROWS, epochs=1, shuffle=False, verbose=0)
+    weights = None if weight is None else np.full(len(x), weight, np.float32)
+    model.fit(x, y, sample_weight=weights, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
     return model.layers[0].get_weights()[0].ravel().tolist()
 
 
@@ -53,6 +71,10 @@ def main(out: str, modes) -> None:
             result[mode] = one_step(distributed_optimizer(keras.optimizers.SGD(LEARNING_RATE)), keras, x, y)
         elif mode == "horovod":
             result[mode] = one_step(hvd.DistributedOptimizer(keras.optimizers.SGD(LEARNING_RATE)), keras, x, y)
+        elif mode in ("weighted", "unweighted"):
+            ux, uy, weight = uneven(hvd.rank(), hvd.size())
+            result[mode] = one_step(distributed_optimizer(keras.optimizers.SGD(LEARNING_RATE)), keras, ux, uy,
+                                    weight if mode == "weighted" else None)
         elif mode == "plain":
             result[mode] = one_step(keras.optimizers.SGD(LEARNING_RATE), keras, x, y)
         elif mode == "keras3":

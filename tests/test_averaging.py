@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pipelines import stack
-from tests.averaging_ranks import LEARNING_RATE, W0, batch
+from tests.averaging_ranks import LEARNING_RATE, UNEVEN, W0, batch, uneven
 from tests.conftest import BIN, subprocess_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,7 +55,7 @@ def assert_averaged(results: list, mode: str) -> None:
 def ranks(tmp_path_factory) -> list:
     """Both ranks' results of one ``horovodrun -np 2 --gloo`` run of tests/averaging_ranks.py."""
     out = tmp_path_factory.mktemp("averaging")
-    modes = ["distributed", "horovod", "plain"] + (["keras3", "keras3_refused"] if ON_CURRENT else [])
+    modes = ["distributed", "horovod", "plain", "weighted", "unweighted"] + (["keras3", "keras3_refused"] if ON_CURRENT else [])
     command = [os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
                sys.executable, os.path.join(REPO, "tests", "averaging_ranks.py"), str(out), *modes]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO,
@@ -67,6 +67,14 @@ def ranks(tmp_path_factory) -> list:
             results.append(json.load(f))
     assert [r["size"] for r in results] == [2, 2]
     return results
+
+
+def global_batch_step() -> np.ndarray:
+    """The weights after one SGD step on the gradient of the mean loss over the whole global batch
+    of :func:`tests.averaging_ranks.uneven`'s rows, shape (3,)."""
+    x, y = (np.concatenate(parts).astype(np.float64) for parts in zip(*(uneven(r, 2)[:2] for r in range(2))))
+    assert len(x) == UNEVEN
+    return (W0 - LEARNING_RATE * 2.0 / len(x) * x.T @ (x @ W0.astype(np.float64) - y)).ravel()
 
 
 def test_the_hand_computed_steps_differ():
@@ -87,6 +95,18 @@ def test_the_allreduce_traced_without_autograph_steps_as_horovods_own(ranks):
     assert_averaged(ranks, "horovod")
     for result in ranks:
         assert result["distributed"] == result["horovod"], result
+
+
+@pytest.mark.slow
+def test_unequal_per_rank_batches_with_their_loss_weights_step_as_the_whole_global_batch(ranks):
+    """Ranks of 3 and 4 rows (a run on another world size than its data world): with each row's
+    loss weighted n b_j / G, Keras' reduction and Horovod's average give the step of the mean over
+    the 7 rows on every rank; without the weights, another step (the proof can fail)."""
+    expected = global_batch_step()
+    assert [len(uneven(r, 2)[0]) for r in range(2)] == [3, 4]
+    for result in ranks:
+        assert np.allclose(result["weighted"], expected, rtol=0, atol=1e-6), (result["weighted"], expected)
+        assert not np.allclose(result["unweighted"], expected, rtol=0, atol=1e-4), result["unweighted"]
 
 
 @pytest.mark.slow

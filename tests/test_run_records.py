@@ -141,18 +141,29 @@ def test_the_record_keeps_the_world_and_the_data_identity(data, tmp_path):
 WORLD_4 = "world size 4, batch 32 per rank (global batch 128, lr 0.004)"
 
 
+@pytest.mark.parametrize("size", [1, 2, 3, 8, 128])
+def test_resume_on_another_world_size_continues_the_data_world(size, data, tmp_path):
+    """The same --batch-size on 1 to 128 ranks (the global batch's rows): continued, the run's world
+    staying the one it started on (its global batch and rate: pipelines/training/dataworld.py)."""
+    out = str(tmp_path / "out")
+    a = run_a(data, out, size=4, batch_size=32)
+    for how in ({"resume": True}, {"relaunch": True, "run_id": a.run_id}):
+        kept = claim(data, out, size=size, batch_size=32, **how)
+        assert kept.run.run_id == a.run_id and kept.marker["epoch"] == 2 and kept.warnings == []
+        assert kept.run.world == a.world and kept.run.record()["world"]["world_size"] == 4
+
+
 @pytest.mark.parametrize("size, batch, here", [
-    (2, 32, "world size 2, batch 32 per rank (global batch 64, lr 0.002)"),  # another -np
     (4, 16, "world size 4, batch 16 per rank (global batch 64, lr 0.004)"),  # another --batch-size
-    (8, 16, "world size 8, batch 16 per rank (global batch 128, lr 0.008)"),  # the same global batch, another lr
-    (2, 64, "world size 2, batch 64 per rank (global batch 128, lr 0.002)"),  # the same global batch, another lr
+    (8, 16, "world size 8, batch 16 per rank (global batch 128, lr 0.008)"),  # the same global batch, another split
+    (2, 64, "world size 2, batch 64 per rank (global batch 128, lr 0.002)"),  # the same global batch, another split
 ])
-def test_resume_in_another_world_is_refused_naming_both(size, batch, here, data, tmp_path):
+def test_resume_with_another_per_rank_batch_is_refused_naming_both(size, batch, here, data, tmp_path):
     out = str(tmp_path / "out")
     a = run_a(data, out, size=4, batch_size=32)
     expected = (f"--resume: checkpoint checkpoint-2.json in {out} is of training run {a.run_id}, trained with "
-                f"{WORLD_4}; this launch has {here}: resume with world size 4 and --batch-size 32 (horovodrun -np 4, "
-                f"or --spark-np 4 or -4), or start afresh with --overwrite or another --output")
+                f"{WORLD_4}; this launch has {here}: it continues with --batch-size 32 on 1 to 128 ranks (its global "
+                f"batch and learning rate kept), or start afresh with --overwrite or another --output")
     with pytest.raises(runs.RunRefused) as info:
         claim(data, out, resume=True, size=size, batch_size=batch)
     assert str(info.value) == expected
@@ -163,6 +174,18 @@ def test_resume_in_another_world_is_refused_naming_both(size, batch, here, data,
     kept = claim(data, out, resume=True, size=4, batch_size=32)  # the recorded world: continued, nothing to warn
     assert kept.run.run_id == a.run_id and kept.marker["epoch"] == 2 and kept.warnings == []
     assert kept.run.world == a.world
+
+
+def test_more_ranks_than_the_global_batch_has_rows_are_refused(data, tmp_path):
+    out = str(tmp_path / "out")
+    a = run_a(data, out, size=4, batch_size=32)
+    with pytest.raises(runs.RunRefused) as info:
+        claim(data, out, resume=True, size=129, batch_size=32)
+    assert str(info.value) == (
+        f"--resume: checkpoint checkpoint-2.json in {out} is of training run {a.run_id}, trained with {WORLD_4}; "
+        f"this launch has world size 129, more ranks than its global batch has rows: it continues with --batch-size "
+        f"32 on 1 to 128 ranks (its global batch and learning rate kept), or start afresh with --overwrite or "
+        f"another --output")
 
 
 def test_a_world_refusal_names_the_other_differences_too(data, tmp_path):
@@ -227,9 +250,10 @@ REFUSE = ("import sys; from pipelines.training.cli import main; rc = main(sys.ar
           "print('tensorflow loaded:', 'tensorflow' in sys.modules); sys.exit(rc)")
 
 
-def test_under_horovodrun_rank_0_refuses_a_resume_in_another_world_before_tensorflow(tmp_path):
+def test_under_horovodrun_rank_0_refuses_a_resume_with_another_per_rank_batch_before_tensorflow(tmp_path):
     """horovodrun's rank 0 (HOROVOD_RANK, HOROVOD_SIZE set as horovodrun sets them) refuses a resume
-    on 1 rank of a run trained on 2 with exit 2, before TensorFlow loads: no rank trains."""
+    on 1 rank with --batch-size 2 of a run trained on 2 ranks of 4 with exit 2, before TensorFlow
+    loads: no rank trains."""
     import subprocess
     import sys
 
@@ -243,7 +267,7 @@ def test_under_horovodrun_rank_0_refuses_a_resume_in_another_world_before_tensor
     a = run_a(data, out, size=2, batch_size=4)
     env = dict(os.environ, HOROVOD_RANK="0", HOROVOD_SIZE="1")
     proc = subprocess.run([sys.executable, "-c", REFUSE, "--data", data, "--output", out, "--backbone", "tiny",
-                           "--weights", "none", "--batch-size", "4", "--no-tracking", "--resume"],
+                           "--weights", "none", "--batch-size", "2", "--no-tracking", "--resume"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout.strip() == "tensorflow loaded: False"
@@ -251,8 +275,8 @@ def test_under_horovodrun_rank_0_refuses_a_resume_in_another_world_before_tensor
     assert len(errors) == 1 and "[train rank 0]" in errors[0], proc.stderr
     assert errors[0].endswith(f"--resume: checkpoint checkpoint-2.json in {out} is of training run {a.run_id}, "
                               f"trained with world size 2, batch 4 per rank (global batch 8, lr 0.002); this launch "
-                              f"has world size 1, batch 4 per rank (global batch 4, lr 0.001): resume with world "
-                              f"size 2 and --batch-size 4 (horovodrun -np 2, or --spark-np 2 or -2), or start "
+                              f"has world size 1, batch 2 per rank (global batch 2, lr 0.001): it continues with "
+                              f"--batch-size 4 on 1 to 8 ranks (its global batch and learning rate kept), or start "
                               f"afresh with --overwrite or another --output"), errors
 
 
@@ -264,8 +288,9 @@ def test_the_driver_check_refuses_before_any_rank_and_deletes_nothing(data, tmp_
         runs.check_output_claim(config(data, out), 1)
     assert runs.check_output_claim(config(data, out, overwrite=True), 1).run_id != a.run_id
     assert runs.check_output_claim(config(data, out, resume=True), 1).run_id == a.run_id
-    with pytest.raises(runs.RunRefused, match="world size 1, batch 16 per rank .*; this launch has world size 3"):
-        runs.check_output_claim(config(data, out, resume=True), 3)
+    assert runs.check_output_claim(config(data, out, resume=True), 3).world["world_size"] == 1  # its data world
+    with pytest.raises(runs.RunRefused, match="world size 1, batch 16 per rank .*; this launch has world size 17, more"):
+        runs.check_output_claim(config(data, out, resume=True), 17)
     assert sorted(os.listdir(out)) == before
     with pytest.raises(ValueError, match="--resume continues the run in --output, --overwrite replaces it"):
         config(data, out, resume=True, overwrite=True)

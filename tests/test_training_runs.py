@@ -1,7 +1,7 @@
 """A training run's output belongs to it, end to end (real Horovod ranks on real Parquet): another run
 is refused before any rank, ``--overwrite`` replaces only what the earlier run recorded, a relaunch
-after a lost rank continues its own checkpoints, ``--resume`` refuses other settings, data or worlds. The
-rules themselves: tests/test_run_records.py."""
+after a lost rank continues its own checkpoints, ``--resume`` continues on another world size and refuses
+other settings, data or per-rank batches. The rules themselves: tests/test_run_records.py."""
 import json
 import os
 import shutil
@@ -64,23 +64,27 @@ def test_a_run_never_adopts_another_runs_checkpoints(dataset, tmp_path):  # noqa
     assert m["config"]["base_lr"] == 0.02 and open(os.path.join(out, "notes.txt")).read() == "mine"
     assert {mk["run"]["id"] for mk in markers(out).values()} == {run_b}
 
-    # --resume continues B (more epochs may be asked for) ...
-    resumed = train(data, out, *b_args[:1], "4", *b_args[2:], "--resume", np_=0)
+    # --resume continues B (more epochs may be asked for), on one local rank too: the run keeps the
+    # world it started on, its global batch 8 and rate 0.04 (pipelines/training/dataworld.py) ...
+    resumed = train(data, out, *b_args[:1], "4", *b_args[2:-1], "-1", "--resume", np_=0)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     m = metrics(out)
     assert m["resumed_after_epoch"] == 3 and [h["epoch"] for h in m["history"]] == [1, 2, 3, 4]
     assert read(os.path.join(out, "train_run.json"))["run"]["id"] == run_b
-    # ... but not in another world: on one rank, the global batch and the rate would halve; nor with
-    # another --batch-size. Refused by the driver before any rank starts, the output untouched.
+    assert (m["world_size"], m["global_batch_size"], m["per_rank_batches"]) == (1, 8, [8])
+    assert [h["lr"] for h in m["history"]] == pytest.approx([0.04] * 4)
+    assert [(s["world_size"], s["from_epoch"], s["reason"]) for s in m["segments"]] == \
+        [(2, 1, "start"), (2, 2, "relaunch"), (1, 4, "resume")]
+    assert {mk["run"]["world"]["world_size"] for mk in markers(out).values()} == {2}  # its data world, still
+    # ... but not with another --batch-size (another data world). Refused by the driver before any
+    # rank starts, the output untouched.
     kept = {name: open(os.path.join(out, name), "rb").read() for name in sorted(os.listdir(out))
             if os.path.isfile(os.path.join(out, name))}
-    line = refused(train(data, out, *b_args[:1], "5", *b_args[2:-1], "-1", "--resume", np_=0, timeout=120))
-    assert f"--resume: checkpoint checkpoint-4.json in {out} is of training run {run_b}, trained with world size 2, " \
-           f"batch 4 per rank (global batch 8, lr 0.04); this launch has world size 1, batch 4 per rank (global " \
-           f"batch 4, lr 0.02): resume with world size 2 and --batch-size 4 (horovodrun -np 2" in line, line
     line = refused(train(data, out, *b_args[:1], "5", *b_args[2:], "--batch-size", "2", "--resume", np_=0,
                          timeout=120))
-    assert "this launch has world size 2, batch 2 per rank (global batch 4, lr 0.04)" in line, line
+    assert f"--resume: checkpoint checkpoint-4.json in {out} is of training run {run_b}, trained with world size 2, " \
+           f"batch 4 per rank (global batch 8, lr 0.04); this launch has world size 2, batch 2 per rank (global " \
+           f"batch 4, lr 0.04): it continues with --batch-size 4 on 1 to 8 ranks" in line, line
     assert {name: open(os.path.join(out, name), "rb").read() for name in kept} == kept
     # ... nor with other settings, nor on other data (the ETL ran again: another manifest)
     line = refused(train(data, out, "--epochs", "5", "--spark-np", "-2", "--resume", np_=0))

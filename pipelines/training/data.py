@@ -281,7 +281,7 @@ def cache_size_bytes(data: Dataset, split: str, world_size: int) -> int:
 
 @contextlib.contextmanager
 def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_root: Optional[str],
-                workers: int = 2, seed: int = 0, reader: str = "") -> Iterator:
+                workers: int = 2, seed: int = 0, reader: str = "", cache_name: str = "") -> Iterator:
     """A reader of this rank's shard of ``split`` (its row groups by
     :func:`~pipelines.training.sharding.shard`) that loops forever, a seeded shuffle of the row
     groups each epoch (training).
@@ -294,8 +294,9 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
     Args:
         cache_root: when set, a local-disk cache of flat row-group files in
             ``cache_root/rank<r>-<split>`` (:func:`pipelines.training.rowcache.rank_cache_folder`:
-            one fresh owner-only folder per rank and split, deleted when the reader closes).
-            ``None``: no cache.
+            one fresh owner-only folder per rank and split, deleted when the reader closes;
+            ``cache_name`` names it otherwise: a rank reading several shards,
+            :mod:`pipelines.training.resized`). ``None``: no cache.
         workers: reader threads.
         reader: ``petastorm`` or ``own`` (:data:`READERS`); empty: :func:`default_reader`.
 
@@ -314,7 +315,7 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
 
     reader = check_reader(reader)
     data.check_footers()  # the counts below size its cache
-    folder = rowcache.rank_cache_folder(cache_root, f"rank{rank}-{split}") if cache_root else None
+    folder = rowcache.rank_cache_folder(cache_root, cache_name or f"rank{rank}-{split}") if cache_root else None
     limit, row_size = cache_size_bytes(data, split, world_size), data.rows_per_row_group * data.row_bytes
     try:
         if reader == "petastorm":
@@ -456,7 +457,7 @@ def row_groups_of(reader, stored_size: int) -> Iterator[Tuple[np.ndarray, np.nda
 
 
 def batched(ds, batch_size: int, shuffle_buffer: int = 0, seed: int = 0, augment: bool = False,
-            drop_remainder: bool = True, device: Optional[str] = None):
+            drop_remainder: bool = True, device: Optional[str] = None, weight: Optional[float] = None):
     """The tail every input path shares: single uint8 images -> shuffled in a bounded buffer ->
     batched -> flipped with ``augment`` (:func:`flipper`) -> prefetched on the host, then to the
     device (:func:`to_device`). The batches stay uint8: the model casts and preprocesses them
@@ -471,9 +472,11 @@ def batched(ds, batch_size: int, shuffle_buffer: int = 0, seed: int = 0, augment
             one-pass evaluation, whose last batch may be smaller.
         device: the device to prefetch to (:func:`to_device`); ``None``: as
             :func:`pipelines.training.devices.prefetch_device` chooses from TensorFlow's GPUs.
+        weight: each row's loss weight (:func:`weighted`), or ``None``.
 
     Returns:
-        a ``tf.data.Dataset`` of ``(uint8 (b, s, s, 3), int32 (b,))``.
+        a ``tf.data.Dataset`` of ``(uint8 (b, s, s, 3), int32 (b,))`` (with ``weight``, and
+        ``float32 (b,)``).
     """
     import tensorflow as tf
 
@@ -482,7 +485,19 @@ def batched(ds, batch_size: int, shuffle_buffer: int = 0, seed: int = 0, augment
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     if augment:
         ds = ds.map(flipper(seed), num_parallel_calls=tf.data.AUTOTUNE)
-    return to_device(ds, device)
+    return to_device(weighted(ds, weight), device)
+
+
+def weighted(ds, weight: Optional[float]):
+    """``ds`` of ``(rows, labels int32 (b,))`` with each row's loss ``weight`` as Keras' sample
+    weights, ``(rows, labels, float32 (b,))``; ``ds`` itself when ``weight`` is ``None``. A rank's
+    rows weighted ``n b_j / G`` when per-rank batches differ (:mod:`pipelines.training.dataworld`).
+    Before :func:`to_device`, which must stay the last stage."""
+    import tensorflow as tf
+
+    if weight is None:
+        return ds
+    return ds.map(lambda rows, labels: (rows, labels, tf.fill(tf.shape(labels), tf.constant(weight, tf.float32))))
 
 
 #: Batches held on the device ahead of the step that takes them: one being copied while the
@@ -513,7 +528,8 @@ def to_device(ds, device: Optional[str] = None):
 
 
 def make_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int = 0, seed: int = 0,
-                 augment: bool = False, start_row: int = 0, device: Optional[str] = None):
+                 augment: bool = False, start_row: int = 0, device: Optional[str] = None,
+                 weight: Optional[float] = None):
     """``tf.data`` pipeline over a looping reader (:func:`open_reader`; training).
 
     Over our reader (:func:`exact_positions`): the positioned stream
@@ -523,7 +539,8 @@ def make_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int 
     single uint8 images through :func:`batched` (a shuffle buffer of ``shuffle_buffer``, full
     batches only, :func:`flipper` with ``augment``, prefetch to the device); its reader cannot
     start mid-stream, so ``start_row`` is not honoured: the dataset takes the reader's rows from
-    where it is (not exact).
+    where it is (not exact). ``weight``: each row's loss weight over Petastorm's reader (a rank of
+    another world than the run's data world, :mod:`pipelines.training.resized`; :func:`weighted`).
 
     Each ``iter()`` of the dataset starts again at ``start_row`` (and, over our reader, stops the
     iterators over it made before).
@@ -541,7 +558,7 @@ def make_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int 
     s = stored_size
     ds = tf.data.Dataset.from_generator(lambda: row_groups_of(reader, s), output_signature=(
         tf.TensorSpec((None, s, s, 3), tf.uint8), tf.TensorSpec((None,), tf.int32)))
-    return batched(ds.unbatch(), batch_size, shuffle_buffer, seed, augment, device=device)
+    return batched(ds.unbatch(), batch_size, shuffle_buffer, seed, augment, device=device, weight=weight)
 
 
 def exact_positions(reader) -> bool:

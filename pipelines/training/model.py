@@ -211,15 +211,18 @@ def xla_train_step(model):
     works without its XLA ops."""
     import tensorflow as tf
 
+    from pipelines.kerasapi import keras
+
     forward = tf.function(lambda images: model(images, training=True), jit_compile=True, reduce_retracing=True)
 
     def train_step(data):
-        images, labels = data
+        # sample weights: a rank's rows on another world than the run's data world (training/dataworld.py)
+        images, labels, weights = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
             probabilities = forward(images)
-            loss = model.compute_loss(images, labels, probabilities)
+            loss = model.compute_loss(images, labels, probabilities, weights)
         model.optimizer.minimize(loss, model.trainable_variables, tape=tape)
-        return model.compute_metrics(images, labels, probabilities, None)
+        return model.compute_metrics(images, labels, probabilities, weights)
 
     train_step.forward = forward  # for the tests: its compiler IR is XLA's
     return train_step

@@ -21,6 +21,7 @@ from pipelines.logs import plural
 from pipelines.redact import redact
 from pipelines.training.config import TrainConfig
 from pipelines.training.resume import Resume, weights_checksum
+from pipelines.training.worldsegments import interruptions
 
 log = logging.getLogger("pipelines")
 
@@ -45,6 +46,10 @@ def build_report(config: TrainConfig, rank, plan, phases: List, resume: Resume) 
         "world_size": rank.size,
         "batch_size_per_rank": config.batch_size,
         "global_batch_size": steps.global_batch,
+        "data_world_size": plan.world.size,  # the run's arithmetic: pipelines/training/dataworld.py
+        "per_rank_batches": plan.world.per_rank_batches(rank.size),
+        "segments": list(plan.segments),
+        "interruptions": interruptions(list(plan.segments)),
         "steps_per_epoch": steps.steps_per_epoch,
         "validation_steps": steps.validation_steps,
         "learning_rate": plan.lr,
@@ -156,6 +161,7 @@ def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker, di
                         if k in ("loss", "accuracy", "count") and v is not None},
                      "epochs_run": report["epochs_run"], "best_epoch": report["best_epoch"],
                      "stopped_early": int(report["stopped_early"]), "attempts": len(report["attempts"]),
+                     "interruptions": report["interruptions"],
                      "steady_train_images_per_second": report["train_images_per_second"],
                      "fit_seconds": report["fit_seconds"], "total_seconds": report["total_seconds"]},
             artifacts=[(os.path.join(directory, name), None) for name in OUTPUT_ARTIFACTS]

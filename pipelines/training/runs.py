@@ -18,8 +18,10 @@ writes there, and in every checkpoint marker.
   run's settings and data are this one's (the refusal names each difference); the run keeps its id;
 * a relaunch after a lost rank (``--max-failures``) continues only the checkpoints of its own run
   id (the launching driver's, :func:`pipelines.training.cli.launch`), on the same data;
-* either continues only at the recorded world size and per-rank batch, so the global batch and the
-  learning rate stay those the checkpoint was trained with (:func:`world_refusal`); a record
+* either continues with the recorded per-rank batch on any world size from 1 to the run's global
+  batch (:func:`world_refusal`): the recorded world stays the run's *data world*, whose global
+  batch, steps and learning rate the run keeps whatever its world size now
+  (:mod:`pipelines.training.dataworld`), and which the continued run records again; a record
   written before worlds were recorded is continued with a warning naming this launch's world
   (:attr:`Claim.warnings`): nothing tells which world it had, and refusing would leave no way to
   continue it.
@@ -40,6 +42,7 @@ from typing import Dict, List, Optional
 from pipelines.contract import (CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT,
                                 MANIFEST, MODEL_FILE, TENSORBOARD, TRAIN_RUN, manifest_sha256, plain_name)
 from pipelines.errors import Refused
+from pipelines.logs import plural
 from pipelines.report import PICTURES
 from pipelines.tracking import RUN_FILE
 
@@ -190,11 +193,6 @@ def _data(run_id, sha256) -> str:
     return f"ETL run {run_id or '(unrecorded)'} (manifest sha256 {str(sha256)[:12]})"
 
 
-#: What must match for a checkpoint to continue as it was trained (the rate follows from the world
-#: size and ``base_lr``, a fingerprint setting).
-WORLD_KEYS = ("world_size", "batch_size", "global_batch_size")
-
-
 def describe_world(world: Dict) -> str:
     """``world size 4, batch 32 per rank (global batch 128, lr 0.004)`` for a :func:`world_of` dict."""
     lr = world.get("learning_rate")
@@ -205,18 +203,31 @@ def describe_world(world: Dict) -> str:
 
 def world_refusal(recorded: Dict, run: RunIdentity, how: str, source: str) -> Optional[str]:
     """Why ``run`` may not continue the ``recorded`` run (:meth:`RunIdentity.record`) in its world:
-    another world size or per-rank batch would change the global batch (and with the world size
-    the learning rate) mid-run. ``None`` when they match, or when the record has no world
-    (:func:`claim` then warns). ``how``: ``--resume`` or ``a relaunch``; ``source``: what holds the
-    record (``checkpoint checkpoint-2.json in OUT``)."""
+    another per-rank batch (``--batch-size``) would change the run's data world, and more ranks
+    than its global batch has rows would leave a rank none. Any other world size continues the
+    recorded data world (:func:`continued_world`). ``None`` when it may, or when the record has no
+    world (:func:`claim` then warns). ``how``: ``--resume`` or ``a relaunch``; ``source``: what
+    holds the record (``checkpoint checkpoint-2.json in OUT``)."""
     theirs, ours = recorded.get("world"), run.world or {}
-    if not isinstance(theirs, dict) or all(theirs.get(key) == ours.get(key) for key in WORLD_KEYS):
+    if not isinstance(theirs, dict):
         return None
-    size = theirs.get("world_size")
-    return (f"{how}: {source} is of training run {recorded.get('id')}, trained with {describe_world(theirs)}; "
-            f"this launch has {describe_world(ours)}: resume with world size {size} and --batch-size "
-            f"{theirs.get('batch_size')} (horovodrun -np {size}, or --spark-np {size} or -{size}), or start afresh "
-            f"with --overwrite or another --output")
+    batch, size, global_batch = ours.get("batch_size"), ours.get("world_size"), theirs.get("global_batch_size")
+    if batch == theirs.get("batch_size") and isinstance(size, int) and isinstance(global_batch, int) \
+            and 1 <= size <= global_batch:
+        return None
+    why = (f"this launch has {describe_world(ours)}" if batch != theirs.get("batch_size") else
+           f"this launch has world size {size}, more ranks than its global batch has rows")
+    bound = plural(global_batch, "rank") if isinstance(global_batch, int) else "as many ranks as its global batch has rows"
+    return (f"{how}: {source} is of training run {recorded.get('id')}, trained with {describe_world(theirs)}; {why}: "
+            f"it continues with --batch-size {theirs.get('batch_size')} on 1 to {bound} (its global batch and "
+            f"learning rate kept), or start afresh with --overwrite or another --output")
+
+
+def continued_world(recorded: Dict, run: RunIdentity) -> RunIdentity:
+    """``run`` with the world of the ``recorded`` run it continues (its data world, which its
+    markers keep recording), when the record has one; ``run`` unchanged otherwise."""
+    theirs = recorded.get("world")
+    return replace(run, world=dict(theirs)) if isinstance(theirs, dict) else run
 
 
 def claim(folder, run: RunIdentity, resume: bool, relaunch: bool, overwrite: bool) -> Claim:
@@ -267,7 +278,8 @@ def _continue(state: OutputState, run: RunIdentity, relaunch: bool, where: str) 
         f"{how}: {what} in {where} of training run {recorded['id']} records no world size (written before "
         f"worlds were recorded): continuing it with {describe_world(run.world or {})}, unchecked against the "
         f"world it was trained with"]
-    return Claim(replace(run, run_id=recorded["id"]), marker, new=state.record is None, warnings=warnings)
+    return Claim(replace(continued_world(recorded, run), run_id=recorded["id"]), marker, new=state.record is None,
+                 warnings=warnings)
 
 
 def owned_names(state: OutputState) -> List[str]:

@@ -58,6 +58,8 @@ class RunPlan:
     image_size: int  # of the model's input: TrainConfig.model_size(the stored size)
     outputs: object = None  # rank 0: pipelines.training.outputs.Outputs (where it writes); None elsewhere
     claim: object = None  # rank 0: pipelines.training.runs.Claim (this run, the checkpoint it continues)
+    world: object = None  # pipelines.training.dataworld.DataWorld: the run's arithmetic, whatever rank.size is
+    segments: tuple = ()  # the run's segments, this launch's last (pipelines/training/worldsegments.py)
 
     @property
     def output_dir(self) -> str:
@@ -136,7 +138,8 @@ def _place_process(config: TrainConfig, handed: RankEnvironment, announce: bool,
 
 
 def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> RunPlan:
-    """Dataset from the manifest, steps and scaled learning rate; refusals happen here, the same
+    """Dataset from the manifest, steps and scaled learning rate of the run's data world (the world
+    it started on, :mod:`pipelines.training.dataworld`, agreed from rank 0's claim); refusals happen here, the same
     on every rank (:class:`~pipelines.training.data.DataError`, ``ValueError``, a ``--data`` or
     ``--output`` whose store cannot be used, an output of another run:
     :class:`~pipelines.training.runs.RunRefused`). Rank 0 opens its output folder and claims it for
@@ -145,20 +148,22 @@ def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> R
     ``--resume`` on a URI output downloading the checkpoint it continues."""
     from pipelines.training.data import load_dataset
     from pipelines.training.outputs import check_output, open_outputs
+    from pipelines.training.resized import agree_data_world
     from pipelines.training.schedule import plan_steps, scaled_lr
 
     data = load_dataset(config.data, rank.size, config.storage_options)
     check_output(config.output, config.storage_options)
     outputs = open_outputs(config.output, config.storage_options) if rank.rank == 0 else None
     claim = _claim_output(config, rank, outputs, run_id)
-    plan = RunPlan(data, plan_steps(data.train_rows, data.validation_rows, config.batch_size, rank.size),
-                   scaled_lr(config.base_lr, rank.size), config.model_size(data.image_size), outputs, claim)
+    world = agree_data_world(config, rank, claim)  # Horovod: rank 0's, on every rank
+    plan = RunPlan(data, plan_steps(data.train_rows, data.validation_rows, config.batch_size, world.size),
+                   scaled_lr(config.base_lr, world.size), config.model_size(data.image_size), outputs, claim, world)
     if rank.rank == 0:
         s = plan.steps
         log.info("world size %d, %s per rank; batch %d per rank, global batch %d; %s per epoch, %s; "
                  "lr %g = %g x %d; training run %s", rank.size, plural(rank.threads, "thread"), config.batch_size,
                  s.global_batch, plural(s.steps_per_epoch, "step"), plural(s.validation_steps, "validation step"),
-                 plan.lr, config.base_lr, rank.size, claim.run.run_id)
+                 plan.lr, config.base_lr, world.size, claim.run.run_id)
         outputs.adopt(claim, config.data)
     return plan
 
@@ -268,8 +273,11 @@ def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
     data's identity (the sha256 of its ``manifest.json``, counts, image size)."""
     from pipelines.contract import manifest_sha256
 
+    from pipelines.training.worldsegments import segment_params
+
     data = plan.data
     return {**redact(to_dict(config)), "world_size": rank.size, "global_batch_size": plan.steps.global_batch,
+            "data_world_size": plan.world.size, **segment_params(list(plan.segments)),
             "learning_rate": plan.lr, "steps_per_epoch": plan.steps.steps_per_epoch,
             "validation_steps": plan.steps.validation_steps, "model_image_size": plan.image_size,
             "data.manifest_sha256": manifest_sha256(data.root), "data.image_size": data.image_size,
@@ -302,15 +310,15 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     epoch_stats = cb.EpochStats(plan.steps.steps_per_epoch, plan.steps.global_batch)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), epoch_stats,
                  hvd.callbacks.MetricAverageCallback()]
-    if config.warmup_epochs > 0:
-        callbacks.append(hvd.callbacks.LearningRateWarmupCallback(
-            initial_lr=plan.lr, warmup_epochs=config.warmup_epochs,
-            steps_per_epoch=plan.steps.steps_per_epoch, verbose=0))
+    if config.warmup_epochs > 0:  # Horovod's warmup, with the data world's size for hvd.size()
+        from pipelines.training.warmup import DataWorldWarmup
+
+        callbacks.append(DataWorldWarmup(plan.lr, config.warmup_epochs, plan.steps.steps_per_epoch, plan.world.size))
     checkpoints = None
     if rank.rank == 0:
         checkpoints = CheckpointMarker(
             plan.output_dir, early_stopping, resume.history, frozen_sha256,
-            {**(marker or {"phase": 1}), "run": plan.claim.run.record()},
+            {**(marker or {"phase": 1}), "run": plan.claim.run.record(), "segments": list(plan.segments)},
             Interval(config.checkpoint_every_steps, config.checkpoint_every_minutes, plan.steps.steps_per_epoch),
             plan.outputs)
     # before early stopping and the checkpoints: a non-finite step or epoch stops every rank there, and a
@@ -433,6 +441,7 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     from pipelines.training.checkpoints import frozen_checksum
     from pipelines.training.inputs import make_inputs
     from pipelines.training.model import build_model, compile_distributed
+    from pipelines.training.resized import resized_inputs, with_segments
 
     rank = setup_rank(config)
     start = time.perf_counter()
@@ -442,9 +451,11 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
         full_model = build_model(plan.data.num_classes, plan.image_size, config.dropout, config.weights,
                                  seed=config.seed, backbone=config.backbone, stored_size=plan.data.image_size)
         inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.image_size)
+        inputs = resized_inputs(inputs, plan.world, rank.rank, rank.size, announce=rank.rank == 0)
         compile_distributed(inputs.model, plan.lr, config.fp16_allreduce, config.xla_on)
         frozen_sha256 = frozen_checksum(full_model)
         resume = restore(config, inputs.model, rank, frozen_sha256, plan.output_dir, plan.claim)
+        plan = with_segments(config, rank, plan, resume)  # this launch's world and where it begins
         with start_tracking(config, rank, plan, resume) as tracker:  # rank 0's MLflow run, ended on leaving
             seconds_before_fit = time.perf_counter() - start
             phases = [head_phase(config, rank, plan, inputs, resume, frozen_sha256, tracker)]
@@ -491,6 +502,7 @@ def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Res
     from pipelines.training.finetune import Phase, phase1_record, phase2_lr, trainable_parameters, unfreeze
     from pipelines.training.inputs import ImageInputs
     from pipelines.training.model import compile_distributed
+    from pipelines.training.resized import resized_inputs
 
     record = phase1_record(first, resume)
     lr = phase2_lr(plan.lr, config.fine_tune_lr)
@@ -507,7 +519,8 @@ def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Res
     phase_config = dataclasses.replace(config, warmup_epochs=0.0,
                                        epochs=record["epochs"] + config.fine_tune_max_epochs)
     phase_plan = dataclasses.replace(plan, lr=lr)
-    inputs = ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.image_size)
+    inputs = resized_inputs(ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.image_size), plan.world,
+                            rank.rank, rank.size)
     marker = {"phase": 2, "blocks": config.fine_tune_blocks, "phase1": record}
     callbacks, early_stopping, epoch_stats = make_callbacks(phase_config, rank, phase_plan, second, frozen_sha256,
                                                             tracker, marker=marker)

@@ -1,0 +1,249 @@
+"""A rank of a run on another world size than the run's data world (issue 38, item 3): the data
+world every rank agrees on (:func:`agree_data_world`), the run's segments (:func:`with_segments`)
+and the rank's training stream.
+
+The arithmetic is :mod:`pipelines.training.dataworld`'s: physical rank ``j`` of ``n`` computes the
+pieces of the ``n0`` virtual ranks' batches its :class:`~pipelines.training.dataworld.RankShare`
+names. Here those pieces are read: each virtual rank's stream exactly as a rank of the data world
+reads it (its shard ``v::n0``, seed ``--seed + v``, opened at stream row ``start_row``, global
+steps so far x ``b``), and at every step the pieces cut from the virtual ranks' batches and joined
+in global-batch order (:func:`joined_batches`), with the loss weight of the rank's rows when
+per-rank batches differ (:func:`pipelines.training.data.weighted`):
+
+* our reader (``--reader own``): one reader per virtual rank this rank overlaps, each with its own
+  cache folder (``rank<j>-virtual<v>-train``), the positioned stream over each
+  (:func:`pipelines.training.stream.stream_batches`);
+* the feature cache: the virtual ranks' shares of the cached train features
+  (:func:`pipelines.training.features.read_shard` ``(v, n0)``), the positioned feature stream over
+  each (:func:`pipelines.training.stream.feature_batches`);
+* Petastorm's reader, which cannot open a stream at a row: this rank's own physical shard (row
+  groups ``j::n``) in per-rank batches of ``b_j`` rows with the same weights; the global batch and
+  the arithmetic are the data world's, the rows of each step are not the uninterrupted run's
+  (rank 0 says so).
+
+On the data world itself nothing here is used: :func:`resized_inputs` returns the input path as it
+is, so that world's path stays today's, bit for bit. Validation, test and the feature cache's
+computation stay on the physical world (:class:`~pipelines.training.data.OnePassShard`: exact at
+any size).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Iterator, List, Sequence, Tuple
+
+import numpy as np
+
+from pipelines.contract import TRAIN
+from pipelines.logs import plural
+from pipelines.training.dataworld import DataWorld, RankShare
+from pipelines.training.stream import aligned_empty
+
+log = logging.getLogger("pipelines")
+
+
+def agree_data_world(config, rank, claim) -> DataWorld:
+    """Every rank: the run's data world from rank 0's ``claim`` (a
+    :class:`pipelines.training.runs.Claim`; ``None`` on the other ranks): the world the continued
+    run recorded, or this launch's for a new run (or a record without one), broadcast by Horovod.
+    ``rank``: the job's :class:`pipelines.training.train.Rank`.
+
+    Raises:
+        pipelines.errors.Refused: on every rank, more ranks than the global batch has rows.
+    """
+    import horovod.tensorflow as hvd_tf
+
+    recorded = hvd_tf.broadcast_object(claim.run.world if claim is not None else None, root_rank=0, name="data_world")
+    world = DataWorld.of_record(recorded, config.batch_size, rank.size)
+    world.check(rank.size)
+    return world
+
+
+def with_segments(config, rank, plan, resume):
+    """``plan`` (the job's :class:`~pipelines.training.train.RunPlan`) with the run's segments
+    (:func:`pipelines.training.worldsegments.run_segments`): those the checkpoint ``resume``
+    continues (a :class:`pipelines.training.resume.Resume`) records, then this launch's; rank 0
+    says where a continued run's segment begins."""
+    import dataclasses
+
+    from pipelines.training import worldsegments
+
+    reason = worldsegments.reason_of(config.resume, rank.handed.relaunched)
+    segments = worldsegments.run_segments(resume.marker, plan.world, rank.size, reason)
+    if rank.rank == 0 and len(segments) > 1:
+        log.info("segment %d of training run %s: %s", len(segments), plan.claim.run.run_id,
+                 worldsegments.describe(segments[-1]))
+    return dataclasses.replace(plan, segments=tuple(segments))
+
+
+def joined_batches(streams: Sequence[Iterator[Tuple[np.ndarray, np.ndarray]]],
+                   share: RankShare) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+    """This rank's batch of every step: from each of ``streams`` (virtual rank
+    ``share.pieces[i].virtual_rank``'s batches of ``b`` rows, ``(rows (b, ...), labels (b,))``) the
+    piece's rows ``[start, stop)``, joined in order: ``(rows (share.rows, ...), labels
+    (share.rows,))``, fresh arrays (a single whole piece is passed as it came). Ends when a stream ends.
+
+    Raises:
+        ValueError: not one stream per piece.
+    """
+    if len(streams) != len(share.pieces):
+        raise ValueError(f"{len(streams)} streams for the {len(share.pieces)} pieces of rank {share.rank}'s batch")
+    while True:
+        got = [next(stream, None) for stream in streams]
+        if any(batch is None for batch in got):
+            return
+        if len(got) == 1 and share.pieces[0].start == 0 and len(got[0][1]) == share.rows:
+            yield got[0]
+            continue
+        rows = aligned_empty((share.rows,) + got[0][0].shape[1:], got[0][0].dtype)
+        labels = np.empty((share.rows,), got[0][1].dtype)
+        at = 0
+        for (batch, batch_labels), piece in zip(got, share.pieces):
+            size = piece.stop - piece.start
+            rows[at:at + size] = batch[piece.start:piece.stop]
+            labels[at:at + size] = batch_labels[piece.start:piece.stop]
+            at += size
+        yield rows, labels
+
+
+class ResizedInputs:
+    """An input path (:mod:`pipelines.training.inputs`) on physical rank ``rank`` of ``world_size``
+    of a run whose data world is ``world``: its training stream as the module says, everything else
+    (the model, the exact evaluation, the export) the wrapped path's own."""
+
+    def __init__(self, inputs, world: DataWorld, rank: int, world_size: int):
+        self.inputs, self.world = inputs, world
+        self.share = world.share(rank, world_size)
+        self._open: List = []  # inside fit_datasets: one reader (or feature rows) per piece
+
+    def __getattr__(self, name):
+        return getattr(self.inputs, name)
+
+    @property
+    def features_path(self) -> bool:
+        return hasattr(self.inputs, "features")  # FeatureInputs: the cached features' location
+
+    @property
+    def exact_positions(self) -> bool:
+        """Whether the virtual streams are read (our reader, the feature cache), not Petastorm's
+        physical shard."""
+        return self.inputs.exact_positions
+
+    @contextlib.contextmanager
+    def fit_datasets(self, cache_root: str, start_row: int = 0) -> Iterator[Tuple[object, None]]:
+        """``(train, None)`` as the wrapped path's, from stream row ``start_row`` of the virtual
+        ranks (global steps so far x ``b``); inside the block :meth:`train_dataset_at` opens them at
+        another row.
+
+        Raises:
+            ValueError: a negative ``start_row``.
+        """
+        with contextlib.ExitStack() as stack:
+            self._open = self._open_sources(stack, cache_root)
+            try:
+                yield self.train_dataset_at(start_row), None
+            finally:
+                self._open = []
+
+    def _open_sources(self, stack: contextlib.ExitStack, cache_root: str) -> List:
+        from pipelines.training.data import open_reader
+
+        if self.features_path:
+            from pipelines.training.features import read_shard
+
+            return [read_shard(self.inputs.features, TRAIN, v, self.world.size) for v in self.share.virtual_ranks]
+        c, data = self.config, self.data
+        if not self.exact_positions:  # Petastorm: this rank's physical shard
+            return [stack.enter_context(open_reader(data, TRAIN, self.share.rank, self.share.world_size, cache_root,
+                                                    workers=c.reader_workers, seed=c.seed + self.share.rank,
+                                                    reader=c.reader))]
+        return [stack.enter_context(open_reader(data, TRAIN, v, self.world.size, cache_root, workers=c.reader_workers,
+                                                seed=c.seed + v, reader=c.reader,
+                                                cache_name=f"rank{self.share.rank}-virtual{v}-{TRAIN}"))
+                for v in self.share.virtual_ranks]
+
+    def train_dataset_at(self, start_row: int):
+        """A new training dataset over the sources :meth:`fit_datasets` opened, from virtual stream
+        row ``start_row`` (each ``iter()`` starts there; over Petastorm's reader, from where it is).
+
+        Raises:
+            RuntimeError: outside the ``fit_datasets`` block.
+            ValueError: a negative ``start_row``.
+        """
+        if not self._open:
+            raise RuntimeError("train_dataset_at is valid only inside the fit_datasets block")
+        if start_row < 0:
+            raise ValueError(f"a stream row is >= 0, got {start_row}")
+        if self.features_path:
+            return self._feature_dataset(start_row)
+        if not self.exact_positions:
+            from pipelines.training.data import make_dataset
+
+            c = self.config
+            return make_dataset(self._open[0], self.data.image_size, self.share.rows, c.shuffle_buffer,
+                                seed=c.seed + self.share.rank, augment=c.augment, weight=self.share.weight)
+        return self._image_dataset(start_row)
+
+    def _image_dataset(self, start_row: int):
+        import tensorflow as tf
+
+        from pipelines.training.data import row_groups_of, shard_stream, to_device, weighted
+        from pipelines.training.stream import stream_batches
+
+        c, s, b = self.config, self.data.image_size, self.world.batch_size
+        streams = [shard_stream(reader, c.shuffle_buffer, c.seed + v) for reader, v in
+                   zip(self._open, self.share.virtual_ranks)]
+        for stream in streams:
+            stream.locate(start_row)  # refused here, not in a tf.data thread
+
+        def opener(reader, stream):
+            return lambda visit: row_groups_of(reader.restart(stream.visits_from(visit)), s)
+
+        def generate():
+            return joined_batches([stream_batches(stream, opener(reader, stream), start_row, b, c.augment)
+                                   for reader, stream in zip(self._open, streams)], self.share)
+
+        ds = tf.data.Dataset.from_generator(generate, output_signature=(
+            tf.TensorSpec((self.share.rows, s, s, 3), tf.uint8), tf.TensorSpec((self.share.rows,), tf.int32)))
+        return to_device(weighted(ds, self.share.weight))
+
+    def _feature_dataset(self, start_row: int):
+        import tensorflow as tf
+
+        from pipelines.training.data import weighted
+        from pipelines.training.stream import feature_batches
+
+        c, b = self.config, self.world.batch_size
+        features = self._open[0][0]
+
+        def generate():
+            return joined_batches([feature_batches(rows, labels, c.seed + v, start_row, b, shuffle=True)
+                                   for (rows, labels), v in zip(self._open, self.share.virtual_ranks)], self.share)
+
+        ds = tf.data.Dataset.from_generator(generate, output_signature=(
+            tf.TensorSpec((self.share.rows,) + features.shape[1:], tf.as_dtype(features.dtype)),
+            tf.TensorSpec((self.share.rows,), tf.int32)))
+        return weighted(ds, self.share.weight).prefetch(2)
+
+
+def resized_inputs(inputs, world: DataWorld, rank: int, world_size: int, announce: bool = False):
+    """``inputs`` for physical rank ``rank`` of ``world_size`` in a run of data world ``world``:
+    ``inputs`` itself on the data world's own size (today's path), else a :class:`ResizedInputs`.
+    With ``announce`` (rank 0) it logs the arithmetic, and warns where the rows of each step are
+    not the uninterrupted run's (Petastorm's reader).
+
+    Raises:
+        pipelines.errors.Refused: more ranks than the global batch has rows
+            (:meth:`~pipelines.training.dataworld.DataWorld.check`).
+    """
+    if world.same(world_size):
+        return inputs
+    resized = ResizedInputs(inputs, world, rank, world_size)
+    if announce:
+        log.info("%s; each step trains the rows an uninterrupted run's step does", world.describe(world_size))
+        if not resized.exact_positions:
+            log.warning("--reader petastorm cannot read the data world's streams at another world size: each rank "
+                        "reads its own shard of %s in these batches, with the same global batch and learning "
+                        "rate, but other rows in each step than an uninterrupted run (--reader own is exact)",
+                        plural(world_size, "rank"))
+    return resized

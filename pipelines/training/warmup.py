@@ -1,0 +1,35 @@
+"""The learning-rate warmup of a run's data world (:mod:`pipelines.training.dataworld`).
+
+Horovod's ``LearningRateWarmupCallback`` ramps from ``lr / hvd.size()`` to ``lr`` with the world
+size it runs in; a run continued on another world size keeps the ramp of the world it started on.
+"""
+from __future__ import annotations
+
+import horovod.tensorflow.keras as hvd
+
+
+class DataWorldWarmup(hvd.callbacks.LearningRateWarmupCallback):
+    """Horovod's warmup (horovod/_keras/callbacks.py: its per-step schedule, its epoch shifted by
+    one step, its end at ``warmup_epochs``) with the data world's size ``data_world_size`` in place
+    of ``hvd.size()``: ``lr(epoch) = initial_lr / n0 x (epoch x (n0 - 1) / warmup_epochs + 1)``,
+    ``epoch`` fractional (:func:`pipelines.training.schedule.warmup_lr`). On the data world itself
+    the same operations on the same numbers as Horovod's, so the same rates bit for bit.
+
+    Args:
+        initial_lr: the rate after the warmup (``base_lr x n0``).
+        warmup_epochs: epochs of the ramp (> 0; may be fractional).
+        steps_per_epoch: the run's (``train_rows // (n0 x b)``).
+        data_world_size: ``n0``.
+    """
+
+    def __init__(self, initial_lr: float, warmup_epochs: float, steps_per_epoch: int, data_world_size: int):
+        super().__init__(initial_lr=initial_lr, warmup_epochs=warmup_epochs, steps_per_epoch=steps_per_epoch,
+                         verbose=0)
+        size = data_world_size
+
+        def multiplier(epoch):
+            epoch += 1. / self.steps_per_epoch  # Horovod's: round numbers at each epoch's end
+            return 1. / size * (epoch * (size - 1) / warmup_epochs + 1)
+
+        self.multiplier = multiplier
+        self.data_world_size = size
