@@ -364,8 +364,8 @@ def test_a_host_lost_for_good_without_a_spare_leaves_the_run_to_the_hosts_left(h
     """--spark-np 3 --min-np 2 --max-failures 1 with three worker hosts up (the other two stopped for
     the test): once checkpoint 2 is in the bucket, rank 1's host is lost for good (every process
     killed, its worker not restarted). No slot is free, so the driver relaunches on the 2 slots
-    left, which continue from checkpoint 2 and finish: epoch 3 on 2 ranks, exact validation and
-    test counts, each attempt's world size recorded."""
+    left, which continue from checkpoint 2 and finish: epoch 3 on 2 ranks (the global batch of 3
+    ranks kept), exact validation and test counts, each attempt's and segment's world size recorded."""
     bucket, _, _, _, _ = hosts_etl
     cluster, s3, workers = hosts_cluster
     spares, lost = workers[3:], {}
@@ -393,6 +393,8 @@ def test_a_host_lost_for_good_without_a_spare_leaves_the_run_to_the_hosts_left(h
     assert "WARNING relaunching on 2 ranks (world size 3 -> 2): the cluster offers 2 task slots now (--min-np 2, " \
            "--max-np 3)" in proc.output, proc.output[-4000:]
     assert m["world_size"] == 2 and m["resumed_after_epoch"] == 2 and [h["epoch"] for h in m["history"]] == [1, 2, 3]
+    assert [(g["world_size"], g["per_rank_batches"], g["from_epoch"], g["reason"]) for g in m["segments"]] == \
+        [(3, [2, 2, 2], 1, "start"), (2, [3, 3], 3, "relaunch")]  # the data world, 3 x 2 rows, kept
     assert m["epochs_run_per_rank"] == [1, 1] and len(set(m["weights_checksum_per_rank"])) == 1
     assert lost["host"].netns not in m["host_per_rank"] and len(set(m["host_per_rank"])) == 2
     assert m["validation"]["count"] == m["validation"]["expected_count"]

@@ -1277,9 +1277,11 @@ def test_horovodrun_elastic_goes_on_with_the_rank_left_and_grows_back_when_a_slo
     each slot of this machine a name of its own) reading a file of slots; a step checkpoint at every
     step. Rank 1 is SIGKILLed after step 3 of epoch 2 (its step checkpoint written) and its slot
     taken out of the file: the rank left continues alone, within epoch 2, from that checkpoint. Once
-    it does, a slot comes back (another name): at the next epoch's end the world grows to 2 again,
+    it does, a slot comes back (another name; the rank held for 3 s meanwhile, so that Horovod's
+    driver has seen it before the run ends): at the next epoch's end the world grows to 2 again,
     from that epoch's checkpoint, and the run finishes with exact validation and test counts; each
-    attempt is recorded with its world size and why it ended."""
+    attempt is recorded with its world size and why it ended, each segment with its world (the data
+    world, 2 x 4 rows, kept throughout)."""
     from pipelines.launch.discovery import slot_of
 
     data, _ = dataset
@@ -1307,6 +1309,12 @@ def test_horovodrun_elastic_goes_on_with_the_rank_left_and_grows_back_when_a_slo
                 while proc.poll() is None and time.monotonic() < deadline and shrunk not in open(output.name).read():
                     time.sleep(0.2)
                 slots.write_text(f"{left} 2\n")  # a slot comes back, under a name Horovod has not blacklisted
+                survivor = next(pid for pid, place in seen.items() if place != killed)
+                os.kill(survivor, signal.SIGSTOP)  # the rank left waits while Horovod's driver, polling the
+                try:  # discovery script each second, finds the slot and tells it: it grows at its next epoch end
+                    time.sleep(3)
+                finally:
+                    os.kill(survivor, signal.SIGCONT)
             proc.wait(timeout=300)
         finally:
             proc.kill()
@@ -1322,6 +1330,11 @@ def test_horovodrun_elastic_goes_on_with_the_rank_left_and_grows_back_when_a_slo
     assert "WARNING attempt 3: 2 ranks (world size 1 -> 2), from the newest complete checkpoint, after the host " \
            "discovery script changed the slots" in text
     assert m["world_size"] == 2 and 2 <= m["resumed_after_epoch"] <= 4 and not m["resumed_after_step"]
+    segments = [(g["world_size"], g["per_rank_batches"], g["from_epoch"], g["from_step"], g["reason"])
+                for g in m["segments"]]  # the data world (2 x 4 rows) kept: rank 0 alone computed all 8
+    assert segments == [(2, [4, 4], 1, 1, "start"), (1, [8], 2, 4, "relaunch"),
+                        (2, [4, 4], m["resumed_after_epoch"] + 1, 1, "relaunch")], segments
+    assert "data world 2 x 4 rows (global batch 8) on world size 1: per-rank batches 8" in text
     assert [h["epoch"] for h in m["history"]] == [1, 2, 3, 4, 5] and len(set(m["weights_checksum_per_rank"])) == 1
     assert all(h["val_count"] == m["validation"]["expected_count"] for h in m["history"])
     assert_exact_test_count(m, data)
