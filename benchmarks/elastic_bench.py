@@ -215,8 +215,8 @@ def main(argv=None) -> int:
         epoch, step = result["resumed"]
         where = f"within epoch {epoch + 1} after step {step}" if step else f"after epoch {epoch}"
         print(f"{path}: {result['command']}\n  rank 1 lost, resumed {where}; "
-              f"world size {sizes}; after the kill: acted on {result.get('acted', float('nan')):.1f} s, checkpoint restored "
-              f"{result.get('restored', float('nan')):.1f} s, training again (a step done) "
+              f"world size {sizes}; after the kill: acted on {result.get('acted', float('nan')):.1f} s, checkpoint "
+              f"restored {result.get('restored', float('nan')):.1f} s, training again (a step done) "
               f"{result.get('trained', float('nan')):.1f} s", flush=True)
     return 0
 

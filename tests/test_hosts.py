@@ -334,7 +334,8 @@ def test_a_lost_worker_host_is_replaced_and_the_job_continues_from_its_checkpoin
     proc, m, killed = recovered_run
     lost = killed["host"]
     (first, second) = m["attempts"]
-    assert first["attempt"] == 1 and second == {"attempt": 2, "failure": None}
+    assert (first["attempt"], first["world_size"]) == (1, 4)
+    assert second == {"attempt": 2, "world_size": 4, "failure": None}
     assert first["failure"].startswith(f"rank 1 on {lost.address} failed: "), m["attempts"]
     assert f"WARNING attempt 2 of 2: relaunching from the newest complete checkpoint after {first['failure']}" \
         in proc.output
@@ -435,7 +436,7 @@ def test_a_worker_host_cut_off_past_the_gloo_timeout_is_relaunched(hosts_cluster
     (first, second) = m["attempts"]
     # every rank's collective timed out: a peer's loss (Horovod shut down), which is relaunched
     assert re.match(r"rank \d on \S+ failed: .*(Horovod|Gloo|gloo|Spark executor lost)", first["failure"], re.S), first
-    assert second == {"attempt": 2, "failure": None}, m["attempts"]
+    assert first["world_size"] == 4 and second == {"attempt": 2, "world_size": 4, "failure": None}, m["attempts"]
     assert "WARNING attempt 2 of 2: relaunching from the newest complete checkpoint after " in proc.output
     assert m["resumed_after_epoch"] >= 2 and [h["epoch"] for h in m["history"]] == list(range(1, 9))
     assert len(set(m["weights_checksum_per_rank"])) == 1 and len(set(m["host_per_rank"])) == 4

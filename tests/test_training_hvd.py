@@ -434,7 +434,8 @@ def test_a_lost_rank_is_relaunched_from_the_newest_checkpoint(dataset, tmp_path,
     assert re.fullmatch(r"rank 1 on \S+ failed: process killed by signal SIGKILL", first["failure"]), m["attempts"]
     if spark_np < 0:
         assert first["failure"].startswith(f"rank 1 on {socket.gethostname()} ")
-    assert first["attempt"] == 1 and second == {"attempt": 2, "failure": None}
+    assert (first["attempt"], first["world_size"]) == (1, 2)
+    assert second == {"attempt": 2, "world_size": 2, "failure": None}
     driver = [line.split(" WARNING ")[1] for line in proc.stderr.splitlines()
               if "[train driver] WARNING attempt" in line]
     assert driver == ["attempt 1 of 2", "attempt 2 of 2: relaunching from the newest complete checkpoint after "
@@ -1288,8 +1289,8 @@ def test_horovodrun_elastic_goes_on_with_the_rank_left_and_grows_back_when_a_slo
     out, slots = str(tmp_path / "out"), tmp_path / "slots"
     slots.write_text("0 1\n")
     job = [sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", out, "--weights", "none",
-           "--backbone", "tiny", "--batch-size", "4", "--cache-dir", out + "-cache", "--no-tensorboard", "--epochs", "5",
-           "--patience", "10", "--reader", "own", "--checkpoint-every-steps", "1"]
+           "--backbone", "tiny", "--batch-size", "4", "--cache-dir", out + "-cache", "--no-tensorboard",
+           "--epochs", "5", "--patience", "10", "--reader", "own", "--checkpoint-every-steps", "1"]
     cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
            "--host-discovery-script", f"{os.path.join(REPO, 'scripts', 'host_discovery.sh')} {slots}", *job]
     env = subprocess_env(PIPELINES_FAULT_INJECT="rank=1,epoch=2,step=3,mode=kill", PYTHONUNBUFFERED="1")

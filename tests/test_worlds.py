@@ -98,7 +98,8 @@ def test_the_command_line_refuses_them_with_exit_2_and_one_line(argv, message, c
 def test_the_training_job_refuses_them_before_spark_or_any_rank_starts(tmp_path):
     started = time.monotonic()
     proc = subprocess.run([sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", str(tmp_path),
-                           "--output", str(tmp_path / "out"), "--spark-np", "4", "--min-np", "5", "--max-failures", "1"],
+                           "--output", str(tmp_path / "out"), "--spark-np", "4", "--min-np", "5",
+                           "--max-failures", "1"],
                           capture_output=True, text=True, env=subprocess_env(), timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert [line for line in proc.stderr.splitlines() if line.strip()] == \

@@ -1,8 +1,8 @@
 """How a job's ranks are started, apart from what each rank does: :class:`LaunchConfig`.
 
 The per-rank settings live in the stage's own config (``TrainConfig``); the launch settings (how
-many ranks, where, how long to wait, which network, how many relaunches) live here, as Horovod's
-``horovod.spark.run(num_proc=..., start_timeout=...)`` takes them beside the function and Ray
+many ranks, where, how long to wait, which network, how many relaunches, on how few ranks) live
+here, as Horovod's ``horovod.spark.run(num_proc=..., start_timeout=...)`` takes them beside the function and Ray
 keeps ``ScalingConfig``/``FailureConfig`` apart from the training loop's config. The command line
 (``jobs/train.py``), the notebooks (``nb.train(LaunchConfig(np=-2), ...)``) and the tests build
 the same object; a rank never sees it.

@@ -117,7 +117,8 @@ def run_elastic(main: Callable[..., Any], **kwargs: Any) -> Tuple[Any, int]:
     from horovod.common.elastic import ObjectState, run_fn
 
     global _current
-    run = ElasticRun(ObjectState(hvd_tf.broadcast_object, hvd_tf.rank))  # nothing in memory: the checkpoints are the state
+    # nothing in memory: the checkpoints are the state
+    run = ElasticRun(ObjectState(hvd_tf.broadcast_object, hvd_tf.rank))
     _current = run
     try:
         value = run_fn(functools.partial(_attempt, run, main, kwargs), _reset)(run.state)

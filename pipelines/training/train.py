@@ -67,7 +67,8 @@ class RunPlan:
         return self.outputs.local if self.outputs else None
 
 
-_PROCESS: Dict[str, object] = {}  # what setup_rank sets once per process (TensorFlow keeps it): cores, threads, precision
+#: what setup_rank sets once per process (TensorFlow keeps it): cores, threads, precision
+_PROCESS: Dict[str, object] = {}
 
 
 def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
