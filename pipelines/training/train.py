@@ -215,7 +215,6 @@ def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str
     import horovod.tensorflow as hvd_tf
 
     from pipelines.launch import elastic
-
     from pipelines.training import runs
 
     claim, error = None, None
