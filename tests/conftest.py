@@ -51,7 +51,7 @@ atexit.register(shutil.rmtree, FAULT_TOKEN_DIR, True)
 # The current stack's share of the slow tests, as node-id prefixes: `make test` runs the whole suite on
 # the mission stack and, on the current stack, every fast test and these (marked `current`): the
 # ETL local and to S3, horovodrun -np 2 Xception with the exact evaluation, resume (mid-epoch exactly,
-# after a SIGKILL and a SIGTERM) and the --max-failures relaunch, --spark-np on local Spark and on the test hosts, predict through models:/,
+# after a SIGKILL and a SIGTERM), horovodrun's elastic mode (a rank lost, a slot back) and the --max-failures relaunch, --spark-np on local Spark and on the test hosts, predict through models:/,
 # notebooks 01, 05 and 07, and the averaging proof.
 CURRENT_STACK_TESTS = (
     "tests/test_averaging.py",
@@ -69,6 +69,7 @@ CURRENT_STACK_TESTS = (
     "tests/test_training_hvd.py::test_horovod_trains_from_s3_to_s3",
     "tests/test_training_hvd.py::test_a_run_killed_within_an_epoch_resumes_at_that_step_bit_for_bit",
     "tests/test_training_hvd.py::test_sigterm_to_one_rank_checkpoints_every_rank_at_the_next_step_exits_76_and_resumes_exactly",
+    "tests/test_training_hvd.py::test_horovodrun_elastic_goes_on_with_the_rank_left_and_grows_back_when_a_slot_returns",
     "tests/test_recovery.py",
     "tests/test_launcher.py",
     "tests/test_hosts.py::test_training_on_four_hosts_in_step_with_exact_test_metrics_and_outputs_in_the_bucket",
