@@ -70,6 +70,7 @@ CURRENT_STACK_TESTS = (
     "tests/test_training_hvd.py::test_a_run_killed_within_an_epoch_resumes_at_that_step_bit_for_bit",
     "tests/test_training_hvd.py::test_sigterm_to_one_rank_checkpoints_every_rank_at_the_next_step_exits_76_and_resumes_exactly",
     "tests/test_training_hvd.py::test_horovodrun_elastic_goes_on_with_the_rank_left_and_grows_back_when_a_slot_returns",
+    "tests/test_training_hvd.py::test_a_run_continues_on_one_rank_then_on_three_with_the_same_rows_at_every_step",
     "tests/test_recovery.py",
     "tests/test_launcher.py",
     "tests/test_hosts.py::test_training_on_four_hosts_in_step_with_exact_test_metrics_and_outputs_in_the_bucket",
