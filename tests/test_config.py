@@ -179,8 +179,8 @@ def test_launch_settings_are_their_own_config_on_the_same_command_line(tmp_path)
     assert launch == LaunchConfig(np=-3, slots_timeout=5.0, max_failures=2) and launch.world_size == 3
     assert train.batch_size == 4
     launch_fields = {f.name for f in dataclasses.fields(LaunchConfig)}
-    assert launch_fields == {"np", "slots_timeout", "network_interface", "max_failures", "rendezvous_timeout",
-                             "stall_timeout"}
+    assert launch_fields == {"np", "slots_timeout", "network_interface", "max_failures", "min_np", "max_np",
+                             "rendezvous_timeout", "stall_timeout"}
     assert not launch_fields & {f.name for f in dataclasses.fields(TrainConfig)}
     runner = launch.runner(log_dir="logs")
     assert (runner.np, runner.max_failures, runner.slots_timeout_s, runner.log_dir) == (-3, 2, 5.0, "logs")

@@ -120,11 +120,12 @@ def test_the_tools_cache_folder_follows_the_environment(monkeypatch, tmp_path):
 
 def test_what_a_launcher_writes_a_rank_reads():
     """Each launcher→rank variable round-trips through the one writer and the one reader."""
-    written = {**rankenv.attempts_env([{"attempt": 1, "failure": "lost"}]),
+    written = {**rankenv.attempts_env([{"attempt": 1, "world_size": 3, "failure": "lost"}]), "HOROVOD_SIZE": "2",
                **rankenv.assigned_gpus_env(["2", "3"]), "PIPELINES_FAULT_INJECT": "rank=1,epoch=2",
                **rankenv.fault_token_env(os.environ[rankenv.FAULT_TOKEN_ENV])}  # the suite's (tests/conftest.py)
     handed = rankenv.read_rank_environment(written)
-    assert handed.attempts == [{"attempt": 1, "failure": "lost"}, {"attempt": 2, "failure": None}] and handed.relaunched
+    assert handed.attempts == [{"attempt": 1, "world_size": 3, "failure": "lost"},
+                               {"attempt": 2, "world_size": 2, "failure": None}] and handed.relaunched
     assert (handed.assigned_gpus, handed.fault) == (["2", "3"], "rank=1,epoch=2")
     assert rankenv.read_rank_environment({}) == rankenv.RankEnvironment()
 

@@ -8,7 +8,8 @@ builds them once).
 * The pipeline through ``spark-submit``: the ETL of a tree uploaded to the S3 server, from and to
   the bucket; training ``--spark-np 4`` on that output, from and to the bucket, in which one
   worker host is lost after checkpoint 2 and the job relaunched on the four left
-  (``--max-failures 1``); the same loss failing the job at once (``--max-failures 0``); and a
+  (``--max-failures 1``); ``--spark-np 3 --min-np 2`` on three hosts, one lost for good, finishing
+  on the two left; the same loss failing the job at once (``--max-failures 0``); and a
   host cut off (link down) past the ranks' Gloo timeout, then relaunched. A test that takes a host
   away gives it back (its Spark worker restarted, its link up) whatever happens, so any test runs
   alone (``-k``) or in any order."""
@@ -334,7 +335,8 @@ def test_a_lost_worker_host_is_replaced_and_the_job_continues_from_its_checkpoin
     proc, m, killed = recovered_run
     lost = killed["host"]
     (first, second) = m["attempts"]
-    assert first["attempt"] == 1 and second == {"attempt": 2, "failure": None}
+    assert (first["attempt"], first["world_size"]) == (1, 4)
+    assert second == {"attempt": 2, "world_size": 4, "failure": None}
     assert first["failure"].startswith(f"rank 1 on {lost.address} failed: "), m["attempts"]
     assert f"WARNING attempt 2 of 2: relaunching from the newest complete checkpoint after {first['failure']}" \
         in proc.output
@@ -358,6 +360,47 @@ def test_without_max_failures_a_lost_host_fails_the_job_promptly_naming_rank_and
     assert proc.ended - killed["at"] < KILL_TO_EXIT_S, proc.ended - killed["at"]  # from the kill, not the start
     assert "WARNING attempt" not in proc.output
     assert not bucket_keys(s3, bucket, "failfast/metrics.json")
+
+
+def test_a_host_lost_for_good_without_a_spare_leaves_the_run_to_the_hosts_left(hosts_cluster, test_hosts, hosts_etl):
+    """--spark-np 3 --min-np 2 --max-failures 1 with three worker hosts up (the other two stopped for
+    the test): once checkpoint 2 is in the bucket, rank 1's host is lost for good (every process
+    killed, its worker not restarted). No slot is free, so the driver relaunches on the 2 slots
+    left, which continue from checkpoint 2 and finish: epoch 3 on 2 ranks (the global batch of 3
+    ranks kept), exact validation and test counts, each attempt's and segment's world size recorded."""
+    bucket, _, _, _, _ = hosts_etl
+    cluster, s3, workers = hosts_cluster
+    spares, lost = workers[3:], {}
+    try:
+        for host in spares:
+            kill_host(host)
+        deadline = time.monotonic() + 60
+        while cluster.alive_workers() > len(workers) - len(spares):
+            assert time.monotonic() < deadline, "the master still lists the stopped workers"
+            time.sleep(0.5)
+        proc = submit(hosts_cluster, test_hosts, "train.py",
+                      *train_args(bucket, "etl", "shrunk", "--epochs", "3", "--warmup-epochs", "0", "--spark-np", "3",
+                                  "--min-np", "2", "--max-failures", "1", "--slots-timeout", "20"),
+                      conf=[f"spark.executorEnv.{FAULT}=rank=1,epoch=2,mode=stall"],
+                      during=lose_rank_host_after(hosts_cluster, test_hosts, bucket, "shrunk/checkpoint-2.json", 1,
+                                                  lost))
+    finally:
+        gone = [host for host in [*spares, lost.get("host")] if host is not None]
+        cluster.restart_worker(*(workers.index(host) for host in gone))
+    assert proc.returncode == 0, proc.output[-4000:]
+    m = json.loads(read_key(s3, bucket, "shrunk/metrics.json"))
+    (first, second) = m["attempts"]
+    assert first["world_size"] == 3 and first["failure"].startswith(f"rank 1 on {lost['host'].address} failed: "), first
+    assert second == {"attempt": 2, "world_size": 2, "failure": None}, m["attempts"]
+    assert "WARNING relaunching on 2 ranks (world size 3 -> 2): the cluster offers 2 task slots now (--min-np 2, " \
+           "--max-np 3)" in proc.output, proc.output[-4000:]
+    assert m["world_size"] == 2 and m["resumed_after_epoch"] == 2 and [h["epoch"] for h in m["history"]] == [1, 2, 3]
+    assert [(g["world_size"], g["per_rank_batches"], g["from_epoch"], g["reason"]) for g in m["segments"]] == \
+        [(3, [2, 2, 2], 1, "start"), (2, [3, 3], 3, "relaunch")]  # the data world, 3 x 2 rows, kept
+    assert m["epochs_run_per_rank"] == [1, 1] and len(set(m["weights_checksum_per_rank"])) == 1
+    assert lost["host"].netns not in m["host_per_rank"] and len(set(m["host_per_rank"])) == 2
+    assert m["validation"]["count"] == m["validation"]["expected_count"]
+    assert_exact_test_count(m, etl_on(s3, bucket))
 
 
 GLOO_TIMEOUT_S = 10  # the ranks' Gloo timeout in the link test (Horovod's default: 30 s)
@@ -394,7 +437,7 @@ def test_a_worker_host_cut_off_past_the_gloo_timeout_is_relaunched(hosts_cluster
     (first, second) = m["attempts"]
     # every rank's collective timed out: a peer's loss (Horovod shut down), which is relaunched
     assert re.match(r"rank \d on \S+ failed: .*(Horovod|Gloo|gloo|Spark executor lost)", first["failure"], re.S), first
-    assert second == {"attempt": 2, "failure": None}, m["attempts"]
+    assert first["world_size"] == 4 and second == {"attempt": 2, "world_size": 4, "failure": None}, m["attempts"]
     assert "WARNING attempt 2 of 2: relaunching from the newest complete checkpoint after " in proc.output
     assert m["resumed_after_epoch"] >= 2 and [h["epoch"] for h in m["history"]] == list(range(1, 9))
     assert len(set(m["weights_checksum_per_rank"])) == 1 and len(set(m["host_per_rank"])) == 4

@@ -42,7 +42,7 @@ def _launcher(outcomes, calls):
     return launch
 
 
-LOST = HorovodJobFailed([RankFailure(1, "process killed by signal SIGKILL", host="h1", lost=True)])
+LOST = HorovodJobFailed([RankFailure(1, "process killed by signal SIGKILL", host="h1", lost=True)], world_size=2)
 OWN = HorovodJobFailed([RankFailure(1, "RuntimeError: a bug")])
 
 
@@ -67,7 +67,7 @@ def test_a_lost_rank_is_relaunched_with_the_earlier_attempts_and_logged(pipeline
     calls = []
     assert run_with_retries(_launcher([LOST, "done"], calls), print, max_failures=2) == "done"
     failure = "rank 1 on h1 failed: process killed by signal SIGKILL"
-    assert calls == [[], [{"attempt": 1, "failure": failure}]]
+    assert calls == [[], [{"attempt": 1, "world_size": 2, "failure": failure}]]
     assert [r.getMessage() for r in pipelines_log.records] == [
         "attempt 1 of 3", f"attempt 2 of 3: relaunching from the newest complete checkpoint after {failure}"]
 
@@ -103,14 +103,15 @@ def test_a_relaunch_without_the_slots_is_a_clear_error_and_a_first_refusal_stays
 
 def test_outside_a_relaunch_a_rank_is_its_jobs_first_attempt(monkeypatch):
     monkeypatch.delenv(ATTEMPTS_ENV, raising=False)
+    monkeypatch.delenv("HOROVOD_SIZE", raising=False)
     handed = read_rank_environment()
-    assert handed.attempts == [{"attempt": 1, "failure": None}] and not handed.relaunched
+    assert handed.attempts == [{"attempt": 1, "world_size": 1, "failure": None}] and not handed.relaunched
 
 
 def test_a_rank_reads_the_attempts_its_relauncher_wrote():
-    earlier = [{"attempt": 1, "failure": "rank 1 on h failed: process killed by signal SIGKILL"}]
-    handed = read_rank_environment(attempts_env(earlier))
-    assert handed.attempts == earlier + [{"attempt": 2, "failure": None}] and handed.relaunched
+    earlier = [{"attempt": 1, "world_size": 3, "failure": "rank 1 on h failed: process killed by signal SIGKILL"}]
+    handed = read_rank_environment({**attempts_env(earlier), "HOROVOD_SIZE": "2"})
+    assert handed.attempts == earlier + [{"attempt": 2, "world_size": 2, "failure": None}] and handed.relaunched
 
 
 @pytest.mark.parametrize("args, message", [
@@ -138,8 +139,9 @@ def _killed_once():
 @pytest.mark.slow
 def test_local_runner_relaunches_after_a_killed_rank():
     assert HorovodRunner(np=-2, max_failures=1).run(_killed_once) == [
-        {"attempt": 1, "failure": f"rank 1 on {socket.gethostname()} failed: process killed by signal SIGKILL"},
-        {"attempt": 2, "failure": None}]
+        {"attempt": 1, "world_size": 2,
+         "failure": f"rank 1 on {socket.gethostname()} failed: process killed by signal SIGKILL"},
+        {"attempt": 2, "world_size": 2, "failure": None}]
 
 
 def _train_save_restore_continue(directory):

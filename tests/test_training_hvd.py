@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -440,7 +441,8 @@ def test_a_lost_rank_is_relaunched_from_the_newest_checkpoint(dataset, tmp_path,
     assert re.fullmatch(r"rank 1 on \S+ failed: process killed by signal SIGKILL", first["failure"]), m["attempts"]
     if spark_np < 0:
         assert first["failure"].startswith(f"rank 1 on {socket.gethostname()} ")
-    assert first["attempt"] == 1 and second == {"attempt": 2, "failure": None}
+    assert (first["attempt"], first["world_size"]) == (1, 2)
+    assert second == {"attempt": 2, "world_size": 2, "failure": None}
     driver = [line.split(" WARNING ")[1] for line in proc.stderr.splitlines()
               if "[train driver] WARNING attempt" in line]
     assert driver == ["attempt 1 of 2", "attempt 2 of 2: relaunching from the newest complete checkpoint after "
@@ -1262,3 +1264,89 @@ def test_a_run_continues_on_one_rank_then_on_three_with_the_same_rows_at_every_s
             assert np.allclose(got[key], expected[key], rtol=0, atol=RESIZE_ATOL), \
                 (key, float(np.abs(got[key] - expected[key]).max()))
     assert m["test"]["accuracy"] == pytest.approx(ref["test"]["accuracy"], abs=1 / m["test"]["count"] + 1e-9)
+
+
+def elastic_workers(output):
+    """``{pid: (the rank it started as, its slot name)}`` of the horovodrun workers of the run that
+    writes to ``output`` (named in their command line), read from /proc, not from the job's reports."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().split(b"\0")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        except OSError:
+            continue
+        if environ.get(b"HOROVOD_ELASTIC") == b"1" and b"HOROVOD_RANK" in environ and output.encode() in command:
+            found[int(pid)] = (int(environ[b"HOROVOD_RANK"]), environ[b"HOROVOD_HOSTNAME"].decode())
+    return found
+
+
+@pytest.mark.current  # Horovod's errors on a lost peer are read from TensorFlow's: both stacks
+def test_horovodrun_elastic_goes_on_with_the_rank_left_and_grows_back_when_a_slot_returns(dataset, tmp_path):
+    """horovodrun -np 2 --min-np 1 --max-np 2 with its host discovery script (scripts/host_discovery.sh:
+    each slot of this machine a name of its own) reading a file of slots; a step checkpoint at every
+    step. Rank 1 is SIGKILLed after step 3 of epoch 2 (its step checkpoint written) and its slot
+    taken out of the file: the rank left continues alone, within epoch 2, from that checkpoint. Once
+    it does, a slot comes back (another name; the rank held for 3 s meanwhile, so that Horovod's
+    driver has seen it before the run ends): at the next epoch's end the world grows to 2 again,
+    from that epoch's checkpoint, and the run finishes with exact validation and test counts; each
+    attempt is recorded with its world size and why it ended, each segment with its world (the data
+    world, 2 x 4 rows, kept throughout)."""
+    from pipelines.launch.discovery import slot_of
+
+    data, _ = dataset
+    out, slots = str(tmp_path / "out"), tmp_path / "slots"
+    slots.write_text("0 1\n")
+    job = [sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", out, "--weights", "none",
+           "--backbone", "tiny", "--batch-size", "4", "--cache-dir", out + "-cache", "--no-tensorboard",
+           "--epochs", "5", "--patience", "10", "--reader", "own", "--checkpoint-every-steps", "1"]
+    cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
+           "--host-discovery-script", f"{os.path.join(REPO, 'scripts', 'host_discovery.sh')} {slots}", *job]
+    env = subprocess_env(PIPELINES_FAULT_INJECT="rank=1,epoch=2,step=3,mode=kill", PYTHONUNBUFFERED="1")
+    shrunk = "WARNING attempt 2: 1 rank (world size 2 -> 1), from the newest complete checkpoint, after "
+    with tempfile.NamedTemporaryFile("w+") as output:
+        proc = subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            seen, killed, deadline = {}, None, time.monotonic() + 300
+            while killed is None and proc.poll() is None and time.monotonic() < deadline:
+                alive = elastic_workers(out)
+                seen.update(alive)
+                killed = next((place for pid, place in seen.items() if place[0] == 1 and pid not in alive), None)
+                time.sleep(0.2)
+            if killed is not None:  # its slot went with it, as a lost machine's does
+                left = 1 - slot_of(killed[1])
+                slots.write_text(f"{left}\n")
+                while proc.poll() is None and time.monotonic() < deadline and shrunk not in open(output.name).read():
+                    time.sleep(0.2)
+                slots.write_text(f"{left} 2\n")  # a slot comes back, under a name Horovod has not blacklisted
+                survivor = next(pid for pid, place in seen.items() if place != killed)
+                os.kill(survivor, signal.SIGSTOP)  # the rank left waits while Horovod's driver, polling the
+                try:  # discovery script each second, finds the slot and tells it: it grows at its next epoch end
+                    time.sleep(3)
+                finally:
+                    os.kill(survivor, signal.SIGCONT)
+            proc.wait(timeout=300)
+        finally:
+            proc.kill()
+            proc.wait()
+        text = open(output.name).read()
+    assert killed is not None and proc.returncode == 0, text[-4000:]
+    m = metrics(out)
+    why = f"rank 1 on {killed[1]} lost: UnknownError: Horovod has been shut down"
+    assert m["attempts"] == [{"attempt": 1, "world_size": 2, "failure": why},
+                             {"attempt": 2, "world_size": 1, "failure": "the host discovery script changed the slots"},
+                             {"attempt": 3, "world_size": 2, "failure": None}], m["attempts"]
+    assert shrunk + why in text and "resuming within epoch 2, after step 3" in text
+    assert "WARNING attempt 3: 2 ranks (world size 1 -> 2), from the newest complete checkpoint, after the host " \
+           "discovery script changed the slots" in text
+    assert m["world_size"] == 2 and 2 <= m["resumed_after_epoch"] <= 4 and not m["resumed_after_step"]
+    segments = [(g["world_size"], g["per_rank_batches"], g["from_epoch"], g["from_step"], g["reason"])
+                for g in m["segments"]]  # the data world (2 x 4 rows) kept: rank 0 alone computed all 8
+    assert segments == [(2, [4, 4], 1, 1, "start"), (1, [8], 2, 4, "relaunch"),
+                        (2, [4, 4], m["resumed_after_epoch"] + 1, 1, "relaunch")], segments
+    assert "data world 2 x 4 rows (global batch 8) on world size 1: per-rank batches 8" in text
+    assert [h["epoch"] for h in m["history"]] == [1, 2, 3, 4, 5] and len(set(m["weights_checksum_per_rank"])) == 1
+    assert all(h["val_count"] == m["validation"]["expected_count"] for h in m["history"])
+    assert_exact_test_count(m, data)

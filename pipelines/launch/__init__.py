@@ -5,7 +5,8 @@ relaunches; apart from each rank's own config), ``runner`` (:class:`HorovodRunne
 (local ranks: child processes of the driver), ``barrier`` (Spark barrier tasks) and ``child`` (a rank's process inside
 a task), ``sparkcheck`` (the cluster's checks before any task), ``network`` (Gloo's interface,
 hosts and ports), ``rendezvous`` (Gloo's rendezvous, on one address), ``gpus`` (each rank's GPU, NCCL's interface), ``failures`` and ``recovery``
-(what failed, what is relaunched), ``ranklogs`` (the ranks' output at the driver), ``cluster`` (a
+(what failed, what is relaunched), ``worlds`` (the world's bounds: ``--min-np``, ``--max-np``),
+``elastic`` and ``discovery`` (horovodrun's elastic mode: the ranks left continue), ``ranklogs`` (the ranks' output at the driver), ``cluster`` (a
 Spark standalone cluster on this machine). Importing it loads neither TensorFlow, Horovod nor
 PySpark: those are imported inside the functions that start ranks.
 """

@@ -29,22 +29,28 @@ from pipelines.launch.network import GLOO_IFACE_ENV, interface_of, rendezvous_ip
 from pipelines.launch.rankenv import gloo_timeout, own_timeouts
 from pipelines.launch.rendezvous import Rendezvous
 from pipelines.launch.ranklogs import LogSink
-from pipelines.launch.sparkcheck import check_barrier_conf, check_local_executors, executor_id_hosts, wait_for_slots
+from pipelines.launch.sparkcheck import (attempt_world, check_barrier_conf, check_local_executors, executor_id_hosts,
+                                        task_slots)
+from pipelines.launch.worlds import WorldBounds
 from pipelines.runtime.logs import plural
 
 log = logging.getLogger("pipelines")
 
 
-def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int, slots_timeout_s: float,
+def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], bounds: WorldBounds, slots_timeout_s: float,
               requested_iface: Optional[str], log_dir: Optional[str], before_ranks: Callable[[], None],
-              rank_timeouts: Optional[Dict[str, str]] = None) -> Any:
-    """Run ``main(**kwargs)`` as ``world_size`` barrier tasks of the active SparkSession; return
-    rank 0's value. ``before_ranks`` runs once the cluster's checks have passed; every rank starts
-    with ``rank_timeouts`` (:func:`pipelines.launch.rankenv.timeouts_env`).
+              rank_timeouts: Optional[Dict[str, str]] = None, previous: Optional[int] = None) -> Any:
+    """Run ``main(**kwargs)`` as barrier tasks of the active SparkSession, ``bounds.np`` of them or,
+    in a relaunch (``previous``: the failed attempt's world size), as many as
+    :func:`~pipelines.launch.sparkcheck.attempt_world` gives for the slots the cluster offers;
+    return rank 0's value.
+    ``before_ranks`` runs once the cluster's checks have passed; every rank starts with
+    ``rank_timeouts`` (:func:`pipelines.launch.rankenv.timeouts_env`).
 
     Raises:
         ValueError, ClusterConfigError: as :meth:`pipelines.launch.runner.HorovodRunner.run` says.
-        HorovodJobFailed: a rank raised or died, or its task could not choose its interface.
+        HorovodJobFailed: a rank raised or died, or its task could not choose its interface (its
+            ``world_size``: this attempt's).
     """
     from pyspark.sql import SparkSession  # in the function: `import pipelines` stays free of PySpark
 
@@ -52,16 +58,23 @@ def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
     if spark is None:
         raise Refused("HorovodRunner(np > 0) needs an active SparkSession (use np < 0 to run locally)")
     sc = spark.sparkContext
-    log.info("HorovodRunner: np=%d on %s: checking the cluster", world_size, sc.master)
+    log.info("HorovodRunner: np=%d on %s: checking the cluster", bounds.np, sc.master)
     check_barrier_conf(dict(sc.getConf().getAll()))  # before waiting: some make slots never come
-    slots = wait_for_slots(sc, world_size, slots_timeout_s)
-    if slots < world_size:
-        why = f" (no executor registered within {slots_timeout_s:g} s)" if slots == 0 else ""
-        raise Refused(f"np={world_size} Spark tasks requested but the cluster ({sc.master}) offers "
-                      f"{plural(slots, 'task slot')}{why}: lower np, add workers or wait longer for them")
+    world_size = attempt_world(lambda: task_slots(sc), sc.master, bounds, previous, slots_timeout_s)
     check_local_executors(sc, requested_iface)
     before_ranks()
-    payload = cloudpickle.dumps((main, kwargs))
+    try:
+        return _run_barrier_stage(sc, cloudpickle.dumps((main, kwargs)), world_size, requested_iface, log_dir,
+                                  rank_timeouts)
+    except HorovodJobFailed as exc:
+        exc.world_size = world_size
+        raise
+
+
+def _run_barrier_stage(sc, payload: bytes, world_size: int, requested_iface: Optional[str], log_dir: Optional[str],
+                       rank_timeouts: Optional[Dict[str, str]]) -> Any:
+    """One barrier stage of ``world_size`` tasks on ``payload`` (the pickled function and its
+    arguments); rank 0's value, or :class:`HorovodJobFailed`."""
     log.info("HorovodRunner: %s on %s", plural(world_size, "barrier task"), sc.master)
     conf = sc.getConf()
     sink = LogSink(conf.get("spark.driver.host"), log_dir, world_size, bind_host=conf.get("spark.driver.bindAddress"))

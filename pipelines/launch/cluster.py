@@ -154,19 +154,20 @@ class StandaloneCluster:
                                     "--webui-port", str(8081 if place else free_port(host)),
                                     "--work-dir", worker_dir, self.url], place)
 
-    def restart_worker(self, i: int) -> None:
-        """Start worker ``i`` (0-based, in ``workers_at`` order) again, e.g. after its host was lost,
-        and return once the master lists every worker as alive.
+    def restart_worker(self, *indices: int) -> None:
+        """Start the workers ``indices`` (0-based, in ``workers_at`` order) again, e.g. after their
+        hosts were lost, and return once the master lists every worker as alive.
 
         Raises:
             RuntimeError: not every worker registered within ``timeout_s``.
         """
-        self._start_worker(i, self.worker_places[i])
+        for i in indices:
+            self._start_worker(i, self.worker_places[i])
         deadline = time.monotonic() + self.timeout_s
         while self.alive_workers() < self.workers:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"worker {i} did not register again ({self.alive_workers()}/{self.workers} "
-                                   f"alive):\n{self._log_tails()}")
+                raise RuntimeError(f"workers {', '.join(map(str, indices))} did not register again "
+                                   f"({self.alive_workers()}/{self.workers} alive):\n{self._log_tails()}")
             time.sleep(0.5)
 
     def alive_workers(self) -> int:

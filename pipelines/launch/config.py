@@ -1,8 +1,8 @@
 """How a job's ranks are started, apart from what each rank does: :class:`LaunchConfig`.
 
 The per-rank settings live in the stage's own config (``TrainConfig``); the launch settings (how
-many ranks, where, how long to wait, which network, how many relaunches) live here, as Horovod's
-``horovod.spark.run(num_proc=..., start_timeout=...)`` takes them beside the function and Ray
+many ranks, where, how long to wait, which network, how many relaunches, on how few ranks) live
+here, as Horovod's ``horovod.spark.run(num_proc=..., start_timeout=...)`` takes them beside the function and Ray
 keeps ``ScalingConfig``/``FailureConfig`` apart from the training loop's config. The command line
 (``jobs/train.py``), the notebooks (``nb.train(LaunchConfig(np=-2), ...)``) and the tests build
 the same object; a rank never sees it.
@@ -18,6 +18,7 @@ from pipelines.runtime.errors import Refused
 from pipelines.launch.rankenv import timeouts_env
 from pipelines.launch.runner import HorovodRunner
 from pipelines.launch.watchdog import DEFAULT_STALL_TIMEOUT_S
+from pipelines.launch.worlds import WorldBounds
 
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0  # Horovod's own 30 s fails a host a minute late (a cold venv, an image pull)
 
@@ -41,6 +42,13 @@ class LaunchConfig:
                                       "complete checkpoint when a rank's process or host is lost (killed, "
                                       "OOM-killed, executor or host lost); an error of the job itself is never "
                                       "retried; 0 = fail at the first failure")
+    min_np: Optional[int] = field(None, help="with --spark-np N > 0 and --max-failures: a relaunch after a lost rank "
+                                             "runs on the task slots the cluster offers then, if at least this many "
+                                             "(waiting up to --slots-timeout for them), from the newest complete "
+                                             "checkpoint; default N (relaunch at the same world size). Under "
+                                             "horovodrun: horovodrun's own --min-np (docs/cluster.md)")
+    max_np: Optional[int] = field(None, help="with --min-np: a relaunch takes at most this many slots (>= N); "
+                                             "default N")
 
     rendezvous_timeout: float = field(DEFAULT_RENDEZVOUS_TIMEOUT_S,
                                       help="seconds every rank waits in Gloo's rendezvous for the others to start "
@@ -63,11 +71,39 @@ class LaunchConfig:
             raise Refused(f"--max-failures must be >= 0, got {self.max_failures}")
         if self.max_failures and not self.np:
             raise Refused("--max-failures applies to --spark-np runs (the launching driver relaunches the "
-                          "ranks); under horovodrun a lost rank ends the job: rerun it with --resume")
+                          "ranks); under horovodrun, its elastic mode (--min-np, --host-discovery-script) goes on "
+                          "with the ranks left, else rerun it with --resume")
+        self._check_world_bounds()
         for flag, value in (("--slots-timeout", self.slots_timeout), ("--rendezvous-timeout", self.rendezvous_timeout),
                             ("--stall-timeout", self.stall_timeout)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise Refused(f"{flag} must be a positive number of seconds, got {value!r}")
+
+    def _check_world_bounds(self) -> None:
+        """Refuse ``--min-np``/``--max-np`` where they cannot act, or bounds no run keeps
+        (:func:`pipelines.launch.worlds.check_bounds`)."""
+        if self.min_np is None and self.max_np is None:
+            return
+        if not self.np:
+            raise Refused("--min-np and --max-np apply to --spark-np runs; under horovodrun give horovodrun's own "
+                          "--min-np, --max-np and --host-discovery-script (its elastic mode: docs/cluster.md)")
+        if self.np < 0:
+            raise Refused("--min-np and --max-np apply to Spark barrier tasks (--spark-np N > 0): local ranks "
+                          "(--spark-np -N) are relaunched on the -N they started with")
+        self.bounds  # noqa: B018 - raises on bounds no run keeps
+        if not self.max_failures:
+            raise Refused("--min-np and --max-np bound the relaunches after a lost rank: give --max-failures K "
+                          "(K >= 1) too")
+
+    @property
+    def bounds(self) -> WorldBounds:
+        """The world's bounds (:class:`~pipelines.launch.worlds.WorldBounds`): ``abs(np)`` ranks, a
+        relaunch on ``min_np`` to ``max_np`` of them (both ``abs(np)`` by default).
+
+        Raises:
+            pipelines.runtime.errors.Refused: as :func:`pipelines.launch.worlds.check_bounds`.
+        """
+        return WorldBounds.of(self.world_size, self.min_np, self.max_np)
 
     def timeouts_env(self, environ: Mapping[str, str]) -> Dict[str, str]:
         """The variables that give every rank these settings' waits
@@ -92,5 +128,5 @@ class LaunchConfig:
         """
         return HorovodRunner(np=self.np, slots_timeout_s=self.slots_timeout,
                              network_interface=self.network_interface or None, max_failures=self.max_failures,
-                             log_dir=log_dir, before_ranks=before_ranks,
+                             min_np=self.min_np, max_np=self.max_np, log_dir=log_dir, before_ranks=before_ranks,
                              rank_timeouts=self.timeouts_env(os.environ))

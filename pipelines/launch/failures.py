@@ -53,10 +53,12 @@ def describe(failure: RankFailure) -> str:
 
 
 class HorovodJobFailed(RuntimeError):
-    """A Horovod run failed; ``failures`` lists every rank that reported, root cause first."""
+    """A Horovod run failed; ``failures`` lists every rank that reported, root cause first;
+    ``world_size``: the ranks the run was launched on (None where the launcher did not say)."""
 
-    def __init__(self, failures: List[RankFailure]):
+    def __init__(self, failures: List[RankFailure], world_size: Optional[int] = None):
         self.failures = sorted(failures, key=lambda f: (f.secondary, f.rank))
+        self.world_size = world_size
         first = self.failures[0]
         others = ", ".join(f"rank {f.rank}" for f in self.failures[1:])
         super().__init__(describe(first) + (f" (then also: {others})" if others else ""))

@@ -86,7 +86,7 @@ def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
                                gloo_timeout({**os.environ, **(rank_timeouts or {})}),
                                dict.fromkeys(range(world_size), host))
     if failures:
-        raise HorovodJobFailed(failures)
+        raise HorovodJobFailed(failures, world_size)
     return cloudpickle.loads(base64.b64decode(records[0]["result"]))
 
 

@@ -11,7 +11,8 @@ the rank's start (:func:`pipelines.training.rank.setup_rank` for every training 
 variable                        meaning                                                 written by
 ==============================  ======================================================  ===============================
 ``PIPELINES_ATTEMPTS``          the earlier attempts of a relaunched job, JSON: a list  :func:`attempts_env` (the
-                                of ``{"attempt": n, "failure": "why"}``                 relaunch wrapper, in the rank)
+                                of ``{"attempt": n, "world_size": N, "failure":         relaunch wrapper, in the rank)
+                                "why"}``
 ``PIPELINES_ASSIGNED_GPUS``     the GPU addresses Spark gave a barrier task's rank:     :func:`assigned_gpus_env`
                                 the rank uses every GPU it sees                         (``launch/gpus.py``)
 ``PIPELINES_STALL_TIMEOUT``     seconds a rank may go without progress before it ends   :func:`timeouts_env` (the
@@ -57,9 +58,10 @@ FAULT_TOKEN_TEXT = "pipelines test suite: fault injection armed\n"
 class RankEnvironment:
     """What a rank's launcher handed it (the table above), read by :func:`read_rank_environment`."""
 
-    #: every attempt of this job so far, this one last: ``[{"attempt": 1, "failure": "rank 1 on
-    #: HOST failed: ..."}, ..., {"attempt": n, "failure": None}]``; one attempt outside a relauncher
-    attempts: List[Dict] = field(default_factory=lambda: [{"attempt": 1, "failure": None}])
+    #: every attempt of this job so far, this one last, each with the world size it ran on:
+    #: ``[{"attempt": 1, "world_size": 3, "failure": "rank 1 on HOST failed: ..."}, ...,
+    #: {"attempt": n, "world_size": 2, "failure": None}]``; one attempt outside a relauncher
+    attempts: List[Dict] = field(default_factory=lambda: [{"attempt": 1, "world_size": 1, "failure": None}])
     assigned_gpus: List[str] = field(default_factory=list)  #: GPU addresses the launcher gave the rank
     fault: str = ""  #: the test hook's spec; "" = none (or not armed: :func:`fault_armed`)
     fault_ignored: bool = False  #: a spec was given without the test suite's token
@@ -73,7 +75,8 @@ class RankEnvironment:
 
 def read_rank_environment(environ: Optional[Mapping[str, str]] = None) -> RankEnvironment:
     """The :class:`RankEnvironment` of ``environ`` (default: this process's): the one read of the
-    variables in this module's table, at a rank's start."""
+    variables in this module's table, at a rank's start; this attempt's world size is Horovod's
+    ``HOROVOD_SIZE`` (1 without it: a process alone)."""
     env = os.environ if environ is None else environ
     earlier = json.loads(env.get(ATTEMPTS_ENV) or "[]")
     spec = env.get(FAULT_ENV, "").strip()
@@ -82,7 +85,8 @@ def read_rank_environment(environ: Optional[Mapping[str, str]] = None) -> RankEn
         log.warning("%s is set but the test suite's token is not (%s): no fault is injected", FAULT_ENV,
                     FAULT_TOKEN_ENV)
     return RankEnvironment(
-        attempts=earlier + [{"attempt": len(earlier) + 1, "failure": None}],
+        attempts=earlier + [{"attempt": len(earlier) + 1, "world_size": int(env.get("HOROVOD_SIZE") or 1),
+                             "failure": None}],
         assigned_gpus=[a for a in env.get(ASSIGNED_ENV, "").split(",") if a],
         fault=spec if armed else "", fault_ignored=bool(spec) and not armed,
         stall_timeout_s=float(env.get(STALL_ENV) or 0))

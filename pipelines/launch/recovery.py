@@ -54,7 +54,10 @@ def run_with_retries(launch: Callable[[Callable[..., Any]], Any], main: Callable
     """Run ``launch(wrapped_main)`` (one whole Horovod job) up to ``max_failures + 1`` times.
 
     Relaunches only after a lost rank (:func:`is_lost`); logs one line per attempt when
-    ``max_failures > 0`` (``attempt n of K+1``, and why the previous one failed).
+    ``max_failures > 0`` (``attempt n of K+1``, and why the previous one failed). Each relaunch
+    hands its ranks the attempts before it, each with its world size (``world_size`` of the
+    :class:`~pipelines.launch.failures.HorovodJobFailed` it ended with), which the launch reads
+    from the attempt's ``history`` to size the next (:func:`pipelines.launch.sparkcheck.attempt_world`).
 
     Args:
         launch: starts every rank of one attempt on the function it is given and returns rank 0's
@@ -80,7 +83,7 @@ def run_with_retries(launch: Callable[[Callable[..., Any]], Any], main: Callable
                 if max_failures:
                     log.error("attempt %d failed of an error in the job itself, not retried: %s", number, exc)
                 raise
-            history.append({"attempt": number, "failure": describe(exc.failures[0])})
+            history.append({"attempt": number, "world_size": exc.world_size, "failure": describe(exc.failures[0])})
             if len(history) > max_failures:
                 raise
         except ValueError as exc:  # refused before any rank started: on a relaunch, the cluster shrank

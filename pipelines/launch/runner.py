@@ -27,6 +27,7 @@ from pipelines.launch.gpus import check_local_gpus, visible_gpu_count
 from pipelines.launch.local import run_local
 from pipelines.launch.network import GLOO_IFACE_ENV, local_interface
 from pipelines.launch.recovery import run_with_retries
+from pipelines.launch.worlds import WorldBounds
 
 
 class HorovodRunner:
@@ -42,6 +43,10 @@ class HorovodRunner:
         max_failures: relaunch the whole run up to this many times when a rank's process or host
             is lost (:mod:`pipelines.launch.recovery`), with the same ``np``; the function must then continue
             from its own checkpoints when relaunched (``pipelines.launch.rankenv.RankEnvironment.relaunched``). 0: fail at once.
+        min_np, max_np: with ``np > 0`` and ``max_failures``: a relaunch runs on the task slots the
+            cluster offers then, at most ``max_np``, if at least ``min_np`` (waiting up to
+            ``slots_timeout_s`` for them): :func:`pipelines.launch.sparkcheck.attempt_world`; the
+            function then continues at that world size. Default ``np``: every attempt on ``np`` ranks.
         log_dir: a local folder that keeps each rank's whole output: ``rank-R.log`` (``np > 0``,
             written by the driver as the lines arrive), or ``rank.R/stdout`` and
             ``rank.R/stderr`` (``np < 0``, Horovod's layout). None: the output is only shown, live, at the driver.
@@ -53,17 +58,23 @@ class HorovodRunner:
             own 30 s rendezvous and no watchdog.
 
     Raises:
-        ValueError: ``np == 0``, or a negative ``max_failures``.
+        ValueError: ``np == 0``, a negative ``max_failures``, bounds no run keeps
+            (:func:`pipelines.launch.worlds.check_bounds`), or bounds for local ranks (``np < 0``).
     """
 
     def __init__(self, np: int, slots_timeout_s: float = 60.0, network_interface: Optional[str] = None,
                  max_failures: int = 0, log_dir: Optional[str] = None,
-                 before_ranks: Optional[Callable[[], None]] = None, rank_timeouts: Optional[Dict[str, str]] = None):
+                 before_ranks: Optional[Callable[[], None]] = None, rank_timeouts: Optional[Dict[str, str]] = None,
+                 min_np: Optional[int] = None, max_np: Optional[int] = None):
         if not isinstance(np, int) or np == 0:
             raise Refused(f"np must be a non-zero integer (negative: local processes, positive: "
                           f"Spark tasks), got {np!r}")
         if not isinstance(max_failures, int) or max_failures < 0:
             raise Refused(f"max_failures must be an integer >= 0, got {max_failures!r}")
+        self.bounds = WorldBounds.of(abs(np), min_np, max_np)
+        if np < 0 and not self.bounds.fixed:
+            raise Refused("min_np and max_np apply to Spark barrier tasks (np > 0): local ranks are relaunched on "
+                          "the -np they started with")
         self.np = np
         self.max_failures = max_failures
         self.slots_timeout_s = slots_timeout_s
@@ -91,11 +102,13 @@ class HorovodRunner:
         return run_with_retries(lambda attempt: self._launch(attempt, kwargs), main, self.max_failures)
 
     def _launch(self, main: Callable[..., Any], kwargs: Any) -> Any:
-        """One attempt: every rank of the run, on ``main`` as :func:`run_with_retries` wrapped it."""
+        """One attempt: every rank of the run, on ``main`` as :func:`run_with_retries` wrapped it
+        (its ``history``: the attempts before it, each with its world size)."""
         if self.np < 0:
             iface = local_interface(self.network_interface)
             check_local_gpus(-self.np, visible_gpu_count(os.environ))
             self.before_ranks()
             return run_local(main, kwargs, -self.np, iface, self.log_dir, self.rank_timeouts)
-        return run_spark(main, kwargs, self.np, self.slots_timeout_s, self.network_interface, self.log_dir,
-                         self.before_ranks, self.rank_timeouts)
+        previous = main.history[-1]["world_size"] if main.history else None
+        return run_spark(main, kwargs, self.bounds, self.slots_timeout_s, self.network_interface, self.log_dir,
+                         self.before_ranks, self.rank_timeouts, previous)

@@ -1,12 +1,18 @@
 """The cluster checks a Spark launch makes before any task starts: settings, task slots, interfaces."""
 from __future__ import annotations
 
+import logging
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
+from pipelines.runtime.errors import Refused
 from pipelines.launch.failures import ClusterConfigError
 from pipelines.launch.network import GLOO_IFACE_ENV, bare_host, interface_of, is_this_machine, rendezvous_ipv4, split_host_port
 from pipelines.runtime.spark import is_local_master
+from pipelines.launch.worlds import WorldBounds, relaunch_line
+from pipelines.runtime.logs import plural
+
+log = logging.getLogger("pipelines")
 
 
 def _is_true(value: Optional[str]) -> bool:
@@ -100,18 +106,51 @@ def task_slots(sc) -> int:
         return sc.defaultParallelism // cpus_per_task
 
 
-def wait_for_slots(sc, wanted: int, timeout_s: float, settle_s: float = 8.0) -> int:
-    """Poll :func:`task_slots` until it reaches ``wanted``; executors of a fresh session register
-    a few seconds after it starts. Gives up after ``timeout_s``, or once some slots exist and
-    their number has not changed for ``settle_s``. Returns the last count."""
+def wait_for_slots(slots: Callable[[], int], wanted: int, timeout_s: float, settle_s: float = 8.0) -> int:
+    """Poll ``slots()`` (the cluster's :func:`task_slots`) until it reaches ``wanted``; executors of
+    a fresh session register a few seconds after it starts. Gives up after ``timeout_s``, or once
+    some slots exist and their number has not changed for ``settle_s``. Returns the last count."""
     start = time.monotonic()
-    slots, changed = task_slots(sc), start
-    while slots < wanted:
+    count, changed = slots(), start
+    while count < wanted:
         now = time.monotonic()
-        if now - start > timeout_s or (slots > 0 and now - changed > settle_s):
+        if now - start > timeout_s or (count > 0 and now - changed > settle_s):
             break
         time.sleep(0.5)
-        current = task_slots(sc)
-        if current != slots:
-            slots, changed = current, time.monotonic()
-    return slots
+        current = slots()
+        if current != count:
+            count, changed = current, time.monotonic()
+    return count
+
+
+def attempt_world(slots: Callable[[], int], master: str, bounds: WorldBounds, previous: Optional[int],
+                  timeout_s: float) -> int:
+    """How many barrier tasks an attempt runs on the cluster ``master``, whose free task slots
+    ``slots()`` counts (:func:`task_slots`). The first attempt, and every attempt of a fixed world,
+    runs ``bounds.np`` once the cluster offers them (:func:`wait_for_slots`). A relaunch within
+    bounds (``previous``: the failed attempt's world size) runs on the slots the cluster offers
+    now, capped at ``max_np`` (:meth:`~pipelines.launch.worlds.WorldBounds.relaunch_size`), waiting
+    up to ``timeout_s`` for ``min_np`` of them when fewer are there; the driver logs the new world
+    (:func:`~pipelines.launch.worlds.relaunch_line`).
+
+    Raises:
+        pipelines.runtime.errors.Refused: fewer slots than the attempt needs (``np``, or ``min_np`` within
+            ``timeout_s``), naming both numbers (a relaunch's becomes
+            :class:`~pipelines.launch.failures.RelaunchImpossible`).
+    """
+    if previous is None or bounds.fixed:
+        count = wait_for_slots(slots, bounds.np, timeout_s)
+        if count < bounds.np:
+            why = f" (no executor registered within {timeout_s:g} s)" if count == 0 else ""
+            raise Refused(f"np={bounds.np} Spark tasks requested but the cluster ({master}) offers "
+                          f"{plural(count, 'task slot')}{why}: lower np, add workers or wait longer for them")
+        return bounds.np
+    count = slots()
+    if bounds.relaunch_size(count) is None:  # a replacement may be starting: wait for min_np, no settling
+        count = wait_for_slots(slots, bounds.min_np, timeout_s, settle_s=timeout_s)
+    size = bounds.relaunch_size(count)
+    if size is None:
+        raise Refused(f"the cluster ({master}) offers {plural(count, 'task slot')} after {timeout_s:g} s, "
+                      f"fewer than --min-np {bounds.min_np}: add workers, or lower --min-np")
+    log.warning("%s", relaunch_line(bounds, previous, size, count))
+    return size

@@ -214,6 +214,23 @@ class PreemptAtEpochEnd(keras.callbacks.Callback):
             raise Preempted(f"preempted: every rank stopped after epoch {epoch + 1} (a SIGTERM)", name)
 
 
+class HostsUpdateCheck(keras.callbacks.Callback):
+    """Under horovodrun's elastic mode (:mod:`pipelines.launch.elastic`), every rank at each epoch's
+    end, after the epoch's checkpoint is written and uploaded: Horovod's
+    ``State.check_host_updates()`` (a broadcast of what the driver told rank 0) raises
+    ``HostsUpdatedInterrupt`` on every rank alike when the host discovery script added slots (or
+    took a live worker's away); the run then continues from that checkpoint on the new world, up to
+    horovodrun's ``--max-np``. Not after the run's last epoch, nor when early stopping ends it."""
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch + 1 < self.params.get("epochs", 0) and not self.model.stop_training:
+            self.state.check_host_updates()
+
+
 def rank0_value(value):
     """Rank 0's ``value`` on every rank (Horovod's ``broadcast_object``): a collective, so every rank
     returns once rank 0 has reached it."""
@@ -310,6 +327,15 @@ class WatchdogTicks(keras.callbacks.Callback):
             self.watchdog.tick(f"the rank's own work after epoch {epoch + 1}")
         else:
             self.watchdog.tick(f"the validation and checkpoint of epoch {epoch + 1}", waits=True)
+
+
+def stop_watchdogs(callbacks) -> None:
+    """Stop the watchdog of any :class:`WatchdogTicks` among ``callbacks``: ``fit`` that raises
+    calls no ``on_train_end``, and a watchdog left running would end the process as stalled
+    (under horovodrun's elastic mode the process trains on after a reset)."""
+    for callback in callbacks:
+        if isinstance(callback, WatchdogTicks) and callback.ends:
+            callback.watchdog.stop()
 
 
 class EpochCSVLogger(keras.callbacks.CSVLogger):

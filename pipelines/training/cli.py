@@ -20,7 +20,7 @@ from typing import Iterator, Mapping, Optional, Sequence, Tuple
 
 from pipelines.runtime.config import parse_configs
 from pipelines.runtime.errors import exit_status
-from pipelines.launch import HorovodJobFailed, RelaunchImpossible
+from pipelines.launch import HorovodJobFailed, RelaunchImpossible, elastic
 from pipelines.launch.config import LaunchConfig
 from pipelines.launch.gpus import DEVICE_ORDER
 from pipelines.runtime.environment import read_settings
@@ -74,7 +74,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if not rank:
                 refuse_early(config, rank, world_size)
             os.environ.update(launch.timeouts_env(os.environ))  # a rank itself: its waits bounded here, before hvd.init()
-            report = run_training(config)
+            if elastic.under_elastic(os.environ):  # horovodrun --min-np/--host-discovery-script: the ranks left go on
+                report, rank = elastic.run_elastic(run_training, config=config)
+            else:
+                report = run_training(config)
             if rank:
                 return 0
     except (HorovodJobFailed, RelaunchImpossible) as exc:

@@ -20,8 +20,12 @@ log = logging.getLogger("pipelines")
 def local_topology() -> Tuple[int, int]:
     """``(local_rank, local_size)`` of this process from Horovod's launch environment
     (``HOROVOD_LOCAL_RANK``/``HOROVOD_LOCAL_SIZE``), readable before ``hvd.init()``; a lone
-    process is rank 0 of 1."""
-    return int(os.environ.get("HOROVOD_LOCAL_RANK", "0")), int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
+    process is rank 0 of 1; a rank on one of this machine's slot names (horovodrun's elastic mode
+    on one machine), its slot (:func:`pipelines.launch.discovery.local_slot`)."""
+    from pipelines.launch.discovery import local_slot
+
+    return local_slot(os.environ) or (int(os.environ.get("HOROVOD_LOCAL_RANK", "0")),
+                                      int(os.environ.get("HOROVOD_LOCAL_SIZE", "1")))
 
 
 def threads_per_rank(threads: int, local_size: int) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterator, Optional
 
 from pipelines.io import leases
+from pipelines.launch import elastic
 from pipelines.runtime.logs import plural
 from pipelines.io.storage import resolve
 from pipelines.training.config import TrainConfig
@@ -125,7 +126,8 @@ def hold_data(rank: Rank, plan: RunPlan) -> Iterator[None]:
 
 def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str]):
     """Rank 0's :func:`pipelines.training.records.ownership.claim` of its output, its refusal raised on every rank
-    alike. Returns the :class:`~pipelines.training.records.ownership.Claim` on rank 0, ``None`` elsewhere."""
+    alike, the run's id to every rank under horovodrun's elastic mode (the next call continues it).
+    Returns the :class:`~pipelines.training.records.ownership.Claim` on rank 0, ``None`` elsewhere."""
     import horovod.tensorflow as hvd_tf
 
     claim, error = None, None
@@ -138,7 +140,10 @@ def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str
             error = str(exc)
         for warning in claim.warnings if claim else ():
             log.warning("%s", warning)
-    error = hvd_tf.broadcast_object(error, root_rank=0, name="output_claim")
+    error, run_id = hvd_tf.broadcast_object((error, claim.run.run_id if claim else None), root_rank=0,
+                                            name="output_claim")  # Horovod: rank 0's verdict on every rank
     if error:
         raise runs.RunRefused(error)
+    if elastic.current() is not None:  # every rank keeps it: any survivor may be the next rank 0
+        elastic.current().run_id = run_id
     return claim

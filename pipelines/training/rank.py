@@ -6,11 +6,13 @@ know of this process in the Horovod world.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
+from pipelines.launch import elastic
 from pipelines.launch.rankenv import RankEnvironment, read_rank_environment
 from pipelines.runtime.logs import plural, setup_logging
 from pipelines.runtime.quiet import quiet_by_default, quiet_libraries
@@ -37,40 +39,64 @@ class Rank:
     handed: RankEnvironment = field(default_factory=RankEnvironment)
 
 
+#: what setup_rank sets once per process (TensorFlow keeps it): cores, threads, precision
+_PROCESS: Dict[str, object] = {}
+
+
 def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     """Start this rank: read what its launcher handed it (:func:`pipelines.launch.rankenv.read_rank_environment`,
     the one read of those variables), bind cores (before any thread starts: threads inherit the
     binding), ``hvd.init()``, logging (rank 0 at INFO, others at WARNING; third-party noise as
     ``config.verbose`` says), device placement, TensorFlow threads. Used by the job and by the
-    scaling benchmark, so both train on the same set-up."""
+    scaling benchmark, so both train on the same set-up.
+
+    Under horovodrun's elastic mode it runs again at each call of the training function after a
+    reset (:mod:`pipelines.launch.elastic`): what a process sets once (cores, device, threads,
+    precision: TensorFlow refuses changes once it runs) is kept from the first call; Horovod's
+    world, the logging and the attempts (:meth:`pipelines.launch.elastic.ElasticRun.joined`) are anew."""
     # before TensorFlow loads here: a barrier task's rank inherits its executor's environment, not
     # the driver's set-up, so the rank sets its own noise from its config
     quiet_by_default(config.verbose)
     import horovod.tensorflow.keras as hvd
+
+    handed = read_rank_environment()
+    local_rank, local_size = local_topology()
+    first = not _PROCESS
+    if first:
+        _PROCESS["cores"] = (bind_to_cores(threads_per_rank(config.threads, local_size), announce=False)
+                             if config.bind_cores else None)
+        quiet_libraries(config.verbose)
+        if handed.fault:  # the tests' hook: a rank that starts late
+            from pipelines.training.faults import start_late
+
+            start_late(handed.fault, int(os.environ.get("HOROVOD_RANK", "0")))
+    hvd.init()  # Horovod: the world of this attempt (under elastic mode, of this reset)
+    setup_logging(job, rank=hvd.rank(), level=logging.INFO if hvd.rank() == 0 else logging.WARNING)
+    if first:
+        _place_process(config, handed, hvd.rank() == 0, local_rank, local_size)
+    run = elastic.current()
+    if run is not None:  # after the device is placed: the bookkeeping is a collective
+        handed = dataclasses.replace(handed, attempts=run.joined(hvd.rank(), hvd.size()))
+    return Rank(hvd.rank(), hvd.size(), local_rank, local_size, _PROCESS["threads"], _PROCESS["cores"],
+                _PROCESS["precision"], handed)
+
+
+def _place_process(config: TrainConfig, handed: RankEnvironment, announce: bool, local_rank: int,
+                   local_size: int) -> None:
+    """The process's device (GPU ``local_rank`` or the CPU), precision policy and TensorFlow
+    threads, once, before any tensor exists; kept in :data:`_PROCESS`."""
     import tensorflow as tf
     from pipelines.stack.kerasapi import keras
 
-    handed = read_rank_environment()
-    cores = None
-    if config.bind_cores:
-        cores = bind_to_cores(threads_per_rank(config.threads, local_topology()[1]), announce=False)
-    quiet_libraries(config.verbose)
-    if handed.fault:  # the tests' hook: a rank that starts late
-        from pipelines.training.faults import start_late
-
-        start_late(handed.fault, int(os.environ.get("HOROVOD_RANK", "0")))
-    hvd.init()
-    setup_logging(job, rank=hvd.rank(), level=logging.INFO if hvd.rank() == 0 else logging.WARNING)
-    if cores and hvd.rank() == 0:
+    cores = _PROCESS["cores"]
+    if cores and announce:
         log.info("each rank bound to %s of its own (rank 0: %s)", plural(len(cores), "core"), cores)
-    device = apply_device(hvd.local_rank(), hvd.local_size(), handed.assigned_gpus, announce=hvd.rank() == 0)
+    device = apply_device(local_rank, local_size, handed.assigned_gpus, announce=announce)
     policy, why_not = precision_policy(config.mixed_precision, device.kind)
     if policy != "float32":
         keras.mixed_precision.set_global_policy(policy)
-    if why_not and hvd.rank() == 0:
+    if why_not and announce:
         log.info("%s", why_not)
-    rank = Rank(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
-                threads_per_rank(config.threads, hvd.local_size()), cores, policy, handed)
-    tf.config.threading.set_intra_op_parallelism_threads(rank.threads)
+    _PROCESS.update(threads=threads_per_rank(config.threads, local_size), precision=policy)
+    tf.config.threading.set_intra_op_parallelism_threads(_PROCESS["threads"])
     tf.config.threading.set_inter_op_parallelism_threads(2)
-    return rank

@@ -25,6 +25,7 @@ from pipelines.launch.watchdog import Watchdog
 from pipelines.runtime.logs import plural
 from pipelines.runtime.redact import redact
 from pipelines.io.storage import is_local
+from pipelines.launch import elastic
 from pipelines.training import preemption
 from pipelines.training.config import TrainConfig
 from pipelines.training.data import default_cache_root, verify_total
@@ -143,6 +144,8 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
             callbacks.append(cb.TrackEpochs(tracker))
         callbacks.append(cb.SyncOutputs(plan.outputs))  # after every writer of the epoch's files
     callbacks.append(cb.PreemptAtEpochEnd(guard))  # after rank 0's checkpoint and its upload
+    if elastic.current() is not None:  # horovodrun's elastic mode: new slots join after the checkpoint
+        callbacks.append(cb.HostsUpdateCheck(elastic.current().state))
     # the tests' fault hook, only where they ask for it; its wait for rank 0's marker only where every
     # rank sees rank 0's folder (a local output)
     if rank.handed.stall_timeout_s:  # first and last: each epoch's end is watched as one collective phase
@@ -163,6 +166,7 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
 
     Returns the seconds spent in ``fit``.
     """
+    from pipelines.training.callbacks import stop_watchdogs
     from pipelines.training.segment import in_segment
 
     if resume.finished(config.epochs):
@@ -175,7 +179,7 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
         log.warning("--reader petastorm cannot open its stream at the checkpoint's position: the resumed run "
                     "reads other batches than the interrupted one would have (--reader own resumes exactly)")
     cache_root = config.cache_dir or default_cache_root()
-    callbacks = with_exact_validation(callbacks, inputs, plan.data)
+    watched, callbacks = callbacks, with_exact_validation(callbacks, inputs, plan.data)
     try:
         with inputs.fit_datasets(cache_root, start_row=segments[0].start_row) as (train_ds, val_ds):
             start = time.perf_counter()
@@ -188,6 +192,9 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
                 if inputs.model.stop_training:
                     break
             return time.perf_counter() - start
+    except BaseException:  # fit calls no on_train_end when it raises: its watchdog would outlive it
+        stop_watchdogs(watched)
+        raise
     finally:
         if not config.cache_dir:
             shutil.rmtree(cache_root, ignore_errors=True)
