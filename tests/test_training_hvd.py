@@ -811,11 +811,12 @@ def test_petastorm_on_s3_reads_each_rank_the_shard_of_the_local_rule(dataset, s3
     import warnings
     from petastorm import make_batch_reader
     from pipelines.training.data import OnePassShard, load_dataset
+    from pipelines.training.data.petastorm.legacy_fs import petastorm_filesystem, split_urls
     warnings.simplefilter("ignore", FutureWarning)
     remote, local = load_dataset(s3_data[0], 2), load_dataset(dataset[0], 2)
     assert remote.root == s3_data[0] and all(not p.local for p in remote.parts("train"))
     for shard in range(2):
-        with make_batch_reader(remote.split_urls("train"), filesystem=remote.petastorm_filesystem(),
+        with make_batch_reader(split_urls(remote, "train"), filesystem=petastorm_filesystem(remote),
                                schema_fields=["image", "label"], cur_shard=shard, shard_count=2, num_epochs=1,
                                shuffle_row_groups=False, reader_pool_type="dummy") as reader:
             got = sorted(hashlib.sha1(image).hexdigest() for batch in reader for image in batch.image)
