@@ -59,6 +59,7 @@ HISTORY = "history.csv"
 CLASS_NAMES = "class_names.json"
 TENSORBOARD = "tensorboard"  # a folder: TensorBoard's event files
 TRAIN_RUN = "train_run.json"  # which training run the output belongs to (pipelines/training/records/ownership.py)
+PROGRESS = "progress.json"  # the last step rank 0 saw end (pipelines/training/records/progress.py): steps redone
 CHECKPOINT_WEIGHTS = "checkpoint-{epoch}.npz"  # epoch N's trainable weights and optimizer state
 CHECKPOINT_MARKER = "checkpoint-{epoch}.json"  # its completion marker, written after the weights
 # a checkpoint within epoch N (1-based), after its STEP-th training step (1-based, fewer than the epoch's)

@@ -178,16 +178,17 @@ def test_segments_of_a_run_started_resumed_elsewhere_and_relaunched():
     assert first == [{"world_size": 2, "per_rank_batches": [4, 4], "from_epoch": 1, "from_step": 1,
                       "reason": "start"}]
     marker = {"epoch": 1, "step": 3, "segments": first}  # a step checkpoint after step 3 of epoch 2
-    second = worldsegments.run_segments(marker, world, 1, "resume")
+    second = worldsegments.run_segments(marker, world, 1, "resume", redone=2)
     assert second[-1] == {"world_size": 1, "per_rank_batches": [8], "from_epoch": 2, "from_step": 4,
-                          "reason": "resume"}
+                          "reason": "resume", "steps_redone": 2}
     third = worldsegments.run_segments({"epoch": 2, "segments": second}, world, 3, "relaunch")
     assert third[:2] == second and third[-1]["from_epoch"] == 3 and third[-1]["from_step"] == 1
     assert third[-1]["per_rank_batches"] == [2, 3, 3] and worldsegments.interruptions(third) == 2
     assert worldsegments.segment_params(third) == {
         "segment.1": "world size 2 (per-rank batches 4, 4) from epoch 1, step 1 (start)",
-        "segment.2": "world size 1 (per-rank batches 8) from epoch 2, step 4 (resume)",
-        "segment.3": "world size 3 (per-rank batches 2, 3, 3) from epoch 3, step 1 (relaunch)"}
+        "segment.2": "world size 1 (per-rank batches 8) from epoch 2, step 4 (resume, 2 steps redone)",
+        "segment.3": "world size 3 (per-rank batches 2, 3, 3) from epoch 3, step 1 (relaunch, steps redone not known)"}
+    assert worldsegments.steps_redone(third) == 2 and worldsegments.steps_redone(first) == 0
     # a marker written before segments were recorded: its run began on the data world
     assert worldsegments.run_segments({"epoch": 2}, world, 1, "resume")[0] == first[0]
     assert [worldsegments.reason_of(r, l) for r, l in ((False, False), (True, False), (False, True))] == \

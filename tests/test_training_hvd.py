@@ -1168,18 +1168,25 @@ def assert_same_run(out, reference):
 
 @pytest.mark.current
 def test_a_run_killed_within_an_epoch_resumes_at_that_step_bit_for_bit(dataset, uninterrupted, tmp_path):
-    """Rank 0 SIGKILLed after step 3 of epoch 2 (its step checkpoint written); --resume continues
-    from that step, each rank's stream opened at its row, and ends as the run that went through."""
-    data, _ = dataset
+    """Rank 0 SIGKILLed after step 3 of epoch 2, its step checkpoints every S + 2 steps (after
+    epoch 2's step 2 the newest); --resume continues from step 2, each rank's stream opened at its row, redoes step
+    3 (recorded: 1 step redone) and ends as the run that went through."""
+    data, manifest = dataset
     out = str(tmp_path / "out")
-    killed = train(data, out, *PREEMPTIBLE, env={"PIPELINES_FAULT_INJECT": "rank=0,epoch=2,step=3,mode=kill"})
+    steps_per_epoch = manifest["splits"]["train"]["rows"] // (2 * 4)  # 2 ranks of --batch-size 4
+    # a step checkpoint after the run's step S + 2 (epoch 2's step 2) and none after step 3
+    every_2 = (*PREEMPTIBLE, "--checkpoint-every-steps", str(steps_per_epoch + 2))
+    killed = train(data, out, *every_2, env={"PIPELINES_FAULT_INJECT": "rank=0,epoch=2,step=3,mode=kill"})
     assert killed.returncode != 0, killed.stderr[-3000:]
     assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == \
-        ["checkpoint-1.json", "checkpoint-1.npz", "checkpoint-2-step-3.json", "checkpoint-2-step-3.npz"]
-    resumed = train(data, out, *PREEMPTIBLE, "--resume")
+        ["checkpoint-1.json", "checkpoint-1.npz", "checkpoint-2-step-2.json", "checkpoint-2-step-2.npz"]
+    resumed = train(data, out, *every_2, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming within epoch 2, after step 3" in resumed.stdout + resumed.stderr
-    assert (metrics(out)["resumed_after_epoch"], metrics(out)["resumed_after_step"]) == (1, 3)
+    assert "resuming within epoch 2, after step 2" in resumed.stdout + resumed.stderr
+    assert "from epoch 2, step 3 (resume, 1 step redone)" in resumed.stdout + resumed.stderr
+    m = metrics(out)
+    assert (m["resumed_after_epoch"], m["resumed_after_step"], m["steps_redone"]) == (1, 2, 1)
+    assert m["segments"][-1]["steps_redone"] == 1
     assert_same_run(out, uninterrupted)
 
 
@@ -1202,7 +1209,10 @@ def test_sigterm_to_one_rank_checkpoints_every_rank_at_the_next_step_exits_76_an
     resumed = train(data, out, *PREEMPTIBLE, "--tracking", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming within epoch 2, after step 3" in resumed.stdout + resumed.stderr
-    assert mlflow_run(out)[1].info.status == "FINISHED"
+    run = mlflow_run(out)[1]
+    assert run.info.status == "FINISHED"
+    # the notice's step was checkpointed: nothing trained twice, said in the run's metrics
+    assert (metrics(out)["steps_redone"], run.data.metrics["steps_redone"], run.data.metrics["interruptions"]) == (0, 0, 1)
     assert_same_run(out, uninterrupted)
 
 
@@ -1250,8 +1260,9 @@ def test_a_run_continues_on_one_rank_then_on_three_with_the_same_rows_at_every_s
     assert "per-rank batches 2, 3, 3 (rows weighted 0.75, 1.125, 1.125)" in grown.stdout + grown.stderr
     m, ref = metrics(out), metrics(reference)
     assert (m["world_size"], m["data_world_size"], m["per_rank_batches"], m["interruptions"]) == (3, 2, [2, 3, 3], 2)
-    assert [(s["world_size"], s["per_rank_batches"], s["from_epoch"], s["from_step"], s["reason"]) for s in m["segments"]] \
-        == [(2, [4, 4], 1, 1, "start"), (1, [8], 2, 4, "resume"), (3, [2, 3, 3], 3, 3, "resume")]
+    assert [(s["world_size"], s["per_rank_batches"], s["from_epoch"], s["from_step"], s["reason"], s.get("steps_redone"))
+            for s in m["segments"]] \
+        == [(2, [4, 4], 1, 1, "start", None), (1, [8], 2, 4, "resume", 0), (3, [2, 3, 3], 3, 3, "resume", 0)]
     for key in ("global_batch_size", "steps_per_epoch", "learning_rate"):
         assert m[key] == ref[key], key
     assert [h["lr"] for h in m["history"]] == [h["lr"] for h in ref["history"]]  # the warmup of the data world

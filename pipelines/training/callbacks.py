@@ -13,6 +13,7 @@ from pipelines.training.divergence import (TrainingDiverged, diverged_message, e
                                            non_finite_logs, step_place)
 from pipelines.training.model.checkpoints import checkpoint_variables
 from pipelines.training.preemption import Preempted, holding
+from pipelines.training.records import progress
 from pipelines.training.schedule import marker_path
 
 log = logging.getLogger("pipelines")
@@ -269,6 +270,29 @@ class TrackEpochs(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.tracker.log_epoch(epoch + 1, logs or {})
+
+
+class ProgressMark(keras.callbacks.Callback):
+    """Rank 0, after each training step: the run's newest step in its output folder
+    (:func:`pipelines.training.records.progress.write_mark`), so that a run continued from a
+    checkpoint knows the steps it trains again; uploaded to a URI ``--output`` (``outputs``, a
+    :class:`pipelines.training.records.mirror.Outputs`) at most every ``every_s`` seconds."""
+
+    def __init__(self, folder: str, run_id: str, outputs=None, every_s: float = progress.UPLOAD_EVERY_S,
+                 clock=time.monotonic):
+        super().__init__()
+        self.folder, self.run_id, self.outputs, self.every_s, self.clock = folder, run_id, outputs, every_s, clock
+        self._epoch, self._uploaded = 0, clock()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch  # epochs done before this one
+
+    def on_train_batch_end(self, batch, logs=None):
+        name = os.path.basename(progress.write_mark(self.folder, self.run_id, self._epoch, batch + 1))
+        now = self.clock()
+        if self.outputs is not None and now - self._uploaded >= self.every_s:
+            self._uploaded = now
+            self.outputs.upload(name)
 
 
 class SyncOutputs(keras.callbacks.Callback):

@@ -42,6 +42,7 @@ from pipelines.training.data.readers import open_reader, row_groups_of
 from pipelines.training.data.stream import aligned_empty, feature_batches, stream_batches
 from pipelines.training.data.tfdata import make_dataset, shard_stream, to_device, weighted
 from pipelines.training.dataworld import DataWorld, RankShare
+from pipelines.training.records import progress
 from pipelines.training.records import segments as worldsegments
 
 log = logging.getLogger("pipelines")
@@ -67,10 +68,18 @@ def agree_data_world(config, rank, claim) -> DataWorld:
 def with_segments(config, rank, plan, resume):
     """``plan`` (the job's :class:`~pipelines.training.plan.RunPlan`) with the run's segments
     (:func:`pipelines.training.records.segments.run_segments`): those the checkpoint ``resume``
-    continues (a :class:`pipelines.training.resume.Resume`) records, then this launch's; rank 0
-    says where a continued run's segment begins."""
+    continues (a :class:`pipelines.training.resume.Resume`) records, then this launch's, with the
+    steps it trains again (rank 0's :func:`pipelines.training.records.progress.steps_redone`, sent
+    to every rank); rank 0 says where a continued run's segment begins."""
+    import horovod.tensorflow as hvd_tf
+
     reason = worldsegments.reason_of(config.resume, rank.handed.relaunched)
-    segments = worldsegments.run_segments(resume.marker, plan.world, rank.size, reason)
+    redone = None
+    if rank.rank == 0 and resume.marker:
+        redone = progress.steps_redone(progress.read_mark(plan.output_dir), resume.marker,
+                                       plan.steps.steps_per_epoch, plan.claim.run.run_id)
+    redone = hvd_tf.broadcast_object(redone, root_rank=0, name="steps_redone")  # Horovod: rank 0's figure
+    segments = worldsegments.run_segments(resume.marker, plan.world, rank.size, reason, redone)
     if rank.rank == 0 and len(segments) > 1:
         log.info("segment %d of training run %s: %s", len(segments), plan.claim.run.run_id,
                  worldsegments.describe(segments[-1]))

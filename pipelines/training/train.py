@@ -133,6 +133,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
 
         directory = plan.output_dir
         callbacks += [
+            cb.ProgressMark(directory, plan.claim.run.run_id, plan.outputs),  # the newest step: steps redone
             EpochProgress(plan.steps.steps_per_epoch, plan.steps.global_batch),  # rank 0 alone shows progress
             checkpoints,
             cb.EpochCSVLogger(os.path.join(directory, HISTORY), append=bool(resume.marker)),

@@ -24,7 +24,7 @@ import tempfile
 from typing import Dict, Mapping, Optional, Tuple
 
 from pipelines.io.atomic import write_json
-from pipelines.contract import CHECKPOINT_NAME, HISTORY, METRICS, TRAIN_RUN, plain_name
+from pipelines.contract import CHECKPOINT_NAME, HISTORY, METRICS, PROGRESS, TRAIN_RUN, plain_name
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 from pipelines.io.storage import Location, check_reachable, resolve
@@ -33,7 +33,7 @@ from pipelines.training.records import ownership as runs
 from pipelines.training.schedule import checkpoint_markers, checkpoint_path, marker_weights
 
 log = logging.getLogger("pipelines")
-RESUME_FILES = (HISTORY, RUN_FILE)  # what a resumed run appends to or continues
+RESUME_FILES = (HISTORY, RUN_FILE, PROGRESS)  # what a resumed run appends to, continues or reads
 
 
 def check_output(output: str, storage_options: Optional[Mapping[str, str]] = None) -> Location:
@@ -128,6 +128,12 @@ class Outputs:
             self.remote.join(*name.split("/")).upload(os.path.join(self.local, name))
             self._remember(name)
         self._prune_remote()
+
+    def upload(self, name: str) -> None:
+        """Upload the one file ``name`` of :attr:`local` (a plain name) now; nothing for a local output."""
+        if self.remote is not None:
+            self.remote.join(plain_name(name, "a file to upload")).upload(os.path.join(self.local, name))
+            self._remember(name)
 
     def finish(self, last: str = METRICS) -> str:
         """Upload what is left (``last`` last) and remove the local folder. Returns the output's URI."""

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
 from pipelines.contract import (CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT,
-                                MANIFEST, MODEL_FILE, TENSORBOARD, TRAIN_RUN, plain_name)
+                                MANIFEST, MODEL_FILE, PROGRESS, TENSORBOARD, TRAIN_RUN, plain_name)
 from pipelines.manifest import manifest_sha256
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
@@ -55,7 +55,8 @@ FINGERPRINT_FIELDS = ("backbone", "weights", "image_size", "dropout", "seed", "b
                       "fine_tune_blocks", "fine_tune_lr", "fp16_allreduce", "mixed_precision")
 #: What a run writes in its output besides checkpoints (named in its record; ``--overwrite`` of a
 #: later run deletes these and nothing else). A folder: TENSORBOARD.
-RUN_FILES = (MODEL_FILE, MODEL_CONTRACT, METRICS, HISTORY, CLASS_NAMES, *PICTURES.values(), RUN_FILE, TENSORBOARD)
+RUN_FILES = (MODEL_FILE, MODEL_CONTRACT, METRICS, HISTORY, CLASS_NAMES, *PICTURES.values(), RUN_FILE, TENSORBOARD,
+             PROGRESS)
 
 
 class RunRefused(Refused):

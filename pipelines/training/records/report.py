@@ -25,7 +25,7 @@ from pipelines.training.config import TrainConfig
 from pipelines.training.data import OnePassShard
 from pipelines.training.model.export import export_model
 from pipelines.training.resume import Resume, weights_checksum
-from pipelines.training.records.segments import interruptions
+from pipelines.training.records.segments import interruptions, steps_redone
 
 log = logging.getLogger("pipelines")
 
@@ -54,6 +54,7 @@ def build_report(config: TrainConfig, rank, plan, phases: List, resume: Resume) 
         "per_rank_batches": plan.world.per_rank_batches(rank.size),
         "segments": list(plan.segments),
         "interruptions": interruptions(list(plan.segments)),
+        "steps_redone": steps_redone(list(plan.segments)),  # steps trained twice: pipelines/training/records/progress.py
         "steps_per_epoch": steps.steps_per_epoch,
         "validation_steps": steps.validation_steps,
         "learning_rate": plan.lr,
@@ -159,7 +160,7 @@ def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker, di
                         if k in ("loss", "accuracy", "count") and v is not None},
                      "epochs_run": report["epochs_run"], "best_epoch": report["best_epoch"],
                      "stopped_early": int(report["stopped_early"]), "attempts": len(report["attempts"]),
-                     "interruptions": report["interruptions"],
+                     "interruptions": report["interruptions"], "steps_redone": report["steps_redone"],
                      "steady_train_images_per_second": report["train_images_per_second"],
                      "fit_seconds": report["fit_seconds"], "total_seconds": report["total_seconds"]},
             artifacts=[(os.path.join(directory, name), None) for name in OUTPUT_ARTIFACTS]
