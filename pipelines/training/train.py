@@ -10,7 +10,6 @@ an object from :mod:`pipelines.training.inputs`; nothing else here depends on wh
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import shutil
@@ -28,6 +27,7 @@ from pipelines.io.storage import is_local
 from pipelines.launch import elastic
 from pipelines.training import preemption
 from pipelines.training.config import TrainConfig
+from pipelines.training.context import RankContext
 from pipelines.training.data import default_cache_root, verify_total
 from pipelines.training.evaluate import allreduce_totals, with_exact_validation
 from pipelines.training.inputs import ImageInputs, make_inputs
@@ -89,13 +89,12 @@ def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
             "data.num_classes": data.num_classes}
 
 
-def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resume,
-                   frozen_sha256: Optional[str] = None, tracker=None, marker: Optional[Dict] = None):
+def make_callbacks(context: RankContext, resume: Resume, marker: Optional[Dict] = None):
     """Horovod's broadcast, metric averaging and warmup, epoch statistics, the divergence check
     (:class:`~pipelines.training.callbacks.DivergenceGuard`) and early stopping on every rank;
     progress lines within each epoch (:class:`~pipelines.training.epochprogress.EpochProgress`),
     checkpoints, their markers (with ``marker``'s items: the phase), ``history.csv``,
-    TensorBoard and each epoch's metrics to ``tracker`` (MLflow, when given) on rank 0 only.
+    TensorBoard and each epoch's metrics to the context's tracker (MLflow, when on) on rank 0 only.
 
     Returns ``(callbacks, early_stopping, epoch_stats)``.
     """
@@ -106,6 +105,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     from pipelines.training.checkpointer import CheckpointMarker, Interval
     from pipelines.training.faults import FaultInjection
 
+    config, rank, plan = context.config, context.rank, context.plan
     early_stopping = cb.BestWeightsEarlyStopping(
         state=resume.marker["early_stopping"] if resume.marker else None, best_weights=resume.best_weights,
         monitor="val_accuracy", patience=config.patience, min_delta=config.min_delta, verbose=0)
@@ -119,7 +119,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     checkpoints = None
     if rank.rank == 0:
         checkpoints = CheckpointMarker(
-            plan.output_dir, early_stopping, resume.history, frozen_sha256,
+            plan.output_dir, early_stopping, resume.history, context.frozen_sha256,
             {**(marker or {"phase": 1}), "run": plan.claim.run.record(), "segments": list(plan.segments)},
             Interval(config.checkpoint_every_steps, config.checkpoint_every_minutes, plan.steps.steps_per_epoch),
             plan.outputs)
@@ -140,8 +140,8 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
         if config.tensorboard:
             callbacks.append(keras.callbacks.TensorBoard(os.path.join(directory, TENSORBOARD),
                                                             profile_batch=config.profile_batch))
-        if tracker is not None:
-            callbacks.append(cb.TrackEpochs(tracker))
+        if context.tracker is not None:
+            callbacks.append(cb.TrackEpochs(context.tracker))
         callbacks.append(cb.SyncOutputs(plan.outputs))  # after every writer of the epoch's files
     callbacks.append(cb.PreemptAtEpochEnd(guard))  # after rank 0's checkpoint and its upload
     if elastic.current() is not None:  # horovodrun's elastic mode: new slots join after the checkpoint
@@ -157,8 +157,7 @@ def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     return callbacks, early_stopping, epoch_stats
 
 
-def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume, callbacks,
-          first_epoch: int = 0) -> float:
+def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: int = 0) -> float:
     """``fit`` from ``resume``'s position (an epoch's end, or a step within an epoch) on the input
     path's datasets (readers live for the whole run), each rank's stream opened at that position
     (:func:`pipelines.training.schedule.fit_segments`; ``first_epoch``: where the phase's stream
@@ -169,6 +168,7 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
     from pipelines.training.callbacks import stop_watchdogs
     from pipelines.training.segment import in_segment
 
+    config, rank, plan = context.config, context.rank, context.plan
     if resume.finished(config.epochs):
         inputs.model.set_weights(resume.best_weights)
         return 0.0
@@ -200,7 +200,7 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
             shutil.rmtree(cache_root, ignore_errors=True)
 
 
-def evaluate(inputs, plan: RunPlan, split: str = TEST):
+def evaluate(context: RankContext, inputs, split: str = TEST):
     """Exact totals of the trained model over the whole ``split``: the test split, read once, after
     the epoch was chosen on validation (or the validation split, for phase 1 of a fine-tuning
     run, whose test is read after phase 2 only): each rank reads its shard once (count checked
@@ -214,7 +214,7 @@ def evaluate(inputs, plan: RunPlan, split: str = TEST):
         pipelines.training.data.errors.ShardCountError: a count differs from the metadata or manifest.
     """
     totals = allreduce_totals(inputs.evaluate_shard(inputs.model, split))
-    verify_total(totals.count, plan.data, split)
+    verify_total(totals.count, context.plan.data, split)
     return totals
 
 
@@ -225,8 +225,9 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     so that every relaunch is the same run; ``None``: rank 0 makes one (or keeps the resumed run's).
 
     Must be called once per process, by every rank (``horovodrun -np N``, Spark barrier tasks, or
-    a single process, which is a world of size 1). With ``--fine-tune-blocks N``, the head phase is
-    followed by the fine-tuning phase (:func:`fine_tune`).
+    a single process, which is a world of size 1). The set-up steps make the rank's
+    :class:`~pipelines.training.context.RankContext`, built once; every step after takes it. With
+    ``--fine-tune-blocks N``, the head phase is followed by the fine-tuning phase (:func:`fine_tune`).
 
     Raises:
         pipelines.training.data.errors.DataError: the dataset cannot feed this run.
@@ -243,74 +244,71 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
         inputs = resized_inputs(inputs, plan.world, rank.rank, rank.size, announce=rank.rank == 0)
         compile_distributed(inputs.model, plan.lr, config.fp16_allreduce, config.xla_on)
         frozen_sha256 = frozen_checksum(full_model)
-        resume = restore(config, inputs.model, rank, frozen_sha256, plan.output_dir, plan.claim)
+        resume = restore(config, rank, plan, inputs.model, frozen_sha256)
         plan = with_segments(config, rank, plan, resume)  # this launch's world and where it begins
         with start_tracking(config, rank, plan, resume) as tracker:  # rank 0's MLflow run, ended on leaving
+            context = RankContext(config, rank, plan, frozen_sha256, tracker)
             seconds_before_fit = time.perf_counter() - start
-            phases = [head_phase(config, rank, plan, inputs, resume, frozen_sha256, tracker)]
+            phases = [head_phase(context, inputs, resume)]
             if config.fine_tune_blocks:
-                phases.append(fine_tune(config, rank, plan, phases[0], resume, frozen_sha256, tracker))
-            report = build_report(config, rank, plan, phases, resume)
+                phases.append(fine_tune(context, phases[0], resume))
+            report = build_report(context, phases, resume)
             report.update(seconds_before_fit=seconds_before_fit, fit_seconds=sum(p.fit_seconds for p in phases),
                           total_seconds=time.perf_counter() - start)
             if rank.rank == 0:
-                save_outputs(config, report, phases[-1].inputs.exported_model(), plan.data, phases[-1].totals, tracker,
-                             plan.output_dir)
+                save_outputs(context, report, phases[-1])
     if rank.rank == 0:
         plan.outputs.finish()  # a URI --output: the rest uploaded, metrics.json last
     return report
 
 
-def head_phase(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume, frozen_sha256: str,
-               tracker=None):
+def head_phase(context: RankContext, inputs, resume: Resume):
     """Phase 1, the head on the frozen backbone: callbacks, ``fit`` from ``resume``'s epoch, exact
     evaluation (of the test split; of the validation split when fine-tuning follows, so that the
     test split is read once, at the end). Skipped when ``resume`` is in phase 2 (its outcome is in
     the checkpoint's marker). Returns a :class:`pipelines.training.model.finetune.Phase`."""
     if resume.phase == 2:
         return Phase(inputs, None, 0, 0.0, None, resume)
-    callbacks, early_stopping, epoch_stats = make_callbacks(config, rank, plan, resume, frozen_sha256, tracker)
-    fit_seconds = train(config, rank, plan, inputs, resume, callbacks)
-    totals = evaluate(inputs, plan, VALIDATION if config.fine_tune_blocks else TEST)
+    callbacks, early_stopping, epoch_stats = make_callbacks(context, resume)
+    fit_seconds = train(context, inputs, resume, callbacks)
+    totals = evaluate(context, inputs, VALIDATION if context.config.fine_tune_blocks else TEST)
     return Phase(inputs, early_stopping, epoch_stats.epochs_run, fit_seconds, totals, resume)
 
 
-def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Resume, frozen_sha256: str, tracker):
+def fine_tune(context: RankContext, first, resume: Resume):
     """Phase 2 on every rank: from phase 1's best weights (or, resuming in phase 2, from its newest
-    checkpoint), the top ``config.fine_tune_blocks`` blocks unfrozen, recompiled with
+    checkpoint), the top ``--fine-tune-blocks`` blocks unfrozen, recompiled with
     :func:`~pipelines.training.model.finetune.phase2_lr`, trained on images with the job's callbacks and
-    evaluated exactly.
+    evaluated exactly, on the phase's own context (:meth:`~pipelines.training.context.RankContext.for_phase`).
 
     Returns the phase's :class:`~pipelines.training.model.finetune.Phase`, with ``report`` for
     ``metrics.json``'s ``fine_tune`` (the recipe and its arithmetic: :mod:`pipelines.training.model.finetune`).
     """
     import horovod.tensorflow as hvd_tf
 
+    config, rank, plan = context.config, context.rank, context.plan
     record = phase1_record(first, resume)
     lr = phase2_lr(plan.lr, config.fine_tune_lr)
-    model = phase1_best(first, resume, rank, plan.output_dir)
+    model = phase1_best(context, first, resume)
     layers = unfreeze(model, config.backbone, config.fine_tune_blocks)
     compile_distributed(model, lr, config.fp16_allreduce, config.xla_on)
-    second = phase2_resume(config, rank, model, resume, record, plan.output_dir)
+    second = phase2_resume(context, model, resume, record)
     if rank.rank == 0:
         log.info("fine-tuning: top %s of %s unfrozen (%s with weights, %s), on images; lr %g = %g x %g; "
                  "epochs %d..%d", plural(config.fine_tune_blocks, "block"), config.backbone,
                  plural(len(layers), "layer"), plural(trainable_parameters(model), "trainable parameter"), lr,
                  config.fine_tune_lr, plan.lr,
                  record["epochs"] + 1, record["epochs"] + config.fine_tune_max_epochs)
-    phase_config = dataclasses.replace(config, warmup_epochs=0.0,
-                                       epochs=record["epochs"] + config.fine_tune_max_epochs)
-    phase_plan = dataclasses.replace(plan, lr=lr)
+    phase = context.for_phase(record["epochs"] + config.fine_tune_max_epochs, lr)
     inputs = resized_inputs(ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.input_size), plan.world,
                             rank.rank, rank.size)
     marker = {"phase": 2, "blocks": config.fine_tune_blocks, "phase1": record}
-    callbacks, early_stopping, epoch_stats = make_callbacks(phase_config, rank, phase_plan, second, frozen_sha256,
-                                                            tracker, marker=marker)
-    seconds = train(phase_config, rank, phase_plan, inputs, second, callbacks, first_epoch=record["epochs"])
-    totals = evaluate(inputs, plan)
+    callbacks, early_stopping, epoch_stats = make_callbacks(phase, second, marker=marker)
+    seconds = train(phase, inputs, second, callbacks, first_epoch=record["epochs"])
+    totals = evaluate(context, inputs)
     report = {"blocks": config.fine_tune_blocks, "layers": layers, "trainable_parameters": trainable_parameters(model),
               "learning_rate": lr, "lr_factor": config.fine_tune_lr, "first_epoch": record["epochs"] + 1,
-              "phase1": record, "epochs_planned": phase_config.epochs,
+              "phase1": record, "epochs_planned": phase.config.epochs,
               "resumed_in_phase_2": resume.phase == 2,
               "non_trainable_sha256_per_rank": hvd_tf.allgather_object(frozen_checksum(model), name="phase2_frozen")}
     return Phase(inputs, early_stopping, epoch_stats.epochs_run, seconds, totals, second, report)
