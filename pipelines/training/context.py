@@ -46,5 +46,6 @@ class RankContext:
     def for_phase(self, epochs: int, lr: float) -> "RankContext":
         """This context for fine-tuning's phase: ``epochs`` in all (phase 1's and phase 2's), no
         warmup, learning rate ``lr`` (phase 2's, :func:`~pipelines.training.model.finetune.phase2_lr`)."""
-        return dataclasses.replace(self, config=dataclasses.replace(self.config, warmup_epochs=0.0, epochs=epochs),
+        fit = dataclasses.replace(self.config.fit, warmup_epochs=0.0, epochs=epochs)
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, fit=fit),
                                    plan=dataclasses.replace(self.plan, lr=lr))

@@ -70,20 +70,21 @@ def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> R
     this run (``run_id``: the launching driver's, the same in every relaunch; ``None``: a new one,
     or the resumed run's), with ``--overwrite`` deleting what the earlier run recorded, with
     ``--resume`` on a URI output downloading the checkpoint it continues."""
-    data = load_dataset(config.data, rank.size, config.storage_options)
-    check_output(config.output, config.storage_options)
-    outputs = open_outputs(config.output, config.storage_options) if rank.rank == 0 else None
+    data = load_dataset(config.loader.data, rank.size, config.storage_options)
+    check_output(config.outputs.output, config.storage_options)
+    outputs = open_outputs(config.outputs.output, config.storage_options) if rank.rank == 0 else None
     claim = _claim_output(config, rank, outputs, run_id)
     world = agree_data_world(config, rank, claim)  # Horovod: rank 0's, on every rank
-    plan = RunPlan(data, plan_steps(data.train_rows, data.validation_rows, config.batch_size, world.size),
-                   scaled_lr(config.base_lr, world.size), config.input_size(data.stored_size), outputs, claim, world)
+    plan = RunPlan(data, plan_steps(data.train_rows, data.validation_rows, config.fit.batch_size, world.size),
+                   scaled_lr(config.fit.base_lr, world.size), config.model.input_size(data.stored_size), outputs, claim,
+                   world)
     if rank.rank == 0:
         s = plan.steps
         log.info("world size %d, %s per rank; batch %d per rank, global batch %d; %s per epoch, %s; "
-                 "lr %g = %g x %d; training run %s", rank.size, plural(rank.threads, "thread"), config.batch_size,
+                 "lr %g = %g x %d; training run %s", rank.size, plural(rank.threads, "thread"), config.fit.batch_size,
                  s.global_batch, plural(s.steps_per_epoch, "step"), plural(s.validation_steps, "validation step"),
-                 plan.lr, config.base_lr, world.size, claim.run.run_id)
-        outputs.adopt(claim, config.data)
+                 plan.lr, config.fit.base_lr, world.size, claim.run.run_id)
+        outputs.adopt(claim, config.loader.data)
     return plan
 
 
@@ -134,8 +135,8 @@ def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str
     if rank.rank == 0:
         target = outputs.remote or resolve(outputs.local)
         try:
-            claim = runs.claim(target, runs.identify(config, rank.size, run_id), config.resume,
-                               rank.handed.relaunched, config.overwrite)
+            claim = runs.claim(target, runs.identify(config, rank.size, run_id), config.outputs.resume,
+                               rank.handed.relaunched, config.outputs.overwrite)
         except runs.RunRefused as exc:
             error = str(exc)
         for warning in claim.warnings if claim else ():

@@ -63,8 +63,8 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     local_rank, local_size = local_topology()
     first = not _PROCESS
     if first:
-        _PROCESS["cores"] = (bind_to_cores(threads_per_rank(config.threads, local_size), announce=False)
-                             if config.bind_cores else None)
+        _PROCESS["cores"] = (bind_to_cores(threads_per_rank(config.compute.threads, local_size), announce=False)
+                             if config.compute.bind_cores else None)
         quiet_libraries(config.verbose)
         if handed.fault:  # the tests' hook: a rank that starts late
             from pipelines.training.faults import start_late
@@ -92,11 +92,11 @@ def _place_process(config: TrainConfig, handed: RankEnvironment, announce: bool,
     if cores and announce:
         log.info("each rank bound to %s of its own (rank 0: %s)", plural(len(cores), "core"), cores)
     device = apply_device(local_rank, local_size, handed.assigned_gpus, announce=announce)
-    policy, why_not = precision_policy(config.mixed_precision, device.kind)
+    policy, why_not = precision_policy(config.compute.mixed_precision, device.kind)
     if policy != "float32":
         keras.mixed_precision.set_global_policy(policy)
     if why_not and announce:
         log.info("%s", why_not)
-    _PROCESS.update(threads=threads_per_rank(config.threads, local_size), precision=policy)
+    _PROCESS.update(threads=threads_per_rank(config.compute.threads, local_size), precision=policy)
     tf.config.threading.set_intra_op_parallelism_threads(_PROCESS["threads"])
     tf.config.threading.set_inter_op_parallelism_threads(2)

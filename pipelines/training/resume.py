@@ -76,23 +76,23 @@ def restore(config: TrainConfig, rank, plan, model, frozen_sha256: Optional[str]
     """
     import horovod.tensorflow as hvd_tf
 
-    resuming = config.resume or rank.handed.relaunched
+    resuming = config.outputs.resume or rank.handed.relaunched
     directory, claim = plan.output_dir, plan.claim
     marker = claim.marker if (claim is not None and resuming) else None  # only this run's own (runs.claim)
     marker = hvd_tf.broadcast_object(marker, root_rank=0, name="resume_marker")
     if not marker:
         if resuming and rank.rank == 0:
-            log.info("--resume: no complete checkpoint in %s, starting from epoch 1", config.output)
+            log.info("--resume: no complete checkpoint in %s, starting from epoch 1", config.outputs.output)
         return Resume()
     if marker.get("frozen_sha256") != frozen_sha256:
-        raise Refused(f"--resume: checkpoint {marker['weights']} in {config.output} was trained on other frozen "
-                      f"weights (sha256 {str(marker.get('frozen_sha256'))[:12]}, these are {frozen_sha256[:12]}): "
-                      f"use the same --weights, or start afresh without --resume")
+        raise Refused(f"--resume: checkpoint {marker['weights']} in {config.outputs.output} was trained on other "
+                      f"frozen weights (sha256 {str(marker.get('frozen_sha256'))[:12]}, these are "
+                      f"{frozen_sha256[:12]}): use the same --weights, or start afresh without --resume")
     if marker.get("phase", 1) == 2:  # phase 1 is over: fine-tuning loads its own state (fine_tune)
-        if marker.get("blocks") != config.fine_tune_blocks:
-            raise Refused(f"--resume: checkpoint {marker['weights']} in {config.output} is of the fine-tuning "
+        if marker.get("blocks") != config.model.fine_tune_blocks:
+            raise Refused(f"--resume: checkpoint {marker['weights']} in {config.outputs.output} is of the fine-tuning "
                           f"phase with --fine-tune-blocks {marker.get('blocks')}, this run has "
-                          f"{config.fine_tune_blocks}: give the same value, or start afresh without --resume")
+                          f"{config.model.fine_tune_blocks}: give the same value, or start afresh without --resume")
         return Resume(marker, history=list(marker["history"]))
     build_optimizer(model)
     best_weights = None

@@ -55,7 +55,8 @@ def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     Raises:
         pipelines.tracking.TrackingUnavailable: on every rank, when rank 0 cannot use the store.
     """
-    if not config.tracking:
+    options = config.outputs
+    if not options.tracking:
         yield None
         return
     import horovod.tensorflow as hvd_tf
@@ -63,8 +64,8 @@ def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     tracker, error = None, None
     if rank.rank == 0:
         try:
-            tracker = tracking.start(config.tracking_uri, config.experiment, plan.output_dir, config.run_name,
-                                     run_params(config, rank, plan), {"stage": "train", "output": config.output},
+            tracker = tracking.start(options.tracking_uri, options.experiment, plan.output_dir, options.run_name,
+                                     run_params(config, rank, plan), {"stage": "train", "output": options.output},
                                      continue_run=bool(resume.marker))
         except tracking.TrackingUnavailable as exc:
             error = str(exc)
@@ -108,20 +109,22 @@ def make_callbacks(context: RankContext, resume: Resume, marker: Optional[Dict] 
     config, rank, plan = context.config, context.rank, context.plan
     early_stopping = cb.BestWeightsEarlyStopping(
         state=resume.marker["early_stopping"] if resume.marker else None, best_weights=resume.best_weights,
-        monitor="val_accuracy", patience=config.patience, min_delta=config.min_delta, verbose=0)
+        monitor="val_accuracy", patience=config.fit.patience, min_delta=config.fit.min_delta, verbose=0)
     epoch_stats = cb.EpochStats(plan.steps.steps_per_epoch, plan.steps.global_batch)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), epoch_stats,
                  hvd.callbacks.MetricAverageCallback()]
-    if config.warmup_epochs > 0:  # Horovod's warmup, with the data world's size for hvd.size()
+    if config.fit.warmup_epochs > 0:  # Horovod's warmup, with the data world's size for hvd.size()
         from pipelines.training.warmup import DataWorldWarmup
 
-        callbacks.append(DataWorldWarmup(plan.lr, config.warmup_epochs, plan.steps.steps_per_epoch, plan.world.size))
+        callbacks.append(DataWorldWarmup(plan.lr, config.fit.warmup_epochs, plan.steps.steps_per_epoch,
+                                         plan.world.size))
     checkpoints = None
     if rank.rank == 0:
         checkpoints = CheckpointMarker(
             plan.output_dir, early_stopping, resume.history, context.frozen_sha256,
             {**(marker or {"phase": 1}), "run": plan.claim.run.record(), "segments": list(plan.segments)},
-            Interval(config.checkpoint_every_steps, config.checkpoint_every_minutes, plan.steps.steps_per_epoch),
+            Interval(config.fit.checkpoint_every_steps, config.fit.checkpoint_every_minutes,
+                     plan.steps.steps_per_epoch),
             plan.outputs)
     # before early stopping and the checkpoints: a non-finite step or epoch stops every rank there, and a
     # preemption notice after a step (rank 0 checkpoints it first)
@@ -137,9 +140,9 @@ def make_callbacks(context: RankContext, resume: Resume, marker: Optional[Dict] 
             checkpoints,
             cb.EpochCSVLogger(os.path.join(directory, HISTORY), append=bool(resume.marker)),
         ]
-        if config.tensorboard:
+        if config.outputs.tensorboard:
             callbacks.append(keras.callbacks.TensorBoard(os.path.join(directory, TENSORBOARD),
-                                                            profile_batch=config.profile_batch))
+                                                            profile_batch=config.outputs.profile_batch))
         if context.tracker is not None:
             callbacks.append(cb.TrackEpochs(context.tracker))
         callbacks.append(cb.SyncOutputs(plan.outputs))  # after every writer of the epoch's files
@@ -151,7 +154,8 @@ def make_callbacks(context: RankContext, resume: Resume, marker: Optional[Dict] 
     if rank.handed.stall_timeout_s:  # first and last: each epoch's end is watched as one collective phase
         first, last = cb.WatchdogTicks.around(Watchdog(rank.handed.stall_timeout_s))
         callbacks = [first, *callbacks, last]
-    fault = FaultInjection.requested(rank.handed.fault, rank.rank, config.output if is_local(config.output) else "")
+    output = config.outputs.output
+    fault = FaultInjection.requested(rank.handed.fault, rank.rank, output if is_local(output) else "")
     if fault is not None:
         callbacks.append(fault)
     return callbacks, early_stopping, epoch_stats
@@ -169,16 +173,16 @@ def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: 
     from pipelines.training.segment import in_segment
 
     config, rank, plan = context.config, context.rank, context.plan
-    if resume.finished(config.epochs):
+    if resume.finished(config.fit.epochs):
         inputs.model.set_weights(resume.best_weights)
         return 0.0
     spe = plan.steps.steps_per_epoch
-    segments = fit_segments(resume.initial_epoch, resume.initial_step, config.epochs, spe, config.batch_size,
+    segments = fit_segments(resume.initial_epoch, resume.initial_step, config.fit.epochs, spe, config.fit.batch_size,
                             first_epoch)
     if resume.marker and not inputs.exact_positions and rank.rank == 0:
         log.warning("--reader petastorm cannot open its stream at the checkpoint's position: the resumed run "
                     "reads other batches than the interrupted one would have (--reader own resumes exactly)")
-    cache_root = config.cache_dir or default_cache_root()
+    cache_root = config.loader.cache_dir or default_cache_root()
     watched, callbacks = callbacks, with_exact_validation(callbacks, inputs, plan.data)
     try:
         with inputs.fit_datasets(cache_root, start_row=segments[0].start_row) as (train_ds, val_ds):
@@ -196,7 +200,7 @@ def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: 
         stop_watchdogs(watched)
         raise
     finally:
-        if not config.cache_dir:
+        if not config.loader.cache_dir:
             shutil.rmtree(cache_root, ignore_errors=True)
 
 
@@ -238,11 +242,12 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     plan = plan_run(config, rank, run_id)
     # a SIGTERM (a preemption notice) stops every rank at the next step, after rank 0's checkpoint
     with preemption.PreemptionNotice(rank.rank), hold_data(rank, plan):  # hold_data: pipelines/io/leases.py
-        full_model = build_model(plan.data.num_classes, plan.input_size, config.dropout, config.weights,
-                                 seed=config.seed, backbone=config.backbone, stored_size=plan.data.stored_size)
+        full_model = build_model(plan.data.num_classes, plan.input_size, config.model.dropout, config.model.weights,
+                                 seed=config.fit.seed, backbone=config.model.backbone,
+                                 stored_size=plan.data.stored_size)
         inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.input_size)
         inputs = resized_inputs(inputs, plan.world, rank.rank, rank.size, announce=rank.rank == 0)
-        compile_distributed(inputs.model, plan.lr, config.fp16_allreduce, config.xla_on)
+        compile_distributed(inputs.model, plan.lr, config.compute.fp16_allreduce, config.compute.xla_on)
         frozen_sha256 = frozen_checksum(full_model)
         resume = restore(config, rank, plan, inputs.model, frozen_sha256)
         plan = with_segments(config, rank, plan, resume)  # this launch's world and where it begins
@@ -250,7 +255,7 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
             context = RankContext(config, rank, plan, frozen_sha256, tracker)
             seconds_before_fit = time.perf_counter() - start
             phases = [head_phase(context, inputs, resume)]
-            if config.fine_tune_blocks:
+            if config.model.fine_tune_blocks:
                 phases.append(fine_tune(context, phases[0], resume))
             report = build_report(context, phases, resume)
             report.update(seconds_before_fit=seconds_before_fit, fit_seconds=sum(p.fit_seconds for p in phases),
@@ -271,7 +276,7 @@ def head_phase(context: RankContext, inputs, resume: Resume):
         return Phase(inputs, None, 0, 0.0, None, resume)
     callbacks, early_stopping, epoch_stats = make_callbacks(context, resume)
     fit_seconds = train(context, inputs, resume, callbacks)
-    totals = evaluate(context, inputs, VALIDATION if context.config.fine_tune_blocks else TEST)
+    totals = evaluate(context, inputs, VALIDATION if context.config.model.fine_tune_blocks else TEST)
     return Phase(inputs, early_stopping, epoch_stats.epochs_run, fit_seconds, totals, resume)
 
 
@@ -288,27 +293,28 @@ def fine_tune(context: RankContext, first, resume: Resume):
 
     config, rank, plan = context.config, context.rank, context.plan
     record = phase1_record(first, resume)
-    lr = phase2_lr(plan.lr, config.fine_tune_lr)
+    lr = phase2_lr(plan.lr, config.model.fine_tune_lr)
     model = phase1_best(context, first, resume)
-    layers = unfreeze(model, config.backbone, config.fine_tune_blocks)
-    compile_distributed(model, lr, config.fp16_allreduce, config.xla_on)
+    layers = unfreeze(model, config.model.backbone, config.model.fine_tune_blocks)
+    compile_distributed(model, lr, config.compute.fp16_allreduce, config.compute.xla_on)
     second = phase2_resume(context, model, resume, record)
     if rank.rank == 0:
         log.info("fine-tuning: top %s of %s unfrozen (%s with weights, %s), on images; lr %g = %g x %g; "
-                 "epochs %d..%d", plural(config.fine_tune_blocks, "block"), config.backbone,
+                 "epochs %d..%d", plural(config.model.fine_tune_blocks, "block"), config.model.backbone,
                  plural(len(layers), "layer"), plural(trainable_parameters(model), "trainable parameter"), lr,
-                 config.fine_tune_lr, plan.lr,
+                 config.model.fine_tune_lr, plan.lr,
                  record["epochs"] + 1, record["epochs"] + config.fine_tune_max_epochs)
     phase = context.for_phase(record["epochs"] + config.fine_tune_max_epochs, lr)
     inputs = resized_inputs(ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.input_size), plan.world,
                             rank.rank, rank.size)
-    marker = {"phase": 2, "blocks": config.fine_tune_blocks, "phase1": record}
+    marker = {"phase": 2, "blocks": config.model.fine_tune_blocks, "phase1": record}
     callbacks, early_stopping, epoch_stats = make_callbacks(phase, second, marker=marker)
     seconds = train(phase, inputs, second, callbacks, first_epoch=record["epochs"])
     totals = evaluate(context, inputs)
-    report = {"blocks": config.fine_tune_blocks, "layers": layers, "trainable_parameters": trainable_parameters(model),
-              "learning_rate": lr, "lr_factor": config.fine_tune_lr, "first_epoch": record["epochs"] + 1,
-              "phase1": record, "epochs_planned": phase.config.epochs,
+    report = {"blocks": config.model.fine_tune_blocks, "layers": layers,
+              "trainable_parameters": trainable_parameters(model),
+              "learning_rate": lr, "lr_factor": config.model.fine_tune_lr, "first_epoch": record["epochs"] + 1,
+              "phase1": record, "epochs_planned": phase.config.fit.epochs,
               "resumed_in_phase_2": resume.phase == 2,
               "non_trainable_sha256_per_rank": hvd_tf.allgather_object(frozen_checksum(model), name="phase2_frozen")}
     return Phase(inputs, early_stopping, epoch_stats.epochs_run, seconds, totals, second, report)

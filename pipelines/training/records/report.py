@@ -40,14 +40,14 @@ def build_report(context, phases: List, resume: Resume) -> Dict:
     history, steps, data, last = resume.history, plan.steps, plan.data, phases[-1]
     fine_tune = last.report if len(phases) > 1 else None
     resumed = last.resume if resume.phase == 2 else resume  # the phase whose state was restored
-    epochs_planned = fine_tune["epochs_planned"] if fine_tune else config.epochs
+    epochs_planned = fine_tune["epochs_planned"] if fine_tune else config.fit.epochs
     totals = last.totals
     best_epoch = last.early_stopping.best_epoch + 1 if history else None
     return {
         "config": redact(to_dict(config)),
         "run_id": plan.claim.run.run_id if plan.claim else None,  # rank 0's: the training run (train_run.json)
         "world_size": rank.size,
-        "batch_size_per_rank": config.batch_size,
+        "batch_size_per_rank": config.fit.batch_size,
         "global_batch_size": steps.global_batch,
         "data_world_size": plan.world.size,  # the run's arithmetic: pipelines/training/dataworld.py
         "per_rank_batches": plan.world.per_rank_batches(rank.size),
@@ -108,7 +108,7 @@ def save_outputs(context, report: Dict, phase) -> None:
         pipelines.tracking.TrackingFailed: MLflow logging failed; the outputs above are complete.
     """
     config, data, tracker, totals = context.config, context.plan.data, context.tracker, phase.totals
-    class_names, directory = data.class_names, context.output_dir or config.output
+    class_names, directory = data.class_names, context.output_dir or config.outputs.output
     exported = export_model(phase.inputs.exported_model(), os.path.join(directory, MODEL_FILE), data.stored_size,
                             class_names)
     write_json(os.path.join(directory, CLASS_NAMES), class_names, mode=PUBLIC)
@@ -128,7 +128,7 @@ def save_outputs(context, report: Dict, phase) -> None:
         log.error("the pictures could not be drawn (%s: %s); the results are written", type(exc).__name__, exc)
         pictures, report["pictures_error"] = {}, f"{type(exc).__name__}: {exc}"
     # the report names where they end up: in --output (a URI receives this folder's files)
-    report["pictures"] = {name: posixpath.join(config.output, os.path.basename(path))
+    report["pictures"] = {name: posixpath.join(config.outputs.output, os.path.basename(path))
                           for name, path in pictures.items()}
     write_json(os.path.join(directory, METRICS), report)
     for path in report["pictures"].values():
@@ -149,7 +149,7 @@ def track_outputs(context, report: Dict, exported) -> None:
     import tempfile
 
     config, data, tracker = context.config, context.plan.data, context.tracker
-    test, directory = report["test"], context.output_dir or config.output
+    test, directory = report["test"], context.output_dir or config.outputs.output
     manifest = data.location.join(MANIFEST)
     copy = None if manifest.local else tempfile.mkdtemp(prefix="pipelines-manifest-")
     if copy:  # MLflow logs local files: a copy of a remote manifest
@@ -172,10 +172,10 @@ def track_outputs(context, report: Dict, exported) -> None:
         if copy:
             shutil.rmtree(copy, ignore_errors=True)
     example, _ = first_test_rows(data, 1)
-    uri, version = tracker.log_model(exported, example, config.register_model,
+    uri, version = tracker.log_model(exported, example, config.outputs.register_model,
                                      {"test_accuracy": str(test["accuracy"])}, {"class_names": data.class_names})
     log.info("MLflow: logged run %s with model %s%s", tracker.run_id, uri,
-             f", registered as {config.register_model} version {version}" if version else "")
+             f", registered as {config.outputs.register_model} version {version}" if version else "")
 
 
 OUTPUT_ARTIFACTS = (METRICS, HISTORY, CLASS_NAMES, MODEL_CONTRACT)
