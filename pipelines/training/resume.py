@@ -79,7 +79,7 @@ def restore(config: TrainConfig, rank, plan, model, frozen_sha256: Optional[str]
     resuming = config.outputs.resume or rank.handed.relaunched
     directory, claim = plan.output_dir, plan.claim
     marker = claim.marker if (claim is not None and resuming) else None  # only this run's own (runs.claim)
-    marker = hvd_tf.broadcast_object(marker, root_rank=0, name="resume_marker")
+    marker = hvd_tf.broadcast_object(marker, root_rank=0, name="resume_marker")  # Horovod: rank 0's, on every rank
     if not marker:
         if resuming and rank.rank == 0:
             log.info("--resume: no complete checkpoint in %s, starting from epoch 1", config.outputs.output)
@@ -104,6 +104,7 @@ def restore(config: TrainConfig, rank, plan, model, frozen_sha256: Optional[str]
         load_checkpoint(model, os.path.join(directory, marker_weights(marker, marker["_name"])))
         log.info("resuming %s (checkpoint %s, %s; best epoch so far %s)", resumed_at(marker), marker["weights"],
                  plural(marker["weights_bytes"], "byte"), best_epoch or "none")
+    # Horovod: rank 0's weights, optimizer state and best weights on every rank; every rank's checksums gathered
     hvd_tf.broadcast_variables(broadcast_state(model), root_rank=0)
     best_weights = hvd_tf.broadcast_object(best_weights, root_rank=0, name="best_weights")
     checksums = hvd_tf.allgather_object(weights_checksum(model), name="resume_checksums")
