@@ -194,7 +194,7 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
                                       compression=compression)
     # The metric as an object and the optimizer built here: every variable of the step exists before
     # fit, which then traces its step once, not twice (a tf.function whose first trace creates
-    # variables is traced again): 0.5 s less per rank with Xception at 71 px, 0.26 s with a tiny model.
+    # variables is traced again; the time saved per rank: docs/benchmarks.md, Figures behind the code's constants).
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                   metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
     build_optimizer(model)
