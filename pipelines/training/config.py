@@ -85,10 +85,7 @@ class LoaderOptions:
                                             "data, reused by later runs) and train only the head on them")
 
     def __post_init__(self) -> None:
-        if self.reader_workers < 1:
-            raise Refused(f"--reader-workers must be >= 1, got {self.reader_workers}")
-        if self.shuffle_buffer < 1:
-            raise Refused(f"--shuffle-buffer must be >= 1, got {self.shuffle_buffer}")
+        at_least(1, reader_workers=self.reader_workers, shuffle_buffer=self.shuffle_buffer)
         data = local_or_uri(self.data)
         settle(self, reader=check_reader(self.reader), data=check_url_safe(data, "--data") if data and is_local(data)
                else data)
@@ -133,8 +130,7 @@ class ModelOptions:
     def __post_init__(self) -> None:
         if not 0.0 <= self.dropout < 1.0:
             raise Refused(f"--dropout must be in [0, 1), got {self.dropout}")
-        if self.image_size < 0:
-            raise Refused(f"--image-size must be >= 0, got {self.image_size}")
+        at_least(0, image_size=self.image_size)
         check_fine_tune(check_backbone(self.backbone, self.weights, self.image_size), self.fine_tune_blocks,
                         self.fine_tune_lr, self.fine_tune_epochs)
         if self.weights not in ("imagenet", "none"):
@@ -160,14 +156,10 @@ class FitOptions:
                                                       "checkpoint (rank 0's clock)")
 
     def __post_init__(self) -> None:
-        if self.epochs < 1:
-            raise Refused(f"--epochs must be >= 1, got {self.epochs}")
-        if self.batch_size < 1:
-            raise Refused(f"--batch-size must be >= 1, got {self.batch_size}")
+        at_least(1, epochs=self.epochs, batch_size=self.batch_size)
         if self.base_lr <= 0:
             raise Refused(f"--base-lr must be positive, got {self.base_lr}")
-        if self.warmup_epochs < 0 or self.patience < 0:
-            raise Refused("--warmup-epochs and --patience must be >= 0")
+        at_least(0, warmup_epochs=self.warmup_epochs, patience=self.patience)
         for flag, value in (("--checkpoint-every-steps", self.checkpoint_every_steps),
                             ("--checkpoint-every-minutes", self.checkpoint_every_minutes)):
             if value is not None and not value > 0:
@@ -199,8 +191,7 @@ class ComputeOptions:
         return self.xla == "on"
 
     def __post_init__(self) -> None:
-        if self.threads < 0:
-            raise Refused(f"--threads must be >= 0, got {self.threads}")
+        at_least(0, threads=self.threads)
         if self.xla not in XLA_CHOICES:
             raise Refused(f"--xla {self.xla}: choose one of {', '.join(XLA_CHOICES)}")
 
@@ -282,6 +273,17 @@ class TrainConfig:
     def fine_tune_max_epochs(self) -> int:
         """Maximum epochs of the fine-tuning phase: ``--fine-tune-epochs``, or ``--epochs``."""
         return self.model.fine_tune_epochs or self.fit.epochs
+
+
+def at_least(bound: float, **options: float) -> None:
+    """Refuse each of ``options`` (a field's name and its value) below ``bound``, naming its flag.
+
+    Raises:
+        pipelines.runtime.errors.Refused: ``--NAME must be >= BOUND, got VALUE``.
+    """
+    for name, value in options.items():
+        if value < bound:
+            raise Refused(f"--{name.replace('_', '-')} must be >= {bound}, got {value}")
 
 
 def check_folder_path(path: str, option: str) -> None:
