@@ -93,16 +93,16 @@ def epochs(data, cache, config, labels, results, batches, reader, float32: bool 
     (and :func:`host_float32` with ``float32``)."""
     from pipelines.training.data import make_dataset, open_reader
 
-    with open_reader(data, "train", 0, 1, cache, workers=config.reader_workers, reader=reader) as opened:
+    with open_reader(data, "train", 0, 1, cache, workers=config.loader.reader_workers, reader=reader) as opened:
         # One iterator across both epochs, as Keras fit keeps it: epoch 2 reads from the cache.
-        it = iter(host_float32(make_dataset(opened, data.stored_size, config.batch_size,
-                                            shuffle_buffer=config.shuffle_buffer), float32))
+        it = iter(host_float32(make_dataset(opened, data.stored_size, config.fit.batch_size,
+                                            shuffle_buffer=config.loader.shuffle_buffer), float32))
         for label in labels:
             start = time.perf_counter()
             for _ in range(batches):
                 next(it)[0].numpy()
             if label:
-                results[label] = batches * config.batch_size / (time.perf_counter() - start)
+                results[label] = batches * config.fit.batch_size / (time.perf_counter() - start)
 
 
 def reader_only(data, cache, results, reader, labels) -> None:
@@ -135,10 +135,10 @@ def ceiling(data, config, batches, float32: bool = False) -> float:
     images = np.frombuffer(b"".join(table.column("image").to_pylist()), np.uint8).reshape(
         -1, data.stored_size, data.stored_size, 3)
     labels = np.asarray(table.column("label").to_pylist(), np.int32)
-    memory = host_float32(batched(tf.data.Dataset.from_tensor_slices((images, labels)), config.batch_size,
-                                  shuffle_buffer=config.shuffle_buffer), float32)
+    memory = host_float32(batched(tf.data.Dataset.from_tensor_slices((images, labels)), config.fit.batch_size,
+                                  shuffle_buffer=config.loader.shuffle_buffer), float32)
     consume(memory, batches)  # warm-up of the same graph
-    return batches * config.batch_size / consume(memory, batches)
+    return batches * config.fit.batch_size / consume(memory, batches)
 
 
 def s3_routes(etl, work, config, batches, results, readers, float32: bool = False) -> None:
@@ -257,7 +257,7 @@ def sweep_one(tree, work, mb, args, spark, index: int) -> dict:
                       row_group_mb=mb, min_row_groups=args.min_row_groups), spark)
     config = dataclasses.replace(args.config, data=etl, output=work)
     data = load_dataset(etl, 1)
-    batches = data.train_rows // config.batch_size
+    batches = data.train_rows // config.fit.batch_size
     found = {"rows": data.rows_per_row_group, "groups": data.row_groups("train"), "data": data, "batches": batches}
     runs = {}
     for repeat in range(args.repeats):  # the readers take turns going first
@@ -325,8 +325,8 @@ def report(sweep: dict, tops: list, args) -> None:
     both ran) and draw it when ``--png``."""
     top = sum(tops) / len(tops)
     columns = labels(args.readers)
-    print(f"\nLoader benchmark: Fashion-MNIST at {args.etl_image_size} px, batch {args.config.batch_size}, "
-          f"{args.config.reader_workers} reader threads, {os.cpu_count()} CPUs, {args.tail} tail, median of "
+    print(f"\nLoader benchmark: Fashion-MNIST at {args.etl_image_size} px, batch {args.config.fit.batch_size}, "
+          f"{args.config.loader.reader_workers} reader threads, {os.cpu_count()} CPUs, {args.tail} tail, median of "
           f"{args.repeats}; ceiling "
           f"(in memory, same tail) {top:.0f} images/s, the mean of " + " and ".join(f"{x:.0f}" for x in tops) +
           " (before and after the sweep)")

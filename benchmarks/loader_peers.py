@@ -79,7 +79,7 @@ def plain_batches(data, split: str, rank: int, world_size: int) -> Iterator[Tupl
 def plain_dataset(data, config, rank: int = 0, world_size: int = 1):
     """The plain route's ``tf.data`` over :func:`plain_batches` of the train split, through
     training's tail (:func:`pipelines.training.data.tfdata.batched`: the config's shuffle buffer, full
-    batches of ``config.batch_size``, prefetch): ``(uint8 (b, s, s, 3), int32 (b,))``; each
+    batches of ``config.fit.batch_size``, prefetch): ``(uint8 (b, s, s, 3), int32 (b,))``; each
     iteration is one epoch."""
     import tensorflow as tf
 
@@ -88,7 +88,7 @@ def plain_dataset(data, config, rank: int = 0, world_size: int = 1):
     s = data.stored_size
     ds = tf.data.Dataset.from_generator(lambda: plain_batches(data, "train", rank, world_size), output_signature=(
         tf.TensorSpec((None, s, s, 3), tf.uint8), tf.TensorSpec((None,), tf.int32)))
-    return batched(ds.unbatch(), config.batch_size, shuffle_buffer=config.shuffle_buffer)
+    return batched(ds.unbatch(), config.fit.batch_size, shuffle_buffer=config.loader.shuffle_buffer)
 
 
 def start_ray() -> None:
@@ -119,8 +119,8 @@ def stop_ray() -> None:
 
 def ray_dataset(data, config, cached: bool, rank: int = 0, world_size: int = 1):
     """Ray Data's ``tf.data`` of rank ``rank``'s shard of the train split (see the module's
-    docstring): ``(uint8 (b, s, s, 3), int32 (b,))``, full batches of ``config.batch_size``, Ray's
-    local shuffle buffer of ``config.shuffle_buffer`` rows, then a host prefetch (training's last
+    docstring): ``(uint8 (b, s, s, 3), int32 (b,))``, full batches of ``config.fit.batch_size``, Ray's
+    local shuffle buffer of ``config.loader.shuffle_buffer`` rows, then a host prefetch (training's last
     stage, :func:`pipelines.training.data.tfdata.to_device`); each iteration is one epoch. With
     ``cached`` the decoded dataset is materialised in Ray's object store here. Needs
     :func:`start_ray` first and at least one shard per rank (``world_size`` <= the files' blocks).
@@ -141,14 +141,14 @@ def ray_dataset(data, config, cached: bool, rank: int = 0, world_size: int = 1):
     if cached:
         ds = ds.materialize()
     shard = ds.streaming_split(world_size, equal=True)[rank]
-    tfds = shard.to_tf("image", "label", batch_size=config.batch_size, drop_last=True,
-                       local_shuffle_buffer_size=config.shuffle_buffer)
+    tfds = shard.to_tf("image", "label", batch_size=config.fit.batch_size, drop_last=True,
+                       local_shuffle_buffer_size=config.loader.shuffle_buffer)
     return to_device(tfds)
 
 
 def time_peer(peer: str, data, config, results: Dict[str, float], batches: int, tail=lambda ds: ds) -> None:
     """Time two epochs of each of ``peer``'s routes (:data:`ROUTES`) into ``results["<peer>,
-    <label>"]`` (images/s over ``batches`` batches of ``config.batch_size``), one new iterator per
+    <label>"]`` (images/s over ``batches`` batches of ``config.fit.batch_size``), one new iterator per
     epoch as Keras takes a finite dataset. Epoch 1 includes making the dataset (Ray's reading of
     the footers, its materialisation); ``tail`` (the benchmark's ``--tail float32``) wraps it.
     Ray is started once and left running (:func:`stop_ray`): on a loaded machine a second start
@@ -163,6 +163,6 @@ def time_peer(peer: str, data, config, results: Dict[str, float], batches: int, 
             it = iter(ds)
             for _ in range(batches):
                 next(it)[0].numpy()
-            results[f"{peer}, {label}"] = batches * config.batch_size / (time.perf_counter() - start)
+            results[f"{peer}, {label}"] = batches * config.fit.batch_size / (time.perf_counter() - start)
             start = time.perf_counter()
         del ds, it  # a materialised dataset leaves Ray's object store with its last reference

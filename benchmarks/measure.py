@@ -164,19 +164,19 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
 
     ``config`` (a :class:`pipelines.training.config.TrainConfig`) gives the data, weights, model
     input size, dropout, learning rate, seed, shuffle buffer, reader workers and threads, as for
-    training; its batch size, epochs and output are not used. ``config.threads`` must be set
+    training; its batch size, epochs and output are not used. ``config.compute.threads`` must be set
     (>= 1): every world size then runs the same threads per rank.
 
     With ``timeline_dir``, Horovod's timeline is recorded over the timed window into
     ``timeline_dir/np<size>-b<batch>[-fp16].json`` (needs ``HOROVOD_TIMELINE=DYNAMIC`` in the ranks'
     environment; only the coordinator, rank 0, writes it).
 
-    With ``config.fine_tune_blocks`` N, the backbone's top N blocks are trainable, as in the
+    With ``config.model.fine_tune_blocks`` N, the backbone's top N blocks are trainable, as in the
     fine-tuning phase (:func:`pipelines.training.model.finetune.unfreeze`): their gradients are allreduced
-    too. ``fp16_variants`` (default: ``[config.fp16_allreduce]``) lists the allreduce precisions to
+    too. ``fp16_variants`` (default: ``[config.compute.fp16_allreduce]``) lists the allreduce precisions to
     measure at each batch size: ``False`` float32, ``True`` ``hvd.Compression.fp16``.
 
-    With ``config.bind_cores``, every rank and all its threads are bound to ``config.threads`` cores
+    With ``config.compute.bind_cores``, every rank and all its threads are bound to ``config.compute.threads`` cores
     of its own (:func:`pipelines.training.devices.bind_to_cores`): every world size then gets
     exactly that many cores per rank, and a small world cannot borrow the idle cores a bigger one uses.
 
@@ -186,13 +186,13 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     ``first_step_seconds`` (the slowest rank's, :func:`step_window`).
 
     Raises:
-        ValueError: ``warmup_steps < 1``, ``steps < 1`` or ``config.threads < 1``.
+        ValueError: ``warmup_steps < 1``, ``steps < 1`` or ``config.compute.threads < 1``.
     """
     if warmup_steps < 1 or steps < 1:
         raise ValueError(f"need warmup_steps >= 1 and steps >= 1, got {warmup_steps} and {steps}")
-    if config.threads < 1:
-        raise ValueError(f"need threads >= 1 per rank, got {config.threads}")
-    threads, seed = config.threads, config.seed
+    if config.compute.threads < 1:
+        raise ValueError(f"need threads >= 1 per rank, got {config.compute.threads}")
+    threads, seed = config.compute.threads, config.fit.seed
 
     import tempfile
 
@@ -211,19 +211,19 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
     this = setup_rank(config, job="scaling")
     rank, size = this.rank, this.size
     log = logging.getLogger("pipelines")
-    dataset = load_dataset(config.data, size, config.storage_options)
-    size_px = config.input_size(dataset.stored_size)
+    dataset = load_dataset(config.loader.data, size, config.storage_options)
+    size_px = config.model.input_size(dataset.stored_size)
 
     results = []
-    variants = [(b, fp16) for b in batch_sizes for fp16 in (fp16_variants or [config.fp16_allreduce])]
+    variants = [(b, fp16) for b in batch_sizes for fp16 in (fp16_variants or [config.compute.fp16_allreduce])]
     with tempfile.TemporaryDirectory(prefix=f"scaling-rank{rank}-") as cache_root:
         for batch_size, fp16 in variants:
             name = f"np{size}-b{batch_size}{'-fp16' if fp16 else ''}"
             keras.backend.clear_session()
-            model = build_model(dataset.num_classes, size_px, config.dropout, config.weights, seed=seed,
-                                backbone=config.backbone, stored_size=dataset.stored_size)
-            unfreeze(model, config.backbone, config.fine_tune_blocks)
-            compile_distributed(model, scaled_lr(config.base_lr, size), fp16, config.xla_on)
+            model = build_model(dataset.num_classes, size_px, config.model.dropout, config.model.weights, seed=seed,
+                                backbone=config.model.backbone, stored_size=dataset.stored_size)
+            unfreeze(model, config.model.backbone, config.model.fine_tune_blocks)
+            compile_distributed(model, scaled_lr(config.fit.base_lr, size), fp16, config.compute.xla_on)
             timeline = os.path.join(timeline_dir, f"{name}.json") if timeline_dir else None
             window = step_window(warmup_steps, steps,
                                  on_start=(lambda t=timeline: hvd.start_timeline(t)) if timeline else None,

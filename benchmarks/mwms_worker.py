@@ -58,20 +58,20 @@ def train(config, warmup_steps: int, steps: int) -> dict:
 
     import measure
 
-    tf.config.threading.set_intra_op_parallelism_threads(config.threads)
+    tf.config.threading.set_intra_op_parallelism_threads(config.compute.threads)
     tf.config.threading.set_inter_op_parallelism_threads(2)  # as setup_rank sets a Horovod rank's
     ring = tf.distribute.experimental.CommunicationImplementation.RING
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(implementation=ring))
     workers = strategy.num_replicas_in_sync  # one CPU replica per worker
     index = strategy.cluster_resolver.task_id if workers > 1 else 0
-    dataset = load_dataset(config.data, workers, config.storage_options)
-    size_px = config.input_size(dataset.stored_size)
+    dataset = load_dataset(config.loader.data, workers, config.storage_options)
+    size_px = config.model.input_size(dataset.stored_size)
     with strategy.scope():
-        model = build_model(dataset.num_classes, size_px, config.dropout, config.weights, seed=config.seed,
-                            backbone=config.backbone, stored_size=dataset.stored_size)
-        unfreeze(model, config.backbone, config.fine_tune_blocks)
-        model.compile(optimizer=keras.optimizers.Nadam(learning_rate=scaled_lr(config.base_lr, workers)),
+        model = build_model(dataset.num_classes, size_px, config.model.dropout, config.model.weights,
+                            seed=config.fit.seed, backbone=config.model.backbone, stored_size=dataset.stored_size)
+        unfreeze(model, config.model.backbone, config.model.fine_tune_blocks)
+        model.compile(optimizer=keras.optimizers.Nadam(learning_rate=scaled_lr(config.fit.base_lr, workers)),
                       loss="sparse_categorical_crossentropy",
                       metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
     window = measure.step_window(warmup_steps, steps)
@@ -80,7 +80,7 @@ def train(config, warmup_steps: int, steps: int) -> dict:
         with inputs.reader_dataset("train", cache_root) as ds:
             distributed = strategy.distribute_datasets_from_function(lambda context: ds)
             model.fit(distributed, epochs=1, steps_per_epoch=warmup_steps + steps, verbose=0, callbacks=[window])
-    return {"worker": index, "workers": workers, "batch_size": config.batch_size, "steps": steps,
+    return {"worker": index, "workers": workers, "batch_size": config.fit.batch_size, "steps": steps,
             "seconds": window.seconds, "first_step_seconds": window.first_step_seconds,
             "allreduce_seconds": allreduce_seconds(strategy, model.trainable_variables, steps) if workers > 1 else 0.0,
             "communication": "RING (gRPC)" if workers > 1 else "none (one worker)"}
@@ -114,8 +114,8 @@ def allreduce_seconds(strategy, variables, repeats: int) -> float:
 def main(argv) -> int:
     with open(argv[1], "rb") as f:
         config, warmup_steps, steps, result_path = pickle.load(f)
-    if config.bind_cores:
-        bind(config.threads)
+    if config.compute.bind_cores:
+        bind(config.compute.threads)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads: Keras 2 on both stacks)
 

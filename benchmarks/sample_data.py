@@ -20,10 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser, per_class: int, etl_image_siz
     """``--data``, or ``--sample/--per-class/--etl-image-size`` to make one; ``--weights`` and the
     ``TrainConfig`` options named in ``training`` (field name: this benchmark's default, ``None`` for
     ``TrainConfig``'s)."""
-    from pipelines.runtime.config import add_arguments as add_config_arguments
+    from pipelines.runtime.config import add_arguments as add_config_arguments, option_fields
     from pipelines.training.config import TrainConfig
 
-    fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    fields = {f.name: f.default for _, f, _ in option_fields(TrainConfig)}
     training = {name: fields[name] if default is None else default for name, default in training.items()}
 
     parser.add_argument("--data", default="", help="an ETL output; default: a sample through the ETL")
@@ -70,5 +70,6 @@ def prepare(base, args: argparse.Namespace, workdir: str):
     data = args.data or ensure_sample_etl(
         os.path.join(workdir, f"data-{args.sample}-{args.per_class}-{args.etl_image_size}px"),
         image_size=args.etl_image_size, test_fraction=0.3, sample=args.sample, per_class=args.per_class)
-    weights = ensure_weights(args.weights) if backbone_spec(base.backbone).pretrained else (args.weights or "none")
+    pretrained = backbone_spec(base.model.backbone).pretrained
+    weights = ensure_weights(args.weights) if pretrained else (args.weights or "none")
     return dataclasses.replace(base, data=os.path.abspath(data), weights=weights)

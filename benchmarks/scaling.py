@@ -152,9 +152,10 @@ def main(argv=None) -> int:
     os.makedirs(os.path.join(args.out, "timelines"), exist_ok=True)
     config = sample_data.prepare(base, args, args.out)
     results = []
-    fp16_variants = [False, True] if args.compare_fp16 else [config.fp16_allreduce]
+    fp16_variants = [False, True] if args.compare_fp16 else [config.compute.fp16_allreduce]
     for n in args.np:
-        print(f"np={n}: batch sizes {args.batch_sizes} per rank, {config.threads} thread(s) per rank", flush=True)
+        print(f"np={n}: batch sizes {args.batch_sizes} per rank, {config.compute.threads} thread(s) per rank",
+              flush=True)
         results += HorovodRunner(np=-n).run(
             measure.measure_throughput, config=config, batch_sizes=args.batch_sizes, warmup_steps=args.warmup_steps,
             steps=args.steps, timeline_dir=os.path.abspath(os.path.join(args.out, "timelines")),
@@ -162,13 +163,13 @@ def main(argv=None) -> int:
     rows = measure.scaling_rows([measure.point_from_result(r) for r in results])
     alone = co_run(max(args.np), config, args, fp16_variants) if args.co_run else []
 
-    machine = (f"{os.cpu_count()} CPUs, {config.threads} thread(s) per rank"
-               f"{', bound to cores of its own' if config.bind_cores else ', not bound'}, "
+    machine = (f"{os.cpu_count()} CPUs, {config.compute.threads} thread(s) per rank"
+               f"{', bound to cores of its own' if config.compute.bind_cores else ', not bound'}, "
                f"HOROVOD_CYCLE_TIME {os.environ.get('HOROVOD_CYCLE_TIME', 'unset (1 ms)')}")
-    trained = (f"top {config.fine_tune_blocks} backbone block(s) + head trained" if config.fine_tune_blocks
+    trained = (f"top {config.model.fine_tune_blocks} backbone block(s) + head trained" if config.model.fine_tune_blocks
                else "frozen backbone, head trained")
-    print(f"\nScaling: {machine}, data {config.data}, {trained}, {args.steps} timed steps after {args.warmup_steps} "
-          f"warm-up")
+    print(f"\nScaling: {machine}, data {config.loader.data}, {trained}, {args.steps} timed steps after "
+          f"{args.warmup_steps} warm-up")
     print(f"{'np':>3s} {'batch/rank':>10s} {'global':>7s} {'allreduce':>9s} {'MB/step':>8s} {'step ms':>8s} "
           f"{'images/s':>9s} {'speed-up':>9s} {'efficiency':>10s} {'allreduce':>10s} {'negotiation':>12s}")
     for r in rows:
@@ -179,7 +180,7 @@ def main(argv=None) -> int:
               f"{r['step_ms']:8.1f} {r['images_per_second']:9.1f} {speed_up:>9s} {efficiency:>10s} "
               f"{100 * r['allreduce_share']:9.2f}% {100 * r['negotiation_share']:11.2f}%")
     write_csv(rows, os.path.join(args.out, "scaling.csv"))
-    plot(rows, os.path.join(args.out, "scaling.png"), f"{config.backbone}: {trained}, {machine}")
+    plot(rows, os.path.join(args.out, "scaling.png"), f"{config.model.backbone}: {trained}, {machine}")
     print(f"wrote {os.path.join(args.out, 'scaling.csv')} and {os.path.join(args.out, 'scaling.png')}")
 
     headline = [r for r in rows if r["world_size"] == 2 and r["batch_size_per_rank"] == args.headline_batch]
@@ -198,7 +199,7 @@ def co_run(n: int, config, args, fp16_variants) -> list:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    print(f"co-run: {n} independent world-size-1 jobs at once, {config.threads} thread(s) each", flush=True)
+    print(f"co-run: {n} independent world-size-1 jobs at once, {config.compute.threads} thread(s) each", flush=True)
     # Not multiprocessing.Pool: its workers are daemons, which may not start horovodrun's processes.
     with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
         jobs = [pool.submit(_alone, slot, config, args.batch_sizes, args.warmup_steps, args.steps, fp16_variants)
@@ -215,7 +216,7 @@ def _alone(slot: int, config, batch_sizes, warmup_steps: int, steps: int, fp16_v
     from pipelines.launch import HorovodRunner
 
     cores = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, cores[slot * config.threads:(slot + 1) * config.threads])
+    os.sched_setaffinity(0, cores[slot * config.compute.threads:(slot + 1) * config.compute.threads])
     cloudpickle.register_pickle_by_value(measure)
     return HorovodRunner(np=-1).run(measure.measure_throughput, config=config, batch_sizes=batch_sizes,
                                     warmup_steps=warmup_steps, steps=steps, fp16_variants=fp16_variants)

@@ -58,12 +58,12 @@ def run_once(path: str, extra: dict, seed: int, base, np: int, work: str) -> dic
     out = os.path.join(work, f"{path.replace(' ', '-')}-seed{seed}")
     config = dataclasses.replace(base, output=out, seed=seed, **extra)
     # The feature path pays for its features: this weights file's and size's set is computed anew.
-    data = load_dataset(config.data, np, config.storage_options)
+    data = load_dataset(config.loader.data, np, config.storage_options)
     stored = data.stored_size
-    model = model_key(config.weights, config.input_size(stored), seed, config.backbone,
+    model = model_key(config.model.weights, config.model.input_size(stored), seed, config.model.backbone,
                       "float32", input_tag(MODEL_INPUT_DTYPE, stored))  # float32: no --mixed-precision here
     key = feature_key(model, data.identity())
-    feature_dir(config.data, key, config.storage_options).delete()
+    feature_dir(config.loader.data, key, config.storage_options).delete()
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()
     report = HorovodRunner(np=-np).run(run_training, config=config)
@@ -133,10 +133,10 @@ def main(argv=None) -> int:
 
 def run(args, base, work: str) -> int:
     base = sample_data.prepare(base, args, work)
-    print(f"Time to accuracy: np={args.np}, batch {base.batch_size} per rank, patience {base.patience}, "
-          f"{args.repeats} seed(s) per path, {os.cpu_count()} CPUs, data {base.data}", flush=True)
+    print(f"Time to accuracy: np={args.np}, batch {base.fit.batch_size} per rank, patience {base.fit.patience}, "
+          f"{args.repeats} seed(s) per path, {os.cpu_count()} CPUs, data {base.loader.data}", flush=True)
     rows = []
-    for seed in range(base.seed, base.seed + args.repeats):
+    for seed in range(base.fit.seed, base.fit.seed + args.repeats):
         for path, extra in PATHS:  # interleaved, so that drift of the machine hits both paths alike
             rows.append(run_once(path, extra, seed, base, args.np, work))
     summarise(rows)

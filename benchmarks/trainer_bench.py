@@ -183,7 +183,7 @@ def run_horovod(config, world_size: int, warmup_steps: int, steps: int, timeline
     from pipelines.launch import HorovodRunner
 
     [result] = HorovodRunner(np=-world_size).run(
-        measure.measure_throughput, config=config, batch_sizes=[config.batch_size], warmup_steps=warmup_steps,
+        measure.measure_throughput, config=config, batch_sizes=[config.fit.batch_size], warmup_steps=warmup_steps,
         steps=steps, timeline_dir=timelines, fp16_variants=[False])
     point = measure.point_from_result(result)
     return result, (1000.0 * point.allreduce_seconds / steps if world_size > 1 else None)
@@ -262,17 +262,18 @@ def report(summary: Sequence[Dict], config, args) -> None:
 
     from pipelines.training.data import load_dataset
 
-    size_px = config.input_size(load_dataset(config.data, 1).stored_size)
-    print(f"\nTrainers: TensorFlow {tf.__version__}, {os.cpu_count()} CPUs, {config.threads} thread(s) per rank"
-          f"{', each bound to cores of its own' if config.bind_cores else ''}; {config.backbone} at {size_px} px, "
-          f"data {config.data}; batch {config.batch_size} per rank, float32; {args.steps} timed steps after "
+    size_px = config.model.input_size(load_dataset(config.loader.data, 1).stored_size)
+    print(f"\nTrainers: TensorFlow {tf.__version__}, {os.cpu_count()} CPUs, {config.compute.threads} thread(s) "
+          f"per rank{', each bound to cores of its own' if config.compute.bind_cores else ''}; "
+          f"{config.model.backbone} at {size_px} px, data {config.loader.data}; batch {config.fit.batch_size} per "
+          f"rank, float32; {args.steps} timed steps after "
           f"{args.warmup_steps}, {args.rounds} round(s), medians")
     print(f"{'trainer':>8s} {'np':>3s} {'global':>6s} {'images/s':>9s} {'step ms':>8s} {'distributed ms':>14s} "
           f"{'allreduce ms':>12s} {'first step s':>12s} {'job s':>7s} {'ours / it':>9s}  runs")
     for s in summary:
         cells = [f"{s[k]:.1f}" if s[k] is not None else "-" for k in ("distributed_ms", "allreduce_ms")]
         ratio = f"{s['vs_horovod']:.3f}" if s["vs_horovod"] is not None else "-"
-        print(f"{s['trainer']:>8s} {s['np']:3d} {config.batch_size * s['np']:6d} {s['images_per_second']:9.2f} "
+        print(f"{s['trainer']:>8s} {s['np']:3d} {config.fit.batch_size * s['np']:6d} {s['images_per_second']:9.2f} "
               f"{s['step_ms']:8.1f} {cells[0]:>14s} {cells[1]:>12s} {s['first_step_s']:12.2f} {s['job_s']:7.1f} "
               f"{ratio:>9s}  {', '.join(f'{v:.2f}' for v in s['runs'])}")
     print("distributed ms: the step at this world size less the step at world size 1 (--solo); allreduce ms: the "

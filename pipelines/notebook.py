@@ -75,8 +75,8 @@ def train(launch: Optional[LaunchConfig] = None, **config) -> Dict:
         raise Refused("nb.train needs ranks to launch: LaunchConfig(np=-N) (local processes) or np=N (Spark tasks)")
     config = TrainConfig(**config)
     run = check_before_ranks(config, launch.world_size)  # refusals before any rank starts
-    if config.tracking:
-        check_store(config.tracking_uri)  # a tracking server that does not answer, too
+    if config.outputs.tracking:
+        check_store(config.outputs.tracking_uri)  # a tracking server that does not answer, too
     runner = launch.runner(before_ranks=lambda: fetch_weights(config))
     return runner.run(run_training, config=config, run_id=run.run_id)  # a relaunch continues this run only
 

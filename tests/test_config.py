@@ -162,7 +162,7 @@ def test_cache_dir_must_be_able_to_become_a_folder(tmp_path, where, refused):
         with pytest.raises(ValueError, match=f"--cache-dir {tmp_path / where} {refused}"):
             make()
     else:
-        assert make().cache_dir == str(tmp_path / where)
+        assert make().loader.cache_dir == str(tmp_path / where)
 
 
 def test_launch_settings_are_their_own_config_on_the_same_command_line(tmp_path):
@@ -170,18 +170,18 @@ def test_launch_settings_are_their_own_config_on_the_same_command_line(tmp_path)
     TrainConfig; the notebooks and tests build the same LaunchConfig directly."""
     import dataclasses
 
-    from pipelines.runtime.config import parse_configs
+    from pipelines.runtime.config import option_fields, parse_configs
     from pipelines.launch.config import LaunchConfig
 
     argv = ["--data", str(tmp_path), "--output", str(tmp_path / "o"), "--spark-np", "-3", "--max-failures", "2",
             "--slots-timeout", "5", "--batch-size", "4"]
     train, launch = parse_configs((TrainConfig, LaunchConfig), argv)
     assert launch == LaunchConfig(np=-3, slots_timeout=5.0, max_failures=2) and launch.world_size == 3
-    assert train.batch_size == 4
+    assert train.fit.batch_size == 4
     launch_fields = {f.name for f in dataclasses.fields(LaunchConfig)}
     assert launch_fields == {"np", "slots_timeout", "network_interface", "max_failures", "min_np", "max_np",
                              "rendezvous_timeout", "stall_timeout"}
-    assert not launch_fields & {f.name for f in dataclasses.fields(TrainConfig)}
+    assert not launch_fields & {f.name for _, f, _ in option_fields(TrainConfig)}
     runner = launch.runner(log_dir="logs")
     assert (runner.np, runner.max_failures, runner.slots_timeout_s, runner.log_dir) == (-3, 2, 5.0, "logs")
 

@@ -99,17 +99,17 @@ def test_tracking_is_the_flag_else_the_environments(monkeypatch, tmp_path, env, 
     etl = parse_config(ETLConfig, ["--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), *flag])
     train = parse_config(TrainConfig, ["--data", str(tmp_path / "etl"), "--output", str(tmp_path / "run"),
                                        "--weights", "none", "--backbone", "tiny", *flag])
-    assert (etl.tracking, train.tracking) == (tracking, tracking)
+    assert (etl.tracking, train.outputs.tracking) == (tracking, tracking)
 
 
 def test_an_object_store_outputs_default_tracking_store_is_in_the_environments_workdir(monkeypatch, tmp_path):
     monkeypatch.setenv("PIPELINES_WORKDIR", str(tmp_path / "work"))
     train = TrainConfig(data=str(tmp_path / "etl"), output="s3://bucket/run", weights="none", backbone="tiny",
                         tracking=True)
-    assert train.tracking_uri == f"sqlite:///{tmp_path}/work/mlflow/mlruns.db"
+    assert train.outputs.tracking_uri == f"sqlite:///{tmp_path}/work/mlflow/mlruns.db"
     local = TrainConfig(data=str(tmp_path / "etl"), output=str(tmp_path / "run"), weights="none", backbone="tiny",
                         tracking=True)
-    assert local.tracking_uri == f"sqlite:///{tmp_path}/run/mlruns.db"  # a local output keeps its own
+    assert local.outputs.tracking_uri == f"sqlite:///{tmp_path}/run/mlruns.db"  # a local output keeps its own
 
 
 def test_the_tools_cache_folder_follows_the_environment(monkeypatch, tmp_path):

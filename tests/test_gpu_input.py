@@ -224,5 +224,6 @@ def test_every_other_xla_value_is_refused_with_exit_2(value, capsys):
 
 def test_xla_is_off_unless_asked_for():
     from pipelines.training.config import TrainConfig
-    assert TrainConfig(data="d", output="o").xla == "off" and not TrainConfig(data="d", output="o").xla_on
-    assert TrainConfig(data="d", output="o", xla="on").xla_on
+    assert TrainConfig(data="d", output="o").compute.xla == "off"
+    assert not TrainConfig(data="d", output="o").compute.xla_on
+    assert TrainConfig(data="d", output="o", xla="on").compute.xla_on

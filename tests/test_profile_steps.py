@@ -7,7 +7,7 @@ from pipelines.training.config import TrainConfig, profile_range
 @pytest.mark.parametrize("text, wanted", [("", 0), ("  ", 0), ("5,8", (5, 8)), ("3", (3, 3)), (" 2 , 2 ", (2, 2))])
 def test_the_steps_become_kerass_profile_batch(text, wanted):
     assert profile_range(text) == wanted
-    assert TrainConfig(data="d", output="o", profile_steps=text).profile_batch == wanted
+    assert TrainConfig(data="d", output="o", profile_steps=text).outputs.profile_batch == wanted
 
 
 @pytest.mark.parametrize("text, why", [("0,3", "integers >= 1"), ("a", "integers >= 1"), ("1,2,3", "integers >= 1"),

@@ -84,6 +84,16 @@ class _Data:
     stored_size = 32
 
 
+def at_the_end(config, model, totals=None):
+    """The run context and last phase save_outputs reads: rank 0 of 1 writing into --output."""
+    from types import SimpleNamespace
+    from pipelines.training.context import RankContext
+    from pipelines.training.plan import RunPlan
+    from pipelines.training.rank import Rank
+    context = RankContext(config, Rank(0, 1, 0, 1, 1), RunPlan(_Data(), None, 0.001, _Data.stored_size))
+    return context, SimpleNamespace(inputs=SimpleNamespace(exported_model=lambda: model), totals=totals)
+
+
 def tiny(num_classes=3, size=32):
     from pipelines.training.model.build import build_model
     return build_model(num_classes, size, dropout=0.0, weights="none", seed=1, backbone="tiny")
@@ -103,7 +113,8 @@ def test_a_failure_while_drawing_leaves_the_results_written(tmp_path, monkeypatc
     config = TrainConfig(data=str(tmp_path), output=out, backbone="tiny", weights="none", tracking=False)
     report = {"test": {"loss": 0.5, "accuracy": 0.5, "count": 2}, "validation": {"epoch": 1, "loss": 0.4, "accuracy": 0.75, "count": 4, "expected_count": 4}, "best_epoch": 1, "epochs_run": 1}
     totals = Totals.of_confusion(1.0, [[1, 0, 0], [1, 0, 0], [0, 0, 0]])
-    results.save_outputs(config, report, tiny(), _Data(), totals)
+    context, last = at_the_end(config, tiny(), totals)
+    results.save_outputs(context, report, last)
     written = json.loads(open(os.path.join(out, "metrics.json")).read())
     assert written["test"]["confusion"][1] == [1, 0, 0] and written["pictures"] == {}
     assert written["pictures_error"] == "MemoryError: drawing 257 classes"
@@ -124,8 +135,9 @@ def test_results_are_written_before_any_picture(tmp_path, monkeypatch):
     out = str(tmp_path / "out")
     os.makedirs(out)
     config = TrainConfig(data=str(tmp_path), output=out, backbone="tiny", weights="none", tracking=False)
-    results.save_outputs(config, {"test": {"loss": 0.5, "accuracy": 0.5, "count": 2}, "validation": {"epoch": 1, "loss": 0.4, "accuracy": 0.75, "count": 4, "expected_count": 4}, 
-                                  "best_epoch": 1, "epochs_run": 1}, tiny(), _Data())
+    context, last = at_the_end(config, tiny())
+    results.save_outputs(context, {"test": {"loss": 0.5, "accuracy": 0.5, "count": 2}, "validation": {"epoch": 1, "loss": 0.4, "accuracy": 0.75, "count": 4, "expected_count": 4}, 
+                                   "best_epoch": 1, "epochs_run": 1}, last)
     assert seen["metrics"]["test"]["accuracy"] == 0.5 and seen["metrics"]["pictures"] == {}
     assert json.loads(open(os.path.join(out, "metrics.json")).read())["pictures"] == {"curves": f"{out}/curves.png"}
 

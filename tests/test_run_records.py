@@ -117,6 +117,51 @@ def test_resume_continues_its_own_run_and_refuses_other_settings_or_data(data, t
         claim(data, out, resume=True)
 
 
+#: What the code before TrainConfig's option groups (a7f0ae1) recorded for these settings: the
+#: fingerprint's values and their sha256 (printed by that code's runs.identify), so that --resume
+#: of an output it wrote still finds the same run.
+RECORDED_BEFORE_GROUPS = [
+    ({}, {"backbone": "tiny", "weights": "none", "image_size": 0, "dropout": 0.5, "seed": 42, "batch_size": 16,
+          "base_lr": 0.001, "warmup_epochs": 0.0, "min_delta": 0.001, "shuffle_buffer": 256, "augment": False,
+          "feature_cache": False, "fine_tune_blocks": 0, "fine_tune_lr": 0.01, "fp16_allreduce": False,
+          "mixed_precision": False}, "b40ccc32a5d3981d0c32cedf1d42edbba80d665c432e8e2c0d45922e7f6189ad"),
+    ({"image_size": 32, "dropout": 0.25, "seed": 7, "batch_size": 4, "base_lr": 0.01, "warmup_epochs": 1.5,
+      "min_delta": 0.01, "shuffle_buffer": 64, "augment": True, "feature_cache": True, "fine_tune_blocks": 1,
+      "fine_tune_lr": 0.1, "fp16_allreduce": True, "mixed_precision": True, "epochs": 5},
+     {"backbone": "tiny", "weights": "none", "image_size": 32, "dropout": 0.25, "seed": 7, "batch_size": 4,
+      "base_lr": 0.01, "warmup_epochs": 1.5, "min_delta": 0.01, "shuffle_buffer": 64, "augment": True,
+      "feature_cache": True, "fine_tune_blocks": 1, "fine_tune_lr": 0.1, "fp16_allreduce": True,
+      "mixed_precision": True}, "161b716dd1cc2e27f24829ce8d8d27936fe28f29937a7424066ef3c956e578ab"),
+]
+#: Every option the flat config had (its to_dict's keys, MLflow's params, metrics.json's config)
+FLAT_OPTIONS = {"data", "output", "epochs", "batch_size", "base_lr", "warmup_epochs", "dropout", "image_size",
+                "weights", "backbone", "patience", "min_delta", "cache_dir", "resume", "checkpoint_every_steps",
+                "checkpoint_every_minutes", "overwrite", "shuffle_buffer", "seed", "threads", "reader_workers",
+                "reader", "bind_cores", "tensorboard", "profile_steps", "verbose", "feature_cache", "augment",
+                "fine_tune_blocks", "fine_tune_lr", "fine_tune_epochs", "fp16_allreduce", "mixed_precision", "xla",
+                "tracking", "tracking_uri", "experiment", "run_name", "storage_options", "register_model"}
+
+
+@pytest.mark.parametrize("options, fingerprint, sha256", RECORDED_BEFORE_GROUPS)
+def test_a_run_recorded_before_the_option_groups_is_resumed(options, fingerprint, sha256, data, tmp_path):
+    """The option groups change no name a record keeps: the fingerprint is the same values under
+    the same names, and --resume continues an output whose record and checkpoint that code wrote."""
+    from pipelines.runtime.config import to_dict
+
+    out = str(tmp_path / "out")
+    here = config(data, out, **options)
+    assert set(to_dict(here)) == FLAT_OPTIONS and TrainConfig(**to_dict(here)) == here
+    assert runs.identify(here, 1).config == fingerprint and runs.identify(here, 1).config_sha256 == sha256
+    os.makedirs(out)
+    before = runs.RunIdentity("20261204T231200Z-0123abcd", fingerprint, runs.identify(here, 1).data_sha256,
+                              runs.world_of(here.fit.batch_size, here.fit.base_lr, 1), "etl-1")
+    assert before.record()["config_sha256"] == sha256
+    write_json(os.path.join(out, TRAIN_RUN), runs.record(before, data))
+    write_checkpoint(out, 1, before)
+    resumed = claim(data, out, resume=True, **options)
+    assert resumed.run.run_id == before.run_id and resumed.marker["_name"] == "checkpoint-1.json"
+
+
 def test_a_relaunch_continues_only_its_own_run_id(data, tmp_path):
     out = str(tmp_path / "out")
     a = run_a(data, out)

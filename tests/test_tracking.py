@@ -34,10 +34,10 @@ def no_env(monkeypatch):
 def test_on_by_default_in_a_sqlite_store_of_the_output(no_env, tmp_path):
     no_env.chdir(tmp_path)
     config = parse_config(TrainConfig, TRAIN_ARGS)
-    assert config.tracking and config.tracking_uri == f"sqlite:///{tmp_path}/out/mlruns.db"
-    assert config.experiment == "pipelines-train" and config.register_model == ""
-    assert tracking.artifact_root(config.tracking_uri) == str(tmp_path / "out" / "mlruns")
-    relative = parse_config(TrainConfig, TRAIN_ARGS + ["--tracking-uri", "sqlite:///runs/x.db"]).tracking_uri
+    assert config.outputs.tracking and config.outputs.tracking_uri == f"sqlite:///{tmp_path}/out/mlruns.db"
+    assert config.outputs.experiment == "pipelines-train" and config.outputs.register_model == ""
+    assert tracking.artifact_root(config.outputs.tracking_uri) == str(tmp_path / "out" / "mlruns")
+    relative = parse_config(TrainConfig, TRAIN_ARGS + ["--tracking-uri", "sqlite:///runs/x.db"]).outputs.tracking_uri
     assert relative == f"sqlite:///{tmp_path}/runs/x.db"  # ranks may start elsewhere
     etl = parse_config(ETLConfig, ["--input", "in", "--output", "etl"])
     assert etl.tracking and etl.tracking_uri == f"sqlite:///{tmp_path}/etl/mlruns.db"
@@ -46,14 +46,14 @@ def test_on_by_default_in_a_sqlite_store_of_the_output(no_env, tmp_path):
 
 def test_the_flag_beats_the_environment_which_beats_the_default(no_env):
     no_env.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
-    assert parse_config(TrainConfig, TRAIN_ARGS).tracking_uri == "http://tracking.example:5000"
+    assert parse_config(TrainConfig, TRAIN_ARGS).outputs.tracking_uri == "http://tracking.example:5000"
     given = parse_config(TrainConfig, TRAIN_ARGS + ["--tracking-uri", "http://127.0.0.1:1"])
-    assert given.tracking_uri == "http://127.0.0.1:1"
+    assert given.outputs.tracking_uri == "http://127.0.0.1:1"
     no_env.setenv("PIPELINES_TRACKING", "0")
-    assert not parse_config(TrainConfig, TRAIN_ARGS).tracking
-    assert parse_config(TrainConfig, TRAIN_ARGS + ["--tracking"]).tracking
+    assert not parse_config(TrainConfig, TRAIN_ARGS).outputs.tracking
+    assert parse_config(TrainConfig, TRAIN_ARGS + ["--tracking"]).outputs.tracking
     no_env.delenv("PIPELINES_TRACKING")
-    assert not parse_config(TrainConfig, TRAIN_ARGS + ["--no-tracking"]).tracking
+    assert not parse_config(TrainConfig, TRAIN_ARGS + ["--no-tracking"]).outputs.tracking
     assert not parse_config(ETLConfig, ["--input", "i", "--output", "o", "--no-tracking"]).tracking
 
 
@@ -72,7 +72,7 @@ def test_the_longest_experiment_name_is_the_installed_mlflows():
     from mlflow.utils.validation import MAX_EXPERIMENT_NAME_LENGTH
 
     assert tracking.MAX_EXPERIMENT_NAME == MAX_EXPERIMENT_NAME_LENGTH
-    assert parse_config(TrainConfig, TRAIN_ARGS + ["--experiment", "e" * 500]).experiment == "e" * 500
+    assert parse_config(TrainConfig, TRAIN_ARGS + ["--experiment", "e" * 500]).outputs.experiment == "e" * 500
 
 
 # Whether MLflow 2.22 and MLflow 3 refuse a registered model name: on a database store (their
@@ -100,7 +100,7 @@ def test_a_registered_model_name_is_judged_by_the_installed_mlflow_before_any_ra
     no_env.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses a file store without it
     args = TRAIN_ARGS + ["--tracking-uri", uri, "--register-model", name]
     if not refused:
-        assert parse_config(TrainConfig, args).register_model == name
+        assert parse_config(TrainConfig, args).outputs.register_model == name
         return
     with pytest.raises(SystemExit) as info:
         parse_config(TrainConfig, args)
@@ -116,13 +116,13 @@ def test_a_file_store_is_refused_before_any_rank_where_the_installed_mlflow_refu
     no_env.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     args = TRAIN_ARGS + ["--tracking-uri", str(tmp_path / "mlruns")]
     if version("mlflow").startswith("2."):
-        assert parse_config(TrainConfig, args).tracking_uri == str(tmp_path / "mlruns")
+        assert parse_config(TrainConfig, args).outputs.tracking_uri == str(tmp_path / "mlruns")
         return
     with pytest.raises(SystemExit) as info:
         parse_config(TrainConfig, args)
     assert info.value.code == 2 and "refuses a file store" in capsys.readouterr().err
     no_env.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    assert parse_config(TrainConfig, args).tracking_uri == str(tmp_path / "mlruns")
+    assert parse_config(TrainConfig, args).outputs.tracking_uri == str(tmp_path / "mlruns")
 
 
 def test_a_recorded_run_counts_only_for_its_store(tmp_path):
@@ -239,7 +239,7 @@ def test_relative_sqlite_uris_are_made_absolute_once(no_env, tmp_path):
     for uri in (f"sqlite:///{tmp_path}/a.db", "sqlite:///:memory:", "http://h:5000", "databricks", "file:///x"):
         assert tracking.absolute(uri) == uri
     no_env.setenv("MLFLOW_TRACKING_URI", "sqlite:///out/train/mlruns.db")
-    assert parse_config(TrainConfig, TRAIN_ARGS).tracking_uri == f"sqlite:///{tmp_path}/out/train/mlruns.db"
+    assert parse_config(TrainConfig, TRAIN_ARGS).outputs.tracking_uri == f"sqlite:///{tmp_path}/out/train/mlruns.db"
 
 
 def test_a_sqlite_store_that_cannot_be_made_is_refused_before_any_work_without_mlflow(tmp_path):

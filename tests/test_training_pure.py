@@ -250,8 +250,8 @@ def test_cache_is_sized_from_row_groups(tmp_path):
 def test_train_config_from_command_line(capsys):
     config = parse_config(TrainConfig, ["--data", "d", "--output", "o", "--batch-size", "4", "--resume",
                                         "--weights", "none", "--warmup-epochs", "2"])
-    assert config.batch_size == 4 and config.resume and config.weights == "none"
-    assert config.warmup_epochs == 2.0 and os.path.isabs(config.data)
+    assert config.fit.batch_size == 4 and config.outputs.resume and config.model.weights == "none"
+    assert config.fit.warmup_epochs == 2.0 and os.path.isabs(config.loader.data)
     for bad in (["--dropout", "1.0"], ["--threads", "-3"]):
         with pytest.raises(SystemExit) as info:
             parse_config(TrainConfig, ["--data", "d", "--output", "o", *bad])
@@ -349,7 +349,7 @@ def test_fine_tune_blocks_of_tiny_are_its_conv_and_batch_norm_pairs():
 
 def test_phase_2_learning_rate_and_allreduced_bytes():
     from pipelines.training.model.finetune import KERAS_GUIDE_LR_FACTOR, allreduce_bytes, phase2_lr
-    assert TrainConfig(data="d", output="o").fine_tune_lr == KERAS_GUIDE_LR_FACTOR == 1e-5 / 1e-3
+    assert TrainConfig(data="d", output="o").model.fine_tune_lr == KERAS_GUIDE_LR_FACTOR == 1e-5 / 1e-3
     assert phase2_lr(0.002, 0.01) == pytest.approx(2e-5)
     assert allreduce_bytes(1000, fp16=False) == 4000 and allreduce_bytes(1000, fp16=True) == 2000
     config = TrainConfig(data="d", output="o", epochs=7)

@@ -66,8 +66,8 @@ def closure_chunks(items: Sequence[tuple], parts: int) -> List[List[Tuple]]:
     each item as a plain ``tuple`` of its fields; the task rebuilds them with ``Type._make``.
 
     Why: cloudpickle, which ships a PySpark closure, calls back into Python for every object that
-    is not exactly a built-in type; 10,000 ETL candidates took 61 ms to pickle as named tuples and
-    4 ms as tuples, and each task's unpickling fell from 13 ms to 4 ms.
+    is not exactly a built-in type: named tuples pickled and unpickled several times slower than
+    tuples (docs/benchmarks.md, Figures behind the code's constants).
     """
     return [[tuple(item) for item in chunk] for chunk in cut_into(items, parts)]
 

@@ -90,13 +90,13 @@ class SplitWriter:
         if self.writer is None:
             self.target.parent.makedirs()
             # Decoded pixels gain nothing from a dictionary. LZ4 (LZ4_RAW in the file) over snappy:
-            # snappy's matches end at 64 bytes, so a white border costs it 5x the bytes (Fashion-
-            # MNIST at 299 px: 13.9 against 2.8 KiB per row; photos 49 against 40), and it is no
-            # faster (benchmarks/etl_bench.py, "write/proc"). On an object store the file is one
+            # snappy's matches end at 64 bytes, so a white border costs it several times the bytes,
+            # and it is no faster (benchmarks/etl_bench.py, "write/proc"; the figures: docs/benchmarks.md,
+            # Figures behind the code's constants). On an object store the file is one
             # (multipart) upload: it appears whole when closed.
             # write_batch_size: pyarrow checks the page size only between batches of values, so its
             # default (1024 rows) makes each row group one page, built in a fresh buffer of tens of
-            # MiB; pages of about PAGE_BYTES write 2.5x faster (benchmarks/etl_bench.py, "write/proc").
+            # MiB; pages of about PAGE_BYTES write faster (same benchmark, same figures).
             self.writer = pq.ParquetWriter(self.target.path, IMAGE_SCHEMA, filesystem=self.target.filesystem,
                                            compression="lz4", use_dictionary=["label", "label_name"],
                                            write_statistics=["label"], data_page_size=PAGE_BYTES,
@@ -297,7 +297,7 @@ def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[
     Memory: one file's bytes and its decoded pixels at a time (see :mod:`pipelines.etl.memory`),
     and at most one batch of outcome rows.
     """
-    zipcache.install()  # this worker's next tasks start in milliseconds, not 0.3 s (see the module)
+    zipcache.install()  # this worker's next tasks start without re-reading pyspark.zip (see the module)
     task = _task_name()
     writers: Dict[str, SplitWriter] = {}
     outcomes = RowFile(run, "outcomes", task, OUTCOME_SCHEMA)

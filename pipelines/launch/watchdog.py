@@ -4,8 +4,8 @@ A rank that stops while alive (a read from a hung mount or object store, a deadl
 thread, a callback that never returns) keeps its Horovod background thread running, so Gloo's
 timeouts never fire; the other ranks wait in their next allreduce and the job never ends
 (horovod#2107, #1550, #4050). Horovod's own stall shutdown (``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``)
-did not fire here: Horovod 0.28.1 with Gloo and TensorFlow 2.15 printed no stall warning and shut
-nothing down with a rank asleep for 15 s under a 2 s check and a 5 s shutdown (2026-12-03).
+did not fire here, with Horovod 0.28.1, Gloo and TensorFlow 2.15 (the trial: docs/benchmarks.md,
+Figures behind the code's constants).
 
 So every rank watches itself. The training loop ticks (:meth:`Watchdog.tick`) at each step's start
 and end, each epoch's start and end, saying whether what follows may wait on other ranks

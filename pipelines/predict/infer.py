@@ -179,7 +179,7 @@ def make_predict_fn(spec, k: int, from_files: bool, max_file_bytes: int, threads
         (:func:`predict_columns`); PySpark calls it once per Python worker.
     """
     def make():
-        zipcache.install()  # this worker's next tasks start in milliseconds, not 0.3 s (see the module)
+        zipcache.install()  # this worker's next tasks start without re-reading pyspark.zip (see the module)
 
         quiet_by_default(verbose)  # before this worker loads TensorFlow
         set_threads(threads)

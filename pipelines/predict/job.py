@@ -166,7 +166,7 @@ def emit_items(batches: Iterator, chunks: List[List[tuple]]) -> Iterator:
     ``chunks`` holds each :class:`Item` as a plain tuple (:func:`pipelines.etl.layout.closure_chunks`)."""
     import pyarrow as pa
 
-    zipcache.install()  # this worker's next tasks start in milliseconds, not 0.3 s (see the module)
+    zipcache.install()  # this worker's next tasks start without re-reading pyspark.zip (see the module)
     schema = pa.schema([("path", pa.string()), ("label", pa.int32()), ("label_name", pa.string()),
                         ("reason", pa.string())])
     for batch in batches:

@@ -5,15 +5,23 @@ Each field of a stage's dataclass becomes a ``--flag`` (underscores become dashe
 A field's metadata may also give its ``flag`` and ``choices``, and a repeatable ``KEY=VALUE``
 field (``key_values``) a ``file_flag`` with its ``file_help`` and the ``gather(pairs, path)`` that
 makes the dict (:func:`pipelines.io.options.storage_options_field`, every stage's).
+
+A stage with many options composes its config of option groups (:func:`option_group`): each a
+dataclass of one concern's fields that checks them itself, its flags listed under its own title in
+``--help``, as the ``transformers`` example scripts group theirs. The flags stay flat (a field's
+name is its flag, whatever its group), and so does the config's keyword interface: such a config
+is made from the flat keywords (:func:`init_options`, which routes each to its group) and
+:func:`to_dict` gives the flat fields, while code reads ``config.<group>.<field>``.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import os
 import sys
 import typing
-from typing import Any, Callable, Mapping, Sequence, Tuple, Type, TypeVar, Union
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 from pipelines.runtime.environment import VERBOSE_ENV
 from pipelines.runtime.errors import Refused, exit_status, is_refusal
@@ -27,6 +35,67 @@ T = TypeVar("T")
 def field(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> Any:  # noqa: A002
     """A dataclass field with a help text for the command line (``required`` when no default)."""
     return dataclasses.field(default=default, metadata={"help": help, **kwargs})
+
+
+def option_group(title: str) -> Any:
+    """A field of a stage's config that is a group of options (a dataclass of :func:`field` s, one
+    concern's), listed under ``title`` in ``--help``; the field's type names the group's class."""
+    return dataclasses.field(metadata={"group": title})
+
+
+def option_fields(cls: Type[Any]) -> Iterator[Tuple[Optional[dataclasses.Field], dataclasses.Field, Any]]:
+    """Every option of the config class ``cls``, in order: ``(group, field, type)``, ``group`` the
+    :func:`option_group` field it is in (``None`` for a field of ``cls`` itself), ``type`` its
+    annotation, resolved."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if "group" not in f.metadata:
+            yield None, f, hints[f.name]
+            continue
+        inner = typing.get_type_hints(hints[f.name])
+        for g in dataclasses.fields(hints[f.name]):
+            yield f, g, inner[g.name]
+
+
+def init_options(config: Any, options: Dict[str, Any]) -> None:
+    """Set the fields of ``config`` (a frozen dataclass with option groups, from its ``__init__``)
+    from the flat keywords ``options``: each group is made of the options its fields name, over the
+    group given whole under its own name if one is (its options then replace those fields, as
+    :func:`dataclasses.replace` does: so ``dataclasses.replace(config, batch_size=8)`` works); a
+    field of ``config`` itself takes its option or its default. Then ``__post_init__``, if any.
+
+    Raises:
+        TypeError: an option that no field is named after, or a missing required one, as a
+            dataclass's own ``__init__`` says it.
+        pipelines.runtime.errors.Refused: what a group's own checks refuse.
+    """
+    cls, options, hints = type(config), dict(options), typing.get_type_hints(type(config))
+    for f in dataclasses.fields(cls):
+        if "group" in f.metadata:
+            group = hints[f.name]
+            mine = {g.name: options.pop(g.name) for g in dataclasses.fields(group) if g.name in options}
+            given = options.pop(f.name, None)
+            value = group(**mine) if given is None else dataclasses.replace(given, **mine) if mine else given
+        elif f.name in options:
+            value = options.pop(f.name)
+        elif f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            raise TypeError(f"{cls.__name__}() missing required argument: {f.name!r}")
+        object.__setattr__(config, f.name, value)
+    if options:
+        raise TypeError(f"{cls.__name__}() got unexpected keyword arguments: {', '.join(sorted(options))}")
+    if hasattr(config, "__post_init__"):
+        config.__post_init__()
+
+
+def settle(config: Any, **values: Any) -> None:
+    """Set fields of a frozen dataclass ``config`` from its own ``__post_init__``: the values its
+    checks settle (a path made absolute, a default from the environment)."""
+    for name, value in values.items():
+        object.__setattr__(config, name, value)
 
 
 def verbose_field(shows: str) -> Any:
@@ -56,45 +125,58 @@ def build_parser(cls: Type[Any], description: str = "") -> argparse.ArgumentPars
 
 def add_arguments(parser: argparse.ArgumentParser, cls: Type[Any], defaults: Mapping[str, Any] | None = None,
                   notes: Mapping[str, str] | None = None) -> None:
-    """Add to ``parser`` one option per field of the dataclass ``cls``, as :func:`build_parser` does.
+    """Add to ``parser`` one option per field of the dataclass ``cls``, as :func:`build_parser` does
+    (the fields of an option group under the group's title).
 
-    With ``defaults``, only the fields it names, in its order, each with that default instead of
-    the field's (another program's defaults for the same settings: a benchmark's). ``notes`` add
-    text to a field's help.
+    With ``defaults``, only the fields it names (of ``cls`` or of its groups), in its order, each
+    with that default instead of the field's (another program's defaults for the same settings: a
+    benchmark's). ``notes`` add text to a field's help.
 
     Raises:
-        KeyError: a name in ``defaults`` that is not a field of ``cls``.
+        KeyError: a name in ``defaults`` that is not a field of ``cls`` or of its groups.
     """
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    chosen = [(fields[name], default) for name, default in defaults.items()] if defaults is not None else \
-        [(f, f.default) for f in fields.values()]
-    for f, default in chosen:
-        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-        tp = _base_type(hints[f.name])
-        if f.metadata.get("key_values"):  # repeatable KEY=VALUE, made a dict by parse_config
-            parser.add_argument(flag, dest=f.name, action="append", metavar="KEY=VALUE",
-                                help=f.metadata.get("help", ""))
-            if f.metadata.get("file_flag"):
-                parser.add_argument(f.metadata["file_flag"], dest=f.name + _FILE, metavar="PATH",
-                                    help=f.metadata.get("file_help", ""))
+    options = {f.name: (group, f, tp) for group, f, tp in option_fields(cls)}
+    if defaults is not None:
+        for name, default in defaults.items():
+            _, f, tp = options[name]
+            _add_option(parser, f, tp, default, notes)
+        return
+    sections: Dict[str, Any] = {}
+    for group, f, tp in options.values():
+        if group is None:
+            _add_option(parser, f, tp, f.default, notes)
             continue
-        required = default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        kwargs: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help", "") + (notes or {}).get(f.name, "")}
-        if tp is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
-            kwargs["default"] = default
+        if group.name not in sections:
+            sections[group.name] = parser.add_argument_group(group.metadata["group"])
+        _add_option(sections[group.name], f, tp, f.default, notes)
+
+
+def _add_option(parser: Any, f: dataclasses.Field, tp: Any, default: Any, notes: Mapping[str, str] | None) -> None:
+    """The option of the field ``f`` (annotated ``tp``) in ``parser`` (or one of its groups)."""
+    flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+    tp = _base_type(tp)
+    if f.metadata.get("key_values"):  # repeatable KEY=VALUE, made a dict by parse_config
+        parser.add_argument(flag, dest=f.name, action="append", metavar="KEY=VALUE", help=f.metadata.get("help", ""))
+        if f.metadata.get("file_flag"):
+            parser.add_argument(f.metadata["file_flag"], dest=f.name + _FILE, metavar="PATH",
+                                help=f.metadata.get("file_help", ""))
+        return
+    required = default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    kwargs: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help", "") + (notes or {}).get(f.name, "")}
+    if tp is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+        kwargs["default"] = default
+    else:
+        kwargs["type"] = tp
+        if required:
+            kwargs["required"] = True
         else:
-            kwargs["type"] = tp
-            if required:
-                kwargs["required"] = True
-            else:
-                kwargs["default"] = default
-                if "default" not in kwargs["help"]:
-                    kwargs["help"] += " (default: %(default)s)"
-            if "choices" in f.metadata:
-                kwargs["choices"] = f.metadata["choices"]
-        parser.add_argument(flag, **kwargs)
+            kwargs["default"] = default
+            if "default" not in kwargs["help"]:
+                kwargs["help"] += " (default: %(default)s)"
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+    parser.add_argument(flag, **kwargs)
 
 
 def parse_config(cls: Type[T], argv: Sequence[str] | None = None, description: str = "") -> T:
@@ -158,24 +240,35 @@ _FILE = "__file"  # the dest suffix of a key_values field's file flag
 
 
 def _field_values(cls: Type[Any], values: Mapping[str, Any]) -> dict[str, Any]:
-    """The parsed ``values`` of ``cls``'s fields; repeatable ``KEY=VALUE`` ones made a dict by
-    their field's ``gather`` (the pairs and their file flag's path: e.g.
-    :func:`pipelines.io.options.gather_given`, which adds the environment's).
+    """The parsed ``values`` of ``cls``'s fields (and its groups', flat: the config routes them,
+    :func:`init_options`); repeatable ``KEY=VALUE`` ones made a dict by their field's ``gather``
+    (the pairs and their file flag's path: e.g. :func:`pipelines.io.options.gather_given`, which
+    adds the environment's).
 
     Raises:
         Refused: what ``gather`` refuses (:class:`pipelines.io.storage.StorageError`: a
             ``KEY=VALUE`` option without ``=``, an options file that others may read, malformed JSON).
     """
-    own = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}
-    for f in dataclasses.fields(cls):
+    fields = [f for _, f, _ in option_fields(cls)]
+    own = {f.name: values[f.name] for f in fields if f.name in values}
+    for f in fields:
         if f.metadata.get("key_values") and f.name in own:
             own[f.name] = f.metadata["gather"](own[f.name] or [], values.get(f.name + _FILE))
     return own
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    """The dataclass as a JSON-ready dict (for manifests and reports)."""
-    return dataclasses.asdict(config)
+    """The config as a JSON-ready dict (for manifests, reports, MLflow params and run fingerprints):
+    its fields, an option group's fields in its place, flat (``{"data": ..., "batch_size": ...}``),
+    as the flags name them."""
+    flat: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if "group" in f.metadata:
+            flat.update(to_dict(value))
+        else:
+            flat[f.name] = copy.deepcopy(value)
+    return flat
 
 
 def run_command(cls: Type[T], argv: Sequence[str] | None, stage: str, run: Callable[[T], Any],

@@ -4,10 +4,9 @@ PySpark's worker calls ``importlib.invalidate_caches()`` at the start of every t
 (``pyspark.worker_util.setup_spark_files``). On Python 3.10 and 3.11 that makes every
 ``zipimport.zipimporter`` in ``sys.path_importer_cache`` re-read its whole archive's directory
 (CPython gh-103200, fixed in 3.12 by making the re-read lazy), and a worker imports PySpark from
-``pyspark.zip`` (3 MB, one importer per package folder): measured on the 2-core development
-machine, 0.28 CPU-seconds per task, 5.9 s for 32 empty tasks against 1.2 s with
-:func:`install` (one-off timings; ``benchmarks/etl_bench.py``'s "empty job" column shows
-the per-job remainder).
+``pyspark.zip`` (3 MB, one importer per package folder): a fraction of a CPU-second per task
+(the timings: docs/benchmarks.md, Figures behind the code's constants; ``benchmarks/etl_bench.py``'s
+"empty job" column shows the per-job remainder).
 
 :func:`install`, called at the start of a task of ours, keeps the fix for the rest of that
 worker's life (PySpark reuses workers): an archive's directory is re-read only when its size or

@@ -87,7 +87,7 @@ def distributed_optimizer(optimizer: Any, model: Optional[Any] = None, **horovod
     if horovod_options.get("backward_passes_per_step", 1) == 1 and hasattr(allreduce, "python_function"):
         # Horovod wraps its gradient allreduce in tf.function with AutoGraph on, so every rank
         # converts Horovod's allreduce code to graph code when the train step is first traced
-        # (1.3-1.5 s of each rank's start, measured in docs/stacks.md). That code is written for
+        # (over a second of each rank's start: docs/stacks.md). That code is written for
         # graph mode (explicit tf.cond, Python branches on Python values only): traced as written,
         # it builds the same ops.
         wrapped._allreduce_grads = tf.function(allreduce.python_function, autograph=False)

@@ -81,13 +81,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if rank:
                 return 0
     except (HorovodJobFailed, RelaunchImpossible) as exc:
-        return launch_failed(exc, log, config.output)
+        return launch_failed(exc, log, config.outputs.output)
     except TrackingFailed as exc:  # rank 0, under horovodrun or alone
         log.error("%s", exc)
         return 1
     except Preempted:  # every rank stopped at one step, rank 0 checkpointed there
         if not rank:
-            log.warning("%s", resume_line(config.output))
+            log.warning("%s", resume_line(config.outputs.output))
         return PREEMPTED_EXIT
     except Exception as exc:  # noqa: BLE001 - a refusal is 2, anything else 1 with its traceback
         if not log.handlers:  # it ended before its logging was set up
@@ -95,7 +95,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         where = "" if rank is None else f"rank {rank} on {socket.gethostname()}"
         # under horovodrun every rank refuses alike: rank 0 says why, once; a failure, every rank
         return exit_status(exc, log, where, say_refusal=launch.launches or not rank)
-    print(result_line(report, config.output))
+    print(result_line(report, config.outputs.output))
     return 0
 
 
@@ -151,12 +151,12 @@ def launch_ranks(config: TrainConfig, launch: LaunchConfig) -> dict:
         HorovodJobFailed, RelaunchImpossible: a rank failed and was not relaunched (exit 1).
     """
     setup_logging("train driver")
-    if launch.np < 0 and config.bind_cores:  # local ranks: the cores are this machine's, check now
-        rank_cores(0, launch.world_size, threads_per_rank(config.threads, launch.world_size),
+    if launch.np < 0 and config.compute.bind_cores:  # local ranks: the cores are this machine's, check now
+        rank_cores(0, launch.world_size, threads_per_rank(config.compute.threads, launch.world_size),
                    os.sched_getaffinity(0))
     run = check_before_ranks(config, launch.world_size)
-    if config.tracking:
-        check_store(config.tracking_uri)
+    if config.outputs.tracking:
+        check_store(config.outputs.tracking_uri)
     if launch.np > 0:
         spark_session("pipelines-train", verbose=config.verbose, log_level=read_settings().spark_log_level)
     with rank_log_dir(config) as logs:
@@ -196,8 +196,8 @@ def check_before_ranks(config: TrainConfig, world_size: int):
             :func:`pipelines.training.records.mirror.check_output`.
         pipelines.training.records.ownership.RunRefused: as :func:`pipelines.training.records.ownership.claim`.
     """
-    check_run(config.data, config.batch_size, world_size, config.storage_options)
-    check_output(config.output, config.storage_options)
+    check_run(config.loader.data, config.fit.batch_size, world_size, config.storage_options)
+    check_output(config.outputs.output, config.storage_options)
     return check_output_claim(config, world_size)
 
 
@@ -211,7 +211,7 @@ def fetch_weights(config: TrainConfig) -> None:
         pipelines.training.model.imagenet.WeightsUnavailable: as
             :func:`pipelines.training.model.imagenet.ensure_imagenet_weights` (a refusal: exit 2).
     """
-    ensure_imagenet_weights(config.backbone, config.weights)
+    ensure_imagenet_weights(config.model.backbone, config.model.weights)
 
 
 @contextlib.contextmanager
@@ -219,14 +219,14 @@ def rank_log_dir(config: TrainConfig) -> Iterator[str]:
     """The local folder HorovodRunner keeps each rank's output in: ``OUTPUT/logs`` for a local
     output; for a URI output a temporary folder, uploaded to ``OUTPUT/logs`` when the run ends
     (a failed run's too: that is when the logs matter) and then removed."""
-    if is_local(config.output):
-        yield os.path.join(config.output, RANK_LOGS)
+    if is_local(config.outputs.output):
+        yield os.path.join(config.outputs.output, RANK_LOGS)
         return
     local = tempfile.mkdtemp(prefix="pipelines-rank-logs-")
     try:
         yield local
     finally:
-        target = resolve(config.output, config.storage_options).join(RANK_LOGS)
+        target = resolve(config.outputs.output, config.storage_options).join(RANK_LOGS)
         try:
             target.upload(local)
         except OSError as exc:

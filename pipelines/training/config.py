@@ -1,12 +1,34 @@
-"""Configuration of the training stage (``jobs/train.py``)."""
+"""Configuration of the training stage (``jobs/train.py``): :class:`TrainConfig`, composed of one
+option group per concern, each a dataclass that checks its own fields:
+
+=========================  =========================================================================
+``config.loader``          :class:`LoaderOptions`: ``--data`` and how each rank reads its shard
+``config.model``           :class:`ModelOptions`: the network, its weights and input side, fine-tuning
+``config.fit``             :class:`FitOptions`: epochs, batch, learning rate, warmup, early stopping,
+                           seed, checkpoint intervals
+``config.compute``         :class:`ComputeOptions`: how each rank computes (threads, cores, precision,
+                           XLA, the allreduce's compression)
+``config.outputs``         :class:`OutputOptions`: ``--output``, what a run may do with it, TensorBoard,
+                           MLflow
+``config.verbose``,        every stage's own two (:func:`pipelines.runtime.config.verbose_field`,
+``config.storage_options`` :func:`pipelines.io.options.storage_options_field`; the options serve
+                           ``--data`` and ``--output`` alike)
+=========================  =========================================================================
+
+The flags are the fields' names, flat (``--batch-size``, whatever its group), and so is the
+config's keyword interface: ``TrainConfig(data=..., output=..., batch_size=8)`` routes each keyword
+to its group (:func:`pipelines.runtime.config.init_options`), ``dataclasses.replace(config,
+epochs=3)`` too, and :func:`pipelines.runtime.config.to_dict` (the report's ``config``, MLflow's
+params, the run fingerprint's names) gives the flat fields; code reads ``config.fit.batch_size``.
+"""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from pipelines import tracking as trk
-from pipelines.runtime.config import field, settle_verbose, verbose_field
+from pipelines.runtime.config import field, init_options, option_group, settle, settle_verbose, verbose_field
 from pipelines.io.options import storage_options_field
 from pipelines.runtime.environment import TRACKING_ENV, read_settings
 from pipelines.runtime.errors import Refused
@@ -42,73 +64,117 @@ def profile_range(text: str) -> Union[int, Tuple[int, int]]:
     return first, last
 
 
-@dataclass
-class TrainConfig:
-    """Horovod + Petastorm + Keras Xception transfer learning on the ETL's Parquet output."""
+@dataclass(frozen=True)
+class LoaderOptions:
+    """loader: the ETL output (--data) and how each rank reads its shard"""
 
     data: str = field(help="ETL output: a folder, file:// or a URI such as s3://bucket/etl (manifest.json and the "
                            "Parquet files it names)")
-    output: str = field(help="folder or URI (s3://bucket/run) for checkpoints, logs, metrics.json and the final "
-                             "model; for a URI, rank 0 writes in a local temporary folder and uploads each "
-                             "checkpoint as it completes and the rest at the end")
-    epochs: int = field(30, help="maximum number of epochs")
-    batch_size: int = field(16, help="images per step on each rank; the global batch is this x world size")
-    base_lr: float = field(0.001, help="learning rate of one rank; scaled by the world size")
-    warmup_epochs: float = field(0.0, help="epochs of linear warmup from base_lr to base_lr x world size")
-    dropout: float = field(0.5, help="dropout rate before the softmax head")
-    # the model's input side (input_size), named as its flag --image-size; the stored side is the data's
-    image_size: int = field(0, help="side of the model's input in pixels; 0 = the ETL's size "
-                                    "(a smaller size resizes on the fly)")
-    weights: str = field("imagenet", help="backbone weights: imagenet (Keras download), none (random), "
-                                          "or the path of a no-top weights file")
+    reader: str = field("",
+                        help="how ranks read their shard: petastorm, or own (pyarrow: where Petastorm cannot run); "
+                             "default: the installed stack's (petastorm on the mission stack, own on the current "
+                             "one: pipelines/stack/__init__.py)")
+    reader_workers: int = field(2, help="reader threads per rank")
+    cache_dir: str = field("", help="Petastorm local-disk cache root, a local folder by design (a URI is "
+                                    "refused: the cache is each rank's own disk; default: a temp folder); each "
+                                    "rank and split gets its own subfolder")
+    shuffle_buffer: int = field(256, help="images in the shuffle buffer (uint8, before preprocessing)")
+    augment: bool = field(False, help="random horizontal flips of the training images (turns the feature "
+                                      "cache off: features would change every epoch)")
+    feature_cache: bool = field(False, help="compute the frozen backbone's features once (Parquet next to the "
+                                            "data, reused by later runs) and train only the head on them")
+
+    def __post_init__(self) -> None:
+        at_least(1, reader_workers=self.reader_workers, shuffle_buffer=self.shuffle_buffer)
+        data = local_or_uri(self.data)
+        settle(self, reader=check_reader(self.reader), data=check_url_safe(data, "--data") if data and is_local(data)
+               else data)
+        if self.cache_dir and not is_local(self.cache_dir):
+            raise Refused(f"--cache-dir {self.cache_dir}: Petastorm's cache is on each rank's local disk by "
+                          "design; give a local folder (or none: a temporary one)")
+        if self.cache_dir:
+            settle(self, cache_dir=os.path.abspath(os.path.expanduser(self.cache_dir)))
+            check_folder_path(self.cache_dir, "--cache-dir")
+            refuse_foreign(self.cache_dir)  # another user's files are never read as a rank's cache
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """model: the network, its weights and input side, fine-tuning"""
+
     backbone: str = field("xception", help="the frozen feature extractor: xception (the article's; ImageNet "
                                            "weights) or tiny (two random convolutions, with --weights none: "
                                            "checks a pipeline or a cluster end to end in seconds, not for "
                                            "accuracy)")
+    weights: str = field("imagenet", help="backbone weights: imagenet (Keras download), none (random), "
+                                          "or the path of a no-top weights file")
+    # the model's input side (input_size), named as its flag --image-size; the stored side is the data's
+    image_size: int = field(0, help="side of the model's input in pixels; 0 = the ETL's size "
+                                    "(a smaller size resizes on the fly)")
+    dropout: float = field(0.5, help="dropout rate before the softmax head")
+    fine_tune_blocks: int = field(0, help="after the head has converged (early stopping or --epochs), unfreeze the "
+                                          "backbone's top N blocks (Xception: block14 down, 1..14; tiny: 1..2) and "
+                                          "train on, on images, batch-norm kept in inference mode; 0 = the backbone "
+                                          "stays frozen (pipelines/training/model/finetune.py)")
+    fine_tune_lr: float = field(KERAS_GUIDE_LR_FACTOR, help="phase 2's learning rate = this factor x phase 1's "
+                                "(base_lr x world size); 0.01 is the Keras transfer-learning guide's (Adam 1e-3, "
+                                "then 1e-5)")
+    fine_tune_epochs: int = field(0, help="maximum epochs of the fine-tuning phase, with the same early stopping; "
+                                          "0 = --epochs")
+
+    def input_size(self, stored_size: int) -> int:
+        """Side of the model's input in pixels (``input_size``): ``--image-size``, or ``stored_size``,
+        the side of the ETL's stored images."""
+        return self.image_size or stored_size
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.dropout < 1.0:
+            raise Refused(f"--dropout must be in [0, 1), got {self.dropout}")
+        at_least(0, image_size=self.image_size)
+        check_fine_tune(check_backbone(self.backbone, self.weights, self.image_size), self.fine_tune_blocks,
+                        self.fine_tune_lr, self.fine_tune_epochs)
+        if self.weights not in ("imagenet", "none"):
+            settle(self, weights=os.path.abspath(os.path.expanduser(self.weights)))
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """fit: epochs, batch, learning rate, warmup, early stopping, seed, checkpoint intervals"""
+
+    epochs: int = field(30, help="maximum number of epochs")
+    batch_size: int = field(16, help="images per step on each rank; the global batch is this x world size")
+    base_lr: float = field(0.001, help="learning rate of one rank; scaled by the world size")
+    warmup_epochs: float = field(0.0, help="epochs of linear warmup from base_lr to base_lr x world size")
     patience: int = field(3, help="early stopping: epochs without a val_accuracy gain of --min-delta")
     min_delta: float = field(0.001, help="early stopping: smallest val_accuracy gain that counts")
-    cache_dir: str = field("", help="Petastorm local-disk cache root, a local folder by design (a URI is "
-                                    "refused: the cache is each rank's own disk; default: a temp folder); each "
-                                    "rank and split gets its own subfolder")
-    resume: bool = field(False, help="continue the run whose newest complete checkpoint is in --output (refused "
-                                     "when that run's settings or data differ from this one's)")
+    seed: int = field(42, help="seed of weights initialisation, shuffling and dropout")
     checkpoint_every_steps: Optional[int] = field(None, help="also checkpoint within an epoch every N training steps "
                                                         "(with the data position: --resume then continues at that "
                                                         "step exactly); default: by --checkpoint-every-minutes only")
     checkpoint_every_minutes: Optional[float] = field(DEFAULT_CHECKPOINT_MINUTES, help="also checkpoint within an "
                                                       "epoch when this many minutes have passed since the last "
                                                       "checkpoint (rank 0's clock)")
-    overwrite: bool = field(False, help="start afresh in an --output that holds another training run: delete "
-                                        "the files that run recorded (train_run.json, its checkpoints, model, "
-                                        "metrics), nothing else")
-    shuffle_buffer: int = field(256, help="images in the shuffle buffer (uint8, before preprocessing)")
-    seed: int = field(42, help="seed of weights initialisation, shuffling and dropout")
+
+    def __post_init__(self) -> None:
+        at_least(1, epochs=self.epochs, batch_size=self.batch_size)
+        if self.base_lr <= 0:
+            raise Refused(f"--base-lr must be positive, got {self.base_lr}")
+        at_least(0, warmup_epochs=self.warmup_epochs, patience=self.patience)
+        for flag, value in (("--checkpoint-every-steps", self.checkpoint_every_steps),
+                            ("--checkpoint-every-minutes", self.checkpoint_every_minutes)):
+            if value is not None and not value > 0:
+                raise Refused(f"{flag} must be positive, got {value}: an interval of steps or minutes between "
+                              "checkpoints")
+
+
+@dataclass(frozen=True)
+class ComputeOptions:
+    """compute: how each rank computes (threads, cores, precision, XLA, the allreduce's compression)"""
+
     threads: int = field(0, help="TensorFlow intra-op threads per rank; 0 = the cores this process may use / "
                                  "local ranks")
-    reader_workers: int = field(2, help="reader threads per rank")
-    reader: str = field("",
-                        help="how ranks read their shard: petastorm, or own (pyarrow: where Petastorm cannot run); "
-                             "default: the installed stack's (petastorm on the mission stack, own on the current "
-                             "one: pipelines/stack/__init__.py)")
     bind_cores: bool = field(False, help="bind each rank and its threads to --threads cores of its own (CPU "
                                          "training on a host the ranks fill: local ranks x threads <= cores)")
-    tensorboard: bool = field(True, help="write TensorBoard logs on rank 0")
-    profile_steps: str = field("", help="FIRST,LAST: TensorFlow's profile of these training steps (1-based, counted "
-                                        "across epochs) on rank 0, into the TensorBoard logs: its input-pipeline "
-                                        "analysis splits a step into waiting on input and compute; empty: none")
-    verbose: Optional[bool] = verbose_field("TensorFlow's info lines")
-    feature_cache: bool = field(False, help="compute the frozen backbone's features once (Parquet next to the "
-                                            "data, reused by later runs) and train only the head on them")
-    augment: bool = field(False, help="random horizontal flips of the training images (turns the feature "
-                                      "cache off: features would change every epoch)")
-    fine_tune_blocks: int = field(0, help="after the head has converged (early stopping or --epochs), unfreeze the "
-                                          "backbone's top N blocks (Xception: block14 down, 1..14; tiny: 1..2) and "
-                                          "train on, on images, batch-norm kept in inference mode; 0 = the backbone "
-                                          "stays frozen (pipelines/training/model/finetune.py)")
-    fine_tune_lr: float = field(KERAS_GUIDE_LR_FACTOR, help="phase 2's learning rate = this factor x phase 1's (base_lr x world size); "
-                                           "0.01 is the Keras transfer-learning guide's (Adam 1e-3, then 1e-5)")
-    fine_tune_epochs: int = field(0, help="maximum epochs of the fine-tuning phase, with the same early stopping; "
-                                          "0 = --epochs")
     fp16_allreduce: bool = field(False, help="allreduce gradients as float16 (Horovod's Compression.fp16): half "
                                              "the bytes on the wire, the weights and the update stay float32")
     mixed_precision: bool = field(False, help="Keras' mixed_float16 policy on a GPU (float16 compute, float32 "
@@ -118,87 +184,106 @@ class TrainConfig:
                                  "(tf.function(jit_compile=True); Horovod's allreduce and the update stay "
                                  "TensorFlow ops: pipelines/training/model/build.py, xla_train_step); off: not "
                                  "(default)")
-    tracking: Optional[bool] = field(None, help=trk.HELP["tracking"] + "; rank 0 logs one run per job")
-    tracking_uri: str = field("", help=trk.HELP["tracking_uri"])
-    experiment: str = field("pipelines-train", help=trk.HELP["experiment"])
-    run_name: str = field("", help=trk.HELP["run_name"])
-    storage_options: Dict[str, str] = storage_options_field()
-    register_model: str = field("", help="register the trained model in MLflow's model registry under this name "
-                                         "(a new version, tagged with its test_accuracy)")
-
-    @property
-    def fine_tune_max_epochs(self) -> int:
-        """Maximum epochs of the fine-tuning phase: ``--fine-tune-epochs``, or ``--epochs``."""
-        return self.fine_tune_epochs or self.epochs
-
-    @property
-    def profile_batch(self) -> Union[int, Tuple[int, int]]:
-        """Keras' ``TensorBoard(profile_batch=...)`` for ``--profile-steps``: 0 (none) or ``(first, last)``."""
-        return profile_range(self.profile_steps)
 
     @property
     def xla_on(self) -> bool:
         """Whether ``--xla on``: the model's pass compiled by XLA."""
         return self.xla == "on"
 
-    def input_size(self, stored_size: int) -> int:
-        """Side of the model's input in pixels (``input_size``): ``--image-size``, or ``stored_size``,
-        the side of the ETL's stored images."""
-        return self.image_size or stored_size
+    def __post_init__(self) -> None:
+        at_least(0, threads=self.threads)
+        if self.xla not in XLA_CHOICES:
+            raise Refused(f"--xla {self.xla}: choose one of {', '.join(XLA_CHOICES)}")
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """outputs: --output, what a run may do with it, TensorBoard, MLflow"""
+
+    output: str = field(help="folder or URI (s3://bucket/run) for checkpoints, logs, metrics.json and the final "
+                             "model; for a URI, rank 0 writes in a local temporary folder and uploads each "
+                             "checkpoint as it completes and the rest at the end")
+    overwrite: bool = field(False, help="start afresh in an --output that holds another training run: delete "
+                                        "the files that run recorded (train_run.json, its checkpoints, model, "
+                                        "metrics), nothing else")
+    resume: bool = field(False, help="continue the run whose newest complete checkpoint is in --output (refused "
+                                     "when that run's settings or data differ from this one's)")
+    tensorboard: bool = field(True, help="write TensorBoard logs on rank 0")
+    profile_steps: str = field("", help="FIRST,LAST: TensorFlow's profile of these training steps (1-based, counted "
+                                        "across epochs) on rank 0, into the TensorBoard logs: its input-pipeline "
+                                        "analysis splits a step into waiting on input and compute; empty: none")
+    tracking: Optional[bool] = field(None, help=trk.HELP["tracking"] + "; rank 0 logs one run per job")
+    tracking_uri: str = field("", help=trk.HELP["tracking_uri"])
+    experiment: str = field("pipelines-train", help=trk.HELP["experiment"])
+    run_name: str = field("", help=trk.HELP["run_name"])
+    register_model: str = field("", help="register the trained model in MLflow's model registry under this name "
+                                         "(a new version, tagged with its test_accuracy)")
+
+    @property
+    def profile_batch(self) -> Union[int, Tuple[int, int]]:
+        """Keras' ``TensorBoard(profile_batch=...)`` for ``--profile-steps``: 0 (none) or ``(first, last)``."""
+        return profile_range(self.profile_steps)
 
     def __post_init__(self) -> None:
-        if self.epochs < 1:
-            raise Refused(f"--epochs must be >= 1, got {self.epochs}")
-        if self.batch_size < 1:
-            raise Refused(f"--batch-size must be >= 1, got {self.batch_size}")
-        if self.threads < 0 or self.reader_workers < 1:
-            raise Refused(f"--threads must be >= 0 and --reader-workers >= 1, got {self.threads} and "
-                          f"{self.reader_workers}")
-        if self.base_lr <= 0:
-            raise Refused(f"--base-lr must be positive, got {self.base_lr}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise Refused(f"--dropout must be in [0, 1), got {self.dropout}")
-        if self.warmup_epochs < 0 or self.patience < 0 or self.image_size < 0:
-            raise Refused("--warmup-epochs, --patience and --image-size must be >= 0")
         profile_range(self.profile_steps)
         if self.profile_steps and not self.tensorboard:
             raise Refused("--profile-steps writes into the TensorBoard logs: drop --no-tensorboard")
-        if self.xla not in XLA_CHOICES:
-            raise Refused(f"--xla {self.xla}: choose one of {', '.join(XLA_CHOICES)}")
-        for flag, value in (("--checkpoint-every-steps", self.checkpoint_every_steps),
-                            ("--checkpoint-every-minutes", self.checkpoint_every_minutes)):
-            if value is not None and not value > 0:
-                raise Refused(f"{flag} must be positive, got {value}: an interval of steps or minutes between "
-                              "checkpoints")
         if self.resume and self.overwrite:
             raise Refused("--resume continues the run in --output, --overwrite replaces it: give one of them")
-        self.reader = check_reader(self.reader)
-        if self.shuffle_buffer < 1:
-            raise Refused(f"--shuffle-buffer must be >= 1, got {self.shuffle_buffer}")
-        self.data = local_or_uri(self.data)
-        self.output = local_or_uri(self.output)
+        settle(self, output=local_or_uri(self.output))
         check_not_root(self.output, "--output")  # a run prunes its checkpoints there
-        if self.data and is_local(self.data):
-            self.data = check_url_safe(self.data, "--data")
-        check_fine_tune(check_backbone(self.backbone, self.weights, self.image_size), self.fine_tune_blocks,
-                        self.fine_tune_lr, self.fine_tune_epochs)
-        if self.weights not in ("imagenet", "none"):
-            self.weights = os.path.abspath(os.path.expanduser(self.weights))
-        if self.cache_dir and not is_local(self.cache_dir):
-            raise Refused(f"--cache-dir {self.cache_dir}: Petastorm's cache is on each rank's local disk by "
-                          "design; give a local folder (or none: a temporary one)")
-        if self.cache_dir:
-            self.cache_dir = os.path.abspath(os.path.expanduser(self.cache_dir))
-            check_folder_path(self.cache_dir, "--cache-dir")
-            refuse_foreign(self.cache_dir)  # another user's files are never read as a rank's cache
-        settings = read_settings()  # here, in the launching process: the one read of the environment
-        self.verbose = settle_verbose(self.verbose, settings)
-        self.tracking, self.tracking_uri = trk.resolve(self.tracking, self.tracking_uri, self.output, self.experiment,
-                                                       settings)
+        # here, in the launching process: tracking's defaults from the environment
+        settle(self, **dict(zip(("tracking", "tracking_uri"), trk.resolve(
+            self.tracking, self.tracking_uri, self.output, self.experiment, read_settings()))))
         if self.register_model and not self.tracking:
             raise Refused(f"--register-model needs tracking: drop --no-tracking (or {TRACKING_ENV}=0)")
         if self.register_model:  # else only the registry would refuse it, after the whole training
             trk.check_model_name(self.register_model, self.tracking_uri)
+
+
+@dataclass(frozen=True, init=False)
+class TrainConfig:
+    """Horovod + Petastorm + Keras Xception transfer learning on the ETL's Parquet output.
+
+    Made of the flat keywords (the flags' names): ``TrainConfig(data=..., output=..., batch_size=8)``;
+    an option group may be given whole under its name (``fit=FitOptions(...)``), its fields' keywords
+    then replacing its own (:func:`pipelines.runtime.config.init_options`).
+
+    Raises:
+        TypeError: a keyword that names no option, or no ``data``/``output``.
+        pipelines.runtime.errors.Refused: what a group's checks refuse.
+    """
+
+    loader: LoaderOptions = option_group(LoaderOptions.__doc__)
+    model: ModelOptions = option_group(ModelOptions.__doc__)
+    fit: FitOptions = option_group(FitOptions.__doc__)
+    compute: ComputeOptions = option_group(ComputeOptions.__doc__)
+    outputs: OutputOptions = option_group(OutputOptions.__doc__)
+    verbose: Optional[bool] = verbose_field("TensorFlow's info lines")
+    storage_options: Dict[str, str] = storage_options_field()
+
+    def __init__(self, **options: Any) -> None:
+        init_options(self, options)
+
+    def __post_init__(self) -> None:
+        # here, in the launching process: the ranks get it in the config
+        settle(self, verbose=settle_verbose(self.verbose, read_settings()))
+
+    @property
+    def fine_tune_max_epochs(self) -> int:
+        """Maximum epochs of the fine-tuning phase: ``--fine-tune-epochs``, or ``--epochs``."""
+        return self.model.fine_tune_epochs or self.fit.epochs
+
+
+def at_least(bound: float, **options: float) -> None:
+    """Refuse each of ``options`` (a field's name and its value) below ``bound``, naming its flag.
+
+    Raises:
+        pipelines.runtime.errors.Refused: ``--NAME must be >= BOUND, got VALUE``.
+    """
+    for name, value in options.items():
+        if value < bound:
+            raise Refused(f"--{name.replace('_', '-')} must be >= {bound}, got {value}")
 
 
 def check_folder_path(path: str, option: str) -> None:

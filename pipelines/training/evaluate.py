@@ -2,8 +2,8 @@
 
 The confusion matrix is never built per batch: a batch adds its (true, predicted) label pairs, and
 the ``(k, k)`` matrix is counted from all of them once (:meth:`Totals.confusion_matrix`), so a
-batch costs O(batch) whatever the number of classes ``k`` (the per-batch ``k x k`` matrix took
-0.25 s a batch of 32 at 1,000 classes; ``benchmarks/eval_bench.py``).
+batch costs O(batch) whatever the number of classes ``k`` (what the per-batch ``k x k`` matrix
+cost at 1,000 classes: docs/benchmarks.md, Figures behind the code's constants; ``benchmarks/eval_bench.py``).
 """
 from __future__ import annotations
 

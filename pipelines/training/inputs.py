@@ -62,20 +62,20 @@ class ImageInputs:
         Raises:
             pipelines.runtime.errors.Refused: ``--reader`` is unknown or cannot run here (:func:`check_reader`).
         """
-        return check_reader(self.config.reader) == "own"
+        return check_reader(self.config.loader.reader) == "own"
 
     def _open(self, split: str, cache_root: str):
         c = self.config
-        return open_reader(self.data, split, self.rank, self.size, cache_root, workers=c.reader_workers,
-                           seed=c.seed + self.rank, reader=c.reader)
+        return open_reader(self.data, split, self.rank, self.size, cache_root, workers=c.loader.reader_workers,
+                           seed=c.fit.seed + self.rank, reader=c.loader.reader)
 
     def _dataset_over(self, reader, split: str, start_row: int):
         """The dataset of ``split`` over ``reader`` from stream row ``start_row`` (over Petastorm's
         reader not honoured, :func:`~pipelines.training.data.tfdata.make_dataset`: the caller says so, as
         ``train.py`` does when it resumes where :attr:`exact_positions` is False)."""
         c, training = self.config, split == "train"
-        return make_dataset(reader, self.data.stored_size, c.batch_size, c.shuffle_buffer if training else 0,
-                            seed=c.seed + self.rank, augment=c.augment and training, start_row=start_row)
+        return make_dataset(reader, self.data.stored_size, c.fit.batch_size, c.loader.shuffle_buffer if training else 0,
+                            seed=c.fit.seed + self.rank, augment=c.loader.augment and training, start_row=start_row)
 
     @contextlib.contextmanager
     def reader_dataset(self, split: str, cache_root: str, start_row: int = 0) -> Iterator[object]:
@@ -123,7 +123,7 @@ class ImageInputs:
         each row once, count checked against the footers."""
         _check_evaluated(split)
         shard = OnePassShard(self.data, split, self.rank, self.size)
-        totals = evaluate_dataset(model, shard.dataset(self.config.batch_size))
+        totals = evaluate_dataset(model, shard.dataset(self.config.fit.batch_size))
         shard.verify(totals.count)
         return totals
 
@@ -142,7 +142,7 @@ class FeatureInputs:
         self.full_model, self.input_size = full_model, input_size
         self.features = self._ensure_features()
         self.directory = self.features.uri  # as the report names it
-        self.model = build_head(data.num_classes, config.dropout, config.seed,
+        self.model = build_head(data.num_classes, config.model.dropout, config.fit.seed,
                                      backbone_of(full_model).output_shape[-1])
         # Start from the whole model's initial head, so both paths train the same function from the same point.
         self.model.get_layer("head").set_weights(full_model.get_layer("head").get_weights())
@@ -155,25 +155,25 @@ class FeatureInputs:
         import horovod.tensorflow as hvd_tf
 
         c, data, rank = self.config, self.data, self.rank
-        model = feat.model_key(c.weights, self.input_size, c.seed, c.backbone,
+        model = feat.model_key(c.model.weights, self.input_size, c.fit.seed, c.model.backbone,
                                backbone_of(self.full_model).compute_dtype,  # float16 under mixed precision
                                model_input(self.full_model))
         identity = hvd_tf.broadcast_object(data.identity() if rank == 0 else None, root_rank=0, name="data_identity")
         key = feat.feature_key(model, identity)
-        directory = feat.feature_dir(c.data, key, c.storage_options)
+        directory = feat.feature_dir(c.loader.data, key, c.storage_options)
         if feat.is_complete(directory, {split: data.rows(split) for split in SPLITS}, key):
             if rank == 0:
                 log.info("feature cache: reusing %s", directory)
             return directory
         if rank == 0:
-            feat.say_why(c.data, model, key, identity, directory, c.storage_options)
+            feat.say_why(c.loader.data, model, key, identity, directory, c.storage_options)
             directory.delete()  # a run interrupted before completion
         hvd_tf.broadcast_object(None, root_rank=0, name="features_cleared")
         extractor = feature_extractor(self.full_model)  # uint8 in, preprocessing and backbone inside
         start, counts = time.perf_counter(), {}
         for split in SPLITS:
             shard = OnePassShard(data, split, rank, self.size)
-            features, labels = feat.compute_shard(extractor, shard.dataset(c.batch_size))
+            features, labels = feat.compute_shard(extractor, shard.dataset(c.fit.batch_size))
             shard.verify(len(labels))
             feat.write_shard(directory, split, rank, features, labels)
             counts[split] = sum(hvd_tf.allgather_object(len(labels), name=f"feature_rows_{split}"))
@@ -184,7 +184,7 @@ class FeatureInputs:
         if rank == 0:
             feat.mark_complete(directory, counts, key, model, identity)
             log.info("feature cache: %s rows in %.1f s", counts, time.perf_counter() - start)
-            feat.prune(c.data, feat.stale_sets(c.data, model, key, c.storage_options), c.storage_options)
+            feat.prune(c.loader.data, feat.stale_sets(c.loader.data, model, key, c.storage_options), c.storage_options)
         hvd_tf.broadcast_object(None, root_rank=0, name="features_complete")
         return directory
 
@@ -193,8 +193,8 @@ class FeatureInputs:
     _train_rows: Optional[Tuple[object, object]] = None  # the shard's train features, inside fit_datasets
 
     def _train_at(self, start_row: int):
-        return feat.feature_dataset(*self._train_rows, self.config.batch_size, shuffle=True,
-                                    seed=self.config.seed + self.rank, repeat=True, start_row=start_row)
+        return feat.feature_dataset(*self._train_rows, self.config.fit.batch_size, shuffle=True,
+                                    seed=self.config.fit.seed + self.rank, repeat=True, start_row=start_row)
 
     @contextlib.contextmanager
     def fit_datasets(self, cache_root: str, start_row: int = 0) -> Iterator[Tuple[object, None]]:
@@ -227,7 +227,7 @@ class FeatureInputs:
         :data:`pipelines.contract.EVALUATED`), every row once."""
         _check_evaluated(split)
         features, labels = feat.read_shard(self.features, split, self.rank, self.size)
-        dataset = feat.feature_dataset(features, labels, self.config.batch_size, shuffle=False, seed=0,
+        dataset = feat.feature_dataset(features, labels, self.config.fit.batch_size, shuffle=False, seed=0,
                                        repeat=False, drop_remainder=False)
         totals = evaluate_dataset(model, dataset)
         if totals.count != len(labels):
@@ -249,9 +249,9 @@ def _check_evaluated(split: str) -> None:
 
 def make_inputs(config: TrainConfig, data: Dataset, rank: int, size: int, full_model, input_size: int):
     """The input path of this run: features when ``--feature-cache`` applies, else images."""
-    not_applicable = feat.inapplicable_reason(config) if config.feature_cache else None
+    not_applicable = feat.inapplicable_reason(config.loader) if config.loader.feature_cache else None
     if not_applicable and rank == 0:
         log.info("feature cache off: %s; training the whole model on images", not_applicable)
-    cls = FeatureInputs if config.feature_cache and not_applicable is None else ImageInputs
+    cls = FeatureInputs if config.loader.feature_cache and not_applicable is None else ImageInputs
     return cls(config, data, rank, size, full_model, input_size)
 

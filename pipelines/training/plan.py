@@ -4,7 +4,8 @@
 makes the refusals, the same on every rank (:func:`check_run` makes the data's once, before any
 rank starts); rank 0 also claims its output for this run
 (:mod:`pipelines.training.records.ownership`). :func:`hold_data` keeps the ETL run it reads from
-being deleted under it (:mod:`pipelines.io.leases`).
+being deleted under it (:mod:`pipelines.io.leases`). The lines distribution adds are marked
+``# Horovod:``, as in :mod:`pipelines.training.train`.
 """
 from __future__ import annotations
 
@@ -70,20 +71,25 @@ def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> R
     this run (``run_id``: the launching driver's, the same in every relaunch; ``None``: a new one,
     or the resumed run's), with ``--overwrite`` deleting what the earlier run recorded, with
     ``--resume`` on a URI output downloading the checkpoint it continues."""
-    data = load_dataset(config.data, rank.size, config.storage_options)
-    check_output(config.output, config.storage_options)
-    outputs = open_outputs(config.output, config.storage_options) if rank.rank == 0 else None
+    # Horovod: refused unless every rank's shard has rows
+    data = load_dataset(config.loader.data, rank.size, config.storage_options)
+    check_output(config.outputs.output, config.storage_options)
+    # Horovod: rank 0 alone writes: its local folder, mirrored to a URI --output
+    outputs = open_outputs(config.outputs.output, config.storage_options) if rank.rank == 0 else None
     claim = _claim_output(config, rank, outputs, run_id)
-    world = agree_data_world(config, rank, claim)  # Horovod: rank 0's, on every rank
-    plan = RunPlan(data, plan_steps(data.train_rows, data.validation_rows, config.batch_size, world.size),
-                   scaled_lr(config.base_lr, world.size), config.input_size(data.stored_size), outputs, claim, world)
-    if rank.rank == 0:
+    world = agree_data_world(config, rank, claim)  # Horovod: the run's data world, rank 0's, on every rank
+    # Horovod: the global batch is the per-rank batch x the world size, and the steps of an epoch follow from it
+    steps = plan_steps(data.train_rows, data.validation_rows, config.fit.batch_size, world.size)
+    # Horovod: the learning rate scaled by the world size (Goyal et al. 2017, arXiv:1706.02677)
+    lr = scaled_lr(config.fit.base_lr, world.size)
+    plan = RunPlan(data, steps, lr, config.model.input_size(data.stored_size), outputs, claim, world)
+    if rank.rank == 0:  # Horovod: logs on rank 0 only
         s = plan.steps
         log.info("world size %d, %s per rank; batch %d per rank, global batch %d; %s per epoch, %s; "
-                 "lr %g = %g x %d; training run %s", rank.size, plural(rank.threads, "thread"), config.batch_size,
+                 "lr %g = %g x %d; training run %s", rank.size, plural(rank.threads, "thread"), config.fit.batch_size,
                  s.global_batch, plural(s.steps_per_epoch, "step"), plural(s.validation_steps, "validation step"),
-                 plan.lr, config.base_lr, world.size, claim.run.run_id)
-        outputs.adopt(claim, config.data)
+                 plan.lr, config.fit.base_lr, world.size, claim.run.run_id)
+        outputs.adopt(claim, config.loader.data)
     return plan
 
 
@@ -102,7 +108,7 @@ def hold_data(rank: Rank, plan: RunPlan) -> Iterator[None]:
     import horovod.tensorflow as hvd_tf
 
     lease, error = None, None
-    if rank.rank == 0 and plan.data.run_id is not None:
+    if rank.rank == 0 and plan.data.run_id is not None:  # Horovod: one lease for the job, rank 0's
         try:
             lease = leases.hold(plan.data.location, plan.data.run_id, plan.claim.run.run_id)
         except leases.InputReplaced as exc:
@@ -110,6 +116,7 @@ def hold_data(rank: Rank, plan: RunPlan) -> Iterator[None]:
         except OSError as exc:  # read-only data: training still runs, unprotected from an ETL rerun
             log.warning("could not lease ETL run %s of %s (%s): an ETL rerun committing meanwhile may delete "
                         "its files under this run", plan.data.run_id, plan.data.root, exc)
+    # Horovod: every rank's manifest's run id gathered, rank 0's verdict on the lease on every rank
     seen = sorted(set(map(str, hvd_tf.allgather_object(plan.data.run_id, name="data_run_ids"))))
     error = hvd_tf.broadcast_object(error, root_rank=0, name="lease_error")
     if not error and len(seen) > 1:
@@ -131,11 +138,11 @@ def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str
     import horovod.tensorflow as hvd_tf
 
     claim, error = None, None
-    if rank.rank == 0:
+    if rank.rank == 0:  # Horovod: rank 0 alone reads and writes the output's records
         target = outputs.remote or resolve(outputs.local)
         try:
-            claim = runs.claim(target, runs.identify(config, rank.size, run_id), config.resume,
-                               rank.handed.relaunched, config.overwrite)
+            claim = runs.claim(target, runs.identify(config, rank.size, run_id), config.outputs.resume,
+                               rank.handed.relaunched, config.outputs.overwrite)
         except runs.RunRefused as exc:
             error = str(exc)
         for warning in claim.warnings if claim else ():
@@ -144,6 +151,6 @@ def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str
                                             name="output_claim")  # Horovod: rank 0's verdict on every rank
     if error:
         raise runs.RunRefused(error)
-    if elastic.current() is not None:  # every rank keeps it: any survivor may be the next rank 0
+    if elastic.current() is not None:  # Horovod: elastic mode: every rank keeps it, any survivor may be next rank 0
         elastic.current().run_id = run_id
     return claim

@@ -2,7 +2,8 @@
 
 :func:`setup_rank` is the first step of :func:`pipelines.training.train.run_training` (and of the
 scaling benchmark, so both train on the same set-up); :class:`Rank` is what the steps after it
-know of this process in the Horovod world.
+know of this process in the Horovod world. The lines distribution adds are marked ``# Horovod:``,
+as in :mod:`pipelines.training.train`.
 """
 from __future__ import annotations
 
@@ -59,23 +60,25 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     quiet_by_default(config.verbose)
     import horovod.tensorflow.keras as hvd
 
-    handed = read_rank_environment()
-    local_rank, local_size = local_topology()
+    handed = read_rank_environment()  # Horovod: what this rank's launcher handed it (attempts, its GPUs)
+    local_rank, local_size = local_topology()  # Horovod: this rank's place among its host's ranks
     first = not _PROCESS
     if first:
-        _PROCESS["cores"] = (bind_to_cores(threads_per_rank(config.threads, local_size), announce=False)
-                             if config.bind_cores else None)
+        # Horovod: the host's cores shared among its ranks: with --bind-cores, each rank's own, before any thread
+        _PROCESS["cores"] = (bind_to_cores(threads_per_rank(config.compute.threads, local_size), announce=False)
+                             if config.compute.bind_cores else None)
         quiet_libraries(config.verbose)
         if handed.fault:  # the tests' hook: a rank that starts late
             from pipelines.training.faults import start_late
 
             start_late(handed.fault, int(os.environ.get("HOROVOD_RANK", "0")))
-    hvd.init()  # Horovod: the world of this attempt (under elastic mode, of this reset)
+    hvd.init()  # Horovod: initialize Horovod: the world of this attempt (under elastic mode, of this reset)
+    # Horovod: progress logged by rank 0 only; every rank logs its warnings and errors, with its rank and host
     setup_logging(job, rank=hvd.rank(), level=logging.INFO if hvd.rank() == 0 else logging.WARNING)
     if first:
         _place_process(config, handed, hvd.rank() == 0, local_rank, local_size)
     run = elastic.current()
-    if run is not None:  # after the device is placed: the bookkeeping is a collective
+    if run is not None:  # Horovod: elastic mode's attempts, a collective: after the device is placed
         handed = dataclasses.replace(handed, attempts=run.joined(hvd.rank(), hvd.size()))
     return Rank(hvd.rank(), hvd.size(), local_rank, local_size, _PROCESS["threads"], _PROCESS["cores"],
                 _PROCESS["precision"], handed)
@@ -91,12 +94,14 @@ def _place_process(config: TrainConfig, handed: RankEnvironment, announce: bool,
     cores = _PROCESS["cores"]
     if cores and announce:
         log.info("each rank bound to %s of its own (rank 0: %s)", plural(len(cores), "core"), cores)
+    # Horovod: pin the GPU this process uses to its local rank (one GPU per process), or the CPU
     device = apply_device(local_rank, local_size, handed.assigned_gpus, announce=announce)
-    policy, why_not = precision_policy(config.mixed_precision, device.kind)
+    policy, why_not = precision_policy(config.compute.mixed_precision, device.kind)
     if policy != "float32":
         keras.mixed_precision.set_global_policy(policy)
     if why_not and announce:
         log.info("%s", why_not)
-    _PROCESS.update(threads=threads_per_rank(config.threads, local_size), precision=policy)
+    # Horovod: TensorFlow's threads: the cores this process may use shared among its host's ranks
+    _PROCESS.update(threads=threads_per_rank(config.compute.threads, local_size), precision=policy)
     tf.config.threading.set_intra_op_parallelism_threads(_PROCESS["threads"])
     tf.config.threading.set_inter_op_parallelism_threads(2)

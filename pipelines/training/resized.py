@@ -60,7 +60,7 @@ def agree_data_world(config, rank, claim) -> DataWorld:
     import horovod.tensorflow as hvd_tf
 
     recorded = hvd_tf.broadcast_object(claim.run.world if claim is not None else None, root_rank=0, name="data_world")
-    world = DataWorld.of_record(recorded, config.batch_size, rank.size)
+    world = DataWorld.of_record(recorded, config.fit.batch_size, rank.size)
     world.check(rank.size)
     return world
 
@@ -73,7 +73,7 @@ def with_segments(config, rank, plan, resume):
     to every rank); rank 0 says where a continued run's segment begins."""
     import horovod.tensorflow as hvd_tf
 
-    reason = worldsegments.reason_of(config.resume, rank.handed.relaunched)
+    reason = worldsegments.reason_of(config.outputs.resume, rank.handed.relaunched)
     redone = None
     if rank.rank == 0 and resume.marker:
         redone = progress.steps_redone(progress.read_mark(plan.output_dir), resume.marker,
@@ -161,10 +161,11 @@ class ResizedInputs:
         c, data = self.config, self.data
         if not self.exact_positions:  # Petastorm: this rank's physical shard
             return [stack.enter_context(open_reader(data, TRAIN, self.share.rank, self.share.world_size, cache_root,
-                                                    workers=c.reader_workers, seed=c.seed + self.share.rank,
-                                                    reader=c.reader))]
-        return [stack.enter_context(open_reader(data, TRAIN, v, self.world.size, cache_root, workers=c.reader_workers,
-                                                seed=c.seed + v, reader=c.reader,
+                                                    workers=c.loader.reader_workers, seed=c.fit.seed + self.share.rank,
+                                                    reader=c.loader.reader))]
+        return [stack.enter_context(open_reader(data, TRAIN, v, self.world.size, cache_root,
+                                                workers=c.loader.reader_workers, seed=c.fit.seed + v,
+                                                reader=c.loader.reader,
                                                 cache_name=f"rank{self.share.rank}-virtual{v}-{TRAIN}"))
                 for v in self.share.virtual_ranks]
 
@@ -184,8 +185,8 @@ class ResizedInputs:
             return self._feature_dataset(start_row)
         if not self.exact_positions:
             c = self.config
-            return make_dataset(self._open[0], self.data.stored_size, self.share.rows, c.shuffle_buffer,
-                                seed=c.seed + self.share.rank, augment=c.augment, weight=self.share.weight)
+            return make_dataset(self._open[0], self.data.stored_size, self.share.rows, c.loader.shuffle_buffer,
+                                seed=c.fit.seed + self.share.rank, augment=c.loader.augment, weight=self.share.weight)
         return self._image_dataset(start_row)
 
     def _image_dataset(self, start_row: int):
@@ -193,7 +194,7 @@ class ResizedInputs:
 
 
         c, s, b = self.config, self.data.stored_size, self.world.batch_size
-        streams = [shard_stream(reader, c.shuffle_buffer, c.seed + v) for reader, v in
+        streams = [shard_stream(reader, c.loader.shuffle_buffer, c.fit.seed + v) for reader, v in
                    zip(self._open, self.share.virtual_ranks)]
         for stream in streams:
             stream.locate(start_row)  # refused here, not in a tf.data thread
@@ -202,7 +203,7 @@ class ResizedInputs:
             return lambda visit: row_groups_of(reader.restart(stream.visits_from(visit)), s)
 
         def generate():
-            return joined_batches([stream_batches(stream, opener(reader, stream), start_row, b, c.augment)
+            return joined_batches([stream_batches(stream, opener(reader, stream), start_row, b, c.loader.augment)
                                    for reader, stream in zip(self._open, streams)], self.share)
 
         ds = tf.data.Dataset.from_generator(generate, output_signature=(
@@ -217,7 +218,7 @@ class ResizedInputs:
         features = self._open[0][0]
 
         def generate():
-            return joined_batches([feature_batches(rows, labels, c.seed + v, start_row, b, shuffle=True)
+            return joined_batches([feature_batches(rows, labels, c.fit.seed + v, start_row, b, shuffle=True)
                                    for (rows, labels), v in zip(self._open, self.share.virtual_ranks)], self.share)
 
         ds = tf.data.Dataset.from_generator(generate, output_signature=(

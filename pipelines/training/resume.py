@@ -2,8 +2,9 @@
 relaunch after a lost rank), loaded on rank 0 and sent to every rank by broadcast; for the
 fine-tuning phase too (:func:`phase1_best`, :func:`phase2_resume`).
 
-``rank`` below is the job's :class:`pipelines.training.rank.Rank` (this module is imported by the
-job, never the other way round).
+``rank``, ``plan`` and ``context`` below are the job's :class:`pipelines.training.rank.Rank`,
+:class:`~pipelines.training.plan.RunPlan` and :class:`~pipelines.training.context.RankContext` (this
+module is imported by the job, never the other way round).
 """
 from __future__ import annotations
 
@@ -61,12 +62,11 @@ def weights_checksum(model) -> str:
     return digest.hexdigest()
 
 
-def restore(config: TrainConfig, model, rank, frozen_sha256: Optional[str] = None,
-            directory: Optional[str] = None, claim=None) -> Resume:
+def restore(config: TrainConfig, rank, plan, model, frozen_sha256: Optional[str] = None) -> Resume:
     """With ``--resume``, or in a relaunch after a lost rank (``--max-failures``), rank 0 takes the
-    checkpoint its ``claim`` continues (:func:`pipelines.training.records.ownership.claim`: the newest complete
-    checkpoint of this run's own, in ``directory``, its local output folder, default ``--output``) and
-    loads it (trainable weights and optimizer state) and the best weights so far; the marker (epoch,
+    checkpoint its claim continues (``plan.claim``, :func:`pipelines.training.records.ownership.claim`: the
+    newest complete checkpoint of this run's own, in ``plan.output_dir``, its local output folder) and
+    loads it into ``model`` (trainable weights and optimizer state) and the best weights so far; the marker (epoch,
     history, early-stopping state), the weights and the optimizer state reach every rank by
     broadcast. Without a checkpoint, training starts at epoch 1.
 
@@ -76,23 +76,23 @@ def restore(config: TrainConfig, model, rank, frozen_sha256: Optional[str] = Non
     """
     import horovod.tensorflow as hvd_tf
 
-    resuming = config.resume or rank.handed.relaunched
-    directory = directory or config.output
+    resuming = config.outputs.resume or rank.handed.relaunched
+    directory, claim = plan.output_dir, plan.claim
     marker = claim.marker if (claim is not None and resuming) else None  # only this run's own (runs.claim)
-    marker = hvd_tf.broadcast_object(marker, root_rank=0, name="resume_marker")
+    marker = hvd_tf.broadcast_object(marker, root_rank=0, name="resume_marker")  # Horovod: rank 0's, on every rank
     if not marker:
         if resuming and rank.rank == 0:
-            log.info("--resume: no complete checkpoint in %s, starting from epoch 1", config.output)
+            log.info("--resume: no complete checkpoint in %s, starting from epoch 1", config.outputs.output)
         return Resume()
     if marker.get("frozen_sha256") != frozen_sha256:
-        raise Refused(f"--resume: checkpoint {marker['weights']} in {config.output} was trained on other frozen "
-                      f"weights (sha256 {str(marker.get('frozen_sha256'))[:12]}, these are {frozen_sha256[:12]}): "
-                      f"use the same --weights, or start afresh without --resume")
+        raise Refused(f"--resume: checkpoint {marker['weights']} in {config.outputs.output} was trained on other "
+                      f"frozen weights (sha256 {str(marker.get('frozen_sha256'))[:12]}, these are "
+                      f"{frozen_sha256[:12]}): use the same --weights, or start afresh without --resume")
     if marker.get("phase", 1) == 2:  # phase 1 is over: fine-tuning loads its own state (fine_tune)
-        if marker.get("blocks") != config.fine_tune_blocks:
-            raise Refused(f"--resume: checkpoint {marker['weights']} in {config.output} is of the fine-tuning "
+        if marker.get("blocks") != config.model.fine_tune_blocks:
+            raise Refused(f"--resume: checkpoint {marker['weights']} in {config.outputs.output} is of the fine-tuning "
                           f"phase with --fine-tune-blocks {marker.get('blocks')}, this run has "
-                          f"{config.fine_tune_blocks}: give the same value, or start afresh without --resume")
+                          f"{config.model.fine_tune_blocks}: give the same value, or start afresh without --resume")
         return Resume(marker, history=list(marker["history"]))
     build_optimizer(model)
     best_weights = None
@@ -104,6 +104,7 @@ def restore(config: TrainConfig, model, rank, frozen_sha256: Optional[str] = Non
         load_checkpoint(model, os.path.join(directory, marker_weights(marker, marker["_name"])))
         log.info("resuming %s (checkpoint %s, %s; best epoch so far %s)", resumed_at(marker), marker["weights"],
                  plural(marker["weights_bytes"], "byte"), best_epoch or "none")
+    # Horovod: rank 0's weights, optimizer state and best weights on every rank; every rank's checksums gathered
     hvd_tf.broadcast_variables(broadcast_state(model), root_rank=0)
     best_weights = hvd_tf.broadcast_object(best_weights, root_rank=0, name="best_weights")
     checksums = hvd_tf.allgather_object(weights_checksum(model), name="resume_checksums")
@@ -119,18 +120,18 @@ def resumed_at(marker: Dict) -> str:
     return f"after epoch {marker['epoch']}"
 
 
-def phase1_best(first, resume: Resume, rank, directory: str):
+def phase1_best(context, first, resume: Resume):
     """The whole model holding phase 1's best weights: as phase 1 left them, or (resuming in phase 2
     while the best epoch is still phase 1's) rank 0 loads that checkpoint into phase 1's trainable
     set (the other ranks receive it by broadcast in :func:`phase2_resume`)."""
-    if resume.phase == 2 and rank.rank == 0:
+    if resume.phase == 2 and context.rank.rank == 0:
         best = resume.marker["early_stopping"]["best_epoch"]
         if best <= resume.marker["phase1"]["epochs"]:
-            load_checkpoint(first.inputs.model, checkpoint_path(directory, best), optimizer=False)
+            load_checkpoint(first.inputs.model, checkpoint_path(context.output_dir, best), optimizer=False)
     return first.inputs.exported_model()
 
 
-def phase2_resume(config, rank, model, resume, record: Dict, directory: str):
+def phase2_resume(context, model, resume: Resume, record: Dict):
     """Where phase 2 starts (a :class:`Resume`): fresh, after phase 1's last
     epoch with phase 1's best as early stopping's to beat; or, after a phase 2 checkpoint, rank 0
     loads the best and the newest of them into the phase 2 model (trainable set and optimizer), and
@@ -141,10 +142,10 @@ def phase2_resume(config, rank, model, resume, record: Dict, directory: str):
         state = {"best": record["best_val_accuracy"], "wait": 0, "best_epoch": record["best_epoch"], "stopped": False}
         marker = {"epoch": record["epochs"], "early_stopping": state, "phase": 2}
         return Resume(marker, model.get_weights(), None, resume.history, None)
-    marker = resume.marker
+    marker, directory = resume.marker, context.output_dir
     build_optimizer(model)
     best_weights = None
-    if rank.rank == 0:
+    if context.rank.rank == 0:
         best = marker["early_stopping"]["best_epoch"]
         if best > record["epochs"]:
             load_checkpoint(model, checkpoint_path(directory, best), optimizer=False)

@@ -6,11 +6,14 @@ once in :func:`start_tracking`, :func:`make_callbacks` and
 :func:`pipelines.training.records.report.save_outputs`. Resume is decided in one place,
 :func:`pipelines.training.resume.restore`. The input path (images, or cached backbone features) is
 an object from :mod:`pipelines.training.inputs`; nothing else here depends on which one it is.
+
+As in Horovod's own Keras example (``examples/keras/keras_imagenet_resnet50.py``), every line that
+distribution adds to a single-process Keras job is marked ``# Horovod:``, here and in the steps it
+calls (:mod:`pipelines.training.rank`, :mod:`pipelines.training.plan`).
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import shutil
@@ -28,6 +31,7 @@ from pipelines.io.storage import is_local
 from pipelines.launch import elastic
 from pipelines.training import preemption
 from pipelines.training.config import TrainConfig
+from pipelines.training.context import RankContext
 from pipelines.training.data import default_cache_root, verify_total
 from pipelines.training.evaluate import allreduce_totals, with_exact_validation
 from pipelines.training.inputs import ImageInputs, make_inputs
@@ -55,20 +59,22 @@ def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     Raises:
         pipelines.tracking.TrackingUnavailable: on every rank, when rank 0 cannot use the store.
     """
-    if not config.tracking:
+    options = config.outputs
+    if not options.tracking:
         yield None
         return
     import horovod.tensorflow as hvd_tf
 
     tracker, error = None, None
-    if rank.rank == 0:
+    if rank.rank == 0:  # Horovod: one MLflow run per job, rank 0's
         try:
-            tracker = tracking.start(config.tracking_uri, config.experiment, plan.output_dir, config.run_name,
-                                     run_params(config, rank, plan), {"stage": "train", "output": config.output},
+            tracker = tracking.start(options.tracking_uri, options.experiment, plan.output_dir, options.run_name,
+                                     run_params(config, rank, plan), {"stage": "train", "output": options.output},
                                      continue_run=bool(resume.marker))
         except tracking.TrackingUnavailable as exc:
             error = str(exc)
-    error = hvd_tf.broadcast_object(error, root_rank=0, name="tracking_error")  # every rank refuses alike
+    # Horovod: rank 0's verdict on every rank, so that every rank refuses alike
+    error = hvd_tf.broadcast_object(error, root_rank=0, name="tracking_error")
     if error:
         raise tracking.TrackingUnavailable(error)
     with tracker or contextlib.nullcontext():
@@ -89,77 +95,107 @@ def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
             "data.num_classes": data.num_classes}
 
 
-def make_callbacks(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resume,
-                   frozen_sha256: Optional[str] = None, tracker=None, marker: Optional[Dict] = None):
-    """Horovod's broadcast, metric averaging and warmup, epoch statistics, the divergence check
-    (:class:`~pipelines.training.callbacks.DivergenceGuard`) and early stopping on every rank;
-    progress lines within each epoch (:class:`~pipelines.training.epochprogress.EpochProgress`),
-    checkpoints, their markers (with ``marker``'s items: the phase), ``history.csv``,
-    TensorBoard and each epoch's metrics to ``tracker`` (MLflow, when given) on rank 0 only.
+def make_callbacks(context: RankContext, resume: Resume, marker: Optional[Dict] = None):
+    """The phase's Keras callbacks, in the order they must run: on every rank Horovod's broadcast,
+    epoch statistics, Horovod's metric averaging and warmup, the divergence check
+    (:class:`~pipelines.training.callbacks.DivergenceGuard`) and early stopping; on rank 0 only
+    (:func:`rank0_callbacks`) progress, checkpoints (their markers with ``marker``'s items: the
+    phase), ``history.csv``, TensorBoard, MLflow and the upload; then the stop at a preemption
+    notice, horovodrun's elastic check, and the tests' hooks where asked for (:func:`with_hooks`).
 
     Returns ``(callbacks, early_stopping, epoch_stats)``.
     """
     import horovod.tensorflow.keras as hvd
+
+    from pipelines.training import callbacks as cb
+
+    config, plan, steps = context.config, context.plan, context.plan.steps
+    early_stopping = cb.BestWeightsEarlyStopping(
+        state=resume.marker["early_stopping"] if resume.marker else None, best_weights=resume.best_weights,
+        monitor="val_accuracy", patience=config.fit.patience, min_delta=config.fit.min_delta, verbose=0)
+    epoch_stats = cb.EpochStats(steps.steps_per_epoch, steps.global_batch)
+    callbacks = [
+        # Horovod: broadcast the variables' initial states from rank 0 to every other rank, so that all
+        # start alike, from random weights or from rank 0's checkpoint
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        epoch_stats,
+        # Horovod: average each epoch's metrics over the ranks, before any callback reads them
+        hvd.callbacks.MetricAverageCallback(),
+    ]
+    if config.fit.warmup_epochs > 0:
+        from pipelines.training.warmup import DataWorldWarmup
+
+        # Horovod: the rate ramps from base_lr to base_lr x world size over the warmup epochs (Goyal et
+        # al. 2017, arXiv:1706.02677), with the data world's size for hvd.size()
+        callbacks.append(DataWorldWarmup(plan.lr, config.fit.warmup_epochs, steps.steps_per_epoch, plan.world.size))
+    checkpoints = checkpointer(context, resume, early_stopping, marker)
+    # Horovod: one allreduce after each step, so that a non-finite loss or a preemption notice on any rank
+    # stops every rank at the same step; before early stopping and the checkpoints, which then never keep
+    # a diverged epoch (a preempted step: rank 0 checkpoints it first)
+    guard = cb.DivergenceGuard(steps.steps_per_epoch, notice=preemption.current(),
+                               on_preempted=checkpoints.write_step if checkpoints else None)
+    callbacks += [guard, early_stopping]
+    if context.rank.rank == 0:  # Horovod: rank 0 alone writes, so that no rank writes over another's files
+        callbacks += rank0_callbacks(context, resume, checkpoints)
+    callbacks.append(cb.PreemptAtEpochEnd(guard))  # after rank 0's checkpoint and its upload
+    if elastic.current() is not None:  # Horovod: elastic mode: slots added join after the epoch's checkpoint
+        callbacks.append(cb.HostsUpdateCheck(elastic.current().state))
+    return with_hooks(context, callbacks), early_stopping, epoch_stats
+
+
+def checkpointer(context: RankContext, resume: Resume, early_stopping, marker: Optional[Dict] = None):
+    """Rank 0's :class:`~pipelines.training.checkpointer.CheckpointMarker` (each checkpoint's marker
+    holds ``marker``'s items, default phase 1, the run's record and its segments); ``None`` on the
+    other ranks."""
+    from pipelines.training.checkpointer import CheckpointMarker, Interval
+
+    config, plan = context.config, context.plan
+    if context.rank.rank != 0:  # Horovod: checkpoints on rank 0 only, so that no other rank corrupts them
+        return None
+    return CheckpointMarker(
+        plan.output_dir, early_stopping, resume.history, context.frozen_sha256,
+        {**(marker or {"phase": 1}), "run": plan.claim.run.record(), "segments": list(plan.segments)},
+        Interval(config.fit.checkpoint_every_steps, config.fit.checkpoint_every_minutes, plan.steps.steps_per_epoch),
+        plan.outputs)
+
+
+def rank0_callbacks(context: RankContext, resume: Resume, checkpoints) -> list:
+    """Rank 0's writers, in order: the newest step's mark (``progress.json``), progress within each
+    epoch, ``checkpoints``, ``history.csv`` (appended to when resuming), TensorBoard, each epoch to the MLflow run, then the upload of the
+    epoch's files to a URI ``--output``, after every writer."""
     from pipelines.stack.kerasapi import keras
 
     from pipelines.training import callbacks as cb
-    from pipelines.training.checkpointer import CheckpointMarker, Interval
+    from pipelines.training.epochprogress import EpochProgress
+
+    options, plan = context.config.outputs, context.plan
+    written = [cb.ProgressMark(plan.output_dir, plan.claim.run.run_id, plan.outputs),  # the newest step: steps redone
+               EpochProgress(plan.steps.steps_per_epoch, plan.steps.global_batch), checkpoints,
+               cb.EpochCSVLogger(os.path.join(plan.output_dir, HISTORY), append=bool(resume.marker))]
+    if options.tensorboard:
+        written.append(keras.callbacks.TensorBoard(os.path.join(plan.output_dir, TENSORBOARD),
+                                                   profile_batch=options.profile_batch))
+    if context.tracker is not None:
+        written.append(cb.TrackEpochs(context.tracker))
+    return written + [cb.SyncOutputs(plan.outputs)]
+
+
+def with_hooks(context: RankContext, callbacks: list) -> list:
+    """``callbacks`` with what the launcher asked this rank for: the stall watchdog's ticks first and
+    last (each epoch's end watched as one collective phase), and the tests' fault hook (its wait for
+    rank 0's marker only where every rank sees rank 0's folder: a local output)."""
+    from pipelines.training import callbacks as cb
     from pipelines.training.faults import FaultInjection
 
-    early_stopping = cb.BestWeightsEarlyStopping(
-        state=resume.marker["early_stopping"] if resume.marker else None, best_weights=resume.best_weights,
-        monitor="val_accuracy", patience=config.patience, min_delta=config.min_delta, verbose=0)
-    epoch_stats = cb.EpochStats(plan.steps.steps_per_epoch, plan.steps.global_batch)
-    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), epoch_stats,
-                 hvd.callbacks.MetricAverageCallback()]
-    if config.warmup_epochs > 0:  # Horovod's warmup, with the data world's size for hvd.size()
-        from pipelines.training.warmup import DataWorldWarmup
-
-        callbacks.append(DataWorldWarmup(plan.lr, config.warmup_epochs, plan.steps.steps_per_epoch, plan.world.size))
-    checkpoints = None
-    if rank.rank == 0:
-        checkpoints = CheckpointMarker(
-            plan.output_dir, early_stopping, resume.history, frozen_sha256,
-            {**(marker or {"phase": 1}), "run": plan.claim.run.record(), "segments": list(plan.segments)},
-            Interval(config.checkpoint_every_steps, config.checkpoint_every_minutes, plan.steps.steps_per_epoch),
-            plan.outputs)
-    # before early stopping and the checkpoints: a non-finite step or epoch stops every rank there, and a
-    # preemption notice after a step (rank 0 checkpoints it first)
-    guard = cb.DivergenceGuard(plan.steps.steps_per_epoch, notice=preemption.current(),
-                               on_preempted=checkpoints.write_step if checkpoints else None)
-    callbacks += [guard, early_stopping]
-    if rank.rank == 0:
-        from pipelines.training.epochprogress import EpochProgress
-
-        directory = plan.output_dir
-        callbacks += [
-            cb.ProgressMark(directory, plan.claim.run.run_id, plan.outputs),  # the newest step: steps redone
-            EpochProgress(plan.steps.steps_per_epoch, plan.steps.global_batch),  # rank 0 alone shows progress
-            checkpoints,
-            cb.EpochCSVLogger(os.path.join(directory, HISTORY), append=bool(resume.marker)),
-        ]
-        if config.tensorboard:
-            callbacks.append(keras.callbacks.TensorBoard(os.path.join(directory, TENSORBOARD),
-                                                            profile_batch=config.profile_batch))
-        if tracker is not None:
-            callbacks.append(cb.TrackEpochs(tracker))
-        callbacks.append(cb.SyncOutputs(plan.outputs))  # after every writer of the epoch's files
-    callbacks.append(cb.PreemptAtEpochEnd(guard))  # after rank 0's checkpoint and its upload
-    if elastic.current() is not None:  # horovodrun's elastic mode: new slots join after the checkpoint
-        callbacks.append(cb.HostsUpdateCheck(elastic.current().state))
-    # the tests' fault hook, only where they ask for it; its wait for rank 0's marker only where every
-    # rank sees rank 0's folder (a local output)
-    if rank.handed.stall_timeout_s:  # first and last: each epoch's end is watched as one collective phase
-        first, last = cb.WatchdogTicks.around(Watchdog(rank.handed.stall_timeout_s))
+    handed, output = context.rank.handed, context.config.outputs.output
+    if handed.stall_timeout_s:  # Horovod: a rank whose peer is gone waits in a collective for good: watched
+        first, last = cb.WatchdogTicks.around(Watchdog(handed.stall_timeout_s))
         callbacks = [first, *callbacks, last]
-    fault = FaultInjection.requested(rank.handed.fault, rank.rank, config.output if is_local(config.output) else "")
-    if fault is not None:
-        callbacks.append(fault)
-    return callbacks, early_stopping, epoch_stats
+    fault = FaultInjection.requested(handed.fault, context.rank.rank, output if is_local(output) else "")
+    return callbacks if fault is None else [*callbacks, fault]
 
 
-def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume, callbacks,
-          first_epoch: int = 0) -> float:
+def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: int = 0) -> float:
     """``fit`` from ``resume``'s position (an epoch's end, or a step within an epoch) on the input
     path's datasets (readers live for the whole run), each rank's stream opened at that position
     (:func:`pipelines.training.schedule.fit_segments`; ``first_epoch``: where the phase's stream
@@ -170,18 +206,21 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
     from pipelines.training.callbacks import stop_watchdogs
     from pipelines.training.segment import in_segment
 
-    if resume.finished(config.epochs):
+    config, rank, plan = context.config, context.rank, context.plan
+    if resume.finished(config.fit.epochs):
         inputs.model.set_weights(resume.best_weights)
         return 0.0
     spe = plan.steps.steps_per_epoch
-    segments = fit_segments(resume.initial_epoch, resume.initial_step, config.epochs, spe, config.batch_size,
+    segments = fit_segments(resume.initial_epoch, resume.initial_step, config.fit.epochs, spe, config.fit.batch_size,
                             first_epoch)
-    if resume.marker and not inputs.exact_positions and rank.rank == 0:
+    if resume.marker and not inputs.exact_positions and rank.rank == 0:  # Horovod: warnings on rank 0 only
         log.warning("--reader petastorm cannot open its stream at the checkpoint's position: the resumed run "
                     "reads other batches than the interrupted one would have (--reader own resumes exactly)")
-    cache_root = config.cache_dir or default_cache_root()
+    cache_root = config.loader.cache_dir or default_cache_root()
+    # Horovod: each epoch's validation over every rank's shard, summed by allreduce (exact, not averaged)
     watched, callbacks = callbacks, with_exact_validation(callbacks, inputs, plan.data)
     try:
+        # Horovod: each rank reads its own shard of the training split
         with inputs.fit_datasets(cache_root, start_row=segments[0].start_row) as (train_ds, val_ds):
             start = time.perf_counter()
             for i, segment in enumerate(segments):
@@ -189,7 +228,7 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
                 inputs.model.fit(dataset, epochs=segment.epochs, initial_epoch=segment.initial_epoch,
                                  steps_per_epoch=segment.steps, validation_data=val_ds,
                                  callbacks=in_segment(callbacks, i, len(segments), segment.steps_done, spe),
-                                 verbose=2 if rank.rank == 0 else 0)
+                                 verbose=2 if rank.rank == 0 else 0)  # Horovod: Keras' epoch lines on rank 0 only
                 if inputs.model.stop_training:
                     break
             return time.perf_counter() - start
@@ -197,11 +236,11 @@ def train(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume
         stop_watchdogs(watched)
         raise
     finally:
-        if not config.cache_dir:
+        if not config.loader.cache_dir:
             shutil.rmtree(cache_root, ignore_errors=True)
 
 
-def evaluate(inputs, plan: RunPlan, split: str = TEST):
+def evaluate(context: RankContext, inputs, split: str = TEST):
     """Exact totals of the trained model over the whole ``split``: the test split, read once, after
     the epoch was chosen on validation (or the validation split, for phase 1 of a fine-tuning
     run, whose test is read after phase 2 only): each rank reads its shard once (count checked
@@ -214,8 +253,9 @@ def evaluate(inputs, plan: RunPlan, split: str = TEST):
     Raises:
         pipelines.training.data.errors.ShardCountError: a count differs from the metadata or manifest.
     """
+    # Horovod: each rank evaluates its own shard; the sums (and label pairs) are added over ranks
     totals = allreduce_totals(inputs.evaluate_shard(inputs.model, split))
-    verify_total(totals.count, plan.data, split)
+    verify_total(totals.count, context.plan.data, split)
     return totals
 
 
@@ -226,92 +266,100 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     so that every relaunch is the same run; ``None``: rank 0 makes one (or keeps the resumed run's).
 
     Must be called once per process, by every rank (``horovodrun -np N``, Spark barrier tasks, or
-    a single process, which is a world of size 1). With ``--fine-tune-blocks N``, the head phase is
-    followed by the fine-tuning phase (:func:`fine_tune`).
+    a single process, which is a world of size 1). The set-up steps make the rank's
+    :class:`~pipelines.training.context.RankContext`, built once; every step after takes it. With
+    ``--fine-tune-blocks N``, the head phase is followed by the fine-tuning phase (:func:`fine_tune`).
 
     Raises:
         pipelines.training.data.errors.DataError: the dataset cannot feed this run.
         ValueError: a batch size the data cannot fill.
     """
+    # Horovod: hvd.init(), one GPU (or cores) per local rank, logs on rank 0 (rank.py)
     rank = setup_rank(config)
     start = time.perf_counter()
+    # Horovod: the global batch and the learning rate scaled by the world size; rank 0 claims --output (plan.py)
     plan = plan_run(config, rank, run_id)
-    # a SIGTERM (a preemption notice) stops every rank at the next step, after rank 0's checkpoint
-    with preemption.PreemptionNotice(rank.rank), hold_data(rank, plan):  # hold_data: pipelines/io/leases.py
-        full_model = build_model(plan.data.num_classes, plan.input_size, config.dropout, config.weights,
-                                 seed=config.seed, backbone=config.backbone, stored_size=plan.data.stored_size)
+    # Horovod: a SIGTERM (a preemption notice) to any rank stops every rank at one step, after rank 0's
+    # checkpoint; rank 0 leases the data for every rank (hold_data: pipelines/io/leases.py)
+    with preemption.PreemptionNotice(rank.rank), hold_data(rank, plan):
+        full_model = build_model(plan.data.num_classes, plan.input_size, config.model.dropout, config.model.weights,
+                                 seed=config.fit.seed, backbone=config.model.backbone,
+                                 stored_size=plan.data.stored_size)
+        # Horovod: this rank's shard of each split (on another world size: the data world's rows it computes)
         inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.input_size)
         inputs = resized_inputs(inputs, plan.world, rank.rank, rank.size, announce=rank.rank == 0)
-        compile_distributed(inputs.model, plan.lr, config.fp16_allreduce, config.xla_on)
+        # Horovod: the optimizer wrapped in hvd.DistributedOptimizer: each step's gradients averaged by allreduce
+        compile_distributed(inputs.model, plan.lr, config.compute.fp16_allreduce, config.compute.xla_on)
         frozen_sha256 = frozen_checksum(full_model)
-        resume = restore(config, inputs.model, rank, frozen_sha256, plan.output_dir, plan.claim)
+        # Horovod: rank 0 loads the checkpoint a run continues and broadcasts it to every rank
+        resume = restore(config, rank, plan, inputs.model, frozen_sha256)
         plan = with_segments(config, rank, plan, resume)  # this launch's world and where it begins
         with start_tracking(config, rank, plan, resume) as tracker:  # rank 0's MLflow run, ended on leaving
+            context = RankContext(config, rank, plan, frozen_sha256, tracker)
             seconds_before_fit = time.perf_counter() - start
-            phases = [head_phase(config, rank, plan, inputs, resume, frozen_sha256, tracker)]
-            if config.fine_tune_blocks:
-                phases.append(fine_tune(config, rank, plan, phases[0], resume, frozen_sha256, tracker))
-            report = build_report(config, rank, plan, phases, resume)
+            phases = [head_phase(context, inputs, resume)]
+            if config.model.fine_tune_blocks:
+                phases.append(fine_tune(context, phases[0], resume))
+            report = build_report(context, phases, resume)  # Horovod: every rank's checksums and hosts gathered
             report.update(seconds_before_fit=seconds_before_fit, fit_seconds=sum(p.fit_seconds for p in phases),
                           total_seconds=time.perf_counter() - start)
-            if rank.rank == 0:
-                save_outputs(config, report, phases[-1].inputs.exported_model(), plan.data, phases[-1].totals, tracker,
-                             plan.output_dir)
+            if rank.rank == 0:  # Horovod: rank 0 alone writes the model and the report
+                save_outputs(context, report, phases[-1])
     if rank.rank == 0:
         plan.outputs.finish()  # a URI --output: the rest uploaded, metrics.json last
     return report
 
 
-def head_phase(config: TrainConfig, rank: Rank, plan: RunPlan, inputs, resume: Resume, frozen_sha256: str,
-               tracker=None):
+def head_phase(context: RankContext, inputs, resume: Resume):
     """Phase 1, the head on the frozen backbone: callbacks, ``fit`` from ``resume``'s epoch, exact
     evaluation (of the test split; of the validation split when fine-tuning follows, so that the
     test split is read once, at the end). Skipped when ``resume`` is in phase 2 (its outcome is in
     the checkpoint's marker). Returns a :class:`pipelines.training.model.finetune.Phase`."""
     if resume.phase == 2:
         return Phase(inputs, None, 0, 0.0, None, resume)
-    callbacks, early_stopping, epoch_stats = make_callbacks(config, rank, plan, resume, frozen_sha256, tracker)
-    fit_seconds = train(config, rank, plan, inputs, resume, callbacks)
-    totals = evaluate(inputs, plan, VALIDATION if config.fine_tune_blocks else TEST)
+    callbacks, early_stopping, epoch_stats = make_callbacks(context, resume)
+    fit_seconds = train(context, inputs, resume, callbacks)
+    totals = evaluate(context, inputs, VALIDATION if context.config.model.fine_tune_blocks else TEST)
     return Phase(inputs, early_stopping, epoch_stats.epochs_run, fit_seconds, totals, resume)
 
 
-def fine_tune(config: TrainConfig, rank: Rank, plan: RunPlan, first, resume: Resume, frozen_sha256: str, tracker):
+def fine_tune(context: RankContext, first, resume: Resume):
     """Phase 2 on every rank: from phase 1's best weights (or, resuming in phase 2, from its newest
-    checkpoint), the top ``config.fine_tune_blocks`` blocks unfrozen, recompiled with
+    checkpoint), the top ``--fine-tune-blocks`` blocks unfrozen, recompiled with
     :func:`~pipelines.training.model.finetune.phase2_lr`, trained on images with the job's callbacks and
-    evaluated exactly.
+    evaluated exactly, on the phase's own context (:meth:`~pipelines.training.context.RankContext.for_phase`).
 
     Returns the phase's :class:`~pipelines.training.model.finetune.Phase`, with ``report`` for
     ``metrics.json``'s ``fine_tune`` (the recipe and its arithmetic: :mod:`pipelines.training.model.finetune`).
     """
     import horovod.tensorflow as hvd_tf
 
+    config, rank, plan = context.config, context.rank, context.plan
     record = phase1_record(first, resume)
-    lr = phase2_lr(plan.lr, config.fine_tune_lr)
-    model = phase1_best(first, resume, rank, plan.output_dir)
-    layers = unfreeze(model, config.backbone, config.fine_tune_blocks)
-    compile_distributed(model, lr, config.fp16_allreduce, config.xla_on)
-    second = phase2_resume(config, rank, model, resume, record, plan.output_dir)
-    if rank.rank == 0:
+    lr = phase2_lr(plan.lr, config.model.fine_tune_lr)
+    model = phase1_best(context, first, resume)
+    layers = unfreeze(model, config.model.backbone, config.model.fine_tune_blocks)
+    # Horovod: recompiled with a new hvd.DistributedOptimizer over the unfrozen weights
+    compile_distributed(model, lr, config.compute.fp16_allreduce, config.compute.xla_on)
+    second = phase2_resume(context, model, resume, record)  # Horovod: rank 0's phase 2 state broadcast
+    if rank.rank == 0:  # Horovod: logs on rank 0 only
         log.info("fine-tuning: top %s of %s unfrozen (%s with weights, %s), on images; lr %g = %g x %g; "
-                 "epochs %d..%d", plural(config.fine_tune_blocks, "block"), config.backbone,
+                 "epochs %d..%d", plural(config.model.fine_tune_blocks, "block"), config.model.backbone,
                  plural(len(layers), "layer"), plural(trainable_parameters(model), "trainable parameter"), lr,
-                 config.fine_tune_lr, plan.lr,
+                 config.model.fine_tune_lr, plan.lr,
                  record["epochs"] + 1, record["epochs"] + config.fine_tune_max_epochs)
-    phase_config = dataclasses.replace(config, warmup_epochs=0.0,
-                                       epochs=record["epochs"] + config.fine_tune_max_epochs)
-    phase_plan = dataclasses.replace(plan, lr=lr)
+    phase = context.for_phase(record["epochs"] + config.fine_tune_max_epochs, lr)
     inputs = resized_inputs(ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.input_size), plan.world,
                             rank.rank, rank.size)
-    marker = {"phase": 2, "blocks": config.fine_tune_blocks, "phase1": record}
-    callbacks, early_stopping, epoch_stats = make_callbacks(phase_config, rank, phase_plan, second, frozen_sha256,
-                                                            tracker, marker=marker)
-    seconds = train(phase_config, rank, phase_plan, inputs, second, callbacks, first_epoch=record["epochs"])
-    totals = evaluate(inputs, plan)
-    report = {"blocks": config.fine_tune_blocks, "layers": layers, "trainable_parameters": trainable_parameters(model),
-              "learning_rate": lr, "lr_factor": config.fine_tune_lr, "first_epoch": record["epochs"] + 1,
-              "phase1": record, "epochs_planned": phase_config.epochs,
+    marker = {"phase": 2, "blocks": config.model.fine_tune_blocks, "phase1": record}
+    callbacks, early_stopping, epoch_stats = make_callbacks(phase, second, marker=marker)
+    seconds = train(phase, inputs, second, callbacks, first_epoch=record["epochs"])
+    totals = evaluate(context, inputs)
+    report = {"blocks": config.model.fine_tune_blocks, "layers": layers,
+              "trainable_parameters": trainable_parameters(model),
+              "learning_rate": lr, "lr_factor": config.model.fine_tune_lr, "first_epoch": record["epochs"] + 1,
+              "phase1": record, "epochs_planned": phase.config.fit.epochs,
               "resumed_in_phase_2": resume.phase == 2,
+              # Horovod: every rank's frozen weights, to show that they stayed the same on all
               "non_trainable_sha256_per_rank": hvd_tf.allgather_object(frozen_checksum(model), name="phase2_frozen")}
     return Phase(inputs, early_stopping, epoch_stats.epochs_run, seconds, totals, second, report)

@@ -42,8 +42,8 @@ from pipelines.training.data.rowgroups import (RowGroup, count_error, image_pixe
 from pipelines.training.data.sharding import shard
 from pipelines.training.data.stream import epoch_order
 
-#: bytes of images decoded at a time on the way into the cache: 2-8 images of 299 px took the
-#: same time, 16 (4 MiB) a third more (one thread, loader_bench's data, 2026-12-02)
+#: bytes of images decoded at a time on the way into the cache: a few images of 299 px cost no more
+#: than one, many more do (docs/benchmarks.md, Figures behind the code's constants)
 STREAM_BYTES = 1 << 20
 
 
@@ -61,8 +61,8 @@ def stream_group(group: RowGroup, row_bytes: int) -> Iterator[Tuple[str, np.ndar
 
     Why: a cold epoch decoding whole row groups wrote each image into memory twice (decompressed,
     then decoded) before the cache file's copy; small batches stay in the CPU's cache, and the
-    epoch then maps the file back like a warm one (reader's cold epoch 0.17 against 0.27-0.37 ms of
-    CPU per image, benchmarks/loader_bench.py's data, one thread, 2026-12-02).
+    epoch then maps the file back like a warm one (its cost per image: docs/benchmarks.md, Figures
+    behind the code's constants).
 
     Raises:
         ShardCountError, ImageSizeError: as :func:`read_group`, before the piece at fault.

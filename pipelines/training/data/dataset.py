@@ -51,7 +51,7 @@ class Dataset:
     @property
     def stored_size(self) -> int:
         """Side of the stored square images in pixels: the ETL's ``--image-size`` (the manifest's
-        ``image_size``), not the model's input side (``TrainConfig.input_size``)."""
+        ``image_size``), not the model's input side (``TrainConfig.model.input_size``)."""
         return self.manifest.image_size
 
     @property

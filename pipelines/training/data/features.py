@@ -228,8 +228,9 @@ def feature_dataset(features: np.ndarray, labels: np.ndarray, batch_size: int, s
     return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(2)
 
 
-def inapplicable_reason(config) -> Optional[str]:
-    """Why ``--feature-cache`` cannot apply to this run, or ``None`` when it can."""
-    if getattr(config, "augment", False):
+def inapplicable_reason(loader) -> Optional[str]:
+    """Why ``--feature-cache`` cannot apply to a run read as ``loader`` says (its
+    :class:`~pipelines.training.config.LoaderOptions`), or ``None`` when it can."""
+    if loader.augment:
         return "augmentation changes every image every epoch, so features cannot be computed once"
     return None

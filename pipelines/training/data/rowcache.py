@@ -44,13 +44,11 @@ from pipelines.runtime.logs import plural
 
 log = logging.getLogger("pipelines")
 
-#: bytes; tf.data's from_generator takes a 64-byte-aligned NumPy array without copying it (a 33 MB
-#: row group: 1.0 ms against 7.0 ms when 16-byte aligned; the warm epoch 5,827 against 3,860
-#: images/s, 2026-12-02, docs/benchmarks.md)
+#: bytes; tf.data's from_generator takes a 64-byte-aligned NumPy array without copying it (the
+#: copy's cost per row group and per warm epoch: docs/benchmarks.md, Figures behind the code's constants)
 ALIGN = 64
-#: bytes per write of a column: a 32 MiB row group written in one call cost 0.56 ms of CPU per
-#: image (0.34-0.93, erratic) and in 1 MiB writes 0.34-0.37 (4 MiB: 0.64; 256 KiB: 0.39), our
-#: reader's cold read of loader_bench's data alone, ext4 on Linux 6.18, 2026-12-01
+#: bytes per write of a column: a whole row group in one call cost more CPU per image, and erratically,
+#: than writes of 1 MiB; larger and smaller pieces did worse (docs/benchmarks.md, Figures behind the code's constants)
 WRITE_BYTES = 1 << 20
 SUFFIX = ".rowgroup"
 MAGIC = b"PLRG\x01\x00\x00\x00"  # format 1 of the flat file (JSON header)

@@ -48,8 +48,8 @@ def split_row_groups(parts: list) -> List[RowGroup]:
 
 
 def open_part(part: "Location"):
-    """The Parquet file ``part`` opened for reading: a local file mapped (measured 1.6-2x faster
-    than reading it, benchmarks/loader_bench.py), another through its filesystem."""
+    """The Parquet file ``part`` opened for reading: a local file mapped (faster than reading it:
+    docs/benchmarks.md, Figures behind the code's constants), another through its filesystem."""
     return pa.memory_map(part.path) if part.local else part.filesystem.open_input_file(part.path)
 
 

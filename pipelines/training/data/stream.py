@@ -190,8 +190,7 @@ def stream_batches(stream: ShardStream, open_groups: OpenGroups, start_row: int,
 
 #: bytes a batch's buffer is aligned to: TensorFlow's largest (Eigen's, AVX-512) alignment, at
 #: which ``tf.data.Dataset.from_generator`` takes a NumPy array as its tensor without a copy
-#: (np.empty's 16-byte aligned batches of 299 px images came through at 15,000 images/s, aligned
-#: ones at 62,000: TF 2.21, one thread, 2026-12-03)
+#: (np.empty's 16-byte alignment costs a copy of every batch: docs/benchmarks.md, Figures behind the code's constants)
 ALIGNMENT = 64
 
 
@@ -229,7 +228,7 @@ def _gather(out: np.ndarray, parts, starts: np.ndarray, take: np.ndarray, flips:
     left to right (the width axis) where ``flips``. Row by row, straight from the row groups'
     arrays (a memory map of the cache, Arrow's buffer): each image is copied once, where
     concatenating the window first and then gathering copied it twice, at half the rate
-    (299 px, windows of 16 row groups of 16 images, one thread, 2026-12-03)."""
+    (docs/benchmarks.md, Figures behind the code's constants)."""
     where = np.searchsorted(starts, take, side="right") - 1
     rows = take - starts[where]
     mirrored = [False] * len(take) if flips is None else flips.tolist()

@@ -187,12 +187,14 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
     import horovod.tensorflow.keras as hvd
     from pipelines.stack.kerasapi import distributed_optimizer, keras
 
+    # Horovod: float16 gradients on the wire with --fp16-allreduce
     compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
+    # Horovod: add Horovod's DistributedOptimizer: each step's gradients averaged over the ranks by allreduce
     optimizer = distributed_optimizer(keras.optimizers.Nadam(learning_rate=learning_rate), model=model,
                                       compression=compression)
     # The metric as an object and the optimizer built here: every variable of the step exists before
     # fit, which then traces its step once, not twice (a tf.function whose first trace creates
-    # variables is traced again): 0.5 s less per rank with Xception at 71 px, 0.26 s with a tiny model.
+    # variables is traced again; the time saved per rank: docs/benchmarks.md, Figures behind the code's constants).
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                   metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
     build_optimizer(model)

@@ -42,6 +42,7 @@ from typing import Dict, List, Optional
 from pipelines.contract import (CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT,
                                 MANIFEST, MODEL_FILE, PROGRESS, TENSORBOARD, TRAIN_RUN, plain_name)
 from pipelines.manifest import manifest_sha256
+from pipelines.runtime.config import to_dict
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 from pipelines.tracking.pictures import PICTURES
@@ -106,16 +107,17 @@ def world_of(batch_size: int, base_lr: float, world_size: int) -> Dict:
 
 def identify(config, world_size: int, run_id: Optional[str] = None) -> RunIdentity:
     """The identity of a run of ``config`` (a :class:`~pipelines.training.config.TrainConfig`) on
-    ``world_size`` ranks: its fingerprint, world and data's (read from ``config.data``), with
+    ``world_size`` ranks: its fingerprint, world and data's (read from ``config.loader.data``), with
     ``run_id`` or a new one.
 
     Raises:
         FileNotFoundError, pipelines.io.storage.StorageError: the data has no readable manifest.
     """
-    values = {name: getattr(config, name) for name in FINGERPRINT_FIELDS}
-    data = resolve(config.data, config.storage_options)
+    options = to_dict(config)  # flat, as the flags name them: records written before the option groups match
+    values = {name: options[name] for name in FINGERPRINT_FIELDS}
+    data = resolve(config.loader.data, config.storage_options)
     return RunIdentity(run_id or new_run_id(), values, manifest_sha256(data),
-                       world_of(config.batch_size, config.base_lr, world_size), manifest_run_id(data))
+                       world_of(config.fit.batch_size, config.fit.base_lr, world_size), manifest_run_id(data))
 
 
 def manifest_run_id(data) -> Optional[str]:
@@ -317,5 +319,5 @@ def check_output_claim(config, world_size: int, relaunch: bool = False, run_id: 
         RunRefused: as :func:`claim` (exit 2).
     """
     run = identify(config, world_size, run_id)
-    folder = resolve(config.output, config.storage_options)
-    return claim(folder, run, config.resume, relaunch, getattr(config, "overwrite", False)).run
+    folder = resolve(config.outputs.output, config.storage_options)
+    return claim(folder, run, config.outputs.resume, relaunch, config.outputs.overwrite).run

@@ -2,9 +2,8 @@
 gathered on every rank), the exported model and its contract, the pictures, and the same to the
 MLflow run (:func:`save_outputs`, :func:`track_outputs`).
 
-``rank`` and ``plan`` below are the job's :class:`pipelines.training.rank.Rank` and
-:class:`~pipelines.training.plan.RunPlan` (this module is imported by the job, never the other
-way round).
+``context`` below is the job's :class:`pipelines.training.context.RankContext` (this module is
+imported by the job, never the other way round).
 """
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from pipelines.contract import CLASS_NAMES, HISTORY, MANIFEST, METRICS, MODEL_CO
 from pipelines.runtime.logs import plural
 from pipelines.runtime.redact import redact
 from pipelines.tracking.pictures import PICTURES, contact_sheet, plot_confusion, plot_history, plot_top_confusions
-from pipelines.training.config import TrainConfig
 from pipelines.training.data import OnePassShard
 from pipelines.training.model.export import export_model
 from pipelines.training.resume import Resume, weights_checksum
@@ -30,7 +28,7 @@ from pipelines.training.records.segments import interruptions, steps_redone
 log = logging.getLogger("pipelines")
 
 
-def build_report(config: TrainConfig, rank, plan, phases: List, resume: Resume) -> Dict:
+def build_report(context, phases: List, resume: Resume) -> Dict:
     """The run's report: config, world, arithmetic, history, the best epoch's exact validation
     metrics (the split that chose it: ``selected_on``), the exact test metrics of the final model
     (the last of ``phases``, :class:`pipelines.training.model.finetune.Phase`; the test split read once,
@@ -38,17 +36,18 @@ def build_report(config: TrainConfig, rank, plan, phases: List, resume: Resume) 
     and hostnames of every rank (gathered here: every rank must call it)."""
     import horovod.tensorflow as hvd_tf
 
+    config, rank, plan = context.config, context.rank, context.plan
     history, steps, data, last = resume.history, plan.steps, plan.data, phases[-1]
     fine_tune = last.report if len(phases) > 1 else None
     resumed = last.resume if resume.phase == 2 else resume  # the phase whose state was restored
-    epochs_planned = fine_tune["epochs_planned"] if fine_tune else config.epochs
+    epochs_planned = fine_tune["epochs_planned"] if fine_tune else config.fit.epochs
     totals = last.totals
     best_epoch = last.early_stopping.best_epoch + 1 if history else None
     return {
         "config": redact(to_dict(config)),
         "run_id": plan.claim.run.run_id if plan.claim else None,  # rank 0's: the training run (train_run.json)
         "world_size": rank.size,
-        "batch_size_per_rank": config.batch_size,
+        "batch_size_per_rank": config.fit.batch_size,
         "global_batch_size": steps.global_batch,
         "data_world_size": plan.world.size,  # the run's arithmetic: pipelines/training/dataworld.py
         "per_rank_batches": plan.world.per_rank_batches(rank.size),
@@ -97,20 +96,22 @@ def best_validation(history: List[Dict], best_epoch: Optional[int], expected_cou
             "count": int(count) if count is not None else None, "expected_count": expected_count}
 
 
-def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tracker=None,
-                 directory: Optional[str] = None) -> None:
-    """Rank 0, in ``directory`` (its local output folder, default ``--output``): the run's results
-    first, ``model.keras`` (the whole model, taking the ETL's uint8 images, float32 compute) and its
-    contract ``model.json`` (with the model file's sha256), ``class_names.json`` and ``metrics.json``;
+def save_outputs(context, report: Dict, phase) -> None:
+    """Rank 0, in its local output folder (``context.output_dir``, else ``--output``), for the run's
+    last ``phase`` (a :class:`~pipelines.training.model.finetune.Phase`): the run's results first,
+    ``model.keras`` (the phase's exported model, taking the ETL's uint8 images, float32 compute) and
+    its contract ``model.json`` (with the model file's sha256), ``class_names.json`` and ``metrics.json``;
     only then the pictures (:func:`save_pictures`), whose failure is logged and recorded in
     ``metrics.json`` (``pictures_error``) without failing the run; each file written atomically.
-    Then, with a ``tracker``, the same to the MLflow run (:func:`track_outputs`).
+    Then, with the context's tracker, the same to the MLflow run (:func:`track_outputs`).
 
     Raises:
         pipelines.tracking.TrackingFailed: MLflow logging failed; the outputs above are complete.
     """
-    class_names, directory = data.class_names, directory or config.output
-    exported = export_model(model, os.path.join(directory, MODEL_FILE), data.stored_size, class_names)
+    config, data, tracker, totals = context.config, context.plan.data, context.tracker, phase.totals
+    class_names, directory = data.class_names, context.output_dir or config.outputs.output
+    exported = export_model(phase.inputs.exported_model(), os.path.join(directory, MODEL_FILE), data.stored_size,
+                            class_names)
     write_json(os.path.join(directory, CLASS_NAMES), class_names, mode=PUBLIC)
     if totals is not None and totals.num_classes:
         report["test"]["confusion"] = totals.confusion_matrix().tolist()
@@ -128,16 +129,16 @@ def save_outputs(config: TrainConfig, report: Dict, model, data, totals=None, tr
         log.error("the pictures could not be drawn (%s: %s); the results are written", type(exc).__name__, exc)
         pictures, report["pictures_error"] = {}, f"{type(exc).__name__}: {exc}"
     # the report names where they end up: in --output (a URI receives this folder's files)
-    report["pictures"] = {name: posixpath.join(config.output, os.path.basename(path))
+    report["pictures"] = {name: posixpath.join(config.outputs.output, os.path.basename(path))
                           for name, path in pictures.items()}
     write_json(os.path.join(directory, METRICS), report)
     for path in report["pictures"].values():
         log.info("wrote %s", path)
     if tracker:
-        track_outputs(config, report, exported, data, tracker, directory)
+        track_outputs(context, report, exported)
 
 
-def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker, directory: Optional[str] = None) -> None:
+def track_outputs(context, report: Dict, exported) -> None:
     """Rank 0, after the outputs are written: the epochs the MLflow run lacks, the exact test metrics
     and the early-stopping outcome, the output files (and the data's ``manifest.json`` under
     ``data/``) as artifacts, and the exported model at ``model/`` (input example: a stored test
@@ -148,7 +149,8 @@ def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker, di
     """
     import tempfile
 
-    test, directory = report["test"], directory or config.output
+    config, data, tracker = context.config, context.plan.data, context.tracker
+    test, directory = report["test"], context.output_dir or config.outputs.output
     manifest = data.location.join(MANIFEST)
     copy = None if manifest.local else tempfile.mkdtemp(prefix="pipelines-manifest-")
     if copy:  # MLflow logs local files: a copy of a remote manifest
@@ -171,10 +173,10 @@ def track_outputs(config: TrainConfig, report: Dict, exported, data, tracker, di
         if copy:
             shutil.rmtree(copy, ignore_errors=True)
     example, _ = first_test_rows(data, 1)
-    uri, version = tracker.log_model(exported, example, config.register_model,
+    uri, version = tracker.log_model(exported, example, config.outputs.register_model,
                                      {"test_accuracy": str(test["accuracy"])}, {"class_names": data.class_names})
     log.info("MLflow: logged run %s with model %s%s", tracker.run_id, uri,
-             f", registered as {config.register_model} version {version}" if version else "")
+             f", registered as {config.outputs.register_model} version {version}" if version else "")
 
 
 OUTPUT_ARTIFACTS = (METRICS, HISTORY, CLASS_NAMES, MODEL_CONTRACT)
