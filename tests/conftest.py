@@ -3,6 +3,7 @@ import atexit
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 
@@ -225,3 +226,11 @@ def _pipelines_log_reaches_caplog(request):
     finally:
         logger.removeHandler(handler)
         logger.propagate = propagate
+
+
+@pytest.fixture
+def refused_port():
+    """A local port bound by this test and never listening: a connection to it is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]

@@ -1,7 +1,7 @@
 """The benchmarks run end to end (real ETL, Horovod with Gloo, Petastorm) on a tiny sample.
 
-Only that they run and report consistent figures is checked here (and, fast, the refusal of a
-benchmark's bad flag before Spark): speed goals are read from the
+Only that they run and report consistent figures is checked here (their refusals of a bad
+flag: tests/unit/benchmarks/test_benchmarks.py): speed goals are read from the
 benchmarks' own output on a real-sized run, never asserted by tests. The scaling benchmark's outputs
 are checked in tests/test_gpu_check.py, from the GPU check's dry run, which runs it.
 """
@@ -55,30 +55,3 @@ def test_eval_benchmark_times_the_evaluation_and_the_report_at_each_width():
     assert "goal (totals" not in stdout  # the bookkeeping alone is shown, its goal is the whole evaluation's
     for what in ("evaluation", "report"):
         assert f"goal ({what} at 40 classes within 1.2x of 10): " in stdout
-
-
-@pytest.mark.parametrize("flag, says", [("binaryfile,nosuch", "--peers binaryfile,nosuch: unknown nosuch"),
-                                        ("Image", "--peers Image: unknown Image"), (",", "--peers names no peer"),
-                                        ("none,image", "--peers none,image: unknown none")])
-def test_an_unknown_etl_peer_exits_2_in_one_line_listing_the_names_before_spark(flag, says):
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "etl_bench.py"), "--peers", flag],
-                            cwd=ROOT, capture_output=True, text=True, env=subprocess_env(), timeout=120)
-    assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr.splitlines() == [f"etl_bench.py: {says}; choose from binaryfile, image (or none)"]
-
-
-def test_etl_peers_are_taken_once_each_in_the_order_named():
-    from benchmarks.etl_peers import PEERS, pick_peers
-
-    assert PEERS == ("binaryfile", "image")
-    assert pick_peers("image, binaryfile,image") == ("image", "binaryfile") and pick_peers("none") == ()
-
-
-def test_trainer_benchmark_refuses_an_unknown_trainer_in_one_line_naming_the_trainers():
-    """Refused by the options alone (exit 2, before any sample, Spark or rank), the names listed."""
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "trainer_bench.py"),
-                             "--trainers", "horovod,ray"], cwd=ROOT, capture_output=True, text=True,
-                            env=subprocess_env(), timeout=60)
-    assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr.splitlines() == ["trainer_bench.py: --trainers horovod,ray: unknown ray; "
-                                          "choose from horovod, mwms"]

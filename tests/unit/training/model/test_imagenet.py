@@ -7,9 +7,7 @@ and every HTTP(S) request goes through a proxy at a local port that is bound but
 """
 import ast
 import importlib.util
-import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -17,32 +15,10 @@ import pytest
 
 from pipelines.training.model.imagenet import (IMAGENET, KerasFile, WeightsUnavailable, ensure_imagenet_weights,
                                          ensure_keras_file, keras_cache_dir, md5_of)
-from tests.conftest import BIN, subprocess_env
+from tests.support.offline import manifest, offline, offline_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = IMAGENET["xception"]
-
-
-@pytest.fixture
-def refused_port():
-    """A local port bound by this test and never listening: a connection to it is refused."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        yield sock.getsockname()[1]
-
-
-def offline(home, port) -> dict:
-    """The variables of an offline machine whose Keras cache is under ``home`` (KERAS_HOME unset)."""
-    proxy = f"http://127.0.0.1:{port}"
-    return {"HOME": str(home), "https_proxy": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy,
-            "HTTP_PROXY": proxy, "no_proxy": "", "NO_PROXY": ""}
-
-
-def offline_env(home, port, **extra) -> dict:
-    """A child job's environment on such a machine."""
-    env = subprocess_env(**offline(home, port), **extra)
-    env.pop("KERAS_HOME", None)
-    return env
 
 
 @pytest.fixture
@@ -128,16 +104,6 @@ def test_other_weights_need_nothing_fetched(offline_here, backbone, weights):
     assert not (offline_here / ".keras").exists()
 
 
-def manifest(folder) -> str:
-    """An ETL output's manifest that 2 ranks can train on (no Parquet file: nothing reads them)."""
-    m = {"image": {"height": 32}, "num_classes": 3, "class_names": ["a", "b", "c"], "rows_per_row_group": 2,
-         "splits": {"train": {"rows": 100, "row_groups": 8}, "validation": {"rows": 20, "row_groups": 8},
-                    "test": {"rows": 20, "row_groups": 8}}}
-    folder.mkdir()
-    (folder / "manifest.json").write_text(json.dumps(m))
-    return str(folder)
-
-
 # jobs/train.py's main, saying afterwards whether TensorFlow was imported
 MAIN = ("import runpy, sys; sys.argv = ['jobs/train.py', *sys.argv[1:]]\n"
         "try:\n    runpy.run_path('jobs/train.py', run_name='__main__')\n"
@@ -195,19 +161,3 @@ def test_the_ranks_find_the_file_where_the_launcher_put_it(tmp_path, refused_por
                            text=True, env=env, cwd=REPO, timeout=300)
     assert found.returncode == 0, found.stderr[-3000:]
     assert found.stdout.strip().splitlines()[-1] == placed == str(home / ".keras" / "models" / SPEC.name)
-
-
-@pytest.mark.slow
-def test_under_horovodrun_rank_0_alone_refuses_offline_weights(tmp_path, refused_port):
-    """Real horovodrun -np 2: rank 0 says why once, before TensorFlow; horovodrun exits 1 (README)."""
-    home = tmp_path / "home"
-    home.mkdir()
-    cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
-           os.path.join(REPO, "jobs", "train.py"), "--data", manifest(tmp_path / "etl"), "--output",
-           str(tmp_path / "out"), "--batch-size", "2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=offline_env(home, refused_port), timeout=300)
-    text = proc.stdout + proc.stderr
-    assert proc.returncode == 1 and "Exit code: 2" in text, text[-3000:]
-    errors = [line for line in text.splitlines() if " ERROR " in line]
-    assert len(errors) == 1 and "[train rank 0]" in errors[0] and "--weights imagenet" in errors[0], text[-3000:]
-    assert "Downloading data from" not in text and os.listdir(home / ".keras" / "models") == []
