@@ -3,7 +3,7 @@
 Only that they run and report consistent figures is checked here (their refusals of a bad
 flag: tests/unit/benchmarks/test_benchmarks.py): speed goals are read from the
 benchmarks' own output on a real-sized run, never asserted by tests. The scaling benchmark's outputs
-are checked in tests/test_gpu_check.py, from the GPU check's dry run, which runs it.
+are checked in tests/e2e/test_gpu_check.py, from the GPU check's dry run, which runs it.
 """
 import csv
 import json
@@ -13,9 +13,7 @@ import sys
 
 import pytest
 
-from tests.conftest import subprocess_env
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.env import REPO as ROOT, subprocess_env
 
 
 def _run(script, *args, timeout=900):

@@ -3,7 +3,7 @@
 The ETL through ``spark-submit --master spark://...``, then training as 2 barrier tasks on the two
 workers (``--spark-np 2``): a rank that fails at epoch 2 (prompt, named failure) and the
 ``--resume`` that then trains to the end; and impossible launches. (Local ranks, ``--spark-np -2``,
-are trained, killed and resumed in tests/test_training_hvd.py.)
+are trained, killed and resumed in tests/e2e/test_training_hvd.py.)
 """
 import json
 import os
@@ -15,11 +15,11 @@ import time
 import pytest
 
 from pipelines.launch.cluster import StandaloneCluster
-from tests.conftest import BIN, assert_exact_test_count, read_metrics as metrics, subprocess_env
-from tests.imagegen import make_tree
+from tests.support.env import BIN, REPO, subprocess_env
+from tests.support.imagegen import make_tree
+from tests.support.outputs import assert_exact_test_count, read_metrics as metrics
 
 pytestmark = pytest.mark.slow
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 71
 # Seconds from a rank's death to spark-submit's exit (the verdict and Spark's shutdown).
 FAULT_TO_EXIT_S = 45
@@ -53,7 +53,6 @@ def train_args(data, out, *extra):
     return ["--data", data, "--output", out, "--weights", "none", "--backbone", "tiny", "--batch-size", "4",
             "--no-tensorboard",
             "--cache-dir", out + "-cache", *extra]
-
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +164,7 @@ def test_more_tasks_than_slots_is_refused_before_starting(cluster, etl_on_cluste
 def test_dynamic_allocation_is_refused_at_once_by_name(cluster, tmp_path, conf):
     """Without the check: a 60 s wait for slots that never come ("0 task slots"), or, with
     executors, Spark's BarrierJobRunWithDynamicAllocationException traceback."""
-    from tests.datagen import write_dataset
+    from tests.support.datagen import write_dataset
     write_dataset(str(tmp_path / "data"), train_groups=[4], test_groups=[2])  # passes the data refusals
     proc = submit(cluster, "train.py", *train_args(str(tmp_path / "data"), str(tmp_path / "out"), "--spark-np", "2",
                                                    "--batch-size", "1"), conf=conf, timeout=200)

@@ -1,6 +1,6 @@
 """What moves between the stacks (docs/stacks.md): an MLflow SQLite store, a checkpoint and a
 ``model.keras`` made on this stack and read on the other, and the other way round, with one
-process of the other stack's venv (tests/cross_stack_side.py). Each works, or is refused in one
+process of the other stack's venv (tests/support/cross_stack_side.py). Each works, or is refused in one
 line naming the stack that made it and the way out; no store is migrated.
 
 Needs both venvs: ``make test`` builds both before any test, so this runs on each stack's share;
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from pipelines import stack
-from tests import cross_stack_side as side
+from tests.support import cross_stack_side as side
+from tests.support.env import REPO as ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.current]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = stack.active().name
 OTHER = next(name for name in stack.STACKS if name != HERE)
 OTHER_PYTHON = os.path.join(ROOT, stack.venv(OTHER), "bin", "python")
@@ -32,7 +32,7 @@ def both(tmp_path_factory):
     made_here = side.make(mine)
     env = {key: value for key, value in os.environ.items() if key not in ("PYSPARK_PYTHON", "VIRTUAL_ENV")}
     env.update(PATH=os.path.dirname(OTHER_PYTHON) + os.pathsep + env.get("PATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run([OTHER_PYTHON, "-m", "tests.cross_stack_side", mine, theirs, result], cwd=ROOT, env=env,
+    done = subprocess.run([OTHER_PYTHON, "-m", "tests.support.cross_stack_side", mine, theirs, result], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with open(os.path.join(theirs, "made.json")) as f:

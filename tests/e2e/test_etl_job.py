@@ -19,12 +19,12 @@ from pipelines.etl.config import ETLConfig
 from pipelines.etl.images import ACCEPTED_FORMATS as ETL_FORMATS
 from pipelines.etl.job import run_etl
 from pipelines.etl.plan import plan
-from tests.conftest import BIN, mlflow_run, subprocess_env
-from tests.imagegen import make_tree
+from tests.support.env import BIN, REPO, subprocess_env
+from tests.support.imagegen import make_tree
+from tests.support.outputs import mlflow_run
 
 pytestmark = pytest.mark.slow
 SIZE = 32
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def split_files(out, split):
@@ -194,7 +194,7 @@ def test_rerun_gives_the_same_split_and_overwrites_cleanly(tree, submitted, spar
 
 
 def test_a_format_1_output_is_replaced_and_its_folders_removed(spark, tmp_path):
-    from tests.datagen import write_dataset
+    from tests.support.datagen import write_dataset
     root, out = str(tmp_path / "tree"), str(tmp_path / "out")
     make_tree(root, classes=2, per_class=3, bad=False)
     write_dataset(out, [1, 1], [1], size=8)  # format 1: manifest.json beside train/ and test/
@@ -237,7 +237,7 @@ def test_hostile_names_are_accounted_for(spark, tmp_path):
     that differ only there), a valid name holding U+FFFD, and a GIF that calls itself .jpg; and
     files that cannot be read whole: a broken symlink, one above --max-file-mb."""
     from PIL import Image
-    from tests.imagegen import encode, write
+    from tests.support.imagegen import encode, write
     root = str(tmp_path / "tree")
     make_tree(root, classes=2, per_class=5, bad=False)
     write(os.path.join(root, "001.class0", "photo:v2.jpg"), encode(Image.new("RGB", (30, 20), (9, 9, 9))))
@@ -269,7 +269,7 @@ def test_copies_links_fifos_and_foreign_formats_are_recorded_and_each_content_is
     job), a PSD named .jpg and an NFD class folder: each recorded with its reason, and the counts
     reconcile."""
     from PIL import Image
-    from tests.imagegen import encode, write
+    from tests.support.imagegen import encode, write
     root = tmp_path / "tree"
     make_tree(str(root), classes=2, per_class=5, bad=False)
     nfd = "003.nai\u0308ve"
@@ -340,7 +340,7 @@ def test_formats_are_read_by_content_whatever_the_extension(spark, tmp_path):
     """GIF named .jpg, WebP named .png, BMP, TIFF and an animated GIF are written with the right
     pixels; EPS and PDF named .jpg are rejected with what Pillow saw; .eps is not input."""
     from PIL import Image
-    from tests.imagegen import EPS, PDF, animated, encode, write
+    from tests.support.imagegen import EPS, PDF, animated, encode, write
     root = str(tmp_path / "tree")
     make_tree(root, classes=2, per_class=2, bad=False)
     colour = (200, 30, 20)
@@ -383,7 +383,7 @@ UNICODE_TREE = {
 @pytest.fixture(scope="module")
 def unicode_tree(tmp_path_factory):
     from PIL import Image
-    from tests.imagegen import encode, write
+    from tests.support.imagegen import encode, write
     root = str(tmp_path_factory.mktemp("unicode") / "tree")
     formats = {".jpg": "JPEG", ".png": "PNG", ".gif": "GIF", ".bmp": "BMP", ".webp": "WEBP", ".tif": "TIFF"}
     for k, (folder, names) in enumerate(UNICODE_TREE.items()):
@@ -470,7 +470,7 @@ def test_a_huge_file_is_rejected_and_never_stops_the_job(spark, tmp_path):
     """200 MB named .jpg inside --max-file-mb 250: read by its task in Python (no JVM heap), and
     rejected with a reason; a JPEG padded to 200 MB is read within the bound and written."""
     from PIL import Image
-    from tests.imagegen import encode
+    from tests.support.imagegen import encode
     root, out = str(tmp_path / "tree"), str(tmp_path / "out")
     make_tree(root, classes=2, per_class=4, bad=False)
     size = 200 * 2**20
@@ -553,7 +553,7 @@ def test_candidates_are_spread_deterministically_and_row_groups_mix_classes(tree
 def plain_tree(tmp_path_factory):
     """Keras/torchvision layout: class0..class2 with 5 images each, every kind of bad file, and a
     class 'zebra' with a single image."""
-    from tests.imagegen import encode, random_photo, write
+    from tests.support.imagegen import encode, random_photo, write
     root = str(tmp_path_factory.mktemp("plain") / "tree")
     expected = make_tree(root, classes=3, per_class=5, plain=True)
     write(os.path.join(root, "zebra", "only.jpg"), encode(random_photo(np.random.default_rng(1), 30, 30, 3)))
@@ -647,7 +647,7 @@ def test_a_run_that_fills_the_disk_removes_its_files_so_a_rerun_that_fits_commit
     """Run 1 (16 px, ~40 KiB) commits; run 2 (128 px, ~1.8 MiB) fills the 1 MiB disk and fails: run
     1's output is whole and run 2's partial files are gone, so run 3 (64 px, ~0.5 MiB), which fits
     beside run 1 but not beside run 2's leftovers, commits."""
-    from tests.imagegen import encode, folder_name, random_photo, write
+    from tests.support.imagegen import encode, folder_name, random_photo, write
 
     rng, root = np.random.default_rng(0), os.path.join(os.path.dirname(small_disk), "photos")
     for i in range(36):  # 160 px noisy photos: every size below fills its whole square

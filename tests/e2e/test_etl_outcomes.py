@@ -15,10 +15,9 @@ from PIL import Image
 
 from pipelines.contract import SPLITS
 from pipelines.manifest import Manifest
-from tests.conftest import subprocess_env
-from tests.imagegen import encode, write
+from tests.support.env import REPO, subprocess_env
+from tests.support.imagegen import encode, write
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_RESULT = "32k"
 CLASSES, PER_CLASS, COPIES, UNDECODABLE, NOT_IMAGES = 4, 125, 6, 5, 3
 

@@ -21,12 +21,11 @@ from pipelines.etl.images import ImageRejected
 from pipelines.etl.job import finish, run_etl, run_spark
 from pipelines.etl.plan import plan
 from pipelines.etl.transform import read_object
-from tests import s3server
-from tests.conftest import subprocess_env
-from tests.imagegen import make_tree
+from tests.support import s3server
+from tests.support.env import REPO, subprocess_env
+from tests.support.imagegen import make_tree
 
 pytestmark = pytest.mark.slow
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 16
 
 
@@ -259,7 +258,7 @@ def test_odd_object_keys_are_written_and_a_key_no_filesystem_opens_is_one_reject
     is that file's rejection with its reason, never the job's failure; so are a key with a '..'
     segment (never read) and a byte-identical copy of another object (a label conflict here)."""
     import numpy as np
-    from tests.imagegen import encode, random_photo
+    from tests.support.imagegen import encode, random_photo
 
     bucket, rng = s3_server.bucket("odd"), np.random.default_rng(0)
     client = s3_server.client()

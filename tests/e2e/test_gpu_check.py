@@ -11,9 +11,7 @@ import sys
 import pytest
 
 from scripts import gpu_check as gc
-from tests.conftest import subprocess_env
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.env import REPO as ROOT, subprocess_env
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +63,7 @@ def test_the_scaling_benchmark_writes_rows_chart_timelines_and_the_co_run(dry_ru
     points = [("1", "4"), ("2", "4")]
     assert [(r["world_size"], r["batch_size_per_rank"], r["fp16_allreduce"]) for r in rows] == \
         [(*p, "False") for p in points] + [(*p, "True") for p in points]
-    # hand-computed values (the formulas are tested on hand-made points in tests/test_measure.py)
+    # hand-computed values (the formulas are tested on hand-made points in tests/unit/benchmarks/test_measure.py)
     assert [int(r["global_batch_size"]) for r in rows] == [4, 8] * 2
     assert [int(r["steps"]) for r in rows] == [2] * 4
     assert all(float(r["images_per_second"]) > 0 and float(r["seconds"]) > 0 for r in rows)

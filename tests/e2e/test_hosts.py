@@ -3,7 +3,7 @@
 own, the driver on the bridge. Every test that uses the hosts lives in this file (one xdist worker
 builds them once).
 
-* HorovodRunner(np=4), one driver run (tests/hosts_driver.py): with the default interface, then
+* HorovodRunner(np=4), one driver run (tests/support/hosts_driver.py): with the default interface, then
   with each host's unroutable interface named.
 * The pipeline through ``spark-submit``: the ETL of a tree uploaded to the S3 server, from and to
   the bucket; training ``--spark-np 4`` on that output, from and to the bucket, in which one
@@ -29,13 +29,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.contract import SPLITS
-from tests import s3server
-from tests.conftest import assert_exact_test_count, subprocess_env
-from tests.hosts_driver import PAUSE_S, VECTOR
-from tests.imagegen import make_tree
+from tests.support import s3server
+from tests.support.env import REPO, subprocess_env
+from tests.support.hosts_driver import PAUSE_S, VECTOR
+from tests.support.imagegen import make_tree
+from tests.support.outputs import assert_exact_test_count
 
 pytestmark = pytest.mark.slow
-DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hosts_driver.py")
+DRIVER = os.path.join(REPO, "tests", "support", "hosts_driver.py")
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +130,6 @@ def test_a_named_interface_is_honoured_even_when_unroutable(driver_run, hosts_cl
 
 # -- the pipeline across the hosts: ETL and training on the S3 server, a worker host lost -----------
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 32
 FAULT = "PIPELINES_FAULT_INJECT"
 TRAIN = ("--weights", "none", "--backbone", "tiny", "--batch-size", "2", "--no-tensorboard", "--patience", "10",

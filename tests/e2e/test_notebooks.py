@@ -4,39 +4,13 @@ import os
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
-from nbclient.exceptions import CellTimeoutError
 
-from tests.conftest import assert_exact_test_count, dump_python_stacks, read_metrics
-from tests.imagegen import make_tree
+from tests.support.imagegen import make_tree
+from tests.support.notebooks import NOTEBOOKS, execute, has_image, outputs
+from tests.support.outputs import assert_exact_test_count, read_metrics
 
 pytestmark = pytest.mark.slow
-NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
 SMALL_TRAINING = dict(weights="none", backbone="tiny", epochs=2, batch_size=4, patience=5)
-
-
-def execute(name: str, cwd: str, **parameters) -> nbformat.NotebookNode:
-    """Run one notebook with ``parameters`` injected after its ``parameters`` cell; raise on any cell error."""
-    book = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
-    index = next(i for i, c in enumerate(book.cells) if "parameters" in c.metadata.get("tags", []))
-    injected = nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in parameters.items()))
-    injected.metadata["tags"] = ["injected-parameters"]
-    book.cells.insert(index + 1, injected)
-    try:
-        NotebookClient(book, timeout=600, kernel_name="python3", resources={"metadata": {"path": cwd}}).execute()
-    except CellTimeoutError:  # say where it waits: the CI log is all there is of a hang
-        print(outputs(book)[-6000:], dump_python_stacks(), sep="\n")
-        raise
-    return book
-
-
-def outputs(book) -> str:
-    return "\n".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
-                     for c in book.cells if c.cell_type == "code" for o in c.get("outputs", []))
-
-
-def has_image(book) -> bool:
-    return any("image/png" in o.get("data", {}) for c in book.cells if c.cell_type == "code" for o in c.get("outputs", []))
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,14 @@ from pipelines.etl.job import run_etl
 from pipelines.predict.infer import PREDICTED, UNREADABLE, make_decoder, predict_columns
 from pipelines.predict.job import CONFUSION, SKIPPED_LIST, SUMMARY
 from pipelines.predict.model import resolve_model
-from tests.conftest import BIN, etl_parts, read_metrics, subprocess_env
-from tests.datagen import write_dataset
-from tests.imagegen import encode, folder_name, make_tree, random_photo, write
-from tests.test_notebooks import execute, has_image, outputs
-from tests.test_training_hvd import SIZE, train
+from tests.support.datagen import write_dataset
+from tests.support.env import BIN, REPO, subprocess_env
+from tests.support.imagegen import encode, folder_name, make_tree, random_photo, write
+from tests.support.notebooks import execute, has_image, outputs
+from tests.support.outputs import etl_parts, read_metrics
+from tests.support.training import SIZE, train
 
 pytestmark = pytest.mark.slow
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,8 @@ import sys
 
 import pytest
 
-from tests.conftest import BIN, subprocess_env
+from tests.support.env import BIN, REPO, subprocess_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TF_NOISE = re.compile(r"oneDNN|cpu_feature_guard|This TensorFlow binary is optimized")
 
 

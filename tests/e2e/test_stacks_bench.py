@@ -10,10 +10,9 @@ import sys
 
 import pytest
 
-from tests.conftest import subprocess_env
+from tests.support.env import REPO as ROOT, subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.current]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks", "stacks_bench.py")
 VENVS = [os.path.join(ROOT, v, "bin", "python") for v in (".venv", ".venv-current")]
 

@@ -22,61 +22,13 @@ from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
 from pipelines.training.data import petastorm_available
 from pipelines.training.schedule import warmup_lr
-from tests.conftest import BIN, assert_exact_test_count, etl_parts, mlflow_run, read_metrics as metrics, subprocess_env
-from tests.imagegen import make_tree
+from tests.support.env import BIN, REPO, subprocess_env
+from tests.support.imagegen import make_tree
+from tests.support.outputs import assert_exact_test_count, etl_parts, mlflow_run, read_metrics as metrics
+from tests.support.training import SIZE, error_lines, shard_rows, train
 
 pytestmark = pytest.mark.slow
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SIZE = 71  # Xception's smallest input
 REGISTERED = "xception-tests"  # the model name full_run registers in its MLflow store
-
-
-def train(data, output, *args, np_=2, env=None, timeout=420, tensorboard=False, cache=None):
-    """Run jobs/train.py under horovodrun (np_ > 0) or alone (np_ == 0) on the tiny backbone (the
-    module's Xception run is :func:`full_run`); return the finished process. The Petastorm cache is
-    ``cache``, else ``OUTPUT-cache`` (a local ``output``'s sibling)."""
-    job = [sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", output,
-           "--weights", "none", "--backbone", "tiny", "--batch-size", "4", "--cache-dir", cache or output + "-cache",
-           *([] if tensorboard else ["--no-tensorboard"]), *args]
-    cmd = job if np_ == 0 else [os.path.join(BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}",
-                                "--gloo", *job]
-    return subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(**(env or {})), timeout=timeout)
-
-
-
-def shard_rows(files, shards=2):
-    """Rows Petastorm itself gives each shard (one unshuffled pass of its own reader per shard);
-    where Petastorm cannot run, the rows of the readers' rule (row groups ``shard::shards``)."""
-    import warnings
-    if not petastorm_available():
-        from pipelines.io.storage import resolve
-        from pipelines.training.data.rowgroups import split_row_groups
-        groups = split_row_groups([resolve(f) for f in files])
-        return [sum(g.rows for g in groups[shard::shards]) for shard in range(shards)]
-    from petastorm import make_batch_reader
-    warnings.simplefilter("ignore", FutureWarning)  # pyarrow's deprecations, raised inside petastorm
-    counts = []
-    for shard in range(shards):
-        with make_batch_reader(["file://" + f for f in files], schema_fields=["label"], cur_shard=shard, shard_count=shards,
-                               num_epochs=1, shuffle_row_groups=False, reader_pool_type="dummy") as reader:
-            counts.append(sum(len(batch.label) for batch in reader))
-    return counts
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory, spark):
-    """A small real ETL output whose two train shards hold different numbers of rows."""
-    base = tmp_path_factory.mktemp("train-data")
-    make_tree(str(base / "tree"), classes=3, per_class=26, bad=False)
-    out = str(base / "etl")
-    for partitions in (3, 4, 5, 2):
-        manifest = run_etl(ETLConfig(input=str(base / "tree"), output=out, image_size=SIZE, test_fraction=0.3,
-                                     min_row_groups=4, num_partitions=partitions), spark)
-        rows = shard_rows(etl_parts(out, "train"))
-        if rows[0] != rows[1]:
-            assert sum(rows) == manifest["splits"]["train"]["rows"]
-            return out, manifest
-    pytest.fail(f"could not make uneven shards: {rows}")
 
 
 @pytest.fixture(scope="module")
@@ -524,7 +476,7 @@ def test_under_horovodrun_a_rank_a_minute_late_joins_and_a_stalled_rank_ends_the
 @pytest.fixture(scope="module")
 def one_row_group(tmp_path_factory):
     """A dataset whose train split holds one row group (of 10 rows): too few for 2 ranks."""
-    from tests.datagen import write_dataset
+    from tests.support.datagen import write_dataset
 
     data = str(tmp_path_factory.mktemp("one-group") / "etl")
     write_dataset(data, train_groups=[1], test_groups=[1], size=8, rows_per_group=10)
@@ -542,10 +494,6 @@ REFUSALS = {
 
 def refusal_data(reason, dataset, one_row_group, tmp_path):
     return {"no manifest": str(tmp_path), "batch": dataset[0], "row groups": one_row_group}[reason]
-
-
-def error_lines(text):
-    return [line for line in text.splitlines() if " ERROR " in line]
 
 
 @pytest.mark.parametrize("spark_np", [-2, 2])  # local processes / Spark barrier tasks: refused in the driver
@@ -774,8 +722,7 @@ def test_an_unreachable_tracking_server_is_refused_before_any_rank_with_exit_2(d
     assert "rank 0" not in proc.stderr and "Traceback" not in proc.stderr
 
 
-
-# --- training on object storage: the suite's moto_server (tests/s3server.py) -------------------
+# --- training on object storage: the suite's moto_server (tests/support/s3server.py) -------------------
 
 S3_OUTPUTS = {"metrics.json", "history.csv", "model.keras", "model.json", "class_names.json", "curves.png",
               "confusion.png", "top_confusions.png", "contact_sheet.png", "train_run.json"}
@@ -924,7 +871,7 @@ def test_s3_refusals_before_any_rank_with_exit_2(reason, s3_data, tmp_path):
 
 
 def test_wrong_credentials_are_refused_before_any_rank_with_exit_2(s3_data, tmp_path):
-    from tests import s3server
+    from tests.support import s3server
     with s3server.authenticated_server(str(tmp_path / "auth.log")) as (server, _key, _secret, bucket):
         env = {"AWS_ENDPOINT_URL": server.endpoint, "AWS_ACCESS_KEY_ID": "wrong", "AWS_SECRET_ACCESS_KEY": "wrong"}
         proc = train(f"s3://{bucket}/etl", f"s3://{bucket}/out", "--spark-np", "-2", np_=0, timeout=120,

@@ -1,7 +1,7 @@
 """A training run's output belongs to it, end to end (real Horovod ranks on real Parquet): another run
 is refused before any rank, ``--overwrite`` replaces only what the earlier run recorded, a relaunch
 after a lost rank continues its own checkpoints, ``--resume`` continues on another world size and refuses
-other settings, data or per-rank batches. The rules themselves: tests/test_run_records.py."""
+other settings, data or per-rank batches. The rules themselves: tests/unit/training/records/test_run_records.py."""
 import json
 import os
 import shutil
@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from pipelines.manifest import manifest_sha256
-from tests.conftest import read_metrics as metrics
-from tests.test_training_hvd import dataset, error_lines, train  # noqa: F401 (dataset: a fixture)
+from tests.support.outputs import read_metrics as metrics
+from tests.support.training import error_lines, train
 
 pytestmark = pytest.mark.slow
 

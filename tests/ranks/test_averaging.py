@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 
 from pipelines import stack
-from tests.averaging_ranks import LEARNING_RATE, UNEVEN, W0, batch, uneven
-from tests.conftest import BIN, subprocess_env
+from tests.support.averaging_ranks import LEARNING_RATE, UNEVEN, W0, batch, uneven
+from tests.support.env import BIN, REPO, subprocess_env
 
 pytestmark = pytest.mark.current  # on the current stack too (make test's current share)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ON_CURRENT = stack.active().name == "current"
 
 
@@ -55,11 +54,11 @@ def assert_averaged(results: list, mode: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list:
-    """Both ranks' results of one ``horovodrun -np 2 --gloo`` run of tests/averaging_ranks.py."""
+    """Both ranks' results of one ``horovodrun -np 2 --gloo`` run of tests/support/averaging_ranks.py."""
     out = tmp_path_factory.mktemp("averaging")
     modes = ["distributed", "horovod", "plain", "weighted", "unweighted"] + (["keras3", "keras3_refused"] if ON_CURRENT else [])
     command = [os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
-               sys.executable, os.path.join(REPO, "tests", "averaging_ranks.py"), str(out), *modes]
+               sys.executable, os.path.join(REPO, "tests", "support", "averaging_ranks.py"), str(out), *modes]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO,
                           env=subprocess_env(PYTHONPATH=REPO))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -73,7 +72,7 @@ def ranks(tmp_path_factory) -> list:
 
 def global_batch_step() -> np.ndarray:
     """The weights after one SGD step on the gradient of the mean loss over the whole global batch
-    of :func:`tests.averaging_ranks.uneven`'s rows, shape (3,)."""
+    of :func:`tests.support.averaging_ranks.uneven`'s rows, shape (3,)."""
     x, y = (np.concatenate(parts).astype(np.float64) for parts in zip(*(uneven(r, 2)[:2] for r in range(2))))
     assert len(x) == UNEVEN
     return (W0 - LEARNING_RATE * 2.0 / len(x) * x.T @ (x @ W0.astype(np.float64) - y)).ravel()

@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from tests.conftest import BIN, assert_exact_test_count, subprocess_env
-from tests.datagen import write_dataset
-from tests.readers import READERS
+from tests.support.datagen import write_dataset
+from tests.support.env import BIN, REPO, subprocess_env
+from tests.support.outputs import assert_exact_test_count
+from tests.support.readers import READERS
 
 pytestmark = pytest.mark.slow
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANKS = 16
 
 
@@ -84,10 +84,10 @@ def test_totals_summed_over_ranks_by_either_route_are_the_sum_of_each_ranks(tmp_
     rows, one rank with none) or the matrix allreduced (3 classes), each the local sum of both
     ranks' totals; ranks of different numbers of classes are refused on both."""
     from pipelines.training.evaluate import gathers_pairs, sum_totals
-    from tests.totals_ranks import CASES, rank_totals
+    from tests.support.totals_ranks import CASES, rank_totals
 
     command = [os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
-               sys.executable, os.path.join(REPO, "tests", "totals_ranks.py"), str(tmp_path)]
+               sys.executable, os.path.join(REPO, "tests", "support", "totals_ranks.py"), str(tmp_path)]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO,
                           env=subprocess_env(PYTHONPATH=REPO))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

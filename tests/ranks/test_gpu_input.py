@@ -9,10 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import subprocess_env
-from tests.datagen import write_dataset
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.datagen import write_dataset
+from tests.support.env import REPO, subprocess_env
 
 
 XLA_STEP = """

@@ -7,10 +7,8 @@ import sys
 
 import pytest
 
-from tests.conftest import BIN
+from tests.support.env import BIN, REPO
 from tests.support.offline import manifest, offline_env
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow

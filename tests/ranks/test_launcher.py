@@ -6,6 +6,7 @@ import socket
 import pytest
 
 from pipelines.launch import HorovodJobFailed, HorovodRunner
+from tests.support.env import REPO
 from tests.support.rank_work import rank_sum
 
 pytestmark = pytest.mark.current  # on the current stack too (make test's current share)
@@ -115,7 +116,7 @@ def test_spark_ranks_on_a_non_default_loopback_address(tmp_path):
     reached at the address Spark gives task 0."""
     import subprocess
     import sys
-    from tests.conftest import subprocess_env
+    from tests.support.env import subprocess_env
     script = tmp_path / "loopback.py"
     script.write_text(SPARK_SCRIPT)
     other = next(name for name, addresses in local_interfaces().items()  # e.g. eth0
@@ -138,9 +139,9 @@ def test_train_refuses_a_missing_interface_with_exit_2_before_any_rank(tmp_path,
     import os
     import subprocess
     import sys
-    from tests.conftest import subprocess_env
-    from tests.datagen import write_dataset
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from tests.support.env import subprocess_env
+    from tests.support.datagen import write_dataset
+    repo = REPO
     write_dataset(str(tmp_path / "data"), train_groups=[4], test_groups=[2])  # passes the data refusals
     args = [sys.executable, os.path.join(repo, "jobs", "train.py"), "--data", str(tmp_path / "data"),
             "--output", str(tmp_path / "out"), "--spark-np", str(spark_np), "--batch-size", "1"]
@@ -180,9 +181,9 @@ def test_spark_on_ipv6_is_refused_with_exit_2_before_any_task(tmp_path):
     """SPARK_LOCAL_IP=::1 with --spark-np 2: refused as "host '[0:0:0:0:0:0:0:1]' does not resolve" before."""
     import subprocess
     import sys
-    from tests.conftest import subprocess_env
-    from tests.datagen import write_dataset
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from tests.support.env import subprocess_env
+    from tests.support.datagen import write_dataset
+    repo = REPO
     write_dataset(str(tmp_path / "data"), train_groups=[4], test_groups=[2])
     proc = subprocess.run([sys.executable, os.path.join(repo, "jobs", "train.py"), "--data", str(tmp_path / "data"),
                            "--output", str(tmp_path / "out"), "--spark-np", "2", "--batch-size", "1",
@@ -238,13 +239,13 @@ def test_a_local_training_job_listens_on_loopback_alone_and_serves_no_part_of_it
 
     import psutil
 
-    from tests.conftest import subprocess_env
-    from tests.datagen import write_dataset
+    from tests.support.env import subprocess_env
+    from tests.support.datagen import write_dataset
 
     data, marker = str(tmp_path / "data"), "marker-7f3a9c1e5d"
     write_dataset(data, train_groups=[4, 4], test_groups=[3], size=12, rows_per_group=2)
     out = str(tmp_path / f"out-{marker}")
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = REPO
     job = subprocess.Popen([sys.executable, os.path.join(repo, "jobs", "train.py"), "--data", data, "--output", out,
                             "--weights", "none", "--backbone", "tiny", "--batch-size", "2", "--image-size", "8",
                             "--epochs", "3", "--patience", "5", "--no-tensorboard", "--spark-np", "-2"],

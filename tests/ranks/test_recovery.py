@@ -1,6 +1,6 @@
 """Recovery (``--max-failures``) with real local ranks: a killed rank relaunched, and checkpoints
 that carry the optimizer's state (which failures are relaunched, the loop:
-tests/unit/launch/test_recovery.py; the training job end to end: tests/test_training_hvd.py)."""
+tests/unit/launch/test_recovery.py; the training job end to end: tests/e2e/test_training_hvd.py)."""
 import os
 import signal
 import socket

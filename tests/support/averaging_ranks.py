@@ -1,6 +1,6 @@
-"""One rank of the averaging proof (tests/test_averaging.py), run by ``horovodrun -np 2 --gloo``.
+"""One rank of the averaging proof (tests/ranks/test_averaging.py), run by ``horovodrun -np 2 --gloo``.
 
-Usage: python tests/averaging_ranks.py OUT_DIR MODE [MODE ...]
+Usage: python tests/support/averaging_ranks.py OUT_DIR MODE [MODE ...]
 Each rank builds the same linear model ``y = x @ w`` (3 weights, no bias, float32) from the same
 starting weights, takes ONE Keras ``fit`` step of plain SGD on its own, rank-dependent batch
 (:func:`batch`), and writes the weights after the step per mode to ``OUT_DIR/rank-R.json``. Modes:

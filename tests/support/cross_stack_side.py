@@ -1,7 +1,7 @@
-"""What one stack makes and what it makes of the other stack's, for tests/test_cross_stack.py.
+"""What one stack makes and what it makes of the other stack's, for tests/e2e/test_cross_stack.py.
 
 The test runs :func:`make` and :func:`read` in its own interpreter and, on the other stack, this
-module once: ``python -m tests.cross_stack_side MINE THEIRS RESULT.json`` makes ``THEIRS`` and
+module once: ``python -m tests.support.cross_stack_side MINE THEIRS RESULT.json`` makes ``THEIRS`` and
 writes what it reads of ``MINE``. The artefacts are tiny: the ``tiny`` backbone on 8 px images.
 """
 import json

@@ -1,5 +1,5 @@
-"""A driver for tests/test_hosts.py, run in this machine's network namespace (on the test hosts'
-bridge): ``python tests/hosts_driver.py MASTER_URL BUCKET LOG_DIR``. One Spark application runs
+"""A driver for tests/e2e/test_hosts.py, run in this machine's network namespace (on the test hosts'
+bridge): ``python tests/support/hosts_driver.py MASTER_URL BUCKET LOG_DIR``. One Spark application runs
 HorovodRunner(np=4) twice on the worker hosts: ``probe`` with the default network interface
 (prints ``RESULT <json>``: what every rank saw), then with ``network_interface="eth1"``, each
 host's unroutable interface (prints ``FAILED <the error>``). Each rank checks its own binding

@@ -3,7 +3,7 @@ request through a proxy at a local port that refuses connections (--weights imag
 refusals), and an ETL output's manifest without its Parquet files, for refusals before any read."""
 import json
 
-from tests.conftest import subprocess_env
+from tests.support.env import subprocess_env
 
 
 def offline(home, port) -> dict:

@@ -10,7 +10,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.env import REPO
+
 SCRIPT = os.path.join(REPO, "scripts", "testhosts.sh")
 
 

@@ -1,7 +1,7 @@
-"""One rank of the exact totals' sum over ranks (tests/test_exact_validation.py), run by
+"""One rank of the exact totals' sum over ranks (tests/ranks/test_exact_validation.py), run by
 ``horovodrun -np 2 --gloo``.
 
-Usage: python tests/totals_ranks.py OUT_DIR
+Usage: python tests/support/totals_ranks.py OUT_DIR
 Each rank builds its own :class:`~pipelines.training.evaluate.Totals` per case (:func:`rank_totals`,
 rank 1 empty in ``gathered_one_empty``), sums them with ``allreduce_totals`` and writes every case's
 sum (or its error) to ``OUT_DIR/rank-R.json``. The cases take both of its routes: label pairs

@@ -6,9 +6,7 @@ import sys
 
 import pytest
 
-from tests.conftest import subprocess_env
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.env import REPO as ROOT, subprocess_env
 
 
 @pytest.mark.parametrize("flag, says", [("binaryfile,nosuch", "--peers binaryfile,nosuch: unknown nosuch"),

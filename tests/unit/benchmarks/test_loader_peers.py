@@ -12,10 +12,8 @@ import pytest
 
 from benchmarks import loader_bench, loader_peers
 from pipelines.runtime.errors import Refused
-from tests import datagen
-from tests.conftest import subprocess_env
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support import datagen
+from tests.support.env import REPO as ROOT, subprocess_env
 
 
 @pytest.mark.parametrize("flag, unknown", [("nope", "nope"), ("own,Ray", "Ray"), ("own,petastorm,plain,tf", "tf"),
@@ -176,7 +174,7 @@ def test_ray_datas_routes_give_every_row_of_the_shard_as_uint8_batches(tmp_path)
 def test_each_peers_lock_is_its_in_files_pins_held_to_the_stacks_lock_each_with_a_hash(name):
     """make bench-peers installs requirements/<stack>-peers.lock --no-deps into the stack's venv: each
     version the stack locks too is the stack's own (so nothing of the stack moves), ray is the .in's."""
-    from tests.test_environment import lock_pins
+    from tests.support.locks import lock_pins
 
     peers, own = lock_pins(f"{name}-peers"), lock_pins(name)
     assert {package: own[package] for package in peers if package in own} == \

@@ -20,7 +20,7 @@ from pipelines.etl.listing import (FOLDER_LINK, LINK_OUT, NOT_REGULAR, REJECTED,
                                    list_files, name_exclusion)
 from pipelines.etl.transform import read_object
 from pipelines.io.storage import resolve
-from tests.imagegen import EPS, PDF, encode, make_tree, write
+from tests.support.imagegen import EPS, PDF, encode, make_tree, write
 
 GROUPS = [
     ("cat/b.jpg", 0, "cat", "h1"), ("cat/a.jpg", 0, "cat", "h1"), ("cat/deep/a.jpg", 0, "cat", "h1"),

@@ -5,7 +5,8 @@ from PIL import Image
 
 from pipelines.etl.images import (ACCEPTED_FORMATS, ImageRejected, decode_and_fit, paste_centred, resize_to_square,
                                    to_rgb, what_pillow_sees, white_canvas)
-from tests.imagegen import EPS, PDF, animated, encode, jpeg_with_orientation, png_bomb
+from tests.support.env import REPO
+from tests.support.imagegen import EPS, PDF, animated, encode, jpeg_with_orientation, png_bomb
 
 
 def as_array(rgb: bytes, size: int) -> np.ndarray:
@@ -212,7 +213,7 @@ def test_bmp_palette_and_grey_modes_come_out_rgb():
 
 
 def test_what_pillow_sees_never_names_an_accepted_format_and_never_renders():
-    # EPS is identified by its magic bytes only: no Pillow plugin parses it (tests/test_etl_dedupe.py).
+    # EPS is identified by its magic bytes only: no Pillow plugin parses it (tests/unit/etl/test_etl_dedupe.py).
     assert what_pillow_sees(EPS) == "EPS"
     assert what_pillow_sees(b"") == "Pillow cannot identify it"
     assert what_pillow_sees(b"\xff\xd8\xff\xe0" + bytes(1000)) == "Pillow cannot identify it"
@@ -246,7 +247,7 @@ def test_decoding_stays_within_the_stated_bytes_per_pixel(tmp_path, mode):
     exif[0x0112] = 6
     path = tmp_path / "big.png"
     img.save(path, "PNG", exif=exif.tobytes(), compress_level=1)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = REPO
     proc = subprocess.run([sys.executable, "-c", PEAK_PROBE, str(path)], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": root}, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -13,7 +13,7 @@ from PIL import Image, PngImagePlugin
 
 from pipelines.etl.images import ImageRejected, decode_and_fit
 from pipelines.etl.pngchunks import _Spliced, without_refused_metadata
-from tests.imagegen import encode, png_bomb, png_chunk, png_chunks, png_with
+from tests.support.imagegen import encode, png_bomb, png_chunk, png_chunks, png_with
 
 MiB = 2**20
 BAD_CRC = 0x12345678

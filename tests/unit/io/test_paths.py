@@ -6,8 +6,8 @@ import pytest
 
 from pipelines.io.paths import UnsafePathError, check_disjoint, check_url_safe, local_url, url_breakers
 from pipelines.training.data import load_dataset, open_reader
-from tests.datagen import write_dataset
-from tests.readers import READERS
+from tests.support.datagen import write_dataset
+from tests.support.readers import READERS
 
 BREAKERS = ["#", "?", "\t", "\n", "\r"]
 # Every other printable ASCII character, and non-ASCII letters, marks and spaces.

@@ -7,7 +7,7 @@ import pytest
 from pipelines.io import storage
 from pipelines.io.options import parse_options
 from pipelines.io.storage import StorageError
-from tests import s3server
+from tests.support import s3server
 
 
 def test_parse_options():

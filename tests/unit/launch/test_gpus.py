@@ -9,6 +9,7 @@ from pipelines.launch.barrier import rank_env, task_choices
 from pipelines.launch.gpus import check_local_gpus, nccl_env, parse_visible, rank_gpu_env, task_gpus, visible_gpu_count
 from pipelines.launch.rankenv import ASSIGNED_ENV, read_rank_environment
 from pipelines.training.devices import choose_device
+from tests.support.env import REPO
 
 GPUS = [f"/physical_device:GPU:{i}" for i in range(8)]
 UUID = "GPU-8f2d9b1c-0e4a-4c55-9d1b-3f0d2a6b7c11"
@@ -160,9 +161,9 @@ def test_more_local_ranks_than_gpus_are_refused_before_any_rank_starts(monkeypat
 def test_train_refuses_more_local_ranks_than_gpus_with_exit_2(tmp_path):
     import subprocess
     import sys
-    from tests.conftest import subprocess_env
-    from tests.datagen import write_dataset
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from tests.support.env import subprocess_env
+    from tests.support.datagen import write_dataset
+    repo = REPO
     write_dataset(str(tmp_path / "data"), train_groups=[4], test_groups=[3])  # enough row groups for 3 ranks
     proc = subprocess.run([sys.executable, os.path.join(repo, "jobs", "train.py"), "--data", str(tmp_path / "data"),
                            "--output", str(tmp_path / "out"), "--spark-np", "-3", "--batch-size", "1",
@@ -189,7 +190,7 @@ def _fake_smi_indices(folder, indices):
 def test_the_discovery_script_offers_addresses_the_launcher_maps_back(tmp_path, visible, smi, addresses):
     import json
     import subprocess
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = REPO
     if smi is not None:
         _fake_smi_indices(tmp_path, smi)
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", **({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible})}

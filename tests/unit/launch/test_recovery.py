@@ -1,6 +1,6 @@
 """Recovery (``--max-failures``): which failures are relaunched and the relaunch loop, with a stand-in
 launcher (real local ranks relaunched, and checkpoints that carry the optimizer's state:
-tests/ranks/test_recovery.py; the training job end to end: tests/test_training_hvd.py)."""
+tests/ranks/test_recovery.py; the training job end to end: tests/e2e/test_training_hvd.py)."""
 import logging
 import signal
 

@@ -1,8 +1,8 @@
 """Continuing with the ranks left (issue 38, item 4): the world's bounds (``--min-np``, ``--max-np``)
 and their refusals, the size of a Spark relaunch for the slots the cluster offers, one machine's
 slot names under horovodrun's elastic mode, and the record of an elastic attempt. Pure parts and
-the command line; the runs themselves: tests/test_training_hvd.py (horovodrun) and
-tests/test_hosts.py (Spark barrier tasks across hosts)."""
+the command line; the runs themselves: tests/e2e/test_training_hvd.py (horovodrun) and
+tests/e2e/test_hosts.py (Spark barrier tasks across hosts)."""
 import logging
 import os
 import re
@@ -19,9 +19,8 @@ from pipelines.launch.discovery import local_slot, slot_name, slot_of
 from pipelines.launch.elastic import ended_attempt, peer_loss, under_elastic
 from pipelines.launch.sparkcheck import attempt_world
 from pipelines.launch.worlds import WorldBounds, relaunch_line
-from tests.conftest import subprocess_env
+from tests.support.env import REPO, subprocess_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DISCOVERY = os.path.join(REPO, "scripts", "host_discovery.sh")
 
 

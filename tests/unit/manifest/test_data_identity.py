@@ -155,7 +155,7 @@ def test_a_held_lease_is_refreshed_and_removed_and_refused_when_the_manifest_mov
 
 
 def test_a_lease_on_an_s3_output_keeps_its_run(s3_server, s3_bucket, caplog):
-    from tests import s3server
+    from tests.support import s3server
     options = {"endpoint_override": s3_server.endpoint, "region": s3server.REGION,
                "access_key": s3server.ACCESS_KEY, "secret_key": s3server.SECRET_KEY}
     out = storage.resolve(f"s3://{s3_bucket}/etl", options)

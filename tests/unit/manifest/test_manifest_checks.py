@@ -1,6 +1,6 @@
 """A manifest is input anyone may have written: its parts, numbers and footers are checked before
 any reader opens a file or sizes anything by it. Real ETL-shaped outputs (runs/<run id>/<split>/
-part-*.parquet, tests/datagen.py's rows), crafted manifests, and a planted ``_common_metadata``
+part-*.parquet, tests/support/datagen.py's rows), crafted manifests, and a planted ``_common_metadata``
 whose pickle writes a marker file when unpickled: after each refusal the marker must not exist."""
 import contextlib
 import json
@@ -18,7 +18,7 @@ from pipelines.runtime.errors import Refused
 from pipelines.predict.inputs import plan_split
 from pipelines.training.data import (READERS, OnePassShard, load_dataset, open_reader, petastorm_available,
                                      row_groups_of)
-from tests.datagen import write_split
+from tests.support.datagen import write_split
 
 RUN, OTHER = "20261201T000000000000Z-abcdef", "20261130T000000000000Z-012345"
 SIZE = 4

@@ -17,8 +17,8 @@ from pipelines.predict.job import (SUMMARY, WRITTEN_BY, arrow_batch_rows, check_
 from pipelines.predict.metrics import classification_report
 from pipelines.predict.model import ModelContractError, read_contract, resolve_model
 from pipelines.training.model.export import input_contract
-from tests.datagen import write_dataset
-from tests.imagegen import encode, random_photo, write
+from tests.support.datagen import write_dataset
+from tests.support.imagegen import encode, random_photo, write
 
 NAMES = ["cat", "dog", "fish"]
 

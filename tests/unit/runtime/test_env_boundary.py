@@ -17,8 +17,8 @@ from pipelines.etl.config import ETLConfig
 from pipelines.launch import rankenv
 from pipelines.predict.config import PredictConfig
 from pipelines.training.config import TrainConfig
+from tests.support.env import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BOUNDARIES = {"pipelines/runtime/environment.py", "pipelines/launch/rankenv.py"}
 NAME = re.compile(r"PIPELINES_[A-Z][A-Z_]*")
 

@@ -166,7 +166,7 @@ def test_etl_exits_1_with_the_traceback_when_its_work_breaks_and_2_for_bad_input
     traceback, redacted; the same command with a missing input: exit 2, one line."""
     import pipelines.etl.plan as etl_plan
     from pipelines.etl.cli import main
-    from tests.imagegen import make_tree
+    from tests.support.imagegen import make_tree
 
     root = str(tmp_path / "tree")
     make_tree(root, classes=2, per_class=3, bad=False)

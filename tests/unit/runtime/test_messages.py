@@ -7,8 +7,7 @@ import re
 import pytest
 
 from pipelines.runtime.logs import plural
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.env import REPO
 
 
 @pytest.mark.parametrize("count, noun, expected", [

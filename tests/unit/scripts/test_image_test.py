@@ -11,8 +11,8 @@ import tempfile
 import pytest
 
 from pipelines import stack
+from tests.support.env import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "image_test.sh")
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import image_check  # noqa: E402

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.env import REPO
 
 
 def fake_python(folder, version: str):

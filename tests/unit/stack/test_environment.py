@@ -9,17 +9,11 @@ from importlib.metadata import version
 import pytest
 
 from pipelines import stack
+from tests.support.env import REPO
+from tests.support.locks import lock_pins
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import lockfile  # noqa: E402
-
-
-def lock_pins(name: str) -> dict:
-    """``package -> version`` of every pin in ``requirements/<name>.lock``."""
-    with open(os.path.join(stack.REQUIREMENTS, f"{name}.lock")) as f:
-        blocks = lockfile.blocks(f.read())
-    return {package: re.search(r"==([^ ;\\]+)", lines[0]).group(1) for package, lines in blocks.items()}
 
 
 def docker_args(name: str) -> dict:

@@ -1,6 +1,6 @@
 """A SQLite tracking store's schema, read before MLflow opens it (no MLflow import): a store of
 another stack's, an older or a newer MLflow is refused in one line by the driver's check, and
-left as it is. The real stores of both stacks: tests/test_cross_stack.py."""
+left as it is. The real stores of both stacks: tests/e2e/test_cross_stack.py."""
 import sqlite3
 
 import pytest

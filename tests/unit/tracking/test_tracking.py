@@ -20,6 +20,7 @@ from pipelines.runtime.config import parse_config
 from pipelines.runtime.environment import read_settings
 from pipelines.etl.config import ETLConfig
 from pipelines.training.config import TrainConfig
+from tests.support.env import REPO
 
 TRAIN_ARGS = ["--data", "d", "--output", "out"]
 
@@ -218,7 +219,7 @@ def test_opening_a_store_prints_nothing_unless_verbose(tmp_path):
               "uri = 'sqlite:///' + sys.argv[1]\n"
               "open_store(uri, create=True); os.remove(sys.argv[1]); open_store(uri, create=True); print('opened')\n")
     db = str(tmp_path / "mlflow.db")
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = REPO
     for verbose in ("", "", "1"):  # the second run finds the store of the first
         env = {**os.environ, "PIPELINES_VERBOSE": verbose, "PYTHONPATH": repo}
         done = subprocess.run([sys.executable, "-c", script, db], capture_output=True, text=True, env=env, cwd=tmp_path)
@@ -399,7 +400,7 @@ def test_jobs_starting_together_on_a_new_store_all_succeed_and_leave_it_whole(tm
     the set-up lock, 5 of 6 failed here ("duplicate column name: step") and the store stayed broken."""
     store = tmp_path / "shared" / "mlruns.db"
     uri = "sqlite:///" + str(store)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = REPO
     env = {**os.environ, "PYTHONPATH": repo}
     start_at = time.time() + 20  # after six interpreters have imported MLflow
     procs = [subprocess.Popen([sys.executable, "-c", RACER, str(start_at), uri, str(tmp_path / f"job{i}")],

@@ -3,17 +3,14 @@ preprocesses where it runs; the last stage prefetches to the device TensorFlow s
 pure, tested with fake device lists; the copy stage itself run to the CPU device); batch inference
 sends the same uint8 image; ``--xla on`` compiles the model's pass and trains, an unknown value is
 refused before any rank starts."""
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from tests.conftest import subprocess_env
-from tests.datagen import write_dataset
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.datagen import write_dataset
+from tests.support.env import REPO, subprocess_env
 
 
 @pytest.mark.parametrize("gpus, chosen", [

@@ -12,8 +12,7 @@ import pytest
 from pipelines.runtime.errors import Refused
 from pipelines.training.checkpointer import Interval
 from pipelines.training.schedule import Segment, checkpoint_position, fit_segments
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.env import REPO
 
 
 @pytest.mark.parametrize("done, steps_done, epochs, spe, batch, first, expected", [

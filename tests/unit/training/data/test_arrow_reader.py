@@ -18,8 +18,8 @@ from pipelines.training.data.errors import DataError, ImageSizeError, ShardCount
 from pipelines.training.data.readers import default_reader
 from pipelines.training.data.rowgroups import split_row_groups
 from pipelines.training.data.stream import epoch_order
-from tests.datagen import write_dataset
-from tests.readers import READERS
+from tests.support.datagen import write_dataset
+from tests.support.readers import READERS
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import pytest
 
 from pipelines.training.data import OnePassShard, ShardCountError, load_dataset, verify_total
 from pipelines.training.data.sharding import shard
-from tests.datagen import write_dataset
-from tests.readers import READERS
+from tests.support.datagen import write_dataset
+from tests.support.readers import READERS
 
 PASSES = 100
 

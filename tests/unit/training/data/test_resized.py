@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from pipelines.training.dataworld import DataWorld, rank_rows
-from tests.readers import READERS
-from tests.test_stream import SIZE, data, image_of, inputs_of  # noqa: F401 (data: a fixture)
+from tests.support.readers import READERS
+from tests.support.streams import SIZE, image_of, inputs_of
 
 N0, B = 2, 2  # the data world: 2 ranks of 2 rows (inputs_of's --batch-size), global batch 4
 

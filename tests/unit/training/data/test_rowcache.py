@@ -14,8 +14,8 @@ import pytest
 
 from pipelines.training.data import DataError, load_dataset, open_reader, row_groups_of
 from pipelines.training.data.rowcache import SUFFIX, RowGroupFiles, flat_columns, rank_cache_folder
-from tests.datagen import write_dataset
-from tests.readers import READERS
+from tests.support.datagen import write_dataset
+from tests.support.readers import READERS
 
 Group = namedtuple("Group", "image label")  # a reader's batch, as row_groups_of reads it
 

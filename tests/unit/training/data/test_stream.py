@@ -8,23 +8,12 @@ import sys
 from collections import Counter
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from pipelines.training.data.stream import (ShardStream, epoch_order, feature_batches, stream_batches,
                                        window_visits)
-from tests.datagen import IMAGE_SCHEMA, write_dataset
-from tests.readers import READERS
-
-SIZE = 4  # image side (px) of the fakes and of the Parquet dataset
-
-
-def image_of(row_id: int, size: int = SIZE) -> np.ndarray:
-    """Row ``row_id``'s image: uint8 ``(size, size, 3)``, another for every id (below 256) and not
-    its own mirror image, so a flip and a swapped row both show."""
-    y, x, c = np.meshgrid(np.arange(size), np.arange(size), np.arange(3), indexing="ij")
-    return ((row_id * 31 + x * 7 + y * 3 + c) % 256).astype(np.uint8)
+from tests.support.readers import READERS
+from tests.support.streams import ROWS_PER_GROUP, SIZE, TRAIN_GROUPS, image_of, inputs_of
 
 
 class FakeShard:
@@ -193,45 +182,6 @@ def test_the_data_layer_needs_no_tensorflow_until_a_dataset_is_made():
 
 
 # --- training's datasets over real Parquet ---
-
-TRAIN_GROUPS, ROWS_PER_GROUP = [8, 7, 6], 2  # 21 row groups of 2 rows: a pass of 42 rows
-
-
-def write_train_split(split_dir, groups_per_file, rows_per_group):
-    """The train split of :func:`tests.datagen.write_dataset`'s layout (labels are row ids), with
-    :func:`image_of`'s images, which a flip changes."""
-    row_id = 0
-    for f, groups in enumerate(groups_per_file):
-        with pq.ParquetWriter(os.path.join(split_dir, f"part-{f:05d}.parquet"), IMAGE_SCHEMA) as writer:
-            for _ in range(groups):
-                ids = list(range(row_id, row_id + rows_per_group))
-                row_id += rows_per_group
-                table = pa.table({"path": [f"/x/{i}.jpg" for i in ids], "label": pa.array(ids, pa.int32()),
-                                  "label_name": ["c"] * len(ids), "image": [image_of(i).tobytes() for i in ids],
-                                  "height": pa.array([SIZE] * len(ids), pa.int32()),
-                                  "width": pa.array([SIZE] * len(ids), pa.int32())}, schema=IMAGE_SCHEMA)
-                writer.write_table(table, row_group_size=rows_per_group)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    from pipelines.training.data import load_dataset
-
-    root = str(tmp_path_factory.mktemp("stream") / "etl")
-    write_dataset(root, train_groups=TRAIN_GROUPS, test_groups=[3], size=SIZE, rows_per_group=ROWS_PER_GROUP)
-    for name in os.listdir(os.path.join(root, "train")):
-        os.remove(os.path.join(root, "train", name))
-    write_train_split(os.path.join(root, "train"), TRAIN_GROUPS, ROWS_PER_GROUP)
-    return load_dataset(root, world_size=1)
-
-
-def inputs_of(data, tmp_path, reader="own", **options):
-    from pipelines.training.config import TrainConfig
-    from pipelines.training.inputs import ImageInputs
-
-    config = TrainConfig(data=data.root, output=str(tmp_path / "out"), batch_size=2, shuffle_buffer=5, seed=3,
-                         reader=reader, reader_workers=2, augment=True, **options)
-    return ImageInputs(config, data, 0, 1, None, data.stored_size)
 
 
 def take(dataset, batches):

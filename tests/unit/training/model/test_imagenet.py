@@ -15,9 +15,9 @@ import pytest
 
 from pipelines.training.model.imagenet import (IMAGENET, KerasFile, WeightsUnavailable, ensure_imagenet_weights,
                                          ensure_keras_file, keras_cache_dir, md5_of)
+from tests.support.env import REPO
 from tests.support.offline import manifest, offline, offline_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = IMAGENET["xception"]
 
 

@@ -13,7 +13,8 @@ import textwrap
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.env import REPO
+
 
 # --- pictures ------------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Which training run an output belongs to (pipelines/training/records/ownership.py), names read from markers and
 records, and files that appear whole (pipelines/io/atomic.py): pure logic on real folders, no
-TensorFlow, no Horovod (the end-to-end runs: tests/test_training_runs.py)."""
+TensorFlow, no Horovod (the end-to-end runs: tests/e2e/test_training_runs.py)."""
 import json
 import os
 import re
