@@ -8,7 +8,7 @@
   (pipelines/launch/cluster.py), ``spark-submit jobs/train.py --spark-np 3 --min-np 2
   --max-failures 1 ...``; the driver relaunches on the two slots left (pipelines/launch/sparkcheck.py).
 
-Both train the tiny backbone on generated 71 px images (3 classes x 26, ``tests/imagegen.py``),
+Both train the tiny backbone on generated 71 px images (3 classes x 26, ``tests/support/imagegen.py``),
 batch 4 per rank, 4 epochs, a step checkpoint at every step. Once rank 0 has written epoch 1's
 checkpoint, rank 1 is lost (within epoch 2): under horovodrun its process is SIGKILLed (its slot
 taken out of the discovery file first, as a lost machine's); on Spark every process of its worker
@@ -47,7 +47,7 @@ def make_data(workdir: str) -> str:
     """Generated images through the ETL into ``workdir/etl`` (reused when there)."""
     etl = os.path.join(workdir, "etl")
     if not os.path.exists(os.path.join(etl, "manifest.json")):
-        from tests.imagegen import make_tree
+        from tests.support.imagegen import make_tree
 
         make_tree(os.path.join(workdir, "tree"), classes=3, per_class=26, bad=False)
         subprocess.run([sys.executable, os.path.join(REPO, "jobs", "etl.py"), "--input", os.path.join(workdir, "tree"),

@@ -14,7 +14,7 @@ decoded and resized by the ETL's own functions in as many processes as Spark has
 one), with no Spark and no write.
 
 With ``--storage s3`` the same inputs are uploaded to a local S3 API server (``moto_server``,
-started here with ``tests/s3server.py``) and the ETL runs S3 -> S3 next to local -> local: images/s
+started here with ``tests/support/s3server.py``) and the ETL runs S3 -> S3 next to local -> local: images/s
 of each, and the Spark share of reading the files' bytes in the task from each backend. Spark's
 ``binaryFile`` source is tried on ``s3://`` too: the pip-installed Spark has no ``s3a``/``s3``
 connector, so it fails, and the error is printed.
@@ -48,7 +48,7 @@ import time
 
 from PIL import Image
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/s3server.py, benchmarks/
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/support/s3server.py, benchmarks/
 from benchmarks import etl_peers  # noqa: E402
 from benchmarks.etl_peers import PEERS, pick_peers  # noqa: E402
 from pipelines.contract import DEFAULT_IMAGE_SIZE  # noqa: E402
@@ -164,7 +164,7 @@ def s3_rows(spark, inputs: dict, work: str, args, partitions: int) -> list:
     from pipelines.io import storage
     from pipelines.etl.config import ETLConfig
     from pipelines.etl.job import run_etl
-    from tests import s3server
+    from tests.support import s3server
 
     server = s3server.Server(os.environ["AWS_ENDPOINT_URL"], None, "")
     rows = []
@@ -400,7 +400,7 @@ def main(argv=None) -> int:
 
     server = None
     if args.storage == "s3":  # before Spark starts: its Python workers inherit the AWS_* variables
-        from tests import s3server
+        from tests.support import s3server
 
         port = s3server.free_port()
         os.environ.update(s3server.standard_environment(f"http://127.0.0.1:{port}"))

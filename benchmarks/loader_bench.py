@@ -33,7 +33,7 @@ The batch size, shuffle buffer and reader workers are a ``TrainConfig``'s (``--b
 option); ``--etl-image-size`` is the size the ETL stores the images at.
 
 ``--storage s3`` also uploads the first size's ETL output to an S3 API server (``moto_server`` on
-127.0.0.1, started here with tests/s3server.py) and reads it from there through the storage
+127.0.0.1, started here with tests/support/s3server.py) and reads it from there through the storage
 module's filesystem with each reader (what training does).
 
 Usage: python benchmarks/loader_bench.py [--per-class 300] [--etl-image-size 299] [--batch-size 32]
@@ -144,7 +144,7 @@ def ceiling(data, config, batches, float32: bool = False) -> float:
 def s3_routes(etl, work, config, batches, results, readers, float32: bool = False) -> None:
     """Upload ``etl`` to a moto_server of our own and time each reader reading it from there."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tests import s3server
+    from tests.support import s3server
 
     from pipelines.io.storage import resolve
     from pipelines.training.data import load_dataset

@@ -13,7 +13,7 @@ our reader, timed by ``benchmarks/loader_bench.py`` on the same data, batch and 
   (:func:`pipelines.training.data.tfdata.batched`); no cache, no reader threads.
 
 Benchmarks only: installed by ``make bench-peers`` (``requirements/<stack>-peers.lock``), never
-imported by the product (``tests/test_env_boundary.py`` checks that ``pipelines/`` does not).
+imported by the product (``tests/unit/runtime/test_env_boundary.py`` checks that ``pipelines/`` does not).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ Sources:
 - Xception's layers (Chollet 2017, arXiv:1610.02357) as Keras builds them
   (``keras/applications/xception.py``): :data:`XCEPTION_BLOCKS`. The parameter counts follow from the
   layer shapes; Keras' model (``Xception(weights=None, include_top=False)``) has 20,861,480
-  parameters, 54,528 of them the batch norms' moving statistics (``tests/test_scaling_model.py``
+  parameters, 54,528 of them the batch norms' moving statistics (``tests/unit/benchmarks/test_scaling_model.py``
   checks both, and the top-N-block counts against the training job's own ``finetune.unfreeze``).
 - Ring allreduce (Sergeev & Del Balso 2018, "Horovod: fast and easy distributed deep learning in
   TensorFlow", arXiv:1802.05799, after Patarasuk & Yuan 2009): each of N ranks sends and receives

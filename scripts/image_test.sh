@@ -36,7 +36,7 @@ if [ ${#missing[@]} != 0 ]; then
 fi
 
 # stack -> Debian suite whose own python3 the stack supports (requirements/<stack>.in, "# python:"),
-# that Python, and a Java the suite has (trixie has no Java 17). tests/test_environment.py checks it.
+# that Python, and a Java the suite has (trixie has no Java 17). tests/unit/stack/test_environment.py checks it.
 declare -A SUITE=([mission]=bookworm [current]=trixie)
 declare -A PYTHON=([mission]=3.11 [current]=3.13)
 declare -A JAVA=([mission]=17 [current]=21)

@@ -7,7 +7,7 @@ set -e
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD" TF_CPP_MIN_LOG_LEVEL=2 PIPELINES_TRACKING=0
 W=${1:-/tmp/rec-measure}; rm -rf "$W"; mkdir -p "$W"
-python -c "from tests.imagegen import make_tree; make_tree('$W/tree', classes=3, per_class=26, bad=False)"
+python -c "from tests.support.imagegen import make_tree; make_tree('$W/tree', classes=3, per_class=26, bad=False)"
 python jobs/etl.py --input "$W/tree" --output "$W/etl" --image-size 71 --test-fraction 0.3 --min-row-groups 4 \
     > "$W/etl.log" 2>&1
 ARGS=(--data "$W/etl" --weights none --backbone tiny --batch-size 4 --no-tensorboard --epochs 4 --patience 10

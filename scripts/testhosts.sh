@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Test hosts on one machine: N network namespaces joined by a Linux bridge, each a "host" with its
 # own address, loopback, NIC and work folders. The one definition of the test hosts: the pytest
-# fixture (tests/testhosts.py) runs this script too. Needs root (CAP_NET_ADMIN).
+# fixture (tests/support/testhosts.py) runs this script too. Needs root (CAP_NET_ADMIN).
 #
 #   scripts/testhosts.sh [-p PREFIX] up N          # make hosts h1..hN, print their table
 #   scripts/testhosts.sh [-p PREFIX] exec HOST CMD  # run CMD on HOST (its network, hostname, folders)

@@ -32,7 +32,7 @@ HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 MLFLOW_REFUSED = ("custom_objects.cloudpickle", "code")
 # What a model may be built from: the layer classes, initializers and activations of the models
 # the product builds and exports (pipelines.training.model.build: the tiny and Xception backbones, the
-# preprocessing layers and the head; tests/test_predict_model.py exports each and checks it passes).
+# preprocessing layers and the head; tests/unit/predict/test_predict_model.py exports each and checks it passes).
 # Anything else that names a class or a function (Lambda, TFOpLambda, a custom or registered
 # object, a function such as builtins.exec) is refused by name before Keras reads the file.
 ALLOWED_LAYERS = frozenset({"Activation", "Add", "BatchNormalization", "Conv2D", "Dense", "Dropout",

@@ -61,7 +61,7 @@ class Stack(NamedTuple):
             import ``tf_keras``' module);
         mlflow_schema: the alembic revision its MLflow leaves a SQLite tracking store at
             (``alembic_version``). These three are what its artefacts carry that the other stack
-            reads (docs/stacks.md, "What moves between the stacks"; tests/test_cross_stack.py checks
+            reads (docs/stacks.md, "What moves between the stacks"; tests/e2e/test_cross_stack.py checks
             them against the installed libraries).
     """
     name: str

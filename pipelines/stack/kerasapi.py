@@ -74,7 +74,7 @@ def distributed_optimizer(optimizer: Any, model: Optional[Any] = None, **horovod
     allreduce at each step), after :func:`require_keras2` has checked ``optimizer`` and, if given,
     the ``model`` it will compile. Needs ``hvd.init()`` first. Horovod's gradient allreduce is
     traced without AutoGraph (below); the step is Horovod's own, bit for bit
-    (``tests/test_averaging.py``).
+    (``tests/ranks/test_averaging.py``).
 
     Raises:
         Keras3Error: a Keras 3 model or optimizer (before any step).

@@ -18,7 +18,7 @@ log = logging.getLogger("pipelines")
 STORE_FILE = "mlruns.db"
 ARTIFACTS_DIR = "mlruns"  # MLflow's own name for the artifact root of a local store
 RUN_FILE = "mlflow_run.json"
-# mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH in 2.22 and 3.x (tests/test_tracking.py compares)
+# mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH in 2.22 and 3.x (tests/unit/tracking/test_tracking.py compares)
 MAX_EXPERIMENT_NAME = 500
 MODEL_ARTIFACT = "model"  # runs:/<run_id>/model
 PROBE_TIMEOUT_S = 10

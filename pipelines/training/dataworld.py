@@ -28,7 +28,7 @@ loss sum by its batch size ``b_j``. Weighting each row of rank ``j`` by ``w_j = 
     (1/n) sum_j (1/b_j) sum_{i in j} w_j l_i = (1/n) sum_j (n/G) sum_{i in j} l_i = (1/G) sum_i l_i
 
 When ``G % n == 0`` every ``b_j = G/n`` and ``w_j = 1``: no weights at all. (Checked numerically
-in both stacks' Keras: ``tests/test_dataworld.py``.)
+in both stacks' Keras: ``tests/unit/training/test_dataworld.py``.)
 """
 from __future__ import annotations
 

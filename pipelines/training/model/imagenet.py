@@ -43,7 +43,7 @@ class KerasFile:
 
 #: Keras 2.15's no-top ImageNet weights of each backbone that has them, as
 #: ``keras/src/applications/xception.py`` names them (``TF_WEIGHTS_PATH_NO_TOP``, its
-#: ``file_hash``): the model is always built with ``include_top=False``. ``tests/test_imagenet.py``
+#: ``file_hash``): the model is always built with ``include_top=False``. ``tests/unit/training/model/test_imagenet.py``
 #: checks them against the installed Keras.
 IMAGENET = {
     "xception": KerasFile(

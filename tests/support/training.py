@@ -1,0 +1,45 @@
+"""The training job run as a test runs it (under horovodrun or alone, the tiny backbone), and the
+rows Petastorm gives each shard of a real ETL output."""
+import os
+import subprocess
+import sys
+
+from pipelines.training.data import petastorm_available
+from tests.support.env import BIN, REPO, subprocess_env
+
+SIZE = 71  # Xception's smallest input
+
+
+def train(data, output, *args, np_=2, env=None, timeout=420, tensorboard=False, cache=None):
+    """Run jobs/train.py under horovodrun (np_ > 0) or alone (np_ == 0) on the tiny backbone (the
+    Xception run: tests/e2e/test_training_hvd.py's ``full_run``); return the finished process. The Petastorm cache is
+    ``cache``, else ``OUTPUT-cache`` (a local ``output``'s sibling)."""
+    job = [sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", output,
+           "--weights", "none", "--backbone", "tiny", "--batch-size", "4", "--cache-dir", cache or output + "-cache",
+           *([] if tensorboard else ["--no-tensorboard"]), *args]
+    cmd = job if np_ == 0 else [os.path.join(BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}",
+                                "--gloo", *job]
+    return subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(**(env or {})), timeout=timeout)
+
+
+def shard_rows(files, shards=2):
+    """Rows Petastorm itself gives each shard (one unshuffled pass of its own reader per shard);
+    where Petastorm cannot run, the rows of the readers' rule (row groups ``shard::shards``)."""
+    import warnings
+    if not petastorm_available():
+        from pipelines.io.storage import resolve
+        from pipelines.training.data.rowgroups import split_row_groups
+        groups = split_row_groups([resolve(f) for f in files])
+        return [sum(g.rows for g in groups[shard::shards]) for shard in range(shards)]
+    from petastorm import make_batch_reader
+    warnings.simplefilter("ignore", FutureWarning)  # pyarrow's deprecations, raised inside petastorm
+    counts = []
+    for shard in range(shards):
+        with make_batch_reader(["file://" + f for f in files], schema_fields=["label"], cur_shard=shard, shard_count=shards,
+                               num_epochs=1, shuffle_row_groups=False, reader_pool_type="dummy") as reader:
+            counts.append(sum(len(batch.label) for batch in reader))
+    return counts
+
+
+def error_lines(text):
+    return [line for line in text.splitlines() if " ERROR " in line]

@@ -1,0 +1,277 @@
+"""Step checkpoints, mid-epoch resume and the preemption notice, in one process (TensorFlow, no
+Horovod): the arithmetic, the checkpoint names, the two-call ``fit`` against one, SIGTERM."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from pipelines.runtime.errors import Refused
+from pipelines.training.checkpointer import Interval
+from pipelines.training.schedule import Segment, checkpoint_position, fit_segments
+from tests.support.env import REPO
+
+
+@pytest.mark.parametrize("done, steps_done, epochs, spe, batch, first, expected", [
+    (0, 0, 3, 5, 4, 0, [Segment(0, 3, 5, 0, 0)]),                                      # fresh
+    (2, 0, 3, 5, 4, 0, [Segment(2, 3, 5, 0, 40)]),                                     # after epoch 2
+    (1, 3, 3, 5, 4, 0, [Segment(1, 2, 2, 3, 32), Segment(2, 3, 5, 0, 40)]),            # within epoch 2
+    (2, 4, 3, 5, 4, 0, [Segment(2, 3, 1, 4, 56)]),                                     # within the last epoch
+    (0, 1, 1, 2, 16, 0, [Segment(0, 1, 1, 1, 16)]),
+    (6, 2, 9, 5, 4, 4, [Segment(6, 7, 3, 2, 48), Segment(7, 9, 5, 0, 60)]),            # phase 2 from epoch 5
+])
+def test_a_position_becomes_the_fit_calls_and_stream_rows_of_an_uninterrupted_run(done, steps_done, epochs, spe,
+                                                                                   batch, first, expected):
+    assert fit_segments(done, steps_done, epochs, spe, batch, first) == expected
+
+
+@pytest.mark.parametrize("done, steps_done, spe, first", [(0, 5, 5, 0), (0, -1, 5, 0), (1, 0, 5, 2)])
+def test_a_position_outside_the_run_is_refused(done, steps_done, spe, first):
+    with pytest.raises(ValueError, match="no position after"):
+        fit_segments(done, steps_done, 3, spe, 4, first)
+
+
+def test_checkpoint_names_order_in_time():
+    names = ["checkpoint-1.json", "checkpoint-2-step-3.npz", "checkpoint-2-step-10.json", "checkpoint-2.npz",
+             "checkpoint-3-step-1.json", "checkpoint-10.json"]
+    assert [checkpoint_position(n) for n in names] == [(1, 0), (1, 3), (1, 10), (2, 0), (2, 1), (10, 0)]
+    assert sorted(names, key=checkpoint_position) == names
+    for other in ("checkpoint-0.json", "checkpoint-2-step-0.npz", "checkpoint-2-step-.npz", "model.keras",
+                  "checkpoint-2.json.tmp"):
+        assert checkpoint_position(other) == (0, 0), other
+
+
+@pytest.mark.parametrize("steps, minutes, epoch, step, seconds, due", [
+    (2, None, 1, 2, 0, True), (2, None, 1, 3, 0, False), (2, None, 2, 1, 0, True),  # 5 + 1 = 6: even
+    (3, None, 1, 5, 0, False),   # an epoch's last step: the epoch's checkpoint follows
+    (None, 1.5, 1, 1, 89.9, False), (None, 1.5, 1, 1, 90.0, True), (None, None, 1, 2, 1e9, False),
+    (4, 10.0, 2, 3, 601, True),
+])
+def test_a_step_checkpoint_is_due_every_n_steps_of_the_run_or_after_m_minutes(steps, minutes, epoch, step,
+                                                                               seconds, due):
+    assert Interval(steps, minutes, 5).due(epoch, step, seconds) is due
+
+
+@pytest.mark.parametrize("flag, value", [("checkpoint_every_steps", 0), ("checkpoint_every_steps", -3),
+                                         ("checkpoint_every_minutes", 0.0), ("checkpoint_every_minutes", -1.0),
+                                         ("checkpoint_every_minutes", float("nan"))])
+def test_an_interval_of_zero_or_less_is_refused_by_name(flag, value, tmp_path):
+    from pipelines.training.config import TrainConfig
+
+    with pytest.raises(Refused, match=f"--{flag.replace('_', '-')} must be positive"):
+        TrainConfig(data=str(tmp_path), output=str(tmp_path / "out"), tracking=False, **{flag: value})
+
+
+def test_the_command_line_refuses_a_zero_interval_with_exit_2_before_any_rank(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", str(tmp_path),
+                           "--output", str(tmp_path / "out"), "--checkpoint-every-steps", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "--checkpoint-every-steps must be positive, got 0" in proc.stderr and "Traceback" not in proc.stderr
+
+
+NOTICE = textwrap.dedent("""
+    import os, signal, sys, time
+    sys.path.insert(0, {repo!r})
+    from pipelines.training import preemption
+    with preemption.PreemptionNotice(rank=3) as notice:
+        assert preemption.current() is notice
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        print("requested", notice.requested, flush=True)
+        if {twice}:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+            print("still alive", flush=True)
+    print("restored", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, preemption.current(), flush=True)
+""")
+
+
+def test_a_first_sigterm_raises_the_notice_and_a_second_ends_the_process_at_once():
+    once = subprocess.run([sys.executable, "-c", NOTICE.format(repo=REPO, twice=False)], capture_output=True,
+                          text=True, timeout=60)
+    assert once.returncode == 0, once.stderr
+    assert once.stdout.split("\n")[:2] == ["requested True", "restored True None"]
+    assert "rank 3: SIGTERM received" in once.stderr
+    twice = subprocess.run([sys.executable, "-c", NOTICE.format(repo=REPO, twice=True)], capture_output=True,
+                           text=True, timeout=60)
+    assert twice.returncode == -signal.SIGTERM and twice.stdout == "requested True\n", (twice.returncode, twice.stdout)
+
+
+def guard_run(notice_at, steps=4, epochs=2):
+    """A DivergenceGuard over a real 2-epoch fit whose other rank's notice arrives after
+    ``notice_at`` (epoch, step); returns what on_preempted saw and the exception."""
+    from pipelines.stack.kerasapi import keras
+    from pipelines.training.callbacks import DivergenceGuard, PreemptAtEpochEnd
+    from pipelines.training.preemption import Preempted, PreemptionNotice
+
+    where, seen = {"epoch": 0}, []
+
+    class Place(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            where["epoch"] = epoch + 1
+
+        def on_train_batch_begin(self, batch, logs=None):
+            where["step"] = batch + 1
+
+    def count(flags):  # this rank's flags, and the other rank's notice from notice_at on
+        return float(flags[0]), float(flags[1]) + ((where["epoch"], where["step"]) >= notice_at)
+
+    agreed = []
+    guard = DivergenceGuard(steps, count=count, gather=lambda mine: [mine, "other"], notice=PreemptionNotice(),
+                            on_preempted=lambda epoch, step: seen.append((epoch, step)) or "marker.json",
+                            agree=lambda value: agreed.append(value) or value)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    x, y = np.random.rand(4 * steps, 2).astype(np.float32), np.arange(4 * steps) % 2
+    with pytest.raises(Preempted) as raised:
+        model.fit(x, y, batch_size=4, epochs=epochs, callbacks=[Place(), guard, PreemptAtEpochEnd(guard)], verbose=0)
+    assert agreed == [raised.value.checkpoint]  # every rank waited for rank 0's checkpoint
+    return seen, raised.value
+
+
+def test_a_notice_on_any_rank_stops_this_one_after_the_same_step_with_its_checkpoint():
+    seen, raised = guard_run(notice_at=(1, 2))
+    assert seen == [(1, 2)] and raised.checkpoint == "marker.json"
+    assert str(raised) == "preempted: every rank stopped after step 2 of epoch 1 (a SIGTERM)"
+
+
+@pytest.mark.parametrize("steps", [4, 1])
+def test_a_notice_at_an_epochs_last_step_stops_at_the_epochs_end_after_its_checkpoint(steps):
+    seen, raised = guard_run(notice_at=(1, steps), steps=steps)
+    assert seen == [] and raised.checkpoint == "checkpoint-1.json"
+    assert str(raised) == "preempted: every rank stopped after epoch 1 (a SIGTERM)"
+
+
+def small_model(seed=7):
+    from pipelines.stack.kerasapi import keras
+    from pipelines.training.model.checkpoints import build_optimizer
+    from pipelines.training.model.checkpoints import resumable_dropout
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6,))
+    x = resumable_dropout(0.5, seed)(keras.layers.Dense(8, activation="relu")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax", name="head")(x))
+    model.compile(optimizer=keras.optimizers.Nadam(0.01), loss="sparse_categorical_crossentropy")
+    # built before fit, as compile_distributed does: Keras 2's Nadam bakes a Python count of its
+    # u_product updates into the traced step, and a lazy build traces the step twice
+    build_optimizer(model)
+    return model
+
+
+def stream_at(row, batch=4):
+    """A positioned stream: batch b holds rows ``row + b * batch ...`` of a fixed endless sequence."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((23, 6), np.float32), rng.integers(0, 3, 23).astype(np.int32)
+
+    def batches():
+        start = row
+        while True:
+            index = np.arange(start, start + batch) % len(x)
+            yield x[index], y[index]
+            start += batch
+
+    return tf.data.Dataset.from_generator(batches, output_signature=(
+        tf.TensorSpec((batch, 6), tf.float32), tf.TensorSpec((batch,), tf.int32)))
+
+
+def checkpointed_fit(model, directory, segments, stop_after=None, state=None, history=None, best_weights=None):
+    """``fit`` over ``segments`` with the job's checkpoint writer every step and early stopping on the
+    validation loss (exact, as the job's validation accuracy);
+    ``stop_after`` (epoch, step): a kill there, once its checkpoint is written."""
+    from pipelines.stack.kerasapi import keras
+    from pipelines.training.callbacks import BestWeightsEarlyStopping
+    from pipelines.training.checkpointer import CheckpointMarker
+    from pipelines.training.segment import in_segment
+
+    class Kill(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch + 1
+
+        def on_train_batch_end(self, batch, logs=None):
+            if (self.epoch, batch + 1) == stop_after:
+                raise KeyboardInterrupt("killed")
+
+    os.makedirs(directory, exist_ok=True)
+    stopper = BestWeightsEarlyStopping(state=state, best_weights=best_weights, monitor="val_loss", patience=10)
+    callbacks = [stopper, CheckpointMarker(directory, stopper, history or [], every=Interval(1, None, 5)), Kill()]
+    for i, s in enumerate(segments):
+        model.fit(stream_at(s.start_row), epochs=s.epochs, initial_epoch=s.initial_epoch, steps_per_epoch=s.steps,
+                  validation_data=(np.linspace(0, 1, 30, dtype=np.float32).reshape(5, 6), np.arange(5) % 3),
+                  callbacks=in_segment(callbacks, i, len(segments), s.steps_done, 5), verbose=0)
+
+
+def state_of(model):
+    from pipelines.training.model.checkpoints import checkpoint_variables
+
+    return {key: v.numpy() for key, v in checkpoint_variables(model).items()}
+
+
+@pytest.mark.parametrize("stop_after", [(2, 3), (1, 1), (3, 4)])
+def test_a_run_killed_after_a_step_and_resumed_ends_bit_for_bit_as_the_uninterrupted_one(stop_after, tmp_path):
+    """Weights, Nadam's state and the dropout generator's, after 3 epochs of 5 steps: the same
+    whether the run went through or was killed after ``stop_after`` and resumed from its step
+    checkpoint in two ``fit`` calls; each run's history too."""
+    import json
+
+    from pipelines.training.model.checkpoints import load_checkpoint
+    from pipelines.training.schedule import checkpoint_path, newest_complete_checkpoint
+
+    whole = small_model()
+    checkpointed_fit(whole, str(tmp_path / "whole"), fit_segments(0, 0, 3, 5, 4))
+    killed_dir = str(tmp_path / "killed")
+    with pytest.raises(KeyboardInterrupt):
+        checkpointed_fit(small_model(), killed_dir, fit_segments(0, 0, 3, 5, 4), stop_after=stop_after)
+    marker = newest_complete_checkpoint(killed_dir)
+    assert marker["_name"] == f"checkpoint-{stop_after[0]}-step-{stop_after[1]}.json"
+    assert (marker["epoch"], marker["step"]) == (stop_after[0] - 1, stop_after[1])
+    steps = sorted(n for n in os.listdir(killed_dir) if "-step-" in n)  # only the newest step checkpoint is kept
+    assert steps == [marker["_name"], marker["weights"]]
+
+    resumed = small_model(seed=8)  # another start: everything comes from the checkpoints, as restore() loads them
+    best, best_weights = marker["early_stopping"]["best_epoch"], None
+    if best:
+        load_checkpoint(resumed, checkpoint_path(killed_dir, best), optimizer=False)
+        best_weights = resumed.get_weights()
+    load_checkpoint(resumed, os.path.join(killed_dir, marker["weights"]))
+    checkpointed_fit(resumed, killed_dir, fit_segments(marker["epoch"], marker["step"], 3, 5, 4),
+                     state=marker["early_stopping"], history=list(marker["history"]), best_weights=best_weights)
+    expected, got = state_of(whole), state_of(resumed)
+    assert sorted(expected) == sorted(got) and any(k.startswith("rng_") for k in got)
+    for key in expected:
+        assert np.array_equal(expected[key], got[key]), key
+    with open(tmp_path / "whole" / "checkpoint-3.json") as f, open(os.path.join(killed_dir, "checkpoint-3.json")) as g:
+        whole_history, resumed_history = json.load(f)["history"], json.load(g)["history"]
+    # every epoch's logs alike, but the interrupted epoch's running mean of the training loss: the
+    # resumed process averages its own steps only (docs/cluster.md)
+    interrupted = stop_after[0] - 1
+    assert resumed_history[interrupted]["loss"] != whole_history[interrupted]["loss"]
+    for entry in (whole_history[interrupted], resumed_history[interrupted]):
+        del entry["loss"]
+    assert whole_history == resumed_history
+    assert not [n for n in os.listdir(killed_dir) if "-step-" in n]  # epoch 3's checkpoint replaced them
+
+
+HOLDING = textwrap.dedent("""
+    import os, signal, sys, time
+    sys.path.insert(0, {repo!r})
+    from pipelines.training import preemption
+    with preemption.PreemptionNotice() as notice:
+        os.kill(os.getpid(), signal.SIGTERM)
+        with preemption.holding(notice):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            print("checkpoint written", flush=True)
+        print("not reached", flush=True)
+""")
+
+
+def test_a_second_sigterm_while_the_checkpoint_is_written_ends_the_process_right_after_it():
+    proc = subprocess.run([sys.executable, "-c", HOLDING.format(repo=REPO)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == -signal.SIGTERM and proc.stdout == "checkpoint written\n", (proc.returncode, proc.stdout)
