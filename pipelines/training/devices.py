@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 from pipelines.runtime.errors import Refused
+from pipelines.launch.discovery import local_slot
 from pipelines.launch.gpus import check_local_gpus
 from pipelines.runtime.logs import plural
 
@@ -22,8 +23,6 @@ def local_topology() -> Tuple[int, int]:
     (``HOROVOD_LOCAL_RANK``/``HOROVOD_LOCAL_SIZE``), readable before ``hvd.init()``; a lone
     process is rank 0 of 1; a rank on one of this machine's slot names (horovodrun's elastic mode
     on one machine), its slot (:func:`pipelines.launch.discovery.local_slot`)."""
-    from pipelines.launch.discovery import local_slot
-
     return local_slot(os.environ) or (int(os.environ.get("HOROVOD_LOCAL_RANK", "0")),
                                       int(os.environ.get("HOROVOD_LOCAL_SIZE", "1")))
 
