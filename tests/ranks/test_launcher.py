@@ -179,18 +179,10 @@ def test_one_local_rank_with_rank_logs_runs_and_keeps_its_log(tmp_path):
 @pytest.mark.slow
 def test_spark_on_ipv6_is_refused_with_exit_2_before_any_task(tmp_path):
     """SPARK_LOCAL_IP=::1 with --spark-np 2: refused as "host '[0:0:0:0:0:0:0:1]' does not resolve" before."""
-    import subprocess
-    import sys
-    from tests.support.env import subprocess_env
-    from tests.support.datagen import write_dataset
-    repo = REPO
-    write_dataset(str(tmp_path / "data"), train_groups=[4], test_groups=[2])
-    proc = subprocess.run([sys.executable, os.path.join(repo, "jobs", "train.py"), "--data", str(tmp_path / "data"),
-                           "--output", str(tmp_path / "out"), "--spark-np", "2", "--batch-size", "1",
-                           "--backbone", "tiny", "--weights", "none"],
-                          capture_output=True, text=True, timeout=300, env=subprocess_env(SPARK_LOCAL_IP="::1"))
+    from tests.support.training import refused_launch
+
+    proc, errors = refused_launch(tmp_path, 2, 2, SPARK_LOCAL_IP="::1")
     assert proc.returncode == 2, proc.stderr[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "no IPv4 address" in errors[0] and "Horovod's Gloo rendezvous is IPv4 only" in errors[0]
     assert "does not resolve" not in proc.stderr and "barrier tasks on" not in proc.stderr

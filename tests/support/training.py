@@ -22,6 +22,20 @@ def train(data, output, *args, np_=2, env=None, timeout=420, tensorboard=False, 
     return subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(**(env or {})), timeout=timeout)
 
 
+def refused_launch(tmp_path, spark_np, test_groups, **env):
+    """jobs/train.py alone with ``--spark-np spark_np`` on a small dataset (4 train row groups,
+    ``test_groups`` test ones) in ``tmp_path``, the environment's ``env`` added: a launch the tests
+    expect refused before any rank. Returns the finished process and its stderr's ERROR lines."""
+    from tests.support.datagen import write_dataset
+
+    write_dataset(str(tmp_path / "data"), train_groups=[4], test_groups=[test_groups])
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", str(tmp_path / "data"),
+                           "--output", str(tmp_path / "out"), "--spark-np", str(spark_np), "--batch-size", "1",
+                           "--backbone", "tiny", "--weights", "none"],
+                          capture_output=True, text=True, timeout=300, env=subprocess_env(**env))
+    return proc, [line for line in proc.stderr.splitlines() if " ERROR " in line]
+
+
 def shard_rows(files, shards=2):
     """Rows Petastorm itself gives each shard (one unshuffled pass of its own reader per shard);
     where Petastorm cannot run, the rows of the readers' rule (row groups ``shard::shards``)."""

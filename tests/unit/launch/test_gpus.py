@@ -159,18 +159,10 @@ def test_more_local_ranks_than_gpus_are_refused_before_any_rank_starts(monkeypat
 
 @pytest.mark.slow
 def test_train_refuses_more_local_ranks_than_gpus_with_exit_2(tmp_path):
-    import subprocess
-    import sys
-    from tests.support.env import subprocess_env
-    from tests.support.datagen import write_dataset
-    repo = REPO
-    write_dataset(str(tmp_path / "data"), train_groups=[4], test_groups=[3])  # enough row groups for 3 ranks
-    proc = subprocess.run([sys.executable, os.path.join(repo, "jobs", "train.py"), "--data", str(tmp_path / "data"),
-                           "--output", str(tmp_path / "out"), "--spark-np", "-3", "--batch-size", "1",
-                           "--backbone", "tiny", "--weights", "none"],
-                          capture_output=True, text=True, timeout=300, env=subprocess_env(CUDA_VISIBLE_DEVICES="0,1"))
+    from tests.support.training import refused_launch
+
+    proc, errors = refused_launch(tmp_path, -3, 3, CUDA_VISIBLE_DEVICES="0,1")  # enough row groups for 3 ranks
     assert proc.returncode == 2, proc.stderr[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "3 ranks on this host but 2 GPUs" in errors[0], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "rank 0" not in proc.stderr
 
