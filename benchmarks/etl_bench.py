@@ -64,7 +64,7 @@ def recipe_job(spark, input_dir: str, output_dir: str, size: int, partitions: in
     decode) runs once per write, the pitfall our deterministic split avoids. Without it, one
     write of everything: the recipe's decoding cost alone.
     """
-    from pyspark.sql.functions import col, udf
+    from pyspark.sql.functions import udf
     from pyspark.sql.types import BinaryType, IntegerType
 
     def scale_image(image_bytes):

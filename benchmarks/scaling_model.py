@@ -28,7 +28,6 @@ Usage: python benchmarks/scaling_model.py [--classes 257] [--batch-size 32] [--i
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Sequence, Tuple

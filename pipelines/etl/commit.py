@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import re
 import secrets
 from typing import List, Optional, Sequence
 

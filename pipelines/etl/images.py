@@ -27,7 +27,6 @@ group it is filling.
 """
 from __future__ import annotations
 
-import io
 import warnings
 from dataclasses import dataclass
 from typing import Tuple

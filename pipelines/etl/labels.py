@@ -23,7 +23,7 @@ import hashlib
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, Iterable, Optional, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
 from pipelines.contract import TEST, TRAIN, VALIDATION
 from pipelines.runtime.errors import Refused

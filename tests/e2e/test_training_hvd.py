@@ -854,7 +854,7 @@ S3_REFUSALS = {
     "unknown scheme": (lambda b: ("nosuchscheme://x/etl", f"s3://{b}/out"), "unknown scheme 'nosuchscheme'"),
     "missing bucket": (lambda b: ("s3://no-such-bucket-train/etl", f"s3://{b}/out"),
                        "--data s3://no-such-bucket-train/etl: bucket 'no-such-bucket-train' does not exist"),
-    "no manifest": (lambda b: (f"s3://{b}/nothing", f"s3://{b}/out"), f"no manifest.json in s3://"),
+    "no manifest": (lambda b: (f"s3://{b}/nothing", f"s3://{b}/out"), "no manifest.json in s3://"),
     "output bucket": (lambda b: (None, "s3://no-such-bucket-out/run"),
                       "--output s3://no-such-bucket-out/run: bucket 'no-such-bucket-out' does not exist"),
 }

@@ -81,10 +81,7 @@ def test_local_failure_names_the_rank_and_the_cause(capfd):
 
 
 # -- which network interface Gloo uses (issue 9, item 4) ----------------------------------------
-from pipelines.launch import ClusterConfigError  # noqa: E402
-from pipelines.launch.network import interface_of, is_this_machine, local_interfaces, resolve  # noqa: E402
-from pipelines.launch.sparkcheck import check_barrier_conf  # noqa: E402
-from pipelines.runtime.spark import is_local_master  # noqa: E402
+from pipelines.launch.network import local_interfaces  # noqa: E402
 
 
 # -- end to end: real Spark, real Horovod ---------------------------------------------------------

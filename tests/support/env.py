@@ -23,7 +23,6 @@ def subprocess_env(**extra: str) -> dict:
 def dump_python_stacks() -> str:
     """The stacks of every other Python process on the machine (``py-spy dump``), for a test that
     timed out: they say which process (a kernel, a launcher, a rank) waits, and on what."""
-    import shutil
     import subprocess
 
     spy = shutil.which("py-spy", path=BIN)

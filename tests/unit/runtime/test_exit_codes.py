@@ -4,7 +4,6 @@ driver. The commands run in this process (their ``main``), the internal error in
 pure function of the work; no Spark, no rank starts."""
 import json
 import logging
-import os
 import socket
 
 import pytest

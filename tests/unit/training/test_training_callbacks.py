@@ -1,5 +1,4 @@
 """Training callbacks in one process (TensorFlow, no Horovod)."""
-import json
 import os
 
 import numpy as np
