@@ -81,8 +81,10 @@ def restore(config: TrainConfig, rank, plan, model, frozen_sha256: Optional[str]
     marker = claim.marker if (claim is not None and resuming) else None  # only this run's own (runs.claim)
     marker = hvd_tf.broadcast_object(marker, root_rank=0, name="resume_marker")  # Horovod: rank 0's, on every rank
     if not marker:
-        if resuming and rank.rank == 0:
-            log.info("--resume: no complete checkpoint in %s, starting from epoch 1", config.outputs.output)
+        if resuming and rank.rank == 0:  # a warning: a mistyped --output starts afresh (restart scripts pass --resume always)
+            (log.warning if config.outputs.resume else log.info)(
+                "%s: no complete checkpoint in %s, starting from epoch 1",
+                "--resume" if config.outputs.resume else "a relaunch", config.outputs.output)
         return Resume()
     if marker.get("frozen_sha256") != frozen_sha256:
         raise Refused(f"--resume: checkpoint {marker['weights']} in {config.outputs.output} was trained on other "

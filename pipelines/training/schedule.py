@@ -23,6 +23,7 @@ from pipelines.runtime.logs import plural
 from pipelines.io.storage import Location, resolve
 from pipelines.training.divergence import non_finite_logs
 from pipelines.training.model.checkpoints import non_finite_checkpoint
+from pipelines.training.records.shapes import marker_problem
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,8 @@ def marker_weights(marker: Dict, what: str) -> str:
 def checkpoint_markers(folder) -> List[Dict]:
     """Every readable checkpoint marker in ``folder`` (a :class:`pipelines.io.storage.Location`), newest
     first (:func:`checkpoint_position`: a step checkpoint within epoch N+1 is newer than epoch N's),
-    each with ``_name`` (its own file name) added; a marker whose ``weights`` name is not a
+    each with ``_name`` (its own file name) added; a marker of another shape
+    (:func:`pipelines.training.records.shapes.marker_problem`) or whose ``weights`` name is not a
     checkpoint's plain name (:func:`marker_weights`) is left out, with a warning."""
     import logging
 
@@ -144,9 +146,13 @@ def checkpoint_markers(folder) -> List[Dict]:
     infos = sorted(folder.list(recursive=False), key=lambda i: checkpoint_position(i.base_name), reverse=True)
     for info in infos:
         if CHECKPOINT_NAME.match(info.base_name) and info.base_name.endswith(".json"):
+            what = f"checkpoint marker {folder.join(info.base_name).uri}"
             try:
                 marker = folder.join(info.base_name).read_json()
-                marker_weights(marker, f"checkpoint marker {folder.join(info.base_name).uri}")
+                problem = marker_problem(marker)
+                if problem:
+                    raise ValueError(f"{what} is not a marker's shape: {problem}")
+                marker_weights(marker, what)
             except ValueError as exc:  # JSONDecodeError too
                 logging.getLogger("pipelines").warning("ignored: %s", exc)
                 continue
@@ -156,7 +162,7 @@ def checkpoint_markers(folder) -> List[Dict]:
     return markers
 
 
-def newest_complete_checkpoint(directory) -> Optional[Dict]:
+def newest_complete_checkpoint(directory, markers: Optional[List[Dict]] = None) -> Optional[Dict]:
     """The newest checkpoint whose weights were completely written, or ``None``.
 
     A checkpoint counts only with its marker (written after the weights: by rename on a local
@@ -171,13 +177,14 @@ def newest_complete_checkpoint(directory) -> Optional[Dict]:
 
     Args:
         directory: a local folder, or a :class:`pipelines.io.storage.Location` (a remote ``--output``).
+        markers: its :func:`checkpoint_markers`, where the caller has read them already (read here otherwise).
 
     Returns:
         the marker's content (``epoch``, ``weights``, ``weights_bytes``, and the training state
         saved with it, ``_name``: its file name), or ``None`` when there is none.
     """
     folder = directory if isinstance(directory, Location) else resolve(directory)
-    for marker in checkpoint_markers(folder):
+    for marker in checkpoint_markers(folder) if markers is None else markers:
         weights = folder.join(marker["weights"]).info()
         if weights.is_file and weights.size == marker.get("weights_bytes"):
             found = non_finite_state(folder, marker)

@@ -48,6 +48,7 @@ from pipelines.runtime.logs import plural
 from pipelines.tracking.pictures import PICTURES
 from pipelines.io.storage import resolve
 from pipelines.tracking import RUN_FILE
+from pipelines.training.records.shapes import record_problem
 from pipelines.training.schedule import checkpoint_markers, global_batch_size, newest_complete_checkpoint, scaled_lr
 
 #: The settings that decide what a run computes: a checkpoint continues only a run with the same.
@@ -154,13 +155,27 @@ class OutputState:
 
 
 def read_state(folder) -> OutputState:
-    """The :class:`OutputState` of ``folder`` (a :class:`pipelines.io.storage.Location`)."""
+    """The :class:`OutputState` of ``folder`` (a :class:`pipelines.io.storage.Location`).
+
+    Raises:
+        RunRefused: a ``train_run.json`` that is not JSON or not a run record's shape
+            (:func:`pipelines.training.records.shapes.record_problem`): the files it would name
+            are not known, so neither ``--resume`` nor ``--overwrite`` acts on its word.
+    """
+    place = folder.join(TRAIN_RUN)
     try:
-        record = folder.join(TRAIN_RUN).read_json()
-    except (OSError, ValueError):
+        record = place.read_json()
+    except FileNotFoundError:
         record = None
-    record = record if isinstance(record, dict) else None
-    return OutputState(record, checkpoint_markers(folder), newest_complete_checkpoint(folder))
+    except (OSError, ValueError) as exc:
+        raise RunRefused(f"{place.uri} cannot be read as a training run record ({type(exc).__name__}): "
+                         f"remove it if it is not this job's, or give another --output") from None
+    problem = None if record is None else record_problem(record)
+    if problem:
+        raise RunRefused(f"{place.uri} is not a training run record of this job ({problem}): remove it if it "
+                         f"is not this job's, or give another --output")
+    markers = checkpoint_markers(folder)
+    return OutputState(record, markers, newest_complete_checkpoint(folder, markers))
 
 
 @dataclass

@@ -19,6 +19,10 @@ from typing import Dict, Optional
 
 from pipelines.contract import PROGRESS
 from pipelines.io.atomic import write_json
+from pipelines.training.records.shapes import field_problem
+
+#: The most bytes a mark is read to: one is about 70 (a longer file is not one).
+MARK_BYTES = 4096
 
 #: Seconds between two uploads of the mark to a URI ``--output``, at least (a PUT each).
 UPLOAD_EVERY_S = 30.0
@@ -38,11 +42,13 @@ def read_mark(folder: Optional[str]) -> Optional[Dict]:
     if not folder:
         return None
     try:
-        with open(os.path.join(folder, PROGRESS), encoding="utf-8") as f:
-            mark = json.load(f)
+        with open(os.path.join(folder, PROGRESS), "rb") as f:
+            content = f.read(MARK_BYTES + 1)
+        mark = json.loads(content.decode("utf-8")) if len(content) <= MARK_BYTES else None
     except (OSError, ValueError):
         return None
-    if not isinstance(mark, dict) or not all(isinstance(mark.get(k), int) and mark[k] >= 0 for k in ("epoch", "step")):
+    if not isinstance(mark, dict) or not isinstance(mark.get("run"), str) or \
+            field_problem(mark, [("epoch", "count", True), ("step", "count", True)]):
         return None
     return mark
 

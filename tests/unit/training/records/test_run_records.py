@@ -419,3 +419,72 @@ def test_a_temporary_file_is_new_private_and_unpredictable_and_removed_on_error(
         with replacing(path) as tmp:
             raise RuntimeError("killed mid-write")
     assert sorted(os.listdir(tmp_path)) == ["model.keras"] and open(path).read() == "public"
+
+
+BAD_MARKERS = {  # a field of a marker in another shape: what a hand edit, another tool or damage leaves
+    "early-stopping-a-string": lambda m: m.update(early_stopping="x"),
+    "early-stopping-missing": lambda m: m.pop("early_stopping"),
+    "best-epoch-a-string": lambda m: m.update(early_stopping={"best_epoch": "2"}),
+    "epoch-a-string": lambda m: m.update(epoch="x"),
+    "epoch-negative": lambda m: m.update(epoch=-1),
+    "epoch-huge": lambda m: m.update(epoch=10 ** 400),
+    "step-a-bool": lambda m: m.update(step=True),
+    "weights-bytes-a-float": lambda m: m.update(weights_bytes=4.0),
+    "run-a-string": lambda m: m.update(run="evil"),
+    "run-config-a-string": lambda m: m["run"].update(config="x"),
+    "world-batch-a-string": lambda m: m["run"]["world"].update(global_batch_size="4"),
+    "segments-of-strings": lambda m: m.update(segments=["x"]),
+    "phase-3": lambda m: m.update(phase=3),
+    "a-list": lambda m: (m.clear(), m.update({"_list": True})),
+}
+
+
+@pytest.mark.parametrize("damage", BAD_MARKERS.values(), ids=BAD_MARKERS.keys())
+def test_a_marker_of_another_shape_is_ignored_with_a_warning_and_the_older_one_resumed(damage, data, tmp_path, caplog):
+    out = str(tmp_path / "out")
+    a = run_a(data, out)
+    path = os.path.join(out, "checkpoint-2.json")
+    with open(path) as f:
+        marker = json.load(f)
+    damage(marker)
+    with open(path, "w") as f:
+        json.dump([] if marker.get("_list") else marker, f)
+    result = claim(data, out, resume=True)
+    assert result.run.run_id == a.run_id and result.marker["epoch"] == 1
+    assert "ignored: checkpoint marker " in caplog.text and "is not a marker's shape: " in caplog.text
+    assert "Traceback" not in caplog.text
+
+
+BAD_RECORDS = {
+    "run-a-string": lambda r: r.update(run="evil"),
+    "run-missing": lambda r: r.pop("run"),
+    "files-a-number": lambda r: r.update(files=5),
+    "files-of-numbers": lambda r: r.update(files=[1, 2]),
+    "run-id-a-number": lambda r: r["run"].update(id=7),
+    "world-size-a-string": lambda r: r["run"]["world"].update(world_size="2"),
+}
+
+
+@pytest.mark.parametrize("how", [{}, {"resume": True}, {"overwrite": True}], ids=["new", "resume", "overwrite"])
+@pytest.mark.parametrize("damage", BAD_RECORDS.values(), ids=BAD_RECORDS.keys())
+def test_a_run_record_of_another_shape_is_refused_by_name_and_nothing_deleted(damage, how, data, tmp_path):
+    out = str(tmp_path / "out")
+    a = run_a(data, out)
+    record = runs.record(a, data)
+    damage(record)
+    write_json(os.path.join(out, TRAIN_RUN), record)
+    before = sorted(os.listdir(out))
+    with pytest.raises(runs.RunRefused, match=rf"^{out}/{TRAIN_RUN} is not a training run record of this job \("
+                                              rf"[a-z_.]+: (expected|missing).*\): remove it if it is not this job's"):
+        claim(data, out, **how)
+    assert sorted(os.listdir(out)) == before
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe", b""], ids=["truncated", "not-utf8", "empty"])
+def test_a_run_record_that_is_not_json_is_refused_by_name(content, data, tmp_path):
+    out = str(tmp_path / "out")
+    run_a(data, out)
+    with open(os.path.join(out, TRAIN_RUN), "wb") as f:
+        f.write(content)
+    with pytest.raises(runs.RunRefused, match=rf"^{out}/{TRAIN_RUN} cannot be read as a training run record"):
+        claim(data, out, overwrite=True)

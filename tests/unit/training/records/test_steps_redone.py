@@ -68,3 +68,23 @@ def test_the_callback_marks_each_step_and_uploads_at_most_every_interval(tmp_pat
               callbacks=[mark])
     assert read_mark(str(tmp_path)) == {"run": "r1", "epoch": 1, "step": 3}
     assert uploads.names == [(PROGRESS, 3), (PROGRESS, 3)]
+
+
+@pytest.mark.parametrize("mark", [
+    {"run": "r1", "epoch": 10 ** 400, "step": 1},   # a count no run reaches (and no float holds)
+    {"run": "r1", "epoch": 1, "step": True},        # a bool is not a count
+    {"run": "r1", "epoch": 1.0, "step": 2},
+    {"run": 7, "epoch": 1, "step": 2},              # a run id is a string
+    {"epoch": 1, "step": 2},
+], ids=["huge", "bool", "float", "run-a-number", "no-run"])
+def test_a_mark_of_another_shape_is_no_mark(mark, tmp_path):
+    (tmp_path / PROGRESS).write_text(json.dumps(mark))
+    assert read_mark(str(tmp_path)) is None
+    assert steps_redone(read_mark(str(tmp_path)), {"epoch": 1}, S, "r1") is None
+
+
+def test_a_mark_longer_than_a_mark_is_not_read_whole(tmp_path):
+    (tmp_path / PROGRESS).write_text(json.dumps({"run": "r1", "epoch": 1, "step": 2, "pad": "x" * 10 ** 6}))
+    assert read_mark(str(tmp_path)) is None
+    write_mark(str(tmp_path), "r1", 1, 2)
+    assert read_mark(str(tmp_path)) == {"run": "r1", "epoch": 1, "step": 2}
