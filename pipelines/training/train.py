@@ -170,7 +170,8 @@ def rank0_callbacks(context: RankContext, resume: Resume, checkpoints) -> list:
 
     options, plan = context.config.outputs, context.plan
     written = [cb.ProgressMark(plan.output_dir, plan.claim.run.run_id, plan.outputs),  # the newest step: steps redone
-               EpochProgress(plan.steps.steps_per_epoch, plan.steps.global_batch), checkpoints,
+               EpochProgress(plan.steps.steps_per_epoch, plan.steps.global_batch, context.config.fit.epochs,
+                             resume.initial_epoch, resume.initial_step), checkpoints,
                cb.EpochCSVLogger(os.path.join(plan.output_dir, HISTORY), append=bool(resume.marker))]
     if options.tensorboard:
         written.append(keras.callbacks.TensorBoard(os.path.join(plan.output_dir, TENSORBOARD),

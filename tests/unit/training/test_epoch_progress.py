@@ -3,6 +3,8 @@ Horovod (the callback driven by hand with a stand-in clock)."""
 import pytest
 
 from pipelines.training.epochprogress import EVERY_S, EpochProgress, epoch_line
+from pipelines.training.schedule import fit_segments
+from pipelines.training.segment import in_segment
 
 
 @pytest.mark.parametrize("args, line", [
@@ -16,6 +18,14 @@ from pipelines.training.epochprogress import EVERY_S, EpochProgress, epoch_line
     ((1, 3, 6, 6, 8, 3.0), "epoch 1/3: 6/6 steps (100 %), 16.0 images/s, steps done in 3 s, then validation"),
     ((4, 5, 1, 1, 2, 0.5, 9.0), "epoch 4/5: 1/1 step (100 %), 4.0 images/s, steps done in 0 s, then validation"),
     ((1, 1, 1, 10, 8, 0.0), "epoch 1/1: 1/10 steps (10 %), rate not known yet (0 s elapsed)"),
+    # resumed after step 57: 143 steps run here in 3 s, 47.7 steps/s x 8 (not 200 steps' 533.3)
+    ((1, 2, 200, 200, 8, 3.0, None, 143), "epoch 1/2: 200/200 steps (100 %), 381.3 images/s, steps done in 3 s, "
+                                          "then validation"),
+    # 20 steps run here in 10 s (steps 58..77): 2 steps/s; 123 left: 61.5 s
+    ((1, 2, 77, 200, 8, 10.0, None, 20, 58), "epoch 1/2: 77/200 steps (38 %, resumed at step 58), 16.0 images/s, "
+                                             "1 min 2 s left in the epoch's steps, then validation"),
+    ((3, 4, 58, 200, 8, 0.0, 5.0, 1, 58), "epoch 3/4: 58/200 steps (29 %, resumed at step 58), rate not known yet "
+                                          "(0 s elapsed)"),
 ])
 def test_the_line_says_steps_of_the_epoch_images_per_second_and_time_left(args, line):
     assert epoch_line(*args) == line
@@ -38,9 +48,11 @@ def _epoch(progress, clock, epoch, step_ends, val_seconds):
     progress.on_epoch_end(epoch, {"loss": 1.0, "val_seconds": val_seconds})
 
 
-def test_a_line_at_least_every_10_s_and_after_the_last_step_with_the_last_validation_counted():
+@pytest.mark.parametrize("given", [{}, {"epochs": 2}, {"epochs": 2, "epochs_done": 0, "steps_done": 0}],
+                         ids=["fit-epochs", "run-epochs", "fresh-position"])
+def test_a_line_at_least_every_10_s_and_after_the_last_step_with_the_last_validation_counted(given):
     clock, lines = Clock(), []
-    progress = EpochProgress(6, 8, clock=clock, write=lines.append)
+    progress = EpochProgress(6, 8, **given, clock=clock, write=lines.append)
     progress.set_params({"epochs": 2, "steps": 6})
     assert EVERY_S == 10.0
     _epoch(progress, clock, 0, [3, 9, 12, 15, 23, 24], val_seconds=5.0)
@@ -65,3 +77,75 @@ def test_short_epochs_give_one_line_each():
     for epoch in range(3):
         _epoch(progress, clock, epoch, [0.5, 1.0, 1.5], val_seconds=0.2)
     assert [line.split(",")[0] for line in lines] == [f"epoch {e}/5: 3/3 steps (100 %)" for e in (1, 2, 3)]
+
+
+def _segments(progress, clock, epochs_done, steps_done, epochs, steps, step_s, val_seconds):
+    """The run's ``fit`` calls from a position as train.train makes them (fit_segments, in_segment), each
+    epoch's steps ``step_s`` seconds apart; returns each fit call's lines."""
+    out, lines = [], []
+    progress.write = lines.append
+    segments = fit_segments(epochs_done, steps_done, epochs, steps, batch_size=2)
+    for i, segment in enumerate(segments):
+        [callback] = in_segment([progress], i, len(segments), segment.steps_done, steps)
+        callback.set_params({"epochs": segment.epochs, "steps": segment.steps, "verbose": 2})
+        for epoch in range(segment.initial_epoch, segment.epochs):
+            callback.on_epoch_begin(epoch)
+            start = clock.now
+            for batch in range(segment.steps):
+                clock.now = start + step_s * (batch + 1)
+                callback.on_train_batch_end(batch)
+            callback.on_epoch_end(epoch, {"loss": 1.0, "val_seconds": val_seconds})
+        out.append(list(lines))
+        lines.clear()
+    return out
+
+
+def test_a_fresh_run_reads_as_before_through_the_job_s_fit_calls():
+    clock = Clock()
+    progress = EpochProgress(20, 4, epochs=2, epochs_done=0, steps_done=0, clock=clock)
+    [lines] = _segments(progress, clock, 0, 0, epochs=2, steps=20, step_s=1.0, val_seconds=3.0)
+    assert lines == [
+        "epoch 1/2: 10/20 steps (50 %), 4.0 images/s, 10 s left in the epoch's steps, then validation",
+        "epoch 1/2: 20/20 steps (100 %), 4.0 images/s, steps done in 20 s, then validation",
+        "epoch 2/2: 10/20 steps (50 %), 4.0 images/s, 13 s left in the epoch",  # 10 s of steps + 3 s of validation
+        "epoch 2/2: 20/20 steps (100 %), 4.0 images/s, steps done in 20 s, then validation",
+    ]
+
+
+def test_a_resumed_epoch_says_the_run_s_epoch_and_the_rate_of_the_steps_run_here():
+    # resumed after step 7 of epoch 1 of 2: fit(epochs=1) runs steps 8..20, then fit(initial_epoch=1, epochs=2)
+    clock = Clock()
+    progress = EpochProgress(20, 4, epochs=2, epochs_done=0, steps_done=7, clock=clock)
+    resumed, after = _segments(progress, clock, 0, 7, epochs=2, steps=20, step_s=1.0, val_seconds=3.0)
+    assert resumed == [
+        # 10 steps (8..17) in 10 s: 1 step/s x 4; 3 steps left: 3 s (before: "epoch 1/1", 6.8 images/s)
+        "epoch 1/2: 17/20 steps (85 %, resumed at step 8), 4.0 images/s, 3 s left in the epoch's steps, "
+        "then validation",
+        # 13 steps in 13 s, said once (before: 20 x 4 / 13 = 6.2 images/s)
+        "epoch 1/2: 20/20 steps (100 %), 4.0 images/s, steps done in 13 s, then validation",
+    ]
+    assert after == [  # the epoch after it: whole, its time left with the resumed epoch's validation
+        "epoch 2/2: 10/20 steps (50 %), 4.0 images/s, 13 s left in the epoch",
+        "epoch 2/2: 20/20 steps (100 %), 4.0 images/s, steps done in 20 s, then validation",
+    ]
+
+
+def test_a_run_resumed_within_a_later_epoch_counts_from_there():
+    # 3 epochs, resumed after step 15 of epoch 2: the first fit call is fit(initial_epoch=1, epochs=2)
+    clock = Clock()
+    progress = EpochProgress(20, 4, epochs=3, epochs_done=1, steps_done=15, clock=clock)
+    resumed, after = _segments(progress, clock, 1, 15, epochs=3, steps=20, step_s=0.5, val_seconds=2.0)
+    assert resumed == [  # 5 steps in 2.5 s: 2 steps/s x 4; the only line says where it resumed
+        "epoch 2/3: 20/20 steps (100 %, resumed at step 16), 8.0 images/s, steps done in 2 s, then validation"]
+    assert after == ["epoch 3/3: 20/20 steps (100 %), 8.0 images/s, steps done in 10 s, then validation"]
+
+
+def test_a_run_resumed_at_an_epoch_s_end_reads_as_a_fresh_one():
+    clock = Clock()
+    progress = EpochProgress(20, 4, epochs=3, epochs_done=1, steps_done=0, clock=clock)
+    [lines] = _segments(progress, clock, 1, 0, epochs=3, steps=20, step_s=2.0, val_seconds=1.0)
+    assert [line.split(", ")[0] for line in lines] == ["epoch 2/3: 5/20 steps (25 %)", "epoch 2/3: 10/20 steps (50 %)",
+                                                     "epoch 2/3: 15/20 steps (75 %)", "epoch 2/3: 20/20 steps (100 %)",
+                                                     "epoch 3/3: 5/20 steps (25 %)", "epoch 3/3: 10/20 steps (50 %)",
+                                                     "epoch 3/3: 15/20 steps (75 %)", "epoch 3/3: 20/20 steps (100 %)"]
+    assert all("resumed" not in line and "2.0 images/s" in line for line in lines)
