@@ -49,6 +49,20 @@ os.environ.update(rankenv.fault_token_env(FAULT_TOKEN))
 atexit.register(shutil.rmtree, FAULT_TOKEN_DIR, True)
 
 
+# absl's log handler (TensorFlow logs through it) keeps the sys.stderr of its first use, in a test
+# worker one of pytest's capture files, and closes that stream when logging's handlers are closed
+# unless it is sys.stderr at that moment (alembic's fileConfig, as MLflow makes a new store, closes
+# them all): inside a test with capfd, pytest's own capture file was closed, and every later test of
+# the worker failed on it ("I/O operation on closed file"). Its stream follows sys.stderr instead, as
+# pipelines.runtime.logs' handler does; only the suite's processes are changed.
+try:
+    from absl import logging as _absl_logging
+except ImportError:  # pragma: no cover - TensorFlow's dependency, on both stacks
+    pass
+else:
+    _absl_logging.PythonHandler.stream = property(lambda self: sys.stderr, lambda self, value: None)
+
+
 @pytest.fixture(scope="session")
 def spark():
     """A real ``local[2]`` SparkSession for the whole test session."""

@@ -1,13 +1,12 @@
 """Configuration of the ETL stage (``jobs/etl.py``)."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Dict, Optional
 
 from pipelines.io import storage
 from pipelines import tracking as trk
-from pipelines.runtime.config import field, settle_verbose, verbose_field
+from pipelines.runtime.config import check_number, check_types, field, settle_verbose, verbose_field
 from pipelines.io.options import storage_options_field
 from pipelines.contract import DEFAULT_IMAGE_SIZE, MAX_IMAGE_SIZE, row_bytes
 from pipelines.runtime.environment import read_settings
@@ -19,7 +18,13 @@ from pipelines.etl.images import DEFAULT_MAX_PIXELS
 @dataclass
 class ETLConfig:
     """Spark ETL: a Caltech-256-style tree of images (JPEG, PNG, GIF, BMP, WebP, TIFF) to Parquet
-    train/validation/test splits."""
+    train/validation/test splits.
+
+    Raises:
+        pipelines.runtime.errors.Refused: a value not of its field's type (``image_size='8'``:
+            :func:`pipelines.runtime.config.check_types`), a number out of its range, NaN or an
+            infinity, an input or output that cannot be used; each naming its flag.
+    """
 
     input: str = field(help="root of the image tree, a local path or a URI (s3://bucket/prefix): "
                             "ROOT/CLASS/*.{jpg,jpeg,png,gif,bmp,webp,tif,tiff}, "
@@ -59,23 +64,17 @@ class ETLConfig:
     storage_options: Dict[str, str] = storage_options_field()
 
     def __post_init__(self) -> None:
+        check_types(self)
         for name in ("test_fraction", "validation_fraction"):
-            if not 0.0 < getattr(self, name) < 1.0:  # also refuses NaN
-                raise Refused(f"--{name.replace('_', '-')} must be in (0, 1), got {getattr(self, name)}")
+            check_number(name, getattr(self, name), above=0, below=1)
         if self.test_fraction + self.validation_fraction >= 1.0:
             raise Refused(f"--test-fraction {self.test_fraction} and --validation-fraction "
                           f"{self.validation_fraction} add up to {self.test_fraction + self.validation_fraction:g}: "
                           "they must leave a share of each class to train on (their sum below 1)")
         if not 0 < self.image_size <= MAX_IMAGE_SIZE:  # the contract's bound: readers refuse larger
             raise Refused(f"--image-size must be in 1..{MAX_IMAGE_SIZE}, got {self.image_size}")
-        for name in ("test_fraction", "validation_fraction", "row_group_mb", "max_file_mb"):
-            if not math.isfinite(getattr(self, name)):
-                raise Refused(f"--{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")
-        if not 0 < self.row_group_mb <= 1024:
-            raise Refused(f"--row-group-mb must be in (0, 1024] (Arrow binary arrays hold < 2 GiB), "
-                          f"got {self.row_group_mb}")
-        if not self.max_file_mb > 0:
-            raise Refused(f"--max-file-mb must be positive, got {self.max_file_mb}")
+        check_number("row_group_mb", self.row_group_mb, above=0, at_most=1024, why="Arrow binary arrays hold < 2 GiB")
+        check_number("max_file_mb", self.max_file_mb, above=0)
         if self.max_pixels < 1:
             raise Refused(f"--max-pixels must be >= 1, got {self.max_pixels}")
         if not self.input or not self.output:

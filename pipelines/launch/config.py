@@ -9,6 +9,7 @@ the same object; a rank never sees it.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, Optional
@@ -76,7 +77,7 @@ class LaunchConfig:
         self._check_world_bounds()
         for flag, value in (("--slots-timeout", self.slots_timeout), ("--rendezvous-timeout", self.rendezvous_timeout),
                             ("--stall-timeout", self.stall_timeout)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
                 raise Refused(f"{flag} must be a positive number of seconds, got {value!r}")
 
     def _check_world_bounds(self) -> None:

@@ -1,12 +1,11 @@
 """Configuration of the batch-inference stage (``jobs/predict.py``)."""
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Optional
 
-from pipelines.runtime.config import field, settle_verbose, verbose_field
+from pipelines.runtime.config import check_number, check_types, field, settle_verbose, verbose_field
 from pipelines.runtime.environment import read_settings
 from pipelines.runtime.errors import Refused
 from pipelines.io.paths import check_url_safe
@@ -23,7 +22,13 @@ def is_mlflow_uri(model: str) -> bool:
 @dataclass
 class PredictConfig:
     """Batch inference with a trained model: an image tree or an ETL split in, one Parquet row per
-    image out, with accuracy, per-class precision/recall and a confusion matrix when labels exist."""
+    image out, with accuracy, per-class precision/recall and a confusion matrix when labels exist.
+
+    Raises:
+        pipelines.runtime.errors.Refused: a value not of its field's type (``top_k='3'``:
+            :func:`pipelines.runtime.config.check_types`), a number out of its range, NaN or an
+            infinity, an empty or unusable path; each naming its flag.
+    """
 
     model: str = field(help="the model: a model.keras file (model.json beside it), a training run's output "
                             "folder, or an MLflow URI models:/NAME/VERSION or runs:/RUN_ID/PATH")
@@ -46,14 +51,14 @@ class PredictConfig:
     verbose: Optional[bool] = verbose_field("Spark's INFO log")
 
     def __post_init__(self) -> None:
+        check_types(self)
         for name in ("top_k", "batch_size"):
             if getattr(self, name) < 1:
                 raise Refused(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.num_partitions < 0 or self.threads < 0 or self.arrow_batch_rows < 0:
             raise Refused(f"--num-partitions, --threads and --arrow-batch-rows must be >= 0, got "
                           f"{self.num_partitions}, {self.threads} and {self.arrow_batch_rows}")
-        if not (math.isfinite(self.max_file_mb) and self.max_file_mb > 0):
-            raise Refused(f"--max-file-mb must be a positive number, got {self.max_file_mb}")
+        check_number("max_file_mb", self.max_file_mb, above=0)
         if not self.model or not self.input or not self.output:
             raise Refused("--model, --input and --output must not be empty")
         if not is_mlflow_uri(self.model):

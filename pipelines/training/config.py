@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple, Union
 
 from pipelines import tracking as trk
-from pipelines.runtime.config import field, init_options, option_group, settle, settle_verbose, verbose_field
+from pipelines.runtime.config import (check_number, check_types, field, init_options, option_group, settle,
+                                      settle_verbose, verbose_field)
 from pipelines.io.options import storage_options_field
 from pipelines.runtime.environment import TRACKING_ENV, read_settings
 from pipelines.runtime.errors import Refused
@@ -85,6 +86,7 @@ class LoaderOptions:
                                             "data, reused by later runs) and train only the head on them")
 
     def __post_init__(self) -> None:
+        check_types(self)
         at_least(1, reader_workers=self.reader_workers, shuffle_buffer=self.shuffle_buffer)
         data = local_or_uri(self.data)
         settle(self, reader=check_reader(self.reader), data=check_url_safe(data, "--data") if data and is_local(data)
@@ -128,9 +130,10 @@ class ModelOptions:
         return self.image_size or stored_size
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.dropout < 1.0:
-            raise Refused(f"--dropout must be in [0, 1), got {self.dropout}")
+        check_types(self)
+        check_number("dropout", self.dropout, at_least=0, below=1)
         at_least(0, image_size=self.image_size)
+        # --fine-tune-lr: check_fine_tune's range (0, 1] refuses NaN and infinities too
         check_fine_tune(check_backbone(self.backbone, self.weights, self.image_size), self.fine_tune_blocks,
                         self.fine_tune_lr, self.fine_tune_epochs)
         if self.weights not in ("imagenet", "none"):
@@ -146,7 +149,7 @@ class FitOptions:
     base_lr: float = field(0.001, help="learning rate of one rank; scaled by the world size")
     warmup_epochs: float = field(0.0, help="epochs of linear warmup from base_lr to base_lr x world size")
     patience: int = field(3, help="early stopping: epochs without a val_accuracy gain of --min-delta")
-    min_delta: float = field(0.001, help="early stopping: smallest val_accuracy gain that counts")
+    min_delta: float = field(0.001, help="early stopping: smallest val_accuracy gain that counts (>= 0)")
     seed: int = field(42, help="seed of weights initialisation, shuffling and dropout")
     checkpoint_every_steps: Optional[int] = field(None, help="also checkpoint within an epoch every N training steps "
                                                         "(with the data position: --resume then continues at that "
@@ -156,15 +159,18 @@ class FitOptions:
                                                       "checkpoint (rank 0's clock)")
 
     def __post_init__(self) -> None:
+        check_types(self)
         at_least(1, epochs=self.epochs, batch_size=self.batch_size)
-        if self.base_lr <= 0:
-            raise Refused(f"--base-lr must be positive, got {self.base_lr}")
-        at_least(0, warmup_epochs=self.warmup_epochs, patience=self.patience)
-        for flag, value in (("--checkpoint-every-steps", self.checkpoint_every_steps),
-                            ("--checkpoint-every-minutes", self.checkpoint_every_minutes)):
-            if value is not None and not value > 0:
-                raise Refused(f"{flag} must be positive, got {value}: an interval of steps or minutes between "
-                              "checkpoints")
+        at_least(0, patience=self.patience)
+        check_number("base_lr", self.base_lr, above=0)
+        check_number("warmup_epochs", self.warmup_epochs, at_least=0)
+        # no upper bound: one above any possible gain (2) keeps the first epoch's weights (the e2e tests')
+        check_number("min_delta", self.min_delta, at_least=0)
+        interval = "an interval of steps or minutes between checkpoints"
+        if self.checkpoint_every_steps is not None and not self.checkpoint_every_steps > 0:
+            raise Refused(f"--checkpoint-every-steps must be positive, got {self.checkpoint_every_steps}: {interval}")
+        if self.checkpoint_every_minutes is not None:  # None: by steps only (from Python; the flag takes a number)
+            check_number("checkpoint_every_minutes", self.checkpoint_every_minutes, above=0, why=interval)
 
 
 @dataclass(frozen=True)
@@ -191,6 +197,7 @@ class ComputeOptions:
         return self.xla == "on"
 
     def __post_init__(self) -> None:
+        check_types(self)
         at_least(0, threads=self.threads)
         if self.xla not in XLA_CHOICES:
             raise Refused(f"--xla {self.xla}: choose one of {', '.join(XLA_CHOICES)}")
@@ -225,6 +232,7 @@ class OutputOptions:
         return profile_range(self.profile_steps)
 
     def __post_init__(self) -> None:
+        check_types(self)
         profile_range(self.profile_steps)
         if self.profile_steps and not self.tensorboard:
             raise Refused("--profile-steps writes into the TensorBoard logs: drop --no-tensorboard")
@@ -250,8 +258,11 @@ class TrainConfig:
     then replacing its own (:func:`pipelines.runtime.config.init_options`).
 
     Raises:
-        TypeError: a keyword that names no option, or no ``data``/``output``.
-        pipelines.runtime.errors.Refused: what a group's checks refuse.
+        TypeError: a keyword that names no option, or no ``data``/``output``; a group given whole
+            that is not of its class (``fit=5``: ``fit= must be a FitOptions, got int``).
+        pipelines.runtime.errors.Refused: a value not of its option's type (``batch_size='8'``,
+            ``resume='no'``: :func:`pipelines.runtime.config.check_type`), what a group's checks refuse
+            (NaN or an infinity for a number among them).
     """
 
     loader: LoaderOptions = option_group(LoaderOptions.__doc__)
@@ -275,14 +286,16 @@ class TrainConfig:
         return self.model.fine_tune_epochs or self.fit.epochs
 
 
-def at_least(bound: float, **options: float) -> None:
-    """Refuse each of ``options`` (a field's name and its value) below ``bound``, naming its flag.
+def at_least(bound: int, **options: int) -> None:
+    """Refuse each of the int ``options`` (a field's name and its value) below ``bound``, naming its
+    flag; a float option's bounds are :func:`pipelines.runtime.config.check_number`'s, which refuses
+    NaN and infinities too.
 
     Raises:
         pipelines.runtime.errors.Refused: ``--NAME must be >= BOUND, got VALUE``.
     """
     for name, value in options.items():
-        if value < bound:
+        if not value >= bound:  # asked this way round, a NaN is refused too
             raise Refused(f"--{name.replace('_', '-')} must be >= {bound}, got {value}")
 
 

@@ -22,6 +22,8 @@ def _late_rank(late_s: float) -> int:
     return int(hvd.allreduce(tf.constant(1), op=hvd.Sum).numpy())
 
 
+@pytest.mark.slow  # local ranks that load TensorFlow and wait out a window: 8-13 s
+@pytest.mark.current
 def test_a_rank_that_misses_the_rendezvous_window_is_named_with_the_option_to_raise():
     """Local ranks: rank 1 starts 12 s late into a 3 s window; rank 0's Gloo aborts, and the driver
     names rank 1, its host and --rendezvous-timeout (from its own rendezvous: rank 1 never joined)."""
@@ -35,6 +37,8 @@ def test_a_rank_that_misses_the_rendezvous_window_is_named_with_the_option_to_ra
     assert failed.value.failures[0].lost and time.monotonic() - start < 30
 
 
+@pytest.mark.slow  # local ranks that load TensorFlow and wait out a window: 8-13 s
+@pytest.mark.current
 def test_a_rank_inside_the_window_joins_late_and_the_job_runs():
     """Rank 1 starts 8 s late into a 40 s window (Horovod's own 30 s would pass too: the 60 s case is
     the horovodrun test's); both ranks sum to 2."""

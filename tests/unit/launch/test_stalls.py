@@ -139,7 +139,7 @@ def test_the_window_a_late_rank_is_told_is_the_one_its_environment_gives_gloo(en
 
 @pytest.mark.parametrize("field, flag", [("rendezvous_timeout", "--rendezvous-timeout"),
                                          ("stall_timeout", "--stall-timeout"), ("slots_timeout", "--slots-timeout")])
-@pytest.mark.parametrize("value", [0, -5, float("nan"), "60", True])
+@pytest.mark.parametrize("value", [0, -5, float("nan"), float("inf"), "60", True])
 def test_waits_that_are_not_positive_seconds_are_refused_by_flag(field, flag, value):
     with pytest.raises(Refused, match=f"^{flag} must be a positive number of seconds"):
         LaunchConfig(np=-2, **{field: value})

@@ -198,3 +198,137 @@ def test_launch_settings_refused(args, message):
 
     with pytest.raises(ValueError, match=message):
         LaunchConfig(**args)
+
+
+# --- bad input from Python and the command line: numbers that are no amount, values of another type --
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("bounds", [dict(above=0), dict(at_least=0), dict(above=0, below=1), dict(at_least=0, below=1),
+                                    dict(above=0, at_most=1024), dict(below=5), dict()])
+@pytest.mark.parametrize("value", [NAN, INF, -INF])
+def test_check_number_refuses_nan_and_infinities_whatever_the_bounds(bounds, value):
+    """Every comparison with NaN is False: a check that asks whether a value is outside its range
+    (``value < bound``) lets NaN through; check_number asks whether it is inside."""
+    from pipelines.runtime.config import check_number
+    from pipelines.runtime.errors import Refused
+
+    with pytest.raises(Refused, match=rf"^--some-rate must be .*, got {value}$"):
+        check_number("some_rate", value, **bounds)
+    check_number("some_rate", 0.5, **bounds)  # inside every one of them
+
+
+@pytest.mark.parametrize("bounds, value, message", [
+    (dict(above=0), 0.0, "--base-lr must be positive and finite, got 0.0"),
+    (dict(above=0), -INF, "--base-lr must be positive and finite, got -inf"),
+    (dict(at_least=0), -1.0, "--base-lr must be a finite number >= 0, got -1.0"),
+    (dict(above=1), 1, "--base-lr must be a finite number > 1, got 1"),
+    (dict(at_most=2.5), 3, "--base-lr must be a finite number <= 2.5, got 3"),
+    (dict(at_least=0, below=1), 1.0, "--base-lr must be a number in [0, 1), got 1.0"),
+    (dict(above=0, at_most=1024), NAN, "--base-lr must be a number in (0, 1024], got nan"),
+    (dict(), INF, "--base-lr must be a finite number, got inf"),
+    (dict(above=0), "0.1", "--base-lr must be positive and finite, got 0.1"),
+    (dict(above=0), True, "--base-lr must be positive and finite, got True"),
+])
+def test_check_number_names_the_flag_and_the_range(bounds, value, message):
+    from pipelines.runtime.config import check_number
+    from pipelines.runtime.errors import Refused
+
+    with pytest.raises(Refused) as info:
+        check_number("base_lr", value, **bounds)
+    assert str(info.value) == message
+    with pytest.raises(Refused, match=r"^--base-lr must be .*: why it matters$"):
+        check_number("--base-lr", value, why="why it matters", **bounds)
+
+
+@pytest.mark.parametrize("value, tp, message", [
+    ("8", int, "n must be an int, got '8' (str)"), (None, int, "n must be an int, got None (NoneType)"),
+    (2.5, int, "n must be an int, got 2.5 (float)"), (True, int, "n must be an int, got True (bool)"),
+    (NAN, int, "n must be an int, got nan (float)"),
+    ("0.1", float, "n must be a number (int or float), got '0.1' (str)"),
+    (False, float, "n must be a number (int or float), got False (bool)"),
+    ("no", bool, "n must be a bool (True or False), got 'no' (str)"),
+    (1, bool, "n must be a bool (True or False), got 1 (int)"),
+    (5, str, "n must be a str, got 5 (int)"),
+    (2.5, "Optional[int]", "n must be an int or None, got 2.5 (float)"),
+    ("yes", "Optional[bool]", "n must be a bool (True or False) or None, got 'yes' (str)"),
+    ("x" * 100, int, "n must be an int, got '" + "x" * 56 + "... (str)"),
+])
+def test_check_type_refuses_a_value_of_another_type_naming_the_option(value, tp, message):
+    from typing import Optional
+
+    from pipelines.runtime.config import check_type
+    from pipelines.runtime.errors import Refused
+
+    with pytest.raises(Refused) as info:
+        check_type("n", value, {"Optional[int]": Optional[int], "Optional[bool]": Optional[bool]}.get(tp, tp))
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("value, tp", [(8, int), (8, float), (0.5, float), (True, bool), ("", str),
+                                       (None, "Optional[int]"), (3, "Optional[int]"), (None, "Optional[bool]"),
+                                       ({"a": "b"}, "Dict[str, str]"), ("anything", "Dict[str, str]")])
+def test_check_type_takes_its_types_and_leaves_others_to_the_field(value, tp):
+    from typing import Dict, Optional
+
+    from pipelines.runtime.config import check_type
+
+    check_type("n", value, {"Optional[int]": Optional[int], "Optional[bool]": Optional[bool],
+                            "Dict[str, str]": Dict[str, str]}.get(tp, tp))
+
+
+def _stage_configs(tmp_path):
+    """Each stage's config class and the keywords that make a valid one."""
+    from pipelines.etl.config import ETLConfig
+    from pipelines.predict.config import PredictConfig
+
+    return [(TrainConfig, dict(data=str(tmp_path), output=str(tmp_path / "out"), tracking=False)),
+            (ETLConfig, dict(input=str(tmp_path), output=str(tmp_path / "out"), tracking=False)),
+            (PredictConfig, dict(model="m", input=str(tmp_path), output=str(tmp_path / "out")))]
+
+
+def test_every_float_option_of_every_stage_refuses_nan_and_infinities_naming_its_flag(tmp_path):
+    """Fractions, sizes in MiB, rates, epochs, intervals: none is NaN or infinite (a stage's new float
+    option is held to it too)."""
+    from typing import Optional
+
+    from pipelines.runtime.config import option_fields
+    from pipelines.runtime.errors import Refused
+
+    checked = []
+    for cls, valid in _stage_configs(tmp_path):
+        cls(**valid)
+        for _, f, tp in option_fields(cls):
+            if tp not in (float, Optional[float]):
+                continue
+            for value in (NAN, INF, -INF):
+                with pytest.raises(Refused, match=rf"--{f.name.replace('_', '-')} .*got {value}"):
+                    cls(**valid, **{f.name: value})
+            checked.append(f.name)
+    assert {"base_lr", "warmup_epochs", "min_delta", "checkpoint_every_minutes", "dropout", "fine_tune_lr",
+            "test_fraction", "validation_fraction", "row_group_mb", "max_file_mb"} <= set(checked)
+
+
+WRONG = {int: "8", float: "0.5", bool: "no", str: 5}  # a value of another type for each kind of option
+
+
+def test_every_option_of_every_stage_refuses_a_value_of_another_type_naming_it(tmp_path):
+    """From Python (a notebook), ``batch_size='8'`` or ``resume='no'`` is refused where it is given,
+    naming the option, not later by a comparison or a truth test."""
+    from typing import Optional
+
+    from pipelines.runtime.config import option_fields
+    from pipelines.runtime.errors import Refused
+
+    checked = 0
+    for cls, valid in _stage_configs(tmp_path):
+        for _, f, tp in option_fields(cls):
+            kind = next((k for k in WRONG if tp in (k, Optional[k])), None)
+            if kind is None:
+                continue  # a dict of storage options: its own checks
+            wrong = WRONG[kind]
+            with pytest.raises(Refused, match=rf"^{f.name} must be .*, got {wrong!r} \({type(wrong).__name__}\)$"):
+                cls(**{**valid, f.name: WRONG[kind]})
+            checked += 1
+    assert checked > 60

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pipelines.runtime.config import parse_config
-from pipelines.training.config import TrainConfig
+from pipelines.training.config import FitOptions, ModelOptions, TrainConfig
 from pipelines.training.data import DataError, load_dataset
 from pipelines.training.data.readers import cache_size_bytes
 from pipelines.training.devices import choose_device, rank_cores
@@ -53,7 +53,8 @@ def write_checkpoint(directory, epoch, size=100, marker=True, marker_size=None):
     if marker:
         with open(marker_path(directory, epoch), "w") as f:
             json.dump({"epoch": epoch, "weights": os.path.basename(checkpoint_path(directory, epoch)),
-                       "weights_bytes": size if marker_size is None else marker_size}, f)
+                       "weights_bytes": size if marker_size is None else marker_size,
+                       "early_stopping": {"best_epoch": epoch}}, f)
 
 
 def test_newest_complete_checkpoint_skips_interrupted_ones(tmp_path):
@@ -405,3 +406,92 @@ def test_rank_0_refuses_before_tensorflow_loads(tmp_path, size, layout, batch, r
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout.strip() == "tensorflow loaded: False"
     assert reason in proc.stderr, proc.stderr
+
+
+# --- bad input: non-finite numbers, option groups and values of the wrong type -------------------
+
+NON_FINITE = [
+    (["--base-lr", "nan"], "--base-lr must be positive and finite, got nan"),
+    (["--base-lr", "inf"], "--base-lr must be positive and finite, got inf"),
+    (["--base-lr", "0"], "--base-lr must be positive and finite, got 0.0"),
+    (["--warmup-epochs", "nan"], "--warmup-epochs must be a finite number >= 0, got nan"),
+    (["--warmup-epochs", "inf"], "--warmup-epochs must be a finite number >= 0, got inf"),
+    (["--min-delta", "nan"], "--min-delta must be a finite number >= 0, got nan"),
+    (["--min-delta", "-1"], "--min-delta must be a finite number >= 0, got -1.0"),
+    (["--min-delta", "inf"], "--min-delta must be a finite number >= 0, got inf"),
+    (["--checkpoint-every-minutes", "inf"], "--checkpoint-every-minutes must be positive and finite, got inf: an "
+                                            "interval of steps or minutes between checkpoints"),
+    (["--checkpoint-every-minutes", "nan"], "--checkpoint-every-minutes must be positive and finite, got nan"),
+    (["--dropout", "nan"], "--dropout must be a number in [0, 1), got nan"),
+    (["--dropout=-inf"], "--dropout must be a number in [0, 1), got -inf"),
+    (["--fine-tune-blocks", "1", "--fine-tune-lr", "nan"], "--fine-tune-lr is the factor that lowers phase 1's"),
+]
+
+
+@pytest.mark.parametrize("args, message", NON_FINITE)
+def test_non_finite_numbers_are_refused_naming_the_flag_with_exit_2(args, message, capsys):
+    """argparse's float() takes "nan" and "inf"; the config refuses them in one line, exit 2."""
+    with pytest.raises(SystemExit) as info:
+        parse_config(TrainConfig, ["--data", "d", "--output", "o", "--no-tracking", *args])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and message in err and len(err.splitlines()) == 1, err
+
+
+def test_the_bounds_of_the_float_options_still_take_their_valid_values():
+    config = TrainConfig(data="d", output="o", tracking=False, min_delta=0, warmup_epochs=2, base_lr=1,
+                         checkpoint_every_minutes=None, dropout=0.0)
+    assert (config.fit.min_delta, config.fit.warmup_epochs, config.fit.base_lr) == (0, 2, 1)
+    assert config.fit.checkpoint_every_minutes is None  # off: by --checkpoint-every-steps only
+    assert TrainConfig(data="d", output="o", tracking=False, min_delta=2.0).fit.min_delta == 2.0  # above any gain
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(fit=5), "fit= must be a FitOptions, got int"),
+    (dict(fit={"batch_size": 4}), "fit= must be a FitOptions, got dict"),
+    (dict(fit=5, batch_size=4), "fit= must be a FitOptions, got int"),
+    (dict(fit=None), "fit= must be a FitOptions, got NoneType"),
+    (dict(model="xception"), "model= must be a ModelOptions, got str"),
+    (dict(fit=ModelOptions()), "fit= must be a FitOptions, got ModelOptions"),
+])
+def test_an_option_group_given_whole_must_be_of_its_class(options, message):
+    """Else ``fit=5`` failed later with an AttributeError, ``fit=5, batch_size=4`` in replace()."""
+    with pytest.raises(TypeError) as info:
+        TrainConfig(data="d", output="o", tracking=False, **options)
+    assert str(info.value) == message
+    assert TrainConfig(data="d", output="o", tracking=False, fit=FitOptions(batch_size=3), epochs=2).fit == \
+        FitOptions(batch_size=3, epochs=2)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(batch_size="8"), "batch_size must be an int, got '8' (str)"),
+    (dict(batch_size=None), "batch_size must be an int, got None (NoneType)"),
+    (dict(batch_size=2.5), "batch_size must be an int, got 2.5 (float)"),
+    (dict(batch_size=True), "batch_size must be an int, got True (bool)"),
+    (dict(epochs=float("nan")), "epochs must be an int, got nan (float)"),
+    (dict(checkpoint_every_steps=2.5), "checkpoint_every_steps must be an int or None, got 2.5 (float)"),
+    (dict(resume="no"), "resume must be a bool (True or False), got 'no' (str)"),
+    (dict(base_lr="0.1"), "base_lr must be a number (int or float), got '0.1' (str)"),
+    (dict(verbose=1), "verbose must be a bool (True or False) or None, got 1 (int)"),
+    (dict(xla=True), "xla must be a str, got True (bool)"),
+])
+def test_a_value_of_the_wrong_type_is_refused_naming_the_option(options, message):
+    from pipelines.runtime.errors import Refused
+
+    with pytest.raises(Refused) as info:
+        TrainConfig(data="d", output="o", tracking=False, **options)
+    assert str(info.value) == message
+
+
+def test_a_group_made_directly_and_a_replaced_config_check_their_types_too():
+    import dataclasses
+
+    from pipelines.runtime.errors import Refused
+
+    with pytest.raises(Refused, match=r"^batch_size must be an int, got '8' \(str\)$"):
+        FitOptions(batch_size="8")
+    config = TrainConfig(data="d", output="o", tracking=False)
+    assert dataclasses.replace(config, batch_size=8).fit.batch_size == 8
+    with pytest.raises(Refused, match=r"^data must be a str, got None \(NoneType\)$"):
+        TrainConfig(data=None, output="o", tracking=False)
+    with pytest.raises(Refused, match=r"^resume must be a bool"):
+        dataclasses.replace(config, resume="yes")
