@@ -6,7 +6,8 @@ from typing import Dict, Optional
 
 from pipelines.io import storage
 from pipelines import tracking as trk
-from pipelines.runtime.config import check_number, check_types, field, settle_verbose, verbose_field
+from pipelines.runtime.checks import check_number, check_types
+from pipelines.runtime.config import field, settle_verbose, verbose_field
 from pipelines.io.options import storage_options_field
 from pipelines.contract import DEFAULT_IMAGE_SIZE, MAX_IMAGE_SIZE, row_bytes
 from pipelines.runtime.environment import read_settings

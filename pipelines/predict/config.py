@@ -5,7 +5,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from pipelines.runtime.config import check_number, check_types, field, settle_verbose, verbose_field
+from pipelines.runtime.checks import check_number, check_types
+from pipelines.runtime.config import field, settle_verbose, verbose_field
 from pipelines.runtime.environment import read_settings
 from pipelines.runtime.errors import Refused
 from pipelines.io.paths import check_url_safe

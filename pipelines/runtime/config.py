@@ -14,8 +14,8 @@ is made from the flat keywords (:func:`init_options`, which routes each to its g
 :func:`to_dict` gives the flat fields, while code reads ``config.<group>.<field>``.
 
 What a config refuses, it refuses where it is made, naming the option: a value not of its field's
-annotation (:func:`check_types`: a Python caller's ``batch_size='8'``; argparse converts the
-command line's), a number outside its range or not finite (:func:`check_number`: NaN passes every
+annotation (:func:`pipelines.runtime.checks.check_types`: a Python caller's ``batch_size='8'``; argparse converts the
+command line's), a number outside its range or not finite (:func:`pipelines.runtime.checks.check_number`: NaN passes every
 ``value < bound`` test).
 """
 from __future__ import annotations
@@ -24,14 +24,12 @@ import argparse
 import copy
 import dataclasses
 import functools
-import math
 import os
 import sys
-import types
-import typing
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 from pipelines.runtime.environment import VERBOSE_ENV
+from pipelines.runtime.checks import base_type, check_type, type_hints
 from pipelines.runtime.errors import Refused, exit_status, is_refusal
 from pipelines.runtime.logs import setup_logging
 from pipelines.runtime.quiet import quiet_by_default
@@ -48,7 +46,7 @@ def field(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> 
 def option_group(title: str) -> Any:
     """A field of a stage's config that is a group of options (a dataclass of :func:`field` s, one
     concern's), listed under ``title`` in ``--help``; the field's type names the group's class. The
-    group's ``__post_init__`` starts with :func:`check_types` (a group may be made directly too)."""
+    group's ``__post_init__`` starts with :func:`pipelines.runtime.checks.check_types` (a group may be made directly too)."""
     return dataclasses.field(metadata={"group": title})
 
 
@@ -56,12 +54,12 @@ def option_fields(cls: Type[Any]) -> Iterator[Tuple[Optional[dataclasses.Field],
     """Every option of the config class ``cls``, in order: ``(group, field, type)``, ``group`` the
     :func:`option_group` field it is in (``None`` for a field of ``cls`` itself), ``type`` its
     annotation, resolved."""
-    hints = _hints(cls)
+    hints = type_hints(cls)
     for f in dataclasses.fields(cls):
         if "group" not in f.metadata:
             yield None, f, hints[f.name]
             continue
-        inner = _hints(hints[f.name])
+        inner = type_hints(hints[f.name])
         for g in dataclasses.fields(hints[f.name]):
             yield f, g, inner[g.name]
 
@@ -73,17 +71,17 @@ def init_options(config: Any, options: Dict[str, Any]) -> None:
     :func:`dataclasses.replace` does: so ``dataclasses.replace(config, batch_size=8)`` works); a
     field of ``config`` itself takes its option or its default. Then ``__post_init__``, if any.
 
-    Each option's value is checked against its field's annotation first (:func:`check_type`), so a
+    Each option's value is checked against its field's annotation first (:func:`pipelines.runtime.checks.check_type`), so a
     wrong type is named before any group's own checks compare it.
 
     Raises:
         TypeError: an option that no field is named after, or a missing required one, as a
             dataclass's own ``__init__`` says it; a group given whole that is not an instance of its
             class (``fit= must be a FitOptions, got int``).
-        pipelines.runtime.errors.Refused: an option's value of the wrong type (:func:`check_type`),
+        pipelines.runtime.errors.Refused: an option's value of the wrong type (:func:`pipelines.runtime.checks.check_type`),
             what a group's own checks refuse.
     """
-    cls, options, hints = type(config), dict(options), _hints(type(config))
+    cls, options, hints = type(config), dict(options), type_hints(type(config))
     kinds = _option_types(cls)
     for name, value in options.items():
         if name in kinds:
@@ -127,97 +125,9 @@ def _make_group(name: str, group: Type[Any], options: Dict[str, Any]) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def _hints(cls: Type[Any]) -> Dict[str, Any]:
-    """``cls``'s annotations, resolved (the modules use ``from __future__ import annotations``)."""
-    return typing.get_type_hints(cls)
-
-
-@functools.lru_cache(maxsize=None)
 def _option_types(cls: Type[Any]) -> Dict[str, Any]:
     """Each option of the config class ``cls`` (its groups' too, flat) and its annotation."""
     return {f.name: tp for _, f, tp in option_fields(cls)}
-
-
-#: What a value of a field annotated with each type must be, and the test. A bool is an int to
-#: Python but never an option's count (``batch_size=True``), and an int is a fine float.
-_KINDS: Dict[Any, Tuple[str, Callable[[Any], bool]]] = {
-    bool: ("a bool (True or False)", lambda v: isinstance(v, bool)),
-    int: ("an int", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-    float: ("a number (int or float)", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
-    str: ("a str", lambda v: isinstance(v, str)),
-}
-
-
-def check_type(name: str, value: Any, tp: Any) -> None:
-    """Refuse ``value`` for the option ``name`` unless it is of its field's annotation ``tp``: an int
-    that is not a bool, a number (int or float, not a bool), a bool, a str, or, for ``Optional[X]``,
-    None or an X. Other annotations (a dict of storage options) are left to the field's own checks.
-    On the command line argparse has converted each value already: this is for Python callers
-    (notebooks, tests), whose ``batch_size='8'`` would fail later without naming the option.
-
-    Raises:
-        pipelines.runtime.errors.Refused: ``batch_size must be an int, got '8' (str)``.
-    """
-    kind = _base_type(tp)
-    optional = kind is not tp
-    if kind not in _KINDS or (optional and value is None):
-        return
-    what, fits = _KINDS[kind]
-    if not fits(value):
-        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        raise Refused(f"{name} must be {what}{' or None' if optional else ''}, got {shown} ({type(value).__name__})")
-
-
-def check_types(config: Any) -> None:
-    """Refuse a field of the dataclass ``config`` whose value is not of its annotated type
-    (:func:`check_type`); an option group's field is checked where it is given
-    (:func:`init_options`). The first check of a config's or a group's ``__post_init__``: every
-    other check compares the values.
-
-    Raises:
-        pipelines.runtime.errors.Refused: as :func:`check_type`.
-    """
-    hints = _hints(type(config))
-    for f in dataclasses.fields(config):
-        if "group" not in f.metadata:
-            check_type(f.name, getattr(config, f.name), hints[f.name])
-
-
-def check_number(name: str, value: float, above: Optional[float] = None, at_least: Optional[float] = None,
-                 below: Optional[float] = None, at_most: Optional[float] = None, why: str = "") -> None:
-    """Refuse the number ``value`` of the option ``name`` (a field's name, or its flag) unless it is
-    finite and within the bounds given (``> above``, ``>= at_least``, ``< below``, ``<= at_most``):
-    NaN and infinities are no rate, fraction, size or interval. Each test asks whether the value
-    is inside, never whether it is outside: every comparison with NaN is False, so ``value < bound``
-    would let it through.
-
-    Raises:
-        pipelines.runtime.errors.Refused: ``--base-lr must be positive and finite, got nan``,
-            ``--min-delta must be a finite number >= 0, got -1.0``, ``--dropout must be a number in
-            [0, 1), got inf``; ``why``, when given, after a colon.
-    """
-    flag = name if name.startswith("-") else "--" + name.replace("_", "-")
-    inside = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-              and (above is None or value > above) and (at_least is None or value >= at_least)
-              and (below is None or value < below) and (at_most is None or value <= at_most))
-    if not inside:
-        raise Refused(f"{flag} must be {_range_text(above, at_least, below, at_most)}, got {value}"
-                      + (f": {why}" if why else ""))
-
-
-def _range_text(above: Optional[float], at_least: Optional[float], below: Optional[float],
-                at_most: Optional[float]) -> str:
-    """What :func:`check_number`'s bounds ask, in words: ``positive and finite``, ``a finite
-    number >= 0``, ``a number in (0, 1]`` (a range's ends make it finite)."""
-    low = f"({above:g}" if above is not None else f"[{at_least:g}" if at_least is not None else None
-    high = f"{below:g})" if below is not None else f"{at_most:g}]" if at_most is not None else None
-    if low and high:
-        return f"a number in {low}, {high}"
-    if above == 0 and not high:
-        return "positive and finite"  # the words of the refusals before the finite check
-    bound = (f"> {above:g}" if above is not None else f">= {at_least:g}" if at_least is not None
-             else f"< {below:g}" if below is not None else f"<= {at_most:g}" if at_most is not None else "")
-    return f"a finite number {bound}".rstrip()
 
 
 def settle(config: Any, **values: Any) -> None:
@@ -238,11 +148,6 @@ def settle_verbose(verbose: Any, settings: Any) -> bool:
     :func:`pipelines.runtime.environment.read_settings`)."""
     return settings.verbose if verbose is None else bool(verbose)
 
-
-def _base_type(tp: Any) -> Any:
-    """``Optional[int]`` (or ``int | None``) -> ``int``; plain types unchanged."""
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    return args[0] if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1 else tp
 
 
 def build_parser(cls: Type[Any], description: str = "") -> argparse.ArgumentParser:
@@ -283,7 +188,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: Type[Any], defaults: Map
 def _add_option(parser: Any, f: dataclasses.Field, tp: Any, default: Any, notes: Mapping[str, str] | None) -> None:
     """The option of the field ``f`` (annotated ``tp``) in ``parser`` (or one of its groups)."""
     flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-    tp = _base_type(tp)
+    tp = base_type(tp)
     if f.metadata.get("key_values"):  # repeatable KEY=VALUE, made a dict by parse_config
         parser.add_argument(flag, dest=f.name, action="append", metavar="KEY=VALUE", help=f.metadata.get("help", ""))
         if f.metadata.get("file_flag"):

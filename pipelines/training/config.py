@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple, Union
 
 from pipelines import tracking as trk
-from pipelines.runtime.config import (check_number, check_types, field, init_options, option_group, settle,
-                                      settle_verbose, verbose_field)
+from pipelines.runtime.checks import check_number, check_types
+from pipelines.runtime.config import field, init_options, option_group, settle, settle_verbose, verbose_field
 from pipelines.io.options import storage_options_field
 from pipelines.runtime.environment import TRACKING_ENV, read_settings
 from pipelines.runtime.errors import Refused

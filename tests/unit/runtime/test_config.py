@@ -211,7 +211,7 @@ NAN, INF = float("nan"), float("inf")
 def test_check_number_refuses_nan_and_infinities_whatever_the_bounds(bounds, value):
     """Every comparison with NaN is False: a check that asks whether a value is outside its range
     (``value < bound``) lets NaN through; check_number asks whether it is inside."""
-    from pipelines.runtime.config import check_number
+    from pipelines.runtime.checks import check_number
     from pipelines.runtime.errors import Refused
 
     with pytest.raises(Refused, match=rf"^--some-rate must be .*, got {value}$"):
@@ -232,7 +232,7 @@ def test_check_number_refuses_nan_and_infinities_whatever_the_bounds(bounds, val
     (dict(above=0), True, "--base-lr must be positive and finite, got True"),
 ])
 def test_check_number_names_the_flag_and_the_range(bounds, value, message):
-    from pipelines.runtime.config import check_number
+    from pipelines.runtime.checks import check_number
     from pipelines.runtime.errors import Refused
 
     with pytest.raises(Refused) as info:
@@ -258,7 +258,7 @@ def test_check_number_names_the_flag_and_the_range(bounds, value, message):
 def test_check_type_refuses_a_value_of_another_type_naming_the_option(value, tp, message):
     from typing import Optional
 
-    from pipelines.runtime.config import check_type
+    from pipelines.runtime.checks import check_type
     from pipelines.runtime.errors import Refused
 
     with pytest.raises(Refused) as info:
@@ -272,7 +272,7 @@ def test_check_type_refuses_a_value_of_another_type_naming_the_option(value, tp,
 def test_check_type_takes_its_types_and_leaves_others_to_the_field(value, tp):
     from typing import Dict, Optional
 
-    from pipelines.runtime.config import check_type
+    from pipelines.runtime.checks import check_type
 
     check_type("n", value, {"Optional[int]": Optional[int], "Optional[bool]": Optional[bool],
                             "Dict[str, str]": Dict[str, str]}.get(tp, tp))

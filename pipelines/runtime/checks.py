@@ -1,0 +1,109 @@
+"""The checks of a stage's config values, each naming its option: a value against its field's
+annotation (:func:`check_type`, :func:`check_types`: a Python caller's ``batch_size='8'``; argparse
+converts the command line's) and a number against its range, finite (:func:`check_number`: NaN
+passes every ``value < bound`` test). Used by :mod:`pipelines.runtime.config` and every stage's config.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+import typing
+from typing import Any, Callable, Dict, Optional, Tuple, Type
+
+from pipelines.runtime.errors import Refused
+
+
+@functools.lru_cache(maxsize=None)
+def type_hints(cls: Type[Any]) -> Dict[str, Any]:
+    """``cls``'s annotations, resolved (the modules use ``from __future__ import annotations``)."""
+    return typing.get_type_hints(cls)
+
+
+def base_type(tp: Any) -> Any:
+    """``Optional[int]`` (or ``int | None``) -> ``int``; plain types unchanged."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1 else tp
+
+
+#: What a value of a field annotated with each type must be, and the test. A bool is an int to
+#: Python but never an option's count (``batch_size=True``), and an int is a fine float.
+_KINDS: Dict[Any, Tuple[str, Callable[[Any], bool]]] = {
+    bool: ("a bool (True or False)", lambda v: isinstance(v, bool)),
+    int: ("an int", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    float: ("a number (int or float)", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+    str: ("a str", lambda v: isinstance(v, str)),
+}
+
+
+def check_type(name: str, value: Any, tp: Any) -> None:
+    """Refuse ``value`` for the option ``name`` unless it is of its field's annotation ``tp``: an int
+    that is not a bool, a number (int or float, not a bool), a bool, a str, or, for ``Optional[X]``,
+    None or an X. Other annotations (a dict of storage options) are left to the field's own checks.
+    On the command line argparse has converted each value already: this is for Python callers
+    (notebooks, tests), whose ``batch_size='8'`` would fail later without naming the option.
+
+    Raises:
+        pipelines.runtime.errors.Refused: ``batch_size must be an int, got '8' (str)``.
+    """
+    kind = base_type(tp)
+    optional = kind is not tp
+    if kind not in _KINDS or (optional and value is None):
+        return
+    what, fits = _KINDS[kind]
+    if not fits(value):
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise Refused(f"{name} must be {what}{' or None' if optional else ''}, got {shown} ({type(value).__name__})")
+
+
+def check_types(config: Any) -> None:
+    """Refuse a field of the dataclass ``config`` whose value is not of its annotated type
+    (:func:`check_type`); an option group's field is checked where it is given
+    (:func:`init_options`). The first check of a config's or a group's ``__post_init__``: every
+    other check compares the values.
+
+    Raises:
+        pipelines.runtime.errors.Refused: as :func:`check_type`.
+    """
+    hints = type_hints(type(config))
+    for f in dataclasses.fields(config):
+        if "group" not in f.metadata:
+            check_type(f.name, getattr(config, f.name), hints[f.name])
+
+
+def check_number(name: str, value: float, above: Optional[float] = None, at_least: Optional[float] = None,
+                 below: Optional[float] = None, at_most: Optional[float] = None, why: str = "") -> None:
+    """Refuse the number ``value`` of the option ``name`` (a field's name, or its flag) unless it is
+    finite and within the bounds given (``> above``, ``>= at_least``, ``< below``, ``<= at_most``):
+    NaN and infinities are no rate, fraction, size or interval. Each test asks whether the value
+    is inside, never whether it is outside: every comparison with NaN is False, so ``value < bound``
+    would let it through.
+
+    Raises:
+        pipelines.runtime.errors.Refused: ``--base-lr must be positive and finite, got nan``,
+            ``--min-delta must be a finite number >= 0, got -1.0``, ``--dropout must be a number in
+            [0, 1), got inf``; ``why``, when given, after a colon.
+    """
+    flag = name if name.startswith("-") else "--" + name.replace("_", "-")
+    inside = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+              and (above is None or value > above) and (at_least is None or value >= at_least)
+              and (below is None or value < below) and (at_most is None or value <= at_most))
+    if not inside:
+        raise Refused(f"{flag} must be {_range_text(above, at_least, below, at_most)}, got {value}"
+                      + (f": {why}" if why else ""))
+
+
+def _range_text(above: Optional[float], at_least: Optional[float], below: Optional[float],
+                at_most: Optional[float]) -> str:
+    """What :func:`check_number`'s bounds ask, in words: ``positive and finite``, ``a finite
+    number >= 0``, ``a number in (0, 1]`` (a range's ends make it finite)."""
+    low = f"({above:g}" if above is not None else f"[{at_least:g}" if at_least is not None else None
+    high = f"{below:g})" if below is not None else f"{at_most:g}]" if at_most is not None else None
+    if low and high:
+        return f"a number in {low}, {high}"
+    if above == 0 and not high:
+        return "positive and finite"  # the words of the refusals before the finite check
+    bound = (f"> {above:g}" if above is not None else f">= {at_least:g}" if at_least is not None
+             else f"< {below:g}" if below is not None else f"<= {at_most:g}" if at_most is not None else "")
+    return f"a finite number {bound}".rstrip()
