@@ -1163,6 +1163,7 @@ def test_sigterm_to_one_rank_checkpoints_every_rank_at_the_next_step_exits_76_an
     assert_same_run(out, uninterrupted)
 
 
+@pytest.mark.current  # issue 38 on both stacks
 def test_sigterm_to_a_local_rank_makes_the_launching_driver_exit_76_after_the_checkpoint(dataset, tmp_path):
     """Local ranks (--spark-np -2, the barrier tasks' launcher): rank 1's SIGTERM after step 1 of
     epoch 2 stops both after step 2, rank 0 checkpoints there, and the driver exits 76 (not 1, not
@@ -1186,6 +1187,7 @@ RESIZABLE = (*PREEMPTIBLE, "--dropout", "0")
 RESIZE_ATOL = 1e-6
 
 
+@pytest.mark.current  # issue 38 on both stacks: Keras' loss weighting differs between them
 def test_a_run_continues_on_one_rank_then_on_three_with_the_same_rows_at_every_step(dataset, tmp_path):
     """The data world 2 x 4 rows: killed within epoch 2 on 2 ranks, resumed on 1 (batch 8), killed
     within epoch 3, resumed on 3 (batches 2, 3, 3, rows weighted): every step trains the rows the
