@@ -251,7 +251,9 @@ def _check_probe(path: pathlib.Path) -> Optional[str]:
         norm, argmax = probe(path)
     except Exception as err:  # unreadable or truncated file
         return f"does not load ({err})"
-    log.info("probe %s: norm %.4f argmax %d", path.name, norm, argmax)
+    log.info("checking %s against ImageNet Xception's known output on a fixed probe image (STACK.md): "
+             "feature norm %.4f, largest feature %d: %s", path.name, norm, argmax,
+             "they match" if probe_matches(norm, argmax) else "they differ")
     if not probe_matches(norm, argmax):
         return (f"fails the probe: norm {norm:.4f} argmax {argmax}, "
                 f"expected norm {PROBE_NORM} (+-{PROBE_TOL}) argmax {PROBE_ARGMAX}")

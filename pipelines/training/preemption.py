@@ -71,8 +71,8 @@ class PreemptionNotice:
             self.stop_now()
             return
         self.requested = True
-        log.warning("rank %d: SIGTERM received: every rank checkpoints at the next step and stops (a second "
-                    "SIGTERM stops at once)", self.rank)
+        log.warning("rank %d: SIGTERM received: every rank checkpoints at the next step and stops, unless the run "
+                    "is finishing (past the last step); a second SIGTERM stops at once", self.rank)
 
     @staticmethod
     def stop_now() -> None:
