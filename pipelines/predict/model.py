@@ -24,7 +24,9 @@ refused, no pickle of a model is ever read, and its Keras file (HDF5, as
 loads a ``TFOpLambda``; a function named by its module reaches the deserialiser), so before Keras
 opens any file its config is walked as JSON and must name only the layers, initializers and
 activations the product's own models are built from
-(:func:`~pipelines.predict.safeload.check_model_config`). The sha256 sits beside the model: it
+(:func:`~pipelines.predict.safeload.check_model_config`), and a zip file must hold exactly the
+members Keras' own save writes, its weights as HDF5 (Keras 2.15 also loads weights saved as NumPy's
+``.npz``, unpickling them: :func:`~pipelines.predict.safeload.check_zip_members`). The sha256 sits beside the model: it
 catches a file changed by accident, not a tampered folder. Each file is copied into a private
 temporary folder and checked and loaded from there, so the bytes checked are the bytes loaded.
 
@@ -112,7 +114,8 @@ def load_model(flavor: str, path: str, sha256: str = ""):
 
     Raises:
         UnsafeModel: not Keras' zip format; a hash that differs; an MLflow model with pickled
-            custom objects or code; a config naming anything outside the allowlist
+            custom objects or code; a zip file with other members than Keras' own save writes
+            (:func:`~pipelines.predict.safeload.check_zip_members`); a config naming anything outside the allowlist
             (:func:`check_model_config`: ``Lambda``, ``TFOpLambda``, another class or function).
     """
     return _load(flavor, path, sha256, os.stat(path).st_mtime_ns)

@@ -1,6 +1,6 @@
 """What a model file may hold before Keras or MLflow opens it, so that nothing read from it runs
-code (the why: :mod:`pipelines.predict.model`): its format by its first bytes, its Keras config
-walked as JSON against the layers, initializers and activations the product's own models are built
+code (the why: :mod:`pipelines.predict.model`): its format by its first bytes, a zip file's members
+exactly the ones Keras' own save writes (:func:`check_zip_members`), its Keras config walked as JSON against the layers, initializers and activations the product's own models are built
 from (:func:`check_model_config`), the stack that saved it (:func:`check_model_stack`), and an
 MLflow model's folder without its pickles or code (:func:`mlflow_model_file`).
 """
@@ -43,6 +43,11 @@ ALLOWED_ACTIVATIONS = frozenset({"linear", "relu", "softmax"})
 # A nested or outer model: Keras 2.15's own module, and tf_keras' (the current stack).
 FUNCTIONAL_MODULES = frozenset(s.functional_module for s in stacks.STACKS.values())
 MAX_CONFIG_BYTES = 64 << 20  # an Xception config is about 0.2 MiB
+# The members of a ``.keras`` file the product writes (Keras 2's own save of a model without assets,
+# both stacks). Keras 2.15 also loads weights stored as ``model.weights.npz``, through
+# ``np.load(allow_pickle=True)``: whatever its ``__root__`` entry pickles runs on load.
+KERAS_MEMBERS = ("config.json", "metadata.json", "model.weights.h5")
+WEIGHTS_MEMBER = "model.weights.h5"
 
 
 def allowed_object(item: dict) -> bool:
@@ -115,14 +120,45 @@ def check_model_stack(config, shown: str) -> None:
                                  f"jobs/predict.py there), or train or export it again on this stack")
 
 
-def read_zip_config(path: str, shown: str):
-    """The parsed ``config.json`` of a Keras zip (``.keras``) file, the member Keras' loader reads.
+def check_zip_members(zf: zipfile.ZipFile, shown: str) -> None:
+    """Refuse a Keras zip file whose members are not exactly :data:`KERAS_MEMBERS`, each once, with
+    HDF5 weights: weights in any other format (``model.weights.npz``, which Keras 2.15 unpickles,
+    whatever arrays it holds), both formats, an extra member (a nested archive, ``assets/``), a name
+    twice (the zip reader takes the last), or a weights member that is not an HDF5 file.
 
     Raises:
-        UnsafeModel: no such member, one over :data:`MAX_CONFIG_BYTES`, or not JSON.
+        UnsafeModel: naming the members refused and the ones the product writes.
+    """
+    names = zf.namelist()
+    twice = sorted({n for n in names if names.count(n) > 1})
+    extra = sorted(set(names) - set(KERAS_MEMBERS))
+    missing = sorted(set(KERAS_MEMBERS) - set(names))
+    expected = f"a model the product exports holds {', '.join(KERAS_MEMBERS)} and nothing else"
+    if twice or extra or missing:
+        npz = " (npz weights are unpickled by Keras 2.15's loader)" if any(n.endswith(".npz") for n in extra) else ""
+        found = "; ".join(part for part in (
+            f"{', '.join(twice)} more than once" if twice else "",
+            f"{', '.join(extra)}, which it may not hold{npz}" if extra else "",
+            f"no {', '.join(missing)}" if missing else "") if part)
+        raise UnsafeModel(f"{shown}: the zip file has {found}: {expected}; refused before Keras opens it")
+    with zf.open(WEIGHTS_MEMBER) as f:
+        magic = f.read(len(HDF5_MAGIC))
+    if magic != HDF5_MAGIC:
+        raise UnsafeModel(f"{shown}: its {WEIGHTS_MEMBER} is not an HDF5 file (it starts with {magic[:4]!r}): "
+                          f"{expected}; refused before Keras opens it")
+
+
+def read_zip_config(path: str, shown: str):
+    """The parsed ``config.json`` of a Keras zip (``.keras``) file, the member Keras' loader reads,
+    once its members pass :func:`check_zip_members`.
+
+    Raises:
+        UnsafeModel: members other than the product's (:func:`check_zip_members`), a config over
+            :data:`MAX_CONFIG_BYTES`, or not JSON.
     """
     try:
         with zipfile.ZipFile(path) as zf:
+            check_zip_members(zf, shown)
             info = zf.getinfo("config.json")
             if info.file_size > MAX_CONFIG_BYTES:
                 raise UnsafeModel(f"{shown}: a config.json of {plural(info.file_size, 'byte')}: refused")

@@ -139,7 +139,7 @@ def non_finite_checkpoint(location) -> List[str]:
     import zipfile
 
     try:
-        data = np.load(io.BytesIO(location.read_bytes()))
+        data = np.load(io.BytesIO(location.read_bytes()), allow_pickle=False)
         if not isinstance(data, np.lib.npyio.NpzFile):  # a single .npy array
             return []
         with data:
@@ -166,7 +166,7 @@ def load_checkpoint(model, path: str, optimizer: bool = True) -> None:
     Raises:
         ValueError: the checkpoint does not fit the model (other layers or optimizer).
     """
-    with np.load(path) as data:
+    with np.load(path, allow_pickle=False) as data:
         trainable = [data[k] for k in sorted(k for k in data.files if k.startswith("trainable_"))]
         state = [data[k] for k in sorted(k for k in data.files if k.startswith("optimizer_"))]
         rng = [data[k] for k in sorted(k for k in data.files if k.startswith("rng_"))]
