@@ -31,14 +31,24 @@ from pipelines.runtime.logs import plural
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # The shortest body Pillow's handlers read (PngStream.chunk_gAMA ... chunk_pHYs); shorter ones raise.
 _MIN_LENGTH = {b"gAMA": 4, b"cHRM": 32, b"sRGB": 1, b"pHYs": 9}
+# The most chunks dropped from one file: a real file's damaged metadata is a chunk or two; past this
+# the file is refused, so that a file of many hostile chunks costs no more than this many.
+MAX_DROPPED = 64
+_BLOCK = 1 << 16  # compressed bytes handed to zlib at a time (what its unconsumed input holds at most)
 
 
 class DamagedPng(ValueError):
-    """A critical chunk of the PNG is damaged (bad CRC): its pixels cannot be trusted."""
+    """A critical chunk of the PNG is damaged (bad CRC), so its pixels cannot be trusted, or too
+    many of its chunks are refused for the file to be worth the work."""
 
 
 def without_refused_metadata(data: bytes) -> Tuple[BinaryIO, Tuple[str, ...]]:
     """The PNG ``data`` as a file Pillow can open, without the chunks Pillow would refuse it for.
+
+    Bounded work whatever the file holds: every zlib stream is inflated at most to the file's
+    remaining text budget (Pillow's ``MAX_TEXT_MEMORY``, charged with the text kept and every byte
+    inflated, kept or dropped) and to ``MAX_TEXT_CHUNK``, and at most :data:`MAX_DROPPED` chunks
+    are dropped before the file is refused.
 
     Args:
         data: a file's bytes; anything that does not start with the PNG signature is returned as is.
@@ -51,11 +61,12 @@ def without_refused_metadata(data: bytes) -> Tuple[BinaryIO, Tuple[str, ...]]:
         A truncated or garbled chunk ends the walk: Pillow judges the rest, as it would have.
 
     Raises:
-        DamagedPng: a critical chunk's CRC does not match its bytes.
+        DamagedPng: a critical chunk's CRC does not match its bytes, or more than
+            :data:`MAX_DROPPED` chunks would be dropped.
     """
     if not data.startswith(PNG_SIGNATURE):
         return io.BytesIO(data), ()
-    view, pos, start, text_left = memoryview(data), len(PNG_SIGNATURE), 0, PngImagePlugin.MAX_TEXT_MEMORY
+    view, pos, start, left = memoryview(data), len(PNG_SIGNATURE), 0, PngImagePlugin.MAX_TEXT_MEMORY
     kept: List[memoryview] = []
     dropped: List[str] = []
     while pos + 8 <= len(data):
@@ -63,18 +74,17 @@ def without_refused_metadata(data: bytes) -> Tuple[BinaryIO, Tuple[str, ...]]:
         end = pos + 12 + length
         if end > len(data) or not kind.isalpha():
             break
-        body = view[pos + 8:end - 4]
-        if zlib.crc32(body, zlib.crc32(kind)) != int.from_bytes(data[end - 4:end], "big"):
+        if zlib.crc32(view[pos + 8:end - 4], zlib.crc32(kind)) != int.from_bytes(data[end - 4:end], "big"):
             if not kind[0] & 0x20:  # bit 5 of the first letter clear (upper case): critical
                 raise DamagedPng(f"damaged PNG: bad CRC in its critical {kind.decode()} chunk")
-            why, text = "bad CRC", 0
+            why = "bad CRC"
         else:
-            why, text = _refusal(kind, body)
-        if why is None and text > text_left:
-            why = f"text past Pillow's MAX_TEXT_MEMORY ({plural(PngImagePlugin.MAX_TEXT_MEMORY, 'byte')} in all)"
-        if why is None:
-            text_left -= text
-        else:
+            why, cost = _refusal(kind, data, pos + 8, end - 4, left)
+            left -= cost
+        if why is not None:
+            if len(dropped) == MAX_DROPPED:
+                raise DamagedPng(f"damaged PNG: more than {MAX_DROPPED} of its chunks would make Pillow refuse it "
+                                 f"(the first: {dropped[0]})")
             dropped.append(f"{kind.decode()}: {why}")
             kept.append(view[start:pos])
             start = end
@@ -87,36 +97,67 @@ def without_refused_metadata(data: bytes) -> Tuple[BinaryIO, Tuple[str, ...]]:
     return _Spliced(kept), tuple(dropped)
 
 
-def _refusal(kind: bytes, body: memoryview) -> Tuple[Optional[str], int]:
-    """Why Pillow's handler of a chunk with a good CRC would refuse the file (``None``: it would
-    not), and how many bytes of text the chunk adds to Pillow's ``MAX_TEXT_MEMORY`` count (at least
-    Pillow's own count, which is of decoded characters)."""
-    if kind in _MIN_LENGTH and len(body) < _MIN_LENGTH[kind]:
-        return f"{plural(len(body), 'byte')}, shorter than its fields ({_MIN_LENGTH[kind]})", 0
+def _refusal(kind: bytes, data: bytes, start: int, end: int, left: int) -> Tuple[Optional[str], int]:
+    """Why Pillow's handler of the chunk ``data[start:end]`` (its body, CRC good) would refuse the
+    file (``None``: it would not), and what the chunk costs the file's text budget, of which
+    ``left`` bytes remain: the bytes it inflates, kept or not, or the text it adds to Pillow's
+    ``MAX_TEXT_MEMORY`` count (at least Pillow's own count, which is of decoded characters).
+    Nothing is copied or inflated past ``left``."""
+    if kind in _MIN_LENGTH and end - start < _MIN_LENGTH[kind]:
+        return f"{plural(end - start, 'byte')}, shorter than its fields ({_MIN_LENGTH[kind]})", 0
     if kind not in (b"tEXt", b"zTXt", b"iTXt", b"iCCP"):
         return None, 0
-    raw = body.tobytes()
-    key, sep, value = raw.partition(b"\0")
+    nul = data.find(b"\0", start, end)
+    if nul < 0:  # no keyword's end: Pillow reads the chunk as a keyword without text (iCCP: refuses)
+        return ("no compression method", 0) if kind == b"iCCP" else (None, 0)
+    at = nul + 1  # the text (tEXt), compression method (zTXt, iCCP) or flags (iTXt)
+    counted = kind == b"iTXt" or (kind != b"iCCP" and nul > start)  # Pillow counts a keyword's text
     if kind == b"tEXt":
-        return None, len(value) if key else 0
+        return (_past_memory(), 0) if counted and end - at > left else (None, end - at if counted else 0)
     if kind == b"iTXt":
-        compressed = len(value) >= 2 and value[0] != 0 and value[1] == 0
-        value = value[2:].split(b"\0", 2)[-1]
-    else:  # zTXt, iCCP: keyword, NUL, compression method, zlib stream
-        if kind == b"iCCP" and len(value) < 1:
-            return "no compression method", 0
-        if value and value[0] != 0:
-            return f"unknown compression method {value[0]}", 0
-        compressed, value = True, value[1:]
-    if compressed:
-        inflater = zlib.decompressobj()
-        try:
-            value = inflater.decompress(value, PngImagePlugin.MAX_TEXT_CHUNK)
-        except zlib.error:
-            return None, 0  # Pillow reads a broken stream as empty text
-        if inflater.unconsumed_tail:
-            return f"decompresses past Pillow's MAX_TEXT_CHUNK ({plural(PngImagePlugin.MAX_TEXT_CHUNK, 'byte')})", 0
-    return None, len(value) if key and kind != b"iCCP" else 0
+        language = data.find(b"\0", at + 2, end) if end - at >= 2 else -1
+        text = data.find(b"\0", language + 1, end) + 1 if language >= 0 else 0
+        if not text or (data[at] != 0 and data[at + 1] != 0):
+            return None, 0  # Pillow ignores it: no translated keyword's end, an unknown method
+        if data[at] == 0:  # not compressed
+            return (_past_memory(), 0) if end - text > left else (None, end - text)
+        stream = memoryview(data)[text:end]
+    elif kind == b"iCCP" and at == end:
+        return "no compression method", 0
+    elif at < end and data[at] != 0:
+        return f"unknown compression method {data[at]}", 0
+    else:
+        stream = memoryview(data)[at + 1:end]
+    if left <= 0:
+        return _past_memory(), 0
+    limit = min(PngImagePlugin.MAX_TEXT_CHUNK, left)
+    size, reached = _inflated(stream, limit)
+    if not reached:
+        return None, size
+    if limit < PngImagePlugin.MAX_TEXT_CHUNK:
+        return _past_memory(), size
+    return f"decompresses past Pillow's MAX_TEXT_CHUNK ({plural(PngImagePlugin.MAX_TEXT_CHUNK, 'byte')})", size
+
+
+def _inflated(stream: memoryview, limit: int) -> Tuple[int, bool]:
+    """What inflating the zlib ``stream`` costs, counting at most ``limit`` bytes, and whether it
+    reaches ``limit`` (or would pass it): ``(bytes, reached)``. A broken stream (Pillow reads it as
+    no text) costs ``limit``, the most its last call may have inflated. The input is fed
+    :data:`_BLOCK` bytes at a time and the output dropped as it comes: no more than ``limit``
+    bytes are inflated, nor held."""
+    inflater, size = zlib.decompressobj(), 0
+    try:
+        for at in range(0, len(stream), _BLOCK):
+            size += len(inflater.decompress(stream[at:at + _BLOCK], limit - size))
+            if size >= limit or inflater.eof:
+                break
+    except zlib.error:
+        return limit, False
+    return size, size >= limit
+
+
+def _past_memory() -> str:
+    return f"text past Pillow's MAX_TEXT_MEMORY ({plural(PngImagePlugin.MAX_TEXT_MEMORY, 'byte')} in all)"
 
 
 class _Spliced(io.RawIOBase):

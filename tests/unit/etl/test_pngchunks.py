@@ -3,6 +3,7 @@
 Each kind is a chunk inserted into a good PNG; the decoded pixels must equal those of the same PNG
 without it. Damage to critical chunks and decompression bombs are still rejected.
 """
+import functools
 import io
 import struct
 import zlib
@@ -30,6 +31,7 @@ def pixels(data: bytes) -> tuple:
     return fitted.image.tobytes(), fitted.image.size, fitted.height, fitted.width
 
 
+@functools.lru_cache(maxsize=None)
 def zipped(n: int) -> bytes:
     return zlib.compress(b"a" * n, 9)
 
@@ -141,3 +143,118 @@ def test_the_spliced_file_reads_and_seeks_as_its_parts_end_to_end():
         assert spliced.seek(pos) == pos and spliced.read(n) == whole[pos:pos + n], (pos, n)
     spliced.seek(-7, io.SEEK_END)
     assert spliced.read() == whole[-7:] and spliced.tell() == len(whole)
+
+
+@pytest.fixture
+def inflated(monkeypatch):
+    """The bytes Python's zlib inflaters give while a test runs, in all (the chunk walk's and
+    Pillow's own text decoding): a counting wrapper over the real ``zlib.decompressobj``."""
+    real, counts = zlib.decompressobj, []
+
+    class Counting:
+        def __init__(self, *args, **kwargs):
+            self._inflater = real(*args, **kwargs)
+
+        def decompress(self, data, max_length=0):
+            out = self._inflater.decompress(data, max_length)
+            counts.append(len(out))
+            return out
+
+        def __getattr__(self, name):  # eof, unconsumed_tail, unused_data, flush
+            return getattr(self._inflater, name)
+
+    monkeypatch.setattr(zlib, "decompressobj", Counting)
+    return counts
+
+
+def stream_of_zeros(n: int) -> bytes:
+    """A zlib stream of ``n`` zero bytes, compressed a MiB at a time (``n`` may be gigabytes)."""
+    packer, block = zlib.compressobj(9), bytes(MiB)
+    return b"".join(packer.compress(block[:min(MiB, n - at)]) for at in range(0, n, MiB)) + packer.flush()
+
+
+def broken_stream(n: int) -> bytes:
+    """A zlib stream that inflates ``n`` bytes, then fails its checksum (zlib raises)."""
+    good = zipped(n)
+    return good[:-4] + bytes(b ^ 0xFF for b in good[-4:])
+
+
+HOSTILE = {  # id: (the chunks, built when used; the rejection, or None: kept, its dropped lines say
+    # "decompresses past"; the most the file may inflate)
+    "5,000 zTXt past MAX_TEXT_CHUNK (a 5 MiB file)": (
+        lambda: [zTXt(b"k%d" % i, MiB + 1) for i in range(5000)], "damaged PNG: more than 64 of its chunks", 64 * MiB),
+    "3,000 zTXt of 0.5 MiB each": (
+        lambda: [zTXt(b"k%d" % i, MiB // 2) for i in range(3000)], "damaged PNG: more than 64 of its chunks",
+        64 * MiB),
+    "1,000 compressed iTXt past MAX_TEXT_CHUNK": (
+        lambda: [png_chunk(b"iTXt", b"k%d\0\1\0\0\0" % i + zipped(2 * MiB)) for i in range(1000)],
+        "damaged PNG: more than 64 of its chunks", 64 * MiB),
+    "1,000 broken zlib streams of 1 MiB - 1": (
+        lambda: [png_chunk(b"zTXt", b"k%d\0\0" % i + broken_stream(MiB - 1)) for i in range(1000)],
+        "damaged PNG: more than 64 of its chunks", 64 * MiB),
+    "one zTXt of 64 MiB": (lambda: [png_chunk(b"zTXt", b"k\0\0" + stream_of_zeros(64 * MiB))], None, MiB),
+    "one iCCP of 64 MiB": (lambda: [png_chunk(b"iCCP", b"icc\0\0" + stream_of_zeros(64 * MiB))], None, MiB),
+    "64 dropped chunks, the most": (lambda: [zTXt(b"k%d" % i, MiB + 1) for i in range(64)], None, 64 * MiB),
+}
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE))
+def test_hostile_text_chunks_cost_at_most_the_text_budget(kind, inflated):
+    """Each zlib stream is inflated only as far as the file's remaining budget (MAX_TEXT_MEMORY,
+    charged with every byte inflated) and MAX_TEXT_CHUNK: a file costs at most 64 MiB of
+    inflation, whatever its chunks, and past 64 dropped chunks it is refused. Counted: the bytes
+    inflated (the walk's and Pillow's), and the walk's peak Python memory."""
+    import tracemalloc
+
+    build, rejected, most = HOSTILE[kind]
+    chunks = build()
+    data = png_with(photo(), b"".join(chunks))
+    tracemalloc.start()
+    try:
+        without_refused_metadata(data)
+    except Exception:  # noqa: BLE001 - judged below, through the ETL's own decode
+        pass
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 3 * MiB, (kind, peak)  # a MiB of output at a time (and its buffer), 64 short lines
+    del inflated[:]
+    if rejected:
+        with pytest.raises(ImageRejected, match=rejected):
+            decode_and_fit(data, 32)
+    else:
+        fitted = decode_and_fit(data, 32)
+        assert fitted.image.tobytes() == decode_and_fit(photo(), 32).image.tobytes()
+        assert fitted.dropped and all(line.endswith("decompresses past Pillow's MAX_TEXT_CHUNK (1048576 bytes)")
+                                      for line in fitted.dropped), fitted.dropped
+    assert sum(inflated) <= most, (kind, sum(inflated))
+
+
+def test_the_text_budget_counts_dropped_inflation_too(inflated):
+    """70 zTXt of 1 MiB + 1: the first 64 inflate 1 MiB each and are dropped, spending the budget;
+    the rest are dropped without inflating a byte, and the 65th dropped refuses the file."""
+    data = png_with(photo(), b"".join(zTXt(b"k%d" % i, MiB + 1) for i in range(70)))
+    with pytest.raises(ImageRejected, match=r"more than 64 of its chunks would make Pillow refuse it \(the first: "
+                                            r"zTXt: decompresses past Pillow's MAX_TEXT_CHUNK"):
+        decode_and_fit(data, 32)
+    assert sum(inflated) == 64 * MiB
+
+
+def test_a_broken_stream_costs_its_limit_so_many_cannot_pass_unbudgeted(inflated, monkeypatch):
+    """A broken zlib stream is text Pillow reads as empty, so it is kept; each still costs
+    MAX_TEXT_CHUNK, and once the budget is spent the next is dropped."""
+    monkeypatch.setattr(PngImagePlugin, "MAX_TEXT_MEMORY", 3 * MiB)
+    chunks = b"".join(png_chunk(b"zTXt", b"k%d\0\0" % i + broken_stream(MiB - 1)) for i in range(5))
+    fitted = decode_and_fit(png_with(photo(), chunks), 32)
+    assert fitted.dropped == ("zTXt: text past Pillow's MAX_TEXT_MEMORY (3145728 bytes in all)",) * 2
+
+
+@pytest.mark.parametrize("width,height,accepted", [(30000, 30000, False), (9460, 9460, False), (9459, 9459, True)])
+def test_a_pixel_bomb_is_refused_by_pillows_own_limit_before_any_pixel_is_decoded(width, height, accepted, inflated):
+    """Pillow's MAX_IMAGE_PIXELS (89,478,485) holds with metadata dropped: over it the file is
+    rejected from its header alone (the IDAT stream is 64 zero bytes); at it, decoding starts (and
+    fails on the missing rows: a truncated file)."""
+    data = png_with(png_bomb(width, height), zTXt(b"k", MiB + 1))
+    with pytest.raises(ImageRejected) as info:
+        decode_and_fit(data, 32, max_pixels=None)
+    assert info.value.reason.startswith("undecodable" if accepted else "decompression bomb"), info.value.reason
+    assert sum(inflated) <= MiB
