@@ -13,7 +13,10 @@ is an error, one in an ancillary chunk drops that chunk. Pixel-bearing ancillary
 eXIf, APNG's) are only dropped for a bad CRC, as libpng does; IHDR is never touched, so the
 decompression-bomb limits on the declared size still apply.
 
-The limits are read from Pillow at each call, so a caller that changes them is followed.
+The walk's own work is bounded whatever the file holds: every zlib stream is inflated at most to
+the file's remaining text budget, and a file of more chunks, or more to drop, than a real image has
+is refused (:func:`without_refused_metadata`). The limits are read from Pillow at each call, so a
+caller that changes them is followed.
 """
 from __future__ import annotations
 
@@ -34,12 +37,17 @@ _MIN_LENGTH = {b"gAMA": 4, b"cHRM": 32, b"sRGB": 1, b"pHYs": 9}
 # The most chunks dropped from one file: a real file's damaged metadata is a chunk or two; past this
 # the file is refused, so that a file of many hostile chunks costs no more than this many.
 MAX_DROPPED = 64
+# The most chunks one file may have. Each costs the walk and Pillow a turn of a Python loop, and
+# Pillow keeps every private chunk in memory (about 8 bytes for each byte of a file of empty ones);
+# a real file's chunks are kilobytes (encoders write IDAT in 8-64 KiB pieces).
+MAX_CHUNKS = 100_000
 _BLOCK = 1 << 16  # compressed bytes handed to zlib at a time (what its unconsumed input holds at most)
 
 
 class DamagedPng(ValueError):
-    """A critical chunk of the PNG is damaged (bad CRC), so its pixels cannot be trusted, or too
-    many of its chunks are refused for the file to be worth the work."""
+    """A critical chunk of the PNG is damaged (bad CRC), so its pixels cannot be trusted, or the
+    file has more chunks, or more to drop, than a real image has (:data:`MAX_CHUNKS`,
+    :data:`MAX_DROPPED`)."""
 
 
 def without_refused_metadata(data: bytes) -> Tuple[BinaryIO, Tuple[str, ...]]:
@@ -47,8 +55,8 @@ def without_refused_metadata(data: bytes) -> Tuple[BinaryIO, Tuple[str, ...]]:
 
     Bounded work whatever the file holds: every zlib stream is inflated at most to the file's
     remaining text budget (Pillow's ``MAX_TEXT_MEMORY``, charged with the text kept and every byte
-    inflated, kept or dropped) and to ``MAX_TEXT_CHUNK``, and at most :data:`MAX_DROPPED` chunks
-    are dropped before the file is refused.
+    inflated, kept or dropped) and to ``MAX_TEXT_CHUNK``; at most :data:`MAX_DROPPED` chunks are
+    dropped and :data:`MAX_CHUNKS` walked before the file is refused.
 
     Args:
         data: a file's bytes; anything that does not start with the PNG signature is returned as is.
@@ -61,15 +69,19 @@ def without_refused_metadata(data: bytes) -> Tuple[BinaryIO, Tuple[str, ...]]:
         A truncated or garbled chunk ends the walk: Pillow judges the rest, as it would have.
 
     Raises:
-        DamagedPng: a critical chunk's CRC does not match its bytes, or more than
-            :data:`MAX_DROPPED` chunks would be dropped.
+        DamagedPng: a critical chunk's CRC does not match its bytes, more than :data:`MAX_DROPPED`
+            chunks would be dropped, or the file has more than :data:`MAX_CHUNKS` chunks.
     """
     if not data.startswith(PNG_SIGNATURE):
         return io.BytesIO(data), ()
     view, pos, start, left = memoryview(data), len(PNG_SIGNATURE), 0, PngImagePlugin.MAX_TEXT_MEMORY
     kept: List[memoryview] = []
     dropped: List[str] = []
-    while pos + 8 <= len(data):
+    for count in itertools.count(1):
+        if pos + 8 > len(data):
+            break
+        if count > MAX_CHUNKS:
+            raise DamagedPng(f"a PNG of more than {MAX_CHUNKS:,} chunks: refused before Pillow reads it")
         length, kind = struct.unpack_from(">I4s", data, pos)
         end = pos + 12 + length
         if end > len(data) or not kind.isalpha():

@@ -258,3 +258,16 @@ def test_a_pixel_bomb_is_refused_by_pillows_own_limit_before_any_pixel_is_decode
         decode_and_fit(data, 32, max_pixels=None)
     assert info.value.reason.startswith("undecodable" if accepted else "decompression bomb"), info.value.reason
     assert sum(inflated) <= MiB
+
+
+def test_a_file_of_more_chunks_than_a_real_image_has_is_refused_before_pillow_reads_it():
+    """100,001 empty private chunks (Pillow would keep each): refused. The same photo with its
+    pixel stream cut into one IDAT per byte (hundreds of chunks) decodes to the same pixels."""
+    good = photo()
+    with pytest.raises(ImageRejected, match="a PNG of more than 100,000 chunks: refused before Pillow reads it"):
+        decode_and_fit(png_with(good, png_chunk(b"prVt", b"") * 100_001), 32)
+    chunks = png_chunks(good)
+    stream = b"".join(c[8:-4] for c in chunks if c[4:8] == b"IDAT")
+    split = good[:8] + b"".join(c for c in chunks if c[4:8] not in (b"IDAT", b"IEND")) + b"".join(
+        png_chunk(b"IDAT", stream[i:i + 1]) for i in range(len(stream))) + png_chunk(b"IEND", b"")
+    assert len(stream) > 300 and pixels(split) == pixels(good)
