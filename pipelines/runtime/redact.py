@@ -9,7 +9,11 @@ One rule for the whole product (pure, standard library only):
 - a **URI's userinfo** is masked (``http://alice:hunter2@host`` -> ``http://***@host``), and so are
   the values of its secret-looking query parameters (``?X-Amz-Signature=...``, ``?password=...``);
 - **free text** (an exception's message, a traceback, a dataclass' repr) gets both rules, for the
-  URIs, ``key=value`` pairs and ``'key': 'value'`` items it holds.
+  URIs, ``key=value`` and ``key<TAB>value`` pairs, ``'key': 'value'`` items (``bytes`` values too:
+  ``b'value'``) and ``('key', 'value')`` tuples (``Location.options``, ``dict.items()``) it holds,
+  and a bare ``Bearer`` token is masked wherever it stands;
+- **objects**: the values of a dict's secret-looking keys, of a ``(key, value)`` tuple's and of a
+  flag's following item in a list, and ``bytes`` as text (:func:`redact`).
 
 Keys are matched on their words (split at ``_ - .``, space and CamelCase humps, lower case), so
 ``cache_key`` or ``tracking_uri`` stay readable while every spelling of a credential is masked:
@@ -101,7 +105,7 @@ _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s'\"<>]+@")
 # key=value and key: value (a query string, a command line, a log line): the value up to & ? # , ;
 # space or a quote, an HTTP scheme word before it included ("Authorization: Bearer xyz"); the key
 # may be a flag (--password=V) or a JVM property (-Dfs.s3a.secret.key=V), whose -D is not its word
-_KEY_VALUE = re.compile(r"(?<![\w\-.])((?:-D|--?)?)([A-Za-z][\w\-.]*)(\s*[=:]\s*)(?![\s'\"{\[(])"
+_KEY_VALUE = re.compile(r"(?<![\w\-.])((?:-D|--?)?)([A-Za-z][\w\-.]*)(\s*[=:]\s*|[ ]*\t\s*)(?![\s'\"{\[(]|b['\"])"
                         r"((?:(?:Bearer|Basic|Token)\s+)?[^\s&?#,;'\"}\])]+)")
 # a flag and its value as two words of a command line (--token V), or two items of an argv list
 _FLAG_VALUE = re.compile(r"(?<![\w\-.])(--?[A-Za-z][\w\-.]*)(\s+)(?![\s\-'\"])([^\s'\"]+)")
@@ -110,9 +114,15 @@ _FLAG_ITEM = re.compile(r"""(['"])(--?[A-Za-z][\w\-.]*)\1(\s*,\s*)(['"])((?:(?!\
 # (from a run's start only: a search from every character of a long run would take its square)
 _ENCODED = re.compile(r"(?<![^\s'\"<>])[^\s'\"<>]*%[0-9A-Fa-f]{2}[^\s'\"<>]*")
 # 'key': 'value' and "key": "value" items (a dict's repr, JSON)
-_QUOTED_ITEM = re.compile(r"""(['"])([^'"\n]{1,100})\1(\s*:\s*)(['"])((?:(?!\4)[^\\\n]|\\.)*)\4""")
+_QUOTED_ITEM = re.compile(r"""(b?(['"]))([^'"\n]{1,100})\2(\s*:\s*)(b?(['"]))((?:(?!\6)[^\\\n]|\\.)*)\6""")
+# ('key', 'value'): a pair as a tuple (Location.options, dict.items()); a list of two is a sequence,
+# such as the names of a config's storage options (["access_key", "secret_key"])
+_PAIR_ITEM = re.compile(r"""(\(\s*)(b?(['"]))([^'"\n]{1,100})\3(\s*,\s*)(b?(['"]))((?:(?!\7)[^\\\n]|\\.)*)\7(?=\s*\))""")
 # key='value', key: "value" (a dataclass' repr, YAML)
-_KEYWORD_ITEM = re.compile(r"""(?<![\w\-.])([A-Za-z][\w\-.]*)(\s*[=:]\s*)(['"])((?:(?!\3)[^\\\n]|\\.)*)\3""")
+_KEYWORD_ITEM = re.compile(r"""(?<![\w\-.])([A-Za-z][\w\-.]*)(\s*[=:]\s*)(b?(['"]))((?:(?!\4)[^\\\n]|\\.)*)\4""")
+# a bearer token on its own (an HTTP client's message): at least 8 token characters, one of them a
+# digit or punctuation, so that "bearer of" or "Bearer realm" read as words
+_BEARER = re.compile(r"(?i)(?<![\w\-])(bearer)(\s+)(?=[\w\-.~+/]*[\d\-.~+/])([\w\-.~+/]{8,}=*)")
 
 
 def redact_text(text: str) -> str:
@@ -127,15 +137,18 @@ def redact_text(text: str) -> str:
 def _redact_plain(text: str) -> str:
     """:func:`redact_text` without the percent-decoding."""
     text = _USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
-    text = _QUOTED_ITEM.sub(lambda m: m.group(0) if not is_secret_key(m.group(2)) else
-                            f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{m.group(4)}{MASK}{m.group(4)}", text)
+    text = _QUOTED_ITEM.sub(lambda m: m.group(0) if not is_secret_key(m.group(3)) else
+                            f"{m.group(1)}{m.group(3)}{m.group(2)}{m.group(4)}{m.group(5)}{MASK}{m.group(6)}", text)
+    text = _PAIR_ITEM.sub(lambda m: m.group(0) if not is_secret_key(m.group(4)) else
+                          f"{m.group(1)}{m.group(2)}{m.group(4)}{m.group(3)}{m.group(5)}{m.group(6)}{MASK}{m.group(7)}",
+                          text)
     text = _FLAG_ITEM.sub(lambda m: m.group(0) if not is_secret_key(m.group(2)) else
                           f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{m.group(4)}{MASK}{m.group(4)}", text)
     text = _KEYWORD_ITEM.sub(lambda m: m.group(0) if not is_secret_key(m.group(1)) else
-                             f"{m.group(1)}{m.group(2)}{m.group(3)}{MASK}{m.group(3)}", text)
+                             f"{m.group(1)}{m.group(2)}{m.group(3)}{MASK}{m.group(4)}", text)
     text = _FLAG_VALUE.sub(lambda m: m.group(0) if not is_secret_key(m.group(1)) or m.group(3) == MASK else
                            m.group(1) + m.group(2) + MASK, text)
-    return _KEY_VALUE.sub(_key_value, text)
+    return _BEARER.sub(lambda m: m.group(1) + m.group(2) + MASK, _KEY_VALUE.sub(_key_value, text))
 
 
 def _encoded(m: "re.Match[str]") -> str:
@@ -162,18 +175,38 @@ def _key_value(m: "re.Match[str]") -> str:
 
 
 def redact(value: Any) -> Any:
-    """``value`` (a config dict, options, params, a report: dicts, lists, tuples, strings, numbers)
-    with the values of secret-looking keys masked (keys kept; empty values kept, they hide nothing)
-    and every string through :func:`redact_text`. Returns a new object; ``value`` is not changed.
+    """``value`` (a config dict, options, params, a report: dicts, lists, tuples, strings, bytes,
+    numbers) with the values of secret-looking keys masked (keys kept; empty values kept, they hide
+    nothing): a dict's, a ``(key, value)`` tuple's (``Location.options``), and the item after a
+    secret-looking flag in a list (an argv); every string and ``bytes`` through :func:`redact_text`.
+    Returns a new object; ``value`` is not changed.
 
     >>> redact({"storage_options": {"secret_key": "S3CR3T", "region": "eu"}, "tracking_uri": "http://a:b@h"})
     {'storage_options': {'secret_key': '***', 'region': 'eu'}, 'tracking_uri': 'http://***@h'}
+    >>> redact((("endpoint_override", "http://h:9000"), ("secret_key", "S3CR3T")))
+    (('endpoint_override', 'http://h:9000'), ('secret_key', '***'))
     """
     if isinstance(value, dict):
-        return {key: MASK if is_secret_key(key) and item not in (None, "", {}, [], ()) else redact(item)
+        return {key: MASK if is_secret_key(key) and item not in _EMPTY else redact(item)
                 for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(redact(item) for item in value)
+        items = list(value)
+        pair = isinstance(value, tuple) and len(items) == 2
+        return type(value)(MASK if i and _names_secret(items[i - 1], pair) and item not in _EMPTY
+                           else redact(item) for i, item in enumerate(items))
     if isinstance(value, str):
         return redact_text(value)
+    if isinstance(value, bytes):
+        return redact_text(value.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
     return value
+
+
+_EMPTY = (None, "", b"", {}, [], ())
+
+
+def _names_secret(item: Any, pair: bool) -> bool:
+    """Whether ``item`` of a list or tuple names a secret the next item holds: a secret-looking key
+    as the first of a pair (a tuple of two), or a secret-looking flag (``--token``) anywhere."""
+    if isinstance(item, bytes):
+        item = item.decode("utf-8", "replace")
+    return isinstance(item, str) and (pair or item.startswith("-")) and is_secret_key(item)

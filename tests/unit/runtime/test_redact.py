@@ -206,3 +206,58 @@ def test_sparks_redaction_regex_leaves_sparks_own_settings_readable():
                 "spark.driver.host", "spark.driver.port", "spark.ui.port", "spark.executor.extraJavaOptions",
                 "spark.submit.pyFiles", "spark.executorEnv.LC_ALL", "java.class.path", "sun.java.command"):
         assert not re.search(SPARK_REDACTION_REGEX, key), key
+
+
+# The forms of a secret, one line each: (form, as it is written or printed, as it must be shown).
+# A new form is one more line here.
+FORMS = [
+    ("Location.options", f"options=(('access_key', 'AKID'), ('secret_key', '{SECRET}'))",
+     "options=(('access_key', '***'), ('secret_key', '***'))"),
+    ("Location.options", f"(('endpoint_override', 'http://h:9000'), ('session_token', '{SECRET}'))",
+     "(('endpoint_override', 'http://h:9000'), ('session_token', '***'))"),
+    ("dict.items()", f"dict_items([('region', 'eu'), (\"password\", \"{SECRET}\")])",
+     "dict_items([('region', 'eu'), (\"password\", \"***\")])"),
+    ("a pair of bytes", f"(b'token', b'{SECRET}')", "(b'token', b'***')"),
+    ("a pair's key alone", "('secret_key',)", "('secret_key',)"),
+    ("a list of key names", '"storage_options": ["access_key", "secret_key"]', '"storage_options": ["access_key", "secret_key"]'),
+    ("a bytes value", f"{{'secret_key': b'{SECRET}', 'region': b'eu'}}", "{'secret_key': b'***', 'region': b'eu'}"),
+    ("a bytes value", f'{{"token": b"{SECRET}"}}', '{"token": b"***"}'),
+    ("a bytes value", f"Options(password=b'{SECRET}', retries=3)", "Options(password=b'***', retries=3)"),
+    ("a bytes value", f"b'secret_key': b'{SECRET}'", "b'secret_key': b'***'"),
+    ("a tab-separated key", f"secret_key\t{SECRET}", "secret_key\t***"),
+    ("a tab-separated key", f"aws_secret_access_key \t {SECRET}\nregion\teu-west-1",
+     "aws_secret_access_key \t ***\nregion\teu-west-1"),
+    ("a tab-separated key", f"AWS_SESSION_TOKEN\t\t{SECRET}", "AWS_SESSION_TOKEN\t\t***"),
+    ("a bare bearer token", f"401 Unauthorized: Bearer eyJhbGciOiJIUzI1NiJ9.{SECRET}.sig",
+     "401 Unauthorized: Bearer ***"),
+    ("a bare bearer token", f"requests sent bearer {SECRET} to http://h", "requests sent bearer *** to http://h"),
+    ("a bare bearer token", f"'Bearer dGhpcy1pcy1{SECRET}=='", "'Bearer ***'"),
+    ("a bearer token after its header", f"Authorization: Bearer {SECRET}", "Authorization: ***"),
+    ("words, not a token", "the bearer of the news; WWW-Authenticate: Bearer realm=api",
+     "the bearer of the news; WWW-Authenticate: Bearer realm=api"),
+]
+
+
+@pytest.mark.parametrize("form, text, shown", FORMS, ids=[f"{form}: {text[:40]}" for form, text, _ in FORMS])
+def test_each_form_of_a_secret_is_shown_as_the_table_says(form, text, shown):
+    assert redact_text(text) == shown
+    assert redact_text(shown) == shown  # a second pass changes nothing
+
+
+# The same for objects (redact): (form, value, as it must come back).
+OBJECT_FORMS = [
+    ("Location.options", (("access_key", "AKID"), ("secret_key", SECRET)), (("access_key", MASK), ("secret_key", MASK))),
+    ("Location.options", (("endpoint_override", "http://h:9000"),), (("endpoint_override", "http://h:9000"),)),
+    ("a pair of bytes", (b"token", SECRET.encode()), (b"token", MASK)),
+    ("a list of key names", ["access_key", "secret_key"], ["access_key", "secret_key"]),
+    ("an argv", ["python", "x.py", "--token", SECRET, "--epochs", "2"], ["python", "x.py", "--token", MASK, "--epochs", "2"]),
+    ("a bytes value", b"password=" + SECRET.encode() + b"&a=1", b"password=***&a=1"),
+    ("a bytes value", {"secret_key": SECRET.encode(), "note": b"\xff plain"}, {"secret_key": MASK, "note": b"\xff plain"}),
+    ("a bytes value in a list", [b"token=" + SECRET.encode()], [b"token=***"]),
+]
+
+
+@pytest.mark.parametrize("form, value, shown", OBJECT_FORMS, ids=[f"{form}: {i}" for i, (form, _, _) in enumerate(OBJECT_FORMS)])
+def test_each_object_form_of_a_secret_is_masked_as_the_table_says(form, value, shown):
+    assert redact(value) == shown
+    assert redact(shown) == shown
