@@ -17,6 +17,7 @@ from pipelines.runtime.errors import Refused
 from pipelines.runtime.quiet import quiet_by_default
 from pipelines.tools import workspace
 from pipelines.tracking import check_store
+from pipelines.tracking.pictures import cut_name, plain_text
 from pipelines.training.cli import check_before_ranks, fetch_weights
 from pipelines.training.config import TrainConfig
 from pipelines.training.train import run_training
@@ -111,8 +112,10 @@ def _rounded(value):
     return None if value is None else round(value, 4)
 
 
+@plain_text
 def plot_curves(reports: Dict[str, Dict]):
-    """Training curves of several runs: loss and validation accuracy per epoch. Returns the figure."""
+    """Training curves of several runs: loss and validation accuracy per epoch, the runs' labels
+    as plain text (:func:`~pipelines.tracking.pictures.plain_text`). Returns the figure."""
     import matplotlib.pyplot as plt  # inline in a notebook kernel, Agg without a display
 
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
@@ -129,8 +132,11 @@ def plot_curves(reports: Dict[str, Dict]):
     return fig
 
 
+@plain_text
 def show_samples(etl_dir: str, split: str = "train", n: int = 8):
-    """The first ``n`` images of a split with their labels, as stored (uint8 RGB). Returns the figure."""
+    """The first ``n`` images of a split with their labels, as stored (uint8 RGB), each label (a
+    folder's name) as plain text, cut to :data:`~pipelines.tracking.pictures.NAME_CHARS`
+    (:func:`~pipelines.tracking.pictures.plain_text`). Returns the figure."""
     import matplotlib.pyplot as plt
     import numpy as np
     import pyarrow.parquet as pq
@@ -145,7 +151,7 @@ def show_samples(etl_dir: str, split: str = "train", n: int = 8):
     fig, axes = plt.subplots(1, len(rows), figsize=(2 * len(rows), 2.3), squeeze=False)
     for ax, row in zip(axes[0], rows):
         ax.imshow(np.frombuffer(row["image"], np.uint8).reshape(size, size, 3))
-        ax.set_title(row["label_name"], fontsize=9)
+        ax.set_title(cut_name(row["label_name"]), fontsize=9)
         ax.axis("off")
     fig.tight_layout()
     return fig

@@ -11,6 +11,8 @@ by rank 0 beside ``metrics.json`` and logged with its MLflow run; batch inferenc
 Each takes plain data (lists, arrays) and a path, writes one PNG atomically and returns the path.
 Class names are folder names anyone chose: every picture draws its text as plain text (no
 mathtext: a ``$\\x$`` folder would fail the picture; no TeX), names cut to :data:`NAME_CHARS`.
+:func:`plain_text` and :func:`cut_name` do it here and in the notebooks' pictures
+(:mod:`pipelines.notebook`).
 """
 from __future__ import annotations
 
@@ -32,9 +34,10 @@ PLAIN_TEXT = {"text.parse_math": False, "text.usetex": False}  # matplotlib's rc
 NAME_CHARS = 40  # a longer class name is cut, so that no name stretches a picture without bound
 
 
-def _plain_text(draw):
+def plain_text(draw):
     """``draw`` (a picture function) run under :data:`PLAIN_TEXT`: each text object it makes
-    reads ``text.parse_math`` when it is made, and the picture is saved before the call returns."""
+    reads ``text.parse_math`` and ``text.usetex`` when it is made, so a figure it returns (a
+    notebook's, drawn after the call) shows its text plain too."""
     @functools.wraps(draw)
     def plain(*args, **kwargs):
         import matplotlib
@@ -66,11 +69,16 @@ def _save(fig, path: str) -> str:
 
 def _name(class_names: Sequence[Optional[str]], index: int) -> str:
     name = class_names[index] if 0 <= index < len(class_names) else None
-    name = str(name) if name is not None else f"class {index}"
+    return cut_name(name if name is not None else f"class {index}")
+
+
+def cut_name(name) -> str:
+    """``name`` as text, cut to :data:`NAME_CHARS` (its last character an ellipsis when cut)."""
+    name = str(name)
     return name if len(name) <= NAME_CHARS else name[:NAME_CHARS - 1] + "\u2026"
 
 
-@_plain_text
+@plain_text
 def plot_history(history: List[Dict], path: str) -> str:
     """Loss (left) and accuracy (right) per epoch, training and validation, from the history
     records of ``metrics.json`` (``epoch``, ``loss``, ``val_loss``, ``accuracy``, ``val_accuracy``)."""
@@ -102,7 +110,7 @@ MAX_TICKS = 40  # class names on an axis of the image view: more are not legible
 TOP_CONFUSIONS = 20
 
 
-@_plain_text
+@plain_text
 def plot_confusion(matrix, class_names: Sequence[Optional[str]], path: str, title: str = "") -> str:
     """The confusion matrix, rows = true class, columns = predicted, on a figure of bounded size.
 
@@ -159,7 +167,7 @@ def top_confusions(matrix, top: int = TOP_CONFUSIONS) -> List[tuple]:
     return [(int(i) // len(m), int(i) % len(m), int(flat[i])) for i in order if flat[i] > 0]
 
 
-@_plain_text
+@plain_text
 def plot_top_confusions(matrix, class_names: Sequence[Optional[str]], path: str, top: int = TOP_CONFUSIONS) -> str:
     """``top_confusions.png``: the :func:`top_confusions` as horizontal bars ``true -> predicted``
     with their counts (a fixed 10 x 6 in figure, whatever the number of classes)."""
@@ -179,7 +187,7 @@ def plot_top_confusions(matrix, class_names: Sequence[Optional[str]], path: str,
     return _save(fig, path)
 
 
-@_plain_text
+@plain_text
 def contact_sheet(images, true: Sequence[int], pred: Sequence[int], class_names: Sequence[Optional[str]],
                   path: str, columns: int = 8) -> str:
     """A grid of uint8 RGB ``images`` titled ``true -> predicted``; misses framed and titled in red."""

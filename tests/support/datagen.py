@@ -13,10 +13,10 @@ IMAGE_SCHEMA = image_schema()
 
 
 def write_split(split_dir: str, groups_per_file: Sequence[int], size: int, first_id: int = 0,
-                rows_per_group: int = 1) -> int:
+                rows_per_group: int = 1, names: Sequence[str] = ("c",)) -> int:
     """Write files of ``groups_per_file[i]`` row groups of ``rows_per_group`` rows each; every row's
-    ``label`` is its own id (``first_id``, ``first_id + 1``, ...) and its pixels are that id mod 256.
-    Returns the next free id."""
+    ``label`` is its own id (``first_id``, ``first_id + 1``, ...), its pixels are that id mod 256 and
+    its ``label_name`` is ``names[id % len(names)]``. Returns the next free id."""
     os.makedirs(split_dir, exist_ok=True)
     row_id = first_id
     for f, groups in enumerate(groups_per_file):
@@ -26,7 +26,7 @@ def write_split(split_dir: str, groups_per_file: Sequence[int], size: int, first
                 row_id += rows_per_group
                 images = [np.full((size, size, 3), i % 256, np.uint8).tobytes() for i in ids]
                 table = pa.table({"path": [f"/x/{i}.jpg" for i in ids], "label": pa.array(ids, pa.int32()),
-                                  "label_name": ["c"] * len(ids), "image": images,
+                                  "label_name": [names[i % len(names)] for i in ids], "image": images,
                                   "height": pa.array([size] * len(ids), pa.int32()),
                                   "width": pa.array([size] * len(ids), pa.int32())}, schema=IMAGE_SCHEMA)
                 writer.write_table(table, row_group_size=rows_per_group)
@@ -34,11 +34,13 @@ def write_split(split_dir: str, groups_per_file: Sequence[int], size: int, first
 
 
 def write_dataset(root: str, train_groups: Sequence[int], test_groups: Sequence[int], size: int = 4,
-                  rows_per_group: int = 1, validation_groups: Sequence[int] = None) -> dict:
+                  rows_per_group: int = 1, validation_groups: Sequence[int] = None,
+                  names: Sequence[str] = ("c",)) -> dict:
     """A minimal ETL output (manifest + train, test and validation splits of row groups of
     ``rows_per_group`` rows, one by default) whose labels are row ids: train's first, then test's,
-    then validation's (laid out as ``test_groups`` unless ``validation_groups`` says)."""
-    next_id = write_split(os.path.join(root, "train"), train_groups, size, rows_per_group=rows_per_group)
+    then validation's (laid out as ``test_groups`` unless ``validation_groups`` says); the train
+    split's label names are ``names``, cycled."""
+    next_id = write_split(os.path.join(root, "train"), train_groups, size, rows_per_group=rows_per_group, names=names)
     test_end = write_split(os.path.join(root, "test"), test_groups, size, first_id=next_id,
                            rows_per_group=rows_per_group)
     validation_groups = test_groups if validation_groups is None else validation_groups

@@ -95,3 +95,26 @@ def test_a_picture_that_fails_never_fails_the_job_after_its_work(tmp_path, monke
     assert "the confusion picture could not be drawn (RuntimeError: no picture today)" in caplog.text
     assert sorted(os.listdir(staging)) == ["_skipped.jsonl", SUMMARY, "part-0.parquet"] and CONFUSION not in \
         summary["output_files"]
+
+
+def test_the_notebooks_pictures_show_any_names_as_plain_text(tmp_path):
+    """``show_samples`` (a folder's name over each image) and ``plot_curves`` (a run's label in the
+    legend), drawn as a notebook draws them: after the call has returned, outside its settings."""
+    from pipelines import notebook
+    from tests.support.datagen import write_dataset
+
+    names = [n for n in NAMES if n is not None]
+    write_dataset(str(tmp_path / "etl"), [len(names)], [1], size=4, names=names)
+    plt = pictures._pyplot()
+    fig = notebook.show_samples(str(tmp_path / "etl"), n=len(names))
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == [pictures.cut_name(n) for n in names] and titles[0] == "$\\frac{a}{b}$", titles
+    fig.savefig(str(tmp_path / "samples.png"))  # the default settings again: mathtext would fail here
+    plt.close(fig)
+    history = [{"epoch": 1, "loss": 1.0, "val_loss": 1.1, "val_accuracy": 0.4},
+               {"epoch": 2, "loss": 0.8, "val_loss": 1.0, "val_accuracy": 0.5}]
+    fig = notebook.plot_curves({name: {"history": history} for name in names[:4]})
+    assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == names[:4]
+    fig.savefig(str(tmp_path / "curves.png"))
+    plt.close(fig)
+    assert png_size(str(tmp_path / "samples.png"))[0] > 0 and png_size(str(tmp_path / "curves.png"))[0] > 0
