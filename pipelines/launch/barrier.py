@@ -27,7 +27,7 @@ from pipelines.launch.gpus import (CUDA_VISIBLE, check_local_gpus, nccl_env, par
                                    visible_gpu_count)
 from pipelines.launch.network import GLOO_IFACE_ENV, interface_of, rendezvous_ipv4, split_host_port
 from pipelines.launch.rankenv import gloo_timeout, own_timeouts
-from pipelines.launch.rendezvous import Rendezvous
+from pipelines.launch.rendezvous import Rendezvous, gloo_address
 from pipelines.launch.ranklogs import LogSink
 from pipelines.launch.sparkcheck import (attempt_world, check_barrier_conf, check_local_executors, executor_id_hosts,
                                         task_slots)
@@ -165,7 +165,7 @@ def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str]
         if index == 0 and "error" not in mine:  # the rendezvous lives as long as task 0
             try:  # on the address the other tasks reach task 0 at, not on every interface
                 server = Rendezvous(rendezvous_ipv4(hosts[0]), _host_counts(hosts), world_size)
-                mine["rendezvous"] = f"{hosts[0]}:{server.port}"
+                mine["rendezvous"], mine["token"] = f"{hosts[0]}:{server.port}", server.token
             except OSError as exc:  # the address Spark names this host by is not one of its own
                 mine = {"error": f"Gloo's rendezvous cannot listen on {hosts[0]}: {exc}", "refused": False}
         try:
@@ -176,7 +176,8 @@ def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str]
                        if "error" in mine else {"rank": slot["rank"], "status": "not started"})
                 return
             env = dict(os.environ, **rank_env(slot, hosts[index], world_size, gathered[0]["rendezvous"], mine,
-                                              os.environ), **own_timeouts(rank_timeouts or {}, os.environ))
+                                              os.environ, gathered[0]["token"]),
+                       **own_timeouts(rank_timeouts or {}, os.environ))
             record = run_child(payload, env, slot["rank"], (*sink, hosts[index]))
             if server is not None:
                 record["rendezvous_missing"] = server.missing()
@@ -216,17 +217,18 @@ def task_choices(host: str, requested_iface: Optional[str], addresses: List[str]
 
 
 def rank_env(slot: Dict[str, int], host: str, world_size: int, rendezvous: str, choices: Dict[str, Any],
-             environ: Mapping[str, str]) -> Dict[str, str]:
+             environ: Mapping[str, str], token: str) -> Dict[str, str]:
     """The variables a barrier task's rank starts with, beyond the task's own ``environ``: Horovod's
     launch variables (as ``horovodrun`` sets them; Gloo over ``choices['iface']``, the rendezvous
-    at ``rendezvous``, ``HOST:PORT``), NCCL over the same interface, and the rank's GPUs
+    at ``rendezvous``, ``HOST:PORT``, with its ``token``:
+    :func:`~pipelines.launch.rendezvous.gloo_address`), NCCL over the same interface, and the rank's GPUs
     (:func:`pipelines.launch.gpus.rank_gpu_env`). A user's own ``NCCL_SOCKET_IFNAME`` and
     ``CUDA_DEVICE_ORDER`` in ``environ`` stay."""
     address, port = split_host_port(rendezvous)
     return {"HOROVOD_HOSTNAME": host, "HOROVOD_RANK": str(slot["rank"]), "HOROVOD_SIZE": str(world_size),
             "HOROVOD_LOCAL_RANK": str(slot["local_rank"]), "HOROVOD_LOCAL_SIZE": str(slot["local_size"]),
             "HOROVOD_CROSS_RANK": str(slot["cross_rank"]), "HOROVOD_CROSS_SIZE": str(slot["cross_size"]),
-            "HOROVOD_GLOO_RENDEZVOUS_ADDR": address, "HOROVOD_GLOO_RENDEZVOUS_PORT": port,
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": gloo_address(address, port, token), "HOROVOD_GLOO_RENDEZVOUS_PORT": port,
             "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": choices["iface"],
             **nccl_env(choices["iface"], environ),
             **rank_gpu_env(choices["gpus"], choices["addresses"], environ)}

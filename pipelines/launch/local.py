@@ -74,7 +74,8 @@ def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
         ranks: List[subprocess.Popen] = []
         try:
             for slot in slots:
-                env = rank_env(slot, host, world_size, f"{LOOPBACK}:{rendezvous.port}", choices, os.environ)
+                env = rank_env(slot, host, world_size, f"{LOOPBACK}:{rendezvous.port}", choices, os.environ,
+                               rendezvous.token)
                 ranks.append(_start_rank(job, results[slot["rank"]], dict(os.environ, **env, **(rank_timeouts or {})),
                                          slot["rank"], world_size, log_dir))
             ended = _wait(ranks)

@@ -1,16 +1,33 @@
-"""Gloo's rendezvous for a job's ranks, on one address: loopback for local ranks, task 0's host on Spark.
+"""Gloo's rendezvous for a job's ranks, on one address: loopback for local ranks, task 0's host on
+Spark, answering only requests that carry the job's token.
 
 Horovod's own ``RendezvousServer.start`` (0.28.1) binds through ``horovod.runner.util.network.find_port``,
 which listens on every interface (``''``). :class:`Rendezvous` runs the same HTTP key-value store
 (``RendezvousHTTPServer``: the ranks put and get their Gloo addresses; nothing in it is pickled,
 nothing of the job is in it) on one IPv4 address and an ephemeral port.
+
+Horovod's store takes no credential, and its C++ client (``HTTPStore``) sends none: its URLs are
+``http://`` + ``HOROVOD_GLOO_RENDEZVOUS_ADDR`` + ``:`` + ``HOROVOD_GLOO_RENDEZVOUS_PORT`` + ``/scope/key``.
+A per-job token is carried in the path instead: the ranks are given ``ADDR:PORT/TOKEN`` as the
+address (:func:`gloo_address`), so every request's path starts ``/TOKEN:PORT/``, and the server
+answers 403 to any other (:class:`Rendezvous`). The token is in the ranks' environment alone
+(readable by their owner only), never on a command line.
 """
 from __future__ import annotations
 
+import secrets
 import threading
 from typing import List, Tuple
 
 GLOBAL_SCOPE = "global"  # Horovod's Gloo context puts each rank's address under its rank there
+FORBIDDEN = 403
+
+
+def gloo_address(address: str, port: int, token: str) -> str:
+    """``HOROVOD_GLOO_RENDEZVOUS_ADDR`` for ranks of the rendezvous at ``address:port`` whose token
+    is ``token``: ``ADDR:PORT/TOKEN``, which Horovod's client turns into URLs whose path starts
+    ``/TOKEN:PORT/`` (it appends ``:`` and ``HOROVOD_GLOO_RENDEZVOUS_PORT``, the same port)."""
+    return f"{address}:{port}/{token}"
 
 
 class Rendezvous:
@@ -23,8 +40,9 @@ class Rendezvous:
             (the ``HOROVOD_HOSTNAME`` each rank is given).
         world_size: the number of ranks.
 
-    ``port`` is the port it listens on; :meth:`missing` names the ranks that never joined;
-    :meth:`stop` stops it.
+    ``port`` is the port it listens on and ``token`` the job's token, which every request's path
+    must start with (:func:`gloo_address`; any other request is answered 403 and stores nothing);
+    :meth:`missing` names the ranks that never joined; :meth:`stop` stops it.
 
     Raises:
         OSError: ``address`` is not an address of this machine.
@@ -41,6 +59,28 @@ class Rendezvous:
                     joined.add(int(key))
                 return super()._put_value(scope, key, value)
 
+            def _holds_token(self) -> bool:
+                """Whether the path starts with the job's token (then taken off it); else 403."""
+                head, _, rest = self.path.partition("/")[2].partition("/")
+                if not secrets.compare_digest(head.encode(), f"{token}:{self.server.server_address[1]}".encode()):
+                    self.send_status_code(FORBIDDEN)
+                    return False
+                self.path = "/" + rest
+                return True
+
+            def do_GET(self):
+                if self._holds_token():
+                    super().do_GET()
+
+            def do_PUT(self):
+                if self._holds_token():
+                    super().do_PUT()
+
+            def do_DELETE(self):
+                if self._holds_token():
+                    super().do_DELETE()
+
+        token = self.token = secrets.token_urlsafe(24)
         joined = self._joined = set()
         self._world_size = world_size
         self._httpd = RendezvousHTTPServer((address, 0), Handler, 0)

@@ -1,6 +1,7 @@
 """HorovodRunner's local mode (child processes of the driver, Gloo over loopback) and Spark
 barrier tasks on the suite's session, for real (its pure parts: tests/unit/launch/test_launcher.py)."""
 import os
+import re
 import socket
 
 import pytest
@@ -121,8 +122,9 @@ def test_spark_ranks_on_a_non_default_loopback_address(tmp_path):
     proc = subprocess.run([sys.executable, str(script), "local[2]", other], capture_output=True, text=True,
                           timeout=300, env=subprocess_env(SPARK_LOCAL_IP="127.0.1.1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "RESULT (21.0, 0, 'lo', '127.0.1.1')" in proc.stdout
-    assert f"CHOSEN (3.0, 0, '{other}', '127.0.1.1')" in proc.stdout
+    # the rendezvous address, with the job's token: ADDR:PORT/TOKEN (pipelines.launch.rendezvous.gloo_address)
+    assert re.search(r"RESULT \(21.0, 0, 'lo', '127\.0\.1\.1:\d+/[\w-]{32}'\)", proc.stdout), proc.stdout
+    assert re.search(rf"CHOSEN \(3.0, 0, '{other}', '127\.0\.1\.1:\d+/[\w-]{{32}}'\)", proc.stdout), proc.stdout
 
 
 def _rank_sum_and_iface(offset):

@@ -106,13 +106,13 @@ SLOT = {"rank": 5, "local_rank": 1, "local_size": 2, "cross_rank": 2, "cross_siz
 
 def test_a_barrier_tasks_rank_gets_one_interface_for_gloo_and_nccl_and_exactly_its_gpu():
     choices = {"iface": "eth1", "gpus": ["6"], "addresses": ["2"]}
-    env = rank_env(SLOT, "10.0.0.7", 6, "10.0.0.5:4000", choices, {"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
+    env = rank_env(SLOT, "10.0.0.7", 6, "10.0.0.5:4000", choices, {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, "T0K")
     assert env["HOROVOD_GLOO_IFACE"] == env["NCCL_SOCKET_IFNAME"] == "eth1"
     assert (env["CUDA_VISIBLE_DEVICES"], env["CUDA_DEVICE_ORDER"], env[ASSIGNED_ENV]) == ("6", "PCI_BUS_ID", "2")
     assert (env["HOROVOD_RANK"], env["HOROVOD_SIZE"], env["HOROVOD_LOCAL_RANK"], env["HOROVOD_LOCAL_SIZE"]) == \
         ("5", "6", "1", "2")
-    assert (env["HOROVOD_GLOO_RENDEZVOUS_ADDR"], env["HOROVOD_GLOO_RENDEZVOUS_PORT"]) == ("10.0.0.5", "4000")
-    users = rank_env(SLOT, "h", 6, "h0:1", dict(choices, gpus=[], addresses=[]), {"NCCL_SOCKET_IFNAME": "ib0"})
+    assert (env["HOROVOD_GLOO_RENDEZVOUS_ADDR"], env["HOROVOD_GLOO_RENDEZVOUS_PORT"]) == ("10.0.0.5:4000/T0K", "4000")
+    users = rank_env(SLOT, "h", 6, "h0:1", dict(choices, gpus=[], addresses=[]), {"NCCL_SOCKET_IFNAME": "ib0"}, "T")
     assert "NCCL_SOCKET_IFNAME" not in users and "CUDA_VISIBLE_DEVICES" not in users and ASSIGNED_ENV not in users
 
 
