@@ -130,15 +130,36 @@ def open_write(path: str, mode: int = 0o600, append: bool = False) -> BinaryIO:
         LinkRefused: ``path`` is a symbolic link or not a regular file (nothing is written or
             chmodded).
     """
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else 0)  # truncated once checked
     folder, name = os.path.split(os.path.abspath(path))
-    fd = open_below(folder, name, flags | os.O_NONBLOCK, mode)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    try:
+        fd = open_below(folder, name, flags | os.O_NONBLOCK, mode)
+    except OSError as exc:
+        if exc.errno not in (errno.ENXIO, errno.EISDIR):  # a FIFO nobody reads; a folder
+            raise
+        raise LinkRefused(f"{path} is not a regular file: refused (nothing written)") from None
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1:
         os.close(fd)
-        raise LinkRefused(f"{path} is not a regular file: refused (nothing written)")
+        raise LinkRefused(f"{path} is not a regular file of its own (a device, a FIFO, or a hard link to "
+                          "another name): refused (nothing written)")
+    if not append:
+        os.ftruncate(fd, 0)
     os.fchmod(fd, mode)
     os.set_blocking(fd, True)
     return os.fdopen(fd, "ab" if append else "wb")
+
+
+def make_folder(path: str, mode: int = 0o700) -> str:
+    """Make the folder ``path`` (and its parents) if missing; refuse one that is a link.
+
+    Raises:
+        LinkRefused: ``path`` is a symbolic link (to a folder or not) or not a folder.
+    """
+    os.makedirs(path, mode=mode, exist_ok=True)
+    if not stat.S_ISDIR(os.lstat(path).st_mode):
+        raise LinkRefused(f"{path} is a symbolic link or not a folder: refused (nothing is written through it)")
+    return path
 
 
 def read_text_below(root: str, relative: str) -> str:
