@@ -31,7 +31,9 @@ class ManifestError(Refused):
 
 
 def _location(root):
-    """``root`` (a path, a URI or a :class:`pipelines.io.storage.Location`) as a Location."""
+    """``root`` (a path, a URI or a :class:`pipelines.io.storage.Location`) as a Location. A URI
+    string is resolved without storage options: a caller whose store needs them passes the
+    Location it resolved with them (``Dataset.location``)."""
     return root if isinstance(root, Location) else resolve(root)
 
 
