@@ -82,3 +82,23 @@ def test_an_output_without_links_is_cleaned_as_before(tmp_path):
     ours.join("train", "a.parquet").write_bytes(b"x")
     assert commit.clean_up(ours, new, ["train"]) == [f"runs/{old}", "train"]
     assert os.listdir(os.path.join(ours.path, "runs")) == [new]
+
+
+def test_the_etl_job_exits_2_before_spark_on_an_output_whose_runs_is_a_link(tmp_path):
+    """``jobs/etl.py``: one line naming the link, exit 2, nothing written into the other output."""
+    import subprocess
+    import sys
+    from tests.support.env import REPO, subprocess_env
+    from tests.support.imagegen import make_tree
+    ours, theirs, old, _ = two_outputs(tmp_path)
+    before = their_files(theirs)
+    make_tree(str(tmp_path / "tree"), classes=2, per_class=2, bad=False)
+    os.rename(os.path.join(ours.path, "runs"), str(tmp_path / "moved"))
+    os.symlink(os.path.join(theirs.path, "runs"), os.path.join(ours.path, "runs"))
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "jobs", "etl.py"), "--input", str(tmp_path / "tree"),
+                           "--output", ours.path, "--no-tracking"], capture_output=True, text=True,
+                          env=subprocess_env(), timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if "runs is a symbolic link" in line]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr and "SparkContext" not in proc.stderr
+    assert their_files(theirs) == before

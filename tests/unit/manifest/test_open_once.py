@@ -152,3 +152,43 @@ def test_unswapped_parts_read_as_before_and_predict_copies_are_private(tmp_path)
     with open(copies.parts[0], "rb") as f, open(os.path.join(root, f"runs/{RUN}/test/part-00000.parquet"), "rb") as g:
         assert f.read() == g.read()
 
+
+
+def test_a_racing_link_flip_never_gets_the_links_rows_read(tmp_path):
+    """A thread flips the part between itself and a link to a part of other rows (outside the
+    data folder) while the own reader and one-pass reads read it again and again: every read
+    gives the part's own rows or a refusal, never the link's."""
+    import threading
+    import time
+
+    root = str(tmp_path / "etl")
+    write_output(root, groups=(1, 1, 1))
+    outside = str(tmp_path / "outside")
+    write_split(outside, [1], SIZE, first_id=100, rows_per_group=2)  # labels 100, 101
+    path, parked = os.path.join(root, TRAIN_PART), str(tmp_path / "etl" / "parked")
+    data = load_dataset(root, 1)
+    own = set(next(OnePassShard(data, "train", 0, 1).batches())[1].tolist())
+    stop, flips = threading.Event(), [0]
+
+    def flip():
+        while not stop.is_set():
+            os.rename(path, parked)
+            os.symlink(os.path.join(outside, "part-00000.parquet"), path)
+            os.remove(path)
+            os.rename(parked, path)
+            flips[0] += 1
+
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    seen, refused, deadline = set(), 0, time.monotonic() + 3
+    try:
+        while time.monotonic() < deadline and (flips[0] < 10 or refused < 10):
+            try:
+                seen.update(next(OnePassShard(data, "train", 0, 1).batches())[1].tolist())
+            except (LinkRefused, FileNotFoundError):  # a link, or the name between two renames
+                refused += 1
+    finally:
+        stop.set()
+        flipper.join()
+    assert flips[0] >= 10 and refused >= 10, (flips, refused)  # the race was run, and hit
+    assert seen <= own == {0, 1}, seen  # never the link's rows (100, 101)
