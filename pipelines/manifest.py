@@ -18,6 +18,8 @@ from typing import Any, Dict, List, Optional
 
 from pipelines.contract import (MANIFEST, MANIFEST_FORMAT, MAX_CLASSES, MAX_IMAGE_SIZE, MAX_ROW_GROUP_BYTES, PART_NAME,
                                 REJECTED_LIST, RUN_ID, RUNS, SPLITS, VALIDATION, image_schema, row_bytes)
+from pipelines.io import nofollow
+from pipelines.io.pinned import pin
 from pipelines.io.storage import Location, resolve
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
@@ -29,7 +31,9 @@ class ManifestError(Refused):
 
 
 def _location(root):
-    """``root`` (a path, a URI or a :class:`pipelines.io.storage.Location`) as a Location."""
+    """``root`` (a path, a URI or a :class:`pipelines.io.storage.Location`) as a Location. A URI
+    string is resolved without storage options: a caller whose store needs them passes the
+    Location it resolved with them (``Dataset.location``)."""
     return root if isinstance(root, Location) else resolve(root)
 
 
@@ -153,35 +157,34 @@ class Manifest:
         return _location(root).join(*self.extra.get("files", {}).get("list", REJECTED_LIST).split("/"))
 
     def part_locations(self, root, split: str) -> list:
-        """The Parquet files of ``split`` as :class:`pipelines.io.storage.Location`: the manifest's
-        ``parts`` below ``root`` (their names checked by :func:`check_manifest`), each found to be
-        a file by one listing of its run's split folder, or for a format-1 manifest the
-        ``*.parquet`` files of ``root/<split>/`` (names starting with ``_`` or ``.`` excluded),
-        sorted. Only files: a reader handed a folder (Petastorm, pyarrow) would read the folder's
-        ``_common_metadata``, and Petastorm unpickles the schema it finds there.
+        """The Parquet files of ``split``, each a :class:`pipelines.io.pinned.PinnedFile`: the
+        manifest's ``parts`` below ``root`` (their names checked by :func:`check_manifest`), or for
+        a format-1 manifest the ``*.parquet`` files of ``root/<split>/`` (names starting with ``_``
+        or ``.`` excluded), sorted. Only regular files, each checked as it is opened: a local part
+        is opened without following a link anywhere below ``root`` and pinned (device, inode), so a
+        reader reads that file or nothing (:mod:`pipelines.io.pinned`); an object's key is found to
+        be a file by one listing of its folder. A reader handed a folder (Petastorm, pyarrow) would
+        read the folder's ``_common_metadata``, and Petastorm unpickles the schema it finds there.
 
         Raises:
-            ManifestError: a part that is missing or is not a file (a folder named like a part).
+            ManifestError: a part that is missing, a link, in a linked folder, or not a file (a
+                folder named like a part), naming it.
         """
-        import pyarrow.fs as pafs
-
         root = _location(root)
-        parts = self.splits[split].parts
-        if not parts:
-            return root.join(split).files(".parquet")
-        folder = root.join(*parts[0].split("/")[:-1])
-        files = {i.base_name for i in folder.list(recursive=False) if i.type == pafs.FileType.File}
-        for part in parts:
-            if part.rsplit("/", 1)[-1] not in files:
-                raise ManifestError(f"{root.uri}: the {split} part {part} named in {MANIFEST} is not a file "
-                                    f"of {folder.uri} (missing, or a folder): refused before any reader opens it")
-        return [root.join(*p.split("/")) for p in parts]
+        parts = self.splits[split].parts or [f"{split}/{name}" for name in _format_1_names(root, split)]
+        if not root.local and self.splits[split].parts:
+            _check_listed(root, split, parts)
+        return [_pin_part(root, split, part) for part in parts]
 
-    def check_footers(self, root) -> None:
+    def check_footers(self, root, parts: Optional[Dict[str, list]] = None) -> None:
         """Check every part's Parquet footer against the manifest before any reader sizes
         anything by it: the contract's columns and types (:data:`COLUMNS`), no row group over
         ``rows_per_row_group`` rows, and each split's rows and row groups the manifest's counts.
         One footer read per part (a ranged read of its tail; no image is read).
+
+        Args:
+            parts: ``{split: pinned parts}`` already found (:meth:`part_locations`); a split
+                missing from it is found here.
 
         Raises:
             ManifestError: naming the part and what disagrees. FileNotFoundError, OSError: a part
@@ -192,8 +195,8 @@ class Manifest:
         root, schema = _location(root), image_schema()
         for split, info in self.splits.items():
             rows = groups = 0
-            for part in self.part_locations(root, split):
-                with part.filesystem.open_input_file(part.path) as f:
+            for part in (parts or {}).get(split) or self.part_locations(root, split):
+                with part.open() as f:
                     meta = pq.read_metadata(f)
                 shown = f"{root.uri}: {part.relative_to(root)}"
                 if not meta.schema.to_arrow_schema().remove_metadata().equals(schema):
@@ -208,6 +211,36 @@ class Manifest:
                 raise ManifestError(f"{root.uri}: the {split} split's footers hold {plural(rows, 'row')} in "
                                     f"{plural(groups, 'row group')}, its {MANIFEST} says {info.rows} in "
                                     f"{info.row_groups}")
+
+
+def _format_1_names(root, split: str) -> List[str]:
+    """The ``*.parquet`` names directly in a format-1 output's ``root/<split>/`` (not ``_``/``.``)."""
+    if root.local:
+        names = nofollow.list_below(root.path, split)
+    else:
+        names = [location.name for location in root.join(split).files(".parquet")]
+    return [n for n in names if n.endswith(".parquet") and not n.startswith(("_", "."))]
+
+
+def _check_listed(root, split: str, parts: List[str]) -> None:
+    """Refuse an object store's part that one listing of its folder does not show as a file."""
+    import pyarrow.fs as pafs
+
+    folder = root.join(*parts[0].split("/")[:-1])
+    files = {i.base_name for i in folder.list(recursive=False) if i.type == pafs.FileType.File}
+    for part in parts:
+        if part.rsplit("/", 1)[-1] not in files:
+            raise ManifestError(f"{root.uri}: the {split} part {part} named in {MANIFEST} is not a file "
+                                f"of {folder.uri} (missing, or a folder): refused before any reader opens it")
+
+
+def _pin_part(root, split: str, part: str):
+    """:func:`pipelines.io.pinned.pin` of one part, its refusal a :class:`ManifestError` naming it."""
+    try:
+        return pin(root, part)
+    except (nofollow.LinkRefused, FileNotFoundError, NotADirectoryError) as exc:
+        raise ManifestError(f"{root.uri}: the {split} part {part} named in {MANIFEST} is not a file of this "
+                            f"output (missing, a folder, or a link): {exc}") from None
 
 
 def _integer(value: Any, what: str) -> int:
@@ -285,9 +318,10 @@ class DataIdentity:
         return {"run_id": self.run_id, "sha256": self.sha256}
 
 
-def data_identity(root, manifest: "Manifest") -> DataIdentity:
+def data_identity(root, manifest: "Manifest", parts: Optional[Dict[str, list]] = None) -> DataIdentity:
     """The :class:`DataIdentity` of the output ``root`` whose manifest is ``manifest``: one footer
-    read per part (a ranged read of each file's tail; no image is read).
+    read per part (a ranged read of each file's tail; no image is read), ``parts`` as
+    :meth:`Manifest.check_footers` takes them.
 
     Raises:
         FileNotFoundError: a part the manifest names is missing. OSError: it cannot be read.
@@ -297,8 +331,8 @@ def data_identity(root, manifest: "Manifest") -> DataIdentity:
     root = _location(root)
     digest = hashlib.sha256(json.dumps({"run_id": manifest.extra.get("run_id")}).encode())
     for split in sorted(manifest.splits):
-        for part in manifest.part_locations(root, split):
-            with part.filesystem.open_input_file(part.path) as f:
+        for part in (parts or {}).get(split) or manifest.part_locations(root, split):
+            with part.open() as f:
                 size, footer = f.size(), pq.read_metadata(f).to_dict()
             record = {"split": split, "part": part.relative_to(root), "bytes": size, "footer": footer}
             digest.update(json.dumps(record, sort_keys=True, default=str).encode())

@@ -144,7 +144,7 @@ def show_samples(etl_dir: str, split: str = "train", n: int = 8):
     manifest = Manifest.read(etl_dir)
     size, rows = manifest.image_size, []
     for part in manifest.part_locations(etl_dir, split):  # the files the manifest names, no others
-        with part.filesystem.open_input_file(part.path) as f:
+        with part.open() as f:
             rows += pq.read_table(f, columns=["image", "label_name"]).slice(0, n - len(rows)).to_pylist()
         if len(rows) >= n:
             break

@@ -19,6 +19,12 @@ run that finds a newer committed run when it is about to commit is superseded
 open: two runs committing within the same few milliseconds (the check and the PUT are two
 requests; S3 offers no compare-and-swap through pyarrow), and hosts whose clocks disagree by more
 than the time between two runs (or, for a lease, by more than its life).
+
+On a local disk nothing of the output is followed if it is a link: an output whose ``runs/``, a
+run folder or another of its own names is a link is refused before any work
+(:func:`check_output`), and every deletion opens its way without following links
+(:func:`pipelines.io.nofollow.remove_below`), so a link planted while a run works is deleted
+itself, never what it names.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import secrets
 from typing import List, Optional, Sequence
 
 from pipelines.contract import MANIFEST, REJECTED_LIST, RUN_ID, RUNS, SPLITS
+from pipelines.io import nofollow
 from pipelines.io.leases import TTL_S, leases_on
 from pipelines.io.storage import Location
 from pipelines.runtime.errors import NotAFolder, Refused
@@ -68,9 +75,12 @@ def check_output(output: Location) -> None:
 
     Raises:
         NotADirectoryError: the output is a file. ValueError: foreign data, the names in the message.
+        pipelines.io.nofollow.LinkRefused: a local output's ``runs/``, a run folder or another of
+            its names is a link (:func:`check_no_links`).
     """
     import pyarrow.fs as pafs
 
+    check_no_links(output)
     kind = output.info().type
     if kind == pafs.FileType.File:
         raise NotAFolder(f"output exists and is not a folder: {output.uri}")
@@ -83,6 +93,43 @@ def check_output(output: Location) -> None:
         shown = ", ".join(sorted(foreign)[:5]) + (" ..." if len(foreign) > 5 else "")
         raise Refused(f"output {output.uri} holds {shown} but no {MANIFEST}: not an output of this job, "
                       "refusing to overwrite it")
+
+
+def check_no_links(output: Location) -> None:
+    """Refuse a local output holding a link among its own names (:data:`OURS_WITHOUT_MANIFEST`,
+    the manifest) or below ``runs/``: its tasks would write, and its commit delete, what the link
+    names (another output's runs).
+
+    Raises:
+        pipelines.io.nofollow.LinkRefused: naming the link.
+    """
+    if not output.local or not output.is_dir():
+        return
+    names = [*OURS_WITHOUT_MANIFEST, MANIFEST, *FORMAT_1]
+    names += [f"{RUNS}/{name}" for name in nofollow.list_below(output.path, RUNS)]
+    for name in names:
+        if nofollow.is_link_below(output.path, name):
+            raise nofollow.LinkRefused(f"output {output.uri}: {name} is a symbolic link: refused (an output's "
+                                       "runs and files are its own; the link would be written to and deleted)")
+
+
+def delete_below(output: Location, relative: str) -> bool:
+    """Delete ``OUTPUT/relative`` (a file, or a folder and everything below it), on a local disk
+    without following any link (:func:`pipelines.io.nofollow.remove_below`). Returns whether
+    something was there."""
+    if output.local:
+        return nofollow.remove_below(output.path, relative)
+    target = output.join(*relative.split("/"))
+    existed = target.exists()
+    target.delete()
+    return existed
+
+
+def run_names(output: Location) -> List[str]:
+    """The names below ``OUTPUT/runs/`` (sorted), a local one listed without following a link."""
+    if output.local:
+        return nofollow.list_below(output.path, RUNS)
+    return [info.base_name for info in output.join(RUNS).list(recursive=False)]
 
 
 def committed_run(output: Location) -> Optional[str]:
@@ -98,7 +145,7 @@ def check_not_superseded(output: Location, run_id: str) -> None:
     names a run newer than ``run_id``."""
     current = committed_run(output)
     if current is not None and current > run_id:
-        run_location(output, run_id).delete()
+        delete_below(output, f"{RUNS}/{run_id}")
         raise RunSuperseded(f"run {run_id} was superseded: the newer run {current} committed {output.uri} "
                             "while this one ran; its output stands and this run's files were deleted")
 
@@ -147,20 +194,17 @@ def clean_up(output: Location, run_id: str, replaced: Sequence[str] = ()) -> Lis
     and deleted by a later commit once no lease on it is live), and nothing else.
     Returns what was deleted, relative to the output."""
     deleted = []
-    for info in output.join(RUNS).list(recursive=False):
-        if RUN_ID.match(info.base_name) and info.base_name < run_id:
-            leases = leases_on(output.join(RUNS, info.base_name))
+    for name in run_names(output):
+        if RUN_ID.match(name) and name < run_id:
+            leases = leases_on(output.join(RUNS, name))
             readers = [lease.reader for lease in leases if lease.live]
             if readers:
                 log.info("kept run %s: still read by training run %s (its lease expires %.0f s after its last "
-                         "refresh); a later commit deletes it", info.base_name, ", ".join(readers), TTL_S)
+                         "refresh); a later commit deletes it", name, ", ".join(readers), TTL_S)
                 continue
-            output.join(RUNS, info.base_name).delete()
-            deleted.append(f"{RUNS}/{info.base_name}")
-    for name in replaced:
-        if output.join(name).exists():
-            output.join(name).delete()
-            deleted.append(name)
+            if delete_below(output, f"{RUNS}/{name}"):
+                deleted.append(f"{RUNS}/{name}")
+    deleted += [name for name in replaced if delete_below(output, name)]
     if deleted:
         log.info("deleted what run %s replaced: %s", run_id, ", ".join(deleted))
     return deleted
@@ -174,6 +218,6 @@ def remove_failed_run(output: Location, run_id: str) -> None:
     try:
         if committed_run(output) == run_id:
             return
-        run_location(output, run_id).delete()
+        delete_below(output, f"{RUNS}/{run_id}")
     except (OSError, ValueError) as exc:
         log.warning("could not delete the failed run's files in %s: %s", run_location(output, run_id).uri, exc)

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from pipelines.contract import SPLITS
 from pipelines.etl.listing import REJECTED, SKIPPED, display_path, reason_kind
-from pipelines.io.atomic import replacing
+from pipelines.io.atomic import replacing_file
 from pipelines.io.storage import Location
 from pipelines.runtime.logs import plural
 
@@ -267,7 +267,7 @@ def _ledger_stream(target: Location):
     fails before its commit is deleted whole: :func:`pipelines.etl.commit.remove_failed_run`)."""
     if target.local:
         os.makedirs(os.path.dirname(target.path), exist_ok=True)
-        with replacing(target.path) as tmp, open(tmp, "wb") as f:
+        with replacing_file(target.path) as f:
             yield f
         return
     with target.filesystem.open_output_stream(target.path) as f:

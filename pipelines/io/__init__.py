@@ -5,6 +5,10 @@
 - :mod:`~pipelines.io.options`: the storage options a backend needs (command line, an owner-only
   file, the environment), and the ``storage_options`` field every stage's config has;
 - :mod:`~pipelines.io.atomic`: a local file written whole or not at all;
+- :mod:`~pipelines.io.nofollow`: local files opened, written and deleted without following a
+  link, each check made on the opened descriptor;
+- :mod:`~pipelines.io.pinned`: a data file (a manifest's part) checked once and read only as
+  that file;
 - :mod:`~pipelines.io.paths`: local paths as ``file://`` URLs, folders that must not overlap;
 - :mod:`~pipelines.io.leases`: readers' leases on an ETL run, which its commit keeps.
 

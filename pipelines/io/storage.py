@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from pipelines.io.atomic import replacing
+from pipelines.io.atomic import replacing_file
 from pipelines.runtime.errors import Refused
 
 # pyarrow 14's threaded copy_files hangs for good copying a folder of some twenty files to S3 (5 went
@@ -154,7 +154,7 @@ class Location:
         object stores (atomic there); parent folders are created as needed."""
         if self.local:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            with replacing(self.path) as tmp, open(tmp, "wb") as f:
+            with replacing_file(self.path) as f:
                 f.write(data)
             return
         with self.filesystem.open_output_stream(self.path) as f:

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional
 
 import cloudpickle
 
+from pipelines.io import nofollow
 from pipelines.launch.barrier import rank_env, rank_plan
 from pipelines.launch.child import die_with_parent, rank_command
 from pipelines.launch.failures import HorovodJobFailed, RankFailure, exit_cause, signal_is_loss, with_late_ranks
@@ -93,12 +94,14 @@ def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
 
 def _start_rank(job: str, result: str, env: Dict[str, str], rank: int, world_size: int,
                 log_dir: Optional[str]) -> subprocess.Popen:
-    """One rank's process, its stdout and stderr pumped to the driver's and to its log folder."""
-    proc = subprocess.Popen(rank_command(job, result), env=dict(env, PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+    """One rank's process, its stdout and stderr pumped to the driver's and to its log folder
+    (made first, refused if it or ``log_dir`` is a link: :func:`pipelines.io.nofollow.make_folder`)."""
     folder = os.path.join(log_dir, f"rank.{pad_rank(rank, world_size)}") if log_dir else None
     if folder:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+        nofollow.make_folder(log_dir)
+        nofollow.make_folder(folder)
+    proc = subprocess.Popen(rank_command(job, result), env=dict(env, PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
     proc.pumps = [threading.Thread(target=_pump, args=(stream, f"[{rank}]<{name}>:", name,
                                                        os.path.join(folder, name) if folder else None),
                                    name=f"rank-{rank}-{name}", daemon=True)

@@ -36,6 +36,7 @@ import threading
 import time
 from typing import BinaryIO, Dict, Optional, Tuple
 
+from pipelines.io import nofollow
 from pipelines.launch.network import join_host_port, resolve, split_host_port
 from pipelines.runtime.redact import redact_text
 
@@ -127,7 +128,7 @@ class LogSink:
         self.world_size = world_size
         self.header_timeout_s = header_timeout_s
         if log_dir:
-            os.makedirs(log_dir, mode=0o700, exist_ok=True)
+            nofollow.make_folder(log_dir)
         self.received: Dict[int, int] = {}
         self.hosts: Dict[int, str] = {}
         self._lock = threading.Condition()
@@ -207,12 +208,17 @@ def _owner_only_log(log_dir: Optional[str], rank: int) -> BinaryIO:
 
 def owner_only_append(path: Optional[str]) -> BinaryIO:
     """The file ``path`` opened to append, mode 0600 whatever the umask or an older file's mode
-    (a rank's log may hold a traceback); the null device when ``path`` is None."""
+    (a rank's log may hold a traceback), never through a link
+    (:func:`pipelines.io.nofollow.open_write`); the null device when ``path`` is None, or when it
+    is a link or not a regular file (said as a warning: the rank's lines still reach the console,
+    and its stream is still drained)."""
     if not path:
         return open(os.devnull, "ab")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.fchmod(fd, 0o600)
-    return os.fdopen(fd, "ab")
+    try:
+        return nofollow.open_write(path, 0o600, append=True)
+    except nofollow.LinkRefused as exc:
+        logging.getLogger("pipelines").warning("rank log not kept: %s", exc)
+        return open(os.devnull, "ab")
 
 
 def _connect(address: Optional[str], header: Dict) -> Optional[socket.socket]:

@@ -23,6 +23,7 @@ ETL; the stored size must be the model's. Labels: the rows' ``label_name``, by n
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -60,7 +61,9 @@ class InputPlan:
     """The input, planned: ``kind`` (:data:`TREE` or :data:`ETL_SPLIT`), ``root`` (the tree, or
     ``ETL/<split>``), ``found`` (files found, or the split's rows), ``rows`` (output rows expected),
     ``items`` (a tree's rows), ``skipped`` (``(path, reason)`` of a tree's files that are no input),
-    ``parts`` (a split's Parquet files as its manifest names them, local paths)."""
+    ``parts`` (a split's Parquet files as its manifest names them,
+    :class:`pipelines.io.pinned.PinnedFile`; after :func:`private_copies`, the local paths of
+    their copies)."""
 
     kind: str
     root: str
@@ -68,7 +71,7 @@ class InputPlan:
     rows: int
     items: List[Item] = field(default_factory=list)
     skipped: List[Tuple[str, str]] = field(default_factory=list)
-    parts: List[str] = field(default_factory=list)
+    parts: list = field(default_factory=list)
 
 
 def class_index(class_names: Sequence[Optional[str]]) -> Dict[str, int]:
@@ -137,7 +140,23 @@ def plan_split(split_dir: str, image_size: int) -> InputPlan:
         raise NoImages(f"the ETL split {split_dir} has no row")
     manifest.check_footers(root)  # its parts are files of its run, their footers its counts
     return InputPlan(ETL_SPLIT, split_dir, rows, rows,
-                     parts=[part.path for part in manifest.part_locations(root, split)])
+                     parts=manifest.part_locations(root, split))
+
+
+def private_copies(plan: InputPlan, folder: str) -> InputPlan:
+    """``plan`` with an ETL split's parts copied into ``folder`` (a new private folder of this
+    run) as the files checked when planned (:meth:`pipelines.io.pinned.PinnedFile.copy_to`), their
+    paths in ``parts``: Spark's executors open files by name, so they read the copies, which
+    nobody else can swap for a folder or a link; a tree's plan as it is.
+
+    Raises:
+        pipelines.io.nofollow.LinkRefused: a part's name no longer holds the file checked.
+    """
+    copies = []
+    for i, part in enumerate(plan.parts):
+        copies.append(os.path.join(folder, f"part-{i:05d}.parquet"))
+        part.copy_to(copies[-1])
+    return dataclasses.replace(plan, parts=copies)
 
 
 def plan_input(path: str, class_names: Sequence[Optional[str]], image_size: int,

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 from collections import Counter
 from functools import partial
@@ -35,7 +36,8 @@ from pipelines.io.atomic import write_json
 from pipelines.io.paths import check_disjoint
 from pipelines.predict.config import PredictConfig
 from pipelines.predict.infer import PREDICTED, UNREADABLE, TaskCounter, make_predict_fn, result_type
-from pipelines.predict.inputs import TREE, InputPlan, Item, class_index, is_etl_split, plan_input
+from pipelines.predict.inputs import (TREE, InputPlan, Item, class_index, is_etl_split, plan_input,
+                                     private_copies)
 from pipelines.predict.metrics import classification_report
 from pipelines.predict.model import ModelSpec, resolve_model
 from pipelines.runtime import zipcache
@@ -144,6 +146,14 @@ def work_dirs(output: str) -> Tuple[str, str]:
     """``(staging, model download)`` folders: hidden siblings of the output (same file system)."""
     parent, name = os.path.split(output)
     return os.path.join(parent, f".{name}.staging"), os.path.join(parent, f".{name}.model")
+
+
+def private_folder(output: str) -> str:
+    """A new folder (0700, a name nobody could plant) beside ``output``, which Spark's executors
+    reach wherever they reach the output: where an ETL split's parts are copied."""
+    parent, name = os.path.split(os.path.abspath(output))
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f".{name}.input-", dir=parent)
 
 
 def prepare(config: PredictConfig, download_dir: str) -> Tuple[ModelSpec, InputPlan]:
@@ -316,8 +326,12 @@ def run_predict(config: PredictConfig, spark=None) -> Dict:
     """
     quiet_libraries(config.verbose)  # this process's third-party noise: the config's choice
     staging, download = work_dirs(config.output)
+    copies = None
     try:
         spec, plan = prepare(config, download)
+        if plan.kind != TREE:
+            copies = private_folder(config.output)
+            plan = private_copies(plan, copies)
         log.info("model %s: %s, %d px input; input %s (%s): %s to predict, %s skipped", spec.source,
                  plural(spec.num_classes, "class"), spec.image_size, plan.root, plan.kind, plural(plan.rows, "row"),
                  plural(len(plan.skipped), "file"))
@@ -333,6 +347,8 @@ def run_predict(config: PredictConfig, spark=None) -> Dict:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(download, ignore_errors=True)
+        if copies:
+            shutil.rmtree(copies, ignore_errors=True)
     log.info("wrote %s", config.output)
     return summary
 

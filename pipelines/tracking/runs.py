@@ -11,7 +11,7 @@ import sys
 import warnings
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from pipelines.io.atomic import replacing
+from pipelines.io.atomic import replacing_file
 from pipelines.runtime.quiet import is_verbose
 from pipelines.runtime.redact import redact, redact_text, redact_uri
 from pipelines.io.storage import Location, resolve as resolve_location
@@ -40,10 +40,8 @@ def _write_run_file(output, record: Dict[str, str]) -> None:
         location.write_json(record)
         return
     os.makedirs(os.path.dirname(location.path), exist_ok=True)
-    with replacing(location.path) as tmp:
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=2, ensure_ascii=False)
-        os.chmod(tmp, 0o600)  # a temporary file made before this open keeps its own mode
+    with replacing_file(location.path) as f:  # owner-only
+        f.write(json.dumps(record, indent=2, ensure_ascii=False).encode("utf-8"))
 
 
 def recorded_run(output, uri: str) -> Optional[str]:

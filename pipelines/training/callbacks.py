@@ -1,12 +1,14 @@
 """Keras callbacks of the training job (besides Horovod's own)."""
 from __future__ import annotations
 
+import io
 import logging
 import os
 import statistics
 import time
 from typing import Dict, List, Optional, Sequence
 
+from pipelines.io import nofollow
 from pipelines.stack.kerasapi import keras
 
 from pipelines.training.divergence import (TrainingDiverged, diverged_message, epoch_end_place, non_finite_arrays,
@@ -365,7 +367,23 @@ def stop_watchdogs(callbacks) -> None:
 class EpochCSVLogger(keras.callbacks.CSVLogger):
     """Keras' ``CSVLogger`` (``history.csv``: one row of logs per epoch), its ``epoch`` column
     counted from 1 as everything else of a run counts them (the console, checkpoints,
-    ``metrics.json``'s history and best epoch); Keras' own logger writes the 0-based index."""
+    ``metrics.json``'s history and best epoch); Keras' own logger writes the 0-based index. The
+    file is opened never through a link (:func:`pipelines.io.nofollow.open_write`; Keras' own
+    opens it by name, following one)."""
+
+    def on_train_begin(self, logs=None):
+        """Open ``history.csv`` to append (``append``: a resumed run; no header when it has a line)
+        or to write anew.
+
+        Raises:
+            pipelines.io.nofollow.LinkRefused: it is a symbolic link or not a regular file.
+        """
+        self.append_header = True
+        if self.append and os.path.lexists(self.filename):
+            folder, name = os.path.split(os.path.abspath(self.filename))
+            self.append_header = not nofollow.read_text_below(folder, name).split("\n", 1)[0]
+        binary = nofollow.open_write(self.filename, 0o644, append=self.append)
+        self.csv_file = io.TextIOWrapper(binary, encoding="utf-8", newline="")
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch + 1, logs)

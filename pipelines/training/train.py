@@ -89,7 +89,7 @@ def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
             "data_world_size": plan.world.size, **segment_params(list(plan.segments)),
             "learning_rate": plan.lr, "steps_per_epoch": plan.steps.steps_per_epoch,
             "validation_steps": plan.steps.validation_steps, "model_image_size": plan.input_size,
-            "data.manifest_sha256": manifest_sha256(data.root), "data.image_size": data.stored_size,
+            "data.manifest_sha256": manifest_sha256(data.location), "data.image_size": data.stored_size,
             "data.train_rows": data.train_rows, "data.validation_rows": data.validation_rows,
             "data.test_rows": data.test_rows, "selected_on": "validation",
             "data.num_classes": data.num_classes}

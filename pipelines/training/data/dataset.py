@@ -30,6 +30,7 @@ class Dataset:
     manifest: Manifest
     storage_options: Dict[str, str] = field(default_factory=dict, compare=False)
     _footers_checked: list = field(default_factory=list, compare=False, repr=False)  # [True] once checked
+    _parts: dict = field(default_factory=dict, compare=False, repr=False)  # {split: pinned parts}, found once
 
     def check_footers(self) -> None:
         """:meth:`pipelines.manifest.Manifest.check_footers`, once per Dataset: before any reader
@@ -40,8 +41,21 @@ class Dataset:
             pipelines.manifest.ManifestError: a part that is not a file, footers that disagree.
         """
         if not self._footers_checked:
-            self.manifest.check_footers(self.location)
+            self.manifest.check_footers(self.location, self.pin_parts())
             self._footers_checked.append(True)
+
+    def pin_parts(self) -> dict:
+        """``{split: parts}``: every split's parts found, opened and checked once
+        (:meth:`pipelines.manifest.Manifest.part_locations`: regular files, no link below the
+        root), the only files any reader of this Dataset opens, each as the file pinned here.
+
+        Raises:
+            pipelines.manifest.ManifestError: a part missing, a link, or not a file, naming it.
+        """
+        if not self._parts:
+            location = self.location
+            self._parts.update({split: self.manifest.part_locations(location, split) for split in self.manifest.splits})
+        return self._parts
 
     @property
     def location(self):
@@ -97,14 +111,15 @@ class Dataset:
         """The data's :class:`pipelines.manifest.DataIdentity`: the run id and every part's path,
         size and Parquet footer (one footer read per part), what results kept beyond a run are
         keyed by (the feature cache)."""
-        return data_identity(self.location, self.manifest)
+        return data_identity(self.location, self.manifest, self.pin_parts())
 
     def parts(self, split: str) -> list:
-        """The split's Parquet files as the manifest names them (:class:`pipelines.io.storage.Location`),
-        in the manifest's order: a reader reads these and nothing else (a rerun of the ETL may be
-        writing other files next to them); their footers checked first (:meth:`check_footers`)."""
+        """The split's Parquet files as the manifest names them (:class:`pipelines.io.pinned.PinnedFile`,
+        :meth:`pin_parts`), in the manifest's order: a reader reads these and nothing else (a rerun
+        of the ETL may be writing other files next to them); their footers checked first
+        (:meth:`check_footers`)."""
         self.check_footers()
-        return self.manifest.part_locations(self.location, split)
+        return self.pin_parts()[split]
 
 
 def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str, str]] = None) -> Dataset:
@@ -121,7 +136,8 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
         pipelines.io.storage.StorageError: an unknown scheme, a missing bucket, refused credentials.
         pipelines.io.paths.UnsafePathError: ``root`` holds a character a ``file://`` URL cannot carry.
         pipelines.manifest.ManifestError: a manifest out of bounds or naming a part outside its
-            run's split folder (:func:`pipelines.manifest.check_manifest`); its footers are checked
+            run's split folder (:func:`pipelines.manifest.check_manifest`), a part that is not a
+            regular file of ``root`` (a link, in a linked folder, a folder); its footers are checked
             before the first reader opens (:meth:`Dataset.check_footers`).
     """
     location = resolve(root, storage_options)
@@ -138,6 +154,7 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
         if data.rows(split) == 0:
             raise DataError(f"the {split} split of {root} is empty")
     check_train_row_groups(data, world_size)
+    data.pin_parts()  # a part that is a link, or in a linked run folder, is refused here, by name
     return data
 
 

@@ -11,22 +11,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, List, Tuple
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.runtime.logs import plural
 from pipelines.training.data.errors import ImageSizeError, ShardCountError
 
 if TYPE_CHECKING:
-    from pipelines.io.storage import Location
+    from pipelines.io.pinned import PinnedFile
 
 
 @dataclass(frozen=True)
 class RowGroup:
-    """One Parquet row group: its file ``part`` (:class:`pipelines.io.storage.Location`), its ``index``
-    in that file, its ``rows``, and the file's footer (``metadata``, read once per file)."""
+    """One Parquet row group: its file ``part`` (:class:`pipelines.io.pinned.PinnedFile`), its
+    ``index`` in that file, its ``rows``, and the file's footer (``metadata``, read once per file)."""
 
-    part: "Location"
+    part: "PinnedFile"
     index: int
     rows: int
     metadata: object = field(default=None, compare=False, repr=False)
@@ -41,16 +40,17 @@ def split_row_groups(parts: list) -> List[RowGroup]:
     files in the given order and groups in file order (footers only)."""
     groups: List[RowGroup] = []
     for part in parts:
-        with part.filesystem.open_input_file(part.path) as f:
+        with part.open() as f:
             meta = pq.read_metadata(f)
         groups += [RowGroup(part, i, meta.row_group(i).num_rows, meta) for i in range(meta.num_row_groups)]
     return groups
 
 
-def open_part(part: "Location"):
-    """The Parquet file ``part`` opened for reading: a local file mapped (faster than reading it:
+def open_part(part: "PinnedFile"):
+    """The Parquet file ``part`` opened for reading, as the file pinned
+    (:meth:`pipelines.io.pinned.PinnedFile.open`): a local file mapped (faster than reading it:
     docs/benchmarks.md, Figures behind the code's constants), another through its filesystem."""
-    return pa.memory_map(part.path) if part.local else part.filesystem.open_input_file(part.path)
+    return part.open()
 
 
 def image_pixels(column, group: RowGroup, row_bytes: int) -> np.ndarray:

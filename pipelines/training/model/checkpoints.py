@@ -16,7 +16,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from pipelines.io.atomic import replacing
+from pipelines.io.atomic import replacing_file
 from pipelines.runtime.logs import plural
 from pipelines.training.divergence import non_finite_arrays
 
@@ -153,9 +153,8 @@ def save_checkpoint(model, path: str) -> int:
     """Write ``model``'s trainable weights and (when compiled) its optimizer state to ``path``
     (``.npz``) atomically (:func:`checkpoint_variables`). Returns the file's size in bytes."""
     arrays = {key: variable.numpy() for key, variable in checkpoint_variables(model).items()}
-    with replacing(path, suffix=".npz") as tmp:  # owner-only: run state
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
+    with replacing_file(path) as f:  # owner-only: run state
+        np.savez(f, **arrays)
     return os.path.getsize(path)
 
 

@@ -23,6 +23,7 @@ import shutil
 import tempfile
 from typing import Dict, Mapping, Optional, Tuple
 
+from pipelines.io import nofollow
 from pipelines.io.atomic import write_json
 from pipelines.contract import CHECKPOINT_NAME, HISTORY, METRICS, PROGRESS, TRAIN_RUN, plain_name
 from pipelines.runtime.errors import Refused
@@ -86,11 +87,7 @@ class Outputs:
         if self.remote is not None:
             self.remote.join(name).delete()
             return
-        path = os.path.join(self.local, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        elif os.path.lexists(path):
-            os.remove(path)
+        nofollow.remove_below(self.local, name)  # a link is removed itself, never what it names
 
     def pull_resume_state(self, marker: Dict) -> None:
         """Download what ``--resume`` (or a relaunch) reads from a remote output: the checkpoint

@@ -5,7 +5,6 @@ whose pickle writes a marker file when unpickled: after each refusal the marker 
 import contextlib
 import json
 import os
-import pickle
 import re
 
 import pyarrow as pa
@@ -19,6 +18,7 @@ from pipelines.predict.inputs import plan_split
 from pipelines.training.data import (READERS, OnePassShard, load_dataset, open_reader, petastorm_available,
                                      row_groups_of)
 from tests.support.datagen import write_split
+from tests.support.planted import plant_common_metadata
 
 RUN, OTHER = "20261201T000000000000Z-abcdef", "20261130T000000000000Z-012345"
 SIZE = 4
@@ -50,25 +50,6 @@ def read_train(root, reader="own"):
 def write_manifest(root, manifest):
     with open(os.path.join(root, "manifest.json"), "w") as f:
         json.dump(manifest, f)
-
-
-class Plant:
-    """Unpickling it runs ``builtins.exec``, which Petastorm's "restricted" unpickler allows: it
-    writes the marker file."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return exec, (f"open({self.marker!r}, 'w').close()",)
-
-
-def plant_common_metadata(folder, marker):
-    """A ``_common_metadata`` in ``folder`` whose Petastorm unischema is the :class:`Plant` pickle."""
-    os.makedirs(folder, exist_ok=True)
-    schema = pa.schema([("image", pa.binary())]).with_metadata(
-        {b"dataset-toolkit.unischema.v1": pickle.dumps(Plant(marker))})
-    pq.write_metadata(schema, os.path.join(folder, "_common_metadata"))
 
 
 def test_a_well_formed_output_loads_and_names_its_files(tmp_path):

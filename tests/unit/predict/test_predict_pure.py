@@ -186,7 +186,7 @@ def test_an_etl_split_is_the_files_its_manifest_names_not_a_folder(tmp_path):
         json.dump(manifest, f)
     plan = plan_input(os.path.join(etl, "test"), NAMES, 4, 100)
     assert (plan.kind, plan.rows) == (ETL_SPLIT, 2)
-    assert plan.parts == [os.path.join(etl, "runs", run, "test", name) for name in names]
+    assert [part.location.path for part in plan.parts] == [os.path.join(etl, "runs", run, "test", name) for name in names]
 
 
 def test_resolve_model_reads_the_contract_and_refuses_a_model_without_one(tmp_path):

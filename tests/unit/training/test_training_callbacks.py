@@ -160,3 +160,37 @@ def test_a_production_run_carries_no_fault_hook_and_a_test_run_says_it_has_one()
     assert [hook.active for hook in hooks] == [False, True]
     said = [m for m in records.messages if "PIPELINES_FAULT_INJECT" in m]
     assert len(said) == 1 and "rank=1,epoch=2,mode=raise" in said[0]
+
+
+# -- history.csv: written by name, never through a planted link ---------------------------------
+
+def fit_history(path, append, epochs=(0, 1)):
+    """Two epochs of logs through the run's CSV logger, as ``fit`` calls it."""
+    from pipelines.training.callbacks import EpochCSVLogger
+    logger = EpochCSVLogger(path, append=append)
+    logger.on_train_begin()
+    for epoch in epochs:
+        logger.on_epoch_end(epoch, {"loss": 0.5 + epoch})
+    logger.on_train_end()
+
+
+def test_history_counts_epochs_from_1_and_a_resumed_run_appends_without_a_header(tmp_path):
+    path = str(tmp_path / "history.csv")
+    fit_history(path, append=False)
+    fit_history(path, append=True, epochs=(2,))
+    assert open(path).read().splitlines() == ["epoch,loss,val_loss", "1,0.5,NA", "2,1.5,NA", "3,2.5,NA"]
+    assert os.stat(path).st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize("append", [False, True])
+@pytest.mark.parametrize("kind", ["symlink", "dangling", "hardlink", "fifo", "folder"])
+def test_a_planted_history_csv_is_refused_and_its_target_unchanged(tmp_path, kind, append):
+    from pipelines.io.nofollow import LinkRefused
+    from tests.unit.io.test_nofollow import assert_untouched, plant, victim
+    target, before = victim(tmp_path)
+    (tmp_path / "out").mkdir()
+    path = str(tmp_path / "out" / "history.csv")
+    plant(kind, path, target)
+    with pytest.raises(LinkRefused, match="history.csv"):
+        fit_history(path, append=append)
+    assert_untouched(target, before)

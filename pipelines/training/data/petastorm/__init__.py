@@ -2,7 +2,7 @@
 
 Everything that only Petastorm needs lives in this folder: its reader and its cache's store
 (:mod:`~pipelines.training.data.petastorm.reader`, the only module that imports Petastorm or
-diskcache) and its view of a URI's filesystem with the URLs it is given
+diskcache) and its view of the data's pinned parts with the URLs it is given
 (:mod:`~pipelines.training.data.petastorm.legacy_fs`, over ``pyarrow.filesystem``, which pyarrow 16
 removed). Retiring the mission stack is deleting this folder and its entry in
 :data:`pipelines.training.data.readers.READERS`.
@@ -38,8 +38,8 @@ def open_shard(data, split: str, rank: int, world_size: int, cache_folder: Optio
                workers: int, seed: int):
     """``--reader petastorm`` (:data:`pipelines.training.data.readers.READERS`): Petastorm's looping
     reader of rank ``rank``'s row groups of ``split`` of ``data`` (a
-    :class:`~pipelines.training.data.dataset.Dataset`; a URI root through
-    :func:`~pipelines.training.data.petastorm.legacy_fs.petastorm_filesystem`), its local-disk cache
+    :class:`~pipelines.training.data.dataset.Dataset`; its pinned parts alone, local or in a bucket,
+    through :func:`~pipelines.training.data.petastorm.legacy_fs.petastorm_filesystem`), its local-disk cache
     of flat files in ``cache_folder`` (None: none), at most ``cache_limit`` bytes. A context manager
     (:func:`~pipelines.training.data.petastorm.reader.open_petastorm_reader`)."""
     # here, not at the top: Petastorm, diskcache and pyarrow.filesystem do not import on the current stack

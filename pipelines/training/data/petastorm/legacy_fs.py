@@ -1,102 +1,93 @@
-"""Petastorm on any ``pyarrow.fs`` filesystem: a legacy ``pyarrow.filesystem.FileSystem`` over one.
+"""Petastorm over the parts the manifest names and nothing else: a legacy filesystem of pinned files.
 
 Petastorm 0.13.1 opens a dataset with ``pq.ParquetDataset(..., validate_schema=False,
 metadata_nthreads=10)``, which pyarrow 14 accepts only on its legacy path, and takes that path only
 when it is handed a legacy ``pyarrow.filesystem.FileSystem``: a new-style ``pyarrow.fs`` S3
 filesystem fails (``validate_schema`` ValueError) and pyarrow's own legacy ``S3FSWrapper`` calls
-s3fs's now-asynchronous ``_ls`` (``'coroutine' object is not iterable``). :class:`LegacyFileSystem`
-gives that legacy path the calls it makes (``isdir``, ``isfile``, ``ls``, ``walk``, ``open``,
-``exists``) answered by the :class:`pipelines.io.storage.Location`'s ``pyarrow.fs`` filesystem, so the
-same S3/GCS/HDFS/fsspec filesystem that reads the manifest also feeds Petastorm's readers, given
-the URLs it maps back (:func:`split_urls`).
+s3fs's now-asynchronous ``_ls`` (``'coroutine' object is not iterable``).
+
+It is also where a path becomes a folder: handed one path (a list of one part, too), pyarrow asks
+``isdir`` and, for a folder, lists it and reads its ``_common_metadata``, whose pickled schema
+Petastorm unpickles; handed its own local filesystem, it opens each part again by name.
+:class:`PinnedPartsFileSystem` answers those calls for the parts of a
+:class:`~pipelines.training.data.dataset.Dataset` alone (:meth:`~pipelines.training.data.dataset.Dataset.pin_parts`):
+no path is a folder, only the parts are files, nothing can be listed, and a part opens as the file
+pinned (:meth:`pipelines.io.pinned.PinnedFile.open`), local or in a bucket, whatever its name
+holds by then. :func:`split_urls` gives Petastorm the URLs it maps back.
 """
 from __future__ import annotations
 
-import posixpath
 import warnings
-
-import pyarrow.fs as pafs
-
-from pipelines.io.paths import local_url
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)  # pyarrow.filesystem is deprecated, and what petastorm needs
     from pyarrow import filesystem as legacyfs
 
 
-def petastorm_url(location) -> str:
-    """The URL to give Petastorm for a :class:`pipelines.io.storage.Location` read through
-    :class:`LegacyFileSystem`: ``file:///bucket/key``.
+def petastorm_url(part) -> str:
+    """The URL to give Petastorm for a :class:`pipelines.io.pinned.PinnedFile`:
+    ``file:///path`` of a local part, ``file:///bucket/key`` of an object's.
 
     Petastorm turns an ``s3://`` URL into a path with fsspec's s3fs (not installed here, and not
     needed) even when it is handed a filesystem; a ``file://`` URL becomes its path as it is,
-    ``/bucket/key``, which the wrapper maps back to the store's ``bucket/key``.
+    which :class:`PinnedPartsFileSystem` maps back to the part.
     """
-    return "file://" + (location.path if location.local else "/" + location.path)
+    path = part.location.path
+    return "file://" + (path if part.local else "/" + path)
 
 
-class LegacyFileSystem(legacyfs.FileSystem):
-    """The legacy-API view of a ``pyarrow.fs.FileSystem`` (read-only: what Petastorm calls).
+class PinnedPartsFileSystem(legacyfs.FileSystem):
+    """The legacy-API view of a fixed set of pinned parts (read-only: what Petastorm calls).
 
-    Petastorm's paths are ``/bucket/key`` (:func:`petastorm_url`); the store's are ``bucket/key``.
-    It pickles (the filesystem does), so a process reader pool could carry it too.
+    Args:
+        parts: :class:`pipelines.io.pinned.PinnedFile` s; each is the file at its
+            :func:`petastorm_url`'s path, and nothing else exists.
+
+    It pickles (the parts do), so a process reader pool could carry it too.
     """
 
-    def __init__(self, filesystem: pafs.FileSystem, local: bool = False):
-        self.fs = filesystem
-        self.local = local
+    def __init__(self, parts):
+        self.parts = {petastorm_url(part)[len("file://"):]: part for part in parts}
 
     def __reduce__(self):
-        return LegacyFileSystem, (self.fs, self.local)
-
-    def _store(self, path: str) -> str:
-        """Petastorm's path -> the filesystem's."""
-        path = path.rstrip("/")
-        return path if self.local else path.lstrip("/")
-
-    def _petastorm(self, path: str) -> str:
-        """The filesystem's path -> Petastorm's."""
-        return path if self.local else "/" + path
-
-    def _info(self, path: str) -> pafs.FileInfo:
-        return self.fs.get_file_info(self._store(path))
+        return PinnedPartsFileSystem, (list(self.parts.values()),)
 
     def exists(self, path: str) -> bool:
-        return self._info(path).type != pafs.FileType.NotFound
+        return path in self.parts
 
     def isdir(self, path: str) -> bool:
-        return self._info(path).type == pafs.FileType.Directory
+        return False  # never a folder: pyarrow would list it and read its _common_metadata
 
     def isfile(self, path: str) -> bool:
-        return self._info(path).type == pafs.FileType.File
+        return path in self.parts
 
     def _isfilestore(self) -> bool:
-        return False  # object stores: no empty folders, no rename (pyarrow asks when writing only)
+        return False  # no empty folders, no rename (pyarrow asks when writing only)
 
     def ls(self, path: str):
-        """Full paths of the entries directly below ``path``."""
-        selector = pafs.FileSelector(self._store(path), recursive=False)
-        return sorted(self._petastorm(info.path) for info in self.fs.get_file_info(selector))
+        raise OSError(f"{path}: the data's parts are read as the manifest names them, never listed")
 
     def walk(self, path: str):
-        """``os.walk``'s triples ``(folder, subfolder names, file names)``, top down."""
-        selector = pafs.FileSelector(self._store(path), recursive=False)
-        infos = self.fs.get_file_info(selector)
-        folders = sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
-        files = sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
-        yield path, folders, files
-        for folder in folders:
-            yield from self.walk(posixpath.join(path, folder))
+        raise OSError(f"{path}: the data's parts are read as the manifest names them, never listed")
 
     def open(self, path: str, mode: str = "rb"):
-        """A seekable input file (``rb`` only: readers never write through this)."""
+        """The part at ``path`` as the file pinned (``rb`` only: readers never write through this).
+
+        Raises:
+            FileNotFoundError: not a part. pipelines.io.nofollow.LinkRefused: the part's name now
+                holds another file, a folder or a link.
+        """
         if mode != "rb":
-            raise ValueError(f"LegacyFileSystem opens files for reading only, not {mode!r}")
-        return self.fs.open_input_file(self._store(path))
+            raise ValueError(f"PinnedPartsFileSystem opens files for reading only, not {mode!r}")
+        if path not in self.parts:
+            raise FileNotFoundError(f"{path}: not a part the manifest names")
+        return self.parts[path].open()
 
     def stat(self, path: str):
-        info = self._info(path)
-        return {"size": info.size, "kind": "directory" if info.type == pafs.FileType.Directory else "file"}
+        if path not in self.parts:
+            raise FileNotFoundError(f"{path}: not a part the manifest names")
+        with self.parts[path].open() as f:
+            return {"size": f.size(), "kind": "file"}
 
     @property
     def pathsep(self) -> str:
@@ -105,12 +96,12 @@ class LegacyFileSystem(legacyfs.FileSystem):
 
 def split_urls(data, split: str):
     """``file://`` URLs of the Parquet files of ``split`` of ``data`` (a
-    :class:`~pipelines.training.data.dataset.Dataset`), as Petastorm wants them: for a URI root, the
-    URLs :class:`LegacyFileSystem` maps back to the store (:func:`petastorm_url`)."""
-    return [local_url(part.path) if part.local else petastorm_url(part) for part in data.parts(split)]
+    :class:`~pipelines.training.data.dataset.Dataset`), as Petastorm wants them
+    (:func:`petastorm_url`), read through :func:`petastorm_filesystem`."""
+    return [petastorm_url(part) for part in data.parts(split)]
 
 
 def petastorm_filesystem(data):
-    """What Petastorm reads ``data``'s URI root through (``None`` for local files: its own)."""
-    location = data.location
-    return None if location.local else LegacyFileSystem(location.filesystem)
+    """What Petastorm reads ``data``'s parts through, local or in a bucket: the
+    :class:`PinnedPartsFileSystem` of every split's pinned parts."""
+    return PinnedPartsFileSystem([part for parts in data.pin_parts().values() for part in parts])

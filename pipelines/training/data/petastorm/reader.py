@@ -113,7 +113,8 @@ def open_petastorm_reader(urls, filesystem, rank: int, world_size: int, cache_fo
                           cache_limit: int, row_size: int, workers: int, seed: int) -> Iterator:
     """A looping Petastorm batch reader of rank ``rank``'s row groups of ``urls`` (file:// URLs;
     Petastorm's ``cur_shard``/``shard_count``, the rule of :func:`pipelines.training.data.sharding.shard`;
-    ``filesystem`` a legacy filesystem for a URI root, or None), with a local-disk cache of
+    ``filesystem`` the legacy filesystem of the pinned parts,
+    :func:`~pipelines.training.data.petastorm.legacy_fs.petastorm_filesystem`), with a local-disk cache of
     flat files in ``cache_folder`` (None: no cache; :func:`pipelines.training.data.readers.open_reader`).
 
     Yields the reader, stopped and joined on exit (which deletes ``cache_folder``).

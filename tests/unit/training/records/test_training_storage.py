@@ -130,18 +130,26 @@ def test_pruning_deletes_this_runs_checkpoints_only_never_another_runs_in_a_shar
 
 
 @pytest.mark.skipif(not petastorm_available(), reason="the legacy filesystem is Petastorm's, which cannot run here")
-def test_the_legacy_filesystem_answers_petastorms_calls_and_pickles(s3_bucket):
-    from pipelines.training.data.petastorm.legacy_fs import LegacyFileSystem, petastorm_url
-    root = resolve(f"s3://{s3_bucket}/etl")
-    root.join("train", "part-0.parquet").write_bytes(b"PAR1")
-    root.join("train", "sub", "part-1.parquet").write_bytes(b"PAR11")
-    fs = pickle.loads(pickle.dumps(LegacyFileSystem(root.filesystem)))
-    url = petastorm_url(root.join("train", "part-0.parquet"))
-    assert url == f"file:///{s3_bucket}/etl/train/part-0.parquet"
-    top = f"/{s3_bucket}/etl/train"  # Petastorm's path of the URL
-    assert fs.isdir(top) and not fs.isfile(top) and fs.isfile(top + "/part-0.parquet") and fs.exists(top)
-    assert not fs.exists(top + "/missing")
-    assert fs.ls(top) == [top + "/part-0.parquet", top + "/sub"]
-    assert list(fs.walk(top)) == [(top, ["sub"], ["part-0.parquet"]), (top + "/sub", [], ["part-1.parquet"])]
-    with fs.open(top + "/sub/part-1.parquet") as f:
-        assert f.read() == b"PAR11"
+def test_the_parts_filesystem_answers_petastorms_calls_for_its_parts_alone_and_pickles(s3_bucket, tmp_path):
+    """In a bucket and on a local disk: only the parts are files, no path is a folder (Petastorm
+    would read its _common_metadata), nothing is listed, a part opens as its bytes."""
+    from pipelines.io.pinned import pin
+    from pipelines.training.data.petastorm.legacy_fs import PinnedPartsFileSystem, petastorm_url
+    local = resolve(str(tmp_path / "etl"))
+    for root in (resolve(f"s3://{s3_bucket}/etl"), local):
+        root.join("train", "part-0.parquet").write_bytes(b"PAR1")
+        root.join("train", "sub", "part-1.parquet").write_bytes(b"PAR11")
+        parts = [pin(root, "train/part-0.parquet"), pin(root, "train/sub/part-1.parquet")]
+        fs = pickle.loads(pickle.dumps(PinnedPartsFileSystem(parts)))
+        top = ("" if root.local else "/") + root.path + "/train"  # Petastorm's path of the URLs' folder
+        assert petastorm_url(parts[0]) == f"file://{top}/part-0.parquet"
+        assert not fs.isdir(top) and not fs.exists(top) and not fs.isfile(top)
+        assert fs.isfile(top + "/part-0.parquet") and not fs.isdir(top + "/part-0.parquet")
+        assert not fs.exists(top + "/missing")
+        for listing in (fs.ls, lambda path: list(fs.walk(path))):
+            with pytest.raises(OSError, match="never listed"):
+                listing(top)
+        with fs.open(top + "/sub/part-1.parquet") as f:
+            assert f.read() == b"PAR11"
+        with pytest.raises(FileNotFoundError):
+            fs.open(top + "/part-2.parquet")
