@@ -18,7 +18,7 @@ run that finds a newer committed run when it is about to commit is superseded
 (:class:`RunSuperseded`): it deletes its own files and the newer output stands. What remains
 open: two runs committing within the same few milliseconds (the check and the PUT are two
 requests; S3 offers no compare-and-swap through pyarrow), and hosts whose clocks disagree by more
-than the time between two runs (or, for a lease, by more than its life).
+than the time between two runs (a lease's age is read on the store's clock alone).
 
 On a local disk nothing of the output is followed if it is a link: an output whose ``runs/``, a
 run folder or another of its own names is a link is refused before any work

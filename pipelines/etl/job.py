@@ -104,12 +104,19 @@ def run_spark(spark, config: ETLConfig, the_plan: Plan) -> List[dict]:
 
 
 def _refuse_empty_result(config: ETLConfig, the_plan: Plan, result: Reconciled, ledger: Location) -> None:
-    """Raise :class:`NothingWritten` when candidates existed and none was written."""
+    """Raise :class:`NothingWritten` when candidates existed and no image was written, or none to a
+    split the plan gave files (its images all rejected on read): training refuses an empty split."""
     top = ", ".join(f"{n} {reason}" for reason, n in result.task_reasons.most_common(3))
-    raise NothingWritten(
-        f"no image written: {plural(len(the_plan.candidates), 'candidate image')}, all rejected ({top}); "
-        f"the output in {display_path(config.output)} was left as it was; every reason is in "
-        f"{display_path(ledger.uri)}")
+    kept = (f"the output in {display_path(config.output)} was left as it was; every reason is in "
+            f"{display_path(ledger.uri)}")
+    if not result.written:
+        raise NothingWritten(f"no image written: {plural(len(the_plan.candidates), 'candidate image')}, "
+                             f"all rejected ({top}); {kept}")
+    empty = [split for split in SPLITS if the_plan.expected_rows.get(split) and not result.stats[split].rows]
+    if empty:
+        planned = ", ".join(f"{split}: {plural(the_plan.expected_rows[split], 'candidate')}" for split in empty)
+        raise NothingWritten(f"no image written to the {' and '.join(empty)} split ({planned}, all rejected on "
+                             f"read: {top}), which training refuses; {kept}")
 
 
 def finish(config: ETLConfig, the_plan: Plan, tasks: List[dict], spark_version: str, seconds: float) -> dict:
@@ -127,8 +134,8 @@ def finish(config: ETLConfig, the_plan: Plan, tasks: List[dict], spark_version: 
 
     Raises:
         RuntimeError: the counts do not reconcile (see :func:`pipelines.etl.outcomes.reconcile`).
-        NothingWritten: at least one candidate and no row written; the previous output is kept
-            and the run's ``rejected.jsonl`` says why.
+        NothingWritten: at least one candidate and no row written, or no row in a split that had
+            candidates; the previous output is kept and the run's ``rejected.jsonl`` says why.
         pipelines.etl.commit.RunSuperseded: a newer run committed while this one ran.
     """
     output = config.location(config.output)
@@ -139,7 +146,7 @@ def finish(config: ETLConfig, the_plan: Plan, tasks: List[dict], spark_version: 
                   if isinstance(o, Excluded))
     chunks = cut_into(the_plan.candidates, the_plan.partitions) if tasks else []
     result = reconcile(run, len(the_plan.files), exclusions, chunks, tasks, ledger)
-    if the_plan.candidates and not result.written:
+    if the_plan.candidates:
         _refuse_empty_result(config, the_plan, result, ledger)
     manifest = _manifest(config, the_plan, result, spark_version, seconds,
                          {split: [p.relative_to(output) for p in s.parts] for split, s in result.stats.items()},

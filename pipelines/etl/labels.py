@@ -181,13 +181,14 @@ def n_test(n: int, test_fraction: float) -> int:
     """How many of a class's ``n`` candidate files go to the test split.
 
     ``0`` when ``n < 2`` (one file cannot be in two splits: it trains); otherwise
-    ``round(test_fraction * n)`` (Python's ``round``, half to even), at least 1 and at most
-    ``n - 1``, so the class trains and is tested: ``n=2`` -> 1, ``n=10, f=0.3`` -> 3, ``n=10, f=0.01``
-    -> 1, ``n=3, f=0.9`` -> 2.
+    ``round(test_fraction * n)`` (Python's ``round``, half to even), at least 1, and at most ``n - 1``
+    for 2 files and ``n - 2`` from 3 files on (one file left to validation, one to train, whatever
+    the fractions): ``n=2`` -> 1, ``n=10, f=0.3`` -> 3, ``n=10, f=0.01`` -> 1, ``n=3, f=0.9`` -> 1.
     """
     if n < 2:
         return 0
-    return min(n - 1, max(1, round(test_fraction * n)))
+    room = n - 1 if n == 2 else n - 2
+    return min(room, max(1, round(test_fraction * n)))
 
 
 # The rule for classes too small for three splits, as split_sizes applies it and the summary and
@@ -199,11 +200,11 @@ SPLIT_RULE = ("a class of 1 file only trains; of 2 files, one trains and one is 
 def split_sizes(n: int, validation_fraction: float, test_fraction: float) -> Tuple[int, int, int]:
     """``(train, validation, test)`` file counts of a class of ``n`` candidate files.
 
-    The test split is served first (:func:`n_test`: the reported figure covers every class that can
-    be tested), then validation: ``round(validation_fraction * n)`` (half to even), at least 1 and at
-    most what leaves one file to train. So a class of 1 file only trains, a class of 2 trains and is
-    tested but has no validation file, and from 3 files on every split holds the class:
-    ``n=1`` -> (1, 0, 0), ``n=2`` -> (1, 0, 1), ``n=3`` -> (1, 1, 1), ``n=10, 0.1, 0.1`` -> (8, 1, 1),
+    The test split is served first (:func:`n_test`), then validation: ``round(validation_fraction * n)``
+    (half to even), at least 1 and at most what leaves one file to train. So, for any fractions, a
+    class of 1 file only trains, a class of 2 trains and is tested but has no validation file, and
+    from 3 files on every split holds the class (:data:`SPLIT_RULE`): ``n=1`` -> (1, 0, 0),
+    ``n=2`` -> (1, 0, 1), ``n=3`` -> (1, 1, 1) (``0.5, 0.45`` too), ``n=10, 0.1, 0.1`` -> (8, 1, 1),
     ``n=100, 0.1, 0.2`` -> (70, 10, 20).
     """
     test = n_test(n, test_fraction)

@@ -107,8 +107,9 @@ def plan(config: ETLConfig) -> Plan:
 
     Raises:
         ValueError: no class folder, a mix of ``NNN.name`` and plain folders, two folders with
-            the same number, or no candidate image at all (nothing to write: committing an empty
-            run would replace a previous output with nothing).
+            the same number, no candidate image at all (nothing to write: committing an empty
+            run would replace a previous output with nothing), or a split that would be empty
+            (:func:`check_splits`).
     """
     files, layout = list_tree(config.location(config.input))
     if not layout.folders:
@@ -119,6 +120,7 @@ def plan(config: ETLConfig) -> Plan:
     the_plan = _split_candidates(config, Plan(files, outcomes, layout.classes, {}, 0, layout=layout.kind))
     if not the_plan.candidates:
         _refuse_no_candidate(config, files, outcomes)
+    check_splits(config, the_plan)
     return the_plan
 
 
@@ -136,6 +138,29 @@ def _split_candidates(config: ETLConfig, the_plan: Plan) -> Plan:
                              config.min_row_groups)
     return replace(the_plan, candidates=candidates, expected_rows={s: expected.get(s, 0) for s in SPLITS},
                    rows_per_row_group=rpg)
+
+
+def check_splits(config: ETLConfig, the_plan: Plan) -> None:
+    """Refuse a plan whose train, validation or test split would hold no file: training refuses
+    such an output, so the ETL does not write it. A class of 3 candidates or more is in every split
+    whatever the fractions (:func:`pipelines.etl.labels.split_sizes`), so this happens only when no
+    class is that large; the message names the split, the fraction flags and the classes.
+
+    Raises:
+        Refused: a split without a planned file.
+    """
+    empty = [split for split in SPLITS if not the_plan.expected_rows.get(split)]
+    if not empty:
+        return
+    sizes = Counter(c.label for c in the_plan.candidates)
+    shown = ", ".join(f"{display_path(the_plan.classes.get(label, str(label)))}: {n}"
+                      for label, n in sorted(sizes.items())[:10])
+    more = f" and {len(sizes) - 10} more" if len(sizes) > 10 else ""
+    raise Refused(f"the {' and '.join(empty)} {'split' if len(empty) == 1 else 'splits'} would be empty with "
+                  f"--test-fraction {config.test_fraction:g} and --validation-fraction "
+                  f"{config.validation_fraction:g}: no class has the 3 candidate images that put it in every "
+                  f"split (images per class: {shown}{more}), and training refuses an output with an empty "
+                  "split; add images to these classes; the output was not touched")
 
 
 def hash_candidates(spark, config: ETLConfig, the_plan: Plan) -> Iterator[Tuple[str, str]]:
@@ -163,7 +188,11 @@ def drop_duplicates(config: ETLConfig, the_plan: Plan, hashes: Iterable[Tuple[st
     """The plan with one candidate per content: every other copy's outcome becomes a rejection
     (:func:`pipelines.etl.dedupe.duplicates`, which names the kept file) and the kept candidates
     are split again (:func:`assign_splits`), so each content lies in one split only.
-    ``hashes``: ``(path, sha256)`` of the candidates hashed."""
+    ``hashes``: ``(path, sha256)`` of the candidates hashed.
+
+    Raises:
+        ValueError: the copies removed leave a split empty (:func:`check_splits`).
+    """
     by_relative = {f.relative_path: f.path for f in the_plan.files}
     relative = {f.path: f.relative_path for f in the_plan.files}
     candidate = {c.path: c for c in the_plan.candidates}
@@ -174,7 +203,9 @@ def drop_duplicates(config: ETLConfig, the_plan: Plan, hashes: Iterable[Tuple[st
     outcomes = dict(the_plan.outcomes)
     for relative_path, reason in rejected.items():
         outcomes[by_relative[relative_path]] = Excluded(REJECTED, reason)
-    return _split_candidates(config, replace(the_plan, outcomes=outcomes))
+    the_plan = _split_candidates(config, replace(the_plan, outcomes=outcomes))
+    check_splits(config, the_plan)
+    return the_plan
 
 
 def task_partitions(spark, config: ETLConfig, candidates: int) -> int:

@@ -10,11 +10,16 @@ lease on that run for as long as it reads it::
 written by the reader (training's rank 0, ``<reader>`` its training run id) before it reads a
 part, rewritten every :data:`REFRESH_S` seconds by a thread of its own, and deleted when it is done
 (:class:`ReaderLease`). A commit keeps every older run with a live lease (:func:`leases_on`) and
-deletes it at a later commit, once no lease on it is live. A lease is live while its last refresh
-is less than :data:`TTL_S` old by the deleting host's clock (the lease's own ``ttl_s`` is
-informative: a file cannot lengthen its life), so the lease of a training that crashed or was
-killed expires :data:`TTL_S` after its last refresh; a lease that cannot be parsed is judged by its
-file's modification time.
+deletes it at a later commit, once no lease on it is live.
+
+A lease's age is read on one clock, the store's: the modification time the store gave the lease
+file at its last rewrite (S3's ``LastModified``, a local or NFS file's ``mtime``) against the
+modification time it gives a probe file the judge writes next to it (:func:`store_time`). Neither
+host's clock enters, so a holder or a judge whose clock is off by any amount judges alike; the
+times written inside the file are informative only. A lease is live while it is less than
+:data:`TTL_S` old by that clock, so the lease of a training that crashed or was killed expires
+:data:`TTL_S` after its last refresh. What remains: a file system whose clients set a file's
+time themselves (some FUSE mounts of object stores) brings the writing host's clock back.
 
 The race between a reader and a commit is closed by order: the reader writes its lease, then reads
 the manifest again (:func:`hold`). If the manifest still names the leased run, any commit that
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -51,7 +57,7 @@ class InputReplaced(RuntimeError):
 @dataclass(frozen=True)
 class Lease:
     """A lease file as a commit judges it: ``reader``, seconds since its last refresh (``age_s``,
-    by the judging host's clock), and whether it is ``live``."""
+    by the store's clock: :func:`leases_on`), and whether it is ``live``."""
 
     reader: str
     age_s: float
@@ -66,31 +72,50 @@ def lease_location(output, run_id: str, reader: str):
 
 
 def write_lease(location, reader: str, run_id: str, now: Optional[float] = None) -> None:
-    """Write (or refresh) the lease at ``location``; ``now``: Unix seconds (default: the clock)."""
+    """Write (or refresh) the lease at ``location``; ``now``: Unix seconds (default: this host's
+    clock), written as information only: the store's time of the write is what ages the lease."""
     now = time.time() if now is None else now
     stamp = dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     location.write_json({"reader": reader, "run_id": run_id, "refreshed": now, "refreshed_utc": stamp,
                          "ttl_s": TTL_S})
 
 
-def leases_on(run, now: Optional[float] = None) -> List[Lease]:
+def store_time(folder) -> float:
+    """Now, by the clock of the store that holds ``folder`` (a :class:`pipelines.io.storage.Location`):
+    the modification time, Unix seconds, the store gives a probe file written there (then deleted).
+
+    Raises:
+        OSError: the store refuses the write or the read.
+    """
+    probe = folder.join(f".clock-{secrets.token_hex(6)}")
+    probe.write_bytes(b"")
+    try:
+        mtime = probe.info().mtime
+    finally:
+        probe.delete()
+    if mtime is None:
+        raise OSError(f"{folder.uri}: the store gives its files no modification time")
+    return mtime.timestamp()
+
+
+def leases_on(run, ttl_s: float = TTL_S) -> List[Lease]:
     """Every lease on the ETL run folder ``run`` (``OUTPUT/runs/<run id>``), live or not, by
-    reader. A lease is live when ``-TTL_S < now - refreshed < TTL_S`` (a refresh up to
-    :data:`TTL_S` ahead of this clock is a clock difference; further ahead, a file not to be
-    believed); ``now``: Unix seconds (default: the clock)."""
+    reader. A lease is live when ``-ttl_s < age < ttl_s``, its age the store's time now
+    (:func:`store_time`, probed only when there is a lease) less the store's modification time of
+    its file (a file time further ahead than ``ttl_s`` is not to be believed); ``ttl_s``: seconds
+    (default :data:`TTL_S`)."""
     import pyarrow.fs as pafs
 
-    now = time.time() if now is None else now
+    listed = [info for info in run.join(READERS).list(recursive=False)
+              if info.type == pafs.FileType.File and info.base_name.endswith(".json")
+              and not info.base_name.startswith((".", "_"))]
+    if not listed:
+        return []
+    now = store_time(run.join(READERS))
     leases = []
-    for info in run.join(READERS).list(recursive=False):
-        if info.type != pafs.FileType.File or not info.base_name.endswith(".json"):
-            continue
-        try:
-            refreshed = float(run.join(READERS, info.base_name).read_json()["refreshed"])
-        except (OSError, ValueError, KeyError, TypeError):  # damaged: its file's time says when it was written
-            refreshed = info.mtime.timestamp() if info.mtime else float("-inf")
-        age = now - refreshed
-        leases.append(Lease(info.base_name[:-len(".json")], age, -TTL_S < age < TTL_S))
+    for info in listed:
+        age = now - (info.mtime.timestamp() if info.mtime else float("-inf"))
+        leases.append(Lease(info.base_name[:-len(".json")], age, -ttl_s < age < ttl_s))
     return leases
 
 

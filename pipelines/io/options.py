@@ -8,6 +8,7 @@ field every stage's config has (``--storage-option``, ``--storage-options-file``
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import stat
@@ -90,28 +91,38 @@ def _option_values(given: Any, source: str) -> Dict[str, str]:
 def read_options_file(path: str) -> Dict[str, str]:
     """The storage options in the JSON file ``path`` (``--storage-options-file``): a regular file
     of this user's that nobody else may read or write (mode 0600 or 0400), as ssh asks of a key.
+    ``path`` may be a chain of symbolic links (a Kubernetes Secret's mount): the owner and mode
+    checked are the final file's, as opened.
 
     Raises:
-        StorageError: a missing file, a symbolic link, another user's file, one that others may
-            read or write (the message says ``chmod 600``), or not a JSON object of options.
+        StorageError: a missing file or a dangling link, another user's file, not a regular file,
+            one that others may read or write (the message says ``chmod 600``), or not a JSON
+            object of options; each names ``path`` and, behind links, the final file.
     """
+    final = os.path.realpath(path)
+    shown = path if final == os.path.abspath(path) else f"{path} (-> {final})"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
     except OSError as exc:
-        raise StorageError(f"--storage-options-file {path}: {exc.strerror}") from None
-    status = os.fstat(fd)
-    if not stat.S_ISREG(status.st_mode) or status.st_uid != os.getuid():
+        why = "a dangling link" if os.path.islink(path) and exc.errno == errno.ENOENT else exc.strerror
+        raise StorageError(f"--storage-options-file {shown}: {why}") from None
+    status = os.fstat(fd)  # the file opened, whatever links led to it
+    if not stat.S_ISREG(status.st_mode):
         os.close(fd)
-        raise StorageError(f"--storage-options-file {path}: not a regular file of this user's")
+        raise StorageError(f"--storage-options-file {shown}: not a regular file")
     with os.fdopen(fd, "rb") as f:
+        mode = f"{stat.S_IMODE(status.st_mode):04o}"
+        if status.st_uid != os.getuid():
+            raise StorageError(f"--storage-options-file {shown}: another user's file (uid {status.st_uid}, "
+                               f"mode {mode}); it must be yours, mode 0600 or 0400")
         if status.st_mode & 0o077:
-            raise StorageError(f"--storage-options-file {path}: others may read it (mode "
-                               f"{stat.S_IMODE(status.st_mode):04o}); run chmod 600 {path} first")
+            raise StorageError(f"--storage-options-file {shown}: others may read it (mode "
+                               f"{mode}); run chmod 600 {final} first")
         text = f.read()
     try:
         given = json.loads(text)
     except ValueError:
-        raise StorageError(f"--storage-options-file {path}: not JSON") from None
+        raise StorageError(f"--storage-options-file {shown}: not JSON") from None
     return _option_values(given, f"--storage-options-file {path}")
 
 

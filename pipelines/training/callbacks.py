@@ -45,13 +45,14 @@ class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
             self.best_weights = self._resume_best_weights
 
     def state(self, epochs_done: Optional[int] = None) -> Dict:
-        """JSON-ready state: best value, epochs waited, best epoch (1-based), stopped or not. With
+        """JSON-ready state: best value, epochs waited, best epoch (1-based), stopped or not, the metric
+        watched (``monitor``: a resume whose best epoch's file is damaged takes its best anew). With
         ``epochs_done`` 0 (a step checkpoint within the first epoch) there is no best yet: best epoch
         0, best ``None``."""
         if epochs_done == 0:
-            return {"best": None, "wait": 0, "best_epoch": 0, "stopped": False}
+            return {"best": None, "wait": 0, "best_epoch": 0, "stopped": False, "monitor": self.monitor}
         return {"best": float(self.best), "wait": int(self.wait), "best_epoch": int(self.best_epoch) + 1,
-                "stopped": bool(self.model.stop_training)}
+                "stopped": bool(self.model.stop_training), "monitor": self.monitor}
 
     def on_train_end(self, logs=None):
         super().on_train_end(logs)

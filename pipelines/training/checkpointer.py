@@ -10,7 +10,7 @@ from pipelines.stack.kerasapi import keras
 
 from pipelines.io.atomic import write_json
 from pipelines.training.callbacks import BestWeightsEarlyStopping
-from pipelines.training.model.checkpoints import FORMAT, frozen_checksum, save_checkpoint
+from pipelines.training.model.checkpoints import FORMAT, file_sha256, frozen_checksum, save_checkpoint
 from pipelines.training.schedule import (checkpoint_path, checkpoint_position, marker_path, step_checkpoint_path,
                                          step_marker_path)
 
@@ -21,7 +21,8 @@ class CheckpointMarker(keras.callbacks.Callback):
     the best checkpoints.
 
     The marker ``checkpoint-N.json`` is written to a temporary name and renamed after the
-    checkpoint, and records the checkpoint's size, the sha256 of the frozen weights it goes with
+    checkpoint, and records the checkpoint's size and sha256 (``weights_sha256``: a damaged file is
+    passed over, :func:`pipelines.training.schedule.newest_complete_checkpoint`), the sha256 of the frozen weights it goes with
     (``frozen_sha256``), the epoch's logs, the history so far and the early-stopping state, so that
     ``--resume`` picks only complete checkpoints, refuses other frozen weights, and continues
     exactly where training was. ``extra`` goes into every marker: the training phase
@@ -75,7 +76,8 @@ class CheckpointMarker(keras.callbacks.Callback):
 
     def _write(self, weights: str, marker_file: str, where: Dict, early_stopping: Dict) -> Dict:
         size = save_checkpoint(self.model, weights)
-        marker = {**where, "weights": os.path.basename(weights), "weights_bytes": size, "format": FORMAT,
+        marker = {**where, "weights": os.path.basename(weights), "weights_bytes": size,
+                  "weights_sha256": file_sha256(weights), "format": FORMAT,
                   "frozen_sha256": self.frozen_sha256, "history": self.history, "early_stopping": early_stopping,
                   **self.extra}
         if marker.get("phase") == 2:  # fine-tuning: what stayed frozen (layers, batch-norm statistics) at this epoch

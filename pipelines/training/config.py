@@ -75,7 +75,8 @@ class LoaderOptions:
                         help="how ranks read their shard: petastorm, or own (pyarrow: where Petastorm cannot run); "
                              "default: the installed stack's (petastorm on the mission stack, own on the current "
                              "one: pipelines/stack/__init__.py)")
-    reader_workers: int = field(2, help="reader threads per rank")
+    reader_workers: int = field(2, help="reader threads per rank of --reader own (Petastorm's reads with one: "
+                                        "its seeded order holds with one thread only)")
     cache_dir: str = field("", help="Petastorm local-disk cache root, a local folder by design (a URI is "
                                     "refused: the cache is each rank's own disk; default: a temp folder); each "
                                     "rank and split gets its own subfolder")

@@ -22,7 +22,7 @@ from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 from pipelines.io.storage import Location, resolve
 from pipelines.training.divergence import non_finite_logs
-from pipelines.training.model.checkpoints import non_finite_checkpoint
+from pipelines.training.model.checkpoints import DamagedCheckpoint, non_finite_checkpoint, read_checkpoint
 from pipelines.training.records.shapes import marker_problem
 
 
@@ -163,17 +163,7 @@ def checkpoint_markers(folder) -> List[Dict]:
 
 
 def newest_complete_checkpoint(directory, markers: Optional[List[Dict]] = None) -> Optional[Dict]:
-    """The newest checkpoint whose weights were completely written, or ``None``.
-
-    A checkpoint counts only with its marker (written after the weights: by rename on a local
-    disk, uploaded after them to an object store) naming a weights file that exists with the size
-    recorded in it: a run killed mid-write leaves no marker or a different size, and that
-    checkpoint is never picked. A marker naming anything but a checkpoint's plain name beside it is
-    ignored (:func:`checkpoint_markers`). Nor is a checkpoint of a diverged state ever picked: one
-    whose marker's epoch logs, whose weights or optimizer state, or whose best epoch's weights hold a
-    NaN or infinite value is passed over with a warning (:func:`non_finite_state`), so ``--resume``
-    continues from the newest finite one (this version never writes another:
-    :class:`pipelines.training.callbacks.DivergenceGuard`).
+    """The newest checkpoint that may be resumed (:func:`sound_checkpoint`), or ``None``.
 
     Args:
         directory: a local folder, or a :class:`pipelines.io.storage.Location` (a remote ``--output``).
@@ -183,31 +173,113 @@ def newest_complete_checkpoint(directory, markers: Optional[List[Dict]] = None) 
         the marker's content (``epoch``, ``weights``, ``weights_bytes``, and the training state
         saved with it, ``_name``: its file name), or ``None`` when there is none.
     """
+    return sound_checkpoint(directory, markers)[0]
+
+
+def sound_checkpoint(directory, markers: Optional[List[Dict]] = None) -> Tuple[Optional[Dict], List[str]]:
+    """The newest checkpoint that may be resumed, and the damaged files passed over on the way.
+
+    A checkpoint counts only with its marker (written after the weights: by rename on a local
+    disk, uploaded after them to an object store) naming a weights file beside it whose size and
+    sha256 are those the marker records, and which reads whole as an ``.npz``
+    (:func:`pipelines.training.model.checkpoints.read_checkpoint`): a missing, truncated,
+    NUL-filled or altered file is passed over with a one-line warning naming it. A marker naming
+    anything but a checkpoint's plain name beside it is ignored (:func:`checkpoint_markers`). Nor
+    is a diverged state ever picked: a checkpoint whose epoch logs, weights, optimizer state or
+    best epoch's weights hold a NaN or infinite value is passed over with a warning
+    (:func:`non_finite_state`). A sound checkpoint whose best epoch's file is damaged is resumed
+    with its own last epoch as the best so far, said in a warning (:func:`best_taken_anew`).
+
+    Args:
+        directory: a local folder, or a :class:`pipelines.io.storage.Location`.
+        markers: its :func:`checkpoint_markers` (read here when ``None``).
+
+    Returns:
+        ``(marker or None, ["checkpoint-3.npz (why)", ...])``: the damaged files passed over, newest first.
+    """
+    log = logging.getLogger("pipelines")
     folder = directory if isinstance(directory, Location) else resolve(directory)
+    passed: List[str] = []
     for marker in checkpoint_markers(folder) if markers is None else markers:
-        weights = folder.join(marker["weights"]).info()
-        if weights.is_file and weights.size == marker.get("weights_bytes"):
-            found = non_finite_state(folder, marker)
-            if not found:
-                return marker
-            logging.getLogger("pipelines").warning(
-                "ignored: checkpoint %s in %s holds non-finite values (%s): a diverged state is never resumed",
-                marker["_name"], folder.uri, ", ".join(found))
+        damage = file_damage(folder, marker["weights"], marker)
+        if damage:
+            log.warning("ignored: checkpoint %s in %s is damaged (%s): an older sound one is resumed",
+                        marker["weights"], folder.uri, damage)
+            passed.append(f"{marker['weights']} ({damage})")
+            continue
+        found = non_finite_state(folder, marker)
+        if found:
+            log.warning("ignored: checkpoint %s in %s holds non-finite values (%s): a diverged state is never resumed",
+                        marker["_name"], folder.uri, ", ".join(found))
+            continue
+        best = best_name(marker)
+        damage = best and file_damage(folder, best, own_marker(folder, best))
+        if not damage:
+            return marker, passed
+        taken = best_taken_anew(folder, marker)
+        log.warning("checkpoint %s in %s, the best epoch's weights, is damaged (%s): %s", best, folder.uri, damage,
+                    f"resuming {marker['_name']} with epoch {taken['epoch']} as the best so far" if taken else
+                    f"{marker['_name']} is passed over")
+        passed.append(f"{best} ({damage})")
+        if taken:
+            return taken, passed
+    return None, passed
+
+
+def best_name(marker: Dict) -> Optional[str]:
+    """The file of ``marker``'s best epoch when it is another file than the marker's own (a best
+    epoch >= 1 before its epoch, or any best of a step checkpoint), else ``None``."""
+    best = (marker.get("early_stopping") or {}).get("best_epoch")
+    if isinstance(best, int) and best >= 1 and (best != marker.get("epoch") or marker.get("step")):
+        return CHECKPOINT_WEIGHTS.format(epoch=best)
     return None
+
+
+def own_marker(folder, weights: str) -> Dict:
+    """The marker an epoch's weights file ``weights`` was written with, from ``folder``, or ``{}``
+    when it is missing or unreadable (the file is then checked to read whole only)."""
+    try:
+        found = folder.join(weights[:-len(".npz")] + ".json").read_json()
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) and found.get("weights") == weights else {}
+
+
+def file_damage(folder, weights: str, marker: Dict) -> Optional[str]:
+    """Why the checkpoint file ``weights`` in ``folder`` cannot be resumed from, against the size
+    and sha256 ``marker`` records (:func:`pipelines.training.model.checkpoints.read_checkpoint`), or ``None``."""
+    try:
+        read_checkpoint(folder.join(weights), marker.get("weights_bytes"), marker.get("weights_sha256"))
+    except DamagedCheckpoint as exc:
+        return str(exc)
+    return None
+
+
+def best_taken_anew(folder, marker: Dict) -> Optional[Dict]:
+    """``marker`` with its own last epoch (``epoch``) as the best so far, when its best epoch's file
+    is lost: that epoch's weights are the marker's own file (an epoch checkpoint) or, for a step
+    checkpoint, the epoch's sound file; the best value is that epoch's ``monitor`` in the history,
+    patience counts from it. ``None`` when there is no such epoch or value (a marker written before
+    ``monitor`` was recorded)."""
+    stopping, epoch = marker.get("early_stopping") or {}, marker.get("epoch")
+    monitor = stopping.get("monitor")
+    logs = [entry for entry in marker.get("history") or [] if isinstance(entry, dict) and entry.get("epoch") == epoch]
+    value = logs[-1].get(monitor) if logs and monitor else None
+    if not isinstance(value, (int, float)) or not isinstance(epoch, int) or epoch < 1:
+        return None
+    own = CHECKPOINT_WEIGHTS.format(epoch=epoch)
+    if marker.get("step") and file_damage(folder, own, own_marker(folder, own)):
+        return None
+    return {**marker, "early_stopping": {**stopping, "best": float(value), "wait": 0, "best_epoch": epoch}}
 
 
 def non_finite_state(folder, marker: Dict) -> List[str]:
     """What a complete checkpoint (``marker``, in ``folder``: a :class:`pipelines.io.storage.Location`)
     holds that is NaN or infinite: its epoch's logs (``"val_loss (nan)"``), then the keys of its
     weights file's arrays, then those of its best epoch's file (``"checkpoint-2.npz: trainable_0000"``,
-    when that file is another one and exists). ``[]``: finite, it may be resumed."""
+    when that file is another one and can be read). ``[]``: finite, it may be resumed."""
     found = non_finite_logs(marker.get("logs"))
-    names = [marker["weights"]]
-    best = (marker.get("early_stopping") or {}).get("best_epoch")
-    if isinstance(best, int) and best >= 1 and (best != marker.get("epoch") or marker.get("step")):
-        best_name = CHECKPOINT_WEIGHTS.format(epoch=best)
-        if folder.join(best_name).info().is_file:
-            names.append(best_name)
+    names = [marker["weights"], *filter(None, [best_name(marker)])]
     for name in names:
         found += [f"{name}: {key}" for key in non_finite_checkpoint(folder.join(name))]
     return found

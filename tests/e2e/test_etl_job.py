@@ -466,6 +466,50 @@ def test_a_run_that_writes_nothing_keeps_the_previous_output(spark, tmp_path, ca
         assert len(f.readlines()) == 6
 
 
+@pytest.mark.parametrize("classes, per_class, empty", [(1000, 2, "validation split"), (3, 1, "validation and test splits")])
+def test_classes_too_small_for_every_split_are_refused_before_spark(tmp_path, capsys, classes, per_class, empty):
+    """Training refuses an output with an empty split: the ETL refuses to write one (exit 2, no
+    Spark, the output untouched), naming the split, the fraction flags and the classes."""
+    root, out = tmp_path / "tree", tmp_path / "out"
+    for c in range(classes):
+        for i in range(per_class):
+            (root / f"{c + 1:04d}.k{c}").mkdir(parents=True, exist_ok=True)
+            (root / f"{c + 1:04d}.k{c}" / f"{i}.jpg").write_bytes(f"{c}/{i}".encode())
+    assert etl_main(["--input", str(root), "--output", str(out), "--test-fraction", "0.5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"the {empty} would be empty with --test-fraction 0.5 and --validation-fraction 0.1" in err
+    assert f"0001.k0: {per_class}, 0002.k1: {per_class}" in err and "the output was not touched" in err
+    assert not out.exists()
+
+
+def test_every_class_of_three_is_in_every_split_and_a_split_read_as_nothing_is_not_committed(spark, tmp_path, capsys):
+    """--test-fraction 0.5 on classes of 3 files: one file per split each (exit 0). Then every
+    validation file becomes undecodable: no validation row, so exit 1 and the output kept."""
+    from pipelines.etl.labels import split_class
+    root, out = str(tmp_path / "tree"), str(tmp_path / "out")
+    make_tree(root, classes=6, per_class=3, bad=False)
+    args = ["--input", root, "--output", out, "--image-size", "8", "--min-row-groups", "1", "--test-fraction", "0.5"]
+    assert etl_main(args) == 0
+    manifest = json.loads(open(os.path.join(out, "manifest.json")).read())
+    assert all(manifest["splits"][split]["per_class"] == [1] * 6 for split in SPLITS)
+    assert manifest["classes_not_in_every_split"] == []
+    before = snapshot(out)
+    for c in range(6):
+        folder = f"{c + 1:03d}.class{c}"
+        names = [f"{folder}/{name}" for name in os.listdir(os.path.join(root, folder))]
+        (validation,) = [p for p, split in split_class(names, 42, 0.5, 0.1).items() if split == "validation"]
+        with open(os.path.join(root, validation), "wb") as f:
+            f.write(b"not an image any more: " + validation.encode())
+    capsys.readouterr()
+    assert etl_main(args) == 1
+    err = capsys.readouterr().err
+    assert ("no image written to the validation split (validation: 6 candidates, all rejected on read: "
+            "6 not a supported raster image), which training refuses") in err, err
+    (failed,) = set(os.listdir(os.path.join(out, "runs"))) - {manifest["run_id"]}
+    assert {k: v for k, v in snapshot(out).items() if not k.startswith(f"runs/{failed}/")} == before
+
+
 def test_a_huge_file_is_rejected_and_never_stops_the_job(spark, tmp_path):
     """200 MB named .jpg inside --max-file-mb 250: read by its task in Python (no JVM heap), and
     rejected with a reason; a JPEG padded to 200 MB is read within the bound and written."""

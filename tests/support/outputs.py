@@ -56,3 +56,15 @@ def mlflow_run(output: str):
     runs = client.search_runs([record["experiment_id"]])
     assert [r.info.run_id for r in runs] == [record["run_id"]], [r.info.run_id for r in runs]
     return client, runs[0]
+
+
+def checkpoint_bytes(n: int) -> bytes:
+    """The bytes of a real checkpoint file (an ``.npz``) whose one array has ``n`` float32 values:
+    other ``n``, other bytes and size, as a marker records them."""
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.savez(buffer, trainable_0000=np.arange(n, dtype=np.float32))
+    return buffer.getvalue()

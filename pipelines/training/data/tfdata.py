@@ -4,9 +4,10 @@
 (:func:`pipelines.training.data.readers.open_reader`). Over our reader the stream is positioned
 (:mod:`pipelines.training.data.stream`): the shuffle (in windows of row groups) and the flips are
 functions of the stream row, so it opens at any ``start_row`` exactly (a resume in the middle of an
-epoch sees the batches an uninterrupted run sees: :func:`positioned_dataset`). Petastorm's thread
-pool reorders row groups, so over its reader the stream is ``tf.data``'s shuffle and flips
-(:func:`batched`) and cannot be opened at a row
+epoch sees the batches an uninterrupted run sees: :func:`positioned_dataset`). Petastorm's reader
+gives its rows in a seeded order (:mod:`pipelines.training.data.petastorm.reader`) but cannot start
+at a row, so over it the stream is ``tf.data``'s seeded shuffle and flips seeded by batch
+(:func:`batched`): the same on every run of the same seed, not openable at a row
 (:func:`pipelines.training.data.readers.exact_positions`). Every path ends in :func:`to_device`.
 
 TensorFlow is imported inside the functions: the rest of the data layer is pure.
@@ -21,16 +22,24 @@ from pipelines.training.devices import prefetch_device
 
 
 def flipper(seed: int = 0):
-    """``--augment`` over Petastorm's reader: a random left-right flip of each uint8 image of a
-    batch ``(b, s, s, 3)`` (each image's own draw, a stateful op: not positional; over our reader
-    the flips are the positioned stream's, :func:`pipelines.training.data.stream.stream_batches`),
-    labels unchanged. It moves bytes only, so it runs on the host before
-    the copy; a flip commutes with the model's bilinear ``Resizing``, so flipping the stored image
-    is flipping what the backbone sees."""
+    """``--augment`` over Petastorm's reader: a random left-right flip of each uint8 image of the
+    ``index``-th batch ``(b, s, s, 3)`` of a stream, drawn statelessly from ``(seed, index)`` (each
+    image its own draw), so the flips are the same on every run of the same seed, however
+    ``tf.data`` schedules its parallel calls (a stateful op's draws would follow that schedule);
+    over our reader the flips are the positioned stream's
+    (:func:`pipelines.training.data.stream.stream_batches`). Labels unchanged. It moves bytes only,
+    so it runs on the host before the copy; a flip commutes with the model's bilinear ``Resizing``,
+    so flipping the stored image is flipping what the backbone sees.
+
+    Returns:
+        ``flip(index int64 (), (images, labels)) -> (images, labels)``, for ``Dataset.enumerate().map``.
+    """
     import tensorflow as tf
 
-    def flip(images, labels):
-        return tf.image.random_flip_left_right(images, seed=seed), labels
+    def flip(index, batch):
+        images, labels = batch
+        key = tf.stack([tf.constant(seed, tf.int64), tf.cast(index, tf.int64)])
+        return tf.image.stateless_random_flip_left_right(images, seed=key), labels
 
     return flip
 
@@ -63,7 +72,7 @@ def batched(ds, batch_size: int, shuffle_buffer: int = 0, seed: int = 0, augment
         ds = ds.shuffle(shuffle_buffer, seed=seed)
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     if augment:
-        ds = ds.map(flipper(seed), num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.enumerate().map(flipper(seed), num_parallel_calls=tf.data.AUTOTUNE)
     return to_device(weighted(ds, weight), device)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -129,22 +129,64 @@ def checkpoint_variables(model) -> Dict:
     return variables
 
 
-def non_finite_checkpoint(location) -> List[str]:
-    """The keys of the arrays a checkpoint file holds that have a NaN or +-inf value
-    (:func:`pipelines.training.divergence.non_finite_arrays`); ``[]`` for a finite one. ``location``
-    is a :class:`pipelines.io.storage.Location` (local or remote: the file is read whole, a few KB for
-    the head, megabytes with fine-tuned blocks). A file that is not an ``.npz`` is not judged here
-    (``[]``): :func:`load_checkpoint` refuses it when it is loaded."""
+class DamagedCheckpoint(ValueError):
+    """A checkpoint file that cannot be resumed from: missing, of another size or sha256 than its
+    marker records, or not a readable ``.npz``; the message says which, without the file's name."""
+
+
+def file_sha256(path: str) -> str:
+    """sha256 (hex) of the local file ``path``'s bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_checkpoint(location, size: Optional[int] = None, sha256: Optional[str] = None) -> Dict[str, np.ndarray]:
+    """The arrays of a checkpoint file, by key, once its bytes are checked against what its marker
+    records: ``size`` (bytes) and ``sha256`` (hex; a marker written before checksums has none, and
+    the file is then only checked to read whole: every member's CRC-32).
+
+    Args:
+        location: a :class:`pipelines.io.storage.Location` (local or remote: the file is read whole,
+            a few KB for the head, megabytes with fine-tuned blocks).
+
+    Raises:
+        DamagedCheckpoint: missing, another size or sha256, or not an ``.npz`` of arrays (NUL
+            bytes, a flipped byte, a truncation); loading never unpickles (``allow_pickle=False``).
+    """
     import io
     import zipfile
 
     try:
-        data = np.load(io.BytesIO(location.read_bytes()), allow_pickle=False)
-        if not isinstance(data, np.lib.npyio.NpzFile):  # a single .npy array
-            return []
-        with data:
-            arrays = {key: data[key] for key in sorted(data.files)}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile):
+        data = location.read_bytes()
+    except FileNotFoundError:
+        raise DamagedCheckpoint("missing") from None
+    except OSError as exc:
+        raise DamagedCheckpoint(f"unreadable ({exc.strerror or exc})") from None
+    if size is not None and len(data) != size:
+        raise DamagedCheckpoint(f"{plural(len(data), 'byte')}, its marker records {size}")
+    if sha256 and hashlib.sha256(data).hexdigest() != sha256:
+        raise DamagedCheckpoint("its bytes are not those its marker's sha256 records")
+    try:
+        loaded = np.load(io.BytesIO(data), allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise ValueError("a single array, not an .npz")
+        with loaded:
+            return {key: loaded[key] for key in sorted(loaded.files)}
+    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise DamagedCheckpoint(f"not a readable .npz ({type(exc).__name__}: {exc})") from None
+
+
+def non_finite_checkpoint(location) -> List[str]:
+    """The keys of the arrays a checkpoint file holds that have a NaN or +-inf value
+    (:func:`pipelines.training.divergence.non_finite_arrays`); ``[]`` for a finite one. ``location``
+    is a :class:`pipelines.io.storage.Location`. A file that cannot be read (:func:`read_checkpoint`)
+    is not judged here (``[]``): the damage check names it."""
+    try:
+        arrays = read_checkpoint(location)
+    except DamagedCheckpoint:
         return []
     return non_finite_arrays(arrays)
 
@@ -163,13 +205,19 @@ def load_checkpoint(model, path: str, optimizer: bool = True) -> None:
     model, its optimizer state, learning rate and random generators' states (:func:`random_generators`).
 
     Raises:
-        ValueError: the checkpoint does not fit the model (other layers or optimizer).
+        ValueError: the checkpoint does not fit the model (other layers or optimizer), or cannot be
+            read (a :class:`DamagedCheckpoint` naming ``path``).
     """
-    with np.load(path, allow_pickle=False) as data:
-        trainable = [data[k] for k in sorted(k for k in data.files if k.startswith("trainable_"))]
-        state = [data[k] for k in sorted(k for k in data.files if k.startswith("optimizer_"))]
-        rng = [data[k] for k in sorted(k for k in data.files if k.startswith("rng_"))]
-        rate = data["learning_rate"] if "learning_rate" in data.files else None
+    from pipelines.io.storage import resolve
+
+    try:
+        data = read_checkpoint(resolve(path))
+    except DamagedCheckpoint as exc:
+        raise DamagedCheckpoint(f"checkpoint {path}: {exc}") from None
+    trainable = [data[k] for k in sorted(k for k in data if k.startswith("trainable_"))]
+    state = [data[k] for k in sorted(k for k in data if k.startswith("optimizer_"))]
+    rng = [data[k] for k in sorted(k for k in data if k.startswith("rng_"))]
+    rate = data.get("learning_rate")
     targets = model.trainable_weights
     if len(trainable) != len(targets) or any(a.shape != tuple(v.shape) for a, v in zip(trainable, targets)):
         raise ValueError(f"checkpoint {path} does not fit this model's trainable weights")

@@ -49,7 +49,7 @@ from pipelines.tracking.pictures import PICTURES
 from pipelines.io.storage import resolve
 from pipelines.tracking import RUN_FILE
 from pipelines.training.records.shapes import record_problem
-from pipelines.training.schedule import checkpoint_markers, global_batch_size, newest_complete_checkpoint, scaled_lr
+from pipelines.training.schedule import checkpoint_markers, global_batch_size, scaled_lr, sound_checkpoint
 
 #: The settings that decide what a run computes: a checkpoint continues only a run with the same.
 FINGERPRINT_FIELDS = ("backbone", "weights", "image_size", "dropout", "seed", "batch_size", "base_lr",
@@ -139,11 +139,13 @@ def manifest_run_id(data) -> Optional[str]:
 @dataclass
 class OutputState:
     """What an output folder holds of training runs: its record (``None`` when absent or
-    unreadable) and its readable checkpoint markers, newest first, the complete one among them."""
+    unreadable) and its readable checkpoint markers, newest first, the sound one among them and
+    the damaged files passed over (:func:`pipelines.training.schedule.sound_checkpoint`)."""
 
     record: Optional[Dict]
     markers: List[Dict]
     newest_complete: Optional[Dict]
+    damaged: List[str] = field(default_factory=list)  # checkpoint files passed over, with why
 
     @property
     def owner(self) -> Optional[Dict]:
@@ -175,7 +177,7 @@ def read_state(folder) -> OutputState:
         raise RunRefused(f"{place.uri} is not a training run record of this job ({problem}): remove it if it "
                          f"is not this job's, or give another --output")
     markers = checkpoint_markers(folder)
-    return OutputState(record, markers, newest_complete_checkpoint(folder, markers))
+    return OutputState(record, markers, *sound_checkpoint(folder, markers))
 
 
 @dataclass
@@ -266,8 +268,13 @@ def claim(folder, run: RunIdentity, resume: bool, relaunch: bool, overwrite: boo
 
 
 def _continue(state: OutputState, run: RunIdentity, relaunch: bool, where: str) -> Claim:
-    """``--resume`` or a relaunch: the owner must be this run (a relaunch) or one like it (resume)."""
+    """``--resume`` or a relaunch: the owner must be this run (a relaunch) or one like it (resume),
+    and a checkpoint must be sound when any was damaged (else the refusal names the files)."""
     owner, marker = state.owner, state.newest_complete
+    if marker is None and state.damaged:
+        raise RunRefused(f"{'a relaunch' if relaunch else '--resume'}: no sound checkpoint in {where}, every one is "
+                         f"damaged: {'; '.join(state.damaged)}. Put back sound copies of them, or start afresh "
+                         f"with --overwrite")
     recorded = (marker.get("run") if marker else None) or owner
     what = f"checkpoint {marker['_name']}" if marker else TRAIN_RUN
     if not recorded.get("id"):

@@ -58,12 +58,14 @@ def marker_problem(marker: Any) -> Optional[str]:
     """What is wrong with a checkpoint marker's shape (as the checkpointer writes it:
     :class:`pipelines.training.checkpointer.CheckpointMarker`), or ``None`` when every field a
     resumed run reads has its type: ``epoch``, ``step`` and ``weights_bytes`` counts, ``weights``
-    a string, ``early_stopping`` a dict, ``history``, ``segments`` lists, ``logs`` a dict or null,
-    ``phase`` 1 or 2, ``run`` a run identity (:func:`run_problem`)."""
+    and ``weights_sha256`` (absent in a marker written before checksums) strings, ``early_stopping``
+    a dict, ``history``, ``segments`` lists, ``logs`` a dict or null, ``phase`` 1 or 2, ``run`` a run
+    identity (:func:`run_problem`)."""
     if not isinstance(marker, dict):
         return f"expected a JSON object, got {_kind(marker)}"
     found = field_problem(marker, [("epoch", "count", True), ("step", "count", False), ("weights", "str", True),
-                               ("weights_bytes", "count", True), ("early_stopping", "dict", True),
+                               ("weights_bytes", "count", True), ("weights_sha256", "str", False),
+                               ("early_stopping", "dict", True),
                                ("history", "list", False), ("segments", "list", False), ("logs", "dict", False)])
     if found is None and marker.get("phase", 1) not in (1, 2):
         found = f"phase: expected 1 or 2, got {marker.get('phase')!r}"

@@ -96,8 +96,8 @@ def test_class_folders_skip_hidden_folders_and_loose_files(tmp_path):
 
 
 @pytest.mark.parametrize("n, fraction, expected", [
-    (0, 0.1, 0), (1, 0.1, 0), (1, 0.9, 0), (2, 0.1, 1), (2, 0.9, 1), (3, 0.9, 2), (10, 0.3, 3), (10, 0.01, 1),
-    (10, 0.99, 9), (100, 0.1, 10), (1000, 0.25, 250),
+    (0, 0.1, 0), (1, 0.1, 0), (1, 0.9, 0), (2, 0.1, 1), (2, 0.9, 1), (3, 0.9, 1), (3, 0.5, 1), (4, 0.9, 2),
+    (10, 0.3, 3), (10, 0.01, 1), (10, 0.99, 8), (100, 0.1, 10), (1000, 0.25, 250),
 ])
 def test_test_count_per_class(n, fraction, expected):
     assert n_test(n, fraction) == expected
@@ -148,6 +148,84 @@ def test_split_sizes_serve_test_then_validation_and_always_train(n, validation_f
 
     assert split_sizes(n, validation_fraction, test_fraction) == expected
     assert sum(expected) == n
+
+
+FRACTIONS = [0.01, 0.05, 0.1, 0.2, 0.25, 0.3, 1 / 3, 0.4, 0.45, 0.49, 0.5, 0.6, 2 / 3, 0.7, 0.8, 0.9, 0.95, 0.98]
+
+
+def test_the_split_rule_holds_for_any_fractions_and_class_sizes():
+    """Every pair of fractions the config accepts (each in (0, 1), sum below 1) and every class of 0
+    to 60 files: a class of 1 file trains only, of 2 trains and is tested, from 3 on is in every
+    split; the counts add up to the class; a split gets its rounded share whenever the rule leaves
+    room for it."""
+    from pipelines.etl.labels import split_sizes
+    pairs = [(t, v) for t in FRACTIONS for v in FRACTIONS if t + v < 1]
+    assert len(pairs) > 150
+    for test_fraction, validation_fraction in pairs:
+        for n in range(61):
+            train, validation, test = split_sizes(n, validation_fraction, test_fraction)
+            assert train + validation + test == n and min(train, validation, test) >= 0
+            if n >= 3:
+                assert min(train, validation, test) >= 1, (n, test_fraction, validation_fraction)
+            else:
+                assert (train, validation, test) == [(0, 0, 0), (1, 0, 0), (1, 0, 1)][n]
+            wanted = round(test_fraction * n)
+            if n >= 3 and 1 <= wanted <= n - 2:
+                assert test == wanted
+            wanted = round(validation_fraction * n)
+            if n >= 3 and 1 <= wanted <= n - test - 1:
+                assert validation == wanted
+
+
+@pytest.mark.parametrize("test_fraction, validation_fraction", [(0.5, 0.1), (0.9, 0.05), (0.05, 0.9), (0.49, 0.49)])
+def test_a_thousand_classes_of_three_files_fill_every_split(test_fraction, validation_fraction):
+    from pipelines.etl.plan import assign_splits
+    from pipelines.etl.listing import ListedFile
+    files = [ListedFile(f"/r/{c:04d}.c/{i}.jpg", f"{c:04d}.c/{i}.jpg", 1) for c in range(1000) for i in range(3)]
+    labels = {f.path: int(f.relative_path[:4]) for f in files}
+    splits = assign_splits(files, labels, 42, test_fraction, validation_fraction)
+    per_class = {}
+    for path, split in splits.items():
+        per_class.setdefault(labels[path], []).append(split)
+    assert all(sorted(s) == ["test", "train", "validation"] for s in per_class.values())
+
+
+def _plan_of(sizes, test_fraction=0.5, validation_fraction=0.1):
+    """A plan of classes of ``sizes`` files each, split as the driver splits them (no Spark)."""
+    from pipelines.etl.config import ETLConfig
+    from pipelines.etl.listing import ListedFile
+    from pipelines.etl.plan import Plan, _split_candidates
+    config = ETLConfig(input="/r", output="/o", test_fraction=test_fraction, validation_fraction=validation_fraction)
+    files = [ListedFile(f"/r/{c + 1:04d}.k{c}/{i}.jpg", f"{c + 1:04d}.k{c}/{i}.jpg", 1)
+             for c, n in enumerate(sizes) for i in range(n)]
+    outcomes = {f.path: ClassFolder(int(f.relative_path[:4]) - 1, f.relative_path.split("/")[0][5:]) for f in files}
+    classes = {c: f"k{c}" for c in range(len(sizes))}
+    return config, _split_candidates(config, Plan(files, outcomes, classes, {}, 0))
+
+
+@pytest.mark.parametrize("sizes, empty", [
+    ([2, 2, 2], "validation split"), ([2] * 1000, "validation split"), ([1, 1], "validation and test splits"),
+    ([1, 2, 1], "validation split"),
+])
+def test_a_plan_that_leaves_a_split_empty_is_refused_naming_the_flags_and_the_classes(sizes, empty):
+    from pipelines.etl.plan import check_splits
+    from pipelines.runtime.errors import Refused
+    config, the_plan = _plan_of(sizes)
+    with pytest.raises(Refused) as refused:
+        check_splits(config, the_plan)
+    message = str(refused.value)
+    assert f"the {empty} would be empty with --test-fraction 0.5 and --validation-fraction 0.1" in message
+    assert "k0: " in message and ("and 990 more" in message) == (len(sizes) == 1000)
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("sizes", [[3], [2, 2, 3], [1, 1, 1, 3], [3] * 1000])
+def test_a_plan_with_a_class_of_three_is_kept_whatever_the_fractions(sizes):
+    from pipelines.etl.plan import check_splits
+    for test_fraction, validation_fraction in [(0.5, 0.1), (0.9, 0.05), (0.01, 0.98), (0.1, 0.1)]:
+        config, the_plan = _plan_of(sizes, test_fraction, validation_fraction)
+        check_splits(config, the_plan)
+        assert all(the_plan.expected_rows[split] >= 1 for split in ("train", "validation", "test"))
 
 
 def test_stratified_split_keeps_every_class_in_every_split_it_can():
@@ -234,7 +312,8 @@ def test_the_plan_accounts_for_every_file_and_names_a_root_file_by_its_place(tmp
     """found = candidates + skipped + rejected, one outcome per listed file, on a real tree."""
     from pipelines.etl.plan import plan
 
-    tree = {"cats/a.jpg": b"x", "cats/b.png": b"x", "cats/notes.txt": b"x", "dogs/c.jpg": b"x", "dogs/empty.jpg": b"",
+    tree = {"cats/a.jpg": b"x", "cats/b.png": b"x", "cats/e.gif": b"x", "cats/notes.txt": b"x", "dogs/c.jpg": b"x",
+            "dogs/empty.jpg": b"",
             "notes.txt": b"x", "photo.jpg": b"x", ".DS_Store": b"x", "_unsorted/d.jpg": b"x"}
     for name, data in tree.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -247,7 +326,7 @@ def test_the_plan_accounts_for_every_file_and_names_a_root_file_by_its_place(tmp
                         "notes.txt": (SKIPPED, NOT_IN_A_CLASS), "photo.jpg": (SKIPPED, NOT_IN_A_CLASS),
                         ".DS_Store": (SKIPPED, HIDDEN_NAME), "_unsorted/d.jpg": (SKIPPED, HIDDEN_NAME)}
     assert sorted(os.path.relpath(c.path, tmp_path) for c in the_plan.candidates) == ["cats/a.jpg", "cats/b.png",
-                                                                                       "dogs/c.jpg"]
+                                                                                       "cats/e.gif", "dogs/c.jpg"]
     assert len(the_plan.candidates) + len(excluded) == len(the_plan.files)
 
 
@@ -578,3 +657,39 @@ def test_the_largest_world_size_is_the_train_splits_row_groups(tmp_path, train_g
     assert f"max world size (row groups of the train split): {train_groups}" in text
     # the warning is about the train split alone: a small test split is read by rows
     assert ("WARNING: the train split has fewer than 4 row groups" in text) == (train_groups < 4)
+
+
+@pytest.mark.parametrize("copies, left, empty", [(1, 2, "validation split"), (2, 1, "validation and test splits")])
+def test_copies_that_leave_a_split_empty_stop_the_etl_before_the_write(copies, left, empty):
+    """Two classes of 3 files, ``copies`` files of each a copy of its first: once the duplicate
+    check rejects them no class is in every split any more."""
+    from pipelines.etl.plan import drop_duplicates
+    from pipelines.runtime.errors import Refused
+    config, the_plan = _plan_of([3, 3])
+    first = {c.path: c.path.rsplit("/", 1)[0] for c in the_plan.candidates if int(c.path[-5]) <= copies}
+    hashes = [(c.path, first.get(c.path, c.path)) for c in the_plan.candidates]
+    with pytest.raises(Refused, match=f"the {empty} would be empty .*k0: {left}, k1: {left}"):
+        drop_duplicates(config, the_plan, hashes)
+
+
+def test_a_split_whose_images_were_all_rejected_on_read_is_not_committed():
+    """The plan gave each split files, the tasks wrote none to one of them (all undecodable):
+    NothingWritten (exit 1, the previous output kept), naming the split and the reasons."""
+    from collections import Counter
+    from pipelines.etl.job import NothingWritten, _refuse_empty_result
+    from pipelines.etl.outcomes import Reconciled, SplitStats
+    from pipelines.io.storage import resolve
+    config, the_plan = _plan_of([3, 3, 4])
+    ledger = resolve("/o/runs/r1/rejected.jsonl")
+    for empty in ("validation", "test", "train"):
+        stats = {split: SplitStats(rows=0 if split == empty else the_plan.expected_rows[split])
+                 for split in ("train", "validation", "test")}
+        result = Reconciled(stats, Counter(written=sum(s.rows for s in stats.values())),
+                            task_reasons=Counter({"undecodable": the_plan.expected_rows[empty]}))
+        with pytest.raises(NothingWritten, match=f"no image written to the {empty} split "
+                                                 f"\\({empty}: {the_plan.expected_rows[empty]} candidates?, all rejected "
+                                                 f"on read: {the_plan.expected_rows[empty]} undecodable\\), which training "
+                                                 "refuses; the output in /o was left as it was"):
+            _refuse_empty_result(config, the_plan, result, ledger)
+    whole = {split: SplitStats(rows=the_plan.expected_rows[split]) for split in ("train", "validation", "test")}
+    _refuse_empty_result(config, the_plan, Reconciled(whole, Counter(written=10)), ledger)  # every split: kept

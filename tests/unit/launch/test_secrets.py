@@ -3,6 +3,7 @@
 a command line carries one anyway (real ranks' command lines and output, Spark's UI redaction:
 tests/ranks/test_secrets.py)."""
 import json
+import os
 
 import pytest
 
@@ -33,13 +34,72 @@ def test_an_options_file_others_may_read_or_write_is_refused_naming_the_fix(tmp_
     assert SECRET not in str(refused.value)
 
 
-def test_an_owner_only_file_is_read_and_a_link_or_a_folder_is_not(tmp_path):
+def test_an_owner_only_file_is_read_and_a_folder_or_a_missing_file_is_not(tmp_path):
     path = options_file(tmp_path, {"secret_key": SECRET}, 0o400)
     assert read_options_file(path) == {"secret_key": SECRET}
-    (tmp_path / "link.json").symlink_to(path)
-    for bad in (tmp_path / "link.json", tmp_path, tmp_path / "missing.json"):
-        with pytest.raises(StorageError, match="--storage-options-file"):
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo, 0o600)
+    for bad, why in ((tmp_path, "not a regular file"), (fifo, "not a regular file"),
+                     (tmp_path / "missing.json", "No such file")):
+        with pytest.raises(StorageError, match=f"--storage-options-file {bad}.*{why}"):
             read_options_file(str(bad))
+
+
+def kubernetes_secret(mount, mode):
+    """A Secret's volume as Kubernetes writes it: ``KEY -> ..data/KEY``, ``..data -> ..TIMESTAMP``,
+    the file in ``..TIMESTAMP`` with the Secret's ``defaultMode``."""
+    stamped = mount / "..2026_12_06_07_00_00.123"
+    stamped.mkdir(parents=True)
+    final = stamped / "storage.json"
+    final.write_text(json.dumps({"secret_key": SECRET}))
+    final.chmod(mode)
+    (mount / "..data").symlink_to(stamped.name)
+    (mount / "storage.json").symlink_to("..data/storage.json")
+    return mount / "storage.json", final
+
+
+@pytest.mark.parametrize("mode", [0o400, 0o600])
+def test_a_private_file_behind_links_is_read(tmp_path, mode):
+    link, _ = kubernetes_secret(tmp_path / "secret", mode)
+    assert read_options_file(str(link)) == {"secret_key": SECRET}
+    (tmp_path / "twice.json").symlink_to(link)  # a link to the Secret's link: three hops
+    assert read_options_file(str(tmp_path / "twice.json")) == {"secret_key": SECRET}
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o440, 0o604])
+def test_a_file_others_may_read_behind_links_is_refused_naming_it_and_its_mode(tmp_path, mode):
+    link, final = kubernetes_secret(tmp_path / "secret", mode)
+    with pytest.raises(StorageError, match=f"{link} \\(-> {final}\\): others may read it "
+                                           f"\\(mode {mode:04o}\\)") as refused:
+        read_options_file(str(link))
+    assert SECRET not in str(refused.value)
+
+
+@pytest.mark.parametrize("mode", [0o400, 0o600])
+def test_a_link_to_another_users_file_is_refused_naming_it(tmp_path, mode):
+    link, final = kubernetes_secret(tmp_path / "secret", mode)
+    other = os.getuid() + 4242
+    if os.getuid() == 0:
+        os.chown(final, other, -1)
+        with pytest.raises(StorageError, match=f"-> {final}\\): another user's file \\(uid {other}, "
+                                               f"mode {mode:04o}\\)"):
+            read_options_file(str(link))
+    else:  # only root may give a file away: the other user's file is one that exists already
+        os.remove(final)
+        final.symlink_to("/etc/passwd")
+        with pytest.raises(StorageError, match="another user's file \\(uid 0"):
+            read_options_file(str(link))
+
+
+def test_a_dangling_link_or_a_loop_is_refused_naming_it(tmp_path):
+    link, final = kubernetes_secret(tmp_path / "secret", 0o400)
+    os.remove(final)
+    with pytest.raises(StorageError, match=f"--storage-options-file {link} .*: a dangling link"):
+        read_options_file(str(link))
+    (tmp_path / "a.json").symlink_to(tmp_path / "b.json")
+    (tmp_path / "b.json").symlink_to(tmp_path / "a.json")
+    with pytest.raises(StorageError, match="--storage-options-file .*a.json.*symbolic links"):
+        read_options_file(str(tmp_path / "a.json"))
 
 
 @pytest.mark.parametrize("text, why", [("[1, 2]", "JSON object"), ("{not json", "not JSON"),

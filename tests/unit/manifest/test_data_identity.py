@@ -107,8 +107,9 @@ def test_a_commit_keeps_an_older_run_a_live_lease_holds_and_deletes_it_once_none
     out = three_runs(tmp_path / "out")
     now = time.time()
     leases.write_lease(leases.lease_location(out, RUN_A, "train-1"), "train-1", RUN_A, now=now - 30)
-    leases.write_lease(leases.lease_location(out, RUN_B, "train-2"), "train-2", RUN_B,
-                       now=now - leases.TTL_S - 1)  # a crashed training's: expired
+    crashed = leases.lease_location(out, RUN_B, "train-2")
+    leases.write_lease(crashed, "train-2", RUN_B)
+    os.utime(crashed.path, (now - leases.TTL_S - 1,) * 2)  # a crashed training's: expired
     with caplog.at_level(logging.INFO, "pipelines"):
         assert commit.clean_up(out, RUN_C) == [f"runs/{RUN_B}"]
     assert f"kept run {RUN_A}: still read by training run train-1" in caplog.text
@@ -121,18 +122,67 @@ def test_a_commit_keeps_an_older_run_a_live_lease_holds_and_deletes_it_once_none
     assert os.listdir(tmp_path / "out" / "runs") == [RUN_C]
 
 
-def test_a_lease_is_judged_by_its_refresh_time_and_a_damaged_one_by_its_file_time(tmp_path):
+def test_a_lease_is_judged_by_its_file_time_on_the_stores_clock(tmp_path):
+    """The store's time of each lease file against the store's time now; what the file says (a
+    refresh time, or nothing readable) does not enter."""
     run = three_runs(tmp_path / "out").join("runs", RUN_A)
-    now = 1_800_000_000.0
-    for reader, refreshed in (("fresh", now - leases.TTL_S + 1), ("old", now - leases.TTL_S - 1),
-                              ("skewed", now + 60), ("far-ahead", now + leases.TTL_S + 1)):
-        leases.write_lease(run.join("readers", reader + ".json"), reader, RUN_A, now=refreshed)
-    run.join("readers", "damaged.json").write_bytes(b"{not json")
-    found = {lease.reader: lease.live for lease in leases.leases_on(run, now=now)}
-    assert found == {"fresh": True, "old": False, "skewed": True, "far-ahead": False, "damaged": False}
-    assert {lease.reader: lease.live for lease in leases.leases_on(run)}["damaged"]  # written just now
+    assert leases.leases_on(run) == []
+    now = time.time()
+    for reader, age in (("fresh", 10), ("nearly", leases.TTL_S - 30), ("old", leases.TTL_S + 30),
+                        ("far-ahead", -leases.TTL_S - 60)):
+        location = run.join("readers", reader + ".json")
+        leases.write_lease(location, reader, RUN_A, now=now - leases.TTL_S * 3)  # what it says: ignored
+        os.utime(location.path, (now - age, now - age))
+    run.join("readers", "damaged.json").write_bytes(b"{not json")  # written now: live
+    found = {lease.reader: lease.live for lease in leases.leases_on(run)}
+    assert found == {"fresh": True, "nearly": True, "old": False, "far-ahead": False, "damaged": True}
+    assert sorted(os.listdir(tmp_path / "out" / "runs" / RUN_A / "readers")) == sorted(f"{r}.json" for r in found)
     with pytest.raises(ValueError, match="not a plain file name"):
         leases.lease_location(run, "../x", "r")
+
+
+SKEW_S = 15 * 60
+
+
+def skewed(monkeypatch, seconds):
+    """This process's clock, as every host-clock read here sees it, ``seconds`` off the truth
+    (the store's clock, the kernel's file times, stays true)."""
+    true_time = time.time
+    monkeypatch.setattr(time, "time", lambda: true_time() + seconds)
+
+
+@pytest.mark.parametrize("holder_s, judge_s", [(SKEW_S, 0), (-SKEW_S, 0), (0, SKEW_S), (0, -SKEW_S),
+                                               (SKEW_S, -SKEW_S), (-SKEW_S, SKEW_S), (3 * 3600, 0)])
+def test_skewed_clocks_on_either_side_keep_a_live_lease_and_reclaim_an_expired_one(tmp_path, monkeypatch,
+                                                                                  holder_s, judge_s):
+    """A training (the holder) and an ETL rerun (the judge) on hosts whose clocks are off by
+    15 minutes or more either way: the lease refreshed just now keeps its run, one whose last
+    refresh the store stamped 11 minutes ago no longer does."""
+    out = three_runs(tmp_path / "out")
+    with monkeypatch.context() as host:
+        skewed(host, holder_s)
+        leases.write_lease(leases.lease_location(out, RUN_A, "train-1"), "train-1", RUN_A)
+        leases.write_lease(leases.lease_location(out, RUN_B, "crashed"), "crashed", RUN_B)
+    crashed = leases.lease_location(out, RUN_B, "crashed").path
+    os.utime(crashed, (time.time() - leases.TTL_S - 60,) * 2)  # the store's stamp of its last refresh
+    with monkeypatch.context() as host:
+        skewed(host, judge_s)
+        assert commit.clean_up(out, RUN_C) == [f"runs/{RUN_B}"]
+    assert sorted(os.listdir(tmp_path / "out" / "runs")) == [RUN_A, RUN_C]
+
+
+def test_a_commit_on_a_clock_15_minutes_ahead_keeps_a_training_reading(tmp_path, monkeypatch):
+    """The reported case, through a held lease: training refreshing its lease, the ETL's host 15
+    minutes ahead; the run is kept while held and deleted once the lease is released."""
+    write_run(tmp_path, RUN_A)
+    out = storage.resolve(str(tmp_path))
+    with leases.hold(out, RUN_A, "train-1", refresh_s=0.05):
+        with monkeypatch.context() as host:
+            skewed(host, SKEW_S)
+            assert commit.clean_up(out, RUN_C) == []
+            ages = [lease.age_s for lease in leases.leases_on(out.join("runs", RUN_A))]
+            assert len(ages) == 1 and -5 < ages[0] < 5  # not 900 s: the store's clock on both ends
+    assert commit.clean_up(out, RUN_C) == [f"runs/{RUN_A}"]
 
 
 def test_a_held_lease_is_refreshed_and_removed_and_refused_when_the_manifest_moved_on(tmp_path):
@@ -154,14 +204,30 @@ def test_a_held_lease_is_refreshed_and_removed_and_refused_when_the_manifest_mov
     assert not leases.lease_location(out, RUN_A, "train-2").exists()
 
 
-def test_a_lease_on_an_s3_output_keeps_its_run(s3_server, s3_bucket, caplog):
+def test_a_lease_on_an_s3_output_keeps_its_run(s3_server, s3_bucket, caplog, monkeypatch):
+    """On S3 both times are the server's (LastModified of the lease and of the probe): clocks of
+    the holder and the judge 15 minutes off either way change nothing; a lease left unrefreshed
+    longer than its life (here 2 s) is reclaimed."""
     from tests.support import s3server
     options = {"endpoint_override": s3_server.endpoint, "region": s3server.REGION,
                "access_key": s3server.ACCESS_KEY, "secret_key": s3server.SECRET_KEY}
     out = storage.resolve(f"s3://{s3_bucket}/etl", options)
     for run in (RUN_A, RUN_B):
         out.join("runs", run, "train", "part-0.parquet").write_bytes(b"x")
-    with leases.ReaderLease(leases.lease_location(out, RUN_A, "train-1"), "train-1", RUN_A):
-        assert commit.clean_up(out, RUN_B) == []
+    with monkeypatch.context() as host:
+        skewed(host, SKEW_S)
+        lease = leases.ReaderLease(leases.lease_location(out, RUN_A, "train-1"), "train-1", RUN_A).start()
+    for judge_s in (SKEW_S, -SKEW_S, 0):
+        with monkeypatch.context() as host:
+            skewed(host, judge_s)
+            assert commit.clean_up(out, RUN_B) == []
+            (found,) = leases.leases_on(out.join("runs", RUN_A))
+            assert found.live and -3 < found.age_s < 3
+    lease._stop.set()  # the holder dies: no refresh, no release
+    time.sleep(3.2)  # S3 stamps whole seconds
+    (found,) = leases.leases_on(out.join("runs", RUN_A), ttl_s=2)
+    assert not found.live and found.age_s >= 2
+    assert not [i for i in out.join("runs", RUN_A, "readers").list() if i.base_name.startswith(".clock")]
+    lease.stop()
     assert commit.clean_up(out, RUN_B) == [f"runs/{RUN_A}"]
     assert [i.base_name for i in out.join("runs").list(recursive=False)] == [RUN_B]

@@ -1,4 +1,5 @@
 """Training callbacks in one process (TensorFlow, no Horovod)."""
+import hashlib
 import os
 
 import numpy as np
@@ -42,7 +43,7 @@ def test_best_weights_are_restored_when_stopping_early():
     stopper = BestWeightsEarlyStopping(monitor="val_accuracy", patience=1, min_delta=0.001)
     run_epochs(stopper, model, [0.5, 0.9, 0.9005, 0.95])
     assert model.stop_training and model.get_weights()[1][0] == 1
-    assert stopper.state() == {"best": 0.9, "wait": 1, "best_epoch": 2, "stopped": True}
+    assert stopper.state() == {"best": 0.9, "wait": 1, "best_epoch": 2, "stopped": True, "monitor": "val_accuracy"}
 
 
 def test_resumed_state_continues_patience():
@@ -69,6 +70,8 @@ def test_checkpoint_marker_is_written_after_the_weights(tmp_path):
     assert found["early_stopping"]["best_epoch"] == 1
     assert found["weights"] == "checkpoint-1.npz"
     assert found["weights_bytes"] == os.path.getsize(tmp_path / "checkpoint-1.npz")
+    assert found["weights_sha256"] == hashlib.sha256((tmp_path / "checkpoint-1.npz").read_bytes()).hexdigest()
+    assert found["early_stopping"]["monitor"] == "val_accuracy"
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
 
 

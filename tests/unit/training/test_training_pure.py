@@ -14,6 +14,7 @@ from benchmarks.eval_bench import previous_add, previous_batch_totals
 from pipelines.training.evaluate import Totals, add, batch_totals, gathers_pairs, sum_totals
 from pipelines.training.schedule import (checkpoint_path, marker_path, newest_complete_checkpoint, plan_steps,
                                          scaled_lr, warmup_lr)
+from tests.support.outputs import checkpoint_bytes
 
 
 def test_steps_come_from_global_counts_and_are_the_same_for_every_rank():
@@ -48,12 +49,13 @@ def test_warmup_goes_linearly_from_base_to_scaled_lr():
 
 
 def write_checkpoint(directory, epoch, size=100, marker=True, marker_size=None):
+    data = checkpoint_bytes(size)
     with open(checkpoint_path(directory, epoch), "wb") as f:
-        f.write(b"x" * size)
+        f.write(data)
     if marker:
         with open(marker_path(directory, epoch), "w") as f:
             json.dump({"epoch": epoch, "weights": os.path.basename(checkpoint_path(directory, epoch)),
-                       "weights_bytes": size if marker_size is None else marker_size,
+                       "weights_bytes": len(data) if marker_size is None else len(checkpoint_bytes(marker_size)),
                        "early_stopping": {"best_epoch": epoch}}, f)
 
 

@@ -6,10 +6,18 @@ whose pyarrow Petastorm 0.13.1 cannot import, never loads it (whether it can is
 what :func:`pipelines.training.data.readers.open_reader` opens for ``--reader petastorm``
 (through :func:`pipelines.training.data.petastorm.open_shard`).
 
-Its train stream is not positioned (:func:`pipelines.training.data.readers.exact_positions` is
-False): the thread pool hands row groups over in the order they finish, and the reader cannot be started at
-a row group, so training over it keeps ``tf.data``'s shuffle buffer and stateful flips, and a run
-resumed mid-epoch starts its stream afresh (the batches differ from an uninterrupted run's).
+Its order is reproducible: Petastorm 0.13's ventilator permutes the shard's row groups once with
+``seed`` (one order, repeated every pass; a seed of 0 means "no seed" to Petastorm, so the seed
+given is mapped to a non-zero one, :func:`petastorm_seed`) and queues them to the pool's one worker
+thread, whose results come back in that order. With more workers the pool takes results in turn
+only while the ventilator keeps ahead: a worker whose queue is momentarily empty is skipped
+(``ThreadPool.current_worker_done``), so from the second pass on the order follows the threads'
+timing. One worker reads far faster than a rank trains (docs/training.md), so the reader keeps one
+whatever ``workers`` says (our reader's threads, which keep its order at any count). Its train stream
+is still not positioned (:func:`pipelines.training.data.readers.exact_positions` is False): the
+reader cannot be started at a row group, so training over it keeps ``tf.data``'s seeded shuffle
+buffer and flips, and a run resumed mid-epoch starts its stream afresh (the batches differ from an
+uninterrupted run's).
 
 Petastorm's ``LocalDiskCache`` is a ``diskcache.FanoutCache``; by default it pickles each row
 group, and every warm read unpickles it (a planted cache file would run code: diskcache
@@ -108,6 +116,13 @@ def _open_new(full_path: str):
     raise AssertionError("unreachable")
 
 
+def petastorm_seed(seed: int) -> int:
+    """The seed Petastorm gets for ``seed`` (any int): distinct seeds (under 2**62 in size) stay distinct, none is 0,
+    which Petastorm 0.13 reads as "unseeded" (``ConcurrentVentilator``, ``ThreadPool``), and each
+    fits numpy's ``default_rng`` (non-negative)."""
+    return (seed % (2 ** 63 - 1)) + 1
+
+
 @contextlib.contextmanager
 def open_petastorm_reader(urls, filesystem, rank: int, world_size: int, cache_folder: Optional[str],
                           cache_limit: int, row_size: int, workers: int, seed: int) -> Iterator:
@@ -115,7 +130,8 @@ def open_petastorm_reader(urls, filesystem, rank: int, world_size: int, cache_fo
     Petastorm's ``cur_shard``/``shard_count``, the rule of :func:`pipelines.training.data.sharding.shard`;
     ``filesystem`` the legacy filesystem of the pinned parts,
     :func:`~pipelines.training.data.petastorm.legacy_fs.petastorm_filesystem`), with a local-disk cache of
-    flat files in ``cache_folder`` (None: no cache; :func:`pipelines.training.data.readers.open_reader`).
+    flat files in ``cache_folder`` (None: no cache; :func:`pipelines.training.data.readers.open_reader`),
+    its row groups in the order ``seed`` gives (the module's doc; ``workers`` is not used: one thread).
 
     Yields the reader, stopped and joined on exit (which deletes ``cache_folder``).
     """
@@ -134,8 +150,8 @@ def open_petastorm_reader(urls, filesystem, rank: int, world_size: int, cache_fo
         warnings.simplefilter("ignore", FutureWarning)  # raised from pyarrow's own modules here
         reader = make_batch_reader(urls, filesystem=filesystem, schema_fields=["image", "label"],
                                    cur_shard=rank, shard_count=world_size, num_epochs=None,
-                                   shuffle_row_groups=True, seed=seed,
-                                   reader_pool_type="thread", workers_count=workers,
+                                   shuffle_row_groups=True, shuffle_rows=False, seed=petastorm_seed(seed),
+                                   reader_pool_type="thread", workers_count=1,  # the order: the module's doc
                                    convert_early_to_numpy=True, **cache)
     # The reader owns its lifetime: its __exit__ stops and joins it and deletes its cache. It also
     # prints "Cache cleanup complete.", so stdout is silenced for that exit only (``silence`` is

@@ -16,6 +16,7 @@ from pipelines.training.records import ownership as runs
 from pipelines.training.config import TrainConfig
 from pipelines.training.records.mirror import Outputs
 from pipelines.training.schedule import marker_weights, newest_complete_checkpoint
+from tests.support.outputs import checkpoint_bytes
 
 
 @pytest.fixture
@@ -31,10 +32,12 @@ def config(data, output, **kwargs):
 
 
 def write_checkpoint(folder, epoch, run, best=1, weights=None, size=4):
-    """A complete checkpoint of ``run`` (a RunIdentity, or None: an unrecorded one) in ``folder``."""
+    """A complete checkpoint of ``run`` (a RunIdentity, or None: an unrecorded one) in ``folder``,
+    its array of ``size`` values."""
+    data = checkpoint_bytes(size)
     with open(os.path.join(folder, f"checkpoint-{epoch}.npz"), "wb") as f:
-        f.write(b"w" * size)
-    marker = {"epoch": epoch, "weights": weights or f"checkpoint-{epoch}.npz", "weights_bytes": size,
+        f.write(data)
+    marker = {"epoch": epoch, "weights": weights or f"checkpoint-{epoch}.npz", "weights_bytes": len(data),
               "early_stopping": {"best_epoch": best}, "history": [], **({"run": run.record()} if run else {})}
     with open(os.path.join(folder, f"checkpoint-{epoch}.json"), "w") as f:
         json.dump(marker, f)
@@ -75,7 +78,7 @@ def test_a_new_run_into_another_runs_output_is_refused(data, tmp_path):
 def test_checkpoints_without_a_record_or_run_are_another_runs(data, tmp_path):
     out = str(tmp_path / "out")
     os.makedirs(out)
-    write_checkpoint(out, 3, None)  # written before runs were recorded
+    write_checkpoint(out, 3, None, best=3)  # written before runs were recorded
     with pytest.raises(runs.RunRefused, match=r"training run \(unrecorded\)"):
         claim(data, out)
     with pytest.raises(runs.RunRefused, match="checkpoint checkpoint-3.json in .* is of no recorded training run"):

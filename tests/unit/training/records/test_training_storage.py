@@ -11,6 +11,7 @@ from pipelines.io.storage import resolve
 from pipelines.training.data import petastorm_available
 from pipelines.training.records.mirror import Outputs, open_outputs
 from pipelines.training.schedule import newest_complete_checkpoint
+from tests.support.outputs import checkpoint_bytes
 
 
 def write(folder, name, data: bytes):
@@ -40,8 +41,8 @@ def test_push_mirrors_changes_and_prunes_checkpoints_then_finish_removes_the_loc
     outputs = open_outputs(f"s3://{s3_bucket}/run")
     remote, local = outputs.remote, outputs.local
     for epoch in (1, 2):
-        write(local, f"checkpoint-{epoch}.npz", b"w" * (10 + epoch))
-        write(local, f"checkpoint-{epoch}.json", marker(epoch, 10 + epoch))
+        write(local, f"checkpoint-{epoch}.npz", checkpoint_bytes(10 + epoch))
+        write(local, f"checkpoint-{epoch}.json", marker(epoch, len(checkpoint_bytes(10 + epoch))))
     write(local, "tensorboard/train/events.1", b"e1")
     outputs.push(last="checkpoint-2.json")
     assert names(remote) == {"checkpoint-1.npz", "checkpoint-1.json", "checkpoint-2.npz", "checkpoint-2.json",
@@ -60,9 +61,9 @@ def test_push_mirrors_changes_and_prunes_checkpoints_then_finish_removes_the_loc
 def test_resume_takes_the_newest_remote_checkpoint_whose_weights_are_whole(s3_bucket, tmp_path):
     remote = resolve(f"s3://{s3_bucket}/run")
     for epoch, size in ((1, 11), (2, 12), (3, 13)):
-        remote.join(f"checkpoint-{epoch}.npz").write_bytes(b"w" * size)
-    remote.join("checkpoint-1.json").write_bytes(marker(1, 11))
-    remote.join("checkpoint-2.json").write_bytes(marker(2, 12, best=1))
+        remote.join(f"checkpoint-{epoch}.npz").write_bytes(checkpoint_bytes(size))
+    remote.join("checkpoint-1.json").write_bytes(marker(1, len(checkpoint_bytes(11))))
+    remote.join("checkpoint-2.json").write_bytes(marker(2, len(checkpoint_bytes(12)), best=1))
     remote.join("checkpoint-3.json").write_bytes(marker(3, 99))  # its weights are not the size it says
     remote.join("history.csv").write_bytes(b"epoch,loss\n0,1.0\n1,0.5\n")
     assert newest_complete_checkpoint(remote)["epoch"] == 2
@@ -83,12 +84,12 @@ def test_a_remote_marker_naming_anything_but_its_own_checkpoint_is_never_resumed
     """An absolute name crashed --resume on S3, a ``../`` one wrote outside the local folder: such a
     marker is ignored, the older whole checkpoint resumed, nothing downloaded outside the folder."""
     remote = resolve(f"s3://{s3_bucket}/run")
-    remote.parent.join("elsewhere", "checkpoint-2.npz").write_bytes(b"w" * 12)
-    remote.parent.join("checkpoint-2.npz").write_bytes(b"w" * 12)
+    remote.parent.join("elsewhere", "checkpoint-2.npz").write_bytes(checkpoint_bytes(12))
+    remote.parent.join("checkpoint-2.npz").write_bytes(checkpoint_bytes(12))
     for epoch in (1, 2):
-        remote.join(f"checkpoint-{epoch}.npz").write_bytes(b"w" * (10 + epoch))
-    remote.join("checkpoint-1.json").write_bytes(marker(1, 11))
-    bad = json.loads(marker(2, 12))
+        remote.join(f"checkpoint-{epoch}.npz").write_bytes(checkpoint_bytes(10 + epoch))
+    remote.join("checkpoint-1.json").write_bytes(marker(1, len(checkpoint_bytes(11))))
+    bad = json.loads(marker(2, len(checkpoint_bytes(12))))
     remote.join("checkpoint-2.json").write_bytes(json.dumps({**bad, "weights": name.format(bucket=s3_bucket)}).encode())
     found = newest_complete_checkpoint(remote)
     assert found["epoch"] == 1
@@ -106,19 +107,19 @@ def test_pruning_deletes_this_runs_checkpoints_only_never_another_runs_in_a_shar
     remote = resolve(f"s3://{s3_bucket}/shared")
     a = {"id": "A", "config": {}, "data_sha256": "d"}
     for epoch in (1, 2, 3):
-        remote.join(f"checkpoint-{epoch}.npz").write_bytes(b"a" * 5)
+        remote.join(f"checkpoint-{epoch}.npz").write_bytes(checkpoint_bytes(5))
         remote.join(f"checkpoint-{epoch}.json").write_bytes(json.dumps(
-            {"epoch": epoch, "weights": f"checkpoint-{epoch}.npz", "weights_bytes": 5, "run": a,
+            {"epoch": epoch, "weights": f"checkpoint-{epoch}.npz", "weights_bytes": len(checkpoint_bytes(5)), "run": a,
              "early_stopping": {"best_epoch": 1}, "history": []}).encode())
-    remote.join("checkpoint-9.npz").write_bytes(b"b" * 3)  # B's own, from an earlier process of run B
+    remote.join("checkpoint-9.npz").write_bytes(checkpoint_bytes(3))  # B's own, from an earlier process of run B
     remote.join("checkpoint-9.json").write_bytes(json.dumps(
-        {"epoch": 9, "weights": "checkpoint-9.npz", "weights_bytes": 3, "run": {"id": "B"},
+        {"epoch": 9, "weights": "checkpoint-9.npz", "weights_bytes": len(checkpoint_bytes(3)), "run": {"id": "B"},
          "early_stopping": {"best_epoch": 9}, "history": []}).encode())
     outputs = Outputs(remote)
     outputs.adopt(Claim(RunIdentity("B", {}, "d")), "data")  # no deletion, no record: a relaunch's view
     for epoch in (4, 5):  # B's epochs: B keeps only its newest locally
-        write(outputs.local, f"checkpoint-{epoch}.npz", b"w" * 4)
-        write(outputs.local, f"checkpoint-{epoch}.json", marker(epoch, 4))
+        write(outputs.local, f"checkpoint-{epoch}.npz", checkpoint_bytes(4))
+        write(outputs.local, f"checkpoint-{epoch}.json", marker(epoch, len(checkpoint_bytes(4))))
         outputs.push(last=f"checkpoint-{epoch}.json")
         if epoch == 4:
             os.remove(os.path.join(outputs.local, "checkpoint-4.npz"))
