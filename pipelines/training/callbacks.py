@@ -198,16 +198,19 @@ class DivergenceGuard(keras.callbacks.Callback):
 
     def on_validation_batch_end(self, epoch, batch, logs=None):
         """After each of this rank's validation batches: the check (collective)."""
-        self._check_in_validation(True, logs)
+        self._check_in_validation(True, logs, f"validation batch {batch} of epoch {epoch + 1}")
 
     def on_validation_shard_end(self, epoch, logs=None):
         """This rank's shard done: a check for each batch another rank still validates."""
-        while self._check_in_validation(False, logs):
-            tick_watchdog(f"the other ranks' validation of epoch {epoch + 1}", waits=True)
+        while self._check_in_validation(False, logs, f"the other ranks' validation of epoch {epoch + 1}"):
+            pass
 
-    def _check_in_validation(self, validating: bool, logs) -> bool:
-        """One check in validation; stops every rank at a notice. Returns whether a rank validates."""
+    def _check_in_validation(self, validating: bool, logs, after: str) -> bool:
+        """One check in validation (after ``after``, for the watchdog); stops every rank at a
+        notice. Returns whether a rank validates."""
+        tick_watchdog(f"the preemption check after {after}", waits=True)
         still, notices = self.count((validating, bool(self.notice and self.notice.requested)))
+        tick_watchdog(f"the rank's own work after the check after {after}")
         if notices:
             epoch_logs = self.gather({key: float(value) for key, value in (logs or {}).items()})
             with holding(self.notice):

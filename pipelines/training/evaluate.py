@@ -199,7 +199,7 @@ def exact_validation(inputs, data, listeners: Sequence = ()):
             start = time.perf_counter()
 
             def after_batch(batch: int) -> None:
-                progress(f"the checks after validation batch {batch} of epoch {epoch + 1}", waits=True)
+                progress(f"the rank's own work after validation batch {batch} of epoch {epoch + 1}")
                 for hook in batch_hooks:
                     hook(epoch, batch, logs)
                 progress(f"validation batch {batch + 1} of epoch {epoch + 1}")
