@@ -23,7 +23,7 @@ Where our time goes is printed after the table (:func:`breakdown`): the driver's
 job whose tasks do nothing, the tasks' work, the finish, and one process's write rate alone.
 
 The duplicate check (``--dedupe``, the ETL's default: a first Spark pass hashing every candidate's
-bytes) is measured side by side (:func:`dedupe_rows`): the whole run without it and with it, and
+bytes and decoded pixels) is measured side by side (:func:`dedupe_rows`): the whole run without it and with it, and
 its hash pass alone. The main table runs without it, as the recipe has none, and the
 ``x copies`` tree is hard links, all duplicates. ``--dedupe-only`` runs that comparison alone;
 ``--fashion-per-class 0`` leaves Fashion-MNIST out.
@@ -33,7 +33,10 @@ Against what a Spark user writes today (``--peers binaryfile,image``, both by de
 ``image`` source, each timed on the same inputs in the same session after a warm-up, best of
 ``--repeats``; the table gives ours over each and the goal (ours >= 1.5x each).
 
-Usage: python benchmarks/etl_bench.py [--fashion-per-class 1000] [--tux-copies 10] [--master local[2]]
+``--distinct N`` adds N distinct photo-like JPEGs made here (no download): the duplicate check's
+cost on a large tree without copies, where every file is decoded once more in its hash pass.
+
+Usage: python benchmarks/etl_bench.py [--fashion-per-class 1000] [--tux-copies 10] [--distinct 10000] [--master local[2]]
 [--storage s3] [--dedupe-only] [--peers binaryfile,image | none]
 """
 from __future__ import annotations
@@ -141,6 +144,21 @@ def copy_tree(src: str, dest: str, copies: int) -> str:
     return dest
 
 
+def distinct_tree(dest: str, count: int, classes: int = 10) -> str:
+    """``dest``: ``count`` distinct photo-like JPEGs (400x300, quality 90: a gradient and shapes
+    placed by their number, :func:`tests.support.imagegen.scene`) in ``classes`` class folders; kept
+    when already there."""
+    from tests.support.imagegen import encode, scene
+
+    for i in range(count):
+        path = os.path.join(dest, f"{i % classes + 1:03d}.class{i % classes}", f"{i:06d}.jpg")
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(encode(scene(i, 400, 300), "JPEG", quality=90))
+    return dest
+
+
 def breakdown(spark, config, repeats: int) -> dict:
     """Where one ETL run's time goes, each part timed alone (best of ``repeats``), seconds:
     ``plan`` (the driver's listing, split and row-group plan), ``empty_job`` (the same Spark job
@@ -201,6 +219,8 @@ def main(argv=None) -> int:
     parser.add_argument("--fashion-per-class", type=int, default=1000, help="Fashion-MNIST files per class (10 classes)")
     parser.add_argument("--tux-copies", type=int, default=10,
                         help="also run the Tux Paint photos copied this many times (0: not)")
+    parser.add_argument("--distinct", type=int, default=0,
+                        help="also run this many distinct photo-like JPEGs made here (400x300, 10 classes; 0: not)")
     parser.add_argument("--image-size", type=int, default=DEFAULT_IMAGE_SIZE)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--repeats", type=int, default=2)
@@ -242,6 +262,9 @@ def main(argv=None) -> int:
                       str(args.fashion_per_class)])
     tux = inputs["tux paint photos (PNG->JPEG, up to 2348 px)"] = os.path.join(work, "tuxpaint")
     samples.main(["tuxpaint", "--dest", tux])
+    if args.distinct:
+        inputs[f"distinct photo-like JPEGs ({args.distinct:,}, 400x300)"] = distinct_tree(
+            os.path.join(work, "distinct"), args.distinct)
     if args.tux_copies > 1:
         inputs[f"tux paint photos x {args.tux_copies}"] = copy_tree(tux, os.path.join(work, "tux-copies"),
                                                                     args.tux_copies)

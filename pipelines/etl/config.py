@@ -49,10 +49,12 @@ class ETLConfig:
     max_file_mb: float = field(50.0, help="files larger than this are rejected unread, MiB; a task holds one "
                                           "file and its decoded pixels at a time, and values the executors' "
                                           "memory cannot hold are refused before Spark runs")
-    dedupe: bool = field(True, help="hash every candidate's bytes first (one more Spark pass) and write one "
-                                    "file per content, the other copies recorded as rejections (a "
-                                    "duplicate, or a label conflict across classes); --no-dedupe writes "
-                                    "every copy, and copies may then be in two splits")
+    dedupe: bool = field(True, help="hash every candidate's bytes and decoded pixels first (one more Spark "
+                                    "pass) and write one file per image, the other copies (same pixels in "
+                                    "any format or metadata) recorded as rejections (a duplicate, or a "
+                                    "label conflict across classes), and warn of look-alikes (re-encoded "
+                                    "or resized copies); --no-dedupe writes every copy, and copies may "
+                                    "then be in two splits")
     num_partitions: int = field(0, help="Spark tasks for hashing and decoding; 0 = at least 2 per core and "
                                          "at most 500 images a task (progress moves task by task)")
     master: Optional[str] = field(None, help="Spark master when not set by spark-submit "

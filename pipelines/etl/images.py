@@ -27,6 +27,7 @@ group it is filling.
 """
 from __future__ import annotations
 
+import hashlib
 import warnings
 from dataclasses import dataclass
 from typing import Tuple
@@ -200,6 +201,49 @@ def decode_and_fit(data: bytes, size: int = DEFAULT_IMAGE_SIZE, max_pixels: int 
     """
     if size <= 0:
         raise ValueError(f"size must be positive, got {size}")
+    return _decoded(data, max_pixels, size,
+                    lambda img, height, width, dropped: FittedImage(fit_within(img, size), height, width, dropped))
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What the duplicate check compares of one file (:mod:`pipelines.etl.dedupe`).
+
+    Attributes:
+        pixels: sha256 (64 hex digits) of the image as the ETL reads it, at full size (oriented,
+            RGB, transparency on white: :func:`to_rgb`), with its width and height: equal for
+            copies whatever their container, compression or metadata.
+        dhash: 64-bit difference hash of its greyscale at 9 x 8 (LANCZOS; bit ``i`` of row ``r``:
+            pixel ``i + 1`` brighter than pixel ``i``), as 16 hex digits: close in Hamming distance
+            for re-encoded and resized copies.
+    """
+
+    pixels: str
+    dhash: str
+
+
+def fingerprint(data: bytes, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Fingerprint:
+    """The :class:`Fingerprint` of an encoded image: decoded in full (no reduced-scale JPEG
+    decode, whose pixels a lossless copy in another format would not have).
+
+    Raises:
+        ImageRejected: as :func:`decode_and_fit`.
+    """
+    def of(img: Image.Image, height: int, width: int, dropped) -> Fingerprint:
+        digest = hashlib.sha256(f"{width}x{height}:".encode())
+        digest.update(img.tobytes())
+        grey = np.asarray(img.convert("L").resize((9, 8), Image.Resampling.LANCZOS, reducing_gap=2.0), np.int16)
+        bits = (grey[:, 1:] > grey[:, :-1]).ravel()
+        return Fingerprint(digest.hexdigest(), f"{int(np.packbits(bits).view('>u8')[0]):016x}")
+
+    return _decoded(data, max_pixels, None, of)
+
+
+def _decoded(data: bytes, max_pixels: int | None, draft_size: int | None, finish):
+    """``finish(image, height, width, dropped)`` of the image ``data`` holds: oriented, RGB
+    (:func:`to_rgb`), a JPEG decoded at a reduced DCT scale while its short side stays at least
+    ``draft_size`` (``None``: in full); every failure on the way, ``finish``'s too, as
+    :class:`ImageRejected` (see :func:`decode_and_fit`)."""
     if not data:
         raise ImageRejected("empty file (0 bytes)")
     try:
@@ -218,11 +262,11 @@ def decode_and_fit(data: bytes, size: int = DEFAULT_IMAGE_SIZE, max_pixels: int 
                     f"decompression bomb: {width}x{height} = {width * height} pixels > {max_pixels}")
             if img.getexif().get(_EXIF_ORIENTATION, 1) in _ORIENTATIONS_SWAPPING_AXES:
                 width, height = height, width
-            if img.format == "JPEG":
-                # DCT-domain downscale by 1/2, 1/4 or 1/8 while the short side stays >= size.
-                img.draft(img.mode, (size, size))
+            if img.format == "JPEG" and draft_size is not None:
+                # DCT-domain downscale by 1/2, 1/4 or 1/8 while the short side stays >= draft_size.
+                img.draft(img.mode, (draft_size, draft_size))
             img = ImageOps.exif_transpose(img)  # loads the pixels: truncation surfaces here
-            return FittedImage(fit_within(to_rgb(img), size), height, width, dropped)
+            return finish(to_rgb(img), height, width, dropped)
     except ImageRejected:
         raise
     except DamagedPng as exc:

@@ -11,8 +11,9 @@ Steps, each a function below:
    class, on the driver) and the row-group plan; the candidate images sorted by a seeded hash of
    their relative path. :func:`~pipelines.etl.plan.hash_candidates` and
    :func:`~pipelines.etl.plan.drop_duplicates` (``--dedupe``, the default) - a first Spark pass
-   hashes every candidate's bytes, one file per content is kept (:mod:`pipelines.etl.dedupe`), the
-   other copies are recorded as rejections, and the kept files are split again.
+   hashes every candidate's bytes and decoded pixels, one file per image is kept
+   (:mod:`pipelines.etl.dedupe`), the other copies are recorded as rejections, look-alikes are
+   reported, and the kept files are split again.
 3. :func:`run_spark` - the candidates cut into one contiguous chunk per task, no shuffle:
    ``spark.range(P)`` -> ``mapInArrow`` whose tasks read their chunk's files in Python, resize
    them and write their own Parquet file per split below the run's prefix
@@ -45,6 +46,7 @@ from pipelines import __version__
 from pipelines.contract import COLUMNS, MANIFEST, REJECTED_LIST, SPLITS, TEST, TRAIN, VALIDATION
 from pipelines.etl import commit
 from pipelines.etl.config import ETLConfig
+from pipelines.etl.dedupe import LOOK_ALIKE_DISTANCE
 from pipelines.etl.labels import SPLIT_RULE
 from pipelines.etl.layout import closure_chunks, cut_into
 from pipelines.etl.listing import REJECTED, SKIPPED, Excluded, display_path
@@ -194,6 +196,7 @@ def _manifest(config: ETLConfig, the_plan: Plan, result: Reconciled, spark_versi
         },
         "seconds": round(seconds, 2),
         "hash_seconds": round(the_plan.hash_seconds, 2),
+        **_look_alikes(the_plan),
         "images_per_second": round(result.written / seconds, 2) if seconds > 0 else None,
         "versions": _versions(spark_version),
         "config": shown_config(config),
@@ -298,6 +301,23 @@ def _without_duplicates(spark, config: ETLConfig, the_plan: Plan, start: float) 
     before = len(the_plan.candidates)
     the_plan = drop_duplicates(config, the_plan, hash_candidates(spark, config, the_plan))
     the_plan.hash_seconds = time.perf_counter() - start
-    log.info("duplicate check: %s of the same bytes as another rejected (%.1f s)",
+    log.info("duplicate check: %s of the same bytes or pixels as another rejected (%.1f s)",
              plural(before - len(the_plan.candidates), "copy", "copies"), the_plan.hash_seconds)
+    pairs, count = the_plan.look_alikes or ([], 0)
+    if count:
+        log.warning("duplicate check: %s of look-alike files kept (difference hashes within %d bits: re-encoded or "
+                    "resized copies, or close photos), each split on its own: %s%s (manifest: look_alikes)",
+                    plural(count, "pair"), LOOK_ALIKE_DISTANCE, "; ".join(f"{a} ~ {b}" for a, b, _ in pairs[:5]),
+                    f" and {count - 5} more" if count > 5 else "")
     return the_plan
+
+
+def _look_alikes(the_plan: Plan) -> Dict:
+    """The manifest's ``look_alikes`` when the duplicate check ran: the distance, the number of
+    pairs and the pairs listed (``[path a, path b, bits]``, at most
+    :data:`pipelines.etl.dedupe.LOOK_ALIKES_LISTED`)."""
+    if the_plan.look_alikes is None:
+        return {}
+    pairs, count = the_plan.look_alikes
+    return {"look_alikes": {"max_distance": LOOK_ALIKE_DISTANCE, "count": count,
+                            "pairs": [[a, b, bits] for a, b, bits in pairs]}}

@@ -24,7 +24,7 @@ import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Iterator, List, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -49,7 +49,8 @@ OUTCOME_SCHEMA = pa.schema([
     ("reason", pa.string()),  # why not written
 ])
 # The hash pass's rows (hash_chunks): one per candidate, sha256 null when unreadable.
-HASH_SCHEMA = pa.schema([("path", pa.string()), ("sha256", pa.string())])
+HASH_SCHEMA = pa.schema([("path", pa.string()), ("sha256", pa.string()),  # of the bytes
+                         ("pixels", pa.string()), ("dhash", pa.string())])  # pipelines.etl.images.Fingerprint
 # What Spark gets back: one row per task.
 TASK_SCHEMA = pa.schema([("rows_file", pa.string()),         # relative to the run's prefix
                          ("chunks", pa.list_(pa.int64())),    # the chunk numbers it processed
@@ -108,13 +109,14 @@ def read_rows(run: Location, task: dict) -> Iterator[dict]:
         raise RuntimeError(f"{target.uri} holds {plural(n, 'row')}, its task reported {task['rows']}")
 
 
-def read_hashes(run: Location, tasks: List[dict]) -> Iterator[Tuple[str, str]]:
-    """``(path, sha256 hex)`` of every candidate the hash pass could read, task file by task file;
-    ``run/_tasks/`` is deleted once all are read (failed attempts' files too)."""
+def read_hashes(run: Location, tasks: List[dict]) -> Iterator[Tuple[str, str, Optional[str], Optional[str]]]:
+    """``(path, sha256 hex, pixels, dhash)`` of every candidate the hash pass could read (the last
+    two ``None`` where it did not decode), task file by task file; ``run/_tasks/`` is deleted once
+    all are read (failed attempts' files too)."""
     for task in tasks:
         for row in read_rows(run, task):
             if row["sha256"] is not None:
-                yield row["path"], row["sha256"]
+                yield row["path"], row["sha256"], row.get("pixels"), row.get("dhash")
     run.join(TASKS).delete()
 
 

@@ -1,8 +1,8 @@
 """The ETL's plan, made on the driver before the images are written: the paths and the executors'
 memory checked (:func:`check_paths`, :func:`check_memory`: exit 2 before Spark's work), the job's
 own listing classified and split per class (:func:`plan`, :func:`assign_splits`), and, with
-``--dedupe``, a first Spark pass that hashes every candidate's bytes so that one file per content
-is kept (:func:`hash_candidates`, :func:`drop_duplicates`).
+``--dedupe``, a first Spark pass that hashes every candidate's bytes and decoded pixels so that one
+file per image is kept, and its look-alikes reported (:func:`hash_candidates`, :func:`drop_duplicates`).
 """
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Dict, Iterable, Iterator, List, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from pipelines.runtime.errors import MissingInput, NotAFolder, Refused
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.images import DEFAULT_MAX_PIXELS
 from pipelines.contract import SPLITS
 from pipelines.etl import commit
-from pipelines.etl.dedupe import duplicates
+from pipelines.etl.dedupe import Hashed, duplicates, look_alikes
 from pipelines.etl.labels import ClassFolder, split_class
 from pipelines.etl.layout import TASK_IMAGES, closure_chunks, rows_per_row_group, spread_order, task_count
 from pipelines.etl.listing import REJECTED, Excluded, ListedFile, classify, display_path, list_tree, reason_kind
@@ -47,6 +47,8 @@ class Plan:
     partitions: int = 0
     layout: str = ""  # labels.CALTECH | labels.FOLDERS
     hash_seconds: float = 0.0  # the duplicate check's Spark pass (hash_candidates), 0 when not run
+    # the kept files' look-alikes (dedupe.look_alikes: listed pairs, count); None: not checked
+    look_alikes: Optional[Tuple[List[Tuple[str, str, int]], int]] = None
     run_id: str = field(default_factory=commit.new_run_id)  # this run's prefix: OUTPUT/runs/<run_id>/
 
 
@@ -163,15 +165,16 @@ def check_splits(config: ETLConfig, the_plan: Plan) -> None:
                   "split; add images to these classes; the output was not touched")
 
 
-def hash_candidates(spark, config: ETLConfig, the_plan: Plan) -> Iterator[Tuple[str, str]]:
-    """The sha256 of every candidate's bytes, read by Spark tasks over the same chunks as
-    :func:`run_spark` (:func:`pipelines.etl.transform.hash_chunks`: at most ``--max-file-mb`` + 1
-    bytes a file, one file held at a time), which write them below the run's prefix.
+def hash_candidates(spark, config: ETLConfig, the_plan: Plan) -> Iterator[Tuple[str, str, Optional[str], Optional[str]]]:
+    """The sha256 of every candidate's bytes and its decoded image's fingerprint, read by Spark
+    tasks over the same chunks as :func:`run_spark` (:func:`pipelines.etl.transform.hash_chunks`:
+    at most ``--max-file-mb`` + 1 bytes and ``--max-pixels`` a file, one file held at a time),
+    which write them below the run's prefix.
 
     Returns:
-        ``(path, sha256 hex)`` of each candidate that could be read (one unreadable now is left
-        out: the main pass records why), read back task file by task file
-        (:func:`pipelines.etl.outcomes.read_hashes`).
+        ``(path, sha256 hex, pixels, dhash)`` of each candidate that could be read (one unreadable
+        now is left out: the main pass records why; the last two ``None`` for one that does not
+        decode), read back task file by task file (:func:`pipelines.etl.outcomes.read_hashes`).
     """
     partitions = task_partitions(spark, config, len(the_plan.candidates))
     source = config.location(config.input)
@@ -179,16 +182,17 @@ def hash_candidates(spark, config: ETLConfig, the_plan: Plan) -> Iterator[Tuple[
     with log_progress(spark, "duplicate check", len(the_plan.candidates)) as counter:
         mapper = partial(hash_chunks, chunks=closure_chunks(the_plan.candidates, partitions), run=run,
                          max_file_bytes=int(config.max_file_mb * 2**20), source=None if source.local else source,
-                         counter=counter)
+                         counter=counter, max_pixels=config.max_pixels)
         tasks = spark.range(partitions, numPartitions=partitions).mapInArrow(mapper, TASK_DDL).toArrow().to_pylist()
     return read_hashes(run, tasks)
 
 
-def drop_duplicates(config: ETLConfig, the_plan: Plan, hashes: Iterable[Tuple[str, str]]) -> Plan:
-    """The plan with one candidate per content: every other copy's outcome becomes a rejection
+def drop_duplicates(config: ETLConfig, the_plan: Plan, hashes: Iterable[Tuple]) -> Plan:
+    """The plan with one candidate per image: every other copy's outcome becomes a rejection
     (:func:`pipelines.etl.dedupe.duplicates`, which names the kept file) and the kept candidates
-    are split again (:func:`assign_splits`), so each content lies in one split only.
-    ``hashes``: ``(path, sha256)`` of the candidates hashed.
+    are split again (:func:`assign_splits`), so each image lies in one split only; the kept
+    files' look-alikes in ``look_alikes`` (:func:`pipelines.etl.dedupe.look_alikes`, by relative
+    path). ``hashes``: ``(path, sha256[, pixels, dhash])`` of the candidates hashed.
 
     Raises:
         ValueError: the copies removed leave a split empty (:func:`check_splits`).
@@ -196,14 +200,16 @@ def drop_duplicates(config: ETLConfig, the_plan: Plan, hashes: Iterable[Tuple[st
     by_relative = {f.relative_path: f.path for f in the_plan.files}
     relative = {f.path: f.relative_path for f in the_plan.files}
     candidate = {c.path: c for c in the_plan.candidates}
-    rejected = duplicates((relative[path], candidate[path].label, candidate[path].label_name, digest)
-                          for path, digest in hashes)
+    hashed = [Hashed(relative[path], candidate[path].label, candidate[path].label_name, *rest)
+              for path, *rest in hashes]
+    rejected = duplicates(hashed)
+    alike = look_alikes((h.relative_path, h.dhash) for h in hashed if h.dhash and h.relative_path not in rejected)
     if not rejected:
-        return the_plan
+        return replace(the_plan, look_alikes=alike)
     outcomes = dict(the_plan.outcomes)
     for relative_path, reason in rejected.items():
         outcomes[by_relative[relative_path]] = Excluded(REJECTED, reason)
-    the_plan = _split_candidates(config, replace(the_plan, outcomes=outcomes))
+    the_plan = _split_candidates(config, replace(the_plan, outcomes=outcomes, look_alikes=alike))
     check_splits(config, the_plan)
     return the_plan
 

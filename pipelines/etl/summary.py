@@ -77,7 +77,7 @@ def manifest_metrics(manifest: dict) -> Dict[str, float]:
 
 def format_summary(manifest: dict) -> str:
     """A short human summary of a manifest: counts, reconciliation, rejections, classes missing
-    from a split, speed."""
+    from a split, look-alike files kept, speed."""
     files, splits = manifest["files"], manifest["splits"]
     lines = [
         f"ETL summary ({manifest['image']['height']} px, {plural(manifest['num_classes'], 'class')}, "
@@ -102,6 +102,12 @@ def format_summary(manifest: dict) -> str:
         more = f" and {len(small) - 10} more (manifest: classes_not_in_every_split)" if len(small) > 10 else ""
         lines.append(f"  WARNING: {plural(len(small), 'class')} {'is' if len(small) == 1 else 'are'} not in every "
                      f"split ({manifest.get('split_rule', SPLIT_RULE)}): {shown}{more}")
+    alike = manifest.get("look_alikes") or {}
+    if alike.get("count"):
+        shown = "; ".join(f"{a} ~ {b} ({bits} bits)" for a, b, bits in alike["pairs"][:10])
+        more = f" and {alike['count'] - 10} more (manifest: look_alikes)" if alike["count"] > 10 else ""
+        lines.append(f"  WARNING: {plural(alike['count'], 'pair')} of look-alike files kept, each split on its own "
+                     f"(difference hashes within {alike['max_distance']} bits): {shown}{more}")
     hashing = f", {manifest['hash_seconds']} s of it hashing for duplicates" if manifest.get("hash_seconds") else ""
     lines.append(f"  {manifest['images_per_second']} images/s ({manifest['seconds']} s in Spark{hashing})")
     if manifest["max_world_size"] < manifest["min_row_groups"]:

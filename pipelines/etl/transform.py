@@ -27,6 +27,7 @@ names the kept ones in the manifest (:mod:`pipelines.etl.commit`).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import stat
@@ -38,7 +39,7 @@ import pyarrow.parquet as pq
 
 from pipelines.runtime import zipcache
 from pipelines.contract import image_schema, row_bytes
-from pipelines.etl.images import FittedImage, ImageRejected, centred_box, decode_and_fit
+from pipelines.etl.images import DEFAULT_MAX_PIXELS, FittedImage, ImageRejected, centred_box, decode_and_fit, fingerprint
 from pipelines.etl.listing import REJECTED, encode_name
 from pipelines.etl.outcomes import HASH_SCHEMA, OUTCOME_SCHEMA, WRITTEN, RowFile
 
@@ -237,17 +238,20 @@ def _task_name() -> str:
 
 
 def hash_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Candidate]], run: "Location",
-                max_file_bytes: int, source: Optional["Location"] = None, counter=None) -> Iterator[pa.RecordBatch]:
-    """The sha256 of each candidate file of the chunks whose numbers this task receives: the
-    duplicate check's pass (:mod:`pipelines.etl.dedupe`), before the split is decided.
+                max_file_bytes: int, source: Optional["Location"] = None, counter=None,
+                max_pixels: Optional[int] = DEFAULT_MAX_PIXELS) -> Iterator[pa.RecordBatch]:
+    """The sha256 and the :func:`~pipelines.etl.images.fingerprint` of each candidate file of the
+    chunks whose numbers this task receives: the duplicate check's pass (:mod:`pipelines.etl.dedupe`),
+    before the split is decided.
 
     Args:
-        batches, chunks, run, max_file_bytes, source, counter: as in :func:`process_chunks` (same
-            chunks, same bounded read: :func:`read_candidate`).
+        batches, chunks, run, max_file_bytes, source, counter, max_pixels: as in
+            :func:`process_chunks` (same chunks, same bounded read: :func:`read_candidate`).
 
     Writes ``run/_tasks/hashes-<task>.arrow`` (:class:`pipelines.etl.outcomes.RowFile`): a
     :data:`~pipelines.etl.outcomes.HASH_SCHEMA` row per candidate, ``path``, ``sha256`` (64 hex
-    digits; null when the file cannot be read now: the main pass reads it again and records why).
+    digits; null when the file cannot be read now: the main pass reads it again and records why),
+    ``pixels`` and ``dhash`` (null when it does not decode: the main pass rejects it).
 
     Yields:
         one Arrow batch of one :data:`~pipelines.etl.outcomes.TASK_SCHEMA` row naming that file.
@@ -257,11 +261,16 @@ def hash_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Can
     numbers = [chunk for batch in batches for chunk in batch.column(0).to_pylist()]
     for chunk in numbers:
         for candidate in map(Candidate._make, chunks[chunk]):
+            digest = pixels = dhash = None
             try:
-                digest = hashlib.sha256(read_candidate(candidate.path, source, max_file_bytes)).hexdigest()
+                data = read_candidate(candidate.path, source, max_file_bytes)
+                digest = hashlib.sha256(data).hexdigest()
+                pixels, dhash = dataclasses.astuple(fingerprint(data, max_pixels))
             except Exception:  # noqa: BLE001 - any failure is the main pass's to record, with its reason
-                digest = None
-            hashes.append(candidate.path, digest)
+                pass
+            finally:
+                data = None  # never hold two files
+            hashes.append(candidate.path, digest, pixels, dhash)
             if counter is not None:
                 counter.add(1)
     yield hashes.close(numbers)

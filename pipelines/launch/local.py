@@ -8,6 +8,10 @@ its outcome to its own file in that folder, which the driver reads back once the
 nothing the job holds is ever served on a socket (Horovod's ``horovod.runner.run`` served the
 pickled job and took the ranks' pickled results from an HTTP store on every interface).
 
+A SIGTERM to the driver (a preemption notice: a machine's shutdown or a scheduler signals every
+process at once) is passed on to each rank (:func:`passing_on_sigterm`), which checkpoints and
+stops (:mod:`pipelines.training.preemption`); the driver then ends as the ranks did, exit 76.
+
 A rank that fails (an exception, a signal) stops the others, as Horovod's launcher did;
 :func:`collect_failures` turns the ranks' records and exit statuses into
 :class:`~pipelines.launch.failures.RankFailure` s. Each rank's output is shown at the driver
@@ -17,7 +21,9 @@ prefixed ``[R]<stdout>:`` / ``[R]<stderr>:`` and kept in ``LOG_DIR/rank.R/stdout
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -26,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, BinaryIO, Callable, Dict, List, Optional
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional
 
 import cloudpickle
 
@@ -38,6 +44,8 @@ from pipelines.launch.rankenv import gloo_timeout
 from pipelines.launch.rendezvous import Rendezvous
 from pipelines.launch.ranklogs import owner_only_append
 from pipelines.runtime.redact import redact_text
+
+log = logging.getLogger("pipelines")
 
 LOOPBACK = "127.0.0.1"  # every socket of a local run: the rendezvous, and Gloo's own over lo
 STOP_GRACE_S = 5.0  # a rank stopped after another's failure gets SIGTERM, then SIGKILL after this
@@ -74,12 +82,14 @@ def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
         choices = {"iface": iface or "lo", "gpus": [], "addresses": []}
         ranks: List[subprocess.Popen] = []
         try:
-            for slot in slots:
-                env = rank_env(slot, host, world_size, f"{LOOPBACK}:{rendezvous.port}", choices, os.environ,
-                               rendezvous.token)
-                ranks.append(_start_rank(job, results[slot["rank"]], dict(os.environ, **env, **(rank_timeouts or {})),
-                                         slot["rank"], world_size, log_dir))
-            ended = _wait(ranks)
+            with passing_on_sigterm(ranks):  # the ranks started so far, then all of them
+                for slot in slots:
+                    env = rank_env(slot, host, world_size, f"{LOOPBACK}:{rendezvous.port}", choices, os.environ,
+                                   rendezvous.token)
+                    ranks.append(_start_rank(job, results[slot["rank"]],
+                                             dict(os.environ, **env, **(rank_timeouts or {})), slot["rank"],
+                                             world_size, log_dir))
+                ended = _wait(ranks)
         finally:
             _stop(ranks)
             rendezvous.stop()
@@ -90,6 +100,41 @@ def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
     if failures:
         raise HorovodJobFailed(failures, world_size)
     return cloudpickle.loads(base64.b64decode(records[0]["result"]))
+
+
+@contextlib.contextmanager
+def passing_on_sigterm(ranks: List[subprocess.Popen]) -> Iterator[None]:
+    """While the block runs (in the main thread: elsewhere Python installs no handler), a SIGTERM
+    to this driver is passed on to every rank of ``ranks`` still running instead of ending the
+    driver, which goes on waiting for them: each checkpoints and stops (a rank that had the
+    signal too takes the repeat as the same notice: :data:`pipelines.training.preemption.REPEAT_S`).
+    A SIGTERM :data:`~pipelines.training.preemption.REPEAT_S` or more after the first ends the
+    driver at once, as by default. The previous handler comes back on leaving."""
+    from pipelines.training.preemption import REPEAT_S
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    first: List[float] = []
+
+    def handle(signum, frame) -> None:
+        if first and time.monotonic() - first[0] >= REPEAT_S:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        if not first:
+            first.append(time.monotonic())
+            log.warning("SIGTERM received: passed on to every rank, which checkpoints and stops (a second SIGTERM "
+                        "ends this driver at once)")
+        for proc in ranks:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def _start_rank(job: str, result: str, env: Dict[str, str], rank: int, world_size: int,

@@ -8,10 +8,12 @@ did not fire here, with Horovod 0.28.1, Gloo and TensorFlow 2.15 (the trial: doc
 Figures behind the code's constants).
 
 So every rank watches itself. The training loop ticks (:meth:`Watchdog.tick`) at each step's start
-and end, each epoch's start and end, saying whether what follows may wait on other ranks
-(``waits=True``: a training step, the end-of-epoch validation and checkpoint, which block in a
-collective while a peer is late) or is the rank's own work (``waits=False``: between steps, after
-an epoch). A rank stalls when no tick came for ``timeout_s`` after its own work, or for
+and end, each epoch's start and end, and the work inside them ticks the running watchdog too
+(:func:`progress`): each batch of an exact evaluation (validation, test), each check of the
+preemption notice between them, each checkpoint's write. Each tick says whether what follows may
+wait on other ranks (``waits=True``: a training step, a collective of the validation, which block
+while a peer is late) or is the rank's own work (``waits=False``: between steps, an evaluation's
+batch, a checkpoint's write). A rank stalls when no tick came for ``timeout_s`` after its own work, or for
 ``timeout_s + grace_s`` (:func:`grace_s`) while it may be waiting: the rank that stopped outside a
 collective ends first, and its peers, waiting for it in one, then fail of its loss (Gloo's closed
 connections) within seconds, never of their own deadline. A stalled rank reports (:func:`stall_record`:
@@ -20,6 +22,7 @@ sees as a *lost* rank: ``--max-failures`` relaunches it from the newest complete
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -27,14 +30,14 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 from pipelines.launch.child import write_outcome
 from pipelines.runtime.redact import redact
 
 log = logging.getLogger("pipelines")
 
-DEFAULT_STALL_TIMEOUT_S = 600.0  # ten minutes: longer than any step, validation or checkpoint here
+DEFAULT_STALL_TIMEOUT_S = 600.0  # ten minutes: longer than any step, evaluation batch or checkpoint here
 STALL_EXIT = 75  # a stalled rank's exit status (EX_TEMPFAIL: worth another try)
 
 
@@ -55,7 +58,8 @@ class Watchdog:
             the default (:func:`end_stalled_rank`) reports and ends the process.
         clock: monotonic seconds (``time.monotonic``; a test's own clock).
 
-    :meth:`start` starts its thread (a daemon), :meth:`stop` stops it; :meth:`check` is one look.
+    :meth:`start` starts its thread (a daemon) and makes it the one :func:`progress` ticks,
+    :meth:`stop` stops it; :meth:`check` is one look.
     """
 
     def __init__(self, timeout_s: float, on_stall: Optional[Callable[[str], None]] = None,
@@ -90,6 +94,8 @@ class Watchdog:
 
     def start(self) -> "Watchdog":
         """Start watching (a daemon thread looking every ``min(1, timeout_s / 10)`` seconds)."""
+        global _running
+        _running = self
         self.tick(self._where, self._waits)
         self._stopped.clear()
         self._thread = threading.Thread(target=self._run, name="stall-watchdog", daemon=True)
@@ -98,6 +104,9 @@ class Watchdog:
 
     def stop(self) -> None:
         """Stop watching (the rank left the part that ticks)."""
+        global _running
+        if _running is self:
+            _running = None
         self._stopped.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
@@ -106,6 +115,32 @@ class Watchdog:
         while not self._stopped.wait(min(1.0, self.timeout_s / 10)):
             if self.check():
                 return
+
+
+_running: Optional[Watchdog] = None  # the rank's watchdog: a stall ends the process, so it is the process's
+
+
+def progress(where: str, waits: bool = False) -> None:
+    """A tick of the watchdog that runs in this process (:meth:`Watchdog.tick`), from work deep
+    inside a step or an epoch's end; nothing when none runs."""
+    if _running is not None:
+        _running.tick(where, waits)
+
+
+@contextlib.contextmanager
+def watching(timeout_s: Optional[float], where: str) -> Iterator[None]:
+    """A :class:`Watchdog` of ``timeout_s`` over the block, first ticked at ``where`` (its work
+    ticks it with :func:`progress`); none when ``timeout_s`` is ``None`` or 0."""
+    if not timeout_s:
+        yield
+        return
+    watchdog = Watchdog(timeout_s)
+    watchdog.tick(where)
+    watchdog.start()
+    try:
+        yield
+    finally:
+        watchdog.stop()
 
 
 def thread_stacks() -> str:

@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Sequence
 from pipelines.io import nofollow
 from pipelines.stack.kerasapi import keras
 
+from pipelines.launch.watchdog import progress as tick_watchdog
 from pipelines.training.divergence import (TrainingDiverged, diverged_message, epoch_end_place, non_finite_arrays,
                                            non_finite_logs, step_place)
 from pipelines.training.model.checkpoints import checkpoint_variables
@@ -70,7 +71,8 @@ class EpochStats(keras.callbacks.Callback):
     ends where validation starts): input, compute and allreduce together, the figure the scaling
     model is fitted to (docs/scaling-model.md). ``loss_scale`` is the dynamic loss scale at the
     epoch's end (Keras' ``LossScaleOptimizer``; absent in float32): a scale that keeps falling means
-    float16 gradients overflow.
+    float16 gradients overflow. An epoch whose steps an earlier process trained (its end alone:
+    :func:`pipelines.training.segment.end_epoch`) keeps the figures its logs bring.
     """
 
     def __init__(self, steps_per_epoch: int, global_batch: int):
@@ -95,6 +97,8 @@ class EpochStats(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         end = time.perf_counter()
         self.epochs_run += 1
+        if not self._step_starts and "epoch_seconds" in (logs or {}):  # trained by an earlier process
+            return
         train_end = self._train_end or end
         train_seconds = train_end - self._start
         logs["lr"] = float(keras.backend.get_value(self.model.optimizer.lr))
@@ -147,9 +151,19 @@ class DivergenceGuard(keras.callbacks.Callback):
     step: ``on_preempted(epoch, step)`` (rank 0: the step checkpoint,
     :meth:`pipelines.training.checkpointer.CheckpointMarker.write_step`) runs, every rank waits for
     it (``agree``: rank 0's marker name, broadcast; a launcher stops rank 0 once another rank has
-    ended), and every rank raises :class:`~pipelines.training.preemption.Preempted`. At an epoch's
-    last step the stop waits for the epoch's end and its checkpoint instead (:attr:`deferred`,
-    :class:`PreemptAtEpochEnd`).
+    ended), and every rank raises :class:`~pipelines.training.preemption.Preempted`.
+
+    In the epoch's exact validation (:func:`pipelines.training.evaluate.exact_validation`) the
+    same check runs after every validation batch (:meth:`on_validation_batch_end`), ``count``
+    adding ``(validating, preempted)``: shards differ in batches, so a rank whose shard is done
+    goes on checking (:meth:`on_validation_shard_end`) until no rank validates, and every rank
+    makes the same checks. A notice there (or at the epoch's last step: the first check sees it)
+    stops every rank within one validation batch: every rank's epoch logs gathered,
+    ``on_preempted(epoch, steps_per_epoch, epoch_logs)`` checkpoints the epoch's trained steps
+    with the validation left to the resumed run (:func:`pipelines.training.segment.end_epoch`),
+    and every rank raises :class:`~pipelines.training.preemption.Preempted`. A notice after the
+    validation's last check stops every rank at the epoch's end, after its checkpoint
+    (:attr:`deferred`, the epoch-end check; :class:`PreemptAtEpochEnd`).
     """
 
     def __init__(self, steps_per_epoch: int, count=None, gather=None, notice=None, on_preempted=None, agree=None):
@@ -185,11 +199,36 @@ class DivergenceGuard(keras.callbacks.Callback):
         raise Preempted(f"preempted: every rank stopped after step {step} of epoch {self.epoch} (a SIGTERM)",
                         checkpoint)
 
+    def on_validation_batch_end(self, epoch, batch, logs=None):
+        """After each of this rank's validation batches: the check (collective)."""
+        self._check_in_validation(True, logs, f"validation batch {batch} of epoch {epoch + 1}")
+
+    def on_validation_shard_end(self, epoch, logs=None):
+        """This rank's shard done: a check for each batch another rank still validates."""
+        while self._check_in_validation(False, logs, f"the other ranks' validation of epoch {epoch + 1}"):
+            pass
+
+    def _check_in_validation(self, validating: bool, logs, after: str) -> bool:
+        """One check in validation (after ``after``, for the watchdog); stops every rank at a
+        notice. Returns whether a rank validates."""
+        tick_watchdog(f"the preemption check after {after}", waits=True)
+        still, notices = self.count((validating, bool(self.notice and self.notice.requested)))
+        tick_watchdog(f"the rank's own work after the check after {after}")
+        if notices:
+            epoch_logs = self.gather({key: float(value) for key, value in (logs or {}).items()})
+            with holding(self.notice):
+                checkpoint = self.on_preempted(self.epoch, self.steps, epoch_logs) if self.on_preempted else None
+            checkpoint = self.agree(checkpoint)
+            raise Preempted(f"preempted: every rank stopped in the validation of epoch {self.epoch}, its steps "
+                            "trained (a SIGTERM)", checkpoint)
+        return bool(still)
+
     def on_epoch_end(self, epoch, logs=None):
         variables = checkpoint_variables(self.model)
         arrays = non_finite_arrays({key: v.numpy() for key, v in variables.items()})
         found = non_finite_logs(logs) + [f"{key} ({variables[key].name})" for key in arrays]
-        self._stop_if_found(found, epoch_end_place(epoch + 1, self.steps))
+        notice = bool(self.notice and self.notice.requested)  # after validation: stop at the epoch's end
+        self.deferred = self._stop_if_found(found, epoch_end_place(epoch + 1, self.steps), notice) or self.deferred
 
     def _stop_if_found(self, found: List[str], place: str, preempted: bool = False) -> bool:
         """The collective step: every rank calls it at the same point, each with what it found (and
@@ -308,6 +347,7 @@ class SyncOutputs(keras.callbacks.Callback):
         self.outputs = outputs
 
     def on_epoch_end(self, epoch, logs=None):
+        tick_watchdog(f"the upload of epoch {epoch + 1}'s files")
         self.outputs.push(last=os.path.basename(marker_path("", epoch + 1)))
 
 

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional
 from pipelines.stack.kerasapi import keras
 
 from pipelines.io.atomic import write_json
+from pipelines.launch.watchdog import progress as tick_watchdog
 from pipelines.training.callbacks import BestWeightsEarlyStopping
 from pipelines.training.model.checkpoints import FORMAT, file_sha256, frozen_checksum, save_checkpoint
 from pipelines.training.schedule import (checkpoint_path, checkpoint_position, marker_path, step_checkpoint_path,
@@ -60,21 +61,25 @@ class CheckpointMarker(keras.callbacks.Callback):
                              {"epoch": number, "logs": self.history[-1]}, self.early_stopping.state())
         self._prune(keep={number, marker["early_stopping"]["best_epoch"]})
 
-    def write_step(self, epoch: int, step: int) -> str:
+    def write_step(self, epoch: int, step: int, epoch_logs: Optional[List[Dict]] = None) -> str:
         """A checkpoint within 1-based ``epoch`` after its 1-based ``step``: the same state as an
         epoch's (weights, optimizer, random generators), its marker saying ``epoch`` (the epochs
         done, ``epoch - 1``) and ``step``, which with the run's arithmetic is the data position
-        (:func:`pipelines.training.schedule.fit_segments`). Replaces the previous step checkpoint.
-        Returns the marker's file name."""
+        (:func:`pipelines.training.schedule.fit_segments`). After the epoch's last step (a notice
+        in its validation), ``epoch_logs``: every rank's logs of the epoch's training, by rank,
+        for the resumed run's end of that epoch. Replaces the previous step checkpoint. Returns
+        the marker's file name."""
         marker_file = step_marker_path(self.directory, epoch, step)
-        self._write(step_checkpoint_path(self.directory, epoch, step), marker_file,
-                    {"epoch": epoch - 1, "step": step, "logs": None}, self.early_stopping.state(epoch - 1))
+        where = {"epoch": epoch - 1, "step": step, "logs": None, **({"epoch_logs": epoch_logs} if epoch_logs else {})}
+        self._write(step_checkpoint_path(self.directory, epoch, step), marker_file, where,
+                    self.early_stopping.state(epoch - 1))
         self._prune(keep={epoch - 1, self.early_stopping.state(epoch - 1)["best_epoch"]}, steps_before=(epoch - 1, step))
         if self.outputs is not None:
             self.outputs.push(last=os.path.basename(marker_file))
         return os.path.basename(marker_file)
 
     def _write(self, weights: str, marker_file: str, where: Dict, early_stopping: Dict) -> Dict:
+        tick_watchdog(f"the write of {os.path.basename(weights)}")
         size = save_checkpoint(self.model, weights)
         marker = {**where, "weights": os.path.basename(weights), "weights_bytes": size,
                   "weights_sha256": file_sha256(weights), "format": FORMAT,
@@ -83,6 +88,7 @@ class CheckpointMarker(keras.callbacks.Callback):
         if marker.get("phase") == 2:  # fine-tuning: what stayed frozen (layers, batch-norm statistics) at this epoch
             marker["non_trainable_sha256"] = frozen_checksum(self.model)
         write_json(marker_file, marker, indent=1)
+        tick_watchdog(f"the rank's own work after {os.path.basename(marker_file)}")
         self._last = time.monotonic()
         return marker
 

@@ -8,7 +8,7 @@ cost at 1,000 classes: docs/benchmarks.md, Figures behind the code's constants; 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -119,14 +119,17 @@ def sum_totals(parts: List[Totals]) -> Totals:
                   sum(t.count for t in parts), **pairs)
 
 
-def evaluate_dataset(model, dataset) -> Totals:
+def evaluate_dataset(model, dataset, after_batch: Optional[Callable[[int], None]] = None) -> Totals:
     """Totals of ``model`` over every batch of a finite ``tf.data`` dataset of (images, labels),
     with the label pairs (``model``'s outputs give the number of classes): O(batch) bookkeeping a
-    batch, the pairs joined once at the end."""
+    batch, the pairs joined once at the end. ``after_batch(n)`` runs after the n-th batch
+    (1-based): the watchdog's tick, the preemption notice's check (it may raise)."""
     k = model.output_shape[-1]
     parts = [Totals(0.0, 0, 0, k)]
     for images, labels in dataset:
         parts.append(batch_totals(model(images, training=False).numpy(), labels.numpy()))
+        if after_batch is not None:
+            after_batch(len(parts) - 1)
     return sum_totals(parts)
 
 
@@ -162,7 +165,7 @@ def allreduce_totals(totals: Totals) -> Totals:
     return Totals.of_confusion(loss_sum, np.rint(np.asarray(matrix, np.float64)).astype(np.int64))
 
 
-def exact_validation(inputs, data):
+def exact_validation(inputs, data, listeners: Sequence = ()):
     """A Keras callback that makes each epoch's ``val_loss``, ``val_accuracy`` and ``val_count`` the
     exact evaluation of the whole validation split: every rank evaluates its one-pass shard
     (``inputs.evaluate_shard``, each row once, its count checked), the sums are added over ranks
@@ -173,6 +176,12 @@ def exact_validation(inputs, data):
     ``val_seconds``. Every rank must run it (it is collective); ``fit`` then needs no
     ``validation_data``.
 
+    After each batch it ticks the rank's watchdog (:func:`pipelines.launch.watchdog.progress`) and
+    calls ``on_validation_batch_end(epoch, batch, logs)`` of each of ``listeners`` that has it
+    (the preemption notice's check, collective: :class:`pipelines.training.callbacks.DivergenceGuard`;
+    a test's fault), then, its shard done, ``on_validation_shard_end(epoch, logs)`` (``epoch``
+    0-based as Keras', ``batch`` 1-based, ``logs`` the epoch's training logs).
+
     Place it after the callback that times the training part of the epoch and before those that
     read the validation metrics (early stopping, checkpoints, loggers): :func:`with_exact_validation`.
     """
@@ -180,10 +189,27 @@ def exact_validation(inputs, data):
 
     import tensorflow as tf
 
+    from pipelines.launch.watchdog import progress
+
+    batch_hooks = [c.on_validation_batch_end for c in listeners if hasattr(c, "on_validation_batch_end")]
+    end_hooks = [c.on_validation_shard_end for c in listeners if hasattr(c, "on_validation_shard_end")]
+
     class ExactValidation(tf.keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             start = time.perf_counter()
-            totals = allreduce_totals(inputs.evaluate_shard(self.model, VALIDATION))
+
+            def after_batch(batch: int) -> None:
+                progress(f"the rank's own work after validation batch {batch} of epoch {epoch + 1}")
+                for hook in batch_hooks:
+                    hook(epoch, batch, logs)
+                progress(f"validation batch {batch + 1} of epoch {epoch + 1}")
+
+            progress(f"validation batch 1 of epoch {epoch + 1}")
+            shard = inputs.evaluate_shard(self.model, VALIDATION, after_batch)
+            for hook in end_hooks:
+                hook(epoch, logs)
+            progress(f"the validation's sums over the ranks, epoch {epoch + 1}", waits=True)
+            totals = allreduce_totals(shard)
             verify_total(totals.count, data, VALIDATION)
             if logs is not None:
                 logs.update(val_loss=totals.loss, val_accuracy=totals.accuracy, val_count=totals.count,
@@ -196,11 +222,12 @@ def with_exact_validation(callbacks: list, inputs, data) -> list:
     """``callbacks`` with :func:`exact_validation` inserted after the epoch timing
     (:class:`pipelines.training.callbacks.EpochStats`, so that the training images/s exclude the
     evaluation), or first when there is none, and Keras' progress printer after it (Keras would
-    put its own first, printing each epoch's line before the validation metrics exist)."""
+    put its own first, printing each epoch's line before the validation metrics exist). The
+    callbacks are its listeners (:func:`exact_validation`)."""
     import tensorflow as tf
 
     from pipelines.training.callbacks import EpochStats
 
     after = next((i + 1 for i, c in enumerate(callbacks) if isinstance(c, EpochStats)), 0)
-    added = [exact_validation(inputs, data), tf.keras.callbacks.ProgbarLogger(count_mode="steps")]
+    added = [exact_validation(inputs, data, list(callbacks)), tf.keras.callbacks.ProgbarLogger(count_mode="steps")]
     return callbacks[:after] + added + callbacks[after:]

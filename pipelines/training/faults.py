@@ -41,7 +41,11 @@ class FaultInjection(keras.callbacks.Callback):
     first allreduce, so no later checkpoint can complete: a test then takes the rank's host away at a
     known point). ``kill`` and ``term`` with ``step=S`` act after step S of epoch E instead (once
     rank 0's step checkpoints of that step are written): ``term`` sends the rank SIGTERM, a
-    preemption notice (:mod:`pipelines.training.preemption`). With ``mark``, the wall-clock time of the fault (``time.time()``, seconds) is
+    preemption notice (:mod:`pipelines.training.preemption`), ``termgroup`` sends it to the rank's
+    process group (a launching driver and its ranks at once). With ``val_batch=B``, ``term`` and
+    ``stall`` act in epoch E's exact validation instead, after rank R's validation batch B;
+    ``val_sleep=S`` makes each of rank R's validation batches S seconds longer (a long validation
+    of steady batches). With ``mark``, the wall-clock time of the fault (``time.time()``, seconds) is
     written to PATH first, so a test can time the verdict from the fault rather than from the job's
     start. With an empty ``spec`` it does nothing."""
 
@@ -51,9 +55,11 @@ class FaultInjection(keras.callbacks.Callback):
         self.active = bool(parts) and int(parts.get("rank", 0)) == rank
         self.epoch = int(parts.get("epoch", 0))
         self.step = int(parts.get("step", 1))
-        self.at_step = "step" in parts and parts.get("mode") in ("kill", "term")
+        self.at_step = "step" in parts and parts.get("mode") in ("kill", "term", "termgroup")
         self.mode = parts.get("mode", "raise")
         self.mark = parts.get("mark")
+        self.val_batch = int(parts["val_batch"]) if "val_batch" in parts else None
+        self.val_sleep = float(parts.get("val_sleep", 0))
         self.directory = directory
         self._current = 0
 
@@ -80,10 +86,29 @@ class FaultInjection(keras.callbacks.Callback):
         if self.active and self.at_step and (self._current, batch + 1) == (self.epoch, self.step):
             log.warning("injecting a fault (%s) after step %d of epoch %d (%s)", self.mode, self.step, self.epoch,
                         FAULT_ENV)
-            os.kill(os.getpid(), signal.SIGKILL if self.mode == "kill" else signal.SIGTERM)
+            if self.mode == "termgroup":  # every process of the job's group at once, as a machine's shutdown
+                os.killpg(os.getpgid(0), signal.SIGTERM)
+            else:
+                os.kill(os.getpid(), signal.SIGKILL if self.mode == "kill" else signal.SIGTERM)
+
+    def on_validation_batch_end(self, epoch, batch, logs=None):
+        """Called by the exact validation after each batch (:func:`pipelines.training.evaluate.exact_validation`)."""
+        if self.active and self.val_sleep:
+            time.sleep(self.val_sleep)
+        if self.active and (epoch + 1, batch) == (self.epoch, self.val_batch):
+            log.warning("injecting a fault (%s) after validation batch %d of epoch %d (%s)", self.mode, batch,
+                        self.epoch, FAULT_ENV)
+            if self.mark:
+                with open(self.mark, "w") as f:
+                    f.write(repr(time.time()))
+            if self.mode == "term":
+                os.kill(os.getpid(), signal.SIGTERM)
+            while self.mode == "stall":
+                time.sleep(60)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.active and self.mode != "nan" and not self.at_step and epoch + 1 == self.epoch:
+        if self.active and self.mode != "nan" and not self.at_step and self.val_batch is None \
+                and epoch + 1 == self.epoch:
             deadline = time.monotonic() + 60
             while self.directory and not os.path.exists(marker_path(self.directory, self.epoch)) \
                     and time.monotonic() < deadline:

@@ -118,12 +118,13 @@ class ImageInputs:
             raise RuntimeError("train_dataset_at is valid only inside the fit_datasets block")
         return self._dataset_over(self._train_reader, "train", start_row)
 
-    def evaluate_shard(self, model, split: str):
+    def evaluate_shard(self, model, split: str, after_batch=None):
         """Totals over this rank's shard of ``split`` (one of :data:`pipelines.contract.EVALUATED`),
-        each row once, count checked against the footers."""
+        each row once, count checked against the footers; ``after_batch`` as
+        :func:`~pipelines.training.evaluate.evaluate_dataset`'s."""
         _check_evaluated(split)
         shard = OnePassShard(self.data, split, self.rank, self.size)
-        totals = evaluate_dataset(model, shard.dataset(self.config.fit.batch_size))
+        totals = evaluate_dataset(model, shard.dataset(self.config.fit.batch_size), after_batch)
         shard.verify(totals.count)
         return totals
 
@@ -222,14 +223,15 @@ class FeatureInputs:
             raise RuntimeError("train_dataset_at is valid only inside the fit_datasets block")
         return self._train_at(start_row)
 
-    def evaluate_shard(self, model, split: str):
+    def evaluate_shard(self, model, split: str, after_batch=None):
         """Totals of the head over this rank's share of the cached features of ``split`` (one of
-        :data:`pipelines.contract.EVALUATED`), every row once."""
+        :data:`pipelines.contract.EVALUATED`), every row once; ``after_batch`` as
+        :func:`~pipelines.training.evaluate.evaluate_dataset`'s."""
         _check_evaluated(split)
         features, labels = feat.read_shard(self.features, split, self.rank, self.size)
         dataset = feat.feature_dataset(features, labels, self.config.fit.batch_size, shuffle=False, seed=0,
                                        repeat=False, drop_remainder=False)
-        totals = evaluate_dataset(model, dataset)
+        totals = evaluate_dataset(model, dataset, after_batch)
         if totals.count != len(labels):
             raise RuntimeError(f"rank {self.rank} evaluated {totals.count} of its "
                                f"{plural(len(labels), f'cached {split} row')}")

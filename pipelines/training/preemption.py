@@ -6,9 +6,12 @@ so all ranks agree on the same step boundary, rank 0 writes a step checkpoint th
 position included: :class:`pipelines.training.checkpointer.CheckpointMarker`), and every rank raises
 :class:`Preempted`; the job then exits with :data:`PREEMPTED_EXIT` and a line saying how to resume.
 A second SIGTERM ends the process at once, as SIGTERM does by default (while rank 0 writes the
-preemption checkpoint: right after it). A notice at an epoch's last step stops every rank at the
-epoch's end, after its validation and checkpoint; one during the final evaluation or export is
-not acted on (the run is finishing).
+preemption checkpoint: right after it); one within :data:`REPEAT_S` of the first is the same notice
+delivered twice (a machine's shutdown signals every process, and a launching driver forwards it
+too: :func:`pipelines.launch.local.run_local`). A notice in an epoch's exact validation (or at its
+last step) stops every rank after the next validation batch, with a checkpoint of the epoch's
+trained steps whose resumed run runs the epoch's validation; one during the final evaluation or
+export is not acted on (the run is finishing).
 
 Cloud providers give the notice seconds to minutes ahead (a spot VM's shutdown sends SIGTERM);
 a step and a checkpoint of the head take well under a second on the sample (docs/benchmarks.md).
@@ -20,6 +23,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from typing import Iterator, Optional
 
 log = logging.getLogger("pipelines")
@@ -27,6 +31,8 @@ log = logging.getLogger("pipelines")
 #: The exit status of a job stopped by a preemption notice after its checkpoint (distinct from
 #: 1, a failure; 2, a refusal; 75, a stalled rank: :data:`pipelines.launch.watchdog.STALL_EXIT`).
 PREEMPTED_EXIT = 76
+#: Seconds within which a second SIGTERM is the first one delivered again, not a second notice.
+REPEAT_S = 2.0
 
 
 class Preempted(RuntimeError):
@@ -51,28 +57,32 @@ def current() -> Optional["PreemptionNotice"]:
 
 class PreemptionNotice:
     """SIGTERM's handler while training: the first sets :attr:`requested` (and says so, with the
-    rank), the second restores the default action and sends the signal again, so the process ends
-    at once. A context manager: the previous handler comes back on exit, and :func:`current`
+    rank), the second (:data:`REPEAT_S` or more after it) restores the default action and sends the
+    signal again, so the process ends at once. A context manager: the previous handler comes back on exit, and :func:`current`
     gives it meanwhile. Outside the main thread (where Python cannot install handlers) it does
     nothing and says so at debug level."""
 
-    def __init__(self, rank: int = 0):
-        self.rank = rank
+    def __init__(self, rank: int = 0, clock=time.monotonic):
+        self.rank, self.clock = rank, clock
         self.requested = False
+        self._first = 0.0
         self.holding = self.second = False
         self._previous = None
         self._installed = False
 
     def _handle(self, signum, frame) -> None:
+        if self.requested and self.clock() - self._first < REPEAT_S:  # the same notice, delivered again
+            return
         if self.requested and self.holding:  # the second notice while the checkpoint is written: after it
             self.second = True
             return
         if self.requested:  # the second notice: stop now
             self.stop_now()
             return
-        self.requested = True
-        log.warning("rank %d: SIGTERM received: every rank checkpoints at the next step and stops, unless the run "
-                    "is finishing (past the last step); a second SIGTERM stops at once", self.rank)
+        self.requested, self._first = True, self.clock()
+        log.warning("rank %d: SIGTERM received: every rank checkpoints at the next step or validation batch and "
+                    "stops, unless the run is finishing (its final evaluation, the export); a second SIGTERM "
+                    "stops at once", self.rank)
 
     @staticmethod
     def stop_now() -> None:

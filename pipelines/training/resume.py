@@ -49,6 +49,16 @@ class Resume:
         """The phase the checkpoint was written in: 1, or 2 (fine-tuning); 1 when there is none."""
         return self.marker.get("phase", 1) if self.marker else 1
 
+    def epoch_logs(self, rank: int, size: int) -> Dict[str, float]:
+        """This rank's logs of the epoch whose steps the checkpoint holds and whose validation it
+        left to this run (a marker's ``epoch_logs``, every rank's, by rank); on another world size,
+        their mean on every rank (Horovod's metric averaging then gives it again). ``{}`` without."""
+        logs = (self.marker or {}).get("epoch_logs") or []
+        if len(logs) == size:
+            return dict(logs[rank])
+        keys = set.intersection(*(set(entry) for entry in logs)) if logs else set()
+        return {key: sum(entry[key] for entry in logs) / len(logs) for key in sorted(keys)}
+
     def finished(self, epochs: int) -> bool:
         """Whether the resumed run had already stopped early or run all ``epochs``."""
         return bool(self.marker) and (self.marker["early_stopping"]["stopped"] or self.initial_epoch >= epochs)
@@ -117,6 +127,8 @@ def restore(config: TrainConfig, rank, plan, model, frozen_sha256: Optional[str]
 def resumed_at(marker: Dict) -> str:
     """Where a checkpoint's marker resumes, for the log: ``after epoch 3`` or ``within epoch 4, after
     step 20``."""
+    if marker.get("step") and marker.get("epoch_logs"):
+        return f"after the steps of epoch {marker['epoch'] + 1}, at its validation"
     if marker.get("step"):
         return f"within epoch {marker['epoch'] + 1}, after step {marker['step']}"
     return f"after epoch {marker['epoch']}"

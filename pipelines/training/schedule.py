@@ -303,15 +303,17 @@ def fit_segments(epochs_done: int, steps_done: int, epochs: int, steps_per_epoch
     """The ``fit`` calls that continue a run after ``epochs_done`` epochs and ``steps_done`` steps
     of the next (a checkpoint's position; ``(0, 0)``: a fresh run) up to ``epochs``: one, or, within
     an epoch, the rest of it and then the epochs after it (Keras starts ``fit`` at an epoch's first
-    step only). A rank reads ``batch_size`` rows of its stream per step
+    step only). ``steps_done == steps_per_epoch`` (a checkpoint of the epoch's trained steps, its
+    validation interrupted) gives a first segment of no step: the epoch's end alone
+    (:func:`pipelines.training.segment.end_epoch`). A rank reads ``batch_size`` rows of its stream per step
     (:mod:`pipelines.training.data.stream`), from the phase's ``first_epoch`` on (a fine-tuning phase
     opens its stream anew), so the stream row of a position is
     ``((epochs_done - first_epoch) * steps_per_epoch + steps_done) * batch_size``.
 
     Raises:
-        ValueError: ``steps_done`` outside ``[0, steps_per_epoch)``, or a position before ``first_epoch``.
+        ValueError: ``steps_done`` outside ``[0, steps_per_epoch]``, or a position before ``first_epoch``.
     """
-    if not 0 <= steps_done < steps_per_epoch or epochs_done < first_epoch:
+    if not 0 <= steps_done <= steps_per_epoch or epochs_done < first_epoch:
         raise ValueError(f"no position after {plural(epochs_done, 'epoch')} and {plural(steps_done, 'step')} of "
                          f"{steps_per_epoch} (phase from epoch {first_epoch + 1})")
 

@@ -10,7 +10,7 @@ stops (early stopping restores the best weights once, at the very end).
 """
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List
 
 from pipelines.stack.kerasapi import keras
 
@@ -64,3 +64,21 @@ def in_segment(callbacks: List, index: int, count: int, steps_done: int, steps_p
         return callbacks
     return [c if isinstance(c, keras.callbacks.ProgbarLogger) else
             InSegment(c, steps_done, index == 0, index == count - 1, steps_per_epoch) for c in callbacks]
+
+
+def end_epoch(model, callbacks: List, epoch: int, steps_per_epoch: int, logs: Dict, verbose: int) -> None:
+    """The end of 0-based ``epoch`` alone, as ``fit`` would run it after the epoch's last step: a
+    run resumed from the checkpoint written when a preemption notice stopped the epoch's validation
+    (its steps all trained: :class:`pipelines.training.callbacks.DivergenceGuard`). Keras' hooks
+    in ``fit``'s order, no step: ``on_train_begin`` (:class:`InSegment` passes it on in a run's
+    first call only), ``on_epoch_begin``, ``on_epoch_end`` with ``logs`` (this rank's epoch logs
+    as the interrupted run had them: its training metrics and timing; the exact validation, early
+    stopping and the checkpoint add theirs), ``on_train_end`` (passed on where training ends).
+    ``verbose``: Keras' (2: a line per epoch)."""
+    model.stop_training = False  # as fit begins
+    hooks = keras.callbacks.CallbackList(callbacks, add_history=False, add_progbar=False, model=model,
+                                         verbose=verbose, epochs=epoch + 1, steps=steps_per_epoch)
+    hooks.on_train_begin()
+    hooks.on_epoch_begin(epoch)
+    hooks.on_epoch_end(epoch, dict(logs))
+    hooks.on_train_end()

@@ -24,7 +24,7 @@ from pipelines import tracking
 from pipelines.runtime.config import to_dict
 from pipelines.contract import HISTORY, TENSORBOARD, TEST, VALIDATION
 from pipelines.manifest import manifest_sha256
-from pipelines.launch.watchdog import Watchdog
+from pipelines.launch.watchdog import Watchdog, progress, watching
 from pipelines.runtime.logs import plural
 from pipelines.runtime.redact import redact
 from pipelines.io.storage import is_local
@@ -205,7 +205,7 @@ def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: 
     Returns the seconds spent in ``fit``.
     """
     from pipelines.training.callbacks import stop_watchdogs
-    from pipelines.training.segment import in_segment
+    from pipelines.training.segment import end_epoch, in_segment
 
     config, rank, plan = context.config, context.rank, context.plan
     if resume.finished(config.fit.epochs):
@@ -225,11 +225,16 @@ def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: 
         with inputs.fit_datasets(cache_root, start_row=segments[0].start_row) as (train_ds, val_ds):
             start = time.perf_counter()
             for i, segment in enumerate(segments):
-                dataset = train_ds if i == 0 else inputs.train_dataset_at(segment.start_row)
-                inputs.model.fit(dataset, epochs=segment.epochs, initial_epoch=segment.initial_epoch,
-                                 steps_per_epoch=segment.steps, validation_data=val_ds,
-                                 callbacks=in_segment(callbacks, i, len(segments), segment.steps_done, spe),
-                                 verbose=2 if rank.rank == 0 else 0)  # Horovod: Keras' epoch lines on rank 0 only
+                hooks = in_segment(callbacks, i, len(segments), segment.steps_done, spe)
+                verbose = 2 if rank.rank == 0 else 0  # Horovod: Keras' epoch lines on rank 0 only
+                if not segment.steps:  # the epoch's steps were trained, its validation interrupted: its end only
+                    end_epoch(inputs.model, hooks, segment.initial_epoch, spe,
+                              resume.epoch_logs(rank.rank, rank.size), verbose)
+                else:
+                    dataset = train_ds if i == 0 else inputs.train_dataset_at(segment.start_row)
+                    inputs.model.fit(dataset, epochs=segment.epochs, initial_epoch=segment.initial_epoch,
+                                     steps_per_epoch=segment.steps, validation_data=val_ds, callbacks=hooks,
+                                     verbose=verbose)
                 if inputs.model.stop_training:
                     break
             return time.perf_counter() - start
@@ -246,7 +251,8 @@ def evaluate(context: RankContext, inputs, split: str = TEST):
     the epoch was chosen on validation (or the validation split, for phase 1 of a fine-tuning
     run, whose test is read after phase 2 only): each rank reads its shard once (count checked
     against the Parquet footers), the sums are added over ranks, and the total count is checked
-    against the manifest, so a short read fails the run.
+    against the manifest, so a short read fails the run. Under the launcher's stall watchdog,
+    ticked by every batch.
 
     Returns:
         :class:`pipelines.training.evaluate.Totals`, the same on every rank.
@@ -254,8 +260,14 @@ def evaluate(context: RankContext, inputs, split: str = TEST):
     Raises:
         pipelines.training.data.errors.ShardCountError: a count differs from the metadata or manifest.
     """
-    # Horovod: each rank evaluates its own shard; the sums (and label pairs) are added over ranks
-    totals = allreduce_totals(inputs.evaluate_shard(inputs.model, split))
+    def tick(batch: int) -> None:
+        progress(f"{split} batch {batch + 1}")
+
+    with watching(context.rank.handed.stall_timeout_s, f"{split} batch 1"):  # ticked by each batch
+        shard = inputs.evaluate_shard(inputs.model, split, tick)
+        progress(f"the {split} split's sums over the ranks", waits=True)
+        # Horovod: each rank evaluates its own shard; the sums (and label pairs) are added over ranks
+        totals = allreduce_totals(shard)
     verify_total(totals.count, context.plan.data, split)
     return totals
 

@@ -453,6 +453,26 @@ def test_a_rank_that_stops_alive_is_named_and_relaunched_as_a_lost_one(dataset, 
         assert re.search(r"Thread MainThread:\n.*in on_epoch_end\n +time\.sleep\(", f.read(), re.DOTALL)
 
 
+@pytest.mark.parametrize("fault, ends", [("rank=1,val_sleep=4", False), ("rank=1,epoch=1,val_batch=1,mode=stall", True)])
+def test_a_long_validation_of_steady_batches_goes_on_and_a_rank_stopped_in_it_is_ended(dataset, tmp_path, fault, ends):
+    """--stall-timeout 5 (20 s with the grace while a rank may wait on its peers), one image a
+    batch: rank 1's validation batches take 4 s more each, longer in all than 20 s, and every
+    batch is progress; a rank that stops for good inside its validation is ended within the
+    timeout, named with where it stopped, while its peer waits in the check."""
+    data, _ = dataset
+    out = str(tmp_path / "out")
+    proc = train(data, out, "--epochs", "1", "--batch-size", "1", "--stall-timeout", "5",
+                 env={"PIPELINES_FAULT_INJECT": fault})
+    text = proc.stdout + proc.stderr
+    if not ends:
+        assert proc.returncode == 0 and "stalled" not in text, text[-3000:]
+        assert metrics(out)["history"][0]["val_seconds"] > 5 + 15
+    else:
+        assert proc.returncode != 0, text[-3000:]
+        assert re.search(r"rank 1 on \S+ stalled: no progress for \d+ s in the rank's own work after the check after "
+                         r"validation batch 1 of epoch 1 \(--stall-timeout 5 s\)", text), text[-3000:]
+
+
 def test_under_horovodrun_a_rank_a_minute_late_joins_and_a_stalled_rank_ends_the_job(dataset, tmp_path):
     """horovodrun, no launcher of ours: rank 1 starts 60 s late (Horovod's own 30 s rendezvous would
     abort rank 0; the default window is 300 s), trains epoch 1, then sleeps for good; its watchdog
@@ -1177,6 +1197,59 @@ def test_sigterm_to_a_local_rank_makes_the_launching_driver_exit_76_after_the_ch
     assert f"preempted: the run stopped after its checkpoint in {out}; continue it" in proc.stderr
     assert "attempt 2 of 2" not in proc.stderr and "Traceback" not in proc.stderr
     assert os.path.exists(os.path.join(out, "checkpoint-2-step-2.json"))
+
+
+#: Seconds from a notice in validation to its checkpoint's marker the tests allow: one validation
+#: batch, the check, rank 0's checkpoint (well under a second each here; the machine shared)
+NOTICE_TO_CHECKPOINT_S = 10.0
+
+
+@pytest.mark.current
+def test_sigterm_during_validation_checkpoints_the_epochs_steps_within_a_batch_and_resumes_exactly(
+        dataset, uninterrupted, tmp_path):
+    """Rank 1 gets SIGTERM after its first validation batch of epoch 2: every rank stops at the
+    next check, rank 0 checkpoints epoch 2's trained steps (the validation left to the resumed
+    run) within seconds, every rank exits 76; the resumed run runs epoch 2's validation and ends
+    as the run that went through."""
+    data, manifest = dataset
+    out, mark = str(tmp_path / "out"), str(tmp_path / "notice-time")
+    steps = manifest["splits"]["train"]["rows"] // (2 * 4)
+    term = train(data, out, *PREEMPTIBLE, env={"PIPELINES_FAULT_INJECT": f"rank=1,epoch=2,val_batch=1,mode=term,mark={mark}"})
+    text = term.stdout + term.stderr
+    assert term.returncode != 0 and "Exit code: 76" in text, text[-3000:]
+    assert "rank 1: SIGTERM received" in text and f"preempted: the run stopped after its checkpoint in {out}" in text
+    marker = os.path.join(out, f"checkpoint-2-step-{steps}.json")
+    with open(mark) as f:
+        noticed = float(f.read())
+    assert 0 < os.path.getmtime(marker) - noticed < NOTICE_TO_CHECKPOINT_S, os.path.getmtime(marker) - noticed
+    with open(marker) as f:
+        assert len(json.load(f)["epoch_logs"]) == 2  # each rank's logs of epoch 2's training
+    assert not os.path.exists(os.path.join(out, "checkpoint-2.json"))
+    resumed = train(data, out, *PREEMPTIBLE, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming after the steps of epoch 2, at its validation" in resumed.stdout + resumed.stderr
+    assert metrics(out)["steps_redone"] == 0
+    assert_same_run(out, uninterrupted)
+    # the interrupted epoch's training figures too: each rank's epoch logs came with the checkpoint
+    assert [h["loss"] for h in metrics(out)["history"]] == [h["loss"] for h in metrics(uninterrupted)["history"]]
+
+
+@pytest.mark.current
+def test_sigterm_to_the_process_group_of_a_local_ranks_job_checkpoints_once_and_exits_76(dataset, tmp_path):
+    """--spark-np -2: after step 1 of epoch 2 every process of the job (the driver and both ranks)
+    gets SIGTERM at once, as from a machine's shutdown: the driver passes it on and waits, each rank
+    takes the two as one notice, both stop after step 2 with rank 0's checkpoint, the driver exits
+    76 and does not relaunch."""
+    data, _ = dataset
+    out = str(tmp_path / "out")
+    proc = train(data, out, *PREEMPTIBLE, "--spark-np", "-2", "--max-failures", "1", np_=0, own_group=True,
+                 env={"PIPELINES_FAULT_INJECT": "rank=1,epoch=2,step=1,mode=termgroup"})
+    assert proc.returncode == 76, proc.stderr[-3000:]
+    assert "SIGTERM received: passed on to every rank" in proc.stderr
+    assert "preempted: every rank stopped after step 2 of epoch 2 (a SIGTERM)" in proc.stderr
+    assert f"preempted: the run stopped after its checkpoint in {out}; continue it" in proc.stderr
+    assert "attempt 2 of 2" not in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(n for n in os.listdir(out) if "-step-" in n) == ["checkpoint-2-step-2.json", "checkpoint-2-step-2.npz"]
 
 
 # PREEMPTIBLE without dropout: each rank's dropout draws are what a world size changes besides the order of sums

@@ -126,3 +126,29 @@ def animated(fmt: str, colours=((255, 0, 0), (0, 0, 255)), size=(12, 8)) -> byte
     frames = [Image.new("RGB", size, c) for c in colours]
     return encode(frames[0], fmt, save_all=True, append_images=frames[1:],
                   **({"lossless": True} if fmt == "WEBP" else {}))
+
+
+def scene(seed: int, width: int = 320, height: int = 240) -> Image.Image:
+    """A photo-like RGB image with structure at every scale (a gradient and a few filled shapes,
+    placed by ``seed``): its difference hash survives re-encoding and resizing, unlike noise's."""
+    from PIL import ImageDraw
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    angle = rng.uniform(0, 2 * np.pi)
+    ramp = (np.cos(angle) * x / width + np.sin(angle) * y / height + 1) / 2
+    img = Image.fromarray(np.stack([ramp * c for c in rng.uniform(80, 255, 3)], axis=-1).astype(np.uint8))
+    draw = ImageDraw.Draw(img)
+    for _ in range(6):
+        x0, y0 = rng.integers(0, width - 40), rng.integers(0, height - 40)
+        box = (int(x0), int(y0), int(x0 + rng.integers(30, width // 2)), int(y0 + rng.integers(30, height // 2)))
+        fill = tuple(int(v) for v in rng.integers(0, 256, 3))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=fill)
+    return img
+
+
+def jpeg_with_segment(jpeg: bytes, marker: int, payload: bytes) -> bytes:
+    """``jpeg`` with one more segment (``marker``: 0xFE a comment, 0xE1 an EXIF APP1) right after
+    its start-of-image marker: other bytes, the same compressed pixels."""
+    segment = bytes([0xFF, marker]) + struct.pack(">H", len(payload) + 2) + payload
+    return jpeg[:2] + segment + jpeg[2:]

@@ -10,16 +10,18 @@ from tests.support.env import BIN, REPO, subprocess_env
 SIZE = 71  # Xception's smallest input
 
 
-def train(data, output, *args, np_=2, env=None, timeout=420, tensorboard=False, cache=None):
+def train(data, output, *args, np_=2, env=None, timeout=420, tensorboard=False, cache=None, own_group=False):
     """Run jobs/train.py under horovodrun (np_ > 0) or alone (np_ == 0) on the tiny backbone (the
     Xception run: tests/e2e/test_training_hvd.py's ``full_run``); return the finished process. The Petastorm cache is
-    ``cache``, else ``OUTPUT-cache`` (a local ``output``'s sibling)."""
+    ``cache``, else ``OUTPUT-cache`` (a local ``output``'s sibling). ``own_group``: in a process
+    group of its own (a signal to the job's group then spares the tests)."""
     job = [sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", output,
            "--weights", "none", "--backbone", "tiny", "--batch-size", "4", "--cache-dir", cache or output + "-cache",
            *([] if tensorboard else ["--no-tensorboard"]), *args]
     cmd = job if np_ == 0 else [os.path.join(BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}",
                                 "--gloo", *job]
-    return subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(**(env or {})), timeout=timeout)
+    return subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(**(env or {})), timeout=timeout,
+                          start_new_session=own_group)
 
 
 def refused_launch(tmp_path, spark_np, test_groups, **env):

@@ -59,14 +59,15 @@ def marker_problem(marker: Any) -> Optional[str]:
     :class:`pipelines.training.checkpointer.CheckpointMarker`), or ``None`` when every field a
     resumed run reads has its type: ``epoch``, ``step`` and ``weights_bytes`` counts, ``weights``
     and ``weights_sha256`` (absent in a marker written before checksums) strings, ``early_stopping``
-    a dict, ``history``, ``segments`` lists, ``logs`` a dict or null, ``phase`` 1 or 2, ``run`` a run
-    identity (:func:`run_problem`)."""
+    a dict, ``history``, ``segments`` lists, ``logs`` a dict or null, ``epoch_logs`` a list of
+    objects of numbers, ``phase`` 1 or 2, ``run`` a run identity (:func:`run_problem`)."""
     if not isinstance(marker, dict):
         return f"expected a JSON object, got {_kind(marker)}"
     found = field_problem(marker, [("epoch", "count", True), ("step", "count", False), ("weights", "str", True),
                                ("weights_bytes", "count", True), ("weights_sha256", "str", False),
                                ("early_stopping", "dict", True),
-                               ("history", "list", False), ("segments", "list", False), ("logs", "dict", False)])
+                               ("history", "list", False), ("segments", "list", False), ("logs", "dict", False),
+                               ("epoch_logs", "list", False)])
     if found is None and marker.get("phase", 1) not in (1, 2):
         found = f"phase: expected 1 or 2, got {marker.get('phase')!r}"
     if found is None and isinstance(marker.get("early_stopping"), dict):
@@ -74,6 +75,9 @@ def marker_problem(marker: Any) -> Optional[str]:
         found = None if best is None or _count(best) else f"early_stopping.best_epoch: expected a count, got {_kind(best)}"
     if found is None and any(not isinstance(s, dict) for s in marker.get("segments") or []):
         found = "segments: expected a list of objects"
+    if found is None and any(not isinstance(e, dict) or not all(isinstance(v, (int, float)) for v in e.values())
+                             for e in marker.get("epoch_logs") or []):
+        found = "epoch_logs: expected a list of objects of numbers"
     if found is None and marker.get("run") is not None:
         found = run_problem(marker["run"])
     return found

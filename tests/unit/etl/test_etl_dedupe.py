@@ -2,25 +2,27 @@
 the plan it gives), Unicode look-alike class folders, links, FIFOs and folder links in the listing,
 '..' in object keys, and formats whose Pillow plugins must never see the file."""
 import hashlib
+import io
 import itertools
 import os
 import socket
 import unicodedata
 
+import numpy as np
 import pytest
 from PIL import Image
 
 from pipelines.runtime.errors import Refused
 from pipelines.etl import images
 from pipelines.etl.config import ETLConfig
-from pipelines.etl.dedupe import duplicates
+from pipelines.etl.dedupe import LOOK_ALIKE_DISTANCE, Hashed, duplicates, look_alikes
 from pipelines.etl.plan import drop_duplicates, plan
 from pipelines.etl.labels import CALTECH, FOLDERS, decide_layout
 from pipelines.etl.listing import (FOLDER_LINK, LINK_OUT, NOT_REGULAR, REJECTED, SKIPPED, Excluded, classify,
                                    list_files, name_exclusion)
 from pipelines.etl.transform import read_object
 from pipelines.io.storage import resolve
-from tests.support.imagegen import EPS, PDF, encode, make_tree, write
+from tests.support.imagegen import EPS, PDF, encode, make_tree, scene, write
 
 GROUPS = [
     ("cat/b.jpg", 0, "cat", "h1"), ("cat/a.jpg", 0, "cat", "h1"), ("cat/deep/a.jpg", 0, "cat", "h1"),
@@ -80,7 +82,9 @@ def test_the_plan_keeps_one_file_per_content_and_each_content_in_one_split(tmp_p
     assert all(rel[p].startswith("001.class0/0") or rel[p].startswith("002.class1/0") for p in kept)
     assert after.expected_rows == {"train": 8, "validation": 2, "test": 2}  # 6 per class: 4, 1, 1
     assert drop_duplicates(config, plan(config), hashes.items()).candidates == after.candidates  # deterministic
-    assert drop_duplicates(config, before, []) is before  # nothing hashed: nothing changes
+    unchanged = drop_duplicates(config, before, [])  # nothing hashed: nothing changes, no look-alike
+    assert unchanged.candidates is before.candidates and unchanged.outcomes is before.outcomes
+    assert unchanged.look_alikes == ([], 0)
 
 
 NFC, NFD = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
@@ -224,7 +228,9 @@ def test_the_hash_pass_gives_each_readable_candidates_sha256_and_none_for_the_ot
     assert task == {"rows_file": "_tasks/hashes-00000-0.arrow", "chunks": [1, 0], "files": [], "rows": 4}
     assert {r["path"]: r["sha256"] for r in read_rows(run, task)} == {**{p: sha256_of(p) for p in paths[:3]},
                                                                       paths[3]: None}
-    assert dict(read_hashes(run, [task])) == {p: sha256_of(p) for p in paths[:3]}
+    # bytes that are no image: no pixels, no difference hash (the main pass rejects them)
+    assert {p: tuple(rest) for p, *rest in read_hashes(run, [task])} == {p: (sha256_of(p), None, None)
+                                                                         for p in paths[:3]}
     assert not run.join("_tasks").exists()  # read once, then deleted
     (small,) = hash_chunks(iter([pa.RecordBatch.from_pydict({"id": [0]})]), chunks, run, max_file_bytes=100)
     rows = list(read_rows(run, small.to_pylist()[0]))
@@ -236,3 +242,126 @@ def test_the_duplicate_check_is_on_by_default_and_can_be_turned_off(tmp_path):
     base = ["--input", str(tmp_path), "--output", str(tmp_path.parent / "out")]
     assert parse_config(ETLConfig, base).dedupe is True
     assert parse_config(ETLConfig, base + ["--no-dedupe"]).dedupe is False
+
+
+def copies_of_one_photo(seed: int = 1) -> dict:
+    """One photo (JPEG, quality 90) and its copies with other bytes: the kind of fault the
+    duplicate check must see through (the same pixels) and the look-alikes it must report."""
+    from tests.support.imagegen import jpeg_with_segment, scene
+
+    img = scene(seed)
+    jpeg = encode(img, "JPEG", quality=90)
+    decoded = Image.open(io.BytesIO(jpeg))
+    camera = Image.Exif()
+    camera[0x010F] = "Another camera"  # Make; the orientation stays the same
+    return {
+        "original": jpeg,
+        "comment": jpeg_with_segment(jpeg, 0xFE, b"scraped from a forum, 2019"),
+        "exif": jpeg_with_segment(jpeg, 0xE1, camera.tobytes()),
+        "png": encode(decoded, "PNG"),  # lossless: the decoded pixels themselves
+        "bmp": encode(decoded.convert("RGB"), "BMP"),
+        "requality": encode(img, "JPEG", quality=60),  # look-alikes: other pixels
+        "resized": encode(img.resize((160, 120), Image.Resampling.LANCZOS), "JPEG", quality=90),
+    }
+
+
+def hamming(a: str, b: str) -> int:
+    return bin(int(a, 16) ^ int(b, 16)).count("1")
+
+
+def test_copies_with_other_bytes_have_the_pixels_fingerprint_and_look_alikes_a_close_hash():
+    copies = copies_of_one_photo()
+    prints = {name: images.fingerprint(data) for name, data in copies.items()}
+    assert len({hashlib.sha256(data).hexdigest() for data in copies.values()}) == len(copies)  # all other bytes
+    same = {prints[name].pixels for name in ("original", "comment", "exif", "png", "bmp")}
+    assert len(same) == 1
+    assert prints["requality"].pixels not in same and prints["resized"].pixels not in same
+    for name in ("requality", "resized"):
+        assert hamming(prints[name].dhash, prints["original"].dhash) <= LOOK_ALIKE_DISTANCE, name
+    others = [images.fingerprint(encode(scene(seed), "JPEG", quality=90)) for seed in range(2, 12)]
+    distances = [hamming(p.dhash, q.dhash) for p, q in itertools.combinations([prints["original"], *others], 2)]
+    assert min(distances) > LOOK_ALIKE_DISTANCE, sorted(distances)[:5]
+
+
+def test_a_fingerprint_is_of_the_oriented_image_and_of_its_size():
+    from tests.support.imagegen import jpeg_with_orientation
+
+    upright, turned = (images.fingerprint(jpeg_with_orientation(40, 20, o)) for o in (1, 6))
+    assert upright.pixels != turned.pixels  # rotated by EXIF: other pixels as the ETL reads them
+    flat = [images.fingerprint(encode(Image.new("RGB", size, (9, 9, 9)), "PNG")) for size in ((4, 6), (6, 4))]
+    assert flat[0].pixels != flat[1].pixels  # the same 24 pixel values, another shape
+    with pytest.raises(images.ImageRejected):
+        images.fingerprint(b"not an image")
+
+
+def test_the_plan_keeps_one_file_per_image_whatever_its_bytes_and_reports_look_alikes(tmp_path):
+    """Real files, hashed as the Spark pass does (transform.hash_chunks' sha256 and fingerprint): the
+    copies of one photo with a comment, an EXIF segment, as PNG and BMP, are rejected (one in
+    another class: a label conflict), the re-encoded and resized ones kept and reported; ten
+    distinct photos are neither."""
+    root = tmp_path / "tree"
+    copies = copies_of_one_photo()
+    names = {"original": "001.cat/a.jpg", "comment": "001.cat/b.jpg", "exif": "001.cat/c.jpg",
+             "png": "001.cat/d.png", "bmp": "002.dog/e.bmp", "requality": "001.cat/f.jpg",
+             "resized": "002.dog/g.jpg"}
+    for name, relative in names.items():
+        write(str(root / relative), copies[name])
+    for seed in range(2, 12):
+        write(str(root / ("001.cat" if seed % 2 else "002.dog") / f"other-{seed}.jpg"),
+              encode(scene(seed), "JPEG", quality=90))
+    config = ETLConfig(input=str(root), output=str(tmp_path / "out"), image_size=8, min_row_groups=1)
+    before = plan(config)
+
+    def hashed(path):
+        with open(path, "rb") as f:
+            data = f.read()
+        found = images.fingerprint(data)
+        return path, hashlib.sha256(data).hexdigest(), found.pixels, found.dhash
+
+    after = drop_duplicates(config, before, [hashed(c.path) for c in before.candidates])
+    rel = {f.path: f.relative_path for f in after.files}
+    rejected = {rel[p]: o.reason for p, o in after.outcomes.items() if isinstance(o, Excluded)}
+    assert rejected == {"001.cat/b.jpg": "duplicate: same pixels as 001.cat/a.jpg",
+                        "001.cat/c.jpg": "duplicate: same pixels as 001.cat/a.jpg",
+                        "001.cat/d.png": "duplicate: same pixels as 001.cat/a.jpg",
+                        "002.dog/e.bmp": "label conflict: same pixels as 001.cat/a.jpg in class cat"}
+    assert len(after.candidates) == len(before.candidates) - 4
+    pairs, count = after.look_alikes
+    assert count == 3 and sorted((a, b) for a, b, _ in pairs) == [
+        ("001.cat/a.jpg", "001.cat/f.jpg"), ("001.cat/a.jpg", "002.dog/g.jpg"), ("001.cat/f.jpg", "002.dog/g.jpg")]
+    assert all(bits <= LOOK_ALIKE_DISTANCE for _, _, bits in pairs)
+    # same bytes stay "same bytes"; an undecodable file is grouped by its bytes
+    assert duplicates([Hashed("c/a.jpg", 0, "c", "h", "p", "0" * 16), Hashed("c/b.jpg", 0, "c", "h", "p", "0" * 16),
+                       ("c/x.jpg", 0, "c", "u"), ("c/y.jpg", 0, "c", "u")]) == {
+        "c/b.jpg": "duplicate: same bytes as c/a.jpg", "c/y.jpg": "duplicate: same bytes as c/x.jpg"}
+
+
+def test_look_alikes_are_every_pair_within_the_distance_each_once_and_listed_closest_first():
+    rng = np.random.default_rng(0)
+    hashes = [int(v) for v in rng.integers(0, 2 ** 63, 400, dtype=np.int64)]
+    base = hashes[0]
+    near = {"near-1": base ^ 0b1, "near-3": base ^ (0b111 << 40), "near-5": base ^ (0b11111 << 20),
+            "far-6": base ^ 0b111111}
+    files = [(f"f{i:03d}", f"{h:016x}") for i, h in enumerate(hashes)] + [(k, f"{v:016x}") for k, v in near.items()]
+    brute = sorted((hamming(x, y), a, b) for (a, x), (b, y) in itertools.combinations(sorted(files), 2)
+                   if hamming(x, y) <= LOOK_ALIKE_DISTANCE)
+    pairs, count = look_alikes(files)
+    assert count == len(brute) == 5 and [(bits, a, b) for a, b, bits in pairs] == brute
+    assert ("f000", "far-6") not in {(a, b) for a, b, _ in pairs}
+    assert look_alikes(files, listed=2) == ([(a, b, bits) for bits, a, b in brute[:2]], count)
+    blank = [(f"blank-{i}", "0" * 16) for i in range(30)]  # identical hashes: every pair, once
+    assert look_alikes(blank, listed=1) == ([("blank-0", "blank-1", 0)], 435)
+    assert look_alikes(blank[:1]) == ([], 0) and look_alikes([]) == ([], 0)
+
+
+def test_the_summary_warns_of_look_alikes_with_the_pairs():
+    from pipelines.etl.summary import format_summary
+
+    manifest = {"image": {"height": 8}, "num_classes": 2, "files": {"found": 3, "written": 3, "rejected": 0,
+                                                                    "skipped": 0, "reasons": {}, "list": "x"},
+                "splits": {}, "max_world_size": 1, "min_row_groups": 1, "images_per_second": 1.0, "seconds": 3,
+                "look_alikes": {"max_distance": 5, "count": 1, "pairs": [["001.cat/a.jpg", "002.dog/g.jpg", 2]]}}
+    assert "  WARNING: 1 pair of look-alike files kept, each split on its own (difference hashes within 5 bits): " \
+           "001.cat/a.jpg ~ 002.dog/g.jpg (2 bits)" in format_summary(manifest).splitlines()
+    assert "look-alike" not in format_summary({**manifest, "look_alikes": {"max_distance": 5, "count": 0,
+                                                                            "pairs": []}})

@@ -312,3 +312,58 @@ def test_sessions_this_product_starts_serve_no_ui_and_a_local_master_on_loopback
         assert service_conf(master, {"SPARK_LOCAL_IP": "127.0.1.1"}) == off
     for master in ("spark://10.0.0.1:7077", "local-cluster[2,1,1024]", "yarn", "k8s://https://10.0.0.1:6443"):
         assert service_conf(master, {}) == off
+
+
+DRIVER = '''
+import os, signal, subprocess, sys, time
+sys.path.insert(0, {repo!r})
+from pipelines.launch.local import passing_on_sigterm
+RANK = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from pipelines.training import preemption
+with preemption.PreemptionNotice(rank=int(sys.argv[1])) as notice:
+    print("ready", flush=True)
+    deadline = time.monotonic() + 30
+    while not notice.requested and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # a repeat of the notice arrives meanwhile: the same notice
+    sys.exit(76 if notice.requested else 1)
+"""
+ranks = []
+with passing_on_sigterm(ranks):
+    for r in range(2):
+        ranks.append(subprocess.Popen([sys.executable, "-c", RANK, str(r)], stdout=subprocess.PIPE, text=True))
+    for proc in ranks:
+        proc.stdout.readline()
+    print("ranks ready", flush=True)
+    codes = [proc.wait() for proc in ranks]
+print("codes", codes, flush=True)
+sys.exit(max(codes))
+'''
+
+
+@pytest.mark.parametrize("to_group", [True, False])
+def test_a_sigterm_to_the_launching_driver_reaches_each_rank_once_and_the_driver_ends_as_they_do(to_group):
+    """A driver of local ranks (run_local's handler): SIGTERM to the whole process group (a
+    machine's shutdown: driver and ranks at once) or to the driver alone; each rank sees one
+    notice (its repeat within the window is the same one), ends 76, and so does the driver."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.support.env import REPO
+
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER.format(repo=REPO)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert driver.stdout.readline() == "ranks ready\n"
+        (os.killpg if to_group else os.kill)(driver.pid, signal.SIGTERM)
+        out, err = driver.communicate(timeout=60)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert driver.returncode == 76 and out == "codes [76, 76]\n", (driver.returncode, out, err)
+    assert "SIGTERM received: passed on to every rank" in err
+    assert err.count("SIGTERM received: every rank checkpoints") == 2  # one notice per rank

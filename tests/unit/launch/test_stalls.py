@@ -143,3 +143,60 @@ def test_the_window_a_late_rank_is_told_is_the_one_its_environment_gives_gloo(en
 def test_waits_that_are_not_positive_seconds_are_refused_by_flag(field, flag, value):
     with pytest.raises(Refused, match=f"^{flag} must be a positive number of seconds"):
         LaunchConfig(np=-2, **{field: value})
+
+
+def validation_of(batches, clock, seconds_per_batch, stop_at=None, stop_s=0.0, monkeypatch=None):
+    """The exact validation's callback over ``batches`` batches of a shard, each taking
+    ``seconds_per_batch`` of ``clock`` (batch ``stop_at``: ``stop_s``), the sums over ranks this rank's."""
+    import numpy as np
+
+    from pipelines.training import evaluate
+
+    monkeypatch.setattr(evaluate, "allreduce_totals", lambda totals: totals)
+    monkeypatch.setattr(evaluate, "verify_total", lambda count, data, split: None)
+
+    class Inputs:
+        def evaluate_shard(self, model, split, after_batch=None):
+            for batch in range(1, batches + 1):
+                clock.now += stop_s if batch == stop_at else seconds_per_batch
+                running.check()  # the watchdog's thread looks, once per batch here
+                after_batch(batch)
+            return evaluate.Totals(0.0, 0, 0, 3, np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    return evaluate.exact_validation(Inputs(), None)
+
+
+running = None
+
+
+@pytest.mark.parametrize("stop_at", [None, 5])
+def test_a_long_validation_of_steady_batches_is_progress_and_a_rank_stopped_inside_it_is_ended(stop_at, monkeypatch):
+    """12 validation batches of 8 s each (96 s, beyond the 10 s timeout and its 15 s grace): each
+    batch ticks the rank's watchdog, so the rank is not ended; a batch that takes 30 s is a rank
+    that stopped, ended and named where."""
+    global running
+    clock, stalls = Clock(), []
+    running = Watchdog(10, stalls.append, clock).start()  # the running watchdog: the one progress() ticks
+    try:
+        callback = validation_of(12, clock, 8.0, stop_at, 30.0, monkeypatch)
+        running.tick("the validation and checkpoint of epoch 2", waits=True)  # WatchdogTicks' epoch-end tick
+        callback.on_epoch_end(1, {})
+    finally:
+        running.stop()
+    if stop_at is None:
+        assert stalls == []
+    else:
+        assert stalls == ["no progress for 30 s in validation batch 5 of epoch 2 (--stall-timeout 10 s)"]
+
+
+def test_the_test_evaluation_runs_under_its_own_watchdog_that_each_batch_ticks():
+    from pipelines.launch import watchdog
+
+    with watchdog.watching(None, "test batch 1"):
+        assert watchdog._running is None  # no --stall-timeout: none
+    with watchdog.watching(30, "test batch 1"):
+        dog = watchdog._running
+        assert dog is not None and dog._where == "test batch 1"
+        watchdog.progress("test batch 2")
+        assert dog._where == "test batch 2" and not dog.fired
+    assert watchdog._running is None

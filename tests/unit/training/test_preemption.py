@@ -22,13 +22,15 @@ from tests.support.env import REPO
     (2, 4, 3, 5, 4, 0, [Segment(2, 3, 1, 4, 56)]),                                     # within the last epoch
     (0, 1, 1, 2, 16, 0, [Segment(0, 1, 1, 1, 16)]),
     (6, 2, 9, 5, 4, 4, [Segment(6, 7, 3, 2, 48), Segment(7, 9, 5, 0, 60)]),            # phase 2 from epoch 5
+    (1, 5, 3, 5, 4, 0, [Segment(1, 2, 0, 5, 40), Segment(2, 3, 5, 0, 40)]),            # epoch 2 trained, not validated
+    (2, 5, 3, 5, 4, 0, [Segment(2, 3, 0, 5, 60)]),                                     # the last epoch's validation
 ])
 def test_a_position_becomes_the_fit_calls_and_stream_rows_of_an_uninterrupted_run(done, steps_done, epochs, spe,
                                                                                    batch, first, expected):
     assert fit_segments(done, steps_done, epochs, spe, batch, first) == expected
 
 
-@pytest.mark.parametrize("done, steps_done, spe, first", [(0, 5, 5, 0), (0, -1, 5, 0), (1, 0, 5, 2)])
+@pytest.mark.parametrize("done, steps_done, spe, first", [(0, 6, 5, 0), (0, -1, 5, 0), (1, 0, 5, 2)])
 def test_a_position_outside_the_run_is_refused(done, steps_done, spe, first):
     with pytest.raises(ValueError, match="no position after"):
         fit_segments(done, steps_done, 3, spe, 4, first)
@@ -275,3 +277,150 @@ def test_a_second_sigterm_while_the_checkpoint_is_written_ends_the_process_right
     proc = subprocess.run([sys.executable, "-c", HOLDING.format(repo=REPO)], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == -signal.SIGTERM and proc.stdout == "checkpoint written\n", (proc.returncode, proc.stdout)
+
+
+def validated_fit(model, directory, segments, notice_at=None, marker=None, best_weights=None, monkeypatch=None):
+    """The job's epoch end in one process: the exact validation (its shard evaluated batch by
+    batch, 3 batches; the sums over ranks those of this one) with the divergence guard's checks
+    between batches, early stopping on ``val_loss``, the checkpoint writer, the stop at the epoch's
+    end; a notice raised after validation batch ``notice_at`` (epoch, batch); resumed from
+    ``marker`` (a checkpoint's: its early stopping state, history and epoch logs) when given."""
+    import tensorflow as tf
+
+    from pipelines.stack.kerasapi import keras
+    from pipelines.training import evaluate
+    from pipelines.training.callbacks import BestWeightsEarlyStopping, DivergenceGuard, PreemptAtEpochEnd
+    from pipelines.training.checkpointer import CheckpointMarker
+    from pipelines.training.preemption import PreemptionNotice
+    from pipelines.training.resume import Resume
+    from pipelines.training.segment import end_epoch, in_segment
+
+    monkeypatch.setattr(evaluate, "allreduce_totals", lambda totals: totals)  # one rank: its own sums
+    monkeypatch.setattr(evaluate, "verify_total", lambda count, data, split: None)
+    x = np.linspace(0, 1, 30, dtype=np.float32).reshape(5, 6)
+    y = np.arange(5, dtype=np.int32) % 3
+
+    class Inputs:
+        def evaluate_shard(self, model, split, after_batch=None):
+            return evaluate.evaluate_dataset(model, tf.data.Dataset.from_tensor_slices((x, y)).batch(2), after_batch)
+
+    notice = PreemptionNotice()
+
+    class Notice(keras.callbacks.Callback):
+        def on_validation_batch_end(self, epoch, batch, logs=None):
+            if (epoch + 1, batch) == notice_at:
+                notice.requested = True
+
+    os.makedirs(directory, exist_ok=True)
+    resume = Resume(marker)
+    stopper = BestWeightsEarlyStopping(state=marker and marker["early_stopping"], best_weights=best_weights,
+                                       monitor="val_loss", patience=10)
+    checkpoints = CheckpointMarker(directory, stopper, list(marker["history"]) if marker else [])
+    guard = DivergenceGuard(5, count=lambda flags: flags, gather=lambda mine: [mine], notice=notice,
+                            on_preempted=checkpoints.write_step, agree=lambda value: value)
+    callbacks = [guard, stopper, checkpoints, PreemptAtEpochEnd(guard), Notice()]
+    callbacks = [evaluate.exact_validation(Inputs(), None, callbacks), *callbacks]
+    for i, s in enumerate(segments):
+        hooks = in_segment(callbacks, i, len(segments), s.steps_done, 5)
+        if not s.steps:
+            end_epoch(model, hooks, s.initial_epoch, 5, resume.epoch_logs(0, 1), 0)
+        else:
+            model.fit(stream_at(s.start_row), epochs=s.epochs, initial_epoch=s.initial_epoch, steps_per_epoch=s.steps,
+                      callbacks=hooks, verbose=0)
+
+
+@pytest.mark.parametrize("notice_at", [(2, 2), (3, 1)])
+def test_a_notice_in_validation_checkpoints_the_epochs_steps_and_the_resumed_run_ends_bit_for_bit(
+        notice_at, tmp_path, monkeypatch):
+    """A notice after validation batch B of epoch E stops the run at the next check: a checkpoint
+    of the epoch's 5 trained steps, with its logs, before its validation; the resumed run runs that
+    validation and the epochs after it, and ends with the uninterrupted run's weights, optimizer
+    and generator state and the same history, training loss included."""
+    import json
+
+    from pipelines.training.model.checkpoints import load_checkpoint
+    from pipelines.training.preemption import Preempted
+    from pipelines.training.schedule import checkpoint_path, newest_complete_checkpoint
+
+    whole = small_model()
+    validated_fit(whole, str(tmp_path / "whole"), fit_segments(0, 0, 3, 5, 4), monkeypatch=monkeypatch)
+    stopped_dir = str(tmp_path / "stopped")
+    with pytest.raises(Preempted) as raised:
+        validated_fit(small_model(), stopped_dir, fit_segments(0, 0, 3, 5, 4), notice_at, monkeypatch=monkeypatch)
+    epoch = notice_at[0]
+    assert str(raised.value) == f"preempted: every rank stopped in the validation of epoch {epoch}, its steps trained " \
+                                "(a SIGTERM)"
+    marker = newest_complete_checkpoint(stopped_dir)
+    assert raised.value.checkpoint == marker["_name"] == f"checkpoint-{epoch}-step-5.json"
+    assert (marker["epoch"], marker["step"]) == (epoch - 1, 5) and [len(marker["epoch_logs"])] == [1]
+    assert not os.path.exists(os.path.join(stopped_dir, f"checkpoint-{epoch}.json"))  # its validation: not run
+
+    resumed = small_model(seed=8)
+    best, best_weights = marker["early_stopping"]["best_epoch"], None
+    if best:
+        load_checkpoint(resumed, checkpoint_path(stopped_dir, best), optimizer=False)
+        best_weights = resumed.get_weights()
+    load_checkpoint(resumed, os.path.join(stopped_dir, marker["weights"]))
+    segments = fit_segments(marker["epoch"], marker["step"], 3, 5, 4)
+    assert segments[0].steps == 0
+    validated_fit(resumed, stopped_dir, segments, marker=marker, best_weights=best_weights, monkeypatch=monkeypatch)
+    expected, got = state_of(whole), state_of(resumed)
+    for key in expected:
+        assert np.array_equal(expected[key], got[key]), key
+    with open(tmp_path / "whole" / "checkpoint-3.json") as f, open(os.path.join(stopped_dir, "checkpoint-3.json")) as g:
+        histories = [[{k: v for k, v in entry.items() if k != "val_seconds"} for entry in json.load(h)["history"]]
+                     for h in (f, g)]
+    assert histories[0] == histories[1]  # the training loss of the interrupted epoch too; the time aside
+    assert not [n for n in os.listdir(stopped_dir) if "-step-" in n]
+
+
+def test_a_rank_whose_shard_is_done_checks_until_every_rank_is_and_stops_with_them_at_a_notice():
+    """Two ranks, this one 3 validation batches, the other 5: without a notice both make 6 checks
+    (each after its batches, then until none validates); the other's notice after its batch 4
+    stops this one at its 4th check, after its shard, with every rank's epoch logs checkpointed."""
+    from pipelines.training.callbacks import DivergenceGuard
+    from pipelines.training.preemption import Preempted, PreemptionNotice
+
+    checks, written = [], []
+
+    def run(other_notice_at=None):
+        checks.clear()
+        written.clear()
+
+        def count(flags):  # the other rank: validating at its checks 1..5, its notice from other_notice_at
+            checks.append(flags)
+            n = len(checks)
+            return flags[0] + (n <= 5), flags[1] + bool(other_notice_at and n >= other_notice_at)
+
+        guard = DivergenceGuard(7, count=count, gather=lambda mine: [mine, {"loss": 2.0}], notice=PreemptionNotice(),
+                                on_preempted=lambda *args: written.append(args) or "m.json", agree=lambda v: v)
+        guard.on_epoch_begin(1)
+        for batch in (1, 2, 3):
+            guard.on_validation_batch_end(1, batch, {"loss": 1.0})
+        guard.on_validation_shard_end(1, {"loss": 1.0})
+        return checks, written
+
+    run()
+    assert checks == [(True, False)] * 3 + [(False, False)] * 3 and written == []
+    with pytest.raises(Preempted) as raised:
+        run(other_notice_at=4)
+    assert raised.value.checkpoint == "m.json" and len(checks) == 4
+    assert written == [(2, 7, [{"loss": 1.0}, {"loss": 2.0}])]  # epoch 2 (1-based), after its 7 steps
+
+
+def test_a_second_sigterm_within_the_repeat_window_is_the_same_notice(monkeypatch):
+    """A machine's shutdown signals every process and a launching driver passes the signal on: the
+    rank counts the two as one notice; a SIGTERM after the window stops it at once."""
+    from pipelines.training import preemption
+
+    now = [100.0]
+    notice = preemption.PreemptionNotice(rank=1, clock=lambda: now[0])
+    stopped = []
+    monkeypatch.setattr(notice, "stop_now", lambda: stopped.append(now[0]))
+    notice._handle(15, None)
+    now[0] += preemption.REPEAT_S / 2
+    notice._handle(15, None)
+    assert notice.requested and stopped == []
+    now[0] += preemption.REPEAT_S
+    notice._handle(15, None)
+    assert stopped == [now[0]]
