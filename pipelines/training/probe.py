@@ -74,7 +74,7 @@ def _check_split(name: str, x: np.ndarray, y: np.ndarray, width: Optional[int] =
 def fit_probe(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y: np.ndarray,
               test_x: Optional[np.ndarray] = None, test_y: Optional[np.ndarray] = None,
               grid: Sequence[float] = DEFAULT_GRID, max_rows: int = DEFAULT_MAX_ROWS,
-              max_iter: int = DEFAULT_MAX_ITER, seed: int = 0) -> Dict:
+              max_iter: int = DEFAULT_MAX_ITER, seed: int = 0, threads: Optional[int] = 1) -> Dict:
     """Fit the probe on the train split, choose ``C`` on validation, score the test split once.
 
     Args:
@@ -83,6 +83,9 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y
         grid: the ``C`` values tried (> 0).
         max_rows: at most this many train rows are fitted (:func:`stratified_rows`, ``seed``).
         max_iter: L-BFGS iterations per ``C``.
+        threads: BLAS and OpenMP threads of the fits (``None``: the libraries' own, every core); one by
+            default: on cores that other processes keep busy, threads that wait for each other made a
+            small fit 25 times slower (docs/benchmarks.md).
 
     Returns:
         ``{"C", "validation_accuracy", "test_accuracy" (None without a test split), "seconds"
@@ -95,10 +98,9 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y
         ProbeRefused: arrays of the wrong shapes, non-finite features, fewer than two classes in
             the train split, an empty validation split, a bad grid, ``max_rows`` or ``max_iter`` < 1.
     """
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import log_loss
-    from sklearn.preprocessing import StandardScaler
+    from threadpoolctl import threadpool_limits
+
+    import sklearn.linear_model  # noqa: F401  (loaded before the limit: it limits the libraries loaded)
 
     values = check_grid(grid)
     if max_rows < 1 or max_iter < 1:
@@ -110,6 +112,17 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y
     if len(np.unique(train_y)) < 2 or not len(val_y):
         raise ProbeRefused(f"the probe needs two classes in the train split and a validation split, got "
                            f"{len(np.unique(train_y))} and {len(val_y)} rows")
+    with threadpool_limits(limits=threads):
+        return _fit(values, train_x, train_y, val_x, val_y, test_x, test_y, max_rows, max_iter, seed)
+
+
+def _fit(values, train_x, train_y, val_x, val_y, test_x, test_y, max_rows, max_iter, seed) -> Dict:
+    """:func:`fit_probe`'s work, on checked arrays and grid."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import log_loss
+    from sklearn.preprocessing import StandardScaler
+
     start = time.perf_counter()
     rows = stratified_rows(train_y, max_rows, seed)
     scaler = StandardScaler().fit(train_x[rows])
