@@ -72,7 +72,7 @@ class StoppingRule:
 
 #: The named rules of ``--stopping``: ``converge`` (the default) and the article's.
 RULES: Dict[str, StoppingRule] = {
-    "converge": StoppingRule(monitor="val_loss", patience_steps=100, patience_epochs=3, min_delta=0.0),
+    "converge": StoppingRule(monitor="val_loss", patience_steps=150, patience_epochs=3, min_delta=0.0),
     "article": StoppingRule(monitor="val_accuracy", patience_steps=0, patience_epochs=3, min_delta=0.001),
 }
 

@@ -139,10 +139,14 @@ def probe_lines(report: Dict) -> List[str]:
              f"validation): validation accuracy {found['validation_accuracy']:.4f}, test accuracy {test}; "
              f"{plural(found['rows'], 'train row')}, {found['seconds']:.1f} s"]
     if model is not None and found["validation_accuracy"] - model > PROBE_MARGIN:
+        count = report["validation"]["expected_count"]
+        rule = report["stopping"]["rule"]
+        tries = ("--stopping converge (the default, on val_loss), " if rule != "converge" else "") + \
+            "a larger --patience-steps or --epochs, another --base-lr or --dropout, or the tuning job (jobs/tune.py)"
         lines.append(f"the model's validation accuracy {model:.4f} trails the linear probe's "
                      f"{found['validation_accuracy']:.4f} by {100 * (found['validation_accuracy'] - model):.1f} "
-                     "points: it has likely not converged; try --stopping converge (the default), a larger "
-                     "--patience-steps or --epochs, or the tuning job (jobs/tune.py)")
+                     f"points (one of {plural(count, 'validation image')} is {100 / max(1, count):.1f}): the head "
+                     f"may not have converged or its recipe fits these features less well; try {tries}")
     return lines
 
 

@@ -8,10 +8,11 @@ from pipelines.training.stopping import MONITORS, RULES, StoppingRule, resolve
 
 
 @pytest.mark.parametrize("rule, steps_per_epoch, epochs", [
-    (RULES["converge"], 5, 20),        # 74 train images, global batch 16: patience in steps, 100 / 5
-    (RULES["converge"], 3, 34),        # ceil(100 / 3): whole epochs, never fewer steps than asked
+    (RULES["converge"], 5, 30),        # 74 train images, global batch 16: patience in steps, 150 / 5
+    (RULES["converge"], 4, 38),        # ceil(150 / 4): whole epochs, never fewer steps than asked
     (RULES["converge"], 1875, 3),      # Caltech-256 scale (30,000 images, global batch 16): the floor
-    (RULES["converge"], 33, 4),        # ceil(100 / 33) = 4 epochs above the floor of 3
+    (RULES["converge"], 33, 5),        # ceil(150 / 33) = 5 epochs above the floor of 3
+    (RULES["converge"], 93, 3),        # 1,500 images (fashion-mnist's sample): ceil(150 / 93) = 2, the floor
     (RULES["article"], 5, 3),          # the article's: epochs only, whatever the size
     (RULES["article"], 1875, 3),
     (StoppingRule("val_loss", 100, 1, 0.0), 0, 100),  # 0 steps an epoch counted as 1
