@@ -130,8 +130,11 @@ def linear_probe(context, first) -> Dict:
 
 def probe_lines(report: Dict) -> List[str]:
     """The training log's last lines on the probe beside the model: its figures (or why there are
-    none), and one line more when the model trails it on validation by more than :data:`PROBE_MARGIN`."""
-    found, model = report.get("probe") or {}, report["validation"]["accuracy"]
+    none; nothing for a report without it), and one line more when the model trails it on validation
+    by more than :data:`PROBE_MARGIN`."""
+    found, model = report.get("probe"), report["validation"]["accuracy"]
+    if not found:  # a report made without the probe's step
+        return []
     if "skipped" in found:
         return [f"linear probe: none ({found['skipped']})"]
     test = "?" if found["test_accuracy"] is None else f"{found['test_accuracy']:.4f}"
@@ -268,9 +271,9 @@ def save_pictures(output: str, report: Dict, exported, data) -> Dict[str, str]:
     :func:`~pipelines.training.model.export.export_model` returns it) on the stored uint8 images.
     Returns ``{name: path}``."""
     where = {name: os.path.join(output, file) for name, file in PICTURES.items()}
-    probe = report.get("probe") or {}
+    probe, stopping = report.get("probe") or {}, report.get("stopping") or {}
     paths = {"curves": plot_history(report["history"], where["curves"], report["best_epoch"],
-                                    report["stopping"]["stopped_epoch"], report["stopping"]["monitor"],
+                                    stopping.get("stopped_epoch"), stopping.get("monitor", ""),
                                     probe.get("validation_accuracy"))}
     if "confusion" in report["test"]:
         matrix = report["test"]["confusion"]

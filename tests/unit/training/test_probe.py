@@ -67,3 +67,51 @@ def test_arrays_it_cannot_fit_are_refused():
         fit_probe(x, np.zeros_like(y), x, y)
     with pytest.raises(ProbeRefused, match="max_rows and max_iter must be >= 1"):
         fit_probe(x, y, x, y, max_iter=0)
+
+
+def report_with(probe, model_accuracy, rule="converge", count=30):
+    return {"probe": probe, "validation": {"accuracy": model_accuracy, "expected_count": count},
+            "stopping": {"rule": rule}}
+
+
+FITTED = {"C": 0.1, "validation_accuracy": 0.7667, "test_accuracy": 0.7955, "rows": 74, "seconds": 1.5}
+
+
+def test_the_log_says_the_probes_figures_and_one_line_more_when_the_model_trails_it():
+    from pipelines.training.records.report import PROBE_NEEDS_FEATURES, probe_lines, probe_metrics
+
+    first = ("linear probe (logistic regression on the same frozen features, C 0.1 chosen on validation): "
+             "validation accuracy 0.7667, test accuracy 0.7955; 74 train rows, 1.5 s")
+    assert probe_lines(report_with(FITTED, 0.7667)) == [first]
+    assert probe_lines(report_with(FITTED, 0.75)) == [first]  # 1.7 points: within the margin of 2
+    trailing = probe_lines(report_with(FITTED, 0.7333))
+    assert trailing[0] == first and len(trailing) == 2
+    assert trailing[1].startswith("the model's validation accuracy 0.7333 trails the linear probe's 0.7667 by 3.3 "
+                                  "points (one of 30 validation images is 3.3)")
+    assert "--stopping converge" not in trailing[1] and "jobs/tune.py" in trailing[1]
+    assert "try --stopping converge (the default, on val_loss)" in probe_lines(report_with(FITTED, 0.6, "article"))[1]
+    assert probe_lines(report_with({"skipped": PROBE_NEEDS_FEATURES}, 0.5)) == [f"linear probe: none "
+                                                                                f"({PROBE_NEEDS_FEATURES})"]
+    assert probe_metrics(FITTED) == {"probe_C": 0.1, "probe_validation_accuracy": 0.7667,
+                                     "probe_test_accuracy": 0.7955, "probe_seconds": 1.5, "probe_rows": 74}
+    assert probe_metrics({"skipped": "--no-probe"}) == {} == probe_metrics(None)
+
+
+def test_the_replay_of_a_rule_stops_where_the_job_would():
+    """benchmarks/stopping_rules.py replays the job's rule on recorded curves ([val_loss,
+    val_accuracy, test_loss, test_accuracy] an epoch)."""
+    from benchmarks.stopping_rules import parse_rule, replay
+    from pipelines.runtime.errors import Refused
+    from pipelines.training.stopping import RULES, StoppingRule
+
+    curve = [[1.0, 0.5, 0, 0], [0.8, 0.6, 0, 0], [0.9, 0.6, 0, 0], [0.7, 0.55, 0, 0], [0.75, 0.5, 0, 0],
+             [0.76, 0.5, 0, 0], [0.77, 0.5, 0, 0]]
+    assert replay(StoppingRule("val_loss", 0, 3, 0.0), curve, 4) == (3, 6)
+    assert replay(StoppingRule("val_loss", 40, 3, 0.0), curve, 4) == (3, 6)  # 10 epochs: the curve ends
+    assert replay(RULES["article"], curve, 4) == (1, 4)
+    assert parse_rule("val_loss:100:3:0") == ("val_loss:100:3:0", StoppingRule("val_loss", 100, 3, 0.0))
+    assert parse_rule("article") == ("article", RULES["article"])
+    with pytest.raises(Refused, match="--rules val_loss:x:3:0"):
+        parse_rule("val_loss:x:3:0")
+    with pytest.raises(Refused, match="--patience must be an integer >= 1, got 0"):
+        parse_rule("val_loss:100:0:0")
