@@ -69,6 +69,18 @@ print(f"\nexact test accuracy: {t['accuracy']:.4f} on {plural(t['count'], 'image
       "the test split was read once, after training, and chose nothing")
 print(f"exact validation accuracy of the best epoch: {v['accuracy']:.4f} on {plural(v['expected_count'], 'image')} "
       f"(the split that chose epoch {m['best_epoch']})")
+p = m.get("probe") or {}
+if p.get("test_accuracy") is not None:
+    print(f"linear probe beside it: test accuracy {p['test_accuracy']:.4f}, validation accuracy "
+          f"{p['validation_accuracy']:.4f} (logistic regression on the same frozen features, C {p['C']:g} chosen on "
+          f"validation; {p['seconds']:.1f} s)")
+else:
+    print(f"linear probe: none ({p.get('skipped', 'not in this report')})")
+s = m.get("stopping") or {}
+if s:
+    print(f"early stopping: --stopping {s['rule']} ({s['monitor']}, patience {plural(s['patience'], 'epoch')} = "
+          f"max({s['patience_epochs']}, {s['patience_steps']} steps / {s['steps_per_epoch']} an epoch)); "
+          + (f"stopped after epoch {s['stopped_epoch']}" if s["stopped_epoch"] else "the epochs ran out"))
 print(f"epochs run {m['epochs_run']}, best epoch {m['best_epoch']}, world size {m['world_size']}, "
       f"global batch {m['global_batch_size']}, {m['train_images_per_second']:.1f} training images/s")
 print(f"model: {out}/model.keras (takes the ETL's uint8 RGB images: {out}/model.json)   report: {sys.argv[1]}")

@@ -79,9 +79,17 @@ def cut_name(name) -> str:
 
 
 @plain_text
-def plot_history(history: List[Dict], path: str) -> str:
+def plot_history(history: List[Dict], path: str, best_epoch: Optional[int] = None, stopped_epoch: Optional[int] = None,
+                 monitor: str = "", probe_accuracy: Optional[float] = None) -> str:
     """Loss (left) and accuracy (right) per epoch, training and validation, from the history
-    records of ``metrics.json`` (``epoch``, ``loss``, ``val_loss``, ``accuracy``, ``val_accuracy``)."""
+    records of ``metrics.json`` (``epoch``, ``loss``, ``val_loss``, ``accuracy``, ``val_accuracy``).
+
+    Args:
+        best_epoch: the epoch early stopping chose (1-based), marked by a solid line.
+        stopped_epoch: the epoch early stopping ended the run after, marked by a dotted line.
+        monitor: the metric it watched, named in the marks' legend.
+        probe_accuracy: the linear probe's validation accuracy, a horizontal line on the right.
+    """
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     epochs = [h["epoch"] for h in history]
@@ -90,6 +98,11 @@ def plot_history(history: List[Dict], path: str) -> str:
             values = [h.get(key, float("nan")) for h in history]
             if any(not math.isnan(v) for v in values):
                 ax.plot(epochs, values, style, label=label)
+        watched = f" ({monitor})" if monitor else ""
+        if best_epoch is not None:
+            ax.axvline(best_epoch, color="green", alpha=0.6, label=f"best epoch {best_epoch}{watched}")
+        if stopped_epoch is not None:
+            ax.axvline(stopped_epoch, color="red", linestyle=":", label=f"stopped after epoch {stopped_epoch}")
         ax.set_xlabel("epoch")
         ax.set_ylabel(metric)
         ax.set_title(f"{metric} per epoch")
@@ -97,6 +110,9 @@ def plot_history(history: List[Dict], path: str) -> str:
         ax.legend()
         if epochs:
             ax.set_xticks(epochs if len(epochs) <= 15 else epochs[::max(1, len(epochs) // 10)])
+    if probe_accuracy is not None:
+        axes[1].axhline(probe_accuracy, color="gray", linestyle="-.", label=f"linear probe {probe_accuracy:.3f}")
+        axes[1].legend()
     axes[1].set_ylim(0, 1.02)
     return _save(fig, path)
 

@@ -37,6 +37,13 @@ class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
         if state:  # a resumed run that had already finished reports it without calling fit
             self.best_epoch = state["best_epoch"] - 1
 
+    @classmethod
+    def of_rule(cls, rule, steps_per_epoch: int, **kwargs) -> "BestWeightsEarlyStopping":
+        """Early stopping by ``rule`` (a :class:`pipelines.training.stopping.StoppingRule`) for a run
+        of ``steps_per_epoch`` optimizer steps an epoch; ``kwargs``: ``state``, ``best_weights``."""
+        return cls(monitor=rule.monitor, mode=rule.mode, patience=rule.patience(steps_per_epoch),
+                   min_delta=rule.min_delta, verbose=0, **kwargs)
+
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
         if self._resume_state and self._resume_state["best_epoch"] >= 1:  # 0: a step checkpoint of epoch 1
@@ -47,7 +54,8 @@ class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
 
     def state(self, epochs_done: Optional[int] = None) -> Dict:
         """JSON-ready state: best value, epochs waited, best epoch (1-based), stopped or not, the metric
-        watched (``monitor``: a resume whose best epoch's file is damaged takes its best anew). With
+        watched (``monitor``: ``--resume`` continues only a run that watched the same, and a resume whose
+        best epoch's file is damaged takes its best anew). With
         ``epochs_done`` 0 (a step checkpoint within the first epoch) there is no best yet: best epoch
         0, best ``None``."""
         if epochs_done == 0:

@@ -35,6 +35,7 @@ from pipelines.runtime.environment import TRACKING_ENV, read_settings
 from pipelines.runtime.errors import Refused
 from pipelines.io.paths import check_url_safe
 from pipelines.io.storage import check_not_root, is_local
+from pipelines.training import stopping as rules
 from pipelines.training.data import check_reader
 from pipelines.training.data.rowcache import refuse_foreign
 from pipelines.training.model.build import check_backbone
@@ -42,6 +43,8 @@ from pipelines.training.model.finetune import KERAS_GUIDE_LR_FACTOR, check_fine_
 
 
 XLA_CHOICES = ("off", "on")  # --xla
+#: ``--epochs``' default: a bound that early stopping, not the count, ends a run within (docs/training.md)
+DEFAULT_EPOCHS = 200
 #: ``--checkpoint-every-minutes``'s default: at most this much work is redone after a preemption
 #: without a notice (a SIGTERM gets its own checkpoint at once); its cost: docs/benchmarks.md
 DEFAULT_CHECKPOINT_MINUTES = 10.0
@@ -145,12 +148,24 @@ class ModelOptions:
 class FitOptions:
     """fit: epochs, batch, learning rate, warmup, early stopping, seed, checkpoint intervals"""
 
-    epochs: int = field(30, help="maximum number of epochs")
+    epochs: int = field(DEFAULT_EPOCHS, help="maximum number of epochs (early stopping ends most runs before)")
     batch_size: int = field(16, help="images per step on each rank; the global batch is this x world size")
     base_lr: float = field(0.001, help="learning rate of one rank; scaled by the world size")
     warmup_epochs: float = field(0.0, help="epochs of linear warmup from base_lr to base_lr x world size")
-    patience: int = field(3, help="early stopping: epochs without a val_accuracy gain of --min-delta")
-    min_delta: float = field(0.001, help="early stopping: smallest val_accuracy gain that counts (>= 0)")
+    stopping: str = field("converge", help="early stopping's rule (pipelines/training/stopping.py, docs/training.md): "
+                                           "converge (val_loss; patience in optimizer steps with a floor in epochs: "
+                                           "the same at any data size) or article (val_accuracy, 3 epochs, "
+                                           "min_delta 0.001); --monitor, --patience, --patience-steps and "
+                                           "--min-delta replace its values")
+    monitor: str = field("", help="early stopping: the exact validation metric watched, val_loss (lower is "
+                                  "better) or val_accuracy (higher); default: the --stopping rule's")
+    patience: Optional[int] = field(None, help="early stopping: the floor, at least this many epochs without a gain "
+                                               "(>= 1); default: the --stopping rule's")
+    patience_steps: Optional[int] = field(None, help="early stopping: optimizer steps without a gain before the "
+                                                     "run stops, rounded up to whole epochs (>= 0; 0: epochs "
+                                                     "only); default: the --stopping rule's")
+    min_delta: Optional[float] = field(None, help="early stopping: smallest change of --monitor that counts as a "
+                                                  "gain (>= 0); default: the --stopping rule's")
     seed: int = field(42, help="seed of weights initialisation, shuffling and dropout")
     checkpoint_every_steps: Optional[int] = field(None, help="also checkpoint within an epoch every N training steps "
                                                         "(with the data position: --resume then continues at that "
@@ -159,14 +174,21 @@ class FitOptions:
                                                       "epoch when this many minutes have passed since the last "
                                                       "checkpoint (rank 0's clock)")
 
+    @property
+    def rule(self) -> rules.StoppingRule:
+        """Early stopping's rule: ``--stopping``'s, with the values given in place of its own."""
+        return rules.StoppingRule(self.monitor, self.patience_steps, self.patience, self.min_delta)
+
     def __post_init__(self) -> None:
         check_types(self)
         at_least(1, epochs=self.epochs, batch_size=self.batch_size)
-        at_least(0, patience=self.patience)
         check_number("base_lr", self.base_lr, above=0)
         check_number("warmup_epochs", self.warmup_epochs, at_least=0)
-        # no upper bound: one above any possible gain (2) keeps the first epoch's weights (the e2e tests')
-        check_number("min_delta", self.min_delta, at_least=0)
+        # each value settled: the run's record (and so --resume) keeps the rule, not a default that may change.
+        # No upper bound on min_delta: one above any possible gain keeps the first epoch's weights (the e2e tests')
+        rule = rules.resolve(self.stopping, self.monitor, self.patience, self.patience_steps, self.min_delta)
+        settle(self, monitor=rule.monitor, patience=rule.patience_epochs, patience_steps=rule.patience_steps,
+               min_delta=rule.min_delta)
         interval = "an interval of steps or minutes between checkpoints"
         if self.checkpoint_every_steps is not None and not self.checkpoint_every_steps > 0:
             raise Refused(f"--checkpoint-every-steps must be positive, got {self.checkpoint_every_steps}: {interval}")
@@ -216,6 +238,9 @@ class OutputOptions:
                                         "metrics), nothing else")
     resume: bool = field(False, help="continue the run whose newest complete checkpoint is in --output (refused "
                                      "when that run's settings or data differ from this one's)")
+    probe: bool = field(True, help="after training on the feature cache, rank 0 fits the linear probe (a logistic "
+                                   "regression on the same frozen features, C chosen on validation: "
+                                   "pipelines/training/probe.py) and reports it beside the model")
     tensorboard: bool = field(True, help="write TensorBoard logs on rank 0")
     profile_steps: str = field("", help="FIRST,LAST: TensorFlow's profile of these training steps (1-based, counted "
                                         "across epochs) on rank 0, into the TensorBoard logs: its input-pipeline "

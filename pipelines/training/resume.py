@@ -100,6 +100,7 @@ def restore(config: TrainConfig, rank, plan, model, frozen_sha256: Optional[str]
         raise Refused(f"--resume: checkpoint {marker['weights']} in {config.outputs.output} was trained on other "
                       f"frozen weights (sha256 {str(marker.get('frozen_sha256'))[:12]}, these are "
                       f"{frozen_sha256[:12]}): use the same --weights, or start afresh without --resume")
+    check_monitor(marker, config.fit.rule.monitor, config.outputs.output)
     if marker.get("phase", 1) == 2:  # phase 1 is over: fine-tuning loads its own state (fine_tune)
         if marker.get("blocks") != config.model.fine_tune_blocks:
             raise Refused(f"--resume: checkpoint {marker['weights']} in {config.outputs.output} is of the fine-tuning "
@@ -122,6 +123,28 @@ def restore(config: TrainConfig, rank, plan, model, frozen_sha256: Optional[str]
     checksums = hvd_tf.allgather_object(weights_checksum(model), name="resume_checksums")
     optimizer = hvd_tf.allgather_object(optimizer_checksum(model.optimizer), name="resume_optimizer_checksums")
     return Resume(marker, best_weights, checksums, list(marker["history"]), optimizer)
+
+
+#: What a checkpoint that records no monitor watched: the only rule there was before it was recorded
+MONITOR_BEFORE_RULES = "val_accuracy"
+
+
+def watched(marker: Dict) -> str:
+    """The metric the early stopping of the checkpoint ``marker`` watched (its best value is of it)."""
+    return marker["early_stopping"].get("monitor") or MONITOR_BEFORE_RULES
+
+
+def check_monitor(marker: Dict, monitor: str, output: str) -> None:
+    """Refuse to continue a checkpoint whose early stopping watched another metric than ``monitor``:
+    its best value and waiting count are of that metric.
+
+    Raises:
+        pipelines.runtime.errors.Refused: naming both metrics and the flags that give the checkpoint's.
+    """
+    if watched(marker) != monitor:
+        raise Refused(f"--resume: checkpoint {marker['weights']} in {output} stopped on {watched(marker)}, this run's "
+                      f"early stopping watches {monitor}: give --monitor {watched(marker)} (with that run's "
+                      f"--stopping, --patience, --patience-steps and --min-delta), or start afresh without --resume")
 
 
 def resumed_at(marker: Dict) -> str:
@@ -153,7 +176,10 @@ def phase2_resume(context, model, resume: Resume, record: Dict):
     import horovod.tensorflow as hvd_tf
 
     if resume.phase != 2:
-        state = {"best": record["best_val_accuracy"], "wait": 0, "best_epoch": record["best_epoch"], "stopped": False}
+        # phase 1's best, of the metric it watched (a record from before monitors were recorded: val_accuracy)
+        best = record["best"] if "best" in record else record["best_val_accuracy"]
+        state = {"best": best, "wait": 0, "best_epoch": record["best_epoch"], "stopped": False,
+                 "monitor": record.get("monitor") or MONITOR_BEFORE_RULES}
         marker = {"epoch": record["epochs"], "early_stopping": state, "phase": 2}
         return Resume(marker, model.get_weights(), None, resume.history, None)
     marker, directory = resume.marker, context.output_dir

@@ -40,7 +40,7 @@ from pipelines.training.model.checkpoints import frozen_checksum
 from pipelines.training.model.finetune import Phase, phase1_record, phase2_lr, trainable_parameters, unfreeze
 from pipelines.training.plan import RunPlan, hold_data, plan_run
 from pipelines.training.rank import Rank, setup_rank
-from pipelines.training.records.report import build_report, save_outputs
+from pipelines.training.records.report import build_report, linear_probe, save_outputs
 from pipelines.training.records.segments import segment_params
 from pipelines.training.resized import resized_inputs, with_segments
 from pipelines.training.resume import Resume, phase1_best, phase2_resume, restore
@@ -110,9 +110,10 @@ def make_callbacks(context: RankContext, resume: Resume, marker: Optional[Dict] 
     from pipelines.training import callbacks as cb
 
     config, plan, steps = context.config, context.plan, context.plan.steps
-    early_stopping = cb.BestWeightsEarlyStopping(
-        state=resume.marker["early_stopping"] if resume.marker else None, best_weights=resume.best_weights,
-        monitor="val_accuracy", patience=config.fit.patience, min_delta=config.fit.min_delta, verbose=0)
+    # the rule's patience in steps, as whole epochs of this run's steps (pipelines/training/stopping.py)
+    early_stopping = cb.BestWeightsEarlyStopping.of_rule(
+        config.fit.rule, steps.steps_per_epoch, state=resume.marker["early_stopping"] if resume.marker else None,
+        best_weights=resume.best_weights)
     epoch_stats = cb.EpochStats(steps.steps_per_epoch, steps.global_batch)
     callbacks = [
         # Horovod: broadcast the variables' initial states from rank 0 to every other rank, so that all
@@ -316,7 +317,8 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
             report = build_report(context, phases, resume)  # Horovod: every rank's checksums and hosts gathered
             report.update(seconds_before_fit=seconds_before_fit, fit_seconds=sum(p.fit_seconds for p in phases),
                           total_seconds=time.perf_counter() - start)
-            if rank.rank == 0:  # Horovod: rank 0 alone writes the model and the report
+            if rank.rank == 0:  # Horovod: rank 0 alone fits the probe, writes the model and the report
+                report["probe"] = linear_probe(context, phases[0])  # on phase 1's frozen features
                 save_outputs(context, report, phases[-1])
     if rank.rank == 0:
         plan.outputs.finish()  # a URI --output: the rest uploaded, metrics.json last

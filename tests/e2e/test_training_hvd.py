@@ -163,6 +163,15 @@ def test_report_and_artifacts(full_run, dataset):
     with open(os.path.join(out, "history.csv")) as f:
         rows = list(csv.DictReader(f))
     assert [int(r["epoch"]) for r in rows] == [h["epoch"] for h in m["history"]] == [1, 2, 3]  # one count of epochs
+    # early stopping's rule as the run used it; no probe on images, and the report says why
+    from pipelines.training.records.report import PROBE_NEEDS_FEATURES
+    from pipelines.training.stopping import RULES
+    steps = RULES["converge"].patience_steps
+    assert m["stopping"] == {"rule": "converge", "monitor": "val_loss", "patience_steps": steps, "patience_epochs": 10,
+                             "min_delta": 2.0, "patience": max(10, -(-steps // m["steps_per_epoch"])),
+                             "steps_per_epoch": m["steps_per_epoch"], "stopped_epoch": None}
+    assert m["probe"] == {"skipped": PROBE_NEEDS_FEATURES}
+    assert f"linear probe: none ({PROBE_NEEDS_FEATURES})" in full_run[1]
 
 
 def load_model(out):
@@ -298,12 +307,13 @@ def clock(line):
 @pytest.mark.current
 def test_resume_carries_early_stopping_across_a_kill_and_after_the_stop(dataset, tmp_path):
     """Local ranks (--spark-np -2): rank 0 killed after epoch 2; min_delta 2 makes epoch 1 the best,
-    patience 2 stops after epoch 3 only if the resumed run keeps the waiting count of epoch 2
+    patience 2 (epochs only: no patience in steps) stops after epoch 3 only if the resumed run keeps the waiting count of epoch 2
     (a fresh early stopping would take epoch 3 as its best and run on to epoch 5). Tracked: every
     process continues the one MLflow run the killed one started, each epoch logged once."""
     data, manifest = dataset
     out = str(tmp_path / "out")
-    args = ("--epochs", "6", "--patience", "2", "--min-delta", "2", "--spark-np", "-2", "--resume", "--tracking")
+    args = ("--epochs", "6", "--patience", "2", "--patience-steps", "0", "--min-delta", "2", "--spark-np", "-2",
+            "--resume", "--tracking")
     killed = train(data, out, *args, np_=0, env={"PIPELINES_FAULT_INJECT": "rank=0,epoch=2,mode=kill"})
     assert killed.returncode == 1, killed.stderr[-3000:]
     assert f"--resume: no complete checkpoint in {out}, starting from epoch 1" in killed.stdout + killed.stderr
@@ -590,6 +600,16 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, test
     assert_exact_test_count(m, dataset[0])
     assert not feat.is_complete(directory, {**rows, "test": rows["test"] - 1}, key)  # a short set is not reused
     assert m["weights_checksum_per_rank"][0] == m["weights_checksum_per_rank"][1]
+    # the linear probe beside it: fitted by rank 0 on every cached row, C chosen on validation
+    from pipelines.training.probe import DEFAULT_GRID, fit_probe
+    probe = m["probe"]
+    assert probe["rows"] == probe["train_rows"] == rows["train"] and probe["C"] in DEFAULT_GRID
+    assert 0 <= probe["validation_accuracy"] <= 1 and 0 <= probe["test_accuracy"] <= 1
+    again = fit_probe(*(a for split in SPLITS for a in feat.read_shard(directory, split, 0, 1)), seed=42)
+    assert {k: again[k] for k in ("C", "validation_accuracy", "test_accuracy", "grid")} == \
+        {k: probe[k] for k in ("C", "validation_accuracy", "test_accuracy", "grid")}
+    assert f"linear probe (logistic regression on the same frozen features, C {probe['C']:g} chosen on validation)" \
+        in first.stderr
 
     # The exported whole model on raw images == its head on the cached features.
     model = load_model(out)
@@ -1025,12 +1045,14 @@ def test_fine_tuning_that_never_beats_phase_1_keeps_its_best_weights(fine_tuned)
 
 
 def test_a_run_killed_in_phase_2_resumes_phase_2(dataset, tmp_path):
-    """Local ranks, images in both phases: phase 1 stops early after epoch 3 (min_delta 2, patience 2);
+    """Local ranks, images in both phases: phase 1 stops early after epoch 3 (min_delta 2, patience 2
+    epochs, none in steps);
     rank 0 is killed after epoch 4, phase 2's first; --resume continues phase 2 at epoch 5 with its
     trainable set, its Nadam state and its early-stopping count (wait 1: it stops after epoch 5)."""
     data, manifest = dataset
     out = str(tmp_path / "out")
-    args = (*FINE_TUNE, "--epochs", "5", "--fine-tune-epochs", "3", "--patience", "2", "--spark-np", "-2", "--resume")
+    args = (*FINE_TUNE, "--epochs", "5", "--fine-tune-epochs", "3", "--patience", "2", "--patience-steps", "0",
+            "--spark-np", "-2", "--resume")
     killed = train(data, out, *args, np_=0, env={"PIPELINES_FAULT_INJECT": "rank=0,epoch=4,mode=kill"})
     assert killed.returncode == 1 and "process killed by signal SIGKILL" in killed.stderr, killed.stderr[-3000:]
     marker = json.load(open(os.path.join(out, "checkpoint-4.json")))

@@ -15,8 +15,8 @@ Phase 2 runs the job's own machinery (:func:`pipelines.training.train.fine_tune`
 ``head_phase``; this module is the phase's pure knowledge, so the config can import it without
 importing the job back): the same
 ``hvd.DistributedOptimizer`` (a new Nadam, with ``--fp16-allreduce`` the same compression),
-callbacks (no warmup: it belongs to phase 1), early stopping continuing from phase 1's best
-``val_accuracy`` (so phase 1's best weights are kept when fine-tuning never beats them), rank-0
+callbacks (no warmup: it belongs to phase 1), early stopping by the same rule continuing from phase 1's
+best value of its monitor (so phase 1's best weights are kept when fine-tuning never beats them), rank-0
 checkpoints (the marker records ``phase: 2`` and phase 1's outcome) and the exact evaluation.
 It always reads images: the cached features of ``--feature-cache`` are the frozen backbone's
 outputs, which fine-tuning changes. Epochs are numbered on from phase 1's.
@@ -124,8 +124,8 @@ class Phase:
 
 
 def phase1_record(phase: Phase, resume) -> Dict:
-    """What phase 2's checkpoint markers and the report keep of phase 1: its epochs, best epoch and
-    best ``val_accuracy`` and the exact validation metrics of the model it ended with (from the
+    """What phase 2's checkpoint markers and the report keep of phase 1: its epochs, best epoch, the
+    metric its early stopping watched (``monitor``) and its best value (``best``), and the exact validation metrics of the model it ended with (from the
     marker when phase 1 ran in an earlier process). No test figure: the test split is read once,
     after phase 2."""
     if resume.phase == 2:
@@ -134,5 +134,5 @@ def phase1_record(phase: Phase, resume) -> Dict:
     best = float(es.best) if es.model is not None else resume.marker["early_stopping"]["best"]
     totals = phase.totals
     return {"epochs": resume.initial_epoch + phase.epochs_run, "best_epoch": int(es.best_epoch) + 1,
-            "best_val_accuracy": best, "input_path": phase.inputs.name,
+            "monitor": es.monitor, "best": best, "input_path": phase.inputs.name,
             "validation": {"loss": totals.loss, "accuracy": totals.accuracy, "count": totals.count}}

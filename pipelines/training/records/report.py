@@ -16,7 +16,8 @@ from typing import Dict, List, Optional
 
 from pipelines.io.atomic import PUBLIC, write_json
 from pipelines.runtime.config import to_dict
-from pipelines.contract import CLASS_NAMES, HISTORY, MANIFEST, METRICS, MODEL_CONTRACT, MODEL_FILE
+from pipelines.contract import (CLASS_NAMES, HISTORY, MANIFEST, METRICS, MODEL_CONTRACT, MODEL_FILE, TEST, TRAIN,
+                                VALIDATION)
 from pipelines.runtime.logs import plural
 from pipelines.runtime.redact import redact
 from pipelines.tracking.pictures import PICTURES, contact_sheet, plot_confusion, plot_history, plot_top_confusions
@@ -73,6 +74,7 @@ def build_report(context, phases: List, resume: Resume) -> Dict:
         "best_epoch": best_epoch,
         "selected_on": "validation",
         "stopped_early": bool(history) and len(history) < epochs_planned,
+        "stopping": stopping_report(config, last.early_stopping, steps.steps_per_epoch),
         "history": history,
         "validation": best_validation(history, best_epoch, data.validation_rows),
         "test": {"loss": totals.loss, "accuracy": totals.accuracy, "count": totals.count,
@@ -84,6 +86,71 @@ def build_report(context, phases: List, resume: Resume) -> Dict:
         "epochs_run_per_rank": hvd_tf.allgather_object(sum(p.epochs_run for p in phases), name="epochs_run"),
         "host_per_rank": hvd_tf.allgather_object(socket.gethostname(), name="hosts"),
     }
+
+
+def stopping_report(config, early_stopping, steps_per_epoch: int) -> Dict:
+    """The run's early-stopping rule and what it came to: ``{"rule" (--stopping's name), "monitor",
+    "patience_steps", "patience_epochs", "min_delta", "patience" (epochs, for this run's
+    ``steps_per_epoch``), "stopped_epoch" (the epoch after which it ended the run, 1-based; None
+    when the epochs ran out or a resumed run had already finished)}``."""
+    rule = config.fit.rule
+    stopped = getattr(early_stopping, "stopped_epoch", 0)  # Keras' 0-based epoch; 0: it did not stop the run
+    return {"rule": config.fit.stopping, **rule.to_dict(), "patience": rule.patience(steps_per_epoch),
+            "steps_per_epoch": steps_per_epoch, "stopped_epoch": int(stopped) + 1 if stopped else None}
+
+
+#: Why a run on images has no probe: it fits cached features (docs/training.md, "The linear probe")
+PROBE_NEEDS_FEATURES = ("the run trained on images: the probe fits the feature cache's features (--feature-cache); "
+                        "computing them here would cost a backbone pass over every split and write into the data's "
+                        "folder")
+#: The head may trail the probe on validation by at most this much (accuracy) before the run says so
+PROBE_MARGIN = 0.02
+
+
+def linear_probe(context, first) -> Dict:
+    """Rank 0, after training: the linear probe (:func:`pipelines.training.probe.fit_probe`) on
+    every row of the feature cache of phase 1 (``first``, a
+    :class:`~pipelines.training.model.finetune.Phase`, whose backbone was frozen), all ranks' files
+    of each split, ``C`` chosen on validation; ``{"skipped": why}`` with ``--no-probe``, on a run
+    that trained on images, or on features the probe cannot fit."""
+    from pipelines.training import probe
+    from pipelines.training.data import features as feat
+
+    if not context.config.outputs.probe:
+        return {"skipped": "--no-probe"}
+    directory = getattr(first.inputs, "features", None)
+    if directory is None:
+        return {"skipped": PROBE_NEEDS_FEATURES}
+    train, validation, test = (feat.read_shard(directory, split, 0, 1) for split in (TRAIN, VALIDATION, TEST))
+    try:
+        return probe.fit_probe(*train, *validation, *test, seed=context.config.fit.seed)
+    except probe.ProbeRefused as exc:
+        return {"skipped": str(exc)}
+
+
+def probe_lines(report: Dict) -> List[str]:
+    """The training log's last lines on the probe beside the model: its figures (or why there are
+    none; nothing for a report without it), and one line more when the model trails it on validation
+    by more than :data:`PROBE_MARGIN`."""
+    found, model = report.get("probe"), report["validation"]["accuracy"]
+    if not found:  # a report made without the probe's step
+        return []
+    if "skipped" in found:
+        return [f"linear probe: none ({found['skipped']})"]
+    test = "?" if found["test_accuracy"] is None else f"{found['test_accuracy']:.4f}"
+    lines = [f"linear probe (logistic regression on the same frozen features, C {found['C']:g} chosen on "
+             f"validation): validation accuracy {found['validation_accuracy']:.4f}, test accuracy {test}; "
+             f"{plural(found['rows'], 'train row')}, {found['seconds']:.1f} s"]
+    if model is not None and found["validation_accuracy"] - model > PROBE_MARGIN:
+        count = report["validation"]["expected_count"]
+        rule = report["stopping"]["rule"]
+        tries = ("--stopping converge (the default, on val_loss), " if rule != "converge" else "") + \
+            "a larger --patience-steps or --epochs, another --base-lr or --dropout, or the tuning job (jobs/tune.py)"
+        lines.append(f"the model's validation accuracy {model:.4f} trails the linear probe's "
+                     f"{found['validation_accuracy']:.4f} by {100 * (found['validation_accuracy'] - model):.1f} "
+                     f"points (one of {plural(count, 'validation image')} is {100 / max(1, count):.1f}): the head "
+                     f"may not have converged or its recipe fits these features less well; try {tries}")
+    return lines
 
 
 def best_validation(history: List[Dict], best_epoch: Optional[int], expected_count: int) -> Dict:
@@ -123,6 +190,8 @@ def save_outputs(context, report: Dict, phase) -> None:
              plural(test["count"], "image"), report["best_epoch"], report["epochs_run"],
              "?" if validation["accuracy"] is None else f"{validation['accuracy']:.4f}",
              plural(validation["expected_count"], "image"))
+    for line in probe_lines(report):
+        (log.warning if line.startswith("the model's") else log.info)("%s", line)
     try:
         pictures = save_pictures(directory, report, exported, data)
     except Exception as exc:  # pictures are a view of the results above: never the run's failure
@@ -164,7 +233,8 @@ def track_outputs(context, report: Dict, exported) -> None:
                      "stopped_early": int(report["stopped_early"]), "attempts": len(report["attempts"]),
                      "interruptions": report["interruptions"], "steps_redone": report["steps_redone"],
                      "steady_train_images_per_second": report["train_images_per_second"],
-                     "fit_seconds": report["fit_seconds"], "total_seconds": report["total_seconds"]},
+                     "fit_seconds": report["fit_seconds"], "total_seconds": report["total_seconds"],
+                     **probe_metrics(report.get("probe"))},
             artifacts=[(os.path.join(directory, name), None) for name in OUTPUT_ARTIFACTS]
             + [(os.path.join(directory, os.path.basename(path)), None) for path in report["pictures"].values()]
             + [(os.path.join(copy, MANIFEST) if copy else manifest.path, "data")],
@@ -177,6 +247,14 @@ def track_outputs(context, report: Dict, exported) -> None:
                                      {"test_accuracy": str(test["accuracy"])}, {"class_names": data.class_names})
     log.info("MLflow: logged run %s with model %s%s", tracker.run_id, uri,
              f", registered as {config.outputs.register_model} version {version}" if version else "")
+
+
+def probe_metrics(found: Optional[Dict]) -> Dict:
+    """The MLflow metrics of the linear probe (``probe_C``, ``probe_validation_accuracy``,
+    ``probe_test_accuracy``, ``probe_seconds``, ``probe_rows``); none when it was skipped."""
+    if not found or "skipped" in found:
+        return {}
+    return {f"probe_{key}": found[key] for key in ("C", "validation_accuracy", "test_accuracy", "seconds", "rows")}
 
 
 OUTPUT_ARTIFACTS = (METRICS, HISTORY, CLASS_NAMES, MODEL_CONTRACT)
@@ -193,7 +271,10 @@ def save_pictures(output: str, report: Dict, exported, data) -> Dict[str, str]:
     :func:`~pipelines.training.model.export.export_model` returns it) on the stored uint8 images.
     Returns ``{name: path}``."""
     where = {name: os.path.join(output, file) for name, file in PICTURES.items()}
-    paths = {"curves": plot_history(report["history"], where["curves"])}
+    probe, stopping = report.get("probe") or {}, report.get("stopping") or {}
+    paths = {"curves": plot_history(report["history"], where["curves"], report["best_epoch"],
+                                    stopping.get("stopped_epoch"), stopping.get("monitor", ""),
+                                    probe.get("validation_accuracy"))}
     if "confusion" in report["test"]:
         matrix = report["test"]["confusion"]
         paths["confusion"] = plot_confusion(matrix, data.class_names, where["confusion"])

@@ -118,3 +118,21 @@ def test_the_notebooks_pictures_show_any_names_as_plain_text(tmp_path):
     fig.savefig(str(tmp_path / "curves.png"))
     plt.close(fig)
     assert png_size(str(tmp_path / "samples.png"))[0] > 0 and png_size(str(tmp_path / "curves.png"))[0] > 0
+
+
+def test_the_curves_mark_the_best_and_the_stopping_epoch_and_the_probe(tmp_path, monkeypatch):
+    """Both panels show where early stopping chose and where it ended the run, the accuracy panel
+    the linear probe's validation accuracy; without them, no marks."""
+    drawn = []
+    save = pictures._save
+    monkeypatch.setattr(pictures, "_save", lambda fig, path: (drawn.append(
+        [[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes]), save(fig, path))[1])
+    history = [{"epoch": e, "loss": 1.0 / e, "accuracy": 0.5, "val_loss": 1.1 / e, "val_accuracy": 0.4}
+               for e in range(1, 31)]
+    path = pictures.plot_history(history, str(tmp_path / "curves.png"), best_epoch=5, stopped_epoch=25,
+                                 monitor="val_loss", probe_accuracy=0.7667)
+    assert png_size(path)[0] > 0
+    marks = ["best epoch 5 (val_loss)", "stopped after epoch 25"]
+    assert drawn[0] == [["train", "validation", *marks], ["train", "validation", *marks, "linear probe 0.767"]]
+    pictures.plot_history(history, str(tmp_path / "plain.png"))
+    assert drawn[1] == [["train", "validation"]] * 2

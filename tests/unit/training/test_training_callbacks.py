@@ -55,6 +55,49 @@ def test_resumed_state_continues_patience():
     assert model.stop_training and model.get_weights()[1][0] == 7
 
 
+def run_losses(callback, model, losses):
+    callback.set_model(model)
+    callback.on_train_begin()
+    for epoch, loss in enumerate(losses):
+        model.set_weights([np.full((2, 1), epoch, np.float32), np.full((1,), epoch, np.float32)])
+        callback.on_epoch_end(epoch, {"val_loss": loss, "val_accuracy": 0.5})
+        if model.stop_training:
+            break
+    callback.on_train_end()
+
+
+@pytest.mark.parametrize("steps_per_epoch, losses, best, epochs_run", [
+    # converge: val_loss, lower is better; 100 steps at 50 a epoch: 2 epochs, below the floor of 3
+    (50, [1.0, 0.8, 0.81, 0.79, 0.9, 0.9, 0.9, 0.7], 4, 7),
+    # 25 steps an epoch: 4 epochs without a gain before it stops
+    (25, [1.0, 0.8, 0.81, 0.82, 0.83, 0.7, 0.9, 0.9, 0.9, 0.9, 0.1], 6, 10),
+    # 5 steps an epoch (74 images): 20 epochs of patience; the gain at epoch 20 counts
+    (5, [1.0] + [1.1] * 18 + [0.5] + [0.6] * 20 + [0.1], 20, 40),
+])
+def test_the_rule_stops_on_the_loss_after_its_patience_and_restores_the_best(steps_per_epoch, losses, best,
+                                                                              epochs_run):
+    from pipelines.training.stopping import RULES, StoppingRule
+
+    rule = StoppingRule("val_loss", 100, 3, 0.0)
+    assert RULES["converge"].monitor == rule.monitor
+    model = tiny_model()
+    stopper = BestWeightsEarlyStopping.of_rule(rule, steps_per_epoch)
+    run_losses(stopper, model, losses)
+    assert model.stop_training and stopper.stopped_epoch + 1 == epochs_run
+    assert model.get_weights()[1][0] == best - 1  # the weights of the best (lowest loss) epoch
+    assert stopper.state() == {"best": min(losses[:epochs_run]), "wait": epochs_run - best, "best_epoch": best,
+                               "stopped": True, "monitor": "val_loss"}
+
+
+def test_the_articles_rule_watches_accuracy_higher_is_better():
+    from pipelines.training.stopping import RULES
+
+    model = tiny_model()
+    stopper = BestWeightsEarlyStopping.of_rule(RULES["article"], 5)
+    run_epochs(stopper, model, [0.5, 0.6, 0.6005, 0.55, 0.59, 0.8])
+    assert model.stop_training and stopper.state()["best_epoch"] == 2 and model.get_weights()[1][0] == 1
+
+
 def test_checkpoint_marker_is_written_after_the_weights(tmp_path):
     model = tiny_model()
     stopper = BestWeightsEarlyStopping(monitor="val_accuracy", patience=2)

@@ -124,7 +124,8 @@ def test_resume_continues_its_own_run_and_refuses_other_settings_or_data(data, t
 #: fingerprint's values and their sha256 (printed by that code's runs.identify), so that --resume
 #: of an output it wrote still finds the same run.
 RECORDED_BEFORE_GROUPS = [
-    ({}, {"backbone": "tiny", "weights": "none", "image_size": 0, "dropout": 0.5, "seed": 42, "batch_size": 16,
+    # the defaults of that code: its early stopping is --stopping article's (min_delta 0.001)
+    ({"stopping": "article"}, {"backbone": "tiny", "weights": "none", "image_size": 0, "dropout": 0.5, "seed": 42, "batch_size": 16,
           "base_lr": 0.001, "warmup_epochs": 0.0, "min_delta": 0.001, "shuffle_buffer": 256, "augment": False,
           "feature_cache": False, "fine_tune_blocks": 0, "fine_tune_lr": 0.01, "fp16_allreduce": False,
           "mixed_precision": False}, "b40ccc32a5d3981d0c32cedf1d42edbba80d665c432e8e2c0d45922e7f6189ad"),
@@ -143,6 +144,8 @@ FLAT_OPTIONS = {"data", "output", "epochs", "batch_size", "base_lr", "warmup_epo
                 "reader", "bind_cores", "tensorboard", "profile_steps", "verbose", "feature_cache", "augment",
                 "fine_tune_blocks", "fine_tune_lr", "fine_tune_epochs", "fp16_allreduce", "mixed_precision", "xla",
                 "tracking", "tracking_uri", "experiment", "run_name", "storage_options", "register_model"}
+#: The options added since: early stopping's rule and the linear probe
+ADDED_OPTIONS = {"stopping", "monitor", "patience_steps", "probe"}
 
 
 @pytest.mark.parametrize("options, fingerprint, sha256", RECORDED_BEFORE_GROUPS)
@@ -153,7 +156,7 @@ def test_a_run_recorded_before_the_option_groups_is_resumed(options, fingerprint
 
     out = str(tmp_path / "out")
     here = config(data, out, **options)
-    assert set(to_dict(here)) == FLAT_OPTIONS and TrainConfig(**to_dict(here)) == here
+    assert set(to_dict(here)) == FLAT_OPTIONS | ADDED_OPTIONS and TrainConfig(**to_dict(here)) == here
     assert runs.identify(here, 1).config == fingerprint and runs.identify(here, 1).config_sha256 == sha256
     os.makedirs(out)
     before = runs.RunIdentity("20261204T231200Z-0123abcd", fingerprint, runs.identify(here, 1).data_sha256,

@@ -1,0 +1,155 @@
+"""The linear probe: a baseline beside every result of a frozen backbone.
+
+A multinomial logistic regression (scikit-learn) on the same frozen features as the trained head,
+its inverse regularisation ``C`` chosen on the validation split from a small grid, then its accuracy
+on the test split for that ``C`` only. A head that trails it has not converged, or its recipe
+is wrong; it needs nothing but the features, so it is cheap where the feature cache exists.
+
+Standardised features (mean and scale of the train split's rows), the grid fitted from the
+strongest regularisation to the weakest, each fit starting from the previous one's weights
+(``warm_start``): the path costs little more than its last fit. Bounded for large data: at most
+``max_rows`` train rows (a class-stratified sample, seeded) and ``max_iter`` L-BFGS iterations
+per ``C`` (docs/training.md: its cost at 30,000 images, 2048 features and 257 classes).
+
+Pure: numpy and scikit-learn, no TensorFlow or Horovod.
+"""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+
+#: ``C`` values tried, strongest regularisation first (the warm-start path's order).
+DEFAULT_GRID = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
+#: At most this many train rows are fitted (a stratified sample beyond it).
+DEFAULT_MAX_ROWS = 20000
+#: L-BFGS iterations per ``C`` (warm-started: later values need fewer).
+DEFAULT_MAX_ITER = 200
+
+
+class ProbeRefused(ValueError):
+    """The probe cannot be fitted on these arrays (one line naming why)."""
+
+
+def check_grid(grid: Sequence[float]) -> tuple:
+    """The grid sorted ascending (strongest regularisation first).
+
+    Raises:
+        ProbeRefused: empty, or a value not finite and > 0.
+    """
+    values = tuple(sorted(float(c) for c in grid))
+    if not values or not all(math.isfinite(c) and c > 0 for c in values):
+        raise ProbeRefused(f"the probe's C grid must be finite numbers > 0, got {list(grid)}")
+    return values
+
+
+def stratified_rows(labels: np.ndarray, max_rows: int, seed: int) -> np.ndarray:
+    """Indices of at most ``max_rows`` rows of ``labels`` (int, ``(n,)``), each class keeping its
+    share (at least one row of each), in increasing order; all rows when there are few enough."""
+    n = len(labels)
+    if n <= max_rows:
+        return np.arange(n)
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for label in np.unique(labels):
+        rows = np.flatnonzero(labels == label)
+        take = max(1, int(round(len(rows) * max_rows / n)))
+        chosen.append(rng.choice(rows, size=min(take, len(rows)), replace=False))
+    return np.sort(np.concatenate(chosen))
+
+
+def _check_split(name: str, x: np.ndarray, y: np.ndarray, width: Optional[int] = None) -> None:
+    if x.ndim != 2 or y.ndim != 1 or len(x) != len(y):
+        raise ProbeRefused(f"the probe's {name} split: features (n, d) and labels (n,) expected, got {x.shape} and "
+                           f"{y.shape}")
+    if width is not None and x.shape[1] != width:
+        raise ProbeRefused(f"the probe's {name} split has {x.shape[1]} features, the train split {width}")
+    if not np.isfinite(x).all():
+        raise ProbeRefused(f"the probe's {name} split holds non-finite features")
+
+
+def fit_probe(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y: np.ndarray,
+              test_x: Optional[np.ndarray] = None, test_y: Optional[np.ndarray] = None,
+              grid: Sequence[float] = DEFAULT_GRID, max_rows: int = DEFAULT_MAX_ROWS,
+              max_iter: int = DEFAULT_MAX_ITER, seed: int = 0, threads: Optional[int] = 1) -> Dict:
+    """Fit the probe on the train split, choose ``C`` on validation, score the test split once.
+
+    Args:
+        train_x, val_x, test_x: float features ``(n, d)``, the same ``d`` for each split.
+        train_y, val_y, test_y: int class labels ``(n,)``; ``test_x``/``test_y`` optional.
+        grid: the ``C`` values tried (> 0).
+        max_rows: at most this many train rows are fitted (:func:`stratified_rows`, ``seed``).
+        max_iter: L-BFGS iterations per ``C``.
+        threads: BLAS and OpenMP threads of the fits (``None``: the libraries' own, every core); one by
+            default: on cores that other processes keep busy, threads that wait for each other made a
+            small fit 25 times slower (docs/benchmarks.md).
+
+    Returns:
+        ``{"C", "validation_accuracy", "test_accuracy" (None without a test split), "seconds"
+        (wall time of the fits and scores), "rows" (train rows fitted), "train_rows", "features",
+        "classes", "max_iter", "converged" (the chosen C's fit stopped before max_iter),
+        "grid": [{"C", "validation_accuracy", "validation_loss", "iterations"}]}``. Ties in
+        validation accuracy go to the lower validation log-loss, then the smaller ``C``.
+
+    Raises:
+        ProbeRefused: arrays of the wrong shapes, non-finite features, fewer than two classes in
+            the train split, an empty validation split, a bad grid, ``max_rows`` or ``max_iter`` < 1.
+    """
+    from threadpoolctl import threadpool_limits
+
+    import sklearn.linear_model  # noqa: F401  (loaded before the limit: it limits the libraries loaded)
+
+    values = check_grid(grid)
+    if max_rows < 1 or max_iter < 1:
+        raise ProbeRefused(f"the probe's max_rows and max_iter must be >= 1, got {max_rows} and {max_iter}")
+    train_x, val_x = np.asarray(train_x), np.asarray(val_x)
+    train_y, val_y = np.asarray(train_y).astype(np.int64), np.asarray(val_y).astype(np.int64)
+    _check_split("train", train_x, train_y)
+    _check_split("validation", val_x, val_y, train_x.shape[1])
+    if len(np.unique(train_y)) < 2 or not len(val_y):
+        raise ProbeRefused(f"the probe needs two classes in the train split and a validation split, got "
+                           f"{len(np.unique(train_y))} and {len(val_y)} rows")
+    with threadpool_limits(limits=threads):
+        return _fit(values, train_x, train_y, val_x, val_y, test_x, test_y, max_rows, max_iter, seed)
+
+
+def _fit(values, train_x, train_y, val_x, val_y, test_x, test_y, max_rows, max_iter, seed) -> Dict:
+    """:func:`fit_probe`'s work, on checked arrays and grid."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import log_loss
+    from sklearn.preprocessing import StandardScaler
+
+    start = time.perf_counter()
+    rows = stratified_rows(train_y, max_rows, seed)
+    scaler = StandardScaler().fit(train_x[rows])
+    fitted_x, scored_val = scaler.transform(train_x[rows]), scaler.transform(val_x)
+    model = LogisticRegression(C=values[0], max_iter=max_iter, warm_start=True, random_state=seed)
+    path, best, best_key = [], None, None
+    for c in values:
+        model.set_params(C=c)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)  # bounded on purpose: reported as "converged"
+            model.fit(fitted_x, train_y[rows])
+        probabilities = model.predict_proba(scored_val)
+        accuracy = float(np.mean(model.classes_[probabilities.argmax(axis=1)] == val_y))
+        loss = float(log_loss(val_y, probabilities, labels=model.classes_))
+        iterations = int(np.max(model.n_iter_))
+        path.append({"C": c, "validation_accuracy": accuracy, "validation_loss": loss, "iterations": iterations})
+        key = (-accuracy, loss, c)
+        if best_key is None or key < best_key:
+            best_key, best = key, (c, model.coef_.copy(), model.intercept_.copy(), iterations)
+    chosen, model.coef_, model.intercept_, iterations = best
+    test_accuracy = None
+    if test_x is not None and test_y is not None:
+        test_x, test_y = np.asarray(test_x), np.asarray(test_y).astype(np.int64)
+        _check_split("test", test_x, test_y, train_x.shape[1])
+        test_accuracy = float(np.mean(model.predict(scaler.transform(test_x)) == test_y)) if len(test_y) else None
+    chosen_row = next(p for p in path if p["C"] == chosen)
+    return {"C": chosen, "validation_accuracy": chosen_row["validation_accuracy"], "test_accuracy": test_accuracy,
+            "seconds": time.perf_counter() - start, "rows": int(len(rows)), "train_rows": int(len(train_y)),
+            "features": int(train_x.shape[1]), "classes": int(len(model.classes_)), "max_iter": max_iter,
+            "converged": iterations < max_iter, "grid": path}
