@@ -103,7 +103,7 @@ def train_head(settings: HeadSettings, plan: TrialPlan, train: Split, validation
     start = time.perf_counter()
     history = model.fit(train_ds, epochs=plan.epochs, steps_per_epoch=steps.steps_per_epoch,
                         validation_data=_one_pass(validation), verbose=0,
-                        callbacks=[stopping, keras.callbacks.TerminateOnNaN()])
+                        callbacks=[stopping, _stop_on_non_finite(keras)])
     seconds = time.perf_counter() - start
     epochs_run = len(history.history.get("loss", []))
     for epoch in range(epochs_run):
@@ -115,6 +115,17 @@ def train_head(settings: HeadSettings, plan: TrialPlan, train: Split, validation
     loss, accuracy = evaluate(model, validation)
     return model, TrialResult(loss, accuracy, int(stopping.best_epoch) + 1, epochs_run, steps.steps_per_epoch,
                               round(seconds, 3))
+
+
+def _stop_on_non_finite(keras):
+    """A callback that ends training at the first step whose logs hold NaN or an infinity (Keras'
+    ``TerminateOnNaN`` without its printed line: the trial says it, as a failure)."""
+    class StopOnNonFinite(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if non_finite_logs(logs):
+                self.model.stop_training = True
+
+    return StopOnNonFinite()
 
 
 def _one_pass(split: Split):
