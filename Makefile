@@ -22,7 +22,7 @@ TEST_WORKERS ?= 2
 FAST_WORKERS ?= 3
 PYTEST = $(PY) -m pytest -q -p no:cacheprovider --durations=25
 
-.PHONY: setup main test test-stack test-tools test-fast bench bench-peers lock clean image-test
+.PHONY: setup main tune test test-stack test-tools test-fast bench bench-peers lock clean image-test
 
 setup: $(VENV)/.pipelines-stamp
 
@@ -31,6 +31,9 @@ $(VENV)/.pipelines-stamp: requirements/$(STACK).lock setup.cfg pyproject.toml sc
 
 main: setup  ## fetch the sample photos, run the ETL (and training), print the results
 	OUT=$(OUT) VENV=$(VENV) bash scripts/main.sh
+
+tune: setup  ## after `make main`: search the head's settings on its feature cache through Spark (TRIALS=16), print the flags for jobs/train.py
+	OUT=$(OUT) VENV=$(VENV) bash scripts/tune.sh
 
 test:  ## both stacks: the whole suite on mission, then on current the tests marked `current` and every fast test
 	$(MAKE) setup STACK=current  # first: the mission suite's cross-stack tests start the current venv too

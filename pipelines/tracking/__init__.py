@@ -1,5 +1,5 @@
 """MLflow tracking of the pipeline's runs: the only package that imports ``mlflow`` (on first use,
-:func:`pipelines.tracking.options._mlflow`).
+:func:`pipelines.tracking.options._mlflow`), besides the search's Optuna integration (:mod:`pipelines.tune.runners`).
 
 Each job is one MLflow run, started by one process (training: rank 0; the ETL: its driver):
 

@@ -151,6 +151,7 @@ class FitOptions:
     epochs: int = field(DEFAULT_EPOCHS, help="maximum number of epochs (early stopping ends most runs before)")
     batch_size: int = field(16, help="images per step on each rank; the global batch is this x world size")
     base_lr: float = field(0.001, help="learning rate of one rank; scaled by the world size")
+    weight_decay: float = field(0.0, help="Nadam's decoupled weight decay (>= 0; 0 = none)")
     warmup_epochs: float = field(0.0, help="epochs of linear warmup from base_lr to base_lr x world size")
     stopping: str = field("converge", help="early stopping's rule (pipelines/training/stopping.py, docs/training.md): "
                                            "converge (val_loss; patience in optimizer steps with a floor in epochs: "
@@ -183,6 +184,7 @@ class FitOptions:
         check_types(self)
         at_least(1, epochs=self.epochs, batch_size=self.batch_size)
         check_number("base_lr", self.base_lr, above=0)
+        check_number("weight_decay", self.weight_decay, at_least=0)
         check_number("warmup_epochs", self.warmup_epochs, at_least=0)
         # each value settled: the run's record (and so --resume) keeps the rule, not a default that may change.
         # No upper bound on min_delta: one above any possible gain keeps the first epoch's weights (the e2e tests')

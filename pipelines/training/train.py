@@ -303,7 +303,8 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
         inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.input_size)
         inputs = resized_inputs(inputs, plan.world, rank.rank, rank.size, announce=rank.rank == 0)
         # Horovod: the optimizer wrapped in hvd.DistributedOptimizer: each step's gradients averaged by allreduce
-        compile_distributed(inputs.model, plan.lr, config.compute.fp16_allreduce, config.compute.xla_on)
+        compile_distributed(inputs.model, plan.lr, config.compute.fp16_allreduce, config.compute.xla_on,
+                            config.fit.weight_decay)
         frozen_sha256 = frozen_checksum(full_model)
         # Horovod: rank 0 loads the checkpoint a run continues and broadcasts it to every rank
         resume = restore(config, rank, plan, inputs.model, frozen_sha256)
@@ -355,7 +356,8 @@ def fine_tune(context: RankContext, first, resume: Resume):
     model = phase1_best(context, first, resume)
     layers = unfreeze(model, config.model.backbone, config.model.fine_tune_blocks)
     # Horovod: recompiled with a new hvd.DistributedOptimizer over the unfrozen weights
-    compile_distributed(model, lr, config.compute.fp16_allreduce, config.compute.xla_on)
+    compile_distributed(model, lr, config.compute.fp16_allreduce, config.compute.xla_on,
+                        config.fit.weight_decay)
     second = phase2_resume(context, model, resume, record)  # Horovod: rank 0's phase 2 state broadcast
     if rank.rank == 0:  # Horovod: logs on rank 0 only
         log.info("fine-tuning: top %s of %s unfrozen (%s with weights, %s), on images; lr %g = %g x %g; "

@@ -71,3 +71,15 @@ RUNS = {  # notebook -> {its run folder under workdir/runs: world size}
     "05_horovod_one_node.ipynb": {"node-np1": 1, "node-np2": 2},
     "06_horovod_spark_workers.ipynb": {"spark-np2": 2},
 }
+
+
+def test_tune_notebook(etl_notebook):
+    """The search notebook on the tiny backbone: the feature cache made, two trials through Spark, the flags printed."""
+    work, etl, _ = etl_notebook
+    book = execute("08_tune_on_cached_features.ipynb", work, workdir=work, data_dir=etl, weights="none",
+                   backbone="tiny", batch_size=4, trials=2, parallel=2, epochs=3)
+    text = outputs(book)
+    assert "tune: 2 trials" in text and "jobs/train.py flags: --base-lr " in text, text[-2000:]
+    with open(os.path.join(work, "tune", "tune.json")) as f:
+        record = json.load(f)
+    assert len(record["trials"]) == 2 and record["chosen"]["refit"]["test_accuracy"] is not None

@@ -171,8 +171,10 @@ def backbone_of(model):
     return next(layer for layer in model.layers if isinstance(layer, keras.Model))
 
 
-def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = False, xla: bool = False) -> None:
-    """Compile for Horovod data-parallel training: ``Nadam(learning_rate)`` wrapped in
+def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = False, xla: bool = False,
+                        weight_decay: float = 0.0) -> None:
+    """Compile for Horovod data-parallel training: ``Nadam(learning_rate)`` (with ``weight_decay`` > 0,
+    its decoupled weight decay: each step also shrinks every weight by ``learning_rate x weight_decay``) wrapped in
     ``hvd.DistributedOptimizer`` (gradients averaged over ranks by allreduce; with
     ``fp16_allreduce``, ``hvd.Compression.fp16``: float32 gradients cast to float16 for the
     allreduce, half the bytes, and back), sparse categorical cross-entropy on int32 labels,
@@ -190,7 +192,8 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
     # Horovod: float16 gradients on the wire with --fp16-allreduce
     compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
     # Horovod: add Horovod's DistributedOptimizer: each step's gradients averaged over the ranks by allreduce
-    optimizer = distributed_optimizer(keras.optimizers.Nadam(learning_rate=learning_rate), model=model,
+    optimizer = distributed_optimizer(keras.optimizers.Nadam(learning_rate=learning_rate,
+                                                                weight_decay=weight_decay or None), model=model,
                                       compression=compression)
     # The metric as an object and the optimizer built here: every variable of the step exists before
     # fit, which then traces its step once, not twice (a tf.function whose first trace creates

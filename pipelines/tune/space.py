@@ -1,0 +1,111 @@
+"""The search space of the head's settings: one range per searched flag of ``jobs/train.py``, and
+the settings a trial draws from it (pure: no TensorFlow, no Spark, no MLflow).
+
+A range is given as ``LOW,HIGH`` (:func:`parse_range`); a trial draws each setting through
+Optuna's ``suggest_*`` (:meth:`SearchSpace.suggest`), rounded to :data:`DIGITS` significant
+digits so that the settings a trial trains with are the flags printed for ``jobs/train.py``
+(:meth:`HeadSettings.train_flags`), digit for digit.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Dict, Optional
+
+from pipelines.runtime.errors import Refused
+
+#: Significant digits of a drawn float setting: what the trial trains with and the flag says.
+DIGITS = 3
+
+
+@dataclass(frozen=True)
+class Range:
+    """A searched setting's range: ``low`` < ``high``, drawn on a log scale with ``log`` (both
+    ends > 0), as integers with ``integer``."""
+
+    low: float
+    high: float
+    log: bool = False
+    integer: bool = False
+
+
+def parse_range(flag: str, text: str, at_least: Optional[float] = None, below: Optional[float] = None,
+                log: bool = False, integer: bool = False) -> Range:
+    """``LOW,HIGH`` as a :class:`Range` of the flag ``flag`` (``--dropout-range``).
+
+    Args:
+        at_least, below: the setting's own bounds (``None``: none); with ``log`` both ends must be > 0.
+
+    Raises:
+        pipelines.runtime.errors.Refused: not two numbers (integers with ``integer``), NaN or an
+            infinity, an empty range (``LOW >= HIGH``), an end outside the setting's bounds; the
+            message names ``flag``.
+    """
+    parts = [part.strip() for part in str(text).split(",")]
+    try:
+        low, high = (int(p) if integer else float(p) for p in parts) if len(parts) == 2 else (None, None)
+    except ValueError:
+        low = high = None
+    kind = "integers" if integer else "numbers"
+    if low is None or high is None:
+        raise Refused(f"{flag} {text}: give LOW,HIGH, two {kind} (e.g. {flag} {'50,400' if integer else '0.1,0.5'})")
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise Refused(f"{flag} {text}: both ends must be finite numbers")
+    if not low < high:
+        raise Refused(f"{flag} {text}: an empty range: LOW must be below HIGH")
+    floor = 0 if log and (at_least is None or at_least <= 0) else at_least
+    if floor is not None and not (low > floor if log else low >= floor):
+        raise Refused(f"{flag} {text}: LOW must be {'>' if log else '>='} {floor:g}"
+                      + (" (the range is searched on a log scale)" if log else ""))
+    if below is not None and not high < below:
+        raise Refused(f"{flag} {text}: HIGH must be below {below:g}")
+    return Range(low, high, log, integer)
+
+
+def significant(value: float, digits: int = DIGITS) -> float:
+    """``value`` rounded to ``digits`` significant digits (0 stays 0)."""
+    return float(f"{value:.{digits}g}")
+
+
+@dataclass(frozen=True)
+class HeadSettings:
+    """One trial's settings of the head, each a flag of ``jobs/train.py``: ``base_lr`` (one rank's
+    learning rate, > 0), ``dropout`` (in [0, 1)), ``weight_decay`` (Nadam's decoupled decay, >= 0),
+    ``patience_steps`` (early stopping's patience in optimizer steps, >= 0)."""
+
+    base_lr: float
+    dropout: float
+    weight_decay: float
+    patience_steps: int
+
+    def train_flags(self) -> str:
+        """The settings as ``jobs/train.py`` takes them:
+        ``--base-lr 0.00213 --dropout 0.31 --weight-decay 0.000124 --patience-steps 180``."""
+        return (f"--base-lr {self.base_lr:.{DIGITS}g} --dropout {self.dropout:.{DIGITS}g} "
+                f"--weight-decay {self.weight_decay:.{DIGITS}g} --patience-steps {self.patience_steps}")
+
+    def to_dict(self) -> Dict[str, float]:
+        """``{"base_lr": ..., "dropout": ..., "weight_decay": ..., "patience_steps": ...}``."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The ranges the search draws each :class:`HeadSettings` field from."""
+
+    base_lr: Range
+    dropout: Range
+    weight_decay: Range
+    patience_steps: Range
+
+    def suggest(self, trial) -> HeadSettings:
+        """Draw one trial's settings through ``trial`` (an ``optuna.Trial``: the sampler chooses;
+        ``optuna.trial.FixedTrial`` gives set values), floats rounded to :data:`DIGITS` significant digits."""
+        drawn = {}
+        for name in ("base_lr", "dropout", "weight_decay", "patience_steps"):
+            r = getattr(self, name)
+            if r.integer:
+                drawn[name] = trial.suggest_int(name, int(r.low), int(r.high), log=r.log)
+            else:
+                drawn[name] = significant(trial.suggest_float(name, r.low, r.high, log=r.log))
+        return HeadSettings(**drawn)
