@@ -11,6 +11,15 @@ endif
 VENV   ?= $(if $(filter mission,$(STACK)),.venv,.venv-$(STACK))
 PY     := $(VENV)/bin/python
 OUT    ?= $(if $(filter mission,$(STACK)),out,out-$(STACK))
+# make main INPUT=ROOT: your own ROOT/CLASS/*.jpg tree instead of the sample; checked before the set-up.
+INPUT  ?=
+NP     ?= 2
+ifneq ($(INPUT),)
+INPUT_ERROR := $(shell INPUT='$(INPUT)' bash scripts/main.sh --check-input 2>&1)
+ifneq ($(INPUT_ERROR),)
+$(error $(INPUT_ERROR))
+endif
+endif
 export STACK
 export PIPELINES_CACHE ?= $(HOME)/.cache/pipelines
 # pytest-xdist workers. In the whole suite a test file stays on one worker (--dist loadfile) so
@@ -29,8 +38,8 @@ setup: $(VENV)/.pipelines-stamp
 $(VENV)/.pipelines-stamp: requirements/$(STACK).lock setup.cfg pyproject.toml scripts/setup_env.sh scripts/lockfile.py
 	bash scripts/setup_env.sh $(VENV)
 
-main: setup  ## fetch the sample photos, run the ETL (and training), print the results
-	OUT=$(OUT) VENV=$(VENV) bash scripts/main.sh
+main: setup  ## fetch the sample photos (or take INPUT=ROOT), run the ETL and training on NP ranks, print the results
+	OUT='$(OUT)' VENV='$(VENV)' INPUT='$(INPUT)' NP='$(NP)' bash scripts/main.sh
 
 test:  ## both stacks: the whole suite on mission, then on current the tests marked `current` and every fast test
 	$(MAKE) setup STACK=current  # first: the mission suite's cross-stack tests start the current venv too
