@@ -41,13 +41,17 @@ $(VENV)/.pipelines-stamp: requirements/$(STACK).lock setup.cfg pyproject.toml sc
 main: setup  ## fetch the sample photos (or take INPUT=ROOT), run the ETL and training on NP ranks, print the results
 	OUT='$(OUT)' VENV='$(VENV)' INPUT='$(INPUT)' NP='$(NP)' bash scripts/main.sh
 
-test:  ## both stacks: the whole suite on mission, then on current the tests marked `current` and every fast test
+test:  ## both stacks: the whole suite on mission, then on current the tests marked `current` and the fast tests that touch the stack
 	$(MAKE) setup STACK=current  # first: the mission suite's cross-stack tests start the current venv too
 	$(MAKE) test-stack STACK=mission
 	$(MAKE) test-stack STACK=current
 
-test-stack: setup  ## one stack's share of the suite (STACK=...): on current, every fast test and those marked current
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "$(if $(filter mission,$(STACK)),not tool,(not slow or current) and not tool)" tests
+# The current stack's share: the tests marked current, and the fast tests outside the stack-free
+# folders (tests/conftest.py, STACKFREE). Each test phase of 1 s or more: benchmarks/results/.
+CURRENT_SHARE = ((not slow and not stackfree) or current) and not tool
+test-stack: setup  ## one stack's share of the suite (STACK=...): on current, CURRENT_SHARE
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "$(if $(filter mission,$(STACK)),not tool,$(CURRENT_SHARE))" \
+	    --durations-csv=benchmarks/results/test_durations_$(STACK).csv tests
 
 test-tools: setup  ## the tool scripts run whole (scripts/gpu_check.py --dry-run: its scaling and loader runs), on STACK
 	$(PYTEST) -m tool tests
