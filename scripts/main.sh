@@ -1,10 +1,26 @@
 #!/usr/bin/env bash
-# The main job on the embedded sample: real photos -> Spark ETL -> Parquet -> Horovod training.
+# The main job: real photos -> Spark ETL -> Parquet -> Horovod training, on the embedded sample or,
+# with INPUT=ROOT, on your own tree (ROOT/CLASS/*.jpg; no sample download then).
 # Called by `make main`; OUT (default out/) receives everything, downloads are cached in
-# PIPELINES_CACHE (default ~/.cache/pipelines). Progress shows live whatever stdout is (terminal,
-# pipe, nohup, CI): Python is unbuffered and the filter flushes every line. VERBOSE=1 shows the
-# libraries' info lines and warnings (quiet by default).
+# PIPELINES_CACHE (default ~/.cache/pipelines), NP (default 2) ranks train. Progress shows live
+# whatever stdout is (terminal, pipe, nohup, CI): Python is unbuffered and the filter flushes every
+# line. VERBOSE=1 shows the libraries' info lines and warnings (quiet by default).
+# `main.sh --check-input` only checks INPUT (the Makefile runs it before the venv's set-up).
 set -euo pipefail
+INPUT=${INPUT:-}
+# A relative INPUT is the caller's; a URI (s3://...) is checked by the ETL itself.
+[[ -z $INPUT || $INPUT == /* || $INPUT == *://* ]] || INPUT=$PWD/$INPUT
+check_input() {
+  [[ -z $INPUT || $INPUT == *://* ]] && return 0
+  if [ ! -d "$INPUT" ]; then
+    echo "make main: INPUT=$INPUT is not a folder (expected ROOT/CLASS/*.jpg)" >&2; exit 2
+  fi
+  if [ -z "$(find "$INPUT" -mindepth 2 -type f -print -quit)" ]; then
+    echo "make main: INPUT=$INPUT holds no file in a class folder (expected ROOT/CLASS/*.jpg)" >&2; exit 2
+  fi
+}
+check_input
+[ "${1:-}" != --check-input ] || exit 0
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 [[ $VENV == /* ]] || VENV=$PWD/$VENV  # an absolute VENV (the images' /opt/venv) stays as given
@@ -27,18 +43,23 @@ quiet_jvm() {
     grep --line-buffered -v -x -F 'WARNING: Using incubator modules: jdk.incubator.vector' || [ $? = 1 ]; fi
 }
 
-echo "== 1/4 sample data: Tux Paint photos as a Caltech-256-style tree"
-python -m pipelines.tools.samples tuxpaint --dest "$OUT/tuxpaint"
+if [ -n "$INPUT" ]; then
+  echo "== 1/4 your images: $INPUT (no sample download)"
+else
+  echo "== 1/4 sample data: Tux Paint photos as a Caltech-256-style tree"
+  INPUT=$OUT/tuxpaint
+  python -m pipelines.tools.samples tuxpaint --dest "$INPUT"
+fi
 
 echo "== 2/4 Xception ImageNet weights, converted offline"
 WEIGHTS=$(python -m pipelines.tools.weights)
 echo "$WEIGHTS"
 
 echo "== 3/4 ETL: spark-submit jobs/etl.py"
-# 0.3 leaves >= 30 test images of the 148 photos, 0.2 about 30 validation images, the split the
-# epoch is chosen on (the split is a hash of each path; the test split is read once, at the end).
+# 0.3 leaves >= 30 test images of the sample's 148 photos, 0.2 about 30 validation images, the split
+# the epoch is chosen on (the split is a hash of each path; the test split is read once, at the end).
 spark-submit --master "local[*]" "${LOG4J[@]}" \
-  jobs/etl.py --input "$OUT/tuxpaint" --output "$OUT/etl" --test-fraction 0.3 --validation-fraction 0.2 \
+  jobs/etl.py --input "$INPUT" --output "$OUT/etl" --test-fraction 0.3 --validation-fraction 0.2 \
     --image-size 299 "${VERBOSE_FLAG[@]}" \
   2>&1 | quiet_jvm
 

@@ -2,6 +2,7 @@
 S3 server's address, the fault hook's token), and the fixtures tests in every folder use: the
 local Spark session, the S3 server and its buckets (helpers: tests/support/)."""
 import atexit
+import csv
 import os
 import shutil
 import socket
@@ -61,6 +62,44 @@ except ImportError:  # pragma: no cover - TensorFlow's dependency, on both stack
     pass
 else:
     _absl_logging.PythonHandler.stream = property(lambda self: sys.stderr, lambda self, value: None)
+
+
+# The tests that do not depend on the stack, by folder: pure Python, the shell scripts, arithmetic,
+# whose results are the same on both stacks' TensorFlow, Horovod, pyarrow, PySpark and MLflow. They
+# are marked `stackfree`, and make test runs them once, on mission; a test among them that is about
+# the stack is marked `current` and runs on both.
+STACKFREE = ("unit/benchmarks/", "unit/launch/", "unit/runtime/", "unit/scripts/", "unit/tools/")
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items):
+    for item in items:
+        folder = os.path.relpath(str(item.path), TESTS).replace(os.sep, "/")
+        if folder.startswith(STACKFREE) and item.get_closest_marker("current") is None:
+            item.add_marker(pytest.mark.stackfree)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--durations-csv", metavar="PATH",
+                     help="write the phases (setup, call, teardown) of 1 s or more as CSV: seconds,phase,outcome,test")
+
+
+_DURATIONS = []
+
+
+def pytest_runtest_logreport(report):
+    if report.duration >= 1.0:  # on the controller under xdist, which gets every worker's reports
+        _DURATIONS.append((round(report.duration, 2), report.when, report.outcome, report.nodeid))
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("durations_csv")
+    if path and not hasattr(session.config, "workerinput"):
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["seconds", "phase", "outcome", "test"])
+            writer.writerows(sorted(_DURATIONS, reverse=True))
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
 """Each epoch's validation is the exact evaluation of the whole validation split (every image once,
 summed over ranks), never of the test split, which is read once, after training; and no world size
-is refused for an evaluated split: 16 ranks under horovodrun on the CPU, the tiny backbone, a test
-split of 3 row groups (sharded by rows) and 6 rows, a validation split of 4 row groups and 8 rows
-(fewer than the ranks: some evaluate nothing)."""
+is refused for an evaluated split: 5 ranks under horovodrun on the CPU, the tiny backbone, a test
+split of 2 row groups and 4 rows, a validation split of 1 row group and 2 rows (both sharded by rows,
+a row group's rows on several ranks; fewer rows than ranks: some ranks evaluate nothing)."""
 import json
 import os
 import subprocess
@@ -16,7 +16,7 @@ from tests.support.outputs import assert_exact_test_count
 from tests.support.readers import READERS
 
 pytestmark = pytest.mark.slow
-RANKS = 16
+RANKS = 5
 
 
 def horovodrun(np_, data, output, *args, timeout=900):
@@ -27,15 +27,16 @@ def horovodrun(np_, data, output, *args, timeout=900):
 
 
 @pytest.fixture(scope="module")
-def sixteen_ranks(tmp_path_factory):
-    """One run: 16 ranks, 2 epochs, train 16 row groups of 2 rows (32 rows, a global batch of 32),
-    test 6 rows in 3 row groups, validation 8 rows in 4; the default reader (the other is
-    test_two_ranks_... below)."""
-    base = tmp_path_factory.mktemp("sixteen")
+def five_ranks(tmp_path_factory):
+    """One run: 5 ranks, 2 epochs, train 16 row groups of 2 rows (32 rows, uneven shards, a global
+    batch of 10), test 4 rows in 2 row groups, validation 2 rows in 1; the default reader (the other
+    is test_two_ranks_... below)."""
+    base = tmp_path_factory.mktemp("five")
     data = str(base / "etl")
-    write_dataset(data, train_groups=[16], test_groups=[1, 2], size=32, rows_per_group=2, validation_groups=[2, 2])
-    manifest = json.load(open(os.path.join(data, "manifest.json")))
-    assert manifest["splits"]["test"]["row_groups"] == 3 and manifest["splits"]["test"]["rows"] == 6
+    write_dataset(data, train_groups=[16], test_groups=[1, 1], size=32, rows_per_group=2, validation_groups=[1])
+    splits = json.load(open(os.path.join(data, "manifest.json")))["splits"]
+    assert (splits["test"]["row_groups"], splits["test"]["rows"]) == (2, 4)
+    assert (splits["validation"]["row_groups"], splits["validation"]["rows"]) == (1, 2)
     proc = horovodrun(RANKS, data, str(base / "out"), "--batch-size", "2", "--epochs", "2", "--patience", "5",
                       "--cache-dir", str(base / "cache"))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -43,25 +44,25 @@ def sixteen_ranks(tmp_path_factory):
         return json.load(f), data, proc.stdout + proc.stderr
 
 
-def test_sixteen_ranks_train_on_a_test_split_of_fewer_row_groups_and_rows(sixteen_ranks):
-    report, data, _ = sixteen_ranks
+def test_five_ranks_train_on_evaluated_splits_of_fewer_row_groups_and_rows(five_ranks):
+    report, data, _ = five_ranks
     assert report["world_size"] == RANKS and report["epochs_run_per_rank"] == [2] * RANKS
     assert_exact_test_count(report, data)
 
 
-def test_each_epochs_validation_is_the_exact_validation_evaluation_never_the_test_split(sixteen_ranks):
-    """Every epoch's val_* figures count the 8 validation rows, each once (never the 6 test rows);
+def test_each_epochs_validation_is_the_exact_validation_evaluation_never_the_test_split(five_ranks):
+    """Every epoch's val_* figures count the 2 validation rows, each once (never the 4 test rows);
     the report gives the best epoch's validation figures, says which split chose it, and its test
-    figures count the 6 test rows."""
-    report, _, log = sixteen_ranks
+    figures count the 4 test rows."""
+    report, _, log = five_ranks
     assert report["selected_on"] == "validation"
     best = report["history"][report["best_epoch"] - 1]
     assert report["validation"] == {"epoch": report["best_epoch"], "loss": best["val_loss"],
-                                    "accuracy": best["val_accuracy"], "count": 8, "expected_count": 8}
-    assert report["test"]["count"] == report["test"]["expected_count"] == 6
+                                    "accuracy": best["val_accuracy"], "count": 2, "expected_count": 2}
+    assert report["test"]["count"] == report["test"]["expected_count"] == 4
     for epoch in report["history"]:  # a fraction of all validation rows, not of full global batches
-        assert epoch["val_count"] == 8
-        assert abs(epoch["val_accuracy"] * 8 - round(epoch["val_accuracy"] * 8)) < 1e-9
+        assert epoch["val_count"] == 2
+        assert abs(epoch["val_accuracy"] * 2 - round(epoch["val_accuracy"] * 2)) < 1e-9
     assert "val_accuracy" in log  # rank 0's epoch line carries it
 
 

@@ -26,6 +26,7 @@ def test_an_unknown_reader_exits_2_with_one_line_listing_the_names(flag, unknown
         f"loader_bench.py: --readers {flag}: unknown {unknown}; choose from own, petastorm, ray, plain"]
 
 
+@pytest.mark.current  # which readers run here is the stack's
 def test_a_peer_not_installed_is_one_line_naming_how_to_install_it(monkeypatch, capsys):
     monkeypatch.setitem(loader_peers.NEEDS, "ray", ("no_such_module_here", "make bench-peers STACK={stack}"))
     assert loader_bench.pick_readers("own,ray,plain", False) == ["own", "plain"]
@@ -56,6 +57,7 @@ def labels_of(batches):
     return [int(x) for _, labels in batches for x in labels]
 
 
+@pytest.mark.current  # the stack's pyarrow
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_the_plain_routes_shards_are_our_readers_row_groups(tmp_path, world_size):
     """Rank r's rows are row groups r, r + n, ... of the split (files in order, groups in file
@@ -75,6 +77,7 @@ def test_the_plain_routes_shards_are_our_readers_row_groups(tmp_path, world_size
     assert sorted(seen) == list(range(16))
 
 
+@pytest.mark.current  # the stack's pyarrow and TensorFlow
 def test_the_plain_route_gives_full_uint8_batches_of_every_row_each_epoch(tmp_path):
     pytest.importorskip("tensorflow")
     from pipelines.training.config import TrainConfig

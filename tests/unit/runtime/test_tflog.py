@@ -70,6 +70,7 @@ def test_level_zero_captures_nothing():
     assert proc.stderr.startswith("I0000 00:00:1.5    7 port.cc:153] dropped at 1\n")
 
 
+@pytest.mark.current  # the stack's variables, set as pipelines is imported
 def test_import_pipelines_installs_the_finder_once_and_keeps_tensorflow_unimported():
     code = ("import sys, pipelines; from pipelines.runtime import tflog; tflog.install(); "
             "print(sum(f is tflog._FINDER for f in sys.meta_path), 'tensorflow' in sys.modules)")

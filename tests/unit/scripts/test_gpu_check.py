@@ -126,6 +126,7 @@ def test_the_loader_benchmark_checks_our_reader_against_each_goal():
     assert goal_lines({"petastorm, cold cache (epoch 1)": 730.0}, 5123.0) == []
 
 
+@pytest.mark.current  # the stack's TensorFlow
 def test_the_loader_benchmarks_float32_tail_preprocesses_each_batch_as_xception_does():
     """``--tail float32``: each batch cast and scaled on the host to [-1, 1]; the default adds nothing."""
     tf = pytest.importorskip("tensorflow")
