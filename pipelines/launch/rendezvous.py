@@ -8,7 +8,7 @@ nothing of the job is in it) on one IPv4 address and an ephemeral port.
 from __future__ import annotations
 
 import threading
-from typing import List, Tuple
+from typing import List, Set, Tuple
 
 GLOBAL_SCOPE = "global"  # Horovod's Gloo context puts each rank's address under its rank there
 
@@ -41,7 +41,8 @@ class Rendezvous:
                     joined.add(int(key))
                 return super()._put_value(scope, key, value)
 
-        joined = self._joined = set()
+        joined: Set[int] = set()
+        self._joined = joined
         self._world_size = world_size
         self._httpd = RendezvousHTTPServer((address, 0), Handler, 0)
         plan = ",".join(f"{host}:{n}" for host, n in host_counts)

@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import threading
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 log = logging.getLogger("pipelines")
 
@@ -60,7 +60,7 @@ class PreemptionNotice:
         self.rank = rank
         self.requested = False
         self.holding = self.second = False
-        self._previous = None
+        self._previous: Any = None  # the SIGTERM handler before ours
         self._installed = False
 
     def _handle(self, signum, frame) -> None:
