@@ -31,7 +31,7 @@ TEST_WORKERS ?= 2
 FAST_WORKERS ?= 3
 PYTEST = $(PY) -m pytest -q -p no:cacheprovider --durations=25
 
-.PHONY: setup main tune test test-stack test-tools test-fast bench bench-peers lock clean image-test
+.PHONY: setup main tune test test-stack test-tools test-fast lint bench bench-peers lock clean image-test
 
 setup: $(VENV)/.pipelines-stamp
 
@@ -52,15 +52,19 @@ test:  ## both stacks: the whole suite on mission, then on current the tests mar
 # The current stack's share: the tests marked current, and the fast tests outside the stack-free
 # folders (tests/conftest.py, STACKFREE). Each test phase of 1 s or more: benchmarks/results/.
 CURRENT_SHARE = ((not slow and not stackfree) or current) and not tool
-test-stack: setup  ## one stack's share of the suite (STACK=...): on current, CURRENT_SHARE
+test-stack: setup lint  ## one stack's share of the suite (STACK=...): on current, CURRENT_SHARE
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "$(if $(filter mission,$(STACK)),not tool,$(CURRENT_SHARE))" \
 	    --durations-csv=benchmarks/results/test_durations_$(STACK).csv tests
 
 test-tools: setup  ## the tool scripts run whole (scripts/gpu_check.py --dry-run: its scaling and loader runs), on STACK
 	$(PYTEST) -m tool tests
 
-test-fast: setup  ## unit tests only, on STACK
+test-fast: setup lint  ## lint, then the fast tests, on STACK
 	$(PYTEST) -n $(FAST_WORKERS) --dist worksteal -m "not slow" tests
+
+lint: setup  ## ruff (pyflakes, import order) and mypy on pipelines/, configured in pyproject.toml; fails the run when unclean
+	$(VENV)/bin/ruff check pipelines
+	$(PY) -m mypy
 
 image-test:  ## as root: both stacks' CPU images built on bases made from Debian's archive, `make main` run in each (docs/stacks.md, Container images)
 	bash scripts/image_test.sh

@@ -16,8 +16,21 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from pipelines.contract import (MANIFEST, MANIFEST_FORMAT, MAX_CLASSES, MAX_IMAGE_SIZE, MAX_ROW_GROUP_BYTES, PART_NAME,
-                                REJECTED_LIST, RUN_ID, RUNS, SPLITS, VALIDATION, image_schema, row_bytes)
+from pipelines.contract import (
+    MANIFEST,
+    MANIFEST_FORMAT,
+    MAX_CLASSES,
+    MAX_IMAGE_SIZE,
+    MAX_ROW_GROUP_BYTES,
+    PART_NAME,
+    REJECTED_LIST,
+    RUN_ID,
+    RUNS,
+    SPLITS,
+    VALIDATION,
+    image_schema,
+    row_bytes,
+)
 from pipelines.io import nofollow
 from pipelines.io.pinned import pin
 from pipelines.io.storage import Location, resolve

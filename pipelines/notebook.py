@@ -7,7 +7,7 @@ needs ``dbutils``: paths are plain (on Databricks, give ``/dbfs/...`` paths), or
 """
 from __future__ import annotations
 
-from typing import Dict, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 from pipelines.io.storage import check_reachable, resolve
 from pipelines.launch.config import LaunchConfig
@@ -74,12 +74,12 @@ def train(launch: Optional[LaunchConfig] = None, **config) -> Dict:
     launch = launch or LaunchConfig(np=-1)
     if not launch.launches:
         raise Refused("nb.train needs ranks to launch: LaunchConfig(np=-N) (local processes) or np=N (Spark tasks)")
-    config = TrainConfig(**config)
-    run = check_before_ranks(config, launch.world_size)  # refusals before any rank starts
-    if config.outputs.tracking:
-        check_store(config.outputs.tracking_uri)  # a tracking server that does not answer, too
-    runner = launch.runner(before_ranks=lambda: fetch_weights(config))
-    return runner.run(run_training, config=config, run_id=run.run_id)  # a relaunch continues this run only
+    settings = TrainConfig(**config)
+    run = check_before_ranks(settings, launch.world_size)  # refusals before any rank starts
+    if settings.outputs.tracking:
+        check_store(settings.outputs.tracking_uri)  # a tracking server that does not answer, too
+    runner = launch.runner(before_ranks=lambda: fetch_weights(settings))
+    return runner.run(run_training, config=settings, run_id=run.run_id)  # a relaunch continues this run only
 
 
 def history_frame(report: Dict):
@@ -142,7 +142,8 @@ def show_samples(etl_dir: str, split: str = "train", n: int = 8):
     import pyarrow.parquet as pq
 
     manifest = Manifest.read(etl_dir)
-    size, rows = manifest.image_size, []
+    size = manifest.image_size
+    rows: List[Dict[str, Any]] = []
     for part in manifest.part_locations(etl_dir, split):  # the files the manifest names, no others
         with part.open() as f:
             rows += pq.read_table(f, columns=["image", "label_name"]).slice(0, n - len(rows)).to_pylist()

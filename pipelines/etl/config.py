@@ -4,16 +4,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from pipelines.io import storage
 from pipelines import tracking as trk
+from pipelines.contract import DEFAULT_IMAGE_SIZE, MAX_IMAGE_SIZE, row_bytes
+from pipelines.etl.images import DEFAULT_MAX_PIXELS
+from pipelines.io import storage
+from pipelines.io.options import storage_options_field
+from pipelines.io.paths import check_url_safe
 from pipelines.runtime.checks import check_number, check_types
 from pipelines.runtime.config import field, settle_verbose, verbose_field
-from pipelines.io.options import storage_options_field
-from pipelines.contract import DEFAULT_IMAGE_SIZE, MAX_IMAGE_SIZE, row_bytes
 from pipelines.runtime.environment import read_settings
 from pipelines.runtime.errors import Refused
-from pipelines.io.paths import check_url_safe
-from pipelines.etl.images import DEFAULT_MAX_PIXELS
 
 
 @dataclass

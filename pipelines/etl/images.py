@@ -255,7 +255,7 @@ def _decoded(data: bytes, max_pixels: int | None, draft_size: int | None, finish
             # in a data pipeline. The first frame of an animation (Pillow's default) is the image.
             # Scoped, not ImageFile.LOAD_TRUNCATED_IMAGES: that global also admits truncated pixels.
             stream, dropped = without_refused_metadata(data)
-            img = Image.open(stream, formats=ACCEPTED_FORMATS)
+            img: Image.Image = Image.open(stream, formats=ACCEPTED_FORMATS)
             width, height = img.size
             if max_pixels is not None and width * height > max_pixels:
                 raise ImageRejected(

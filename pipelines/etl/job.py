@@ -61,7 +61,6 @@ from pipelines.runtime.logs import plural
 from pipelines.runtime.quiet import quiet_libraries
 from pipelines.runtime.spark import log_progress, spark_session
 
-
 log = logging.getLogger("pipelines")
 
 

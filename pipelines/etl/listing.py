@@ -30,9 +30,16 @@ import stat
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Tuple, Union
 
+from pipelines.etl.labels import (
+    IMAGE_EXTENSIONS,
+    ClassFolder,
+    Layout,
+    decide_layout,
+    has_image_extension,
+    label_for,
+    path_parts,
+)
 from pipelines.runtime.errors import MissingInput, NotAFolder, Refused
-from pipelines.etl.labels import (IMAGE_EXTENSIONS, ClassFolder, Layout, decide_layout, has_image_extension, label_for,
-                                  path_parts)
 
 if TYPE_CHECKING:
     from pipelines.io.storage import Location

@@ -10,24 +10,24 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
-from pipelines.runtime.errors import MissingInput, NotAFolder, Refused
-from pipelines.etl.config import ETLConfig
-from pipelines.etl.images import DEFAULT_MAX_PIXELS
 from pipelines.contract import SPLITS
 from pipelines.etl import commit
+from pipelines.etl.config import ETLConfig
 from pipelines.etl.dedupe import Hashed, duplicates, look_alikes
+from pipelines.etl.images import DEFAULT_MAX_PIXELS
 from pipelines.etl.labels import ClassFolder, split_class
 from pipelines.etl.layout import TASK_IMAGES, closure_chunks, rows_per_row_group, spread_order, task_count
 from pipelines.etl.listing import REJECTED, Excluded, ListedFile, classify, display_path, list_tree, reason_kind
-from pipelines.etl.outcomes import TASK_DDL, read_hashes
 from pipelines.etl.memory import check_task_memory, executor_memory, physical_memory_bytes, task_bytes
-from pipelines.runtime.logs import plural
-from pipelines.io.paths import check_disjoint
+from pipelines.etl.outcomes import TASK_DDL, read_hashes
 from pipelines.etl.transform import Candidate, hash_chunks
-from pipelines.runtime.spark import log_progress
+from pipelines.io.paths import check_disjoint
 from pipelines.io.storage import check_reachable
+from pipelines.runtime.errors import MissingInput, NotAFolder, Refused
+from pipelines.runtime.logs import plural
+from pipelines.runtime.spark import log_progress
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Plan:
     """
 
     files: List[ListedFile]
-    outcomes: Dict[str, object]  # path -> ClassFolder (candidate) or Excluded
+    outcomes: Dict[str, Union[ClassFolder, Excluded]]  # path -> ClassFolder (candidate) or Excluded
     classes: Dict[int, str]
     expected_rows: Dict[str, int]
     rows_per_row_group: int
@@ -130,11 +130,12 @@ def _split_candidates(config: ETLConfig, the_plan: Plan) -> Plan:
     """The plan with its candidates (the files whose outcome is a ClassFolder), their splits,
     expected rows and rows per row group computed from its ``outcomes``."""
     files, outcomes = the_plan.files, the_plan.outcomes
-    listed = sorted((f for f in files if isinstance(outcomes[f.path], ClassFolder)),
+    folders = {path: outcome for path, outcome in outcomes.items() if isinstance(outcome, ClassFolder)}
+    listed = sorted((f for f in files if f.path in folders),
                     key=lambda f: (spread_order(f.relative_path, config.seed), f.relative_path))
-    splits = assign_splits(listed, {f.path: outcomes[f.path].label for f in listed}, config.seed,
+    splits = assign_splits(listed, {f.path: folders[f.path].label for f in listed}, config.seed,
                            config.test_fraction, config.validation_fraction)
-    candidates = [Candidate(f.path, outcomes[f.path].label, outcomes[f.path].name, splits[f.path]) for f in listed]
+    candidates = [Candidate(f.path, folders[f.path].label, folders[f.path].name, splits[f.path]) for f in listed]
     expected = Counter(c.split for c in candidates)
     rpg = rows_per_row_group(config.row_bytes, config.row_group_mb * 2**20, dict(expected),
                              config.min_row_groups)
@@ -221,7 +222,7 @@ def task_partitions(spark, config: ETLConfig, candidates: int) -> int:
     return task_count(candidates, spark.sparkContext.defaultParallelism, TASK_IMAGES, config.num_partitions)
 
 
-def _refuse_no_candidate(config: ETLConfig, files: List[ListedFile], outcomes: Dict[str, object]) -> None:
+def _refuse_no_candidate(config: ETLConfig, files: List[ListedFile], outcomes: Dict[str, Union[ClassFolder, Excluded]]) -> None:
     """Raise ``ValueError`` for a tree with no candidate image, naming the commonest reasons."""
     reasons = Counter(reason_kind(o.reason) for o in outcomes.values() if isinstance(o, Excluded))
     why = "; ".join(f"{n} {reason}" for reason, n in reasons.most_common(3)) or "no file at all"

@@ -25,7 +25,7 @@ import io
 import itertools
 import struct
 import zlib
-from typing import BinaryIO, List, Optional, Tuple
+from typing import BinaryIO, List, Optional, Tuple, cast
 
 from PIL import PngImagePlugin
 
@@ -106,7 +106,7 @@ def without_refused_metadata(data: bytes) -> Tuple[BinaryIO, Tuple[str, ...]]:
     if not dropped:
         return io.BytesIO(data), ()
     kept.append(view[start:])
-    return _Spliced(kept), tuple(dropped)
+    return cast(BinaryIO, _Spliced(kept)), tuple(dropped)  # a raw file: read, seek, tell
 
 
 def _refusal(kind: bytes, data: bytes, start: int, end: int, left: int) -> Tuple[Optional[str], int]:

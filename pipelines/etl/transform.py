@@ -37,11 +37,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.runtime import zipcache
 from pipelines.contract import image_schema, row_bytes
-from pipelines.etl.images import DEFAULT_MAX_PIXELS, FittedImage, ImageRejected, centred_box, decode_and_fit, fingerprint
+from pipelines.etl.images import (
+    DEFAULT_MAX_PIXELS,
+    FittedImage,
+    ImageRejected,
+    centred_box,
+    decode_and_fit,
+    fingerprint,
+)
 from pipelines.etl.listing import REJECTED, encode_name
 from pipelines.etl.outcomes import HASH_SCHEMA, OUTCOME_SCHEMA, WRITTEN, RowFile
+from pipelines.runtime import zipcache
 
 if TYPE_CHECKING:
     from pipelines.io.storage import Location
@@ -237,7 +244,7 @@ def _task_name() -> str:
     return f"{context.partitionId():05d}-{context.taskAttemptId()}" if context else "00000-0"
 
 
-def hash_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Candidate]], run: "Location",
+def hash_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[tuple]], run: "Location",
                 max_file_bytes: int, source: Optional["Location"] = None, counter=None,
                 max_pixels: Optional[int] = DEFAULT_MAX_PIXELS) -> Iterator[pa.RecordBatch]:
     """The sha256 and the :func:`~pipelines.etl.images.fingerprint` of each candidate file of the
@@ -276,7 +283,7 @@ def hash_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Can
     yield hashes.close(numbers)
 
 
-def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[Candidate]], run: "Location",
+def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[tuple]], run: "Location",
                    image_size: int, max_pixels: int, max_file_bytes: int,
                    rows_per_row_group: int, source: Optional["Location"] = None,
                    counter=None) -> Iterator[pa.RecordBatch]:

@@ -16,7 +16,6 @@ from urllib.parse import urlparse
 from pipelines.runtime.errors import Refused
 
 
-
 class UnsafePathError(Refused):
     """A local path that cannot become the URL Petastorm needs; the message names the character."""
 

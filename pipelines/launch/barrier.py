@@ -20,18 +20,30 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import cloudpickle
 
-from pipelines.runtime.errors import Refused, is_refusal
 from pipelines.launch.child import run_child
 from pipelines.launch.failures import HorovodJobFailed, RankFailure, with_late_ranks
-from pipelines.launch.gpus import (CUDA_VISIBLE, check_local_gpus, nccl_env, parse_visible, rank_gpu_env, task_gpus,
-                                   visible_gpu_count)
+from pipelines.launch.gpus import (
+    CUDA_VISIBLE,
+    check_local_gpus,
+    nccl_env,
+    parse_visible,
+    rank_gpu_env,
+    task_gpus,
+    visible_gpu_count,
+)
 from pipelines.launch.network import GLOO_IFACE_ENV, interface_of, rendezvous_ipv4, split_host_port
 from pipelines.launch.rankenv import gloo_timeout, own_timeouts
-from pipelines.launch.rendezvous import Rendezvous, gloo_address
 from pipelines.launch.ranklogs import LogSink
-from pipelines.launch.sparkcheck import (attempt_world, check_barrier_conf, check_local_executors, executor_id_hosts,
-                                        task_slots)
+from pipelines.launch.rendezvous import Rendezvous, gloo_address
+from pipelines.launch.sparkcheck import (
+    attempt_world,
+    check_barrier_conf,
+    check_local_executors,
+    executor_id_hosts,
+    task_slots,
+)
 from pipelines.launch.worlds import WorldBounds
+from pipelines.runtime.errors import Refused, is_refusal
 from pipelines.runtime.logs import plural
 
 log = logging.getLogger("pipelines")

@@ -14,12 +14,12 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, Optional
 
-from pipelines.runtime.config import field
-from pipelines.runtime.errors import Refused
 from pipelines.launch.rankenv import timeouts_env
 from pipelines.launch.runner import HorovodRunner
 from pipelines.launch.watchdog import DEFAULT_STALL_TIMEOUT_S
 from pipelines.launch.worlds import WorldBounds
+from pipelines.runtime.config import field
+from pipelines.runtime.errors import Refused
 
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0  # Horovod's own 30 s fails a host a minute late (a cold venv, an image pull)
 

@@ -17,8 +17,8 @@ import shutil
 import subprocess
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from pipelines.runtime.errors import Refused
 from pipelines.launch.rankenv import assigned_gpus_env
+from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 
 CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"

@@ -41,8 +41,8 @@ from pipelines.launch.barrier import rank_env, rank_plan
 from pipelines.launch.child import die_with_parent, rank_command
 from pipelines.launch.failures import HorovodJobFailed, RankFailure, exit_cause, signal_is_loss, with_late_ranks
 from pipelines.launch.rankenv import gloo_timeout
-from pipelines.launch.rendezvous import Rendezvous
 from pipelines.launch.ranklogs import owner_only_append
+from pipelines.launch.rendezvous import Rendezvous
 from pipelines.runtime.redact import redact_text
 
 log = logging.getLogger("pipelines")
@@ -147,11 +147,12 @@ def _start_rank(job: str, result: str, env: Dict[str, str], rank: int, world_siz
         nofollow.make_folder(folder)
     proc = subprocess.Popen(rank_command(job, result), env=dict(env, PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
-    proc.pumps = [threading.Thread(target=_pump, args=(stream, f"[{rank}]<{name}>:", name,
-                                                       os.path.join(folder, name) if folder else None),
-                                   name=f"rank-{rank}-{name}", daemon=True)
-                  for stream, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))]
-    for pump in proc.pumps:
+    pumps = [threading.Thread(target=_pump, args=(stream, f"[{rank}]<{name}>:", name,
+                                                  os.path.join(folder, name) if folder else None),
+                              name=f"rank-{rank}-{name}", daemon=True)
+             for stream, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))]
+    proc.pumps = pumps  # type: ignore[attr-defined]
+    for pump in pumps:
         pump.start()
     return proc
 
@@ -198,7 +199,7 @@ def _stop(ranks: List[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        for pump in proc.pumps:  # bounded: a process the rank left behind may hold its pipes open
+        for pump in proc.pumps:  # type: ignore[attr-defined]  # bounded: a process the rank left behind may hold its pipes open
             pump.join(STOP_GRACE_S)
 
 

@@ -56,7 +56,7 @@ def resolve(host: str) -> str:
     except (socket.gaierror, UnicodeError) as exc:
         raise Refused(f"host {host!r} does not resolve to an address: {exc}") from None
     infos.sort(key=lambda info: info[0] != socket.AF_INET)
-    return infos[0][4][0]
+    return str(infos[0][4][0])
 
 
 def rendezvous_ipv4(host: str) -> str:

@@ -34,7 +34,7 @@ import socketserver
 import sys
 import threading
 import time
-from typing import BinaryIO, Dict, Optional, Tuple
+from typing import IO, BinaryIO, Dict, Optional, Tuple, cast
 
 from pipelines.io import nofollow
 from pipelines.launch.network import join_host_port, resolve, split_host_port
@@ -140,7 +140,7 @@ class LogSink:
                 super().setup()
 
             def handle(self):
-                sink._receive(self.request, self.rfile)
+                sink._receive(self.request, cast(BinaryIO, self.rfile))
 
         address = resolve(bind_host or advertised_host)
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
@@ -235,7 +235,7 @@ def _connect(address: Optional[str], header: Dict) -> Optional[socket.socket]:
         return None
 
 
-def forward(stream: BinaryIO, address: Optional[str], token: str, rank: int, host: str) -> int:
+def forward(stream: IO[bytes], address: Optional[str], token: str, rank: int, host: str) -> int:
     """Task side: copy ``stream`` (a rank's output) line by line, redacted, to this process's
     stderr and to the driver's sink at ``address`` (``host:port``; None: stderr only) until it ends.
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import secrets
 import threading
-from typing import List, Tuple
+from typing import List, Set, Tuple
 
 GLOBAL_SCOPE = "global"  # Horovod's Gloo context puts each rank's address under its rank there
 FORBIDDEN = 403
 
 
-def gloo_address(address: str, port: int, token: str) -> str:
+def gloo_address(address: str, port: "int | str", token: str) -> str:
     """``HOROVOD_GLOO_RENDEZVOUS_ADDR`` for ranks of the rendezvous at ``address:port`` whose token
     is ``token``: ``ADDR:PORT/TOKEN``, which Horovod's client turns into URLs whose path starts
     ``/TOKEN:PORT/`` (it appends ``:`` and ``HOROVOD_GLOO_RENDEZVOUS_PORT``, the same port)."""
@@ -65,7 +65,7 @@ class Rendezvous:
                 if not secrets.compare_digest(head.encode(), f"{token}:{self.server.server_address[1]}".encode()):
                     self.send_status_code(FORBIDDEN)
                     return False
-                self.path = "/" + rest
+                self.path: str = "/" + rest
                 return True
 
             def do_GET(self):
@@ -81,7 +81,8 @@ class Rendezvous:
                     super().do_DELETE()
 
         token = self.token = secrets.token_urlsafe(24)
-        joined = self._joined = set()
+        joined: Set[int] = set()
+        self._joined = joined
         self._world_size = world_size
         self._httpd = RendezvousHTTPServer((address, 0), Handler, 0)
         plan = ",".join(f"{host}:{n}" for host, n in host_counts)

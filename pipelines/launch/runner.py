@@ -19,15 +19,15 @@ executor or host lost) is relaunched up to K times (:mod:`pipelines.launch.recov
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
-from pipelines.runtime.errors import Refused
 from pipelines.launch.barrier import run_spark
 from pipelines.launch.gpus import check_local_gpus, visible_gpu_count
 from pipelines.launch.local import run_local
 from pipelines.launch.network import GLOO_IFACE_ENV, local_interface
 from pipelines.launch.recovery import run_with_retries
 from pipelines.launch.worlds import WorldBounds
+from pipelines.runtime.errors import Refused
 
 
 class HorovodRunner:
@@ -109,6 +109,7 @@ class HorovodRunner:
             check_local_gpus(-self.np, visible_gpu_count(os.environ))
             self.before_ranks()
             return run_local(main, kwargs, -self.np, iface, self.log_dir, self.rank_timeouts)
-        previous = main.history[-1]["world_size"] if main.history else None
+        history: List[Dict[str, Any]] = getattr(main, "history")
+        previous = history[-1]["world_size"] if history else None
         return run_spark(main, kwargs, self.bounds, self.slots_timeout_s, self.network_interface, self.log_dir,
                          self.before_ranks, self.rank_timeouts, previous)

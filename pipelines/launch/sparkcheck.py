@@ -5,12 +5,19 @@ import logging
 import time
 from typing import Callable, Dict, List, Optional
 
-from pipelines.runtime.errors import Refused
 from pipelines.launch.failures import ClusterConfigError
-from pipelines.launch.network import GLOO_IFACE_ENV, bare_host, interface_of, is_this_machine, rendezvous_ipv4, split_host_port
-from pipelines.runtime.spark import is_local_master
+from pipelines.launch.network import (
+    GLOO_IFACE_ENV,
+    bare_host,
+    interface_of,
+    is_this_machine,
+    rendezvous_ipv4,
+    split_host_port,
+)
 from pipelines.launch.worlds import WorldBounds, relaunch_line
+from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
+from pipelines.runtime.spark import is_local_master
 
 log = logging.getLogger("pipelines")
 

@@ -5,12 +5,12 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from pipelines.io.paths import check_url_safe
+from pipelines.io.storage import check_not_root
 from pipelines.runtime.checks import check_number, check_types
 from pipelines.runtime.config import field, settle_verbose, verbose_field
 from pipelines.runtime.environment import read_settings
 from pipelines.runtime.errors import Refused
-from pipelines.io.paths import check_url_safe
-from pipelines.io.storage import check_not_root
 
 MLFLOW_SCHEMES = ("models:/", "runs:/")
 

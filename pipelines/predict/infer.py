@@ -12,7 +12,7 @@ The same functions serve ``python -m pipelines.predict`` without Spark.
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -76,7 +76,8 @@ def top_k(probabilities: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
     return order.astype(np.int32), np.take_along_axis(probabilities, order, axis=1).astype(np.float32)
 
 
-def predict_columns(model, values: Sequence, reasons: Optional[Sequence[Optional[str]]],
+def predict_columns(model, values: Union[Sequence, np.ndarray],
+                    reasons: Union[Sequence[Optional[str]], np.ndarray, None],
                     decode: Callable[[object], np.ndarray], k: int,
                     class_names: Sequence[Optional[str]]) -> Dict[str, np.ndarray]:
     """Decode a batch, predict the decodable images in one model call, keep the top ``k``.

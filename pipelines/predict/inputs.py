@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from pipelines.contract import MANIFEST, SPLITS
-from pipelines.manifest import Manifest
-from pipelines.runtime.errors import MissingInput, NotAFolder, Refused
 from pipelines.etl.labels import parse_class_folder, path_parts
 from pipelines.etl.listing import SKIPPED, display_path, list_files, name_exclusion, size_exclusion
+from pipelines.manifest import Manifest
+from pipelines.runtime.errors import MissingInput, NotAFolder, Refused
 from pipelines.runtime.logs import plural
 
 TREE, ETL_SPLIT = "tree", "etl"

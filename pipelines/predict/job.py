@@ -36,8 +36,7 @@ from pipelines.io.atomic import write_json
 from pipelines.io.paths import check_disjoint
 from pipelines.predict.config import PredictConfig
 from pipelines.predict.infer import PREDICTED, UNREADABLE, TaskCounter, make_predict_fn, result_type
-from pipelines.predict.inputs import (TREE, InputPlan, Item, class_index, is_etl_split, plan_input,
-                                     private_copies)
+from pipelines.predict.inputs import TREE, InputPlan, Item, class_index, is_etl_split, plan_input, private_copies
 from pipelines.predict.metrics import classification_report
 from pipelines.predict.model import ModelSpec, resolve_model
 from pipelines.runtime import zipcache

@@ -48,12 +48,23 @@ import zipfile
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from pipelines.contract import MODEL_CONTRACT as CONTRACT_FILE, MODEL_FILE, MODEL_INPUT_DTYPE, MODEL_SHA256 as HASH_KEY
+from pipelines.contract import MODEL_CONTRACT as CONTRACT_FILE
+from pipelines.contract import MODEL_FILE, MODEL_INPUT_DTYPE
+from pipelines.contract import MODEL_SHA256 as HASH_KEY
 from pipelines.predict.config import is_mlflow_uri
+from pipelines.predict.safeload import (
+    HDF5_MAGIC,
+    ZIP_MAGIC,
+    ModelContractError,
+    UnsafeModel,
+    check_hdf5_config,
+    check_model_config,
+    check_model_stack,
+    mlflow_model_file,
+    read_zip_config,
+)
 from pipelines.runtime.errors import MissingInput
 from pipelines.runtime.logs import plural
-from pipelines.predict.safeload import (HDF5_MAGIC, ZIP_MAGIC, ModelContractError, UnsafeModel, check_hdf5_config,
-                                        check_model_config, check_model_stack, mlflow_model_file, read_zip_config)
 from pipelines.runtime.quiet import is_verbose, quiet_libraries
 from pipelines.runtime.redact import redact_text
 from pipelines.tracking import using_store

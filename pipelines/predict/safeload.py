@@ -10,9 +10,9 @@ import json
 import os
 import zipfile
 
+from pipelines import stack as stacks
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
-from pipelines import stack as stacks
 
 
 class ModelContractError(Refused):

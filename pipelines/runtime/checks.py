@@ -10,14 +10,18 @@ import functools
 import math
 import types
 import typing
-from typing import Any, Callable, Dict, Optional, Tuple, Type
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from pipelines.runtime.errors import Refused
 
 
-@functools.lru_cache(maxsize=None)
-def type_hints(cls: Type[Any]) -> Dict[str, Any]:
+def type_hints(cls: type) -> Dict[str, Any]:
     """``cls``'s annotations, resolved (the modules use ``from __future__ import annotations``)."""
+    return _type_hints(cls)
+
+
+@functools.lru_cache(maxsize=None)
+def _type_hints(cls: type) -> Dict[str, Any]:
     return typing.get_type_hints(cls)
 
 

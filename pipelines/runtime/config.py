@@ -28,8 +28,8 @@ import os
 import sys
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
 
-from pipelines.runtime.environment import VERBOSE_ENV
 from pipelines.runtime.checks import base_type, check_type, type_hints
+from pipelines.runtime.environment import VERBOSE_ENV
 from pipelines.runtime.errors import Refused, exit_status, is_refusal
 from pipelines.runtime.logs import setup_logging
 from pipelines.runtime.quiet import quiet_by_default
@@ -81,7 +81,8 @@ def init_options(config: Any, options: Dict[str, Any]) -> None:
         pipelines.runtime.errors.Refused: an option's value of the wrong type (:func:`pipelines.runtime.checks.check_type`),
             what a group's own checks refuse.
     """
-    cls, options, hints = type(config), dict(options), type_hints(type(config))
+    cls: type = type(config)
+    options, hints = dict(options), type_hints(cls)
     kinds = _option_types(cls)
     for name, value in options.items():
         if name in kinds:
@@ -125,7 +126,7 @@ def _make_group(name: str, group: Type[Any], options: Dict[str, Any]) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def _option_types(cls: Type[Any]) -> Dict[str, Any]:
+def _option_types(cls: type) -> Dict[str, Any]:
     """Each option of the config class ``cls`` (its groups' too, flat) and its annotation."""
     return {f.name: tp for _, f, tp in option_fields(cls)}
 
@@ -319,7 +320,7 @@ def run_command(cls: Type[T], argv: Sequence[str] | None, stage: str, run: Calla
         a known failure, whose message says it all), that code after one log line; 1 for any other
         exception, after its whole traceback, redacted (:func:`pipelines.runtime.errors.exit_status`).
     """
-    config = parse_config(cls, argv)
+    config: Any = parse_config(cls, argv)
     quiet_by_default(config.verbose)
     log = setup_logging(stage)
     try:

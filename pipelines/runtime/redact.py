@@ -201,7 +201,7 @@ def redact(value: Any) -> Any:
     return value
 
 
-_EMPTY = (None, "", b"", {}, [], ())
+_EMPTY: tuple = (None, "", b"", {}, [], ())
 
 
 def _names_secret(item: Any, pair: bool) -> bool:

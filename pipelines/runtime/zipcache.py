@@ -51,13 +51,13 @@ def install() -> bool:
 
     def invalidate_caches(self) -> None:
         stamp = _stamp(self.archive)
-        if stamp is not None and seen.get(self.archive) == stamp and self.archive in zipimport._zip_directory_cache:
-            self._files = zipimport._zip_directory_cache[self.archive]
+        if stamp is not None and seen.get(self.archive) == stamp and self.archive in zipimport._zip_directory_cache:  # type: ignore[attr-defined]
+            self._files = zipimport._zip_directory_cache[self.archive]  # type: ignore[attr-defined]
             return
         original(self)
         seen[self.archive] = stamp
 
-    invalidate_caches.__wrapped__ = original
+    invalidate_caches.__wrapped__ = original  # type: ignore[attr-defined]
     setattr(invalidate_caches, _MARK, True)
-    zipimport.zipimporter.invalidate_caches = invalidate_caches
+    zipimport.zipimporter.invalidate_caches = invalidate_caches  # type: ignore[method-assign]
     return True

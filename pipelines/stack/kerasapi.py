@@ -30,7 +30,7 @@ class Keras3Error(TypeError):
     API is needed (Horovod would not average its gradients)."""
 
 
-keras = importlib.import_module(STACK.keras_module)
+keras: Any = importlib.import_module(STACK.keras_module)  # a module chosen at run time: untyped
 if tf.keras.Model is not keras.Model:  # TF 2.21's tf.keras is Keras 3 unless the stack's variables came first
     _SETTING = " ".join(f"{name}={value}" for name, value in STACK.environment if value is not None)
     raise Keras3Error(f"tf.keras is Keras 3 in this process (TensorFlow {tf.__version__}'s tf.keras was used before "

@@ -11,11 +11,11 @@ import os
 from typing import Optional
 
 from pipelines.contract import MANIFEST, TRAIN, VALIDATION
-from pipelines.runtime.environment import read_settings
-from pipelines.runtime.errors import Refused
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
 from pipelines.io.storage import resolve
+from pipelines.runtime.environment import read_settings
+from pipelines.runtime.errors import Refused
 from pipelines.tools import samples
 from pipelines.tools.weights import ensure_xception_notop_weights
 

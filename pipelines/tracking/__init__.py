@@ -21,9 +21,21 @@ Modules: :mod:`~pipelines.tracking.options` (the options, their URIs and checks,
 and its :class:`Tracker`), and :mod:`~pipelines.tracking.pictures` (the pictures of a run's results,
 which training logs with its run: matplotlib, never MLflow). The names below are the package's public ones.
 """
-from pipelines.tracking.options import (ARTIFACTS_DIR, HELP, MAX_EXPERIMENT_NAME, MODEL_ARTIFACT, RUN_FILE, STORE_FILE,
-                                        TrackingFailed, TrackingUnavailable, absolute, artifact_root,
-                                        check_model_name, default_uri, resolve)
+from pipelines.tracking.options import (
+                                        ARTIFACTS_DIR,
+                                        HELP,
+                                        MAX_EXPERIMENT_NAME,
+                                        MODEL_ARTIFACT,
+                                        RUN_FILE,
+                                        STORE_FILE,
+                                        TrackingFailed,
+                                        TrackingUnavailable,
+                                        absolute,
+                                        artifact_root,
+                                        check_model_name,
+                                        default_uri,
+                                        resolve,
+)
 from pipelines.tracking.runs import Tracker, recorded_run, start
 from pipelines.tracking.store import check_store, open_store, using_store
 

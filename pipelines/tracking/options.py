@@ -7,12 +7,11 @@ import logging
 import os
 from typing import Optional, Tuple
 
+from pipelines.io.storage import is_local
 from pipelines.runtime.environment import TRACKING_ENV, WORKDIR_ENV, Settings
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.quiet import is_verbose
 from pipelines.runtime.redact import redact_text, redact_uri
-from pipelines.io.storage import is_local
-
 
 log = logging.getLogger("pipelines")
 STORE_FILE = "mlruns.db"

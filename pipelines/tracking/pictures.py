@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -30,7 +30,7 @@ PICTURES = {"curves": "curves.png", "confusion": "confusion.png", "top_confusion
             "contact_sheet": "contact_sheet.png"}
 MISS = "#d62728"
 HIT = "#2ca02c"
-PLAIN_TEXT = {"text.parse_math": False, "text.usetex": False}  # matplotlib's rcParams, while a picture is drawn
+PLAIN_TEXT: Any = {"text.parse_math": False, "text.usetex": False}  # matplotlib's rcParams, while a picture is drawn
 NAME_CHARS = 40  # a longer class name is cut, so that no name stretches a picture without bound
 
 

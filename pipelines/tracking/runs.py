@@ -9,14 +9,23 @@ import json
 import os
 import sys
 import warnings
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, Literal, Optional, Sequence, Tuple
 
 from pipelines.io.atomic import replacing_file
+from pipelines.io.storage import Location
+from pipelines.io.storage import resolve as resolve_location
 from pipelines.runtime.quiet import is_verbose
 from pipelines.runtime.redact import redact, redact_text, redact_uri
-from pipelines.io.storage import Location, resolve as resolve_location
-from pipelines.tracking.options import (MODEL_ARTIFACT, RUN_FILE, TrackingFailed, TrackingUnavailable, _mlflow,
-                                        _unavailable, absolute, log)
+from pipelines.tracking.options import (
+    MODEL_ARTIFACT,
+    RUN_FILE,
+    TrackingFailed,
+    TrackingUnavailable,
+    _mlflow,
+    _unavailable,
+    absolute,
+    log,
+)
 from pipelines.tracking.store import _process_tracking_uri, _set_process_tracking_uri, check_store, open_store
 
 
@@ -139,7 +148,7 @@ class Tracker:
     def __enter__(self) -> "Tracker":
         return self
 
-    def __exit__(self, exc_type, exc, traceback) -> bool:
+    def __exit__(self, exc_type, exc, traceback) -> Literal[False]:
         status = "FINISHED" if exc_type is None else "KILLED" if issubclass(exc_type, KeyboardInterrupt) else \
             getattr(exc_type, "run_status", "FAILED")  # a job's own stop names its status (a preemption: KILLED)
         try:
@@ -171,7 +180,7 @@ class Tracker:
                         "results", epoch, self.epoch_error[:300])
 
     def log_results(self, metrics: Dict[str, Optional[float]], tags: Optional[Dict[str, Any]] = None,
-                    artifacts: Iterable[Tuple[str, Optional[str]]] = (), history: List[Dict] = ()) -> None:
+                    artifacts: Iterable[Tuple[str, Optional[str]]] = (), history: Sequence[Dict] = ()) -> None:
         """Log the job's results: the epochs of ``history`` (``{"epoch": n, metric: value}``) the
         run lacks, ``metrics`` (``None`` values left out), ``tags``, and each existing file of
         ``artifacts`` as ``(path, folder in the run's artifacts, None = top)``.
@@ -189,7 +198,7 @@ class Tracker:
         except Exception as exc:
             raise TrackingFailed(self._failed("the results", exc)) from exc
 
-    def _log_missing_epochs(self, history: List[Dict]) -> None:
+    def _log_missing_epochs(self, history: Sequence[Dict]) -> None:
         """Epochs logged by no process (a failure, or a kill between checkpoint and log), by step."""
         if not history:
             return
@@ -217,7 +226,6 @@ class Tracker:
         Raises:
             TrackingFailed: logging or registering failed (the job's output was written before).
         """
-        mlflow = self._mlflow
         try:
             import mlflow.tensorflow  # in-function, as the next two: `import pipelines` without TF or MLflow
             import tensorflow as tf

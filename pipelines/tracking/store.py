@@ -17,8 +17,18 @@ from typing import Any, Iterator, Optional, Set
 from pipelines.runtime.environment import environment
 from pipelines.runtime.quiet import is_verbose
 from pipelines.runtime.redact import redact_text, redact_uri
-from pipelines.tracking.options import (POOL_ENV, PROBE_TIMEOUT_S, SETUP_LOCK_TIMEOUT_S, TrackingUnavailable,
-                                        _is_remote, _mlflow, _sqlite_path, _unavailable, absolute, artifact_root)
+from pipelines.tracking.options import (
+    POOL_ENV,
+    PROBE_TIMEOUT_S,
+    SETUP_LOCK_TIMEOUT_S,
+    TrackingUnavailable,
+    _is_remote,
+    _mlflow,
+    _sqlite_path,
+    _unavailable,
+    absolute,
+    artifact_root,
+)
 from pipelines.tracking.storeschema import schema_refusal
 
 

@@ -20,7 +20,7 @@ import importlib.util
 import os
 import sqlite3
 from importlib.metadata import version
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from pipelines import stack
 
@@ -69,7 +69,7 @@ def mlflow_revisions() -> Tuple[str, Dict[str, Tuple[str, ...]]]:
     return heads.pop(), graph
 
 
-def _assignments(source: str) -> Dict[str, object]:
+def _assignments(source: str) -> Dict[str, Any]:
     """Module-level ``name = <literal>`` assignments of a Python source."""
     found = {}
     for node in ast.parse(source).body:

@@ -9,11 +9,16 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from pipelines.io import nofollow
-from pipelines.stack.kerasapi import keras
-
 from pipelines.launch.watchdog import progress as tick_watchdog
-from pipelines.training.divergence import (TrainingDiverged, diverged_message, epoch_end_place, non_finite_arrays,
-                                           non_finite_logs, step_place)
+from pipelines.stack.kerasapi import keras
+from pipelines.training.divergence import (
+    TrainingDiverged,
+    diverged_message,
+    epoch_end_place,
+    non_finite_arrays,
+    non_finite_logs,
+    step_place,
+)
 from pipelines.training.model.checkpoints import checkpoint_variables
 from pipelines.training.preemption import Preempted, holding
 from pipelines.training.records import progress

@@ -6,14 +6,18 @@ import os
 import time
 from typing import Dict, List, Optional
 
-from pipelines.stack.kerasapi import keras
-
 from pipelines.io.atomic import write_json
 from pipelines.launch.watchdog import progress as tick_watchdog
+from pipelines.stack.kerasapi import keras
 from pipelines.training.callbacks import BestWeightsEarlyStopping
 from pipelines.training.model.checkpoints import FORMAT, file_sha256, frozen_checksum, save_checkpoint
-from pipelines.training.schedule import (checkpoint_path, checkpoint_position, marker_path, step_checkpoint_path,
-                                         step_marker_path)
+from pipelines.training.schedule import (
+    checkpoint_path,
+    checkpoint_position,
+    marker_path,
+    step_checkpoint_path,
+    step_marker_path,
+)
 
 
 class CheckpointMarker(keras.callbacks.Callback):

@@ -18,24 +18,24 @@ import sys
 import tempfile
 from typing import Iterator, Mapping, Optional, Sequence, Tuple
 
-from pipelines.runtime.config import parse_configs
-from pipelines.runtime.errors import exit_status
+from pipelines.io.storage import is_local, resolve
 from pipelines.launch import HorovodJobFailed, RelaunchImpossible, elastic
 from pipelines.launch.config import LaunchConfig
 from pipelines.launch.gpus import DEVICE_ORDER
+from pipelines.runtime.config import parse_configs
 from pipelines.runtime.environment import read_settings
+from pipelines.runtime.errors import exit_status
 from pipelines.runtime.logs import plural, setup_logging
 from pipelines.runtime.quiet import quiet_by_default
 from pipelines.runtime.redact import redact_text
 from pipelines.runtime.spark import spark_session
-from pipelines.io.storage import is_local, resolve
 from pipelines.tracking import TrackingFailed, check_store
 from pipelines.training.config import TrainConfig
-from pipelines.training.plan import check_run
 from pipelines.training.devices import rank_cores, threads_per_rank
 from pipelines.training.model.imagenet import ensure_imagenet_weights
-from pipelines.training.records.mirror import check_output
+from pipelines.training.plan import check_run
 from pipelines.training.preemption import PREEMPTED_EXIT, Preempted, resume_line
+from pipelines.training.records.mirror import check_output
 from pipelines.training.records.ownership import check_output_claim
 from pipelines.training.train import run_training
 
@@ -112,7 +112,7 @@ def launch_failed(exc: Exception, log: logging.Logger, output: str = "") -> int:
         log.warning("rank %d%s: %s", root.rank, f" on {root.host}" if root.host else "", root.cause.split(": ", 1)[-1])
         log.warning("%s", resume_line(output))
         return root.exit_status
-    if root is not None and exc.refused:
+    if isinstance(exc, HorovodJobFailed) and root is not None and exc.refused:
         log.error("rank %d%s refused: %s", root.rank, f" on {root.host}" if root.host else "", root.cause)
         return 2
     text = f"\n{redact_text(root.traceback.rstrip())}" if root is not None and root.traceback else ""

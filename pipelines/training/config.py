@@ -28,19 +28,18 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple, Union
 
 from pipelines import tracking as trk
-from pipelines.runtime.checks import check_number, check_types
-from pipelines.runtime.config import field, init_options, option_group, settle, settle_verbose, verbose_field
 from pipelines.io.options import storage_options_field
-from pipelines.runtime.environment import TRACKING_ENV, read_settings
-from pipelines.runtime.errors import Refused
 from pipelines.io.paths import check_url_safe
 from pipelines.io.storage import check_not_root, is_local
+from pipelines.runtime.checks import check_number, check_types
+from pipelines.runtime.config import field, init_options, option_group, settle, settle_verbose, verbose_field
+from pipelines.runtime.environment import TRACKING_ENV, read_settings
+from pipelines.runtime.errors import Refused
 from pipelines.training import stopping as rules
 from pipelines.training.data import check_reader
 from pipelines.training.data.rowcache import refuse_foreign
 from pipelines.training.model.build import check_backbone
 from pipelines.training.model.finetune import KERAS_GUIDE_LR_FACTOR, check_fine_tune
-
 
 XLA_CHOICES = ("off", "on")  # --xla
 #: ``--epochs``' default: a bound that early stopping, not the count, ends a run within (docs/training.md)

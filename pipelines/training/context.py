@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from pipelines.training.config import TrainConfig
 from pipelines.training.plan import RunPlan
 from pipelines.training.rank import Rank
+
+if TYPE_CHECKING:
+    from pipelines.tracking import Tracker
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class RankContext:
     rank: Rank
     plan: RunPlan
     frozen_sha256: str = ""
-    tracker: Optional[object] = None
+    tracker: Optional[Tracker] = None
 
     @property
     def output_dir(self) -> Optional[str]:

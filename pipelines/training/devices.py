@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Collection, List, Optional, Sequence, Tuple
 
-from pipelines.runtime.errors import Refused
 from pipelines.launch.discovery import local_slot
 from pipelines.launch.gpus import check_local_gpus
+from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 
 log = logging.getLogger("pipelines")
@@ -121,7 +121,7 @@ def precision_policy(mixed_precision: bool, device_kind: str) -> Tuple[str, Opti
                        "a CPU computes float16 no faster): training in float32")
 
 
-def rank_cores(local_rank: int, local_size: int, threads: int, available: Sequence[int]) -> List[int]:
+def rank_cores(local_rank: int, local_size: int, threads: int, available: Collection[int]) -> List[int]:
     """The cores of local rank ``local_rank`` when each of the ``local_size`` ranks of a host gets
     ``threads`` cores of its own: items ``local_rank * threads .. (local_rank + 1) * threads - 1``
     of ``available`` (the cores this process may use, sorted), as MPI's ``--bind-to core`` does.

@@ -27,8 +27,8 @@ import logging
 import time
 from typing import Callable, Optional
 
-from pipelines.stack.kerasapi import keras
 from pipelines.runtime.progress import format_duration, rate_and_left
+from pipelines.stack.kerasapi import keras
 
 log = logging.getLogger("pipelines")
 

@@ -8,7 +8,7 @@ cost at 1,000 classes: docs/benchmarks.md, Figures behind the code's constants; 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -111,7 +111,7 @@ def sum_totals(parts: List[Totals]) -> Totals:
     sizes = {t.num_classes for t in counted}
     if len(sizes) > 1:
         raise ValueError(f"cannot add confusions counted over different numbers of classes: {sorted(sizes)}")
-    pairs = {}
+    pairs: Dict[str, Any] = {}
     if counted:
         pairs = dict(num_classes=counted[0].num_classes, true=np.concatenate([t.true for t in counted]),
                      predicted=np.concatenate([t.predicted for t in counted]))

@@ -11,9 +11,8 @@ from typing import Optional
 
 import numpy as np
 
-from pipelines.stack.kerasapi import keras
-
 from pipelines.launch.rankenv import FAULT_ENV
+from pipelines.stack.kerasapi import keras
 from pipelines.training.schedule import marker_path
 
 log = logging.getLogger("pipelines")

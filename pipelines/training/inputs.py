@@ -28,15 +28,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Iterator, Optional, Tuple
 
 from pipelines.contract import EVALUATED, SPLITS
 from pipelines.runtime.logs import plural
 from pipelines.training.config import TrainConfig
-from pipelines.training.data import (Dataset, OnePassShard, check_reader, features as feat, make_dataset, open_reader,
-                                     verify_total)
+from pipelines.training.data import Dataset, OnePassShard, check_reader, make_dataset, open_reader, verify_total
+from pipelines.training.data import features as feat
 from pipelines.training.evaluate import evaluate_dataset
 from pipelines.training.model.build import backbone_of, build_head, feature_extractor, model_input
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger("pipelines")
 
@@ -191,7 +194,7 @@ class FeatureInputs:
 
     #: the feature cache's stream is positioned (:func:`pipelines.training.data.stream.feature_batches`)
     exact_positions = True
-    _train_rows: Optional[Tuple[object, object]] = None  # the shard's train features, inside fit_datasets
+    _train_rows: Optional[Tuple[np.ndarray, np.ndarray]] = None  # the shard's train features, inside fit_datasets
 
     def _train_at(self, start_row: int):
         return feat.feature_dataset(*self._train_rows, self.config.fit.batch_size, shuffle=True,

@@ -12,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple
 
 from pipelines.io import leases
+from pipelines.io.storage import resolve
 from pipelines.launch import elastic
 from pipelines.runtime.logs import plural
-from pipelines.io.storage import resolve
 from pipelines.training.config import TrainConfig
 from pipelines.training.data import Dataset, load_dataset
 from pipelines.training.rank import Rank
@@ -26,6 +26,12 @@ from pipelines.training.records.mirror import check_output, open_outputs
 from pipelines.training.resized import agree_data_world
 from pipelines.training.schedule import plan_steps, scaled_lr
 
+if TYPE_CHECKING:
+    from pipelines.training.dataworld import DataWorld
+    from pipelines.training.records.mirror import Outputs
+    from pipelines.training.records.ownership import Claim
+    from pipelines.training.schedule import Steps
+
 log = logging.getLogger("pipelines")
 
 
@@ -33,17 +39,17 @@ log = logging.getLogger("pipelines")
 class RunPlan:
     """What every rank computes identically before training: data, steps, learning rate."""
 
-    data: object  # pipelines.training.data.dataset.Dataset
-    steps: object  # pipelines.training.schedule.Steps
+    data: Dataset
+    steps: Steps
     lr: float
     input_size: int  # side of the model's input, px: TrainConfig.input_size(data.stored_size)
-    outputs: object = None  # rank 0: pipelines.training.records.mirror.Outputs (where it writes); None elsewhere
-    claim: object = None  # rank 0: pipelines.training.records.ownership.Claim (this run, the checkpoint it continues)
-    world: object = None  # pipelines.training.dataworld.DataWorld: the run's arithmetic, whatever rank.size is
-    segments: tuple = ()  # the run's segments, this launch's last (pipelines/training/records/segments.py)
+    outputs: Optional[Outputs] = None  # rank 0: where it writes; None elsewhere
+    claim: Optional[Claim] = None  # rank 0: this run, the checkpoint it continues; None elsewhere
+    world: Optional[DataWorld] = None  # the run's arithmetic, whatever rank.size is
+    segments: Tuple[Dict[str, Any], ...] = ()  # the run's segments, this launch's last (records/segments.py)
 
     @property
-    def output_dir(self) -> str:
+    def output_dir(self) -> Optional[str]:
         """Rank 0's local output folder: ``--output``, or the one mirrored to a URI ``--output``."""
         return self.outputs.local if self.outputs else None
 

@@ -24,7 +24,7 @@ import os
 import signal
 import threading
 import time
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 log = logging.getLogger("pipelines")
 
@@ -67,7 +67,7 @@ class PreemptionNotice:
         self.requested = False
         self._first = 0.0
         self.holding = self.second = False
-        self._previous = None
+        self._previous: Any = None  # the SIGTERM handler before ours
         self._installed = False
 
     def _handle(self, signum, frame) -> None:

@@ -98,9 +98,8 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y
         ProbeRefused: arrays of the wrong shapes, non-finite features, fewer than two classes in
             the train split, an empty validation split, a bad grid, ``max_rows`` or ``max_iter`` < 1.
     """
-    from threadpoolctl import threadpool_limits
-
     import sklearn.linear_model  # noqa: F401  (loaded before the limit: it limits the libraries loaded)
+    from threadpoolctl import threadpool_limits
 
     values = check_grid(grid)
     if max_rows < 1 or max_iter < 1:

@@ -11,15 +11,14 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from pipelines.launch import elastic
 from pipelines.launch.rankenv import RankEnvironment, read_rank_environment
 from pipelines.runtime.logs import plural, setup_logging
 from pipelines.runtime.quiet import quiet_by_default, quiet_libraries
 from pipelines.training.config import TrainConfig
-from pipelines.training.devices import (apply_device, bind_to_cores, local_topology, precision_policy,
-                                        threads_per_rank)
+from pipelines.training.devices import apply_device, bind_to_cores, local_topology, precision_policy, threads_per_rank
 
 log = logging.getLogger("pipelines")
 
@@ -41,7 +40,7 @@ class Rank:
 
 
 #: what setup_rank sets once per process (TensorFlow keeps it): cores, threads, precision
-_PROCESS: Dict[str, object] = {}
+_PROCESS: Dict[str, Any] = {}
 
 
 def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
@@ -89,6 +88,7 @@ def _place_process(config: TrainConfig, handed: RankEnvironment, announce: bool,
     """The process's device (GPU ``local_rank`` or the CPU), precision policy and TensorFlow
     threads, once, before any tensor exists; kept in :data:`_PROCESS`."""
     import tensorflow as tf
+
     from pipelines.stack.kerasapi import keras
 
     cores = _PROCESS["cores"]

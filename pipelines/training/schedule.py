@@ -16,11 +16,17 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from pipelines.contract import (CHECKPOINT_MARKER, CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, STEP_CHECKPOINT_MARKER,
-                                STEP_CHECKPOINT_WEIGHTS, plain_name)
+from pipelines.contract import (
+    CHECKPOINT_MARKER,
+    CHECKPOINT_NAME,
+    CHECKPOINT_WEIGHTS,
+    STEP_CHECKPOINT_MARKER,
+    STEP_CHECKPOINT_WEIGHTS,
+    plain_name,
+)
+from pipelines.io.storage import Location, resolve
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
-from pipelines.io.storage import Location, resolve
 from pipelines.training.divergence import non_finite_logs
 from pipelines.training.model.checkpoints import DamagedCheckpoint, non_finite_checkpoint, read_checkpoint
 from pipelines.training.records.shapes import marker_problem

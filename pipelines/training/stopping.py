@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 from pipelines.runtime.checks import check_number
 from pipelines.runtime.errors import Refused
@@ -87,6 +87,6 @@ def resolve(name: str, monitor: str = "", patience_epochs: Optional[int] = None,
     """
     if name not in RULES:
         raise Refused(f"--stopping {name}: choose one of {', '.join(RULES)}")
-    given = {"monitor": monitor or None, "patience_epochs": patience_epochs, "patience_steps": patience_steps,
+    given: Dict[str, Any] = {"monitor": monitor or None, "patience_epochs": patience_epochs, "patience_steps": patience_steps,
              "min_delta": min_delta}
     return replace(RULES[name], **{key: value for key, value in given.items() if value is not None})

@@ -21,14 +21,14 @@ import time
 from typing import Dict, Iterator, Optional
 
 from pipelines import tracking
-from pipelines.runtime.config import to_dict
 from pipelines.contract import HISTORY, TENSORBOARD, TEST, VALIDATION
-from pipelines.manifest import manifest_sha256
-from pipelines.launch.watchdog import Watchdog, progress, watching
-from pipelines.runtime.logs import plural
-from pipelines.runtime.redact import redact
 from pipelines.io.storage import is_local
 from pipelines.launch import elastic
+from pipelines.launch.watchdog import Watchdog, progress, watching
+from pipelines.manifest import manifest_sha256
+from pipelines.runtime.config import to_dict
+from pipelines.runtime.logs import plural
+from pipelines.runtime.redact import redact
 from pipelines.training import preemption
 from pipelines.training.config import TrainConfig
 from pipelines.training.context import RankContext
@@ -50,7 +50,7 @@ log = logging.getLogger("pipelines")
 
 
 @contextlib.contextmanager
-def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resume) -> Iterator[Optional[object]]:
+def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resume) -> Iterator[Optional[tracking.Tracker]]:
     """Rank 0 starts the job's MLflow run, or continues the recorded one when ``resume`` found a
     checkpoint, with the run's params (:func:`run_params`); the block's end ends it (FAILED when
     the block raises). Yields a :class:`pipelines.tracking.Tracker` on rank 0 and ``None`` on the
@@ -165,7 +165,6 @@ def rank0_callbacks(context: RankContext, resume: Resume, checkpoints) -> list:
     epoch, ``checkpoints``, ``history.csv`` (appended to when resuming), TensorBoard, each epoch to the MLflow run, then the upload of the
     epoch's files to a URI ``--output``, after every writer."""
     from pipelines.stack.kerasapi import keras
-
     from pipelines.training import callbacks as cb
     from pipelines.training.epochprogress import EpochProgress
 

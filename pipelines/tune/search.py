@@ -9,7 +9,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from pipelines import tracking as trk
 from pipelines.contract import TEST, TRAIN, VALIDATION
@@ -20,7 +20,13 @@ from pipelines.runtime.spark import spark_session
 from pipelines.training.stopping import RULES
 from pipelines.tune.cache import FeatureSet, find_feature_set, read_splits
 from pipelines.tune.config import TuneConfig
-from pipelines.tune.runners import TrialRecord, has_mlflow_spark_study, log_trial_metrics, run_ask_tell, run_mlflow_spark
+from pipelines.tune.runners import (
+    TrialRecord,
+    has_mlflow_spark_study,
+    log_trial_metrics,
+    run_ask_tell,
+    run_mlflow_spark,
+)
 from pipelines.tune.space import HeadSettings
 from pipelines.tune.trial import TrialPlan
 

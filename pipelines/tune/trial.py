@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -117,7 +117,7 @@ def train_head(settings: HeadSettings, plan: TrialPlan, train: Split, validation
                               round(seconds, 3))
 
 
-def _stop_on_non_finite(keras):
+def _stop_on_non_finite(keras: Any) -> Any:
     """A callback that ends training at the first step whose logs hold NaN or an infinity (Keras'
     ``TerminateOnNaN`` without its printed line: the trial says it, as a failure)."""
     class StopOnNonFinite(keras.callbacks.Callback):

@@ -31,14 +31,20 @@ import collections
 import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Deque, Iterable, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Deque, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from pipelines.training.data.rowcache import Column, RowGroupFiles
-from pipelines.training.data.rowgroups import (RowGroup, count_error, image_pixels, open_part, read_group,
-                                               split_row_groups)
+from pipelines.training.data.rowgroups import (
+    RowGroup,
+    count_error,
+    image_pixels,
+    open_part,
+    read_group,
+    split_row_groups,
+)
 from pipelines.training.data.sharding import shard
 from pipelines.training.data.stream import epoch_order
 
@@ -104,7 +110,7 @@ class ArrowShardReader:
         cache: flat files of the shard's row groups, or None.
     """
 
-    def __init__(self, groups: List[RowGroup], row_bytes: int, seed: int = 0, workers: int = 2,
+    def __init__(self, groups: Sequence[RowGroup], row_bytes: int, seed: int = 0, workers: int = 2,
                  depth: int = 0, cache: Optional[RowGroupFiles] = None):
         if not groups:
             raise ValueError("a reader needs at least one row group")

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from pipelines.contract import MANIFEST, MANIFEST_FORMAT, SPLITS, TEST, TRAIN, VALIDATION
-from pipelines.manifest import Manifest, data_identity
-from pipelines.runtime.logs import plural
 from pipelines.io.paths import check_url_safe
 from pipelines.io.storage import check_reachable, resolve
+from pipelines.manifest import Manifest, data_identity
+from pipelines.runtime.logs import plural
 from pipelines.training.data.errors import DataError
 
 

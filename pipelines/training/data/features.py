@@ -27,8 +27,8 @@ from typing import Mapping, Optional, Tuple
 import numpy as np
 
 from pipelines.contract import RUNS, plain_name
-from pipelines.runtime.logs import plural
 from pipelines.io.storage import Location, resolve
+from pipelines.runtime.logs import plural
 from pipelines.training.data.sharding import shard
 from pipelines.training.data.stream import feature_batches
 

@@ -82,7 +82,7 @@ def flat_columns(value) -> Optional[List[Column]]:
     """
     if type(value) is not dict:
         return None
-    columns = []
+    columns: List[Column] = []
     for name, array in value.items():
         if type(array) is not np.ndarray or type(name) is not str:
             return None

@@ -12,16 +12,22 @@ as many as ranks, and cuts the split's rows into contiguous ranges beyond that (
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple, TypeVar
+from typing import Any, List, Protocol, Sequence, Tuple, TypeVar
 
 from pipelines.runtime.logs import plural
 
-T = TypeVar("T")
+
+class _Sliceable(Protocol):
+    def __getitem__(self, index: slice) -> Any: ...
+
+
+S = TypeVar("S", bound=_Sliceable)  # a list, a tuple or a numpy array
+
 #: a piece of a one-pass shard: a row group (anything with ``rows``), its first row, its end row
-Piece = Tuple[object, int, int]
+Piece = Tuple[Any, int, int]
 
 
-def shard(items: Sequence[T], rank: int, world_size: int) -> Sequence[T]:
+def shard(items: S, rank: int, world_size: int) -> S:
     """Rank ``rank``'s shard of ``items`` (a list, or a numpy array along its first axis: a view),
     in the items' order.
 

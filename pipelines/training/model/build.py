@@ -187,6 +187,7 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
     Raises:
         pipelines.stack.kerasapi.Keras3Error: ``model`` is not a Keras 2 model (before any step)."""
     import horovod.tensorflow.keras as hvd
+
     from pipelines.stack.kerasapi import distributed_optimizer, keras
 
     # Horovod: float16 gradients on the wire with --fp16-allreduce
@@ -234,7 +235,7 @@ def xla_train_step(model):
         model.optimizer.minimize(loss, model.trainable_variables, tape=tape)
         return model.compute_metrics(images, labels, probabilities, weights)
 
-    train_step.forward = forward  # for the tests: its compiler IR is XLA's
+    train_step.forward = forward  # type: ignore[attr-defined]  # for the tests: its compiler IR is XLA's
     return train_step
 
 

@@ -9,9 +9,15 @@ from __future__ import annotations
 import hashlib
 import os
 
+from pipelines.contract import (
+    MODEL_CONTRACT,
+    MODEL_FILE,
+    MODEL_INPUT_DTYPE,
+    MODEL_INPUT_NAME,
+    MODEL_INPUT_RANGE,
+    MODEL_SHA256,
+)
 from pipelines.io.atomic import PUBLIC, replacing, write_json
-from pipelines.contract import (MODEL_CONTRACT, MODEL_FILE, MODEL_INPUT_DTYPE, MODEL_INPUT_NAME, MODEL_INPUT_RANGE,
-                                MODEL_SHA256)
 from pipelines.runtime.errors import Refused
 from pipelines.training.model.build import backbone_of
 

@@ -33,12 +33,15 @@ parameters (the batch norms' moving statistics, 7,168 more, are not), against th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 from pipelines.training.model.build import backbone_of, backbone_spec
 
+if TYPE_CHECKING:
+    from pipelines.training.evaluate import Totals
+    from pipelines.training.resume import Resume
 
 #: The Keras guide's fine-tuning rate over its head-training rate: Adam(1e-5) after Adam() (1e-3).
 KERAS_GUIDE_LR_FACTOR = 0.01
@@ -114,12 +117,12 @@ class Phase:
     early-stopping callback, the epochs every rank ran in it, the seconds in ``fit`` and the exact
     totals it ended with (test; validation for phase 1 of a fine-tuning run)."""
 
-    inputs: object
-    early_stopping: object
+    inputs: Any  # the phase's input path
+    early_stopping: Any  # callbacks.BestWeightsEarlyStopping
     epochs_run: int
     fit_seconds: float
-    totals: object
-    resume: object = None  # train.Resume: where the phase started
+    totals: Totals
+    resume: Optional[Resume] = None  # where the phase started
     report: Optional[Dict] = None  # phase 2: what report["fine_tune"] holds
 
 

@@ -23,12 +23,12 @@ import shutil
 import tempfile
 from typing import Dict, Mapping, Optional, Tuple
 
+from pipelines.contract import CHECKPOINT_NAME, HISTORY, METRICS, PROGRESS, TRAIN_RUN, plain_name
 from pipelines.io import nofollow
 from pipelines.io.atomic import write_json
-from pipelines.contract import CHECKPOINT_NAME, HISTORY, METRICS, PROGRESS, TRAIN_RUN, plain_name
+from pipelines.io.storage import Location, check_reachable, resolve
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
-from pipelines.io.storage import Location, check_reachable, resolve
 from pipelines.tracking import RUN_FILE
 from pipelines.training.records import ownership as runs
 from pipelines.training.schedule import checkpoint_markers, checkpoint_path, marker_weights

@@ -39,15 +39,27 @@ import secrets
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
-from pipelines.contract import (CHECKPOINT_NAME, CHECKPOINT_WEIGHTS, CLASS_NAMES, HISTORY, METRICS, MODEL_CONTRACT,
-                                MANIFEST, MODEL_FILE, PROGRESS, TENSORBOARD, TRAIN_RUN, plain_name)
+from pipelines.contract import (
+    CHECKPOINT_NAME,
+    CHECKPOINT_WEIGHTS,
+    CLASS_NAMES,
+    HISTORY,
+    MANIFEST,
+    METRICS,
+    MODEL_CONTRACT,
+    MODEL_FILE,
+    PROGRESS,
+    TENSORBOARD,
+    TRAIN_RUN,
+    plain_name,
+)
+from pipelines.io.storage import resolve
 from pipelines.manifest import manifest_sha256
 from pipelines.runtime.config import to_dict
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
-from pipelines.tracking.pictures import PICTURES
-from pipelines.io.storage import resolve
 from pipelines.tracking import RUN_FILE
+from pipelines.tracking.pictures import PICTURES
 from pipelines.training.records.shapes import record_problem
 from pipelines.training.schedule import checkpoint_markers, global_batch_size, scaled_lr, sound_checkpoint
 

@@ -14,17 +14,26 @@ import shutil
 import socket
 from typing import Dict, List, Optional
 
+from pipelines.contract import (
+    CLASS_NAMES,
+    HISTORY,
+    MANIFEST,
+    METRICS,
+    MODEL_CONTRACT,
+    MODEL_FILE,
+    TEST,
+    TRAIN,
+    VALIDATION,
+)
 from pipelines.io.atomic import PUBLIC, write_json
 from pipelines.runtime.config import to_dict
-from pipelines.contract import (CLASS_NAMES, HISTORY, MANIFEST, METRICS, MODEL_CONTRACT, MODEL_FILE, TEST, TRAIN,
-                                VALIDATION)
 from pipelines.runtime.logs import plural
 from pipelines.runtime.redact import redact
 from pipelines.tracking.pictures import PICTURES, contact_sheet, plot_confusion, plot_history, plot_top_confusions
 from pipelines.training.data import OnePassShard
 from pipelines.training.model.export import export_model
-from pipelines.training.resume import Resume, weights_checksum
 from pipelines.training.records.segments import interruptions, steps_redone
+from pipelines.training.resume import Resume, weights_checksum
 
 log = logging.getLogger("pipelines")
 
