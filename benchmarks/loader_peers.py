@@ -58,7 +58,7 @@ def shard_fragments(data, split: str, rank: int, world_size: int) -> list:
     :func:`pipelines.training.data.sharding.shard`), one fragment per row group, in file and group order."""
     import pyarrow.dataset as pads
 
-    dataset = pads.dataset([part.path for part in data.parts(split)], format="parquet")
+    dataset = pads.dataset([part.location.path for part in data.parts(split)], format="parquet")
     groups = [group for fragment in dataset.get_fragments() for group in fragment.split_by_row_group()]
     from pipelines.training.data.sharding import shard
 

@@ -22,6 +22,8 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from pipelines.runtime.logs import plural
+
 #: ``C`` values tried, strongest regularisation first (the warm-start path's order).
 DEFAULT_GRID = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
 #: At most this many train rows are fitted (a stratified sample beyond it).
@@ -110,7 +112,7 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y
     _check_split("validation", val_x, val_y, train_x.shape[1])
     if len(np.unique(train_y)) < 2 or not len(val_y):
         raise ProbeRefused(f"the probe needs two classes in the train split and a validation split, got "
-                           f"{len(np.unique(train_y))} and {len(val_y)} rows")
+                           f"{plural(len(np.unique(train_y)), 'class')} and {plural(len(val_y), 'validation row')}")
     with threadpool_limits(limits=threads):
         return _fit(values, train_x, train_y, val_x, val_y, test_x, test_y, max_rows, max_iter, seed)
 

@@ -79,6 +79,7 @@ NOTICE = textwrap.dedent("""
     import os, signal, sys, time
     sys.path.insert(0, {repo!r})
     from pipelines.training import preemption
+    preemption.REPEAT_S = 0.1  # a SIGTERM later than this after the first is a second notice
     with preemption.PreemptionNotice(rank=3) as notice:
         assert preemption.current() is notice
         os.kill(os.getpid(), signal.SIGTERM)
@@ -263,8 +264,10 @@ HOLDING = textwrap.dedent("""
     import os, signal, sys, time
     sys.path.insert(0, {repo!r})
     from pipelines.training import preemption
+    preemption.REPEAT_S = 0.1
     with preemption.PreemptionNotice() as notice:
         os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
         with preemption.holding(notice):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.2)
