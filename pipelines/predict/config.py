@@ -24,8 +24,7 @@ def is_mlflow_uri(model: str) -> bool:
 class PredictConfig:
     """Batch inference with a trained model: an image tree or an ETL split in, one Parquet row per image out.
 
-    Raises:
-        Refused: a value of another type or out of range, or an unusable path; naming its flag.
+    Raises `Refused`, naming the flag, for a value of another type or out of range, or an unusable path.
     """
 
     model: str = field(help="the model: a model.keras file (model.json beside it), a training run's output "

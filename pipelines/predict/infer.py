@@ -1,8 +1,4 @@
-"""Executor side of batch inference: decode with the ETL's own functions, predict, keep the top k.
-
-A tree's files are read and decoded with the ETL's `read_file` and `resize_to_square`, so a raw image and its ETL
-row are the same bytes (no train/serve skew). The same functions serve ``python -m pipelines.predict``.
-"""
+"""Executor side of batch inference: decode with the ETL's own functions (no train/serve skew), predict, top k."""
 from __future__ import annotations
 
 from functools import partial
@@ -31,10 +27,7 @@ def result_type():
 
 
 def decode_file(path: str, size: int, max_file_bytes: int) -> np.ndarray:
-    """An image file as the ETL stores it: read (at most ``max_file_bytes`` + 1 bytes), decoded, fitted on white.
-
-    Returns:
-        uint8 array ``(size, size, 3)``, RGB.
+    """An image file as the ETL stores it, uint8 RGB ``(size, size, 3)``, reading at most ``max_file_bytes`` + 1.
 
     Raises:
         ImageRejected: unreadable, vanished, grown, empty, not an image, truncated, too large.
@@ -44,24 +37,17 @@ def decode_file(path: str, size: int, max_file_bytes: int) -> np.ndarray:
 
 
 def decode_stored(image: bytes, size: int) -> np.ndarray:
-    """An ETL row's ``image`` bytes as uint8 ``(size, size, 3)``.
-
-    Raises:
-        ImageRejected: not ``size * size * 3`` bytes long.
-    """
+    """An ETL row's ``image`` bytes as uint8 ``(size, size, 3)``; `ImageRejected` at another length."""
     if len(image) != row_bytes(size):
         raise ImageRejected(f"stored image has {plural(len(image), 'byte')}, not {row_bytes(size)} ({size}x{size}x3)")
     return np.frombuffer(image, np.uint8).reshape(size, size, 3)
 
 
 def top_k(probabilities: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
-    """The ``k`` most probable labels of each row, most probable first (ties: lower label first).
-
-    Args:
-        probabilities: float array ``(n, num_classes)``.
+    """The ``k`` most probable labels of each row of ``(n, C)`` probabilities, most probable first, ties by label.
 
     Returns:
-        ``(labels, probabilities)``: int32 and float32 arrays ``(n, min(k, num_classes))``.
+        ``(labels, probabilities)``: int32 and float32 arrays ``(n, min(k, C))``.
     """
     order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
     return order.astype(np.int32), np.take_along_axis(probabilities, order, axis=1).astype(np.float32)
@@ -74,8 +60,7 @@ def predict_columns(model, values: Union[Sequence, np.ndarray],
     """Decode a batch, predict the decodable images in one model call, keep the top ``k``.
 
     Args:
-        model: takes uint8 ``(n, S, S, 3)``, returns ``(n, num_classes)`` probabilities.
-        values: what ``decode`` takes (file paths or stored image bytes), one per row.
+        values: file paths or stored image bytes, one per row.
         reasons: a reason per row already known (that row is not decoded), or ``None``.
         decode: value -> uint8 ``(S, S, 3)``; raises ``ImageRejected``.
 
@@ -128,8 +113,7 @@ _CURRENT: list = [None]  # this Python worker's running task's accumulator (Task
 class TaskCounter:
     """A Spark accumulator that follows the task, for the predict function to add to.
 
-    Why: PySpark keeps the predict function per Python worker, so an accumulator its closure captured is the first
-    task's. This object is unpickled with each task's command and makes that task's copy the current one.
+    Why: PySpark keeps the predict function per worker, so a captured accumulator would be the first task's.
     """
 
     def __init__(self, accumulator):
@@ -152,12 +136,9 @@ def make_predict_fn(spec, k: int, from_files: bool, max_file_bytes: int, threads
     """The ``make_predict_fn`` of ``predict_batch_udf``: PySpark calls it once per Python worker to load the model.
 
     Args:
-        spec: the model (its path visible to the executors).
-        k: labels kept per row.
         from_files: values are file paths (else stored ETL images).
         threads: TensorFlow threads (0: default).
-        verbose: show TensorFlow's info lines in the workers.
-        counter: each batch's rows are added to it (the driver's progress); ``None``: not counted.
+        counter: each batch's rows are added to it (the driver's progress), or ``None``.
 
     Returns:
         A function of no argument returning ``predict(values, reasons)`` (`predict_columns`).

@@ -21,34 +21,25 @@ class NoImages(Refused):
 
 
 class Item(NamedTuple):
-    """One output row of an image tree, as known before any file is read.
+    """One output row of an image tree, as known before any file is read."""
 
-    ``path`` is absolute; ``label``/``label_name`` are the model's index and name of its folder's class, or ``None``;
-    ``reason`` says why it cannot be read when its name or size already does (then it is never read).
-    """
-
-    path: str
-    label: Optional[int]
+    path: str  # absolute
+    label: Optional[int]  # the model's index of its folder's class
     label_name: Optional[str]
-    reason: Optional[str]
+    reason: Optional[str]  # set when its name or size rejects it: then it is never read
 
 
 @dataclass
 class InputPlan:
-    """The input, planned: an image tree's items or an ETL split's Parquet parts.
+    """The input, planned: an image tree's items or an ETL split's Parquet parts."""
 
-    ``kind``: `TREE` or `ETL_SPLIT`; ``found``: files found, or the split's rows; ``rows``: output rows expected;
-    ``skipped``: ``(path, reason)`` of a tree's files that are no input; ``parts``: `PinnedFile`s, or local paths
-    after `private_copies`.
-    """
-
-    kind: str
+    kind: str  # TREE or ETL_SPLIT
     root: str
-    found: int
-    rows: int
+    found: int  # files found, or the split's rows
+    rows: int  # output rows expected
     items: List[Item] = field(default_factory=list)
-    skipped: List[Tuple[str, str]] = field(default_factory=list)
-    parts: list = field(default_factory=list)
+    skipped: List[Tuple[str, str]] = field(default_factory=list)  # (path, reason) of a tree's files that are no input
+    parts: list = field(default_factory=list)  # PinnedFiles; local paths after private_copies
 
 
 def class_index(class_names: Sequence[Optional[str]]) -> Dict[str, int]:
@@ -66,14 +57,10 @@ def folder_class(relative_path: str) -> Optional[str]:
 
 
 def plan_tree(root: str, class_names: Sequence[Optional[str]], max_file_bytes: int) -> InputPlan:
-    """List and classify every file under ``root`` with the ETL's listing and rules.
+    """List and classify every file under ``root`` with the ETL's rules, sorted by relative path.
 
-    Hidden names and non-image extensions are skipped (no row). Every other file, at any depth, is a row: one
-    rejected by name or size carries its reason and is never read. Labels come from `folder_class`, matched by name
-    against the model's classes.
-
-    Returns:
-        An `InputPlan` of kind `TREE`, its items sorted by relative path.
+    Hidden names and non-image extensions are skipped. Every other file, at any depth, is a row: one rejected by
+    name or size carries its reason and is never read. Labels are `folder_class` matched by name.
 
     Raises:
         UnsupportedTree: folder symlinks, FIFOs, devices, unreadable folders.
@@ -104,12 +91,7 @@ def is_etl_split(path: str) -> bool:
 
 
 def plan_split(split_dir: str, image_size: int) -> InputPlan:
-    """An ETL split (``ETL/test``) as input: the files its manifest names, labelled by ``label_name``.
-
-    Raises:
-        ValueError: its images are not stored at the model's input size.
-        NoImages: no row.
-    """
+    """An ETL split as input: its manifest's files; refused if stored at another size, `NoImages` if empty."""
     root, split = os.path.split(split_dir)
     manifest = Manifest.read(root)
     if manifest.image_size != image_size:
@@ -124,9 +106,9 @@ def plan_split(split_dir: str, image_size: int) -> InputPlan:
 
 
 def private_copies(plan: InputPlan, folder: str) -> InputPlan:
-    """``plan`` with an ETL split's parts copied into the private ``folder``; a tree's plan as it is.
+    """``plan`` with an ETL split's parts copied into the private ``folder`` (a tree's as it is).
 
-    Why: executors open files by name, so they read copies nobody else can swap for a folder or a link.
+    Why: executors open files by name, and nobody can swap these copies for a folder or a link.
 
     Raises:
         LinkRefused: a part's name no longer holds the file checked.
@@ -140,11 +122,11 @@ def private_copies(plan: InputPlan, folder: str) -> InputPlan:
 
 def plan_input(path: str, class_names: Sequence[Optional[str]], image_size: int,
                max_file_bytes: int) -> InputPlan:
-    """The input named by ``--input``: an ETL split when `is_etl_split`, else an image tree.
+    """The input named by ``--input``: an ETL split when `is_etl_split`, else an image tree (`plan_tree`).
 
     Raises:
         FileNotFoundError, NotADirectoryError: no such folder.
-        ValueError: an ETL output's root (name a split); see `plan_tree` and `plan_split`.
+        ValueError: an ETL output's root (name a split).
     """
     path = path.rstrip("/") or "/"
     if is_etl_split(path):

@@ -1,8 +1,6 @@
 """Driver side of batch inference: refuse, plan, predict in Spark, reconcile, report, swap in.
 
-`prepare` refuses before Spark starts; `predictions` runs the input through ``predict_batch_udf`` into a staging
-folder beside the output; `finish` reconciles the rows and writes the summary; `swap_in` replaces the output, so
-a failed run leaves the previous output as it was.
+The output is written into a staging folder and swapped in at the end: a failed run leaves the previous output.
 """
 from __future__ import annotations
 
@@ -62,23 +60,14 @@ def arrow_batch_rows(batch_size: int, image_bytes: int, budget: int = ARROW_BATC
 
     Args:
         batch_size: images per model call.
-        image_bytes: bytes of one stored image (`row_bytes`).
-        budget: bytes of images per Arrow batch.
-
-    Returns:
-        Rows, a multiple of ``batch_size`` (>= 1).
+        image_bytes: bytes of one stored image.
     """
     rows = batch_size * max(1, budget // (batch_size * image_bytes))
     return rows if rows <= SPARK_ARROW_ROWS else max(batch_size, SPARK_ARROW_ROWS // batch_size * batch_size)
 
 
 def check_paths(config: PredictConfig) -> None:
-    """Refuse, before Spark starts, an output that cannot be written safely.
-
-    Raises:
-        ValueError: the output overlaps the input, or is a folder with files that is not this job's (`owned_files`).
-        NotADirectoryError: the output is a file.
-    """
+    """Refuse, before Spark starts, an output that is a file, overlaps the input, or is not this job's."""
     check_disjoint(config.input, config.output)
     out = config.output
     if os.path.exists(out) and not os.path.isdir(out):
@@ -89,10 +78,7 @@ def check_paths(config: PredictConfig) -> None:
 def owned_files(output: str) -> List[str]:
     """The names in ``output`` that an earlier run of this job wrote, as its ``_summary.json`` lists them.
 
-    A run replaces only such a folder, and deletes only those names.
-
-    Returns:
-        The names, ``[]`` when the folder is missing or empty.
+    A run replaces only such a folder, and deletes only those names; ``[]`` for a missing or empty folder.
 
     Raises:
         ValueError: the folder holds files but no summary of this job, or names the summary does not list.
@@ -131,11 +117,7 @@ def private_folder(output: str) -> str:
 
 
 def prepare(config: PredictConfig, download_dir: str) -> Tuple[ModelSpec, InputPlan]:
-    """Everything the driver can check before Spark starts: paths, model, input.
-
-    Raises:
-        FileNotFoundError, NotADirectoryError, ValueError: see `check_paths`, `resolve_model`, `plan_input`.
-    """
+    """Everything the driver can check before Spark starts: paths, model, input."""
     if not os.path.isdir(config.input) and not is_etl_split(config.input.rstrip("/")):
         raise MissingInput(f"input folder does not exist: {config.input}")
     check_paths(config)
@@ -188,13 +170,7 @@ def predictions(spark, config: PredictConfig, spec: ModelSpec, plan: InputPlan, 
 
 
 def reconcile(plan: InputPlan, table) -> Dict:
-    """Counts of the written rows, checked against the plan.
-
-    Args:
-        table: the written output (pyarrow), at least ``path`` and ``status``.
-
-    Returns:
-        ``{"found", "rows", "predicted", "unreadable", "skipped", "reasons"}``.
+    """Counts of the written pyarrow ``table``, ``{"found", "rows", "predicted", "unreadable", "skipped", "reasons"}``.
 
     Raises:
         RuntimeError: rows != the input's rows, a tree path missing, duplicated or never listed,
@@ -283,11 +259,10 @@ def run_predict(config: PredictConfig, spark=None) -> Dict:
     """Run batch inference and return its summary (``OUTPUT/_summary.json``).
 
     Args:
-        config: the stage's configuration.
-        spark: a SparkSession to use; by default the active one or a new one, started only after every refusal.
+        spark: a session to use; by default the active one or a new one, started only after every refusal.
 
     Raises:
-        FileNotFoundError, NotADirectoryError, ValueError: see `prepare` (before Spark).
+        FileNotFoundError, NotADirectoryError, ValueError: refused before Spark starts.
         RuntimeError: the written rows do not reconcile with the input.
     """
     quiet_libraries(config.verbose)  # this process's third-party noise: the config's choice

@@ -1,7 +1,6 @@
-"""The top k of a few image files, in this process: no Spark, no Horovod.
+"""The top k of a few image files, in this process (no Spark), resolved and decoded as the job does.
 
-``python -m pipelines.predict IMAGE... --model MODEL`` resolves and decodes as the job does, so the figures are
-the job's.
+``python -m pipelines.predict IMAGE... --model MODEL``.
 """
 from __future__ import annotations
 
@@ -24,14 +23,7 @@ OPTIONS = ("model", "top_k", "class_names", "max_file_mb", "batch_size", "verbos
 
 def predict_files(paths: Sequence[str], spec: ModelSpec, top_k: int = 3, max_file_bytes: int = 50 * 2**20,
                   batch_size: int = 32) -> List[Dict]:
-    """Predict image files in this process, ``batch_size`` at a time.
-
-    Returns:
-        One dict per path, in order, with the job's columns (lists of at most ``top_k``; ``None`` when unreadable).
-
-    Raises:
-        ModelContractError: the loaded model does not take the contract's input.
-    """
+    """Predict image files in this process, ``batch_size`` at a time: one dict of the job's columns per path."""
     model = spec.load()
     decode = make_decoder(True, spec.image_size, max_file_bytes)
     rows = []

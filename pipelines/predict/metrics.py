@@ -9,11 +9,7 @@ from pipelines.runtime.logs import plural
 
 
 def confusion_matrix(true: Sequence[int], predicted: Sequence[int], num_classes: int) -> np.ndarray:
-    """``m[t][p]``: rows with true label ``t`` predicted ``p``, int64 ``(num_classes, num_classes)``.
-
-    Raises:
-        ValueError: ``true`` and ``predicted`` differ in length, or a label is outside ``[0, num_classes)``.
-    """
+    """``m[t][p]``: rows of true ``t`` predicted ``p``, int64 ``(C, C)``; `ValueError` on lengths or labels."""
     t, p = _labels(true, predicted, num_classes)
     return np.bincount(t * num_classes + p, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
 
@@ -35,9 +31,6 @@ def _ratio(numerator: int, denominator: int) -> Optional[float]:
 def classification_report(true: Sequence[int], predicted: Sequence[int],
                           class_names: Sequence[Optional[str]]) -> Dict:
     """Accuracy, per-class precision/recall and the confusion matrix of labelled predictions.
-
-    Args:
-        true, predicted: label indexes into ``class_names``, one pair per labelled row.
 
     Returns:
         ``{"count", "correct", "accuracy", "per_class", "confusion": {"labels", "matrix"}}`` over the classes that

@@ -45,23 +45,13 @@ KERAS, MLFLOW = "keras", "mlflow"
 
 
 class ModelSpec:
-    """A resolved model: what loads it and what it takes.
+    """A resolved model: what loads it and what it takes."""
 
-    Attributes:
-        source: the model as the user named it (path or URI).
-        path: a ``model.keras`` file or a local MLflow model folder; executors load the same path, so on a cluster
-            it must be on a file system they share.
-        flavor: `KERAS` or `MLFLOW`.
-        image_size: ``S`` of the uint8 input ``(batch, S, S, 3)``.
-        class_names: the name of each output index (``None`` for a label no folder used).
-        sha256: hex sha256 of ``model.keras`` as ``model.json`` records it (flavor ``keras``).
-    """
-
-    source: str
-    path: str
-    flavor: str
-    image_size: int
-    class_names: Tuple[Optional[str], ...]
+    source: str  # as the user named it (path or URI)
+    path: str  # model.keras or a local MLflow model folder, on a file system the executors share
+    flavor: str  # KERAS or MLFLOW
+    image_size: int  # S of the uint8 input (batch, S, S, 3)
+    class_names: Tuple[Optional[str], ...]  # per output index; None for a label no folder used
     sha256: str = ""  # of model.keras (flavor keras), from model.json
 
     @property
@@ -69,7 +59,7 @@ class ModelSpec:
         return len(self.class_names)
 
     def load(self):
-        """The ``tf.keras`` model, loaded once per process, its input and output checked (`check_loaded`)."""
+        """The ``tf.keras`` model, loaded once per process, its input and output checked."""
         model = load_model(self.flavor, self.path, self.sha256)
         check_loaded(model, self.image_size, self.num_classes)
         return model
@@ -79,18 +69,12 @@ def load_model(flavor: str, path: str, sha256: str = ""):
     """Load a ``model.keras`` file or a local MLflow model folder, uncompiled, without running code from it.
 
     A ``model.keras`` must be Keras' zip format by its first bytes (an HDF5 file takes Keras' legacy loader, where a
-    ``Lambda``'s bytecode runs) with the recorded sha256. MLflow's own loader is never used (it unpickles custom
-    objects). Safe mode is no sandbox, so the config must name only allowlisted classes (`check_model_config`) and a
-    zip only the members Keras writes (`check_zip_members`). Each file is checked and loaded from a private copy, so
-    the bytes checked are the bytes loaded. Cached per process by path and modification time.
-
-    Args:
-        flavor: `KERAS` or `MLFLOW`.
-        sha256: for ``keras``, the hex sha256 the file must have.
+    ``Lambda``'s bytecode runs) with the recorded ``sha256``. MLflow's loader is never used (it unpickles). Safe
+    mode is no sandbox, so the config must name only allowlisted classes and a zip only Keras' own members. Each
+    file is checked and loaded from a private copy. Cached per process by path and modification time.
 
     Raises:
-        UnsafeModel: not Keras' zip format, another hash, pickled custom objects or code, foreign zip members, or a
-            config naming anything outside the allowlist.
+        UnsafeModel: any of these checks failed.
     """
     return _load(flavor, path, sha256, os.stat(path).st_mtime_ns)
 
@@ -135,12 +119,7 @@ def _copy_hashed(source: str, target: str) -> str:
 
 
 def check_loaded(model, image_size: int, num_classes: int) -> None:
-    """Check a loaded model against its contract.
-
-    Raises:
-        ModelContractError: input not uint8 ``(None, image_size, image_size, 3)``, or output not
-            ``(None, num_classes)``.
-    """
+    """Refuse (`ModelContractError`) a model whose input is not uint8 ``(None, S, S, 3)`` or output ``(None, C)``."""
     dtype = getattr(model.inputs[0].dtype, "name", str(model.inputs[0].dtype))
     shape, out = tuple(model.input_shape), tuple(model.output_shape)
     if dtype != MODEL_INPUT_DTYPE or shape[1:] != (image_size, image_size, 3):
@@ -153,12 +132,7 @@ def check_loaded(model, image_size: int, num_classes: int) -> None:
 
 
 def read_class_names(path: str) -> List[Optional[str]]:
-    """A JSON list of class names (``class_names.json``): strings, ``null`` for unused labels.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ModelContractError: not a non-empty list of names.
-    """
+    """A JSON list of class names, ``null`` for unused labels; `ModelContractError` if not a non-empty list."""
     with open(path, encoding="utf-8") as f:
         names = json.load(f)
     if not isinstance(names, list) or not names or not all(n is None or isinstance(n, str) for n in names):
@@ -170,8 +144,7 @@ def read_contract(model_file: str) -> Tuple[int, List[Optional[str]], str]:
     """``(image_size, class_names, sha256)`` from the ``model.json`` beside ``model_file``.
 
     Raises:
-        ModelContractError: no ``model.json``, or one whose input is not uint8 ``(None, S, S, 3)``, that names no
-            classes, or that records no ``model_sha256``.
+        ModelContractError: none there, or one without uint8 ``(None, S, S, 3)``, classes or ``model_sha256``.
     """
     path = os.path.join(os.path.dirname(model_file), CONTRACT_FILE)
     if not os.path.isfile(path):
@@ -197,15 +170,13 @@ def read_contract(model_file: str) -> Tuple[int, List[Optional[str]], str]:
 
 
 def resolve_model(model: str, class_names_file: str = "", download_dir: Optional[str] = None) -> ModelSpec:
-    """Resolve ``--model`` on the driver; only an MLflow model is loaded here (to read its input).
+    """Resolve ``--model`` (a ``model.keras``, a run's folder, an MLflow URI) on the driver.
 
-    Args:
-        model: a ``model.keras`` file, a run's folder, or an MLflow URI.
-        class_names_file: optional JSON list of names; it overrides the model's own.
-        download_dir: where an MLflow model is downloaded (default: a new temporary folder).
+    Only an MLflow model is loaded here, to read its input; it is downloaded into ``download_dir``.
+    ``class_names_file`` overrides the model's own names.
 
     Raises:
-        FileNotFoundError: no such file or folder, or an MLflow URI the tracking server does not know.
+        FileNotFoundError: no such model, or an MLflow URI the tracking server does not know.
         ModelContractError: no contract, or one that does not hold.
     """
     names = read_class_names(class_names_file) if class_names_file else None
@@ -225,10 +196,7 @@ def resolve_model(model: str, class_names_file: str = "", download_dir: Optional
 
 
 def _resolve_mlflow(uri: str, names: Optional[List[Optional[str]]], download_dir: Optional[str]) -> ModelSpec:
-    """Download the MLflow model and load it to read its input size.
-
-    Class names: ``names`` (``--class-names``), else the ``class_names`` entry of the model's MLflow metadata.
-    """
+    """Download the MLflow model, load it to read its input; ``names``, else its metadata's ``class_names``."""
     if not is_verbose():
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow

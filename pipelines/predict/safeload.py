@@ -1,8 +1,4 @@
-"""What a model file may hold before Keras or MLflow opens it, so that nothing read from it runs code.
-
-Checked: the format by its first bytes, a zip file's members, the Keras config against an allowlist, the stack
-that saved it, and an MLflow model's folder without pickles or code.
-"""
+"""What a model file may hold before Keras or MLflow opens it, so that nothing read from it runs code."""
 from __future__ import annotations
 
 import json
@@ -62,13 +58,10 @@ def allowed_object(item: dict) -> bool:
 
 
 def check_model_config(config, shown: str) -> None:
-    """Refuse a parsed model config that names, at any depth, a class, module or activation outside the allowlist.
+    """Refuse (`UnsafeModel`) a parsed config naming, at any depth, a class or activation outside the allowlist.
 
     Why: Keras' safe mode refuses a zip model's ``Lambda`` but not a ``TFOpLambda``, nor a function named by its
     module (``builtins.exec``).
-
-    Raises:
-        UnsafeModel: naming the first object refused.
     """
     stack = [config]
     while stack:
@@ -92,11 +85,7 @@ def check_model_config(config, shown: str) -> None:
 
 
 def check_model_stack(config, shown: str) -> None:
-    """Refuse a zip model that another stack saved and this stack's Keras cannot load (`STACKS`' ``loads_models_of``).
-
-    Raises:
-        ModelContractError: naming the stack that saved the model and the way out.
-    """
+    """Refuse (`ModelContractError`) a zip model of another stack that this stack's Keras cannot load."""
     module = config.get("module") if isinstance(config, dict) else None
     made_by = next((s.name for s in stacks.STACKS.values() if s.functional_module == module), None)
     try:
@@ -112,13 +101,10 @@ def check_model_stack(config, shown: str) -> None:
 
 
 def check_zip_members(zf: zipfile.ZipFile, shown: str) -> None:
-    """Refuse a Keras zip whose members are not exactly `KERAS_MEMBERS`, each once, with HDF5 weights.
+    """Refuse (`UnsafeModel`) a Keras zip whose members are not exactly `KERAS_MEMBERS`, each once, with HDF5 weights.
 
     Why: Keras 2.15 unpickles weights saved as ``model.weights.npz``, and the zip reader takes the last of two
     members of one name.
-
-    Raises:
-        UnsafeModel: naming the members refused and the ones the product writes.
     """
     names = zf.namelist()
     twice = sorted({n for n in names if names.count(n) > 1})
@@ -140,11 +126,7 @@ def check_zip_members(zf: zipfile.ZipFile, shown: str) -> None:
 
 
 def read_zip_config(path: str, shown: str):
-    """The parsed ``config.json`` of a Keras zip file, once its members pass `check_zip_members`.
-
-    Raises:
-        UnsafeModel: foreign members, a config over `MAX_CONFIG_BYTES`, or not JSON.
-    """
+    """The parsed ``config.json`` of a Keras zip file whose members pass; `UnsafeModel` if too large or not JSON."""
     try:
         with zipfile.ZipFile(path) as zf:
             check_zip_members(zf, shown)
@@ -159,12 +141,9 @@ def read_zip_config(path: str, shown: str):
 
 
 def check_hdf5_config(path: str, shown: str) -> None:
-    """Refuse an HDF5 Keras model whose ``model_config`` (read as JSON) `check_model_config` refuses.
+    """Refuse (`UnsafeModel`) an HDF5 model without a readable ``model_config`` or one `check_model_config` refuses.
 
     Why: Keras' legacy loader turns a ``Lambda`` layer's bytecode into a function, whatever ``safe_mode`` says.
-
-    Raises:
-        UnsafeModel: as `check_model_config`, or no readable model config.
     """
     import h5py
 
