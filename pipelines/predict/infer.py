@@ -44,7 +44,10 @@ def decode_stored(image: bytes, size: int) -> np.ndarray:
 
 
 def top_k(probabilities: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
-    """The ``k`` most probable labels of each row of ``(n, C)`` probabilities, most probable first, ties by label.
+    """The ``k`` most probable labels of each row, most probable first (ties by label).
+
+    Args:
+        probabilities: float ``(n, C)``.
 
     Returns:
         ``(labels, probabilities)``: int32 and float32 arrays ``(n, min(k, C))``.

@@ -191,10 +191,7 @@ def reconcile(plan: InputPlan, table) -> Dict:
 
 
 def labelled_metrics(table, spec: ModelSpec, folder: str) -> Dict:
-    """Metrics of the labelled predicted rows and the confusion picture in ``folder``; ``{}`` when none is labelled.
-
-    A picture that fails is logged and recorded (``picture_error``), never the job's failure.
-    """
+    """Metrics of the labelled predicted rows, ``{}`` if none, and a confusion picture that never fails the job."""
     rows = [(t, p[0]) for t, p, s in zip(*(table.column(c).to_pylist() for c in ("label", "top_labels", "status")))
             if t is not None and s == PREDICTED]
     if not rows:

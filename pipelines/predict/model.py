@@ -143,8 +143,7 @@ def read_class_names(path: str) -> List[Optional[str]]:
 def read_contract(model_file: str) -> Tuple[int, List[Optional[str]], str]:
     """``(image_size, class_names, sha256)`` from the ``model.json`` beside ``model_file``.
 
-    Raises:
-        ModelContractError: none there, or one without uint8 ``(None, S, S, 3)``, classes or ``model_sha256``.
+    Raises `ModelContractError` for none there, or one without uint8 ``(None, S, S, 3)``, classes or a sha256.
     """
     path = os.path.join(os.path.dirname(model_file), CONTRACT_FILE)
     if not os.path.isfile(path):
