@@ -1,8 +1,6 @@
 """MLflow tracking of the pipeline's runs: the only package that imports ``mlflow``, besides `pipelines.tune.runners`.
 
-Each job is one MLflow run, started by one process. A store that cannot be used is refused before the work
-(`TrackingUnavailable`, exit 2); a failed per-epoch log never stops training; a failed final log, after the
-output is written, is a `TrackingFailed` (exit 1).
+A job is one MLflow run; a failed per-epoch log never stops training.
 """
 from pipelines.tracking.options import (
                                         ARTIFACTS_DIR,

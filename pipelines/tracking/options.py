@@ -49,10 +49,7 @@ SQLITE = "sqlite:///"
 
 
 def default_uri(output: str, workdir: str) -> str:
-    """``sqlite:///OUTPUT/mlruns.db`` with ``output`` made absolute, or ``WORKDIR/mlflow/mlruns.db`` for a URI output.
-
-    An object store cannot hold a SQLite database, so such outputs share the launching machine's store.
-    """
+    """``sqlite:///OUTPUT/mlruns.db``, ``output`` made absolute; ``WORKDIR/mlflow/mlruns.db`` for a URI output."""
     if not is_local(output):
         return SQLITE + os.path.join(workdir, "mlflow", STORE_FILE)
     return SQLITE + os.path.join(os.path.abspath(output), STORE_FILE)
@@ -109,13 +106,10 @@ def _check_file_store(uri: str) -> None:
 
 
 def check_model_name(name: str, uri: str) -> None:
-    """Refuse, before any work starts, a ``--register-model`` name the installed MLflow's registry would refuse.
+    """Refuse (`Refused`) before any work a ``--register-model`` name the installed MLflow's registry would refuse.
 
     Asks MLflow's own rule (``_validate_model_name``, or the file registry's for a file store); an MLflow without it
     is not asked. Imports MLflow (seconds): call it only when the option is given.
-
-    Raises:
-        Refused: naming the option, the name, MLflow's version and its reason.
     """
     _mlflow()  # its logging quieted before its modules load
     from mlflow.exceptions import MlflowException

@@ -1,7 +1,6 @@
-"""Pictures of a run's results (matplotlib, Agg): training curves, confusion matrices, a contact sheet.
+"""Pictures of a run's results (matplotlib, Agg), each one PNG written atomically: curves, confusions, images.
 
-Each takes plain data and a path, writes one PNG atomically and returns the path. Class names are any folder's
-names, so text is drawn plain (no mathtext, no TeX: `plain_text`) and cut to `NAME_CHARS` (`cut_name`).
+Class names are any folder's names, so text is drawn plain (`plain_text`) and cut (`cut_name`).
 """
 from __future__ import annotations
 
@@ -158,11 +157,7 @@ def _matrix_image(fig, ax, values, names: List[str], ticks: List[int], cmap: str
 
 
 def top_confusions(matrix, top: int = TOP_CONFUSIONS) -> List[tuple]:
-    """The ``top`` largest non-zero off-diagonal cells, largest first, ties by (true, predicted).
-
-    Returns:
-        ``[(true, predicted, count), ...]``.
-    """
+    """The ``top`` largest non-zero off-diagonal cells ``[(true, predicted, count)]``, largest first, then by index."""
     m = np.array(matrix, np.int64)
     np.fill_diagonal(m, 0)
     flat = m.ravel()

@@ -172,8 +172,7 @@ class Tracker:
                     artifacts: Iterable[Tuple[str, Optional[str]]] = (), history: Sequence[Dict] = ()) -> None:
         """Log the epochs of ``history`` the run lacks, ``metrics`` (``None`` left out), ``tags`` and ``artifacts``.
 
-        Args:
-            artifacts: ``(path, folder in the run's artifacts or None for the top)``; missing files are left out.
+        ``artifacts`` are ``(path, folder in the run's artifacts or None)``, missing files left out.
 
         Raises:
             TrackingFailed: any of it failed (the job's output was written before).
@@ -206,7 +205,6 @@ class Tracker:
         Args:
             example: a batch as the model takes it: the input example and the signature's source.
             metadata: for the MLmodel file (``class_names``, which ``jobs/predict.py`` reads).
-            registered_name: register a new version under this name, tagged ``version_tags``.
 
         Returns:
             ``(model_uri, version)``: ``runs:/<run_id>/model`` and the registered version, or ``None``.
@@ -265,8 +263,7 @@ def _quiet_keras() -> Iterator[None]:
 def _events(quiet: bool = False) -> Iterator[None]:
     """MLflow's print-outs in the block, credentials masked, each to its stream; dropped with ``quiet`` unless verbose.
 
-    Why: ending a run on a server prints its URL with the userinfo. Logging handlers keep the stream they were made
-    with.
+    Why: ending a run on a server prints its URL with the userinfo.
     """
     out, err = io.StringIO(), io.StringIO()
     try:

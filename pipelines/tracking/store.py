@@ -31,14 +31,10 @@ from pipelines.tracking.storeschema import schema_refusal
 
 
 def check_store(uri: str) -> None:
-    """Refuse, in seconds and before any work starts, a server that does not answer or an unusable SQLite store.
+    """Refuse (`TrackingUnavailable`), in seconds, a server that does not answer or an unusable SQLite store.
 
     A server gets one request without MLflow's retries (minutes of back-off); a SQLite store is checked without
     MLflow and nothing is made. Other stores are opened by `start`, before the work too.
-
-    Raises:
-        TrackingUnavailable: the server cannot be reached or refuses the request; the SQLite file could not be made
-            or opened, or is of another MLflow schema.
     """
     path = _sqlite_path(absolute(uri))
     if path is not None:
@@ -86,8 +82,7 @@ def open_store(uri: str, create: bool = False):
     process would take this store for the user's choice.
 
     Raises:
-        TrackingUnavailable: no store at the SQLite path (``create`` false), one that cannot be opened or read, a
-            half-made store, or one of another MLflow schema.
+        TrackingUnavailable: no store (``create`` false), an unreadable, half-made or foreign-schema one.
     """
     uri = absolute(uri)
     mlflow = _mlflow()
@@ -208,9 +203,6 @@ def using_store(uri: str) -> Iterator[Any]:
 
     Why: the URI is process-wide, so a notebook's predictions after its ETL would look for ``models:/`` in the
     ETL's store.
-
-    Raises:
-        TrackingUnavailable: as `open_store`.
     """
     previous = _process_tracking_uri()
     try:

@@ -1,8 +1,4 @@
-"""Which MLflow a SQLite tracking store belongs to, read with `sqlite3` before MLflow opens it.
-
-MLflow migrates an older store to its newest schema on opening it, without asking, after which the MLflow that
-made it can no longer open it. ``mlflow db upgrade`` stays the knowing way to migrate a store.
-"""
+"""Which MLflow a SQLite tracking store belongs to, read with `sqlite3` before MLflow opens it."""
 from __future__ import annotations
 
 import ast
@@ -20,11 +16,7 @@ MIGRATIONS = os.path.join("store", "db_migrations", "versions")  # in the mlflow
 
 
 def store_revision(path: str) -> Optional[str]:
-    """The alembic revision the SQLite store file ``path`` records; ``None`` for a file without one.
-
-    Raises:
-        sqlite3.Error: the file is no SQLite database.
-    """
+    """The alembic revision the SQLite store file ``path`` records, or ``None``; `sqlite3.Error` if no database."""
     with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)) as db:
         if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'").fetchone():
             return None
@@ -34,13 +26,7 @@ def store_revision(path: str) -> Optional[str]:
 
 @functools.lru_cache(maxsize=1)
 def mlflow_revisions() -> Tuple[str, Dict[str, Tuple[str, ...]]]:
-    """``(head, {revision: down revisions})`` of the installed MLflow's store schema, parsed from its migration scripts.
-
-    The scripts are read as Python syntax, never run: this module imports no MLflow.
-
-    Raises:
-        LookupError: MLflow is not installed, or its scripts have no single head.
-    """
+    """``(head, {revision: down revisions})`` from MLflow's migration scripts; `LookupError` without one head."""
     spec = importlib.util.find_spec("mlflow")  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
         raise LookupError("MLflow is not installed")
@@ -77,11 +63,8 @@ def maker(revision: str) -> Optional[str]:
 def schema_refusal(path: str, shown: str) -> Optional[str]:
     """Why the installed MLflow may not open the SQLite store ``path``, in one line; ``None`` when it may.
 
-    It may open a store without a revision or at its head. Refused: a revision it does not know (a newer MLflow's)
-    and an older one (it would migrate it silently), naming the stack that made it.
-
-    Args:
-        shown: the store's URI as a message shows it.
+    Why: MLflow migrates an older store on opening it, without asking, after which the MLflow that made it can no
+    longer open it; a newer MLflow's revision it does not know. ``shown`` is the URI as messages show it.
 
     Raises:
         sqlite3.Error: ``path`` is no SQLite database.
