@@ -35,7 +35,7 @@ def find_feature_set(data: str, backbone: str, weights: str, image_size: int, se
         image_size: input side in px, 0 = the stored size.
 
     Raises:
-        MissingInput: no such set, or one not finished; the message names the command that makes it.
+        MissingInput: no complete set; the message names the command that makes it.
         DataError: ``data`` is no ETL output.
     """
     from pipelines.training.data.dataset import load_dataset

@@ -25,9 +25,7 @@ RUNNERS = ("auto", "mlflow-spark", "ask-tell")
 class TuneConfig:
     """Search the head's settings on cached features: Optuna trials as Spark tasks, each an MLflow child run.
 
-    Raises:
-        Refused: a value of another type, a count below 1, an empty or non-finite range, an unknown rule, runner or
-            backbone; naming its flag.
+    Raises `Refused`, naming the flag: a value of another type, a count below 1, a bad range, an unknown name.
     """
 
     data: str = field(help="ETL output whose feature cache (DATA/features/<key>/, made by jobs/train.py "

@@ -51,11 +51,7 @@ class SearchResult:
 
 
 def trial_function(features: FeatureSet, plan: TrialPlan, storage_options: Dict[str, str], test: bool = False):
-    """The function a Spark task runs: settings -> the trial's result dict, reading the feature set on the executor.
-
-    Args:
-        test: refit and read the test split too.
-    """
+    """The function a Spark task runs: settings -> the trial's result dict (with ``test``, the refit's)."""
     def run(settings: HeadSettings) -> Dict:
         from pipelines.tune.trial import refit_and_test, run_trial
 
@@ -67,11 +63,7 @@ def trial_function(features: FeatureSet, plan: TrialPlan, storage_options: Dict[
 
 
 def choose(records: List[TrialRecord]) -> TrialRecord:
-    """The completed trial of the lowest validation loss (the earliest of equals); the test split plays no part.
-
-    Raises:
-        NoTrialFinished: no trial completed.
-    """
+    """The completed trial of the lowest validation loss, the earliest of equals; `NoTrialFinished` if none."""
     done = [r for r in records if r.result is not None and math.isfinite(r.result["val_loss"])]
     if not done:
         raise NoTrialFinished(f"all {len(records)} trials failed (diverged): narrow --base-lr-range")

@@ -1,8 +1,4 @@
-"""The search space of the head's settings and the settings a trial draws from it (pure).
-
-Settings are rounded to `DIGITS` significant digits, so that a trial trains with the flags printed for
-``jobs/train.py``, digit for digit.
-"""
+"""The search space of the head's settings and the settings a trial draws from it (pure)."""
 from __future__ import annotations
 
 import math
@@ -28,10 +24,7 @@ class Range:
 
 def parse_range(flag: str, text: str, at_least: Optional[float] = None, below: Optional[float] = None,
                 log: bool = False, integer: bool = False) -> Range:
-    """``LOW,HIGH`` as a `Range` of the flag ``flag``.
-
-    Args:
-        at_least, below: the setting's own bounds (``None``: none).
+    """``LOW,HIGH`` as a `Range` of the flag ``flag``, within the bounds ``at_least`` and ``below`` when given.
 
     Raises:
         Refused: not two numbers, NaN or an infinity, ``LOW >= HIGH``, or an end outside the bounds; naming ``flag``.
@@ -64,19 +57,12 @@ def significant(value: float, digits: int = DIGITS) -> float:
 
 @dataclass(frozen=True)
 class HeadSettings:
-    """One trial's settings of the head, each a flag of ``jobs/train.py``.
+    """One trial's settings of the head, each a flag of ``jobs/train.py``."""
 
-    Attributes:
-        base_lr: one rank's learning rate, > 0.
-        dropout: in [0, 1).
-        weight_decay: Nadam's decoupled decay, >= 0.
-        patience_steps: early stopping's patience in optimizer steps, >= 0.
-    """
-
-    base_lr: float
-    dropout: float
-    weight_decay: float
-    patience_steps: int
+    base_lr: float  # one rank's learning rate, > 0
+    dropout: float  # in [0, 1)
+    weight_decay: float  # Nadam's decoupled decay, >= 0
+    patience_steps: int  # early stopping's patience in optimizer steps, >= 0
 
     def train_flags(self) -> str:
         """The settings as ``jobs/train.py`` flags: ``--base-lr 0.00213 --dropout 0.31 ...``."""

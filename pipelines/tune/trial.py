@@ -1,7 +1,6 @@
 """One trial: the head trained on cached features in this process alone (no Horovod, no Spark), validated exactly.
 
-It steps as ``jobs/train.py`` under ``horovodrun -np RANKS`` does: Nadam at ``base_lr x ranks`` on batches of
-``batch_size x ranks``, with the same stopping rule and the best epoch's weights restored.
+It steps as ``jobs/train.py`` on ``ranks`` ranks does: Nadam at ``base_lr x ranks`` on ``batch_size x ranks`` rows.
 """
 from __future__ import annotations
 
@@ -24,24 +23,15 @@ Split = Tuple[np.ndarray, np.ndarray]  # features float32 (n, feature_dim), labe
 
 @dataclass(frozen=True)
 class TrialPlan:
-    """What every trial of a search shares.
+    """What every trial of a search shares."""
 
-    Attributes:
-        epochs: at most.
-        batch_size: rows per step of one rank.
-        ranks: the training's world size the settings are for.
-        seed: of weights, dropout and shuffling.
-        rule: early stopping; its ``patience_steps`` is each trial's own.
-        threads: TensorFlow's intra-op threads in this process (0: its default).
-    """
-
-    epochs: int
-    batch_size: int
-    ranks: int
-    seed: int
-    rule: StoppingRule
+    epochs: int  # at most
+    batch_size: int  # rows per step of one rank
+    ranks: int  # the training's world size the settings are for
+    seed: int  # of weights, dropout and shuffling
+    rule: StoppingRule  # its patience_steps is each trial's own
     num_classes: int
-    threads: int = 1
+    threads: int = 1  # TensorFlow's intra-op threads in this process (0: its default)
 
 
 @dataclass(frozen=True)
@@ -76,8 +66,7 @@ def _set_threads(threads: int) -> None:
 def train_head(settings: HeadSettings, plan: TrialPlan, train: Split, validation: Split):
     """Train the head with ``settings`` on ``train``, early stopping on ``validation``.
 
-    Returns:
-        ``(model, TrialResult)``: the head with its best epoch's weights, and its exact validation totals.
+    Returns ``(model, TrialResult)``: the head with its best epoch's weights, and its exact validation totals.
 
     Raises:
         TrainingDiverged: a non-finite loss or metric.
