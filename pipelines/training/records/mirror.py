@@ -49,10 +49,7 @@ class Outputs:
         self.run_id: Optional[str] = None  # the training run writing here (adopt)
 
     def adopt(self, claim, data: str) -> None:
-        """Once `claim` gave this run the output: delete ``claim.delete``, record the run, download its checkpoint.
-
-        The run record is uploaded at once to a URI output, so a second run sees it.
-        """
+        """Once `claim` gave this run the output: delete ``claim.delete``, record the run, download its checkpoint."""
         self.run_id = claim.run.run_id
         for name in claim.delete:
             self._delete(name)
@@ -74,11 +71,7 @@ class Outputs:
         nofollow.remove_below(self.local, name)  # a link is removed itself, never what it names
 
     def pull_resume_state(self, marker: Dict) -> None:
-        """Download what ``--resume`` reads of a remote output: ``marker``'s checkpoint, best weights, `RESUME_FILES`.
-
-        Raises:
-            ValueError: the marker names a best epoch that is not a number >= 1.
-        """
+        """Download ``marker``'s checkpoint, the best epoch's weights and `RESUME_FILES` of a remote output."""
         if self.remote is None:
             return
         best = marker["early_stopping"]["best_epoch"]

@@ -1,8 +1,6 @@
 """Which training run an output folder belongs to, so that no run adopts or deletes another's files.
 
-A run's identity is its id, the settings that decide what it computes (`FINGERPRINT_FIELDS`), its world and its
-data's identity; rank 0 records it in ``train_run.json`` and in every checkpoint marker. Pure logic on `Location`
-listings: the launching driver refuses before any rank starts, and rank 0 decides again.
+Pure logic on `Location` listings: the launching driver refuses before any rank starts, and rank 0 decides again.
 """
 from __future__ import annotations
 
@@ -58,20 +56,13 @@ def new_run_id() -> str:
 
 @dataclass(frozen=True)
 class RunIdentity:
-    """A training run as records keep it.
-
-    Attributes:
-        config: the `FINGERPRINT_FIELDS` values.
-        data_sha256: sha256 of the data's ``manifest.json``.
-        world: `world_of`; ``None`` in a record written before worlds were recorded.
-        data_run_id: the ETL run id the manifest names, or ``None``.
-    """
+    """A training run as records keep it."""
 
     run_id: str
-    config: Dict = field(hash=False)
-    data_sha256: str
-    world: Optional[Dict] = field(default=None, hash=False)
-    data_run_id: Optional[str] = None
+    config: Dict = field(hash=False)  # the FINGERPRINT_FIELDS values
+    data_sha256: str  # of the data's manifest.json
+    world: Optional[Dict] = field(default=None, hash=False)  # world_of; None in a record from before worlds
+    data_run_id: Optional[str] = None  # the ETL run id the manifest names
 
     @property
     def config_sha256(self) -> str:
@@ -93,11 +84,7 @@ def world_of(batch_size: int, base_lr: float, world_size: int) -> Dict:
 
 
 def identify(config, world_size: int, run_id: Optional[str] = None) -> RunIdentity:
-    """The identity of a run of the `TrainConfig` ``config`` on ``world_size`` ranks, with ``run_id`` or a new one.
-
-    Raises:
-        FileNotFoundError, StorageError: the data has no readable manifest.
-    """
+    """The identity of a run of ``config`` on ``world_size`` ranks; raises if the data has no readable manifest."""
     options = to_dict(config)  # flat, as the flags name them: records written before the option groups match
     values = {name: options[name] for name in FINGERPRINT_FIELDS}
     data = resolve(config.loader.data, config.storage_options)
@@ -135,12 +122,7 @@ class OutputState:
 
 
 def read_state(folder) -> OutputState:
-    """The `OutputState` of the `Location` ``folder``.
-
-    Raises:
-        RunRefused: a ``train_run.json`` that is not a run record: the files it would name are not known, so
-            neither ``--resume`` nor ``--overwrite`` acts on its word.
-    """
+    """The `OutputState` of ``folder``; `RunRefused` for a malformed ``train_run.json`` (nothing acts on its word)."""
     place = folder.join(TRAIN_RUN)
     try:
         record = place.read_json()
@@ -159,20 +141,13 @@ def read_state(folder) -> OutputState:
 
 @dataclass
 class Claim:
-    """`claim`'s verdict: the ``run`` this is (a kept or a new id) and what it does with the output.
-
-    Attributes:
-        marker: the checkpoint marker to continue from (``None``: epoch 1).
-        delete: names to delete first (``--overwrite``).
-        new: whether the run record must be written.
-        warnings: what the claim accepted unchecked.
-    """
+    """`claim`'s verdict: the ``run`` this is (a kept or a new id) and what it does with the output."""
 
     run: RunIdentity
-    marker: Optional[Dict] = None
-    delete: List[str] = field(default_factory=list)
-    new: bool = False
-    warnings: List[str] = field(default_factory=list)  # rank 0 logs them (plan_run); the driver's check does not
+    marker: Optional[Dict] = None  # the checkpoint marker to continue from (None: epoch 1)
+    delete: List[str] = field(default_factory=list)  # names to delete first (--overwrite)
+    new: bool = False  # the run record must be written
+    warnings: List[str] = field(default_factory=list)  # accepted unchecked; rank 0 logs them, the driver does not
 
 
 def differences(recorded: Dict, run: RunIdentity) -> List[str]:
@@ -202,8 +177,7 @@ def world_refusal(recorded: Dict, run: RunIdentity, how: str, source: str) -> Op
     """Why ``run`` may not continue the ``recorded`` run in its world, or ``None``.
 
     Another per-rank batch would change the run's data world, and more ranks than its global batch has rows would
-    leave a rank none; any other world size continues the data world. A record without a world passes (`claim`
-    warns).
+    leave a rank none. A record without a world passes (`claim` warns).
 
     Args:
         how: ``--resume`` or ``a relaunch``.
@@ -314,11 +288,7 @@ def record(run: RunIdentity, data: str, files=RUN_FILES) -> Dict:
 
 
 def check_output_claim(config, world_size: int, relaunch: bool = False, run_id: Optional[str] = None) -> RunIdentity:
-    """The launching driver's `claim` of ``--output`` before any rank starts; deletes nothing, warns nothing.
-
-    Raises:
-        RunRefused: as `claim` (exit 2).
-    """
+    """The launching driver's `claim` of ``--output`` before any rank starts; deletes nothing, warns nothing."""
     run = identify(config, world_size, run_id)
     folder = resolve(config.outputs.output, config.storage_options)
     return claim(folder, run, config.outputs.resume, relaunch, config.outputs.overwrite).run

@@ -1,7 +1,6 @@
 """How far a run got before it was interrupted, so that a continued run can say how much work it redoes.
 
-Rank 0 rewrites ``progress.json`` after every step (a small local file, cheap beside a step) and uploads it to a
-URI output at most every `UPLOAD_EVERY_S` seconds.
+Rank 0 rewrites ``progress.json`` after every step: a small local file, cheap beside a step.
 """
 from __future__ import annotations
 
@@ -47,9 +46,7 @@ def read_mark(folder: Optional[str]) -> Optional[Dict]:
 def steps_redone(mark: Optional[Dict], marker: Optional[Dict], steps_per_epoch: int, run_id: str) -> Optional[int]:
     """Steps the interrupted segment of ``run_id`` trained after checkpoint ``marker``: a continued run redoes them.
 
-    Returns:
-        The mark's global step minus the checkpoint's, at least 0; ``None`` without checkpoint, mark, or with
-        another run's mark.
+    ``None`` (not known) without a checkpoint or a mark of this run.
     """
     if not marker or not mark or mark.get("run") != run_id:
         return None

@@ -40,8 +40,7 @@ def build_report(context, phases: List, resume: Resume) -> Dict:
     It holds the best epoch's exact validation metrics (``selected_on``) and the final model's exact test metrics:
     the test split is read once, after training, and never used for a choice.
 
-    Args:
-        phases: the run's `Phase`s; the last is the final model.
+    ``phases``' last is the final model.
     """
     import horovod.tensorflow as hvd_tf
 
@@ -164,10 +163,8 @@ def save_outputs(context, report: Dict, phase) -> None:
     """Rank 0: write the run's results, then the pictures, then log them to the MLflow run (`track_outputs`).
 
     ``model.keras``, ``model.json``, ``class_names.json`` and ``metrics.json`` come first, each atomically; a
-    picture's failure is recorded in ``metrics.json`` (``pictures_error``) without failing the run.
-
-    Raises:
-        TrackingFailed: MLflow logging failed; the outputs are complete.
+    picture's failure is recorded in ``metrics.json`` (``pictures_error``) without failing the run. A failed MLflow
+    log raises `TrackingFailed`, the outputs complete.
     """
     config, data, tracker, totals = context.config, context.plan.data, context.tracker, phase.totals
     class_names, directory = data.class_names, context.output_dir or config.outputs.output
@@ -202,11 +199,7 @@ def save_outputs(context, report: Dict, phase) -> None:
 
 
 def track_outputs(context, report: Dict, exported) -> None:
-    """Rank 0: log the missing epochs, test metrics, outputs and the model (registered with ``--register-model``).
-
-    Raises:
-        TrackingFailed: logging failed; the outputs are complete.
-    """
+    """Rank 0: log the missing epochs, test metrics, outputs and the model; `TrackingFailed` if logging fails."""
     import tempfile
 
     config, data, tracker = context.config, context.plan.data, context.tracker
@@ -254,10 +247,7 @@ CONTACT_SHEET_IMAGES = 32
 
 
 def save_pictures(output: str, report: Dict, exported, data) -> Dict[str, str]:
-    """Rank 0: curves, the exact confusion pictures and a contact sheet of the first test images; ``{name: path}``.
-
-    The contact sheet is predicted by the ``exported`` model itself on the stored uint8 images.
-    """
+    """Rank 0: curves, confusion pictures, and test images as the ``exported`` model predicts them; ``{name: path}``."""
     where = {name: os.path.join(output, file) for name, file in PICTURES.items()}
     probe, stopping = report.get("probe") or {}, report.get("stopping") or {}
     paths = {"curves": plot_history(report["history"], where["curves"], report["best_epoch"],

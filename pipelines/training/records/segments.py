@@ -1,8 +1,6 @@
 """The segments of a run: each launch that continued it, its world and where it began (pure).
 
-A segment is ``{"world_size", "per_rank_batches", "from_epoch", "from_step", "reason"}``, plus
-``steps_redone`` (``None``: not known) when it continues another; ``from_*`` are the 1-based position of its
-first step. The list travels in every checkpoint marker, like the history.
+``from_epoch`` and ``from_step`` are 1-based; a continued segment adds ``steps_redone`` (``None``: not known).
 """
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""The shapes of the records a training output holds, checked before any field is used.
-
-A hand-edited or damaged marker is passed over with a warning; a run record of the wrong shape is refused, as
-the files it would name are not known. Only JSON is read: nothing in these files can run code.
-"""
+"""The shapes of the records a training output holds (JSON only), checked before any field is used."""
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, Optional, Tuple
