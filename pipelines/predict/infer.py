@@ -147,7 +147,7 @@ def make_predict_fn(spec, k: int, from_files: bool, max_file_bytes: int, threads
         A function of no argument returning ``predict(values, reasons)`` (`predict_columns`).
     """
     def make():
-        zipcache.install()  # this worker's next tasks start without re-reading pyspark.zip (see the module)
+        zipcache.install()  # this worker's next tasks start without re-reading pyspark.zip (see zipcache)
 
         quiet_by_default(verbose)  # before this worker loads TensorFlow
         set_threads(threads)

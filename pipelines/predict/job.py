@@ -129,7 +129,7 @@ def emit_items(batches: Iterator, chunks: List[List[tuple]]) -> Iterator:
     """``mapInArrow`` function: the items (`ITEM_DDL`) of the chunk numbers this task receives."""
     import pyarrow as pa
 
-    zipcache.install()  # this worker's next tasks start without re-reading pyspark.zip (see the module)
+    zipcache.install()  # this worker's next tasks start without re-reading pyspark.zip (see zipcache)
     schema = pa.schema([("path", pa.string()), ("label", pa.int32()), ("label_name", pa.string()),
                         ("reason", pa.string())])
     for batch in batches:
