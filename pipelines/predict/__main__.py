@@ -1,4 +1,4 @@
-"""``python -m pipelines.predict IMAGE... --model MODEL``: see :mod:`pipelines.predict.local`."""
+"""``python -m pipelines.predict IMAGE... --model MODEL``: see `pipelines.predict.local`."""
 import sys
 
 from pipelines.predict.local import main  # main sets the noise (--verbose) before TensorFlow loads

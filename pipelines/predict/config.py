@@ -22,13 +22,9 @@ def is_mlflow_uri(model: str) -> bool:
 
 @dataclass
 class PredictConfig:
-    """Batch inference with a trained model: an image tree or an ETL split in, one Parquet row per
-    image out, with accuracy, per-class precision/recall and a confusion matrix when labels exist.
+    """Batch inference with a trained model: an image tree or an ETL split in, one Parquet row per image out.
 
-    Raises:
-        pipelines.runtime.errors.Refused: a value not of its field's type (``top_k='3'``:
-            :func:`pipelines.runtime.config.check_types`), a number out of its range, NaN or an
-            infinity, an empty or unusable path; each naming its flag.
+    Raises `Refused`, naming the flag, for a value of another type or out of range, or an unusable path.
     """
 
     model: str = field(help="the model: a model.keras file (model.json beside it), a training run's output "

@@ -1,14 +1,4 @@
-"""Executor side of batch inference: decode with the ETL's own functions, predict, keep the top k.
-
-What runs in Spark's Python workers through ``pyspark.ml.functions.predict_batch_udf``: its
-``make_predict_fn`` (:func:`make_predict_fn`) loads the model once per Python worker (PySpark
-caches the predict function per worker); each call gets one batch of values and returns the
-columns of :func:`result_type`. The values are a tree's file paths (each file read in Python with
-the ETL's :func:`~pipelines.etl.transform.read_file` and decoded at the model's size with the
-ETL's :func:`~pipelines.etl.images.resize_to_square`, so a raw image and its ETL row are the same
-bytes: no train/serve skew, and no file passes through the JVM) or an ETL split's stored images.
-The same functions serve ``python -m pipelines.predict`` without Spark.
-"""
+"""Executor side of batch inference: decode with the ETL's own functions (no train/serve skew), predict, top k."""
 from __future__ import annotations
 
 from functools import partial
@@ -27,9 +17,7 @@ PREDICTED, UNREADABLE = "predicted", "unreadable"
 
 
 def result_type():
-    """What ``predict_batch_udf`` returns per row, a Spark struct: ``top_labels`` array<int>,
-    ``top_names`` array<string>, ``top_probabilities`` array<float> (``-1``/null/NaN for a row
-    that could not be read) and that row's ``reason`` (string, null when predicted)."""
+    """The Spark struct ``predict_batch_udf`` returns per row: top k labels, names, probabilities, ``reason``."""
     from pyspark.sql.types import ArrayType, FloatType, IntegerType, StringType, StructField, StructType
 
     return StructType([StructField("top_labels", ArrayType(IntegerType())),
@@ -39,11 +27,7 @@ def result_type():
 
 
 def decode_file(path: str, size: int, max_file_bytes: int) -> np.ndarray:
-    """An image file as the ETL stores it: read (at most ``max_file_bytes`` + 1 bytes), decoded,
-    oriented, converted to RGB, fitted into ``size x size`` and pasted centred on white.
-
-    Returns:
-        uint8 array ``(size, size, 3)``, RGB.
+    """An image file as the ETL stores it, uint8 RGB ``(size, size, 3)``, reading at most ``max_file_bytes`` + 1.
 
     Raises:
         ImageRejected: unreadable, vanished, grown, empty, not an image, truncated, too large.
@@ -53,24 +37,20 @@ def decode_file(path: str, size: int, max_file_bytes: int) -> np.ndarray:
 
 
 def decode_stored(image: bytes, size: int) -> np.ndarray:
-    """An ETL row's ``image`` bytes as uint8 ``(size, size, 3)``.
-
-    Raises:
-        ImageRejected: not ``size * size * 3`` bytes long.
-    """
+    """An ETL row's ``image`` bytes as uint8 ``(size, size, 3)``; `ImageRejected` at another length."""
     if len(image) != row_bytes(size):
         raise ImageRejected(f"stored image has {plural(len(image), 'byte')}, not {row_bytes(size)} ({size}x{size}x3)")
     return np.frombuffer(image, np.uint8).reshape(size, size, 3)
 
 
 def top_k(probabilities: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
-    """The ``k`` most probable labels of each row, most probable first (ties: lower label first).
+    """The ``k`` most probable labels of each row, most probable first (ties by label).
 
     Args:
-        probabilities: float array ``(n, num_classes)``.
+        probabilities: float ``(n, C)``.
 
     Returns:
-        ``(labels, probabilities)``: int32 and float32 arrays ``(n, min(k, num_classes))``.
+        ``(labels, probabilities)``: int32 and float32 arrays ``(n, min(k, C))``.
     """
     order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
     return order.astype(np.int32), np.take_along_axis(probabilities, order, axis=1).astype(np.float32)
@@ -83,16 +63,13 @@ def predict_columns(model, values: Union[Sequence, np.ndarray],
     """Decode a batch, predict the decodable images in one model call, keep the top ``k``.
 
     Args:
-        model: takes uint8 ``(n, S, S, 3)``, returns ``(n, num_classes)`` probabilities.
-        values: what ``decode`` takes (file paths, or stored image bytes), one per row.
-        reasons: a reason per row already known (that row is not decoded), or ``None``s.
-        decode: value -> uint8 ``(S, S, 3)``; raises ``ImageRejected`` with the reason.
-        k: labels kept per row (at most the number of classes).
+        values: file paths or stored image bytes, one per row.
+        reasons: a reason per row already known (that row is not decoded), or ``None``.
+        decode: value -> uint8 ``(S, S, 3)``; raises ``ImageRejected``.
 
     Returns:
-        columns of :func:`result_type`: ``top_labels`` int32 ``(n, k)``, ``top_names`` object
-        ``(n, k)``, ``top_probabilities`` float32 ``(n, k)`` (``-1``, ``None``, ``NaN`` where a row
-        was not predicted) and ``reason`` object ``(n,)`` (``None`` where it was).
+        The columns of `result_type`, ``(n, k)`` each, and ``reason`` ``(n,)``; ``-1``, ``None``, ``NaN`` where a
+        row was not predicted.
     """
     n = len(values)
     why = np.array(list(reasons) if reasons is not None else [None] * n, dtype=object)
@@ -114,8 +91,7 @@ def predict_columns(model, values: Union[Sequence, np.ndarray],
 
 
 def set_threads(threads: int) -> None:
-    """TensorFlow's intra- and inter-op threads of this process (``0`` keeps its default). A Python
-    worker that already ran TensorFlow keeps its threads (TensorFlow fixes them at start)."""
+    """Set TensorFlow's intra- and inter-op threads of this process (``0`` keeps the default; fixed once TF started)."""
     if threads <= 0:
         return
     import tensorflow as tf
@@ -128,7 +104,7 @@ def set_threads(threads: int) -> None:
 
 
 def make_decoder(from_files: bool, image_size: int, max_file_bytes: int) -> Callable[[object], np.ndarray]:
-    """:func:`decode_file` (paths) or :func:`decode_stored` (ETL bytes) at the model's size."""
+    """`decode_file` (paths) or `decode_stored` (ETL bytes) at the model's size."""
     if from_files:
         return partial(decode_file, size=image_size, max_file_bytes=max_file_bytes)
     return partial(decode_stored, size=image_size)
@@ -140,11 +116,7 @@ _CURRENT: list = [None]  # this Python worker's running task's accumulator (Task
 class TaskCounter:
     """A Spark accumulator that follows the task, for the predict function to add to.
 
-    PySpark keeps the predict function per Python worker (``predict_batch_udf``'s model cache), so
-    an accumulator its closure captured is the one unpickled with that worker's first task; Spark
-    collects each later task's own copy, unpickled with its command and never added to. This
-    object travels in the same command: unpickled with each task's, it makes that task's copy the
-    worker's current one (:func:`_follow`), and :meth:`add` adds there.
+    Why: PySpark keeps the predict function per worker, so a captured accumulator would be the first task's.
     """
 
     def __init__(self, accumulator):
@@ -164,23 +136,18 @@ def _follow(accumulator) -> TaskCounter:
 
 def make_predict_fn(spec, k: int, from_files: bool, max_file_bytes: int, threads: int, verbose: bool = False,
                     counter: Optional[TaskCounter] = None):
-    """The ``make_predict_fn`` of ``predict_batch_udf``.
+    """The ``make_predict_fn`` of ``predict_batch_udf``: PySpark calls it once per Python worker to load the model.
 
     Args:
-        spec: the :class:`~pipelines.predict.model.ModelSpec` (its path visible to the executors).
-        k: labels kept per row. from_files: values are file paths (else stored ETL images).
-        max_file_bytes: files larger than this are not read. threads: TensorFlow threads (0: default).
-        verbose: show TensorFlow's info lines in the workers (quiet by default, whatever
-            environment the executors were started with).
-        counter: the rows of each batch are added to it once predicted (or found unreadable):
-            the driver's progress (:func:`pipelines.runtime.spark.log_progress`); ``None``: not counted.
+        from_files: values are file paths (else stored ETL images).
+        threads: TensorFlow threads (0: default).
+        counter: each batch's rows are added to it (the driver's progress), or ``None``.
 
     Returns:
-        a function of no argument that loads the model and returns ``predict(values, reasons)``
-        (:func:`predict_columns`); PySpark calls it once per Python worker.
+        A function of no argument returning ``predict(values, reasons)`` (`predict_columns`).
     """
     def make():
-        zipcache.install()  # this worker's next tasks start without re-reading pyspark.zip (see the module)
+        zipcache.install()  # this worker's next tasks start without re-reading pyspark.zip (see zipcache)
 
         quiet_by_default(verbose)  # before this worker loads TensorFlow
         set_threads(threads)

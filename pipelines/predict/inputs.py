@@ -1,26 +1,4 @@
-"""What to predict, decided on the driver before Spark starts: an image tree or an ETL split.
-
-**An image tree**, any layout: the job lists it itself with the ETL's listing
-(:func:`pipelines.etl.listing.list_files`: names as UTF-8 whatever the locale, no folder symlinks,
-FIFOs or devices) and classifies each file by its name and size with the ETL's rules
-(:func:`~pipelines.etl.listing.name_exclusion`, :func:`~pipelines.etl.listing.size_exclusion`):
-
-- skipped (not input, no output row; listed in ``_skipped.jsonl``): hidden names (``.x``, ``_x``)
-  and extensions that are not an image's;
-- every other file is an output row: loose files directly under the root and files nested at any
-  depth included. A file rejected by name or size (not UTF-8, unreadable, empty, too large) is a
-  row with that reason, never read; the others are read and decoded by the executors, and those
-  that fail become rows with the decoder's reason.
-
-A row's true label, when it has one, comes from its top-level folder (:func:`folder_class`):
-``NNN.name`` gives ``name``, a plain folder its own name, matched **by name** against the model's
-class names (so a tree holding only some of the classes, or numbered differently, is labelled
-right); a folder that names no class of the model, or a file under the root, has no label.
-
-**An ETL split** (``ETL/test``: a split's name beside the ETL's ``manifest.json``; no such folder
-needs to exist): the rows of the Parquet files the manifest names for it, already decoded by the
-ETL; the stored size must be the model's. Labels: the rows' ``label_name``, by name.
-"""
+"""What to predict, decided on the driver before Spark starts: an image tree or an ETL split."""
 from __future__ import annotations
 
 import dataclasses
@@ -43,35 +21,25 @@ class NoImages(Refused):
 
 
 class Item(NamedTuple):
-    """One output row of an image tree, as the driver knows it before any file is read.
+    """One output row of an image tree, as known before any file is read."""
 
-    ``path``: the file, absolute (names that are not UTF-8 shown with ``\\xNN``); ``label`` and
-    ``label_name``: the model's index and name of its folder's class, or ``None``; ``reason``:
-    why it cannot be read, when its name or size already says so (then it is never read).
-    """
-
-    path: str
-    label: Optional[int]
+    path: str  # absolute
+    label: Optional[int]  # the model's index of its folder's class
     label_name: Optional[str]
-    reason: Optional[str]
+    reason: Optional[str]  # set when its name or size rejects it: then it is never read
 
 
 @dataclass
 class InputPlan:
-    """The input, planned: ``kind`` (:data:`TREE` or :data:`ETL_SPLIT`), ``root`` (the tree, or
-    ``ETL/<split>``), ``found`` (files found, or the split's rows), ``rows`` (output rows expected),
-    ``items`` (a tree's rows), ``skipped`` (``(path, reason)`` of a tree's files that are no input),
-    ``parts`` (a split's Parquet files as its manifest names them,
-    :class:`pipelines.io.pinned.PinnedFile`; after :func:`private_copies`, the local paths of
-    their copies)."""
+    """The input, planned: an image tree's items or an ETL split's Parquet parts."""
 
-    kind: str
+    kind: str  # TREE or ETL_SPLIT
     root: str
-    found: int
-    rows: int
+    found: int  # files found, or the split's rows
+    rows: int  # output rows expected
     items: List[Item] = field(default_factory=list)
-    skipped: List[Tuple[str, str]] = field(default_factory=list)
-    parts: list = field(default_factory=list)
+    skipped: List[Tuple[str, str]] = field(default_factory=list)  # (path, reason) of a tree's files that are no input
+    parts: list = field(default_factory=list)  # PinnedFiles; local paths after private_copies
 
 
 def class_index(class_names: Sequence[Optional[str]]) -> Dict[str, int]:
@@ -80,8 +48,7 @@ def class_index(class_names: Sequence[Optional[str]]) -> Dict[str, int]:
 
 
 def folder_class(relative_path: str) -> Optional[str]:
-    """The class name a file's top-level folder gives: ``NNN.name`` -> ``name``, a plain folder ->
-    its name; ``None`` for a file directly under the root."""
+    """The class name a file's top-level folder gives (``NNN.name`` -> ``name``); ``None`` directly under the root."""
     parts = path_parts(relative_path)
     if len(parts) < 2:
         return None
@@ -90,14 +57,14 @@ def folder_class(relative_path: str) -> Optional[str]:
 
 
 def plan_tree(root: str, class_names: Sequence[Optional[str]], max_file_bytes: int) -> InputPlan:
-    """List and classify every file under ``root`` (see the module's text).
+    """List and classify every file under ``root`` with the ETL's rules, sorted by relative path.
 
-    Returns:
-        an :class:`InputPlan` of kind :data:`TREE`, its items sorted by relative path.
+    Hidden names and non-image extensions are skipped. Every other file, at any depth, is a row: one rejected by
+    name or size carries its reason and is never read. Labels are `folder_class` matched by name.
 
     Raises:
-        UnsupportedTree (a ``ValueError``): folder symlinks, FIFOs, devices, unreadable folders.
-        NoImages: no file is input (none found, or all skipped).
+        UnsupportedTree: folder symlinks, FIFOs, devices, unreadable folders.
+        NoImages: no file is input.
     """
     files = list_files(root)
     index = class_index(class_names)
@@ -119,17 +86,12 @@ def plan_tree(root: str, class_names: Sequence[Optional[str]], max_file_bytes: i
 
 
 def is_etl_split(path: str) -> bool:
-    """Whether ``path`` names a split of an ETL output: ``train``/``test`` beside a ``manifest.json``
-    (the split's files lie where the manifest says, ``ETL/runs/<run id>/``)."""
+    """Whether ``path`` names a split of an ETL output: ``train``/``test`` beside a ``manifest.json``."""
     return os.path.basename(path) in SPLITS and os.path.isfile(os.path.join(os.path.dirname(path), MANIFEST))
 
 
 def plan_split(split_dir: str, image_size: int) -> InputPlan:
-    """An ETL split (``ETL/test``) as input: the files its manifest names.
-
-    Raises:
-        ValueError: its images are not stored at the model's input size. NoImages: no row.
-    """
+    """An ETL split as input: its manifest's files; refused if stored at another size, `NoImages` if empty."""
     root, split = os.path.split(split_dir)
     manifest = Manifest.read(root)
     if manifest.image_size != image_size:
@@ -144,13 +106,12 @@ def plan_split(split_dir: str, image_size: int) -> InputPlan:
 
 
 def private_copies(plan: InputPlan, folder: str) -> InputPlan:
-    """``plan`` with an ETL split's parts copied into ``folder`` (a new private folder of this
-    run) as the files checked when planned (:meth:`pipelines.io.pinned.PinnedFile.copy_to`), their
-    paths in ``parts``: Spark's executors open files by name, so they read the copies, which
-    nobody else can swap for a folder or a link; a tree's plan as it is.
+    """``plan`` with an ETL split's parts copied into the private ``folder`` (a tree's as it is).
+
+    Why: executors open files by name, and nobody can swap these copies for a folder or a link.
 
     Raises:
-        pipelines.io.nofollow.LinkRefused: a part's name no longer holds the file checked.
+        LinkRefused: a part's name no longer holds the file checked.
     """
     copies = []
     for i, part in enumerate(plan.parts):
@@ -161,12 +122,11 @@ def private_copies(plan: InputPlan, folder: str) -> InputPlan:
 
 def plan_input(path: str, class_names: Sequence[Optional[str]], image_size: int,
                max_file_bytes: int) -> InputPlan:
-    """The input named by ``--input``: an ETL split when it is ``train``/``test`` beside a
-    ``manifest.json``, else an image tree.
+    """The input named by ``--input``: an ETL split when `is_etl_split`, else an image tree (`plan_tree`).
 
     Raises:
-        FileNotFoundError, NotADirectoryError: no such folder. ValueError: an ETL output's root
-            (name a split), see also :func:`plan_tree` and :func:`plan_split`.
+        FileNotFoundError, NotADirectoryError: no such folder.
+        ValueError: an ETL output's root (name a split).
     """
     path = path.rstrip("/") or "/"
     if is_etl_split(path):

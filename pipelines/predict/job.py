@@ -1,20 +1,6 @@
 """Driver side of batch inference: refuse, plan, predict in Spark, reconcile, report, swap in.
 
-Steps, each a function below:
-
-1. :func:`prepare` - clear errors before Spark starts (:func:`check_paths`; the model resolved
-   with its contract, :mod:`pipelines.predict.model`; the input planned,
-   :mod:`pipelines.predict.inputs`).
-2. :func:`predictions` - the input as a DataFrame (a tree's rows cut into one contiguous chunk per
-   task, ``spark.range(P).mapInArrow``, no shuffle, as the ETL does; an ETL split: the files
-   its manifest names, read as Parquet), through ``predict_batch_udf`` (:mod:`pipelines.predict.infer`: decode in the executors with the
-   ETL's functions, the model loaded once per Python worker, batched); written as Parquet into a
-   staging folder beside the output.
-3. :func:`finish` - read the written rows back, reconcile (rows = predicted + unreadable = the
-   input's rows; a tree's files found = rows + skipped), metrics when rows are labelled
-   (:mod:`pipelines.predict.metrics`, the confusion-matrix picture), ``_summary.json``,
-   ``_skipped.jsonl``; then the staging folder replaces the output, so a failed run leaves the
-   previous output as it was.
+The output is written into a staging folder and swapped in at the end: a failed run leaves the previous output.
 """
 from __future__ import annotations
 
@@ -57,10 +43,8 @@ SPARK_ARROW_ROWS = 10_000  # Spark's default of ARROW_RECORDS
 ARROW_BATCH_BYTES = 8 * 2**20  # stored images per Arrow batch (arrow_batch_rows): a few model batches at 299 px
 WRITTEN_BY = "pipelines.predict"  # the summary's mark: a folder this job may replace (owned_files)
 ITEM_DDL = "path STRING, label INT, label_name STRING, reason STRING"
-# Images per task by default, at most: a model call costs more than an ETL decode, so fewer than
-# the ETL's 500 for the same aim (progress that moves, a lost task that redoes little); still 8
-# model batches of the default 32, and the model is loaded once per Python worker, not per task.
-# Why and what it costs: docs/tracking-and-inference.md ("Progress").
+# Images per task at most: fewer than the ETL's 500, as a model call costs more than a decode
+# (docs/tracking-and-inference.md, "Progress").
 TASK_IMAGES = 256
 MAX_PARTITION_BYTES = "spark.sql.files.maxPartitionBytes"
 OPEN_COST = "spark.sql.files.openCostInBytes"
@@ -69,40 +53,21 @@ COLUMNS = ("path", "label", "label_name", "status", "reason", "top_labels", "top
 
 
 def arrow_batch_rows(batch_size: int, image_bytes: int, budget: int = ARROW_BATCH_BYTES) -> int:
-    """Rows per Arrow batch that Spark sends a Python worker
-    (``spark.sql.execution.arrow.maxRecordsPerBatch``): whole model batches, as many as fit in
-    ``budget`` bytes of stored images, at least one, at most Spark's default::
+    """Rows per Arrow batch sent to a Python worker: whole model batches in ``budget`` bytes, at most Spark's default.
 
-        rows = batch_size * max(1, budget // (batch_size * image_bytes))
-        then whole model batches of at most 10,000 rows (never less than one model batch)
-
-    Why: ``predict_batch_udf`` cuts each Arrow batch into model batches of ``batch_size``
-    (PySpark's ``pyspark.ml.functions.predict_batch_udf`` documentation: its batch size is
-    independent of the Arrow batch size), but the worker first receives the whole Arrow batch and
-    converts it to pandas. Spark's default, 10,000 rows per Arrow batch (Spark's SQL configuration
-    reference, ``spark.sql.execution.arrow.maxRecordsPerBatch``), is meant for rows of a few
-    numbers: with an ETL split's image column (``row_bytes(299)`` = 268,203 bytes a row) the
-    worker held a whole Parquet partition of images (``benchmarks/predict_bench.py`` measures it).
+    Why: the worker converts a whole Arrow batch to pandas before ``predict_batch_udf`` cuts it into model batches,
+    and Spark's default of 10,000 rows is meant for rows of a few numbers, not stored images.
 
     Args:
-        batch_size: images per model call (``--batch-size``). image_bytes: bytes of one stored
-            image (:func:`pipelines.contract.row_bytes`). budget: bytes of images per Arrow batch.
-
-    Returns:
-        rows (int, >= 1).
+        batch_size: images per model call.
+        image_bytes: bytes of one stored image.
     """
     rows = batch_size * max(1, budget // (batch_size * image_bytes))
     return rows if rows <= SPARK_ARROW_ROWS else max(batch_size, SPARK_ARROW_ROWS // batch_size * batch_size)
 
 
 def check_paths(config: PredictConfig) -> None:
-    """Refuse, before Spark starts, an output that cannot be written safely.
-
-    Raises:
-        ValueError: the output is, holds or lies inside the input; or it is a folder with files
-            that is not an earlier output of this job (:func:`owned_files`): it is never replaced.
-        NotADirectoryError: the output is a file.
-    """
+    """Refuse, before Spark starts, an output that is a file, overlaps the input, or is not this job's."""
     check_disjoint(config.input, config.output)
     out = config.output
     if os.path.exists(out) and not os.path.isdir(out):
@@ -111,15 +76,12 @@ def check_paths(config: PredictConfig) -> None:
 
 
 def owned_files(output: str) -> List[str]:
-    """The names in the folder ``output`` that an earlier run of this job wrote, as its
-    ``_summary.json`` records them (``written_by`` :data:`WRITTEN_BY`, ``output_files``); ``[]``
-    when the folder is missing or empty. A run replaces only such a folder, and deletes only
-    those names.
+    """The names in ``output`` that an earlier run of this job wrote, as its ``_summary.json`` lists them.
+
+    A run replaces only such a folder, and deletes only those names; ``[]`` for a missing or empty folder.
 
     Raises:
-        ValueError: the folder holds files but no summary of this job, or names its summary
-            does not list (a user's files put there since): not an output of this job, refusing
-            to replace it.
+        ValueError: the folder holds files but no summary of this job, or names the summary does not list.
     """
     names = sorted(os.listdir(output)) if os.path.isdir(output) else []
     if not names:
@@ -148,21 +110,14 @@ def work_dirs(output: str) -> Tuple[str, str]:
 
 
 def private_folder(output: str) -> str:
-    """A new folder (0700, a name nobody could plant) beside ``output``, which Spark's executors
-    reach wherever they reach the output: where an ETL split's parts are copied."""
+    """A new private folder (0700, an unguessable name) beside ``output``, where the executors reach it."""
     parent, name = os.path.split(os.path.abspath(output))
     os.makedirs(parent, exist_ok=True)
     return tempfile.mkdtemp(prefix=f".{name}.input-", dir=parent)
 
 
 def prepare(config: PredictConfig, download_dir: str) -> Tuple[ModelSpec, InputPlan]:
-    """Everything the driver can check before Spark starts: paths, model, input.
-
-    Raises:
-        FileNotFoundError, NotADirectoryError, ValueError (``ModelContractError``, ``NoImages``,
-            ``UnsupportedTree``): see :func:`check_paths`,
-            :func:`~pipelines.predict.model.resolve_model`, :func:`~pipelines.predict.inputs.plan_input`.
-    """
+    """Everything the driver can check before Spark starts: paths, model, input."""
     if not os.path.isdir(config.input) and not is_etl_split(config.input.rstrip("/")):
         raise MissingInput(f"input folder does not exist: {config.input}")
     check_paths(config)
@@ -171,11 +126,10 @@ def prepare(config: PredictConfig, download_dir: str) -> Tuple[ModelSpec, InputP
 
 
 def emit_items(batches: Iterator, chunks: List[List[tuple]]) -> Iterator:
-    """``mapInArrow`` function: the items of the chunk numbers this task receives (:data:`ITEM_DDL`);
-    ``chunks`` holds each :class:`Item` as a plain tuple (:func:`pipelines.etl.layout.closure_chunks`)."""
+    """``mapInArrow`` function: the items (`ITEM_DDL`) of the chunk numbers this task receives."""
     import pyarrow as pa
 
-    zipcache.install()  # this worker's next tasks start without re-reading pyspark.zip (see the module)
+    zipcache.install()  # this worker's next tasks start without re-reading pyspark.zip (see zipcache)
     schema = pa.schema([("path", pa.string()), ("label", pa.int32()), ("label_name", pa.string()),
                         ("reason", pa.string())])
     for batch in batches:
@@ -184,8 +138,7 @@ def emit_items(batches: Iterator, chunks: List[List[tuple]]) -> Iterator:
 
 
 def input_frame(spark, config: PredictConfig, spec: ModelSpec, plan: InputPlan):
-    """The input as a DataFrame ``path, label, label_name, reason, value``; ``value`` is what the
-    predict function decodes (a tree's file path, an ETL row's image bytes)."""
+    """The input as a DataFrame ``path, label, label_name, reason, value`` (``value``: a file path or image bytes)."""
     from pyspark.sql import functions as F
 
     if plan.kind == TREE:
@@ -201,8 +154,7 @@ def input_frame(spark, config: PredictConfig, spec: ModelSpec, plan: InputPlan):
 
 
 def predictions(spark, config: PredictConfig, spec: ModelSpec, plan: InputPlan, counter=None):
-    """The output DataFrame (:data:`COLUMNS`): every input row through ``predict_batch_udf``,
-    each batch's rows added to the accumulator ``counter`` when given (the driver's progress)."""
+    """The output DataFrame (`COLUMNS`); each batch's rows are added to the accumulator ``counter`` when given."""
     from pyspark.ml.functions import predict_batch_udf
     from pyspark.sql import functions as F
 
@@ -218,13 +170,7 @@ def predictions(spark, config: PredictConfig, spec: ModelSpec, plan: InputPlan, 
 
 
 def reconcile(plan: InputPlan, table) -> Dict:
-    """Counts of the written rows, checked against the plan.
-
-    Args:
-        table: the written output (pyarrow), at least ``path`` and ``status``.
-
-    Returns:
-        ``{"found", "rows", "predicted", "unreadable", "skipped", "reasons"}``.
+    """Counts of the written pyarrow ``table``, ``{"found", "rows", "predicted", "unreadable", "skipped", "reasons"}``.
 
     Raises:
         RuntimeError: rows != the input's rows, a tree path missing, duplicated or never listed,
@@ -245,10 +191,7 @@ def reconcile(plan: InputPlan, table) -> Dict:
 
 
 def labelled_metrics(table, spec: ModelSpec, folder: str) -> Dict:
-    """Metrics of the predicted rows that have a true label, and the confusion-matrix picture
-    (``folder/_confusion.png``, its name under ``picture``); ``{}`` when no predicted row is
-    labelled. A picture that cannot be drawn is logged and recorded (``picture`` null,
-    ``picture_error`` its error), never the job's failure: the predictions are its work."""
+    """Metrics of the labelled predicted rows, ``{}`` if none, and a confusion picture that never fails the job."""
     rows = [(t, p[0]) for t, p, s in zip(*(table.column(c).to_pylist() for c in ("label", "top_labels", "status")))
             if t is not None and s == PREDICTED]
     if not rows:
@@ -267,7 +210,7 @@ def labelled_metrics(table, spec: ModelSpec, folder: str) -> Dict:
 
 
 def finish(config: PredictConfig, spec: ModelSpec, plan: InputPlan, staging: str, seconds: float) -> Dict:
-    """Reconcile the staged output, add the summary, the skipped list and the picture; return the summary."""
+    """Reconcile the staged output, write the summary, the skipped list and the picture; return the summary."""
     import pyarrow.parquet as pq
 
     table = pq.read_table(staging, columns=["path", "label", "status", "reason", "top_labels"])
@@ -292,9 +235,7 @@ def finish(config: PredictConfig, spec: ModelSpec, plan: InputPlan, staging: str
 
 
 def swap_in(staging: str, output: str) -> None:
-    """Replace the output folder with the staged one: the previous output (checked again to be
-    this job's, :func:`owned_files`) is moved aside, the staged one moved in, then the files the
-    previous summary lists are deleted, and its folder when nothing else appeared in it."""
+    """Replace the output with the staged folder, deleting only the files the previous summary lists."""
     owned = owned_files(output)
     if not os.path.isdir(output):
         os.replace(staging, output)
@@ -315,12 +256,10 @@ def run_predict(config: PredictConfig, spark=None) -> Dict:
     """Run batch inference and return its summary (``OUTPUT/_summary.json``).
 
     Args:
-        config: the stage's configuration.
-        spark: a SparkSession to use (a notebook's); by default the active one or a new one
-            (``config.master``, else ``local[*]``), started only after every refusal.
+        spark: a session to use; by default the active one or a new one, started only after every refusal.
 
     Raises:
-        FileNotFoundError, NotADirectoryError, ValueError: see :func:`prepare` (before Spark).
+        FileNotFoundError, NotADirectoryError, ValueError: refused before Spark starts.
         RuntimeError: the written rows do not reconcile with the input.
     """
     quiet_libraries(config.verbose)  # this process's third-party noise: the config's choice
@@ -353,15 +292,10 @@ def run_predict(config: PredictConfig, spark=None) -> Dict:
 
 
 def split_partitioning(config: PredictConfig, plan: InputPlan) -> Dict[str, str]:
-    """Spark's file-split settings that give an ETL split's tasks about :data:`TASK_IMAGES` rows
-    each (``{}`` for a tree, or with ``--num-partitions``, which applies to trees only).
+    """Spark's file-split settings that give an ETL split's tasks about `TASK_IMAGES` rows each.
 
-    Spark cuts Parquet files into splits of ``spark.sql.files.maxPartitionBytes`` (128 MiB by
-    default: thousands of stored images a task) and packs small files up to it, counting
-    ``spark.sql.files.openCostInBytes`` (4 MiB) per file. The first is set to the split's mean
-    stored bytes per row times :data:`TASK_IMAGES` (at least 1 MiB), the second to an eighth of
-    that (up to 8 small files a task). A task still reads whole row groups (Spark assigns each to
-    the split holding its middle).
+    ``maxPartitionBytes`` becomes the mean stored bytes of `TASK_IMAGES` rows (at least 1 MiB) and ``openCostInBytes``
+    an eighth of that. ``{}`` for a tree or with ``--num-partitions``.
     """
     if plan.kind == TREE or not plan.rows or config.num_partitions:
         return {}
@@ -372,8 +306,7 @@ def split_partitioning(config: PredictConfig, plan: InputPlan) -> Dict[str, str]
 
 @contextlib.contextmanager
 def session_conf(spark, values: Dict[str, str]) -> Iterator[None]:
-    """Set runtime SQL settings of ``spark`` for the block, then put back what was there (a
-    notebook's session keeps its own settings)."""
+    """Set SQL settings of ``spark`` for the block, then restore the previous values (a notebook keeps its own)."""
     before = {key: spark.conf.get(key, None) for key in values}
     for key, value in values.items():
         spark.conf.set(key, value)

@@ -1,9 +1,6 @@
-"""The top k of a few image files, in this process: no Spark, no Horovod.
+"""The top k of a few image files, in this process (no Spark), resolved and decoded as the job does.
 
-``python -m pipelines.predict IMAGE... --model MODEL [--top-k 3]`` prints one line per file,
-``path: name probability, ...`` (or ``path: unreadable: reason``). The model is resolved as the
-job resolves it (:func:`pipelines.predict.model.resolve_model`) and each file is decoded by the
-same function the job's executors use, so the figures are the job's.
+``python -m pipelines.predict IMAGE... --model MODEL``.
 """
 from __future__ import annotations
 
@@ -26,16 +23,7 @@ OPTIONS = ("model", "top_k", "class_names", "max_file_mb", "batch_size", "verbos
 
 def predict_files(paths: Sequence[str], spec: ModelSpec, top_k: int = 3, max_file_bytes: int = 50 * 2**20,
                   batch_size: int = 32) -> List[Dict]:
-    """Predict image files in this process, ``batch_size`` at a time.
-
-    Returns:
-        one dict per path, in order, with the job's columns: ``path``, ``status`` (``predicted`` or
-        ``unreadable``), ``reason``, ``top_labels``, ``top_names``, ``top_probabilities`` (lists of
-        at most ``top_k``; ``None`` when unreadable).
-
-    Raises:
-        ModelContractError: the loaded model does not take the contract's input.
-    """
+    """Predict image files in this process, ``batch_size`` at a time: one dict of the job's columns per path."""
     model = spec.load()
     decode = make_decoder(True, spec.image_size, max_file_bytes)
     rows = []
@@ -59,9 +47,7 @@ def format_row(row: Dict) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Print the top k of each file. Returns 0; 1 when a file was unreadable (the others are
-    printed); 2 with a one-line error for a missing model or a model without its contract (a
-    :class:`~pipelines.runtime.errors.Refused`); 1 with the redacted traceback for any other exception."""
+    """Print the top k of each file; return 0, 1 if a file was unreadable or on an error, 2 on a `Refused`."""
     parser = argparse.ArgumentParser(prog="python -m pipelines.predict", description=__doc__.split("\n")[0])
     parser.add_argument("images", nargs="+", help="image files")
     defaults = {f.name: f.default for f in dataclasses.fields(PredictConfig)}

@@ -9,12 +9,7 @@ from pipelines.runtime.logs import plural
 
 
 def confusion_matrix(true: Sequence[int], predicted: Sequence[int], num_classes: int) -> np.ndarray:
-    """``m[t][p]``: rows with true label ``t`` predicted ``p``; int64 ``(num_classes, num_classes)``,
-    one ``np.bincount`` over ``t * num_classes + p``.
-
-    Raises:
-        ValueError: ``true`` and ``predicted`` differ in length, or a label is outside ``[0, num_classes)``.
-    """
+    """``m[t][p]``: rows of true ``t`` predicted ``p``, int64 ``(C, C)``; `ValueError` on lengths or labels."""
     t, p = _labels(true, predicted, num_classes)
     return np.bincount(t * num_classes + p, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
 
@@ -37,18 +32,9 @@ def classification_report(true: Sequence[int], predicted: Sequence[int],
                           class_names: Sequence[Optional[str]]) -> Dict:
     """Accuracy, per-class precision/recall and the confusion matrix of labelled predictions.
 
-    Args:
-        true, predicted: labels (indexes into ``class_names``), one pair per labelled row.
-        class_names: the model's classes.
-
     Returns:
-        ``{"count", "correct", "accuracy", "per_class": [...], "confusion": {"labels", "matrix"}}``:
-        ``per_class`` holds, for every class that occurs as a true or a predicted label, its
-        ``label``, ``name``, ``support`` (true rows), ``predicted`` (rows predicted as it),
-        ``precision`` (correct / predicted) and ``recall`` (correct / support), ``None`` where the
-        denominator is 0; ``confusion`` is the matrix restricted to those classes (``labels``, in
-        label order; rows true, columns predicted). ``accuracy`` is ``None`` when nothing is labelled.
-        O(rows + len(class_names) + classes present squared): linear, not squared, in the classes.
+        ``{"count", "correct", "accuracy", "per_class", "confusion": {"labels", "matrix"}}`` over the classes that
+        occur (``per_class``: ``label, name, support, predicted, precision, recall``); ``None`` for a ratio over 0.
 
     Raises:
         ValueError: ``true`` and ``predicted`` differ in length, or a label is not an index of ``class_names``.

@@ -1,40 +1,9 @@
-"""Which model runs, and what it takes: resolved once, on the driver, before Spark starts.
+"""Which model runs and what it takes: resolved once, on the driver, before Spark starts.
 
-A model is named three ways (:func:`resolve_model`):
-
-- a ``model.keras`` file: its contract ``model.json`` must lie beside it (``jobs/train.py`` writes
-  both, :func:`pipelines.training.model.export.input_contract`); it gives the input size and the class
-  names, so nothing is loaded on the driver;
-- a training run's output folder: its ``model.keras`` (and ``model.json``);
-- an MLflow URI, ``models:/NAME/VERSION`` or ``runs:/RUN_ID/PATH``: the model is downloaded once
-  into a local folder, checked (:func:`~pipelines.predict.safeload.mlflow_model_file`) and loaded
-  to read its input, and its class names are the ``class_names`` entry of the MLflow model's metadata
-  (``mlflow.tensorflow.log_model(..., metadata={"class_names": [...]})``), else the
-  ``--class-names`` file (a run's ``class_names.json``).
-
-Nothing read from a model file may run code (:func:`load_model`). A ``model.keras`` must be Keras'
-zip format (its first bytes, not its name: an HDF5 file named ``model.keras`` would take Keras'
-legacy loader, where a ``Lambda`` layer's Python bytecode runs and safe mode does not apply),
-loaded with ``safe_mode=True``, and its sha256 must be the ``model_sha256`` its training run
-recorded in ``model.json``. An MLflow model is never loaded by MLflow's own loader, which unpickles
-``custom_objects.cloudpickle`` and ``global_custom_objects.cloudpickle`` (CVE-2024-37057, no fixed
-MLflow) and puts the model's ``code/`` on ``sys.path``: a model holding custom objects or code is
-refused, no pickle of a model is ever read, and its Keras file (HDF5, as
-``pipelines.tracking`` logs it, or the zip format) is loaded here. Safe mode is no sandbox (it
-loads a ``TFOpLambda``; a function named by its module reaches the deserialiser), so before Keras
-opens any file its config is walked as JSON and must name only the layers, initializers and
-activations the product's own models are built from
-(:func:`~pipelines.predict.safeload.check_model_config`), and a zip file must hold exactly the
-members Keras' own save writes, its weights as HDF5 (Keras 2.15 also loads weights saved as NumPy's
-``.npz``, unpickling them: :func:`~pipelines.predict.safeload.check_zip_members`). The sha256 sits beside the model: it
-catches a file changed by accident, not a tampered folder. Each file is copied into a private
-temporary folder and checked and loaded from there, so the bytes checked are the bytes loaded.
-
-Every model must take the ETL's image, uint8 RGB ``(batch, S, S, 3)``, preprocessing inside its
-graph (the contract: :data:`pipelines.contract.MODEL_INPUT_DTYPE`), and return ``(batch,
-len(class_names))`` probabilities; :func:`check_loaded` checks it where the model is loaded. Batch
-inference sends the decoded uint8 image as it is (:func:`pipelines.predict.infer.predict_columns`)
-and preprocesses nothing itself.
+``--model`` is a ``model.keras`` file with its contract ``model.json`` beside it, a training run's folder, or an
+MLflow URI (``models:/NAME/VERSION``, ``runs:/RUN_ID/PATH``). Every model takes the ETL's uint8 RGB
+``(batch, S, S, 3)``, preprocessing inside its graph, and returns ``(batch, len(class_names))`` probabilities.
+Nothing read from a model file may run code (`load_model`).
 """
 
 from __future__ import annotations
@@ -76,24 +45,13 @@ KERAS, MLFLOW = "keras", "mlflow"
 
 
 class ModelSpec:
-    """A resolved model: what loads it and what it takes.
+    """A resolved model: what loads it and what it takes."""
 
-    Attributes:
-        source: the model as the user named it (path or URI).
-        sha256: the hex sha256 ``model.json`` records for ``model.keras`` (flavor ``keras``).
-        path: what loads: a ``model.keras`` file (flavor ``keras``) or a local MLflow model folder
-            (flavor ``mlflow``); executors load the same path, so on a cluster it must be on a
-            file system they share (like the input).
-        flavor: :data:`KERAS` or :data:`MLFLOW`.
-        image_size: ``S`` of the uint8 input ``(batch, S, S, 3)``.
-        class_names: the name of each output index (``None`` for a label no folder used).
-    """
-
-    source: str
-    path: str
-    flavor: str
-    image_size: int
-    class_names: Tuple[Optional[str], ...]
+    source: str  # as the user named it (path or URI)
+    path: str  # model.keras or a local MLflow model folder, on a file system the executors share
+    flavor: str  # KERAS or MLFLOW
+    image_size: int  # S of the uint8 input (batch, S, S, 3)
+    class_names: Tuple[Optional[str], ...]  # per output index; None for a label no folder used
     sha256: str = ""  # of model.keras (flavor keras), from model.json
 
     @property
@@ -101,33 +59,22 @@ class ModelSpec:
         return len(self.class_names)
 
     def load(self):
-        """The ``tf.keras`` model, loaded once per process (cached), its input checked.
-
-        Raises:
-            ModelContractError: the model does not take uint8 ``(batch, S, S, 3)`` or does not
-                return one probability per class name.
-        """
+        """The ``tf.keras`` model, loaded once per process, its input and output checked."""
         model = load_model(self.flavor, self.path, self.sha256)
         check_loaded(model, self.image_size, self.num_classes)
         return model
 
 
 def load_model(flavor: str, path: str, sha256: str = ""):
-    """Load a ``model.keras`` file (``keras``) or a local MLflow model folder (``mlflow``),
-    uncompiled, without running code from it (see the module).
+    """Load a ``model.keras`` file or a local MLflow model folder, uncompiled, without running code from it.
 
-    Cached per process while the file or folder is unchanged (its modification time is part of the
-    key): a Python worker that Spark reuses loads a model once, and a process that resolved an
-    MLflow model (which loads it) does not load it twice; a model rewritten since is loaded again.
-
-    Args:
-        sha256: for ``keras``, the hex sha256 the file must have (``model.json``'s ``model_sha256``).
+    A ``model.keras`` must be Keras' zip format by its first bytes (an HDF5 file takes Keras' legacy loader, where a
+    ``Lambda``'s bytecode runs) with the recorded ``sha256``. MLflow's loader is never used (it unpickles). Safe
+    mode is no sandbox, so the config must name only allowlisted classes and a zip only Keras' own members. Each
+    file is checked and loaded from a private copy. Cached per process by path and modification time.
 
     Raises:
-        UnsafeModel: not Keras' zip format; a hash that differs; an MLflow model with pickled
-            custom objects or code; a zip file with other members than Keras' own save writes
-            (:func:`~pipelines.predict.safeload.check_zip_members`); a config naming anything outside the allowlist
-            (:func:`check_model_config`: ``Lambda``, ``TFOpLambda``, another class or function).
+        UnsafeModel: any of these checks failed.
     """
     return _load(flavor, path, sha256, os.stat(path).st_mtime_ns)
 
@@ -172,12 +119,7 @@ def _copy_hashed(source: str, target: str) -> str:
 
 
 def check_loaded(model, image_size: int, num_classes: int) -> None:
-    """Check a loaded model against its contract.
-
-    Raises:
-        ModelContractError: input not uint8 ``(None, image_size, image_size, 3)``, or output not
-            ``(None, num_classes)``.
-    """
+    """Refuse (`ModelContractError`) a model whose input is not uint8 ``(None, S, S, 3)`` or output ``(None, C)``."""
     dtype = getattr(model.inputs[0].dtype, "name", str(model.inputs[0].dtype))
     shape, out = tuple(model.input_shape), tuple(model.output_shape)
     if dtype != MODEL_INPUT_DTYPE or shape[1:] != (image_size, image_size, 3):
@@ -190,11 +132,7 @@ def check_loaded(model, image_size: int, num_classes: int) -> None:
 
 
 def read_class_names(path: str) -> List[Optional[str]]:
-    """A JSON list of class names (``class_names.json``): strings, ``null`` for unused labels.
-
-    Raises:
-        FileNotFoundError: no such file. ModelContractError: not a non-empty list of names.
-    """
+    """A JSON list of class names, ``null`` for unused labels; `ModelContractError` if not a non-empty list."""
     with open(path, encoding="utf-8") as f:
         names = json.load(f)
     if not isinstance(names, list) or not names or not all(n is None or isinstance(n, str) for n in names):
@@ -205,10 +143,7 @@ def read_class_names(path: str) -> List[Optional[str]]:
 def read_contract(model_file: str) -> Tuple[int, List[Optional[str]], str]:
     """``(image_size, class_names, sha256)`` from the ``model.json`` beside ``model_file``.
 
-    Raises:
-        ModelContractError: no ``model.json`` there, or one whose input is not uint8
-            ``(None, S, S, 3)``, that names no classes, or that records no ``model_sha256`` (the
-            hash the loader checks ``model.keras`` against).
+    Raises `ModelContractError` for none there, or one without uint8 ``(None, S, S, 3)``, classes or a sha256.
     """
     path = os.path.join(os.path.dirname(model_file), CONTRACT_FILE)
     if not os.path.isfile(path):
@@ -234,20 +169,14 @@ def read_contract(model_file: str) -> Tuple[int, List[Optional[str]], str]:
 
 
 def resolve_model(model: str, class_names_file: str = "", download_dir: Optional[str] = None) -> ModelSpec:
-    """Resolve ``--model`` (a ``model.keras`` file, a run's folder, or an MLflow URI) on the driver.
+    """Resolve ``--model`` (a ``model.keras``, a run's folder, an MLflow URI) on the driver.
 
-    Args:
-        model: as given; a path is taken as it is (absolute paths in jobs).
-        class_names_file: optional JSON list of names; it overrides the model's own.
-        download_dir: where an MLflow model is downloaded (default: a new temporary folder).
-
-    Returns:
-        the :class:`ModelSpec`. Only an MLflow model is loaded here (to read its input).
+    Only an MLflow model is loaded here, to read its input; it is downloaded into ``download_dir``.
+    ``class_names_file`` overrides the model's own names.
 
     Raises:
-        FileNotFoundError: no such file or folder, no ``model.keras`` in the folder, an MLflow URI
-            the tracking server does not know. ModelContractError: no contract, or one that does
-            not hold (see :func:`read_contract`, :func:`check_loaded`).
+        FileNotFoundError: no such model, or an MLflow URI the tracking server does not know.
+        ModelContractError: no contract, or one that does not hold.
     """
     names = read_class_names(class_names_file) if class_names_file else None
     if is_mlflow_uri(model):
@@ -266,7 +195,7 @@ def resolve_model(model: str, class_names_file: str = "", download_dir: Optional
 
 
 def _resolve_mlflow(uri: str, names: Optional[List[Optional[str]]], download_dir: Optional[str]) -> ModelSpec:
-    """Download the MLflow model, read its class names and load it to read its input size."""
+    """Download the MLflow model, load it to read its input; ``names``, else its metadata's ``class_names``."""
     if not is_verbose():
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow

@@ -1,9 +1,4 @@
-"""What a model file may hold before Keras or MLflow opens it, so that nothing read from it runs
-code (the why: :mod:`pipelines.predict.model`): its format by its first bytes, a zip file's members
-exactly the ones Keras' own save writes (:func:`check_zip_members`), its Keras config walked as JSON against the layers, initializers and activations the product's own models are built
-from (:func:`check_model_config`), the stack that saved it (:func:`check_model_stack`), and an
-MLflow model's folder without its pickles or code (:func:`mlflow_model_file`).
-"""
+"""What a model file may hold before Keras or MLflow opens it, so that nothing read from it runs code."""
 from __future__ import annotations
 
 import json
@@ -51,9 +46,7 @@ WEIGHTS_MEMBER = "model.weights.h5"
 
 
 def allowed_object(item: dict) -> bool:
-    """Whether one serialised Keras object (a dict with ``class_name``; ``module`` and
-    ``registered_name`` as the zip format writes them, absent in HDF5's legacy config) is one
-    the product's models are built from."""
+    """Whether one serialised Keras object (a dict with ``class_name``, maybe ``module``) is one the product builds."""
     name, module, registered = item.get("class_name"), item.get("module"), item.get("registered_name")
     if name == "Functional":
         return module in FUNCTIONAL_MODULES | {None} and registered in ("Functional", None)
@@ -65,15 +58,10 @@ def allowed_object(item: dict) -> bool:
 
 
 def check_model_config(config, shown: str) -> None:
-    """Refuse a model config (the JSON of a zip ``.keras`` file's ``config.json`` or an HDF5 file's
-    ``model_config``, already parsed: nothing is deserialised) that names, at any depth, a class
-    or module not in the allowlist above (:func:`allowed_object`), or an activation other than
-    :data:`ALLOWED_ACTIVATIONS`. Keras' safe mode refuses a zip model's ``Lambda`` but not a
-    ``TFOpLambda``, nor a function named by its module (``builtins.exec``); the allowlist refuses
-    every callable the product does not build.
+    """Refuse (`UnsafeModel`) a parsed config naming, at any depth, a class or activation outside the allowlist.
 
-    Raises:
-        UnsafeModel: naming the first object refused.
+    Why: Keras' safe mode refuses a zip model's ``Lambda`` but not a ``TFOpLambda``, nor a function named by its
+    module (``builtins.exec``).
     """
     stack = [config]
     while stack:
@@ -97,15 +85,7 @@ def check_model_config(config, shown: str) -> None:
 
 
 def check_model_stack(config, shown: str) -> None:
-    """Refuse a zip model that another stack saved and this stack's Keras cannot load: its outer
-    model's ``module`` is that stack's ``functional_module`` and that stack is not in this one's
-    ``loads_models_of`` (:data:`pipelines.stack.STACKS`). A ``model.keras`` of the current stack
-    (``tf_keras.src.engine.functional``) failed on the mission stack's Keras 2.15 with a
-    ``TypeError`` quoting the whole config; the mission stack's loads on the current stack.
-
-    Raises:
-        ModelContractError: naming the stack that saved the model and the way out.
-    """
+    """Refuse (`ModelContractError`) a zip model of another stack that this stack's Keras cannot load."""
     module = config.get("module") if isinstance(config, dict) else None
     made_by = next((s.name for s in stacks.STACKS.values() if s.functional_module == module), None)
     try:
@@ -121,13 +101,10 @@ def check_model_stack(config, shown: str) -> None:
 
 
 def check_zip_members(zf: zipfile.ZipFile, shown: str) -> None:
-    """Refuse a Keras zip file whose members are not exactly :data:`KERAS_MEMBERS`, each once, with
-    HDF5 weights: weights in any other format (``model.weights.npz``, which Keras 2.15 unpickles,
-    whatever arrays it holds), both formats, an extra member (a nested archive, ``assets/``), a name
-    twice (the zip reader takes the last), or a weights member that is not an HDF5 file.
+    """Refuse (`UnsafeModel`) a Keras zip whose members are not exactly `KERAS_MEMBERS`, each once, with HDF5 weights.
 
-    Raises:
-        UnsafeModel: naming the members refused and the ones the product writes.
+    Why: Keras 2.15 unpickles weights saved as ``model.weights.npz``, and the zip reader takes the last of two
+    members of one name.
     """
     names = zf.namelist()
     twice = sorted({n for n in names if names.count(n) > 1})
@@ -149,13 +126,7 @@ def check_zip_members(zf: zipfile.ZipFile, shown: str) -> None:
 
 
 def read_zip_config(path: str, shown: str):
-    """The parsed ``config.json`` of a Keras zip (``.keras``) file, the member Keras' loader reads,
-    once its members pass :func:`check_zip_members`.
-
-    Raises:
-        UnsafeModel: members other than the product's (:func:`check_zip_members`), a config over
-            :data:`MAX_CONFIG_BYTES`, or not JSON.
-    """
+    """The parsed ``config.json`` of a Keras zip file whose members pass; `UnsafeModel` if too large or not JSON."""
     try:
         with zipfile.ZipFile(path) as zf:
             check_zip_members(zf, shown)
@@ -170,12 +141,9 @@ def read_zip_config(path: str, shown: str):
 
 
 def check_hdf5_config(path: str, shown: str) -> None:
-    """Refuse an HDF5 Keras model whose config (the ``model_config`` attribute, read as JSON,
-    nothing deserialised) :func:`check_model_config` refuses: Keras' legacy loader turns a
-    ``Lambda`` layer's marshalled bytecode into a function, whatever ``safe_mode`` says.
+    """Refuse (`UnsafeModel`) an HDF5 model without a readable ``model_config`` or one `check_model_config` refuses.
 
-    Raises:
-        UnsafeModel: as :func:`check_model_config`, or no readable model config.
+    Why: Keras' legacy loader turns a ``Lambda`` layer's bytecode into a function, whatever ``safe_mode`` says.
     """
     import h5py
 
@@ -189,14 +157,11 @@ def check_hdf5_config(path: str, shown: str) -> None:
 
 
 def mlflow_model_file(folder: str) -> str:
-    """The Keras file of the local MLflow model ``folder`` (``tensorflow`` flavour, a Keras model
-    saved as HDF5 or in Keras' zip format), read from its ``MLmodel`` (YAML, loaded safely) before
-    anything else is opened.
+    """The Keras file (HDF5 or zip) of the local MLflow model ``folder``, read from its ``MLmodel`` first.
 
     Raises:
-        UnsafeModel: the model holds pickled custom objects or code (see :data:`MLFLOW_REFUSED`),
-            or is no Keras model of that flavour (a SavedModel is loaded by TensorFlow's object
-            graph, not checked here: log with ``keras_model_kwargs={"save_format": "h5"}``).
+        UnsafeModel: pickled custom objects or code (`MLFLOW_REFUSED`), or no Keras model of the ``tensorflow``
+            flavour (a SavedModel is not checked: log with ``keras_model_kwargs={"save_format": "h5"}``).
     """
     from mlflow.models import Model
 

@@ -1,6 +1,6 @@
-"""The tracking options of every stage (``--tracking-uri``, ``--experiment``, ``--register-model``):
-their help, defaults and URI resolution, the checks that need no store, the errors of the package
-and the one import of ``mlflow`` (:func:`_mlflow`)."""
+"""The tracking options of every stage: their help, defaults and URI resolution, the checks that need no store, the
+package's errors and its one import of ``mlflow`` (`_mlflow`).
+"""
 from __future__ import annotations
 
 import logging
@@ -49,39 +49,31 @@ SQLITE = "sqlite:///"
 
 
 def default_uri(output: str, workdir: str) -> str:
-    """``sqlite:///OUTPUT/mlruns.db``, ``output`` made absolute. An output on an object store (a URI)
-    cannot hold a SQLite database: its default store is the launching machine's
-    ``WORKDIR/mlflow/mlruns.db`` (``workdir``: :attr:`pipelines.runtime.environment.Settings.workdir`), one
-    store for all such outputs, each run recorded in its output's ``mlflow_run.json`` as usual. The
-    store's folder is made when the store is first opened (:func:`open_store`)."""
+    """``sqlite:///OUTPUT/mlruns.db``, ``output`` made absolute; ``WORKDIR/mlflow/mlruns.db`` for a URI output."""
     if not is_local(output):
         return SQLITE + os.path.join(workdir, "mlflow", STORE_FILE)
     return SQLITE + os.path.join(os.path.abspath(output), STORE_FILE)
 
 
 def absolute(uri: str) -> str:
-    """A SQLite URI with an absolute path, made against this process's working directory
-    (``sqlite:///out/mlruns.db`` -> ``sqlite:////cwd/out/mlruns.db``: ranks, Spark tasks and
-    :func:`open_store`, which opens a store from its own folder, start elsewhere); other URIs as
-    they are. Applied once where a URI enters: a stage's config (:func:`resolve`), and the stores
-    this module opens (``$MLFLOW_TRACKING_URI`` read by batch inference)."""
+    """A SQLite URI with its path made absolute against the working directory; other URIs as they are.
+
+    Why: ranks, Spark tasks and `open_store` start elsewhere. Applied once where a URI enters.
+    """
     if uri.startswith(SQLITE) and not uri.startswith(SQLITE + "/") and uri != SQLITE + ":memory:":
         return SQLITE + os.path.abspath(uri[len(SQLITE):])
     return uri
 
 
 def resolve(tracking: Optional[bool], uri: str, output: str, experiment: str, settings: Settings) -> Tuple[bool, str]:
-    """A stage config's tracking options, settled once where the config is made (the launching
-    process: ranks on other hosts may not have its environment).
+    """A stage config's ``(enabled, uri)``, settled once in the launching process (ranks may lack its environment).
 
-    Returns ``(enabled, uri)``: ``tracking`` if given, else ``settings.tracking`` (the environment's
-    default, :func:`pipelines.runtime.environment.read_settings`); the URI ``uri``, else
-    ``$MLFLOW_TRACKING_URI``, else :func:`default_uri` (in ``settings.workdir`` for a URI output), a
-    SQLite path made absolute (the URI as given when disabled).
+    ``enabled``: ``tracking`` if given, else ``settings.tracking``. ``uri``: ``uri``, else ``$MLFLOW_TRACKING_URI``,
+    else `default_uri`; a SQLite path made absolute.
 
     Raises:
-        ValueError: while tracking, an empty experiment name, one longer than
-            :data:`MAX_EXPERIMENT_NAME`, or a file store the installed MLflow refuses.
+        ValueError: while tracking, an empty experiment name, one longer than `MAX_EXPERIMENT_NAME`, or a file
+            store the installed MLflow refuses.
     """
     if tracking is None:
         tracking = settings.tracking
@@ -102,9 +94,7 @@ def _is_file_store(uri: str) -> bool:
 
 
 def _check_file_store(uri: str) -> None:
-    """Refuse a file store where the installed MLflow refuses one when the job starts logging:
-    MLflow 3's ``FileStore`` ("maintenance mode") unless ``$MLFLOW_ALLOW_FILE_STORE`` is true,
-    read through its own ``mlflow.environment_variables``; 2.22 has no such variable and takes it."""
+    """Refuse a file store the installed MLflow refuses: MLflow 3's unless ``$MLFLOW_ALLOW_FILE_STORE`` is true."""
     _mlflow()
     import mlflow.environment_variables as variables
 
@@ -116,17 +106,10 @@ def _check_file_store(uri: str) -> None:
 
 
 def check_model_name(name: str, uri: str) -> None:
-    """Refuse, before any work or rank starts, a ``--register-model`` name that the installed
-    MLflow's registry would refuse at the end of the run, by that MLflow's own rule:
-    ``mlflow.utils.validation._validate_model_name`` (2.22 refuses only an empty name; 3.x also a
-    blank one, ``/``, ``:``, and a name that is not a normalised relative path, such as ``..``),
-    or, for a file store (``uri`` a path or ``file:``), ``mlflow.store.model_registry.file_store``'s
-    (no path separator, no ``%``). A tracking server applies its own MLflow's rule, known only
-    there. Imports MLflow (seconds): call it only when the option is given. An MLflow without that
-    private function is not asked: its registry judges the name at the end, as before.
+    """Refuse (`Refused`) before any work a ``--register-model`` name the installed MLflow's registry would refuse.
 
-    Raises:
-        Refused: naming the option, the name, MLflow's version and its reason.
+    Asks MLflow's own rule (``_validate_model_name``, or the file registry's for a file store); an MLflow without it
+    is not asked. Imports MLflow (seconds): call it only when the option is given.
     """
     _mlflow()  # its logging quieted before its modules load
     from mlflow.exceptions import MlflowException
@@ -150,8 +133,7 @@ def _is_remote(uri: str) -> bool:
 
 
 def _unavailable(uri: str, exc: BaseException, advice: str = "") -> str:
-    """The one-line refusal for the store ``uri``, credentials masked (the URI's userinfo, and any
-    secret the cause quotes)."""
+    """The one-line refusal for the store ``uri``, credentials masked (the URI's and any the cause quotes)."""
     cause = " ".join(str(exc).split())
     if len(cause) > 300:
         cause = cause[:300] + " ..."
@@ -170,9 +152,8 @@ def _mlflow():
 
 
 def artifact_root(uri: str) -> Optional[str]:
-    """Where the experiments of a SQLite store keep their artifacts, ``<experiment_id>/`` each:
-    beside it (``DIR/mlruns`` for ``sqlite:///DIR/x.db``); ``None`` for other stores (the
-    server's ``--default-artifact-root``, or MLflow's default)."""
+    """Where a SQLite store's experiments keep their artifacts (``DIR/mlruns`` for ``sqlite:///DIR/x.db``) or ``None``.
+    """
     path = _sqlite_path(uri)
     return os.path.join(os.path.dirname(path), ARTIFACTS_DIR) if path else None
 

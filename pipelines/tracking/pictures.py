@@ -1,18 +1,6 @@
-"""Pictures of a run's results, written beside its metrics (matplotlib, Agg backend): training's,
-by rank 0 beside ``metrics.json`` and logged with its MLflow run; batch inference's confusion matrix.
+"""Pictures of a run's results (matplotlib, Agg), each one PNG written atomically: curves, confusions, images.
 
-* :func:`plot_history` - ``curves.png``: loss and accuracy per epoch, training and validation;
-* :func:`plot_confusion` - ``confusion.png``: the exact test confusion matrix (all ranks' sum), of
-  bounded size whatever the number of classes (1,200 x 1,000 px above 30 classes);
-* :func:`plot_top_confusions` - ``top_confusions.png``: its largest off-diagonal cells as bars;
-* :func:`contact_sheet` - ``contact_sheet.png``: test images with their true and predicted
-  labels, misses framed and labelled in red.
-
-Each takes plain data (lists, arrays) and a path, writes one PNG atomically and returns the path.
-Class names are folder names anyone chose: every picture draws its text as plain text (no
-mathtext: a ``$\\x$`` folder would fail the picture; no TeX), names cut to :data:`NAME_CHARS`.
-:func:`plain_text` and :func:`cut_name` do it here and in the notebooks' pictures
-(:mod:`pipelines.notebook`).
+Class names are any folder's names, so text is drawn plain (`plain_text`) and cut (`cut_name`).
 """
 from __future__ import annotations
 
@@ -35,9 +23,7 @@ NAME_CHARS = 40  # a longer class name is cut, so that no name stretches a pictu
 
 
 def plain_text(draw):
-    """``draw`` (a picture function) run under :data:`PLAIN_TEXT`: each text object it makes
-    reads ``text.parse_math`` and ``text.usetex`` when it is made, so a figure it returns (a
-    notebook's, drawn after the call) shows its text plain too."""
+    """Run the picture function ``draw`` under `PLAIN_TEXT`, so that a figure it returns shows its text plain too."""
     @functools.wraps(draw)
     def plain(*args, **kwargs):
         import matplotlib
@@ -73,7 +59,7 @@ def _name(class_names: Sequence[Optional[str]], index: int) -> str:
 
 
 def cut_name(name) -> str:
-    """``name`` as text, cut to :data:`NAME_CHARS` (its last character an ellipsis when cut)."""
+    """``name`` as text, cut to `NAME_CHARS` (its last character an ellipsis when cut)."""
     name = str(name)
     return name if len(name) <= NAME_CHARS else name[:NAME_CHARS - 1] + "\u2026"
 
@@ -81,13 +67,12 @@ def cut_name(name) -> str:
 @plain_text
 def plot_history(history: List[Dict], path: str, best_epoch: Optional[int] = None, stopped_epoch: Optional[int] = None,
                  monitor: str = "", probe_accuracy: Optional[float] = None) -> str:
-    """Loss (left) and accuracy (right) per epoch, training and validation, from the history
-    records of ``metrics.json`` (``epoch``, ``loss``, ``val_loss``, ``accuracy``, ``val_accuracy``).
+    """Loss (left) and accuracy (right) per epoch, training and validation, from ``metrics.json``'s history records.
 
     Args:
-        best_epoch: the epoch early stopping chose (1-based), marked by a solid line.
-        stopped_epoch: the epoch early stopping ended the run after, marked by a dotted line.
-        monitor: the metric it watched, named in the marks' legend.
+        best_epoch: the epoch early stopping chose (1-based), a solid line.
+        stopped_epoch: the epoch early stopping ended the run after, a dotted line.
+        monitor: the metric it watched, named in the legend.
         probe_accuracy: the linear probe's validation accuracy, a horizontal line on the right.
     """
     plt = _pyplot()
@@ -128,12 +113,11 @@ TOP_CONFUSIONS = 20
 
 @plain_text
 def plot_confusion(matrix, class_names: Sequence[Optional[str]], path: str, title: str = "") -> str:
-    """The confusion matrix, rows = true class, columns = predicted, on a figure of bounded size.
+    """The confusion matrix (rows true, columns predicted), on a figure of bounded size.
 
-    Up to :data:`CELL_TEXT_CLASSES` classes: every name and each cell's count (side 0.7 in a class).
-    Above: a fixed 12 x 10 in figure (1,200 x 1,000 px at 100 dpi, 257 or 1,000 classes alike), the
-    matrix as an image of row-normalised rates (each true class's share), at most :data:`MAX_TICKS`
-    names per axis, no cell text; the largest confusions are in :func:`plot_top_confusions`."""
+    Up to `CELL_TEXT_CLASSES` classes, every name and count; above, a fixed 12 x 10 in image of row-normalised rates
+    with at most `MAX_TICKS` names per axis.
+    """
     plt = _pyplot()
     m = np.asarray(matrix, np.int64)
     k = len(m)
@@ -162,8 +146,7 @@ def plot_confusion(matrix, class_names: Sequence[Optional[str]], path: str, titl
 
 
 def _matrix_image(fig, ax, values, names: List[str], ticks: List[int], cmap: str, vmax, fontsize: int = 10):
-    """``values`` drawn as an image (one pixel block per cell) with a colour bar and the names of
-    the classes ``ticks`` on both axes."""
+    """``values`` drawn as an image with a colour bar and the names of the classes ``ticks`` on both axes."""
     image = ax.imshow(values, cmap=cmap, vmin=0, vmax=vmax, interpolation="nearest")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     ax.set_xticks(ticks, [names[i] for i in ticks], rotation=45 if len(ticks) <= 15 else 90, ha="right"
@@ -174,8 +157,7 @@ def _matrix_image(fig, ax, values, names: List[str], ticks: List[int], cmap: str
 
 
 def top_confusions(matrix, top: int = TOP_CONFUSIONS) -> List[tuple]:
-    """The ``top`` largest off-diagonal cells of a confusion matrix (rows true, columns predicted),
-    largest first, ties by (true, predicted): ``[(true, predicted, count), ...]``, zero counts left out."""
+    """The ``top`` largest non-zero off-diagonal cells ``[(true, predicted, count)]``, largest first, then by index."""
     m = np.array(matrix, np.int64)
     np.fill_diagonal(m, 0)
     flat = m.ravel()
@@ -185,8 +167,7 @@ def top_confusions(matrix, top: int = TOP_CONFUSIONS) -> List[tuple]:
 
 @plain_text
 def plot_top_confusions(matrix, class_names: Sequence[Optional[str]], path: str, top: int = TOP_CONFUSIONS) -> str:
-    """``top_confusions.png``: the :func:`top_confusions` as horizontal bars ``true -> predicted``
-    with their counts (a fixed 10 x 6 in figure, whatever the number of classes)."""
+    """`top_confusions` as horizontal bars ``true -> predicted`` on a fixed 10 x 6 in figure."""
     plt = _pyplot()
     pairs = top_confusions(matrix, top)
     fig, ax = plt.subplots(figsize=(10, 6))

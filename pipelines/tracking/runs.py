@@ -1,5 +1,4 @@
-"""One job's MLflow run: started or continued (``OUTPUT/mlflow_run.json``), its parameters,
-metrics, artifacts and model logged through a :class:`Tracker`, MLflow's own lines masked."""
+"""One job's MLflow run: started or continued (``OUTPUT/mlflow_run.json``), logged through a `Tracker`."""
 from __future__ import annotations
 
 import contextlib
@@ -36,14 +35,12 @@ def _experiment_id(client, name: str) -> str:
 
 
 def _run_file(output) -> Location:
-    """``OUTPUT/mlflow_run.json`` as a :class:`pipelines.io.storage.Location` (``output``: a path, URI
-    or Location)."""
+    """``OUTPUT/mlflow_run.json`` as a `Location` (``output``: a path, URI or Location)."""
     return (output if isinstance(output, Location) else resolve_location(output)).join(RUN_FILE)
 
 
 def _write_run_file(output, record: Dict[str, str]) -> None:
-    """Write ``OUTPUT/mlflow_run.json`` whole: owner-only on a local disk (it says where the run's
-    store is), one PUT on an object store (whose access rules apply)."""
+    """Write ``OUTPUT/mlflow_run.json`` whole: owner-only on a local disk, one PUT on an object store."""
     location = _run_file(output)
     if not location.local:
         location.write_json(record)
@@ -54,9 +51,7 @@ def _write_run_file(output, record: Dict[str, str]) -> None:
 
 
 def recorded_run(output, uri: str) -> Optional[str]:
-    """The run id kept in ``OUTPUT/mlflow_run.json`` (``output``: a path, URI or
-    :class:`pipelines.io.storage.Location`) when it was logged to ``uri``, else ``None`` (the file
-    keeps the URI with its credentials masked: :func:`pipelines.runtime.redact.redact_uri`)."""
+    """The run id ``OUTPUT/mlflow_run.json`` keeps when it was logged to ``uri`` (compared masked), else ``None``."""
     try:
         record = _run_file(output).read_json()
     except (FileNotFoundError, ValueError):
@@ -66,15 +61,11 @@ def recorded_run(output, uri: str) -> Optional[str]:
 
 def start(uri: str, experiment: str, output, run_name: str = "", params: Optional[Dict[str, Any]] = None,
           tags: Optional[Dict[str, Any]] = None, continue_run: bool = False) -> "Tracker":
-    """Start this job's MLflow run in ``experiment`` (made when missing, its artifacts beside a
-    SQLite store: :func:`artifact_root`), log ``params`` and ``tags``, and record the run in
-    ``OUTPUT/mlflow_run.json`` (``output``: a path, URI or :class:`pipelines.io.storage.Location`).
-    With ``continue_run``, the run recorded there for this ``uri`` continues (a resumed training
-    run): only params it lacks are logged, changed values become ``resumed_with.<param>`` tags
-    (MLflow params are immutable). Use the result in a ``with`` block, which ends the run.
+    """Start this job's MLflow run in ``experiment``, log ``params`` and ``tags``, and record it in the output.
 
-    Params, tags, the run file and every message have secrets masked (:func:`pipelines.runtime.redact.redact`:
-    values of secret-looking keys such as ``storage_options.secret_key``, a URI's userinfo).
+    With ``continue_run``, the run recorded for this ``uri`` continues: params it lacks are logged, changed values
+    become ``resumed_with.<param>`` tags (MLflow params are immutable). Secrets are masked everywhere (`redact`).
+    Use the result in a ``with`` block, which ends the run.
 
     Raises:
         TrackingUnavailable: the store cannot be reached or opened, or refuses the run.
@@ -117,8 +108,7 @@ def start(uri: str, experiment: str, output, run_name: str = "", params: Optiona
 
 
 def _params_of(client, run_id: str) -> Optional[Dict[str, str]]:
-    """The params of the live run ``run_id``; ``None`` when the store has no such run (deleted
-    ones included)."""
+    """The params of the live run ``run_id``; ``None`` when the store has no such run."""
     from mlflow.exceptions import MlflowException  # in-function: keeps `import pipelines` free of MLflow
 
     try:
@@ -131,10 +121,10 @@ def _params_of(client, run_id: str) -> Optional[Dict[str, str]]:
 
 
 class Tracker:
-    """This process's MLflow run, from :func:`start` to the end of its ``with`` block: FINISHED,
-    or FAILED when the block raises (KILLED on Ctrl-C, or an exception whose class says
-    ``run_status``: a preemption's). A killed process leaves it RUNNING, for a
-    resumed run to continue."""
+    """This process's MLflow run until its ``with`` block ends: FINISHED, FAILED on an exception, KILLED on Ctrl-C.
+
+    An exception class may say its ``run_status``; a killed process leaves the run RUNNING, for a resume to continue.
+    """
 
     def __init__(self, mlflow, active_run, experiment: str, output: str, previous_uri: Optional[str] = None):
         self._mlflow = mlflow
@@ -160,16 +150,15 @@ class Tracker:
         return False
 
     def describe(self) -> Dict[str, str]:
-        """Where the run is: ``run_id``, ``experiment_id``, ``experiment``, ``tracking_uri``, ``artifact_uri``
-        (credentials masked: this goes into files)."""
+        """``run_id``, ``experiment_id``, ``experiment``, ``tracking_uri``, ``artifact_uri``, credentials masked."""
         info = self._active.info
         return {"run_id": self.run_id, "experiment_id": info.experiment_id, "experiment": self.experiment,
                 "tracking_uri": redact_uri(self._mlflow.get_tracking_uri()),
                 "artifact_uri": redact_uri(info.artifact_uri)}
 
     def log_epoch(self, epoch: int, logs: Dict[str, float]) -> None:
-        """Log one epoch's metrics at ``step=epoch``. Never raises: the first failure is reported
-        and later epochs are skipped (:meth:`log_results` logs the epochs the run lacks)."""
+        """Log one epoch's metrics at ``step=epoch``; never raises (a first failure is reported, later epochs skipped).
+        """
         if self.epoch_error:
             return
         try:
@@ -181,9 +170,9 @@ class Tracker:
 
     def log_results(self, metrics: Dict[str, Optional[float]], tags: Optional[Dict[str, Any]] = None,
                     artifacts: Iterable[Tuple[str, Optional[str]]] = (), history: Sequence[Dict] = ()) -> None:
-        """Log the job's results: the epochs of ``history`` (``{"epoch": n, metric: value}``) the
-        run lacks, ``metrics`` (``None`` values left out), ``tags``, and each existing file of
-        ``artifacts`` as ``(path, folder in the run's artifacts, None = top)``.
+        """Log the epochs of ``history`` the run lacks, ``metrics`` (``None`` left out), ``tags`` and ``artifacts``.
+
+        ``artifacts`` are ``(path, folder in the run's artifacts or None)``, missing files left out.
 
         Raises:
             TrackingFailed: any of it failed (the job's output was written before).
@@ -211,17 +200,14 @@ class Tracker:
     def log_model(self, model, example, registered_name: str = "",
                   version_tags: Optional[Dict[str, str]] = None,
                   metadata: Optional[Dict] = None) -> Tuple[str, Optional[str]]:
-        """Log a tf.keras (Keras 2) ``model`` with MLflow's ``tensorflow`` flavour at ``model/``,
-        in HDF5 (SavedModel takes ~30 s more to write), with the signature inferred from
-        ``example`` (a batch as the model takes it) and the model's output on it, ``example``
-        as the input example, and ``metadata`` in its MLmodel file (training puts ``class_names``
-        there: ``jobs/predict.py`` reads them); with ``registered_name``, register it as a new version tagged
-        ``version_tags``. ``mlflow.tensorflow.load_model(uri)`` gives the Keras model back,
-        ``mlflow.pyfunc.load_model(uri)`` a pyfunc model.
+        """Log a tf.keras ``model`` as HDF5 with MLflow's ``tensorflow`` flavour at ``model/``, and maybe register it.
+
+        Args:
+            example: a batch as the model takes it: the input example and the signature's source.
+            metadata: for the MLmodel file (``class_names``, which ``jobs/predict.py`` reads).
 
         Returns:
-            ``(model_uri, version)``: ``runs:/<run_id>/model`` and the registered version (``None``
-            when not registered).
+            ``(model_uri, version)``: ``runs:/<run_id>/model`` and the registered version, or ``None``.
 
         Raises:
             TrackingFailed: logging or registering failed (the job's output was written before).
@@ -256,8 +242,7 @@ class Tracker:
 
 @contextlib.contextmanager
 def _quiet_keras() -> Iterator[None]:
-    """Unless verbose: no Keras progress bars (MLflow predicts the input example to validate it,
-    and they would print to stdout) and no warning that HDF5 is a legacy format (chosen here)."""
+    """Unless verbose, no Keras progress bars on stdout (MLflow predicts the input example) and no HDF5 warning."""
     from pipelines.stack.kerasapi import keras  # in-function: keeps `import pipelines` free of TensorFlow
 
     if is_verbose():
@@ -276,12 +261,10 @@ def _quiet_keras() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _events(quiet: bool = False) -> Iterator[None]:
-    """MLflow's event lines in the block, credentials masked: MLflow prints them to ``sys.stdout``
-    and ``sys.stderr`` as they are at the time of each line (ending a run on a server prints
-    "View run ... at: http://user:password@host/..." to stdout), so the block's are caught and
-    written on, each to its stream, redacted (:func:`pipelines.runtime.redact.redact_text`); with
-    ``quiet``, unless verbose, dropped (registering prints two lines, which our log says).
-    Logging handlers keep the stream they were made with."""
+    """MLflow's print-outs in the block, credentials masked, each to its stream; dropped with ``quiet`` unless verbose.
+
+    Why: ending a run on a server prints its URL with the userinfo.
+    """
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -1,6 +1,4 @@
-"""The MLflow store of a job: refused before the work when it cannot be used (:func:`check_store`),
-opened or made once per process under a set-up lock (:func:`open_store`), and the process's
-tracking URI put back after a block (:func:`using_store`)."""
+"""The MLflow store of a job: refused before the work when unusable, opened or made once per process under a lock."""
 from __future__ import annotations
 
 import contextlib
@@ -33,16 +31,10 @@ from pipelines.tracking.storeschema import schema_refusal
 
 
 def check_store(uri: str) -> None:
-    """Refuse, in seconds and before any work or rank starts, a store that cannot be used: a
-    tracking server that does not answer (one request through MLflow's client, without its
-    retries: by default minutes of back-off), or a SQLite store that could not be made or opened
-    (checked without MLflow, which retried such a store for about 100 s; nothing is made here), or
-    one of another MLflow schema (:mod:`pipelines.tracking.storeschema`: another stack's).
-    Other stores (files, databases) are opened by :func:`start`, before the job's work too.
+    """Refuse (`TrackingUnavailable`), in seconds, a server that does not answer or an unusable SQLite store.
 
-    Raises:
-        TrackingUnavailable: the server cannot be reached or refuses the request; the SQLite file
-            could not be made or opened, or is of another MLflow schema.
+    A server gets one request without MLflow's retries (minutes of back-off); a SQLite store is checked without
+    MLflow and nothing is made. Other stores are opened by `start`, before the work too.
     """
     path = _sqlite_path(absolute(uri))
     if path is not None:
@@ -63,8 +55,7 @@ def check_store(uri: str) -> None:
 
 @contextlib.contextmanager
 def _quiet_store() -> Iterator[None]:
-    """Hide INFO records while a store is opened: creating a SQLite store runs alembic's
-    migrations, which configure its logger at INFO and print a dozen lines (unless verbose)."""
+    """Hide INFO records while a store is opened (alembic's migrations log a dozen lines), unless verbose."""
     if is_verbose():
         yield
         return
@@ -82,28 +73,16 @@ _opened: Set[str] = set()
 
 
 def open_store(uri: str, create: bool = False):
-    """An ``mlflow.MlflowClient`` of the store ``uri`` (made absolute: :func:`absolute`), which
-    becomes this process's tracking URI: the fluent API, ``runs:/`` and ``models:/`` URIs and a
-    server's proxied artifacts resolve through it.
+    """An ``mlflow.MlflowClient`` of the store ``uri`` (made absolute), which becomes this process's tracking URI.
 
-    A SQLite store (``create``: made when missing, with its folder, owner-only) is set up once
-    across processes: jobs starting together on a new store wait on a lock file in its artifact
-    folder while the first one creates the schema (MLflow's set-up has no lock of its own: three
-    jobs at once broke a new store for good). A store left half-made (a set-up killed midway) is
-    refused by name, and so is a store of another MLflow schema, before MLflow would migrate it
-    silently (:mod:`pipelines.tracking.storeschema`). Its artifact root is the folder beside it
-    (:func:`artifact_root`; MLflow gives a new SQLite store ``./mlruns``, so it is opened from its
-    own folder), and its connections are not pooled (:data:`POOL_ENV`), so a store deleted and
-    made again is seen anew.
-
-    ``mlflow.set_tracking_uri`` also exports ``$MLFLOW_TRACKING_URI``; that is undone, or a later
-    job of this process (a notebook's training after its ETL) or its children would take this
-    store for the user's choice.
+    A SQLite store (made when missing with ``create``, owner-only) is set up under a lock file, as MLflow's set-up
+    has none; a half-made store or one of another MLflow schema is refused. It is opened from its own folder, so its
+    artifact root is `artifact_root`, with unpooled connections (`POOL_ENV`), so a store made again is seen anew.
+    ``$MLFLOW_TRACKING_URI``, which ``mlflow.set_tracking_uri`` exports, is put back, or a later job or child of this
+    process would take this store for the user's choice.
 
     Raises:
-        TrackingUnavailable: no store at the SQLite path (``create`` false), or one that cannot be
-            opened or read (at once: MLflow would retry for about 100 s), a half-made store, or one
-            of another MLflow schema.
+        TrackingUnavailable: no store (``create`` false), an unreadable, half-made or foreign-schema one.
     """
     uri = absolute(uri)
     mlflow = _mlflow()
@@ -129,9 +108,10 @@ def open_store(uri: str, create: bool = False):
 
 
 def _make_or_find(uri: str, path: str, create: bool) -> None:
-    """``create``: make the store's folder (owner-only when made here) and an empty owner-only
-    store file (SQLite gives its journals the file's mode); else refuse a missing file at once
-    (MLflow would make a new empty store, or retry for about 100 s where the folder is missing)."""
+    """``create``: make the store's folder and an empty owner-only store file; else refuse a missing file at once.
+
+    Why: SQLite gives its journals the file's mode; MLflow would make a new empty store, or retry.
+    """
     if create:
         try:
             os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -145,8 +125,7 @@ def _make_or_find(uri: str, path: str, create: bool) -> None:
 
 
 def _check_makeable(uri: str, path: str) -> None:
-    """Refuse a store path that is a folder, or whose nearest existing folder this user cannot
-    write (the file, or the folders down to it, could not be made)."""
+    """Refuse a store path that is a folder, or whose nearest existing folder this user cannot write."""
     folder = os.path.dirname(path)
     while not os.path.exists(folder):
         folder = os.path.dirname(folder)
@@ -169,7 +148,7 @@ def _check_readable(uri: str, path: str) -> None:
 
 
 def _check_schema(uri: str, path: str) -> None:
-    """Refuse a store of another MLflow schema by name (:func:`pipelines.tracking.storeschema.schema_refusal`)."""
+    """Refuse a store of another MLflow schema by name (`schema_refusal`)."""
     refusal = schema_refusal(path, redact_uri(uri))
     if refusal:
         raise TrackingUnavailable(redact_text(refusal))
@@ -183,8 +162,7 @@ def _half_made_advice(uri: str, path: str) -> str:
 
 @contextlib.contextmanager
 def _setup_lock(uri: str, path: str) -> Iterator[None]:
-    """Hold an exclusive ``fcntl`` lock on ``ARTIFACT_ROOT/.<store file>.lock`` (a folder the ETL's
-    output check knows as ours; the lock file is never deleted: deleting a lock file races)."""
+    """Hold an exclusive ``fcntl`` lock on ``ARTIFACT_ROOT/.<store file>.lock``, a file never deleted (that races)."""
     root = artifact_root(uri)
     os.makedirs(root, mode=0o700, exist_ok=True)
     fd = os.open(os.path.join(root, f".{os.path.basename(path)}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
@@ -205,10 +183,10 @@ def _setup_lock(uri: str, path: str) -> Iterator[None]:
 
 
 def _make_in_child(uri: str, path: str) -> None:
-    """Set up the store ``uri`` again in a fresh interpreter: its file was deleted after this
-    process opened it, and MLflow keeps the first set-up's store object for the process (it would
-    find no tables). Through MLflow's public client; the child's working directory is the store's
-    folder, as for :func:`open_store`."""
+    """Set up the store ``uri`` again in a fresh interpreter, from the store's folder.
+
+    Why: its file was deleted after this process opened it, and MLflow keeps the first set-up's store object.
+    """
     script = "import sys, mlflow; mlflow.MlflowClient(sys.argv[1]).search_experiments(max_results=1)"
     done = subprocess.run([sys.executable, "-c", script, uri], cwd=os.path.dirname(path), capture_output=True,
                           text=True)
@@ -221,13 +199,10 @@ def _make_in_child(uri: str, path: str) -> None:
 
 @contextlib.contextmanager
 def using_store(uri: str) -> Iterator[Any]:
-    """:func:`open_store` (an existing store) for the block only: afterwards this process's
-    tracking URI is what it was before (``mlflow.set_tracking_uri`` is process-wide, so a job's
-    store would otherwise stay the default of every later job in the process: a notebook's
-    predictions after its ETL would look for ``models:/`` in the ETL's store). Yields the client.
+    """Yield `open_store`'s client (an existing store) for the block, then put back the process's tracking URI.
 
-    Raises:
-        TrackingUnavailable: as :func:`open_store`.
+    Why: the URI is process-wide, so a notebook's predictions after its ETL would look for ``models:/`` in the
+    ETL's store.
     """
     previous = _process_tracking_uri()
     try:
@@ -237,9 +212,7 @@ def using_store(uri: str) -> Iterator[Any]:
 
 
 def _process_tracking_uri() -> Optional[str]:
-    """The URI this process set with ``mlflow.set_tracking_uri`` (``None``: none; then
-    ``$MLFLOW_TRACKING_URI`` or MLflow's default applies), told apart from the environment's by
-    asking MLflow's public ``is_tracking_uri_set`` with that variable hidden."""
+    """The URI this process set with ``mlflow.set_tracking_uri`` (``None``: none), told apart from the environment's."""
     mlflow = _mlflow()
     with environment({}, keep=("MLFLOW_TRACKING_URI",)):
         os.environ.pop("MLFLOW_TRACKING_URI", None)

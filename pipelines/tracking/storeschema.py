@@ -1,16 +1,4 @@
-"""Which MLflow a SQLite tracking store belongs to, read before MLflow opens it.
-
-MLflow keeps a store's schema version in its ``alembic_version`` table, one alembic revision,
-and on opening a store migrates it to the installed MLflow's newest revision without asking:
-MLflow 3.17.2 (the current stack) migrated a store of MLflow 2.22.5 (the mission stack) when it
-opened it, after which MLflow 2.22.5 refused it for good ("Can't locate revision identified by
-'dc11669786a5'"). An output written on one stack and tracked again on the other lost its store
-to the first. So :func:`schema_refusal` reads the revision with :mod:`sqlite3`, compares it with
-the revisions the installed MLflow's migration scripts define (parsed, not imported: this module
-imports no MLflow) and refuses a store of another schema by name, with the stack that made it
-(:data:`pipelines.stack.STACKS`' ``mlflow_schema``) and the ways out. ``mlflow db upgrade`` stays
-the knowing way to migrate a store.
-"""
+"""Which MLflow a SQLite tracking store belongs to, read with `sqlite3` before MLflow opens it."""
 from __future__ import annotations
 
 import ast
@@ -28,12 +16,7 @@ MIGRATIONS = os.path.join("store", "db_migrations", "versions")  # in the mlflow
 
 
 def store_revision(path: str) -> Optional[str]:
-    """The alembic revision the SQLite store file ``path`` records; ``None`` for a file without
-    one (new and empty, or a set-up cut short before its first migration).
-
-    Raises:
-        sqlite3.Error: the file is no SQLite database.
-    """
+    """The alembic revision the SQLite store file ``path`` records, or ``None``; `sqlite3.Error` if no database."""
     with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)) as db:
         if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'").fetchone():
             return None
@@ -43,14 +26,7 @@ def store_revision(path: str) -> Optional[str]:
 
 @functools.lru_cache(maxsize=1)
 def mlflow_revisions() -> Tuple[str, Dict[str, Tuple[str, ...]]]:
-    """``(head, {revision: down revisions})`` of the installed MLflow's store schema: the
-    ``revision`` and ``down_revision`` assignments of its migration scripts
-    (``mlflow/store/db_migrations/versions/*.py``, read as Python syntax, never run); the head is
-    the one revision no script migrates from.
-
-    Raises:
-        LookupError: MLflow is not installed, or its scripts have no single head.
-    """
+    """``(head, {revision: down revisions})`` from MLflow's migration scripts; `LookupError` without one head."""
     spec = importlib.util.find_spec("mlflow")  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
         raise LookupError("MLflow is not installed")
@@ -85,16 +61,14 @@ def maker(revision: str) -> Optional[str]:
 
 
 def schema_refusal(path: str, shown: str) -> Optional[str]:
-    """Why the installed MLflow may not open the SQLite store ``path`` (``shown``: its URI as a
-    message shows it), in one line; ``None`` when it may: a store without a revision (MLflow makes
-    it, or refuses a half-made one itself) or at the installed MLflow's head.
+    """Why the installed MLflow may not open the SQLite store ``path``, in one line; ``None`` when it may.
 
-    Refused: a revision the installed MLflow does not know (a newer MLflow made the store: it
-    cannot read it), and an older one (it would migrate the store silently, and the MLflow that
-    made it could no longer open it). The line names the stack that made it where one did.
+    Why: MLflow migrates an older store on opening it, without asking, after which the MLflow that made it can no
+    longer open it; a newer MLflow's revision it does not know. ``shown`` is the URI as messages show it.
 
     Raises:
-        sqlite3.Error: ``path`` is no SQLite database; LookupError: as :func:`mlflow_revisions`.
+        sqlite3.Error: ``path`` is no SQLite database.
+        LookupError: as `mlflow_revisions`.
     """
     revision = store_revision(path)
     head, graph = mlflow_revisions()

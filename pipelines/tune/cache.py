@@ -1,6 +1,4 @@
-"""The feature set a search reads: the complete one of this ETL output, backbone, weights and input
-side (:mod:`pipelines.training.data.features`), found before Spark starts, or refused with the
-command that makes it."""
+"""The feature set a search reads, found before Spark starts or refused with the command that makes it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,14 +10,13 @@ from pipelines.training.data import features as feat
 from pipelines.training.model.build import backbone_spec, input_tag
 
 #: What the model takes, as the feature cache keys it: the stored image as it is
-#: (:data:`pipelines.contract.MODEL_INPUT_DTYPE`).
+#: (`MODEL_INPUT_DTYPE`).
 STORED_DTYPE = "uint8"
 
 
 @dataclass(frozen=True)
 class FeatureSet:
-    """A complete feature set: its folder's ``uri``, ``key``, row ``counts`` per split,
-    ``num_classes`` and ``class_names`` (the manifest's), ``feature_dim`` (the backbone's)."""
+    """A complete feature set: its folder's ``uri``, ``key``, row ``counts`` per split, classes and ``feature_dim``."""
 
     uri: str
     key: str
@@ -31,15 +28,15 @@ class FeatureSet:
 
 def find_feature_set(data: str, backbone: str, weights: str, image_size: int, seed: int,
                      storage_options: Optional[Mapping[str, str]] = None) -> FeatureSet:
-    """The complete feature set of the ETL output ``data`` for this backbone, its ``weights``
-    (``imagenet``, ``none``: random with ``seed``, or a weights file) and input side
-    (``image_size`` px, 0 = the stored size), computed in float32 (as on a CPU; ``--mixed-precision``
-    on a GPU computes others).
+    """The complete float32 feature set of the ETL output ``data`` for this backbone, weights and input side.
+
+    Args:
+        weights: ``imagenet``, ``none`` (random with ``seed``), or a weights file.
+        image_size: input side in px, 0 = the stored size.
 
     Raises:
-        pipelines.runtime.errors.MissingInput: no such set, or one not finished; the message names
-            the ``jobs/train.py --feature-cache`` command that makes it.
-        pipelines.training.data.errors.DataError: ``data`` is no ETL output (its manifest is missing).
+        MissingInput: no complete set; the message names the command that makes it.
+        DataError: ``data`` is no ETL output.
     """
     from pipelines.training.data.dataset import load_dataset
 
@@ -61,8 +58,7 @@ def find_feature_set(data: str, backbone: str, weights: str, image_size: int, se
 
 
 def read_splits(uri: str, splits, storage_options: Optional[Mapping[str, str]] = None) -> Dict[str, Tuple]:
-    """Every row of each of ``splits`` of the feature set at ``uri``:
-    ``{split: (features float32 (n, feature_dim), labels int32 (n,))}``."""
+    """Every row of each of ``splits``: ``{split: (features float32 (n, feature_dim), labels int32 (n,))}``."""
     from pipelines.io.storage import resolve
 
     directory = resolve(uri, storage_options)

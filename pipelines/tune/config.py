@@ -1,4 +1,4 @@
-"""Configuration of the search (``jobs/tune.py``): :class:`TuneConfig`, one flag per field."""
+"""Configuration of the search (``jobs/tune.py``): `TuneConfig`, one flag per field."""
 from __future__ import annotations
 
 import os
@@ -17,7 +17,7 @@ from pipelines.training.model.build import check_backbone
 from pipelines.training.stopping import RULES
 from pipelines.tune.space import SearchSpace, parse_range
 
-#: ``--runner``: how trials reach Spark (:mod:`pipelines.tune.runners`).
+#: ``--runner``: how trials reach Spark (`runners`).
 RUNNERS = ("auto", "mlflow-spark", "ask-tell")
 
 
@@ -25,9 +25,7 @@ RUNNERS = ("auto", "mlflow-spark", "ask-tell")
 class TuneConfig:
     """Search the head's settings on cached features: Optuna trials as Spark tasks, each an MLflow child run.
 
-    Raises:
-        pipelines.runtime.errors.Refused: a value not of its field's type, a count below 1, an empty
-            or non-finite range, an unknown rule, runner or backbone; each naming its flag.
+    Raises `Refused`, naming the flag: a value of another type, a count below 1, a bad range, an unknown name.
     """
 
     data: str = field(help="ETL output whose feature cache (DATA/features/<key>/, made by jobs/train.py "
@@ -84,11 +82,7 @@ class TuneConfig:
         settle(self, tracking_uri=uri, verbose=settle_verbose(self.verbose, read_settings()))
 
     def space(self) -> SearchSpace:
-        """The ranges of the flags, as a :class:`~pipelines.tune.space.SearchSpace`.
-
-        Raises:
-            pipelines.runtime.errors.Refused: as :func:`~pipelines.tune.space.parse_range`.
-        """
+        """The ranges of the flags as a `SearchSpace`; raises `Refused` as `parse_range`."""
         return SearchSpace(
             base_lr=parse_range("--base-lr-range", self.base_lr_range, at_least=0, log=True),
             dropout=parse_range("--dropout-range", self.dropout_range, at_least=0, below=1),

@@ -1,19 +1,6 @@
 """How a search's trials reach Spark, each trial an MLflow child run of the search's run.
 
-* :func:`run_mlflow_spark` (MLflow 3): MLflow's ``MlflowSparkStudy`` (``mlflow.pyspark.optuna``).
-  The study is an MLflow run and its storage (``MlflowStorage``); each Spark task loads the study
-  on its executor, asks, trains and tells there, every trial a child run. Trials run in parallel
-  ask of a sampler each task copies and reseeds, so the settings drawn differ from run to run.
-* :func:`run_ask_tell` (MLflow 2, which has no Optuna integration; or ``--runner ask-tell``):
-  Optuna's ask-and-tell interface on the driver. The driver asks a round of ``parallel`` trials of
-  an in-memory study, makes each a child run, Spark tasks train them (one task a trial) and the
-  driver tells the results and ends the runs. The sampler stays on the driver: the same seed
-  draws the same settings.
-
-In both a trial that diverges (:class:`~pipelines.training.divergence.TrainingDiverged`) is a
-failed trial (Optuna's ``FAIL``, its run ``FAILED``) and the search goes on; any other exception
-in a trial ends the search. Each returns the trials as :class:`TrialRecord`.
-This and :mod:`pipelines.tracking` are the modules that import ``mlflow`` (here: its Optuna integration).
+A trial that diverges fails and the search goes on; any other exception ends the search.
 """
 from __future__ import annotations
 
@@ -26,14 +13,13 @@ from pipelines.tune.space import HeadSettings, SearchSpace
 log = logging.getLogger("pipelines")
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's tag of a child run (mlflow.utils.mlflow_tags.MLFLOW_PARENT_RUN_ID)
 #: The trial function a runner gives each Spark task: settings -> the trial's result as a dict
-#: (:meth:`pipelines.tune.trial.TrialResult.to_dict`); raises ``TrainingDiverged`` when it diverges.
+#: (`TrialResult.to_dict`); raises ``TrainingDiverged`` when it diverges.
 TrialFunction = Callable[[HeadSettings], Dict]
 
 
 @dataclass(frozen=True)
 class TrialRecord:
-    """One trial as the search saw it: its ``number``, MLflow ``run_id``, ``settings``, ``result``
-    (``None`` when it failed) and ``error`` (why it failed, else ``None``)."""
+    """One trial as the search saw it; ``result`` is ``None`` and ``error`` says why when it failed."""
 
     number: int
     run_id: str
@@ -60,10 +46,12 @@ def _sampler(seed: int):
 
 def run_mlflow_spark(space: SearchSpace, trial_fn: TrialFunction, trials: int, parallel: int, seed: int,
                      uri: str, experiment_id: str, name: str) -> tuple:
-    """The trials through MLflow's ``MlflowSparkStudy`` (the active SparkSession's executors).
+    """The trials through MLflow 3's ``MlflowSparkStudy``: each Spark task asks, trains and tells on its executor.
+
+    Each task copies and reseeds the sampler, so the settings drawn differ from run to run.
 
     Returns:
-        ``(parent run id, [TrialRecord])``: the study's run and its trials in number order.
+        ``(parent run id, [TrialRecord])`` in trial order.
     """
     from mlflow.optuna.storage import MlflowStorage
     from mlflow.pyspark.optuna.study import MlflowSparkStudy
@@ -98,11 +86,9 @@ def _fixed(params: Dict):
 
 def run_ask_tell(space: SearchSpace, trial_fn: TrialFunction, trials: int, parallel: int, seed: int,
                  client, experiment_id: str, name: str, spark) -> tuple:
-    """The trials in rounds of ``parallel``: asked on the driver, trained as Spark tasks
-    (``spark``'s context, one partition a trial), told on the driver.
+    """The trials in rounds of ``parallel``: asked on the driver, trained as Spark tasks, told on the driver.
 
-    Returns:
-        ``(parent run id, [TrialRecord])``.
+    The sampler stays on the driver, so the same seed draws the same settings; returns as `run_mlflow_spark`.
     """
     import optuna
 
@@ -151,7 +137,7 @@ def _params(settings: HeadSettings) -> list:
 
 
 def _metrics(values: Dict, value_key: str = "") -> list:
-    """MLflow metrics of the numbers in ``values`` (and ``value_key``: the objective, as MLflow's study names it)."""
+    """MLflow metrics of the numbers in ``values``, the objective under ``value_key``."""
     import time
 
     from mlflow.entities import Metric
@@ -164,8 +150,7 @@ def _metrics(values: Dict, value_key: str = "") -> list:
 
 
 def log_trial_metrics(client, records: List[TrialRecord]) -> None:
-    """Log each completed trial's result as metrics of its run (``MlflowSparkStudy`` keeps them as
-    tags ``user_<name>``; the ask-tell runner logged them already, again is the same value)."""
+    """Log each completed trial's result as metrics of its run (``MlflowSparkStudy`` keeps them as tags only)."""
     for record in records:
         if record.result is not None:
             client.log_batch(record.run_id, metrics=_metrics(record.result))

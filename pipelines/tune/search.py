@@ -1,6 +1,4 @@
-"""The search as a job (the Spark layer): find the feature set, run the trials as Spark tasks
-(:mod:`pipelines.tune.runners`), choose on validation, train the chosen settings again and read
-the test split once, record it all in MLflow and ``OUTPUT/tune.json``."""
+"""The search as a job: run the trials as Spark tasks, choose on validation, refit, test once, record."""
 from __future__ import annotations
 
 import json
@@ -40,9 +38,8 @@ class NoTrialFinished(RuntimeError):
 
 @dataclass(frozen=True)
 class SearchResult:
-    """A finished search: its MLflow ``run_id``, ``runner``, the ``trials``, the ``chosen`` one
-    (lowest validation loss), the refit's ``final`` result (validation and test), ``seconds`` of
-    the trials and the path of its ``record``."""
+    """A finished search: its run, the trials, the ``chosen`` one, the refit's ``final`` result and the record's path.
+    """
 
     run_id: str
     runner: str
@@ -54,8 +51,7 @@ class SearchResult:
 
 
 def trial_function(features: FeatureSet, plan: TrialPlan, storage_options: Dict[str, str], test: bool = False):
-    """The function a Spark task runs: settings -> the trial's result dict (``test``: the refit,
-    which reads the test split too). It reads the feature set itself (on the executor)."""
+    """The function a Spark task runs: settings -> the trial's result dict (with ``test``, the refit's)."""
     def run(settings: HeadSettings) -> Dict:
         from pipelines.tune.trial import refit_and_test, run_trial
 
@@ -67,11 +63,7 @@ def trial_function(features: FeatureSet, plan: TrialPlan, storage_options: Dict[
 
 
 def choose(records: List[TrialRecord]) -> TrialRecord:
-    """The completed trial of the lowest validation loss (the earliest of equals); the test split plays no part.
-
-    Raises:
-        NoTrialFinished: no trial completed.
-    """
+    """The completed trial of the lowest validation loss, the earliest of equals; `NoTrialFinished` if none."""
     done = [r for r in records if r.result is not None and math.isfinite(r.result["val_loss"])]
     if not done:
         raise NoTrialFinished(f"all {len(records)} trials failed (diverged): narrow --base-lr-range")
@@ -79,11 +71,10 @@ def choose(records: List[TrialRecord]) -> TrialRecord:
 
 
 def run_search(config: TuneConfig) -> SearchResult:
-    """Run the search ``config`` describes (see the module's summary).
+    """Run the search ``config`` describes.
 
     Raises:
-        pipelines.runtime.errors.Refused: no complete feature set (before Spark starts), a tracking
-            store that cannot be used.
+        Refused: no complete feature set (before Spark starts), or a tracking store that cannot be used.
         NoTrialFinished: every trial diverged.
     """
     features = find_feature_set(config.data, config.backbone, config.weights, config.image_size, config.seed,
@@ -135,8 +126,7 @@ def _record(config: TuneConfig, features: FeatureSet, runner: str, parent: str, 
 
 
 def _log_parent(client, parent: str, config: TuneConfig, chosen: TrialRecord, final: Dict, record: str) -> None:
-    """The search's run: its settings, the chosen trial and settings, the refit's validation and
-    test totals (the test split's only reading), the record as an artifact."""
+    """Log the search's run: settings, the chosen trial, the refit's validation and test totals, the record."""
     from mlflow.entities import Metric, Param
 
     now = int(time.time() * 1000)
@@ -151,8 +141,8 @@ def _log_parent(client, parent: str, config: TuneConfig, chosen: TrialRecord, fi
 
 
 def summary(result: SearchResult) -> str:
-    """The lines ``jobs/tune.py`` prints: the trials, the chosen one on validation, its test
-    accuracy (read once), and the flags for ``jobs/train.py``."""
+    """The lines ``jobs/tune.py`` prints: the trials, the chosen one, its test accuracy and its ``jobs/train.py`` flags.
+    """
     failed = sum(r.result is None for r in result.trials)
     c, f = result.chosen, result.final
     lines = [f"tune: {len(result.trials)} trials ({failed} failed) in {result.seconds:.1f} s via {result.runner}; "

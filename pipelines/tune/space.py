@@ -1,11 +1,4 @@
-"""The search space of the head's settings: one range per searched flag of ``jobs/train.py``, and
-the settings a trial draws from it (pure: no TensorFlow, no Spark, no MLflow).
-
-A range is given as ``LOW,HIGH`` (:func:`parse_range`); a trial draws each setting through
-Optuna's ``suggest_*`` (:meth:`SearchSpace.suggest`), rounded to :data:`DIGITS` significant
-digits so that the settings a trial trains with are the flags printed for ``jobs/train.py``
-(:meth:`HeadSettings.train_flags`), digit for digit.
-"""
+"""The search space of the head's settings and the settings a trial draws from it (pure)."""
 from __future__ import annotations
 
 import math
@@ -20,8 +13,8 @@ DIGITS = 3
 
 @dataclass(frozen=True)
 class Range:
-    """A searched setting's range: ``low`` < ``high``, drawn on a log scale with ``log`` (both
-    ends > 0), as integers with ``integer``."""
+    """A searched setting's range ``low`` < ``high``: log scale with ``log`` (ends > 0), integers with ``integer``.
+    """
 
     low: float
     high: float
@@ -31,15 +24,10 @@ class Range:
 
 def parse_range(flag: str, text: str, at_least: Optional[float] = None, below: Optional[float] = None,
                 log: bool = False, integer: bool = False) -> Range:
-    """``LOW,HIGH`` as a :class:`Range` of the flag ``flag`` (``--dropout-range``).
-
-    Args:
-        at_least, below: the setting's own bounds (``None``: none); with ``log`` both ends must be > 0.
+    """``LOW,HIGH`` as a `Range` of the flag ``flag``, within the bounds ``at_least`` and ``below`` when given.
 
     Raises:
-        pipelines.runtime.errors.Refused: not two numbers (integers with ``integer``), NaN or an
-            infinity, an empty range (``LOW >= HIGH``), an end outside the setting's bounds; the
-            message names ``flag``.
+        Refused: not two numbers, NaN or an infinity, ``LOW >= HIGH``, or an end outside the bounds; naming ``flag``.
     """
     parts = [part.strip() for part in str(text).split(",")]
     try:
@@ -69,18 +57,15 @@ def significant(value: float, digits: int = DIGITS) -> float:
 
 @dataclass(frozen=True)
 class HeadSettings:
-    """One trial's settings of the head, each a flag of ``jobs/train.py``: ``base_lr`` (one rank's
-    learning rate, > 0), ``dropout`` (in [0, 1)), ``weight_decay`` (Nadam's decoupled decay, >= 0),
-    ``patience_steps`` (early stopping's patience in optimizer steps, >= 0)."""
+    """One trial's settings of the head, each a flag of ``jobs/train.py``."""
 
-    base_lr: float
-    dropout: float
-    weight_decay: float
-    patience_steps: int
+    base_lr: float  # one rank's learning rate, > 0
+    dropout: float  # in [0, 1)
+    weight_decay: float  # Nadam's decoupled decay, >= 0
+    patience_steps: int  # early stopping's patience in optimizer steps, >= 0
 
     def train_flags(self) -> str:
-        """The settings as ``jobs/train.py`` takes them:
-        ``--base-lr 0.00213 --dropout 0.31 --weight-decay 0.000124 --patience-steps 180``."""
+        """The settings as ``jobs/train.py`` flags: ``--base-lr 0.00213 --dropout 0.31 ...``."""
         return (f"--base-lr {self.base_lr:.{DIGITS}g} --dropout {self.dropout:.{DIGITS}g} "
                 f"--weight-decay {self.weight_decay:.{DIGITS}g} --patience-steps {self.patience_steps}")
 
@@ -91,7 +76,7 @@ class HeadSettings:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """The ranges the search draws each :class:`HeadSettings` field from."""
+    """The ranges the search draws each `HeadSettings` field from."""
 
     base_lr: Range
     dropout: Range
@@ -99,8 +84,7 @@ class SearchSpace:
     patience_steps: Range
 
     def suggest(self, trial) -> HeadSettings:
-        """Draw one trial's settings through ``trial`` (an ``optuna.Trial``: the sampler chooses;
-        ``optuna.trial.FixedTrial`` gives set values), floats rounded to :data:`DIGITS` significant digits."""
+        """Draw one trial's settings through an ``optuna.Trial``, floats rounded to `DIGITS` significant digits."""
         drawn = {}
         for name in ("base_lr", "dropout", "weight_decay", "patience_steps"):
             r = getattr(self, name)

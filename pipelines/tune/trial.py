@@ -1,12 +1,6 @@
-"""One trial: the head trained on cached features with one :class:`~pipelines.tune.space.HeadSettings`,
-in this process alone (no Horovod, no Spark), and its exact validation totals.
+"""One trial: the head trained on cached features in this process alone (no Horovod, no Spark), validated exactly.
 
-The head is the model's (:func:`pipelines.training.model.build.build_head`: ``Dropout`` +
-``Dense`` softmax), trained with Nadam at ``base_lr x ranks`` on batches of ``batch_size x ranks``
-rows (what ``jobs/train.py`` under ``horovodrun -np RANKS`` steps with), early stopping by the
-:class:`~pipelines.training.stopping.StoppingRule` on the exact validation split, the best epoch's
-weights restored however the run ends. The test split is read only by :func:`refit_and_test`,
-once, for the chosen settings.
+It steps as ``jobs/train.py`` on ``ranks`` ranks does: Nadam at ``base_lr x ranks`` on ``batch_size x ranks`` rows.
 """
 from __future__ import annotations
 
@@ -29,25 +23,20 @@ Split = Tuple[np.ndarray, np.ndarray]  # features float32 (n, feature_dim), labe
 
 @dataclass(frozen=True)
 class TrialPlan:
-    """What every trial of a search shares: ``epochs`` (at most), ``batch_size`` (rows per step
-    of one rank), ``ranks`` (the training's world size the settings are for), ``seed`` (weights,
-    dropout and shuffling), ``rule`` (early stopping; its ``patience_steps`` is each trial's own),
-    ``num_classes``, ``threads`` (TensorFlow's intra-op threads in this process; 0 = its default)."""
+    """What every trial of a search shares."""
 
-    epochs: int
-    batch_size: int
-    ranks: int
-    seed: int
-    rule: StoppingRule
+    epochs: int  # at most
+    batch_size: int  # rows per step of one rank
+    ranks: int  # the training's world size the settings are for
+    seed: int  # of weights, dropout and shuffling
+    rule: StoppingRule  # its patience_steps is each trial's own
     num_classes: int
-    threads: int = 1
+    threads: int = 1  # TensorFlow's intra-op threads in this process (0: its default)
 
 
 @dataclass(frozen=True)
 class TrialResult:
-    """A finished trial: the exact validation loss and accuracy of its best epoch (1-based
-    ``best_epoch`` of ``epochs_run``), its ``steps_per_epoch``, ``seconds`` of training, and,
-    from :func:`refit_and_test` only, the test split's totals."""
+    """A finished trial: its best epoch's exact validation totals, and the test totals from `refit_and_test` only."""
 
     val_loss: float
     val_accuracy: float
@@ -63,7 +52,7 @@ class TrialResult:
 
 
 def _set_threads(threads: int) -> None:
-    """TensorFlow's intra-op threads (settable before its first op only: a Spark worker's later trials keep them)."""
+    """Set TensorFlow's intra-op threads (only before its first op: a worker's later trials keep them)."""
     import tensorflow as tf
 
     if threads:
@@ -77,12 +66,11 @@ def _set_threads(threads: int) -> None:
 def train_head(settings: HeadSettings, plan: TrialPlan, train: Split, validation: Split):
     """Train the head with ``settings`` on ``train``, early stopping on ``validation``.
 
-    Returns:
-        ``(model, TrialResult)``: the head with its best epoch's weights, and its exact validation totals.
+    Returns ``(model, TrialResult)``: the head with its best epoch's weights, and its exact validation totals.
 
     Raises:
-        pipelines.training.divergence.TrainingDiverged: a non-finite loss or metric (the trial diverged).
-        pipelines.runtime.errors.Refused: a global batch larger than the train split.
+        TrainingDiverged: a non-finite loss or metric.
+        Refused: a global batch larger than the train split.
     """
     from pipelines.stack.kerasapi import keras
     from pipelines.training.callbacks import BestWeightsEarlyStopping
@@ -118,8 +106,7 @@ def train_head(settings: HeadSettings, plan: TrialPlan, train: Split, validation
 
 
 def _stop_on_non_finite(keras: Any) -> Any:
-    """A callback that ends training at the first step whose logs hold NaN or an infinity (Keras'
-    ``TerminateOnNaN`` without its printed line: the trial says it, as a failure)."""
+    """A callback that ends training at the first step whose logs hold NaN or an infinity, printing nothing."""
     class StopOnNonFinite(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if non_finite_logs(logs):
@@ -135,10 +122,7 @@ def _one_pass(split: Split):
 
 
 def evaluate(model, split: Split) -> Tuple[float, float]:
-    """The exact mean loss and accuracy of ``model`` over every row of ``split`` (one pass).
-
-    Raises:
-        pipelines.training.divergence.TrainingDiverged: a non-finite loss.
+    """The exact mean loss and accuracy of ``model`` over every row of ``split``; `TrainingDiverged` if not finite.
     """
     loss, accuracy = (float(v) for v in model.evaluate(_one_pass(split), verbose=0))
     if not math.isfinite(loss):
@@ -147,14 +131,14 @@ def evaluate(model, split: Split) -> Tuple[float, float]:
 
 
 def run_trial(settings: HeadSettings, plan: TrialPlan, train: Split, validation: Split) -> TrialResult:
-    """One trial (:func:`train_head`), its validation totals only: the test split is not read."""
+    """One trial (`train_head`), its validation totals only: the test split is not read."""
     return train_head(settings, plan, train, validation)[1]
 
 
 def refit_and_test(settings: HeadSettings, plan: TrialPlan, train: Split, validation: Split,
                    test: Split) -> TrialResult:
-    """The chosen settings trained again with the same seed (the same head as their trial's), then
-    evaluated on ``test``: the one time a search reads the test split."""
+    """The chosen settings trained again with the same seed, then evaluated on ``test``: the search's one test reading.
+    """
     model, result = train_head(settings, plan, train, validation)
     test_loss, test_accuracy = evaluate(model, test)
     return replace(result, test_loss=test_loss, test_accuracy=test_accuracy)

@@ -1,18 +1,7 @@
-"""Where rank 0 writes a training run's outputs: ``--output`` itself, or a local folder mirrored to it.
+"""Where rank 0 writes a training run's outputs: ``--output`` itself, or a local folder mirrored to a URI.
 
-For a local ``--output`` rank 0 writes there and nothing here does anything. For a URI
-(``s3://bucket/run``) rank 0 writes in a local temporary folder, as it would in a local output, and
-:class:`Outputs` uploads it:
-
-* after every epoch (:meth:`Outputs.push` from the ``SyncOutputs`` callback): the files that
-  changed (the checkpoint's weights, ``history.csv``, TensorBoard's events, ``mlflow_run.json``),
-  the checkpoint's completion marker last, then the remote checkpoints this run pruned locally are
-  deleted, markers before weights (only names this run uploaded or downloaded: another run's
-  checkpoints are never touched). An object store has no rename, but a single PUT appears whole: a marker
-  that exists names weights already uploaded, so ``--resume`` (:meth:`Outputs.adopt`,
-  :func:`pipelines.training.schedule.newest_complete_checkpoint`) never picks a partial one;
-* at the end (:meth:`Outputs.finish`): everything else, ``metrics.json`` last, then the local
-  folder is removed.
+An object store has no rename but a single PUT appears whole, so a checkpoint's marker is uploaded after its
+weights and deleted before them: a marker that exists names complete weights.
 """
 from __future__ import annotations
 
@@ -38,19 +27,14 @@ RESUME_FILES = (HISTORY, RUN_FILE, PROGRESS)  # what a resumed run appends to, c
 
 
 def check_output(output: str, storage_options: Optional[Mapping[str, str]] = None) -> Location:
-    """``--output`` resolved, refused when its store cannot be used.
-
-    Raises:
-        pipelines.io.storage.StorageError: unknown scheme, missing bucket, refused credentials.
-    """
+    """``--output`` resolved; raises `StorageError` when its store cannot be used."""
     location = resolve(output, storage_options)
     check_reachable(location, "--output")
     return location
 
 
 class Outputs:
-    """Rank 0's output folder: :attr:`local` is where it writes; :attr:`remote` the URI's
-    :class:`~pipelines.io.storage.Location` it is mirrored to, ``None`` for a local output."""
+    """Rank 0's output folder: ``local`` is where it writes; ``remote`` the `Location` mirrored to (``None``: local)."""
 
     def __init__(self, target: Location):
         self.target = target
@@ -65,10 +49,7 @@ class Outputs:
         self.run_id: Optional[str] = None  # the training run writing here (adopt)
 
     def adopt(self, claim, data: str) -> None:
-        """Rank 0, once :func:`pipelines.training.records.ownership.claim` gave this run the output: delete the
-        names ``claim.delete`` (an earlier run's own files, ``--overwrite``), record a new run in
-        :data:`~pipelines.contract.TRAIN_RUN` (uploaded at once to a URI output, so a second run
-        sees it), and download the checkpoint it continues (:meth:`pull_resume_state`)."""
+        """Once `claim` gave this run the output: delete ``claim.delete``, record the run, download its checkpoint."""
         self.run_id = claim.run.run_id
         for name in claim.delete:
             self._delete(name)
@@ -90,14 +71,7 @@ class Outputs:
         nofollow.remove_below(self.local, name)  # a link is removed itself, never what it names
 
     def pull_resume_state(self, marker: Dict) -> None:
-        """Download what ``--resume`` (or a relaunch) reads from a remote output: the checkpoint
-        of ``marker`` (a complete one, :func:`pipelines.training.schedule.newest_complete_checkpoint`)
-        with the marker, the best epoch's weights and :data:`RESUME_FILES`; nothing for a local
-        output.
-
-        Raises:
-            ValueError: the marker names a best epoch that is not a number >= 1.
-        """
+        """Download ``marker``'s checkpoint, the best epoch's weights and `RESUME_FILES` of a remote output."""
         if self.remote is None:
             return
         best = marker["early_stopping"]["best_epoch"]
@@ -114,9 +88,7 @@ class Outputs:
         log.info("--resume: downloaded checkpoint %s from %s", marker["_name"], self.remote.uri)
 
     def push(self, last: Optional[str] = None) -> None:
-        """Upload every file of :attr:`local` that changed since its last upload, ``last`` (a
-        name relative to it) after all others; then delete the remote checkpoints that are no
-        longer local (pruned), markers first. Nothing for a local output."""
+        """Upload every changed file of ``local``, ``last`` after all others, then `_prune_remote`."""
         if self.remote is None:
             return
         changed = [name for name in self._local_files() if self._pushed.get(name) != self._stat(name)]
@@ -127,7 +99,7 @@ class Outputs:
         self._prune_remote()
 
     def upload(self, name: str) -> None:
-        """Upload the one file ``name`` of :attr:`local` (a plain name) now; nothing for a local output."""
+        """Upload the one file ``name`` of ``local`` (a plain name) now; nothing for a local output."""
         if self.remote is not None:
             self.remote.join(plain_name(name, "a file to upload")).upload(os.path.join(self.local, name))
             self._remember(name)
@@ -152,10 +124,7 @@ class Outputs:
         self._pushed[name] = self._stat(name)
 
     def _prune_remote(self) -> None:
-        """Delete the remote checkpoints of this run that are no longer local (pruned), markers
-        first: those this process uploaded or downloaded, and those whose markers name this run
-        (:attr:`run_id`, once :meth:`adopt` set it). Another run's checkpoints in a shared prefix
-        are never touched."""
+        """Delete this run's remote checkpoints no longer local, markers first; another run's are never touched."""
         local = set(os.listdir(self.local))
         stale = {name for name in self._pushed if CHECKPOINT_NAME.match(name)}
         if self.run_id:
@@ -168,5 +137,5 @@ class Outputs:
 
 
 def open_outputs(output: str, storage_options: Optional[Mapping[str, str]] = None) -> Outputs:
-    """Rank 0's :class:`Outputs` of ``--output`` (checked with :func:`check_output`)."""
+    """Rank 0's `Outputs` of ``--output`` (checked with `check_output`)."""
     return Outputs(check_output(output, storage_options))

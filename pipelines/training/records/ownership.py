@@ -1,34 +1,6 @@
 """Which training run an output folder belongs to, so that no run adopts or deletes another's files.
 
-A training run has an identity (:class:`RunIdentity`): a run id (UTC time and a random suffix, as
-the ETL's), the values of the settings that decide what it computes (:data:`FINGERPRINT_FIELDS`:
-learning rate, batch size, backbone, seed, ...; not where it writes, how many epochs at most, nor
-how it is launched), its world (:func:`world_of`: world size, per-rank and global batch, learning
-rate) and its data's identity (the sha256 of the ETL output's ``manifest.json`` and the ETL run id
-that manifest names). Rank 0 records it in ``OUTPUT/train_run.json``
-(:data:`pipelines.contract.TRAIN_RUN`) before its first epoch, with the names of the files the run
-writes there, and in every checkpoint marker.
-
-:func:`claim` decides, from what an output holds, what a run may do with it:
-
-* a new run into an output holding another run's record or checkpoints is refused, unless
-  ``--overwrite``: then the files the earlier run's own records name (its record's list and each
-  marker's checkpoint) are deleted, and nothing else;
-* ``--resume`` continues the run whose newest complete checkpoint the output holds only when that
-  run's settings and data are this one's (the refusal names each difference); the run keeps its id;
-* a relaunch after a lost rank (``--max-failures``) continues only the checkpoints of its own run
-  id (the launching driver's, :func:`pipelines.training.cli.launch`), on the same data;
-* either continues with the recorded per-rank batch on any world size from 1 to the run's global
-  batch (:func:`world_refusal`): the recorded world stays the run's *data world*, whose global
-  batch, steps and learning rate the run keeps whatever its world size now
-  (:mod:`pipelines.training.dataworld`), and which the continued run records again; a record
-  written before worlds were recorded is continued with a warning naming this launch's world
-  (:attr:`Claim.warnings`): nothing tells which world it had, and refusing would leave no way to
-  continue it.
-
-Pure logic on :class:`pipelines.io.storage.Location` listings: the launching driver refuses before any
-rank starts (:func:`check_output_claim`, exit 2), and rank 0 decides again in
-:func:`pipelines.training.plan.plan_run` (every rank then refuses alike).
+Pure logic on `Location` listings: the launching driver refuses before any rank starts, and rank 0 decides again.
 """
 from __future__ import annotations
 
@@ -84,48 +56,35 @@ def new_run_id() -> str:
 
 @dataclass(frozen=True)
 class RunIdentity:
-    """A training run: ``run_id``, ``config`` (the :data:`FINGERPRINT_FIELDS` values),
-    ``data_sha256`` (sha256 of the data's ``manifest.json``), ``world`` (:func:`world_of`; ``None``
-    in a record written before worlds were recorded) and ``data_run_id`` (the ETL run id the
-    manifest names; ``None`` when it names none)."""
+    """A training run as records keep it."""
 
     run_id: str
-    config: Dict = field(hash=False)
-    data_sha256: str
-    world: Optional[Dict] = field(default=None, hash=False)
-    data_run_id: Optional[str] = None
+    config: Dict = field(hash=False)  # the FINGERPRINT_FIELDS values
+    data_sha256: str  # of the data's manifest.json
+    world: Optional[Dict] = field(default=None, hash=False)  # world_of; None in a record from before worlds
+    data_run_id: Optional[str] = None  # the ETL run id the manifest names
 
     @property
     def config_sha256(self) -> str:
-        """sha256 of :attr:`config` as sorted, compact JSON."""
+        """sha256 of ``config`` as sorted, compact JSON."""
         return hashlib.sha256(json.dumps(self.config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
     def record(self) -> Dict:
-        """What markers and the run record keep: ``{"id", "config", "config_sha256", "data_sha256",
-        "data_run_id", "world"}``."""
+        """What records keep: ``{"id", "config", "config_sha256", "data_sha256", "data_run_id", "world"}``."""
         return {"id": self.run_id, "config": dict(self.config), "config_sha256": self.config_sha256,
                 "data_sha256": self.data_sha256, "data_run_id": self.data_run_id,
                 "world": dict(self.world) if self.world is not None else None}
 
 
 def world_of(batch_size: int, base_lr: float, world_size: int) -> Dict:
-    """The world a run trains in, as records keep it: ``{"world_size", "batch_size" (per rank),
-    "global_batch_size", "learning_rate"}``, the global batch and the rate by
-    :func:`pipelines.training.schedule.global_batch_size` and :func:`~pipelines.training.schedule.scaled_lr`
-    (``base_lr x world_size``, phase 1's rate after any warmup)."""
+    """The world a run trains in: ``{"world_size", "batch_size" (per rank), "global_batch_size", "learning_rate"}``."""
     return {"world_size": world_size, "batch_size": batch_size,
             "global_batch_size": global_batch_size(batch_size, world_size),
             "learning_rate": scaled_lr(base_lr, world_size)}
 
 
 def identify(config, world_size: int, run_id: Optional[str] = None) -> RunIdentity:
-    """The identity of a run of ``config`` (a :class:`~pipelines.training.config.TrainConfig`) on
-    ``world_size`` ranks: its fingerprint, world and data's (read from ``config.loader.data``), with
-    ``run_id`` or a new one.
-
-    Raises:
-        FileNotFoundError, pipelines.io.storage.StorageError: the data has no readable manifest.
-    """
+    """The identity of a run of ``config`` on ``world_size`` ranks; raises if the data has no readable manifest."""
     options = to_dict(config)  # flat, as the flags name them: records written before the option groups match
     values = {name: options[name] for name in FINGERPRINT_FIELDS}
     data = resolve(config.loader.data, config.storage_options)
@@ -134,12 +93,7 @@ def identify(config, world_size: int, run_id: Optional[str] = None) -> RunIdenti
 
 
 def manifest_run_id(data) -> Optional[str]:
-    """The ETL run id ``data``'s ``manifest.json`` names (``run_id``; ``None`` when it names none),
-    ``data`` a :class:`pipelines.io.storage.Location`.
-
-    Raises:
-        FileNotFoundError: ``data`` has no manifest.
-    """
+    """The ETL run id the manifest of the `Location` ``data`` names, or ``None``; `FileNotFoundError` without one."""
     try:
         manifest = data.join(MANIFEST).read_json()
     except ValueError:  # not JSON: its sha256 still identifies it
@@ -150,9 +104,8 @@ def manifest_run_id(data) -> Optional[str]:
 
 @dataclass
 class OutputState:
-    """What an output folder holds of training runs: its record (``None`` when absent or
-    unreadable) and its readable checkpoint markers, newest first, the sound one among them and
-    the damaged files passed over (:func:`pipelines.training.schedule.sound_checkpoint`)."""
+    """What an output holds of training runs: its record, its readable markers newest first, the sound one, the damage.
+    """
 
     record: Optional[Dict]
     markers: List[Dict]
@@ -161,21 +114,15 @@ class OutputState:
 
     @property
     def owner(self) -> Optional[Dict]:
-        """The run the output belongs to: the record's, else the newest marker's (``{}``: a marker
-        written before runs were recorded); ``None`` when the output holds neither."""
+        """The run the output belongs to: the record's, else the newest marker's (``{}`` if it has none), else ``None``.
+        """
         if self.record is not None:
             return self.record.get("run") or {}
         return (self.markers[0].get("run") or {}) if self.markers else None
 
 
 def read_state(folder) -> OutputState:
-    """The :class:`OutputState` of ``folder`` (a :class:`pipelines.io.storage.Location`).
-
-    Raises:
-        RunRefused: a ``train_run.json`` that is not JSON or not a run record's shape
-            (:func:`pipelines.training.records.shapes.record_problem`): the files it would name
-            are not known, so neither ``--resume`` nor ``--overwrite`` acts on its word.
-    """
+    """The `OutputState` of ``folder``; `RunRefused` for a malformed ``train_run.json`` (nothing acts on its word)."""
     place = folder.join(TRAIN_RUN)
     try:
         record = place.read_json()
@@ -194,21 +141,17 @@ def read_state(folder) -> OutputState:
 
 @dataclass
 class Claim:
-    """:func:`claim`'s verdict: the ``run`` this process is (a kept or a new id), the ``marker`` to
-    continue from (``None``: epoch 1), the names to delete first (``--overwrite``), whether the
-    run record must be written (a new run) and what the claim accepted unchecked (``warnings``)."""
+    """`claim`'s verdict: the ``run`` this is (a kept or a new id) and what it does with the output."""
 
     run: RunIdentity
-    marker: Optional[Dict] = None
-    delete: List[str] = field(default_factory=list)
-    new: bool = False
-    warnings: List[str] = field(default_factory=list)  # rank 0 logs them (plan_run); the driver's check does not
+    marker: Optional[Dict] = None  # the checkpoint marker to continue from (None: epoch 1)
+    delete: List[str] = field(default_factory=list)  # names to delete first (--overwrite)
+    new: bool = False  # the run record must be written
+    warnings: List[str] = field(default_factory=list)  # accepted unchecked; rank 0 logs them, the driver does not
 
 
 def differences(recorded: Dict, run: RunIdentity) -> List[str]:
-    """How a recorded run (:meth:`RunIdentity.record`) differs from ``run``: one phrase per setting
-    (``base_lr 0.001 there, 0.02 here``) and one for the data, naming both ETL runs
-    (``data: ETL run A (manifest sha256 0123456789ab) there, ETL run B (...) here``)."""
+    """How a recorded run differs from ``run``, one phrase per setting (``base_lr 0.001 there, 0.02 here``) and data."""
     theirs = recorded.get("config") or {}
     found = [f"{name} {theirs.get(name)!r} there, {value!r} here" for name, value in run.config.items()
              if theirs.get(name) != value]
@@ -223,7 +166,7 @@ def _data(run_id, sha256) -> str:
 
 
 def describe_world(world: Dict) -> str:
-    """``world size 4, batch 32 per rank (global batch 128, lr 0.004)`` for a :func:`world_of` dict."""
+    """``world size 4, batch 32 per rank (global batch 128, lr 0.004)`` for a `world_of` dict."""
     lr = world.get("learning_rate")
     lr = f"{lr:g}" if isinstance(lr, (int, float)) else repr(lr)
     return (f"world size {world.get('world_size')}, batch {world.get('batch_size')} per rank "
@@ -231,12 +174,15 @@ def describe_world(world: Dict) -> str:
 
 
 def world_refusal(recorded: Dict, run: RunIdentity, how: str, source: str) -> Optional[str]:
-    """Why ``run`` may not continue the ``recorded`` run (:meth:`RunIdentity.record`) in its world:
-    another per-rank batch (``--batch-size``) would change the run's data world, and more ranks
-    than its global batch has rows would leave a rank none. Any other world size continues the
-    recorded data world (:func:`continued_world`). ``None`` when it may, or when the record has no
-    world (:func:`claim` then warns). ``how``: ``--resume`` or ``a relaunch``; ``source``: what
-    holds the record (``checkpoint checkpoint-2.json in OUT``)."""
+    """Why ``run`` may not continue the ``recorded`` run in its world, or ``None``.
+
+    Another per-rank batch would change the run's data world, and more ranks than its global batch has rows would
+    leave a rank none. A record without a world passes (`claim` warns).
+
+    Args:
+        how: ``--resume`` or ``a relaunch``.
+        source: what holds the record (``checkpoint checkpoint-2.json in OUT``).
+    """
     theirs, ours = recorded.get("world"), run.world or {}
     if not isinstance(theirs, dict):
         return None
@@ -253,15 +199,17 @@ def world_refusal(recorded: Dict, run: RunIdentity, how: str, source: str) -> Op
 
 
 def continued_world(recorded: Dict, run: RunIdentity) -> RunIdentity:
-    """``run`` with the world of the ``recorded`` run it continues (its data world, which its
-    markers keep recording), when the record has one; ``run`` unchanged otherwise."""
+    """``run`` with the world of the ``recorded`` run it continues (its data world), when the record has one."""
     theirs = recorded.get("world")
     return replace(run, world=dict(theirs)) if isinstance(theirs, dict) else run
 
 
 def claim(folder, run: RunIdentity, resume: bool, relaunch: bool, overwrite: bool) -> Claim:
-    """What a run may do with the output ``folder`` (a :class:`pipelines.io.storage.Location`): see the
-    module's rules. ``run`` carries a new id, or (a relaunch) the id its first attempt had.
+    """What a run may do with the output `Location` ``folder``.
+
+    A new run into another run's output is refused unless ``--overwrite``, which deletes only the files that run's
+    records name. ``--resume`` continues only a run with this run's settings and data; a relaunch only its own run
+    id. Either continues with the recorded per-rank batch on 1 to the global batch ranks, keeping the data world.
 
     Raises:
         RunRefused: the output belongs to another run, and this one may not continue or replace it.
@@ -280,8 +228,8 @@ def claim(folder, run: RunIdentity, resume: bool, relaunch: bool, overwrite: boo
 
 
 def _continue(state: OutputState, run: RunIdentity, relaunch: bool, where: str) -> Claim:
-    """``--resume`` or a relaunch: the owner must be this run (a relaunch) or one like it (resume),
-    and a checkpoint must be sound when any was damaged (else the refusal names the files)."""
+    """``--resume`` or a relaunch: the owner must be this run or one like it, and a checkpoint sound if any was damaged.
+    """
     owner, marker = state.owner, state.newest_complete
     if marker is None and state.damaged:
         raise RunRefused(f"{'a relaunch' if relaunch else '--resume'}: no sound checkpoint in {where}, every one is "
@@ -317,9 +265,7 @@ def _continue(state: OutputState, run: RunIdentity, relaunch: bool, where: str) 
 
 
 def owned_names(state: OutputState) -> List[str]:
-    """The names an output's earlier run recorded as its own: its record's ``files`` that are
-    :data:`RUN_FILES` names, each marker and the checkpoint it names, and the record itself; every
-    name checked to be a plain name (:func:`pipelines.contract.plain_name`)."""
+    """The plain names an output's earlier run recorded as its own: its `RUN_FILES`, each marker and its checkpoint."""
     names = []
     if state.record is not None:
         for name in state.record.get("files", []):
@@ -337,21 +283,12 @@ def owned_names(state: OutputState) -> List[str]:
 
 
 def record(run: RunIdentity, data: str, files=RUN_FILES) -> Dict:
-    """The content of ``OUTPUT/train_run.json``: the run (:meth:`RunIdentity.record`), its data's
-    location, and the names of the files it writes in the output (checkpoints are named by their
-    markers)."""
+    """The content of ``train_run.json``: the run, its data's location, and the names of the files it writes."""
     return {"run": run.record(), "data": data, "files": list(files)}
 
 
 def check_output_claim(config, world_size: int, relaunch: bool = False, run_id: Optional[str] = None) -> RunIdentity:
-    """The launching driver's check before any rank (and rank 0's under ``horovodrun``): the run
-    ``config`` would be on ``world_size`` ranks, once :func:`claim` accepted ``--output`` for it;
-    deletes nothing, and leaves :attr:`Claim.warnings` to rank 0 (said once, in
-    :func:`pipelines.training.plan.plan_run`).
-
-    Raises:
-        RunRefused: as :func:`claim` (exit 2).
-    """
+    """The launching driver's `claim` of ``--output`` before any rank starts; deletes nothing, warns nothing."""
     run = identify(config, world_size, run_id)
     folder = resolve(config.outputs.output, config.storage_options)
     return claim(folder, run, config.outputs.resume, relaunch, config.outputs.overwrite).run

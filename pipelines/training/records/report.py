@@ -1,9 +1,5 @@
-"""What rank 0 writes at the end of a run: the report (``metrics.json``: :func:`build_report`,
-gathered on every rank), the exported model and its contract, the pictures, and the same to the
-MLflow run (:func:`save_outputs`, :func:`track_outputs`).
-
-``context`` below is the job's :class:`pipelines.training.context.RankContext` (this module is
-imported by the job, never the other way round).
+"""What rank 0 writes at the end of a run: ``metrics.json``, the exported model and its contract, the pictures, and
+the same to the MLflow run. ``context`` is the job's `RankContext`.
 """
 from __future__ import annotations
 
@@ -39,11 +35,13 @@ log = logging.getLogger("pipelines")
 
 
 def build_report(context, phases: List, resume: Resume) -> Dict:
-    """The run's report: config, world, arithmetic, history, the best epoch's exact validation
-    metrics (the split that chose it: ``selected_on``), the exact test metrics of the final model
-    (the last of ``phases``, :class:`pipelines.training.model.finetune.Phase`; the test split read once,
-    after training, and never used for a choice), fine-tuning's outcome and the weight checksums
-    and hostnames of every rank (gathered here: every rank must call it)."""
+    """The run's report, gathered on every rank (every rank must call it).
+
+    It holds the best epoch's exact validation metrics (``selected_on``) and the final model's exact test metrics:
+    the test split is read once, after training, and never used for a choice.
+
+    ``phases``' last is the final model.
+    """
     import horovod.tensorflow as hvd_tf
 
     config, rank, plan = context.config, context.rank, context.plan
@@ -98,10 +96,7 @@ def build_report(context, phases: List, resume: Resume) -> Dict:
 
 
 def stopping_report(config, early_stopping, steps_per_epoch: int) -> Dict:
-    """The run's early-stopping rule and what it came to: ``{"rule" (--stopping's name), "monitor",
-    "patience_steps", "patience_epochs", "min_delta", "patience" (epochs, for this run's
-    ``steps_per_epoch``), "stopped_epoch" (the epoch after which it ended the run, 1-based; None
-    when the epochs ran out or a resumed run had already finished)}``."""
+    """The early-stopping rule and what it came to; ``stopped_epoch`` is 1-based, ``None`` when the epochs ran out."""
     rule = config.fit.rule
     stopped = getattr(early_stopping, "stopped_epoch", 0)  # Keras' 0-based epoch; 0: it did not stop the run
     return {"rule": config.fit.stopping, **rule.to_dict(), "patience": rule.patience(steps_per_epoch),
@@ -117,11 +112,7 @@ PROBE_MARGIN = 0.02
 
 
 def linear_probe(context, first) -> Dict:
-    """Rank 0, after training: the linear probe (:func:`pipelines.training.probe.fit_probe`) on
-    every row of the feature cache of phase 1 (``first``, a
-    :class:`~pipelines.training.model.finetune.Phase`, whose backbone was frozen), all ranks' files
-    of each split, ``C`` chosen on validation; ``{"skipped": why}`` with ``--no-probe``, on a run
-    that trained on images, or on features the probe cannot fit."""
+    """Rank 0: the linear probe on phase 1's cached features, ``C`` chosen on validation, or ``{"skipped": why}``."""
     from pipelines.training import probe
     from pipelines.training.data import features as feat
 
@@ -138,9 +129,7 @@ def linear_probe(context, first) -> Dict:
 
 
 def probe_lines(report: Dict) -> List[str]:
-    """The training log's last lines on the probe beside the model: its figures (or why there are
-    none; nothing for a report without it), and one line more when the model trails it on validation
-    by more than :data:`PROBE_MARGIN`."""
+    """The log's last lines on the probe, and one more when the model trails it on validation by over `PROBE_MARGIN`."""
     found, model = report.get("probe"), report["validation"]["accuracy"]
     if not found:  # a report made without the probe's step
         return []
@@ -163,9 +152,7 @@ def probe_lines(report: Dict) -> List[str]:
 
 
 def best_validation(history: List[Dict], best_epoch: Optional[int], expected_count: int) -> Dict:
-    """The exact validation figures of epoch ``best_epoch`` (1-based) from ``history``:
-    ``{"loss", "accuracy", "count", "expected_count", "epoch"}``, ``None`` values when the history
-    has no such epoch (a resumed run that had already finished keeps its figures in its markers)."""
+    """The exact validation figures of the 1-based ``best_epoch`` in ``history`` (``None`` values when it has none)."""
     entry = next((h for h in history if h.get("epoch") == best_epoch), {})
     count = entry.get("val_count")
     return {"epoch": best_epoch, "loss": entry.get("val_loss"), "accuracy": entry.get("val_accuracy"),
@@ -173,16 +160,11 @@ def best_validation(history: List[Dict], best_epoch: Optional[int], expected_cou
 
 
 def save_outputs(context, report: Dict, phase) -> None:
-    """Rank 0, in its local output folder (``context.output_dir``, else ``--output``), for the run's
-    last ``phase`` (a :class:`~pipelines.training.model.finetune.Phase`): the run's results first,
-    ``model.keras`` (the phase's exported model, taking the ETL's uint8 images, float32 compute) and
-    its contract ``model.json`` (with the model file's sha256), ``class_names.json`` and ``metrics.json``;
-    only then the pictures (:func:`save_pictures`), whose failure is logged and recorded in
-    ``metrics.json`` (``pictures_error``) without failing the run; each file written atomically.
-    Then, with the context's tracker, the same to the MLflow run (:func:`track_outputs`).
+    """Rank 0: write the run's results, then the pictures, then log them to the MLflow run (`track_outputs`).
 
-    Raises:
-        pipelines.tracking.TrackingFailed: MLflow logging failed; the outputs above are complete.
+    ``model.keras``, ``model.json``, ``class_names.json`` and ``metrics.json`` come first, each atomically; a
+    picture's failure is recorded in ``metrics.json`` (``pictures_error``) without failing the run. A failed MLflow
+    log raises `TrackingFailed`, the outputs complete.
     """
     config, data, tracker, totals = context.config, context.plan.data, context.tracker, phase.totals
     class_names, directory = data.class_names, context.output_dir or config.outputs.output
@@ -217,14 +199,7 @@ def save_outputs(context, report: Dict, phase) -> None:
 
 
 def track_outputs(context, report: Dict, exported) -> None:
-    """Rank 0, after the outputs are written: the epochs the MLflow run lacks, the exact test metrics
-    and the early-stopping outcome, the output files (and the data's ``manifest.json`` under
-    ``data/``) as artifacts, and the exported model at ``model/`` (input example: a stored test
-    image), registered as a new version of ``--register-model`` tagged with its ``test_accuracy``.
-
-    Raises:
-        pipelines.tracking.TrackingFailed: logging failed; the outputs are complete.
-    """
+    """Rank 0: log the missing epochs, test metrics, outputs and the model; `TrackingFailed` if logging fails."""
     import tempfile
 
     config, data, tracker = context.config, context.plan.data, context.tracker
@@ -259,8 +234,7 @@ def track_outputs(context, report: Dict, exported) -> None:
 
 
 def probe_metrics(found: Optional[Dict]) -> Dict:
-    """The MLflow metrics of the linear probe (``probe_C``, ``probe_validation_accuracy``,
-    ``probe_test_accuracy``, ``probe_seconds``, ``probe_rows``); none when it was skipped."""
+    """The MLflow metrics of the linear probe (``probe_*``); none when it was skipped."""
     if not found or "skipped" in found:
         return {}
     return {f"probe_{key}": found[key] for key in ("C", "validation_accuracy", "test_accuracy", "seconds", "rows")}
@@ -273,12 +247,7 @@ CONTACT_SHEET_IMAGES = 32
 
 
 def save_pictures(output: str, report: Dict, exported, data) -> Dict[str, str]:
-    """Rank 0: training curves from the report's history, the exact confusion matrix and its largest
-    confusions (:data:`pipelines.tracking.pictures.PICTURES` names the files), and a contact
-    sheet of the first :data:`CONTACT_SHEET_IMAGES` test images (the split's files in order; rank 0's
-    shard alone may hold fewer), predicted by the exported model itself (``exported``, as
-    :func:`~pipelines.training.model.export.export_model` returns it) on the stored uint8 images.
-    Returns ``{name: path}``."""
+    """Rank 0: curves, confusion pictures, and test images as the ``exported`` model predicts them; ``{name: path}``."""
     where = {name: os.path.join(output, file) for name, file in PICTURES.items()}
     probe, stopping = report.get("probe") or {}, report.get("stopping") or {}
     paths = {"curves": plot_history(report["history"], where["curves"], report["best_epoch"],
@@ -296,8 +265,7 @@ def save_pictures(output: str, report: Dict, exported, data) -> Dict[str, str]:
 
 
 def first_test_rows(data, count: int):
-    """The first ``count`` rows of the test split, in file order (fewer when it has fewer): ``(images
-    uint8 (n, S, S, 3), labels int32 (n,))``, read with pyarrow, stopping once there are enough."""
+    """The first ``count`` test rows in file order: ``(images uint8 (n, S, S, 3), labels int32 (n,))``."""
     import numpy as np
 
     images, labels = [], []

@@ -1,21 +1,6 @@
-"""The segments of a run: each launch that continued it, its world and where it began (issue 38).
+"""The segments of a run: each launch that continued it, its world and where it began (pure).
 
-A run interrupted and continued (``--resume``, a relaunch after a lost rank) is trained in
-segments, each on a world size of its own (:mod:`pipelines.training.dataworld`: the arithmetic is
-the data world's throughout). A segment is recorded as::
-
-    {"world_size": 1, "per_rank_batches": [8], "from_epoch": 2, "from_step": 4, "reason": "resume",
-     "steps_redone": 2}
-
-``from_epoch`` and ``from_step`` are the 1-based epoch and step of its first training step (``1,
-1`` for a run's start; after a step checkpoint written after step 3 of epoch 2: ``2, 4``; after
-epoch 2's checkpoint: ``3, 1``); ``reason`` is ``start``, ``resume`` or ``relaunch``; a
-continued segment's ``steps_redone`` is what the interrupted one trained after that checkpoint
-(:func:`pipelines.training.records.progress.steps_redone`; ``None``: not known). The list
-travels in every checkpoint marker (``segments``), like the history, so it holds the segments
-whose work a checkpoint kept, and ends in ``metrics.json`` (``segments``, ``interruptions``) and
-the MLflow run (a ``segment.<i>`` param each, the ``interruptions`` and ``steps_redone``
-metrics). Pure.
+``from_epoch`` and ``from_step`` are 1-based; a continued segment adds ``steps_redone`` (``None``: not known).
 """
 from __future__ import annotations
 
@@ -33,18 +18,15 @@ def reason_of(resume: bool, relaunched: bool) -> str:
 
 
 def segment(world: DataWorld, world_size: int, epochs_done: int, steps_done: int, reason: str) -> Dict:
-    """The segment of a launch on ``world_size`` ranks of a run of data world ``world``, from a
-    checkpoint's position (``epochs_done``, ``steps_done`` of the next epoch; ``0, 0``: the start)."""
+    """The segment of a launch on ``world_size`` ranks from a checkpoint's position (``0, 0``: the start)."""
     return {"world_size": world_size, "per_rank_batches": world.per_rank_batches(world_size),
             "from_epoch": epochs_done + 1, "from_step": steps_done + 1, "reason": reason}
 
 
 def run_segments(marker: Optional[Dict], world: DataWorld, world_size: int, reason: str,
                  redone: Optional[int] = None) -> List[Dict]:
-    """The run's segments with this launch's last: those the checkpoint ``marker`` it continues
-    records (a marker written before segments were recorded: one segment on the data world from
-    the start, ``reason`` ``start``), then this launch's at the marker's position, with the steps
-    it trains again, ``redone``. No marker: a run from its start, one segment."""
+    """The segments ``marker`` records (one from the start if none), then this launch's, which redoes ``redone`` steps.
+    """
     if not marker:
         return [segment(world, world_size, 0, 0, reason)]
     earlier = marker.get("segments")
@@ -65,8 +47,7 @@ def steps_redone(segments: List[Dict]) -> int:
 
 
 def describe(entry: Dict) -> str:
-    """``world size 1 (per-rank batches 8) from epoch 2, step 4 (resume, 2 steps redone)``: a
-    segment in words (a continued one says its steps redone, or that they are not known)."""
+    """A segment in words: ``world size 1 (per-rank batches 8) from epoch 2, step 4 (resume, 2 steps redone)``."""
     batches = ", ".join(map(str, entry.get("per_rank_batches") or []))
     why = entry.get("reason")
     if "steps_redone" in entry:
@@ -77,6 +58,5 @@ def describe(entry: Dict) -> str:
 
 
 def segment_params(segments: List[Dict]) -> Dict[str, str]:
-    """MLflow params of the segments: ``{"segment.1": describe(first), ...}``, 1-based (a continued
-    MLflow run logs only the params it lacks: each launch adds its own)."""
+    """MLflow params of the segments, ``{"segment.1": describe(first), ...}``; a continued run adds its own."""
     return {f"segment.{i}": describe(entry) for i, entry in enumerate(segments, 1)}

@@ -1,14 +1,4 @@
-"""The shapes of the records a training output holds, checked before any field is used.
-
-A checkpoint marker (``checkpoint-E[-step-K].json``) and the run record (``train_run.json``) are
-read back by ``--resume``, a relaunch and ``--overwrite``; a file edited by hand, written by
-another tool or damaged must give a clear verdict, not a ``KeyError`` deep in a rank. A marker of
-the wrong shape is passed over with a warning, as an unreadable one is
-(:func:`pipelines.training.schedule.checkpoint_markers`); a run record of the wrong shape is
-refused by name (:func:`pipelines.training.records.ownership.read_state`): the files it would
-name are not known, so nothing is deleted on its word. Only JSON is ever read: nothing in these
-files can run code.
-"""
+"""The shapes of the records a training output holds (JSON only), checked before any field is used."""
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, Optional, Tuple
@@ -26,8 +16,7 @@ def _count(value: Any) -> bool:
 
 
 def field_problem(record: Dict, fields: Iterable[Tuple[str, str, bool]]) -> Optional[str]:
-    """The first of ``fields`` (``(key, kind, required)``, kind ``count``, ``str``, ``dict``,
-    ``list``) that ``record`` holds in another shape, as ``"epoch: expected a count, got str"``."""
+    """The first of ``fields`` (``(key, kind, required)``) that ``record`` holds in another shape, as a phrase."""
     tests = {"count": _count, "str": lambda v: isinstance(v, str),
              "dict": lambda v: isinstance(v, dict), "list": lambda v: isinstance(v, list)}
     for key, kind, required in fields:
@@ -42,8 +31,7 @@ def field_problem(record: Dict, fields: Iterable[Tuple[str, str, bool]]) -> Opti
 
 
 def run_problem(run: Any, where: str = "run") -> Optional[str]:
-    """What is wrong with a run's identity (``{"id", "config", "world", ...}``: a marker's or the
-    record's ``run``, :meth:`pipelines.training.records.ownership.RunIdentity.record`), or ``None``."""
+    """What is wrong with a run's identity (`RunIdentity.record`), or ``None``."""
     if not isinstance(run, dict):
         return f"{where}: expected a dict, got {_kind(run)}"
     found = field_problem(run, [("id", "str", False), ("config", "dict", False), ("world", "dict", False),
@@ -55,12 +43,8 @@ def run_problem(run: Any, where: str = "run") -> Optional[str]:
 
 
 def marker_problem(marker: Any) -> Optional[str]:
-    """What is wrong with a checkpoint marker's shape (as the checkpointer writes it:
-    :class:`pipelines.training.checkpointer.CheckpointMarker`), or ``None`` when every field a
-    resumed run reads has its type: ``epoch``, ``step`` and ``weights_bytes`` counts, ``weights``
-    and ``weights_sha256`` (absent in a marker written before checksums) strings, ``early_stopping``
-    a dict, ``history``, ``segments`` lists, ``logs`` a dict or null, ``epoch_logs`` a list of
-    objects of numbers, ``phase`` 1 or 2, ``run`` a run identity (:func:`run_problem`)."""
+    """What is wrong with a checkpoint marker's shape (`CheckpointMarker`), or ``None`` when every field read is sound.
+    """
     if not isinstance(marker, dict):
         return f"expected a JSON object, got {_kind(marker)}"
     found = field_problem(marker, [("epoch", "count", True), ("step", "count", False), ("weights", "str", True),
@@ -84,9 +68,7 @@ def marker_problem(marker: Any) -> Optional[str]:
 
 
 def record_problem(record: Any) -> Optional[str]:
-    """What is wrong with a run record's shape (``train_run.json``:
-    :func:`pipelines.training.records.ownership.record`): ``run`` a run identity, ``files`` a list of
-    strings, ``data`` a string; or ``None``."""
+    """What is wrong with a run record's shape (``train_run.json``), or ``None``."""
     if not isinstance(record, dict):
         return f"expected a JSON object, got {_kind(record)}"
     found = field_problem(record, [("run", "dict", True), ("files", "list", False), ("data", "str", False)])
