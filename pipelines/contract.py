@@ -1,27 +1,11 @@
-"""The contract between the ETL and training, stated once: file names, splits, schema, manifest.
+"""The contract between the ETL and training, stated once: file names, splits, schema, manifest::
 
-The ETL (``pipelines.etl``) writes an output folder that training (``pipelines.training``) reads;
-neither imports the other, both import this module and its typed manifest beside it
-(:mod:`pipelines.manifest`: the :class:`~pipelines.manifest.Manifest`, its checks, the data's identity)::
+    OUTPUT/manifest.json                          the manifest, written last, in one PUT: the commit
+    OUTPUT/runs/<run id>/<split>/part-*.parquet   each split's files (named in the manifest), COLUMNS rows
+    OUTPUT/runs/<run id>/rejected.jsonl           every input file not written, with status and reason
 
-    OUTPUT/manifest.json                       the Manifest, written last, in one PUT: the commit
-    OUTPUT/runs/<run id>/<split>/part-*.parquet each split's Parquet files, named in the manifest
-                                               (``splits.<split>.parts``, relative to OUTPUT): IMAGE_SCHEMA
-                                               rows, row groups of rows_per_row_group rows
-    OUTPUT/runs/<run id>/rejected.jsonl        every input file not written, with status and reason
-                                               (named in the manifest: ``files.list``)
-
-OUTPUT is a local path or a URI (:mod:`pipelines.io.storage`). Each ETL run writes below its own run
-prefix (``run_id`` in the manifest: UTC time, then a random suffix, so ids sort by start time) and
-commits by writing the manifest; then it deletes the runs older than itself, never a newer one
-(:mod:`pipelines.etl.commit`). Readers read the files the manifest names and nothing else: that is
-what makes an output on an object store (no atomic rename) safe while a rerun writes next to it,
-or dies half-way. A format-1 manifest names no parts; its split's files are the ``*.parquet``
-files of ``OUTPUT/<split>/`` (:meth:`pipelines.manifest.Manifest.part_locations`).
-
-Changing a column, a file name or a manifest key means changing it here (a key: and in
-:mod:`pipelines.manifest`), and the manifest's ``format_version`` when old outputs can no longer be read.
-This module needs only the standard library (pyarrow for :func:`image_schema`, when asked).
+Readers read only the files the manifest names, so an output stays whole while a rerun writes beside it. A
+column, name or key changes here (and in `pipelines.manifest`), with a new ``format_version`` if old outputs break.
 """
 from __future__ import annotations
 
@@ -80,13 +64,9 @@ COLUMNS = (
 
 
 def plain_name(name: Any, what: str, pattern: Optional["re.Pattern"] = None) -> str:
-    """``name``, read from a file (a checkpoint marker, a run record), checked to be the plain name
-    of a file beside that file: a non-empty string without ``/``, ``\\`` or NUL, not ``.`` or ``..``
-    (so never absolute nor outside the folder, on a local disk or an object store), and matching
-    ``pattern`` when given (e.g. :data:`CHECKPOINT_NAME`).
+    """``name``, read from a file, checked to be the plain name of a file beside it (matching ``pattern`` if given).
 
-    Raises:
-        ValueError: naming ``what`` (where the name was read) and the name.
+    Plain: a non-empty string without ``/``, a backslash or NUL, not ``.`` or ``..``. Raises `Refused` naming ``what``.
     """
     if not isinstance(name, str) or not name or name in (".", "..") or any(c in name for c in "/\\\0"):
         raise Refused(f"{what}: the name {name!r} is not a plain file name")
@@ -104,7 +84,7 @@ MAX_ROW_GROUP_BYTES = 1024 * 2**20
 
 
 def image_schema():
-    """The pyarrow schema of :data:`COLUMNS` (pyarrow is imported only when asked for)."""
+    """The pyarrow schema of `COLUMNS` (pyarrow imported only when asked for)."""
     import pyarrow as pa
 
     return pa.schema([(name, getattr(pa, type_name)()) for name, type_name in COLUMNS])
@@ -116,8 +96,7 @@ DEFAULT_IMAGE_SIZE = 299
 
 
 def row_bytes(image_size: int) -> int:
-    """Bytes of one stored image: ``image_size ** 2 * 3`` (uint8 RGB, square), the one statement
-    of that formula (``row_bytes(299)`` = 268,203)."""
+    """Bytes of one stored image, uint8 RGB, square: the one statement of ``image_size ** 2 * 3``."""
     return image_size * image_size * 3
 
 

@@ -1,12 +1,7 @@
 """The ETL's manifest, typed and checked: what training and batch inference read of an ETL output.
 
-``OUTPUT/manifest.json`` (:data:`pipelines.contract.MANIFEST`, written last, in one PUT: the
-commit) is a :class:`Manifest`: the stored images' side, the classes, the row groups, and for each
-split its counts and its parts, the only files a reader reads (:meth:`Manifest.part_locations`).
-It comes from a folder anyone may have written, so nothing in it is used before it is checked:
-its values against the contract's bounds (:func:`check_manifest`), its parts' footers against its
-counts and the contract's columns (:meth:`Manifest.check_footers`). :func:`data_identity` names the
-data one ETL run holds. The names, columns and bounds themselves are :mod:`pipelines.contract`'s.
+A manifest comes from a folder anyone may have written, so nothing in it is used before it is checked: its values
+against the contract's bounds (`check_manifest`), its parts' footers against its counts (`Manifest.check_footers`).
 """
 from __future__ import annotations
 
@@ -39,40 +34,22 @@ from pipelines.runtime.logs import plural
 
 
 class ManifestError(Refused):
-    """A ``manifest.json`` that cannot be read as this contract's: another shape, a value out of
-    bounds, a part that is not a file of its own run's split folder, or footers that disagree."""
+    """A ``manifest.json`` not of this contract: another shape, a value out of bounds, a foreign part, bad footers."""
 
 
 def _location(root):
-    """``root`` (a path, a URI or a :class:`pipelines.io.storage.Location`) as a Location. A URI
-    string is resolved without storage options: a caller whose store needs them passes the
-    Location it resolved with them (``Dataset.location``)."""
+    """A path or URI resolved without storage options; a store that needs them is passed as a `Location`."""
     return root if isinstance(root, Location) else resolve(root)
 
 
 def manifest_sha256(root) -> str:
-    """sha256 of the bytes of ``root/manifest.json``: the identity of one ETL output (the manifest
-    records when it was made, its counts and its row groups), which its runs are tracked by.
-
-    Args:
-        root: the output, a path, URI or :class:`pipelines.io.storage.Location`.
-
-    Raises:
-        FileNotFoundError: ``root`` has no manifest.
-    """
+    """sha256 of ``root/manifest.json``'s bytes: the identity of one ETL output, which its runs are tracked by."""
     return hashlib.sha256(_location(root).join(MANIFEST).read_bytes()).hexdigest()
 
 
 @dataclass(frozen=True)
 class SplitInfo:
-    """One split as the ETL wrote it, counts read back from the Parquet footers.
-
-    Attributes:
-        rows, files, row_groups: counts. mean_row_group_bytes(_compressed): bytes per row group.
-        per_class: rows per label, ``per_class[label]``.
-        parts: the split's Parquet files, ``/``-separated paths relative to the output root, in
-            the order readers take them (empty in a format-1 manifest).
-    """
+    """One split as written: counts, rows per label, ``parts`` relative to the output (none in format 1)."""
 
     rows: int
     row_groups: int
@@ -85,17 +62,11 @@ class SplitInfo:
 
 @dataclass(frozen=True)
 class Manifest:
-    """``manifest.json``, typed where training reads it; ``extra`` keeps every other top-level
-    key the ETL reports (file counts, reasons, seed, versions, config) as they are.
+    """``manifest.json``, typed where training reads it; ``extra`` keeps the other top-level keys as they are.
 
     Attributes:
         image_size: side of the stored square images, pixels.
-        num_classes: labels are ``0 .. num_classes - 1``.
         class_names: name of each label (``None`` for a number no folder used).
-        rows_per_row_group: rows of every row group but each file's last.
-        splits: ``{split: SplitInfo}`` for each of :data:`SPLITS` the manifest holds (a format-2
-            manifest has no ``validation``).
-        format_version: the manifest's ``format_version`` (1 when absent).
     """
 
     image_size: int
@@ -114,13 +85,7 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, value: Dict[str, Any]) -> "Manifest":
-        """Parse the JSON object and check it (:func:`check_manifest`): a manifest comes from a
-        folder anyone may have written, so nothing in it is used before it is checked.
-
-        Raises:
-            ManifestError: another shape (a missing key, a count that is not an integer), or a
-                value :func:`check_manifest` refuses.
-        """
+        """Parse the JSON object and check it (`check_manifest`); `ManifestError` for another shape."""
         fields = {f.name for f in dataclasses.fields(SplitInfo)}
         try:
             manifest = cls(image_size=_integer(value["image"]["height"], "image.height"),
@@ -138,7 +103,6 @@ class Manifest:
         return manifest
 
     def to_dict(self) -> Dict[str, Any]:
-        """The JSON object: format version, image, classes, row groups, splits, then ``extra``."""
         return {"format_version": self.format_version,
                 "image": {"height": self.image_size, "width": self.image_size, "channels": 3, "dtype": "uint8",
                           "layout": "HWC", "column": "image"},
@@ -149,39 +113,23 @@ class Manifest:
 
     @classmethod
     def read(cls, root) -> "Manifest":
-        """The manifest of the output ``root`` (a path, URI or :class:`pipelines.io.storage.Location`).
-
-        Raises:
-            FileNotFoundError: ``root`` has no ``manifest.json`` (not an ETL output).
-            pipelines.io.storage.StorageError: ``root`` cannot be resolved.
-        """
+        """The manifest of the output ``root``; FileNotFoundError when it has none (not an ETL output)."""
         return cls.from_dict(json.loads(_location(root).join(MANIFEST).read_bytes().decode("utf-8")))
 
     def write(self, root) -> str:
-        """Write ``root/manifest.json`` whole or not at all (one PUT on object stores, a rename on
-        local disks); returns its URI."""
+        """Write ``root/manifest.json`` whole or not at all; returns its URI."""
         target = _location(root).join(MANIFEST)
         target.write_json(self.to_dict())
         return target.uri
 
     def rejected_location(self, root):
-        """The list of files not written (:data:`REJECTED_LIST`), as the manifest names it
-        (``files.list``, relative to ``root``), a :class:`pipelines.io.storage.Location`."""
+        """The list of files not written, as the manifest names it (``files.list``)."""
         return _location(root).join(*self.extra.get("files", {}).get("list", REJECTED_LIST).split("/"))
 
     def part_locations(self, root, split: str) -> list:
-        """The Parquet files of ``split``, each a :class:`pipelines.io.pinned.PinnedFile`: the
-        manifest's ``parts`` below ``root`` (their names checked by :func:`check_manifest`), or for
-        a format-1 manifest the ``*.parquet`` files of ``root/<split>/`` (names starting with ``_``
-        or ``.`` excluded), sorted. Only regular files, each checked as it is opened: a local part
-        is opened without following a link anywhere below ``root`` and pinned (device, inode), so a
-        reader reads that file or nothing (:mod:`pipelines.io.pinned`); an object's key is found to
-        be a file by one listing of its folder. A reader handed a folder (Petastorm, pyarrow) would
-        read the folder's ``_common_metadata``, and Petastorm unpickles the schema it finds there.
+        """The Parquet files of ``split`` (format 1: ``ROOT/<split>/*.parquet``), pinned; `ManifestError` if not files.
 
-        Raises:
-            ManifestError: a part that is missing, a link, in a linked folder, or not a file (a
-                folder named like a part), naming it.
+        Only regular files: a reader handed a folder would read its ``_common_metadata``, which Petastorm unpickles.
         """
         root = _location(root)
         parts = self.splits[split].parts or [f"{split}/{name}" for name in _format_1_names(root, split)]
@@ -190,18 +138,9 @@ class Manifest:
         return [_pin_part(root, split, part) for part in parts]
 
     def check_footers(self, root, parts: Optional[Dict[str, list]] = None) -> None:
-        """Check every part's Parquet footer against the manifest before any reader sizes
-        anything by it: the contract's columns and types (:data:`COLUMNS`), no row group over
-        ``rows_per_row_group`` rows, and each split's rows and row groups the manifest's counts.
-        One footer read per part (a ranged read of its tail; no image is read).
+        """Check each part's footer: the contract's columns, row groups within ``rows_per_row_group``, the counts.
 
-        Args:
-            parts: ``{split: pinned parts}`` already found (:meth:`part_locations`); a split
-                missing from it is found here.
-
-        Raises:
-            ManifestError: naming the part and what disagrees. FileNotFoundError, OSError: a part
-                cannot be read.
+        One ranged read per part. ``parts``: ``{split: pinned parts}`` already found. Raises `ManifestError`.
         """
         import pyarrow.parquet as pq
 
@@ -227,7 +166,6 @@ class Manifest:
 
 
 def _format_1_names(root, split: str) -> List[str]:
-    """The ``*.parquet`` names directly in a format-1 output's ``root/<split>/`` (not ``_``/``.``)."""
     if root.local:
         names = nofollow.list_below(root.path, split)
     else:
@@ -248,7 +186,6 @@ def _check_listed(root, split: str, parts: List[str]) -> None:
 
 
 def _pin_part(root, split: str, part: str):
-    """:func:`pipelines.io.pinned.pin` of one part, its refusal a :class:`ManifestError` naming it."""
     try:
         return pin(root, part)
     except (nofollow.LinkRefused, FileNotFoundError, NotADirectoryError) as exc:
@@ -257,7 +194,6 @@ def _pin_part(root, split: str, part: str):
 
 
 def _integer(value: Any, what: str) -> int:
-    """``value``, a JSON integer (not a bool, a float or a string)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ManifestError(f"{MANIFEST}: {what} is {value!r}, not an integer")
     return value
@@ -271,17 +207,10 @@ def _bounded(value: Any, what: str, low: int, high: int) -> int:
 
 
 def check_manifest(manifest: "Manifest") -> None:
-    """Refuse a manifest whose values could make a reader allocate without bound or read a file
-    that is not its run's: every number an integer within its bound (:data:`MAX_IMAGE_SIZE`,
-    :data:`MAX_CLASSES`, a row group of at most :data:`MAX_ROW_GROUP_BYTES` or one row), one class
-    name (a string or null) per label, and each part ``runs/<run id>/<split>/part-*.parquet``
-    (:data:`RUN_ID`, :data:`PART_NAME`): the manifest's own ``run_id`` and the split it is listed
-    under, so never absolute, never ``..``, never another run's file, each named once. No file is
-    read (:meth:`Manifest.part_locations` checks each part is a file, :meth:`Manifest.check_footers`
-    the footers).
+    """Refuse (`ManifestError`) values that could make a reader allocate without bound or read a file not its run's.
 
-    Raises:
-        ManifestError: naming the key and the value refused.
+    Every number an integer within its bound, one class name per label, and each part
+    ``runs/<run id>/<split>/part-*.parquet`` of the manifest's own ``run_id`` and split, named once.
     """
     _bounded(manifest.image_size, "image.height", 1, MAX_IMAGE_SIZE)
     _bounded(manifest.num_classes, "num_classes", 1, MAX_CLASSES)
@@ -311,18 +240,12 @@ def check_manifest(manifest: "Manifest") -> None:
             raise ManifestError(f"{MANIFEST}: the {split} split names a part twice")
 
 
-# The identity of an ETL run's data, which every result derived from it and kept beyond one
-# training is keyed by (the feature cache, pipelines/training/data/features.py).
+# the key of every result derived from an ETL run's data and kept beyond one training (the feature cache)
 
 
 @dataclass(frozen=True)
 class DataIdentity:
-    """Which data an ETL output holds: ``run_id`` (the manifest's, ``None`` in a format-1
-    manifest) and ``sha256``, hex, of the run id and, for every split the manifest holds, each
-    part's path relative to the output, its size in bytes and its Parquet footer (row groups, rows,
-    each column chunk's offsets, sizes and statistics). A rerun of the ETL is another run id, so
-    another identity even with the same counts; files changed in place (a format-1 output has no
-    run prefix) change their footers' byte sizes and offsets."""
+    """Which data an ETL output holds: ``run_id``, and a hex ``sha256`` of it and its parts' paths, sizes, footers."""
 
     run_id: Optional[str]
     sha256: str
@@ -332,13 +255,7 @@ class DataIdentity:
 
 
 def data_identity(root, manifest: "Manifest", parts: Optional[Dict[str, list]] = None) -> DataIdentity:
-    """The :class:`DataIdentity` of the output ``root`` whose manifest is ``manifest``: one footer
-    read per part (a ranged read of each file's tail; no image is read), ``parts`` as
-    :meth:`Manifest.check_footers` takes them.
-
-    Raises:
-        FileNotFoundError: a part the manifest names is missing. OSError: it cannot be read.
-    """
+    """The `DataIdentity` of the output ``root``: one footer read per part, ``parts`` as `check_footers` takes."""
     import pyarrow.parquet as pq
 
     root = _location(root)

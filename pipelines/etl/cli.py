@@ -13,14 +13,10 @@ from pipelines.tracking import TrackingFailed
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Parse the options into an :class:`ETLConfig`, run the job, print the summary.
+    """Parse the options into an `ETLConfig`, run the job, print the summary.
 
-    Returns 0 on success; 2 with a one-line error for bad input before Spark runs (a
-    :class:`~pipelines.runtime.errors.Refused`: paths, URIs of an unknown scheme, a missing bucket, refused
-    credentials, an output holding foreign data, trees, memory, a tracking store that cannot be
-    used); 1 with a one-line error when Spark ran but wrote no image from a non-empty list of
-    candidates (the previous output is kept), when a newer run committed the output first, or when
-    MLflow could not log the finished output; 1 with the redacted traceback for any other exception.
+    Returns 0; 2 on bad input, before Spark runs (`Refused`); 1 when nothing was written, a newer run committed first or
+    MLflow failed (one line), or on any other exception (the redacted traceback).
     """
     return run_command(ETLConfig, argv, "etl", run_etl, format_summary,
                        {(NothingWritten, RunSuperseded, TrackingFailed): 1})

@@ -21,10 +21,7 @@ class ETLConfig:
     """Spark ETL: a Caltech-256-style tree of images (JPEG, PNG, GIF, BMP, WebP, TIFF) to Parquet
     train/validation/test splits.
 
-    Raises:
-        pipelines.runtime.errors.Refused: a value not of its field's type (``image_size='8'``:
-            :func:`pipelines.runtime.config.check_types`), a number out of its range, NaN or an
-            infinity, an input or output that cannot be used; each naming its flag.
+    Raises `Refused` naming the flag: a value of another type or out of range, an unusable input or output.
     """
 
     input: str = field(help="root of the image tree, a local path or a URI (s3://bucket/prefix): "
@@ -38,8 +35,8 @@ class ETLConfig:
                                                  "training chooses its epoch on), in (0, 1); with "
                                                  "--test-fraction it must leave files to train on")
     seed: int = field(42, help="seed of the deterministic train/validation/test assignment")
-    # 32 MiB: the loader benchmark's sweep (README, Benchmarks: Loader) was fastest there, and a
-    # Caltech-256-sized input (30,607 images at 299 px, 10 % test) still gets at least 25 test row groups
+    # 32 MiB: fastest in the loader benchmark's sweep (docs/benchmarks.md), and still >= 25 test row groups
+    # for a Caltech-256-sized input (30,607 images at 299 px, 10 % test)
     row_group_mb: float = field(32.0, help="target uncompressed row-group size, MiB (larger row groups read "
                                            "faster, down to --min-row-groups per split)")
     min_row_groups: int = field(8, help="each split gets at least this many row groups when it has "
@@ -103,15 +100,9 @@ class ETLConfig:
                                                        settings)
 
     def location(self, uri: str) -> storage.Location:
-        """``uri`` (``--input``, ``--output`` or below them) resolved with ``--storage-option``, which
-        applies to URIs only (local paths take none).
-
-        Raises:
-            pipelines.io.storage.StorageError: an unknown scheme, a backend that is not installed.
-        """
+        """``uri`` resolved with ``--storage-option``, which applies to URIs only."""
         return storage.resolve(uri, None if storage.is_local(uri) else self.storage_options)
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one decoded image (:func:`pipelines.contract.row_bytes`)."""
         return row_bytes(self.image_size)

@@ -1,32 +1,9 @@
-"""Copies of one image: one copy is written, every other copy is a recorded rejection; look-alikes
-are reported.
+"""Copies of one image: one copy is written, every other copy is a recorded rejection; look-alikes are reported.
 
-Trees gathered from the web hold the same photo more than once, under one class or under two, and
-not always as the same bytes: re-saved losslessly in another format, with a comment or other
-metadata added. Split file by file, the copies could land in train and in test, and the test figure
-would then be measured partly on training images. So before the split the ETL reads every
-candidate once more, in a first Spark pass (:func:`pipelines.etl.transform.hash_chunks`): the
-sha256 of its bytes, and, decoded, its :class:`pipelines.etl.images.Fingerprint` (the sha256 of its
-pixels as the ETL reads them, and a 64-bit difference hash). It keeps one file per image
-(:func:`duplicates`); only the kept files are split, so each image is in one split only.
-
-The rule, a pure function of the set of ``(relative path, class, hashes)``: files are copies when
-their pixels are equal (or, where a file could not be decoded, their bytes); in each group of
-copies, the file with the smallest relative path (Python's ``str`` order: by code point, so by the
-bytes of its UTF-8 name) is kept, in its class. Every other copy is rejected:
-
-* ``"duplicate: same bytes as <kept path>"`` when it is in the kept file's class (``same pixels``
-  when only the pixels are equal);
-* ``"label conflict: same bytes as <kept path> in class <name>"`` when it is in another class (the
-  same image labelled twice): it is recorded, and the kept file's class wins.
-
-Look-alikes, the kept files whose difference hashes lie within :data:`LOOK_ALIKE_DISTANCE` bits of
-each other (a JPEG re-encoded at another quality, a resized copy; the distances measured on the
-sample photos: docs/benchmarks.md), are not rejected, since two photos of one scene can be
-legitimately close: they are reported (:func:`look_alikes`), a warning with the pairs.
-
-A file its hash pass could not read has no hash and stays a candidate: the main pass reads it again
-and records why it cannot be used.
+Copies split file by file could land in train and in test. Files are copies when their decoded pixels are equal
+(undecoded: their bytes); of each group the smallest relative path is kept, in its class; every other copy is a
+``duplicate``, or a ``label conflict`` when in another class. Look-alikes (difference hashes within
+`LOOK_ALIKE_DISTANCE` bits) are only reported: two photos of one scene may be close.
 """
 from __future__ import annotations
 
@@ -43,9 +20,7 @@ LOOK_ALIKES_LISTED = 1000
 
 
 class Hashed(NamedTuple):
-    """What the duplicate check knows of one candidate: its relative path, label and label name,
-    the sha256 of its bytes, and, where it decoded, the sha256 of its pixels and its difference
-    hash (:class:`pipelines.etl.images.Fingerprint`; ``None`` otherwise)."""
+    """One candidate's relative path, label, label name, sha256 of its bytes, and where decoded its `Fingerprint`."""
 
     relative_path: str
     label: int
@@ -56,17 +31,7 @@ class Hashed(NamedTuple):
 
 
 def duplicates(files: Iterable[Tuple]) -> Dict[str, str]:
-    """The copies not kept, with why.
-
-    Args:
-        files: :class:`Hashed` tuples (or their first four fields: bytes only) of each hashed
-            candidate (any order; paths unique).
-
-    Returns:
-        ``{relative_path: reason}`` for every file of a group of copies but the group's smallest
-        relative path (see the module for the rule and the reasons' wording); ``{}`` when no two
-        are copies. The same for any order of ``files``.
-    """
+    """The copies not kept, ``{relative_path: reason}``, from `Hashed` tuples (or their first four fields)."""
     groups: Dict[str, List[Hashed]] = {}
     for file in map(lambda f: Hashed(*f), files):
         key = f"pixels:{file.pixels}" if file.pixels else f"bytes:{file.sha256}"
@@ -89,20 +54,12 @@ def duplicates(files: Iterable[Tuple]) -> Dict[str, str]:
 
 def look_alikes(files: Iterable[Tuple[str, str]], distance: int = LOOK_ALIKE_DISTANCE,
                 listed: int = LOOK_ALIKES_LISTED) -> Tuple[List[Tuple[str, str, int]], int]:
-    """The pairs of files whose difference hashes differ in at most ``distance`` bits.
+    """The pairs of ``(relative_path, dhash as 16 hex digits)`` whose hashes differ in at most ``distance`` bits.
 
-    By the pigeonhole principle two hashes that close agree exactly on at least one of
-    ``distance + 1`` bands of their bits, so only the files that share a band's value are compared
-    (all files sharing one: a block of identical hashes, such as blank images, is compared in full).
-
-    Args:
-        files: ``(relative_path, dhash as 16 hex digits)`` (paths unique, any order).
-        distance: the largest Hamming distance reported, 0 to 63.
-        listed: the pairs returned at most (the first in order).
+    Two hashes that close agree on one of ``distance + 1`` bands of bits (pigeonhole): only files sharing one compare.
 
     Returns:
-        ``(pairs, count)``: ``(path a, path b, bits)`` with ``a < b``, ordered by bits then paths,
-        at most ``listed`` of them, and how many pairs there are in all.
+        ``(pairs, count)``: at most ``listed`` ``(path a, path b, bits)``, ``a < b``, by bits, and the count of all.
     """
     rows = sorted(files)
     paths = [path for path, _ in rows]
@@ -122,8 +79,7 @@ def look_alikes(files: Iterable[Tuple[str, str]], distance: int = LOOK_ALIKE_DIS
 
 
 def _sharing(values: np.ndarray):
-    """Index arrays ``(i, j)``, ``i < j``, of every pair of equal ``values``, a batch at a time
-    (the pairs whose ranks in the sorted order differ by 1, then by 2, ...)."""
+    """Index arrays ``(i, j)``, ``i < j``, of every pair of equal ``values``, a batch per gap in sorted order."""
     order = np.argsort(values, kind="stable")
     ordered = values[order]
     for gap in range(1, len(values)):
@@ -135,10 +91,8 @@ def _sharing(values: np.ndarray):
 
 
 def _smallest(rows: np.ndarray, n: int) -> np.ndarray:
-    """The ``n`` smallest ``(bits, i, j)`` rows, in order (paths sorted: index order is path order)."""
     return rows[np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0]))][:n]
 
 
 def _popcount(values: np.ndarray) -> np.ndarray:
-    """Set bits of each uint64."""
     return np.unpackbits(values.astype(">u8").view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1)

@@ -1,29 +1,8 @@
 """Pure image functions of the ETL: decode any supported file, orient, convert, resize, pad.
 
-Supported, by content whatever the file's extension: the raster formats Pillow decodes itself,
-JPEG (and phones' multi-picture MPO), PNG, GIF, BMP, WebP and TIFF (:data:`ACCEPTED_FORMATS`).
-Animated GIF and WebP, and multi-page TIFF, give their first frame. Only those formats' Pillow
-plugins ever see a file (``Image.open(..., formats=ACCEPTED_FORMATS)``); everything else is refused
-with a reason naming what its magic bytes say (:func:`what_pillow_sees`), in particular EPS/PS
-(Pillow's plugin runs Ghostscript, an external program), PSD and PDF, none of them parsed.
-
-The recipe is the one of the original article (``Image.open -> convert('RGB') -> thumbnail ->
-paste centred on white -> tobytes``), made correct on every image:
-
-* EXIF orientation is applied (phone photos are otherwise stored sideways);
-* every mode converts to RGB, with transparency composited onto white rather than dropped
-  (``convert('RGB')`` on RGBA keeps the colour under alpha 0, often black) and 16-bit or float
-  greyscale rescaled rather than clipped;
-* large JPEGs are decoded at a reduced DCT scale (``Image.draft``), which costs nothing in
-  quality because the result is still at least ``size`` on its short side;
-* decompression bombs, truncated files and non-images raise :class:`ImageRejected`, never a
-  half-processed image;
-* a PNG's metadata that Pillow's defaults would refuse the file for (oversized or damaged
-  ancillary chunks) is left out and the pixels kept (:mod:`pipelines.etl.pngchunks`).
-
-No Spark here. :func:`resize_to_square` is the whole contract in one call; the Spark job uses its
-two halves, :func:`decode_and_fit` and :func:`paste_centred`, to paste straight into the row
-group it is filling.
+The article's recipe (``convert('RGB')``, ``thumbnail``, paste centred on white) made correct on every image:
+EXIF orientation, transparency onto white, 16-bit greyscale rescaled, damaged PNG metadata left out. Only the
+Pillow plugins of `ACCEPTED_FORMATS` parse a file; anything else is rejected, named by its magic bytes.
 """
 from __future__ import annotations
 
@@ -42,9 +21,7 @@ WHITE = (255, 255, 255)
 # Pillow's own decoders, no external program. Pillow's JPEG opener also returns phones'
 # multi-picture (MPO) files. WebP only where this Pillow was built with libwebp.
 ACCEPTED_FORMATS = ("JPEG", "PNG", "GIF", "BMP", "TIFF") + (("WEBP",) if features.check("webp") else ())
-# What a rejected file is, told by its first bytes: no Pillow plugin but the accepted ones ever
-# parses input (about 40 would, each a parser of untrusted headers). First match wins; the EPS
-# spellings come before PostScript's.
+# What a rejected file is, told by its first bytes (no other plugin parses it). First match wins: EPS before PostScript.
 _MAGIC_NAMES = (
     (b"%PDF", "a PDF document"), (b"\xc5\xd0\xd3\xc6", "EPS"), (b"%!PS-Adobe-3.0 EPSF", "EPS"),
     (b"%!PS", "PostScript"), (b"8BPS", "a Photoshop document (PSD)"), (b"gimp xcf", "a GIMP image (XCF)"),
@@ -63,8 +40,7 @@ _FTYP_BRANDS = {b"heic": "a HEIF image (HEIC)", b"heix": "a HEIF image (HEIC)", 
                 b"avif": "an AVIF image"}
 _EXIF_ORIENTATION = 0x0112
 _ORIENTATIONS_SWAPPING_AXES = (5, 6, 7, 8)  # transpose, rotate 270, transverse, rotate 90
-# Pillow's own bomb threshold (89,478,485 pixels). Pillow also enforces it inside Image.open, so
-# a max_pixels above it has no effect unless the caller raises Image.MAX_IMAGE_PIXELS too.
+# Pillow's own bomb threshold, which Image.open also enforces: a larger max_pixels needs Image.MAX_IMAGE_PIXELS raised
 DEFAULT_MAX_PIXELS = Image.MAX_IMAGE_PIXELS
 
 
@@ -78,9 +54,7 @@ class ImageRejected(ValueError):
 
 @dataclass(frozen=True)
 class FittedImage:
-    """A decoded image shrunk to fit the square: ``image`` is RGB, at most ``size x size``;
-    ``height`` and ``width`` are the original's, in pixels, after EXIF orientation; ``dropped``
-    names the PNG chunks left out, one line each (:func:`pipelines.etl.pngchunks.without_refused_metadata`)."""
+    """A decoded RGB image shrunk to fit; the original's ``height`` and ``width`` (px, oriented); PNG chunks dropped."""
 
     image: Image.Image
     height: int
@@ -90,12 +64,7 @@ class FittedImage:
 
 @dataclass(frozen=True)
 class ResizedImage:
-    """One processed image.
-
-    Attributes:
-        rgb: ``size * size * 3`` bytes, uint8, row-major HWC (RGB interleaved).
-        height, width: size of the original in pixels, after EXIF orientation.
-    """
+    """``rgb``: ``size * size * 3`` bytes, uint8 HWC; the original's ``height`` and ``width`` (px, oriented)."""
 
     rgb: bytes
     height: int
@@ -103,25 +72,15 @@ class ResizedImage:
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
-    """Convert an image of any Pillow mode to RGB, compositing transparency onto white.
+    """An image of any Pillow mode as RGB, transparency composited onto white; `ImageRejected` if it cannot convert.
 
-    Args:
-        img: a loaded image of any mode (1, L, LA, P, RGB, RGBA, CMYK, YCbCr, I, I;16*, F, ...).
-
-    Returns:
-        an ``RGB`` image of the same size. Greyscale gives R=G=B; float greyscale is clipped to
-        [0, 255]. Integer greyscale (``I``, ``I;16``) is read as
-        16-bit and scaled by 1/257, the same for every image (Pillow's own conversion clips).
-
-    Raises:
-        ImageRejected: a mode Pillow cannot convert.
+    Integer greyscale is read as 16-bit and scaled by 1/257 for every image (Pillow's conversion clips).
     """
     mode = img.mode
     if mode == "RGB":
         return img
     if mode.startswith("I") or mode == "F":
-        # One float32 working copy, changed in place: 4 bytes per pixel, not float64 temporaries
-        # (part of the per-pixel memory bound, see pipelines.etl.memory). x / 257 is never
+        # One float32 copy changed in place (the memory bound: pipelines.etl.memory). x / 257 is never
         # within float32 error of a .5 tie for integer x, so rounding matches float64.
         values = np.array(img, dtype=np.float32)
         if mode.startswith("I"):  # 16-bit range (what PNG and TIFF greyscale carry) to 8-bit
@@ -142,62 +101,34 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 def fit_within(img: Image.Image, size: int) -> Image.Image:
-    """Shrink ``img`` to fit ``size x size``, keeping its aspect (``Image.thumbnail``, LANCZOS).
-
-    Never enlarges: a 28x28 image stays 28x28, as in the original recipe. A 640x480 input
-    becomes 299x224; an 8000x3 strip becomes 299x1 (Pillow keeps at least one pixel).
-    """
+    """Shrink ``img`` to fit ``size x size`` keeping its aspect (LANCZOS); never enlarges, as the recipe."""
     if img.size[0] > size or img.size[1] > size:
         img.thumbnail((size, size), Image.Resampling.LANCZOS)
     return img
 
 
 def paste_centred(img: Image.Image, canvas: np.ndarray) -> np.ndarray:
-    """Copy an RGB image of at most the canvas's size into the centre of ``canvas``.
-
-    Args:
-        img: ``RGB`` image, ``w x h`` no larger than the canvas.
-        canvas: uint8 array of shape ``(size, size, 3)``, already white where nothing is pasted.
-
-    Returns:
-        ``canvas``, modified in place: the image's top-left corner lands at
-        ``((size - w) // 2, (size - h) // 2)`` (column, row), as ``Image.paste`` in the recipe.
-    """
+    """Copy an RGB image no larger than the ``(size, size, 3)`` uint8 ``canvas`` into its centre; returns ``canvas``."""
     canvas[centred_box(img.size, canvas.shape[0])] = np.asarray(img)
     return canvas
 
 
 def centred_box(image_size: Tuple[int, int], size: int) -> Tuple[slice, slice]:
-    """The ``(rows, columns)`` slices of a ``size x size`` canvas that :func:`paste_centred` fills
-    with an image of ``image_size = (w, h)`` pixels (each no larger than ``size``): its top-left
-    corner at ``((size - w) // 2, (size - h) // 2)`` (column, row)."""
+    """The ``(rows, columns)`` slices of a ``size x size`` canvas an image of ``(w, h)`` pixels is pasted into."""
     w, h = image_size
     top, left = (size - h) // 2, (size - w) // 2
     return slice(top, top + h), slice(left, left + w)
 
 
 def white_canvas(size: int) -> np.ndarray:
-    """A white ``(size, size, 3)`` uint8 array."""
     return np.full((size, size, 3), 255, np.uint8)
 
 
 def decode_and_fit(data: bytes, size: int = DEFAULT_IMAGE_SIZE, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> FittedImage:
-    """Decode an encoded image, orient it, convert it to RGB and shrink it to fit ``size``.
-
-    Args:
-        data: the file's bytes, any of :data:`ACCEPTED_FORMATS` (by content, not by name).
-        size: side of the target square in pixels (:data:`pipelines.contract.DEFAULT_IMAGE_SIZE`).
-        max_pixels: images with more pixels than this are rejected as decompression bombs
-            (``None`` disables the check).
-
-    Returns:
-        :class:`FittedImage`: an ``RGB`` image of at most ``size x size`` and the original's
-        height and width (after EXIF orientation).
+    """Decode an image (by content), orient it, convert it to RGB and shrink it to fit ``size`` pixels.
 
     Raises:
-        ImageRejected: empty, non-image, unsupported format (``"not a supported raster image
-            (...)"``), truncated, corrupt (``"damaged PNG: ..."``: a critical chunk's CRC) or too
-            large input. Damaged or oversized PNG metadata is no reason: it is dropped (``dropped``).
+        ImageRejected: empty, not a supported raster image, truncated, corrupt, or over ``max_pixels``.
     """
     if size <= 0:
         raise ValueError(f"size must be positive, got {size}")
@@ -207,15 +138,11 @@ def decode_and_fit(data: bytes, size: int = DEFAULT_IMAGE_SIZE, max_pixels: int 
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """What the duplicate check compares of one file (:mod:`pipelines.etl.dedupe`).
+    """What the duplicate check compares of one file.
 
     Attributes:
-        pixels: sha256 (64 hex digits) of the image as the ETL reads it, at full size (oriented,
-            RGB, transparency on white: :func:`to_rgb`), with its width and height: equal for
-            copies whatever their container, compression or metadata.
-        dhash: 64-bit difference hash of its greyscale at 9 x 8 (LANCZOS; bit ``i`` of row ``r``:
-            pixel ``i + 1`` brighter than pixel ``i``), as 16 hex digits: close in Hamming distance
-            for re-encoded and resized copies.
+        pixels: sha256 hex of the full-size image as read, with its size: equal for copies in any container.
+        dhash: 64-bit difference hash of its 9 x 8 greyscale, 16 hex digits: close for re-encoded or resized copies.
     """
 
     pixels: str
@@ -223,12 +150,7 @@ class Fingerprint:
 
 
 def fingerprint(data: bytes, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Fingerprint:
-    """The :class:`Fingerprint` of an encoded image: decoded in full (no reduced-scale JPEG
-    decode, whose pixels a lossless copy in another format would not have).
-
-    Raises:
-        ImageRejected: as :func:`decode_and_fit`.
-    """
+    """The `Fingerprint` of an encoded image, decoded in full (a lossless copy has no reduced-scale JPEG's pixels)."""
     def of(img: Image.Image, height: int, width: int, dropped) -> Fingerprint:
         digest = hashlib.sha256(f"{width}x{height}:".encode())
         digest.update(img.tobytes())
@@ -240,20 +162,14 @@ def fingerprint(data: bytes, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Fin
 
 
 def _decoded(data: bytes, max_pixels: int | None, draft_size: int | None, finish):
-    """``finish(image, height, width, dropped)`` of the image ``data`` holds: oriented, RGB
-    (:func:`to_rgb`), a JPEG decoded at a reduced DCT scale while its short side stays at least
-    ``draft_size`` (``None``: in full); every failure on the way, ``finish``'s too, as
-    :class:`ImageRejected` (see :func:`decode_and_fit`)."""
+    """``finish(image, height, width, dropped)`` of the image in ``data``; any failure as `ImageRejected`."""
     if not data:
         raise ImageRejected("empty file (0 bytes)")
     try:
         with warnings.catch_warnings():
             # Between Pillow's limit and twice it, Pillow only warns; a bomb is a bomb either way.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            # Only raster formats Pillow decodes itself, by content: scraped folders mix formats
-            # and extensions, and Pillow's other plugins (EPS runs Ghostscript) have no business
-            # in a data pipeline. The first frame of an animation (Pillow's default) is the image.
-            # Scoped, not ImageFile.LOAD_TRUNCATED_IMAGES: that global also admits truncated pixels.
+            # Only the accepted formats' plugins, by content; an animation's first frame is the image.
             stream, dropped = without_refused_metadata(data)
             img: Image.Image = Image.open(stream, formats=ACCEPTED_FORMATS)
             width, height = img.size
@@ -283,17 +199,7 @@ def _decoded(data: bytes, max_pixels: int | None, draft_size: int | None, finish
 
 
 def what_pillow_sees(data: bytes) -> str:
-    """A short description of bytes that none of :data:`ACCEPTED_FORMATS` opens, for a reason.
-
-    Judged by magic bytes alone (:data:`_MAGIC_NAMES`, and the brand of HEIF/AVIF files): no Pillow
-    plugin outside :data:`ACCEPTED_FORMATS` parses the file, not even its header (each is a parser of
-    untrusted input, and EPS's would lead to Ghostscript).
-
-    Returns:
-        e.g. ``"EPS"``, ``"a PDF document"``, ``"a Photoshop document (PSD)"``, or
-        ``"Pillow cannot identify it"`` (none of the accepted formats' parsers and no magic number
-        knows it).
-    """
+    """What bytes no accepted format opens are, by magic bytes alone (``"EPS"``): no other plugin parses them."""
     start = data[:1024]
     for magic, name in _MAGIC_NAMES:
         # text formats may follow blank lines; binary ones (PCX starts with a newline byte) may not
@@ -305,16 +211,7 @@ def what_pillow_sees(data: bytes) -> str:
 
 
 def resize_to_square(data: bytes, size: int = DEFAULT_IMAGE_SIZE, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> ResizedImage:
-    """Decode an encoded image and return it as ``size x size`` RGB bytes on white.
-
-    :func:`decode_and_fit` then :func:`paste_centred` on a :func:`white_canvas`.
-
-    Returns:
-        :class:`ResizedImage` with ``len(rgb) == size * size * 3`` (uint8, row-major HWC).
-
-    Raises:
-        ImageRejected: empty, non-image, truncated, corrupt or too large input.
-    """
+    """An encoded image as ``size x size`` RGB bytes on white (`decode_and_fit`, `paste_centred`)."""
     fitted = decode_and_fit(data, size, max_pixels)
     rgb = paste_centred(fitted.image, white_canvas(size)).tobytes()
     return ResizedImage(rgb, fitted.height, fitted.width)

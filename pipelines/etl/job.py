@@ -1,35 +1,8 @@
-"""Driver side of the ETL: list, plan, run the Spark job, lay out the splits, reconcile, report.
+"""Driver side of the ETL: check, plan, run the Spark job, reconcile, commit, report.
 
-Steps, each a function below:
-
-1. :func:`~pipelines.etl.plan.check_paths` and :func:`~pipelines.etl.plan.check_memory` - clear
-   errors before Spark starts (missing input, a bucket that does not exist or refused
-   credentials, overlapping output, an output holding foreign data, a
-   ``--max-file-mb``/``--max-pixels`` the executors cannot hold).
-2. :func:`~pipelines.etl.plan.plan` - the job's own listing, the tree's layout (``NNN.name`` or
-   plain class folders), classification, the stratified train/validation/test assignment (per
-   class, on the driver) and the row-group plan; the candidate images sorted by a seeded hash of
-   their relative path. :func:`~pipelines.etl.plan.hash_candidates` and
-   :func:`~pipelines.etl.plan.drop_duplicates` (``--dedupe``, the default) - a first Spark pass
-   hashes every candidate's bytes and decoded pixels, one file per image is kept
-   (:mod:`pipelines.etl.dedupe`), the other copies are recorded as rejections, look-alikes are
-   reported, and the kept files are split again.
-3. :func:`run_spark` - the candidates cut into one contiguous chunk per task, no shuffle:
-   ``spark.range(P)`` -> ``mapInArrow`` whose tasks read their chunk's files in Python, resize
-   them and write their own Parquet file per split below the run's prefix
-   (``OUTPUT/runs/<run id>/``), and their outcome rows beside it -> one summary row per task
-   (:mod:`pipelines.etl.outcomes`: no per-file row is ever collected).
-4. :func:`finish` - keep the committed task files, read the real Parquet metadata, reconcile
-   every listed file with an outcome, task file by task file, writing ``rejected.jsonl`` as it
-   goes (:func:`pipelines.etl.outcomes.reconcile`), then commit: the manifest naming
-   the run's files, written last, and the older runs deleted (:mod:`pipelines.etl.commit`) -
-   unless no image at all was written from a non-empty candidate list (:class:`NothingWritten`:
-   the previous output is kept).
-5. :mod:`pipelines.etl.summary` - the summary a person reads and the job's MLflow run.
-
-Input and output are local paths or URIs (:mod:`pipelines.io.storage`): the driver lists an object
-store through its filesystem and the tasks read and write through it; Spark itself never opens
-either.
+`pipelines.etl.plan` checks the paths and memory before Spark starts, lists and splits the tree and, with
+``--dedupe``, drops copies; `run_spark` has each task write its chunk's Parquet files below the run's prefix;
+`finish` reconciles every listed file and commits (`pipelines.etl.commit`); `pipelines.etl.summary` reports.
 """
 
 from __future__ import annotations
@@ -69,30 +42,17 @@ class NothingWritten(RuntimeError):
 
 
 def run_spark(spark, config: ETLConfig, the_plan: Plan) -> List[dict]:
-    """Read, decode, resize and write the candidate images in one Spark job, no shuffle.
+    """Read, decode, resize and write the candidates in one Spark job, one contiguous chunk per task, no shuffle.
 
-    The plan's candidates (already in a seeded-hash order, so every chunk mixes classes) are cut
-    into ``partitions`` contiguous chunks of balanced length; task ``i`` reads the files of chunk
-    ``i`` in Python and writes ``OUTPUT/runs/<run id>/<split>/part-<partition>-<attempt>.parquet``
-    itself (see :mod:`pipelines.etl.transform`), in row groups of ``rows_per_row_group`` rows,
-    columns ``path, label (int32), label_name, image (binary, size*size*3 uint8 HWC), height,
-    width (int32)``, and its outcome rows beside them (:mod:`pipelines.etl.outcomes`).
-
-    Returns:
-        one summary per task (:data:`pipelines.etl.outcomes.TASK_SCHEMA`: its outcome file, chunk
-        numbers and Parquet files), for :func:`finish`; ``[]`` when there is no candidate.
+    Returns one `TASK_SCHEMA` row per task, for `finish`; ``[]`` when there is no candidate.
     """
     candidates = the_plan.candidates
     if not candidates:
         return []
     the_plan.partitions = task_partitions(spark, config, len(candidates))
     source = config.location(config.input)
-    # Why spark.range + a closure rather than a DataFrame of paths: range(P, numPartitions=P) puts
-    # exactly one chunk number in each partition without a shuffle, whatever the master, and it
-    # is a plain DataFrame API that Spark Connect and Databricks accept; a DataFrame of paths
-    # would be sliced by Spark, not by us, and need a repartition (a shuffle) to get our chunks.
-    # The cost: the candidate list (about 100 bytes per file) travels with the function to each
-    # executor (PySpark broadcasts a large closure once per executor), fine up to millions of files.
+    # spark.range(P, numPartitions=P) puts one chunk number in each partition without a shuffle, on any
+    # master (Spark Connect too); the candidate list (~100 bytes a file) travels in the closure.
     with log_progress(spark, "decode and write", len(candidates)) as counter:
         mapper = partial(process_chunks, chunks=closure_chunks(candidates, the_plan.partitions),
                          run=commit.run_location(config.location(config.output), the_plan.run_id),
@@ -105,8 +65,7 @@ def run_spark(spark, config: ETLConfig, the_plan: Plan) -> List[dict]:
 
 
 def _refuse_empty_result(config: ETLConfig, the_plan: Plan, result: Reconciled, ledger: Location) -> None:
-    """Raise :class:`NothingWritten` when candidates existed and no image was written, or none to a
-    split the plan gave files (its images all rejected on read): training refuses an empty split."""
+    """Raise `NothingWritten` when candidates existed and no image was written, in all or in a planned split."""
     top = ", ".join(f"{n} {reason}" for reason, n in result.task_reasons.most_common(3))
     kept = (f"the output in {display_path(config.output)} was left as it was; every reason is in "
             f"{display_path(ledger.uri)}")
@@ -121,23 +80,11 @@ def _refuse_empty_result(config: ETLConfig, the_plan: Plan, result: Reconciled, 
 
 
 def finish(config: ETLConfig, the_plan: Plan, tasks: List[dict], spark_version: str, seconds: float) -> dict:
-    """Reconcile, write the run's ``rejected.jsonl``, then commit the run: ``manifest.json``
-    naming its files, written last, and the older runs deleted (:func:`pipelines.etl.commit.commit`).
-
-    The run's files lie below its own prefix (``OUTPUT/runs/<run id>/``); the previous output
-    stays whole and readable until the manifest replaces it, so a failure here leaves it as it was.
-
-    Returns:
-        the manifest (dict).
-
-    Args:
-        tasks: what :func:`run_spark` returned.
+    """Reconcile, write the run's ``rejected.jsonl``, then commit the run; returns the manifest (dict).
 
     Raises:
-        RuntimeError: the counts do not reconcile (see :func:`pipelines.etl.outcomes.reconcile`).
-        NothingWritten: at least one candidate and no row written, or no row in a split that had
-            candidates; the previous output is kept and the run's ``rejected.jsonl`` says why.
-        pipelines.etl.commit.RunSuperseded: a newer run committed while this one ran.
+        RuntimeError: the counts do not reconcile. NothingWritten: no row written, in all or in a planned split.
+        RunSuperseded: a newer run committed while this one ran.
     """
     output = config.location(config.output)
     run = commit.run_location(output, the_plan.run_id)
@@ -158,9 +105,7 @@ def finish(config: ETLConfig, the_plan: Plan, tasks: List[dict], spark_version: 
 
 def _manifest(config: ETLConfig, the_plan: Plan, result: Reconciled, spark_version: str, seconds: float,
               parts: Dict[str, List[str]], ledger: str) -> Manifest:
-    """The manifest (see the README's Stage 1 for its fields; :mod:`pipelines.contract` for its
-    shape) from the reconciled counts; ``parts``: each split's files and ``ledger``: the rejected
-    list, relative to the output."""
+    """The manifest from the reconciled counts; ``parts`` and ``ledger`` relative to the output."""
     stats, counts = result.stats, result.counts
     num_classes = max(the_plan.classes) + 1
     class_names = [the_plan.classes.get(label) for label in range(num_classes)]
@@ -182,8 +127,7 @@ def _manifest(config: ETLConfig, the_plan: Plan, result: Reconciled, spark_versi
         "layout": the_plan.layout,
         "classes_not_in_every_split": _classes_not_in_every_split(class_names, stats),
         "min_row_groups": config.min_row_groups,
-        # ranks shard the train split by row group; the test split by rows where they outnumber its
-        # row groups (pipelines.training.data.onepass.OnePassShard), so only the train split limits them
+        # only the train split limits the ranks: evaluated splits are sharded by rows when needed
         "max_world_size": stats[TRAIN].row_groups,
         "files": {
             "found": len(the_plan.files),
@@ -206,9 +150,7 @@ def _manifest(config: ETLConfig, the_plan: Plan, result: Reconciled, spark_versi
 
 
 def _classes_not_in_every_split(class_names: List[Optional[str]], stats: Dict[str, SplitStats]) -> List[dict]:
-    """The classes (folders) whose written rows miss a split: fewer than 3 candidates
-    (:data:`SPLIT_RULE`), or images rejected on read; ``[{'label', 'name', 'train', 'validation',
-    'test'}]`` by label."""
+    """``[{'label', 'name', 'train', 'validation', 'test'}]`` of the classes missing a split."""
     missing = []
     for label, name in enumerate(class_names):
         if name is None:
@@ -229,35 +171,20 @@ def _versions(spark_version: str) -> Dict[str, str]:
 
 
 def run_etl(config: ETLConfig, spark=None) -> dict:
-    """Run the whole ETL stage and return its manifest; with tracking, as one MLflow run
-    (:func:`track`), started once the input is checked and ended with the job.
+    """Run the whole ETL stage, with tracking as one MLflow run; returns the manifest written (dict).
 
-    Args:
-        config: the stage's configuration.
-        spark: a SparkSession to use (a notebook's); by default the active one or a new
-            ``local[*]`` one (``config.master`` overrides).
-
-    Returns:
-        the manifest written to ``OUTPUT/manifest.json`` (dict).
+    ``spark``: a session to use (a notebook's); by default the active one or a new one on ``config.master``.
 
     Raises:
-        FileNotFoundError, NotADirectoryError, ValueError: bad input or output paths, no class
-            folders, no image file at all, a tree that cannot be read safely, files or images too
-            large for the executors' memory, a tracking store that cannot be used (before Spark runs
-            anything). RuntimeError: counts do not reconcile. NothingWritten: candidates but no
-            image written (previous output kept). pipelines.tracking.TrackingFailed: the output
-            is complete but MLflow could not log it. Any failure before the commit (a full disk,
-            a failed task, an interrupt) first deletes the run's own prefix
-            (:func:`pipelines.etl.commit.remove_failed_run`): the previous output stands, and
-            the rerun finds the room the failed run took.
+        Refused: bad input or output, or too little memory, before Spark runs. RuntimeError: counts do not reconcile.
+        NothingWritten: no image written. TrackingFailed: the output is complete but MLflow could not log it.
     """
     from pyspark import SparkContext
 
     quiet_libraries(config.verbose)  # this process's third-party noise (MLflow's): the config's choice
     check_paths(config)
     if spark is None and SparkContext._active_spark_context is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
-        # We are about to start the JVM ourselves: refuse before it starts, from the master we
-        # will give it (spark-submit and existing sessions are checked below, from their conf).
+        # refuse before we start the JVM; spark-submit and existing sessions are checked below
         check_memory(config, config.master or "local[*]", {})
     the_plan = plan(config)
     _log_plan(the_plan)
@@ -286,7 +213,6 @@ def run_etl(config: ETLConfig, spark=None) -> dict:
 
 
 def _log_plan(the_plan: Plan) -> None:
-    """The driver's one line on what it listed and how it splits it."""
     rows = the_plan.expected_rows
     log.info("listed %s in %s (%s layout); %s (train ~%d, validation ~%d, test ~%d); %s per row group",
              plural(len(the_plan.files), "file"), plural(len(the_plan.classes), "class folder"), the_plan.layout,
@@ -295,8 +221,7 @@ def _log_plan(the_plan: Plan) -> None:
 
 
 def _without_duplicates(spark, config: ETLConfig, the_plan: Plan, start: float) -> Plan:
-    """``the_plan`` after the duplicate check (:func:`hash_candidates`, :func:`drop_duplicates`),
-    its ``hash_seconds`` counted from ``start`` (``time.perf_counter()``), said in one line."""
+    """``the_plan`` after the duplicate check, its ``hash_seconds`` counted from ``start`` (``perf_counter``)."""
     before = len(the_plan.candidates)
     the_plan = drop_duplicates(config, the_plan, hash_candidates(spark, config, the_plan))
     the_plan.hash_seconds = time.perf_counter() - start
@@ -312,9 +237,7 @@ def _without_duplicates(spark, config: ETLConfig, the_plan: Plan, start: float) 
 
 
 def _look_alikes(the_plan: Plan) -> Dict:
-    """The manifest's ``look_alikes`` when the duplicate check ran: the distance, the number of
-    pairs and the pairs listed (``[path a, path b, bits]``, at most
-    :data:`pipelines.etl.dedupe.LOOK_ALIKES_LISTED`)."""
+    """The manifest's ``look_alikes`` when the duplicate check ran: distance, count, listed pairs."""
     if the_plan.look_alikes is None:
         return {}
     pairs, count = the_plan.look_alikes

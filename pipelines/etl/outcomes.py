@@ -1,21 +1,8 @@
 """Per-file outcomes at scale: tasks write them beside their output, the driver reads them file by file.
 
-A Spark job's collected result travels to the driver whole, and Spark aborts the job when the
-tasks' results add up to more than ``spark.driver.maxResultSize`` (1 GiB by default: about ten
-million outcome rows), after all the tasks' work is done. So no per-file row is ever collected:
-
-* each task writes its rows (:data:`OUTCOME_SCHEMA` for the main pass, :data:`HASH_SCHEMA` for the
-  duplicate check's pass) as an Arrow IPC stream in the run's own folder,
-  ``OUTPUT/runs/<run id>/_tasks/<kind>-<partition>-<attempt>.arrow`` (:class:`RowFile`), in
-  batches of :data:`BATCH_ROWS` rows, and returns one :data:`TASK_SCHEMA` row: that file's
-  name, the chunk numbers it processed, the Parquet files it wrote;
-* the driver keeps the files the successful attempts name, reads the rows back one task's file at
-  a time, batch by batch (:func:`reconcile`, :func:`read_hashes`), writes the rejections straight
-  through to the run's ``rejected.jsonl`` and deletes ``_tasks/`` before the commit.
-
-What the driver holds beyond its plan: one task's rows and Parquet paths (to match them) and
-counters; the collected result is one row per task. The folder is the run's, so a failed run's
-cleanup (:func:`pipelines.etl.commit.remove_failed_run`) deletes it with the rest.
+Spark aborts a job whose collected results pass ``spark.driver.maxResultSize`` (1 GiB by default, about ten million
+outcome rows), so each task writes its rows in ``OUTPUT/runs/<run id>/_tasks/`` (`RowFile`) and returns one
+`TASK_SCHEMA` row; the driver reads them one task at a time and deletes ``_tasks/`` before the commit.
 """
 from __future__ import annotations
 
@@ -60,8 +47,7 @@ TASK_DDL = "rows_file STRING, chunks ARRAY<BIGINT>, files ARRAY<STRING>, rows BI
 
 
 class RowFile:
-    """One task's rows of ``schema``, written to ``run/_tasks/<kind>-<task>.arrow`` in batches of
-    :data:`BATCH_ROWS` (the task holds at most one batch)."""
+    """One task's rows, written to ``run/_tasks/<kind>-<task>.arrow`` in batches of `BATCH_ROWS`."""
 
     def __init__(self, run: Location, kind: str, task: str, schema: pa.Schema):
         self.name = f"{TASKS}/{kind}-{task}.arrow"
@@ -73,7 +59,6 @@ class RowFile:
         self.buffer: Dict[str, list] = {name: [] for name in schema.names}
 
     def append(self, *values) -> None:
-        """One row, its values in the schema's order."""
         for name, value in zip(self.schema.names, values):
             self.buffer[name].append(value)
         if len(self.buffer[self.schema.names[0]]) >= BATCH_ROWS:
@@ -87,8 +72,7 @@ class RowFile:
             self.buffer = {name: [] for name in self.schema.names}
 
     def close(self, chunks: Sequence[int], files: Sequence[str] = ()) -> pa.RecordBatch:
-        """Write what is buffered, close the file (whole on an object store once closed) and return
-        the task's one :data:`TASK_SCHEMA` row, for Spark to collect."""
+        """Write what is buffered, close the file, and return the task's one `TASK_SCHEMA` row."""
         self.flush()
         self.writer.close()
         self.stream.close()
@@ -97,8 +81,7 @@ class RowFile:
 
 
 def read_rows(run: Location, task: dict) -> Iterator[dict]:
-    """The rows of one task's row file (``task``: its :data:`TASK_SCHEMA` row), as dicts, one
-    Arrow batch held at a time. Raises RuntimeError when the file holds another number of rows."""
+    """The rows of one task's row file, one Arrow batch at a time; RuntimeError if their count is not the task's."""
     target = run.join(task["rows_file"])
     n = 0
     with target.filesystem.open_input_stream(target.path) as f:
@@ -110,9 +93,7 @@ def read_rows(run: Location, task: dict) -> Iterator[dict]:
 
 
 def read_hashes(run: Location, tasks: List[dict]) -> Iterator[Tuple[str, str, Optional[str], Optional[str]]]:
-    """``(path, sha256 hex, pixels, dhash)`` of every candidate the hash pass could read (the last
-    two ``None`` where it did not decode), task file by task file; ``run/_tasks/`` is deleted once
-    all are read (failed attempts' files too)."""
+    """``(path, sha256, pixels, dhash)`` of each candidate the hash pass read; then deletes ``run/_tasks/``."""
     for task in tasks:
         for row in read_rows(run, task):
             if row["sha256"] is not None:
@@ -122,7 +103,7 @@ def read_hashes(run: Location, tasks: List[dict]) -> Iterator[Tuple[str, str, Op
 
 @dataclass
 class SplitStats:
-    """Read back from the written Parquet footers, not assumed."""
+    """One split's counts, read back from the written Parquet footers, not assumed."""
 
     rows: int = 0
     files: int = 0
@@ -133,7 +114,7 @@ class SplitStats:
     parts: List[Location] = field(default_factory=list)  # the split's Parquet files, in order
 
     def add(self, part: Location) -> List[str]:
-        """Count one Parquet file of the split (footer, ``label`` column); returns its ``path`` column."""
+        """Count one Parquet file of the split; returns its ``path`` column."""
         with part.filesystem.open_input_file(part.path) as f:
             parquet = pq.ParquetFile(f)
             meta = parquet.metadata
@@ -152,9 +133,7 @@ class SplitStats:
 
 @dataclass
 class Reconciled:
-    """Every listed file's fate, counted: ``stats`` per split; ``counts`` per status (``written``,
-    ``rejected``, ``skipped``); ``reasons`` per ``"<status>: <kind>"``; ``task_reasons``: the
-    kinds of the tasks' rejections (the candidates' reasons)."""
+    """Every listed file's fate counted: per split, per status, per ``"<status>: <kind>"``, per task reason."""
 
     stats: Dict[str, SplitStats]
     counts: Counter = field(default_factory=Counter)
@@ -167,8 +146,7 @@ class Reconciled:
 
 
 def check_tasks(tasks: List[dict], chunks: int) -> None:
-    """Raise RuntimeError unless the tasks processed each of the ``chunks`` chunk numbers exactly
-    once and no Parquet file is named by two tasks (Spark returns one attempt per partition)."""
+    """RuntimeError unless each of ``chunks`` chunk numbers was processed once and no file named twice."""
     seen = Counter(c for task in tasks for c in task["chunks"])
     wrong = sorted(set(range(chunks)) ^ {c for c, n in seen.items() if n == 1})
     if wrong:
@@ -189,24 +167,12 @@ def keep_committed(run: Location, tasks: List[dict]) -> None:
 
 def reconcile(run: Location, found: int, exclusions: Iterable[Tuple[str, str, str]],
               chunks: Sequence[Sequence[tuple]], tasks: List[dict], ledger: Location) -> Reconciled:
-    """Match every listed file with exactly one fate, streaming the tasks' row files, and write
-    ``ledger`` (``rejected.jsonl``: one JSON line ``{path, status, reason}`` per file not written:
-    ``exclusions`` first, in their order, then each task's rejections).
+    """Match every listed file with exactly one fate, and write ``ledger`` (``rejected.jsonl``) of those not written.
 
-    Args:
-        run: the run's prefix. found: files listed.
-        exclusions: ``(path, status, reason)`` of the files the driver excluded before Spark.
-        chunks: the candidates as cut for the tasks (each a tuple whose first field is the path).
-        tasks: the :data:`TASK_SCHEMA` rows Spark returned.
-
-    Returns:
-        the :class:`Reconciled` counts; ``run/_tasks/`` and the Parquet files no task names are
-        deleted.
+    ``exclusions``: ``(path, status, reason)`` excluded before Spark; ``chunks``: the candidates as cut for the tasks.
 
     Raises:
-        RuntimeError: a chunk processed twice or never, a row written twice, rows and outcomes that
-            disagree, an outcome for a file not in its task's chunks, a candidate without one, or
-            ``found != written + rejected + skipped``.
+        RuntimeError: outcomes that disagree with the chunks or the rows, or ``found != written + rejected + skipped``.
     """
     check_tasks(tasks, len(chunks))
     keep_committed(run, tasks)
@@ -255,7 +221,6 @@ def _reconcile_task(run: Location, task: dict, chunks: Sequence[Sequence[tuple]]
 
 
 def _record(out, result: Reconciled, path: str, status: str, reason: str) -> None:
-    """One file not written: a ledger line and its counts."""
     out.write(json.dumps({"path": display_path(path), "status": status, "reason": reason},
                          ensure_ascii=False).encode("utf-8") + b"\n")
     result.counts[status] += 1
@@ -264,9 +229,7 @@ def _record(out, result: Reconciled, path: str, status: str, reason: str) -> Non
 
 @contextlib.contextmanager
 def _ledger_stream(target: Location):
-    """A binary stream onto ``target``: a temporary file renamed once written on local disks (whole
-    or not at all), one (multipart) upload on object stores, which appears when closed (a run that
-    fails before its commit is deleted whole: :func:`pipelines.etl.commit.remove_failed_run`)."""
+    """A binary stream onto ``target``, whole or not at all (a rename locally, one upload on object stores)."""
     if target.local:
         os.makedirs(os.path.dirname(target.path), exist_ok=True)
         with replacing_file(target.path) as f:

@@ -1,8 +1,7 @@
-"""The ETL's plan, made on the driver before the images are written: the paths and the executors'
-memory checked (:func:`check_paths`, :func:`check_memory`: exit 2 before Spark's work), the job's
-own listing classified and split per class (:func:`plan`, :func:`assign_splits`), and, with
-``--dedupe``, a first Spark pass that hashes every candidate's bytes and decoded pixels so that one
-file per image is kept, and its look-alikes reported (:func:`hash_candidates`, :func:`drop_duplicates`).
+"""The ETL's plan, made on the driver before any image is written.
+
+Paths and memory are checked (exit 2 before Spark works), the listing classified and split per class, and with
+``--dedupe`` a first Spark pass hashes every candidate so that one file per image is kept.
 """
 from __future__ import annotations
 
@@ -32,11 +31,7 @@ from pipelines.runtime.spark import log_progress
 
 @dataclass
 class Plan:
-    """What the driver knows before Spark runs.
-
-    ``candidates`` are the files to read, in the order that spreads them over tasks
-    (:func:`pipelines.etl.layout.spread_order`), each with its label and split.
-    """
+    """What the driver knows before Spark runs; ``candidates`` in the order that spreads them over tasks."""
 
     files: List[ListedFile]
     outcomes: Dict[str, Union[ClassFolder, Excluded]]  # path -> ClassFolder (candidate) or Excluded
@@ -53,16 +48,10 @@ class Plan:
 
 
 def check_paths(config: ETLConfig) -> None:
-    """Refuse, before Spark starts, input/output combinations that cannot work.
+    """Refuse, before Spark starts, an input and output that cannot work.
 
     Raises:
-        pipelines.io.storage.StorageError (a ValueError): a bucket that does not exist, or refused
-            credentials, for the input or the output.
-        FileNotFoundError: the input folder is missing (no object under the prefix).
-        NotADirectoryError: the input or the output is a file.
-        ValueError: output equal to, inside, or containing the input (a rerun would read its own
-            output as input, or overwrite the input); an output holding data that is not this
-            job's (:func:`pipelines.etl.commit.check_output`).
+        Refused: a missing bucket, input or folder, refused credentials, overlapping paths, or a foreign output.
     """
     source, output = config.location(config.input), config.location(config.output)
     check_reachable(source, "--input")
@@ -77,18 +66,7 @@ def check_paths(config: ETLConfig) -> None:
 
 def assign_splits(files: List[ListedFile], labels: Dict[str, int], seed: int, test_fraction: float,
                   validation_fraction: float) -> Dict[str, str]:
-    """The stratified train/validation/test split of the candidate files, decided on the driver.
-
-    Args:
-        files: the candidate files. labels: ``{path: label}`` of each.
-        seed, test_fraction, validation_fraction: as in ``ETLConfig``.
-
-    Returns:
-        ``{path: 'train' | 'validation' | 'test'}``: per class, :func:`pipelines.etl.labels.split_class`
-        of the class's relative paths (a class of 1 candidate only trains, of 2 trains and is tested,
-        of 3 or more is in every split: :func:`pipelines.etl.labels.split_sizes`). The tasks write
-        what this says.
-    """
+    """The stratified split of the candidates (``labels``: by path): ``{path: split}``, `split_class` per class."""
     by_class: Dict[int, List[str]] = {}
     for f in files:
         by_class.setdefault(labels[f.path], []).append(f.relative_path)
@@ -99,19 +77,11 @@ def assign_splits(files: List[ListedFile], labels: Dict[str, int], seed: int, te
 
 
 def plan(config: ETLConfig) -> Plan:
-    """List and classify every file under the input; split; choose rows per row group.
-
-    Returns:
-        the :class:`Plan`, its candidates in :func:`pipelines.etl.layout.spread_order` order, each
-        with its label and split (:func:`assign_splits`, the same assignment the row-group plan
-        counts); byte-identical copies are still candidates here (:func:`drop_duplicates` removes
-        them once a Spark pass has hashed them).
+    """List and classify every file under the input, split the candidates, choose rows per row group.
 
     Raises:
-        ValueError: no class folder, a mix of ``NNN.name`` and plain folders, two folders with
-            the same number, no candidate image at all (nothing to write: committing an empty
-            run would replace a previous output with nothing), or a split that would be empty
-            (:func:`check_splits`).
+        Refused: no class folder, mixed layouts, no candidate at all (an empty run would replace the previous output
+            with nothing), or an empty split.
     """
     files, layout = list_tree(config.location(config.input))
     if not layout.folders:
@@ -127,8 +97,7 @@ def plan(config: ETLConfig) -> Plan:
 
 
 def _split_candidates(config: ETLConfig, the_plan: Plan) -> Plan:
-    """The plan with its candidates (the files whose outcome is a ClassFolder), their splits,
-    expected rows and rows per row group computed from its ``outcomes``."""
+    """The plan with its candidates, their splits, expected rows and rows per row group, from its ``outcomes``."""
     files, outcomes = the_plan.files, the_plan.outcomes
     folders = {path: outcome for path, outcome in outcomes.items() if isinstance(outcome, ClassFolder)}
     listed = sorted((f for f in files if f.path in folders),
@@ -144,14 +113,7 @@ def _split_candidates(config: ETLConfig, the_plan: Plan) -> Plan:
 
 
 def check_splits(config: ETLConfig, the_plan: Plan) -> None:
-    """Refuse a plan whose train, validation or test split would hold no file: training refuses
-    such an output, so the ETL does not write it. A class of 3 candidates or more is in every split
-    whatever the fractions (:func:`pipelines.etl.labels.split_sizes`), so this happens only when no
-    class is that large; the message names the split, the fraction flags and the classes.
-
-    Raises:
-        Refused: a split without a planned file.
-    """
+    """Refuse (`Refused`) a plan with an empty split, which training refuses: no class has 3 candidates."""
     empty = [split for split in SPLITS if not the_plan.expected_rows.get(split)]
     if not empty:
         return
@@ -167,16 +129,7 @@ def check_splits(config: ETLConfig, the_plan: Plan) -> None:
 
 
 def hash_candidates(spark, config: ETLConfig, the_plan: Plan) -> Iterator[Tuple[str, str, Optional[str], Optional[str]]]:
-    """The sha256 of every candidate's bytes and its decoded image's fingerprint, read by Spark
-    tasks over the same chunks as :func:`run_spark` (:func:`pipelines.etl.transform.hash_chunks`:
-    at most ``--max-file-mb`` + 1 bytes and ``--max-pixels`` a file, one file held at a time),
-    which write them below the run's prefix.
-
-    Returns:
-        ``(path, sha256 hex, pixels, dhash)`` of each candidate that could be read (one unreadable
-        now is left out: the main pass records why; the last two ``None`` for one that does not
-        decode), read back task file by task file (:func:`pipelines.etl.outcomes.read_hashes`).
-    """
+    """``(path, sha256, pixels, dhash)`` of every candidate read, by Spark tasks over `run_spark`'s chunks."""
     partitions = task_partitions(spark, config, len(the_plan.candidates))
     source = config.location(config.input)
     run = commit.run_location(config.location(config.output), the_plan.run_id)
@@ -189,14 +142,9 @@ def hash_candidates(spark, config: ETLConfig, the_plan: Plan) -> Iterator[Tuple[
 
 
 def drop_duplicates(config: ETLConfig, the_plan: Plan, hashes: Iterable[Tuple]) -> Plan:
-    """The plan with one candidate per image: every other copy's outcome becomes a rejection
-    (:func:`pipelines.etl.dedupe.duplicates`, which names the kept file) and the kept candidates
-    are split again (:func:`assign_splits`), so each image lies in one split only; the kept
-    files' look-alikes in ``look_alikes`` (:func:`pipelines.etl.dedupe.look_alikes`, by relative
-    path). ``hashes``: ``(path, sha256[, pixels, dhash])`` of the candidates hashed.
+    """The plan with one candidate per image, the other copies rejected, the kept ones split again.
 
-    Raises:
-        ValueError: the copies removed leave a split empty (:func:`check_splits`).
+    ``hashes``: ``(path, sha256[, pixels, dhash])``; raises `Refused` when a split is left empty.
     """
     by_relative = {f.relative_path: f.path for f in the_plan.files}
     relative = {f.path: f.relative_path for f in the_plan.files}
@@ -216,14 +164,12 @@ def drop_duplicates(config: ETLConfig, the_plan: Plan, hashes: Iterable[Tuple]) 
 
 
 def task_partitions(spark, config: ETLConfig, candidates: int) -> int:
-    """The number of Spark tasks (and chunks) for ``candidates`` files: ``--num-partitions``, else
-    at least two per core and at most :data:`pipelines.etl.layout.TASK_IMAGES` files a task
-    (:func:`pipelines.etl.layout.task_count`); at most one per file."""
+    """Spark tasks (and chunks) for ``candidates`` files: ``--num-partitions``, else `task_count`'s."""
     return task_count(candidates, spark.sparkContext.defaultParallelism, TASK_IMAGES, config.num_partitions)
 
 
 def _refuse_no_candidate(config: ETLConfig, files: List[ListedFile], outcomes: Dict[str, Union[ClassFolder, Excluded]]) -> None:
-    """Raise ``ValueError`` for a tree with no candidate image, naming the commonest reasons."""
+    """Refuse a tree with no candidate image, naming the commonest reasons."""
     reasons = Counter(reason_kind(o.reason) for o in outcomes.values() if isinstance(o, Excluded))
     why = "; ".join(f"{n} {reason}" for reason, n in reasons.most_common(3)) or "no file at all"
     raise Refused(f"no image file to write under {display_path(config.input)} "
@@ -231,17 +177,7 @@ def _refuse_no_candidate(config: ETLConfig, files: List[ListedFile], outcomes: D
 
 
 def check_memory(config: ETLConfig, master: str, conf: Dict[str, str]) -> None:
-    """Refuse a ``--max-file-mb``/``--max-pixels`` whose tasks the executors cannot hold.
-
-    One task holds at most one file (``max_file_mb`` MiB) and its decoded pixels
-    (``16 bytes * max_pixels``) plus a Python worker and two row-group buffers
-    (:func:`pipelines.etl.memory.task_bytes`); ``tasks per worker * that`` must fit in
-    ``spark.executor.pyspark.memory`` when set, else, for a local master, in this machine's
-    physical memory (:func:`pipelines.etl.memory.executor_memory`).
-
-    Raises:
-        ValueError: it does not fit; the message names both figures in GiB.
-    """
+    """Refuse (`Refused`) a ``--max-file-mb``/``--max-pixels`` whose tasks the executors cannot hold."""
     # Pillow refuses more than its own limit whatever max_pixels says (pipelines.etl.images).
     pixels = min(config.max_pixels, DEFAULT_MAX_PIXELS)
     need = task_bytes(int(config.max_file_mb * 2**20), pixels, int(config.row_group_mb * 2**20), config.row_bytes)

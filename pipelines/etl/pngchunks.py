@@ -1,22 +1,9 @@
 """PNG metadata that Pillow's defaults refuse, left out before Pillow sees the file.
 
-Pillow refuses a whole PNG for damage in chunks that carry no pixels: a compressed text or ICC
-chunk (zTXt, iTXt, iCCP) that decompresses past ``PngImagePlugin.MAX_TEXT_CHUNK`` (1 MiB), text
-past ``MAX_TEXT_MEMORY`` (64 MiB in all), an ancillary chunk before the first IDAT with a bad CRC
-(which even reads as "cannot identify image file"), a gAMA, cHRM, sRGB or pHYs chunk shorter
-than its fields (Pillow issues #2445, #8363). Its only switch, ``ImageFile.LOAD_TRUNCATED_IMAGES``,
-is process-global and also admits truncated pixel data, so it is never set here. Instead
-:func:`without_refused_metadata` walks the chunks (headers and CRCs only, no pixel decoding) and
-hands Pillow a view of the same bytes without those chunks, by libpng's default rule
-(``png_set_crc_action``, PNG_CRC_DEFAULT): a bad CRC in a critical chunk (IHDR, PLTE, IDAT, IEND)
-is an error, one in an ancillary chunk drops that chunk. Pixel-bearing ancillary chunks (tRNS,
-eXIf, APNG's) are only dropped for a bad CRC, as libpng does; IHDR is never touched, so the
-decompression-bomb limits on the declared size still apply.
-
-The walk's own work is bounded whatever the file holds: every zlib stream is inflated at most to
-the file's remaining text budget, and a file of more chunks, or more to drop, than a real image has
-is refused (:func:`without_refused_metadata`). The limits are read from Pillow at each call, so a
-caller that changes them is followed.
+Pillow refuses a whole PNG for damaged chunks without pixels, and its one switch, ``LOAD_TRUNCATED_IMAGES``, is
+process-global and admits truncated pixels too. So the chunks are walked (headers and CRCs) and dropped by libpng's
+default rule: a bad CRC in a critical chunk is an error, in an ancillary one drops it. IHDR is never touched, so
+the bomb limits still apply; the walk's work is bounded whatever the file holds.
 """
 from __future__ import annotations
 
@@ -34,8 +21,7 @@ from pipelines.runtime.logs import plural
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # The shortest body Pillow's handlers read (PngStream.chunk_gAMA ... chunk_pHYs); shorter ones raise.
 _MIN_LENGTH = {b"gAMA": 4, b"cHRM": 32, b"sRGB": 1, b"pHYs": 9}
-# The most chunks dropped from one file: a real file's damaged metadata is a chunk or two; past this
-# the file is refused, so that a file of many hostile chunks costs no more than this many.
+# The most chunks dropped from one file (a real file's damaged metadata is a chunk or two); past it, refused.
 MAX_DROPPED = 64
 # The most chunks one file may have. Each costs the walk and Pillow a turn of a Python loop, and
 # Pillow keeps every private chunk in memory (about 8 bytes for each byte of a file of empty ones);
@@ -45,32 +31,19 @@ _BLOCK = 1 << 16  # compressed bytes handed to zlib at a time (what its unconsum
 
 
 class DamagedPng(ValueError):
-    """A critical chunk of the PNG is damaged (bad CRC), so its pixels cannot be trusted, or the
-    file has more chunks, or more to drop, than a real image has (:data:`MAX_CHUNKS`,
-    :data:`MAX_DROPPED`)."""
+    """A critical chunk's CRC is bad, or the file has more chunks, or more to drop, than a real image."""
 
 
 def without_refused_metadata(data: bytes) -> Tuple[BinaryIO, Tuple[str, ...]]:
     """The PNG ``data`` as a file Pillow can open, without the chunks Pillow would refuse it for.
 
-    Bounded work whatever the file holds: every zlib stream is inflated at most to the file's
-    remaining text budget (Pillow's ``MAX_TEXT_MEMORY``, charged with the text kept and every byte
-    inflated, kept or dropped) and to ``MAX_TEXT_CHUNK``; at most :data:`MAX_DROPPED` chunks are
-    dropped and :data:`MAX_CHUNKS` walked before the file is refused.
-
-    Args:
-        data: a file's bytes; anything that does not start with the PNG signature is returned as is.
+    A truncated or garbled chunk ends the walk (Pillow judges the rest); a file that is no PNG is returned as is.
 
     Returns:
-        ``(file, dropped)``: a read-only, seekable file over ``data`` (no copy of its bytes: a view
-        that skips the dropped chunks) and one line per dropped chunk, e.g.
-        ``("tIME: bad CRC", "zTXt: decompresses past Pillow's MAX_TEXT_CHUNK (1048576 bytes)")``;
-        ``dropped`` is empty, and ``file`` a plain ``io.BytesIO``, when nothing was dropped.
-        A truncated or garbled chunk ends the walk: Pillow judges the rest, as it would have.
+        ``(file, dropped)``: a seekable view of ``data`` skipping the dropped chunks, one line per chunk dropped.
 
     Raises:
-        DamagedPng: a critical chunk's CRC does not match its bytes, more than :data:`MAX_DROPPED`
-            chunks would be dropped, or the file has more than :data:`MAX_CHUNKS` chunks.
+        DamagedPng: a critical chunk's CRC is bad, or more than `MAX_DROPPED` to drop or `MAX_CHUNKS` chunks.
     """
     if not data.startswith(PNG_SIGNATURE):
         return io.BytesIO(data), ()
@@ -110,11 +83,10 @@ def without_refused_metadata(data: bytes) -> Tuple[BinaryIO, Tuple[str, ...]]:
 
 
 def _refusal(kind: bytes, data: bytes, start: int, end: int, left: int) -> Tuple[Optional[str], int]:
-    """Why Pillow's handler of the chunk ``data[start:end]`` (its body, CRC good) would refuse the
-    file (``None``: it would not), and what the chunk costs the file's text budget, of which
-    ``left`` bytes remain: the bytes it inflates, kept or not, or the text it adds to Pillow's
-    ``MAX_TEXT_MEMORY`` count (at least Pillow's own count, which is of decoded characters).
-    Nothing is copied or inflated past ``left``."""
+    """Why Pillow would refuse the file for the chunk body ``data[start:end]`` (or ``None``), and its cost.
+
+    The cost, charged to the text budget of which ``left`` bytes remain: the bytes inflated, or the text Pillow counts.
+    """
     if kind in _MIN_LENGTH and end - start < _MIN_LENGTH[kind]:
         return f"{plural(end - start, 'byte')}, shorter than its fields ({_MIN_LENGTH[kind]})", 0
     if kind not in (b"tEXt", b"zTXt", b"iTXt", b"iCCP"):
@@ -152,11 +124,7 @@ def _refusal(kind: bytes, data: bytes, start: int, end: int, left: int) -> Tuple
 
 
 def _inflated(stream: memoryview, limit: int) -> Tuple[int, bool]:
-    """What inflating the zlib ``stream`` costs, counting at most ``limit`` bytes, and whether it
-    reaches ``limit`` (or would pass it): ``(bytes, reached)``. A broken stream (Pillow reads it as
-    no text) costs ``limit``, the most its last call may have inflated. The input is fed
-    :data:`_BLOCK` bytes at a time and the output dropped as it comes: no more than ``limit``
-    bytes are inflated, nor held."""
+    """``(bytes, reached)``: what inflating ``stream`` costs up to ``limit`` (a broken one: ``limit``); nothing held."""
     inflater, size = zlib.decompressobj(), 0
     try:
         for at in range(0, len(stream), _BLOCK):

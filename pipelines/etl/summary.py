@@ -1,7 +1,4 @@
-"""What the ETL reports once its output is committed: the configuration as shown (secrets masked),
-the summary a person reads (:func:`format_summary`), and the job's MLflow run with the manifest's
-figures (:func:`track`, :func:`log_results`, :func:`manifest_metrics`).
-"""
+"""What the ETL reports once its output is committed: the summary a person reads, and its MLflow run."""
 from __future__ import annotations
 
 import contextlib
@@ -22,20 +19,13 @@ from pipelines.runtime.redact import redact
 
 
 def shown_config(config: ETLConfig) -> dict:
-    """The config as the manifest and MLflow show it: names with ``\\xNN`` escapes, and only the
-    keys of ``--storage-option`` (their values may be secrets)."""
+    """The config as the manifest and MLflow show it: names escaped, only the keys of ``--storage-option``."""
     return redact({**to_dict(config), "input": display_path(config.input), "output": display_path(config.output),
                    "storage_options": sorted(config.storage_options)})
 
 
 def log_results(tracker, output: Location, manifest: dict) -> None:
-    """Log the manifest's counts, its sha256 and layout, and the manifest and rejected list as
-    artifacts (copied to a local temporary folder first when the output is a URI: MLflow logs
-    local files).
-
-    Raises:
-        pipelines.tracking.TrackingFailed: MLflow could not log them.
-    """
+    """Log the manifest's counts, sha256 and layout, and it and the rejected list as artifacts."""
     files = [output.join(MANIFEST), Manifest.from_dict(manifest).rejected_location(output)]
     with tempfile.TemporaryDirectory(prefix="etl-artifacts-") as tmp:
         local = [f.path if f.local else os.path.join(tmp, f.name) for f in files]
@@ -48,12 +38,7 @@ def log_results(tracker, output: Location, manifest: dict) -> None:
 
 @contextlib.contextmanager
 def track(config: ETLConfig) -> Iterator[Optional[object]]:
-    """The ETL's MLflow run (a :class:`pipelines.tracking.Tracker`; ``None`` with tracking off) with
-    the config as params, ended with the block (FAILED when it raises).
-
-    Raises:
-        pipelines.tracking.TrackingUnavailable: the store cannot be used.
-    """
+    """The ETL's MLflow run (``None`` with tracking off), the config as params, ended with the block."""
     if not config.tracking:
         yield None
         return
@@ -66,8 +51,7 @@ def track(config: ETLConfig) -> Iterator[Optional[object]]:
 
 
 def manifest_metrics(manifest: dict) -> Dict[str, float]:
-    """The counts of a manifest as flat MLflow metrics: ``files.<outcome>``, ``<split>.rows``,
-    ``<split>.row_groups``, ``num_classes``, ``max_world_size``, ``seconds``, ``images_per_second``."""
+    """The counts of a manifest as flat MLflow metrics (``files.<outcome>``, ``<split>.rows``, ...)."""
     metrics = {f"files.{key}": manifest["files"][key] for key in ("found", "written", "rejected", "skipped")}
     for split in SPLITS:
         metrics.update({f"{split}.{key}": manifest["splits"][split][key] for key in ("rows", "row_groups", "files")})
@@ -76,8 +60,7 @@ def manifest_metrics(manifest: dict) -> Dict[str, float]:
 
 
 def format_summary(manifest: dict) -> str:
-    """A short human summary of a manifest: counts, reconciliation, rejections, classes missing
-    from a split, look-alike files kept, speed."""
+    """A short human summary of a manifest: counts, rejections, classes missing a split, look-alikes, speed."""
     files, splits = manifest["files"], manifest["splits"]
     lines = [
         f"ETL summary ({manifest['image']['height']} px, {plural(manifest['num_classes'], 'class')}, "

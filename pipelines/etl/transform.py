@@ -1,29 +1,8 @@
 """Executor side of the ETL: chunk numbers in, files read in Python, Parquet row groups out.
 
-Runs inside Spark's Python workers through ``DataFrame.mapInArrow``. Each task receives the
-numbers of its chunks of the driver's candidate list (shipped in the function's closure), reads
-each file itself with :func:`read_file` (at most ``max_file_bytes + 1`` bytes, so a file that grew
-since the listing is rejected, never loaded whole), decodes it with the pure functions of
-:mod:`pipelines.etl.images` and appends it to this task's Parquet file of its split, written with
-pyarrow in row groups of exactly ``rows_per_row_group`` rows. No file passes through the JVM:
-neither its name (the JVM's locale encoding would mangle non-ASCII names) nor its bytes (the JVM
-heap would hold whole files). The decoded images never travel back through the JVM (a
-round trip of ``size**2 * 3`` bytes per row through Spark's row format and parquet-java, whose
-row groups cannot be smaller than 100 rows). Nor do the per-file outcomes (written, or rejected
-with a reason): a task writes them beside its Parquet files and Spark gets back one small row
-per task (:mod:`pipelines.etl.outcomes`).
-
-A tree on an object store is read the same way, through :mod:`pipelines.io.storage`
-(:func:`read_object`: at most ``max_file_bytes + 1`` bytes, one ranged GET); Spark's
-``binaryFile`` source is not used (the pip-installed Spark has no ``s3a`` connector, and on local
-files it is no faster: see the README's ETL figures). Each task writes its Parquet files through
-the output's ``pyarrow.fs`` filesystem (``pq.ParquetWriter(..., filesystem=...)``), so nothing
-depends on Spark reaching the store.
-
-Commit protocol: a task writes below its run's prefix (``OUTPUT/runs/<run id>/<split>/``) and
-names its files after its partition and attempt; the driver keeps only the files named in the
-summaries of successful tasks and deletes any other (a failed or speculative attempt's), then
-names the kept ones in the manifest (:mod:`pipelines.etl.commit`).
+Runs in Spark's Python workers through ``mapInArrow``. No file passes through the JVM, neither its name (its locale
+would mangle non-ASCII names) nor its bytes or pixels. A task writes its own Parquet file per split below the run's
+prefix, named after its partition and attempt, and its outcome rows beside them.
 """
 from __future__ import annotations
 
@@ -53,7 +32,6 @@ from pipelines.runtime import zipcache
 if TYPE_CHECKING:
     from pipelines.io.storage import Location
 
-# The training data: what each split's Parquet files hold (the stages' contract).
 IMAGE_SCHEMA = image_schema()
 # The Parquet data page size the tasks aim at (pyarrow's default page size).
 PAGE_BYTES = 2**20
@@ -62,11 +40,8 @@ PAGE_BYTES = 2**20
 class SplitWriter:
     """One Parquet file of one split, filled in row groups of exactly ``rows_per_row_group`` rows.
 
-    Images are pasted straight into one preallocated white ``(rows, size, size, 3)`` uint8
-    buffer per row group, which becomes the ``image`` column without another copy. After a row
-    group is written, only the boxes that images covered are whitened again: the margins stayed
-    white, and a small image (28 px in 299) leaves 99 % of its row untouched, so whitening whole
-    rows was most of the work per row (``benchmarks/etl_bench.py``, "write/proc").
+    Images are pasted into one white ``(rows, size, size, 3)`` uint8 buffer, which becomes the ``image`` column
+    without a copy; only the boxes images covered are whitened again (a small image's row is mostly margin).
     """
 
     def __init__(self, target: "Location", rows_per_row_group: int, image_size: int):
@@ -80,7 +55,6 @@ class SplitWriter:
         self.rows = 0
 
     def append(self, fitted: FittedImage, path: str, label: int, label_name: str) -> None:
-        """Add one image (RGB, at most ``size x size``) and its row's other columns."""
         box = centred_box(fitted.image.size, self.images.shape[1])
         self.images[len(self.boxes)][box] = np.asarray(fitted.image)
         self.boxes.append(box)
@@ -97,14 +71,10 @@ class SplitWriter:
             return
         if self.writer is None:
             self.target.parent.makedirs()
-            # Decoded pixels gain nothing from a dictionary. LZ4 (LZ4_RAW in the file) over snappy:
-            # snappy's matches end at 64 bytes, so a white border costs it several times the bytes,
-            # and it is no faster (benchmarks/etl_bench.py, "write/proc"; the figures: docs/benchmarks.md,
-            # Figures behind the code's constants). On an object store the file is one
-            # (multipart) upload: it appears whole when closed.
-            # write_batch_size: pyarrow checks the page size only between batches of values, so its
-            # default (1024 rows) makes each row group one page, built in a fresh buffer of tens of
-            # MiB; pages of about PAGE_BYTES write faster (same benchmark, same figures).
+            # LZ4 over snappy: snappy's matches end at 64 bytes, so a white border costs it several times the
+            # bytes, and it is no faster. pyarrow checks the page size only between batches of values, so its
+            # default batch (1024 rows) makes each row group one page: pages of about PAGE_BYTES write faster
+            # (benchmarks/etl_bench.py; figures in docs/benchmarks.md, "Figures behind the code's constants").
             self.writer = pq.ParquetWriter(self.target.path, IMAGE_SCHEMA, filesystem=self.target.filesystem,
                                            compression="lz4", use_dictionary=["label", "label_name"],
                                            write_statistics=["label"], data_page_size=PAGE_BYTES,
@@ -121,16 +91,14 @@ class SplitWriter:
         self.columns = {name: [] for name in self.columns}
 
     def close(self) -> None:
-        """Write what is buffered and close the file (nothing is created for an empty split)."""
+        """Write what is buffered and close the file (none is created for an empty split)."""
         self.flush()
         if self.writer is not None:
             self.writer.close()
 
 
 class Candidate(NamedTuple):
-    """One file the driver listed as a candidate image: absolute ``path`` (str, UTF-8 decoded by
-    :func:`pipelines.etl.listing.decode_name`), ``label`` (0-based), ``label_name`` and ``split``
-    (``train`` | ``test``), all decided on the driver."""
+    """A candidate as the driver decided it: absolute ``path``, ``label`` (0-based), ``label_name``, ``split``."""
 
     path: str
     label: int
@@ -139,7 +107,6 @@ class Candidate(NamedTuple):
 
 
 def _read_upto(fd: int, n: int) -> bytes:
-    """Up to ``n`` bytes from ``fd`` (fewer only at the end of the file)."""
     parts, got = [], 0
     while got < n:
         part = os.read(fd, min(n - got, 1 << 26))
@@ -151,19 +118,10 @@ def _read_upto(fd: int, n: int) -> bytes:
 
 
 def read_file(path: str, max_file_bytes: int) -> bytes:
-    """The bytes of one listed file, never more than ``max_file_bytes + 1`` read into memory.
-
-    Args:
-        path: as listed (surrogate escapes are turned back into the file's own bytes, so the
-            caller's locale does not matter).
-        max_file_bytes: the ``--max-file-mb`` limit in bytes.
-
-    Returns:
-        the whole file (``bytes``, at most ``max_file_bytes`` long).
+    """The bytes of one listed file, at most ``max_file_bytes`` (one byte more read at most).
 
     Raises:
-        ImageRejected: the file vanished, became unreadable or not a regular file, or grew past
-            the limit since it was listed.
+        ImageRejected: the file vanished, became unreadable or not a regular file, or grew past the limit.
     """
     try:
         # O_NONBLOCK: a file replaced by a FIFO since the listing must not block the task.
@@ -191,20 +149,7 @@ def read_file(path: str, max_file_bytes: int) -> bytes:
 
 
 def read_object(source: "Location", uri: str, max_file_bytes: int) -> bytes:
-    """The bytes of one listed object of the tree ``source`` (an object store), never more than
-    ``max_file_bytes + 1`` read into memory (:func:`read_file`'s rule).
-
-    Args:
-        source: the input tree's root. uri: the object's URI as listed (below ``source``).
-        max_file_bytes: the ``--max-file-mb`` limit in bytes.
-
-    Returns:
-        the whole object (``bytes``, at most ``max_file_bytes`` long).
-
-    Raises:
-        ImageRejected: the object vanished, became unreadable, or grew past the limit since it
-            was listed; its key is not below ``source`` or holds a ``..`` segment (never read).
-    """
+    """The bytes of one listed object below ``source``, by `read_file`'s rule (a ranged read)."""
     key = uri[len(source.uri) + 1:]
     if not uri.startswith(source.uri + "/") or ".." in key.split("/"):  # the listing rejects these: never read
         raise ImageRejected("key has a '..' path segment, which names a file outside the input; unread")
@@ -222,22 +167,19 @@ def read_object(source: "Location", uri: str, max_file_bytes: int) -> bytes:
 
 
 def read_candidate(path: str, source: Optional["Location"], max_file_bytes: int) -> bytes:
-    """:func:`read_file` for a local tree (``source`` ``None`` or local), :func:`read_object` for
-    a tree on an object store. Raises ImageRejected."""
+    """`read_file` for a local tree (``source`` ``None`` or local), `read_object` for an object store."""
     if source is None or source.local:
         return read_file(path, max_file_bytes)
     return read_object(source, path, max_file_bytes)
 
 
 def unexpected_reason(exc: Exception) -> str:
-    """The rejection reason of an error no rule foresaw while reading or decoding one file:
-    ``"unreadable when read (ArrowInvalid: ...)"``, one line, at most 200 characters of message."""
+    """The rejection reason of an error no rule foresaw: one line, at most 200 characters of message."""
     return f"unreadable when read ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
 
 
 def _task_name() -> str:
-    """``<partition>-<attempt id>`` of the running Spark task (``00000-0`` outside Spark): the
-    names of its files, distinct across attempts."""
+    """``<partition>-<attempt id>`` of the running Spark task (``00000-0`` outside Spark)."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -247,21 +189,9 @@ def _task_name() -> str:
 def hash_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[tuple]], run: "Location",
                 max_file_bytes: int, source: Optional["Location"] = None, counter=None,
                 max_pixels: Optional[int] = DEFAULT_MAX_PIXELS) -> Iterator[pa.RecordBatch]:
-    """The sha256 and the :func:`~pipelines.etl.images.fingerprint` of each candidate file of the
-    chunks whose numbers this task receives: the duplicate check's pass (:mod:`pipelines.etl.dedupe`),
-    before the split is decided.
+    """The duplicate check's pass, arguments as `process_chunks`: a `HASH_SCHEMA` row per candidate of its chunks.
 
-    Args:
-        batches, chunks, run, max_file_bytes, source, counter, max_pixels: as in
-            :func:`process_chunks` (same chunks, same bounded read: :func:`read_candidate`).
-
-    Writes ``run/_tasks/hashes-<task>.arrow`` (:class:`pipelines.etl.outcomes.RowFile`): a
-    :data:`~pipelines.etl.outcomes.HASH_SCHEMA` row per candidate, ``path``, ``sha256`` (64 hex
-    digits; null when the file cannot be read now: the main pass reads it again and records why),
-    ``pixels`` and ``dhash`` (null when it does not decode: the main pass rejects it).
-
-    Yields:
-        one Arrow batch of one :data:`~pipelines.etl.outcomes.TASK_SCHEMA` row naming that file.
+    Nulls where a file cannot be read or decoded now: the main pass records why. Yields one `TASK_SCHEMA` row.
     """
     zipcache.install()
     hashes = RowFile(run, "hashes", _task_name(), HASH_SCHEMA)
@@ -287,33 +217,17 @@ def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[
                    image_size: int, max_pixels: int, max_file_bytes: int,
                    rows_per_row_group: int, source: Optional["Location"] = None,
                    counter=None) -> Iterator[pa.RecordBatch]:
-    """Read, resize and write the candidate files of the chunks whose numbers this task receives.
+    """Read, resize and write the candidates of the chunks whose numbers this task receives, one file at a time.
 
     Args:
-        batches: Arrow batches from Spark whose first column holds chunk numbers (int64), indexes
-            into ``chunks``; which task gets which number does not matter.
-        chunks: the driver's candidates, cut into contiguous chunks (shipped in the closure), each
-            candidate a plain tuple of :class:`Candidate`'s fields
-            (:func:`pipelines.etl.layout.closure_chunks`).
-        run: the run's prefix (:class:`pipelines.io.storage.Location`, local or on an object
-            store), where this task writes ``<split>/part-<partition>-<attempt>.parquet``.
-        image_size, max_pixels, max_file_bytes: as in ``ETLConfig``.
-        rows_per_row_group: rows per Parquet row group (the last one of a file may hold fewer).
-        source: the input tree's root when it is on an object store (``None``: local files).
-        counter: a Spark accumulator (or ``None``) this task adds 1 to per candidate it is done
-            with, written or rejected: the driver's progress (:func:`pipelines.runtime.spark.log_progress`).
-
-    Writes, besides the Parquet files, ``run/_tasks/outcomes-<task>.arrow``: one
-    :data:`~pipelines.etl.outcomes.OUTCOME_SCHEMA` row per candidate of its chunks.
+        batches: Arrow batches whose first column holds chunk numbers (int64) into ``chunks``.
+        source: the input's root when on an object store (``None``: local files).
+        counter: a Spark accumulator (or ``None``) counting candidates done: the driver's progress.
 
     Yields:
-        one Arrow batch of one :data:`~pipelines.etl.outcomes.TASK_SCHEMA` row (that file, the chunk
-        numbers, the Parquet files), once every file is closed (so it never names a half-written one).
-
-    Memory: one file's bytes and its decoded pixels at a time (see :mod:`pipelines.etl.memory`),
-    and at most one batch of outcome rows.
+        one batch of one `TASK_SCHEMA` row (its outcome file, chunks, Parquet files), once every file is closed.
     """
-    zipcache.install()  # this worker's next tasks start without re-reading pyspark.zip (see the module)
+    zipcache.install()  # this worker's next tasks start without re-reading pyspark.zip
     task = _task_name()
     writers: Dict[str, SplitWriter] = {}
     outcomes = RowFile(run, "outcomes", task, OUTCOME_SCHEMA)

@@ -1,32 +1,9 @@
 """Readers' leases on an ETL run: a training's files are never deleted while it reads them.
 
-An ETL commit deletes the runs older than itself (:mod:`pipelines.etl.commit`). A training that
-reads the run the manifest named when it started would lose its files mid-run, so it holds a
-lease on that run for as long as it reads it::
-
-    OUTPUT/runs/<run id>/readers/<reader>.json   {"reader", "run_id", "refreshed" (Unix s, UTC),
-                                                  "refreshed_utc", "ttl_s"}
-
-written by the reader (training's rank 0, ``<reader>`` its training run id) before it reads a
-part, rewritten every :data:`REFRESH_S` seconds by a thread of its own, and deleted when it is done
-(:class:`ReaderLease`). A commit keeps every older run with a live lease (:func:`leases_on`) and
-deletes it at a later commit, once no lease on it is live.
-
-A lease's age is read on one clock, the store's: the modification time the store gave the lease
-file at its last rewrite (S3's ``LastModified``, a local or NFS file's ``mtime``) against the
-modification time it gives a probe file the judge writes next to it (:func:`store_time`). Neither
-host's clock enters, so a holder or a judge whose clock is off by any amount judges alike; the
-times written inside the file are informative only. A lease is live while it is less than
-:data:`TTL_S` old by that clock, so the lease of a training that crashed or was killed expires
-:data:`TTL_S` after its last refresh. What remains: a file system whose clients set a file's
-time themselves (some FUSE mounts of object stores) brings the writing host's clock back.
-
-The race between a reader and a commit is closed by order: the reader writes its lease, then reads
-the manifest again (:func:`hold`). If the manifest still names the leased run, any commit that
-replaces it writes its manifest later and so lists the lease; if not, the run may be gone already
-and the reader refuses (:class:`InputReplaced`) rather than read half a run. Both writes are one
-PUT on an object store, a rename on a local disk (:meth:`pipelines.io.storage.Location.write_json`);
-the store must list a file once written (S3 does, since 2020).
+A reader holds ``OUTPUT/runs/<run id>/readers/<reader>.json``, rewritten every `REFRESH_S` seconds; an ETL commit
+keeps every older run with a live lease. A lease is live while younger than `TTL_S` by the store's clock alone: its
+file's mtime against a probe file's (`store_time`), so no host's clock enters. The race with a commit is closed by
+order (`hold`): write the lease, then read the manifest again; if it names another run, refuse (`InputReplaced`).
 """
 from __future__ import annotations
 
@@ -42,22 +19,19 @@ from pipelines.contract import MANIFEST, READERS, RUNS, plain_name
 
 log = logging.getLogger("pipelines")
 
-#: seconds a lease lives after its last refresh: ten refreshes missed (a stalled store, a paused
-#: process) before a commit may delete the run under a reader
+#: seconds a lease lives after its last refresh: ten refreshes missed before a commit may delete the run
 TTL_S = 600.0
 #: seconds between a holder's refreshes
 REFRESH_S = 60.0
 
 
 class InputReplaced(RuntimeError):
-    """The ETL output was committed anew between reading its manifest and leasing its run: start
-    the reader again (it reads the new run). A failure, not a refusal: nothing the user gave was wrong."""
+    """The ETL output was committed anew between reading its manifest and leasing its run: start again."""
 
 
 @dataclass(frozen=True)
 class Lease:
-    """A lease file as a commit judges it: ``reader``, seconds since its last refresh (``age_s``,
-    by the store's clock: :func:`leases_on`), and whether it is ``live``."""
+    """A lease file as a commit judges it: age in seconds by the store's clock, and whether it is live."""
 
     reader: str
     age_s: float
@@ -65,15 +39,13 @@ class Lease:
 
 
 def lease_location(output, run_id: str, reader: str):
-    """``OUTPUT/runs/<run id>/readers/<reader>.json`` (:class:`pipelines.io.storage.Location`);
-    ``run_id`` and ``reader`` checked to be plain names."""
+    """``OUTPUT/runs/<run id>/readers/<reader>.json``, ``run_id`` and ``reader`` checked to be plain names."""
     return output.join(RUNS, plain_name(run_id, "an ETL run id"), READERS,
                        plain_name(reader, "a reader's id") + ".json")
 
 
 def write_lease(location, reader: str, run_id: str, now: Optional[float] = None) -> None:
-    """Write (or refresh) the lease at ``location``; ``now``: Unix seconds (default: this host's
-    clock), written as information only: the store's time of the write is what ages the lease."""
+    """Write or refresh the lease; ``now`` (Unix s) is information only: the store's time of the write ages it."""
     now = time.time() if now is None else now
     stamp = dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     location.write_json({"reader": reader, "run_id": run_id, "refreshed": now, "refreshed_utc": stamp,
@@ -81,12 +53,7 @@ def write_lease(location, reader: str, run_id: str, now: Optional[float] = None)
 
 
 def store_time(folder) -> float:
-    """Now, by the clock of the store that holds ``folder`` (a :class:`pipelines.io.storage.Location`):
-    the modification time, Unix seconds, the store gives a probe file written there (then deleted).
-
-    Raises:
-        OSError: the store refuses the write or the read.
-    """
+    """Now by the clock of the store holding ``folder``: the mtime, Unix s, of a probe file written there."""
     probe = folder.join(f".clock-{secrets.token_hex(6)}")
     probe.write_bytes(b"")
     try:
@@ -99,11 +66,7 @@ def store_time(folder) -> float:
 
 
 def leases_on(run, ttl_s: float = TTL_S) -> List[Lease]:
-    """Every lease on the ETL run folder ``run`` (``OUTPUT/runs/<run id>``), live or not, by
-    reader. A lease is live when ``-ttl_s < age < ttl_s``, its age the store's time now
-    (:func:`store_time`, probed only when there is a lease) less the store's modification time of
-    its file (a file time further ahead than ``ttl_s`` is not to be believed); ``ttl_s``: seconds
-    (default :data:`TTL_S`)."""
+    """Every lease on the run folder ``run``; live when ``-ttl_s < age < ttl_s`` (a time far ahead is not believed)."""
     import pyarrow.fs as pafs
 
     listed = [info for info in run.join(READERS).list(recursive=False)
@@ -120,10 +83,7 @@ def leases_on(run, ttl_s: float = TTL_S) -> List[Lease]:
 
 
 class ReaderLease:
-    """A held lease: written on :meth:`start`, refreshed every :data:`REFRESH_S` seconds by a
-    daemon thread, deleted on :meth:`stop` (a context manager: ``with ReaderLease(...)``). A
-    refresh that fails is logged and tried again at the next period, never raised into the
-    reader (its own reads fail soon enough if the store is gone)."""
+    """A held lease: written on `start`, refreshed by a daemon thread (failures only logged), deleted on `stop`."""
 
     def __init__(self, location, reader: str, run_id: str, refresh_s: float = REFRESH_S):
         self.location, self.reader, self.run_id, self.refresh_s = location, reader, run_id, refresh_s
@@ -162,9 +122,10 @@ class ReaderLease:
 
 
 def hold(output, run_id: str, reader: str, refresh_s: float = REFRESH_S) -> ReaderLease:
-    """Lease the ETL run ``run_id`` of ``output`` (:class:`pipelines.io.storage.Location`) for
-    ``reader``, then check that the manifest still names it (the module's order). Returns the
-    started :class:`ReaderLease`; stop it (or leave its ``with`` block) when done.
+    """Lease the run ``run_id`` of ``output`` for ``reader``, then check the manifest still names it.
+
+    Returns:
+        the started `ReaderLease`; stop it (or leave its ``with`` block) when done.
 
     Raises:
         InputReplaced: the manifest names another run now (the lease is deleted again).

@@ -1,9 +1,7 @@
-"""Storage options: what a backend needs beyond the standard environment (an endpoint, a region,
-credentials), from three sources, each later one winning for its keys: the environment's JSON
-object, an owner-only file, the command line's ``KEY=VALUE`` pairs; and the ``storage_options``
-field every stage's config has (``--storage-option``, ``--storage-options-file``).
+"""Storage options (endpoint, region, credentials) and the ``storage_options`` field of every stage.
 
-:func:`pipelines.io.storage.resolve` passes them to a backend's constructor.
+Three sources, each later one winning for its keys: the environment's JSON object, an owner-only file
+(``--storage-options-file``), the command line's ``--storage-option KEY=VALUE``.
 """
 from __future__ import annotations
 
@@ -28,34 +26,19 @@ STORAGE_OPTIONS_FILE_HELP = ("a JSON object of storage options, {\"KEY\": \"VALU
 
 
 def storage_options_field() -> Any:
-    """The ``storage_options`` field every stage has: ``{key: value}`` (str to str), given on the
-    command line as ``--storage-option KEY=VALUE`` (repeatable), ``--storage-options-file PATH``
-    and the environment, gathered by :func:`gather_options`."""
+    """The ``storage_options`` field every stage has: ``{key: value}``, gathered by `gather_given`."""
     return dataclasses.field(default_factory=dict, metadata={
         "help": STORAGE_OPTION_HELP, "flag": "--storage-option", "key_values": True,
         "file_flag": "--storage-options-file", "file_help": STORAGE_OPTIONS_FILE_HELP, "gather": gather_given})
 
 
 def gather_given(pairs: Sequence[str], path: Optional[str]) -> Dict[str, str]:
-    """What a command line's storage options become (:func:`pipelines.runtime.config.parse_config`):
-    :func:`gather_options` of its ``--storage-option`` ``pairs``, its ``--storage-options-file``
-    ``path`` and the environment's (:attr:`pipelines.runtime.environment.Settings.storage_options`).
-
-    Raises:
-        StorageError: any source malformed.
-    """
+    """`gather_options` of a command line's ``pairs``, its options file ``path`` and the environment."""
     return gather_options(pairs, path, read_settings().storage_options)
 
 
 def parse_options(pairs: Sequence[str]) -> Dict[str, str]:
-    """``["endpoint_override=http://h:9000", "region=eu-west-1"]`` -> ``{"endpoint_override": ...}``.
-
-    Args:
-        pairs: ``KEY=VALUE`` strings (``--storage-option``, repeatable); the value may hold ``=``.
-
-    Raises:
-        StorageError: an item without ``=`` or with an empty key, or a key given twice.
-    """
+    """``["region=eu-west-1"]`` -> ``{"region": "eu-west-1"}``; `StorageError` for a bad or repeated key."""
     options: Dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -69,13 +52,7 @@ def parse_options(pairs: Sequence[str]) -> Dict[str, str]:
 
 
 def _option_values(given: Any, source: str) -> Dict[str, str]:
-    """The ``{key: value}`` of a JSON object of storage options from ``source`` (a file or the
-    environment): keys strings, values strings, numbers or booleans (as ``--storage-option``'s
-    text). Messages name keys, never values.
-
-    Raises:
-        StorageError: not an object, or a value that is a list, object or null.
-    """
+    """``{key: str}`` of a JSON object of options from ``source``; messages name keys, never values."""
     if not isinstance(given, dict):
         raise StorageError(f"{source}: expected a JSON object of storage options, {{\"KEY\": \"VALUE\"}}")
     options = {}
@@ -89,15 +66,9 @@ def _option_values(given: Any, source: str) -> Dict[str, str]:
 
 
 def read_options_file(path: str) -> Dict[str, str]:
-    """The storage options in the JSON file ``path`` (``--storage-options-file``): a regular file
-    of this user's that nobody else may read or write (mode 0600 or 0400), as ssh asks of a key.
-    ``path`` may be a chain of symbolic links (a Kubernetes Secret's mount): the owner and mode
-    checked are the final file's, as opened.
+    """The storage options in the JSON file ``path``: this user's, mode 0600 or 0400, as ssh asks of a key.
 
-    Raises:
-        StorageError: a missing file or a dangling link, another user's file, not a regular file,
-            one that others may read or write (the message says ``chmod 600``), or not a JSON
-            object of options; each names ``path`` and, behind links, the final file.
+    ``path`` may be a chain of links (a Kubernetes Secret's mount): the final file, as opened, is checked.
     """
     final = os.path.realpath(path)
     shown = path if final == os.path.abspath(path) else f"{path} (-> {final})"
@@ -127,15 +98,9 @@ def read_options_file(path: str) -> Dict[str, str]:
 
 
 def gather_options(pairs: Sequence[str], path: Optional[str] = None, environment: str = "") -> Dict[str, str]:
-    """A stage's storage options from its three sources, each later one winning for its keys: the
-    environment's JSON object (``environment``: :attr:`pipelines.runtime.environment.Settings.storage_options`,
-    the variable :data:`~pipelines.runtime.environment.STORAGE_OPTIONS_ENV`), the owner-only file ``path``
-    (:func:`read_options_file`), then the command line's ``KEY=VALUE`` ``pairs``
-    (:func:`parse_options`). The first two keep secrets off the command line, which every local
-    user can read (``ps``, ``/proc/PID/cmdline``).
+    """Storage options from ``environment`` (JSON), the file ``path``, then ``pairs``; `StorageError` if malformed.
 
-    Raises:
-        StorageError: any source malformed (:func:`parse_options`, :func:`read_options_file`).
+    The first two keep secrets off the command line, which every local user can read (``ps``).
     """
     options: Dict[str, str] = {}
     if environment:

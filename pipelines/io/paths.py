@@ -1,12 +1,7 @@
 """Local paths as the ``file://`` URLs that Petastorm opens: made absolute and checked in one place.
 
-Petastorm 0.13.1 splits a dataset URL with :func:`urllib.parse.urlparse` and opens
-``parsed.path`` as it is, without percent-decoding. So percent-encoding cannot carry a character
-that ``urlparse`` treats specially (``#`` starts a fragment, ``?`` a query, and Python drops tabs
-and line breaks from URLs): such a path would silently name another folder (``runs/etl#v2`` ->
-``runs/etl``). Every other character a file name may hold passes through literally, ``%`` and
-spaces included. A relative path must be made absolute first: ``file://data/train`` names the
-host ``data``.
+Petastorm opens ``urlparse(url).path`` undecoded, so a path with ``#``, ``?``, a tab or a line break would name
+another folder (``runs/etl#v2`` -> ``runs/etl``): refused. A relative path is made absolute (``file://data`` is a host).
 """
 from __future__ import annotations
 
@@ -25,9 +20,7 @@ def _survives(path: str) -> bool:
 
 
 def url_breakers(path: str) -> list:
-    """The characters of ``path`` that a ``file://`` URL would lose or reinterpret, in order of
-    first appearance (an empty list when the path is safe). Found by round-tripping each character
-    through ``urlparse``, so the rule is Python's own, not a list kept by hand."""
+    """The characters of ``path`` that a ``file://`` URL would lose, found by round trips through ``urlparse``."""
     found = []
     for ch in dict.fromkeys(path):
         if ch != "/" and not (_survives(f"/a{ch}b/c") and _survives(f"/a/b{ch}c")):
@@ -36,16 +29,7 @@ def url_breakers(path: str) -> list:
 
 
 def check_url_safe(path: str, what: str) -> str:
-    """Return ``path`` made absolute, or raise when Petastorm could not open it by URL.
-
-    Args:
-        path: a local path, relative (to the current directory) or absolute, ``~`` expanded.
-        what: how the error names it, e.g. ``"--data"``.
-
-    Raises:
-        UnsafePathError: the absolute path holds ``#``, ``?``, a tab or a line break; the message
-            names the character(s) and asks for a rename.
-    """
+    """``path`` made absolute (``~`` expanded); `UnsafePathError` naming ``what`` if a URL cannot carry it."""
     absolute = os.path.abspath(os.path.expanduser(path))
     bad = url_breakers(absolute)
     if bad:
@@ -56,17 +40,12 @@ def check_url_safe(path: str, what: str) -> str:
 
 
 def local_url(path: str) -> str:
-    """The ``file://`` URL of a local path, as Petastorm wants it: ``file:///abs/path``.
-
-    Raises:
-        UnsafePathError: see :func:`check_url_safe`.
-    """
+    """The ``file:///abs/path`` URL of a local path; raises `UnsafePathError` as `check_url_safe`."""
     return "file://" + check_url_safe(path, "path")
 
 
 def _store_key(uri: str) -> tuple:
-    """``(scheme, path)`` of a path or URI: ``("file", realpath)`` for local paths and ``file://``
-    URLs (symlinks resolved), ``("s3", "/bucket/key")`` for ``s3://bucket/key/``."""
+    """``("file", realpath)`` of a local path or ``file://`` URL; ``(scheme, "/bucket/key")`` of a URI."""
     parsed = urlparse(uri)
     if not parsed.scheme or "://" not in uri or parsed.scheme.lower() == "file":
         return "file", os.path.realpath(parsed.path if uri.startswith("file://") else uri)
@@ -74,13 +53,9 @@ def _store_key(uri: str) -> tuple:
 
 
 def check_disjoint(input_path: str, output_path: str) -> None:
-    """Refuse an output that is the input, lies inside it or holds it: local paths with symlinks
-    resolved, two URIs of one store by key prefix (``s3://b/in`` and ``s3://b/in/out`` overlap,
-    ``s3://b/in2`` does not); a local path and a URI, or URIs of two schemes, never overlap.
+    """Refuse (`Refused`) an output that is the input, lies inside it or holds it.
 
-    Raises:
-        ValueError: output equal to or inside the input (a rerun would read its own output as
-            input), or input inside the output (overwriting the output could destroy the input).
+    Local paths are compared with links resolved, URIs of one scheme by key prefix; two schemes never overlap.
     """
     (src_scheme, src), (dst_scheme, dst) = _store_key(input_path), _store_key(output_path)
     if src_scheme != dst_scheme:

@@ -1,21 +1,7 @@
-"""Storage: every path a URI, resolved once into a filesystem and a path (the one place that does).
+"""Storage: every path or URI resolved once into a ``pyarrow.fs`` filesystem and a path (`Location`).
 
-``resolve("s3://bucket/runs/etl")``, ``resolve("/data/etl")`` and ``resolve("file:///data/etl")``
-each give a :class:`Location`: a ``pyarrow.fs`` filesystem and the path on it. pyarrow's native
-filesystems serve ``file``, ``s3``, ``gs``/``gcs`` and ``hdfs``; any other scheme fsspec knows
-(``abfs``/``az`` with adlfs, ``memory``, ...) is wrapped with ``pyarrow.fs.FSSpecHandler``. There is
-no S3 client code of ours: credentials, region and endpoint come the standard way (``AWS_*``
-environment variables, ``~/.aws`` files, ``AWS_ENDPOINT_URL``), and ``--storage-option KEY=VALUE``
-passes what a backend needs beyond that to its constructor (``pyarrow.fs.S3FileSystem(**options)``,
-``GcsFileSystem``, ``HadoopFileSystem``, or ``fsspec.filesystem(scheme, **options)``), gathered
-by :mod:`pipelines.io.options`.
-
-A :class:`Location` pickles (Spark closures, Horovod ranks) and is rebuilt nowhere else.
-
-Object stores have no rename and no folders: a single object written in one call appears whole or
-not at all (S3, GCS, Azure: a PUT is atomic), which is what :meth:`Location.write_bytes` relies on
-there; on local disks it writes a temporary file and renames it (:mod:`pipelines.io.atomic`). A folder
-on an object store is a key prefix: it "exists" when an object lies under it.
+pyarrow serves ``file``, ``s3``, ``gs`` and ``hdfs``, fsspec any other scheme. An object store's PUT is atomic and
+its folders are key prefixes; a local write is a temporary file renamed (`pipelines.io.atomic`).
 """
 from __future__ import annotations
 
@@ -31,21 +17,17 @@ import pyarrow.fs as pafs
 from pipelines.io.atomic import replacing_file
 from pipelines.runtime.errors import Refused
 
-# pyarrow 14's threaded copy_files hangs for good copying a folder of some twenty files to S3 (5 went
-# through, 20 never did, against moto_server): one file after another is slower but finishes.
+# pyarrow's threaded copy_files can hang copying a folder to S3: one file after another finishes.
 COPY_THREADS = False
 
-# Schemes served by pyarrow's own filesystems; the rest go through fsspec.
 PYARROW_SCHEMES = ("file", "s3", "gs", "hdfs", "viewfs")  # gcs:// is read as gs:// (split_uri)
 
 
 class StorageError(Refused):
-    """A path or URI that cannot be used: unknown scheme, missing bucket, refused credentials, a
-    backend that is not installed, a malformed ``--storage-option``. The message says which and why."""
+    """A path or URI that cannot be used (scheme, bucket, credentials, backend, option); the message says why."""
 
 
 def _typed(value: str) -> Any:
-    """Option values arrive as strings; backends want booleans and numbers for some keys."""
     lowered = value.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
@@ -56,26 +38,18 @@ def _typed(value: str) -> Any:
 
 
 def scheme_of(uri: str) -> str:
-    """``"s3"`` for ``s3://b/k``; ``"file"`` for a local path or a ``file://`` URL. A Windows-style
-    drive letter never occurs here (POSIX only), so ``x:`` with one letter is not special-cased."""
+    """``"s3"`` for ``s3://b/k``; ``"file"`` for a local path or a ``file://`` URL."""
     parsed = urlparse(uri)
     return parsed.scheme.lower() if parsed.scheme and "://" in uri else "file"
 
 
 def is_local(uri: str) -> bool:
-    """True for a local path or a ``file://`` URL (what Spark tasks on other hosts cannot reach,
-    unless the folder is a shared mount)."""
     return scheme_of(uri) == "file"
 
 
 @dataclass(frozen=True)
 class Location:
-    """A file or folder on some filesystem: ``filesystem`` (``pyarrow.fs.FileSystem``) and ``path``
-    on it (absolute for local disks, ``bucket/key`` for object stores, no trailing ``/``).
-
-    ``scheme`` and ``options`` say how it was resolved, so :meth:`join` and :attr:`uri` need no
-    second resolution. Equality and hashing use the URI.
-    """
+    """A file or folder: ``filesystem``, ``path`` on it (absolute, or ``bucket/key``), how it was resolved."""
 
     filesystem: pafs.FileSystem = field(compare=False, repr=False)
     path: str
@@ -88,7 +62,7 @@ class Location:
 
     @property
     def uri(self) -> str:
-        """The path for local files (what users typed, made absolute), ``scheme://path`` otherwise."""
+        """The absolute path for local files, ``scheme://path`` otherwise."""
         return self.path if self.local else f"{self.scheme}://{self.path}"
 
     def __str__(self) -> str:
@@ -107,7 +81,7 @@ class Location:
         return Location(self.filesystem, posixpath.dirname(self.path), self.scheme, self.options)
 
     def relative_to(self, other: "Location") -> str:
-        """This path relative to ``other`` (``a/b.parquet``). Raises ValueError when not below it."""
+        """This path relative to ``other`` (``a/b.parquet``); ValueError when not below it."""
         prefix = other.path.rstrip("/") + "/"
         if not self.path.startswith(prefix):
             raise ValueError(f"{self.uri} is not below {other.uri}")
@@ -126,32 +100,28 @@ class Location:
         return self.info().type == pafs.FileType.Directory
 
     def list(self, recursive: bool = True) -> List[pafs.FileInfo]:
-        """Every file and folder below this folder (``FileInfo`` with ``path``, ``type``,
-        ``size``), sorted by path; ``[]`` when the folder does not exist."""
+        """Every file and folder below this folder, sorted by path; ``[]`` when it does not exist."""
         selector = pafs.FileSelector(self.path, recursive=recursive, allow_not_found=True)
         return sorted(self.filesystem.get_file_info(selector), key=lambda i: i.path)
 
     def files(self, suffix: str = "") -> List["Location"]:
-        """The files directly in this folder whose names end with ``suffix`` and do not start with
-        ``_`` or ``.`` (Spark's and Hadoop's hidden files), sorted by name."""
+        """The files directly in this folder ending with ``suffix``, not hidden (``_``, ``.``), sorted."""
         return [self.join(posixpath.basename(i.path)) for i in self.list(recursive=False)
                 if i.type == pafs.FileType.File and i.base_name.endswith(suffix)
                 and not i.base_name.startswith(("_", "."))]
 
     def read_bytes(self) -> bytes:
-        """The whole file. Raises FileNotFoundError when it does not exist."""
+        """The whole file; FileNotFoundError when it does not exist."""
         if not self.is_file():
             raise FileNotFoundError(f"no such file: {self.uri}")
         with self.filesystem.open_input_stream(self.path) as f:
             return f.read()
 
     def read_json(self) -> Any:
-        """The file parsed as UTF-8 JSON. Raises FileNotFoundError, json.JSONDecodeError."""
         return json.loads(self.read_bytes().decode("utf-8"))
 
     def write_bytes(self, data: bytes) -> None:
-        """Write the file whole or not at all: a temporary file renamed on local disks, one PUT on
-        object stores (atomic there); parent folders are created as needed."""
+        """Write the file whole or not at all (a rename on local disks, one PUT on object stores)."""
         if self.local:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             with replacing_file(self.path) as f:
@@ -161,16 +131,16 @@ class Location:
             f.write(data)
 
     def write_json(self, value: Any, indent: int = 2) -> None:
-        """Write ``value`` as UTF-8 JSON (non-ASCII kept as is), whole or not at all."""
+        """Write ``value`` as UTF-8 JSON (non-ASCII kept), whole or not at all."""
         self.write_bytes(json.dumps(value, indent=indent, ensure_ascii=False).encode("utf-8"))
 
     def makedirs(self) -> None:
-        """Create the folder (a no-op on object stores, where folders are key prefixes)."""
+        """Create the folder (nothing on object stores, where folders are key prefixes)."""
         if self.local:
             os.makedirs(self.path, exist_ok=True)
 
     def delete(self) -> None:
-        """Remove this file, or this folder and everything below it; nothing when it is missing."""
+        """Remove this file, or this folder and everything below it; nothing when missing."""
         kind = self.info().type
         if kind == pafs.FileType.Directory:
             self.filesystem.delete_dir(self.path)
@@ -178,7 +148,7 @@ class Location:
             self.filesystem.delete_file(self.path)
 
     def upload(self, local_path: str) -> None:
-        """Copy the local file or folder ``local_path`` to this location (a folder recursively)."""
+        """Copy the local file or folder ``local_path`` here."""
         if self.local and os.path.abspath(local_path) == self.path:
             return
         if os.path.isdir(local_path):
@@ -200,15 +170,9 @@ class Location:
 
 
 def split_uri(uri: str) -> Tuple[str, str]:
-    """The one parse of a path or URI: ``(scheme, path)``, whatever ``--storage-option`` says.
+    """The one parse of a path or URI: ``(scheme, path)``, a local path made absolute.
 
-    A local path (or ``file://`` URL) gives ``("file", absolute path)`` (``~`` expanded); any other
-    URI gives its scheme (lower case, ``gcs`` as ``gs``) and everything after ``scheme://`` taken
-    literally, trailing ``/`` dropped: ``s3://bkt/my photos/a%20b#c?d`` is bucket ``bkt``, key
-    ``my photos/a%20b#c?d``. Object keys are bytes, not URL parts: nothing is percent-decoded and
-    nothing is refused as "not a URL", as the AWS CLI and s3fs read them (pyarrow's own
-    ``FileSystem.from_uri`` reads them as RFC 3986 URIs: it refuses a space and decodes ``%20``, so
-    one string named two keys depending on whether options were given).
+    Keys are taken literally, as the AWS CLI and s3fs read them: ``s3://b/a%20b#c`` is key ``a%20b#c``.
     """
     scheme = scheme_of(uri)
     if scheme == "file":
@@ -219,10 +183,10 @@ def split_uri(uri: str) -> Tuple[str, str]:
 
 
 def root_refusal(uri: str) -> Optional[str]:
-    """Why ``uri`` may not be a job's output folder, or ``None``: a bucket's (or container's, or
-    a file system's) root, the local root ``/``, a mount point, a home folder (this user's or any
-    account's) or a folder above one. A job's output holds its own files beside whatever else lies there, and replacing or
-    cleaning it must never reach another job's or user's files: an output is a folder of its own.
+    """Why ``uri`` may not be a job's output folder, or ``None``.
+
+    A job replaces and cleans its output, so it must be a folder of its own: never a bucket's or file system's root,
+    ``/``, a mount point, a home folder or a folder above one.
     """
     scheme, path = split_uri(uri)
     if scheme == "file":
@@ -240,7 +204,6 @@ def root_refusal(uri: str) -> Optional[str]:
 
 
 def _home_folders() -> set:
-    """This user's home folder and every account's (``/etc/passwd``), as absolute paths."""
     import pwd
 
     homes = {os.path.abspath(os.path.expanduser("~"))}
@@ -249,11 +212,7 @@ def _home_folders() -> set:
 
 
 def check_not_root(uri: str, what: str) -> None:
-    """Refuse a root as an output (:func:`root_refusal`), before any work starts.
-
-    Raises:
-        StorageError: the message names the option, the URI and which root it is.
-    """
+    """Refuse a root as an output (`root_refusal`) with a `StorageError` naming ``what`` and the root."""
     why = root_refusal(uri)
     if why:
         raise StorageError(f"{what} {uri} is {why}: give a folder of its own below it "
@@ -261,11 +220,9 @@ def check_not_root(uri: str, what: str) -> None:
 
 
 def _pyarrow_filesystem(scheme: str, path: str, options: Mapping[str, str]) -> pafs.FileSystem:
-    """pyarrow's filesystem for ``scheme``; ``path`` is :func:`split_uri`'s (bucket or host first)."""
     head = path.split("/", 1)[0]
     if not options:
-        # Only the bucket (or host) goes through pyarrow's URI parser: its names are URL-safe, and
-        # the key is never parsed there (see split_uri).
+        # only the bucket (or host) goes through pyarrow's URI parser: the key is never parsed there
         return pafs.FileSystem.from_uri(f"{scheme}://{head}")[0]
     typed = {key: _typed(value) for key, value in options.items()}
     if scheme == "s3":
@@ -294,20 +251,10 @@ def _fsspec_filesystem(scheme: str, uri: str, options: Mapping[str, str]) -> Tup
 
 
 def resolve(uri: str, options: Optional[Mapping[str, str]] = None) -> Location:
-    """The :class:`Location` of a local path or a URI, parsed once by :func:`split_uri` (the same
-    path with or without ``options``).
-
-    Args:
-        uri: ``/abs/path``, ``relative/path`` (made absolute, ``~`` expanded), ``file:///abs``,
-            ``s3://bucket/key``, ``gs://bucket/key``, ``hdfs://host:port/path``, or any fsspec
-            scheme whose package is installed. Keys are taken literally (spaces, ``%``, ``#``,
-            ``?`` are part of the key).
-        options: backend constructor arguments (``--storage-option``); values ``true``/``false``
-            and numbers are converted; refused for a local path.
+    """The `Location` of a local path or a URI; ``options``: the backend's constructor arguments (URIs only).
 
     Raises:
-        StorageError: an unknown scheme, a backend that is not installed, options for a local
-            path, or a backend that refuses its arguments.
+        StorageError: an unknown scheme, a backend not installed, options for a local path, or refused arguments.
     """
     options = dict(options or {})
     scheme, path = split_uri(uri)
@@ -330,16 +277,7 @@ def resolve(uri: str, options: Optional[Mapping[str, str]] = None) -> Location:
 
 
 def check_reachable(location: Location, what: str) -> None:
-    """Refuse, before any work starts, a location whose store cannot be used: its bucket (or
-    container, or root) does not exist, or the credentials are refused.
-
-    Args:
-        location: where a stage will read or write.
-        what: how the message names it, e.g. ``"--output"``.
-
-    Raises:
-        StorageError: the message names the bucket and the store's own reason.
-    """
+    """Refuse (`StorageError`, naming ``what``) a location whose bucket is missing or credentials refused."""
     if location.local:
         return
     bucket = location.path.split("/", 1)[0]
