@@ -131,7 +131,7 @@ def ceiling(data, config, batches, float32: bool = False) -> float:
 
     from pipelines.training.data import batched
 
-    table = pa.concat_tables([pq.read_table(part.path, columns=["image", "label"]) for part in data.parts("train")])
+    table = pa.concat_tables([pq.read_table(part.location.path, columns=["image", "label"]) for part in data.parts("train")])
     images = np.frombuffer(b"".join(table.column("image").to_pylist()), np.uint8).reshape(
         -1, data.stored_size, data.stored_size, 3)
     labels = np.asarray(table.column("label").to_pylist(), np.int32)

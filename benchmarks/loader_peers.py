@@ -136,7 +136,7 @@ def ray_dataset(data, config, cached: bool, rank: int = 0, world_size: int = 1):
         images = np.frombuffer(b"".join(batch["image"]), np.uint8).reshape(-1, s, s, 3)
         return {"image": images, "label": batch["label"].astype(np.int32)}
 
-    ds = ray.data.read_parquet([part.path for part in data.parts("train")], columns=["image", "label"])
+    ds = ray.data.read_parquet([part.location.path for part in data.parts("train")], columns=["image", "label"])
     ds = ds.map_batches(decode, batch_format="numpy")
     if cached:
         ds = ds.materialize()

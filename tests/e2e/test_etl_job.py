@@ -29,7 +29,7 @@ SIZE = 32
 
 def split_files(out, split):
     """The Parquet files of ``split`` that the output's manifest names (local paths)."""
-    return [part.path for part in Manifest.read(out).part_locations(out, split)]
+    return [part.location.path for part in Manifest.read(out).part_locations(out, split)]
 
 
 def read_rows(out, split, columns=None):
@@ -754,7 +754,7 @@ def test_only_the_files_of_successful_task_attempts_are_kept(tree, tmp_path):
         failed = f.read().split()
     assert failed, "no attempt failed: the hook did not run"
     manifest = Manifest.read(out)
-    named = {p.path for split in SPLITS for p in manifest.part_locations(out, split)}
+    named = {p.location.path for split in SPLITS for p in manifest.part_locations(out, split)}
     on_disk = {os.path.join(folder, name) for folder, _, names in os.walk(os.path.join(out, "runs"))
                for name in names if name.endswith(".parquet")}
     assert on_disk == named and not set(failed) & on_disk

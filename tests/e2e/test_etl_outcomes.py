@@ -84,7 +84,7 @@ def test_outcomes_of_many_files_exceed_max_result_size_and_the_run_still_reconci
             {f"bad-{i}.png" for i in range(UNDECODABLE)} | ({f"copy-{i}.png" for i in range(COPIES)}
                                                            if dedupe == "True" else set()))
         # the run folder holds what the manifest names and nothing else: no task's outcome file
-        named = {p.path for s in SPLITS for p in Manifest.read(output).part_locations(output, s)}
+        named = {p.location.path for s in SPLITS for p in Manifest.read(output).part_locations(output, s)}
         run = os.path.join(output, "runs", manifest["run_id"])
         on_disk = {os.path.join(d, n) for d, _, names in os.walk(run) for n in names}
         assert on_disk == named | {os.path.join(output, files["list"])}

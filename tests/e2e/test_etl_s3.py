@@ -58,7 +58,7 @@ def read_split(out: str, split: str):
     """The rows of ``split`` from the files the manifest at ``out`` names, read with pyarrow's S3."""
     root = storage.resolve(out)
     parts = Manifest.read(root).part_locations(root, split)
-    return pq.read_table([p.path for p in parts], filesystem=root.filesystem).to_pylist() if parts else []
+    return pq.read_table([p.location.path for p in parts], filesystem=root.filesystem).to_pylist() if parts else []
 
 
 def check_output(out: str, tree_root: str, input_uri: str, expected: dict, manifest: dict) -> None:

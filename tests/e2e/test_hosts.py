@@ -81,7 +81,9 @@ def test_four_ranks_on_four_hosts_bound_to_their_own_addresses(driver_run, hosts
         assert rank["tmpdir"] == os.path.join(host.folder, "tmp")
         assert rank["total"] == [x * (1 + 2 + 3 + 4) for x in VECTOR]  # [10, 20, 30]
         assert rank["plan"]["HOROVOD_GLOO_IFACE"] == "eth0"  # eth1 is listed first, and unroutable
-        assert rank["plan"]["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == rendezvous
+        # ADDR:PORT/TOKEN, the job's token in the path (pipelines.launch.rendezvous.gloo_address)
+        address, port, token = re.fullmatch(r"([^:]+):(\d+)/(.+)", rank["plan"]["HOROVOD_GLOO_RENDEZVOUS_ADDR"]).groups()
+        assert address == rendezvous and port == str(rank["plan"]["HOROVOD_GLOO_RENDEZVOUS_PORT"]) and len(token) >= 32
         assert rank["plan"]["HOROVOD_HOSTNAME"] == host.address
         assert all(v != test_hosts.driver for v in rank["plan"].values())
         # Gloo's ring: connections from this host's address to the other ranks' hosts only

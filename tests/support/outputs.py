@@ -9,7 +9,7 @@ def etl_parts(output: str, split: str) -> list:
     ``split`` (the only files of it a reader may read)."""
     from pipelines.manifest import Manifest
 
-    return [part.path for part in Manifest.read(output).part_locations(output, split)]
+    return [part.location.path for part in Manifest.read(output).part_locations(output, split)]
 
 
 def read_metrics(output: str) -> dict:
@@ -30,7 +30,7 @@ def parquet_test_rows(data) -> int:
     root = data if isinstance(data, Location) else resolve(data)
     rows = 0
     for part in Manifest.read(root).part_locations(root, "test"):
-        with root.filesystem.open_input_file(part.path) as f:
+        with part.open() as f:
             rows += pq.ParquetFile(f).metadata.num_rows
     return rows
 

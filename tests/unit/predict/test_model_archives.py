@@ -218,10 +218,15 @@ def test_a_registered_model_with_npz_weights_is_refused(exported, tmp_path, monk
     monkeypatch.chdir(tmp_path)  # a SQLite store's artifacts go to ./mlruns
     marker = str(tmp_path / "ran")
     folder = hostile_mlflow_model(tmp_path / "model", exported, _npz_weights, marker)
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    with mlflow.start_run() as run:
-        mlflow.log_artifacts(folder, "model")
-    mlflow.register_model(f"runs:/{run.info.run_id}/model", "planted")
-    with pytest.raises(UnsafeModel, match=r"model.weights.npz, which it may not hold"):
-        resolve_model("models:/planted/1", download_dir=str(tmp_path / "download"))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # mlflow.set_tracking_uri exports it: put back after the test
+    mlflow.set_tracking_uri(uri)
+    try:
+        with mlflow.start_run() as run:
+            mlflow.log_artifacts(folder, "model")
+        mlflow.register_model(f"runs:/{run.info.run_id}/model", "planted")
+        with pytest.raises(UnsafeModel, match=r"model.weights.npz, which it may not hold"):
+            resolve_model("models:/planted/1", download_dir=str(tmp_path / "download"))
+    finally:
+        mlflow.set_tracking_uri(None)  # this process's URI unset, as the session set it up
     assert not os.path.exists(marker)
