@@ -242,11 +242,11 @@ def test_hostile_names_are_accounted_for(spark, tmp_path):
     make_tree(root, classes=2, per_class=5, bad=False)
     write(os.path.join(root, "001.class0", "photo:v2.jpg"), encode(Image.new("RGB", (30, 20), (9, 9, 9))))
     write(os.path.join(root, "001.class0", "notes:v2.txt"), b"not input")
-    write(os.path.join(root, "001.class0", "disguised.jpg"), encode(Image.new("RGB", (8, 8)), "GIF"))
-    write(os.path.join(root, "001.class0", "replacement\ufffd.jpg"), encode(Image.new("RGB", (8, 8))))
-    for byte in (b"\xe9", b"\xe8"):
+    write(os.path.join(root, "001.class0", "disguised.jpg"), encode(Image.new("RGB", (8, 8), (0, 0, 255)), "GIF"))
+    write(os.path.join(root, "001.class0", "replacement\ufffd.jpg"), encode(Image.new("RGB", (8, 8), (0, 255, 0))))
+    for shade, byte in ((64, b"\xe9"), (128, b"\xe8")):
         with open(os.fsencode(os.path.join(root, "001.class0")) + b"/caf" + byte + b".jpg", "wb") as f:
-            f.write(encode(Image.new("RGB", (8, 8))))
+            f.write(encode(Image.new("RGB", (8, 8), (shade, shade, shade))))
     os.symlink(os.path.join(root, "nowhere.jpg"), os.path.join(root, "001.class0", "gone.jpg"))
     write(os.path.join(root, "001.class0", "huge.jpg"), os.urandom(1024 * 1024 + 1))  # 1 MiB + 1 byte
     out = str(tmp_path / "out")
@@ -343,13 +343,17 @@ def test_formats_are_read_by_content_whatever_the_extension(spark, tmp_path):
     from tests.support.imagegen import EPS, PDF, animated, encode, write
     root = str(tmp_path / "tree")
     make_tree(root, classes=2, per_class=2, bad=False)
-    colour = (200, 30, 20)
-    red = Image.new("RGB", (20, 10), colour)
+    # one colour per file: equal pixels in two containers are copies, and all but one would be rejected
+    colours = {"gif-named.jpg": (200, 30, 20), "webp-named.png": (30, 200, 20), "plain.BMP": (20, 30, 200),
+               "scan.tif": (200, 200, 20), "moving.gif": (200, 20, 200), "tiff-named.jpeg": (20, 200, 200)}
+    fill = {name: Image.new("RGB", (20, 10), colour) for name, colour in colours.items()}
     folder = os.path.join(root, "002.class1")
-    good = {"gif-named.jpg": encode(red, "GIF"), "webp-named.png": encode(red, "WEBP", lossless=True),
-            "plain.BMP": encode(red, "BMP"), "scan.tif": encode(red, "TIFF", compression="tiff_lzw"),
-            "moving.gif": animated("GIF", colours=(colour, (0, 0, 255)), size=(20, 10)),
-            "tiff-named.jpeg": encode(red, "TIFF")}
+    good = {"gif-named.jpg": encode(fill["gif-named.jpg"], "GIF"),
+            "webp-named.png": encode(fill["webp-named.png"], "WEBP", lossless=True),
+            "plain.BMP": encode(fill["plain.BMP"], "BMP"),
+            "scan.tif": encode(fill["scan.tif"], "TIFF", compression="tiff_lzw"),
+            "moving.gif": animated("GIF", colours=(colours["moving.gif"], (0, 0, 255)), size=(20, 10)),
+            "tiff-named.jpeg": encode(fill["tiff-named.jpeg"], "TIFF")}
     for name, data in good.items():
         write(os.path.join(folder, name), data)
     write(os.path.join(folder, "drawing-named.jpg"), EPS)
@@ -362,7 +366,7 @@ def test_formats_are_read_by_content_whatever_the_extension(spark, tmp_path):
     for name in good:
         image = np.frombuffer(rows[name]["image"], np.uint8).reshape(16, 16, 3)
         assert rows[name]["label"] == 1 and (rows[name]["height"], rows[name]["width"]) == (10, 20), name
-        assert np.abs(image[8, 8].astype(int) - colour).max() <= 12, name
+        assert np.abs(image[8, 8].astype(int) - colours[name]).max() <= 12, name
         assert (image[0] == 255).all(), name  # white band above the 16x8 image
     ledger = read_ledger(out)
     assert ledger["drawing-named.jpg"]["reason"].startswith("not a supported raster image (EPS")
