@@ -137,7 +137,7 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
 
 def exact_positions(reader) -> bool:
     """Whether ``reader`` (:func:`open_reader`) can open the train stream at any row exactly: ours
-    (it restarts at any visit), not Petastorm's (its thread pool reorders row groups)."""
+    (it restarts at any visit), not Petastorm's (seeded, but it cannot start at a row)."""
     return isinstance(reader, arrow_reader.ArrowShardReader)
 
 
