@@ -31,8 +31,7 @@ class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
     """``EarlyStopping`` that restores the best weights however training ends, and can resume.
 
     Keras restores them only when it stops the run itself, not when the epochs run out. ``state`` (from a
-    checkpoint marker) continues a previous run's patience count and best value.
-    """
+    checkpoint marker) continues a previous run's patience count and best value."""
 
     def __init__(self, state: Optional[Dict] = None, best_weights: Optional[List] = None, **kwargs):
         super().__init__(restore_best_weights=True, **kwargs)
@@ -44,8 +43,7 @@ class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
     @classmethod
     def of_rule(cls, rule, steps_per_epoch: int, **kwargs) -> "BestWeightsEarlyStopping":
         """Early stopping by ``rule`` (a ``StoppingRule``) for ``steps_per_epoch`` optimizer steps an
-        epoch; ``kwargs``: ``state``, ``best_weights``.
-        """
+        epoch; ``kwargs``: ``state``, ``best_weights``."""
         return cls(monitor=rule.monitor, mode=rule.mode, patience=rule.patience(steps_per_epoch),
                    min_delta=rule.min_delta, verbose=0, **kwargs)
 
@@ -61,8 +59,7 @@ class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
         """JSON-ready state: ``best``, ``wait``, ``best_epoch`` (1-based), ``stopped``, ``monitor``.
 
         ``monitor``: ``--resume`` continues only a run that watched the same metric. ``epochs_done`` 0 (a step
-        checkpoint in epoch 1): no best yet, best epoch 0, best ``None``.
-        """
+        checkpoint in epoch 1): no best yet, best epoch 0, best ``None``."""
         if epochs_done == 0:
             return {"best": None, "wait": 0, "best_epoch": 0, "stopped": False, "monitor": self.monitor}
         return {"best": float(self.best), "wait": int(self.wait), "best_epoch": int(self.best_epoch) + 1,
@@ -77,10 +74,8 @@ class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
 class EpochStats(keras.callbacks.Callback):
     """Adds ``lr``, ``epoch_seconds``, ``train_images_per_second``, ``step_ms`` and ``loss_scale`` to epoch logs.
 
-    Images per second: global batch times steps over training time (validation excluded). ``step_ms``: median
-    step-start-to-step-start wall time, the scaling model's figure. ``loss_scale``: mixed precision only. An
-    epoch an earlier process trained keeps its logs' figures.
-    """
+    Training time excludes validation; ``step_ms`` is the median step-start-to-step-start time (the scaling
+    model's figure); ``loss_scale`` only under mixed precision."""
 
     def __init__(self, steps_per_epoch: int, global_batch: int):
         super().__init__()
@@ -137,14 +132,11 @@ def loss_scale(optimizer) -> Optional[float]:
 class DivergenceGuard(keras.callbacks.Callback):
     """Every rank: stops all ranks at the same step when any rank's loss, logs or weights turn non-finite.
 
-    After each step (and each validation batch) every rank allreduces ``(diverged, preempted)`` flags
-    (``count``), so all see the same total and raise the same ``TrainingDiverged`` (``gather``: what each
-    found); ``TerminateOnNaN`` would stop one rank and hang the others. Place it before early stopping and
-    the checkpoint writer so a diverged epoch is never best nor written. A SIGTERM on any rank (``notice``)
-    stops every rank after the same step or validation batch: ``on_preempted`` (rank 0's checkpoint) runs,
-    all wait for it (``agree``) and raise ``Preempted``; a rank whose validation shard is done keeps checking
-    until none validates. A notice after validation's last check stops at the epoch's end (``deferred``).
-    """
+    Each step (and validation batch) every rank allreduces ``(diverged, preempted)`` flags (``count``), so
+    all raise the same ``TrainingDiverged`` together; ``TerminateOnNaN`` would stop one rank and hang the
+    rest. Place it before early stopping and checkpoints. A SIGTERM (``notice``) stops every rank after the
+    same step or validation batch, after ``on_preempted`` (rank 0's checkpoint) and ``agree``; after
+    validation's last check it waits for the epoch's end (``deferred``)."""
 
     def __init__(self, steps_per_epoch: int, count=None, gather=None, notice=None, on_preempted=None, agree=None):
         super().__init__()
@@ -230,8 +222,7 @@ class DivergenceGuard(keras.callbacks.Callback):
 class PreemptAtEpochEnd(keras.callbacks.Callback):
     """Every rank, after every other epoch-end callback: raises ``Preempted`` when ``guard`` deferred a notice.
 
-    Every rank first waits for rank 0 (``guard.agree``), whose checkpoint is then complete.
-    """
+    Every rank first waits for rank 0 (``guard.agree``), whose checkpoint is then complete."""
 
     def __init__(self, guard: DivergenceGuard):
         super().__init__()
@@ -247,8 +238,7 @@ class HostsUpdateCheck(keras.callbacks.Callback):
     """Elastic mode, every rank at an epoch's end after its checkpoint: Horovod's ``check_host_updates()``.
 
     It raises ``HostsUpdatedInterrupt`` on every rank alike when discovery added slots or took a live worker's
-    away; the run continues from that checkpoint on the new world. Not after the last epoch nor an early stop.
-    """
+    away; the run continues from that checkpoint on the new world. Not after the last epoch nor an early stop."""
 
     def __init__(self, state):
         super().__init__()
@@ -286,8 +276,7 @@ def gather_ranks(value) -> list:
 class TrackEpochs(keras.callbacks.Callback):
     """Rank 0: each epoch's logs to MLflow at ``step`` = the 1-based epoch.
 
-    The ``Tracker`` never raises here: a tracking failure must not stop training.
-    """
+    The ``Tracker`` never raises here: a tracking failure must not stop training."""
 
     def __init__(self, tracker):
         super().__init__()
@@ -301,8 +290,7 @@ class ProgressMark(keras.callbacks.Callback):
     """Rank 0, after each step: the run's newest step in its output folder (``progress.write_mark``).
 
     A run continued from a checkpoint reads it to know the steps it trains again; a URI ``--output``
-    (``outputs``) receives it at most every ``every_s`` seconds.
-    """
+    (``outputs``) receives it at most every ``every_s`` seconds."""
 
     def __init__(self, folder: str, run_id: str, outputs=None, every_s: float = progress.UPLOAD_EVERY_S,
                  clock=time.monotonic):
@@ -338,8 +326,7 @@ class WatchdogTicks(keras.callbacks.Callback):
 
     ``around`` gives a pair to put first and last among the callbacks: the first ticks that the epoch-end
     work (validation and checkpoint collectives) begins, the last that it ended. The last one also starts
-    the watchdog at train begin and stops it at train end.
-    """
+    the watchdog at train begin and stops it at train end."""
 
     def __init__(self, watchdog, ends: bool):
         super().__init__()
@@ -382,8 +369,7 @@ def stop_watchdogs(callbacks) -> None:
     """Stop the watchdog of any ``WatchdogTicks`` in ``callbacks``.
 
     A ``fit`` that raises calls no ``on_train_end``, and a running watchdog would end the process as stalled
-    (elastic mode trains on after a reset).
-    """
+    (elastic mode trains on after a reset)."""
     for callback in callbacks:
         if isinstance(callback, WatchdogTicks) and callback.ends:
             callback.watchdog.stop()

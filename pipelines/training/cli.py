@@ -2,8 +2,7 @@
 
 Every rank runs it under ``horovodrun -np N python jobs/train.py ...``; or one driver runs it with
 ``--spark-np N`` (Spark barrier tasks; ``-N``: local processes) and launches the ranks itself with
-``HorovodRunner``. Both train with the same ``TrainConfig``; the ``LaunchConfig`` beside it reaches no rank.
-"""
+``HorovodRunner``. Both train with the same ``TrainConfig``; the ``LaunchConfig`` beside it reaches no rank."""
 from __future__ import annotations
 
 import contextlib
@@ -43,14 +42,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse the options into a ``TrainConfig`` and a ``LaunchConfig``, and train.
 
     Returns:
-        int: 0 on success. 2 with a one-line error for a refusal before any rank starts (data that cannot
-        feed the run, an unusable store, an impossible launch, ``--weights imagenet`` unavailable) or a
-        rank's refused input. 1 with the failing rank, its cause and redacted traceback when a rank fails
-        and is not relaunched (``--max-failures``); 1 with one line when MLflow could not log the results
-        (the outputs are complete); 1 with the redacted traceback for anything else (under ``horovodrun``
-        on every rank that raised it; a refusal is said by rank 0 alone). 76 (``PREEMPTED_EXIT``) when a
-        SIGTERM to any rank stopped every rank after rank 0's checkpoint, with a line saying how to resume
-        (under ``horovodrun`` each rank's status; ``horovodrun`` itself exits 1).
+        int: 0 on success. 2 with one line for a refusal (before any rank starts, or a rank's refused input).
+        1 when a rank fails and is not relaunched (its rank, cause and redacted traceback), when MLflow
+        could not log the results (outputs complete), or with the redacted traceback of any other error.
+        76 (``PREEMPTED_EXIT``) when a SIGTERM stopped every rank after rank 0's checkpoint, with how to
+        resume (under ``horovodrun`` each rank's status; ``horovodrun`` itself exits 1).
     """
     for name, value in DEVICE_ORDER.items():  # before TensorFlow loads: GPUs numbered as nvidia-smi does
         os.environ.setdefault(name, value)
@@ -132,12 +128,8 @@ def result_line(report: dict, output: str) -> str:
 def launch_ranks(config: TrainConfig, launch: LaunchConfig) -> dict:
     """``--spark-np N``: check before any rank starts, then run the ranks with ``HorovodRunner``.
 
-    Each rank's output is kept under ``OUTPUT/logs``. Returns rank 0's report.
-
-    Raises:
-        pipelines.runtime.errors.Refused: a refusal (exit 2).
-        HorovodJobFailed, RelaunchImpossible: a rank failed and was not relaunched (exit 1).
-    """
+    Returns rank 0's report; raises ``Refused`` (exit 2), or ``HorovodJobFailed``/``RelaunchImpossible``
+    when a rank failed and was not relaunched (exit 1)."""
     setup_logging("train driver")
     if launch.np < 0 and config.compute.bind_cores:  # local ranks: the cores are this machine's, check now
         rank_cores(0, launch.world_size, threads_per_rank(config.compute.threads, launch.world_size),
@@ -153,15 +145,10 @@ def launch_ranks(config: TrainConfig, launch: LaunchConfig) -> dict:
 
 
 def refuse_early(config: TrainConfig, rank: Optional[int], world_size: int) -> None:
-    """Rank 0's refusals and its fetch of ``--weights imagenet``, before TensorFlow loads.
+    """Rank 0's refusals and ``--weights imagenet`` fetch before TensorFlow loads (a second, not ten).
 
-    A refused run then ends in about a second instead of ten. Only rank 0: a rank that refused at once made
-    ``horovodrun`` kill rank 0 before it said why. The other ranks wait in ``hvd.init`` and find the weights
-    cached. ``rank``, ``world_size``: ``horovodrun_place``'s.
-
-    Raises:
-        as ``check_before_ranks`` and ``fetch_weights``.
-    """
+    Only rank 0: a rank refusing at once made ``horovodrun`` kill rank 0 before it said why; the others
+    wait in ``hvd.init``. Raises as ``check_before_ranks`` and ``fetch_weights``."""
     setup_logging("train", rank=rank)  # setup_rank sets it again, from Horovod
     check_before_ranks(config, world_size)
     fetch_weights(config)
@@ -170,11 +157,9 @@ def refuse_early(config: TrainConfig, rank: Optional[int], world_size: int) -> N
 def check_before_ranks(config: TrainConfig, world_size: int):
     """The refusals made before any rank trains, without TensorFlow; returns the run's ``RunIdentity``.
 
-    Refused: data that cannot feed ``world_size`` ranks, an unusable ``--output`` or one holding another run,
-    a ``--resume`` at another world size, batch or data.
-
     Raises:
-        pipelines.runtime.errors.Refused: any of these (``DataError``, ``StorageError``, ``RunRefused`` ...).
+        pipelines.runtime.errors.Refused: data that cannot feed ``world_size`` ranks, an unusable or foreign
+            ``--output``, a ``--resume`` at another world size, batch or data.
     """
     check_run(config.loader.data, config.fit.batch_size, world_size, config.storage_options)
     check_output(config.outputs.output, config.storage_options)
@@ -193,8 +178,7 @@ def fetch_weights(config: TrainConfig) -> None:
 @contextlib.contextmanager
 def rank_log_dir(config: TrainConfig) -> Iterator[str]:
     """The local folder for each rank's output: ``OUTPUT/logs``, or for a URI output a temporary one
-    uploaded there when the run ends (a failed run's too) and then removed.
-    """
+    uploaded there when the run ends (a failed run's too) and then removed."""
     if is_local(config.outputs.output):
         yield os.path.join(config.outputs.output, RANK_LOGS)
         return

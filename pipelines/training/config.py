@@ -3,8 +3,7 @@
 Groups: ``loader``, ``model``, ``fit``, ``compute``, ``outputs``, each a dataclass that checks its own
 fields, plus every stage's ``verbose`` and ``storage_options``. Flags and constructor keywords are the
 fields' names, flat (``TrainConfig(data=..., output=..., batch_size=8)``, ``dataclasses.replace(config,
-epochs=3)``, ``to_dict``); code reads ``config.fit.batch_size``.
-"""
+epochs=3)``, ``to_dict``); code reads ``config.fit.batch_size``."""
 from __future__ import annotations
 
 import os
@@ -264,13 +263,11 @@ class OutputOptions:
 class TrainConfig:
     """Horovod + Petastorm + Keras Xception transfer learning on the ETL's Parquet output.
 
-    Built from the flat keywords; a group may be given whole (``fit=FitOptions(...)``), its fields' keywords
-    then replacing its own.
+    Built from flat keywords; a group given whole (``fit=FitOptions(...)``) is overridden by its fields'.
 
     Raises:
-        TypeError: a keyword that names no option, no ``data``/``output``, or a whole group of the wrong class.
-        pipelines.runtime.errors.Refused: a value not of its option's type, or refused by a group's checks
-            (NaN and infinities among them).
+        TypeError: an unknown keyword, no ``data``/``output``, or a whole group of the wrong class.
+        pipelines.runtime.errors.Refused: a value of the wrong type, or one a group's checks refuse.
     """
 
     loader: LoaderOptions = option_group(LoaderOptions.__doc__)
@@ -322,8 +319,7 @@ def check_folder_path(path: str, option: str) -> None:
 def local_or_uri(value: str) -> str:
     """A local path made absolute (``file://`` stripped), a URI as given without trailing ``/``.
 
-    The URI is checked later, where the run is planned, so that only rank 0 reports it.
-    """
+    The URI is checked later, where the run is planned, so that only rank 0 reports it."""
     if is_local(value):
         path = value[len("file://"):] if value.startswith("file://") else value
         return os.path.abspath(os.path.expanduser(path))

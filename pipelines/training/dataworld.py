@@ -1,19 +1,14 @@
 """A run's arithmetic on another world size than it started on: pure.
 
-A run's arithmetic is fixed by its *data world*: ``n0`` ranks of ``b`` rows (recorded in
-``train_run.json`` and every checkpoint marker). On any later physical world size ``n``: the global batch
-is ``G = n0 x b``, the learning rate and warmup use ``n0``, and each *virtual rank* ``v`` keeps its shard
-(``v::n0``), seed (``--seed + v``) and stream position. Step ``k`` trains the virtual ranks' rows
-concatenated; physical rank ``j`` computes rows ``[floor(j G / n), floor((j+1) G / n))``, so every step
-trains the same rows as an uninterrupted run (only sum order and dropout draws differ).
-
-Unequal batches: Keras divides a rank's loss sum by its ``b_j`` and Horovod averages over ranks, so each
-row of rank ``j`` is weighted ``w_j = n b_j / G``, making the average the exact mean over ``G`` rows::
+The *data world* (``n0`` ranks of ``b`` rows, recorded with the run) fixes the arithmetic for good:
+global batch ``G = n0 x b``, learning rate and warmup of ``n0``, and each virtual rank ``v``'s shard,
+seed and stream. Physical rank ``j`` of ``n`` computes rows ``[floor(j G / n), floor((j+1) G / n))`` of
+each step, so every step trains the rows an uninterrupted run does. Each row of rank ``j`` is weighted
+``w_j = n b_j / G`` so that Horovod's mean of per-rank mean losses is the mean over ``G`` rows::
 
     (1/n) sum_j (1/b_j) sum_{i in j} w_j l_i = (1/G) sum_i l_i
 
-When ``G % n == 0`` every ``w_j = 1`` and no weights are used.
-"""
+When ``G % n == 0`` every ``w_j = 1`` and no weights are used."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,8 +29,7 @@ class Piece(NamedTuple):
 @dataclass(frozen=True)
 class RankShare:
     """What physical rank ``rank`` of ``world_size`` computes each step: ``pieces`` in global-batch order,
-    ``rows`` in all (``b_j``), and each row's loss ``weight`` (``None``: unweighted).
-    """
+    ``rows`` in all (``b_j``), and each row's loss ``weight`` (``None``: unweighted)."""
 
     rank: int
     world_size: int
@@ -64,8 +58,7 @@ def rank_rows(global_batch: int, rank: int, world_size: int) -> Tuple[int, int]:
 
 def loss_weight(rows: int, global_batch: int, world_size: int) -> Optional[float]:
     """Each row's loss weight on a rank of ``rows`` rows: ``world_size x rows / global_batch``;
-    ``None`` when ``global_batch`` divides evenly over the ranks.
-    """
+    ``None`` when ``global_batch`` divides evenly over the ranks."""
     if global_batch % world_size == 0:
         return None
     return world_size * rows / global_batch

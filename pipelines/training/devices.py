@@ -1,8 +1,7 @@
 """Which device a training process uses (one GPU per rank, or the CPU) and which cores it runs on.
 
 ``choose_device`` and ``rank_cores`` are pure; ``apply_device`` must run before any tensor is created and
-``bind_to_cores`` before any thread is started.
-"""
+``bind_to_cores`` before any thread is started."""
 from __future__ import annotations
 
 import logging
@@ -20,8 +19,7 @@ log = logging.getLogger("pipelines")
 def local_topology() -> Tuple[int, int]:
     """``(local_rank, local_size)`` from Horovod's launch environment, readable before ``hvd.init()``.
 
-    A lone process is rank 0 of 1; a rank on one of this machine's elastic slot names gets its slot.
-    """
+    A lone process is rank 0 of 1; a rank on one of this machine's elastic slot names gets its slot."""
     return local_slot(os.environ) or (int(os.environ.get("HOROVOD_LOCAL_RANK", "0")),
                                       int(os.environ.get("HOROVOD_LOCAL_SIZE", "1")))
 
@@ -45,15 +43,15 @@ def choose_device(visible_gpus: Sequence[str], local_rank: int, local_size: int,
     """Pick this process's device: one GPU per rank, or the CPU.
 
     Args:
-        visible_gpus: GPU names TensorFlow lists, in PCI bus order (the launchers set ``CUDA_DEVICE_ORDER``).
+        visible_gpus: GPU names TensorFlow lists, in PCI bus order.
         local_rank, local_size: this process's rank among its host's ranks, and their number.
-        assigned: GPU addresses a launcher gave this rank (Spark); the process then sees only those.
+        assigned: GPU addresses a launcher (Spark) gave this rank, then its only visible ones.
 
     Returns:
         DeviceChoice: GPU 0 when ``assigned``; else GPU ``local_rank`` on a host with GPUs; else the CPU.
 
     Raises:
-        ValueError: GPUs were assigned but none is visible; more local ranks than visible GPUs.
+        ValueError: GPUs assigned but none visible; more local ranks than visible GPUs.
     """
     if assigned:
         if not visible_gpus:
@@ -68,11 +66,9 @@ def choose_device(visible_gpus: Sequence[str], local_rank: int, local_size: int,
 
 def apply_device(local_rank: int, local_size: int, assigned: Sequence[str] = (),
                  announce: bool = True) -> DeviceChoice:
-    """Make TensorFlow see only the chosen GPU, with memory growth, or no GPU; before any tensor.
+    """Make TensorFlow see only the chosen GPU (memory growth on) or none, before any tensor.
 
-    Raises:
-        ValueError: as ``choose_device``.
-    """
+    Raises ``ValueError`` as ``choose_device``."""
     import tensorflow as tf  # in the function: `import pipelines` stays free of TensorFlow
 
     gpus = tf.config.list_physical_devices("GPU")
@@ -90,8 +86,7 @@ def apply_device(local_rank: int, local_size: int, assigned: Sequence[str] = (),
 
 def prefetch_device(logical_gpus: Sequence[str]) -> Optional[str]:
     """Where the input pipeline puts its batches: the first of ``logical_gpus`` (the rank's own), else
-    ``None`` (the host: no copy).
-    """
+    ``None`` (the host: no copy)."""
     return logical_gpus[0] if logical_gpus else None
 
 
@@ -99,12 +94,9 @@ MIXED_FLOAT16 = "mixed_float16"
 
 
 def precision_policy(mixed_precision: bool, device_kind: str) -> Tuple[str, Optional[str]]:
-    """Keras' dtype policy for this rank and, when ``--mixed-precision`` is asked but unused, why.
+    """Keras' dtype policy for this rank, and why ``--mixed-precision`` is not used (or ``None``).
 
-    Returns:
-        ``('mixed_float16', None)`` on a GPU; ``('float32', reason)`` on the CPU (float16 is no faster there);
-        ``('float32', None)`` when not asked for.
-    """
+    ``mixed_float16`` on a GPU; ``float32`` on the CPU (float16 is no faster there) or when not asked for."""
     if not mixed_precision:
         return "float32", None
     if device_kind == "gpu":
@@ -131,14 +123,10 @@ def rank_cores(local_rank: int, local_size: int, threads: int, available: Collec
 
 
 def bind_to_cores(threads: int, announce: bool = True) -> List[int]:
-    """Bind this process to its own ``threads`` cores; returns them.
+    """Bind this process to its own ``threads`` cores, before ``hvd.init()`` and any thread; returns them.
 
-    Call before ``hvd.init()`` and TensorFlow's thread pools: only threads started later inherit it.
     Unbound, helper threads roam over other ranks' cores and the synchronous allreduce waits for the slowest.
-
-    Raises:
-        ValueError: as ``rank_cores``.
-    """
+    Raises ``ValueError`` as ``rank_cores``."""
     local_rank, local_size = local_topology()
     cores = rank_cores(local_rank, local_size, threads, os.sched_getaffinity(0))
     os.sched_setaffinity(0, cores)

@@ -1,13 +1,7 @@
 """Rank 0's progress lines within an epoch: steps done, images/s, time left.
 
-``epoch 2/10: 120/400 steps (30 %), 45.2 images/s, 1 min 2 s left in the epoch``
-
-A line comes at the first step end at least ``EVERY_S`` after the previous one, and after the epoch's
-last step. The rate is the mean since the epoch began over the global batch (early lines of a run include
-tracing). The time left adds the previous epoch's validation time; unknown in a run's first epoch. In an
-epoch resumed from a step checkpoint the rate counts only the steps this process ran, and the first line
-says where it resumed.
-"""
+``epoch 2/10: 120/400 steps (30 %), 45.2 images/s, 1 min 2 s left in the epoch``, at most every
+``EVERY_S`` and after the last step. The time left includes the previous epoch's validation time."""
 from __future__ import annotations
 
 import logging
@@ -29,16 +23,11 @@ def epoch_line(epoch: int, epochs: int, done: int, steps: int, global_batch: int
 
     Args:
         epoch, epochs: the epoch (1-based) and the run's last epoch.
-        done, steps: training steps done in this epoch and the epoch's steps (``done <= steps``).
-        global_batch: images a step trains, over all ranks.
-        elapsed_s: seconds since the epoch began.
+        done, steps: steps done in this epoch and its steps (``done <= steps``).
+        global_batch, elapsed_s: images a step trains over all ranks; seconds since the epoch began.
         validation_s: seconds the previous epoch's validation took (``None``: not known yet).
-        ran: the steps of ``done`` this process ran in ``elapsed_s`` (``None``: all); the rate counts these.
-        resumed_at: the 1-based step this process resumed the epoch at, said in the head; 0: not said.
-
-    Returns:
-        str: the line; after the last step ``steps done in <elapsed>, then validation``, before any rate
-        ``rate not known yet``.
+        ran: the steps of ``done`` this process ran (``None``: all); the rate counts these only.
+        resumed_at: the 1-based step this process resumed at, said in the head; 0: not said.
     """
     ran = done if ran is None else ran
     note = f", resumed at step {resumed_at:,}" if resumed_at else ""
@@ -58,12 +47,8 @@ def epoch_line(epoch: int, epochs: int, done: int, steps: int, global_batch: int
 class EpochProgress(keras.callbacks.Callback):
     """Rank 0's progress lines within each epoch; place it after the exact validation (reads ``val_seconds``).
 
-    Args:
-        steps_per_epoch, global_batch: the plan's.
-        epochs: the run's last epoch; ``None``: the ``fit`` call's.
-        epochs_done, steps_done: where this process resumed (``(0, 0)``: fresh, or at an epoch's end).
-        clock, write: a monotonic clock (seconds) and a line writer, for tests.
-    """
+    ``epochs``: the run's last (``None``: the ``fit`` call's); ``epochs_done``, ``steps_done``: where this
+    process resumed; ``clock``, ``write``: for tests."""
 
     def __init__(self, steps_per_epoch: int, global_batch: int, epochs: Optional[int] = None,
                  epochs_done: int = 0, steps_done: int = 0, every_s: float = EVERY_S,

@@ -1,8 +1,7 @@
 """Exact evaluation over a whole split: every row counted once across all ranks.
 
 A batch adds its (true, predicted) label pairs and the ``(k, k)`` confusion matrix is counted from all of
-them once, so a batch costs O(batch) whatever the number of classes (see docs/benchmarks.md).
-"""
+them once, so a batch costs O(batch) whatever the number of classes (see docs/benchmarks.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -23,8 +22,7 @@ class Totals:
     """Sums over examples: ``loss_sum`` (float64, nats), ``correct`` and ``count``, and the label pairs.
 
     ``true``, ``predicted``: int64 ``(count,)`` in ``[0, num_classes)``, an unordered multiset. ``num_classes``
-    0: the confusion was not counted and both are empty.
-    """
+    0: the confusion was not counted and both are empty."""
 
     loss_sum: float
     correct: int
@@ -43,8 +41,7 @@ class Totals:
 
     def confusion_matrix(self, num_classes: int = 0) -> np.ndarray:
         """int64 ``(k, k)``: ``[t][p]`` examples of true ``t`` predicted ``p``; zeros
-        ``(num_classes, num_classes)`` when the confusion was not counted.
-        """
+        ``(num_classes, num_classes)`` when the confusion was not counted."""
         k = self.num_classes
         if not k:
             return np.zeros((num_classes, num_classes), np.int64)
@@ -62,10 +59,10 @@ class Totals:
 
 
 def batch_totals(probabilities: np.ndarray, labels: np.ndarray, epsilon: float = 1e-7) -> Totals:
-    """Loss sum, correct count, count and label pairs of one batch; nothing of size num_classes squared.
+    """Totals of one batch; nothing of size num_classes squared.
 
     Args:
-        probabilities: float ``(n, num_classes)``, rows summing to 1 (softmax output).
+        probabilities: float ``(n, num_classes)``, softmax rows.
         labels: int ``(n,)`` in ``[0, num_classes)``.
         epsilon: clip probabilities to ``[epsilon, 1 - epsilon]`` as Keras' loss does, so the losses match.
 
@@ -114,8 +111,7 @@ def sum_totals(parts: List[Totals]) -> Totals:
 def evaluate_dataset(model, dataset, after_batch: Optional[Callable[[int], None]] = None) -> Totals:
     """Totals of ``model`` over a finite ``tf.data`` dataset of (images, labels), with label pairs.
 
-    ``after_batch(n)`` runs after the 1-based n-th batch (watchdog tick, preemption check; it may raise).
-    """
+    ``after_batch(n)`` runs after the 1-based n-th batch (watchdog tick, preemption check; it may raise)."""
     k = model.output_shape[-1]
     parts = [Totals(0.0, 0, 0, k)]
     for images, labels in dataset:
@@ -127,8 +123,7 @@ def evaluate_dataset(model, dataset, after_batch: Optional[Callable[[int], None]
 
 def gathers_pairs(rows: int, num_classes: int) -> bool:
     """Whether ``allreduce_totals`` allgathers label pairs (16 bytes a row) rather than allreducing the
-    float64 ``k x k`` matrix: when ``2 * rows < num_classes ** 2``.
-    """
+    float64 ``k x k`` matrix: when ``2 * rows < num_classes ** 2``."""
     return 2 * rows < num_classes * num_classes
 
 
@@ -136,8 +131,7 @@ def allreduce_totals(totals: Totals) -> Totals:
     """Sum ``Totals`` over all Horovod ranks (sums, not an average of means), the confusion too.
 
     Collective: every rank must call it, all having counted the confusion of the same number of classes, or
-    none. The matrix travels as float64, exact below 2**53 examples.
-    """
+    none. The matrix travels as float64, exact below 2**53 examples."""
     import horovod.tensorflow as hvd
 
     k = totals.num_classes
@@ -157,14 +151,11 @@ def allreduce_totals(totals: Totals) -> Totals:
 
 
 def exact_validation(inputs, data, listeners: Sequence = ()):
-    """A Keras callback making each epoch's ``val_loss``, ``val_accuracy``, ``val_count`` exact.
+    """A collective Keras callback making each epoch's ``val_loss``, ``val_accuracy``, ``val_count`` exact.
 
-    Every rank evaluates its one-pass shard, sums are allreduced and the total checked against the manifest;
-    ``val_seconds`` is logged too. Collective: every rank runs it, and ``fit`` needs no ``validation_data``.
-    After each batch it ticks the watchdog and calls ``on_validation_batch_end(epoch, batch, logs)`` of each of
-    ``listeners`` having it, then ``on_validation_shard_end(epoch, logs)`` (``epoch`` 0-based, ``batch``
-    1-based, ``logs`` the epoch's training logs). Placement: ``with_exact_validation``.
-    """
+    Every rank evaluates its shard, sums are allreduced and the count checked; ``val_seconds`` is logged.
+    After each batch ``listeners``' ``on_validation_batch_end(epoch, batch, logs)`` run, then their
+    ``on_validation_shard_end(epoch, logs)``. Place it with ``with_exact_validation``."""
     import time
 
     import tensorflow as tf
@@ -202,8 +193,7 @@ def with_exact_validation(callbacks: list, inputs, data) -> list:
     """``callbacks`` with ``exact_validation`` (listening to them) inserted after ``EpochStats``.
 
     After it, so training images/s exclude validation (first if absent); Keras' progress printer follows it,
-    or Keras would print each epoch's line before the validation metrics exist.
-    """
+    or Keras would print each epoch's line before the validation metrics exist."""
     import tensorflow as tf
 
     from pipelines.training.callbacks import EpochStats

@@ -1,15 +1,8 @@
-"""The training job's input paths, siblings behind one small interface.
+"""The training job's input paths (images, or cached backbone features) behind one small interface.
 
-* ``ImageInputs``: the whole model (frozen backbone + head) on images, read by looping readers for ``fit``
-  and by ``OnePassShard`` for exact evaluation.
-* ``FeatureInputs``: the backbone's pooled features computed once per rank shard, only the head trained.
-
-Each path has ``model``, ``fit_datasets`` (yields ``(train, None)``: validation is the exact evaluation),
-``evaluate_shard`` and ``exported_model`` (always the whole model); a third path is one more such class,
-chosen in ``make_inputs``. ``fit_datasets(cache_root, start_row)`` opens the train stream at this rank's
-row ``start_row`` (global steps x ``--batch-size``) and ``train_dataset_at`` re-opens it at another row;
-``exact_positions`` says whether that is exact (not over Petastorm's reader, which starts afresh).
-"""
+Each has ``model``, ``fit_datasets`` (yields ``(train, None)``: validation is the exact evaluation),
+``train_dataset_at`` (the stream at another row), ``evaluate_shard`` and ``exported_model`` (the whole
+model). ``exact_positions``: whether streams open exactly at a row (not over Petastorm's reader)."""
 from __future__ import annotations
 
 import contextlib
@@ -66,8 +59,7 @@ class ImageInputs:
     @contextlib.contextmanager
     def reader_dataset(self, split: str, cache_root: str, start_row: int = 0) -> Iterator[object]:
         """A looping dataset of ``split`` over a reader living until the block ends; train shuffled and
-        augmented (``--augment``).
-        """
+        augmented (``--augment``)."""
         with self._open(split, cache_root) as reader:
             yield self._dataset_over(reader, split, start_row)
 
@@ -88,7 +80,7 @@ class ImageInputs:
     def train_dataset_at(self, start_row: int):
         """A new training dataset over ``fit_datasets``' open reader from stream row ``start_row``.
 
-        Iterating it stops the earlier datasets' iterators, so it starts exactly there whatever they prefetched.
+        It stops the earlier datasets' iterators, so it starts exactly there whatever they prefetched.
 
         Raises:
             RuntimeError: outside the ``fit_datasets`` block.

@@ -1,14 +1,8 @@
-"""A rank of a run on another world size than the run's data world: its data world, segments and stream.
+"""A rank of a run on another world size than its data world (arithmetic: ``dataworld``).
 
-Physical rank ``j`` of ``n`` computes the pieces of the ``n0`` virtual ranks' batches its ``RankShare``
-names (arithmetic: ``dataworld``). Each virtual rank's stream is read exactly as a data-world rank reads
-it (shard ``v::n0``, seed ``--seed + v``, from ``start_row``), and each step's pieces are joined in
-global-batch order, weighted when per-rank batches differ. Our reader: one reader (own cache folder) per
-virtual rank overlapped; the feature cache: the virtual ranks' shares of the cached features; Petastorm's
-reader cannot open a stream at a row, so it reads this rank's physical shard in batches of ``b_j`` (same
-arithmetic, other rows: rank 0 warns). On the data world itself nothing here is used. Validation, test and
-feature computation stay on the physical world (exact at any size).
-"""
+Each virtual rank's stream is read exactly as a data-world rank reads it and each step's pieces are
+joined in global-batch order. Petastorm's reader cannot start at a row: it reads this rank's physical
+shard (same arithmetic, other rows; rank 0 warns). On the data world itself nothing here is used."""
 from __future__ import annotations
 
 import contextlib
@@ -50,8 +44,7 @@ def agree_data_world(config, rank, claim) -> DataWorld:
 def with_segments(config, rank, plan, resume):
     """``plan`` with the run's segments: those ``resume``'s checkpoint records, then this launch's.
 
-    This launch's carries the steps it trains again (rank 0's figure, broadcast).
-    """
+    This launch's carries the steps it trains again (rank 0's figure, broadcast)."""
     import horovod.tensorflow as hvd_tf
 
     reason = worldsegments.reason_of(config.outputs.resume, rank.handed.relaunched)
@@ -69,11 +62,9 @@ def with_segments(config, rank, plan, resume):
 
 def joined_batches(streams: Sequence[Iterator[Tuple[np.ndarray, np.ndarray]]],
                    share: RankShare) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-    """This rank's batch of every step: each piece's rows ``[start, stop)`` of its stream, joined in order.
+    """This rank's batch of every step: each piece's rows of its virtual rank's stream, joined in order.
 
-    ``streams[i]`` yields virtual rank ``share.pieces[i].virtual_rank``'s batches ``(rows (b, ...), labels (b,))``;
-    yields ``(rows (share.rows, ...), labels (share.rows,))`` as fresh arrays (a single whole piece passes as
-    it came). Ends when a stream ends.
+    Yields ``(rows (share.rows, ...), labels (share.rows,))``, fresh arrays; ends when a stream ends.
 
     Raises:
         ValueError: not one stream per piece.
@@ -101,8 +92,7 @@ def joined_batches(streams: Sequence[Iterator[Tuple[np.ndarray, np.ndarray]]],
 class ResizedInputs:
     """An input path on physical rank ``rank`` of ``world_size`` in a run of data world ``world``.
 
-    Only the training stream differs; everything else is the wrapped path's.
-    """
+    Only the training stream differs; everything else is the wrapped path's."""
 
     def __init__(self, inputs, world: DataWorld, rank: int, world_size: int):
         self.inputs, self.world = inputs, world

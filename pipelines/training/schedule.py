@@ -1,10 +1,7 @@
 """Pure arithmetic of distributed training: batch sizes, steps, learning rates, checkpoints.
 
-* global batch = per-rank batch x world size;
-* steps per epoch = ``train_rows // global_batch`` from the manifest's global counts, the same on every
-  rank whatever its shard holds (Horovod deadlocks when ranks run different step counts);
-* learning rate = ``base_lr x world_size`` (linear scaling rule), optionally after a linear warmup.
-"""
+Steps per epoch come from the manifest's global counts, the same on every rank whatever its shard holds
+(Horovod deadlocks when ranks run different step counts); the rate is ``base_lr x world_size``."""
 from __future__ import annotations
 
 import logging
@@ -30,13 +27,8 @@ from pipelines.training.records.shapes import marker_problem
 
 @dataclass(frozen=True)
 class Steps:
-    """Per-epoch step counts, identical on every rank.
-
-    Attributes:
-        global_batch: images per optimisation step over all ranks.
-        steps_per_epoch: ``train_rows // global_batch``.
-        validation_steps: ``validation_rows // global_batch`` (informational: validation evaluates the whole split).
-    """
+    """Per-epoch step counts, identical on every rank: ``global_batch`` (rows a step), ``steps_per_epoch``,
+    ``validation_steps`` (full global batches; informational, validation reads the whole split)."""
 
     global_batch: int
     steps_per_epoch: int
@@ -74,8 +66,7 @@ def warmup_lr(epoch: float, base_lr: float, world_size: int, warmup_epochs: floa
     """Learning rate during Horovod's ``LearningRateWarmupCallback`` at fractional ``epoch``.
 
     Mirrors Horovod's formula: linear from ``base_lr`` at epoch 0 to ``base_lr * world_size`` at
-    ``warmup_epochs``, constant after.
-    """
+    ``warmup_epochs``, constant after."""
     target = scaled_lr(base_lr, world_size)
     if warmup_epochs <= 0 or epoch >= warmup_epochs:
         return target
@@ -108,8 +99,7 @@ def step_marker_path(directory: str, epoch: int, step: int) -> str:
 def checkpoint_position(name: str) -> Tuple[int, int]:
     """``(epochs done, steps done in the next epoch)`` of a checkpoint file name; orders them in time.
 
-    ``checkpoint-3`` -> ``(3, 0)``, ``checkpoint-4-step-20`` -> ``(3, 20)``, anything else ``(0, 0)``.
-    """
+    ``checkpoint-3`` -> ``(3, 0)``, ``checkpoint-4-step-20`` -> ``(3, 20)``, anything else ``(0, 0)``."""
     match = CHECKPOINT_NAME.match(name)
     if not match:
         return 0, 0
@@ -130,10 +120,8 @@ def marker_weights(marker: Dict, what: str) -> str:
 
 
 def checkpoint_markers(folder) -> List[Dict]:
-    """Every readable checkpoint marker in ``folder`` (a ``Location``), newest first, with ``_name`` added.
-
-    A marker of another shape or naming no plain checkpoint file is left out with a warning.
-    """
+    """Every readable checkpoint marker in ``folder`` (a ``Location``), newest first, with ``_name`` added;
+    malformed ones are skipped with a warning."""
     import logging
 
     markers = []
@@ -164,17 +152,12 @@ def newest_complete_checkpoint(directory, markers: Optional[List[Dict]] = None) 
 def sound_checkpoint(directory, markers: Optional[List[Dict]] = None) -> Tuple[Optional[Dict], List[str]]:
     """The newest checkpoint that may be resumed, and the damaged files passed over on the way.
 
-    A checkpoint counts only with its marker (written after the weights) naming a weights file whose size
-    and sha256 match and which reads whole; one whose logs, weights or best epoch's weights hold NaN or
-    infinity is never picked. Each file passed over gets a warning. A sound checkpoint whose best epoch's
-    file is damaged is resumed with its own last epoch as best (``best_taken_anew``).
-
-    Args:
-        directory: a local folder, or a ``Location``.
-        markers: its ``checkpoint_markers`` (read here when ``None``).
+    Sound: a marker naming a weights file of the recorded size and sha256 that reads whole, with no NaN or
+    infinity in its logs, weights or best weights. Passed-over files get a warning. If only the best epoch's
+    file is damaged, its own last epoch becomes the best (``best_taken_anew``).
 
     Returns:
-        ``(marker or None, ["checkpoint-3.npz (why)", ...])``: the damaged files passed over, newest first.
+        ``(marker or None, ["checkpoint-3.npz (why)", ...])``, newest first. ``markers``: read when ``None``.
     """
     log = logging.getLogger("pipelines")
     folder = directory if isinstance(directory, Location) else resolve(directory)
@@ -232,11 +215,9 @@ def file_damage(folder, weights: str, marker: Dict) -> Optional[str]:
 
 
 def best_taken_anew(folder, marker: Dict) -> Optional[Dict]:
-    """``marker`` with its own last epoch as the best so far, for when its best epoch's file is lost.
+    """``marker`` with its own last epoch as the best so far (its best epoch's file is lost).
 
-    The best value is that epoch's ``monitor`` from the history; patience restarts. ``None`` when that epoch's
-    file or value is missing (a step checkpoint's epoch file damaged, or an old marker without ``monitor``).
-    """
+    ``None`` when that epoch's file or ``monitor`` value is missing."""
     stopping, epoch = marker.get("early_stopping") or {}, marker.get("epoch")
     monitor = stopping.get("monitor")
     logs = [entry for entry in marker.get("history") or [] if isinstance(entry, dict) and entry.get("epoch") == epoch]
@@ -252,8 +233,7 @@ def best_taken_anew(folder, marker: Dict) -> Optional[Dict]:
 def non_finite_state(folder, marker: Dict) -> List[str]:
     """What a checkpoint holds that is NaN or infinite: its logs, then its weights' keys, then its best's.
 
-    ``[]``: finite, it may be resumed.
-    """
+    ``[]``: finite, it may be resumed."""
     found = non_finite_logs(marker.get("logs"))
     names = [marker["weights"], *filter(None, [best_name(marker)])]
     for name in names:
@@ -265,8 +245,7 @@ def non_finite_state(folder, marker: Dict) -> List[str]:
 class Segment:
     """One ``fit`` call: epochs ``initial_epoch + 1 .. epochs``, each of ``steps`` steps.
 
-    The first starts after ``steps_done`` steps of its epoch; the rank's stream is read from ``start_row``.
-    """
+    The first starts after ``steps_done`` steps of its epoch; the rank's stream is read from ``start_row``."""
 
     initial_epoch: int
     epochs: int
@@ -279,10 +258,9 @@ def fit_segments(epochs_done: int, steps_done: int, epochs: int, steps_per_epoch
                  first_epoch: int = 0) -> List[Segment]:
     """The ``fit`` calls that continue a run from ``(epochs_done, steps_done)`` up to ``epochs``.
 
-    Keras starts ``fit`` at an epoch's first step only, so a position within an epoch gives its rest, then the
-    epochs after. ``steps_done == steps_per_epoch`` (validation interrupted) gives a segment of no step. The
-    stream row of a position is ``((epochs_done - first_epoch) * steps_per_epoch + steps_done) * batch_size``
-    (a fine-tuning phase from ``first_epoch`` opens its stream anew).
+    Keras starts ``fit`` at an epoch's first step only: a mid-epoch position gives its rest, then the later
+    epochs; ``steps_done == steps_per_epoch`` gives a stepless end of epoch. Stream row of a position:
+    ``((epochs_done - first_epoch) * steps_per_epoch + steps_done) * batch_size``.
 
     Raises:
         ValueError: ``steps_done`` outside ``[0, steps_per_epoch]``, or a position before ``first_epoch``.

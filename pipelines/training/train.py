@@ -2,8 +2,7 @@
 
 ``run_training`` reads top to bottom as the job's steps; every rank runs all of them, and the side
 effects (checkpoints, logs, reports, the model, the MLflow run) are rank 0's. Lines that distribution
-adds to a single-process Keras job are marked ``# Horovod:``, as in Horovod's own Keras example.
-"""
+adds to a single-process Keras job are marked ``# Horovod:``, as in Horovod's own Keras example."""
 from __future__ import annotations
 
 import contextlib
@@ -44,9 +43,9 @@ log = logging.getLogger("pipelines")
 
 @contextlib.contextmanager
 def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resume) -> Iterator[Optional[tracking.Tracker]]:
-    """Rank 0 starts (or, resuming, continues) the job's MLflow run; ended FAILED if the block raises.
+    """Rank 0 starts or continues the job's MLflow run (FAILED if the block raises); yields its ``Tracker``.
 
-    Yields a ``Tracker`` on rank 0, ``None`` on other ranks or with tracking off.
+    ``None`` on the other ranks or with tracking off.
 
     Raises:
         pipelines.tracking.TrackingUnavailable: on every rank, when rank 0 cannot use the store.
@@ -87,15 +86,11 @@ def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
 
 
 def make_callbacks(context: RankContext, resume: Resume, marker: Optional[Dict] = None):
-    """The phase's Keras callbacks, in the order they must run, and two of them.
+    """The phase's Keras callbacks in the order they must run, and two of them.
 
-    Every rank: Horovod's broadcast, epoch stats, metric averaging, warmup, ``DivergenceGuard``, early
-    stopping; rank 0: the writers (``rank0_callbacks``); then the preemption stop, the elastic check and the
-    launcher's hooks. ``marker``: items for each checkpoint marker (the phase).
-
-    Returns:
-        ``(callbacks, early_stopping, epoch_stats)``.
-    """
+    Horovod's, statistics, warmup, ``DivergenceGuard`` and early stopping on every rank; rank 0's writers;
+    then the preemption stop, the elastic check and the launcher's hooks. Returns ``(callbacks,
+    early_stopping, epoch_stats)``."""
     import horovod.tensorflow.keras as hvd
 
     from pipelines.training import callbacks as cb
@@ -151,8 +146,7 @@ def checkpointer(context: RankContext, resume: Resume, early_stopping, marker: O
 
 def rank0_callbacks(context: RankContext, resume: Resume, checkpoints) -> list:
     """Rank 0's writers in order: progress mark, epoch progress, ``checkpoints``, ``history.csv``,
-    TensorBoard, MLflow, then the upload to a URI ``--output`` after every writer.
-    """
+    TensorBoard, MLflow, then the upload to a URI ``--output`` after every writer."""
     from pipelines.stack.kerasapi import keras
     from pipelines.training import callbacks as cb
     from pipelines.training.epochprogress import EpochProgress
@@ -184,13 +178,9 @@ def with_hooks(context: RankContext, callbacks: list) -> list:
 
 
 def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: int = 0) -> float:
-    """``fit`` from ``resume``'s position, each rank's stream opened there; ``first_epoch``: the phase's start.
+    """``fit`` from ``resume``'s position, each rank's stream opened there; returns the seconds in ``fit``.
 
-    A resumed run that had already finished only gets its best weights back.
-
-    Returns:
-        float: seconds spent in ``fit``.
-    """
+    A resumed run that had already finished only gets its best weights back."""
     from pipelines.training.callbacks import stop_watchdogs
     from pipelines.training.segment import end_epoch, in_segment
 
@@ -236,9 +226,7 @@ def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: 
 def evaluate(context: RankContext, inputs, split: str = TEST):
     """Exact totals of the trained model over the whole ``split``, the same on every rank.
 
-    Each rank reads its shard once, sums are allreduced and the total count is checked against the manifest,
-    so a short read fails the run. Phase 1 of a fine-tuning run evaluates validation: the test split is read
-    once, at the end.
+    Sums are allreduced and the count checked against the manifest, so a short read fails the run.
 
     Raises:
         pipelines.training.data.errors.ShardCountError: a count differs from the metadata or manifest.
@@ -256,11 +244,9 @@ def evaluate(context: RankContext, inputs, split: str = TEST):
 
 
 def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
-    """Train on every rank and return the run's report (the content of ``metrics.json``).
+    """Train on every rank (once per process) and return the run's report (``metrics.json``).
 
-    Call once per process, by every rank (a single process is a world of size 1). ``run_id``: given by a
-    launching driver so that every relaunch is the same run; ``None``: rank 0 makes one or keeps the resumed
-    run's.
+    ``run_id``: a launching driver's, so every relaunch is the same run; ``None``: rank 0 makes or resumes one.
 
     Raises:
         pipelines.training.data.errors.DataError: the dataset cannot feed this run.

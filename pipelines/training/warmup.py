@@ -1,24 +1,18 @@
-"""The learning-rate warmup of a run's data world (:mod:`pipelines.training.dataworld`).
-
-Horovod's ``LearningRateWarmupCallback`` ramps from ``lr / hvd.size()`` to ``lr`` with the world
-size it runs in; a run continued on another world size keeps the ramp of the world it started on.
-"""
+"""The learning-rate warmup of a run's data world: the ramp of the world size it started on."""
 from __future__ import annotations
 
 import horovod.tensorflow.keras as hvd
 
 
 class DataWorldWarmup(hvd.callbacks.LearningRateWarmupCallback):
-    """Horovod's warmup (horovod/_keras/callbacks.py: its per-step schedule, its epoch shifted by
-    one step, its end at ``warmup_epochs``) with the data world's size ``data_world_size`` in place
-    of ``hvd.size()``: ``lr(epoch) = initial_lr / n0 x (epoch x (n0 - 1) / warmup_epochs + 1)``,
-    ``epoch`` fractional (:func:`pipelines.training.schedule.warmup_lr`). On the data world itself
-    the same operations on the same numbers as Horovod's, so the same rates bit for bit.
+    """Horovod's warmup with the data world's size ``n0`` in place of ``hvd.size()``.
+
+    On the data world itself it does Horovod's operations on the same numbers, so the rates match bit for bit.
 
     Args:
         initial_lr: the rate after the warmup (``base_lr x n0``).
         warmup_epochs: epochs of the ramp (> 0; may be fractional).
-        steps_per_epoch: the run's (``train_rows // (n0 x b)``).
+        steps_per_epoch: the run's.
         data_world_size: ``n0``.
     """
 
