@@ -181,11 +181,7 @@ class DivergenceGuard(keras.callbacks.Callback):
             pass
 
     def _check_in_validation(self, validating: bool, logs, after: str) -> bool:
-        """One collective check in validation (``after``: for the watchdog); stops every rank at a notice.
-
-        Returns:
-            bool: whether any rank still validates.
-        """
+        """One collective check in validation (``after``: for the watchdog); returns whether any rank validates."""
         tick_watchdog(f"the preemption check after {after}", waits=True)
         still, notices = self.count((validating, bool(self.notice and self.notice.requested)))
         tick_watchdog(f"the rank's own work after the check after {after}")
@@ -206,11 +202,7 @@ class DivergenceGuard(keras.callbacks.Callback):
         self.deferred = self._stop_if_found(found, epoch_end_place(epoch + 1, self.steps), notice) or self.deferred
 
     def _stop_if_found(self, found: List[str], place: str, preempted: bool = False) -> bool:
-        """The collective check; every rank calls it at the same point with what it found.
-
-        Returns:
-            bool: whether any rank had the preemption notice.
-        """
+        """The collective check, at the same point on every rank; returns whether any rank had the notice."""
         diverged, notices = self.count((bool(found), preempted))
         if not diverged:
             return bool(notices)
@@ -324,9 +316,8 @@ class SyncOutputs(keras.callbacks.Callback):
 class WatchdogTicks(keras.callbacks.Callback):
     """Ticks a rank's ``Watchdog`` inside ``fit``: before each step (``waits``) and after it.
 
-    ``around`` gives a pair to put first and last among the callbacks: the first ticks that the epoch-end
-    work (validation and checkpoint collectives) begins, the last that it ended. The last one also starts
-    the watchdog at train begin and stops it at train end."""
+    ``around``'s pair goes first and last among the callbacks, bracketing each epoch's end work; the last
+    also starts the watchdog at train begin and stops it at train end."""
 
     def __init__(self, watchdog, ends: bool):
         super().__init__()

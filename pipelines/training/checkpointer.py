@@ -21,13 +21,11 @@ from pipelines.training.schedule import (
 
 
 class CheckpointMarker(keras.callbacks.Callback):
-    """Rank 0: writes each epoch's checkpoint, then its completion marker, keeping only the newest and best.
+    """Rank 0: each epoch's checkpoint, then its completion marker; only the newest and best are kept.
 
-    The marker ``checkpoint-N.json`` is written atomically after the weights and records their size and
-    sha256, the frozen weights' sha256, the epoch's logs, the history and the early-stopping state, so that
-    ``--resume`` picks only sound checkpoints, refuses other frozen weights and continues exactly. ``extra``
-    goes into every marker (default ``{"phase": 1}``); phase 2 markers also record ``non_trainable_sha256``
-    (frozen layers and batch-norm statistics at the epoch's end)."""
+    The marker, written atomically after the weights, records their size and sha256, the frozen weights'
+    sha256, logs, history and early-stopping state, and ``extra`` (default ``{"phase": 1}``; phase 2 adds
+    ``non_trainable_sha256``), so ``--resume`` takes only sound checkpoints of the same frozen weights."""
 
     def __init__(self, directory: str, early_stopping: BestWeightsEarlyStopping, history: List[Dict],
                  frozen_sha256: Optional[str] = None, extra: Optional[Dict] = None, every: Optional["Interval"] = None,
@@ -59,11 +57,10 @@ class CheckpointMarker(keras.callbacks.Callback):
         self._prune(keep={number, marker["early_stopping"]["best_epoch"]})
 
     def write_step(self, epoch: int, step: int, epoch_logs: Optional[List[Dict]] = None) -> str:
-        """A checkpoint after 1-based ``step`` of 1-based ``epoch``; returns its marker's file name.
+        """A checkpoint after 1-based ``step`` of 1-based ``epoch``, replacing the previous step one.
 
-        Same state as an epoch's; the marker's ``epoch`` (epochs done, ``epoch - 1``) and ``step`` give the data
-        position. ``epoch_logs`` (after the epoch's last step, a notice in validation): every rank's training
-        logs of the epoch, by rank, for the resumed run. Replaces the previous step checkpoint."""
+        Its marker's ``epoch`` (done, ``epoch - 1``) and ``step`` give the data position; ``epoch_logs``: every
+        rank's logs of a fully trained epoch. Returns the marker's file name."""
         marker_file = step_marker_path(self.directory, epoch, step)
         where = {"epoch": epoch - 1, "step": step, "logs": None, **({"epoch_logs": epoch_logs} if epoch_logs else {})}
         self._write(step_checkpoint_path(self.directory, epoch, step), marker_file, where,

@@ -1,8 +1,7 @@
-"""Command line of the training stage.
+"""Command line of the training stage: every rank under ``horovodrun``, or one driver with ``--spark-np N``.
 
-Every rank runs it under ``horovodrun -np N python jobs/train.py ...``; or one driver runs it with
-``--spark-np N`` (Spark barrier tasks; ``-N``: local processes) and launches the ranks itself with
-``HorovodRunner``. Both train with the same ``TrainConfig``; the ``LaunchConfig`` beside it reaches no rank."""
+The driver launches the ranks itself (``HorovodRunner``; ``-N``: local processes). Both train with the same
+``TrainConfig``; the ``LaunchConfig`` beside it reaches no rank."""
 from __future__ import annotations
 
 import contextlib
@@ -90,9 +89,8 @@ def launch_failed(exc: Exception, log: logging.Logger, output: str = "") -> int:
     """The launching driver's last words on a failed launch (``exc``), and its exit code.
 
     Returns:
-        int: 2 when the root cause is a rank's refusal (one line); 76 when the ranks stopped at a
-        preemption notice (with how to resume ``output``); else 1, with the failing rank's cause and
-        redacted traceback.
+        int: 2 for a rank's refusal (one line); 76 for a preemption stop (with how to resume ``output``);
+        else 1, with the failing rank's cause and redacted traceback.
     """
     root = exc.failures[0] if isinstance(exc, HorovodJobFailed) else None
     if root is not None and root.exit_status:  # the ranks stopped of their own (a preemption notice)

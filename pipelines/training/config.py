@@ -1,9 +1,8 @@
-"""Configuration of the training stage: ``TrainConfig``, one option group per concern.
+"""Configuration of the training stage: ``TrainConfig``, one self-checking option group per concern.
 
-Groups: ``loader``, ``model``, ``fit``, ``compute``, ``outputs``, each a dataclass that checks its own
-fields, plus every stage's ``verbose`` and ``storage_options``. Flags and constructor keywords are the
-fields' names, flat (``TrainConfig(data=..., output=..., batch_size=8)``, ``dataclasses.replace(config,
-epochs=3)``, ``to_dict``); code reads ``config.fit.batch_size``."""
+Groups ``loader``, ``model``, ``fit``, ``compute``, ``outputs``, plus ``verbose`` and ``storage_options``.
+Flags and keywords are the fields' names, flat (``TrainConfig(data=..., batch_size=8)``,
+``dataclasses.replace``, ``to_dict``); code reads ``config.fit.batch_size``."""
 from __future__ import annotations
 
 import os
@@ -33,9 +32,7 @@ DEFAULT_CHECKPOINT_MINUTES = 10.0
 
 
 def profile_range(text: str) -> Union[int, Tuple[int, int]]:
-    """``--profile-steps`` as Keras' ``profile_batch``: ``""`` -> 0, ``"A,B"`` -> ``(A, B)``, ``"A"`` -> ``(A, A)``.
-
-    Steps are training steps counted from 1 across epochs.
+    """``--profile-steps`` as ``profile_batch``: ``""`` -> 0, ``"A,B"`` -> ``(A, B)``, ``"A"`` -> ``(A, A)`` (1-based).
 
     Raises:
         ValueError: not one or two integers >= 1 with FIRST <= LAST.

@@ -20,9 +20,8 @@ if TYPE_CHECKING:
 class RankContext:
     """What a rank knows of its run, the same object for every step after the set-up.
 
-    ``config``: the same on every rank; ``rank``: this process in the Horovod world; ``plan``: what every rank
-    computed identically; ``frozen_sha256``: the frozen weights' sha256 (markers keep it, ``--resume``
-    compares it); ``tracker``: rank 0's MLflow run, else ``None``."""
+    ``plan``: what every rank computed identically; ``frozen_sha256``: markers keep it, ``--resume`` compares
+    it; ``tracker``: rank 0's MLflow run, else ``None``."""
 
     config: TrainConfig
     rank: Rank

@@ -1,10 +1,9 @@
 """A run's arithmetic on another world size than it started on: pure.
 
-The *data world* (``n0`` ranks of ``b`` rows, recorded with the run) fixes the arithmetic for good:
-global batch ``G = n0 x b``, learning rate and warmup of ``n0``, and each virtual rank ``v``'s shard,
-seed and stream. Physical rank ``j`` of ``n`` computes rows ``[floor(j G / n), floor((j+1) G / n))`` of
-each step, so every step trains the rows an uninterrupted run does. Each row of rank ``j`` is weighted
-``w_j = n b_j / G`` so that Horovod's mean of per-rank mean losses is the mean over ``G`` rows::
+The *data world* (``n0`` ranks of ``b`` rows, recorded with the run) fixes global batch ``G = n0 x b``,
+learning rate, warmup and each virtual rank's shard, seed and stream. Physical rank ``j`` of ``n`` computes
+rows ``[floor(j G / n), floor((j+1) G / n))`` of each step: the rows an uninterrupted run trains. Rows of
+rank ``j`` weigh ``w_j = n b_j / G``, so Horovod's mean of per-rank mean losses is the mean over ``G``::
 
     (1/n) sum_j (1/b_j) sum_{i in j} w_j l_i = (1/G) sum_i l_i
 
@@ -44,9 +43,7 @@ class RankShare:
 
 
 def rank_rows(global_batch: int, rank: int, world_size: int) -> Tuple[int, int]:
-    """``(lo, hi)``: the rows of a global batch physical rank ``rank`` of ``world_size`` computes.
-
-    Contiguous, disjoint and covering over the ranks; sizes differ by one row at most.
+    """``(lo, hi)``: rank ``rank``'s rows of a global batch; contiguous, covering, sizes within one row.
 
     Raises:
         ValueError: ``rank`` not in ``[0, world_size)``.

@@ -1,7 +1,6 @@
 """Which device a training process uses (one GPU per rank, or the CPU) and which cores it runs on.
 
-``choose_device`` and ``rank_cores`` are pure; ``apply_device`` must run before any tensor is created and
-``bind_to_cores`` before any thread is started."""
+``apply_device`` must run before any tensor is created, ``bind_to_cores`` before any thread starts."""
 from __future__ import annotations
 
 import logging
@@ -48,7 +47,7 @@ def choose_device(visible_gpus: Sequence[str], local_rank: int, local_size: int,
         assigned: GPU addresses a launcher (Spark) gave this rank, then its only visible ones.
 
     Returns:
-        DeviceChoice: GPU 0 when ``assigned``; else GPU ``local_rank`` on a host with GPUs; else the CPU.
+        DeviceChoice: GPU 0 when ``assigned``; else GPU ``local_rank`` when GPUs are visible; else the CPU.
 
     Raises:
         ValueError: GPUs assigned but none visible; more local ranks than visible GPUs.

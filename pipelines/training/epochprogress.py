@@ -19,11 +19,9 @@ EVERY_S = 10.0
 
 def epoch_line(epoch: int, epochs: int, done: int, steps: int, global_batch: int, elapsed_s: float,
                validation_s: Optional[float] = None, ran: Optional[int] = None, resumed_at: int = 0) -> str:
-    """One progress line of an epoch.
+    """One progress line of 1-based ``epoch`` of ``epochs``, after ``done`` of ``steps`` steps.
 
     Args:
-        epoch, epochs: the epoch (1-based) and the run's last epoch.
-        done, steps: steps done in this epoch and its steps (``done <= steps``).
         global_batch, elapsed_s: images a step trains over all ranks; seconds since the epoch began.
         validation_s: seconds the previous epoch's validation took (``None``: not known yet).
         ran: the steps of ``done`` this process ran (``None``: all); the rate counts these only.

@@ -19,10 +19,8 @@ def _no_labels() -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class Totals:
-    """Sums over examples: ``loss_sum`` (float64, nats), ``correct`` and ``count``, and the label pairs.
-
-    ``true``, ``predicted``: int64 ``(count,)`` in ``[0, num_classes)``, an unordered multiset. ``num_classes``
-    0: the confusion was not counted and both are empty."""
+    """Sums over examples: ``loss_sum`` (float64, nats), ``correct``, ``count``, and the label pairs ``true``,
+    ``predicted`` (int64 ``(count,)``, unordered; empty when ``num_classes`` is 0: confusion not counted)."""
 
     loss_sum: float
     correct: int
@@ -59,15 +57,12 @@ class Totals:
 
 
 def batch_totals(probabilities: np.ndarray, labels: np.ndarray, epsilon: float = 1e-7) -> Totals:
-    """Totals of one batch; nothing of size num_classes squared.
+    """Totals of one batch (``probabilities``: float ``(n, k)`` softmax rows; ``labels``: int ``(n,)``).
 
-    Args:
-        probabilities: float ``(n, num_classes)``, softmax rows.
-        labels: int ``(n,)`` in ``[0, num_classes)``.
-        epsilon: clip probabilities to ``[epsilon, 1 - epsilon]`` as Keras' loss does, so the losses match.
+    ``epsilon`` clips probabilities to ``[epsilon, 1 - epsilon]`` as Keras' loss does, so the losses match.
 
     Raises:
-        ValueError: a label outside ``[0, num_classes)``.
+        ValueError: a label outside ``[0, k)``.
     """
     labels = np.asarray(labels, np.int64).reshape(-1)
     k = probabilities.shape[1]
@@ -190,10 +185,8 @@ def exact_validation(inputs, data, listeners: Sequence = ()):
 
 
 def with_exact_validation(callbacks: list, inputs, data) -> list:
-    """``callbacks`` with ``exact_validation`` (listening to them) inserted after ``EpochStats``.
-
-    After it, so training images/s exclude validation (first if absent); Keras' progress printer follows it,
-    or Keras would print each epoch's line before the validation metrics exist."""
+    """``callbacks`` with ``exact_validation`` inserted after ``EpochStats`` (images/s exclude validation),
+    then Keras' progress printer (else it prints each epoch's line before the validation metrics exist)."""
     import tensorflow as tf
 
     from pipelines.training.callbacks import EpochStats

@@ -1,8 +1,7 @@
 """The training job's input paths (images, or cached backbone features) behind one small interface.
 
-Each has ``model``, ``fit_datasets`` (yields ``(train, None)``: validation is the exact evaluation),
-``train_dataset_at`` (the stream at another row), ``evaluate_shard`` and ``exported_model`` (the whole
-model). ``exact_positions``: whether streams open exactly at a row (not over Petastorm's reader)."""
+Each has ``model``, ``fit_datasets`` (yields ``(train, None)``: validation is exact), ``train_dataset_at``,
+``evaluate_shard``, ``exported_model`` and ``exact_positions`` (not over Petastorm's reader)."""
 from __future__ import annotations
 
 import contextlib
@@ -78,9 +77,7 @@ class ImageInputs:
                 self._train_reader = None
 
     def train_dataset_at(self, start_row: int):
-        """A new training dataset over ``fit_datasets``' open reader from stream row ``start_row``.
-
-        It stops the earlier datasets' iterators, so it starts exactly there whatever they prefetched.
+        """A new training dataset over the open reader from stream row ``start_row``, exactly there.
 
         Raises:
             RuntimeError: outside the ``fit_datasets`` block.
@@ -119,11 +116,7 @@ class FeatureInputs:
         self.model.get_layer("head").set_weights(full_model.get_layer("head").get_weights())
 
     def _ensure_features(self):
-        """This data's, backbone's and size's feature set: reused when complete, else computed per shard.
-
-        Returns:
-            Location: its folder.
-        """
+        """The feature set (folder) of this data, backbone and size: reused when complete, else computed."""
         import horovod.tensorflow as hvd_tf
 
         c, data, rank = self.config, self.data, self.rank

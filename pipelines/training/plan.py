@@ -1,8 +1,5 @@
-"""What every rank computes identically before training (``RunPlan``), and what it holds meanwhile.
-
-``plan_run`` loads the manifest, plans steps and learning rate and makes the refusals, the same on every
-rank; rank 0 also claims its output for this run. ``hold_data`` keeps the ETL run it reads from being
-deleted under it."""
+"""What every rank computes identically before training (``RunPlan``), refusals included, and the data
+lease held meanwhile; rank 0 also claims its output for this run."""
 from __future__ import annotations
 
 import contextlib
@@ -90,9 +87,9 @@ def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> R
 
 @contextlib.contextmanager
 def hold_data(rank: Rank, plan: RunPlan) -> Iterator[None]:
-    """Rank 0 leases the ETL run ``plan.data`` reads for the block, so a rerun keeps its files.
+    """Rank 0 leases the ETL run ``plan.data`` reads for the block, so that a rerun keeps its files.
 
-    Every rank checks it loaded the leased run's manifest. Format-1 data and unwritable data are not leased.
+    Format-1 and unwritable data are not leased.
 
     Raises:
         pipelines.io.leases.InputReplaced: on every rank, when the ETL committed another run meanwhile.

@@ -1,8 +1,8 @@
 """A preemption notice: SIGTERM, what a spot or preemptible machine gets before it is taken away.
 
-The first SIGTERM raises a flag the ranks agree on in the step's collective; rank 0 checkpoints there,
-every rank raises ``Preempted`` and the job exits ``PREEMPTED_EXIT``. A second SIGTERM ends the process
-at once (after a checkpoint being written); one within ``REPEAT_S`` is the same notice delivered twice."""
+The first SIGTERM raises a flag the ranks agree on in the step's collective; rank 0 checkpoints there and
+the job exits ``PREEMPTED_EXIT``. A second ends the process at once (after a checkpoint being written);
+one within ``REPEAT_S`` is the same notice delivered twice."""
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +16,7 @@ from typing import Any, Iterator, Optional
 log = logging.getLogger("pipelines")
 
 #: The exit status of a job stopped by a preemption notice after its checkpoint (distinct from
-#: 1, a failure; 2, a refusal; 75, a stalled rank: :data:`pipelines.launch.watchdog.STALL_EXIT`).
+#: 1, a failure; 2, a refusal; 75, a stalled rank: ``STALL_EXIT``).
 PREEMPTED_EXIT = 76
 #: Seconds within which a second SIGTERM is the first one delivered again, not a second notice.
 REPEAT_S = 2.0

@@ -1,7 +1,7 @@
 """The linear probe: a logistic regression on the head's frozen features, a baseline for every result.
 
-``C`` is chosen on validation from a grid fitted strongest-first with warm starts, then test is scored
-once. A head that trails it has not converged or its recipe is wrong. Pure numpy and scikit-learn."""
+``C`` is chosen on validation (grid fitted strongest-first, warm-started), then test is scored once; a head
+that trails it has not converged or its recipe is wrong. Pure numpy and scikit-learn."""
 from __future__ import annotations
 
 import math
@@ -69,15 +69,12 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y
     """Fit the probe on the train split, choose ``C`` on validation, score the test split once.
 
     Args:
-        train_x, val_x, test_x: float features ``(n, d)``, one ``d``; ``test_x``/``test_y`` optional.
-        train_y, val_y, test_y: int class labels ``(n,)``.
-        grid, max_rows, max_iter, seed: ``C`` values (> 0); train rows fitted at most (stratified); L-BFGS
-            iterations per ``C``.
+        train_x, val_x, test_x: float features ``(n, d)``, one ``d``; labels int ``(n,)``; test optional.
+        grid, max_rows, max_iter, seed: ``C`` values (> 0), train rows fitted (stratified), L-BFGS iterations.
         threads: BLAS/OpenMP threads (``None``: the libraries' own); one by default (docs/benchmarks.md).
 
     Returns:
-        dict: ``C``, accuracies, ``seconds``, sizes, ``converged`` and the ``grid`` path. Ties go to the lower
-        validation log-loss, then the smaller ``C``.
+        dict: ``C``, accuracies, ``seconds``, sizes, ``converged``, the ``grid`` path; ties go to lower log-loss.
 
     Raises:
         ProbeRefused: bad shapes or grid, non-finite features, under two train classes, no validation rows,

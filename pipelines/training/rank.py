@@ -40,11 +40,10 @@ _PROCESS: Dict[str, Any] = {}
 
 
 def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
-    """Start this rank: launcher hand-over, core binding, ``hvd.init()``, logging, device, threads.
+    """Start this rank: launcher hand-over, core binding (before any thread), ``hvd.init()``, logging, device.
 
-    Cores are bound before any thread starts (threads inherit the binding). Under elastic mode it runs again
-    after each reset: what TensorFlow refuses to change (cores, device, threads, precision) is kept from the
-    first call; Horovod's world, logging and attempts are set anew."""
+    Under elastic mode it reruns after each reset: cores, device, threads and precision (fixed once TensorFlow
+    runs) are kept from the first call; Horovod's world, logging and attempts are set anew."""
     # before TensorFlow loads here: a barrier task's rank inherits its executor's environment, not
     # the driver's set-up, so the rank sets its own noise from its config
     quiet_by_default(config.verbose)

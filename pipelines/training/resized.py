@@ -26,9 +26,7 @@ log = logging.getLogger("pipelines")
 
 
 def agree_data_world(config, rank, claim) -> DataWorld:
-    """Every rank: the run's data world, from rank 0's ``claim`` (``None`` elsewhere), broadcast.
-
-    The continued run's recorded world, or this launch's for a new run.
+    """Every rank: the run's data world (recorded, or this launch's if new), broadcast from rank 0's ``claim``.
 
     Raises:
         pipelines.runtime.errors.Refused: on every rank, more ranks than the global batch has rows.
@@ -62,9 +60,8 @@ def with_segments(config, rank, plan, resume):
 
 def joined_batches(streams: Sequence[Iterator[Tuple[np.ndarray, np.ndarray]]],
                    share: RankShare) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-    """This rank's batch of every step: each piece's rows of its virtual rank's stream, joined in order.
-
-    Yields ``(rows (share.rows, ...), labels (share.rows,))``, fresh arrays; ends when a stream ends.
+    """This rank's batch of every step, ``(rows (share.rows, ...), labels)``: the pieces of ``streams``
+    joined in order, fresh arrays; ends when a stream ends.
 
     Raises:
         ValueError: not one stream per piece.
@@ -197,9 +194,7 @@ class ResizedInputs:
 
 
 def resized_inputs(inputs, world: DataWorld, rank: int, world_size: int, announce: bool = False):
-    """``inputs`` for physical rank ``rank`` of ``world_size``: itself on the data world's size, else resized.
-
-    ``announce`` (rank 0): log the arithmetic, and warn where a step's rows differ (Petastorm's reader).
+    """``inputs`` for physical rank ``rank`` of ``world_size``, resized off the data world's size.
 
     Raises:
         pipelines.runtime.errors.Refused: more ranks than the global batch has rows.

@@ -68,9 +68,7 @@ def weights_checksum(model) -> str:
 
 
 def restore(config: TrainConfig, rank, plan, model, frozen_sha256: Optional[str] = None) -> Resume:
-    """Rank 0 loads the checkpoint this run continues into ``model``; every rank receives it by broadcast.
-
-    With ``--resume`` or in a relaunch; without a checkpoint, training starts at epoch 1.
+    """With ``--resume`` or in a relaunch, rank 0 loads the run's checkpoint and broadcasts it; else fresh.
 
     Raises:
         ValueError: on every rank, a checkpoint of other frozen weights, another metric or fine-tuning depth.

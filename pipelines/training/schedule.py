@@ -152,12 +152,12 @@ def newest_complete_checkpoint(directory, markers: Optional[List[Dict]] = None) 
 def sound_checkpoint(directory, markers: Optional[List[Dict]] = None) -> Tuple[Optional[Dict], List[str]]:
     """The newest checkpoint that may be resumed, and the damaged files passed over on the way.
 
-    Sound: a marker naming a weights file of the recorded size and sha256 that reads whole, with no NaN or
-    infinity in its logs, weights or best weights. Passed-over files get a warning. If only the best epoch's
-    file is damaged, its own last epoch becomes the best (``best_taken_anew``).
+    Sound: its weights match the marker's size and sha256, read whole, and hold no NaN or infinity (nor do
+    its logs or best weights); each one passed over is warned of. If only the best epoch's file is damaged,
+    its own last epoch becomes the best. ``markers``: read when ``None``.
 
     Returns:
-        ``(marker or None, ["checkpoint-3.npz (why)", ...])``, newest first. ``markers``: read when ``None``.
+        ``(marker or None, ["checkpoint-3.npz (why)", ...])``, newest first.
     """
     log = logging.getLogger("pipelines")
     folder = directory if isinstance(directory, Location) else resolve(directory)

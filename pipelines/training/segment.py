@@ -1,8 +1,7 @@
-"""The job's callbacks over a run that ``fit`` trains in two calls: a resume within an epoch.
+"""The job's callbacks over a run that ``fit`` trains in two calls (a resume within an epoch).
 
-Keras starts ``fit`` at an epoch's first step only, so a resume after step k trains the epoch's rest in
-one call and the later epochs in another. To every callback the two calls must look like one: steps
-numbered from k + 1, training begun in the first call only and ended in the last (or where it stops)."""
+Keras starts ``fit`` at an epoch's first step only; to every callback the calls must look like one run:
+steps numbered on, training begun in the first call and ended in the last (or where it stops)."""
 from __future__ import annotations
 
 from typing import Dict, List
@@ -63,11 +62,9 @@ def in_segment(callbacks: List, index: int, count: int, steps_done: int, steps_p
 
 
 def end_epoch(model, callbacks: List, epoch: int, steps_per_epoch: int, logs: Dict, verbose: int) -> None:
-    """Run the end of 0-based ``epoch`` alone, as ``fit`` would after its last step, with no step.
+    """Run the end of 0-based ``epoch`` alone (``fit``'s hooks, no step) with this rank's recorded ``logs``.
 
-    For a run resumed from a checkpoint whose epoch's steps were all trained (validation interrupted).
-    Hooks in ``fit``'s order; ``logs``: this rank's epoch logs as the interrupted run had them; ``verbose``:
-    Keras'."""
+    For a run resumed from a checkpoint whose epoch's steps were all trained."""
     model.stop_training = False  # as fit begins
     hooks = keras.callbacks.CallbackList(callbacks, add_history=False, add_progbar=False, model=model,
                                          verbose=verbose, epochs=epoch + 1, steps=steps_per_epoch)

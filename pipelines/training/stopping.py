@@ -1,7 +1,5 @@
-"""Early stopping: the metric watched, and patience counted in optimizer steps with a floor in epochs.
-
-Patience in epochs alone means different things at different data sizes; in steps it is the same amount
-of optimisation, and the epoch floor keeps a minimum of validations without a gain."""
+"""Early stopping: the metric watched, and patience in optimizer steps (the same at any data size) with a
+floor in epochs."""
 from __future__ import annotations
 
 import math
@@ -35,8 +33,8 @@ class StoppingRule:
         """Refuse a value no run can use, naming its flag.
 
         Raises:
-            pipelines.runtime.errors.Refused: an unknown ``monitor``, ``patience_epochs`` < 1,
-                ``patience_steps`` < 0, ``min_delta`` not finite and >= 0.
+            pipelines.runtime.errors.Refused: unknown ``monitor``, ``patience_epochs`` < 1, ``patience_steps`` < 0,
+                ``min_delta`` not finite and >= 0.
         """
         if self.monitor not in MONITORS:
             raise Refused(f"--monitor {self.monitor}: early stopping watches a metric every epoch logs: "

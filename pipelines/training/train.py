@@ -1,8 +1,7 @@
-"""The training job: one function, ``run_training``, run by every Horovod rank.
+"""The training job: ``run_training``, run by every Horovod rank, reads top to bottom as the job's steps.
 
-``run_training`` reads top to bottom as the job's steps; every rank runs all of them, and the side
-effects (checkpoints, logs, reports, the model, the MLflow run) are rank 0's. Lines that distribution
-adds to a single-process Keras job are marked ``# Horovod:``, as in Horovod's own Keras example."""
+Side effects (checkpoints, logs, reports, the model, the MLflow run) are rank 0's. Lines that distribution
+adds to a single-process Keras job are marked ``# Horovod:``."""
 from __future__ import annotations
 
 import contextlib
@@ -43,9 +42,7 @@ log = logging.getLogger("pipelines")
 
 @contextlib.contextmanager
 def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resume) -> Iterator[Optional[tracking.Tracker]]:
-    """Rank 0 starts or continues the job's MLflow run (FAILED if the block raises); yields its ``Tracker``.
-
-    ``None`` on the other ranks or with tracking off.
+    """Rank 0 starts or continues the MLflow run (FAILED if the block raises); yields it, else ``None``.
 
     Raises:
         pipelines.tracking.TrackingUnavailable: on every rank, when rank 0 cannot use the store.
@@ -224,9 +221,7 @@ def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: 
 
 
 def evaluate(context: RankContext, inputs, split: str = TEST):
-    """Exact totals of the trained model over the whole ``split``, the same on every rank.
-
-    Sums are allreduced and the count checked against the manifest, so a short read fails the run.
+    """Exact totals over the whole ``split``, the same on every rank; a short read fails the run.
 
     Raises:
         pipelines.training.data.errors.ShardCountError: a count differs from the metadata or manifest.
@@ -301,7 +296,7 @@ def head_phase(context: RankContext, inputs, resume: Resume):
 
 
 def fine_tune(context: RankContext, first, resume: Resume):
-    """Phase 2 on every rank: the top ``--fine-tune-blocks`` unfrozen from phase 1's best, trained on images.
+    """Phase 2 on every rank: the top ``--fine-tune-blocks`` unfrozen from phase 1's best, on images.
 
     Returns:
         Phase: with ``report`` for ``metrics.json``'s ``fine_tune``.

@@ -7,14 +7,8 @@ import horovod.tensorflow.keras as hvd
 class DataWorldWarmup(hvd.callbacks.LearningRateWarmupCallback):
     """Horovod's warmup with the data world's size ``n0`` in place of ``hvd.size()``.
 
-    On the data world itself it does Horovod's operations on the same numbers, so the rates match bit for bit.
-
-    Args:
-        initial_lr: the rate after the warmup (``base_lr x n0``).
-        warmup_epochs: epochs of the ramp (> 0; may be fractional).
-        steps_per_epoch: the run's.
-        data_world_size: ``n0``.
-    """
+    ``initial_lr``: the rate after it (``base_lr x n0``); ``warmup_epochs`` > 0, may be fractional. On the data
+    world itself the rates match Horovod's bit for bit."""
 
     def __init__(self, initial_lr: float, warmup_epochs: float, steps_per_epoch: int, data_world_size: int):
         super().__init__(initial_lr=initial_lr, warmup_epochs=warmup_epochs, steps_per_epoch=steps_per_epoch,
