@@ -30,10 +30,8 @@ log = logging.getLogger("pipelines")
 class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
     """``EarlyStopping`` that restores the best weights however training ends, and can resume.
 
-    Keras 2.15 restores the best weights only when it stops the run itself; when the epochs run
-    out the model keeps the last epoch's. This one also restores them at the end of training.
-    ``state`` (from a checkpoint marker) continues a previous run's patience count and best value.
-    """
+    Keras restores them only when it stops the run itself, not when the epochs run out. ``state`` (from a
+    checkpoint marker) continues a previous run's patience count and best value."""
 
     def __init__(self, state: Optional[Dict] = None, best_weights: Optional[List] = None, **kwargs):
         super().__init__(restore_best_weights=True, **kwargs)
@@ -44,8 +42,8 @@ class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
 
     @classmethod
     def of_rule(cls, rule, steps_per_epoch: int, **kwargs) -> "BestWeightsEarlyStopping":
-        """Early stopping by ``rule`` (a :class:`pipelines.training.stopping.StoppingRule`) for a run
-        of ``steps_per_epoch`` optimizer steps an epoch; ``kwargs``: ``state``, ``best_weights``."""
+        """Early stopping by ``rule`` (a ``StoppingRule``) for ``steps_per_epoch`` optimizer steps an
+        epoch; ``kwargs``: ``state``, ``best_weights``."""
         return cls(monitor=rule.monitor, mode=rule.mode, patience=rule.patience(steps_per_epoch),
                    min_delta=rule.min_delta, verbose=0, **kwargs)
 
@@ -58,11 +56,10 @@ class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
             self.best_weights = self._resume_best_weights
 
     def state(self, epochs_done: Optional[int] = None) -> Dict:
-        """JSON-ready state: best value, epochs waited, best epoch (1-based), stopped or not, the metric
-        watched (``monitor``: ``--resume`` continues only a run that watched the same, and a resume whose
-        best epoch's file is damaged takes its best anew). With
-        ``epochs_done`` 0 (a step checkpoint within the first epoch) there is no best yet: best epoch
-        0, best ``None``."""
+        """JSON-ready state: ``best``, ``wait``, ``best_epoch`` (1-based), ``stopped``, ``monitor``.
+
+        ``monitor``: ``--resume`` continues only a run that watched the same metric. ``epochs_done`` 0 (a step
+        checkpoint in epoch 1): no best yet, best epoch 0, best ``None``."""
         if epochs_done == 0:
             return {"best": None, "wait": 0, "best_epoch": 0, "stopped": False, "monitor": self.monitor}
         return {"best": float(self.best), "wait": int(self.wait), "best_epoch": int(self.best_epoch) + 1,
@@ -75,18 +72,10 @@ class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
 
 
 class EpochStats(keras.callbacks.Callback):
-    """Adds ``lr``, ``epoch_seconds``, ``train_images_per_second``, ``step_ms`` and, under mixed
-    precision, ``loss_scale`` to each epoch's logs.
+    """Adds ``lr``, ``epoch_seconds``, ``train_images_per_second``, ``step_ms`` and ``loss_scale`` to epoch logs.
 
-    ``train_images_per_second`` counts the global batch of every training step (all ranks), over
-    the training part of the epoch only (validation excluded). ``step_ms`` is the median wall time of
-    one training step in milliseconds, from the start of one step to the start of the next (the last
-    ends where validation starts): input, compute and allreduce together, the figure the scaling
-    model is fitted to (docs/scaling-model.md). ``loss_scale`` is the dynamic loss scale at the
-    epoch's end (Keras' ``LossScaleOptimizer``; absent in float32): a scale that keeps falling means
-    float16 gradients overflow. An epoch whose steps an earlier process trained (its end alone:
-    :func:`pipelines.training.segment.end_epoch`) keeps the figures its logs bring.
-    """
+    Training time excludes validation; ``step_ms`` is the median step-start-to-step-start time (the scaling
+    model's figure); ``loss_scale`` only under mixed precision."""
 
     def __init__(self, steps_per_epoch: int, global_batch: int):
         super().__init__()
@@ -125,8 +114,7 @@ class EpochStats(keras.callbacks.Callback):
 
 
 def step_seconds(starts: Sequence[float], end: float) -> float:
-    """Median seconds per step from the steps' start times (seconds, increasing) and the end of the
-    last step; 0.0 without steps."""
+    """Median seconds per step from the steps' increasing start times and the last step's end; 0.0 if none."""
     if not starts:
         return 0.0
     bounds = list(starts) + [end]
@@ -142,42 +130,13 @@ def loss_scale(optimizer) -> Optional[float]:
 
 
 class DivergenceGuard(keras.callbacks.Callback):
-    """Every rank: ends the run on every rank at the same step when any rank's loss is NaN or
-    infinite, or, at an epoch's end, any of the epoch's logs or the weights and optimizer state a
-    checkpoint would hold (:func:`pipelines.training.model.checkpoints.checkpoint_variables`).
+    """Every rank: stops all ranks at the same step when any rank's loss, logs or weights turn non-finite.
 
-    After every training step each rank adds whether its own step's logs (``loss``: Keras' running
-    mean over the epoch, so it turns non-finite at the very step one batch's loss did) hold a
-    non-finite value, 0 or 1, to the others' (``count``: one float32 allreduced with Horovod's Sum);
-    every rank sees the same total at the same step, so when it is not 0 all of them gather what
-    each found (``gather``: ``allgather_object``) and raise the same
-    :class:`~pipelines.training.divergence.TrainingDiverged`, naming the epoch, the step (both
-    1-based), each rank that found one and its host. Keras' ``TerminateOnNaN`` stops the rank that
-    sees the NaN only, and Horovod's other ranks then wait in the next allreduce for good. Place it
-    before early stopping and the checkpoint writer: a diverged epoch is never chosen as best nor
-    written. Its cost per step (one allreduce of two floats over Gloo) is measured by
-    ``benchmarks/divergence_bench.py``. ``count`` and ``gather`` stand in for Horovod's in tests.
-
-    The same collective carries the preemption notice (``notice``: a
-    :class:`~pipelines.training.preemption.PreemptionNotice`; ``count`` adds ``(diverged,
-    preempted)`` flags over ranks): once any rank has had a SIGTERM, every rank stops after the same
-    step: ``on_preempted(epoch, step)`` (rank 0: the step checkpoint,
-    :meth:`pipelines.training.checkpointer.CheckpointMarker.write_step`) runs, every rank waits for
-    it (``agree``: rank 0's marker name, broadcast; a launcher stops rank 0 once another rank has
-    ended), and every rank raises :class:`~pipelines.training.preemption.Preempted`.
-
-    In the epoch's exact validation (:func:`pipelines.training.evaluate.exact_validation`) the
-    same check runs after every validation batch (:meth:`on_validation_batch_end`), ``count``
-    adding ``(validating, preempted)``: shards differ in batches, so a rank whose shard is done
-    goes on checking (:meth:`on_validation_shard_end`) until no rank validates, and every rank
-    makes the same checks. A notice there (or at the epoch's last step: the first check sees it)
-    stops every rank within one validation batch: every rank's epoch logs gathered,
-    ``on_preempted(epoch, steps_per_epoch, epoch_logs)`` checkpoints the epoch's trained steps
-    with the validation left to the resumed run (:func:`pipelines.training.segment.end_epoch`),
-    and every rank raises :class:`~pipelines.training.preemption.Preempted`. A notice after the
-    validation's last check stops every rank at the epoch's end, after its checkpoint
-    (:attr:`deferred`, the epoch-end check; :class:`PreemptAtEpochEnd`).
-    """
+    Each step (and validation batch) every rank allreduces ``(diverged, preempted)`` flags (``count``), so
+    all raise the same ``TrainingDiverged`` together; ``TerminateOnNaN`` would stop one rank and hang the
+    rest. Place it before early stopping and checkpoints. A SIGTERM (``notice``) stops every rank after the
+    same step or validation batch, after ``on_preempted`` (rank 0's checkpoint) and ``agree``; after
+    validation's last check it waits for the epoch's end (``deferred``)."""
 
     def __init__(self, steps_per_epoch: int, count=None, gather=None, notice=None, on_preempted=None, agree=None):
         super().__init__()
@@ -222,8 +181,7 @@ class DivergenceGuard(keras.callbacks.Callback):
             pass
 
     def _check_in_validation(self, validating: bool, logs, after: str) -> bool:
-        """One check in validation (after ``after``, for the watchdog); stops every rank at a
-        notice. Returns whether a rank validates."""
+        """One collective check in validation (``after``: for the watchdog); returns whether any rank validates."""
         tick_watchdog(f"the preemption check after {after}", waits=True)
         still, notices = self.count((validating, bool(self.notice and self.notice.requested)))
         tick_watchdog(f"the rank's own work after the check after {after}")
@@ -244,8 +202,7 @@ class DivergenceGuard(keras.callbacks.Callback):
         self.deferred = self._stop_if_found(found, epoch_end_place(epoch + 1, self.steps), notice) or self.deferred
 
     def _stop_if_found(self, found: List[str], place: str, preempted: bool = False) -> bool:
-        """The collective step: every rank calls it at the same point, each with what it found (and
-        whether it had a preemption notice). Returns whether any rank had the notice."""
+        """The collective check, at the same point on every rank; returns whether any rank had the notice."""
         diverged, notices = self.count((bool(found), preempted))
         if not diverged:
             return bool(notices)
@@ -255,10 +212,9 @@ class DivergenceGuard(keras.callbacks.Callback):
 
 
 class PreemptAtEpochEnd(keras.callbacks.Callback):
-    """Every rank, after every other callback of the epoch's end (rank 0's checkpoint and its upload
-    among them): when ``guard`` (:class:`DivergenceGuard`) had the preemption notice at the epoch's
-    last step, every rank waits for rank 0 (``guard.agree``) and raises
-    :class:`~pipelines.training.preemption.Preempted` naming the epoch's checkpoint."""
+    """Every rank, after every other epoch-end callback: raises ``Preempted`` when ``guard`` deferred a notice.
+
+    Every rank first waits for rank 0 (``guard.agree``), whose checkpoint is then complete."""
 
     def __init__(self, guard: DivergenceGuard):
         super().__init__()
@@ -271,12 +227,10 @@ class PreemptAtEpochEnd(keras.callbacks.Callback):
 
 
 class HostsUpdateCheck(keras.callbacks.Callback):
-    """Under horovodrun's elastic mode (:mod:`pipelines.launch.elastic`), every rank at each epoch's
-    end, after the epoch's checkpoint is written and uploaded: Horovod's
-    ``State.check_host_updates()`` (a broadcast of what the driver told rank 0) raises
-    ``HostsUpdatedInterrupt`` on every rank alike when the host discovery script added slots (or
-    took a live worker's away); the run then continues from that checkpoint on the new world, up to
-    horovodrun's ``--max-np``. Not after the run's last epoch, nor when early stopping ends it."""
+    """Elastic mode, every rank at an epoch's end after its checkpoint: Horovod's ``check_host_updates()``.
+
+    It raises ``HostsUpdatedInterrupt`` on every rank alike when discovery added slots or took a live worker's
+    away; the run continues from that checkpoint on the new world. Not after the last epoch nor an early stop."""
 
     def __init__(self, state):
         super().__init__()
@@ -288,16 +242,14 @@ class HostsUpdateCheck(keras.callbacks.Callback):
 
 
 def rank0_value(value):
-    """Rank 0's ``value`` on every rank (Horovod's ``broadcast_object``): a collective, so every rank
-    returns once rank 0 has reached it."""
+    """Rank 0's ``value`` on every rank (``broadcast_object``); collective, returns once rank 0 reached it."""
     import horovod.tensorflow as hvd_tf
 
     return hvd_tf.broadcast_object(value, root_rank=0, name="preempted_checkpoint")
 
 
 def ranks_flagged(flags: Sequence[bool]) -> tuple:
-    """For each of ``flags``, the number of ranks whose flag is true (one Horovod allreduce, Sum, of
-    ``len(flags)`` float32)."""
+    """For each of ``flags``, the number of ranks whose flag is true (one float32 allreduce, Sum)."""
     import horovod.tensorflow as hvd_tf
     import tensorflow as tf
 
@@ -314,10 +266,9 @@ def gather_ranks(value) -> list:
 
 
 class TrackEpochs(keras.callbacks.Callback):
-    """Rank 0: each epoch's logs (loss, accuracy, val_loss, val_accuracy, lr, epoch_seconds,
-    train_images_per_second, already averaged over ranks) to the MLflow run at ``step`` = the
-    epoch (1-based), through a :class:`pipelines.tracking.Tracker`, which never raises here: a
-    tracking failure must not stop training."""
+    """Rank 0: each epoch's logs to MLflow at ``step`` = the 1-based epoch.
+
+    The ``Tracker`` never raises here: a tracking failure must not stop training."""
 
     def __init__(self, tracker):
         super().__init__()
@@ -328,10 +279,10 @@ class TrackEpochs(keras.callbacks.Callback):
 
 
 class ProgressMark(keras.callbacks.Callback):
-    """Rank 0, after each training step: the run's newest step in its output folder
-    (:func:`pipelines.training.records.progress.write_mark`), so that a run continued from a
-    checkpoint knows the steps it trains again; uploaded to a URI ``--output`` (``outputs``, a
-    :class:`pipelines.training.records.mirror.Outputs`) at most every ``every_s`` seconds."""
+    """Rank 0, after each step: the run's newest step in its output folder (``progress.write_mark``).
+
+    A run continued from a checkpoint reads it to know the steps it trains again; a URI ``--output``
+    (``outputs``) receives it at most every ``every_s`` seconds."""
 
     def __init__(self, folder: str, run_id: str, outputs=None, every_s: float = progress.UPLOAD_EVERY_S,
                  clock=time.monotonic):
@@ -351,9 +302,7 @@ class ProgressMark(keras.callbacks.Callback):
 
 
 class SyncOutputs(keras.callbacks.Callback):
-    """Rank 0, after the callbacks that write the epoch's files: a URI ``--output`` receives them,
-    the checkpoint's marker last (:meth:`pipelines.training.records.mirror.Outputs.push`); nothing for a
-    local one."""
+    """Rank 0, after the callbacks that write the epoch's files: uploads them to a URI ``--output``, marker last."""
 
     def __init__(self, outputs):
         super().__init__()
@@ -365,12 +314,10 @@ class SyncOutputs(keras.callbacks.Callback):
 
 
 class WatchdogTicks(keras.callbacks.Callback):
-    """Ticks a rank's :class:`~pipelines.launch.watchdog.Watchdog` from inside ``fit``: before each
-    step (``waits``: the step's allreduce waits on every rank) and after it (the rank's own work
-    until the next one). The pair :meth:`around` gives goes first and last among the callbacks:
-    the first ticks, at each epoch's end, that the end-of-epoch work begins (validation's and the
-    checkpoint's collectives: ``waits``), the last that it ended (the rank's own work again). The
-    last one starts the watchdog when training begins and stops it when training ends."""
+    """Ticks a rank's ``Watchdog`` inside ``fit``: before each step (``waits``) and after it.
+
+    ``around``'s pair goes first and last among the callbacks, bracketing each epoch's end work; the last
+    also starts the watchdog at train begin and stops it at train end."""
 
     def __init__(self, watchdog, ends: bool):
         super().__init__()
@@ -410,24 +357,20 @@ class WatchdogTicks(keras.callbacks.Callback):
 
 
 def stop_watchdogs(callbacks) -> None:
-    """Stop the watchdog of any :class:`WatchdogTicks` among ``callbacks``: ``fit`` that raises
-    calls no ``on_train_end``, and a watchdog left running would end the process as stalled
-    (under horovodrun's elastic mode the process trains on after a reset)."""
+    """Stop the watchdog of any ``WatchdogTicks`` in ``callbacks``.
+
+    A ``fit`` that raises calls no ``on_train_end``, and a running watchdog would end the process as stalled
+    (elastic mode trains on after a reset)."""
     for callback in callbacks:
         if isinstance(callback, WatchdogTicks) and callback.ends:
             callback.watchdog.stop()
 
 
 class EpochCSVLogger(keras.callbacks.CSVLogger):
-    """Keras' ``CSVLogger`` (``history.csv``: one row of logs per epoch), its ``epoch`` column
-    counted from 1 as everything else of a run counts them (the console, checkpoints,
-    ``metrics.json``'s history and best epoch); Keras' own logger writes the 0-based index. The
-    file is opened never through a link (:func:`pipelines.io.nofollow.open_write`; Keras' own
-    opens it by name, following one)."""
+    """Keras' ``CSVLogger`` (``history.csv``) with 1-based epochs, opened never through a link."""
 
     def on_train_begin(self, logs=None):
-        """Open ``history.csv`` to append (``append``: a resumed run; no header when it has a line)
-        or to write anew.
+        """Open ``history.csv`` to append (a resumed run; no header if it has a line) or anew.
 
         Raises:
             pipelines.io.nofollow.LinkRefused: it is a symbolic link or not a regular file.

@@ -21,20 +21,11 @@ from pipelines.training.schedule import (
 
 
 class CheckpointMarker(keras.callbacks.Callback):
-    """Rank 0: writes epoch N's checkpoint (trainable weights + optimizer state, a few KB: see
-    :mod:`pipelines.training.model.checkpoints`), then marks it complete, and keeps only the newest and
-    the best checkpoints.
+    """Rank 0: each epoch's checkpoint, then its completion marker; only the newest and best are kept.
 
-    The marker ``checkpoint-N.json`` is written to a temporary name and renamed after the
-    checkpoint, and records the checkpoint's size and sha256 (``weights_sha256``: a damaged file is
-    passed over, :func:`pipelines.training.schedule.newest_complete_checkpoint`), the sha256 of the frozen weights it goes with
-    (``frozen_sha256``), the epoch's logs, the history so far and the early-stopping state, so that
-    ``--resume`` picks only complete checkpoints, refuses other frozen weights, and continues
-    exactly where training was. ``extra`` goes into every marker: the training phase
-    (``{"phase": 1}`` by default; fine-tuning's adds phase 1's outcome, :mod:`pipelines.training.model.finetune`,
-    and each phase 2 marker the sha256 of the weights that are not trained, ``non_trainable_sha256``,
-    taken at the epoch's end: the frozen layers and every batch norm's moving statistics).
-    """
+    The marker, written atomically after the weights, records their size and sha256, the frozen weights'
+    sha256, logs, history and early-stopping state, and ``extra`` (default ``{"phase": 1}``; phase 2 adds
+    ``non_trainable_sha256``), so ``--resume`` takes only sound checkpoints of the same frozen weights."""
 
     def __init__(self, directory: str, early_stopping: BestWeightsEarlyStopping, history: List[Dict],
                  frozen_sha256: Optional[str] = None, extra: Optional[Dict] = None, every: Optional["Interval"] = None,
@@ -66,13 +57,10 @@ class CheckpointMarker(keras.callbacks.Callback):
         self._prune(keep={number, marker["early_stopping"]["best_epoch"]})
 
     def write_step(self, epoch: int, step: int, epoch_logs: Optional[List[Dict]] = None) -> str:
-        """A checkpoint within 1-based ``epoch`` after its 1-based ``step``: the same state as an
-        epoch's (weights, optimizer, random generators), its marker saying ``epoch`` (the epochs
-        done, ``epoch - 1``) and ``step``, which with the run's arithmetic is the data position
-        (:func:`pipelines.training.schedule.fit_segments`). After the epoch's last step (a notice
-        in its validation), ``epoch_logs``: every rank's logs of the epoch's training, by rank,
-        for the resumed run's end of that epoch. Replaces the previous step checkpoint. Returns
-        the marker's file name."""
+        """A checkpoint after 1-based ``step`` of 1-based ``epoch``, replacing the previous step one.
+
+        Its marker's ``epoch`` (done, ``epoch - 1``) and ``step`` give the data position; ``epoch_logs``: every
+        rank's logs of a fully trained epoch. Returns the marker's file name."""
         marker_file = step_marker_path(self.directory, epoch, step)
         where = {"epoch": epoch - 1, "step": step, "logs": None, **({"epoch_logs": epoch_logs} if epoch_logs else {})}
         self._write(step_checkpoint_path(self.directory, epoch, step), marker_file, where,
@@ -97,10 +85,10 @@ class CheckpointMarker(keras.callbacks.Callback):
         return marker
 
     def _prune(self, keep, steps_before: Optional[tuple] = None) -> None:
-        """Delete the checkpoints that neither resume nor best-weights restoring need: the epoch
-        checkpoints but the newest and the best, and every step checkpoint older than the newest
-        checkpoint (``steps_before``: a step checkpoint's position; default: the newest epoch's),
-        markers first."""
+        """Delete checkpoints neither resume nor best weights need, markers first.
+
+        Kept: the epochs in ``keep`` and step checkpoints not older than ``steps_before`` (default: the newest
+        epoch)."""
         for earlier in range(1, max(keep)):
             if earlier not in keep:
                 for path in (marker_path(self.directory, earlier), checkpoint_path(self.directory, earlier)):
@@ -114,10 +102,8 @@ class CheckpointMarker(keras.callbacks.Callback):
 
 
 class Interval:
-    """When a step checkpoint is due (``--checkpoint-every-steps``, ``--checkpoint-every-minutes``):
-    after every ``steps``-th training step of the run (counted over epochs, 1-based), or once
-    ``minutes`` have passed since the last checkpoint, never at an epoch's last step (the epoch's
-    own checkpoint follows). ``steps_per_epoch``: the run's."""
+    """When a step checkpoint is due: every ``steps``-th step of the run (1-based, over epochs), or after
+    ``minutes`` since the last checkpoint; never at an epoch's last step (its own checkpoint follows)."""
 
     def __init__(self, steps: Optional[int], minutes: Optional[float], steps_per_epoch: int):
         self.steps, self.minutes, self.steps_per_epoch = steps, minutes, steps_per_epoch

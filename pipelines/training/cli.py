@@ -1,12 +1,7 @@
-"""Command line of the training stage.
+"""Command line of the training stage: every rank under ``horovodrun``, or one driver with ``--spark-np N``.
 
-Every rank runs it under ``horovodrun -np N python jobs/train.py ...``; or one driver runs it with
-``--spark-np N`` (``spark-submit --master spark://HOST:PORT jobs/train.py --spark-np N ...``, or
-``python jobs/train.py --spark-np -N`` for local processes) and launches the ranks itself with
-:class:`pipelines.launch.HorovodRunner`. Both call the same training function with the same
-:class:`~pipelines.training.config.TrainConfig`; the launch settings are a
-:class:`~pipelines.launch.config.LaunchConfig` beside it, which no rank sees.
-"""
+The driver launches the ranks itself (``HorovodRunner``; ``-N``: local processes). Both train with the same
+``TrainConfig``; the ``LaunchConfig`` beside it reaches no rank."""
 from __future__ import annotations
 
 import contextlib
@@ -43,23 +38,14 @@ RANK_LOGS = "logs"  # under --output: each rank's whole output (HorovodRunner's 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Parse the options into a :class:`TrainConfig` (each rank's settings) and a
-    :class:`~pipelines.launch.config.LaunchConfig` (``--spark-np`` and the other launch settings), and train.
+    """Parse the options into a ``TrainConfig`` and a ``LaunchConfig``, and train.
 
-    Returns 0 on success; 2 with a one-line error when the data cannot feed the run, ``--data`` or
-    ``--output`` is on a store that cannot be used (unknown scheme, missing bucket, refused
-    credentials), or the launch is impossible (too few task slots, a Spark setting barrier tasks refuse, a network
-    interface or host address that is not on this machine's executors, more local ranks than GPUs, an MLflow
-    tracking server that does not answer), or ``--weights imagenet`` is neither in Keras' cache nor can be fetched,
-    before any rank starts, or a rank refused its input (each a :class:`~pipelines.runtime.errors.Refused`);
-    1 with the failing rank, its cause and its redacted traceback when a
-    rank fails (on its host: also its network) and is not relaunched (``--max-failures``); 1 with
-    one line when MLflow could not log the results (the training outputs are complete); 1 with the
-    redacted traceback for any other exception (under ``horovodrun``, on every rank that raised it,
-    with its rank and host; a refusal is said by rank 0 alone); 76
-    (:data:`~pipelines.training.preemption.PREEMPTED_EXIT`) when a SIGTERM to any rank (a preemption
-    notice) stopped every rank at one step after rank 0's checkpoint there, with a line saying how
-    to resume (under ``horovodrun``, each rank's status: ``horovodrun`` itself exits 1).
+    Returns:
+        int: 0 on success. 2 with one line for a refusal (before any rank starts, or a rank's refused input).
+        1 when a rank fails and is not relaunched (its rank, cause and redacted traceback), when MLflow
+        could not log the results (outputs complete), or with the redacted traceback of any other error.
+        76 (``PREEMPTED_EXIT``) when a SIGTERM stopped every rank after rank 0's checkpoint, with how to
+        resume (under ``horovodrun`` each rank's status; ``horovodrun`` itself exits 1).
     """
     for name, value in DEVICE_ORDER.items():  # before TensorFlow loads: GPUs numbered as nvidia-smi does
         os.environ.setdefault(name, value)
@@ -100,13 +86,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def launch_failed(exc: Exception, log: logging.Logger, output: str = "") -> int:
-    """The launching driver's last words on a launch whose ranks did not all finish, and its exit
-    code: 2 when the root cause is a rank's refusal (one line naming the rank, its host and what it
-    refused), 76 (:data:`~pipelines.training.preemption.PREEMPTED_EXIT`) when the ranks stopped at
-    a preemption notice after their checkpoint (with the line saying how to resume ``output``),
-    else 1: the failing rank, its cause and its traceback as the rank wrote it (redacted;
-    none for a rank that was killed or lost). ``exc``: a
-    :class:`~pipelines.launch.HorovodJobFailed` or :class:`~pipelines.launch.RelaunchImpossible`."""
+    """The launching driver's last words on a failed launch (``exc``), and its exit code.
+
+    Returns:
+        int: 2 for a rank's refusal (one line); 76 for a preemption stop (with how to resume ``output``);
+        else 1, with the failing rank's cause and redacted traceback.
+    """
     root = exc.failures[0] if isinstance(exc, HorovodJobFailed) else None
     if root is not None and root.exit_status:  # the ranks stopped of their own (a preemption notice)
         log.warning("rank %d%s: %s", root.rank, f" on {root.host}" if root.host else "", root.cause.split(": ", 1)[-1])
@@ -121,16 +106,13 @@ def launch_failed(exc: Exception, log: logging.Logger, output: str = "") -> int:
 
 
 def horovodrun_place(environ: Mapping[str, str]) -> Tuple[Optional[int], int]:
-    """``(rank, world_size)`` of a process that is a rank itself, from the variables ``horovodrun``
-    sets for every rank (``HOROVOD_RANK``, ``HOROVOD_SIZE``); ``(None, 1)`` for a process alone.
-    Read once, in :func:`main`; inside the rank Horovod's own ``hvd.rank()``/``hvd.size()`` say the same."""
+    """``(rank, world_size)`` from ``HOROVOD_RANK``/``HOROVOD_SIZE``; ``(None, 1)`` for a process alone."""
     rank = environ.get("HOROVOD_RANK")
     return (None if rank is None else int(rank)), int(environ.get("HOROVOD_SIZE", "1"))
 
 
 def result_line(report: dict, output: str) -> str:
-    """The one line a finished job prints: exact test metrics, the epoch chosen on validation and its
-    validation accuracy, world size, where it all is."""
+    """The one line a finished job prints: test metrics, chosen epoch, world size, where the outputs are."""
     test, validation = report["test"], report.get("validation") or {}
     tracked = f"; MLflow run {report['mlflow']['run_id']}" if report.get("mlflow") else ""
     chosen = (f" (validation accuracy {validation['accuracy']:.4f})"
@@ -142,14 +124,10 @@ def result_line(report: dict, output: str) -> str:
 
 
 def launch_ranks(config: TrainConfig, launch: LaunchConfig) -> dict:
-    """``--spark-np N``: check what can be checked before any rank starts, then run the ranks with
-    :class:`~pipelines.launch.HorovodRunner` (N Spark barrier tasks, or -N local processes),
-    each rank's whole output kept under ``OUTPUT/logs`` (:func:`rank_log_dir`). Returns rank 0's report.
+    """``--spark-np N``: check before any rank starts, then run the ranks with ``HorovodRunner``.
 
-    Raises:
-        pipelines.runtime.errors.Refused: a refusal (exit 2): as :func:`check_before_ranks`, the launch's checks.
-        HorovodJobFailed, RelaunchImpossible: a rank failed and was not relaunched (exit 1).
-    """
+    Returns rank 0's report; raises ``Refused`` (exit 2), or ``HorovodJobFailed``/``RelaunchImpossible``
+    when a rank failed and was not relaunched (exit 1)."""
     setup_logging("train driver")
     if launch.np < 0 and config.compute.bind_cores:  # local ranks: the cores are this machine's, check now
         rank_cores(0, launch.world_size, threads_per_rank(config.compute.threads, launch.world_size),
@@ -165,36 +143,21 @@ def launch_ranks(config: TrainConfig, launch: LaunchConfig) -> dict:
 
 
 def refuse_early(config: TrainConfig, rank: Optional[int], world_size: int) -> None:
-    """Rank 0's refusals under ``horovodrun`` (or alone), and its fetch of ``--weights imagenet``,
-    made before TensorFlow loads: a refused run ends in about a second instead of the ten that
-    importing TensorFlow and Horovod takes on 2 cores (``horovodrun`` then stops the other ranks,
-    still loading). Only rank 0: a rank that refused at once made ``horovodrun`` kill rank 0
-    before it said why. The other ranks wait for rank 0 in ``hvd.init``, so they find the weights
-    in Keras' cache and fetch nothing.
+    """Rank 0's refusals and ``--weights imagenet`` fetch before TensorFlow loads (a second, not ten).
 
-    ``rank`` and ``world_size`` are :func:`horovodrun_place`'s (None and 1 alone), the same numbers
-    :func:`pipelines.training.plan.plan_run` then has from Horovod.
-
-    Raises:
-        as :func:`check_before_ranks` and :func:`fetch_weights`.
-    """
+    Only rank 0: a rank refusing at once made ``horovodrun`` kill rank 0 before it said why; the others
+    wait in ``hvd.init``. Raises as ``check_before_ranks`` and ``fetch_weights``."""
     setup_logging("train", rank=rank)  # setup_rank sets it again, from Horovod
     check_before_ranks(config, world_size)
     fetch_weights(config)
 
 
 def check_before_ranks(config: TrainConfig, world_size: int):
-    """The refusals a process makes before any rank trains (the launching driver, the notebooks,
-    rank 0 under ``horovodrun``), without TensorFlow: the data cannot feed ``world_size`` ranks,
-    ``--output`` cannot be used, or holds another training run (:mod:`pipelines.training.records.ownership`), or
-    ``--resume`` would continue a run trained at another world size or batch, or on other data.
-    Returns the run it would be (a :class:`~pipelines.training.records.ownership.RunIdentity`).
+    """The refusals made before any rank trains, without TensorFlow; returns the run's ``RunIdentity``.
 
     Raises:
-        pipelines.runtime.errors.Refused (DataError, StorageError, MissingInput ...): as
-            :func:`pipelines.training.plan.check_run` and
-            :func:`pipelines.training.records.mirror.check_output`.
-        pipelines.training.records.ownership.RunRefused: as :func:`pipelines.training.records.ownership.claim`.
+        pipelines.runtime.errors.Refused: data that cannot feed ``world_size`` ranks, an unusable or foreign
+            ``--output``, a ``--resume`` at another world size, batch or data.
     """
     check_run(config.loader.data, config.fit.batch_size, world_size, config.storage_options)
     check_output(config.outputs.output, config.storage_options)
@@ -202,23 +165,18 @@ def check_before_ranks(config: TrainConfig, world_size: int):
 
 
 def fetch_weights(config: TrainConfig) -> None:
-    """``--weights imagenet``: in Keras' cache, fetched there once if need be, without TensorFlow;
-    called after every refusal (a refused run downloads nothing): by a launcher just before the
-    ranks start (``HorovodRunner(before_ranks=...)``), by rank 0 under ``horovodrun`` after
-    :func:`check_before_ranks`.
+    """``--weights imagenet`` into Keras' cache, fetched once if need be; call after every refusal.
 
     Raises:
-        pipelines.training.model.imagenet.WeightsUnavailable: as
-            :func:`pipelines.training.model.imagenet.ensure_imagenet_weights` (a refusal: exit 2).
+        pipelines.training.model.imagenet.WeightsUnavailable: a refusal (exit 2).
     """
     ensure_imagenet_weights(config.model.backbone, config.model.weights)
 
 
 @contextlib.contextmanager
 def rank_log_dir(config: TrainConfig) -> Iterator[str]:
-    """The local folder HorovodRunner keeps each rank's output in: ``OUTPUT/logs`` for a local
-    output; for a URI output a temporary folder, uploaded to ``OUTPUT/logs`` when the run ends
-    (a failed run's too: that is when the logs matter) and then removed."""
+    """The local folder for each rank's output: ``OUTPUT/logs``, or for a URI output a temporary one
+    uploaded there when the run ends (a failed run's too) and then removed."""
     if is_local(config.outputs.output):
         yield os.path.join(config.outputs.output, RANK_LOGS)
         return

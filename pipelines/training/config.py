@@ -1,26 +1,8 @@
-"""Configuration of the training stage (``jobs/train.py``): :class:`TrainConfig`, composed of one
-option group per concern, each a dataclass that checks its own fields:
+"""Configuration of the training stage: ``TrainConfig``, one self-checking option group per concern.
 
-=========================  =========================================================================
-``config.loader``          :class:`LoaderOptions`: ``--data`` and how each rank reads its shard
-``config.model``           :class:`ModelOptions`: the network, its weights and input side, fine-tuning
-``config.fit``             :class:`FitOptions`: epochs, batch, learning rate, warmup, early stopping,
-                           seed, checkpoint intervals
-``config.compute``         :class:`ComputeOptions`: how each rank computes (threads, cores, precision,
-                           XLA, the allreduce's compression)
-``config.outputs``         :class:`OutputOptions`: ``--output``, what a run may do with it, TensorBoard,
-                           MLflow
-``config.verbose``,        every stage's own two (:func:`pipelines.runtime.config.verbose_field`,
-``config.storage_options`` :func:`pipelines.io.options.storage_options_field`; the options serve
-                           ``--data`` and ``--output`` alike)
-=========================  =========================================================================
-
-The flags are the fields' names, flat (``--batch-size``, whatever its group), and so is the
-config's keyword interface: ``TrainConfig(data=..., output=..., batch_size=8)`` routes each keyword
-to its group (:func:`pipelines.runtime.config.init_options`), ``dataclasses.replace(config,
-epochs=3)`` too, and :func:`pipelines.runtime.config.to_dict` (the report's ``config``, MLflow's
-params, the run fingerprint's names) gives the flat fields; code reads ``config.fit.batch_size``.
-"""
+Groups ``loader``, ``model``, ``fit``, ``compute``, ``outputs``, plus ``verbose`` and ``storage_options``.
+Flags and keywords are the fields' names, flat (``TrainConfig(data=..., batch_size=8)``,
+``dataclasses.replace``, ``to_dict``); code reads ``config.fit.batch_size``."""
 from __future__ import annotations
 
 import os
@@ -50,8 +32,7 @@ DEFAULT_CHECKPOINT_MINUTES = 10.0
 
 
 def profile_range(text: str) -> Union[int, Tuple[int, int]]:
-    """``--profile-steps`` as Keras' ``profile_batch``: ``""`` -> 0 (no profile); ``"A,B"`` -> ``(A, B)``
-    and ``"A"`` -> ``(A, A)``, training steps counted from 1 across epochs.
+    """``--profile-steps`` as ``profile_batch``: ``""`` -> 0, ``"A,B"`` -> ``(A, B)``, ``"A"`` -> ``(A, A)`` (1-based).
 
     Raises:
         ValueError: not one or two integers >= 1 with FIRST <= LAST.
@@ -128,8 +109,7 @@ class ModelOptions:
                                           "0 = --epochs")
 
     def input_size(self, stored_size: int) -> int:
-        """Side of the model's input in pixels (``input_size``): ``--image-size``, or ``stored_size``,
-        the side of the ETL's stored images."""
+        """Side of the model's input in pixels: ``--image-size``, else the stored ``stored_size``."""
         return self.image_size or stored_size
 
     def __post_init__(self) -> None:
@@ -280,16 +260,11 @@ class OutputOptions:
 class TrainConfig:
     """Horovod + Petastorm + Keras Xception transfer learning on the ETL's Parquet output.
 
-    Made of the flat keywords (the flags' names): ``TrainConfig(data=..., output=..., batch_size=8)``;
-    an option group may be given whole under its name (``fit=FitOptions(...)``), its fields' keywords
-    then replacing its own (:func:`pipelines.runtime.config.init_options`).
+    Built from flat keywords; a group given whole (``fit=FitOptions(...)``) is overridden by its fields'.
 
     Raises:
-        TypeError: a keyword that names no option, or no ``data``/``output``; a group given whole
-            that is not of its class (``fit=5``: ``fit= must be a FitOptions, got int``).
-        pipelines.runtime.errors.Refused: a value not of its option's type (``batch_size='8'``,
-            ``resume='no'``: :func:`pipelines.runtime.config.check_type`), what a group's checks refuse
-            (NaN or an infinity for a number among them).
+        TypeError: an unknown keyword, no ``data``/``output``, or a whole group of the wrong class.
+        pipelines.runtime.errors.Refused: a value of the wrong type, or one a group's checks refuse.
     """
 
     loader: LoaderOptions = option_group(LoaderOptions.__doc__)
@@ -314,9 +289,7 @@ class TrainConfig:
 
 
 def at_least(bound: int, **options: int) -> None:
-    """Refuse each of the int ``options`` (a field's name and its value) below ``bound``, naming its
-    flag; a float option's bounds are :func:`pipelines.runtime.config.check_number`'s, which refuses
-    NaN and infinities too.
+    """Refuse each int option (name=value) below ``bound``, naming its flag (NaN is refused too).
 
     Raises:
         pipelines.runtime.errors.Refused: ``--NAME must be >= BOUND, got VALUE``.
@@ -327,8 +300,7 @@ def at_least(bound: int, **options: int) -> None:
 
 
 def check_folder_path(path: str, option: str) -> None:
-    """Refuse a local ``path`` that cannot become a folder: it, or the nearest part of it that
-    exists, is not a folder (a file given for a folder, or a file on the way to it).
+    """Refuse a local ``path`` that cannot become a folder (it or its nearest existing part is a file).
 
     Raises:
         ValueError: naming ``option``, the path and the file in the way.
@@ -342,10 +314,9 @@ def check_folder_path(path: str, option: str) -> None:
 
 
 def local_or_uri(value: str) -> str:
-    """A local path made absolute (``file://`` URLs become paths), a URI as given (``s3://b/k``,
-    trailing ``/`` dropped). The URI is resolved, and refused when its scheme is unknown or its
-    bucket missing, where the run is planned (:func:`pipelines.training.data.dataset.load_dataset`,
-    :func:`pipelines.training.records.mirror.open_outputs`): there only rank 0 reports it."""
+    """A local path made absolute (``file://`` stripped), a URI as given without trailing ``/``.
+
+    The URI is checked later, where the run is planned, so that only rank 0 reports it."""
     if is_local(value):
         path = value[len("file://"):] if value.startswith("file://") else value
         return os.path.abspath(os.path.expanduser(path))

@@ -1,10 +1,7 @@
 """Exact evaluation over a whole split: every row counted once across all ranks.
 
-The confusion matrix is never built per batch: a batch adds its (true, predicted) label pairs, and
-the ``(k, k)`` matrix is counted from all of them once (:meth:`Totals.confusion_matrix`), so a
-batch costs O(batch) whatever the number of classes ``k`` (what the per-batch ``k x k`` matrix
-cost at 1,000 classes: docs/benchmarks.md, Figures behind the code's constants; ``benchmarks/eval_bench.py``).
-"""
+A batch adds its (true, predicted) label pairs and the ``(k, k)`` confusion matrix is counted from all of
+them once, so a batch costs O(batch) whatever the number of classes (see docs/benchmarks.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,11 +19,8 @@ def _no_labels() -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class Totals:
-    """Sums over examples: ``loss_sum`` (float64, nats), ``correct`` and ``count`` (int), and, when
-    the confusion is counted (``num_classes`` > 0), every example's label pair: ``true`` and
-    ``predicted``, int64 arrays ``(count,)`` in ``[0, num_classes)``, in no particular order (a
-    multiset: :func:`allreduce_totals` may return them sorted). :meth:`confusion_matrix` counts
-    them. ``num_classes`` 0: the confusion was not counted and both arrays are empty."""
+    """Sums over examples: ``loss_sum`` (float64, nats), ``correct``, ``count``, and the label pairs ``true``,
+    ``predicted`` (int64 ``(count,)``, unordered; empty when ``num_classes`` is 0: confusion not counted)."""
 
     loss_sum: float
     correct: int
@@ -37,17 +31,15 @@ class Totals:
 
     @classmethod
     def of_confusion(cls, loss_sum: float, confusion) -> "Totals":
-        """The totals whose confusion is ``confusion`` (int ``(k, k)``, ``[true][predicted]``
-        counts, k > 0): ``count`` its sum, ``correct`` its trace, the pairs its cells repeated."""
+        """The totals of int ``(k, k)`` ``[true][predicted]`` counts ``confusion`` (k > 0)."""
         matrix = np.asarray(confusion, np.int64)
         k = matrix.shape[0]
         cells = np.repeat(np.arange(k * k, dtype=np.int64), matrix.ravel())
         return cls(float(loss_sum), int(np.trace(matrix)), int(matrix.sum()), k, cells // k, cells % k)
 
     def confusion_matrix(self, num_classes: int = 0) -> np.ndarray:
-        """int64 ``(k, k)``: ``[t][p]`` examples of true label ``t`` predicted ``p`` (one
-        ``np.bincount`` over ``true * k + predicted``); zeros ``(num_classes, num_classes)`` when
-        the confusion was not counted."""
+        """int64 ``(k, k)``: ``[t][p]`` examples of true ``t`` predicted ``p``; zeros
+        ``(num_classes, num_classes)`` when the confusion was not counted."""
         k = self.num_classes
         if not k:
             return np.zeros((num_classes, num_classes), np.int64)
@@ -65,17 +57,12 @@ class Totals:
 
 
 def batch_totals(probabilities: np.ndarray, labels: np.ndarray, epsilon: float = 1e-7) -> Totals:
-    """Loss sum, correct count, count and label pairs of one batch; O(n * num_classes) for the
-    argmax, nothing of size num_classes squared.
+    """Totals of one batch (``probabilities``: float ``(n, k)`` softmax rows; ``labels``: int ``(n,)``).
 
-    Args:
-        probabilities: float array ``(n, num_classes)``, rows summing to 1 (softmax output).
-        labels: int array ``(n,)`` in ``[0, num_classes)``.
-        epsilon: probabilities are clipped to ``[epsilon, 1 - epsilon]``, as Keras's
-            ``sparse_categorical_crossentropy`` does, so that the loss matches Keras's.
+    ``epsilon`` clips probabilities to ``[epsilon, 1 - epsilon]`` as Keras' loss does, so the losses match.
 
     Raises:
-        ValueError: a label outside ``[0, num_classes)``.
+        ValueError: a label outside ``[0, k)``.
     """
     labels = np.asarray(labels, np.int64).reshape(-1)
     k = probabilities.shape[1]
@@ -90,9 +77,7 @@ def batch_totals(probabilities: np.ndarray, labels: np.ndarray, epsilon: float =
 
 
 def add(a: Totals, b: Totals) -> Totals:
-    """Sum of two :class:`Totals`; the label pairs joined when both counted them (of the same
-    number of classes), else those of the one that did. O(a.count + b.count): to sum many batches
-    use :func:`sum_totals` once, not ``add`` in a loop.
+    """Sum of two ``Totals``; O(a.count + b.count), so sum many with ``sum_totals`` once.
 
     Raises:
         ValueError: both counted the confusion, of different numbers of classes.
@@ -101,8 +86,7 @@ def add(a: Totals, b: Totals) -> Totals:
 
 
 def sum_totals(parts: List[Totals]) -> Totals:
-    """Sum of ``parts``, in one pass: the sums and counts added, the label pairs of those that
-    counted the confusion concatenated once.
+    """Sum of ``parts`` in one pass, the label pairs concatenated once.
 
     Raises:
         ValueError: parts counted the confusion of different numbers of classes.
@@ -120,10 +104,9 @@ def sum_totals(parts: List[Totals]) -> Totals:
 
 
 def evaluate_dataset(model, dataset, after_batch: Optional[Callable[[int], None]] = None) -> Totals:
-    """Totals of ``model`` over every batch of a finite ``tf.data`` dataset of (images, labels),
-    with the label pairs (``model``'s outputs give the number of classes): O(batch) bookkeeping a
-    batch, the pairs joined once at the end. ``after_batch(n)`` runs after the n-th batch
-    (1-based): the watchdog's tick, the preemption notice's check (it may raise)."""
+    """Totals of ``model`` over a finite ``tf.data`` dataset of (images, labels), with label pairs.
+
+    ``after_batch(n)`` runs after the 1-based n-th batch (watchdog tick, preemption check; it may raise)."""
     k = model.output_shape[-1]
     parts = [Totals(0.0, 0, 0, k)]
     for images, labels in dataset:
@@ -134,19 +117,16 @@ def evaluate_dataset(model, dataset, after_batch: Optional[Callable[[int], None]
 
 
 def gathers_pairs(rows: int, num_classes: int) -> bool:
-    """Whether :func:`allreduce_totals` allgathers the label pairs rather than allreducing the
-    matrix: when ``2 * rows < num_classes ** 2``, i.e. when every rank receiving all ``rows`` pairs
-    (two int64, 16 bytes a row) moves less than a ``k x k`` float64 allreduce (8 bytes a cell), as
-    at many classes and few rows (100,000 classes: an 80 GB matrix against 16 bytes a test image)."""
+    """Whether ``allreduce_totals`` allgathers label pairs (16 bytes a row) rather than allreducing the
+    float64 ``k x k`` matrix: when ``2 * rows < num_classes ** 2``."""
     return 2 * rows < num_classes * num_classes
 
 
 def allreduce_totals(totals: Totals) -> Totals:
-    """Sum :class:`Totals` over all Horovod ranks (sums and counts, not an average of means), the
-    confusion too: first the sums and counts, then, by :func:`gathers_pairs` of the total rows,
-    either every rank's label pairs allgathered or the ``(k, k)`` matrices summed (float64, exact
-    below 2**53 examples) and turned back into pairs. Every rank must have counted the confusion of
-    the same number of classes, or none. Collective: every rank must call it."""
+    """Sum ``Totals`` over all Horovod ranks (sums, not an average of means), the confusion too.
+
+    Collective: every rank must call it, all having counted the confusion of the same number of classes, or
+    none. The matrix travels as float64, exact below 2**53 examples."""
     import horovod.tensorflow as hvd
 
     k = totals.num_classes
@@ -166,25 +146,11 @@ def allreduce_totals(totals: Totals) -> Totals:
 
 
 def exact_validation(inputs, data, listeners: Sequence = ()):
-    """A Keras callback that makes each epoch's ``val_loss``, ``val_accuracy`` and ``val_count`` the
-    exact evaluation of the whole validation split: every rank evaluates its one-pass shard
-    (``inputs.evaluate_shard``, each row once, its count checked), the sums are added over ranks
-    (:func:`allreduce_totals`) and the total checked against the manifest
-    (:func:`pipelines.training.data.onepass.verify_total`). Early stopping, the best weights, the
-    checkpoints' records, fine-tuning's start and ``curves.png`` all read it; the test split is never
-    read here (only once, after training: :func:`pipelines.training.train.evaluate`). It also logs
-    ``val_seconds``. Every rank must run it (it is collective); ``fit`` then needs no
-    ``validation_data``.
+    """A collective Keras callback making each epoch's ``val_loss``, ``val_accuracy``, ``val_count`` exact.
 
-    After each batch it ticks the rank's watchdog (:func:`pipelines.launch.watchdog.progress`) and
-    calls ``on_validation_batch_end(epoch, batch, logs)`` of each of ``listeners`` that has it
-    (the preemption notice's check, collective: :class:`pipelines.training.callbacks.DivergenceGuard`;
-    a test's fault), then, its shard done, ``on_validation_shard_end(epoch, logs)`` (``epoch``
-    0-based as Keras', ``batch`` 1-based, ``logs`` the epoch's training logs).
-
-    Place it after the callback that times the training part of the epoch and before those that
-    read the validation metrics (early stopping, checkpoints, loggers): :func:`with_exact_validation`.
-    """
+    Every rank evaluates its shard, sums are allreduced and the count checked; ``val_seconds`` is logged.
+    After each batch ``listeners``' ``on_validation_batch_end(epoch, batch, logs)`` run, then their
+    ``on_validation_shard_end(epoch, logs)``. Place it with ``with_exact_validation``."""
     import time
 
     import tensorflow as tf
@@ -219,11 +185,8 @@ def exact_validation(inputs, data, listeners: Sequence = ()):
 
 
 def with_exact_validation(callbacks: list, inputs, data) -> list:
-    """``callbacks`` with :func:`exact_validation` inserted after the epoch timing
-    (:class:`pipelines.training.callbacks.EpochStats`, so that the training images/s exclude the
-    evaluation), or first when there is none, and Keras' progress printer after it (Keras would
-    put its own first, printing each epoch's line before the validation metrics exist). The
-    callbacks are its listeners (:func:`exact_validation`)."""
+    """``callbacks`` with ``exact_validation`` inserted after ``EpochStats`` (images/s exclude validation),
+    then Keras' progress printer (else it prints each epoch's line before the validation metrics exist)."""
     import tensorflow as tf
 
     from pipelines.training.callbacks import EpochStats

@@ -1,6 +1,5 @@
-"""The tests' fault hooks inside a rank (:data:`pipelines.launch.rankenv.FAULT_ENV`): a rank that
-starts late, fails, is killed, stalls, turns NaN or gets a preemption notice at a known point. A
-production run carries none of them (:meth:`FaultInjection.requested`)."""
+"""The tests' fault hooks inside a rank: late start, failure, kill, stall, NaN or preemption at a known
+point. A production run carries none of them."""
 from __future__ import annotations
 
 import logging
@@ -19,8 +18,7 @@ log = logging.getLogger("pipelines")
 
 
 def start_late(spec: str, rank: int) -> None:
-    """Test hook: with ``late=S`` in the fault ``spec`` (:class:`FaultInjection`'s), rank R (``rank``
-    is this one) sleeps S seconds before it joins Horovod, as a rank on a slow host starts late."""
+    """Test hook: with ``late=S`` in the fault ``spec``, rank R sleeps S seconds before joining Horovod."""
     parts = dict(item.split("=", 1) for item in spec.split(",") if "=" in item)
     if "late" in parts and int(parts.get("rank", 0)) == rank:
         log.warning("injecting a fault (late) at the start: %s s (%s)", parts["late"], FAULT_ENV)
@@ -28,25 +26,14 @@ def start_late(spec: str, rank: int) -> None:
 
 
 class FaultInjection(keras.callbacks.Callback):
-    """Test hook: ``spec`` = ``"rank=R,epoch=E,mode=raise|kill|stall|nan[,step=S][,mark=PATH][,late=S]"`` (the rank's
-    :attr:`pipelines.launch.rankenv.RankEnvironment.fault`, from the test's variable). ``nan`` makes
-    rank R's own loss NaN at step S (1-based, default 1) of epoch E: before that step it sets its
-    first trainable weight to NaN, so its forward pass, and through the allreduced gradients every
-    rank's weights, turn non-finite in a real training step (:class:`DivergenceGuard` stops the run
-    there). The other modes make
-    rank R fail at the end of epoch E (1-based), once that epoch's checkpoint is complete (another rank
-    than 0 waits up to a minute for rank 0's marker in ``directory``): ``raise`` raises RuntimeError,
-    ``kill`` sends itself SIGKILL, ``stall`` sleeps for good (the other ranks wait in epoch E+1's
-    first allreduce, so no later checkpoint can complete: a test then takes the rank's host away at a
-    known point). ``kill`` and ``term`` with ``step=S`` act after step S of epoch E instead (once
-    rank 0's step checkpoints of that step are written): ``term`` sends the rank SIGTERM, a
-    preemption notice (:mod:`pipelines.training.preemption`), ``termgroup`` sends it to the rank's
-    process group (a launching driver and its ranks at once). With ``val_batch=B``, ``term`` and
-    ``stall`` act in epoch E's exact validation instead, after rank R's validation batch B;
-    ``val_sleep=S`` makes each of rank R's validation batches S seconds longer (a long validation
-    of steady batches). With ``mark``, the wall-clock time of the fault (``time.time()``, seconds) is
-    written to PATH first, so a test can time the verdict from the fault rather than from the job's
-    start. With an empty ``spec`` it does nothing."""
+    """Test hook: ``spec`` = ``"rank=R,epoch=E,mode=raise|kill|stall|nan[,step=S][,mark=PATH][,late=S]"``.
+
+    ``nan``: before step S (default 1) of epoch E rank R's first trainable weight becomes NaN. ``raise``,
+    ``kill``, ``stall``: at the end of epoch E, once its checkpoint is complete (other ranks wait up to a
+    minute for rank 0's marker in ``directory``). ``kill``, ``term``, ``termgroup`` with ``step=S``: after step
+    S instead (SIGKILL, SIGTERM, SIGTERM to the process group). ``val_batch=B``: ``term``/``stall`` after
+    validation batch B; ``val_sleep=S``: S seconds more per validation batch. ``mark=PATH``: ``time.time()``
+    written there first (epoch-end and validation faults). An empty ``spec`` does nothing."""
 
     def __init__(self, spec: str, rank: int, directory: str = ""):
         super().__init__()
@@ -64,8 +51,7 @@ class FaultInjection(keras.callbacks.Callback):
 
     @classmethod
     def requested(cls, spec: str, rank: int, directory: str = "") -> "Optional[FaultInjection]":
-        """The hook for ``rank`` where the test variable gave a ``spec``, else ``None``: a production
-        run carries no test callback at all. A run that has one says so once, at its start, on rank 0."""
+        """The hook for ``rank`` when the test variable gave a ``spec``, else ``None``; rank 0 warns once."""
         if not spec:
             return None
         if rank == 0:
@@ -91,7 +77,7 @@ class FaultInjection(keras.callbacks.Callback):
                 os.kill(os.getpid(), signal.SIGKILL if self.mode == "kill" else signal.SIGTERM)
 
     def on_validation_batch_end(self, epoch, batch, logs=None):
-        """Called by the exact validation after each batch (:func:`pipelines.training.evaluate.exact_validation`)."""
+        """Called by the exact validation after each batch."""
         if self.active and self.val_sleep:
             time.sleep(self.val_sleep)
         if self.active and (epoch + 1, batch) == (self.epoch, self.val_batch):

@@ -1,28 +1,7 @@
-"""The training job's input paths, siblings behind one small interface.
+"""The training job's input paths (images, or cached backbone features) behind one small interface.
 
-* :class:`ImageInputs` - the article's path: the whole model (frozen backbone + head) on images,
-  read by looping readers (Petastorm's or ours, ``--reader``) for ``fit`` and by
-  :class:`~pipelines.training.data.onepass.OnePassShard` for the exact evaluation (each epoch's and the end's).
-* :class:`FeatureInputs` - the feature cache: the backbone's pooled features computed once per
-  rank shard (:mod:`pipelines.training.data.features`), and only the head trained on them.
-
-Each path answers the same questions: which model trains (:attr:`model`), which ``tf.data``
-dataset feeds ``fit`` (:meth:`fit_datasets`, a context manager that owns the readers; it yields
-``(train, None)``: every epoch's validation is the exact evaluation of the validation split, run by
-:func:`pipelines.training.evaluate.exact_validation`), what the exact totals of this rank's shard
-of an evaluated split are (:meth:`evaluate_shard`: validation each epoch, test once at the end),
-and which model is exported
-(:meth:`exported_model`, always the whole model). A third path is one more class with these
-four members, chosen in :func:`make_inputs`.
-
-The training stream is positioned (:mod:`pipelines.training.data.stream`): ``fit_datasets(cache_root,
-start_row)`` opens it at this rank's stream row ``start_row`` (global steps so far x
-``--batch-size``), and inside the block :meth:`ImageInputs.train_dataset_at` gives a new dataset
-over the same reader at another row (a resumed epoch's rest, then the epochs after it, as two
-``fit`` calls). Where that is exact says ``exact_positions``: our reader and the feature cache,
-not Petastorm's reader (whose stream starts afresh). (Fine-tuning is not a path but a second phase,
-:mod:`pipelines.training.model.finetune`, on :class:`ImageInputs` over the whole model.)
-"""
+Each has ``model``, ``fit_datasets`` (yields ``(train, None)``: validation is exact), ``train_dataset_at``,
+``evaluate_shard``, ``exported_model`` and ``exact_positions`` (not over Petastorm's reader)."""
 from __future__ import annotations
 
 import contextlib
@@ -58,12 +37,10 @@ class ImageInputs:
 
     @property
     def exact_positions(self) -> bool:
-        """Whether :meth:`train_dataset_at` (and ``fit_datasets``' ``start_row``) opens the train
-        stream exactly at a row: with our reader, not Petastorm's (``--reader``,
-        :func:`~pipelines.training.data.readers.exact_positions`).
+        """Whether the train stream opens exactly at a row: with our reader, not Petastorm's.
 
         Raises:
-            pipelines.runtime.errors.Refused: ``--reader`` is unknown or cannot run here (:func:`check_reader`).
+            pipelines.runtime.errors.Refused: ``--reader`` is unknown or cannot run here.
         """
         return check_reader(self.config.loader.reader) == "own"
 
@@ -73,29 +50,21 @@ class ImageInputs:
                            seed=c.fit.seed + self.rank, reader=c.loader.reader)
 
     def _dataset_over(self, reader, split: str, start_row: int):
-        """The dataset of ``split`` over ``reader`` from stream row ``start_row`` (over Petastorm's
-        reader not honoured, :func:`~pipelines.training.data.tfdata.make_dataset`: the caller says so, as
-        ``train.py`` does when it resumes where :attr:`exact_positions` is False)."""
+        """The dataset of ``split`` over ``reader`` from stream row ``start_row`` (ignored by Petastorm's)."""
         c, training = self.config, split == "train"
         return make_dataset(reader, self.data.stored_size, c.fit.batch_size, c.loader.shuffle_buffer if training else 0,
                             seed=c.fit.seed + self.rank, augment=c.loader.augment and training, start_row=start_row)
 
     @contextlib.contextmanager
     def reader_dataset(self, split: str, cache_root: str, start_row: int = 0) -> Iterator[object]:
-        """A looping dataset of ``split`` over a reader (``--reader``) that lives until the block ends;
-        the training split is shuffled (and augmented with ``--augment``); over our reader it starts
-        at stream row ``start_row`` (:func:`~pipelines.training.data.tfdata.make_dataset`)."""
+        """A looping dataset of ``split`` over a reader living until the block ends; train shuffled and
+        augmented (``--augment``)."""
         with self._open(split, cache_root) as reader:
             yield self._dataset_over(reader, split, start_row)
 
     @contextlib.contextmanager
     def fit_datasets(self, cache_root: str, start_row: int = 0) -> Iterator[Tuple[object, None]]:
-        """``(train, None)``: the training dataset over a reader that lives until the block ends,
-        from this rank's stream row ``start_row`` (rows taken so far: global steps x
-        ``--batch-size``; a multiple of it; exact where :attr:`exact_positions`, else the stream
-        starts afresh). Each epoch's validation is the exact evaluation,
-        :func:`pipelines.training.evaluate.exact_validation`. Inside the block,
-        :meth:`train_dataset_at` opens the same reader at another row.
+        """``(train, None)``: the training dataset from stream row ``start_row`` over a reader living in the block.
 
         Raises:
             ValueError: a negative ``start_row``.
@@ -108,10 +77,7 @@ class ImageInputs:
                 self._train_reader = None
 
     def train_dataset_at(self, start_row: int):
-        """A new training dataset over the open reader of :meth:`fit_datasets` (and its cache) from
-        stream row ``start_row``; iterating it stops the iterators of the datasets made before, so
-        it starts exactly there whatever they had prefetched (where :attr:`exact_positions`; over
-        Petastorm's reader it takes the reader's rows from where it is).
+        """A new training dataset over the open reader from stream row ``start_row``, exactly there.
 
         Raises:
             RuntimeError: outside the ``fit_datasets`` block.
@@ -122,9 +88,7 @@ class ImageInputs:
         return self._dataset_over(self._train_reader, "train", start_row)
 
     def evaluate_shard(self, model, split: str, after_batch=None):
-        """Totals over this rank's shard of ``split`` (one of :data:`pipelines.contract.EVALUATED`),
-        each row once, count checked against the footers; ``after_batch`` as
-        :func:`~pipelines.training.evaluate.evaluate_dataset`'s."""
+        """Totals over this rank's shard of an evaluated ``split``, each row once, count checked against footers."""
         _check_evaluated(split)
         shard = OnePassShard(self.data, split, self.rank, self.size)
         totals = evaluate_dataset(model, shard.dataset(self.config.fit.batch_size), after_batch)
@@ -152,10 +116,7 @@ class FeatureInputs:
         self.model.get_layer("head").set_weights(full_model.get_layer("head").get_weights())
 
     def _ensure_features(self):
-        """The feature set of this data (its ETL run and parts' footers: rank 0's
-        :meth:`~pipelines.training.data.dataset.Dataset.identity`, the same on every rank), backbone and
-        size: reused when complete and of the manifest's row counts, else computed, each rank its
-        own shard of each split. Returns its folder (a :class:`pipelines.io.storage.Location`)."""
+        """The feature set (folder) of this data, backbone and size: reused when complete, else computed."""
         import horovod.tensorflow as hvd_tf
 
         c, data, rank = self.config, self.data, self.rank
@@ -192,7 +153,7 @@ class FeatureInputs:
         hvd_tf.broadcast_object(None, root_rank=0, name="features_complete")
         return directory
 
-    #: the feature cache's stream is positioned (:func:`pipelines.training.data.stream.feature_batches`)
+    #: the feature cache's stream is positioned (``feature_batches``)
     exact_positions = True
     _train_rows: Optional[Tuple[np.ndarray, np.ndarray]] = None  # the shard's train features, inside fit_datasets
 
@@ -202,9 +163,7 @@ class FeatureInputs:
 
     @contextlib.contextmanager
     def fit_datasets(self, cache_root: str, start_row: int = 0) -> Iterator[Tuple[object, None]]:
-        """``(train, None)`` over this rank's cached features (in memory: 2048 floats a row), from
-        its stream row ``start_row`` (exact); each epoch's validation is the exact evaluation
-        (:meth:`evaluate_shard`). Inside the block, :meth:`train_dataset_at` opens it at another row.
+        """``(train, None)`` over this rank's cached features (held in memory) from stream row ``start_row``.
 
         Raises:
             ValueError: a negative ``start_row``.
@@ -216,8 +175,7 @@ class FeatureInputs:
             self._train_rows = None
 
     def train_dataset_at(self, start_row: int):
-        """A new training dataset over the features :meth:`fit_datasets` holds, from stream row
-        ``start_row`` (each ``iter()`` starts there).
+        """A new training dataset over the features ``fit_datasets`` holds, from stream row ``start_row``.
 
         Raises:
             RuntimeError: outside the ``fit_datasets`` block.
@@ -227,9 +185,7 @@ class FeatureInputs:
         return self._train_at(start_row)
 
     def evaluate_shard(self, model, split: str, after_batch=None):
-        """Totals of the head over this rank's share of the cached features of ``split`` (one of
-        :data:`pipelines.contract.EVALUATED`), every row once; ``after_batch`` as
-        :func:`~pipelines.training.evaluate.evaluate_dataset`'s."""
+        """Totals of the head over this rank's cached features of an evaluated ``split``, every row once."""
         _check_evaluated(split)
         features, labels = feat.read_shard(self.features, split, self.rank, self.size)
         dataset = feat.feature_dataset(features, labels, self.config.fit.batch_size, shuffle=False, seed=0,
@@ -247,7 +203,7 @@ class FeatureInputs:
 
 
 def _check_evaluated(split: str) -> None:
-    """Refuse to evaluate the train split (it is read by looping readers, never whole)."""
+    """Refuse to evaluate the train split (looping readers never read it whole)."""
     if split not in EVALUATED:
         raise ValueError(f"only {' and '.join(EVALUATED)} are evaluated, not {split!r}")
 

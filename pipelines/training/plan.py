@@ -1,12 +1,5 @@
-"""What every rank computes identically before training (:class:`RunPlan`), and what it holds meanwhile.
-
-:func:`plan_run` loads the data's manifest, plans the steps and the scaled learning rate and
-makes the refusals, the same on every rank (:func:`check_run` makes the data's once, before any
-rank starts); rank 0 also claims its output for this run
-(:mod:`pipelines.training.records.ownership`). :func:`hold_data` keeps the ETL run it reads from
-being deleted under it (:mod:`pipelines.io.leases`). The lines distribution adds are marked
-``# Horovod:``, as in :mod:`pipelines.training.train`.
-"""
+"""What every rank computes identically before training (``RunPlan``), refusals included, and the data
+lease held meanwhile; rank 0 also claims its output for this run."""
 from __future__ import annotations
 
 import contextlib
@@ -55,13 +48,11 @@ class RunPlan:
 
 
 def check_run(root: str, batch_size: int, world_size: int, storage_options: Optional[Dict[str, str]] = None) -> Dataset:
-    """The data refusals every rank makes in :func:`plan_run`, made once by a process that launches
-    the ranks (``--spark-np``, the notebooks), before any rank starts.
+    """The data refusals of ``plan_run``, made once by a launching process before any rank starts.
 
     Raises:
-        pipelines.training.data.errors.DataError, pipelines.io.storage.StorageError: as
-            :func:`pipelines.training.data.dataset.load_dataset`.
-        ValueError: a global batch larger than a split (:func:`~pipelines.training.schedule.plan_steps`).
+        pipelines.training.data.errors.DataError, pipelines.io.storage.StorageError: as ``load_dataset``.
+        ValueError: a global batch larger than the train split.
     """
     data = load_dataset(root, world_size, storage_options)
     plan_steps(data.train_rows, data.validation_rows, batch_size, world_size)
@@ -69,14 +60,9 @@ def check_run(root: str, batch_size: int, world_size: int, storage_options: Opti
 
 
 def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> RunPlan:
-    """Dataset from the manifest, steps and scaled learning rate of the run's data world (the world
-    it started on, :mod:`pipelines.training.dataworld`, agreed from rank 0's claim); refusals happen here, the same
-    on every rank (:class:`~pipelines.training.data.errors.DataError`, ``ValueError``, a ``--data`` or
-    ``--output`` whose store cannot be used, an output of another run:
-    :class:`~pipelines.training.records.ownership.RunRefused`). Rank 0 opens its output folder and claims it for
-    this run (``run_id``: the launching driver's, the same in every relaunch; ``None``: a new one,
-    or the resumed run's), with ``--overwrite`` deleting what the earlier run recorded, with
-    ``--resume`` on a URI output downloading the checkpoint it continues."""
+    """The run's dataset, steps and learning rate of its data world; refusals the same on every rank.
+
+    Rank 0 opens and claims its output (``run_id``: the driver's; ``None``: new or resumed)."""
     # Horovod: refused unless every rank's shard has rows
     data = load_dataset(config.loader.data, rank.size, config.storage_options)
     check_output(config.outputs.output, config.storage_options)
@@ -101,15 +87,12 @@ def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> R
 
 @contextlib.contextmanager
 def hold_data(rank: Rank, plan: RunPlan) -> Iterator[None]:
-    """Rank 0 holds a reader lease on the ETL run ``plan.data`` reads (:func:`pipelines.io.leases.hold`,
-    named by this training run's id) for the block, so that an ETL rerun committing meanwhile keeps
-    that run's files; the block starts before any rank reads a part. Every rank checks that it
-    loaded the manifest of the run rank 0 leased. A format-1 output (no run id) is not leased, nor
-    one rank 0 cannot write to (said as a warning: training reads, the lease is its only write).
+    """Rank 0 leases the ETL run ``plan.data`` reads for the block, so that a rerun keeps its files.
+
+    Format-1 and unwritable data are not leased.
 
     Raises:
-        pipelines.io.leases.InputReplaced: on every rank, when the ETL committed another run between a
-            rank's read of the manifest and the lease.
+        pipelines.io.leases.InputReplaced: on every rank, when the ETL committed another run meanwhile.
     """
     import horovod.tensorflow as hvd_tf
 
@@ -138,9 +121,9 @@ def hold_data(rank: Rank, plan: RunPlan) -> Iterator[None]:
 
 
 def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str]):
-    """Rank 0's :func:`pipelines.training.records.ownership.claim` of its output, its refusal raised on every rank
-    alike, the run's id to every rank under horovodrun's elastic mode (the next call continues it).
-    Returns the :class:`~pipelines.training.records.ownership.Claim` on rank 0, ``None`` elsewhere."""
+    """Rank 0's claim of its output, its refusal raised on every rank; ``None`` off rank 0.
+
+    Under elastic mode every rank keeps the run id (any survivor may become rank 0)."""
     import horovod.tensorflow as hvd_tf
 
     claim, error = None, None

@@ -1,21 +1,8 @@
 """A preemption notice: SIGTERM, what a spot or preemptible machine gets before it is taken away.
 
-The first SIGTERM a rank receives only raises a flag (:class:`PreemptionNotice`); every rank adds
-its flag to the others' in the step's collective (:class:`pipelines.training.callbacks.DivergenceGuard`),
-so all ranks agree on the same step boundary, rank 0 writes a step checkpoint there (the data
-position included: :class:`pipelines.training.checkpointer.CheckpointMarker`), and every rank raises
-:class:`Preempted`; the job then exits with :data:`PREEMPTED_EXIT` and a line saying how to resume.
-A second SIGTERM ends the process at once, as SIGTERM does by default (while rank 0 writes the
-preemption checkpoint: right after it); one within :data:`REPEAT_S` of the first is the same notice
-delivered twice (a machine's shutdown signals every process, and a launching driver forwards it
-too: :func:`pipelines.launch.local.run_local`). A notice in an epoch's exact validation (or at its
-last step) stops every rank after the next validation batch, with a checkpoint of the epoch's
-trained steps whose resumed run runs the epoch's validation; one during the final evaluation or
-export is not acted on (the run is finishing).
-
-Cloud providers give the notice seconds to minutes ahead (a spot VM's shutdown sends SIGTERM);
-a step and a checkpoint of the head take well under a second on the sample (docs/benchmarks.md).
-"""
+The first SIGTERM raises a flag the ranks agree on in the step's collective; rank 0 checkpoints there and
+the job exits ``PREEMPTED_EXIT``. A second ends the process at once (after a checkpoint being written);
+one within ``REPEAT_S`` is the same notice delivered twice."""
 from __future__ import annotations
 
 import contextlib
@@ -29,7 +16,7 @@ from typing import Any, Iterator, Optional
 log = logging.getLogger("pipelines")
 
 #: The exit status of a job stopped by a preemption notice after its checkpoint (distinct from
-#: 1, a failure; 2, a refusal; 75, a stalled rank: :data:`pipelines.launch.watchdog.STALL_EXIT`).
+#: 1, a failure; 2, a refusal; 75, a stalled rank: ``STALL_EXIT``).
 PREEMPTED_EXIT = 76
 #: Seconds within which a second SIGTERM is the first one delivered again, not a second notice.
 REPEAT_S = 2.0
@@ -37,6 +24,7 @@ REPEAT_S = 2.0
 
 class Preempted(RuntimeError):
     """Every rank stopped at the same step after a preemption notice; rank 0 checkpointed there.
+
     ``checkpoint``: the marker's file name (rank 0; ``None`` elsewhere)."""
 
     run_status = "KILLED"  # the MLflow status of a run ended by it (pipelines.tracking.runs.Tracker)
@@ -51,16 +39,15 @@ _current: Optional["PreemptionNotice"] = None  # a signal handler is the process
 
 
 def current() -> Optional["PreemptionNotice"]:
-    """The notice installed in this process (:class:`PreemptionNotice`'s block), or ``None``."""
+    """The notice installed in this process, or ``None``."""
     return _current
 
 
 class PreemptionNotice:
-    """SIGTERM's handler while training: the first sets :attr:`requested` (and says so, with the
-    rank), the second (:data:`REPEAT_S` or more after it) restores the default action and sends the
-    signal again, so the process ends at once. A context manager: the previous handler comes back on exit, and :func:`current`
-    gives it meanwhile. Outside the main thread (where Python cannot install handlers) it does
-    nothing and says so at debug level."""
+    """SIGTERM's handler while training; a context manager restoring the previous handler on exit.
+
+    The first SIGTERM sets ``requested``; a second (``REPEAT_S`` or more later) ends the process at once.
+    Outside the main thread (no handlers possible) it does nothing."""
 
     def __init__(self, rank: int = 0, clock=time.monotonic):
         self.rank, self.clock = rank, clock
@@ -110,8 +97,7 @@ class PreemptionNotice:
 
 @contextlib.contextmanager
 def holding(notice: Optional[PreemptionNotice]) -> Iterator[None]:
-    """The block writes the preemption checkpoint: a second SIGTERM meanwhile ends the process
-    right after it, not in the middle of it."""
+    """The block writes the preemption checkpoint: a second SIGTERM meanwhile ends the process after it."""
     if notice is None:
         yield
         return

@@ -1,18 +1,7 @@
-"""The linear probe: a baseline beside every result of a frozen backbone.
+"""The linear probe: a logistic regression on the head's frozen features, a baseline for every result.
 
-A multinomial logistic regression (scikit-learn) on the same frozen features as the trained head,
-its inverse regularisation ``C`` chosen on the validation split from a small grid, then its accuracy
-on the test split for that ``C`` only. A head that trails it has not converged, or its recipe
-is wrong; it needs nothing but the features, so it is cheap where the feature cache exists.
-
-Standardised features (mean and scale of the train split's rows), the grid fitted from the
-strongest regularisation to the weakest, each fit starting from the previous one's weights
-(``warm_start``): the path costs little more than its last fit. Bounded for large data: at most
-``max_rows`` train rows (a class-stratified sample, seeded) and ``max_iter`` L-BFGS iterations
-per ``C`` (docs/training.md: its cost at 30,000 images, 2048 features and 257 classes).
-
-Pure: numpy and scikit-learn, no TensorFlow or Horovod.
-"""
+``C`` is chosen on validation (grid fitted strongest-first, warm-started), then test is scored once; a head
+that trails it has not converged or its recipe is wrong. Pure numpy and scikit-learn."""
 from __future__ import annotations
 
 import math
@@ -49,8 +38,8 @@ def check_grid(grid: Sequence[float]) -> tuple:
 
 
 def stratified_rows(labels: np.ndarray, max_rows: int, seed: int) -> np.ndarray:
-    """Indices of at most ``max_rows`` rows of ``labels`` (int, ``(n,)``), each class keeping its
-    share (at least one row of each), in increasing order; all rows when there are few enough."""
+    """Sorted indices of at most ``max_rows`` rows of int ``(n,)`` ``labels``, each class keeping its
+    share (at least one row); all rows when few enough."""
     n = len(labels)
     if n <= max_rows:
         return np.arange(n)
@@ -80,25 +69,16 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y
     """Fit the probe on the train split, choose ``C`` on validation, score the test split once.
 
     Args:
-        train_x, val_x, test_x: float features ``(n, d)``, the same ``d`` for each split.
-        train_y, val_y, test_y: int class labels ``(n,)``; ``test_x``/``test_y`` optional.
-        grid: the ``C`` values tried (> 0).
-        max_rows: at most this many train rows are fitted (:func:`stratified_rows`, ``seed``).
-        max_iter: L-BFGS iterations per ``C``.
-        threads: BLAS and OpenMP threads of the fits (``None``: the libraries' own, every core); one by
-            default: on cores that other processes keep busy, threads that wait for each other made a
-            small fit 25 times slower (docs/benchmarks.md).
+        train_x, val_x, test_x: float features ``(n, d)``, one ``d``; labels int ``(n,)``; test optional.
+        grid, max_rows, max_iter, seed: ``C`` values (> 0), train rows fitted (stratified), L-BFGS iterations.
+        threads: BLAS/OpenMP threads (``None``: the libraries' own); one by default (docs/benchmarks.md).
 
     Returns:
-        ``{"C", "validation_accuracy", "test_accuracy" (None without a test split), "seconds"
-        (wall time of the fits and scores), "rows" (train rows fitted), "train_rows", "features",
-        "classes", "max_iter", "converged" (the chosen C's fit stopped before max_iter),
-        "grid": [{"C", "validation_accuracy", "validation_loss", "iterations"}]}``. Ties in
-        validation accuracy go to the lower validation log-loss, then the smaller ``C``.
+        dict: ``C``, accuracies, ``seconds``, sizes, ``converged``, the ``grid`` path; ties go to lower log-loss.
 
     Raises:
-        ProbeRefused: arrays of the wrong shapes, non-finite features, fewer than two classes in
-            the train split, an empty validation split, a bad grid, ``max_rows`` or ``max_iter`` < 1.
+        ProbeRefused: bad shapes or grid, non-finite features, under two train classes, no validation rows,
+            ``max_rows`` or ``max_iter`` < 1.
     """
     import sklearn.linear_model  # noqa: F401  (loaded before the limit: it limits the libraries loaded)
     from threadpoolctl import threadpool_limits
@@ -118,7 +98,7 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y
 
 
 def _fit(values, train_x, train_y, val_x, val_y, test_x, test_y, max_rows, max_iter, seed) -> Dict:
-    """:func:`fit_probe`'s work, on checked arrays and grid."""
+    """``fit_probe``'s work, on checked arrays and grid."""
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import log_loss

@@ -1,10 +1,7 @@
 """A rank's start: what the launcher handed it, Horovod, logging, its device, cores and threads.
 
-:func:`setup_rank` is the first step of :func:`pipelines.training.train.run_training` (and of the
-scaling benchmark, so both train on the same set-up); :class:`Rank` is what the steps after it
-know of this process in the Horovod world. The lines distribution adds are marked ``# Horovod:``,
-as in :mod:`pipelines.training.train`.
-"""
+``setup_rank`` is the first step of ``run_training`` and of the scaling benchmark, so both train on the
+same set-up."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,9 +22,8 @@ log = logging.getLogger("pipelines")
 
 @dataclass(frozen=True)
 class Rank:
-    """This process in the Horovod world: global ``rank`` of ``size``, ``local_rank`` of
-    ``local_size`` on its host, TensorFlow intra-op ``threads``, the ``cores`` it is bound to, and
-    what its launcher ``handed`` it (attempts, assigned GPUs, the tests' fault hook)."""
+    """This process in the Horovod world: ``rank`` of ``size``, ``local_rank`` of ``local_size``, its
+    intra-op ``threads``, bound ``cores``, and what its launcher ``handed`` it."""
 
     rank: int
     size: int
@@ -44,16 +40,10 @@ _PROCESS: Dict[str, Any] = {}
 
 
 def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
-    """Start this rank: read what its launcher handed it (:func:`pipelines.launch.rankenv.read_rank_environment`,
-    the one read of those variables), bind cores (before any thread starts: threads inherit the
-    binding), ``hvd.init()``, logging (rank 0 at INFO, others at WARNING; third-party noise as
-    ``config.verbose`` says), device placement, TensorFlow threads. Used by the job and by the
-    scaling benchmark, so both train on the same set-up.
+    """Start this rank: launcher hand-over, core binding (before any thread), ``hvd.init()``, logging, device.
 
-    Under horovodrun's elastic mode it runs again at each call of the training function after a
-    reset (:mod:`pipelines.launch.elastic`): what a process sets once (cores, device, threads,
-    precision: TensorFlow refuses changes once it runs) is kept from the first call; Horovod's
-    world, the logging and the attempts (:meth:`pipelines.launch.elastic.ElasticRun.joined`) are anew."""
+    Under elastic mode it reruns after each reset: cores, device, threads and precision (fixed once TensorFlow
+    runs) are kept from the first call; Horovod's world, logging and attempts are set anew."""
     # before TensorFlow loads here: a barrier task's rank inherits its executor's environment, not
     # the driver's set-up, so the rank sets its own noise from its config
     quiet_by_default(config.verbose)
@@ -85,8 +75,7 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
 
 def _place_process(config: TrainConfig, handed: RankEnvironment, announce: bool, local_rank: int,
                    local_size: int) -> None:
-    """The process's device (GPU ``local_rank`` or the CPU), precision policy and TensorFlow
-    threads, once, before any tensor exists; kept in :data:`_PROCESS`."""
+    """The process's device, precision policy and TensorFlow threads, once, before any tensor exists."""
     import tensorflow as tf
 
     from pipelines.stack.kerasapi import keras

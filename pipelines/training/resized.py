@@ -1,31 +1,8 @@
-"""A rank of a run on another world size than the run's data world (issue 38, item 3): the data
-world every rank agrees on (:func:`agree_data_world`), the run's segments (:func:`with_segments`)
-and the rank's training stream.
+"""A rank of a run on another world size than its data world (arithmetic: ``dataworld``).
 
-The arithmetic is :mod:`pipelines.training.dataworld`'s: physical rank ``j`` of ``n`` computes the
-pieces of the ``n0`` virtual ranks' batches its :class:`~pipelines.training.dataworld.RankShare`
-names. Here those pieces are read: each virtual rank's stream exactly as a rank of the data world
-reads it (its shard ``v::n0``, seed ``--seed + v``, opened at stream row ``start_row``, global
-steps so far x ``b``), and at every step the pieces cut from the virtual ranks' batches and joined
-in global-batch order (:func:`joined_batches`), with the loss weight of the rank's rows when
-per-rank batches differ (:func:`pipelines.training.data.dataset.weighted`):
-
-* our reader (``--reader own``): one reader per virtual rank this rank overlaps, each with its own
-  cache folder (``rank<j>-virtual<v>-train``), the positioned stream over each
-  (:func:`pipelines.training.data.stream.stream_batches`);
-* the feature cache: the virtual ranks' shares of the cached train features
-  (:func:`pipelines.training.data.features.read_shard` ``(v, n0)``), the positioned feature stream over
-  each (:func:`pipelines.training.data.stream.feature_batches`);
-* Petastorm's reader, which cannot open a stream at a row: this rank's own physical shard (row
-  groups ``j::n``) in per-rank batches of ``b_j`` rows with the same weights; the global batch and
-  the arithmetic are the data world's, the rows of each step are not the uninterrupted run's
-  (rank 0 says so).
-
-On the data world itself nothing here is used: :func:`resized_inputs` returns the input path as it
-is, so that world's path stays today's, bit for bit. Validation, test and the feature cache's
-computation stay on the physical world (:class:`~pipelines.training.data.onepass.OnePassShard`: exact at
-any size).
-"""
+Each virtual rank's stream is read exactly as a data-world rank reads it and each step's pieces are
+joined in global-batch order. Petastorm's reader cannot start at a row: it reads this rank's physical
+shard (same arithmetic, other rows; rank 0 warns). On the data world itself nothing here is used."""
 from __future__ import annotations
 
 import contextlib
@@ -49,10 +26,7 @@ log = logging.getLogger("pipelines")
 
 
 def agree_data_world(config, rank, claim) -> DataWorld:
-    """Every rank: the run's data world from rank 0's ``claim`` (a
-    :class:`pipelines.training.records.ownership.Claim`; ``None`` on the other ranks): the world the continued
-    run recorded, or this launch's for a new run (or a record without one), broadcast by Horovod.
-    ``rank``: the job's :class:`pipelines.training.rank.Rank`.
+    """Every rank: the run's data world (recorded, or this launch's if new), broadcast from rank 0's ``claim``.
 
     Raises:
         pipelines.runtime.errors.Refused: on every rank, more ranks than the global batch has rows.
@@ -66,11 +40,9 @@ def agree_data_world(config, rank, claim) -> DataWorld:
 
 
 def with_segments(config, rank, plan, resume):
-    """``plan`` (the job's :class:`~pipelines.training.plan.RunPlan`) with the run's segments
-    (:func:`pipelines.training.records.segments.run_segments`): those the checkpoint ``resume``
-    continues (a :class:`pipelines.training.resume.Resume`) records, then this launch's, with the
-    steps it trains again (rank 0's :func:`pipelines.training.records.progress.steps_redone`, sent
-    to every rank); rank 0 says where a continued run's segment begins."""
+    """``plan`` with the run's segments: those ``resume``'s checkpoint records, then this launch's.
+
+    This launch's carries the steps it trains again (rank 0's figure, broadcast)."""
     import horovod.tensorflow as hvd_tf
 
     reason = worldsegments.reason_of(config.outputs.resume, rank.handed.relaunched)
@@ -88,10 +60,8 @@ def with_segments(config, rank, plan, resume):
 
 def joined_batches(streams: Sequence[Iterator[Tuple[np.ndarray, np.ndarray]]],
                    share: RankShare) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-    """This rank's batch of every step: from each of ``streams`` (virtual rank
-    ``share.pieces[i].virtual_rank``'s batches of ``b`` rows, ``(rows (b, ...), labels (b,))``) the
-    piece's rows ``[start, stop)``, joined in order: ``(rows (share.rows, ...), labels
-    (share.rows,))``, fresh arrays (a single whole piece is passed as it came). Ends when a stream ends.
+    """This rank's batch of every step, ``(rows (share.rows, ...), labels)``: the pieces of ``streams``
+    joined in order, fresh arrays; ends when a stream ends.
 
     Raises:
         ValueError: not one stream per piece.
@@ -117,9 +87,9 @@ def joined_batches(streams: Sequence[Iterator[Tuple[np.ndarray, np.ndarray]]],
 
 
 class ResizedInputs:
-    """An input path (:mod:`pipelines.training.inputs`) on physical rank ``rank`` of ``world_size``
-    of a run whose data world is ``world``: its training stream as the module says, everything else
-    (the model, the exact evaluation, the export) the wrapped path's own."""
+    """An input path on physical rank ``rank`` of ``world_size`` in a run of data world ``world``.
+
+    Only the training stream differs; everything else is the wrapped path's."""
 
     def __init__(self, inputs, world: DataWorld, rank: int, world_size: int):
         self.inputs, self.world = inputs, world
@@ -135,15 +105,12 @@ class ResizedInputs:
 
     @property
     def exact_positions(self) -> bool:
-        """Whether the virtual streams are read (our reader, the feature cache), not Petastorm's
-        physical shard."""
+        """Whether the virtual streams are read (not Petastorm's physical shard)."""
         return self.inputs.exact_positions
 
     @contextlib.contextmanager
     def fit_datasets(self, cache_root: str, start_row: int = 0) -> Iterator[Tuple[object, None]]:
-        """``(train, None)`` as the wrapped path's, from stream row ``start_row`` of the virtual
-        ranks (global steps so far x ``b``); inside the block :meth:`train_dataset_at` opens them at
-        another row.
+        """``(train, None)`` from the virtual ranks' stream row ``start_row`` (global steps x ``b``).
 
         Raises:
             ValueError: a negative ``start_row``.
@@ -170,8 +137,7 @@ class ResizedInputs:
                 for v in self.share.virtual_ranks]
 
     def train_dataset_at(self, start_row: int):
-        """A new training dataset over the sources :meth:`fit_datasets` opened, from virtual stream
-        row ``start_row`` (each ``iter()`` starts there; over Petastorm's reader, from where it is).
+        """A new training dataset over ``fit_datasets``' sources from virtual stream row ``start_row``.
 
         Raises:
             RuntimeError: outside the ``fit_datasets`` block.
@@ -228,14 +194,10 @@ class ResizedInputs:
 
 
 def resized_inputs(inputs, world: DataWorld, rank: int, world_size: int, announce: bool = False):
-    """``inputs`` for physical rank ``rank`` of ``world_size`` in a run of data world ``world``:
-    ``inputs`` itself on the data world's own size (today's path), else a :class:`ResizedInputs`.
-    With ``announce`` (rank 0) it logs the arithmetic, and warns where the rows of each step are
-    not the uninterrupted run's (Petastorm's reader).
+    """``inputs`` for physical rank ``rank`` of ``world_size``, resized off the data world's size.
 
     Raises:
-        pipelines.runtime.errors.Refused: more ranks than the global batch has rows
-            (:meth:`~pipelines.training.dataworld.DataWorld.check`).
+        pipelines.runtime.errors.Refused: more ranks than the global batch has rows.
     """
     if world.same(world_size):
         return inputs

@@ -1,11 +1,7 @@
-"""Where training starts: fresh, or from the checkpoint a run continues (``--resume``, or a
-relaunch after a lost rank), loaded on rank 0 and sent to every rank by broadcast; for the
-fine-tuning phase too (:func:`phase1_best`, :func:`phase2_resume`).
+"""Where training starts: fresh, or from the checkpoint a run continues (``--resume`` or a relaunch).
 
-``rank``, ``plan`` and ``context`` below are the job's :class:`pipelines.training.rank.Rank`,
-:class:`~pipelines.training.plan.RunPlan` and :class:`~pipelines.training.context.RankContext` (this
-module is imported by the job, never the other way round).
-"""
+Rank 0 loads it and broadcasts it to every rank; the fine-tuning phase too. ``rank``, ``plan`` and
+``context`` are the job's ``Rank``, ``RunPlan`` and ``RankContext``."""
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +21,7 @@ log = logging.getLogger("pipelines")
 
 @dataclass
 class Resume:
-    """Where training starts: after ``initial_epoch`` (0 = fresh), with the history and the
-    early-stopping state of the checkpoint it resumes from, and the best weights so far."""
+    """Where training starts: the checkpoint's marker (``None``: fresh), its history and the best weights."""
 
     marker: Optional[Dict] = None
     best_weights: Optional[list] = None
@@ -41,18 +36,18 @@ class Resume:
 
     @property
     def initial_step(self) -> int:
-        """Steps done within the next epoch at the checkpoint: a step checkpoint's, else 0."""
+        """Steps done within the next epoch: a step checkpoint's, else 0."""
         return int(self.marker.get("step") or 0) if self.marker else 0
 
     @property
     def phase(self) -> int:
-        """The phase the checkpoint was written in: 1, or 2 (fine-tuning); 1 when there is none."""
+        """The checkpoint's phase: 1, or 2 (fine-tuning); 1 without one."""
         return self.marker.get("phase", 1) if self.marker else 1
 
     def epoch_logs(self, rank: int, size: int) -> Dict[str, float]:
-        """This rank's logs of the epoch whose steps the checkpoint holds and whose validation it
-        left to this run (a marker's ``epoch_logs``, every rank's, by rank); on another world size,
-        their mean on every rank (Horovod's metric averaging then gives it again). ``{}`` without."""
+        """This rank's logs of the epoch whose validation the checkpoint left to this run; ``{}`` without.
+
+        On another world size, every rank gets the mean over the recorded ranks."""
         logs = (self.marker or {}).get("epoch_logs") or []
         if len(logs) == size:
             return dict(logs[rank])
@@ -73,16 +68,10 @@ def weights_checksum(model) -> str:
 
 
 def restore(config: TrainConfig, rank, plan, model, frozen_sha256: Optional[str] = None) -> Resume:
-    """With ``--resume``, or in a relaunch after a lost rank (``--max-failures``), rank 0 takes the
-    checkpoint its claim continues (``plan.claim``, :func:`pipelines.training.records.ownership.claim`: the
-    newest complete checkpoint of this run's own, in ``plan.output_dir``, its local output folder) and
-    loads it into ``model`` (trainable weights and optimizer state) and the best weights so far; the marker (epoch,
-    history, early-stopping state), the weights and the optimizer state reach every rank by
-    broadcast. Without a checkpoint, training starts at epoch 1.
+    """With ``--resume`` or in a relaunch, rank 0 loads the run's checkpoint and broadcasts it; else fresh.
 
     Raises:
-        ValueError: on every rank, when the checkpoint was trained on other frozen weights
-            (``frozen_sha256`` differs from its marker's) or is of another format.
+        ValueError: on every rank, a checkpoint of other frozen weights, another metric or fine-tuning depth.
     """
     import horovod.tensorflow as hvd_tf
 
@@ -130,13 +119,12 @@ MONITOR_BEFORE_RULES = "val_accuracy"
 
 
 def watched(marker: Dict) -> str:
-    """The metric the early stopping of the checkpoint ``marker`` watched (its best value is of it)."""
+    """The metric the checkpoint's early stopping watched (its best value is of it)."""
     return marker["early_stopping"].get("monitor") or MONITOR_BEFORE_RULES
 
 
 def check_monitor(marker: Dict, monitor: str, output: str) -> None:
-    """Refuse to continue a checkpoint whose early stopping watched another metric than ``monitor``:
-    its best value and waiting count are of that metric.
+    """Refuse to continue a checkpoint whose early stopping watched another metric than ``monitor``.
 
     Raises:
         pipelines.runtime.errors.Refused: naming both metrics and the flags that give the checkpoint's.
@@ -148,8 +136,8 @@ def check_monitor(marker: Dict, monitor: str, output: str) -> None:
 
 
 def resumed_at(marker: Dict) -> str:
-    """Where a checkpoint's marker resumes, for the log: ``after epoch 3`` or ``within epoch 4, after
-    step 20``."""
+    """Where a marker resumes, for the log: ``after epoch 3``, ``within epoch 4, after step 20``, or at an
+    epoch's validation."""
     if marker.get("step") and marker.get("epoch_logs"):
         return f"after the steps of epoch {marker['epoch'] + 1}, at its validation"
     if marker.get("step"):
@@ -158,9 +146,9 @@ def resumed_at(marker: Dict) -> str:
 
 
 def phase1_best(context, first, resume: Resume):
-    """The whole model holding phase 1's best weights: as phase 1 left them, or (resuming in phase 2
-    while the best epoch is still phase 1's) rank 0 loads that checkpoint into phase 1's trainable
-    set (the other ranks receive it by broadcast in :func:`phase2_resume`)."""
+    """The whole model with phase 1's best weights (rank 0 loads them when resuming in phase 2).
+
+    The other ranks receive them by broadcast in ``phase2_resume``."""
     if resume.phase == 2 and context.rank.rank == 0:
         best = resume.marker["early_stopping"]["best_epoch"]
         if best <= resume.marker["phase1"]["epochs"]:
@@ -169,10 +157,9 @@ def phase1_best(context, first, resume: Resume):
 
 
 def phase2_resume(context, model, resume: Resume, record: Dict):
-    """Where phase 2 starts (a :class:`Resume`): fresh, after phase 1's last
-    epoch with phase 1's best as early stopping's to beat; or, after a phase 2 checkpoint, rank 0
-    loads the best and the newest of them into the phase 2 model (trainable set and optimizer), and
-    every rank receives weights, optimizer state and best weights by broadcast."""
+    """Where phase 2 starts: fresh after phase 1 (its best to beat), or from a phase 2 checkpoint.
+
+    From a checkpoint, rank 0 loads the best and newest ones and every rank receives them by broadcast."""
     import horovod.tensorflow as hvd_tf
 
     if resume.phase != 2:

@@ -1,13 +1,7 @@
-"""The job's callbacks over a run that ``fit`` trains in two calls: a resume within an epoch.
+"""The job's callbacks over a run that ``fit`` trains in two calls (a resume within an epoch).
 
-Keras starts ``fit`` at an epoch's first step only, so a run resumed after step k of an epoch
-trains the rest of that epoch in one ``fit`` and the epochs after it in another
-(:func:`pipelines.training.schedule.fit_segments`). To every callback the two calls must look
-like the uninterrupted run's one: :class:`InSegment` numbers the first call's steps from k + 1 (a
-learning-rate warmup, the divergence check's places and the step checkpoints count steps within
-the epoch), begins training in the first call only and ends it in the last, or where training
-stops (early stopping restores the best weights once, at the very end).
-"""
+Keras starts ``fit`` at an epoch's first step only; to every callback the calls must look like one run:
+steps numbered on, training begun in the first call and ended in the last (or where it stops)."""
 from __future__ import annotations
 
 from typing import Dict, List
@@ -18,9 +12,9 @@ _BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_tr
 
 
 class InSegment(keras.callbacks.Callback):
-    """``callback`` as one of several ``fit`` calls sees it: its batch numbers moved by
-    ``steps_done``, ``on_train_begin`` only when ``first``, ``on_train_end`` only when ``last`` or
-    when the model stops training; ``params["steps"]`` says the whole epoch's ``steps_per_epoch``."""
+    """``callback`` as one of several ``fit`` calls sees it: batch numbers moved by ``steps_done``,
+    ``on_train_begin`` only when ``first``, ``on_train_end`` only when ``last`` or stopping; ``params["steps"]``
+    is the whole epoch's."""
 
     def __init__(self, callback, steps_done: int, first: bool, last: bool, steps_per_epoch: int):
         super().__init__()
@@ -57,9 +51,10 @@ class InSegment(keras.callbacks.Callback):
 
 
 def in_segment(callbacks: List, index: int, count: int, steps_done: int, steps_per_epoch: int) -> List:
-    """The callbacks of ``fit`` call ``index`` of ``count`` (:class:`InSegment` each; Keras'
-    ``ProgbarLogger`` as it is: Keras looks for it by type, and it prints the call's own steps);
-    ``callbacks`` unchanged for a run of one call from an epoch's first step."""
+    """The callbacks of ``fit`` call ``index`` of ``count``, each wrapped in ``InSegment``.
+
+    Keras' ``ProgbarLogger`` stays as it is (Keras finds it by type). A single call from an epoch's first
+    step gets ``callbacks`` unchanged."""
     if count == 1 and not steps_done:
         return callbacks
     return [c if isinstance(c, keras.callbacks.ProgbarLogger) else
@@ -67,14 +62,9 @@ def in_segment(callbacks: List, index: int, count: int, steps_done: int, steps_p
 
 
 def end_epoch(model, callbacks: List, epoch: int, steps_per_epoch: int, logs: Dict, verbose: int) -> None:
-    """The end of 0-based ``epoch`` alone, as ``fit`` would run it after the epoch's last step: a
-    run resumed from the checkpoint written when a preemption notice stopped the epoch's validation
-    (its steps all trained: :class:`pipelines.training.callbacks.DivergenceGuard`). Keras' hooks
-    in ``fit``'s order, no step: ``on_train_begin`` (:class:`InSegment` passes it on in a run's
-    first call only), ``on_epoch_begin``, ``on_epoch_end`` with ``logs`` (this rank's epoch logs
-    as the interrupted run had them: its training metrics and timing; the exact validation, early
-    stopping and the checkpoint add theirs), ``on_train_end`` (passed on where training ends).
-    ``verbose``: Keras' (2: a line per epoch)."""
+    """Run the end of 0-based ``epoch`` alone (``fit``'s hooks, no step) with this rank's recorded ``logs``.
+
+    For a run resumed from a checkpoint whose epoch's steps were all trained."""
     model.stop_training = False  # as fit begins
     hooks = keras.callbacks.CallbackList(callbacks, add_history=False, add_progbar=False, model=model,
                                          verbose=verbose, epochs=epoch + 1, steps=steps_per_epoch)

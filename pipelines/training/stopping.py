@@ -1,10 +1,5 @@
-"""Early stopping: the metric watched, and patience counted in optimizer steps with a floor in epochs.
-
-Patience in epochs alone means different things at different data sizes: three epochs are about
-4,500 steps on Caltech-256 and 15 steps on 74 images. Counted in steps, it is the same amount of
-optimisation at any size; the floor in epochs keeps at least that many exact validations
-without a gain before a run stops.
-"""
+"""Early stopping: the metric watched, and patience in optimizer steps (the same at any data size) with a
+floor in epochs."""
 from __future__ import annotations
 
 import math
@@ -23,8 +18,7 @@ class StoppingRule:
     """When early stopping ends a run.
 
     Attributes:
-        monitor: the exact validation metric watched: ``val_loss`` (lower is better) or
-            ``val_accuracy`` (higher is better).
+        monitor: ``val_loss`` (lower is better) or ``val_accuracy`` (higher is better).
         patience_steps: optimizer steps without a gain before the run stops (0: epochs only).
         patience_epochs: the floor: at least this many epochs without a gain.
         min_delta: smallest change of ``monitor`` that counts as a gain (>= 0, in its units).
@@ -39,8 +33,8 @@ class StoppingRule:
         """Refuse a value no run can use, naming its flag.
 
         Raises:
-            pipelines.runtime.errors.Refused: ``monitor`` not in :data:`MONITORS`,
-                ``patience_epochs`` < 1, ``patience_steps`` < 0, ``min_delta`` not finite and >= 0.
+            pipelines.runtime.errors.Refused: unknown ``monitor``, ``patience_epochs`` < 1, ``patience_steps`` < 0,
+                ``min_delta`` not finite and >= 0.
         """
         if self.monitor not in MONITORS:
             raise Refused(f"--monitor {self.monitor}: early stopping watches a metric every epoch logs: "
@@ -57,15 +51,11 @@ class StoppingRule:
         return "min" if self.monitor.endswith("loss") else "max"
 
     def patience(self, steps_per_epoch: int) -> int:
-        """Epochs without a gain before stopping, for ``steps_per_epoch`` (>= 1) steps an epoch.
-
-        Returns:
-            ``max(patience_epochs, ceil(patience_steps / steps_per_epoch))``.
-        """
+        """Epochs without a gain before stopping: ``max(patience_epochs, ceil(patience_steps / steps_per_epoch))``."""
         return max(self.patience_epochs, math.ceil(self.patience_steps / max(1, steps_per_epoch)))
 
     def to_dict(self) -> Dict:
-        """The rule as records keep it: ``{"monitor", "patience_steps", "patience_epochs", "min_delta"}``."""
+        """The rule as records keep it."""
         return {"monitor": self.monitor, "patience_steps": self.patience_steps,
                 "patience_epochs": self.patience_epochs, "min_delta": self.min_delta}
 
@@ -79,11 +69,10 @@ RULES: Dict[str, StoppingRule] = {
 
 def resolve(name: str, monitor: str = "", patience_epochs: Optional[int] = None,
             patience_steps: Optional[int] = None, min_delta: Optional[float] = None) -> StoppingRule:
-    """The rule ``name`` of :data:`RULES` with each value given (not empty, not ``None``) in place of its own.
+    """The rule ``name`` of ``RULES`` with each value given (not empty, not ``None``) in place of its own.
 
     Raises:
-        pipelines.runtime.errors.Refused: ``--stopping`` names no rule, or a value
-            :class:`StoppingRule` refuses.
+        pipelines.runtime.errors.Refused: ``--stopping`` names no rule, or a value the rule refuses.
     """
     if name not in RULES:
         raise Refused(f"--stopping {name}: choose one of {', '.join(RULES)}")

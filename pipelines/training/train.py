@@ -1,16 +1,7 @@
-"""The training job: one function, run by every Horovod rank (``horovodrun`` or Spark tasks).
+"""The training job: ``run_training``, run by every Horovod rank, reads top to bottom as the job's steps.
 
-:func:`run_training` reads top to bottom as the job's steps; each rank runs all of them, and the
-side effects (checkpoints, logs, reports, the exported model, the MLflow run) are rank 0's, stated
-once in :func:`start_tracking`, :func:`make_callbacks` and
-:func:`pipelines.training.records.report.save_outputs`. Resume is decided in one place,
-:func:`pipelines.training.resume.restore`. The input path (images, or cached backbone features) is
-an object from :mod:`pipelines.training.inputs`; nothing else here depends on which one it is.
-
-As in Horovod's own Keras example (``examples/keras/keras_imagenet_resnet50.py``), every line that
-distribution adds to a single-process Keras job is marked ``# Horovod:``, here and in the steps it
-calls (:mod:`pipelines.training.rank`, :mod:`pipelines.training.plan`).
-"""
+Side effects (checkpoints, logs, reports, the model, the MLflow run) are rank 0's. Lines that distribution
+adds to a single-process Keras job are marked ``# Horovod:``."""
 from __future__ import annotations
 
 import contextlib
@@ -51,10 +42,7 @@ log = logging.getLogger("pipelines")
 
 @contextlib.contextmanager
 def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resume) -> Iterator[Optional[tracking.Tracker]]:
-    """Rank 0 starts the job's MLflow run, or continues the recorded one when ``resume`` found a
-    checkpoint, with the run's params (:func:`run_params`); the block's end ends it (FAILED when
-    the block raises). Yields a :class:`pipelines.tracking.Tracker` on rank 0 and ``None`` on the
-    other ranks or with tracking off.
+    """Rank 0 starts or continues the MLflow run (FAILED if the block raises); yields it, else ``None``.
 
     Raises:
         pipelines.tracking.TrackingUnavailable: on every rank, when rank 0 cannot use the store.
@@ -82,8 +70,7 @@ def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
 
 
 def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
-    """The MLflow params of a training run: the whole config, the world and its arithmetic, and the
-    data's identity (the sha256 of its ``manifest.json``, counts, image size)."""
+    """The MLflow params of a run: the config, the world and its arithmetic, and the data's identity."""
     data = plan.data
     return {**redact(to_dict(config)), "world_size": rank.size, "global_batch_size": plan.steps.global_batch,
             "data_world_size": plan.world.size, **segment_params(list(plan.segments)),
@@ -96,15 +83,11 @@ def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
 
 
 def make_callbacks(context: RankContext, resume: Resume, marker: Optional[Dict] = None):
-    """The phase's Keras callbacks, in the order they must run: on every rank Horovod's broadcast,
-    epoch statistics, Horovod's metric averaging and warmup, the divergence check
-    (:class:`~pipelines.training.callbacks.DivergenceGuard`) and early stopping; on rank 0 only
-    (:func:`rank0_callbacks`) progress, checkpoints (their markers with ``marker``'s items: the
-    phase), ``history.csv``, TensorBoard, MLflow and the upload; then the stop at a preemption
-    notice, horovodrun's elastic check, and the tests' hooks where asked for (:func:`with_hooks`).
+    """The phase's Keras callbacks in the order they must run, and two of them.
 
-    Returns ``(callbacks, early_stopping, epoch_stats)``.
-    """
+    Horovod's, statistics, warmup, ``DivergenceGuard`` and early stopping on every rank; rank 0's writers;
+    then the preemption stop, the elastic check and the launcher's hooks. Returns ``(callbacks,
+    early_stopping, epoch_stats)``."""
     import horovod.tensorflow.keras as hvd
 
     from pipelines.training import callbacks as cb
@@ -145,9 +128,7 @@ def make_callbacks(context: RankContext, resume: Resume, marker: Optional[Dict] 
 
 
 def checkpointer(context: RankContext, resume: Resume, early_stopping, marker: Optional[Dict] = None):
-    """Rank 0's :class:`~pipelines.training.checkpointer.CheckpointMarker` (each checkpoint's marker
-    holds ``marker``'s items, default phase 1, the run's record and its segments); ``None`` on the
-    other ranks."""
+    """Rank 0's ``CheckpointMarker`` (markers hold ``marker``'s items, default phase 1); ``None`` elsewhere."""
     from pipelines.training.checkpointer import CheckpointMarker, Interval
 
     config, plan = context.config, context.plan
@@ -161,9 +142,8 @@ def checkpointer(context: RankContext, resume: Resume, early_stopping, marker: O
 
 
 def rank0_callbacks(context: RankContext, resume: Resume, checkpoints) -> list:
-    """Rank 0's writers, in order: the newest step's mark (``progress.json``), progress within each
-    epoch, ``checkpoints``, ``history.csv`` (appended to when resuming), TensorBoard, each epoch to the MLflow run, then the upload of the
-    epoch's files to a URI ``--output``, after every writer."""
+    """Rank 0's writers in order: progress mark, epoch progress, ``checkpoints``, ``history.csv``,
+    TensorBoard, MLflow, then the upload to a URI ``--output`` after every writer."""
     from pipelines.stack.kerasapi import keras
     from pipelines.training import callbacks as cb
     from pipelines.training.epochprogress import EpochProgress
@@ -182,9 +162,7 @@ def rank0_callbacks(context: RankContext, resume: Resume, checkpoints) -> list:
 
 
 def with_hooks(context: RankContext, callbacks: list) -> list:
-    """``callbacks`` with what the launcher asked this rank for: the stall watchdog's ticks first and
-    last (each epoch's end watched as one collective phase), and the tests' fault hook (its wait for
-    rank 0's marker only where every rank sees rank 0's folder: a local output)."""
+    """``callbacks`` with the launcher's asks: the stall watchdog's ticks first and last, the tests' fault hook."""
     from pipelines.training import callbacks as cb
     from pipelines.training.faults import FaultInjection
 
@@ -197,13 +175,9 @@ def with_hooks(context: RankContext, callbacks: list) -> list:
 
 
 def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: int = 0) -> float:
-    """``fit`` from ``resume``'s position (an epoch's end, or a step within an epoch) on the input
-    path's datasets (readers live for the whole run), each rank's stream opened at that position
-    (:func:`pipelines.training.schedule.fit_segments`; ``first_epoch``: where the phase's stream
-    began); when the resumed run had already finished, only restore its best weights.
+    """``fit`` from ``resume``'s position, each rank's stream opened there; returns the seconds in ``fit``.
 
-    Returns the seconds spent in ``fit``.
-    """
+    A resumed run that had already finished only gets its best weights back."""
     from pipelines.training.callbacks import stop_watchdogs
     from pipelines.training.segment import end_epoch, in_segment
 
@@ -247,15 +221,7 @@ def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: 
 
 
 def evaluate(context: RankContext, inputs, split: str = TEST):
-    """Exact totals of the trained model over the whole ``split``: the test split, read once, after
-    the epoch was chosen on validation (or the validation split, for phase 1 of a fine-tuning
-    run, whose test is read after phase 2 only): each rank reads its shard once (count checked
-    against the Parquet footers), the sums are added over ranks, and the total count is checked
-    against the manifest, so a short read fails the run. Under the launcher's stall watchdog,
-    ticked by every batch.
-
-    Returns:
-        :class:`pipelines.training.evaluate.Totals`, the same on every rank.
+    """Exact totals over the whole ``split``, the same on every rank; a short read fails the run.
 
     Raises:
         pipelines.training.data.errors.ShardCountError: a count differs from the metadata or manifest.
@@ -273,15 +239,9 @@ def evaluate(context: RankContext, inputs, split: str = TEST):
 
 
 def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
-    """Train on every rank and return the run's report (the content of ``metrics.json``).
+    """Train on every rank (once per process) and return the run's report (``metrics.json``).
 
-    ``run_id``: the training run's id (:mod:`pipelines.training.records.ownership`), given by a launching driver
-    so that every relaunch is the same run; ``None``: rank 0 makes one (or keeps the resumed run's).
-
-    Must be called once per process, by every rank (``horovodrun -np N``, Spark barrier tasks, or
-    a single process, which is a world of size 1). The set-up steps make the rank's
-    :class:`~pipelines.training.context.RankContext`, built once; every step after takes it. With
-    ``--fine-tune-blocks N``, the head phase is followed by the fine-tuning phase (:func:`fine_tune`).
+    ``run_id``: a launching driver's, so every relaunch is the same run; ``None``: rank 0 makes or resumes one.
 
     Raises:
         pipelines.training.data.errors.DataError: the dataset cannot feed this run.
@@ -326,10 +286,7 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
 
 
 def head_phase(context: RankContext, inputs, resume: Resume):
-    """Phase 1, the head on the frozen backbone: callbacks, ``fit`` from ``resume``'s epoch, exact
-    evaluation (of the test split; of the validation split when fine-tuning follows, so that the
-    test split is read once, at the end). Skipped when ``resume`` is in phase 2 (its outcome is in
-    the checkpoint's marker). Returns a :class:`pipelines.training.model.finetune.Phase`."""
+    """Phase 1, the head on the frozen backbone: fit and exact evaluation; skipped when resuming phase 2."""
     if resume.phase == 2:
         return Phase(inputs, None, 0, 0.0, None, resume)
     callbacks, early_stopping, epoch_stats = make_callbacks(context, resume)
@@ -339,13 +296,10 @@ def head_phase(context: RankContext, inputs, resume: Resume):
 
 
 def fine_tune(context: RankContext, first, resume: Resume):
-    """Phase 2 on every rank: from phase 1's best weights (or, resuming in phase 2, from its newest
-    checkpoint), the top ``--fine-tune-blocks`` blocks unfrozen, recompiled with
-    :func:`~pipelines.training.model.finetune.phase2_lr`, trained on images with the job's callbacks and
-    evaluated exactly, on the phase's own context (:meth:`~pipelines.training.context.RankContext.for_phase`).
+    """Phase 2 on every rank: the top ``--fine-tune-blocks`` unfrozen from phase 1's best, on images.
 
-    Returns the phase's :class:`~pipelines.training.model.finetune.Phase`, with ``report`` for
-    ``metrics.json``'s ``fine_tune`` (the recipe and its arithmetic: :mod:`pipelines.training.model.finetune`).
+    Returns:
+        Phase: with ``report`` for ``metrics.json``'s ``fine_tune``.
     """
     import horovod.tensorflow as hvd_tf
 

@@ -1,26 +1,14 @@
-"""The learning-rate warmup of a run's data world (:mod:`pipelines.training.dataworld`).
-
-Horovod's ``LearningRateWarmupCallback`` ramps from ``lr / hvd.size()`` to ``lr`` with the world
-size it runs in; a run continued on another world size keeps the ramp of the world it started on.
-"""
+"""The learning-rate warmup of a run's data world: the ramp of the world size it started on."""
 from __future__ import annotations
 
 import horovod.tensorflow.keras as hvd
 
 
 class DataWorldWarmup(hvd.callbacks.LearningRateWarmupCallback):
-    """Horovod's warmup (horovod/_keras/callbacks.py: its per-step schedule, its epoch shifted by
-    one step, its end at ``warmup_epochs``) with the data world's size ``data_world_size`` in place
-    of ``hvd.size()``: ``lr(epoch) = initial_lr / n0 x (epoch x (n0 - 1) / warmup_epochs + 1)``,
-    ``epoch`` fractional (:func:`pipelines.training.schedule.warmup_lr`). On the data world itself
-    the same operations on the same numbers as Horovod's, so the same rates bit for bit.
+    """Horovod's warmup with the data world's size ``n0`` in place of ``hvd.size()``.
 
-    Args:
-        initial_lr: the rate after the warmup (``base_lr x n0``).
-        warmup_epochs: epochs of the ramp (> 0; may be fractional).
-        steps_per_epoch: the run's (``train_rows // (n0 x b)``).
-        data_world_size: ``n0``.
-    """
+    ``initial_lr``: the rate after it (``base_lr x n0``); ``warmup_epochs`` > 0, may be fractional. On the data
+    world itself the rates match Horovod's bit for bit."""
 
     def __init__(self, initial_lr: float, warmup_epochs: float, steps_per_epoch: int, data_world_size: int):
         super().__init__(initial_lr=initial_lr, warmup_epochs=warmup_epochs, steps_per_epoch=steps_per_epoch,
