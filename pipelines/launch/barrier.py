@@ -1,8 +1,6 @@
 """Spark barrier tasks (``HorovodRunner(np=N)``): N tasks that start together, one rank each.
 
-Each task learns the others' hosts, numbers the ranks as Horovod would, chooses its Gloo interface and GPUs,
-and joins one ``allGather``; task 0 serves Gloo's rendezvous; each task runs its rank as a child process. A
-task reports a rank's failure as a record, so Spark retries nothing; a lost executor becomes a lost
+A task reports its rank's failure as a record, so Spark retries nothing; a lost executor becomes a lost
 ``RankFailure`` naming its host."""
 from __future__ import annotations
 
@@ -49,12 +47,11 @@ def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], bounds: WorldBou
               rank_timeouts: Optional[Dict[str, str]] = None, previous: Optional[int] = None) -> Any:
     """Run ``main(**kwargs)`` as barrier tasks of the active SparkSession; return rank 0's value.
 
-    Runs ``bounds.np`` tasks or, in a relaunch (``previous``: the failed attempt's world size), what
-    ``attempt_world`` gives for the slots offered. ``before_ranks`` runs once the cluster's checks pass.
+    ``bounds.np`` tasks, or in a relaunch (``previous``: the failed world size) what ``attempt_world`` allows.
 
     Raises:
         ValueError, ClusterConfigError: as ``HorovodRunner.run``.
-        HorovodJobFailed: a rank raised or died or could not choose its interface (``world_size``: this attempt's)."""
+        HorovodJobFailed: a rank raised, died or could not choose its interface."""
     from pyspark.sql import SparkSession  # in the function: `import pipelines` stays free of PySpark
 
     spark = SparkSession.getActiveSession()
@@ -123,11 +120,10 @@ def lost_host(text: str, executor_hosts: Callable[[], Dict[str, str]] = dict) ->
 
 def collect_tasks(rdd, rank_hosts: Dict[int, str],
                    executor_hosts: Callable[[], Dict[str, str]] = dict) -> List[Dict[str, Any]]:
-    """The barrier tasks' records.
+    """The barrier tasks' records (they report their own failures as records).
 
     Raises:
-        HorovodJobFailed: the job failed because an executor was lost: a lost ``RankFailure`` naming its host
-            and the lowest rank of ``rank_hosts`` on it. Other failures come as records."""
+        HorovodJobFailed: an executor was lost: a lost ``RankFailure`` naming its host and lowest rank there."""
     try:
         return rdd.collect()
     except Exception as exc:  # noqa: BLE001 - Py4JJavaError; only an executor loss is ours to name
@@ -145,10 +141,8 @@ def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str]
                  rank_timeouts: Optional[Dict[str, str]] = None):
     """The function each barrier task runs: plan ranks, check network and GPUs, rendezvous, run the rank as a child.
 
-    Every task decides its interface and GPUs (``task_choices``) *before* the one ``allGather`` and shares the
-    outcome: if one cannot, every task returns without starting a rank, and the driver names that rank and host.
-    The child's output goes to the driver's ``sink`` (address, token); an executor's own Gloo timeout is kept.
-    Task 0's record adds ``rendezvous_missing`` (ranks that never joined) and ``gloo_timeout``."""
+    Every task decides its interface and GPUs *before* the one ``allGather`` and shares the outcome: if one cannot,
+    none starts a rank. Task 0 serves the rendezvous; its record adds ``rendezvous_missing`` and ``gloo_timeout``."""
 
     def run(_partition):
         from pyspark import BarrierTaskContext  # in the function: runs in the executor, with PySpark
@@ -191,11 +185,7 @@ def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str]
 
 def task_choices(host: str, requested_iface: Optional[str], addresses: List[str], local_size: int,
                  environ: Mapping[str, str]) -> Dict[str, Any]:
-    """What a barrier task decides before the ``allGather``.
-
-    The interface: the driver's choice, else the executor's ``HOROVOD_GLOO_IFACE``, else the one carrying ``host``'s
-    (IPv4) address. The GPUs: Spark's ``addresses`` mapped through the executor's ``CUDA_VISIBLE_DEVICES``; without
-    addresses the host may not hold more ranks (``local_size``) than GPUs.
+    """What a barrier task decides before the ``allGather``: Gloo's interface and the rank's GPUs.
 
     Returns:
         ``{'iface', 'gpus', 'addresses'}``, or ``{'error': 'Type: message', 'refused': bool}`` when the rank
@@ -216,11 +206,8 @@ def task_choices(host: str, requested_iface: Optional[str], addresses: List[str]
 
 def rank_env(slot: Dict[str, int], host: str, world_size: int, rendezvous: str, choices: Dict[str, Any],
              environ: Mapping[str, str], token: str) -> Dict[str, str]:
-    """The variables a barrier task's rank starts with beyond ``environ``.
-
-    Horovod's launch variables as ``horovodrun`` sets them (Gloo over ``choices['iface']``, rendezvous
-    ``HOST:PORT`` with ``token``), NCCL over the same interface, and the rank's GPUs. A user's own
-    ``NCCL_SOCKET_IFNAME`` and ``CUDA_DEVICE_ORDER`` stay."""
+    """The variables a barrier task's rank starts with beyond ``environ``: Horovod's (as ``horovodrun`` sets them),
+    NCCL's interface and the rank's GPUs; a user's own ``NCCL_SOCKET_IFNAME`` and ``CUDA_DEVICE_ORDER`` stay."""
     address, port = split_host_port(rendezvous)
     return {"HOROVOD_HOSTNAME": host, "HOROVOD_RANK": str(slot["rank"]), "HOROVOD_SIZE": str(world_size),
             "HOROVOD_LOCAL_RANK": str(slot["local_rank"]), "HOROVOD_LOCAL_SIZE": str(slot["local_size"]),
@@ -240,10 +227,8 @@ def _host_counts(hosts: List[str]) -> List[tuple]:
 
 
 def rank_plan(hosts: List[str]) -> List[Dict[str, int]]:
-    """Rank layout of barrier tasks from each task's host (index = partition).
-
-    Ranks go host by host in order of first appearance, as Horovod's ``get_host_assignments``; within a host,
-    in partition order.
+    """Rank layout of barrier tasks from each task's host: host by host in order of first appearance (as Horovod's
+    ``get_host_assignments``), partition order within a host.
 
     Returns:
         For each task: ``rank``, ``local_rank``, ``local_size``, ``cross_rank``, ``cross_size``."""

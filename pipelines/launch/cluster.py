@@ -1,9 +1,7 @@
 """A Spark standalone cluster on this machine, from the pyspark package alone.
 
-Tests use ``StandaloneCluster`` as a fixture; users run
-``python -m pipelines.launch.cluster --workers 2 --cores 1 --memory 2g`` (Ctrl-C stops it) and submit to the
-printed master URL with the printed ``SPARK_CONF_DIR`` set: every connection is authenticated with the cluster's
-secret, read from that folder's ``spark-defaults.conf``, never from a command line (which any user can read)."""
+``python -m pipelines.launch.cluster --workers 2 --cores 1 --memory 2g`` (Ctrl-C stops it); submit with the
+printed ``SPARK_CONF_DIR`` set, whose ``spark-defaults.conf`` holds the cluster's secret (never a command line)."""
 from __future__ import annotations
 
 import argparse
@@ -58,14 +56,12 @@ class Place:
 class StandaloneCluster:
     """Master + ``workers`` workers on ``host``; a context manager that always stops them.
 
-    ``env`` adds variables to the master's and workers' environment (executors inherit them), as a
-    ``spark-env.sh`` would; ``master_at`` and ``workers_at`` (overriding ``workers``) place the processes on
-    separate hosts. Every connection is authenticated with a secret of this cluster's (``client_env``);
-    the web UIs have no kill links.
+    ``env`` adds variables to the master's and workers' environment (executors inherit them); ``master_at`` and
+    ``workers_at`` place processes on other hosts. Connections are authenticated with the cluster's secret.
 
     Attributes:
         url: ``spark://host:port`` of the master.
-        web_url: the master's web UI (its ``/json/`` lists the registered workers).
+        web_url: the master's web UI (``/json/`` lists the workers).
         conf_dir: the ``SPARK_CONF_DIR`` of the cluster and its drivers (mode 0700)."""
 
     def __init__(self, workers: int = 2, cores: int = 1, memory: str = "2g", host: str = "127.0.0.1",

@@ -1,11 +1,8 @@
 """horovodrun's elastic mode: the ranks left after a lost one continue from the newest complete checkpoint.
 
-Under ``horovodrun --min-np M --max-np X --host-discovery-script S`` (``HOROVOD_ELASTIC=1``), Horovod 0.28.1
-blacklists a dead worker's host once the others are back at its rendezvous (so one machine must list each slot
-under its own name: ``pipelines.launch.discovery``); the survivors get ``HorovodInternalError``, reset and call
-the function again. Added slots raise ``HostsUpdatedInterrupt`` at ``State.check_host_updates()`` (each epoch's
-end, after its checkpoint). The ``State`` holds nothing: the checkpoint is the state, and each call after a
-reset is a relaunch on the new world size (``ElasticRun``)."""
+Horovod 0.28.1 blacklists a dead worker's host (hence ``pipelines.launch.discovery``); survivors get
+``HorovodInternalError``, reset and call the function again; added slots raise ``HostsUpdatedInterrupt`` at
+each epoch's end. The ``State`` holds nothing: each call after a reset resumes from the checkpoint."""
 from __future__ import annotations
 
 import functools
@@ -41,9 +38,7 @@ class ElasticRun:
         self.ended: Optional[str] = None  # why this worker's last attempt ended
 
     def joined(self, rank: int, size: int) -> List[Dict]:
-        """Called by every rank at each call's start, once Horovod has its new world (``rank`` of ``size``).
-
-        One allgather of each rank's previous place and host names the lost ranks (``ended_attempt``).
+        """Called by every rank at each call's start with its new ``rank`` of ``size``; one allgather names the lost ranks.
 
         Returns:
             The attempts, this one last (``RankEnvironment.attempts``)."""
@@ -63,15 +58,12 @@ class ElasticRun:
 
 def ended_attempt(number: int, places: List[Tuple[Optional[int], int, str]], hosts: List[str],
                   ended: Optional[str]) -> Optional[Dict]:
-    """The record of attempt ``number``, or None if this worker was not in it (``ended`` None).
+    """The record of attempt ``number`` as this worker saw it end (``ended``: why), or None if it was not in it.
 
-    Args:
-        places: each rank's ``(rank in that attempt or None, that attempt's world size, host)`` now.
-        hosts: each rank's host in that attempt.
-        ended: why the attempt ended, as this worker saw it.
+    ``places``: each rank's ``(rank then or None, world size then, host)``; ``hosts``: each rank's host then.
 
     Returns:
-        ``{"attempt", "world_size", "failure": "rank 1 on HOST lost: WHY"}`` (just ``WHY`` when no rank was lost)."""
+        ``{"attempt", "world_size", "failure": "rank 1 on HOST lost: WHY"}`` (just ``WHY`` if none was lost)."""
     before = next((size for rank, size, _ in places if rank is not None), None)
     if before is None or ended is None:
         return None
@@ -91,13 +83,13 @@ def current() -> Optional[ElasticRun]:
 def run_elastic(main: Callable[..., Any], **kwargs: Any) -> Tuple[Any, int]:
     """Run ``main(**kwargs, run_id=...)`` under Horovod's elastic ``run_fn``, again after each reset, same run id.
 
-    ``main`` calls ``hvd.init()`` and, on every rank at its start, ``current().joined``.
+    ``main`` calls ``hvd.init()`` and then ``current().joined`` on every rank.
 
     Returns:
         ``(main's value, this worker's rank in the world that finished)``.
 
     Raises:
-        What ``main`` raises, except a peer's loss (``is_secondary``)."""
+        What ``main`` raises, except a peer's loss."""
     import horovod.tensorflow as hvd_tf
     from horovod.common.elastic import ObjectState, run_fn
 

@@ -1,8 +1,7 @@
 """Which GPUs a rank may see, decided where the ranks are launched, and which interface NCCL uses.
 
-As PySpark's ``TorchDistributor``: an integer GPU address Spark gives a task indexes the executor's own
-``CUDA_VISIBLE_DEVICES`` when set (isolated containers), and the rank starts with ``CUDA_VISIBLE_DEVICES`` set
-to exactly its GPUs and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (``nvidia-smi``'s numbering, not CUDA's fastest-first)."""
+As ``TorchDistributor``: an integer GPU address indexes the executor's own ``CUDA_VISIBLE_DEVICES`` when set,
+and the rank starts with exactly its GPUs visible, numbered in PCI bus order (as ``nvidia-smi``)."""
 from __future__ import annotations
 
 import re
@@ -31,19 +30,13 @@ def parse_visible(value: Optional[str]) -> Optional[List[str]]:
 
 def task_gpus(addresses: Sequence[str], visible: Optional[Sequence[str]],
               gpu_count: Optional[int] = None) -> List[str]:
-    """The ``CUDA_VISIBLE_DEVICES`` entries of the rank a Spark task starts.
+    """The ``CUDA_VISIBLE_DEVICES`` entries of the rank a Spark task starts, one per Spark GPU address.
 
-    Args:
-        addresses: the GPU addresses Spark assigned to the task.
-        visible: the executor's own ``CUDA_VISIBLE_DEVICES`` entries, or None.
-        gpu_count: GPUs this executor sees, None when unknown.
-
-    Returns:
-        One entry per address: an integer indexes ``visible`` when set, else is kept; a GPU/MIG UUID is kept.
+    An integer address indexes ``visible`` (the executor's entries) when set, else is kept; a GPU/MIG UUID is kept.
+    ``gpu_count``: GPUs the executor sees, None if unknown.
 
     Raises:
-        ValueError: an address neither an index nor a UUID, a UUID not in ``visible``, or an index beyond the
-            visible GPUs."""
+        ValueError: an address neither index nor UUID, a UUID not visible, or an index beyond the visible GPUs."""
     owned = []
     for address in addresses:
         if _UUID.fullmatch(address):

@@ -1,9 +1,7 @@
 """Local ranks (``HorovodRunner(np=-N)``): N child processes of the driver.
 
-The pickled job and each rank's outcome go through files in a mode-0700 folder, never a socket; Gloo's
-rendezvous is on 127.0.0.1. A failing rank stops the others. A SIGTERM to the driver is passed on to the
-ranks, which checkpoint and stop (exit 76). Output is shown prefixed ``[R]<stdout>:`` and kept in
-``LOG_DIR/rank.R/{stdout,stderr}`` (Horovod's layout)."""
+The job and outcomes pass through files in a mode-0700 folder, never a socket; Gloo uses 127.0.0.1. A
+failing rank stops the others; a SIGTERM to the driver is passed on to the ranks (exit 76)."""
 from __future__ import annotations
 
 import base64
@@ -44,12 +42,9 @@ def pad_rank(rank: int, size: int) -> str:
 
 def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int, iface: Optional[str],
               log_dir: Optional[str], rank_timeouts: Optional[Dict[str, str]] = None) -> Any:
-    """Run ``main(**kwargs)`` on ``world_size`` child ranks; return rank 0's value.
+    """Run ``main(**kwargs)`` on ``world_size`` child ranks, Gloo over ``iface`` (None: ``lo``); return rank 0's value.
 
-    Args:
-        iface: Gloo's interface (None: ``lo``); it must carry 127.0.0.1.
-        log_dir: where each rank's ``rank.R/stdout`` and ``rank.R/stderr`` are appended, if given.
-        rank_timeouts: variables bounding each rank's waits (``rankenv.timeouts_env``).
+    ``log_dir``: where ``rank.R/stdout`` and ``rank.R/stderr`` are kept; ``rank_timeouts``: the ranks' wait bounds.
 
     Raises:
         HorovodJobFailed: a rank raised, died, or never joined the rendezvous."""
@@ -191,11 +186,8 @@ def collect_failures(records: Dict[int, Optional[Dict[str, Any]]], ended: Dict[i
                      host: str) -> List[RankFailure]:
     """The failures of a local run; empty when every rank succeeded.
 
-    Args:
-        records: rank -> its outcome record, or None.
-        ended: rank -> exit status, as ``_wait`` gives; a rank ended without a record failed (killed: a loss
-            where ``signal_is_loss``), even with status 0.
-        host: this machine's name."""
+    ``records``: rank -> outcome record or None; ``ended``: rank -> exit status (``_wait``). A rank that ended
+    without a record failed, even with status 0 (killed by a ``LOST_SIGNALS`` signal: lost)."""
     failures = [RankFailure(r["rank"], r["cause"], r.get("traceback", ""), r.get("secondary", False),
                             r.get("host") or host, lost=r.get("lost", False), refused=r.get("refused", False),
                             exit_status=r.get("exit_status"))

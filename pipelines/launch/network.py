@@ -1,6 +1,4 @@
-"""Which network interface Gloo uses on each host: the user's, else the one carrying the host's address.
-
-Pure functions of a host name and an interface table, so every choice is testable without a network."""
+"""Which network interface Gloo uses on each host: the user's, else the one carrying the host's address."""
 from __future__ import annotations
 
 import ipaddress
@@ -75,14 +73,9 @@ def interface_of(host: str, requested: Optional[str] = None,
                  interfaces: Optional[Dict[str, List[str]]] = None) -> str:
     """The network interface Gloo should use on the machine that runs a rank for ``host``.
 
-    A ``requested`` interface is used as is, never replaced. Otherwise ``host``'s address picks the interface that
-    carries it; any loopback address (all of 127.0.0.0/8, e.g. Debian's 127.0.1.1, and ::1) maps to ``lo``,
-    since Linux routes the whole /8 over it.
-
-    Args:
-        host: the rank's host as Spark names it.
-        requested: the user's interface (``HOROVOD_GLOO_IFACE`` or ``--network-interface``), or None/"".
-        interfaces: name -> addresses; default ``local_interfaces()``.
+    A ``requested`` interface (``HOROVOD_GLOO_IFACE`` or ``--network-interface``) is used as is. Otherwise the one
+    carrying ``host``'s address; any loopback address (all 127.0.0.0/8, ::1) maps to ``lo``. ``interfaces``:
+    name -> addresses, default ``local_interfaces()``.
 
     Raises:
         ValueError: the requested interface does not exist, ``host`` does not resolve, or no interface carries
@@ -125,10 +118,8 @@ def is_this_machine(host: str) -> bool:
 
 
 def local_interface(requested: Optional[str], interfaces: Optional[Dict[str, List[str]]] = None) -> Optional[str]:
-    """The user's interface for local ranks, checked before any starts; None when none is named (``lo``).
-
-    Local ranks talk over loopback alone, so an interface without 127.0.0.1 would expose them or miss the
-    rendezvous.
+    """The user's interface for local ranks, which must carry 127.0.0.1 (else the ranks would be exposed or miss
+    the rendezvous); None when none is named (``lo``).
 
     Raises:
         ValueError: the interface does not exist, or does not carry 127.0.0.1."""

@@ -1,17 +1,13 @@
 """The variables a launcher hands its ranks: written here, read here once, where a rank starts.
 
-The environment is the only channel into a rank's process. Each variable is written by one function here and
-read by ``read_rank_environment`` alone, at the rank's start, into a ``RankEnvironment`` passed on as
-parameters (the user's own variables are ``pipelines.runtime.environment``'s):
+Each is written by one function here and read by ``read_rank_environment`` alone into a ``RankEnvironment``
+(the user's own variables are ``pipelines.runtime.environment``'s):
 
-- ``PIPELINES_ATTEMPTS``: JSON list of the earlier attempts, ``{"attempt", "world_size", "failure"}``
-  (``attempts_env``, by the relaunch wrapper).
+- ``PIPELINES_ATTEMPTS``: JSON list of the earlier attempts (``attempts_env``).
 - ``PIPELINES_ASSIGNED_GPUS``: the GPU addresses Spark gave a barrier task's rank (``assigned_gpus_env``).
-- ``PIPELINES_STALL_TIMEOUT``: seconds a rank may go without progress before it ends as stalled
-  (``timeouts_env``, beside Horovod's ``HOROVOD_GLOO_TIMEOUT_SECONDS``).
-- ``PIPELINES_FAULT_INJECT``: test hook ``rank=R,epoch=E,mode=M[,mark=PATH][,step=S][,late=S]``
-  (``training/faults.py``); ignored unless armed by
-- ``PIPELINES_FAULT_TOKEN``: the test suite's token file (``fault_armed``)."""
+- ``PIPELINES_STALL_TIMEOUT``: seconds without progress before a rank ends as stalled (``timeouts_env``).
+- ``PIPELINES_FAULT_INJECT``: test hook ``rank=R,epoch=E,mode=M[,...]`` (``training/faults.py``), ignored
+  unless ``PIPELINES_FAULT_TOKEN`` names the test suite's token file (``fault_armed``)."""
 from __future__ import annotations
 
 import json
@@ -43,7 +39,7 @@ class RankEnvironment:
     #: {"attempt": n, "world_size": 2, "failure": None}]``; one attempt outside a relauncher
     attempts: List[Dict] = field(default_factory=lambda: [{"attempt": 1, "world_size": 1, "failure": None}])
     assigned_gpus: List[str] = field(default_factory=list)  #: GPU addresses the launcher gave the rank
-    fault: str = ""  #: the test hook's spec; "" = none (or not armed: :func:`fault_armed`)
+    fault: str = ""  #: the test hook's spec; "" = none or not armed (``fault_armed``)
     fault_ignored: bool = False  #: a spec was given without the test suite's token
     stall_timeout_s: float = 0.0  #: seconds without progress before the rank ends as stalled; 0: not watched
 
@@ -54,9 +50,7 @@ class RankEnvironment:
 
 
 def read_rank_environment(environ: Optional[Mapping[str, str]] = None) -> RankEnvironment:
-    """The ``RankEnvironment`` of ``environ`` (default ``os.environ``): the one read, at a rank's start.
-
-    This attempt's world size is ``HOROVOD_SIZE`` (1 without it)."""
+    """The ``RankEnvironment`` of ``environ`` (default ``os.environ``); this attempt's world size is ``HOROVOD_SIZE``."""
     env = os.environ if environ is None else environ
     earlier = json.loads(env.get(ATTEMPTS_ENV) or "[]")
     spec = env.get(FAULT_ENV, "").strip()
@@ -109,9 +103,7 @@ def own_timeouts(rank_timeouts: Mapping[str, str], environ: Mapping[str, str]) -
 
 
 def gloo_timeout(env: Mapping[str, str]) -> str:
-    """The Gloo timeout in seconds, as text, of a rank started with ``env``; Horovod's default is ``"30"``.
-
-    An empty value (which Horovod reads as 0 s) never reaches our ranks: ``timeouts_env`` replaces it."""
+    """The Gloo timeout in seconds, as text, of a rank started with ``env`` (Horovod's default ``"30"``)."""
     return env.get(GLOO_TIMEOUT_ENV) or "30"
 
 

@@ -1,9 +1,8 @@
-"""The ranks' output, live at the driver (as TorchDistributor and Databricks' HorovodRunner show it).
+"""The ranks' output, live at the driver: each barrier task sends its rank's lines to the driver's ``LogSink``.
 
-A barrier task's child output is echoed to the executor's stderr and sent over TCP to the driver's ``LogSink``,
-which prints it prefixed ``[rank R on HOST]`` and appends it to ``rank-R.log`` (mode 0600), redacted line by
-line. The sink listens only on the driver's own address and accepts a bounded amount (token, one connection per
-rank, capped line and header sizes), since anyone reaching the port can connect. Streaming is best effort."""
+The sink prints them prefixed ``[rank R on HOST]``, redacted, and keeps ``rank-R.log`` (mode 0600). It listens
+on the driver's own address only and bounds what it accepts (token, one connection per rank, capped sizes),
+since anyone reaching the port can connect. Streaming is best effort."""
 from __future__ import annotations
 
 import hmac
@@ -85,13 +84,12 @@ class LogSink:
 
     Args:
         advertised_host: the address the executors reach this process at.
-        log_dir: local folder for ``rank-R.log`` (unprefixed lines), or None.
+        log_dir: local folder for ``rank-R.log``, or None.
         world_size: the number of ranks; a header naming another rank is refused.
         bind_host: the address to listen on if not ``advertised_host`` (``spark.driver.bindAddress``).
         header_timeout_s: seconds a new connection has to send its header.
 
-    Attributes ``address`` (``host:port``) and ``token`` are what each task needs; ``hosts`` maps each
-    connected rank to its printable host (which rank a lost host ran).
+    ``address`` and ``token`` are what each task needs; ``hosts`` maps each connected rank to its host.
 
     Raises:
         ValueError: the host to listen on does not resolve.

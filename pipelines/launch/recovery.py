@@ -1,9 +1,7 @@
 """Relaunching a Horovod job whose rank was lost (``--max-failures K``), as Ray's ``FailureConfig``.
 
-Only a *lost* rank is retried: its process or host went away (SIGKILL, SIGTERM, SIGHUP, a lost executor, or
-only peer-loss errors from Gloo/Horovod). A *deterministic* failure (our exception, a non-zero exit, a native
-crash) would fail again, so it is reported at once. A relaunched function reads its attempts from
-``RankEnvironment.attempts`` and resumes from its newest complete checkpoint."""
+Only a *lost* rank (killed, pre-empted, executor lost, or only peer-loss errors) is retried; a deterministic
+failure (our exception, a non-zero exit, a native crash) would fail again and is reported at once."""
 from __future__ import annotations
 
 import logging
@@ -36,20 +34,13 @@ class _Attempt:
 
 def run_with_retries(launch: Callable[[Callable[..., Any]], Any], main: Callable[..., Any],
                      max_failures: int) -> Any:
-    """Run ``launch(wrapped_main)`` (one whole Horovod job) up to ``max_failures + 1`` times.
+    """Run ``launch(wrapped_main)`` (one whole job) up to ``max_failures + 1`` times, relaunching after lost ranks.
 
-    Relaunches only after a lost rank, logging one line per attempt when ``max_failures > 0``. The wrapped
-    function's ``history`` lists the earlier attempts with their world sizes (to size the next one).
-
-    Args:
-        launch: starts every rank of one attempt on the given function; returns rank 0's value or raises
-            ``HorovodJobFailed``.
-        main: the ranks' function.
-        max_failures: relaunches allowed (0: fail at the first failure).
+    The wrapped function's ``history`` lists the earlier attempts with their world sizes.
 
     Raises:
         HorovodJobFailed: a deterministic failure (at once), or the last lost one.
-        RelaunchImpossible: a relaunch could not start (e.g. the cluster lost task slots)."""
+        RelaunchImpossible: a relaunch could not start (e.g. too few task slots)."""
     history: List[Dict] = []
     while True:
         number = len(history) + 1

@@ -1,8 +1,7 @@
 """Gloo's rendezvous on one address (loopback, or task 0's host), answering only the job's token.
 
-Horovod's own server listens on every interface and takes no credential, and its C++ client sends none. So the
-ranks are given ``ADDR:PORT/TOKEN`` as the address (``gloo_address``), every request's path then starts
-``/TOKEN:PORT/``, and any other gets 403. The token lives in the ranks' environment alone, never on a command line."""
+Horovod's client sends no credential, so the ranks get ``ADDR:PORT/TOKEN`` as the address (``gloo_address``)
+and any request whose path does not start ``/TOKEN:PORT/`` gets 403."""
 from __future__ import annotations
 
 import secrets
@@ -21,14 +20,9 @@ def gloo_address(address: str, port: "int | str", token: str) -> str:
 
 
 class Rendezvous:
-    """Horovod's Gloo rendezvous HTTP store, listening on ``address`` (an IPv4 address of this machine).
+    """Horovod's Gloo rendezvous HTTP store on ``address`` (127.0.0.1, or where other hosts reach this one).
 
-    Args:
-        address: ``127.0.0.1`` for ranks on this machine alone, else the address the other hosts reach.
-        host_counts: the ranks' hosts in rank order with their rank counts, ``[(host, n), ...]``.
-        world_size: the number of ranks.
-
-    Attributes ``port`` and ``token`` (which every request's path must start with) are the ranks'.
+    ``host_counts``: the ranks' hosts in rank order with their rank counts. Attributes ``port`` and ``token``.
 
     Raises:
         OSError: ``address`` is not an address of this machine."""

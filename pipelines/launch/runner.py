@@ -1,10 +1,7 @@
 """``HorovodRunner``: run one function on N Horovod ranks, locally or as Spark barrier tasks.
 
-``np=-N`` starts N child processes of the driver that talk over loopback (``pipelines.launch.local``); ``np=N``
-runs N Spark barrier tasks on the active SparkSession's cluster (``pipelines.launch.barrier``), each rank's
-output streamed to the driver prefixed ``[rank R on HOST]``. Both return rank 0's value; a failing rank fails
-the whole run promptly with ``HorovodJobFailed`` naming rank, host and cause. With ``max_failures=K`` a run
-that lost a rank is relaunched up to K times (``pipelines.launch.recovery``)."""
+Both paths return rank 0's value; a failing rank fails the run promptly with ``HorovodJobFailed`` naming rank,
+host and cause; with ``max_failures`` a run that lost a rank is relaunched (``pipelines.launch.recovery``)."""
 from __future__ import annotations
 
 import os
@@ -20,24 +17,21 @@ from pipelines.runtime.errors import Refused
 
 
 class HorovodRunner:
-    """Run a function on ``abs(np)`` Horovod ranks: ``np < 0`` locally, ``np > 0`` on Spark (as ``sparkdl``'s).
+    """Run a function on ``abs(np)`` Horovod ranks: ``np < 0`` local processes, ``np > 0`` Spark barrier tasks.
 
     Args:
         np: number of ranks; negative for local processes, positive for Spark barrier tasks.
         slots_timeout_s: seconds to wait for the cluster's executors to offer the task slots.
-        network_interface: the interface Gloo uses on every host (e.g. ``eth0``); default this process's
-            ``HOROVOD_GLOO_IFACE``, else each executor's, else the one carrying each host's address (``lo`` for
-            loopback and local ranks). A named interface is used as is or refused, never replaced.
-        max_failures: relaunch the whole run up to this many times when a rank's process or host is lost; the
-            function must then resume from its own checkpoints (``RankEnvironment.relaunched``). 0: fail at once.
+        network_interface: Gloo's interface on every host (e.g. ``eth0``), used as is or refused; default
+            ``HOROVOD_GLOO_IFACE`` (here, else each executor's), else the one carrying each host's address.
+        max_failures: relaunches of the whole run after a lost rank process or host; the function must resume
+            from its own checkpoints (``RankEnvironment.relaunched``). 0: fail at once.
         min_np, max_np: with ``np > 0`` and ``max_failures``: a relaunch runs on the slots offered then, at most
-            ``max_np``, if at least ``min_np`` (``sparkcheck.attempt_world``). Default: always ``np`` ranks.
-        log_dir: local folder keeping each rank's whole output: ``rank-R.log`` (``np > 0``) or
-            ``rank.R/stdout`` and ``rank.R/stderr`` (``np < 0``). None: shown live at the driver only.
-        before_ranks: called on every attempt after the launch's own checks, just before any rank starts; what
-            it raises ends the run (so a refused launch downloads nothing).
-        rank_timeouts: variables bounding every rank's waits (``rankenv.timeouts_env``); None: Horovod's own
-            30 s rendezvous and no watchdog.
+            ``max_np``, if at least ``min_np``. Default: always ``np``.
+        log_dir: local folder keeping each rank's whole output (``rank-R.log``, or ``rank.R/stdout`` and
+            ``rank.R/stderr`` for ``np < 0``). None: shown live at the driver only.
+        before_ranks: called on every attempt just before any rank starts, after the launch's own checks.
+        rank_timeouts: variables bounding every rank's waits (``rankenv.timeouts_env``); None: Horovod's.
 
     Raises:
         ValueError: ``np == 0``, a negative ``max_failures``, bounds no run keeps, or bounds with ``np < 0``."""
@@ -69,11 +63,10 @@ class HorovodRunner:
         ``main`` and ``kwargs`` must be picklable (cloudpickle); ``main`` calls ``hvd.init()``.
 
         Raises:
-            ClusterConfigError: the Spark configuration forbids barrier tasks (before any task).
-            ValueError: before any rank starts: no active SparkSession (``np > 0``), more tasks than slots, an
-                unusable network interface or address, or more local ranks than GPUs.
-            HorovodJobFailed: a rank raised or died, or could not choose its interface; with ``max_failures``, a
-                lost rank only once the relaunches are spent.
+            ClusterConfigError: the Spark configuration forbids barrier tasks.
+            ValueError: before any rank starts: no SparkSession (``np > 0``), too few slots, an unusable interface
+                or address, or more local ranks than GPUs.
+            HorovodJobFailed: a rank raised or died (with ``max_failures``, a lost one once relaunches are spent).
             RelaunchImpossible: a relaunch found too few task slots."""
         return run_with_retries(lambda attempt: self._launch(attempt, kwargs), main, self.max_failures)
 

@@ -28,13 +28,10 @@ def _is_true(value: Optional[str]) -> bool:
 
 
 def check_barrier_conf(conf: Dict[str, str]) -> None:
-    """Refuse Spark settings under which Spark 4.0 will not run a barrier stage.
+    """Refuse ``spark.dynamicAllocation.enabled=true``, under which Spark 4.0 runs no barrier stage.
 
-    ``spark.dynamicAllocation.enabled=true`` is refused (except on a ``local`` master, where Spark turns it off
-    itself unless ``spark.dynamicAllocation.testing``); without ``minExecutors`` it would look like 0 slots.
-
-    Args:
-        conf: the SparkConf's settings (``dict(sc.getConf().getAll())``), ``spark.master`` among them.
+    A ``local`` master is exempt (Spark turns it off there) unless ``spark.dynamicAllocation.testing``.
+    ``conf``: ``dict(sc.getConf().getAll())``.
 
     Raises:
         ClusterConfigError: naming the setting and the value to use."""
@@ -76,12 +73,11 @@ def executor_hosts(sc) -> List[str]:
 def check_local_executors(sc, requested: Optional[str]) -> None:
     """Before any task starts, choose the Gloo interface of every executor on this machine as its task will.
 
-    On a ``local``/``local-cluster`` master all executors are checked; remote ones are checked by their tasks.
-    ``requested`` is the user's interface, else the executors' ``HOROVOD_GLOO_IFACE`` (``spark.executorEnv.*``).
+    All executors on a ``local``/``local-cluster`` master; remote ones are checked by their tasks. ``requested``
+    defaults to the executors' ``HOROVOD_GLOO_IFACE``.
 
     Raises:
-        ValueError: a missing interface, an unresolvable host, an address on no interface, or a host without
-            IPv4 (any executor named by an IPv6 address)."""
+        ValueError: a missing interface, an unresolvable host, an address on no interface, or an IPv6-only host."""
     requested = requested or sc.environment.get(GLOO_IFACE_ENV)
     everything_here = is_local_master(sc.master) or sc.master.startswith("local-cluster")
     for host in executor_hosts(sc):
@@ -121,10 +117,10 @@ def wait_for_slots(slots: Callable[[], int], wanted: int, timeout_s: float, sett
 
 def attempt_world(slots: Callable[[], int], master: str, bounds: WorldBounds, previous: Optional[int],
                   timeout_s: float) -> int:
-    """How many barrier tasks an attempt runs, ``slots()`` counting the cluster's free task slots.
+    """How many barrier tasks an attempt runs, ``slots()`` counting the free task slots.
 
-    The first attempt, and every one of a fixed world, runs ``bounds.np``. A relaunch (``previous``: the failed
-    world size) runs on the slots offered now, capped at ``max_np``, waiting up to ``timeout_s`` for ``min_np``.
+    ``bounds.np`` for a first attempt or a fixed world; a relaunch (``previous``: failed world size) takes the
+    slots offered now, capped at ``max_np``, waiting up to ``timeout_s`` for ``min_np``.
 
     Raises:
         pipelines.runtime.errors.Refused: too few slots, naming both numbers."""

@@ -1,11 +1,8 @@
 """Typed configuration: one dataclass per stage, filled from the command line.
 
-Each field becomes a ``--flag`` (underscores become dashes) with ``metadata['help']`` as its help; metadata may
-also give ``flag``, ``choices``, and for a repeatable ``KEY=VALUE`` field (``key_values``) a ``file_flag``,
-``file_help`` and the ``gather(pairs, path)`` that makes the dict. A large config is composed of option groups
-(``option_group``), listed under their own titles in ``--help``; flags and keywords stay flat
-(``init_options``, ``to_dict``) while code reads ``config.<group>.<field>``. A config refuses a bad value where
-it is made, naming the option (``pipelines.runtime.checks``)."""
+Each field becomes a ``--flag`` with ``metadata['help']`` (also ``flag``, ``choices``, and for ``key_values``
+fields ``file_flag``, ``file_help``, ``gather``). Option groups (``option_group``) list their flags under a
+title, while flags and keywords stay flat. A config refuses a bad value where it is made, naming the option."""
 from __future__ import annotations
 
 import argparse
@@ -32,10 +29,7 @@ def field(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> 
 
 
 def option_group(title: str) -> Any:
-    """A config field that is a group of options, listed under ``title`` in ``--help``.
-
-    The field's type names the group's dataclass, whose ``__post_init__`` starts with ``check_types`` (a group
-    may be made directly too)."""
+    """A config field that is a group of options (the field's type: a dataclass), listed under ``title`` in ``--help``."""
     return dataclasses.field(metadata={"group": title})
 
 
@@ -55,11 +49,10 @@ def option_fields(cls: Type[Any]) -> Iterator[Tuple[Optional[dataclasses.Field],
 def init_options(config: Any, options: Dict[str, Any]) -> None:
     """Set the fields of the frozen ``config`` from the flat keywords ``options``, then run ``__post_init__``.
 
-    Each group is made of the options its fields name, over the group given whole under its own name if any (so
-    ``dataclasses.replace(config, batch_size=8)`` works). Types are checked before any group's own checks run.
+    A group is made of its fields' options over the group given whole, if any (so ``dataclasses.replace`` works).
 
     Raises:
-        TypeError: an unknown or missing required option, or a group given whole that is not of its class.
+        TypeError: an unknown or missing option, or a group given whole that is not of its class.
         pipelines.runtime.errors.Refused: a value of the wrong type, or what a group's checks refuse."""
     cls: type = type(config)
     options, hints = dict(options), type_hints(cls)
@@ -137,9 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: Type[Any], defaults: Map
                   notes: Mapping[str, str] | None = None) -> None:
     """Add to ``parser`` one option per field of ``cls``, a group's fields under the group's title.
 
-    Args:
-        defaults: if given, only the fields it names, in its order, each with this default (a benchmark's).
-        notes: text appended to a field's help.
+    ``defaults``: only the fields it names, in its order, with these defaults. ``notes``: text added to a help.
 
     Raises:
         KeyError: a name in ``defaults`` that is no field of ``cls`` or its groups."""
@@ -219,9 +210,7 @@ _warned = False
 
 
 def warn_visible_secrets(prog: str, argv: Sequence[str]) -> None:
-    """Warn once per process on stderr when ``argv`` holds a secret that ``redact_text`` would mask.
-
-    Any local user can read a command line (``ps``). Only the launcher and rank 0 warn; the secret is never shown."""
+    """Warn once per process (launcher or rank 0) on stderr when ``argv`` holds a secret: ``ps`` shows it to all."""
     global _warned
     if _warned or os.environ.get("HOROVOD_RANK", "0") != "0":
         return
@@ -270,11 +259,11 @@ def to_dict(config: Any) -> dict[str, Any]:
 def run_command(cls: Type[T], argv: Sequence[str] | None, stage: str, run: Callable[[T], Any],
                 summarize: Callable[[Any], str],
                 exit_codes: Mapping[Union[Type[BaseException], Tuple[Type[BaseException], ...]], int]) -> int:
-    """The body of a stage's ``main``: parse, set quiet/verbose (before TensorFlow or Spark load), log, run, print.
+    """The body of a stage's ``main``: parse, set quiet/verbose before TensorFlow or Spark load, log, run, print.
 
     Returns:
-        0 on success; 2 when ``run`` raised ``Refused`` (one log line); the code of the first matching type in
-        ``exit_codes`` (one log line); else 1 after the redacted traceback (``exit_status``)."""
+        0; 2 when ``run`` refused; the code of the first matching type in ``exit_codes`` (one log line); else 1
+        after the redacted traceback."""
     config: Any = parse_config(cls, argv)
     quiet_by_default(config.verbose)
     log = setup_logging(stage)

@@ -13,8 +13,7 @@ from typing import Dict, Optional, Tuple
 from pipelines import stack
 
 _MARK = "_pipelines_lazy"
-#: whether this Python needs the patch (:func:`pipelines.stack.needs_zipcache`: CPython gh-103200 is
-#: fixed in 3.12; the mission stack's Python is older, the current stack's are not)
+#: whether this Python needs the patch (older than 3.12: the mission stack's)
 NEEDED = stack.needs_zipcache()
 
 

