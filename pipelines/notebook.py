@@ -32,9 +32,9 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
 
     Args:
         workdir: "" = ``workspace.default_workdir()``; a local folder is made, a URI's store is checked.
-        data_dir: "" = ``workdir/etl``, made from the Tux Paint sample when it has no manifest.
+        data_dir: "" = ``workdir/etl``, made from the Tux Paint sample if missing.
         weights: "" = the ImageNet Xception weights converted offline.
-        train: more ``TrainConfig`` keywords for ``Setup.base`` (with ``data``, ``weights``, ``tensorboard=False``).
+        train: more ``TrainConfig`` keywords for ``Setup.base``.
 
     Raises:
         pipelines.io.storage.StorageError: a URI ``workdir`` or ``data_dir`` whose store cannot be used."""
@@ -53,10 +53,8 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
 
 
 def train(launch: Optional[LaunchConfig] = None, **config) -> Dict:
-    """Train with ``TrainConfig(**config)`` on the ranks ``launch`` describes; return rank 0's report.
-
-    ``launch`` defaults to ``LaunchConfig(np=-1)`` (one local process). Each run is a fresh set of processes, so
-    a notebook can train several times.
+    """Train with ``TrainConfig(**config)`` on fresh ranks as ``launch`` says (default ``LaunchConfig(np=-1)``);
+    return rank 0's report.
 
     Raises:
         ValueError, pipelines.launch.HorovodJobFailed: as ``jobs/train.py`` refuses or fails."""

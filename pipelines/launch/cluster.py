@@ -41,12 +41,8 @@ def spark_home() -> str:
 
 @dataclass(frozen=True)
 class Place:
-    """Where a cluster process runs (on its own host it uses Spark's standard ports 7077, 8080, 8081).
-
-    Attributes:
-        address: the address it binds and advertises.
-        command: a prefix that starts a process there (``scripts/testhosts.sh exec h2``); empty: this machine.
-        work_dir: a worker's work folder; None: one of the cluster's."""
+    """Where a cluster process runs: ``address`` (bound and advertised), ``command`` (a prefix that starts a process
+    there; empty: this machine), ``work_dir`` (a worker's). On its own host it uses Spark's standard ports."""
 
     address: str
     command: Tuple[str, ...] = ()
@@ -56,13 +52,9 @@ class Place:
 class StandaloneCluster:
     """Master + ``workers`` workers on ``host``; a context manager that always stops them.
 
-    ``env`` adds variables to the master's and workers' environment (executors inherit them); ``master_at`` and
-    ``workers_at`` place processes on other hosts. Connections are authenticated with the cluster's secret.
-
-    Attributes:
-        url: ``spark://host:port`` of the master.
-        web_url: the master's web UI (``/json/`` lists the workers).
-        conf_dir: the ``SPARK_CONF_DIR`` of the cluster and its drivers (mode 0700)."""
+    ``env`` is added to the master's and workers' environment; ``master_at`` and ``workers_at`` place processes on
+    other hosts. ``url``, ``web_url`` (its ``/json/`` lists the workers) and ``conf_dir`` (the drivers'
+    ``SPARK_CONF_DIR``, with the cluster's secret) are set at once."""
 
     def __init__(self, workers: int = 2, cores: int = 1, memory: str = "2g", host: str = "127.0.0.1",
                  work_dir: Optional[str] = None, timeout_s: float = 120.0,

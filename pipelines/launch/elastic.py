@@ -61,9 +61,7 @@ def ended_attempt(number: int, places: List[Tuple[Optional[int], int, str]], hos
     """The record of attempt ``number`` as this worker saw it end (``ended``: why), or None if it was not in it.
 
     ``places``: each rank's ``(rank then or None, world size then, host)``; ``hosts``: each rank's host then.
-
-    Returns:
-        ``{"attempt", "world_size", "failure": "rank 1 on HOST lost: WHY"}`` (just ``WHY`` if none was lost)."""
+    The record's ``failure`` reads ``rank 1 on HOST lost: WHY`` (just ``WHY`` if none was lost)."""
     before = next((size for rank, size, _ in places if rank is not None), None)
     if before is None or ended is None:
         return None
@@ -81,9 +79,8 @@ def current() -> Optional[ElasticRun]:
 
 
 def run_elastic(main: Callable[..., Any], **kwargs: Any) -> Tuple[Any, int]:
-    """Run ``main(**kwargs, run_id=...)`` under Horovod's elastic ``run_fn``, again after each reset, same run id.
-
-    ``main`` calls ``hvd.init()`` and then ``current().joined`` on every rank.
+    """Run ``main(**kwargs, run_id=...)`` under Horovod's elastic ``run_fn``, again after each reset, same run id;
+    ``main`` calls ``hvd.init()`` and then ``current().joined``.
 
     Returns:
         ``(main's value, this worker's rank in the world that finished)``.

@@ -89,11 +89,8 @@ class LogSink:
         bind_host: the address to listen on if not ``advertised_host`` (``spark.driver.bindAddress``).
         header_timeout_s: seconds a new connection has to send its header.
 
-    ``address`` and ``token`` are what each task needs; ``hosts`` maps each connected rank to its host.
-
     Raises:
-        ValueError: the host to listen on does not resolve.
-        OSError: it is not an address of this machine."""
+        ValueError, OSError: the host to listen on does not resolve; is not this machine's."""
 
     def __init__(self, advertised_host: str, log_dir: Optional[str] = None, world_size: int = 1,
                  bind_host: Optional[str] = None, header_timeout_s: float = 10.0):

@@ -23,13 +23,10 @@ class HorovodRunner:
         np: number of ranks; negative for local processes, positive for Spark barrier tasks.
         slots_timeout_s: seconds to wait for the cluster's executors to offer the task slots.
         network_interface: Gloo's interface on every host (e.g. ``eth0``), used as is or refused; default
-            ``HOROVOD_GLOO_IFACE`` (here, else each executor's), else the one carrying each host's address.
-        max_failures: relaunches of the whole run after a lost rank process or host; the function must resume
-            from its own checkpoints (``RankEnvironment.relaunched``). 0: fail at once.
-        min_np, max_np: with ``np > 0`` and ``max_failures``: a relaunch runs on the slots offered then, at most
-            ``max_np``, if at least ``min_np``. Default: always ``np``.
-        log_dir: local folder keeping each rank's whole output (``rank-R.log``, or ``rank.R/stdout`` and
-            ``rank.R/stderr`` for ``np < 0``). None: shown live at the driver only.
+            ``HOROVOD_GLOO_IFACE``, else the one carrying each host's address.
+        max_failures: relaunches after a lost rank (0: none); the function must resume from its checkpoints.
+        min_np, max_np: with ``np > 0`` and ``max_failures``: a relaunch's world size bounds. Default: ``np``.
+        log_dir: local folder keeping each rank's whole output. None: shown live at the driver only.
         before_ranks: called on every attempt just before any rank starts, after the launch's own checks.
         rank_timeouts: variables bounding every rank's waits (``rankenv.timeouts_env``); None: Horovod's.
 
@@ -58,15 +55,13 @@ class HorovodRunner:
         self.rank_timeouts = dict(rank_timeouts or {})
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
-        """Run ``main(**kwargs)`` on every rank; return rank 0's return value.
-
-        ``main`` and ``kwargs`` must be picklable (cloudpickle); ``main`` calls ``hvd.init()``.
+        """Run ``main(**kwargs)`` (picklable; ``main`` calls ``hvd.init()``) on every rank; return rank 0's value.
 
         Raises:
             ClusterConfigError: the Spark configuration forbids barrier tasks.
-            ValueError: before any rank starts: no SparkSession (``np > 0``), too few slots, an unusable interface
-                or address, or more local ranks than GPUs.
-            HorovodJobFailed: a rank raised or died (with ``max_failures``, a lost one once relaunches are spent).
+            ValueError: before any rank starts: no SparkSession, too few slots, an unusable interface, or more local
+                ranks than GPUs.
+            HorovodJobFailed: a rank raised or died (a lost one only once relaunches are spent).
             RelaunchImpossible: a relaunch found too few task slots."""
         return run_with_retries(lambda attempt: self._launch(attempt, kwargs), main, self.max_failures)
 

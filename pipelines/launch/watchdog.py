@@ -1,10 +1,9 @@
 """A bound on how long a live rank may go without progress: ``Watchdog``.
 
-A rank stuck while alive (hung mount, deadlocked reader) keeps Horovod's background thread running, so Gloo's
-timeouts never fire and its peers wait forever; Horovod's own stall shutdown did not fire here
-(docs/benchmarks.md). So each rank watches itself: its work ticks the watchdog, ``waits=True`` where it may
-block on peers, which then get ``grace_s`` more, so that the rank that stopped on its own work ends first and
-is named. A stalled rank reports and exits ``STALL_EXIT``, which its launcher treats as a lost rank."""
+A rank stuck while alive keeps Horovod's background thread running, so Gloo never times out and its peers
+wait forever. So each rank watches itself: its work ticks the watchdog (``waits=True`` where it may block on
+peers, which then get ``grace_s`` more, so the rank that stopped on its own work ends first and is named).
+A stalled rank exits ``STALL_EXIT``, a lost rank to its launcher."""
 from __future__ import annotations
 
 import contextlib

@@ -40,9 +40,7 @@ _KINDS: Dict[Any, Tuple[str, Callable[[Any], bool]]] = {
 
 def check_type(name: str, value: Any, tp: Any) -> None:
     """Refuse ``value`` for option ``name`` unless it fits the annotation ``tp`` (bool, int not bool, number, str,
-    or None for ``Optional``); other annotations are left to the field's own checks.
-
-    For Python callers (notebooks, tests): argparse has converted command-line values already.
+    None for ``Optional``); for Python callers, as argparse converts command-line values itself.
 
     Raises:
         pipelines.runtime.errors.Refused: ``batch_size must be an int, got '8' (str)``."""
@@ -70,13 +68,11 @@ def check_types(config: Any) -> None:
 
 def check_number(name: str, value: float, above: Optional[float] = None, at_least: Optional[float] = None,
                  below: Optional[float] = None, at_most: Optional[float] = None, why: str = "") -> None:
-    """Refuse ``value`` of option ``name`` unless finite and within the given bounds (``>``, ``>=``, ``<``, ``<=``).
-
-    Each test asks whether the value is inside, since every comparison with NaN is False.
+    """Refuse ``value`` of option ``name`` unless finite and within the given bounds (each test asks whether it is
+    inside, as every comparison with NaN is False).
 
     Raises:
-        pipelines.runtime.errors.Refused: e.g. ``--base-lr must be positive and finite, got nan``; ``why``,
-            when given, after a colon."""
+        pipelines.runtime.errors.Refused: ``--base-lr must be positive and finite, got nan`` (``why`` appended)."""
     flag = name if name.startswith("-") else "--" + name.replace("_", "-")
     inside = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
               and (above is None or value > above) and (at_least is None or value >= at_least)

@@ -40,17 +40,14 @@ def rate_text(rate: float) -> str:
 
 def progress_line(what: str, done: int, total: int, elapsed_s: float, unit: str = "image",
                   finished: bool = False, units: str = "") -> str:
-    """One progress line of ``what`` (a stage's name).
+    """One progress line of ``what`` (a stage's name), ``done`` of ``total`` items after ``elapsed_s`` seconds.
 
     Args:
-        done, total: items done and to do (``done`` may stay below ``total`` when ``finished`` early).
-        elapsed_s: seconds since the work started.
         unit, units: the item's noun and its irregular plural, if any.
-        finished: the last line: ``done in <duration>`` instead of the time left.
+        finished: the last line (``done`` may be below ``total``): ``done in <duration>`` instead of the time left.
 
     Returns:
-        ``"<what>: <done>/<total> <units> (<percent> %), <rate> <units>/s, <left> left"``; the percentage is floored
-        (never 100 % before the end); ``rate not known yet`` before any item is done."""
+        ``"<what>: <done>/<total> <units> (<percent> %), <rate> <units>/s, <left> left"``, the percentage floored."""
     nouns = plural(2, unit, units).split(" ", 1)[1]
     head = f"{what}: {done:,}/{total:,} {unit if total == 1 else nouns}"
     if total > 0:

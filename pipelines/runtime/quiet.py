@@ -1,8 +1,7 @@
 """Quiet by default: warnings and errors only, from every library, unless ``--verbose``.
 
-Call ``quiet_by_default`` first in an entry point, before TensorFlow loads (it reads ``TF_CPP_MIN_LOG_LEVEL``
-then). Ranks apply their config's choice with ``quiet_libraries``. Java 17's ``Using incubator modules`` line
-stays: no JVM option hides it, and a stderr filter was not worth one harmless line."""
+Call ``quiet_by_default`` first in an entry point, before TensorFlow loads; ranks call ``quiet_libraries``.
+Java 17's ``Using incubator modules`` line stays: no JVM option hides it."""
 from __future__ import annotations
 
 import logging

@@ -1,10 +1,8 @@
 """Secrets masked wherever a config, URI, option or message is written or printed (standard library only).
 
-One rule for the whole product: the value of a secret-looking key (``is_secret_key``) becomes ``MASK``, a URI's
-userinfo is masked, free text gets both rules for the URIs, pairs, items and flags it holds (and bare ``Bearer``
-tokens), percent-encoded runs are decoded and checked. Keys are matched on their words (split at ``_ - .``,
-space and CamelCase), so ``cache_key`` stays readable while ``SecretAccessKey`` or ``PGPASSWORD`` is masked.
-The rule errs on the side of masking: a masked setting costs a reader one value, a leaked one a credential."""
+One rule: a secret-looking key's value (``is_secret_key``: keys matched on their words, so ``cache_key`` stays
+readable) becomes ``MASK``, a URI's userinfo is masked, and free text gets both rules. It errs on the side of
+masking: a masked setting costs a reader one value, a leaked one a credential."""
 from __future__ import annotations
 
 import re
@@ -144,10 +142,8 @@ def _key_value(m: "re.Match[str]") -> str:
 
 
 def redact(value: Any) -> Any:
-    """A copy of ``value`` (nested dicts, lists, tuples, strings, bytes) with secret-looking keys' values masked.
-
-    Masks a dict's values, a ``(key, value)`` tuple's and the item after a secret flag in a list; keys and empty
-    values are kept; every string and ``bytes`` goes through ``redact_text``.
+    """A copy of ``value`` (nested dicts, lists, tuples, strings, bytes) with secret-looking keys' values masked
+    (a dict's, a ``(key, value)`` tuple's, the item after a secret flag); keys and empty values kept.
 
     >>> redact({"storage_options": {"secret_key": "S3CR3T", "region": "eu"}, "tracking_uri": "http://a:b@h"})
     {'storage_options': {'secret_key': '***', 'region': 'eu'}, 'tracking_uri': 'http://***@h'}"""

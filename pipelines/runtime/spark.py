@@ -59,10 +59,9 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
                   verbose: bool = False, log_level: str = ""):
     """The active SparkSession, or a new one, at log level ``log_level``, else ``INFO`` if ``verbose``, else ``WARN``.
 
-    Under ``spark-submit`` the master and JVM options come from it; under plain ``python`` the master is
-    ``master`` or ``DEFAULT_MASTER``. Python workers run the driver's interpreter unless ``PYSPARK_PYTHON`` says
-    otherwise. A JVM this call starts gets a UTF-8 locale, no web UI and loopback services on a ``local`` master;
-    ``conf`` wins over those. Every new context hides secrets with ``SPARK_REDACTION_REGEX``."""
+    Under plain ``python`` the master is ``master`` or ``DEFAULT_MASTER`` and a JVM this call starts gets a UTF-8
+    locale, no web UI and loopback services (``conf`` wins); under ``spark-submit`` pass ``--conf`` there.
+    Python workers run the driver's interpreter. Every new context hides secrets (``SPARK_REDACTION_REGEX``)."""
     from pyspark import SparkContext  # in the function: `import pipelines` stays free of PySpark
     from pyspark.sql import SparkSession
 
@@ -83,11 +82,10 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
 
 @contextmanager
 def log_progress(spark, what: str, total: int, unit: str = "image", every_s: float = 10.0) -> Iterator[object]:
-    """Log the progress of a Spark job on the driver while the block runs.
+    """Log a Spark job's progress on the driver while the block runs: at the start, every ``every_s``, at a clean end.
 
-    The tasks add 1 per finished item to the yielded accumulator, which Spark merges once per successful task, so
-    the count is exact but moves task by task. A line (``progress_line`` plus the active stages' task counts) is
-    logged at the start, every ``every_s`` seconds and at a clean end.
+    Tasks add 1 per finished item to the yielded accumulator, which Spark merges once per successful task: exact,
+    but it moves task by task.
 
     Yields:
         The accumulator (int, starting at 0) to pass to the tasks."""

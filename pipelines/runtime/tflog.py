@@ -1,9 +1,8 @@
 """``TF_CPP_MIN_LOG_LEVEL`` for the lines TensorFlow logs while it loads, on every stack.
 
-TensorFlow 2.21 writes its ``oneDNN custom operations`` lines through absl before absl's logging is set up,
-so they ignore ``TF_CPP_MIN_LOG_LEVEL``. ``install`` (run by ``import pipelines``) sends stderr to a temporary
-file during the first ``import tensorflow`` and writes back every line except absl lines below that level
-(FATAL always shows) and absl's "before InitializeLog" notice, in order, also when the import fails."""
+TensorFlow 2.21 logs its ``oneDNN`` lines through absl before absl honours that variable. ``install`` (run by
+``import pipelines``) captures stderr during the first ``import tensorflow`` and writes back every other
+line in order, also when the import fails."""
 from __future__ import annotations
 
 import contextlib

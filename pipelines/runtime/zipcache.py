@@ -1,9 +1,8 @@
 """Make PySpark's per-task ``importlib.invalidate_caches()`` cheap again on Python 3.10 and 3.11.
 
-There it makes every zip importer re-read its whole archive's directory (CPython gh-103200, fixed in 3.12), and
-a worker imports PySpark from ``pyspark.zip`` at each task's start (cost: docs/benchmarks.md). ``install``, at
-the start of a task of ours, patches the worker for its life: an archive is re-read only when its size or
-modification time changed. Python 3.12+ is left alone."""
+There it makes every zip importer re-read its archive's directory (CPython gh-103200, fixed in 3.12), which
+PySpark's workers do at every task start. ``install`` patches a worker for its life: an archive is re-read
+only when its size or modification time changed."""
 from __future__ import annotations
 
 import os

@@ -1,10 +1,8 @@
 """The one import point of the Keras 2 API: ``from pipelines.stack.kerasapi import keras``.
 
-Keras 2 is ``tf.keras`` on the mission stack and the ``tf_keras`` package on the current one (``STACKS``).
-Horovod 0.28.1 averages gradients of Keras 2 optimizers only: it wraps a Keras 3 one without error and without
-averaging, so each rank silently trains alone; ``distributed_optimizer`` is the only way to that wrapper and
-refuses Keras 3 first. Importing this module checks that ``TF_USE_LEGACY_KERAS`` took effect. It imports
-TensorFlow: training, prediction and tools code only."""
+Horovod 0.28.1 wraps a Keras 3 optimizer without averaging, so each rank would silently train alone;
+``distributed_optimizer`` is the only way to that wrapper and refuses Keras 3 first. Importing this module
+imports TensorFlow and checks that ``TF_USE_LEGACY_KERAS`` took effect."""
 from __future__ import annotations
 
 import importlib
@@ -59,9 +57,6 @@ def require_keras2(model: Optional[Any] = None, optimizer: Optional[Any] = None)
 
 def distributed_optimizer(optimizer: Any, model: Optional[Any] = None, **horovod_options: Any) -> Any:
     """``hvd.DistributedOptimizer(optimizer, **horovod_options)`` after ``require_keras2``; needs ``hvd.init()``.
-
-    Horovod's gradient allreduce is traced without AutoGraph; the step stays Horovod's own, bit for bit
-    (``tests/ranks/test_averaging.py``).
 
     Raises:
         Keras3Error: a Keras 3 model or optimizer (before any step)."""

@@ -114,8 +114,7 @@ def write_class_tree(dest: str | os.PathLike,
     """Write ``classes`` (name and images, in class-number order) under ``dest``; return {folder: image count}.
 
     Raises:
-        FileExistsError: ``dest`` holds anything but our class folders (nothing is written).
-        ValueError: a class without images."""
+        FileExistsError, ValueError: ``dest`` holds other files (nothing written); a class without images."""
     dest = Path(dest)
     old = _our_class_folders(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -261,14 +260,10 @@ def export_tuxpaint(dest: str | os.PathLike) -> dict[str, int]:
 
 
 def load_fashion_mnist(root: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """Train then test Fashion-MNIST from the unpacked package ``root``.
-
-    Returns:
-        Images ``(70000, 28, 28)`` uint8 (0 = black) and labels ``(70000,)`` uint8 in 0..9.
+    """Train then test Fashion-MNIST from ``root``: images ``(70000, 28, 28)`` and labels ``(70000,)`` in 0..9, uint8.
 
     Raises:
-        FileNotFoundError: a missing file.
-        ValueError: a corrupt or inconsistent one."""
+        FileNotFoundError, ValueError: a missing file; a corrupt or inconsistent one."""
     folder = Path(root) / FASHION_DIR
     images, labels = [], []
     for split in ("train", "t10k"):

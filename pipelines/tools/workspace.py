@@ -26,11 +26,10 @@ def default_workdir() -> str:
 def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float = 0.3, spark=None,
                       input_dir: Optional[str] = None, sample: str = "tuxpaint",
                       per_class: Optional[int] = None, validation_fraction: float = 0.2) -> str:
-    """The ETL output ``workdir/etl``, made when it has no manifest or an old one without a validation split.
+    """The ETL output ``workdir/etl``, made if it has no manifest or an old one without validation split.
 
-    Without ``input_dir``, the ``sample`` is fetched first into ``workdir/<sample>`` (local ``default_workdir()``
-    for a URI): ``tuxpaint`` (8 classes) or ``fashion-mnist`` (``per_class`` per class, None: all).
-    An existing output is otherwise reused as is.
+    Without ``input_dir`` the ``sample`` (``tuxpaint`` or ``fashion-mnist``, ``per_class`` each) is fetched first
+    into ``workdir/<sample>`` (local ``default_workdir()`` for a URI).
 
     Raises:
         ValueError: an unknown ``sample``."""
