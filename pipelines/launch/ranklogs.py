@@ -89,6 +89,8 @@ class LogSink:
         bind_host: the address to listen on if not ``advertised_host`` (``spark.driver.bindAddress``).
         header_timeout_s: seconds a new connection has to send its header.
 
+    ``address`` and ``token`` are what each task needs; ``hosts`` maps each connected rank to its host.
+
     Raises:
         ValueError, OSError: the host to listen on does not resolve; is not this machine's."""
 
