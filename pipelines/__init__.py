@@ -1,9 +1,7 @@
 """Distributed deep-learning pipeline: Spark ETL, Petastorm + Horovod training.
 
-``from pipelines import HorovodRunner`` works (as in a Databricks notebook's
-``from sparkdl import HorovodRunner``); the launcher's names are loaded on first use (PEP 562), so
-``import pipelines`` stays light: it imports neither TensorFlow, Horovod nor PySpark.
-"""
+``from pipelines import HorovodRunner`` works as ``sparkdl``'s does; the launcher's names load on first use,
+so ``import pipelines`` imports neither TensorFlow, Horovod nor PySpark."""
 
 import os as _os
 
@@ -14,15 +12,9 @@ __version__ = "0.1.0"
 
 
 def _stack_environment() -> None:
-    """The installed stack's variables (:attr:`pipelines.stack.Stack.environment`:
-    ``TF_USE_LEGACY_KERAS``), set or removed before TensorFlow is imported.
+    """Set or remove the installed stack's variables (``Stack.environment``) before TensorFlow is imported.
 
-    The one place every process that trains gets them: each launch path imports `pipelines` first
-    (jobs/*.py, horovodrun's ranks running them, HorovodRunner's local ranks and Spark barrier tasks
-    unpickling our function, notebook kernels, the tests), and children inherit them.
-    pipelines.stack.kerasapi refuses a process where TensorFlow came first. Reads package metadata
-    only (pipelines.stack), imports nothing heavy.
-    """
+    Every launch path imports ``pipelines`` first and children inherit them; reads package metadata only."""
     try:
         variables = _stack.active().environment
     except _stack.UnknownStack:  # no TensorFlow here (or one of no stack): nothing trains
@@ -52,8 +44,7 @@ def __getattr__(name: str):
     """The launcher's public names, imported on first access.
 
     Raises:
-        AttributeError: ``name`` is not one of this package's attributes.
-    """
+        AttributeError: ``name`` is not one of this package's attributes."""
     if name in _LAZY:
         import importlib
         value = getattr(importlib.import_module(_LAZY[name]), name)

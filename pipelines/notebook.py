@@ -1,10 +1,6 @@
 """Helpers of the notebooks: their set-up in one call, runs through HorovodRunner, tables and plots.
 
-The notebooks stay a readable walk through the article's steps; what they share lives here. The
-set-up's fetching (sample data, weights) is in :mod:`pipelines.tools.workspace`. Nothing here
-needs ``dbutils``: paths are plain (on Databricks, give ``/dbfs/...`` paths), or URIs such as
-``s3://bucket/work`` (:mod:`pipelines.io.storage`).
-"""
+No ``dbutils``: paths are plain (``/dbfs/...`` on Databricks) or URIs such as ``s3://bucket/work``."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, NamedTuple, Optional
@@ -32,20 +28,16 @@ class Setup(NamedTuple):
 
 
 def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> Setup:
-    """The set-up every training notebook starts with, from its parameters.
+    """The set-up every training notebook starts with; prints the data and weights used.
 
-    ``workdir`` ("" = :func:`pipelines.tools.workspace.default_workdir`, from the environment:
-    :mod:`pipelines.runtime.environment`, as the notebook's quiet set-up is; a local folder is made if
-    missing, a URI such as ``s3://bucket/work`` is checked: its bucket must exist and the
-    credentials be accepted);
-    ``data_dir`` ("" = ``workdir/etl``, made from the Tux Paint sample when it has no manifest);
-    ``weights`` ("" = the ImageNet Xception weights converted offline). ``base`` holds ``data``,
-    ``weights``, ``tensorboard=False`` and the other ``TrainConfig`` keywords given as ``train``.
-    Prints the data and weights used.
+    Args:
+        workdir: "" = ``workspace.default_workdir()``; a local folder is made, a URI's store is checked.
+        data_dir: "" = ``workdir/etl``, made from the Tux Paint sample if missing.
+        weights: "" = the ImageNet Xception weights converted offline.
+        train: more ``TrainConfig`` keywords for ``Setup.base``.
 
     Raises:
-        pipelines.io.storage.StorageError: a URI ``workdir`` or ``data_dir`` whose store cannot be used.
-    """
+        pipelines.io.storage.StorageError: a URI ``workdir`` or ``data_dir`` whose store cannot be used."""
     quiet_by_default(read_settings().verbose)  # before the first TensorFlow or Spark import
 
     location = resolve(workdir or workspace.default_workdir())
@@ -61,16 +53,11 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
 
 
 def train(launch: Optional[LaunchConfig] = None, **config) -> Dict:
-    """Train with ``TrainConfig(**config)`` on the ranks ``launch`` describes (the command line's
-    :class:`~pipelines.launch.config.LaunchConfig`; default ``LaunchConfig(np=-1)``: one local
-    process; ``np > 0``: Spark barrier tasks; ``max_failures``: a run whose rank was lost is
-    relaunched from its checkpoints); return rank 0's report.
-
-    Each run is a fresh set of processes, so a notebook can train several times.
+    """Train with ``TrainConfig(**config)`` on fresh ranks as ``launch`` says (default ``LaunchConfig(np=-1)``);
+    return rank 0's report.
 
     Raises:
-        ValueError, pipelines.launch.HorovodJobFailed: as ``jobs/train.py`` refuses or fails.
-    """
+        ValueError, pipelines.launch.HorovodJobFailed: as ``jobs/train.py`` refuses or fails."""
     launch = launch or LaunchConfig(np=-1)
     if not launch.launches:
         raise Refused("nb.train needs ranks to launch: LaunchConfig(np=-N) (local processes) or np=N (Spark tasks)")
@@ -90,9 +77,8 @@ def history_frame(report: Dict):
 
 
 def summary_table(reports: Dict[str, Dict]):
-    """One row per run: world size, global batch, learning rate, epochs, seconds per epoch,
-    steady-state training images/s, the exact validation accuracy of the epoch it chose and the exact
-    test accuracy (the test split read once, after training)."""
+    """One row per run: world size, batch, learning rate, epochs, s/epoch, steady images/s, best validation and
+    test accuracy."""
     import pandas as pd
 
     rows = []
@@ -114,8 +100,7 @@ def _rounded(value):
 
 @plain_text
 def plot_curves(reports: Dict[str, Dict]):
-    """Training curves of several runs: loss and validation accuracy per epoch, the runs' labels
-    as plain text (:func:`~pipelines.tracking.pictures.plain_text`). Returns the figure."""
+    """Loss and validation accuracy per epoch of several runs, labels as plain text; returns the figure."""
     import matplotlib.pyplot as plt  # inline in a notebook kernel, Agg without a display
 
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
@@ -134,9 +119,7 @@ def plot_curves(reports: Dict[str, Dict]):
 
 @plain_text
 def show_samples(etl_dir: str, split: str = "train", n: int = 8):
-    """The first ``n`` images of a split with their labels, as stored (uint8 RGB), each label (a
-    folder's name) as plain text, cut to :data:`~pipelines.tracking.pictures.NAME_CHARS`
-    (:func:`~pipelines.tracking.pictures.plain_text`). Returns the figure."""
+    """The first ``n`` images of a split with their labels (plain text, cut to ``NAME_CHARS``); returns the figure."""
     import matplotlib.pyplot as plt
     import numpy as np
     import pyarrow.parquet as pq

@@ -1,14 +1,7 @@
 """Spark barrier tasks (``HorovodRunner(np=N)``): N tasks that start together, one rank each.
 
-The driver (:func:`run_spark`) checks the cluster (:mod:`pipelines.launch.sparkcheck`), starts the
-rank-log sink, and runs one barrier stage of N tasks. Each task (:func:`barrier_task`) learns the
-others' hosts from ``BarrierTaskContext``, numbers the ranks as Horovod would (:func:`rank_plan`),
-chooses its Gloo interface, joins one ``allGather``; task 0 serves Gloo's rendezvous (on its own
-address, :class:`~pipelines.launch.rendezvous.Rendezvous`); each task
-then runs its rank as a child process (:func:`pipelines.launch.child.run_child`). A task reports a
-rank's failure as a record, so Spark retries nothing; an executor lost under a task becomes a
-lost :class:`~pipelines.launch.failures.RankFailure` naming its host (:func:`collect_tasks`).
-"""
+A task reports its rank's failure as a record, so Spark retries nothing; a lost executor becomes a lost
+``RankFailure`` naming its host."""
 from __future__ import annotations
 
 import base64
@@ -52,18 +45,13 @@ log = logging.getLogger("pipelines")
 def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], bounds: WorldBounds, slots_timeout_s: float,
               requested_iface: Optional[str], log_dir: Optional[str], before_ranks: Callable[[], None],
               rank_timeouts: Optional[Dict[str, str]] = None, previous: Optional[int] = None) -> Any:
-    """Run ``main(**kwargs)`` as barrier tasks of the active SparkSession, ``bounds.np`` of them or,
-    in a relaunch (``previous``: the failed attempt's world size), as many as
-    :func:`~pipelines.launch.sparkcheck.attempt_world` gives for the slots the cluster offers;
-    return rank 0's value.
-    ``before_ranks`` runs once the cluster's checks have passed; every rank starts with
-    ``rank_timeouts`` (:func:`pipelines.launch.rankenv.timeouts_env`).
+    """Run ``main(**kwargs)`` as barrier tasks of the active SparkSession; return rank 0's value.
+
+    ``bounds.np`` tasks, or in a relaunch (``previous``: the failed world size) what ``attempt_world`` allows.
 
     Raises:
-        ValueError, ClusterConfigError: as :meth:`pipelines.launch.runner.HorovodRunner.run` says.
-        HorovodJobFailed: a rank raised or died, or its task could not choose its interface (its
-            ``world_size``: this attempt's).
-    """
+        ValueError, ClusterConfigError: as ``HorovodRunner.run``.
+        HorovodJobFailed: a rank raised, died or could not choose its interface."""
     from pyspark.sql import SparkSession  # in the function: `import pipelines` stays free of PySpark
 
     spark = SparkSession.getActiveSession()
@@ -85,8 +73,7 @@ def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], bounds: WorldBou
 
 def _run_barrier_stage(sc, payload: bytes, world_size: int, requested_iface: Optional[str], log_dir: Optional[str],
                        rank_timeouts: Optional[Dict[str, str]]) -> Any:
-    """One barrier stage of ``world_size`` tasks on ``payload`` (the pickled function and its
-    arguments); rank 0's value, or :class:`HorovodJobFailed`."""
+    """One barrier stage of ``world_size`` tasks on ``payload`` (pickled function and arguments); rank 0's value."""
     log.info("HorovodRunner: %s on %s", plural(world_size, "barrier task"), sc.master)
     conf = sc.getConf()
     sink = LogSink(conf.get("spark.driver.host"), log_dir, world_size, bind_host=conf.get("spark.driver.bindAddress"))
@@ -120,9 +107,9 @@ _LOST_EXECUTOR = r"ExecutorLostFailure \(executor ([^ ()]+)"
 
 
 def lost_host(text: str, executor_hosts: Callable[[], Dict[str, str]] = dict) -> str:
-    """The host of the lost executor a Spark failure ``text`` names, or "". Where the text names
-    only the executor's id, its host is looked up in ``executor_hosts()`` (id -> host, as
-    :func:`executor_id_hosts` gives), called only then."""
+    """The host of the lost executor a Spark failure ``text`` names, or "".
+
+    ``executor_hosts()`` (id -> host) is called only when the text names just the executor's id."""
     for pattern in _LOST_HOST:
         match = re.search(pattern, text)
         if match:
@@ -133,10 +120,10 @@ def lost_host(text: str, executor_hosts: Callable[[], Dict[str, str]] = dict) ->
 
 def collect_tasks(rdd, rank_hosts: Dict[int, str],
                    executor_hosts: Callable[[], Dict[str, str]] = dict) -> List[Dict[str, Any]]:
-    """The barrier tasks' records; a Spark job that failed because an executor (or its host) was
-    lost becomes a lost :class:`RankFailure` naming the host (:func:`lost_host`, with
-    ``executor_hosts``) and the (lowest) rank that ran there, from ``rank_hosts`` (rank -> host, as
-    the tasks named them; the tasks report every other failure as a record)."""
+    """The barrier tasks' records (they report their own failures as records).
+
+    Raises:
+        HorovodJobFailed: an executor was lost: a lost ``RankFailure`` naming its host and lowest rank there."""
     try:
         return rdd.collect()
     except Exception as exc:  # noqa: BLE001 - Py4JJavaError; only an executor loss is ours to name
@@ -152,16 +139,10 @@ def collect_tasks(rdd, rank_hosts: Dict[int, str],
 
 def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str], sink: tuple,
                  rank_timeouts: Optional[Dict[str, str]] = None):
-    """The function each barrier task runs: plan ranks, check the network and the GPUs, rendezvous,
-    run the rank as a child whose output goes to the driver's ``sink`` (address, token), with the
-    variables ``rank_timeouts`` besides (a Gloo timeout of the executor's own kept:
-    :func:`~pipelines.launch.rankenv.own_timeouts`); task 0's record names the ranks that never joined
-    the rendezvous it served (``rendezvous_missing``) and the window they had (``gloo_timeout``). Every task
-    decides its Gloo interface and its rank's GPUs (:func:`task_choices`) *before* the one
-    ``allGather`` all tasks join, and shares the outcome: a task that cannot (no such interface, an
-    address on none, an IPv6-only host, a GPU address its executor does not see) makes every task
-    return without starting a rank, and the driver raises :class:`HorovodJobFailed` naming that
-    rank and its host."""
+    """The function each barrier task runs: plan ranks, check network and GPUs, rendezvous, run the rank as a child.
+
+    Every task decides its interface and GPUs *before* the one ``allGather`` and shares the outcome: if one cannot,
+    none starts a rank. Task 0 serves the rendezvous; its record adds ``rendezvous_missing`` and ``gloo_timeout``."""
 
     def run(_partition):
         from pyspark import BarrierTaskContext  # in the function: runs in the executor, with PySpark
@@ -204,16 +185,11 @@ def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str]
 
 def task_choices(host: str, requested_iface: Optional[str], addresses: List[str], local_size: int,
                  environ: Mapping[str, str]) -> Dict[str, Any]:
-    """What a barrier task decides before the ``allGather``: ``{'iface', 'gpus', 'addresses'}``, or
-    ``{'error': 'Type: message', 'refused': bool}`` when it cannot start its rank (``refused``: a
-    :class:`~pipelines.runtime.errors.Refused`, the driver's exit 2).
+    """What a barrier task decides before the ``allGather``: Gloo's interface and the rank's GPUs.
 
-    The interface: the driver's choice, else the executor's own ``HOROVOD_GLOO_IFACE`` (in
-    ``environ``), else the one carrying ``host``'s address (:func:`interface_of`); ``host`` must
-    have an IPv4 address (:func:`rendezvous_ipv4`). The GPUs: Spark's ``addresses`` mapped through
-    the executor's ``CUDA_VISIBLE_DEVICES`` (:func:`pipelines.launch.gpus.task_gpus`); without
-    addresses, the host must not hold more ranks (``local_size``) than GPUs.
-    """
+    Returns:
+        ``{'iface', 'gpus', 'addresses'}``, or ``{'error': 'Type: message', 'refused': bool}`` when the rank
+        cannot start (``refused``: a ``Refused``, the driver's exit 2)."""
     try:
         rendezvous_ipv4(host)
         iface = interface_of(host, requested_iface or environ.get(GLOO_IFACE_ENV))
@@ -230,12 +206,8 @@ def task_choices(host: str, requested_iface: Optional[str], addresses: List[str]
 
 def rank_env(slot: Dict[str, int], host: str, world_size: int, rendezvous: str, choices: Dict[str, Any],
              environ: Mapping[str, str], token: str) -> Dict[str, str]:
-    """The variables a barrier task's rank starts with, beyond the task's own ``environ``: Horovod's
-    launch variables (as ``horovodrun`` sets them; Gloo over ``choices['iface']``, the rendezvous
-    at ``rendezvous``, ``HOST:PORT``, with its ``token``:
-    :func:`~pipelines.launch.rendezvous.gloo_address`), NCCL over the same interface, and the rank's GPUs
-    (:func:`pipelines.launch.gpus.rank_gpu_env`). A user's own ``NCCL_SOCKET_IFNAME`` and
-    ``CUDA_DEVICE_ORDER`` in ``environ`` stay."""
+    """The variables a barrier task's rank starts with beyond ``environ``: Horovod's (as ``horovodrun`` sets them),
+    NCCL's interface and the rank's GPUs; a user's own ``NCCL_SOCKET_IFNAME`` and ``CUDA_DEVICE_ORDER`` stay."""
     address, port = split_host_port(rendezvous)
     return {"HOROVOD_HOSTNAME": host, "HOROVOD_RANK": str(slot["rank"]), "HOROVOD_SIZE": str(world_size),
             "HOROVOD_LOCAL_RANK": str(slot["local_rank"]), "HOROVOD_LOCAL_SIZE": str(slot["local_size"]),
@@ -255,14 +227,11 @@ def _host_counts(hosts: List[str]) -> List[tuple]:
 
 
 def rank_plan(hosts: List[str]) -> List[Dict[str, int]]:
-    """Rank layout of barrier tasks from the host of each task (index = task's partition).
-
-    Ranks are numbered host by host, in order of first appearance, as Horovod's
-    ``get_host_assignments`` numbers them; within a host, tasks keep their partition order.
+    """Rank layout of barrier tasks from each task's host: host by host in order of first appearance (as Horovod's
+    ``get_host_assignments``), partition order within a host.
 
     Returns:
-        for each task: ``rank``, ``local_rank``, ``local_size``, ``cross_rank``, ``cross_size``.
-    """
+        For each task: ``rank``, ``local_rank``, ``local_size``, ``cross_rank``, ``cross_size``."""
     counts = _host_counts(hosts)
     first_rank, order = {}, {}
     total = 0

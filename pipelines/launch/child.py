@@ -1,8 +1,7 @@
-"""One rank in a fresh interpreter, inside a barrier task (:func:`run_child`) or a local run
-(:func:`pipelines.launch.local.run_local`): it runs :func:`child_main` on ``JOB RESULT``
-(:func:`rank_command`): the pickled function, its
-outcome written as JSON. A fresh interpreter, so TensorFlow and Horovod start clean; it dies with
-its task (``PR_SET_PDEATHSIG``)."""
+"""One rank in a fresh interpreter (clean TensorFlow and Horovod) inside a barrier task or a local run.
+
+It runs ``child_main`` on the pickled function and writes its outcome as JSON; it dies with its task
+(``PR_SET_PDEATHSIG``)."""
 from __future__ import annotations
 
 import base64
@@ -34,21 +33,19 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child before ex
 
 
 def rank_command(job: str, result: str) -> List[str]:
-    """The command line of a rank's process: :func:`child_main` on ``job`` and ``result`` (paths).
-    Not ``python -m pipelines.launch.child``: the package imports this module first, and runpy
-    warns on every rank's stderr that it was found in ``sys.modules`` before it ran."""
+    """The command line of a rank's process: ``child_main`` on the paths ``job`` and ``result``.
+
+    Not ``python -m``: runpy would warn on every rank that the module was already imported."""
     return [sys.executable, "-c", "import sys; from pipelines.launch.child import child_main; "
                                   "sys.exit(child_main(sys.argv[1], sys.argv[2]))", job, result]
 
 
 def run_child(payload: bytes, env: Dict[str, str], rank: int,
               sink: tuple = (None, "", "")) -> Dict[str, Any]:
-    """Run one rank in a fresh interpreter, its output (stdout and stderr, unbuffered) forwarded
-    line by line to the driver's log sink ``(address, token, this host)``.
+    """Run one rank in a fresh interpreter, its output forwarded to the driver's sink ``(address, token, this host)``.
 
     Returns:
-        ``{'rank', 'status', 'result' | 'cause', 'log_lines'}`` (lines sent to the sink).
-    """
+        ``{'rank', 'status', 'result' | 'cause', 'log_lines'}`` (``log_lines``: lines sent to the sink)."""
     with tempfile.TemporaryDirectory(prefix=f"hvd-rank{rank}-") as work:
         job, result = os.path.join(work, "job.pkl"), os.path.join(work, "result.json")
         # the payload holds the rank's config, storage credentials included: owner-only, and
@@ -73,8 +70,7 @@ def run_child(payload: bytes, env: Dict[str, str], rank: int,
 
 
 def write_outcome(record: Dict[str, Any]) -> None:
-    """Write ``record`` as this rank's outcome, where its launcher reads it (this process is a rank
-    started by :func:`child_main`); nothing otherwise (a rank of ``horovodrun``, a process alone)."""
+    """Write ``record`` as this rank's outcome for its launcher; nothing outside ``child_main`` (e.g. horovodrun)."""
     if _outcome_path:
         write_json(_outcome_path, record)
 

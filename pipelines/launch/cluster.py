@@ -1,17 +1,7 @@
 """A Spark standalone cluster on this machine, from the pyspark package alone.
 
-Starts a master and N workers with pyspark's own ``bin/spark-class`` (no separate Spark install),
-each worker with bounded cores and memory, waits until every worker has registered, and always
-stops them. Tests use :class:`StandaloneCluster` as a fixture; users run::
-
-    python -m pipelines.launch.cluster --workers 2 --cores 1 --memory 2g     # Ctrl-C stops it
-
-and submit to the printed ``spark://127.0.0.1:PORT`` with ``spark-submit --master``, with the
-printed ``SPARK_CONF_DIR`` in the environment: the cluster authenticates every connection
-(``spark.authenticate``) with a secret of its own, which its master and workers and a driver read
-from ``spark-defaults.conf`` in that folder (:meth:`StandaloneCluster.client_env`), never from a
-command line (any user on the machine can read a process's arguments).
-"""
+``python -m pipelines.launch.cluster --workers 2 --cores 1 --memory 2g`` (Ctrl-C stops it); submit with the
+printed ``SPARK_CONF_DIR`` set, whose ``spark-defaults.conf`` holds the cluster's secret (never a command line)."""
 from __future__ import annotations
 
 import argparse
@@ -51,10 +41,8 @@ def spark_home() -> str:
 
 @dataclass(frozen=True)
 class Place:
-    """Where a cluster process runs: ``address`` (it binds and advertises it), ``command`` (a prefix
-    that starts a process there, e.g. ``scripts/testhosts.sh exec h2``; empty: this machine's
-    network) and ``work_dir`` (a worker's; None: a folder of the cluster's). A process placed on a
-    host of its own uses Spark's standard ports (7077, 8080, 8081)."""
+    """Where a cluster process runs: ``address`` (bound and advertised), ``command`` (a prefix that starts a process
+    there; empty: this machine), ``work_dir`` (a worker's). On its own host it uses Spark's standard ports."""
 
     address: str
     command: Tuple[str, ...] = ()
@@ -64,20 +52,9 @@ class Place:
 class StandaloneCluster:
     """Master + ``workers`` workers on ``host``; a context manager that always stops them.
 
-    ``env`` adds variables to the master's and workers' environment (executors inherit the
-    workers'), as a ``spark-env.sh`` would on a real host. ``master_at`` and ``workers_at`` (one
-    :class:`Place` per worker, overriding ``workers``) put the processes on separate hosts instead
-    of all on ``host``.
-
-    Every connection to the master, the workers, their executors and the drivers is authenticated
-    with a secret generated for this cluster (``spark.authenticate``): the master and the workers
-    read it, a driver must too (:meth:`client_env`). Their web UIs have no kill links.
-
-    Attributes:
-        url: ``spark://host:port`` of the master, once started.
-        web_url: the master's web UI (its ``/json/`` lists the registered workers).
-        conf_dir: the ``SPARK_CONF_DIR`` of the cluster and its drivers (mode 0700).
-    """
+    ``env`` is added to the master's and workers' environment; ``master_at`` and ``workers_at`` place processes on
+    other hosts. ``url``, ``web_url`` (its ``/json/`` lists the workers) and ``conf_dir`` (the drivers'
+    ``SPARK_CONF_DIR``, with the cluster's secret) are set at once."""
 
     def __init__(self, workers: int = 2, cores: int = 1, memory: str = "2g", host: str = "127.0.0.1",
                  work_dir: Optional[str] = None, timeout_s: float = 120.0,
@@ -101,13 +78,11 @@ class StandaloneCluster:
 
     @property
     def client_env(self) -> Dict[str, str]:
-        """The variables a driver of this cluster needs (``spark-submit``, or ``pyspark`` starting
-        its JVM): ``SPARK_CONF_DIR``, whose ``spark-defaults.conf`` holds the cluster's secret."""
+        """The variables a driver of this cluster needs: ``SPARK_CONF_DIR``, which holds the cluster's secret."""
         return {"SPARK_CONF_DIR": self.conf_dir}
 
     def _write_conf(self) -> None:
-        """:attr:`conf_dir`: the user's Spark configuration folder (``SPARK_CONF_DIR``, else pyspark's
-        ``conf``) copied, its ``spark-defaults.conf`` with this cluster's secret added; owner-only."""
+        """Make ``conf_dir`` (owner-only): the user's Spark conf folder copied, with this cluster's secret added."""
         os.makedirs(self.conf_dir, mode=0o700, exist_ok=True)
         os.chmod(self.conf_dir, 0o700)
         source = self.extra_env.get("SPARK_CONF_DIR") or os.environ.get("SPARK_CONF_DIR") or \
@@ -155,12 +130,10 @@ class StandaloneCluster:
                                     "--work-dir", worker_dir, self.url], place)
 
     def restart_worker(self, *indices: int) -> None:
-        """Start the workers ``indices`` (0-based, in ``workers_at`` order) again, e.g. after their
-        hosts were lost, and return once the master lists every worker as alive.
+        """Start the workers ``indices`` (0-based) again and return once the master lists every worker alive.
 
         Raises:
-            RuntimeError: not every worker registered within ``timeout_s``.
-        """
+            RuntimeError: not every worker registered within ``timeout_s``."""
         for i in indices:
             self._start_worker(i, self.worker_places[i])
         deadline = time.monotonic() + self.timeout_s
@@ -183,9 +156,7 @@ class StandaloneCluster:
         """Start the master and the workers; return once all workers are registered.
 
         Raises:
-            RuntimeError: not all workers registered within ``timeout_s`` (the logs' tails say why);
-                everything started is stopped first.
-        """
+            RuntimeError: not all registered within ``timeout_s`` (log tails included); all is stopped first."""
         os.makedirs(os.path.join(self.work_dir, "logs"), exist_ok=True)
         self._write_conf()
         master = self.master_place.address if self.master_place else self.host

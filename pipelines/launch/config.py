@@ -1,12 +1,8 @@
-"""How a job's ranks are started, apart from what each rank does: :class:`LaunchConfig`.
+"""How a job's ranks are started, apart from what each rank does: ``LaunchConfig``.
 
-The per-rank settings live in the stage's own config (``TrainConfig``); the launch settings (how
-many ranks, where, how long to wait, which network, how many relaunches, on how few ranks) live
-here, as Horovod's ``horovod.spark.run(num_proc=..., start_timeout=...)`` takes them beside the function and Ray
-keeps ``ScalingConfig``/``FailureConfig`` apart from the training loop's config. The command line
-(``jobs/train.py``), the notebooks (``nb.train(LaunchConfig(np=-2), ...)``) and the tests build
-the same object; a rank never sees it.
-"""
+Launch settings (how many ranks, where, waits, network, relaunches) are kept apart from the stage's own config,
+as ``horovod.spark.run`` and Ray's ``ScalingConfig`` do. The command line, notebooks and tests build the same
+object; a rank never sees it."""
 from __future__ import annotations
 
 import math
@@ -81,8 +77,7 @@ class LaunchConfig:
                 raise Refused(f"{flag} must be a positive number of seconds, got {value!r}")
 
     def _check_world_bounds(self) -> None:
-        """Refuse ``--min-np``/``--max-np`` where they cannot act, or bounds no run keeps
-        (:func:`pipelines.launch.worlds.check_bounds`)."""
+        """Refuse ``--min-np``/``--max-np`` where they cannot act, or bounds no run keeps."""
         if self.min_np is None and self.max_np is None:
             return
         if not self.np:
@@ -98,17 +93,14 @@ class LaunchConfig:
 
     @property
     def bounds(self) -> WorldBounds:
-        """The world's bounds (:class:`~pipelines.launch.worlds.WorldBounds`): ``abs(np)`` ranks, a
-        relaunch on ``min_np`` to ``max_np`` of them (both ``abs(np)`` by default).
+        """The world's bounds: ``abs(np)`` ranks, relaunches on ``min_np`` to ``max_np`` (default ``abs(np)``).
 
         Raises:
-            pipelines.runtime.errors.Refused: as :func:`pipelines.launch.worlds.check_bounds`.
-        """
+            pipelines.runtime.errors.Refused: as ``check_bounds``."""
         return WorldBounds.of(self.world_size, self.min_np, self.max_np)
 
     def timeouts_env(self, environ: Mapping[str, str]) -> Dict[str, str]:
-        """The variables that give every rank these settings' waits
-        (:func:`pipelines.launch.rankenv.timeouts_env`; ``environ``: the launching process's)."""
+        """The variables giving every rank these waits (``environ``: the launching process's)."""
         return timeouts_env(self.rendezvous_timeout, self.stall_timeout, environ)
 
     @property
@@ -122,11 +114,10 @@ class LaunchConfig:
         return abs(self.np)
 
     def runner(self, log_dir: Optional[str] = None, before_ranks: Optional[Callable[[], None]] = None) -> HorovodRunner:
-        """The :class:`~pipelines.launch.runner.HorovodRunner` these settings describe.
+        """The ``HorovodRunner`` these settings describe.
 
         Raises:
-            ValueError: ``np == 0`` (nothing to launch: this process is a rank).
-        """
+            ValueError: ``np == 0`` (this process is a rank: nothing to launch)."""
         return HorovodRunner(np=self.np, slots_timeout_s=self.slots_timeout,
                              network_interface=self.network_interface or None, max_failures=self.max_failures,
                              min_np=self.min_np, max_np=self.max_np, log_dir=log_dir, before_ranks=before_ranks,

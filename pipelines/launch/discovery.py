@@ -1,22 +1,8 @@
 """One machine's slots under horovodrun's elastic mode, each under a name of its own.
 
-Horovod 0.28.1's elastic driver blacklists the *host* of a worker that failed, with every slot on
-it, and ends the job when every host that ran a worker is blacklisted
-(``horovod/runner/elastic/registration.py``, ``_on_workers_recorded``; horovod#1965). A machine
-listed once (``localhost:2``) therefore loses the whole job with one lost rank, whatever
-``--min-np`` says (seen here: ``blacklist failing host: localhost``, then ``blacklisted slots count
-== 2 -> stop running``; ``--blacklist-cooldown-range`` does not help, the job ends before the
-cooldown starts).
-
-``scripts/host_discovery.sh`` lists each slot of this machine under its own name instead: slot
-``i`` is 127.0.0.1 written with ``i`` leading zeros in its last number (``127.0.0.1``,
-``127.0.0.01``, ``127.0.0.001``, ...). The C library reads every one of them as 127.0.0.1
-(``inet_aton``), so Horovod starts the worker on this machine without ssh, and Gloo runs over
-``lo``; a lost rank takes only its own slot away. Horovod then sees each rank alone on its
-"host" (local rank 0 of 1); :func:`local_slot` gives the rank its slot back as its local rank,
-so that it takes GPU ``i`` (the script numbers GPU slots as ``nvidia-smi`` numbers the GPUs) and
-its own share of the cores.
-"""
+Horovod 0.28.1 blacklists the whole host of a failed worker, so ``scripts/host_discovery.sh`` names slot ``i``
+127.0.0.1 with ``i`` leading zeros in its last number (still 127.0.0.1 to ``inet_aton``): a lost rank takes
+only its slot. ``local_slot`` gives a rank back its slot as local rank (its GPU and share of cores)."""
 from __future__ import annotations
 
 import re
@@ -34,16 +20,15 @@ def slot_name(index: int) -> str:
 
 
 def slot_of(host: str) -> Optional[int]:
-    """The slot index a :func:`slot_name` names, or ``None`` for any other host name."""
+    """The slot index a ``slot_name`` names, or None for any other host."""
     match = SLOT_NAME.match(host or "")
     return len(match.group(1)) if match else None
 
 
 def local_slot(environ: Mapping[str, str]) -> Optional[Tuple[int, int]]:
-    """``(local_rank, local_size)`` of a rank that horovodrun started on one of this machine's
-    slot names (``HOROVOD_HOSTNAME``): its slot, and the ranks on this machine (every rank of the
-    world it started in, ``HOROVOD_SIZE``, and more than its slot); ``None`` for a rank on a
-    host of its own name."""
+    """``(local_rank, local_size)`` of a rank started on a slot name (``HOROVOD_HOSTNAME``), else None.
+
+    ``local_size`` is at least the world size ``HOROVOD_SIZE`` and above the slot index."""
     slot = slot_of(environ.get("HOROVOD_HOSTNAME", ""))
     if slot is None:
         return None

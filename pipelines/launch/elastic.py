@@ -1,29 +1,8 @@
-"""horovodrun's elastic mode: the ranks that remain after a lost one continue from the newest
-complete checkpoint, on the world the host discovery script offers.
+"""horovodrun's elastic mode: the ranks left after a lost one continue from the newest complete checkpoint.
 
-``horovodrun -np N --min-np M --max-np X --host-discovery-script S python jobs/train.py ...`` starts
-each worker with ``HOROVOD_ELASTIC=1`` (:func:`under_elastic`), and the job then trains under
-:func:`run_elastic`. What Horovod 0.28.1 does (``horovod/runner/elastic/driver.py``,
-``registration.py``, ``horovod/common/elastic.py``) and what that asks of a job:
-
-* A worker that dies is recorded as failed once every other worker has come back to Horovod's
-  rendezvous; its host is then blacklisted (for good, or for ``--blacklist-cooldown-range``), and
-  the others go on with the slots left if at least ``--min-np`` (else the driver waits up to
-  ``--elastic-timeout`` for slots). One machine must therefore list each slot under its own name
-  (:mod:`pipelines.launch.discovery`).
-* The workers left see ``HorovodInternalError`` in their next collective; Horovod's ``run_fn``
-  restores the :class:`~horovod.common.elastic.State`, shuts Horovod down, initialises it again
-  (the new rank and world size) and calls the function again.
-* Slots the discovery script adds (or takes away from a live worker) are told to rank 0, and every
-  rank raises ``HostsUpdatedInterrupt`` at the next ``State.check_host_updates()``: here each
-  epoch's end, after its checkpoint (:class:`pipelines.training.callbacks.HostsUpdateCheck`); a new
-  worker is then started and joins.
-
-Here the state is the newest complete checkpoint, not memory: the State holds nothing (its sync,
-commit and restore cost nothing), and each call of the training function after a reset is a
-relaunch, as ``--max-failures``'s are (:class:`ElasticRun`): it continues the run's own newest
-complete checkpoint at the new world size, and a worker that joins reads the same checkpoint.
-"""
+Horovod 0.28.1 blacklists a dead worker's host (hence ``pipelines.launch.discovery``); survivors get
+``HorovodInternalError``, reset and call the function again; added slots raise ``HostsUpdatedInterrupt`` at
+each epoch's end. The ``State`` holds nothing: each call after a reset resumes from the checkpoint."""
 from __future__ import annotations
 
 import functools
@@ -47,9 +26,8 @@ def under_elastic(environ) -> bool:
 
 
 class ElasticRun:
-    """One worker's record of an elastic run: Horovod's ``state``, the attempts so far (each call of
-    the training function, with its world size and why it ended), its place in the last one, and
-    the training run's id (which every call continues)."""
+    """One worker's record of an elastic run: Horovod's ``state``, the ended attempts, its place in the last one,
+    and the run id that every call continues."""
 
     def __init__(self, state):
         self.state = state
@@ -60,10 +38,10 @@ class ElasticRun:
         self.ended: Optional[str] = None  # why this worker's last attempt ended
 
     def joined(self, rank: int, size: int) -> List[Dict]:
-        """Called by every rank at each call's start, once Horovod has its new world (``rank`` of
-        ``size``): one allgather of each rank's place in the previous world and its host, from
-        which :func:`ended_attempt` names the ranks that were lost; returns the attempts, this one
-        last (:attr:`pipelines.launch.rankenv.RankEnvironment.attempts`)."""
+        """Called by every rank at each call's start with its new ``rank`` of ``size``; one allgather names the lost ranks.
+
+        Returns:
+            The attempts, this one last (``RankEnvironment.attempts``)."""
         import horovod.tensorflow as hvd_tf
 
         host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
@@ -80,11 +58,10 @@ class ElasticRun:
 
 def ended_attempt(number: int, places: List[Tuple[Optional[int], int, str]], hosts: List[str],
                   ended: Optional[str]) -> Optional[Dict]:
-    """The record of attempt ``number``, which ended as this worker saw (``ended``: why; ``None``:
-    this worker was not in it), from ``places``: each rank's ``(rank in that attempt or None,
-    that attempt's world size, host)`` now, and ``hosts``: each rank's host in that attempt.
-    The lost ranks are that world's ranks no rank now had: ``{"attempt", "world_size",
-    "failure": "rank 1 on HOST lost: WHY"}`` (or just ``WHY`` when none was lost: the slots changed)."""
+    """The record of attempt ``number`` as this worker saw it end (``ended``: why), or None if it was not in it.
+
+    ``places``: each rank's ``(rank then or None, world size then, host)``; ``hosts``: each rank's host then.
+    The record's ``failure`` reads ``rank 1 on HOST lost: WHY`` (just ``WHY`` if none was lost)."""
     before = next((size for rank, size, _ in places if rank is not None), None)
     if before is None or ended is None:
         return None
@@ -97,22 +74,19 @@ _current: Optional[ElasticRun] = None  # the process's elastic run, while run_el
 
 
 def current() -> Optional[ElasticRun]:
-    """The :class:`ElasticRun` of this worker while :func:`run_elastic` runs, else ``None``."""
+    """This worker's ``ElasticRun`` while ``run_elastic`` runs, else None."""
     return _current
 
 
 def run_elastic(main: Callable[..., Any], **kwargs: Any) -> Tuple[Any, int]:
-    """Run ``main(**kwargs, run_id=...)`` under Horovod's elastic ``run_fn``: a call that a lost rank
-    or a change of the hosts ends is made again, after Horovod's reset, on the new world (with the
-    run id the earlier calls had: :attr:`ElasticRun.run_id`). ``main`` calls ``hvd.init()`` and,
-    on every rank at its start, :meth:`ElasticRun.joined` (:func:`current`).
+    """Run ``main(**kwargs, run_id=...)`` under Horovod's elastic ``run_fn``, again after each reset, same run id;
+    ``main`` calls ``hvd.init()`` and then ``current().joined``.
 
     Returns:
         ``(main's value, this worker's rank in the world that finished)``.
 
     Raises:
-        what ``main`` raises but a peer's loss (:func:`pipelines.launch.failures.is_secondary`).
-    """
+        What ``main`` raises, except a peer's loss."""
     import horovod.tensorflow as hvd_tf
     from horovod.common.elastic import ObjectState, run_fn
 
@@ -128,9 +102,8 @@ def run_elastic(main: Callable[..., Any], **kwargs: Any) -> Tuple[Any, int]:
 
 
 def _attempt(run: ElasticRun, main: Callable[..., Any], kwargs: Dict[str, Any], state) -> Any:
-    """One call of ``main``; a peer's loss becomes Horovod's ``HorovodInternalError`` (what
-    ``run_fn`` resets on), a change of the hosts stays ``HostsUpdatedInterrupt``; either is
-    recorded in ``run`` as why the attempt ended."""
+    """One call of ``main``: a peer's loss is re-raised as ``HorovodInternalError`` (what ``run_fn`` resets on), a host
+    change stays ``HostsUpdatedInterrupt``; either is recorded in ``run.ended``."""
     from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
     try:
@@ -148,9 +121,8 @@ def _attempt(run: ElasticRun, main: Callable[..., Any], kwargs: Dict[str, Any], 
 
 
 def peer_loss(exc: BaseException) -> str:
-    """One line for the error a peer's loss raised here: ``Type: `` and the first line of its message
-    that names Horovod or Gloo (TensorFlow puts ``Graph execution error:`` and the op's place
-    first), its first sentence, without TensorFlow's ``{{function_node ...}}``, at most 200 characters."""
+    """One line for a peer-loss error: ``Type: `` and the first sentence of its first line naming Horovod or Gloo,
+    TensorFlow's ``{{function_node ...}}`` dropped, at most 200 characters."""
     lines = [re.sub(r"\{\{[^}]*\}\}\s*", "", line).strip() for line in str(exc).splitlines()]
     lines = [line for line in lines if line]
     named = next((line for line in lines if is_secondary(RuntimeError(line))), lines[0] if lines else "")
@@ -158,8 +130,7 @@ def peer_loss(exc: BaseException) -> str:
 
 
 def _reset() -> None:
-    """Horovod's reset between two calls (shut down, initialise: the new world), and Keras' graph
-    of the call that ended freed first (the next call builds its model anew)."""
+    """Horovod's reset between two calls (shut down, initialise), Keras' session cleared first."""
     import horovod.tensorflow as hvd_tf
 
     from pipelines.stack.kerasapi import keras

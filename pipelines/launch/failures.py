@@ -1,9 +1,7 @@
 """What a failed launch says: which rank failed, on which host, why, and whether it was *lost*.
 
-A rank's failure is one :class:`RankFailure`; a whole job's, :class:`HorovodJobFailed` (root cause
-first). Whether a process was lost (taken away: killed, pre-empted) or broke (an exception, a
-crash) is decided here from its exit status, and read by :mod:`pipelines.launch.recovery`.
-"""
+A rank's failure is a ``RankFailure``; a job's, ``HorovodJobFailed`` (root cause first). Lost (killed,
+pre-empted) versus broke (exception, crash) is decided here and read by ``pipelines.launch.recovery``."""
 from __future__ import annotations
 
 import logging
@@ -24,17 +22,18 @@ LOST_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP)
 
 
 def signal_is_loss(code: int) -> bool:
-    """Whether a process's exit status ``code`` (negative: killed by signal ``-code``, as
-    ``subprocess`` reports it) means its process was lost (:data:`LOST_SIGNALS`)."""
+    """Whether exit status ``code`` (negative: killed by signal ``-code``) is one of ``LOST_SIGNALS``."""
     return code < 0 and -code in LOST_SIGNALS
 
 
 @dataclass(frozen=True)
 class RankFailure:
-    """Why one rank failed: ``cause`` is one line (``Type: message`` or the exit status); ``host``
-    where it ran; ``lost``: its process or host was taken away (killed, executor lost), which a
-    relaunch may survive (:mod:`pipelines.launch.recovery`); ``refused``: it raised a
-    :class:`~pipelines.runtime.errors.Refused` (bad input: the driver exits 2, with one line)."""
+    """Why one rank failed.
+
+    Attributes:
+        cause: one line, ``Type: message`` or the exit status.
+        lost: its process or host was taken away, which a relaunch may survive.
+        refused: it raised ``Refused`` (bad input: the driver exits 2 with one line)."""
 
     rank: int
     cause: str
@@ -53,8 +52,7 @@ def describe(failure: RankFailure) -> str:
 
 
 class HorovodJobFailed(RuntimeError):
-    """A Horovod run failed; ``failures`` lists every rank that reported, root cause first;
-    ``world_size``: the ranks the run was launched on (None where the launcher did not say)."""
+    """A Horovod run failed: ``failures`` root cause first; ``world_size`` as launched (None if unknown)."""
 
     def __init__(self, failures: List[RankFailure], world_size: Optional[int] = None):
         self.failures = sorted(failures, key=lambda f: (f.secondary, f.rank))
@@ -65,13 +63,12 @@ class HorovodJobFailed(RuntimeError):
 
     @property
     def refused(self) -> bool:
-        """Whether the root cause is a rank's refusal of its input (exit 2), not a failure."""
+        """Whether the root cause is a rank's refusal of its input (exit 2)."""
         return self.failures[0].refused
 
 
 class RelaunchImpossible(RuntimeError):
-    """A job whose rank was lost could not be relaunched (e.g. the cluster no longer offers the
-    task slots of its world size); the message names the failure and why."""
+    """A job whose rank was lost could not be relaunched; the message names the failure and why."""
 
     def __init__(self, failure: str, attempt: int, reason: str):
         super().__init__(f"{failure}; attempt {attempt} could not start: {reason}")
@@ -79,25 +76,22 @@ class RelaunchImpossible(RuntimeError):
 
 _SECONDARY = ("Horovod has been shut down", "HorovodInternalError", "Connection closed by peer",
               "Gloo", "gloo")
-# What the storage clients say when the host's own network link is down (pyarrow's S3 through the
-# AWS SDK and curl; the OS): the host was cut off, which no rerun of the same code would repeat.
-# Seen: "AWS Error NETWORK_CONNECTION during HeadObject operation: curlCode: 7" while a test host's
-# link was down. A wrong endpoint says the same and is relaunched at most --max-failures times.
+# What storage clients and the OS say when the host's own network link is down: a loss, not a bug
+# (a wrong endpoint says the same, and is relaunched at most --max-failures times).
 _LINK_LOST = ("AWS Error NETWORK_CONNECTION", "Network is unreachable", "No route to host")
 
 
 def is_secondary(exc: BaseException) -> bool:
-    """Errors a rank gets because a peer died (Horovod shut down, Gloo connections lost) or its
-    host's network link went down (:data:`_LINK_LOST`), not a cause of its own code."""
+    """Whether ``exc`` came from a peer's death or the host's lost network link, not the rank's own code."""
     text = f"{type(exc).__name__}: {exc}"
     return "Horovod" in type(exc).__name__ or any(marker in text for marker in _SECONDARY + _LINK_LOST)
 
 
 def failure_record(exc: BaseException) -> Dict[str, Any]:
-    """The record a rank writes of the exception ``exc`` that ends it: its rank, host, one-line
-    cause, its whole traceback (chained causes included; empty for a refusal, whose message says
-    it all, and for a stop of the job's own: an exception with ``exit_status``), whether secondary,
-    whether a refusal (:class:`~pipelines.runtime.errors.Refused`), that exit status. Redacted."""
+    """The redacted record a rank writes of the exception ending it.
+
+    Fields: rank, host, one-line cause, traceback (empty for a refusal or a job's own stop with ``exit_status``),
+    secondary, refused, exit status."""
     refused = is_refusal(exc)
     stop = getattr(exc, "exit_status", None)  # a stop the job chose (pipelines.training.preemption.Preempted)
     record = {"rank": int(os.environ.get("HOROVOD_RANK", "0")), "cause": f"{type(exc).__name__}: {exc}",
@@ -108,8 +102,7 @@ def failure_record(exc: BaseException) -> Dict[str, Any]:
 
 
 def log_rank_failure(record: Dict[str, Any]) -> None:
-    """A rank's own last words on the exception that ends it (``record``: :func:`failure_record`),
-    in its log: ``rank R on HOST failed: CAUSE``, then the redacted traceback (none for a refusal)."""
+    """Log a rank's ``failure_record``: ``rank R on HOST failed: CAUSE`` and the traceback (a stop as a warning)."""
     text = f"\n{record['traceback'].rstrip()}" if record["traceback"] else ""
     if record.get("exit_status"):  # not a failure: a stop the job chose, said as it is
         log.warning("rank %s on %s stopped: %s", record["rank"], record["host"], record["cause"])
@@ -119,18 +112,16 @@ def log_rank_failure(record: Dict[str, Any]) -> None:
 
 
 class ClusterConfigError(Refused):
-    """A Spark setting under which barrier tasks cannot run; the message (one line) names the
-    setting and the value to use. A refusal: ``jobs/train.py`` exits with status 2 on it."""
+    """A Spark setting under which barrier tasks cannot run; a refusal (exit 2), naming the setting and value to use."""
 
 
 def with_late_ranks(failures: List[RankFailure], missing: Sequence[int], timeout_s: str,
                     hosts: Mapping[int, str]) -> List[RankFailure]:
-    """``failures`` with the ranks that never joined Gloo's rendezvous (``missing``, as
-    :meth:`pipelines.launch.rendezvous.Rendezvous.missing` gives) as their root cause: each such rank
-    that reported no failure of its own becomes a lost :class:`RankFailure` on its host (``hosts``:
-    rank -> host) naming the window (``timeout_s``: ``HOROVOD_GLOO_TIMEOUT_SECONDS``) and the option
-    that widens it; the other ranks' failures (Gloo's "Wait timeout ... for key(s)" abort) become
-    secondary. Unchanged when no rank is missing or the job did not fail."""
+    """``failures`` with the ranks that never joined the rendezvous as root cause.
+
+    Each ``missing`` rank without a failure of its own becomes a lost ``RankFailure`` on its host naming the
+    window ``timeout_s`` and the option widening it; the others' failures become secondary. Unchanged when no
+    rank is missing or nothing failed."""
     own = {f.rank for f in failures}
     late = [RankFailure(rank, f"did not join Gloo's rendezvous within {timeout_s} s (started late or not at "
                               f"all): raise --rendezvous-timeout", host=hosts.get(rank, ""), lost=True)

@@ -1,23 +1,7 @@
-"""Local ranks (``HorovodRunner(np=-N)``): N child processes of the driver, as barrier tasks start theirs.
+"""Local ranks (``HorovodRunner(np=-N)``): N child processes of the driver.
 
-:func:`run_local` writes the pickled job to a folder only its owner can open (``tempfile``: mode
-0700), serves Gloo's rendezvous on 127.0.0.1 (:class:`~pipelines.launch.rendezvous.Rendezvous`),
-and starts each rank as a child process (:func:`pipelines.launch.child.rank_command`) with the variables
-``horovodrun`` sets (:func:`pipelines.launch.barrier.rank_env`: Gloo over ``lo``). Each rank writes
-its outcome to its own file in that folder, which the driver reads back once the rank has ended;
-nothing the job holds is ever served on a socket (Horovod's ``horovod.runner.run`` served the
-pickled job and took the ranks' pickled results from an HTTP store on every interface).
-
-A SIGTERM to the driver (a preemption notice: a machine's shutdown or a scheduler signals every
-process at once) is passed on to each rank (:func:`passing_on_sigterm`), which checkpoints and
-stops (:mod:`pipelines.training.preemption`); the driver then ends as the ranks did, exit 76.
-
-A rank that fails (an exception, a signal) stops the others, as Horovod's launcher did;
-:func:`collect_failures` turns the ranks' records and exit statuses into
-:class:`~pipelines.launch.failures.RankFailure` s. Each rank's output is shown at the driver
-prefixed ``[R]<stdout>:`` / ``[R]<stderr>:`` and kept in ``LOG_DIR/rank.R/stdout`` and ``stderr``
-(Horovod's layout, :func:`pad_rank`).
-"""
+The job and outcomes pass through files in a mode-0700 folder, never a socket; Gloo uses 127.0.0.1. A
+failing rank stops the others; a SIGTERM to the driver is passed on to the ranks (exit 76)."""
 from __future__ import annotations
 
 import base64
@@ -52,25 +36,18 @@ STOP_GRACE_S = 5.0  # a rank stopped after another's failure gets SIGTERM, then 
 
 
 def pad_rank(rank: int, size: int) -> str:
-    """Horovod's name of a rank's log folder (``rank.<this>``): ``rank`` zero-padded to the digits
-    of ``size - 1``, and ``"0"`` for a world of one (Horovod 0.28.1's ``gloo_run._pad_rank`` failed
-    there with "math domain error")."""
+    """Horovod's rank log folder suffix: ``rank`` zero-padded to the digits of ``size - 1`` (``"0"`` for size 1)."""
     return str(rank).zfill(len(str(max(size - 1, 0))))
 
 
 def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int, iface: Optional[str],
               log_dir: Optional[str], rank_timeouts: Optional[Dict[str, str]] = None) -> Any:
-    """Run ``main(**kwargs)`` on ``world_size`` ranks, child processes of this one, Gloo over the
-    interface ``iface`` (None: ``lo``; it must carry 127.0.0.1:
-    :func:`pipelines.launch.network.local_interface`), GPUs numbered in PCI bus order, each rank's
-    output in ``log_dir`` (``rank.R/stdout``, ``rank.R/stderr``, appended) when given, each rank's
-    waits bounded by ``rank_timeouts`` (:func:`pipelines.launch.rankenv.timeouts_env`); return
-    rank 0's value.
+    """Run ``main(**kwargs)`` on ``world_size`` child ranks, Gloo over ``iface`` (None: ``lo``); return rank 0's value.
+
+    ``log_dir``: where ``rank.R/stdout`` and ``rank.R/stderr`` are kept; ``rank_timeouts``: the ranks' wait bounds.
 
     Raises:
-        HorovodJobFailed: a rank raised or died (:func:`collect_failures`), or never joined the
-            rendezvous (:func:`~pipelines.launch.failures.with_late_ranks`).
-    """
+        HorovodJobFailed: a rank raised, died, or never joined the rendezvous."""
     host = socket.gethostname()
     slots = rank_plan([host] * world_size)
     with tempfile.TemporaryDirectory(prefix="hvd-local-") as work:  # mode 0700: the job is the owner's alone
@@ -104,12 +81,10 @@ def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
 
 @contextlib.contextmanager
 def passing_on_sigterm(ranks: List[subprocess.Popen]) -> Iterator[None]:
-    """While the block runs (in the main thread: elsewhere Python installs no handler), a SIGTERM
-    to this driver is passed on to every rank of ``ranks`` still running instead of ending the
-    driver, which goes on waiting for them: each checkpoints and stops (a rank that had the
-    signal too takes the repeat as the same notice: :data:`pipelines.training.preemption.REPEAT_S`).
-    A SIGTERM :data:`~pipelines.training.preemption.REPEAT_S` or more after the first ends the
-    driver at once, as by default. The previous handler comes back on leaving."""
+    """While the block runs, pass a SIGTERM to this driver on to every running rank instead of ending it.
+
+    Only in the main thread (elsewhere Python installs no handler). A repeat within ``preemption.REPEAT_S`` is the
+    same notice; one later ends the driver at once. The previous handler is restored on leaving."""
     from pipelines.training.preemption import REPEAT_S
 
     if threading.current_thread() is not threading.main_thread():
@@ -139,8 +114,7 @@ def passing_on_sigterm(ranks: List[subprocess.Popen]) -> Iterator[None]:
 
 def _start_rank(job: str, result: str, env: Dict[str, str], rank: int, world_size: int,
                 log_dir: Optional[str]) -> subprocess.Popen:
-    """One rank's process, its stdout and stderr pumped to the driver's and to its log folder
-    (made first, refused if it or ``log_dir`` is a link: :func:`pipelines.io.nofollow.make_folder`)."""
+    """One rank's process, its output pumped to the driver's and to its log folder (refused if a link)."""
     folder = os.path.join(log_dir, f"rank.{pad_rank(rank, world_size)}") if log_dir else None
     if folder:
         nofollow.make_folder(log_dir)
@@ -158,9 +132,7 @@ def _start_rank(job: str, result: str, env: Dict[str, str], rank: int, world_siz
 
 
 def _pump(stream: BinaryIO, shown: str, name: str, keep: Optional[str]) -> None:
-    """Copy a rank's stream line by line, redacted (a traceback's chained causes may quote secrets),
-    to this process's stream ``name``, prefixed ``shown``, and unprefixed to the file ``keep``
-    (mode 0600; None: none)."""
+    """Copy a rank's stream line by line, redacted, to our stream ``name`` prefixed ``shown``, and to ``keep``."""
     with stream, owner_only_append(keep) as kept:
         for raw in stream:
             line = redact_text(raw.decode(errors="replace"))
@@ -172,9 +144,9 @@ def _pump(stream: BinaryIO, shown: str, name: str, keep: Optional[str]) -> None:
 
 
 def _wait(ranks: List[subprocess.Popen]) -> Dict[int, int]:
-    """Wait until every rank has ended, or one has failed; return the exit status of each rank
-    that ended by itself (``rank -> status``). The ranks still running when one fails are left to
-    :func:`_stop`: their end is that failure's consequence, not a cause."""
+    """Wait until every rank has ended or one has failed; ``rank -> exit status`` of those that ended by themselves.
+
+    Ranks still running after a failure are left to ``_stop``: their end is a consequence, not a cause."""
     ended: Dict[int, int] = {}
     while len(ended) < len(ranks):
         for rank, proc in enumerate(ranks):
@@ -187,8 +159,7 @@ def _wait(ranks: List[subprocess.Popen]) -> Dict[int, int]:
 
 
 def _stop(ranks: List[subprocess.Popen]) -> None:
-    """End every rank still running (SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`), and wait
-    (as long again, at most) for their output to be copied."""
+    """End every running rank (SIGTERM, SIGKILL after ``STOP_GRACE_S``) and wait as long again for its output."""
     for proc in ranks:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -204,7 +175,7 @@ def _stop(ranks: List[subprocess.Popen]) -> None:
 
 
 def _read(path: str) -> Optional[Dict[str, Any]]:
-    """A rank's outcome record (:func:`pipelines.launch.child.child_main`), or None: it wrote none."""
+    """A rank's outcome record (written by rename, so whole), or None if it wrote none."""
     if not os.path.exists(path):
         return None
     with open(path) as f:  # whole files only: written by rename
@@ -213,14 +184,10 @@ def _read(path: str) -> Optional[Dict[str, Any]]:
 
 def collect_failures(records: Dict[int, Optional[Dict[str, Any]]], ended: Dict[int, int],
                      host: str) -> List[RankFailure]:
-    """The failures of a local run: each rank's error record (``records``: rank -> its record, or
-    None), and, for a rank that ended by itself (``ended``: rank -> exit status, as :func:`_wait`
-    gives) with a non-zero status and no record, its exit status (killed: its signal, a lost
-    process when :func:`~pipelines.launch.failures.signal_is_loss`). A rank that ended with status
-    0 and no record failed too. Empty: every rank succeeded. ``host``: this machine's name.
+    """The failures of a local run; empty when every rank succeeded.
 
-    A rank that failed of a peer's failure (Horovod shut down, Gloo's connections closed) says so in
-    its record (``secondary``): the root cause is a rank that failed on its own."""
+    ``records``: rank -> outcome record or None; ``ended``: rank -> exit status (``_wait``). A rank that ended
+    without a record failed, even with status 0 (killed by a ``LOST_SIGNALS`` signal: lost)."""
     failures = [RankFailure(r["rank"], r["cause"], r.get("traceback", ""), r.get("secondary", False),
                             r.get("host") or host, lost=r.get("lost", False), refused=r.get("refused", False),
                             exit_status=r.get("exit_status"))

@@ -1,8 +1,4 @@
-"""Which network interface Gloo uses on each host: the user's, else the one carrying the host's address.
-
-Pure functions of a host name and an interface table (:func:`interface_of`), so every choice is
-tested without a network; :func:`local_interfaces` reads this machine's table (psutil).
-"""
+"""Which network interface Gloo uses on each host: the user's, else the one carrying the host's address."""
 from __future__ import annotations
 
 import ipaddress
@@ -17,21 +13,19 @@ GLOO_IFACE_ENV = "HOROVOD_GLOO_IFACE"
 
 
 def local_interfaces() -> Dict[str, List[str]]:
-    """This machine's network interfaces: name -> its IPv4 and IPv6 addresses (psutil)."""
+    """This machine's network interfaces: name -> its IPv4 and IPv6 addresses."""
     families = (socket.AF_INET, socket.AF_INET6)
     return {name: [a.address.split("%")[0] for a in addresses if a.family in families]
             for name, addresses in psutil.net_if_addrs().items()}
 
 
 def bare_host(host: str) -> str:
-    """``host`` without the brackets of an IPv6 literal as Spark writes it (``[0:0:0:0:0:0:0:1]``)."""
+    """``host`` without the brackets of an IPv6 literal (``[::1]`` -> ``::1``)."""
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
 def split_host_port(address: str) -> Tuple[str, str]:
-    """``HOST:PORT`` (Spark's task and executor addresses; an IPv6 host in brackets) -> ``(HOST, PORT)``,
-    the host bare (:func:`bare_host`): ``[::1]:7077`` -> ``('::1', '7077')``. A host without a port
-    (Spark's status store names a standalone cluster's driver so) gives ``(HOST, '')``."""
+    """``HOST:PORT`` -> ``(HOST, PORT)``, the host bare: ``[::1]:7077`` -> ``('::1', '7077')``; no port gives ``''``."""
     if ":" not in address or (address.startswith("[") and address.endswith("]")):
         return bare_host(address), ""
     host, port = address.rsplit(":", 1)
@@ -39,18 +33,16 @@ def split_host_port(address: str) -> Tuple[str, str]:
 
 
 def join_host_port(host: str, port: object) -> str:
-    """``HOST:PORT``, an IPv6 host in brackets: the inverse of :func:`split_host_port`."""
+    """``HOST:PORT``, an IPv6 host in brackets: the inverse of ``split_host_port``."""
     host = bare_host(host)
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def resolve(host: str) -> str:
-    """The IP address ``host`` (a name or an address, an IPv6 one with or without brackets)
-    resolves to, IPv4 preferred (Gloo's choice).
+    """The IP address ``host`` resolves to, IPv4 preferred (Gloo's choice).
 
     Raises:
-        ValueError: ``host`` does not resolve.
-    """
+        ValueError: ``host`` does not resolve."""
     try:
         infos = socket.getaddrinfo(bare_host(host), None, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError) as exc:
@@ -60,16 +52,10 @@ def resolve(host: str) -> str:
 
 
 def rendezvous_ipv4(host: str) -> str:
-    """The IPv4 address of a rank's ``host``, which the ranks' Gloo rendezvous needs.
-
-    Horovod 0.28.1's rendezvous is IPv4 only: its HTTP server (``horovod.runner.http``, a
-    ``socketserver`` server of family ``AF_INET``) listens on IPv4 addresses alone, so a host
-    Spark names by an IPv6 address (``SPARK_LOCAL_IP=::1``) could never be reached.
+    """The IPv4 address of a rank's ``host``: Horovod 0.28.1's rendezvous server listens on IPv4 alone.
 
     Raises:
-        ValueError: ``host`` does not resolve, or resolves to IPv6 addresses only (the message
-            names the limit and the setting to change).
-    """
+        ValueError: ``host`` does not resolve, or only to IPv6 (the message names the setting to change)."""
     address = resolve(host)
     if ipaddress.ip_address(address).version != 4:
         raise Refused(f"host {host} has no IPv4 address (it resolves to {address}): Horovod's Gloo rendezvous "
@@ -87,22 +73,13 @@ def interface_of(host: str, requested: Optional[str] = None,
                  interfaces: Optional[Dict[str, List[str]]] = None) -> str:
     """The network interface Gloo should use on the machine that runs a rank for ``host``.
 
-    A ``requested`` interface (the user's ``HOROVOD_GLOO_IFACE`` or ``--network-interface``) is
-    used as it is, never replaced; it only has to exist. Otherwise ``host`` (a name or an IPv4/IPv6
-    address) is resolved: any loopback address (all of 127.0.0.0/8, e.g. Debian's hostname
-    address 127.0.1.1, and ::1) maps to the loopback interface, since Linux routes the whole /8
-    over it while only 127.0.0.1 is configured on it; any other address maps to the interface
-    that carries it.
-
-    Args:
-        host: the rank's host as Spark names it (executor host).
-        requested: an interface name chosen by the user, or None/"" for none.
-        interfaces: name -> addresses; default :func:`local_interfaces` (this machine's).
+    A ``requested`` interface (``HOROVOD_GLOO_IFACE`` or ``--network-interface``) is used as is. Otherwise the one
+    carrying ``host``'s address; any loopback address (all 127.0.0.0/8, ::1) maps to ``lo``. ``interfaces``:
+    name -> addresses, default ``local_interfaces()``.
 
     Raises:
-        ValueError: the requested interface does not exist here, ``host`` does not resolve, or
-            no interface carries its address; the message names the interfaces that exist.
-    """
+        ValueError: the requested interface does not exist, ``host`` does not resolve, or no interface carries
+            its address; the message lists the interfaces."""
     interfaces = local_interfaces() if interfaces is None else interfaces
     if requested:
         if requested not in interfaces:
@@ -120,7 +97,7 @@ def interface_of(host: str, requested: Optional[str] = None,
 
 
 def _same_or_loopback(address, other: str) -> bool:
-    """``address`` equals ``other``, or both are loopback addresses (of the same IP version)."""
+    """``address`` equals ``other``, or both are loopback addresses."""
     try:
         candidate = ipaddress.ip_address(other)
     except ValueError:
@@ -131,7 +108,7 @@ def _same_or_loopback(address, other: str) -> bool:
 
 
 def is_this_machine(host: str) -> bool:
-    """``host`` resolves to a loopback address or to an address of one of this machine's interfaces."""
+    """Whether ``host`` resolves to a loopback address or an address of this machine's interfaces."""
     try:
         address = resolve(host)
     except ValueError:
@@ -141,15 +118,11 @@ def is_this_machine(host: str) -> bool:
 
 
 def local_interface(requested: Optional[str], interfaces: Optional[Dict[str, List[str]]] = None) -> Optional[str]:
-    """The user's interface for local ranks, checked before any starts; None: none named (``lo``).
-
-    Local ranks talk over loopback alone (:mod:`pipelines.launch.local`: the rendezvous listens on
-    127.0.0.1, and Gloo binds to its interface's address), so an interface that does not carry
-    127.0.0.1 would expose them to the network, or not reach the rendezvous: refused by name.
+    """The user's interface for local ranks, which must carry 127.0.0.1 (else the ranks would be exposed or miss
+    the rendezvous); None when none is named (``lo``).
 
     Raises:
-        ValueError: the interface does not exist, or does not carry 127.0.0.1.
-    """
+        ValueError: the interface does not exist, or does not carry 127.0.0.1."""
     if not requested:
         return None
     interfaces = local_interfaces() if interfaces is None else interfaces

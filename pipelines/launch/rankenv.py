@@ -1,37 +1,13 @@
 """The variables a launcher hands its ranks: written here, read here once, where a rank starts.
 
-A rank's process learns what its launcher decided through its environment (the only channel
-into a rank's child process, local or a barrier task's). Each variable is written by
-one function of this module in the launcher and read by :func:`read_rank_environment` alone, at
-the rank's start (:func:`pipelines.training.rank.setup_rank` for every training rank), into a
-:class:`RankEnvironment` whose fields are passed on as parameters. (The user's own variables are
-:mod:`pipelines.runtime.environment`'s.)
+Each is written by one function here and read by ``read_rank_environment`` alone into a ``RankEnvironment``
+(the user's own variables are ``pipelines.runtime.environment``'s):
 
-==============================  ======================================================  ===============================
-variable                        meaning                                                 written by
-==============================  ======================================================  ===============================
-``PIPELINES_ATTEMPTS``          the earlier attempts of a relaunched job, JSON: a list  :func:`attempts_env` (the
-                                of ``{"attempt": n, "world_size": N, "failure":         relaunch wrapper, in the rank)
-                                "why"}``
-``PIPELINES_ASSIGNED_GPUS``     the GPU addresses Spark gave a barrier task's rank:     :func:`assigned_gpus_env`
-                                the rank uses every GPU it sees                         (``launch/gpus.py``)
-``PIPELINES_STALL_TIMEOUT``     seconds a rank may go without progress before it ends   :func:`timeouts_env` (the
-                                as stalled (:mod:`pipelines.launch.watchdog`); beside   launcher; under horovodrun,
-                                it Horovod's own ``HOROVOD_GLOO_TIMEOUT_SECONDS``, the  the rank's own options)
-                                seconds each rank waits in Gloo's rendezvous for the
-                                others (one set already is kept: horovodrun's
-                                ``--gloo-timeout-seconds``)
-``PIPELINES_FAULT_INJECT``      test hook: ``rank=R,epoch=E,mode=M[,mark=PATH]``        a test, in the launching
-                                (``faults.FaultInjection`` in ``training/``);        process's environment or
-                                ``[,step=S]`` with ``mode=nan``: rank R's loss NaN at   ``spark.executorEnv``
-                                step S of epoch E; ``[,late=S]``: rank R starts S s
-                                late; unset in production, and ignored without the
-                                next one
-``PIPELINES_FAULT_TOKEN``       the test suite's token file, which arms the hook: a     the test suite
-                                file of this user's, mode 0600, holding                 (``tests/conftest.py``)
-                                :data:`FAULT_TOKEN_TEXT` (:func:`fault_armed`)
-==============================  ======================================================  ===============================
-"""
+- ``PIPELINES_ATTEMPTS``: JSON list of the earlier attempts (``attempts_env``).
+- ``PIPELINES_ASSIGNED_GPUS``: the GPU addresses Spark gave a barrier task's rank (``assigned_gpus_env``).
+- ``PIPELINES_STALL_TIMEOUT``: seconds without progress before a rank ends as stalled (``timeouts_env``).
+- ``PIPELINES_FAULT_INJECT``: test hook ``rank=R,epoch=E,mode=M[,...]`` (``training/faults.py``), ignored
+  unless ``PIPELINES_FAULT_TOKEN`` names the test suite's token file (``fault_armed``)."""
 from __future__ import annotations
 
 import json
@@ -56,14 +32,14 @@ FAULT_TOKEN_TEXT = "pipelines test suite: fault injection armed\n"
 
 @dataclass(frozen=True)
 class RankEnvironment:
-    """What a rank's launcher handed it (the table above), read by :func:`read_rank_environment`."""
+    """What a rank's launcher handed it, read by ``read_rank_environment``."""
 
     #: every attempt of this job so far, this one last, each with the world size it ran on:
     #: ``[{"attempt": 1, "world_size": 3, "failure": "rank 1 on HOST failed: ..."}, ...,
     #: {"attempt": n, "world_size": 2, "failure": None}]``; one attempt outside a relauncher
     attempts: List[Dict] = field(default_factory=lambda: [{"attempt": 1, "world_size": 1, "failure": None}])
     assigned_gpus: List[str] = field(default_factory=list)  #: GPU addresses the launcher gave the rank
-    fault: str = ""  #: the test hook's spec; "" = none (or not armed: :func:`fault_armed`)
+    fault: str = ""  #: the test hook's spec; "" = none or not armed (``fault_armed``)
     fault_ignored: bool = False  #: a spec was given without the test suite's token
     stall_timeout_s: float = 0.0  #: seconds without progress before the rank ends as stalled; 0: not watched
 
@@ -74,9 +50,7 @@ class RankEnvironment:
 
 
 def read_rank_environment(environ: Optional[Mapping[str, str]] = None) -> RankEnvironment:
-    """The :class:`RankEnvironment` of ``environ`` (default: this process's): the one read of the
-    variables in this module's table, at a rank's start; this attempt's world size is Horovod's
-    ``HOROVOD_SIZE`` (1 without it: a process alone)."""
+    """The ``RankEnvironment`` of ``environ`` (default ``os.environ``); this attempt's world size is ``HOROVOD_SIZE``."""
     env = os.environ if environ is None else environ
     earlier = json.loads(env.get(ATTEMPTS_ENV) or "[]")
     spec = env.get(FAULT_ENV, "").strip()
@@ -93,10 +67,8 @@ def read_rank_environment(environ: Optional[Mapping[str, str]] = None) -> RankEn
 
 
 def fault_armed(path: str) -> bool:
-    """Whether ``path`` (the variable ``PIPELINES_FAULT_TOKEN``) is the test suite's token file,
-    which alone lets the fault hook act: a regular file (not a link) of this user's that nobody
-    else may read or write, holding exactly :data:`FAULT_TOKEN_TEXT`. Anything else (no path, a
-    missing file, another mode, owner or content) leaves the hook off."""
+    """Whether ``path`` is the test suite's token file: a regular file of this user's, not a link, mode
+    ``0o600`` or stricter, holding exactly ``FAULT_TOKEN_TEXT``. Anything else leaves the hook off."""
     if not path:
         return False
     try:
@@ -113,33 +85,25 @@ def fault_armed(path: str) -> bool:
 
 
 def fault_token_env(path: str) -> Dict[str, str]:
-    """The variable that arms the fault hook with the token file ``path`` (written by the test
-    suite: :data:`FAULT_TOKEN_TEXT`, mode 0600)."""
+    """The variable that arms the fault hook with the token file ``path``."""
     return {FAULT_TOKEN_ENV: path}
 
 
 def timeouts_env(rendezvous_timeout_s: float, stall_timeout_s: float, environ: Mapping[str, str]) -> Dict[str, str]:
-    """The variables that bound a rank's waits: Gloo's rendezvous (``HOROVOD_GLOO_TIMEOUT_SECONDS``,
-    whole seconds, at least 1; a value already in ``environ``, horovodrun's ``--gloo-timeout-seconds``
-    or the user's own, is kept) and the rank's progress watchdog (``PIPELINES_STALL_TIMEOUT``,
-    seconds; :mod:`pipelines.launch.watchdog`)."""
+    """The variables bounding a rank's waits: Gloo's rendezvous (whole seconds, >= 1; a value already in
+    ``environ`` is kept) and the progress watchdog (seconds)."""
     gloo = environ.get(GLOO_TIMEOUT_ENV) or str(max(1, int(round(rendezvous_timeout_s))))
     return {GLOO_TIMEOUT_ENV: gloo, STALL_ENV: f"{stall_timeout_s:g}"}
 
 
 def own_timeouts(rank_timeouts: Mapping[str, str], environ: Mapping[str, str]) -> Dict[str, str]:
-    """``rank_timeouts`` (the launching driver's :func:`timeouts_env`) as one host applies them: a Gloo
-    timeout already in that host's ``environ`` (an executor's ``spark.executorEnv``) is kept, by the
-    same rule :func:`timeouts_env` applies on the driver."""
+    """``rank_timeouts`` as one host applies them: a Gloo timeout in that host's ``environ`` is kept."""
     own = environ.get(GLOO_TIMEOUT_ENV)
     return dict(rank_timeouts, **{GLOO_TIMEOUT_ENV: own}) if own and rank_timeouts else dict(rank_timeouts)
 
 
 def gloo_timeout(env: Mapping[str, str]) -> str:
-    """The Gloo timeout, in seconds as text, of a rank started with the variables ``env``: its
-    ``HOROVOD_GLOO_TIMEOUT_SECONDS``, else Horovod's default, 30 (``horovod/common/gloo/gloo_context.cc``).
-    A rank of ours never gets an empty value, which Horovod reads as 0 s: :func:`own_timeouts` and
-    :func:`timeouts_env` replace it with the driver's."""
+    """The Gloo timeout in seconds, as text, of a rank started with ``env`` (Horovod's default ``"30"``)."""
     return env.get(GLOO_TIMEOUT_ENV) or "30"
 
 

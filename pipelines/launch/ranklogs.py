@@ -1,27 +1,8 @@
-"""The ranks' output, live at the driver: what TorchDistributor and Databricks' HorovodRunner do.
+"""The ranks' output, live at the driver: each barrier task sends its rank's lines to the driver's ``LogSink``.
 
-A Spark barrier task runs its rank as a child process whose output (stdout and stderr, one
-stream) would otherwise end in the executor's log on the worker host. :func:`forward` reads it
-line by line in the task, echoes each line to the executor's stderr (the worker's log keeps it)
-and sends it over TCP to the driver's :class:`LogSink`, which prints it as it arrives, prefixed
-``[rank R on HOST]``, and appends it to ``rank-R.log`` in a log folder when one is given. What the
-driver prints and keeps is redacted line by line (:func:`pipelines.runtime.redact.redact_text`: a
-traceback's chained causes quote configs and URIs too), and ``rank-R.log`` is the owner's alone
-(mode 0600, in a folder of mode 0700 when the sink makes it).
-
-The sink listens on an ephemeral port of the driver's own address (``spark.driver.host``, the
-address executors already reach the driver at; ``spark.driver.bindAddress`` where that differs),
-never on all interfaces. What it accepts is bounded, since anyone who reaches the port can
-connect: a connection must send its header line (at most :data:`HEADER_BYTES`, within
-``header_timeout_s``) with the run's random token, compared in constant time, and a rank in
-``0 .. world_size - 1`` that has no connection yet; anything else is closed. At most
-``world_size + SPARE_CONNECTIONS`` connections are open at once (more are closed at once), and a
-rank's line is read in pieces of at most :data:`LINE_BYTES`, so neither memory nor threads grow
-with what a peer sends. The host a task names is printed with every character that is not
-printable (newlines, escape codes) replaced, so that no line can pose as another rank's.
-Streaming is best effort: a task that cannot reach the sink still runs its rank, and its lines
-stay in the executor's log.
-"""
+The sink prints them prefixed ``[rank R on HOST]``, redacted, and keeps ``rank-R.log`` (mode 0600). It listens
+on the driver's own address only and bounds what it accepts (token, one connection per rank, capped sizes),
+since anyone reaching the port can connect. Streaming is best effort."""
 from __future__ import annotations
 
 import hmac
@@ -55,16 +36,14 @@ def prefix(rank: int, host: str) -> str:
 
 
 def printable_host(host: str) -> str:
-    """``host`` as the sink prints it: every character that is not printable (a newline, ESC,
-    other controls) or is a bracket replaced by ``?``, cut to :data:`HOST_CHARS` characters."""
+    """``host`` as printed: non-printable characters and brackets made ``?`` (no line may pose as another
+    rank's), cut to ``HOST_CHARS``."""
     return "".join(c if c.isprintable() and c not in "[]" else "?" for c in host[:HOST_CHARS])
 
 
 def check_header(header: object, token: str, world_size: int) -> Optional[Tuple[int, str]]:
-    """``(rank, host)`` of a connection's header when it may send a rank's lines, else None: a
-    JSON object whose ``token`` equals ``token`` (``hmac.compare_digest``: constant time), whose
-    ``rank`` is an integer in ``0 .. world_size - 1`` (not a bool, not a string) and whose
-    ``host`` is a string (returned as :func:`printable_host` gives it)."""
+    """``(rank, host)`` of a valid connection header, else None: matching ``token`` (constant-time compare), an int
+    ``rank`` in ``0 .. world_size - 1``, a string ``host``."""
     if not isinstance(header, dict):
         return None
     given, rank, host = header.get("token"), header.get("rank"), header.get("host")
@@ -104,22 +83,16 @@ class LogSink:
     """Driver side: a TCP server that prints the ranks' lines as they arrive.
 
     Args:
-        advertised_host: the address the executors reach this process at (a name or an address).
-        log_dir: a local folder for ``rank-R.log`` (each rank's lines, unprefixed), or None.
+        advertised_host: the address the executors reach this process at.
+        log_dir: local folder for ``rank-R.log``, or None.
         world_size: the number of ranks; a header naming another rank is refused.
-        bind_host: the address to listen on when it differs from ``advertised_host`` (Spark's
-            ``spark.driver.bindAddress``, e.g. in a container behind NAT); default: the same.
-        header_timeout_s: how long a new connection may take to send its header.
+        bind_host: the address to listen on if not ``advertised_host`` (``spark.driver.bindAddress``).
+        header_timeout_s: seconds a new connection has to send its header.
 
-    ``address`` (``host:port``, an IPv6 host in brackets) and ``token`` are what each task needs;
-    :meth:`wait_for` waits for the lines the tasks said they sent; :meth:`close` stops the server.
-    ``hosts`` maps each rank whose task connected to its host (as the task named it, printable):
-    which rank a lost host ran.
+    ``address`` and ``token`` are what each task needs; ``hosts`` maps each connected rank to its host.
 
     Raises:
-        ValueError: the host to listen on does not resolve. OSError: it is not an address of
-            this machine.
-    """
+        ValueError, OSError: the host to listen on does not resolve; is not this machine's."""
 
     def __init__(self, advertised_host: str, log_dir: Optional[str] = None, world_size: int = 1,
                  bind_host: Optional[str] = None, header_timeout_s: float = 10.0):
@@ -149,7 +122,7 @@ class LogSink:
         threading.Thread(target=self._server.serve_forever, name="rank-log-sink", daemon=True).start()
 
     def _claim(self, stream: BinaryIO) -> Optional[Tuple[int, str]]:
-        """Read and check a connection's header; ``(rank, host)`` once the rank is this connection's."""
+        """Read and check a connection's header; ``(rank, host)`` once the rank is claimed by this connection."""
         line = stream.readline(HEADER_BYTES)
         if not line.endswith(b"\n"):
             return None  # too long, or the peer stopped: either way not one of our tasks
@@ -202,16 +175,15 @@ class LogSink:
 
 
 def _owner_only_log(log_dir: Optional[str], rank: int) -> BinaryIO:
-    """``rank-R.log`` in ``log_dir`` (:func:`owner_only_append`); the null device when there is no folder."""
+    """``rank-R.log`` in ``log_dir`` opened by ``owner_only_append``; the null device without a folder."""
     return owner_only_append(os.path.join(log_dir, f"rank-{rank}.log") if log_dir else None)
 
 
 def owner_only_append(path: Optional[str]) -> BinaryIO:
-    """The file ``path`` opened to append, mode 0600 whatever the umask or an older file's mode
-    (a rank's log may hold a traceback), never through a link
-    (:func:`pipelines.io.nofollow.open_write`); the null device when ``path`` is None, or when it
-    is a link or not a regular file (said as a warning: the rank's lines still reach the console,
-    and its stream is still drained)."""
+    """``path`` opened to append, mode 0600 whatever the umask, never through a link.
+
+    The null device when ``path`` is None, or (with a warning) a link or not a regular file: the rank's lines
+    still reach the console."""
     if not path:
         return open(os.devnull, "ab")
     try:
@@ -236,12 +208,10 @@ def _connect(address: Optional[str], header: Dict) -> Optional[socket.socket]:
 
 
 def forward(stream: IO[bytes], address: Optional[str], token: str, rank: int, host: str) -> int:
-    """Task side: copy ``stream`` (a rank's output) line by line, redacted, to this process's
-    stderr and to the driver's sink at ``address`` (``host:port``; None: stderr only) until it ends.
+    """Task side: copy a rank's ``stream``, redacted, to stderr and to the sink at ``address`` (None: stderr only).
 
     Returns:
-        the number of lines the sink was sent (0 when it could not be reached).
-    """
+        The number of lines sent to the sink (0 when it could not be reached)."""
     conn = _connect(address, {"token": token, "rank": rank, "host": host})
     sent = 0
     try:

@@ -1,21 +1,7 @@
 """Relaunching a Horovod job whose rank was lost (``--max-failures K``), as Ray's ``FailureConfig``.
 
-A job fails for one of two kinds of reasons, and only one kind is worth a second try:
-
-* **lost**: a rank's process or host went away: killed by SIGKILL (the kernel's OOM killer, a
-  container eviction, ``kill -9``), SIGTERM or SIGHUP (pre-emption, a host shut down), a Spark
-  executor lost, or no rank reporting an error of its own, only Gloo/Horovod errors about a lost
-  peer (a host whose link went down). The same job on a fresh set of processes can succeed.
-* **deterministic**: an exception our training code raised (a refused input: ``DataError``,
-  ``ValueError``; a bug), a non-zero exit status, or a crash of native code (SIGSEGV, SIGABRT):
-  it would fail again the same way, so it is reported at once, never retried.
-
-:func:`run_with_retries` runs a launch function up to ``K + 1`` times, relaunching after lost
-failures only; the function it launches learns which attempt it is from
-:attr:`pipelines.launch.rankenv.RankEnvironment.attempts` (read at the rank's start), and
-continues from its own newest complete checkpoint when ``relaunched`` (the training job's
-:func:`pipelines.training.resume.restore` does).
-"""
+Only a *lost* rank (killed, pre-empted, executor lost, or only peer-loss errors) is retried; a deterministic
+failure (our exception, a non-zero exit, a native crash) would fail again and is reported at once."""
 from __future__ import annotations
 
 import logging
@@ -29,16 +15,13 @@ log = logging.getLogger("pipelines")
 
 
 def is_lost(failure) -> bool:
-    """Whether a :class:`~pipelines.launch.failures.HorovodJobFailed` is a lost process or host (worth a
-    relaunch): its root cause was marked ``lost``, or every rank that reported failed only of a
-    peer's loss (``secondary``: Gloo connections closed, Horovod shut down)."""
+    """Whether a ``HorovodJobFailed`` is worth a relaunch: its root cause is ``lost``, or only a peer's loss."""
     root = failure.failures[0]  # root causes sort first
     return root.lost or root.secondary
 
 
 class _Attempt:
-    """Wraps a rank's function: hands it the attempts so far (:func:`pipelines.launch.rankenv.attempts_env`),
-    in the rank's process, before it starts."""
+    """Wraps a rank's function: sets the attempts so far in the rank's environment before it starts."""
 
     def __init__(self, main: Callable[..., Any], history: List[Dict]):
         self.main = main
@@ -51,25 +34,13 @@ class _Attempt:
 
 def run_with_retries(launch: Callable[[Callable[..., Any]], Any], main: Callable[..., Any],
                      max_failures: int) -> Any:
-    """Run ``launch(wrapped_main)`` (one whole Horovod job) up to ``max_failures + 1`` times.
+    """Run ``launch(wrapped_main)`` (one whole job) up to ``max_failures + 1`` times, relaunching after lost ranks.
 
-    Relaunches only after a lost rank (:func:`is_lost`); logs one line per attempt when
-    ``max_failures > 0`` (``attempt n of K+1``, and why the previous one failed). Each relaunch
-    hands its ranks the attempts before it, each with its world size (``world_size`` of the
-    :class:`~pipelines.launch.failures.HorovodJobFailed` it ended with), which the launch reads
-    from the attempt's ``history`` to size the next (:func:`pipelines.launch.sparkcheck.attempt_world`).
-
-    Args:
-        launch: starts every rank of one attempt on the function it is given and returns rank 0's
-            value, or raises ``HorovodJobFailed``.
-        main: the ranks' function; each attempt runs it wrapped (:class:`_Attempt`).
-        max_failures: relaunches allowed (0: fail at the first failure, today's behaviour).
+    The wrapped function's ``history`` lists the earlier attempts with their world sizes.
 
     Raises:
-        HorovodJobFailed: a deterministic failure (at once), or the last lost one after
-            ``max_failures`` relaunches.
-        RelaunchImpossible: a relaunch could not start (e.g. the cluster lost task slots).
-    """
+        HorovodJobFailed: a deterministic failure (at once), or the last lost one.
+        RelaunchImpossible: a relaunch could not start (e.g. too few task slots)."""
     history: List[Dict] = []
     while True:
         number = len(history) + 1

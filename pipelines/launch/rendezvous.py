@@ -1,18 +1,7 @@
-"""Gloo's rendezvous for a job's ranks, on one address: loopback for local ranks, task 0's host on
-Spark, answering only requests that carry the job's token.
+"""Gloo's rendezvous on one address (loopback, or task 0's host), answering only the job's token.
 
-Horovod's own ``RendezvousServer.start`` (0.28.1) binds through ``horovod.runner.util.network.find_port``,
-which listens on every interface (``''``). :class:`Rendezvous` runs the same HTTP key-value store
-(``RendezvousHTTPServer``: the ranks put and get their Gloo addresses; nothing in it is pickled,
-nothing of the job is in it) on one IPv4 address and an ephemeral port.
-
-Horovod's store takes no credential, and its C++ client (``HTTPStore``) sends none: its URLs are
-``http://`` + ``HOROVOD_GLOO_RENDEZVOUS_ADDR`` + ``:`` + ``HOROVOD_GLOO_RENDEZVOUS_PORT`` + ``/scope/key``.
-A per-job token is carried in the path instead: the ranks are given ``ADDR:PORT/TOKEN`` as the
-address (:func:`gloo_address`), so every request's path starts ``/TOKEN:PORT/``, and the server
-answers 403 to any other (:class:`Rendezvous`). The token is in the ranks' environment alone
-(readable by their owner only), never on a command line.
-"""
+Horovod's client sends no credential, so the ranks get ``ADDR:PORT/TOKEN`` as the address (``gloo_address``)
+and any request whose path does not start ``/TOKEN:PORT/`` gets 403."""
 from __future__ import annotations
 
 import secrets
@@ -24,29 +13,19 @@ FORBIDDEN = 403
 
 
 def gloo_address(address: str, port: "int | str", token: str) -> str:
-    """``HOROVOD_GLOO_RENDEZVOUS_ADDR`` for ranks of the rendezvous at ``address:port`` whose token
-    is ``token``: ``ADDR:PORT/TOKEN``, which Horovod's client turns into URLs whose path starts
-    ``/TOKEN:PORT/`` (it appends ``:`` and ``HOROVOD_GLOO_RENDEZVOUS_PORT``, the same port)."""
+    """``HOROVOD_GLOO_RENDEZVOUS_ADDR`` for the rendezvous at ``address:port``: ``ADDR:PORT/TOKEN``.
+
+    Horovod's client appends ``:`` and the port, so request paths start ``/TOKEN:PORT/``."""
     return f"{address}:{port}/{token}"
 
 
 class Rendezvous:
-    """Horovod's Gloo rendezvous server, listening on ``address`` (an IPv4 address of this machine).
+    """Horovod's Gloo rendezvous HTTP store on ``address`` (127.0.0.1, or where other hosts reach this one).
 
-    Args:
-        address: where to listen: ``127.0.0.1`` for ranks on this machine alone, else the address
-            the other hosts reach this one at.
-        host_counts: the ranks' hosts in rank order with their number of ranks, ``[(host, n), ...]``
-            (the ``HOROVOD_HOSTNAME`` each rank is given).
-        world_size: the number of ranks.
-
-    ``port`` is the port it listens on and ``token`` the job's token, which every request's path
-    must start with (:func:`gloo_address`; any other request is answered 403 and stores nothing);
-    :meth:`missing` names the ranks that never joined; :meth:`stop` stops it.
+    ``host_counts``: the ranks' hosts in rank order with their rank counts. Attributes ``port`` and ``token``.
 
     Raises:
-        OSError: ``address`` is not an address of this machine.
-    """
+        OSError: ``address`` is not an address of this machine."""
 
     def __init__(self, address: str, host_counts: List[Tuple[str, int]], world_size: int):
         # in the function: `import pipelines` stays free of Horovod (and, through it, of TensorFlow)
@@ -60,7 +39,7 @@ class Rendezvous:
                 return super()._put_value(scope, key, value)
 
             def _holds_token(self) -> bool:
-                """Whether the path starts with the job's token (then taken off it); else 403."""
+                """Whether the path starts with the job's token (then stripped); else answer 403."""
                 head, _, rest = self.path.partition("/")[2].partition("/")
                 if not secrets.compare_digest(head.encode(), f"{token}:{self.server.server_address[1]}".encode()):
                     self.send_status_code(FORBIDDEN)
@@ -92,8 +71,7 @@ class Rendezvous:
         self._thread.start()
 
     def missing(self) -> List[int]:
-        """The ranks that never put their address in Gloo's global scope, in order: the ranks that
-        started too late (``HOROVOD_GLOO_TIMEOUT_SECONDS``) or not at all."""
+        """The ranks that never put their address in Gloo's global scope: started too late, or not at all."""
         return sorted(set(range(self._world_size)) - self._joined)
 
     def stop(self) -> None:

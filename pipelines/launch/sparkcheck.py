@@ -23,24 +23,18 @@ log = logging.getLogger("pipelines")
 
 
 def _is_true(value: Optional[str]) -> bool:
-    """Spark's reading of a boolean setting (``String.trim.toBoolean``: any case, spaces around)."""
+    """Spark's reading of a boolean setting (``String.trim.toBoolean``)."""
     return value is not None and value.strip().lower() == "true"
 
 
 def check_barrier_conf(conf: Dict[str, str]) -> None:
-    """Refuse Spark settings under which Spark 4.0 will not run a barrier stage.
+    """Refuse ``spark.dynamicAllocation.enabled=true``, under which Spark 4.0 runs no barrier stage.
 
-    ``spark.dynamicAllocation.enabled=true``: the DAGScheduler refuses every barrier stage
-    (``BarrierJobRunWithDynamicAllocationException``), except on a ``local``/``local[N]`` master,
-    where Spark turns dynamic allocation off itself (unless ``spark.dynamicAllocation.testing``).
-    Without ``minExecutors`` it shows first as a cluster without executors (0 task slots).
-
-    Args:
-        conf: the SparkConf's settings (``dict(sc.getConf().getAll())``); ``spark.master`` among them.
+    A ``local`` master is exempt (Spark turns it off there) unless ``spark.dynamicAllocation.testing``.
+    ``conf``: ``dict(sc.getConf().getAll())``.
 
     Raises:
-        ClusterConfigError: naming the setting and the value to use.
-    """
+        ClusterConfigError: naming the setting and the value to use."""
     master = conf.get("spark.master", "")
     if _is_true(conf.get("spark.dynamicAllocation.enabled")) and (
             not is_local_master(master) or _is_true(conf.get("spark.dynamicAllocation.testing"))):
@@ -51,9 +45,9 @@ def check_barrier_conf(conf: Dict[str, str]) -> None:
 
 
 def executor_id_hosts(sc, active_only: bool = False) -> Dict[str, str]:
-    """Executor id -> host for every executor the application has had, lost ones included (Spark's
-    status store keeps the last ``spark.ui.retainedDeadExecutors``), or only the live ones
-    (``active_only``); the driver's id is ``"driver"``. {} where Spark cannot say."""
+    """Executor id -> host for every executor the application has had (or only live ones); {} where Spark cannot say.
+
+    The driver's id is ``"driver"``; lost ones are kept up to ``spark.ui.retainedDeadExecutors``."""
     from py4j.protocol import Py4JError  # in the function: `import pipelines` stays free of PySpark
 
     try:
@@ -68,8 +62,7 @@ def executor_id_hosts(sc, active_only: bool = False) -> Dict[str, str]:
 
 
 def executor_hosts(sc) -> List[str]:
-    """Hosts of the executors that run tasks, as Spark names them (the driver counts only on a
-    ``local`` master, where it is the executor)."""
+    """Hosts of the executors that run tasks (the driver only on a ``local`` master, where it is the executor)."""
     local = is_local_master(sc.master)
     # Spark's status store, not SparkEnv's block manager: py4j cannot reflect on the latter on
     # Spark 4.3 (its protobuf classes are shaded away: ClassNotFoundException MessageOrBuilder)
@@ -78,19 +71,13 @@ def executor_hosts(sc) -> List[str]:
 
 
 def check_local_executors(sc, requested: Optional[str]) -> None:
-    """Before any task starts, choose the Gloo interface of every executor on this machine as its
-    barrier task will (all of them on a ``local``/``local-cluster`` master, whose hosts may not
-    even resolve elsewhere); executors on other machines are checked by their tasks.
+    """Before any task starts, choose the Gloo interface of every executor on this machine as its task will.
 
-    Args:
-        sc: the SparkContext. requested: the user's interface, or None; else the executors'
-            ``HOROVOD_GLOO_IFACE`` set through Spark (``spark.executorEnv.*``) applies.
+    All executors on a ``local``/``local-cluster`` master; remote ones are checked by their tasks. ``requested``
+    defaults to the executors' ``HOROVOD_GLOO_IFACE``.
 
     Raises:
-        ValueError: from :func:`interface_of`: a missing interface, an unresolvable host, or an
-            address on no interface; from :func:`rendezvous_ipv4`: a host with no IPv4 address
-            (any executor Spark names by an IPv6 address, on this machine or not).
-    """
+        ValueError: a missing interface, an unresolvable host, an address on no interface, or an IPv6-only host."""
     requested = requested or sc.environment.get(GLOO_IFACE_ENV)
     everything_here = is_local_master(sc.master) or sc.master.startswith("local-cluster")
     for host in executor_hosts(sc):
@@ -102,9 +89,7 @@ def check_local_executors(sc, requested: Optional[str]) -> None:
 
 
 def task_slots(sc) -> int:
-    """Tasks the cluster can run at once right now: the number Spark's barrier scheduler checks
-    (``SparkContext.maxNumConcurrentTasks`` for the default resource profile, i.e. the free cores
-    of the registered executors divided by ``spark.task.cpus``, and by GPUs per task when set)."""
+    """Tasks the cluster can run at once now, as Spark's barrier scheduler counts them (``maxNumConcurrentTasks``)."""
     jsc = sc._jsc.sc()
     try:
         return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
@@ -114,9 +99,9 @@ def task_slots(sc) -> int:
 
 
 def wait_for_slots(slots: Callable[[], int], wanted: int, timeout_s: float, settle_s: float = 8.0) -> int:
-    """Poll ``slots()`` (the cluster's :func:`task_slots`) until it reaches ``wanted``; executors of
-    a fresh session register a few seconds after it starts. Gives up after ``timeout_s``, or once
-    some slots exist and their number has not changed for ``settle_s``. Returns the last count."""
+    """Poll ``slots()`` until it reaches ``wanted``; return the last count.
+
+    Gives up after ``timeout_s``, or once some slots exist and have not changed for ``settle_s``."""
     start = time.monotonic()
     count, changed = slots(), start
     while count < wanted:
@@ -132,19 +117,13 @@ def wait_for_slots(slots: Callable[[], int], wanted: int, timeout_s: float, sett
 
 def attempt_world(slots: Callable[[], int], master: str, bounds: WorldBounds, previous: Optional[int],
                   timeout_s: float) -> int:
-    """How many barrier tasks an attempt runs on the cluster ``master``, whose free task slots
-    ``slots()`` counts (:func:`task_slots`). The first attempt, and every attempt of a fixed world,
-    runs ``bounds.np`` once the cluster offers them (:func:`wait_for_slots`). A relaunch within
-    bounds (``previous``: the failed attempt's world size) runs on the slots the cluster offers
-    now, capped at ``max_np`` (:meth:`~pipelines.launch.worlds.WorldBounds.relaunch_size`), waiting
-    up to ``timeout_s`` for ``min_np`` of them when fewer are there; the driver logs the new world
-    (:func:`~pipelines.launch.worlds.relaunch_line`).
+    """How many barrier tasks an attempt runs, ``slots()`` counting the free task slots.
+
+    ``bounds.np`` for a first attempt or a fixed world; a relaunch (``previous``: failed world size) takes the
+    slots offered now, capped at ``max_np``, waiting up to ``timeout_s`` for ``min_np``.
 
     Raises:
-        pipelines.runtime.errors.Refused: fewer slots than the attempt needs (``np``, or ``min_np`` within
-            ``timeout_s``), naming both numbers (a relaunch's becomes
-            :class:`~pipelines.launch.failures.RelaunchImpossible`).
-    """
+        pipelines.runtime.errors.Refused: too few slots, naming both numbers."""
     if previous is None or bounds.fixed:
         count = wait_for_slots(slots, bounds.np, timeout_s)
         if count < bounds.np:

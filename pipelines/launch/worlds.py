@@ -1,12 +1,7 @@
 """The bounds of a run's world size (``--min-np``, ``--max-np``) and the size of a relaunch.
 
-A run starts on ``np`` ranks. With bounds, a relaunch after a lost rank (``--max-failures``) takes
-the task slots the cluster offers at that moment, capped at ``max_np``, and goes on when that is
-at least ``min_np``, as Horovod's elastic driver does (``horovod/runner/elastic/driver.py``:
-``min_num_proc``, ``max_num_proc``; ``horovod/runner/common/util/hosts.py``:
-``get_host_assignments`` takes up to ``max_num_proc`` of the slots and refuses fewer than
-``min_num_proc``). Pure arithmetic: the waits for slots are :mod:`pipelines.launch.sparkcheck`'s.
-"""
+A relaunch takes the slots offered then, capped at ``max_np``, if at least ``min_np``, as Horovod's elastic
+driver does. Pure arithmetic: the waits for slots are ``pipelines.launch.sparkcheck``'s."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,8 +13,7 @@ from pipelines.runtime.logs import plural
 
 @dataclass(frozen=True)
 class WorldBounds:
-    """A run's world: it starts on ``np`` ranks and a relaunch may take from ``min_np`` to ``max_np``
-    (both ``np`` when the world is fixed, today's relaunch at the same size)."""
+    """A run's world: it starts on ``np`` ranks; a relaunch may take ``min_np`` to ``max_np`` (both ``np``: fixed)."""
 
     np: int
     min_np: int
@@ -27,11 +21,10 @@ class WorldBounds:
 
     @classmethod
     def of(cls, np: int, min_np: Optional[int] = None, max_np: Optional[int] = None) -> "WorldBounds":
-        """The bounds of a run of ``np`` ranks: ``min_np`` and ``max_np`` default to ``np`` (a fixed world).
+        """The bounds of a run of ``np`` ranks, ``min_np`` and ``max_np`` defaulting to ``np``.
 
         Raises:
-            pipelines.runtime.errors.Refused: as :func:`check_bounds`.
-        """
+            pipelines.runtime.errors.Refused: as ``check_bounds``."""
         bounds = cls(np, np if min_np is None else min_np, np if max_np is None else max_np)
         check_bounds(bounds)
         return bounds
@@ -42,9 +35,7 @@ class WorldBounds:
         return self.min_np == self.max_np == self.np
 
     def relaunch_size(self, slots: int) -> Optional[int]:
-        """The world size of a relaunch when the cluster offers ``slots`` task slots:
-        ``min(max_np, slots)``, or ``None`` when that is below ``min_np`` (the relaunch must wait or
-        give up). A fixed world needs its ``np`` slots."""
+        """A relaunch's world size for ``slots`` free slots: ``min(max_np, slots)``, or None when below ``min_np``."""
         size = min(self.max_np, slots)
         return size if size >= self.min_np else None
 
@@ -53,9 +44,7 @@ def check_bounds(bounds: WorldBounds) -> None:
     """Refuse bounds no run can keep: ``1 <= min_np <= np <= max_np``, all integers.
 
     Raises:
-        pipelines.runtime.errors.Refused: naming the flags and their values (``--min-np 3 is above the world
-            size 2 (--spark-np 2)``).
-    """
+        pipelines.runtime.errors.Refused: naming the flags and their values."""
     for flag, value in (("--min-np", bounds.min_np), ("--max-np", bounds.max_np)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise Refused(f"{flag} must be an integer, got {value!r}")
@@ -72,8 +61,7 @@ def check_bounds(bounds: WorldBounds) -> None:
 
 
 def relaunch_line(bounds: WorldBounds, previous: Optional[int], size: int, slots: int) -> str:
-    """The driver's line on a relaunch's world: ``relaunching on 2 ranks (world size 3 -> 2): the
-    cluster offers 2 task slots now (--min-np 2, --max-np 3)``."""
+    """The driver's line on a relaunch's world (``relaunching on 2 ranks (world size 3 -> 2): ...``)."""
     change = f"world size {previous} -> {size}" if previous not in (None, size) else f"world size {size}"
     return (f"relaunching on {plural(size, 'rank')} ({change}): the cluster offers {plural(slots, 'task slot')} now "
             f"(--min-np {bounds.min_np}, --max-np {bounds.max_np})")

@@ -1,8 +1,5 @@
-"""The checks of a stage's config values, each naming its option: a value against its field's
-annotation (:func:`check_type`, :func:`check_types`: a Python caller's ``batch_size='8'``; argparse
-converts the command line's) and a number against its range, finite (:func:`check_number`: NaN
-passes every ``value < bound`` test). Used by :mod:`pipelines.runtime.config` and every stage's config.
-"""
+"""The checks of a stage's config values, each naming its option: type (``check_type``) and finite range
+(``check_number``). Used by ``pipelines.runtime.config`` and every stage's config."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,7 +13,7 @@ from pipelines.runtime.errors import Refused
 
 
 def type_hints(cls: type) -> Dict[str, Any]:
-    """``cls``'s annotations, resolved (the modules use ``from __future__ import annotations``)."""
+    """``cls``'s annotations, resolved (cached)."""
     return _type_hints(cls)
 
 
@@ -42,15 +39,11 @@ _KINDS: Dict[Any, Tuple[str, Callable[[Any], bool]]] = {
 
 
 def check_type(name: str, value: Any, tp: Any) -> None:
-    """Refuse ``value`` for the option ``name`` unless it is of its field's annotation ``tp``: an int
-    that is not a bool, a number (int or float, not a bool), a bool, a str, or, for ``Optional[X]``,
-    None or an X. Other annotations (a dict of storage options) are left to the field's own checks.
-    On the command line argparse has converted each value already: this is for Python callers
-    (notebooks, tests), whose ``batch_size='8'`` would fail later without naming the option.
+    """Refuse ``value`` for option ``name`` unless it fits the annotation ``tp`` (bool, int not bool, number, str,
+    None for ``Optional``); for Python callers, as argparse converts command-line values itself.
 
     Raises:
-        pipelines.runtime.errors.Refused: ``batch_size must be an int, got '8' (str)``.
-    """
+        pipelines.runtime.errors.Refused: ``batch_size must be an int, got '8' (str)``."""
     kind = base_type(tp)
     optional = kind is not tp
     if kind not in _KINDS or (optional and value is None):
@@ -62,14 +55,11 @@ def check_type(name: str, value: Any, tp: Any) -> None:
 
 
 def check_types(config: Any) -> None:
-    """Refuse a field of the dataclass ``config`` whose value is not of its annotated type
-    (:func:`check_type`); an option group's field is checked where it is given
-    (:func:`init_options`). The first check of a config's or a group's ``__post_init__``: every
-    other check compares the values.
+    """Refuse a field of the dataclass ``config`` not of its annotated type (groups' fields are checked by
+    ``init_options``). Call it first in ``__post_init__``: every other check compares the values.
 
     Raises:
-        pipelines.runtime.errors.Refused: as :func:`check_type`.
-    """
+        pipelines.runtime.errors.Refused: as ``check_type``."""
     hints = type_hints(type(config))
     for f in dataclasses.fields(config):
         if "group" not in f.metadata:
@@ -78,17 +68,11 @@ def check_types(config: Any) -> None:
 
 def check_number(name: str, value: float, above: Optional[float] = None, at_least: Optional[float] = None,
                  below: Optional[float] = None, at_most: Optional[float] = None, why: str = "") -> None:
-    """Refuse the number ``value`` of the option ``name`` (a field's name, or its flag) unless it is
-    finite and within the bounds given (``> above``, ``>= at_least``, ``< below``, ``<= at_most``):
-    NaN and infinities are no rate, fraction, size or interval. Each test asks whether the value
-    is inside, never whether it is outside: every comparison with NaN is False, so ``value < bound``
-    would let it through.
+    """Refuse ``value`` of option ``name`` unless finite and within the given bounds (each test asks whether it is
+    inside, as every comparison with NaN is False).
 
     Raises:
-        pipelines.runtime.errors.Refused: ``--base-lr must be positive and finite, got nan``,
-            ``--min-delta must be a finite number >= 0, got -1.0``, ``--dropout must be a number in
-            [0, 1), got inf``; ``why``, when given, after a colon.
-    """
+        pipelines.runtime.errors.Refused: ``--base-lr must be positive and finite, got nan`` (``why`` appended)."""
     flag = name if name.startswith("-") else "--" + name.replace("_", "-")
     inside = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
               and (above is None or value > above) and (at_least is None or value >= at_least)
@@ -100,8 +84,7 @@ def check_number(name: str, value: float, above: Optional[float] = None, at_leas
 
 def _range_text(above: Optional[float], at_least: Optional[float], below: Optional[float],
                 at_most: Optional[float]) -> str:
-    """What :func:`check_number`'s bounds ask, in words: ``positive and finite``, ``a finite
-    number >= 0``, ``a number in (0, 1]`` (a range's ends make it finite)."""
+    """``check_number``'s bounds in words: ``positive and finite``, ``a finite number >= 0``, ``a number in (0, 1]``."""
     low = f"({above:g}" if above is not None else f"[{at_least:g}" if at_least is not None else None
     high = f"{below:g})" if below is not None else f"{at_most:g}]" if at_most is not None else None
     if low and high:

@@ -1,23 +1,8 @@
 """Typed configuration: one dataclass per stage, filled from the command line.
 
-Each field of a stage's dataclass becomes a ``--flag`` (underscores become dashes); its
-``metadata['help']`` is the help text. Notebooks and tests build the same dataclass directly.
-A field's metadata may also give its ``flag`` and ``choices``, and a repeatable ``KEY=VALUE``
-field (``key_values``) a ``file_flag`` with its ``file_help`` and the ``gather(pairs, path)`` that
-makes the dict (:func:`pipelines.io.options.storage_options_field`, every stage's).
-
-A stage with many options composes its config of option groups (:func:`option_group`): each a
-dataclass of one concern's fields that checks them itself, its flags listed under its own title in
-``--help``, as the ``transformers`` example scripts group theirs. The flags stay flat (a field's
-name is its flag, whatever its group), and so does the config's keyword interface: such a config
-is made from the flat keywords (:func:`init_options`, which routes each to its group) and
-:func:`to_dict` gives the flat fields, while code reads ``config.<group>.<field>``.
-
-What a config refuses, it refuses where it is made, naming the option: a value not of its field's
-annotation (:func:`pipelines.runtime.checks.check_types`: a Python caller's ``batch_size='8'``; argparse converts the
-command line's), a number outside its range or not finite (:func:`pipelines.runtime.checks.check_number`: NaN passes every
-``value < bound`` test).
-"""
+Each field becomes a ``--flag`` with ``metadata['help']`` (also ``flag``, ``choices``, and for ``key_values``
+fields ``file_flag``, ``file_help``, ``gather``). Option groups (``option_group``) list their flags under a
+title, while flags and keywords stay flat. A config refuses a bad value where it is made, naming the option."""
 from __future__ import annotations
 
 import argparse
@@ -44,16 +29,13 @@ def field(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> 
 
 
 def option_group(title: str) -> Any:
-    """A field of a stage's config that is a group of options (a dataclass of :func:`field` s, one
-    concern's), listed under ``title`` in ``--help``; the field's type names the group's class. The
-    group's ``__post_init__`` starts with :func:`pipelines.runtime.checks.check_types` (a group may be made directly too)."""
+    """A config field that is a group of options (the field's type: a dataclass), listed under ``title`` in ``--help``."""
     return dataclasses.field(metadata={"group": title})
 
 
 def option_fields(cls: Type[Any]) -> Iterator[Tuple[Optional[dataclasses.Field], dataclasses.Field, Any]]:
-    """Every option of the config class ``cls``, in order: ``(group, field, type)``, ``group`` the
-    :func:`option_group` field it is in (``None`` for a field of ``cls`` itself), ``type`` its
-    annotation, resolved."""
+    """Every option of the config class ``cls`` in order, as ``(group, field, resolved type)``; ``group`` is None
+    for a field of ``cls`` itself."""
     hints = type_hints(cls)
     for f in dataclasses.fields(cls):
         if "group" not in f.metadata:
@@ -65,22 +47,13 @@ def option_fields(cls: Type[Any]) -> Iterator[Tuple[Optional[dataclasses.Field],
 
 
 def init_options(config: Any, options: Dict[str, Any]) -> None:
-    """Set the fields of ``config`` (a frozen dataclass with option groups, from its ``__init__``)
-    from the flat keywords ``options``: each group is made of the options its fields name, over the
-    group given whole under its own name if one is (its options then replace those fields, as
-    :func:`dataclasses.replace` does: so ``dataclasses.replace(config, batch_size=8)`` works); a
-    field of ``config`` itself takes its option or its default. Then ``__post_init__``, if any.
+    """Set the fields of the frozen ``config`` from the flat keywords ``options``, then run ``__post_init__``.
 
-    Each option's value is checked against its field's annotation first (:func:`pipelines.runtime.checks.check_type`), so a
-    wrong type is named before any group's own checks compare it.
+    A group is made of its fields' options over the group given whole, if any (so ``dataclasses.replace`` works).
 
     Raises:
-        TypeError: an option that no field is named after, or a missing required one, as a
-            dataclass's own ``__init__`` says it; a group given whole that is not an instance of its
-            class (``fit= must be a FitOptions, got int``).
-        pipelines.runtime.errors.Refused: an option's value of the wrong type (:func:`pipelines.runtime.checks.check_type`),
-            what a group's own checks refuse.
-    """
+        TypeError: an unknown or missing option, or a group given whole that is not of its class.
+        pipelines.runtime.errors.Refused: a value of the wrong type, or what a group's checks refuse."""
     cls: type = type(config)
     options, hints = dict(options), type_hints(cls)
     kinds = _option_types(cls)
@@ -109,12 +82,10 @@ _NOT_GIVEN = object()  # a group not given whole (None is a wrong value, not an 
 
 
 def _make_group(name: str, group: Type[Any], options: Dict[str, Any]) -> Any:
-    """The option group ``name`` (of class ``group``) of :func:`init_options`: made of the options
-    its fields name (taken out of ``options``), over the group given whole under ``name``, if any.
+    """The group ``name`` of class ``group``: its options taken out of ``options``, over the group given whole.
 
     Raises:
-        TypeError: the group given whole is not a ``group``.
-    """
+        TypeError: the group given whole is not a ``group``."""
     mine = {g.name: options.pop(g.name) for g in dataclasses.fields(group) if g.name in options}
     given = options.pop(name, _NOT_GIVEN)
     if given is _NOT_GIVEN:
@@ -132,21 +103,18 @@ def _option_types(cls: type) -> Dict[str, Any]:
 
 
 def settle(config: Any, **values: Any) -> None:
-    """Set fields of a frozen dataclass ``config`` from its own ``__post_init__``: the values its
-    checks settle (a path made absolute, a default from the environment)."""
+    """Set fields of the frozen ``config`` from its own ``__post_init__``."""
     for name, value in values.items():
         object.__setattr__(config, name, value)
 
 
 def verbose_field(shows: str) -> Any:
-    """The ``verbose`` field every stage has (``--verbose`` / ``--no-verbose``): None when not given,
-    settled where the config is made by :func:`settle_verbose`."""
+    """The ``verbose`` field of every stage (``--verbose`` / ``--no-verbose``): None until ``settle_verbose``."""
     return field(None, help=f"show {shows} and known harmless warnings (default: quiet, unless {VERBOSE_ENV}=1)")
 
 
 def settle_verbose(verbose: Any, settings: Any) -> bool:
-    """A config's ``verbose``: as given, else the environment's (``settings``:
-    :func:`pipelines.runtime.environment.read_settings`)."""
+    """A config's ``verbose``: as given, else ``settings.verbose`` (``read_settings``)."""
     return settings.verbose if verbose is None else bool(verbose)
 
 
@@ -160,16 +128,12 @@ def build_parser(cls: Type[Any], description: str = "") -> argparse.ArgumentPars
 
 def add_arguments(parser: argparse.ArgumentParser, cls: Type[Any], defaults: Mapping[str, Any] | None = None,
                   notes: Mapping[str, str] | None = None) -> None:
-    """Add to ``parser`` one option per field of the dataclass ``cls``, as :func:`build_parser` does
-    (the fields of an option group under the group's title).
+    """Add to ``parser`` one option per field of ``cls``, a group's fields under the group's title.
 
-    With ``defaults``, only the fields it names (of ``cls`` or of its groups), in its order, each
-    with that default instead of the field's (another program's defaults for the same settings: a
-    benchmark's). ``notes`` add text to a field's help.
+    ``defaults``: only the fields it names, in its order, with these defaults. ``notes``: text added to a help.
 
     Raises:
-        KeyError: a name in ``defaults`` that is not a field of ``cls`` or of its groups.
-    """
+        KeyError: a name in ``defaults`` that is no field of ``cls`` or its groups."""
     options = {f.name: (group, f, tp) for group, f, tp in option_fields(cls)}
     if defaults is not None:
         for name, default in defaults.items():
@@ -187,7 +151,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: Type[Any], defaults: Map
 
 
 def _add_option(parser: Any, f: dataclasses.Field, tp: Any, default: Any, notes: Mapping[str, str] | None) -> None:
-    """The option of the field ``f`` (annotated ``tp``) in ``parser`` (or one of its groups)."""
+    """Add the option of field ``f`` (annotated ``tp``) to ``parser`` or one of its groups."""
     flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
     tp = base_type(tp)
     if f.metadata.get("key_values"):  # repeatable KEY=VALUE, made a dict by parse_config
@@ -218,21 +182,17 @@ def parse_config(cls: Type[T], argv: Sequence[str] | None = None, description: s
     """Parse ``argv`` (default ``sys.argv[1:]``) into an instance of the dataclass ``cls``.
 
     Raises:
-        SystemExit: on unknown or malformed options (argparse's usual exit code 2), or when the
-            dataclass's ``__post_init__`` refuses a value (:class:`pipelines.runtime.errors.Refused`: one
-            line, ``PROG: error: REASON``, exit 2). Any other exception propagates (a failure).
-    """
+        SystemExit: exit 2 on unknown or malformed options, or when ``__post_init__`` raises ``Refused`` (one
+            line, ``PROG: error: REASON``). Any other exception propagates."""
     return parse_configs((cls,), argv, description)[0]
 
 
 def parse_configs(classes: Sequence[Type[Any]], argv: Sequence[str] | None = None,
                   description: str = "") -> Tuple[Any, ...]:
-    """Parse ``argv`` into one instance of each dataclass in ``classes`` (their fields are one
-    command line: a stage's config and its launch settings), as :func:`parse_config` does.
+    """Parse ``argv`` into one instance of each class in ``classes`` (one command line), as ``parse_config``.
 
     Raises:
-        SystemExit: as :func:`parse_config`.
-    """
+        SystemExit: as ``parse_config``."""
     parser = argparse.ArgumentParser(description=description or (classes[0].__doc__ or "").split("\n")[0])
     for cls in classes:
         add_arguments(parser, cls)
@@ -250,10 +210,7 @@ _warned = False
 
 
 def warn_visible_secrets(prog: str, argv: Sequence[str]) -> None:
-    """Say once per process, on stderr, when the command line ``argv`` holds a secret
-    (:func:`pipelines.runtime.redact.redact_text` would mask part of it: ``--storage-option secret_key=V``,
-    ``--tracking-uri http://user:pw@host``): every local user can read it (``ps``). Said by the
-    launching process and rank 0 only (``HOROVOD_RANK``), never with the secret."""
+    """Warn once per process (launcher or rank 0) on stderr when ``argv`` holds a secret: ``ps`` shows it to all."""
     global _warned
     if _warned or os.environ.get("HOROVOD_RANK", "0") != "0":
         return
@@ -275,15 +232,10 @@ _FILE = "__file"  # the dest suffix of a key_values field's file flag
 
 
 def _field_values(cls: Type[Any], values: Mapping[str, Any]) -> dict[str, Any]:
-    """The parsed ``values`` of ``cls``'s fields (and its groups', flat: the config routes them,
-    :func:`init_options`); repeatable ``KEY=VALUE`` ones made a dict by their field's ``gather``
-    (the pairs and their file flag's path: e.g. :func:`pipelines.io.options.gather_given`, which
-    adds the environment's).
+    """The parsed ``values`` of ``cls``'s fields (its groups' too, flat), ``key_values`` ones gathered into dicts.
 
     Raises:
-        Refused: what ``gather`` refuses (:class:`pipelines.io.storage.StorageError`: a
-            ``KEY=VALUE`` option without ``=``, an options file that others may read, malformed JSON).
-    """
+        Refused: what ``gather`` refuses (a pair without ``=``, an options file others may read, bad JSON)."""
     fields = [f for _, f, _ in option_fields(cls)]
     own = {f.name: values[f.name] for f in fields if f.name in values}
     for f in fields:
@@ -293,9 +245,7 @@ def _field_values(cls: Type[Any], values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    """The config as a JSON-ready dict (for manifests, reports, MLflow params and run fingerprints):
-    its fields, an option group's fields in its place, flat (``{"data": ..., "batch_size": ...}``),
-    as the flags name them."""
+    """The config as a flat JSON-ready dict of its fields (a group's fields in its place), named as the flags."""
     flat: dict[str, Any] = {}
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
@@ -309,17 +259,11 @@ def to_dict(config: Any) -> dict[str, Any]:
 def run_command(cls: Type[T], argv: Sequence[str] | None, stage: str, run: Callable[[T], Any],
                 summarize: Callable[[Any], str],
                 exit_codes: Mapping[Union[Type[BaseException], Tuple[Type[BaseException], ...]], int]) -> int:
-    """The body of a stage's ``main``: options into ``cls`` (:func:`parse_config`), the process's
-    noise set by the config's ``verbose`` (:func:`pipelines.runtime.quiet.quiet_by_default`, before
-    TensorFlow or Spark load), logging set up for ``stage``, ``run(config)``, then
-    ``summarize(result)`` printed.
+    """The body of a stage's ``main``: parse, set quiet/verbose before TensorFlow or Spark load, log, run, print.
 
     Returns:
-        0; 2 when ``run`` refused its input (:class:`pipelines.runtime.errors.Refused`), after one log line
-        with the message; when it raised a failure of a type in ``exit_codes`` (checked in order:
-        a known failure, whose message says it all), that code after one log line; 1 for any other
-        exception, after its whole traceback, redacted (:func:`pipelines.runtime.errors.exit_status`).
-    """
+        0; 2 when ``run`` refused; the code of the first matching type in ``exit_codes`` (one log line); else 1
+        after the redacted traceback."""
     config: Any = parse_config(cls, argv)
     quiet_by_default(config.verbose)
     log = setup_logging(stage)

@@ -1,31 +1,16 @@
 """The user's environment variables, read in one place; and variables set for a block of code.
 
-Every ``PIPELINES_*`` variable a user may set is read here, by :func:`read_settings` alone, into a
-:class:`Settings`; the entry points and the stages' configs read it where they start (the
-launching process) and pass each value down as a parameter. (The variables a launcher hands its
-ranks are :mod:`pipelines.launch.rankenv`'s.)
+Every ``PIPELINES_*`` variable a user may set is read by ``read_settings`` alone, where a process starts, and
+passed down as parameters (the variables a launcher hands its ranks are ``pipelines.launch.rankenv``'s):
 
-=============================  ===========================================================  ==========================
-variable                       meaning                                                      default
-=============================  ===========================================================  ==========================
-``PIPELINES_WORKDIR``          the launching machine's working folder: the notebooks' and   ``~/pipelines-work``
-                               benchmarks' samples and runs, and the MLflow store of an
-                               output on an object store (``WORKDIR/mlflow/mlruns.db``)
-``PIPELINES_CACHE``            the set-up tools' download cache: Debian packages of the     ``~/.cache/pipelines``
-                               samples, the offline Xception weights (``CACHE/weights``)
-``PIPELINES_TRACKING``         ``0`` (or ``false``, ``no``, ``off``): no MLflow run when    on
-                               neither ``--tracking`` nor ``--no-tracking`` is given
-``PIPELINES_VERBOSE``          ``1`` (anything but empty or ``0``): ``--verbose`` when the  off
-                               flag is not given: TensorFlow's info lines, Spark's INFO
-                               log, the known harmless warnings
-``PIPELINES_SPARK_LOG_LEVEL``  the log level of the Spark sessions the jobs start           ``WARN``, ``INFO`` with
-                               (``ERROR``, ``INFO``, ``DEBUG``, ...)                        ``--verbose``
-``PIPELINES_STORAGE_OPTIONS``  storage options, a JSON object (``{"secret_key": "..."}``):  none
-                               a stage's ``--storage-option`` values off its command line,
-                               which every local user can read (``ps``); the flags win
-                               (:func:`pipelines.io.options.gather_options`)
-=============================  ===========================================================  ==========================
-"""
+- ``PIPELINES_WORKDIR`` (``~/pipelines-work``): the launching machine's working folder: samples, runs, and the
+  MLflow store of an output on an object store.
+- ``PIPELINES_CACHE`` (``~/.cache/pipelines``): the set-up tools' download cache.
+- ``PIPELINES_TRACKING`` (on): ``0``, ``false``, ``no`` or ``off``: no MLflow run unless ``--tracking``.
+- ``PIPELINES_VERBOSE`` (off): anything but empty or ``0``: ``--verbose`` unless the flag is given.
+- ``PIPELINES_SPARK_LOG_LEVEL`` (``WARN``, ``INFO`` with ``--verbose``): the jobs' Spark log level.
+- ``PIPELINES_STORAGE_OPTIONS`` (none): storage options as a JSON object, off the command line that any
+  local user can read; the flags win."""
 from __future__ import annotations
 
 import os
@@ -45,7 +30,7 @@ DEFAULT_CACHE = "~/.cache/pipelines"
 
 @dataclass(frozen=True)
 class Settings:
-    """The user's settings from the environment (the table above), read by :func:`read_settings`."""
+    """The user's settings from the environment, read by ``read_settings``."""
 
     workdir: str  #: absolute path (not created here)
     cache: str  #: absolute path (not created here)
@@ -57,8 +42,7 @@ class Settings:
 
 
 def read_settings(environ: Optional[Mapping[str, str]] = None) -> Settings:
-    """The :class:`Settings` of ``environ`` (default: this process's environment): the one read of
-    the variables in this module's table."""
+    """The ``Settings`` of ``environ`` (default ``os.environ``): the one read of this module's variables."""
     env = os.environ if environ is None else environ
     return Settings(
         workdir=os.path.abspath(os.path.expanduser(env.get(WORKDIR_ENV) or DEFAULT_WORKDIR)),
@@ -71,9 +55,7 @@ def read_settings(environ: Optional[Mapping[str, str]] = None) -> Settings:
 
 @contextmanager
 def environment(values: Dict[str, str], keep: Iterable[str] = ()) -> Iterator[None]:
-    """Set the environment variables ``values`` for the block (for a child process started in it,
-    or a library that reads its settings from there); afterwards each of them, and each variable
-    named in ``keep`` (one the block may change), has its former value again, or is unset if it was."""
+    """Set the variables ``values`` for the block; afterwards they and those named in ``keep`` are restored (or unset)."""
     saved = {key: os.environ.get(key) for key in (*values, *keep)}
     os.environ.update(values)
     try:

@@ -1,5 +1,4 @@
-"""Logging set-up shared by the jobs: one format, the stage and (under Horovod) the rank in it; and
-:func:`plural`, the one way a message says a count of things ("1 class", "3 classes")."""
+"""Logging set-up shared by the jobs (one format naming stage and rank), and ``plural`` for counted nouns."""
 from __future__ import annotations
 
 import logging
@@ -10,8 +9,7 @@ LOGGER_NAME = "pipelines"
 
 
 class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time of each record (test runners and
-    notebooks swap it), never to a stream closed since set-up."""
+    """Writes to the current ``sys.stderr`` at each record (test runners and notebooks swap it)."""
 
     @property
     def stream(self):
@@ -25,10 +23,8 @@ class _StderrHandler(logging.StreamHandler):
 def setup_logging(stage: str, rank: Optional[int] = None, level: int = logging.INFO) -> logging.Logger:
     """Configure and return the ``pipelines`` logger for one process.
 
-    Every message carries the stage and, when given, the rank (``[train rank 1]``), so that an
-    error from any rank can be traced to it. Progress messages are the caller's to restrict to
-    rank 0; errors are logged by every rank.
-    """
+    Every message carries the stage and, when given, the rank (``[train rank 1]``). Restricting progress messages
+    to rank 0 is the caller's job; every rank logs errors."""
     logger = logging.getLogger(LOGGER_NAME)
     logger.handlers.clear()
     handler = _StderrHandler()
@@ -41,14 +37,10 @@ def setup_logging(stage: str, rank: Optional[int] = None, level: int = logging.I
 
 
 def plural(count: float, noun: str, nouns: str = "") -> str:
-    """``count`` followed by ``noun``, in the plural unless ``count`` is 1: every message that
-    counts things says it this way, never ``f"{n} classes"`` (which printed "1 classes").
+    """``count`` and ``noun``, plural unless ``count`` is 1: ``plural(3, "class")`` -> ``"3 classes"``.
 
-    ``plural(1, "class")`` -> ``"1 class"``, ``plural(3, "class")`` -> ``"3 classes"``,
-    ``plural(0, "row group")`` -> ``"0 row groups"``. The regular English plural of the last word:
-    ``-es`` after s, x, z, sh, else ``-s`` (``-ch`` is either: epochs, batches); ``nouns`` gives
-    any other (``plural(n, "batch", "batches")``).
-    """
+    The regular plural adds ``-es`` after s, x, z, sh, else ``-s``; ``nouns`` gives any other
+    (``plural(n, "batch", "batches")``)."""
     if count == 1:
         return f"{count} {noun}"
     if not nouns:

@@ -1,13 +1,7 @@
-"""The progress line of long work, pure arithmetic and formatting (no Spark): items done out of the
-total, the rate and the time left.
+"""The progress line of long work, pure arithmetic and formatting (no Spark).
 
-``decode: 12,345/30,607 images (40 %), 151.2 images/s, 2 min 1 s left``
-
-The rate is the mean since the work started (``done / elapsed``), so it includes the start-up
-(the first lines are pessimistic) and does not jump when one slow task ends; the time left is
-``(total - done) / rate``, read at that rate. :func:`pipelines.runtime.spark.log_progress` logs it for a
-Spark job.
-"""
+``decode: 12,345/30,607 images (40 %), 151.2 images/s, 2 min 1 s left``. The rate is the mean since the start,
+so it includes start-up but does not jump when one slow task ends."""
 from __future__ import annotations
 
 import math
@@ -17,9 +11,10 @@ from pipelines.runtime.logs import plural
 
 
 def format_duration(seconds: float) -> str:
-    """A duration as a person reads it, rounded to whole seconds: ``"45 s"``, ``"2 min 5 s"``,
-    ``"1 h 2 min"`` (from an hour on, no seconds). Raises ValueError for a negative or non-finite
-    ``seconds``."""
+    """A duration rounded to whole seconds: ``"45 s"``, ``"2 min 5 s"``, ``"1 h 2 min"`` (no seconds from an hour on).
+
+    Raises:
+        ValueError: ``seconds`` negative or not finite."""
     if not (math.isfinite(seconds) and seconds >= 0):
         raise ValueError(f"a duration is a finite number of seconds >= 0, got {seconds}")
     whole = int(round(seconds))
@@ -31,9 +26,7 @@ def format_duration(seconds: float) -> str:
 
 
 def rate_and_left(done: int, total: int, elapsed_s: float) -> "tuple[Optional[float], Optional[float]]":
-    """``(items per second, seconds left)`` after ``done`` of ``total`` items in ``elapsed_s``
-    seconds: ``done / elapsed_s`` and ``(total - done) / rate``; ``(None, None)`` while nothing is
-    done or no time has passed (no rate to read yet), seconds left ``0.0`` once all are done."""
+    """``(items per second, seconds left)``; ``(None, None)`` while nothing is done or no time has passed."""
     if done <= 0 or elapsed_s <= 0:
         return None, None
     rate = done / elapsed_s
@@ -41,27 +34,20 @@ def rate_and_left(done: int, total: int, elapsed_s: float) -> "tuple[Optional[fl
 
 
 def rate_text(rate: float) -> str:
-    """A rate with one decimal (``151.3``), or two significant digits below 1 (``0.058``), so that
-    a slow job never reads ``0.0``."""
+    """A rate with one decimal, or two significant digits below 1, so a slow job never reads ``0.0``."""
     return f"{rate:.1f}" if rate >= 1 else f"{rate:.2g}"
 
 
 def progress_line(what: str, done: int, total: int, elapsed_s: float, unit: str = "image",
                   finished: bool = False, units: str = "") -> str:
-    """One progress line of ``what`` (a stage's name).
+    """One progress line of ``what`` (a stage's name), ``done`` of ``total`` items after ``elapsed_s`` seconds.
 
     Args:
-        done, total: items done and to do (``done`` may be below ``total`` when ``finished``: the
-            work ended early). elapsed_s: seconds since the work started.
-        unit, units: the item's noun, singular, and its plural when not regular
-            (:func:`pipelines.runtime.logs.plural`).
-        finished: the last line: ``done in <duration>`` instead of the time left.
+        unit, units: the item's noun and its irregular plural, if any.
+        finished: the last line (``done`` may be below ``total``): ``done in <duration>`` instead of the time left.
 
     Returns:
-        ``"<what>: <done>/<total> <units> (<percent> %), <rate> <units>/s, <left> left"``; the
-        percentage is floored (never 100 % before the end), the rate is :func:`rate_text`, and
-        before any item is done the rate and the time left read ``rate not known yet``.
-    """
+        ``"<what>: <done>/<total> <units> (<percent> %), <rate> <units>/s, <left> left"``, the percentage floored."""
     nouns = plural(2, unit, units).split(" ", 1)[1]
     head = f"{what}: {done:,}/{total:,} {unit if total == 1 else nouns}"
     if total > 0:

@@ -1,20 +1,7 @@
 """Quiet by default: warnings and errors only, from every library, unless ``--verbose``.
 
-Call :func:`quiet_by_default` first thing in an entry point, before TensorFlow or Spark start
-(TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL`` when it loads): then TensorFlow's C++ info and
-warning lines (oneDNN, CPU features: 18 lines per process), its Python logger's warnings (per
-rank), Spark's log4j INFO lines (``conf/log4j2.properties``) and the known harmless Python
-warnings listed in :data:`HARMLESS` stay out of the logs. ``--verbose`` (a field of each stage's
-config, whose default is the environment's: :mod:`pipelines.runtime.environment`) shows all of them. The
-ranks get it in their config (:func:`quiet_libraries` in each rank), Spark's Python workers as a
-parameter; this process's choice is kept by the set-up (:func:`is_verbose`) for the code that
-decides what third-party output to show (MLflow's, Spark's log level).
-
-One line stays: ``WARNING: Using incubator modules: jdk.incubator.vector``, which Java 17 prints
-at the start of every JVM Spark 4 launches (its launcher always adds that module; no JVM option
-turns the line off). Hiding it took a filter process relaying all of the JVM's stderr for the
-JVM's whole life (and two fixes of tests it made flaky): not worth one harmless line.
-"""
+Call ``quiet_by_default`` first in an entry point, before TensorFlow loads; ranks call ``quiet_libraries``.
+Java 17's ``Using incubator modules`` line stays: no JVM option hides it."""
 from __future__ import annotations
 
 import logging
@@ -38,15 +25,14 @@ _verbose = False  # this process's choice, set only by quiet_by_default and quie
 
 
 def is_verbose() -> bool:
-    """Whether this process was set up verbose (:func:`quiet_by_default`, :func:`quiet_libraries`)."""
+    """Whether this process was set up verbose."""
     return _verbose
 
 
 def quiet_by_default(verbose: bool) -> None:
-    """Set the noise level of this process (and its children) before TensorFlow or Spark load.
+    """Set the noise level of this process and its children before TensorFlow or Spark load.
 
-    Quiet: ``TF_CPP_MIN_LOG_LEVEL=2`` unless already set, the :data:`HARMLESS` warnings ignored.
-    Verbose: ``TF_CPP_MIN_LOG_LEVEL=0`` (the processes this one starts inherit it)."""
+    Quiet: ``TF_CPP_MIN_LOG_LEVEL=2`` unless set, ``HARMLESS`` warnings ignored. Verbose: ``TF_CPP_MIN_LOG_LEVEL=0``."""
     global _verbose
     _verbose = verbose
     if verbose:
@@ -60,8 +46,7 @@ def quiet_by_default(verbose: bool) -> None:
 
 
 def quiet_libraries(verbose: bool) -> None:
-    """After TensorFlow loaded: its Python logger (and absl's) at ERROR unless ``verbose``, which
-    this process keeps (:func:`is_verbose`): a rank's set-up, from its config."""
+    """After TensorFlow loaded (a rank's set-up): its and other libraries' loggers at ERROR unless ``verbose``."""
     global _verbose
     _verbose = verbose
     if verbose:

@@ -1,28 +1,8 @@
-"""Secrets masked wherever a config, URI, option or message is written or printed.
+"""Secrets masked wherever a config, URI, option or message is written or printed (standard library only).
 
-One rule for the whole product (pure, standard library only):
-
-- a **secret-looking key** (:func:`is_secret_key`: ``secret_key``, ``session_token``, ``password``,
-  ``access_key``, ``aws_secret_access_key``, ``sas_token``, ``account_key``, ``credentials``,
-  ``X-Amz-Signature``, s3fs' ``key``/``secret``/``token`` ...) keeps its key, its value becomes
-  :data:`MASK`;
-- a **URI's userinfo** is masked (``http://alice:hunter2@host`` -> ``http://***@host``), and so are
-  the values of its secret-looking query parameters (``?X-Amz-Signature=...``, ``?password=...``);
-- **free text** (an exception's message, a traceback, a dataclass' repr) gets both rules, for the
-  URIs, ``key=value`` and ``key<TAB>value`` pairs, ``'key': 'value'`` items (``bytes`` values too:
-  ``b'value'``) and ``('key', 'value')`` tuples (``Location.options``, ``dict.items()``) it holds,
-  and a bare ``Bearer`` token is masked wherever it stands;
-- **objects**: the values of a dict's secret-looking keys, of a ``(key, value)`` tuple's and of a
-  flag's following item in a list, and ``bytes`` as text (:func:`redact`).
-
-Keys are matched on their words (split at ``_ - .``, space and CamelCase humps, lower case), so
-``cache_key`` or ``tracking_uri`` stay readable while every spelling of a credential is masked:
-``SecretAccessKey``, ``AccountKey``, ``PGPASSWORD`` (a word ending in a secret word), a flag
-(``--password=V``, ``--token V``, ``['--token', 'V']``), a JVM property (``-Dfs.s3a.secret.key=V``),
-a value starting with ``/`` (base64 signatures do) and a percent-encoded one
-(``password%3Dhunter2``, ``https%3A%2F%2Falice%3Apw%40host``: decoded, then masked). The rule errs on the
-side of masking: a masked setting costs a reader one value; a leaked one costs a credential.
-"""
+One rule: a secret-looking key's value (``is_secret_key``: keys matched on their words, so ``cache_key`` stays
+readable) becomes ``MASK``, a URI's userinfo is masked, and free text gets both rules. It errs on the side of
+masking: a masked setting costs a reader one value, a leaked one a credential."""
 from __future__ import annotations
 
 import re
@@ -49,11 +29,10 @@ _HUMP = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
 
 def is_secret_key(key: Any) -> bool:
-    """Whether the value of ``key`` (a dict key, option name, query parameter or environment
-    variable name) may be a secret. ``"secret_key"``, ``"AWS_SECRET_ACCESS_KEY"``,
-    ``"session-token"``, ``"X-Amz-Signature"``, ``"key"`` -> ``True``; ``"endpoint_override"``,
-    ``"tracking_uri"``, ``"cache_key"`` -> ``False``; ``"SecretAccessKey"``, ``"AccountKey"``,
-    ``"PGPASSWORD"``, ``"--token"``, ``"-Dfs.s3a.secret.key"`` -> ``True``."""
+    """Whether the value of ``key`` (dict key, option, query parameter, variable name) may be a secret.
+
+    True for ``secret_key``, ``AWS_SECRET_ACCESS_KEY``, ``X-Amz-Signature``, ``key``, ``AccountKey``, ``PGPASSWORD``,
+    ``--token``, ``-Dfs.s3a.secret.key``; False for ``endpoint_override``, ``tracking_uri``, ``cache_key``."""
     words = [w for w in _WORD_SPLIT.split(_HUMP.sub("_", str(key)).lower()) if w]
     if not words:
         return False
@@ -65,31 +44,24 @@ def is_secret_key(key: Any) -> bool:
 
 
 def _spark_regex() -> str:
-    """:data:`SPARK_REDACTION_REGEX`, made from the words :func:`is_secret_key` reads."""
+    """``SPARK_REDACTION_REGEX``, made from the words ``is_secret_key`` reads."""
     short = sorted(w for w in _SECRET_WORDS if len(w) <= 4) + ["key"]  # words only where alone: sig, not signal
     return ("(?i)" + "|".join(sorted(w for w in _SECRET_WORDS | set(_SECRET_ENDINGS) if len(w) > 4))
             + "|(" + "|".join(sorted(_KEY_OWNERS)) + ")[._-]?key|conn(ection)?[._-]?string"
             + "|(?<![a-z0-9])(" + "|".join(short) + ")(?![a-z0-9])")
 
 
-#: The same rule as Spark's ``spark.redaction.regex`` (a Java regex, case-insensitive, searched in
-#: every property's key and value: the whole value is hidden where it matches), which hides what
-#: its UI and event logs show of the configuration, the environment and ``sun.java.command`` (a
-#: ``spark-submit`` command line). Spark's own default (``secret|password|token|access[.]?key``)
-#: misses ``account_key``, a bare ``key``, ``sig``, ``credentials``; :func:`pipelines.runtime.spark.spark_session`
-#: sets this one. It matches words as substrings, so it hides more than :func:`is_secret_key`
-#: (``cache_key`` too): a hidden setting in the UI costs a reader one value.
+#: The rule as Spark's ``spark.redaction.regex`` (case-insensitive, searched in every property's key and
+#: value, hiding the whole value), which ``spark_session`` sets: Spark's default misses ``account_key``, a bare
+#: ``key``, ``sig``, ``credentials``. It matches substrings, so it hides more than ``is_secret_key``.
 SPARK_REDACTION_REGEX = _spark_regex()
 
 
 def redact_uri(uri: str) -> str:
-    """``uri`` with its userinfo and the values of its secret-looking query parameters masked
-    (the userinfo is found by parsing, so a password holding ``@`` is masked whole; the rest
-    through :func:`redact_text`).
+    """``uri`` with its userinfo (found by parsing, so a password holding ``@`` goes whole) and secret query values masked.
 
     >>> redact_uri("http://alice:hunter2@mlflow.example:5000/x?X-Amz-Signature=abc&a=1")
-    'http://***@mlflow.example:5000/x?X-Amz-Signature=***&a=1'
-    """
+    'http://***@mlflow.example:5000/x?X-Amz-Signature=***&a=1'"""
     try:
         parts = urlsplit(uri)
     except ValueError:  # an unbalanced IPv6 bracket, say: the text rules still apply
@@ -126,16 +98,14 @@ _BEARER = re.compile(r"(?i)(?<![\w\-])(bearer)(\s+)(?=[\w\-.~+/]*[\d\-.~+/])([\w
 
 
 def redact_text(text: str) -> str:
-    """``text`` (a message, traceback, command line or repr) with every URI's userinfo and every
-    value of a secret-looking key masked: ``scheme://user:pass@`` -> ``scheme://***@``;
-    ``secret_key=V``, ``password: V``, ``'session_token': 'V'``, ``token="V"``, ``--token V``,
-    ``-Dfs.s3a.secret.key=V`` -> the value :data:`MASK`. A percent-encoded run that hides one of
-    these is shown decoded, with the secret masked (``password%3Dpw`` -> ``password=***``)."""
+    """``text`` (message, traceback, command line, repr) with every URI's userinfo and secret-looking key's value masked.
+
+    A percent-encoded run hiding a secret is shown decoded and masked (``password%3Dpw`` -> ``password=***``)."""
     return _ENCODED.sub(_encoded, _redact_plain(text))
 
 
 def _redact_plain(text: str) -> str:
-    """:func:`redact_text` without the percent-decoding."""
+    """``redact_text`` without the percent-decoding."""
     text = _USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
     text = _QUOTED_ITEM.sub(lambda m: m.group(0) if not is_secret_key(m.group(3)) else
                             f"{m.group(1)}{m.group(3)}{m.group(2)}{m.group(4)}{m.group(5)}{MASK}{m.group(6)}", text)
@@ -152,8 +122,7 @@ def _redact_plain(text: str) -> str:
 
 
 def _encoded(m: "re.Match[str]") -> str:
-    """One percent-encoded run of :func:`redact_text`: as it is unless decoding it (up to three
-    times: a URI inside a query value inside a URL) shows a secret, else decoded and masked."""
+    """One percent-encoded run: as is unless decoding it (up to three times) shows a secret, else decoded and masked."""
     decoded = m.group(0)
     for _ in range(3):
         once = unquote(decoded)
@@ -165,9 +134,7 @@ def _encoded(m: "re.Match[str]") -> str:
 
 
 def _key_value(m: "re.Match[str]") -> str:
-    """One ``key=value`` / ``key: value`` of :func:`redact_text`: a secret key's value masked; a
-    plain key's value searched again, as it may hold a pair of its own (``why: secret_key=V``, an
-    exception's message quoted after its type or a label)."""
+    """One ``key=value`` match: a secret key's value masked, a plain key's value searched again (it may hold a pair)."""
     dashes, key, separator, value = m.groups()
     if is_secret_key(key):
         return dashes + key + separator + MASK
@@ -175,17 +142,11 @@ def _key_value(m: "re.Match[str]") -> str:
 
 
 def redact(value: Any) -> Any:
-    """``value`` (a config dict, options, params, a report: dicts, lists, tuples, strings, bytes,
-    numbers) with the values of secret-looking keys masked (keys kept; empty values kept, they hide
-    nothing): a dict's, a ``(key, value)`` tuple's (``Location.options``), and the item after a
-    secret-looking flag in a list (an argv); every string and ``bytes`` through :func:`redact_text`.
-    Returns a new object; ``value`` is not changed.
+    """A copy of ``value`` (nested dicts, lists, tuples, strings, bytes) with secret-looking keys' values masked
+    (a dict's, a ``(key, value)`` tuple's, the item after a secret flag); keys and empty values kept.
 
     >>> redact({"storage_options": {"secret_key": "S3CR3T", "region": "eu"}, "tracking_uri": "http://a:b@h"})
-    {'storage_options': {'secret_key': '***', 'region': 'eu'}, 'tracking_uri': 'http://***@h'}
-    >>> redact((("endpoint_override", "http://h:9000"), ("secret_key", "S3CR3T")))
-    (('endpoint_override', 'http://h:9000'), ('secret_key', '***'))
-    """
+    {'storage_options': {'secret_key': '***', 'region': 'eu'}, 'tracking_uri': 'http://***@h'}"""
     if isinstance(value, dict):
         return {key: MASK if is_secret_key(key) and item not in _EMPTY else redact(item)
                 for key, item in value.items()}
@@ -205,8 +166,7 @@ _EMPTY: tuple = (None, "", b"", {}, [], ())
 
 
 def _names_secret(item: Any, pair: bool) -> bool:
-    """Whether ``item`` of a list or tuple names a secret the next item holds: a secret-looking key
-    as the first of a pair (a tuple of two), or a secret-looking flag (``--token``) anywhere."""
+    """Whether list ``item`` names a secret the next item holds: a secret key first in a pair, or a secret flag."""
     if isinstance(item, bytes):
         item = item.decode("utf-8", "replace")
     return isinstance(item, str) and (pair or item.startswith("-")) and is_secret_key(item)

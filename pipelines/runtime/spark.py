@@ -28,12 +28,9 @@ LOOPBACK = "127.0.0.1"
 
 
 def utf8_conf(verbose: bool = False) -> Dict[str, str]:
-    """Spark settings that give executors (their JVM and Python workers) a UTF-8 locale, and the
-    driver the quiet log4j configuration (:func:`pipelines.runtime.quiet.spark_log_options`) unless ``verbose``.
+    """Spark settings giving executors a UTF-8 locale and the driver the quiet log4j configuration unless ``verbose``.
 
-    ``spark.*.defaultJavaOptions`` (not ``extraJavaOptions``), so that a user's own
-    ``extraJavaOptions`` are added to them, not replaced.
-    """
+    They are ``defaultJavaOptions``, so a user's own ``extraJavaOptions`` add to them instead of replacing them."""
     conf = {"spark.driver.defaultJavaOptions": f"{UTF8_JAVA_OPTIONS} {spark_log_options(verbose)}".strip(),
             "spark.executor.defaultJavaOptions": UTF8_JAVA_OPTIONS}
     conf.update({f"spark.executorEnv.{key}": value for key, value in UTF8_ENV.items()})
@@ -41,8 +38,7 @@ def utf8_conf(verbose: bool = False) -> Dict[str, str]:
 
 
 def is_local_master(master: str) -> bool:
-    """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``: Spark's ``Utils.isLocalMaster`` (not
-    ``local-cluster[...]``, whose executors are separate processes)."""
+    """Whether ``master`` is ``local``, ``local[N]``, ``local[*]`` or ``local[N,F]`` (not ``local-cluster[...]``)."""
     master = master.strip()
     return master == "local" or master.startswith("local[")
 
@@ -50,14 +46,9 @@ def is_local_master(master: str) -> bool:
 def service_conf(master: str, environ: Mapping[str, str]) -> Dict[str, str]:
     """What a session this module starts serves on the network, for the master ``master``.
 
-    No web UI: it listens on every interface (``SPARK_LOCAL_IP`` alone narrows it; Spark has no
-    setting of its own) and lets anyone who reaches it read the job's environment; a caller's
-    ``spark.ui.enabled=true`` turns it back on, still without its links that kill jobs and stages
-    (``spark.ui.killEnabled``). On a ``local`` master (one JVM: driver and executor) without
-    ``SPARK_LOCAL_IP`` in ``environ``, the driver's own services (its RPC endpoint, the block
-    manager, the rank-log sink of ``--spark-np N``) listen on 127.0.0.1 alone, not on the address
-    the host name resolves to.
-    """
+    No web UI (it listens on every interface and shows the job's environment); a caller's
+    ``spark.ui.enabled=true`` brings it back without kill links. On a ``local`` master without
+    ``SPARK_LOCAL_IP`` in ``environ``, the driver's services listen on 127.0.0.1 alone."""
     conf = {"spark.ui.enabled": "false", "spark.ui.killEnabled": "false"}
     if is_local_master(master) and not environ.get("SPARK_LOCAL_IP"):
         conf.update({"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK})
@@ -66,20 +57,11 @@ def service_conf(master: str, environ: Mapping[str, str]) -> Dict[str, str]:
 
 def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Dict[str, str]] = None,
                   verbose: bool = False, log_level: str = ""):
-    """The active SparkSession, or a new one, its log level ``log_level``, else ``INFO`` when
-    ``verbose``, else ``WARN`` (a job passes its config's ``verbose`` and the environment's
-    :attr:`pipelines.runtime.environment.Settings.spark_log_level`).
+    """The active SparkSession, or a new one, at log level ``log_level``, else ``INFO`` if ``verbose``, else ``WARN``.
 
-    Under ``spark-submit`` the master comes from it; under plain ``python`` it is ``master`` or
-    ``local[*]`` (:data:`DEFAULT_MASTER`). Python workers run the same interpreter as the driver unless
-    ``PYSPARK_PYTHON`` says otherwise, so a virtual environment is used end to end. When this
-    call starts the JVM itself, the JVM, the executors and their Python workers get a UTF-8
-    locale (:data:`UTF8_ENV`, :func:`utf8_conf`) whatever the caller's, no web UI, and a ``local``
-    master's services on loopback (:func:`service_conf`); ``conf`` wins over those. Under
-    ``spark-submit`` the JVM is already running: pass ``--conf`` settings there. A new SparkContext hides the product's secret keys in its UI and
-    event log, under ``spark-submit`` too (``spark.redaction.regex``:
-    :data:`pipelines.runtime.redact.SPARK_REDACTION_REGEX`; ``conf`` may set another).
-    """
+    Under plain ``python`` the master is ``master`` or ``DEFAULT_MASTER`` and a JVM this call starts gets a UTF-8
+    locale, no web UI and loopback services (``conf`` wins); under ``spark-submit`` pass ``--conf`` there.
+    Python workers run the driver's interpreter. Every new context hides secrets (``SPARK_REDACTION_REGEX``)."""
     from pyspark import SparkContext  # in the function: `import pipelines` stays free of PySpark
     from pyspark.sql import SparkSession
 
@@ -100,23 +82,13 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
 
 @contextmanager
 def log_progress(spark, what: str, total: int, unit: str = "image", every_s: float = 10.0) -> Iterator[object]:
-    """Log the progress of a Spark job on the driver while the block runs: ``total`` items, counted
-    by the job's tasks in the accumulator this yields (each task adds 1 per item it finishes).
+    """Log a Spark job's progress on the driver while the block runs: at the start, every ``every_s``, at a clean end.
 
-    Logged (the ``pipelines`` logger: the terminal, and the driver's log under spark-submit): a
-    first line at the start, one every ``every_s`` seconds, and a last one when the block ends
-    without an error, each :func:`pipelines.runtime.progress.progress_line` (items done out of ``total``,
-    items/s, the time left) followed by the active stages' tasks from Spark's status tracker
-    (``tasks 12/62 done, 2 running``).
-
-    Why an accumulator: it is Spark's own per-item count, exact (Spark merges a task's updates
-    once, when the task succeeds: a failed or retried attempt adds nothing); PySpark sends a
-    task's updates with its result, so the count moves task by task, by as many items as a task
-    holds: the jobs bound that (:func:`pipelines.etl.layout.task_count`).
+    Tasks add 1 per finished item to the yielded accumulator, which Spark merges once per successful task: exact,
+    but it moves task by task.
 
     Yields:
-        the accumulator (``pyspark.Accumulator`` of int, 0) to pass to the tasks.
-    """
+        The accumulator (int, starting at 0) to pass to the tasks."""
     context = spark.sparkContext
     counter = context.accumulator(0)
     tracker = context.statusTracker()
@@ -144,8 +116,7 @@ def log_progress(spark, what: str, total: int, unit: str = "image", every_s: flo
 
 
 def _tasks_text(tracker) -> str:
-    """``" (tasks 12/62 done, 2 running)"``: the active stages' tasks, summed; ``""`` when no stage
-    is active."""
+    """``" (tasks 12/62 done, 2 running)"`` summed over the active stages; ``""`` when none is active."""
     done = count = running = 0
     for stage_id in tracker.getActiveStageIds():
         info = tracker.getStageInfo(stage_id)

@@ -1,15 +1,8 @@
 """``TF_CPP_MIN_LOG_LEVEL`` for the lines TensorFlow logs while it loads, on every stack.
 
-TensorFlow 2.21 (the current stack) writes ``oneDNN custom operations are on ...`` (``port.cc``,
-once per shared library: two lines) through absl before absl's logging is initialised; absl then
-sends every line to stderr, whatever ``TF_CPP_MIN_LOG_LEVEL`` says (tensorflow/tensorflow#100442,
-open; TensorFlow 2.15 honours the variable). :func:`install` (run by ``import pipelines``) makes
-the first ``import tensorflow`` of a process write its stderr to a temporary file and, once loaded,
-pass on every line except the absl lines below ``TF_CPP_MIN_LOG_LEVEL`` (0: all, the default;
-1: no INFO; 2: no WARNING; 3: no ERROR; FATAL always shows) and absl's own "before InitializeLog" notice. Nothing is
-lost otherwise: other lines are written back in order, also when the import fails. No thread, no
-process: the capture lasts the import only (about 3 s).
-"""
+TensorFlow 2.21 logs its ``oneDNN`` lines through absl before absl honours that variable. ``install`` (run by
+``import pipelines``) captures stderr during the first ``import tensorflow`` and writes back every other
+line in order, also when the import fails."""
 from __future__ import annotations
 
 import contextlib
@@ -34,8 +27,7 @@ def min_log_level() -> int:
 
 
 def kept_lines(text: str, level: int) -> str:
-    """``text`` (stderr written while TensorFlow loaded) without the absl lines of a severity below
-    ``level`` and, where ``level`` >= 1, without absl's notice; every other line unchanged."""
+    """``text`` without absl lines of severity below ``level`` and, for ``level`` >= 1, absl's notice."""
     if level <= 0:
         return text
     kept = []
@@ -51,8 +43,7 @@ def kept_lines(text: str, level: int) -> str:
 
 @contextlib.contextmanager
 def filtered_stderr(level: int) -> Iterator[None]:
-    """File descriptor 2 goes to a temporary file inside the block; :func:`kept_lines` of it is
-    written to the real stderr at the end (exception or not)."""
+    """Capture fd 2 in a temporary file within the block; write its ``kept_lines`` to the real stderr at the end."""
     if level <= 0:
         yield
         return
@@ -73,7 +64,7 @@ def filtered_stderr(level: int) -> Iterator[None]:
 
 
 class _FilteringLoader(importlib.abc.Loader):
-    """Loads the ``tensorflow`` package with its real loader, inside :func:`filtered_stderr`."""
+    """Loads the ``tensorflow`` package with its real loader, inside ``filtered_stderr``."""
 
     def __init__(self, loader: importlib.abc.Loader):
         self.loader = loader

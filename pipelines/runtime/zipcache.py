@@ -1,18 +1,8 @@
 """Make PySpark's per-task ``importlib.invalidate_caches()`` cheap again on Python 3.10 and 3.11.
 
-PySpark's worker calls ``importlib.invalidate_caches()`` at the start of every task
-(``pyspark.worker_util.setup_spark_files``). On Python 3.10 and 3.11 that makes every
-``zipimport.zipimporter`` in ``sys.path_importer_cache`` re-read its whole archive's directory
-(CPython gh-103200, fixed in 3.12 by making the re-read lazy), and a worker imports PySpark from
-``pyspark.zip`` (3 MB, one importer per package folder): a fraction of a CPU-second per task
-(the timings: docs/benchmarks.md, Figures behind the code's constants; ``benchmarks/etl_bench.py``'s
-"empty job" column shows the per-job remainder).
-
-:func:`install`, called at the start of a task of ours, keeps the fix for the rest of that
-worker's life (PySpark reuses workers): an archive's directory is re-read only when its size or
-modification time changed since it was last read, which is what invalidation is for (a zip
-replaced by ``addPyFile``). Python 3.12 and later are left as they are.
-"""
+There it makes every zip importer re-read its archive's directory (CPython gh-103200, fixed in 3.12), which
+PySpark's workers do at every task start. ``install`` patches a worker for its life: an archive is re-read
+only when its size or modification time changed."""
 from __future__ import annotations
 
 import os
@@ -22,8 +12,7 @@ from typing import Dict, Optional, Tuple
 from pipelines import stack
 
 _MARK = "_pipelines_lazy"
-#: whether this Python needs the patch (:func:`pipelines.stack.needs_zipcache`: CPython gh-103200 is
-#: fixed in 3.12; the mission stack's Python is older, the current stack's are not)
+#: whether this Python needs the patch (older than 3.12: the mission stack's)
 NEEDED = stack.needs_zipcache()
 
 
@@ -36,12 +25,10 @@ def _stamp(archive: str) -> Optional[Tuple[int, int]]:
 
 
 def install() -> bool:
-    """Re-read a zip archive on ``importlib.invalidate_caches()`` only when it changed.
+    """Re-read a zip archive on ``importlib.invalidate_caches()`` only when it changed. Idempotent.
 
     Returns:
-        True when the patch is in place (installed now or before), False on Python 3.12+
-        (:data:`NEEDED`: nothing is touched there). Idempotent; safe in any process.
-    """
+        True when the patch is in place, False on Python 3.12+ (``NEEDED``: nothing touched)."""
     if not NEEDED:
         return False
     original = zipimport.zipimporter.invalidate_caches

@@ -1,21 +1,8 @@
 """What differs between the project's two dependency stacks, said in one place.
 
-- ``mission``: TensorFlow 2.15 (Keras 2 is ``tf.keras``), Horovod 0.28.1 as released, Petastorm's
-  reader on pyarrow 14, Python 3.11. The default.
-- ``current``: TensorFlow 2.21 with the Keras 2 API from ``tf_keras`` (``tf.keras`` and ``import
-  keras`` are Keras 3 there, which Horovod's ``DistributedOptimizer`` wraps without averaging),
-  Horovod 0.28.1 with ``scripts/patches/horovod-0.28.1-current.patch``, the project's own Parquet
-  reader (Petastorm cannot import pyarrow >= 16), Python 3.12 and 3.13.
-
-Each stack's versions are written once, in ``requirements/<stack>.in`` (with the Python versions
-it supports on its ``# python:`` line); ``requirements/<stack>.lock`` is generated from it with
-hashes and is what ``scripts/setup_env.sh`` installs. This module, the package's table, reads
-those files and needs only the standard library (the set-up script and the Makefile run it before
-any venv exists: ``python3 -m pipelines.stack``); :mod:`pipelines.stack.kerasapi` is the Keras 2
-API of the stack installed here.
-Python's own difference, CPython gh-103200 fixed in 3.12 (:mod:`pipelines.runtime.zipcache`'s
-patch below it), is :data:`ZIPIMPORT_FIXED_IN` here.
-"""
+``mission`` (default): TensorFlow 2.15, Horovod 0.28.1, Petastorm on pyarrow 14, Python 3.11. ``current``:
+TensorFlow 2.21 with ``tf_keras``, Horovod 0.28.1 patched, our own Parquet reader, Python 3.12 and 3.13.
+Versions live in ``requirements/<stack>.in`` only. Standard library only: it runs before any venv exists."""
 from __future__ import annotations
 
 import os
@@ -37,33 +24,17 @@ ZIPIMPORT_FIXED_IN = (3, 12)
 
 
 class Stack(NamedTuple):
-    """One stack, every difference between the stacks that code or tests act on (its versions are
-    :func:`pins`, its Pythons :func:`pythons`).
+    """One stack: every difference between the stacks that code or tests act on.
 
     Attributes:
-        name: ``mission`` or ``current``.
-        keras_module: the Keras 2 API its training code imports (:mod:`pipelines.stack.kerasapi`):
-            ``tensorflow.keras`` (TF 2.15) or ``tf_keras`` (TF 2.21, whose ``tf.keras`` and
-            ``keras`` are Keras 3, which Horovod's ``DistributedOptimizer`` wraps without averaging).
-        keras_package: the distribution and import name of that Keras 2 (``keras`` 2.15, which
-            TF 2.15's ``tf.keras`` is; ``tf_keras``): its version, its source.
-        environment: ``(variable, value)`` pairs that ``import pipelines`` sets (a value) or
-            removes (``None``) in every process of the stack, before TensorFlow loads.
-            ``TF_USE_LEGACY_KERAS=1`` makes TF 2.21's own ``tf.keras`` the same Keras 2
-            (tf_keras), which MLflow's TensorFlow flavour relies on (without it 12 of Horovod's 13
-            Keras tests fail); TF 2.15 reads it too, and ``tf.keras`` then fails to import (no
-            tf_keras there): removed, even a user's own.
-        reader: the reader of training data it uses by default, ``--reader``'s name: ``petastorm``
-            (Petastorm 0.13.1 runs on pyarrow < 15 only) or ``own``.
-        horovod_patch: the patch its Horovod is built with (a path in the checkout), or ``None``.
-        functional_module: the module a ``.keras`` file it saves names for a functional model;
-        loads_models_of: the stacks whose ``.keras`` files its Keras loads (Keras 2.15 cannot
-            import ``tf_keras``' module);
-        mlflow_schema: the alembic revision its MLflow leaves a SQLite tracking store at
-            (``alembic_version``). These three are what its artefacts carry that the other stack
-            reads (docs/stacks.md, "What moves between the stacks"; tests/e2e/test_cross_stack.py checks
-            them against the installed libraries).
-    """
+        keras_module: the Keras 2 API its code imports: ``tensorflow.keras`` or ``tf_keras``.
+        keras_package: the distribution and import name of that Keras 2.
+        environment: ``(variable, value)`` pairs ``import pipelines`` sets (None: removes) before TensorFlow
+            loads: ``TF_USE_LEGACY_KERAS=1`` on TF 2.21 (MLflow needs it), removed on TF 2.15 (it breaks there).
+        reader: its default ``--reader``: ``petastorm`` (pyarrow < 15) or ``own``.
+        horovod_patch: the patch its Horovod is built with, or None.
+        functional_module, loads_models_of, mlflow_schema: what its artefacts carry that the other stack reads
+            (docs/stacks.md)."""
     name: str
     keras_module: str
     keras_package: str
@@ -75,14 +46,12 @@ class Stack(NamedTuple):
     mlflow_schema: str
 
     def has(self, package: str) -> bool:
-        """Whether the stack installs ``package`` (its ``requirements/<stack>.in`` pins it):
-        ``petastorm`` is the mission stack's alone."""
+        """Whether the stack's ``.in`` file pins ``package``."""
         return package.lower() in pins(self.name)
 
     @property
     def zipcache(self) -> bool:
-        """Whether PySpark's workers need :mod:`pipelines.runtime.zipcache`'s patch on its Pythons
-        (all older than :data:`ZIPIMPORT_FIXED_IN`): the mission stack's alone."""
+        """Whether PySpark's workers need ``pipelines.runtime.zipcache``'s patch on all its Pythons."""
         return all(needs_zipcache(tuple(map(int, python.split(".")))) for python in pythons(self.name))
 
 
@@ -100,8 +69,7 @@ STACKS: Dict[str, Stack] = {
 
 
 def needs_zipcache(python: Tuple[int, ...] = tuple(sys.version_info[:2])) -> bool:
-    """Whether the Python ``python`` (``(major, minor)``; default this one) needs
-    :mod:`pipelines.runtime.zipcache`'s patch: older than :data:`ZIPIMPORT_FIXED_IN`."""
+    """Whether the Python ``(major, minor)`` (default this one) is older than ``ZIPIMPORT_FIXED_IN``."""
     return tuple(python[:2]) < ZIPIMPORT_FIXED_IN
 
 
@@ -111,7 +79,7 @@ def venv(name: str) -> str:
 
 
 class UnknownStack(ValueError):
-    """A stack name that is not one of :data:`STACKS`, or an installed TensorFlow no stack pins."""
+    """A stack name not in ``STACKS``, or an installed TensorFlow that no stack pins."""
 
 
 def get(name: str) -> Stack:
@@ -131,9 +99,9 @@ def requirements_file(name: str, kind: str = "in") -> str:
 
 
 def pins(name: str) -> Dict[str, str]:
-    """The exact pins ``package -> version`` written in the stack's ``.in`` file and the files it
-    includes with ``-r``, :data:`NO_DEPS` lines included (names lower-cased, extras dropped; ranges
-    such as ``setuptools<70`` are left out: the lock file holds what they resolved to)."""
+    """The exact pins ``package -> version`` of the stack's ``.in`` file and its ``-r`` includes.
+
+    Names lower-cased, extras dropped, ``NO_DEPS`` lines included; ranges (``setuptools<70``) are left out."""
     found: Dict[str, str] = {}
 
     def read(path: str) -> None:
@@ -153,8 +121,7 @@ def pins(name: str) -> Dict[str, str]:
 
 
 def pythons(name: str) -> Tuple[str, ...]:
-    """The Python versions (``major.minor``) the stack supports, preferred first: its ``.in`` file's
-    ``# python:`` line."""
+    """The stack's Python versions (``major.minor``), preferred first, from its ``# python:`` line."""
     with open(requirements_file(name)) as f:
         for line in f:
             if line.startswith("# python:"):
@@ -163,8 +130,7 @@ def pythons(name: str) -> Tuple[str, ...]:
 
 
 def installed_tensorflow() -> Optional[str]:
-    """The installed TensorFlow distribution's version (CPU or CUDA build), from its metadata:
-    TensorFlow itself is not imported. None when none is installed."""
+    """The installed TensorFlow's version (CPU or CUDA build) from its metadata, without importing it; else None."""
     from importlib.metadata import PackageNotFoundError, version
 
     for distribution in ("tensorflow-cpu", "tensorflow", "tensorflow-gpu"):
@@ -176,12 +142,10 @@ def installed_tensorflow() -> Optional[str]:
 
 
 def active() -> Stack:
-    """The stack installed in this interpreter: the one whose ``tensorflow-cpu`` pin has the
-    installed TensorFlow's ``major.minor`` (the GPU image installs ``tensorflow`` of the same version).
+    """The stack whose ``tensorflow-cpu`` pin has the installed TensorFlow's ``major.minor``.
 
     Raises:
-        UnknownStack: no TensorFlow is installed, or its version is on no stack.
-    """
+        UnknownStack: no TensorFlow is installed, or no stack pins its version."""
     installed = installed_tensorflow()
     minor = ".".join((installed or "").split(".")[:2])
     for stack in STACKS.values():
@@ -192,8 +156,7 @@ def active() -> Stack:
 
 
 def main(argv) -> int:
-    """``python -m pipelines.stack names`` prints the stacks; ``... check NAME`` exits 2 with one
-    line for an unknown one; ``... pythons NAME`` prints its Python versions."""
+    """``python -m pipelines.stack names | check NAME | pythons NAME``; exit 2 with one line on an unknown stack."""
     try:
         if argv[:1] == ["names"]:
             print(" ".join(STACKS))

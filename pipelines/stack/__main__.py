@@ -1,5 +1,4 @@
-"""``python3 -m pipelines.stack names | check NAME | pythons NAME``: the stack table for the
-Makefile and the set-up scripts, which run it before any venv exists (standard library only)."""
+"""``python3 -m pipelines.stack names | check NAME | pythons NAME`` (standard library only)."""
 import sys
 
 from pipelines.stack import main

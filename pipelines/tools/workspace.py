@@ -1,9 +1,7 @@
 """The working folder of the notebooks and the benchmarks, and a sample through the ETL on demand.
 
-Nothing here needs ``dbutils``: paths are plain (on Databricks, give ``/dbfs/...`` paths), or URIs
-(``s3://bucket/work``): then the ETL output lives there, while the sample images it is made from
-are fetched to the local :func:`default_workdir` (the ETL reads them from there).
-"""
+For a URI workdir (``s3://bucket/work``) the ETL output lives there, while the sample images are fetched to
+the local ``default_workdir()``."""
 from __future__ import annotations
 
 import json
@@ -21,26 +19,20 @@ from pipelines.tools.weights import ensure_xception_notop_weights
 
 
 def default_workdir() -> str:
-    """The notebooks' and benchmarks' default working folder, a local absolute path (not made
-    here): :attr:`pipelines.runtime.environment.Settings.workdir`."""
+    """The default working folder, a local absolute path (``Settings.workdir``; not made here)."""
     return read_settings().workdir
 
 
 def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float = 0.3, spark=None,
                       input_dir: Optional[str] = None, sample: str = "tuxpaint",
                       per_class: Optional[int] = None, validation_fraction: float = 0.2) -> str:
-    """The ETL output ``workdir/etl`` (a folder or a URI), made first when it has no manifest, or
-    one of an older format without a validation split (which training refuses).
+    """The ETL output ``workdir/etl``, made if it has no manifest or an old one without validation split.
 
-    With no ``input_dir``, a sample is fetched into ``workdir/<sample>`` first (for a URI
-    ``workdir``, into the local :func:`default_workdir`): ``tuxpaint`` (148
-    photos, 8 classes) or ``fashion-mnist`` (``per_class`` images of each of 10 classes, all when
-    ``None``). An existing ``workdir/etl`` is reused as it is, whatever it was made from.
-    Returns the ETL output folder.
+    Without ``input_dir`` the ``sample`` (``tuxpaint`` or ``fashion-mnist``, ``per_class`` each) is fetched first
+    into ``workdir/<sample>`` (local ``default_workdir()`` for a URI).
 
     Raises:
-        ValueError: an unknown ``sample``.
-    """
+        ValueError: an unknown ``sample``."""
     if sample not in ("tuxpaint", "fashion-mnist"):
         raise Refused(f"unknown sample {sample!r}: tuxpaint or fashion-mnist")
     location = resolve(workdir).join("etl")
@@ -61,16 +53,14 @@ def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float 
 
 
 def _two_splits(location) -> bool:
-    """Whether the manifest at ``location`` is an older ETL's, with train and test splits only (read
-    as plain JSON: anything else is reused as it is, and training says what is wrong with it)."""
+    """Whether the manifest at ``location`` is an older ETL's, with train and test splits only."""
     manifest = json.loads(location.join(MANIFEST).read_bytes())
     splits = manifest.get("splits") if isinstance(manifest, dict) else None
     return isinstance(splits, dict) and TRAIN in splits and VALIDATION not in splits
 
 
 def ensure_weights(weights: str = "") -> str:
-    """``weights`` as given (``imagenet``, ``none`` or a path), or, when empty, the path of the
-    ImageNet Xception no-top weights converted offline (:mod:`pipelines.tools.weights`)."""
+    """``weights`` as given (``imagenet``, ``none`` or a path), else the path of the offline Xception weights."""
     if weights:
         return weights
     return str(ensure_xception_notop_weights())
