@@ -1,7 +1,6 @@
 """What the data layer raises when the data cannot feed a run, or a read does not add up.
 
-The readers, the one-pass reads and the dataset's checks raise these; training catches them by
-these names, never through a reader's module.
+Training catches these by these names, never through a reader's module.
 """
 from __future__ import annotations
 
