@@ -1,11 +1,7 @@
-"""Training's data layer: the ETL's output read by rank, as ``tf.data``.
-
-It meets the ETL and batch inference through ``pipelines.contract`` alone. From the manifest to the device:
-``dataset`` (the ETL output and its refusals), ``sharding`` (which row groups a rank reads), ``rowgroups``,
-``readers`` (``--reader``: ``arrow_reader`` and ``petastorm``, both caching in ``rowcache``), ``stream`` (the
-positioned train stream), ``onepass`` (exact evaluation), ``tfdata`` (the only part needing TensorFlow),
-``features`` (the feature cache) and ``errors``.
-"""
+"""Training's data layer: the ETL's output read by rank, as ``tf.data``; it meets the ETL and batch inference
+through ``pipelines.contract`` alone. ``dataset``, ``sharding``, ``rowgroups`` and ``readers`` (``arrow_reader``,
+``petastorm``, caching in ``rowcache``) read; ``stream``, ``onepass`` and ``features`` order; ``tfdata`` batches
+(the only part needing TensorFlow)."""
 from pipelines.training.data.dataset import Dataset, load_dataset
 from pipelines.training.data.errors import DataError, ShardCountError
 from pipelines.training.data.onepass import OnePassShard, verify_total

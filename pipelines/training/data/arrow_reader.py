@@ -1,10 +1,5 @@
-"""Our own reader of a rank's shard (the ``own`` reader): pyarrow row groups, a few threads, flat cache.
-
-Petastorm's contract without Petastorm (which cannot run on pyarrow >= 16): row groups ``rank, rank +
-world_size, ...``, looping forever, each epoch in ``epoch_order(groups, seed, epoch)``, so a run repeats
-its order exactly. With a cache, each row group is decoded straight into its flat file and every epoch,
-the first too, maps it back.
-"""
+"""Our own reader of a rank's shard (``--reader own``): Petastorm's contract on pyarrow alone, a few threads and
+the flat cache. Row groups ``rank, rank + world_size, ...`` loop forever, each epoch in ``epoch_order``."""
 from __future__ import annotations
 
 import collections
@@ -39,10 +34,7 @@ def flat_layout(group: RowGroup, row_bytes: int) -> List[Column]:
 
 
 def stream_group(group: RowGroup, row_bytes: int) -> Iterator[Tuple[str, np.ndarray]]:
-    """One row group's bytes in ``flat_layout``'s columns, decoded about ``STREAM_BYTES`` of images at a time.
-
-    Yields ``("image", uint8 (k, row_bytes))`` pieces, then one ``("label", int32 (rows,))``. Small pieces
-    stay in the CPU's cache, where a whole decoded row group was written to memory twice.
+    """One row group's flat-file pieces, decoded ``STREAM_BYTES`` of images at a time (small enough for the CPU cache).
 
     Raises:
         ShardCountError, ImageSizeError: as ``read_group``, before the piece at fault.
@@ -75,7 +67,7 @@ class ArrowShardReader:
 
     Args:
         groups: the shard's row groups, not empty.
-        row_bytes: bytes of one image (the manifest's ``row_bytes``).
+        row_bytes: bytes of one image.
         workers: reader threads (>= 1).
         depth: row groups read ahead at most (>= 1; default ``2 * workers``): the bound on memory.
         cache: flat files of the shard's row groups, or None.
@@ -103,14 +95,10 @@ class ArrowShardReader:
             yield from epoch_order(len(self.groups), self.seed, epoch).tolist()
 
     def restart(self, visits: Iterable[int]) -> Iterator[Batch]:
-        """Read the row groups ``visits`` (shard indices, finite or not) from now on, ``depth`` ahead.
-
-        The previous order's read-ahead is cancelled (a read under way finishes into the cache) and its
-        iterators stop, this reader's own iteration too.
+        """Read the row groups ``visits`` (shard indices) from now on; earlier iterators stop.
 
         Returns:
-            an iterator of ``Batch``, one per visit, until ``visits`` ends, the reader closes or another
-            ``restart`` comes; a read error is raised from it.
+            an iterator of ``Batch`` until ``visits`` ends, the reader closes or another ``restart``; read errors raise.
         """
         with self._lock:
             if self._closed:
@@ -178,10 +166,7 @@ class ArrowShardReader:
 
 def open_shard(data, split: str, rank: int, world_size: int, cache_folder: Optional[str], cache_limit: int,
                workers: int, seed: int) -> ArrowShardReader:
-    """``--reader own``: the looping reader of ``rank``'s row groups of ``split``.
-
-    At most ``cache_limit`` bytes of flat files are cached in ``cache_folder`` (None: no cache).
-    """
+    """``--reader own``: the looping reader of ``rank``'s row groups, caching <= ``cache_limit`` bytes (None: none)."""
     cache = RowGroupFiles(cache_folder, cache_limit) if cache_folder else None
     groups = shard(split_row_groups(data.parts(split)), rank, world_size)
     return ArrowShardReader(groups, data.row_bytes, seed, workers, cache=cache)

@@ -1,7 +1,4 @@
-"""The ETL's output as training sees it: its manifest, checked once, and the refusals of a run it cannot feed.
-
-The manifest's counts are global (all ranks); the step arithmetic is planned from them.
-"""
+"""The ETL's output as training sees it: its manifest, checked once, and the refusals of a run it cannot feed."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,10 +14,7 @@ from pipelines.training.data.errors import DataError
 
 @dataclass(frozen=True)
 class Dataset:
-    """An ETL output folder as training sees it: its ``root`` and its ``Manifest``.
-
-    Images are uint8 RGB, HWC, ``stored_size`` pixels square; the counts are global (all ranks).
-    """
+    """An ETL output folder (``root``, ``Manifest``): uint8 RGB HWC images, ``stored_size`` px; global counts."""
 
     root: str
     manifest: Manifest
@@ -29,21 +23,13 @@ class Dataset:
     _parts: dict = field(default_factory=dict, compare=False, repr=False)  # {split: pinned parts}, found once
 
     def check_footers(self) -> None:
-        """The manifest's footer check, once per Dataset, before any reader opens a part or sizes a cache.
-
-        Raises:
-            ManifestError: a part that is not a file, footers that disagree.
-        """
+        """The manifest's footer check (``ManifestError``), once, before a reader opens a part or sizes a cache."""
         if not self._footers_checked:
             self.manifest.check_footers(self.location, self.pin_parts())
             self._footers_checked.append(True)
 
     def pin_parts(self) -> dict:
-        """``{split: parts}``: every split's parts found, opened and checked once, pinned for every reader.
-
-        Raises:
-            ManifestError: a part missing, a link, or not a regular file below the root, naming it.
-        """
+        """``{split: parts}``, found, opened and checked once; ``ManifestError``: a part missing, a link, not a file."""
         if not self._parts:
             location = self.location
             self._parts.update({split: self.manifest.part_locations(location, split) for split in self.manifest.splits})
@@ -103,10 +89,7 @@ class Dataset:
         return data_identity(self.location, self.manifest, self.pin_parts())
 
     def parts(self, split: str) -> list:
-        """The split's Parquet files in the manifest's order, footers checked first.
-
-        A reader reads these and nothing else: a rerun of the ETL may be writing other files next to them.
-        """
+        """The split's Parquet files in the manifest's order, footers checked: a reader reads these and nothing else."""
         self.check_footers()
         return self.pin_parts()[split]
 
@@ -119,12 +102,10 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
         storage_options: ``--storage-option`` values for a URI's backend.
 
     Raises:
-        DataError: no manifest (not an ETL output), no validation split, an empty split, or fewer train
-            row groups than ranks.
+        DataError: not an ETL output, no validation split, an empty split, fewer train row groups than ranks.
         StorageError: an unknown scheme, a missing bucket, refused credentials.
         UnsafePathError: ``root`` holds a character a ``file://`` URL cannot carry.
-        ManifestError: a manifest out of bounds, or a part outside its run's split folder or not a regular
-            file of ``root``.
+        ManifestError: a manifest out of bounds, or a part outside its split folder or not a regular file.
     """
     location = resolve(root, storage_options)
     check_reachable(location, "--data")
@@ -145,14 +126,7 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
 
 
 def check_validation_split(manifest: Manifest, root: str) -> None:
-    """Refuse a manifest of an older format, with train and test splits only.
-
-    Choosing the epoch on test would make the reported figure optimistic, and the ETL is the one place a
-    split is decided: a refusal, not a hold-out carved from train here.
-
-    Raises:
-        DataError: naming the manifest's format and the command that writes three splits.
-    """
+    """Refuse (``DataError``) a manifest with train and test splits only: choosing epochs on test would flatter it."""
     if VALIDATION not in manifest.splits:
         raise DataError(f"{root} was written by an older ETL (manifest format {manifest.format_version}: "
                         f"{' and '.join(manifest.splits)} splits only): training chooses its epoch on a "
@@ -161,11 +135,7 @@ def check_validation_split(manifest: Manifest, root: str) -> None:
 
 
 def check_train_row_groups(data: Dataset, world_size: int) -> None:
-    """Refuse a train split of fewer row groups than ranks: a looping reader gives each rank whole row groups.
-
-    Raises:
-        DataError: naming both numbers and the ETL flags that give more row groups.
-    """
+    """Refuse (``DataError``) a train split of fewer row groups than ranks: each rank reads whole row groups."""
     groups = data.row_groups(TRAIN)
     if groups < world_size:
         raise DataError(f"the train split has {plural(groups, 'row group')} but {plural(world_size, 'rank')} need "

@@ -1,11 +1,5 @@
-"""Feature cache: the frozen backbone's pooled features, computed once per rank shard and reused.
-
-A frozen backbone (``training=False``) without augmentation gives an image the same features every epoch,
-so training fits the head alone on ``DATA/features/<key>/<split>/part-rank<r>.parquet``. ``key`` hashes the
-model (``model_key``) and the data (ETL run id and parts' footers), so other weights or another ETL run
-never reuse a set. Written through ``pipelines.io.storage`` (a rank's file whole or not at all), the
-completion marker last.
-"""
+"""Feature cache: the frozen backbone's pooled features, computed once per rank shard into
+``DATA/features/<key>/<split>/part-rank<r>.parquet``, ``key`` hashing the model and the data; marker written last."""
 from __future__ import annotations
 
 import hashlib
@@ -27,11 +21,8 @@ COMPLETE = "_COMPLETE.json"
 
 def model_key(weights: str, input_size: int, seed: int, backbone: str, compute_dtype: str,
               model_input: str) -> str:
-    """The model half of a feature set's key, 16 hex digits.
-
-    It hashes the weights (a file's content hash; the seed for random ones), ``input_size``, the backbone, its
-    ``compute_dtype`` (float16 features differ) and ``model_input`` (``uint8-299``).
-    """
+    """The model half of a feature set's key, 16 hex digits: weights (a file's content; the seed if random),
+    ``input_size``, backbone, ``compute_dtype`` (float16 features differ) and ``model_input`` (``uint8-299``)."""
     model = f"{backbone}-avg" + ("" if compute_dtype == "float32" else f"-{compute_dtype}")
     if weights == "imagenet":
         source = "imagenet"
@@ -92,11 +83,7 @@ def write_shard(directory, split: str, rank: int, features: np.ndarray, labels: 
 
 
 def read_shard(directory, split: str, rank: int, world_size: int) -> Tuple[np.ndarray, np.ndarray]:
-    """This rank's rows ``rank, rank + size, ...`` of all the split's files in name order, whatever world wrote them.
-
-    Returns:
-        features float32 ``(n, feature_dim)`` and labels int32 ``(n,)``.
-    """
+    """This rank's rows ``rank, rank + size, ...`` of the split's files (name order): float32 features, int32 labels."""
     import pyarrow.parquet as pq
 
     parts = _location(directory).join(split).files(".parquet")
@@ -107,11 +94,7 @@ def read_shard(directory, split: str, rank: int, world_size: int) -> Tuple[np.nd
 
 
 def compute_shard(extractor, dataset) -> Tuple[np.ndarray, np.ndarray]:
-    """Run the frozen ``extractor`` (``training=False``) over a finite dataset of uint8 ``(images, labels)``.
-
-    Returns:
-        features float32 ``(n, feature_dim)`` and labels int32 ``(n,)``.
-    """
+    """Run the frozen ``extractor`` over a finite uint8 dataset: float32 features ``(n, dim)``, int32 labels."""
     features, labels = [], []
     for images, batch_labels in dataset:
         features.append(extractor(images, training=False).numpy())
@@ -128,11 +111,7 @@ def mark_complete(directory, counts: dict, key: str, model: str, data) -> None:
 
 
 def stale_sets(data_root, model: str, key: str, storage_options: Optional[Mapping[str, str]] = None):
-    """The complete sets under ``DATA/features/`` of ``model`` but another key (other data, or keyed before data).
-
-    Returns:
-        ``[(folder, marker)]``, newest ETL run first (unknown ones last).
-    """
+    """``[(folder, marker)]`` of ``model``'s complete sets of another key (other data), newest ETL run first."""
     found, features = [], resolve(data_root, storage_options).join("features")
     for info in features.list(recursive=False):
         folder = features.join(info.base_name)
@@ -143,7 +122,7 @@ def stale_sets(data_root, model: str, key: str, storage_options: Optional[Mappin
 
 
 def prune(data_root, stale, storage_options: Optional[Mapping[str, str]] = None) -> list:
-    """Delete the ``stale`` sets whose ETL run folder is gone or unrecorded (no training can read them); their URIs."""
+    """Delete the ``stale`` sets whose ETL run is gone or unrecorded (no training can read them); their URIs."""
     root, deleted = resolve(data_root, storage_options), []
     for folder, marker in stale:
         run_id = (marker.get("data") or {}).get("run_id")
@@ -178,9 +157,8 @@ def feature_dataset(features: np.ndarray, labels: np.ndarray, batch_size: int, s
                     repeat: bool, drop_remainder: bool = True, start_row: int = 0):
     """``tf.data`` over in-memory features: ``(features float32 (b, feature_dim), labels int32 (b,))``.
 
-    ``repeat``: the positioned stream (``feature_batches``), full batches, endless, from ``start_row`` (no
-    ``tf.data`` shuffle, whose state cannot be restored). Otherwise one pass, stored order or shuffled once
-    by ``tf.data``, the last batch smaller unless ``drop_remainder``.
+    ``repeat``: the positioned stream from ``start_row``, endless (no ``tf.data`` shuffle: its state cannot be
+    restored). Otherwise one pass, stored or shuffled once, the last batch smaller unless ``drop_remainder``.
 
     Raises:
         ValueError: ``start_row`` without ``repeat``, or negative; ``repeat`` over no rows.

@@ -1,8 +1,5 @@
-"""One-pass reads: every row of a rank's shard of a split exactly once, its count checked.
-
-Exact evaluation and the feature cache read sequentially with pyarrow, whatever ``--reader``: a looping
-reader's worker pool could lose rows (Petastorm's, at the end of a bounded read).
-"""
+"""One-pass reads: every row of a rank's shard of a split exactly once, its count checked; sequential pyarrow,
+whatever ``--reader``, as a looping reader's worker pool could lose rows."""
 from __future__ import annotations
 
 from typing import Iterator, Tuple
@@ -18,10 +15,7 @@ from pipelines.training.data.tfdata import batched
 
 
 class OnePassShard:
-    """Every row of one rank's shard of a split (``one_pass_pieces``), exactly once, read sequentially.
-
-    Every consumer checks what it counted with ``verify``.
-    """
+    """Every row of one rank's shard of a split (``one_pass_pieces``), once, sequentially; consumers ``verify``."""
 
     def __init__(self, data: Dataset, split: str, rank: int, world_size: int):
         self.data, self.split, self.rank, self.world_size = data, split, rank, world_size

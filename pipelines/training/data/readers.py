@@ -1,8 +1,5 @@
-"""The readers of a rank's shard behind one interface: which reader (``--reader``), and opening it.
-
-Training readers loop forever, so every rank can take the steps the manifest's counts plan even when
-shards differ by a row group. One-pass reads never use them (``onepass``).
-"""
+"""The readers of a rank's shard behind one interface (``--reader``): they loop forever, so every rank can take
+the steps planned from the manifest's counts even when shards differ by a row group."""
 from __future__ import annotations
 
 import contextlib
@@ -21,11 +18,8 @@ from pipelines.training.data.rowcache import rank_cache_folder
 
 
 class Reader(NamedTuple):
-    """One ``--reader``: ``open_shard`` (a context manager yielding the looping reader) and ``why_not()``.
-
-    ``open_shard(data, split, rank, world_size, cache_folder, cache_limit, workers, seed)``; ``why_not()`` says
-    why it cannot run here, ``None`` when it can.
-    """
+    """One ``--reader``: ``open_shard(data, split, rank, world_size, cache_folder, cache_limit, workers, seed)``,
+    a context manager yielding the looping reader, and ``why_not()``, why it cannot run here (``None``: it can)."""
 
     open_shard: Callable
     why_not: Callable[[], Optional[str]]
@@ -39,11 +33,7 @@ READERS = {
 
 
 def default_reader() -> str:
-    """The reader of the installed stack (from TensorFlow's package metadata; nothing imported).
-
-    Raises:
-        Refused: the installed TensorFlow is on no stack.
-    """
+    """The reader of the installed stack (known from TensorFlow's package metadata); ``Refused`` on no stack."""
     try:
         return stack.active().reader
     except stack.UnknownStack as exc:
@@ -51,11 +41,7 @@ def default_reader() -> str:
 
 
 def check_reader(reader: str) -> str:
-    """``reader`` (``--reader``), or ``default_reader()`` when empty.
-
-    Raises:
-        Refused: an unknown reader, or one that cannot run here (naming why).
-    """
+    """``reader`` (``--reader``), or ``default_reader()`` when empty; ``Refused`` if unknown or unable to run here."""
     reader = reader or default_reader()
     if reader not in READERS:
         raise Refused(f"--reader {reader}: choose one of {', '.join(READERS)}")
@@ -66,10 +52,7 @@ def check_reader(reader: str) -> str:
 
 
 def cache_size_bytes(data: Dataset, split: str, world_size: int) -> int:
-    """Local-disk cache limit for one rank's shard of ``split``, in bytes.
-
-    1.5 times the shard's row groups, and at least 31 row groups: Petastorm's ``LocalDiskCache`` demands 30.
-    """
+    """Local-disk cache limit for one rank's shard: 1.5 shards, at least 31 row groups (Petastorm's cache wants 30)."""
     groups = data.row_groups(split)
     group_bytes = data.rows_per_row_group * data.row_bytes
     shard_groups = -(-groups // world_size)
@@ -82,14 +65,12 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
     """A reader of this rank's shard of ``split`` that loops forever, row groups reshuffled (seeded) each epoch.
 
     Args:
-        cache_root: when set, the row groups are cached in a fresh owner-only folder
-            ``cache_root/rank<r>-<split>`` (or ``cache_name``), removed when the reader closes. ``None``: no cache.
-        workers: reader threads.
+        cache_root: cache the row groups in a fresh owner-only folder ``cache_root/rank<r>-<split>`` (or
+            ``cache_name``), removed on close. ``None``: no cache.
         reader: a name in ``READERS``; empty: ``default_reader()``.
 
     Yields:
-        an iterator of one ``(image, label)`` named tuple per row group (read it with ``row_groups_of``);
-        stopped, joined and its cache removed on exit.
+        an iterator of one ``(image, label)`` named tuple per row group (read it with ``row_groups_of``).
 
     Raises:
         CacheFolderError: the cache folder is not this user's own or cannot be cleared.
@@ -113,9 +94,7 @@ def exact_positions(reader) -> bool:
 
 
 def row_groups_of(reader, stored_size: int) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-    """The rows of either reader, a row group at a time: ``(images uint8 (n, s, s, 3), labels int32 (n,))``.
-
-    Petastorm's object arrays of ``bytes`` are joined once; ours and cached ones are only reshaped.
+    """Either reader's rows, a row group at a time: ``(images uint8 (n, s, s, 3), labels int32 (n,))``.
 
     Raises:
         DataError: an image that is not ``contract.row_bytes(s)`` bytes (each checked), a missing one, or not one

@@ -1,8 +1,5 @@
-"""The local-disk cache of a rank's row groups: one flat file per row group, mapped back into memory.
-
-A file is a magic number, an 8-byte length, a JSON header (columns' dtypes and shapes), then the columns' bytes,
-64-byte aligned. Reading one runs no code of the file's (nothing unpickled): a planted file is only a miss.
-"""
+"""The local-disk cache of a rank's row groups: one flat file per row group (magic, length, JSON header, 64-byte
+aligned columns), mapped back; nothing is unpickled, so a planted file is only a miss."""
 from __future__ import annotations
 
 import contextlib
@@ -49,11 +46,7 @@ class DamagedEntry(OSError):
 
 
 def flat_columns(value) -> Optional[List[Column]]:
-    """The columns of ``value`` as a flat file stores them, or None when it cannot.
-
-    Only a ``dict`` of plain ``np.ndarray`` (a subclass, e.g. masked, would lose data) under ``str`` names, each of
-    dtype kind ``b i u f c`` or a 1-D object array of equal-length ``bytes`` (stored as ``uint8 (rows, length)``).
-    """
+    """The columns of a ``dict`` of plain arrays (kinds ``b i u f c``, 1-D equal-size ``bytes``) as stored, or None."""
     if type(value) is not dict:
         return None
     columns: List[Column] = []
@@ -93,9 +86,7 @@ def column_bytes(columns: List[Column]) -> int:
 
 
 def write_pieces(f, columns: List[Column], pieces: Iterable[Piece]) -> int:
-    """Write a flat file of ``columns`` into the binary file ``f``; returns its size in bytes.
-
-    ``pieces`` are ``(column name, bytes-like)`` in column order, a column in any number of pieces.
+    """Write a flat file of ``columns`` into ``f`` from ``(name, bytes-like)`` ``pieces`` in column order; its size.
 
     Raises:
         ValueError: a piece out of order, or a column's bytes not what its shape makes (the caller removes the file).
@@ -145,8 +136,7 @@ def read_row_group(path: str) -> Dict[str, np.ndarray]:
     """The columns of one ``*.rowgroup`` file, as read-only arrays over one memory map of it.
 
     Raises:
-        OSError: the file cannot be opened or mapped (an evicted entry); ``DamagedEntry`` when its header
-            cannot be read or its size differs from the header's.
+        OSError: the file cannot be opened or mapped; ``DamagedEntry`` when it is not what its header says.
     """
     with open(path, "rb") as f:
         try:
@@ -173,11 +163,7 @@ def open_private(path: str):
 
 
 def refuse_foreign(path: str, option: str = "--cache-dir") -> None:
-    """Refuse an existing ``path`` (a link not followed) owned by another user; makes nothing.
-
-    Raises:
-        CacheFolderError: naming the folder, its owner's uid and ours.
-    """
+    """Raise ``CacheFolderError`` if ``path`` exists (a link not followed) and is another user's; makes nothing."""
     try:
         owner = os.lstat(path).st_uid
     except FileNotFoundError:
@@ -188,11 +174,7 @@ def refuse_foreign(path: str, option: str = "--cache-dir") -> None:
 
 
 def own_folder(path: str, option: str = "--cache-dir") -> str:
-    """``path`` as this user's folder, made (0700) when missing.
-
-    Raises:
-        CacheFolderError: it is a link, not a folder, or another user's.
-    """
+    """``path`` as this user's folder, made (0700) if missing; ``CacheFolderError`` if a link, a file or another's."""
     try:
         os.makedirs(path, mode=FOLDER_MODE, exist_ok=True)
         info = os.lstat(path)
@@ -208,8 +190,7 @@ def rank_cache_folder(cache_root: str, name: str) -> str:
     """A fresh, empty, owner-only (0700) folder ``cache_root/name``; our leftovers there are removed first.
 
     Raises:
-        CacheFolderError: ``cache_root`` or ``name`` is another user's (never removed), cannot be cleared,
-            or was made by someone else meanwhile.
+        CacheFolderError: either is another user's (never removed), cannot be cleared, or was made meanwhile.
     """
     own_folder(cache_root)
     path = os.path.join(cache_root, name)
@@ -244,8 +225,7 @@ def say_full_once(folder: str, exc: OSError) -> None:
 class RowGroupFiles:
     """The flat files of one reader's row groups in its own ``folder``, at most ``limit_bytes`` in all.
 
-    Thread-safe. Files are written under a temporary name and renamed, so readers see whole files only;
-    a full disk (``ENOSPC``, ``EDQUOT``) ends caching for this folder.
+    Thread-safe; files are renamed into place whole; a full disk (``ENOSPC``, ``EDQUOT``) ends caching here.
     """
 
     def __init__(self, folder: str, limit_bytes: int):
@@ -269,11 +249,7 @@ class RowGroupFiles:
             return None
 
     def put(self, key: str, value: Dict[str, np.ndarray]) -> bool:
-        """Store ``value`` (a dict of columns) under ``key``; returns whether it was stored.
-
-        Raises:
-            OSError: a write failing for another reason than a full disk.
-        """
+        """Store ``value`` (a dict of columns) under ``key``; whether stored (errors as ``put_pieces``)."""
         columns = flat_columns(value)
         return columns is not None and self.put_pieces(key, columns, column_pieces(value, columns))
 

@@ -1,9 +1,8 @@
 """The positioned train stream of a rank's shard: which row comes where, by arithmetic alone.
 
-The stream is a function of the shard's row counts, ``seed``, the shuffle size and ``augment``, so a resume
-opens it at any row and sees the batches an uninterrupted run sees. Pass ``p`` visits the row groups in
-``epoch_order(n, seed, p)``, cut into windows of ``W`` visits; window ``k``'s rows come out permuted by
-``default_rng((seed, p, k))``, which then draws the flips. Pure NumPy: no TensorFlow, no reader.
+A function of the shard's row counts, ``seed``, shuffle size and ``augment``, so a resume opens it at any row and
+sees an uninterrupted run's batches. Pass ``p`` visits row groups in ``epoch_order(n, seed, p)``, in windows of
+``W`` visits; window ``k``'s rows are permuted, then flipped, by ``default_rng((seed, p, k))``.
 """
 from __future__ import annotations
 
@@ -15,10 +14,7 @@ from pipelines.runtime.logs import plural
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
-    """The order (a permutation, int64 ``(count,)``) in which pass ``epoch`` visits ``count`` row groups or rows.
-
-    Drawn from ``(seed, epoch)`` alone.
-    """
+    """Pass ``epoch``'s visit order of ``count`` items: a permutation (int64) from ``(seed, epoch)`` alone."""
     return np.random.default_rng((seed, epoch)).permutation(count)
 
 
@@ -82,11 +78,7 @@ class ShardStream:
         return int(ends[window] - (ends[window - 1] if window else 0))
 
     def locate(self, row: int) -> Position:
-        """The ``Position`` of stream row ``row`` (rows this rank has consumed: global steps x per-rank batch).
-
-        Raises:
-            ValueError: a negative row.
-        """
+        """The ``Position`` of stream row ``row`` (global steps x per-rank batch); ValueError if negative."""
         if row < 0:
             raise ValueError(f"a stream row is >= 0, got {row}")
         pass_index, within = divmod(int(row), self.shard_rows)
@@ -100,10 +92,7 @@ class ShardStream:
         return (pass_index, window + 1) if window + 1 < self.windows_per_pass else (pass_index + 1, 0)
 
     def draws(self, pass_index: int, window: int, rows: int, augment: bool) -> Tuple[np.ndarray, Optional[np.ndarray]]:
-        """A window's row order (int64 ``(rows,)``) and, with ``augment``, its flips (bool ``(rows,)``, by emitted row).
-
-        The order is drawn first, so it is the same with and without ``augment``.
-        """
+        """A window's row order (int64) and with ``augment`` its flips (bool), drawn after: same order either way."""
         rng = np.random.default_rng((self.seed, pass_index, window))
         order = rng.permutation(rows)
         return order, (rng.random(rows) < 0.5) if augment else None
@@ -117,17 +106,14 @@ class ShardStream:
 
 
 #: what opens the shard's row groups at a global visit: an iterator of ``(images uint8 (rows, s,
-#: s, 3), labels int32 (rows,))``, one per row group of :meth:`ShardStream.visits_from` that visit,
+#: s, 3), labels int32 (rows,))``, one per row group of ``ShardStream.visits_from`` that visit,
 #: ending only when its reader is closed or restarted elsewhere
 OpenGroups = Callable[[int], Iterator[Tuple[np.ndarray, np.ndarray]]]
 
 
 def stream_batches(stream: ShardStream, open_groups: OpenGroups, start_row: int, batch_size: int,
                    augment: bool = False) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-    """The stream's rows from ``start_row`` on, in full batches, forever, each a fresh array.
-
-    Yields ``(images uint8 (batch, s, s, 3), labels int32 (batch,))``; at most one window is read for rows
-    before ``start_row``. Ends without error when the row groups stop coming (reader closed or restarted).
+    """The stream's rows from ``start_row``, fresh full batches ``(uint8 (b, s, s, 3), int32 (b,))``, till groups stop.
 
     Raises:
         ValueError: a negative ``start_row``, ``batch_size < 1``, or a row group whose rows differ from
@@ -206,10 +192,7 @@ def _gather(out: np.ndarray, parts, starts: np.ndarray, take: np.ndarray, flips:
 
 def feature_batches(features: np.ndarray, labels: np.ndarray, seed: int, start_row: int, batch_size: int,
                     shuffle: bool = True) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-    """The feature cache's positioned stream from ``start_row`` on, in full batches, forever.
-
-    Yields ``(features (batch, ...), labels (batch,))``; pass ``p`` in ``epoch_order(n, seed, p)``, or stored
-    order without ``shuffle``.
+    """The feature cache's stream from ``start_row`` in full batches, pass ``p`` in ``epoch_order(n, seed, p)``.
 
     Raises:
         ValueError: no rows, a negative ``start_row``, ``batch_size < 1``, not one label per row.

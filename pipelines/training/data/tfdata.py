@@ -1,8 +1,5 @@
-"""The ``tf.data`` tail of training's inputs: rows of a reader to uint8 batches on the device.
-
-Over our reader the stream is positioned (``stream``), so a resume opens it at any row exactly; over
-Petastorm's it is ``tf.data``'s seeded shuffle: repeatable per seed, not openable at a row.
-"""
+"""The ``tf.data`` tail of training's inputs: rows of a reader to uint8 batches on the device (our reader's
+stream positioned, so a resume opens it at any row; Petastorm's a seeded ``tf.data`` shuffle)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -13,13 +10,9 @@ from pipelines.training.devices import prefetch_device
 
 
 def flipper(seed: int = 0):
-    """``--augment`` over Petastorm's reader: flip each image left-right, drawn statelessly from ``(seed, index)``.
+    """``--augment`` over Petastorm's reader: ``flip(index, (images, labels))`` for ``enumerate().map``.
 
-    Stateless so the draws do not follow ``tf.data``'s parallel schedule; a flip commutes with the model's
-    bilinear ``Resizing``, so it runs on the host.
-
-    Returns:
-        ``flip(index int64 (), (images uint8 (b, s, s, 3), labels)) -> (images, labels)``, for ``enumerate().map``.
+    Flips are drawn statelessly from ``(seed, index)``, so ``tf.data``'s parallel schedule cannot change them.
     """
     import tensorflow as tf
 
@@ -40,8 +33,6 @@ def batched(ds, batch_size: int, shuffle_buffer: int = 0, seed: int = 0, augment
     Args:
         ds: a ``tf.data.Dataset`` of ``(uint8 (s, s, 3), int32 ())``.
         drop_remainder: full batches only (training: every rank takes the same steps); False for evaluation.
-        device: where to prefetch; ``None``: the rank's GPU if TensorFlow sees one.
-        weight: each row's loss weight, or ``None``.
 
     Returns:
         a ``tf.data.Dataset`` of ``(uint8 (b, s, s, 3), int32 (b,))``, with ``weight`` also ``float32 (b,)``.
@@ -71,10 +62,7 @@ DEVICE_BUFFER = 2
 
 
 def to_device(ds, device: Optional[str] = None):
-    """The last stage of an input pipeline (it must be last): host prefetch, then copy and prefetch on ``device``.
-
-    ``device`` ``None``: the rank's GPU if TensorFlow sees one, else the host only.
-    """
+    """Last stage (must be): host prefetch, then copy to and prefetch on ``device`` (``None``: the GPU, if any)."""
     import tensorflow as tf
 
     ds = ds.prefetch(tf.data.AUTOTUNE)
@@ -89,13 +77,10 @@ def to_device(ds, device: Optional[str] = None):
 def make_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int = 0, seed: int = 0,
                  augment: bool = False, start_row: int = 0, device: Optional[str] = None,
                  weight: Optional[float] = None):
-    """``tf.data`` pipeline over a looping reader (training); each ``iter()`` starts again at ``start_row``.
+    """``tf.data`` over a looping reader for training: ``(images uint8 (b, s, s, 3), labels int32 (b,))`` batches.
 
-    Petastorm's reader cannot start mid-stream: ``start_row`` is ignored there, and ``weight`` (a row's loss
-    weight when this rank's batch differs from the data world's) applies there only.
-
-    Returns:
-        a ``tf.data.Dataset`` of ``(images uint8 (batch, s, s, 3), labels int32 (batch,))`` (plus weights).
+    Petastorm's reader cannot start mid-stream, so ``start_row`` is ignored there; ``weight`` (rows' loss weight
+    when this rank's batch differs from the data world's) applies there only. Each ``iter()`` starts again.
 
     Raises:
         ValueError: a negative ``start_row`` (over our reader).
@@ -118,12 +103,9 @@ def shard_stream(reader, shuffle_buffer: int, seed: int):
 
 def positioned_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int = 0, seed: int = 0,
                        augment: bool = False, start_row: int = 0, device: Optional[str] = None):
-    """``tf.data`` over our ``reader``'s positioned stream from ``start_row`` (global steps x ``batch_size``).
+    """Endless ``tf.data`` of our ``reader``'s stream from ``start_row`` (global steps x ``batch_size``).
 
-    Each ``iter()`` restarts ``reader`` at ``start_row``'s window and stops an earlier iterator.
-
-    Returns:
-        an endless ``tf.data.Dataset`` of ``(images uint8 (batch, s, s, 3), labels int32 (batch,))``.
+    Each ``iter()`` restarts ``reader`` at ``start_row``'s window, stopping an earlier iterator.
 
     Raises:
         ValueError: a negative ``start_row`` or ``batch_size < 1`` (at once, not on iteration).

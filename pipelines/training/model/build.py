@@ -14,9 +14,8 @@ from pipelines.training.model.checkpoints import build_optimizer, resumable_drop
 class Backbone:
     """A frozen feature extractor as ``--backbone`` names it.
 
-    ``name`` is its layer in the model; ``min_size`` its smallest input side (px); ``feature_dim`` its pooled
-    vector's length; ``pretrained`` whether weights exist for it; block ``k`` of its ``blocks`` (1 = nearest the
-    input) is named ``block_prefix.format(k)`` for ``--fine-tune-blocks``.
+    ``name``: its layer in the model; ``min_size``: smallest input side, px; ``feature_dim``: pooled vector length;
+    ``pretrained``: weights exist; block ``k`` of ``blocks`` (1 = nearest the input) is ``block_prefix.format(k)``.
     """
 
     name: str
@@ -76,25 +75,21 @@ def _build_backbone(name: str, input_size: int, weights: str):
 
 def build_model(num_classes: int, input_size: int, dropout: float = 0.5, weights: str = "imagenet",
                 seed: int = 0, backbone: str = "xception", stored_size: int = 0):
-    """Transfer-learning model on a frozen backbone, taking the ETL's stored uint8 image.
+    """Transfer-learning model: stored uint8 image -> ``preprocessing`` -> frozen backbone -> dropout -> softmax.
 
-    ``preprocessing`` -> backbone called with ``training=False`` (its batch-norm statistics stay ImageNet's, even
-    when ``--fine-tune-blocks`` unfreezes layers) -> ``Dropout`` -> ``Dense(softmax)`` in float32 whatever the
-    dtype policy. Nothing outside the model preprocesses: the same model is trained, cached from and exported.
+    The backbone runs with ``training=False``: batch-norm statistics stay ImageNet's, also when fine-tuned.
 
     Args:
         input_size: side of the backbone's input, pixels (``--image-size``, or the stored size).
         stored_size: side of the stored images the model takes, pixels (0 = ``input_size``).
-        weights: ``'imagenet'`` (Keras downloads them: needs internet), ``'none'`` (random), or the
-            path of a no-top Xception weights file (e.g. from ``python -m pipelines.tools.weights``).
-        backbone: a name in ``BACKBONES``; the backbone's layer in the model has that name.
+        weights: ``'imagenet'`` (downloaded by Keras), ``'none'`` (random), or a no-top Xception weights file's path.
+        backbone: a name in ``BACKBONES``, also the backbone layer's name.
 
     Returns:
-        an uncompiled ``tf.keras.Model`` from uint8 ``(batch, stored_size, stored_size, 3)`` to
-        float32 ``(batch, num_classes)``.
+        an uncompiled model, uint8 ``(batch, stored_size, stored_size, 3)`` -> float32 ``(batch, num_classes)``.
 
     Raises:
-        MissingInput: a weights path that does not exist (a ``FileNotFoundError``).
+        MissingInput: a weights path that does not exist.
         Refused: as ``check_backbone``.
     """
     from pipelines.stack.kerasapi import keras
@@ -114,12 +109,7 @@ def build_model(num_classes: int, input_size: int, dropout: float = 0.5, weights
 
 
 def preprocessing(image, stored_size: int, input_size: int):
-    """The model's first layers on the uint8 image: ``Resizing`` to ``input_size`` (bilinear) if it differs, then
-    ``x / 127.5 - 1``.
-
-    Both compute in float32 whatever the policy, on the model's device (uint8 crosses PCIe, 4 times smaller than
-    float32). No weights: checkpoints are unchanged by them.
-    """
+    """The model's first layers, float32 on its device: ``Resizing`` to ``input_size`` if needed, ``x / 127.5 - 1``."""
     from pipelines.stack.kerasapi import keras
 
     x = image
@@ -131,10 +121,7 @@ def preprocessing(image, stored_size: int, input_size: int):
 
 
 def feature_extractor(model):
-    """The feature cache's part of a ``build_model`` model: image -> pooled features ``(batch, feature_dim)``.
-
-    The same layers, not copies (the dropout's input).
-    """
+    """The feature cache's part of a ``build_model`` model, image -> pooled features: the same layers, not copies."""
     from pipelines.stack.kerasapi import keras
 
     return keras.Model(model.input, model.get_layer("dropout").input, name=f"{model.name}_features")
@@ -159,9 +146,7 @@ def backbone_of(model):
 
 def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = False, xla: bool = False,
                         weight_decay: float = 0.0) -> None:
-    """Compile for Horovod data-parallel training: Nadam in ``hvd.DistributedOptimizer``, sparse cross-entropy.
-
-    Needs ``hvd.init()`` first. The optimizer's variables are made now, so ``fit`` traces its step once.
+    """Compile for Horovod: Nadam in ``hvd.DistributedOptimizer``, sparse cross-entropy; needs ``hvd.init()`` first.
 
     Args:
         learning_rate: already scaled by the world size.
@@ -170,7 +155,7 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
         weight_decay: decoupled; each step also shrinks every weight by ``learning_rate x weight_decay``.
 
     Raises:
-        pipelines.stack.kerasapi.Keras3Error: ``model`` is not a Keras 2 model (before any step).
+        Keras3Error: ``model`` is not a Keras 2 model (before any step).
     """
     import horovod.tensorflow.keras as hvd
 
@@ -197,8 +182,7 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
 def xla_train_step(model):
     """Keras' ``train_step`` with the forward (and so backward) pass one XLA computation; the rest TensorFlow ops.
 
-    Not ``compile(jit_compile=True)``: that compiles the allreduce too, and ``HorovodAllreduce`` has no XLA kernel
-    unless Horovod was built with its XLA ops (the first step fails with "tf2xla conversion failed").
+    Not ``compile(jit_compile=True)``: ``HorovodAllreduce`` has no XLA kernel unless Horovod was built with its XLA ops.
     """
     import tensorflow as tf
 
@@ -220,10 +204,7 @@ def xla_train_step(model):
 
 
 def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int):
-    """The trainable part alone, ``Input(feature_dim) -> Dropout -> Dense(softmax)``, for the feature cache.
-
-    Its layer names are ``build_model``'s, so weights carry over.
-    """
+    """The trainable part alone for the feature cache, with ``build_model``'s layer names so weights carry over."""
     from pipelines.stack.kerasapi import keras
 
     keras.utils.set_random_seed(seed)

@@ -1,9 +1,5 @@
-"""Small checkpoints: what training changes, with the frozen weights identified by their hash.
-
-``checkpoint-N.npz`` (or ``checkpoint-N-step-K.npz`` within epoch N) holds the trainable weights, optimizer
-state, learning rate and dropout generator state, not the frozen backbone (84 MB for Xception); the frozen
-weights' ``frozen_checksum`` goes in the marker and is checked on ``--resume``.
-"""
+"""Small checkpoints (``checkpoint-N[-step-K].npz``): trainable weights, optimizer state, learning rate and dropout
+generator, not the frozen backbone, whose ``frozen_checksum`` the marker records and ``--resume`` checks."""
 from __future__ import annotations
 
 import hashlib
@@ -28,11 +24,7 @@ def frozen_checksum(model) -> str:
 
 
 def optimizer_state(optimizer) -> List:
-    """The optimizer's state variables (built), in a fixed order.
-
-    ``variables``, then Nadam's ``_u_product`` (which ``variables`` leaves out), then under mixed precision the
-    loss scale and its good-step count, so a resumed run scales as the interrupted one would have.
-    """
+    """The optimizer's state in a fixed order: ``variables``, Nadam's ``_u_product``, any dynamic loss scale state."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     state = list(inner.variables)
     if getattr(inner, "_u_product", None) is not None:
@@ -60,11 +52,7 @@ def build_optimizer(model) -> None:
 
 
 def resumable_dropout(rate: float, seed: int):
-    """The head's ``Dropout(rate)`` layer (named ``dropout``), its masks drawn from a seeded ``tf.random.Generator``.
-
-    A checkpoint saves that generator's state, so a resumed run draws the masks an uninterrupted one would;
-    Keras' default stateful ops keep their state in the kernels, lost with the process.
-    """
+    """The head's ``Dropout(rate)`` (``dropout``), masks from a seeded generator whose state checkpoints save."""
     from pipelines.stack.kerasapi import keras
 
     return keras.layers.Dropout(rate, seed=seed, rng_type="stateful", name="dropout")
@@ -81,10 +69,7 @@ def random_generators(model) -> List:
 
 
 def learning_rate_variable(optimizer):
-    """The optimizer's learning rate variable (Horovod's warmup assigns it each step), or ``None``.
-
-    A warmup's last value stays after it, so a resumed run must get it back.
-    """
+    """The learning rate variable Horovod's warmup assigns (its last value stays: a resume restores it), or None."""
     import tensorflow as tf
 
     inner = getattr(optimizer, "inner_optimizer", optimizer)
@@ -103,10 +88,7 @@ def broadcast_state(model) -> List:
 
 
 def checkpoint_variables(model) -> Dict:
-    """What a checkpoint holds, ``.npz`` key -> variable: the one list saved and checked for finite values.
-
-    Keys: ``trainable_NNNN``; when compiled, ``optimizer_NNNN`` and ``learning_rate``; ``rng_NNNN``.
-    """
+    """A checkpoint's ``.npz`` key -> variable: ``trainable_``, ``optimizer_``, ``rng_NNNN``, ``learning_rate``."""
     variables = {f"trainable_{i:04d}": v for i, v in enumerate(model.trainable_weights)}
     if getattr(model, "optimizer", None) is not None:
         build_optimizer(model)
@@ -132,12 +114,9 @@ def file_sha256(path: str) -> str:
 
 
 def read_checkpoint(location, size: Optional[int] = None, sha256: Optional[str] = None) -> Dict[str, np.ndarray]:
-    """The arrays of a checkpoint file by key, its bytes checked against the marker's ``size`` and ``sha256``.
+    """The arrays of a checkpoint at ``location`` by key, checked against the marker's ``size`` and ``sha256``.
 
-    Without ``sha256`` (older markers) only every member's CRC-32 is checked. Never unpickles.
-
-    Args:
-        location: a ``pipelines.io.storage.Location``, local or remote (read whole).
+    Without ``sha256`` (older markers) only the members' CRC-32 are checked. Never unpickles.
 
     Raises:
         DamagedCheckpoint: missing, another size or sha256, or not an ``.npz`` of arrays.
@@ -186,8 +165,7 @@ def load_checkpoint(model, path: str, optimizer: bool = True) -> None:
     """Assign a checkpoint's trainable weights and, with ``optimizer`` and a compiled model, the rest.
 
     Raises:
-        ValueError: the checkpoint does not fit the model (other layers or optimizer), or cannot be read
-            (a ``DamagedCheckpoint`` naming ``path``).
+        ValueError: the checkpoint does not fit the model, or cannot be read (``DamagedCheckpoint``).
     """
     from pipelines.io.storage import resolve
 

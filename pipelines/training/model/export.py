@@ -1,7 +1,4 @@
-"""The trained model exported for inference: ``model.keras`` in float32, and its contract ``model.json``.
-
-Batch inference reads the contract, never this module.
-"""
+"""The trained model exported for inference: ``model.keras`` in float32, and its contract ``model.json``."""
 from __future__ import annotations
 
 import hashlib
@@ -41,17 +38,15 @@ def input_contract(stored_size: int, input_size: int, class_names) -> dict:
 
 
 def export_model(model, path: str, stored_size: int = 0, class_names=None):
-    """Save the model for inference atomically, as an uncompiled float32 model over the same layers.
+    """Save the model for inference atomically, uncompiled (Horovod's optimizer does not serialise) and float32.
 
-    Uncompiled because Horovod's optimizer does not serialise; float32 because a ``mixed_float16`` model would
-    infer in float16 on CPUs. With ``class_names``, ``model.json`` goes beside it with the file's sha256, which
-    batch inference checks before loading.
+    With ``class_names``, ``model.json`` goes beside it with the file's sha256, checked before inference loads it.
 
     Args:
         stored_size: the ETL's image size, checked against the model's input (0: not checked).
 
     Returns:
-        the exported model, in memory (what loading ``path`` would give).
+        the exported model, in memory.
 
     Raises:
         Refused: the model does not take ``stored_size`` px images.

@@ -1,10 +1,8 @@
 """The fine-tuning phase (``--fine-tune-blocks N``): after the head converges, unfreeze the backbone's top
 N blocks and train on at a lowered learning rate (the Keras transfer-learning guide's recipe).
 
-Batch norms stay in inference mode (the backbone is called with ``training=False``), the model is recompiled
-(``trainable`` takes effect at compile), and phase 2 always reads images: cached features are the frozen
-backbone's. N blocks are the backbone's layers from the first named ``block_prefix.format(blocks + 1 - N)``
-to its end, so a block's unnamed layers come with it.
+Batch norms stay in inference mode, the model is recompiled (``trainable`` acts at compile), and phase 2 reads
+images: cached features are the frozen backbone's.
 """
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ def check_fine_tune(backbone, blocks: int, lr_factor: float, epochs: int = 0) ->
     """Refuse ``--fine-tune-blocks``/``--fine-tune-lr``/``--fine-tune-epochs`` values that cannot apply to ``backbone``.
 
     Raises:
-        Refused: ``blocks`` not in ``0..backbone.blocks``, ``lr_factor`` not in (0, 1] (phase 2's rate is
-            phase 1's lowered), ``epochs`` below 0.
+        Refused: ``blocks`` not in ``0..backbone.blocks``, ``lr_factor`` not in (0, 1], ``epochs`` below 0.
     """
     if not 0 <= blocks <= backbone.blocks:
         raise Refused(f"--fine-tune-blocks must be in 0..{backbone.blocks} for backbone {backbone.name} "
@@ -41,11 +38,7 @@ def check_fine_tune(backbone, blocks: int, lr_factor: float, epochs: int = 0) ->
 
 
 def block_layers(layer_names: Sequence[str], backbone, blocks: int) -> List[str]:
-    """The layers the top ``blocks`` blocks cover: from that block's first to the last of ``layer_names`` (in order).
-
-    Raises:
-        ValueError: as ``check_fine_tune``, or no layer of that block in ``layer_names``.
-    """
+    """The layers the top ``blocks`` blocks cover, from that block's first on; ValueError as ``check_fine_tune``."""
     check_fine_tune(backbone, blocks, 1.0)
     if blocks == 0:
         return []
@@ -62,11 +55,7 @@ def phase2_lr(phase1_lr: float, factor: float) -> float:
 
 
 def unfreeze(model, backbone_name: str, blocks: int) -> List[str]:
-    """Make the top ``blocks`` blocks of ``model``'s backbone trainable and the rest not; recompile afterwards.
-
-    Returns:
-        the names of the unfrozen layers that hold weights.
-    """
+    """Make the top ``blocks`` blocks of the backbone trainable, the rest not; the unfrozen layers with weights."""
     base = backbone_of(model)
     names = set(block_layers([layer.name for layer in base.layers], backbone_spec(backbone_name), blocks))
     base.trainable = True  # a nested model's flag gates its layers' own

@@ -1,9 +1,5 @@
-"""``--weights imagenet``: Keras' ImageNet weights of the backbone, resolved once before any rank trains.
-
-Left to the ranks, every rank would download, and without network each fail with a long traceback. This
-runs where ranks are launched (or on rank 0 under ``horovodrun``, before TensorFlow loads) and puts the
-file, md5-checked, in the very path Keras looks in, so the ranks download nothing. No TensorFlow.
-"""
+"""``--weights imagenet``: Keras' ImageNet weights, fetched (md5-checked) into Keras' cache once before any rank
+starts and before TensorFlow loads, so ranks download nothing (nor each fail without network)."""
 from __future__ import annotations
 
 import contextlib
@@ -53,10 +49,7 @@ class WeightsUnavailable(Refused):
 
 
 def keras_cache_dir(subdir: str = "models") -> str:
-    """The folder Keras 2.15's ``get_file`` keeps ``subdir`` in: ``~/.keras/<subdir>``, else ``/tmp/.keras/<subdir>``.
-
-    It makes ``~/.keras`` as importing Keras would (unless ``KERAS_HOME`` is set), so both choose the same folder.
-    """
+    """Where Keras 2.15's ``get_file`` keeps ``subdir``: in ``~/.keras`` (made as Keras would), else ``/tmp/.keras``."""
     base = os.path.expanduser(os.path.join("~", ".keras"))
     if "KERAS_HOME" not in os.environ:
         with contextlib.suppress(OSError):  # not writable: Keras falls back to /tmp, as below
@@ -111,11 +104,7 @@ def ensure_imagenet_weights(backbone: str, weights: str, timeout_s: float = FETC
 
 
 def ensure_keras_file(spec: KerasFile, timeout_s: float = FETCH_TIMEOUT_S) -> str:
-    """The path of ``spec`` in Keras' cache: used as is if its md5 is Keras', else fetched there.
-
-    Raises:
-        OSError, http.client.HTTPException, ValueError: as ``fetch``.
-    """
+    """The path of ``spec`` in Keras' cache: used as is if its md5 is Keras', else fetched (errors as ``fetch``)."""
     path = os.path.join(keras_cache_dir(spec.subdir), spec.name)
     if os.path.isfile(path) and md5_of(path) == spec.md5:
         return path

@@ -1,8 +1,5 @@
-"""Petastorm's reader of a rank's shard (``--reader petastorm``): the mission stack's, and all of it.
-
-Retiring the mission stack is deleting this folder and its ``READERS`` entry. This module imports neither
-Petastorm nor diskcache, so the current stack (whose pyarrow Petastorm cannot import) can ask ``why_not``.
-"""
+"""Petastorm's reader (``--reader petastorm``): the mission stack's, all of it in this folder. This module imports
+neither Petastorm nor diskcache, so the current stack (whose pyarrow Petastorm cannot import) can ask ``why_not``."""
 from __future__ import annotations
 
 import importlib.util
@@ -26,10 +23,7 @@ def why_not() -> Optional[str]:
 
 def open_shard(data, split: str, rank: int, world_size: int, cache_folder: Optional[str], cache_limit: int,
                workers: int, seed: int):
-    """``--reader petastorm``: Petastorm's looping reader of ``rank``'s row groups of ``split``, a context manager.
-
-    It reads ``data``'s pinned parts alone, caching at most ``cache_limit`` bytes in ``cache_folder`` (None: none).
-    """
+    """``--reader petastorm``: Petastorm's looping reader of ``rank``'s row groups of ``data``'s pinned parts."""
     # here, not at the top: Petastorm, diskcache and pyarrow.filesystem do not import on the current stack
     from pipelines.training.data.petastorm.legacy_fs import petastorm_filesystem, split_urls
     from pipelines.training.data.petastorm.reader import open_petastorm_reader

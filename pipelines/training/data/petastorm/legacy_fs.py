@@ -1,9 +1,7 @@
-"""Petastorm over the parts the manifest names and nothing else: a legacy filesystem of pinned files.
+"""Petastorm over the parts the manifest names and nothing else: a legacy ``pyarrow.filesystem`` of pinned files.
 
-Petastorm 0.13.1 needs a legacy ``pyarrow.filesystem.FileSystem`` (pyarrow 14's legacy ``ParquetDataset``
-path; neither ``pyarrow.fs`` S3 nor ``S3FSWrapper`` works). Handed a folder, pyarrow would list it and
-Petastorm unpickle its ``_common_metadata``: here no path is a folder, nothing lists, and a part opens as
-the file pinned, local or in a bucket.
+Handed a folder, pyarrow would list it and Petastorm unpickle its ``_common_metadata``: here no path is a folder,
+nothing lists, and a part opens as the file pinned, local or in a bucket.
 """
 from __future__ import annotations
 
@@ -15,11 +13,7 @@ with warnings.catch_warnings():
 
 
 def petastorm_url(part) -> str:
-    """The URL to give Petastorm for a ``PinnedFile``: ``file:///path`` locally, ``file:///bucket/key`` for an object.
-
-    Petastorm would open an ``s3://`` URL with s3fs even when handed a filesystem; a ``file://`` one becomes
-    its path, which ``PinnedPartsFileSystem`` maps back to the part.
-    """
+    """Petastorm's URL for a ``PinnedFile``: ``file:///path`` or ``file:///bucket/key`` (``s3://`` would need s3fs)."""
     path = part.location.path
     return "file://" + (path if part.local else "/" + path)
 

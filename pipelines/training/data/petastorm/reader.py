@@ -1,11 +1,8 @@
-"""The Petastorm reader of a rank's shard (the ``petastorm`` reader); the only module importing Petastorm or diskcache.
+"""The Petastorm reader of a rank's shard; the only module importing Petastorm or diskcache.
 
-Its order is reproducible only with one worker thread: the ventilator permutes the row groups once with the
-seed, and with more workers the pool skips one whose queue is momentarily empty, so the order would follow
-thread timing. One worker out-reads training. It cannot start at a row group, so its stream is not positioned.
-
-The cache stores flat row groups (``RowGroupDisk``) instead of diskcache's pickles, whose unpickling would
-run a planted file's code; a pickled value reads as a miss.
+Its order repeats only with one worker thread: with more, the pool skips a worker whose queue is momentarily
+empty and the order follows thread timing (one worker out-reads training). It cannot start at a row group.
+Its cache stores flat row groups, never diskcache's pickles, which would run a planted file's code.
 """
 from __future__ import annotations
 
@@ -96,10 +93,9 @@ def petastorm_seed(seed: int) -> int:
 @contextlib.contextmanager
 def open_petastorm_reader(urls, filesystem, rank: int, world_size: int, cache_folder: Optional[str],
                           cache_limit: int, row_size: int, workers: int, seed: int) -> Iterator:
-    """A looping Petastorm batch reader of ``rank``'s row groups of ``urls`` (``file://``), in ``seed``'s order.
+    """A looping Petastorm reader of ``rank``'s row groups of ``urls`` in ``seed``'s order (one thread: no ``workers``).
 
-    ``filesystem`` is the pinned parts' legacy filesystem; ``cache_folder`` (None: no cache) is deleted on exit;
-    ``workers`` is not used (one thread keeps the order). Yields the reader, stopped and joined on exit.
+    Yields the reader; on exit it is stopped and joined and ``cache_folder`` deleted.
     """
     # petastorm 0.13 drives pyarrow 14 through APIs pyarrow deprecates, warning on every row group
     # (from its reader threads too: a process-wide filter), and warns that ``schema_fields`` are
