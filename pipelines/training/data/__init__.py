@@ -1,24 +1,7 @@
-"""Training's data layer: the ETL's output read by rank, as ``tf.data``.
-
-Only the training stage reads shards: the ETL writes its Parquet through Spark
-(:mod:`pipelines.etl`) and batch inference reads whole files (:mod:`pipelines.predict`); both meet
-this layer through :mod:`pipelines.contract` alone. Here, from the manifest to the device:
-
-* :mod:`.dataset` - the ETL output as training sees it (:class:`Dataset`) and its refusals;
-* :mod:`.sharding` - which row groups (or rows) a rank reads, stated once;
-* :mod:`.rowgroups` - a split's row groups and one read with pyarrow;
-* :mod:`.readers` - ``--reader``: the looping readers of a rank's shard behind one interface,
-  ours (:mod:`.arrow_reader`) and Petastorm's (:mod:`.petastorm`, the mission stack's: all of it
-  in that folder), both caching row groups on local disk (:mod:`.rowcache`);
-* :mod:`.stream` - the positioned train stream (pure arithmetic: a resume opens it at any row);
-* :mod:`.onepass` - every row of a rank's shard once, counted (exact evaluation);
-* :mod:`.tfdata` - the ``tf.data`` tail: batches to the device (the only part that needs
-  TensorFlow, imported there when called);
-* :mod:`.features` - the feature cache: the frozen backbone's features, a data set of their own;
-* :mod:`.errors` - what it raises.
-
-Training and the benchmarks import the entry points below from here; the modules import each other.
-"""
+"""Training's data layer: the ETL's output read by rank, as ``tf.data``; it meets the ETL and batch inference
+through ``pipelines.contract`` alone. ``dataset``, ``sharding``, ``rowgroups`` and ``readers`` (``arrow_reader``,
+``petastorm``, caching in ``rowcache``) read; ``stream``, ``onepass`` and ``features`` order; ``tfdata`` batches
+(the only part needing TensorFlow)."""
 from pipelines.training.data.dataset import Dataset, load_dataset
 from pipelines.training.data.errors import DataError, ShardCountError
 from pipelines.training.data.onepass import OnePassShard, verify_total

@@ -1,30 +1,5 @@
-"""Our own reader of a rank's shard (the ``own`` reader): pyarrow row groups, a few threads, flat cache.
-
-Petastorm's contract as training uses it, without Petastorm (which cannot run on pyarrow >= 16):
-
-* the shard is row groups ``rank, rank + world_size, ...`` of the manifest's parts, files in the
-  manifest's order and groups in file order
-  (:func:`~pipelines.training.data.rowgroups.split_row_groups`; Petastorm's rule, and
-  :class:`pipelines.training.data.onepass.OnePassShard`'s);
-* it loops forever; each epoch visits every row group of the shard once, in an order drawn from
-  ``seed`` and the epoch number (a NumPy ``default_rng((seed, epoch))`` permutation,
-  :func:`pipelines.training.data.stream.epoch_order`), so a run repeats its order exactly;
-* ``workers`` threads read row groups (``ParquetFile.read_row_group``; pyarrow releases the GIL
-  while it reads and decodes) at most ``depth`` row groups ahead of the consumer, from the moment
-  the reader is made, and the reader yields them in its order;
-* :meth:`ArrowShardReader.restart` makes it read another order from now on (the positioned train
-  stream's, :mod:`pipelines.training.data.stream`, opened at any visit): the read-ahead of the previous
-  order is cancelled and the iterators over it stop;
-* with a cache folder, each row group is decoded from Parquet straight into its flat file, a few
-  images at a time (:class:`pipelines.training.data.rowcache.RowGroupFiles`), and every epoch, the
-  first too, maps it back; without one (or once the cache is full) it is read whole;
-* files are opened through the :class:`pipelines.io.storage.Location`'s ``pyarrow.fs`` filesystem
-  (local, S3, GCS, HDFS, fsspec), each file's footer read once
-  (:mod:`pipelines.training.data.rowgroups`).
-
-A row group comes out as :class:`Batch`: ``image`` ``uint8 (rows, row_bytes)`` and ``label``
-``int32 (rows,)``: the flat form :func:`pipelines.training.data.readers.row_groups_of` reshapes.
-"""
+"""Our own reader of a rank's shard (``--reader own``): Petastorm's contract on pyarrow alone, a few threads and
+the flat cache. Row groups ``rank, rank + world_size, ...`` loop forever, each epoch in ``epoch_order``."""
 from __future__ import annotations
 
 import collections
@@ -54,24 +29,15 @@ STREAM_BYTES = 1 << 20
 
 
 def flat_layout(group: RowGroup, row_bytes: int) -> List[Column]:
-    """The columns of ``group`` as its flat cache file stores them:
-    ``image uint8 (rows, row_bytes)``, ``label int32 (rows,)``."""
+    """The columns of ``group``'s flat cache file: ``image uint8 (rows, row_bytes)``, ``label int32 (rows,)``."""
     return [("image", "|u1", (group.rows, row_bytes)), ("label", "<i4", (group.rows,))]
 
 
 def stream_group(group: RowGroup, row_bytes: int) -> Iterator[Tuple[str, np.ndarray]]:
-    """The bytes of one row group in :func:`flat_layout`'s columns, decoded a few images at a time
-    (about ``STREAM_BYTES`` each): ``("image", uint8 (k, row_bytes))`` pieces, then one
-    ``("label", int32 (rows,))``, as :meth:`pipelines.training.data.rowcache.RowGroupFiles.put_pieces`
-    writes them.
-
-    Why: a cold epoch decoding whole row groups wrote each image into memory twice (decompressed,
-    then decoded) before the cache file's copy; small batches stay in the CPU's cache, and the
-    epoch then maps the file back like a warm one (its cost per image: docs/benchmarks.md, Figures
-    behind the code's constants).
+    """One row group's flat-file pieces, decoded ``STREAM_BYTES`` of images at a time (small enough for the CPU cache).
 
     Raises:
-        ShardCountError, ImageSizeError: as :func:`read_group`, before the piece at fault.
+        ShardCountError, ImageSizeError: as ``read_group``, before the piece at fault.
     """
     rows, labels = 0, []
     with open_part(group.part) as f:
@@ -97,14 +63,11 @@ class Batch(NamedTuple):
 
 
 class ArrowShardReader:
-    """A looping reader of one rank's shard (module doc); a context manager (its threads stop on
-    exit) and an iterator of :class:`Batch` (the looping order from the start, until
-    :meth:`restart` gives it another).
+    """A looping reader of one rank's shard; a context manager (threads stop on exit) and an iterator of ``Batch``.
 
     Args:
-        groups: the shard's row groups (:func:`~pipelines.training.data.sharding.shard` of
-            :func:`~pipelines.training.data.rowgroups.split_row_groups`), not empty.
-        row_bytes: bytes of one image (the manifest's ``row_bytes``).
+        groups: the shard's row groups, not empty.
+        row_bytes: bytes of one image.
         workers: reader threads (>= 1).
         depth: row groups read ahead at most (>= 1; default ``2 * workers``): the bound on memory.
         cache: flat files of the shard's row groups, or None.
@@ -132,14 +95,10 @@ class ArrowShardReader:
             yield from epoch_order(len(self.groups), self.seed, epoch).tolist()
 
     def restart(self, visits: Iterable[int]) -> Iterator[Batch]:
-        """Read the row groups ``visits`` (shard indices, in order; finite or not) from now on,
-        ``depth`` ahead, starting at once. The read-ahead of the previous order is cancelled (a
-        row group being read is finished, and lands in the cache) and the iterators over it stop
-        (``StopIteration``), this reader's own iteration too.
+        """Read the row groups ``visits`` (shard indices) from now on; earlier iterators stop.
 
         Returns:
-            an iterator of :class:`Batch`, one per visit; it stops when ``visits`` ends, the reader
-            closes or another :meth:`restart` comes. A read error is raised from it.
+            an iterator of ``Batch`` until ``visits`` ends, the reader closes or another ``restart``; read errors raise.
         """
         with self._lock:
             if self._closed:
@@ -165,9 +124,7 @@ class ArrowShardReader:
             yield future.result()
 
     def _load(self, i: int) -> Batch:
-        """Row group ``i`` of the shard, from the cache when it holds it, else decoded from Parquet
-        into the cache (:func:`stream_group`) and mapped back from there, else (no cache, or a full
-        one) read from Parquet."""
+        """Row group ``i``: from the cache, else decoded into the cache and mapped back, else read from Parquet."""
         group = self.groups[i]
         if self.cache is not None:
             key = f"{i:06d}"
@@ -209,9 +166,7 @@ class ArrowShardReader:
 
 def open_shard(data, split: str, rank: int, world_size: int, cache_folder: Optional[str], cache_limit: int,
                workers: int, seed: int) -> ArrowShardReader:
-    """``--reader own`` (:data:`pipelines.training.data.readers.READERS`): the looping reader of rank
-    ``rank``'s row groups of ``split`` of ``data`` (a :class:`~pipelines.training.data.dataset.Dataset`),
-    caching at most ``cache_limit`` bytes of flat files in ``cache_folder`` (None: no cache)."""
+    """``--reader own``: the looping reader of ``rank``'s row groups, caching <= ``cache_limit`` bytes (None: none)."""
     cache = RowGroupFiles(cache_folder, cache_limit) if cache_folder else None
     groups = shard(split_row_groups(data.parts(split)), rank, world_size)
     return ArrowShardReader(groups, data.row_bytes, seed, workers, cache=cache)

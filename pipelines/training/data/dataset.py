@@ -1,11 +1,4 @@
-"""The ETL's output as training sees it: its manifest, checked once, and the refusals of a run it cannot feed.
-
-:class:`Dataset` is an ETL output's ``root`` and its :class:`pipelines.manifest.Manifest`: the
-global counts (all ranks) the step arithmetic is planned from
-(:func:`pipelines.training.schedule.plan_steps`), the classes, the stored images' size, and the
-split's Parquet parts, the only files a reader opens. :func:`load_dataset` reads and checks it on
-every rank (and once before any rank starts: :func:`pipelines.training.plan.check_run`).
-"""
+"""The ETL's output as training sees it: its manifest, checked once, and the refusals of a run it cannot feed."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,10 +14,7 @@ from pipelines.training.data.errors import DataError
 
 @dataclass(frozen=True)
 class Dataset:
-    """An ETL output folder as training sees it: its ``root`` and its :class:`Manifest`.
-
-    Images are uint8 RGB, HWC, :attr:`stored_size` pixels square; the counts are global (all ranks).
-    """
+    """An ETL output folder (``root``, ``Manifest``): uint8 RGB HWC images, ``stored_size`` px; global counts."""
 
     root: str
     manifest: Manifest
@@ -33,25 +23,13 @@ class Dataset:
     _parts: dict = field(default_factory=dict, compare=False, repr=False)  # {split: pinned parts}, found once
 
     def check_footers(self) -> None:
-        """:meth:`pipelines.manifest.Manifest.check_footers`, once per Dataset: before any reader
-        opens a part or sizes a cache by the manifest's counts (:meth:`parts` and
-        :func:`pipelines.training.data.readers.open_reader` call it).
-
-        Raises:
-            pipelines.manifest.ManifestError: a part that is not a file, footers that disagree.
-        """
+        """The manifest's footer check (``ManifestError``), once, before a reader opens a part or sizes a cache."""
         if not self._footers_checked:
             self.manifest.check_footers(self.location, self.pin_parts())
             self._footers_checked.append(True)
 
     def pin_parts(self) -> dict:
-        """``{split: parts}``: every split's parts found, opened and checked once
-        (:meth:`pipelines.manifest.Manifest.part_locations`: regular files, no link below the
-        root), the only files any reader of this Dataset opens, each as the file pinned here.
-
-        Raises:
-            pipelines.manifest.ManifestError: a part missing, a link, or not a file, naming it.
-        """
+        """``{split: parts}``, found, opened and checked once; ``ManifestError``: a part missing, a link, not a file."""
         if not self._parts:
             location = self.location
             self._parts.update({split: self.manifest.part_locations(location, split) for split in self.manifest.splits})
@@ -59,13 +37,12 @@ class Dataset:
 
     @property
     def location(self):
-        """The root as a :class:`pipelines.io.storage.Location` (a local folder or a URI)."""
+        """The root as a ``pipelines.io.storage.Location`` (a local folder or a URI)."""
         return resolve(self.root, self.storage_options)
 
     @property
     def stored_size(self) -> int:
-        """Side of the stored square images in pixels: the ETL's ``--image-size`` (the manifest's
-        ``image_size``), not the model's input side (``TrainConfig.model.input_size``)."""
+        """Side of the stored square images in pixels (the ETL's ``--image-size``), not the model's input side."""
         return self.manifest.image_size
 
     @property
@@ -108,16 +85,11 @@ class Dataset:
         return self.manifest.extra.get("run_id")
 
     def identity(self):
-        """The data's :class:`pipelines.manifest.DataIdentity`: the run id and every part's path,
-        size and Parquet footer (one footer read per part), what results kept beyond a run are
-        keyed by (the feature cache)."""
+        """The data's ``DataIdentity`` (run id, each part's path, size and footer), the feature cache's key."""
         return data_identity(self.location, self.manifest, self.pin_parts())
 
     def parts(self, split: str) -> list:
-        """The split's Parquet files as the manifest names them (:class:`pipelines.io.pinned.PinnedFile`,
-        :meth:`pin_parts`), in the manifest's order: a reader reads these and nothing else (a rerun
-        of the ETL may be writing other files next to them); their footers checked first
-        (:meth:`check_footers`)."""
+        """The split's Parquet files in the manifest's order, footers checked: a reader reads these and nothing else."""
         self.check_footers()
         return self.pin_parts()[split]
 
@@ -130,15 +102,10 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
         storage_options: ``--storage-option`` values for a URI's backend.
 
     Raises:
-        DataError: no manifest (not an ETL output), a manifest without a validation split
-            (:func:`check_validation_split`), an empty split, or fewer row groups in the train split
-            than ranks (:func:`check_train_row_groups`).
-        pipelines.io.storage.StorageError: an unknown scheme, a missing bucket, refused credentials.
-        pipelines.io.paths.UnsafePathError: ``root`` holds a character a ``file://`` URL cannot carry.
-        pipelines.manifest.ManifestError: a manifest out of bounds or naming a part outside its
-            run's split folder (:func:`pipelines.manifest.check_manifest`), a part that is not a
-            regular file of ``root`` (a link, in a linked folder, a folder); its footers are checked
-            before the first reader opens (:meth:`Dataset.check_footers`).
+        DataError: not an ETL output, no validation split, an empty split, fewer train row groups than ranks.
+        StorageError: an unknown scheme, a missing bucket, refused credentials.
+        UnsafePathError: ``root`` holds a character a ``file://`` URL cannot carry.
+        ManifestError: a manifest out of bounds, or a part outside its split folder or not a regular file.
     """
     location = resolve(root, storage_options)
     check_reachable(location, "--data")
@@ -159,17 +126,7 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
 
 
 def check_validation_split(manifest: Manifest, root: str) -> None:
-    """Refuse a manifest of an older format, with train and test splits only.
-
-    Training chooses its epoch (early stopping, best weights, fine-tuning's start) on the
-    validation split and reads the test split once, for the figure it reports; a two-split
-    output could only choose on test, which makes that figure optimistic. The rule is a refusal,
-    not a hold-out carved from train here: the ETL's split is the one place a split is decided
-    (stratified, seeded, recorded in the manifest), and rerunning it is cheap next to training.
-
-    Raises:
-        DataError: naming the manifest's format and the command that writes three splits.
-    """
+    """Refuse (``DataError``) a manifest with train and test splits only: choosing epochs on test would flatter it."""
     if VALIDATION not in manifest.splits:
         raise DataError(f"{root} was written by an older ETL (manifest format {manifest.format_version}: "
                         f"{' and '.join(manifest.splits)} splits only): training chooses its epoch on a "
@@ -178,15 +135,7 @@ def check_validation_split(manifest: Manifest, root: str) -> None:
 
 
 def check_train_row_groups(data: Dataset, world_size: int) -> None:
-    """Refuse a train split of fewer row groups than ranks: its looping readers give each rank
-    whole row groups (:func:`~pipelines.training.data.sharding.shard`), so a rank would have none. (The
-    test split is read by one-pass shards, by rows where ranks outnumber its row groups: never
-    refused.)
-
-    Raises:
-        DataError: naming both numbers and the ETL flags that give more row groups
-            (``--min-row-groups``: the fewest per split; ``--row-group-mb``: their size).
-    """
+    """Refuse (``DataError``) a train split of fewer row groups than ranks: each rank reads whole row groups."""
     groups = data.row_groups(TRAIN)
     if groups < world_size:
         raise DataError(f"the train split has {plural(groups, 'row group')} but {plural(world_size, 'rank')} need "

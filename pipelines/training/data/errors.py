@@ -1,8 +1,4 @@
-"""What the data layer raises when the data cannot feed a run, or a read does not add up.
-
-The readers, the one-pass reads and the dataset's checks raise these; training catches them by
-these names, never through a reader's module.
-"""
+"""What the data layer raises when the data cannot feed a run, or a read does not add up."""
 from __future__ import annotations
 
 from pipelines.runtime.errors import Refused

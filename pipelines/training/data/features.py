@@ -1,22 +1,5 @@
-"""Feature cache: the frozen backbone's pooled features, computed once and reused.
-
-With a frozen backbone called with ``training=False`` and no per-epoch augmentation, the
-backbone's output for an image never changes, yet the article's training recomputes it for every
-image in every epoch. Here each rank computes the features of its shard of each split
-once, writes them as Parquet under ``DATA/features/<key>/<split>/part-rank<r>.parquet`` (``key``
-depends on the model, :func:`model_key`: the weights, the image size, the backbone, its compute
-dtype and the model's input; and on the data, :func:`pipelines.manifest.data_identity`: the ETL
-run id and its parts' footers; :func:`feature_key`), and training fits only the head
-(dropout + dense) on them with the same Horovod machinery. A second run with the same key reuses
-them; other weights, another size or another ETL run of the same output (a rerun, even of the same
-counts) get another key. The set's marker records both halves, so a run that finds only sets of
-its model computed from other data says why it recomputes (:func:`stale_sets`), and deletes those
-whose ETL run is gone (:func:`prune`): no training can read them any more. (The head trained on
-them is the model's: :func:`pipelines.training.model.build.build_head`.)
-
-``DATA`` may be a URI: the set is written and read through :mod:`pipelines.io.storage` (each rank's
-file in one write, whole or not at all), its completion marker last.
-"""
+"""Feature cache: the frozen backbone's pooled features, computed once per rank shard into
+``DATA/features/<key>/<split>/part-rank<r>.parquet``, ``key`` hashing the model and the data; marker written last."""
 from __future__ import annotations
 
 import hashlib
@@ -38,13 +21,8 @@ COMPLETE = "_COMPLETE.json"
 
 def model_key(weights: str, input_size: int, seed: int, backbone: str, compute_dtype: str,
               model_input: str) -> str:
-    """The model half of a feature set's key: the backbone's weights (file content hash for a path; the
-    seed for random weights), the backbone's input side (``input_size``), the backbone, the dtype it
-    computes in (``float16`` under ``mixed_float16``: other features than float32's) and what the
-    model takes (``model_input``, :func:`pipelines.training.model.build.input_tag`: ``uint8-299``, the
-    stored image's dtype and side; the preprocessing inside the model follows from it), hashed to
-    16 hex digits. Features computed before models took uint8 (float32 images preprocessed on the
-    CPU, keyed without ``model_input``) get other keys: never mixed with these."""
+    """The model half of a feature set's key, 16 hex digits: weights (a file's content; the seed if random),
+    ``input_size``, backbone, ``compute_dtype`` (float16 features differ) and ``model_input`` (``uint8-299``)."""
     model = f"{backbone}-avg" + ("" if compute_dtype == "float32" else f"-{compute_dtype}")
     if weights == "imagenet":
         source = "imagenet"
@@ -60,27 +38,22 @@ def model_key(weights: str, input_size: int, seed: int, backbone: str, compute_d
 
 
 def feature_key(model: str, data) -> str:
-    """Identifier of a feature set: the model (:func:`model_key`) and the data it was computed
-    from (a :class:`pipelines.manifest.DataIdentity`), hashed to 16 hex digits. (Sets computed
-    before the data was in the key were keyed by the model alone: :func:`stale_sets` finds them.)"""
+    """A feature set's key: ``model`` (``model_key``) and ``data`` (a ``DataIdentity``), 16 hex digits."""
     return hashlib.sha256(f"{model}:data-{data.sha256}".encode()).hexdigest()[:16]
 
 
 def _location(directory):
-    """A path, URI or :class:`pipelines.io.storage.Location` as a Location."""
+    """A path, URI or ``Location`` as a Location."""
     return directory if isinstance(directory, Location) else resolve(directory)
 
 
 def feature_dir(data_root: str, key: str, storage_options: Optional[Mapping[str, str]] = None):
-    """``DATA/features/<key>`` (a :class:`pipelines.io.storage.Location`): next to the ETL output it
-    was computed from."""
+    """``DATA/features/<key>`` as a ``Location``, next to the ETL output it was computed from."""
     return resolve(data_root, storage_options).join("features", key)
 
 
 def is_complete(directory, rows: dict, key: str) -> bool:
-    """Whether every rank finished writing the feature set ``key`` (rank 0 writes the marker last)
-    and it holds ``rows`` (``{split: n}``, the manifest's counts): a set of another key (a folder
-    renamed or copied), or short, is not reused."""
+    """Whether the set's marker (written last) names ``key`` and ``rows`` (``{split: n}``, the manifest's)."""
     marker = read_marker(directory)
     return marker.get("rows") == rows and marker.get("key") == key
 
@@ -95,8 +68,7 @@ def read_marker(directory) -> dict:
 
 
 def write_shard(directory, split: str, rank: int, features: np.ndarray, labels: np.ndarray) -> str:
-    """Write one rank's features of one split: ``features`` float32 ``(n, feature_dim)`` (2048 for
-    Xception), ``labels`` int32 ``(n,)``."""
+    """Write one rank's ``features`` float32 ``(n, feature_dim)`` and ``labels`` int32 ``(n,)``; returns the URI."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -111,8 +83,7 @@ def write_shard(directory, split: str, rank: int, features: np.ndarray, labels: 
 
 
 def read_shard(directory, split: str, rank: int, world_size: int) -> Tuple[np.ndarray, np.ndarray]:
-    """This rank's share of a split's features: rows ``rank, rank + size, ...`` of all files in name
-    order (whatever world size computed them). Returns float32 ``(n, feature_dim)`` and int32 ``(n,)``."""
+    """This rank's rows ``rank, rank + size, ...`` of the split's files (name order): float32 features, int32 labels."""
     import pyarrow.parquet as pq
 
     parts = _location(directory).join(split).files(".parquet")
@@ -123,10 +94,7 @@ def read_shard(directory, split: str, rank: int, world_size: int) -> Tuple[np.nd
 
 
 def compute_shard(extractor, dataset) -> Tuple[np.ndarray, np.ndarray]:
-    """Run the frozen feature extractor (``training=False``;
-    :func:`pipelines.training.model.build.feature_extractor`: uint8 images in, preprocessing and
-    backbone inside) over a finite dataset of (images, labels). Returns float32
-    ``(n, feature_dim)`` and int32 ``(n,)``."""
+    """Run the frozen ``extractor`` over a finite uint8 dataset: float32 features ``(n, dim)``, int32 labels."""
     features, labels = [], []
     for images, batch_labels in dataset:
         features.append(extractor(images, training=False).numpy())
@@ -137,17 +105,13 @@ def compute_shard(extractor, dataset) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def mark_complete(directory, counts: dict, key: str, model: str, data) -> None:
-    """Rank 0, after every rank has written: record the counts, the key and its halves (``model``,
-    :func:`model_key`; ``data``, a :class:`pipelines.manifest.DataIdentity`), making the set reusable."""
+    """Rank 0, after every rank has written: record counts, key and its halves, making the set reusable."""
     _location(directory).join(COMPLETE).write_json({"key": key, "rows": counts, "model_key": model,
                                                     "data": data.to_dict()})
 
 
 def stale_sets(data_root, model: str, key: str, storage_options: Optional[Mapping[str, str]] = None):
-    """The complete feature sets under ``DATA/features/`` of the model ``model`` (:func:`model_key`)
-    but not of the key ``key``: computed from other data (another ETL run of this output). A set
-    written before the data was keyed (its marker's ``key`` is the model key, and it records no
-    ``data``) is one of them. Returns ``[(folder, marker)]``, newest ETL run first (the unknown last)."""
+    """``[(folder, marker)]`` of ``model``'s complete sets of another key (other data), newest ETL run first."""
     found, features = [], resolve(data_root, storage_options).join("features")
     for info in features.list(recursive=False):
         folder = features.join(info.base_name)
@@ -158,10 +122,7 @@ def stale_sets(data_root, model: str, key: str, storage_options: Optional[Mappin
 
 
 def prune(data_root, stale, storage_options: Optional[Mapping[str, str]] = None) -> list:
-    """Delete those of ``stale`` (:func:`stale_sets`) that no training can read any more: their
-    ETL run's folder ``DATA/runs/<run id>`` is gone (the ETL deletes a run only when no lease on
-    it is live, :mod:`pipelines.io.leases`), or they record no ETL run (keyed before the data was).
-    Returns the folders deleted (URIs)."""
+    """Delete the ``stale`` sets whose ETL run is gone or unrecorded (no training can read them); their URIs."""
     root, deleted = resolve(data_root, storage_options), []
     for folder, marker in stale:
         run_id = (marker.get("data") or {}).get("run_id")
@@ -180,9 +141,7 @@ def prune(data_root, stale, storage_options: Optional[Mapping[str, str]] = None)
 
 def say_why(data_root, model: str, key: str, data, directory,
             storage_options: Optional[Mapping[str, str]] = None) -> None:
-    """Rank 0, before computing the set ``key`` into ``directory``: log once why, naming the ETL
-    runs when the newest set of this model (:func:`stale_sets`) was computed from other data
-    (``data``: this run's :class:`pipelines.manifest.DataIdentity`)."""
+    """Rank 0, before computing set ``key``: log why, naming the ETL runs if the newest set of ``model`` is stale."""
     stale = stale_sets(data_root, model, key, storage_options)
     if not stale:
         log.info("feature cache: computing backbone features into %s", directory)
@@ -196,15 +155,10 @@ def say_why(data_root, model: str, key: str, data, directory,
 
 def feature_dataset(features: np.ndarray, labels: np.ndarray, batch_size: int, shuffle: bool, seed: int,
                     repeat: bool, drop_remainder: bool = True, start_row: int = 0):
-    """``tf.data`` over in-memory features (a shard of 2048 float32 per image, for Xception, is small):
-    ``(features (b, feature_dim) float32, labels int32 (b,))``.
+    """``tf.data`` over in-memory features: ``(features float32 (b, feature_dim), labels int32 (b,))``.
 
-    ``repeat``: the positioned stream (:func:`pipelines.training.data.stream.feature_batches`: pass
-    ``p`` in the order ``default_rng((seed, p)).permutation(n)`` with ``shuffle``, the stored one
-    without), full batches, endless, from stream row ``start_row`` (training; each ``iter()``
-    starts there; no ``tf.data`` shuffle, whose state could not be restored mid-pass). Otherwise
-    one pass in stored order (evaluation), or shuffled once by ``tf.data`` with ``shuffle``; the
-    last batch smaller unless ``drop_remainder``.
+    ``repeat``: the positioned stream from ``start_row``, endless (no ``tf.data`` shuffle: its state cannot be
+    restored). Otherwise one pass, stored or shuffled once, the last batch smaller unless ``drop_remainder``.
 
     Raises:
         ValueError: ``start_row`` without ``repeat``, or negative; ``repeat`` over no rows.
@@ -229,8 +183,7 @@ def feature_dataset(features: np.ndarray, labels: np.ndarray, batch_size: int, s
 
 
 def inapplicable_reason(loader) -> Optional[str]:
-    """Why ``--feature-cache`` cannot apply to a run read as ``loader`` says (its
-    :class:`~pipelines.training.config.LoaderOptions`), or ``None`` when it can."""
+    """Why ``--feature-cache`` cannot apply to ``loader`` (``LoaderOptions``), or ``None`` when it can."""
     if loader.augment:
         return "augmentation changes every image every epoch, so features cannot be computed once"
     return None

@@ -1,10 +1,5 @@
-"""One-pass reads: every row of a rank's shard of a split exactly once, its count checked.
-
-Exact evaluation (each epoch's validation, the test split at the end) and the feature cache read
-a split once, sequentially, with pyarrow, whichever the ``--reader`` (a looping reader could lose
-rows to its worker pool, Petastorm's at the end of a bounded read): :class:`OnePassShard` for a
-rank's shard, :func:`verify_total` for the sum over all ranks against the manifest.
-"""
+"""One-pass reads: every row of a rank's shard of a split exactly once, its count checked; sequential pyarrow,
+whatever ``--reader``, as a looping reader's worker pool could lose rows."""
 from __future__ import annotations
 
 from typing import Iterator, Tuple
@@ -20,15 +15,7 @@ from pipelines.training.data.tfdata import batched
 
 
 class OnePassShard:
-    """Every row of one rank's shard of a split, exactly once, read with pyarrow.
-
-    The shard is :func:`~pipelines.training.data.sharding.one_pass_pieces` of the split's row
-    groups: whole row groups ``rank, rank + world_size, ...`` (the readers' rule) while the split
-    has at least as many as ranks, else a contiguous range of its rows, so that no world size is
-    refused for a short split; either way the ranks' shards are disjoint and cover the split.
-    Reading is sequential, so no row can be lost to a worker pool, and every consumer checks what
-    it counted with :meth:`verify`: for evaluation and the feature cache.
-    """
+    """Every row of one rank's shard of a split (``one_pass_pieces``), once, sequentially; consumers ``verify``."""
 
     def __init__(self, data: Dataset, split: str, rank: int, world_size: int):
         self.data, self.split, self.rank, self.world_size = data, split, rank, world_size
@@ -36,8 +23,7 @@ class OnePassShard:
         self.expected_rows = sum(stop - start for _, start, stop in self.pieces)
 
     def batches(self) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-        """One ``(images uint8 (n, s, s, 3), labels int32 (n,))`` per row group (or the shard's
-        slice of one), in shard order.
+        """One ``(images uint8 (n, s, s, 3), labels int32 (n,))`` per row group (or the shard's slice of one).
 
         Raises:
             ShardCountError: a row group holds another number of rows than its footer says.
@@ -49,9 +35,7 @@ class OnePassShard:
             yield images[start:stop].reshape(-1, s, s, 3), labels[start:stop]
 
     def dataset(self, batch_size: int):
-        """``tf.data`` over :meth:`batches`: ``(uint8 (b, s, s, 3), int32 (b,))``, the last batch
-        possibly smaller, through the tail training's datasets share
-        (:func:`~pipelines.training.data.tfdata.batched`)."""
+        """``tf.data`` over ``batches``: ``(uint8 (b, s, s, 3), int32 (b,))``, the last batch possibly smaller."""
         import tensorflow as tf
 
         s = self.data.stored_size
@@ -60,16 +44,14 @@ class OnePassShard:
         return batched(ds.unbatch(), batch_size, drop_remainder=False)
 
     def verify(self, counted: int) -> None:
-        """Raise :class:`~pipelines.training.data.errors.ShardCountError` unless ``counted`` equals
-        the shard's rows (metadata)."""
+        """Raise ``ShardCountError`` unless ``counted`` equals the shard's rows (metadata)."""
         if counted != self.expected_rows:
             raise ShardCountError(f"rank {self.rank} counted {plural(counted, 'row')} of its {self.split} shard, "
                                   f"whose Parquet metadata holds {self.expected_rows}")
 
 
 def verify_total(counted: int, data: Dataset, split: str) -> None:
-    """Raise :class:`~pipelines.training.data.errors.ShardCountError` unless the rows counted over
-    all ranks equal the manifest's."""
+    """Raise ``ShardCountError`` unless the rows counted over all ranks equal the manifest's."""
     expected = data.rows(split)
     if counted != expected:
         raise ShardCountError(f"all ranks counted {plural(counted, 'row')} of the {split} split; the manifest says "

@@ -1,18 +1,5 @@
-"""The readers of a rank's shard behind one interface: which reader (``--reader``), and opening it.
-
-A rank reads row groups ``r, r+n, ...`` of a split (rank ``r`` of ``n``:
-:func:`pipelines.training.data.sharding.shard`), so shards can differ by a row group; the step
-counts come from the manifest's global counts (:func:`pipelines.training.schedule.plan_steps`),
-and training readers loop forever so that every rank can always take its steps. Two readers keep
-that contract, one entry each in :data:`READERS`: Petastorm's (:mod:`pipelines.training.data.petastorm`,
-the mission stack's) and our own (:mod:`pipelines.training.data.arrow_reader`, pyarrow only: the
-current stack's, where Petastorm cannot run). Both cache row groups on the rank's local disk
-(:mod:`pipelines.training.data.rowcache`) and yield one ``(image, label)`` named tuple per row
-group, which :func:`row_groups_of` turns into arrays alike.
-
-One-pass reads (exact evaluation, the feature cache) never go through a looping reader:
-:class:`pipelines.training.data.onepass.OnePassShard`.
-"""
+"""The readers of a rank's shard behind one interface (``--reader``): they loop forever, so every rank can take
+the steps planned from the manifest's counts even when shards differ by a row group."""
 from __future__ import annotations
 
 import contextlib
@@ -31,10 +18,8 @@ from pipelines.training.data.rowcache import rank_cache_folder
 
 
 class Reader(NamedTuple):
-    """One ``--reader``: ``open_shard(data, split, rank, world_size, cache_folder, cache_limit,
-    workers, seed)``, a context manager yielding the looping reader of the rank's shard (its cache
-    in ``cache_folder``, at most ``cache_limit`` bytes, or none), and ``why_not()``: why it cannot
-    run here (a sentence), ``None`` when it can."""
+    """One ``--reader``: ``open_shard(data, split, rank, world_size, cache_folder, cache_limit, workers, seed)``,
+    a context manager yielding the looping reader, and ``why_not()``, why it cannot run here (``None``: it can)."""
 
     open_shard: Callable
     why_not: Callable[[], Optional[str]]
@@ -48,15 +33,7 @@ READERS = {
 
 
 def default_reader() -> str:
-    """The reader a run uses unless ``--reader`` says: the installed stack's, as the stack table says
-    (:attr:`pipelines.stack.Stack.reader`: ``petastorm`` on the mission stack, ``own`` on the current
-    one), the stack known from the installed TensorFlow's version (package metadata: neither
-    TensorFlow nor Petastorm is imported).
-
-    Raises:
-        pipelines.runtime.errors.Refused: the installed TensorFlow is on no stack (naming the stacks' and
-            the readers to choose from).
-    """
+    """The reader of the installed stack (known from TensorFlow's package metadata); ``Refused`` on no stack."""
     try:
         return stack.active().reader
     except stack.UnknownStack as exc:
@@ -64,11 +41,7 @@ def default_reader() -> str:
 
 
 def check_reader(reader: str) -> str:
-    """``reader`` (``--reader``), or :func:`default_reader` when empty.
-
-    Raises:
-        pipelines.runtime.errors.Refused: an unknown reader, or one that cannot run here (naming why).
-    """
+    """``reader`` (``--reader``), or ``default_reader()`` when empty; ``Refused`` if unknown or unable to run here."""
     reader = reader or default_reader()
     if reader not in READERS:
         raise Refused(f"--reader {reader}: choose one of {', '.join(READERS)}")
@@ -79,12 +52,7 @@ def check_reader(reader: str) -> str:
 
 
 def cache_size_bytes(data: Dataset, split: str, world_size: int) -> int:
-    """Local-disk cache limit for one rank's shard of ``split``.
-
-    A shard holds at most ``ceil(row_groups / world_size)`` row groups; the limit is 1.5 times that,
-    and at least what Petastorm's ``LocalDiskCache`` demands (30 entries of one row group: its 6
-    shards must each hold 5 entries of ``expected_row_size_bytes``, and an entry is a row group).
-    """
+    """Local-disk cache limit for one rank's shard: 1.5 shards, at least 31 row groups (Petastorm's cache wants 30)."""
     groups = data.row_groups(split)
     group_bytes = data.rows_per_row_group * data.row_bytes
     shard_groups = -(-groups // world_size)
@@ -94,34 +62,19 @@ def cache_size_bytes(data: Dataset, split: str, world_size: int) -> int:
 @contextlib.contextmanager
 def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_root: Optional[str],
                 workers: int = 2, seed: int = 0, reader: str = "", cache_name: str = "") -> Iterator:
-    """A reader of this rank's shard of ``split`` (its row groups by
-    :func:`~pipelines.training.data.sharding.shard`) that loops forever, a seeded shuffle of the row
-    groups each epoch (training).
-
-    Petastorm 0.13.1's thread pool can finish a bounded read (``num_epochs=1``) while its
-    ventilator still holds row groups, so one-pass reads never go through a looping reader: they
-    use :class:`~pipelines.training.data.onepass.OnePassShard`. Looping readers lose nothing that
-    matters: the step counts come from the manifest, not from the reader.
+    """A reader of this rank's shard of ``split`` that loops forever, row groups reshuffled (seeded) each epoch.
 
     Args:
-        cache_root: when set, a local-disk cache of flat row-group files in
-            ``cache_root/rank<r>-<split>`` (:func:`pipelines.training.data.rowcache.rank_cache_folder`:
-            one fresh owner-only folder per rank and split, deleted when the reader closes;
-            ``cache_name`` names it otherwise: a rank reading several shards,
-            :mod:`pipelines.training.resized`). ``None``: no cache.
-        workers: reader threads.
-        reader: a name in :data:`READERS`; empty: :func:`default_reader`.
+        cache_root: cache the row groups in a fresh owner-only folder ``cache_root/rank<r>-<split>`` (or
+            ``cache_name``), removed on close. ``None``: no cache.
+        reader: a name in ``READERS``; empty: ``default_reader()``.
 
     Yields:
-        the reader, an iterator of one ``(image, label)`` named tuple per row group, NumPy
-        arrays (read them with :func:`row_groups_of`; ours also restarts at any visit,
-        :meth:`~pipelines.training.data.arrow_reader.ArrowShardReader.restart`); stopped, joined and its
-        cache removed on exit.
+        an iterator of one ``(image, label)`` named tuple per row group (read it with ``row_groups_of``).
 
     Raises:
-        pipelines.training.data.rowcache.CacheFolderError: the cache folder is not this user's own or
-            cannot be cleared.
-        pipelines.runtime.errors.Refused: an unknown ``reader``, or one that cannot run here.
+        CacheFolderError: the cache folder is not this user's own or cannot be cleared.
+        Refused: an unknown ``reader``, or one that cannot run here.
     """
     chosen = READERS[check_reader(reader)]
     data.check_footers()  # the counts below size its cache
@@ -136,23 +89,16 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
 
 
 def exact_positions(reader) -> bool:
-    """Whether ``reader`` (:func:`open_reader`) can open the train stream at any row exactly: ours
-    (it restarts at any visit), not Petastorm's (seeded, but it cannot start at a row)."""
+    """Whether ``reader`` can open the train stream at any row: ours yes, Petastorm's not."""
     return isinstance(reader, arrow_reader.ArrowShardReader)
 
 
 def row_groups_of(reader, stored_size: int) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-    """The rows of a reader (:func:`open_reader`, either), one row group at a time:
-    ``(images uint8 (n, s, s, 3), labels int32 (n,))``.
-
-    A row group Petastorm read from Parquet holds an object array of ``bytes``, joined here once
-    into one array; ours, and one from the flat cache, hold them already as ``uint8 (n,
-    row_bytes)`` (over Arrow's buffer or a memory map), only reshaped. None goes through a ``tf.string``
-    tensor of each image.
+    """Either reader's rows, a row group at a time: ``(images uint8 (n, s, s, 3), labels int32 (n,))``.
 
     Raises:
-        DataError: an image that is not :func:`pipelines.contract.row_bytes` ``(s)`` bytes as the
-            manifest says (each checked), a missing one, or not one image per label.
+        DataError: an image that is not ``contract.row_bytes(s)`` bytes (each checked), a missing one, or not one
+            image per label.
     """
     row_bytes = contract.row_bytes(stored_size)
     for group in reader:

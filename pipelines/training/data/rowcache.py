@@ -1,28 +1,5 @@
-"""The local-disk cache of a rank's row groups: one flat file per row group, mapped back into memory.
-
-A row group, as a reader produces it (a dict of NumPy columns; the ETL's images as one
-``uint8 (rows, bytes per row)`` block or an object array of equal-length ``bytes``), is written
-as one file: a magic number, an 8-byte length, a JSON header naming each column's dtype and
-shape, then each column's bytes, 64-byte aligned. A warm read maps the file (``mmap``,
-read-only) and returns the same dict with each column as an array over the map, without
-copying: the copy into a tensor is the first. Reading a file runs no code of the file's: the
-header is JSON, the dtypes only plain numeric ones (nothing is unpickled; a planted file is at
-worst a damaged entry, read as a miss).
-
-Both readers store row groups in this form: ours (:class:`RowGroupFiles`, one file per row group
-in the reader's own folder) and Petastorm's ``LocalDiskCache`` (through
-:class:`pipelines.training.data.petastorm.reader.RowGroupDisk`, a ``diskcache.Disk``).
-
-The cache folders are the rank's own: :func:`rank_cache_folder` makes each one fresh, owner-only
-(0700, files 0600), and refuses a cache root owned by another user or a rank folder it cannot
-clear (``--cache-dir`` on a shared disk must not hand a rank another user's files).
-
-A full disk is not an error of training: :class:`RowGroupFiles` stops caching at the first
-``ENOSPC`` or ``EDQUOT`` (said once per process, naming the folder) and the reader reads what did
-not fit from Parquet.
-
-Measured with ``benchmarks/loader_bench.py`` (README, Loader): see the figures there.
-"""
+"""The local-disk cache of a rank's row groups: one flat file per row group (magic, length, JSON header, 64-byte
+aligned columns), mapped back; nothing is unpickled, so a planted file is only a miss."""
 from __future__ import annotations
 
 import contextlib
@@ -61,25 +38,15 @@ Piece = Tuple[str, object]  # a column's name and some of its bytes (any bytes-l
 
 
 class CacheFolderError(Refused):
-    """The cache folder is not this user's own, or what is in it cannot be removed: the message
-    names the folder and what to do (bad input: a refusal, exit 2 where it is known before any
-    rank starts)."""
+    """The cache folder is not this user's own or cannot be cleared (a refusal: exit 2 before any rank starts)."""
 
 
 class DamagedEntry(OSError):
-    """A ``*.rowgroup`` file that does not hold what its header says (cut short, overwritten,
-    planted). An ``OSError``: a cache counts it as a miss and the row group is read from Parquet
-    again."""
+    """A ``*.rowgroup`` file that does not hold what its header says; an ``OSError``, so read as a miss."""
 
 
 def flat_columns(value) -> Optional[List[Column]]:
-    """The columns of ``value`` as a flat file stores them, or None when it cannot.
-
-    ``value`` qualifies when it is a ``dict`` of plain NumPy arrays (no subclass: a masked array
-    would lose its mask) under ``str`` names, each either of a numeric or boolean dtype (kinds
-    ``b i u f c``: dates, strings and records are not stored) or a 1-D object array of ``bytes``
-    all of one length (stored as ``uint8 (rows, length)``).
-    """
+    """The columns of a ``dict`` of plain arrays (kinds ``b i u f c``, 1-D equal-size ``bytes``) as stored, or None."""
     if type(value) is not dict:
         return None
     columns: List[Column] = []
@@ -101,8 +68,7 @@ def flat_columns(value) -> Optional[List[Column]]:
 
 
 def column_pieces(value, columns: List[Column]) -> Iterator[Piece]:
-    """The bytes of ``value``'s ``columns`` (:func:`flat_columns`) as :func:`write_pieces` takes
-    them: an object column item by item (no joined copy), a numeric one in ``WRITE_BYTES`` slices."""
+    """The bytes of ``value``'s ``columns`` as ``write_pieces`` takes them (no joined copy)."""
     for name, _dtype, _shape in columns:
         array = value[name]
         if array.dtype == object:
@@ -120,13 +86,10 @@ def column_bytes(columns: List[Column]) -> int:
 
 
 def write_pieces(f, columns: List[Column], pieces: Iterable[Piece]) -> int:
-    """Write a flat file into the binary file ``f``: the header naming ``columns``, then each
-    column's bytes, 64-byte aligned, as ``pieces`` deliver them (``(column name, bytes-like)``
-    in column order, a column in as many pieces as its producer likes); returns the size in bytes.
+    """Write a flat file of ``columns`` into ``f`` from ``(name, bytes-like)`` ``pieces`` in column order; its size.
 
     Raises:
-        ValueError: a piece out of column order, or a column's bytes not what its dtype and shape
-            make (the file is then not a whole entry: the caller removes it).
+        ValueError: a piece out of order, or a column's bytes not what its shape makes (the caller removes the file).
     """
     header = json.dumps([[name, dtype, list(shape)] for name, dtype, shape in columns]).encode()
     f.write(MAGIC + _LENGTH.pack(len(header)) + header)
@@ -147,14 +110,12 @@ def write_pieces(f, columns: List[Column], pieces: Iterable[Piece]) -> int:
 
 
 def write_columns(f, value, columns: List[Column]) -> int:
-    """Write the flat form of ``value`` (its ``columns``, :func:`flat_columns`) into the binary
-    file ``f``; returns the size in bytes."""
+    """Write the flat form of ``value`` (its ``columns``) into the binary file ``f``; returns the size in bytes."""
     return write_pieces(f, columns, column_pieces(value, columns))
 
 
 def _parse_header(mapped) -> Tuple[List[Column], int]:
-    """The columns a flat file's header names and the offset after it (ValueError, KeyError,
-    TypeError or struct.error when it is not a header this module wrote)."""
+    """The columns a flat file's header names and the offset after it (ValueError and kin when not ours)."""
     if mapped[:len(MAGIC)] != MAGIC:
         raise ValueError("not a flat row-group file of this format")
     (length,) = _LENGTH.unpack_from(mapped, len(MAGIC))
@@ -172,16 +133,10 @@ def _parse_header(mapped) -> Tuple[List[Column], int]:
 
 
 def read_row_group(path: str) -> Dict[str, np.ndarray]:
-    """The columns of one ``*.rowgroup`` file, as read-only arrays over one memory map of it (the
-    map lives as long as any of them).
-
-    The file must end where its last column ends. (Truncating a file while arrays of it are in
-    use is outside interference: the map then faults, SIGBUS, like any mapped file.)
+    """The columns of one ``*.rowgroup`` file, as read-only arrays over one memory map of it.
 
     Raises:
-        OSError: the file cannot be opened or mapped (a cache takes that for an entry evicted
-            meanwhile, a miss); :class:`DamagedEntry` (an ``OSError``, a miss too) when its header
-            cannot be read or its size is not what the header says.
+        OSError: the file cannot be opened or mapped; ``DamagedEntry`` when it is not what its header says.
     """
     with open(path, "rb") as f:
         try:
@@ -208,12 +163,7 @@ def open_private(path: str):
 
 
 def refuse_foreign(path: str, option: str = "--cache-dir") -> None:
-    """Refuse an existing ``path`` (not followed if a link) owned by another user; a missing one
-    passes (it will be made ours). Made nothing: for the checks before any rank starts.
-
-    Raises:
-        CacheFolderError: naming the folder, its owner's uid and ours.
-    """
+    """Raise ``CacheFolderError`` if ``path`` exists (a link not followed) and is another user's; makes nothing."""
     try:
         owner = os.lstat(path).st_uid
     except FileNotFoundError:
@@ -224,12 +174,7 @@ def refuse_foreign(path: str, option: str = "--cache-dir") -> None:
 
 
 def own_folder(path: str, option: str = "--cache-dir") -> str:
-    """``path`` as a folder of this user's: made (0700) when missing; refused when it is a link,
-    not a folder, or owned by another user (whose files a rank would read as its own).
-
-    Raises:
-        CacheFolderError: naming the folder, its owner's uid and ours.
-    """
+    """``path`` as this user's folder, made (0700) if missing; ``CacheFolderError`` if a link, a file or another's."""
     try:
         os.makedirs(path, mode=FOLDER_MODE, exist_ok=True)
         info = os.lstat(path)
@@ -242,15 +187,10 @@ def own_folder(path: str, option: str = "--cache-dir") -> str:
 
 
 def rank_cache_folder(cache_root: str, name: str) -> str:
-    """A fresh, empty, owner-only (0700) folder ``cache_root/name`` for one reader's cache.
-
-    Whatever of ours was there (a killed run's leftovers) is removed first; a folder that cannot
-    be cleared is refused, never reused, and another user's is neither used nor removed.
+    """A fresh, empty, owner-only (0700) folder ``cache_root/name``; our leftovers there are removed first.
 
     Raises:
-        CacheFolderError: ``cache_root`` is not this user's (:func:`own_folder`), or ``name``
-            there is another user's, cannot be removed (its error named) or is made by someone
-            else meanwhile.
+        CacheFolderError: either is another user's (never removed), cannot be cleared, or was made meanwhile.
     """
     own_folder(cache_root)
     path = os.path.join(cache_root, name)
@@ -283,12 +223,9 @@ def say_full_once(folder: str, exc: OSError) -> None:
 
 
 class RowGroupFiles:
-    """The flat files of one reader's row groups in its own ``folder`` (:func:`rank_cache_folder`),
-    at most ``limit_bytes`` in all (row groups beyond it are not cached: a rank's shard is sized
-    to fit, :func:`pipelines.training.data.readers.cache_size_bytes`). Thread-safe.
+    """The flat files of one reader's row groups in its own ``folder``, at most ``limit_bytes`` in all.
 
-    A file is written under a temporary name and renamed, so a reader sees whole files only; a
-    full disk (``ENOSPC``, ``EDQUOT``) ends caching for this folder, said once.
+    Thread-safe; files are renamed into place whole; a full disk (``ENOSPC``, ``EDQUOT``) ends caching here.
     """
 
     def __init__(self, folder: str, limit_bytes: int):
@@ -312,25 +249,16 @@ class RowGroupFiles:
             return None
 
     def put(self, key: str, value: Dict[str, np.ndarray]) -> bool:
-        """Store ``value`` (a dict of columns, :func:`flat_columns`) under ``key``; returns whether
-        it was stored (not when it is not flat, over the limit, or the disk is full).
-
-        Raises:
-            OSError: a write failing for another reason than a full disk.
-        """
+        """Store ``value`` (a dict of columns) under ``key``; whether stored (errors as ``put_pieces``)."""
         columns = flat_columns(value)
         return columns is not None and self.put_pieces(key, columns, column_pieces(value, columns))
 
     def put_pieces(self, key: str, columns: List[Column], pieces: Iterable[Piece]) -> bool:
-        """Store under ``key`` a row group of these ``columns`` whose bytes ``pieces`` deliver
-        (:func:`write_pieces`), so that a reader can decode a row group straight into its file;
-        returns whether it was stored (not when over the limit or the disk is full: then
-        ``pieces`` may be partly consumed).
+        """Store under ``key`` a row group of ``columns`` from ``pieces``; False (``pieces`` maybe half read) if not.
 
         Raises:
-            OSError: a write failing for another reason than a full disk; whatever ``pieces``
-                raises, and ValueError for pieces that do not fill the columns: the file is
-                removed first.
+            OSError: a write failing for another reason than a full disk.
+            ValueError: ``pieces`` do not fill the columns (or whatever ``pieces`` raises); the file is removed.
         """
         size = column_bytes(columns)
         with self._lock:

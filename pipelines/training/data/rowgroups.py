@@ -1,10 +1,4 @@
-"""Row groups of a split's Parquet files, the unit every reader reads and shards.
-
-A split's row groups are listed from the files' footers alone (:func:`split_row_groups`: files in
-the manifest's order, groups in file order); :func:`read_group` reads one with pyarrow into
-``(images uint8 (n, row_bytes), labels int32 (n,))``, the images a view of Arrow's buffer, each
-image's byte size and the group's row count checked against what the manifest and the footer say.
-"""
+"""Row groups of a split's Parquet files, the unit every reader reads and shards."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,8 +16,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RowGroup:
-    """One Parquet row group: its file ``part`` (:class:`pipelines.io.pinned.PinnedFile`), its
-    ``index`` in that file, its ``rows``, and the file's footer (``metadata``, read once per file)."""
+    """One Parquet row group: its file ``part``, its ``index`` there, its ``rows``, the file's footer (``metadata``)."""
 
     part: "PinnedFile"
     index: int
@@ -36,8 +29,7 @@ class RowGroup:
 
 
 def split_row_groups(parts: list) -> List[RowGroup]:
-    """Every row group of a split's ``parts`` (:meth:`pipelines.training.data.dataset.Dataset.parts`),
-    files in the given order and groups in file order (footers only)."""
+    """Every row group of a split's ``parts`` (footers only): files in the given order, groups in file order."""
     groups: List[RowGroup] = []
     for part in parts:
         with part.open() as f:
@@ -47,15 +39,12 @@ def split_row_groups(parts: list) -> List[RowGroup]:
 
 
 def open_part(part: "PinnedFile"):
-    """The Parquet file ``part`` opened for reading, as the file pinned
-    (:meth:`pipelines.io.pinned.PinnedFile.open`): a local file mapped (faster than reading it:
-    docs/benchmarks.md, Figures behind the code's constants), another through its filesystem."""
+    """The Parquet file ``part`` opened for reading as the file pinned (a local one mapped)."""
     return part.open()
 
 
 def image_pixels(column, group: RowGroup, row_bytes: int) -> np.ndarray:
-    """The images of a binary Arrow ``column`` of ``group`` as ``uint8 (n, row_bytes)``, a view of
-    its buffer.
+    """The images of a binary Arrow ``column`` as ``uint8 (n, row_bytes)``, a view of its buffer.
 
     Raises:
         ImageSizeError: a missing image, or one that is not ``row_bytes`` bytes (each checked).
@@ -77,12 +66,11 @@ def count_error(group: RowGroup, rows: int) -> ShardCountError:
 
 
 def read_group(group: RowGroup, row_bytes: int) -> Tuple[np.ndarray, np.ndarray]:
-    """The images and labels of one row group, read with pyarrow: ``(uint8 (n, row_bytes),
-    int32 (n,))``, the images a view of Arrow's buffer (no copy per image).
+    """One row group's ``(images uint8 (n, row_bytes), labels int32 (n,))``, images a view of Arrow's buffer.
 
     Raises:
         ShardCountError: it holds another number of rows than its footer says.
-        ImageSizeError: an image that is not ``row_bytes`` bytes (each one checked).
+        ImageSizeError: an image that is not ``row_bytes`` bytes (each checked).
     """
     with open_part(group.part) as f:
         table = pq.ParquetFile(f, metadata=group.metadata).read_row_group(group.index, columns=["image", "label"])

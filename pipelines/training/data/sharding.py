@@ -1,14 +1,13 @@
 """The sharding rule, stated once: which items of a split a rank reads.
 
-Rank ``r`` of ``world_size`` ranks reads items ``r, r + world_size, r + 2 * world_size, ...``
-(:func:`shard`: row groups of a split for the readers, rows for the feature cache), so the shards
-are disjoint, cover the items and differ in length by at most one. It is the rule Petastorm applies
-to row groups with ``make_reader(cur_shard=rank, shard_count=world_size)``, which the Petastorm path
-passes instead (:mod:`pipelines.training.data.petastorm.reader`).
+Rank ``r`` of ``world_size`` ranks reads items ``r, r + world_size, r + 2 * world_size, ...`` (``shard``:
+row groups for the readers, rows for the feature cache), so the shards are disjoint, cover the items and
+differ in length by at most one. Petastorm applies the same rule to row groups with
+``make_reader(cur_shard=rank, shard_count=world_size)``, which its path passes instead.
 
-A one-pass read (exact evaluation, the feature cache) must give every rank a share however short
-the split: :func:`one_pass_pieces` keeps :func:`shard` of the row groups while there are at least
-as many as ranks, and cuts the split's rows into contiguous ranges beyond that (:func:`row_ranges`).
+A one-pass read (exact evaluation, the feature cache) must give every rank a share however short the
+split: ``one_pass_pieces`` keeps ``shard`` of the row groups while there are at least as many as ranks,
+and cuts the split's rows into contiguous ranges beyond that (``row_ranges``).
 """
 from __future__ import annotations
 
@@ -40,9 +39,9 @@ def shard(items: S, rank: int, world_size: int) -> S:
 
 
 def row_ranges(groups: Sequence, rank: int, world_size: int) -> List[Piece]:
-    """Rank ``rank``'s rows ``[rank * N // world_size, (rank + 1) * N // world_size)`` of the
-    ``N`` rows of ``groups`` (in order; each has ``rows``), as ``(row group, first row, end row)``
-    slices of the row groups they lie in (a rank may get none when ``N < world_size``)."""
+    """Rank ``rank``'s rows ``[rank * N // world_size, (rank + 1) * N // world_size)`` of the ``N`` rows of
+    ``groups`` (in order; each has ``rows``), as ``(row group, first row, end row)`` slices of the row groups
+    they lie in (a rank may get none when ``N < world_size``)."""
     total = sum(group.rows for group in groups)
     first, end = rank * total // world_size, (rank + 1) * total // world_size
     pieces, offset = [], 0
@@ -55,11 +54,10 @@ def row_ranges(groups: Sequence, rank: int, world_size: int) -> List[Piece]:
 
 
 def one_pass_pieces(groups: Sequence, rank: int, world_size: int) -> List[Piece]:
-    """Rank ``rank``'s share of a split read once, as ``(row group, first row, end row)`` pieces:
-    its whole row groups by :func:`shard` (the readers' rule, so shards differ by at most one row
-    group) while ``groups`` are at least ``world_size``; else :func:`row_ranges` (shards differ by
-    at most one row, and no world size is refused for a short split). Either way the ranks'
-    pieces are disjoint and cover the split."""
+    """Rank ``rank``'s share of a split read once, as ``(row group, first row, end row)`` pieces: its whole
+    row groups by ``shard`` (shards differ by at most one row group) while ``groups`` are at least
+    ``world_size``; else ``row_ranges`` (shards differ by at most one row, and no world size is refused for a
+    short split). Either way the ranks' pieces are disjoint and cover the split."""
     if len(groups) >= world_size:
         return [(group, 0, group.rows) for group in shard(groups, rank, world_size)]
     return row_ranges(groups, rank, world_size)

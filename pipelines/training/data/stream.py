@@ -1,28 +1,8 @@
 """The positioned train stream of a rank's shard: which row comes where, by arithmetic alone.
 
-A rank's training stream is a deterministic function of its shard (the row counts of its row
-groups, from their footers), ``seed``, the shuffle size and ``augment``, so that a run resumed in
-the middle of an epoch can open it at the row it stopped at and see exactly the batches an
-uninterrupted run sees (issue 38). ``tf.data``'s shuffle buffer and a stateful random flip cannot
-be restored at a position; this can:
-
-* passes ``p = 0, 1, ...`` over the shard's ``n`` row groups, each in :func:`epoch_order`
-  ``(n, seed, p)`` (the readers' visit order);
-* each pass cut into windows of ``W`` consecutive visits (:func:`window_visits`: about
-  ``--shuffle-buffer`` images; the last window of a pass may be shorter); the rows of window ``k``
-  (its row groups concatenated in visit order) come out in the order
-  ``np.random.default_rng((seed, p, k)).permutation(rows)``, always (a window of one row group is
-  permuted within itself), and with ``augment`` the same generator then draws each emitted row's
-  left-right flip (``random(rows) < 0.5``), so flips are positional too;
-* the stream is the windows one after the other, forever; row ``R`` lies in pass
-  ``R // shard_rows``, and its window is found from the row counts (:meth:`ShardStream.locate`),
-  so opening the stream at ``R`` re-reads at most one window and never replays earlier passes.
-
-The feature cache's stream (:func:`feature_batches`) is the same idea over rows held in memory:
-pass ``p`` is the permutation :func:`epoch_order` ``(rows, seed, p)`` of the rows, no windows.
-
-Pure NumPy: no TensorFlow, no reader; :func:`stream_batches` takes the row groups from whatever
-opens them at a visit (:meth:`pipelines.training.data.arrow_reader.ArrowShardReader.restart`).
+A function of the shard's row counts, ``seed``, shuffle size and ``augment``, so a resume opens it at any row and
+sees an uninterrupted run's batches. Pass ``p`` visits row groups in ``epoch_order(n, seed, p)``, in windows of
+``W`` visits; window ``k``'s rows are permuted, then flipped, by ``default_rng((seed, p, k))``.
 """
 from __future__ import annotations
 
@@ -34,23 +14,17 @@ from pipelines.runtime.logs import plural
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
-    """The order in which pass ``epoch`` (0, 1, ...) visits a shard's ``count`` row groups (or the
-    feature cache's ``count`` rows): a permutation (int64 ``(count,)``) drawn from ``(seed, epoch)``
-    alone."""
+    """Pass ``epoch``'s visit order of ``count`` items: a permutation (int64) from ``(seed, epoch)`` alone."""
     return np.random.default_rng((seed, epoch)).permutation(count)
 
 
 def window_visits(shuffle_buffer: int, rows_per_row_group: int) -> int:
-    """``W``, the row groups a window holds: ``max(1, ceil(shuffle_buffer / rows_per_row_group))``,
-    so that ``--shuffle-buffer`` keeps meaning about this many images held for the shuffle
-    (``shuffle_buffer`` 0 or 1: one row group, still permuted within itself)."""
+    """``W`` (>= 1), the row groups a window holds, so that about ``shuffle_buffer`` images shuffle together."""
     return max(1, -(-max(0, shuffle_buffer) // max(1, rows_per_row_group)))
 
 
 class Position(NamedTuple):
-    """Where a stream row lies: its pass, its window in that pass, its ``offset`` among the
-    window's permuted rows, and ``visit``, the global visit number (``pass_index * groups +
-    window * W``) of the window's first row group, where reading has to start."""
+    """Where a stream row lies: pass, window, ``offset`` in the permuted window, ``visit`` (where reading starts)."""
 
     pass_index: int
     window: int
@@ -59,12 +33,12 @@ class Position(NamedTuple):
 
 
 class ShardStream:
-    """The stream arithmetic of one rank's shard (module doc).
+    """The stream arithmetic of one rank's shard.
 
     Args:
-        rows: each row group's rows, in shard order (``RowGroup.rows``: the footers').
+        rows: each row group's rows, in shard order (the footers').
         seed: the rank's seed (``--seed`` + rank), >= 0.
-        window: ``W`` (:func:`window_visits`), >= 1.
+        window: ``W`` (``window_visits``), >= 1.
 
     Raises:
         ValueError: no rows at all (the stream would never yield), a negative count, ``window < 1``.
@@ -104,12 +78,7 @@ class ShardStream:
         return int(ends[window] - (ends[window - 1] if window else 0))
 
     def locate(self, row: int) -> Position:
-        """The :class:`Position` of stream row ``row`` (rows this rank has consumed so far: global
-        steps x per-rank batch).
-
-        Raises:
-            ValueError: a negative row.
-        """
+        """The ``Position`` of stream row ``row`` (global steps x per-rank batch); ValueError if negative."""
         if row < 0:
             raise ValueError(f"a stream row is >= 0, got {row}")
         pass_index, within = divmod(int(row), self.shard_rows)
@@ -123,10 +92,7 @@ class ShardStream:
         return (pass_index, window + 1) if window + 1 < self.windows_per_pass else (pass_index + 1, 0)
 
     def draws(self, pass_index: int, window: int, rows: int, augment: bool) -> Tuple[np.ndarray, Optional[np.ndarray]]:
-        """Window ``(pass_index, window)``'s order of its ``rows`` rows (int64 ``(rows,)``, a
-        permutation) and, with ``augment``, which emitted row is flipped (bool ``(rows,)``, by
-        emitted position), both from ``default_rng((seed, pass_index, window))``; the order is
-        drawn first, so it is the same with and without ``augment``."""
+        """A window's row order (int64) and with ``augment`` its flips (bool), drawn after: same order either way."""
         rng = np.random.default_rng((self.seed, pass_index, window))
         order = rng.permutation(rows)
         return order, (rng.random(rows) < 0.5) if augment else None
@@ -140,24 +106,18 @@ class ShardStream:
 
 
 #: what opens the shard's row groups at a global visit: an iterator of ``(images uint8 (rows, s,
-#: s, 3), labels int32 (rows,))``, one per row group of :meth:`ShardStream.visits_from` that visit,
+#: s, 3), labels int32 (rows,))``, one per row group of ``ShardStream.visits_from`` that visit,
 #: ending only when its reader is closed or restarted elsewhere
 OpenGroups = Callable[[int], Iterator[Tuple[np.ndarray, np.ndarray]]]
 
 
 def stream_batches(stream: ShardStream, open_groups: OpenGroups, start_row: int, batch_size: int,
                    augment: bool = False) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-    """The stream's rows from ``start_row`` on, in full batches: ``(images uint8 (batch, s, s, 3),
-    labels int32 (batch,))``, each a fresh array, forever; with ``augment``, each row flipped left
-    to right (the width axis) where :meth:`ShardStream.draws` says.
-
-    Reading starts at the located window's first row group (``open_groups(position.visit)``), so
-    at most one window is read for rows before ``start_row``. The iterator ends, without error,
-    when the row groups stop coming (its reader was closed, or restarted by another stream).
+    """The stream's rows from ``start_row``, fresh full batches ``(uint8 (b, s, s, 3), int32 (b,))``, till groups stop.
 
     Raises:
-        ValueError: a negative ``start_row``, ``batch_size < 1``, or a row group of another
-            number of rows than ``stream.rows`` says (the arithmetic would shift every row after it).
+        ValueError: a negative ``start_row``, ``batch_size < 1``, or a row group whose rows differ from
+            ``stream.rows`` (every later row would shift).
     """
     if batch_size < 1:
         raise ValueError(f"a batch holds >= 1 row, got {batch_size}")
@@ -195,8 +155,7 @@ ALIGNMENT = 64
 
 
 def aligned_empty(shape: Tuple[int, ...], dtype) -> np.ndarray:
-    """An uninitialised C-contiguous array of ``shape`` and ``dtype`` whose data starts at a
-    multiple of :data:`ALIGNMENT` bytes."""
+    """An uninitialised C-contiguous array of ``shape`` and ``dtype`` starting at a multiple of ``ALIGNMENT`` bytes."""
     dtype = np.dtype(dtype)
     size = int(np.prod(shape)) * dtype.itemsize
     buffer = np.empty(size + ALIGNMENT, np.uint8)
@@ -205,9 +164,7 @@ def aligned_empty(shape: Tuple[int, ...], dtype) -> np.ndarray:
 
 
 def _window(stream: ShardStream, groups: Iterator, pass_index: int, window: int):
-    """Window ``(pass_index, window)``'s row groups pulled from ``groups``: their images (a list,
-    visit order), the first row of each among the window's rows (int64), and the window's labels
-    concatenated (int32); None when ``groups`` ended."""
+    """A window's images (list), each part's first row (int64) and its labels (int32); None when ``groups`` ended."""
     parts, labels = [], []
     for index in stream.window_groups(pass_index, window).tolist():
         group = next(groups, None)
@@ -224,11 +181,7 @@ def _window(stream: ShardStream, groups: Iterator, pass_index: int, window: int)
 
 
 def _gather(out: np.ndarray, parts, starts: np.ndarray, take: np.ndarray, flips: Optional[np.ndarray]) -> None:
-    """Copy the window's rows ``take`` into ``out`` (uint8 ``(len(take), s, s, 3)``), each mirrored
-    left to right (the width axis) where ``flips``. Row by row, straight from the row groups'
-    arrays (a memory map of the cache, Arrow's buffer): each image is copied once, where
-    concatenating the window first and then gathering copied it twice, at half the rate
-    (docs/benchmarks.md, Figures behind the code's constants)."""
+    """Copy the window's rows ``take`` into ``out``, mirrored where ``flips``: row by row, each image copied once."""
     where = np.searchsorted(starts, take, side="right") - 1
     rows = take - starts[where]
     mirrored = [False] * len(take) if flips is None else flips.tolist()
@@ -239,9 +192,7 @@ def _gather(out: np.ndarray, parts, starts: np.ndarray, take: np.ndarray, flips:
 
 def feature_batches(features: np.ndarray, labels: np.ndarray, seed: int, start_row: int, batch_size: int,
                     shuffle: bool = True) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-    """The feature cache's positioned stream from ``start_row`` on, in full batches, forever:
-    ``(features (batch, ...) of their dtype, labels (batch,))``; pass ``p`` visits the ``n`` rows
-    in :func:`epoch_order` ``(n, seed, p)`` (in stored order without ``shuffle``).
+    """The feature cache's stream from ``start_row`` in full batches, pass ``p`` in ``epoch_order(n, seed, p)``.
 
     Raises:
         ValueError: no rows, a negative ``start_row``, ``batch_size < 1``, not one label per row.

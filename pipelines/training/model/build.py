@@ -1,10 +1,5 @@
-"""The model: a frozen backbone + dropout + softmax head; the backbone is Keras Xception (ImageNet),
-as in the article, or a tiny one for checking a pipeline or a cluster end to end in seconds.
-
-Here it is built (:func:`build_model`; the head alone on cached features: :func:`build_head`) and
-compiled for Horovod (:func:`compile_distributed`); what its checkpoints hold is
-:mod:`pipelines.training.model.checkpoints`, its export for inference
-:mod:`pipelines.training.model.export`."""
+"""The model: a frozen backbone (Keras Xception, ImageNet; or ``tiny`` for quick end-to-end checks) + dropout +
+softmax head, built and compiled for Horovod here; checkpoints and export live beside it."""
 from __future__ import annotations
 
 import os
@@ -17,11 +12,11 @@ from pipelines.training.model.checkpoints import build_optimizer, resumable_drop
 
 @dataclass(frozen=True)
 class Backbone:
-    """A frozen feature extractor: its layer ``name`` inside the model, the smallest input side it
-    takes (``min_size`` px), the length of its pooled feature vector (``feature_dim``), whether
-    pretrained weights exist for it (``pretrained``: ``--weights imagenet`` or a weights file), and
-    its ``blocks`` for ``--fine-tune-blocks``: block ``k`` (1 = nearest the input) is named by
-    ``block_prefix.format(k)`` (:mod:`pipelines.training.model.finetune`)."""
+    """A frozen feature extractor as ``--backbone`` names it.
+
+    ``name``: its layer in the model; ``min_size``: smallest input side, px; ``feature_dim``: pooled vector length;
+    ``pretrained``: weights exist; block ``k`` of ``blocks`` (1 = nearest the input) is ``block_prefix.format(k)``.
+    """
 
     name: str
     min_size: int
@@ -43,15 +38,14 @@ BACKBONES = {
 
 
 def backbone_spec(name: str) -> Backbone:
-    """The :class:`Backbone` called ``name``. Raises ``ValueError`` naming the known ones."""
+    """The ``Backbone`` called ``name``; ``Refused`` (a ``ValueError``) naming the known ones."""
     if name not in BACKBONES:
         raise Refused(f"unknown backbone {name!r}: one of {', '.join(BACKBONES)}")
     return BACKBONES[name]
 
 
 def check_backbone(name: str, weights: str, input_size: int = 0) -> Backbone:
-    """Refuse a backbone that cannot take these ``weights`` or this input side (``input_size`` px;
-    0 = not known yet). Raises ``ValueError`` with the reason; returns the :class:`Backbone`."""
+    """The ``Backbone`` ``name`` if it takes ``weights`` and ``input_size`` px (0 = not known); else ``Refused``."""
     spec = backbone_spec(name)
     if weights != "none" and not spec.pretrained:
         raise Refused(f"backbone {name} has no pretrained weights: use --weights none (got {weights})")
@@ -81,32 +75,22 @@ def _build_backbone(name: str, input_size: int, weights: str):
 
 def build_model(num_classes: int, input_size: int, dropout: float = 0.5, weights: str = "imagenet",
                 seed: int = 0, backbone: str = "xception", stored_size: int = 0):
-    """Transfer-learning model on a frozen backbone (:data:`BACKBONES`), taking the ETL's image.
+    """Transfer-learning model: stored uint8 image -> ``preprocessing`` -> frozen backbone -> dropout -> softmax.
 
-    ``Input (stored_size, stored_size, 3) uint8`` (:data:`pipelines.contract.MODEL_INPUT_DTYPE`: the
-    stored image as it is) -> :func:`preprocessing` on the model's device, in float32 (``Resizing``
-    to ``input_size`` when it differs, then ``x / 127.5 - 1``) -> the backbone (for ``xception``:
-    ``Xception(include_top=False, pooling='avg')``), frozen and called with ``training=False`` (its
-    batch-norm statistics stay ImageNet's, also when ``--fine-tune-blocks`` later unfreezes some of
-    its layers) -> ``Dropout(dropout)`` -> ``Dense(num_classes, softmax)``, the head computing in
-    float32 whatever the global dtype policy (under ``mixed_float16`` the softmax stays float32).
-    The same model is trained, evaluated, cached from (:func:`feature_extractor`) and exported
-    (:func:`pipelines.training.model.export.export_model`): nothing outside it preprocesses.
+    The backbone runs with ``training=False``: batch-norm statistics stay ImageNet's, also when fine-tuned.
 
     Args:
         input_size: side of the backbone's input, pixels (``--image-size``, or the stored size).
         stored_size: side of the stored images the model takes, pixels (0 = ``input_size``).
-        weights: ``'imagenet'`` (Keras downloads them: needs internet), ``'none'`` (random), or the
-            path of a no-top Xception weights file (e.g. from ``python -m pipelines.tools.weights``).
-        backbone: a name in :data:`BACKBONES`; the backbone's layer in the model has that name.
+        weights: ``'imagenet'`` (downloaded by Keras), ``'none'`` (random), or a no-top Xception weights file's path.
+        backbone: a name in ``BACKBONES``, also the backbone layer's name.
 
     Returns:
-        an uncompiled ``tf.keras.Model`` from uint8 ``(batch, stored_size, stored_size, 3)`` to
-        float32 ``(batch, num_classes)``.
+        an uncompiled model, uint8 ``(batch, stored_size, stored_size, 3)`` -> float32 ``(batch, num_classes)``.
 
     Raises:
-        FileNotFoundError: a weights path that does not exist.
-        ValueError: as :func:`check_backbone`.
+        MissingInput: a weights path that does not exist.
+        Refused: as ``check_backbone``.
     """
     from pipelines.stack.kerasapi import keras
 
@@ -125,14 +109,7 @@ def build_model(num_classes: int, input_size: int, dropout: float = 0.5, weights
 
 
 def preprocessing(image, stored_size: int, input_size: int):
-    """The model's first layers, on the uint8 image ``(batch, s, s, 3)``: ``Resizing`` to
-    ``input_size`` (bilinear, half-pixel centres) when it differs from ``stored_size``, then
-    ``Rescaling`` by :data:`pipelines.contract.PREPROCESS_SCALE` and
-    :data:`~pipelines.contract.PREPROCESS_OFFSET` (Xception's ``preprocess_input``: ``x / 127.5 - 1``,
-    in [-1, 1]). Both cast uint8 to float32 themselves and compute in float32 whatever the global
-    policy (under ``mixed_float16`` the backbone's first layer casts to float16 after them).
-    They run where the model runs: on a GPU, a 299 px image crosses PCIe as its 268,203 uint8
-    bytes, not as 1,072,812 bytes of float32. No weights: checkpoints are unchanged by them."""
+    """The model's first layers, float32 on its device: ``Resizing`` to ``input_size`` if needed, ``x / 127.5 - 1``."""
     from pipelines.stack.kerasapi import keras
 
     x = image
@@ -144,28 +121,24 @@ def preprocessing(image, stored_size: int, input_size: int):
 
 
 def feature_extractor(model):
-    """The part of a model from :func:`build_model` that the feature cache runs once: uint8 image ->
-    :func:`preprocessing` -> backbone -> pooled features ``(batch, feature_dim)`` (the dropout's
-    input), the same layers, not copies."""
+    """The feature cache's part of a ``build_model`` model, image -> pooled features: the same layers, not copies."""
     from pipelines.stack.kerasapi import keras
 
     return keras.Model(model.input, model.get_layer("dropout").input, name=f"{model.name}_features")
 
 
 def model_input(model) -> str:
-    """What ``model`` takes, as the feature cache keys it: its input's dtype and side,
-    ``uint8-299`` for a model from :func:`build_model` on 299 px stored images."""
+    """What ``model`` takes, as the feature cache keys it (``uint8-299``)."""
     return input_tag(model.inputs[0].dtype.name, model.input_shape[1])
 
 
 def input_tag(dtype: str, stored_size: int) -> str:
-    """What a model takes, as the feature cache keys it
-    (:func:`pipelines.training.data.features.model_key`): its input's dtype and side (``uint8-299``)."""
+    """What a model takes, as the feature cache keys it: its input's dtype and side (``uint8-299``)."""
     return f"{dtype}-{stored_size}"
 
 
 def backbone_of(model):
-    """The backbone layer of a model from :func:`build_model`: the one nested model in it."""
+    """The backbone layer of a model from ``build_model``: the one nested model in it."""
     from pipelines.stack.kerasapi import keras
 
     return next(layer for layer in model.layers if isinstance(layer, keras.Model))
@@ -173,19 +146,17 @@ def backbone_of(model):
 
 def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = False, xla: bool = False,
                         weight_decay: float = 0.0) -> None:
-    """Compile for Horovod data-parallel training: ``Nadam(learning_rate)`` (with ``weight_decay`` > 0,
-    its decoupled weight decay: each step also shrinks every weight by ``learning_rate x weight_decay``) wrapped in
-    ``hvd.DistributedOptimizer`` (gradients averaged over ranks by allreduce; with
-    ``fp16_allreduce``, ``hvd.Compression.fp16``: float32 gradients cast to float16 for the
-    allreduce, half the bytes, and back), sparse categorical cross-entropy on int32 labels,
-    accuracy; the optimizer's variables are made now (:func:`pipelines.training.model.checkpoints.build_optimizer`).
-    ``learning_rate`` is already scaled by the world size
-    (:func:`pipelines.training.schedule.scaled_lr`). Under a ``mixed_float16`` global policy Keras
-    wraps the optimizer in its ``LossScaleOptimizer`` itself. With ``xla`` (``--xla on``), the
-    forward and backward pass are compiled by XLA (:func:`xla_train_step`). Needs ``hvd.init()`` first.
+    """Compile for Horovod: Nadam in ``hvd.DistributedOptimizer``, sparse cross-entropy; needs ``hvd.init()`` first.
+
+    Args:
+        learning_rate: already scaled by the world size.
+        fp16_allreduce: gradients cast to float16 for the allreduce (half the bytes).
+        xla: forward and backward pass compiled by XLA (``xla_train_step``).
+        weight_decay: decoupled; each step also shrinks every weight by ``learning_rate x weight_decay``.
 
     Raises:
-        pipelines.stack.kerasapi.Keras3Error: ``model`` is not a Keras 2 model (before any step)."""
+        Keras3Error: ``model`` is not a Keras 2 model (before any step).
+    """
     import horovod.tensorflow.keras as hvd
 
     from pipelines.stack.kerasapi import distributed_optimizer, keras
@@ -209,17 +180,10 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
 
 
 def xla_train_step(model):
-    """Keras' ``train_step`` for ``model`` with its forward pass (and so its backward pass: the
-    gradient of a ``jit_compile`` function is compiled too) one XLA computation,
-    ``tf.function(jit_compile=True)``; the loss, Horovod's allreduce inside ``optimizer.minimize``
-    (and Keras' loss scaling under mixed precision) and the update stay TensorFlow ops.
+    """Keras' ``train_step`` with the forward (and so backward) pass one XLA computation; the rest TensorFlow ops.
 
-    Why not ``model.compile(jit_compile=True)``: that compiles the whole step, allreduce included,
-    and ``HorovodAllreduce`` has no XLA kernel but on a GPU build of Horovod with
-    ``HOROVOD_ENABLE_XLA_OPS=1`` (Horovod's ``xla_mpi_ops.cc``); elsewhere the first step fails
-    ("tf2xla conversion failed", measured with Horovod 0.28.1 on the CPU, np 1). Horovod's XLA
-    guide names this split (XLA for the model, Horovod's ops left to TensorFlow) as the one that
-    works without its XLA ops."""
+    Not ``compile(jit_compile=True)``: ``HorovodAllreduce`` has no XLA kernel unless Horovod was built with its XLA ops.
+    """
     import tensorflow as tf
 
     from pipelines.stack.kerasapi import keras
@@ -240,10 +204,7 @@ def xla_train_step(model):
 
 
 def build_head(num_classes: int, dropout: float, seed: int, feature_dim: int):
-    """The trainable part alone: ``Input(feature_dim) -> Dropout -> Dense(num_classes, softmax)``
-    (2048 features for Xception), with the same layer names as in
-    :func:`build_model` so weights carry over (the feature cache's model,
-    :class:`pipelines.training.inputs.FeatureInputs`)."""
+    """The trainable part alone for the feature cache, with ``build_model``'s layer names so weights carry over."""
     from pipelines.stack.kerasapi import keras
 
     keras.utils.set_random_seed(seed)

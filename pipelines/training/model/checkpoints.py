@@ -1,13 +1,5 @@
-"""Small checkpoints: what training changes, with the frozen weights identified by their hash.
-
-A checkpoint of epoch N (``checkpoint-N.npz``), or within epoch N after step K
-(``checkpoint-N-step-K.npz``), holds the model's trainable weights, the optimizer's state (its
-variables, Nadam's running ``u_product``, and under mixed precision the loss scale), the learning
-rate and the dropout generator's state, not the frozen backbone:
-the frozen Xception is 84 MB, the head and its optimizer state a few KB. The frozen weights are
-identified instead by :func:`frozen_checksum` (sha256 of their bytes), recorded in the checkpoint's
-marker and checked on ``--resume``: a checkpoint is only meaningful on top of the same backbone.
-"""
+"""Small checkpoints (``checkpoint-N[-step-K].npz``): trainable weights, optimizer state, learning rate and dropout
+generator, not the frozen backbone, whose ``frozen_checksum`` the marker records and ``--resume`` checks."""
 from __future__ import annotations
 
 import hashlib
@@ -24,8 +16,7 @@ FORMAT = "trainable+optimizer npz v1"
 
 
 def frozen_checksum(model) -> str:
-    """sha256 of the bytes of ``model``'s non-trainable weights (for the job's model: the frozen
-    backbone and its batch-norm statistics), in order."""
+    """sha256 of the bytes of ``model``'s non-trainable weights (backbone and batch-norm statistics), in order."""
     digest = hashlib.sha256()
     for variable in model.non_trainable_weights:
         digest.update(np.ascontiguousarray(variable.numpy()).tobytes())
@@ -33,11 +24,7 @@ def frozen_checksum(model) -> str:
 
 
 def optimizer_state(optimizer) -> List:
-    """The optimizer's state variables (built), in a fixed order: ``variables`` then Nadam's
-    ``_u_product`` (a plain ``tf.Variable`` that ``variables`` leaves out); under mixed precision
-    (Keras' ``LossScaleOptimizer`` around it, whose ``variables`` are the inner optimizer's only) then
-    the dynamic loss scale and its count of good steps, so that a resumed run scales as the
-    interrupted one would have."""
+    """The optimizer's state in a fixed order: ``variables``, Nadam's ``_u_product``, any dynamic loss scale state."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     state = list(inner.variables)
     if getattr(inner, "_u_product", None) is not None:
@@ -49,8 +36,7 @@ def optimizer_state(optimizer) -> List:
 
 
 def optimizer_checksum(optimizer) -> str:
-    """sha256 of the bytes of :func:`optimizer_state`'s arrays, in order: equal checksums mean the
-    same optimisation state (iteration count, Nadam's moments and ``u_product``)."""
+    """sha256 of ``optimizer_state``'s bytes in order: equal checksums mean the same optimisation state."""
     digest = hashlib.sha256()
     for variable in optimizer_state(optimizer):
         digest.update(np.ascontiguousarray(variable.numpy()).tobytes())
@@ -58,8 +44,7 @@ def optimizer_checksum(optimizer) -> str:
 
 
 def build_optimizer(model) -> None:
-    """Create the optimizer's slot variables now (Keras creates them at the first step), so that a
-    resume can assign them before ``fit``."""
+    """Create the optimizer's slot variables now (Keras would at the first step), so a resume can assign them."""
     optimizer = getattr(model, "optimizer", None)
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer builds its inner one
     if optimizer is not None and not getattr(inner, "_built", False):
@@ -67,20 +52,14 @@ def build_optimizer(model) -> None:
 
 
 def resumable_dropout(rate: float, seed: int):
-    """The head's ``Dropout(rate)`` layer (named ``dropout``), its masks drawn from a
-    ``tf.random.Generator`` seeded with ``seed`` (Keras 2's ``rng_type="stateful"``), whose state, three
-    int64, a checkpoint saves and restores (:func:`random_generators`),
-    so that a resumed run draws the masks the uninterrupted one would have. Keras' default draws them
-    from seeded stateful ops whose state lives in the kernels and restarts with the process."""
+    """The head's ``Dropout(rate)`` (``dropout``), masks from a seeded generator whose state checkpoints save."""
     from pipelines.stack.kerasapi import keras
 
     return keras.layers.Dropout(rate, seed=seed, rng_type="stateful", name="dropout")
 
 
 def random_generators(model) -> List:
-    """The ``tf.random.Generator`` s of ``model``'s layers that draw with one (the head's dropout:
-    :func:`resumable_dropout`), in layer order: their ``state`` variables
-    (``int64 (3,)``) are what a checkpoint saves of the random draws, so a resumed run continues them."""
+    """The ``tf.random.Generator`` s of ``model``'s layers, in layer order; a checkpoint saves their ``state``."""
     found = []
     for layer in model.submodules:
         generator = getattr(getattr(layer, "_random_generator", None), "_generator", None)
@@ -90,9 +69,7 @@ def random_generators(model) -> List:
 
 
 def learning_rate_variable(optimizer):
-    """The optimizer's learning rate as the variable Horovod's warmup assigns at each step (Keras 2's
-    ``_learning_rate``), or ``None`` (a schedule object, or no optimizer). A warmup's last value
-    stays after it (Horovod's callback stops adjusting), so a resumed run must get it back."""
+    """The learning rate variable Horovod's warmup assigns (its last value stays: a resume restores it), or None."""
     import tensorflow as tf
 
     inner = getattr(optimizer, "inner_optimizer", optimizer)
@@ -101,9 +78,7 @@ def learning_rate_variable(optimizer):
 
 
 def broadcast_state(model) -> List:
-    """What a resume sends from rank 0 to every rank: all of ``model``'s variables (the frozen ones
-    too), and what :func:`checkpoint_variables` adds (optimizer state, learning rate, random
-    generators' states), each once."""
+    """What a resume sends from rank 0: all of ``model``'s variables and ``checkpoint_variables``' others, each once."""
     found, seen = [], set()
     for variable in [*model.variables, *checkpoint_variables(model).values()]:
         if id(variable) not in seen:
@@ -113,11 +88,7 @@ def broadcast_state(model) -> List:
 
 
 def checkpoint_variables(model) -> Dict:
-    """What a checkpoint holds, by its key in the ``.npz``: ``trainable_NNNN`` (the trainable
-    weights, in order), when compiled ``optimizer_NNNN`` (:func:`optimizer_state`) and
-    ``learning_rate`` (:func:`learning_rate_variable`), and ``rng_NNNN`` (:func:`random_generators`'
-    states) -> the variable. The one list :func:`save_checkpoint` writes and the divergence check
-    (:class:`pipelines.training.callbacks.DivergenceGuard`) checks for finite values."""
+    """A checkpoint's ``.npz`` key -> variable: ``trainable_``, ``optimizer_``, ``rng_NNNN``, ``learning_rate``."""
     variables = {f"trainable_{i:04d}": v for i, v in enumerate(model.trainable_weights)}
     if getattr(model, "optimizer", None) is not None:
         build_optimizer(model)
@@ -130,8 +101,7 @@ def checkpoint_variables(model) -> Dict:
 
 
 class DamagedCheckpoint(ValueError):
-    """A checkpoint file that cannot be resumed from: missing, of another size or sha256 than its
-    marker records, or not a readable ``.npz``; the message says which, without the file's name."""
+    """A checkpoint file that is missing, not of its marker's size or sha256, or not a readable ``.npz``."""
 
 
 def file_sha256(path: str) -> str:
@@ -144,17 +114,12 @@ def file_sha256(path: str) -> str:
 
 
 def read_checkpoint(location, size: Optional[int] = None, sha256: Optional[str] = None) -> Dict[str, np.ndarray]:
-    """The arrays of a checkpoint file, by key, once its bytes are checked against what its marker
-    records: ``size`` (bytes) and ``sha256`` (hex; a marker written before checksums has none, and
-    the file is then only checked to read whole: every member's CRC-32).
+    """The arrays of a checkpoint at ``location`` by key, checked against the marker's ``size`` and ``sha256``.
 
-    Args:
-        location: a :class:`pipelines.io.storage.Location` (local or remote: the file is read whole,
-            a few KB for the head, megabytes with fine-tuned blocks).
+    Without ``sha256`` (older markers) only the members' CRC-32 are checked. Never unpickles.
 
     Raises:
-        DamagedCheckpoint: missing, another size or sha256, or not an ``.npz`` of arrays (NUL
-            bytes, a flipped byte, a truncation); loading never unpickles (``allow_pickle=False``).
+        DamagedCheckpoint: missing, another size or sha256, or not an ``.npz`` of arrays.
     """
     import io
     import zipfile
@@ -180,10 +145,7 @@ def read_checkpoint(location, size: Optional[int] = None, sha256: Optional[str] 
 
 
 def non_finite_checkpoint(location) -> List[str]:
-    """The keys of the arrays a checkpoint file holds that have a NaN or +-inf value
-    (:func:`pipelines.training.divergence.non_finite_arrays`); ``[]`` for a finite one. ``location``
-    is a :class:`pipelines.io.storage.Location`. A file that cannot be read (:func:`read_checkpoint`)
-    is not judged here (``[]``): the damage check names it."""
+    """The keys of a checkpoint's arrays holding NaN or +-inf; ``[]`` when finite or unreadable (judged elsewhere)."""
     try:
         arrays = read_checkpoint(location)
     except DamagedCheckpoint:
@@ -192,8 +154,7 @@ def non_finite_checkpoint(location) -> List[str]:
 
 
 def save_checkpoint(model, path: str) -> int:
-    """Write ``model``'s trainable weights and (when compiled) its optimizer state to ``path``
-    (``.npz``) atomically (:func:`checkpoint_variables`). Returns the file's size in bytes."""
+    """Write ``checkpoint_variables(model)`` to ``path`` (``.npz``) atomically; returns its size in bytes."""
     arrays = {key: variable.numpy() for key, variable in checkpoint_variables(model).items()}
     with replacing_file(path) as f:  # owner-only: run state
         np.savez(f, **arrays)
@@ -201,12 +162,10 @@ def save_checkpoint(model, path: str) -> int:
 
 
 def load_checkpoint(model, path: str, optimizer: bool = True) -> None:
-    """Assign a checkpoint's trainable weights to ``model`` and, with ``optimizer`` and a compiled
-    model, its optimizer state, learning rate and random generators' states (:func:`random_generators`).
+    """Assign a checkpoint's trainable weights and, with ``optimizer`` and a compiled model, the rest.
 
     Raises:
-        ValueError: the checkpoint does not fit the model (other layers or optimizer), or cannot be
-            read (a :class:`DamagedCheckpoint` naming ``path``).
+        ValueError: the checkpoint does not fit the model, or cannot be read (``DamagedCheckpoint``).
     """
     from pipelines.io.storage import resolve
 

@@ -1,9 +1,4 @@
-"""The trained model exported for inference: ``model.keras`` in float32, and its contract ``model.json``.
-
-Batch inference (:mod:`pipelines.predict`) reads the contract, never this module: what the model
-takes (the ETL's stored uint8 image) and returns, and the sha256 of the model file it checks
-before loading it.
-"""
+"""The trained model exported for inference: ``model.keras`` in float32, and its contract ``model.json``."""
 from __future__ import annotations
 
 import hashlib
@@ -23,8 +18,7 @@ from pipelines.training.model.build import backbone_of
 
 
 def input_contract(stored_size: int, input_size: int, class_names) -> dict:
-    """The exported model's contract (``model.json``): what it takes
-    (:data:`pipelines.contract.MODEL_INPUT_DTYPE`, stated there) and what it returns."""
+    """The exported model's contract (``model.json``): what it takes and what it returns."""
     return {
         "file": MODEL_FILE,
         "input": {"name": MODEL_INPUT_NAME, "dtype": MODEL_INPUT_DTYPE,
@@ -44,22 +38,19 @@ def input_contract(stored_size: int, input_size: int, class_names) -> dict:
 
 
 def export_model(model, path: str, stored_size: int = 0, class_names=None):
-    """Save the model for inference, atomically: the trained model itself, which takes the ETL's
-    uint8 image and preprocesses inside (:func:`pipelines.training.model.build.build_model`), as a
-    new uncompiled model over the same layers (Horovod's wrapped optimizer is not serialisable),
-    computing in float32 whatever policy it trained under (:func:`float32_model`: a
-    ``mixed_float16`` model would make every CPU inference float16), architecture + weights. With ``class_names``, also ``model.json`` beside it
-    (:func:`input_contract`), holding the hex sha256 of the saved file's bytes under
-    :data:`pipelines.contract.MODEL_SHA256`, which batch inference checks before loading it.
+    """Save the model for inference atomically, uncompiled (Horovod's optimizer does not serialise) and float32.
+
+    With ``class_names``, ``model.json`` goes beside it with the file's sha256, checked before inference loads it.
 
     Args:
         stored_size: the ETL's image size, checked against the model's input (0: not checked).
 
-    Returns the exported model, in memory (what loading ``path`` gives back, without the seconds
-    that loading takes).
+    Returns:
+        the exported model, in memory.
 
     Raises:
-        ValueError: the model does not take ``stored_size`` px images."""
+        Refused: the model does not take ``stored_size`` px images.
+    """
     from pipelines.stack.kerasapi import keras
 
     stored, size = model.input_shape[1], backbone_of(model).input_shape[1]
@@ -75,7 +66,7 @@ def export_model(model, path: str, stored_size: int = 0, class_names=None):
 
 
 def file_sha256(path: str) -> str:
-    """Hex sha256 of the bytes of the file ``path``, read in 1 MiB blocks."""
+    """Hex sha256 of the bytes of the file ``path``."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -84,9 +75,7 @@ def file_sha256(path: str) -> str:
 
 
 def float32_model(model):
-    """``model`` computing in float32: itself when every layer does, else a copy rebuilt from its
-    configuration with every ``mixed_*`` dtype policy replaced by ``float32`` (under a float32 global
-    policy) and ``model``'s weights (float32 variables under mixed precision too) copied in."""
+    """``model`` computing in float32: itself if every layer does, else a float32 copy with its weights."""
     import tensorflow as tf
 
     if not any(_mixed(layer.dtype_policy.name) for layer in _all_layers(model)):
@@ -115,8 +104,7 @@ def _mixed(name) -> bool:
 
 
 def _float32_config(value):
-    """A Keras configuration with each ``dtype`` that names a ``mixed_*`` policy (a name or a
-    serialised ``Policy``) made ``"float32"``."""
+    """A Keras configuration with each ``dtype`` naming a ``mixed_*`` policy made ``"float32"``."""
     if isinstance(value, list):
         return [_float32_config(item) for item in value]
     if not isinstance(value, dict):

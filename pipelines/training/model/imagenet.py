@@ -1,14 +1,5 @@
-"""``--weights imagenet``: Keras' ImageNet weights of the backbone, resolved once before any rank trains.
-
-Keras' applications download their weights file into Keras' cache on first use
-(``keras.utils.get_file``). Left to the ranks, every rank tries, and without network each one
-fails with a long traceback before the launcher's verdict. :func:`ensure_imagenet_weights` runs
-where the ranks are launched (``--spark-np``, the notebooks) and on rank 0 under ``horovodrun``
-(the other ranks wait for it in ``hvd.init``), before TensorFlow loads: a good file already in
-Keras' cache is used as it is; otherwise it is fetched once, from Keras' own URL, checked with
-Keras' own hash, into the very path Keras looks in, so the ranks find it there and download
-nothing. Pure Python (``urllib``, ``hashlib``): no TensorFlow.
-"""
+"""``--weights imagenet``: Keras' ImageNet weights, fetched (md5-checked) into Keras' cache once before any rank
+starts and before TensorFlow loads, so ranks download nothing (nor each fail without network)."""
 from __future__ import annotations
 
 import contextlib
@@ -32,8 +23,7 @@ FETCH_TIMEOUT_S = 60.0  # per socket operation: a machine whose DNS or proxy nev
 
 @dataclass(frozen=True)
 class KerasFile:
-    """A file a Keras application fetches with ``get_file(name, url, cache_subdir=subdir,
-    file_hash=md5)``, into ``<Keras' cache>/<subdir>/<name>``."""
+    """A file a Keras application fetches with ``get_file``, into ``<Keras' cache>/<subdir>/<name>``."""
 
     name: str
     url: str
@@ -55,19 +45,11 @@ IMAGENET = {
 
 
 class WeightsUnavailable(Refused):
-    """``--weights imagenet``, and the file is neither in Keras' cache nor could be fetched; the
-    message says why and what to do instead (a refusal: exit code 2)."""
+    """``--weights imagenet`` and the file is neither in Keras' cache nor fetchable (a refusal: exit code 2)."""
 
 
 def keras_cache_dir(subdir: str = "models") -> str:
-    """The folder Keras 2.15's ``get_file`` keeps ``subdir`` in: ``~/.keras/<subdir>``, or
-    ``/tmp/.keras/<subdir>`` when ``~/.keras`` is not writable (or missing). ``KERAS_HOME`` moves
-    Keras' ``keras.json``, not this cache.
-
-    Importing Keras makes ``~/.keras`` (unless ``KERAS_HOME`` is set) before any download, so a
-    rank's ``get_file`` finds it; this makes it too, as that import would, so that both choose
-    the same folder.
-    """
+    """Where Keras 2.15's ``get_file`` keeps ``subdir``: in ``~/.keras`` (made as Keras would), else ``/tmp/.keras``."""
     base = os.path.expanduser(os.path.join("~", ".keras"))
     if "KERAS_HOME" not in os.environ:
         with contextlib.suppress(OSError):  # not writable: Keras falls back to /tmp, as below
@@ -87,14 +69,12 @@ def md5_of(path: str) -> str:
 
 
 def fetch(spec: KerasFile, path: str, timeout_s: float = FETCH_TIMEOUT_S) -> None:
-    """Download ``spec.url`` to ``path``: into a temporary name beside it, md5-checked, then
-    renamed, so a rank never finds half a file.
+    """Download ``spec.url`` to ``path`` via a temporary name, md5-checked, so a rank never finds half a file.
 
     Raises:
-        OSError: the download failed (``urllib.error.URLError`` and ``HTTPError`` are OSErrors, as
-            are timeouts), or ``path``'s folder cannot be written.
-        http.client.HTTPException: the server's answer broke off (``IncompleteRead``).
-        ValueError: the file downloaded is not the one Keras expects (its md5 differs).
+        OSError: the download failed (URL errors and timeouts are OSErrors), or ``path``'s folder is not writable.
+        http.client.HTTPException: the server's answer broke off.
+        ValueError: the file's md5 is not Keras'.
     """
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with replacing(path) as tmp:
@@ -108,13 +88,10 @@ def fetch(spec: KerasFile, path: str, timeout_s: float = FETCH_TIMEOUT_S) -> Non
 
 
 def ensure_imagenet_weights(backbone: str, weights: str, timeout_s: float = FETCH_TIMEOUT_S) -> Optional[str]:
-    """With ``weights == 'imagenet'``: the path of ``backbone``'s ImageNet weights in Keras' cache
-    (:func:`ensure_keras_file`); ``None`` for any other ``--weights`` (``none``, a file), which
-    needs nothing fetched.
+    """The path of ``backbone``'s ImageNet weights in Keras' cache when ``weights == 'imagenet'``, else ``None``.
 
     Raises:
-        WeightsUnavailable: not in Keras' cache, and fetching failed (no network, a proxy or
-            server error, a timeout, a file that is not Keras'); one line naming what to do.
+        WeightsUnavailable: not in Keras' cache, and fetching failed; one line naming what to do.
     """
     if weights != "imagenet" or backbone not in IMAGENET:  # a backbone without them was refused by TrainConfig
         return None
@@ -127,12 +104,7 @@ def ensure_imagenet_weights(backbone: str, weights: str, timeout_s: float = FETC
 
 
 def ensure_keras_file(spec: KerasFile, timeout_s: float = FETCH_TIMEOUT_S) -> str:
-    """The path of ``spec`` in Keras' cache: a file already there with Keras' md5 is used as it is
-    (Keras checks the same hash, and would download again otherwise); else it is fetched there.
-
-    Raises:
-        OSError, http.client.HTTPException, ValueError: as :func:`fetch`.
-    """
+    """The path of ``spec`` in Keras' cache: used as is if its md5 is Keras', else fetched (errors as ``fetch``)."""
     path = os.path.join(keras_cache_dir(spec.subdir), spec.name)
     if os.path.isfile(path) and md5_of(path) == spec.md5:
         return path
