@@ -12,9 +12,7 @@ __version__ = "0.1.0"
 
 
 def _stack_environment() -> None:
-    """Set or remove the installed stack's variables (``Stack.environment``) before TensorFlow is imported.
-
-    Every launch path imports ``pipelines`` first and children inherit them; reads package metadata only."""
+    """Set or remove the installed stack's variables (``Stack.environment``) before TensorFlow is imported."""
     try:
         variables = _stack.active().environment
     except _stack.UnknownStack:  # no TensorFlow here (or one of no stack): nothing trains

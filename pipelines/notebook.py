@@ -1,6 +1,4 @@
-"""Helpers of the notebooks: their set-up in one call, runs through HorovodRunner, tables and plots.
-
-No ``dbutils``: paths are plain (``/dbfs/...`` on Databricks) or URIs such as ``s3://bucket/work``."""
+"""Helpers of the notebooks: their set-up in one call, runs through HorovodRunner, tables and plots (no ``dbutils``)."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, NamedTuple, Optional
@@ -53,8 +51,7 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
 
 
 def train(launch: Optional[LaunchConfig] = None, **config) -> Dict:
-    """Train with ``TrainConfig(**config)`` on fresh ranks as ``launch`` says (default ``LaunchConfig(np=-1)``);
-    return rank 0's report.
+    """Train with ``TrainConfig(**config)`` on fresh ranks as ``launch`` says; return rank 0's report.
 
     Raises:
         ValueError, pipelines.launch.HorovodJobFailed: as ``jobs/train.py`` refuses or fails."""
@@ -77,8 +74,7 @@ def history_frame(report: Dict):
 
 
 def summary_table(reports: Dict[str, Dict]):
-    """One row per run: world size, batch, learning rate, epochs, s/epoch, steady images/s, best validation and
-    test accuracy."""
+    """One row per run: world size, batch, learning rate, epochs, speed and accuracies."""
     import pandas as pd
 
     rows = []

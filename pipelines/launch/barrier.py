@@ -1,7 +1,6 @@
 """Spark barrier tasks (``HorovodRunner(np=N)``): N tasks that start together, one rank each.
 
-A task reports its rank's failure as a record, so Spark retries nothing; a lost executor becomes a lost
-``RankFailure`` naming its host."""
+A task reports its rank's failure as a record, so Spark retries nothing."""
 from __future__ import annotations
 
 import base64
@@ -46,8 +45,6 @@ def run_spark(main: Callable[..., Any], kwargs: Dict[str, Any], bounds: WorldBou
               requested_iface: Optional[str], log_dir: Optional[str], before_ranks: Callable[[], None],
               rank_timeouts: Optional[Dict[str, str]] = None, previous: Optional[int] = None) -> Any:
     """Run ``main(**kwargs)`` as barrier tasks of the active SparkSession; return rank 0's value.
-
-    ``bounds.np`` tasks, or in a relaunch (``previous``: the failed world size) what ``attempt_world`` allows.
 
     Raises:
         ValueError, ClusterConfigError: as ``HorovodRunner.run``.
@@ -107,9 +104,7 @@ _LOST_EXECUTOR = r"ExecutorLostFailure \(executor ([^ ()]+)"
 
 
 def lost_host(text: str, executor_hosts: Callable[[], Dict[str, str]] = dict) -> str:
-    """The host of the lost executor a Spark failure ``text`` names, or "".
-
-    ``executor_hosts()`` (id -> host) is called only when the text names just the executor's id."""
+    """The host of the lost executor a Spark failure ``text`` names, or ""; ``executor_hosts()``: id -> host."""
     for pattern in _LOST_HOST:
         match = re.search(pattern, text)
         if match:
@@ -120,7 +115,7 @@ def lost_host(text: str, executor_hosts: Callable[[], Dict[str, str]] = dict) ->
 
 def collect_tasks(rdd, rank_hosts: Dict[int, str],
                    executor_hosts: Callable[[], Dict[str, str]] = dict) -> List[Dict[str, Any]]:
-    """The barrier tasks' records (they report their own failures as records).
+    """The barrier tasks' records.
 
     Raises:
         HorovodJobFailed: an executor was lost: a lost ``RankFailure`` naming its host and lowest rank there."""
@@ -141,8 +136,7 @@ def barrier_task(payload: bytes, world_size: int, requested_iface: Optional[str]
                  rank_timeouts: Optional[Dict[str, str]] = None):
     """The function each barrier task runs: plan ranks, check network and GPUs, rendezvous, run the rank as a child.
 
-    Every task decides its interface and GPUs *before* the one ``allGather`` and shares the outcome: if one cannot,
-    none starts a rank. Task 0 serves the rendezvous; its record adds ``rendezvous_missing`` and ``gloo_timeout``."""
+    Every task decides its interface and GPUs *before* the one ``allGather``: if one cannot, none starts a rank."""
 
     def run(_partition):
         from pyspark import BarrierTaskContext  # in the function: runs in the executor, with PySpark
@@ -206,8 +200,7 @@ def task_choices(host: str, requested_iface: Optional[str], addresses: List[str]
 
 def rank_env(slot: Dict[str, int], host: str, world_size: int, rendezvous: str, choices: Dict[str, Any],
              environ: Mapping[str, str], token: str) -> Dict[str, str]:
-    """The variables a barrier task's rank starts with beyond ``environ``: Horovod's (as ``horovodrun`` sets them),
-    NCCL's interface and the rank's GPUs; a user's own ``NCCL_SOCKET_IFNAME`` and ``CUDA_DEVICE_ORDER`` stay."""
+    """The variables a barrier task's rank starts with beyond ``environ``: Horovod's, NCCL's interface, its GPUs."""
     address, port = split_host_port(rendezvous)
     return {"HOROVOD_HOSTNAME": host, "HOROVOD_RANK": str(slot["rank"]), "HOROVOD_SIZE": str(world_size),
             "HOROVOD_LOCAL_RANK": str(slot["local_rank"]), "HOROVOD_LOCAL_SIZE": str(slot["local_size"]),
@@ -227,8 +220,7 @@ def _host_counts(hosts: List[str]) -> List[tuple]:
 
 
 def rank_plan(hosts: List[str]) -> List[Dict[str, int]]:
-    """Rank layout of barrier tasks from each task's host: host by host in order of first appearance (as Horovod's
-    ``get_host_assignments``), partition order within a host.
+    """Rank layout of barrier tasks, host by host in order of first appearance (as Horovod's ``get_host_assignments``).
 
     Returns:
         For each task: ``rank``, ``local_rank``, ``local_size``, ``cross_rank``, ``cross_size``."""

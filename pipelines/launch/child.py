@@ -1,7 +1,4 @@
-"""One rank in a fresh interpreter (clean TensorFlow and Horovod) inside a barrier task or a local run.
-
-It runs ``child_main`` on the pickled function and writes its outcome as JSON; it dies with its task
-(``PR_SET_PDEATHSIG``)."""
+"""One rank in a fresh interpreter inside a barrier task or a local run; it dies with its task."""
 from __future__ import annotations
 
 import base64
@@ -33,9 +30,7 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child before ex
 
 
 def rank_command(job: str, result: str) -> List[str]:
-    """The command line of a rank's process: ``child_main`` on the paths ``job`` and ``result``.
-
-    Not ``python -m``: runpy would warn on every rank that the module was already imported."""
+    """The command line of a rank's process: ``child_main`` on the paths ``job`` and ``result`` (not ``-m``)."""
     return [sys.executable, "-c", "import sys; from pipelines.launch.child import child_main; "
                                   "sys.exit(child_main(sys.argv[1], sys.argv[2]))", job, result]
 

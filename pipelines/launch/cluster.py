@@ -41,8 +41,7 @@ def spark_home() -> str:
 
 @dataclass(frozen=True)
 class Place:
-    """Where a cluster process runs: ``address`` (bound and advertised), ``command`` (a prefix that starts a process
-    there; empty: this machine), ``work_dir`` (a worker's). On its own host it uses Spark's standard ports."""
+    """Where a cluster process runs: ``address``, ``command`` (a prefix that starts a process there; empty: here)."""
 
     address: str
     command: Tuple[str, ...] = ()
@@ -52,9 +51,7 @@ class Place:
 class StandaloneCluster:
     """Master + ``workers`` workers on ``host``; a context manager that always stops them.
 
-    ``env`` is added to the master's and workers' environment; ``master_at`` and ``workers_at`` place processes on
-    other hosts. ``url``, ``web_url`` (its ``/json/`` lists the workers) and ``conf_dir`` (the drivers'
-    ``SPARK_CONF_DIR``, with the cluster's secret) are set at once."""
+    ``conf_dir`` is the drivers' ``SPARK_CONF_DIR``, holding the cluster's secret."""
 
     def __init__(self, workers: int = 2, cores: int = 1, memory: str = "2g", host: str = "127.0.0.1",
                  work_dir: Optional[str] = None, timeout_s: float = 120.0,

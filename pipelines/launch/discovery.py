@@ -1,8 +1,6 @@
 """One machine's slots under horovodrun's elastic mode, each under a name of its own.
 
-Horovod 0.28.1 blacklists the whole host of a failed worker, so ``scripts/host_discovery.sh`` names slot ``i``
-127.0.0.1 with ``i`` leading zeros in its last number (still 127.0.0.1 to ``inet_aton``): a lost rank takes
-only its slot. ``local_slot`` gives a rank back its slot as local rank (its GPU and share of cores)."""
+Horovod 0.28.1 blacklists a failed worker's whole host, so each slot is 127.0.0.1 spelt with leading zeros."""
 from __future__ import annotations
 
 import re

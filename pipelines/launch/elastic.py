@@ -1,8 +1,6 @@
 """horovodrun's elastic mode: the ranks left after a lost one continue from the newest complete checkpoint.
 
-Horovod 0.28.1 blacklists a dead worker's host (hence ``pipelines.launch.discovery``); survivors get
-``HorovodInternalError``, reset and call the function again; added slots raise ``HostsUpdatedInterrupt`` at
-each epoch's end. The ``State`` holds nothing: each call after a reset resumes from the checkpoint."""
+The ``State`` holds nothing: each call after a reset resumes from the checkpoint."""
 from __future__ import annotations
 
 import functools
@@ -26,8 +24,7 @@ def under_elastic(environ) -> bool:
 
 
 class ElasticRun:
-    """One worker's record of an elastic run: Horovod's ``state``, the ended attempts, its place in the last one,
-    and the run id that every call continues."""
+    """One worker's record of an elastic run: Horovod's ``state``, the ended attempts, and the run id."""
 
     def __init__(self, state):
         self.state = state
@@ -60,8 +57,7 @@ def ended_attempt(number: int, places: List[Tuple[Optional[int], int, str]], hos
                   ended: Optional[str]) -> Optional[Dict]:
     """The record of attempt ``number`` as this worker saw it end (``ended``: why), or None if it was not in it.
 
-    ``places``: each rank's ``(rank then or None, world size then, host)``; ``hosts``: each rank's host then.
-    The record's ``failure`` reads ``rank 1 on HOST lost: WHY`` (just ``WHY`` if none was lost)."""
+    ``places``: each rank's ``(rank then or None, world size then, host)``."""
     before = next((size for rank, size, _ in places if rank is not None), None)
     if before is None or ended is None:
         return None
@@ -79,8 +75,7 @@ def current() -> Optional[ElasticRun]:
 
 
 def run_elastic(main: Callable[..., Any], **kwargs: Any) -> Tuple[Any, int]:
-    """Run ``main(**kwargs, run_id=...)`` under Horovod's elastic ``run_fn``, again after each reset, same run id;
-    ``main`` calls ``hvd.init()`` and then ``current().joined``.
+    """Run ``main(**kwargs, run_id=...)`` under Horovod's elastic ``run_fn``, again after each reset, same run id.
 
     Returns:
         ``(main's value, this worker's rank in the world that finished)``.
@@ -102,8 +97,7 @@ def run_elastic(main: Callable[..., Any], **kwargs: Any) -> Tuple[Any, int]:
 
 
 def _attempt(run: ElasticRun, main: Callable[..., Any], kwargs: Dict[str, Any], state) -> Any:
-    """One call of ``main``: a peer's loss is re-raised as ``HorovodInternalError`` (what ``run_fn`` resets on), a host
-    change stays ``HostsUpdatedInterrupt``; either is recorded in ``run.ended``."""
+    """One call of ``main``: a peer's loss is re-raised as ``HorovodInternalError`` (``run_fn`` resets on it)."""
     from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
     try:
@@ -121,8 +115,7 @@ def _attempt(run: ElasticRun, main: Callable[..., Any], kwargs: Dict[str, Any], 
 
 
 def peer_loss(exc: BaseException) -> str:
-    """One line for a peer-loss error: ``Type: `` and the first sentence of its first line naming Horovod or Gloo,
-    TensorFlow's ``{{function_node ...}}`` dropped, at most 200 characters."""
+    """One line (at most 200 characters) for a peer-loss error, from its first line naming Horovod or Gloo."""
     lines = [re.sub(r"\{\{[^}]*\}\}\s*", "", line).strip() for line in str(exc).splitlines()]
     lines = [line for line in lines if line]
     named = next((line for line in lines if is_secondary(RuntimeError(line))), lines[0] if lines else "")

@@ -1,7 +1,5 @@
-"""What a failed launch says: which rank failed, on which host, why, and whether it was *lost*.
-
-A rank's failure is a ``RankFailure``; a job's, ``HorovodJobFailed`` (root cause first). Lost (killed,
-pre-empted) versus broke (exception, crash) is decided here and read by ``pipelines.launch.recovery``."""
+"""What a failed launch says: which rank failed, on which host, why, and whether it was *lost* (killed,
+pre-empted: a relaunch may survive it) or broke."""
 from __future__ import annotations
 
 import logging
@@ -32,8 +30,7 @@ class RankFailure:
 
     Attributes:
         cause: one line, ``Type: message`` or the exit status.
-        lost: its process or host was taken away, which a relaunch may survive.
-        refused: it raised ``Refused`` (bad input: the driver exits 2 with one line)."""
+        refused: it raised ``Refused`` (the driver exits 2 with one line)."""
 
     rank: int
     cause: str
@@ -88,10 +85,7 @@ def is_secondary(exc: BaseException) -> bool:
 
 
 def failure_record(exc: BaseException) -> Dict[str, Any]:
-    """The redacted record a rank writes of the exception ending it.
-
-    Fields: rank, host, one-line cause, traceback (empty for a refusal or a job's own stop with ``exit_status``),
-    secondary, refused, exit status."""
+    """The redacted record a rank writes of the exception ending it (no traceback for a refusal or own stop)."""
     refused = is_refusal(exc)
     stop = getattr(exc, "exit_status", None)  # a stop the job chose (pipelines.training.preemption.Preempted)
     record = {"rank": int(os.environ.get("HOROVOD_RANK", "0")), "cause": f"{type(exc).__name__}: {exc}",
@@ -117,11 +111,7 @@ class ClusterConfigError(Refused):
 
 def with_late_ranks(failures: List[RankFailure], missing: Sequence[int], timeout_s: str,
                     hosts: Mapping[int, str]) -> List[RankFailure]:
-    """``failures`` with the ranks that never joined the rendezvous as root cause.
-
-    Each ``missing`` rank without a failure of its own becomes a lost ``RankFailure`` on its host naming the
-    window ``timeout_s`` and the option widening it; the others' failures become secondary. Unchanged when no
-    rank is missing or nothing failed."""
+    """``failures`` with the ranks that never joined the rendezvous (lost, within ``timeout_s``) as root cause."""
     own = {f.rank for f in failures}
     late = [RankFailure(rank, f"did not join Gloo's rendezvous within {timeout_s} s (started late or not at "
                               f"all): raise --rendezvous-timeout", host=hosts.get(rank, ""), lost=True)

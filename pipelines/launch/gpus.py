@@ -1,7 +1,6 @@
 """Which GPUs a rank may see, decided where the ranks are launched, and which interface NCCL uses.
 
-As ``TorchDistributor``: an integer GPU address indexes the executor's own ``CUDA_VISIBLE_DEVICES`` when set,
-and the rank starts with exactly its GPUs visible, numbered in PCI bus order (as ``nvidia-smi``)."""
+As ``TorchDistributor``: the rank starts with exactly its GPUs visible, in PCI bus order."""
 from __future__ import annotations
 
 import re
@@ -33,7 +32,6 @@ def task_gpus(addresses: Sequence[str], visible: Optional[Sequence[str]],
     """The ``CUDA_VISIBLE_DEVICES`` entries of the rank a Spark task starts, one per Spark GPU address.
 
     An integer address indexes ``visible`` (the executor's entries) when set, else is kept; a GPU/MIG UUID is kept.
-    ``gpu_count``: GPUs the executor sees, None if unknown.
 
     Raises:
         ValueError: an address neither index nor UUID, a UUID not visible, or an index beyond the visible GPUs."""
@@ -70,8 +68,7 @@ def check_local_gpus(local_size: int, gpu_count: Optional[int]) -> None:
 
 
 def visible_gpu_count(environ: Mapping[str, str]) -> Optional[int]:
-    """GPUs a process started with ``environ`` would see: its ``CUDA_VISIBLE_DEVICES`` entries, else ``nvidia-smi``'s
-    list; 0 without ``nvidia-smi``, None when it fails."""
+    """GPUs a process started with ``environ`` would see; 0 without ``nvidia-smi``, None when it fails."""
     visible = parse_visible(environ.get(CUDA_VISIBLE))
     if visible is not None:
         return len(visible)
@@ -85,8 +82,7 @@ def visible_gpu_count(environ: Mapping[str, str]) -> Optional[int]:
 
 
 def rank_gpu_env(owned: Sequence[str], addresses: Sequence[str], environ: Mapping[str, str]) -> Dict[str, str]:
-    """A rank's GPU variables: ``CUDA_VISIBLE_DEVICES`` = ``owned`` and the assigned addresses (the rank then uses every
-    GPU it sees), when any; ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless the user's ``environ`` sets an order."""
+    """A rank's GPU variables: ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER`` (unless ``environ`` sets one)."""
     env = {name: value for name, value in DEVICE_ORDER.items() if name not in environ}
     if owned:
         env.update({CUDA_VISIBLE: ",".join(owned), **assigned_gpus_env(addresses)})

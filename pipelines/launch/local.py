@@ -1,7 +1,6 @@
 """Local ranks (``HorovodRunner(np=-N)``): N child processes of the driver.
 
-The job and outcomes pass through files in a mode-0700 folder, never a socket; Gloo uses 127.0.0.1. A
-failing rank stops the others; a SIGTERM to the driver is passed on to the ranks (exit 76)."""
+The job and outcomes pass through files in a mode-0700 folder, never a socket; Gloo uses 127.0.0.1."""
 from __future__ import annotations
 
 import base64
@@ -44,7 +43,7 @@ def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
               log_dir: Optional[str], rank_timeouts: Optional[Dict[str, str]] = None) -> Any:
     """Run ``main(**kwargs)`` on ``world_size`` child ranks, Gloo over ``iface`` (None: ``lo``); return rank 0's value.
 
-    ``log_dir``: where ``rank.R/stdout`` and ``rank.R/stderr`` are kept; ``rank_timeouts``: the ranks' wait bounds.
+    ``log_dir``: where ``rank.R/stdout`` and ``rank.R/stderr`` are kept.
 
     Raises:
         HorovodJobFailed: a rank raised, died, or never joined the rendezvous."""
@@ -81,10 +80,9 @@ def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
 
 @contextlib.contextmanager
 def passing_on_sigterm(ranks: List[subprocess.Popen]) -> Iterator[None]:
-    """While the block runs, pass a SIGTERM to this driver on to every running rank instead of ending it.
+    """While the block runs (main thread only), pass a SIGTERM to this driver on to every running rank.
 
-    Only in the main thread (elsewhere Python installs no handler). A repeat within ``preemption.REPEAT_S`` is the
-    same notice; one later ends the driver at once. The previous handler is restored on leaving."""
+    A repeat within ``preemption.REPEAT_S`` is the same notice; one later ends the driver at once."""
     from pipelines.training.preemption import REPEAT_S
 
     if threading.current_thread() is not threading.main_thread():
@@ -144,9 +142,7 @@ def _pump(stream: BinaryIO, shown: str, name: str, keep: Optional[str]) -> None:
 
 
 def _wait(ranks: List[subprocess.Popen]) -> Dict[int, int]:
-    """Wait until every rank has ended or one has failed; ``rank -> exit status`` of those that ended by themselves.
-
-    Ranks still running after a failure are left to ``_stop``: their end is a consequence, not a cause."""
+    """Wait until every rank has ended or one has failed; ``rank -> exit status`` of those that ended by themselves."""
     ended: Dict[int, int] = {}
     while len(ended) < len(ranks):
         for rank, proc in enumerate(ranks):
@@ -184,10 +180,7 @@ def _read(path: str) -> Optional[Dict[str, Any]]:
 
 def collect_failures(records: Dict[int, Optional[Dict[str, Any]]], ended: Dict[int, int],
                      host: str) -> List[RankFailure]:
-    """The failures of a local run; empty when every rank succeeded.
-
-    ``records``: rank -> outcome record or None; ``ended``: rank -> exit status (``_wait``). A rank that ended
-    without a record failed, even with status 0 (killed by a ``LOST_SIGNALS`` signal: lost)."""
+    """The failures of a local run; empty when every rank succeeded. A rank without a record failed, even with 0."""
     failures = [RankFailure(r["rank"], r["cause"], r.get("traceback", ""), r.get("secondary", False),
                             r.get("host") or host, lost=r.get("lost", False), refused=r.get("refused", False),
                             exit_status=r.get("exit_status"))

@@ -71,11 +71,7 @@ def _listing(interfaces: Dict[str, List[str]]) -> str:
 
 def interface_of(host: str, requested: Optional[str] = None,
                  interfaces: Optional[Dict[str, List[str]]] = None) -> str:
-    """The network interface Gloo should use on the machine that runs a rank for ``host``.
-
-    A ``requested`` interface (``HOROVOD_GLOO_IFACE`` or ``--network-interface``) is used as is. Otherwise the one
-    carrying ``host``'s address; any loopback address (all 127.0.0.0/8, ::1) maps to ``lo``. ``interfaces``:
-    name -> addresses, default ``local_interfaces()``.
+    """The network interface Gloo should use for ``host``: ``requested`` as is, else the one carrying its address.
 
     Raises:
         ValueError: the requested interface does not exist, ``host`` does not resolve, or no interface carries
@@ -118,8 +114,7 @@ def is_this_machine(host: str) -> bool:
 
 
 def local_interface(requested: Optional[str], interfaces: Optional[Dict[str, List[str]]] = None) -> Optional[str]:
-    """The user's interface for local ranks, which must carry 127.0.0.1 (else the ranks would be exposed or miss
-    the rendezvous); None when none is named (``lo``).
+    """The user's interface for local ranks, which must carry 127.0.0.1; None when none is named (``lo``).
 
     Raises:
         ValueError: the interface does not exist, or does not carry 127.0.0.1."""

@@ -1,7 +1,4 @@
-"""The variables a launcher hands its ranks: written here, read here once, where a rank starts.
-
-Each is written by one function here and read by ``read_rank_environment`` alone into a ``RankEnvironment``
-(the user's own variables are ``pipelines.runtime.environment``'s):
+"""The variables a launcher hands its ranks: written here, read by ``read_rank_environment`` alone, once.
 
 - ``PIPELINES_ATTEMPTS``: JSON list of the earlier attempts (``attempts_env``).
 - ``PIPELINES_ASSIGNED_GPUS``: the GPU addresses Spark gave a barrier task's rank (``assigned_gpus_env``).
@@ -67,8 +64,8 @@ def read_rank_environment(environ: Optional[Mapping[str, str]] = None) -> RankEn
 
 
 def fault_armed(path: str) -> bool:
-    """Whether ``path`` is the test suite's token file: a regular file of this user's, not a link, mode
-    ``0o600`` or stricter, holding exactly ``FAULT_TOKEN_TEXT``. Anything else leaves the hook off."""
+    """Whether ``path`` is the test suite's token file: this user's regular file, mode ``0o600`` or stricter,
+    holding exactly ``FAULT_TOKEN_TEXT``."""
     if not path:
         return False
     try:
@@ -90,8 +87,7 @@ def fault_token_env(path: str) -> Dict[str, str]:
 
 
 def timeouts_env(rendezvous_timeout_s: float, stall_timeout_s: float, environ: Mapping[str, str]) -> Dict[str, str]:
-    """The variables bounding a rank's waits: Gloo's rendezvous (whole seconds, >= 1; a value already in
-    ``environ`` is kept) and the progress watchdog (seconds)."""
+    """The variables bounding a rank's waits, in seconds: Gloo's rendezvous (unless in ``environ``), the watchdog."""
     gloo = environ.get(GLOO_TIMEOUT_ENV) or str(max(1, int(round(rendezvous_timeout_s))))
     return {GLOO_TIMEOUT_ENV: gloo, STALL_ENV: f"{stall_timeout_s:g}"}
 

@@ -1,8 +1,6 @@
 """The ranks' output, live at the driver: each barrier task sends its rank's lines to the driver's ``LogSink``.
 
-The sink prints them prefixed ``[rank R on HOST]``, redacted, and keeps ``rank-R.log`` (mode 0600). It listens
-on the driver's own address only and bounds what it accepts (token, one connection per rank, capped sizes),
-since anyone reaching the port can connect. Streaming is best effort."""
+Anyone reaching the port can connect, so the sink bounds what it accepts (token, one connection per rank, sizes)."""
 from __future__ import annotations
 
 import hmac
@@ -36,14 +34,12 @@ def prefix(rank: int, host: str) -> str:
 
 
 def printable_host(host: str) -> str:
-    """``host`` as printed: non-printable characters and brackets made ``?`` (no line may pose as another
-    rank's), cut to ``HOST_CHARS``."""
+    """``host`` as printed: non-printable characters and brackets made ``?``, cut to ``HOST_CHARS``."""
     return "".join(c if c.isprintable() and c not in "[]" else "?" for c in host[:HOST_CHARS])
 
 
 def check_header(header: object, token: str, world_size: int) -> Optional[Tuple[int, str]]:
-    """``(rank, host)`` of a valid connection header, else None: matching ``token`` (constant-time compare), an int
-    ``rank`` in ``0 .. world_size - 1``, a string ``host``."""
+    """``(rank, host)`` of a valid connection header (matching ``token``, rank in range), else None."""
     if not isinstance(header, dict):
         return None
     given, rank, host = header.get("token"), header.get("rank"), header.get("host")
@@ -84,12 +80,8 @@ class LogSink:
 
     Args:
         advertised_host: the address the executors reach this process at.
-        log_dir: local folder for ``rank-R.log``, or None.
-        world_size: the number of ranks; a header naming another rank is refused.
+        log_dir: local folder for ``rank-R.log`` (mode 0600), or None.
         bind_host: the address to listen on if not ``advertised_host`` (``spark.driver.bindAddress``).
-        header_timeout_s: seconds a new connection has to send its header.
-
-    ``address`` and ``token`` are what each task needs; ``hosts`` maps each connected rank to its host.
 
     Raises:
         ValueError, OSError: the host to listen on does not resolve; is not this machine's."""
@@ -180,10 +172,7 @@ def _owner_only_log(log_dir: Optional[str], rank: int) -> BinaryIO:
 
 
 def owner_only_append(path: Optional[str]) -> BinaryIO:
-    """``path`` opened to append, mode 0600 whatever the umask, never through a link.
-
-    The null device when ``path`` is None, or (with a warning) a link or not a regular file: the rank's lines
-    still reach the console."""
+    """``path`` opened to append, mode 0600, never through a link (then, or for None, the null device)."""
     if not path:
         return open(os.devnull, "ab")
     try:

@@ -1,7 +1,4 @@
-"""Relaunching a Horovod job whose rank was lost (``--max-failures K``), as Ray's ``FailureConfig``.
-
-Only a *lost* rank (killed, pre-empted, executor lost, or only peer-loss errors) is retried; a deterministic
-failure (our exception, a non-zero exit, a native crash) would fail again and is reported at once."""
+"""Relaunching a Horovod job whose rank was lost (``--max-failures K``); a deterministic failure is not retried."""
 from __future__ import annotations
 
 import logging
@@ -35,8 +32,6 @@ class _Attempt:
 def run_with_retries(launch: Callable[[Callable[..., Any]], Any], main: Callable[..., Any],
                      max_failures: int) -> Any:
     """Run ``launch(wrapped_main)`` (one whole job) up to ``max_failures + 1`` times, relaunching after lost ranks.
-
-    The wrapped function's ``history`` lists the earlier attempts with their world sizes.
 
     Raises:
         HorovodJobFailed: a deterministic failure (at once), or the last lost one.

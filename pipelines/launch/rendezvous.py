@@ -1,7 +1,4 @@
-"""Gloo's rendezvous on one address (loopback, or task 0's host), answering only the job's token.
-
-Horovod's client sends no credential, so the ranks get ``ADDR:PORT/TOKEN`` as the address (``gloo_address``)
-and any request whose path does not start ``/TOKEN:PORT/`` gets 403."""
+"""Gloo's rendezvous on one address (loopback, or task 0's host), answering only the job's token (else 403)."""
 from __future__ import annotations
 
 import secrets
@@ -21,8 +18,6 @@ def gloo_address(address: str, port: "int | str", token: str) -> str:
 
 class Rendezvous:
     """Horovod's Gloo rendezvous HTTP store on ``address`` (127.0.0.1, or where other hosts reach this one).
-
-    ``host_counts``: the ranks' hosts in rank order with their rank counts. Attributes ``port`` and ``token``.
 
     Raises:
         OSError: ``address`` is not an address of this machine."""

@@ -1,7 +1,4 @@
-"""``HorovodRunner``: run one function on N Horovod ranks, locally or as Spark barrier tasks.
-
-Both paths return rank 0's value; a failing rank fails the run promptly with ``HorovodJobFailed`` naming rank,
-host and cause; with ``max_failures`` a run that lost a rank is relaunched (``pipelines.launch.recovery``)."""
+"""``HorovodRunner``: run one function on N Horovod ranks, locally or as Spark barrier tasks."""
 from __future__ import annotations
 
 import os
@@ -20,14 +17,12 @@ class HorovodRunner:
     """Run a function on ``abs(np)`` Horovod ranks: ``np < 0`` local processes, ``np > 0`` Spark barrier tasks.
 
     Args:
-        np: number of ranks; negative for local processes, positive for Spark barrier tasks.
         slots_timeout_s: seconds to wait for the cluster's executors to offer the task slots.
-        network_interface: Gloo's interface on every host (e.g. ``eth0``), used as is or refused; default
-            ``HOROVOD_GLOO_IFACE``, else the one carrying each host's address.
+        network_interface: Gloo's interface on every host (e.g. ``eth0``); default ``HOROVOD_GLOO_IFACE``.
         max_failures: relaunches after a lost rank (0: none); the function must resume from its checkpoints.
         min_np, max_np: with ``np > 0`` and ``max_failures``: a relaunch's world size bounds. Default: ``np``.
         log_dir: local folder keeping each rank's whole output. None: shown live at the driver only.
-        before_ranks: called on every attempt just before any rank starts, after the launch's own checks.
+        before_ranks: called on every attempt just before any rank starts.
         rank_timeouts: variables bounding every rank's waits (``rankenv.timeouts_env``); None: Horovod's.
 
     Raises:
@@ -59,8 +54,7 @@ class HorovodRunner:
 
         Raises:
             ClusterConfigError: the Spark configuration forbids barrier tasks.
-            ValueError: before any rank starts: no SparkSession, too few slots, an unusable interface, or more local
-                ranks than GPUs.
+            ValueError: before any rank starts: no SparkSession, too few slots, an unusable interface, too few GPUs.
             HorovodJobFailed: a rank raised or died (a lost one only once relaunches are spent).
             RelaunchImpossible: a relaunch found too few task slots."""
         return run_with_retries(lambda attempt: self._launch(attempt, kwargs), main, self.max_failures)

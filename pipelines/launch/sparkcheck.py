@@ -28,10 +28,7 @@ def _is_true(value: Optional[str]) -> bool:
 
 
 def check_barrier_conf(conf: Dict[str, str]) -> None:
-    """Refuse ``spark.dynamicAllocation.enabled=true``, under which Spark 4.0 runs no barrier stage.
-
-    A ``local`` master is exempt (Spark turns it off there) unless ``spark.dynamicAllocation.testing``.
-    ``conf``: ``dict(sc.getConf().getAll())``.
+    """Refuse ``spark.dynamicAllocation.enabled=true`` (no barrier stage runs), unless on a ``local`` master.
 
     Raises:
         ClusterConfigError: naming the setting and the value to use."""
@@ -45,9 +42,7 @@ def check_barrier_conf(conf: Dict[str, str]) -> None:
 
 
 def executor_id_hosts(sc, active_only: bool = False) -> Dict[str, str]:
-    """Executor id -> host for every executor the application has had (or only live ones); {} where Spark cannot say.
-
-    The driver's id is ``"driver"``; lost ones are kept up to ``spark.ui.retainedDeadExecutors``."""
+    """Executor id -> host for every executor the application has had (or only live ones); {} where Spark cannot say."""
     from py4j.protocol import Py4JError  # in the function: `import pipelines` stays free of PySpark
 
     try:
@@ -73,9 +68,6 @@ def executor_hosts(sc) -> List[str]:
 def check_local_executors(sc, requested: Optional[str]) -> None:
     """Before any task starts, choose the Gloo interface of every executor on this machine as its task will.
 
-    All executors on a ``local``/``local-cluster`` master; remote ones are checked by their tasks. ``requested``
-    defaults to the executors' ``HOROVOD_GLOO_IFACE``.
-
     Raises:
         ValueError: a missing interface, an unresolvable host, an address on no interface, or an IPv6-only host."""
     requested = requested or sc.environment.get(GLOO_IFACE_ENV)
@@ -99,9 +91,7 @@ def task_slots(sc) -> int:
 
 
 def wait_for_slots(slots: Callable[[], int], wanted: int, timeout_s: float, settle_s: float = 8.0) -> int:
-    """Poll ``slots()`` until it reaches ``wanted``; return the last count.
-
-    Gives up after ``timeout_s``, or once some slots exist and have not changed for ``settle_s``."""
+    """Poll ``slots()`` until it reaches ``wanted``, ``timeout_s`` passes or it is steady for ``settle_s``."""
     start = time.monotonic()
     count, changed = slots(), start
     while count < wanted:
@@ -119,8 +109,7 @@ def attempt_world(slots: Callable[[], int], master: str, bounds: WorldBounds, pr
                   timeout_s: float) -> int:
     """How many barrier tasks an attempt runs, ``slots()`` counting the free task slots.
 
-    ``bounds.np`` for a first attempt or a fixed world; a relaunch (``previous``: failed world size) takes the
-    slots offered now, capped at ``max_np``, waiting up to ``timeout_s`` for ``min_np``.
+    ``bounds.np`` for a first attempt or a fixed world; a relaunch takes the slots offered now, up to ``max_np``.
 
     Raises:
         pipelines.runtime.errors.Refused: too few slots, naming both numbers."""

@@ -1,9 +1,7 @@
-"""A bound on how long a live rank may go without progress: ``Watchdog``.
+"""A bound on how long a live rank may go without progress: ``Watchdog``; a stalled rank exits ``STALL_EXIT``.
 
-A rank stuck while alive keeps Horovod's background thread running, so Gloo never times out and its peers
-wait forever. So each rank watches itself: its work ticks the watchdog (``waits=True`` where it may block on
-peers, which then get ``grace_s`` more, so the rank that stopped on its own work ends first and is named).
-A stalled rank exits ``STALL_EXIT``, a lost rank to its launcher."""
+A rank stuck while alive keeps Gloo from timing out, so each rank watches itself; waits on peers get ``grace_s``
+more, so the rank that stopped on its own work ends first and is named."""
 from __future__ import annotations
 
 import contextlib
@@ -34,10 +32,8 @@ class Watchdog:
     """Ends this rank when no ``tick`` came for ``timeout_s`` seconds (plus ``grace_s`` after ``waits=True``).
 
     Args:
-        timeout_s: seconds (> 0) without a tick after the rank's own work.
-        on_stall: called once, from the watchdog's thread, with a one-line description; default
-            ``end_stalled_rank``.
-        clock: monotonic seconds (a test's own clock)."""
+        on_stall: called once, from the watchdog's thread, with a one-line description.
+        clock: monotonic seconds."""
 
     def __init__(self, timeout_s: float, on_stall: Optional[Callable[[str], None]] = None,
                  clock: Callable[[], float] = time.monotonic):
@@ -126,8 +122,7 @@ def thread_stacks() -> str:
 
 
 def stall_record(why: str, environ=os.environ) -> Dict[str, Any]:
-    """A stalled rank's failure record (``failure_record``'s fields): ``RankStalled: WHY``, every thread's stack as its
-    traceback, ``lost`` (a relaunch may not stall again)."""
+    """A stalled rank's failure record: ``RankStalled: WHY``, every thread's stack, ``lost``."""
     return redact({"status": "error", "rank": int(environ.get("HOROVOD_RANK", "0")),
                    "host": environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),
                    "cause": f"RankStalled: {why}", "traceback": thread_stacks(),
@@ -135,8 +130,7 @@ def stall_record(why: str, environ=os.environ) -> Dict[str, Any]:
 
 
 def end_stalled_rank(why: str) -> None:
-    """Log and write the stall record as the rank's outcome, then ``os._exit(STALL_EXIT)`` (the stuck main thread
-    cannot be interrupted)."""
+    """Log and write the stall record as the rank's outcome, then ``os._exit(STALL_EXIT)``."""
     record = stall_record(why)
     log.error("rank %s on %s stalled: %s\n%s", record["rank"], record["host"], why, record["traceback"].rstrip())
     for handler in logging.getLogger().handlers + log.handlers:

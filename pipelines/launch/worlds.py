@@ -1,7 +1,4 @@
-"""The bounds of a run's world size (``--min-np``, ``--max-np``) and the size of a relaunch.
-
-A relaunch takes the slots offered then, capped at ``max_np``, if at least ``min_np``, as Horovod's elastic
-driver does. Pure arithmetic: the waits for slots are ``pipelines.launch.sparkcheck``'s."""
+"""The bounds of a run's world size (``--min-np``, ``--max-np``) and the size of a relaunch (pure arithmetic)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

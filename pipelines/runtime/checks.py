@@ -1,5 +1,4 @@
-"""The checks of a stage's config values, each naming its option: type (``check_type``) and finite range
-(``check_number``). Used by ``pipelines.runtime.config`` and every stage's config."""
+"""The checks of a stage's config values, each naming its option: type and finite range."""
 from __future__ import annotations
 
 import dataclasses
@@ -39,8 +38,7 @@ _KINDS: Dict[Any, Tuple[str, Callable[[Any], bool]]] = {
 
 
 def check_type(name: str, value: Any, tp: Any) -> None:
-    """Refuse ``value`` for option ``name`` unless it fits the annotation ``tp`` (bool, int not bool, number, str,
-    None for ``Optional``); for Python callers, as argparse converts command-line values itself.
+    """Refuse ``value`` for option ``name`` unless it fits the annotation ``tp`` (an int is not a bool).
 
     Raises:
         pipelines.runtime.errors.Refused: ``batch_size must be an int, got '8' (str)``."""
@@ -55,8 +53,7 @@ def check_type(name: str, value: Any, tp: Any) -> None:
 
 
 def check_types(config: Any) -> None:
-    """Refuse a field of the dataclass ``config`` not of its annotated type (groups' fields are checked by
-    ``init_options``). Call it first in ``__post_init__``: every other check compares the values.
+    """Refuse a field of the dataclass ``config`` not of its annotated type; call it first in ``__post_init__``.
 
     Raises:
         pipelines.runtime.errors.Refused: as ``check_type``."""
@@ -68,8 +65,7 @@ def check_types(config: Any) -> None:
 
 def check_number(name: str, value: float, above: Optional[float] = None, at_least: Optional[float] = None,
                  below: Optional[float] = None, at_most: Optional[float] = None, why: str = "") -> None:
-    """Refuse ``value`` of option ``name`` unless finite and within the given bounds (each test asks whether it is
-    inside, as every comparison with NaN is False).
+    """Refuse ``value`` of option ``name`` unless finite and within the given bounds.
 
     Raises:
         pipelines.runtime.errors.Refused: ``--base-lr must be positive and finite, got nan`` (``why`` appended)."""

@@ -1,16 +1,13 @@
 """The user's environment variables, read in one place; and variables set for a block of code.
 
-Every ``PIPELINES_*`` variable a user may set is read by ``read_settings`` alone, where a process starts, and
-passed down as parameters (the variables a launcher hands its ranks are ``pipelines.launch.rankenv``'s):
+Every ``PIPELINES_*`` variable a user may set is read by ``read_settings`` alone, where a process starts:
 
-- ``PIPELINES_WORKDIR`` (``~/pipelines-work``): the launching machine's working folder: samples, runs, and the
-  MLflow store of an output on an object store.
+- ``PIPELINES_WORKDIR`` (``~/pipelines-work``): the launching machine's working folder.
 - ``PIPELINES_CACHE`` (``~/.cache/pipelines``): the set-up tools' download cache.
 - ``PIPELINES_TRACKING`` (on): ``0``, ``false``, ``no`` or ``off``: no MLflow run unless ``--tracking``.
 - ``PIPELINES_VERBOSE`` (off): anything but empty or ``0``: ``--verbose`` unless the flag is given.
 - ``PIPELINES_SPARK_LOG_LEVEL`` (``WARN``, ``INFO`` with ``--verbose``): the jobs' Spark log level.
-- ``PIPELINES_STORAGE_OPTIONS`` (none): storage options as a JSON object, off the command line that any
-  local user can read; the flags win."""
+- ``PIPELINES_STORAGE_OPTIONS`` (none): storage options as a JSON object, off the command line; the flags win."""
 from __future__ import annotations
 
 import os

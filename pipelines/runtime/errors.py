@@ -1,7 +1,4 @@
-"""The one refusal type: bad input, known before (or instead of) the work.
-
-``Refused`` (and only it) becomes exit 2 and one line; any other exception is a failure: exit 1 with its
-redacted traceback."""
+"""The one refusal type: ``Refused`` (and only it) exits 2 with one line; any other exception exits 1."""
 from __future__ import annotations
 
 import logging
@@ -11,9 +8,7 @@ from pipelines.runtime.redact import redact_text
 
 
 class Refused(ValueError):
-    """The input (options, data, output folder, model file) cannot be used as given.
-
-    The message names the offending value or flag and what to do. A ``ValueError`` for older callers."""
+    """The input (options, data, output folder, model file) cannot be used as given; the message says what to do."""
 
 
 class MissingInput(Refused, FileNotFoundError):

@@ -21,10 +21,7 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def setup_logging(stage: str, rank: Optional[int] = None, level: int = logging.INFO) -> logging.Logger:
-    """Configure and return the ``pipelines`` logger for one process.
-
-    Every message carries the stage and, when given, the rank (``[train rank 1]``). Restricting progress messages
-    to rank 0 is the caller's job; every rank logs errors."""
+    """Configure and return the ``pipelines`` logger for one process, messages tagged ``[train rank 1]``."""
     logger = logging.getLogger(LOGGER_NAME)
     logger.handlers.clear()
     handler = _StderrHandler()
@@ -37,10 +34,8 @@ def setup_logging(stage: str, rank: Optional[int] = None, level: int = logging.I
 
 
 def plural(count: float, noun: str, nouns: str = "") -> str:
-    """``count`` and ``noun``, plural unless ``count`` is 1: ``plural(3, "class")`` -> ``"3 classes"``.
-
-    The regular plural adds ``-es`` after s, x, z, sh, else ``-s``; ``nouns`` gives any other
-    (``plural(n, "batch", "batches")``)."""
+    """``count`` and ``noun``, plural unless ``count`` is 1: ``plural(3, "class")`` -> ``"3 classes"``; ``nouns``:
+    an irregular plural."""
     if count == 1:
         return f"{count} {noun}"
     if not nouns:

@@ -1,7 +1,4 @@
-"""The progress line of long work, pure arithmetic and formatting (no Spark).
-
-``decode: 12,345/30,607 images (40 %), 151.2 images/s, 2 min 1 s left``. The rate is the mean since the start,
-so it includes start-up but does not jump when one slow task ends."""
+"""The progress line of long work, pure arithmetic and formatting (no Spark); the rate is the mean since the start."""
 from __future__ import annotations
 
 import math
@@ -43,7 +40,6 @@ def progress_line(what: str, done: int, total: int, elapsed_s: float, unit: str 
     """One progress line of ``what`` (a stage's name), ``done`` of ``total`` items after ``elapsed_s`` seconds.
 
     Args:
-        unit, units: the item's noun and its irregular plural, if any.
         finished: the last line (``done`` may be below ``total``): ``done in <duration>`` instead of the time left.
 
     Returns:

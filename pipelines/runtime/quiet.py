@@ -1,7 +1,6 @@
 """Quiet by default: warnings and errors only, from every library, unless ``--verbose``.
 
-Call ``quiet_by_default`` first in an entry point, before TensorFlow loads; ranks call ``quiet_libraries``.
-Java 17's ``Using incubator modules`` line stays: no JVM option hides it."""
+Call ``quiet_by_default`` first in an entry point, before TensorFlow loads; ranks call ``quiet_libraries``."""
 from __future__ import annotations
 
 import logging
@@ -30,9 +29,7 @@ def is_verbose() -> bool:
 
 
 def quiet_by_default(verbose: bool) -> None:
-    """Set the noise level of this process and its children before TensorFlow or Spark load.
-
-    Quiet: ``TF_CPP_MIN_LOG_LEVEL=2`` unless set, ``HARMLESS`` warnings ignored. Verbose: ``TF_CPP_MIN_LOG_LEVEL=0``."""
+    """Set the noise level of this process and its children before TensorFlow or Spark load."""
     global _verbose
     _verbose = verbose
     if verbose:

@@ -1,8 +1,6 @@
 """Secrets masked wherever a config, URI, option or message is written or printed (standard library only).
 
-One rule: a secret-looking key's value (``is_secret_key``: keys matched on their words, so ``cache_key`` stays
-readable) becomes ``MASK``, a URI's userinfo is masked, and free text gets both rules. It errs on the side of
-masking: a masked setting costs a reader one value, a leaked one a credential."""
+A secret-looking key's value and a URI's userinfo become ``MASK``; when in doubt, mask."""
 from __future__ import annotations
 
 import re
@@ -98,9 +96,7 @@ _BEARER = re.compile(r"(?i)(?<![\w\-])(bearer)(\s+)(?=[\w\-.~+/]*[\d\-.~+/])([\w
 
 
 def redact_text(text: str) -> str:
-    """``text`` (message, traceback, command line, repr) with every URI's userinfo and secret-looking key's value masked.
-
-    A percent-encoded run hiding a secret is shown decoded and masked (``password%3Dpw`` -> ``password=***``)."""
+    """``text`` with every URI's userinfo and secret-looking key's value masked (percent-encoded ones decoded)."""
     return _ENCODED.sub(_encoded, _redact_plain(text))
 
 

@@ -28,9 +28,7 @@ LOOPBACK = "127.0.0.1"
 
 
 def utf8_conf(verbose: bool = False) -> Dict[str, str]:
-    """Spark settings giving executors a UTF-8 locale and the driver the quiet log4j configuration unless ``verbose``.
-
-    They are ``defaultJavaOptions``, so a user's own ``extraJavaOptions`` add to them instead of replacing them."""
+    """Spark ``defaultJavaOptions`` giving executors a UTF-8 locale and the driver a quiet log4j unless ``verbose``."""
     conf = {"spark.driver.defaultJavaOptions": f"{UTF8_JAVA_OPTIONS} {spark_log_options(verbose)}".strip(),
             "spark.executor.defaultJavaOptions": UTF8_JAVA_OPTIONS}
     conf.update({f"spark.executorEnv.{key}": value for key, value in UTF8_ENV.items()})
@@ -44,11 +42,8 @@ def is_local_master(master: str) -> bool:
 
 
 def service_conf(master: str, environ: Mapping[str, str]) -> Dict[str, str]:
-    """What a session this module starts serves on the network, for the master ``master``.
-
-    No web UI (it listens on every interface and shows the job's environment); a caller's
-    ``spark.ui.enabled=true`` brings it back without kill links. On a ``local`` master without
-    ``SPARK_LOCAL_IP`` in ``environ``, the driver's services listen on 127.0.0.1 alone."""
+    """What a session this module starts serves on the network: no web UI (it shows the job's environment);
+    on a ``local`` master without ``SPARK_LOCAL_IP``, services on 127.0.0.1 alone."""
     conf = {"spark.ui.enabled": "false", "spark.ui.killEnabled": "false"}
     if is_local_master(master) and not environ.get("SPARK_LOCAL_IP"):
         conf.update({"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK})
@@ -59,9 +54,8 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
                   verbose: bool = False, log_level: str = ""):
     """The active SparkSession, or a new one, at log level ``log_level``, else ``INFO`` if ``verbose``, else ``WARN``.
 
-    Under plain ``python`` the master is ``master`` or ``DEFAULT_MASTER`` and a JVM this call starts gets a UTF-8
-    locale, no web UI and loopback services (``conf`` wins); under ``spark-submit`` pass ``--conf`` there.
-    Python workers run the driver's interpreter. Every new context hides secrets (``SPARK_REDACTION_REGEX``)."""
+    Under plain ``python`` the master is ``master`` or ``DEFAULT_MASTER`` (``conf`` wins over our settings);
+    under ``spark-submit`` pass ``--conf`` there."""
     from pyspark import SparkContext  # in the function: `import pipelines` stays free of PySpark
     from pyspark.sql import SparkSession
 
@@ -83,9 +77,6 @@ def spark_session(app_name: str, master: Optional[str] = None, conf: Optional[Di
 @contextmanager
 def log_progress(spark, what: str, total: int, unit: str = "image", every_s: float = 10.0) -> Iterator[object]:
     """Log a Spark job's progress on the driver while the block runs: at the start, every ``every_s``, at a clean end.
-
-    Tasks add 1 per finished item to the yielded accumulator, which Spark merges once per successful task: exact,
-    but it moves task by task.
 
     Yields:
         The accumulator (int, starting at 0) to pass to the tasks."""

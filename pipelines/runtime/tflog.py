@@ -1,8 +1,6 @@
 """``TF_CPP_MIN_LOG_LEVEL`` for the lines TensorFlow logs while it loads, on every stack.
 
-TensorFlow 2.21 logs its ``oneDNN`` lines through absl before absl honours that variable. ``install`` (run by
-``import pipelines``) captures stderr during the first ``import tensorflow`` and writes back every other
-line in order, also when the import fails."""
+``install`` filters stderr during the first ``import tensorflow`` (TF 2.21 logs before absl honours it)."""
 from __future__ import annotations
 
 import contextlib

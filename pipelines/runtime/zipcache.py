@@ -1,8 +1,6 @@
 """Make PySpark's per-task ``importlib.invalidate_caches()`` cheap again on Python 3.10 and 3.11.
 
-There it makes every zip importer re-read its archive's directory (CPython gh-103200, fixed in 3.12), which
-PySpark's workers do at every task start. ``install`` patches a worker for its life: an archive is re-read
-only when its size or modification time changed."""
+There it makes every zip importer re-read its archive's directory at every task start."""
 from __future__ import annotations
 
 import os

@@ -1,7 +1,5 @@
-"""What differs between the project's two dependency stacks, said in one place.
+"""What differs between the project's two dependency stacks (``mission``, ``current``), said in one place.
 
-``mission`` (default): TensorFlow 2.15, Horovod 0.28.1, Petastorm on pyarrow 14, Python 3.11. ``current``:
-TensorFlow 2.21 with ``tf_keras``, Horovod 0.28.1 patched, our own Parquet reader, Python 3.12 and 3.13.
 Versions live in ``requirements/<stack>.in`` only. Standard library only: it runs before any venv exists."""
 from __future__ import annotations
 
@@ -28,13 +26,8 @@ class Stack(NamedTuple):
 
     Attributes:
         keras_module: the Keras 2 API its code imports: ``tensorflow.keras`` or ``tf_keras``.
-        keras_package: the distribution and import name of that Keras 2.
-        environment: ``(variable, value)`` pairs ``import pipelines`` sets (None: removes) before TensorFlow
-            loads: ``TF_USE_LEGACY_KERAS=1`` on TF 2.21 (MLflow needs it), removed on TF 2.15 (it breaks there).
-        reader: its default ``--reader``: ``petastorm`` (pyarrow < 15) or ``own``.
-        horovod_patch: the patch its Horovod is built with, or None.
-        functional_module, loads_models_of, mlflow_schema: what its artefacts carry that the other stack reads
-            (docs/stacks.md)."""
+        environment: ``(variable, value)`` pairs ``import pipelines`` sets (None: removes) before TensorFlow loads.
+        functional_module, loads_models_of, mlflow_schema: what its artefacts carry that the other stack reads."""
     name: str
     keras_module: str
     keras_package: str
@@ -86,8 +79,7 @@ def get(name: str) -> Stack:
     """The stack called ``name``.
 
     Raises:
-        UnknownStack: no such stack (the message lists the stacks).
-    """
+        UnknownStack: no such stack (the message lists the stacks)."""
     if name not in STACKS:
         raise UnknownStack(f"unknown stack {name!r}: the stacks are {', '.join(STACKS)}")
     return STACKS[name]
@@ -99,9 +91,8 @@ def requirements_file(name: str, kind: str = "in") -> str:
 
 
 def pins(name: str) -> Dict[str, str]:
-    """The exact pins ``package -> version`` of the stack's ``.in`` file and its ``-r`` includes.
-
-    Names lower-cased, extras dropped, ``NO_DEPS`` lines included; ranges (``setuptools<70``) are left out."""
+    """The exact pins ``package -> version`` (lower-cased, no extras, no ranges) of the stack's ``.in`` file and
+    its ``-r`` includes."""
     found: Dict[str, str] = {}
 
     def read(path: str) -> None:

@@ -1,8 +1,6 @@
 """The one import point of the Keras 2 API: ``from pipelines.stack.kerasapi import keras``.
 
-Horovod 0.28.1 wraps a Keras 3 optimizer without averaging, so each rank would silently train alone;
-``distributed_optimizer`` is the only way to that wrapper and refuses Keras 3 first. Importing this module
-imports TensorFlow and checks that ``TF_USE_LEGACY_KERAS`` took effect."""
+Horovod 0.28.1 wraps a Keras 3 optimizer without averaging, so ``distributed_optimizer`` refuses Keras 3."""
 from __future__ import annotations
 
 import importlib

@@ -1,9 +1,6 @@
-"""Materialise offline sample image sets as Caltech-256-style trees.
+"""Materialise offline sample image sets as Caltech-256-style trees ``DEST/NNN.<class>/NNN_IIII.jpg``.
 
-Both write ``DEST/NNN.<class>/NNN_IIII.jpg``. ``tuxpaint``: the photo folders (``TUXPAINT_CATEGORIES``) of the
-Debian package ``tuxpaint-stamps-default``; ``fashion-mnist``: the package ``dataset-fashion-mnist``, 28x28
-greyscale. Packages are cached under ``Settings.cache``. DEST may hold only class folders this module wrote;
-the new tree is staged beside it and swapped in whole, so a failure never leaves a partial tree."""
+DEST may hold only class folders this module wrote; the new tree is swapped in whole, never left partial."""
 
 from __future__ import annotations
 

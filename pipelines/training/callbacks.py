@@ -28,10 +28,9 @@ log = logging.getLogger("pipelines")
 
 
 class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
-    """``EarlyStopping`` that restores the best weights however training ends, and can resume.
+    """``EarlyStopping`` that restores the best weights however training ends (Keras: only on its own stop).
 
-    Keras restores them only when it stops the run itself, not when the epochs run out. ``state`` (from a
-    checkpoint marker) continues a previous run's patience count and best value."""
+    ``state`` (from a checkpoint marker) continues a previous run's patience count and best value."""
 
     def __init__(self, state: Optional[Dict] = None, best_weights: Optional[List] = None, **kwargs):
         super().__init__(restore_best_weights=True, **kwargs)
@@ -42,8 +41,7 @@ class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
 
     @classmethod
     def of_rule(cls, rule, steps_per_epoch: int, **kwargs) -> "BestWeightsEarlyStopping":
-        """Early stopping by ``rule`` (a ``StoppingRule``) for ``steps_per_epoch`` optimizer steps an
-        epoch; ``kwargs``: ``state``, ``best_weights``."""
+        """Early stopping by ``rule`` (a ``StoppingRule``); ``kwargs``: ``state``, ``best_weights``."""
         return cls(monitor=rule.monitor, mode=rule.mode, patience=rule.patience(steps_per_epoch),
                    min_delta=rule.min_delta, verbose=0, **kwargs)
 
@@ -56,10 +54,8 @@ class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
             self.best_weights = self._resume_best_weights
 
     def state(self, epochs_done: Optional[int] = None) -> Dict:
-        """JSON-ready state: ``best``, ``wait``, ``best_epoch`` (1-based), ``stopped``, ``monitor``.
-
-        ``monitor``: ``--resume`` continues only a run that watched the same metric. ``epochs_done`` 0 (a step
-        checkpoint in epoch 1): no best yet, best epoch 0, best ``None``."""
+        """JSON-ready state: ``best``, ``wait``, ``best_epoch`` (1-based; 0 and best ``None`` before epoch 1 ends),
+        ``stopped``, ``monitor`` (``--resume`` requires the same)."""
         if epochs_done == 0:
             return {"best": None, "wait": 0, "best_epoch": 0, "stopped": False, "monitor": self.monitor}
         return {"best": float(self.best), "wait": int(self.wait), "best_epoch": int(self.best_epoch) + 1,
@@ -74,8 +70,7 @@ class BestWeightsEarlyStopping(keras.callbacks.EarlyStopping):
 class EpochStats(keras.callbacks.Callback):
     """Adds ``lr``, ``epoch_seconds``, ``train_images_per_second``, ``step_ms`` and ``loss_scale`` to epoch logs.
 
-    Training time excludes validation; ``step_ms`` is the median step-start-to-step-start time (the scaling
-    model's figure); ``loss_scale`` only under mixed precision."""
+    Training time excludes validation; ``step_ms`` is the median step; ``loss_scale`` only under mixed precision."""
 
     def __init__(self, steps_per_epoch: int, global_batch: int):
         super().__init__()
@@ -132,11 +127,9 @@ def loss_scale(optimizer) -> Optional[float]:
 class DivergenceGuard(keras.callbacks.Callback):
     """Every rank: stops all ranks at the same step when any rank's loss, logs or weights turn non-finite.
 
-    Each step (and validation batch) every rank allreduces ``(diverged, preempted)`` flags (``count``), so
-    all raise the same ``TrainingDiverged`` together; ``TerminateOnNaN`` would stop one rank and hang the
-    rest. Place it before early stopping and checkpoints. A SIGTERM (``notice``) stops every rank after the
-    same step or validation batch, after ``on_preempted`` (rank 0's checkpoint) and ``agree``; after
-    validation's last check it waits for the epoch's end (``deferred``)."""
+    Each step and validation batch every rank allreduces ``(diverged, preempted)`` flags, so all raise
+    together (``TerminateOnNaN`` would hang the other ranks). Place it before early stopping and checkpoints.
+    A SIGTERM (``notice``) stops every rank at the same point, after rank 0's checkpoint (``on_preempted``)."""
 
     def __init__(self, steps_per_epoch: int, count=None, gather=None, notice=None, on_preempted=None, agree=None):
         super().__init__()
@@ -181,7 +174,7 @@ class DivergenceGuard(keras.callbacks.Callback):
             pass
 
     def _check_in_validation(self, validating: bool, logs, after: str) -> bool:
-        """One collective check in validation (``after``: for the watchdog); returns whether any rank validates."""
+        """One collective check in validation; returns whether any rank still validates."""
         tick_watchdog(f"the preemption check after {after}", waits=True)
         still, notices = self.count((validating, bool(self.notice and self.notice.requested)))
         tick_watchdog(f"the rank's own work after the check after {after}")
@@ -212,9 +205,8 @@ class DivergenceGuard(keras.callbacks.Callback):
 
 
 class PreemptAtEpochEnd(keras.callbacks.Callback):
-    """Every rank, after every other epoch-end callback: raises ``Preempted`` when ``guard`` deferred a notice.
-
-    Every rank first waits for rank 0 (``guard.agree``), whose checkpoint is then complete."""
+    """Every rank, after every other epoch-end callback: raises ``Preempted`` once rank 0's checkpoint is complete
+    when ``guard`` deferred a notice."""
 
     def __init__(self, guard: DivergenceGuard):
         super().__init__()
@@ -229,8 +221,7 @@ class PreemptAtEpochEnd(keras.callbacks.Callback):
 class HostsUpdateCheck(keras.callbacks.Callback):
     """Elastic mode, every rank at an epoch's end after its checkpoint: Horovod's ``check_host_updates()``.
 
-    It raises ``HostsUpdatedInterrupt`` on every rank alike when discovery added slots or took a live worker's
-    away; the run continues from that checkpoint on the new world. Not after the last epoch nor an early stop."""
+    Raises ``HostsUpdatedInterrupt`` on every rank alike; not after the last epoch nor an early stop."""
 
     def __init__(self, state):
         super().__init__()
@@ -266,9 +257,7 @@ def gather_ranks(value) -> list:
 
 
 class TrackEpochs(keras.callbacks.Callback):
-    """Rank 0: each epoch's logs to MLflow at ``step`` = the 1-based epoch.
-
-    The ``Tracker`` never raises here: a tracking failure must not stop training."""
+    """Rank 0: each epoch's logs to MLflow at ``step`` = the 1-based epoch (never raises)."""
 
     def __init__(self, tracker):
         super().__init__()
@@ -281,8 +270,7 @@ class TrackEpochs(keras.callbacks.Callback):
 class ProgressMark(keras.callbacks.Callback):
     """Rank 0, after each step: the run's newest step in its output folder (``progress.write_mark``).
 
-    A run continued from a checkpoint reads it to know the steps it trains again; a URI ``--output``
-    (``outputs``) receives it at most every ``every_s`` seconds."""
+    A URI ``--output`` (``outputs``) receives it at most every ``every_s`` seconds."""
 
     def __init__(self, folder: str, run_id: str, outputs=None, every_s: float = progress.UPLOAD_EVERY_S,
                  clock=time.monotonic):
@@ -314,10 +302,8 @@ class SyncOutputs(keras.callbacks.Callback):
 
 
 class WatchdogTicks(keras.callbacks.Callback):
-    """Ticks a rank's ``Watchdog`` inside ``fit``: before each step (``waits``) and after it.
-
-    ``around``'s pair goes first and last among the callbacks, bracketing each epoch's end work; the last
-    also starts the watchdog at train begin and stops it at train end."""
+    """Ticks a rank's ``Watchdog`` inside ``fit`` before and after each step; ``around`` gives the pair to put
+    first and last (the last also starts and stops the watchdog)."""
 
     def __init__(self, watchdog, ends: bool):
         super().__init__()
@@ -325,7 +311,7 @@ class WatchdogTicks(keras.callbacks.Callback):
 
     @classmethod
     def around(cls, watchdog) -> "tuple":
-        """``(first, last)``: the callbacks to put before and after every other one."""
+        """``(first, last)`` callbacks."""
         return cls(watchdog, ends=False), cls(watchdog, ends=True)
 
     def on_train_begin(self, logs=None):
@@ -357,10 +343,7 @@ class WatchdogTicks(keras.callbacks.Callback):
 
 
 def stop_watchdogs(callbacks) -> None:
-    """Stop the watchdog of any ``WatchdogTicks`` in ``callbacks``.
-
-    A ``fit`` that raises calls no ``on_train_end``, and a running watchdog would end the process as stalled
-    (elastic mode trains on after a reset)."""
+    """Stop the watchdog of any ``WatchdogTicks`` in ``callbacks`` (a ``fit`` that raises calls no ``on_train_end``)."""
     for callback in callbacks:
         if isinstance(callback, WatchdogTicks) and callback.ends:
             callback.watchdog.stop()
@@ -370,11 +353,10 @@ class EpochCSVLogger(keras.callbacks.CSVLogger):
     """Keras' ``CSVLogger`` (``history.csv``) with 1-based epochs, opened never through a link."""
 
     def on_train_begin(self, logs=None):
-        """Open ``history.csv`` to append (a resumed run; no header if it has a line) or anew.
+        """Open ``history.csv`` to append (no header if it has a line) or anew.
 
         Raises:
-            pipelines.io.nofollow.LinkRefused: it is a symbolic link or not a regular file.
-        """
+            pipelines.io.nofollow.LinkRefused: it is a symbolic link or not a regular file."""
         self.append_header = True
         if self.append and os.path.lexists(self.filename):
             folder, name = os.path.split(os.path.abspath(self.filename))

@@ -23,9 +23,8 @@ from pipelines.training.schedule import (
 class CheckpointMarker(keras.callbacks.Callback):
     """Rank 0: each epoch's checkpoint, then its completion marker; only the newest and best are kept.
 
-    The marker, written atomically after the weights, records their size and sha256, the frozen weights'
-    sha256, logs, history and early-stopping state, and ``extra`` (default ``{"phase": 1}``; phase 2 adds
-    ``non_trainable_sha256``), so ``--resume`` takes only sound checkpoints of the same frozen weights."""
+    The marker, written atomically after the weights, records their size and sha256 and the frozen weights'
+    sha256, so ``--resume`` takes only sound checkpoints of the same frozen weights."""
 
     def __init__(self, directory: str, early_stopping: BestWeightsEarlyStopping, history: List[Dict],
                  frozen_sha256: Optional[str] = None, extra: Optional[Dict] = None, every: Optional["Interval"] = None,
@@ -57,10 +56,8 @@ class CheckpointMarker(keras.callbacks.Callback):
         self._prune(keep={number, marker["early_stopping"]["best_epoch"]})
 
     def write_step(self, epoch: int, step: int, epoch_logs: Optional[List[Dict]] = None) -> str:
-        """A checkpoint after 1-based ``step`` of 1-based ``epoch``, replacing the previous step one.
-
-        Its marker's ``epoch`` (done, ``epoch - 1``) and ``step`` give the data position; ``epoch_logs``: every
-        rank's logs of a fully trained epoch. Returns the marker's file name."""
+        """A checkpoint after 1-based ``step`` of 1-based ``epoch``, replacing the previous step one; returns the
+        marker's file name. ``epoch_logs``: every rank's logs of a fully trained epoch."""
         marker_file = step_marker_path(self.directory, epoch, step)
         where = {"epoch": epoch - 1, "step": step, "logs": None, **({"epoch_logs": epoch_logs} if epoch_logs else {})}
         self._write(step_checkpoint_path(self.directory, epoch, step), marker_file, where,
@@ -85,10 +82,7 @@ class CheckpointMarker(keras.callbacks.Callback):
         return marker
 
     def _prune(self, keep, steps_before: Optional[tuple] = None) -> None:
-        """Delete checkpoints neither resume nor best weights need, markers first.
-
-        Kept: the epochs in ``keep`` and step checkpoints not older than ``steps_before`` (default: the newest
-        epoch)."""
+        """Delete checkpoints neither resume nor best weights need (not in ``keep``, older than ``steps_before``)."""
         for earlier in range(1, max(keep)):
             if earlier not in keep:
                 for path in (marker_path(self.directory, earlier), checkpoint_path(self.directory, earlier)):
@@ -102,8 +96,8 @@ class CheckpointMarker(keras.callbacks.Callback):
 
 
 class Interval:
-    """When a step checkpoint is due: every ``steps``-th step of the run (1-based, over epochs), or after
-    ``minutes`` since the last checkpoint; never at an epoch's last step (its own checkpoint follows)."""
+    """When a step checkpoint is due: every ``steps``-th step of the run, or after ``minutes``; never at an
+    epoch's last step."""
 
     def __init__(self, steps: Optional[int], minutes: Optional[float], steps_per_epoch: int):
         self.steps, self.minutes, self.steps_per_epoch = steps, minutes, steps_per_epoch

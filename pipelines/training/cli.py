@@ -1,7 +1,4 @@
-"""Command line of the training stage: every rank under ``horovodrun``, or one driver with ``--spark-np N``.
-
-The driver launches the ranks itself (``HorovodRunner``; ``-N``: local processes). Both train with the same
-``TrainConfig``; the ``LaunchConfig`` beside it reaches no rank."""
+"""Command line of the training stage: every rank under ``horovodrun``, or one driver with ``--spark-np N``."""
 from __future__ import annotations
 
 import contextlib
@@ -41,12 +38,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse the options into a ``TrainConfig`` and a ``LaunchConfig``, and train.
 
     Returns:
-        int: 0 on success. 2 with one line for a refusal (before any rank starts, or a rank's refused input).
-        1 when a rank fails and is not relaunched (its rank, cause and redacted traceback), when MLflow
-        could not log the results (outputs complete), or with the redacted traceback of any other error.
-        76 (``PREEMPTED_EXIT``) when a SIGTERM stopped every rank after rank 0's checkpoint, with how to
-        resume (under ``horovodrun`` each rank's status; ``horovodrun`` itself exits 1).
-    """
+        int: 0 on success; 2 with one line for a refusal; 1 when a rank fails and is not relaunched, MLflow
+        could not log the results (outputs complete), or any other error (redacted traceback); 76
+        (``PREEMPTED_EXIT``) when a SIGTERM stopped every rank after rank 0's checkpoint (``horovodrun`` exits 1)."""
     for name, value in DEVICE_ORDER.items():  # before TensorFlow loads: GPUs numbered as nvidia-smi does
         os.environ.setdefault(name, value)
     config, launch = parse_configs((TrainConfig, LaunchConfig), argv)
@@ -90,8 +84,7 @@ def launch_failed(exc: Exception, log: logging.Logger, output: str = "") -> int:
 
     Returns:
         int: 2 for a rank's refusal (one line); 76 for a preemption stop (with how to resume ``output``);
-        else 1, with the failing rank's cause and redacted traceback.
-    """
+        else 1, with the failing rank's cause and redacted traceback."""
     root = exc.failures[0] if isinstance(exc, HorovodJobFailed) else None
     if root is not None and root.exit_status:  # the ranks stopped of their own (a preemption notice)
         log.warning("rank %d%s: %s", root.rank, f" on {root.host}" if root.host else "", root.cause.split(": ", 1)[-1])
@@ -124,10 +117,9 @@ def result_line(report: dict, output: str) -> str:
 
 
 def launch_ranks(config: TrainConfig, launch: LaunchConfig) -> dict:
-    """``--spark-np N``: check before any rank starts, then run the ranks with ``HorovodRunner``.
+    """``--spark-np N``: check, then run the ranks with ``HorovodRunner``; returns rank 0's report.
 
-    Returns rank 0's report; raises ``Refused`` (exit 2), or ``HorovodJobFailed``/``RelaunchImpossible``
-    when a rank failed and was not relaunched (exit 1)."""
+    Raises ``Refused`` (exit 2), or ``HorovodJobFailed``/``RelaunchImpossible`` (exit 1)."""
     setup_logging("train driver")
     if launch.np < 0 and config.compute.bind_cores:  # local ranks: the cores are this machine's, check now
         rank_cores(0, launch.world_size, threads_per_rank(config.compute.threads, launch.world_size),
@@ -143,10 +135,7 @@ def launch_ranks(config: TrainConfig, launch: LaunchConfig) -> dict:
 
 
 def refuse_early(config: TrainConfig, rank: Optional[int], world_size: int) -> None:
-    """Rank 0's refusals and ``--weights imagenet`` fetch before TensorFlow loads (a second, not ten).
-
-    Only rank 0: a rank refusing at once made ``horovodrun`` kill rank 0 before it said why; the others
-    wait in ``hvd.init``. Raises as ``check_before_ranks`` and ``fetch_weights``."""
+    """Rank 0's refusals and ``--weights imagenet`` fetch before TensorFlow loads; the others wait in ``hvd.init``."""
     setup_logging("train", rank=rank)  # setup_rank sets it again, from Horovod
     check_before_ranks(config, world_size)
     fetch_weights(config)
@@ -156,9 +145,7 @@ def check_before_ranks(config: TrainConfig, world_size: int):
     """The refusals made before any rank trains, without TensorFlow; returns the run's ``RunIdentity``.
 
     Raises:
-        pipelines.runtime.errors.Refused: data that cannot feed ``world_size`` ranks, an unusable or foreign
-            ``--output``, a ``--resume`` at another world size, batch or data.
-    """
+        pipelines.runtime.errors.Refused: unusable data, an unusable or foreign ``--output``, a mismatched resume."""
     check_run(config.loader.data, config.fit.batch_size, world_size, config.storage_options)
     check_output(config.outputs.output, config.storage_options)
     return check_output_claim(config, world_size)
@@ -168,15 +155,13 @@ def fetch_weights(config: TrainConfig) -> None:
     """``--weights imagenet`` into Keras' cache, fetched once if need be; call after every refusal.
 
     Raises:
-        pipelines.training.model.imagenet.WeightsUnavailable: a refusal (exit 2).
-    """
+        pipelines.training.model.imagenet.WeightsUnavailable: a refusal (exit 2)."""
     ensure_imagenet_weights(config.model.backbone, config.model.weights)
 
 
 @contextlib.contextmanager
 def rank_log_dir(config: TrainConfig) -> Iterator[str]:
-    """The local folder for each rank's output: ``OUTPUT/logs``, or for a URI output a temporary one
-    uploaded there when the run ends (a failed run's too) and then removed."""
+    """The local folder for each rank's output: ``OUTPUT/logs``, or a temporary one uploaded to a URI output."""
     if is_local(config.outputs.output):
         yield os.path.join(config.outputs.output, RANK_LOGS)
         return

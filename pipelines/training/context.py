@@ -1,7 +1,4 @@
-"""One rank's run context: what every step of the training spine reads, passed as one argument.
-
-``run_training`` builds it once per rank from the set-up steps; each later step takes it plus only what
-is its own. Fine-tuning runs on its own (``RankContext.for_phase``)."""
+"""One rank's run context: what every step of the training spine reads, passed as one argument."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,10 +15,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RankContext:
-    """What a rank knows of its run, the same object for every step after the set-up.
-
-    ``plan``: what every rank computed identically; ``frozen_sha256``: markers keep it, ``--resume`` compares
-    it; ``tracker``: rank 0's MLflow run, else ``None``."""
+    """What a rank knows of its run; ``tracker``: rank 0's MLflow run, else ``None``."""
 
     config: TrainConfig
     rank: Rank

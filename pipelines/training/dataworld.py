@@ -1,13 +1,8 @@
 """A run's arithmetic on another world size than it started on: pure.
 
-The *data world* (``n0`` ranks of ``b`` rows, recorded with the run) fixes global batch ``G = n0 x b``,
-learning rate, warmup and each virtual rank's shard, seed and stream. Physical rank ``j`` of ``n`` computes
-rows ``[floor(j G / n), floor((j+1) G / n))`` of each step: the rows an uninterrupted run trains. Rows of
-rank ``j`` weigh ``w_j = n b_j / G``, so Horovod's mean of per-rank mean losses is the mean over ``G``::
-
-    (1/n) sum_j (1/b_j) sum_{i in j} w_j l_i = (1/G) sum_i l_i
-
-When ``G % n == 0`` every ``w_j = 1`` and no weights are used."""
+The *data world* (``n0`` ranks of ``b`` rows) fixes global batch ``G = n0 x b`` and every stream. Physical
+rank ``j`` of ``n`` computes rows ``[floor(j G / n), floor((j+1) G / n))`` of each step, each weighing
+``w_j = n b_j / G`` so that Horovod's mean of per-rank means is the mean over ``G``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,19 +38,17 @@ class RankShare:
 
 
 def rank_rows(global_batch: int, rank: int, world_size: int) -> Tuple[int, int]:
-    """``(lo, hi)``: rank ``rank``'s rows of a global batch; contiguous, covering, sizes within one row.
+    """``(lo, hi)``: rank ``rank``'s rows of a global batch.
 
     Raises:
-        ValueError: ``rank`` not in ``[0, world_size)``.
-    """
+        ValueError: ``rank`` not in ``[0, world_size)``."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not one of {plural(world_size, 'rank')}")
     return rank * global_batch // world_size, (rank + 1) * global_batch // world_size
 
 
 def loss_weight(rows: int, global_batch: int, world_size: int) -> Optional[float]:
-    """Each row's loss weight on a rank of ``rows`` rows: ``world_size x rows / global_batch``;
-    ``None`` when ``global_batch`` divides evenly over the ranks."""
+    """Each row's loss weight on a rank of ``rows`` rows; ``None`` when ``global_batch`` divides evenly."""
     if global_batch % world_size == 0:
         return None
     return world_size * rows / global_batch
@@ -89,8 +82,7 @@ class DataWorld:
         """Refuse a physical world this run cannot continue on.
 
         Raises:
-            pipelines.runtime.errors.Refused: ``world_size`` < 1, or larger than the global batch.
-        """
+            pipelines.runtime.errors.Refused: ``world_size`` < 1, or larger than the global batch."""
         if not 1 <= world_size <= self.global_batch:
             raise Refused(f"world size {world_size}: a run of global batch {self.global_batch} ({self.size} x "
                           f"{plural(self.batch_size, 'row')}) continues on 1 to {plural(self.global_batch, 'rank')}")
@@ -109,8 +101,7 @@ class DataWorld:
 
         Raises:
             pipelines.runtime.errors.Refused: as ``check``.
-            ValueError: ``rank`` not in ``[0, world_size)``.
-        """
+            ValueError: ``rank`` not in ``[0, world_size)``."""
         self.check(world_size)
         b = self.batch_size
         lo, hi = rank_rows(self.global_batch, rank, world_size)

@@ -16,9 +16,7 @@ from pipelines.runtime.logs import plural
 log = logging.getLogger("pipelines")
 
 def local_topology() -> Tuple[int, int]:
-    """``(local_rank, local_size)`` from Horovod's launch environment, readable before ``hvd.init()``.
-
-    A lone process is rank 0 of 1; a rank on one of this machine's elastic slot names gets its slot."""
+    """``(local_rank, local_size)`` from Horovod's launch environment (before ``hvd.init()``); alone: ``(0, 1)``."""
     return local_slot(os.environ) or (int(os.environ.get("HOROVOD_LOCAL_RANK", "0")),
                                       int(os.environ.get("HOROVOD_LOCAL_SIZE", "1")))
 
@@ -43,15 +41,13 @@ def choose_device(visible_gpus: Sequence[str], local_rank: int, local_size: int,
 
     Args:
         visible_gpus: GPU names TensorFlow lists, in PCI bus order.
-        local_rank, local_size: this process's rank among its host's ranks, and their number.
         assigned: GPU addresses a launcher (Spark) gave this rank, then its only visible ones.
 
     Returns:
         DeviceChoice: GPU 0 when ``assigned``; else GPU ``local_rank`` when GPUs are visible; else the CPU.
 
     Raises:
-        ValueError: GPUs assigned but none visible; more local ranks than visible GPUs.
-    """
+        ValueError: GPUs assigned but none visible; more local ranks than visible GPUs."""
     if assigned:
         if not visible_gpus:
             raise Refused(f"this rank was given GPU {','.join(assigned)} but TensorFlow sees no GPU "
@@ -84,8 +80,7 @@ def apply_device(local_rank: int, local_size: int, assigned: Sequence[str] = (),
 
 
 def prefetch_device(logical_gpus: Sequence[str]) -> Optional[str]:
-    """Where the input pipeline puts its batches: the first of ``logical_gpus`` (the rank's own), else
-    ``None`` (the host: no copy)."""
+    """Where the input pipeline puts its batches: the first of ``logical_gpus``, else ``None`` (the host)."""
     return logical_gpus[0] if logical_gpus else None
 
 
@@ -93,9 +88,7 @@ MIXED_FLOAT16 = "mixed_float16"
 
 
 def precision_policy(mixed_precision: bool, device_kind: str) -> Tuple[str, Optional[str]]:
-    """Keras' dtype policy for this rank, and why ``--mixed-precision`` is not used (or ``None``).
-
-    ``mixed_float16`` on a GPU; ``float32`` on the CPU (float16 is no faster there) or when not asked for."""
+    """Keras' dtype policy (``mixed_float16`` on a GPU only), and why not ``--mixed-precision`` (or ``None``)."""
     if not mixed_precision:
         return "float32", None
     if device_kind == "gpu":
@@ -108,9 +101,7 @@ def rank_cores(local_rank: int, local_size: int, threads: int, available: Collec
     """The ``threads`` cores of local rank ``local_rank``: its own slice of sorted ``available``.
 
     Raises:
-        ValueError: ``threads < 1``, ``local_rank`` outside ``0 .. local_size - 1``, or
-            ``local_size * threads`` exceeding the available cores.
-    """
+        ValueError: ``threads < 1``, ``local_rank`` out of range, or ``local_size * threads`` above the cores."""
     if threads < 1 or not 0 <= local_rank < local_size:
         raise Refused(f"cannot bind local rank {local_rank} of {local_size} to {plural(threads, 'thread')}")
     cores = sorted(available)
@@ -124,7 +115,6 @@ def rank_cores(local_rank: int, local_size: int, threads: int, available: Collec
 def bind_to_cores(threads: int, announce: bool = True) -> List[int]:
     """Bind this process to its own ``threads`` cores, before ``hvd.init()`` and any thread; returns them.
 
-    Unbound, helper threads roam over other ranks' cores and the synchronous allreduce waits for the slowest.
     Raises ``ValueError`` as ``rank_cores``."""
     local_rank, local_size = local_topology()
     cores = rank_cores(local_rank, local_size, threads, os.sched_getaffinity(0))

@@ -1,7 +1,4 @@
-"""Divergence: the pure parts (which values are not finite, where a run stopped, what it says).
-
-The collective check is ``callbacks.DivergenceGuard``; resume never picks a non-finite checkpoint
-(``schedule.sound_checkpoint``)."""
+"""Divergence: the pure parts (which values are not finite, where a run stopped, what it says)."""
 from __future__ import annotations
 
 import math
@@ -12,9 +9,7 @@ import numpy as np
 
 
 class TrainingDiverged(RuntimeError):
-    """Training reached a non-finite loss, log or weight; every rank raises it at the same step.
-
-    A failure (exit 1), deliberately not a ``ValueError``: only ``Refused``, a ``ValueError``, exits 2."""
+    """Training reached a non-finite loss, log or weight; every rank raises it at the same step (exit 1, not 2)."""
 
 
 def non_finite_logs(logs: Optional[Mapping]) -> List[str]:
@@ -48,10 +43,8 @@ def diverged_message(place: str, found: Sequence[Optional[str]], hosts: Sequence
     """The one message every rank raises ``TrainingDiverged`` with.
 
     Args:
-        place: ``step_place`` or ``epoch_end_place``.
         found: per rank, what it found not finite (``"loss (nan)"``), or ``None``.
-        hosts: per rank, its host name.
-    """
+        hosts: per rank, its host name."""
     parts = [f"non-finite {what} at {place} on rank {rank} (host {hosts[rank] if rank < len(hosts) else '?'})"
              for rank, what in enumerate(found) if what]
     return "training diverged: " + "; ".join(parts)

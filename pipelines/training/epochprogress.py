@@ -1,7 +1,4 @@
-"""Rank 0's progress lines within an epoch: steps done, images/s, time left.
-
-``epoch 2/10: 120/400 steps (30 %), 45.2 images/s, 1 min 2 s left in the epoch``, at most every
-``EVERY_S`` and after the last step. The time left includes the previous epoch's validation time."""
+"""Rank 0's progress lines within an epoch (steps done, images/s, time left), at most every ``EVERY_S``."""
 from __future__ import annotations
 
 import logging
@@ -22,11 +19,9 @@ def epoch_line(epoch: int, epochs: int, done: int, steps: int, global_batch: int
     """One progress line of 1-based ``epoch`` of ``epochs``, after ``done`` of ``steps`` steps.
 
     Args:
-        global_batch, elapsed_s: images a step trains over all ranks; seconds since the epoch began.
         validation_s: seconds the previous epoch's validation took (``None``: not known yet).
         ran: the steps of ``done`` this process ran (``None``: all); the rate counts these only.
-        resumed_at: the 1-based step this process resumed at, said in the head; 0: not said.
-    """
+        resumed_at: the 1-based step this process resumed at; 0: not said."""
     ran = done if ran is None else ran
     note = f", resumed at step {resumed_at:,}" if resumed_at else ""
     head = (f"epoch {epoch}/{epochs}: {done:,}/{steps:,} {'step' if steps == 1 else 'steps'} "
@@ -43,10 +38,7 @@ def epoch_line(epoch: int, epochs: int, done: int, steps: int, global_batch: int
 
 
 class EpochProgress(keras.callbacks.Callback):
-    """Rank 0's progress lines within each epoch; place it after the exact validation (reads ``val_seconds``).
-
-    ``epochs``: the run's last (``None``: the ``fit`` call's); ``epochs_done``, ``steps_done``: where this
-    process resumed; ``clock``, ``write``: for tests."""
+    """Rank 0's progress lines within each epoch; place it after the exact validation (reads ``val_seconds``)."""
 
     def __init__(self, steps_per_epoch: int, global_batch: int, epochs: Optional[int] = None,
                  epochs_done: int = 0, steps_done: int = 0, every_s: float = EVERY_S,

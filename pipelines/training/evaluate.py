@@ -1,7 +1,6 @@
 """Exact evaluation over a whole split: every row counted once across all ranks.
 
-A batch adds its (true, predicted) label pairs and the ``(k, k)`` confusion matrix is counted from all of
-them once, so a batch costs O(batch) whatever the number of classes (see docs/benchmarks.md)."""
+Batches keep (true, predicted) label pairs; the ``(k, k)`` confusion matrix is counted from them once."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -59,11 +58,10 @@ class Totals:
 def batch_totals(probabilities: np.ndarray, labels: np.ndarray, epsilon: float = 1e-7) -> Totals:
     """Totals of one batch (``probabilities``: float ``(n, k)`` softmax rows; ``labels``: int ``(n,)``).
 
-    ``epsilon`` clips probabilities to ``[epsilon, 1 - epsilon]`` as Keras' loss does, so the losses match.
+    ``epsilon`` clips probabilities as Keras' loss does.
 
     Raises:
-        ValueError: a label outside ``[0, k)``.
-    """
+        ValueError: a label outside ``[0, k)``."""
     labels = np.asarray(labels, np.int64).reshape(-1)
     k = probabilities.shape[1]
     if labels.size and (labels.min() < 0 or labels.max() >= k):
@@ -80,8 +78,7 @@ def add(a: Totals, b: Totals) -> Totals:
     """Sum of two ``Totals``; O(a.count + b.count), so sum many with ``sum_totals`` once.
 
     Raises:
-        ValueError: both counted the confusion, of different numbers of classes.
-    """
+        ValueError: both counted the confusion, of different numbers of classes."""
     return sum_totals([a, b])
 
 
@@ -89,8 +86,7 @@ def sum_totals(parts: List[Totals]) -> Totals:
     """Sum of ``parts`` in one pass, the label pairs concatenated once.
 
     Raises:
-        ValueError: parts counted the confusion of different numbers of classes.
-    """
+        ValueError: parts counted the confusion of different numbers of classes."""
     counted = [t for t in parts if t.num_classes]
     sizes = {t.num_classes for t in counted}
     if len(sizes) > 1:
@@ -104,9 +100,7 @@ def sum_totals(parts: List[Totals]) -> Totals:
 
 
 def evaluate_dataset(model, dataset, after_batch: Optional[Callable[[int], None]] = None) -> Totals:
-    """Totals of ``model`` over a finite ``tf.data`` dataset of (images, labels), with label pairs.
-
-    ``after_batch(n)`` runs after the 1-based n-th batch (watchdog tick, preemption check; it may raise)."""
+    """Totals of ``model`` over a finite dataset of (images, labels); ``after_batch(n)`` after 1-based batch n."""
     k = model.output_shape[-1]
     parts = [Totals(0.0, 0, 0, k)]
     for images, labels in dataset:
@@ -123,10 +117,9 @@ def gathers_pairs(rows: int, num_classes: int) -> bool:
 
 
 def allreduce_totals(totals: Totals) -> Totals:
-    """Sum ``Totals`` over all Horovod ranks (sums, not an average of means), the confusion too.
+    """Sum ``Totals`` over all Horovod ranks, the confusion too (float64, exact below 2**53 examples).
 
-    Collective: every rank must call it, all having counted the confusion of the same number of classes, or
-    none. The matrix travels as float64, exact below 2**53 examples."""
+    Collective: every rank calls it, all having counted the confusion of the same number of classes, or none."""
     import horovod.tensorflow as hvd
 
     k = totals.num_classes
@@ -148,9 +141,7 @@ def allreduce_totals(totals: Totals) -> Totals:
 def exact_validation(inputs, data, listeners: Sequence = ()):
     """A collective Keras callback making each epoch's ``val_loss``, ``val_accuracy``, ``val_count`` exact.
 
-    Every rank evaluates its shard, sums are allreduced and the count checked; ``val_seconds`` is logged.
-    After each batch ``listeners``' ``on_validation_batch_end(epoch, batch, logs)`` run, then their
-    ``on_validation_shard_end(epoch, logs)``. Place it with ``with_exact_validation``."""
+    ``listeners`` get ``on_validation_batch_end(epoch, batch, logs)`` then ``on_validation_shard_end(epoch, logs)``."""
     import time
 
     import tensorflow as tf
@@ -185,8 +176,7 @@ def exact_validation(inputs, data, listeners: Sequence = ()):
 
 
 def with_exact_validation(callbacks: list, inputs, data) -> list:
-    """``callbacks`` with ``exact_validation`` inserted after ``EpochStats`` (images/s exclude validation),
-    then Keras' progress printer (else it prints each epoch's line before the validation metrics exist)."""
+    """``callbacks`` with ``exact_validation`` inserted after ``EpochStats`` and before Keras' progress printer."""
     import tensorflow as tf
 
     from pipelines.training.callbacks import EpochStats

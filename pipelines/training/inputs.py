@@ -1,7 +1,4 @@
-"""The training job's input paths (images, or cached backbone features) behind one small interface.
-
-Each has ``model``, ``fit_datasets`` (yields ``(train, None)``: validation is exact), ``train_dataset_at``,
-``evaluate_shard``, ``exported_model`` and ``exact_positions`` (not over Petastorm's reader)."""
+"""The training job's input paths (images, or cached backbone features) behind one small interface."""
 from __future__ import annotations
 
 import contextlib
@@ -40,8 +37,7 @@ class ImageInputs:
         """Whether the train stream opens exactly at a row: with our reader, not Petastorm's.
 
         Raises:
-            pipelines.runtime.errors.Refused: ``--reader`` is unknown or cannot run here.
-        """
+            pipelines.runtime.errors.Refused: ``--reader`` is unknown or cannot run here."""
         return check_reader(self.config.loader.reader) == "own"
 
     def _open(self, split: str, cache_root: str):
@@ -57,8 +53,7 @@ class ImageInputs:
 
     @contextlib.contextmanager
     def reader_dataset(self, split: str, cache_root: str, start_row: int = 0) -> Iterator[object]:
-        """A looping dataset of ``split`` over a reader living until the block ends; train shuffled and
-        augmented (``--augment``)."""
+        """A looping dataset of ``split`` over a reader living until the block ends."""
         with self._open(split, cache_root) as reader:
             yield self._dataset_over(reader, split, start_row)
 
@@ -67,8 +62,7 @@ class ImageInputs:
         """``(train, None)``: the training dataset from stream row ``start_row`` over a reader living in the block.
 
         Raises:
-            ValueError: a negative ``start_row``.
-        """
+            ValueError: a negative ``start_row``."""
         with self._open("train", cache_root) as reader:
             self._train_reader = reader
             try:
@@ -81,8 +75,7 @@ class ImageInputs:
 
         Raises:
             RuntimeError: outside the ``fit_datasets`` block.
-            ValueError: a negative ``start_row``.
-        """
+            ValueError: a negative ``start_row``."""
         if self._train_reader is None:
             raise RuntimeError("train_dataset_at is valid only inside the fit_datasets block")
         return self._dataset_over(self._train_reader, "train", start_row)
@@ -166,8 +159,7 @@ class FeatureInputs:
         """``(train, None)`` over this rank's cached features (held in memory) from stream row ``start_row``.
 
         Raises:
-            ValueError: a negative ``start_row``.
-        """
+            ValueError: a negative ``start_row``."""
         self._train_rows = feat.read_shard(self.features, "train", self.rank, self.size)
         try:
             yield self._train_at(start_row), None
@@ -178,8 +170,7 @@ class FeatureInputs:
         """A new training dataset over the features ``fit_datasets`` holds, from stream row ``start_row``.
 
         Raises:
-            RuntimeError: outside the ``fit_datasets`` block.
-        """
+            RuntimeError: outside the ``fit_datasets`` block."""
         if self._train_rows is None:
             raise RuntimeError("train_dataset_at is valid only inside the fit_datasets block")
         return self._train_at(start_row)

@@ -1,5 +1,4 @@
-"""What every rank computes identically before training (``RunPlan``), refusals included, and the data
-lease held meanwhile; rank 0 also claims its output for this run."""
+"""What every rank computes identically before training (``RunPlan``), and the data lease held meanwhile."""
 from __future__ import annotations
 
 import contextlib
@@ -52,17 +51,14 @@ def check_run(root: str, batch_size: int, world_size: int, storage_options: Opti
 
     Raises:
         pipelines.training.data.errors.DataError, pipelines.io.storage.StorageError: as ``load_dataset``.
-        ValueError: a global batch larger than the train split.
-    """
+        ValueError: a global batch larger than the train split."""
     data = load_dataset(root, world_size, storage_options)
     plan_steps(data.train_rows, data.validation_rows, batch_size, world_size)
     return data
 
 
 def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> RunPlan:
-    """The run's dataset, steps and learning rate of its data world; refusals the same on every rank.
-
-    Rank 0 opens and claims its output (``run_id``: the driver's; ``None``: new or resumed)."""
+    """The run's dataset, steps and learning rate; refusals the same on every rank; rank 0 claims its output."""
     # Horovod: refused unless every rank's shard has rows
     data = load_dataset(config.loader.data, rank.size, config.storage_options)
     check_output(config.outputs.output, config.storage_options)
@@ -89,11 +85,8 @@ def plan_run(config: TrainConfig, rank: Rank, run_id: Optional[str] = None) -> R
 def hold_data(rank: Rank, plan: RunPlan) -> Iterator[None]:
     """Rank 0 leases the ETL run ``plan.data`` reads for the block, so that a rerun keeps its files.
 
-    Format-1 and unwritable data are not leased.
-
     Raises:
-        pipelines.io.leases.InputReplaced: on every rank, when the ETL committed another run meanwhile.
-    """
+        pipelines.io.leases.InputReplaced: on every rank, when the ETL committed another run meanwhile."""
     import horovod.tensorflow as hvd_tf
 
     lease, error = None, None
@@ -121,9 +114,7 @@ def hold_data(rank: Rank, plan: RunPlan) -> Iterator[None]:
 
 
 def _claim_output(config: TrainConfig, rank: Rank, outputs, run_id: Optional[str]):
-    """Rank 0's claim of its output, its refusal raised on every rank; ``None`` off rank 0.
-
-    Under elastic mode every rank keeps the run id (any survivor may become rank 0)."""
+    """Rank 0's claim of its output, its refusal raised on every rank; ``None`` off rank 0."""
     import horovod.tensorflow as hvd_tf
 
     claim, error = None, None

@@ -1,8 +1,6 @@
 """A preemption notice: SIGTERM, what a spot or preemptible machine gets before it is taken away.
 
-The first SIGTERM raises a flag the ranks agree on in the step's collective; rank 0 checkpoints there and
-the job exits ``PREEMPTED_EXIT``. A second ends the process at once (after a checkpoint being written);
-one within ``REPEAT_S`` is the same notice delivered twice."""
+Rank 0 checkpoints at the step the ranks agree on and the job exits ``PREEMPTED_EXIT``."""
 from __future__ import annotations
 
 import contextlib
@@ -23,9 +21,7 @@ REPEAT_S = 2.0
 
 
 class Preempted(RuntimeError):
-    """Every rank stopped at the same step after a preemption notice; rank 0 checkpointed there.
-
-    ``checkpoint``: the marker's file name (rank 0; ``None`` elsewhere)."""
+    """Every rank stopped at the same step after a preemption notice; ``checkpoint``: rank 0's marker name."""
 
     run_status = "KILLED"  # the MLflow status of a run ended by it (pipelines.tracking.runs.Tracker)
     exit_status = PREEMPTED_EXIT  # a launching driver exits with it too (pipelines.launch.failures)
@@ -46,8 +42,7 @@ def current() -> Optional["PreemptionNotice"]:
 class PreemptionNotice:
     """SIGTERM's handler while training; a context manager restoring the previous handler on exit.
 
-    The first SIGTERM sets ``requested``; a second (``REPEAT_S`` or more later) ends the process at once.
-    Outside the main thread (no handlers possible) it does nothing."""
+    The first SIGTERM sets ``requested``; a second (``REPEAT_S`` or more later) ends the process at once."""
 
     def __init__(self, rank: int = 0, clock=time.monotonic):
         self.rank, self.clock = rank, clock

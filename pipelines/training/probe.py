@@ -1,7 +1,6 @@
 """The linear probe: a logistic regression on the head's frozen features, a baseline for every result.
 
-``C`` is chosen on validation (grid fitted strongest-first, warm-started), then test is scored once; a head
-that trails it has not converged or its recipe is wrong. Pure numpy and scikit-learn."""
+A head that trails it has not converged or its recipe is wrong."""
 from __future__ import annotations
 
 import math
@@ -29,8 +28,7 @@ def check_grid(grid: Sequence[float]) -> tuple:
     """The grid sorted ascending (strongest regularisation first).
 
     Raises:
-        ProbeRefused: empty, or a value not finite and > 0.
-    """
+        ProbeRefused: empty, or a value not finite and > 0."""
     values = tuple(sorted(float(c) for c in grid))
     if not values or not all(math.isfinite(c) and c > 0 for c in values):
         raise ProbeRefused(f"the probe's C grid must be finite numbers > 0, got {list(grid)}")
@@ -38,8 +36,7 @@ def check_grid(grid: Sequence[float]) -> tuple:
 
 
 def stratified_rows(labels: np.ndarray, max_rows: int, seed: int) -> np.ndarray:
-    """Sorted indices of at most ``max_rows`` rows of int ``(n,)`` ``labels``, each class keeping its
-    share (at least one row); all rows when few enough."""
+    """Sorted indices of at most ``max_rows`` rows of int ``(n,)`` ``labels``, each class keeping its share."""
     n = len(labels)
     if n <= max_rows:
         return np.arange(n)
@@ -71,15 +68,14 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y
     Args:
         train_x, val_x, test_x: float features ``(n, d)``, one ``d``; labels int ``(n,)``; test optional.
         grid, max_rows, max_iter, seed: ``C`` values (> 0), train rows fitted (stratified), L-BFGS iterations.
-        threads: BLAS/OpenMP threads (``None``: the libraries' own); one by default (docs/benchmarks.md).
+        threads: BLAS/OpenMP threads (``None``: the libraries' own).
 
     Returns:
         dict: ``C``, accuracies, ``seconds``, sizes, ``converged``, the ``grid`` path; ties go to lower log-loss.
 
     Raises:
         ProbeRefused: bad shapes or grid, non-finite features, under two train classes, no validation rows,
-            ``max_rows`` or ``max_iter`` < 1.
-    """
+            ``max_rows`` or ``max_iter`` < 1."""
     import sklearn.linear_model  # noqa: F401  (loaded before the limit: it limits the libraries loaded)
     from threadpoolctl import threadpool_limits
 

@@ -1,7 +1,4 @@
-"""A rank's start: what the launcher handed it, Horovod, logging, its device, cores and threads.
-
-``setup_rank`` is the first step of ``run_training`` and of the scaling benchmark, so both train on the
-same set-up."""
+"""A rank's start: what the launcher handed it, Horovod, logging, its device, cores and threads."""
 from __future__ import annotations
 
 import dataclasses
@@ -42,8 +39,7 @@ _PROCESS: Dict[str, Any] = {}
 def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     """Start this rank: launcher hand-over, core binding (before any thread), ``hvd.init()``, logging, device.
 
-    Under elastic mode it reruns after each reset: cores, device, threads and precision (fixed once TensorFlow
-    runs) are kept from the first call; Horovod's world, logging and attempts are set anew."""
+    Rerun after an elastic reset, it keeps cores, device, threads and precision from the first call."""
     # before TensorFlow loads here: a barrier task's rank inherits its executor's environment, not
     # the driver's set-up, so the rank sets its own noise from its config
     quiet_by_default(config.verbose)

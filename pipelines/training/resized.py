@@ -1,8 +1,6 @@
 """A rank of a run on another world size than its data world (arithmetic: ``dataworld``).
 
-Each virtual rank's stream is read exactly as a data-world rank reads it and each step's pieces are
-joined in global-batch order. Petastorm's reader cannot start at a row: it reads this rank's physical
-shard (same arithmetic, other rows; rank 0 warns). On the data world itself nothing here is used."""
+Virtual ranks' streams are read as data-world ranks read them, joined in global-batch order (not under Petastorm)."""
 from __future__ import annotations
 
 import contextlib
@@ -29,8 +27,7 @@ def agree_data_world(config, rank, claim) -> DataWorld:
     """Every rank: the run's data world (recorded, or this launch's if new), broadcast from rank 0's ``claim``.
 
     Raises:
-        pipelines.runtime.errors.Refused: on every rank, more ranks than the global batch has rows.
-    """
+        pipelines.runtime.errors.Refused: on every rank, more ranks than the global batch has rows."""
     import horovod.tensorflow as hvd_tf
 
     recorded = hvd_tf.broadcast_object(claim.run.world if claim is not None else None, root_rank=0, name="data_world")
@@ -40,9 +37,7 @@ def agree_data_world(config, rank, claim) -> DataWorld:
 
 
 def with_segments(config, rank, plan, resume):
-    """``plan`` with the run's segments: those ``resume``'s checkpoint records, then this launch's.
-
-    This launch's carries the steps it trains again (rank 0's figure, broadcast)."""
+    """``plan`` with the run's segments: those ``resume``'s checkpoint records, then this launch's."""
     import horovod.tensorflow as hvd_tf
 
     reason = worldsegments.reason_of(config.outputs.resume, rank.handed.relaunched)
@@ -60,12 +55,10 @@ def with_segments(config, rank, plan, resume):
 
 def joined_batches(streams: Sequence[Iterator[Tuple[np.ndarray, np.ndarray]]],
                    share: RankShare) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-    """This rank's batch of every step, ``(rows (share.rows, ...), labels)``: the pieces of ``streams``
-    joined in order, fresh arrays; ends when a stream ends.
+    """This rank's batch of every step, ``(rows (share.rows, ...), labels)``: ``streams``' pieces joined in order.
 
     Raises:
-        ValueError: not one stream per piece.
-    """
+        ValueError: not one stream per piece."""
     if len(streams) != len(share.pieces):
         raise ValueError(f"{len(streams)} streams for the {len(share.pieces)} pieces of rank {share.rank}'s batch")
     while True:
@@ -87,9 +80,7 @@ def joined_batches(streams: Sequence[Iterator[Tuple[np.ndarray, np.ndarray]]],
 
 
 class ResizedInputs:
-    """An input path on physical rank ``rank`` of ``world_size`` in a run of data world ``world``.
-
-    Only the training stream differs; everything else is the wrapped path's."""
+    """An input path on physical rank ``rank`` of ``world_size`` in a run of data world ``world`` (train stream)."""
 
     def __init__(self, inputs, world: DataWorld, rank: int, world_size: int):
         self.inputs, self.world = inputs, world
@@ -113,8 +104,7 @@ class ResizedInputs:
         """``(train, None)`` from the virtual ranks' stream row ``start_row`` (global steps x ``b``).
 
         Raises:
-            ValueError: a negative ``start_row``.
-        """
+            ValueError: a negative ``start_row``."""
         with contextlib.ExitStack() as stack:
             self._open = self._open_sources(stack, cache_root)
             try:
@@ -141,8 +131,7 @@ class ResizedInputs:
 
         Raises:
             RuntimeError: outside the ``fit_datasets`` block.
-            ValueError: a negative ``start_row``.
-        """
+            ValueError: a negative ``start_row``."""
         if not self._open:
             raise RuntimeError("train_dataset_at is valid only inside the fit_datasets block")
         if start_row < 0:
@@ -197,8 +186,7 @@ def resized_inputs(inputs, world: DataWorld, rank: int, world_size: int, announc
     """``inputs`` for physical rank ``rank`` of ``world_size``, resized off the data world's size.
 
     Raises:
-        pipelines.runtime.errors.Refused: more ranks than the global batch has rows.
-    """
+        pipelines.runtime.errors.Refused: more ranks than the global batch has rows."""
     if world.same(world_size):
         return inputs
     resized = ResizedInputs(inputs, world, rank, world_size)

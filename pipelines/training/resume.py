@@ -1,7 +1,4 @@
-"""Where training starts: fresh, or from the checkpoint a run continues (``--resume`` or a relaunch).
-
-Rank 0 loads it and broadcasts it to every rank; the fine-tuning phase too. ``rank``, ``plan`` and
-``context`` are the job's ``Rank``, ``RunPlan`` and ``RankContext``."""
+"""Where training starts: fresh, or from the checkpoint a run continues (rank 0 loads it, then broadcasts)."""
 from __future__ import annotations
 
 import hashlib
@@ -45,9 +42,8 @@ class Resume:
         return self.marker.get("phase", 1) if self.marker else 1
 
     def epoch_logs(self, rank: int, size: int) -> Dict[str, float]:
-        """This rank's logs of the epoch whose validation the checkpoint left to this run; ``{}`` without.
-
-        On another world size, every rank gets the mean over the recorded ranks."""
+        """This rank's logs of the epoch whose validation the checkpoint left to this run (another world: the
+        mean); ``{}`` without."""
         logs = (self.marker or {}).get("epoch_logs") or []
         if len(logs) == size:
             return dict(logs[rank])
@@ -71,8 +67,7 @@ def restore(config: TrainConfig, rank, plan, model, frozen_sha256: Optional[str]
     """With ``--resume`` or in a relaunch, rank 0 loads the run's checkpoint and broadcasts it; else fresh.
 
     Raises:
-        ValueError: on every rank, a checkpoint of other frozen weights, another metric or fine-tuning depth.
-    """
+        ValueError: on every rank, a checkpoint of other frozen weights, another metric or fine-tuning depth."""
     import horovod.tensorflow as hvd_tf
 
     resuming = config.outputs.resume or rank.handed.relaunched
@@ -127,8 +122,7 @@ def check_monitor(marker: Dict, monitor: str, output: str) -> None:
     """Refuse to continue a checkpoint whose early stopping watched another metric than ``monitor``.
 
     Raises:
-        pipelines.runtime.errors.Refused: naming both metrics and the flags that give the checkpoint's.
-    """
+        pipelines.runtime.errors.Refused: naming both metrics and the flags that give the checkpoint's."""
     if watched(marker) != monitor:
         raise Refused(f"--resume: checkpoint {marker['weights']} in {output} stopped on {watched(marker)}, this run's "
                       f"early stopping watches {monitor}: give --monitor {watched(marker)} (with that run's "
@@ -136,8 +130,7 @@ def check_monitor(marker: Dict, monitor: str, output: str) -> None:
 
 
 def resumed_at(marker: Dict) -> str:
-    """Where a marker resumes, for the log: ``after epoch 3``, ``within epoch 4, after step 20``, or at an
-    epoch's validation."""
+    """Where a marker resumes, for the log: ``after epoch 3``, ``within epoch 4, after step 20``..."""
     if marker.get("step") and marker.get("epoch_logs"):
         return f"after the steps of epoch {marker['epoch'] + 1}, at its validation"
     if marker.get("step"):
@@ -146,9 +139,7 @@ def resumed_at(marker: Dict) -> str:
 
 
 def phase1_best(context, first, resume: Resume):
-    """The whole model with phase 1's best weights (rank 0 loads them when resuming in phase 2).
-
-    The other ranks receive them by broadcast in ``phase2_resume``."""
+    """The whole model with phase 1's best weights (rank 0 loads them when resuming in phase 2)."""
     if resume.phase == 2 and context.rank.rank == 0:
         best = resume.marker["early_stopping"]["best_epoch"]
         if best <= resume.marker["phase1"]["epochs"]:
@@ -157,9 +148,7 @@ def phase1_best(context, first, resume: Resume):
 
 
 def phase2_resume(context, model, resume: Resume, record: Dict):
-    """Where phase 2 starts: fresh after phase 1 (its best to beat), or from a phase 2 checkpoint.
-
-    From a checkpoint, rank 0 loads the best and newest ones and every rank receives them by broadcast."""
+    """Where phase 2 starts: fresh after phase 1 (its best to beat), or from a phase 2 checkpoint (broadcast)."""
     import horovod.tensorflow as hvd_tf
 
     if resume.phase != 2:

@@ -1,7 +1,6 @@
 """Pure arithmetic of distributed training: batch sizes, steps, learning rates, checkpoints.
 
-Steps per epoch come from the manifest's global counts, the same on every rank whatever its shard holds
-(Horovod deadlocks when ranks run different step counts); the rate is ``base_lr x world_size``."""
+Steps per epoch come from the manifest's global counts, the same on every rank (Horovod deadlocks otherwise)."""
 from __future__ import annotations
 
 import logging
@@ -39,9 +38,7 @@ def plan_steps(train_rows: int, validation_rows: int, batch_size: int, world_siz
     """Steps per epoch from the manifest's global row counts.
 
     Raises:
-        ValueError: ``batch_size`` or ``world_size`` below 1, or a global batch larger than the train split.
-            Validation splits of any size are accepted (exact validation).
-    """
+        ValueError: ``batch_size`` or ``world_size`` below 1, or a global batch larger than the train split."""
     if batch_size < 1 or world_size < 1:
         raise Refused(f"batch size and world size must be >= 1, got {batch_size} and {world_size}")
     global_batch = global_batch_size(batch_size, world_size)
@@ -63,9 +60,7 @@ def scaled_lr(base_lr: float, world_size: int) -> float:
 
 
 def warmup_lr(epoch: float, base_lr: float, world_size: int, warmup_epochs: float) -> float:
-    """Learning rate during Horovod's ``LearningRateWarmupCallback`` at fractional ``epoch``.
-
-    Mirrors Horovod's formula: linear from ``base_lr`` at epoch 0 to ``base_lr * world_size`` at
+    """Horovod's warmup rate at fractional ``epoch``: linear from ``base_lr`` to ``base_lr * world_size`` at
     ``warmup_epochs``, constant after."""
     target = scaled_lr(base_lr, world_size)
     if warmup_epochs <= 0 or epoch >= warmup_epochs:
@@ -97,9 +92,8 @@ def step_marker_path(directory: str, epoch: int, step: int) -> str:
 
 
 def checkpoint_position(name: str) -> Tuple[int, int]:
-    """``(epochs done, steps done in the next epoch)`` of a checkpoint file name; orders them in time.
-
-    ``checkpoint-3`` -> ``(3, 0)``, ``checkpoint-4-step-20`` -> ``(3, 20)``, anything else ``(0, 0)``."""
+    """``(epochs done, steps done in the next epoch)`` of a checkpoint name, e.g. ``checkpoint-4-step-20`` ->
+    ``(3, 20)``; anything else ``(0, 0)``. Orders checkpoints in time."""
     match = CHECKPOINT_NAME.match(name)
     if not match:
         return 0, 0
@@ -111,8 +105,7 @@ def marker_weights(marker: Dict, what: str) -> str:
     """The weights file a checkpoint marker names, checked to be a plain checkpoint name beside it.
 
     Raises:
-        ValueError: an absolute, ``..``, nested, backslashed, empty or other name; naming ``what``.
-    """
+        ValueError: an absolute, ``..``, nested, backslashed, empty or other name; naming ``what``."""
     name = plain_name(marker.get("weights") if isinstance(marker, dict) else None, what, CHECKPOINT_NAME)
     if not name.endswith(".npz"):
         raise Refused(f"{what}: the name {name!r} is a marker's, not a checkpoint's weights")
@@ -150,15 +143,12 @@ def newest_complete_checkpoint(directory, markers: Optional[List[Dict]] = None) 
 
 
 def sound_checkpoint(directory, markers: Optional[List[Dict]] = None) -> Tuple[Optional[Dict], List[str]]:
-    """The newest checkpoint that may be resumed, and the damaged files passed over on the way.
+    """The newest sound checkpoint (size, sha256 and finiteness checked) and the damaged files passed over.
 
-    Sound: its weights match the marker's size and sha256, read whole, and hold no NaN or infinity (nor do
-    its logs or best weights); each one passed over is warned of. If only the best epoch's file is damaged,
-    its own last epoch becomes the best. ``markers``: read when ``None``.
+    If only the best epoch's file is damaged, the marker's own epoch becomes the best.
 
     Returns:
-        ``(marker or None, ["checkpoint-3.npz (why)", ...])``, newest first.
-    """
+        ``(marker or None, ["checkpoint-3.npz (why)", ...])``, newest first."""
     log = logging.getLogger("pipelines")
     folder = directory if isinstance(directory, Location) else resolve(directory)
     passed: List[str] = []
@@ -215,9 +205,7 @@ def file_damage(folder, weights: str, marker: Dict) -> Optional[str]:
 
 
 def best_taken_anew(folder, marker: Dict) -> Optional[Dict]:
-    """``marker`` with its own last epoch as the best so far (its best epoch's file is lost).
-
-    ``None`` when that epoch's file or ``monitor`` value is missing."""
+    """``marker`` with its own epoch as the best so far; ``None`` when that epoch's file or value is missing."""
     stopping, epoch = marker.get("early_stopping") or {}, marker.get("epoch")
     monitor = stopping.get("monitor")
     logs = [entry for entry in marker.get("history") or [] if isinstance(entry, dict) and entry.get("epoch") == epoch]
@@ -231,9 +219,7 @@ def best_taken_anew(folder, marker: Dict) -> Optional[Dict]:
 
 
 def non_finite_state(folder, marker: Dict) -> List[str]:
-    """What a checkpoint holds that is NaN or infinite: its logs, then its weights' keys, then its best's.
-
-    ``[]``: finite, it may be resumed."""
+    """What a checkpoint holds that is NaN or infinite (logs, weights' keys, best's keys); ``[]`` when finite."""
     found = non_finite_logs(marker.get("logs"))
     names = [marker["weights"], *filter(None, [best_name(marker)])]
     for name in names:
@@ -243,9 +229,8 @@ def non_finite_state(folder, marker: Dict) -> List[str]:
 
 @dataclass(frozen=True)
 class Segment:
-    """One ``fit`` call: epochs ``initial_epoch + 1 .. epochs``, each of ``steps`` steps.
-
-    The first starts after ``steps_done`` steps of its epoch; the rank's stream is read from ``start_row``."""
+    """One ``fit`` call: epochs ``initial_epoch + 1 .. epochs`` of ``steps`` steps, the first after
+    ``steps_done`` steps; the rank's stream is read from ``start_row``."""
 
     initial_epoch: int
     epochs: int
@@ -258,13 +243,8 @@ def fit_segments(epochs_done: int, steps_done: int, epochs: int, steps_per_epoch
                  first_epoch: int = 0) -> List[Segment]:
     """The ``fit`` calls that continue a run from ``(epochs_done, steps_done)`` up to ``epochs``.
 
-    Keras starts ``fit`` at an epoch's first step only: a mid-epoch position gives its rest, then the later
-    epochs; ``steps_done == steps_per_epoch`` gives a stepless end of epoch. Stream row of a position:
-    ``((epochs_done - first_epoch) * steps_per_epoch + steps_done) * batch_size``.
-
     Raises:
-        ValueError: ``steps_done`` outside ``[0, steps_per_epoch]``, or a position before ``first_epoch``.
-    """
+        ValueError: ``steps_done`` outside ``[0, steps_per_epoch]``, or a position before ``first_epoch``."""
     if not 0 <= steps_done <= steps_per_epoch or epochs_done < first_epoch:
         raise ValueError(f"no position after {plural(epochs_done, 'epoch')} and {plural(steps_done, 'step')} of "
                          f"{steps_per_epoch} (phase from epoch {first_epoch + 1})")

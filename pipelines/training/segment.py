@@ -1,7 +1,4 @@
-"""The job's callbacks over a run that ``fit`` trains in two calls (a resume within an epoch).
-
-Keras starts ``fit`` at an epoch's first step only; to every callback the calls must look like one run:
-steps numbered on, training begun in the first call and ended in the last (or where it stops)."""
+"""The job's callbacks over a run that ``fit`` trains in two calls (a resume within an epoch), seen as one run."""
 from __future__ import annotations
 
 from typing import Dict, List
@@ -51,10 +48,7 @@ class InSegment(keras.callbacks.Callback):
 
 
 def in_segment(callbacks: List, index: int, count: int, steps_done: int, steps_per_epoch: int) -> List:
-    """The callbacks of ``fit`` call ``index`` of ``count``, each wrapped in ``InSegment``.
-
-    Keras' ``ProgbarLogger`` stays as it is (Keras finds it by type). A single call from an epoch's first
-    step gets ``callbacks`` unchanged."""
+    """The callbacks of ``fit`` call ``index`` of ``count``, each wrapped in ``InSegment`` (not ``ProgbarLogger``)."""
     if count == 1 and not steps_done:
         return callbacks
     return [c if isinstance(c, keras.callbacks.ProgbarLogger) else
@@ -62,9 +56,7 @@ def in_segment(callbacks: List, index: int, count: int, steps_done: int, steps_p
 
 
 def end_epoch(model, callbacks: List, epoch: int, steps_per_epoch: int, logs: Dict, verbose: int) -> None:
-    """Run the end of 0-based ``epoch`` alone (``fit``'s hooks, no step) with this rank's recorded ``logs``.
-
-    For a run resumed from a checkpoint whose epoch's steps were all trained."""
+    """Run the end of 0-based ``epoch`` alone (``fit``'s hooks, no step) with this rank's recorded ``logs``."""
     model.stop_training = False  # as fit begins
     hooks = keras.callbacks.CallbackList(callbacks, add_history=False, add_progbar=False, model=model,
                                          verbose=verbose, epochs=epoch + 1, steps=steps_per_epoch)

@@ -18,11 +18,9 @@ class StoppingRule:
     """When early stopping ends a run.
 
     Attributes:
-        monitor: ``val_loss`` (lower is better) or ``val_accuracy`` (higher is better).
         patience_steps: optimizer steps without a gain before the run stops (0: epochs only).
         patience_epochs: the floor: at least this many epochs without a gain.
-        min_delta: smallest change of ``monitor`` that counts as a gain (>= 0, in its units).
-    """
+        min_delta: smallest change of ``monitor`` that counts as a gain (>= 0, in its units)."""
 
     monitor: str
     patience_steps: int
@@ -34,8 +32,7 @@ class StoppingRule:
 
         Raises:
             pipelines.runtime.errors.Refused: unknown ``monitor``, ``patience_epochs`` < 1, ``patience_steps`` < 0,
-                ``min_delta`` not finite and >= 0.
-        """
+                ``min_delta`` not finite and >= 0."""
         if self.monitor not in MONITORS:
             raise Refused(f"--monitor {self.monitor}: early stopping watches a metric every epoch logs: "
                           f"{' or '.join(MONITORS)}")
@@ -72,8 +69,7 @@ def resolve(name: str, monitor: str = "", patience_epochs: Optional[int] = None,
     """The rule ``name`` of ``RULES`` with each value given (not empty, not ``None``) in place of its own.
 
     Raises:
-        pipelines.runtime.errors.Refused: ``--stopping`` names no rule, or a value the rule refuses.
-    """
+        pipelines.runtime.errors.Refused: ``--stopping`` names no rule, or a value the rule refuses."""
     if name not in RULES:
         raise Refused(f"--stopping {name}: choose one of {', '.join(RULES)}")
     given: Dict[str, Any] = {"monitor": monitor or None, "patience_epochs": patience_epochs, "patience_steps": patience_steps,

@@ -1,7 +1,6 @@
-"""The training job: ``run_training``, run by every Horovod rank, reads top to bottom as the job's steps.
+"""The training job: ``run_training``, run by every Horovod rank; side effects are rank 0's.
 
-Side effects (checkpoints, logs, reports, the model, the MLflow run) are rank 0's. Lines that distribution
-adds to a single-process Keras job are marked ``# Horovod:``."""
+Lines that distribution adds to a single-process Keras job are marked ``# Horovod:``."""
 from __future__ import annotations
 
 import contextlib
@@ -45,8 +44,7 @@ def start_tracking(config: TrainConfig, rank: Rank, plan: RunPlan, resume: Resum
     """Rank 0 starts or continues the MLflow run (FAILED if the block raises); yields it, else ``None``.
 
     Raises:
-        pipelines.tracking.TrackingUnavailable: on every rank, when rank 0 cannot use the store.
-    """
+        pipelines.tracking.TrackingUnavailable: on every rank, when rank 0 cannot use the store."""
     options = config.outputs
     if not options.tracking:
         yield None
@@ -83,11 +81,7 @@ def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
 
 
 def make_callbacks(context: RankContext, resume: Resume, marker: Optional[Dict] = None):
-    """The phase's Keras callbacks in the order they must run, and two of them.
-
-    Horovod's, statistics, warmup, ``DivergenceGuard`` and early stopping on every rank; rank 0's writers;
-    then the preemption stop, the elastic check and the launcher's hooks. Returns ``(callbacks,
-    early_stopping, epoch_stats)``."""
+    """``(callbacks, early_stopping, epoch_stats)``: the phase's Keras callbacks in the order they must run."""
     import horovod.tensorflow.keras as hvd
 
     from pipelines.training import callbacks as cb
@@ -142,8 +136,7 @@ def checkpointer(context: RankContext, resume: Resume, early_stopping, marker: O
 
 
 def rank0_callbacks(context: RankContext, resume: Resume, checkpoints) -> list:
-    """Rank 0's writers in order: progress mark, epoch progress, ``checkpoints``, ``history.csv``,
-    TensorBoard, MLflow, then the upload to a URI ``--output`` after every writer."""
+    """Rank 0's writers in order, the upload to a URI ``--output`` last."""
     from pipelines.stack.kerasapi import keras
     from pipelines.training import callbacks as cb
     from pipelines.training.epochprogress import EpochProgress
@@ -175,9 +168,7 @@ def with_hooks(context: RankContext, callbacks: list) -> list:
 
 
 def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: int = 0) -> float:
-    """``fit`` from ``resume``'s position, each rank's stream opened there; returns the seconds in ``fit``.
-
-    A resumed run that had already finished only gets its best weights back."""
+    """``fit`` from ``resume``'s position, each rank's stream opened there; returns the seconds in ``fit``."""
     from pipelines.training.callbacks import stop_watchdogs
     from pipelines.training.segment import end_epoch, in_segment
 
@@ -224,8 +215,7 @@ def evaluate(context: RankContext, inputs, split: str = TEST):
     """Exact totals over the whole ``split``, the same on every rank; a short read fails the run.
 
     Raises:
-        pipelines.training.data.errors.ShardCountError: a count differs from the metadata or manifest.
-    """
+        pipelines.training.data.errors.ShardCountError: a count differs from the metadata or manifest."""
     def tick(batch: int) -> None:
         progress(f"{split} batch {batch + 1}")
 
@@ -241,12 +231,11 @@ def evaluate(context: RankContext, inputs, split: str = TEST):
 def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     """Train on every rank (once per process) and return the run's report (``metrics.json``).
 
-    ``run_id``: a launching driver's, so every relaunch is the same run; ``None``: rank 0 makes or resumes one.
+    ``run_id``: a launching driver's (every relaunch is the same run); ``None``: rank 0 makes or resumes one.
 
     Raises:
         pipelines.training.data.errors.DataError: the dataset cannot feed this run.
-        ValueError: a batch size the data cannot fill.
-    """
+        ValueError: a batch size the data cannot fill."""
     # Horovod: hvd.init(), one GPU (or cores) per local rank, logs on rank 0 (rank.py)
     rank = setup_rank(config)
     start = time.perf_counter()
@@ -299,8 +288,7 @@ def fine_tune(context: RankContext, first, resume: Resume):
     """Phase 2 on every rank: the top ``--fine-tune-blocks`` unfrozen from phase 1's best, on images.
 
     Returns:
-        Phase: with ``report`` for ``metrics.json``'s ``fine_tune``.
-    """
+        Phase: with ``report`` for ``metrics.json``'s ``fine_tune``."""
     import horovod.tensorflow as hvd_tf
 
     config, rank, plan = context.config, context.rank, context.plan

@@ -1,5 +1,4 @@
-"""Our own reader of a rank's shard (``--reader own``): Petastorm's contract on pyarrow alone, a few threads and
-the flat cache. Row groups ``rank, rank + world_size, ...`` loop forever, each epoch in ``epoch_order``."""
+"""Our own reader of a rank's shard (``--reader own``): Petastorm's contract on pyarrow alone."""
 from __future__ import annotations
 
 import collections
@@ -37,8 +36,7 @@ def stream_group(group: RowGroup, row_bytes: int) -> Iterator[Tuple[str, np.ndar
     """One row group's flat-file pieces, decoded ``STREAM_BYTES`` of images at a time (small enough for the CPU cache).
 
     Raises:
-        ShardCountError, ImageSizeError: as ``read_group``, before the piece at fault.
-    """
+        ShardCountError, ImageSizeError: as ``read_group``, before the piece at fault."""
     rows, labels = 0, []
     with open_part(group.part) as f:
         batches = pq.ParquetFile(f, metadata=group.metadata).iter_batches(
@@ -66,12 +64,8 @@ class ArrowShardReader:
     """A looping reader of one rank's shard; a context manager (threads stop on exit) and an iterator of ``Batch``.
 
     Args:
-        groups: the shard's row groups, not empty.
-        row_bytes: bytes of one image.
-        workers: reader threads (>= 1).
         depth: row groups read ahead at most (>= 1; default ``2 * workers``): the bound on memory.
-        cache: flat files of the shard's row groups, or None.
-    """
+        cache: flat files of the shard's row groups, or None."""
 
     def __init__(self, groups: Sequence[RowGroup], row_bytes: int, seed: int = 0, workers: int = 2,
                  depth: int = 0, cache: Optional[RowGroupFiles] = None):
@@ -98,8 +92,7 @@ class ArrowShardReader:
         """Read the row groups ``visits`` (shard indices) from now on; earlier iterators stop.
 
         Returns:
-            an iterator of ``Batch`` until ``visits`` ends, the reader closes or another ``restart``; read errors raise.
-        """
+            ``Batch`` items until ``visits`` ends, the reader closes or another ``restart``; read errors raise."""
         with self._lock:
             if self._closed:
                 return iter(())

@@ -99,14 +99,12 @@ def load_dataset(root: str, world_size: int, storage_options: Optional[Dict[str,
 
     Args:
         root: a local folder, ``file://`` URL or URI (``s3://bucket/etl``).
-        storage_options: ``--storage-option`` values for a URI's backend.
 
     Raises:
         DataError: not an ETL output, no validation split, an empty split, fewer train row groups than ranks.
         StorageError: an unknown scheme, a missing bucket, refused credentials.
         UnsafePathError: ``root`` holds a character a ``file://`` URL cannot carry.
-        ManifestError: a manifest out of bounds, or a part outside its split folder or not a regular file.
-    """
+        ManifestError: a manifest out of bounds, or a part outside its split folder or not a regular file."""
     location = resolve(root, storage_options)
     check_reachable(location, "--data")
     # Petastorm opens the parts by URL, a URI's too (petastorm.legacy_fs.split_urls)

@@ -1,5 +1,4 @@
-"""Feature cache: the frozen backbone's pooled features, computed once per rank shard into
-``DATA/features/<key>/<split>/part-rank<r>.parquet``, ``key`` hashing the model and the data; marker written last."""
+"""Feature cache: the frozen backbone's pooled features, computed once per rank shard, keyed by model and data."""
 from __future__ import annotations
 
 import hashlib
@@ -21,8 +20,7 @@ COMPLETE = "_COMPLETE.json"
 
 def model_key(weights: str, input_size: int, seed: int, backbone: str, compute_dtype: str,
               model_input: str) -> str:
-    """The model half of a feature set's key, 16 hex digits: weights (a file's content; the seed if random),
-    ``input_size``, backbone, ``compute_dtype`` (float16 features differ) and ``model_input`` (``uint8-299``)."""
+    """The model half of a feature set's key, 16 hex digits, over every argument (a weights file by content)."""
     model = f"{backbone}-avg" + ("" if compute_dtype == "float32" else f"-{compute_dtype}")
     if weights == "imagenet":
         source = "imagenet"
@@ -155,14 +153,11 @@ def say_why(data_root, model: str, key: str, data, directory,
 
 def feature_dataset(features: np.ndarray, labels: np.ndarray, batch_size: int, shuffle: bool, seed: int,
                     repeat: bool, drop_remainder: bool = True, start_row: int = 0):
-    """``tf.data`` over in-memory features: ``(features float32 (b, feature_dim), labels int32 (b,))``.
-
-    ``repeat``: the positioned stream from ``start_row``, endless (no ``tf.data`` shuffle: its state cannot be
-    restored). Otherwise one pass, stored or shuffled once, the last batch smaller unless ``drop_remainder``.
+    """``tf.data`` over in-memory features ``(float32 (b, feature_dim), int32 (b,))``; ``repeat``: endless from
+    ``start_row``, else one pass.
 
     Raises:
-        ValueError: ``start_row`` without ``repeat``, or negative; ``repeat`` over no rows.
-    """
+        ValueError: ``start_row`` without ``repeat``, or negative; ``repeat`` over no rows."""
     import tensorflow as tf
 
     if repeat:

@@ -1,5 +1,4 @@
-"""One-pass reads: every row of a rank's shard of a split exactly once, its count checked; sequential pyarrow,
-whatever ``--reader``, as a looping reader's worker pool could lose rows."""
+"""One-pass reads: every row of a rank's shard of a split exactly once, its count checked (sequential pyarrow)."""
 from __future__ import annotations
 
 from typing import Iterator, Tuple
@@ -27,8 +26,7 @@ class OnePassShard:
 
         Raises:
             ShardCountError: a row group holds another number of rows than its footer says.
-            DataError: an image that is not the manifest's ``row_bytes`` (each checked).
-        """
+            DataError: an image that is not the manifest's ``row_bytes`` (each checked)."""
         s = self.data.stored_size
         for group, start, stop in self.pieces:
             images, labels = read_group(group, self.data.row_bytes)

@@ -1,5 +1,4 @@
-"""The readers of a rank's shard behind one interface (``--reader``): they loop forever, so every rank can take
-the steps planned from the manifest's counts even when shards differ by a row group."""
+"""The readers of a rank's shard behind one interface (``--reader``); they loop forever."""
 from __future__ import annotations
 
 import contextlib
@@ -18,8 +17,7 @@ from pipelines.training.data.rowcache import rank_cache_folder
 
 
 class Reader(NamedTuple):
-    """One ``--reader``: ``open_shard(data, split, rank, world_size, cache_folder, cache_limit, workers, seed)``,
-    a context manager yielding the looping reader, and ``why_not()``, why it cannot run here (``None``: it can)."""
+    """One ``--reader``: ``open_shard(...)``, a context manager yielding the looping reader, and ``why_not()``."""
 
     open_shard: Callable
     why_not: Callable[[], Optional[str]]
@@ -65,17 +63,14 @@ def open_reader(data: Dataset, split: str, rank: int, world_size: int, cache_roo
     """A reader of this rank's shard of ``split`` that loops forever, row groups reshuffled (seeded) each epoch.
 
     Args:
-        cache_root: cache the row groups in a fresh owner-only folder ``cache_root/rank<r>-<split>`` (or
-            ``cache_name``), removed on close. ``None``: no cache.
-        reader: a name in ``READERS``; empty: ``default_reader()``.
+        cache_root: cache the row groups in a fresh folder ``cache_root/rank<r>-<split>``; ``None``: no cache.
 
     Yields:
         an iterator of one ``(image, label)`` named tuple per row group (read it with ``row_groups_of``).
 
     Raises:
         CacheFolderError: the cache folder is not this user's own or cannot be cleared.
-        Refused: an unknown ``reader``, or one that cannot run here.
-    """
+        Refused: an unknown ``reader``, or one that cannot run here."""
     chosen = READERS[check_reader(reader)]
     data.check_footers()  # the counts below size its cache
     folder = rank_cache_folder(cache_root, cache_name or f"rank{rank}-{split}") if cache_root else None
@@ -97,9 +92,7 @@ def row_groups_of(reader, stored_size: int) -> Iterator[Tuple[np.ndarray, np.nda
     """Either reader's rows, a row group at a time: ``(images uint8 (n, s, s, 3), labels int32 (n,))``.
 
     Raises:
-        DataError: an image that is not ``contract.row_bytes(s)`` bytes (each checked), a missing one, or not one
-            image per label.
-    """
+        DataError: an image not ``contract.row_bytes(s)`` bytes, a missing one, or not one image per label."""
     row_bytes = contract.row_bytes(stored_size)
     for group in reader:
         images = group.image

@@ -89,8 +89,7 @@ def write_pieces(f, columns: List[Column], pieces: Iterable[Piece]) -> int:
     """Write a flat file of ``columns`` into ``f`` from ``(name, bytes-like)`` ``pieces`` in column order; its size.
 
     Raises:
-        ValueError: a piece out of order, or a column's bytes not what its shape makes (the caller removes the file).
-    """
+        ValueError: a piece out of order, or a column's bytes not what its shape makes."""
     header = json.dumps([[name, dtype, list(shape)] for name, dtype, shape in columns]).encode()
     f.write(MAGIC + _LENGTH.pack(len(header)) + header)
     expected = [(name, column_bytes([(name, dtype, shape)])) for name, dtype, shape in columns]
@@ -136,8 +135,7 @@ def read_row_group(path: str) -> Dict[str, np.ndarray]:
     """The columns of one ``*.rowgroup`` file, as read-only arrays over one memory map of it.
 
     Raises:
-        OSError: the file cannot be opened or mapped; ``DamagedEntry`` when it is not what its header says.
-    """
+        OSError: the file cannot be opened or mapped; ``DamagedEntry`` when it is not what its header says."""
     with open(path, "rb") as f:
         try:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -190,8 +188,7 @@ def rank_cache_folder(cache_root: str, name: str) -> str:
     """A fresh, empty, owner-only (0700) folder ``cache_root/name``; our leftovers there are removed first.
 
     Raises:
-        CacheFolderError: either is another user's (never removed), cannot be cleared, or was made meanwhile.
-    """
+        CacheFolderError: either is another user's (never removed), cannot be cleared, or was made meanwhile."""
     own_folder(cache_root)
     path = os.path.join(cache_root, name)
     with contextlib.suppress(FileNotFoundError):
@@ -223,10 +220,7 @@ def say_full_once(folder: str, exc: OSError) -> None:
 
 
 class RowGroupFiles:
-    """The flat files of one reader's row groups in its own ``folder``, at most ``limit_bytes`` in all.
-
-    Thread-safe; files are renamed into place whole; a full disk (``ENOSPC``, ``EDQUOT``) ends caching here.
-    """
+    """The flat files of one reader's row groups in its own ``folder``, at most ``limit_bytes`` in all; thread-safe."""
 
     def __init__(self, folder: str, limit_bytes: int):
         self.folder, self.limit_bytes = folder, limit_bytes
@@ -258,8 +252,7 @@ class RowGroupFiles:
 
         Raises:
             OSError: a write failing for another reason than a full disk.
-            ValueError: ``pieces`` do not fill the columns (or whatever ``pieces`` raises); the file is removed.
-        """
+            ValueError: ``pieces`` do not fill the columns (or whatever ``pieces`` raises); the file is removed."""
         size = column_bytes(columns)
         with self._lock:
             if self.full or self.stored + size > self.limit_bytes:

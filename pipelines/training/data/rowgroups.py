@@ -47,8 +47,7 @@ def image_pixels(column, group: RowGroup, row_bytes: int) -> np.ndarray:
     """The images of a binary Arrow ``column`` as ``uint8 (n, row_bytes)``, a view of its buffer.
 
     Raises:
-        ImageSizeError: a missing image, or one that is not ``row_bytes`` bytes (each checked).
-    """
+        ImageSizeError: a missing image, or one that is not ``row_bytes`` bytes (each checked)."""
     if column.null_count:
         raise ImageSizeError(f"{group.path} row group {group.index}: a missing image")
     offsets = np.frombuffer(column.buffers()[1], np.int32, len(column) + 1, column.offset * 4)
@@ -70,8 +69,7 @@ def read_group(group: RowGroup, row_bytes: int) -> Tuple[np.ndarray, np.ndarray]
 
     Raises:
         ShardCountError: it holds another number of rows than its footer says.
-        ImageSizeError: an image that is not ``row_bytes`` bytes (each checked).
-    """
+        ImageSizeError: an image that is not ``row_bytes`` bytes (each checked)."""
     with open_part(group.part) as f:
         table = pq.ParquetFile(f, metadata=group.metadata).read_row_group(group.index, columns=["image", "label"])
     if table.num_rows != group.rows:

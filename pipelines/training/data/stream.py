@@ -1,9 +1,5 @@
-"""The positioned train stream of a rank's shard: which row comes where, by arithmetic alone.
-
-A function of the shard's row counts, ``seed``, shuffle size and ``augment``, so a resume opens it at any row and
-sees an uninterrupted run's batches. Pass ``p`` visits row groups in ``epoch_order(n, seed, p)``, in windows of
-``W`` visits; window ``k``'s rows are permuted, then flipped, by ``default_rng((seed, p, k))``.
-"""
+"""The positioned train stream of a rank's shard: which row comes where, by arithmetic alone, so a resume
+opens it at any row. Window ``k`` of pass ``p`` is shuffled by ``default_rng((seed, p, k))``."""
 from __future__ import annotations
 
 from typing import Callable, Dict, Iterator, NamedTuple, Optional, Sequence, Tuple
@@ -33,16 +29,10 @@ class Position(NamedTuple):
 
 
 class ShardStream:
-    """The stream arithmetic of one rank's shard.
-
-    Args:
-        rows: each row group's rows, in shard order (the footers').
-        seed: the rank's seed (``--seed`` + rank), >= 0.
-        window: ``W`` (``window_visits``), >= 1.
+    """The stream arithmetic of one rank's shard; ``rows``: each row group's rows in shard order.
 
     Raises:
-        ValueError: no rows at all (the stream would never yield), a negative count, ``window < 1``.
-    """
+        ValueError: no rows at all, a negative count, ``window < 1``."""
 
     def __init__(self, rows: Sequence[int], seed: int, window: int):
         self.rows = np.asarray(rows, np.int64).reshape(-1)
@@ -116,9 +106,7 @@ def stream_batches(stream: ShardStream, open_groups: OpenGroups, start_row: int,
     """The stream's rows from ``start_row``, fresh full batches ``(uint8 (b, s, s, 3), int32 (b,))``, till groups stop.
 
     Raises:
-        ValueError: a negative ``start_row``, ``batch_size < 1``, or a row group whose rows differ from
-            ``stream.rows`` (every later row would shift).
-    """
+        ValueError: a negative ``start_row``, ``batch_size < 1``, or a row group unlike ``stream.rows``."""
     if batch_size < 1:
         raise ValueError(f"a batch holds >= 1 row, got {batch_size}")
     position = stream.locate(start_row)
@@ -195,8 +183,7 @@ def feature_batches(features: np.ndarray, labels: np.ndarray, seed: int, start_r
     """The feature cache's stream from ``start_row`` in full batches, pass ``p`` in ``epoch_order(n, seed, p)``.
 
     Raises:
-        ValueError: no rows, a negative ``start_row``, ``batch_size < 1``, not one label per row.
-    """
+        ValueError: no rows, a negative ``start_row``, ``batch_size < 1``, not one label per row."""
     n = len(labels)
     if n == 0 or len(features) != n or start_row < 0 or batch_size < 1:
         raise ValueError(f"a feature stream needs rows, one label each ({plural(len(features), 'row')}, "

@@ -10,10 +10,7 @@ from pipelines.training.devices import prefetch_device
 
 
 def flipper(seed: int = 0):
-    """``--augment`` over Petastorm's reader: ``flip(index, (images, labels))`` for ``enumerate().map``.
-
-    Flips are drawn statelessly from ``(seed, index)``, so ``tf.data``'s parallel schedule cannot change them.
-    """
+    """``--augment`` over Petastorm's reader: ``flip(index, (images, labels))``, stateless from ``(seed, index)``."""
     import tensorflow as tf
 
     def flip(index, batch):
@@ -28,15 +25,12 @@ def batched(ds, batch_size: int, shuffle_buffer: int = 0, seed: int = 0, augment
             drop_remainder: bool = True, device: Optional[str] = None, weight: Optional[float] = None):
     """The tail every input path shares: shuffle buffer, batch, ``flipper``, ``weighted``, ``to_device``.
 
-    Batches stay uint8 (the model casts on the device): 4 times less host memory and PCIe traffic than float32.
-
     Args:
         ds: a ``tf.data.Dataset`` of ``(uint8 (s, s, 3), int32 ())``.
-        drop_remainder: full batches only (training: every rank takes the same steps); False for evaluation.
+        drop_remainder: full batches only (training: every rank takes the same steps).
 
     Returns:
-        a ``tf.data.Dataset`` of ``(uint8 (b, s, s, 3), int32 (b,))``, with ``weight`` also ``float32 (b,)``.
-    """
+        a ``tf.data.Dataset`` of ``(uint8 (b, s, s, 3), int32 (b,))``, with ``weight`` also ``float32 (b,)``."""
     import tensorflow as tf
 
     if shuffle_buffer > 1:
@@ -79,12 +73,10 @@ def make_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int 
                  weight: Optional[float] = None):
     """``tf.data`` over a looping reader for training: ``(images uint8 (b, s, s, 3), labels int32 (b,))`` batches.
 
-    Petastorm's reader cannot start mid-stream, so ``start_row`` is ignored there; ``weight`` (rows' loss weight
-    when this rank's batch differs from the data world's) applies there only. Each ``iter()`` starts again.
+    ``start_row`` is ignored over Petastorm's reader; ``weight`` applies there only.
 
     Raises:
-        ValueError: a negative ``start_row`` (over our reader).
-    """
+        ValueError: a negative ``start_row`` (over our reader)."""
     import tensorflow as tf
 
     if exact_positions(reader):
@@ -103,13 +95,10 @@ def shard_stream(reader, shuffle_buffer: int, seed: int):
 
 def positioned_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int = 0, seed: int = 0,
                        augment: bool = False, start_row: int = 0, device: Optional[str] = None):
-    """Endless ``tf.data`` of our ``reader``'s stream from ``start_row`` (global steps x ``batch_size``).
-
-    Each ``iter()`` restarts ``reader`` at ``start_row``'s window, stopping an earlier iterator.
+    """Endless ``tf.data`` of our ``reader``'s stream from ``start_row``; each ``iter()`` restarts it there.
 
     Raises:
-        ValueError: a negative ``start_row`` or ``batch_size < 1`` (at once, not on iteration).
-    """
+        ValueError: a negative ``start_row`` or ``batch_size < 1``."""
     import tensorflow as tf
 
     s = stored_size

@@ -12,11 +12,8 @@ from pipelines.training.model.checkpoints import build_optimizer, resumable_drop
 
 @dataclass(frozen=True)
 class Backbone:
-    """A frozen feature extractor as ``--backbone`` names it.
-
-    ``name``: its layer in the model; ``min_size``: smallest input side, px; ``feature_dim``: pooled vector length;
-    ``pretrained``: weights exist; block ``k`` of ``blocks`` (1 = nearest the input) is ``block_prefix.format(k)``.
-    """
+    """A frozen feature extractor as ``--backbone`` names it; ``min_size`` in px, block ``k`` (1 = nearest the
+    input) is ``block_prefix.format(k)``."""
 
     name: str
     min_size: int
@@ -80,18 +77,16 @@ def build_model(num_classes: int, input_size: int, dropout: float = 0.5, weights
     The backbone runs with ``training=False``: batch-norm statistics stay ImageNet's, also when fine-tuned.
 
     Args:
-        input_size: side of the backbone's input, pixels (``--image-size``, or the stored size).
+        input_size: side of the backbone's input, pixels.
         stored_size: side of the stored images the model takes, pixels (0 = ``input_size``).
-        weights: ``'imagenet'`` (downloaded by Keras), ``'none'`` (random), or a no-top Xception weights file's path.
-        backbone: a name in ``BACKBONES``, also the backbone layer's name.
+        weights: ``'imagenet'``, ``'none'`` (random), or a no-top Xception weights file's path.
 
     Returns:
         an uncompiled model, uint8 ``(batch, stored_size, stored_size, 3)`` -> float32 ``(batch, num_classes)``.
 
     Raises:
         MissingInput: a weights path that does not exist.
-        Refused: as ``check_backbone``.
-    """
+        Refused: as ``check_backbone``."""
     from pipelines.stack.kerasapi import keras
 
     check_backbone(backbone, weights, input_size)
@@ -150,13 +145,10 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
 
     Args:
         learning_rate: already scaled by the world size.
-        fp16_allreduce: gradients cast to float16 for the allreduce (half the bytes).
-        xla: forward and backward pass compiled by XLA (``xla_train_step``).
         weight_decay: decoupled; each step also shrinks every weight by ``learning_rate x weight_decay``.
 
     Raises:
-        Keras3Error: ``model`` is not a Keras 2 model (before any step).
-    """
+        Keras3Error: ``model`` is not a Keras 2 model (before any step)."""
     import horovod.tensorflow.keras as hvd
 
     from pipelines.stack.kerasapi import distributed_optimizer, keras
@@ -180,10 +172,8 @@ def compile_distributed(model, learning_rate: float, fp16_allreduce: bool = Fals
 
 
 def xla_train_step(model):
-    """Keras' ``train_step`` with the forward (and so backward) pass one XLA computation; the rest TensorFlow ops.
-
-    Not ``compile(jit_compile=True)``: ``HorovodAllreduce`` has no XLA kernel unless Horovod was built with its XLA ops.
-    """
+    """Keras' ``train_step`` with the forward (and backward) pass one XLA computation (``HorovodAllreduce`` has
+    no XLA kernel, so not ``jit_compile=True``)."""
     import tensorflow as tf
 
     from pipelines.stack.kerasapi import keras

@@ -1,5 +1,4 @@
-"""Small checkpoints (``checkpoint-N[-step-K].npz``): trainable weights, optimizer state, learning rate and dropout
-generator, not the frozen backbone, whose ``frozen_checksum`` the marker records and ``--resume`` checks."""
+"""Small checkpoints (``checkpoint-N[-step-K].npz``): everything but the frozen backbone (only its checksum)."""
 from __future__ import annotations
 
 import hashlib
@@ -116,11 +115,8 @@ def file_sha256(path: str) -> str:
 def read_checkpoint(location, size: Optional[int] = None, sha256: Optional[str] = None) -> Dict[str, np.ndarray]:
     """The arrays of a checkpoint at ``location`` by key, checked against the marker's ``size`` and ``sha256``.
 
-    Without ``sha256`` (older markers) only the members' CRC-32 are checked. Never unpickles.
-
     Raises:
-        DamagedCheckpoint: missing, another size or sha256, or not an ``.npz`` of arrays.
-    """
+        DamagedCheckpoint: missing, another size or sha256, or not an ``.npz`` of arrays."""
     import io
     import zipfile
 
@@ -165,8 +161,7 @@ def load_checkpoint(model, path: str, optimizer: bool = True) -> None:
     """Assign a checkpoint's trainable weights and, with ``optimizer`` and a compiled model, the rest.
 
     Raises:
-        ValueError: the checkpoint does not fit the model, or cannot be read (``DamagedCheckpoint``).
-    """
+        ValueError: the checkpoint does not fit the model, or cannot be read (``DamagedCheckpoint``)."""
     from pipelines.io.storage import resolve
 
     try:

@@ -38,19 +38,13 @@ def input_contract(stored_size: int, input_size: int, class_names) -> dict:
 
 
 def export_model(model, path: str, stored_size: int = 0, class_names=None):
-    """Save the model for inference atomically, uncompiled (Horovod's optimizer does not serialise) and float32.
-
-    With ``class_names``, ``model.json`` goes beside it with the file's sha256, checked before inference loads it.
+    """Save the model for inference atomically, uncompiled and float32; with ``class_names``, ``model.json`` too.
 
     Args:
         stored_size: the ETL's image size, checked against the model's input (0: not checked).
 
-    Returns:
-        the exported model, in memory.
-
     Raises:
-        Refused: the model does not take ``stored_size`` px images.
-    """
+        Refused: the model does not take ``stored_size`` px images."""
     from pipelines.stack.kerasapi import keras
 
     stored, size = model.input_shape[1], backbone_of(model).input_shape[1]

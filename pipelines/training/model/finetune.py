@@ -1,9 +1,6 @@
-"""The fine-tuning phase (``--fine-tune-blocks N``): after the head converges, unfreeze the backbone's top
-N blocks and train on at a lowered learning rate (the Keras transfer-learning guide's recipe).
+"""The fine-tuning phase (``--fine-tune-blocks N``): unfreeze the backbone's top N blocks at a lowered rate.
 
-Batch norms stay in inference mode, the model is recompiled (``trainable`` acts at compile), and phase 2 reads
-images: cached features are the frozen backbone's.
-"""
+Batch norms stay in inference mode; the model is recompiled (``trainable`` acts at compile); phase 2 reads images."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,8 +22,7 @@ def check_fine_tune(backbone, blocks: int, lr_factor: float, epochs: int = 0) ->
     """Refuse ``--fine-tune-blocks``/``--fine-tune-lr``/``--fine-tune-epochs`` values that cannot apply to ``backbone``.
 
     Raises:
-        Refused: ``blocks`` not in ``0..backbone.blocks``, ``lr_factor`` not in (0, 1], ``epochs`` below 0.
-    """
+        Refused: ``blocks`` not in ``0..backbone.blocks``, ``lr_factor`` not in (0, 1], ``epochs`` below 0."""
     if not 0 <= blocks <= backbone.blocks:
         raise Refused(f"--fine-tune-blocks must be in 0..{backbone.blocks} for backbone {backbone.name} "
                       f"(it has {plural(backbone.blocks, 'block')}), got {blocks}")

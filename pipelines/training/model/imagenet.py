@@ -1,5 +1,4 @@
-"""``--weights imagenet``: Keras' ImageNet weights, fetched (md5-checked) into Keras' cache once before any rank
-starts and before TensorFlow loads, so ranks download nothing (nor each fail without network)."""
+"""``--weights imagenet``: Keras' ImageNet weights, fetched (md5-checked) into Keras' cache before any rank starts."""
 from __future__ import annotations
 
 import contextlib
@@ -69,13 +68,12 @@ def md5_of(path: str) -> str:
 
 
 def fetch(spec: KerasFile, path: str, timeout_s: float = FETCH_TIMEOUT_S) -> None:
-    """Download ``spec.url`` to ``path`` via a temporary name, md5-checked, so a rank never finds half a file.
+    """Download ``spec.url`` to ``path`` via a temporary name, md5-checked.
 
     Raises:
         OSError: the download failed (URL errors and timeouts are OSErrors), or ``path``'s folder is not writable.
         http.client.HTTPException: the server's answer broke off.
-        ValueError: the file's md5 is not Keras'.
-    """
+        ValueError: the file's md5 is not Keras'."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with replacing(path) as tmp:
         # an opener of its own: urlopen's shared one keeps the proxies of its first call's environment
@@ -91,8 +89,7 @@ def ensure_imagenet_weights(backbone: str, weights: str, timeout_s: float = FETC
     """The path of ``backbone``'s ImageNet weights in Keras' cache when ``weights == 'imagenet'``, else ``None``.
 
     Raises:
-        WeightsUnavailable: not in Keras' cache, and fetching failed; one line naming what to do.
-    """
+        WeightsUnavailable: not in Keras' cache, and fetching failed; one line naming what to do."""
     if weights != "imagenet" or backbone not in IMAGENET:  # a backbone without them was refused by TrainConfig
         return None
     spec = IMAGENET[backbone]

@@ -1,8 +1,6 @@
 """Where rank 0 writes a training run's outputs: ``--output`` itself, or a local folder mirrored to a URI.
 
-An object store has no rename but a single PUT appears whole, so a checkpoint's marker is uploaded after its
-weights and deleted before them: a marker that exists names complete weights.
-"""
+A checkpoint's marker is uploaded after its weights and deleted before them."""
 from __future__ import annotations
 
 import atexit

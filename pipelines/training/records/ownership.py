@@ -1,7 +1,4 @@
-"""Which training run an output folder belongs to, so that no run adopts or deletes another's files.
-
-Pure logic on `Location` listings: the launching driver refuses before any rank starts, and rank 0 decides again.
-"""
+"""Which training run an output folder belongs to, so that no run adopts or deletes another's files."""
 from __future__ import annotations
 
 import datetime
@@ -104,8 +101,7 @@ def manifest_run_id(data) -> Optional[str]:
 
 @dataclass
 class OutputState:
-    """What an output holds of training runs: its record, its readable markers newest first, the sound one, the damage.
-    """
+    """What an output holds of training runs: its record, readable markers newest first, the sound one, the damage."""
 
     record: Optional[Dict]
     markers: List[Dict]
@@ -114,8 +110,7 @@ class OutputState:
 
     @property
     def owner(self) -> Optional[Dict]:
-        """The run the output belongs to: the record's, else the newest marker's (``{}`` if it has none), else ``None``.
-        """
+        """The run the output belongs to: the record's, else the newest marker's (``{}``: none), else ``None``."""
         if self.record is not None:
             return self.record.get("run") or {}
         return (self.markers[0].get("run") or {}) if self.markers else None
@@ -174,15 +169,11 @@ def describe_world(world: Dict) -> str:
 
 
 def world_refusal(recorded: Dict, run: RunIdentity, how: str, source: str) -> Optional[str]:
-    """Why ``run`` may not continue the ``recorded`` run in its world, or ``None``.
-
-    Another per-rank batch would change the run's data world, and more ranks than its global batch has rows would
-    leave a rank none. A record without a world passes (`claim` warns).
+    """Why ``run`` may not continue the ``recorded`` run in its world (same per-rank batch, a row a rank), or ``None``.
 
     Args:
         how: ``--resume`` or ``a relaunch``.
-        source: what holds the record (``checkpoint checkpoint-2.json in OUT``).
-    """
+        source: what holds the record (``checkpoint checkpoint-2.json in OUT``)."""
     theirs, ours = recorded.get("world"), run.world or {}
     if not isinstance(theirs, dict):
         return None
@@ -207,13 +198,11 @@ def continued_world(recorded: Dict, run: RunIdentity) -> RunIdentity:
 def claim(folder, run: RunIdentity, resume: bool, relaunch: bool, overwrite: bool) -> Claim:
     """What a run may do with the output `Location` ``folder``.
 
-    A new run into another run's output is refused unless ``--overwrite``, which deletes only the files that run's
-    records name. ``--resume`` continues only a run with this run's settings and data; a relaunch only its own run
-    id. Either continues with the recorded per-rank batch on 1 to the global batch ranks, keeping the data world.
+    ``--overwrite`` deletes only the files the other run's records name; ``--resume`` continues only a run with
+    this run's settings and data, a relaunch only its own run id.
 
     Raises:
-        RunRefused: the output belongs to another run, and this one may not continue or replace it.
-    """
+        RunRefused: the output belongs to another run, and this one may not continue or replace it."""
     state, where = read_state(folder), folder.uri
     owner = state.owner
     if owner is None:
@@ -228,8 +217,7 @@ def claim(folder, run: RunIdentity, resume: bool, relaunch: bool, overwrite: boo
 
 
 def _continue(state: OutputState, run: RunIdentity, relaunch: bool, where: str) -> Claim:
-    """``--resume`` or a relaunch: the owner must be this run or one like it, and a checkpoint sound if any was damaged.
-    """
+    """``--resume`` or a relaunch: the owner must be this run or one like it, a checkpoint sound if any was damaged."""
     owner, marker = state.owner, state.newest_complete
     if marker is None and state.damaged:
         raise RunRefused(f"{'a relaunch' if relaunch else '--resume'}: no sound checkpoint in {where}, every one is "

@@ -1,7 +1,4 @@
-"""How far a run got before it was interrupted, so that a continued run can say how much work it redoes.
-
-Rank 0 rewrites ``progress.json`` after every step: a small local file, cheap beside a step.
-"""
+"""How far a run got before it was interrupted, so that a continued run can say how much work it redoes."""
 from __future__ import annotations
 
 import json
@@ -44,10 +41,7 @@ def read_mark(folder: Optional[str]) -> Optional[Dict]:
 
 
 def steps_redone(mark: Optional[Dict], marker: Optional[Dict], steps_per_epoch: int, run_id: str) -> Optional[int]:
-    """Steps the interrupted segment of ``run_id`` trained after checkpoint ``marker``: a continued run redoes them.
-
-    ``None`` (not known) without a checkpoint or a mark of this run.
-    """
+    """Steps the interrupted segment of ``run_id`` trained after checkpoint ``marker``; ``None``: not known."""
     if not marker or not mark or mark.get("run") != run_id:
         return None
     done = int(marker.get("epoch") or 0) * steps_per_epoch + int(marker.get("step") or 0)

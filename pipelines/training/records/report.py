@@ -1,6 +1,4 @@
-"""What rank 0 writes at the end of a run: ``metrics.json``, the exported model and its contract, the pictures, and
-the same to the MLflow run. ``context`` is the job's `RankContext`.
-"""
+"""What rank 0 writes at the end of a run: ``metrics.json``, the exported model and its contract, the pictures."""
 from __future__ import annotations
 
 import logging
@@ -35,13 +33,9 @@ log = logging.getLogger("pipelines")
 
 
 def build_report(context, phases: List, resume: Resume) -> Dict:
-    """The run's report, gathered on every rank (every rank must call it).
+    """The run's report, gathered on every rank (collective); ``phases``' last is the final model.
 
-    It holds the best epoch's exact validation metrics (``selected_on``) and the final model's exact test metrics:
-    the test split is read once, after training, and never used for a choice.
-
-    ``phases``' last is the final model.
-    """
+    The test split is read once, after training, and never used for a choice."""
     import horovod.tensorflow as hvd_tf
 
     config, rank, plan = context.config, context.rank, context.plan
@@ -160,12 +154,9 @@ def best_validation(history: List[Dict], best_epoch: Optional[int], expected_cou
 
 
 def save_outputs(context, report: Dict, phase) -> None:
-    """Rank 0: write the run's results, then the pictures, then log them to the MLflow run (`track_outputs`).
+    """Rank 0: write the run's results (each atomically), then the pictures, then log them to the MLflow run.
 
-    ``model.keras``, ``model.json``, ``class_names.json`` and ``metrics.json`` come first, each atomically; a
-    picture's failure is recorded in ``metrics.json`` (``pictures_error``) without failing the run. A failed MLflow
-    log raises `TrackingFailed`, the outputs complete.
-    """
+    A picture's failure is recorded as ``pictures_error``; a failed MLflow log raises `TrackingFailed`."""
     config, data, tracker, totals = context.config, context.plan.data, context.tracker, phase.totals
     class_names, directory = data.class_names, context.output_dir or config.outputs.output
     exported = export_model(phase.inputs.exported_model(), os.path.join(directory, MODEL_FILE), data.stored_size,

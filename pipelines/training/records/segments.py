@@ -1,7 +1,6 @@
 """The segments of a run: each launch that continued it, its world and where it began (pure).
 
-``from_epoch`` and ``from_step`` are 1-based; a continued segment adds ``steps_redone`` (``None``: not known).
-"""
+``from_epoch`` and ``from_step`` are 1-based; a continued segment adds ``steps_redone`` (``None``: not known)."""
 from __future__ import annotations
 
 from typing import Dict, List, Optional

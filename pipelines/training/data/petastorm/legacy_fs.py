@@ -1,8 +1,6 @@
 """Petastorm over the parts the manifest names and nothing else: a legacy ``pyarrow.filesystem`` of pinned files.
 
-Handed a folder, pyarrow would list it and Petastorm unpickle its ``_common_metadata``: here no path is a folder,
-nothing lists, and a part opens as the file pinned, local or in a bucket.
-"""
+No path is a folder and nothing lists, so Petastorm never unpickles a ``_common_metadata``."""
 from __future__ import annotations
 
 import warnings
@@ -50,8 +48,7 @@ class PinnedPartsFileSystem(legacyfs.FileSystem):
 
         Raises:
             FileNotFoundError: not a part.
-            LinkRefused: the part's name now holds another file, a folder or a link.
-        """
+            LinkRefused: the part's name now holds another file, a folder or a link."""
         if mode != "rb":
             raise ValueError(f"PinnedPartsFileSystem opens files for reading only, not {mode!r}")
         if path not in self.parts:

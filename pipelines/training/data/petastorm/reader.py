@@ -1,9 +1,6 @@
 """The Petastorm reader of a rank's shard; the only module importing Petastorm or diskcache.
 
-Its order repeats only with one worker thread: with more, the pool skips a worker whose queue is momentarily
-empty and the order follows thread timing (one worker out-reads training). It cannot start at a row group.
-Its cache stores flat row groups, never diskcache's pickles, which would run a planted file's code.
-"""
+One worker thread only (with more, the order follows thread timing); its cache stores flat row groups, no pickles."""
 from __future__ import annotations
 
 import contextlib
@@ -32,8 +29,7 @@ class RowGroupDisk(diskcache.Disk):
         """diskcache's ``store``: ``(size in bytes, mode, filename, db value)``, written to its own ``*.rowgroup`` file.
 
         Raises:
-            NotCached: the value is not a flat row group, or the disk is (or would be) full.
-        """
+            NotCached: the value is not a flat row group, or the disk is (or would be) full."""
         columns = None if read else rowcache.flat_columns(value)
         if columns is None:
             raise NotCached("not a flat row group")
@@ -93,10 +89,8 @@ def petastorm_seed(seed: int) -> int:
 @contextlib.contextmanager
 def open_petastorm_reader(urls, filesystem, rank: int, world_size: int, cache_folder: Optional[str],
                           cache_limit: int, row_size: int, workers: int, seed: int) -> Iterator:
-    """A looping Petastorm reader of ``rank``'s row groups of ``urls`` in ``seed``'s order (one thread: no ``workers``).
-
-    Yields the reader; on exit it is stopped and joined and ``cache_folder`` deleted.
-    """
+    """A looping Petastorm reader of ``rank``'s row groups of ``urls`` in ``seed``'s order; ``cache_folder`` is
+    deleted on exit."""
     # petastorm 0.13 drives pyarrow 14 through APIs pyarrow deprecates, warning on every row group
     # (from its reader threads too: a process-wide filter), and warns that ``schema_fields`` are
     # now full-match patterns.
