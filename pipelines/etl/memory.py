@@ -1,9 +1,8 @@
 """Pure arithmetic of the ETL's memory bound: what one task holds, and what the executors can.
 
-``DECODE_BYTES_PER_PIXEL`` is `decode_and_fit`'s measured worst case (a transparent image rotated by EXIF: 4 + 4 +
-4 + 3 bytes and noise). ``tasks_per_worker * task_bytes`` must fit ``spark.executor.pyspark.memory``, or a local
-master's physical memory; other masters without that setting are not checked.
-"""
+``DECODE_BYTES_PER_PIXEL``: `decode_and_fit`'s measured worst case (transparent image rotated by EXIF: 4+4+4+3 and
+noise). ``tasks_per_worker * task_bytes`` must fit ``spark.executor.pyspark.memory``, or a local master's physical
+memory; other masters without that setting are not checked."""
 from __future__ import annotations
 
 import os
