@@ -1,8 +1,7 @@
 """Local paths as the ``file://`` URLs that Petastorm opens: made absolute and checked in one place.
 
-Petastorm opens ``urlparse(url).path`` undecoded, so a path with ``#``, ``?``, a tab or a line break would name
-another folder (``runs/etl#v2`` -> ``runs/etl``): refused. A relative path is made absolute (``file://data`` is a host).
-"""
+Petastorm opens ``urlparse(url).path`` undecoded, so a path with ``#``, ``?``, a tab or a line break (it would name
+another folder) is refused; a relative one is made absolute (``file://data`` is a host)."""
 from __future__ import annotations
 
 import os
@@ -55,8 +54,7 @@ def _store_key(uri: str) -> tuple:
 def check_disjoint(input_path: str, output_path: str) -> None:
     """Refuse (`Refused`) an output that is the input, lies inside it or holds it.
 
-    Local paths are compared with links resolved, URIs of one scheme by key prefix; two schemes never overlap.
-    """
+    Local paths are compared with links resolved, URIs of one scheme by key prefix; two schemes never overlap."""
     (src_scheme, src), (dst_scheme, dst) = _store_key(input_path), _store_key(output_path)
     if src_scheme != dst_scheme:
         return
