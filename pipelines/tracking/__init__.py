@@ -1,7 +1,6 @@
 """MLflow tracking of the pipeline's runs: the only package that imports ``mlflow``, besides `pipelines.tune.runners`.
 
-A job is one MLflow run; a failed per-epoch log never stops training.
-"""
+A job is one MLflow run; a failed per-epoch log never stops training."""
 from pipelines.tracking.options import (
                                         ARTIFACTS_DIR,
                                         HELP,

@@ -1,6 +1,5 @@
-"""The tracking options of every stage: their help, defaults and URI resolution, the checks that need no store, the
-package's errors and its one import of ``mlflow`` (`_mlflow`).
-"""
+"""The tracking options of every stage: help, defaults, URI resolution, the checks that need no store, the package's
+errors and its one import of ``mlflow`` (`_mlflow`)."""
 from __future__ import annotations
 
 import logging
@@ -56,10 +55,8 @@ def default_uri(output: str, workdir: str) -> str:
 
 
 def absolute(uri: str) -> str:
-    """A SQLite URI with its path made absolute against the working directory; other URIs as they are.
-
-    Why: ranks, Spark tasks and `open_store` start elsewhere. Applied once where a URI enters.
-    """
+    """A SQLite URI with its path made absolute against the working directory (ranks, Spark tasks and `open_store`
+    start elsewhere); other URIs as they are. Applied once where a URI enters."""
     if uri.startswith(SQLITE) and not uri.startswith(SQLITE + "/") and uri != SQLITE + ":memory:":
         return SQLITE + os.path.abspath(uri[len(SQLITE):])
     return uri
@@ -73,8 +70,7 @@ def resolve(tracking: Optional[bool], uri: str, output: str, experiment: str, se
 
     Raises:
         ValueError: while tracking, an empty experiment name, one longer than `MAX_EXPERIMENT_NAME`, or a file
-            store the installed MLflow refuses.
-    """
+            store the installed MLflow refuses."""
     if tracking is None:
         tracking = settings.tracking
     if not tracking:
@@ -108,9 +104,7 @@ def _check_file_store(uri: str) -> None:
 def check_model_name(name: str, uri: str) -> None:
     """Refuse (`Refused`) before any work a ``--register-model`` name the installed MLflow's registry would refuse.
 
-    Asks MLflow's own rule (``_validate_model_name``, or the file registry's for a file store); an MLflow without it
-    is not asked. Imports MLflow (seconds): call it only when the option is given.
-    """
+    Asks MLflow's own rule, where it has one. Imports MLflow (seconds): call it only when the option is given."""
     _mlflow()  # its logging quieted before its modules load
     from mlflow.exceptions import MlflowException
 

@@ -64,12 +64,11 @@ def start(uri: str, experiment: str, output, run_name: str = "", params: Optiona
     """Start this job's MLflow run in ``experiment``, log ``params`` and ``tags``, and record it in the output.
 
     With ``continue_run``, the run recorded for this ``uri`` continues: params it lacks are logged, changed values
-    become ``resumed_with.<param>`` tags (MLflow params are immutable). Secrets are masked everywhere (`redact`).
-    Use the result in a ``with`` block, which ends the run.
+    become ``resumed_with.<param>`` tags (MLflow params are immutable). Secrets are masked (`redact`). Use the result
+    in a ``with`` block, which ends the run.
 
     Raises:
-        TrackingUnavailable: the store cannot be reached or opened, or refuses the run.
-    """
+        TrackingUnavailable: the store cannot be reached or opened, or refuses the run."""
     uri = absolute(uri)
     check_store(uri)
     previous_uri = _process_tracking_uri()
@@ -123,8 +122,7 @@ def _params_of(client, run_id: str) -> Optional[Dict[str, str]]:
 class Tracker:
     """This process's MLflow run until its ``with`` block ends: FINISHED, FAILED on an exception, KILLED on Ctrl-C.
 
-    An exception class may say its ``run_status``; a killed process leaves the run RUNNING, for a resume to continue.
-    """
+    An exception class may say its ``run_status``; a killed process leaves the run RUNNING, for a resume to continue."""
 
     def __init__(self, mlflow, active_run, experiment: str, output: str, previous_uri: Optional[str] = None):
         self._mlflow = mlflow
@@ -175,8 +173,7 @@ class Tracker:
         ``artifacts`` are ``(path, folder in the run's artifacts or None)``, missing files left out.
 
         Raises:
-            TrackingFailed: any of it failed (the job's output was written before).
-        """
+            TrackingFailed: any of it failed (the job's output was written before)."""
         try:
             self._log_missing_epochs(history)
             self._mlflow.log_metrics({key: float(value) for key, value in metrics.items() if value is not None})
@@ -204,14 +201,13 @@ class Tracker:
 
         Args:
             example: a batch as the model takes it: the input example and the signature's source.
-            metadata: for the MLmodel file (``class_names``, which ``jobs/predict.py`` reads).
+            metadata: for the MLmodel file (``class_names``, which batch inference reads).
 
         Returns:
             ``(model_uri, version)``: ``runs:/<run_id>/model`` and the registered version, or ``None``.
 
         Raises:
-            TrackingFailed: logging or registering failed (the job's output was written before).
-        """
+            TrackingFailed: logging or registering failed (the job's output was written before)."""
         try:
             import mlflow.tensorflow  # in-function, as the next two: `import pipelines` without TF or MLflow
             import tensorflow as tf
@@ -261,10 +257,8 @@ def _quiet_keras() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _events(quiet: bool = False) -> Iterator[None]:
-    """MLflow's print-outs in the block, credentials masked, each to its stream; dropped with ``quiet`` unless verbose.
-
-    Why: ending a run on a server prints its URL with the userinfo.
-    """
+    """MLflow's print-outs in the block, credentials masked (a server's run URL holds the userinfo), each to its
+    stream; dropped with ``quiet`` unless verbose."""
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

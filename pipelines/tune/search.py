@@ -75,8 +75,7 @@ def run_search(config: TuneConfig) -> SearchResult:
 
     Raises:
         Refused: no complete feature set (before Spark starts), or a tracking store that cannot be used.
-        NoTrialFinished: every trial diverged.
-    """
+        NoTrialFinished: every trial diverged."""
     features = find_feature_set(config.data, config.backbone, config.weights, config.image_size, config.seed,
                                 config.storage_options)
     trk.check_store(config.tracking_uri)

@@ -27,8 +27,7 @@ def parse_range(flag: str, text: str, at_least: Optional[float] = None, below: O
     """``LOW,HIGH`` as a `Range` of the flag ``flag``, within the bounds ``at_least`` and ``below`` when given.
 
     Raises:
-        Refused: not two numbers, NaN or an infinity, ``LOW >= HIGH``, or an end outside the bounds; naming ``flag``.
-    """
+        Refused: not two numbers, NaN or an infinity, ``LOW >= HIGH``, or an end outside the bounds; naming ``flag``."""
     parts = [part.strip() for part in str(text).split(",")]
     try:
         low, high = (int(p) if integer else float(p) for p in parts) if len(parts) == 2 else (None, None)

@@ -1,7 +1,6 @@
 """One trial: the head trained on cached features in this process alone (no Horovod, no Spark), validated exactly.
 
-It steps as ``jobs/train.py`` on ``ranks`` ranks does: Nadam at ``base_lr x ranks`` on ``batch_size x ranks`` rows.
-"""
+It steps as ``jobs/train.py`` on ``ranks`` ranks does: Nadam at ``base_lr x ranks`` on ``batch_size x ranks`` rows."""
 from __future__ import annotations
 
 import math
@@ -70,8 +69,7 @@ def train_head(settings: HeadSettings, plan: TrialPlan, train: Split, validation
 
     Raises:
         TrainingDiverged: a non-finite loss or metric.
-        Refused: a global batch larger than the train split.
-    """
+        Refused: a global batch larger than the train split."""
     from pipelines.stack.kerasapi import keras
     from pipelines.training.callbacks import BestWeightsEarlyStopping
     from pipelines.training.data.features import feature_dataset
