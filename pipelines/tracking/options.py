@@ -146,8 +146,7 @@ def _mlflow():
 
 
 def artifact_root(uri: str) -> Optional[str]:
-    """Where a SQLite store's experiments keep their artifacts (``DIR/mlruns`` for ``sqlite:///DIR/x.db``) or ``None``.
-    """
+    """Where a SQLite store's experiments keep artifacts (``DIR/mlruns`` for ``sqlite:///DIR/x.db``) or ``None``."""
     path = _sqlite_path(uri)
     return os.path.join(os.path.dirname(path), ARTIFACTS_DIR) if path else None
 

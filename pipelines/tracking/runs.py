@@ -155,8 +155,7 @@ class Tracker:
                 "artifact_uri": redact_uri(info.artifact_uri)}
 
     def log_epoch(self, epoch: int, logs: Dict[str, float]) -> None:
-        """Log one epoch's metrics at ``step=epoch``; never raises (a first failure is reported, later epochs skipped).
-        """
+        """Log one epoch's metrics at ``step=epoch``; never raises (the first failure reported, later ones skipped)."""
         if self.epoch_error:
             return
         try:

@@ -13,8 +13,7 @@ DIGITS = 3
 
 @dataclass(frozen=True)
 class Range:
-    """A searched setting's range ``low`` < ``high``: log scale with ``log`` (ends > 0), integers with ``integer``.
-    """
+    """A searched setting's range ``low`` < ``high``: log scale with ``log`` (ends > 0), integers with ``integer``."""
 
     low: float
     high: float

@@ -120,8 +120,7 @@ def _one_pass(split: Split):
 
 
 def evaluate(model, split: Split) -> Tuple[float, float]:
-    """The exact mean loss and accuracy of ``model`` over every row of ``split``; `TrainingDiverged` if not finite.
-    """
+    """The exact mean loss and accuracy of ``model`` over every row of ``split``; `TrainingDiverged` if not finite."""
     loss, accuracy = (float(v) for v in model.evaluate(_one_pass(split), verbose=0))
     if not math.isfinite(loss):
         raise TrainingDiverged(f"the trained head's loss is {loss}")
@@ -135,8 +134,7 @@ def run_trial(settings: HeadSettings, plan: TrialPlan, train: Split, validation:
 
 def refit_and_test(settings: HeadSettings, plan: TrialPlan, train: Split, validation: Split,
                    test: Split) -> TrialResult:
-    """The chosen settings trained again with the same seed, then evaluated on ``test``: the search's one test reading.
-    """
+    """The chosen settings trained again with the same seed, evaluated on ``test``: the search's one test reading."""
     model, result = train_head(settings, plan, train, validation)
     test_loss, test_accuracy = evaluate(model, test)
     return replace(result, test_loss=test_loss, test_accuracy=test_accuracy)
