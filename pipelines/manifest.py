@@ -1,7 +1,6 @@
 """The ETL's manifest, typed and checked: what training and batch inference read of an ETL output.
 
-Nothing in it is used before it is checked (anyone may have written the folder): its values against the contract's
-bounds (`check_manifest`), its parts' footers against its counts (`Manifest.check_footers`)."""
+Nothing in it (anyone may have written it) is used before `check_manifest` and `Manifest.check_footers` check it."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,8 +1,7 @@
-"""The ETL's commit protocol: every run writes below ``OUTPUT/runs/<run id>/``, its manifest commits it.
+"""The ETL's commit protocol: each run writes below ``OUTPUT/runs/<run id>/``, its manifest (last, one PUT) commits it.
 
-The manifest, written last in one PUT, names the run's files: a reader sees one whole run or the previous one.
-Run ids sort by start time and the newest wins: after its commit a run deletes every older run no reader leases,
-never a newer one (two commits within milliseconds stay unordered: no compare-and-swap on S3)."""
+After its commit a run deletes every older run (run ids sort by start time) no reader leases, never a newer one; two
+commits within milliseconds stay unordered (no compare-and-swap on S3)."""
 from __future__ import annotations
 
 import datetime as dt

@@ -1,8 +1,7 @@
 """Copies of one image: one copy is written, every other copy is a recorded rejection; look-alikes are reported.
 
-Files are copies when their decoded pixels are equal (undecoded: their bytes); of each group the smallest relative
-path is kept, in its class; the others are ``duplicate``, or ``label conflict`` when in another class. Look-alikes
-(difference hashes within `LOOK_ALIKE_DISTANCE` bits) are only reported."""
+Copies: equal decoded pixels (undecoded: bytes); the smallest relative path is kept, the others are ``duplicate``,
+or ``label conflict`` in another class. Look-alikes: difference hashes within `LOOK_ALIKE_DISTANCE` bits."""
 from __future__ import annotations
 
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple

@@ -1,7 +1,6 @@
 """Pure image functions of the ETL: decode any supported file, orient, convert, resize, pad.
 
-Handles EXIF orientation, transparency (onto white), 16-bit greyscale and damaged PNG metadata. Only the Pillow
-plugins of `ACCEPTED_FORMATS` parse a file; anything else is rejected, named by its magic bytes."""
+Only the Pillow plugins of `ACCEPTED_FORMATS` parse a file; anything else is rejected, named by its magic bytes."""
 from __future__ import annotations
 
 import hashlib

@@ -1,7 +1,6 @@
 """Driver side of the ETL: check and plan (`pipelines.etl.plan`), run the Spark job, reconcile, commit, report.
 
-Each task writes its chunk's Parquet files below the run's prefix; `finish` reconciles every listed file and
-commits (`pipelines.etl.commit`)."""
+Each task writes its chunk's Parquet files below the run's prefix; `finish` reconciles every file and commits."""
 
 from __future__ import annotations
 
@@ -40,9 +39,8 @@ class NothingWritten(RuntimeError):
 
 
 def run_spark(spark, config: ETLConfig, the_plan: Plan) -> List[dict]:
-    """Read, decode, resize and write the candidates in one Spark job, one contiguous chunk per task, no shuffle.
-
-    Returns one `TASK_SCHEMA` row per task, for `finish`; ``[]`` when there is no candidate."""
+    """Read, decode, resize and write the candidates in one Spark job, one contiguous chunk per task, no shuffle;
+    returns one `TASK_SCHEMA` row per task, for `finish` (``[]`` without candidates)."""
     candidates = the_plan.candidates
     if not candidates:
         return []

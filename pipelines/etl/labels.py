@@ -1,6 +1,4 @@
-"""Pure functions that turn a file's place in an image tree into a label and a split.
-
-The class folder is the one directly under the root; `decide_layout` gives the labels, `split_class` the split."""
+"""Pure functions from a file's place in an image tree (class folder: the root's child) to a label and a split."""
 from __future__ import annotations
 
 import hashlib

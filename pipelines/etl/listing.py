@@ -1,8 +1,7 @@
-"""The ETL's own listing of its input, the only one, so that nothing is lost silently.
+"""The ETL's own listing of its input, the only one (Spark's file sources skip files silently).
 
-Every file is a candidate, rejected (bad input) or skipped (not input), with a reason (Spark's file sources skip
-files silently). What cannot be read safely is rejected unread: FIFOs, sockets, devices, links out of the tree,
-folder links (loops, duplicates), object keys with a ``..`` segment."""
+Every file is a candidate, rejected (bad input) or skipped (not input), with a reason. Rejected unread: FIFOs,
+sockets, devices, links out of the tree, folder links (loops, duplicates), object keys with a ``..`` segment."""
 from __future__ import annotations
 
 import os

@@ -1,8 +1,7 @@
 """Per-file outcomes at scale: tasks write them beside their output, the driver reads them file by file.
 
-Collected results are capped by ``spark.driver.maxResultSize`` (1 GiB by default, about ten million outcome rows), so
-each task writes its rows in ``OUTPUT/runs/<run id>/_tasks/`` (`RowFile`) and returns one `TASK_SCHEMA` row; the
-driver reads them one task at a time and deletes ``_tasks/`` before the commit."""
+Collected results would pass ``spark.driver.maxResultSize`` (1 GiB, ~10 million rows): each task writes its rows
+in ``OUTPUT/runs/<run id>/_tasks/`` (`RowFile`), returns one `TASK_SCHEMA` row; ``_tasks/`` goes before the commit."""
 from __future__ import annotations
 
 import contextlib

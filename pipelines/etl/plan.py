@@ -1,7 +1,7 @@
 """The ETL's plan, made on the driver before any image is written.
 
-Paths and memory are checked (exit 2 before Spark works), the listing classified and split per class, and with
-``--dedupe`` a first Spark pass hashes every candidate so that one file per image is kept."""
+Paths and memory checked (exit 2 before Spark works), the listing classified and split per class; ``--dedupe``
+first hashes every candidate in Spark, to keep one file per image."""
 from __future__ import annotations
 
 import os

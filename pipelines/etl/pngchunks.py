@@ -1,8 +1,7 @@
 """PNG metadata that Pillow's defaults refuse, left out before Pillow sees the file.
 
-Pillow refuses a whole PNG for damaged chunks without pixels (``LOAD_TRUNCATED_IMAGES`` is process-global and admits
-truncated pixels too). Chunks are dropped by libpng's rule: a bad CRC in a critical chunk is an error, in an
-ancillary one drops it. IHDR is never touched, so the bomb limits still apply; the walk's work is bounded."""
+Chunks are dropped by libpng's rule (a bad CRC: an error in a critical chunk, dropped in an ancillary one), not with
+the process-global ``LOAD_TRUNCATED_IMAGES``. IHDR is never touched (bomb limits apply); the walk's work is bounded."""
 from __future__ import annotations
 
 import bisect

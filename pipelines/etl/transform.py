@@ -1,8 +1,7 @@
 """Executor side of the ETL (``mapInArrow``): chunk numbers in, files read in Python, Parquet row groups out.
 
-No file passes through the JVM, neither its name (its locale would mangle non-ASCII names) nor its bytes. A task
-writes its own Parquet file per split below the run's prefix, named after its partition and attempt, and its
-outcome rows beside them."""
+No file name or byte passes through the JVM (its locale would mangle non-ASCII names). A task writes its own Parquet
+file per split below the run's prefix, named after its partition and attempt, and its outcome rows beside them."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,8 +1,7 @@
 """Readers' leases on an ETL run: a training's files are never deleted while it reads them.
 
-A reader rewrites ``OUTPUT/runs/<run id>/readers/<reader>.json`` every `REFRESH_S` s; an ETL commit keeps every older
-run with a live lease: younger than `TTL_S` by the store's clock alone (`store_time`), never a host's. The race with
-a commit is closed by order (`hold`): write the lease, then read the manifest again."""
+A reader rewrites ``OUTPUT/runs/<run id>/readers/<reader>.json`` every `REFRESH_S` s; a commit keeps every older run
+with a lease younger than `TTL_S` by the store's clock (`store_time`). `hold`: lease first, then reread the manifest."""
 from __future__ import annotations
 
 import datetime as dt

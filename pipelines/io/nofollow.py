@@ -1,7 +1,6 @@
-"""Local files opened without following links, each check made on the opened descriptor.
+"""Local files opened without following links (``openat``, ``O_NOFOLLOW``), each check made on the descriptor.
 
-Names below a root are opened one at a time (``openat``, ``O_NOFOLLOW``); deletions never descend into a link. Not
-covered: a file's bytes changed in place, a replaced root."""
+Deletions never descend into a link. Not covered: a file's bytes changed in place, a replaced root."""
 from __future__ import annotations
 
 import contextlib

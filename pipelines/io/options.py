@@ -1,7 +1,6 @@
 """Storage options (endpoint, region, credentials) and the ``storage_options`` field of every stage.
 
-Sources, a later one winning per key: the environment's JSON object, an owner-only file (``--storage-options-file``),
-then ``--storage-option KEY=VALUE``."""
+A later source wins per key: the environment's JSON, ``--storage-options-file`` (owner-only), ``--storage-option``."""
 from __future__ import annotations
 
 import dataclasses

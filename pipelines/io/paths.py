@@ -1,7 +1,6 @@
 """Local paths as the ``file://`` URLs that Petastorm opens: made absolute and checked in one place.
 
-Petastorm opens ``urlparse(url).path`` undecoded, so a path with ``#``, ``?``, a tab or a line break (it would name
-another folder) is refused; a relative one is made absolute (``file://data`` is a host)."""
+Petastorm opens ``urlparse(url).path`` undecoded: ``#``, ``?``, a tab or a line break (another folder) are refused."""
 from __future__ import annotations
 
 import os

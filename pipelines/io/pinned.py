@@ -1,8 +1,7 @@
 """A data file checked once and read only as that file: `PinnedFile`.
 
 A local file is opened without following links and its (device, inode) kept: every later open must find that same
-file, never a folder (whose ``_common_metadata`` Petastorm unpickles) or a link. An object store's key is opened by key.
-"""
+file, never a folder (whose ``_common_metadata`` Petastorm unpickles) or a link. Object store keys: opened by key."""
 from __future__ import annotations
 
 import os

@@ -1,7 +1,6 @@
 """Storage: every path or URI resolved once into a ``pyarrow.fs`` filesystem and a path (`Location`).
 
-pyarrow serves ``file``, ``s3``, ``gs`` and ``hdfs``, fsspec any other scheme. An object store's PUT is atomic; a
-local write is a temporary file renamed (`pipelines.io.atomic`)."""
+pyarrow serves ``file``, ``s3``, ``gs`` and ``hdfs``, fsspec any other scheme. An object store's PUT is atomic."""
 from __future__ import annotations
 
 import json

@@ -107,8 +107,7 @@ _CURRENT: list = [None]  # this Python worker's running task's accumulator (Task
 
 
 class TaskCounter:
-    """A Spark accumulator that follows the task (PySpark keeps the predict function per worker, so a captured
-    accumulator would be the first task's)."""
+    """A Spark accumulator that follows the task (a captured one would stay the worker's first task's)."""
 
     def __init__(self, accumulator):
         self.accumulator = accumulator

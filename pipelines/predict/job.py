@@ -52,10 +52,9 @@ COLUMNS = ("path", "label", "label_name", "status", "reason", "top_labels", "top
 
 
 def arrow_batch_rows(batch_size: int, image_bytes: int, budget: int = ARROW_BATCH_BYTES) -> int:
-    """Rows per Arrow batch sent to a Python worker: whole model batches (``batch_size`` images of ``image_bytes``)
-    in ``budget`` bytes, at most Spark's default (10,000 rows, meant for rows of a few numbers).
+    """Rows per Arrow batch sent to a Python worker: whole model batches in ``budget`` bytes, at most Spark's 10,000.
 
-    The worker converts a whole Arrow batch to pandas before ``predict_batch_udf`` cuts it into model batches."""
+    The worker makes pandas of a whole Arrow batch before ``predict_batch_udf`` cuts it into model batches."""
     rows = batch_size * max(1, budget // (batch_size * image_bytes))
     return rows if rows <= SPARK_ARROW_ROWS else max(batch_size, SPARK_ARROW_ROWS // batch_size * batch_size)
 
@@ -247,8 +246,7 @@ def swap_in(staging: str, output: str) -> None:
 def run_predict(config: PredictConfig, spark=None) -> Dict:
     """Run batch inference and return its summary (``OUTPUT/_summary.json``).
 
-    Args:
-        spark: a session to use; by default the active one or a new one, started only after every refusal.
+    ``spark``: a session to use; by default the active one or a new one, started only after every refusal.
 
     Raises:
         FileNotFoundError, NotADirectoryError, ValueError: refused before Spark starts.

@@ -1,7 +1,6 @@
 """Which model runs and what it takes: resolved once, on the driver, before Spark starts.
 
-Every model takes the ETL's uint8 RGB ``(batch, S, S, 3)``, preprocessing inside its graph, and returns
-``(batch, len(class_names))`` probabilities. Nothing read from a model file may run code (`load_model`)."""
+Models take uint8 ``(batch, S, S, 3)``, return ``(batch, len(class_names))`` probabilities; no model file runs code."""
 
 from __future__ import annotations
 

@@ -55,8 +55,7 @@ def default_uri(output: str, workdir: str) -> str:
 
 
 def absolute(uri: str) -> str:
-    """A SQLite URI with its path made absolute against the working directory (ranks, Spark tasks and `open_store`
-    start elsewhere); other URIs as they are. Applied once where a URI enters."""
+    """A SQLite URI's path made absolute (ranks, Spark tasks, `open_store` start elsewhere); other URIs as they are."""
     if uri.startswith(SQLITE) and not uri.startswith(SQLITE + "/") and uri != SQLITE + ":memory:":
         return SQLITE + os.path.abspath(uri[len(SQLITE):])
     return uri

@@ -64,8 +64,7 @@ def start(uri: str, experiment: str, output, run_name: str = "", params: Optiona
     """Start this job's MLflow run in ``experiment``, log ``params`` and ``tags``, and record it in the output.
 
     With ``continue_run``, the run recorded for this ``uri`` continues: params it lacks are logged, changed values
-    become ``resumed_with.<param>`` tags (MLflow params are immutable). Secrets are masked (`redact`). Use the result
-    in a ``with`` block, which ends the run.
+    become ``resumed_with.<param>`` tags (MLflow params are immutable). Secrets are masked (`redact`).
 
     Raises:
         TrackingUnavailable: the store cannot be reached or opened, or refuses the run."""
@@ -256,8 +255,7 @@ def _quiet_keras() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _events(quiet: bool = False) -> Iterator[None]:
-    """MLflow's print-outs in the block, credentials masked (a server's run URL holds the userinfo), each to its
-    stream; dropped with ``quiet`` unless verbose."""
+    """MLflow's print-outs in the block, credentials masked (run URLs); ``quiet``: dropped unless verbose."""
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

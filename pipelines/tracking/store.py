@@ -74,10 +74,9 @@ _opened: Set[str] = set()
 def open_store(uri: str, create: bool = False):
     """An ``mlflow.MlflowClient`` of the store ``uri`` (made absolute), which becomes this process's tracking URI.
 
-    A SQLite store (made when missing with ``create``, owner-only) is set up under a lock file (MLflow's set-up has
-    none), from its own folder (artifact root `artifact_root`), with unpooled connections (`POOL_ENV`) so that a store
-    made again is seen anew. ``$MLFLOW_TRACKING_URI``, which ``mlflow.set_tracking_uri`` exports, is put back, or a
-    later job or child would take this store for the user's choice.
+    A SQLite store (``create``: made when missing, owner-only) is set up under a lock file (MLflow's has none), from
+    its own folder (artifact root `artifact_root`), unpooled (`POOL_ENV`) so a store made again is seen anew. The
+    ``$MLFLOW_TRACKING_URI`` that MLflow exports is put back, or a later job or child would take it for the user's.
 
     Raises:
         TrackingUnavailable: no store (``create`` false), an unreadable, half-made or foreign-schema one."""
