@@ -134,9 +134,7 @@ class Manifest:
         return [_pin_part(root, split, part) for part in parts]
 
     def check_footers(self, root, parts: Optional[Dict[str, list]] = None) -> None:
-        """Check each part's footer: the contract's columns, row groups within ``rows_per_row_group``, the counts.
-
-        One ranged read per part. ``parts``: ``{split: pinned parts}`` already found. Raises `ManifestError`."""
+        """Check each part's footer (one ranged read): columns, row groups, counts; raises `ManifestError`."""
         import pyarrow.parquet as pq
 
         root, schema = _location(root), image_schema()

@@ -39,8 +39,7 @@ def run_location(output: Location, run_id: str) -> Location:
 
 
 def check_output(output: Location) -> None:
-    """Refuse (`Refused`) an output holding data not of this job, or a link among its own names, before any work.
-
+    """Refuse (`Refused`), before any work, an output holding data not of this job or a link among its own names.
     Ours: missing, empty, holding a ``manifest.json``, or only `OURS_WITHOUT_MANIFEST` (run ids below ``runs/``)."""
     import pyarrow.fs as pafs
 
@@ -106,9 +105,8 @@ def check_not_superseded(output: Location, run_id: str) -> None:
 
 
 def commit(output: Location, manifest, run_id: str) -> List[str]:
-    """Write ``manifest`` as ``OUTPUT/manifest.json``, then delete what it replaced; returns what was deleted.
-
-    In that order, so that a failed PUT never leaves a manifest naming deleted files.
+    """Write ``manifest`` as ``OUTPUT/manifest.json``, then (never before: the PUT may fail) delete and return what
+    it replaced.
 
     Raises:
         RunSuperseded: a newer run committed first."""

@@ -53,8 +53,6 @@ def look_alikes(files: Iterable[Tuple[str, str]], distance: int = LOOK_ALIKE_DIS
                 listed: int = LOOK_ALIKES_LISTED) -> Tuple[List[Tuple[str, str, int]], int]:
     """The pairs of ``(relative_path, dhash as 16 hex digits)`` whose hashes differ in at most ``distance`` bits.
 
-    Only files sharing one of ``distance + 1`` bands of bits are compared (pigeonhole).
-
     Returns:
         ``(pairs, count)``: at most ``listed`` ``(path a, path b, bits)``, ``a < b``, by bits, and the count of all."""
     rows = sorted(files)

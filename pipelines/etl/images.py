@@ -69,9 +69,8 @@ class ResizedImage:
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
-    """An image of any Pillow mode as RGB, transparency composited onto white; `ImageRejected` if it cannot convert.
-
-    Integer greyscale is read as 16-bit and scaled by 1/257 (Pillow's conversion clips)."""
+    """An image of any Pillow mode as RGB, transparency composited onto white, integer greyscale read as 16-bit and
+    scaled by 1/257 (Pillow's conversion clips); `ImageRejected` if it cannot convert."""
     mode = img.mode
     if mode == "RGB":
         return img

@@ -79,9 +79,8 @@ def without_refused_metadata(data: bytes) -> Tuple[BinaryIO, Tuple[str, ...]]:
 
 
 def _refusal(kind: bytes, data: bytes, start: int, end: int, left: int) -> Tuple[Optional[str], int]:
-    """Why Pillow would refuse the file for the chunk body ``data[start:end]`` (or ``None``), and its cost.
-
-    The cost, charged to the text budget (``left`` bytes remain): the bytes inflated, or the text Pillow counts."""
+    """Why Pillow would refuse the file for the chunk body ``data[start:end]`` (or ``None``), and its cost to the text
+    budget (``left`` bytes remain): the bytes inflated, or the text Pillow counts."""
     if kind in _MIN_LENGTH and end - start < _MIN_LENGTH[kind]:
         return f"{plural(end - start, 'byte')}, shorter than its fields ({_MIN_LENGTH[kind]})", 0
     if kind not in (b"tEXt", b"zTXt", b"iTXt", b"iCCP"):

@@ -185,9 +185,8 @@ def _task_name() -> str:
 def hash_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[tuple]], run: "Location",
                 max_file_bytes: int, source: Optional["Location"] = None, counter=None,
                 max_pixels: Optional[int] = DEFAULT_MAX_PIXELS) -> Iterator[pa.RecordBatch]:
-    """The duplicate check's pass, arguments as `process_chunks`: a `HASH_SCHEMA` row per candidate of its chunks.
-
-    Nulls where a file cannot be read or decoded now: the main pass records why. Yields one `TASK_SCHEMA` row."""
+    """The duplicate check's pass (arguments as `process_chunks`): a `HASH_SCHEMA` row per candidate, null where a
+    file cannot be read or decoded now (the main pass records why), then one `TASK_SCHEMA` row."""
     zipcache.install()
     hashes = RowFile(run, "hashes", _task_name(), HASH_SCHEMA)
     numbers = [chunk for batch in batches for chunk in batch.column(0).to_pylist()]

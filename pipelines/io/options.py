@@ -64,9 +64,7 @@ def _option_values(given: Any, source: str) -> Dict[str, str]:
 
 
 def read_options_file(path: str) -> Dict[str, str]:
-    """The storage options in the JSON file ``path``: this user's, mode 0600 or 0400, as ssh asks of a key.
-
-    ``path`` may be a chain of links (a Kubernetes Secret's mount): the final file, as opened, is checked."""
+    """The storage options in the JSON file ``path`` (links followed), which must be this user's, mode 0600 or 0400."""
     final = os.path.realpath(path)
     shown = path if final == os.path.abspath(path) else f"{path} (-> {final})"
     try:
@@ -95,9 +93,7 @@ def read_options_file(path: str) -> Dict[str, str]:
 
 
 def gather_options(pairs: Sequence[str], path: Optional[str] = None, environment: str = "") -> Dict[str, str]:
-    """Storage options from ``environment`` (JSON), the file ``path``, then ``pairs``; `StorageError` if malformed.
-
-    The first two keep secrets off the command line, which every local user can read (``ps``)."""
+    """Storage options from ``environment`` (JSON), the file ``path``, then ``pairs``; `StorageError` if malformed."""
     options: Dict[str, str] = {}
     if environment:
         try:

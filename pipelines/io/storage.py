@@ -168,9 +168,8 @@ class Location:
 
 
 def split_uri(uri: str) -> Tuple[str, str]:
-    """The one parse of a path or URI: ``(scheme, path)``, a local path made absolute.
-
-    Keys are taken literally, as the AWS CLI and s3fs read them: ``s3://b/a%20b#c`` is key ``a%20b#c``."""
+    """The one parse of a path or URI: ``(scheme, path)``, a local path made absolute, keys taken literally (as the
+    AWS CLI and s3fs read them: ``s3://b/a%20b#c`` is key ``a%20b#c``)."""
     scheme = scheme_of(uri)
     if scheme == "file":
         path = uri[len("file://"):] if uri.startswith("file://") else uri
@@ -180,9 +179,7 @@ def split_uri(uri: str) -> Tuple[str, str]:
 
 
 def root_refusal(uri: str) -> Optional[str]:
-    """Why ``uri`` may not be a job's output folder (which the job replaces and cleans), or ``None``.
-
-    Refused: a bucket's or file system's root, ``/``, a mount point, a home folder or a folder above one."""
+    """Why ``uri`` may not be a job's output folder (a root, ``/``, a mount point, a home or above one), or ``None``."""
     scheme, path = split_uri(uri)
     if scheme == "file":
         if path == "/":

@@ -101,9 +101,7 @@ def _check_file_store(uri: str) -> None:
 
 
 def check_model_name(name: str, uri: str) -> None:
-    """Refuse (`Refused`) before any work a ``--register-model`` name the installed MLflow's registry would refuse.
-
-    Asks MLflow's own rule, where it has one. Imports MLflow (seconds): call it only when the option is given."""
+    """Refuse (`Refused`) before any work a ``--register-model`` name MLflow's registry refuses (imports MLflow)."""
     _mlflow()  # its logging quieted before its modules load
     from mlflow.exceptions import MlflowException
 

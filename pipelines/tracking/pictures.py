@@ -1,6 +1,6 @@
-"""Pictures of a run's results (matplotlib, Agg), each one PNG written atomically: curves, confusions, images.
+"""Pictures of a run's results (matplotlib, Agg), one PNG each, written atomically: curves, confusions, images.
 
-Class names are any folder's names, so text is drawn plain (`plain_text`) and cut (`cut_name`)."""
+Class names are any folder's names: drawn plain (`plain_text`) and cut (`cut_name`)."""
 from __future__ import annotations
 
 import functools
@@ -112,8 +112,7 @@ TOP_CONFUSIONS = 20
 def plot_confusion(matrix, class_names: Sequence[Optional[str]], path: str, title: str = "") -> str:
     """The confusion matrix (rows true, columns predicted), on a figure of bounded size.
 
-    Up to `CELL_TEXT_CLASSES` classes, every name and count; above, a fixed 12 x 10 in image of row-normalised rates
-    with at most `MAX_TICKS` names per axis."""
+    Up to `CELL_TEXT_CLASSES` classes: names, counts; above: 12 x 10 in, row-normalised rates, `MAX_TICKS` names."""
     plt = _pyplot()
     m = np.asarray(matrix, np.int64)
     k = len(m)

@@ -119,9 +119,8 @@ def _params_of(client, run_id: str) -> Optional[Dict[str, str]]:
 
 
 class Tracker:
-    """This process's MLflow run until its ``with`` block ends: FINISHED, FAILED on an exception, KILLED on Ctrl-C.
-
-    An exception class may say its ``run_status``; a killed process leaves the run RUNNING, for a resume to continue."""
+    """This process's MLflow run until its ``with`` block ends: FINISHED, FAILED on an exception (or the class's
+    ``run_status``), KILLED on Ctrl-C; a killed process leaves it RUNNING, for a resume to continue."""
 
     def __init__(self, mlflow, active_run, experiment: str, output: str, previous_uri: Optional[str] = None):
         self._mlflow = mlflow

@@ -33,8 +33,7 @@ from pipelines.tracking.storeschema import schema_refusal
 def check_store(uri: str) -> None:
     """Refuse (`TrackingUnavailable`), in seconds, a server that does not answer or an unusable SQLite store.
 
-    A server gets one request without MLflow's retries (minutes of back-off); a SQLite store is checked without
-    MLflow, nothing made. Other stores are opened by `start`, before the work too."""
+    A server gets one request without MLflow's retries (minutes of back-off); a SQLite store is checked, not made."""
     path = _sqlite_path(absolute(uri))
     if path is not None:
         _check_makeable(uri, path)
@@ -191,9 +190,8 @@ def _make_in_child(uri: str, path: str) -> None:
 
 @contextlib.contextmanager
 def using_store(uri: str) -> Iterator[Any]:
-    """Yield `open_store`'s client (an existing store) for the block, then put back the process's tracking URI.
-
-    The URI is process-wide: a notebook's predictions after its ETL would look for ``models:/`` in the ETL's store."""
+    """Yield `open_store`'s client (an existing store) for the block, then put back the process-wide tracking URI
+    (else a notebook's predictions after its ETL would look for ``models:/`` in the ETL's store)."""
     previous = _process_tracking_uri()
     try:
         yield open_store(uri)

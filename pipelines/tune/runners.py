@@ -84,9 +84,7 @@ def _fixed(params: Dict):
 
 def run_ask_tell(space: SearchSpace, trial_fn: TrialFunction, trials: int, parallel: int, seed: int,
                  client, experiment_id: str, name: str, spark) -> tuple:
-    """The trials in rounds of ``parallel``: asked on the driver, trained as Spark tasks, told on the driver.
-
-    The sampler stays on the driver, so the same seed draws the same settings; returns as `run_mlflow_spark`."""
+    """The trials in rounds of ``parallel``: asked and told on the driver (a seed repeats them), trained in Spark."""
     import optuna
 
     from pipelines.training.divergence import TrainingDiverged
