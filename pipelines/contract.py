@@ -4,9 +4,7 @@
     OUTPUT/runs/<run id>/<split>/part-*.parquet   each split's files (named in the manifest), COLUMNS rows
     OUTPUT/runs/<run id>/rejected.jsonl           every input file not written, with status and reason
 
-Readers read only the files the manifest names, so an output stays whole while a rerun writes beside it. A
-column, name or key changes here (and in `pipelines.manifest`), with a new ``format_version`` if old outputs break.
-"""
+A column, name or key changes here (and in `pipelines.manifest`), with a new ``format_version`` if old outputs break."""
 from __future__ import annotations
 
 import re
@@ -66,8 +64,7 @@ COLUMNS = (
 def plain_name(name: Any, what: str, pattern: Optional["re.Pattern"] = None) -> str:
     """``name``, read from a file, checked to be the plain name of a file beside it (matching ``pattern`` if given).
 
-    Plain: a non-empty string without ``/``, a backslash or NUL, not ``.`` or ``..``. Raises `Refused` naming ``what``.
-    """
+    Plain: non-empty, without ``/``, a backslash or NUL, not ``.`` or ``..``. Raises `Refused` naming ``what``."""
     if not isinstance(name, str) or not name or name in (".", "..") or any(c in name for c in "/\\\0"):
         raise Refused(f"{what}: the name {name!r} is not a plain file name")
     if pattern is not None and not pattern.fullmatch(name):

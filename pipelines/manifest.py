@@ -1,8 +1,6 @@
 """The ETL's manifest, typed and checked: what training and batch inference read of an ETL output.
 
-A manifest comes from a folder anyone may have written, so nothing in it is used before it is checked: its values
-against the contract's bounds (`check_manifest`), its parts' footers against its counts (`Manifest.check_footers`).
-"""
+Nothing in it (anyone may have written it) is used before `check_manifest` and `Manifest.check_footers` check it."""
 from __future__ import annotations
 
 import dataclasses
@@ -66,8 +64,7 @@ class Manifest:
 
     Attributes:
         image_size: side of the stored square images, pixels.
-        class_names: name of each label (``None`` for a number no folder used).
-    """
+        class_names: name of each label (``None`` for a number no folder used)."""
 
     image_size: int
     num_classes: int
@@ -129,8 +126,7 @@ class Manifest:
     def part_locations(self, root, split: str) -> list:
         """The Parquet files of ``split`` (format 1: ``ROOT/<split>/*.parquet``), pinned; `ManifestError` if not files.
 
-        Only regular files: a reader handed a folder would read its ``_common_metadata``, which Petastorm unpickles.
-        """
+        Only regular files: a reader handed a folder would read its ``_common_metadata``, which Petastorm unpickles."""
         root = _location(root)
         parts = self.splits[split].parts or [f"{split}/{name}" for name in _format_1_names(root, split)]
         if not root.local and self.splits[split].parts:
@@ -138,10 +134,7 @@ class Manifest:
         return [_pin_part(root, split, part) for part in parts]
 
     def check_footers(self, root, parts: Optional[Dict[str, list]] = None) -> None:
-        """Check each part's footer: the contract's columns, row groups within ``rows_per_row_group``, the counts.
-
-        One ranged read per part. ``parts``: ``{split: pinned parts}`` already found. Raises `ManifestError`.
-        """
+        """Check each part's footer (one ranged read): columns, row groups, counts; raises `ManifestError`."""
         import pyarrow.parquet as pq
 
         root, schema = _location(root), image_schema()
@@ -210,8 +203,7 @@ def check_manifest(manifest: "Manifest") -> None:
     """Refuse (`ManifestError`) values that could make a reader allocate without bound or read a file not its run's.
 
     Every number an integer within its bound, one class name per label, and each part
-    ``runs/<run id>/<split>/part-*.parquet`` of the manifest's own ``run_id`` and split, named once.
-    """
+    ``runs/<run id>/<split>/part-*.parquet`` of the manifest's own ``run_id`` and split, named once."""
     _bounded(manifest.image_size, "image.height", 1, MAX_IMAGE_SIZE)
     _bounded(manifest.num_classes, "num_classes", 1, MAX_CLASSES)
     if len(manifest.class_names) != manifest.num_classes or not all(

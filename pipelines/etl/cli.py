@@ -15,9 +15,8 @@ from pipelines.tracking import TrackingFailed
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse the options into an `ETLConfig`, run the job, print the summary.
 
-    Returns 0; 2 on bad input, before Spark runs (`Refused`); 1 when nothing was written, a newer run committed first or
-    MLflow failed (one line), or on any other exception (the redacted traceback).
-    """
+    Returns 0; 2: bad input (`Refused`, before Spark runs); 1: nothing written, a newer run committed first, MLflow
+    failed (one line), or any other exception (the redacted traceback)."""
     return run_command(ETLConfig, argv, "etl", run_etl, format_summary,
                        {(NothingWritten, RunSuperseded, TrackingFailed): 1})
 

@@ -1,9 +1,7 @@
-"""The ETL's commit protocol: every run writes below ``OUTPUT/runs/<run id>/``, its manifest commits it.
+"""The ETL's commit protocol: each run writes below ``OUTPUT/runs/<run id>/``, its manifest (last, one PUT) commits it.
 
-The manifest, written last in one PUT, names the run's files: a reader sees one whole run or the previous one. Run
-ids sort by start time and the newest wins: after its commit a run deletes every older run no reader leases, never a
-newer one. Still open: two commits within milliseconds (S3 offers no compare-and-swap through pyarrow).
-"""
+After its commit a run deletes every older run (run ids sort by start time) no reader leases, never a newer one; two
+commits within milliseconds stay unordered (no compare-and-swap on S3)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -41,10 +39,8 @@ def run_location(output: Location, run_id: str) -> Location:
 
 
 def check_output(output: Location) -> None:
-    """Refuse (`Refused`) an output holding data not of this job, or a link among its own names, before any work.
-
-    Ours: missing, empty, holding a ``manifest.json``, or only `OURS_WITHOUT_MANIFEST` (run ids below ``runs/``).
-    """
+    """Refuse (`Refused`), before any work, an output holding data not of this job or a link among its own names.
+    Ours: missing, empty, holding a ``manifest.json``, or only `OURS_WITHOUT_MANIFEST` (run ids below ``runs/``)."""
     import pyarrow.fs as pafs
 
     check_no_links(output)
@@ -109,13 +105,11 @@ def check_not_superseded(output: Location, run_id: str) -> None:
 
 
 def commit(output: Location, manifest, run_id: str) -> List[str]:
-    """Write ``manifest`` as ``OUTPUT/manifest.json``, then delete what it replaced; returns what was deleted.
-
-    In that order: deleting first would leave a manifest naming deleted files whenever the PUT fails.
+    """Write ``manifest`` as ``OUTPUT/manifest.json``, then (never before: the PUT may fail) delete and return what
+    it replaced.
 
     Raises:
-        RunSuperseded: a newer run committed first.
-    """
+        RunSuperseded: a newer run committed first."""
     check_not_superseded(output, run_id)
     replaced = format_1_files(output)
     manifest.write(output)

@@ -1,10 +1,7 @@
 """Copies of one image: one copy is written, every other copy is a recorded rejection; look-alikes are reported.
 
-Copies split file by file could land in train and in test. Files are copies when their decoded pixels are equal
-(undecoded: their bytes); of each group the smallest relative path is kept, in its class; every other copy is a
-``duplicate``, or a ``label conflict`` when in another class. Look-alikes (difference hashes within
-`LOOK_ALIKE_DISTANCE` bits) are only reported: two photos of one scene may be close.
-"""
+Copies: equal decoded pixels (undecoded: bytes); the smallest relative path is kept, the others are ``duplicate``,
+or ``label conflict`` in another class. Look-alikes: difference hashes within `LOOK_ALIKE_DISTANCE` bits."""
 from __future__ import annotations
 
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
@@ -56,11 +53,8 @@ def look_alikes(files: Iterable[Tuple[str, str]], distance: int = LOOK_ALIKE_DIS
                 listed: int = LOOK_ALIKES_LISTED) -> Tuple[List[Tuple[str, str, int]], int]:
     """The pairs of ``(relative_path, dhash as 16 hex digits)`` whose hashes differ in at most ``distance`` bits.
 
-    Two hashes that close agree on one of ``distance + 1`` bands of bits (pigeonhole): only files sharing one compare.
-
     Returns:
-        ``(pairs, count)``: at most ``listed`` ``(path a, path b, bits)``, ``a < b``, by bits, and the count of all.
-    """
+        ``(pairs, count)``: at most ``listed`` ``(path a, path b, bits)``, ``a < b``, by bits, and the count of all."""
     rows = sorted(files)
     paths = [path for path, _ in rows]
     hashes = np.array([int(h, 16) for _, h in rows], np.uint64)

@@ -1,9 +1,6 @@
 """Pure image functions of the ETL: decode any supported file, orient, convert, resize, pad.
 
-The article's recipe (``convert('RGB')``, ``thumbnail``, paste centred on white) made correct on every image:
-EXIF orientation, transparency onto white, 16-bit greyscale rescaled, damaged PNG metadata left out. Only the
-Pillow plugins of `ACCEPTED_FORMATS` parse a file; anything else is rejected, named by its magic bytes.
-"""
+Only the Pillow plugins of `ACCEPTED_FORMATS` parse a file; anything else is rejected, named by its magic bytes."""
 from __future__ import annotations
 
 import hashlib
@@ -72,10 +69,8 @@ class ResizedImage:
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
-    """An image of any Pillow mode as RGB, transparency composited onto white; `ImageRejected` if it cannot convert.
-
-    Integer greyscale is read as 16-bit and scaled by 1/257 for every image (Pillow's conversion clips).
-    """
+    """An image of any Pillow mode as RGB, transparency composited onto white, integer greyscale read as 16-bit and
+    scaled by 1/257 (Pillow's conversion clips); `ImageRejected` if it cannot convert."""
     mode = img.mode
     if mode == "RGB":
         return img
@@ -128,8 +123,7 @@ def decode_and_fit(data: bytes, size: int = DEFAULT_IMAGE_SIZE, max_pixels: int 
     """Decode an image (by content), orient it, convert it to RGB and shrink it to fit ``size`` pixels.
 
     Raises:
-        ImageRejected: empty, not a supported raster image, truncated, corrupt, or over ``max_pixels``.
-    """
+        ImageRejected: empty, not a supported raster image, truncated, corrupt, or over ``max_pixels``."""
     if size <= 0:
         raise ValueError(f"size must be positive, got {size}")
     return _decoded(data, max_pixels, size,
@@ -142,8 +136,7 @@ class Fingerprint:
 
     Attributes:
         pixels: sha256 hex of the full-size image as read, with its size: equal for copies in any container.
-        dhash: 64-bit difference hash of its 9 x 8 greyscale, 16 hex digits: close for re-encoded or resized copies.
-    """
+        dhash: 64-bit difference hash of its 9 x 8 greyscale, 16 hex digits: close for re-encoded or resized copies."""
 
     pixels: str
     dhash: str

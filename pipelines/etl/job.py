@@ -1,9 +1,6 @@
-"""Driver side of the ETL: check, plan, run the Spark job, reconcile, commit, report.
+"""Driver side of the ETL: check and plan (`pipelines.etl.plan`), run the Spark job, reconcile, commit, report.
 
-`pipelines.etl.plan` checks the paths and memory before Spark starts, lists and splits the tree and, with
-``--dedupe``, drops copies; `run_spark` has each task write its chunk's Parquet files below the run's prefix;
-`finish` reconciles every listed file and commits (`pipelines.etl.commit`); `pipelines.etl.summary` reports.
-"""
+Each task writes its chunk's Parquet files below the run's prefix; `finish` reconciles every file and commits."""
 
 from __future__ import annotations
 
@@ -42,10 +39,8 @@ class NothingWritten(RuntimeError):
 
 
 def run_spark(spark, config: ETLConfig, the_plan: Plan) -> List[dict]:
-    """Read, decode, resize and write the candidates in one Spark job, one contiguous chunk per task, no shuffle.
-
-    Returns one `TASK_SCHEMA` row per task, for `finish`; ``[]`` when there is no candidate.
-    """
+    """Read, decode, resize and write the candidates in one Spark job, one contiguous chunk per task, no shuffle;
+    returns one `TASK_SCHEMA` row per task, for `finish` (``[]`` without candidates)."""
     candidates = the_plan.candidates
     if not candidates:
         return []
@@ -84,8 +79,7 @@ def finish(config: ETLConfig, the_plan: Plan, tasks: List[dict], spark_version: 
 
     Raises:
         RuntimeError: the counts do not reconcile. NothingWritten: no row written, in all or in a planned split.
-        RunSuperseded: a newer run committed while this one ran.
-    """
+        RunSuperseded: a newer run committed while this one ran."""
     output = config.location(config.output)
     run = commit.run_location(output, the_plan.run_id)
     commit.check_not_superseded(output, the_plan.run_id)
@@ -171,14 +165,13 @@ def _versions(spark_version: str) -> Dict[str, str]:
 
 
 def run_etl(config: ETLConfig, spark=None) -> dict:
-    """Run the whole ETL stage, with tracking as one MLflow run; returns the manifest written (dict).
+    """Run the whole ETL stage, tracked as one MLflow run; returns the manifest written (dict).
 
     ``spark``: a session to use (a notebook's); by default the active one or a new one on ``config.master``.
 
     Raises:
         Refused: bad input or output, or too little memory, before Spark runs. RuntimeError: counts do not reconcile.
-        NothingWritten: no image written. TrackingFailed: the output is complete but MLflow could not log it.
-    """
+        NothingWritten: no image written. TrackingFailed: the output is complete but MLflow could not log it."""
     from pyspark import SparkContext
 
     quiet_libraries(config.verbose)  # this process's third-party noise (MLflow's): the config's choice

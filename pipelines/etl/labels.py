@@ -1,9 +1,4 @@
-"""Pure functions that turn a file's place in an image tree into a label and a split.
-
-The class folder is the one directly under the root. Layouts (`decide_layout`): ``caltech``, every class folder
-``NNN.name``, label ``NNN - 1``; ``folders``, plain names, labels by sorted name (as Keras and torchvision). A mix
-is refused, and so are two class names equal in Unicode NFC. The split is stratified per class (`split_class`).
-"""
+"""Pure functions from a file's place in an image tree (class folder: the root's child) to a label and a split."""
 from __future__ import annotations
 
 import hashlib
@@ -55,11 +50,11 @@ def parse_class_folder(folder: str) -> ClassFolder | None:
 def decide_layout(folders: Iterable[str]) -> Layout:
     """The layout of a tree from its visible top-level folder names.
 
-    Plain names get labels ``0..k-1`` in ``sorted`` order, as Keras and torchvision give them, so label numbers match.
+    ``caltech``: every class folder ``NNN.name``, label ``NNN - 1``; ``folders``: plain names, labels ``0..k-1`` in
+    ``sorted`` order (as Keras and torchvision give them, so label numbers match).
 
     Raises:
-        Refused: a mix of ``NNN.name`` and plain names, one number twice, or two class names equal in NFC.
-    """
+        Refused: a mix of ``NNN.name`` and plain names, one number twice, or two class names equal in NFC."""
     names = sorted(set(folders))
     parsed = {name: parse_class_folder(name) for name in names}
     refuse_lookalike_classes({name: (parsed[name].name if parsed[name] else name) for name in names})
@@ -140,8 +135,7 @@ def split_sizes(n: int, validation_fraction: float, test_fraction: float) -> Tup
     """``(train, validation, test)`` file counts of a class of ``n`` candidates, by `SPLIT_RULE`.
 
     Test first (`n_test`), then ``round(validation_fraction * n)``, at least 1, leaving one to train:
-    ``n=2`` -> (1, 0, 1), ``n=3`` -> (1, 1, 1), ``n=100, 0.1, 0.2`` -> (70, 10, 20).
-    """
+    ``n=2`` -> (1, 0, 1), ``n=3`` -> (1, 1, 1), ``n=100, 0.1, 0.2`` -> (70, 10, 20)."""
     test = n_test(n, test_fraction)
     rest = n - test
     validation = 0 if rest < 2 else min(rest - 1, max(1, round(validation_fraction * n)))
@@ -157,9 +151,7 @@ def split_class(relative_paths: Iterable[str], seed: int, test_fraction: float,
     """The split of each file of one class: ``{relative_path: 'train' | 'validation' | 'test'}``.
 
     Files ranked by ``sha256(f"{seed}:{relative_path}")``: the first ``test`` of `split_sizes` test, the next
-    ``validation``, the rest train. Adding files may move a few between splits; a per-file threshold would not, but can
-    leave a small class untested.
-    """
+    ``validation``, the rest train (adding files may move a few between splits)."""
     ranked = sorted(set(relative_paths), key=lambda p: (_rank(seed, p), p))
     _, validation, test = split_sizes(len(ranked), validation_fraction, test_fraction)
     return {p: TEST if i < test else VALIDATION if i < test + validation else TRAIN for i, p in enumerate(ranked)}

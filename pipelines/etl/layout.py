@@ -1,7 +1,6 @@
 """Pure arithmetic of the Parquet layout and of the work split: rows per row group, which task reads which files.
 
-Readers shard a split by whole row groups, so a split needs at least as many as the largest world size reading it.
-"""
+Readers shard a split by whole row groups, so a split needs at least as many as the largest world size reading it."""
 from __future__ import annotations
 
 import hashlib
@@ -12,10 +11,7 @@ T = TypeVar("T")
 
 def rows_per_row_group(row_bytes: int, target_bytes: float, split_rows: Mapping[str, int],
                        min_row_groups: int) -> int:
-    """Rows per row group: near ``target_bytes`` of decoded rows, few enough for ``min_row_groups`` in every split.
-
-    Returns ``max(1, min(round(target_bytes / row_bytes), min(split_rows) // min_row_groups))``, empty splits ignored.
-    """
+    """Rows per row group: near ``target_bytes`` of decoded rows, few enough for ``min_row_groups`` in every split."""
     by_bytes = max(1, round(target_bytes / row_bytes))
     by_count = min((rows // min_row_groups for rows in split_rows.values() if rows > 0), default=by_bytes)
     return max(1, min(by_bytes, by_count))
@@ -46,10 +42,7 @@ TASK_IMAGES = 500
 
 
 def task_count(items: int, parallelism: int, per_task: int, requested: int = 0) -> int:
-    """Spark tasks for ``items``: ``requested`` when > 0, else ``max(2 * parallelism, ceil(items / per_task))``.
-
-    Two per core at least, so a slow task leaves no core idle; between 1 and one per item.
-    """
+    """Spark tasks: ``requested`` if > 0, else ``max(2 * parallelism, ceil(items / per_task))``; within 1..items."""
     if per_task < 1:
         raise ValueError(f"per_task must be >= 1, got {per_task}")
     wanted = requested if requested > 0 else max(2 * parallelism, -(-items // per_task))

@@ -1,9 +1,7 @@
-"""The ETL's own listing of its input, the only one, so that nothing is lost silently.
+"""The ETL's own listing of its input, the only one (Spark's file sources skip files silently).
 
-Every file is a candidate, rejected (bad input) or skipped (not input), with a reason; Spark's file sources skip
-files silently and decode names in the JVM's locale. What cannot be read safely is rejected unread: FIFOs, sockets,
-devices, links out of the tree, folder links (loops, duplicates), object keys with a ``..`` segment.
-"""
+Every file is a candidate, rejected (bad input) or skipped (not input), with a reason. Rejected unread: FIFOs,
+sockets, devices, links out of the tree, folder links (loops, duplicates), object keys with a ``..`` segment."""
 from __future__ import annotations
 
 import os
@@ -69,8 +67,7 @@ def classify(relative_path: str, size_bytes: int, max_file_bytes: int, layout: O
 
     The first reason that applies is reported, in this order: a ``..`` segment, a hidden name, a folder link, its place
     (no class folder), its extension, its name's encoding, ``unread``, its size; so a file is rejected (bad input)
-    only when it would otherwise be input.
-    """
+    only when it would otherwise be input."""
     if ".." in relative_path.split("/"):  # before the hidden rule, which '..' would also match
         return DOT_DOT
     if check_spark_hidden and spark_ignores(relative_path):
@@ -152,8 +149,7 @@ def list_files(root: str) -> List[ListedFile]:
     """Every file under ``root``, sorted by relative path; folder links listed, not followed.
 
     Raises:
-        MissingInput, NotAFolder: ``root`` is missing or not a folder. UnsupportedTree: an unreadable folder.
-    """
+        MissingInput, NotAFolder: ``root`` is missing or not a folder. UnsupportedTree: an unreadable folder."""
     if not os.path.exists(root):
         raise MissingInput(f"input folder does not exist: {root}")
     if not os.path.isdir(root):

@@ -1,9 +1,7 @@
 """Pure arithmetic of the ETL's memory bound: what one task holds, and what the executors can.
 
-``DECODE_BYTES_PER_PIXEL`` is `decode_and_fit`'s measured worst case (a transparent image rotated by EXIF: 4 + 4 +
-4 + 3 bytes and noise). ``tasks_per_worker * task_bytes`` must fit ``spark.executor.pyspark.memory``, or a local
-master's physical memory; other masters without that setting are not checked.
-"""
+``tasks_per_worker * task_bytes`` must fit ``spark.executor.pyspark.memory``, or a local master's physical memory;
+other masters without that setting are not checked."""
 from __future__ import annotations
 
 import os
@@ -13,7 +11,7 @@ from typing import Mapping, Optional, Tuple
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 
-DECODE_BYTES_PER_PIXEL = 16
+DECODE_BYTES_PER_PIXEL = 16  # decode_and_fit's measured worst case: transparent, rotated by EXIF (4+4+4+3) and noise
 WORKER_BASE_BYTES = 256 * 2**20  # a Python worker with numpy, pyarrow, Pillow and pyspark imported
 _LOCAL = re.compile(r"^local(?:\[(\*|\d+)(?:,\s*\d+)?\])?$")
 _SIZE = re.compile(r"^(\d+)\s*([kmgtp]?)b?$", re.IGNORECASE)

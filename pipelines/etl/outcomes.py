@@ -1,9 +1,7 @@
 """Per-file outcomes at scale: tasks write them beside their output, the driver reads them file by file.
 
-Spark aborts a job whose collected results pass ``spark.driver.maxResultSize`` (1 GiB by default, about ten million
-outcome rows), so each task writes its rows in ``OUTPUT/runs/<run id>/_tasks/`` (`RowFile`) and returns one
-`TASK_SCHEMA` row; the driver reads them one task at a time and deletes ``_tasks/`` before the commit.
-"""
+Collected results would pass ``spark.driver.maxResultSize`` (1 GiB, ~10 million rows): each task writes its rows
+in ``OUTPUT/runs/<run id>/_tasks/`` (`RowFile`), returns one `TASK_SCHEMA` row; ``_tasks/`` goes before the commit."""
 from __future__ import annotations
 
 import contextlib
@@ -172,8 +170,7 @@ def reconcile(run: Location, found: int, exclusions: Iterable[Tuple[str, str, st
     ``exclusions``: ``(path, status, reason)`` excluded before Spark; ``chunks``: the candidates as cut for the tasks.
 
     Raises:
-        RuntimeError: outcomes that disagree with the chunks or the rows, or ``found != written + rejected + skipped``.
-    """
+        RuntimeError: outcomes disagreeing with the chunks or rows, or ``found != written + rejected + skipped``."""
     check_tasks(tasks, len(chunks))
     keep_committed(run, tasks)
     result = Reconciled({split: SplitStats() for split in SPLITS})

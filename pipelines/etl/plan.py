@@ -1,8 +1,7 @@
 """The ETL's plan, made on the driver before any image is written.
 
-Paths and memory are checked (exit 2 before Spark works), the listing classified and split per class, and with
-``--dedupe`` a first Spark pass hashes every candidate so that one file per image is kept.
-"""
+Paths and memory checked (exit 2 before Spark works), the listing classified and split per class; ``--dedupe``
+first hashes every candidate in Spark, to keep one file per image."""
 from __future__ import annotations
 
 import os
@@ -51,8 +50,7 @@ def check_paths(config: ETLConfig) -> None:
     """Refuse, before Spark starts, an input and output that cannot work.
 
     Raises:
-        Refused: a missing bucket, input or folder, refused credentials, overlapping paths, or a foreign output.
-    """
+        Refused: a missing bucket, input or folder, refused credentials, overlapping paths, or a foreign output."""
     source, output = config.location(config.input), config.location(config.output)
     check_reachable(source, "--input")
     check_reachable(output, "--output")
@@ -81,8 +79,7 @@ def plan(config: ETLConfig) -> Plan:
 
     Raises:
         Refused: no class folder, mixed layouts, no candidate at all (an empty run would replace the previous output
-            with nothing), or an empty split.
-    """
+            with nothing), or an empty split."""
     files, layout = list_tree(config.location(config.input))
     if not layout.folders:
         raise Refused(f"no class folder under {config.input} (expected ROOT/CLASS/image files, CLASS either "
@@ -144,8 +141,7 @@ def hash_candidates(spark, config: ETLConfig, the_plan: Plan) -> Iterator[Tuple[
 def drop_duplicates(config: ETLConfig, the_plan: Plan, hashes: Iterable[Tuple]) -> Plan:
     """The plan with one candidate per image, the other copies rejected, the kept ones split again.
 
-    ``hashes``: ``(path, sha256[, pixels, dhash])``; raises `Refused` when a split is left empty.
-    """
+    ``hashes``: ``(path, sha256[, pixels, dhash])``; raises `Refused` when a split is left empty."""
     by_relative = {f.relative_path: f.path for f in the_plan.files}
     relative = {f.path: f.relative_path for f in the_plan.files}
     candidate = {c.path: c for c in the_plan.candidates}

@@ -1,10 +1,7 @@
 """PNG metadata that Pillow's defaults refuse, left out before Pillow sees the file.
 
-Pillow refuses a whole PNG for damaged chunks without pixels, and its one switch, ``LOAD_TRUNCATED_IMAGES``, is
-process-global and admits truncated pixels too. So the chunks are walked (headers and CRCs) and dropped by libpng's
-default rule: a bad CRC in a critical chunk is an error, in an ancillary one drops it. IHDR is never touched, so
-the bomb limits still apply; the walk's work is bounded whatever the file holds.
-"""
+Chunks are dropped by libpng's rule (a bad CRC: an error in a critical chunk, dropped in an ancillary one), not with
+the process-global ``LOAD_TRUNCATED_IMAGES``. IHDR is never touched (bomb limits apply); the walk's work is bounded."""
 from __future__ import annotations
 
 import bisect
@@ -43,8 +40,7 @@ def without_refused_metadata(data: bytes) -> Tuple[BinaryIO, Tuple[str, ...]]:
         ``(file, dropped)``: a seekable view of ``data`` skipping the dropped chunks, one line per chunk dropped.
 
     Raises:
-        DamagedPng: a critical chunk's CRC is bad, or more than `MAX_DROPPED` to drop or `MAX_CHUNKS` chunks.
-    """
+        DamagedPng: a critical chunk's CRC is bad, or more than `MAX_DROPPED` to drop or `MAX_CHUNKS` chunks."""
     if not data.startswith(PNG_SIGNATURE):
         return io.BytesIO(data), ()
     view, pos, start, left = memoryview(data), len(PNG_SIGNATURE), 0, PngImagePlugin.MAX_TEXT_MEMORY
@@ -83,10 +79,8 @@ def without_refused_metadata(data: bytes) -> Tuple[BinaryIO, Tuple[str, ...]]:
 
 
 def _refusal(kind: bytes, data: bytes, start: int, end: int, left: int) -> Tuple[Optional[str], int]:
-    """Why Pillow would refuse the file for the chunk body ``data[start:end]`` (or ``None``), and its cost.
-
-    The cost, charged to the text budget of which ``left`` bytes remain: the bytes inflated, or the text Pillow counts.
-    """
+    """Why Pillow would refuse the file for the chunk body ``data[start:end]`` (or ``None``), and its cost to the text
+    budget (``left`` bytes remain): the bytes inflated, or the text Pillow counts."""
     if kind in _MIN_LENGTH and end - start < _MIN_LENGTH[kind]:
         return f"{plural(end - start, 'byte')}, shorter than its fields ({_MIN_LENGTH[kind]})", 0
     if kind not in (b"tEXt", b"zTXt", b"iTXt", b"iCCP"):

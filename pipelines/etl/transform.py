@@ -1,9 +1,7 @@
-"""Executor side of the ETL: chunk numbers in, files read in Python, Parquet row groups out.
+"""Executor side of the ETL (``mapInArrow``): chunk numbers in, files read in Python, Parquet row groups out.
 
-Runs in Spark's Python workers through ``mapInArrow``. No file passes through the JVM, neither its name (its locale
-would mangle non-ASCII names) nor its bytes or pixels. A task writes its own Parquet file per split below the run's
-prefix, named after its partition and attempt, and its outcome rows beside them.
-"""
+No file name or byte passes through the JVM (its locale would mangle non-ASCII names). A task writes its own Parquet
+file per split below the run's prefix, named after its partition and attempt, and its outcome rows beside them."""
 from __future__ import annotations
 
 import dataclasses
@@ -40,9 +38,8 @@ PAGE_BYTES = 2**20
 class SplitWriter:
     """One Parquet file of one split, filled in row groups of exactly ``rows_per_row_group`` rows.
 
-    Images are pasted into one white ``(rows, size, size, 3)`` uint8 buffer, which becomes the ``image`` column
-    without a copy; only the boxes images covered are whitened again (a small image's row is mostly margin).
-    """
+    Images are pasted into one white ``(rows, size, size, 3)`` uint8 buffer, the ``image`` column without a copy;
+    only the boxes images covered are whitened again."""
 
     def __init__(self, target: "Location", rows_per_row_group: int, image_size: int):
         self.target = target
@@ -121,8 +118,7 @@ def read_file(path: str, max_file_bytes: int) -> bytes:
     """The bytes of one listed file, at most ``max_file_bytes`` (one byte more read at most).
 
     Raises:
-        ImageRejected: the file vanished, became unreadable or not a regular file, or grew past the limit.
-    """
+        ImageRejected: the file vanished, became unreadable or not a regular file, or grew past the limit."""
     try:
         # O_NONBLOCK: a file replaced by a FIFO since the listing must not block the task.
         fd = os.open(encode_name(path), os.O_RDONLY | os.O_NONBLOCK)
@@ -189,10 +185,8 @@ def _task_name() -> str:
 def hash_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[tuple]], run: "Location",
                 max_file_bytes: int, source: Optional["Location"] = None, counter=None,
                 max_pixels: Optional[int] = DEFAULT_MAX_PIXELS) -> Iterator[pa.RecordBatch]:
-    """The duplicate check's pass, arguments as `process_chunks`: a `HASH_SCHEMA` row per candidate of its chunks.
-
-    Nulls where a file cannot be read or decoded now: the main pass records why. Yields one `TASK_SCHEMA` row.
-    """
+    """The duplicate check's pass (arguments as `process_chunks`): a `HASH_SCHEMA` row per candidate, null where a
+    file cannot be read or decoded now (the main pass records why), then one `TASK_SCHEMA` row."""
     zipcache.install()
     hashes = RowFile(run, "hashes", _task_name(), HASH_SCHEMA)
     numbers = [chunk for batch in batches for chunk in batch.column(0).to_pylist()]
@@ -225,8 +219,7 @@ def process_chunks(batches: Iterator[pa.RecordBatch], chunks: Sequence[Sequence[
         counter: a Spark accumulator (or ``None``) counting candidates done: the driver's progress.
 
     Yields:
-        one batch of one `TASK_SCHEMA` row (its outcome file, chunks, Parquet files), once every file is closed.
-    """
+        one batch of one `TASK_SCHEMA` row (its outcome file, chunks, Parquet files), once every file is closed."""
     zipcache.install()  # this worker's next tasks start without re-reading pyspark.zip
     task = _task_name()
     writers: Dict[str, SplitWriter] = {}

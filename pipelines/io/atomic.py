@@ -1,8 +1,6 @@
-"""Files that appear whole or not at all: a temporary file beside the target, then ``os.replace``.
+"""Files that appear whole or not at all: a temporary file beside the target (``mkstemp``), then ``os.replace``.
 
-The temporary file is `tempfile.mkstemp`'s (``O_EXCL``, mode 0600); its descriptor is kept, the name is checked to
-still be that file before the rename and the mode set with ``fchmod``: nothing goes through a link planted there.
-"""
+The temporary name is checked to still be that file before the rename: nothing goes through a link planted there."""
 from __future__ import annotations
 
 import contextlib
@@ -20,13 +18,11 @@ PUBLIC = 0o644  # published results (model.keras, model.json, pictures): readabl
 
 @contextlib.contextmanager
 def replacing(path: str, suffix: str = "", mode: int = PRIVATE) -> Iterator[str]:
-    """Yield a new temporary file's path, for writers that open by name; on success it replaces ``path``.
-
-    ``suffix`` ends the temporary name, for writers that choose a format by it (Keras' ``.keras``).
+    """Yield a new temporary file's path (ending in ``suffix``) for writers that open by name; on success it
+    replaces ``path``.
 
     Raises:
-        LinkRefused: the temporary name was swapped while it was written.
-    """
+        LinkRefused: the temporary name was swapped while it was written."""
     with _temporary(path, suffix) as (fd, tmp):
         yield tmp
         _finish(fd, tmp, path, mode)

@@ -1,10 +1,7 @@
 """Readers' leases on an ETL run: a training's files are never deleted while it reads them.
 
-A reader holds ``OUTPUT/runs/<run id>/readers/<reader>.json``, rewritten every `REFRESH_S` seconds; an ETL commit
-keeps every older run with a live lease. A lease is live while younger than `TTL_S` by the store's clock alone: its
-file's mtime against a probe file's (`store_time`), so no host's clock enters. The race with a commit is closed by
-order (`hold`): write the lease, then read the manifest again; if it names another run, refuse (`InputReplaced`).
-"""
+A reader rewrites ``OUTPUT/runs/<run id>/readers/<reader>.json`` every `REFRESH_S` s; a commit keeps every older run
+with a lease younger than `TTL_S` by the store's clock (`store_time`). `hold`: lease first, then reread the manifest."""
 from __future__ import annotations
 
 import datetime as dt
@@ -128,8 +125,7 @@ def hold(output, run_id: str, reader: str, refresh_s: float = REFRESH_S) -> Read
         the started `ReaderLease`; stop it (or leave its ``with`` block) when done.
 
     Raises:
-        InputReplaced: the manifest names another run now (the lease is deleted again).
-    """
+        InputReplaced: the manifest names another run now (the lease is deleted again)."""
     lease = ReaderLease(lease_location(output, run_id, reader), reader, run_id, refresh_s).start()
     try:
         current = output.join(MANIFEST).read_json().get("run_id")

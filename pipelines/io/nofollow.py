@@ -1,8 +1,6 @@
-"""Local files opened without following links, each check made on the opened descriptor.
+"""Local files opened without following links (``openat``, ``O_NOFOLLOW``), each check made on the descriptor.
 
-Names below a root are opened one at a time (``openat``, ``O_NOFOLLOW``), checked with ``fstat``, chmodded with
-``fchmod``; deletions never descend into a link. Not covered: a file's bytes changed in place, a replaced root.
-"""
+Deletions never descend into a link. Not covered: a file's bytes changed in place, a replaced root."""
 from __future__ import annotations
 
 import contextlib
@@ -57,11 +55,10 @@ def _folder(root: str, names: List[str]) -> Iterator[int]:
 def open_below(root: str, relative: str, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
     """A descriptor of ``root/relative`` (``/``-separated, no ``..``), no name below ``root`` followed if a link.
 
-    ``flags`` are ``os.open``'s for the last name (``O_NOFOLLOW`` added); ``mode``: of a file ``O_CREAT`` makes.
+    ``flags``: ``os.open``'s for the last name (``O_NOFOLLOW`` added); ``mode``: of a file ``O_CREAT`` makes.
 
     Raises:
-        LinkRefused: a name on the way or the last one is a link (or a file where a folder belongs).
-    """
+        LinkRefused: a name on the way or the last one is a link (or a file where a folder belongs)."""
     names = _names(relative)
     if not names:
         return os.open(root, flags | os.O_CLOEXEC, mode)

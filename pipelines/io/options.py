@@ -1,8 +1,6 @@
 """Storage options (endpoint, region, credentials) and the ``storage_options`` field of every stage.
 
-Three sources, each later one winning for its keys: the environment's JSON object, an owner-only file
-(``--storage-options-file``), the command line's ``--storage-option KEY=VALUE``.
-"""
+A later source wins per key: the environment's JSON, ``--storage-options-file`` (owner-only), ``--storage-option``."""
 from __future__ import annotations
 
 import dataclasses
@@ -66,10 +64,7 @@ def _option_values(given: Any, source: str) -> Dict[str, str]:
 
 
 def read_options_file(path: str) -> Dict[str, str]:
-    """The storage options in the JSON file ``path``: this user's, mode 0600 or 0400, as ssh asks of a key.
-
-    ``path`` may be a chain of links (a Kubernetes Secret's mount): the final file, as opened, is checked.
-    """
+    """The storage options in the JSON file ``path`` (links followed), which must be this user's, mode 0600 or 0400."""
     final = os.path.realpath(path)
     shown = path if final == os.path.abspath(path) else f"{path} (-> {final})"
     try:
@@ -98,10 +93,7 @@ def read_options_file(path: str) -> Dict[str, str]:
 
 
 def gather_options(pairs: Sequence[str], path: Optional[str] = None, environment: str = "") -> Dict[str, str]:
-    """Storage options from ``environment`` (JSON), the file ``path``, then ``pairs``; `StorageError` if malformed.
-
-    The first two keep secrets off the command line, which every local user can read (``ps``).
-    """
+    """Storage options from ``environment`` (JSON), the file ``path``, then ``pairs``; `StorageError` if malformed."""
     options: Dict[str, str] = {}
     if environment:
         try:

@@ -1,8 +1,6 @@
 """Local paths as the ``file://`` URLs that Petastorm opens: made absolute and checked in one place.
 
-Petastorm opens ``urlparse(url).path`` undecoded, so a path with ``#``, ``?``, a tab or a line break would name
-another folder (``runs/etl#v2`` -> ``runs/etl``): refused. A relative path is made absolute (``file://data`` is a host).
-"""
+Petastorm opens ``urlparse(url).path`` undecoded: ``#``, ``?``, a tab or a line break (another folder) are refused."""
 from __future__ import annotations
 
 import os
@@ -53,10 +51,7 @@ def _store_key(uri: str) -> tuple:
 
 
 def check_disjoint(input_path: str, output_path: str) -> None:
-    """Refuse (`Refused`) an output that is the input, lies inside it or holds it.
-
-    Local paths are compared with links resolved, URIs of one scheme by key prefix; two schemes never overlap.
-    """
+    """Refuse (`Refused`) an output that is, lies in or holds the input (links resolved; URIs by scheme and prefix)."""
     (src_scheme, src), (dst_scheme, dst) = _store_key(input_path), _store_key(output_path)
     if src_scheme != dst_scheme:
         return

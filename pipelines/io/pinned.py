@@ -1,9 +1,7 @@
 """A data file checked once and read only as that file: `PinnedFile`.
 
-A name checked and opened again later may hold a folder (whose ``_common_metadata`` Petastorm unpickles) or a link
-by then. A local file is opened without following links and its (device, inode) kept: every later open must find
-that same file. An object store's key has no links: it is opened by key.
-"""
+A local file is opened without following links and its (device, inode) kept: every later open must find that same
+file, never a folder (whose ``_common_metadata`` Petastorm unpickles) or a link. Object store keys: opened by key."""
 from __future__ import annotations
 
 import os

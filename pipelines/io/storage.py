@@ -1,8 +1,6 @@
 """Storage: every path or URI resolved once into a ``pyarrow.fs`` filesystem and a path (`Location`).
 
-pyarrow serves ``file``, ``s3``, ``gs`` and ``hdfs``, fsspec any other scheme. An object store's PUT is atomic and
-its folders are key prefixes; a local write is a temporary file renamed (`pipelines.io.atomic`).
-"""
+pyarrow serves ``file``, ``s3``, ``gs`` and ``hdfs``, fsspec any other scheme. An object store's PUT is atomic."""
 from __future__ import annotations
 
 import json
@@ -170,10 +168,8 @@ class Location:
 
 
 def split_uri(uri: str) -> Tuple[str, str]:
-    """The one parse of a path or URI: ``(scheme, path)``, a local path made absolute.
-
-    Keys are taken literally, as the AWS CLI and s3fs read them: ``s3://b/a%20b#c`` is key ``a%20b#c``.
-    """
+    """The one parse of a path or URI: ``(scheme, path)``, a local path made absolute, keys taken literally (as the
+    AWS CLI and s3fs read them: ``s3://b/a%20b#c`` is key ``a%20b#c``)."""
     scheme = scheme_of(uri)
     if scheme == "file":
         path = uri[len("file://"):] if uri.startswith("file://") else uri
@@ -183,11 +179,7 @@ def split_uri(uri: str) -> Tuple[str, str]:
 
 
 def root_refusal(uri: str) -> Optional[str]:
-    """Why ``uri`` may not be a job's output folder, or ``None``.
-
-    A job replaces and cleans its output, so it must be a folder of its own: never a bucket's or file system's root,
-    ``/``, a mount point, a home folder or a folder above one.
-    """
+    """Why ``uri`` may not be a job's output folder (a root, ``/``, a mount point, a home or above one), or ``None``."""
     scheme, path = split_uri(uri)
     if scheme == "file":
         if path == "/":
@@ -254,8 +246,7 @@ def resolve(uri: str, options: Optional[Mapping[str, str]] = None) -> Location:
     """The `Location` of a local path or a URI; ``options``: the backend's constructor arguments (URIs only).
 
     Raises:
-        StorageError: an unknown scheme, a backend not installed, options for a local path, or refused arguments.
-    """
+        StorageError: an unknown scheme, a backend not installed, options for a local path, or refused arguments."""
     options = dict(options or {})
     scheme, path = split_uri(uri)
     if scheme == "file":

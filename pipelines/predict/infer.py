@@ -30,8 +30,7 @@ def decode_file(path: str, size: int, max_file_bytes: int) -> np.ndarray:
     """An image file as the ETL stores it, uint8 RGB ``(size, size, 3)``, reading at most ``max_file_bytes`` + 1.
 
     Raises:
-        ImageRejected: unreadable, vanished, grown, empty, not an image, truncated, too large.
-    """
+        ImageRejected: unreadable, vanished, grown, empty, not an image, truncated, too large."""
     data = read_file(path, max_file_bytes)
     return np.frombuffer(resize_to_square(data, size).rgb, np.uint8).reshape(size, size, 3)
 
@@ -44,14 +43,10 @@ def decode_stored(image: bytes, size: int) -> np.ndarray:
 
 
 def top_k(probabilities: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
-    """The ``k`` most probable labels of each row, most probable first (ties by label).
-
-    Args:
-        probabilities: float ``(n, C)``.
+    """The ``k`` most probable labels of each row of float ``(n, C)``, most probable first (ties by label).
 
     Returns:
-        ``(labels, probabilities)``: int32 and float32 arrays ``(n, min(k, C))``.
-    """
+        ``(labels, probabilities)``: int32 and float32 arrays ``(n, min(k, C))``."""
     order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
     return order.astype(np.int32), np.take_along_axis(probabilities, order, axis=1).astype(np.float32)
 
@@ -68,9 +63,7 @@ def predict_columns(model, values: Union[Sequence, np.ndarray],
         decode: value -> uint8 ``(S, S, 3)``; raises ``ImageRejected``.
 
     Returns:
-        The columns of `result_type`, ``(n, k)`` each, and ``reason`` ``(n,)``; ``-1``, ``None``, ``NaN`` where a
-        row was not predicted.
-    """
+        The `result_type` columns, ``(n, k)`` each, and ``reason`` ``(n,)``; -1, None, NaN where not predicted."""
     n = len(values)
     why = np.array(list(reasons) if reasons is not None else [None] * n, dtype=object)
     images, rows = [], []
@@ -114,10 +107,7 @@ _CURRENT: list = [None]  # this Python worker's running task's accumulator (Task
 
 
 class TaskCounter:
-    """A Spark accumulator that follows the task, for the predict function to add to.
-
-    Why: PySpark keeps the predict function per worker, so a captured accumulator would be the first task's.
-    """
+    """A Spark accumulator that follows the task (a captured one would stay the worker's first task's)."""
 
     def __init__(self, accumulator):
         self.accumulator = accumulator
@@ -144,8 +134,7 @@ def make_predict_fn(spec, k: int, from_files: bool, max_file_bytes: int, threads
         counter: each batch's rows are added to it (the driver's progress), or ``None``.
 
     Returns:
-        A function of no argument returning ``predict(values, reasons)`` (`predict_columns`).
-    """
+        A function of no argument returning ``predict(values, reasons)`` (`predict_columns`)."""
     def make():
         zipcache.install()  # this worker's next tasks start without re-reading pyspark.zip (see zipcache)
 

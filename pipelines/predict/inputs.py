@@ -59,13 +59,11 @@ def folder_class(relative_path: str) -> Optional[str]:
 def plan_tree(root: str, class_names: Sequence[Optional[str]], max_file_bytes: int) -> InputPlan:
     """List and classify every file under ``root`` with the ETL's rules, sorted by relative path.
 
-    Hidden names and non-image extensions are skipped. Every other file, at any depth, is a row: one rejected by
-    name or size carries its reason and is never read. Labels are `folder_class` matched by name.
+    Hidden names and non-image extensions are skipped; every other file, at any depth, is a row (one rejected by name
+    or size carries its reason, unread). Labels are `folder_class` matched by name.
 
     Raises:
-        UnsupportedTree: folder symlinks, FIFOs, devices, unreadable folders.
-        NoImages: no file is input.
-    """
+        UnsupportedTree: folder symlinks, FIFOs, devices, unreadable folders. NoImages: no file is input."""
     files = list_files(root)
     index = class_index(class_names)
     items, skipped = [], []
@@ -106,13 +104,11 @@ def plan_split(split_dir: str, image_size: int) -> InputPlan:
 
 
 def private_copies(plan: InputPlan, folder: str) -> InputPlan:
-    """``plan`` with an ETL split's parts copied into the private ``folder`` (a tree's as it is).
-
-    Why: executors open files by name, and nobody can swap these copies for a folder or a link.
+    """``plan`` with an ETL split's parts copied into the private ``folder`` (a tree's as it is), which executors
+    open by name and nobody can swap for a folder or a link.
 
     Raises:
-        LinkRefused: a part's name no longer holds the file checked.
-    """
+        LinkRefused: a part's name no longer holds the file checked."""
     copies = []
     for i, part in enumerate(plan.parts):
         copies.append(os.path.join(folder, f"part-{i:05d}.parquet"))
@@ -126,8 +122,7 @@ def plan_input(path: str, class_names: Sequence[Optional[str]], image_size: int,
 
     Raises:
         FileNotFoundError, NotADirectoryError: no such folder.
-        ValueError: an ETL output's root (name a split).
-    """
+        ValueError: an ETL output's root (name a split)."""
     path = path.rstrip("/") or "/"
     if is_etl_split(path):
         return plan_split(path, image_size)

@@ -1,7 +1,6 @@
 """Driver side of batch inference: refuse, plan, predict in Spark, reconcile, report, swap in.
 
-The output is written into a staging folder and swapped in at the end: a failed run leaves the previous output.
-"""
+The output is written into a staging folder and swapped in at the end: a failed run leaves the previous output."""
 from __future__ import annotations
 
 import contextlib
@@ -53,15 +52,9 @@ COLUMNS = ("path", "label", "label_name", "status", "reason", "top_labels", "top
 
 
 def arrow_batch_rows(batch_size: int, image_bytes: int, budget: int = ARROW_BATCH_BYTES) -> int:
-    """Rows per Arrow batch sent to a Python worker: whole model batches in ``budget`` bytes, at most Spark's default.
+    """Rows per Arrow batch sent to a Python worker: whole model batches in ``budget`` bytes, at most Spark's 10,000.
 
-    Why: the worker converts a whole Arrow batch to pandas before ``predict_batch_udf`` cuts it into model batches,
-    and Spark's default of 10,000 rows is meant for rows of a few numbers, not stored images.
-
-    Args:
-        batch_size: images per model call.
-        image_bytes: bytes of one stored image.
-    """
+    The worker makes pandas of a whole Arrow batch before ``predict_batch_udf`` cuts it into model batches."""
     rows = batch_size * max(1, budget // (batch_size * image_bytes))
     return rows if rows <= SPARK_ARROW_ROWS else max(batch_size, SPARK_ARROW_ROWS // batch_size * batch_size)
 
@@ -81,8 +74,7 @@ def owned_files(output: str) -> List[str]:
     A run replaces only such a folder, and deletes only those names; ``[]`` for a missing or empty folder.
 
     Raises:
-        ValueError: the folder holds files but no summary of this job, or names the summary does not list.
-    """
+        ValueError: the folder holds files but no summary of this job, or names the summary does not list."""
     names = sorted(os.listdir(output)) if os.path.isdir(output) else []
     if not names:
         return []
@@ -174,8 +166,7 @@ def reconcile(plan: InputPlan, table) -> Dict:
 
     Raises:
         RuntimeError: rows != the input's rows, a tree path missing, duplicated or never listed,
-            ``found != rows + skipped``, or ``rows != predicted + unreadable``.
-    """
+            ``found != rows + skipped``, or ``rows != predicted + unreadable``."""
     statuses = Counter(table.column("status").to_pylist())
     rows = table.num_rows
     if rows != plan.rows:
@@ -255,13 +246,11 @@ def swap_in(staging: str, output: str) -> None:
 def run_predict(config: PredictConfig, spark=None) -> Dict:
     """Run batch inference and return its summary (``OUTPUT/_summary.json``).
 
-    Args:
-        spark: a session to use; by default the active one or a new one, started only after every refusal.
+    ``spark``: a session to use; by default the active one or a new one, started only after every refusal.
 
     Raises:
         FileNotFoundError, NotADirectoryError, ValueError: refused before Spark starts.
-        RuntimeError: the written rows do not reconcile with the input.
-    """
+        RuntimeError: the written rows do not reconcile with the input."""
     quiet_libraries(config.verbose)  # this process's third-party noise: the config's choice
     staging, download = work_dirs(config.output)
     copies = None
@@ -295,8 +284,7 @@ def split_partitioning(config: PredictConfig, plan: InputPlan) -> Dict[str, str]
     """Spark's file-split settings that give an ETL split's tasks about `TASK_IMAGES` rows each.
 
     ``maxPartitionBytes`` becomes the mean stored bytes of `TASK_IMAGES` rows (at least 1 MiB) and ``openCostInBytes``
-    an eighth of that. ``{}`` for a tree or with ``--num-partitions``.
-    """
+    an eighth of that. ``{}`` for a tree or with ``--num-partitions``."""
     if plan.kind == TREE or not plan.rows or config.num_partitions:
         return {}
     stored = sum(os.path.getsize(path) for path in plan.parts)

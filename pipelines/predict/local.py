@@ -1,7 +1,6 @@
 """The top k of a few image files, in this process (no Spark), resolved and decoded as the job does.
 
-``python -m pipelines.predict IMAGE... --model MODEL``.
-"""
+``python -m pipelines.predict IMAGE... --model MODEL``."""
 from __future__ import annotations
 
 import argparse

@@ -37,8 +37,7 @@ def classification_report(true: Sequence[int], predicted: Sequence[int],
         occur (``per_class``: ``label, name, support, predicted, precision, recall``); ``None`` for a ratio over 0.
 
     Raises:
-        ValueError: ``true`` and ``predicted`` differ in length, or a label is not an index of ``class_names``.
-    """
+        ValueError: ``true`` and ``predicted`` differ in length, or a label is not an index of ``class_names``."""
     k = len(class_names)
     t, p = _labels(true, predicted, k)
     # Only the classes that occur are counted: the matrix is len(present) squared, never k squared

@@ -1,10 +1,6 @@
 """Which model runs and what it takes: resolved once, on the driver, before Spark starts.
 
-``--model`` is a ``model.keras`` file with its contract ``model.json`` beside it, a training run's folder, or an
-MLflow URI (``models:/NAME/VERSION``, ``runs:/RUN_ID/PATH``). Every model takes the ETL's uint8 RGB
-``(batch, S, S, 3)``, preprocessing inside its graph, and returns ``(batch, len(class_names))`` probabilities.
-Nothing read from a model file may run code (`load_model`).
-"""
+Models take uint8 ``(batch, S, S, 3)``, return ``(batch, len(class_names))`` probabilities; no model file runs code."""
 
 from __future__ import annotations
 
@@ -68,14 +64,12 @@ class ModelSpec:
 def load_model(flavor: str, path: str, sha256: str = ""):
     """Load a ``model.keras`` file or a local MLflow model folder, uncompiled, without running code from it.
 
-    A ``model.keras`` must be Keras' zip format by its first bytes (an HDF5 file takes Keras' legacy loader, where a
-    ``Lambda``'s bytecode runs) with the recorded ``sha256``. MLflow's loader is never used (it unpickles). Safe
-    mode is no sandbox, so the config must name only allowlisted classes and a zip only Keras' own members. Each
-    file is checked and loaded from a private copy. Cached per process by path and modification time.
+    A ``model.keras`` must be Keras' zip format by its first bytes (HDF5 takes the legacy loader, which runs a
+    ``Lambda``'s bytecode), with the recorded ``sha256``; MLflow's loader (it unpickles) is never used. Each file is
+    checked (`pipelines.predict.safeload`) and loaded from a private copy; cached per process by path and mtime.
 
     Raises:
-        UnsafeModel: any of these checks failed.
-    """
+        UnsafeModel: any of these checks failed."""
     return _load(flavor, path, sha256, os.stat(path).st_mtime_ns)
 
 
@@ -143,8 +137,7 @@ def read_class_names(path: str) -> List[Optional[str]]:
 def read_contract(model_file: str) -> Tuple[int, List[Optional[str]], str]:
     """``(image_size, class_names, sha256)`` from the ``model.json`` beside ``model_file``.
 
-    Raises `ModelContractError` for none there, or one without uint8 ``(None, S, S, 3)``, classes or a sha256.
-    """
+    Raises `ModelContractError` for none there, or one without uint8 ``(None, S, S, 3)``, classes or a sha256."""
     path = os.path.join(os.path.dirname(model_file), CONTRACT_FILE)
     if not os.path.isfile(path):
         raise ModelContractError(f"no {CONTRACT_FILE} beside {model_file}: a model needs its input contract "
@@ -169,15 +162,14 @@ def read_contract(model_file: str) -> Tuple[int, List[Optional[str]], str]:
 
 
 def resolve_model(model: str, class_names_file: str = "", download_dir: Optional[str] = None) -> ModelSpec:
-    """Resolve ``--model`` (a ``model.keras``, a run's folder, an MLflow URI) on the driver.
+    """Resolve ``--model``: a ``model.keras`` with its ``model.json`` beside it, a run's folder, or an MLflow URI.
 
-    Only an MLflow model is loaded here, to read its input; it is downloaded into ``download_dir``.
-    ``class_names_file`` overrides the model's own names.
+    Only an MLflow model (``models:/NAME/VERSION``, ``runs:/RUN_ID/PATH``) is loaded here, to read its input; it is
+    downloaded into ``download_dir``. ``class_names_file`` overrides the model's own names.
 
     Raises:
         FileNotFoundError: no such model, or an MLflow URI the tracking server does not know.
-        ModelContractError: no contract, or one that does not hold.
-    """
+        ModelContractError: no contract, or one that does not hold."""
     names = read_class_names(class_names_file) if class_names_file else None
     if is_mlflow_uri(model):
         return _resolve_mlflow(model, names, download_dir)

@@ -60,9 +60,8 @@ def allowed_object(item: dict) -> bool:
 def check_model_config(config, shown: str) -> None:
     """Refuse (`UnsafeModel`) a parsed config naming, at any depth, a class or activation outside the allowlist.
 
-    Why: Keras' safe mode refuses a zip model's ``Lambda`` but not a ``TFOpLambda``, nor a function named by its
-    module (``builtins.exec``).
-    """
+    Keras' safe mode refuses a zip model's ``Lambda`` but not a ``TFOpLambda``, nor a function by module
+    (``builtins.exec``)."""
     stack = [config]
     while stack:
         item = stack.pop()
@@ -103,9 +102,7 @@ def check_model_stack(config, shown: str) -> None:
 def check_zip_members(zf: zipfile.ZipFile, shown: str) -> None:
     """Refuse (`UnsafeModel`) a Keras zip whose members are not exactly `KERAS_MEMBERS`, each once, with HDF5 weights.
 
-    Why: Keras 2.15 unpickles weights saved as ``model.weights.npz``, and the zip reader takes the last of two
-    members of one name.
-    """
+    Keras 2.15 unpickles ``model.weights.npz``, and the zip reader takes the last of two members of one name."""
     names = zf.namelist()
     twice = sorted({n for n in names if names.count(n) > 1})
     extra = sorted(set(names) - set(KERAS_MEMBERS))
@@ -143,8 +140,7 @@ def read_zip_config(path: str, shown: str):
 def check_hdf5_config(path: str, shown: str) -> None:
     """Refuse (`UnsafeModel`) an HDF5 model without a readable ``model_config`` or one `check_model_config` refuses.
 
-    Why: Keras' legacy loader turns a ``Lambda`` layer's bytecode into a function, whatever ``safe_mode`` says.
-    """
+    Keras' legacy loader turns a ``Lambda`` layer's bytecode into a function, whatever ``safe_mode`` says."""
     import h5py
 
     with h5py.File(path, "r") as f:
@@ -161,8 +157,7 @@ def mlflow_model_file(folder: str) -> str:
 
     Raises:
         UnsafeModel: pickled custom objects or code (`MLFLOW_REFUSED`), or no Keras model of the ``tensorflow``
-            flavour (a SavedModel is not checked: log with ``keras_model_kwargs={"save_format": "h5"}``).
-    """
+            flavour (a SavedModel is not checked: log with ``keras_model_kwargs={"save_format": "h5"}``)."""
     from mlflow.models import Model
 
     conf = Model.load(folder).flavors.get("tensorflow") or {}

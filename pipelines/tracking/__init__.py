@@ -1,7 +1,4 @@
-"""MLflow tracking of the pipeline's runs: the only package that imports ``mlflow``, besides `pipelines.tune.runners`.
-
-A job is one MLflow run; a failed per-epoch log never stops training.
-"""
+"""MLflow tracking, one run per job: the only package importing ``mlflow``, besides `pipelines.tune.runners`."""
 from pipelines.tracking.options import (
                                         ARTIFACTS_DIR,
                                         HELP,

@@ -1,6 +1,5 @@
-"""The tracking options of every stage: their help, defaults and URI resolution, the checks that need no store, the
-package's errors and its one import of ``mlflow`` (`_mlflow`).
-"""
+"""The tracking options of every stage: help, defaults, URI resolution, the checks that need no store, the package's
+errors and its one import of ``mlflow`` (`_mlflow`)."""
 from __future__ import annotations
 
 import logging
@@ -56,10 +55,7 @@ def default_uri(output: str, workdir: str) -> str:
 
 
 def absolute(uri: str) -> str:
-    """A SQLite URI with its path made absolute against the working directory; other URIs as they are.
-
-    Why: ranks, Spark tasks and `open_store` start elsewhere. Applied once where a URI enters.
-    """
+    """A SQLite URI's path made absolute (ranks, Spark tasks, `open_store` start elsewhere); other URIs as they are."""
     if uri.startswith(SQLITE) and not uri.startswith(SQLITE + "/") and uri != SQLITE + ":memory:":
         return SQLITE + os.path.abspath(uri[len(SQLITE):])
     return uri
@@ -73,8 +69,7 @@ def resolve(tracking: Optional[bool], uri: str, output: str, experiment: str, se
 
     Raises:
         ValueError: while tracking, an empty experiment name, one longer than `MAX_EXPERIMENT_NAME`, or a file
-            store the installed MLflow refuses.
-    """
+            store the installed MLflow refuses."""
     if tracking is None:
         tracking = settings.tracking
     if not tracking:
@@ -106,11 +101,7 @@ def _check_file_store(uri: str) -> None:
 
 
 def check_model_name(name: str, uri: str) -> None:
-    """Refuse (`Refused`) before any work a ``--register-model`` name the installed MLflow's registry would refuse.
-
-    Asks MLflow's own rule (``_validate_model_name``, or the file registry's for a file store); an MLflow without it
-    is not asked. Imports MLflow (seconds): call it only when the option is given.
-    """
+    """Refuse (`Refused`) before any work a ``--register-model`` name MLflow's registry refuses (imports MLflow)."""
     _mlflow()  # its logging quieted before its modules load
     from mlflow.exceptions import MlflowException
 
@@ -152,8 +143,7 @@ def _mlflow():
 
 
 def artifact_root(uri: str) -> Optional[str]:
-    """Where a SQLite store's experiments keep their artifacts (``DIR/mlruns`` for ``sqlite:///DIR/x.db``) or ``None``.
-    """
+    """Where a SQLite store's experiments keep artifacts (``DIR/mlruns`` for ``sqlite:///DIR/x.db``) or ``None``."""
     path = _sqlite_path(uri)
     return os.path.join(os.path.dirname(path), ARTIFACTS_DIR) if path else None
 

@@ -1,7 +1,6 @@
-"""Pictures of a run's results (matplotlib, Agg), each one PNG written atomically: curves, confusions, images.
+"""Pictures of a run's results (matplotlib, Agg), one PNG each, written atomically: curves, confusions, images.
 
-Class names are any folder's names, so text is drawn plain (`plain_text`) and cut (`cut_name`).
-"""
+Class names are any folder's names: drawn plain (`plain_text`) and cut (`cut_name`)."""
 from __future__ import annotations
 
 import functools
@@ -70,11 +69,9 @@ def plot_history(history: List[Dict], path: str, best_epoch: Optional[int] = Non
     """Loss (left) and accuracy (right) per epoch, training and validation, from ``metrics.json``'s history records.
 
     Args:
-        best_epoch: the epoch early stopping chose (1-based), a solid line.
-        stopped_epoch: the epoch early stopping ended the run after, a dotted line.
+        best_epoch, stopped_epoch: early stopping's chosen (1-based, solid line) and last epoch (dotted line).
         monitor: the metric it watched, named in the legend.
-        probe_accuracy: the linear probe's validation accuracy, a horizontal line on the right.
-    """
+        probe_accuracy: the linear probe's validation accuracy, a horizontal line on the right."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     epochs = [h["epoch"] for h in history]
@@ -115,9 +112,7 @@ TOP_CONFUSIONS = 20
 def plot_confusion(matrix, class_names: Sequence[Optional[str]], path: str, title: str = "") -> str:
     """The confusion matrix (rows true, columns predicted), on a figure of bounded size.
 
-    Up to `CELL_TEXT_CLASSES` classes, every name and count; above, a fixed 12 x 10 in image of row-normalised rates
-    with at most `MAX_TICKS` names per axis.
-    """
+    Up to `CELL_TEXT_CLASSES` classes: names, counts; above: 12 x 10 in, row-normalised rates, `MAX_TICKS` names."""
     plt = _pyplot()
     m = np.asarray(matrix, np.int64)
     k = len(m)

@@ -64,12 +64,10 @@ def start(uri: str, experiment: str, output, run_name: str = "", params: Optiona
     """Start this job's MLflow run in ``experiment``, log ``params`` and ``tags``, and record it in the output.
 
     With ``continue_run``, the run recorded for this ``uri`` continues: params it lacks are logged, changed values
-    become ``resumed_with.<param>`` tags (MLflow params are immutable). Secrets are masked everywhere (`redact`).
-    Use the result in a ``with`` block, which ends the run.
+    become ``resumed_with.<param>`` tags (MLflow params are immutable). Secrets are masked (`redact`).
 
     Raises:
-        TrackingUnavailable: the store cannot be reached or opened, or refuses the run.
-    """
+        TrackingUnavailable: the store cannot be reached or opened, or refuses the run."""
     uri = absolute(uri)
     check_store(uri)
     previous_uri = _process_tracking_uri()
@@ -121,10 +119,8 @@ def _params_of(client, run_id: str) -> Optional[Dict[str, str]]:
 
 
 class Tracker:
-    """This process's MLflow run until its ``with`` block ends: FINISHED, FAILED on an exception, KILLED on Ctrl-C.
-
-    An exception class may say its ``run_status``; a killed process leaves the run RUNNING, for a resume to continue.
-    """
+    """This process's MLflow run until its ``with`` block ends: FINISHED, FAILED on an exception (or the class's
+    ``run_status``), KILLED on Ctrl-C; a killed process leaves it RUNNING, for a resume to continue."""
 
     def __init__(self, mlflow, active_run, experiment: str, output: str, previous_uri: Optional[str] = None):
         self._mlflow = mlflow
@@ -157,8 +153,7 @@ class Tracker:
                 "artifact_uri": redact_uri(info.artifact_uri)}
 
     def log_epoch(self, epoch: int, logs: Dict[str, float]) -> None:
-        """Log one epoch's metrics at ``step=epoch``; never raises (a first failure is reported, later epochs skipped).
-        """
+        """Log one epoch's metrics at ``step=epoch``; never raises (the first failure reported, later ones skipped)."""
         if self.epoch_error:
             return
         try:
@@ -175,8 +170,7 @@ class Tracker:
         ``artifacts`` are ``(path, folder in the run's artifacts or None)``, missing files left out.
 
         Raises:
-            TrackingFailed: any of it failed (the job's output was written before).
-        """
+            TrackingFailed: any of it failed (the job's output was written before)."""
         try:
             self._log_missing_epochs(history)
             self._mlflow.log_metrics({key: float(value) for key, value in metrics.items() if value is not None})
@@ -204,14 +198,13 @@ class Tracker:
 
         Args:
             example: a batch as the model takes it: the input example and the signature's source.
-            metadata: for the MLmodel file (``class_names``, which ``jobs/predict.py`` reads).
+            metadata: for the MLmodel file (``class_names``, which batch inference reads).
 
         Returns:
             ``(model_uri, version)``: ``runs:/<run_id>/model`` and the registered version, or ``None``.
 
         Raises:
-            TrackingFailed: logging or registering failed (the job's output was written before).
-        """
+            TrackingFailed: logging or registering failed (the job's output was written before)."""
         try:
             import mlflow.tensorflow  # in-function, as the next two: `import pipelines` without TF or MLflow
             import tensorflow as tf
@@ -261,10 +254,7 @@ def _quiet_keras() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _events(quiet: bool = False) -> Iterator[None]:
-    """MLflow's print-outs in the block, credentials masked, each to its stream; dropped with ``quiet`` unless verbose.
-
-    Why: ending a run on a server prints its URL with the userinfo.
-    """
+    """MLflow's print-outs in the block, credentials masked (run URLs); ``quiet``: dropped unless verbose."""
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

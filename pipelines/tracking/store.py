@@ -33,9 +33,7 @@ from pipelines.tracking.storeschema import schema_refusal
 def check_store(uri: str) -> None:
     """Refuse (`TrackingUnavailable`), in seconds, a server that does not answer or an unusable SQLite store.
 
-    A server gets one request without MLflow's retries (minutes of back-off); a SQLite store is checked without
-    MLflow and nothing is made. Other stores are opened by `start`, before the work too.
-    """
+    A server gets one request without MLflow's retries (minutes of back-off); a SQLite store is checked, not made."""
     path = _sqlite_path(absolute(uri))
     if path is not None:
         _check_makeable(uri, path)
@@ -75,15 +73,12 @@ _opened: Set[str] = set()
 def open_store(uri: str, create: bool = False):
     """An ``mlflow.MlflowClient`` of the store ``uri`` (made absolute), which becomes this process's tracking URI.
 
-    A SQLite store (made when missing with ``create``, owner-only) is set up under a lock file, as MLflow's set-up
-    has none; a half-made store or one of another MLflow schema is refused. It is opened from its own folder, so its
-    artifact root is `artifact_root`, with unpooled connections (`POOL_ENV`), so a store made again is seen anew.
-    ``$MLFLOW_TRACKING_URI``, which ``mlflow.set_tracking_uri`` exports, is put back, or a later job or child of this
-    process would take this store for the user's choice.
+    A SQLite store (``create``: made when missing, owner-only) is set up under a lock file (MLflow's has none), from
+    its own folder (artifact root `artifact_root`), unpooled (`POOL_ENV`) so a store made again is seen anew. The
+    ``$MLFLOW_TRACKING_URI`` that MLflow exports is put back, or a later job or child would take it for the user's.
 
     Raises:
-        TrackingUnavailable: no store (``create`` false), an unreadable, half-made or foreign-schema one.
-    """
+        TrackingUnavailable: no store (``create`` false), an unreadable, half-made or foreign-schema one."""
     uri = absolute(uri)
     mlflow = _mlflow()
     _set_process_tracking_uri(uri)
@@ -108,10 +103,8 @@ def open_store(uri: str, create: bool = False):
 
 
 def _make_or_find(uri: str, path: str, create: bool) -> None:
-    """``create``: make the store's folder and an empty owner-only store file; else refuse a missing file at once.
-
-    Why: SQLite gives its journals the file's mode; MLflow would make a new empty store, or retry.
-    """
+    """``create``: make the store's folder and an empty owner-only store file (SQLite gives its journals the file's
+    mode); else refuse a missing file at once (MLflow would make a new empty store, or retry)."""
     if create:
         try:
             os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -183,10 +176,8 @@ def _setup_lock(uri: str, path: str) -> Iterator[None]:
 
 
 def _make_in_child(uri: str, path: str) -> None:
-    """Set up the store ``uri`` again in a fresh interpreter, from the store's folder.
-
-    Why: its file was deleted after this process opened it, and MLflow keeps the first set-up's store object.
-    """
+    """Set up the store ``uri`` again in a fresh interpreter, from the store's folder: its file was deleted after this
+    process opened it, and MLflow keeps the first set-up's store object."""
     script = "import sys, mlflow; mlflow.MlflowClient(sys.argv[1]).search_experiments(max_results=1)"
     done = subprocess.run([sys.executable, "-c", script, uri], cwd=os.path.dirname(path), capture_output=True,
                           text=True)
@@ -199,11 +190,8 @@ def _make_in_child(uri: str, path: str) -> None:
 
 @contextlib.contextmanager
 def using_store(uri: str) -> Iterator[Any]:
-    """Yield `open_store`'s client (an existing store) for the block, then put back the process's tracking URI.
-
-    Why: the URI is process-wide, so a notebook's predictions after its ETL would look for ``models:/`` in the
-    ETL's store.
-    """
+    """Yield `open_store`'s client (an existing store) for the block, then put back the process-wide tracking URI
+    (else a notebook's predictions after its ETL would look for ``models:/`` in the ETL's store)."""
     previous = _process_tracking_uri()
     try:
         yield open_store(uri)

@@ -61,15 +61,13 @@ def maker(revision: str) -> Optional[str]:
 
 
 def schema_refusal(path: str, shown: str) -> Optional[str]:
-    """Why the installed MLflow may not open the SQLite store ``path``, in one line; ``None`` when it may.
+    """Why the installed MLflow may not open the SQLite store ``path`` (``shown``: its URI), in one line; else ``None``.
 
-    Why: MLflow migrates an older store on opening it, without asking, after which the MLflow that made it can no
-    longer open it; a newer MLflow's revision it does not know. ``shown`` is the URI as messages show it.
+    MLflow would migrate an older store unasked (its maker could no longer open it) and knows no newer revision.
 
     Raises:
         sqlite3.Error: ``path`` is no SQLite database.
-        LookupError: as `mlflow_revisions`.
-    """
+        LookupError: as `mlflow_revisions`."""
     revision = store_revision(path)
     head, graph = mlflow_revisions()
     if revision is None or revision == head:

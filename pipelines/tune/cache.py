@@ -36,8 +36,7 @@ def find_feature_set(data: str, backbone: str, weights: str, image_size: int, se
 
     Raises:
         MissingInput: no complete set; the message names the command that makes it.
-        DataError: ``data`` is no ETL output.
-    """
+        DataError: ``data`` is no ETL output."""
     from pipelines.training.data.dataset import load_dataset
 
     dataset = load_dataset(data, 1, dict(storage_options or {}))

@@ -11,8 +11,7 @@ from pipelines.tune.search import NoTrialFinished, run_search, summary
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the search, print its summary and the chosen flags; return 0, 2 on a `Refused` (before Spark), 1 otherwise.
-    """
+    """Run the search, print its summary and the chosen flags; return 0, 2 on `Refused` (before Spark), 1 otherwise."""
     return run_command(TuneConfig, argv, "tune", run_search, summary, {(NoTrialFinished, TrackingFailed): 1})
 
 

@@ -1,7 +1,6 @@
 """How a search's trials reach Spark, each trial an MLflow child run of the search's run.
 
-A trial that diverges fails and the search goes on; any other exception ends the search.
-"""
+A trial that diverges fails and the search goes on; any other exception ends the search."""
 from __future__ import annotations
 
 import logging
@@ -51,8 +50,7 @@ def run_mlflow_spark(space: SearchSpace, trial_fn: TrialFunction, trials: int, p
     Each task copies and reseeds the sampler, so the settings drawn differ from run to run.
 
     Returns:
-        ``(parent run id, [TrialRecord])`` in trial order.
-    """
+        ``(parent run id, [TrialRecord])`` in trial order."""
     from mlflow.optuna.storage import MlflowStorage
     from mlflow.pyspark.optuna.study import MlflowSparkStudy
 
@@ -86,10 +84,7 @@ def _fixed(params: Dict):
 
 def run_ask_tell(space: SearchSpace, trial_fn: TrialFunction, trials: int, parallel: int, seed: int,
                  client, experiment_id: str, name: str, spark) -> tuple:
-    """The trials in rounds of ``parallel``: asked on the driver, trained as Spark tasks, told on the driver.
-
-    The sampler stays on the driver, so the same seed draws the same settings; returns as `run_mlflow_spark`.
-    """
+    """The trials in rounds of ``parallel``: asked and told on the driver (a seed repeats them), trained in Spark."""
     import optuna
 
     from pipelines.training.divergence import TrainingDiverged

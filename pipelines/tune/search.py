@@ -38,8 +38,7 @@ class NoTrialFinished(RuntimeError):
 
 @dataclass(frozen=True)
 class SearchResult:
-    """A finished search: its run, the trials, the ``chosen`` one, the refit's ``final`` result and the record's path.
-    """
+    """A finished search: its run, the trials, the ``chosen`` one, the refit's ``final`` result, the record's path."""
 
     run_id: str
     runner: str
@@ -75,8 +74,7 @@ def run_search(config: TuneConfig) -> SearchResult:
 
     Raises:
         Refused: no complete feature set (before Spark starts), or a tracking store that cannot be used.
-        NoTrialFinished: every trial diverged.
-    """
+        NoTrialFinished: every trial diverged."""
     features = find_feature_set(config.data, config.backbone, config.weights, config.image_size, config.seed,
                                 config.storage_options)
     trk.check_store(config.tracking_uri)
@@ -141,8 +139,7 @@ def _log_parent(client, parent: str, config: TuneConfig, chosen: TrialRecord, fi
 
 
 def summary(result: SearchResult) -> str:
-    """The lines ``jobs/tune.py`` prints: the trials, the chosen one, its test accuracy and its ``jobs/train.py`` flags.
-    """
+    """The lines ``jobs/tune.py`` prints: the trials, the chosen one, its test accuracy, its ``jobs/train.py`` flags."""
     failed = sum(r.result is None for r in result.trials)
     c, f = result.chosen, result.final
     lines = [f"tune: {len(result.trials)} trials ({failed} failed) in {result.seconds:.1f} s via {result.runner}; "

@@ -13,8 +13,7 @@ DIGITS = 3
 
 @dataclass(frozen=True)
 class Range:
-    """A searched setting's range ``low`` < ``high``: log scale with ``log`` (ends > 0), integers with ``integer``.
-    """
+    """A searched setting's range ``low`` < ``high``: log scale with ``log`` (ends > 0), integers with ``integer``."""
 
     low: float
     high: float
@@ -27,8 +26,7 @@ def parse_range(flag: str, text: str, at_least: Optional[float] = None, below: O
     """``LOW,HIGH`` as a `Range` of the flag ``flag``, within the bounds ``at_least`` and ``below`` when given.
 
     Raises:
-        Refused: not two numbers, NaN or an infinity, ``LOW >= HIGH``, or an end outside the bounds; naming ``flag``.
-    """
+        Refused: not two numbers, NaN or an infinity, ``LOW >= HIGH``, or an end outside the bounds; naming ``flag``."""
     parts = [part.strip() for part in str(text).split(",")]
     try:
         low, high = (int(p) if integer else float(p) for p in parts) if len(parts) == 2 else (None, None)

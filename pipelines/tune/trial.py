@@ -1,7 +1,6 @@
 """One trial: the head trained on cached features in this process alone (no Horovod, no Spark), validated exactly.
 
-It steps as ``jobs/train.py`` on ``ranks`` ranks does: Nadam at ``base_lr x ranks`` on ``batch_size x ranks`` rows.
-"""
+It steps as ``jobs/train.py`` on ``ranks`` ranks does: Nadam at ``base_lr x ranks`` on ``batch_size x ranks`` rows."""
 from __future__ import annotations
 
 import math
@@ -70,8 +69,7 @@ def train_head(settings: HeadSettings, plan: TrialPlan, train: Split, validation
 
     Raises:
         TrainingDiverged: a non-finite loss or metric.
-        Refused: a global batch larger than the train split.
-    """
+        Refused: a global batch larger than the train split."""
     from pipelines.stack.kerasapi import keras
     from pipelines.training.callbacks import BestWeightsEarlyStopping
     from pipelines.training.data.features import feature_dataset
@@ -122,8 +120,7 @@ def _one_pass(split: Split):
 
 
 def evaluate(model, split: Split) -> Tuple[float, float]:
-    """The exact mean loss and accuracy of ``model`` over every row of ``split``; `TrainingDiverged` if not finite.
-    """
+    """The exact mean loss and accuracy of ``model`` over every row of ``split``; `TrainingDiverged` if not finite."""
     loss, accuracy = (float(v) for v in model.evaluate(_one_pass(split), verbose=0))
     if not math.isfinite(loss):
         raise TrainingDiverged(f"the trained head's loss is {loss}")
@@ -137,8 +134,7 @@ def run_trial(settings: HeadSettings, plan: TrialPlan, train: Split, validation:
 
 def refit_and_test(settings: HeadSettings, plan: TrialPlan, train: Split, validation: Split,
                    test: Split) -> TrialResult:
-    """The chosen settings trained again with the same seed, then evaluated on ``test``: the search's one test reading.
-    """
+    """The chosen settings trained again with the same seed, evaluated on ``test``: the search's one test reading."""
     model, result = train_head(settings, plan, train, validation)
     test_loss, test_accuracy = evaluate(model, test)
     return replace(result, test_loss=test_loss, test_accuracy=test_accuracy)
