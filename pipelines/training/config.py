@@ -194,6 +194,8 @@ class ComputeOptions:
                                  "(tf.function(jit_compile=True); Horovod's allreduce and the update stay "
                                  "TensorFlow ops: pipelines/training/model/build.py, xla_train_step); off: not "
                                  "(default)")
+    deterministic_ops: bool = field(False, help="TensorFlow's op determinism: on a GPU the same seed gives the "
+                                                "same weights, at some speed")
 
     @property
     def xla_on(self) -> bool:

@@ -90,3 +90,5 @@ def _place_process(config: TrainConfig, handed: RankEnvironment, announce: bool,
     _PROCESS.update(threads=threads_per_rank(config.compute.threads, local_size), precision=policy)
     tf.config.threading.set_intra_op_parallelism_threads(_PROCESS["threads"])
     tf.config.threading.set_inter_op_parallelism_threads(2)
+    if config.compute.deterministic_ops:  # deterministic kernels on a GPU; a CPU's are already (docs/training.md)
+        tf.config.experimental.enable_op_determinism()
