@@ -24,38 +24,29 @@ class ETLConfig:
     Raises `Refused` naming the flag: a value of another type or out of range, an unusable input or output.
     """
 
-    input: str = field(help="root of the image tree, a local path or a URI (s3://bucket/prefix): "
-                            "ROOT/CLASS/*.{jpg,jpeg,png,gif,bmp,webp,tif,tiff}, "
-                            "CLASS all NNN.name (label NNN-1) or all plain names (labels by sorted name)")
-    output: str = field(help="output folder, a local path or a URI (s3://bucket/prefix): manifest.json naming "
-                             "the Parquet files of the last run under runs/RUN_ID/")
+    input: str = field(help="image tree ROOT/CLASS/IMAGE (path or s3://bucket/prefix); CLASS names all NNN.name "
+                            "or all plain")
+    output: str = field(help="output folder, a path or URI (s3://bucket/prefix): manifest.json, runs/RUN_ID/ "
+                             "Parquet splits")
     image_size: int = field(DEFAULT_IMAGE_SIZE, help="side of the square output images, pixels")
     test_fraction: float = field(0.1, help="share of each class's files in the test split, in (0, 1)")
-    validation_fraction: float = field(0.1, help="share of each class's files in the validation split (the one "
-                                                 "training chooses its epoch on), in (0, 1); with "
-                                                 "--test-fraction it must leave files to train on")
+    validation_fraction: float = field(0.1, help="share of each class's files in the validation split, in (0, 1); "
+                                                 "its sum with --test-fraction < 1")
     seed: int = field(42, help="seed of the deterministic train/validation/test assignment")
     # 32 MiB: fastest in the loader benchmark's sweep (docs/benchmarks.md), and still >= 25 test row groups
     # for a Caltech-256-sized input (30,607 images at 299 px, 10 % test)
-    row_group_mb: float = field(32.0, help="target uncompressed row-group size, MiB (larger row groups read "
-                                           "faster, down to --min-row-groups per split)")
-    min_row_groups: int = field(8, help="each split gets at least this many row groups when it has "
-                                        "that many rows: the largest Horovod world size it can feed")
-    max_pixels: int = field(DEFAULT_MAX_PIXELS, help="images with more pixels are rejected as "
-                                                     "decompression bombs")
-    max_file_mb: float = field(50.0, help="files larger than this are rejected unread, MiB; a task holds one "
-                                          "file and its decoded pixels at a time, and values the executors' "
-                                          "memory cannot hold are refused before Spark runs")
-    dedupe: bool = field(True, help="hash every candidate's bytes and decoded pixels first (one more Spark "
-                                    "pass) and write one file per image, the other copies (same pixels in "
-                                    "any format or metadata) recorded as rejections (a duplicate, or a "
-                                    "label conflict across classes), and warn of look-alikes (re-encoded "
-                                    "or resized copies); --no-dedupe writes every copy, and copies may "
-                                    "then be in two splits")
+    row_group_mb: float = field(32.0, help="target uncompressed row-group size, MiB, in (0, 1024]; fewer rows "
+                                           "if a split needs --min-row-groups")
+    min_row_groups: int = field(8, help="minimum row groups per split (when it has the rows): the largest "
+                                        "world size training can use")
+    max_pixels: int = field(DEFAULT_MAX_PIXELS, help="images with more pixels are rejected as decompression bombs")
+    max_file_mb: float = field(50.0, help="files larger than this are rejected unread, MiB; refused before "
+                                          "Spark if executors cannot hold it")
+    dedupe: bool = field(True, help="keep one copy of each image, reject the rest (one more Spark pass); "
+                                    "else copies may cross splits")
     num_partitions: int = field(0, help="Spark tasks for hashing and decoding; 0 = at least 2 per core and "
-                                         "at most 500 images a task (progress moves task by task)")
-    master: Optional[str] = field(None, help="Spark master when not set by spark-submit "
-                                             "(default local[*])")
+                                         "at most 500 images a task")
+    master: Optional[str] = field(None, help="Spark master when not set by spark-submit (default local[*])")
     verbose: Optional[bool] = verbose_field("Spark's INFO log")
     tracking: Optional[bool] = field(None, help=trk.HELP["tracking"])
     tracking_uri: str = field("", help=trk.HELP["tracking_uri"])

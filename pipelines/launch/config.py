@@ -25,38 +25,25 @@ class LaunchConfig:
     """Where and how the ranks run: ``np`` ranks (Horovod's and Databricks' ``HorovodRunner`` name)."""
 
     np: int = field(0, flag="--spark-np",
-                    help="launch the ranks from this process with HorovodRunner: N > 0 runs N Spark barrier tasks "
-                         "on the session's cluster (spark-submit --master ...), N < 0 runs -N local processes; "
-                         "0 = this process is a rank (horovodrun)")
-    slots_timeout: float = field(60.0, help="with --spark-np N > 0: seconds to wait for the cluster's executors to "
-                                            "offer N task slots (they register some seconds after a session "
-                                            "starts) before refusing the run")
-    network_interface: str = field("", help="with --spark-np: the network interface Horovod's Gloo (and NCCL) "
-                                            "use on every host (e.g. eth0), used as given or refused when a host "
-                                            "lacks it; default: HOROVOD_GLOO_IFACE, else the interface of each "
-                                            "host's address (lo for loopback addresses)")
-    max_failures: int = field(0, help="with --spark-np: relaunch the job up to this many times from its newest "
-                                      "complete checkpoint when a rank's process or host is lost (killed, "
-                                      "OOM-killed, executor or host lost); an error of the job itself is never "
-                                      "retried; 0 = fail at the first failure")
-    min_np: Optional[int] = field(None, help="with --spark-np N > 0 and --max-failures: a relaunch after a lost rank "
-                                             "runs on the task slots the cluster offers then, if at least this many "
-                                             "(waiting up to --slots-timeout for them), from the newest complete "
-                                             "checkpoint; default N (relaunch at the same world size). Under "
-                                             "horovodrun: horovodrun's own --min-np (docs/cluster.md)")
+                    help="ranks to launch: N > 0 Spark barrier tasks, N < 0 -N local ones; "
+                         "0 = this is a rank (horovodrun)")
+    slots_timeout: float = field(60.0, help="with --spark-np N > 0: seconds to wait for N task slots before "
+                                            "refusing the run")
+    network_interface: str = field("", help="with --spark-np: the hosts' Gloo interface, e.g. eth0; "
+                                            "default: HOROVOD_GLOO_IFACE or each host's")
+    max_failures: int = field(0, help="with --spark-np: most relaunches from the newest checkpoint after a rank "
+                                      "or host is lost; 0 = none")
+    min_np: Optional[int] = field(None, help="with --spark-np N > 0 and --max-failures: fewest slots a relaunch may "
+                                             "run on; default N")
     max_np: Optional[int] = field(None, help="with --min-np: a relaunch takes at most this many slots (>= N); "
                                              "default N")
 
     rendezvous_timeout: float = field(DEFAULT_RENDEZVOUS_TIMEOUT_S,
-                                      help="seconds every rank waits in Gloo's rendezvous for the others to start "
-                                           "(Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS, whose own default is 30); a rank "
-                                           "that misses it is named; under horovodrun its --gloo-timeout-seconds, "
-                                           "when given, is kept")
+                                      help="seconds each rank waits in Gloo's rendezvous for the others "
+                                           "(HOROVOD_GLOO_TIMEOUT_SECONDS)")
     stall_timeout: float = field(DEFAULT_STALL_TIMEOUT_S,
-                                 help="seconds a live rank may train without progress (no step, epoch or "
-                                      "validation ends) before it ends as stalled, naming itself, its host and "
-                                      "where it stopped; a stalled rank is a lost one to --max-failures; on both "
-                                      "launch paths")
+                                 help="seconds a rank may go without progress before it ends as stalled "
+                                      "(a lost rank to --max-failures)")
 
     def __post_init__(self) -> None:
         if not isinstance(self.np, int) or isinstance(self.np, bool):

@@ -27,23 +27,19 @@ class PredictConfig:
     Raises `Refused`, naming the flag, for a value of another type or out of range, or an unusable path.
     """
 
-    model: str = field(help="the model: a model.keras file (model.json beside it), a training run's output "
-                            "folder, or an MLflow URI models:/NAME/VERSION or runs:/RUN_ID/PATH")
-    input: str = field(help="a folder tree of images, any layout (labels from top-level folders named "
-                            "NNN.name or after a class of the model), or an ETL output split (ETL/test)")
-    output: str = field(help="output Parquet folder, e.g. out/predictions.parquet: one row per input image; "
-                             "_summary.json, _skipped.jsonl and _confusion.png inside it")
+    model: str = field(help="model.keras (with model.json), a training run's folder, or models:/NAME/VERSION "
+                            "or runs:/RUN_ID/PATH")
+    input: str = field(help="a folder tree of images, any layout, or an ETL output split (ETL/test)")
+    output: str = field(help="output Parquet folder, e.g. out/predictions.parquet: one row per input image")
     top_k: int = field(3, help="labels and probabilities kept per image (at most the number of classes)")
     batch_size: int = field(32, help="images per model call in each Python worker")
-    class_names: str = field("", help="a JSON list of class names (a run's class_names.json), for an MLflow "
-                                      "model whose metadata has no class_names")
+    class_names: str = field("", help="JSON list of class names (a run's class_names.json), for an MLflow "
+                                      "model without them")
     max_file_mb: float = field(50.0, help="files larger than this are rows with a reason, never read, MiB")
-    num_partitions: int = field(0, help="Spark partitions of an image tree; 0 = at least 2 per core and at "
-                                         "most 256 images a task (an ETL split: about 256 rows a task)")
+    num_partitions: int = field(0, help="Spark partitions; 0 = at least 2 per core and at most about 256 images a task")
     threads: int = field(0, help="TensorFlow threads per Python worker; 0 = spark.task.cpus (1 by default)")
-    arrow_batch_rows: int = field(0, help="rows per Arrow batch sent to a Python worker "
-                                          "(spark.sql.execution.arrow.maxRecordsPerBatch); 0 = whole model "
-                                          "batches of at most 8 MiB of images")
+    arrow_batch_rows: int = field(0, help="rows per Arrow batch sent to a Python worker; 0 = whole model "
+                                          "batches of at most 8 MiB")
     master: Optional[str] = field(None, help="Spark master when not set by spark-submit (default local[*])")
     verbose: Optional[bool] = verbose_field("Spark's INFO log")
 

@@ -52,22 +52,16 @@ def profile_range(text: str) -> Union[int, Tuple[int, int]]:
 class LoaderOptions:
     """loader: the ETL output (--data) and how each rank reads its shard"""
 
-    data: str = field(help="ETL output: a folder, file:// or a URI such as s3://bucket/etl (manifest.json and the "
-                           "Parquet files it names)")
+    data: str = field(help="ETL output (its manifest.json): a folder, file:// or a URI such as s3://bucket/etl")
     reader: str = field("",
-                        help="how ranks read their shard: petastorm, or own (pyarrow: where Petastorm cannot run); "
-                             "default: the installed stack's (petastorm on the mission stack, own on the current "
-                             "one: pipelines/stack/__init__.py)")
-    reader_workers: int = field(2, help="reader threads per rank of --reader own (Petastorm's reads with one: "
-                                        "its seeded order holds with one thread only)")
-    cache_dir: str = field("", help="Petastorm local-disk cache root, a local folder by design (a URI is "
-                                    "refused: the cache is each rank's own disk; default: a temp folder); each "
-                                    "rank and split gets its own subfolder")
+                        help="how ranks read their shard: petastorm or own (pyarrow); default: the installed stack's")
+    reader_workers: int = field(2, help="reader threads per rank of --reader own (petastorm always uses one)")
+    cache_dir: str = field("", help="row-group cache root on local disk (a URI is refused); default: a "
+                                    "temporary folder")
     shuffle_buffer: int = field(256, help="images in the shuffle buffer (uint8, before preprocessing)")
-    augment: bool = field(False, help="random horizontal flips of the training images (turns the feature "
-                                      "cache off: features would change every epoch)")
-    feature_cache: bool = field(False, help="compute the frozen backbone's features once (Parquet next to the "
-                                            "data, reused by later runs) and train only the head on them")
+    augment: bool = field(False, help="random horizontal flips of the training images (turns --feature-cache off)")
+    feature_cache: bool = field(False, help="compute the frozen backbone's features once (kept beside the data) "
+                                            "and train only the head on them")
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -88,23 +82,18 @@ class LoaderOptions:
 class ModelOptions:
     """model: the network, its weights and input side, fine-tuning"""
 
-    backbone: str = field("xception", help="the frozen feature extractor: xception (the article's; ImageNet "
-                                           "weights) or tiny (two random convolutions, with --weights none: "
-                                           "checks a pipeline or a cluster end to end in seconds, not for "
-                                           "accuracy)")
+    backbone: str = field("xception", help="frozen feature extractor: xception (the article's) or tiny (with "
+                                           "--weights none: smoke tests)")
     weights: str = field("imagenet", help="backbone weights: imagenet (Keras download), none (random), "
                                           "or the path of a no-top weights file")
     # the model's input side (input_size), named as its flag --image-size; the stored side is the data's
     image_size: int = field(0, help="side of the model's input in pixels; 0 = the ETL's size "
                                     "(a smaller size resizes on the fly)")
     dropout: float = field(0.5, help="dropout rate before the softmax head")
-    fine_tune_blocks: int = field(0, help="after the head has converged (early stopping or --epochs), unfreeze the "
-                                          "backbone's top N blocks (Xception: block14 down, 1..14; tiny: 1..2) and "
-                                          "train on, on images, batch-norm kept in inference mode; 0 = the backbone "
-                                          "stays frozen (pipelines/training/model/finetune.py)")
-    fine_tune_lr: float = field(KERAS_GUIDE_LR_FACTOR, help="phase 2's learning rate = this factor x phase 1's "
-                                "(base_lr x world size); 0.01 is the Keras transfer-learning guide's (Adam 1e-3, "
-                                "then 1e-5)")
+    fine_tune_blocks: int = field(0, help="after the head converges, unfreeze the backbone's top N blocks (xception "
+                                          "1..14, tiny 1..2); 0 = none")
+    fine_tune_lr: float = field(KERAS_GUIDE_LR_FACTOR, help="fine-tuning's learning rate as a factor of "
+                                "the head's, in (0, 1]")
     fine_tune_epochs: int = field(0, help="maximum epochs of the fine-tuning phase, with the same early stopping; "
                                           "0 = --epochs")
 
@@ -132,27 +121,21 @@ class FitOptions:
     base_lr: float = field(0.001, help="learning rate of one rank; scaled by the world size")
     weight_decay: float = field(0.0, help="Nadam's decoupled weight decay (>= 0; 0 = none)")
     warmup_epochs: float = field(0.0, help="epochs of linear warmup from base_lr to base_lr x world size")
-    stopping: str = field("converge", help="early stopping's rule (pipelines/training/stopping.py, docs/training.md): "
-                                           "converge (val_loss; patience in optimizer steps with a floor in epochs: "
-                                           "the same at any data size) or article (val_accuracy, 3 epochs, "
-                                           "min_delta 0.001); --monitor, --patience, --patience-steps and "
-                                           "--min-delta replace its values")
-    monitor: str = field("", help="early stopping: the exact validation metric watched, val_loss (lower is "
-                                  "better) or val_accuracy (higher); default: the --stopping rule's")
-    patience: Optional[int] = field(None, help="early stopping: the floor, at least this many epochs without a gain "
-                                               "(>= 1); default: the --stopping rule's")
-    patience_steps: Optional[int] = field(None, help="early stopping: optimizer steps without a gain before the "
-                                                     "run stops, rounded up to whole epochs (>= 0; 0: epochs "
-                                                     "only); default: the --stopping rule's")
-    min_delta: Optional[float] = field(None, help="early stopping: smallest change of --monitor that counts as a "
-                                                  "gain (>= 0); default: the --stopping rule's")
+    stopping: str = field("converge", help="early stopping's rule: converge (val_loss, patience in steps) or "
+                                           "article (val_accuracy, in epochs)")
+    monitor: str = field("", help="early stopping: the metric watched, val_loss or val_accuracy; default: "
+                                  "the --stopping rule's")
+    patience: Optional[int] = field(None, help="early stopping: at least this many epochs without a gain (>= 1); "
+                                               "default: the --stopping rule's")
+    patience_steps: Optional[int] = field(None, help="early stopping: steps without a gain (>= 0; 0: epochs only); "
+                                                     "default: the --stopping rule's")
+    min_delta: Optional[float] = field(None, help="early stopping: least change of --monitor that is a gain (>= 0); "
+                                                  "default: the --stopping rule's")
     seed: int = field(42, help="seed of weights initialisation, shuffling and dropout")
-    checkpoint_every_steps: Optional[int] = field(None, help="also checkpoint within an epoch every N training steps "
-                                                        "(with the data position: --resume then continues at that "
-                                                        "step exactly); default: by --checkpoint-every-minutes only")
+    checkpoint_every_steps: Optional[int] = field(None, help="also checkpoint every N training steps (--resume continues "
+                                                        "there exactly); default: by minutes only")
     checkpoint_every_minutes: Optional[float] = field(DEFAULT_CHECKPOINT_MINUTES, help="also checkpoint within an "
-                                                      "epoch when this many minutes have passed since the last "
-                                                      "checkpoint (rank 0's clock)")
+                                                      "epoch this many minutes after the last checkpoint")
 
     @property
     def rule(self) -> rules.StoppingRule:
@@ -181,21 +164,16 @@ class FitOptions:
 class ComputeOptions:
     """compute: how each rank computes (threads, cores, precision, XLA, the allreduce's compression)"""
 
-    threads: int = field(0, help="TensorFlow intra-op threads per rank; 0 = the cores this process may use / "
-                                 "local ranks")
-    bind_cores: bool = field(False, help="bind each rank and its threads to --threads cores of its own (CPU "
-                                         "training on a host the ranks fill: local ranks x threads <= cores)")
-    fp16_allreduce: bool = field(False, help="allreduce gradients as float16 (Horovod's Compression.fp16): half "
-                                             "the bytes on the wire, the weights and the update stay float32")
+    threads: int = field(0, help="TensorFlow intra-op threads per rank; 0 = usable cores / local ranks")
+    bind_cores: bool = field(False, help="bind each rank and its threads to --threads cores of its own (local "
+                                         "ranks x threads <= cores)")
+    fp16_allreduce: bool = field(False, help="allreduce gradients as float16: half the bytes on the wire; weights "
+                                             "and update stay float32")
     mixed_precision: bool = field(False, help="Keras' mixed_float16 policy on a GPU (float16 compute, float32 "
-                                              "weights and softmax, loss scaling); on a CPU it is not used (rank 0 "
-                                              "says so once)")
-    xla: str = field("off", help="on: the model's forward and backward pass compiled by XLA "
-                                 "(tf.function(jit_compile=True); Horovod's allreduce and the update stay "
-                                 "TensorFlow ops: pipelines/training/model/build.py, xla_train_step); off: not "
-                                 "(default)")
-    deterministic_ops: bool = field(False, help="TensorFlow's op determinism: on a GPU the same seed gives the "
-                                                "same weights, at some speed")
+                                              "weights); ignored on a CPU")
+    xla: str = field("off", help="on: compile the model's forward and backward pass with XLA; off: not (default)")
+    deterministic_ops: bool = field(False, help="TensorFlow's op determinism: the same seed, the same weights on "
+                                                "a GPU too, at some speed")
 
     @property
     def xla_on(self) -> bool:
@@ -213,27 +191,21 @@ class ComputeOptions:
 class OutputOptions:
     """outputs: --output, what a run may do with it, TensorBoard, MLflow"""
 
-    output: str = field(help="folder or URI (s3://bucket/run) for checkpoints, logs, metrics.json and the final "
-                             "model; for a URI, rank 0 writes in a local temporary folder and uploads each "
-                             "checkpoint as it completes and the rest at the end")
-    overwrite: bool = field(False, help="start afresh in an --output that holds another training run: delete "
-                                        "the files that run recorded (train_run.json, its checkpoints, model, "
-                                        "metrics), nothing else")
-    resume: bool = field(False, help="continue the run whose newest complete checkpoint is in --output (refused "
-                                     "when that run's settings or data differ from this one's)")
-    probe: bool = field(True, help="after training on the feature cache, rank 0 fits the linear probe (a logistic "
-                                   "regression on the same frozen features, C chosen on validation: "
-                                   "pipelines/training/probe.py) and reports it beside the model")
+    output: str = field(help="folder or URI (s3://bucket/run) for checkpoints, logs, metrics.json and the final model")
+    overwrite: bool = field(False, help="start afresh in an --output holding another run: delete that run's "
+                                        "recorded files only")
+    resume: bool = field(False, help="continue from the newest complete checkpoint in --output (refused if "
+                                     "settings or data differ)")
+    probe: bool = field(True, help="with --feature-cache, also fit and report a linear probe (logistic "
+                                   "regression on the features)")
     tensorboard: bool = field(True, help="write TensorBoard logs on rank 0")
-    profile_steps: str = field("", help="FIRST,LAST: TensorFlow's profile of these training steps (1-based, counted "
-                                        "across epochs) on rank 0, into the TensorBoard logs: its input-pipeline "
-                                        "analysis splits a step into waiting on input and compute; empty: none")
+    profile_steps: str = field("", help="FIRST,LAST: profile these training steps (1-based, across epochs) into "
+                                        "TensorBoard; empty: none")
     tracking: Optional[bool] = field(None, help=trk.HELP["tracking"] + "; rank 0 logs one run per job")
     tracking_uri: str = field("", help=trk.HELP["tracking_uri"])
     experiment: str = field("pipelines-train", help=trk.HELP["experiment"])
     run_name: str = field("", help=trk.HELP["run_name"])
-    register_model: str = field("", help="register the trained model in MLflow's model registry under this name "
-                                         "(a new version, tagged with its test_accuracy)")
+    register_model: str = field("", help="register the trained model in MLflow's model registry under this name")
 
     @property
     def profile_batch(self) -> Union[int, Tuple[int, int]]:

@@ -28,33 +28,30 @@ class TuneConfig:
     Raises `Refused`, naming the flag: a value of another type, a count below 1, a bad range, an unknown name.
     """
 
-    data: str = field(help="ETL output whose feature cache (DATA/features/<key>/, made by jobs/train.py "
-                           "--feature-cache) the trials read")
+    data: str = field(help="ETL output whose feature cache (made by jobs/train.py --feature-cache) the trials read")
     output: str = field(help="local folder for the search's record (tune.json) and, by default, its MLflow store")
     backbone: str = field("xception", help="backbone the features were computed with (xception or tiny)")
-    weights: str = field("imagenet", help="the backbone's weights the features were computed with: imagenet, "
-                                          "none (random, seeded by --seed) or the path of a weights file")
+    weights: str = field("imagenet", help="weights the features were computed with: imagenet, none (random, "
+                                          "seeded by --seed) or a file path")
     image_size: int = field(0, help="the backbone's input side the features were computed at; 0 = the ETL's size")
     trials: int = field(16, help="trials in all (each trains the head once)")
     parallel: int = field(0, help="trials run at once, one Spark task each; 0 = Spark's default parallelism")
     base_lr_range: str = field("0.0001,0.01", help="LOW,HIGH of --base-lr (one rank's learning rate), log scale")
     dropout_range: str = field("0.0,0.7", help="LOW,HIGH of --dropout, in [0, 1)")
-    weight_decay_range: str = field("0.00001,0.1", help="LOW,HIGH of --weight-decay (Nadam's decoupled weight "
+    weight_decay_range: str = field("0.00001,0.1", help="LOW,HIGH of --weight-decay (Nadam's decoupled "
                                                         "decay), log scale")
-    patience_steps_range: str = field("25,400", help="LOW,HIGH of --patience-steps (early stopping's patience "
-                                                     "in optimizer steps), integers")
-    stopping: str = field("converge", help="the early-stopping rule of every trial (pipelines/training/stopping.py; "
-                                           "its patience in steps is searched)")
+    patience_steps_range: str = field("25,400", help="LOW,HIGH of --patience-steps (early stopping's "
+                                                     "patience in steps), integers")
+    stopping: str = field("converge", help="early-stopping rule of every trial, converge or article (its patience "
+                                           "is searched)")
     epochs: int = field(200, help="maximum epochs of a trial")
     batch_size: int = field(16, help="rows per step of one rank, as jobs/train.py's --batch-size")
-    ranks: int = field(1, help="the training's world size the settings are for: a trial steps with "
-                               "batch-size x ranks rows at base-lr x ranks, as horovodrun -np RANKS does")
-    seed: int = field(42, help="seed of the sampler and of every trial's weights, dropout and shuffling "
-                               "(and of the random weights of --weights none)")
+    ranks: int = field(1, help="world size the settings are for: a trial steps batch-size x ranks rows "
+                               "at base-lr x ranks")
+    seed: int = field(42, help="seed of the sampler and of every trial's weights, dropout and shuffling")
     threads: int = field(1, help="TensorFlow threads per trial (a Spark task)")
-    runner: str = field("auto", help="how trials reach Spark: mlflow-spark (MLflow 3's MlflowSparkStudy), "
-                                     "ask-tell (the driver asks a round of trials, Spark tasks run them), "
-                                     "auto (mlflow-spark where MLflow has it)", choices=RUNNERS)
+    runner: str = field("auto", help="how trials reach Spark: mlflow-spark (MLflow 3), ask-tell, or auto "
+                                     "(mlflow-spark where it exists)", choices=RUNNERS)
     master: Optional[str] = field(None, help="Spark master when not set by spark-submit (default local[*])")
     tracking_uri: str = field("", help=trk.HELP["tracking_uri"])
     experiment: str = field("pipelines-tune", help=trk.HELP["experiment"])
