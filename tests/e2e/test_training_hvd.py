@@ -575,9 +575,10 @@ def test_under_horovodrun_every_rank_exits_2_and_rank_0_alone_says_why(reason, d
     errors = error_lines(text)
     assert len(errors) == 1 and "[train rank 0]" in errors[0] and message in errors[0], text[-3000:]
     # Every rank refuses with 2; horovodrun terminates the ranks still running once the first one
-    # exits (SIGTERM: 143), which may catch a rank that has refused but not yet exited.
+    # exits (SIGTERM: 143; a rank that takes the SIGTERM as a preemption notice and is still waiting on
+    # rank 0 is killed after horovodrun's grace: 137), which may catch a rank that has not yet exited.
     codes = [int(m.group(1)) for m in re.finditer(r"^Process \d+ exit with status code (-?\d+)\.$", text, re.M)]
-    assert codes and codes[0] == 2 and set(codes) <= {2, 143}, text[-3000:]
+    assert codes and codes[0] == 2 and set(codes) <= {2, 137, 143}, text[-3000:]
     assert "Exit code: 2" in text
 
 
