@@ -10,6 +10,7 @@ from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
 from pipelines.tune.config import TuneConfig
 from pipelines.tune.runners import PARENT_TAG, has_mlflow_spark_study, log_trial_metrics, run_ask_tell, run_mlflow_spark
+from pipelines.tune.space import significant
 from tests.support.env import BIN, REPO, subprocess_env
 from tests.support.imagegen import make_tree
 from tests.support.training import train
@@ -50,7 +51,9 @@ def test_each_trial_is_a_child_run_and_a_diverging_one_fails_while_the_search_go
         run = runs[record.run_id]
         assert run.info.status == ("FAILED" if failed else "FINISHED")
         assert (record.result is None) == failed and (record.error is not None) == failed
-        assert float(run.data.params["base_lr"]) == pytest.approx(record.settings.base_lr, rel=2e-3)
+        # the run's param is the drawn value (MLflow's Spark study logs Optuna's own); the settings keep it
+        # to DIGITS significant digits
+        assert significant(float(run.data.params["base_lr"])) == record.settings.base_lr
         if not failed:
             assert run.data.metrics["val_loss"] == record.result["val_loss"] == record.settings.dropout + 1.0
 
