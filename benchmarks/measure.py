@@ -39,14 +39,15 @@ def write_csv(rows: Sequence[Dict], path: str) -> None:
 def time_to_best(setup_seconds: float, epoch_seconds: Sequence[float], best_epoch: int) -> float:
     """Seconds from job start to the end of the best epoch (1-based ``best_epoch``, whose
     validation accuracy is known when it ends): ``setup_seconds`` spent before ``fit`` (processes,
-    model, data and, for the feature cache, computing the features) plus the epochs up to and
-    including the best one (each with its validation pass).
+    model, data and, for the feature cache, computing the features and fitting the probe) plus the
+    epochs up to and including the best one (each with its validation pass). Epoch 0 is the start,
+    the linear probe's head kept: ``setup_seconds`` alone.
 
     Raises:
-        ValueError: ``best_epoch`` outside ``1..len(epoch_seconds)``.
+        ValueError: ``best_epoch`` outside ``0..len(epoch_seconds)``.
     """
-    if not 1 <= best_epoch <= len(epoch_seconds):
-        raise ValueError(f"best epoch {best_epoch} is not one of the {len(epoch_seconds)} epochs run")
+    if not 0 <= best_epoch <= len(epoch_seconds):
+        raise ValueError(f"best epoch {best_epoch} is not one of the {len(epoch_seconds)} epochs run, nor the start")
     return setup_seconds + sum(epoch_seconds[:best_epoch])
 
 

@@ -82,6 +82,7 @@ horovodrun -np "$NP" -H "localhost:$NP" --gloo \
 python - "$OUT/train/metrics.json" <<'PY'
 import json, os, sys
 from pipelines.runtime.logs import plural
+from pipelines.training.records.report import best_name
 m = json.load(open(sys.argv[1]))
 t, v = m["test"], m["validation"]
 out = os.path.dirname(sys.argv[1])
@@ -89,7 +90,7 @@ print(f"\nexact test accuracy: {t['accuracy']:.4f} on {plural(t['count'], 'image
       f"({plural(m['num_classes'], 'class')}, chance {1 / m['num_classes']:.3f}); test loss {t['loss']:.4f}; "
       "the test split was read once, after training, and chose nothing")
 print(f"exact validation accuracy of the best epoch: {v['accuracy']:.4f} on {plural(v['expected_count'], 'image')} "
-      f"(the split that chose epoch {m['best_epoch']})")
+      f"(the split that chose epoch {best_name(m['best_epoch'])})")
 p = m.get("probe") or {}
 if p.get("test_accuracy") is not None:
     print(f"linear probe beside it: test accuracy {p['test_accuracy']:.4f}, validation accuracy "
@@ -102,7 +103,11 @@ if s:
     print(f"early stopping: --stopping {s['rule']} ({s['monitor']}, patience {plural(s['patience'], 'epoch')} = "
           f"max({s['patience_epochs']}, {s['patience_steps']} steps / {s['steps_per_epoch']} an epoch)); "
           + (f"stopped after epoch {s['stopped_epoch']}" if s["stopped_epoch"] else "the epochs ran out"))
-print(f"epochs run {m['epochs_run']}, best epoch {m['best_epoch']}, world size {m['world_size']}, "
+h = m.get("head") or {}
+if h:
+    print(f"the head started from the {m['head_init']}'s weights; kept: the {h['kept']} head (validation loss: "
+          f"trained {h['trained']['loss']:.4f}, the probe's {h['probe']['loss']:.4f})")
+print(f"epochs run {m['epochs_run']}, best epoch {best_name(m['best_epoch'])}, world size {m['world_size']}, "
       f"global batch {m['global_batch_size']}, {m['train_images_per_second']:.1f} training images/s")
 print(f"model: {out}/model.keras (takes the ETL's uint8 RGB images: {out}/model.json)   report: {sys.argv[1]}")
 print("pictures:")

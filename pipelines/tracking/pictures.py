@@ -82,7 +82,8 @@ def plot_history(history: List[Dict], path: str, best_epoch: Optional[int] = Non
                 ax.plot(epochs, values, style, label=label)
         watched = f" ({monitor})" if monitor else ""
         if best_epoch is not None:
-            ax.axvline(best_epoch, color="green", alpha=0.6, label=f"best epoch {best_epoch}{watched}")
+            best = "the start (the linear probe's head)" if best_epoch == 0 else f"epoch {best_epoch}"
+            ax.axvline(best_epoch, color="green", alpha=0.6, label=f"best: {best}{watched}")
         if stopped_epoch is not None:
             ax.axvline(stopped_epoch, color="red", linestyle=":", label=f"stopped after epoch {stopped_epoch}")
         ax.set_xlabel("epoch")

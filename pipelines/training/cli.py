@@ -29,6 +29,7 @@ from pipelines.training.plan import check_run
 from pipelines.training.preemption import PREEMPTED_EXIT, Preempted, resume_line
 from pipelines.training.records.mirror import check_output
 from pipelines.training.records.ownership import check_output_claim
+from pipelines.training.records.report import best_name
 from pipelines.training.train import run_training
 
 RANK_LOGS = "logs"  # under --output: each rank's whole output (HorovodRunner's log_dir)
@@ -111,7 +112,7 @@ def result_line(report: dict, output: str) -> str:
     chosen = (f" (validation accuracy {validation['accuracy']:.4f})"
               if validation.get("accuracy") is not None else "")
     return (f"test accuracy {test['accuracy']:.4f} (loss {test['loss']:.4f}) on {plural(test['count'], 'image')}; "
-            f"{plural(report['epochs_run'], 'epoch')}, best {report['best_epoch']}{chosen}; "
+            f"{plural(report['epochs_run'], 'epoch')}, best {best_name(report['best_epoch'])}{chosen}; "
             f"world size {report['world_size']}, global batch {report['global_batch_size']}; "
             f"model and report in {output}{tracked}")
 

@@ -24,6 +24,7 @@ from pipelines.training.model.build import check_backbone
 from pipelines.training.model.finetune import KERAS_GUIDE_LR_FACTOR, check_fine_tune
 
 XLA_CHOICES = ("off", "on")  # --xla
+HEAD_INITS = ("probe", "random")  # --head-init
 #: ``--epochs``' default: a bound that early stopping, not the count, ends a run within (docs/training.md)
 DEFAULT_EPOCHS = 200
 #: ``--checkpoint-every-minutes``'s default: at most this much work is redone after a preemption
@@ -90,6 +91,8 @@ class ModelOptions:
     image_size: int = field(0, help="side of the model's input in pixels; 0 = the ETL's size "
                                     "(a smaller size resizes on the fly)")
     dropout: float = field(0.5, help="dropout rate before the softmax head")
+    head_init: str = field("probe", help="the head's first weights: probe (the linear probe's, on cached "
+                                         "features) or random")
     fine_tune_blocks: int = field(0, help="after the head converges, unfreeze the backbone's top N blocks (xception "
                                           "1..14, tiny 1..2); 0 = none")
     fine_tune_lr: float = field(KERAS_GUIDE_LR_FACTOR, help="fine-tuning's learning rate as a factor of "
@@ -104,6 +107,8 @@ class ModelOptions:
     def __post_init__(self) -> None:
         check_types(self)
         check_number("dropout", self.dropout, at_least=0, below=1)
+        if self.head_init not in HEAD_INITS:
+            raise Refused(f"--head-init {self.head_init}: choose one of {', '.join(HEAD_INITS)}")
         at_least(0, image_size=self.image_size)
         # --fine-tune-lr: check_fine_tune's range (0, 1] refuses NaN and infinities too
         check_fine_tune(check_backbone(self.backbone, self.weights, self.image_size), self.fine_tune_blocks,

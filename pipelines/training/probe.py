@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -71,7 +71,8 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y
         threads: BLAS/OpenMP threads (``None``: the libraries' own).
 
     Returns:
-        dict: ``C``, accuracies, ``seconds``, sizes, ``converged``, the ``grid`` path; ties go to lower log-loss.
+        dict: ``C``, accuracies, ``seconds``, sizes, ``converged``, the ``grid`` path (ties go to lower log-loss),
+        and ``head``, the chosen probe as ``fold`` gives it (not JSON: pop it before writing the dict).
 
     Raises:
         ProbeRefused: bad shapes or grid, non-finite features, under two train classes, no validation rows,
@@ -97,7 +98,6 @@ def _fit(values, train_x, train_y, val_x, val_y, test_x, test_y, max_rows, max_i
     """``fit_probe``'s work, on checked arrays and grid."""
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import log_loss
     from sklearn.preprocessing import StandardScaler
 
     start = time.perf_counter()
@@ -113,13 +113,14 @@ def _fit(values, train_x, train_y, val_x, val_y, test_x, test_y, max_rows, max_i
             model.fit(fitted_x, train_y[rows])
         probabilities = model.predict_proba(scored_val)
         accuracy = float(np.mean(model.classes_[probabilities.argmax(axis=1)] == val_y))
-        loss = float(log_loss(val_y, probabilities, labels=model.classes_))
+        loss = log_loss(val_y, probabilities, model.classes_)
         iterations = int(np.max(model.n_iter_))
         path.append({"C": c, "validation_accuracy": accuracy, "validation_loss": loss, "iterations": iterations})
         key = (-accuracy, loss, c)
         if best_key is None or key < best_key:
             best_key, best = key, (c, model.coef_.copy(), model.intercept_.copy(), iterations)
     chosen, model.coef_, model.intercept_, iterations = best
+    head = fold(scaler.mean_, scaler.scale_, model.coef_, model.intercept_, model.classes_)
     test_accuracy = None
     if test_x is not None and test_y is not None:
         test_x, test_y = np.asarray(test_x), np.asarray(test_y).astype(np.int64)
@@ -129,4 +130,48 @@ def _fit(values, train_x, train_y, val_x, val_y, test_x, test_y, max_rows, max_i
     return {"C": chosen, "validation_accuracy": chosen_row["validation_accuracy"], "test_accuracy": test_accuracy,
             "seconds": time.perf_counter() - start, "rows": int(len(rows)), "train_rows": int(len(train_y)),
             "features": int(train_x.shape[1]), "classes": int(len(model.classes_)), "max_iter": max_iter,
-            "converged": iterations < max_iter, "grid": path}
+            "converged": iterations < max_iter, "grid": path, "head": head}
+
+
+def log_loss(labels: np.ndarray, probabilities: np.ndarray, classes: np.ndarray) -> float:
+    """Mean cross-entropy of int ``(n,)`` ``labels`` under ``(n, len(classes))`` probabilities, clipped at 1e-15.
+
+    A label no column names (a class the train split lacks) has probability 0: its row costs ``-log(1e-15)``."""
+    columns = {int(label): j for j, label in enumerate(classes)}
+    found = np.array([probabilities[i, columns[int(label)]] if int(label) in columns else 0.0
+                      for i, label in enumerate(labels)])
+    return float(-np.mean(np.log(np.clip(found, 1e-15, 1.0))))
+
+
+def fold(mean: np.ndarray, scale: np.ndarray, coef: np.ndarray, intercept: np.ndarray,
+         classes: np.ndarray) -> Dict[int, tuple]:
+    """The probe as a softmax layer on raw features: per class, ``(kernel (d,), bias)`` with the scaler folded in.
+
+    ``z = (x - mean) / scale`` and logits ``z @ coef.T + intercept`` become ``x @ kernel + bias``. A binary
+    probe has one row of ``coef``: the logit of ``classes[1]`` over a logit of 0 for ``classes[0]``."""
+    if len(coef) == 1 and len(classes) == 2:
+        coef, intercept = np.vstack([np.zeros_like(coef), coef]), np.concatenate([[0.0], intercept])
+    kernels = coef / scale
+    return {int(label): (kernels[j], float(intercept[j] - kernels[j] @ mean)) for j, label in enumerate(classes)}
+
+
+def start_is_better(start: Tuple[float, float], trained: Tuple[float, float], monitor: str) -> bool:
+    """Whether the probe's head (the start) beats the trained head on validation ``(loss, accuracy)``.
+
+    Compared on early stopping's ``monitor`` (``val_loss``: lower; else accuracy: higher); ties keep the trained
+    head. The start is a candidate of early stopping's choice, as every epoch is."""
+    if monitor == "val_loss":
+        return start[0] < trained[0]
+    return start[1] > trained[1]
+
+
+def head_weights(head: Dict[int, tuple], num_classes: int) -> List[np.ndarray]:
+    """``Dense(num_classes)``'s ``[kernel (d, num_classes), bias (num_classes,)]``, float32, from ``fold``'s head.
+
+    A class with no train rows gets a zero kernel and a bias 10 below the lowest fitted one (probability ~0)."""
+    width = len(next(iter(head.values()))[0])
+    kernel, bias = np.zeros((width, num_classes), np.float32), np.zeros(num_classes, np.float32)
+    bias[:] = min(b for _, b in head.values()) - 10.0
+    for label, (column, b) in head.items():
+        kernel[:, label], bias[label] = column, b
+    return [kernel, bias]

@@ -8,7 +8,7 @@ import logging
 import os
 import shutil
 import time
-from typing import Dict, Iterator, Optional
+from typing import Dict, Iterator, Optional, Tuple
 
 from pipelines import tracking
 from pipelines.contract import HISTORY, TENSORBOARD, TEST, VALIDATION
@@ -29,6 +29,7 @@ from pipelines.training.model.build import build_model, compile_distributed
 from pipelines.training.model.checkpoints import frozen_checksum
 from pipelines.training.model.finetune import Phase, phase1_record, phase2_lr, trainable_parameters, unfreeze
 from pipelines.training.plan import RunPlan, hold_data, plan_run
+from pipelines.training.probe import head_weights, start_is_better
 from pipelines.training.rank import Rank, setup_rank
 from pipelines.training.records.report import build_report, linear_probe, save_outputs
 from pipelines.training.records.segments import segment_params
@@ -259,29 +260,79 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
         plan = with_segments(config, rank, plan, resume)  # this launch's world and where it begins
         with start_tracking(config, rank, plan, resume) as tracker:  # rank 0's MLflow run, ended on leaving
             context = RankContext(config, rank, plan, frozen_sha256, tracker)
+            # Horovod: rank 0 fits the linear probe; a fresh run's head starts from it on every rank
+            probe_found, probe_head, head_init = start_from_probe(context, inputs, resume)
             seconds_before_fit = time.perf_counter() - start
-            phases = [head_phase(context, inputs, resume)]
+            phases = [head_phase(context, inputs, resume, probe_head)]
             if config.model.fine_tune_blocks:
                 phases.append(fine_tune(context, phases[0], resume))
             report = build_report(context, phases, resume)  # Horovod: every rank's checksums and hosts gathered
-            report.update(seconds_before_fit=seconds_before_fit, fit_seconds=sum(p.fit_seconds for p in phases),
-                          total_seconds=time.perf_counter() - start)
-            if rank.rank == 0:  # Horovod: rank 0 alone fits the probe, writes the model and the report
-                report["probe"] = linear_probe(context, phases[0])  # on phase 1's frozen features
+            report.update(head_init=head_init, seconds_before_fit=seconds_before_fit,
+                          fit_seconds=sum(p.fit_seconds for p in phases), total_seconds=time.perf_counter() - start)
+            if rank.rank == 0:  # Horovod: rank 0 alone writes the model and the report
+                report["probe"] = probe_found
                 save_outputs(context, report, phases[-1])
     if rank.rank == 0:
         plan.outputs.finish()  # a URI --output: the rest uploaded, metrics.json last
     return report
 
 
-def head_phase(context: RankContext, inputs, resume: Resume):
-    """Phase 1, the head on the frozen backbone: fit and exact evaluation; skipped when resuming phase 2."""
+def start_from_probe(context: RankContext, inputs, resume: Resume) -> Tuple[Optional[Dict], Optional[list], str]:
+    """Rank 0 fits the linear probe on the cached features; with ``--head-init probe`` a fresh head starts from it.
+
+    Returns:
+        the probe's report on rank 0 (``None`` elsewhere); the probe as the head's weights on every rank (``None``:
+        no probe, or ``--head-init random``); where the head started: ``probe``, ``random`` or ``checkpoint``."""
+    import horovod.tensorflow as hvd_tf
+
+    found = linear_probe(context.config, inputs) if context.rank.rank == 0 else None
+    head = found.pop("head", None) if found else None
+    if context.config.model.head_init != "probe":
+        return found, None, "checkpoint" if resume.marker else "random"
+    weights = None if head is None else head_weights(head, context.plan.data.num_classes)
+    # Horovod: the probe as the head's weights, rank 0's on every rank (None: each keeps the same seeded head)
+    weights = hvd_tf.broadcast_object(weights, root_rank=0, name="probe_head")
+    if resume.marker:
+        return found, weights, "checkpoint"
+    if weights is None:
+        return found, None, "random"
+    inputs.model.get_layer("head").set_weights(weights)
+    return found, weights, "probe"
+
+
+def keep_the_better_head(context: RankContext, inputs, probe_head: list) -> Dict:
+    """Phase 1's end: the probe's head replaces the trained one when its exact validation is better.
+
+    Compared as ``start_is_better`` says, on the whole validation split.
+
+    Returns:
+        dict: ``kept`` (``trained`` or ``probe``) and each candidate's validation ``loss`` and ``accuracy``."""
+    head = inputs.model.get_layer("head")
+    trained_weights = head.get_weights()
+    trained = evaluate(context, inputs, VALIDATION)
+    head.set_weights(probe_head)
+    probe = evaluate(context, inputs, VALIDATION)
+    kept = "probe" if start_is_better((probe.loss, probe.accuracy), (trained.loss, trained.accuracy),
+                                      context.config.fit.rule.monitor) else "trained"
+    if kept == "trained":
+        head.set_weights(trained_weights)
+    figures = {name: {"loss": t.loss, "accuracy": t.accuracy, "count": t.count}
+               for name, t in (("trained", trained), ("probe", probe))}
+    return {"kept": kept, **figures}
+
+
+def head_phase(context: RankContext, inputs, resume: Resume, probe_head: Optional[list] = None):
+    """Phase 1, the head on the frozen backbone: fit, the better of it and the probe's head, exact evaluation.
+
+    Skipped when resuming phase 2; the probe's head is a candidate only without fine-tuning."""
     if resume.phase == 2:
         return Phase(inputs, None, 0, 0.0, None, resume)
     callbacks, early_stopping, epoch_stats = make_callbacks(context, resume)
     fit_seconds = train(context, inputs, resume, callbacks)
-    totals = evaluate(context, inputs, VALIDATION if context.config.model.fine_tune_blocks else TEST)
-    return Phase(inputs, early_stopping, epoch_stats.epochs_run, fit_seconds, totals, resume)
+    fine_tuned = bool(context.config.model.fine_tune_blocks)
+    choice = keep_the_better_head(context, inputs, probe_head) if probe_head is not None and not fine_tuned else None
+    totals = evaluate(context, inputs, VALIDATION if fine_tuned else TEST)
+    return Phase(inputs, early_stopping, epoch_stats.epochs_run, fit_seconds, totals, resume, head=choice)
 
 
 def fine_tune(context: RankContext, first, resume: Resume):

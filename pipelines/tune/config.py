@@ -12,7 +12,7 @@ from pipelines.runtime.checks import check_types
 from pipelines.runtime.config import field, settle, settle_verbose, verbose_field
 from pipelines.runtime.environment import read_settings
 from pipelines.runtime.errors import Refused
-from pipelines.training.config import at_least, check_folder_path, local_or_uri
+from pipelines.training.config import HEAD_INITS, at_least, check_folder_path, local_or_uri
 from pipelines.training.model.build import check_backbone
 from pipelines.training.stopping import RULES
 from pipelines.tune.space import SearchSpace, parse_range
@@ -44,6 +44,8 @@ class TuneConfig:
                                                      "patience in steps), integers")
     stopping: str = field("converge", help="early-stopping rule of every trial, converge or article (its patience "
                                            "is searched)")
+    head_init: str = field("probe", help="every trial's first head: probe (the linear probe's, fitted once) or "
+                                         "random, as jobs/train.py's --head-init", choices=HEAD_INITS)
     epochs: int = field(200, help="maximum epochs of a trial")
     batch_size: int = field(16, help="rows per step of one rank, as jobs/train.py's --batch-size")
     ranks: int = field(1, help="world size the settings are for: a trial steps batch-size x ranks rows "
@@ -66,6 +68,8 @@ class TuneConfig:
         self.space()  # each range refused here, before Spark starts
         if self.stopping not in RULES:
             raise Refused(f"--stopping {self.stopping}: choose one of {', '.join(RULES)}")
+        if self.head_init not in HEAD_INITS:
+            raise Refused(f"--head-init {self.head_init}: choose one of {', '.join(HEAD_INITS)}")
         if self.runner not in RUNNERS:
             raise Refused(f"--runner {self.runner}: choose one of {', '.join(RUNNERS)}")
         check_backbone(self.backbone, self.weights, self.image_size)

@@ -7,7 +7,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from pipelines import tracking as trk
 from pipelines.contract import TEST, TRAIN, VALIDATION
@@ -69,6 +69,26 @@ def choose(records: List[TrialRecord]) -> TrialRecord:
     return min(done, key=lambda r: (r.result["val_loss"], r.number))
 
 
+def probe_start(config: TuneConfig, features: FeatureSet) -> Optional[List]:
+    """The linear probe as every trial's first head weights (fitted once, here), or ``None`` (``--head-init random``,
+    or a probe that cannot be fitted: said in one line)."""
+    from pipelines.training.probe import ProbeRefused, fit_probe, head_weights
+
+    if config.head_init != "probe":
+        return None
+    splits = read_splits(features.uri, (TRAIN, VALIDATION), config.storage_options)
+    try:
+        (train_x, train_y), (val_x, val_y) = splits[TRAIN], splits[VALIDATION]
+        found = fit_probe(train_x, train_y, val_x, val_y, seed=config.seed)
+    except ProbeRefused as exc:
+        log.warning("tune: trials start from a random head: %s", exc)
+        return None
+    log.info("tune: every trial's head starts from the linear probe (C %g chosen on validation, validation "
+             "accuracy %.4f) and keeps it unless training beats it on validation", found["C"],
+             found["validation_accuracy"])
+    return head_weights(found["head"], features.num_classes)
+
+
 def run_search(config: TuneConfig) -> SearchResult:
     """Run the search ``config`` describes.
 
@@ -79,7 +99,7 @@ def run_search(config: TuneConfig) -> SearchResult:
                                 config.storage_options)
     trk.check_store(config.tracking_uri)
     plan = TrialPlan(config.epochs, config.batch_size, config.ranks, config.seed, RULES[config.stopping],
-                     features.num_classes, config.threads)
+                     features.num_classes, config.threads, probe_start(config, features))
     client = trk.open_store(config.tracking_uri, create=True)
     experiment = client.get_experiment_by_name(config.experiment)
     experiment_id = experiment.experiment_id if experiment else client.create_experiment(config.experiment)

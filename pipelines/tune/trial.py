@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from pipelines.training.divergence import TrainingDiverged, non_finite_logs
+from pipelines.training.probe import start_is_better
 from pipelines.training.schedule import plan_steps
 from pipelines.training.stopping import StoppingRule
 from pipelines.tune.space import HeadSettings
@@ -31,11 +32,13 @@ class TrialPlan:
     rule: StoppingRule  # its patience_steps is each trial's own
     num_classes: int
     threads: int = 1  # TensorFlow's intra-op threads in this process (0: its default)
+    start: Optional[List[np.ndarray]] = None  # the head's first weights: the probe's (--head-init probe), else seeded
 
 
 @dataclass(frozen=True)
 class TrialResult:
-    """A finished trial: its best epoch's exact validation totals, and the test totals from `refit_and_test` only."""
+    """A finished trial: its best epoch's exact validation totals (epoch 0: the probe's start), and the test totals
+    from ``refit_and_test`` only."""
 
     val_loss: float
     val_accuracy: float
@@ -78,6 +81,8 @@ def train_head(settings: HeadSettings, plan: TrialPlan, train: Split, validation
     _set_threads(plan.threads)
     steps = plan_steps(len(train[1]), len(validation[1]), plan.batch_size, plan.ranks)
     model = build_head(plan.num_classes, settings.dropout, plan.seed, train[0].shape[1])
+    if plan.start is not None:
+        model.get_layer("head").set_weights(plan.start)
     model.compile(optimizer=keras.optimizers.Nadam(learning_rate=settings.base_lr * plan.ranks,
                                                    weight_decay=settings.weight_decay or None),
                   loss="sparse_categorical_crossentropy",
@@ -98,9 +103,16 @@ def train_head(settings: HeadSettings, plan: TrialPlan, train: Split, validation
         if found:
             raise TrainingDiverged(f"the trial diverged at epoch {epoch + 1}: {', '.join(found)} "
                                    f"({settings.train_flags()})")
-    loss, accuracy = evaluate(model, validation)
-    return model, TrialResult(loss, accuracy, int(stopping.best_epoch) + 1, epochs_run, steps.steps_per_epoch,
-                              round(seconds, 3))
+    (loss, accuracy), best_epoch = evaluate(model, validation), int(stopping.best_epoch) + 1
+    if plan.start is not None:  # the start is a candidate, as in jobs/train.py
+        trained = model.get_layer("head").get_weights()
+        model.get_layer("head").set_weights(plan.start)
+        start_figures = evaluate(model, validation)
+        if start_is_better(start_figures, (loss, accuracy), rule.monitor):
+            (loss, accuracy), best_epoch = start_figures, 0
+        else:
+            model.get_layer("head").set_weights(trained)
+    return model, TrialResult(loss, accuracy, best_epoch, epochs_run, steps.steps_per_epoch, round(seconds, 3))
 
 
 def _stop_on_non_finite(keras: Any) -> Any:

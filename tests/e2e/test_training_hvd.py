@@ -615,6 +615,15 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, test
         {k: probe[k] for k in ("C", "validation_accuracy", "test_accuracy", "grid")}
     assert f"linear probe (logistic regression on the same frozen features, C {probe['C']:g} chosen on validation)" \
         in first.stderr
+    # The head started from the probe; the better of it and the trained head on validation was kept.
+    from pipelines.training.probe import head_weights
+    assert m["head_init"] == "probe" and "head" not in probe
+    choice, start = m["head"], head_weights(again["head"], m["num_classes"])
+    val_x, val_y = feat.read_shard(directory, "validation", 0, 1)
+    assert choice["probe"]["accuracy"] == pytest.approx(np.mean((val_x @ start[0] + start[1]).argmax(1) == val_y))
+    better = choice["probe"]["loss"] < choice["trained"]["loss"]
+    assert choice["kept"] == ("probe" if better else "trained") and (m["best_epoch"] == 0) == better
+    assert m["validation"]["loss"] == pytest.approx(choice[choice["kept"]]["loss"])
 
     # The exported whole model on raw images == its head on the cached features.
     model = load_model(out)
@@ -630,8 +639,11 @@ def test_feature_cache_trains_the_head_and_exports_the_whole_model(dataset, test
     # cached features are the backbone's features of the same images (order differs by shard)
     np.testing.assert_allclose(np.sort(cached.sum(axis=1)), np.sort(features.sum(axis=1)), rtol=1e-4)
 
-    again = train(data, str(tmp_path / "again"), "--epochs", "1", "--feature-cache")
-    assert again.returncode == 0 and "feature cache: reusing" in again.stderr
+    # a step too small to move it: the trained head is the probe's, the start
+    rerun_head = train(data, str(tmp_path / "again"), "--epochs", "1", "--feature-cache", "--base-lr", "1e-12")
+    assert rerun_head.returncode == 0 and "feature cache: reusing" in rerun_head.stderr
+    head = metrics(str(tmp_path / "again"))["head"]
+    assert head["trained"]["loss"] == pytest.approx(head["probe"]["loss"], rel=1e-5)
     assert not glob.glob(f"{data}/runs/*/readers/*.json")  # each training removed its lease at the end
 
     # An ETL rerun into the same output, the same counts, other images: recomputed, and said why.

@@ -81,6 +81,7 @@ class Phase:
     totals: Totals
     resume: Optional[Resume] = None  # where the phase started
     report: Optional[Dict] = None  # phase 2: what report["fine_tune"] holds
+    head: Optional[Dict] = None  # phase 1: the trained head or the probe's, and their validation figures
 
 
 def phase1_record(phase: Phase, resume) -> Dict:

@@ -45,6 +45,10 @@ def build_report(context, phases: List, resume: Resume) -> Dict:
     epochs_planned = fine_tune["epochs_planned"] if fine_tune else config.fit.epochs
     totals = last.totals
     best_epoch = last.early_stopping.best_epoch + 1 if history else None
+    validation = best_validation(history, best_epoch, data.validation_rows)
+    choice = phases[0].head if len(phases) == 1 else None
+    if choice and choice["kept"] == "probe":  # the start (epoch 0) was better on validation than every epoch
+        best_epoch, validation = 0, {"epoch": 0, **choice["probe"], "expected_count": data.validation_rows}
     return {
         "config": redact(to_dict(config)),
         "run_id": plan.claim.run.run_id if plan.claim else None,  # rank 0's: the training run (train_run.json)
@@ -77,7 +81,8 @@ def build_report(context, phases: List, resume: Resume) -> Dict:
         "stopped_early": bool(history) and len(history) < epochs_planned,
         "stopping": stopping_report(config, last.early_stopping, steps.steps_per_epoch),
         "history": history,
-        "validation": best_validation(history, best_epoch, data.validation_rows),
+        "validation": validation,
+        "head": choice,
         "test": {"loss": totals.loss, "accuracy": totals.accuracy, "count": totals.count,
                  "expected_count": data.test_rows},
         "fine_tune": fine_tune,
@@ -105,19 +110,22 @@ PROBE_NEEDS_FEATURES = ("the run trained on images: the probe fits the feature c
 PROBE_MARGIN = 0.02
 
 
-def linear_probe(context, first) -> Dict:
-    """Rank 0: the linear probe on phase 1's cached features, ``C`` chosen on validation, or ``{"skipped": why}``."""
+def linear_probe(config, inputs) -> Dict:
+    """Rank 0: the linear probe on the cached features, ``C`` chosen on validation, or ``{"skipped": why}``.
+
+    Returns:
+        dict: ``fit_probe``'s, ``head`` included (pop it before the report is written)."""
     from pipelines.training import probe
     from pipelines.training.data import features as feat
 
-    if not context.config.outputs.probe:
+    if not config.outputs.probe:
         return {"skipped": "--no-probe"}
-    directory = getattr(first.inputs, "features", None)
+    directory = getattr(inputs, "features", None)
     if directory is None:
         return {"skipped": PROBE_NEEDS_FEATURES}
     train, validation, test = (feat.read_shard(directory, split, 0, 1) for split in (TRAIN, VALIDATION, TEST))
     try:
-        return probe.fit_probe(*train, *validation, *test, seed=context.config.fit.seed)
+        return probe.fit_probe(*train, *validation, *test, seed=config.fit.seed)
     except probe.ProbeRefused as exc:
         return {"skipped": str(exc)}
 
@@ -145,6 +153,11 @@ def probe_lines(report: Dict) -> List[str]:
     return lines
 
 
+def best_name(epoch) -> str:
+    """The best epoch as the log says it: epoch 0 is the start, the linear probe's head."""
+    return "0 (the linear probe's head)" if epoch == 0 else str(epoch)
+
+
 def best_validation(history: List[Dict], best_epoch: Optional[int], expected_count: int) -> Dict:
     """The exact validation figures of the 1-based ``best_epoch`` in ``history`` (``None`` values when it has none)."""
     entry = next((h for h in history if h.get("epoch") == best_epoch), {})
@@ -169,7 +182,9 @@ def save_outputs(context, report: Dict, phase) -> None:
     test, validation = report["test"], report["validation"]
     log.info("test accuracy %.4f, loss %.4f on %s (exact, all ranks, read once after training); best epoch %s "
              "of %d, chosen on validation (accuracy %s on %s)", test["accuracy"], test["loss"],
-             plural(test["count"], "image"), report["best_epoch"], report["epochs_run"],
+             plural(test["count"], "image"),
+             best_name(report["best_epoch"]),
+             report["epochs_run"],
              "?" if validation["accuracy"] is None else f"{validation['accuracy']:.4f}",
              plural(validation["expected_count"], "image"))
     for line in probe_lines(report):

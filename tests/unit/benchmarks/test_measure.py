@@ -10,9 +10,10 @@ from benchmarks.measure import (ScalingPoint, load_timeline, point_from_result, 
 def test_time_to_best_adds_setup_and_epochs_up_to_the_best():
     assert time_to_best(10.0, [5.0, 4.0, 3.0, 2.0], best_epoch=2) == 19.0
     assert time_to_best(0.0, [1.5], best_epoch=1) == 1.5
+    assert time_to_best(10.0, [5.0, 4.0], best_epoch=0) == 10.0  # the start: the probe's head, before any epoch
 
 
-@pytest.mark.parametrize("best", [0, 4])
+@pytest.mark.parametrize("best", [-1, 4])
 def test_time_to_best_refuses_an_epoch_that_was_not_run(best):
     with pytest.raises(ValueError, match="not one of the 3 epochs"):
         time_to_best(1.0, [1.0, 1.0, 1.0], best)

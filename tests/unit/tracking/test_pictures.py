@@ -132,7 +132,9 @@ def test_the_curves_mark_the_best_and_the_stopping_epoch_and_the_probe(tmp_path,
     path = pictures.plot_history(history, str(tmp_path / "curves.png"), best_epoch=5, stopped_epoch=25,
                                  monitor="val_loss", probe_accuracy=0.7667)
     assert png_size(path)[0] > 0
-    marks = ["best epoch 5 (val_loss)", "stopped after epoch 25"]
+    marks = ["best: epoch 5 (val_loss)", "stopped after epoch 25"]
     assert drawn[0] == [["train", "validation", *marks], ["train", "validation", *marks, "linear probe 0.767"]]
     pictures.plot_history(history, str(tmp_path / "plain.png"))
     assert drawn[1] == [["train", "validation"]] * 2
+    pictures.plot_history(history, str(tmp_path / "start.png"), best_epoch=0, monitor="val_loss")
+    assert drawn[2][0] == ["train", "validation", "best: the start (the linear probe's head) (val_loss)"]

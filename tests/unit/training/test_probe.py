@@ -115,3 +115,47 @@ def test_the_replay_of_a_rule_stops_where_the_job_would():
         parse_rule("val_loss:x:3:0")
     with pytest.raises(Refused, match="--patience must be an integer >= 1, got 0"):
         parse_rule("val_loss:100:0:0")
+
+
+def softmax_of(x, weights):
+    """What ``Dense(k, softmax)`` with ``weights`` gives for rows ``x``."""
+    logits = x.astype(np.float64) @ weights[0] + weights[1]
+    logits -= logits.max(axis=1, keepdims=True)
+    return np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("classes, num_classes, absent", [(3, 3, None), (2, 2, None), (4, 5, 4), (3, 4, 1)])
+def test_the_probe_as_a_softmax_head_gives_its_probabilities_on_raw_features(classes, num_classes, absent):
+    """The scaler folded into the kernel: the head on raw features gives the probe's probabilities on the
+    standardized ones, for a binary probe (one row of coefficients) too; a class with no train rows gets ~0."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    from pipelines.training.probe import head_weights
+
+    x, y = blobs(120, classes=classes, spread=3.0, seed=9)
+    x = x * np.arange(1, 9) + 5.0  # features of other scales and offsets, as a backbone's are
+    y = np.where(y == absent, num_classes - 1, y) if absent is not None else y
+    result = fit_probe(x, y, *blobs(30, classes=classes, seed=10), grid=(1.0,))
+    weights = head_weights(result["head"], num_classes)
+    assert [w.shape for w in weights] == [(8, num_classes), (num_classes,)] and weights[0].dtype == np.float32
+    scaler = StandardScaler().fit(x)
+    model = LogisticRegression(C=1.0, max_iter=200).fit(scaler.transform(x), y)
+    probabilities = softmax_of(x, weights)
+    np.testing.assert_allclose(probabilities[:, model.classes_], model.predict_proba(scaler.transform(x)),
+                               atol=2e-4)
+    if absent is not None:
+        assert absent not in model.classes_ and probabilities[:, absent].max() < 1e-4
+
+
+def test_the_validation_loss_is_scikit_learns_and_a_class_missing_from_train_costs_its_clip():
+    from sklearn.metrics import log_loss as sklearn_log_loss
+
+    from pipelines.training.probe import log_loss
+
+    probabilities = np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]])
+    labels, classes = np.array([0, 2, 1]), np.array([0, 1, 2])
+    assert log_loss(labels, probabilities, classes) == pytest.approx(sklearn_log_loss(labels, probabilities))
+    # column 1 is class 3 here; label 1 (absent from train) costs -log(1e-15)
+    expected = -(np.log(0.7) + np.log(0.8) + np.log(1e-15)) / 3
+    assert log_loss(labels, probabilities, np.array([0, 3, 2])) == pytest.approx(expected)

@@ -83,6 +83,8 @@ def test_the_config_records_the_rule_each_value_settled():
     (["--patience-steps=-1"], "--patience-steps must be an integer >= 0, got -1"),
     (["--min-delta", "nan"], "--min-delta must be a finite number >= 0, got nan"),
     (["--stopping", "patient"], "--stopping patient: choose one of converge, article"),
+    (["--head-init", "zeros"], "--head-init zeros: choose one of probe, random"),
+    (["--head-init", ""], "--head-init : choose one of probe, random"),
 ])
 def test_bad_stopping_flags_exit_2_in_one_line(flags, message, capsys):
     with pytest.raises(SystemExit) as info:

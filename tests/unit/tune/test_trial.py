@@ -88,3 +88,24 @@ def test_no_completed_trial_is_no_choice():
 
     with pytest.raises(NoTrialFinished, match="all 2 trials failed"):
         choose([_record(0, None), _record(1, None)])
+
+
+def test_a_trial_starts_from_the_probe_and_keeps_it_unless_training_beats_it_on_validation(splits):
+    """The probe as the first head weights: with a rate of ~0 the trained head is the start; a useless start
+    (every class equal) is beaten by training and left; a start better than training is kept as epoch 0."""
+    from pipelines.training.probe import fit_probe, head_weights
+
+    train, validation, _ = splits
+    start = head_weights(fit_probe(*train, *validation, grid=(1.0,))["head"], 3)
+    probe_plan = replace(PLAN, start=start)
+    model, still = train_head(replace(SETTINGS, base_lr=1e-9), probe_plan, train, validation)
+    logits = validation[0] @ start[0] + start[1]
+    assert still.val_accuracy == pytest.approx(np.mean(logits.argmax(1) == validation[1]))
+    flat = [np.zeros_like(start[0]), np.zeros_like(start[1])]  # loss log(3) on every row
+    beaten = run_trial(SETTINGS, replace(PLAN, start=flat), train, validation)
+    assert beaten.best_epoch >= 1 and beaten.val_loss < np.log(3)
+    kept = run_trial(replace(SETTINGS, base_lr=0.5, patience_steps=4), replace(probe_plan, epochs=2), train,
+                     validation)
+    started = run_trial(replace(SETTINGS, base_lr=1e-9), replace(probe_plan, epochs=1), train, validation)
+    assert kept.val_loss <= started.val_loss + 1e-6
+    assert (kept.best_epoch == 0) == (kept.val_loss == pytest.approx(started.val_loss, rel=1e-6))
