@@ -31,7 +31,8 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
     Args:
         workdir: "" = ``workspace.default_workdir()``; a local folder is made, a URI's store is checked.
         data_dir: "" = ``workdir/etl``, made from the Tux Paint sample if missing.
-        weights: "" = the ImageNet Xception weights converted offline.
+        weights: "" = the backbone's default (``workspace.ensure_weights``: Xception's ImageNet weights converted
+            offline).
         train: more ``TrainConfig`` keywords for ``Setup.base``.
 
     Raises:
@@ -45,7 +46,7 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
     if data_dir:
         check_reachable(resolve(data_dir), "data_dir")
     data_dir = data_dir or workspace.ensure_sample_etl(workdir)
-    weights = workspace.ensure_weights(weights)
+    weights = workspace.ensure_weights(weights, train.get("backbone", "xception"))
     print("data:", data_dir, "| weights:", weights)
     return Setup(workdir, data_dir, dict(data=data_dir, weights=weights, tensorboard=False, **train))
 
