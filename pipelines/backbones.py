@@ -146,6 +146,10 @@ BACKBONES = {b.name: b for b in (
 )}
 
 
+#: ``--backbone``'s default: the article's.
+DEFAULT_BACKBONE = "xception"
+
+
 def backbone_spec(name: str) -> Backbone:
     """The ``Backbone`` called ``name``; ``Refused`` (a ``ValueError``) naming the known ones."""
     if name not in BACKBONES:

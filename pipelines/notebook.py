@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, NamedTuple, Optional
 
+from pipelines.backbones import DEFAULT_BACKBONE
 from pipelines.io.storage import check_reachable, resolve
 from pipelines.launch.config import LaunchConfig
 from pipelines.manifest import Manifest
@@ -46,7 +47,7 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
     if data_dir:
         check_reachable(resolve(data_dir), "data_dir")
     data_dir = data_dir or workspace.ensure_sample_etl(workdir)
-    weights = workspace.ensure_weights(weights, train.get("backbone", "xception"))
+    weights = workspace.ensure_weights(weights, train.get("backbone", DEFAULT_BACKBONE))
     print("data:", data_dir, "| weights:", weights)
     return Setup(workdir, data_dir, dict(data=data_dir, weights=weights, tensorboard=False, **train))
 

@@ -37,7 +37,7 @@ ALLOWED_INITIALIZERS = frozenset({"GlorotUniform", "Ones", "Zeros"})
 ALLOWED_ACTIVATIONS = frozenset({"linear", "relu", "softmax"})
 # A nested or outer model: Keras 2.15's own module, and tf_keras' (the current stack).
 FUNCTIONAL_MODULES = frozenset(s.functional_module for s in stacks.STACKS.values())
-MAX_CONFIG_BYTES = 64 << 20  # an Xception config is about 0.2 MiB, a DenseNet121 one 0.6 MiB
+MAX_CONFIG_BYTES = 64 << 20  # an Xception config is about 0.2 MiB
 # The members of a ``.keras`` file the product writes (Keras 2's own save of a model without assets,
 # both stacks). Keras 2.15 also loads weights stored as ``model.weights.npz``, through
 # ``np.load(allow_pickle=True)``: whatever its ``__root__`` entry pickles runs on load.

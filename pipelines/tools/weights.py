@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import h5py
 import numpy as np
 
-from pipelines.backbones import BACKBONES, Backbone, OfflineWeights, backbone_spec
+from pipelines.backbones import BACKBONES, DEFAULT_BACKBONE, Backbone, OfflineWeights, backbone_spec
 from pipelines.io.atomic import replacing
 from pipelines.runtime.environment import CACHE_ENV, DEFAULT_CACHE, read_settings
 
@@ -193,7 +193,7 @@ def probe_input(size: int = PROBE_SIZE) -> np.ndarray:
     return np.stack([x, y, x * y], axis=-1)[None].astype(np.float32)
 
 
-def probe(weights_path, backbone: str = "xception") -> Tuple[float, int]:
+def probe(weights_path, backbone: str = DEFAULT_BACKBONE) -> Tuple[float, int]:
     """The ``(L2 norm, argmax)`` of ``backbone``'s pooled no-top features of ``probe_input`` with these weights."""
     model = backbone_spec(backbone).build(PROBE_SIZE, str(weights_path))
     features = model(probe_input(), training=False).numpy()[0]
@@ -220,7 +220,7 @@ def _check_probe(path: pathlib.Path, backbone: Backbone, source: OfflineWeights)
     return None
 
 
-def ensure_notop_weights(backbone: str = "xception", cache_dir=None, output=None) -> pathlib.Path:
+def ensure_notop_weights(backbone: str = DEFAULT_BACKBONE, cache_dir=None, output=None) -> pathlib.Path:
     """Path of a verified Keras 2 ImageNet no-top h5 weights file of ``backbone``, made (and probed) if needed.
 
     Raises:
@@ -252,7 +252,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI: make (or check) the weights file and print its path; exit 1 with a message on error."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = argparse.ArgumentParser(prog="python -m pipelines.tools.weights", description=__doc__.split("\n")[0])
-    parser.add_argument("--backbone", default="xception", choices=tuple(OFFLINE), help="whose weights (default xception)")
+    parser.add_argument("--backbone", default=DEFAULT_BACKBONE, choices=tuple(OFFLINE),
+                        help=f"whose weights (default {DEFAULT_BACKBONE})")
     parser.add_argument("--cache", help=f"cache folder (default ${{{CACHE_ENV}:-{DEFAULT_CACHE}}}/weights)")
     parser.add_argument("--output", help="weights file to write (default <cache>/<the backbone's file name>, "
                         + ", ".join(f"{n}: {source.output_name}" for n, source in OFFLINE.items()) + ")")

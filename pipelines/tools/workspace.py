@@ -5,7 +5,7 @@ import json
 import os
 from typing import Optional
 
-from pipelines.backbones import backbone_spec
+from pipelines.backbones import DEFAULT_BACKBONE, backbone_spec
 from pipelines.contract import MANIFEST, TRAIN, VALIDATION
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
@@ -56,7 +56,7 @@ def _two_splits(location) -> bool:
     return isinstance(splits, dict) and TRAIN in splits and VALIDATION not in splits
 
 
-def ensure_weights(weights: str = "", backbone: str = "xception") -> str:
+def ensure_weights(weights: str = "", backbone: str = DEFAULT_BACKBONE) -> str:
     """``weights`` as given (``imagenet``, ``none`` or a path), else ``backbone``'s default: the path of its offline
     weights if its row has them, else ``imagenet`` (Keras' download) if pretrained, else ``none``."""
     spec = backbone_spec(backbone)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple, Union
 
 from pipelines import tracking as trk
-from pipelines.backbones import BACKBONES
+from pipelines.backbones import BACKBONES, DEFAULT_BACKBONE
 from pipelines.io.options import storage_options_field
 from pipelines.io.paths import check_url_safe
 from pipelines.io.storage import check_not_root, is_local
@@ -83,7 +83,7 @@ class LoaderOptions:
 class ModelOptions:
     """model: the network, its weights and input side, fine-tuning"""
 
-    backbone: str = field("xception", help="frozen feature extractor, a row of pipelines/backbones.py (xception: "
+    backbone: str = field(DEFAULT_BACKBONE, help="frozen feature extractor, a row of pipelines/backbones.py (xception: "
                                            "the article's; tiny: random, with --weights none, for smoke tests)",
                           choices=tuple(BACKBONES))
     weights: str = field("imagenet", help="backbone weights: imagenet (Keras download), none (random), "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from pipelines.backbones import Backbone, backbone_spec
+from pipelines.backbones import DEFAULT_BACKBONE, Backbone, backbone_spec
 from pipelines.contract import MODEL_INPUT_DTYPE, MODEL_INPUT_NAME
 from pipelines.runtime.errors import MissingInput, Refused
 from pipelines.training.model.checkpoints import build_optimizer, resumable_dropout
@@ -22,7 +22,7 @@ def check_backbone(name: str, weights: str, input_size: int = 0) -> Backbone:
 
 
 def build_model(num_classes: int, input_size: int, dropout: float = 0.5, weights: str = "imagenet",
-                seed: int = 0, backbone: str = "xception", stored_size: int = 0):
+                seed: int = 0, backbone: str = DEFAULT_BACKBONE, stored_size: int = 0):
     """Transfer-learning model: stored uint8 image -> ``preprocessing`` -> frozen backbone -> dropout -> softmax.
 
     The backbone runs with ``training=False``: batch-norm statistics stay ImageNet's, also when fine-tuned.

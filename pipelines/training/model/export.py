@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from pipelines.backbones import backbone_spec
+from pipelines.backbones import DEFAULT_BACKBONE, backbone_spec
 from pipelines.contract import (
     MODEL_CONTRACT,
     MODEL_FILE,
@@ -18,7 +18,7 @@ from pipelines.runtime.errors import Refused
 from pipelines.training.model.build import backbone_of
 
 
-def input_contract(stored_size: int, input_size: int, class_names, backbone: str = "xception") -> dict:
+def input_contract(stored_size: int, input_size: int, class_names, backbone: str = DEFAULT_BACKBONE) -> dict:
     """The exported model's contract (``model.json``): what it takes and what it returns."""
     return {
         "file": MODEL_FILE,

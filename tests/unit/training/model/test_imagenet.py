@@ -127,6 +127,14 @@ def test_offline_imagenet_is_one_line_naming_what_to_do(offline_here):
     assert os.listdir(keras_cache_dir()) == []
 
 
+def test_offline_imagenet_of_a_backbone_without_an_offline_source_names_no_converter(offline_here):
+    with pytest.raises(WeightsUnavailable) as info:
+        ensure_imagenet_weights("densenet121", "imagenet", timeout_s=10)
+    message = str(info.value)
+    assert message.startswith("--weights imagenet: densenet121's ImageNet weights are not")
+    assert BACKBONES["densenet121"].imagenet.url in message and "pipelines.tools.weights" not in message
+
+
 @pytest.mark.parametrize("backbone, weights", [("xception", "none"), ("xception", "/some/file.h5"), ("tiny", "none")])
 def test_other_weights_need_nothing_fetched(offline_here, backbone, weights):
     assert ensure_imagenet_weights(backbone, weights) is None
