@@ -72,17 +72,19 @@ def consume(dataset, batches: int) -> float:
 
 def host_float32(ds, on: bool):
     """``ds`` with, when ``on``, each batch cast to float32 and scaled as Xception's
-    ``preprocess_input`` (:data:`pipelines.contract.PREPROCESS_SCALE`, ``PREPROCESS_OFFSET``) in
+    ``preprocess_input`` (its ``pipelines.backbones`` row's ``scale`` and ``offset``) in
     tf.data on the host: the tail before the model took uint8 (``--tail float32``), the tail of the
     ceiling issue 28's goals were set against."""
     if not on:
         return ds
     import tensorflow as tf
 
-    from pipelines.contract import PREPROCESS_OFFSET, PREPROCESS_SCALE
+    from pipelines.backbones import backbone_spec
+
+    xception = backbone_spec("xception")
 
     def preprocess(images, labels):
-        return tf.cast(images, tf.float32) * PREPROCESS_SCALE + PREPROCESS_OFFSET, labels
+        return tf.cast(images, tf.float32) * xception.scale + xception.offset, labels
 
     return ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 

@@ -63,13 +63,11 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace, training: D
 def prepare(base, args: argparse.Namespace, workdir: str):
     """``base`` with its data and weights: ``--data`` as given, or the sample through the ETL into
     ``workdir/data-<sample>-<per class>-<size>px`` (reused when already there); ``--weights`` as
-    given, or the offline ImageNet file (random weights for a backbone that has none)."""
+    given, or the backbone's default (``tools.workspace.ensure_weights``)."""
     from pipelines.tools.workspace import ensure_sample_etl, ensure_weights
-    from pipelines.training.model.build import backbone_spec
 
     data = args.data or ensure_sample_etl(
         os.path.join(workdir, f"data-{args.sample}-{args.per_class}-{args.etl_image_size}px"),
         image_size=args.etl_image_size, test_fraction=0.3, sample=args.sample, per_class=args.per_class)
-    pretrained = backbone_spec(base.model.backbone).pretrained
-    weights = ensure_weights(args.weights) if pretrained else (args.weights or "none")
+    weights = ensure_weights(args.weights, base.model.backbone)
     return dataclasses.replace(base, data=os.path.abspath(data), weights=weights)

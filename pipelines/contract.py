@@ -99,14 +99,13 @@ def row_bytes(image_size: int) -> int:
 
 # The model's input contract, the same in training, in the exported model (model.json's "input")
 # and in batch inference: the ETL's stored image itself, uint8 RGB (batch, S, S, 3), values 0-255.
-# Every model takes it as it is and preprocesses inside its graph, on its own device:
-# float32 = image * PREPROCESS_SCALE + PREPROCESS_OFFSET (Xception's preprocess_input, x / 127.5 - 1,
-# in [-1, 1]). No caller preprocesses: a caller that did would preprocess twice.
+# Every model takes it as it is and preprocesses inside its graph, on its own device, as its
+# backbone's row says (pipelines/backbones.py: float32 = image * scale + offset; Xception's
+# preprocess_input, x / 127.5 - 1, for xception). No caller preprocesses: a caller that did would
+# preprocess twice.
 MODEL_INPUT_NAME = "image"
 MODEL_INPUT_DTYPE = "uint8"
 MODEL_INPUT_RANGE = (0, 255)
-PREPROCESS_SCALE = 1 / 127.5
-PREPROCESS_OFFSET = -1.0
 
 
 # The leases of the trainings that read an ETL run (pipelines/io/leases.py:

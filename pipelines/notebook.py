@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, NamedTuple, Optional
 
+from pipelines.backbones import DEFAULT_BACKBONE
 from pipelines.io.storage import check_reachable, resolve
 from pipelines.launch.config import LaunchConfig
 from pipelines.manifest import Manifest
@@ -31,7 +32,8 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
     Args:
         workdir: "" = ``workspace.default_workdir()``; a local folder is made, a URI's store is checked.
         data_dir: "" = ``workdir/etl``, made from the Tux Paint sample if missing.
-        weights: "" = the ImageNet Xception weights converted offline.
+        weights: "" = the backbone's default (``workspace.ensure_weights``: Xception's ImageNet weights converted
+            offline).
         train: more ``TrainConfig`` keywords for ``Setup.base``.
 
     Raises:
@@ -45,7 +47,7 @@ def setup(workdir: str = "", data_dir: str = "", weights: str = "", **train) -> 
     if data_dir:
         check_reachable(resolve(data_dir), "data_dir")
     data_dir = data_dir or workspace.ensure_sample_etl(workdir)
-    weights = workspace.ensure_weights(weights)
+    weights = workspace.ensure_weights(weights, train.get("backbone", DEFAULT_BACKBONE))
     print("data:", data_dir, "| weights:", weights)
     return Setup(workdir, data_dir, dict(data=data_dir, weights=weights, tensorboard=False, **train))
 

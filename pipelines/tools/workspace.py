@@ -5,6 +5,7 @@ import json
 import os
 from typing import Optional
 
+from pipelines.backbones import DEFAULT_BACKBONE, backbone_spec
 from pipelines.contract import MANIFEST, TRAIN, VALIDATION
 from pipelines.etl.config import ETLConfig
 from pipelines.etl.job import run_etl
@@ -12,7 +13,7 @@ from pipelines.io.storage import resolve
 from pipelines.runtime.environment import read_settings
 from pipelines.runtime.errors import Refused
 from pipelines.tools import samples
-from pipelines.tools.weights import ensure_xception_notop_weights
+from pipelines.tools.weights import ensure_notop_weights
 
 
 def default_workdir() -> str:
@@ -55,8 +56,12 @@ def _two_splits(location) -> bool:
     return isinstance(splits, dict) and TRAIN in splits and VALIDATION not in splits
 
 
-def ensure_weights(weights: str = "") -> str:
-    """``weights`` as given (``imagenet``, ``none`` or a path), else the path of the offline Xception weights."""
+def ensure_weights(weights: str = "", backbone: str = DEFAULT_BACKBONE) -> str:
+    """``weights`` as given (``imagenet``, ``none`` or a path), else ``backbone``'s default: the path of its offline
+    weights if its row has them, else ``imagenet`` (Keras' download) if pretrained, else ``none``."""
+    spec = backbone_spec(backbone)
     if weights:
         return weights
-    return str(ensure_xception_notop_weights())
+    if spec.offline is not None:
+        return str(ensure_notop_weights(backbone))
+    return "imagenet" if spec.pretrained else "none"

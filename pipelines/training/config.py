@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple, Union
 
 from pipelines import tracking as trk
+from pipelines.backbones import BACKBONES, DEFAULT_BACKBONE
 from pipelines.io.options import storage_options_field
 from pipelines.io.paths import check_url_safe
 from pipelines.io.storage import check_not_root, is_local
@@ -83,8 +84,9 @@ class LoaderOptions:
 class ModelOptions:
     """model: the network, its weights and input side, fine-tuning"""
 
-    backbone: str = field("xception", help="frozen feature extractor: xception (the article's) or tiny (with "
-                                           "--weights none: smoke tests)")
+    backbone: str = field(DEFAULT_BACKBONE, help="frozen feature extractor, a row of pipelines/backbones.py (xception: "
+                                           "the article's; tiny: random, with --weights none, for smoke tests)",
+                          choices=tuple(BACKBONES))
     weights: str = field("imagenet", help="backbone weights: imagenet (Keras download), none (random), "
                                           "or the path of a no-top weights file")
     # the model's input side (input_size), named as its flag --image-size; the stored side is the data's
@@ -93,8 +95,9 @@ class ModelOptions:
     dropout: float = field(0.5, help="dropout rate before the softmax head")
     head_init: str = field("probe", help="the head's first weights: probe (the linear probe's, on cached "
                                          "features) or random")
-    fine_tune_blocks: int = field(0, help="after the head converges, unfreeze the backbone's top N blocks (xception "
-                                          "1..14, tiny 1..2); 0 = none")
+    fine_tune_blocks: int = field(0, help="after the head converges, unfreeze the backbone's top N blocks ("
+                                          + ", ".join(f"{b.name} 1..{b.blocks}" for b in BACKBONES.values())
+                                          + "); 0 = none")
     fine_tune_lr: float = field(KERAS_GUIDE_LR_FACTOR, help="fine-tuning's learning rate as a factor of "
                                 "the head's, in (0, 1]")
     fine_tune_epochs: int = field(0, help="maximum epochs of the fine-tuning phase, with the same early stopping; "

@@ -4,10 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
+from pipelines.backbones import backbone_spec
 from pipelines.contract import SPLITS
 from pipelines.runtime.errors import MissingInput
 from pipelines.training.data import features as feat
-from pipelines.training.model.build import backbone_spec, input_tag
+from pipelines.training.model.build import input_tag
 
 #: What the model takes, as the feature cache keys it: the stored image as it is
 #: (`MODEL_INPUT_DTYPE`).

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 from pipelines import tracking as trk
+from pipelines.backbones import BACKBONES, DEFAULT_BACKBONE
 from pipelines.io.options import storage_options_field
 from pipelines.io.storage import is_local
 from pipelines.runtime.checks import check_types
@@ -30,7 +31,7 @@ class TuneConfig:
 
     data: str = field(help="ETL output whose feature cache (made by jobs/train.py --feature-cache) the trials read")
     output: str = field(help="local folder for the search's record (tune.json) and, by default, its MLflow store")
-    backbone: str = field("xception", help="backbone the features were computed with (xception or tiny)")
+    backbone: str = field(DEFAULT_BACKBONE, help="backbone the features were computed with", choices=tuple(BACKBONES))
     weights: str = field("imagenet", help="weights the features were computed with: imagenet, none (random, "
                                           "seeded by --seed) or a file path")
     image_size: int = field(0, help="the backbone's input side the features were computed at; 0 = the ETL's size")

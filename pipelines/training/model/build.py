@@ -1,44 +1,13 @@
-"""The model: a frozen backbone (Keras Xception, ImageNet; or ``tiny`` for quick end-to-end checks) + dropout +
-softmax head, built and compiled for Horovod here; checkpoints and export live beside it."""
+"""The model: a frozen backbone (a ``pipelines.backbones`` row: Keras Xception by default) + dropout + softmax head,
+built and compiled for Horovod here; checkpoints and export live beside it."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
-from pipelines.contract import MODEL_INPUT_DTYPE, MODEL_INPUT_NAME, PREPROCESS_OFFSET, PREPROCESS_SCALE
+from pipelines.backbones import DEFAULT_BACKBONE, Backbone, backbone_spec
+from pipelines.contract import MODEL_INPUT_DTYPE, MODEL_INPUT_NAME
 from pipelines.runtime.errors import MissingInput, Refused
 from pipelines.training.model.checkpoints import build_optimizer, resumable_dropout
-
-
-@dataclass(frozen=True)
-class Backbone:
-    """A frozen feature extractor as ``--backbone`` names it; ``min_size`` in px, block ``k`` (1 = nearest the
-    input) is ``block_prefix.format(k)``."""
-
-    name: str
-    min_size: int
-    feature_dim: int
-    pretrained: bool
-    blocks: int
-    block_prefix: str
-
-
-#: The backbones ``--backbone`` names. ``tiny`` (two blocks of a random 3x3 convolution and a
-#: batch normalization, 5 k weights) builds and traces in a fraction of a second where Xception
-#: (20.8 M weights, 133 layers) takes several: a run on it checks data, sharding, launchers, outputs
-#: and fine-tuning quickly (tests, a new cluster); its accuracy is not the point. Xception's 14 blocks
-#: are Keras' ``block1_`` .. ``block14_`` layers.
-BACKBONES = {
-    "xception": Backbone("xception", 71, 2048, True, 14, "block{}_"),
-    "tiny": Backbone("tiny", 8, 32, False, 2, "tiny_block{}_"),
-}
-
-
-def backbone_spec(name: str) -> Backbone:
-    """The ``Backbone`` called ``name``; ``Refused`` (a ``ValueError``) naming the known ones."""
-    if name not in BACKBONES:
-        raise Refused(f"unknown backbone {name!r}: one of {', '.join(BACKBONES)}")
-    return BACKBONES[name]
 
 
 def check_backbone(name: str, weights: str, input_size: int = 0) -> Backbone:
@@ -52,26 +21,8 @@ def check_backbone(name: str, weights: str, input_size: int = 0) -> Backbone:
     return spec
 
 
-def _build_backbone(name: str, input_size: int, weights: str):
-    """The backbone as a Keras model ``(N, S, S, 3) float32 in [-1, 1] -> (N, feature_dim)``, pooled."""
-    from pipelines.stack.kerasapi import keras
-
-    shape = (input_size, input_size, 3)
-    if name == "xception":
-        base = keras.applications.Xception(include_top=False, pooling="avg", input_shape=shape,
-                                              weights="imagenet" if weights == "imagenet" else None)
-        if weights not in ("imagenet", "none"):
-            base.load_weights(weights)
-        return base
-    x = image = keras.Input(shape, name="tiny_input")
-    for block, filters in ((1, 16), (2, BACKBONES["tiny"].feature_dim)):  # a BatchNormalization, as Xception has
-        x = keras.layers.Conv2D(filters, 3, strides=2, activation="relu", name=f"tiny_block{block}_conv")(x)
-        x = keras.layers.BatchNormalization(name=f"tiny_block{block}_bn")(x)
-    return keras.Model(image, keras.layers.GlobalAveragePooling2D(name="tiny_pool")(x), name="tiny")
-
-
 def build_model(num_classes: int, input_size: int, dropout: float = 0.5, weights: str = "imagenet",
-                seed: int = 0, backbone: str = "xception", stored_size: int = 0):
+                seed: int = 0, backbone: str = DEFAULT_BACKBONE, stored_size: int = 0):
     """Transfer-learning model: stored uint8 image -> ``preprocessing`` -> frozen backbone -> dropout -> softmax.
 
     The backbone runs with ``training=False``: batch-norm statistics stay ImageNet's, also when fine-tuned.
@@ -79,7 +30,7 @@ def build_model(num_classes: int, input_size: int, dropout: float = 0.5, weights
     Args:
         input_size: side of the backbone's input, pixels.
         stored_size: side of the stored images the model takes, pixels (0 = ``input_size``).
-        weights: ``'imagenet'``, ``'none'`` (random), or a no-top Xception weights file's path.
+        weights: ``'imagenet'``, ``'none'`` (random), or the path of the backbone's no-top weights file.
 
     Returns:
         an uncompiled model, uint8 ``(batch, stored_size, stored_size, 3)`` -> float32 ``(batch, num_classes)``.
@@ -89,29 +40,30 @@ def build_model(num_classes: int, input_size: int, dropout: float = 0.5, weights
         Refused: as ``check_backbone``."""
     from pipelines.stack.kerasapi import keras
 
-    check_backbone(backbone, weights, input_size)
+    spec = check_backbone(backbone, weights, input_size)
     if weights not in ("imagenet", "none") and not os.path.isfile(weights):
         raise MissingInput(f"weights file not found: {weights}")
     keras.utils.set_random_seed(seed)
-    base = _build_backbone(backbone, input_size, weights)
+    base = spec.build(input_size, weights)
     base.trainable = False
     stored = stored_size or input_size
     image = keras.Input((stored, stored, 3), dtype=MODEL_INPUT_DTYPE, name=MODEL_INPUT_NAME)
-    features = base(preprocessing(image, stored, input_size), training=False)
+    features = base(preprocessing(image, stored, input_size, spec), training=False)
     x = resumable_dropout(dropout, seed)(features)
     outputs = keras.layers.Dense(num_classes, activation="softmax", name="head", dtype="float32")(x)
     return keras.Model(image, outputs, name=f"{backbone}_transfer")
 
 
-def preprocessing(image, stored_size: int, input_size: int):
-    """The model's first layers, float32 on its device: ``Resizing`` to ``input_size`` if needed, ``x / 127.5 - 1``."""
+def preprocessing(image, stored_size: int, input_size: int, backbone: Backbone):
+    """The model's first layers, float32 on its device: ``Resizing`` to ``input_size`` if needed, then
+    ``backbone``'s ``x * scale + offset``."""
     from pipelines.stack.kerasapi import keras
 
     x = image
     if input_size != stored_size:
         x = keras.layers.Resizing(input_size, input_size, interpolation="bilinear", name="resize",
                                   dtype="float32")(x)
-    return keras.layers.Rescaling(PREPROCESS_SCALE, offset=PREPROCESS_OFFSET, name="xception_preprocess",
+    return keras.layers.Rescaling(backbone.scale, offset=backbone.offset, name=f"{backbone.name}_preprocess",
                                   dtype="float32")(x)
 
 

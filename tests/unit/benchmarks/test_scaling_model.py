@@ -92,7 +92,7 @@ def test_block_counts_match_keras_xception_and_the_jobs_block_choice():
     the training job's own unfreeze rule (pipelines.training.model.finetune.block_layers)."""
     tf = pytest.importorskip("tensorflow")
     from pipelines.training.model.finetune import block_layers
-    from pipelines.training.model.build import backbone_spec
+    from pipelines.backbones import backbone_spec
 
     base = tf.keras.applications.Xception(weights=None, include_top=False, input_shape=(299, 299, 3))
     assert base.count_params() == 20_861_480

@@ -81,16 +81,17 @@ def test_a_lambda_in_a_zip_model_is_refused_before_keras_reads_it(tmp_path):
     assert not os.path.exists(marker)
 
 
-@pytest.mark.parametrize("backbone,size,stored", [("tiny", 32, 32), ("tiny", 32, 40), ("xception", 71, 71)])
+@pytest.mark.parametrize("backbone,size,stored", [("tiny", 32, 32), ("tiny", 32, 40), ("xception", 71, 71),
+                                                  ("densenet121", 32, 40)])
 def test_every_model_the_product_builds_passes_the_allowlist(tmp_path, backbone, size, stored):
     """The allowlist is the product's own models: each exported (with Resizing when the stored size
-    differs) is accepted, and the tiny ones load and predict."""
+    differs) is accepted, and all but Xception (its load alone takes seconds) load and predict."""
     run = tmp_path / "run"
     run.mkdir()
     model = build_model(2, size, weights="none", backbone=backbone, stored_size=stored)
     export_model(model, str(run / "model.keras"), stored_size=stored, class_names=NAMES)
     check_model_config(read_zip_config(str(run / "model.keras"), "m"), "m")
-    if backbone == "tiny":
+    if backbone != "xception":
         spec = resolve_model(str(run))
         assert spec.load().predict(np.zeros((1, stored, stored, 3), np.uint8), verbose=0).shape == (1, 2)
 

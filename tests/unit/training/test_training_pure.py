@@ -290,7 +290,7 @@ def test_feature_shards_round_trip_and_reshard(tmp_path):
 
 @pytest.mark.parametrize("fields, message", [
     ({"backbone": "tiny"}, "backbone tiny has no pretrained weights: use --weights none (got imagenet)"),
-    ({"backbone": "resnet50"}, "unknown backbone 'resnet50': one of xception, tiny"),
+    ({"backbone": "resnet50"}, "unknown backbone 'resnet50': one of xception, densenet121, tiny"),
     ({"image_size": 64}, "backbone xception takes images of at least 71 px, got 64"),
     ({"backbone": "tiny", "weights": "none", "image_size": 7}, "backbone tiny takes images of at least 8 px, got 7"),
 ])
@@ -315,7 +315,8 @@ def test_the_tiny_backbone_is_a_small_frozen_feature_extractor():
 def test_fine_tune_blocks_of_xception_are_its_top_blocks_with_their_unnamed_layers():
     from pipelines.stack.kerasapi import keras
     from pipelines.training.model.finetune import block_layers, trainable_parameters, unfreeze
-    from pipelines.training.model.build import BACKBONES, backbone_of, build_model
+    from pipelines.backbones import BACKBONES
+    from pipelines.training.model.build import backbone_of, build_model
     keras.backend.clear_session()  # Keras numbers unnamed layers per process: a model built before adds "_1"
     names = [layer.name for layer in keras.applications.Xception(
         include_top=False, pooling="avg", input_shape=(71, 71, 3), weights=None).layers]

@@ -80,10 +80,11 @@ def test_tf_dataset_and_feature_rows_are_exact(data):
     from pipelines.stack.kerasapi import keras
 
     from pipelines.training.data.features import compute_shard
+    from pipelines.backbones import backbone_spec
     from pipelines.training.model.build import preprocessing
 
     image = keras.Input((4, 4, 3), dtype="uint8")  # the uint8 batches, preprocessed by the model's own layers
-    backbone = keras.Model(image, keras.layers.GlobalAveragePooling2D()(preprocessing(image, 4, 4)))
+    backbone = keras.Model(image, keras.layers.GlobalAveragePooling2D()(preprocessing(image, 4, 4, backbone_spec("xception"))))
     for _ in range(5):  # tf.data adds no reading of its own: a few passes show it drops nothing
         for split, ids in (("train", range(0, 21)), ("test", range(21, 40))):
             got = []

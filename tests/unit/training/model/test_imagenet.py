@@ -13,12 +13,13 @@ import sys
 
 import pytest
 
-from pipelines.training.model.imagenet import (IMAGENET, KerasFile, WeightsUnavailable, ensure_imagenet_weights,
-                                         ensure_keras_file, keras_cache_dir, md5_of)
+from pipelines.backbones import BACKBONES, KerasFile
+from pipelines.training.model.imagenet import (WeightsUnavailable, ensure_imagenet_weights, ensure_keras_file,
+                                               keras_cache_dir, md5_of)
 from tests.support.env import REPO
 from tests.support.offline import manifest, offline, offline_env
 
-SPEC = IMAGENET["xception"]
+SPEC = BACKBONES["xception"].imagenet
 
 
 @pytest.fixture
@@ -40,23 +41,51 @@ def source_file(url: str, data: bytes, tmp_path) -> KerasFile:
     return KerasFile("weights.h5", path.as_uri() if url == "file" else url, hashlib.md5(data).hexdigest())
 
 
-def test_the_urls_and_hashes_are_keras_own():
+def string_value(node, constants):
+    """A module's string expression: a literal, a module constant's name, or their ``+``."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return string_value(node.left, constants) + string_value(node.right, constants)
+    if isinstance(node, ast.Name):
+        return constants[node.id]
+    return ast.literal_eval(node)
+
+
+def get_file_calls(path):
+    """``{file name: (url, keywords)}`` of every ``get_file`` call in the Keras source file ``path``."""
+    tree = ast.parse(open(path).read())
+    constants = {}
+    for node in tree.body:  # in order: a constant may be built from an earlier one
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            try:
+                constants[node.targets[0].id] = string_value(node.value, constants)
+            except (ValueError, KeyError, TypeError):
+                pass
+    calls = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "get_file" and len(node.args) >= 2 \
+                and isinstance(node.args[0], ast.Constant):
+            try:  # a name built at run time (an f-string, a variable) is none of ours
+                calls[node.args[0].value] = (string_value(node.args[1], constants),
+                                             {k.arg: ast.literal_eval(k.value) for k in node.keywords})
+            except (ValueError, KeyError, TypeError):
+                pass
+    return calls
+
+
+@pytest.mark.parametrize("backbone", [b.name for b in BACKBONES.values() if b.imagenet])
+def test_the_urls_and_hashes_are_keras_own(backbone):
     """Read from the installed Keras 2's source (no TensorFlow import; the stack's Keras 2 package:
-    ``keras`` 2.15 on mission, ``tf_keras`` on current): Xception's no-top file name, URL and md5 as
-    its get_file call has them."""
+    ``keras`` 2.15 on mission, ``tf_keras`` on current): each pretrained backbone's no-top file name,
+    URL and md5 as one of its applications' get_file calls has them."""
     from pipelines import stack
+    spec = BACKBONES[backbone].imagenet
     package = stack.active().keras_package
-    folder = importlib.util.find_spec(package).submodule_search_locations[0]
-    tree = ast.parse(open(os.path.join(folder, "src", "applications", "xception.py")).read())
-    constants = {node.targets[0].id: ast.literal_eval(node.value) for node in ast.walk(tree)
-                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-                 and isinstance(node.value, ast.Constant)}
-    (call,) = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
-               and getattr(node.func, "attr", "") == "get_file"
-               and any(isinstance(a, ast.Name) and a.id == "TF_WEIGHTS_PATH_NO_TOP" for a in node.args)]
-    keywords = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
-    assert (ast.literal_eval(call.args[0]), constants["TF_WEIGHTS_PATH_NO_TOP"], keywords) == \
-        (SPEC.name, SPEC.url, {"cache_subdir": SPEC.subdir, "file_hash": SPEC.md5})
+    folder = os.path.join(importlib.util.find_spec(package).submodule_search_locations[0], "src", "applications")
+    calls = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            calls.update(get_file_calls(os.path.join(folder, name)))
+    assert calls[spec.name] == (spec.url, {"cache_subdir": spec.subdir, "file_hash": spec.md5})
 
 
 def test_a_file_in_keras_cache_is_used_and_nothing_fetched(offline_here, tmp_path):
@@ -96,6 +125,14 @@ def test_offline_imagenet_is_one_line_naming_what_to_do(offline_here):
     assert "--weights none" in message and "--weights PATH" in message
     assert "python -m pipelines.tools.weights" in message
     assert os.listdir(keras_cache_dir()) == []
+
+
+def test_offline_imagenet_of_a_backbone_without_an_offline_source_names_no_converter(offline_here):
+    with pytest.raises(WeightsUnavailable) as info:
+        ensure_imagenet_weights("densenet121", "imagenet", timeout_s=10)
+    message = str(info.value)
+    assert message.startswith("--weights imagenet: densenet121's ImageNet weights are not")
+    assert BACKBONES["densenet121"].imagenet.url in message and "pipelines.tools.weights" not in message
 
 
 @pytest.mark.parametrize("backbone, weights", [("xception", "none"), ("xception", "/some/file.h5"), ("tiny", "none")])
@@ -150,7 +187,8 @@ def test_the_ranks_find_the_file_where_the_launcher_put_it(tmp_path, refused_por
     home = tmp_path / "home"
     home.mkdir()
     env = offline_env(home, refused_port)
-    place = ("from pipelines.training.model.imagenet import IMAGENET, keras_cache_dir; import os; s = IMAGENET['xception']; "
+    place = ("from pipelines.training.model.imagenet import keras_cache_dir; from pipelines.backbones import BACKBONES; "
+             "import os; s = BACKBONES['xception'].imagenet; "
              "p = os.path.join(keras_cache_dir(s.subdir), s.name); os.makedirs(os.path.dirname(p)); "
              "open(p, 'wb').write(b'ours'); print(p)")
     placed = subprocess.run([sys.executable, "-c", place], capture_output=True, text=True, env=env, cwd=REPO,

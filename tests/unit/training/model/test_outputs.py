@@ -11,7 +11,8 @@ from pipelines.tracking import pictures
 from pipelines.stack.kerasapi import keras
 from pipelines.training.model.checkpoints import frozen_checksum, load_checkpoint, optimizer_state, save_checkpoint
 from pipelines.training.evaluate import add, batch_totals, evaluate_dataset
-from pipelines.training.model.build import BACKBONES, backbone_of, build_model, feature_extractor
+from pipelines.backbones import BACKBONES
+from pipelines.training.model.build import backbone_of, build_model, feature_extractor
 from pipelines.training.model.export import export_model
 
 SIZE = 71  # Xception's smallest input
