@@ -4,12 +4,15 @@ Batches keep (true, predicted) label pairs; the ``(k, k)`` confusion matrix is c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from pipelines.contract import VALIDATION
-from pipelines.training.data import verify_total
+from pipelines.training.data import Dataset, verify_total
+
+if TYPE_CHECKING:
+    from pipelines.training.inputpath import InputPath
 
 
 def _no_labels() -> np.ndarray:
@@ -138,7 +141,7 @@ def allreduce_totals(totals: Totals) -> Totals:
     return Totals.of_confusion(loss_sum, np.rint(np.asarray(matrix, np.float64)).astype(np.int64))
 
 
-def exact_validation(inputs, data, listeners: Sequence = ()):
+def exact_validation(inputs: InputPath, data: Dataset, listeners: Sequence = ()):
     """A collective Keras callback making each epoch's ``val_loss``, ``val_accuracy``, ``val_count`` exact.
 
     ``listeners`` get ``on_validation_batch_end(epoch, batch, logs)`` then ``on_validation_shard_end(epoch, logs)``."""
@@ -175,7 +178,7 @@ def exact_validation(inputs, data, listeners: Sequence = ()):
     return ExactValidation()
 
 
-def with_exact_validation(callbacks: list, inputs, data) -> list:
+def with_exact_validation(callbacks: list, inputs: InputPath, data: Dataset) -> list:
     """``callbacks`` with ``exact_validation`` inserted after ``EpochStats`` and before Keras' progress printer."""
     import tensorflow as tf
 

@@ -5,13 +5,16 @@ import hashlib
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 from pipelines.training.config import TrainConfig
 from pipelines.training.model.checkpoints import broadcast_state, build_optimizer, load_checkpoint, optimizer_checksum
 from pipelines.training.schedule import checkpoint_path, marker_weights
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger("pipelines")
 
@@ -21,7 +24,7 @@ class Resume:
     """Where training starts: the checkpoint's marker (``None``: fresh), its history and the best weights."""
 
     marker: Optional[Dict] = None
-    best_weights: Optional[list] = None
+    best_weights: Optional[List[np.ndarray]] = None  # the model's get_weights()
     checksums: Optional[List[str]] = None
     history: List[Dict] = field(default_factory=list)
     optimizer_checksums: Optional[List[str]] = None

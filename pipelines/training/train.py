@@ -24,6 +24,7 @@ from pipelines.training.config import TrainConfig
 from pipelines.training.context import RankContext
 from pipelines.training.data import default_cache_root, verify_total
 from pipelines.training.evaluate import allreduce_totals, with_exact_validation
+from pipelines.training.inputpath import InputPath
 from pipelines.training.inputs import ImageInputs, make_inputs
 from pipelines.training.model.build import build_model, compile_distributed
 from pipelines.training.model.checkpoints import frozen_checksum
@@ -167,7 +168,7 @@ def with_hooks(context: RankContext, callbacks: list) -> list:
     return callbacks if fault is None else [*callbacks, fault]
 
 
-def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: int = 0) -> float:
+def train(context: RankContext, inputs: InputPath, resume: Resume, callbacks, first_epoch: int = 0) -> float:
     """``fit`` from ``resume``'s position, each rank's stream opened there; returns the seconds in ``fit``."""
     from pipelines.training.callbacks import stop_watchdogs
     from pipelines.training.segment import end_epoch, in_segment
@@ -211,7 +212,7 @@ def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: 
             shutil.rmtree(cache_root, ignore_errors=True)
 
 
-def evaluate(context: RankContext, inputs, split: str = TEST):
+def evaluate(context: RankContext, inputs: InputPath, split: str = TEST):
     """Exact totals over the whole ``split``, the same on every rank; a short read fails the run.
 
     Raises:
@@ -248,8 +249,8 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
                                  seed=config.fit.seed, backbone=config.model.backbone,
                                  stored_size=plan.data.stored_size)
         # Horovod: this rank's shard of each split (on another world size: the data world's rows it computes)
-        inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.input_size)
-        inputs = resized_inputs(inputs, plan.world, rank.rank, rank.size, announce=rank.rank == 0)
+        inputs = make_inputs(config, plan.data, rank, full_model, plan.input_size)
+        inputs = resized_inputs(inputs, plan.world, rank, announce=rank.rank == 0)
         # Horovod: the optimizer wrapped in hvd.DistributedOptimizer: each step's gradients averaged by allreduce
         compile_distributed(inputs.model, plan.lr, config.compute.fp16_allreduce, config.compute.xla_on,
                             config.fit.weight_decay)
@@ -274,7 +275,7 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     return report
 
 
-def head_phase(context: RankContext, inputs, resume: Resume):
+def head_phase(context: RankContext, inputs: InputPath, resume: Resume):
     """Phase 1, the head on the frozen backbone: fit and exact evaluation; skipped when resuming phase 2."""
     if resume.phase == 2:
         return Phase(inputs, None, 0, 0.0, None, resume)
@@ -307,8 +308,7 @@ def fine_tune(context: RankContext, first, resume: Resume):
                  config.model.fine_tune_lr, plan.lr,
                  record["epochs"] + 1, record["epochs"] + config.fine_tune_max_epochs)
     phase = context.for_phase(record["epochs"] + config.fine_tune_max_epochs, lr)
-    inputs = resized_inputs(ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.input_size), plan.world,
-                            rank.rank, rank.size)
+    inputs = resized_inputs(ImageInputs(config, plan.data, rank, model, plan.input_size), plan.world, rank)
     marker = {"phase": 2, "blocks": config.model.fine_tune_blocks, "phase1": record}
     callbacks, early_stopping, epoch_stats = make_callbacks(phase, second, marker=marker)
     seconds = train(phase, inputs, second, callbacks, first_epoch=record["epochs"])

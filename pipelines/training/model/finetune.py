@@ -4,14 +4,16 @@ Batch norms stay in inference mode; the model is recompiled (``trainable`` acts 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 from pipelines.training.model.build import backbone_of, backbone_spec
 
 if TYPE_CHECKING:
+    from pipelines.training.callbacks import BestWeightsEarlyStopping
     from pipelines.training.evaluate import Totals
+    from pipelines.training.inputpath import InputPath
     from pipelines.training.resume import Resume
 
 #: The Keras guide's fine-tuning rate over its head-training rate: Adam(1e-5) after Adam() (1e-3).
@@ -74,8 +76,8 @@ def trainable_parameters(model) -> int:
 class Phase:
     """One phase's outcome as the job reports it: inputs, early stopping, epochs run, ``fit`` seconds, exact totals."""
 
-    inputs: Any  # the phase's input path
-    early_stopping: Any  # callbacks.BestWeightsEarlyStopping
+    inputs: InputPath
+    early_stopping: Optional[BestWeightsEarlyStopping]  # None: phase 1 skipped (a resume in phase 2)
     epochs_run: int
     fit_seconds: float
     totals: Totals

@@ -63,7 +63,7 @@ def build_report(context, phases: List, resume: Resume) -> Dict:
         "num_classes": data.num_classes,
         "class_names": data.class_names,
         "input_path": last.inputs.name,
-        "feature_cache": getattr(phases[0].inputs, "directory", None),
+        "feature_cache": phases[0].inputs.directory,
         "precision": rank.precision,
         "resumed_after_epoch": resume.initial_epoch if resume.marker else None,
         "resumed_after_step": resume.initial_step if resume.marker else None,  # of the next epoch: a step checkpoint
@@ -112,7 +112,7 @@ def linear_probe(context, first) -> Dict:
 
     if not context.config.outputs.probe:
         return {"skipped": "--no-probe"}
-    directory = getattr(first.inputs, "features", None)
+    directory = first.inputs.features
     if directory is None:
         return {"skipped": PROBE_NEEDS_FEATURES}
     train, validation, test = (feat.read_shard(directory, split, 0, 1) for split in (TRAIN, VALIDATION, TEST))
