@@ -195,7 +195,7 @@ def train(context: RankContext, inputs: InputPath, resume: Resume, callbacks, fi
                 verbose = 2 if rank.rank == 0 else 0  # Horovod: Keras' epoch lines on rank 0 only
                 if not segment.steps:  # the epoch's steps were trained, its validation interrupted: its end only
                     end_epoch(inputs.model, hooks, segment.initial_epoch, spe,
-                              resume.epoch_logs(rank.rank, rank.size), verbose)
+                              resume.epoch_logs(rank), verbose)
                 else:
                     dataset = train_ds if i == 0 else inputs.train_dataset_at(segment.start_row)
                     inputs.model.fit(dataset, epochs=segment.epochs, initial_epoch=segment.initial_epoch,
