@@ -229,8 +229,7 @@ def measure_throughput(config, batch_sizes: Sequence[int], warmup_steps: int, st
             window = step_window(warmup_steps, steps,
                                  on_start=(lambda t=timeline: hvd.start_timeline(t)) if timeline else None,
                                  on_stop=hvd.stop_timeline if timeline else None)
-            inputs = ImageInputs(dataclasses.replace(config, batch_size=batch_size), dataset, rank, size,
-                                 model, size_px)
+            inputs = ImageInputs(dataclasses.replace(config, batch_size=batch_size), dataset, this, model, size_px)
             with inputs.reader_dataset("train", os.path.join(cache_root, name)) as ds:
                 model.fit(ds, epochs=1, steps_per_epoch=warmup_steps + steps, verbose=0,
                           callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), window])

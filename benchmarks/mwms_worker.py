@@ -54,6 +54,7 @@ def train(config, warmup_steps: int, steps: int) -> dict:
     from pipelines.training.model.finetune import unfreeze
     from pipelines.training.inputs import ImageInputs
     from pipelines.training.model.build import build_model
+    from pipelines.training.rank import Rank
     from pipelines.training.schedule import scaled_lr
 
     import measure
@@ -75,7 +76,9 @@ def train(config, warmup_steps: int, steps: int) -> dict:
                       loss="sparse_categorical_crossentropy",
                       metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
     window = measure.step_window(warmup_steps, steps)
-    inputs = ImageInputs(config, dataset, index, workers, model, size_px)
+    # the worker as a rank of the strategy's workers: ImageInputs shards by its rank and size
+    worker = Rank(index, workers, local_rank=0, local_size=1, threads=config.compute.threads)
+    inputs = ImageInputs(config, dataset, worker, model, size_px)
     with tempfile.TemporaryDirectory(prefix=f"mwms-worker{index}-") as cache_root:
         with inputs.reader_dataset("train", cache_root) as ds:
             distributed = strategy.distribute_datasets_from_function(lambda context: ds)

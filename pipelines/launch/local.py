@@ -82,8 +82,8 @@ def run_local(main: Callable[..., Any], kwargs: Dict[str, Any], world_size: int,
 def passing_on_sigterm(ranks: List[subprocess.Popen]) -> Iterator[None]:
     """While the block runs (main thread only), pass a SIGTERM to this driver on to every running rank.
 
-    A repeat within ``preemption.REPEAT_S`` is the same notice; one later ends the driver at once."""
-    from pipelines.training.preemption import REPEAT_S
+    A repeat within ``REPEAT_S`` is the same notice; one later ends the driver at once."""
+    from pipelines.launch.watchdog import REPEAT_S
 
     if threading.current_thread() is not threading.main_thread():
         yield

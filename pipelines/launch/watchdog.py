@@ -21,6 +21,8 @@ log = logging.getLogger("pipelines")
 
 DEFAULT_STALL_TIMEOUT_S = 600.0  # ten minutes: longer than any step, evaluation batch or checkpoint here
 STALL_EXIT = 75  # a stalled rank's exit status (EX_TEMPFAIL: worth another try)
+#: Seconds within which a second SIGTERM (to a rank or its driver) is the first one delivered again, not a second notice.
+REPEAT_S = 2.0
 
 
 def grace_s(timeout_s: float) -> float:

@@ -3,56 +3,16 @@
 Batches keep (true, predicted) label pairs; the ``(k, k)`` confusion matrix is counted from them once."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from pipelines.contract import VALIDATION
-from pipelines.training.data import verify_total
+from pipelines.training.data import Dataset, verify_total
+from pipelines.training.totals import Totals
 
-
-def _no_labels() -> np.ndarray:
-    return np.zeros(0, np.int64)
-
-
-@dataclass(frozen=True, eq=False)
-class Totals:
-    """Sums over examples: ``loss_sum`` (float64, nats), ``correct``, ``count``, and the label pairs ``true``,
-    ``predicted`` (int64 ``(count,)``, unordered; empty when ``num_classes`` is 0: confusion not counted)."""
-
-    loss_sum: float
-    correct: int
-    count: int
-    num_classes: int = 0
-    true: np.ndarray = field(default_factory=_no_labels)
-    predicted: np.ndarray = field(default_factory=_no_labels)
-
-    @classmethod
-    def of_confusion(cls, loss_sum: float, confusion) -> "Totals":
-        """The totals of int ``(k, k)`` ``[true][predicted]`` counts ``confusion`` (k > 0)."""
-        matrix = np.asarray(confusion, np.int64)
-        k = matrix.shape[0]
-        cells = np.repeat(np.arange(k * k, dtype=np.int64), matrix.ravel())
-        return cls(float(loss_sum), int(np.trace(matrix)), int(matrix.sum()), k, cells // k, cells % k)
-
-    def confusion_matrix(self, num_classes: int = 0) -> np.ndarray:
-        """int64 ``(k, k)``: ``[t][p]`` examples of true ``t`` predicted ``p``; zeros
-        ``(num_classes, num_classes)`` when the confusion was not counted."""
-        k = self.num_classes
-        if not k:
-            return np.zeros((num_classes, num_classes), np.int64)
-        return np.bincount(self.true * k + self.predicted, minlength=k * k).astype(np.int64, copy=False).reshape(k, k)
-
-    @property
-    def loss(self) -> float:
-        """Mean sparse categorical cross-entropy per example."""
-        return self.loss_sum / self.count if self.count else float("nan")
-
-    @property
-    def accuracy(self) -> float:
-        """Share of examples whose argmax is the label."""
-        return self.correct / self.count if self.count else float("nan")
+if TYPE_CHECKING:
+    from pipelines.training.inputpath import InputPath
 
 
 def batch_totals(probabilities: np.ndarray, labels: np.ndarray, epsilon: float = 1e-7) -> Totals:
@@ -138,7 +98,7 @@ def allreduce_totals(totals: Totals) -> Totals:
     return Totals.of_confusion(loss_sum, np.rint(np.asarray(matrix, np.float64)).astype(np.int64))
 
 
-def exact_validation(inputs, data, listeners: Sequence = ()):
+def exact_validation(inputs: InputPath, data: Dataset, listeners: Sequence = ()):
     """A collective Keras callback making each epoch's ``val_loss``, ``val_accuracy``, ``val_count`` exact.
 
     ``listeners`` get ``on_validation_batch_end(epoch, batch, logs)`` then ``on_validation_shard_end(epoch, logs)``."""
@@ -175,7 +135,7 @@ def exact_validation(inputs, data, listeners: Sequence = ()):
     return ExactValidation()
 
 
-def with_exact_validation(callbacks: list, inputs, data) -> list:
+def with_exact_validation(callbacks: list, inputs: InputPath, data: Dataset) -> list:
     """``callbacks`` with ``exact_validation`` inserted after ``EpochStats`` and before Keras' progress printer."""
     import tensorflow as tf
 

@@ -1,21 +1,25 @@
-"""The training job's input paths (images, or cached backbone features) behind one small interface."""
+"""The training job's input paths (images, or cached backbone features), each an ``InputPath`` (``inputpath.py``)."""
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Tuple
 
 from pipelines.contract import EVALUATED, SPLITS
 from pipelines.runtime.logs import plural
 from pipelines.training.config import TrainConfig
 from pipelines.training.data import Dataset, OnePassShard, check_reader, make_dataset, open_reader, verify_total
 from pipelines.training.data import features as feat
-from pipelines.training.evaluate import evaluate_dataset
+from pipelines.training.evaluate import Totals, evaluate_dataset
 from pipelines.training.model.build import backbone_of, build_head, feature_extractor, model_input
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from pipelines.io.storage import Location
+    from pipelines.training.inputpath import InputPath
+    from pipelines.training.rank import Rank
 
 log = logging.getLogger("pipelines")
 
@@ -24,9 +28,11 @@ class ImageInputs:
     """The whole model trained on images (the article's path)."""
 
     name = "images"
+    features: Optional[Location] = None  # no cached features
+    directory: Optional[str] = None
 
-    def __init__(self, config: TrainConfig, data: Dataset, rank: int, size: int, full_model, input_size: int):
-        self.config, self.data, self.rank, self.size = config, data, rank, size
+    def __init__(self, config: TrainConfig, data: Dataset, rank: Rank, full_model, input_size: int):
+        self.config, self.data, self.rank = config, data, rank
         self.model = self.full_model = full_model
         self.input_size = input_size
 
@@ -42,14 +48,15 @@ class ImageInputs:
 
     def _open(self, split: str, cache_root: str):
         c = self.config
-        return open_reader(self.data, split, self.rank, self.size, cache_root, workers=c.loader.reader_workers,
-                           seed=c.fit.seed + self.rank, reader=c.loader.reader)
+        return open_reader(self.data, split, self.rank.rank, self.rank.size, cache_root,
+                           workers=c.loader.reader_workers, seed=c.fit.seed + self.rank.rank, reader=c.loader.reader)
 
     def _dataset_over(self, reader, split: str, start_row: int):
         """The dataset of ``split`` over ``reader`` from stream row ``start_row`` (ignored by Petastorm's)."""
         c, training = self.config, split == "train"
         return make_dataset(reader, self.data.stored_size, c.fit.batch_size, c.loader.shuffle_buffer if training else 0,
-                            seed=c.fit.seed + self.rank, augment=c.loader.augment and training, start_row=start_row)
+                            seed=c.fit.seed + self.rank.rank, augment=c.loader.augment and training,
+                            start_row=start_row)
 
     @contextlib.contextmanager
     def reader_dataset(self, split: str, cache_root: str, start_row: int = 0) -> Iterator[object]:
@@ -80,10 +87,10 @@ class ImageInputs:
             raise RuntimeError("train_dataset_at is valid only inside the fit_datasets block")
         return self._dataset_over(self._train_reader, "train", start_row)
 
-    def evaluate_shard(self, model, split: str, after_batch=None):
+    def evaluate_shard(self, model, split: str, after_batch: Optional[Callable[[int], None]] = None) -> Totals:
         """Totals over this rank's shard of an evaluated ``split``, each row once, count checked against footers."""
         _check_evaluated(split)
-        shard = OnePassShard(self.data, split, self.rank, self.size)
+        shard = OnePassShard(self.data, split, self.rank.rank, self.rank.size)
         totals = evaluate_dataset(model, shard.dataset(self.config.fit.batch_size), after_batch)
         shard.verify(totals.count)
         return totals
@@ -98,8 +105,8 @@ class FeatureInputs:
 
     name = "features"
 
-    def __init__(self, config: TrainConfig, data: Dataset, rank: int, size: int, full_model, input_size: int):
-        self.config, self.data, self.rank, self.size = config, data, rank, size
+    def __init__(self, config: TrainConfig, data: Dataset, rank: Rank, full_model, input_size: int):
+        self.config, self.data, self.rank = config, data, rank
         self.full_model, self.input_size = full_model, input_size
         self.features = self._ensure_features()
         self.directory = self.features.uri  # as the report names it
@@ -108,11 +115,11 @@ class FeatureInputs:
         # Start from the whole model's initial head, so both paths train the same function from the same point.
         self.model.get_layer("head").set_weights(full_model.get_layer("head").get_weights())
 
-    def _ensure_features(self):
+    def _ensure_features(self) -> Location:
         """The feature set (folder) of this data, backbone and size: reused when complete, else computed."""
         import horovod.tensorflow as hvd_tf
 
-        c, data, rank = self.config, self.data, self.rank
+        c, data, rank, size = self.config, self.data, self.rank.rank, self.rank.size
         model = feat.model_key(c.model.weights, self.input_size, c.fit.seed, c.model.backbone,
                                backbone_of(self.full_model).compute_dtype,  # float16 under mixed precision
                                model_input(self.full_model))
@@ -130,7 +137,7 @@ class FeatureInputs:
         extractor = feature_extractor(self.full_model)  # uint8 in, preprocessing and backbone inside
         start, counts = time.perf_counter(), {}
         for split in SPLITS:
-            shard = OnePassShard(data, split, rank, self.size)
+            shard = OnePassShard(data, split, rank, size)
             features, labels = feat.compute_shard(extractor, shard.dataset(c.fit.batch_size))
             shard.verify(len(labels))
             feat.write_shard(directory, split, rank, features, labels)
@@ -152,7 +159,7 @@ class FeatureInputs:
 
     def _train_at(self, start_row: int):
         return feat.feature_dataset(*self._train_rows, self.config.fit.batch_size, shuffle=True,
-                                    seed=self.config.fit.seed + self.rank, repeat=True, start_row=start_row)
+                                    seed=self.config.fit.seed + self.rank.rank, repeat=True, start_row=start_row)
 
     @contextlib.contextmanager
     def fit_datasets(self, cache_root: str, start_row: int = 0) -> Iterator[Tuple[object, None]]:
@@ -160,7 +167,7 @@ class FeatureInputs:
 
         Raises:
             ValueError: a negative ``start_row``."""
-        self._train_rows = feat.read_shard(self.features, "train", self.rank, self.size)
+        self._train_rows = feat.read_shard(self.features, "train", self.rank.rank, self.rank.size)
         try:
             yield self._train_at(start_row), None
         finally:
@@ -175,15 +182,15 @@ class FeatureInputs:
             raise RuntimeError("train_dataset_at is valid only inside the fit_datasets block")
         return self._train_at(start_row)
 
-    def evaluate_shard(self, model, split: str, after_batch=None):
+    def evaluate_shard(self, model, split: str, after_batch: Optional[Callable[[int], None]] = None) -> Totals:
         """Totals of the head over this rank's cached features of an evaluated ``split``, every row once."""
         _check_evaluated(split)
-        features, labels = feat.read_shard(self.features, split, self.rank, self.size)
+        features, labels = feat.read_shard(self.features, split, self.rank.rank, self.rank.size)
         dataset = feat.feature_dataset(features, labels, self.config.fit.batch_size, shuffle=False, seed=0,
                                        repeat=False, drop_remainder=False)
         totals = evaluate_dataset(model, dataset, after_batch)
         if totals.count != len(labels):
-            raise RuntimeError(f"rank {self.rank} evaluated {totals.count} of its "
+            raise RuntimeError(f"rank {self.rank.rank} evaluated {totals.count} of its "
                                f"{plural(len(labels), f'cached {split} row')}")
         return totals
 
@@ -199,11 +206,12 @@ def _check_evaluated(split: str) -> None:
         raise ValueError(f"only {' and '.join(EVALUATED)} are evaluated, not {split!r}")
 
 
-def make_inputs(config: TrainConfig, data: Dataset, rank: int, size: int, full_model, input_size: int):
+def make_inputs(config: TrainConfig, data: Dataset, rank: Rank, full_model, input_size: int) -> InputPath:
     """The input path of this run: features when ``--feature-cache`` applies, else images."""
     not_applicable = feat.inapplicable_reason(config.loader) if config.loader.feature_cache else None
-    if not_applicable and rank == 0:
+    if not_applicable and rank.rank == 0:
         log.info("feature cache off: %s; training the whole model on images", not_applicable)
-    cls = FeatureInputs if config.loader.feature_cache and not_applicable is None else ImageInputs
-    return cls(config, data, rank, size, full_model, input_size)
+    if config.loader.feature_cache and not_applicable is None:
+        return FeatureInputs(config, data, rank, full_model, input_size)
+    return ImageInputs(config, data, rank, full_model, input_size)
 

@@ -11,13 +11,13 @@ import threading
 import time
 from typing import Any, Iterator, Optional
 
+from pipelines.launch.watchdog import REPEAT_S
+
 log = logging.getLogger("pipelines")
 
 #: The exit status of a job stopped by a preemption notice after its checkpoint (distinct from
 #: 1, a failure; 2, a refusal; 75, a stalled rank: ``STALL_EXIT``).
 PREEMPTED_EXIT = 76
-#: Seconds within which a second SIGTERM is the first one delivered again, not a second notice.
-REPEAT_S = 2.0
 
 
 class Preempted(RuntimeError):

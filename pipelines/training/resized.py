@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from typing import Iterator, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -19,6 +19,14 @@ from pipelines.training.data.tfdata import make_dataset, shard_stream, to_device
 from pipelines.training.dataworld import DataWorld, RankShare
 from pipelines.training.records import progress
 from pipelines.training.records import segments as worldsegments
+
+if TYPE_CHECKING:
+    from pipelines.io.storage import Location
+    from pipelines.training.config import TrainConfig
+    from pipelines.training.data import Dataset
+    from pipelines.training.inputpath import InputPath
+    from pipelines.training.rank import Rank
+    from pipelines.training.totals import Totals
 
 log = logging.getLogger("pipelines")
 
@@ -80,19 +88,54 @@ def joined_batches(streams: Sequence[Iterator[Tuple[np.ndarray, np.ndarray]]],
 
 
 class ResizedInputs:
-    """An input path on physical rank ``rank`` of ``world_size`` in a run of data world ``world`` (train stream)."""
+    """The input path ``inputs`` on physical rank ``rank`` in a run of data world ``world`` (its train stream)."""
 
-    def __init__(self, inputs, world: DataWorld, rank: int, world_size: int):
+    def __init__(self, inputs: InputPath, world: DataWorld, rank: Rank):
         self.inputs, self.world = inputs, world
-        self.share = world.share(rank, world_size)
+        self.share = world.share(rank.rank, rank.size)
         self._open: List = []  # inside fit_datasets: one reader (or feature rows) per piece
 
-    def __getattr__(self, name):
-        return getattr(self.inputs, name)
+    @property
+    def name(self) -> str:
+        """The wrapped path's name."""
+        return self.inputs.name
+
+    @property
+    def config(self) -> TrainConfig:
+        """The run's configuration."""
+        return self.inputs.config
+
+    @property
+    def data(self) -> Dataset:
+        """The ETL output the wrapped path reads."""
+        return self.inputs.data
+
+    @property
+    def model(self) -> Any:
+        """The wrapped path's Keras model."""
+        return self.inputs.model
+
+    def evaluate_shard(self, model: Any, split: str, after_batch: Optional[Callable[[int], None]] = None) -> Totals:
+        """The wrapped path's exact evaluation of this rank's shard: a one-pass read, on any world size."""
+        return self.inputs.evaluate_shard(model, split, after_batch)
+
+    def exported_model(self) -> Any:
+        """The wrapped path's whole model."""
+        return self.inputs.exported_model()
+
+    @property
+    def features(self) -> Optional[Location]:
+        """The wrapped path's cached features; ``None`` on images."""
+        return self.inputs.features
+
+    @property
+    def directory(self) -> Optional[str]:
+        """The wrapped path's cached features' folder as the report names it; ``None`` on images."""
+        return self.inputs.directory
 
     @property
     def features_path(self) -> bool:
-        return hasattr(self.inputs, "features")  # FeatureInputs: the cached features' location
+        return self.features is not None
 
     @property
     def exact_positions(self) -> bool:
@@ -114,7 +157,7 @@ class ResizedInputs:
 
     def _open_sources(self, stack: contextlib.ExitStack, cache_root: str) -> List:
         if self.features_path:
-            return [read_shard(self.inputs.features, TRAIN, v, self.world.size) for v in self.share.virtual_ranks]
+            return [read_shard(self.features, TRAIN, v, self.world.size) for v in self.share.virtual_ranks]
         c, data = self.config, self.data
         if not self.exact_positions:  # Petastorm: this rank's physical shard
             return [stack.enter_context(open_reader(data, TRAIN, self.share.rank, self.share.world_size, cache_root,
@@ -182,14 +225,15 @@ class ResizedInputs:
         return weighted(ds, self.share.weight).prefetch(2)
 
 
-def resized_inputs(inputs, world: DataWorld, rank: int, world_size: int, announce: bool = False):
-    """``inputs`` for physical rank ``rank`` of ``world_size``, resized off the data world's size.
+def resized_inputs(inputs: InputPath, world: DataWorld, rank: Rank, announce: bool = False) -> InputPath:
+    """``inputs`` for physical rank ``rank`` (of ``rank.size``), resized off the data world's size.
 
     Raises:
         pipelines.runtime.errors.Refused: more ranks than the global batch has rows."""
+    world_size = rank.size
     if world.same(world_size):
         return inputs
-    resized = ResizedInputs(inputs, world, rank, world_size)
+    resized = ResizedInputs(inputs, world, rank)
     if announce:
         log.info("%s; each step trains the rows an uninterrupted run's step does", world.describe(world_size))
         if not resized.exact_positions:

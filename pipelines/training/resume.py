@@ -5,13 +5,18 @@ import hashlib
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 from pipelines.training.config import TrainConfig
 from pipelines.training.model.checkpoints import broadcast_state, build_optimizer, load_checkpoint, optimizer_checksum
 from pipelines.training.schedule import checkpoint_path, marker_weights
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from pipelines.training.rank import Rank
 
 log = logging.getLogger("pipelines")
 
@@ -21,7 +26,7 @@ class Resume:
     """Where training starts: the checkpoint's marker (``None``: fresh), its history and the best weights."""
 
     marker: Optional[Dict] = None
-    best_weights: Optional[list] = None
+    best_weights: Optional[List[np.ndarray]] = None  # the model's get_weights()
     checksums: Optional[List[str]] = None
     history: List[Dict] = field(default_factory=list)
     optimizer_checksums: Optional[List[str]] = None
@@ -41,12 +46,12 @@ class Resume:
         """The checkpoint's phase: 1, or 2 (fine-tuning); 1 without one."""
         return self.marker.get("phase", 1) if self.marker else 1
 
-    def epoch_logs(self, rank: int, size: int) -> Dict[str, float]:
-        """This rank's logs of the epoch whose validation the checkpoint left to this run (another world: the
+    def epoch_logs(self, rank: Rank) -> Dict[str, float]:
+        """``rank``'s logs of the epoch whose validation the checkpoint left to this run (another world: the
         mean); ``{}`` without."""
         logs = (self.marker or {}).get("epoch_logs") or []
-        if len(logs) == size:
-            return dict(logs[rank])
+        if len(logs) == rank.size:
+            return dict(logs[rank.rank])
         keys = set.intersection(*(set(entry) for entry in logs)) if logs else set()
         return {key: sum(entry[key] for entry in logs) / len(logs) for key in sorted(keys)}
 

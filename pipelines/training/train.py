@@ -24,10 +24,12 @@ from pipelines.training.config import TrainConfig
 from pipelines.training.context import RankContext
 from pipelines.training.data import default_cache_root, verify_total
 from pipelines.training.evaluate import allreduce_totals, with_exact_validation
+from pipelines.training.inputpath import InputPath
 from pipelines.training.inputs import ImageInputs, make_inputs
 from pipelines.training.model.build import build_model, compile_distributed
 from pipelines.training.model.checkpoints import frozen_checksum
-from pipelines.training.model.finetune import Phase, phase1_record, phase2_lr, trainable_parameters, unfreeze
+from pipelines.training.model.finetune import phase2_lr, trainable_parameters, unfreeze
+from pipelines.training.phase import Phase, phase1_record
 from pipelines.training.plan import RunPlan, hold_data, plan_run
 from pipelines.training.probe import head_weights, start_is_better
 from pipelines.training.rank import Rank, setup_rank
@@ -168,7 +170,7 @@ def with_hooks(context: RankContext, callbacks: list) -> list:
     return callbacks if fault is None else [*callbacks, fault]
 
 
-def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: int = 0) -> float:
+def train(context: RankContext, inputs: InputPath, resume: Resume, callbacks, first_epoch: int = 0) -> float:
     """``fit`` from ``resume``'s position, each rank's stream opened there; returns the seconds in ``fit``."""
     from pipelines.training.callbacks import stop_watchdogs
     from pipelines.training.segment import end_epoch, in_segment
@@ -195,7 +197,7 @@ def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: 
                 verbose = 2 if rank.rank == 0 else 0  # Horovod: Keras' epoch lines on rank 0 only
                 if not segment.steps:  # the epoch's steps were trained, its validation interrupted: its end only
                     end_epoch(inputs.model, hooks, segment.initial_epoch, spe,
-                              resume.epoch_logs(rank.rank, rank.size), verbose)
+                              resume.epoch_logs(rank), verbose)
                 else:
                     dataset = train_ds if i == 0 else inputs.train_dataset_at(segment.start_row)
                     inputs.model.fit(dataset, epochs=segment.epochs, initial_epoch=segment.initial_epoch,
@@ -212,7 +214,7 @@ def train(context: RankContext, inputs, resume: Resume, callbacks, first_epoch: 
             shutil.rmtree(cache_root, ignore_errors=True)
 
 
-def evaluate(context: RankContext, inputs, split: str = TEST):
+def evaluate(context: RankContext, inputs: InputPath, split: str = TEST):
     """Exact totals over the whole ``split``, the same on every rank; a short read fails the run.
 
     Raises:
@@ -249,8 +251,8 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
                                  seed=config.fit.seed, backbone=config.model.backbone,
                                  stored_size=plan.data.stored_size)
         # Horovod: this rank's shard of each split (on another world size: the data world's rows it computes)
-        inputs = make_inputs(config, plan.data, rank.rank, rank.size, full_model, plan.input_size)
-        inputs = resized_inputs(inputs, plan.world, rank.rank, rank.size, announce=rank.rank == 0)
+        inputs = make_inputs(config, plan.data, rank, full_model, plan.input_size)
+        inputs = resized_inputs(inputs, plan.world, rank, announce=rank.rank == 0)
         # Horovod: the optimizer wrapped in hvd.DistributedOptimizer: each step's gradients averaged by allreduce
         compile_distributed(inputs.model, plan.lr, config.compute.fp16_allreduce, config.compute.xla_on,
                             config.fit.weight_decay)
@@ -277,7 +279,7 @@ def run_training(config: TrainConfig, run_id: Optional[str] = None) -> Dict:
     return report
 
 
-def start_from_probe(context: RankContext, inputs, resume: Resume) -> Tuple[Optional[Dict], Optional[list], str]:
+def start_from_probe(context: RankContext, inputs: InputPath, resume: Resume) -> Tuple[Optional[Dict], Optional[list], str]:
     """Rank 0 fits the linear probe on the cached features; with ``--head-init probe`` a fresh head starts from it.
 
     Returns:
@@ -300,7 +302,7 @@ def start_from_probe(context: RankContext, inputs, resume: Resume) -> Tuple[Opti
     return found, weights, "probe"
 
 
-def keep_the_better_head(context: RankContext, inputs, probe_head: list) -> Dict:
+def keep_the_better_head(context: RankContext, inputs: InputPath, probe_head: list) -> Dict:
     """Phase 1's end: the probe's head replaces the trained one when its exact validation is better.
 
     Compared as ``start_is_better`` says, on the whole validation split.
@@ -321,7 +323,7 @@ def keep_the_better_head(context: RankContext, inputs, probe_head: list) -> Dict
     return {"kept": kept, **figures}
 
 
-def head_phase(context: RankContext, inputs, resume: Resume, probe_head: Optional[list] = None):
+def head_phase(context: RankContext, inputs: InputPath, resume: Resume, probe_head: Optional[list] = None):
     """Phase 1, the head on the frozen backbone: fit, the better of it and the probe's head, exact evaluation.
 
     Skipped when resuming phase 2; the probe's head is a candidate only without fine-tuning."""
@@ -358,8 +360,7 @@ def fine_tune(context: RankContext, first, resume: Resume):
                  config.model.fine_tune_lr, plan.lr,
                  record["epochs"] + 1, record["epochs"] + config.fine_tune_max_epochs)
     phase = context.for_phase(record["epochs"] + config.fine_tune_max_epochs, lr)
-    inputs = resized_inputs(ImageInputs(config, plan.data, rank.rank, rank.size, model, plan.input_size), plan.world,
-                            rank.rank, rank.size)
+    inputs = resized_inputs(ImageInputs(config, plan.data, rank, model, plan.input_size), plan.world, rank)
     marker = {"phase": 2, "blocks": config.model.fine_tune_blocks, "phase1": record}
     callbacks, early_stopping, epoch_stats = make_callbacks(phase, second, marker=marker)
     seconds = train(phase, inputs, second, callbacks, first_epoch=record["epochs"])

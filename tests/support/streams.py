@@ -37,10 +37,17 @@ def write_train_split(split_dir, groups_per_file, rows_per_group):
                 writer.write_table(table, row_group_size=rows_per_group)
 
 
+def rank_of(rank: int, size: int):
+    """A ``Rank`` ``rank`` of ``size``, its host's only one, of one thread (no Horovod started)."""
+    from pipelines.training.rank import Rank
+
+    return Rank(rank, size, local_rank=0, local_size=1, threads=1)
+
+
 def inputs_of(data, tmp_path, reader="own", **options):
     from pipelines.training.config import TrainConfig
     from pipelines.training.inputs import ImageInputs
 
     config = TrainConfig(data=data.root, output=str(tmp_path / "out"), batch_size=2, shuffle_buffer=5, seed=3,
                          reader=reader, reader_workers=2, augment=True, **options)
-    return ImageInputs(config, data, 0, 1, None, data.stored_size)
+    return ImageInputs(config, data, rank_of(0, 1), None, data.stored_size)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from pipelines.contract import MANIFEST, MANIFEST_FORMAT, SPLITS, TEST, TRAIN, VALIDATION
 from pipelines.io.paths import check_url_safe
@@ -10,6 +10,9 @@ from pipelines.io.storage import check_reachable, resolve
 from pipelines.manifest import Manifest, data_identity
 from pipelines.runtime.logs import plural
 from pipelines.training.data.errors import DataError
+
+if TYPE_CHECKING:
+    from pipelines.io.pinned import PinnedFile
 
 
 @dataclass(frozen=True)
@@ -19,8 +22,8 @@ class Dataset:
     root: str
     manifest: Manifest
     storage_options: Dict[str, str] = field(default_factory=dict, compare=False)
-    _footers_checked: list = field(default_factory=list, compare=False, repr=False)  # [True] once checked
-    _parts: dict = field(default_factory=dict, compare=False, repr=False)  # {split: pinned parts}, found once
+    _footers_checked: List[bool] = field(default_factory=list, compare=False, repr=False)  # [True] once checked
+    _parts: Dict[str, List[PinnedFile]] = field(default_factory=dict, compare=False, repr=False)  # found once
 
     def check_footers(self) -> None:
         """The manifest's footer check (``ManifestError``), once, before a reader opens a part or sizes a cache."""
@@ -28,7 +31,7 @@ class Dataset:
             self.manifest.check_footers(self.location, self.pin_parts())
             self._footers_checked.append(True)
 
-    def pin_parts(self) -> dict:
+    def pin_parts(self) -> Dict[str, List[PinnedFile]]:
         """``{split: parts}``, found, opened and checked once; ``ManifestError``: a part missing, a link, not a file."""
         if not self._parts:
             location = self.location

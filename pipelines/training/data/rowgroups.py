@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -21,7 +21,7 @@ class RowGroup:
     part: "PinnedFile"
     index: int
     rows: int
-    metadata: object = field(default=None, compare=False, repr=False)
+    metadata: Optional[pq.FileMetaData] = field(default=None, compare=False, repr=False)
 
     @property
     def path(self) -> str:

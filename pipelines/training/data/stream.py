@@ -105,10 +105,10 @@ def stream_batches(stream: ShardStream, open_groups: OpenGroups, start_row: int,
                    augment: bool = False) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
     """The stream's rows from ``start_row``, fresh full batches ``(uint8 (b, s, s, 3), int32 (b,))``, till groups stop.
 
+    ``batch_size``: >= 1, as the config checks it.
+
     Raises:
-        ValueError: a negative ``start_row``, ``batch_size < 1``, or a row group unlike ``stream.rows``."""
-    if batch_size < 1:
-        raise ValueError(f"a batch holds >= 1 row, got {batch_size}")
+        ValueError: a negative ``start_row``, or a row group unlike ``stream.rows``."""
     position = stream.locate(start_row)
     groups = open_groups(position.visit)
     pass_index, window, offset = position.pass_index, position.window, position.offset
@@ -182,12 +182,15 @@ def feature_batches(features: np.ndarray, labels: np.ndarray, seed: int, start_r
                     shuffle: bool = True) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
     """The feature cache's stream from ``start_row`` in full batches, pass ``p`` in ``epoch_order(n, seed, p)``.
 
+    ``start_row`` >= 0, as its datasets check it before a ``tf.data`` thread runs this; ``batch_size`` >= 1, as the
+    config checks it.
+
     Raises:
-        ValueError: no rows, a negative ``start_row``, ``batch_size < 1``, not one label per row."""
+        ValueError: no rows, not one label per row."""
     n = len(labels)
-    if n == 0 or len(features) != n or start_row < 0 or batch_size < 1:
+    if n == 0 or len(features) != n:
         raise ValueError(f"a feature stream needs rows, one label each ({plural(len(features), 'row')}, "
-                         f"{plural(n, 'label')}), start_row >= 0 ({start_row}) and batch_size >= 1 ({batch_size})")
+                         f"{plural(n, 'label')})")
     pass_index, offset = divmod(int(start_row), n)
     pending = []  # index pieces of the batch being built (a batch may cross a pass)
     held = 0

@@ -98,14 +98,12 @@ def positioned_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer
     """Endless ``tf.data`` of our ``reader``'s stream from ``start_row``; each ``iter()`` restarts it there.
 
     Raises:
-        ValueError: a negative ``start_row`` or ``batch_size < 1``."""
+        ValueError: a negative ``start_row``."""
     import tensorflow as tf
 
     s = stored_size
     stream = shard_stream(reader, shuffle_buffer, seed)
     stream.locate(start_row)  # refused here, not in a tf.data thread
-    if batch_size < 1:
-        raise ValueError(f"a batch holds >= 1 row, got {batch_size}")
 
     def open_groups(visit: int):
         return row_groups_of(reader.restart(stream.visits_from(visit)), s)

@@ -3,17 +3,12 @@
 Batch norms stay in inference mode; the model is recompiled (``trainable`` acts at compile); phase 2 reads images."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import List, Sequence
 
 from pipelines.backbones import backbone_spec
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 from pipelines.training.model.build import backbone_of
-
-if TYPE_CHECKING:
-    from pipelines.training.evaluate import Totals
-    from pipelines.training.resume import Resume
 
 #: The Keras guide's fine-tuning rate over its head-training rate: Adam(1e-5) after Adam() (1e-3).
 KERAS_GUIDE_LR_FACTOR = 0.01
@@ -69,29 +64,3 @@ def allreduce_bytes(trainable_parameters: int, fp16: bool) -> int:
 def trainable_parameters(model) -> int:
     """Number of trainable scalars of ``model``."""
     return int(sum(v.shape.num_elements() for v in model.trainable_weights))
-
-
-@dataclass
-class Phase:
-    """One phase's outcome as the job reports it: inputs, early stopping, epochs run, ``fit`` seconds, exact totals."""
-
-    inputs: Any  # the phase's input path
-    early_stopping: Any  # callbacks.BestWeightsEarlyStopping
-    epochs_run: int
-    fit_seconds: float
-    totals: Totals
-    resume: Optional[Resume] = None  # where the phase started
-    report: Optional[Dict] = None  # phase 2: what report["fine_tune"] holds
-    head: Optional[Dict] = None  # phase 1: the trained head or the probe's, and their validation figures
-
-
-def phase1_record(phase: Phase, resume) -> Dict:
-    """What phase 2's checkpoint markers and the report keep of phase 1 (no test figure: test is read once, last)."""
-    if resume.phase == 2:
-        return dict(resume.marker["phase1"])
-    es = phase.early_stopping
-    best = float(es.best) if es.model is not None else resume.marker["early_stopping"]["best"]
-    totals = phase.totals
-    return {"epochs": resume.initial_epoch + phase.epochs_run, "best_epoch": int(es.best_epoch) + 1,
-            "monitor": es.monitor, "best": best, "input_path": phase.inputs.name,
-            "validation": {"loss": totals.loss, "accuracy": totals.accuracy, "count": totals.count}}

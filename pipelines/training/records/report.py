@@ -6,7 +6,7 @@ import os
 import posixpath
 import shutil
 import socket
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from pipelines.contract import (
     CLASS_NAMES,
@@ -28,6 +28,10 @@ from pipelines.training.data import OnePassShard
 from pipelines.training.model.export import export_model
 from pipelines.training.records.segments import interruptions, steps_redone
 from pipelines.training.resume import Resume, weights_checksum
+
+if TYPE_CHECKING:
+    from pipelines.training.config import TrainConfig
+    from pipelines.training.inputpath import InputPath
 
 log = logging.getLogger("pipelines")
 
@@ -67,7 +71,7 @@ def build_report(context, phases: List, resume: Resume) -> Dict:
         "num_classes": data.num_classes,
         "class_names": data.class_names,
         "input_path": last.inputs.name,
-        "feature_cache": getattr(phases[0].inputs, "directory", None),
+        "feature_cache": phases[0].inputs.directory,
         "precision": rank.precision,
         "resumed_after_epoch": resume.initial_epoch if resume.marker else None,
         "resumed_after_step": resume.initial_step if resume.marker else None,  # of the next epoch: a step checkpoint
@@ -110,7 +114,7 @@ PROBE_NEEDS_FEATURES = ("the run trained on images: the probe fits the feature c
 PROBE_MARGIN = 0.02
 
 
-def linear_probe(config, inputs) -> Dict:
+def linear_probe(config: TrainConfig, inputs: InputPath) -> Dict:
     """Rank 0: the linear probe on the cached features, ``C`` chosen on validation, or ``{"skipped": why}``.
 
     Returns:
@@ -120,7 +124,7 @@ def linear_probe(config, inputs) -> Dict:
 
     if not config.outputs.probe:
         return {"skipped": "--no-probe"}
-    directory = getattr(inputs, "features", None)
+    directory = inputs.features
     if directory is None:
         return {"skipped": PROBE_NEEDS_FEATURES}
     train, validation, test = (feat.read_shard(directory, split, 0, 1) for split in (TRAIN, VALIDATION, TEST))

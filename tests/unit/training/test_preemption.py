@@ -295,6 +295,7 @@ def validated_fit(model, directory, segments, notice_at=None, marker=None, best_
     from pipelines.training.callbacks import BestWeightsEarlyStopping, DivergenceGuard, PreemptAtEpochEnd
     from pipelines.training.checkpointer import CheckpointMarker
     from pipelines.training.preemption import PreemptionNotice
+    from pipelines.training.rank import Rank
     from pipelines.training.resume import Resume
     from pipelines.training.segment import end_epoch, in_segment
 
@@ -326,7 +327,7 @@ def validated_fit(model, directory, segments, notice_at=None, marker=None, best_
     for i, s in enumerate(segments):
         hooks = in_segment(callbacks, i, len(segments), s.steps_done, 5)
         if not s.steps:
-            end_epoch(model, hooks, s.initial_epoch, 5, resume.epoch_logs(0, 1), 0)
+            end_epoch(model, hooks, s.initial_epoch, 5, resume.epoch_logs(Rank(0, 1, 0, 1, threads=1)), 0)
         else:
             model.fit(stream_at(s.start_row), epochs=s.epochs, initial_epoch=s.initial_epoch, steps_per_epoch=s.steps,
                       callbacks=hooks, verbose=0)

@@ -8,7 +8,7 @@ import pytest
 
 from pipelines.training.dataworld import DataWorld, rank_rows
 from tests.support.readers import READERS
-from tests.support.streams import SIZE, image_of, inputs_of
+from tests.support.streams import SIZE, image_of, inputs_of, rank_of
 
 N0, B = 2, 2  # the data world: 2 ranks of 2 rows (inputs_of's --batch-size), global batch 4
 
@@ -25,7 +25,7 @@ def global_batches(data, tmp_path, start_row, steps):  # noqa: F811
 
     per_rank = []
     for v in range(N0):
-        inputs = ImageInputs(inputs_of(data, tmp_path).config, data, v, N0, None, data.stored_size)
+        inputs = ImageInputs(inputs_of(data, tmp_path).config, data, rank_of(v, N0), None, data.stored_size)
         with inputs.fit_datasets(str(tmp_path / f"ref{v}-{start_row}"), start_row=start_row) as (train, _):
             per_rank.append(steps_of(train, steps))
     return [tuple(np.concatenate([batches[k][i] for batches in per_rank]) for i in range(2)) for k in range(steps)]
@@ -41,8 +41,8 @@ def resized(data, tmp_path, j, n, inner=None):  # noqa: F811
     from pipelines.training.inputs import ImageInputs
     from pipelines.training.resized import resized_inputs
 
-    inner = inner or ImageInputs(inputs_of(data, tmp_path).config, data, j, n, None, data.stored_size)
-    return resized_inputs(inner, DataWorld(N0, B), j, n)
+    inner = inner or ImageInputs(inputs_of(data, tmp_path).config, data, rank_of(j, n), None, data.stored_size)
+    return resized_inputs(inner, DataWorld(N0, B), rank_of(j, n))
 
 
 @pytest.mark.parametrize("n", [1, 3, 4])
@@ -72,9 +72,9 @@ def test_on_the_data_world_itself_the_input_path_is_unchanged(data, tmp_path):  
     from pipelines.training.inputs import ImageInputs
     from pipelines.training.resized import ResizedInputs, resized_inputs
 
-    inner = ImageInputs(inputs_of(data, tmp_path).config, data, 1, N0, None, data.stored_size)
-    assert resized_inputs(inner, DataWorld(N0, B), 1, N0) is inner
-    wrapped = resized_inputs(inner, DataWorld(N0, B), 0, 1)
+    inner = ImageInputs(inputs_of(data, tmp_path).config, data, rank_of(1, N0), None, data.stored_size)
+    assert resized_inputs(inner, DataWorld(N0, B), rank_of(1, N0)) is inner
+    wrapped = resized_inputs(inner, DataWorld(N0, B), rank_of(0, 1))
     assert isinstance(wrapped, ResizedInputs) and wrapped.name == "images" and wrapped.exact_positions
     with pytest.raises(RuntimeError, match="only inside the fit_datasets block"):
         wrapped.train_dataset_at(0)
@@ -88,7 +88,7 @@ def test_petastorm_falls_back_to_the_physical_shard_in_per_rank_batches_with_the
     for j in range(n):
         inner_config = inputs_of(data, tmp_path, reader=reader).config
         from pipelines.training.inputs import ImageInputs
-        inputs = resized(data, tmp_path, j, n, ImageInputs(inner_config, data, j, n, None, data.stored_size))
+        inputs = resized(data, tmp_path, j, n, ImageInputs(inner_config, data, rank_of(j, n), None, data.stored_size))
         assert not inputs.exact_positions
         lo, hi = rank_rows(N0 * B, j, n)
         shard_labels = set(np.concatenate([labels for _, labels in OnePassShard(data, "train", j, n).batches()]))
@@ -126,7 +126,7 @@ def test_the_feature_cache_each_physical_rank_reads_its_rows_of_the_virtual_rank
         expected = [np.concatenate([batches[k][1] for batches in per_rank]) for k in range(9)]
         for n in (1, 3):
             for j in range(n):
-                inputs = ResizedInputs(Features(), DataWorld(N0, B), j, n)
+                inputs = ResizedInputs(Features(), DataWorld(N0, B), rank_of(j, n))
                 lo, hi = rank_rows(N0 * B, j, n)
                 with inputs.fit_datasets(str(tmp_path / "unused"), start_row=start_row) as (train, _):
                     for k, batch in enumerate(steps_of(train, 9)):
