@@ -41,7 +41,9 @@ def test_etl_notebook(etl_notebook):
     ("02_single_process_early_stopping.ipynb", {}),
     ("03_bigger_batch_scaled_lr.ipynb", {"scale": 2}),
     ("04_petastorm_local_cache.ipynb", {}),
-    pytest.param("05_horovod_one_node.ipynb", {"world_sizes": [1, 2]}, marks=pytest.mark.current),
+    # 2 local ranks only: its world of 1 is 02's run again (nb.train np=-1, the same settings), and 03 draws
+    # and tabulates two runs
+    pytest.param("05_horovod_one_node.ipynb", {"world_sizes": [2]}, marks=pytest.mark.current),
     ("06_horovod_spark_workers.ipynb", {"np_tasks": 2}),
 ])
 def test_training_notebooks(etl_notebook, name, extra):
@@ -68,7 +70,7 @@ RUNS = {  # notebook -> {its run folder under workdir/runs: world size}
     "02_single_process_early_stopping.ipynb": {"single": 1},
     "03_bigger_batch_scaled_lr.ipynb": {"batch-small": 1, "batch-big": 1},
     "04_petastorm_local_cache.ipynb": {"petastorm": 1},
-    "05_horovod_one_node.ipynb": {"node-np1": 1, "node-np2": 2},
+    "05_horovod_one_node.ipynb": {"node-np2": 2},
     "06_horovod_spark_workers.ipynb": {"spark-np2": 2},
 }
 
