@@ -14,8 +14,8 @@ from pipelines.contract import TRAIN
 from pipelines.runtime.logs import plural
 from pipelines.training.data.features import read_shard
 from pipelines.training.data.readers import open_reader, row_groups_of
-from pipelines.training.data.stream import aligned_empty, feature_batches, stream_batches
-from pipelines.training.data.tfdata import make_dataset, shard_stream, to_device, weighted
+from pipelines.training.data.stream import aligned_empty, feature_batches, keyed, stream_batches
+from pipelines.training.data.tfdata import make_dataset, shard_stream, tail, weighted
 from pipelines.training.dataworld import DataWorld, RankShare
 from pipelines.training.records import progress
 from pipelines.training.records import segments as worldsegments
@@ -61,9 +61,10 @@ def with_segments(config, rank, plan, resume):
     return dataclasses.replace(plan, segments=tuple(segments))
 
 
-def joined_batches(streams: Sequence[Iterator[Tuple[np.ndarray, np.ndarray]]],
-                   share: RankShare) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-    """This rank's batch of every step, ``(rows (share.rows, ...), labels)``: ``streams``' pieces joined in order.
+def joined_batches(streams: Sequence[Iterator[Tuple[np.ndarray, ...]]],
+                   share: RankShare) -> Iterator[Tuple[np.ndarray, ...]]:
+    """This rank's batch of every step, ``(rows (share.rows, ...), labels, ...)``: ``streams``' pieces joined in
+    order, each array of a stream's batches (rows, labels, keys) joined alike.
 
     Raises:
         ValueError: not one stream per piece."""
@@ -76,15 +77,15 @@ def joined_batches(streams: Sequence[Iterator[Tuple[np.ndarray, np.ndarray]]],
         if len(got) == 1 and share.pieces[0].start == 0 and len(got[0][1]) == share.rows:
             yield got[0]
             continue
-        rows = aligned_empty((share.rows,) + got[0][0].shape[1:], got[0][0].dtype)
-        labels = np.empty((share.rows,), got[0][1].dtype)
+        joined = tuple((aligned_empty if i == 0 else np.empty)((share.rows,) + array.shape[1:], array.dtype)
+                       for i, array in enumerate(got[0]))
         at = 0
-        for (batch, batch_labels), piece in zip(got, share.pieces):
+        for batch, piece in zip(got, share.pieces):
             size = piece.stop - piece.start
-            rows[at:at + size] = batch[piece.start:piece.stop]
-            labels[at:at + size] = batch_labels[piece.start:piece.stop]
+            for out, array in zip(joined, batch):
+                out[at:at + size] = array[piece.start:piece.stop]
             at += size
-        yield rows, labels
+        yield joined
 
 
 class ResizedInputs:
@@ -201,12 +202,13 @@ class ResizedInputs:
             return lambda visit: row_groups_of(reader.restart(stream.visits_from(visit)), s)
 
         def generate():
-            return joined_batches([stream_batches(stream, opener(reader, stream), start_row, b, c.loader.augment)
-                                   for reader, stream in zip(self._open, streams)], self.share)
+            return joined_batches([keyed(stream_batches(stream, opener(reader, stream), start_row, b), stream.seed,
+                                         start_row) for reader, stream in zip(self._open, streams)], self.share)
 
         ds = tf.data.Dataset.from_generator(generate, output_signature=(
-            tf.TensorSpec((self.share.rows, s, s, 3), tf.uint8), tf.TensorSpec((self.share.rows,), tf.int32)))
-        return to_device(weighted(ds, self.share.weight))
+            tf.TensorSpec((self.share.rows, s, s, 3), tf.uint8), tf.TensorSpec((self.share.rows,), tf.int32),
+            tf.TensorSpec((self.share.rows, 2), tf.int64)))
+        return tail(ds, c.loader.augment, weight=self.share.weight)
 
     def _feature_dataset(self, start_row: int):
         import tensorflow as tf

@@ -1,7 +1,7 @@
 """Training's data layer: the ETL's output read by rank, as ``tf.data``; it meets the ETL and batch inference
 through ``pipelines.contract`` alone. ``dataset``, ``sharding``, ``rowgroups`` and ``readers`` (``arrow_reader``,
 ``petastorm``, caching in ``rowcache``) read; ``stream``, ``onepass`` and ``features`` order; ``tfdata`` batches
-(the only part needing TensorFlow)."""
+and ``augment`` augments (the only parts needing TensorFlow)."""
 from pipelines.training.data.dataset import Dataset, load_dataset
 from pipelines.training.data.errors import DataError, ShardCountError
 from pipelines.training.data.onepass import OnePassShard, verify_total

@@ -2,7 +2,7 @@
 opens it at any row. Window ``k`` of pass ``p`` is shuffled by ``default_rng((seed, p, k))``."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterator, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
@@ -81,11 +81,9 @@ class ShardStream:
         """The window after ``(pass_index, window)``: the next of the pass, or the next pass's first."""
         return (pass_index, window + 1) if window + 1 < self.windows_per_pass else (pass_index + 1, 0)
 
-    def draws(self, pass_index: int, window: int, rows: int, augment: bool) -> Tuple[np.ndarray, Optional[np.ndarray]]:
-        """A window's row order (int64) and with ``augment`` its flips (bool), drawn after: same order either way."""
-        rng = np.random.default_rng((self.seed, pass_index, window))
-        order = rng.permutation(rows)
-        return order, (rng.random(rows) < 0.5) if augment else None
+    def draws(self, pass_index: int, window: int, rows: int) -> np.ndarray:
+        """A window's row order (int64): a permutation of ``rows`` from ``(seed, pass_index, window)`` alone."""
+        return np.random.default_rng((self.seed, pass_index, window)).permutation(rows)
 
     def visits_from(self, visit: int) -> Iterator[int]:
         """The row groups (shard indices) visited from global visit ``visit`` on, forever."""
@@ -101,8 +99,8 @@ class ShardStream:
 OpenGroups = Callable[[int], Iterator[Tuple[np.ndarray, np.ndarray]]]
 
 
-def stream_batches(stream: ShardStream, open_groups: OpenGroups, start_row: int, batch_size: int,
-                   augment: bool = False) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+def stream_batches(stream: ShardStream, open_groups: OpenGroups, start_row: int,
+                   batch_size: int) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
     """The stream's rows from ``start_row``, fresh full batches ``(uint8 (b, s, s, 3), int32 (b,))``, till groups stop.
 
     ``batch_size``: >= 1, as the config checks it.
@@ -119,15 +117,14 @@ def stream_batches(stream: ShardStream, open_groups: OpenGroups, start_row: int,
         if got is None:
             return
         parts, starts, labels = got
-        order, flips = stream.draws(pass_index, window, len(labels), augment)
+        order = stream.draws(pass_index, window, len(labels))
         while offset < len(order):
             if out is None:
                 out = aligned_empty((batch_size,) + parts[0].shape[1:], np.uint8)
                 labels_out = aligned_empty((batch_size,), np.int32)
             take = order[offset:offset + batch_size - filled]
             labels_out[filled:filled + len(take)] = labels[take]
-            _gather(out[filled:filled + len(take)], parts, starts, take,
-                    None if flips is None else flips[offset:offset + len(take)])
+            _gather(out[filled:filled + len(take)], parts, starts, take)
             filled, offset = filled + len(take), offset + len(take)
             if filled == batch_size:
                 yield out, labels_out
@@ -168,14 +165,26 @@ def _window(stream: ShardStream, groups: Iterator, pass_index: int, window: int)
     return parts, starts, np.concatenate(labels) if len(labels) > 1 else labels[0]
 
 
-def _gather(out: np.ndarray, parts, starts: np.ndarray, take: np.ndarray, flips: Optional[np.ndarray]) -> None:
-    """Copy the window's rows ``take`` into ``out``, mirrored where ``flips``: row by row, each image copied once."""
+def _gather(out: np.ndarray, parts, starts: np.ndarray, take: np.ndarray) -> None:
+    """Copy the window's rows ``take`` into ``out``, row by row, each image copied once."""
     where = np.searchsorted(starts, take, side="right") - 1
     rows = take - starts[where]
-    mirrored = [False] * len(take) if flips is None else flips.tolist()
-    for i, (part, row, flip) in enumerate(zip(where.tolist(), rows.tolist(), mirrored)):
-        image = parts[part][row]
-        out[i] = image[:, ::-1] if flip else image
+    for i, (part, row) in enumerate(zip(where.tolist(), rows.tolist())):
+        out[i] = parts[part][row]
+
+
+def keyed(batches: Iterator[Tuple[np.ndarray, np.ndarray]], seed: int,
+          start_row: int = 0) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``batches`` ``(images, labels)`` with each row's key ``(seed, stream position)`` int64 (n, 2) added.
+
+    A row's position counts the rows before it in ``batches``, from ``start_row``: the key ``--augment`` draws from."""
+    position = int(start_row)
+    for images, labels in batches:
+        keys = np.empty((len(labels), 2), np.int64)
+        keys[:, 0] = seed
+        keys[:, 1] = np.arange(position, position + len(labels))
+        position += len(labels)
+        yield images, labels, keys
 
 
 def feature_batches(features: np.ndarray, labels: np.ndarray, seed: int, start_row: int, batch_size: int,

@@ -1,43 +1,50 @@
-"""The ``tf.data`` tail of training's inputs: rows of a reader to uint8 batches on the device (our reader's
-stream positioned, so a resume opens it at any row; Petastorm's a seeded ``tf.data`` shuffle)."""
+"""The ``tf.data`` tail of training's inputs: a reader's rows, each keyed by its stream position, to uint8
+batches on the device (our reader's stream positioned, so a resume opens it at any row; Petastorm's a seeded
+``tf.data`` shuffle), augmented in the one tail every reader shares."""
 from __future__ import annotations
 
 from typing import Optional
 
+from pipelines.training.data.augment import augment_rows
 from pipelines.training.data.readers import exact_positions, row_groups_of
-from pipelines.training.data.stream import ShardStream, stream_batches, window_visits
+from pipelines.training.data.stream import ShardStream, keyed, stream_batches, window_visits
 from pipelines.training.devices import prefetch_device
-
-
-def flipper(seed: int = 0):
-    """``--augment`` over Petastorm's reader: ``flip(index, (images, labels))``, stateless from ``(seed, index)``."""
-    import tensorflow as tf
-
-    def flip(index, batch):
-        images, labels = batch
-        key = tf.stack([tf.constant(seed, tf.int64), tf.cast(index, tf.int64)])
-        return tf.image.stateless_random_flip_left_right(images, seed=key), labels
-
-    return flip
 
 
 def batched(ds, batch_size: int, shuffle_buffer: int = 0, seed: int = 0, augment: bool = False,
             drop_remainder: bool = True, device: Optional[str] = None, weight: Optional[float] = None):
-    """The tail every input path shares: shuffle buffer, batch, ``flipper``, ``weighted``, ``to_device``.
+    """Rows to batches: a shuffle buffer, ``batch``, then ``tail``.
 
     Args:
-        ds: a ``tf.data.Dataset`` of ``(uint8 (s, s, 3), int32 ())``.
+        ds: a ``tf.data.Dataset`` of ``(uint8 (s, s, 3), int32 ())`` rows, or with ``tail``'s key ``int64 (2,)``.
         drop_remainder: full batches only (training: every rank takes the same steps).
 
     Returns:
-        a ``tf.data.Dataset`` of ``(uint8 (b, s, s, 3), int32 (b,))``, with ``weight`` also ``float32 (b,)``."""
-    import tensorflow as tf
-
+        ``tail``'s dataset of ``(uint8 (b, s, s, 3), int32 (b,))``, with ``weight`` also ``float32 (b,)``."""
     if shuffle_buffer > 1:
         ds = ds.shuffle(shuffle_buffer, seed=seed)
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-    if augment:
-        ds = ds.enumerate().map(flipper(seed), num_parallel_calls=tf.data.AUTOTUNE)
+    return tail(ds.batch(batch_size, drop_remainder=drop_remainder), augment, device, weight)
+
+
+def tail(ds, augment: bool = False, device: Optional[str] = None, weight: Optional[float] = None):
+    """The tail every input path shares: ``augment_rows`` (``--augment``), ``weighted``, ``to_device``.
+
+    Args:
+        ds: batches ``(uint8 (b, s, s, 3), int32 (b,))``, or keyed ``(..., int64 (b, 2))``: each row's
+            ``(seed, stream position)``, the key its augmentations draw from (``stream.keyed``).
+
+    Raises:
+        ValueError: ``augment`` over batches without keys."""
+    import tensorflow as tf
+
+    if len(ds.element_spec) == 3:
+        if augment:
+            ds = ds.map(lambda images, labels, keys: (augment_rows(images, keys), labels),
+                        num_parallel_calls=tf.data.AUTOTUNE)
+        else:
+            ds = ds.map(lambda images, labels, keys: (images, labels))
+    elif augment:
+        raise ValueError("--augment needs each row's key (seed, stream position): stream.keyed's batches")
     return to_device(weighted(ds, weight), device)
 
 
@@ -73,18 +80,29 @@ def make_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int 
                  weight: Optional[float] = None):
     """``tf.data`` over a looping reader for training: ``(images uint8 (b, s, s, 3), labels int32 (b,))`` batches.
 
-    ``start_row`` is ignored over Petastorm's reader; ``weight`` applies there only.
+    The reader's keyed batches (``positioned_batches`` over ours, ``shuffled_batches`` over Petastorm's),
+    then ``tail``. ``start_row`` is ignored over Petastorm's reader.
 
     Raises:
-        ValueError: a negative ``start_row`` (over our reader)."""
+        ValueError: a negative ``start_row`` or ``batch_size < 1`` (over our reader)."""
+    batches = positioned_batches if exact_positions(reader) else shuffled_batches
+    return tail(batches(reader, stored_size, batch_size, shuffle_buffer, seed, start_row), augment, device, weight)
+
+
+def shuffled_batches(reader, stored_size: int, batch_size: int, shuffle_buffer: int = 0, seed: int = 0,
+                     start_row: int = 0):
+    """Keyed full batches of a reader that cannot open at a row (Petastorm's): its rows keyed in the order
+    read, then a seeded ``tf.data`` shuffle buffer; ``start_row`` is ignored."""
     import tensorflow as tf
 
-    if exact_positions(reader):
-        return positioned_dataset(reader, stored_size, batch_size, shuffle_buffer, seed, augment, start_row, device)
     s = stored_size
-    ds = tf.data.Dataset.from_generator(lambda: row_groups_of(reader, s), output_signature=(
-        tf.TensorSpec((None, s, s, 3), tf.uint8), tf.TensorSpec((None,), tf.int32)))
-    return batched(ds.unbatch(), batch_size, shuffle_buffer, seed, augment, device=device, weight=weight)
+    ds = tf.data.Dataset.from_generator(lambda: keyed(row_groups_of(reader, s), seed), output_signature=(
+        tf.TensorSpec((None, s, s, 3), tf.uint8), tf.TensorSpec((None,), tf.int32),
+        tf.TensorSpec((None, 2), tf.int64)))
+    ds = ds.unbatch()
+    if shuffle_buffer > 1:
+        ds = ds.shuffle(shuffle_buffer, seed=seed)
+    return ds.batch(batch_size, drop_remainder=True)
 
 
 def shard_stream(reader, shuffle_buffer: int, seed: int):
@@ -93,9 +111,9 @@ def shard_stream(reader, shuffle_buffer: int, seed: int):
     return ShardStream(rows, seed, window_visits(shuffle_buffer, max(rows)))
 
 
-def positioned_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int = 0, seed: int = 0,
-                       augment: bool = False, start_row: int = 0, device: Optional[str] = None):
-    """Endless ``tf.data`` of our ``reader``'s stream from ``start_row``; each ``iter()`` restarts it there.
+def positioned_batches(reader, stored_size: int, batch_size: int, shuffle_buffer: int = 0, seed: int = 0,
+                       start_row: int = 0):
+    """Endless keyed batches of our ``reader``'s stream from ``start_row``; each ``iter()`` restarts it there.
 
     Raises:
         ValueError: a negative ``start_row``."""
@@ -109,8 +127,8 @@ def positioned_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer
         return row_groups_of(reader.restart(stream.visits_from(visit)), s)
 
     def generate():
-        return stream_batches(stream, open_groups, start_row, batch_size, augment)
+        return keyed(stream_batches(stream, open_groups, start_row, batch_size), seed, start_row)
 
-    ds = tf.data.Dataset.from_generator(generate, output_signature=(
-        tf.TensorSpec((batch_size, s, s, 3), tf.uint8), tf.TensorSpec((batch_size,), tf.int32)))
-    return to_device(ds, device)
+    return tf.data.Dataset.from_generator(generate, output_signature=(
+        tf.TensorSpec((batch_size, s, s, 3), tf.uint8), tf.TensorSpec((batch_size,), tf.int32),
+        tf.TensorSpec((batch_size, 2), tf.int64)))

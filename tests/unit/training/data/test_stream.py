@@ -1,5 +1,5 @@
 """The positioned train stream (pipelines/training/data/stream.py; issue 38): opened at any row it yields
-exactly the rows the stream opened at 0 has there, flips included; every pass covers the shard
+exactly the rows the stream opened at 0 has there, flips included (keyed by position); every pass covers the shard
 once; and training's datasets over our reader (cache, two threads) and over the feature cache
 open at a row exactly, however often they are made or iterated."""
 import os
@@ -10,8 +10,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipelines.training.data.stream import (ShardStream, epoch_order, feature_batches, stream_batches,
-                                       window_visits)
+from pipelines.training.data.stream import (ShardStream, epoch_order, feature_batches, keyed, stream_batches,
+                                            window_visits)
 from tests.support.readers import READERS
 from tests.support.streams import ROWS_PER_GROUP, SIZE, TRAIN_GROUPS, image_of, inputs_of
 
@@ -59,10 +59,9 @@ MEMBERS = [
 
 
 @pytest.mark.parametrize("rows, seed, window", MEMBERS)
-@pytest.mark.parametrize("augment", [False, True])
-def test_opening_at_a_row_yields_the_stream_from_there(rows, seed, window, augment):
+def test_opening_at_a_row_yields_the_stream_from_there(rows, seed, window):
     """For start rows inside a window, on its boundaries, at a pass's start and in later passes,
-    with batches that do not divide them: rows R.. (labels and image bytes, flips included) are
+    with batches that do not divide them: rows R.. (labels and image bytes) are
     rows R.. of the stream opened at 0, and at most one window is read before R."""
     stream = ShardStream(rows, seed, window)
     total = stream.shard_rows
@@ -71,10 +70,10 @@ def test_opening_at_a_row_yields_the_stream_from_there(rows, seed, window, augme
         ends.append(ends[-1] + stream.window_rows(0, k))
     starts = sorted({1, ends[1], ends[1] + 1, ends[-2], total - 1, total, total + 3, 2 * total + ends[1],
                      5 * total + 2})
-    reference = rows_of(stream_batches(stream, FakeShard(rows).opener(stream), 0, 3, augment), 7 * total)
+    reference = rows_of(stream_batches(stream, FakeShard(rows).opener(stream), 0, 3), 7 * total)
     for start in starts:
         shard = FakeShard(rows)
-        images, labels = rows_of(stream_batches(stream, shard.opener(stream), start, 4, augment), total + 5)
+        images, labels = rows_of(stream_batches(stream, shard.opener(stream), start, 4), total + 5)
         np.testing.assert_array_equal(labels, reference[1][start:start + total + 5], err_msg=f"start {start}")
         np.testing.assert_array_equal(images, reference[0][start:start + total + 5], err_msg=f"start {start}")
         position = stream.locate(start)  # reading starts at the row's window: no earlier one, no earlier pass
@@ -130,19 +129,35 @@ def test_the_window_holds_about_the_shuffle_buffer(buffer, rows, window):
     assert window_visits(buffer, rows) == window
 
 
+def augmented(batches):
+    """Keyed batches ``(images, labels, keys)`` through training's tail with ``--augment``, as NumPy."""
+    import tensorflow as tf
+
+    from pipelines.training.data.tfdata import tail
+
+    batches = list(batches)
+    ds = tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=(
+        tf.TensorSpec((None, SIZE, SIZE, 3), tf.uint8), tf.TensorSpec((None,), tf.int32),
+        tf.TensorSpec((None, 2), tf.int64)))
+    return iter([(images.numpy(), labels.numpy()) for images, labels in tail(ds, augment=True, device="/cpu:0")])
+
+
 def test_flips_are_positional_and_leave_the_order_alone():
     """With augment, each row is its image or that image mirrored left to right (the width axis),
-    both occur, the order is the one without augment, and a stream opened at R flips the same rows."""
+    both occur, the order is the one without augment, and a stream opened at R (its keys from R)
+    flips the same rows, in batches of another size too."""
     rows = [3, 5, 2, 6, 4]
     stream = ShardStream(rows, 9, 2)
     plain = rows_of(stream_batches(stream, FakeShard(rows).opener(stream), 0, 4), 60)
-    flipped = rows_of(stream_batches(stream, FakeShard(rows).opener(stream), 0, 4, augment=True), 60)
+    opened = keyed(stream_batches(stream, FakeShard(rows).opener(stream), 0, 4), 9)
+    flipped = rows_of(augmented(next(opened) for _ in range(15)), 60)
     np.testing.assert_array_equal(plain[1], flipped[1])
     mirrored = [not np.array_equal(a, b) for a, b in zip(plain[0], flipped[0])]
     for original, got, flip in zip(plain[0], flipped[0], mirrored):
         np.testing.assert_array_equal(got, original[:, ::-1] if flip else original)
     assert 10 < sum(mirrored) < 50
-    later = rows_of(stream_batches(stream, FakeShard(rows).opener(stream), 23, 4, augment=True), 37)
+    opened = keyed(stream_batches(stream, FakeShard(rows).opener(stream), 23, 3), 9, 23)
+    later = rows_of(augmented(next(opened) for _ in range(13)), 37)
     np.testing.assert_array_equal(later[0], flipped[0][23:])
 
 
@@ -206,7 +221,8 @@ def test_train_dataset_at_over_the_own_reader_is_the_stream_from_there(data, tmp
         assert sorted(reference[1][:42].tolist()) == list(range(42))
         # the definition itself (labels are row ids in shard order, and images image_of's)
         defined = ShardStream([ROWS_PER_GROUP] * sum(TRAIN_GROUPS), 3, 3)
-        expected = rows_of(stream_batches(defined, FakeShard(defined.rows.tolist()).opener(defined), 0, 2, True), 240)
+        opened = keyed(stream_batches(defined, FakeShard(defined.rows.tolist()).opener(defined), 0, 2), 3)
+        expected = rows_of(augmented(next(opened) for _ in range(120)), 240)
         np.testing.assert_array_equal(reference[1], expected[1])
         np.testing.assert_array_equal(reference[0], expected[0])
         assert os.listdir(str(tmp_path / "cache"))  # the cache is filled
