@@ -78,13 +78,10 @@ def to_device(ds, device: Optional[str] = None):
 def make_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int = 0, seed: int = 0,
                  augment: bool = False, start_row: int = 0, device: Optional[str] = None,
                  weight: Optional[float] = None):
-    """``tf.data`` over a looping reader for training: ``(images uint8 (b, s, s, 3), labels int32 (b,))`` batches.
-
-    The reader's keyed batches (``positioned_batches`` over ours, ``shuffled_batches`` over Petastorm's),
-    then ``tail``. ``start_row`` is ignored over Petastorm's reader.
+    """``tf.data`` over a looping reader: its keyed batches, then ``tail``; ``start_row`` ignored over Petastorm's.
 
     Raises:
-        ValueError: a negative ``start_row`` or ``batch_size < 1`` (over our reader)."""
+        ValueError: a negative ``start_row`` (over our reader)."""
     batches = positioned_batches if exact_positions(reader) else shuffled_batches
     return tail(batches(reader, stored_size, batch_size, shuffle_buffer, seed, start_row), augment, device, weight)
 
