@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def head_model(classes: int):
     """The job's head on 2,048 features, compiled with Nadam and built (as compile_distributed)."""
     from pipelines.stack.kerasapi import keras
-    from pipelines.training.model.checkpoints import build_optimizer
+    from pipelines.training.checkpoints.files import build_optimizer
     from pipelines.training.model.build import build_head
 
     model = build_head(classes, 0.5, 42, 2048)
@@ -46,7 +46,7 @@ def round_ms(model, data, steps: int, every: int, directory: str, writes: list) 
     ``every``-th (0: none)."""
     from pipelines.stack.kerasapi import keras
     from pipelines.training.callbacks import BestWeightsEarlyStopping, EpochStats
-    from pipelines.training.checkpointer import CheckpointMarker, Interval
+    from pipelines.training.checkpoints.writer import CheckpointMarker, Interval
 
     stopper = BestWeightsEarlyStopping(monitor="loss", patience=100)
     marker = CheckpointMarker(directory, stopper, [], every=Interval(every or None, None, steps + 1))

@@ -11,6 +11,8 @@ from typing import Dict, List, Optional, Sequence
 from pipelines.io import nofollow
 from pipelines.launch.watchdog import progress as tick_watchdog
 from pipelines.stack.kerasapi import keras
+from pipelines.training.checkpoints.files import checkpoint_variables
+from pipelines.training.checkpoints.names import marker_path
 from pipelines.training.divergence import (
     TrainingDiverged,
     diverged_message,
@@ -19,10 +21,8 @@ from pipelines.training.divergence import (
     non_finite_logs,
     step_place,
 )
-from pipelines.training.model.checkpoints import checkpoint_variables
 from pipelines.training.preemption import Preempted, holding
 from pipelines.training.records import progress
-from pipelines.training.schedule import marker_path
 
 log = logging.getLogger("pipelines")
 

@@ -133,14 +133,3 @@ def exact_validation(inputs: InputPath, data: Dataset, listeners: Sequence = ())
                             val_seconds=time.perf_counter() - start)
 
     return ExactValidation()
-
-
-def with_exact_validation(callbacks: list, inputs: InputPath, data: Dataset) -> list:
-    """``callbacks`` with ``exact_validation`` inserted after ``EpochStats`` and before Keras' progress printer."""
-    import tensorflow as tf
-
-    from pipelines.training.callbacks import EpochStats
-
-    after = next((i + 1 for i, c in enumerate(callbacks) if isinstance(c, EpochStats)), 0)
-    added = [exact_validation(inputs, data, list(callbacks)), tf.keras.callbacks.ProgbarLogger(count_mode="steps")]
-    return callbacks[:after] + added + callbacks[after:]

@@ -12,7 +12,7 @@ import numpy as np
 
 from pipelines.launch.rankenv import FAULT_ENV
 from pipelines.stack.kerasapi import keras
-from pipelines.training.schedule import marker_path
+from pipelines.training.checkpoints.names import marker_path
 
 log = logging.getLogger("pipelines")
 

@@ -46,9 +46,6 @@ class InputPath(Protocol):
     def fit_datasets(self, cache_root: str, start_row: int = 0) -> ContextManager[Tuple[Any, None]]:
         """``(train, None)``: the endless train stream from stream row ``start_row`` (>= 0), its readers the block's."""
 
-    def train_dataset_at(self, start_row: int) -> Any:
-        """A new train stream from stream row ``start_row``, valid inside the ``fit_datasets`` block only."""
-
     def evaluate_shard(self, model: Any, split: str, after_batch: Optional[Callable[[int], None]] = None) -> Totals:
         """Exact totals of ``model`` over this rank's shard of an evaluated ``split``, each row once."""
 

@@ -77,16 +77,6 @@ class ImageInputs:
             finally:
                 self._train_reader = None
 
-    def train_dataset_at(self, start_row: int):
-        """A new training dataset over the open reader from stream row ``start_row``, exactly there.
-
-        Raises:
-            RuntimeError: outside the ``fit_datasets`` block.
-            ValueError: a negative ``start_row``."""
-        if self._train_reader is None:
-            raise RuntimeError("train_dataset_at is valid only inside the fit_datasets block")
-        return self._dataset_over(self._train_reader, "train", start_row)
-
     def evaluate_shard(self, model, split: str, after_batch: Optional[Callable[[int], None]] = None) -> Totals:
         """Totals over this rank's shard of an evaluated ``split``, each row once, count checked against footers."""
         _check_evaluated(split)
@@ -172,15 +162,6 @@ class FeatureInputs:
             yield self._train_at(start_row), None
         finally:
             self._train_rows = None
-
-    def train_dataset_at(self, start_row: int):
-        """A new training dataset over the features ``fit_datasets`` holds, from stream row ``start_row``.
-
-        Raises:
-            RuntimeError: outside the ``fit_datasets`` block."""
-        if self._train_rows is None:
-            raise RuntimeError("train_dataset_at is valid only inside the fit_datasets block")
-        return self._train_at(start_row)
 
     def evaluate_shard(self, model, split: str, after_batch: Optional[Callable[[int], None]] = None) -> Totals:
         """Totals of the head over this rank's cached features of an evaluated ``split``, every row once."""

@@ -152,7 +152,7 @@ class ResizedInputs:
         with contextlib.ExitStack() as stack:
             self._open = self._open_sources(stack, cache_root)
             try:
-                yield self.train_dataset_at(start_row), None
+                yield self._train_at(start_row), None
             finally:
                 self._open = []
 
@@ -170,14 +170,8 @@ class ResizedInputs:
                                                 cache_name=f"rank{self.share.rank}-virtual{v}-{TRAIN}"))
                 for v in self.share.virtual_ranks]
 
-    def train_dataset_at(self, start_row: int):
-        """A new training dataset over ``fit_datasets``' sources from virtual stream row ``start_row``.
-
-        Raises:
-            RuntimeError: outside the ``fit_datasets`` block.
-            ValueError: a negative ``start_row``."""
-        if not self._open:
-            raise RuntimeError("train_dataset_at is valid only inside the fit_datasets block")
+    def _train_at(self, start_row: int):
+        """The training dataset over ``fit_datasets``' open sources from virtual stream row ``start_row``."""
         if start_row < 0:
             raise ValueError(f"a stream row is >= 0, got {start_row}")
         if self.features_path:

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
+from pipelines.training.checkpoints.files import broadcast_state, build_optimizer, load_checkpoint, optimizer_checksum
+from pipelines.training.checkpoints.names import checkpoint_path, marker_weights
 from pipelines.training.config import TrainConfig
-from pipelines.training.model.checkpoints import broadcast_state, build_optimizer, load_checkpoint, optimizer_checksum
-from pipelines.training.schedule import checkpoint_path, marker_weights
 
 if TYPE_CHECKING:
     import numpy as np

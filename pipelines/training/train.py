@@ -20,14 +20,15 @@ from pipelines.runtime.config import to_dict
 from pipelines.runtime.logs import plural
 from pipelines.runtime.redact import redact
 from pipelines.training import preemption
+from pipelines.training.checkpoints.files import frozen_checksum
 from pipelines.training.config import TrainConfig
 from pipelines.training.context import RankContext
 from pipelines.training.data import default_cache_root, verify_total
-from pipelines.training.evaluate import allreduce_totals, with_exact_validation
+from pipelines.training.evaluate import allreduce_totals, exact_validation
 from pipelines.training.inputpath import InputPath
 from pipelines.training.inputs import ImageInputs, make_inputs
+from pipelines.training.loop import run_epochs, start_row
 from pipelines.training.model.build import build_model, compile_distributed
-from pipelines.training.model.checkpoints import frozen_checksum
 from pipelines.training.model.finetune import phase2_lr, trainable_parameters, unfreeze
 from pipelines.training.phase import Phase, phase1_record
 from pipelines.training.plan import RunPlan, hold_data, plan_run
@@ -37,7 +38,6 @@ from pipelines.training.records.report import build_report, linear_probe, save_o
 from pipelines.training.records.segments import segment_params
 from pipelines.training.resized import resized_inputs, with_segments
 from pipelines.training.resume import Resume, phase1_best, phase2_resume, restore
-from pipelines.training.schedule import fit_segments
 
 log = logging.getLogger("pipelines")
 
@@ -83,50 +83,72 @@ def run_params(config: TrainConfig, rank: Rank, plan: RunPlan) -> Dict:
             "data.num_classes": data.num_classes}
 
 
-def make_callbacks(context: RankContext, resume: Resume, marker: Optional[Dict] = None):
-    """``(callbacks, early_stopping, epoch_stats)``: the phase's Keras callbacks in the order they must run."""
+def make_callbacks(context: RankContext, inputs: InputPath, resume: Resume, marker: Optional[Dict] = None):
+    """``(callbacks, early_stopping, epoch_stats)``: the phase's Keras callbacks, in the order their hooks run.
+
+    Each step, each validation batch and each epoch's end call the hooks in this list's order
+    (``loop.run_epochs``)."""
     import horovod.tensorflow.keras as hvd
 
+    from pipelines.stack.kerasapi import keras
     from pipelines.training import callbacks as cb
+    from pipelines.training.faults import FaultInjection
 
-    config, plan, steps = context.config, context.plan, context.plan.steps
+    config, plan, steps, handed = context.config, context.plan, context.plan.steps, context.rank.handed
     # the rule's patience in steps, as whole epochs of this run's steps (pipelines/training/stopping.py)
     early_stopping = cb.BestWeightsEarlyStopping.of_rule(
         config.fit.rule, steps.steps_per_epoch, state=resume.marker["early_stopping"] if resume.marker else None,
         best_weights=resume.best_weights)
     epoch_stats = cb.EpochStats(steps.steps_per_epoch, steps.global_batch)
+    checkpoints = checkpointer(context, resume, early_stopping, marker)
+    # Horovod: one allreduce after each step and validation batch, so that a non-finite loss or a preemption
+    # notice on any rank stops every rank at the same point (a preempted step: rank 0 checkpoints it first)
+    guard = cb.DivergenceGuard(steps.steps_per_epoch, notice=preemption.current(),
+                               on_preempted=checkpoints.write_step if checkpoints else None)
+    output = config.outputs.output
+    fault = FaultInjection.requested(handed.fault, context.rank.rank, output if is_local(output) else "")
+    # Horovod: a rank whose peer is gone waits in a collective for good: its watchdog ticks first and last
+    first, last = cb.WatchdogTicks.around(Watchdog(handed.stall_timeout_s)) if handed.stall_timeout_s else (None, None)
     callbacks = [
+        first,
         # Horovod: broadcast the variables' initial states from rank 0 to every other rank, so that all
         # start alike, from random weights or from rank 0's checkpoint
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-        epoch_stats,
+        epoch_stats,  # the epoch's training time, before validation
+        # Horovod: each epoch's validation over every rank's shard, summed by allreduce (exact, not averaged);
+        # the guard's check after each of its batches
+        exact_validation(inputs, plan.data, [c for c in (guard, fault) if c is not None]),
+        keras.callbacks.ProgbarLogger(count_mode="steps"),  # Keras' epoch line, with the exact validation
         # Horovod: average each epoch's metrics over the ranks, before any callback reads them
         hvd.callbacks.MetricAverageCallback(),
-    ]
-    if config.fit.warmup_epochs > 0:
-        from pipelines.training.warmup import DataWorldWarmup
-
         # Horovod: the rate ramps from base_lr to base_lr x world size over the warmup epochs (Goyal et
         # al. 2017, arXiv:1706.02677), with the data world's size for hvd.size()
-        callbacks.append(DataWorldWarmup(plan.lr, config.fit.warmup_epochs, steps.steps_per_epoch, plan.world.size))
-    checkpoints = checkpointer(context, resume, early_stopping, marker)
-    # Horovod: one allreduce after each step, so that a non-finite loss or a preemption notice on any rank
-    # stops every rank at the same step; before early stopping and the checkpoints, which then never keep
-    # a diverged epoch (a preempted step: rank 0 checkpoints it first)
-    guard = cb.DivergenceGuard(steps.steps_per_epoch, notice=preemption.current(),
-                               on_preempted=checkpoints.write_step if checkpoints else None)
-    callbacks += [guard, early_stopping]
-    if context.rank.rank == 0:  # Horovod: rank 0 alone writes, so that no rank writes over another's files
-        callbacks += rank0_callbacks(context, resume, checkpoints)
-    callbacks.append(cb.PreemptAtEpochEnd(guard))  # after rank 0's checkpoint and its upload
-    if elastic.current() is not None:  # Horovod: elastic mode: slots added join after the epoch's checkpoint
-        callbacks.append(cb.HostsUpdateCheck(elastic.current().state))
-    return with_hooks(context, callbacks), early_stopping, epoch_stats
+        warmup(config, plan),
+        guard,  # before early stopping and the checkpoints, which then never keep a diverged epoch
+        early_stopping,
+        # Horovod: rank 0 alone writes, so that no rank writes over another's files
+        *(rank0_callbacks(context, resume, checkpoints) if context.rank.rank == 0 else []),
+        cb.PreemptAtEpochEnd(guard),  # after rank 0's checkpoint and its upload
+        # Horovod: elastic mode: slots added join after the epoch's checkpoint
+        cb.HostsUpdateCheck(elastic.current().state) if elastic.current() is not None else None,
+        last,
+        fault,
+    ]
+    return [c for c in callbacks if c is not None], early_stopping, epoch_stats
+
+
+def warmup(config: TrainConfig, plan: RunPlan):
+    """The learning rate's warmup callback over ``--warmup-epochs``, or ``None`` without warmup."""
+    if config.fit.warmup_epochs <= 0:
+        return None
+    from pipelines.training.warmup import DataWorldWarmup
+
+    return DataWorldWarmup(plan.lr, config.fit.warmup_epochs, plan.steps.steps_per_epoch, plan.world.size)
 
 
 def checkpointer(context: RankContext, resume: Resume, early_stopping, marker: Optional[Dict] = None):
     """Rank 0's ``CheckpointMarker`` (markers hold ``marker``'s items, default phase 1); ``None`` elsewhere."""
-    from pipelines.training.checkpointer import CheckpointMarker, Interval
+    from pipelines.training.checkpoints.writer import CheckpointMarker, Interval
 
     config, plan = context.config, context.plan
     if context.rank.rank != 0:  # Horovod: checkpoints on rank 0 only, so that no other rank corrupts them
@@ -157,57 +179,31 @@ def rank0_callbacks(context: RankContext, resume: Resume, checkpoints) -> list:
     return written + [cb.SyncOutputs(plan.outputs)]
 
 
-def with_hooks(context: RankContext, callbacks: list) -> list:
-    """``callbacks`` with the launcher's asks: the stall watchdog's ticks first and last, the tests' fault hook."""
-    from pipelines.training import callbacks as cb
-    from pipelines.training.faults import FaultInjection
-
-    handed, output = context.rank.handed, context.config.outputs.output
-    if handed.stall_timeout_s:  # Horovod: a rank whose peer is gone waits in a collective for good: watched
-        first, last = cb.WatchdogTicks.around(Watchdog(handed.stall_timeout_s))
-        callbacks = [first, *callbacks, last]
-    fault = FaultInjection.requested(handed.fault, context.rank.rank, output if is_local(output) else "")
-    return callbacks if fault is None else [*callbacks, fault]
-
-
 def train(context: RankContext, inputs: InputPath, resume: Resume, callbacks, first_epoch: int = 0) -> float:
-    """``fit`` from ``resume``'s position, each rank's stream opened there; returns the seconds in ``fit``."""
+    """Train from ``resume``'s position, each rank's stream opened there; returns the seconds in the loop."""
     from pipelines.training.callbacks import stop_watchdogs
-    from pipelines.training.segment import end_epoch, in_segment
 
     config, rank, plan = context.config, context.rank, context.plan
     if resume.finished(config.fit.epochs):
         inputs.model.set_weights(resume.best_weights)
         return 0.0
     spe = plan.steps.steps_per_epoch
-    segments = fit_segments(resume.initial_epoch, resume.initial_step, config.fit.epochs, spe, config.fit.batch_size,
-                            first_epoch)
+    epochs_done, steps_done = resume.initial_epoch, resume.initial_step
+    row = start_row(epochs_done, steps_done, spe, config.fit.batch_size, first_epoch)
     if resume.marker and not inputs.exact_positions and rank.rank == 0:  # Horovod: warnings on rank 0 only
         log.warning("--reader petastorm cannot open its stream at the checkpoint's position: the resumed run "
                     "reads other batches than the interrupted one would have (--reader own resumes exactly)")
+    trained_logs = resume.epoch_logs(rank) if steps_done == spe else None  # trained, its validation interrupted
     cache_root = config.loader.cache_dir or default_cache_root()
-    # Horovod: each epoch's validation over every rank's shard, summed by allreduce (exact, not averaged)
-    watched, callbacks = callbacks, with_exact_validation(callbacks, inputs, plan.data)
     try:
         # Horovod: each rank reads its own shard of the training split
-        with inputs.fit_datasets(cache_root, start_row=segments[0].start_row) as (train_ds, val_ds):
+        with inputs.fit_datasets(cache_root, start_row=row) as (train_ds, _):
             start = time.perf_counter()
-            for i, segment in enumerate(segments):
-                hooks = in_segment(callbacks, i, len(segments), segment.steps_done, spe)
-                verbose = 2 if rank.rank == 0 else 0  # Horovod: Keras' epoch lines on rank 0 only
-                if not segment.steps:  # the epoch's steps were trained, its validation interrupted: its end only
-                    end_epoch(inputs.model, hooks, segment.initial_epoch, spe,
-                              resume.epoch_logs(rank), verbose)
-                else:
-                    dataset = train_ds if i == 0 else inputs.train_dataset_at(segment.start_row)
-                    inputs.model.fit(dataset, epochs=segment.epochs, initial_epoch=segment.initial_epoch,
-                                     steps_per_epoch=segment.steps, validation_data=val_ds, callbacks=hooks,
-                                     verbose=verbose)
-                if inputs.model.stop_training:
-                    break
+            run_epochs(inputs.model, train_ds, callbacks, epochs_done, steps_done, config.fit.epochs, spe,
+                       verbose=2 if rank.rank == 0 else 0, trained_logs=trained_logs)  # Horovod: rank 0 prints
             return time.perf_counter() - start
-    except BaseException:  # fit calls no on_train_end when it raises: its watchdog would outlive it
-        stop_watchdogs(watched)
+    except BaseException:  # the loop calls no on_train_end when it raises: its watchdog would outlive it
+        stop_watchdogs(callbacks)
         raise
     finally:
         if not config.loader.cache_dir:
@@ -329,7 +325,7 @@ def head_phase(context: RankContext, inputs: InputPath, resume: Resume, probe_he
     Skipped when resuming phase 2; the probe's head is a candidate only without fine-tuning."""
     if resume.phase == 2:
         return Phase(inputs, None, 0, 0.0, None, resume)
-    callbacks, early_stopping, epoch_stats = make_callbacks(context, resume)
+    callbacks, early_stopping, epoch_stats = make_callbacks(context, inputs, resume)
     fit_seconds = train(context, inputs, resume, callbacks)
     fine_tuned = bool(context.config.model.fine_tune_blocks)
     choice = keep_the_better_head(context, inputs, probe_head) if probe_head is not None and not fine_tuned else None
@@ -362,7 +358,7 @@ def fine_tune(context: RankContext, first, resume: Resume):
     phase = context.for_phase(record["epochs"] + config.fine_tune_max_epochs, lr)
     inputs = resized_inputs(ImageInputs(config, plan.data, rank, model, plan.input_size), plan.world, rank)
     marker = {"phase": 2, "blocks": config.model.fine_tune_blocks, "phase1": record}
-    callbacks, early_stopping, epoch_stats = make_callbacks(phase, second, marker=marker)
+    callbacks, early_stopping, epoch_stats = make_callbacks(phase, inputs, second, marker=marker)
     seconds = train(phase, inputs, second, callbacks, first_epoch=record["epochs"])
     totals = evaluate(context, inputs)
     report = {"blocks": config.model.fine_tune_blocks, "layers": layers,

@@ -183,7 +183,7 @@ def load_model(out):
 def checkpoint_checksum(out, epoch, num_classes, backbone="tiny", seed=42):
     """Checksum of the whole model holding checkpoint ``epoch`` (trainable weights) on the run's
     random backbone (``--weights none --seed 42``: the checkpoint identifies it by hash)."""
-    from pipelines.training.model.checkpoints import load_checkpoint
+    from pipelines.training.checkpoints.files import load_checkpoint
     from pipelines.training.model.build import build_model
     from pipelines.training.resume import weights_checksum
     model = build_model(num_classes, SIZE, weights="none", seed=seed, backbone=backbone)
@@ -492,7 +492,7 @@ def test_under_horovodrun_a_rank_a_minute_late_joins_and_a_stalled_rank_ends_the
     abort rank 0; the default window is 300 s), trains epoch 1, then sleeps for good; its watchdog
     ends it 10 s later with its rank, host and place, so horovodrun ends the job, epoch 1's
     checkpoint kept."""
-    from pipelines.training.schedule import marker_path
+    from pipelines.training.checkpoints.names import marker_path
 
     data, _ = dataset
     out = str(tmp_path / "out")
@@ -1030,7 +1030,7 @@ def test_fine_tuning_trains_the_unfrozen_block_only(fine_tuned, dataset):
     """Checkpoint 4 (phase 2's last) against the initial model: the unfrozen convolution and batch
     norm's gamma/beta and the head changed; the frozen block and every moving statistic did not (the
     marker's hash of the non-trained weights at epoch 4's end, before any best-weights restore)."""
-    from pipelines.training.model.checkpoints import frozen_checksum
+    from pipelines.training.checkpoints.files import frozen_checksum
     out, _ = fine_tuned
     classes = dataset[1]["num_classes"]
     initial = fresh_tiny(classes, blocks=1)

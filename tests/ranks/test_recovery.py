@@ -40,7 +40,7 @@ def _train_save_restore_continue(directory):
     models' weights after the 3rd step."""
     import horovod.tensorflow.keras as hvd
     from pipelines.stack.kerasapi import keras
-    from pipelines.training.model.checkpoints import load_checkpoint, optimizer_state, save_checkpoint
+    from pipelines.training.checkpoints.files import load_checkpoint, optimizer_state, save_checkpoint
     from pipelines.training.model.build import build_model, compile_distributed
     hvd.init()
     rng = np.random.default_rng(0)

@@ -35,7 +35,7 @@ def resumed_step(folder: str) -> dict:
     """A fresh model that loads ``folder``'s checkpoint (weights and optimizer state, as
     ``resume.restore`` does) and takes one step: its frozen weights' checksum (what ``--resume``
     compares with the marker's) and its predictions after the step."""
-    from pipelines.training.model.checkpoints import frozen_checksum, load_checkpoint
+    from pipelines.training.checkpoints.files import frozen_checksum, load_checkpoint
 
     images, labels = batch()
     model = compiled_model()
@@ -56,7 +56,7 @@ def make(folder: str) -> dict:
     from pipelines import stack, tracking
     from pipelines.tracking import storeschema
     from pipelines.predict.model import resolve_model
-    from pipelines.training.model.checkpoints import frozen_checksum, save_checkpoint
+    from pipelines.training.checkpoints.files import frozen_checksum, save_checkpoint
     from pipelines.training.model.export import export_model
 
     os.makedirs(folder, exist_ok=True)

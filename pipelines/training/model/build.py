@@ -7,7 +7,7 @@ import os
 from pipelines.backbones import DEFAULT_BACKBONE, Backbone, backbone_spec
 from pipelines.contract import MODEL_INPUT_DTYPE, MODEL_INPUT_NAME
 from pipelines.runtime.errors import MissingInput, Refused
-from pipelines.training.model.checkpoints import build_optimizer, resumable_dropout
+from pipelines.training.checkpoints.files import build_optimizer, resumable_dropout
 
 
 def check_backbone(name: str, weights: str, input_size: int = 0) -> Backbone:

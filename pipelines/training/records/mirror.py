@@ -17,8 +17,9 @@ from pipelines.io.storage import Location, check_reachable, resolve
 from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 from pipelines.tracking import RUN_FILE
+from pipelines.training.checkpoints.choose import checkpoint_markers
+from pipelines.training.checkpoints.names import checkpoint_path, marker_weights
 from pipelines.training.records import ownership as runs
-from pipelines.training.schedule import checkpoint_markers, checkpoint_path, marker_weights
 
 log = logging.getLogger("pipelines")
 RESUME_FILES = (HISTORY, RUN_FILE, PROGRESS)  # what a resumed run appends to, continues or reads

@@ -29,8 +29,9 @@ from pipelines.runtime.errors import Refused
 from pipelines.runtime.logs import plural
 from pipelines.tracking import RUN_FILE
 from pipelines.tracking.pictures import PICTURES
+from pipelines.training.checkpoints.choose import checkpoint_markers, sound_checkpoint
 from pipelines.training.records.shapes import record_problem
-from pipelines.training.schedule import checkpoint_markers, global_batch_size, scaled_lr, sound_checkpoint
+from pipelines.training.schedule import global_batch_size, scaled_lr
 
 #: The settings that decide what a run computes: a checkpoint continues only a run with the same.
 FINGERPRINT_FIELDS = ("backbone", "weights", "image_size", "dropout", "seed", "batch_size", "base_lr",

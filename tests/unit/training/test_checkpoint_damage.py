@@ -11,10 +11,10 @@ import pytest
 from pipelines.io.storage import resolve
 from pipelines.runtime.errors import Refused
 from pipelines.training.config import TrainConfig
-from pipelines.training.model.checkpoints import DamagedCheckpoint, read_checkpoint
+from pipelines.training.checkpoints.files import DamagedCheckpoint, read_checkpoint
 from pipelines.training.records import ownership as runs
-from pipelines.training.schedule import checkpoint_path, marker_path, sound_checkpoint, step_checkpoint_path, \
-    step_marker_path
+from pipelines.training.checkpoints.choose import sound_checkpoint
+from pipelines.training.checkpoints.names import checkpoint_path, marker_path, step_checkpoint_path, step_marker_path
 
 
 def write_checkpoint(directory, epoch, best=None, step=0, run=None, sha=True):
@@ -159,7 +159,7 @@ def test_resume_with_every_checkpoint_damaged_is_refused_naming_the_files(data, 
 
 
 def test_a_damaged_file_is_named_when_loaded(tmp_path):
-    from pipelines.training.model.checkpoints import load_checkpoint
+    from pipelines.training.checkpoints.files import load_checkpoint
     path = write_checkpoint(str(tmp_path), 1)
     assert sorted(read_checkpoint(resolve(path))) == ["optimizer_0000", "trainable_0000"]
     nul_filled(path)

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from pipelines.io.storage import resolve
-from pipelines.training.model.checkpoints import non_finite_checkpoint
+from pipelines.training.checkpoints.files import non_finite_checkpoint
 from pipelines.training.divergence import (TrainingDiverged, diverged_message, epoch_end_place, non_finite_arrays,
                                            non_finite_logs, step_place)
-from pipelines.training.schedule import checkpoint_path, marker_path, newest_complete_checkpoint, non_finite_state
+from pipelines.training.checkpoints.choose import newest_complete_checkpoint, non_finite_state
+from pipelines.training.checkpoints.names import checkpoint_path, marker_path
 
 NAN, INF = float("nan"), float("inf")
 
@@ -125,7 +126,7 @@ def fit_with_guard(tmp_path, other_rank=None, before=(), after=(), epochs=3):
     stand-in rank 1 found. Returns ``(raised, early_stopping)``."""
     from pipelines.stack.kerasapi import keras
     from pipelines.training.callbacks import BestWeightsEarlyStopping, DivergenceGuard
-    from pipelines.training.checkpointer import CheckpointMarker
+    from pipelines.training.checkpoints.writer import CheckpointMarker
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax", name="head")])

@@ -3,8 +3,6 @@ Horovod (the callback driven by hand with a stand-in clock)."""
 import pytest
 
 from pipelines.training.epochprogress import EVERY_S, EpochProgress, epoch_line
-from pipelines.training.schedule import fit_segments
-from pipelines.training.segment import in_segment
 
 
 @pytest.mark.parametrize("args, line", [
@@ -79,22 +77,20 @@ def test_short_epochs_give_one_line_each():
     assert [line.split(",")[0] for line in lines] == [f"epoch {e}/5: 3/3 steps (100 %)" for e in (1, 2, 3)]
 
 
-def _segments(progress, clock, epochs_done, steps_done, epochs, steps, step_s, val_seconds):
-    """The run's ``fit`` calls from a position as train.train makes them (fit_segments, in_segment), each
-    epoch's steps ``step_s`` seconds apart; returns each fit call's lines."""
+def _run(progress, clock, epochs_done, steps_done, epochs, steps, step_s, val_seconds):
+    """The hooks a run from a position calls, as ``loop.run_epochs`` calls them (the first epoch from step
+    ``steps_done + 1``), each epoch's steps ``step_s`` seconds apart; returns each epoch's lines."""
     out, lines = [], []
     progress.write = lines.append
-    segments = fit_segments(epochs_done, steps_done, epochs, steps, batch_size=2)
-    for i, segment in enumerate(segments):
-        [callback] = in_segment([progress], i, len(segments), segment.steps_done, steps)
-        callback.set_params({"epochs": segment.epochs, "steps": segment.steps, "verbose": 2})
-        for epoch in range(segment.initial_epoch, segment.epochs):
-            callback.on_epoch_begin(epoch)
-            start = clock.now
-            for batch in range(segment.steps):
-                clock.now = start + step_s * (batch + 1)
-                callback.on_train_batch_end(batch)
-            callback.on_epoch_end(epoch, {"loss": 1.0, "val_seconds": val_seconds})
+    progress.set_params({"epochs": epochs, "steps": steps, "verbose": 2})
+    for epoch in range(epochs_done, epochs):
+        progress.on_epoch_begin(epoch)
+        start = clock.now
+        first = steps_done if epoch == epochs_done else 0
+        for batch in range(first, steps):
+            clock.now = start + step_s * (batch - first + 1)
+            progress.on_train_batch_end(batch)
+        progress.on_epoch_end(epoch, {"loss": 1.0, "val_seconds": val_seconds})
         out.append(list(lines))
         lines.clear()
     return out
@@ -103,7 +99,7 @@ def _segments(progress, clock, epochs_done, steps_done, epochs, steps, step_s, v
 def test_a_fresh_run_reads_as_before_through_the_job_s_fit_calls():
     clock = Clock()
     progress = EpochProgress(20, 4, epochs=2, epochs_done=0, steps_done=0, clock=clock)
-    [lines] = _segments(progress, clock, 0, 0, epochs=2, steps=20, step_s=1.0, val_seconds=3.0)
+    lines = sum(_run(progress, clock, 0, 0, epochs=2, steps=20, step_s=1.0, val_seconds=3.0), [])
     assert lines == [
         "epoch 1/2: 10/20 steps (50 %), 4.0 images/s, 10 s left in the epoch's steps, then validation",
         "epoch 1/2: 20/20 steps (100 %), 4.0 images/s, steps done in 20 s, then validation",
@@ -113,10 +109,10 @@ def test_a_fresh_run_reads_as_before_through_the_job_s_fit_calls():
 
 
 def test_a_resumed_epoch_says_the_run_s_epoch_and_the_rate_of_the_steps_run_here():
-    # resumed after step 7 of epoch 1 of 2: fit(epochs=1) runs steps 8..20, then fit(initial_epoch=1, epochs=2)
+    # resumed after step 7 of epoch 1 of 2: steps 8..20, then epoch 2
     clock = Clock()
     progress = EpochProgress(20, 4, epochs=2, epochs_done=0, steps_done=7, clock=clock)
-    resumed, after = _segments(progress, clock, 0, 7, epochs=2, steps=20, step_s=1.0, val_seconds=3.0)
+    resumed, after = _run(progress, clock, 0, 7, epochs=2, steps=20, step_s=1.0, val_seconds=3.0)
     assert resumed == [
         # 10 steps (8..17) in 10 s: 1 step/s x 4; 3 steps left: 3 s (before: "epoch 1/1", 6.8 images/s)
         "epoch 1/2: 17/20 steps (85 %, resumed at step 8), 4.0 images/s, 3 s left in the epoch's steps, "
@@ -131,10 +127,10 @@ def test_a_resumed_epoch_says_the_run_s_epoch_and_the_rate_of_the_steps_run_here
 
 
 def test_a_run_resumed_within_a_later_epoch_counts_from_there():
-    # 3 epochs, resumed after step 15 of epoch 2: the first fit call is fit(initial_epoch=1, epochs=2)
+    # 3 epochs, resumed after step 15 of epoch 2
     clock = Clock()
     progress = EpochProgress(20, 4, epochs=3, epochs_done=1, steps_done=15, clock=clock)
-    resumed, after = _segments(progress, clock, 1, 15, epochs=3, steps=20, step_s=0.5, val_seconds=2.0)
+    resumed, after = _run(progress, clock, 1, 15, epochs=3, steps=20, step_s=0.5, val_seconds=2.0)
     assert resumed == [  # 5 steps in 2.5 s: 2 steps/s x 4; the only line says where it resumed
         "epoch 2/3: 20/20 steps (100 %, resumed at step 16), 8.0 images/s, steps done in 2 s, then validation"]
     assert after == ["epoch 3/3: 20/20 steps (100 %), 8.0 images/s, steps done in 10 s, then validation"]
@@ -143,7 +139,7 @@ def test_a_run_resumed_within_a_later_epoch_counts_from_there():
 def test_a_run_resumed_at_an_epoch_s_end_reads_as_a_fresh_one():
     clock = Clock()
     progress = EpochProgress(20, 4, epochs=3, epochs_done=1, steps_done=0, clock=clock)
-    [lines] = _segments(progress, clock, 1, 0, epochs=3, steps=20, step_s=2.0, val_seconds=1.0)
+    lines = sum(_run(progress, clock, 1, 0, epochs=3, steps=20, step_s=2.0, val_seconds=1.0), [])
     assert [line.split(", ")[0] for line in lines] == ["epoch 2/3: 5/20 steps (25 %)", "epoch 2/3: 10/20 steps (50 %)",
                                                      "epoch 2/3: 15/20 steps (75 %)", "epoch 2/3: 20/20 steps (100 %)",
                                                      "epoch 3/3: 5/20 steps (25 %)", "epoch 3/3: 10/20 steps (50 %)",

@@ -1,5 +1,5 @@
 """Step checkpoints, mid-epoch resume and the preemption notice, in one process (TensorFlow, no
-Horovod): the arithmetic, the checkpoint names, the two-call ``fit`` against one, SIGTERM."""
+Horovod): the arithmetic, the checkpoint names, a resumed loop against an uninterrupted one, SIGTERM."""
 import os
 import signal
 import subprocess
@@ -10,30 +10,30 @@ import numpy as np
 import pytest
 
 from pipelines.runtime.errors import Refused
-from pipelines.training.checkpointer import Interval
-from pipelines.training.schedule import Segment, checkpoint_position, fit_segments
+from pipelines.training.checkpoints.writer import Interval
+from pipelines.training.loop import run_epochs, start_row
+from pipelines.training.checkpoints.names import checkpoint_position
 from tests.support.env import REPO
 
 
-@pytest.mark.parametrize("done, steps_done, epochs, spe, batch, first, expected", [
-    (0, 0, 3, 5, 4, 0, [Segment(0, 3, 5, 0, 0)]),                                      # fresh
-    (2, 0, 3, 5, 4, 0, [Segment(2, 3, 5, 0, 40)]),                                     # after epoch 2
-    (1, 3, 3, 5, 4, 0, [Segment(1, 2, 2, 3, 32), Segment(2, 3, 5, 0, 40)]),            # within epoch 2
-    (2, 4, 3, 5, 4, 0, [Segment(2, 3, 1, 4, 56)]),                                     # within the last epoch
-    (0, 1, 1, 2, 16, 0, [Segment(0, 1, 1, 1, 16)]),
-    (6, 2, 9, 5, 4, 4, [Segment(6, 7, 3, 2, 48), Segment(7, 9, 5, 0, 60)]),            # phase 2 from epoch 5
-    (1, 5, 3, 5, 4, 0, [Segment(1, 2, 0, 5, 40), Segment(2, 3, 5, 0, 40)]),            # epoch 2 trained, not validated
-    (2, 5, 3, 5, 4, 0, [Segment(2, 3, 0, 5, 60)]),                                     # the last epoch's validation
+@pytest.mark.parametrize("done, steps_done, spe, batch, first, row", [
+    (0, 0, 5, 4, 0, 0),      # fresh
+    (2, 0, 5, 4, 0, 40),     # after epoch 2
+    (1, 3, 5, 4, 0, 32),     # within epoch 2
+    (2, 4, 5, 4, 0, 56),     # within the last epoch
+    (0, 1, 2, 16, 0, 16),
+    (6, 2, 5, 4, 4, 48),     # phase 2 from epoch 5
+    (1, 5, 5, 4, 0, 40),     # epoch 2 trained, not validated: epoch 3's first row
+    (2, 5, 5, 4, 0, 60),     # the last epoch's validation
 ])
-def test_a_position_becomes_the_fit_calls_and_stream_rows_of_an_uninterrupted_run(done, steps_done, epochs, spe,
-                                                                                   batch, first, expected):
-    assert fit_segments(done, steps_done, epochs, spe, batch, first) == expected
+def test_a_position_becomes_the_stream_row_of_an_uninterrupted_run(done, steps_done, spe, batch, first, row):
+    assert start_row(done, steps_done, spe, batch, first) == row
 
 
 @pytest.mark.parametrize("done, steps_done, spe, first", [(0, 6, 5, 0), (0, -1, 5, 0), (1, 0, 5, 2)])
 def test_a_position_outside_the_run_is_refused(done, steps_done, spe, first):
     with pytest.raises(ValueError, match="no position after"):
-        fit_segments(done, steps_done, 3, spe, 4, first)
+        start_row(done, steps_done, spe, 4, first)
 
 
 def test_checkpoint_names_order_in_time():
@@ -151,8 +151,8 @@ def test_a_notice_at_an_epochs_last_step_stops_at_the_epochs_end_after_its_check
 
 def small_model(seed=7):
     from pipelines.stack.kerasapi import keras
-    from pipelines.training.model.checkpoints import build_optimizer
-    from pipelines.training.model.checkpoints import resumable_dropout
+    from pipelines.training.checkpoints.files import build_optimizer
+    from pipelines.training.checkpoints.files import resumable_dropout
 
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((6,))
@@ -163,6 +163,9 @@ def small_model(seed=7):
     # u_product updates into the traced step, and a lazy build traces the step twice
     build_optimizer(model)
     return model
+
+
+VALIDATION_ROWS = (np.linspace(0, 1, 30, dtype=np.float32).reshape(5, 6), np.arange(5) % 3)
 
 
 def stream_at(row, batch=4):
@@ -183,14 +186,18 @@ def stream_at(row, batch=4):
         tf.TensorSpec((batch, 6), tf.float32), tf.TensorSpec((batch,), tf.int32)))
 
 
-def checkpointed_fit(model, directory, segments, stop_after=None, state=None, history=None, best_weights=None):
-    """``fit`` over ``segments`` with the job's checkpoint writer every step and early stopping on the
-    validation loss (exact, as the job's validation accuracy);
+def checkpointed_fit(model, directory, position=(0, 0), stop_after=None, state=None, history=None, best_weights=None):
+    """The job's loop from ``position`` (epochs done, steps done) over 3 epochs of 5 steps, with the job's
+    checkpoint writer every step and early stopping on the validation loss (exact: 5 rows, one batch);
     ``stop_after`` (epoch, step): a kill there, once its checkpoint is written."""
     from pipelines.stack.kerasapi import keras
     from pipelines.training.callbacks import BestWeightsEarlyStopping
-    from pipelines.training.checkpointer import CheckpointMarker
-    from pipelines.training.segment import in_segment
+    from pipelines.training.checkpoints.writer import CheckpointMarker
+
+    class Validation(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            loss = float(self.model.evaluate(*VALIDATION_ROWS, verbose=0))
+            logs.update(val_loss=loss)
 
     class Kill(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -202,15 +209,13 @@ def checkpointed_fit(model, directory, segments, stop_after=None, state=None, hi
 
     os.makedirs(directory, exist_ok=True)
     stopper = BestWeightsEarlyStopping(state=state, best_weights=best_weights, monitor="val_loss", patience=10)
-    callbacks = [stopper, CheckpointMarker(directory, stopper, history or [], every=Interval(1, None, 5)), Kill()]
-    for i, s in enumerate(segments):
-        model.fit(stream_at(s.start_row), epochs=s.epochs, initial_epoch=s.initial_epoch, steps_per_epoch=s.steps,
-                  validation_data=(np.linspace(0, 1, 30, dtype=np.float32).reshape(5, 6), np.arange(5) % 3),
-                  callbacks=in_segment(callbacks, i, len(segments), s.steps_done, 5), verbose=0)
+    callbacks = [Validation(), stopper, CheckpointMarker(directory, stopper, history or [], every=Interval(1, None, 5)),
+                 Kill()]
+    run_epochs(model, stream_at(start_row(*position, 5, 4)), callbacks, *position, 3, 5)
 
 
 def state_of(model):
-    from pipelines.training.model.checkpoints import checkpoint_variables
+    from pipelines.training.checkpoints.files import checkpoint_variables
 
     return {key: v.numpy() for key, v in checkpoint_variables(model).items()}
 
@@ -222,14 +227,15 @@ def test_a_run_killed_after_a_step_and_resumed_ends_bit_for_bit_as_the_uninterru
     checkpoint in two ``fit`` calls; each run's history too."""
     import json
 
-    from pipelines.training.model.checkpoints import load_checkpoint
-    from pipelines.training.schedule import checkpoint_path, newest_complete_checkpoint
+    from pipelines.training.checkpoints.files import load_checkpoint
+    from pipelines.training.checkpoints.choose import newest_complete_checkpoint
+    from pipelines.training.checkpoints.names import checkpoint_path
 
     whole = small_model()
-    checkpointed_fit(whole, str(tmp_path / "whole"), fit_segments(0, 0, 3, 5, 4))
+    checkpointed_fit(whole, str(tmp_path / "whole"))
     killed_dir = str(tmp_path / "killed")
     with pytest.raises(KeyboardInterrupt):
-        checkpointed_fit(small_model(), killed_dir, fit_segments(0, 0, 3, 5, 4), stop_after=stop_after)
+        checkpointed_fit(small_model(), killed_dir, stop_after=stop_after)
     marker = newest_complete_checkpoint(killed_dir)
     assert marker["_name"] == f"checkpoint-{stop_after[0]}-step-{stop_after[1]}.json"
     assert (marker["epoch"], marker["step"]) == (stop_after[0] - 1, stop_after[1])
@@ -242,7 +248,7 @@ def test_a_run_killed_after_a_step_and_resumed_ends_bit_for_bit_as_the_uninterru
         load_checkpoint(resumed, checkpoint_path(killed_dir, best), optimizer=False)
         best_weights = resumed.get_weights()
     load_checkpoint(resumed, os.path.join(killed_dir, marker["weights"]))
-    checkpointed_fit(resumed, killed_dir, fit_segments(marker["epoch"], marker["step"], 3, 5, 4),
+    checkpointed_fit(resumed, killed_dir, (marker["epoch"], marker["step"]),
                      state=marker["early_stopping"], history=list(marker["history"]), best_weights=best_weights)
     expected, got = state_of(whole), state_of(resumed)
     assert sorted(expected) == sorted(got) and any(k.startswith("rng_") for k in got)
@@ -282,7 +288,7 @@ def test_a_second_sigterm_while_the_checkpoint_is_written_ends_the_process_right
     assert proc.returncode == -signal.SIGTERM and proc.stdout == "checkpoint written\n", (proc.returncode, proc.stdout)
 
 
-def validated_fit(model, directory, segments, notice_at=None, marker=None, best_weights=None, monkeypatch=None):
+def validated_fit(model, directory, position=(0, 0), notice_at=None, marker=None, best_weights=None, monkeypatch=None):
     """The job's epoch end in one process: the exact validation (its shard evaluated batch by
     batch, 3 batches; the sums over ranks those of this one) with the divergence guard's checks
     between batches, early stopping on ``val_loss``, the checkpoint writer, the stop at the epoch's
@@ -293,11 +299,10 @@ def validated_fit(model, directory, segments, notice_at=None, marker=None, best_
     from pipelines.stack.kerasapi import keras
     from pipelines.training import evaluate
     from pipelines.training.callbacks import BestWeightsEarlyStopping, DivergenceGuard, PreemptAtEpochEnd
-    from pipelines.training.checkpointer import CheckpointMarker
+    from pipelines.training.checkpoints.writer import CheckpointMarker
     from pipelines.training.preemption import PreemptionNotice
     from pipelines.training.rank import Rank
     from pipelines.training.resume import Resume
-    from pipelines.training.segment import end_epoch, in_segment
 
     monkeypatch.setattr(evaluate, "allreduce_totals", lambda totals: totals)  # one rank: its own sums
     monkeypatch.setattr(evaluate, "verify_total", lambda count, data, split: None)
@@ -324,13 +329,8 @@ def validated_fit(model, directory, segments, notice_at=None, marker=None, best_
                             on_preempted=checkpoints.write_step, agree=lambda value: value)
     callbacks = [guard, stopper, checkpoints, PreemptAtEpochEnd(guard), Notice()]
     callbacks = [evaluate.exact_validation(Inputs(), None, callbacks), *callbacks]
-    for i, s in enumerate(segments):
-        hooks = in_segment(callbacks, i, len(segments), s.steps_done, 5)
-        if not s.steps:
-            end_epoch(model, hooks, s.initial_epoch, 5, resume.epoch_logs(Rank(0, 1, 0, 1, threads=1)), 0)
-        else:
-            model.fit(stream_at(s.start_row), epochs=s.epochs, initial_epoch=s.initial_epoch, steps_per_epoch=s.steps,
-                      callbacks=hooks, verbose=0)
+    trained = resume.epoch_logs(Rank(0, 1, 0, 1, threads=1)) if position[1] == 5 else None
+    run_epochs(model, stream_at(start_row(*position, 5, 4)), callbacks, *position, 3, 5, trained_logs=trained)
 
 
 @pytest.mark.parametrize("notice_at", [(2, 2), (3, 1)])
@@ -342,15 +342,16 @@ def test_a_notice_in_validation_checkpoints_the_epochs_steps_and_the_resumed_run
     and generator state and the same history, training loss included."""
     import json
 
-    from pipelines.training.model.checkpoints import load_checkpoint
+    from pipelines.training.checkpoints.files import load_checkpoint
     from pipelines.training.preemption import Preempted
-    from pipelines.training.schedule import checkpoint_path, newest_complete_checkpoint
+    from pipelines.training.checkpoints.choose import newest_complete_checkpoint
+    from pipelines.training.checkpoints.names import checkpoint_path
 
     whole = small_model()
-    validated_fit(whole, str(tmp_path / "whole"), fit_segments(0, 0, 3, 5, 4), monkeypatch=monkeypatch)
+    validated_fit(whole, str(tmp_path / "whole"), monkeypatch=monkeypatch)
     stopped_dir = str(tmp_path / "stopped")
     with pytest.raises(Preempted) as raised:
-        validated_fit(small_model(), stopped_dir, fit_segments(0, 0, 3, 5, 4), notice_at, monkeypatch=monkeypatch)
+        validated_fit(small_model(), stopped_dir, notice_at=notice_at, monkeypatch=monkeypatch)
     epoch = notice_at[0]
     assert str(raised.value) == f"preempted: every rank stopped in the validation of epoch {epoch}, its steps trained " \
                                 "(a SIGTERM)"
@@ -365,9 +366,9 @@ def test_a_notice_in_validation_checkpoints_the_epochs_steps_and_the_resumed_run
         load_checkpoint(resumed, checkpoint_path(stopped_dir, best), optimizer=False)
         best_weights = resumed.get_weights()
     load_checkpoint(resumed, os.path.join(stopped_dir, marker["weights"]))
-    segments = fit_segments(marker["epoch"], marker["step"], 3, 5, 4)
-    assert segments[0].steps == 0
-    validated_fit(resumed, stopped_dir, segments, marker=marker, best_weights=best_weights, monkeypatch=monkeypatch)
+    position = (marker["epoch"], marker["step"])
+    assert position[1] == 5  # its steps trained: the resumed run begins with the epoch's validation
+    validated_fit(resumed, stopped_dir, position, marker=marker, best_weights=best_weights, monkeypatch=monkeypatch)
     expected, got = state_of(whole), state_of(resumed)
     for key in expected:
         assert np.array_equal(expected[key], got[key]), key

@@ -7,9 +7,9 @@ import pytest
 
 from pipelines.stack.kerasapi import keras
 from pipelines.training.callbacks import BestWeightsEarlyStopping
-from pipelines.training.checkpointer import CheckpointMarker
+from pipelines.training.checkpoints.writer import CheckpointMarker
 from pipelines.training.faults import FaultInjection
-from pipelines.training.schedule import newest_complete_checkpoint
+from pipelines.training.checkpoints.choose import newest_complete_checkpoint
 
 
 def tiny_model():

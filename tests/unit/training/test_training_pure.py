@@ -12,8 +12,9 @@ from pipelines.training.data.readers import cache_size_bytes
 from pipelines.training.devices import choose_device, rank_cores
 from benchmarks.eval_bench import previous_add, previous_batch_totals
 from pipelines.training.evaluate import Totals, add, batch_totals, gathers_pairs, sum_totals
-from pipelines.training.schedule import (checkpoint_path, marker_path, newest_complete_checkpoint, plan_steps,
-                                         scaled_lr, warmup_lr)
+from pipelines.training.checkpoints.choose import newest_complete_checkpoint
+from pipelines.training.checkpoints.names import checkpoint_path, marker_path
+from pipelines.training.schedule import plan_steps, scaled_lr, warmup_lr
 from tests.support.outputs import checkpoint_bytes
 
 

@@ -49,7 +49,7 @@ def resized(data, tmp_path, j, n, inner=None):  # noqa: F811
 def test_own_reader_each_physical_rank_reads_its_rows_of_the_data_worlds_global_batches(data, references, tmp_path,
                                                                                        n):  # noqa: F811
     """From the start and from a step within a later pass (stream row 30 of the virtual ranks'
-    passes of 22 and 20 rows), and through train_dataset_at (a resumed epoch's second fit)."""
+    passes of 22 and 20 rows); a stream opened 8 steps later continues it."""
     for start_row, expected in references.items():
         for j in range(n):
             inputs = resized(data, tmp_path, j, n)
@@ -57,7 +57,8 @@ def test_own_reader_each_physical_rank_reads_its_rows_of_the_data_worlds_global_
             with inputs.fit_datasets(str(tmp_path / f"n{n}-{j}-{start_row}"), start_row=start_row) as (train, none):
                 assert none is None
                 got = steps_of(train, 12)
-                later = steps_of(inputs.train_dataset_at(start_row + 8 * B), 4)
+            with inputs.fit_datasets(str(tmp_path / f"n{n}-{j}-{start_row}"), start_row=start_row + 8 * B) as (later, _):
+                later = steps_of(later, 4)
             for k, batch in enumerate(got):
                 np.testing.assert_array_equal(batch[1], expected[k][1][lo:hi], err_msg=f"rank {j} step {k}")
                 np.testing.assert_array_equal(batch[0], expected[k][0][lo:hi], err_msg=f"rank {j} step {k}")
@@ -76,8 +77,6 @@ def test_on_the_data_world_itself_the_input_path_is_unchanged(data, tmp_path):  
     assert resized_inputs(inner, DataWorld(N0, B), rank_of(1, N0)) is inner
     wrapped = resized_inputs(inner, DataWorld(N0, B), rank_of(0, 1))
     assert isinstance(wrapped, ResizedInputs) and wrapped.name == "images" and wrapped.exact_positions
-    with pytest.raises(RuntimeError, match="only inside the fit_datasets block"):
-        wrapped.train_dataset_at(0)
 
 
 @pytest.mark.parametrize("reader", [r for r in READERS if r.values[0] == "petastorm"])

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from pipelines.tracking import pictures
 from pipelines.stack.kerasapi import keras
-from pipelines.training.model.checkpoints import frozen_checksum, load_checkpoint, optimizer_state, save_checkpoint
+from pipelines.training.checkpoints.files import frozen_checksum, load_checkpoint, optimizer_state, save_checkpoint
 from pipelines.training.evaluate import add, batch_totals, evaluate_dataset
 from pipelines.backbones import BACKBONES
 from pipelines.training.model.build import backbone_of, build_model, feature_extractor

@@ -188,7 +188,7 @@ def test_a_mixed_precision_model_is_exported_computing_in_float32(tmp_path, mixe
 
 def test_a_checkpoint_carries_the_loss_scale_of_mixed_precision(tmp_path, mixed_policy):
     import tensorflow as tf
-    from pipelines.training.model.checkpoints import load_checkpoint, optimizer_state, save_checkpoint
+    from pipelines.training.checkpoints.files import load_checkpoint, optimizer_state, save_checkpoint
 
     def compiled():
         m = tiny()

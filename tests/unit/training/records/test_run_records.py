@@ -15,7 +15,8 @@ from pipelines.io.storage import resolve
 from pipelines.training.records import ownership as runs
 from pipelines.training.config import TrainConfig
 from pipelines.training.records.mirror import Outputs
-from pipelines.training.schedule import marker_weights, newest_complete_checkpoint
+from pipelines.training.checkpoints.choose import newest_complete_checkpoint
+from pipelines.training.checkpoints.names import marker_weights
 from tests.support.outputs import checkpoint_bytes
 
 

@@ -10,7 +10,7 @@ import pytest
 from pipelines.io.storage import resolve
 from pipelines.training.data import petastorm_available
 from pipelines.training.records.mirror import Outputs, open_outputs
-from pipelines.training.schedule import newest_complete_checkpoint
+from pipelines.training.checkpoints.choose import newest_complete_checkpoint
 from tests.support.outputs import checkpoint_bytes
 
 

@@ -1,4 +1,4 @@
-"""Rank 0's checkpoints while ``fit`` runs: each epoch's, and within an epoch at an interval or on
+"""Rank 0's checkpoints while training runs: each epoch's, and within an epoch at an interval or on
 a preemption notice, each with its completion marker; older ones pruned."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pipelines.io.digest import file_sha256
 from pipelines.launch.watchdog import progress as tick_watchdog
 from pipelines.stack.kerasapi import keras
 from pipelines.training.callbacks import BestWeightsEarlyStopping
-from pipelines.training.model.checkpoints import FORMAT, frozen_checksum, save_checkpoint
-from pipelines.training.schedule import (
+from pipelines.training.checkpoints.files import FORMAT, frozen_checksum, save_checkpoint
+from pipelines.training.checkpoints.names import (
     checkpoint_path,
     checkpoint_position,
     marker_path,
