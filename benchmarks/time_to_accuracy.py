@@ -5,13 +5,15 @@
   (``--feature-cache``); each run starts with no cached features, so its time includes computing them.
 
 Each run is a fresh Horovod job (``HorovodRunner(np=-N)``: N local processes, Gloo) from an empty
-output folder, with early stopping on validation accuracy. Both paths start from the same initial
-head for a given seed; what still differs between them is random (shuffle order, dropout masks), so
-the benchmark runs ``--repeats`` seeds of each, interleaved, and compares means, next to the
-seed-to-seed spread. Printed per run and per path: wall time of the whole job, wall time from the
-job's start to the end of the best epoch (:func:`measure.time_to_best`; the final
-test evaluation and the epochs after the best one are left out), epochs run, best epoch, best
-validation accuracy and the exact test accuracy; then the speed-ups and the accuracy difference.
+output folder, with the default recipe: early stopping by ``--stopping converge`` (validation loss,
+patience in steps) and ``--head-init probe``, which only the feature cache can use (the probe needs
+the cached features), so the article's path starts from the seeded random head. What else differs
+is random (shuffle order, dropout masks), so the benchmark runs ``--repeats`` seeds of each,
+interleaved, and compares means, next to the seed-to-seed spread. Printed per run and per path:
+wall time of the whole job, wall time from the job's start to the end of the best epoch
+(:func:`measure.time_to_best`; the final test evaluation and the epochs after the best one are left
+out), epochs run, best epoch, best validation accuracy and the exact test accuracy; then the
+speed-ups and the accuracy difference.
 Goal: at least 5x less wall time for a test accuracy within 1 point.
 
 Default data: 2,000 Fashion-MNIST images (200 per class) through the ETL at 128 px — at the

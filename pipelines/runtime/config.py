@@ -1,6 +1,6 @@
 """Typed configuration: one dataclass per stage, filled from the command line.
 
-Each field becomes a ``--flag`` with ``metadata['help']`` (also ``flag``, ``choices``, and for ``key_values``
+Each field becomes a ``--flag`` with ``metadata['help']`` (also ``flag``, ``choices``, ``const``: the value of the flag given alone, and for ``key_values``
 fields ``file_flag``, ``file_help``, ``gather``). Option groups (``option_group``) list their flags under a
 title, while flags and keywords stay flat. A config refuses a bad value where it is made, naming the option."""
 from __future__ import annotations
@@ -175,6 +175,8 @@ def _add_option(parser: Any, f: dataclasses.Field, tp: Any, default: Any, notes:
                 kwargs["help"] += " (default: %(default)s)"
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
+        if "const" in f.metadata:  # the flag alone means this value
+            kwargs.update(nargs="?", const=f.metadata["const"])
     parser.add_argument(flag, **kwargs)
 
 

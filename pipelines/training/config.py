@@ -20,6 +20,7 @@ from pipelines.runtime.environment import TRACKING_ENV, read_settings
 from pipelines.runtime.errors import Refused
 from pipelines.training import stopping as rules
 from pipelines.training.data import check_reader
+from pipelines.training.data.augment import augmentation_names
 from pipelines.training.data.rowcache import refuse_foreign
 from pipelines.training.model.build import check_backbone
 from pipelines.training.model.finetune import KERAS_GUIDE_LR_FACTOR, check_fine_tune
@@ -61,13 +62,15 @@ class LoaderOptions:
     cache_dir: str = field("", help="row-group cache root on local disk (a URI is refused); default: a "
                                     "temporary folder")
     shuffle_buffer: int = field(256, help="images in the shuffle buffer (uint8, before preprocessing)")
-    augment: bool = field(False, help="random horizontal flips of the training images (turns --feature-cache off)")
+    augment: str = field("", const="flip", help="random ops on the training images, comma-separated, in order: flip, "
+                                                "crop; bare: flip (turns --feature-cache off)")
     feature_cache: bool = field(False, help="compute the frozen backbone's features once (kept beside the data) "
                                             "and train only the head on them")
 
     def __post_init__(self) -> None:
         check_types(self)
         at_least(1, reader_workers=self.reader_workers, shuffle_buffer=self.shuffle_buffer)
+        settle(self, augment=",".join(augmentation_names(self.augment)))
         data = local_or_uri(self.data)
         settle(self, reader=check_reader(self.reader), data=check_url_safe(data, "--data") if data and is_local(data)
                else data)
@@ -78,6 +81,11 @@ class LoaderOptions:
             settle(self, cache_dir=os.path.abspath(os.path.expanduser(self.cache_dir)))
             check_folder_path(self.cache_dir, "--cache-dir")
             refuse_foreign(self.cache_dir)  # another user's files are never read as a rank's cache
+
+    @property
+    def augmentations(self) -> Tuple[str, ...]:
+        """The ops of ``--augment``, in the order they apply (``augment.AUGMENTATIONS``' names)."""
+        return augmentation_names(self.augment)
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ class ImageInputs:
         """The dataset of ``split`` over ``reader`` from stream row ``start_row`` (ignored by Petastorm's)."""
         c, training = self.config, split == "train"
         return make_dataset(reader, self.data.stored_size, c.fit.batch_size, c.loader.shuffle_buffer if training else 0,
-                            seed=c.fit.seed + self.rank.rank, augment=c.loader.augment and training,
+                            seed=c.fit.seed + self.rank.rank, augment=c.loader.augmentations if training else (),
                             start_row=start_row)
 
     @contextlib.contextmanager

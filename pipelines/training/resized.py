@@ -179,7 +179,7 @@ class ResizedInputs:
         if not self.exact_positions:
             c = self.config
             return make_dataset(self._open[0], self.data.stored_size, self.share.rows, c.loader.shuffle_buffer,
-                                seed=c.fit.seed + self.share.rank, augment=c.loader.augment, weight=self.share.weight)
+                                seed=c.fit.seed + self.share.rank, augment=c.loader.augmentations, weight=self.share.weight)
         return self._image_dataset(start_row)
 
     def _image_dataset(self, start_row: int):
@@ -202,7 +202,7 @@ class ResizedInputs:
         ds = tf.data.Dataset.from_generator(generate, output_signature=(
             tf.TensorSpec((self.share.rows, s, s, 3), tf.uint8), tf.TensorSpec((self.share.rows,), tf.int32),
             tf.TensorSpec((self.share.rows, 2), tf.int64)))
-        return tail(ds, c.loader.augment, weight=self.share.weight)
+        return tail(ds, c.loader.augmentations, weight=self.share.weight)
 
     def _feature_dataset(self, start_row: int):
         import tensorflow as tf

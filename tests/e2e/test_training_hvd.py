@@ -745,7 +745,7 @@ def test_a_tracking_server_receives_the_run_and_its_artifacts(augmented_on_serve
     assert SERVER_PASSWORD not in proc.stdout + proc.stderr and f"{SERVER_USER}:" not in proc.stdout + proc.stderr
     assert run.info.run_name == "augmented" and run.info.status == "FINISHED"
     assert client.get_experiment(run.info.experiment_id).name == "on-server"
-    assert run.data.params["world_size"] == "1" and run.data.params["augment"] == "True"
+    assert run.data.params["world_size"] == "1" and run.data.params["augment"] == "flip"
     assert run.data.metrics["test_accuracy"] == m["test"]["accuracy"]
     assert [point.step for point in client.get_metric_history(run.info.run_id, "loss")] == [1]
     assert {a.path for a in client.list_artifacts(run.info.run_id)} == RUN_ARTIFACTS

@@ -49,5 +49,5 @@ def inputs_of(data, tmp_path, reader="own", **options):
     from pipelines.training.inputs import ImageInputs
 
     config = TrainConfig(data=data.root, output=str(tmp_path / "out"), batch_size=2, shuffle_buffer=5, seed=3,
-                         reader=reader, reader_workers=2, augment=True, **options)
+                         reader=reader, reader_workers=2, augment="flip", **options)
     return ImageInputs(config, data, rank_of(0, 1), None, data.stored_size)

@@ -3,7 +3,12 @@
 whatever the reader. An augmentation is added to ``AUGMENTATIONS`` here, and nowhere else."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, Tuple
+
+from pipelines.runtime.errors import Refused
+
+#: The side of ``crop``'s square, as a fraction of the image's side.
+CROP_FRACTION = 0.875
 
 
 def flip(image, key):
@@ -13,11 +18,35 @@ def flip(image, key):
     return tf.image.stateless_random_flip_left_right(image, seed=key)
 
 
-#: what ``--augment`` applies, in this order: ``name: op(image uint8 (s, s, 3), key int64 (2,)) -> image``
-AUGMENTATIONS = {"flip": flip}
+def crop(image, key):
+    """``image`` uint8 (s, s, 3): a square of ``CROP_FRACTION`` of its side at a place drawn from ``key`` int64 (2,),
+    resized back to (s, s) (bilinear, rounded)."""
+    import tensorflow as tf
+
+    side = image.shape[0]
+    cut = max(1, round(side * CROP_FRACTION))
+    square = tf.image.stateless_random_crop(image, (cut, cut, image.shape[2]), seed=key)
+    resized = tf.image.resize(tf.cast(square, tf.float32), (side, side))
+    return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
 
 
-def augment_rows(images, keys, names: Sequence[str] = tuple(AUGMENTATIONS)):
+#: what ``--augment`` can apply: ``name: op(image uint8 (s, s, 3), key int64 (2,)) -> image``
+AUGMENTATIONS = {"flip": flip, "crop": crop}
+
+
+def augmentation_names(value: str) -> Tuple[str, ...]:
+    """The ops ``--augment``'s ``value`` names, in order: ``"flip,crop"`` -> ``("flip", "crop")``; ``""``: none.
+
+    Raises:
+        pipelines.runtime.errors.Refused: a name not in ``AUGMENTATIONS``, or one named twice."""
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    unknown = [name for name in names if name not in AUGMENTATIONS]
+    if unknown or len(set(names)) < len(names):
+        raise Refused(f"--augment {value}: a comma-separated list of distinct ops among {', '.join(AUGMENTATIONS)}")
+    return names
+
+
+def augment_rows(images, keys, names: Sequence[str] = ("flip",)):
     """``images`` uint8 (b, s, s, 3), each row through the ops ``names`` seeded by its row of ``keys`` int64 (b, 2).
 
     The first op's seed is the row's key itself; each later op's is the key with the op's index folded in.

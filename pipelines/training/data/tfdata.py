@@ -3,7 +3,7 @@ batches on the device (our reader's stream positioned, so a resume opens it at a
 ``tf.data`` shuffle), augmented in the one tail every reader shares."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from pipelines.training.data.augment import augment_rows
 from pipelines.training.data.readers import exact_positions, row_groups_of
@@ -11,7 +11,7 @@ from pipelines.training.data.stream import ShardStream, keyed, stream_batches, w
 from pipelines.training.devices import prefetch_device
 
 
-def batched(ds, batch_size: int, shuffle_buffer: int = 0, seed: int = 0, augment: bool = False,
+def batched(ds, batch_size: int, shuffle_buffer: int = 0, seed: int = 0, augment: Sequence[str] = (),
             drop_remainder: bool = True, device: Optional[str] = None, weight: Optional[float] = None):
     """Rows to batches: a shuffle buffer, ``batch``, then ``tail``.
 
@@ -26,12 +26,13 @@ def batched(ds, batch_size: int, shuffle_buffer: int = 0, seed: int = 0, augment
     return tail(ds.batch(batch_size, drop_remainder=drop_remainder), augment, device, weight)
 
 
-def tail(ds, augment: bool = False, device: Optional[str] = None, weight: Optional[float] = None):
+def tail(ds, augment: Sequence[str] = (), device: Optional[str] = None, weight: Optional[float] = None):
     """The tail every input path shares: ``augment_rows`` (``--augment``), ``weighted``, ``to_device``.
 
     Args:
         ds: batches ``(uint8 (b, s, s, 3), int32 (b,))``, or keyed ``(..., int64 (b, 2))``: each row's
             ``(seed, stream position)``, the key its augmentations draw from (``stream.keyed``).
+        augment: the names of ``augment.AUGMENTATIONS`` to apply, in order; empty: none.
 
     Raises:
         ValueError: ``augment`` over batches without keys."""
@@ -39,7 +40,7 @@ def tail(ds, augment: bool = False, device: Optional[str] = None, weight: Option
 
     if len(ds.element_spec) == 3:
         if augment:
-            ds = ds.map(lambda images, labels, keys: (augment_rows(images, keys), labels),
+            ds = ds.map(lambda images, labels, keys: (augment_rows(images, keys, augment), labels),
                         num_parallel_calls=tf.data.AUTOTUNE)
         else:
             ds = ds.map(lambda images, labels, keys: (images, labels))
@@ -76,7 +77,7 @@ def to_device(ds, device: Optional[str] = None):
 
 
 def make_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int = 0, seed: int = 0,
-                 augment: bool = False, start_row: int = 0, device: Optional[str] = None,
+                 augment: Sequence[str] = (), start_row: int = 0, device: Optional[str] = None,
                  weight: Optional[float] = None):
     """``tf.data`` over a looping reader: its keyed batches, then ``tail``; ``start_row`` ignored over Petastorm's.
 

@@ -85,6 +85,8 @@ def identify(config, world_size: int, run_id: Optional[str] = None) -> RunIdenti
     """The identity of a run of ``config`` on ``world_size`` ranks; raises if the data has no readable manifest."""
     options = to_dict(config)  # flat, as the flags name them: records written before the option groups match
     values = {name: options[name] for name in FINGERPRINT_FIELDS}
+    # --augment was a switch (flips): a run of the same ops keeps the record of before
+    values["augment"] = {"": False, "flip": True}.get(values["augment"], values["augment"])
     data = resolve(config.loader.data, config.storage_options)
     return RunIdentity(run_id or new_run_id(), values, manifest_sha256(data),
                        world_of(config.fit.batch_size, config.fit.base_lr, world_size), manifest_run_id(data))

@@ -74,15 +74,15 @@ def test_augmentation_flips_the_uint8_images_on_the_host_by_each_rows_key():
     images = np.repeat(np.arange(2 * 4 * 4 * 3, dtype=np.uint8).reshape(2, 4, 4, 3), 16, axis=0)
     keys = np.stack([np.full(32, 3), np.arange(32)], axis=1).astype(np.int64)
     rows = tf.data.Dataset.from_tensor_slices((images, np.arange(32, dtype=np.int32), keys))
-    out, labels = (x.numpy() for x in next(iter(batched(rows, 32, augment=True))))
+    out, labels = (x.numpy() for x in next(iter(batched(rows, 32, augment=("flip",)))))
     assert out.dtype == np.uint8 and labels.tolist() == list(range(32))
     flipped = [bool((o == s[:, ::-1]).all()) for o, s in zip(out, images)]
     assert all(f or (o == s).all() for f, o, s in zip(flipped, out, images)) and 0 < sum(flipped) < 32
-    again = batched(rows.shuffle(32, seed=5), 8, augment=True)
+    again = batched(rows.shuffle(32, seed=5), 8, augment=("flip",))
     for got, label in ((x.numpy(), y.numpy()) for x, y in again):
         np.testing.assert_array_equal(got, out[label])
     with pytest.raises(ValueError, match="needs each row's key"):
-        batched(tf.data.Dataset.from_tensor_slices((images, np.zeros(32, np.int32))), 32, augment=True)
+        batched(tf.data.Dataset.from_tensor_slices((images, np.zeros(32, np.int32))), 32, augment=("flip",))
 
 
 def test_batch_inference_sends_the_uint8_image_and_gets_the_models_own_probabilities(tmp_path):

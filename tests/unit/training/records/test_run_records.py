@@ -131,8 +131,8 @@ RECORDED_BEFORE_GROUPS = [
           "feature_cache": False, "fine_tune_blocks": 0, "fine_tune_lr": 0.01, "fp16_allreduce": False,
           "mixed_precision": False}, "b40ccc32a5d3981d0c32cedf1d42edbba80d665c432e8e2c0d45922e7f6189ad"),
     ({"image_size": 32, "dropout": 0.25, "seed": 7, "batch_size": 4, "base_lr": 0.01, "warmup_epochs": 1.5,
-      "min_delta": 0.01, "shuffle_buffer": 64, "augment": True, "feature_cache": True, "fine_tune_blocks": 1,
-      "fine_tune_lr": 0.1, "fp16_allreduce": True, "mixed_precision": True, "epochs": 5},
+      "min_delta": 0.01, "shuffle_buffer": 64, "augment": "flip", "feature_cache": True, "fine_tune_blocks": 1,
+      "fine_tune_lr": 0.1, "fp16_allreduce": True, "mixed_precision": True, "epochs": 5},  # augment: was True
      {"backbone": "tiny", "weights": "none", "image_size": 32, "dropout": 0.25, "seed": 7, "batch_size": 4,
       "base_lr": 0.01, "warmup_epochs": 1.5, "min_delta": 0.01, "shuffle_buffer": 64, "augment": True,
       "feature_cache": True, "fine_tune_blocks": 1, "fine_tune_lr": 0.1, "fp16_allreduce": True,
