@@ -7,14 +7,9 @@ from pipelines.runtime.logs import plural
 
 
 def start_row(epochs_done: int, steps_done: int, steps_per_epoch: int, batch_size: int, first_epoch: int = 0) -> int:
-    """The rank's stream row where a run continues after ``epochs_done`` epochs and ``steps_done`` more steps.
+    """The rank's stream row after ``epochs_done`` epochs and ``steps_done`` (``0..steps_per_epoch``) more steps.
 
-    Args:
-        epochs_done: whole epochs done (validated), from the run's start.
-        steps_done: steps trained of the next epoch, ``0..steps_per_epoch`` (all: trained, not validated).
-        steps_per_epoch: steps of one epoch, the same on every rank.
-        batch_size: rows of one step on this rank.
-        first_epoch: the epochs before this phase's stream began (phase 2: phase 1's).
+    ``batch_size``: rows of one step on this rank; ``first_epoch``: epochs before this phase's stream began.
 
     Raises:
         ValueError: ``steps_done`` outside ``[0, steps_per_epoch]``, or a position before ``first_epoch``."""
@@ -28,17 +23,10 @@ def run_epochs(model, dataset, callbacks: Sequence, epochs_done: int, steps_done
                steps_per_epoch: int, verbose: int = 0, trained_logs: Optional[Dict[str, float]] = None) -> None:
     """Train epochs ``epochs_done + 1 .. epochs``, the first from step ``steps_done + 1``, as Keras' ``fit`` would.
 
-    Every callback's hook runs in the list's order: ``make_callbacks`` states that order.
-
     Args:
-        model: a compiled Keras model (its optimizer ``hvd.DistributedOptimizer`` under Horovod).
-        dataset: this rank's training batches, from the stream row of ``(epochs_done, steps_done)``, unending.
-        callbacks: Keras callbacks, in the order their hooks run.
-        epochs_done, steps_done: where the run continues (``start_row``'s).
-        epochs: the last epoch, 1-based; ``model.stop_training`` ends the run at an epoch's end.
-        steps_per_epoch: steps of one epoch.
-        verbose: Keras' ``verbose`` for the callbacks' ``params`` (2: a line an epoch).
-        trained_logs: the epoch's logs when its steps were all trained before (``steps_done == steps_per_epoch``)."""
+        dataset: this rank's unending batches from ``start_row(epochs_done, steps_done, ...)``.
+        callbacks: Keras callbacks, their hooks run in this order (``make_callbacks``').
+        trained_logs: the first epoch's logs when its steps were trained before (``steps_done == steps_per_epoch``)."""
     from pipelines.stack.kerasapi import keras
 
     hooks = keras.callbacks.CallbackList(list(callbacks), add_history=False, add_progbar=False, model=model,
