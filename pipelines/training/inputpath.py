@@ -11,9 +11,7 @@ if TYPE_CHECKING:
 
 
 class InputPath(Protocol):
-    """One rank's input path: the model it trains, its training stream, its exact evaluation, the model it exports.
-
-    ``make_inputs`` and ``resized_inputs`` return one; mypy checks that every path conforms."""
+    """One rank's input path (``make_inputs``', ``resized_inputs``'): its model, train stream, evaluation, export."""
 
     @property
     def name(self) -> str:
@@ -33,7 +31,7 @@ class InputPath(Protocol):
 
     @property
     def exact_positions(self) -> bool:
-        """Whether the train stream opens exactly at a stream row (a resume or a second ``fit`` reads on exactly)."""
+        """Whether the train stream opens exactly at a stream row (a resume reads on exactly)."""
 
     @property
     def features(self) -> Optional[Location]:
