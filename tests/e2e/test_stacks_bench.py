@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.env import REPO as ROOT, subprocess_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.current]
+pytestmark = pytest.mark.slow  # once, on mission: the benchmark itself starts both stacks' venvs
 BENCH = os.path.join(ROOT, "benchmarks", "stacks_bench.py")
 VENVS = [os.path.join(ROOT, v, "bin", "python") for v in (".venv", ".venv-current")]
 

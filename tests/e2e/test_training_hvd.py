@@ -389,8 +389,9 @@ RECOVERY = ("--epochs", "4", "--patience", "10", "--warmup-epochs", "3")
 KILL_RANK_1 = {"PIPELINES_FAULT_INJECT": "rank=1,epoch=2,mode=kill"}  # once checkpoint 2 is complete
 
 
-@pytest.mark.current
-@pytest.mark.parametrize("spark_np", [-2, 2])  # local processes / Spark barrier tasks (local Spark)
+# local processes / Spark barrier tasks (local Spark); on current, the barrier tasks (its PySpark): the local
+# runner's relaunch is tests/ranks/test_recovery.py's there
+@pytest.mark.parametrize("spark_np", [-2, pytest.param(2, marks=pytest.mark.current)])
 def test_a_lost_rank_is_relaunched_from_the_newest_checkpoint(dataset, tmp_path, spark_np):
     """--max-failures 1: rank 1 SIGKILLed after epoch 2's checkpoint; the driver relaunches both
     ranks, which continue from checkpoint 2 (weights, Nadam's state, early stopping, history) inside
