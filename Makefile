@@ -31,9 +31,12 @@ TEST_WORKERS ?= 2
 FAST_WORKERS ?= 3
 PYTEST = $(PY) -m pytest -q -p no:cacheprovider --durations=25
 
-.PHONY: setup main tune test test-stack test-tools test-fast lint bench bench-peers lock clean image-test
+.PHONY: setup setup-mission setup-current main tune test test-stack test-tools test-fast lint bench bench-peers lock clean image-test
 
 setup: $(VENV)/.pipelines-stamp
+
+setup-mission setup-current:  ## one stack's set-up by name, so that `make -j2` builds both at once
+	$(MAKE) setup STACK=$(@:setup-%=%)
 
 $(VENV)/.pipelines-stamp: requirements/$(STACK).lock setup.cfg pyproject.toml scripts/setup_env.sh scripts/lockfile.py
 	bash scripts/setup_env.sh $(VENV)
@@ -45,7 +48,7 @@ tune: setup  ## after `make main`: search the head's settings on its feature cac
 	OUT=$(OUT) VENV=$(VENV) bash scripts/tune.sh
 
 test:  ## both stacks: the whole suite on mission, then on current the tests marked `current` and the fast tests that touch the stack
-	$(MAKE) setup STACK=current  # first: the mission suite's cross-stack tests start the current venv too
+	$(MAKE) -j2 --output-sync=target setup-mission setup-current  # both first: cross-stack tests start the two
 	$(MAKE) test-stack STACK=mission
 	$(MAKE) test-stack STACK=current
 

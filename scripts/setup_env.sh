@@ -65,7 +65,7 @@ echo "[setup] installing $LOCK ($STACK stack, Python $(py_version "$VPY"), hashe
 
 # 2. Horovod has no wheel: its sdist (hash-checked) compiles against the TensorFlow just installed
 #    (about 2.5 min). Released as is on mission (pip caches the built wheel, so a second venv reuses
-#    it); on current, patched first (never cached: the cache keys on the sdist, not the patch).
+#    it); on current, patched first, and its wheel kept in $PIPELINES_CACHE/wheels.
 "$VPY" scripts/lockfile.py "$LOCK" --only horovod > "$work/horovod.txt"
 export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
        HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo
@@ -85,11 +85,23 @@ if ! "$VPY" -c "import horovod.tensorflow" 2>/dev/null; then
     echo "[setup] building Horovod with TensorFlow + Gloo (no MPI)${HOROVOD_GPU_OPERATIONS:+ + $HOROVOD_GPU_OPERATIONS}"
     "${PIP[@]}" install -q --no-deps --require-hashes --no-build-isolation -r "$work/horovod.txt"
   else
-    echo "[setup] building Horovod with TensorFlow + Gloo (no MPI), patched with $PATCH"
-    "${PIP[@]}" download -q --no-deps --no-binary :all: --require-hashes -r "$work/horovod.txt" -d "$work"
-    tar -xzf "$work"/horovod-*.tar.gz -C "$work"
-    patch -s -p1 -d "$work"/horovod-*/ < "$PATCH"
-    "${PIP[@]}" install -q --no-deps --no-build-isolation --no-cache-dir "$work"/horovod-*/
+    # pip's wheel cache keys on the sdist alone, so the patched wheel is kept under a key of its own:
+    # the sdist's pin and hash, the patch, the lock (TensorFlow) and the build's settings.
+    key=$( (cat "$work/horovod.txt" "$PATCH" "$LOCK"; py_version "$VPY"; env | grep '^HOROVOD_' | sort) \
+          | sha256sum | cut -c1-16)
+    built=${PIPELINES_CACHE:-$HOME/.cache/pipelines}/wheels/horovod-$key
+    if ! compgen -G "$built/horovod-*.whl" >/dev/null; then
+      echo "[setup] building Horovod with TensorFlow + Gloo (no MPI), patched with $PATCH"
+      "${PIP[@]}" download -q --no-deps --no-binary :all: --require-hashes -r "$work/horovod.txt" -d "$work"
+      tar -xzf "$work"/horovod-*.tar.gz -C "$work"
+      patch -s -p1 -d "$work"/horovod-*/ < "$PATCH"
+      "${PIP[@]}" wheel -q --no-deps --no-build-isolation --no-cache-dir -w "$work/wheel" "$work"/horovod-*/
+      mkdir -p "$(dirname "$built")" && rm -rf "$built.tmp$$" && mv "$work/wheel" "$built.tmp$$"
+      mv -T "$built.tmp$$" "$built" 2>/dev/null || rm -rf "$built.tmp$$"  # another setup kept it first
+    else
+      echo "[setup] Horovod patched with $PATCH: the wheel built earlier, $built"
+    fi
+    "${PIP[@]}" install -q --no-deps "$built"/horovod-*.whl
   fi
 fi
 

@@ -215,6 +215,7 @@ class OutputOptions:
     probe: bool = field(True, help="with --feature-cache, also fit and report a linear probe (logistic "
                                    "regression on the features)")
     tensorboard: bool = field(True, help="write TensorBoard logs on rank 0")
+    pictures: bool = field(True, help="draw the curves, confusions and a contact sheet (PNG) into --output on rank 0")
     profile_steps: str = field("", help="FIRST,LAST: profile these training steps (1-based, across epochs) into "
                                         "TensorBoard; empty: none")
     tracking: Optional[bool] = field(None, help=trk.HELP["tracking"] + "; rank 0 logs one run per job")

@@ -720,7 +720,7 @@ def augmented_on_server(dataset, tracking_server, tmp_path_factory):
     by ``$MLFLOW_TRACKING_URI`` with credentials in it."""
     out = str(tmp_path_factory.mktemp("augmented") / "out")
     proc = train(dataset[0], out, "--epochs", "1", "--feature-cache", "--augment", "--tracking",
-                 "--experiment", "on-server", "--run-name", "augmented", np_=0,
+                 "--experiment", "on-server", "--run-name", "augmented", np_=0, pictures=True,
                  env={"MLFLOW_TRACKING_URI": with_credentials(tracking_server[0])})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc
@@ -848,7 +848,7 @@ def test_horovod_trains_from_s3_to_s3(dataset, s3_data, s3_server, tmp_path):
     given = {**STORAGE_SECRETS, "endpoint_override": s3_server.endpoint}  # options: no AWS_ENDPOINT_URL in pyarrow
     options = [arg for key, value in given.items() for arg in ("--storage-option", f"{key}={value}")]
     proc = train(s3_data[0], out, "--epochs", "2", "--image-size", "32", "--feature-cache", *options, "--tracking",
-                 "--tracking-uri", f"sqlite:///{tmp_path}/store/mlruns.db", tensorboard=True,
+                 "--tracking-uri", f"sqlite:///{tmp_path}/store/mlruns.db", tensorboard=True, pictures=True,
                  cache=str(tmp_path / "cache"), env={"TMPDIR": str(staging)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     secrets = tuple(STORAGE_SECRETS.values())

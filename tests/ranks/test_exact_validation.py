@@ -21,7 +21,7 @@ RANKS = 5
 
 def horovodrun(np_, data, output, *args, timeout=900):
     job = [sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", output,
-           "--weights", "none", "--backbone", "tiny", "--no-tensorboard", "--no-tracking", *args]
+           "--weights", "none", "--backbone", "tiny", "--no-tensorboard", "--no-tracking", "--no-pictures", *args]
     cmd = [os.path.join(BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *job]
     return subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), timeout=timeout)
 

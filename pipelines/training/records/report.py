@@ -194,7 +194,7 @@ def save_outputs(context, report: Dict, phase) -> None:
     for line in probe_lines(report):
         (log.warning if line.startswith("the model's") else log.info)("%s", line)
     try:
-        pictures = save_pictures(directory, report, exported, data)
+        pictures = save_pictures(directory, report, exported, data) if config.outputs.pictures else {}
     except Exception as exc:  # pictures are a view of the results above: never the run's failure
         log.error("the pictures could not be drawn (%s: %s); the results are written", type(exc).__name__, exc)
         pictures, report["pictures_error"] = {}, f"{type(exc).__name__}: {exc}"

@@ -122,6 +122,32 @@ def test_a_failure_while_drawing_leaves_the_results_written(tmp_path, monkeypatc
     assert {"model.keras", "model.json", "class_names.json", "metrics.json"} <= set(os.listdir(out))
 
 
+def test_no_pictures_draws_none_and_records_no_error(tmp_path, monkeypatch):
+    from pipelines.training.records import report as results
+    from pipelines.training.config import TrainConfig
+
+    def drawn(*_args):
+        raise AssertionError("a picture was drawn under --no-pictures")
+
+    monkeypatch.setattr(results, "save_pictures", drawn)
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    config = TrainConfig(data=str(tmp_path), output=out, backbone="tiny", weights="none", tracking=False,
+                         pictures=False)
+    context, last = at_the_end(config, tiny(), two_class_totals())
+    results.save_outputs(context, {"test": {"loss": 0.5, "accuracy": 0.5, "count": 2}, "validation": {
+        "epoch": 1, "loss": 0.4, "accuracy": 0.75, "count": 4, "expected_count": 4}, "best_epoch": 1,
+        "epochs_run": 1}, last)
+    written = json.loads(open(os.path.join(out, "metrics.json")).read())
+    assert written["pictures"] == {} and "pictures_error" not in written
+    assert not [name for name in os.listdir(out) if name.endswith(".png")]
+
+
+def two_class_totals():
+    from pipelines.training.evaluate import Totals
+    return Totals.of_confusion(1.0, [[1, 0, 0], [0, 1, 0], [0, 0, 0]])
+
+
 def test_results_are_written_before_any_picture(tmp_path, monkeypatch):
     from pipelines.training.records import report as results
     from pipelines.training.config import TrainConfig

@@ -145,8 +145,9 @@ FLAT_OPTIONS = {"data", "output", "epochs", "batch_size", "base_lr", "warmup_epo
                 "reader", "bind_cores", "tensorboard", "profile_steps", "verbose", "feature_cache", "augment",
                 "fine_tune_blocks", "fine_tune_lr", "fine_tune_epochs", "fp16_allreduce", "mixed_precision", "xla",
                 "tracking", "tracking_uri", "experiment", "run_name", "storage_options", "register_model"}
-#: The options added since: early stopping's rule, the linear probe, the head's weight decay and start
-ADDED_OPTIONS = {"stopping", "monitor", "patience_steps", "probe", "weight_decay", "deterministic_ops", "head_init"}
+#: The options added since: early stopping's rule, the linear probe, the head's weight decay and start, pictures
+ADDED_OPTIONS = {"stopping", "monitor", "patience_steps", "probe", "weight_decay", "deterministic_ops", "head_init",
+                 "pictures"}
 
 
 @pytest.mark.parametrize("options, fingerprint, sha256", RECORDED_BEFORE_GROUPS)
