@@ -100,73 +100,57 @@ def tiny(num_classes=3, size=32):
     return build_model(num_classes, size, dropout=0.0, weights="none", seed=1, backbone="tiny")
 
 
-def test_a_failure_while_drawing_leaves_the_results_written(tmp_path, monkeypatch):
+REPORT = {"test": {"loss": 0.5, "accuracy": 0.5, "count": 2}, "best_epoch": 1, "epochs_run": 1,
+          "validation": {"epoch": 1, "loss": 0.4, "accuracy": 0.75, "count": 4, "expected_count": 4}}
+
+
+def saved(tmp_path, monkeypatch, draw, totals=None, **options):
+    """save_outputs of `REPORT` into ``tmp_path/out`` with ``draw`` as save_pictures: ``(out, metrics.json)``."""
     from pipelines.training.records import report as results
     from pipelines.training.config import TrainConfig
+
+    monkeypatch.setattr(results, "save_pictures", draw)
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    config = TrainConfig(data=str(tmp_path), output=out, backbone="tiny", weights="none", tracking=False, **options)
+    context, last = at_the_end(config, tiny(), totals)
+    results.save_outputs(context, json.loads(json.dumps(REPORT)), last)
+    with open(os.path.join(out, "metrics.json")) as f:
+        return out, json.load(f)
+
+
+def test_a_failure_while_drawing_leaves_the_results_written(tmp_path, monkeypatch):
     from pipelines.training.evaluate import Totals
 
     def broken(*_args):
         raise MemoryError("drawing 257 classes")
 
-    monkeypatch.setattr(results, "save_pictures", broken)
-    out = str(tmp_path / "out")
-    os.makedirs(out)
-    config = TrainConfig(data=str(tmp_path), output=out, backbone="tiny", weights="none", tracking=False)
-    report = {"test": {"loss": 0.5, "accuracy": 0.5, "count": 2}, "validation": {"epoch": 1, "loss": 0.4, "accuracy": 0.75, "count": 4, "expected_count": 4}, "best_epoch": 1, "epochs_run": 1}
     totals = Totals.of_confusion(1.0, [[1, 0, 0], [1, 0, 0], [0, 0, 0]])
-    context, last = at_the_end(config, tiny(), totals)
-    results.save_outputs(context, report, last)
-    written = json.loads(open(os.path.join(out, "metrics.json")).read())
+    out, written = saved(tmp_path, monkeypatch, broken, totals)
     assert written["test"]["confusion"][1] == [1, 0, 0] and written["pictures"] == {}
     assert written["pictures_error"] == "MemoryError: drawing 257 classes"
     assert {"model.keras", "model.json", "class_names.json", "metrics.json"} <= set(os.listdir(out))
 
 
 def test_no_pictures_draws_none_and_records_no_error(tmp_path, monkeypatch):
-    from pipelines.training.records import report as results
-    from pipelines.training.config import TrainConfig
-
     def drawn(*_args):
         raise AssertionError("a picture was drawn under --no-pictures")
 
-    monkeypatch.setattr(results, "save_pictures", drawn)
-    out = str(tmp_path / "out")
-    os.makedirs(out)
-    config = TrainConfig(data=str(tmp_path), output=out, backbone="tiny", weights="none", tracking=False,
-                         pictures=False)
-    context, last = at_the_end(config, tiny(), two_class_totals())
-    results.save_outputs(context, {"test": {"loss": 0.5, "accuracy": 0.5, "count": 2}, "validation": {
-        "epoch": 1, "loss": 0.4, "accuracy": 0.75, "count": 4, "expected_count": 4}, "best_epoch": 1,
-        "epochs_run": 1}, last)
-    written = json.loads(open(os.path.join(out, "metrics.json")).read())
+    out, written = saved(tmp_path, monkeypatch, drawn, pictures=False)
     assert written["pictures"] == {} and "pictures_error" not in written
     assert not [name for name in os.listdir(out) if name.endswith(".png")]
 
 
-def two_class_totals():
-    from pipelines.training.evaluate import Totals
-    return Totals.of_confusion(1.0, [[1, 0, 0], [0, 1, 0], [0, 0, 0]])
-
-
 def test_results_are_written_before_any_picture(tmp_path, monkeypatch):
-    from pipelines.training.records import report as results
-    from pipelines.training.config import TrainConfig
-
     seen = {}
 
     def pictures(directory, report, exported, data):
         seen["metrics"] = json.loads(open(os.path.join(directory, "metrics.json")).read())
         return {"curves": os.path.join(directory, "curves.png")}
 
-    monkeypatch.setattr(results, "save_pictures", pictures)
-    out = str(tmp_path / "out")
-    os.makedirs(out)
-    config = TrainConfig(data=str(tmp_path), output=out, backbone="tiny", weights="none", tracking=False)
-    context, last = at_the_end(config, tiny())
-    results.save_outputs(context, {"test": {"loss": 0.5, "accuracy": 0.5, "count": 2}, "validation": {"epoch": 1, "loss": 0.4, "accuracy": 0.75, "count": 4, "expected_count": 4}, 
-                                   "best_epoch": 1, "epochs_run": 1}, last)
+    out, written = saved(tmp_path, monkeypatch, pictures)
     assert seen["metrics"]["test"]["accuracy"] == 0.5 and seen["metrics"]["pictures"] == {}
-    assert json.loads(open(os.path.join(out, "metrics.json")).read())["pictures"] == {"curves": f"{out}/curves.png"}
+    assert written["pictures"] == {"curves": f"{out}/curves.png"}
 
 
 def test_model_json_records_the_model_files_sha256(tmp_path):
