@@ -59,7 +59,7 @@ def dataset(tmp_path_factory, spark):
     out = str(base / "etl")
     for partitions in (3, 4, 5, 2):
         manifest = run_etl(ETLConfig(input=str(base / "tree"), output=out, image_size=SIZE, test_fraction=0.3,
-                                     min_row_groups=4, num_partitions=partitions, tracking=False), spark)
+                                     min_row_groups=4, num_partitions=partitions), spark)
         rows = shard_rows(etl_parts(out, "train"))
         if rows[0] != rows[1]:
             assert sum(rows) == manifest["splits"]["train"]["rows"]

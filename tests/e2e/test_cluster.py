@@ -51,8 +51,7 @@ def manifest_of(data):
 
 def train_args(data, out, *extra):
     return ["--data", data, "--output", out, "--weights", "none", "--backbone", "tiny", "--batch-size", "4",
-            "--no-tensorboard", "--no-tracking", "--no-pictures",
-            "--cache-dir", out + "-cache", *extra]
+            "--no-tensorboard", "--no-pictures", "--cache-dir", out + "-cache", *extra]
 
 
 @pytest.fixture(scope="module")

@@ -134,8 +134,8 @@ def test_a_named_interface_is_honoured_even_when_unroutable(driver_run, hosts_cl
 
 SIZE = 32
 FAULT = "PIPELINES_FAULT_INJECT"
-TRAIN = ("--weights", "none", "--backbone", "tiny", "--batch-size", "2", "--no-tensorboard", "--no-tracking",
-         "--no-pictures", "--patience", "10", "--spark-np", "4")
+TRAIN = ("--weights", "none", "--backbone", "tiny", "--batch-size", "2", "--no-tensorboard", "--no-pictures",
+         "--patience", "10", "--spark-np", "4")
 KILL_TO_EXIT_S = 60  # from a worker host's death to spark-submit's exit (the verdict, Spark's shutdown), loaded
 
 

@@ -1,5 +1,4 @@
-"""Every notebook runs top to bottom (nbclient), with small parameters injected papermill-style; MLflow
-only where a notebook shows it (07, 08): the jobs' tests check the runs they log."""
+"""Every notebook runs top to bottom (nbclient), with small parameters injected papermill-style."""
 import json
 import os
 
@@ -18,8 +17,8 @@ SMALL_TRAINING = dict(weights="none", backbone="tiny", epochs=2, batch_size=4, p
 def etl_notebook(tmp_path_factory):
     work = tmp_path_factory.mktemp("notebooks")
     make_tree(str(work / "tree"), classes=3, per_class=20, bad=False)
-    book = execute("01_etl_to_parquet.ipynb", str(work), untracked=True, workdir=str(work),
-                   input_dir=str(work / "tree"), output_dir=str(work / "etl"), image_size=71, test_fraction=0.3)
+    book = execute("01_etl_to_parquet.ipynb", str(work), workdir=str(work), input_dir=str(work / "tree"),
+                   output_dir=str(work / "etl"), image_size=71, test_fraction=0.3)
     return str(work), str(work / "etl"), book
 
 
@@ -49,7 +48,7 @@ def test_etl_notebook(etl_notebook):
 ])
 def test_training_notebooks(etl_notebook, name, extra):
     work, etl, _ = etl_notebook
-    book = execute(name, work, untracked=True, workdir=work, data_dir=etl, **SMALL_TRAINING, **extra)
+    book = execute(name, work, workdir=work, data_dir=etl, **SMALL_TRAINING, **extra)
     text = outputs(book)
     assert has_image(book), "no training-curve plot"
     assert "test accuracy" in text and "images/s" in text, text[-2000:]

@@ -11,17 +11,15 @@ from tests.support.env import REPO, dump_python_stacks
 NOTEBOOKS = os.path.join(REPO, "notebooks")
 
 
-def execute(name: str, cwd: str, untracked: bool = False, **parameters) -> nbformat.NotebookNode:
-    """Run one notebook with ``parameters`` injected after its ``parameters`` cell; raise on any cell error.
-    ``untracked``: its kernel, and the jobs it starts, with ``PIPELINES_TRACKING=0``."""
+def execute(name: str, cwd: str, **parameters) -> nbformat.NotebookNode:
+    """Run one notebook with ``parameters`` injected after its ``parameters`` cell; raise on any cell error."""
     book = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
     index = next(i for i, c in enumerate(book.cells) if "parameters" in c.metadata.get("tags", []))
     injected = nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in parameters.items()))
     injected.metadata["tags"] = ["injected-parameters"]
     book.cells.insert(index + 1, injected)
     try:
-        env = {**os.environ, **({"PIPELINES_TRACKING": "0"} if untracked else {})}
-        NotebookClient(book, timeout=600, kernel_name="python3", resources={"metadata": {"path": cwd}}).execute(env=env)
+        NotebookClient(book, timeout=600, kernel_name="python3", resources={"metadata": {"path": cwd}}).execute()
     except CellTimeoutError:  # say where it waits: the CI log is all there is of a hang
         print(outputs(book)[-6000:], dump_python_stacks(), sep="\n")
         raise

@@ -15,24 +15,16 @@ def train(data, output, *args, np_=2, env=None, timeout=420, tensorboard=False, 
     """Run jobs/train.py under horovodrun (np_ > 0) or alone (np_ == 0) on the tiny backbone (the
     Xception run: tests/e2e/test_training_hvd.py's ``full_run``); return the finished process. The Petastorm cache is
     ``cache``, else ``OUTPUT-cache`` (a local ``output``'s sibling). ``own_group``: in a process
-    group of its own (a signal to the job's group then spares the tests). MLflow and the pictures
-    only where a test asks for them (`untracked`; ``pictures``)."""
+    group of its own (a signal to the job's group then spares the tests). ``pictures``: draw them
+    (about 1.5 of a tiny job's 13 CPU-s); MLflow only where a test asks (tests/conftest.py)."""
     job = [sys.executable, os.path.join(REPO, "jobs", "train.py"), "--data", data, "--output", output,
            "--weights", "none", "--backbone", "tiny", "--batch-size", "4", "--cache-dir", cache or output + "-cache",
            *([] if tensorboard else ["--no-tensorboard"]), *([] if pictures else ["--no-pictures"]),
-           *untracked(args, env), *args]
+           *args]
     cmd = job if np_ == 0 else [os.path.join(BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}",
                                 "--gloo", *job]
     return subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(**(env or {})), timeout=timeout,
                           start_new_session=own_group)
-
-
-def untracked(args, env=None):
-    """``["--no-tracking"]`` unless ``args`` or ``env`` say how to track: MLflow costs a tiny job about
-    5 of its 18 CPU-s, and the tests that read a run ask for one."""
-    asked = ({"--tracking", "--no-tracking", "--tracking-uri", "--register-model"} & set(args)
-             or {"MLFLOW_TRACKING_URI", "PIPELINES_TRACKING"} & set(env or {}))
-    return [] if asked else ["--no-tracking"]
 
 
 def refused_launch(tmp_path, spark_np, test_groups, **env):
