@@ -88,8 +88,8 @@ if ! "$VPY" -c "import horovod.tensorflow" 2>/dev/null; then
     # pip's wheel cache keys on the sdist alone, so the patched wheel is kept under a key of its own:
     # the sdist's pin and hash, the patch, the lock (TensorFlow) and the build's settings (not the venv's
     # own path to CMake, so that another clone finds it).
-    key=$( (cat "$work/horovod.txt" "$PATCH" "$LOCK"; py_version "$VPY"; env | grep '^HOROVOD_' | grep -v '^HOROVOD_CMAKE=' | sort) \
-          | sha256sum | cut -c1-16)
+    key=$( (cat "$work/horovod.txt" "$PATCH" "$LOCK"; py_version "$VPY"
+            env | grep '^HOROVOD_' | grep -v '^HOROVOD_CMAKE=' | sort) | sha256sum | cut -c1-16)
     built=${PIPELINES_CACHE:-$HOME/.cache/pipelines}/wheels/horovod-$key
     if ! compgen -G "$built/horovod-*.whl" >/dev/null; then
       echo "[setup] building Horovod with TensorFlow + Gloo (no MPI), patched with $PATCH"
