@@ -56,6 +56,7 @@ test:  ## both stacks: the whole suite on mission, then on current the tests mar
 # folders (tests/conftest.py, STACKFREE). Each test phase of 1 s or more: benchmarks/results/.
 CURRENT_SHARE = ((not slow and not stackfree) or current) and not tool
 test-stack: setup lint  ## one stack's share of the suite (STACK=...): on current, CURRENT_SHARE
+	$(PY) -m compileall -q pipelines jobs tests  # once: under PYTHONDONTWRITEBYTECODE every process compiled them
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "$(if $(filter mission,$(STACK)),not tool,$(CURRENT_SHARE))" \
 	    --durations-csv=benchmarks/results/test_durations_$(STACK).csv tests
 

@@ -15,7 +15,7 @@ from pipelines.runtime.logs import plural
 from pipelines.training.data.features import read_shard
 from pipelines.training.data.readers import open_reader, row_groups_of
 from pipelines.training.data.stream import aligned_empty, feature_batches, keyed, stream_batches
-from pipelines.training.data.tfdata import make_dataset, shard_stream, tail, weighted
+from pipelines.training.data.tfdata import make_dataset, shard_stream, tail, weighted, without_autotune
 from pipelines.training.dataworld import DataWorld, RankShare
 from pipelines.training.records import progress
 from pipelines.training.records import segments as worldsegments
@@ -218,7 +218,7 @@ class ResizedInputs:
         ds = tf.data.Dataset.from_generator(generate, output_signature=(
             tf.TensorSpec((self.share.rows,) + features.shape[1:], tf.as_dtype(features.dtype)),
             tf.TensorSpec((self.share.rows,), tf.int32)))
-        return weighted(ds, self.share.weight).prefetch(2)
+        return without_autotune(weighted(ds, self.share.weight).prefetch(2))
 
 
 def resized_inputs(inputs: InputPath, world: DataWorld, rank: Rank, announce: bool = False) -> InputPath:

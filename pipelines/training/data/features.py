@@ -13,6 +13,7 @@ from pipelines.io.storage import Location, resolve
 from pipelines.runtime.logs import plural
 from pipelines.training.data.sharding import shard
 from pipelines.training.data.stream import feature_batches
+from pipelines.training.data.tfdata import without_autotune
 
 log = logging.getLogger("pipelines")
 COMPLETE = "_COMPLETE.json"
@@ -168,13 +169,13 @@ def feature_dataset(features: np.ndarray, labels: np.ndarray, batch_size: int, s
             lambda: feature_batches(features, labels, seed, start_row, batch_size, shuffle), output_signature=(
                 tf.TensorSpec((batch_size,) + features.shape[1:], tf.as_dtype(features.dtype)),
                 tf.TensorSpec((batch_size,), tf.as_dtype(labels.dtype))))
-        return ds.prefetch(2)
+        return without_autotune(ds.prefetch(2))
     if start_row:
         raise ValueError(f"start_row {start_row} needs repeat=True (the positioned stream)")
     ds = tf.data.Dataset.from_tensor_slices((features, labels))
     if shuffle:
         ds = ds.shuffle(len(features), seed=seed)
-    return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(2)
+    return without_autotune(ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(2))
 
 
 def inapplicable_reason(loader) -> Optional[str]:

@@ -70,10 +70,25 @@ def to_device(ds, device: Optional[str] = None):
     ds = ds.prefetch(tf.data.AUTOTUNE)
     device = device or prefetch_device([d.name for d in tf.config.list_logical_devices("GPU")])
     if device is None:
-        return ds
+        return without_autotune(ds)
     ds = ds.apply(tf.data.experimental.copy_to_device(device))
     with tf.device(device):
-        return ds.prefetch(DEVICE_BUFFER)
+        return without_autotune(ds.prefetch(DEVICE_BUFFER))
+
+
+def without_autotune(ds):
+    """``ds`` with ``tf.data``'s autotuning off, so that an iterator ends as soon as it is dropped; every dataset
+    the training reads ends with it.
+
+    Why: with it on (TensorFlow 2.15 and 2.21), dropping an iterator waits for ``tf.data``'s model thread to
+    wake, up to its optimization period, which doubles while the iterator lives: seconds to a minute for a
+    slowly read one, at the end of each validation and of each training stream (docs/benchmarks.md). ``AUTOTUNE``
+    still adapts without it: prefetch grows its buffer while its reader waits, and a map runs one call per core."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.with_options(options)
 
 
 def make_dataset(reader, stored_size: int, batch_size: int, shuffle_buffer: int = 0, seed: int = 0,

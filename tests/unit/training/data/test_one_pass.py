@@ -157,3 +157,20 @@ def test_the_train_split_refuses_more_ranks_than_row_groups_naming_the_etl_flags
                                         r"whole row groups\): use at most 4 ranks, or rerun the ETL with "
                                         r"--min-row-groups 5 \(or a smaller --row-group-mb\)"):
         load_dataset(short_test_split, world_size=5)
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_every_dataset_the_training_reads_ends_without_tf_datas_autotuning(data, tmp_path, reader):
+    """Training's stream (each reader), a one-pass shard, and the feature datasets (endless and one
+    pass) all have autotuning off: with it on, dropping an iterator read slowly waits for tf.data's
+    model thread, seconds to a minute (benchmarks/iterator_end_bench.py)."""
+    from pipelines.training.data import make_dataset, open_reader
+    from pipelines.training.data.features import feature_dataset
+
+    features, labels = np.zeros((6, 2), np.float32), np.arange(6, dtype=np.int32)
+    with open_reader(data, "train", 0, 1, str(tmp_path / "cache"), reader=reader) as opened:
+        datasets = [make_dataset(opened, 4, batch_size=5, shuffle_buffer=8, seed=1),
+                    OnePassShard(data, "test", 0, 2).dataset(3),
+                    feature_dataset(features, labels, 2, shuffle=True, seed=0, repeat=True),
+                    feature_dataset(features, labels, 2, shuffle=False, seed=0, repeat=False)]
+        assert [ds.options().autotune.enabled for ds in datasets] == [False] * 4

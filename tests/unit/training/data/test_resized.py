@@ -55,7 +55,7 @@ def test_own_reader_each_physical_rank_reads_its_rows_of_the_data_worlds_global_
             inputs = resized(data, tmp_path, j, n)
             lo, hi = rank_rows(N0 * B, j, n)
             with inputs.fit_datasets(str(tmp_path / f"n{n}-{j}-{start_row}"), start_row=start_row) as (train, none):
-                assert none is None
+                assert none is None and not train.options().autotune.enabled  # tfdata.without_autotune
                 got = steps_of(train, 12)
             with inputs.fit_datasets(str(tmp_path / f"n{n}-{j}-{start_row}"), start_row=start_row + 8 * B) as (later, _):
                 later = steps_of(later, 4)
@@ -128,6 +128,7 @@ def test_the_feature_cache_each_physical_rank_reads_its_rows_of_the_virtual_rank
                 inputs = ResizedInputs(Features(), DataWorld(N0, B), rank_of(j, n))
                 lo, hi = rank_rows(N0 * B, j, n)
                 with inputs.fit_datasets(str(tmp_path / "unused"), start_row=start_row) as (train, _):
+                    assert not train.options().autotune.enabled  # tfdata.without_autotune
                     for k, batch in enumerate(steps_of(train, 9)):
                         assert batch[1].tolist() == expected[k][lo:hi].tolist()
                         np.testing.assert_array_equal(batch[0][:, 0], batch[1].astype(np.float32))
