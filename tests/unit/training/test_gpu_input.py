@@ -50,10 +50,11 @@ def test_the_tail_sends_uint8_batches_through_a_device_copy_that_keras_fit_takes
     from pipelines.training.data import batched
     from pipelines.training.model.build import build_model
 
-    host = batched(uint8_rows(), 4)
-    assert "CopyToDeviceDataset" not in stages(host) and stages(host)[0] == "PrefetchDataset"  # no GPU here
+    host = batched(uint8_rows(), 4)  # each ends with autotuning off (tfdata.without_autotune): OptionsDataset
+    assert "CopyToDeviceDataset" not in stages(host) and stages(host)[:2] == ["OptionsDataset", "PrefetchDataset"]
     staged = batched(uint8_rows(), 4, device="/cpu:0")
-    assert stages(staged)[:3] == ["PrefetchDataset", "CopyToDeviceDataset", "PrefetchDataset"]
+    assert stages(staged)[:4] == ["OptionsDataset", "PrefetchDataset", "CopyToDeviceDataset", "PrefetchDataset"]
+    assert not host.options().autotune.enabled and not staged.options().autotune.enabled
     images, labels = next(iter(staged))
     assert images.dtype == tf.uint8 and images.shape == (4, 8, 8, 3) and images.device.endswith("CPU:0")
     assert images.numpy().nbytes == 4 * row_bytes(8) == images.numpy().astype(np.float32).nbytes // 4
