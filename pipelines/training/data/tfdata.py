@@ -77,13 +77,10 @@ def to_device(ds, device: Optional[str] = None):
 
 
 def without_autotune(ds):
-    """``ds`` with ``tf.data``'s autotuning off, so that an iterator ends as soon as it is dropped; every dataset
-    the training reads ends with it.
+    """``ds`` with ``tf.data``'s autotuning off; every dataset the training reads ends with it.
 
-    Why: with it on (TensorFlow 2.15 and 2.21), dropping an iterator waits for ``tf.data``'s model thread to
-    wake, up to its optimization period, which doubles while the iterator lives: seconds to a minute for a
-    slowly read one, at the end of each validation and of each training stream (docs/benchmarks.md). ``AUTOTUNE``
-    still adapts without it: prefetch grows its buffer while its reader waits, and a map runs one call per core."""
+    Why: with it on, dropping an iterator read slowly waits for the autotuning thread's next wake-up,
+    seconds to a minute (docs/benchmarks.md); prefetch and map still size themselves without it."""
     import tensorflow as tf
 
     options = tf.data.Options()
