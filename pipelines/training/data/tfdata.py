@@ -1,6 +1,4 @@
-"""The ``tf.data`` tail of training's inputs: a reader's rows, each keyed by its stream position, to uint8
-batches on the device (our reader's stream positioned, so a resume opens it at any row; Petastorm's a seeded
-``tf.data`` shuffle), augmented in the one tail every reader shares."""
+"""The ``tf.data`` tail of training's inputs: a reader's rows, keyed by stream position, to augmented uint8 batches."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -77,10 +75,7 @@ def to_device(ds, device: Optional[str] = None):
 
 
 def without_autotune(ds):
-    """``ds`` with ``tf.data``'s autotuning off; every dataset the training reads ends with it.
-
-    Why: with it on, dropping an iterator read slowly waits for the autotuning thread's next wake-up,
-    seconds to a minute (docs/benchmarks.md); prefetch and map still size themselves without it."""
+    """``ds`` with autotuning off (every training dataset ends so): else dropping an iterator waits up to a minute."""
     import tensorflow as tf
 
     options = tf.data.Options()
