@@ -29,6 +29,7 @@ from pipelines.predict.safeload import (
     read_zip_config,
 )
 from pipelines.runtime.errors import MissingInput
+from pipelines.runtime.imports import frozen_imports
 from pipelines.runtime.logs import plural
 from pipelines.runtime.quiet import is_verbose, quiet_libraries
 from pipelines.runtime.redact import redact_text
@@ -75,7 +76,8 @@ def load_model(flavor: str, path: str, sha256: str = ""):
 
 @functools.lru_cache(maxsize=2)
 def _load(flavor: str, path: str, sha256: str, _stamp: int):
-    from pipelines.stack.kerasapi import keras
+    with frozen_imports():  # TensorFlow's objects kept out of every later collection
+        from pipelines.stack.kerasapi import keras
 
     quiet_libraries(is_verbose())  # TensorFlow's and MLflow's Python loggers: errors only, unless verbose
     source = mlflow_model_file(path) if flavor == MLFLOW else path

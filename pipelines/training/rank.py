@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional
 
 from pipelines.launch import elastic
 from pipelines.launch.rankenv import RankEnvironment, read_rank_environment
+from pipelines.runtime.imports import frozen_imports
 from pipelines.runtime.logs import plural, setup_logging
 from pipelines.runtime.quiet import quiet_by_default, quiet_libraries
 from pipelines.training.config import TrainConfig
@@ -43,7 +44,8 @@ def setup_rank(config: TrainConfig, job: str = "train") -> Rank:
     # before TensorFlow loads here: a barrier task's rank inherits its executor's environment, not
     # the driver's set-up, so the rank sets its own noise from its config
     quiet_by_default(config.verbose)
-    import horovod.tensorflow.keras as hvd
+    with frozen_imports():  # TensorFlow's objects kept out of every later collection
+        import horovod.tensorflow.keras as hvd
 
     handed = read_rank_environment()  # Horovod: what this rank's launcher handed it (attempts, its GPUs)
     local_rank, local_size = local_topology()  # Horovod: this rank's place among its host's ranks

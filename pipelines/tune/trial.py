@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from pipelines.runtime.imports import frozen_imports
 from pipelines.training.divergence import TrainingDiverged, non_finite_logs
 from pipelines.training.probe import start_is_better
 from pipelines.training.schedule import plan_steps
@@ -55,7 +56,8 @@ class TrialResult:
 
 def _set_threads(threads: int) -> None:
     """Set TensorFlow's intra-op threads (only before its first op: a worker's later trials keep them)."""
-    import tensorflow as tf
+    with frozen_imports():  # TensorFlow's objects kept out of every later collection
+        import tensorflow as tf
 
     if threads:
         try:
