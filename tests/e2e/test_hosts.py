@@ -7,10 +7,10 @@ builds them once).
   with each host's unroutable interface named.
 * The pipeline through ``spark-submit``: the ETL of a tree uploaded to the S3 server, from and to
   the bucket; training ``--spark-np 4`` on that output, from and to the bucket, in which one
-  worker host is lost after checkpoint 2 and the job relaunched on the four left
-  (``--max-failures 1``); ``--spark-np 3 --min-np 2`` on three hosts, one lost for good, finishing
-  on the two left; the same loss failing the job at once (``--max-failures 0``); and a
-  host cut off (link down) past the ranks' Gloo timeout, then relaunched. A test that takes a host
+  worker host is lost after checkpoint 2 and the job relaunched on the four left, then one of them
+  is cut off (link down) past the ranks' Gloo timeout after checkpoint 4 and the job relaunched
+  again (``--max-failures 2``); ``--spark-np 3 --min-np 2`` on three hosts, one lost for good,
+  finishing on the two left; and the same loss failing the job at once (``--max-failures 0``). A test that takes a host
   away gives it back (its Spark worker restarted, its link up) whatever happens, so any test runs
   alone (``-k``) or in any order."""
 import contextlib
@@ -296,27 +296,58 @@ def train_args(bucket, manifest_prefix, output, *extra):
     return ["--data", f"s3://{bucket}/{manifest_prefix}", "--output", f"s3://{bucket}/{output}", *TRAIN, *extra]
 
 
+GLOO_TIMEOUT_S = 10  # the ranks' Gloo timeout in the recovered run (Horovod's default: 30 s)
+CUT_S = 2 * GLOO_TIMEOUT_S  # how long a link stays down: past the Gloo timeout, well inside Spark's (120 s)
+
+
+def cut_rank_host_after(hosts_cluster, test_hosts, bucket, marker, rank, record):
+    """A ``during`` for :func:`submit`: once ``marker`` is in the bucket, take the link (eth0) of the host of
+    rank ``rank`` down for ``CUT_S``, then up again; ``record`` gets ``host`` and ``at``."""
+    _, s3, workers = hosts_cluster
+
+    def during(proc):
+        deadline = time.monotonic() + 300
+        while not bucket_keys(s3, bucket, marker):
+            assert proc.poll() is None and time.monotonic() < deadline, f"no {marker} before the job ended"
+            time.sleep(0.1)
+        host = rank_host(test_hosts, workers, rank)
+        assert host is not None, f"rank {rank} runs on no worker host"
+        subprocess.run(["ip", "-n", host.netns, "link", "set", "eth0", "down"], check=True)
+        record.update(host=host, at=time.monotonic())
+        try:
+            time.sleep(CUT_S)
+        finally:
+            subprocess.run(["ip", "-n", host.netns, "link", "set", "eth0", "up"], check=True)
+
+    return during
+
+
 @pytest.fixture(scope="module")
 def recovered_run(hosts_cluster, test_hosts, hosts_etl):
-    """Training ``--spark-np 4 --max-failures 1`` across the worker hosts, from and to the S3 server;
-    rank 1 stalls at the end of epoch 2 (the fault hook) and, once checkpoint 2 is complete in the
-    bucket, every process of its host is killed. Yields ``(process, metrics, record of the kill)``."""
+    """Training ``--spark-np 4 --max-failures 2`` across the worker hosts, from and to the S3 server, that
+    loses a host, then a link, and finishes. Rank 1 stalls at the end of epoch 2 (the fault hook) and,
+    once checkpoint 2 is complete in the bucket, every process of its host is killed; once checkpoint 4
+    is complete, rank 1's host of the relaunch loses its link for twice the ranks' Gloo timeout.
+    Yields ``(process, metrics, record of the kill, record of the cut)``."""
     bucket, _, _, _, _ = hosts_etl
     _, s3, _ = hosts_cluster
-    with host_restored(hosts_cluster, {}) as record:
+    cut = {}
+    with host_restored(hosts_cluster, {}) as killed:
+        lose = lose_rank_host_after(hosts_cluster, test_hosts, bucket, "recovered/checkpoint-2.json", 1, killed)
+        cut_link = cut_rank_host_after(hosts_cluster, test_hosts, bucket, "recovered/checkpoint-4.json", 1, cut)
         proc = submit(hosts_cluster, test_hosts, "train.py",
-                      *train_args(bucket, "etl", "recovered", "--epochs", "4", "--warmup-epochs", "3",
-                                  "--max-failures", "1"),
-                      conf=[f"spark.executorEnv.{FAULT}=rank=1,epoch=2,mode=stall"],
-                      during=lose_rank_host_after(hosts_cluster, test_hosts, bucket, "recovered/checkpoint-2.json",
-                                                  1, record))
+                      *train_args(bucket, "etl", "recovered", "--epochs", "8", "--warmup-epochs", "3",
+                                  "--max-failures", "2"),
+                      conf=[f"spark.executorEnv.{FAULT}=rank=1,epoch=2,mode=stall",
+                            f"spark.executorEnv.HOROVOD_GLOO_TIMEOUT_SECONDS={GLOO_TIMEOUT_S}"],
+                      during=lambda proc: (lose(proc), cut_link(proc)))
     assert proc.returncode == 0, proc.output[-4000:]
-    return proc, json.loads(read_key(s3, bucket, "recovered/metrics.json")), record
+    return proc, json.loads(read_key(s3, bucket, "recovered/metrics.json")), killed, cut
 
 
 def test_training_on_four_hosts_in_step_with_exact_test_metrics_and_outputs_in_the_bucket(
         recovered_run, hosts_etl, hosts_cluster):
-    proc, m, _ = recovered_run
+    proc, m, _, _ = recovered_run
     bucket, manifest, _, _, _ = hosts_etl
     _, s3, workers = hosts_cluster
     assert m["world_size"] == 4 and len(m["weights_checksum_per_rank"]) == 4
@@ -325,26 +356,42 @@ def test_training_on_four_hosts_in_step_with_exact_test_metrics_and_outputs_in_t
     assert len(set(m["host_per_rank"])) == 4 and set(m["host_per_rank"]) <= {w.netns for w in workers}
     keys = bucket_keys(s3, bucket, "recovered/")
     for name in ("metrics.json", "model.keras", "model.json", "class_names.json", "history.csv",
-                 "checkpoint-4.json", *(f"logs/rank-{r}.log" for r in range(4))):
+                 "checkpoint-8.json", *(f"logs/rank-{r}.log" for r in range(4))):
         assert f"recovered/{name}" in keys, keys
     assert "test accuracy" in proc.output and "[rank 0 on " in proc.output
 
 
 def test_a_lost_worker_host_is_replaced_and_the_job_continues_from_its_checkpoint(recovered_run, hosts_cluster):
-    """--max-failures 1: the host of rank 1 lost (every process killed) after checkpoint 2; the
-    driver relaunches the 4 ranks on the 4 worker hosts left, which continue from checkpoint 2."""
-    proc, m, killed = recovered_run
+    """The host of rank 1 lost (every process killed) after checkpoint 2: the driver relaunches the 4
+    ranks on the 4 worker hosts left, which continue from checkpoint 2."""
+    proc, m, killed, _ = recovered_run
     lost = killed["host"]
-    (first, second) = m["attempts"]
-    assert (first["attempt"], first["world_size"]) == (1, 4)
-    assert second == {"attempt": 2, "world_size": 4, "failure": None}
+    first, second, _ = m["attempts"]
+    assert (first["attempt"], first["world_size"], second["attempt"], second["world_size"]) == (1, 4, 2, 4)
     assert first["failure"].startswith(f"rank 1 on {lost.address} failed: "), m["attempts"]
-    assert f"WARNING attempt 2 of 2: relaunching from the newest complete checkpoint after {first['failure']}" \
+    assert f"WARNING attempt 2 of 3: relaunching from the newest complete checkpoint after {first['failure']}" \
         in proc.output
-    assert m["resumed_after_epoch"] == 2 and [h["epoch"] for h in m["history"]] == [1, 2, 3, 4]
-    assert m["epochs_run_per_rank"] == [2, 2, 2, 2]  # epochs 3 and 4, after the relaunch
+    assert [(g["world_size"], g["from_epoch"], g["reason"]) for g in m["segments"][:2]] == \
+        [(4, 1, "start"), (4, 3, "relaunch")]  # attempt 2 from checkpoint 2
     assert len(set(m["resumed_optimizer_checksum_per_rank"])) == 1
     assert lost.netns not in m["host_per_rank"] and len(set(m["host_per_rank"])) == 4
+
+
+def test_a_worker_host_cut_off_past_the_gloo_timeout_is_relaunched(recovered_run):
+    """Rank 1's host of attempt 2 cut off (eth0 down) for twice the ranks' Gloo timeout after
+    checkpoint 4, then back: every rank's collective times out (a peer's loss, not an error of the
+    job), the tasks report it once the link is back, and the driver relaunches the 4 ranks, which
+    finish from the newest complete checkpoint."""
+    proc, m, _, cut = recovered_run
+    _, second, third = m["attempts"]
+    # every rank's collective timed out: a peer's loss (Horovod shut down), which is relaunched
+    assert re.match(r"rank \d on \S+ failed: .*(Horovod|Gloo|gloo|Spark executor lost)", second["failure"], re.S), second
+    assert third == {"attempt": 3, "world_size": 4, "failure": None}, m["attempts"]
+    assert "WARNING attempt 3 of 3: relaunching from the newest complete checkpoint after " in proc.output
+    assert m["resumed_after_epoch"] >= 4 and [h["epoch"] for h in m["history"]] == list(range(1, 9))
+    assert m["segments"][2]["from_epoch"] == m["resumed_after_epoch"] + 1 and len(m["segments"]) == 3
+    assert m["epochs_run_per_rank"] == [8 - m["resumed_after_epoch"]] * 4
+    assert "host" in cut and len(set(m["weights_checksum_per_rank"])) == 1
 
 
 def test_without_max_failures_a_lost_host_fails_the_job_promptly_naming_rank_and_host(
@@ -404,45 +451,4 @@ def test_a_host_lost_for_good_without_a_spare_leaves_the_run_to_the_hosts_left(h
     assert m["epochs_run_per_rank"] == [1, 1] and len(set(m["weights_checksum_per_rank"])) == 1
     assert lost["host"].netns not in m["host_per_rank"] and len(set(m["host_per_rank"])) == 2
     assert m["validation"]["count"] == m["validation"]["expected_count"]
-    assert_exact_test_count(m, etl_on(s3, bucket))
-
-
-GLOO_TIMEOUT_S = 10  # the ranks' Gloo timeout in the link test (Horovod's default: 30 s)
-CUT_S = 2 * GLOO_TIMEOUT_S  # how long the link stays down: past the Gloo timeout, well inside Spark's (120 s)
-
-
-def test_a_worker_host_cut_off_past_the_gloo_timeout_is_relaunched(hosts_cluster, test_hosts, hosts_etl):
-    """--max-failures 1: once checkpoint 2 is in the bucket, rank 1's host loses its link (eth0
-    down) for twice the ranks' Gloo timeout, then gets it back. Every rank's collective times out
-    (a peer's loss, not an error of the job), the tasks report it once the link is back, and the
-    driver relaunches the 4 ranks, which finish from the newest complete checkpoint."""
-    bucket, manifest, _, _, _ = hosts_etl
-    _, s3, workers = hosts_cluster
-    cut = {}
-
-    def cut_link(proc):
-        deadline = time.monotonic() + 300
-        while not bucket_keys(s3, bucket, "cut/checkpoint-2.json"):
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint 2 before the job ended"
-            time.sleep(0.1)
-        host = rank_host(test_hosts, workers, 1)
-        subprocess.run(["ip", "-n", host.netns, "link", "set", "eth0", "down"], check=True)
-        cut.update(host=host, at=time.monotonic())
-        try:
-            time.sleep(CUT_S)
-        finally:
-            subprocess.run(["ip", "-n", host.netns, "link", "set", "eth0", "up"], check=True)
-
-    proc = submit(hosts_cluster, test_hosts, "train.py",
-                  *train_args(bucket, "etl", "cut", "--epochs", "8", "--max-failures", "1"),
-                  conf=[f"spark.executorEnv.HOROVOD_GLOO_TIMEOUT_SECONDS={GLOO_TIMEOUT_S}"], during=cut_link)
-    assert proc.returncode == 0, proc.output[-4000:]
-    m = json.loads(read_key(s3, bucket, "cut/metrics.json"))
-    (first, second) = m["attempts"]
-    # every rank's collective timed out: a peer's loss (Horovod shut down), which is relaunched
-    assert re.match(r"rank \d on \S+ failed: .*(Horovod|Gloo|gloo|Spark executor lost)", first["failure"], re.S), first
-    assert first["world_size"] == 4 and second == {"attempt": 2, "world_size": 4, "failure": None}, m["attempts"]
-    assert "WARNING attempt 2 of 2: relaunching from the newest complete checkpoint after " in proc.output
-    assert m["resumed_after_epoch"] >= 2 and [h["epoch"] for h in m["history"]] == list(range(1, 9))
-    assert len(set(m["weights_checksum_per_rank"])) == 1 and len(set(m["host_per_rank"])) == 4
     assert_exact_test_count(m, etl_on(s3, bucket))

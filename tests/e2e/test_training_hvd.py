@@ -1206,56 +1206,6 @@ def test_the_same_seed_on_petastorms_reader_gives_the_same_weights_bit_for_bit(d
     assert metrics(str(tmp_path / "deterministic"))["config"]["deterministic_ops"] is True
 
 
-@pytest.mark.current
-def test_a_run_killed_within_an_epoch_resumes_at_that_step_bit_for_bit(dataset, uninterrupted, tmp_path):
-    """Rank 0 SIGKILLed after step 3 of epoch 2, its step checkpoints every S + 2 steps (after
-    epoch 2's step 2 the newest); --resume continues from step 2, each rank's stream opened at its row, redoes step
-    3 (recorded: 1 step redone) and ends as the run that went through."""
-    data, manifest = dataset
-    out = str(tmp_path / "out")
-    steps_per_epoch = manifest["splits"]["train"]["rows"] // (2 * 4)  # 2 ranks of --batch-size 4
-    # a step checkpoint after the run's step S + 2 (epoch 2's step 2) and none after step 3
-    every_2 = (*PREEMPTIBLE, "--checkpoint-every-steps", str(steps_per_epoch + 2))
-    killed = train(data, out, *every_2, env={"PIPELINES_FAULT_INJECT": "rank=0,epoch=2,step=3,mode=kill"})
-    assert killed.returncode != 0, killed.stderr[-3000:]
-    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == \
-        ["checkpoint-1.json", "checkpoint-1.npz", "checkpoint-2-step-2.json", "checkpoint-2-step-2.npz"]
-    resumed = train(data, out, *every_2, "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming within epoch 2, after step 2" in resumed.stdout + resumed.stderr
-    assert "from epoch 2, step 3 (resume, 1 step redone)" in resumed.stdout + resumed.stderr
-    m = metrics(out)
-    assert (m["resumed_after_epoch"], m["resumed_after_step"], m["steps_redone"]) == (1, 2, 1)
-    assert m["segments"][-1]["steps_redone"] == 1
-    assert_same_run(out, uninterrupted)
-
-
-@pytest.mark.current
-def test_sigterm_to_one_rank_checkpoints_every_rank_at_the_next_step_exits_76_and_resumes_exactly(
-        dataset, uninterrupted, tmp_path):
-    """Rank 1 gets SIGTERM after step 2 of epoch 2: both ranks stop after step 3 (the next step's
-    collective), rank 0 checkpoints there, every rank exits 76 and rank 0 says how to resume."""
-    data, _ = dataset
-    out = str(tmp_path / "out")
-    term = train(data, out, *PREEMPTIBLE, "--tracking", env={"PIPELINES_FAULT_INJECT": "rank=1,epoch=2,step=2,mode=term"})
-    text = term.stdout + term.stderr
-    assert term.returncode != 0 and "Exit code: 76" in text, text[-3000:]
-    assert "rank 1: SIGTERM received" in text
-    assert f"preempted: the run stopped after its checkpoint in {out}; continue it with the same command and " \
-           "--resume" in text
-    assert os.path.exists(os.path.join(out, "checkpoint-2-step-3.json"))
-    assert not os.path.exists(os.path.join(out, "checkpoint-2.json")) and "raise Preempted" not in text
-    assert mlflow_run(out)[1].info.status == "KILLED"
-    resumed = train(data, out, *PREEMPTIBLE, "--tracking", "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming within epoch 2, after step 3" in resumed.stdout + resumed.stderr
-    run = mlflow_run(out)[1]
-    assert run.info.status == "FINISHED"
-    # the notice's step was checkpointed: nothing trained twice, said in the run's metrics
-    assert (metrics(out)["steps_redone"], run.data.metrics["steps_redone"], run.data.metrics["interruptions"]) == (0, 0, 1)
-    assert_same_run(out, uninterrupted)
-
-
 @pytest.mark.current  # issue 38 on both stacks
 def test_sigterm_to_a_local_rank_makes_the_launching_driver_exit_76_after_the_checkpoint(dataset, tmp_path):
     """Local ranks (--spark-np -2, the barrier tasks' launcher): rank 1's SIGTERM after step 1 of
@@ -1278,33 +1228,66 @@ NOTICE_TO_CHECKPOINT_S = 10.0
 
 
 @pytest.mark.current
-def test_sigterm_during_validation_checkpoints_the_epochs_steps_within_a_batch_and_resumes_exactly(
+def test_a_run_killed_then_preempted_at_a_step_and_in_validation_resumes_each_time_and_ends_bit_for_bit(
         dataset, uninterrupted, tmp_path):
-    """Rank 1 gets SIGTERM after its first validation batch of epoch 2: every rank stops at the
-    next check, rank 0 checkpoints epoch 2's trained steps (the validation left to the resumed
-    run) within seconds, every rank exits 76; the resumed run runs epoch 2's validation and ends
-    as the run that went through."""
+    """One run, tracked, interrupted three times and resumed after each, ends as the run that went through.
+
+    1. Rank 0 SIGKILLed after step 3 of epoch 2, step checkpoints every S + 2 steps (epoch 2's step 2
+       the newest): the resume opens each rank's stream at its row and redoes step 3 (1 step redone).
+    2. Rank 1 SIGTERMed after that step: both ranks stop after step 4 (the next step's collective),
+       rank 0 checkpoints there, every rank exits 76, rank 0 says how to resume, MLflow says KILLED.
+    3. Rank 1 SIGTERMed after its first validation batch of epoch 3: every rank stops at the next
+       check, rank 0 checkpoints epoch 3's trained steps and their logs within seconds; the resume runs
+       epoch 3's validation. Nothing after the kill is trained twice."""
     data, manifest = dataset
     out, mark = str(tmp_path / "out"), str(tmp_path / "notice-time")
-    steps = manifest["splits"]["train"]["rows"] // (2 * 4)
-    term = train(data, out, *PREEMPTIBLE, env={"PIPELINES_FAULT_INJECT": f"rank=1,epoch=2,val_batch=1,mode=term,mark={mark}"})
-    text = term.stdout + term.stderr
-    assert term.returncode != 0 and "Exit code: 76" in text, text[-3000:]
-    assert "rank 1: SIGTERM received" in text and f"preempted: the run stopped after its checkpoint in {out}" in text
-    marker = os.path.join(out, f"checkpoint-2-step-{steps}.json")
+    steps = manifest["splits"]["train"]["rows"] // (2 * 4)  # 2 ranks of --batch-size 4
+    assert steps >= 5, steps  # step 4 of epoch 2 is not its last
+
+    def run(fault, *extra):
+        proc = train(data, out, *PREEMPTIBLE, "--tracking", *extra, env={"PIPELINES_FAULT_INJECT": fault} if fault else None)
+        return proc, proc.stdout + proc.stderr
+
+    def preempted(proc, text):
+        assert proc.returncode != 0 and "Exit code: 76" in text, text[-3000:]
+        assert "rank 1: SIGTERM received" in text and "raise Preempted" not in text
+        assert f"preempted: the run stopped after its checkpoint in {out}; continue it with the same command and " \
+               "--resume" in text
+        assert mlflow_run(out)[1].info.status == "KILLED"
+
+    killed, text = run("rank=0,epoch=2,step=3,mode=kill", "--checkpoint-every-steps", str(steps + 2))
+    assert killed.returncode != 0, text[-3000:]
+    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == \
+        ["checkpoint-1.json", "checkpoint-1.npz", "checkpoint-2-step-2.json", "checkpoint-2-step-2.npz"]
+
+    term, text = run("rank=1,epoch=2,step=3,mode=term", "--resume")
+    assert "resuming within epoch 2, after step 2" in text and "from epoch 2, step 3 (resume, 1 step redone)" in text
+    preempted(term, text)
+    assert os.path.exists(os.path.join(out, "checkpoint-2-step-4.json"))
+    assert not os.path.exists(os.path.join(out, "checkpoint-2.json"))
+
+    term, text = run(f"rank=1,epoch=3,val_batch=1,mode=term,mark={mark}", "--resume")
+    assert "resuming within epoch 2, after step 4" in text
+    preempted(term, text)
+    marker = os.path.join(out, f"checkpoint-3-step-{steps}.json")
     with open(mark) as f:
         noticed = float(f.read())
     assert 0 < os.path.getmtime(marker) - noticed < NOTICE_TO_CHECKPOINT_S, os.path.getmtime(marker) - noticed
     with open(marker) as f:
-        assert len(json.load(f)["epoch_logs"]) == 2  # each rank's logs of epoch 2's training
-    assert not os.path.exists(os.path.join(out, "checkpoint-2.json"))
-    resumed = train(data, out, *PREEMPTIBLE, "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming after the steps of epoch 2, at its validation" in resumed.stdout + resumed.stderr
-    assert metrics(out)["steps_redone"] == 0
+        assert len(json.load(f)["epoch_logs"]) == 2  # each rank's logs of epoch 3's training
+    assert not os.path.exists(os.path.join(out, "checkpoint-3.json"))
+
+    resumed, text = run(None, "--resume")
+    assert resumed.returncode == 0, text[-3000:]
+    assert "resuming after the steps of epoch 3, at its validation" in text
+    m, run_ = metrics(out), mlflow_run(out)[1]
+    assert run_.info.status == "FINISHED"
+    assert [s["steps_redone"] for s in m["segments"][1:]] == [1, 0, 0]
+    assert (m["steps_redone"], run_.data.metrics["steps_redone"], run_.data.metrics["interruptions"]) == (1, 1, 3)
     assert_same_run(out, uninterrupted)
-    # the interrupted epoch's training figures too: each rank's epoch logs came with the checkpoint
-    assert [h["loss"] for h in metrics(out)["history"]] == [h["loss"] for h in metrics(uninterrupted)["history"]]
+    # the epochs trained in one piece: epoch 3's logs came with its checkpoint (epoch 2's cover its last launch's steps)
+    loss = [h["loss"] for h in metrics(uninterrupted)["history"]]
+    assert [h["loss"] for h in m["history"]][0::2] == loss[0::2]
 
 
 @pytest.mark.current
