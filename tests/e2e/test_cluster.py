@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -54,6 +55,28 @@ def train_args(data, out, *extra):
             "--no-tensorboard", "--no-pictures", "--cache-dir", out + "-cache", *extra]
 
 
+SUM = ("from pyspark.sql import SparkSession\n"
+       "print('SUM', SparkSession.builder.getOrCreate().sparkContext.parallelize(range(10), 2).sum())\n")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def unauthenticated_driver(cluster, tmp_path_factory):
+    """A driver without the cluster's secret, started with this module's first test: Spark's client
+    retries its registration for a minute before it gives up, a minute the other tests here use.
+    Yields ``(process, its output file)``."""
+    script = tmp_path_factory.mktemp("unauthenticated") / "sum.py"
+    script.write_text(SUM)
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen([os.path.join(BIN, "spark-submit"), "--master", cluster.url, str(script)],
+                                stdout=out, stderr=subprocess.STDOUT, text=True,
+                                env=subprocess_env(SPARK_LOCAL_IP="127.0.0.1"))
+        try:
+            yield proc, out
+        finally:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.fixture(scope="module")
 def etl_on_cluster(cluster, tmp_path_factory):
     base = tmp_path_factory.mktemp("cluster")
@@ -74,40 +97,6 @@ def test_etl_runs_on_the_cluster(etl_on_cluster):
     assert files["found"] == on_disk  # an independent count, not the job's own sum
     assert files["written"] == 64 and manifest["max_world_size"] >= 2
     assert "found" in proc.stdout
-
-
-SUM = ("from pyspark.sql import SparkSession\n"
-       "print('SUM', SparkSession.builder.getOrCreate().sparkContext.parallelize(range(10), 2).sum())\n")
-
-
-def test_the_cluster_takes_only_drivers_that_hold_its_secret(cluster, tmp_path):
-    """spark.authenticate on the master, the workers and their executors (issue 36, item 7): the
-    secret is in an owner-only file, never in a process's arguments (which every user can read);
-    the web UIs have no kill links; a driver without the secret is refused. (Every other job here
-    is submitted with it: ``submit`` passes ``cluster.client_env``.)"""
-    import psutil
-
-    defaults = os.path.join(cluster.conf_dir, "spark-defaults.conf")
-    assert os.stat(cluster.conf_dir).st_mode & 0o777 == 0o700 and os.stat(defaults).st_mode & 0o777 == 0o600
-    with open(defaults) as f:
-        text = f.read()
-    secret = re.search(r"^spark\.authenticate\.secret (\S+)$", text, re.M).group(1)
-    assert re.search(r"^spark\.authenticate true$", text, re.M) and len(secret) == 64
-    assert re.search(r"^spark\.ui\.killEnabled false$", text, re.M)
-    daemons = [psutil.Process(p.pid) for p in cluster.processes]
-    for proc in daemons + [c for d in daemons for c in d.children(recursive=True)]:
-        try:
-            assert secret not in " ".join(proc.cmdline())
-        except psutil.Error:  # an executor that has ended since the listing
-            pass
-    script = tmp_path / "sum.py"
-    script.write_text(SUM)
-    refused = subprocess.run([os.path.join(BIN, "spark-submit"), "--master", cluster.url, str(script)],
-                             capture_output=True, text=True, timeout=200,
-                             env=subprocess_env(SPARK_LOCAL_IP="127.0.0.1"))
-    assert refused.returncode != 0 and not re.search(r"^SUM 45$", refused.stdout, re.M), refused.stdout[-2000:]
-    said = refused.stdout + refused.stderr  # the master drops its unauthenticated connection: no context
-    assert "Error initializing SparkContext" in said or "stopped SparkContext" in said, said[-3000:]
 
 
 def test_a_failing_rank_fails_the_job_promptly_by_name_then_resume(cluster, etl_on_cluster, tmp_path):
@@ -176,6 +165,34 @@ def test_dynamic_allocation_is_refused_at_once_by_name(cluster, tmp_path, conf):
         f"spark.dynamicAllocation.enabled=false (executors: spark.executor.instances or spark.cores.max)")
     assert _clock(error) - _clock(checking) <= 3  # seconds, not the 60 s slot wait
     assert "task slots" not in proc.output and "BarrierJobRunWithDynamicAllocationException" not in proc.output
+
+
+def test_the_cluster_takes_only_drivers_that_hold_its_secret(cluster, unauthenticated_driver):
+    """spark.authenticate on the master, the workers and their executors: the secret is in an
+    owner-only file, never in a process's arguments (which every user can read); the web UIs have no
+    kill links; a driver without the secret is refused. (Every other job here is submitted with it:
+    ``submit`` passes ``cluster.client_env``.)"""
+    import psutil
+
+    defaults = os.path.join(cluster.conf_dir, "spark-defaults.conf")
+    assert os.stat(cluster.conf_dir).st_mode & 0o777 == 0o700 and os.stat(defaults).st_mode & 0o777 == 0o600
+    with open(defaults) as f:
+        text = f.read()
+    secret = re.search(r"^spark\.authenticate\.secret (\S+)$", text, re.M).group(1)
+    assert re.search(r"^spark\.authenticate true$", text, re.M) and len(secret) == 64
+    assert re.search(r"^spark\.ui\.killEnabled false$", text, re.M)
+    daemons = [psutil.Process(p.pid) for p in cluster.processes]
+    for proc in daemons + [c for d in daemons for c in d.children(recursive=True)]:
+        try:
+            assert secret not in " ".join(proc.cmdline())
+        except psutil.Error:  # an executor that has ended since the listing
+            pass
+    refused, out = unauthenticated_driver
+    refused.wait(timeout=200)
+    out.seek(0)
+    said = out.read()  # the master drops its unauthenticated connection: no context
+    assert refused.returncode != 0 and not re.search(r"^SUM 45$", said, re.M), said[-2000:]
+    assert "Error initializing SparkContext" in said or "stopped SparkContext" in said, said[-3000:]
 
 
 def _clock(line):
