@@ -262,9 +262,9 @@ def kill_host(host):
     return killed
 
 
-def lose_rank_host_after(hosts_cluster, test_hosts, bucket, marker, rank, record):
+def on_rank_host_after(hosts_cluster, test_hosts, bucket, marker, rank, record, act):
     """A ``during`` for :func:`submit`: once ``marker`` (a checkpoint's completion marker) is in the
-    bucket, kill every process of the host of rank ``rank``; ``record`` gets ``host`` and ``at``."""
+    bucket, ``act(host)`` on the host of rank ``rank``; ``record`` gets ``host`` and ``at`` (the act's start)."""
     _, s3, workers = hosts_cluster
 
     def during(proc):
@@ -275,9 +275,15 @@ def lose_rank_host_after(hosts_cluster, test_hosts, bucket, marker, rank, record
         host = rank_host(test_hosts, workers, rank)
         assert host is not None, f"rank {rank} runs on no worker host"
         record.update(host=host, at=time.monotonic())
-        record["processes"] = kill_host(host)
+        act(host)
 
     return during
+
+
+def lose_rank_host_after(hosts_cluster, test_hosts, bucket, marker, rank, record):
+    """:func:`on_rank_host_after` that kills every process of the host; ``record`` gets ``processes`` too."""
+    return on_rank_host_after(hosts_cluster, test_hosts, bucket, marker, rank, record,
+                              lambda host: record.update(processes=kill_host(host)))
 
 
 @contextlib.contextmanager
@@ -300,26 +306,13 @@ GLOO_TIMEOUT_S = 10  # the ranks' Gloo timeout in the recovered run (Horovod's d
 CUT_S = 2 * GLOO_TIMEOUT_S  # how long a link stays down: past the Gloo timeout, well inside Spark's (120 s)
 
 
-def cut_rank_host_after(hosts_cluster, test_hosts, bucket, marker, rank, record):
-    """A ``during`` for :func:`submit`: once ``marker`` is in the bucket, take the link (eth0) of the host of
-    rank ``rank`` down for ``CUT_S``, then up again; ``record`` gets ``host`` and ``at``."""
-    _, s3, workers = hosts_cluster
-
-    def during(proc):
-        deadline = time.monotonic() + 300
-        while not bucket_keys(s3, bucket, marker):
-            assert proc.poll() is None and time.monotonic() < deadline, f"no {marker} before the job ended"
-            time.sleep(0.1)
-        host = rank_host(test_hosts, workers, rank)
-        assert host is not None, f"rank {rank} runs on no worker host"
-        subprocess.run(["ip", "-n", host.netns, "link", "set", "eth0", "down"], check=True)
-        record.update(host=host, at=time.monotonic())
-        try:
-            time.sleep(CUT_S)
-        finally:
-            subprocess.run(["ip", "-n", host.netns, "link", "set", "eth0", "up"], check=True)
-
-    return during
+def cut_link(host):
+    """Take ``host``'s link (eth0) down for ``CUT_S``, then up again."""
+    subprocess.run(["ip", "-n", host.netns, "link", "set", "eth0", "down"], check=True)
+    try:
+        time.sleep(CUT_S)
+    finally:
+        subprocess.run(["ip", "-n", host.netns, "link", "set", "eth0", "up"], check=True)
 
 
 @pytest.fixture(scope="module")
@@ -333,14 +326,15 @@ def recovered_run(hosts_cluster, test_hosts, hosts_etl):
     _, s3, _ = hosts_cluster
     cut = {}
     with host_restored(hosts_cluster, {}) as killed:
-        lose = lose_rank_host_after(hosts_cluster, test_hosts, bucket, "recovered/checkpoint-2.json", 1, killed)
-        cut_link = cut_rank_host_after(hosts_cluster, test_hosts, bucket, "recovered/checkpoint-4.json", 1, cut)
+        lose_host = lose_rank_host_after(hosts_cluster, test_hosts, bucket, "recovered/checkpoint-2.json", 1, killed)
+        cut_host = on_rank_host_after(hosts_cluster, test_hosts, bucket, "recovered/checkpoint-4.json", 1, cut,
+                                      cut_link)
         proc = submit(hosts_cluster, test_hosts, "train.py",
                       *train_args(bucket, "etl", "recovered", "--epochs", "8", "--warmup-epochs", "3",
                                   "--max-failures", "2"),
                       conf=[f"spark.executorEnv.{FAULT}=rank=1,epoch=2,mode=stall",
                             f"spark.executorEnv.HOROVOD_GLOO_TIMEOUT_SECONDS={GLOO_TIMEOUT_S}"],
-                      during=lambda proc: (lose(proc), cut_link(proc)))
+                      during=lambda proc: (lose_host(proc), cut_host(proc)))
     assert proc.returncode == 0, proc.output[-4000:]
     return proc, json.loads(read_key(s3, bucket, "recovered/metrics.json")), killed, cut
 
