@@ -10,8 +10,8 @@ builds them once).
   worker host is lost after checkpoint 2 and the job relaunched on the four left, then one of them
   is cut off (link down) past the ranks' Gloo timeout after checkpoint 4 and the job relaunched
   again (``--max-failures 2``); ``--spark-np 3 --min-np 2`` on three hosts, one lost for good,
-  finishing on the two left; and the same loss failing the job at once (``--max-failures 0``). A test that takes a host
-  away gives it back (its Spark worker restarted, its link up) whatever happens, so any test runs
+  finishing on the two left; and the same loss failing the job at once (``--max-failures 0``). A
+  test that takes a host away gives it back (its Spark worker restarted, its link up) whatever happens, so any test runs
   alone (``-k``) or in any order."""
 import contextlib
 import json
